@@ -1,0 +1,10 @@
+"""mgtrace: trace neural-network modules into graphs, edit them, keep them on disk.
+
+The public API lives here and only here.
+"""
+__version__ = "0.1.0"
+
+from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_dtype,
+                           cuda_available, dtype_promotion, from_dlpack, get_default_device,
+                           get_device, get_num_threads, set_default_device, set_num_threads,
+                           tensor)

@@ -1,0 +1,685 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""apply(): the one path every core op takes.
+
+For an elementwise op: classify operands (Tensor, Python scalar, or other
+array-like, which becomes a tensor on the operands' device), check devices,
+promote (MegEngine rule), pick the compute dtype by the op's rule, cast,
+broadcast (NumPy rule), allocate the output, coalesce dimensions and run the
+kernel from the (op, device, dtype) table with the GIL released.
+
+The module-tracing switch lives here too: while it is on, every op is handed
+to the trace hook as ``hook(OpDef, *inputs)`` instead of running; the hook
+runs it with :func:`apply` (tracing is off inside the hook) and returns the
+outputs. This is how a tracer sees ops not reached through a patched
+``functional`` function (MegEngine's module-trace transformation).
+"""
+from libc.stdint cimport int64_t, int8_t, int16_t, int32_t, uint8_t, uint16_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+from mgtrace._core.kernels cimport (
+    MT_MAX_NDIM, mt_loop_fn, mt_nd_loop, mt_elementwise_init, mt_unary_loops, mt_binary_loops,
+    mt_ternary_loops, mt_cast_loops, mt_fill_loops, mt_unary_names, mt_binary_names,
+    mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
+    MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
+    mt_get_num_threads, mt_set_num_threads)
+from mgtrace._core.tensor cimport (
+    Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
+    parse_shape)
+from mgtrace._core.dtype cimport (
+    ITEMSIZE, CATEGORY, PROMOTE, NP_DTYPES, dtype_code, scalar_code, float_result,
+    check_scalar_fits, promote_operands)
+from mgtrace._core.device cimport Device, DEVICES, default_device_id
+from mgtrace._core.dtype import NAMES as DTYPE_NAMES
+import importlib
+_tensor_mod = importlib.import_module("mgtrace._core.tensor")
+
+mt_elementwise_init()
+
+# ------------------------------------------------------------------ op table
+
+UNARY = {mt_unary_names[i].decode(): i for i in range(MT_NUNARY)}
+BINARY = {mt_binary_names[i].decode(): i for i in range(MT_NBINARY)}
+TERNARY = {mt_ternary_names[i].decode(): i for i in range(MT_NTERNARY)}
+_RULE_NAMES = ("same", "float", "bool", "int")
+RULES = {**{n: _RULE_NAMES[mt_unary_rules[i]] for n, i in UNARY.items()},
+         **{n: _RULE_NAMES[mt_binary_rules[i]] for n, i in BINARY.items()},
+         **{n: _RULE_NAMES[mt_ternary_rules[i]] for n, i in TERNARY.items()}}
+
+cdef int U_ISNAN = UNARY["isnan"], U_ISINF = UNARY["isinf"], U_ISFINITE = UNARY["isfinite"]
+cdef int T_WHERE = TERNARY["where"]
+
+# ------------------------------------------------------------------ tracing
+
+cdef bint _tracing = False
+cdef object _hook = None
+_IMPLS = {}   # op name -> callable(*inputs, **params)
+
+
+cdef class OpDef:
+    """One op application as the tracer sees it: a stable name and params.
+
+    ``apply(OpDef("add"), x, y)`` runs it. Names are those of the op table
+    (``UNARY``, ``BINARY``, ``TERNARY`` and the ops other core modules
+    register, e.g. ``"sum"``, ``"conv2d"``).
+    """
+    cdef readonly str name
+    cdef readonly dict params
+
+    def __init__(self, str name, dict params=None):
+        self.name = name
+        self.params = params or {}
+
+    def __repr__(self):
+        ps = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"OpDef({self.name}{', ' if ps else ''}{ps})"
+
+    def __eq__(self, other):
+        return isinstance(other, OpDef) and self.name == (<OpDef>other).name and self.params == (<OpDef>other).params
+
+    def __hash__(self):
+        return hash(self.name)
+
+
+def register_op(str name, impl):
+    """Make ``impl(*inputs, **params)`` the implementation of op ``name`` for apply()."""
+    _IMPLS[name] = impl
+
+
+def apply(op, *inputs):
+    """Run ``op`` (an OpDef) on ``inputs``; goes to the trace hook while tracing.
+
+    Raises:
+        NotImplementedError: no op of that name is registered.
+    """
+    if not isinstance(op, OpDef):
+        raise TypeError(f"apply() takes an OpDef, not {type(op).__name__}")
+    if _tracing:
+        return traced(op.name, inputs, op.params)
+    impl = _IMPLS.get(op.name)
+    if impl is None:
+        raise NotImplementedError(f"no op named {op.name!r}")
+    return impl(*inputs, **op.params)
+
+
+cdef object traced(str name, tuple inputs, dict params):
+    """Hands one op to the trace hook with tracing switched off meanwhile."""
+    global _tracing
+    _tracing = False
+    try:
+        return _hook(OpDef(name, params), *inputs)
+    finally:
+        _tracing = True
+
+
+cdef object traced_into(str name, tuple inputs, object out):
+    res = traced(name, inputs, {})
+    if out is None:
+        return res
+    copy_(out, res)
+    return out
+
+
+def set_module_tracing(bint enabled):
+    """Switch module tracing on or off. On needs a hook (set_module_trace_hook)."""
+    global _tracing
+    if enabled and _hook is None:
+        raise RuntimeError("set a trace hook with set_module_trace_hook() before enabling tracing")
+    _tracing = enabled
+
+
+def is_tracing_module():
+    return _tracing
+
+
+def set_module_trace_hook(hook):
+    """hook(op: OpDef, *inputs) -> outputs; called for every op while tracing is on."""
+    global _hook
+    if hook is not None and not callable(hook):
+        raise TypeError("the trace hook must be callable")
+    _hook = hook
+
+
+cpdef bint tracing_active():
+    return _tracing
+
+# ------------------------------------------------------------------ operands
+
+cdef void operand_of(Tensor t, Operand *o) noexcept:
+    o.data = t._data
+    o.ndim = t._ndim
+    o.shape = t._shape
+    o.strides = t._strides
+    o.itemsize = ITEMSIZE[t._dtype]
+
+
+cdef int broadcast_shape(int n, Operand *ops, int64_t *out) except -1:
+    """NumPy broadcasting of the operands' shapes into ``out``; returns ndim."""
+    cdef int nd = 0, i, d, k
+    cdef int64_t s, o
+    for i in range(n):
+        if ops[i].ndim > nd:
+            nd = ops[i].ndim
+    for d in range(nd):
+        out[d] = 1
+    for i in range(n):
+        for k in range(ops[i].ndim):
+            d = nd - ops[i].ndim + k
+            s = ops[i].shape[k]
+            o = out[d]
+            if o == 1:
+                out[d] = s
+            elif s != 1 and s != o:
+                raise ValueError("operands could not be broadcast together with shapes " + " ".join(
+                    str(tuple([ops[j].shape[q] for q in range(ops[j].ndim)])) for j in range(n)))
+    return nd
+
+
+cdef int run_loop(mt_loop_fn fn, Tensor out, int nin, Operand *ins, const void *aux, int cost) except -1:
+    """Runs fn over out's shape, inputs broadcast to it; coalesces dims first."""
+    cdef int nargs = nin + 1, nd = out._ndim, a, d, k, cd = 0
+    cdef int64_t strides[4][16]
+    cdef int64_t cshape[16]
+    cdef int64_t cstr[4 * 16]
+    cdef char *base[4]
+    cdef int64_t isz = ITEMSIZE[out._dtype]
+    base[0] = out._data
+    for d in range(nd):
+        strides[0][d] = out._strides[d] * isz
+    for a in range(nin):
+        base[a + 1] = ins[a].data
+        for d in range(nd):
+            k = d - (nd - ins[a].ndim)
+            if k < 0 or ins[a].strides == NULL or ins[a].shape[k] == 1:
+                strides[a + 1][d] = 0
+            else:
+                strides[a + 1][d] = ins[a].strides[k] * ins[a].itemsize
+    # coalesce: drop size-1 dims, merge d into the previous kept dim when every
+    # operand steps through them as one run
+    for d in range(nd):
+        if out._shape[d] == 1:
+            continue
+        if cd > 0:
+            for a in range(nargs):
+                if cstr[a * 16 + cd - 1] != strides[a][d] * out._shape[d]:
+                    break
+            else:
+                cshape[cd - 1] *= out._shape[d]
+                for a in range(nargs):
+                    cstr[a * 16 + cd - 1] = strides[a][d]
+                continue
+        cshape[cd] = out._shape[d]
+        for a in range(nargs):
+            cstr[a * 16 + cd] = strides[a][d]
+        cd += 1
+    if cd == 0:
+        cshape[0] = 1
+        for a in range(nargs):
+            cstr[a * 16] = 0
+        cd = 1
+    with nogil:
+        mt_nd_loop(fn, nargs, base, cd, cshape, cstr, aux, cost)
+    return 0
+
+
+# ------------------------------------------------------------------ helpers
+
+cdef inline bint is_cpu(int device) noexcept:
+    return (<Device>DEVICES[device]).type == "cpu"
+
+
+cdef str dev_name(int device):
+    return str(DEVICES[device])
+
+
+cdef int store_scalar(object v, int code, char *buf) except -1:
+    """Writes Python scalar v into buf as dtype ``code`` (C conversion)."""
+    cdef double d
+    cdef int64_t i
+    if code == 0:
+        (<uint8_t *>buf)[0] = 1 if v else 0
+        return 0
+    if CATEGORY[code] == 3:
+        d = <double>v
+        if code == 9:
+            (<float *>buf)[0] = <float>d
+        elif code == 10:
+            (<double *>buf)[0] = d
+        elif code == 7:
+            (<uint16_t *>buf)[0] = mt_f2h(<float>d)
+        else:
+            (<uint16_t *>buf)[0] = mt_f2bf(<float>d)
+        return 0
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError(f"cannot convert {v} to {DTYPE_NAMES[code]}")
+        v = int(v)  # truncation toward zero, as a C cast
+    check_scalar_fits(v, code)
+    i = <int64_t>v
+    if code == 1:
+        (<int8_t *>buf)[0] = <int8_t>i
+    elif code == 2:
+        (<uint8_t *>buf)[0] = <uint8_t>i
+    elif code == 3:
+        (<int16_t *>buf)[0] = <int16_t>i
+    elif code == 4:
+        (<uint16_t *>buf)[0] = <uint16_t>i
+    elif code == 5:
+        (<int32_t *>buf)[0] = <int32_t>i
+    else:
+        (<int64_t *>buf)[0] = i
+    return 0
+
+
+cdef Tensor coerce(object x, int device):
+    """Non-scalar, non-Tensor operand (ndarray, NumPy scalar, list) -> Tensor."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return to_tensor(x, None, device)
+    if isinstance(x, (list, tuple)):
+        return to_tensor(x, None, device)
+    if x is None:
+        raise TypeError("operand is None")
+    if hasattr(x, "__dlpack__") or hasattr(x, "__array__"):
+        return to_tensor(np.asarray(x), None, device)
+    raise TypeError(f"unsupported operand type {type(x).__name__}")
+
+
+cdef Tensor cast(Tensor t, int code):
+    """A new contiguous tensor holding t converted to dtype ``code``."""
+    cdef Tensor out = empty(t._ndim, t._shape, code, t._device)
+    cdef Operand o
+    if not is_cpu(t._device):
+        raise NotImplementedError(f"cast is not implemented on {dev_name(t._device)}")
+    operand_of(t, &o)
+    run_loop(mt_cast_loops[t._dtype][code], out, 1, &o, NULL, 1)
+    return out
+
+
+cdef int check_writable(Tensor t) except -1:
+    if t._st.readonly:
+        raise ValueError("tensor is read-only (e.g. memory-mapped from an archive); "
+                         "copy it with .copy() before writing")
+    return 0
+
+
+cdef bint overlaps(Tensor out, Tensor t) noexcept:
+    """True when writing out could clobber t before it is read (same storage,
+    not the identical view)."""
+    cdef int i
+    if t is None or out._st != t._st:
+        return False
+    if out._data != t._data or out._ndim != t._ndim:
+        return True
+    for i in range(t._ndim):
+        if out._strides[i] != t._strides[i] and out._shape[i] != 1:
+            return True
+    return False
+
+
+cdef int check_same_kind(int res, Tensor out, str opname) except -1:
+    if CATEGORY[res] > CATEGORY[out._dtype]:
+        raise TypeError(f"{opname}: cannot store a {DTYPE_NAMES[res]} result in place into a "
+                        f"{DTYPE_NAMES[out._dtype]} tensor (NumPy's same-kind casting rule)")
+    return 0
+
+
+cdef int copy_into(Tensor dst, Tensor src) except -1:
+    """dst[...] = src with broadcasting and a cast to dst's dtype."""
+    cdef Operand o
+    cdef int64_t bshape[16]
+    check_writable(dst)
+    if not is_cpu(dst._device) or not is_cpu(src._device):
+        raise NotImplementedError("copy between non-CPU devices needs the CUDA build")
+    operand_of(src, &o)
+    if o.ndim > dst._ndim:
+        raise ValueError(f"could not broadcast value of shape {shape_tuple(src)} into shape {shape_tuple(dst)}")
+    for d in range(o.ndim):
+        if o.shape[d] != 1 and o.shape[d] != dst._shape[dst._ndim - o.ndim + d]:
+            raise ValueError(f"could not broadcast value of shape {shape_tuple(src)} into shape {shape_tuple(dst)}")
+    if overlaps(dst, src):
+        src = src.copy()
+        operand_of(src, &o)
+    run_loop(mt_cast_loops[src._dtype][dst._dtype], dst, 1, &o, NULL, 1)
+    return 0
+
+
+cdef int fill(Tensor dst, object value) except -1:
+    cdef char buf[16]
+    check_writable(dst)
+    store_scalar(value, dst._dtype, buf)
+    run_loop(mt_fill_loops[dst._dtype], dst, 0, NULL, buf, 1)
+    return 0
+
+
+def copy_(dst, src):
+    """Write src (Tensor, array or scalar) into dst in place, broadcasting and
+    casting to dst's dtype. Returns dst."""
+    if not isinstance(dst, Tensor):
+        raise TypeError(f"copy_ destination must be a Tensor, not {type(dst).__name__}")
+    if scalar_code(src) >= 0:
+        fill(<Tensor>dst, src)
+    else:
+        if not isinstance(src, Tensor):
+            src = coerce(src, (<Tensor>dst)._device)
+        elif (<Tensor>src)._device != (<Tensor>dst)._device:
+            raise ValueError(f"ambiguous device: {dev_name((<Tensor>dst)._device)} vs {dev_name((<Tensor>src)._device)}")
+        copy_into(<Tensor>dst, <Tensor>src)
+    return dst
+
+
+def cast_(x, code):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"expected a Tensor, not {type(x).__name__}")
+    if _tracing:
+        return traced("astype", (x,), {"dtype": DTYPE_NAMES[code]})
+    return cast(<Tensor>x, code)
+
+
+def astype(x, dtype):
+    """x converted to ``dtype`` (always a new tensor)."""
+    return cast_(x, dtype_code(dtype))
+
+
+def full(shape, value, dtype=None, device=None):
+    """A new tensor of ``shape`` filled with ``value``; dtype defaults to
+    the dtype the Python scalar stands for (bool, int32, float32)."""
+    from mgtrace._core.device import as_device
+    cdef int code = dtype_code(dtype) if dtype is not None else scalar_code(value)
+    if code < 0:
+        raise TypeError(f"fill value must be a Python bool, int or float, not {type(value).__name__}")
+    t = empty_shape(shape, code, (<Device>as_device(device))._id)
+    fill(t, value)
+    return t
+
+
+cpdef Tensor empty_shape(object shape, int code, int device):
+    cdef int64_t buf[16]
+    cdef int nd = parse_shape(shape, buf)
+    return empty(nd, buf, code, device)
+
+
+# ------------------------------------------------------------------ elementwise
+
+cdef inline int promote2(int ca, bint sa, int cb, bint sb) noexcept:
+    """MegEngine promotion for two operands (see dtype.pyx)."""
+    if sa == sb:
+        if CATEGORY[ca] == CATEGORY[cb]:
+            return PROMOTE[ca][cb]
+        return ca if CATEGORY[ca] > CATEGORY[cb] else cb
+    if sa:  # a scalar, b tensor
+        return ca if CATEGORY[ca] > CATEGORY[cb] else cb
+    return cb if CATEGORY[cb] > CATEGORY[ca] else ca
+
+
+cdef int compute_dtype(int rule, int code, str name) except -1:
+    if rule == MT_RULE_FLOAT:
+        return float_result(code)
+    if rule == MT_RULE_INT and CATEGORY[code] == 3:
+        raise TypeError(f"{name} needs integer or bool operands, got {DTYPE_NAMES[code]}")
+    return code
+
+
+cdef object missing_kernel(str name, int device, int code):
+    return NotImplementedError(f"no kernel for op {name!r} on device {dev_name(device)} "
+                               f"with dtype {DTYPE_NAMES[code]}")
+
+
+cdef object binary(int op, object a, object b, object out):
+    if _tracing:
+        return traced_into(mt_binary_names[op].decode(), (a, b), out)
+    cdef Tensor ta = None, tb = None, to = None, res
+    cdef int ca, cb, dev, code, cdt, rdt, rule = mt_binary_rules[op]
+    cdef bint sa = False, sb = False
+    cdef char bufa[16]
+    cdef char bufb[16]
+    cdef Operand ops[2]
+    cdef int64_t oshape[16]
+    cdef int nd
+    cdef mt_loop_fn fn
+    # classify operands
+    if isinstance(a, Tensor):
+        ta = <Tensor>a
+    else:
+        ca = scalar_code(a)
+        sa = ca >= 0
+    if isinstance(b, Tensor):
+        tb = <Tensor>b
+    else:
+        cb = scalar_code(b)
+        sb = cb >= 0
+    if ta is not None:
+        dev = ta._device
+    elif tb is not None:
+        dev = tb._device
+    else:
+        dev = default_device_id
+    if ta is None and not sa:
+        ta = coerce(a, dev)
+    if tb is None and not sb:
+        tb = coerce(b, dev)
+    if sa and sb:  # two Python scalars: the first becomes a tensor
+        ta = to_tensor(a, None, dev)
+        sa = False
+    if ta is not None:
+        ca = ta._dtype
+    if tb is not None:
+        cb = tb._dtype
+        if ta is not None and ta._device != tb._device:
+            raise ValueError(f"ambiguous device: {dev_name(ta._device)} vs {dev_name(tb._device)}")
+    name = None
+    code = promote2(ca, sa, cb, sb)
+    if rule == MT_RULE_SAME or rule == MT_RULE_BOOL:
+        cdt = code
+    else:
+        name = mt_binary_names[op].decode()
+        cdt = compute_dtype(rule, code, name)
+    rdt = 0 if rule == MT_RULE_BOOL else cdt
+    # operands in the compute dtype
+    if sa:
+        store_scalar(a, cdt, bufa)
+        ops[0].data = bufa; ops[0].ndim = 0; ops[0].shape = NULL; ops[0].strides = NULL
+    else:
+        if ta._dtype != cdt:
+            ta = cast(ta, cdt)
+        operand_of(ta, &ops[0])
+    if sb:
+        store_scalar(b, cdt, bufb)
+        ops[1].data = bufb; ops[1].ndim = 0; ops[1].shape = NULL; ops[1].strides = NULL
+    else:
+        if tb._dtype != cdt:
+            tb = cast(tb, cdt)
+        operand_of(tb, &ops[1])
+    if not is_cpu(dev):
+        raise missing_kernel(mt_binary_names[op].decode(), dev, cdt)
+    fn = mt_binary_loops[op][cdt]
+    if fn == NULL:
+        raise missing_kernel(mt_binary_names[op].decode(), dev, cdt)
+    nd = broadcast_shape(2, ops, oshape)
+    if out is None:
+        res = empty(nd, oshape, rdt, dev)
+    else:
+        to = <Tensor>out
+        check_writable(to)
+        if to._device != dev:
+            raise ValueError(f"ambiguous device: {dev_name(to._device)} vs {dev_name(dev)}")
+        if nd != to._ndim or any(oshape[i] != to._shape[i] for i in range(nd)):
+            raise ValueError(f"in-place {mt_binary_names[op].decode()}: result shape "
+                             f"{tuple([oshape[i] for i in range(nd)])} does not match the "
+                             f"destination's {shape_tuple(to)}")
+        check_same_kind(rdt, to, mt_binary_names[op].decode())
+        if to._dtype == rdt:
+            res = to
+            if overlaps(to, ta):
+                ta = ta.copy()
+                operand_of(ta, &ops[0])
+            if overlaps(to, tb):
+                tb = tb.copy()
+                operand_of(tb, &ops[1])
+        else:
+            res = empty(nd, oshape, rdt, dev)
+    run_loop(fn, res, 2, ops, NULL, 1)
+    if to is not None and res is not to:
+        copy_into(to, res)
+        return to
+    return res
+
+
+cdef object unary(int op, object a, object out):
+    if _tracing:
+        return traced_into(mt_unary_names[op].decode(), (a,), out)
+    cdef Tensor ta, res, to = None
+    cdef int rule = mt_unary_rules[op], cdt, rdt
+    cdef Operand o
+    if isinstance(a, Tensor):
+        ta = <Tensor>a
+    else:
+        ta = to_tensor(a, None, default_device_id) if scalar_code(a) >= 0 else coerce(a, default_device_id)
+    name = mt_unary_names[op].decode()
+    cdt = compute_dtype(rule, ta._dtype, name)
+    if rule == MT_RULE_BOOL and CATEGORY[cdt] != 3 and op in (U_ISNAN, U_ISINF, U_ISFINITE):
+        # integers are never nan or inf
+        res = empty(ta._ndim, ta._shape, 0, ta._device)
+        fill(res, op == U_ISFINITE)
+        return res
+    rdt = 0 if rule == MT_RULE_BOOL else cdt
+    if ta._dtype != cdt:
+        ta = cast(ta, cdt)
+    if not is_cpu(ta._device) or mt_unary_loops[op][cdt] == NULL:
+        raise missing_kernel(name, ta._device, cdt)
+    if out is None:
+        res = empty(ta._ndim, ta._shape, rdt, ta._device)
+    else:
+        to = <Tensor>out
+        check_writable(to)
+        check_same_kind(rdt, to, name)
+        res = to if to._dtype == rdt and not overlaps(to, ta) else empty(ta._ndim, ta._shape, rdt, ta._device)
+        if to._ndim != ta._ndim or any(to._shape[i] != ta._shape[i] for i in range(ta._ndim)):
+            raise ValueError(f"in-place {name}: shapes differ")
+    operand_of(ta, &o)
+    run_loop(mt_unary_loops[op][cdt], res, 1, &o, NULL, 4 if rule == MT_RULE_FLOAT else 1)
+    if to is not None and res is not to:
+        copy_into(to, res)
+        return to
+    return res
+
+
+cdef object ternary(int op, object a, object b, object c):
+    cdef str name = mt_ternary_names[op].decode()
+    if _tracing:
+        return traced(name, (a, b, c), {})
+    cdef list ts = [a, b, c]
+    cdef Tensor t, res
+    cdef int dev = -1, i, code, first = 1 if op == T_WHERE else 0
+    cdef char bufs[3][16]
+    cdef Operand ops[3]
+    cdef int64_t oshape[16]
+    for x in ts:
+        if isinstance(x, Tensor):
+            if dev < 0:
+                dev = (<Tensor>x)._device
+            elif (<Tensor>x)._device != dev:
+                raise ValueError(f"ambiguous device: {dev_name(dev)} vs {dev_name((<Tensor>x)._device)}")
+    if dev < 0:
+        dev = default_device_id
+    for i in range(3):
+        if not isinstance(ts[i], Tensor) and scalar_code(ts[i]) < 0:
+            ts[i] = coerce(ts[i], dev)
+    if op == T_WHERE and scalar_code(ts[0]) >= 0:
+        ts[0] = to_tensor(ts[0], "bool", dev)
+    code = dtype_promotion_codes(ts[first:])
+    for i in range(3):
+        x = ts[i]
+        cdt = 0 if i < first else code
+        if isinstance(x, Tensor):
+            t = <Tensor>x
+            if t._dtype != cdt:
+                t = cast(t, cdt)
+                ts[i] = t
+            operand_of(t, &ops[i])
+        else:
+            store_scalar(x, cdt, bufs[i])
+            ops[i].data = bufs[i]; ops[i].ndim = 0; ops[i].shape = NULL; ops[i].strides = NULL
+    if not is_cpu(dev) or mt_ternary_loops[op][code] == NULL:
+        raise missing_kernel(name, dev, code)
+    nd = broadcast_shape(3, ops, oshape)
+    res = empty(nd, oshape, code, dev)
+    run_loop(mt_ternary_loops[op][code], res, 3, ops, NULL, 2)
+    return res
+
+
+cdef int dtype_promotion_codes(list xs) except -1:
+    return promote_operands(tuple(xs))
+
+
+def get_device(*operands):
+    """The device an op on ``operands`` runs on.
+
+    Returns the device shared by all Tensor operands, or the default device
+    when there is none.
+
+    Raises:
+        ValueError: ``"ambiguous device: cpu:0 vs cpu:1"`` when they differ.
+    """
+    dev = None
+    for x in operands:
+        if isinstance(x, Tensor):
+            d = (<Tensor>x)._device
+            if dev is None:
+                dev = d
+            elif d != dev:
+                raise ValueError(f"ambiguous device: {dev_name(dev)} vs {dev_name(d)}")
+    return DEVICES[default_device_id if dev is None else dev]
+
+
+# Python-visible entry points, also registered as apply() implementations
+def _make_unary(int op):
+    def f(x, out=None):
+        return unary(op, x, out)
+    f.__name__ = mt_unary_names[op].decode()
+    return f
+
+
+def _make_binary(int op):
+    def f(x, y, out=None):
+        return binary(op, x, y, out)
+    f.__name__ = mt_binary_names[op].decode()
+    return f
+
+
+def _make_ternary(int op):
+    def f(x, y, z):
+        return ternary(op, x, y, z)
+    f.__name__ = mt_ternary_names[op].decode()
+    return f
+
+
+unary_ops = {n: _make_unary(i) for n, i in UNARY.items()}
+binary_ops = {n: _make_binary(i) for n, i in BINARY.items()}
+ternary_ops = {n: _make_ternary(i) for n, i in TERNARY.items()}
+for _n, _f in {**unary_ops, **binary_ops, **ternary_ops}.items():
+    register_op(_n, _f)
+register_op("astype", astype)
+
+install_dispatch(binary, unary)
+_tensor_mod._install_codes(BINARY, UNARY)
+_tensor_mod._install_ops(copy_=copy_, cast=cast_)
+
+
+def set_num_threads(int n):
+    """Threads used by mgtrace's kernels and by its BLAS (one budget, so the
+    two pools never oversubscribe the cores). n >= 1."""
+    if n < 1:
+        raise ValueError(f"number of threads must be >= 1, got {n}")
+    mt_set_num_threads(n)
+    from mgtrace._core import linalg
+    linalg.set_blas_threads(n)
+
+
+def get_num_threads():
+    """Threads the kernels use (set_num_threads, else OpenMP's default)."""
+    return mt_get_num_threads()
+
+
+cdef int num_threads() noexcept:
+    return mt_get_num_threads()

@@ -1,0 +1,10 @@
+cdef int NDTYPES
+cdef int ITEMSIZE[11]
+cdef int CATEGORY[11]
+cdef int PROMOTE[11][11]
+cdef list NP_DTYPES
+cdef int dtype_code(object dtype) except -1
+cdef int scalar_code(object value) noexcept
+cdef int promote_operands(tuple operands) except -1
+cdef int float_result(int code) noexcept
+cdef void check_scalar_fits(object value, int code) except *

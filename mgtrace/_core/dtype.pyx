@@ -1,0 +1,180 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""dtypes and MegEngine's promotion rule.
+
+A dtype is a NumPy dtype object (bfloat16 comes from ml_dtypes); inside the
+core it is a small integer code, whose order matches kernels/mt_common.h.
+
+Promotion (MegEngine's rule, as DESIGN.md states it): every operand has a
+category, float (3) > integer (2) > bool (1). Tensors, NumPy arrays and NumPy
+scalars count as *tensors*; Python ``bool``/``int``/``float`` count as
+*scalars* and stand for bool/int32/float32. If the highest scalar category is
+above the highest tensor category, the result is the promotion of the scalars
+of that category; otherwise it is the NumPy ``promote_types`` of the tensors
+of the highest tensor category. Examples (the table tests/core/test_promotion
+checks, and the docs show)::
+
+    int8 tensor + 3             -> int8
+    int8 tensor + 3.0           -> float32
+    float16 tensor * 3.0        -> float16
+    int32 tensor + float16 tensor -> float16
+    uint8 tensor + int8 tensor  -> int16
+    bool tensor + bool tensor   -> bool
+    bool tensor + 1             -> int32
+
+A Python int that does not fit the chosen integer dtype raises OverflowError
+(NumPy 2 does the same); an in-range one takes the tensor's dtype and the
+arithmetic wraps.
+"""
+import numpy as np
+import ml_dtypes
+
+from mgtrace._core.kernels cimport MT_NDTYPES
+
+NDTYPES = MT_NDTYPES
+NAMES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "int64",
+         "float16", "bfloat16", "float32", "float64")
+NP_DTYPES = [np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n in NAMES]
+DTYPES = tuple(NP_DTYPES)
+
+cdef dict _lookup = {}
+for _code, _dt in enumerate(NP_DTYPES):
+    ITEMSIZE[_code] = _dt.itemsize
+    CATEGORY[_code] = 1 if _code == 0 else (3 if _dt.kind in "fV" else 2)
+    _lookup[_dt] = _code
+    _lookup[NAMES[_code]] = _code
+    _lookup[_dt.type] = _code
+
+# NumPy's promote_types within a category; bfloat16 is not in NumPy's table:
+# bfloat16 with float16 needs float32 to hold both, as in JAX and PyTorch.
+for _i in range(MT_NDTYPES):
+    for _j in range(MT_NDTYPES):
+        if NAMES[_i] == "bfloat16" or NAMES[_j] == "bfloat16":
+            _other = NAMES[_j] if NAMES[_i] == "bfloat16" else NAMES[_i]
+            _res = {"bfloat16": "bfloat16", "float16": "float32",
+                    "float32": "float32", "float64": "float64"}.get(_other, "bfloat16")
+        else:
+            _res = np.promote_types(NP_DTYPES[_i], NP_DTYPES[_j]).name
+        # uint16 + int8/int16 stays within the table; unsigned 64 never occurs
+        PROMOTE[_i][_j] = NAMES.index(_res) if _res in NAMES else 6
+
+
+cdef int dtype_code(object dtype) except -1:
+    """The core's code for ``dtype`` (a NumPy dtype, a name, or a type)."""
+    code = _lookup.get(dtype)
+    if code is not None:
+        return code
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"not a dtype: {dtype!r}; expected one of {', '.join(NAMES)}") from None
+    code = _lookup.get(dt)
+    if code is None:
+        raise TypeError(f"unsupported dtype {dt.name!r}; mgtrace supports {', '.join(NAMES)}")
+    return code
+
+
+def as_dtype(dtype):
+    """Normalise ``dtype`` (name, type or NumPy dtype) to a NumPy dtype.
+
+    Raises TypeError for anything that is not one of mgtrace's dtypes."""
+    return NP_DTYPES[dtype_code(dtype)]
+
+
+cdef int scalar_code(object value) noexcept:
+    """Code a Python scalar stands for, or -1 if ``value`` is not one."""
+    cdef type t = type(value)
+    if t is float:
+        return 9
+    if t is int:
+        return 5
+    if t is bool:
+        return 0
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int) and not isinstance(value, np.integer):
+        return 5
+    if isinstance(value, float) and not isinstance(value, np.floating):
+        return 9
+    return -1
+
+
+cdef int float_result(int code) noexcept:
+    """dtype of a FLOAT-rule op (true division, exp, mean...) on ``code``."""
+    return code if CATEGORY[code] == 3 else 9
+
+
+cdef dict _INT_RANGE = {}
+for _code, _dt in enumerate(NP_DTYPES):
+    if _dt.kind in "iu":
+        _info = np.iinfo(_dt)
+        _INT_RANGE[_code] = (int(_info.min), int(_info.max))
+
+
+cdef void check_scalar_fits(object value, int code) except *:
+    """OverflowError when a Python int does not fit integer dtype ``code``."""
+    rng = _INT_RANGE.get(code)
+    if rng is None or type(value) is bool:
+        return
+    lo, hi = rng
+    if not lo <= value <= hi:
+        raise OverflowError(
+            f"Python integer {value} out of bounds for {NAMES[code]} "
+            f"(range {lo}..{hi}); cast the tensor to a wider dtype first")
+
+
+cdef int _operand_code(object x, bint *is_scalar) except -1:
+    code = scalar_code(x)
+    if code >= 0:
+        is_scalar[0] = True
+        return code
+    is_scalar[0] = False
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        if isinstance(x, (list, tuple)):
+            return dtype_code(np.asarray(x).dtype) if len(x) else 9
+        raise TypeError(f"operand of type {type(x).__name__} has no dtype")
+    return dtype_code(dt)
+
+
+cdef int promote_operands(tuple operands) except -1:
+    cdef int best_t = -1, best_s = -1, code, cat_t = 0, cat_s = 0
+    cdef bint is_scalar
+    for x in operands:
+        if x is None:
+            continue
+        code = _operand_code(x, &is_scalar)
+        if is_scalar:
+            if CATEGORY[code] > cat_s:
+                cat_s = CATEGORY[code]
+                best_s = code
+        else:
+            if CATEGORY[code] > cat_t:
+                cat_t = CATEGORY[code]
+                best_t = code
+            elif CATEGORY[code] == cat_t:
+                best_t = PROMOTE[best_t][code]
+    if best_t < 0 and best_s < 0:
+        raise TypeError("dtype promotion needs at least one operand with a dtype")
+    if cat_s > cat_t:
+        return best_s
+    return best_t
+
+
+def dtype_promotion(*operands):
+    """Result dtype of an op on ``operands`` by MegEngine's promotion rule.
+
+    Args:
+        *operands: Tensors, NumPy arrays or scalars ("tensors"), and Python
+            bool/int/float ("scalars").
+
+    Returns:
+        numpy.dtype: see the module docstring for the rule and examples.
+
+    Raises:
+        TypeError: no operand carries a dtype, or one has an unsupported dtype.
+
+    >>> import mgtrace as mt
+    >>> mt.dtype_promotion(mt.tensor([1, 2], dtype="int16"), 1.0)
+    dtype('float32')
+    """
+    return NP_DTYPES[promote_operands(operands)]

@@ -1,0 +1,137 @@
+/* Host memory: 64-byte aligned blocks. Large blocks come from mmap with
+ * transparent huge pages requested, and freed large blocks are kept in a
+ * small cache keyed by size, so that allocating a big output costs less
+ * than the page faults of fresh memory (which otherwise exceed an add). */
+#include "alloc.h"
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
+
+#define MT_LARGE (1u << 20)     /* blocks from this size are mmapped and cached */
+#define MT_CACHE_SLOTS 32
+
+typedef struct { void *ptr; size_t size; } mt_block;
+static mt_block cache[MT_CACHE_SLOTS];
+static int cache_n = 0;
+static size_t cache_bytes = 0;
+static size_t cache_limit = (size_t)1 << 30;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t large_size(size_t n) {   /* round to 64 KiB so sizes repeat */
+    return (n + 65535u) & ~(size_t)65535u;
+}
+
+void *mt_host_alloc(size_t nbytes) {
+    if (nbytes == 0) nbytes = 1;
+    if (nbytes < MT_LARGE) {
+        void *p = NULL;
+        size_t rounded = (nbytes + 63u) & ~(size_t)63u;
+        if (rounded < nbytes || posix_memalign(&p, 64, rounded) != 0) return NULL;
+        return p;
+    }
+    size_t size = large_size(nbytes);
+    if (size < nbytes) return NULL;
+    pthread_mutex_lock(&cache_lock);
+    for (int i = cache_n - 1; i >= 0; i--) {
+        if (cache[i].size == size) {
+            void *p = cache[i].ptr;
+            cache[i] = cache[--cache_n];
+            cache_bytes -= size;
+            pthread_mutex_unlock(&cache_lock);
+            return p;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        mt_host_cache_clear();
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    if (size >= (2u << 20)) madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+void mt_host_free(void *ptr, size_t nbytes) {
+    if (!ptr) return;
+    if (nbytes == 0) nbytes = 1;
+    if (nbytes < MT_LARGE) { free(ptr); return; }
+    size_t size = large_size(nbytes);
+    void *evict = NULL;
+    size_t evict_size = 0;
+    pthread_mutex_lock(&cache_lock);
+    if (size <= cache_limit) {
+        if (cache_n == MT_CACHE_SLOTS) {   /* drop the oldest entry */
+            evict = cache[0].ptr; evict_size = cache[0].size;
+            cache_bytes -= evict_size;
+            memmove(cache, cache + 1, sizeof(mt_block) * (MT_CACHE_SLOTS - 1));
+            cache_n--;
+        }
+        cache[cache_n].ptr = ptr; cache[cache_n].size = size; cache_n++;
+        cache_bytes += size;
+        ptr = NULL;
+        while (cache_bytes > cache_limit && cache_n > 0) {
+            /* over the limit: release oldest blocks (outside the lock below) */
+            if (evict) { munmap(evict, evict_size); }
+            evict = cache[0].ptr; evict_size = cache[0].size;
+            cache_bytes -= evict_size;
+            memmove(cache, cache + 1, sizeof(mt_block) * (size_t)(cache_n - 1));
+            cache_n--;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
+    if (evict) munmap(evict, evict_size);
+    if (ptr) munmap(ptr, size);
+}
+
+size_t mt_host_cached_bytes(void) {
+    pthread_mutex_lock(&cache_lock);
+    size_t b = cache_bytes;
+    pthread_mutex_unlock(&cache_lock);
+    return b;
+}
+
+void mt_host_cache_clear(void) {
+    pthread_mutex_lock(&cache_lock);
+    for (int i = 0; i < cache_n; i++) munmap(cache[i].ptr, cache[i].size);
+    cache_n = 0; cache_bytes = 0;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+void mt_host_cache_set_limit(size_t bytes) {
+    pthread_mutex_lock(&cache_lock);
+    cache_limit = bytes;
+    pthread_mutex_unlock(&cache_lock);
+    if (mt_host_cached_bytes() > bytes) mt_host_cache_clear();
+}
+
+mt_storage *mt_storage_new_host(size_t nbytes) {
+    mt_storage *st = (mt_storage *)malloc(sizeof(mt_storage));
+    if (!st) return NULL;
+    st->ptr = (char *)mt_host_alloc(nbytes);
+    if (!st->ptr) { free(st); return NULL; }
+    st->refcount = 1; st->nbytes = nbytes;
+    st->device_type = MT_DEV_CPU; st->device_index = 0; st->readonly = 0;
+    st->release = NULL; st->ctx = NULL;
+    return st;
+}
+
+mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int device_index,
+                            void (*release)(mt_storage *), void *ctx) {
+    mt_storage *st = (mt_storage *)malloc(sizeof(mt_storage));
+    if (!st) return NULL;
+    st->refcount = 1; st->ptr = (char *)ptr; st->nbytes = nbytes;
+    st->device_type = device_type; st->device_index = device_index; st->readonly = 0;
+    st->release = release; st->ctx = ctx;
+    return st;
+}
+
+void mt_storage_decref(mt_storage *st) {
+    if (!st || --st->refcount > 0) return;
+    if (st->release) st->release(st);
+    else mt_host_free(st->ptr, st->nbytes);
+    free(st);
+}

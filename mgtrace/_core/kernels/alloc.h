@@ -1,0 +1,34 @@
+/* Reference-counted storage and the host allocator. */
+#ifndef MT_ALLOC_H
+#define MT_ALLOC_H
+#include <stddef.h>
+#include <stdint.h>
+
+enum mt_device_type { MT_DEV_CPU = 0, MT_DEV_CUDA = 1 };
+
+typedef struct mt_storage {
+    int64_t refcount;          /* touched only under the GIL */
+    char *ptr;
+    size_t nbytes;
+    int device_type;
+    int device_index;
+    int readonly;
+    /* NULL: memory from mt_host_alloc. Otherwise called once to give the
+     * memory back to its owner (an ndarray, a DLPack producer, an mmap). */
+    void (*release)(struct mt_storage *);
+    void *ctx;
+} mt_storage;
+
+mt_storage *mt_storage_new_host(size_t nbytes);
+mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int device_index,
+                            void (*release)(mt_storage *), void *ctx);
+void mt_storage_decref(mt_storage *st);
+
+void *mt_host_alloc(size_t nbytes);
+void mt_host_free(void *ptr, size_t nbytes);
+/* Bytes held in the cache of freed large blocks, and a way to return them. */
+size_t mt_host_cached_bytes(void);
+void mt_host_cache_clear(void);
+void mt_host_cache_set_limit(size_t bytes);
+
+#endif

@@ -1,0 +1,92 @@
+/* The N-d elementwise driver and the thread count shared by all kernels. */
+#include "mt_common.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int mt_threads = 0; /* 0: not set yet, use the OpenMP default */
+
+int mt_get_num_threads(void) {
+#ifdef _OPENMP
+    return mt_threads > 0 ? mt_threads : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void mt_set_num_threads(int n) {
+    mt_threads = n > 0 ? n : 1;
+#ifdef _OPENMP
+    omp_set_num_threads(mt_threads);
+#endif
+}
+
+/* Elements of "cost 1" work (an add) below which one thread is faster:
+ * an OpenMP fork/join costs a few microseconds. */
+#define MT_GRAIN 65536
+
+/* Walks the linear index range [start, end) of the iteration space,
+ * calling fn on runs along the innermost dimension. */
+static void nd_range(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,
+                     const int64_t *strides, const void *aux, int64_t start, int64_t end) {
+    int64_t idx[MT_MAX_NDIM];
+    int64_t steps[8];
+    char *ptr[8];
+    const int last = ndim - 1;
+    const int64_t inner = shape[last];
+    int64_t rem = start;
+    for (int d = last; d >= 0; d--) { idx[d] = rem % shape[d]; rem /= shape[d]; }
+    for (int a = 0; a < nargs; a++) {
+        steps[a] = strides[a * MT_MAX_NDIM + last];
+        ptr[a] = base[a];
+        for (int d = 0; d < ndim; d++) ptr[a] += idx[d] * strides[a * MT_MAX_NDIM + d];
+    }
+    int64_t pos = start;
+    while (pos < end) {
+        int64_t run = inner - idx[last];
+        if (run > end - pos) run = end - pos;
+        fn(ptr, steps, run, aux);
+        pos += run;
+        if (pos >= end) break;
+        /* back to the start of this row, then carry into the outer dims */
+        for (int a = 0; a < nargs; a++) ptr[a] -= idx[last] * steps[a];
+        idx[last] = 0;
+        int d = last - 1;
+        for (; d >= 0; d--) {
+            idx[d]++;
+            for (int a = 0; a < nargs; a++) ptr[a] += strides[a * MT_MAX_NDIM + d];
+            if (idx[d] < shape[d]) break;
+            for (int a = 0; a < nargs; a++) ptr[a] -= shape[d] * strides[a * MT_MAX_NDIM + d];
+            idx[d] = 0;
+        }
+    }
+}
+
+void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,
+                const int64_t *strides, const void *aux, int cost) {
+    int64_t one_shape = 1, zero_strides[8 * MT_MAX_NDIM];
+    if (ndim == 0) {  /* a 0-d iteration is one element */
+        memset(zero_strides, 0, sizeof(zero_strides));
+        shape = &one_shape; strides = zero_strides; ndim = 1;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < ndim; d++) total *= shape[d];
+    if (total == 0) return;
+    int nthreads = mt_get_num_threads();
+    int64_t work = total * (cost > 0 ? cost : 1);
+    if (nthreads <= 1 || work < MT_GRAIN) {
+        nd_range(fn, nargs, base, ndim, shape, strides, aux, 0, total);
+        return;
+    }
+    int64_t max_chunks = work / MT_GRAIN;
+    int nchunks = (int)(max_chunks < nthreads ? max_chunks : nthreads);
+#ifdef _OPENMP
+    #pragma omp parallel for num_threads(nchunks) schedule(static)
+#endif
+    for (int c = 0; c < nchunks; c++) {
+        /* chunk boundaries rounded to 16 elements so each thread writes whole cache lines */
+        int64_t s = (total * c / nchunks) & ~(int64_t)15;
+        int64_t e = c == nchunks - 1 ? total : (total * (c + 1) / nchunks) & ~(int64_t)15;
+        if (s < e) nd_range(fn, nargs, base, ndim, shape, strides, aux, s, e);
+    }
+}

@@ -1,0 +1,29 @@
+from libc.stdint cimport int64_t
+from mgtrace._core.kernels cimport mt_storage
+
+cdef class Tensor:
+    cdef mt_storage *_st      # shared, reference-counted storage (C struct)
+    cdef char *_data          # first element of this view
+    cdef int _ndim
+    cdef int _dtype           # code, see dtype.pyx
+    cdef int _device          # id, see device.pyx
+    cdef int64_t _shape[16]
+    cdef int64_t _strides[16] # in elements
+    cdef dict __dict__
+    cdef object __weakref__
+
+# Hot-path entry points that dispatch.pyx installs (tensor.pyx cannot
+# cimport dispatch: dispatch cimports tensor).
+ctypedef object (*binary_fn)(int op, object a, object b, object out)
+ctypedef object (*unary_fn)(int op, object a, object out)
+cdef void install_dispatch(binary_fn b, unary_fn u) noexcept
+
+cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device)
+cdef Tensor empty_like_shape(tuple shape, int dtype, int device)
+cdef Tensor view_of(Tensor base, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset)
+cdef int64_t numel(Tensor t) noexcept
+cdef bint is_contiguous(Tensor t) noexcept
+cdef int normalize_axis(int64_t axis, int ndim) except -1
+cdef Tensor to_tensor(object data, object dtype, int device)
+cdef tuple shape_tuple(Tensor t)
+cdef int parse_shape(object shape, int64_t *out) except -1

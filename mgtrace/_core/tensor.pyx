@@ -1,0 +1,885 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The Tensor type: a strided view of reference-counted storage.
+
+Memory: a Tensor points into an ``mt_storage`` (C struct, reference counted
+under the GIL). Host storage is 64-byte aligned. Views (reshape of
+compatible strides, transpose, basic slicing, expand_dims, squeeze,
+broadcast_to) share the storage; strides are counted in elements.
+"""
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
+from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
+
+import numpy as np
+cimport numpy as cnp
+
+from mgtrace._core.kernels cimport (
+    mt_storage, mt_storage_new_host, mt_storage_wrap, mt_storage_decref,
+    MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM)
+from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
+from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
+from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
+
+cnp.import_array()
+
+cdef binary_fn _binary = NULL
+cdef unary_fn _unary = NULL
+_OPS = {}   # Python-level ops installed by the other core modules (copy, getitem, reductions...)
+
+
+cdef void install_dispatch(binary_fn b, unary_fn u) noexcept:
+    global _binary, _unary
+    _binary = b
+    _unary = u
+
+
+def _install_ops(**ops):
+    """Give Tensor its non-elementwise methods (called by mgtrace._core)."""
+    _OPS.update(ops)
+
+
+# op codes, filled from the C name tables by dispatch (see kernels/mt_ops.h)
+cdef int B_ADD, B_SUB, B_MUL, B_TRUEDIV, B_FLOORDIV, B_MOD, B_POW
+cdef int B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_AND, B_OR, B_XOR, B_LSHIFT, B_RSHIFT
+cdef int U_NEG, U_ABS, U_INVERT
+
+
+def _install_codes(dict binary, dict unary):
+    global B_ADD, B_SUB, B_MUL, B_TRUEDIV, B_FLOORDIV, B_MOD, B_POW
+    global B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_AND, B_OR, B_XOR, B_LSHIFT, B_RSHIFT
+    global U_NEG, U_ABS, U_INVERT
+    B_ADD, B_SUB, B_MUL = binary["add"], binary["sub"], binary["mul"]
+    B_TRUEDIV, B_FLOORDIV, B_MOD, B_POW = binary["truediv"], binary["floordiv"], binary["mod"], binary["pow"]
+    B_EQ, B_NE, B_LT, B_LE = binary["eq"], binary["ne"], binary["lt"], binary["le"]
+    B_GT, B_GE = binary["gt"], binary["ge"]
+    B_AND, B_OR, B_XOR = binary["bitwise_and"], binary["bitwise_or"], binary["bitwise_xor"]
+    B_LSHIFT, B_RSHIFT = binary["left_shift"], binary["right_shift"]
+    U_NEG, U_ABS, U_INVERT = unary["neg"], unary["abs"], unary["bitwise_not"]
+
+
+# ---------------------------------------------------------------- storage
+
+cdef void _release_pyobject(mt_storage *st) noexcept with gil:
+    Py_DECREF(<object>st.ctx)
+
+
+cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device):
+    """A new contiguous tensor with uninitialised memory."""
+    cdef Tensor t = Tensor.__new__(Tensor)
+    cdef int64_t n = 1, i
+    cdef Device dev = <Device>DEVICES[device]
+    if ndim > MT_MAX_NDIM:
+        raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions, got {ndim}")
+    for i in range(ndim - 1, -1, -1):
+        if shape[i] < 0:
+            raise ValueError(f"negative dimension {shape[i]} in shape")
+        t._shape[i] = shape[i]
+        t._strides[i] = n
+        if shape[i] and n > (<int64_t>1 << 62) // shape[i]:
+            raise ValueError("tensor too large: element count overflows int64")
+        n *= shape[i]
+    if n > (<int64_t>1 << 62) // ITEMSIZE[dtype]:
+        raise MemoryError("tensor too large")
+    if dev.type != "cpu":
+        raise NotImplementedError(
+            f"no memory allocator for device {dev}: mgtrace was built without CUDA "
+            "(reinstall with MGTRACE_CUDA=1)")
+    t._st = mt_storage_new_host(<size_t>(n * ITEMSIZE[dtype]))
+    if t._st == NULL:
+        raise MemoryError(f"cannot allocate {n * ITEMSIZE[dtype]} bytes")
+    t._st.device_index = dev.index
+    t._data = t._st.ptr
+    t._ndim = ndim
+    t._dtype = dtype
+    t._device = device
+    return t
+
+
+cdef Tensor empty_like_shape(tuple shape, int dtype, int device):
+    cdef int64_t buf[16]
+    cdef int nd = parse_shape(shape, buf)
+    return empty(nd, buf, dtype, device)
+
+
+cdef Tensor view_of(Tensor base, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset):
+    """A view sharing ``base``'s storage; offset is in elements from base's data."""
+    cdef Tensor t = Tensor.__new__(Tensor)
+    cdef int i
+    if ndim > MT_MAX_NDIM:
+        raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions, got {ndim}")
+    t._st = base._st
+    t._st.refcount += 1
+    t._data = base._data + offset * ITEMSIZE[base._dtype]
+    t._ndim = ndim
+    t._dtype = base._dtype
+    t._device = base._device
+    for i in range(ndim):
+        t._shape[i] = shape[i]
+        t._strides[i] = strides[i]
+    return t
+
+
+cdef int64_t numel(Tensor t) noexcept:
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(t._ndim):
+        n *= t._shape[i]
+    return n
+
+
+cdef bint is_contiguous(Tensor t) noexcept:
+    cdef int64_t expect = 1
+    cdef int i
+    for i in range(t._ndim - 1, -1, -1):
+        if t._shape[i] != 1 and t._strides[i] != expect:
+            return False
+        expect *= t._shape[i]
+    return True
+
+
+cdef int normalize_axis(int64_t axis, int ndim) except -1:
+    if axis < -ndim or axis >= ndim:
+        raise IndexError(f"axis {axis} is out of bounds for a tensor of dimension {ndim}")
+    return <int>(axis + ndim if axis < 0 else axis)
+
+
+cdef tuple shape_tuple(Tensor t):
+    return tuple([t._shape[i] for i in range(t._ndim)])
+
+
+cdef int parse_shape(object shape, int64_t *out) except -1:
+    """Reads a shape (int or sequence of ints / 0-d integer tensors) into out."""
+    if isinstance(shape, (int, np.integer)) or (isinstance(shape, Tensor) and (<Tensor>shape)._ndim == 0):
+        shape = (shape,)
+    elif isinstance(shape, Tensor):
+        shape = shape.tolist()
+    cdef int n = 0
+    for d in shape:
+        if n >= MT_MAX_NDIM:
+            raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions")
+        if isinstance(d, float) or isinstance(d, bool):
+            raise TypeError(f"shape entries must be integers, got {d!r}")
+        try:
+            out[n] = d.__index__() if not isinstance(d, Tensor) else int(d)
+        except AttributeError:
+            raise TypeError(f"shape entries must be integers, got {type(d).__name__}") from None
+        n += 1
+    return n
+
+
+# ------------------------------------------------------------- conversion
+
+cdef Tensor _from_host_array(cnp.ndarray arr, int dtype, int device):
+    """Copies a C-contiguous array of matching itemsize into a new tensor."""
+    cdef int64_t shape[16]
+    cdef int i, nd = arr.ndim
+    if nd > MT_MAX_NDIM:
+        raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions, got {nd}")
+    for i in range(nd):
+        shape[i] = arr.shape[i]
+    cdef Tensor t = empty(nd, shape, dtype, device)
+    memcpy(t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes)
+    return t
+
+
+cdef object _default_array(object data):
+    """np.asarray with MegEngine's defaults for Python data: float32 for
+    floats, int32 for ints (OverflowError when a value does not fit)."""
+    arr = np.asarray(data)
+    kind = arr.dtype.kind
+    if kind == "f" and arr.dtype != np.float32 and not _has_numpy_leaf(data, np.floating):
+        return arr.astype(np.float32)
+    if kind in "iu" and arr.dtype != np.int32 and not _has_numpy_leaf(data, np.integer):
+        if arr.size and (arr.max() > 2147483647 or arr.min() < -2147483648):
+            raise OverflowError(
+                "Python integers out of range for the default dtype int32; "
+                "pass dtype='int64'")
+        return arr.astype(np.int32)
+    if kind in "OUSV" or kind == "c":
+        raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
+                        f"(NumPy sees dtype {arr.dtype})")
+    return arr
+
+
+cdef bint _has_numpy_leaf(object data, object kind):
+    # a list of NumPy scalars keeps their dtype, like NumPy
+    while isinstance(data, (list, tuple)) and len(data):
+        data = data[0]
+    return isinstance(data, kind) or isinstance(data, np.ndarray) or isinstance(data, Tensor)
+
+
+cdef Tensor to_tensor(object data, object dtype, int device):
+    """Converts tensors, arrays, scalars and nested lists to a new Tensor."""
+    cdef int code
+    if isinstance(data, Tensor):
+        t = <Tensor>data
+        out = t.astype(dtype) if dtype is not None else t.copy()
+        if (<Tensor>out)._device != device:
+            out = out.to(DEVICES[device])
+        return out
+    if isinstance(data, np.ndarray) or isinstance(data, np.generic):
+        arr = np.asarray(data)
+        if arr.dtype.kind in "OUSVc" and arr.dtype != NP_DTYPES[8]:
+            raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
+    elif hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
+        arr = np.from_dlpack(data)
+    else:
+        arr = _default_array(data)
+    code = dtype_code(dtype) if dtype is not None else dtype_code(arr.dtype)
+    arr = np.asarray(arr, dtype=NP_DTYPES[code], order="C")  # keeps 0-d (ascontiguousarray would not)
+    return _from_host_array(arr, code, device)
+
+
+def tensor(data, dtype=None, device=None):
+    """Make a new Tensor from data (always copies).
+
+    Args:
+        data: a Tensor, NumPy array or scalar, Python scalar, or nested
+            lists/tuples of those.
+        dtype: result dtype (name, type or NumPy dtype). Default: the
+            array's dtype for NumPy input; for Python data bool, int32 or
+            float32 (MegEngine defaults).
+        device: ``"cpu"``, ``"cpu:1"``, ``"cuda:0"``, a Device, or None for
+            the default device.
+
+    Raises:
+        TypeError: unsupported dtype or data (strings, objects, complex).
+        OverflowError: Python ints that do not fit int32 with no dtype given.
+
+    >>> tensor([1, 2, 3]).dtype
+    dtype('int32')
+    >>> tensor([1.0]).dtype
+    dtype('float32')
+    """
+    return to_tensor(data, dtype, device_id(device))
+
+
+# ---------------------------------------------------------------- DLPack
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    typedef struct { int32_t device_type; int32_t device_id; } mt_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } mt_DLDataType;
+    typedef struct {
+        void *data; mt_DLDevice device; int32_t ndim; mt_DLDataType dtype;
+        int64_t *shape; int64_t *strides; uint64_t byte_offset;
+    } mt_DLTensor;
+    typedef struct mt_DLManagedTensor {
+        mt_DLTensor dl_tensor; void *manager_ctx;
+        void (*deleter)(struct mt_DLManagedTensor *self);
+    } mt_DLManagedTensor;
+    """
+    ctypedef struct mt_DLDevice:
+        int device_type
+        int device_id
+    ctypedef struct mt_DLDataType:
+        uint8_t code
+        uint8_t bits
+        unsigned short lanes
+    ctypedef struct mt_DLTensor:
+        void *data
+        mt_DLDevice device
+        int ndim
+        mt_DLDataType dtype
+        int64_t *shape
+        int64_t *strides
+        unsigned long long byte_offset
+    ctypedef struct mt_DLManagedTensor:
+        mt_DLTensor dl_tensor
+        void *manager_ctx
+        void (*deleter)(mt_DLManagedTensor *) noexcept
+
+# DLPack dtype codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool
+cdef int _DL_CODE[11]
+_DL_CODE[:] = [6, 0, 1, 0, 1, 0, 0, 2, 4, 2, 2]
+cdef int _DL_CPU = 1, _DL_CUDA = 2
+
+
+cdef void _dl_deleter(mt_DLManagedTensor *m) noexcept with gil:
+    Py_DECREF(<object>m.manager_ctx)
+    free(m.dl_tensor.shape)
+    free(m)
+
+
+cdef void _dl_capsule_destructor(object capsule) noexcept:
+    # a consumer renames the capsule to "used_dltensor"; only an unused one is ours to free
+    if PyCapsule_IsValid(capsule, "dltensor"):
+        m = <mt_DLManagedTensor *>PyCapsule_GetPointer(capsule, "dltensor")
+        if m.deleter != NULL:
+            m.deleter(m)
+
+
+cdef void _release_dlpack(mt_storage *st) noexcept with gil:
+    cdef mt_DLManagedTensor *m = <mt_DLManagedTensor *>st.ctx
+    if m.deleter != NULL:
+        m.deleter(m)
+
+
+def from_dlpack(x):
+    """Zero-copy import of a DLPack producer (NumPy array, PyTorch tensor...).
+
+    The result shares memory with ``x``.
+
+    Raises:
+        TypeError: ``x`` has no ``__dlpack__`` or an unsupported dtype.
+        ValueError: strides that are not whole elements.
+    """
+    if isinstance(x, Tensor):
+        return x
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"{type(x).__name__} does not support DLPack (__dlpack__)")
+    capsule = x.__dlpack__()
+    if not PyCapsule_IsValid(capsule, "dltensor"):
+        raise TypeError("expected an unversioned 'dltensor' capsule from __dlpack__()")
+    cdef mt_DLManagedTensor *m = <mt_DLManagedTensor *>PyCapsule_GetPointer(capsule, "dltensor")
+    cdef mt_DLTensor *dl = &m.dl_tensor
+    cdef int code = -1, i, bits = dl.dtype.bits
+    for i in range(11):
+        if _DL_CODE[i] == dl.dtype.code and ITEMSIZE[i] * 8 == bits and dl.dtype.lanes == 1:
+            if dl.dtype.code == 2 and i == 8:
+                continue
+            code = i
+            break
+    if code < 0:
+        raise TypeError(f"unsupported DLPack dtype (code {dl.dtype.code}, {bits} bits, {dl.dtype.lanes} lanes)")
+    if dl.device.device_type != _DL_CPU:
+        raise NotImplementedError(f"DLPack device type {dl.device.device_type} needs the CUDA build")
+    if dl.ndim > MT_MAX_NDIM:
+        raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions")
+    PyCapsule_SetName(capsule, "used_dltensor")
+    cdef Tensor t = Tensor.__new__(Tensor)
+    cdef int64_t n = 1
+    for i in range(dl.ndim - 1, -1, -1):
+        t._shape[i] = dl.shape[i]
+        t._strides[i] = dl.strides[i] if dl.strides != NULL else n
+        n *= dl.shape[i]
+    t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
+                            _release_dlpack, <void *>m)
+    if t._st == NULL:
+        m.deleter(m)
+        raise MemoryError()
+    t._data = <char *>dl.data + dl.byte_offset
+    t._ndim = dl.ndim
+    t._dtype = code
+    t._device = 0
+    return t
+
+
+# ---------------------------------------------------------------- Tensor
+
+cdef class Tensor:
+    """An n-dimensional array on a device, with MegEngine's dtype promotion.
+
+    Build one with :func:`mgtrace.tensor`. Arithmetic, comparison and bitwise
+    operators broadcast (NumPy rules) and promote (MegEngine rules, see
+    :func:`mgtrace.dtype_promotion`).
+    """
+    # NumPy defers to our reflected operators: ndarray + Tensor -> Tensor
+    __array_ufunc__ = None
+
+    def __cinit__(self):
+        self._st = NULL
+        self._data = NULL
+        self._ndim = 0
+        self._dtype = 9
+        self._device = 0
+
+    def __init__(self, data=None, dtype=None, device=None):
+        if data is None:
+            data = []
+        cdef Tensor src = to_tensor(data, dtype, device_id(device))
+        # take over src's storage
+        self._st = src._st
+        self._st.refcount += 1
+        self._data = src._data
+        self._ndim = src._ndim
+        self._dtype = src._dtype
+        self._device = src._device
+        for i in range(src._ndim):
+            self._shape[i] = src._shape[i]
+            self._strides[i] = src._strides[i]
+
+    def __dealloc__(self):
+        if self._st != NULL:
+            mt_storage_decref(self._st)
+            self._st = NULL
+
+    # ---- properties
+    @property
+    def shape(self):
+        """Dimensions, a tuple of ints."""
+        return tuple([self._shape[i] for i in range(self._ndim)])
+
+    @property
+    def ndim(self):
+        return self._ndim
+
+    @property
+    def size(self):
+        """Number of elements."""
+        return numel(self)
+
+    @property
+    def dtype(self):
+        """A NumPy dtype: ``t.dtype == "float32"`` and ``t.dtype == np.float32`` both hold."""
+        return NP_DTYPES[self._dtype]
+
+    @property
+    def device(self):
+        return DEVICES[self._device]
+
+    @property
+    def strides(self):
+        """Strides in elements (not bytes, unlike NumPy)."""
+        return tuple([self._strides[i] for i in range(self._ndim)])
+
+    @property
+    def itemsize(self):
+        return ITEMSIZE[self._dtype]
+
+    @property
+    def nbytes(self):
+        return numel(self) * ITEMSIZE[self._dtype]
+
+    @property
+    def data_ptr(self):
+        """Address of the first element (for interop and tests)."""
+        return <size_t>self._data
+
+    @property
+    def is_contiguous(self):
+        return is_contiguous(self)
+
+    @property
+    def readonly(self):
+        return bool(self._st.readonly)
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    def _storage_id(self):
+        return <size_t>self._st
+
+    # ---- conversion
+    def numpy(self):
+        """A NumPy array holding a copy of the values (MegEngine semantics).
+
+        For zero-copy exchange use DLPack (``np.from_dlpack(t)``)."""
+        if DEVICES[self._device].type != "cpu":
+            return self.to("cpu").numpy()
+        arr = np.empty(self.shape, dtype=NP_DTYPES[self._dtype])
+        if numel(self):
+            dst = _wrap_ndarray(arr, self._device)
+            _OPS["copy_"](dst, self)
+        return arr
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:
+            raise ValueError("a Tensor cannot be viewed by NumPy without a copy through "
+                             "__array__; use np.from_dlpack(t) for zero-copy")
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def item(self):
+        """The value of a one-element tensor as a Python scalar.
+
+        Raises ValueError when the tensor has more than one element."""
+        if numel(self) != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has {numel(self)}")
+        v = self.numpy().reshape(()).item()
+        return float(v) if self._dtype == 8 else v
+
+    def tolist(self):
+        arr = self.numpy()
+        if self._dtype == 8:
+            arr = arr.astype(np.float32)
+        return arr.tolist()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            return self.copy().__dlpack__()
+        cdef mt_DLManagedTensor *m = <mt_DLManagedTensor *>malloc(sizeof(mt_DLManagedTensor))
+        cdef int64_t *dims = <int64_t *>malloc(sizeof(int64_t) * 2 * (self._ndim + 1))
+        cdef int i
+        if m == NULL or dims == NULL:
+            free(m); free(dims)
+            raise MemoryError()
+        for i in range(self._ndim):
+            dims[i] = self._shape[i]
+            dims[self._ndim + 1 + i] = self._strides[i]
+        m.dl_tensor.data = self._data
+        m.dl_tensor.device.device_type = _DL_CUDA if DEVICES[self._device].type == "cuda" else _DL_CPU
+        m.dl_tensor.device.device_id = (<Device>DEVICES[self._device]).index if m.dl_tensor.device.device_type == _DL_CUDA else 0
+        m.dl_tensor.ndim = self._ndim
+        m.dl_tensor.dtype.code = _DL_CODE[self._dtype]
+        m.dl_tensor.dtype.bits = ITEMSIZE[self._dtype] * 8
+        m.dl_tensor.dtype.lanes = 1
+        m.dl_tensor.shape = dims
+        m.dl_tensor.strides = dims + self._ndim + 1
+        m.dl_tensor.byte_offset = 0
+        m.manager_ctx = <void *>self
+        m.deleter = _dl_deleter
+        Py_INCREF(self)
+        return PyCapsule_New(m, "dltensor", _dl_capsule_destructor)
+
+    def __dlpack_device__(self):
+        dev = DEVICES[self._device]
+        return (_DL_CUDA, dev.index) if dev.type == "cuda" else (_DL_CPU, 0)
+
+    def astype(self, dtype):
+        """A copy converted to ``dtype`` (C casts: floats truncate toward zero
+        into ints, anything nonzero is True). Returns self's copy if equal."""
+        return _OPS["cast"](self, dtype_code(dtype))
+
+    def copy(self):
+        """A contiguous copy with its own storage."""
+        return _OPS["cast"](self, self._dtype)
+
+    def contiguous(self):
+        """self when already contiguous, else a contiguous copy."""
+        return self if is_contiguous(self) else self.copy()
+
+    def to(self, device):
+        """A copy on ``device`` (self if it is already there)."""
+        cdef int dev = device_id(device)
+        if dev == self._device:
+            return self
+        src = <Device>DEVICES[self._device]
+        dst = <Device>DEVICES[dev]
+        if src.type == "cpu" and dst.type == "cpu":
+            out = self.copy()
+            (<Tensor>out)._device = dev
+            (<Tensor>out)._st.device_index = dst.index
+            return out
+        raise NotImplementedError(f"no copy from {src} to {dst}: mgtrace was built without CUDA")
+
+    # ---- views
+    def reshape(self, *shape):
+        """A tensor with the same elements in a new shape; one entry may be -1.
+
+        Shares memory when the strides allow it (NumPy's rule), else copies.
+
+        Raises ValueError when the element counts differ."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) and not (
+                isinstance(shape[0], Tensor) and (<Tensor>shape[0])._ndim == 0):
+            shape = shape[0]
+        cdef int64_t new[16]
+        cdef int64_t strides[16]
+        cdef int nd = parse_shape(shape, new)
+        _infer_shape(new, nd, numel(self), self.shape)
+        if _view_strides(self, new, nd, strides):
+            return view_of(self, nd, new, strides, 0)
+        return view_of(self.copy(), nd, new, _contig_strides(new, nd, strides), 0)
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def flatten(self, start_axis=0, end_axis=-1):
+        """Merge axes start_axis..end_axis into one (MegEngine's flatten)."""
+        if self._ndim == 0:
+            return self.reshape(1)
+        cdef int s = normalize_axis(start_axis, self._ndim)
+        cdef int e = normalize_axis(end_axis, self._ndim)
+        if s > e:
+            raise ValueError(f"flatten: start_axis {start_axis} comes after end_axis {end_axis}")
+        shp = self.shape
+        return self.reshape(shp[:s] + (-1,) + shp[e + 1:])
+
+    def transpose(self, *axes):
+        """Permute the axes (reverse them when none are given). A view."""
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        cdef int nd = self._ndim, i, a
+        if not axes:
+            axes = tuple(range(nd - 1, -1, -1))
+        if len(axes) != nd:
+            raise ValueError(f"transpose: {len(axes)} axes given for a tensor of dimension {nd}")
+        cdef int64_t shp[16]
+        cdef int64_t st[16]
+        seen = set()
+        for i in range(nd):
+            a = normalize_axis(axes[i], nd)
+            if a in seen:
+                raise ValueError(f"transpose: repeated axis in {axes}")
+            seen.add(a)
+            shp[i] = self._shape[a]
+            st[i] = self._strides[a]
+        return view_of(self, nd, shp, st, 0)
+
+    def permute(self, *axes):
+        return self.transpose(*axes)
+
+    def expand_dims(self, axis):
+        """Insert size-1 axes at ``axis`` (int or sequence, positions in the result)."""
+        axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+        cdef int nd = self._ndim + len(axes), i, j = 0
+        norm = sorted({normalize_axis(a, nd) for a in axes})
+        if len(norm) != len(axes):
+            raise ValueError(f"expand_dims: repeated axis in {axes}")
+        cdef int64_t shp[16]
+        cdef int64_t st[16]
+        if nd > MT_MAX_NDIM:
+            raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions")
+        for i in range(nd):
+            if i in norm:
+                shp[i] = 1
+                st[i] = 0
+            else:
+                shp[i] = self._shape[j]
+                st[i] = self._strides[j]
+                j += 1
+        return view_of(self, nd, shp, st, 0)
+
+    def squeeze(self, axis=None):
+        """Remove size-1 axes (all of them, or those named). A view.
+
+        Raises ValueError when a named axis is not of size 1."""
+        cdef int i, nd = 0
+        if axis is None:
+            drop = {i for i in range(self._ndim) if self._shape[i] == 1}
+        else:
+            axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+            drop = {normalize_axis(a, self._ndim) for a in axes}
+            for i in drop:
+                if self._shape[i] != 1:
+                    raise ValueError(f"squeeze: axis {i} has size {self._shape[i]}, not 1")
+        cdef int64_t shp[16]
+        cdef int64_t st[16]
+        for i in range(self._ndim):
+            if i not in drop:
+                shp[nd] = self._shape[i]
+                st[nd] = self._strides[i]
+                nd += 1
+        return view_of(self, nd, shp, st, 0)
+
+    def broadcast_to(self, shape):
+        """A read-only-in-spirit view with ``shape`` (NumPy broadcasting; stride 0
+        on broadcast axes). Raises ValueError when the shapes do not broadcast."""
+        cdef int64_t shp[16]
+        cdef int64_t st[16]
+        cdef int nd = parse_shape(shape, shp), i, j
+        if nd < self._ndim:
+            raise ValueError(f"cannot broadcast shape {self.shape} to {tuple(shape)}")
+        for i in range(nd):
+            j = i - (nd - self._ndim)
+            if j < 0:
+                st[i] = 0
+            elif self._shape[j] == shp[i]:
+                st[i] = self._strides[j]
+            elif self._shape[j] == 1:
+                st[i] = 0
+            else:
+                raise ValueError(f"cannot broadcast shape {self.shape} to {tuple(shape)}")
+        return view_of(self, nd, shp, st, 0)
+
+    # ---- indexing
+    def __getitem__(self, index):
+        return _OPS["getitem"](self, index)
+
+    def __setitem__(self, index, value):
+        _OPS["setitem"](self, index, value)
+
+    def __len__(self):
+        if self._ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __iter__(self):
+        if self._ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        for i in range(self._shape[0]):
+            yield self[i]
+
+    # ---- Python protocol
+    def __repr__(self):
+        arr = self.numpy()
+        if self._dtype == 8:
+            arr = arr.astype(np.float32)
+        body = np.array2string(arr, separator=", ", prefix="Tensor(", threshold=1000)
+        return f"Tensor({body}, dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})"
+
+    def __hash__(self):
+        return id(self)
+
+    def __bool__(self):
+        if numel(self) != 1:
+            raise ValueError(f"the truth value of a tensor with {numel(self)} elements is "
+                             "ambiguous; use .any() or .all()")
+        hook = _OPS.get("bool_hook")
+        if hook is not None:
+            hook(self)
+        return bool(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __index__(self):
+        if CATEGORY[self._dtype] != 2:
+            raise TypeError(f"only integer tensors can be used as an index, not {_DTYPE_NAMES[self._dtype]}")
+        return int(self.item())
+
+    def __reduce__(self):
+        raise TypeError("Tensor does not pickle; save it with mgtrace.save or convert with .numpy()")
+
+    # ---- arithmetic (binary dispatch in dispatch.pyx)
+    def __add__(self, other): return _binary(B_ADD, self, other, None)
+    def __radd__(self, other): return _binary(B_ADD, other, self, None)
+    def __iadd__(self, other): return _binary(B_ADD, self, other, self)
+    def __sub__(self, other): return _binary(B_SUB, self, other, None)
+    def __rsub__(self, other): return _binary(B_SUB, other, self, None)
+    def __isub__(self, other): return _binary(B_SUB, self, other, self)
+    def __mul__(self, other): return _binary(B_MUL, self, other, None)
+    def __rmul__(self, other): return _binary(B_MUL, other, self, None)
+    def __imul__(self, other): return _binary(B_MUL, self, other, self)
+    def __truediv__(self, other): return _binary(B_TRUEDIV, self, other, None)
+    def __rtruediv__(self, other): return _binary(B_TRUEDIV, other, self, None)
+    def __itruediv__(self, other): return _binary(B_TRUEDIV, self, other, self)
+    def __floordiv__(self, other): return _binary(B_FLOORDIV, self, other, None)
+    def __rfloordiv__(self, other): return _binary(B_FLOORDIV, other, self, None)
+    def __ifloordiv__(self, other): return _binary(B_FLOORDIV, self, other, self)
+    def __mod__(self, other): return _binary(B_MOD, self, other, None)
+    def __rmod__(self, other): return _binary(B_MOD, other, self, None)
+    def __imod__(self, other): return _binary(B_MOD, self, other, self)
+    def __pow__(self, other, mod=None): return _binary(B_POW, self, other, None)
+    def __rpow__(self, other, mod=None): return _binary(B_POW, other, self, None)
+    def __ipow__(self, other): return _binary(B_POW, self, other, self)
+    def __matmul__(self, other): return _OPS["matmul"](self, other)
+    def __rmatmul__(self, other): return _OPS["matmul"](other, self)
+    def __and__(self, other): return _binary(B_AND, self, other, None)
+    def __rand__(self, other): return _binary(B_AND, other, self, None)
+    def __iand__(self, other): return _binary(B_AND, self, other, self)
+    def __or__(self, other): return _binary(B_OR, self, other, None)
+    def __ror__(self, other): return _binary(B_OR, other, self, None)
+    def __ior__(self, other): return _binary(B_OR, self, other, self)
+    def __xor__(self, other): return _binary(B_XOR, self, other, None)
+    def __rxor__(self, other): return _binary(B_XOR, other, self, None)
+    def __ixor__(self, other): return _binary(B_XOR, self, other, self)
+    def __lshift__(self, other): return _binary(B_LSHIFT, self, other, None)
+    def __rlshift__(self, other): return _binary(B_LSHIFT, other, self, None)
+    def __ilshift__(self, other): return _binary(B_LSHIFT, self, other, self)
+    def __rshift__(self, other): return _binary(B_RSHIFT, self, other, None)
+    def __rrshift__(self, other): return _binary(B_RSHIFT, other, self, None)
+    def __irshift__(self, other): return _binary(B_RSHIFT, self, other, self)
+    def __eq__(self, other): return _binary(B_EQ, self, other, None)
+    def __ne__(self, other): return _binary(B_NE, self, other, None)
+    def __lt__(self, other): return _binary(B_LT, self, other, None)
+    def __le__(self, other): return _binary(B_LE, self, other, None)
+    def __gt__(self, other): return _binary(B_GT, self, other, None)
+    def __ge__(self, other): return _binary(B_GE, self, other, None)
+    def __neg__(self): return _unary(U_NEG, self, None)
+    def __pos__(self): return self
+    def __abs__(self): return _unary(U_ABS, self, None)
+    def __invert__(self): return _unary(U_INVERT, self, None)
+
+    # ---- reductions and friends (installed by the other core modules)
+    def sum(self, axis=None, keepdims=False): return _OPS["sum"](self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return _OPS["mean"](self, axis, keepdims)
+    def prod(self, axis=None, keepdims=False): return _OPS["prod"](self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return _OPS["max"](self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return _OPS["min"](self, axis, keepdims)
+    def any(self, axis=None, keepdims=False): return _OPS["any"](self, axis, keepdims)
+    def all(self, axis=None, keepdims=False): return _OPS["all"](self, axis, keepdims)
+    def argmax(self, axis=None, keepdims=False): return _OPS["argmax"](self, axis, keepdims)
+    def argmin(self, axis=None, keepdims=False): return _OPS["argmin"](self, axis, keepdims)
+    def var(self, axis=None, keepdims=False, ddof=0): return _OPS["var"](self, axis, keepdims, ddof)
+    def std(self, axis=None, keepdims=False, ddof=0): return _OPS["std"](self, axis, keepdims, ddof)
+
+
+# ------------------------------------------------------------- view math
+
+cdef int64_t *_contig_strides(const int64_t *shape, int nd, int64_t *out) noexcept:
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(nd - 1, -1, -1):
+        out[i] = n
+        n *= shape[i]
+    return out
+
+
+cdef int _infer_shape(int64_t *shape, int nd, int64_t total, object old) except -1:
+    cdef int i, neg = -1
+    cdef int64_t known = 1
+    for i in range(nd):
+        if shape[i] == -1:
+            if neg >= 0:
+                raise ValueError("reshape: only one dimension can be -1")
+            neg = i
+        elif shape[i] < 0:
+            raise ValueError(f"reshape: invalid dimension {shape[i]}")
+        else:
+            known *= shape[i]
+    if neg >= 0:
+        if known == 0 or total % known:
+            raise ValueError(f"cannot reshape a tensor of shape {old} ({total} elements) "
+                             f"into {tuple([shape[i] for i in range(nd)])}")
+        shape[neg] = total // known
+    elif known != total:
+        raise ValueError(f"cannot reshape a tensor of shape {old} ({total} elements) "
+                         f"into {tuple([shape[i] for i in range(nd)])}")
+    return 0
+
+
+cdef bint _view_strides(Tensor t, const int64_t *new, int nd, int64_t *out):
+    """Strides for viewing t in shape ``new`` without a copy, if they exist
+    (NumPy's rule: a run of old axes may merge or split only when those axes
+    are contiguous with each other)."""
+    cdef int64_t oshape[16]
+    cdef int64_t ostr[16]
+    cdef int on = 0, i, oi, oj, ni, nj, k
+    cdef int64_t np_, op_, last
+    if numel(t) <= 1:
+        _contig_strides(new, nd, out)
+        return True
+    for i in range(t._ndim):  # size-1 axes never constrain a view
+        if t._shape[i] != 1:
+            oshape[on] = t._shape[i]
+            ostr[on] = t._strides[i]
+            on += 1
+    oi = 0; oj = 1; ni = 0; nj = 1
+    while ni < nd and oi < on:
+        np_ = new[ni]
+        op_ = oshape[oi]
+        while np_ != op_:
+            if np_ < op_:
+                np_ *= new[nj]; nj += 1
+            else:
+                op_ *= oshape[oj]; oj += 1
+        for k in range(oi, oj - 1):
+            if ostr[k] != oshape[k + 1] * ostr[k + 1]:
+                return False
+        out[nj - 1] = ostr[oj - 1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new[k]
+        ni = nj; nj += 1
+        oi = oj; oj += 1
+    last = out[ni - 1] if ni >= 1 else 1
+    for k in range(ni, nd):
+        out[k] = last
+    return True
+
+
+cdef Tensor _wrap_ndarray(cnp.ndarray arr, int device):
+    """A Tensor viewing a writable, aligned ndarray (keeps it alive)."""
+    cdef int code = dtype_code(arr.dtype), i
+    cdef Tensor t = Tensor.__new__(Tensor)
+    Py_INCREF(arr)
+    t._st = mt_storage_wrap(cnp.PyArray_DATA(arr), <size_t>arr.nbytes, MT_DEV_CPU, 0,
+                            _release_pyobject, <void *>arr)
+    if t._st == NULL:
+        Py_DECREF(arr)
+        raise MemoryError()
+    t._data = <char *>cnp.PyArray_DATA(arr)
+    t._ndim = arr.ndim
+    t._dtype = code
+    t._device = device
+    for i in range(arr.ndim):
+        t._shape[i] = arr.shape[i]
+        t._strides[i] = arr.strides[i] // ITEMSIZE[code]
+    return t
