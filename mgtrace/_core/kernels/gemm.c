@@ -1,0 +1,102 @@
+/* Batched matrix products over OpenBLAS (scipy-openblas32 symbols). */
+#include "gemm.h"
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef BLAS_SYMBOL_PREFIX
+#error "build with -DBLAS_SYMBOL_PREFIX=scipy_ against scipy-openblas32"
+#endif
+#define MT_CAT2(a, b) a##b
+#define MT_CAT(a, b) MT_CAT2(a, b)
+#define MT_BLAS(name) MT_CAT(scipy_, name)
+
+void MT_BLAS(openblas_set_num_threads)(int);
+int MT_BLAS(openblas_get_num_threads)(void);
+char *MT_BLAS(openblas_get_config)(void);
+
+void mt_blas_set_threads(int n) { MT_BLAS(openblas_set_num_threads)(n); }
+int mt_blas_get_threads(void) { return MT_BLAS(openblas_get_num_threads)(); }
+const char *mt_blas_config(void) { return MT_BLAS(openblas_get_config)(); }
+
+/* Row-major BLAS wants each matrix with one unit stride: pick trans and ld. */
+static int blas_layout(int64_t srow, int64_t scol, int64_t rows, int64_t cols,
+                       CBLAS_TRANSPOSE *t, int64_t *ld) {
+    if (scol == 1 && (rows == 1 || srow >= (cols > 1 ? cols : 1))) {
+        *t = CblasNoTrans; *ld = rows == 1 ? (cols > 1 ? cols : 1) : srow; return 1;
+    }
+    if (srow == 1 && (cols == 1 || scol >= (rows > 1 ? rows : 1))) {
+        *t = CblasTrans; *ld = cols == 1 ? (rows > 1 ? rows : 1) : scol; return 1;
+    }
+    return 0;
+}
+
+static void gemm_one(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c) {
+    CBLAS_TRANSPOSE ta, tb;
+    int64_t lda, ldb;
+    /* the Cython side guarantees a BLAS-compatible layout and C row-major */
+    blas_layout(s->sam, s->sak, s->M, s->K, &ta, &lda);
+    blas_layout(s->sbk, s->sbn, s->K, s->N, &tb, &ldb);
+    int64_t ldc = s->M == 1 ? (s->N > 1 ? s->N : 1) : s->scm;
+    if (dtype == MT_FLOAT32)
+        MT_BLAS(cblas_sgemm)(CblasRowMajor, ta, tb, (blasint)s->M, (blasint)s->N, (blasint)s->K,
+                             1.0f, (const float *)a, (blasint)lda, (const float *)b, (blasint)ldb,
+                             0.0f, (float *)c, (blasint)ldc);
+    else
+        MT_BLAS(cblas_dgemm)(CblasRowMajor, ta, tb, (blasint)s->M, (blasint)s->N, (blasint)s->K,
+                             1.0, (const double *)a, (blasint)lda, (const double *)b, (blasint)ldb,
+                             0.0, (double *)c, (blasint)ldc);
+}
+
+void mt_gemm_float_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                         const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                         int64_t batch, int nt) {
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    const double flops = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+    if (batch >= nt && nt > 1 && flops < 4.0e6) {
+        /* many small products (attention heads): one BLAS thread each, in parallel */
+        int saved = mt_blas_get_threads();
+        mt_blas_set_threads(1);
+#ifdef _OPENMP
+        #pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+        for (int64_t i = 0; i < batch; i++)
+            gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
+        mt_blas_set_threads(saved);
+        return;
+    }
+    for (int64_t i = 0; i < batch; i++)
+        gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
+}
+
+#define MT_GEMM_INT(sfx, T)                                                    \
+    static void gemm_int_##sfx(const mt_gemm_shape *s, const T *a, const T *b, T *c) { \
+        for (int64_t m = 0; m < s->M; m++)                                     \
+            for (int64_t n = 0; n < s->N; n++) {                               \
+                int64_t acc = 0;                                               \
+                for (int64_t k = 0; k < s->K; k++)                             \
+                    acc += (int64_t)a[m * s->sam + k * s->sak] * (int64_t)b[k * s->sbk + n * s->sbn]; \
+                c[m * s->scm + n * s->scn] = (T)acc;                           \
+            }                                                                  \
+    }
+MT_GEMM_INT(i8, int8_t) MT_GEMM_INT(u8, uint8_t) MT_GEMM_INT(i16, int16_t)
+MT_GEMM_INT(u16, uint16_t) MT_GEMM_INT(i32, int32_t) MT_GEMM_INT(i64, int64_t)
+
+void mt_gemm_int_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                       const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                       int64_t batch, int nt) {
+    (void)nt;
+    for (int64_t i = 0; i < batch; i++) {
+#define MT_CASE(code, sfx, T) case code: { const int64_t z = sizeof(T);          \
+            gemm_int_##sfx(s, (const T *)(a + a_off[i] * z), (const T *)(b + b_off[i] * z), \
+                           (T *)(c + c_off[i] * z)); break; }
+        switch (dtype) {
+            MT_CASE(MT_INT8, i8, int8_t) MT_CASE(MT_UINT8, u8, uint8_t)
+            MT_CASE(MT_INT16, i16, int16_t) MT_CASE(MT_UINT16, u16, uint16_t)
+            MT_CASE(MT_INT32, i32, int32_t) MT_CASE(MT_INT64, i64, int64_t)
+            default: break;
+        }
+#undef MT_CASE
+    }
+}

@@ -1,0 +1,195 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Matrix products: matmul (NumPy semantics) over OpenBLAS.
+
+Float32/float64 products are BLAS sgemm/dgemm calls (OpenBLAS from the
+scipy-openblas32 wheel, as NumPy links it); float16/bfloat16 are computed in
+float32 and rounded back; integer products use a plain int64-accumulating
+loop. The BLAS thread count follows mgtrace.set_num_threads.
+"""
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free
+
+from mgtrace._core.kernels cimport MT_MAX_NDIM
+from mgtrace._core.tensor cimport Tensor, empty, view_of, is_contiguous, shape_tuple
+from mgtrace._core.dtype cimport CATEGORY, promote_operands
+from mgtrace._core.dispatch cimport cast, coerce, fill, traced, tracing_active, num_threads
+from mgtrace._core.device cimport Device, DEVICES
+from mgtrace._core.dtype import NAMES as DTYPE_NAMES
+from mgtrace._core.dispatch import register_op
+
+cdef extern from "kernels/gemm.h" nogil:
+    ctypedef struct mt_gemm_shape:
+        int64_t M, N, K
+        int64_t sam, sak, sbk, sbn, scm, scn
+    void mt_gemm_float_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                             const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                             int64_t batch, int nt)
+    void mt_gemm_int_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                           const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                           int64_t batch, int nt)
+    void mt_blas_set_threads(int n)
+    int mt_blas_get_threads()
+    const char *mt_blas_config()
+
+cdef int64_t BLAS_MAX = 2147483647
+
+
+def set_blas_threads(int n):
+    mt_blas_set_threads(n)
+
+
+def get_blas_threads():
+    """Threads OpenBLAS uses for one GEMM."""
+    return mt_blas_get_threads()
+
+
+def blas_config():
+    """OpenBLAS's build description (kernel, threading)."""
+    return mt_blas_config().decode()
+
+
+cdef bint blas_ok(Tensor t) noexcept:
+    """Last two axes usable by row-major BLAS as-is (one unit stride)."""
+    cdef int64_t rs = t._strides[t._ndim - 2], cs = t._strides[t._ndim - 1]
+    cdef int64_t rows = t._shape[t._ndim - 2], cols = t._shape[t._ndim - 1]
+    if cs == 1 and (rows == 1 or rs >= max(cols, 1)):
+        return rs < BLAS_MAX
+    if rs == 1 and (cols == 1 or cs >= max(rows, 1)):
+        return cs < BLAS_MAX
+    return False
+
+
+def matmul(a, b):
+    """Matrix product with NumPy's matmul semantics.
+
+    Args:
+        a: [..., M, K] or [K] (a 1-d operand gets a unit axis, removed after).
+        b: [..., K, N] or [K].
+        Leading (batch) axes broadcast (NumPy rules).
+
+    Returns:
+        Tensor [..., M, N], dtype by MegEngine promotion of a and b
+        (float16/bfloat16 computed in float32; integers accumulate in int64
+        and wrap on store).
+
+    Raises:
+        ValueError: 0-d operands, K mismatch, batch shapes that do not
+            broadcast, or devices that differ ("ambiguous device").
+        TypeError: bool operands.
+    """
+    if tracing_active():
+        return traced("matmul", (a, b), {})
+    cdef Tensor ta, tb, out
+    cdef int dev, code, cdt
+    ta = a if isinstance(a, Tensor) else None
+    tb = b if isinstance(b, Tensor) else None
+    dev = ta._device if ta is not None else (tb._device if tb is not None else 0)
+    if ta is None:
+        ta = coerce(a, dev)
+    if tb is None:
+        tb = coerce(b, dev)
+    if ta._device != tb._device:
+        raise ValueError(f"ambiguous device: {DEVICES[ta._device]} vs {DEVICES[tb._device]}")
+    if (<Device>DEVICES[dev]).type != "cpu":
+        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[dev]}")
+    if ta._ndim == 0 or tb._ndim == 0:
+        raise ValueError("matmul: 0-d operands are not allowed; use * for scalars")
+    code = promote_operands((ta, tb))
+    if code == 0:
+        raise TypeError("matmul of bool tensors is not supported; cast to an integer or float dtype")
+    cdt = 9 if code in (7, 8) else code
+    if ta._dtype != cdt:
+        ta = cast(ta, cdt)
+    if tb._dtype != cdt:
+        tb = cast(tb, cdt)
+    cdef bint a1 = ta._ndim == 1, b1 = tb._ndim == 1
+    if a1:
+        ta = ta.reshape(1, ta._shape[0])
+    if b1:
+        tb = tb.reshape(tb._shape[0], 1)
+    if not blas_ok(ta):
+        ta = ta.copy()
+    if not blas_ok(tb):
+        tb = tb.copy()
+    out = _matmul2(ta, tb, cdt)
+    if a1:
+        out = out.squeeze(out._ndim - 2)
+    if b1:
+        out = out.squeeze(out._ndim - 1)
+    if code != cdt:
+        out = cast(out, code)
+    return out
+
+
+cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
+    cdef int64_t M = ta._shape[ta._ndim - 2], K = ta._shape[ta._ndim - 1]
+    cdef int64_t K2 = tb._shape[tb._ndim - 2], N = tb._shape[tb._ndim - 1]
+    if K != K2:
+        raise ValueError(f"matmul: inner dimensions differ: {shape_tuple(ta)} @ {shape_tuple(tb)} "
+                         f"({K} vs {K2})")
+    if M > BLAS_MAX or N > BLAS_MAX or K > BLAS_MAX:
+        raise ValueError("matmul: a dimension exceeds the 32-bit BLAS limit")
+    # broadcast batch axes
+    cdef int nba = ta._ndim - 2, nbb = tb._ndim - 2, nb = max(nba, nbb), d, ka, kb
+    cdef int64_t oshape[16]
+    cdef int64_t sa[16]
+    cdef int64_t sb[16]
+    for d in range(nb):
+        ka = d - (nb - nba)
+        kb = d - (nb - nbb)
+        da = ta._shape[ka] if ka >= 0 else 1
+        db = tb._shape[kb] if kb >= 0 else 1
+        if da != db and da != 1 and db != 1:
+            raise ValueError(f"matmul: batch shapes do not broadcast: {shape_tuple(ta)} @ {shape_tuple(tb)}")
+        oshape[d] = max(da, db)
+        sa[d] = ta._strides[ka] if ka >= 0 and da != 1 else 0
+        sb[d] = tb._strides[kb] if kb >= 0 and db != 1 else 0
+    oshape[nb] = M
+    oshape[nb + 1] = N
+    cdef Tensor out = empty(nb + 2, oshape, cdt, ta._device)
+    cdef int64_t batch = 1
+    for d in range(nb):
+        batch *= oshape[d]
+    if batch == 0 or M == 0 or N == 0:
+        return out
+    if K == 0:
+        fill(out, 0)
+        return out
+    cdef mt_gemm_shape s
+    s.M = M; s.N = N; s.K = K
+    s.sam = ta._strides[ta._ndim - 2]; s.sak = ta._strides[ta._ndim - 1]
+    s.sbk = tb._strides[tb._ndim - 2]; s.sbn = tb._strides[tb._ndim - 1]
+    s.scm = N; s.scn = 1
+    cdef int64_t *offs = <int64_t *>malloc(sizeof(int64_t) * 3 * batch)
+    if offs == NULL:
+        raise MemoryError()
+    cdef int64_t i, rem, idx, oa, ob
+    try:
+        for i in range(batch):
+            rem = i
+            oa = 0
+            ob = 0
+            for d in range(nb - 1, -1, -1):
+                idx = rem % oshape[d]
+                rem //= oshape[d]
+                oa += idx * sa[d]
+                ob += idx * sb[d]
+            offs[i] = oa
+            offs[batch + i] = ob
+            offs[2 * batch + i] = i * M * N
+        nt = num_threads()
+        with nogil:
+            if cdt == 9 or cdt == 10:
+                mt_gemm_float_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,
+                                    offs + 2 * batch, batch, nt)
+            else:
+                mt_gemm_int_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,
+                                  offs + 2 * batch, batch, nt)
+    finally:
+        free(offs)
+    return out
+
+
+register_op("matmul", matmul)
+import importlib
+importlib.import_module("mgtrace._core.tensor")._install_ops(matmul=matmul)
