@@ -317,6 +317,16 @@ cdef bint overlaps(Tensor out, Tensor t) noexcept:
     return False
 
 
+cdef bint has_shape(Tensor t, int nd, const int64_t *shape) noexcept:
+    cdef int i
+    if t._ndim != nd:
+        return False
+    for i in range(nd):
+        if t._shape[i] != shape[i]:
+            return False
+    return True
+
+
 cdef int check_same_kind(int res, Tensor out, str opname) except -1:
     if CATEGORY[res] > CATEGORY[out._dtype]:
         raise TypeError(f"{opname}: cannot store a {DTYPE_NAMES[res]} result in place into a "
@@ -503,7 +513,7 @@ cdef object binary(int op, object a, object b, object out):
         check_writable(to)
         if to._device != dev:
             raise ValueError(f"ambiguous device: {dev_name(to._device)} vs {dev_name(dev)}")
-        if nd != to._ndim or any(oshape[i] != to._shape[i] for i in range(nd)):
+        if not has_shape(to, nd, oshape):
             raise ValueError(f"in-place {mt_binary_names[op].decode()}: result shape "
                              f"{tuple([oshape[i] for i in range(nd)])} does not match the "
                              f"destination's {shape_tuple(to)}")
@@ -554,7 +564,7 @@ cdef object unary(int op, object a, object out):
         check_writable(to)
         check_same_kind(rdt, to, name)
         res = to if to._dtype == rdt and not overlaps(to, ta) else empty(ta._ndim, ta._shape, rdt, ta._device)
-        if to._ndim != ta._ndim or any(to._shape[i] != ta._shape[i] for i in range(ta._ndim)):
+        if not has_shape(to, ta._ndim, ta._shape):
             raise ValueError(f"in-place {name}: shapes differ")
     operand_of(ta, &o)
     run_loop(mt_unary_loops[op][cdt], res, 1, &o, NULL, 4 if rule == MT_RULE_FLOAT else 1)

@@ -412,7 +412,8 @@ def concat(tensors, axis=0):
         t = <Tensor>x
         if t._device != first._device:
             raise ValueError(f"ambiguous device: {DEVICES[first._device]} vs {DEVICES[t._device]}")
-        if t._ndim != first._ndim or any(t._shape[k] != first._shape[k] for k in range(t._ndim) if k != ax):
+        if t._ndim != first._ndim or [t._shape[k] for k in range(t._ndim) if k != ax] != [
+                first._shape[k] for k in range(t._ndim) if k != ax]:
             raise ValueError(f"concat: shapes {shape_tuple(first)} and {shape_tuple(t)} differ "
                              f"outside axis {ax}")
         total += t._shape[ax]
@@ -459,14 +460,15 @@ def split(x, nsplits_or_sections, axis=0):
             raise ValueError(f"split: {size} elements on axis {ax} do not divide into {n} equal parts")
         points = [size // n * i for i in range(1, n)]
     else:
-        points = list(nsplits_or_sections)
-        if any(b < a for a, b in zip(points, points[1:])) or (points and (points[0] < 0 or points[-1] > size)):
-            raise ValueError(f"split: points {points} must be increasing within 0..{size}")
+        points = [int(p) for p in nsplits_or_sections]
     bounds = [0] + points + [size]
+    for i in range(len(bounds) - 1):
+        if bounds[i + 1] < bounds[i]:
+            raise ValueError(f"split: points {points} must be increasing within 0..{size}")
     sl = [slice(None)] * t._ndim
     out = []
-    for a, b in zip(bounds, bounds[1:]):
-        sl[ax] = slice(a, b)
+    for i in range(len(bounds) - 1):
+        sl[ax] = slice(bounds[i], bounds[i + 1])
         out.append(getitem(t, tuple(sl)))
     return out
 

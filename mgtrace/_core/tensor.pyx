@@ -225,6 +225,11 @@ cdef Tensor to_tensor(object data, object dtype, int device):
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
     elif hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         arr = np.from_dlpack(data)
+    elif dtype is not None:
+        arr = np.asarray(data)
+        if arr.dtype.kind in "OUSVc":
+            raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
+                            f"(NumPy sees dtype {arr.dtype})")
     else:
         arr = _default_array(data)
     code = dtype_code(dtype) if dtype is not None else dtype_code(arr.dtype)
@@ -271,6 +276,12 @@ cdef extern from *:
         mt_DLTensor dl_tensor; void *manager_ctx;
         void (*deleter)(struct mt_DLManagedTensor *self);
     } mt_DLManagedTensor;
+    typedef struct { uint32_t major; uint32_t minor; } mt_DLPackVersion;
+    typedef struct mt_DLManagedTensorVersioned {
+        mt_DLPackVersion version; void *manager_ctx;
+        void (*deleter)(struct mt_DLManagedTensorVersioned *self);
+        uint64_t flags; mt_DLTensor dl_tensor;
+    } mt_DLManagedTensorVersioned;
     """
     ctypedef struct mt_DLDevice:
         int device_type
@@ -291,6 +302,15 @@ cdef extern from *:
         mt_DLTensor dl_tensor
         void *manager_ctx
         void (*deleter)(mt_DLManagedTensor *) noexcept
+    ctypedef struct mt_DLPackVersion:
+        unsigned int major
+        unsigned int minor
+    ctypedef struct mt_DLManagedTensorVersioned:
+        mt_DLPackVersion version
+        void *manager_ctx
+        void (*deleter)(mt_DLManagedTensorVersioned *) noexcept
+        unsigned long long flags
+        mt_DLTensor dl_tensor
 
 # DLPack dtype codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool
 cdef int _DL_CODE[11]
@@ -310,6 +330,42 @@ cdef void _dl_capsule_destructor(object capsule) noexcept:
         m = <mt_DLManagedTensor *>PyCapsule_GetPointer(capsule, "dltensor")
         if m.deleter != NULL:
             m.deleter(m)
+
+
+cdef void _dlv_deleter(mt_DLManagedTensorVersioned *m) noexcept with gil:
+    Py_DECREF(<object>m.manager_ctx)
+    free(m.dl_tensor.shape)
+    free(m)
+
+
+cdef void _dlv_capsule_destructor(object capsule) noexcept:
+    if PyCapsule_IsValid(capsule, "dltensor_versioned"):
+        m = <mt_DLManagedTensorVersioned *>PyCapsule_GetPointer(capsule, "dltensor_versioned")
+        if m.deleter != NULL:
+            m.deleter(m)
+
+
+cdef int _fill_dltensor(Tensor t, mt_DLTensor *dl) except -1:
+    """Describe t in dl (shape and strides in one malloc'd block)."""
+    cdef int64_t *dims = <int64_t *>malloc(sizeof(int64_t) * 2 * (t._ndim + 1))
+    cdef int i
+    if dims == NULL:
+        raise MemoryError()
+    for i in range(t._ndim):
+        dims[i] = t._shape[i]
+        dims[t._ndim + 1 + i] = t._strides[i]
+    dl.data = t._data
+    is_cuda = DEVICES[t._device].type == "cuda"
+    dl.device.device_type = _DL_CUDA if is_cuda else _DL_CPU
+    dl.device.device_id = (<Device>DEVICES[t._device]).index if is_cuda else 0
+    dl.ndim = t._ndim
+    dl.dtype.code = _DL_CODE[t._dtype]
+    dl.dtype.bits = ITEMSIZE[t._dtype] * 8
+    dl.dtype.lanes = 1
+    dl.shape = dims
+    dl.strides = dims + t._ndim + 1
+    dl.byte_offset = 0
+    return 0
 
 
 cdef void _release_dlpack(mt_storage *st) noexcept with gil:
@@ -500,27 +556,36 @@ cdef class Tensor:
         return arr.tolist()
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export for zero-copy exchange (DLPack 1.0 when the consumer asks
+        with max_version >= (1, 0), else the unversioned capsule)."""
         if copy:
-            return self.copy().__dlpack__()
-        cdef mt_DLManagedTensor *m = <mt_DLManagedTensor *>malloc(sizeof(mt_DLManagedTensor))
-        cdef int64_t *dims = <int64_t *>malloc(sizeof(int64_t) * 2 * (self._ndim + 1))
-        cdef int i
-        if m == NULL or dims == NULL:
-            free(m); free(dims)
+            return self.copy().__dlpack__(max_version=max_version)
+        cdef mt_DLManagedTensor *m
+        cdef mt_DLManagedTensorVersioned *mv
+        if max_version is not None and max_version[0] >= 1:
+            mv = <mt_DLManagedTensorVersioned *>malloc(sizeof(mt_DLManagedTensorVersioned))
+            if mv == NULL:
+                raise MemoryError()
+            try:
+                _fill_dltensor(self, &mv.dl_tensor)
+            except MemoryError:
+                free(mv)
+                raise
+            mv.version.major = 1
+            mv.version.minor = 0
+            mv.flags = 1 if self._st.readonly else 0   # DLPACK_FLAG_BITMASK_READ_ONLY
+            mv.manager_ctx = <void *>self
+            mv.deleter = _dlv_deleter
+            Py_INCREF(self)
+            return PyCapsule_New(mv, "dltensor_versioned", _dlv_capsule_destructor)
+        m = <mt_DLManagedTensor *>malloc(sizeof(mt_DLManagedTensor))
+        if m == NULL:
             raise MemoryError()
-        for i in range(self._ndim):
-            dims[i] = self._shape[i]
-            dims[self._ndim + 1 + i] = self._strides[i]
-        m.dl_tensor.data = self._data
-        m.dl_tensor.device.device_type = _DL_CUDA if DEVICES[self._device].type == "cuda" else _DL_CPU
-        m.dl_tensor.device.device_id = (<Device>DEVICES[self._device]).index if m.dl_tensor.device.device_type == _DL_CUDA else 0
-        m.dl_tensor.ndim = self._ndim
-        m.dl_tensor.dtype.code = _DL_CODE[self._dtype]
-        m.dl_tensor.dtype.bits = ITEMSIZE[self._dtype] * 8
-        m.dl_tensor.dtype.lanes = 1
-        m.dl_tensor.shape = dims
-        m.dl_tensor.strides = dims + self._ndim + 1
-        m.dl_tensor.byte_offset = 0
+        try:
+            _fill_dltensor(self, &m.dl_tensor)
+        except MemoryError:
+            free(m)
+            raise
         m.manager_ctx = <void *>self
         m.deleter = _dl_deleter
         Py_INCREF(self)

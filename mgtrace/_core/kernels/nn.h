@@ -1,0 +1,83 @@
+/* Neural-network kernels: convolution (conv.c), pooling (pool.c), resize and
+ * pad (resize.c).
+ *
+ * C does bytes: tensors arrive as contiguous NCHW buffers (the Cython layer in
+ * nn.pyx makes them so) and every shape has been validated there. The float
+ * kernels take a dtype code (MT_FLOAT32 or MT_FLOAT64, see mt_common.h);
+ * float16/bfloat16 are computed in float32 by the caller. nthreads is the
+ * OpenMP thread budget (dispatch's num_threads()); GEMMs run on the calling
+ * thread and use OpenBLAS's own threads, never from inside an OpenMP region,
+ * so the two pools take turns instead of oversubscribing the cores.
+ *
+ * Every function returns 0, or MT_NN_ENOMEM when a work buffer could not be
+ * allocated (the output is then unspecified).
+ */
+#ifndef MT_NN_H
+#define MT_NN_H
+#include "mt_common.h"
+
+#define MT_NN_ENOMEM (-1)
+
+/* ---- convolution ---- */
+
+/* How conv2d computes; AUTO picks by shape (see conv.c). */
+enum mt_conv_algo {
+    MT_CONV_AUTO = 0,
+    MT_CONV_GEMM1X1,    /* 1x1, stride 1, no padding: one GEMM per image, no copies */
+    MT_CONV_SHIFTED,    /* one GEMM per kernel tap over a padded (polyphase) copy */
+    MT_CONV_IM2COL,     /* im2col in cache-sized column tiles, then GEMM */
+    MT_CONV_DEPTHWISE,  /* direct loops; needs one input channel per group */
+    MT_CONV_NALGOS
+};
+
+/* Geometry of one conv2d / conv_transpose2d call (all NCHW).
+ * conv2d:           x [n, c, h, w], weight [o, c/groups, kh, kw], y [n, o, oh, ow]
+ * conv_transpose2d: x [n, c, h, w], weight [c, o/groups, kh, kw], y [n, o, oh, ow] */
+typedef struct {
+    int64_t n, c, h, w;
+    int64_t o, kh, kw;
+    int64_t oh, ow;
+    int64_t sh, sw, ph, pw, dh, dw;
+    int64_t groups;
+} mt_conv2d_geom;
+
+int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+              const mt_conv2d_geom *g, int algo, int nthreads);
+int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                        const mt_conv2d_geom *g, int nthreads);
+/* The algorithm MT_CONV_AUTO picks for this geometry. */
+int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
+
+/* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
+
+typedef struct {
+    int64_t planes, h, w, oh, ow;
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int count_include_pad;   /* avg only */
+} mt_pool2d_geom;
+
+int mt_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads);
+int mt_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads);
+
+enum mt_adaptive_op { MT_ADAPTIVE_AVG = 0, MT_ADAPTIVE_MAX };
+int mt_adaptive_pool2d(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h,
+                       int64_t w, int64_t oh, int64_t ow, int nthreads);
+
+/* ---- resize: x [planes, h, w] -> y [planes, oh, ow] ---- */
+
+enum mt_resize_mode { MT_RESIZE_NEAREST = 0, MT_RESIZE_BILINEAR };
+/* scale_h/scale_w: the user's scale factors (output/input), or 0 to derive
+ * the coordinate scale from the sizes, as PyTorch does. */
+int mt_resize2d(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
+                int64_t oh, int64_t ow, double scale_h, double scale_w, int align_corners,
+                int nthreads);
+
+/* ---- pad by index mapping (any dtype, any ndim; x contiguous, y contiguous) ---- */
+
+enum mt_pad_mode { MT_PAD_REFLECT = 0, MT_PAD_REPLICATE };
+/* out_shape[d] = shape[d] + before[d] + after[d]; reflect needs before, after
+ * < shape[d], replicate needs shape[d] > 0 where padding is asked for. */
+int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
+                 const int64_t *after, int mode, int64_t itemsize, int nthreads);
+
+#endif

@@ -1,0 +1,51 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mgtrace as mt
+
+ALL_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "int64",
+              "float16", "bfloat16", "float32", "float64"]
+INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "int64"]
+FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
+
+
+def np_dtype(name):
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def random_array(shape, dtype, rng, low=-20, high=20):
+    """Values that every dtype holds exactly (small ints, halves)."""
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if dtype.startswith("uint"):
+        return rng.integers(0, high, size=shape).astype(dtype)
+    if dtype.startswith("int"):
+        return rng.integers(low, high, size=shape).astype(dtype)
+    return (rng.integers(low * 2, high * 2, size=shape) / 2).astype(np_dtype(dtype))
+
+
+def tolerance(dtype):
+    """(rtol, atol) for comparing against NumPy computed in the same dtype."""
+    return {"float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1e-2),
+            "float32": (2e-6, 1e-6), "float64": (1e-12, 1e-12)}.get(dtype, (0, 0))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def assert_close(actual, expected, dtype=None, rtol=None, atol=None):
+    a = actual.numpy() if isinstance(actual, mt.Tensor) else np.asarray(actual)
+    e = np.asarray(expected)
+    assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
+    if dtype is not None:
+        assert a.dtype == np_dtype(dtype), f"dtype {a.dtype} != {dtype}"
+    if a.dtype.kind in "biu" and e.dtype.kind in "biu":
+        np.testing.assert_array_equal(a, e)
+        return
+    r, t = tolerance(str(a.dtype))
+    np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64),
+                               rtol=r if rtol is None else rtol, atol=t if atol is None else atol,
+                               equal_nan=True)

@@ -1,0 +1,53 @@
+"""matmul against NumPy: shapes, broadcasting, layouts and dtypes."""
+import numpy as np
+import pytest
+
+import mgtrace as mt
+from conftest import assert_close
+
+CASES = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
+         ((2, 1, 3, 4), (5, 4, 2)), ((7, 1, 8), (8, 1)), ((0, 4), (4, 3)), ((3, 0), (0, 2)),
+         ((16, 64, 32), (16, 32, 48))]
+
+
+@pytest.mark.parametrize("sa,sb", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int8"])
+def test_matmul_matches_numpy(sa, sb, dtype, rng):
+    a = (rng.integers(-4, 4, sa)).astype(dtype)
+    b = (rng.integers(-4, 4, sb)).astype(dtype)
+    out = mt.tensor(a) @ mt.tensor(b)
+    assert out.dtype == dtype
+    assert_close(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_and_strided_layouts(rng):
+    a = rng.standard_normal((6, 8)).astype(np.float32)
+    b = rng.standard_normal((5, 8)).astype(np.float32)
+    ta, tb = mt.tensor(a), mt.tensor(b)
+    assert_close(ta @ tb.T, a @ b.T, rtol=1e-5, atol=1e-5)
+    assert_close(ta[::2] @ tb.T, a[::2] @ b.T, rtol=1e-5, atol=1e-5)
+    assert_close(tb.T.T.T.T @ ta.T, b @ a.T, rtol=1e-5, atol=1e-5)
+    assert_close(ta[:, ::2] @ tb[:, ::2].T, a[:, ::2] @ b[:, ::2].T, rtol=1e-5, atol=1e-5)
+
+
+def test_half_precision_and_promotion(rng):
+    a = rng.standard_normal((4, 8)).astype(np.float16)
+    b = rng.standard_normal((8, 3)).astype(np.float32)
+    out = mt.tensor(a) @ mt.tensor(a.T.copy())
+    assert out.dtype == "float16"
+    assert_close(out, (a.astype(np.float32) @ a.T.astype(np.float32)).astype(np.float16), rtol=2e-3, atol=2e-2)
+    assert (mt.tensor(a) @ mt.tensor(b)).dtype == "float32"
+    assert (mt.tensor([[1, 2]]) @ mt.tensor([[1.5], [2.0]])).dtype == "float32"
+
+
+def test_matmul_errors():
+    with pytest.raises(ValueError, match="inner dimensions"):
+        mt.tensor(np.ones((2, 3))) @ mt.tensor(np.ones((4, 2)))
+    with pytest.raises(ValueError, match="0-d"):
+        mt.tensor(1.0) @ mt.tensor([1.0])
+    with pytest.raises(ValueError, match="batch"):
+        mt.tensor(np.ones((2, 2, 3))) @ mt.tensor(np.ones((3, 3, 2)))
+    with pytest.raises(TypeError, match="bool"):
+        mt.tensor([[True]]) @ mt.tensor([[True]])
+    with pytest.raises(ValueError, match="ambiguous device"):
+        mt.tensor([[1.0]]) @ mt.tensor([[1.0]], device="cpu:1")
