@@ -12,3 +12,11 @@ from mgtrace._core.tensor import Tensor, from_dlpack, tensor
 from mgtrace._core import dispatch, index, linalg
 from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, register_op,
                                     set_num_threads)
+
+from mgtrace import _flags
+
+if _flags.NUM_THREADS:
+    set_num_threads(_flags.NUM_THREADS)
+from mgtrace._core.tensor import set_host_cache_limit
+
+set_host_cache_limit(_flags.HOST_CACHE_MB << 20)

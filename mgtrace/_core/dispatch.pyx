@@ -693,3 +693,4 @@ def get_num_threads():
 
 cdef int num_threads() noexcept:
     return mt_get_num_threads()
+

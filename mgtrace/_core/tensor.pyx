@@ -17,6 +17,7 @@ cimport numpy as cnp
 
 from mgtrace._core.kernels cimport (
     mt_storage, mt_storage_new_host, mt_storage_wrap, mt_storage_decref,
+    mt_host_cache_set_limit, mt_host_cached_bytes, mt_host_cache_clear,
     MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM)
 from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
@@ -948,3 +949,18 @@ cdef Tensor _wrap_ndarray(cnp.ndarray arr, int device):
         t._shape[i] = arr.shape[i]
         t._strides[i] = arr.strides[i] // ITEMSIZE[code]
     return t
+
+
+def set_host_cache_limit(size_t nbytes):
+    """Bytes of freed large host blocks kept for reuse (0 disables the cache)."""
+    mt_host_cache_set_limit(nbytes)
+
+
+def host_cache_info():
+    """Bytes now held by the host block cache."""
+    return {"cached_bytes": mt_host_cached_bytes()}
+
+
+def empty_host_cache():
+    """Return every cached host block to the OS."""
+    mt_host_cache_clear()

@@ -75,7 +75,6 @@ extern const char *const mt_reduce_names[MT_NREDUCE];
 extern const int mt_reduce_rules[MT_NREDUCE];
 extern const char *const mt_scan_names[MT_NSCAN];
 extern const char *const mt_softmax_names[MT_NSOFTMAX];
-void mt_reduce_init(void);
 
 /* ---- shared by reduce.c and sort.c ---- */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
