@@ -19,7 +19,7 @@ KERNELS = "mgtrace/_core/kernels"
 
 def flags():
     cflags = ["-O3", "-fwrapv", "-fno-math-errno", "-fopenmp", "-std=gnu11",
-              "-Wno-unused-function", "-Wno-unreachable-code", "-Wno-array-bounds", "-Wno-maybe-uninitialized"]
+              "-Wno-unused-function", "-Wno-unreachable-code", "-Wno-array-bounds", "-Wno-maybe-uninitialized", "-Wno-psabi"]
     ldflags = ["-fopenmp"]
     if os.environ.get("MGTRACE_DEBUG") == "1":
         cflags = [f for f in cflags if f != "-O3"] + ["-O0", "-g", "-DMT_NO_CLONES"]
