@@ -8,12 +8,13 @@
  *     run function (several accumulators; float32 sums are blocked so they
  *     stay accurate, with an AVX2 clone picked at run time on x86-64);
  *   - "rows": when the innermost kept dim is contiguous and the reduced dims
- *     are outer (sum over axis 0 of [N, C]) whole rows are accumulated into a
- *     tile of states;
+ *     are outer (sum over axis 0 of [N, C]) rows are folded, eight at a
+ *     time, into a tile of about 1024 column states;
  *   - anything else walks the reduced dims with byte strides.
- * Work is split over OpenMP threads by outputs, or, when there are few
- * outputs, by chunks of the reduction with an ordered final combine (so
- * arg-reductions keep the first occurrence).
+ * Work is split over OpenMP threads (num_threads(nt), nt from the caller) by
+ * outputs or tiles, or, when there are few of those, by chunks of the
+ * reduction with an ordered final combine (so arg-reductions keep the first
+ * occurrence), always in one parallel region per call.
  */
 #include <stdlib.h>
 #include <tgmath.h>
@@ -21,32 +22,32 @@
 
 #define MT_RBLOCK 2048   /* a contiguous block summed in lanes, then added to the total */
 #define MT_RLANES 32     /* independent accumulators in a contiguous sum */
-#define MT_RTILE 256     /* columns per tile in the rows and tiled line paths */
+#define MT_RTILE 256     /* columns per tile in the tiled line paths; the least in the rows path */
 
-/* ---- per-kind types and stores (kind: B bool, I integer, F float) ---- */
-#define MT_ACC_B int64_t          /* sum/prod accumulator */
-#define MT_ACC_I int64_t
-#define MT_ACC_F double
-#define MT_LANE_B(CT) int64_t     /* lanes of a contiguous sum */
-#define MT_LANE_I(CT) int64_t
-#define MT_LANE_F(CT) CT          /* float16/bfloat16/float32 lanes in float32 */
-#define MT_ISNAN_B(x) 0
-#define MT_ISNAN_I(x) 0
-#define MT_ISNAN_F(x) ((x) != (x))
+/* ---- per-kind types and stores (kind: Kb bool, Ki integer, Kf float; not B/I/F: <complex.h> defines I) ---- */
+#define MT_ACC_Kb int64_t          /* sum/prod accumulator */
+#define MT_ACC_Ki int64_t
+#define MT_ACC_Kf double
+#define MT_LANE_Kb(CT) int64_t     /* lanes of a contiguous sum */
+#define MT_LANE_Ki(CT) int64_t
+#define MT_LANE_Kf(CT) CT          /* float16/bfloat16/float32 lanes in float32 */
+#define MT_ISNAN_Kb(x) 0
+#define MT_ISNAN_Ki(x) 0
+#define MT_ISNAN_Kf(x) ((x) != (x))
 /* SUM rule: ints keep their dtype, bool -> int32, floats keep */
-#define MT_SUMT_B(ST) int32_t
-#define MT_SUMT_I(ST) ST
-#define MT_SUMT_F(ST) ST
-#define MT_SUMV_B(ST, FROM, a) ((int32_t)(a))
-#define MT_SUMV_I(ST, FROM, a) ((ST)(a))
-#define MT_SUMV_F(ST, FROM, a) FROM(a)
+#define MT_SUMT_Kb(ST) int32_t
+#define MT_SUMT_Ki(ST) ST
+#define MT_SUMT_Kf(ST) ST
+#define MT_SUMV_Kb(ST, FROM, a) ((int32_t)(a))
+#define MT_SUMV_Ki(ST, FROM, a) ((ST)(a))
+#define MT_SUMV_Kf(ST, FROM, a) FROM(a)
 /* FLOAT rule: floats keep, ints and bool -> float32 */
-#define MT_FLTT_B(ST) float
-#define MT_FLTT_I(ST) float
-#define MT_FLTT_F(ST) ST
-#define MT_FLTV_B(ST, FROM, v) ((float)(v))
-#define MT_FLTV_I(ST, FROM, v) ((float)(v))
-#define MT_FLTV_F(ST, FROM, v) FROM(v)
+#define MT_FLTT_Kb(ST) float
+#define MT_FLTT_Ki(ST) float
+#define MT_FLTT_Kf(ST) ST
+#define MT_FLTV_Kb(ST, FROM, v) ((float)(v))
+#define MT_FLTV_Ki(ST, FROM, v) ((float)(v))
+#define MT_FLTV_Kf(ST, FROM, v) FROM(v)
 
 static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -87,63 +88,99 @@ static void NAME##_range(NAME##_t *s, const char *base, const mt_reduce_geom *g,
         }                                                                      \
     }                                                                          \
 }                                                                              \
-/* fold rows [start, end) of the reduced dims into w column states */         \
+/* fold rows [start, end) of the reduced dims into w column states, eight */ \
+/* rows at a time along the innermost reduced dim (NAME_rows8)            */ \
 static MT_RCLONES void NAME##_rows_range(NAME##_t *s, const char *base, const mt_reduce_geom *g, \
                                          int64_t w, int64_t start, int64_t end) { \
     const int last = g->nred - 1;                                              \
+    const int64_t inner = g->rshape[last], st = g->rin[last];                  \
     int64_t idx[MT_MAX_NDIM], rem = start;                                     \
     const char *p = base;                                                      \
     for (int d = last; d >= 0; d--) {                                          \
         idx[d] = rem % g->rshape[d]; rem /= g->rshape[d]; p += idx[d] * g->rin[d]; \
     }                                                                          \
-    for (int64_t k = start; k < end; k++) {                                    \
-        const ST *row = (const ST *)p;                                         \
-        for (int64_t j = 0; j < w; j++) NAME##_step(&s[j], LOAD(row[j]), k);   \
-        for (int d = last; d >= 0; d--) {                                      \
+    int64_t k = start;                                                         \
+    while (k < end) {                                                          \
+        const int64_t run = mt_min64(inner - idx[last], end - k);              \
+        int64_t r = 0;                                                         \
+        for (; r + 8 <= run; r += 8) NAME##_rows8(s, p + r * st, st, w, k + r); \
+        for (; r < run; r++) {                                                 \
+            const ST *row = (const ST *)(p + r * st);                          \
+            for (int64_t j = 0; j < w; j++) NAME##_step(&s[j], LOAD(row[j]), k + r); \
+        }                                                                      \
+        k += run;                                                              \
+        if (k >= end) break;                                                   \
+        p -= idx[last] * st; idx[last] = 0;                                    \
+        for (int d = last - 1; d >= 0; d--) {                                  \
             idx[d]++; p += g->rin[d];                                          \
             if (idx[d] < g->rshape[d]) break;                                  \
             p -= g->rshape[d] * g->rin[d]; idx[d] = 0;                         \
         }                                                                      \
     }                                                                          \
 }                                                                              \
+/* columns of a tile: states for about 8 KiB, so they and the eight rows  */ \
+/* being folded stay in L1 (4 KiB row pieces: whole pages for the         */ \
+/* prefetchers); at least MT_RTILE                                        */ \
 static int NAME##_rows(const char *in, char *out, const mt_reduce_geom *g, int nt, \
                        int64_t nout, int64_t nr) {                             \
     const int kl = g->nkeep - 1;                                               \
     const int64_t W = g->kshape[kl], ko = g->kout[kl], isz = (int64_t)sizeof(ST); \
-    const int64_t ntiles = (W + MT_RTILE - 1) / MT_RTILE, units = nout / W * ntiles; \
-    if (nt > 1 && units < 4 * nt && nr >= 8 * nt) {                            \
-        /* few tiles, many rows: split the rows, combine in order */          \
-        NAME##_t *parts = (NAME##_t *)malloc(sizeof(NAME##_t) * MT_RTILE * (size_t)nt); \
+    int64_t tw = (8192 / (int64_t)sizeof(NAME##_t)) & ~(int64_t)15;            \
+    if (tw < MT_RTILE) tw = MT_RTILE;                                          \
+    if (tw > W) tw = W;                                                        \
+    const int64_t ntiles = (W + tw - 1) / tw, units = nout / W * ntiles;       \
+    int fail = 0;                                                              \
+    if (nt > 1 && units < nt && nr >= 16) {                                    \
+        /* fewer tiles than threads: split each tile's rows into nc chunks  */ \
+        /* (about nt jobs in all, one parallel region), combine in order    */ \
+        int64_t nc = (nt + units - 1) / units;                                 \
+        if (nc > nr / 8) nc = nr / 8;                                          \
+        const int64_t njobs = units * nc;                                      \
+        NAME##_t *parts = (NAME##_t *)malloc(sizeof(NAME##_t) * (size_t)(tw * njobs)); \
         if (!parts) return -1;                                                 \
-        for (int64_t u = 0; u < units; u++) {                                  \
-            const int64_t j0 = (u % ntiles) * MT_RTILE, w = mt_min64(MT_RTILE, W - j0); \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")          \
+        for (int64_t jb = 0; jb < njobs; jb++) {                               \
+            const int64_t u = jb / nc, c = jb % nc;                            \
+            const int64_t j0 = (u % ntiles) * tw, w = mt_min64(tw, W - j0);    \
+            const int64_t s0 = nr * c / nc, s1 = nr * (c + 1) / nc;            \
+            NAME##_t *ps = parts + jb * tw;                                    \
             int64_t a, b;                                                      \
             mt_offsets3(kl, g->kshape, g->kin, g->kout, NULL, u / ntiles, &a, &b, NULL); \
-            _Pragma("omp parallel for num_threads(nt) schedule(static)")      \
-            for (int c = 0; c < nt; c++) {                                     \
-                NAME##_t *ps = parts + (int64_t)c * MT_RTILE;                  \
-                const int64_t s0 = nr * c / nt, s1 = nr * (c + 1) / nt;        \
-                for (int64_t j = 0; j < w; j++) NAME##_init(&ps[j], s0);       \
-                NAME##_rows_range(ps, in + a + j0 * isz, g, w, s0, s1);        \
-            }                                                                  \
-            for (int c = 1; c < nt; c++)                                       \
-                for (int64_t j = 0; j < w; j++) NAME##_comb(&parts[j], &parts[(int64_t)c * MT_RTILE + j]); \
-            for (int64_t j = 0; j < w; j++) NAME##_store(out + b + (j0 + j) * ko, &parts[j], g); \
+            for (int64_t j = 0; j < w; j++) NAME##_init(&ps[j], s0);           \
+            NAME##_rows_range(ps, in + a + j0 * isz, g, w, s0, s1);            \
+        }                                                                      \
+        for (int64_t u = 0; u < units; u++) {                                  \
+            const int64_t j0 = (u % ntiles) * tw, w = mt_min64(tw, W - j0);    \
+            NAME##_t *p0 = parts + u * nc * tw;                                \
+            int64_t a, b;                                                      \
+            for (int64_t c = 1; c < nc; c++)                                   \
+                for (int64_t j = 0; j < w; j++) NAME##_comb(&p0[j], &p0[c * tw + j]); \
+            mt_offsets3(kl, g->kshape, g->kin, g->kout, NULL, u / ntiles, &a, &b, NULL); \
+            for (int64_t j = 0; j < w; j++) NAME##_store(out + b + (j0 + j) * ko, &p0[j], g); \
         }                                                                      \
         free(parts);                                                           \
         return 0;                                                              \
     }                                                                          \
-    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")   \
-    for (int64_t u = 0; u < units; u++) {                                      \
-        const int64_t j0 = (u % ntiles) * MT_RTILE, w = mt_min64(MT_RTILE, W - j0); \
-        int64_t a, b;                                                          \
-        NAME##_t s[MT_RTILE];                                                  \
-        mt_offsets3(kl, g->kshape, g->kin, g->kout, NULL, u / ntiles, &a, &b, NULL); \
-        for (int64_t j = 0; j < w; j++) NAME##_init(&s[j], 0);                 \
-        NAME##_rows_range(s, in + a + j0 * isz, g, w, 0, nr);                  \
-        for (int64_t j = 0; j < w; j++) NAME##_store(out + b + (j0 + j) * ko, &s[j], g); \
+    _Pragma("omp parallel num_threads(nt) if(nt > 1)")                         \
+    {                                                                          \
+        NAME##_t *s = (NAME##_t *)malloc(sizeof(NAME##_t) * (size_t)tw);       \
+        if (!s) {                                                              \
+            _Pragma("omp atomic write")                                        \
+            fail = 1;                                                          \
+        }                                                                      \
+        _Pragma("omp for schedule(static)")                                    \
+        for (int64_t u = 0; u < units; u++) {                                  \
+            if (!s) continue;                                                  \
+            const int64_t j0 = (u % ntiles) * tw, w = mt_min64(tw, W - j0);    \
+            int64_t a, b;                                                      \
+            mt_offsets3(kl, g->kshape, g->kin, g->kout, NULL, u / ntiles, &a, &b, NULL); \
+            for (int64_t j = 0; j < w; j++) NAME##_init(&s[j], 0);             \
+            NAME##_rows_range(s, in + a + j0 * isz, g, w, 0, nr);              \
+            for (int64_t j = 0; j < w; j++) NAME##_store(out + b + (j0 + j) * ko, &s[j], g); \
+        }                                                                      \
+        free(s);                                                               \
     }                                                                          \
-    return 0;                                                                  \
+    return fail ? -1 : 0;                                                      \
 }                                                                              \
 static int NAME(const char *in, char *out, const mt_reduce_geom *g, int nt) {  \
     int64_t nout = 1, nr = 1;                                                  \
@@ -193,28 +230,41 @@ static int NAME(const char *in, char *out, const mt_reduce_geom *g, int nt) {  \
 
 /* =================================================================== ops */
 
-/* sum and mean: int64 or double accumulator; contiguous runs in blocks of
- * MT_RBLOCK summed in MT_RLANES lanes (float32 lanes for the 16/32-bit
- * floats), each block total added to the double accumulator: accurate to
- * about 1e-7 relative, and vectorised. */
+/* NAME_rows8(s, row0, row stride, w, k): fold rows k..k+7 into w states.
+ * The default is eight sequential steps; sums add the eight pairwise in
+ * their accumulator type first (a quarter of the state traffic). */
+#define MT_ROWS8_SEQ(NAME, ST, LOAD)                                           \
+static inline void NAME##_rows8(NAME##_t *s, const char *r0, int64_t st, int64_t w, int64_t k) { \
+    for (int r = 0; r < 8; r++) {                                              \
+        const ST *row = (const ST *)(r0 + r * st);                             \
+        for (int64_t j = 0; j < w; j++) NAME##_step(&s[j], LOAD(row[j]), k + r); \
+    }                                                                          \
+}
+
+/* sum and mean: contiguous runs in blocks of MT_RBLOCK summed in MT_RLANES
+ * lanes (float32 lanes for the 16/32-bit floats), each block total added to
+ * the accumulator (double for floats): accurate to about 1e-7 relative, and
+ * vectorised. sum of ints accumulates in int64 (exact, wraps like NumPy's
+ * int64 sum); mean always in double (its result is a float, and an int64
+ * accumulator could overflow). */
 #define MT_STORE_SUM(o, v, g, ST, FROM, KIND) (*(MT_SUMT_##KIND(ST) *)(o) = MT_SUMV_##KIND(ST, FROM, v))
 #define MT_STORE_MEAN(o, v, g, ST, FROM, KIND) \
     (*(MT_FLTT_##KIND(ST) *)(o) = MT_FLTV_##KIND(ST, FROM, (double)(v) / (double)(g)->count))
-#define MT_GEN_SUMLIKE(NAME, ST, CT, LOAD, FROM, KIND, STORE)                  \
-typedef struct { MT_ACC_##KIND acc; } NAME##_t;                                \
+#define MT_GEN_SUMLIKE(NAME, ST, CT, LOAD, FROM, KIND, STORE, ACC, LANE)       \
+typedef struct { ACC acc; } NAME##_t;                                \
 static inline void NAME##_init(NAME##_t *s, int64_t i0) { (void)i0; s->acc = 0; } \
 static inline void NAME##_step(NAME##_t *s, CT x, int64_t i) { (void)i; s->acc += x; } \
 static inline void NAME##_comb(NAME##_t *a, const NAME##_t *b) { a->acc += b->acc; } \
 static MT_RCLONES void NAME##_runc(NAME##_t *s, const ST *p, int64_t n, int64_t i0) { \
     (void)i0;                                                                  \
-    MT_ACC_##KIND total = 0;                                                   \
+    ACC total = 0;                                                             \
     while (n > 0) {                                                            \
         const int64_t m = mt_min64(n, MT_RBLOCK);                              \
-        MT_LANE_##KIND(CT) acc[MT_RLANES] = {0};                               \
+        LANE acc[MT_RLANES] = {0};                                             \
         int64_t i = 0;                                                         \
         for (; i + MT_RLANES <= m; i += MT_RLANES)                             \
             for (int k = 0; k < MT_RLANES; k++) acc[k] += LOAD(p[i + k]);      \
-        MT_ACC_##KIND t = 0;                                                   \
+        ACC t = 0;                                                             \
         for (; i < m; i++) t += LOAD(p[i]);                                    \
         for (int k = 0; k < MT_RLANES; k++) t += acc[k];                       \
         total += t; p += m; n -= m;                                            \
@@ -224,11 +274,27 @@ static MT_RCLONES void NAME##_runc(NAME##_t *s, const ST *p, int64_t n, int64_t 
 static inline void NAME##_store(char *o, const NAME##_t *s, const mt_reduce_geom *g) { \
     (void)g; STORE(o, s->acc, g, ST, FROM, KIND);                              \
 }                                                                              \
+static inline void NAME##_rows8(NAME##_t *restrict s, const char *r0, int64_t st, int64_t w, \
+                                int64_t k) {                                   \
+    (void)k;                                                                   \
+    const ST *restrict q0 = (const ST *)r0, *restrict q1 = (const ST *)(r0 + st); \
+    const ST *restrict q2 = (const ST *)(r0 + 2 * st), *restrict q3 = (const ST *)(r0 + 3 * st); \
+    const ST *restrict q4 = (const ST *)(r0 + 4 * st), *restrict q5 = (const ST *)(r0 + 5 * st); \
+    const ST *restrict q6 = (const ST *)(r0 + 6 * st), *restrict q7 = (const ST *)(r0 + 7 * st); \
+    for (int64_t j = 0; j < w; j++) {                                          \
+        ACC a = ((ACC)LOAD(q0[j]) + (ACC)LOAD(q1[j])) + ((ACC)LOAD(q2[j]) + (ACC)LOAD(q3[j])); \
+        ACC b = ((ACC)LOAD(q4[j]) + (ACC)LOAD(q5[j])) + ((ACC)LOAD(q6[j]) + (ACC)LOAD(q7[j])); \
+        s[j].acc += a + b;                                                     \
+    }                                                                          \
+}                                                                              \
 MT_REDUCE_DRIVER(NAME, ST, LOAD)
+#define MT_MLANE_Kb(CT) double
+#define MT_MLANE_Ki(CT) double
+#define MT_MLANE_Kf(CT) CT
 #define MT_GEN_SUM(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, _) \
-    MT_GEN_SUMLIKE(r_sum_##sfx, ST, CT, LOAD, FROM, KIND, MT_STORE_SUM)
+    MT_GEN_SUMLIKE(r_sum_##sfx, ST, CT, LOAD, FROM, KIND, MT_STORE_SUM, MT_ACC_##KIND, MT_LANE_##KIND(CT))
 #define MT_GEN_MEAN(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, _) \
-    MT_GEN_SUMLIKE(r_mean_##sfx, ST, CT, LOAD, FROM, KIND, MT_STORE_MEAN)
+    MT_GEN_SUMLIKE(r_mean_##sfx, ST, CT, LOAD, FROM, KIND, MT_STORE_MEAN, double, MT_MLANE_##KIND(CT))
 
 /* prod: int64 (wrapping, as NumPy's int64 product) or double accumulator */
 #define MT_GEN_PROD(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, _)            \
@@ -248,25 +314,73 @@ static MT_RCLONES void r_prod_##sfx##_runc(r_prod_##sfx##_t *s, const ST *p, int
 static inline void r_prod_##sfx##_store(char *o, const r_prod_##sfx##_t *s, const mt_reduce_geom *g) { \
     (void)g; MT_STORE_SUM(o, s->acc, g, ST, FROM, KIND);                       \
 }                                                                              \
+MT_ROWS8_SEQ(r_prod_##sfx, ST, LOAD)                                          \
 MT_REDUCE_DRIVER(r_prod_##sfx, ST, LOAD)
 
 /* max and min: NaN propagates (once the state is NaN it stays NaN), as in
- * NumPy. The block extreme is shared with argmax/argmin. */
-#define MT_GEN_EXTREME(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, OPN, CMP, ID) \
+ * NumPy. The extreme of a contiguous block (shared with argmax/argmin) uses
+ * GCC/Clang vector extensions on the dtypes stored in their compute type:
+ * 16-byte vectors, four accumulators, a NaN mask on the side; bool and the
+ * 16-bit floats go through scalar lanes (they need a conversion per load). */
+#define MT_VNAN_Kb(T) ((T)0)
+#define MT_VNAN_Ki(T) ((T)0)
+#define MT_VNAN_Kf(T) ((T)NAN)
+#define MT_PICK_LO(lo, hi) lo
+#define MT_PICK_HI(lo, hi) hi
+#define MT_GEN_EXT_VEC(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, OPN, CMP, PICK) \
+static MT_RCLONES CT r_ext_##OPN##_##sfx(const ST *p, int64_t n) {             \
+    typedef CT V __attribute__((vector_size(16)));                             \
+    enum { L = 16 / sizeof(CT) };                                              \
+    V m0, m1, m2, m3, x0, x1, x2, x3;                                          \
+    for (int k = 0; k < L; k++) m0[k] = PICK(LO, HI);                          \
+    m1 = m2 = m3 = m0;                                                         \
+    __typeof__(m0 != m0) nan = m0 != m0;                                       \
+    typedef __typeof__(nan) M;                                                 \
+    int64_t i = 0;                                                             \
+    for (; i + 4 * L <= n; i += 4 * L) {                                       \
+        memcpy(&x0, p + i, 16); memcpy(&x1, p + i + L, 16);                    \
+        memcpy(&x2, p + i + 2 * L, 16); memcpy(&x3, p + i + 3 * L, 16);        \
+        M g0 = x0 CMP m0, g1 = x1 CMP m1, g2 = x2 CMP m2, g3 = x3 CMP m3;      \
+        m0 = (V)((g0 & (M)x0) | (~g0 & (M)m0));                                \
+        m1 = (V)((g1 & (M)x1) | (~g1 & (M)m1));                                \
+        m2 = (V)((g2 & (M)x2) | (~g2 & (M)m2));                                \
+        m3 = (V)((g3 & (M)x3) | (~g3 & (M)m3));                                \
+        nan |= (x0 != x0) | (x1 != x1) | (x2 != x2) | (x3 != x3);              \
+    }                                                                          \
+    CT r = PICK(LO, HI);                                                       \
+    int any = 0;                                                               \
+    for (int k = 0; k < L; k++) {                                              \
+        if (m0[k] CMP r) r = m0[k];                                            \
+        if (m1[k] CMP r) r = m1[k];                                            \
+        if (m2[k] CMP r) r = m2[k];                                            \
+        if (m3[k] CMP r) r = m3[k];                                            \
+        any |= nan[k] != 0;                                                    \
+    }                                                                          \
+    if (any) return MT_VNAN_##KIND(CT);                                        \
+    for (; i < n; i++) { CT x = p[i]; if (x CMP r || MT_ISNAN_##KIND(x)) r = x; } \
+    return r;                                                                  \
+}
+#define MT_GEN_EXT_SCALAR(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, OPN, CMP, PICK) \
 static MT_RCLONES CT r_ext_##OPN##_##sfx(const ST *p, int64_t n) {             \
     CT m[16];                                                                  \
-    for (int k = 0; k < 16; k++) m[k] = ID;                                    \
+    for (int k = 0; k < 16; k++) m[k] = PICK(LO, HI);                          \
     int64_t i = 0;                                                             \
     for (; i + 16 <= n; i += 16)                                               \
         for (int k = 0; k < 16; k++) {                                         \
             CT x = LOAD(p[i + k]);                                             \
             m[k] = (x CMP m[k] || MT_ISNAN_##KIND(x)) ? x : m[k];              \
         }                                                                      \
-    CT r = ID;                                                                 \
+    CT r = PICK(LO, HI);                                                       \
     for (; i < n; i++) { CT x = LOAD(p[i]); if (x CMP r || MT_ISNAN_##KIND(x)) r = x; } \
     for (int k = 0; k < 16; k++) if (m[k] CMP r || MT_ISNAN_##KIND(m[k])) r = m[k]; \
     return r;                                                                  \
-}                                                                              \
+}
+MT_RDT_NATIVE(MT_GEN_EXT_VEC, max, >, MT_PICK_LO)
+MT_RDT_NATIVE(MT_GEN_EXT_VEC, min, <, MT_PICK_HI)
+MT_RDT_CONVERTED(MT_GEN_EXT_SCALAR, max, >, MT_PICK_LO)
+MT_RDT_CONVERTED(MT_GEN_EXT_SCALAR, min, <, MT_PICK_HI)
+
+#define MT_GEN_EXTREME(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, OPN, CMP, ID) \
 typedef struct { CT v; } r_##OPN##_##sfx##_t;                                  \
 static inline void r_##OPN##_##sfx##_init(r_##OPN##_##sfx##_t *s, int64_t i0) { (void)i0; s->v = ID; } \
 static inline void r_##OPN##_##sfx##_step(r_##OPN##_##sfx##_t *s, CT x, int64_t i) { \
@@ -281,6 +395,7 @@ static inline void r_##OPN##_##sfx##_runc(r_##OPN##_##sfx##_t *s, const ST *p, i
 static inline void r_##OPN##_##sfx##_store(char *o, const r_##OPN##_##sfx##_t *s, const mt_reduce_geom *g) { \
     (void)g; *(ST *)o = FROM(s->v);                                            \
 }                                                                              \
+MT_ROWS8_SEQ(r_##OPN##_##sfx, ST, LOAD)                                       \
 MT_REDUCE_DRIVER(r_##OPN##_##sfx, ST, LOAD)
 
 /* argmax and argmin: first occurrence; a NaN beats any number and the first
@@ -310,6 +425,7 @@ static void r_##OPN##_##sfx##_runc(r_##OPN##_##sfx##_t *s, const ST *p, int64_t 
 static inline void r_##OPN##_##sfx##_store(char *o, const r_##OPN##_##sfx##_t *s, const mt_reduce_geom *g) { \
     (void)g; *(int32_t *)o = (int32_t)s->i;                                    \
 }                                                                              \
+MT_ROWS8_SEQ(r_##OPN##_##sfx, ST, LOAD)                                       \
 MT_REDUCE_DRIVER(r_##OPN##_##sfx, ST, LOAD)
 
 /* any and all: nonzero test (NaN is nonzero); contiguous runs stop early */
@@ -332,6 +448,7 @@ static MT_RCLONES void r_##OPN##_##sfx##_runc(r_##OPN##_##sfx##_t *s, const ST *
 static inline void r_##OPN##_##sfx##_store(char *o, const r_##OPN##_##sfx##_t *s, const mt_reduce_geom *g) { \
     (void)g; *(uint8_t *)o = (uint8_t)(s->v != 0);                             \
 }                                                                              \
+MT_ROWS8_SEQ(r_##OPN##_##sfx, ST, LOAD)                                       \
 MT_REDUCE_DRIVER(r_##OPN##_##sfx, ST, LOAD)
 
 /* var and std: (count, mean, M2) in double. Elements one at a time update
@@ -385,6 +502,7 @@ static MT_RCLONES void r_##OPN##_##sfx##_runc(mt_moments *s, const ST *p, int64_
 static inline void r_##OPN##_##sfx##_store(char *o, const mt_moments *s, const mt_reduce_geom *g) { \
     *(MT_FLTT_##KIND(ST) *)o = MT_FLTV_##KIND(ST, FROM, FIN(mt_mom_var(s, g)));  \
 }                                                                              \
+MT_ROWS8_SEQ(r_##OPN##_##sfx, ST, LOAD)                                       \
 MT_REDUCE_DRIVER(r_##OPN##_##sfx, ST, LOAD)
 #define MT_VAR_FIN(v) (v)
 #define MT_STD_FIN(v) sqrt(v)
@@ -471,11 +589,144 @@ MT_RDT_ALL(MT_GEN_CUMSUM, 0)
 MT_RDT_ALL(MT_GEN_CUMPROD, 0)
 
 /* softmax and log_softmax (float dtypes; reduce.pyx casts ints to float32):
- * subtract the max, exp in the compute type (float32 for the 16-bit
- * floats), sum in double. A NaN in a line makes the whole line NaN. */
+ * subtract the max, exp in the compute type, sum in double. A NaN in a line
+ * makes the whole line NaN.
+ *
+ * float16, bfloat16 and float32 take a vectorised path: pieces of a line
+ * (or of MT_RTILE columns) are converted to float32, the max and exp run on
+ * 16-byte vectors (mt_expf4 below), the sums in double. float64 uses libm. */
+typedef float mt_v4f __attribute__((vector_size(16)));
+typedef int32_t mt_v4i __attribute__((vector_size(16)));
+typedef uint32_t mt_v4u __attribute__((vector_size(16)));
+#define MT_BLEND4(m, a, b) ((mt_v4f)(((m) & (mt_v4i)(a)) | (~(m) & (mt_v4i)(b))))
+/* exp of four floats: Cody-Waite reduction by ln 2, Cephes' degree-6
+ * polynomial, 2^n through the exponent bits. Relative error < 1 ulp for
+ * x <= 88 (softmax only feeds x - max <= 0); x > 88 gives inf, x below
+ * -87.34 gives 0 (no subnormal results), NaN stays NaN. Written with vector
+ * extensions because GCC will not if-convert float compares by itself
+ * under the default -ftrapping-math. */
+static inline mt_v4f mt_expf4(mt_v4f x) {
+    const mt_v4f lo = {-87.33654f, -87.33654f, -87.33654f, -87.33654f};
+    const mt_v4f hi = {88.0f, 88.0f, 88.0f, 88.0f};
+    const mt_v4f zero = {0, 0, 0, 0}, inf = {INFINITY, INFINITY, INFINITY, INFINITY};
+    const mt_v4i small = x < lo, big = x > hi, nan = x != x;
+    mt_v4f xc = MT_BLEND4(small, lo, x);
+    xc = MT_BLEND4(big, hi, xc);
+    xc = MT_BLEND4(nan, zero, xc);
+    const mt_v4f t = xc * 1.44269504088896341f + 12582912.0f;   /* 1.5 * 2^23: round to nearest */
+    const mt_v4f n = t - 12582912.0f;
+    const mt_v4f r = xc - n * 0.693359375f - n * -2.12194440e-4f;
+    mt_v4f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const mt_v4u e = ((mt_v4u)t - 0x4B400000u + 127u) << 23;     /* 2^n, n in [-126, 127] */
+    y = y * (mt_v4f)e;
+    y = MT_BLEND4(small, zero, y);
+    y = MT_BLEND4(big, inf, y);
+    return MT_BLEND4(nan, x, y);
+}
+/* dst[i] = exp(src[i] - m[i]), or exp(src[i] - m0) when m is NULL */
+static MT_RCLONES void mt_exp_sub(float *dst, const float *src, const float *m, float m0, int64_t n) {
+    mt_v4f mv = {m0, m0, m0, m0}, v;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        memcpy(&v, src + i, 16);
+        if (m) memcpy(&mv, m + i, 16);
+        v = mt_expf4(v - mv);
+        memcpy(dst + i, &v, 16);
+    }
+    if (i < n) {
+        mt_v4f z = {0, 0, 0, 0};
+        v = z;
+        memcpy(&v, src + i, (size_t)(n - i) * 4);
+        if (m) { mv = z; memcpy(&mv, m + i, (size_t)(n - i) * 4); }
+        v = mt_expf4(v - mv);
+        memcpy(dst + i, &v, (size_t)(n - i) * 4);
+    }
+}
+static MT_RCLONES double mt_sum_f32_f64(const float *e, int64_t n) {
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) acc[k] += e[i + k];
+    for (; i < n; i++) acc[0] += e[i];
+    double s = 0;
+    for (int k = 0; k < 8; k++) s += acc[k];
+    return s;
+}
+#define MT_SBUF 1024   /* floats converted at a time */
+
 #define MT_GEN_SOFTMAX(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, _)         \
-static void l_smax_pass_##sfx(const char *p, const mt_line_geom *g, int64_t w, int64_t cin, \
-                              CT *m, double *s) {                              \
+/* n elements at p (byte stride) as float32: in place for contiguous float32 */ \
+static inline const float *l_load_##sfx(float *buf, const char *p, int64_t stride, int64_t n) { \
+    if (code == MT_FLOAT32 && stride == 4) return (const float *)p;            \
+    for (int64_t i = 0; i < n; i++) buf[i] = (float)LOAD(*(const ST *)(p + i * stride)); \
+    return buf;                                                                \
+}                                                                              \
+static inline void l_store_##sfx(char *q, int64_t stride, const float *v, int64_t n) { \
+    if (stride == (int64_t)sizeof(ST)) { ST *o = (ST *)q; for (int64_t i = 0; i < n; i++) o[i] = FROM(v[i]); } \
+    else for (int64_t i = 0; i < n; i++) *(ST *)(q + i * stride) = FROM(v[i]); \
+}                                                                              \
+/* float32-compute path: one line (w == 1) or w <= MT_RTILE columns */        \
+static void l_smaxf_##sfx(const char *p, char *q, const mt_line_geom *g, int64_t w, \
+                          int64_t cin, int64_t cout, int logsm) {              \
+    const int64_t L = g->len, ain = g->ain, aout = g->aout;                    \
+    float buf[MT_SBUF], e[MT_SBUF];                                            \
+    if (w == 1) {                                                              \
+        float m = -INFINITY;                                                   \
+        double s = 0;                                                          \
+        for (int64_t b0 = 0; b0 < L; b0 += MT_SBUF) {                          \
+            const int64_t n = mt_min64(MT_SBUF, L - b0);                       \
+            const float c = r_ext_max_f32(l_load_##sfx(buf, p + b0 * ain, ain, n), n); \
+            if (c > m || c != c) m = c;                                        \
+        }                                                                      \
+        for (int64_t b0 = 0; b0 < L; b0 += MT_SBUF) {                          \
+            const int64_t n = mt_min64(MT_SBUF, L - b0);                       \
+            mt_exp_sub(e, l_load_##sfx(buf, p + b0 * ain, ain, n), NULL, m, n); \
+            s += mt_sum_f32_f64(e, n);                                         \
+        }                                                                      \
+        const float fin = logsm ? (float)log(s) : (float)(1.0 / s);            \
+        for (int64_t b0 = 0; b0 < L; b0 += MT_SBUF) {                          \
+            const int64_t n = mt_min64(MT_SBUF, L - b0);                       \
+            const float *x = l_load_##sfx(buf, p + b0 * ain, ain, n);          \
+            if (logsm) for (int64_t i = 0; i < n; i++) e[i] = (x[i] - m) - fin; \
+            else {                                                             \
+                mt_exp_sub(e, x, NULL, m, n);                                  \
+                for (int64_t i = 0; i < n; i++) e[i] *= fin;                   \
+            }                                                                  \
+            l_store_##sfx(q + b0 * aout, aout, e, n);                          \
+        }                                                                      \
+        return;                                                                \
+    }                                                                          \
+    float m[MT_RTILE], fin[MT_RTILE];                                          \
+    double s[MT_RTILE];                                                        \
+    for (int64_t j = 0; j < w; j++) { m[j] = -INFINITY; s[j] = 0; }            \
+    for (int64_t l = 0; l < L; l++) {                                          \
+        const float *x = l_load_##sfx(buf, p + l * ain, cin, w);               \
+        for (int64_t j = 0; j < w; j++) if (x[j] > m[j] || x[j] != x[j]) m[j] = x[j]; \
+    }                                                                          \
+    for (int64_t l = 0; l < L; l++) {                                          \
+        mt_exp_sub(e, l_load_##sfx(buf, p + l * ain, cin, w), m, 0, w);        \
+        for (int64_t j = 0; j < w; j++) s[j] += e[j];                          \
+    }                                                                          \
+    for (int64_t j = 0; j < w; j++) fin[j] = logsm ? (float)log(s[j]) : (float)(1.0 / s[j]); \
+    for (int64_t l = 0; l < L; l++) {                                          \
+        const float *x = l_load_##sfx(buf, p + l * ain, cin, w);               \
+        if (logsm) for (int64_t j = 0; j < w; j++) e[j] = (x[j] - m[j]) - fin[j]; \
+        else {                                                                 \
+            mt_exp_sub(e, x, m, 0, w);                                         \
+            for (int64_t j = 0; j < w; j++) e[j] *= fin[j];                    \
+        }                                                                      \
+        l_store_##sfx(q + l * aout, cout, e, w);                               \
+    }                                                                          \
+}                                                                              \
+/* compute-type path (float64): libm exp */                                   \
+static void l_smaxd_##sfx(const char *p, char *q, const mt_line_geom *g, int64_t w, \
+                          int64_t cin, int64_t cout, int logsm) {              \
+    CT m[MT_RTILE], fin[MT_RTILE];                                             \
+    double s[MT_RTILE];                                                        \
     for (int64_t j = 0; j < w; j++) { m[j] = -INFINITY; s[j] = 0; }            \
     for (int64_t l = 0; l < g->len; l++) {                                     \
         const char *r = p + l * g->ain;                                        \
@@ -488,32 +739,25 @@ static void l_smax_pass_##sfx(const char *p, const mt_line_geom *g, int64_t w, i
         const char *r = p + l * g->ain;                                        \
         for (int64_t j = 0; j < w; j++) s[j] += (double)exp(LOAD(*(const ST *)(r + j * cin)) - m[j]); \
     }                                                                          \
+    for (int64_t j = 0; j < w; j++) fin[j] = logsm ? (CT)log(s[j]) : (CT)(1.0 / s[j]); \
+    for (int64_t l = 0; l < g->len; l++) {                                     \
+        const char *r = p + l * g->ain;                                        \
+        char *o = q + l * g->aout;                                             \
+        for (int64_t j = 0; j < w; j++) {                                      \
+            CT x = LOAD(*(const ST *)(r + j * cin));                           \
+            *(ST *)(o + j * cout) = FROM(logsm ? (x - m[j]) - fin[j] : exp(x - m[j]) * fin[j]); \
+        }                                                                      \
+    }                                                                          \
 }                                                                              \
 static void l_softmax_##sfx##_block(const char *p, char *q, const mt_line_geom *g, \
                                     int64_t w, int64_t cin, int64_t cout) {    \
-    CT m[MT_RTILE], inv[MT_RTILE];                                             \
-    double s[MT_RTILE];                                                        \
-    l_smax_pass_##sfx(p, g, w, cin, m, s);                                     \
-    for (int64_t j = 0; j < w; j++) inv[j] = (CT)(1.0 / s[j]);                 \
-    for (int64_t l = 0; l < g->len; l++) {                                     \
-        const char *r = p + l * g->ain;                                        \
-        char *o = q + l * g->aout;                                             \
-        for (int64_t j = 0; j < w; j++)                                        \
-            *(ST *)(o + j * cout) = FROM(exp(LOAD(*(const ST *)(r + j * cin)) - m[j]) * inv[j]); \
-    }                                                                          \
+    if (sizeof(CT) == sizeof(float)) l_smaxf_##sfx(p, q, g, w, cin, cout, 0);  \
+    else l_smaxd_##sfx(p, q, g, w, cin, cout, 0);                              \
 }                                                                              \
 static void l_log_softmax_##sfx##_block(const char *p, char *q, const mt_line_geom *g, \
                                         int64_t w, int64_t cin, int64_t cout) { \
-    CT m[MT_RTILE], lse[MT_RTILE];                                             \
-    double s[MT_RTILE];                                                        \
-    l_smax_pass_##sfx(p, g, w, cin, m, s);                                     \
-    for (int64_t j = 0; j < w; j++) lse[j] = (CT)log(s[j]);                    \
-    for (int64_t l = 0; l < g->len; l++) {                                     \
-        const char *r = p + l * g->ain;                                        \
-        char *o = q + l * g->aout;                                             \
-        for (int64_t j = 0; j < w; j++)                                        \
-            *(ST *)(o + j * cout) = FROM(LOAD(*(const ST *)(r + j * cin)) - m[j] - lse[j]); \
-    }                                                                          \
+    if (sizeof(CT) == sizeof(float)) l_smaxf_##sfx(p, q, g, w, cin, cout, 1);  \
+    else l_smaxd_##sfx(p, q, g, w, cin, cout, 1);                              \
 }                                                                              \
 MT_LINE_DRIVER(l_softmax_##sfx, ST, 8)                                         \
 MT_LINE_DRIVER(l_log_softmax_##sfx, ST, 8)

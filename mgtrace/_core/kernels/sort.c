@@ -6,7 +6,10 @@
  * largest key (NumPy sorts NaN last), and equal keys go by index, so a
  * merge sort and a selection give the same, stable answer. topk selects
  * with an introselect (quickselect, median of three, merge sort when the
- * recursion degenerates) and then sorts only the k selected pairs.
+ * recursion degenerates) and then sorts only the k selected pairs; for
+ * k <= n / 16 it streams the line through a heap of k pairs instead (the
+ * elements arrive in index order, so a tie never displaces a kept one and
+ * most elements cost one key comparison).
  * Lines run in parallel; each thread owns its scratch arrays.
  */
 #include <stdlib.h>
@@ -20,7 +23,9 @@
 #define MT_BEFORE_asc(x, y) (MT_KLT((x).k, (y).k) || (!MT_KLT((y).k, (x).k) && (x).i < (y).i))
 #define MT_BEFORE_desc(x, y) (MT_KLT((y).k, (x).k) || (!MT_KLT((x).k, (y).k) && (x).i < (y).i))
 
-#define MT_GEN_SORTALG(NAME, P, BEFORE)                                        \
+/* (one level of expansion first, so NAME may be an MT_CAT) */
+#define MT_GEN_SORTALG(NAME, P, BEFORE) MT_GEN_SORTALG_(NAME, P, BEFORE)
+#define MT_GEN_SORTALG_(NAME, P, BEFORE)                                       \
 static void NAME##_isort(P *a, int64_t n) {                                    \
     for (int64_t i = 1; i < n; i++) {                                          \
         P v = a[i];                                                            \
@@ -69,6 +74,22 @@ static void NAME##_select(P *a, P *tmp, int64_t n, int64_t k) {                \
         if (store > k) hi = store; else lo = store + 1;                        \
     }                                                                          \
     NAME##_isort(a + lo, hi - lo);                                             \
+}                                                                              \
+/* a heap of k pairs whose root is the latest of them in the order */        \
+static void NAME##_siftdown(P *h, int64_t k, int64_t i) {                      \
+    P v = h[i];                                                                \
+    for (;;) {                                                                 \
+        int64_t c = 2 * i + 1;                                                 \
+        if (c >= k) break;                                                     \
+        if (c + 1 < k && BEFORE(h[c], h[c + 1])) c++;                          \
+        if (!BEFORE(v, h[c])) break;                                           \
+        h[i] = h[c];                                                           \
+        i = c;                                                                 \
+    }                                                                          \
+    h[i] = v;                                                                  \
+}                                                                              \
+static void NAME##_heapify(P *h, int64_t k) {                                  \
+    for (int64_t i = k / 2 - 1; i >= 0; i--) NAME##_siftdown(h, k, i);         \
 }
 
 #define MT_GEN_KEY(KT)                                                         \
@@ -80,10 +101,24 @@ MT_GEN_KEY(float)
 MT_GEN_KEY(double)
 
 /* key type by kind: integers and bool as int64, floats in their compute type */
-#define MT_SKEY_B(CT) int64_t
-#define MT_SKEY_I(CT) int64_t
-#define MT_SKEY_F(CT) CT
+#define MT_SKEY_Kb(CT) int64_t
+#define MT_SKEY_Ki(CT) int64_t
+#define MT_SKEY_Kf(CT) CT
 #define MT_SFN(dir, KT, fn) MT_CAT(MT_CAT(MT_CAT(s_, dir), KT), fn)
+
+/* the rest of a line through the heap a[0..k): v replaces the root when it
+ * comes first (ADMIT), inside MT_GEN_SORT_KT */
+#define MT_HEAP_SCAN(DIR, ADMIT, KT, ST, LOAD) do {                                        \
+        MT_SFN(DIR, KT, _heapify)(a, k);                                       \
+        for (int64_t i = k; i < L; i++) {                                      \
+            const KT v = (KT)LOAD(*(const ST *)(p + i * g->ain));              \
+            if (ADMIT) {                                                       \
+                a[0].k = v;                                                    \
+                a[0].i = (int32_t)i;                                           \
+                MT_SFN(DIR, KT, _siftdown)(a, k, 0);                           \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
 
 #define MT_GEN_SORT(code, sfx, ST, CT, LOAD, FROM, KIND, LO, HI, _)           \
     MT_GEN_SORT_KT(sfx, ST, LOAD, MT_SKEY_##KIND(CT))
@@ -111,15 +146,18 @@ static int s_sort_##sfx(const char *in, char *vals, char *idx, const mt_line_geo
             int64_t oa, ob, oc;                                                \
             mt_offsets3(g->nouter, g->oshape, g->oin, g->oout, g->oidx, l, &oa, &ob, &oc); \
             const char *p = in + oa;                                           \
-            for (int64_t i = 0; i < L; i++) {                                  \
+            const int heap = k * 16 <= L;                                      \
+            for (int64_t i = 0; i < (heap ? k : L); i++) {                     \
                 a[i].k = (KT)LOAD(*(const ST *)(p + i * g->ain));              \
                 a[i].i = (int32_t)i;                                           \
             }                                                                  \
             if (descending) {                                                  \
-                if (k < L) MT_SFN(desc_, KT, _select)(a, tmp, L, k);           \
+                if (heap) MT_HEAP_SCAN(desc_, MT_KLT(a[0].k, v), KT, ST, LOAD);           \
+                else if (k < L) MT_SFN(desc_, KT, _select)(a, tmp, L, k);      \
                 if (k == L || sorted) MT_SFN(desc_, KT, _msort)(a, tmp, k);    \
             } else {                                                           \
-                if (k < L) MT_SFN(asc_, KT, _select)(a, tmp, L, k);            \
+                if (heap) MT_HEAP_SCAN(asc_, MT_KLT(v, a[0].k), KT, ST, LOAD);           \
+                else if (k < L) MT_SFN(asc_, KT, _select)(a, tmp, L, k);       \
                 if (k == L || sorted) MT_SFN(asc_, KT, _msort)(a, tmp, k);     \
             }                                                                  \
             for (int64_t i = 0; i < k; i++) {                                  \
