@@ -272,6 +272,16 @@ cdef int store_scalar(object v, int code, char *buf) except -1:
     return 0
 
 
+cdef int scalar_operand(object v, int code, char *buf, Operand *o) except -1:
+    """A Python scalar as an operand: its value in buf, broadcast with stride 0."""
+    store_scalar(v, code, buf)
+    o.data = buf
+    o.ndim = 0
+    o.shape = NULL
+    o.strides = NULL
+    return 0
+
+
 cdef Tensor coerce(object x, int device):
     """Non-scalar, non-Tensor operand (ndarray, NumPy scalar, list) -> Tensor."""
     if isinstance(x, (np.ndarray, np.generic)):
@@ -487,15 +497,13 @@ cdef object binary(int op, object a, object b, object out):
     rdt = 0 if rule == MT_RULE_BOOL else cdt
     # operands in the compute dtype
     if sa:
-        store_scalar(a, cdt, bufa)
-        ops[0].data = bufa; ops[0].ndim = 0; ops[0].shape = NULL; ops[0].strides = NULL
+        scalar_operand(a, cdt, bufa, &ops[0])
     else:
         if ta._dtype != cdt:
             ta = cast(ta, cdt)
         operand_of(ta, &ops[0])
     if sb:
-        store_scalar(b, cdt, bufb)
-        ops[1].data = bufb; ops[1].ndim = 0; ops[1].shape = NULL; ops[1].strides = NULL
+        scalar_operand(b, cdt, bufb, &ops[1])
     else:
         if tb._dtype != cdt:
             tb = cast(tb, cdt)
@@ -608,8 +616,7 @@ cdef object ternary(int op, object a, object b, object c):
                 ts[i] = t
             operand_of(t, &ops[i])
         else:
-            store_scalar(x, cdt, bufs[i])
-            ops[i].data = bufs[i]; ops[i].ndim = 0; ops[i].shape = NULL; ops[i].strides = NULL
+            scalar_operand(x, cdt, bufs[i], &ops[i])
     if not is_cpu(dev) or mt_ternary_loops[op][code] == NULL:
         raise missing_kernel(name, dev, code)
     nd = broadcast_shape(3, ops, oshape)

@@ -10,7 +10,9 @@
  * so the two pools take turns instead of oversubscribing the cores.
  *
  * Every function returns 0, or MT_NN_ENOMEM when a work buffer could not be
- * allocated (the output is then unspecified).
+ * allocated (the output is then unspecified). The convolutions allocate
+ * nothing: their scratch memory is a workspace the caller sizes with
+ * mt_conv2d_workspace / mt_conv_transpose2d_workspace.
  */
 #ifndef MT_NN_H
 #define MT_NN_H
@@ -27,6 +29,7 @@ enum mt_conv_algo {
     MT_CONV_SHIFTED,    /* one GEMM per kernel tap over a padded (polyphase) copy */
     MT_CONV_IM2COL,     /* im2col in cache-sized column tiles, then GEMM */
     MT_CONV_DEPTHWISE,  /* direct loops; needs one input channel per group */
+    MT_CONV_WINOGRAD,   /* F(2x2, 3x3): 3x3, stride 1, dilation 1; 16 GEMMs per tile block */
     MT_CONV_NALGOS
 };
 
@@ -41,10 +44,14 @@ typedef struct {
     int64_t groups;
 } mt_conv2d_geom;
 
+/* Scratch bytes the call needs (0: none). The caller passes a 64-byte
+ * aligned buffer of that size as workspace, with the same nthreads. */
+int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads);
 int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
-              const mt_conv2d_geom *g, int algo, int nthreads);
+              const mt_conv2d_geom *g, int algo, int nthreads, void *workspace);
+int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
-                        const mt_conv2d_geom *g, int nthreads);
+                        const mt_conv2d_geom *g, int nthreads, void *workspace);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
 
