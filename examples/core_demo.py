@@ -3,6 +3,7 @@ each checked against a NumPy reference. Exits non-zero on a mismatch.
 
 This is the main job until tracing and archives land (see README).
 """
+import math
 import sys
 import time
 
@@ -44,14 +45,14 @@ def np_cnn(x, p):
 def attention(x, p, heads):
     b, s, d = x.shape
     q, k, v = ((x @ p[n]).reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3) for n in ("wq", "wk", "wv"))
-    att = reduce.softmax(q @ k.transpose(0, 1, 3, 2) * (1.0 / np.sqrt(d // heads)), axis=-1)
+    att = reduce.softmax(q @ k.transpose(0, 1, 3, 2) * (1.0 / math.sqrt(d // heads)), axis=-1)
     return (att @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
 
 
 def np_attention(x, p, heads):
     b, s, d = x.shape
     q, k, v = ((x @ p[n]).reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3) for n in ("wq", "wk", "wv"))
-    logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
+    logits = q @ k.transpose(0, 1, 3, 2) * np.float32(1.0 / math.sqrt(d // heads))
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return ((e / e.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
 
@@ -82,7 +83,7 @@ def main():
     t = time.perf_counter()
     att = attention(mt.tensor(h), {k: mt.tensor(v) for k, v in aparams.items()}, heads)
     dt = time.perf_counter() - t
-    print(f"attention on {h.shape}, {heads} heads -> {att.shape} in {dt * 1e3:.1f} ms")
+    print(f"attention on {h.shape}, {heads} heads -> {att.shape} {att.dtype} in {dt * 1e3:.1f} ms")
     ok &= check("attention output", att, np_attention(h, aparams, heads), 1e-4)
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1

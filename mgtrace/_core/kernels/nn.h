@@ -5,9 +5,10 @@
  * nn.pyx makes them so) and every shape has been validated there. The float
  * kernels take a dtype code (MT_FLOAT32 or MT_FLOAT64, see mt_common.h);
  * float16/bfloat16 are computed in float32 by the caller. nthreads is the
- * OpenMP thread budget (dispatch's num_threads()); GEMMs run on the calling
- * thread and use OpenBLAS's own threads, never from inside an OpenMP region,
- * so the two pools take turns instead of oversubscribing the cores.
+ * OpenMP thread budget (dispatch's num_threads()). A convolution is one
+ * OpenMP region whose threads each run single-threaded GEMMs while OpenBLAS
+ * is switched to one thread (see conv.c), so BLAS threads and OpenMP threads
+ * never compete for the cores.
  *
  * Every function returns 0, or MT_NN_ENOMEM when a work buffer could not be
  * allocated (the output is then unspecified). The convolutions allocate

@@ -1,0 +1,900 @@
+/* Convolution kernels: conv2d and conv_transpose2d over BLAS GEMM (the
+ * multiply-adds of every dense convolution run inside sgemm/dgemm; there is
+ * no GEMM here), and a direct depthwise kernel.
+ *
+ * conv2d algorithms (enum mt_conv_algo in nn.h; mt_conv2d_pick_algo chooses):
+ *
+ *   GEMM1X1    1x1, stride 1, no padding, large planes: y[n] = W [O x C] *
+ *              x[n] [C x H*W], GEMMs straight on the input, no copies.
+ *   WINOGRAD   3x3, stride 1, no dilation, >= 16 channels (most of ResNet and
+ *              VGG): F(2x2, 3x3) over blocks of 2x2 output tiles. The input
+ *              and output transforms are additions; the multiply-adds are 16
+ *              GEMMs [O x C] * [C x tiles], 16 * C * O per tile where a direct
+ *              convolution needs 36 * C * O.
+ *   SHIFTED    y = sum over kernel taps (kh, kw) of W[:, :, kh, kw] times the
+ *              input shifted by the tap. The input is copied once into a
+ *              zero-padded buffer laid out [channel][image][row][col]; in it
+ *              the input shifted by a tap is the same buffer at an offset, so
+ *              each tap is one GEMM with K = C/groups, with no im2col. The
+ *              GEMM output is "wide" (rows of wq columns, a few of which are
+ *              not outputs) and is scattered into NCHW with the bias. A stride
+ *              s splits the padded input into s*s phases (every s-th row and
+ *              column, starting at each offset); a strided conv is then again
+ *              a sum of shifted GEMMs, each over one phase. Used for large
+ *              planes that WINOGRAD does not take (strided, dilated, 5x5...).
+ *   IM2COL     classic im2col, one tile of output pixels at a time so the
+ *              column buffer stays in cache, then one GEMM per tile; tiles
+ *              span images on small planes. For few input channels (a first
+ *              layer, where SHIFTED's K would be tiny), small planes (where
+ *              SHIFTED's wide columns waste most) and strided 1x1.
+ *   DEPTHWISE  one input channel per group (MobileNet's depthwise convs):
+ *              direct loops, one output plane per OpenMP task.
+ *
+ * conv_transpose2d: col = W^T * x (GEMM), then col2im adds the columns into
+ * the output, in tiles of input pixels.
+ *
+ * Threads: each call is one OpenMP region (nthreads from the caller) whose
+ * threads take work items (tiles of output, images, output-channel blocks)
+ * and run single-threaded GEMMs on them, with OpenBLAS switched to one thread
+ * for the duration (blas_single_begin/end). Measured on 2 cores, the other
+ * arrangements lose: calling a threaded OpenBLAS from inside an OpenMP region
+ * oversubscribes (OpenBLAS warns it may hang), and alternating OpenMP copies
+ * with threaded GEMMs lets each pool's spin-waiting workers steal the core
+ * the other needs (libgomp spins ~ms after a region; 5x slower here).
+ * Scratch memory is the caller's workspace (mt_conv2d_workspace).
+ *
+ * Typed helpers are written once below the MT_NN_TEMPLATE line and compiled
+ * per dtype by including this file again with T and SFX defined.
+ */
+#ifndef MT_NN_TEMPLATE
+
+#include <stdlib.h>
+#include <cblas.h>
+#include "nn.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MT_CAT_(a, b) a##_##b
+#define MT_CAT(a, b) MT_CAT_(a, b)
+/* below this many elements of work a loop stays on one thread */
+#define MT_NN_GRAIN 32768
+/* hot row kernels get an AVX2+FMA clone picked at run time (as in elementwise.c) */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
+#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define MT_CLONES
+#endif
+#define MT_IVDEP _Pragma("GCC ivdep")
+/* SHIFTED: bytes of padded copy per batch of images (at least one image) */
+#define MT_SHIFTED_BATCH_BYTES ((int64_t)32 << 20)
+/* AUTO uses SHIFTED only while one image's padded copy stays below this */
+#define MT_SHIFTED_MAX_BYTES ((int64_t)512 << 20)
+/* SHIFTED/IM2COL/col2im: target bytes of the per-tile GEMM output / column buffer */
+#define MT_TILE_BYTES ((int64_t)1 << 20)
+/* AUTO: fewest input channels per group for SHIFTED (GEMM K below this is slow) */
+#define MT_SHIFTED_MIN_K 16
+
+static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t mt_clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+/* floor and ceiling division for b > 0 and any a */
+static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
+
+/* Scratch memory comes from the caller (mt_conv2d_workspace says how much):
+ * the core's allocator caches large blocks, so no call pays fresh page faults.
+ * Pieces are carved off 64-byte aligned. */
+static inline int64_t ws_round(int64_t nbytes) { return (nbytes + 63) & ~(int64_t)63; }
+static inline char *ws_take(char **ws, int64_t nbytes) {
+    char *p = *ws;
+    *ws += ws_round(nbytes);
+    return p;
+}
+
+/* Tile width: columns of an m-row buffer that fit MT_TILE_BYTES, within [lo, total]. */
+static int64_t tile_cols(int64_t m, int64_t isz, int64_t lo, int64_t hi, int64_t total) {
+    int64_t t = MT_TILE_BYTES / mt_max64(1, m * isz);
+    t = mt_clamp64(t, lo, hi) & ~(int64_t)15;
+    return mt_clamp64(t, 1, mt_max64(1, total));
+}
+
+/* C[m x n] (+)= op(A) * B, row-major; op(A) = A^T when trans_a (A stored [k][m]). */
+static void gemm(int dt, int trans_a, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                 const void *b, int64_t ldb, int accumulate, void *c, int64_t ldc) {
+    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    if (dt == MT_FLOAT32)
+        scipy_cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f,
+                          (const float *)a, (blasint)lda, (const float *)b, (blasint)ldb,
+                          accumulate ? 1.0f : 0.0f, (float *)c, (blasint)ldc);
+    else
+        scipy_cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0,
+                          (const double *)a, (blasint)lda, (const double *)b, (blasint)ldb,
+                          accumulate ? 1.0 : 0.0, (double *)c, (blasint)ldc);
+}
+
+/* dst[i] = src[i * step] for n elements of isz bytes (step in elements). */
+static inline void copy_strided(char *dst, const char *src, int64_t n, int64_t step, int64_t isz) {
+    if (step == 1) { memcpy(dst, src, (size_t)(n * isz)); return; }
+    if (isz == 4) {
+        uint32_t *d = (uint32_t *)dst; const uint32_t *s = (const uint32_t *)src;
+        for (int64_t i = 0; i < n; i++) d[i] = s[i * step];
+    } else {
+        uint64_t *d = (uint64_t *)dst; const uint64_t *s = (const uint64_t *)src;
+        for (int64_t i = 0; i < n; i++) d[i] = s[i * step];
+    }
+}
+
+/* Fills dst[0..n) from one input row: element i reads row[i * step + first]
+ * where that lies in [0, w), else 0. */
+static inline void gather_row(char *dst, const char *row, int64_t n, int64_t first, int64_t step,
+                              int64_t w, int64_t isz) {
+    int64_t lo = mt_clamp64(mt_ceildiv(-first, step), 0, n);
+    int64_t hi = mt_clamp64(mt_floordiv(w - 1 - first, step) + 1, lo, n);
+    memset(dst, 0, (size_t)(lo * isz));
+    if (hi > lo) copy_strided(dst + lo * isz, row + (lo * step + first) * isz, hi - lo, step, isz);
+    memset(dst + hi * isz, 0, (size_t)((n - hi) * isz));
+}
+
+#define MT_NN_TEMPLATE
+#define T float
+#define SFX f32
+#include "conv.c"
+#undef T
+#undef SFX
+#define T double
+#define SFX f64
+#include "conv.c"
+#undef T
+#undef SFX
+#undef MT_NN_TEMPLATE
+
+/* ------------------------------------------------------------ threading */
+
+static inline int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* OpenBLAS runs single-threaded while any conv's OpenMP region calls it (each
+ * OpenMP thread runs its own GEMMs); the first to enter saves the library's
+ * thread count, the last to leave restores it. */
+static int blas_users = 0, blas_saved = 1;
+
+static void blas_single_begin(void) {
+    #pragma omp critical(mt_nn_blas_threads)
+    {
+        if (blas_users++ == 0) {
+            blas_saved = scipy_openblas_get_num_threads();
+            if (blas_saved != 1) scipy_openblas_set_num_threads(1);
+        }
+    }
+}
+
+static void blas_single_end(void) {
+    #pragma omp critical(mt_nn_blas_threads)
+    {
+        if (--blas_users == 0 && blas_saved != 1) scipy_openblas_set_num_threads(blas_saved);
+    }
+}
+
+/* Columns per work item: the cache budget, but small enough for about four
+ * items a thread (total * others columns in all), and never below lo. */
+static int64_t split_cols(int64_t budget, int64_t lo, int64_t total, int64_t others, int nt) {
+    const int64_t want = (total * others + 4 * nt - 1) / (4 * nt);
+    const int64_t t = mt_min64(mt_min64(budget, mt_max64(lo, want)), total);
+    return mt_max64(1, t);
+}
+
+/* Output-channel blocks per group: 1, or more when the column tiles alone
+ * leave threads idle (blocks keep at least 32 rows, a GEMM-friendly M). */
+static int64_t o_blocks(int64_t og, int64_t items, int nt) {
+    int64_t nob = 1;
+    while (nt > 1 && items * nob < 3 * (int64_t)nt && og / (2 * nob) >= 32) nob *= 2;
+    return nob;
+}
+
+static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias) {
+    if (!bias) return;
+    if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
+    else bias_rows_f64((double *)y, ld, rows, cnt, (const double *)bias);
+}
+
+/* ------------------------------------------------------------------ choice */
+
+static int64_t shifted_hq(const mt_conv2d_geom *g) { return g->oh + (g->kh - 1) * g->dh / g->sh; }
+static int64_t shifted_wq(const mt_conv2d_geom *g) { return g->ow + (g->kw - 1) * g->dw / g->sw; }
+/* SHIFTED: wide columns an image needs (its last output is at (oh-1)*wq + ow - 1) */
+static int64_t shifted_need(const mt_conv2d_geom *g) { return (g->oh - 1) * shifted_wq(g) + g->ow; }
+/* SHIFTED tiles stay within an image (skipping the rows between images) when
+ * an image has enough columns, else span images */
+static int shifted_per_image(const mt_conv2d_geom *g) { return shifted_need(g) >= 512; }
+
+static int wino_applicable(const mt_conv2d_geom *g) {
+    return g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
+}
+
+int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
+    const int64_t cg = g->c / g->groups;
+    if (cg == 1) return MT_CONV_DEPTHWISE;
+    const int is1x1 = g->kh == 1 && g->kw == 1;
+    /* 1x1 without stride or padding is a GEMM on the input as it is; on small
+     * planes (and for strided 1x1) IM2COL's copy batches images into bigger
+     * GEMMs, which measured faster */
+    if (is1x1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 && (g->h * g->w >= 1024 || g->n == 1))
+        return MT_CONV_GEMM1X1;
+    if (is1x1) return MT_CONV_IM2COL;
+    /* Winograd needs 3x3, stride 1, no dilation; its 16 GEMMs need enough
+     * channels (K and M) and enough 2x2 tiles an image (N) to pay */
+    const int64_t og = g->o / g->groups, tiles = ((g->oh + 1) / 2) * ((g->ow + 1) / 2);
+    if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= 32) return MT_CONV_WINOGRAD;
+    const int64_t phases = mt_min64(g->sh * g->sw, g->kh * g->kw);
+    const int64_t one_image = phases * g->c * shifted_hq(g) * shifted_wq(g) * 8;
+    /* SHIFTED computes wide columns that are not outputs: worth it while they
+     * are few (large planes); IM2COL copies K values per output instead,
+     * which costs more than the GEMM with K = C/groups loses when that is small */
+    const double wide = (double)(shifted_per_image(g) ? shifted_need(g) : shifted_hq(g) * shifted_wq(g));
+    const double waste = wide / (double)(g->oh * g->ow);
+    if (cg >= MT_SHIFTED_MIN_K && waste <= 1.2 && one_image <= MT_SHIFTED_MAX_BYTES)
+        return MT_CONV_SHIFTED;
+    return MT_CONV_IM2COL;
+}
+
+/* ---------------------------------------------------------------- GEMM1X1 */
+
+static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, char *y,
+                        const mt_conv2d_geom *g, int nt) {
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, hw = g->h * g->w;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    /* a tile's input [cg x cols] and output [og x cols] together fit the cache budget */
+    const int64_t cols = split_cols(MT_TILE_BYTES / ((cg + og) * isz), 256, hw, g->n * g->groups, nt);
+    const int64_t ntile = (hw + cols - 1) / cols;
+    const int64_t nob = o_blocks(og, g->n * g->groups * ntile, nt), obs = (og + nob - 1) / nob;
+    const int64_t items = g->n * g->groups * ntile * nob;
+    const int par = nt > 1 && items > 1;
+    if (par) blas_single_begin();
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t ob = it % nob, t = (it / nob) % ntile, gi = (it / (nob * ntile)) % g->groups;
+        const int64_t n = it / (nob * ntile * g->groups);
+        const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
+        const int64_t p0 = t * cols, cnt = mt_min64(cols, hw - p0);
+        char *yt = y + ((n * g->o + o0) * hw + p0) * isz;
+        gemm(dt, 0, rows, cnt, cg, w + o0 * cg * isz, cg, x + ((n * g->c + gi * cg) * hw + p0) * isz, hw,
+             0, yt, hw);
+        add_bias_rows(dt, yt, hw, rows, cnt, bias ? bias + o0 * isz : NULL);
+    }
+    if (par) blas_single_end();
+    return 0;
+}
+
+/* ---------------------------------------------------------------- SHIFTED */
+
+/* One plane of the padded copy: channel c of one image, a zero-padded
+ * hq x wq plane holding padded-input rows a, a + sh, ... and columns b,
+ * b + sw, ... where (a, b) is the phase. */
+static void pack_plane(const char *x, char *dst, int64_t isz, const mt_conv2d_geom *g, int64_t image,
+                       int64_t c, int64_t phase, int64_t hq, int64_t wq) {
+    const int64_t a = phase / g->sw, b = phase % g->sw;
+    const char *src = x + (image * g->c + c) * g->h * g->w * isz;
+    for (int64_t i = 0; i < hq; i++) {
+        const int64_t row = i * g->sh + a - g->ph;
+        char *d = dst + i * wq * isz;
+        if (row < 0 || row >= g->h) memset(d, 0, (size_t)(wq * isz));
+        else gather_row(d, src + row * g->w * isz, wq, b - g->pw, g->sw, g->w, isz);
+    }
+}
+
+/* SHIFTED's tiling, computed the same way for the workspace query and the run. */
+typedef struct {
+    int64_t hq, wq, plane, nps, nslots, nb, need_img, cols;
+    int per_image_tiles;
+    int64_t bytes;   /* workspace */
+} shifted_plan;
+
+static void plan_shifted(const mt_conv2d_geom *g, int64_t isz, int nt, shifted_plan *pl) {
+    const int64_t kk = g->kh * g->kw, cg = g->c / g->groups, og = g->o / g->groups;
+    pl->hq = shifted_hq(g);
+    pl->wq = shifted_wq(g);
+    pl->plane = pl->hq * pl->wq;
+    pl->nps = g->sh * g->sw;
+    pl->nslots = 0;   /* distinct phases among the taps */
+    for (int64_t k = 0; k < kk; k++) {
+        const int64_t ph = ((k / g->kw) * g->dh % g->sh) * g->sw + (k % g->kw) * g->dw % g->sw;
+        int64_t seen = 0;
+        for (int64_t j = 0; j < k && !seen; j++)
+            seen = ph == ((j / g->kw) * g->dh % g->sh) * g->sw + (j % g->kw) * g->dw % g->sw;
+        pl->nslots += !seen;
+    }
+    const int64_t per_image = pl->nslots * g->c * pl->plane * isz;
+    pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
+    pl->need_img = shifted_need(g);
+    pl->per_image_tiles = shifted_per_image(g);
+    const int64_t budget = MT_TILE_BYTES / (g->o * isz);
+    pl->cols = pl->per_image_tiles ? split_cols(budget, 512, pl->need_img, pl->nb, nt)
+                                   : split_cols(budget, 512, pl->nb * pl->plane, 1, nt);
+    pl->bytes = ws_round(sizeof(int64_t) * (2 * kk + 2 * pl->nps)) + ws_round(pl->nb * per_image)
+              + ws_round((int64_t)nt * og * pl->cols * isz) + ws_round(kk * g->o * cg * isz);
+}
+
+static int conv_shifted(int dt, const char *x, const char *w, const char *bias, char *y,
+                        const mt_conv2d_geom *g, int nt, char *ws) {
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
+    shifted_plan pl;
+    plan_shifted(g, isz, nt, &pl);
+    const int64_t hq = pl.hq, wq = pl.wq, plane = pl.plane, nb = pl.nb, cols = pl.cols;
+    const int64_t need_img = pl.need_img;
+    const int per_image_tiles = pl.per_image_tiles;
+    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + 2 * pl.nps));
+    char *p = ws_take(&ws, nb * pl.nslots * g->c * plane * isz);
+    char *ybuf = ws_take(&ws, (int64_t)nt * og * cols * isz);
+    char *wt = ws_take(&ws, kk * g->o * cg * isz);
+    /* the phases the taps use, each a "slot" of the padded copy */
+    int64_t *tap_shift = tap_slot + kk, *phase_slot = tap_shift + kk, *slot_phase = phase_slot + pl.nps;
+    int64_t nslots = 0;
+    for (int64_t i = 0; i < pl.nps; i++) phase_slot[i] = -1;
+    for (int64_t k = 0; k < kk; k++) {
+        const int64_t oy = (k / g->kw) * g->dh, ox = (k % g->kw) * g->dw;
+        const int64_t ph = (oy % g->sh) * g->sw + ox % g->sw;
+        if (phase_slot[ph] < 0) { phase_slot[ph] = nslots; slot_phase[nslots++] = ph; }
+        tap_slot[k] = phase_slot[ph];
+        tap_shift[k] = (oy / g->sh) * wq + ox / g->sw;
+    }
+    /* weights as [tap][o][c]: each tap's [O x C/groups] block is a GEMM operand */
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < cg; c++)
+            for (int64_t k = 0; k < kk; k++)
+                memcpy(wt + ((k * g->o + o) * cg + c) * isz, w + ((o * cg + c) * kk + k) * isz, (size_t)isz);
+    const int par = nt > 1;
+    if (par) blas_single_begin();
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        char *yb = ybuf + thread_id() * og * cols * isz;
+        for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
+            /* the padded copy P of images n0 .. n0 + b - 1 is [slot][channel][image][hq][wq]:
+             * a row of the tap-(kh, kw) GEMM operand is one channel's run of P, shifted */
+            const int64_t b = mt_min64(nb, g->n - n0), ld = b * plane;
+            const int64_t span = per_image_tiles ? need_img : (b - 1) * plane + need_img;
+            const int64_t per = (span + cols - 1) / cols, ntile = per_image_tiles ? b * per : per;
+            const int64_t nob = o_blocks(og, ntile * g->groups, nt), obs = (og + nob - 1) / nob;
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < nslots * g->c * b; r++)
+                pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, (r / b) % g->c,
+                           slot_phase[r / (b * g->c)], hq, wq);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < ntile * g->groups * nob; it++) {
+                const int64_t ob = it % nob, gi = (it / nob) % g->groups, t = it / (nob * g->groups);
+                const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
+                const int64_t j = (t % per) * cols, cnt = mt_min64(cols, span - j);
+                const int64_t j0 = (t / per) * plane + j;  /* t / per is 0 when tiles span images */
+                for (int64_t k = 0; k < kk; k++)
+                    gemm(dt, 0, rows, cnt, cg, wt + (k * g->o + o0) * cg * isz, cg,
+                         p + ((tap_slot[k] * g->c + gi * cg) * ld + tap_shift[k] + j0) * isz, ld,
+                         k > 0, yb, cols);
+                if (dt == MT_FLOAT32)
+                    scatter_wide_f32((const float *)yb, cols, j0, cnt, (float *)y, (const float *)bias,
+                                     g, n0, o0, rows, hq, wq);
+                else
+                    scatter_wide_f64((const double *)yb, cols, j0, cnt, (double *)y, (const double *)bias,
+                                     g, n0, o0, rows, hq, wq);
+            }
+        }
+    }
+    if (par) blas_single_end();
+    return 0;
+}
+
+/* ----------------------------------------------------------------- IM2COL */
+
+/* col[r][t] for r = (c, kh, kw) over group gi's channels and t over output
+ * pixels q0 .. q0 + cnt - 1, counted over all images (pixel q is output
+ * q % (oh*ow) of image q / (oh*ow)); ldc columns a row. */
+static void im2col_tile(const char *x, char *col, int64_t isz, const mt_conv2d_geom *g, int64_t gi,
+                        int64_t q0, int64_t cnt, int64_t ldc) {
+    const int64_t cg = g->c / g->groups, kk = g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
+    for (int64_t r = 0; r < cg * kk; r++) {
+        const int64_t c = gi * cg + r / kk, kh = (r % kk) / g->kw, kw = r % g->kw;
+        char *dst = col + r * ldc * isz;
+        for (int64_t t = 0; t < cnt;) {
+            const int64_t q = q0 + t, n = q / ohw, pix = q % ohw, oy = pix / g->ow, ox = pix % g->ow;
+            const int64_t run = mt_min64(g->ow - ox, cnt - t);
+            const int64_t iy = oy * g->sh - g->ph + kh * g->dh;
+            if (iy < 0 || iy >= g->h) memset(dst + t * isz, 0, (size_t)(run * isz));
+            else gather_row(dst + t * isz, x + ((n * g->c + c) * hw + iy * g->w) * isz, run,
+                            ox * g->sw - g->pw + kw * g->dw, g->sw, g->w, isz);
+            t += run;
+        }
+    }
+}
+
+/* IM2COL's tiling. Small planes: tiles span images (GEMM into a buffer, then
+ * scattered); large planes: tiles within an image, GEMM straight into y. */
+typedef struct {
+    int span;
+    int64_t k, cols, per, ntile, bytes;
+} im2col_plan;
+
+static void plan_im2col(const mt_conv2d_geom *g, int64_t isz, int nt, im2col_plan *pl) {
+    const int64_t ohw = g->oh * g->ow, total = g->n * ohw, og = g->o / g->groups;
+    pl->k = (g->c / g->groups) * g->kh * g->kw;
+    pl->span = ohw < 256;
+    const int64_t budget = MT_TILE_BYTES / (pl->k * isz);
+    pl->cols = pl->span ? split_cols(budget, 128, total, g->groups, nt)
+                        : split_cols(budget, 128, ohw, g->n * g->groups, nt);
+    pl->per = pl->span ? (total + pl->cols - 1) / pl->cols : (ohw + pl->cols - 1) / pl->cols;
+    pl->ntile = pl->span ? pl->per : g->n * pl->per;
+    pl->bytes = ws_round((int64_t)nt * pl->k * pl->cols * isz)
+              + (pl->span ? ws_round((int64_t)nt * og * pl->cols * isz) : 0);
+}
+
+static int conv_im2col(int dt, const char *x, const char *w, const char *bias, char *y,
+                       const mt_conv2d_geom *g, int nt, char *ws) {
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow, total = g->n * ohw;
+    const int64_t og = g->o / g->groups;
+    im2col_plan pl;
+    plan_im2col(g, isz, nt, &pl);
+    const int span = pl.span;
+    const int64_t k = pl.k, cols = pl.cols, per = pl.per;
+    const int64_t nob = o_blocks(og, pl.ntile * g->groups, nt), obs = (og + nob - 1) / nob;
+    const int64_t items = pl.ntile * g->groups * nob;
+    char *colbuf = ws_take(&ws, (int64_t)nt * k * cols * isz);
+    char *ybuf = span ? ws_take(&ws, (int64_t)nt * og * cols * isz) : NULL;
+    const int par = nt > 1 && items > 1;
+    if (par) blas_single_begin();
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t ob = it % nob, gi = (it / nob) % g->groups, t = it / (nob * g->groups);
+        const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
+        const int64_t q0 = span ? t * cols : (t / per) * ohw + (t % per) * cols;
+        const int64_t cnt = span ? mt_min64(cols, total - q0) : mt_min64(cols, ohw - (t % per) * cols);
+        char *col = colbuf + thread_id() * k * cols * isz;
+        im2col_tile(x, col, isz, g, gi, q0, cnt, cols);
+        if (span) {
+            char *yb = ybuf + thread_id() * og * cols * isz;
+            gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, col, cols, 0, yb, cols);
+            if (dt == MT_FLOAT32)
+                scatter_cols_f32((const float *)yb, cols, q0, cnt, (float *)y, (const float *)bias, g, o0, rows);
+            else
+                scatter_cols_f64((const double *)yb, cols, q0, cnt, (double *)y, (const double *)bias, g, o0, rows);
+        } else {
+            char *yt = y + (((q0 / ohw) * g->o + o0) * ohw + q0 % ohw) * isz;
+            gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, col, cols, 0, yt, ohw);
+            add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL);
+        }
+    }
+    if (par) blas_single_end();
+    return 0;
+}
+
+/* --------------------------------------------------------------- WINOGRAD */
+
+/* Winograd F(2x2, 3x3) (Lavin & Gray): each 2x2 output tile is
+ * A^T [(G g G^T) .* (B^T d B)] A for the 4x4 input patch d at (2ty, 2tx) of
+ * the zero-padded input and the 3x3 kernel g. Over a block of tiles the
+ * elementwise product, summed over input channels, is 16 GEMMs
+ * M[xi] = U[xi] [O x C] * V[xi] [C x tiles], one per point xi of the 4x4
+ * transform domain: 16 * C * O multiply-adds per tile instead of 36 * C * O.
+ * The input is copied zero-padded first (as SHIFTED does), so the
+ * transforms need no bounds checks; a work item is a block of tile rows of
+ * one image and group, with its own V and M buffers. */
+typedef struct {
+    int64_t th, tw, hp, wp, plane, nb, rows, tmax, bytes;
+} wino_plan;
+
+static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *pl) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    pl->th = (g->oh + 1) / 2;
+    pl->tw = (g->ow + 1) / 2;
+    pl->hp = 2 * pl->th + 2;
+    pl->wp = 2 * pl->tw + 2;
+    pl->plane = pl->hp * pl->wp;
+    const int64_t per_image = g->c * pl->plane * isz;
+    pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
+    /* tile rows per item: V and M of a block within the budget, and enough items */
+    const int64_t budget = 2 * MT_TILE_BYTES / (16 * (cg + og) * isz);
+    int64_t rows = mt_clamp64(budget / pl->tw, 1, pl->th);
+    while (rows > 1 && pl->nb * g->groups * ((pl->th + rows - 1) / rows) < 4 * (int64_t)nt) rows--;
+    pl->rows = rows;
+    pl->tmax = rows * pl->tw;
+    pl->bytes = ws_round(pl->nb * per_image) + ws_round(16 * g->o * cg * isz)
+              + (int64_t)nt * (ws_round(16 * cg * pl->tmax * isz) + ws_round(16 * og * pl->tmax * isz)
+                               + ws_round((2 * pl->tw + 2) * isz));
+}
+
+static int conv_winograd(int dt, const char *x, const char *w, const char *bias, char *y,
+                         const mt_conv2d_geom *g, int nt, char *ws) {
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    wino_plan pl;
+    plan_wino(g, isz, nt, &pl);
+    const int64_t tw = pl.tw, plane = pl.plane, tmax = pl.tmax, nb = pl.nb;
+    const int64_t per_rows = (pl.th + pl.rows - 1) / pl.rows;
+    char *p = ws_take(&ws, nb * g->c * plane * isz);
+    char *u = ws_take(&ws, 16 * g->o * cg * isz);
+    char *bufs = ws;
+    const int64_t vbytes = ws_round(16 * cg * tmax * isz), mbytes = ws_round(16 * og * tmax * isz);
+    const int64_t sbytes = ws_round((2 * tw + 2) * isz);
+    /* the phase-0, stride-1 view of pack_plane pads by (ph, pw) into hp x wp */
+    if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, g->o, cg);
+    else wino_weights_f64((const double *)w, (double *)u, g->o, cg);
+    const int par = nt > 1;
+    if (par) blas_single_begin();
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        char *v = bufs + thread_id() * (vbytes + mbytes + sbytes), *m = v + vbytes, *scratch = m + mbytes;
+        for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
+            const int64_t b = mt_min64(nb, g->n - n0);
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < g->c * b; r++)
+                pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, r / b, 0, pl.hp, pl.wp);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < b * g->groups * per_rows; it++) {
+                const int64_t blk = it % per_rows, gi = (it / per_rows) % g->groups, img = it / (per_rows * g->groups);
+                const int64_t ty0 = blk * pl.rows, ty1 = mt_min64(pl.th, ty0 + pl.rows), cnt = (ty1 - ty0) * tw;
+                /* P is [channel][image][hp][wp] for the batch */
+                const char *pc = p + ((gi * cg) * b + img) * plane * isz;
+                if (dt == MT_FLOAT32) wino_input_f32((const float *)pc, b * plane, (float *)v, cg, ty0, ty1, tw, pl.wp);
+                else wino_input_f64((const double *)pc, b * plane, (double *)v, cg, ty0, ty1, tw, pl.wp);
+                for (int64_t xi = 0; xi < 16; xi++)
+                    gemm(dt, 0, og, cnt, cg, u + (xi * g->o + gi * og) * cg * isz, cg, v + xi * cg * cnt * isz, cnt,
+                         0, m + xi * og * cnt * isz, cnt);
+                char *yo = y + ((n0 + img) * g->o + gi * og) * g->oh * g->ow * isz;
+                const char *bo = bias ? bias + gi * og * isz : NULL;
+                if (dt == MT_FLOAT32)
+                    wino_output_f32((const float *)m, (float *)yo, (const float *)bo, og, ty0, ty1, tw, g->oh, g->ow,
+                                    (float *)scratch);
+                else
+                    wino_output_f64((const double *)m, (double *)yo, (const double *)bo, og, ty0, ty1, tw, g->oh,
+                                    g->ow, (double *)scratch);
+            }
+        }
+    }
+    if (par) blas_single_end();
+    return 0;
+}
+
+/* ----------------------------------------------------------------- public */
+
+int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) {
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    if (g->n == 0 || g->o == 0 || g->c == 0) return 0;
+    if (algo == MT_CONV_AUTO) algo = mt_conv2d_pick_algo(g);
+    if (algo == MT_CONV_SHIFTED) {
+        shifted_plan pl;
+        plan_shifted(g, isz, nthreads, &pl);
+        return pl.bytes;
+    }
+    if (algo == MT_CONV_IM2COL) {
+        im2col_plan pl;
+        plan_im2col(g, isz, nthreads, &pl);
+        return pl.bytes;
+    }
+    if (algo == MT_CONV_WINOGRAD) {
+        wino_plan pl;
+        plan_wino(g, isz, nthreads, &pl);
+        return pl.bytes;
+    }
+    return 0;
+}
+
+int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+              const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0) return 0;
+    if (g->c == 0) {  /* no input channels: the output is the bias */
+        if (dtype == MT_FLOAT32) fill_bias_f32((float *)y, (const float *)bias, g->n, g->o, g->oh * g->ow, nthreads);
+        else fill_bias_f64((double *)y, (const double *)bias, g->n, g->o, g->oh * g->ow, nthreads);
+        return 0;
+    }
+    if (algo == MT_CONV_AUTO) algo = mt_conv2d_pick_algo(g);
+    switch (algo) {
+    case MT_CONV_GEMM1X1: return conv_gemm1x1(dtype, x, weight, bias, y, g, nthreads);
+    case MT_CONV_SHIFTED: return conv_shifted(dtype, x, weight, bias, y, g, nthreads, workspace);
+    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, bias, y, g, nthreads, workspace);
+    case MT_CONV_DEPTHWISE:
+        if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads);
+        else depthwise_f64(x, weight, bias, y, g, nthreads);
+        return 0;
+    default: return conv_im2col(dtype, x, weight, bias, y, g, nthreads, workspace);
+    }
+}
+
+/* One (image, group) of conv_transpose2d: bias, then for each tile of input
+ * pixels col = W_g^T x_g (GEMM) and col2im into the group's output planes. */
+static void transpose_item(int dt, const char *x, const char *w, const char *bias, char *y,
+                           const mt_conv2d_geom *g, int64_t n, int64_t gi, char *col, int64_t cols) {
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, hw = g->h * g->w, ohw = g->oh * g->ow;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, m = og * g->kh * g->kw;
+    char *yg = y + (n * g->o + gi * og) * ohw * isz;
+    const char *bg = bias ? bias + gi * og * isz : NULL;
+    if (dt == MT_FLOAT32) fill_bias_f32((float *)yg, (const float *)bg, 1, og, ohw, 1);
+    else fill_bias_f64((double *)yg, (const double *)bg, 1, og, ohw, 1);
+    for (int64_t p0 = 0; p0 < hw; p0 += cols) {
+        const int64_t cnt = mt_min64(cols, hw - p0);
+        gemm(dt, 1, m, cnt, cg, w + gi * cg * m * isz, m, x + ((n * g->c + gi * cg) * hw + p0) * isz, hw,
+             0, col, cols);
+        if (dt == MT_FLOAT32) col2im_f32((const float *)col, cols, p0, cnt, (float *)yg, og, g);
+        else col2im_f64((const double *)col, cols, p0, cnt, (double *)yg, og, g);
+    }
+}
+
+/* conv_transpose2d's work items: (image, group) pairs, since the tiles of one
+ * pair add into overlapping outputs; in parallel when there are enough. */
+static int transpose_threads(const mt_conv2d_geom *g, int nthreads) {
+    return nthreads > 1 && g->n * g->groups >= nthreads ? nthreads : 1;
+}
+
+static int64_t transpose_cols(const mt_conv2d_geom *g, int64_t isz) {
+    const int64_t m = (g->o / g->groups) * g->kh * g->kw;
+    return tile_cols(m, isz, 64, 1 << 20, g->h * g->w);
+}
+
+int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) {
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8, m = (g->o / g->groups) * g->kh * g->kw;
+    if (g->n == 0 || g->o == 0) return 0;
+    return ws_round((int64_t)transpose_threads(g, nthreads) * m * transpose_cols(g, isz) * isz);
+}
+
+int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                        const mt_conv2d_geom *g, int nthreads, void *workspace) {
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    const int64_t m = (g->o / g->groups) * g->kh * g->kw, items = g->n * g->groups;
+    if (g->n == 0 || g->o == 0) return 0;
+    const int64_t cols = transpose_cols(g, isz);
+    const int nt = transpose_threads(g, nthreads), par = nt > 1;
+    char *colbuf = workspace;
+    if (par) blas_single_begin();
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
+    for (int64_t it = 0; it < items; it++)
+        transpose_item(dtype, x, weight, bias, y, g, it / g->groups, it % g->groups,
+                       colbuf + thread_id() * m * cols * isz, cols);
+    if (par) blas_single_end();
+    return 0;
+}
+
+#else /* ------------------------------------------- MT_NN_TEMPLATE: T, SFX */
+
+#define FN(name) MT_CAT(name, SFX)
+
+/* y[n][o][:] = bias[o] (0 without bias) */
+static void FN(fill_bias)(T *y, const T *bias, int64_t n, int64_t o, int64_t count, int nt) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n * o * count >= MT_NN_GRAIN)
+    for (int64_t r = 0; r < n * o; r++) {
+        const T v = bias ? bias[r % o] : (T)0;
+        T *d = y + r * count;
+        for (int64_t i = 0; i < count; i++) d[i] = v;
+    }
+}
+
+/* y[r][0..cnt) += bias[r] for rows r < rows, ld elements apart */
+static void FN(bias_rows)(T *y, int64_t ld, int64_t rows, int64_t cnt, const T *bias) {
+    for (int64_t r = 0; r < rows; r++) {
+        const T v = bias[r];
+        T *d = y + r * ld;
+        for (int64_t i = 0; i < cnt; i++) d[i] += v;
+    }
+}
+
+/* SHIFTED: wide columns j0 .. j0 + cols - 1 of ybuf (rows = output channels
+ * o0 .. o0 + rows - 1, ldy columns a row; wide column j is image n0 + j /
+ * (hq*wq), row (j % (hq*wq)) / wq, column j % wq) go to y with the bias;
+ * columns past the output's width or height are dropped. */
+static void FN(scatter_wide)(const T *ybuf, int64_t ldy, int64_t j0, int64_t cols, T *y, const T *bias,
+                             const mt_conv2d_geom *g, int64_t n0, int64_t o0, int64_t rows, int64_t hq,
+                             int64_t wq) {
+    const int64_t plane = hq * wq, ohw = g->oh * g->ow;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = o0 + r;
+        const T bv = bias ? bias[o] : (T)0;
+        const T *src = ybuf + r * ldy;
+        for (int64_t j = j0, end = j0 + cols; j < end;) {
+            const int64_t img = j / plane, rem = j - img * plane, yy = rem / wq, xx = rem - yy * wq;
+            const int64_t run = mt_min64(wq - xx, end - j);
+            if (yy < g->oh && xx < g->ow) {
+                const int64_t len = mt_min64(run, g->ow - xx);
+                T *d = y + ((n0 + img) * g->o + o) * ohw + yy * g->ow + xx;
+                const T *s = src + (j - j0);
+                for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+            }
+            j += run;
+        }
+    }
+}
+
+/* IM2COL across images: columns = output pixels q0 .. q0 + cols - 1 over all
+ * images, rows = output channels o0 .. o0 + rows - 1; to y with the bias. */
+static void FN(scatter_cols)(const T *ybuf, int64_t ldy, int64_t q0, int64_t cols, T *y, const T *bias,
+                             const mt_conv2d_geom *g, int64_t o0, int64_t rows) {
+    const int64_t ohw = g->oh * g->ow;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = o0 + r;
+        const T bv = bias ? bias[o] : (T)0;
+        for (int64_t q = q0, end = q0 + cols; q < end;) {
+            const int64_t n = q / ohw, pix = q % ohw, len = mt_min64(ohw - pix, end - q);
+            T *d = y + (n * g->o + o) * ohw + pix;
+            const T *s = ybuf + r * ldy + (q - q0);
+            for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+            q += len;
+        }
+    }
+}
+
+/* DEPTHWISE, one output plane: yp = bias + sum over taps of w * shifted xp,
+ * one output row at a time (it stays in L1 while the taps accumulate). */
+static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restrict wp, T bv, T *restrict yp,
+                                          const mt_conv2d_geom *g) {
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        T *restrict yr = yp + oy * g->ow;
+        for (int64_t ox = 0; ox < g->ow; ox++) yr[ox] = bv;
+        for (int64_t kh = 0; kh < g->kh; kh++) {
+            const int64_t iy = oy * g->sh - g->ph + kh * g->dh;
+            if (iy < 0 || iy >= g->h) continue;
+            const T *restrict xr = xp + iy * g->w;
+            for (int64_t kw = 0; kw < g->kw; kw++) {
+                const T wv = wp[kh * g->kw + kw];
+                const int64_t first = kw * g->dw - g->pw;  /* input column of output column 0 */
+                const int64_t lo = mt_clamp64(mt_ceildiv(-first, g->sw), 0, g->ow);
+                const int64_t hi = mt_clamp64(mt_floordiv(g->w - 1 - first, g->sw) + 1, lo, g->ow);
+                if (g->sw == 1) {
+                    for (int64_t ox = lo; ox < hi; ox++) yr[ox] += wv * xr[ox + first];
+                } else {
+                    const int64_t sw = g->sw;
+                    for (int64_t ox = lo; ox < hi; ox++) yr[ox] += wv * xr[ox * sw + first];
+                }
+            }
+        }
+    }
+}
+
+/* DEPTHWISE: one input channel per group; output channel o reads input
+ * channel o / (O / groups). One output plane per task. */
+static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_conv2d_geom *g, int nt) {
+    const int64_t planes = g->n * g->o, og = g->o / g->groups, kk = g->kh * g->kw;
+    const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && planes * ohw * kk >= MT_NN_GRAIN)
+    for (int64_t p = 0; p < planes; p++) {
+        const int64_t n = p / g->o, o = p % g->o;
+        FN(depthwise_plane)(x + (n * g->c + o / og) * hw, w + o * kk, bias ? bias[o] : (T)0, y + p * ohw, g);
+    }
+}
+
+/* WINOGRAD weights: u[xi][o][c] = (G g G^T)[xi] for each 3x3 kernel g = w[o][c],
+ * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. */
+static void FN(wino_weights)(const T *w, T *u, int64_t o_all, int64_t cg) {
+    for (int64_t o = 0; o < o_all; o++)
+        for (int64_t c = 0; c < cg; c++) {
+            const T *k = w + (o * cg + c) * 9;
+            T gg[4][3];
+            for (int j = 0; j < 3; j++) {
+                gg[0][j] = k[j];
+                gg[1][j] = (k[j] + k[3 + j] + k[6 + j]) * (T)0.5;
+                gg[2][j] = (k[j] - k[3 + j] + k[6 + j]) * (T)0.5;
+                gg[3][j] = k[6 + j];
+            }
+            for (int i = 0; i < 4; i++) {
+                const T r[4] = {gg[i][0], (gg[i][0] + gg[i][1] + gg[i][2]) * (T)0.5,
+                                (gg[i][0] - gg[i][1] + gg[i][2]) * (T)0.5, gg[i][2]};
+                for (int j = 0; j < 4; j++) u[((i * 4 + j) * o_all + o) * cg + c] = r[j];
+            }
+        }
+}
+
+/* WINOGRAD input, one row of tiles: v[xi * ldx + tx] = (B^T d B)[xi] for the
+ * 4x4 patch d at columns 2tx .. 2tx + 3 of rows r0..r3;
+ * B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
+static MT_CLONES void FN(wino_input_row)(const T *restrict r0, const T *restrict r1, const T *restrict r2,
+                                         const T *restrict r3, T *restrict v, int64_t ldx, int64_t tw) {
+    MT_IVDEP
+    for (int64_t tx = 0; tx < tw; tx++) {
+        const T *a = r0 + 2 * tx, *b = r1 + 2 * tx, *c = r2 + 2 * tx, *d = r3 + 2 * tx;
+        T t0[4], t1[4], t2[4], t3[4];  /* B^T d: rows combined */
+        for (int j = 0; j < 4; j++) {
+            t0[j] = a[j] - c[j];
+            t1[j] = b[j] + c[j];
+            t2[j] = c[j] - b[j];
+            t3[j] = b[j] - d[j];
+        }
+        /* (B^T d) B: columns combined */
+        v[0 * ldx + tx] = t0[0] - t0[2]; v[1 * ldx + tx] = t0[1] + t0[2];
+        v[2 * ldx + tx] = t0[2] - t0[1]; v[3 * ldx + tx] = t0[1] - t0[3];
+        v[4 * ldx + tx] = t1[0] - t1[2]; v[5 * ldx + tx] = t1[1] + t1[2];
+        v[6 * ldx + tx] = t1[2] - t1[1]; v[7 * ldx + tx] = t1[1] - t1[3];
+        v[8 * ldx + tx] = t2[0] - t2[2]; v[9 * ldx + tx] = t2[1] + t2[2];
+        v[10 * ldx + tx] = t2[2] - t2[1]; v[11 * ldx + tx] = t2[1] - t2[3];
+        v[12 * ldx + tx] = t3[0] - t3[2]; v[13 * ldx + tx] = t3[1] + t3[2];
+        v[14 * ldx + tx] = t3[2] - t3[1]; v[15 * ldx + tx] = t3[1] - t3[3];
+    }
+}
+
+/* WINOGRAD input: v[xi][c][t] for the tiles of rows ty0 .. ty1 - 1,
+ * t = (ty - ty0) * tw + tx. Channel c's padded plane is at p + c * cstride,
+ * its rows wp apart. */
+static void FN(wino_input)(const T *p, int64_t cstride, T *v, int64_t cg, int64_t ty0, int64_t ty1,
+                           int64_t tw, int64_t wp) {
+    const int64_t cnt = (ty1 - ty0) * tw, ldx = cg * cnt;
+    for (int64_t c = 0; c < cg; c++)
+        for (int64_t ty = ty0; ty < ty1; ty++) {
+            const T *r0 = p + c * cstride + 2 * ty * wp;
+            FN(wino_input_row)(r0, r0 + wp, r0 + 2 * wp, r0 + 3 * wp, v + c * cnt + (ty - ty0) * tw, ldx, tw);
+        }
+}
+
+/* WINOGRAD output, one row of tiles: the 2x2 outputs A^T m A + bias of the
+ * first n tiles, m[xi] = m[xi * ldx + tx], A^T = [1 1 1 0; 0 1 -1 -1];
+ * rows y0 and y1, columns 2tx and 2tx + 1. */
+static MT_CLONES void FN(wino_output_row)(const T *restrict m, int64_t ldx, T *restrict y0, T *restrict y1,
+                                          T bv, int64_t n) {
+    MT_IVDEP
+    for (int64_t tx = 0; tx < n; tx++) {
+        T s0[4], s1[4];  /* A^T m: rows combined */
+        for (int j = 0; j < 4; j++) {
+            const T a = m[j * ldx + tx], b = m[(4 + j) * ldx + tx];
+            const T c = m[(8 + j) * ldx + tx], d = m[(12 + j) * ldx + tx];
+            s0[j] = a + b + c;
+            s1[j] = b - c - d;
+        }
+        y0[2 * tx] = s0[0] + s0[1] + s0[2] + bv;
+        y0[2 * tx + 1] = s0[1] - s0[2] - s0[3] + bv;
+        y1[2 * tx] = s1[0] + s1[1] + s1[2] + bv;
+        y1[2 * tx + 1] = s1[1] - s1[2] - s1[3] + bv;
+    }
+}
+
+/* WINOGRAD output: y[o][2ty + i][2tx + j] for the tiles of rows ty0 .. ty1 - 1
+ * from m[xi][o][t]; outputs past an odd oh or ow are dropped (computed into
+ * the scratch row, of 2 * tw + 2 elements). */
+static void FN(wino_output)(const T *m, T *y, const T *bias, int64_t og, int64_t ty0, int64_t ty1,
+                            int64_t tw, int64_t oh, int64_t ow, T *scratch) {
+    const int64_t cnt = (ty1 - ty0) * tw, ldx = og * cnt, full = ow / 2;
+    for (int64_t o = 0; o < og; o++) {
+        const T bv = bias ? bias[o] : (T)0;
+        for (int64_t ty = ty0; ty < ty1; ty++) {
+            const T *mt = m + o * cnt + (ty - ty0) * tw;
+            T *y0 = y + (o * oh + 2 * ty) * ow;
+            T *y1 = 2 * ty + 1 < oh ? y0 + ow : scratch;
+            FN(wino_output_row)(mt, ldx, y0, y1, bv, full);
+            if (ow % 2) {  /* the last tile has one column */
+                T row[2][2];
+                FN(wino_output_row)(mt + full, ldx, row[0], row[1], bv, 1);
+                y0[ow - 1] = row[0][0];
+                if (2 * ty + 1 < oh) y1[ow - 1] = row[1][0];
+            }
+        }
+    }
+}
+
+/* conv_transpose2d: adds col [og * kh * kw][ldc] (columns = input pixels
+ * p0 .. p0 + cnt - 1) into the group's output planes y [og][oh][ow]. */
+static void FN(col2im)(const T *col, int64_t ldc, int64_t p0, int64_t cnt, T *y, int64_t og,
+                       const mt_conv2d_geom *g) {
+    const int64_t kk = g->kh * g->kw, ohw = g->oh * g->ow;
+    for (int64_t o = 0; o < og; o++) {
+        T *yp = y + o * ohw;
+        for (int64_t k = 0; k < kk; k++) {
+            const int64_t kh = k / g->kw, kw = k % g->kw;
+            const T *src = col + (o * kk + k) * ldc;
+            const int64_t first = kw * g->dw - g->pw;  /* output column of input column 0 */
+            const int64_t lo_all = mt_max64(0, mt_ceildiv(-first, g->sw));
+            const int64_t hi_all = mt_floordiv(g->ow - 1 - first, g->sw) + 1;
+            for (int64_t t = 0; t < cnt;) {
+                const int64_t pix = p0 + t, ih = pix / g->w, iw = pix % g->w;
+                const int64_t run = mt_min64(g->w - iw, cnt - t);
+                const int64_t oy = ih * g->sh - g->ph + kh * g->dh;
+                if (oy >= 0 && oy < g->oh) {
+                    const int64_t lo = mt_max64(iw, lo_all), hi = mt_min64(iw + run, hi_all);
+                    T *yr = yp + oy * g->ow;
+                    const T *s = src + t;  /* s[i - iw] is input column i */
+                    if (g->sw == 1) for (int64_t i = lo; i < hi; i++) yr[i + first] += s[i - iw];
+                    else for (int64_t i = lo; i < hi; i++) yr[i * g->sw + first] += s[i - iw];
+                }
+                t += run;
+            }
+        }
+    }
+}
+
+#undef FN
+#endif

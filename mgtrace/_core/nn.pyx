@@ -1,0 +1,765 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Neural-network ops of the core: convolution, pooling, resize, pad.
+
+Each op here owns its API: it checks its arguments (ValueError / TypeError
+with the expected and the actual value), picks the device and the compute
+dtype, makes its inputs contiguous, allocates the result and runs a C kernel
+from ``kernels/{conv,pool,resize}.c`` with the GIL released.
+
+Rules shared by every op (the same as the rest of the core):
+
+- Layout NCHW. Tensor arguments may also be NumPy arrays or nested lists;
+  those go to the device of the Tensor arguments.
+- dtypes: float32 and float64 run natively; float16 and bfloat16 are computed
+  in float32 and the result is cast back. Tensor arguments of different float
+  dtypes are promoted (MegEngine's rule: NumPy's promote_types within floats).
+  Integer or bool inputs raise TypeError (``pad`` takes every dtype).
+- Devices: all tensor arguments on one device, else
+  ``ValueError("ambiguous device: cpu:0 vs cpu:1")``; the result lives on that
+  device. Only CPU devices have kernels here; others raise NotImplementedError
+  naming the op, the device and the dtype.
+- While module tracing is on, each op is handed to the trace hook instead
+  of running (``dispatch.traced``), and every op is registered for
+  :func:`mgtrace._core.dispatch.apply` under its own name.
+"""
+from libc.stdint cimport int64_t
+
+import numpy as np
+
+from mgtrace._core.kernels cimport MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64
+from mgtrace._core.tensor cimport Tensor, empty, view_of, numel, is_contiguous, shape_tuple
+from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
+from mgtrace._core.device cimport Device, DEVICES, default_device_id
+from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, traced, tracing_active, num_threads
+from mgtrace._core.dispatch import register_op
+from mgtrace._core.dtype import NAMES as DTYPE_NAMES
+
+cdef extern from "kernels/nn.h" nogil:
+    enum: MT_NN_ENOMEM
+    enum:
+        MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
+        MT_CONV_WINOGRAD
+    ctypedef struct mt_conv2d_geom:
+        int64_t n, c, h, w
+        int64_t o, kh, kw
+        int64_t oh, ow
+        int64_t sh, sw, ph, pw, dh, dw
+        int64_t groups
+    int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
+    int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                  const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
+    int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) noexcept
+    int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                            const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
+    int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+
+    ctypedef struct mt_pool2d_geom:
+        int64_t planes, h, w, oh, ow
+        int64_t kh, kw, sh, sw, ph, pw, dh, dw
+        int count_include_pad
+    int mt_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads) noexcept
+    int mt_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads) noexcept
+    enum: MT_ADAPTIVE_AVG, MT_ADAPTIVE_MAX
+    int mt_adaptive_pool2d(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h,
+                           int64_t w, int64_t oh, int64_t ow, int nthreads) noexcept
+
+    enum: MT_RESIZE_NEAREST, MT_RESIZE_BILINEAR
+    int mt_resize2d(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
+                    int64_t oh, int64_t ow, double scale_h, double scale_w, int align_corners,
+                    int nthreads) noexcept
+
+    enum: MT_PAD_REFLECT, MT_PAD_REPLICATE
+    int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
+                     const int64_t *after, int mode, int64_t itemsize, int nthreads) noexcept
+
+__all__ = ["conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+           "adaptive_max_pool2d", "interpolate", "pad"]
+
+CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
+              "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD}
+_ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
+_INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
+_PAD_MODES = ("constant", "reflect", "replicate")
+
+cdef int64_t _BLAS_INT_MAX = 2147483647
+
+
+# ------------------------------------------------------------------ helpers
+
+cdef str _dev(int device):
+    return str(DEVICES[device])
+
+
+cdef list _operands(str op, tuple xs):
+    """The tensor arguments as Tensors on one device (None stays None).
+
+    Raises ValueError("ambiguous device: a vs b") when Tensors disagree and
+    NotImplementedError for a device without kernels here."""
+    cdef int dev = -1
+    cdef Tensor t
+    for x in xs:
+        if isinstance(x, Tensor):
+            t = <Tensor>x
+            if dev < 0:
+                dev = t._device
+            elif t._device != dev:
+                raise ValueError(f"ambiguous device: {_dev(dev)} vs {_dev(t._device)}")
+    if dev < 0:
+        dev = default_device_id
+    out = []
+    for x in xs:
+        if x is None or isinstance(x, Tensor):
+            out.append(x)
+        else:
+            out.append(coerce(x, dev))
+    for x in out:
+        if x is not None and (<Device>DEVICES[(<Tensor>x)._device]).type != "cpu":
+            raise NotImplementedError(
+                f"no kernel for op {op!r} on device {_dev((<Tensor>x)._device)} with dtype "
+                f"{DTYPE_NAMES[(<Tensor>x)._dtype]}")
+    return out
+
+
+cdef int _float_code(str op, list ts) except -1:
+    """The promoted float dtype of the tensors in ts; TypeError for any other."""
+    cdef int code = -1, c
+    for x in ts:
+        if x is None:
+            continue
+        c = (<Tensor>x)._dtype
+        if CATEGORY[c] != 3:
+            raise TypeError(f"{op}: expected floating-point tensors, got {DTYPE_NAMES[c]}; "
+                            f"convert with .astype('float32')")
+        code = c if code < 0 else PROMOTE[code][c]
+    return code
+
+
+cdef inline int _work_code(int code) noexcept:
+    """The dtype the kernels compute ``code`` in (half types in float32)."""
+    return MT_FLOAT32 if code == MT_FLOAT16 or code == MT_BFLOAT16 else code
+
+
+cdef Tensor _ready(Tensor t, int work):
+    """t as a contiguous tensor of dtype ``work``."""
+    if t._dtype != work:
+        return cast(t, work)
+    return t if is_contiguous(t) else <Tensor>t.contiguous()
+
+
+cdef Tensor _finish(Tensor out, int code):
+    return out if out._dtype == code else cast(out, code)
+
+
+cdef object _freeze(object v):
+    """Lists to tuples (op params must compare and hash for the tracer)."""
+    if isinstance(v, (list, tuple)):
+        return tuple([_freeze(e) for e in v])
+    return v
+
+
+cdef bint _is_int(object v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+cdef tuple _pair(str op, str name, object v):
+    """An int or a pair of ints as (a, b)."""
+    if _is_int(v):
+        return (int(v), int(v))
+    if isinstance(v, (tuple, list)) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]):
+        return (int(v[0]), int(v[1]))
+    raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+
+
+cdef tuple _positive(str op, str name, object v):
+    p = _pair(op, name, v)
+    if p[0] < 1 or p[1] < 1:
+        raise ValueError(f"{op}: {name} must be positive, got {v!r}")
+    return p
+
+
+cdef tuple _nonneg(str op, str name, object v):
+    p = _pair(op, name, v)
+    if p[0] < 0 or p[1] < 0:
+        raise ValueError(f"{op}: {name} must be non-negative, got {v!r}")
+    return p
+
+
+cdef int _check_4d(str op, str name, Tensor t, str layout) except -1:
+    if t._ndim != 4:
+        raise ValueError(f"{op}: expected {name} of shape {layout} (4-D), got shape {shape_tuple(t)}")
+    return 0
+
+
+cdef int _check_blas(str op, tuple sizes) except -1:
+    for s in sizes:
+        if s > _BLAS_INT_MAX:
+            raise ValueError(f"{op}: a dimension product of {s} exceeds the 32-bit BLAS limit "
+                             f"({_BLAS_INT_MAX}); split the input")
+    return 0
+
+
+cdef Tensor _workspace(int64_t nbytes, int device):
+    """Kernel scratch memory from the core's allocator (it caches large
+    blocks, so repeated calls do not pay fresh page faults); None for 0."""
+    if nbytes <= 0:
+        return None
+    return empty(1, &nbytes, MT_UINT8, device)
+
+
+cdef int _check_rc(str op, int rc) except -1:
+    if rc == MT_NN_ENOMEM:
+        raise MemoryError(f"{op}: cannot allocate the kernel's work buffer")
+    return 0
+
+
+# ------------------------------------------------------------------ convolution
+
+cdef tuple _conv_operands(str op, x, weight, bias):
+    ts = _operands(op, (x, weight, bias))
+    cdef int code = _float_code(op, ts)
+    return ts[0], ts[1], ts[2], code
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D convolution (cross-correlation, as in PyTorch and MegEngine).
+
+    Args:
+        x: float [N, C, H, W].
+        weight: float [O, C / groups, KH, KW].
+        bias: float [O] or None.
+        stride, padding, dilation: int or (h, w) pair; stride and dilation
+            >= 1, padding >= 0 (zeros).
+        groups: int >= 1 dividing C and O.
+
+    Returns:
+        [N, O, OH, OW] with OH = (H + 2*ph - dh*(KH-1) - 1) // sh + 1 (OW alike),
+        in the promoted float dtype of the arguments, on their device.
+
+    Raises:
+        ValueError: wrong ndim, channel/groups/bias mismatch, a kernel larger
+            than the padded input, non-positive stride or dilation, negative
+            padding, tensors on different devices.
+        TypeError: integer or bool tensors; non-int geometry arguments.
+        NotImplementedError: a device with no CPU kernels.
+
+    Algorithms (picked by shape, see ``conv2d_algorithm``): Winograd
+    F(2x2, 3x3) for 3x3 stride-1 convs with >= 16 channels (its transforms
+    round: results differ from a direct sum by a few float32 ulps), shifted
+    GEMMs over a padded copy, tiled im2col, a plain GEMM for 1x1, and direct
+    loops for depthwise convs (one input channel per group). Apart from
+    depthwise, every multiply-add runs in BLAS sgemm/dgemm.
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.ones((1, 2, 4, 4), np.float32))
+    >>> w = mt.tensor(np.ones((3, 2, 3, 3), np.float32))
+    >>> conv2d(x, w, padding=1).shape
+    (1, 3, 4, 4)
+    """
+    if tracing_active():
+        return traced("conv2d", (x, weight, bias), {
+            "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
+            "groups": groups})
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto")
+
+
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
+    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``);
+    tests use it to check every kernel path. ValueError when the algorithm
+    does not apply to the geometry."""
+    cdef str op = "conv2d"
+    cdef Tensor tx, tw, tb = None, out
+    cdef int code, work, rc, nt, a
+    cdef mt_conv2d_geom g
+    tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
+    _check_4d(op, "x", tx, "[N, C, H, W]")
+    _check_4d(op, "weight", tw, "[O, C / groups, KH, KW]")
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    n, c, h, w = shape_tuple(tx)
+    o, cg, kh, kw = shape_tuple(tw)
+    if c % groups:
+        raise ValueError(f"{op}: groups={groups} does not divide the {c} input channels")
+    if o % groups:
+        raise ValueError(f"{op}: groups={groups} does not divide the {o} output channels (weight.shape[0])")
+    if cg * groups != c:
+        raise ValueError(f"{op}: x has {c} channels but weight expects {cg * groups} "
+                         f"(weight.shape[1] * groups = {cg} * {groups})")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"{op}: kernel size must be positive, got weight shape {shape_tuple(tw)}")
+    if tb_obj is not None:
+        tb = <Tensor>tb_obj
+        if shape_tuple(tb) != (o,):
+            raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
+    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
+    if eh < 0 or ew < 0:
+        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
+                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
+    oh, ow = eh // sh + 1, ew // sw + 1
+    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))
+    g.n, g.c, g.h, g.w = n, c, h, w
+    g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
+    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    if algo not in CONV_ALGOS:
+        raise ValueError(f"{op}: unknown algorithm {algo!r}; expected one of {', '.join(CONV_ALGOS)}")
+    a = CONV_ALGOS[algo]
+    if a == MT_CONV_DEPTHWISE and cg != 1:
+        raise ValueError(f"{op}: the depthwise kernel needs one input channel per group, got {cg}")
+    if a == MT_CONV_GEMM1X1 and not (kh == kw == 1 and sh == sw == 1 and ph == pw == 0):
+        raise ValueError(f"{op}: the gemm1x1 kernel needs a 1x1 kernel, stride 1 and no padding")
+    if a == MT_CONV_WINOGRAD and not (kh == kw == 3 and sh == sw == 1 and dh == dw == 1):
+        raise ValueError(f"{op}: the winograd kernel needs a 3x3 kernel, stride 1 and dilation 1")
+    work = _work_code(code)
+    tx = _ready(tx, work)
+    tw = _ready(tw, work)
+    cdef const void *bptr = NULL
+    if tb is not None:
+        tb = _ready(tb, work)
+        bptr = tb._data
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
+    out = empty(4, oshape, work, tx._device)
+    nt = num_threads()
+    cdef Tensor ws = _workspace(mt_conv2d_workspace(work, &g, a, nt), tx._device)
+    cdef void *wsp = ws._data if ws is not None else NULL
+    with nogil:
+        rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
+    _check_rc(op, rc)
+    return _finish(out, code)
+
+
+def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
+    """The algorithm conv2d picks for these shapes: "winograd", "shifted",
+    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests).
+
+    >>> conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    'winograd'
+    """
+    cdef mt_conv2d_geom g
+    n, c, h, w = x_shape
+    o, cg, kh, kw = weight_shape
+    if not _is_int(groups) or groups < 1 or c % groups or o % groups or cg * groups != c:
+        raise ValueError(f"conv2d: groups={groups!r} does not fit x channels {c} and weight {tuple(weight_shape)}")
+    g.n, g.c, g.h, g.w, g.o, g.kh, g.kw = n, c, h, w, o, kh, kw
+    g.sh, g.sw = _positive("conv2d", "stride", stride)
+    g.ph, g.pw = _nonneg("conv2d", "padding", padding)
+    g.dh, g.dw = _positive("conv2d", "dilation", dilation)
+    g.groups = groups
+    g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
+    g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
+    if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
+        raise ValueError(f"conv2d: kernel {(kh, kw)} does not fit the padded input {(h, w)}")
+    return _ALGO_NAMES[mt_conv2d_pick_algo(&g)]
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    """2-D transposed convolution (the gradient of conv2d with respect to its input).
+
+    Args:
+        x: float [N, C, H, W].
+        weight: float [C, O / groups, KH, KW] (PyTorch's layout).
+        bias: float [O] or None.
+        stride, padding, output_padding, dilation: int or (h, w) pair;
+            output_padding must be smaller than stride or dilation.
+        groups: int >= 1 dividing C.
+
+    Returns:
+        [N, O, OH, OW] with OH = (H - 1)*sh - 2*ph + dh*(KH - 1) + oph + 1,
+        in the promoted float dtype, on the arguments' device.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: as :func:`conv2d`.
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.ones((1, 2, 3, 3), np.float32))
+    >>> w = mt.tensor(np.ones((2, 4, 3, 3), np.float32))
+    >>> conv_transpose2d(x, w, stride=2, padding=1, output_padding=1).shape
+    (1, 4, 6, 6)
+    """
+    cdef str op = "conv_transpose2d"
+    if tracing_active():
+        return traced(op, (x, weight, bias), {
+            "stride": _freeze(stride), "padding": _freeze(padding),
+            "output_padding": _freeze(output_padding), "dilation": _freeze(dilation), "groups": groups})
+    cdef Tensor tx, tw, tb = None, out
+    cdef int code, work, rc, nt
+    cdef mt_conv2d_geom g
+    tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
+    _check_4d(op, "x", tx, "[N, C, H, W]")
+    _check_4d(op, "weight", tw, "[C, O / groups, KH, KW]")
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    oph, opw = _nonneg(op, "output_padding", output_padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    n, c, h, w = shape_tuple(tx)
+    cw, og, kh, kw = shape_tuple(tw)
+    if cw != c:
+        raise ValueError(f"{op}: x has {c} channels but weight.shape[0] is {cw}")
+    if c % groups:
+        raise ValueError(f"{op}: groups={groups} does not divide the {c} input channels")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"{op}: kernel size must be positive, got weight shape {shape_tuple(tw)}")
+    if (oph >= sh and oph >= dh) or (opw >= sw and opw >= dw):
+        raise ValueError(f"{op}: output_padding {(oph, opw)} must be smaller than either stride "
+                         f"{(sh, sw)} or dilation {(dh, dw)}")
+    o = og * groups
+    if tb_obj is not None:
+        tb = <Tensor>tb_obj
+        if shape_tuple(tb) != (o,):
+            raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (w - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{op}: padding {(ph, pw)} leaves no output for input ({h}, {w}) and kernel "
+                         f"({kh}, {kw}): output would be ({oh}, {ow})")
+    _check_blas(op, (h * w, og * kh * kw, c))
+    g.n, g.c, g.h, g.w = n, c, h, w
+    g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
+    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    work = _work_code(code)
+    tx = _ready(tx, work)
+    tw = _ready(tw, work)
+    cdef const void *bptr = NULL
+    if tb is not None:
+        tb = _ready(tb, work)
+        bptr = tb._data
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
+    out = empty(4, oshape, work, tx._device)
+    nt = num_threads()
+    cdef Tensor ws = _workspace(mt_conv_transpose2d_workspace(work, &g, nt), tx._device)
+    cdef void *wsp = ws._data if ws is not None else NULL
+    with nogil:
+        rc = mt_conv_transpose2d(work, tx._data, tw._data, bptr, out._data, &g, nt, wsp)
+    _check_rc(op, rc)
+    return _finish(out, code)
+
+
+# ------------------------------------------------------------------ pooling
+
+cdef Tensor _pool_input(str op, x):
+    cdef Tensor t = <Tensor>_operands(op, (x,))[0]
+    _float_code(op, [t])
+    _check_4d(op, "x", t, "[N, C, H, W]")
+    return t
+
+
+cdef int64_t _pool_out(str op, int64_t size, int64_t k, int64_t p, int64_t s, int64_t d, bint ceil_mode) except -1:
+    """PyTorch's pooling_output_shape: floor (or ceil) division, and in ceil
+    mode the last window must start inside the input or the left padding."""
+    cdef int64_t num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    cdef int64_t out = (num // s if num >= 0 else -((-num + s - 1) // s)) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil_mode, bint count_include_pad):
+    cdef Tensor t = _pool_input(op, x), out
+    cdef int code = t._dtype, work = _work_code(code), rc, nt
+    cdef mt_pool2d_geom g
+    kh, kw = _positive(op, "kernel_size", kernel_size)
+    sh, sw = (kh, kw) if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) \
+        else _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"{op}: padding {(ph, pw)} must be at most half the kernel size {(kh, kw)}")
+    n, c, h, w = shape_tuple(t)
+    oh = _pool_out(op, h, kh, ph, sh, dh, ceil_mode)
+    ow = _pool_out(op, w, kw, pw, sw, dw, ceil_mode)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{op}: kernel {(kh, kw)} with dilation {(dh, dw)} and padding {(ph, pw)} is "
+                         f"larger than the input ({h}, {w}): output would be ({oh}, {ow})")
+    g.planes, g.h, g.w, g.oh, g.ow = n * c, h, w, oh, ow
+    g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw = kh, kw, sh, sw, ph, pw, dh, dw
+    g.count_include_pad = count_include_pad
+    t = _ready(t, work)
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, c, oh, ow
+    out = empty(4, oshape, work, t._device)
+    nt = num_threads()
+    if op == "max_pool2d":
+        with nogil:
+            rc = mt_max_pool2d(work, t._data, out._data, &g, nt)
+    else:
+        with nogil:
+            rc = mt_avg_pool2d(work, t._data, out._data, &g, nt)
+    _check_rc(op, rc)
+    return _finish(out, code)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """2-D max pooling (PyTorch semantics).
+
+    Args:
+        x: float [N, C, H, W].
+        kernel_size: int or (h, w).
+        stride: int or (h, w); None means kernel_size.
+        padding: int or (h, w), at most half the kernel; padded positions
+            never win (they count as -inf).
+        dilation: int or (h, w) >= 1.
+        ceil_mode: round the output size up; the last window must still
+            start inside the input or its left padding.
+
+    Returns:
+        [N, C, OH, OW], OH = floor_or_ceil((H + 2*ph - dh*(KH-1) - 1) / sh) + 1,
+        same dtype as x. NaN in a window gives NaN.
+
+    Raises:
+        ValueError: bad geometry or an empty output. TypeError: integer input.
+    """
+    if tracing_active():
+        return traced("max_pool2d", (x,), {
+            "kernel_size": _freeze(kernel_size), "stride": _freeze(stride), "padding": _freeze(padding),
+            "dilation": _freeze(dilation), "ceil_mode": ceil_mode})
+    return _pool2d("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """2-D average pooling (PyTorch semantics).
+
+    Args:
+        x: float [N, C, H, W].
+        kernel_size, stride (None: kernel_size), padding: as :func:`max_pool2d`.
+        ceil_mode: as :func:`max_pool2d`; windows reaching past the right
+            padding are cut there.
+        count_include_pad: divide by the window size including zero padding
+            (True), or by the number of input elements in it (False).
+
+    Returns:
+        [N, C, OH, OW], same dtype as x.
+
+    Raises:
+        ValueError: bad geometry or an empty output. TypeError: integer input.
+    """
+    if tracing_active():
+        return traced("avg_pool2d", (x,), {
+            "kernel_size": _freeze(kernel_size), "stride": _freeze(stride), "padding": _freeze(padding),
+            "ceil_mode": ceil_mode, "count_include_pad": count_include_pad})
+    return _pool2d("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
+
+
+cdef object _adaptive(str op, x, output_size, int kind):
+    cdef Tensor t = _pool_input(op, x), out
+    cdef int code = t._dtype, work = _work_code(code), rc, nt
+    n, c, h, w = shape_tuple(t)
+    if isinstance(output_size, (tuple, list)) and len(output_size) == 2:
+        oh, ow = output_size
+        oh = h if oh is None else oh
+        ow = w if ow is None else ow
+    else:
+        oh = ow = output_size
+    if not (_is_int(oh) and _is_int(ow)):
+        raise TypeError(f"{op}: output_size must be an int or a pair of ints (or None), got {output_size!r}")
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{op}: output_size must be positive, got {output_size!r}")
+    if h < 1 or w < 1:
+        raise ValueError(f"{op}: input spatial size must be non-zero, got ({h}, {w})")
+    t = _ready(t, work)
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, c, oh, ow
+    out = empty(4, oshape, work, t._device)
+    cdef int64_t planes = n * c, ih = h, iw = w, toh = oh, tow = ow
+    nt = num_threads()
+    with nogil:
+        rc = mt_adaptive_pool2d(work, kind, t._data, out._data, planes, ih, iw, toh, tow, nt)
+    _check_rc(op, rc)
+    return _finish(out, code)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Average pooling to a fixed output size (PyTorch's windows: output i of
+    m along an axis of n averages [floor(i*n/m), ceil((i+1)*n/m))).
+
+    Args:
+        x: float [N, C, H, W] with H, W >= 1.
+        output_size: int or (oh, ow); a None entry keeps that input size.
+
+    Returns:
+        [N, C, oh, ow], same dtype as x.
+    """
+    if tracing_active():
+        return traced("adaptive_avg_pool2d", (x,), {"output_size": _freeze(output_size)})
+    return _adaptive("adaptive_avg_pool2d", x, output_size, MT_ADAPTIVE_AVG)
+
+
+def adaptive_max_pool2d(x, output_size):
+    """Max pooling to a fixed output size (windows as :func:`adaptive_avg_pool2d`).
+
+    Returns the values only (no indices), same dtype as x.
+    """
+    if tracing_active():
+        return traced("adaptive_max_pool2d", (x,), {"output_size": _freeze(output_size)})
+    return _adaptive("adaptive_max_pool2d", x, output_size, MT_ADAPTIVE_MAX)
+
+
+# ------------------------------------------------------------------ resize
+
+def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    """Resize the two spatial axes of x (PyTorch's F.interpolate coordinate rules).
+
+    Args:
+        x: float [N, C, H, W].
+        size: int or (oh, ow); or
+        scale_factor: float or (fh, fw) > 0, output = floor(input * factor);
+            the factor itself (not the rounded size) maps coordinates, as in
+            PyTorch with recompute_scale_factor unset. Give exactly one.
+        mode: "nearest" (source floor(dst * in/out)) or "bilinear".
+        align_corners: bilinear only; False/None uses half-pixel centres
+            (clamped at 0), True maps corner pixels onto corner pixels.
+
+    Returns:
+        [N, C, oh, ow], same dtype as x.
+
+    Raises:
+        ValueError: unknown mode, both or neither of size and scale_factor,
+            align_corners with nearest, an empty output.
+    """
+    cdef str op = "interpolate"
+    if tracing_active():
+        return traced(op, (x,), {"size": _freeze(size), "scale_factor": _freeze(scale_factor),
+                                 "mode": mode, "align_corners": align_corners})
+    cdef Tensor t = <Tensor>_operands(op, (x,))[0], out
+    _float_code(op, [t])
+    _check_4d(op, "x", t, "[N, C, H, W]")
+    if mode not in _INTERP_MODES:
+        raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_INTERP_MODES)}")
+    if mode == "nearest" and align_corners is not None:
+        raise ValueError(f"{op}: align_corners can only be set with mode='bilinear'")
+    if (size is None) == (scale_factor is None):
+        raise ValueError(f"{op}: give exactly one of size and scale_factor")
+    n, c, h, w = shape_tuple(t)
+    cdef double fh = 0, fw = 0
+    if size is not None:
+        oh, ow = _positive(op, "size", size)
+    else:
+        if isinstance(scale_factor, (tuple, list)):
+            if len(scale_factor) != 2:
+                raise ValueError(f"{op}: scale_factor must be a number or a pair, got {scale_factor!r}")
+            fh, fw = float(scale_factor[0]), float(scale_factor[1])
+        elif isinstance(scale_factor, (int, float, np.integer, np.floating)) and not isinstance(scale_factor, bool):
+            fh = fw = float(scale_factor)
+        else:
+            raise TypeError(f"{op}: scale_factor must be a number or a pair, got {scale_factor!r}")
+        if not (fh > 0 and fw > 0) or fh == float("inf") or fw == float("inf"):
+            raise ValueError(f"{op}: scale_factor must be positive and finite, got {scale_factor!r}")
+        oh, ow = int(np.floor(h * fh)), int(np.floor(w * fw))
+        if oh < 1 or ow < 1:
+            raise ValueError(f"{op}: scale_factor {scale_factor!r} gives an empty output ({oh}, {ow}) "
+                             f"for input ({h}, {w})")
+    if h < 1 or w < 1:
+        raise ValueError(f"{op}: input spatial size must be non-zero, got ({h}, {w})")
+    cdef int code = t._dtype, work = _work_code(code), rc, nt
+    cdef int m = _INTERP_MODES[mode], ac = bool(align_corners)
+    t = _ready(t, work)
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, c, oh, ow
+    out = empty(4, oshape, work, t._device)
+    cdef int64_t planes = n * c, ih = h, iw = w, toh = oh, tow = ow
+    nt = num_threads()
+    with nogil:
+        rc = mt_resize2d(work, m, t._data, out._data, planes, ih, iw, toh, tow, fh, fw, ac, nt)
+    _check_rc(op, rc)
+    return _finish(out, code)
+
+
+# ------------------------------------------------------------------ pad
+
+cdef list _pad_pairs(object pad_width, int ndim):
+    """np.pad's rule: pad_width broadcasts to [ndim, 2] (before, after) pairs,
+    first axis first; so an int pads every side, one pair pads every axis."""
+    if isinstance(pad_width, Tensor):
+        pad_width = pad_width.tolist()
+    try:
+        arr = np.asarray(pad_width)
+    except ValueError:
+        arr = None
+    if arr is None or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(f"pad: pad_width must be an int or (before, after) pairs of ints, "
+                        f"got {pad_width!r}")
+    if ndim == 0 and arr.size == 0:
+        return []
+    try:
+        arr = np.broadcast_to(arr.astype(np.int64), (ndim, 2))
+    except ValueError:
+        raise ValueError(f"pad: pad_width needs one (before, after) pair per axis ({ndim} axes), "
+                         f"got {pad_width!r}") from None
+    pairs = [(int(b), int(a)) for b, a in arr.tolist()]
+    for d, (b, a) in enumerate(pairs):
+        if b < 0 or a < 0:
+            raise ValueError(f"pad: padding must be non-negative, got {(b, a)} for axis {d}")
+    return pairs
+
+
+def pad(x, pad_width, mode="constant", value=0.0):
+    """Pad a tensor of any ndim and dtype (np.pad's pad_width layout).
+
+    Args:
+        x: tensor of any shape and dtype.
+        pad_width: an int (every side of every axis); one (before, after)
+            pair for every axis; or a sequence of ndim pairs, first axis first.
+        mode: "constant" (fill with ``value``), "reflect" (mirror without
+            repeating the edge: NumPy's and PyTorch's reflect) or
+            "replicate" (repeat the edge: NumPy's "edge").
+        value: the fill for "constant", a Python scalar converted to x's dtype.
+
+    Returns:
+        a new tensor of x's dtype, each axis longer by before + after.
+
+    Raises:
+        ValueError: negative padding, a pair count that does not match ndim,
+            reflect padding not smaller than its axis, replicate padding of
+            an empty axis, unknown mode.
+
+    >>> import mgtrace as mt
+    >>> pad(mt.tensor([1, 2, 3]), (2, 1), mode="reflect").tolist()
+    [3, 2, 1, 2, 3, 2]
+    """
+    cdef str op = "pad"
+    if tracing_active():
+        return traced(op, (x,), {"pad_width": _freeze(pad_width), "mode": mode, "value": value})
+    cdef Tensor t = <Tensor>_operands(op, (x,))[0], out, inner
+    if mode not in _PAD_MODES:
+        raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_PAD_MODES)}")
+    cdef int nd = t._ndim, d, rc, nt
+    pairs = _pad_pairs(pad_width, nd)
+    cdef int64_t shape[16]
+    cdef int64_t oshape[16]
+    cdef int64_t before[16]
+    cdef int64_t after[16]
+    cdef int64_t offset = 0
+    for d in range(nd):
+        shape[d] = t._shape[d]
+        before[d], after[d] = pairs[d]
+        oshape[d] = shape[d] + before[d] + after[d]
+        if mode == "reflect" and (before[d] >= shape[d] or after[d] >= shape[d]) and (before[d] or after[d]):
+            raise ValueError(f"{op}: reflect padding {pairs[d]} on axis {d} must be smaller than the "
+                             f"axis (size {shape[d]})")
+        if mode == "replicate" and shape[d] == 0 and (before[d] or after[d]):
+            raise ValueError(f"{op}: cannot replicate-pad axis {d} of size 0")
+    out = empty(nd, oshape, t._dtype, t._device)
+    if mode == "constant":
+        fill(out, value)
+        for d in range(nd):
+            offset += before[d] * out._strides[d]
+        if numel(t):
+            inner = view_of(out, nd, shape, out._strides, offset)
+            copy_into(inner, t)
+        return out
+    t = <Tensor>t.contiguous()
+    cdef int m = MT_PAD_REFLECT if mode == "reflect" else MT_PAD_REPLICATE
+    cdef int64_t isz = ITEMSIZE[t._dtype]
+    nt = num_threads()
+    with nogil:
+        rc = mt_pad_index(t._data, out._data, nd, shape, before, after, m, isz, nt)
+    _check_rc(op, rc)
+    return out
+
+
+for _name in __all__:
+    register_op(_name, globals()[_name])

@@ -1,0 +1,810 @@
+"""mgtrace._core.nn against independent NumPy references (and PyTorch, when
+it is importable).
+
+References: conv2d is the direct definition (one einsum per kernel tap over
+a zero-padded input), conv_transpose2d scatters each tap's contribution,
+pools take the max/mean of explicit windows, interpolate evaluates
+PyTorch's coordinate formulas, pad is np.pad.
+
+Tolerances: float64 to 1e-10 of the output's scale; float32 to 1e-5 relative
+plus 1e-5 of the output's largest magnitude (convolutions sum up to a few
+hundred products); float16 and bfloat16 compare with the reference computed
+from the rounded inputs, to 1e-2 and 4e-2 of the output's scale. Pooling,
+nearest resize and pad move values and must match exactly.
+"""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mgtrace._core as core
+from mgtrace._core import dispatch, nn
+from mgtrace._core.tensor import Tensor, tensor
+
+RNG = np.random.default_rng(1234)
+FLOATS = ["float32", "float64"]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def rand(*shape, dtype="float32"):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def close(actual, ref, dtype):
+    """Compare with the tolerance for dtype, scaled by the reference's magnitude."""
+    actual = np.asarray(actual, dtype=np.float64)
+    scale = max(1.0, float(np.abs(ref).max())) if ref.size else 1.0
+    rtol, atol = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5),
+                  "float16": (1e-2, 1e-2), "bfloat16": (4e-2, 4e-2)}[str(dtype)]
+    np.testing.assert_allclose(actual, ref, rtol=rtol, atol=atol * scale)
+
+
+def as_dtype(a, dtype):
+    return a.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+
+
+# ------------------------------------------------------------------ references
+
+def ref_conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh_, kw_ = w.shape
+    oh = (h + 2 * ph - dh * (kh_ - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw_ - 1) - 1) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for g in range(groups):
+        xs = xp[:, g * cg:(g + 1) * cg]
+        for kh in range(kh_):
+            for kw in range(kw_):
+                patch = xs[:, :, kh * dh:kh * dh + sh * (oh - 1) + 1:sh, kw * dw:kw * dw + sw * (ow - 1) + 1:sw]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og:(g + 1) * og, :, kh, kw])
+    if b is not None:
+        out += b.astype(np.float64)[None, :, None, None]
+    return out
+
+
+def ref_conv_transpose2d(x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+    oph, opw = _pair(output_padding)
+    dh, dw = _pair(dilation)
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    _, og, kh_, kw_ = w.shape
+    cg = c // groups
+    full_h = (h - 1) * sh + dh * (kh_ - 1) + 1 + oph
+    full_w = (wd - 1) * sw + dw * (kw_ - 1) + 1 + opw
+    full = np.zeros((n, og * groups, full_h, full_w))
+    for g in range(groups):
+        xs = x[:, g * cg:(g + 1) * cg]
+        for kh in range(kh_):
+            for kw in range(kw_):
+                contrib = np.einsum("nchw,co->nohw", xs, w[g * cg:(g + 1) * cg, :, kh, kw])
+                full[:, g * og:(g + 1) * og, kh * dh:kh * dh + sh * (h - 1) + 1:sh,
+                     kw * dw:kw * dw + sw * (wd - 1) + 1:sw] += contrib
+    out = full[:, :, ph:full_h - ph, pw:full_w - pw]
+    if b is not None:
+        out = out + b.astype(np.float64)[None, :, None, None]
+    return out
+
+
+def pool_out(size, k, p, s, d, ceil_mode):
+    """PyTorch's pooling output size (torch.nn.MaxPool2d docs)."""
+    num = size + 2 * p - d * (k - 1) - 1
+    out = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def ref_max_pool2d(x, k, s=None, p=0, d=1, ceil_mode=False):
+    kh, kw = _pair(k)
+    sh, sw = _pair(s if s is not None else k)
+    ph, pw = _pair(p)
+    dh, dw = _pair(d)
+    n, c, h, w = x.shape
+    oh, ow = pool_out(h, kh, ph, sh, dh, ceil_mode), pool_out(w, kw, pw, sw, dw, ceil_mode)
+    extra_h = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + 2 * ph))
+    extra_w = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + 2 * pw))
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph + extra_h), (pw, pw + extra_w)),
+                constant_values=-np.inf)
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, :, i * sh:i * sh + dh * (kh - 1) + 1:dh, j * sw:j * sw + dw * (kw - 1) + 1:dw]
+            out[:, :, i, j] = win.max(axis=(2, 3))
+    return out
+
+
+def ref_avg_pool2d(x, k, s=None, p=0, ceil_mode=False, count_include_pad=True):
+    """PyTorch's AvgPool2d: the window clipped to the padded input gives the
+    divisor with count_include_pad; clipped to the input, the sum."""
+    kh, kw = _pair(k)
+    sh, sw = _pair(s if s is not None else k)
+    ph, pw = _pair(p)
+    n, c, h, w = x.shape
+    oh, ow = pool_out(h, kh, ph, sh, 1, ceil_mode), pool_out(w, kw, pw, sw, 1, ceil_mode)
+    x = x.astype(np.float64)
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        hs, he = i * sh - ph, min(i * sh - ph + kh, h + ph)
+        for j in range(ow):
+            ws, we = j * sw - pw, min(j * sw - pw + kw, w + pw)
+            win = x[:, :, max(hs, 0):min(he, h), max(ws, 0):min(we, w)]
+            div = (he - hs) * (we - ws) if count_include_pad else win.shape[2] * win.shape[3]
+            out[:, :, i, j] = win.sum(axis=(2, 3)) / div
+    return out
+
+
+def ref_adaptive(x, oh, ow, reduce):
+    n, c, h, w = x.shape
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        hs, he = (i * h) // oh, -((-(i + 1) * h) // oh)
+        for j in range(ow):
+            ws, we = (j * w) // ow, -((-(j + 1) * w) // ow)
+            out[:, :, i, j] = reduce(x[:, :, hs:he, ws:we].astype(np.float64), axis=(2, 3))
+    return out
+
+
+def ref_nearest_index(n_in, n_out, scale_factor=None):
+    """PyTorch: floor(dst * scale) in float32, scale = in/out or 1/scale_factor."""
+    scale = np.float32(1.0 / scale_factor) if scale_factor else np.float32(n_in) / np.float32(n_out)
+    src = np.floor(np.arange(n_out, dtype=np.float32) * scale).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def ref_linear_taps(n_in, n_out, align_corners, scale_factor=None):
+    dst = np.arange(n_out, dtype=np.float64)
+    if align_corners:
+        src = dst * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+    else:
+        scale = 1.0 / scale_factor if scale_factor else n_in / n_out
+        src = np.maximum((dst + 0.5) * scale - 0.5, 0.0)
+    i0 = np.floor(src).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    return i0, i1, src - i0
+
+
+def ref_bilinear(x, oh, ow, align_corners, sf=(None, None)):
+    y0, y1, fy = ref_linear_taps(x.shape[2], oh, align_corners, sf[0])
+    x0, x1, fx = ref_linear_taps(x.shape[3], ow, align_corners, sf[1])
+    x = x.astype(np.float64)
+    top = x[:, :, y0][:, :, :, x0] * (1 - fx) + x[:, :, y0][:, :, :, x1] * fx
+    bot = x[:, :, y1][:, :, :, x0] * (1 - fx) + x[:, :, y1][:, :, :, x1] * fx
+    return top * (1 - fy)[:, None] + bot * fy[:, None]
+
+
+# ------------------------------------------------------------------ conv2d
+
+# (N, C, H, W, O, KH, KW, stride, padding, dilation, groups)
+CONV_CASES = [
+    (2, 4, 7, 9, 6, 3, 3, 1, 1, 1, 1),          # odd sizes
+    (2, 4, 8, 8, 6, 3, 3, 2, 1, 1, 2),          # stride 2, groups 2
+    (1, 16, 10, 11, 8, 3, 3, 2, 2, 2, 1),       # dilation 2
+    (2, 6, 9, 7, 4, 3, 5, (1, 2), (2, 0), 1, 1),  # non-square kernel, mixed stride/padding
+    (2, 8, 9, 9, 4, 5, 5, 3, 2, 1, 2),          # 5x5 stride 3
+    (3, 16, 5, 5, 8, 1, 1, 1, 0, 1, 1),         # 1x1
+    (2, 16, 9, 9, 32, 1, 1, 2, 0, 1, 1),        # strided 1x1
+    (2, 6, 6, 6, 6, 3, 3, 1, 1, (2, 1), 3),     # groups 3, anisotropic dilation
+    (1, 3, 20, 20, 8, 7, 7, 2, 3, 1, 1),        # a stem: few channels, 7x7 stride 2
+    (2, 32, 24, 24, 16, 3, 3, 1, 1, 1, 1),      # a plane big enough for per-image tiles
+    (2, 32, 24, 26, 16, 3, 3, 2, 1, 1, 1),      # strided, per-image tiles
+    (4, 16, 4, 4, 64, 3, 3, 1, 1, 1, 1),        # tiny plane, tiles span images
+    (1, 8, 3, 3, 4, 3, 3, 1, 0, 1, 1),          # kernel as large as the input
+    (2, 4, 5, 5, 4, 2, 2, 1, 3, 1, 1),          # padding wider than the kernel
+    (2, 16, 13, 11, 24, 3, 3, 1, 1, 1, 1),      # odd output: Winograd's half tiles
+    (2, 32, 17, 16, 16, 3, 3, 1, (0, 2), 1, 2),  # Winograd per group, asymmetric padding
+    (1, 16, 1, 1, 16, 3, 3, 1, 1, 1, 1),        # a 1x1 image
+]
+
+
+def _winograd_applies(case):
+    _, _, _, _, _, kh, kw, s, _, d, _ = case
+    return kh == kw == 3 and _pair(s) == (1, 1) and _pair(d) == (1, 1)
+
+
+CONV_PARAMS = [(case, algo) for case in CONV_CASES for algo in ("auto", "shifted", "im2col", "winograd")
+               if algo != "winograd" or _winograd_applies(case)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case, algo", CONV_PARAMS, ids=str)
+def test_conv2d_matches_reference(case, algo, dtype):
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, kh, kw, dtype=dtype), rand(o, dtype=dtype)
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g, algo)
+    assert y.dtype == dtype
+    close(y.numpy(), ref_conv2d(x, wt, b, s, p, d, g), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    (2, 6, 8, 8, 6, 3, 1, 1, 1),       # MobileNetV2: groups == C == O
+    (2, 5, 9, 7, 5, 3, 2, 1, 1),       # stride 2, odd sizes
+    (1, 4, 10, 10, 4, 3, 1, 2, 2),     # dilation 2
+    (2, 3, 8, 8, 6, 3, 1, 1, 1),       # channel multiplier 2
+    (1, 4, 6, 6, 4, 5, 1, 0, 1),       # 5x5, no padding
+    (2, 1, 9, 9, 8, 3, 1, 1, 1),       # one input channel, groups 1
+], ids=str)
+@pytest.mark.parametrize("algo", ["auto", "depthwise", "im2col"])
+def test_depthwise_conv2d(case, algo, dtype):
+    n, c, h, w, o, k, s, p, d = case
+    groups = c
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, 1, k, k, dtype=dtype), rand(o, dtype=dtype)
+    if algo == "auto":
+        assert nn.conv2d_algorithm(x.shape, wt.shape, s, p, d, groups) == "depthwise"
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, groups, algo)
+    close(y.numpy(), ref_conv2d(x, wt, b, s, p, d, groups), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(2, 8, 40, 40, 16, 1), (1, 32, 7, 9, 8, 1), (3, 12, 33, 32, 6, 3)], ids=str)
+def test_conv2d_1x1_is_a_gemm(shape, dtype):
+    n, c, h, w, o, g = shape
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, 1, 1, dtype=dtype), rand(o, dtype=dtype)
+    if h * w >= 1024:
+        assert nn.conv2d_algorithm(x.shape, wt.shape, groups=g) == "gemm1x1"
+    for algo in ("auto", "gemm1x1"):
+        y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 0, 1, g, algo)
+        close(y.numpy(), ref_conv2d(x, wt, b, 1, 0, 1, g), dtype)
+
+
+def test_conv2d_algorithm_choice():
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "shifted"
+    assert nn.conv2d_algorithm((8, 256, 14, 14), (512, 256, 1, 1), 2) == "im2col"
+    with pytest.raises(ValueError, match="groups=0"):
+        nn.conv2d_algorithm((1, 4, 5, 5), (4, 4, 3, 3), groups=0)
+    with pytest.raises(ValueError, match="does not fit the padded input"):
+        nn.conv2d_algorithm((1, 4, 2, 2), (4, 4, 3, 3))
+    assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "im2col"
+    assert nn.conv2d_algorithm((8, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1, 144) == "depthwise"
+    assert nn.conv2d_algorithm((8, 256, 56, 56), (64, 256, 1, 1)) == "gemm1x1"
+    assert nn.conv2d_algorithm((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
+
+
+def test_conv2d_many_image_batches():
+    """SHIFTED and WINOGRAD copy at most ~32 MiB of padded input at a time:
+    5 images of 64 x 130 x 130 float64 take two batches."""
+    x, wt, b = rand(5, 64, 128, 128, dtype="float64"), rand(4, 64, 3, 3, dtype="float64"), rand(4, dtype="float64")
+    ref = ref_conv2d(x, wt, b, 1, 1)
+    for algo in ("shifted", "winograd"):
+        close(nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo).numpy(), ref, "float64")
+
+
+def test_conv2d_delta_kernel_is_identity():
+    x = rand(2, 3, 6, 7)
+    wt = np.zeros((3, 3, 3, 3), np.float32)
+    for i in range(3):
+        wt[i, i, 1, 1] = 1
+    for algo in ("shifted", "im2col"):
+        np.testing.assert_array_equal(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, algo).numpy(), x)
+    # Winograd's transforms round (a few ulps), so it is close rather than exact
+    close(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd").numpy(), x.astype(np.float64), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("algo", ["auto", "winograd"])
+def test_conv2d_half_types_compute_in_float32(dtype, algo):
+    x, wt, b = as_dtype(rand(2, 8, 9, 9), dtype), as_dtype(rand(6, 8, 3, 3), dtype), as_dtype(rand(6), dtype)
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo)
+    assert y.dtype == np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    close(y.numpy().astype(np.float64), ref_conv2d(x.astype(np.float64), wt.astype(np.float64),
+                                                   b.astype(np.float64), 1, 1), dtype)
+
+
+def test_conv2d_non_contiguous_inputs():
+    xb, wb = rand(2, 5, 10, 8), rand(4, 6, 3, 3)
+    x = tensor(xb).transpose(0, 1, 3, 2)           # [2, 5, 8, 10], strided
+    wt = tensor(wb)[:, 1:6]                         # a slice of the channel axis
+    b = tensor(rand(8))[::2]                        # stride 2
+    assert not x.is_contiguous and not wt.is_contiguous and not b.is_contiguous
+    y = nn.conv2d(x, wt, b, stride=(2, 1), padding=1)
+    close(y.numpy(), ref_conv2d(x.numpy(), wt.numpy(), b.numpy(), (2, 1), 1), "float32")
+
+
+def test_conv2d_promotes_and_accepts_arrays():
+    x, wt = rand(1, 2, 5, 5), rand(3, 2, 3, 3, dtype="float64")
+    y = nn.conv2d(tensor(x), wt)                    # a NumPy float64 weight
+    assert y.dtype == "float64"
+    close(y.numpy(), ref_conv2d(x, wt), "float64")
+
+
+def test_conv2d_zero_sizes():
+    y = nn.conv2d(tensor(rand(0, 3, 5, 5)), tensor(rand(4, 3, 3, 3)))
+    assert y.shape == (0, 4, 3, 3)
+    b = rand(4)
+    y = nn.conv2d(tensor(rand(2, 0, 5, 5)), tensor(rand(4, 0, 3, 3)), tensor(b), padding=1)
+    np.testing.assert_array_equal(y.numpy(), np.broadcast_to(b[None, :, None, None], (2, 4, 5, 5)))
+
+
+def test_conv2d_thread_count_does_not_change_results():
+    x, wt = rand(4, 32, 20, 20), rand(16, 32, 3, 3)
+    before = dispatch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            try:
+                dispatch.set_num_threads(n)
+            except ImportError:     # linalg (the BLAS half) not built here; kernels are set
+                pass
+            outs.append(nn.conv2d(tensor(x), tensor(wt), padding=1).numpy())
+    finally:
+        try:
+            dispatch.set_num_threads(before)
+        except ImportError:
+            pass
+    for o in outs[1:]:
+        np.testing.assert_allclose(o, outs[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"x": (2, 4, 5), "w": (3, 4, 3, 3)}, ValueError, r"x of shape \[N, C, H, W\]"),
+    ({"w": (3, 4, 3)}, ValueError, "weight of shape"),
+    ({"w": (3, 5, 3, 3)}, ValueError, "x has 4 channels but weight expects 5"),
+    ({"w": (3, 2, 3, 3), "groups": 2}, ValueError, "does not divide the 3 output channels"),
+    ({"w": (4, 1, 3, 3), "groups": 3}, ValueError, "groups=3 does not divide the 4 input channels"),
+    ({"groups": 0}, ValueError, "groups must be a positive int"),
+    ({"w": (3, 4, 9, 9)}, ValueError, "larger than the padded input"),
+    ({"stride": 0}, ValueError, "stride must be positive"),
+    ({"stride": (1, -1)}, ValueError, "stride must be positive"),
+    ({"padding": -1}, ValueError, "padding must be non-negative"),
+    ({"dilation": 0}, ValueError, "dilation must be positive"),
+    ({"stride": 1.5}, TypeError, "stride must be an int or a pair"),
+    ({"padding": (1, 2, 3)}, TypeError, "padding must be an int or a pair"),
+    ({"b": (4,)}, ValueError, r"bias must have shape \(3,\)"),
+    ({"b": (3, 1)}, ValueError, r"bias must have shape \(3,\)"),
+    ({"w": (3, 4, 0, 3)}, ValueError, "kernel size must be positive"),
+])
+def test_conv2d_bad_input(kwargs, exc, match):
+    x = tensor(rand(*kwargs.pop("x", (2, 4, 6, 6))))
+    w = tensor(rand(*kwargs.pop("w", (3, 4, 3, 3))))
+    b = kwargs.pop("b", None)
+    b = tensor(rand(*b)) if b is not None else None
+    with pytest.raises(exc, match=match):
+        nn.conv2d(x, w, b, **kwargs)
+
+
+def test_conv2d_bad_algorithm_requests():
+    x, w = tensor(rand(1, 4, 6, 6)), tensor(rand(2, 4, 3, 3))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        nn._conv2d(x, w, None, 1, 0, 1, 1, "winograd9")
+    with pytest.raises(ValueError, match="one input channel per group"):
+        nn._conv2d(x, w, None, 1, 0, 1, 1, "depthwise")
+    with pytest.raises(ValueError, match="1x1 kernel"):
+        nn._conv2d(x, w, None, 1, 0, 1, 1, "gemm1x1")
+    for stride, dilation in ((2, 1), (1, 2)):
+        with pytest.raises(ValueError, match="winograd kernel needs a 3x3 kernel, stride 1"):
+            nn._conv2d(x, w, None, stride, 1, dilation, 1, "winograd")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "bool"])
+def test_conv2d_rejects_integer_tensors(dtype):
+    x = tensor(np.ones((1, 2, 4, 4), dtype))
+    with pytest.raises(TypeError, match=f"conv2d: expected floating-point tensors, got {dtype}"):
+        nn.conv2d(x, tensor(rand(2, 2, 3, 3)))
+
+
+def test_devices():
+    x, w = rand(1, 2, 5, 5), rand(3, 2, 3, 3)
+    y = nn.conv2d(tensor(x, device="cpu:1"), tensor(w, device="cpu:1"), padding=1)
+    assert str(y.device) == "cpu:1"
+    close(y.numpy(), ref_conv2d(x, w, None, 1, 1), "float32")
+    with pytest.raises(ValueError, match="ambiguous device: cpu:0 vs cpu:1"):
+        nn.conv2d(tensor(x), tensor(w, device="cpu:1"))
+    with pytest.raises(ValueError, match="ambiguous device: cpu:1 vs cpu:0"):
+        nn.conv_transpose2d(tensor(x, device="cpu:1"), tensor(rand(2, 3, 3, 3)))
+    for op in (lambda t: nn.max_pool2d(t, 2), lambda t: nn.interpolate(t, size=7),
+               lambda t: nn.pad(t, 1), lambda t: nn.adaptive_avg_pool2d(t, 2)):
+        assert str(op(tensor(x, device="cpu:1")).device) == "cpu:1"
+
+
+# ------------------------------------------------------------------ conv_transpose2d
+
+# (N, C, H, W, Og, K, stride, padding, output_padding, dilation, groups)
+TRANSPOSE_CASES = [
+    (2, 4, 5, 5, 3, 3, 1, 0, 0, 1, 1),
+    (2, 4, 5, 6, 3, 3, 2, 1, 1, 1, 1),
+    (1, 6, 4, 4, 2, 4, 2, 1, 0, 1, 3),
+    (3, 4, 5, 5, 3, 3, (2, 3), (1, 0), (1, 2), 1, 2),
+    (2, 2, 6, 5, 2, 3, 1, 2, 1, 2, 1),       # output_padding < dilation
+    (1, 8, 3, 3, 4, 5, 3, 2, 2, (2, 1), 1),
+    (4, 2, 7, 7, 5, 2, 2, 0, 0, 1, 1),       # the classic 2x upsampling
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_matches_reference(case, dtype):
+    n, c, h, w, og, k, s, p, op, d, g = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(c, og, k, k, dtype=dtype), rand(og * g, dtype=dtype)
+    y = nn.conv_transpose2d(tensor(x), tensor(wt), tensor(b), s, p, op, d, g)
+    ref = ref_conv_transpose2d(x, wt, b, s, p, op, d, g)
+    assert y.shape == ref.shape
+    close(y.numpy(), ref, dtype)
+    close(nn.conv_transpose2d(tensor(x), tensor(wt), None, s, p, op, d, g).numpy(),
+          ref_conv_transpose2d(x, wt, None, s, p, op, d, g), dtype)
+
+
+def test_conv_transpose2d_is_the_adjoint_of_conv2d():
+    """<conv2d(x, w), y> == <x, conv_transpose2d(y, w)> for the same geometry."""
+    x, w = rand(2, 3, 9, 8, dtype="float64"), rand(5, 3, 3, 3, dtype="float64")
+    cy = nn.conv2d(tensor(x), tensor(w), stride=2, padding=1).numpy()
+    y = rand(*cy.shape, dtype="float64")
+    out_pad = ((9 + 2 - 3) % 2, (8 + 2 - 3) % 2)
+    xt = nn.conv_transpose2d(tensor(y), tensor(w), stride=2, padding=1, output_padding=out_pad).numpy()
+    assert xt.shape == x.shape
+    assert math.isclose((cy * y).sum(), (x * xt).sum(), rel_tol=1e-10)
+
+
+def test_conv_transpose2d_half_and_non_contiguous():
+    x = tensor(rand(2, 6, 4, 5)).transpose(0, 1, 3, 2)
+    w = tensor(rand(6, 2, 3, 3)).astype("float16")
+    y = nn.conv_transpose2d(x, w, stride=2, groups=2)
+    assert y.dtype == "float32"    # float32 x, float16 weight: promoted
+    close(y.numpy(), ref_conv_transpose2d(x.numpy(), w.numpy().astype(np.float64), None, 2, groups=2), "float32")
+    xh = tensor(rand(1, 2, 4, 4)).astype("float16")
+    yh = nn.conv_transpose2d(xh, w[:2], stride=2)
+    assert yh.dtype == "float16"
+    close(yh.numpy(), ref_conv_transpose2d(xh.numpy(), w[:2].numpy(), None, 2), "float16")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"w": (3, 2, 3, 3)}, "x has 4 channels but weight.shape"),
+    ({"groups": 3}, "groups=3 does not divide the 4 input channels"),
+    ({"output_padding": 1}, "output_padding .* must be smaller than either stride"),
+    ({"stride": 2, "output_padding": 2}, "must be smaller than either stride"),
+    ({"padding": 4}, "leaves no output"),
+    ({"b": (3,)}, r"bias must have shape \(2,\)"),
+    ({"x": (4, 5, 5)}, r"x of shape \[N, C, H, W\]"),
+    ({"dilation": 0}, "dilation must be positive"),
+])
+def test_conv_transpose2d_bad_input(kwargs, match):
+    x = tensor(rand(*kwargs.pop("x", (1, 4, 5, 5))))
+    w = tensor(rand(*kwargs.pop("w", (4, 2, 3, 3))))
+    b = kwargs.pop("b", None)
+    with pytest.raises(ValueError, match=match):
+        nn.conv_transpose2d(x, w, tensor(rand(*b)) if b else None, **kwargs)
+
+
+# ------------------------------------------------------------------ pooling
+
+MAX_POOL_CASES = [  # kernel, stride, padding, dilation, ceil_mode
+    (2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True), (2, 2, 0, 1, True),
+    ((2, 3), (1, 2), (1, 1), 1, False), (3, 1, 1, 2, False), (3, 3, 1, (2, 1), True),
+    (4, 3, 2, 1, True), (1, 1, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", MAX_POOL_CASES, ids=str)
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8)])
+def test_max_pool2d(case, hw, dtype):
+    k, s, p, d, ceil_mode = case
+    x = rand(2, 3, *hw, dtype=dtype) - 5      # all negative: a padded 0 would win
+    y = nn.max_pool2d(tensor(x), k, s, p, d, ceil_mode)
+    np.testing.assert_array_equal(y.numpy(), ref_max_pool2d(x, k, s, p, d, ceil_mode))
+
+
+def test_max_pool2d_propagates_nan():
+    x = rand(1, 1, 4, 4)
+    x[0, 0, 1, 2] = np.nan
+    y = nn.max_pool2d(tensor(x), 2).numpy()
+    assert np.isnan(y[0, 0, 0, 1]) and not np.isnan(y[0, 0, 0, 0]) and not np.isnan(y[0, 0, 1]).any()
+
+
+AVG_POOL_CASES = [  # kernel, stride, padding, ceil_mode, count_include_pad
+    (2, None, 0, False, True), (3, 2, 1, False, True), (3, 2, 1, False, False),
+    (3, 2, 1, True, True), (3, 2, 1, True, False), ((2, 4), (2, 3), (1, 2), True, False),
+    (4, 3, 2, True, True), (3, 1, 0, False, True),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", AVG_POOL_CASES, ids=str)
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8)])
+def test_avg_pool2d(case, hw, dtype):
+    k, s, p, ceil_mode, cip = case
+    x = rand(2, 3, *hw, dtype=dtype)
+    y = nn.avg_pool2d(tensor(x), k, s, p, ceil_mode, cip)
+    close(y.numpy(), ref_avg_pool2d(x, k, s, p, ceil_mode, cip), dtype)
+
+
+def test_avg_pool2d_count_include_pad_is_a_mean_over_zero_padding():
+    x = rand(2, 2, 6, 6, dtype="float64")
+    y = nn.avg_pool2d(tensor(x), 3, 1, 1).numpy()
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3)).mean(axis=(-2, -1))
+    close(y, ref, "float64")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ["float16"])
+@pytest.mark.parametrize("out", [(1, 1), (3, 3), (4, 5), (7, 9), (10, 12), (None, 2)], ids=str)
+def test_adaptive_pools(out, dtype):
+    x = as_dtype(rand(2, 3, 7, 9), dtype)
+    oh, ow = out[0] or 7, out[1] or 9
+    size = out if out[0] is not None else (None, out[1])
+    xa = x.astype(np.float64)
+    close(nn.adaptive_avg_pool2d(tensor(x), size).numpy(), ref_adaptive(xa, oh, ow, np.mean), dtype)
+    np.testing.assert_array_equal(nn.adaptive_max_pool2d(tensor(x), size).numpy().astype(np.float64),
+                                  ref_adaptive(xa, oh, ow, np.max))
+    assert nn.adaptive_avg_pool2d(tensor(x), 4).shape == (2, 3, 4, 4)
+
+
+def test_pools_half_and_non_contiguous():
+    x = tensor(rand(2, 3, 9, 8)).transpose(0, 1, 3, 2)
+    close(nn.avg_pool2d(x, 3, 2, 1).numpy(), ref_avg_pool2d(x.numpy(), 3, 2, 1), "float32")
+    xh = x.astype("bfloat16")
+    y = nn.max_pool2d(xh, 3, 2, 1, ceil_mode=True)
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(y.numpy().astype(np.float64),
+                                  ref_max_pool2d(xh.numpy().astype(np.float64), 3, 2, 1, ceil_mode=True))
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda x: nn.max_pool2d(x, 3, padding=2), ValueError, "at most half the kernel size"),
+    (lambda x: nn.max_pool2d(x, 9), ValueError, "larger than the input"),
+    (lambda x: nn.max_pool2d(x, 2, stride=0), ValueError, "stride must be positive"),
+    (lambda x: nn.max_pool2d(x, 0), ValueError, "kernel_size must be positive"),
+    (lambda x: nn.max_pool2d(x, 2, dilation=0), ValueError, "dilation must be positive"),
+    (lambda x: nn.avg_pool2d(x, (2, 2, 2)), TypeError, "kernel_size must be an int or a pair"),
+    (lambda x: nn.avg_pool2d(x[0], 2), ValueError, r"x of shape \[N, C, H, W\]"),
+    (lambda x: nn.avg_pool2d(x.astype("int32"), 2), TypeError, "avg_pool2d: expected floating-point tensors, got int32"),
+    (lambda x: nn.adaptive_avg_pool2d(x, 0), ValueError, "output_size must be positive"),
+    (lambda x: nn.adaptive_max_pool2d(x, 2.5), TypeError, "output_size must be an int"),
+    (lambda x: nn.adaptive_max_pool2d(x.astype("uint8"), 2), TypeError, "adaptive_max_pool2d: .* got uint8"),
+])
+def test_pool_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(tensor(rand(1, 2, 5, 5)))
+
+
+# ------------------------------------------------------------------ interpolate
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("size, sf", [((14, 18), None), ((3, 4), None), ((7, 9), None), ((10, 5), None),
+                                      (None, 2.0), (None, 0.5), (None, (1.7, 2.3)), (None, 3)], ids=str)
+def test_interpolate_nearest(size, sf, dtype):
+    x = rand(2, 3, 7, 9, dtype=dtype)
+    y = nn.interpolate(tensor(x), size=size, scale_factor=sf)
+    if sf is not None:
+        fh, fw = _pair(sf) if not isinstance(sf, float) else (sf, sf)
+        oh, ow = math.floor(7 * fh), math.floor(9 * fw)
+        iy, ix = ref_nearest_index(7, oh, fh), ref_nearest_index(9, ow, fw)
+    else:
+        oh, ow = size
+        iy, ix = ref_nearest_index(7, oh), ref_nearest_index(9, ow)
+    assert y.shape == (2, 3, oh, ow)
+    np.testing.assert_array_equal(y.numpy(), x[:, :, iy][:, :, :, ix])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("align_corners", [None, False, True])
+@pytest.mark.parametrize("size, sf", [((14, 18), None), ((3, 4), None), ((7, 9), None), ((1, 1), None),
+                                      ((10, 5), None), (None, 2.0), (None, (0.6, 1.5))], ids=str)
+def test_interpolate_bilinear(size, sf, align_corners, dtype):
+    x = rand(2, 3, 7, 9, dtype=dtype)
+    y = nn.interpolate(tensor(x), size=size, scale_factor=sf, mode="bilinear", align_corners=align_corners)
+    if sf is not None:
+        fh, fw = (sf, sf) if isinstance(sf, float) else sf
+        oh, ow = math.floor(7 * fh), math.floor(9 * fw)
+        ref = ref_bilinear(x, oh, ow, bool(align_corners), (fh, fw))
+    else:
+        ref = ref_bilinear(x, *size, bool(align_corners))
+    close(y.numpy(), ref, dtype)
+
+
+def test_interpolate_same_size_is_a_copy():
+    x = rand(1, 2, 5, 6)
+    for mode, ac in (("nearest", None), ("bilinear", False), ("bilinear", True)):
+        np.testing.assert_array_equal(nn.interpolate(tensor(x), size=(5, 6), mode=mode, align_corners=ac).numpy(), x)
+
+
+def test_interpolate_half_and_non_contiguous():
+    x = tensor(rand(1, 2, 6, 5)).transpose(0, 1, 3, 2)
+    close(nn.interpolate(x, size=(8, 9), mode="bilinear").numpy(), ref_bilinear(x.numpy(), 8, 9, False), "float32")
+    xh = x.astype("float16")
+    y = nn.interpolate(xh, scale_factor=2, mode="bilinear", align_corners=True)
+    assert y.dtype == "float16"
+    close(y.numpy(), ref_bilinear(xh.numpy(), 10, 12, True), "float16")
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({}, ValueError, "exactly one of size and scale_factor"),
+    ({"size": 4, "scale_factor": 2}, ValueError, "exactly one of size and scale_factor"),
+    ({"size": 4, "mode": "bicubic"}, ValueError, "unsupported mode 'bicubic'"),
+    ({"size": 4, "align_corners": True}, ValueError, "align_corners can only be set with mode='bilinear'"),
+    ({"size": 0}, ValueError, "size must be positive"),
+    ({"size": (2, 3, 4)}, TypeError, "size must be an int or a pair"),
+    ({"scale_factor": 0.1}, ValueError, "gives an empty output"),
+    ({"scale_factor": -1.0}, ValueError, "scale_factor must be positive"),
+    ({"scale_factor": "2"}, TypeError, "scale_factor must be a number"),
+])
+def test_interpolate_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        nn.interpolate(tensor(rand(1, 2, 5, 5)), **kwargs)
+    with pytest.raises(ValueError, match=r"x of shape \[N, C, H, W\]"):
+        nn.interpolate(tensor(rand(2, 5, 5)), size=3)
+
+
+# ------------------------------------------------------------------ pad
+
+NP_MODE = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int8", "int64", "uint16", "bool"])
+@pytest.mark.parametrize("shape, pad_width", [
+    ((5,), (2, 3)), ((4, 6), ((1, 2), (3, 0))), ((3, 4, 5), 2), ((2, 3, 4, 5), ((0, 0), (1, 1), (2, 3), (3, 1))),
+    ((2, 3, 4, 5), ((1, 2),)), ((4, 5), [[0, 3], [2, 0]]), ((3, 1, 4), ((1, 2), (0, 0), (3, 3))),
+], ids=str)
+def test_pad(shape, pad_width, dtype, mode):
+    if mode == "reflect" and np.any(np.broadcast_to(np.asarray(pad_width), (len(shape), 2)) >= np.array(shape)[:, None]):
+        pytest.skip("reflect needs padding smaller than the axis")
+    x = (RNG.standard_normal(shape) * 10)
+    x = x > 0 if dtype == "bool" else as_dtype(x, dtype)
+    value = True if dtype == "bool" else 7
+    y = nn.pad(tensor(x), pad_width, mode=mode, value=value)
+    kw = {"constant_values": value} if mode == "constant" else {}
+    ref = np.pad(x, pad_width, mode=NP_MODE[mode], **kw)
+    assert y.dtype == x.dtype
+    np.testing.assert_array_equal(y.numpy(), ref)
+
+
+def test_pad_non_contiguous_zero_size_and_0d():
+    x = tensor(rand(4, 6)).transpose()
+    for mode in ("constant", "reflect", "replicate"):
+        np.testing.assert_array_equal(nn.pad(x, ((1, 2), (2, 1)), mode).numpy(),
+                                      np.pad(x.numpy(), ((1, 2), (2, 1)), NP_MODE[mode]))
+    z = nn.pad(tensor(np.zeros((0, 3), np.float32)), ((1, 1), (0, 2)), value=-1.5)
+    np.testing.assert_array_equal(z.numpy(), np.full((2, 5), -1.5, np.float32))
+    assert nn.pad(tensor(np.zeros((0, 3), np.float32)), ((0, 0), (1, 1)), "reflect").shape == (0, 5)
+    s = nn.pad(tensor(np.float32(2.5)), ())
+    assert s.shape == () and s.item() == 2.5
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    (((2, 2), "reflect"), ValueError, r"reflect padding \(2, 2\) on axis 1 must be smaller"),
+    ((((0, 0), (0, 3)), "reflect"), ValueError, "must be smaller than the axis"),
+    ((-1, "constant"), ValueError, "padding must be non-negative"),
+    ((((1, 1), (1, 1), (1, 1)), "constant"), ValueError, r"one \(before, after\) pair per axis \(2 axes\)"),
+    ((1, "wrap"), ValueError, "unsupported mode 'wrap'"),
+    ((1.5, "constant"), TypeError, "pad_width must be an int or"),
+    ((((1, 2), (3, "a")), "constant"), TypeError, "pad_width must be an int or"),
+])
+def test_pad_bad_input(args, exc, match):
+    with pytest.raises(exc, match=match):
+        nn.pad(tensor(rand(3, 2)), *args)
+    with pytest.raises(ValueError, match="cannot replicate-pad axis 0 of size 0"):
+        nn.pad(tensor(np.zeros((0, 2), np.float32)), 1, "replicate")
+
+
+# ------------------------------------------------------------------ tracing and apply()
+
+OPS = {
+    "conv2d": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(3, 2, 3, 3)), tensor(rand(3))),
+               {"stride": 1, "padding": (1, 1), "dilation": 1, "groups": 1}),
+    "conv_transpose2d": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(2, 3, 3, 3)), None),
+                         {"stride": 2, "padding": 1, "output_padding": 1, "dilation": 1, "groups": 1}),
+    "max_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),),
+                   {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 1, "ceil_mode": True}),
+    "avg_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),),
+                   {"kernel_size": 2, "stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True}),
+    "adaptive_avg_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),), {"output_size": (2, 3)}),
+    "adaptive_max_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),), {"output_size": 2}),
+    "interpolate": (lambda: (tensor(rand(1, 2, 5, 5)),),
+                    {"size": None, "scale_factor": 2.0, "mode": "bilinear", "align_corners": False}),
+    "pad": (lambda: (tensor(rand(1, 2, 5, 5)),), {"pad_width": ((0, 0), (0, 0), (1, 2), (2, 1)),
+                                                  "mode": "reflect", "value": 0.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_tracing_reports_the_op_and_apply_runs_it(name):
+    make, params = OPS[name]
+    inputs = make()
+    direct = getattr(nn, name)(*inputs, **params)
+    # apply() runs the registered implementation with the same params
+    via_apply = dispatch.apply(dispatch.OpDef(name, params), *inputs)
+    np.testing.assert_array_equal(via_apply.numpy(), direct.numpy())
+    seen = []
+
+    def hook(op, *args):
+        seen.append((op, args))
+        return dispatch.apply(op, *args)
+
+    dispatch.set_module_trace_hook(hook)
+    dispatch.set_module_tracing(True)
+    try:
+        traced = getattr(nn, name)(*inputs, **params)
+    finally:
+        dispatch.set_module_tracing(False)
+        dispatch.set_module_trace_hook(None)
+    assert len(seen) == 1
+    op, args = seen[0]
+    assert op.name == name and op.params == params
+    assert all(a is b for a, b in zip(args, inputs))
+    np.testing.assert_array_equal(traced.numpy(), direct.numpy())
+
+
+def test_public_surface():
+    assert sorted(nn.__all__) == sorted(OPS)
+    for name in nn.__all__:
+        assert getattr(nn, name).__doc__
+
+
+# ------------------------------------------------------------------ PyTorch, when present
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", exc_type=ImportError)
+
+
+@pytest.mark.parametrize("case", CONV_CASES + [(2, 6, 8, 8, 12, 3, 3, 2, 1, 1, 6)], ids=str)
+def test_conv2d_against_torch(torch, case):
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x, wt, b = rand(n, c, h, w), rand(o, c // g, kh, kw), rand(o)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), s, p, d, g)
+    close(nn.conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g).numpy(), ref.double().numpy(), "float32")
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d_against_torch(torch, case):
+    n, c, h, w, og, k, s, p, op, d, g = case
+    x, wt, b = rand(n, c, h, w), rand(c, og, k, k), rand(og * g)
+    ref = torch.nn.functional.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b),
+                                               s, p, op, g, d)
+    close(nn.conv_transpose2d(tensor(x), tensor(wt), tensor(b), s, p, op, d, g).numpy(), ref.double().numpy(),
+          "float32")
+
+
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8), (11, 6)])
+def test_pools_against_torch(torch, hw):
+    x = rand(2, 3, *hw)
+    tx = torch.from_numpy(x)
+    F = torch.nn.functional
+    for k, s, p, d, cm in MAX_POOL_CASES:
+        np.testing.assert_array_equal(nn.max_pool2d(tensor(x), k, s, p, d, cm).numpy(),
+                                      F.max_pool2d(tx, k, s, p, d, cm).numpy())
+    for k, s, p, cm, cip in AVG_POOL_CASES:
+        close(nn.avg_pool2d(tensor(x), k, s, p, cm, cip).numpy(),
+              F.avg_pool2d(tx, k, s, p, cm, cip).double().numpy(), "float32")
+    for out in ((1, 1), (3, 4), (5, 5), (13, 2)):
+        close(nn.adaptive_avg_pool2d(tensor(x), out).numpy(), F.adaptive_avg_pool2d(tx, out).double().numpy(),
+              "float32")
+        np.testing.assert_array_equal(nn.adaptive_max_pool2d(tensor(x), out).numpy(),
+                                      F.adaptive_max_pool2d(tx, out).numpy())
+
+
+@pytest.mark.parametrize("mode, ac", [("nearest", None), ("bilinear", False), ("bilinear", True)])
+def test_interpolate_against_torch(torch, mode, ac):
+    x = rand(2, 3, 7, 9)
+    tx = torch.from_numpy(x)
+    for kw in ({"size": (14, 18)}, {"size": (3, 4)}, {"size": (10, 5)}, {"size": (13, 31)},
+               {"scale_factor": 2.0}, {"scale_factor": 0.5}, {"scale_factor": (1.7, 2.3)}, {"scale_factor": 3}):
+        ref = torch.nn.functional.interpolate(tx, mode=mode, align_corners=ac, **kw).numpy()
+        y = nn.interpolate(tensor(x), mode=mode, align_corners=ac, **kw).numpy()
+        if mode == "nearest":
+            np.testing.assert_array_equal(y, ref)
+        else:
+            np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad_against_torch(torch, mode):
+    x = rand(2, 3, 5, 6)
+    ref = torch.nn.functional.pad(torch.from_numpy(x), (2, 1, 3, 4), mode=mode,
+                                  **({"value": 1.5} if mode == "constant" else {})).numpy()
+    y = nn.pad(tensor(x), ((0, 0), (0, 0), (3, 4), (2, 1)), mode, value=1.5).numpy()
+    np.testing.assert_array_equal(y, ref)
