@@ -8,8 +8,15 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-#define MT_LARGE (1u << 20)     /* blocks from this size are mmapped and cached */
-#define MT_CACHE_SLOTS 32
+/* Freed blocks from MT_CACHED up are kept for reuse: glibc would mmap them
+ * afresh on every malloc (its threshold is 128 KiB), and those page faults
+ * cost more than, say, a 256x256 sgemm's arithmetic. Blocks from MT_LARGE up
+ * come from mmap with huge pages requested; smaller cached blocks come from
+ * posix_memalign, which does not page-align them (page-aligned operands of a
+ * small GEMM alias in the L1 cache and run several times slower). */
+#define MT_CACHED (64u << 10)
+#define MT_LARGE (1u << 20)
+#define MT_CACHE_SLOTS 64
 
 typedef struct { void *ptr; size_t size; } mt_block;
 static mt_block cache[MT_CACHE_SLOTS];
@@ -18,13 +25,32 @@ static size_t cache_bytes = 0;
 static size_t cache_limit = (size_t)1 << 30;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static size_t large_size(size_t n) {   /* round to 64 KiB so sizes repeat */
-    return (n + 65535u) & ~(size_t)65535u;
+static size_t large_size(size_t n) {
+    /* round to 4 KiB pages below 1 MiB, to 64 KiB above, so sizes repeat */
+    size_t g = n < (1u << 20) ? 4095u : 65535u;
+    return (n + g) & ~g;
+}
+
+static void *fresh_block(size_t size) {
+    if (size < MT_LARGE) {
+        void *p = NULL;
+        return posix_memalign(&p, 64, size) == 0 ? p : NULL;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (size >= (2u << 20)) madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static void release_block(void *p, size_t size) {
+    if (size < MT_LARGE) free(p); else munmap(p, size);
 }
 
 void *mt_host_alloc(size_t nbytes) {
     if (nbytes == 0) nbytes = 1;
-    if (nbytes < MT_LARGE) {
+    if (nbytes < MT_CACHED) {
         void *p = NULL;
         size_t rounded = (nbytes + 63u) & ~(size_t)63u;
         if (rounded < nbytes || posix_memalign(&p, 64, rounded) != 0) return NULL;
@@ -43,22 +69,18 @@ void *mt_host_alloc(size_t nbytes) {
         }
     }
     pthread_mutex_unlock(&cache_lock);
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    void *p = fresh_block(size);
+    if (!p) {   /* out of memory: give the cache back and try once more */
         mt_host_cache_clear();
-        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) return NULL;
+        p = fresh_block(size);
     }
-#ifdef MADV_HUGEPAGE
-    if (size >= (2u << 20)) madvise(p, size, MADV_HUGEPAGE);
-#endif
     return p;
 }
 
 void mt_host_free(void *ptr, size_t nbytes) {
     if (!ptr) return;
     if (nbytes == 0) nbytes = 1;
-    if (nbytes < MT_LARGE) { free(ptr); return; }
+    if (nbytes < MT_CACHED) { free(ptr); return; }
     size_t size = large_size(nbytes);
     void *evict = NULL;
     size_t evict_size = 0;
@@ -75,7 +97,7 @@ void mt_host_free(void *ptr, size_t nbytes) {
         ptr = NULL;
         while (cache_bytes > cache_limit && cache_n > 0) {
             /* over the limit: release oldest blocks (outside the lock below) */
-            if (evict) { munmap(evict, evict_size); }
+            if (evict) release_block(evict, evict_size);
             evict = cache[0].ptr; evict_size = cache[0].size;
             cache_bytes -= evict_size;
             memmove(cache, cache + 1, sizeof(mt_block) * (size_t)(cache_n - 1));
@@ -83,8 +105,8 @@ void mt_host_free(void *ptr, size_t nbytes) {
         }
     }
     pthread_mutex_unlock(&cache_lock);
-    if (evict) munmap(evict, evict_size);
-    if (ptr) munmap(ptr, size);
+    if (evict) release_block(evict, evict_size);
+    if (ptr) release_block(ptr, size);
 }
 
 size_t mt_host_cached_bytes(void) {
@@ -96,7 +118,7 @@ size_t mt_host_cached_bytes(void) {
 
 void mt_host_cache_clear(void) {
     pthread_mutex_lock(&cache_lock);
-    for (int i = 0; i < cache_n; i++) munmap(cache[i].ptr, cache[i].size);
+    for (int i = 0; i < cache_n; i++) release_block(cache[i].ptr, cache[i].size);
     cache_n = 0; cache_bytes = 0;
     pthread_mutex_unlock(&cache_lock);
 }

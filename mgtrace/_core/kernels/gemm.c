@@ -49,23 +49,16 @@ static void gemm_one(int dtype, const mt_gemm_shape *s, const char *a, const cha
                              0.0, (double *)c, (blasint)ldc);
 }
 
+/* A batch is a loop of BLAS calls, as NumPy's matmul does: OpenBLAS
+ * threads each large product itself and runs small ones on one thread.
+ * (Parallelising a batch of small products over OpenMP would need OpenBLAS
+ * switched to one thread and back around it; on few cores the two pools'
+ * spinning threads then cost more than the products.) */
 void mt_gemm_float_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
                          const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
                          int64_t batch, int nt) {
+    (void)nt;
     const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
-    const double flops = 2.0 * (double)s->M * (double)s->N * (double)s->K;
-    if (batch >= nt && nt > 1 && flops < 4.0e6) {
-        /* many small products (attention heads): one BLAS thread each, in parallel */
-        int saved = mt_blas_get_threads();
-        mt_blas_set_threads(1);
-#ifdef _OPENMP
-        #pragma omp parallel for num_threads(nt) schedule(static)
-#endif
-        for (int64_t i = 0; i < batch; i++)
-            gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
-        mt_blas_set_threads(saved);
-        return;
-    }
     for (int64_t i = 0; i < batch; i++)
         gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
 }
