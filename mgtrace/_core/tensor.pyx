@@ -375,54 +375,88 @@ cdef void _release_dlpack(mt_storage *st) noexcept with gil:
         m.deleter(m)
 
 
+cdef void _release_dlpack_v(mt_storage *st) noexcept with gil:
+    cdef mt_DLManagedTensorVersioned *m = <mt_DLManagedTensorVersioned *>st.ctx
+    if m.deleter != NULL:
+        m.deleter(m)
+
+
 def from_dlpack(x):
     """Zero-copy import of a DLPack producer (NumPy array, PyTorch tensor...).
 
-    The result shares memory with ``x``.
+    The result shares memory with ``x`` (DLPack 1.0 capsules when the
+    producer offers them; a producer's read-only flag makes the tensor
+    read-only).
 
     Raises:
-        TypeError: ``x`` has no ``__dlpack__`` or an unsupported dtype.
-        ValueError: strides that are not whole elements.
+        TypeError: ``x`` has no ``__dlpack__``, or an unsupported dtype.
+        ValueError: more than 16 dimensions.
+        NotImplementedError: memory on a device this build has no backend for.
     """
     if isinstance(x, Tensor):
         return x
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"{type(x).__name__} does not support DLPack (__dlpack__)")
-    capsule = x.__dlpack__()
-    if not PyCapsule_IsValid(capsule, "dltensor"):
-        raise TypeError("expected an unversioned 'dltensor' capsule from __dlpack__()")
-    cdef mt_DLManagedTensor *m = <mt_DLManagedTensor *>PyCapsule_GetPointer(capsule, "dltensor")
-    cdef mt_DLTensor *dl = &m.dl_tensor
-    cdef int code = -1, i, bits = dl.dtype.bits
-    for i in range(11):
-        if _DL_CODE[i] == dl.dtype.code and ITEMSIZE[i] * 8 == bits and dl.dtype.lanes == 1:
-            if dl.dtype.code == 2 and i == 8:
-                continue
-            code = i
-            break
-    if code < 0:
-        raise TypeError(f"unsupported DLPack dtype (code {dl.dtype.code}, {bits} bits, {dl.dtype.lanes} lanes)")
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except TypeError:   # a producer from before DLPack 1.0
+        capsule = x.__dlpack__()
+    cdef mt_DLManagedTensor *m = NULL
+    cdef mt_DLManagedTensorVersioned *mv = NULL
+    cdef mt_DLTensor *dl
+    cdef bint readonly = False
+    if PyCapsule_IsValid(capsule, "dltensor_versioned"):
+        mv = <mt_DLManagedTensorVersioned *>PyCapsule_GetPointer(capsule, "dltensor_versioned")
+        if mv.version.major > 1:
+            raise TypeError(f"DLPack {mv.version.major}.{mv.version.minor} is newer than this reader (1.x)")
+        dl = &mv.dl_tensor
+        readonly = (mv.flags & 1) != 0
+    elif PyCapsule_IsValid(capsule, "dltensor"):
+        m = <mt_DLManagedTensor *>PyCapsule_GetPointer(capsule, "dltensor")
+        dl = &m.dl_tensor
+    else:
+        raise TypeError("__dlpack__() returned neither a 'dltensor' nor a 'dltensor_versioned' capsule")
+    cdef int code = _dl_dtype_code(dl)
     if dl.device.device_type != _DL_CPU:
         raise NotImplementedError(f"DLPack device type {dl.device.device_type} needs the CUDA build")
     if dl.ndim > MT_MAX_NDIM:
         raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions")
-    PyCapsule_SetName(capsule, "used_dltensor")
+    PyCapsule_SetName(capsule, "used_dltensor_versioned" if mv != NULL else "used_dltensor")
     cdef Tensor t = Tensor.__new__(Tensor)
     cdef int64_t n = 1
+    cdef int i
     for i in range(dl.ndim - 1, -1, -1):
         t._shape[i] = dl.shape[i]
         t._strides[i] = dl.strides[i] if dl.strides != NULL else n
         n *= dl.shape[i]
-    t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
-                            _release_dlpack, <void *>m)
+    if mv != NULL:
+        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
+                                _release_dlpack_v, <void *>mv)
+    else:
+        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
+                                _release_dlpack, <void *>m)
     if t._st == NULL:
-        m.deleter(m)
+        if mv != NULL:
+            mv.deleter(mv)
+        else:
+            m.deleter(m)
         raise MemoryError()
+    t._st.readonly = readonly
     t._data = <char *>dl.data + dl.byte_offset
     t._ndim = dl.ndim
     t._dtype = code
     t._device = 0
     return t
+
+
+cdef int _dl_dtype_code(mt_DLTensor *dl) except -1:
+    cdef int i, bits = dl.dtype.bits
+    for i in range(11):
+        # code 2 (float) with 16 bits is float16, never bfloat16 (code 4)
+        if _DL_CODE[i] == dl.dtype.code and ITEMSIZE[i] * 8 == bits and dl.dtype.lanes == 1:
+            return i
+    raise TypeError(f"unsupported DLPack dtype (code {dl.dtype.code}, {bits} bits, "
+                    f"{dl.dtype.lanes} lanes)")
 
 
 # ---------------------------------------------------------------- Tensor

@@ -221,3 +221,25 @@ def test_copy_and_contiguous():
     c[0, 0] = 9.0
     assert t[0, 0].item() == 0.0
     assert t.T.contiguous().is_contiguous and t.contiguous() is t
+
+
+def test_dlpack_read_only_producer_gives_read_only_tensor():
+    a = np.arange(4.0)
+    a.flags.writeable = False
+    t = mt.from_dlpack(a)
+    assert t.readonly and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="read-only"):
+        t[0] = 5.0
+    with pytest.raises(ValueError, match="read-only"):
+        t += 1
+    assert (t + 1).tolist() == [1.0, 2.0, 3.0, 4.0] and not (t + 1).readonly
+
+
+def test_dlpack_with_torch_shares_memory():
+    torch = pytest.importorskip("torch")
+    tt = torch.arange(5.0)
+    m = mt.from_dlpack(tt)
+    m[0] = 9.0
+    assert tt[0].item() == 9.0
+    back = torch.from_dlpack(mt.tensor([[1, 2], [3, 4]], dtype="int64").T)
+    assert back.tolist() == [[1, 3], [2, 4]]
