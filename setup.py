@@ -7,8 +7,6 @@ Environment switches (documented in mgtrace/_flags.py):
   MGTRACE_CUDA=1     also build the CUDA backend (needs nvcc; a later issue)
 """
 import os
-import sys
-
 import numpy as np
 import scipy_openblas32 as openblas
 from Cython.Build import cythonize
@@ -65,8 +63,6 @@ extensions = [
 _only = os.environ.get("MGTRACE_EXTENSIONS")
 if _only:
     extensions = [e for e in extensions if e.name.rsplit(".", 1)[1] in _only.split(",")]
-# a module still being written may be absent in a work tree; skip it there
-extensions = [e for e in extensions if all(os.path.exists(s) for s in e.sources)]
 
 setup(
     ext_modules=cythonize(
