@@ -637,6 +637,10 @@ def get_device(*operands):
 
     Raises:
         ValueError: ``"ambiguous device: cpu:0 vs cpu:1"`` when they differ.
+
+    >>> import mgtrace as mt
+    >>> mt.get_device(mt.tensor([1.0], device="cpu:1"), 2.0)
+    Device('cpu:1')
     """
     dev = None
     for x in operands:

@@ -349,6 +349,10 @@ def gather(x, axis, index):
 
     Raises: ValueError for ndim/shape mismatch, IndexError for out-of-range
         indices.
+
+    >>> import mgtrace as mt
+    >>> gather(mt.tensor([[1, 2], [3, 4]]), 1, mt.tensor([[1, 0], [0, 0]])).tolist()
+    [[2, 1], [3, 3]]
     """
     if tracing_active():
         return traced("gather", (x, index), {"axis": axis})
@@ -396,7 +400,12 @@ def concat(tensors, axis=0):
     """Join tensors along an existing axis (dtype by MegEngine promotion).
 
     Raises: ValueError for an empty list, ndim or shape mismatch, devices
-        that differ."""
+        that differ.
+
+    >>> import mgtrace as mt
+    >>> concat([mt.tensor([1, 2]), mt.tensor([3.5])]).tolist()
+    [1.0, 2.0, 3.5]
+    """
     if tracing_active():
         return traced("concat", tuple(tensors), {"axis": axis})
     ts = [x if isinstance(x, Tensor) else None for x in tensors]

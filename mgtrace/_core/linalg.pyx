@@ -76,6 +76,12 @@ def matmul(a, b):
         ValueError: 0-d operands, K mismatch, batch shapes that do not
             broadcast, or devices that differ ("ambiguous device").
         TypeError: bool operands.
+
+    >>> import mgtrace as mt
+    >>> (mt.tensor([[1.0, 2.0], [3.0, 4.0]]) @ mt.tensor([1.0, 1.0])).tolist()
+    [3.0, 7.0]
+    >>> (mt.tensor([[1, 2]]) @ mt.tensor([[3], [4]])).tolist()
+    [[11]]
     """
     if tracing_active():
         return traced("matmul", (a, b), {})
