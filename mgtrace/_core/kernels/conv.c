@@ -55,17 +55,6 @@
 #include <omp.h>
 #endif
 
-#define MT_CAT_(a, b) a##_##b
-#define MT_CAT(a, b) MT_CAT_(a, b)
-/* below this many elements of work a loop stays on one thread */
-#define MT_NN_GRAIN 32768
-/* hot row kernels get an AVX2+FMA clone picked at run time (as in elementwise.c) */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_CLONES
-#endif
-#define MT_IVDEP _Pragma("GCC ivdep")
 /* SHIFTED: bytes of padded copy per batch of images (at least one image) */
 #define MT_SHIFTED_BATCH_BYTES ((int64_t)32 << 20)
 /* AUTO uses SHIFTED only while one image's padded copy stays below this */
@@ -75,8 +64,6 @@
 /* AUTO: fewest input channels per group for SHIFTED (GEMM K below this is slow) */
 #define MT_SHIFTED_MIN_K 16
 
-static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t mt_clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 /* floor and ceiling division for b > 0 and any a */
 static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }

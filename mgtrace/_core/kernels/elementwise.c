@@ -9,12 +9,6 @@
 #include <tgmath.h>
 #include "mt_ops.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_CLONES
-#endif
-#define MT_IVDEP _Pragma("GCC ivdep")
 
 /* ---- dtype descriptors: X(code, sfx, storage type, compute type, load, store) ---- */
 #define MT_ID(x) (x)

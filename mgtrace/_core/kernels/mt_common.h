@@ -66,6 +66,21 @@ static inline uint16_t mt_f2bf(float f) {
     return (uint16_t)(x >> 16);
 }
 
+/* ---- shared helpers ---- */
+#define MT_CAT_(a, b) a##_##b
+#define MT_CAT(a, b) MT_CAT_(a, b)
+static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Hot loops get an AVX2+FMA clone picked at run time on x86-64 (the baseline
+ * build must run on any x86-64, as a wheel does). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
+#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define MT_CLONES
+#endif
+#define MT_IVDEP _Pragma("GCC ivdep")
+
 /* ---- threading ---- */
 int mt_get_num_threads(void);
 void mt_set_num_threads(int n);

@@ -88,4 +88,7 @@ enum mt_pad_mode { MT_PAD_REFLECT = 0, MT_PAD_REPLICATE };
 int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                  const int64_t *after, int mode, int64_t itemsize, int nthreads);
 
+/* below this many elements of work an nn loop stays on one thread */
+#define MT_NN_GRAIN 32768
+
 #endif

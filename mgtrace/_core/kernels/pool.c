@@ -22,18 +22,7 @@
 #include <omp.h>
 #endif
 
-#define MT_CAT_(a, b) a##_##b
-#define MT_CAT(a, b) MT_CAT_(a, b)
-#define MT_NN_GRAIN 32768
-/* the sum kernel gets an AVX2 clone picked at run time (as in elementwise.c) */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_CLONES
-#endif
 
-static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
 

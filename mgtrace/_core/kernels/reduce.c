@@ -49,7 +49,6 @@
 #define MT_FLTV_Ki(ST, FROM, v) ((float)(v))
 #define MT_FLTV_Kf(ST, FROM, v) FROM(v)
 
-static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* =================================================================== drivers */
 

@@ -22,9 +22,6 @@
 #include <omp.h>
 #endif
 
-#define MT_CAT_(a, b) a##_##b
-#define MT_CAT(a, b) MT_CAT_(a, b)
-#define MT_NN_GRAIN 32768
 
 static int64_t nearest_index(int64_t dst, int64_t n, int64_t m, double user_scale) {
     if (m == n) return dst;
