@@ -82,9 +82,15 @@ cdef class OpDef:
         return hash(self.name)
 
 
-def register_op(str name, impl):
-    """Make ``impl(*inputs, **params)`` the implementation of op ``name`` for apply()."""
+_ARITY = {}  # op name -> number of inputs, where fixed
+
+
+def register_op(str name, impl, n_inputs=None):
+    """Make ``impl(*inputs, **params)`` the implementation of op ``name`` for
+    apply(); ``n_inputs``, when given, is checked on every apply()."""
     _IMPLS[name] = impl
+    if n_inputs is not None:
+        _ARITY[name] = n_inputs
 
 
 def apply(op, *inputs):
@@ -100,6 +106,9 @@ def apply(op, *inputs):
     impl = _IMPLS.get(op.name)
     if impl is None:
         raise NotImplementedError(f"no op named {op.name!r}")
+    n = _ARITY.get(op.name)
+    if n is not None and len(inputs) != n:
+        raise TypeError(f"op {op.name!r} takes {n} input{'s' if n > 1 else ''}, got {len(inputs)}")
     return impl(*inputs, **op.params)
 
 
@@ -307,6 +316,9 @@ cdef Tensor cast(Tensor t, int code):
 
 
 cdef int check_writable(Tensor t) except -1:
+    if t._readonly_view:
+        raise ValueError("cannot write to a broadcast view: its elements alias each other "
+                         "(as NumPy's broadcast_to); copy it with .copy() first")
     if t._st.readonly:
         raise ValueError("tensor is read-only (e.g. memory-mapped from an archive); "
                          "copy it with .copy() before writing")
@@ -351,6 +363,8 @@ cdef int copy_into(Tensor dst, Tensor src) except -1:
     check_writable(dst)
     if not is_cpu(dst._device) or not is_cpu(src._device):
         raise NotImplementedError("copy between non-CPU devices needs the CUDA build")
+    while src._ndim > dst._ndim and src._shape[0] == 1:   # NumPy drops leading unit axes
+        src = src.squeeze(0)
     operand_of(src, &o)
     if o.ndim > dst._ndim:
         raise ValueError(f"could not broadcast value of shape {shape_tuple(src)} into shape {shape_tuple(dst)}")
@@ -678,8 +692,9 @@ def _make_ternary(int op):
 unary_ops = {n: _make_unary(i) for n, i in UNARY.items()}
 binary_ops = {n: _make_binary(i) for n, i in BINARY.items()}
 ternary_ops = {n: _make_ternary(i) for n, i in TERNARY.items()}
-for _n, _f in {**unary_ops, **binary_ops, **ternary_ops}.items():
-    register_op(_n, _f)
+for _table, _n_in in ((unary_ops, 1), (binary_ops, 2), (ternary_ops, 3)):
+    for _n, _f in _table.items():
+        register_op(_n, _f, _n_in)
 register_op("astype", astype)
 
 install_dispatch(binary, unary)
@@ -687,12 +702,14 @@ _tensor_mod._install_codes(BINARY, UNARY)
 _tensor_mod._install_ops(copy_=copy_, cast=cast_)
 
 
-def set_num_threads(int n):
+def set_num_threads(n):
     """Threads used by mgtrace's kernels and by its BLAS (one budget, so the
     two pools never oversubscribe the cores). n >= 1."""
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise TypeError(f"number of threads must be an int, got {n!r}")
     if n < 1:
         raise ValueError(f"number of threads must be >= 1, got {n}")
-    mt_set_num_threads(n)
+    mt_set_num_threads(min(n, 1024))
     from mgtrace._core import linalg
     linalg.set_blas_threads(n)
 

@@ -131,7 +131,15 @@ cdef int _operand_code(object x, bint *is_scalar) except -1:
     dt = getattr(x, "dtype", None)
     if dt is None:
         if isinstance(x, (list, tuple)):
-            return dtype_code(np.asarray(x).dtype) if len(x) else 9
+            # Python data gets MegEngine's defaults, as when ops convert it
+            kind = np.asarray(x).dtype.kind if len(x) else "f"
+            if kind in "iu":
+                return 5
+            if kind == "b":
+                return 0
+            if kind == "f":
+                return 9
+            raise TypeError(f"operand list of {np.asarray(x).dtype} has no mgtrace dtype")
         raise TypeError(f"operand of type {type(x).__name__} has no dtype")
     return dtype_code(dt)
 

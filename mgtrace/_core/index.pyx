@@ -19,7 +19,7 @@ from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous,
 from mgtrace._core.dtype cimport CATEGORY, ITEMSIZE, promote_operands
 from mgtrace._core.dispatch cimport (cast, coerce, copy_into, fill, check_writable, traced,
                                      tracing_active, num_threads)
-from mgtrace._core.device cimport DEVICES
+from mgtrace._core.device cimport DEVICES, default_device_id
 from mgtrace._core.dispatch import register_op, copy_
 
 cdef extern from "kernels/index.h" nogil:
@@ -40,6 +40,14 @@ cdef class _Indexed:
     cdef Tensor view            # basic indexing applied; advanced axes kept whole
     cdef list adv_pos           # positions (axes of view) of the advanced indices
     cdef list adv_idx           # int64 index tensors, one per advanced axis
+
+
+cdef class _BoolScalar:
+    """A 0-d bool index, parsed."""
+    cdef bint value
+
+    def __cinit__(self, bint value):
+        self.value = value
 
 
 cdef bint _is_advanced(object x):
@@ -78,11 +86,19 @@ cdef _Indexed parse(Tensor t, object index):
             items.append(int(it))
         elif _is_advanced(it) or isinstance(it, np.generic) and not isinstance(it, np.integer):
             idx = _index_tensor(it, t._device)
+            if (<Tensor>idx)._dtype == 0 and (<Tensor>idx)._ndim == 0:
+                # NumPy: a 0-d bool adds an axis of length 1 (True) or 0 (False)
+                items.append(_BoolScalar(bool(idx.item())))
+                continue
             consumed += (<Tensor>idx)._ndim if (<Tensor>idx)._dtype == 0 else 1
             items.append(idx)
         else:
             try:
-                items.append(it.__index__())
+                v = it.__index__()
+                if not -(1 << 62) < v < (1 << 62):
+                    raise IndexError(f"index {v} is out of bounds for axis {consumed} "
+                                     f"with size {t._shape[consumed] if consumed < t._ndim else 0}")
+                items.append(v)
             except (AttributeError, TypeError):
                 raise IndexError(f"only integers, slices, None, Ellipsis and integer or bool "
                                  f"tensors are valid indices, not {type(it).__name__}") from None
@@ -92,6 +108,9 @@ cdef _Indexed parse(Tensor t, object index):
     if consumed > t._ndim:
         raise IndexError(f"too many indices for tensor: tensor is {t._ndim}-dimensional, "
                          f"but {consumed} were indexed")
+    if any(isinstance(it, _BoolScalar) for it in items) and any(isinstance(it, Tensor) for it in items):
+        raise IndexError("a 0-d bool index together with index arrays is not supported; "
+                         "use a 1-d mask or split the indexing")
     if any(isinstance(it, Tensor) for it in items):
         # next to an index array, an int is an advanced (0-d) index too: this
         # decides where the broadcast block goes (NumPy's rule)
@@ -106,8 +125,8 @@ cdef _Indexed parse(Tensor t, object index):
     for it in items:
         if nd >= MT_MAX_NDIM:
             raise IndexError(f"indexing would give more than {MT_MAX_NDIM} dimensions")
-        if it is None:
-            shape[nd] = 1
+        if it is None or isinstance(it, _BoolScalar):
+            shape[nd] = 0 if isinstance(it, _BoolScalar) and not (<_BoolScalar>it).value else 1
             strides[nd] = 0
             nd += 1
         elif it is Ellipsis:
@@ -317,7 +336,7 @@ def nonzero(x, as_tuple=False):
     tuple of ndim int64 [n] tensors (NumPy's layout)."""
     if tracing_active():
         return traced("nonzero", (x,), {"as_tuple": as_tuple})
-    cdef Tensor t = x if isinstance(x, Tensor) else coerce(x, 0)
+    cdef Tensor t = x if isinstance(x, Tensor) else coerce(x, default_device_id)
     cdef Tensor b = cast(t, 0)   # bool, contiguous
     cdef int64_t n = numel(b), cnt
     with nogil:
@@ -406,12 +425,14 @@ def concat(tensors, axis=0):
     >>> concat([mt.tensor([1, 2]), mt.tensor([3.5])]).tolist()
     [1.0, 2.0, 3.5]
     """
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"concat takes a list or tuple of tensors, not {type(tensors).__name__}")
     if tracing_active():
         return traced("concat", tuple(tensors), {"axis": axis})
     ts = [x if isinstance(x, Tensor) else None for x in tensors]
     if not tensors:
         raise ValueError("concat needs at least one tensor")
-    dev = next(((<Tensor>x)._device for x in ts if x is not None), 0)
+    dev = next(((<Tensor>x)._device for x in ts if x is not None), default_device_id)
     ts = [x if isinstance(x, Tensor) else coerce(x, dev) for x in tensors]
     code = promote_operands(tuple(ts))
     cdef Tensor first = ts[0]
@@ -441,11 +462,14 @@ def concat(tensors, axis=0):
 
 def stack(tensors, axis=0):
     """Join same-shape tensors along a new axis."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"stack takes a list or tuple of tensors, not {type(tensors).__name__}")
     if tracing_active():
         return traced("stack", tuple(tensors), {"axis": axis})
     if not tensors:
         raise ValueError("stack needs at least one tensor")
-    ts = [x if isinstance(x, Tensor) else coerce(x, 0) for x in tensors]
+    dev = next(((<Tensor>x)._device for x in tensors if isinstance(x, Tensor)), default_device_id)
+    ts = [x if isinstance(x, Tensor) else coerce(x, dev) for x in tensors]
     shp = shape_tuple(ts[0])
     for t in ts:
         if shape_tuple(t) != shp:

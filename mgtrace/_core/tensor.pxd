@@ -7,6 +7,7 @@ cdef class Tensor:
     cdef int _ndim
     cdef int _dtype           # code, see dtype.pyx
     cdef int _device          # id, see device.pyx
+    cdef bint _readonly_view  # a broadcast view: its elements alias each other
     cdef int64_t _shape[16]
     cdef int64_t _strides[16] # in elements
     cdef dict __dict__

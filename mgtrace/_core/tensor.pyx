@@ -116,6 +116,7 @@ cdef Tensor view_of(Tensor base, int ndim, const int64_t *shape, const int64_t *
     t._ndim = ndim
     t._dtype = base._dtype
     t._device = base._device
+    t._readonly_view = base._readonly_view
     for i in range(ndim):
         t._shape[i] = shape[i]
         t._strides[i] = strides[i]
@@ -146,6 +147,19 @@ cdef int normalize_axis(int64_t axis, int ndim) except -1:
     return <int>(axis + ndim if axis < 0 else axis)
 
 
+cdef int check_numel(const int64_t *shape, int nd) except -1:
+    """ValueError for negative dims or an element count past int64."""
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(nd):
+        if shape[i] < 0:
+            raise ValueError(f"negative dimension {shape[i]} in shape")
+        if shape[i] and n > (<int64_t>1 << 62) // shape[i]:
+            raise ValueError("tensor too large: element count overflows int64")
+        n *= shape[i]
+    return 0
+
+
 cdef tuple shape_tuple(Tensor t):
     return tuple([t._shape[i] for i in range(t._ndim)])
 
@@ -166,6 +180,8 @@ cdef int parse_shape(object shape, int64_t *out) except -1:
             out[n] = d.__index__() if not isinstance(d, Tensor) else int(d)
         except AttributeError:
             raise TypeError(f"shape entries must be integers, got {type(d).__name__}") from None
+        except OverflowError:
+            raise ValueError(f"dimension {d} does not fit int64") from None
         n += 1
     return n
 
@@ -204,6 +220,34 @@ cdef object _default_array(object data):
     return arr
 
 
+cdef object _checked_array(object data, int code):
+    """Python data for an explicit dtype: integers must fit it (OverflowError,
+    as for scalars in arithmetic); floats convert by C casts."""
+    try:
+        arr = np.asarray(data)
+    except OverflowError:
+        arr = np.asarray(data, dtype=object)
+    if arr.dtype.kind == "O" and CATEGORY[code] != 3:
+        # ints beyond int64/uint64: NumPy keeps them as Python objects
+        vals = [v for v in arr.reshape(-1).tolist() if isinstance(v, int)]
+        if len(vals) == arr.size:
+            arr = np.asarray(vals if arr.ndim else vals[0], dtype=object).reshape(arr.shape)
+            lo, hi = min(vals, default=0), max(vals, default=0)
+            raise OverflowError(f"Python integer {hi if hi > 0 else lo} out of bounds for "
+                                f"{_DTYPE_NAMES[code]}")
+    if arr.dtype.kind in "OUSVc":
+        raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
+                        f"(NumPy sees dtype {arr.dtype})")
+    if arr.dtype.kind in "iu" and CATEGORY[code] == 2 and arr.size:
+        info = np.iinfo(NP_DTYPES[code])
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise OverflowError(f"Python integer {bad} out of bounds for {_DTYPE_NAMES[code]} "
+                                f"(range {info.min}..{info.max})")
+    return arr
+
+
 cdef bint _has_numpy_leaf(object data, object kind):
     # a list of NumPy scalars keeps their dtype, like NumPy
     while isinstance(data, (list, tuple)) and len(data):
@@ -227,10 +271,7 @@ cdef Tensor to_tensor(object data, object dtype, int device):
     elif hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         arr = np.from_dlpack(data)
     elif dtype is not None:
-        arr = np.asarray(data)
-        if arr.dtype.kind in "OUSVc":
-            raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
-                            f"(NumPy sees dtype {arr.dtype})")
+        arr = _checked_array(data, dtype_code(dtype))
     else:
         arr = _default_array(data)
     code = dtype_code(dtype) if dtype is not None else dtype_code(arr.dtype)
@@ -477,6 +518,7 @@ cdef class Tensor:
         self._ndim = 0
         self._dtype = 9
         self._device = 0
+        self._readonly_view = False
 
     def __init__(self, data=None, dtype=None, device=None):
         if data is None:
@@ -546,7 +588,9 @@ cdef class Tensor:
 
     @property
     def readonly(self):
-        return bool(self._st.readonly)
+        """True for memory that must not be written: a read-only producer's
+        (DLPack, mmap) or a broadcast view, whose elements alias each other."""
+        return bool(self._st.readonly or self._readonly_view)
 
     @property
     def T(self):
@@ -593,6 +637,9 @@ cdef class Tensor:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """Export for zero-copy exchange (DLPack 1.0 when the consumer asks
         with max_version >= (1, 0), else the unversioned capsule)."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"__dlpack__: tensor is on {DEVICES[self._device]}; "
+                              f"cannot export to DLPack device {tuple(dl_device)}")
         if copy:
             return self.copy().__dlpack__(max_version=max_version)
         cdef mt_DLManagedTensor *m
@@ -608,7 +655,7 @@ cdef class Tensor:
                 raise
             mv.version.major = 1
             mv.version.minor = 0
-            mv.flags = 1 if self._st.readonly else 0   # DLPACK_FLAG_BITMASK_READ_ONLY
+            mv.flags = 1 if self.readonly else 0   # DLPACK_FLAG_BITMASK_READ_ONLY
             mv.manager_ctx = <void *>self
             mv.deleter = _dlv_deleter
             Py_INCREF(self)
@@ -676,7 +723,20 @@ cdef class Tensor:
         return view_of(self.copy(), nd, new, _contig_strides(new, nd, strides), 0)
 
     def view(self, *shape):
-        return self.reshape(*shape)
+        """Like reshape, but never copies: raises ValueError when the strides
+        do not allow the new shape (PyTorch's view), so writes through the
+        result always reach self."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = shape[0]
+        cdef int64_t new[16]
+        cdef int64_t strides[16]
+        cdef int nd = parse_shape(shape, new)
+        _infer_shape(new, nd, numel(self), self.shape)
+        if not _view_strides(self, new, nd, strides):
+            raise ValueError(f"view: a tensor of shape {self.shape} and strides {self.strides} "
+                             f"cannot be viewed as {tuple([new[i] for i in range(nd)])} without a "
+                             "copy; use reshape()")
+        return view_of(self, nd, new, strides, 0)
 
     def flatten(self, start_axis=0, end_axis=-1):
         """Merge axes start_axis..end_axis into one (MegEngine's flatten)."""
@@ -744,6 +804,8 @@ cdef class Tensor:
         else:
             axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
             drop = {normalize_axis(a, self._ndim) for a in axes}
+            if len(drop) != len(axes):
+                raise ValueError(f"squeeze: repeated axis in {axes}")
             for i in drop:
                 if self._shape[i] != 1:
                     raise ValueError(f"squeeze: axis {i} has size {self._shape[i]}, not 1")
@@ -757,11 +819,15 @@ cdef class Tensor:
         return view_of(self, nd, shp, st, 0)
 
     def broadcast_to(self, shape):
-        """A read-only-in-spirit view with ``shape`` (NumPy broadcasting; stride 0
-        on broadcast axes). Raises ValueError when the shapes do not broadcast."""
+        """A read-only view with ``shape`` (NumPy broadcasting; stride 0 on
+        broadcast axes, so writing to it raises ValueError, as in NumPy).
+
+        Raises ValueError when the shapes do not broadcast or the element
+        count overflows int64."""
         cdef int64_t shp[16]
         cdef int64_t st[16]
         cdef int nd = parse_shape(shape, shp), i, j
+        check_numel(shp, nd)
         if nd < self._ndim:
             raise ValueError(f"cannot broadcast shape {self.shape} to {tuple(shape)}")
         for i in range(nd):
@@ -774,7 +840,9 @@ cdef class Tensor:
                 st[i] = 0
             else:
                 raise ValueError(f"cannot broadcast shape {self.shape} to {tuple(shape)}")
-        return view_of(self, nd, shp, st, 0)
+        cdef Tensor v = view_of(self, nd, shp, st, 0)
+        v._readonly_view = True
+        return v
 
     # ---- indexing
     def __getitem__(self, index):
@@ -796,11 +864,20 @@ cdef class Tensor:
 
     # ---- Python protocol
     def __repr__(self):
+        cdef int64_t n = numel(self)
+        if n > 1 << 20:   # NumPy would summarise; do not materialise a huge view
+            return (f"Tensor(<{n} elements, first {self.copy_head(6).tolist()}>, shape={self.shape}, "
+                    f"dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})")
         arr = self.numpy()
         if self._dtype == 8:
             arr = arr.astype(np.float32)
         body = np.array2string(arr, separator=", ", prefix="Tensor(", threshold=1000)
         return f"Tensor({body}, dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})"
+
+    def copy_head(self, int k):
+        """The first k elements in C order as a NumPy array (no full copy)."""
+        idx = np.unravel_index(np.arange(min(k, numel(self))), self.shape)
+        return np.array([self[tuple(int(i[j]) for i in idx)].item() for j in range(len(idx[0]))])
 
     def __hash__(self):
         return id(self)
@@ -827,6 +904,21 @@ cdef class Tensor:
 
     def __reduce__(self):
         raise TypeError("Tensor does not pickle; save it with mgtrace.save or convert with .numpy()")
+
+    def __copy__(self):
+        """A new tensor of the same class with its own copy of the data."""
+        return _copy_as(self, type(self))
+
+    def __deepcopy__(self, memo):
+        """As __copy__, with attributes (a subclass's __dict__) deep-copied."""
+        cdef Tensor out = _copy_as(self, type(self))
+        memo[id(self)] = out
+        attrs = getattr(self, "__dict__", None)
+        if attrs:
+            import copy
+            for k, v in attrs.items():
+                setattr(out, k, copy.deepcopy(v, memo))
+        return out
 
     # ---- arithmetic (binary dispatch in dispatch.pyx)
     def __add__(self, other): return _binary(B_ADD, self, other, None)
@@ -867,8 +959,11 @@ cdef class Tensor:
     def __rshift__(self, other): return _binary(B_RSHIFT, self, other, None)
     def __rrshift__(self, other): return _binary(B_RSHIFT, other, self, None)
     def __irshift__(self, other): return _binary(B_RSHIFT, self, other, self)
-    def __eq__(self, other): return _binary(B_EQ, self, other, None)
-    def __ne__(self, other): return _binary(B_NE, self, other, None)
+    def __eq__(self, other):
+        return False if other is None else _binary(B_EQ, self, other, None)
+
+    def __ne__(self, other):
+        return True if other is None else _binary(B_NE, self, other, None)
     def __lt__(self, other): return _binary(B_LT, self, other, None)
     def __le__(self, other): return _binary(B_LE, self, other, None)
     def __gt__(self, other): return _binary(B_GT, self, other, None)
@@ -879,17 +974,76 @@ cdef class Tensor:
     def __invert__(self): return _unary(U_INVERT, self, None)
 
     # ---- reductions and friends (installed by the other core modules)
-    def sum(self, axis=None, keepdims=False): return _OPS["sum"](self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return _OPS["mean"](self, axis, keepdims)
-    def prod(self, axis=None, keepdims=False): return _OPS["prod"](self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return _OPS["max"](self, axis, keepdims)
-    def min(self, axis=None, keepdims=False): return _OPS["min"](self, axis, keepdims)
-    def any(self, axis=None, keepdims=False): return _OPS["any"](self, axis, keepdims)
-    def all(self, axis=None, keepdims=False): return _OPS["all"](self, axis, keepdims)
-    def argmax(self, axis=None, keepdims=False): return _OPS["argmax"](self, axis, keepdims)
-    def argmin(self, axis=None, keepdims=False): return _OPS["argmin"](self, axis, keepdims)
-    def var(self, axis=None, keepdims=False, ddof=0): return _OPS["var"](self, axis, keepdims, ddof)
-    def std(self, axis=None, keepdims=False, ddof=0): return _OPS["std"](self, axis, keepdims, ddof)
+    def sum(self, axis=None, keepdims=False, dtype=None, out=None):
+        """See mgtrace._core.reduce.sum (ints keep their dtype, bool -> int32).
+        dtype/out are accepted for NumPy's np.sum(t)."""
+        return _finish(_OPS["sum"](self, axis, keepdims), dtype, out)
+
+    def mean(self, axis=None, keepdims=False, dtype=None, out=None):
+        """See mgtrace._core.reduce.mean (ints and bool -> float32)."""
+        return _finish(_OPS["mean"](self, axis, keepdims), dtype, out)
+
+    def prod(self, axis=None, keepdims=False, dtype=None, out=None):
+        """See mgtrace._core.reduce.prod."""
+        return _finish(_OPS["prod"](self, axis, keepdims), dtype, out)
+
+    def max(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.max (NaN propagates)."""
+        return _finish(_OPS["max"](self, axis, keepdims), None, out)
+
+    def min(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.min (NaN propagates)."""
+        return _finish(_OPS["min"](self, axis, keepdims), None, out)
+
+    def any(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.any."""
+        return _finish(_OPS["any"](self, axis, keepdims), None, out)
+
+    def all(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.all."""
+        return _finish(_OPS["all"](self, axis, keepdims), None, out)
+
+    def argmax(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.argmax (int32 indices)."""
+        return _finish(_OPS["argmax"](self, axis, keepdims), None, out)
+
+    def argmin(self, axis=None, keepdims=False, out=None):
+        """See mgtrace._core.reduce.argmin (int32 indices)."""
+        return _finish(_OPS["argmin"](self, axis, keepdims), None, out)
+
+    def var(self, axis=None, keepdims=False, ddof=0, dtype=None, out=None):
+        """See mgtrace._core.reduce.var (ints and bool -> float32)."""
+        return _finish(_OPS["var"](self, axis, keepdims, ddof), dtype, out)
+
+    def std(self, axis=None, keepdims=False, ddof=0, dtype=None, out=None):
+        """See mgtrace._core.reduce.std (ints and bool -> float32)."""
+        return _finish(_OPS["std"](self, axis, keepdims, ddof), dtype, out)
+
+
+cdef Tensor _copy_as(Tensor t, type cls):
+    """A contiguous copy of t as an instance of cls (Tensor or a subclass)."""
+    cdef Tensor c = _OPS["cast"](t, t._dtype)
+    cdef Tensor out = cls.__new__(cls)
+    out._st = c._st
+    out._st.refcount += 1
+    out._data = c._data
+    out._ndim = c._ndim
+    out._dtype = c._dtype
+    out._device = c._device
+    for i in range(c._ndim):
+        out._shape[i] = c._shape[i]
+        out._strides[i] = c._strides[i]
+    return out
+
+
+cdef object _finish(object res, object dtype, object out):
+    """NumPy's dtype= and out= on reductions: cast, then write into out."""
+    if dtype is not None:
+        res = res.astype(dtype)
+    if out is not None:
+        _OPS["copy_"](out, res)
+        return out
+    return res
 
 
 # ------------------------------------------------------------- view math

@@ -243,3 +243,20 @@ def test_dlpack_with_torch_shares_memory():
     assert tt[0].item() == 9.0
     back = torch.from_dlpack(mt.tensor([[1, 2], [3, 4]], dtype="int64").T)
     assert back.tolist() == [[1, 3], [2, 4]]
+
+
+def test_copy_and_deepcopy_keep_class_and_attributes():
+    import copy
+
+    class Sub(mt.Tensor):
+        pass
+
+    s = Sub([1.0, 2.0])
+    s.note = {"k": [1]}
+    d = copy.deepcopy(s)
+    assert type(d) is Sub and d.tolist() == [1.0, 2.0] and d.note == {"k": [1]}
+    assert d.note is not s.note and d._storage_id() != s._storage_id()
+    c = copy.copy(mt.tensor([3, 4]).T)
+    assert c.tolist() == [3, 4] and c.is_contiguous
+    nested = copy.deepcopy({"w": [mt.tensor([1.0])]})
+    assert nested["w"][0].tolist() == [1.0]
