@@ -1,0 +1,29 @@
+"""mgtrace.functional (imported as F): MegEngine-style functions over the core.
+
+    import mgtrace.functional as F
+    y = F.relu(F.conv2d(x, w, b, padding=1))
+
+Three modules, one concept each:
+
+- :mod:`~mgtrace.functional.math`: elementwise math, comparison and logic,
+  reductions, norm, sorting, matmul/dot.
+- :mod:`~mgtrace.functional.nn`: linear/conv layers, pooling,
+  normalization, activations, softmax, dropout, embedding, pad, interpolate.
+- :mod:`~mgtrace.functional.tensor`: reshaping, joining, indexing, repeat/tile,
+  and creation (zeros, ones, full, arange, linspace, eye, ..._like).
+
+All are thin wrappers over :mod:`mgtrace._core` (no kernels of their own):
+they check arguments (errors name the function and the argument), then call
+core ops, so a module tracer sees core ops. dtypes follow MegEngine's
+promotion and shapes NumPy's broadcasting (DESIGN.md, "Tensor core").
+Every public name is listed in ``__all__``.
+"""
+from mgtrace.functional import math, nn, tensor  # noqa: F401  (submodules)
+from mgtrace.functional.math import *  # noqa: F401,F403
+from mgtrace.functional.math import __all__ as _math_all
+from mgtrace.functional.nn import *  # noqa: F401,F403
+from mgtrace.functional.nn import __all__ as _nn_all
+from mgtrace.functional.tensor import *  # noqa: F401,F403
+from mgtrace.functional.tensor import __all__ as _tensor_all
+
+__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all))

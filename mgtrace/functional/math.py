@@ -1,0 +1,606 @@
+"""Elementwise math, comparisons, logic, reductions, sorting, matrix products.
+
+Thin wrappers over the core: the elementwise functions are the ops of the
+core's table (``mgtrace._core.dispatch.unary_ops`` / ``binary_ops`` /
+``ternary_ops``, declared in ``kernels/mt_ops.h``), the rest call
+``mgtrace._core.reduce`` and ``linalg``. ``norm`` and ``dot`` are
+compositions of core ops.
+
+Rules (DESIGN.md, "Tensor core"):
+
+- Operands are Tensors, NumPy arrays/scalars, nested lists, or Python
+  bool/int/float. Shapes broadcast by NumPy's rule.
+- Result dtypes follow MegEngine's promotion: int8 tensor + 3 -> int8,
+  int8 tensor + 3.0 -> float32, int32 tensor + float16 tensor -> float16,
+  uint8 + int8 -> int16. True division and the transcendental functions
+  of integer or bool inputs give float32; comparisons and predicates give
+  bool; mean/var/std of integers give float32; arg-reductions and indices
+  are int32.
+- Errors name the function and the argument.
+
+The elementwise functions are generated from the table below (one row per
+function: the core op, what it computes, and its doctest example), so the
+set, its docs and its examples stay in one place.
+"""
+import builtins as _builtins
+import math as _pymath
+
+import numpy as np
+
+from mgtrace._core import Tensor
+from mgtrace._core import dispatch as _dispatch
+from mgtrace._core import linalg as _linalg
+from mgtrace._core import reduce as _reduce
+from mgtrace.functional import _args as A
+
+_U, _B, _T = _dispatch.unary_ops, _dispatch.binary_ops, _dispatch.ternary_ops
+_RULES = _dispatch.RULES
+
+_EXAMPLE_IMPORT = ">>> import mgtrace as mt, mgtrace.functional as F\n"
+
+_UNARY_DTYPE = {
+    "same": "x's dtype",
+    "float": "float dtypes keep theirs; integer and bool inputs give float32 (MegEngine)",
+    "bool": "bool",
+    "int": "x's dtype; integer or bool x only (TypeError for floats)",
+}
+_BINARY_DTYPE = {
+    "same": "MegEngine promotion of x and y (e.g. int8 tensor + 3 -> int8, "
+            "int8 tensor + 3.0 -> float32)",
+    "float": "MegEngine promotion of x and y, then integer and bool give float32",
+    "bool": "bool (x and y compared in their promoted dtype)",
+    "int": "MegEngine promotion of x and y; integer or bool only (TypeError for floats)",
+}
+
+# name: (core op, what it computes, example input, example output)
+_UNARY_TABLE = {
+    # arithmetic
+    "neg": ("neg", "-x", "[1, -2]", "[-1, 2]"),
+    "abs": ("abs", "|x|", "[-1.5, 2.0]", "[1.5, 2.0]"),
+    "sign": ("sign", "-1, 0 or 1 by the sign of x", "[-3, 0, 5]", "[-1, 0, 1]"),
+    "square": ("square", "x * x", "[3, -2]", "[9, 4]"),
+    "round": ("round", "x rounded to the nearest integer, halves to even (NumPy's round)",
+              "[0.5, 1.5, -2.5]", "[0.0, 2.0, -2.0]"),
+    "floor": ("floor", "the largest integer <= x", "[1.5, -1.5]", "[1.0, -2.0]"),
+    "ceil": ("ceil", "the smallest integer >= x", "[1.5, -1.5]", "[2.0, -1.0]"),
+    "trunc": ("trunc", "x rounded toward zero", "[1.5, -1.5]", "[1.0, -1.0]"),
+    # transcendental
+    "exp": ("exp", "e ** x", "[0.0]", "[1.0]"),
+    "expm1": ("expm1", "e ** x - 1, accurate near 0", "[0.0]", "[0.0]"),
+    "log": ("log", "the natural logarithm (nan below 0, -inf at 0)", "[1.0]", "[0.0]"),
+    "log1p": ("log1p", "log(1 + x), accurate near 0", "[0.0]", "[0.0]"),
+    "log2": ("log2", "the base-2 logarithm", "[8.0]", "[3.0]"),
+    "sqrt": ("sqrt", "the square root (nan below 0)", "[4, 9]", "[2.0, 3.0]"),
+    "rsqrt": ("rsqrt", "1 / sqrt(x)", "[4.0]", "[0.5]"),
+    "sin": ("sin", "the sine (radians)", "[0.0]", "[0.0]"),
+    "cos": ("cos", "the cosine (radians)", "[0.0]", "[1.0]"),
+    "tan": ("tan", "the tangent (radians)", "[0.0]", "[0.0]"),
+    "asin": ("asin", "the arcsine", "[0.0]", "[0.0]"),
+    "acos": ("acos", "the arccosine", "[1.0]", "[0.0]"),
+    "atan": ("atan", "the arctangent", "[0.0]", "[0.0]"),
+    "tanh": ("tanh", "the hyperbolic tangent", "[0.0]", "[0.0]"),
+    "sigmoid": ("sigmoid", "1 / (1 + exp(-x))", "[0.0]", "[0.5]"),
+    "erf": ("erf", "the error function", "[0.0]", "[0.0]"),
+    # predicates and logic
+    "isnan": ("isnan", "whether x is NaN (never for integers)", "[1.0, float('nan')]",
+              "[False, True]"),
+    "isinf": ("isinf", "whether x is +-inf (never for integers)", "[1.0, float('inf')]",
+              "[False, True]"),
+    "isfinite": ("isfinite", "whether x is neither NaN nor +-inf", "[1.0, float('inf')]",
+                 "[True, False]"),
+    "logical_not": ("logical_not", "not x (nonzero is True)", "[True, False]", "[False, True]"),
+}
+
+# name: (core op, what it computes, example x, example y, example output)
+_BINARY_TABLE = {
+    # arithmetic
+    "add": ("add", "x + y", "[1, 2]", "3", "[4, 5]"),
+    "sub": ("sub", "x - y", "[1, 2]", "3", "[-2, -1]"),
+    "mul": ("mul", "x * y", "[1, 2]", "1.5", "[1.5, 3.0]"),
+    "div": ("truediv", "x / y (true division)", "[1, 3]", "2", "[0.5, 1.5]"),
+    "floor_div": ("floordiv", "floor(x / y) (Python's //)", "[7, -7]", "2", "[3, -4]"),
+    "mod": ("mod", "x - floor(x / y) * y: the sign of y, as Python's %", "[7, -7]", "3",
+            "[1, 2]"),
+    "pow": ("pow", "x ** y", "[2, 3]", "2", "[4, 9]"),
+    "maximum": ("maximum", "the larger of x and y (NaN wins)", "[1, 5]", "3", "[3, 5]"),
+    "minimum": ("minimum", "the smaller of x and y (NaN wins)", "[1, 5]", "3", "[1, 3]"),
+    "atan2": ("atan2", "the angle of the point (y=x, x=y), i.e. atan(x / y) by quadrant",
+              "[0.0]", "1.0", "[0.0]"),
+    # comparison
+    "equal": ("eq", "x == y", "[1, 2]", "2", "[False, True]"),
+    "not_equal": ("ne", "x != y", "[1, 2]", "2", "[True, False]"),
+    "less": ("lt", "x < y", "[1, 2]", "2", "[True, False]"),
+    "less_equal": ("le", "x <= y", "[1, 2]", "2", "[True, True]"),
+    "greater": ("gt", "x > y", "[1, 2]", "1", "[False, True]"),
+    "greater_equal": ("ge", "x >= y", "[1, 2]", "2", "[False, True]"),
+    # logic
+    "logical_and": ("logical_and", "x and y (nonzero is True)", "[True, False]", "True",
+                    "[True, False]"),
+    "logical_or": ("logical_or", "x or y (nonzero is True)", "[True, False]", "False",
+                   "[True, False]"),
+    "logical_xor": ("logical_xor", "x xor y (nonzero is True)", "[True, False]", "True",
+                    "[False, True]"),
+}
+
+
+def _unary_fn(name, op, what, ex_in, ex_out):
+    core = _U[op]
+
+    def f(x):
+        return core(A.check_operand(name, "x", x))
+
+    f.__name__ = f.__qualname__ = name
+    f.__module__ = __name__
+    f.__doc__ = (
+        f"Elementwise {what}; core op ``{op}``.\n\n"
+        f"Args:\n    x: Tensor, NumPy array, list or Python scalar, any shape.\n\n"
+        f"Returns:\n    Tensor of x's shape; dtype: {_UNARY_DTYPE[_RULES[op]]}.\n\n"
+        f"Raises:\n    TypeError: x is not a tensor, array or number"
+        f"{'; or x is a float tensor' if _RULES[op] == 'int' else ''}.\n\n"
+        f"{_EXAMPLE_IMPORT}>>> F.{name}(mt.tensor({ex_in})).tolist()\n{ex_out}\n")
+    return f
+
+
+def _binary_fn(name, op, what, ex_x, ex_y, ex_out):
+    core = _B[op]
+
+    def f(x, y):
+        A.check_operand(name, "x", x)
+        A.check_operand(name, "y", y)
+        A.check_broadcast(name, x=x, y=y)
+        return core(x, y)
+
+    f.__name__ = f.__qualname__ = name
+    f.__module__ = __name__
+    f.__doc__ = (
+        f"Elementwise {what}; core op ``{op}``.\n\n"
+        f"Args:\n    x, y: Tensors, NumPy arrays, lists or Python scalars; shapes broadcast "
+        f"(NumPy rule).\n\n"
+        f"Returns:\n    Tensor of the broadcast shape; dtype: {_BINARY_DTYPE[_RULES[op]]}.\n\n"
+        f"Raises:\n    ValueError: x and y do not broadcast, or are Tensors on different "
+        f"devices.\n    TypeError: an operand that is not a tensor, array or number.\n"
+        f"    OverflowError: a Python int that does not fit the promoted integer dtype.\n\n"
+        f"{_EXAMPLE_IMPORT}>>> F.{name}(mt.tensor({ex_x}), {ex_y}).tolist()\n{ex_out}\n")
+    return f
+
+
+for _name, _row in _UNARY_TABLE.items():
+    globals()[_name] = _unary_fn(_name, *_row)
+for _name, _row in _BINARY_TABLE.items():
+    globals()[_name] = _binary_fn(_name, *_row)
+del _name, _row
+
+
+def clip(x, lower=None, upper=None):
+    """Elementwise ``min(max(x, lower), upper)`` (MegEngine's ``clip``).
+
+    Args:
+        x: Tensor, array or number.
+        lower, upper: bounds (numbers, Tensors or arrays broadcasting with x);
+            either may be None (no bound on that side), not both.
+
+    Returns:
+        Tensor of the broadcast shape; dtype by MegEngine promotion of x and
+        the bounds (int tensor clipped by 0.5 -> float32).
+
+    Raises:
+        ValueError: both bounds None; number bounds with lower > upper;
+            shapes that do not broadcast.
+        TypeError: an operand that is not a tensor, array or number.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.clip(mt.tensor([-2, 0, 9]), 0, 5).tolist()
+    [0, 0, 5]
+    >>> F.clip(mt.tensor([-2.0, 3.0]), upper=1.0).tolist()
+    [-2.0, 1.0]
+    """
+    fn = "clip"
+    A.check_operand(fn, "x", x)
+    if lower is None and upper is None:
+        raise ValueError(f"{fn}: give lower, upper or both; both are None")
+    ops = {"x": x}
+    if lower is not None:
+        ops["lower"] = A.check_operand(fn, "lower", lower)
+    if upper is not None:
+        ops["upper"] = A.check_operand(fn, "upper", upper)
+    if A.is_scalar(lower) and A.is_scalar(upper) and lower > upper:
+        raise ValueError(f"{fn}: lower={lower} is greater than upper={upper}")
+    A.check_broadcast(fn, **ops)
+    if lower is None:
+        return _B["minimum"](x, upper)
+    if upper is None:
+        return _B["maximum"](x, lower)
+    return _T["clip"](x, lower, upper)
+
+
+def where(mask, x, y):
+    """Elementwise ``x if mask else y`` (MegEngine's ``where``).
+
+    Args:
+        mask: bool Tensor or array (or a Python bool).
+        x, y: Tensors, arrays or numbers; all three shapes broadcast.
+
+    Returns:
+        Tensor of the broadcast shape; dtype by MegEngine promotion of x and y.
+
+    Raises:
+        TypeError: mask not of dtype bool; operands that are not tensors.
+        ValueError: shapes that do not broadcast.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.where(mt.tensor([True, False]), mt.tensor([1, 2]), 0.5).tolist()
+    [1.0, 0.5]
+    """
+    fn = "where"
+    A.check_operand(fn, "mask", mask)
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    if not isinstance(mask, bool):
+        dt = mask.dtype if isinstance(mask, Tensor) else getattr(mask, "dtype", None)
+        if dt is None:
+            dt = A.as_tensor(fn, "mask", mask).dtype
+        if dt.kind != "b":
+            raise TypeError(f"{fn}: mask must be a bool tensor, got {dt.name}; "
+                            f"compare it first (e.g. F.not_equal(mask, 0))")
+    A.check_broadcast(fn, mask=mask, x=x, y=y)
+    return _T["where"](mask, x, y)
+
+
+# ------------------------------------------------------------------ reductions
+
+def _reduce_args(fn, x):
+    (x,) = A.tensors(fn, x=x)
+    return x
+
+
+def sum(x, axis=None, keepdims=False):
+    """Sum over ``axis`` (MegEngine's ``sum``).
+
+    Args:
+        x: Tensor (or array) of any dtype.
+        axis: None (every axis), an int or a tuple of ints.
+        keepdims: keep reduced axes with size 1.
+
+    Returns:
+        ints and floats keep their dtype, bool gives int32 (MegEngine);
+        integers wrap as NumPy's int64 sum cast back. 0 over no elements.
+
+    Raises:
+        IndexError: axis out of range. ValueError: repeated axis.
+        TypeError: axis not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.sum(mt.tensor([[1, 2], [3, 4]]), axis=0).tolist()
+    [4, 6]
+    """
+    return _reduce.sum(_reduce_args("sum", x), axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    """Arithmetic mean over ``axis``; floats keep their dtype, integers and
+    bool give float32 (MegEngine). NaN over no elements. Args and errors as
+    :func:`sum`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.mean(mt.tensor([1, 2, 3, 4])).item()
+    2.5
+    """
+    return _reduce.mean(_reduce_args("mean", x), axis, keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    """Product over ``axis``; dtypes as :func:`sum`; 1 over no elements.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.prod(mt.tensor([[1, 2], [3, 4]]), axis=1).tolist()
+    [2, 12]
+    """
+    return _reduce.prod(_reduce_args("prod", x), axis, keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    """Largest element over ``axis``, in x's dtype; NaN propagates (NumPy).
+
+    Raises ValueError over an empty axis (no identity); others as :func:`sum`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.max(mt.tensor([[1, 5], [7, 2]]), axis=1).tolist()
+    [5, 7]
+    """
+    return _reduce.max(_reduce_args("max", x), axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    """Smallest element over ``axis``; see :func:`max`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.min(mt.tensor([[1, 5], [7, 2]]), axis=0).tolist()
+    [1, 2]
+    """
+    return _reduce.min(_reduce_args("min", x), axis, keepdims)
+
+
+def argmax(x, axis=None, keepdims=False):
+    """Index of the largest element over ``axis``, int32 (MegEngine); the
+    first occurrence wins, NaN counts as largest. With axis None the index
+    is into the flattened tensor (NumPy).
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.argmax(mt.tensor([[1, 5], [7, 2]]), axis=1).tolist()
+    [1, 0]
+    """
+    return _reduce.argmax(_reduce_args("argmax", x), axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims=False):
+    """Index of the smallest element over ``axis``; see :func:`argmax`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.argmin(mt.tensor([3, 1, 1])).item()
+    1
+    """
+    return _reduce.argmin(_reduce_args("argmin", x), axis, keepdims)
+
+
+def var(x, axis=None, keepdims=False, ddof=0):
+    """Variance ``sum((x - mean)**2) / (N - ddof)`` over ``axis`` (MegEngine's
+    ``var`` is ddof=0; ddof=1 gives the unbiased estimate). Floats keep their
+    dtype, integers give float32. Args and errors as :func:`sum`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.var(mt.tensor([1.0, 2.0, 3.0, 4.0])).item()
+    1.25
+    """
+    return _reduce.var(_reduce_args("var", x), axis, keepdims, A.to_float("var", "ddof", ddof))
+
+
+def std(x, axis=None, keepdims=False, ddof=0):
+    """Standard deviation: sqrt(:func:`var`); same arguments and dtypes.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.std(mt.tensor([1.0, 3.0])).item()
+    1.0
+    """
+    return _reduce.std(_reduce_args("std", x), axis, keepdims, A.to_float("std", "ddof", ddof))
+
+
+def _to_float(x):
+    return x if x.dtype.kind in "fV" else _dispatch.astype(x, "float32")
+
+
+def norm(x, ord=2, axis=None, keepdims=False):
+    """Vector p-norm over ``axis`` (MegEngine's ``norm``; NumPy's vector norms),
+    composed of core ops.
+
+    ord: 2 -> sqrt(sum(x**2)); 1 -> sum(|x|); inf -> max(|x|); -inf ->
+    min(|x|); 0 -> number of nonzeros; other p != 0 -> sum(|x|**p)**(1/p).
+
+    Args:
+        x: Tensor; integers and bool are computed in float32.
+        ord: a number (see above).
+        axis: None (all elements, as one flat vector), an int or a tuple.
+        keepdims: keep the reduced axes with size 1.
+
+    Returns:
+        float Tensor (x's float dtype, else float32).
+
+    Raises:
+        TypeError: ord not a number; axis not an int. IndexError: axis out
+            of range. ValueError: inf/-inf norms of an empty axis.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.norm(mt.tensor([3, 4])).item()
+    5.0
+    >>> F.norm(mt.tensor([[1.0, -2.0]]), ord=1, axis=1).tolist()
+    [3.0]
+    """
+    fn = "norm"
+    x = _to_float(_reduce_args(fn, x))
+    p = A.to_float(fn, "ord", ord)
+    if p == 2.0:
+        return _U["sqrt"](_reduce.sum(_B["mul"](x, x), axis, keepdims))
+    if p == 0.0:
+        nz = _dispatch.astype(_B["ne"](x, 0), x.dtype)
+        return _reduce.sum(nz, axis, keepdims)
+    ax = _U["abs"](x)
+    if p == _pymath.inf:
+        return _reduce.max(ax, axis, keepdims)
+    if p == -_pymath.inf:
+        return _reduce.min(ax, axis, keepdims)
+    if p == 1.0:
+        return _reduce.sum(ax, axis, keepdims)
+    return _B["pow"](_reduce.sum(_B["pow"](ax, p), axis, keepdims), 1.0 / p)
+
+
+def cumsum(x, axis):
+    """Running sum along ``axis`` (MegEngine's ``cumsum``).
+
+    Args:
+        x: Tensor of any dtype.
+        axis: int (None: over the flattened tensor, as NumPy).
+
+    Returns:
+        x's shape; dtypes as :func:`sum` (bool gives int32).
+
+    Raises:
+        IndexError: axis out of range. TypeError: axis not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.cumsum(mt.tensor([[1, 2], [3, 4]]), axis=1).tolist()
+    [[1, 3], [3, 7]]
+    """
+    return _reduce.cumsum(_reduce_args("cumsum", x), axis)
+
+
+# ------------------------------------------------------------------ sorting
+
+def sort(x, descending=False, axis=-1):
+    """Sorted values and their indices along ``axis`` (MegEngine's ``sort``).
+
+    Stable; NaN sorts last ascending and first descending.
+
+    Args:
+        x: Tensor of any dtype.
+        descending: largest first.
+        axis: int, default the last axis.
+
+    Returns:
+        (values, indices): values in x's dtype, indices int32, both x's shape.
+
+    Raises:
+        IndexError: axis out of range. TypeError: axis not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> v, i = F.sort(mt.tensor([3, 1, 2]))
+    >>> v.tolist(), i.tolist()
+    ([1, 2, 3], [1, 2, 0])
+    """
+    return _reduce.sort(_reduce_args("sort", x), axis, bool(descending))
+
+
+def argsort(x, descending=False, axis=-1):
+    """The int32 indices that sort x along ``axis``; see :func:`sort`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.argsort(mt.tensor([3.0, 1.0, 2.0]), descending=True).tolist()
+    [0, 2, 1]
+    """
+    return _reduce.argsort(_reduce_args("argsort", x), axis, bool(descending))
+
+
+def topk(x, k, descending=False, kth_only=False, no_sort=False, axis=-1):
+    """The k smallest (or, with ``descending=True``, largest) elements along
+    ``axis`` (MegEngine's ``topk``: note the default is the k *smallest*,
+    unlike PyTorch's).
+
+    Args:
+        x: Tensor of any dtype, [..., n, ...].
+        k: int, 1 <= k <= n (0 is allowed unless kth_only).
+        descending: pick the largest instead of the smallest.
+        kth_only: return only the k-th value (the axis removed) and None.
+        no_sort: leave the k picked in an unspecified, deterministic order.
+        axis: int, default the last axis.
+
+    Returns:
+        (values, indices): [..., k, ...], values in x's dtype, indices int32;
+        ties keep the lower index. With kth_only: (kth values, None).
+
+    Raises:
+        TypeError: k or axis not an int. ValueError: k out of range.
+        IndexError: axis out of range.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> v, i = F.topk(mt.tensor([1, 9, 3, 7]), 2, descending=True)
+    >>> v.tolist(), i.tolist()
+    ([9, 7], [1, 3])
+    >>> F.topk(mt.tensor([1, 9, 3, 7]), 2, kth_only=True)[0].item()
+    3
+    """
+    fn = "topk"
+    x = _reduce_args(fn, x)
+    kk = A.to_int(fn, "k", k, 1 if kth_only else 0)
+    ax = A.to_axis(fn, "axis", axis, _builtins.max(x.ndim, 1))
+    n = x.shape[ax] if x.ndim else 1
+    if kk > n:
+        raise ValueError(f"{fn}: k={kk} is larger than the {n} elements along axis {ax}")
+    values, indices = _reduce.topk(x, kk, ax, bool(descending), not (no_sort or kth_only))
+    if kth_only:
+        # the k-th is the extreme of the k selected
+        kth = (_reduce.min if descending else _reduce.max)(values, ax) if x.ndim else values
+        return kth, None
+    return values, indices
+
+
+# ------------------------------------------------------------------ products
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    """Matrix product with NumPy's ``matmul`` semantics (MegEngine's ``matmul``).
+
+    Args:
+        a: [..., M, K] or [K] (a 1-d operand gets a unit axis, removed after).
+        b: [..., K, N] or [K]. Leading (batch) axes broadcast (NumPy rule).
+        transpose_a, transpose_b: swap the last two axes of a or b first
+            (2-d or more only).
+
+    Returns:
+        [..., M, N]; dtype by MegEngine promotion of a and b (float16 and
+        bfloat16 computed in float32; integers accumulate in int64 and wrap).
+
+    Raises:
+        ValueError: 0-d operands, K mismatch, batch shapes that do not
+            broadcast, transposing a 1-d operand, tensors on different devices.
+        TypeError: bool operands; non-tensor operands.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.matmul(mt.tensor([[1.0, 2.0], [3.0, 4.0]]), mt.tensor([1.0, 1.0])).tolist()
+    [3.0, 7.0]
+    """
+    fn = "matmul"
+    a, b = A.tensors(fn, a=a, b=b)
+    for name, t, tr in (("a", a, transpose_a), ("b", b, transpose_b)):
+        if t.ndim == 0:
+            raise ValueError(f"{fn}: {name} must have at least 1 axis, got a 0-d tensor "
+                             f"(use F.mul for scalars)")
+        if tr and t.ndim < 2:
+            raise ValueError(f"{fn}: transpose_{name} needs {name} with 2 or more axes, got "
+                             f"shape {t.shape}")
+        if t.dtype.kind == "b":
+            raise TypeError(f"{fn}: {name} must not be bool; cast it to an integer or float dtype")
+    if transpose_a:
+        a = a.transpose(tuple(range(a.ndim - 2)) + (a.ndim - 1, a.ndim - 2))
+    if transpose_b:
+        b = b.transpose(tuple(range(b.ndim - 2)) + (b.ndim - 1, b.ndim - 2))
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim >= 2 else b.shape[0]
+    if ka != kb:
+        raise ValueError(f"{fn}: a has {ka} columns but b has {kb} rows "
+                         f"(a shape {a.shape}, b shape {b.shape})")
+    try:
+        A.check_broadcast(fn, a_batch=_batch(a.shape), b_batch=_batch(b.shape))
+    except ValueError:
+        raise ValueError(f"{fn}: the batch axes of a {a.shape[:-2]} and b {b.shape[:-2]} do not "
+                         f"broadcast (NumPy rule)") from None
+    return _linalg.matmul(a, b)
+
+
+def _batch(shape):
+    """A dummy array with the batch axes of ``shape`` (for broadcast checks)."""
+    return np.empty(tuple(shape[:-2]) if len(shape) > 2 else (), dtype=np.bool_)
+
+
+def dot(x, y):
+    """Inner product of two 1-d tensors: ``sum(x * y)`` as a 0-d tensor
+    (MegEngine's ``dot``), computed by the core's matmul.
+
+    Args:
+        x, y: 1-d [K] tensors (or arrays) of the same length.
+
+    Returns:
+        0-d Tensor; dtype by MegEngine promotion of x and y.
+
+    Raises:
+        ValueError: an operand not 1-d, or lengths that differ.
+        TypeError: bool operands.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.dot(mt.tensor([1.0, 2.0]), mt.tensor([3.0, 4.0])).item()
+    11.0
+    """
+    fn = "dot"
+    x, y = A.tensors(fn, x=x, y=y)
+    A.check_ndim(fn, "x", x, 1, "[K]")
+    A.check_ndim(fn, "y", y, 1, "[K]")
+    if x.shape != y.shape:
+        raise ValueError(f"{fn}: x has {x.shape[0]} elements but y has {y.shape[0]}")
+    for name, t in (("x", x), ("y", y)):
+        if t.dtype.kind == "b":
+            raise TypeError(f"{fn}: {name} must not be bool; cast it to an integer or float dtype")
+    return _linalg.matmul(x, y)
+
+
+__all__ = (list(_UNARY_TABLE) + list(_BINARY_TABLE) + [
+    "clip", "where",
+    "sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum",
+    "sort", "argsort", "topk",
+    "matmul", "dot",
+])

@@ -1,0 +1,945 @@
+"""Builtin modules and the registry of builtin (leaf) module types.
+
+A builtin module is a leaf for the tracer: a call to it is recorded as one
+call on a module node instead of being traced into, and an archive stores
+it by stable type name + type version + constructor config + tensors
+(DESIGN.md, "Archive format"). Each builtin class therefore has
+
+* ``builtin_name``: a stable dotted name (``"mgtrace.module.Conv2d"``),
+* ``builtin_version``: an int, bumped when the constructor's signature or
+  the meaning of the stored tensors changes,
+* ``config()``: its constructor arguments as plain Python values (ints,
+  floats, bools, strings, None, tuples), such that ``type(m)(**m.config())``
+  builds an equivalent module (same parameter and buffer names, shapes and
+  dtypes; values come from ``load_state_dict``).
+
+Constructors, defaults, initialisation and state_dict names follow
+``torch.nn`` (so PyTorch checkpoints load by key); the computation is that of
+:mod:`mgtrace.functional`.
+
+Users make their own module types leaves with :func:`register_as_builtin`.
+"""
+import functools
+import inspect
+import math
+import operator
+
+import numpy as np
+
+import mgtrace.functional as F
+from mgtrace._core import tensor as _tensor
+from mgtrace.module import init
+from mgtrace.module.module import Module
+from mgtrace.module.parameter import Parameter
+
+__all__ = [
+    "register_as_builtin", "is_builtin", "builtin_type", "builtin_types", "UnknownBuiltinError",
+    "Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
+    "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax",
+    "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Dropout", "Identity", "Flatten",
+    "Hardswish", "Hardsigmoid",
+]
+
+# ------------------------------------------------------------------ registry
+
+_BY_NAME = {}   # stable name -> class
+_BY_TYPE = {}   # class -> stable name
+
+
+class UnknownBuiltinError(KeyError):
+    """No builtin module type has the requested name."""
+
+    def __str__(self):   # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _plain(value):
+    """True for values config() may hold: None, bool, int, float, str, and
+    tuples/lists/dicts (str keys) of those."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _recorded_config(self):
+    """config() of a registered user class: the arguments its __init__ got
+    (defaults filled in), recorded when the instance was built."""
+    try:
+        cfg = self.__dict__["_builtin_config"]
+    except KeyError:
+        raise RuntimeError(f"{type(self).__name__} was built before it was registered as a "
+                           "builtin, so its constructor arguments were not recorded") from None
+    return dict(cfg)
+
+
+def _record_init_args(cls):
+    """Wrap cls.__init__ so each instance remembers its constructor arguments."""
+    original = cls.__init__
+    sig = inspect.signature(original)
+    for p in list(sig.parameters.values())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"cannot register {cls.__qualname__} as a builtin: its __init__ takes "
+                            f"*{p.name} or **{p.name}, so its config cannot be recorded; "
+                            "define config() returning the keyword arguments instead")
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if type(self) is cls:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            cfg = dict(list(bound.arguments.items())[1:])
+            for k, v in cfg.items():
+                if not _plain(v):
+                    raise TypeError(
+                        f"{cls.__qualname__}({k}=...) got {type(v).__name__}; a builtin module's "
+                        "constructor arguments must be plain values (None, bool, int, float, "
+                        "str, tuples/lists/dicts of those) so that an archive can store them")
+            self.__dict__["_builtin_config"] = cfg
+        original(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls.config = _recorded_config
+
+
+def register_as_builtin(cls=None, name=None, version=1):
+    """Mark a Module class as a builtin (a leaf for the tracer) with a stable name.
+
+    Usable as ``register_as_builtin(MyBlock)``, ``@register_as_builtin`` or
+    ``@register_as_builtin(name="acme.MyBlock", version=2)``.
+
+    Args:
+        cls: a subclass of :class:`Module`.
+        name: stable dotted name stored in archives; default
+            ``f"{cls.__module__}.{cls.__qualname__}"``. Give one explicitly for a
+            class defined inside a function, or to keep archives loadable after
+            moving the class.
+        version: positive int, bumped when the constructor changes.
+
+    If the class defines no ``config()``, its ``__init__`` is wrapped to
+    record its arguments, which must then be plain values.
+
+    Returns:
+        cls (now with ``builtin_name`` and ``builtin_version``).
+
+    Raises:
+        TypeError: cls is not a Module subclass; bad name/version types.
+        ValueError: the name is taken by another class, the class is already
+            registered under another name, or the name is not dotted
+            identifiers.
+
+    >>> import mgtrace.module as M
+    >>> @M.register_as_builtin(name="acme.Scale")
+    ... class Scale(M.Module):
+    ...     def __init__(self, k=2.0):
+    ...         super().__init__()
+    ...         self.k = k
+    ...     def forward(self, x):
+    ...         return x * self.k
+    >>> Scale(3.0).config(), M.is_builtin(Scale(3.0)), M.builtin_type("acme.Scale") is Scale
+    ({'k': 3.0}, True, True)
+    """
+    if cls is None:
+        return lambda c: register_as_builtin(c, name=name, version=version)
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise TypeError(f"register_as_builtin takes a subclass of mgtrace.module.Module, "
+                        f"got {cls!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise TypeError(f"builtin version must be a positive int, got {version!r}")
+    if name is None:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if "<locals>" in name:
+            raise ValueError(f"{cls.__qualname__} is defined inside a function; give it a "
+                             f"stable name: register_as_builtin({cls.__name__}, "
+                             f"name=\"yourpackage.{cls.__name__}\")")
+    if not isinstance(name, str):
+        raise TypeError(f"builtin name must be a str, got {type(name).__name__}")
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"builtin name must be dotted Python identifiers "
+                         f"(like 'acme.blocks.Swish'), got {name!r}")
+    owner = _BY_NAME.get(name)
+    if owner is not None and owner is not cls and \
+            (owner.__module__, owner.__qualname__) == (cls.__module__, cls.__qualname__):
+        _BY_TYPE.pop(owner, None)   # the same class defined again (module reload, notebook)
+        del _BY_NAME[name]
+        owner = None
+    if owner is not None and owner is not cls:
+        raise ValueError(f"builtin name {name!r} is already taken by "
+                         f"{owner.__module__}.{owner.__qualname__}; choose another name")
+    old = _BY_TYPE.get(cls)
+    if old is not None and old != name:
+        raise ValueError(f"{cls.__qualname__} is already registered as builtin {old!r}")
+    if owner is cls and cls.__dict__.get("builtin_version") != version:
+        raise ValueError(f"{cls.__qualname__} is already registered as {name!r} version "
+                         f"{cls.__dict__.get('builtin_version')}, not {version}")
+    if owner is None and getattr(cls, "config", _recorded_config) is _recorded_config:
+        _record_init_args(cls)   # no config() of its own (or only an inherited recorded one)
+    cls.builtin_name = name
+    cls.builtin_version = version
+    _BY_NAME[name] = cls
+    _BY_TYPE[cls] = name
+    return cls
+
+
+def is_builtin(module):
+    """True when ``module`` (an instance or a class) is of a registered builtin
+    type. Exact type: a subclass of a builtin is not one unless registered
+    itself (its forward may differ)."""
+    cls = module if isinstance(module, type) else type(module)
+    return cls in _BY_TYPE
+
+
+def builtin_type(name):
+    """The builtin module class registered as ``name``.
+
+    Raises UnknownBuiltinError (a KeyError) naming the close matches and how
+    to register a type."""
+    try:
+        return _BY_NAME[name]
+    except (KeyError, TypeError):
+        pass
+    import difflib
+    close = difflib.get_close_matches(str(name), list(_BY_NAME), n=3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise UnknownBuiltinError(
+        f"no builtin module type is registered as {name!r}.{hint} If it is your own "
+        "class, import the code that defines it and register it with "
+        "mgtrace.module.register_as_builtin(cls, name=...)")
+
+
+def builtin_types():
+    """A dict of every registered builtin: stable name -> class (sorted by name)."""
+    return dict(sorted(_BY_NAME.items()))
+
+
+def _builtin(cls):
+    """Register one of mgtrace's own builtins as ``mgtrace.module.<Name>``."""
+    return register_as_builtin(cls, name=f"mgtrace.module.{cls.__name__}", version=1)
+
+
+# ------------------------------------------------------------- arg helpers
+
+def _int(fn, name, v):
+    if isinstance(v, bool):
+        raise TypeError(f"{fn}: {name} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
+
+
+def _positive(fn, name, v):
+    v = _int(fn, name, v)
+    if v <= 0:
+        raise ValueError(f"{fn}: {name} must be positive, got {v}")
+    return v
+
+
+def _ntuple(fn, name, v, n, minimum=0):
+    """An int or a length-n sequence of ints as an n-tuple (each >= minimum)."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != n:
+            raise ValueError(f"{fn}: {name} must be an int or {n} ints, got {tuple(v)}")
+        out = tuple(_int(fn, name, x) for x in v)
+    else:
+        out = (_int(fn, name, v),) * n
+    if any(x < minimum for x in out):
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
+    return out
+
+
+def _float(fn, name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{fn}: {name} must be a float, got {type(v).__name__}")
+    return float(v)
+
+
+def _bool(fn, name, v):
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__}")
+    return bool(v)
+
+
+def _empty_param(shape):
+    return Parameter(np.zeros(shape, np.float32))
+
+
+def _reset_linear_like(weight, bias):
+    """PyTorch's Linear/Conv default: kaiming_uniform(a=sqrt(5)) for the weight
+    (bound 1/sqrt(fan_in)), U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init.calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        init.uniform_(bias, -bound, bound)
+
+
+# ------------------------------------------------------------------ layers
+
+@_builtin
+class Linear(Module):
+    """y = x @ weight.T + bias.
+
+    Args:
+        in_features, out_features: sizes of the last axis of input and output.
+        bias: learn an additive bias.
+
+    Shapes: x float32 [..., in_features] -> [..., out_features]. Parameters
+    ``weight`` [out_features, in_features], ``bias`` [out_features]
+    (initialised U(-1/sqrt(in_features), 1/sqrt(in_features)), as PyTorch).
+
+    >>> import mgtrace as mt, mgtrace.module as M
+    >>> fc = M.Linear(3, 2)
+    >>> fc(mt.tensor([[1.0, 2.0, 3.0]])).shape, fc.config()
+    ((1, 2), {'in_features': 3, 'out_features': 2, 'bias': True})
+    >>> type(fc)(**fc.config()).weight.shape
+    (2, 3)
+    """
+
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features = _int("Linear", "in_features", in_features)
+        self.out_features = _int("Linear", "out_features", out_features)
+        self.weight = _empty_param((self.out_features, self.in_features))
+        if _bool("Linear", "bias", bias):
+            self.bias = _empty_param((self.out_features,))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        _reset_linear_like(self.weight, self.bias)
+
+    def config(self):
+        return {"in_features": self.in_features, "out_features": self.out_features,
+                "bias": self.bias is not None}
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class _ConvNd(Module):
+    _n = 2
+    _transposed = False
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, output_padding=0):
+        super().__init__()
+        fn, n = type(self).__name__, self._n
+        self.in_channels = _positive(fn, "in_channels", in_channels)
+        self.out_channels = _positive(fn, "out_channels", out_channels)
+        self.kernel_size = _ntuple(fn, "kernel_size", kernel_size, n, 1)
+        self.stride = _ntuple(fn, "stride", stride, n, 1)
+        self.padding = _ntuple(fn, "padding", padding, n, 0)
+        self.dilation = _ntuple(fn, "dilation", dilation, n, 1)
+        self.groups = _positive(fn, "groups", groups)
+        self.output_padding = _ntuple(fn, "output_padding", output_padding, n, 0)
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(f"{fn}: in_channels ({self.in_channels}) and out_channels "
+                             f"({self.out_channels}) must both be divisible by groups "
+                             f"({self.groups})")
+        if self._transposed:
+            shape = (self.in_channels, self.out_channels // self.groups) + self.kernel_size
+        else:
+            shape = (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+        self.weight = _empty_param(shape)
+        if _bool(fn, "bias", bias):
+            self.bias = _empty_param((self.out_channels,))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        _reset_linear_like(self.weight, self.bias)
+
+    def _common_config(self):
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
+                "kernel_size": self.kernel_size, "stride": self.stride,
+                "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
+                "bias": self.bias is not None}
+
+    def config(self):
+        return self._common_config()
+
+    def extra_repr(self):
+        # PyTorch's format: non-default settings only
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={self.stride}")
+        if any(self.padding):
+            s += f", padding={self.padding}"
+        if any(d != 1 for d in self.dilation):
+            s += f", dilation={self.dilation}"
+        if any(self.output_padding):
+            s += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s
+
+
+@_builtin
+class Conv1d(_ConvNd):
+    """1-d convolution (cross-correlation) over x float32 [N, C_in, L].
+
+    Args as torch.nn.Conv1d (zero padding only): ``kernel_size``, ``stride``,
+    ``padding``, ``dilation`` are ints or 1-tuples (config gives 1-tuples).
+    Parameters ``weight`` [C_out, C_in/groups, K], ``bias`` [C_out].
+    """
+    _n = 1
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+
+    def forward(self, x):
+        return F.conv1d(x, self.weight, self.bias, self.stride[0], self.padding[0],
+                        self.dilation[0], self.groups)
+
+
+@_builtin
+class Conv2d(_ConvNd):
+    """2-d convolution (cross-correlation) over x float32 [N, C_in, H, W].
+
+    Args as torch.nn.Conv2d (zero padding only): ``kernel_size``, ``stride``,
+    ``padding``, ``dilation`` are ints or pairs (config gives pairs).
+    Parameters ``weight`` [C_out, C_in/groups, KH, KW], ``bias`` [C_out].
+    """
+    _n = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding,
+                        self.dilation, self.groups)
+
+
+@_builtin
+class ConvTranspose2d(_ConvNd):
+    """2-d transposed convolution over x float32 [N, C_in, H, W].
+
+    Args as torch.nn.ConvTranspose2d (same order: ``output_padding`` before
+    ``groups``, ``dilation`` last). Parameters ``weight``
+    [C_in, C_out/groups, KH, KW] (PyTorch's layout), ``bias`` [C_out].
+    """
+    _n = 2
+    _transposed = True
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 output_padding=0, groups=1, bias=True, dilation=1):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, output_padding)
+        if any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride,
+                                                    self.dilation)):
+            raise ValueError(f"ConvTranspose2d: output_padding {self.output_padding} must be "
+                             f"smaller than stride {self.stride} or dilation {self.dilation}")
+
+    def config(self):
+        cfg = self._common_config()
+        cfg["output_padding"] = self.output_padding
+        return cfg
+
+    def forward(self, x):
+        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding,
+                                  self.output_padding, self.dilation, self.groups)
+
+
+# ------------------------------------------------------------- normalization
+
+class _BatchNorm(Module):
+    _input_ndims = (4,)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, *, bias=True):
+        super().__init__()
+        fn = type(self).__name__
+        self.num_features = _positive(fn, "num_features", num_features)
+        self.eps = _float(fn, "eps", eps)
+        self.momentum = None if momentum is None else _float(fn, "momentum", momentum)
+        self.affine = _bool(fn, "affine", affine)
+        self.track_running_stats = _bool(fn, "track_running_stats", track_running_stats)
+        self.use_bias = _bool(fn, "bias", bias)
+        c = self.num_features
+        if self.affine:
+            self.weight = Parameter(np.ones(c, np.float32))
+            if self.use_bias:
+                self.bias = Parameter(np.zeros(c, np.float32))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if self.track_running_stats:
+            self.register_buffer("running_mean", _tensor(np.zeros(c, np.float32)))
+            self.register_buffer("running_var", _tensor(np.ones(c, np.float32)))
+            self.register_buffer("num_batches_tracked", _tensor(0, dtype="int64"))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
+            init.zeros_(self.num_batches_tracked)
+
+    def reset_parameters(self):
+        self.reset_running_stats()
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def config(self):
+        return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum,
+                "affine": self.affine, "track_running_stats": self.track_running_stats,
+                "bias": self.use_bias}
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")
+
+    def forward(self, x):
+        if x.ndim not in self._input_ndims:
+            want = " or ".join(f"{n}D" for n in self._input_ndims)
+            raise ValueError(f"{type(self).__name__}: expected {want} input, got {x.ndim}D "
+                             f"input of shape {x.shape}")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked += 1   # in place
+            if self.momentum is None:       # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        use_batch_stats = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        # F.batch_norm takes MegEngine's momentum (the weight of the old
+        # running value): PyTorch's m is MegEngine's 1 - m
+        return F.batch_norm(x, self.running_mean if track else None,
+                            self.running_var if track else None, self.weight, self.bias,
+                            use_batch_stats, 1.0 - factor, self.eps)
+
+
+@_builtin
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization over x [N, C] or [N, C, L] (statistics per channel C).
+
+    Args:
+        num_features: C.
+        eps: added to the variance.
+        momentum: PyTorch's convention (not MegEngine's):
+            ``running = (1 - momentum) * running + momentum * batch``, default
+            0.1; None: cumulative average over all batches seen. running_var
+            is updated with the unbiased batch variance (as PyTorch does).
+        affine: learn ``weight`` (ones) and ``bias`` (zeros) [C].
+        track_running_stats: keep ``running_mean`` (zeros), ``running_var``
+            (ones) [C] and ``num_batches_tracked`` (int64 scalar) buffers.
+        bias: (keyword only, as in PyTorch >= 2.10) with affine, learn the bias.
+
+    In training mode it normalizes with the batch statistics and updates the
+    buffers in place; in eval mode it uses the running statistics.
+    """
+    _input_ndims = (2, 3)
+
+
+@_builtin
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization over x [N, C, H, W]; arguments and buffers as
+    :class:`BatchNorm1d` (momentum in PyTorch's convention, default 0.1:
+    ``running = (1 - momentum) * running + momentum * batch``)."""
+    _input_ndims = (4,)
+
+
+@_builtin
+class LayerNorm(Module):
+    """Normalize over the last ``len(normalized_shape)`` axes.
+
+    Args:
+        normalized_shape: int or tuple, the trailing shape (config gives a tuple).
+        eps: added to the variance.
+        elementwise_affine: learn ``weight`` (ones) and, with ``bias``,
+            ``bias`` (zeros), both of shape normalized_shape.
+        bias: learn the bias (PyTorch >= 2.1's argument).
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+        super().__init__()
+        fn = "LayerNorm"
+        if isinstance(normalized_shape, (tuple, list)):
+            shape = tuple(_positive(fn, "normalized_shape", d) for d in normalized_shape)
+        else:
+            shape = (_positive(fn, "normalized_shape", normalized_shape),)
+        self.normalized_shape = shape
+        self.eps = _float(fn, "eps", eps)
+        self.elementwise_affine = _bool(fn, "elementwise_affine", elementwise_affine)
+        self.use_bias = _bool(fn, "bias", bias)
+        if self.elementwise_affine:
+            self.weight = Parameter(np.ones(shape, np.float32))
+            if self.use_bias:
+                self.bias = Parameter(np.zeros(shape, np.float32))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def config(self):
+        return {"normalized_shape": self.normalized_shape, "eps": self.eps,
+                "elementwise_affine": self.elementwise_affine, "bias": self.use_bias}
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+@_builtin
+class GroupNorm(Module):
+    """Group normalization over x [N, C, *]: C is split into ``num_groups``.
+
+    Parameters (with ``affine``) ``weight`` (ones) and ``bias`` (zeros) [C];
+    keyword-only ``bias=False`` leaves the bias out (PyTorch >= 2.10).
+
+    Raises ValueError when num_channels is not divisible by num_groups.
+    """
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, bias=True):
+        super().__init__()
+        fn = "GroupNorm"
+        self.num_groups = _positive(fn, "num_groups", num_groups)
+        self.num_channels = _positive(fn, "num_channels", num_channels)
+        if self.num_channels % self.num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({self.num_channels}) must be divisible "
+                             f"by num_groups ({self.num_groups})")
+        self.eps = _float(fn, "eps", eps)
+        self.affine = _bool(fn, "affine", affine)
+        self.use_bias = _bool(fn, "bias", bias)
+        if self.affine:
+            self.weight = Parameter(np.ones(self.num_channels, np.float32))
+            if self.use_bias:
+                self.bias = Parameter(np.zeros(self.num_channels, np.float32))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def config(self):
+        return {"num_groups": self.num_groups, "num_channels": self.num_channels,
+                "eps": self.eps, "affine": self.affine, "bias": self.use_bias}
+
+    def extra_repr(self):
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+@_builtin
+class Embedding(Module):
+    """A lookup table: integer indices [*] -> rows of ``weight`` [*, embedding_dim].
+
+    ``weight`` [num_embeddings, embedding_dim] starts N(0, 1), with row
+    ``padding_idx`` (if given; negative counts from the end) zeroed, as
+    PyTorch does. (No gradient, so padding_idx only affects initialisation.)
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        fn = "Embedding"
+        self.num_embeddings = _positive(fn, "num_embeddings", num_embeddings)
+        self.embedding_dim = _positive(fn, "embedding_dim", embedding_dim)
+        if padding_idx is not None:
+            padding_idx = _int(fn, "padding_idx", padding_idx)
+            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
+                raise ValueError(f"Embedding: padding_idx {padding_idx} is out of range for "
+                                 f"{self.num_embeddings} embeddings")
+            if padding_idx < 0:
+                padding_idx += self.num_embeddings
+        self.padding_idx = padding_idx
+        self.weight = _empty_param((self.num_embeddings, self.embedding_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight[self.padding_idx] = 0
+
+    def config(self):
+        return {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim,
+                "padding_idx": self.padding_idx}
+
+    def extra_repr(self):
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        return s
+
+    def forward(self, x):
+        return F.embedding(x, self.weight)
+
+
+# -------------------------------------------------------------- activations
+
+class _Stateless(Module):
+    """A builtin with no constructor arguments."""
+
+    def config(self):
+        return {}
+
+
+@_builtin
+class ReLU(_Stateless):
+    """max(x, 0)."""
+
+    def forward(self, x):
+        return F.relu(x)
+
+
+@_builtin
+class ReLU6(_Stateless):
+    """min(max(x, 0), 6)."""
+
+    def forward(self, x):
+        return F.relu6(x)
+
+
+@_builtin
+class GELU(Module):
+    """x * Phi(x); ``approximate="tanh"`` uses the tanh approximation."""
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def config(self):
+        return {"approximate": self.approximate}
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
+
+    def forward(self, x):
+        return F.gelu(x, self.approximate)
+
+
+@_builtin
+class SiLU(_Stateless):
+    """x * sigmoid(x)."""
+
+    def forward(self, x):
+        return F.silu(x)
+
+
+@_builtin
+class Sigmoid(_Stateless):
+    """1 / (1 + exp(-x))."""
+
+    def forward(self, x):
+        return F.sigmoid(x)
+
+
+@_builtin
+class Tanh(_Stateless):
+    """tanh(x)."""
+
+    def forward(self, x):
+        return F.tanh(x)
+
+
+@_builtin
+class Hardswish(_Stateless):
+    """x * relu6(x + 3) / 6."""
+
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+@_builtin
+class Hardsigmoid(_Stateless):
+    """relu6(x + 3) / 6."""
+
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
+@_builtin
+class Softmax(Module):
+    """softmax along ``dim``.
+
+    dim=None picks an axis as PyTorch's (and MegEngine's) legacy rule does:
+    0 for inputs of 0, 1 or 3 dimensions, else 1.
+    """
+
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = None if dim is None else _int("Softmax", "dim", dim)
+
+    def config(self):
+        return {"dim": self.dim}
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+    def forward(self, x):
+        dim = self.dim
+        if dim is None:
+            dim = 0 if x.ndim in (0, 1, 3) else 1
+        return F.softmax(x, dim)
+
+
+# ------------------------------------------------------------------ pooling
+
+def _pool_arg(fn, name, v, minimum):
+    """PyTorch keeps pooling sizes as given (int or tuple); so do we."""
+    if isinstance(v, (tuple, list)):
+        return _ntuple(fn, name, v, 2, minimum)
+    v = _int(fn, name, v)
+    if v < minimum:
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
+    return v
+
+
+@_builtin
+class MaxPool2d(Module):
+    """Max pooling over x [N, C, H, W]. stride defaults to kernel_size."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__()
+        fn = "MaxPool2d"
+        self.kernel_size = _pool_arg(fn, "kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else _pool_arg(fn, "stride", stride, 1)
+        self.padding = _pool_arg(fn, "padding", padding, 0)
+        self.dilation = _pool_arg(fn, "dilation", dilation, 1)
+        self.ceil_mode = _bool(fn, "ceil_mode", ceil_mode)
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "ceil_mode": self.ceil_mode}
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation,
+                            self.ceil_mode)
+
+
+@_builtin
+class AvgPool2d(Module):
+    """Average pooling over x [N, C, H, W]. stride defaults to kernel_size;
+    ``count_include_pad`` counts zero padding in the divisor (PyTorch's default)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True):
+        super().__init__()
+        fn = "AvgPool2d"
+        self.kernel_size = _pool_arg(fn, "kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else _pool_arg(fn, "stride", stride, 1)
+        self.padding = _pool_arg(fn, "padding", padding, 0)
+        self.ceil_mode = _bool(fn, "ceil_mode", ceil_mode)
+        self.count_include_pad = _bool(fn, "count_include_pad", count_include_pad)
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "ceil_mode": self.ceil_mode, "count_include_pad": self.count_include_pad}
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+    def forward(self, x):
+        mode = "average" if self.count_include_pad else "average_count_exclude_padding"
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, mode,
+                            self.ceil_mode)
+
+
+@_builtin
+class AdaptiveAvgPool2d(Module):
+    """Average pooling of x [N, C, H, W] to ``output_size`` (int or pair)."""
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = _pool_arg("AdaptiveAvgPool2d", "output_size", output_size, 1)
+
+    def config(self):
+        return {"output_size": self.output_size}
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+# -------------------------------------------------------------------- misc
+
+@_builtin
+class Dropout(Module):
+    """Zeroes each element with probability ``p`` in training (scaling the
+    rest by 1/(1-p)); the identity in eval mode."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        p = _float("Dropout", "p", p)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = p
+
+    def config(self):
+        return {"p": self.p}
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+
+@_builtin
+class Identity(Module):
+    """Returns its input. Accepts and ignores any constructor arguments (as
+    PyTorch's does); config() is always empty."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def config(self):
+        return {}
+
+    def forward(self, x):
+        return x
+
+
+@_builtin
+class Flatten(Module):
+    """Merge axes ``start_dim`` .. ``end_dim`` into one (default: all but the batch axis)."""
+
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim = _int("Flatten", "start_dim", start_dim)
+        self.end_dim = _int("Flatten", "end_dim", end_dim)
+
+    def config(self):
+        return {"start_dim": self.start_dim, "end_dim": self.end_dim}
+
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+    def forward(self, x):
+        return F.flatten(x, self.start_dim, self.end_dim)

@@ -1,0 +1,468 @@
+"""Module: the base class of every network block.
+
+State lives in three ordered tables that attribute assignment keeps up to
+date (PyTorch's model, which users of MegEngine and torch.fx both expect):
+
+* ``_parameters``: :class:`Parameter` values (learnable),
+* ``_buffers``: tensors registered with :meth:`Module.register_buffer`
+  (running statistics and the like; ``persistent=False`` ones stay out of
+  :meth:`Module.state_dict`),
+* ``_modules``: child modules.
+
+The rule for ``module.name = value``:
+
+===========================================  ==================================
+value                                        effect
+===========================================  ==================================
+a Parameter                                  registered as parameter ``name``
+a Module                                     registered as child ``name``
+a Tensor, ``name`` is a registered buffer    replaces the buffer
+None, ``name`` is registered                 stays registered, holds None
+                                             (skipped by the iterators and
+                                             state_dict, like an absent bias)
+a plain Tensor, ``name`` is a parameter      TypeError (wrap it in Parameter,
+                                             or ``del`` the parameter first)
+anything else                                a plain attribute; a registration
+                                             under ``name`` is dropped
+===========================================  ==================================
+
+``del module.name`` drops the registration. Plain tensor attributes are
+neither parameters nor buffers: register them with ``register_buffer``.
+Python lists of modules are not searched; use :class:`ModuleList`.
+"""
+import copy
+from collections import OrderedDict, namedtuple
+
+import numpy as np
+
+from mgtrace._core import Tensor
+from mgtrace.module.parameter import Parameter
+
+__all__ = ["Module", "StateDictError", "IncompatibleKeys"]
+
+
+class StateDictError(ValueError):
+    """``load_state_dict`` refused a state dict.
+
+    Attributes:
+        missing_keys: keys the module has and the state dict lacks.
+        unexpected_keys: keys the state dict has and the module lacks.
+        mismatched: ``(key, what, expected, actual)`` tuples for shape and
+            dtype mismatches (``what`` is ``"shape"``, ``"dtype"`` or ``"type"``).
+    """
+
+    def __init__(self, message, missing_keys=(), unexpected_keys=(), mismatched=()):
+        super().__init__(message)
+        self.missing_keys = list(missing_keys)
+        self.unexpected_keys = list(unexpected_keys)
+        self.mismatched = list(mismatched)
+
+
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+IncompatibleKeys.__doc__ = """What ``load_state_dict`` did not match: lists of keys."""
+
+
+def _check_name(kind, name):
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
+    if name == "":
+        raise ValueError(f"{kind} name cannot be empty")
+    if "." in name:
+        raise ValueError(f"{kind} name cannot contain '.', got {name!r} "
+                         "(dots separate the levels of state_dict keys)")
+
+
+def _addindent(text, spaces):
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    pad = " " * spaces
+    return lines[0] + "\n" + "\n".join(pad + line for line in lines[1:])
+
+
+def _view(t):
+    """A plain Tensor sharing ``t``'s storage (what state_dict hands out)."""
+    return t.reshape(t.shape)
+
+
+class Module:
+    """Base class of network blocks: parameters, buffers, child modules, forward.
+
+    Subclasses call ``super().__init__()`` first, assign Parameters, Modules
+    and buffers in ``__init__``, and define ``forward``. Calling the module
+    runs ``forward``.
+
+    >>> import mgtrace as mt, mgtrace.module as M
+    >>> class Net(M.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = M.Linear(4, 2)
+    ...         self.register_buffer("scale", mt.tensor([2.0]))
+    ...     def forward(self, x):
+    ...         return self.fc(x) * self.scale
+    >>> list(Net().state_dict())
+    ['scale', 'fc.weight', 'fc.bias']
+    >>> Net()(mt.tensor([[1.0, 2.0, 3.0, 4.0]])).shape
+    (1, 2)
+    """
+
+    training: bool
+
+    def __init__(self):
+        d = self.__dict__
+        d["training"] = True
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_non_persistent_buffers"] = set()
+        d["_modules"] = OrderedDict()
+
+    # ------------------------------------------------------------ forward
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward(); define "
+                                  "forward(self, ...) in the subclass")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # ------------------------------------------------------- registration
+    def _tables(self):
+        try:
+            d = self.__dict__
+            return d["_parameters"], d["_buffers"], d["_modules"]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call "
+                                 "super().__init__() before assigning attributes") from None
+
+    def _check_new_name(self, kind, name):
+        _check_name(kind, name)
+        params, buffers, modules = self._tables()
+        if name in self.__dict__ or (hasattr(type(self), name) and name not in params
+                                     and name not in buffers and name not in modules):
+            raise KeyError(f"attribute {name!r} already exists on {type(self).__name__}")
+
+    def register_parameter(self, name, param):
+        """Register ``param`` (a Parameter, or None for an absent one) as ``name``.
+
+        Raises TypeError for a value that is not a Parameter or None,
+        KeyError when ``name`` is already a plain attribute."""
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot register {type(param).__name__} as parameter {name!r}: "
+                            "mgtrace.module.Parameter or None expected")
+        self._check_new_name("parameter", name)
+        self._drop(name, keep=self._parameters)
+        self._parameters[name] = param
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """Register ``tensor`` (a Tensor, or None) as buffer ``name``.
+
+        Buffers are state that is not learned (running statistics). A
+        persistent buffer appears in ``state_dict``; a non-persistent one
+        only in ``named_buffers``.
+
+        Raises TypeError for a value that is not a Tensor or None,
+        KeyError when ``name`` is already a plain attribute."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"cannot register {type(tensor).__name__} as buffer {name!r}: "
+                            "mgtrace.Tensor or None expected")
+        self._check_new_name("buffer", name)
+        self._drop(name, keep=self._buffers)
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers.discard(name)
+        else:
+            self._non_persistent_buffers.add(name)
+
+    def add_module(self, name, module):
+        """Register ``module`` (a Module, or None) as child ``name``."""
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"cannot register {type(module).__name__} as child module {name!r}: "
+                            "mgtrace.module.Module or None expected")
+        self._check_new_name("module", name)
+        self._drop(name, keep=self._modules)
+        self._modules[name] = module
+
+    register_module = add_module
+
+    def _drop(self, name, keep=None):
+        """Forget ``name`` everywhere except the table ``keep`` (so that
+        re-registering a name keeps its position, as PyTorch's dicts do)."""
+        for table in self._tables():
+            if table is not keep:
+                table.pop(name, None)
+        if keep is not self._buffers:
+            self._non_persistent_buffers.discard(name)
+        self.__dict__.pop(name, None)
+
+    def __setattr__(self, name, value):
+        params, buffers, modules = self._tables()
+        if isinstance(value, Parameter):
+            self._drop(name, keep=params)
+            params[name] = value
+        elif isinstance(value, Module):
+            self._drop(name, keep=modules)
+            modules[name] = value
+        elif name in params:
+            if value is None:
+                params[name] = None
+            elif isinstance(value, Tensor):
+                raise TypeError(
+                    f"cannot assign a plain Tensor to parameter {name!r} of "
+                    f"{type(self).__name__}: wrap it as mgtrace.module.Parameter(value), "
+                    f"or `del module.{name}` first to make it an ordinary attribute")
+            else:
+                self._drop(name)
+                object.__setattr__(self, name, value)
+        elif name in buffers and (value is None or isinstance(value, Tensor)):
+            buffers[name] = value
+        elif name in modules and value is None:
+            modules[name] = None
+        else:
+            if name in buffers or name in modules:
+                self._drop(name)
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        # only reached when normal lookup fails
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            t = d.get(table)
+            if t is not None and name in t:
+                return t[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __delattr__(self, name):
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            t = d.get(table)
+            if t is not None and name in t:
+                del t[name]
+                self._non_persistent_buffers.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy: a module with copies of every tensor (the core's
+        Tensor does not pickle, so buffers and tensor attributes are copied
+        here; a tensor shared by several modules stays shared in the copy)."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        d = self.__dict__
+        for t in list(d.get("_buffers", {}).values()) + list(d.values()):
+            if isinstance(t, Tensor) and not isinstance(t, Parameter) and id(t) not in memo:
+                memo[id(t)] = t.copy()
+        for k, v in d.items():
+            new.__dict__[k] = copy.deepcopy(v, memo)
+        return new
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers)
+                      | set(self._modules))
+
+    # ----------------------------------------------------------- iteration
+    def named_children(self):
+        """(name, module) for each direct child, in registration order; a
+        child registered under two names is given once."""
+        seen = set()
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
+
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(qualified name, module) for self and every descendant, depth first.
+
+        Args:
+            prefix: prepended to every name (self is ``prefix``, ``""`` by default).
+            remove_duplicate: give a module reached by several paths (a
+                shared submodule) only once, under the first path.
+        """
+        if memo is None:
+            memo = set()
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is None:
+                continue
+            yield from m.named_modules(memo, prefix + ("." if prefix else "") + name,
+                                       remove_duplicate)
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def _named_members(self, table, prefix, recurse, remove_duplicate):
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) \
+            if recurse else [(prefix, self)]
+        seen = set()
+        for mod_prefix, m in mods:
+            for name, t in getattr(m, table).items():
+                if t is None:
+                    continue
+                if remove_duplicate:
+                    if id(t) in seen:
+                        continue
+                    seen.add(id(t))
+                yield mod_prefix + ("." if mod_prefix else "") + name, t
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """(qualified name, Parameter) pairs; a shared parameter is given once."""
+        return self._named_members("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse=True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        """(qualified name, Tensor) for every buffer, persistent or not."""
+        return self._named_members("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    # ----------------------------------------------------------- state dict
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """An ordered dict from qualified name to tensor.
+
+        Order (PyTorch's): own parameters, own persistent buffers, then each
+        child's entries in registration order, recursively. Keys look like
+        ``"layer1.0.conv1.weight"``. A shared submodule appears under each of
+        its names. None-valued entries are left out.
+
+        Values share memory with the module's tensors (plain Tensor views;
+        the Parameter objects themselves with ``keep_vars=True``): copy them
+        (``{k: v.numpy() ...}``) to keep a snapshot.
+        """
+        if destination is None:
+            destination = OrderedDict()
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else _view(p)
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent_buffers:
+                destination[prefix + name] = b if keep_vars else _view(b)
+        for name, m in self._modules.items():
+            if m is not None:
+                m.state_dict(destination, prefix + name + ".", keep_vars)
+        return destination
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copy values from ``state_dict`` into this module's tensors, in place.
+
+        Args:
+            state_dict: mapping from qualified name (as :meth:`state_dict`
+                gives) to a Tensor, NumPy array or anything ``np.asarray``
+                takes (a CPU ``torch.Tensor`` works).
+            strict: when True, a key the module has and ``state_dict`` lacks
+                (missing) or the reverse (unexpected) is an error.
+
+        Returns:
+            ``IncompatibleKeys(missing_keys, unexpected_keys)``: empty lists
+            when strict.
+
+        Raises:
+            StateDictError (a ValueError): a shape or dtype mismatch (always;
+            no casting), or missing/unexpected keys when strict. Every
+            problem is listed, and nothing is copied unless all checks pass.
+        """
+        own = self.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        mismatched, plan = [], []
+        for key, target in own.items():
+            if key not in state_dict:
+                continue
+            value = state_dict[key]
+            if not isinstance(value, Tensor):
+                kind = type(value).__name__
+                try:
+                    value = np.asarray(value)
+                except Exception as e:  # e.g. a CUDA or bfloat16 torch tensor
+                    mismatched.append((key, "type", "a Tensor or array", f"{kind} ({e})"))
+                    continue
+                if value.dtype == object:
+                    mismatched.append((key, "type", "a Tensor or array", kind))
+                    continue
+            if tuple(value.shape) != target.shape:
+                mismatched.append((key, "shape", target.shape, tuple(value.shape)))
+            elif np.dtype(value.dtype) != target.dtype:
+                mismatched.append((key, "dtype", target.dtype.name, np.dtype(value.dtype).name))
+            else:
+                plan.append((target, value))
+        problems = [f"{key}: {what} mismatch, expected {exp}, got {act}"
+                    for key, what, exp, act in mismatched]
+        if strict:
+            if missing:
+                problems.append("missing keys: " + ", ".join(missing))
+            if unexpected:
+                problems.append("unexpected keys: " + ", ".join(unexpected))
+        if problems:
+            hint = ("\n(pass strict=False to load the matching keys and skip "
+                    "missing/unexpected ones)" if strict and (missing or unexpected) else "")
+            raise StateDictError(
+                f"error loading state dict into {type(self).__name__}:\n  "
+                + "\n  ".join(problems) + hint, missing, unexpected, mismatched)
+        for target, value in plan:
+            target[...] = value
+        return IncompatibleKeys(missing if not strict else [], unexpected if not strict else [])
+
+    # ----------------------------------------------------------- modes, misc
+    def train(self, mode=True):
+        """Set ``training`` on self and every descendant; returns self."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"train(mode) takes a bool, got {type(mode).__name__}")
+        for m in self.modules():
+            m.__dict__["training"] = mode
+        return self
+
+    def eval(self):
+        """``train(False)``: dropout off, batch norm uses running statistics."""
+        return self.train(False)
+
+    def apply(self, fn):
+        """Call ``fn(m)`` on every descendant, then on self (children first, as
+        PyTorch does); returns self. Typical use: custom initialisation."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, device):
+        """Move every parameter and buffer to ``device`` (in place on the
+        module; tensors already there are kept). Returns self."""
+        for m in self.modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    moved = p.to(device)
+                    if moved is not p:
+                        m._parameters[name] = Parameter(moved, device=device)
+            for name, b in m._buffers.items():
+                if b is not None:
+                    m._buffers[name] = b.to(device)
+        return self
+
+    # --------------------------------------------------------------- repr
+    def extra_repr(self):
+        """One line (or several) describing this module's own configuration,
+        shown in ``repr`` after the class name. Override in subclasses."""
+        return ""
+
+    def _get_name(self):
+        return type(self).__name__
+
+    def __repr__(self):
+        extra = self.extra_repr()
+        lines = extra.split("\n") if extra else []
+        for name, m in self._modules.items():
+            lines.append(f"({name}): " + _addindent(repr(m), 2))
+        if not self._modules:
+            return f"{self._get_name()}({extra})"
+        body = "\n  ".join(lines)
+        return f"{self._get_name()}(\n  {body}\n)"
