@@ -697,7 +697,13 @@ for _table, _n_in in ((unary_ops, 1), (binary_ops, 2), (ternary_ops, 3)):
         register_op(_n, _f, _n_in)
 register_op("astype", astype)
 
-install_dispatch(binary, unary)
+install_dispatch(binary, unary, traced, &_tracing)
+# views and in-place writes of Tensor report to the trace hook under these names
+register_op("reshape", lambda x, shape: x.reshape(shape), 1)
+register_op("transpose", lambda x, axes: x.transpose(axes), 1)
+register_op("expand_dims", lambda x, axis: x.expand_dims(axis), 1)
+register_op("squeeze", lambda x, axis=None: x.squeeze(axis), 1)
+register_op("broadcast_to", lambda x, shape: x.broadcast_to(shape), 1)
 _tensor_mod._install_codes(BINARY, UNARY)
 _tensor_mod._install_ops(copy_=copy_, cast=cast_)
 

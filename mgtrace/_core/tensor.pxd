@@ -17,7 +17,8 @@ cdef class Tensor:
 # cimport dispatch: dispatch cimports tensor).
 ctypedef object (*binary_fn)(int op, object a, object b, object out)
 ctypedef object (*unary_fn)(int op, object a, object out)
-cdef void install_dispatch(binary_fn b, unary_fn u) noexcept
+ctypedef object (*traced_fn)(str name, tuple inputs, dict params)
+cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept
 
 cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device)
 cdef Tensor empty_like_shape(tuple shape, int dtype, int device)

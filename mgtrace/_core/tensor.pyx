@@ -27,13 +27,18 @@ cnp.import_array()
 
 cdef binary_fn _binary = NULL
 cdef unary_fn _unary = NULL
+cdef traced_fn _traced = NULL
+cdef bint _no_tracing = False
+cdef bint *_tracing = &_no_tracing   # dispatch's module-tracing switch
 _OPS = {}   # Python-level ops installed by the other core modules (copy, getitem, reductions...)
 
 
-cdef void install_dispatch(binary_fn b, unary_fn u) noexcept:
-    global _binary, _unary
+cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept:
+    global _binary, _unary, _traced, _tracing
     _binary = b
     _unary = u
+    _traced = t
+    _tracing = tracing
 
 
 def _install_ops(**ops):
@@ -714,6 +719,8 @@ cdef class Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) and not (
                 isinstance(shape[0], Tensor) and (<Tensor>shape[0])._ndim == 0):
             shape = shape[0]
+        if _tracing[0]:
+            return _traced("reshape", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
         cdef int64_t new[16]
         cdef int64_t strides[16]
         cdef int nd = parse_shape(shape, new)
@@ -753,6 +760,8 @@ cdef class Tensor:
         """Permute the axes (reverse them when none are given). A view."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
+        if _tracing[0]:
+            return _traced("transpose", (self,), {"axes": tuple(axes)})
         cdef int nd = self._ndim, i, a
         if not axes:
             axes = tuple(range(nd - 1, -1, -1))
@@ -775,6 +784,8 @@ cdef class Tensor:
 
     def expand_dims(self, axis):
         """Insert size-1 axes at ``axis`` (int or sequence, positions in the result)."""
+        if _tracing[0]:
+            return _traced("expand_dims", (self,), {"axis": axis})
         axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         cdef int nd = self._ndim + len(axes), i, j = 0
         norm = sorted({normalize_axis(a, nd) for a in axes})
@@ -799,6 +810,8 @@ cdef class Tensor:
 
         Raises ValueError when a named axis is not of size 1."""
         cdef int i, nd = 0
+        if _tracing[0]:
+            return _traced("squeeze", (self,), {"axis": axis})
         if axis is None:
             drop = {i for i in range(self._ndim) if self._shape[i] == 1}
         else:
@@ -824,6 +837,8 @@ cdef class Tensor:
 
         Raises ValueError when the shapes do not broadcast or the element
         count overflows int64."""
+        if _tracing[0]:
+            return _traced("broadcast_to", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
         cdef int64_t shp[16]
         cdef int64_t st[16]
         cdef int nd = parse_shape(shape, shp), i, j
@@ -849,6 +864,9 @@ cdef class Tensor:
         return _OPS["getitem"](self, index)
 
     def __setitem__(self, index, value):
+        if _tracing[0]:
+            _traced("setitem", (self, index, value), {})
+            return
         _OPS["setitem"](self, index, value)
 
     def __len__(self):

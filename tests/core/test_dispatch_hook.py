@@ -75,3 +75,17 @@ def test_apply_runs_op_defs():
         mt.apply(mt.OpDef("frobnicate"), mt.tensor([1]))
     with pytest.raises(TypeError):
         mt.apply("add", 1, 2)
+
+
+def test_views_and_setitem_reach_the_hook(hook):
+    x = mt.tensor(np.arange(6.0))
+    y = x.reshape(2, 3).transpose(1, 0).expand_dims(0).squeeze(0).broadcast_to((2, 3, 2))
+    x[0] = 5.0
+    names = [c[0] for c in hook.calls]
+    assert names == ["reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "setitem"]
+    assert hook.calls[0][1] == {"shape": (2, 3)}
+    dispatch.set_module_tracing(False)
+    assert y.shape == (2, 3, 2) and x[0].item() == 5.0
+    want = np.arange(6.0)
+    want[0] = 5.0      # y views x's memory
+    np.testing.assert_array_equal(y.numpy()[0], want.reshape(2, 3).T)
