@@ -458,11 +458,15 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
                              f"{x.shape}")
         mean = _reduce.mean(x, axes, True)
         var = _reduce.var(x, axes, True)
-    y = _B["mul"](_B["sub"](x, mean), _U["rsqrt"](_B["add"](var, eps)))
+    # per-channel scale and shift first, then two passes over x (PyTorch's
+    # CPU kernel does the same): y = x * scale + (bias - mean * scale)
+    scale = _U["rsqrt"](_B["add"](var, eps))
     if w is not None:
-        y = _B["mul"](y, w.reshape(shape))
+        scale = _B["mul"](scale, w.reshape(shape))
+    shift = _U["neg"](_B["mul"](mean, scale))
     if b is not None:
-        y = _B["add"](y, b.reshape(shape))
+        shift = _B["add"](shift, b.reshape(shape))
+    y = _B["add"](_B["mul"](x, scale), shift)
     if not training:
         return y
     new_mean = new_var = None
