@@ -884,7 +884,7 @@ cdef class Tensor:
     def __repr__(self):
         cdef int64_t n = numel(self)
         if n > 1 << 20:   # NumPy would summarise; do not materialise a huge view
-            return (f"Tensor(<{n} elements, first {self.copy_head(6).tolist()}>, shape={self.shape}, "
+            return (f"Tensor(<{n} elements, first {self._head_values(6).tolist()}>, shape={self.shape}, "
                     f"dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})")
         arr = self.numpy()
         if self._dtype == 8:
@@ -892,7 +892,7 @@ cdef class Tensor:
         body = np.array2string(arr, separator=", ", prefix="Tensor(", threshold=1000)
         return f"Tensor({body}, dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})"
 
-    def copy_head(self, int k):
+    def _head_values(self, int k):
         """The first k elements in C order as a NumPy array (no full copy)."""
         idx = np.unravel_index(np.arange(min(k, numel(self))), self.shape)
         return np.array([self[tuple(int(i[j]) for i in idx)].item() for j in range(len(idx[0]))])
