@@ -123,11 +123,12 @@ cdef object traced(str name, tuple inputs, dict params):
 
 
 cdef object traced_into(str name, tuple inputs, object out):
-    res = traced(name, inputs, {})
+    # an in-place op (x += y) reaches the hook with its destination as the
+    # ``out`` param, so the tracer can rebind x to the result; the hook runs
+    # the op with ``out`` and so does the write itself
     if out is None:
-        return res
-    copy_(out, res)
-    return out
+        return traced(name, inputs, {})
+    return traced(name, inputs, {"out": out})
 
 
 def set_module_tracing(bint enabled):

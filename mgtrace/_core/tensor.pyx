@@ -548,7 +548,12 @@ cdef class Tensor:
     # ---- properties
     @property
     def shape(self):
-        """Dimensions, a tuple of ints."""
+        """Dimensions, a tuple of ints (while a module is traced, ints that
+        remember where they came from, so shape arithmetic is recorded)."""
+        if _tracing[0]:
+            hook = _OPS.get("shape_hook")
+            if hook is not None:
+                return hook(self)
         return tuple([self._shape[i] for i in range(self._ndim)])
 
     @property

@@ -62,6 +62,11 @@ IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_k
 IncompatibleKeys.__doc__ = """What ``load_state_dict`` did not match: lists of keys."""
 
 
+# Set by mgtrace.traced_module while it traces: hook(module, args, kwargs)
+# receives every module call (the tracer runs the call itself).
+_call_hook = None
+
+
 def _check_name(kind, name):
     if not isinstance(name, str):
         raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
@@ -122,6 +127,12 @@ class Module:
                                   "forward(self, ...) in the subclass")
 
     def __call__(self, *args, **kwargs):
+        if _call_hook is not None:          # a module is being traced
+            return _call_hook(self, args, kwargs)
+        return self._call_impl(args, kwargs)
+
+    def _call_impl(self, args, kwargs):
+        """What calling the module does when nothing traces it."""
         return self.forward(*args, **kwargs)
 
     # ------------------------------------------------------- registration
