@@ -19,6 +19,10 @@ promotion and shapes NumPy's broadcasting (DESIGN.md, "Tensor core").
 Every public name is listed in ``__all__``.
 """
 from mgtrace.functional import math, nn, tensor  # noqa: F401  (submodules)
+from mgtrace.functional import _trace
+
+for _m in (math, nn, tensor):       # the tracer records calls of these (see _trace)
+    _trace.wrap_public(_m)
 from mgtrace.functional.math import *  # noqa: F401,F403
 from mgtrace.functional.math import __all__ as _math_all
 from mgtrace.functional.nn import *  # noqa: F401,F403

@@ -1,0 +1,221 @@
+"""Exprs: the statements of a graph. One closed set (:data:`EXPR_KINDS`):
+
+==============  ==========================================================
+Input           a graph input (``self`` or an argument of forward)
+GetAttr         ``self.<dotted.path>``: a submodule, parameter or buffer
+CallMethod      a method of a node: a module call (``__call__``), a tensor
+                method or operator (``reshape``, ``__add__``, ``shape``)
+CallFunction    a function: ``mgtrace.functional``, ``operator`` (shape
+                arithmetic), or a user function made traceable with ``wrap``
+Constant        a value captured while tracing (a tensor made outside the
+                recorded calls, a non-parameter tensor attribute, ...)
+Apply           a raw core op (``mgtrace.apply(OpDef(...), ...)``) that has
+                no method form
+==============  ==========================================================
+
+Arguments are kept as given (``args`` tuple and ``kwargs`` dict) with Nodes
+in place of traced values, wherever they sit in nested containers, as in
+torch.fx. ``inputs`` lists those nodes in order; ``outputs`` are the nodes
+the expr produces, ``out_def`` the TreeDef that rebuilds its result.
+"""
+import itertools
+import operator
+import os
+import sys
+
+from mgtrace.traced_module.node import Node
+from mgtrace.traced_module.pytree import tree_flatten, tree_map
+
+__all__ = ["Expr", "Input", "GetAttr", "CallMethod", "CallFunction", "Constant", "Apply",
+           "EXPR_KINDS", "is_node"]
+
+_ids = itertools.count()
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def is_node(v):
+    return isinstance(v, Node)
+
+
+def user_source():
+    """``"file.py:42"`` of the innermost caller outside mgtrace (or None)."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG) and not fn.startswith("<mgtrace"):
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+class Expr:
+    """One statement of an InternalGraph (see the module docstring)."""
+    kind = "expr"
+
+    def __init__(self, args=(), kwargs=None):
+        self._id = next(_ids)
+        self.graph = None
+        self.outputs = []
+        self.out_def = None
+        self.source = None          # "file.py:line" of the user code that made it
+        self._set_args(tuple(args), dict(kwargs or {}))
+
+    # ----------------------------------------------------------- arguments
+    def _set_args(self, args, kwargs):
+        self.args = args
+        self.kwargs = kwargs
+        self._inputs = tree_flatten((args, kwargs), is_node)[0]
+
+    @property
+    def id(self):
+        return self._id
+
+    @property
+    def inputs(self):
+        """Input nodes in argument order (a node passed twice appears twice)."""
+        return list(self._inputs)
+
+    def replace_input(self, old, new):
+        """Make the expr read ``new`` wherever it read ``old``."""
+        swap = lambda v: new if v is old else v          # noqa: E731
+        args, kwargs = tree_map(swap, (self.args, self.kwargs), is_node)
+        self._set_args(args, kwargs)
+        if self.graph is not None:
+            old._remove_user(self)
+            new._add_user(self)
+
+    @property
+    def top_graph(self):
+        return self.graph
+
+    # ------------------------------------------------------------ printing
+    def _format_args(self, skip=0):
+        parts = [_fmt(a) for a in self.args[skip:]]
+        parts += [f"{k}={_fmt(v)}" for k, v in self.kwargs.items()]
+        return ", ".join(parts)
+
+    def _lhs(self):
+        if not self.outputs:
+            return ""
+        return ", ".join(map(repr, self.outputs)) + " = "
+
+    def __repr__(self):
+        return f"{self._lhs()}{self._rhs()}"
+
+    def _rhs(self):
+        raise NotImplementedError
+
+
+def _fmt(v):
+    if isinstance(v, Node):
+        return repr(v)
+    if isinstance(v, tuple):
+        inner = ", ".join(map(_fmt, v))
+        return f"({inner}{',' if len(v) == 1 else ''})"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_fmt, v)) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {_fmt(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, slice):
+        return ":".join("" if p is None else _fmt(p) for p in (v.start, v.stop, v.step)).rstrip(":") or ":"
+    return repr(v)
+
+
+class Input(Expr):
+    """A graph input; its one output is the input node."""
+    kind = "input"
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+    def _rhs(self):
+        return f"Input({self.name!r})"
+
+
+class GetAttr(Expr):
+    """``module_node.<name>``; ``name`` may be dotted (``layer1.0.conv1``)."""
+    kind = "getattr"
+
+    def __init__(self, module_node, name):
+        super().__init__((module_node,))
+        self.name = name
+
+    def _rhs(self):
+        return f"getattr({self.args[0]!r}, {self.name!r})"
+
+
+class CallMethod(Expr):
+    """``self_node.method(*args, **kwargs)``; ``args[0]`` is the self node.
+    For a module call (``method == "__call__"``) ``arg_def`` is the TreeDef of
+    the call's bound arguments, which selects the callee's graph."""
+    kind = "call_method"
+    PROPERTIES = frozenset({"shape"})          # read, not called
+
+    def __init__(self, self_node, method, args=(), kwargs=None):
+        super().__init__((self_node,) + tuple(args), kwargs)
+        self.method = method
+        self.arg_def = None
+
+    def _rhs(self):
+        if self.method in self.PROPERTIES:
+            return f"{self.args[0]!r}.{self.method}"
+        return f"{self.args[0]!r}.{self.method}({self._format_args(1)})"
+
+
+class CallFunction(Expr):
+    """``func(*args, **kwargs)``."""
+    kind = "call_function"
+
+    def __init__(self, func, args=(), kwargs=None):
+        super().__init__(args, kwargs)
+        self.func = func
+
+    def _rhs(self):
+        return f"{function_name(self.func)}({self._format_args()})"
+
+
+class Constant(Expr):
+    """A value captured while tracing (``value``: usually a Tensor)."""
+    kind = "constant"
+
+    def __init__(self, value, name=None):
+        super().__init__()
+        self.value = value
+        self.name = name
+
+    def _rhs(self):
+        v = self.value
+        shape = getattr(v, "shape", None)
+        if shape is not None:
+            return f"Constant({type(v).__name__} shape={tuple(shape)} dtype={v.dtype})"
+        return f"Constant({v!r})"
+
+
+class Apply(Expr):
+    """``mgtrace.apply(opdef, *args)``; ``kwargs`` are the op's params."""
+    kind = "apply"
+
+    def __init__(self, opdef_name, args=(), params=None):
+        super().__init__(args, params)
+        self.op = opdef_name
+
+    def _rhs(self):
+        return f"apply[{self.op}]({self._format_args()})"
+
+
+EXPR_KINDS = {cls.kind: cls for cls in (Input, GetAttr, CallMethod, CallFunction, Constant, Apply)}
+
+_OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in
+                   ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "getitem")}
+
+
+def function_name(fn):
+    """A readable dotted name: ``F.relu``, ``operator.mul``, ``mymod.fn``."""
+    if fn in _OPERATOR_NAMES:
+        return _OPERATOR_NAMES[fn]
+    mod = getattr(fn, "__module__", "") or ""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    if mod.startswith("mgtrace.functional"):
+        return f"F.{name}"
+    return f"{mod}.{name}" if mod else name

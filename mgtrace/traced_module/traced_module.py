@@ -1,0 +1,426 @@
+"""TracedModule and trace_module.
+
+``trace_module(net, x)`` puts ``net`` in eval mode, runs ``net(x)`` with the
+tracer on and returns a :class:`TracedModule` with the same module tree and
+state_dict: builtin modules are shared with ``net`` as leaves, every other
+module becomes a TracedModule with one graph per call signature
+(``argdef_graph_map``). Calling it runs the generated code of the graph that
+matches the arguments.
+"""
+import copy
+import inspect
+
+from mgtrace._core import Tensor
+from mgtrace.module.builtin import is_builtin
+from mgtrace.module.module import Module
+from mgtrace.traced_module import codegen
+from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
+                                        is_node)
+from mgtrace.traced_module.graph import GraphError, InternalGraph
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.pytree import TreeMismatch, tree_flatten
+from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of
+
+__all__ = ["TracedModule", "trace_module"]
+
+
+def _input_leaf(v):
+    return isinstance(v, Tensor) or (type(v) is int)
+
+
+class TracedModule(Module):
+    """A module whose forward is one or more traced graphs.
+
+    Attributes:
+        graph: the InternalGraph (when there is exactly one).
+        argdef_graph_map: ``{TreeDef of forward's bound arguments: graph}``.
+        watch_node_value: ``{node: [values]}`` filled by runs after
+            :meth:`set_watch_points`.
+
+    Made by :func:`trace_module` (not constructed directly). Submodules,
+    parameters, buffers and plain attributes keep the traced module's names.
+    """
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    def _shell(cls, module, qualname):
+        tm = cls.__new__(cls)
+        Module.__init__(tm)
+        d = tm.__dict__
+        for k, v in module.__dict__.items():
+            if k in ("_parameters", "_buffers", "_modules"):
+                d[k].update(v)
+            elif k == "_non_persistent_buffers":
+                d[k] = set(v)
+            else:
+                d[k] = v
+        d["_orig_name"] = getattr(module, "_orig_name", type(module).__name__)
+        d["_qualname"] = qualname
+        d["_graphs"] = []
+        try:
+            d["_signature"] = signature_of(module)
+        except (ValueError, TypeError, AttributeError):
+            d["_signature"] = None
+        d["_is_top"] = False
+        d["watch_points"] = []
+        d["end_points"] = []
+        d["watch_node_value"] = {}
+        return tm
+
+    def _qualname_base(self):
+        return self._qualname
+
+    def _get_name(self):
+        return self._orig_name
+
+    def _graph_for(self, arg_def):
+        for g in self._graphs:
+            if g._in_def == arg_def:
+                return g
+        return None
+
+    # ------------------------------------------------------------- graphs
+    @property
+    def graph(self):
+        """The graph of forward; GraphError if there are several (use
+        argdef_graph_map) or none (the module was never called)."""
+        if len(self._graphs) != 1:
+            raise GraphError(f"{self._qualname} has {len(self._graphs)} graphs (one per call "
+                             "signature); pick one from argdef_graph_map")
+        return self._graphs[0]
+
+    @property
+    def argdef_graph_map(self):
+        return {g._in_def: g for g in self._graphs}
+
+    @property
+    def argdef_outdef_map(self):
+        return {g._in_def: g._out_def for g in self._graphs}
+
+    # ------------------------------------------------------------ running
+    def forward(self, *args, **kwargs):
+        graph, leaves = self._select(args, kwargs)
+        return self._function(graph)(self, *leaves)
+
+    def _select(self, args, kwargs):
+        if not self._graphs:
+            raise RuntimeError(f"{self._qualname} was never called while tracing, so it has no "
+                               "graph to run")
+        canon = bind_arguments(self._signature, args, kwargs, self._orig_name)
+        errors = []
+        for g in self._graphs:
+            try:
+                return g, g._in_def.match(canon, _input_leaf, "forward")
+            except TreeMismatch as e:
+                errors.append(str(e).replace("forward[", "argument ["))
+        names = list(self._signature.parameters)
+        msg = "; ".join(_name_args(e, names) for e in errors)
+        raise TypeError(f"{self._orig_name}: these arguments match no traced call: {msg}")
+
+    def _function(self, graph):
+        key = (graph._version, tuple(n.id for n in self.watch_points),
+               tuple(n.id for n in self.end_points)) if self._is_top else (graph._version,)
+        cache = graph.__dict__.get("_fn_cache")
+        if cache is not None and cache[0] == key:
+            return cache[1]
+        watch = [n for n in self.watch_points if n.graph is graph] if self._is_top else []
+        end = [n for n in self.end_points if n.graph is graph] if self._is_top else []
+        fn = codegen.compile_graph(graph, watch, end, self._record_watch)
+        graph._fn_cache = (key, fn)
+        return fn
+
+    def _record_watch(self, node_id, value):
+        for n in self.watch_points:
+            if n.id == node_id:
+                self.watch_node_value.setdefault(n, []).append(value)
+
+    def set_watch_points(self, nodes):
+        """Record the values of ``nodes`` (of the top graph) in
+        ``watch_node_value`` on every run; ``[]`` clears."""
+        nodes = _as_nodes(nodes)
+        self._check_top_nodes(nodes, "set_watch_points")
+        self.watch_points = nodes
+        self.watch_node_value = {}
+
+    def clear_watch_points(self):
+        self.set_watch_points([])
+
+    def set_end_points(self, nodes):
+        """Make runs stop once ``nodes`` (of the top graph) are computed and
+        return their values as a list; ``[]`` clears."""
+        nodes = _as_nodes(nodes)
+        self._check_top_nodes(nodes, "set_end_points")
+        self.end_points = nodes
+
+    def clear_end_points(self):
+        self.set_end_points([])
+
+    def _check_top_nodes(self, nodes, what):
+        if not self._is_top:
+            raise GraphError(f"{what} works on the top TracedModule")
+        for n in nodes:
+            if n.graph not in self._graphs:
+                raise GraphError(f"{what}: {n!r} is in {n.graph.qualname if n.graph else 'no graph'}, "
+                                 "not the top graph; flatten() the module first")
+
+    # ------------------------------------------------------------ reading
+    @property
+    def code(self):
+        """Generated Python source of forward (each graph's, separated by a
+        blank line when there are several)."""
+        return "\n".join(codegen.generate(g)[0] for g in self._graphs)
+
+    def print_readable(self, file=None):
+        """Print the generated code of this module and every traced submodule."""
+        out = []
+        for path, m in self.named_modules():
+            if isinstance(m, TracedModule) and m._graphs:
+                out.append(f"# {m._qualname} ({m._orig_name})\n{m.code}")
+        text = "\n".join(out)
+        print(text, file=file)
+        return text
+
+    # ---------------------------------------------------------- transforms
+    def flatten(self):
+        """A new TracedModule with one flat graph: every call of a traced
+        submodule is inlined, builtin modules stay calls (GetAttr by full
+        path, e.g. ``layer1.0.conv1``). Same outputs, same state_dict."""
+        new = copy.deepcopy(self)
+        new._graphs = [_inline_graph(g, new) for g in new._graphs]
+        for g in new._graphs:
+            g.lint()
+        return new
+
+    def __deepcopy__(self, memo):
+        new = Module.__deepcopy__(self, memo)
+        for g in new._graphs:
+            g.__dict__.pop("_fn_cache", None)
+        return new
+
+
+def _name_args(msg, names):
+    for i, n in enumerate(names):
+        msg = msg.replace(f"argument [{i}]", n)
+    return msg
+
+
+def _as_nodes(nodes):
+    if isinstance(nodes, Node):
+        return [nodes]
+    nodes = list(nodes)
+    for n in nodes:
+        if not isinstance(n, Node):
+            raise TypeError(f"expected graph Nodes, got {type(n).__name__}")
+    return nodes
+
+
+# ------------------------------------------------------------------ trace
+def _convert(module, path, root_name, converted):
+    """The module tree of the TracedModule: builtins shared, others shells."""
+    got = converted.get(id(module))
+    if got is not None:
+        return got
+    if is_builtin(module):
+        converted[id(module)] = module
+        return module
+    tm = TracedModule._shell(module, f"{root_name}.{path}" if path else root_name)
+    converted[id(module)] = tm
+    for name, child in module._modules.items():
+        if child is not None:
+            tm._modules[name] = _convert(child, f"{path}.{name}" if path else name,
+                                         root_name, converted)
+    return tm
+
+
+def trace_module(mod, *args, **kwargs):
+    """Trace ``mod(*args, **kwargs)`` into a TracedModule.
+
+    ``mod`` is put in eval mode first (``mod.eval()``; call ``train()``
+    afterwards if you need it): traces are of inference. The call runs for
+    real; Python control flow follows the path taken (a branch on a
+    tensor's value warns with TraceWarning). Non-tensor arguments are fixed
+    by the trace: calling the result with other values raises TypeError.
+
+    Args:
+        mod: an mgtrace.module.Module that is not itself a builtin leaf.
+        *args, **kwargs: forward's arguments: Tensors, and pytrees (tuple,
+            list, dict, namedtuple) of Tensors and constants.
+
+    Returns:
+        TracedModule: same state_dict as ``mod`` (builtin modules and all
+        parameters are shared with it, not copied).
+
+    Raises:
+        TypeError: ``mod`` is not a Module, or is a builtin module.
+        The error of forward itself, with a note naming the module path and
+        the source line being traced.
+
+    >>> import mgtrace as mt, mgtrace.module as M, mgtrace.functional as F
+    >>> class Net(M.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = M.Linear(4, 2)
+    ...     def forward(self, x):
+    ...         return F.relu(self.fc(x.reshape(x.shape[0], -1)))
+    >>> tm = mt.trace_module(Net(), mt.tensor([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 4))
+    >>> tm(mt.ones((3, 2, 2))).shape
+    (3, 2)
+    """
+    if not isinstance(mod, Module):
+        raise TypeError(f"trace_module takes an mgtrace.module.Module, not {type(mod).__name__}")
+    if is_builtin(mod):
+        raise TypeError(f"{type(mod).__name__} is a builtin module (a leaf): put it inside a "
+                        "Module of your own (e.g. mgtrace.module.Sequential(m)) to trace it")
+    mod.eval()
+    root_name = type(mod).__name__
+    converted = {}
+    root = _convert(mod, "", root_name, converted)
+    root._is_top = True
+    tracer = Tracer(mod, converted)
+    canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
+    leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
+    with tracer.active():
+        tracer._trace_into(mod, root, arg_def, canon, leaves, args, kwargs)
+    for m in root.modules():
+        if isinstance(m, TracedModule):
+            for g in m._graphs:
+                _drop_unused_shapes(g)
+    for g in root._graphs:
+        g.lint()
+    return root
+
+
+def _drop_unused_shapes(g):
+    """Shape reads whose ints were never used leave no trace."""
+    keep = []
+    for e in g._exprs:
+        if isinstance(e, CallMethod) and e.method == "shape" and not any(o.users for o in e.outputs) \
+                and not any(o in g._outputs for o in e.outputs):
+            e.args[0]._remove_user(e)
+            for o in e.outputs:
+                g._names.pop(o.name, None)
+        else:
+            keep.append(e)
+    g._exprs = keep
+
+
+# ---------------------------------------------------------------- flatten
+def _inline_graph(g, root):
+    flat = InternalGraph(g._name, g._qualname, owner=root)
+    env = {}
+    self_node = flat._add_node(ModuleNode(name="self", owner=root), "self")
+    flat._add_input(self_node)
+    env[id(g._inputs[0])] = ("", root)
+    for n in g._inputs[1:]:
+        env[id(n)] = flat._add_input(flat._add_node(_copy_node(n), n.name))
+    _inline_into(g, "", env, flat, self_node, root)
+    flat._outputs = [_mapped(env, n) for n in g._outputs]
+    flat._in_def, flat._out_def = g._in_def, g._out_def
+    return flat
+
+
+def _mapped(env, n):
+    v = env[id(n)]
+    if isinstance(v, tuple):
+        raise GraphError(f"flatten: {n!r} is a traced module used as a value")
+    return v
+
+
+def _copy_node(n, name=None):
+    if isinstance(n, TensorNode):
+        return TensorNode(name=name or n.name, shape=n.shape, dtype=n.dtype)
+    if isinstance(n, ValueNode):
+        return ValueNode(name=name or n.name, value=n.value)
+    return ModuleNode(name=name or n.name, owner=n.owner)
+
+
+def _join(prefix, name):
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _inline_into(g, prefix, env, flat, self_node, root):
+    from mgtrace.traced_module.graph import called_graph
+    for e in g._exprs:
+        if isinstance(e, Input):
+            continue
+        if isinstance(e, GetAttr) and isinstance(env.get(id(e.args[0])), tuple):
+            path = _join(env[id(e.args[0])][0], e.name)
+            out = e.outputs[0]
+            target = _getpath(root, path)
+            if isinstance(out, ModuleNode) and isinstance(target, TracedModule):
+                env[id(out)] = (path, target)
+                continue
+            ne = GetAttr(self_node, path)
+            _emit(flat, ne, e, env, path.replace(".", "_"), owner=target)
+            continue
+        sub = called_graph(e)
+        callee = env.get(id(e.args[0])) if isinstance(e, CallMethod) else None
+        if sub is not None and isinstance(callee, tuple):
+            path, tm = callee
+            args, kwargs = _map_values(e.args[1:], e.kwargs, env)
+            canon = bind_arguments(tm._signature, args, kwargs, tm._orig_name)
+            leaves = tree_flatten(canon, is_node)[0]
+            env[id(sub._inputs[0])] = (path, tm)
+            for n, v in zip(sub._inputs[1:], leaves):
+                env[id(n)] = v
+            _inline_into(sub, path, env, flat, self_node, root)
+            for o, so in zip(e.outputs, sub._outputs):
+                env[id(o)] = _mapped(env, so)
+            continue
+        args, kwargs = _map_args(e, env)
+        _emit(flat, _clone(e, args, kwargs), e, env, _join(prefix, e.outputs[0].name).replace(".", "_")
+              if len(e.outputs) == 1 else None)
+
+
+def _getpath(root, path):
+    obj = root
+    for p in path.split("."):
+        obj = getattr(obj, p)
+    return obj
+
+
+def _map_args(e, env):
+    return _map_values(e.args, e.kwargs, env)
+
+
+def _map_values(args, kwargs, env):
+    def look(n):
+        v = env[id(n)]
+        if isinstance(v, tuple):
+            mnode = v[1]
+            raise GraphError(f"flatten: cannot pass traced module {mnode._qualname} as a value")
+        return v
+    leaves, tdef = tree_flatten((tuple(args), kwargs), is_node)
+    return tdef.unflatten([look(n) for n in leaves])
+
+
+def _clone(e, args, kwargs):
+    if isinstance(e, CallFunction):
+        return CallFunction(e.func, args, kwargs)
+    if isinstance(e, CallMethod):
+        ne = CallMethod(args[0], e.method, args[1:], kwargs)
+        ne.arg_def = e.arg_def
+        return ne
+    if isinstance(e, Apply):
+        return Apply(e.op, args, kwargs)
+    if isinstance(e, Constant):
+        return Constant(e.value, e.name)
+    if isinstance(e, GetAttr):
+        return GetAttr(args[0], e.name)
+    raise GraphError(f"flatten: unexpected expr {e!r}")
+
+
+def _emit(flat, ne, e, env, name=None, owner=None):
+    ne.out_def = e.out_def
+    ne.source = e.source
+    outs = []
+    for o in e.outputs:
+        n = _copy_node(o, name if name and len(e.outputs) == 1 else o.name)
+        if owner is not None and isinstance(n, ModuleNode):
+            n.owner = owner
+        flat._add_node(n)
+        n.expr = ne
+        env[id(o)] = n
+        outs.append(n)
+    ne.outputs = outs
+    flat._append(ne)

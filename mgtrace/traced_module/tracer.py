@@ -1,0 +1,549 @@
+"""The tracer: runs forward with real values and records what happens.
+
+While :func:`~mgtrace.traced_module.trace_module` runs, four hooks are on:
+
+- ``Module.__call__`` (module/module.py ``_call_hook``): a builtin module
+  is recorded as one ``CallMethod(__call__)`` and run untraced; any other
+  module is traced into its own graph (once per call signature) and
+  recorded in the caller as a call.
+- mgtrace.functional (functional/_trace.py ``function_hook``): one
+  ``CallFunction``, the body runs untraced.
+- the core dispatcher (``set_module_trace_hook``): tensor operators and
+  methods become ``CallMethod`` (``__add__``, ``reshape``, ``__getitem__``),
+  raw ops without a method form ``Apply``.
+- ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
+  the ints handed back are :class:`SymInt`, which record their arithmetic,
+  so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
+
+Each graph being built has a :class:`_Frame` that maps the Python objects
+seen so far (by identity) to its nodes. A tensor it has not seen is a
+parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
+"""
+import contextlib
+import importlib
+import inspect
+import operator
+import warnings
+
+import numpy as np
+
+import mgtrace.functional._trace as _ftrace
+import mgtrace.module.module as _modmod
+from mgtrace._core import Tensor, apply, tensor as _tensor
+from mgtrace._core import dispatch as _dispatch
+_tensor_mod = importlib.import_module("mgtrace._core.tensor")   # the module, not mgtrace.tensor()
+from mgtrace.module.builtin import is_builtin
+from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
+                                        user_source)
+from mgtrace.traced_module.graph import InternalGraph
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.pytree import tree_flatten
+
+__all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
+           "active_tracer"]
+
+
+class TraceError(RuntimeError):
+    """Tracing failed; the message names the module path and source line."""
+
+
+class TraceWarning(UserWarning):
+    """The trace fixed something that may vary between runs (a branch on a
+    tensor's value, a captured constant)."""
+
+
+_active = None     # the Tracer while one runs
+
+
+def active_tracer():
+    return _active
+
+
+# ------------------------------------------------------------------ SymInt
+def _sym_binary(op, reflected=False):
+    def method(self, other):
+        a, b = (other, self) if reflected else (self, other)
+        t = _active
+        if t is None or type(other) not in (int, SymInt):
+            return op(int(a) if a is self else a, int(b) if b is self else b)
+        return t.record_function(op, (a, b), {}, ints_out=True)
+    return method
+
+
+class SymInt(int):
+    """An int read from a shape while tracing; arithmetic on it is recorded
+    (``+ - * // %``, unary ``-``) and gives SymInts again. Comparisons and
+    other uses see the plain value (the trace follows the path taken)."""
+
+    __add__ = _sym_binary(operator.add)
+    __radd__ = _sym_binary(operator.add, True)
+    __sub__ = _sym_binary(operator.sub)
+    __rsub__ = _sym_binary(operator.sub, True)
+    __mul__ = _sym_binary(operator.mul)
+    __rmul__ = _sym_binary(operator.mul, True)
+    __floordiv__ = _sym_binary(operator.floordiv)
+    __rfloordiv__ = _sym_binary(operator.floordiv, True)
+    __mod__ = _sym_binary(operator.mod)
+    __rmod__ = _sym_binary(operator.mod, True)
+
+    def __neg__(self):
+        t = _active
+        return -int(self) if t is None else t.record_function(operator.neg, (self,), {}, ints_out=True)
+
+    def __repr__(self):
+        return f"SymInt({int(self)})"
+
+
+def _traced_leaf(v):
+    return isinstance(v, (Tensor, SymInt, Node))
+
+
+# ----------------------------------------------------- tensor op -> method
+_BINARY_METHOD = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "truediv",
+                  "floordiv": "floordiv", "mod": "mod", "pow": "pow", "bitwise_and": "and",
+                  "bitwise_or": "or", "bitwise_xor": "xor", "left_shift": "lshift",
+                  "right_shift": "rshift"}
+_COMPARE = {"eq": ("__eq__", "__eq__"), "ne": ("__ne__", "__ne__"), "lt": ("__lt__", "__gt__"),
+            "le": ("__le__", "__ge__"), "gt": ("__gt__", "__lt__"), "ge": ("__ge__", "__le__")}
+_UNARY_METHOD = {"neg": "__neg__", "abs": "__abs__", "bitwise_not": "__invert__"}
+_VIEW_METHODS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "astype"}
+_REDUCE_METHODS = {"sum", "mean", "prod", "max", "min", "any", "all", "argmax", "argmin",
+                   "var", "std"}
+
+
+def method_form(name, inputs, params):
+    """``(method, args, kwargs)`` when core op ``name`` on ``inputs`` is a
+    Tensor method or operator call, else None (recorded as Apply)."""
+    first = inputs[0] if inputs else None
+    out = params.get("out")
+    if name in _BINARY_METHOD and len(inputs) == 2 and set(params) <= {"out"}:
+        base = _BINARY_METHOD[name]
+        if out is not None:
+            return (f"__i{base}__", inputs, {}) if out is first else None
+        if isinstance(first, Tensor):
+            return f"__{base}__", inputs, {}
+        return f"__r{base}__", (inputs[1], first), {}
+    if name == "matmul" and len(inputs) == 2 and not params:
+        return ("__matmul__", inputs, {}) if isinstance(first, Tensor) else ("__rmatmul__", (inputs[1], first), {})
+    if name in _COMPARE and len(inputs) == 2 and not params:
+        fwd, refl = _COMPARE[name]
+        return (fwd, inputs, {}) if isinstance(first, Tensor) else (refl, (inputs[1], first), {})
+    if name in _UNARY_METHOD and not params:
+        return _UNARY_METHOD[name], inputs, {}
+    if name in _VIEW_METHODS:
+        return name, inputs + tuple(params.values()), {}
+    if name in _REDUCE_METHODS and "out" not in params:
+        return name, inputs, dict(params)
+    if name == "getitem":
+        return "__getitem__", inputs, {}
+    if name == "setitem":
+        return "__setitem__", inputs, {}
+    return None
+
+
+# ------------------------------------------------------------------- frames
+class _Frame:
+    """One graph under construction: its module and the object -> node map."""
+
+    def __init__(self, tracer, graph, module, tm, path, insert_at=None):
+        self.tracer = tracer
+        self.graph = graph
+        self.module = module            # the module whose forward runs
+        self.tm = tm                    # the TracedModule that will own the graph
+        self.path = path                # dotted path from the root ("" for the root)
+        self.env = {}                   # id(obj) -> Node
+        self.keep = []                  # keeps mapped objects alive (ids stay unique)
+        self.modules = {}               # id(module) -> ModuleNode
+        self.insert_at = insert_at      # index for inserted exprs (editing), else append
+        self.placeholders = {}          # id(Node) -> value standing in for it (editing)
+
+    @property
+    def self_node(self):
+        return self.graph._inputs[0]
+
+    def bind(self, obj, node):
+        self.env[id(obj)] = node
+        self.keep.append(obj)
+
+    def append(self, expr):
+        expr.source = expr.source or user_source()
+        if self.insert_at is None:
+            self.graph._append(expr)
+        else:
+            self.graph._append(expr, at=self.insert_at)
+            self.insert_at += 1
+        return expr
+
+    def new_node(self, cls, base, **attrs):
+        return self.graph._add_node(cls(name=base, **attrs), base)
+
+    # --- nodes of values
+    def node_of(self, v):
+        n = self.env.get(id(v))
+        if n is not None:
+            return n
+        if isinstance(v, Node):
+            if v.graph is not self.graph:
+                raise TraceError(f"node {v!r} belongs to graph {v.graph.qualname if v.graph else None}, "
+                                 f"not {self.graph.qualname}")
+            return v
+        if isinstance(v, SymInt):
+            return self._constant(int(v), "const", ValueNode, value=int(v))
+        return self._tensor_source(v)
+
+    def value_of(self, v):
+        if isinstance(v, Node):
+            return self.placeholder(v)
+        return v
+
+    def placeholder(self, node):
+        """A real value standing in for ``node`` while editing a graph."""
+        p = self.placeholders.get(id(node))
+        if p is None:
+            if isinstance(node, TensorNode):
+                p = _tensor(np.zeros(node.shape or (), node.dtype or np.float32))
+            elif isinstance(node, ValueNode):
+                p = SymInt(node.value if node.value is not None else 1)
+            else:
+                p = node.owner
+            self.placeholders[id(node)] = p
+            self.bind(p, node)
+        return p
+
+    def _tensor_source(self, t):
+        where = self.tracer.attr_of(t)
+        if where is not None:
+            owner, name = where
+            rel = self.tracer.relpath(self, owner)
+            if rel is not None:
+                path = f"{rel}.{name}" if rel else name
+                e = GetAttr(self.self_node, path)
+                node = self.new_node(TensorNode, path.replace(".", "_"), shape=t.shape, dtype=t.dtype)
+                return self._finish(e, node, t)
+        warnings.warn(f"{self.graph.qualname}: a tensor made outside the traced calls "
+                      f"(shape {t.shape}, {t.dtype}) at {user_source()} is kept as a constant",
+                      TraceWarning, stacklevel=2) if self.tracer.warn_constants else None
+        return self._constant(t, "const", TensorNode, shape=t.shape, dtype=t.dtype)
+
+    def _constant(self, value, base, cls, **attrs):
+        node = self.new_node(cls, base, **attrs)
+        return self._finish(Constant(value, node.name), node, value)
+
+    def _finish(self, expr, node, value):
+        expr.outputs = [node]
+        node.expr = expr
+        self.append(expr)
+        self.bind(value, node)
+        return node
+
+    def module_node(self, module):
+        """The ModuleNode for ``module`` in this graph (GetAttr made once)."""
+        if module is self.module or module is self.tm:
+            return self.self_node
+        n = self.modules.get(id(module))
+        if n is not None:
+            return n
+        rel = self.tracer.relpath(self, module)
+        if rel is None:
+            raise TraceError(f"{self.graph.qualname} calls a module that is not one of its "
+                             f"submodules ({type(module).__name__}); make it an attribute of "
+                             f"the module that calls it")
+        owner = self.tracer.converted.get(id(module), module)
+        node = self.new_node(ModuleNode, rel.replace(".", "_"), owner=owner)
+        self._finish(GetAttr(self.self_node, rel), node, module)
+        self.modules[id(module)] = node
+        return node
+
+
+# ------------------------------------------------------------------ tracer
+class Tracer:
+    """Hooks, frames, and the module-path bookkeeping of one trace."""
+
+    def __init__(self, root, converted, warn_constants=True):
+        self.root = root
+        self.converted = converted      # id(original module) -> module in the TracedModule tree
+        self.frames = []
+        self.warn_constants = warn_constants
+        self.paths = {}                 # id(module) -> dotted path from the root
+        self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
+        for path, m in root.named_modules():
+            self.paths.setdefault(id(m), path)
+            for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+                if t is not None:
+                    self.attrs.setdefault(id(t), (m, name))
+            for name, t in m.__dict__.items():
+                if isinstance(t, Tensor):
+                    self.attrs.setdefault(id(t), (m, name))
+
+    @property
+    def frame(self):
+        return self.frames[-1]
+
+    def attr_of(self, t):
+        return self.attrs.get(id(t))
+
+    def relpath(self, frame, module):
+        """Path of ``module`` below the frame's module ('' for itself), else None."""
+        p = self.paths.get(id(module))
+        if p is None:
+            return None
+        base = frame.path
+        if p == base:
+            return ""
+        if base == "":
+            return p
+        return p[len(base) + 1:] if p.startswith(base + ".") else None
+
+    # ------------------------------------------------------------- hooks on
+    @contextlib.contextmanager
+    def active(self):
+        global _active
+        if _active is not None:
+            raise TraceError("trace_module is already running (nested traces are not supported)")
+        _active = self
+        saved = (_modmod._call_hook, _ftrace.function_hook)
+        _modmod._call_hook = self.on_module_call
+        _ftrace.function_hook = self.on_function
+        _dispatch.set_module_trace_hook(self.on_apply)
+        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool)
+        _dispatch.set_module_tracing(True)
+        try:
+            yield self
+        finally:
+            _dispatch.set_module_tracing(False)
+            _dispatch.set_module_trace_hook(None)
+            _tensor_mod._install_ops(shape_hook=None, bool_hook=None)
+            _modmod._call_hook, _ftrace.function_hook = saved
+            _active = None
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Run real code with every hook off (the body of a recorded call)."""
+        global _active
+        saved = (_modmod._call_hook, _ftrace.function_hook, _active)
+        was = _dispatch.is_tracing_module()
+        _modmod._call_hook = None
+        _ftrace.function_hook = None
+        _active = None
+        _dispatch.set_module_tracing(False)
+        try:
+            yield
+        finally:
+            _modmod._call_hook, _ftrace.function_hook, _active = saved
+            if was:
+                _dispatch.set_module_tracing(True)
+
+    # ------------------------------------------------------------ recording
+    def _record(self, make_expr, run, args, kwargs, base, ints_out=False, suspend=True):
+        """Map inputs to nodes, run, make the expr, bind its outputs."""
+        frame = self.frame
+        with core_off():
+            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
+            nodes = [frame.node_of(v) for v in leaves]
+            vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
+        if suspend:
+            with self.suspended():
+                out = run(vargs, vkwargs)
+        else:
+            out = run(vargs, vkwargs)
+        with core_off():
+            nargs, nkwargs = tdef.unflatten(nodes)
+            expr = make_expr(nargs, nkwargs)
+            return self._bind_outputs(frame, expr, out, base, ints_out)
+
+    def _bind_outputs(self, frame, expr, out, base, ints_out):
+        if ints_out:
+            is_out = lambda v: isinstance(v, Tensor) or (type(v) in (int, SymInt))   # noqa: E731
+        else:
+            is_out = lambda v: isinstance(v, (Tensor, SymInt))                        # noqa: E731
+        leaves, out_def = tree_flatten(out, is_out)
+        results, nodes = [], []
+        for i, v in enumerate(leaves):
+            name = base if len(leaves) == 1 else f"{base}_{i}"
+            if isinstance(v, Tensor):
+                node = frame.new_node(TensorNode, name, shape=v.shape, dtype=v.dtype)
+            else:
+                v = SymInt(int(v))
+                node = frame.new_node(ValueNode, name, value=int(v))
+            node.expr = expr
+            frame.bind(v, node)
+            nodes.append(node)
+            results.append(v)
+        expr.outputs = nodes
+        expr.out_def = out_def
+        frame.append(expr)
+        if frame.insert_at is not None:            # editing: the user works with nodes
+            return out_def.unflatten(nodes)
+        return out_def.unflatten(results)
+
+    def record_function(self, fn, args, kwargs, ints_out=False, wrapper=None):
+        return self._record(lambda a, k: CallFunction(wrapper or fn, a, k),
+                            lambda a, k: fn(*a, **k), args, kwargs,
+                            _base_name(fn), ints_out)
+
+    # --------------------------------------------------------- hook bodies
+    def on_function(self, wrapper, fn, args, kwargs):
+        return self.record_function(fn, args, kwargs, wrapper=wrapper)
+
+    def on_apply(self, opdef, *inputs):
+        name, params = opdef.name, dict(opdef.params)
+        form = method_form(name, inputs, params)
+        if form is not None:
+            method, margs, mkwargs = form
+            # run the method itself: exactly what the generated code will do
+            return self._record(lambda a, k: CallMethod(a[0], method, a[1:], k),
+                                lambda a, k: getattr(a[0], method)(*a[1:], **k),
+                                margs, mkwargs, _method_base(method, name))
+        return self._record(lambda a, k: Apply(name, a, k),
+                            lambda a, k: apply(opdef.__class__(name, k), *a),
+                            inputs, params, name)
+
+    def on_shape(self, t):
+        frame = self.frame
+        with core_off():
+            node = frame.node_of(t)
+            shape = t.shape
+            return self._bind_outputs(frame, CallMethod(node, "shape"), shape,
+                                      f"{node.name}_shape", ints_out=True)
+
+    def on_bool(self, t):
+        warnings.warn(f"a tensor was converted to a Python bool at {user_source()} while tracing "
+                      f"{self.frame.graph.qualname}: the trace follows the branch taken this time "
+                      "and will not re-check it", TraceWarning, stacklevel=3)
+
+    def on_module_call(self, module, args, kwargs):
+        frame = self.frame
+        mnode = frame.module_node(module)
+        base = f"{mnode.name}_out" if mnode is not frame.self_node else "self_out"
+        if is_builtin(module) or frame.insert_at is not None:
+            return self._record(lambda a, k: CallMethod(mnode, "__call__", a, k),
+                                lambda a, k: module._call_impl(a, k), args, kwargs, base)
+        return self._call_traced(frame, module, mnode, args, kwargs, base)
+
+    def _call_traced(self, frame, module, mnode, args, kwargs, base):
+        tm = self.converted[id(module)]
+        canon = bind_arguments(signature_of(module), args, kwargs, type(module).__name__)
+        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor) or
+                                       (isinstance(v, SymInt) and id(v) in frame.env))
+        graph = tm._graph_for(arg_def)
+
+        def run(a, k):
+            if graph is not None:
+                with self.suspended():
+                    return module._call_impl(a, k)
+            return self._trace_into(module, tm, arg_def, canon, leaves, a, k)
+
+        def make(a, k):
+            e = CallMethod(mnode, "__call__", a, k)
+            e.arg_def = arg_def
+            return e
+        return self._record(make, run, args, kwargs, base, suspend=False)
+
+    def _trace_into(self, module, tm, arg_def, canon, leaves, args, kwargs):
+        path = self.paths[id(module)]
+        graph = InternalGraph(type(module).__name__, tm._qualname_base(), owner=tm)
+        sub = _Frame(self, graph, module, tm, path)
+        self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
+        graph._add_input(self_node)
+        with core_off():
+            for v, name in zip(leaves, _input_names(signature_of(module), canon, arg_def)):
+                cls = TensorNode if isinstance(v, Tensor) else ValueNode
+                attrs = dict(shape=v.shape, dtype=v.dtype) if cls is TensorNode else dict(value=int(v))
+                node = graph._add_node(cls(name=name, **attrs), name)
+                graph._add_input(node)
+                sub.bind(v, node)
+        graph._in_def = arg_def
+        self.frames.append(sub)
+        try:
+            out = module._call_impl(args, kwargs)
+            with core_off():
+                out_leaves, out_def = tree_flatten(out, lambda v: isinstance(v, (Tensor, SymInt)))
+                graph._outputs = [sub.node_of(v) for v in out_leaves]
+                graph._out_def = out_def
+        except Exception as e:
+            _annotate(e, graph.qualname)
+            raise
+        finally:
+            self.frames.pop()
+        tm._graphs.append(graph)
+        return out
+
+
+def _annotate(e, qualname):
+    note = f"(while tracing {qualname}, at {user_source()})"
+    if hasattr(e, "add_note"):
+        if note not in getattr(e, "__notes__", ()):
+            e.add_note(note)
+
+
+@contextlib.contextmanager
+def core_off():
+    """The core's op and shape hooks off (the tracer's own bookkeeping)."""
+    was = _dispatch.is_tracing_module()
+    if was:
+        _dispatch.set_module_tracing(False)
+    try:
+        yield
+    finally:
+        if was:
+            _dispatch.set_module_tracing(True)
+
+
+def _base_name(fn):
+    name = getattr(fn, "__name__", "call")
+    return name.strip("_") or "call"
+
+
+def _method_base(method, op):
+    if method.startswith("__"):
+        return op
+    return method
+
+
+def signature_of(module):
+    sig = getattr(module, "_signature", None)
+    if sig is not None:
+        return sig
+    return inspect.signature(module.forward)
+
+
+def bind_arguments(sig, args, kwargs, owner):
+    """forward's arguments in parameter order, defaults filled in: a tuple
+    (``*args`` as a tuple, ``**kwargs`` as a dict)."""
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{owner}.forward{sig}: {e}") from None
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
+
+
+def _input_names(sig, canon, arg_def):
+    names = []
+    for p, c in zip(sig.parameters, arg_def.children):
+        n = c.num_leaves if hasattr(c, "num_leaves") else int(c.is_slot)
+        names += [p] if n == 1 else [f"{p}_{i}" for i in range(n)]
+    return names
+
+
+# ------------------------------------------------------------------ editing
+@contextlib.contextmanager
+def insertion(graph, pos):
+    """Record calls on ``graph``'s nodes as exprs inserted at index ``pos``."""
+    owner = graph.owner
+    converted = {}
+    tracer = Tracer(owner, converted, warn_constants=False)
+    frame = _Frame(tracer, graph, owner, owner, "", insert_at=pos)
+    for e in graph._exprs[:pos]:
+        if isinstance(e, GetAttr) and isinstance(e.outputs[0], ModuleNode):
+            frame.modules[id(e.outputs[0].owner)] = e.outputs[0]
+    tracer.frames.append(frame)
+    with tracer.active():
+        yield frame
+
+
+def traceable_call(func):
+    """``func`` such that calling it while editing records one CallFunction."""
+    if getattr(func, "__mgtrace_traceable__", False):
+        return func
+    return _ftrace.traceable(func)
