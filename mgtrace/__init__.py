@@ -10,3 +10,5 @@ from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_d
                            tensor)
 from mgtrace import functional, module, random  # noqa: E402,F401  (mgtrace.functional as F, mgtrace.module as M)
 from mgtrace.traced_module import TracedModule, trace_module  # noqa: E402
+from mgtrace.errors import ArchiveError  # noqa: E402
+from mgtrace.serialization import FORMAT_VERSION, load, save  # noqa: E402

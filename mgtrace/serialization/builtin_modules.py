@@ -1,0 +1,165 @@
+"""The "builtin" and "container" module codecs.
+
+A builtin module (a leaf of a registered builtin type) is stored as::
+
+    {kind: "builtin", training, type: "mgtrace.module.Conv2d", type_version: 1,
+     config: {name: value}, tensors: {state_dict key: tensor index}}
+
+and rebuilt as ``cls(**upgraded config)`` followed by
+``load_state_dict(tensors, strict=True)``: no pickle, and the module owns
+fresh copies of its tensors (so ``mmap`` saves nothing for modules). A
+Sequential, ModuleList or ModuleDict (exact types) is stored as::
+
+    {kind: "container", training, type: "mgtrace.module.Sequential",
+     children: [[name, module index], ...]}
+
+Constructors run with configs read from the file, so before one runs its
+allocation is estimated from the config (:data:`STATE_ELEMENTS`, mgtrace's
+own types) and charged to the load's budget (``DecodeContext.reserve_elements``).
+"""
+import math
+import operator
+
+from mgtrace.errors import ArchiveError
+from mgtrace.module import Module, Parameter, is_builtin
+from mgtrace.serialization import registry
+from mgtrace.serialization.codecs import register_module_codec
+from mgtrace.serialization.header import V1, Field
+
+__all__ = ["STATE_ELEMENTS", "BUILTIN_FIELDS", "CONTAINER_FIELDS"]
+
+BUILTIN_FIELDS = (
+    Field("type", "str", True, V1, 'stable type name, e.g. "mgtrace.module.Conv2d"'),
+    Field("type_version", "uint", True, V1, "the type's version when written"),
+    Field("config", "values by name", True, V1, "constructor arguments"),
+    Field("tensors", "indices by name", True, V1, "state_dict key -> tensor index"),
+)
+CONTAINER_FIELDS = (
+    Field("type", "str", True, V1, '"mgtrace.module.Sequential", "...ModuleList" or "...ModuleDict"'),
+    Field("children", "named indices", True, V1, "[child name, module index] in order"),
+)
+
+
+def _size(v, ndim=1):
+    """|v| for an int, |v|**ndim for an int standing for an n-d size, the
+    product for a sequence; 1 for anything else (the constructor rejects it)."""
+    try:
+        return abs(operator.index(v)) ** ndim
+    except TypeError:
+        pass
+    if isinstance(v, (tuple, list)):
+        return math.prod(_size(x) for x in v)
+    return 1
+
+
+def _conv(ndim):
+    def elements(c):
+        i, o = _size(c.get("in_channels")), _size(c.get("out_channels"))
+        g = max(1, _size(c.get("groups")))
+        return max(o * (i // g), i * (o // g)) * _size(c.get("kernel_size"), ndim) + o
+    return elements
+
+
+# Elements the constructors of mgtrace's builtin types allocate, from their config
+# (an upper bound; types not listed allocate nothing, or are the registrant's concern).
+STATE_ELEMENTS = {
+    "mgtrace.module.Linear": lambda c: (_size(c.get("in_features")) + 1) * _size(c.get("out_features")),
+    "mgtrace.module.Conv1d": _conv(1),
+    "mgtrace.module.Conv2d": _conv(2),
+    "mgtrace.module.ConvTranspose2d": _conv(2),
+    "mgtrace.module.Embedding": lambda c: _size(c.get("num_embeddings")) * _size(c.get("embedding_dim")),
+    "mgtrace.module.BatchNorm1d": lambda c: 4 * _size(c.get("num_features")) + 1,
+    "mgtrace.module.BatchNorm2d": lambda c: 4 * _size(c.get("num_features")) + 1,
+    "mgtrace.module.LayerNorm": lambda c: 2 * _size(c.get("normalized_shape")),
+    "mgtrace.module.GroupNorm": lambda c: 2 * _size(c.get("num_channels")),
+}
+
+
+# ------------------------------------------------------------------ builtin
+
+def _encode_builtin(m, ctx):
+    config = m.config()
+    bad = [k for k in config if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"{type(m).__qualname__}.config() has non-string keys {bad!r}")
+    return {"type": m.builtin_name, "type_version": m.builtin_version,
+            "config": {k: ctx.value(v) for k, v in config.items()},
+            "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}
+
+
+def _check_builtin(entry, ctx, where):
+    cls, _ = registry.resolve_module_type(entry["type"], entry["type_version"])
+    if not is_builtin(cls):
+        raise ArchiveError(f"{where}.type: {entry['type']!r} is not a builtin module type")
+    for key, i in entry["tensors"].items():
+        ctx.check_index(i, len(ctx.header["tensors"]), f"{where}.tensors[{key!r}]")
+
+
+def _replace(m, key, t):
+    """Give ``m``'s tensor ``key`` the dtype of ``t`` (load_state_dict never casts)."""
+    *path, name = key.split(".")
+    owner = m
+    for p in path:
+        owner = getattr(owner, p)
+    setattr(owner, name, Parameter(t) if name in owner._parameters else t.copy())
+
+
+def _decode_builtin(entry, ctx):
+    name = entry["type"]
+    cls, upgrade = registry.resolve_module_type(name, entry["type_version"])
+    config = {k: ctx.value(v, where=f"config.{k}") for k, v in entry["config"].items()}
+    config = upgrade(config)
+    ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
+    m = cls(**config)
+    state = {k: ctx.host_tensor(i) for k, i in entry["tensors"].items()}
+    own = m.state_dict(keep_vars=True)
+    for key, t in state.items():      # a tensor saved in another dtype (e.g. halved weights)
+        if key in own and own[key].shape == t.shape and own[key].dtype != t.dtype:
+            _replace(m, key, t)
+    m.load_state_dict(state, strict=True)
+    if ctx.device is not None and ctx.device.type != "cpu":
+        m.to(ctx.device)
+    return m
+
+
+# ------------------------------------------------------------------ container
+
+def _is_container(m):
+    return type(m) in registry.CONTAINERS.values()
+
+
+def _encode_container(m, ctx):
+    own = [n for n, _ in m.named_parameters(recurse=False)] + \
+          [n for n, _ in m.named_buffers(recurse=False)]
+    if own:
+        raise TypeError(f"a {type(m).__name__} with tensors of its own ({', '.join(own)}) "
+                        "cannot be stored as a container; trace it with mgtrace.trace_module")
+    children = list(m._modules.items())    # named_children() would drop repeated children
+    empty = [n for n, c in children if c is None]
+    if empty:
+        raise TypeError(f"a {type(m).__name__} with None children ({', '.join(empty)}) cannot "
+                        "be stored")
+    return {"type": f"mgtrace.module.{type(m).__name__}",
+            "children": [[n, ctx.module(c, n)] for n, c in children]}
+
+
+def _check_container(entry, ctx, where):
+    cls = registry.module_type(entry["type"])
+    if not issubclass(cls, Module) or cls not in registry.CONTAINERS.values():
+        raise ArchiveError(f"{where}.type: {entry['type']!r} is not a container type "
+                           f"({', '.join(registry.CONTAINERS)})")
+    for name, i in entry["children"]:
+        ctx.check_index(i, len(ctx.header["modules"]), f"{where}.children[{name!r}]")
+
+
+def _decode_container(entry, ctx):
+    m = registry.module_type(entry["type"])()
+    for name, i in entry["children"]:
+        m.add_module(name, ctx.module(i))
+    return m
+
+
+register_module_codec("builtin", is_builtin, _encode_builtin, _decode_builtin,
+                      check=_check_builtin, fields=BUILTIN_FIELDS)
+register_module_codec("container", _is_container, _encode_container, _decode_container,
+                      check=_check_container, fields=CONTAINER_FIELDS)

@@ -1,0 +1,248 @@
+"""The contexts module codecs work through while saving and loading.
+
+:class:`EncodeContext` builds the header's tables (tensors, modules, ops) and
+tracks the ``min_reader_version`` the archive needs; :class:`DecodeContext`
+hands out what the tables describe, resolving names through the registry
+only, and keeps the bounds of limits.py. The package docstring shows how a
+module codec uses them.
+"""
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from mgtrace.errors import ArchiveError
+from mgtrace.module import Module
+from mgtrace.serialization import header as H
+from mgtrace.serialization import registry, tensors, values
+from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
+from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
+from mgtrace.serialization.version import FORMAT_VERSION
+
+__all__ = ["EncodeContext", "DecodeContext", "Op"]
+
+Op = namedtuple("Op", "name version fn upgrade")
+Op.__doc__ = """An op-table entry resolved on load: stable ``name``, stored ``version``,
+the current function ``fn``, and ``upgrade(args_by_name) -> args_by_name``,
+which rewrites arguments stored at ``version`` for ``fn``."""
+
+
+class EncodeContext:
+    """Collects the tables of an archive being written.
+
+    Attributes:
+        tensors: the Tensors of the tensor table, in index order.
+        modules: the module entries (dicts), in index order.
+        ops: the op entries ``{"name", "version"}``, in index order.
+        min_reader_version: the lowest format version that reads what was
+            encoded so far.
+    """
+
+    def __init__(self):
+        self.tensors, self.modules, self.ops = [], [], []
+        self.min_reader_version = (1, 0)
+        self._tensor_index, self._module_index, self._op_index = {}, {}, {}
+        self._alive = []      # objects whose id() keys an index stay alive until the save ends
+        self._stack = []      # names of the modules being encoded, for messages
+
+    def require(self, version):
+        """Note that the archive uses a feature introduced in format ``version``."""
+        self.min_reader_version = max(self.min_reader_version, tuple(version))
+
+    def tensor(self, t):
+        """Index of Tensor ``t`` in the tensor table. Views with the same
+        storage, offset, shape, strides and dtype share one entry."""
+        key = (t._storage_id(), t.data_ptr, t.shape, t.strides, t.dtype.name, str(t.device))
+        i = self._tensor_index.get(key)
+        if i is None:
+            i = self._tensor_index[key] = len(self.tensors)
+            self.tensors.append(t)
+        return i
+
+    def value(self, v, *, node_id=None):
+        """The tagged form of ``v`` (see values.py); ``node_id(obj) -> int | None``
+        turns graph nodes into ``{"node": id}``. Raises TypeError for values
+        an archive cannot hold."""
+        return values.encode(v, self, node_id)
+
+    def op(self, fn_or_name):
+        """Index in the op table of a registered function (or stable name).
+
+        Raises:
+            TypeError: the function is not registered (the message says how).
+        """
+        name = fn_or_name if isinstance(fn_or_name, str) else registry.function_name(fn_or_name)
+        i = self._op_index.get(name)
+        if i is None:
+            try:
+                version = registry.function_version(name)
+            except KeyError:
+                raise TypeError(f"{name!r} is not a registered function name") from None
+            i = self._op_index[name] = len(self.ops)
+            self.ops.append({"name": name, "version": version})
+        return i
+
+    def module(self, m, name=None):
+        """Index of Module ``m`` in the module table; a module met twice is
+        stored once. ``name`` (e.g. ``"layer1.0"``) only improves messages.
+
+        Raises:
+            TypeError: no codec stores ``m`` (the message says to trace it).
+            ValueError: modules nest deeper than limits.MAX_MODULE_DEPTH.
+        """
+        i = self._module_index.get(id(m))
+        if i is not None:
+            return i
+        where = ".".join(self._stack + [name or type(m).__name__])
+        if len(self._stack) >= MAX_MODULE_DEPTH:
+            raise ValueError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        codec = codec_for_module(m, where)
+        i = self._module_index[id(m)] = len(self.modules)
+        self._alive.append(m)
+        self.modules.append(None)
+        self._stack.append(name or type(m).__name__)
+        try:
+            fields = codec.encode(m, self)
+        finally:
+            self._stack.pop()
+        self.modules[i] = {"kind": codec.kind, "training": bool(m.training), **fields}
+        self.require(codec.since)
+        return i
+
+
+class DecodeContext:
+    """Hands out what an archive's tables describe, each built once.
+
+    Creating one resolves the op table and checks every module entry, so an
+    unknown name fails the load before any code runs.
+
+    Attributes:
+        format_version: the archive's ``(major, minor)``.
+        device: the Device tensors and modules go to (None: the CPU).
+        header: the validated header (values still tagged).
+    """
+
+    def __init__(self, header, source, data_start, *, mmap=False, device=None, verify=True):
+        self.header, self.device = header, device
+        self.format_version = tuple(header["format_version"])
+        self._source, self._data_start = source, data_start
+        self._mmap, self._verify = mmap and source.can_view, verify
+        self._host, self._placed, self._modules, self._building = {}, {}, {}, []
+        stored = sum(math.prod(e["shape"]) for e in header["tensors"])
+        self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
+        self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
+        for i, entry in enumerate(header["modules"]):
+            where = f"header.modules[{i}]"
+            codec = codec_for_kind(entry["kind"], where)
+            H.check(entry, codec.fields, where)
+            if codec.check is not None:
+                codec.check(entry, self, where)
+
+    # ---------------------------------------------------------------- tables
+    def _resolve_op(self, i, entry):
+        fn, upgrade = registry.resolve_function(entry["name"], entry["version"])
+        return Op(entry["name"], entry["version"], fn, upgrade)
+
+    def op(self, i):
+        """The resolved :class:`Op` at index ``i``. Raises ArchiveError when
+        ``i`` is out of range."""
+        self.check_index(i, len(self._ops), "header.ops")
+        return self._ops[i]
+
+    def check_index(self, i, n, table):
+        """Raise ArchiveError unless ``i`` is an int in ``range(n)``."""
+        if type(i) is not int or not 0 <= i < n:
+            raise ArchiveError(f"index {i!r} is out of range for {table} ({n} entries)")
+
+    def host_tensor(self, i):
+        """Tensor ``i`` on the CPU: read-only and backed by the file with
+        ``mmap``, else a fresh copy. Its checksum is verified (unless the
+        load turned that off). Raises ArchiveError."""
+        self.check_index(i, len(self.header["tensors"]), "header.tensors")
+        t = self._host.get(i)
+        if t is None:
+            t = self._host[i] = self._read_tensor(i, self.header["tensors"][i])
+        return t
+
+    def tensor(self, i):
+        """Tensor ``i`` on the load's device (see :meth:`host_tensor`)."""
+        t = self._placed.get(i)
+        if t is None:
+            t = self.host_tensor(i)
+            if self.device is not None and self.device.type != "cpu":
+                t = t.to(self.device)
+            self._placed[i] = t
+        return t
+
+    def _read_tensor(self, i, e):
+        where, start = f"header.tensors[{i}]", self._data_start + e["offset"]
+        dtype = tensors.DTYPES_BY_NAME[e["dtype"]]
+        if self._mmap:
+            buf = self._source.view(start, e["nbytes"])
+            arr = np.frombuffer(buf, np.uint8)
+        else:
+            arr = tensors.aligned_empty(e["nbytes"])
+            self._source.readinto(start, arr)
+            buf = memoryview(arr)
+        if self._verify:
+            tensors.verify(buf, e, where)
+        return tensors.tensor_from_array(arr.view(dtype).reshape(e["shape"]))
+
+    def value(self, x, *, node=None, where="value"):
+        """The Python value of tagged ``x``; ``node(id) -> object`` resolves
+        ``{"node": id}``. ``where`` names ``x`` in messages (inside a module
+        entry, relative to it). Raises ArchiveError."""
+        if self._building and not where.startswith("header"):
+            where = f"header.modules[{self._building[-1]}].{where}"
+        return values.decode(x, self, node, where)
+
+    def module(self, i):
+        """Module ``i``, built on first use by its kind's codec (on the
+        load's device, with its training flag).
+
+        Raises:
+            ArchiveError: bad index, a module containing itself, nesting
+                deeper than limits.MAX_MODULE_DEPTH, or anything the codec
+                raised (chained).
+        """
+        self.check_index(i, len(self.header["modules"]), "header.modules")
+        m = self._modules.get(i)
+        if m is not None:
+            return m
+        where = f"header.modules[{i}]"
+        if i in self._building:
+            raise ArchiveError(f"{where} contains itself")
+        if len(self._building) >= MAX_MODULE_DEPTH:
+            raise ArchiveError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        entry = self.header["modules"][i]
+        self._building.append(i)
+        try:
+            m = codec_for_kind(entry["kind"], where).decode(entry, self)
+        except ArchiveError:
+            raise
+        except Exception as e:   # codecs build modules: report, never crash the load
+            raise ArchiveError(f"{where}: {type(e).__name__}: {e}") from e
+        finally:
+            self._building.pop()
+        if not isinstance(m, Module):
+            raise ArchiveError(f"{where}: the {entry['kind']!r} codec returned a "
+                               f"{type(m).__name__}, not a Module")
+        m.training = entry["training"]
+        self._modules[i] = m
+        return m
+
+    def reserve_elements(self, n, what):
+        """Count ``n`` tensor elements a constructor is about to allocate.
+
+        Loading may allocate at most twice the elements the archive stores
+        plus limits.BUILD_SLACK_ELEMENTS, so a config that asks for a huge
+        module is refused before it is built.
+
+        Raises:
+            ArchiveError: the budget is exceeded.
+        """
+        if n > self._budget:
+            raise ArchiveError(f"{what} would allocate {n} tensor elements, more than this "
+                               f"archive's {self._budget} left (twice its stored elements plus "
+                               f"{BUILD_SLACK_ELEMENTS}); its config is corrupted")
+        self._budget -= n

@@ -1,0 +1,132 @@
+"""The header's fields, declared once, and the check that a header has them.
+
+An archive's header is one msgpack map. Its fields, and those of the entries
+in its tables, are declared below as ``Field(name, type, required, since,
+doc)``; :func:`check` validates a map against such a declaration and
+``schema/generate.py`` writes them to ``schema/schema.json``. Field types
+are the names in :data:`TYPES` or ``"list of <entry>"`` / ``<entry>`` for an
+entry declared in :data:`ENTRIES`. Module entries add the fields their kind
+declares (see :mod:`mgtrace.serialization.codecs`).
+
+Unknown keys are ignored: a newer minor version may add optional fields
+(version.py). A missing required field or a wrong type raises
+:class:`~mgtrace.ArchiveError` naming the path, e.g. ``header.tensors[3].shape``.
+"""
+from collections import namedtuple
+
+from mgtrace.errors import ArchiveError
+from mgtrace.serialization.limits import MAX_NDIM
+
+__all__ = ["Field", "TYPES", "HEADER", "ENTRIES", "check"]
+
+Field = namedtuple("Field", "name type required since doc")
+Field.__doc__ = """One field of the header or of a table entry: its ``name``, ``type`` (a
+key of :data:`TYPES`, an entry name of :data:`ENTRIES`, or ``"list of <entry>"``),
+whether it is ``required``, the format version it appeared in (``since``),
+and a ``doc`` line for schema.json."""
+
+
+def _uint(x):
+    return type(x) is int and x >= 0
+
+
+def _str_keys(x, value_ok):
+    return type(x) is dict and all(type(k) is str and value_ok(v) for k, v in x.items())
+
+
+# type name -> (predicate, description for schema.json)
+TYPES = {
+    "str": (lambda x: type(x) is str, "string"),
+    "uint": (_uint, "non-negative integer"),
+    "bool": (lambda x: type(x) is bool, "boolean"),
+    "version": (lambda x: type(x) is list and len(x) == 2 and all(map(_uint, x)),
+                "[major, minor], non-negative integers"),
+    "shape": (lambda x: type(x) is list and len(x) <= MAX_NDIM and all(map(_uint, x)),
+              f"list of at most {MAX_NDIM} non-negative integers"),
+    "value": (lambda x: True, "a tagged value (see tags)"),
+    "values by name": (lambda x: _str_keys(x, lambda v: True),
+                       "map from string (a parameter name) to a tagged value"),
+    "indices by name": (lambda x: _str_keys(x, _uint),
+                        "map from string to an index into a table"),
+    "named indices": (lambda x: type(x) is list and all(
+        type(p) is list and len(p) == 2 and type(p[0]) is str and _uint(p[1]) for p in x),
+        "list of [string, index] pairs, order kept"),
+}
+
+V1 = (1, 0)
+
+HEADER = (
+    Field("format", "str", True, V1, 'always "mgtrace.tmod"'),
+    Field("format_version", "version", True, V1, "format version of the writer"),
+    Field("min_reader_version", "version", True, V1,
+          "lowest reader version that understands every feature this archive uses"),
+    Field("producer", "producer", True, V1, "the program that wrote it (informational)"),
+    Field("byteorder", "str", True, V1, 'byte order of tensor data, always "little"'),
+    Field("ops", "list of op", True, V1,
+          "op table: stable function names with versions, referenced by index"),
+    Field("modules", "list of module", True, V1,
+          'module table, referenced by {"module": i}'),
+    Field("tensors", "list of tensor", True, V1, 'tensor table, referenced by {"tensor": i}'),
+    Field("data_nbytes", "uint", True, V1, "bytes of tensor data after the header's padding"),
+    Field("root", "value", True, V1, "the saved object"),
+    Field("examples", "examples", False, V1,
+          "example inputs and the outputs the saved object gave for them"),
+    Field("metadata", "value", False, V1, "user metadata (a dict)"),
+)
+
+ENTRIES = {
+    "producer": (
+        Field("library", "str", True, V1, '"mgtrace"'),
+        Field("version", "str", True, V1, "its version, e.g. \"0.1.0\""),
+    ),
+    "op": (
+        Field("name", "str", True, V1, 'stable name, e.g. "mgtrace.functional.conv2d"'),
+        Field("version", "uint", True, V1, "the function's version when written"),
+    ),
+    "tensor": (
+        Field("dtype", "str", True, V1, "one of mgtrace.DTYPES"),
+        Field("shape", "shape", True, V1, "dimensions"),
+        Field("offset", "uint", True, V1, "byte offset from the start of the data, a multiple of 64"),
+        Field("nbytes", "uint", True, V1, "product(shape) * itemsize"),
+        Field("checksum", "str", True, V1, '"<algorithm>:<hex digest>", e.g. "crc32:0a1b2c3d"'),
+    ),
+    "examples": (
+        Field("inputs", "value", True, V1, "a tuple of positional arguments"),
+        Field("outputs", "value", True, V1, "what the object returned for them"),
+    ),
+    "module": (
+        Field("kind", "str", True, V1, "how the module is stored; the kind adds fields"),
+        Field("training", "bool", True, V1, "the module's training flag"),
+    ),
+}
+
+
+def _check_type(x, type_name, where):
+    if type_name.startswith("list of "):
+        entry = type_name[len("list of "):]
+        if type(x) is not list:
+            raise ArchiveError(f"{where}: expected a list, got a {type(x).__name__}")
+        for i, item in enumerate(x):
+            check(item, ENTRIES[entry], f"{where}[{i}]")
+    elif type_name in ENTRIES:
+        check(x, ENTRIES[type_name], where)
+    elif not TYPES[type_name][0](x):
+        shown = repr(x) if len(repr(x)) < 60 else f"a {type(x).__name__}"
+        raise ArchiveError(f"{where}: expected {TYPES[type_name][1]}, got {shown}")
+
+
+def check(obj, fields, where="header"):
+    """Check that map ``obj`` has ``fields`` (a tuple of :class:`Field`).
+
+    Raises:
+        ArchiveError: ``obj`` is not a map, a required field is missing, or a
+            field has the wrong type; the message names the path.
+    """
+    if type(obj) is not dict:
+        raise ArchiveError(f"{where}: expected a map, got a {type(obj).__name__}")
+    for f in fields:
+        if f.name in obj:
+            _check_type(obj[f.name], f.type, f"{where}.{f.name}")
+        elif f.required:
+            raise ArchiveError(f"{where}: the required field {f.name!r} is missing")
+    return obj

@@ -1,0 +1,15 @@
+"""Every bound the archive reader enforces, in one place.
+
+Each keeps a corrupted or hostile file from costing more than its own size
+or from exhausting the interpreter's stack; crossing one raises
+:class:`mgtrace.ArchiveError` naming the bound. The writer refuses values
+that would cross them, so whatever ``save`` writes, ``load`` reads.
+"""
+
+MAX_VALUE_DEPTH = 100        # tagged values inside tagged values (tuples in dicts in lists ...)
+MAX_MODULE_DEPTH = 64        # modules inside modules (ResNets nest 3 deep, transformers 5)
+MAX_NDIM = 16                # the core's limit on tensor dimensions (MT_MAX_NDIM)
+MAX_DEVICE_STR = 64          # characters of a {"device": ...} string
+MAX_INT_DIGITS = 4300        # digits of a big {"int": ...}: Python's own str->int limit
+BUILD_SLACK_ELEMENTS = 1 << 22   # tensor elements builtin constructors may allocate beyond
+                                 # twice the elements the archive stores (see builtin_modules)

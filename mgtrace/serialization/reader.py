@@ -1,0 +1,181 @@
+"""load(): check an archive from the outside in, then build what it holds.
+
+Order, so that nothing runs before everything is known to be well-formed:
+
+1. prefix: magic, header length within the file (layout.py);
+2. header: msgpack map (msgpack's own limits are bounded by its length),
+   fields and types (header.py), format name, versions (version.py), byte
+   order, data length equal to what follows the header;
+3. tensor table: dtypes, nbytes = shape x itemsize, alignment, bounds,
+   no overlaps (tensors.py);
+4. names: every op and module type resolved through the registry, every
+   module entry checked by its kind's codec (context.py) -- only here may an
+   unknown name fail, and it fails before any code runs;
+5. values: the root object (then examples and metadata) decoded, tensors
+   read and checksummed on first use, modules built.
+
+Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
+"""
+import msgpack
+
+from mgtrace._core import as_device
+from mgtrace.errors import ArchiveError
+from mgtrace.serialization import header as H
+from mgtrace.serialization import tensors as T
+from mgtrace.serialization.context import DecodeContext
+from mgtrace.serialization.layout import PREFIX, parse_prefix
+from mgtrace.serialization.source import open_source
+from mgtrace.serialization.version import FORMAT_NAME, check_readable, fmt, upgrade_header
+
+__all__ = ["load", "load_archive", "read_header", "Archive"]
+
+# what decoding may raise besides ArchiveError, for input no check above caught
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError,
+                  MemoryError, UnicodeError, AttributeError)
+
+
+class Archive:
+    """Everything :func:`load_archive` read.
+
+    Attributes:
+        obj: the saved object (what :func:`load` returns).
+        metadata: the user metadata (None when absent).
+        example_inputs, example_outputs: the stored examples (None when absent).
+        format_version, min_reader_version: ``(major, minor)`` tuples.
+        producer: ``{"library": ..., "version": ...}`` of the writer.
+        header: the validated header, values still tagged.
+    """
+
+    def __init__(self, obj, header, metadata, examples):
+        self.obj, self.header, self.metadata = obj, header, metadata
+        self.example_inputs, self.example_outputs = examples
+        self.format_version = tuple(header["format_version"])
+        self.min_reader_version = tuple(header["min_reader_version"])
+        self.producer = header["producer"]
+
+    def __repr__(self):
+        return (f"<Archive format {fmt(self.format_version)} by {self.producer['library']} "
+                f"{self.producer['version']}: {type(self.obj).__name__}, "
+                f"{len(self.header['tensors'])} tensors, {len(self.header['modules'])} modules>")
+
+
+def _unpack(raw):
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:   # msgpack parses bytes only; any failure means a bad header
+        raise ArchiveError(f"header: not valid msgpack ({type(e).__name__}: {e})") from e
+
+
+def _check_header(header, data_nbytes):
+    H.check(header, H.HEADER)
+    if header["format"] != FORMAT_NAME:
+        raise ArchiveError(f"header.format: {header['format'][:80]!r} is not {FORMAT_NAME!r}")
+    check_readable(header["format_version"], header["min_reader_version"])
+    header = upgrade_header(header)
+    if header["byteorder"] != "little":
+        raise ArchiveError(f"header.byteorder: {header['byteorder'][:20]!r}; this reader "
+                           "reads little-endian data only")
+    if header["data_nbytes"] != data_nbytes:
+        what = "truncated archive" if header["data_nbytes"] > data_nbytes else "trailing bytes"
+        raise ArchiveError(f"{what}: the header records {header['data_nbytes']} bytes of "
+                           f"tensor data, the file holds {data_nbytes}")
+    T.check_table(header["tensors"], data_nbytes)
+    return header
+
+
+def _parse(src):
+    """(header, data_start) of the archive in ``src``, checked through step 3."""
+    hlen, start = parse_prefix(src.read(0, min(PREFIX.size, src.size)), src.size)
+    padding = src.read(PREFIX.size + hlen, start - PREFIX.size - hlen)
+    if padding.strip(b"\0"):
+        raise ArchiveError("the padding after the header is not zeros (corrupted file)")
+    header = _unpack(src.read(PREFIX.size, hlen))
+    return _check_header(header, src.size - start), start
+
+
+def read_header(f):
+    """The validated header of archive ``f`` (a path or binary file object),
+    values still tagged; reads no tensor data and resolves no names.
+
+    Raises:
+        ArchiveError: the prefix or header is malformed (steps 1-3 of the
+            module docstring).
+        OSError: ``f`` cannot be read.
+    """
+    with open_source(f, mmap=False) as src:
+        return _guarded(_parse, src)[0]
+
+
+def _guarded(fn, *args):
+    try:
+        return fn(*args)
+    except ArchiveError:
+        raise
+    except _DECODE_ERRORS as e:
+        raise ArchiveError(f"malformed archive ({type(e).__name__}: {e})") from e
+
+
+def _decode(src, mmap, device, verify, everything):
+    header, start = _parse(src)
+    ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
+    obj = ctx.value(header["root"], where="header.root")
+    if not everything:
+        return Archive(obj, header, None, (None, None))
+    ex = header.get("examples")
+    examples = (None, None) if ex is None else (
+        ctx.value(ex["inputs"], where="header.examples.inputs"),
+        ctx.value(ex["outputs"], where="header.examples.outputs"))
+    meta = header.get("metadata")
+    meta = None if meta is None else ctx.value(meta, where="header.metadata")
+    return Archive(obj, header, meta, examples)
+
+
+def load_archive(f, *, mmap=False, device=None, verify=True):
+    """Read archive ``f`` with its metadata and examples; see :func:`load`.
+
+    Returns:
+        an :class:`Archive`.
+    """
+    device = None if device is None else as_device(device)
+    with open_source(f, mmap) as src:
+        return _guarded(_decode, src, mmap, device, verify, True)
+
+
+def load(f, *, mmap=False, device=None, verify=True):
+    """Read the object saved in archive ``f``.
+
+    Nothing in an archive is pickle, and loading never imports or calls
+    anything the archive names: functions and module types are looked up in
+    the registry of stable names (registry.py), and only registered builtin
+    module constructors run.
+
+    Args:
+        f: a path or a readable binary file object (read from its position).
+        mmap: memory-map the file and return tensors that are views of it:
+            no copy, read-only (writing to one raises ValueError; ``.copy()``
+            first). The mapping lives as long as a tensor uses it; do not
+            truncate the file meanwhile. Modules still copy their tensors
+            (``load_state_dict``). For a file object without a descriptor
+            the archive is read into memory once and viewed there.
+        device: device for tensors and modules (``"cpu"``, ``"cuda:0"``...);
+            default the CPU. Tensors on another device are copies.
+        verify: check each tensor's checksum when it is read (on by default;
+            turn off only for trusted files, to keep mmap loads lazy).
+
+    Returns:
+        the saved object: Tensors (plain, not Parameters), modules rebuilt
+        from type and config, containers of the same types as saved.
+
+    Raises:
+        ArchiveError: anything wrong with the file: not an archive,
+            truncated, corrupted (checksum), malformed or hostile header,
+            absurd sizes, nesting too deep. Its subclasses RegistryError (an
+            unregistered function or module type; the message says how to
+            register it) and VersionError (written by a newer mgtrace, or
+            no upgrader) say why.
+        OSError: ``f`` cannot be opened or read.
+        TypeError, ValueError: bad ``f`` or ``device`` arguments.
+    """
+    device = None if device is None else as_device(device)
+    with open_source(f, mmap) as src:
+        return _guarded(_decode, src, mmap, device, verify, False).obj

@@ -1,0 +1,121 @@
+"""Where an archive is read from: a path, a file object, or bytes in memory.
+
+A source offers ``size``, ``read(offset, n) -> bytes`` and
+``readinto(offset, array)``, and, when it holds the whole archive as one
+read-only buffer (an mmap, or bytes), ``view(offset, n) -> memoryview``.
+Offsets count from the archive's first byte (a file object's position when
+it was handed over). Reads past the end raise ArchiveError ("truncated").
+"""
+import io
+import mmap as _mmap
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from mgtrace.errors import ArchiveError
+
+__all__ = ["open_source"]
+
+
+def _truncated(offset, n, size):
+    return ArchiveError(f"truncated archive: bytes {offset}..{offset + n} are needed, the "
+                        f"archive has {size}")
+
+
+class _FileSource:
+    """A seekable binary file, read piece by piece (no more memory than asked)."""
+    can_view = False
+
+    def __init__(self, f, base, size):
+        self._f, self._base, self.size = f, base, size
+
+    def read(self, offset, n):
+        if offset + n > self.size:
+            raise _truncated(offset, n, self.size)
+        self._f.seek(self._base + offset)
+        data = self._f.read(n)
+        if len(data) != n:
+            raise _truncated(offset, n, self.size)
+        return data
+
+    def readinto(self, offset, arr):
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        if offset + len(view) > self.size:
+            raise _truncated(offset, len(view), self.size)
+        self._f.seek(self._base + offset)
+        done = 0
+        while done < len(view):
+            got = self._f.readinto(view[done:])
+            if not got:
+                raise _truncated(offset, len(view), self.size)
+            done += got
+
+
+class _BufferSource:
+    """The whole archive as one read-only buffer (mmap or bytes)."""
+    can_view = True
+
+    def __init__(self, buf, base=0):
+        self._mv = memoryview(buf).toreadonly()[base:]
+        self.size = len(self._mv)
+
+    def view(self, offset, n):
+        if offset + n > self.size:
+            raise _truncated(offset, n, self.size)
+        return self._mv[offset:offset + n]
+
+    def read(self, offset, n):
+        return self.view(offset, n).tobytes()
+
+    def readinto(self, offset, arr):
+        flat = arr.reshape(-1).view(np.uint8)
+        flat[:] = np.frombuffer(self.view(offset, flat.nbytes), np.uint8)
+
+
+def _map(fileno, base):
+    size = os.fstat(fileno).st_size
+    if size == 0:
+        return _BufferSource(b"")
+    return _BufferSource(_mmap.mmap(fileno, 0, access=_mmap.ACCESS_READ), min(base, size))
+
+
+@contextmanager
+def open_source(f, mmap):
+    """A source for ``f`` (a path or a readable binary file object).
+
+    With ``mmap`` a path or a real file is memory-mapped (read-only); a file
+    object without a file descriptor, or a pipe, is read into memory once.
+    Without it, files are read piece by piece. A path is opened and closed
+    here; a file object is left open.
+
+    Raises:
+        TypeError: ``f`` is neither a path nor a readable file object.
+        OSError: the file cannot be opened or read.
+    """
+    if isinstance(f, (str, bytes, os.PathLike)):
+        with open(f, "rb") as fh:
+            if mmap:
+                yield _map(fh.fileno(), 0)
+            else:
+                yield _FileSource(fh, 0, os.fstat(fh.fileno()).st_size)
+        return
+    if not hasattr(f, "read"):
+        raise TypeError(f"load takes a path or a binary file object, got {type(f).__name__}")
+    yield _source_of_file(f, mmap)
+
+
+def _source_of_file(f, mmap):
+    seekable = getattr(f, "seekable", lambda: False)()
+    base = f.tell() if seekable else 0
+    if mmap and seekable:
+        try:
+            return _map(f.fileno(), base)
+        except (io.UnsupportedOperation, AttributeError, OSError):
+            pass                      # BytesIO and the like: read it into memory below
+    if seekable and not mmap:
+        return _FileSource(f, base, f.seek(0, os.SEEK_END) - base)
+    data = f.read()
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"load needs a binary file object; read() gave {type(data).__name__}")
+    return _BufferSource(bytes(data))

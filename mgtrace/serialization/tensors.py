@@ -1,0 +1,153 @@
+"""The tensor table: entries, checksums, and tensors from archive bytes.
+
+An entry is ``{dtype, shape, offset, nbytes, checksum}`` (header.py). Data is
+C-contiguous, little-endian, at ``data_start + offset``. The checksum is
+``"crc32:%08x"``: zlib's CRC-32 (crc32c would be faster, but no maintained
+crc32c package is among mgtrace's dependencies; the algorithm is named in
+each entry so a later version can switch).
+
+Tensors are made from NumPy arrays without a copy through DLPack
+(``mgtrace.from_dlpack``), which keeps a read-only array read-only.
+"""
+import ctypes
+import sys
+import zlib
+
+import numpy as np
+
+from mgtrace._core import DTYPES, from_dlpack
+from mgtrace.errors import ArchiveError
+from mgtrace.serialization.layout import ALIGN
+
+__all__ = ["CHECKSUM", "checksum", "host_array", "entry_for", "check_table", "array_bytes",
+           "tensor_from_array", "aligned_empty", "verify"]
+
+CHECKSUM = "crc32"
+DTYPES_BY_NAME = {d.name: d for d in DTYPES}
+
+
+def array_bytes(arr):
+    """A flat byte view of a C-contiguous array (no copy)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def checksum(buf):
+    """``"crc32:%08x"`` of a bytes-like object."""
+    return f"{CHECKSUM}:{zlib.crc32(buf):08x}"
+
+
+def host_array(t):
+    """``t``'s values as a C-contiguous little-endian NumPy array on the host.
+
+    Shares memory with ``t`` when it is a contiguous CPU tensor NumPy can
+    import (every dtype but bfloat16), else a copy of just this tensor."""
+    arr = None
+    if t.is_contiguous and t.device.type == "cpu" and t.dtype.name != "bfloat16":
+        try:
+            arr = np.from_dlpack(t)
+        except (BufferError, TypeError, RuntimeError):
+            arr = None
+    if arr is None:
+        arr = t.numpy()
+    if sys.byteorder != "little":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr)
+
+
+def entry_for(t, offset, arr):
+    """The table entry of tensor ``t`` whose data ``arr`` goes at ``offset``."""
+    return {"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
+            "nbytes": arr.nbytes, "checksum": checksum(array_bytes(arr))}
+
+
+# ------------------------------------------------------------------ reading
+
+def _check_entry(e, data_nbytes, where):
+    dt = DTYPES_BY_NAME.get(e["dtype"])
+    if dt is None:
+        raise ArchiveError(f"{where}.dtype: unknown dtype {e['dtype']!r}; known: "
+                           f"{', '.join(DTYPES_BY_NAME)}")
+    n = 1
+    for d in e["shape"]:
+        n *= d
+    if e["nbytes"] != n * dt.itemsize:
+        raise ArchiveError(f"{where}: nbytes is {e['nbytes']}, but shape {tuple(e['shape'])} "
+                           f"of {dt.name} needs {n * dt.itemsize}")
+    if e["offset"] % ALIGN:
+        raise ArchiveError(f"{where}.offset: {e['offset']} is not a multiple of {ALIGN}")
+    if e["offset"] + e["nbytes"] > data_nbytes:
+        raise ArchiveError(f"{where}: bytes {e['offset']}..{e['offset'] + e['nbytes']} run past "
+                           f"the end of the tensor data ({data_nbytes} bytes)")
+    if not e["checksum"].startswith(CHECKSUM + ":"):
+        raise ArchiveError(f"{where}.checksum: unknown algorithm in {e['checksum'][:40]!r}; "
+                           f"this reader checks {CHECKSUM!r}")
+
+
+def check_table(entries, data_nbytes):
+    """Check every tensor entry against the data region and each other.
+
+    Raises:
+        ArchiveError: unknown dtype, nbytes not shape x itemsize, offset not
+            aligned or past the end, two tensors overlapping (a duplicate is
+            an overlap), unknown checksum algorithm.
+    """
+    for i, e in enumerate(entries):
+        _check_entry(e, data_nbytes, f"header.tensors[{i}]")
+    spans = sorted((e["offset"], e["offset"] + e["nbytes"], i)
+                   for i, e in enumerate(entries) if e["nbytes"])
+    for (s0, e0, i0), (s1, e1, i1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise ArchiveError(f"header.tensors[{i0}] and header.tensors[{i1}] overlap "
+                               f"(bytes {s0}..{e0} and {s1}..{e1})")
+
+
+def verify(buf, entry, where):
+    """Raise ArchiveError unless ``buf`` matches the entry's checksum."""
+    got = checksum(buf)
+    if got != entry["checksum"]:
+        raise ArchiveError(f"{where}: checksum mismatch, the header records "
+                           f"{entry['checksum']}, the data gives {got} (the file is corrupted)")
+
+
+def aligned_empty(nbytes):
+    """A writable uint8 array of ``nbytes`` starting on an ALIGN-byte boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
+class _Bfloat16Export:
+    """NumPy's DLPack capsule of a uint16 view, relabelled bfloat16.
+
+    NumPy cannot export ml_dtypes' bfloat16 through DLPack; the bits are the
+    same as a uint16 array's, so the versioned capsule NumPy makes for the
+    uint16 view has its dtype code set to kDLBfloat (4)."""
+
+    # offsetof(DLManagedTensorVersioned, dl_tensor.dtype) on a 64-bit platform:
+    # version 8 + manager_ctx 8 + deleter 8 + flags 8, then data 8 + device 8 + ndim 4
+    _DTYPE_OFFSET = 52
+    _get = ctypes.pythonapi.PyCapsule_GetPointer
+    _get.restype, _get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+    def __init__(self, arr):
+        self._u16 = arr.view(np.uint16)
+
+    def __dlpack__(self, *, max_version=None, **kwargs):
+        capsule = self._u16.__dlpack__(max_version=(1, 0))
+        dtype = (ctypes.c_uint8 * 2).from_address(
+            self._get(capsule, b"dltensor_versioned") + self._DTYPE_OFFSET)
+        if ctypes.sizeof(ctypes.c_void_p) != 8 or tuple(dtype) != (1, 16):  # kDLUInt, 16 bits
+            raise RuntimeError("unexpected DLPack layout; cannot relabel uint16 as bfloat16")
+        dtype[0] = 4
+        return capsule
+
+    def __dlpack_device__(self):
+        return self._u16.__dlpack_device__()
+
+
+def tensor_from_array(arr):
+    """A CPU Tensor sharing ``arr``'s memory; read-only when ``arr`` is."""
+    if arr.dtype.name == "bfloat16":
+        return from_dlpack(_Bfloat16Export(arr))
+    return from_dlpack(arr)
+

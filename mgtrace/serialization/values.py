@@ -1,0 +1,353 @@
+"""Tagged values: how Python values are written in an archive's header.
+
+A value is either a msgpack scalar that needs no tag, or a map with exactly
+one key, the tag, whose payload is described in :data:`TAGS`. Nothing is
+ambiguous after a round trip: a tuple stays a tuple, ``1`` stays apart from
+``True`` and ``1.0``, dict keys may be any hashable value and keep their
+order, floats keep their bits (-0.0, NaN payloads), NumPy scalars keep their
+dtype. Map keys in the header itself are strings only; dicts inside values
+are ``{"dict": [[key, value], ...]}``.
+
+Untagged: nil, bool, int in [-2**63, 2**64), float64, str, bin (bytes).
+
+>>> import numpy as np
+>>> from mgtrace.serialization.values import encode, decode
+>>> encode((1, -0.0, {"a": [None]}, np.float32(2.5)), ctx=None)
+{'tuple': [1, -0.0, {'dict': [['a', {'list': [None]}]]}, {'scalar': ['float32', b'\\x00\\x00 @']}]}
+>>> decode(_, ctx=None)
+(1, -0.0, {'a': [None]}, np.float32(2.5))
+"""
+from collections import OrderedDict, namedtuple
+
+import numpy as np
+
+from mgtrace._core import DTYPES, Device, Tensor, as_device
+from mgtrace.errors import ArchiveError
+from mgtrace.module import Module
+from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_VALUE_DEPTH
+
+__all__ = ["TAGS", "UNTAGGED", "encode", "decode"]
+
+Tag = namedtuple("Tag", "payload since")
+
+# The closed set of value tags (STYLE.md item 2). Adding one is a format change:
+# give it the version that introduces it, so writers raise min_reader_version.
+TAGS = {
+    # containers, order kept
+    "tuple":    Tag("[value, ...]", (1, 0)),
+    "list":     Tag("[value, ...]", (1, 0)),
+    "dict":     Tag("[[key, value], ...]; keys are values (int, tuple, str, ...)", (1, 0)),
+    "odict":    Tag("[[key, value], ...]; a collections.OrderedDict", (1, 0)),
+    # numbers msgpack cannot hold exactly
+    "int":      Tag("decimal str; an int outside [-2**63, 2**64)", (1, 0)),
+    "scalar":   Tag("[dtype name, little-endian bytes]; a NumPy scalar, bit-exact", (1, 0)),
+    # other Python constants
+    "slice":    Tag("[start, stop, step]; each a value", (1, 0)),
+    "ellipsis": Tag("nil; the Ellipsis object", (1, 0)),
+    # mgtrace values
+    "dtype":    Tag("dtype name, one of mgtrace.DTYPES", (1, 0)),
+    "device":   Tag('device str, e.g. "cpu:0"', (1, 0)),
+    # references into the header's tables
+    "tensor":   Tag("index into header.tensors", (1, 0)),
+    "module":   Tag("index into header.modules", (1, 0)),
+    "node":     Tag("node id in the enclosing graph (graph values only)", (1, 0)),
+}
+UNTAGGED = "nil, bool, int in [-2**63, 2**64), float64 (bits kept), str, bin"
+
+_INT_RANGE = (-(1 << 63), 1 << 64)
+DTYPE_NAMES = tuple(d.name for d in DTYPES)
+# NumPy scalar dtypes a value may hold: mgtrace's dtypes plus NumPy's other fixed-size ints
+SCALAR_DTYPES = {d.name: d for d in DTYPES + (np.dtype("uint32"), np.dtype("uint64"))}
+_PLAIN = (type(None), bool, str, bytes, float)
+
+
+class _Unstorable(TypeError):
+    """A value ``encode`` cannot write; ``path`` grows while it propagates."""
+
+    def __init__(self, what):
+        super().__init__(what)
+        self.what, self.path = what, ""
+
+    def __str__(self):
+        return f"value{self.path}: {self.what}"
+
+
+# ------------------------------------------------------------------ encode
+
+def encode(value, ctx, node_id=None):
+    """The tagged form of ``value``.
+
+    Args:
+        value: None, bool, int, float, str, bytes, tuple, list, dict,
+            OrderedDict, slice, Ellipsis, NumPy scalars and dtypes, mgtrace
+            Devices; Tensors and Modules through ``ctx.tensor`` /
+            ``ctx.module``; other objects through ``node_id``.
+        ctx: an :class:`~mgtrace.serialization.context.EncodeContext` (may be
+            None when no tensor or module occurs).
+        node_id: optional ``f(obj) -> int | None``; an int makes ``obj`` a
+            ``{"node": id}`` reference (graph encoders pass their node table).
+
+    Raises:
+        TypeError: a value of another type (the message gives its path, e.g.
+            ``value['layers'][2]``), a set, a namedtuple.
+        ValueError: nesting deeper than ``limits.MAX_VALUE_DEPTH`` (or a
+            reference cycle).
+    """
+    return _enc(value, ctx, node_id, 0)
+
+
+def _tag(ctx, name, payload):
+    if ctx is not None:
+        ctx.require(TAGS[name].since)
+    return {name: payload}
+
+
+def _enc(v, ctx, node_id, depth):
+    if depth > MAX_VALUE_DEPTH:
+        raise ValueError(f"values nest deeper than {MAX_VALUE_DEPTH} levels (or refer to "
+                         "themselves); an archive cannot store them")
+    t = type(v)
+    if t in _PLAIN:
+        return v
+    if t is int:
+        return v if _INT_RANGE[0] <= v < _INT_RANGE[1] else _tag(ctx, "int", str(v))
+    enc = _ENCODERS.get(t)
+    if enc is not None:
+        return enc(v, ctx, node_id, depth + 1)
+    for base, enc in _BY_BASE:
+        if isinstance(v, base):
+            return enc(v, ctx, node_id, depth + 1)
+    if node_id is not None:
+        i = node_id(v)
+        if i is not None:
+            return _tag(ctx, "node", i)
+    raise _Unstorable(f"cannot store a {t.__module__}.{t.__qualname__} in an archive (values "
+                      "are None, bool, int, float, str, bytes, tuple, list, dict, slice, "
+                      "Ellipsis, NumPy scalars, dtypes, devices, Tensors and Modules)")
+
+
+def _items(pairs, ctx, node_id, depth):
+    out = []
+    for k, v in pairs:
+        try:
+            out.append([_enc(k, ctx, node_id, depth), _enc(v, ctx, node_id, depth)])
+        except _Unstorable as e:
+            e.path = f"[{k!r}]" + e.path
+            raise
+    return out
+
+
+def _seq(tag):
+    def enc(v, ctx, node_id, depth):
+        out = []
+        for i, x in enumerate(v):
+            try:
+                out.append(_enc(x, ctx, node_id, depth))
+            except _Unstorable as e:
+                e.path = f"[{i}]" + e.path
+                raise
+        return _tag(ctx, tag, out)
+    return enc
+
+
+def _scalar(v, ctx, node_id, depth):
+    name = v.dtype.name
+    if name not in SCALAR_DTYPES:
+        raise _Unstorable(f"cannot store a NumPy {name} scalar (supported: "
+                          f"{', '.join(SCALAR_DTYPES)})")
+    return _tag(ctx, "scalar", [name, v.astype(v.dtype.newbyteorder("<")).tobytes()])
+
+
+def _dtype(v, ctx, node_id, depth):
+    try:
+        name = np.dtype(v).name
+    except TypeError:
+        name = repr(v)
+    if name not in DTYPE_NAMES:
+        raise _Unstorable(f"cannot store dtype {name} (mgtrace's dtypes: {', '.join(DTYPE_NAMES)})")
+    return _tag(ctx, "dtype", name)
+
+
+def _np_type(v, ctx, node_id, depth):
+    if issubclass(v, np.generic):        # np.float32 given where a dtype is meant
+        return _dtype(v, ctx, node_id, depth)
+    raise _Unstorable(f"cannot store the class {v.__module__}.{v.__qualname__}")
+
+
+_ENCODERS = {   # exact types
+    tuple: _seq("tuple"),
+    list: _seq("list"),
+    dict: lambda v, ctx, n, d: _tag(ctx, "dict", _items(v.items(), ctx, n, d)),
+    OrderedDict: lambda v, ctx, n, d: _tag(ctx, "odict", _items(v.items(), ctx, n, d)),
+    slice: lambda v, ctx, n, d: _tag(ctx, "slice", [_enc(x, ctx, n, d)
+                                                     for x in (v.start, v.stop, v.step)]),
+    type(Ellipsis): lambda v, ctx, n, d: _tag(ctx, "ellipsis", None),
+    Device: lambda v, ctx, n, d: _tag(ctx, "device", str(v)),
+    type: _np_type,
+}
+_BY_BASE = (    # subclasses too (Parameter is a Tensor, np.float64 is a float)
+    (Tensor, lambda v, ctx, n, d: _tag(ctx, "tensor", ctx.tensor(v))),
+    (Module, lambda v, ctx, n, d: _tag(ctx, "module", ctx.module(v))),
+    (np.generic, _scalar),
+    (np.dtype, _dtype),
+)
+
+
+# ------------------------------------------------------------------ decode
+
+def decode(x, ctx, node=None, where="value"):
+    """The Python value of tagged ``x`` (as msgpack unpacked it).
+
+    Args:
+        ctx: a :class:`~mgtrace.serialization.context.DecodeContext` (for
+            tensors and modules; may be None when none occurs).
+        node: optional ``f(node_id) -> object`` for ``{"node": id}`` tags.
+        where: the path used in error messages (``header.root``).
+
+    Raises:
+        ArchiveError: an unknown tag, a payload of the wrong type, an
+            unhashable or repeated dict key, nesting deeper than
+            ``limits.MAX_VALUE_DEPTH``, a node reference outside a graph.
+    """
+    return _dec(x, ctx, node, 0, where)
+
+
+def _fail(where, msg):
+    raise ArchiveError(f"{where}: {msg}")
+
+
+def _describe(x):
+    if isinstance(x, dict):
+        return f"a map with keys {list(x)[:4]!r}"
+    return f"a {type(x).__name__}"
+
+
+def _dec(x, ctx, node, depth, where):
+    if depth > MAX_VALUE_DEPTH:
+        _fail(where, f"values nest deeper than {MAX_VALUE_DEPTH} levels")
+    t = type(x)
+    if t in _PLAIN or t is int:
+        return x
+    if t is not dict or len(x) != 1:
+        _fail(where, f"expected a value ({UNTAGGED}, or a map with one tag), got {_describe(x)}")
+    (tag, payload), = x.items()
+    dec = _DECODERS.get(tag)
+    if dec is None:
+        hint = " (pickled data is never loaded)" if "pickle" in str(tag).lower() else ""
+        _fail(where, f"unknown value tag {tag!r}{hint}; known tags: {', '.join(TAGS)}")
+    return dec(payload, ctx, node, depth + 1, f"{where}.{tag}")
+
+
+def _expect(payload, kind, where, n=None):
+    ok = type(payload) is kind and (n is None or len(payload) == n)
+    if not ok:
+        what = kind.__name__ if n is None else f"{kind.__name__} of {n}"
+        _fail(where, f"expected a {what}, got {_describe(payload)}")
+    return payload
+
+
+def _index(payload, where):
+    if type(payload) is not int or payload < 0:
+        _fail(where, f"expected an index (a non-negative int), got {payload!r}")
+    return payload
+
+
+def _dec_seq(kind):
+    def dec(p, ctx, node, depth, where):
+        items = [_dec(e, ctx, node, depth, f"{where}[{i}]")
+                 for i, e in enumerate(_expect(p, list, where))]
+        return tuple(items) if kind is tuple else items
+    return dec
+
+
+def _dec_map(kind):
+    def dec(p, ctx, node, depth, where):
+        out = kind()
+        for i, pair in enumerate(_expect(p, list, where)):
+            k, v = _expect(pair, list, f"{where}[{i}]", 2)
+            key = _dec(k, ctx, node, depth, f"{where}[{i}][0]")
+            try:
+                if key in out:
+                    _fail(where, f"key {key!r} appears twice")
+            except TypeError:
+                _fail(f"{where}[{i}][0]", f"a dict key must be hashable, got a "
+                                          f"{type(key).__name__}")
+            out[key] = _dec(v, ctx, node, depth, f"{where}[{i}][1]")
+        return out
+    return dec
+
+
+def _dec_int(p, ctx, node, depth, where):
+    s = _expect(p, str, where)
+    digits = s[1:] if s[:1] == "-" else s
+    if not (0 < len(digits) <= MAX_INT_DIGITS and digits.isascii() and digits.isdigit()):
+        _fail(where, f"expected a decimal int of at most {MAX_INT_DIGITS} digits, got {s[:40]!r}")
+    return int(s)
+
+
+def _dec_scalar(p, ctx, node, depth, where):
+    name, raw = _expect(p, list, where, 2)
+    dt = SCALAR_DTYPES.get(name) if type(name) is str else None
+    if dt is None:
+        _fail(where, f"unknown scalar dtype {name!r}; known: {', '.join(SCALAR_DTYPES)}")
+    if type(raw) is not bytes or len(raw) != dt.itemsize:
+        _fail(where, f"a {name} scalar needs {dt.itemsize} bytes, got {_describe(raw)}")
+    if name == "bool" and raw not in (b"\x00", b"\x01"):
+        _fail(where, f"a bool scalar is byte 0 or 1, got {raw!r}")
+    return np.frombuffer(raw, dt.newbyteorder("<")).astype(dt)[0]
+
+
+def _dec_slice(p, ctx, node, depth, where):
+    parts = _expect(p, list, where, 3)
+    return slice(*(_dec(e, ctx, node, depth, f"{where}[{i}]") for i, e in enumerate(parts)))
+
+
+def _dec_ellipsis(p, ctx, node, depth, where):
+    if p is not None:
+        _fail(where, f"expected nil, got {_describe(p)}")
+    return Ellipsis
+
+
+def _dec_dtype(p, ctx, node, depth, where):
+    if p not in DTYPE_NAMES:
+        _fail(where, f"unknown dtype {p!r}; known: {', '.join(DTYPE_NAMES)}")
+    return SCALAR_DTYPES[p]
+
+
+def _dec_device(p, ctx, node, depth, where):
+    if type(p) is not str or len(p) > MAX_DEVICE_STR:
+        _fail(where, f"expected a device string, got {_describe(p)}")
+    try:
+        return as_device(p)
+    except (TypeError, ValueError) as e:
+        _fail(where, str(e))
+
+
+def _ref(ctx, table, p, where):
+    i = _index(p, where)
+    return getattr(ctx, table)(i)
+
+
+def _dec_node(p, ctx, node, depth, where):
+    i = _index(p, where)
+    if node is None:
+        _fail(where, "a node reference outside a graph")
+    return node(i)
+
+
+_DECODERS = {
+    "tuple": _dec_seq(tuple),
+    "list": _dec_seq(list),
+    "dict": _dec_map(dict),
+    "odict": _dec_map(OrderedDict),
+    "int": _dec_int,
+    "scalar": _dec_scalar,
+    "slice": _dec_slice,
+    "ellipsis": _dec_ellipsis,
+    "dtype": _dec_dtype,
+    "device": _dec_device,
+    "tensor": lambda p, ctx, node, depth, where: _ref(ctx, "tensor", p, where),
+    "module": lambda p, ctx, node, depth, where: _ref(ctx, "module", p, where),
+    "node": _dec_node,
+}
+assert _DECODERS.keys() == TAGS.keys(), "every tag needs a decoder"

@@ -1,0 +1,57 @@
+"""Format versions and the rules for reading across them (DESIGN.md, "Versions").
+
+``FORMAT_VERSION`` is ``(major, minor)`` of what this program writes. A
+writer records it as ``format_version`` and, as ``min_reader_version``, the
+lowest version that understands every feature the archive actually uses
+(header fields, value tags, module kinds each carry the version that
+introduced them). A reader
+
+* refuses a newer major, or a ``min_reader_version`` above its own version,
+  with a message naming both versions;
+* reads a newer minor whose ``min_reader_version`` it meets, ignoring
+  optional fields it does not know (a minor release may only add those);
+* reads an older major through :data:`FORMAT_UPGRADERS`, one step per major
+  (there is none yet: 1 is the first major).
+"""
+from mgtrace.errors import ArchiveError, VersionError
+
+FORMAT_NAME = "mgtrace.tmod"
+FORMAT_VERSION = (1, 0)
+
+# major -> function(header) -> header of major + 1; each new major ships one.
+FORMAT_UPGRADERS = {}
+
+
+def fmt(version):
+    """``"1.0"`` for ``(1, 0)``."""
+    return ".".join(str(v) for v in version)
+
+
+def check_readable(format_version, min_reader_version):
+    """Raise unless this reader may read an archive with these versions.
+
+    Raises:
+        VersionError: newer major, ``min_reader_version`` above
+            :data:`FORMAT_VERSION`, or an older major without an upgrader.
+        ArchiveError: ``min_reader_version`` above ``format_version``.
+    """
+    fv, mv = tuple(format_version), tuple(min_reader_version)
+    ours = fmt(FORMAT_VERSION)
+    if mv > fv:
+        raise ArchiveError(f"inconsistent versions: min_reader_version {fmt(mv)} is above "
+                           f"format_version {fmt(fv)}")
+    if fv[0] > FORMAT_VERSION[0] or mv > FORMAT_VERSION:
+        raise VersionError(f"this archive needs an mgtrace that reads format {fmt(mv)} "
+                           f"(it was written as format {fmt(fv)}); this reader knows format "
+                           f"{ours}: upgrade mgtrace")
+    for major in range(fv[0], FORMAT_VERSION[0]):
+        if major not in FORMAT_UPGRADERS:
+            raise VersionError(f"archive format {fmt(fv)} is older than {ours} and there is no "
+                               f"upgrader from major version {major}")
+
+
+def upgrade_header(header):
+    """Run :data:`FORMAT_UPGRADERS` from the header's major to ours."""
+    for major in range(header["format_version"][0], FORMAT_VERSION[0]):
+        header = FORMAT_UPGRADERS[major](header)
+    return header

@@ -1,0 +1,149 @@
+"""tensors.py: every dtype round-trips bit-exactly (0-d, empty, non-contiguous,
+bfloat16), data is 64-byte aligned and checksummed, mmap hands out read-only
+views of the file, and the tensor table is checked before any data is read."""
+import io
+import zlib
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+from mgtrace.serialization.layout import ALIGN
+
+from conftest import ALL_DTYPES, np_dtype, random_array
+from .helpers import assert_same, edit, load_bytes, save_bytes, split
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (5,), (2, 3, 4)])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_round_trip_bit_exact(dtype, shape, mmap, rng):
+    a = random_array(shape, dtype, rng)
+    out = load_bytes(save_bytes(mt.tensor(a)), mmap=mmap)
+    assert type(out) is mt.Tensor and out.dtype == np_dtype(dtype) and out.shape == shape
+    assert out.numpy().tobytes() == a.tobytes()
+
+
+def test_special_float_bits_survive():
+    bits = np.array([0x8000_0000, 0x7FC0_1234, 0xFF80_0000, 0x0000_0001], np.uint32)
+    a = bits.view(np.float32)
+    out = load_bytes(save_bytes(mt.tensor(a)))
+    assert out.numpy().view(np.uint32).tolist() == bits.tolist()
+
+
+def test_non_contiguous_tensors_are_saved_contiguously(rng):
+    base = mt.tensor(rng.standard_normal((4, 6)).astype(np.float32))
+    views = {"t": base.transpose(), "s": base[:, ::2], "b": mt.tensor([1.0, 2.0]).broadcast_to((3, 2))}
+    out = load_bytes(save_bytes(views))
+    for k, v in views.items():
+        np.testing.assert_array_equal(out[k].numpy(), v.numpy())
+        assert out[k].is_contiguous and not out[k].readonly
+
+
+def test_offsets_are_aligned_and_data_matches_checksums(rng):
+    sd = OrderedDict((f"t{i}", mt.tensor(random_array((i + 1, 3), d, rng)))
+                     for i, d in enumerate(["int8", "float16", "float64", "bool", "bfloat16"]))
+    header, payload = split(save_bytes(sd))
+    for e, t in zip(header["tensors"], sd.values()):
+        assert e["offset"] % ALIGN == 0
+        chunk = payload[e["offset"]:e["offset"] + e["nbytes"]]
+        assert chunk == t.numpy().tobytes()
+        assert e["checksum"] == f"crc32:{zlib.crc32(chunk):08x}"
+        assert e["dtype"] == t.dtype.name and e["shape"] == list(t.shape)
+
+
+def test_same_tensor_and_equal_views_are_stored_once():
+    t = mt.tensor(np.arange(6, dtype=np.float32))
+    header, _ = split(save_bytes([t, t, t.reshape(6), t.reshape(2, 3)]))
+    assert len(header["tensors"]) == 2
+    out = load_bytes(save_bytes([t, t]))
+    assert out[0] is out[1]
+
+
+def test_mmap_tensors_are_read_only_views_of_the_file(tmp_path):
+    path = tmp_path / "w.tmod"
+    a = np.arange(1000, dtype=np.float32)
+    mt.save({"w": mt.tensor(a)}, path)
+    out = mt.load(path, mmap=True)["w"]
+    assert out.readonly
+    with pytest.raises(ValueError, match="read-only"):
+        out[0] = 5.0
+    view = np.from_dlpack(out)          # the tensor's memory is the mapped file's
+    assert not view.flags.writeable and view.ctypes.data % ALIGN == 0
+    np.testing.assert_array_equal(view, a)
+    copy = out.copy()
+    copy[0] = 5.0
+    assert copy.numpy()[0] == 5.0 and out.numpy()[0] == 0.0
+    assert np.array_equal((out + 1).numpy(), a + 1)
+
+
+def test_copying_load_gives_writable_aligned_tensors(tmp_path):
+    path = tmp_path / "w.tmod"
+    mt.save(mt.tensor(np.ones((3, 5), np.float32)), path)
+    out = mt.load(path)
+    assert not out.readonly and out.data_ptr % ALIGN == 0
+    out[0, 0] = 7.0
+    assert out.numpy()[0, 0] == 7.0
+
+
+def test_mmap_of_a_file_object_and_of_bytes(tmp_path):
+    data = save_bytes(mt.tensor([1.0, 2.0]))
+    (tmp_path / "a.tmod").write_bytes(data)
+    with open(tmp_path / "a.tmod", "rb") as f:
+        t = mt.load(f, mmap=True)
+    assert t.readonly and t.tolist() == [1.0, 2.0]
+    t2 = mt.load(io.BytesIO(data), mmap=True)
+    assert t2.readonly and t2.tolist() == [1.0, 2.0]
+
+
+def test_device_argument_places_tensors():
+    out = load_bytes(save_bytes({"a": mt.tensor([1, 2])}), device="cpu:0")
+    assert str(out["a"].device) == "cpu:0"
+    with pytest.raises(ValueError, match="unknown device"):
+        load_bytes(save_bytes(mt.tensor([1])), device="moon")
+
+
+def test_corrupted_data_fails_its_checksum_unless_verify_is_off():
+    data = bytearray(save_bytes(mt.tensor(np.zeros(16, np.float32))))
+    data[-3] ^= 0x40
+    for mmap in (False, True):
+        with pytest.raises(mt.ArchiveError, match=r"tensors\[0\]: checksum mismatch"):
+            load_bytes(bytes(data), mmap=mmap)
+    assert load_bytes(bytes(data), verify=False).numpy()[-1] != 0
+
+
+def _table(**change):
+    data = save_bytes([mt.tensor(np.ones((8, 8), np.float32)), mt.tensor(np.ones(2, np.int8))])
+
+    def fn(h):
+        h["tensors"][change.pop("index", 0)].update(change)
+    return edit(data, fn)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"dtype": "object"}, "unknown dtype"),
+    ({"dtype": 5}, "expected string"),
+    ({"shape": [4, 5]}, "nbytes is 256, but shape"),
+    ({"shape": [10 ** 9, 10 ** 9]}, "nbytes is 256, but shape"),
+    ({"shape": [1] * 17}, "at most 16"),
+    ({"shape": [-4, -4]}, "non-negative"),
+    ({"shape": "4x4"}, "list of at most"),
+    ({"nbytes": 10 ** 18, "shape": [10 ** 9, 250_000_000]}, "run past the end"),
+    ({"offset": 1 << 62}, "run past the end"),
+    ({"offset": 3}, "multiple of 64"),
+    ({"offset": 64, "index": 1}, "overlap"),
+    ({"offset": 0, "index": 1}, "overlap"),
+    ({"checksum": "md5:00"}, "unknown algorithm"),
+    ({"checksum": None}, "expected string"),
+])
+def test_bad_tensor_tables_raise_archive_error(change, reason):
+    with pytest.raises(mt.ArchiveError, match=reason):
+        load_bytes(_table(**change))
+
+
+def test_duplicate_tensor_entries_are_an_overlap():
+    def dup(h):
+        h["tensors"].append(dict(h["tensors"][0]))
+    with pytest.raises(mt.ArchiveError, match=r"tensors\[0\] and header.tensors\[2\] overlap"):
+        load_bytes(edit(save_bytes([mt.tensor([1.0]), mt.tensor([2])]), dup))

@@ -1,0 +1,62 @@
+"""version.py: FORMAT_VERSION is written, newer majors and min_reader_version
+above ours are refused naming both versions, a newer minor with optional
+fields this reader does not know still loads."""
+import pytest
+
+import mgtrace as mt
+from mgtrace.serialization import version
+
+from .helpers import edit, load_bytes, save_bytes, split
+
+
+def test_format_version_is_exported_and_written():
+    assert mt.FORMAT_VERSION == (1, 0) == mt.serialization.FORMAT_VERSION
+    header, _ = split(save_bytes(mt.tensor([1.0])))
+    assert header["format"] == "mgtrace.tmod"
+    assert header["format_version"] == [1, 0] and header["min_reader_version"] == [1, 0]
+    assert header["producer"] == {"library": "mgtrace", "version": mt.__version__}
+
+
+def _versions(fv, mv, **extra):
+    def fn(h):
+        h.update(format_version=fv, min_reader_version=mv, **extra)
+    return edit(save_bytes({"w": mt.tensor([1.0, 2.0]), "n": 3}), fn)
+
+
+def test_newer_minor_with_unknown_optional_fields_loads():
+    def more(h):
+        h.update(format_version=[1, 7], min_reader_version=[1, 0], compression=None,
+                 signatures={"a": 1})
+        h["tensors"][0]["layout"] = "strided"
+        h["modules"] = []
+    out = load_bytes(edit(save_bytes({"w": mt.tensor([1.0, 2.0]), "n": 3}), more))
+    assert out["n"] == 3 and out["w"].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("fv, mv, message", [
+    ([2, 0], [2, 0], "needs an mgtrace that reads format 2.0.*written as format 2.0.*knows format 1.0"),
+    ([2, 0], [1, 0], "reads format 1.0.*written as format 2.0.*knows format 1.0"),
+    ([1, 3], [1, 1], "reads format 1.1.*written as format 1.3.*knows format 1.0: upgrade mgtrace"),
+    ([0, 9], [0, 9], "format 0.9 is older than 1.0 and there is no upgrader from major version 0"),
+])
+def test_versions_this_reader_cannot_read_are_refused_naming_both(fv, mv, message):
+    with pytest.raises(mt.serialization.VersionError, match=message):
+        load_bytes(_versions(fv, mv))
+
+
+@pytest.mark.parametrize("fv, mv, message", [
+    ([1, 0], [1, 2], "min_reader_version 1.2 is above format_version 1.0"),
+    ([1], [1, 0], "format_version: expected \\[major, minor\\]"),
+    ("1.0", [1, 0], "format_version: expected"),
+    ([1, 0], [1, -1], "min_reader_version: expected"),
+])
+def test_malformed_versions_are_archive_errors(fv, mv, message):
+    with pytest.raises(mt.ArchiveError, match=message):
+        load_bytes(_versions(fv, mv))
+
+
+def test_check_readable_directly():
+    version.check_readable((1, 0), (1, 0))
+    version.check_readable((1, 9), (1, 0))
+    with pytest.raises(mt.serialization.VersionError):
+        version.check_readable((1, 1), (1, 1))

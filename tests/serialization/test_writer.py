@@ -1,0 +1,74 @@
+"""writer.py: what save accepts and refuses, and that the same object always
+gives the same bytes."""
+import io
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.module as M
+
+from .helpers import assert_same, load_bytes, save_bytes, split
+
+
+def model(seed):
+    rng = np.random.default_rng(seed)
+    net = M.Sequential(M.Conv2d(3, 4, 3), M.BatchNorm2d(4), M.ReLU(), M.Flatten(), M.Linear(4, 2))
+    net.load_state_dict({k: rng.standard_normal(v.shape).astype(v.dtype)
+                         for k, v in net.state_dict().items()})
+    return net
+
+
+def test_same_object_same_bytes(tmp_path):
+    obj = {"net": model(0), "sd": model(1).state_dict(), "x": (1.5, -0.0, b"b", {3: None})}
+    a, b = save_bytes(obj, metadata={"k": [1, 2]}), save_bytes(obj, metadata={"k": [1, 2]})
+    assert a == b
+    mt.save(obj, tmp_path / "a.tmod", metadata={"k": [1, 2]})
+    assert (tmp_path / "a.tmod").read_bytes() == a
+
+
+def test_equal_objects_built_separately_give_the_same_bytes():
+    assert save_bytes(model(3)) == save_bytes(model(3))
+    assert save_bytes(model(3)) != save_bytes(model(4))
+
+
+def test_nested_containers_round_trip(rng):
+    sd = OrderedDict([("a", mt.tensor(rng.standard_normal(3).astype(np.float32))),
+                      ("b", mt.tensor(np.arange(4, dtype=np.int8)))])
+    obj = [sd, (sd["a"], {"lr": 0.1, "betas": (0.9, 0.999)}), {("x", 1): [None, True, "s"]}]
+    assert_same(load_bytes(save_bytes(obj)), obj)
+
+
+def test_state_dict_of_a_model_round_trips():
+    sd = model(5).state_dict()
+    out = load_bytes(save_bytes(sd))
+    assert type(out) is OrderedDict and list(out) == list(sd)
+    assert_same(out, OrderedDict((k, v) for k, v in sd.items()))
+    model(6).load_state_dict(out)
+
+
+def test_examples_are_inputs_and_outputs_of_a_module():
+    net = model(7).eval()
+    x = mt.tensor(np.ones((1, 3, 3, 3), np.float32))
+    header, _ = split(save_bytes(net, example_inputs=(x,)))
+    assert set(header["examples"]) == {"inputs", "outputs"}
+    with pytest.raises(TypeError, match="example_inputs needs a Module"):
+        save_bytes(mt.tensor([1.0]), example_inputs=(x,))
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="metadata must be a dict"):
+        save_bytes(1, metadata=[1])
+    with pytest.raises(TypeError, match="path or a binary file object"):
+        mt.save(1, 42)
+    with pytest.raises(TypeError, match=r"value\[0\]: cannot store a builtins.set"):
+        save_bytes([{1}])
+
+
+def test_writes_to_a_file_object_at_its_position():
+    buf = io.BytesIO(b"head")
+    buf.seek(4)
+    mt.save([1, 2], buf)
+    buf.seek(4)
+    assert mt.load(buf) == [1, 2]
