@@ -17,7 +17,6 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
-from mgtrace.serialization.version import FORMAT_VERSION
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
 

@@ -12,7 +12,7 @@ import mgtrace as mt
 from mgtrace.serialization.layout import ALIGN
 
 from conftest import ALL_DTYPES, np_dtype, random_array
-from .helpers import assert_same, edit, load_bytes, save_bytes, split
+from .helpers import edit, load_bytes, save_bytes, split
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
