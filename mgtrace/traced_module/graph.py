@@ -11,8 +11,43 @@ Queries return a :class:`NodeFilter` / :class:`ExprFilter` that can be
 narrowed and read with ``as_list()``, ``as_unique()``, ``as_dict()`` or
 ``as_count()``. Edits (``insert_exprs``, ``insert_function``,
 ``replace_node``, ``compile``, ``reset_inputs``/``reset_outputs``,
-``add_input_node``/``add_output_node``) keep node users consistent; run
-``lint()`` after editing to be sure.
+``add_input_node``/``add_output_node``) keep node users consistent, bump
+``graph._version`` (so the owner's generated code is rebuilt on the next
+call and ``tm.code`` shows the change); run ``lint()`` after editing to be
+sure.
+
+Which graph to edit: each traced submodule has its own (``tm.layer1.graph``,
+or ``node.graph`` / ``expr.graph`` of what a recursive query found). Edits
+that change a graph's signature or result (``reset_inputs``,
+``reset_outputs``, ``add_input_node``, ``add_output_node``) work on the top
+graph only; ``flatten()`` first to reach inside submodules with them.
+
+Insert a relu after a module call, rewire its users, drop dead code:
+
+>>> import numpy as np, mgtrace as mt, mgtrace.functional as F, mgtrace.module as M
+>>> class Net(M.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.fc = M.Linear(3, 3)
+...     def forward(self, x):
+...         return self.fc(x) * 2
+>>> net = Net()
+>>> x = mt.tensor(np.arange(6, dtype=np.float32).reshape(2, 3) - 3)
+>>> tm = mt.trace_module(net, x)
+>>> g = tm.graph
+>>> call = g.get_module_by_type(M.Linear).as_unique().users[0]
+>>> out = call.outputs[0]
+>>> with g.insert_exprs(call):
+...     act = F.relu(out) + 1
+>>> g.replace_node({out: act})
+>>> g.compile().lint() is g
+True
+>>> "F.relu(fc_out)" in tm.code
+True
+>>> bool(np.allclose(tm(x).numpy(), ((F.relu(net.fc(x)) + 1) * 2).numpy()))
+True
+>>> g.get_node_by_name("Net.fc.[[]out]").as_unique() is out
+True
 """
 import contextlib
 import fnmatch
@@ -158,69 +193,227 @@ class InternalGraph:
         return self.nodes(recursive).name(name, ignorecase)
 
     def get_node_by_id(self, node_id, recursive=True):
-        return self.nodes(recursive).filter(lambda n: n.id == node_id)
+        """Nodes whose ``id`` is ``node_id`` (an int or a list of ints)."""
+        return self.nodes(recursive).node_id(node_id)
 
     def get_expr_by_id(self, expr_id, recursive=True):
-        return self.exprs(recursive).filter(lambda e: e.id == expr_id)
+        """Exprs whose ``id`` is ``expr_id`` (an int or a list of ints)."""
+        return self.exprs(recursive).expr_id(expr_id)
 
     # ---------------------------------------------------------------- edits
     @contextlib.contextmanager
     def insert_exprs(self, expr=None):
         """Record ordinary Python on this graph's nodes as new exprs.
 
-        Inside the ``with`` block, calling mgtrace.functional functions,
-        tensor operators and methods, or the owner's submodules with Nodes
-        of this graph creates exprs and returns new Nodes. They are
-        inserted after ``expr`` (default: after the last expr).
+        Inside the ``with`` block, these each add an expr and return new
+        Node(s) of this graph:
 
-        >>> # with graph.insert_exprs(conv_out.expr):
-        >>> #     act = F.relu(conv_out)
+        - mgtrace.functional calls taking Nodes: ``F.relu(node)``;
+        - operators and tensor methods on TensorNodes: ``node + 1``,
+          ``a * b``, ``node[0]``, ``node.reshape(2, -1)``,
+          ``node.mean(axis=1)`` (see mgtrace.traced_module.node);
+        - calls of the owner's submodules, including a module assigned to
+          the TracedModule just before (``tm.act = M.ReLU()``, then
+          ``tm.act(node)``); a traced submodule must be called with the
+          argument structure it was traced with.
+
+        Tensor operations that touch no node, parameter or buffer run as
+        usual, unrecorded (so a module can be built inside the block).
+
+        The new exprs go right after ``expr``, in the order they run; only
+        nodes defined before it may be used. Without ``expr`` (MegEngine's
+        automatic position) they go right after the last expr that defines
+        a node they read (after the graph inputs if they read none). If the
+        block raises, the graph is left as it was. Nothing else uses the new
+        nodes until you call :meth:`replace_node` (or make them outputs).
+
+        Raises:
+            GraphError: ``expr`` is not in this graph; a node of another graph
+                or one defined after the insertion point is used; a called
+                module is not a submodule of the owner.
+
+        Example (see the module docstring for one that runs)::
+
+            with graph.insert_exprs(conv_out.expr):
+                act = F.relu(conv_out)
+            graph.replace_node({conv_out: act})
         """
-        from mgtrace.traced_module.tracer import insertion
-        if expr is not None and expr.graph is not self:
-            raise GraphError(f"expr {expr!r} is not in graph {self._qualname}")
-        pos = len(self._exprs) if expr is None else self._exprs.index(expr) + 1
-        with insertion(self, pos):
+        if expr is None:
+            pos = len(self._exprs)
+        else:
+            pos = self._index_of(expr, "insert_exprs") + 1
+        with self._inserting(max(pos, self._n_leading_inputs())):
             yield self
+        if expr is None:
+            self._settle_block(pos)
+
+    def _settle_block(self, start):
+        """Move the exprs appended from index ``start`` on to right after the
+        last earlier expr that defines a node they read."""
+        block = self._exprs[start:]
+        if not block:
+            return
+        inside = {id(e) for e in block}
+        index = {id(e): i for i, e in enumerate(self._exprs[:start])}
+        at = self._n_leading_inputs() - 1
+        for e in block:
+            for n in e._inputs:
+                if id(n.expr) not in inside:
+                    at = max(at, index[id(n.expr)])
+        head = self._exprs[:start]
+        self._exprs = head[:at + 1] + block + head[at + 1:]
         self._touch()
 
+    def insert_exprs_after(self, expr=None):
+        """MegEngine's spelling of :meth:`insert_exprs`."""
+        return self.insert_exprs(expr)
+
+    def insert_exprs_before(self, expr=None):
+        """Like :meth:`insert_exprs`, but the new exprs go right before
+        ``expr`` (default: before the first expr that is not an input)."""
+        if expr is None:
+            return self._inserting(self._n_leading_inputs())
+        pos = self._index_of(expr, "insert_exprs_before")
+        if isinstance(expr, Input):
+            raise GraphError("insert_exprs_before: cannot insert before a graph input")
+        return self._inserting(max(pos, self._n_leading_inputs()))
+
+    @contextlib.contextmanager
+    def _inserting(self, pos):
+        from mgtrace.traced_module.tracer import insertion
+        before_exprs = list(self._exprs)
+        before_names = dict(self._names)
+        ok = False
+        try:
+            with insertion(self, pos):
+                yield self
+            ok = True
+        finally:
+            if not ok:              # undo a block that raised
+                old = {id(e) for e in before_exprs}
+                for e in self._exprs:
+                    if id(e) not in old:
+                        for n in e._inputs:
+                            n._remove_user(e)
+                self._exprs = before_exprs
+                self._names = before_names
+            self._touch()
+
+    def _index_of(self, expr, what):
+        for i, e in enumerate(self._exprs):
+            if e is expr:
+                return i
+        where = expr.graph.qualname if getattr(expr, "graph", None) is not None else "no graph"
+        raise GraphError(f"{what}: expr {expr!r} is not in graph {self._qualname} (it is in "
+                         f"{where}); edit that graph instead")
+
+    def _n_leading_inputs(self):
+        n = 0
+        for e in self._exprs:
+            if not isinstance(e, Input):
+                break
+            n += 1
+        return n
+
     def insert_function(self, func, *args, **kwargs):
-        """Insert a call ``func(*args, **kwargs)`` (args may hold Nodes of this
-        graph) right after the last expr that defines one of its inputs;
-        return its output Node(s). ``func`` should be an
-        ``mgtrace.functional`` function or one made traceable with ``wrap``."""
+        """Call ``func(*args, **kwargs)`` (args may hold Nodes of this graph)
+        as if inside :meth:`insert_exprs`, right after the last expr that
+        defines one of its input nodes (after the graph inputs when there
+        are none); return what it returns (its output Node(s)).
+
+        An mgtrace.functional function, or one made traceable with
+        ``mgtrace.traced_module.wrap``, becomes one CallFunction; any other
+        callable runs on the Nodes, so each operation of its body is
+        recorded (``lambda x: F.relu(x) * 2`` gives two exprs).
+
+        Example::
+
+            act = graph.insert_function(F.relu, conv_out)
+            graph.replace_node({conv_out: act})
+        """
         from mgtrace.traced_module.tracer import traceable_call
+        call = traceable_call(func)
         nodes = tree_flatten((args, kwargs), is_node)[0]
         for n in nodes:
             if n.graph is not self:
-                raise GraphError(f"node {n!r} is not in graph {self._qualname}")
-        last = max((self._exprs.index(n.expr) for n in nodes), default=-1)
-        after = self._exprs[last] if last >= 0 else None
-        with self.insert_exprs(after):
-            return traceable_call(func)(*args, **kwargs)
+                raise GraphError(f"insert_function: node {n!r} is not in graph {self._qualname}")
+        last = max((self._index_of(n.expr, "insert_function") for n in nodes), default=-1)
+        pos = max(last + 1, self._n_leading_inputs())
+        with self._inserting(pos):
+            return call(*args, **kwargs)
 
     def replace_node(self, repl):
-        """Make every user (and graph output) of each key node read its value
-        node instead: ``graph.replace_node({old: new})``. Users that come
-        before ``new`` is defined are left alone (no cycles)."""
+        """Make the users (and graph outputs) of each key node read its value
+        node instead: ``graph.replace_node({old: new})``.
+
+        Users of ``old`` that ``new`` is computed from (e.g. the relu in
+        ``new = F.relu(old)``) keep reading ``old``, as in MegEngine. Every
+        other user must come after ``new`` is defined; insert ``new`` right
+        after ``old.expr`` to be safe. Dead code is left for :meth:`compile`.
+
+        Raises:
+            GraphError: a node is not in this graph, ``old`` is ``self``, the
+                two are of different kinds (tensor / module / int), or a user
+                of ``old`` comes before ``new`` is defined (nothing is
+                changed for that pair).
+        """
+        if not isinstance(repl, dict):
+            raise TypeError(f"replace_node takes a dict {{old_node: new_node}}, not "
+                            f"{type(repl).__name__}")
         for old, new in repl.items():
-            if old.graph is not self or new.graph is not self:
-                raise GraphError("replace_node: both nodes must belong to this graph")
-            start = self._position_after(new)
-            for e in list(old.users):
-                if e is new.expr:
+            for n in (old, new):
+                if not isinstance(n, Node):
+                    raise TypeError(f"replace_node: expected Nodes, got {type(n).__name__}")
+                if n.graph is not self:
+                    where = n.graph.qualname if n.graph is not None else "no graph"
+                    raise GraphError(f"replace_node: {n!r} is in {where}, not {self._qualname}")
+            if old is self._inputs[0]:
+                raise GraphError("replace_node: cannot replace the graph's self node")
+            if old.kind != new.kind:
+                raise GraphError(f"replace_node: {old!r} is a {old.kind} node but {new!r} is a "
+                                 f"{new.kind} node")
+        for old, new in repl.items():
+            if old is new:
+                continue
+            index = {id(e): i for i, e in enumerate(self._exprs)}
+            if id(new.expr) not in index:
+                raise GraphError(f"replace_node: {new!r} has no defining expr in {self._qualname}")
+            deps = self._dependency_exprs([new])
+            at_new = index[id(new.expr)]
+            users = []
+            for e in old.users:
+                if id(e) in deps:
                     continue
-                if self._exprs.index(e) >= start:
-                    e.replace_input(old, new)
+                if index[id(e)] <= at_new:
+                    raise GraphError(
+                        f"replace_node: {e!r} reads {old!r} but comes before {new!r} is defined "
+                        f"({new.expr!r}); insert the new exprs right after {old.expr!r} "
+                        "(graph.insert_exprs(old.expr))")
+                users.append(e)
+            for e in users:
+                e.replace_input(old, new)
             self._outputs = [new if o is old else o for o in self._outputs]
         self._touch()
 
-    def _position_after(self, node):
-        return self._exprs.index(node.expr) + 1 if node.expr in self._exprs else 0
+    def _dependency_exprs(self, nodes):
+        """ids of the exprs the values of ``nodes`` are computed from."""
+        seen = set()
+        stack = [n.expr for n in nodes if n.expr is not None]
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            stack.extend(n.expr for n in e._inputs if n.expr is not None)
+        return seen
 
     def compile(self):
-        """Remove exprs whose results nobody uses (dead code), except those
-        with side effects (writes such as ``x[i] = v`` and ``x += y``)."""
+        """Remove exprs whose results nobody uses (dead code), keeping the
+        inputs and exprs with side effects: in-place writes (``x[i] = v``,
+        ``x += y``, ``out=`` arguments), calls without results, and calls of
+        traced submodules whose graphs have side effects. Returns the graph.
+        Lints before and after."""
+        self.lint(recursive=False)
         live = {id(n) for n in self._outputs}
         keep = []
         for e in reversed(self._exprs):
@@ -231,53 +424,90 @@ class InternalGraph:
                 for n in e._inputs:
                     n._remove_user(e)
                 for o in e.outputs:
-                    self._names.pop(o._name, None)
+                    if self._names.get(o._name) is o:
+                        del self._names[o._name]
         self._exprs = keep[::-1]
         self._touch()
+        self.lint(recursive=False)
         return self
 
     def reset_outputs(self, outputs):
         """Make ``outputs`` (a Node or a pytree of Nodes of this graph) the
-        graph's result, e.g. to cut the graph at a node. Top graphs only."""
+        graph's result, e.g. to cut the graph at a node; follow with
+        :meth:`compile` to drop what is no longer needed. Top graphs only
+        (an inner graph's result is what its callers receive).
+
+        Raises:
+            GraphError: not the top graph; a node of another graph or a
+                module node among ``outputs``.
+        """
         self._check_top("reset_outputs")
         leaves, out_def = tree_flatten(outputs, is_node)
         for n in leaves:
             if n.graph is not self:
-                raise GraphError(f"reset_outputs: {n!r} is not a node of {self._qualname}")
+                where = n.graph.qualname if n.graph is not None else "no graph"
+                raise GraphError(f"reset_outputs: {n!r} is in {where}, not {self._qualname}")
+            if isinstance(n, ModuleNode):
+                raise GraphError(f"reset_outputs: {n!r} is a module, not a value")
         self._outputs = leaves
         self._out_def = out_def
         self._touch()
 
     def add_output_node(self, node):
-        """Append ``node`` to the outputs (a single output becomes a tuple)."""
+        """Return ``node``'s value too: the result becomes
+        ``(previous_result, value)`` (MegEngine's nesting: a forward that
+        returned ``(a, b)`` now returns ``((a, b), value)``). Top graphs
+        only."""
         self._check_top("add_output_node")
         old = self._out_def.unflatten(self._outputs)
-        new = old + (node,) if isinstance(old, tuple) else (old, node)
-        self.reset_outputs(new)
+        self.reset_outputs((old, node))
 
     def add_input_node(self, shape, dtype="float32", name="args"):
-        """A new tensor input (appended as a positional parameter of forward,
-        named ``name``); returns its TensorNode. Top graphs only."""
+        """Add a tensor input: a new last positional parameter of forward,
+        named ``name`` (made unique). Returns its TensorNode; use it inside
+        :meth:`insert_exprs`. Callers then pass one more tensor. Top graphs
+        only.
+
+        Args:
+            shape: the shape to record on the node (what placeholders use
+                while inserting exprs that read it).
+            dtype: its dtype (default float32).
+            name: the parameter name.
+
+        Raises:
+            GraphError: not the top graph; the owner has several graphs;
+                forward takes ``*args``/``**kwargs``/keyword-only
+                parameters, or has parameters with defaults (a new
+                positional parameter cannot follow them): use
+                :meth:`reset_inputs`.
+        """
         import numpy as np
         self._check_top("add_input_node")
         owner = self.owner
-        pname = name
+        if len(owner._graphs) != 1:
+            raise GraphError(f"add_input_node: {owner._qualname} has {len(owner._graphs)} graphs "
+                             "(one per call signature); a new parameter would break the others")
         params = list(owner._signature.parameters.values())
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in params):
             raise GraphError("add_input_node: forward takes *args, **kwargs or keyword-only "
-                             "parameters; reset_inputs instead")
-        names = {p.name for p in params}
-        i = 1
+                             "parameters; use reset_inputs instead")
+        if any(p.default is not p.empty for p in params):
+            raise GraphError("add_input_node: forward has parameters with defaults, which a new "
+                             "positional parameter cannot follow; use reset_inputs instead")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"add_input_node: name {name!r} is not a Python identifier")
+        names = {p.name for p in params} | set(self._names)
+        pname, i = name, 1
         while pname in names:
             pname = f"{name}_{i}"
             i += 1
         params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_OR_KEYWORD))
-        node = self._add_node(TensorNode(name=pname, shape=tuple(shape), dtype=np.dtype(dtype)), pname)
+        node = self._add_node(TensorNode(name=pname, shape=tuple(shape), dtype=np.dtype(dtype)),
+                              pname)
         e = Input(pname)
         e.outputs = [node]
         node.expr = e
-        n_in = sum(isinstance(x, Input) for x in self._exprs)
-        self._append(e, at=n_in)
+        self._append(e, at=self._n_leading_inputs())
         self._inputs.append(node)
         d = self._in_def
         self._in_def = TreeDef(d.type, d.aux, d.children + (LeafDef(SLOT),))
@@ -287,37 +517,72 @@ class InternalGraph:
     def reset_inputs(self, *args, **kwargs):
         """Give forward a new argument structure: ``args``/``kwargs`` are
         bound to forward's parameters; their leaves are existing input nodes
-        of this graph (kept) or example Tensors (each becomes a new input).
-        Old inputs left out must have no users. Returns the input nodes."""
+        of this graph (kept) or example Tensors (each becomes a new input,
+        named after its parameter). Old inputs left out must have no users
+        (``replace_node`` them first). Returns the input nodes. Top graphs
+        only.
+
+        Raises:
+            GraphError: not the top graph; the arguments do not fit forward's
+                signature; a node is not an input of this graph; a dropped
+                input is still used; another graph of the owner already has
+                this structure.
+        """
         from mgtrace._core import Tensor
         self._check_top("reset_inputs")
-        bound = self.owner._signature.bind(*args, **kwargs)
+        owner = self.owner
+        sig = owner._signature
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise GraphError(f"reset_inputs: forward{sig}: {e}; add a parameter with "
+                             "add_input_node") from None
         bound.apply_defaults()
         canon = tuple(bound.arguments.values())
-        leaves, in_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor)))
+        is_leaf = lambda v: isinstance(v, (Node, Tensor))          # noqa: E731
+        leaves, in_def = tree_flatten(canon, is_leaf)
+        for g in owner._graphs:
+            if g is not self and g._in_def == in_def:
+                raise GraphError("reset_inputs: another graph of this module already has this "
+                                 "argument structure")
+        names = []
+        for pname, value in bound.arguments.items():
+            k = len(tree_flatten(value, is_leaf)[0])
+            names += [pname] if k == 1 else [f"{pname}_{j}" for j in range(k)]
+        current = self._inputs[1:]
         nodes = []
-        for i, v in enumerate(leaves):
+        for v, pname in zip(leaves, names):
             if isinstance(v, Node):
-                if v not in self._inputs[1:]:
-                    raise GraphError(f"reset_inputs: {v!r} is not an input of this graph")
+                if not any(v is c for c in current):
+                    raise GraphError(f"reset_inputs: {v!r} is not an input of {self._qualname}")
+                if any(v is n for n in nodes):
+                    raise GraphError(f"reset_inputs: input {v!r} is given twice")
                 nodes.append(v)
             else:
-                nodes.append(self._add_node(TensorNode(shape=v.shape, dtype=v.dtype), f"arg{i}"))
-        dropped = [n for n in self._inputs[1:] if n not in nodes]
+                nodes.append(TensorNode(name=pname, shape=tuple(v.shape), dtype=v.dtype))
+        dropped = [n for n in current if not any(n is m for m in nodes)]
         for n in dropped:
             if n.users:
-                raise GraphError(f"reset_inputs: input {n.name!r} is still used by {n.users[0]!r}")
+                raise GraphError(f"reset_inputs: input {n.name!r} is still used by "
+                                 f"{n.users[0]!r}; replace_node it first")
         self._exprs = [e for e in self._exprs
-                       if not (isinstance(e, Input) and e.outputs[0] in dropped)]
+                       if not (isinstance(e, Input) and any(e.outputs[0] is n for n in dropped))]
         for n in dropped:
-            self._names.pop(n._name, None)
+            if self._names.get(n._name) is n:
+                del self._names[n._name]
         for n in nodes:
-            if n.expr is None:
+            if n.graph is None:
+                self._add_node(n, n.name)
                 e = Input(n.name)
                 e.outputs = [n]
                 n.expr = e
-                self._append(e, at=sum(isinstance(x, Input) for x in self._exprs))
-        self._inputs = [self._inputs[0]] + nodes
+                self._append(e, at=self._n_leading_inputs())
+        # Input exprs in the new argument order, ahead of everything else
+        inputs = [self._inputs[0]] + nodes
+        rank = {id(n.expr): i for i, n in enumerate(inputs)}
+        head = sorted((e for e in self._exprs if id(e) in rank), key=lambda e: rank[id(e)])
+        self._exprs = head + [e for e in self._exprs if id(e) not in rank]
+        self._inputs = inputs
         self._in_def = in_def
         self._touch()
         return nodes
@@ -330,14 +595,30 @@ class InternalGraph:
 
     # ----------------------------------------------------------------- lint
     def check(self, recursive=True):
-        """A list of problems (empty when the graph is sound): undefined or
-        foreign inputs, inconsistent users, duplicate names, missing outputs."""
+        """A list of problems (empty when the graph is sound), one line each,
+        starting with the graph's qualname:
+
+        - an expr reads a node before it is defined, or one of another graph
+          ("reads ... before it is defined");
+        - users out of step: a node read by an expr that it does not list as
+          a user, or listing a user that is not in the graph or does not read
+          it ("lists a user that is not in the graph");
+        - an expr or node that names another graph or producer;
+        - two nodes with one name, or the name table out of step;
+        - inputs without Input exprs, Input exprs that are not inputs, a
+          first input that is not the ``self`` module node, an ``in_def``
+          whose slots do not match the inputs;
+        - outputs not defined in the graph, an ``out_def`` whose slots do
+          not match the outputs;
+        - an expr listed twice.
+        """
         problems = []
         self._check_into(problems, recursive, set())
         return problems
 
     def lint(self, recursive=True):
-        """Raise GraphError listing every problem :meth:`check` finds."""
+        """Raise GraphError listing every problem :meth:`check` finds;
+        return the graph when there are none (run it after every edit)."""
         problems = self.check(recursive)
         if problems:
             raise GraphError(f"graph {self._qualname} is broken:\n  " + "\n  ".join(problems))
@@ -346,43 +627,65 @@ class InternalGraph:
     def _check_into(self, problems, recursive, seen):
         seen.add(id(self))
         q = self._qualname
+        add = problems.append
+        in_graph = set()
+        for e in self._exprs:
+            if id(e) in in_graph:
+                add(f"{q}: expr {e!r} is listed twice")
+            in_graph.add(id(e))
         defined = set()
         names = {}
+        input_ids = {id(n) for n in self._inputs}
         for e in self._exprs:
             if e.graph is not self:
-                problems.append(f"{q}: expr {e!r} says it belongs to another graph")
+                add(f"{q}: expr {e!r} says it belongs to another graph")
+            if isinstance(e, Input) and not any(id(o) in input_ids for o in e.outputs):
+                add(f"{q}: {e!r} is an Input expr but its node is not a graph input")
             for n in e._inputs:
                 if id(n) not in defined:
-                    problems.append(f"{q}: {e!r} reads {n!r} before it is defined (or from another graph)")
+                    add(f"{q}: {e!r} reads {n!r} before it is defined (or from another graph)")
                 if not any(u is e for u in n.users):
-                    problems.append(f"{q}: {n!r} is read by {e!r} but does not list it as a user")
+                    add(f"{q}: {n!r} is read by {e!r} but does not list it as a user")
             for o in e.outputs:
                 if o.graph is not self:
-                    problems.append(f"{q}: node {o!r} says it belongs to another graph")
+                    add(f"{q}: node {o!r} says it belongs to another graph")
                 if o.expr is not e:
-                    problems.append(f"{q}: node {o!r} is an output of {e!r} but names another producer")
+                    add(f"{q}: node {o!r} is an output of {e!r} but names another producer")
                 if o.name in names:
-                    problems.append(f"{q}: two nodes are named {o.name!r}")
+                    add(f"{q}: two nodes are named {o.name!r}")
+                elif self._names.get(o.name) is not o:
+                    add(f"{q}: node {o!r} is missing from the graph's name table")
                 names[o.name] = o
                 defined.add(id(o))
-                for u in o.users:
-                    if u.graph is not self or u not in self._exprs:
-                        problems.append(f"{q}: {o!r} lists a user that is not in the graph: {u!r}")
-                    elif not any(i is o for i in u._inputs):
-                        problems.append(f"{q}: {o!r} lists {u!r} as a user, but it does not read it")
             if recursive:
                 sub = called_graph(e)
                 if sub is not None and id(sub) not in seen:
                     sub._check_into(problems, True, seen)
+        # users are checked once every expr is known (a user may come later)
+        for e in self._exprs:
+            for o in e.outputs:
+                for u in o.users:
+                    if id(u) not in in_graph:
+                        add(f"{q}: {o!r} lists a user that is not in the graph: {u!r}")
+                    elif not any(i is o for i in u._inputs):
+                        add(f"{q}: {o!r} lists {u!r} as a user, but it does not read it")
         for n in self._inputs:
-            if id(n) not in defined:
-                problems.append(f"{q}: input {n!r} has no Input expr")
+            if id(n) not in defined or not isinstance(n.expr, Input):
+                add(f"{q}: input {n!r} has no Input expr")
+        if not self._inputs or not isinstance(self._inputs[0], ModuleNode):
+            add(f"{q}: the first input must be the self module node")
+        if self._in_def is not None and self._in_def.num_leaves != len(self._inputs) - 1:
+            add(f"{q}: in_def has {self._in_def.num_leaves} slots for "
+                f"{len(self._inputs) - 1} inputs")
         for n in self._outputs:
             if id(n) not in defined:
-                problems.append(f"{q}: output {n!r} is not defined in the graph")
+                add(f"{q}: output {n!r} is not defined in the graph")
         if self._out_def is not None and self._out_def.num_leaves != len(self._outputs):
-            problems.append(f"{q}: out_def has {self._out_def.num_leaves} slots for "
-                            f"{len(self._outputs)} outputs")
+            add(f"{q}: out_def has {self._out_def.num_leaves} slots for "
+                f"{len(self._outputs)} outputs")
+        stale = [k for k, n in self._names.items() if id(n) not in defined]
+        if stale:
+            add(f"{q}: the name table lists nodes that are not in the graph: {stale[:5]}")
 
     # ------------------------------------------------------------- printing
     def __repr__(self):
@@ -397,10 +700,26 @@ class InternalGraph:
         return "\n".join(lines)
 
 
-def _has_side_effect(e):
-    if isinstance(e, CallMethod):
-        return e.method == "__setitem__" or (e.method.startswith("__i") and e.method.endswith("__"))
-    return not e.outputs and not isinstance(e, (GetAttr, Constant))
+def _has_side_effect(e, seen=None):
+    """Whether removing ``e`` could change what a run does besides its
+    results: in-place methods (``__setitem__``, ``__iadd__``...), an
+    ``out=`` argument, a call without results, or a call of a traced
+    module whose graph has such an expr."""
+    if isinstance(e, (Input, GetAttr, Constant)):
+        return False
+    if isinstance(e, CallMethod) and (e.method == "__setitem__" or
+                                      (e.method.startswith("__i") and e.method.endswith("__"))):
+        return True
+    if "out" in e.kwargs or not e.outputs:
+        return True
+    sub = called_graph(e)
+    if sub is not None:
+        seen = set() if seen is None else seen
+        if id(sub) in seen:
+            return False
+        seen.add(id(sub))
+        return any(_has_side_effect(x, seen) for x in sub._exprs)
+    return False
 
 
 def called_graph(e):
@@ -451,27 +770,46 @@ class _Filter:
         return f"{type(self).__name__}({self._items!r})"
 
 
+def _id_set(ids):
+    return {ids} if isinstance(ids, int) else set(ids)
+
+
 class NodeFilter(_Filter):
-    """Nodes, narrowed by ``type(cls)`` or ``name(pattern)``."""
+    """Nodes, narrowed by ``type(cls)``, ``node_id(ids)`` or ``name(pattern)``."""
 
     def type(self, cls):
         return self.filter(lambda n: isinstance(n, cls))
 
+    def node_id(self, node_id):
+        ids = _id_set(node_id)
+        return self.filter(lambda n: n.id in ids)
+
     def name(self, pattern, ignorecase=True):
+        """Nodes whose qualname or name matches the shell pattern
+        ``pattern`` (``*``, ``?``, ``[seq]``). Brackets also match
+        literally, so ``"*.conv1.[out]"`` finds module-call results."""
         if pattern is None:
             return self
+        if not isinstance(pattern, str):
+            raise TypeError(f"a node name pattern must be a str, not {type(pattern).__name__}")
         pat = pattern.lower() if ignorecase else pattern
+        pats = {pat, pat.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")}
 
         def hit(n):
             names = (n.qualname, n.name)
             if ignorecase:
                 names = tuple(s.lower() for s in names)
-            return any(fnmatch.fnmatchcase(s, pat) for s in names)
+            return any(fnmatch.fnmatchcase(s, p) for s in names for p in pats)
         return self.filter(hit)
 
 
 class ExprFilter(_Filter):
-    """Exprs, narrowed by ``call_function(fn)`` or ``call_method(name)``."""
+    """Exprs, narrowed by ``call_function(fn)``, ``call_method(name)``,
+    ``expr_id(ids)`` or ``expr_type(cls)``."""
+
+    def expr_id(self, expr_id):
+        ids = _id_set(expr_id)
+        return self.filter(lambda e: e.id in ids)
 
     def call_function(self, func=None):
         def hit(e):

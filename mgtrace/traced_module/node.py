@@ -8,12 +8,64 @@ Three kinds (one closed set, :data:`NODE_KINDS`):
 - ``ValueNode``: a Python int computed while running, e.g. ``x.shape[0]``
   and arithmetic on it (how shapes stay symbolic). MegEngine keeps such
   values in tensors; a plain int is cheaper and prints better.
+
+Inside ``with graph.insert_exprs():`` TensorNodes and ValueNodes behave like
+the values they stand for: operators (``node + 1``, ``a * b``, ``node[0]``,
+``-node``) and tensor methods (``node.reshape(2, -1)``, ``node.mean(axis=1)``)
+record new exprs in the graph and return new Nodes. Outside that context
+they raise :class:`NodeValueError` (a TypeError): a Node has no value of its
+own. ``==`` and ``!=`` keep their identity meaning (nodes are dict keys);
+use ``F.equal`` in graphs.
+
+>>> import numpy as np, mgtrace as mt, mgtrace.module as M
+>>> class Net(M.Module):
+...     def forward(self, x):
+...         return x * 2
+>>> ones = mt.tensor(np.ones((2, 3), np.float32))
+>>> tm = mt.trace_module(Net(), ones)
+>>> g = tm.graph
+>>> x = g.inputs[1]
+>>> x.qualname, x.shape
+('Net.x', (2, 3))
+>>> x + 1
+Traceback (most recent call last):
+    ...
+mgtrace.traced_module.node.NodeValueError: `+` on TensorNode %...:x: a graph node has no value, ...
+>>> with g.insert_exprs():
+...     y = (x + 1).mean(axis=1)
+>>> y
+%...:mean
+>>> g.reset_outputs(y)
+>>> tm(ones).tolist()
+[2.0, 2.0]
 """
 import itertools
+import operator
 
-__all__ = ["Node", "TensorNode", "ModuleNode", "ValueNode", "NODE_KINDS"]
+__all__ = ["Node", "TensorNode", "ModuleNode", "ValueNode", "NODE_KINDS", "NodeValueError"]
 
 _ids = itertools.count()
+
+# Set by mgtrace.traced_module.tracer.insertion while an ``insert_exprs``
+# block runs: ``record_method(node, method, args, kwargs)`` and
+# ``record_function(fn, args, kwargs)`` record one expr each and return its
+# output Node(s). None outside such a block.
+edit_hooks = None
+
+
+class NodeValueError(TypeError):
+    """A Node was used as a value (``node + 1``, ``node.reshape(...)``)
+    outside ``with graph.insert_exprs():``."""
+
+
+def _hooks(node, what):
+    hooks = edit_hooks
+    if hooks is None:
+        raise NodeValueError(
+            f"{what} on {type(node).__name__} {node!r}: a graph node has no value, so this is only "
+            "recorded inside `with graph.insert_exprs(...):` (which adds the expr to the graph "
+            "and returns a new node)")
+    return hooks
 
 
 class Node:
@@ -54,12 +106,31 @@ class Node:
 
     @property
     def qualname(self):
-        """Where the value lives in the module tree, e.g. ``Net.layer1.0.conv1``
-        for a module node or ``Net.layer1.0.conv1.[out]`` for its output."""
+        """Where the value lives in the module tree.
+
+        A module reached by attribute is ``Net.layer1.0.conv1``, a parameter
+        ``Net.layer1.0.conv1.weight``, the result of calling a module
+        ``Net.layer1.0.conv1.[out]`` (``.[out1]``... for a call with several
+        results), a graph's ``self`` the graph's own qualname, and any other
+        node ``<graph qualname>.<name>`` (``Net.layer1.0.relu_out``).
+        """
         if self._qualname is not None:
             return self._qualname
         g = self.graph
-        return f"{g.qualname}.{self._name}" if g is not None else self._name
+        if g is None:
+            return self._name
+        e = self.expr
+        kind = getattr(e, "kind", None)
+        if g._inputs and g._inputs[0] is self:
+            return g.qualname
+        if kind == "getattr" and e.args and e.args[0] is g._inputs[0]:
+            return f"{g.qualname}.{e.name}"
+        if kind == "call_method" and e.method == "__call__" and e.args \
+                and isinstance(e.args[0], ModuleNode) and e.args[0] is not self:
+            outs = e.outputs
+            tag = "out" if len(outs) <= 1 else f"out{next((i for i, o in enumerate(outs) if o is self), 0)}"
+            return f"{e.args[0].qualname}.[{tag}]"
+        return f"{g.qualname}.{self._name}"
 
     @qualname.setter
     def qualname(self, value):
@@ -76,20 +147,110 @@ class Node:
         return f"%{self._id}:{self._name}"
 
 
+# ----------------------------------------------- recording while editing
+def _method(name):
+    def method(self, *args, **kwargs):
+        return _hooks(self, f"{name}()").record_method(self, name, args, kwargs)
+    method.__name__ = name
+    method.__doc__ = (f"Record ``node.{name}(...)`` (only inside ``graph.insert_exprs()``); "
+                      "returns the new node(s).")
+    return method
+
+
+def _operator(name, symbol):
+    def method(self, *args):
+        return _hooks(self, f"`{symbol}`").record_method(self, name, args, {})
+    method.__name__ = name
+    return method
+
+
+def _int_operator(fn, symbol, reflected=False):
+    def method(self, other=None):
+        if fn is operator.neg:
+            args = (self,)
+        elif not isinstance(other, (int, ValueNode)) or isinstance(other, bool):
+            return NotImplemented
+        else:
+            args = (other, self) if reflected else (self, other)
+        return _hooks(self, f"`{symbol}`").record_function(fn, args, {})
+    return method
+
+
+# operators a TensorNode records (the Tensor dunders of the same names);
+# no in-place forms: ``node += 1`` rebinds the name to a new node instead
+_TENSOR_OPERATORS = {
+    "__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
+    "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__floordiv__": "//",
+    "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__pow__": "**", "__rpow__": "**",
+    "__matmul__": "@", "__rmatmul__": "@", "__and__": "&", "__rand__": "&", "__or__": "|",
+    "__ror__": "|", "__xor__": "^", "__rxor__": "^", "__lshift__": "<<", "__rlshift__": "<<",
+    "__rshift__": ">>", "__rrshift__": ">>", "__lt__": "<", "__le__": "<=", "__gt__": ">",
+    "__ge__": ">=", "__neg__": "unary -", "__abs__": "abs()", "__invert__": "~",
+    "__getitem__": "[]",
+}
+# tensor methods a TensorNode records (each returns tensors)
+TENSOR_METHODS = frozenset({
+    "astype", "copy", "contiguous", "reshape", "view", "flatten", "transpose", "permute",
+    "expand_dims", "squeeze", "broadcast_to", "sum", "mean", "prod", "max", "min", "any", "all",
+    "argmax", "argmin", "var", "std"})
+
+
 class TensorNode(Node):
     """A tensor value.
 
     Attributes:
         shape: tuple of ints, the shape seen while tracing (a run at another
-            batch size gives other shapes; this is a record, not a constraint).
+            batch size gives other shapes; this is a record, not a
+            constraint, and stays a plain tuple inside ``insert_exprs``:
+            ``node.reshape(node.shape[0], -1)`` there fixes the batch size
+            seen while tracing; use ``F.flatten(node, 1)`` to keep it free).
         dtype: the NumPy dtype seen while tracing.
+
+    Inside ``graph.insert_exprs()`` the operators in ``_TENSOR_OPERATORS``
+    and the methods in :data:`TENSOR_METHODS` record exprs (see the module
+    docstring).
     """
     kind = "tensor"
+    __array_ufunc__ = None          # numpy defers to our reflected operators
 
     def __init__(self, expr=None, name=None, shape=None, dtype=None):
         super().__init__(expr, name)
         self.shape = shape
         self.dtype = dtype
+
+    @property
+    def ndim(self):
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def T(self):
+        """Record ``node.transpose()`` (only inside ``insert_exprs``)."""
+        return _hooks(self, ".T").record_method(self, "transpose", (), {})
+
+    def __getattr__(self, name):
+        # only reached for names the node does not have
+        if name in TENSOR_METHODS:
+            m = _method(name)
+            return m.__get__(self, type(self))
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}"
+                             + ("; graph nodes record these tensor methods inside "
+                                "insert_exprs(): " + ", ".join(sorted(TENSOR_METHODS))
+                                if not name.startswith("_") else ""))
+
+    def __setitem__(self, index, value):
+        raise NodeValueError(f"cannot assign into {self!r}: in-place writes on graph nodes are not "
+                             "recorded; build a new value instead (e.g. F.where, F.concat)")
+
+    def __iter__(self):
+        raise NodeValueError(f"{self!r} is not iterable; index it (node[0]) inside insert_exprs()")
+
+    def __bool__(self):
+        return True
+
+
+for _name, _sym in _TENSOR_OPERATORS.items():
+    setattr(TensorNode, _name, _operator(_name, _sym))
+del _name, _sym
 
 
 class ModuleNode(Node):
@@ -105,15 +266,37 @@ class ModuleNode(Node):
     def module_type(self):
         return type(self.owner)
 
+    def __call__(self, *args, **kwargs):
+        """Inside ``graph.insert_exprs()``: record a call of ``owner``, as
+        ``owner(*args, **kwargs)`` would."""
+        _hooks(self, "calling")
+        return self.owner(*args, **kwargs)
+
 
 class ValueNode(Node):
     """A Python int known only when the graph runs (a shape entry, or
-    arithmetic on shape entries). ``value`` is the one seen while tracing."""
+    arithmetic on shape entries). ``value`` is the one seen while tracing.
+
+    Inside ``graph.insert_exprs()``, ``+ - * // %`` and unary ``-`` with
+    ints or other ValueNodes record ``operator`` calls and return new
+    ValueNodes."""
     kind = "value"
 
     def __init__(self, expr=None, name=None, value=None):
         super().__init__(expr, name)
         self.value = value
+
+    __add__ = _int_operator(operator.add, "+")
+    __radd__ = _int_operator(operator.add, "+", True)
+    __sub__ = _int_operator(operator.sub, "-")
+    __rsub__ = _int_operator(operator.sub, "-", True)
+    __mul__ = _int_operator(operator.mul, "*")
+    __rmul__ = _int_operator(operator.mul, "*", True)
+    __floordiv__ = _int_operator(operator.floordiv, "//")
+    __rfloordiv__ = _int_operator(operator.floordiv, "//", True)
+    __mod__ = _int_operator(operator.mod, "%")
+    __rmod__ = _int_operator(operator.mod, "%", True)
+    __neg__ = _int_operator(operator.neg, "unary -")
 
 
 NODE_KINDS = {cls.kind: cls for cls in (TensorNode, ModuleNode, ValueNode)}

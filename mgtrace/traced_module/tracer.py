@@ -527,23 +527,173 @@ def _input_names(sig, canon, arg_def):
 
 
 # ------------------------------------------------------------------ editing
+# What graph.insert_exprs() runs under: a Tracer on the graph's owner with
+# one frame whose exprs go to a fixed position, Nodes standing in for values
+# (node.py forwards their operators and methods here), and module calls
+# checked against the callee's traced signatures.
+
+class _EditFrame(_Frame):
+    """The frame of an insert_exprs block: Nodes of the graph may be used
+    directly, but only those defined before the insertion point."""
+
+    def node_of(self, v):
+        if isinstance(v, Node):
+            from mgtrace.traced_module.graph import GraphError
+            if v.graph is not self.graph:
+                where = v.graph.qualname if v.graph is not None else "no graph"
+                raise GraphError(f"insert_exprs on {self.graph.qualname}: {v!r} belongs to "
+                                 f"{where}; use nodes of the graph being edited")
+            if not any(e is v.expr for e in self.graph._exprs[:self.insert_at]):
+                raise GraphError(f"insert_exprs on {self.graph.qualname}: {v!r} is defined after "
+                                 f"the insertion point; insert after {v.expr!r} instead")
+            return v
+        return super().node_of(v)
+
+
+class _EditTracer(Tracer):
+    """Tracer for insert_exprs: module calls are single exprs; a call of a
+    traced submodule must match one of its graphs (and records which).
+
+    Work that does not touch the graph runs as usual, unrecorded: tensor
+    operations and shape reads on tensors that are neither graph values
+    nor parameters/buffers of the owner (so building a module inside the
+    block works), and functional calls whose tensors are all such (a call
+    without tensor arguments, e.g. ``F.ones((2, 3))``, is recorded)."""
+
+    def _refresh(self):
+        """Re-read module paths and attribute tensors: modules and tensors
+        may be set on the owner inside the block."""
+        fresh = Tracer(self.root, self.converted, self.warn_constants)
+        self.paths, self.attrs = fresh.paths, fresh.attrs
+
+    def attr_of(self, t):
+        where = self.attrs.get(id(t))
+        if where is None:
+            self._refresh()
+            where = self.attrs.get(id(t))
+        return where
+
+    def relpath(self, frame, module):
+        if id(module) not in self.paths:
+            self._refresh()
+        return super().relpath(frame, module)
+
+    def _graph_value(self, v):
+        return isinstance(v, Node) or id(v) in self.frame.env or \
+            (isinstance(v, Tensor) and self.attr_of(v) is not None)
+
+    def _touches_graph(self, args, kwargs, creation_counts=False):
+        leaves = tree_flatten((args, kwargs), _traced_leaf)[0]
+        if any(self._graph_value(v) for v in leaves):
+            return True
+        return creation_counts and not any(isinstance(v, Tensor) for v in leaves)
+
+    def on_function(self, wrapper, fn, args, kwargs):
+        if self._touches_graph(args, kwargs, creation_counts=True):
+            return super().on_function(wrapper, fn, args, kwargs)
+        with self.suspended():
+            return fn(*args, **kwargs)
+
+    def on_apply(self, opdef, *inputs):
+        if self._touches_graph(inputs, opdef.params):
+            return super().on_apply(opdef, *inputs)
+        with self.suspended():
+            return apply(opdef, *inputs)
+
+    def on_shape(self, t):
+        if self._graph_value(t):
+            return super().on_shape(t)
+        with core_off():
+            return t.shape
+
+    def on_bool(self, t):
+        if self._graph_value(t):
+            super().on_bool(t)
+
+    def on_module_call(self, module, args, kwargs):
+        from mgtrace.traced_module.graph import GraphError
+        frame = self.frame
+        if module is frame.module:
+            raise GraphError(f"insert_exprs on {frame.graph.qualname}: a graph cannot call its "
+                             "own module (that would recurse forever)")
+        try:
+            mnode = frame.module_node(module)
+        except TraceError as e:
+            raise GraphError(f"insert_exprs: {e}") from None
+        graphs = getattr(module, "_graphs", None)
+        if graphs is None:
+            return super().on_module_call(module, args, kwargs)
+        name = getattr(module, "_qualname", type(module).__name__)
+        canon = bind_arguments(signature_of(module), args, kwargs, name)
+        arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt)))[1]
+        if module._graph_for(arg_def) is None:
+            raise GraphError(f"insert_exprs: {name} was traced for arguments "
+                             f"{[g.in_def for g in graphs]}, not {arg_def}; call it as it was "
+                             "traced")
+
+        def make(a, k):
+            e = CallMethod(mnode, "__call__", a, k)
+            e.arg_def = arg_def
+            return e
+        return self._record(make, lambda a, k: module._call_impl(a, k), args, kwargs,
+                            f"{mnode.name}_out")
+
+
+class _EditHooks:
+    """What node.py calls for an operator or method on a Node."""
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+
+    def record_method(self, node, method, args, kwargs):
+        if "out" in kwargs:
+            from mgtrace.traced_module.graph import GraphError
+            raise GraphError(f"{node!r}.{method}(out=...): in-place results are not recorded on "
+                             "graph nodes; use the returned node")
+        return self.tracer._record(lambda a, k: CallMethod(a[0], method, a[1:], k),
+                                   lambda a, k: getattr(a[0], method)(*a[1:], **k),
+                                   (node,) + tuple(args), dict(kwargs),
+                                   method.strip("_") or "call")
+
+    def record_function(self, fn, args, kwargs):
+        return self.tracer.record_function(fn, args, kwargs, ints_out=True)
+
+
 @contextlib.contextmanager
 def insertion(graph, pos):
-    """Record calls on ``graph``'s nodes as exprs inserted at index ``pos``."""
+    """Record calls on ``graph``'s nodes as exprs inserted at index ``pos``.
+
+    Inside: mgtrace.functional calls, module calls on the owner's
+    submodules, and operators / tensor methods on the graph's Nodes each
+    add one expr (returning Nodes); other tensor operations are recorded
+    too (their tensors as constants). Yields the frame."""
+    import mgtrace.traced_module.node as _node
+    from mgtrace.traced_module.graph import GraphError
     owner = graph.owner
-    converted = {}
-    tracer = Tracer(owner, converted, warn_constants=False)
-    frame = _Frame(tracer, graph, owner, owner, "", insert_at=pos)
+    if owner is None:
+        raise GraphError(f"insert_exprs: graph {graph.qualname} has no owning TracedModule")
+    if _active is not None:
+        raise GraphError("insert_exprs: another insert_exprs block or trace_module is running; "
+                         "finish it before editing a graph")
+    tracer = _EditTracer(owner, {}, warn_constants=False)
+    frame = _EditFrame(tracer, graph, owner, owner, "", insert_at=pos)
     for e in graph._exprs[:pos]:
         if isinstance(e, GetAttr) and isinstance(e.outputs[0], ModuleNode):
             frame.modules[id(e.outputs[0].owner)] = e.outputs[0]
     tracer.frames.append(frame)
     with tracer.active():
-        yield frame
+        saved, _node.edit_hooks = _node.edit_hooks, _EditHooks(tracer)
+        try:
+            yield frame
+        finally:
+            _node.edit_hooks = saved
 
 
 def traceable_call(func):
-    """``func`` such that calling it while editing records one CallFunction."""
-    if getattr(func, "__mgtrace_traceable__", False):
-        return func
-    return _ftrace.traceable(func)
+    """``func`` such that calling it on Nodes inside insert_exprs records
+    it: functions made traceable (mgtrace.functional, ``wrap``) become one
+    CallFunction; any other callable runs on the Nodes, so what its body
+    does is recorded expr by expr (MegEngine's insert_function)."""
+    if not callable(func):
+        raise TypeError(f"insert_function takes a callable, not {type(func).__name__}")
+    return func
