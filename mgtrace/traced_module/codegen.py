@@ -13,6 +13,7 @@ The source is compiled with ``compile`` under the file name
 """
 import builtins
 import collections
+import itertools
 import keyword
 import linecache
 import math
@@ -23,8 +24,8 @@ import mgtrace.functional as F
 from mgtrace._core import OpDef, apply
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         Input)
-from mgtrace.traced_module.node import Node
-from mgtrace.traced_module.pytree import _Root
+from mgtrace.traced_module.node import Node, TensorNode
+from mgtrace.traced_module.pytree import LeafDef, TreeDef, _Root, tree_flatten
 
 __all__ = ["generate", "compile_graph"]
 
@@ -41,19 +42,22 @@ _OPERATOR_FUNCS = {operator.add: "+", operator.sub: "-", operator.mul: "*",
                    operator.floordiv: "//", operator.truediv: "/", operator.mod: "%",
                    operator.pow: "**"}
 
-_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator,
-                  "_getattr_path": None}       # filled below
-_RESERVED = set(keyword.kwlist) | set(dir(builtins)) | set(_FIXED_GLOBALS) | {"self"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_files = itertools.count()       # makes each compiled graph's file name unique
 
 
 def _getattr_path(obj, path):
+    """``obj.<path>`` for a dotted path whose parts need not be identifiers
+    (submodules named ``class`` or ``it's``)."""
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-_FIXED_GLOBALS["_getattr_path"] = _getattr_path
+# every generated function sees these; no local or global name shadows them
+_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator,
+                  "_getattr_path": _getattr_path}
+_RESERVED = set(keyword.kwlist) | set(dir(builtins)) | set(_FIXED_GLOBALS) | {"self"}
 
 
 class _Namer:
@@ -111,7 +115,14 @@ def _literal(v, namer):
         return "{" + ", ".join(f"{_literal(k, namer)}: {_literal(x, namer)}" for k, x in v.items()) + "}"
     if t is slice:
         return f"slice({_literal(v.start, namer)}, {_literal(v.stop, namer)}, {_literal(v.step, namer)})"
+    leaves, tdef = tree_flatten(v, _is_node)
+    if leaves:      # a namedtuple or registered container holding nodes: rebuilt by its TreeDef
+        return f"{namer.glob(tdef, 'tree')}.unflatten([{', '.join(map(namer, leaves))}])"
     return namer.glob(v, "c")
+
+
+def _is_node(v):
+    return isinstance(v, Node)
 
 
 def _index_literal(v, namer):
@@ -125,10 +136,14 @@ def _index_literal(v, namer):
 
 def _call_args(args, kwargs, namer):
     parts = [_literal(a, namer) for a in args]
+    odd = {}                  # keywords that are not identifiers go in a ** dict
     for k, v in kwargs.items():
-        if not _IDENT.match(k) or keyword.iskeyword(k):
-            raise ValueError(f"keyword argument name {k!r} is not a Python identifier")
-        parts.append(f"{k}={_literal(v, namer)}")
+        if isinstance(k, str) and _IDENT.match(k) and not keyword.iskeyword(k):
+            parts.append(f"{k}={_literal(v, namer)}")
+        else:
+            odd[k] = v
+    if odd:
+        parts.append("**" + _literal(odd, namer))
     return ", ".join(parts)
 
 
@@ -195,9 +210,16 @@ def _method_call(e, namer):
     return f"{src}.{m}({_call_args(rest, e.kwargs, namer)})"
 
 
+_INDEXABLE = (tuple, list, dict, collections.OrderedDict, slice, _Root)
+
+
 def _leaf_paths(tdef, prefix=""):
-    """Accessor suffixes (``[0]['k']``) of each slot of ``tdef``, in order."""
+    """Accessor suffixes (``[0]['k']``) of each slot of ``tdef``, in order;
+    None when a container in it cannot be read by indexing (a type added
+    with register_supported_type)."""
     out = []
+    if tdef.type not in _INDEXABLE and not hasattr(tdef.type, "_fields"):
+        return None
     for i, c in enumerate(tdef.children):
         if tdef.type is _Root:
             step = ""
@@ -207,14 +229,18 @@ def _leaf_paths(tdef, prefix=""):
             step = "." + ("start", "stop", "step")[i]
         else:
             step = f"[{i}]"
-        if hasattr(c, "children"):
-            out += _leaf_paths(c, prefix + step)
+        if isinstance(c, TreeDef):
+            sub = _leaf_paths(c, prefix + step)
+            if sub is None:
+                return None
+            out += sub
         elif c.is_slot:
             out.append(prefix + step)
     return out
 
 
 def _assign(e, rhs, namer, lines):
+    """``lhs = rhs`` for expr ``e``, unpacking its result into its outputs."""
     outs = e.outputs
     if not outs:
         lines.append(rhs)
@@ -223,16 +249,42 @@ def _assign(e, rhs, namer, lines):
     if tdef is None or (tdef.type is _Root and len(outs) == 1):
         lines.append(f"{namer(outs[0])} = {rhs}")
         return
-    flat = tdef.type in (tuple, list) and all(not hasattr(c, "children") and c.is_slot
-                                             for c in tdef.children)
-    if flat and outs:
+    if tdef.type in (tuple, list) and all(isinstance(c, LeafDef) and c.is_slot
+                                          for c in tdef.children):
         lhs = ", ".join(namer(o) for o in outs)
         lines.append(f"{lhs}{',' if len(outs) == 1 else ''} = {rhs}")
         return
     tmp = namer.fresh("_r")
     lines.append(f"{tmp} = {rhs}")
-    for o, path in zip(outs, _leaf_paths(tdef)):
-        lines.append(f"{namer(o)} = {tmp}{path}")
+    paths = _leaf_paths(tdef)
+    if paths is None:
+        lhs = ", ".join(namer(o) for o in outs)
+        lines.append(f"{lhs}{',' if len(outs) == 1 else ''} = "
+                     f"{namer.glob(tdef, 'tree')}.slot_values({tmp})")
+    else:
+        for o, path in zip(outs, paths):
+            lines.append(f"{namer(o)} = {tmp}{path}")
+    lines.append(f"del {tmp}")
+
+
+def _last_uses(graph, keep):
+    """``{expr index: [tensor nodes last read there]}``: generated code drops
+    its reference to a tensor after its last use, so memory is freed as
+    early as in eager code (a flat graph would otherwise hold every
+    activation until it returns). Inputs and the nodes in ``keep`` stay."""
+    last = {}
+    for i, e in enumerate(graph._exprs):
+        if isinstance(e, Input):
+            continue
+        for n in e._inputs:
+            last[id(n)] = (i, n)
+        for o in e.outputs:
+            last.setdefault(id(o), (i, o))      # never read: dropped at once
+    drops = {}
+    for i, n in last.values():
+        if isinstance(n, TensorNode) and not isinstance(n.expr, Input) and id(n) not in keep:
+            drops.setdefault(i, []).append(n)
+    return drops
 
 
 def generate(graph, watch=(), end=()):
@@ -240,35 +292,75 @@ def generate(graph, watch=(), end=()):
 
     ``watch``: nodes whose values are passed to ``_watch(node_id, value)`` as
     they are computed; ``end``: nodes at which the function stops and returns
-    their values as a list (set_watch_points / set_end_points)."""
+    their values as a list (set_watch_points / set_end_points).
+
+    Raises:
+        ValueError: an end point that this graph does not compute.
+    """
     namer = _Namer()
     namer.local[id(graph._inputs[0])] = "self"
     params = [namer(n) for n in graph._inputs[1:]]
     lines = []
     watch_ids = {id(n) for n in watch}
     remaining = {id(n) for n in end}
+    keep = {id(n) for n in (end if end else graph._outputs)}
+    drops = _last_uses(graph, keep)
     if watch_ids:
-        namer.globals["_watch"] = None     # bound by the caller
-    for e in graph._exprs:
+        namer.globals["_watch"] = None     # bound by compile_graph
+    for i, e in enumerate(graph._exprs):
         if isinstance(e, Input):
             continue
-        _assign(e, _rhs(e, namer), namer, lines)
+        _statement(e, namer, lines)
         for o in e.outputs:
             if id(o) in watch_ids:
                 lines.append(f"_watch({o.id}, {namer(o)})")
             remaining.discard(id(o))
         if end and not remaining:
             break
+        if i in drops:
+            lines.append("del " + ", ".join(namer(n) for n in drops[i]))
     if end:
         if remaining:
             raise ValueError("set_end_points: some end points are not computed by this graph")
         lines.append("return [" + ", ".join(namer(n) for n in end) + "]")
+    elif graph._out_def is None:
+        lines.append("return None")
     else:
-        out = graph._out_def.unflatten(graph._outputs) if graph._out_def is not None else None
-        lines.append(f"return {_literal(out, namer)}")
+        lines.append("return " + _build_source(graph._out_def, iter(map(namer, graph._outputs)),
+                                               namer))
     head = f"def forward(self{''.join(', ' + p for p in params)}):"
     source = head + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
     return source, namer.globals
+
+
+def _statement(e, namer, lines):
+    if isinstance(e, CallMethod) and e.method == "__setitem__" and not e.outputs \
+            and not e.kwargs and len(e.args) == 3:
+        obj, idx, val = e.args
+        lines.append(f"{namer(obj)}[{_index_literal(idx, namer)}] = {_literal(val, namer)}")
+        return
+    _assign(e, _rhs(e, namer), namer, lines)
+
+
+def _build_source(tdef, names, namer):
+    """Source for a value of structure ``tdef``, slots filled from the
+    iterator ``names`` (source text), constants spelled by :func:`_literal`.
+    Tuples, lists and dicts are spelled out; other containers (namedtuples,
+    registered types) are rebuilt by their TreeDef's ``unflatten``."""
+    t = tdef.type
+    if t not in (_Root, tuple, list, dict):
+        slots = [next(names) for _ in range(tdef.num_leaves)]
+        return f"{namer.glob(tdef, 'tree')}.unflatten([{', '.join(slots)}])"
+    parts = [_build_source(c, names, namer) if isinstance(c, TreeDef)
+             else next(names) if c.is_slot else _literal(c.const, namer)
+             for c in tdef.children]
+    if t is _Root:
+        return parts[0]
+    if t is tuple:
+        return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    if t is list:
+        return f"[{', '.join(parts)}]"
+    return "{" + ", ".join(f"{_literal(k, namer)}: {p}" for k, p in zip(tdef.aux, parts)) + "}"
 
 
 def compile_graph(graph, watch=(), end=(), watch_fn=None):
@@ -276,7 +368,7 @@ def compile_graph(graph, watch=(), end=(), watch_fn=None):
     source, glb = generate(graph, watch, end)
     if watch:
         glb["_watch"] = watch_fn
-    filename = f"<mgtrace:{graph.qualname}#{graph._version}>"
+    filename = f"<mgtrace:{graph.qualname}#{next(_files)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     code = compile(source, filename, "exec")
     ns = {}

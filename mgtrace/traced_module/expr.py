@@ -27,7 +27,7 @@ from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 
 __all__ = ["Expr", "Input", "GetAttr", "CallMethod", "CallFunction", "Constant", "Apply",
-           "EXPR_KINDS", "is_node"]
+           "EXPR_KINDS", "is_node", "user_source", "user_frame"]
 
 _ids = itertools.count()
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,15 +37,32 @@ def is_node(v):
     return isinstance(v, Node)
 
 
+def is_user_file(filename):
+    """False for mgtrace's own code: its Python files, its Cython sources
+    (tracebacks name them relative, ``mgtrace/_core/tensor.pyx``) and the
+    generated code (``<mgtrace:...>``)."""
+    return not (filename.startswith(_PKG) or filename.startswith("<mgtrace")
+                or filename.startswith("mgtrace" + os.sep))
+
+
+def user_frame():
+    """``(frame, stacklevel)``: the innermost frame outside mgtrace, and how
+    many frames up from the caller it is (what ``warnings.warn`` takes as
+    ``stacklevel`` when the caller warns); ``(None, 1)`` if there is none."""
+    f = sys._getframe(1)
+    level = 1
+    while f is not None:
+        if is_user_file(f.f_code.co_filename):
+            return f, level
+        f = f.f_back
+        level += 1
+    return None, 1
+
+
 def user_source():
     """``"file.py:42"`` of the innermost caller outside mgtrace (or None)."""
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG) and not fn.startswith("<mgtrace"):
-            return f"{fn}:{f.f_lineno}"
-        f = f.f_back
-    return None
+    f, _ = user_frame()
+    return None if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
 class Expr:

@@ -53,7 +53,7 @@ import contextlib
 import fnmatch
 import inspect
 
-from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, Expr, GetAttr,
+from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
                                         Input, is_node)
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
 from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten

@@ -18,6 +18,7 @@ Supported containers: tuple, list, dict (keys kept in order), namedtuples,
 ((1, 'a'), {'k': [5.0, None]})
 """
 import collections
+import functools
 
 __all__ = ["TreeDef", "LeafDef", "tree_flatten", "tree_map", "register_supported_type",
            "TreeMismatch"]
@@ -50,32 +51,46 @@ _SUPPORTED = {
 
 
 def register_supported_type(cls, flatten=None, unflatten=None):
-    """Let the tracer look inside instances of ``cls``.
+    """Let the tracer look inside instances of ``cls`` (exactly that type,
+    not subclasses), so tensors in them become graph nodes.
 
     Args:
         cls: the container type.
         flatten: ``obj -> (children: list, aux)``; aux must be hashable and
-            comparable (it is part of the TreeDef).
-        unflatten: ``(children, aux) -> obj``.
+            comparable with ``==`` (it is part of the TreeDef, so two values
+            with different aux are different structures).
+        unflatten: ``(children: list, aux) -> obj``.
 
-    Without flatten/unflatten, ``cls`` must be a namedtuple-like class
-    (``_fields``) or have ``__dict__``-free positional construction; give
-    both for anything else.
+    Raises:
+        TypeError: flatten/unflatten missing for a class that is not a
+            namedtuple (namedtuples need neither).
+
+    >>> class Pair:
+    ...     def __init__(self, a, b):
+    ...         self.a, self.b = a, b
+    >>> register_supported_type(Pair, lambda p: ([p.a, p.b], None),
+    ...                         lambda c, aux: Pair(*c))
+    >>> tree_flatten(Pair(1.0, "x"), is_leaf=lambda v: isinstance(v, float))[0]
+    [1.0]
     """
     if flatten is None or unflatten is None:
         if not hasattr(cls, "_fields"):
             raise TypeError(f"register_supported_type({cls.__name__}) needs flatten and "
                             "unflatten functions (only namedtuples work without them)")
-        flatten = lambda t: (list(t), None)                   # noqa: E731
-        unflatten = lambda c, _aux, cls=cls: cls(*c)        # noqa: E731
+        flatten, unflatten = _namedtuple_handler(cls)
     _SUPPORTED[cls] = (flatten, unflatten)
+
+
+@functools.lru_cache(maxsize=None)
+def _namedtuple_handler(t):
+    return (lambda v: (list(v), None), lambda c, _aux: t(*c))
 
 
 def _handler(obj):
     t = type(obj)
     h = _SUPPORTED.get(t)
     if h is None and isinstance(obj, tuple) and hasattr(t, "_fields"):   # any namedtuple
-        h = (lambda v: (list(v), None), lambda c, _aux, t=t: t(*c))
+        h = _namedtuple_handler(t)
     return h
 
 
@@ -140,9 +155,27 @@ class TreeDef:
 
     def unflatten(self, leaves):
         """The value with this structure, slots filled from ``leaves`` in order."""
-        it = iter(leaves)
-        out = self._build(it)
+        return self._build(iter(leaves))
+
+    def slot_values(self, obj):
+        """The values at this TreeDef's slots in ``obj``, which must have
+        this structure (not checked: see :meth:`match` for that)."""
+        out = []
+        self._slots_of(obj, out)
         return out
+
+    def _slots_of(self, obj, out):
+        if self.type is _Root:
+            kids = [obj]
+        elif self.type in (dict, collections.OrderedDict):
+            kids = [obj[k] for k in self.aux]
+        else:
+            kids = _handler_for_type(self.type)[0](obj)[0]
+        for c, v in zip(self.children, kids):
+            if isinstance(c, TreeDef):
+                c._slots_of(v, out)
+            elif c.is_slot:
+                out.append(v)
 
     def _build(self, it):
         vals = []
@@ -151,8 +184,7 @@ class TreeDef:
                 vals.append(c._build(it))
             else:
                 vals.append(next(it) if c.is_slot else c.const)
-        h = _SUPPORTED.get(self.type) or _handler_for_type(self.type)
-        return h[1](vals, self.aux)
+        return _handler_for_type(self.type)[1](vals, self.aux)
 
     def match(self, obj, is_leaf, path="args"):
         """Leaves of ``obj`` in this TreeDef's slot order, checking that its
@@ -179,8 +211,12 @@ class TreeDef:
             children = [(f"{path}[{k!r}]", obj[k]) for k in self.aux]
         else:
             kids, aux = _handler(obj)[0](obj)
-            if len(kids) != len(self.children) or aux != self.aux:
+            if len(kids) != len(self.children):
                 raise TreeMismatch(f"{path}: expected {len(self.children)} items, got {len(kids)}")
+            if aux != self.aux:
+                raise TreeMismatch(f"{path}: the module was traced with a {self.type.__name__} "
+                                   f"whose flatten gave aux {_short(self.aux)}, got "
+                                   f"{_short(aux)}; trace it again with this value")
             children = [(f"{path}[{i}]", k) for i, k in enumerate(kids)]
         for c, (p, v) in zip(self.children, children):
             if isinstance(c, TreeDef):
@@ -228,8 +264,11 @@ _SUPPORTED[_Root] = (lambda v: ([v], None), lambda c, _aux: c[0])
 
 
 def _handler_for_type(t):
+    h = _SUPPORTED.get(t)
+    if h is not None:
+        return h
     if hasattr(t, "_fields"):
-        return (lambda v: (list(v), None), lambda c, _aux: t(*c))
+        return _namedtuple_handler(t)
     raise TypeError(f"{t.__name__} is not a supported pytree container")
 
 

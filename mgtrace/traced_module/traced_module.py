@@ -9,19 +9,21 @@ matches the arguments.
 """
 import copy
 import inspect
+import operator
 
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
+from mgtrace.module.container import ModuleDict, ModuleList, Sequential
 from mgtrace.module.module import Module
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         is_node)
 from mgtrace.traced_module.graph import GraphError, InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
-from mgtrace.traced_module.pytree import TreeMismatch, tree_flatten
+from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten
 from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of
 
-__all__ = ["TracedModule", "trace_module"]
+__all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
 
 def _input_leaf(v):
@@ -65,6 +67,7 @@ class TracedModule(Module):
         d["watch_points"] = []
         d["end_points"] = []
         d["watch_node_value"] = {}
+        d["_points_version"] = 0        # bumped by set_watch_points/set_end_points
         return tm
 
     def _qualname_base(self):
@@ -99,8 +102,57 @@ class TracedModule(Module):
 
     # ------------------------------------------------------------ running
     def forward(self, *args, **kwargs):
-        graph, leaves = self._select(args, kwargs)
-        return self._function(graph)(self, *leaves)
+        """Run the graph traced for this call signature.
+
+        Args: as the traced module's forward: tensors (of any shape the
+        traced ops accept) where tensors were traced, and the very same
+        non-tensor values (ints, strings, None, ...) as when traced.
+
+        Raises:
+            TypeError: the arguments bind to forward's parameters in no way
+                that a traced call did (the message names the parameter and
+                the traced value).
+        """
+        graph = self._plain_graph(args) if not kwargs else None
+        if graph is not None:
+            leaves = args
+        else:
+            graph, leaves = self._select(args, kwargs)
+        fn = graph.__dict__.get("_fn_cache")
+        if fn is None or fn[0] != graph._version or fn[1] != self._points_version:
+            fn = self._compile(graph)
+        return fn[2](self, *leaves)
+
+    def _plain_graph(self, args):
+        """The fast path of argument matching: when forward's parameters are
+        all positional and a graph was traced with a tensor for each, a call
+        with exactly that many tensors binds them in order (what bind and
+        match would find, without their cost). None otherwise."""
+        plain = self.__dict__.get("_plain")
+        if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs):
+            plain = self._plain_table()
+        entry = plain[2].get(len(args))
+        if entry is None or entry[0]._in_def is not entry[1]:
+            return None
+        for a in args:
+            if not isinstance(a, Tensor):
+                return None
+        return entry[0]
+
+    def _plain_table(self):
+        sig = self._signature
+        table = {}
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if sig is not None and all(p.kind in positional for p in sig.parameters.values()):
+            n = len(sig.parameters)
+            for g in self._graphs:
+                d = g._in_def
+                if d.type is tuple and len(d.children) == n and all(
+                        isinstance(c, LeafDef) and c.is_slot for c in d.children):
+                    table[n] = (g, d)
+        plain = (sig, len(self._graphs), table)
+        self.__dict__["_plain"] = plain
+        return plain
 
     def _select(self, args, kwargs):
         if not self._graphs:
@@ -118,16 +170,20 @@ class TracedModule(Module):
         raise TypeError(f"{self._orig_name}: these arguments match no traced call: {msg}")
 
     def _function(self, graph):
-        key = (graph._version, tuple(n.id for n in self.watch_points),
-               tuple(n.id for n in self.end_points)) if self._is_top else (graph._version,)
-        cache = graph.__dict__.get("_fn_cache")
-        if cache is not None and cache[0] == key:
-            return cache[1]
-        watch = [n for n in self.watch_points if n.graph is graph] if self._is_top else []
-        end = [n for n in self.end_points if n.graph is graph] if self._is_top else []
+        """The compiled forward of ``graph`` (with this module's watch and
+        end points when it is the top module)."""
+        fn = graph.__dict__.get("_fn_cache")
+        if fn is None or fn[0] != graph._version or fn[1] != self._points_version:
+            fn = self._compile(graph)
+        return fn[2]
+
+    def _compile(self, graph):
+        watch = [n for n in self.watch_points if n.graph is graph]
+        end = [n for n in self.end_points if n.graph is graph]
         fn = codegen.compile_graph(graph, watch, end, self._record_watch)
-        graph._fn_cache = (key, fn)
-        return fn
+        entry = (graph._version, self._points_version, fn)
+        graph.__dict__["_fn_cache"] = entry
+        return entry
 
     def _record_watch(self, node_id, value):
         for n in self.watch_points:
@@ -141,6 +197,7 @@ class TracedModule(Module):
         self._check_top_nodes(nodes, "set_watch_points")
         self.watch_points = nodes
         self.watch_node_value = {}
+        self._points_version += 1
 
     def clear_watch_points(self):
         self.set_watch_points([])
@@ -151,6 +208,7 @@ class TracedModule(Module):
         nodes = _as_nodes(nodes)
         self._check_top_nodes(nodes, "set_end_points")
         self.end_points = nodes
+        self._points_version += 1
 
     def clear_end_points(self):
         self.set_end_points([])
@@ -173,9 +231,10 @@ class TracedModule(Module):
     def print_readable(self, file=None):
         """Print the generated code of this module and every traced submodule."""
         out = []
-        for path, m in self.named_modules():
+        for m in self.modules():
             if isinstance(m, TracedModule) and m._graphs:
-                out.append(f"# {m._qualname} ({m._orig_name})\n{m.code}")
+                q = m._qualname if m._qualname.isprintable() else repr(m._qualname)
+                out.append(f"# {q} ({m._orig_name})\n{m.code}")
         text = "\n".join(out)
         print(text, file=file)
         return text
@@ -196,6 +255,63 @@ class TracedModule(Module):
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
         return new
+
+
+class TracedSequence(TracedModule):
+    """The TracedModule of a Sequential or ModuleList: also reads like one
+    (``len``, iteration, ``tm[i]``; a slice gives a list of the children)."""
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def __getitem__(self, idx):
+        mods = list(self._modules.values())
+        if isinstance(idx, slice):
+            return mods[idx]
+        try:
+            return mods[operator.index(idx)]
+        except IndexError:
+            raise IndexError(f"index {idx} is out of range for {self._qualname} "
+                             f"(length {len(mods)})") from None
+
+
+class TracedDict(TracedModule):
+    """The TracedModule of a ModuleDict: also reads like one (``tm[key]``,
+    ``in``, ``len``, iteration over keys, ``keys/values/items``)."""
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules))
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def __getitem__(self, key):
+        if key not in self._modules:
+            raise KeyError(f"{key!r} is not in {self._qualname} (keys: {list(self._modules)})")
+        return self._modules[key]
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+
+def _shell_class(module):
+    if isinstance(module, (Sequential, ModuleList)):
+        return TracedSequence
+    if isinstance(module, ModuleDict):
+        return TracedDict
+    return TracedModule
 
 
 def _name_args(msg, names):
@@ -223,7 +339,7 @@ def _convert(module, path, root_name, converted):
     if is_builtin(module):
         converted[id(module)] = module
         return module
-    tm = TracedModule._shell(module, f"{root_name}.{path}" if path else root_name)
+    tm = _shell_class(module)._shell(module, f"{root_name}.{path}" if path else root_name)
     converted[id(module)] = tm
     for name, child in module._modules.items():
         if child is not None:
@@ -262,9 +378,20 @@ def trace_module(mod, *args, **kwargs):
     ...         self.fc = M.Linear(4, 2)
     ...     def forward(self, x):
     ...         return F.relu(self.fc(x.reshape(x.shape[0], -1)))
-    >>> tm = mt.trace_module(Net(), mt.tensor([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 4))
-    >>> tm(mt.ones((3, 2, 2))).shape
+    >>> tm = mt.trace_module(Net(), F.ones((1, 2, 2)))      # traced at batch 1
+    >>> tm(F.ones((3, 2, 2))).shape                          # runs at batch 3
     (3, 2)
+    >>> print(tm.code)
+    def forward(self, x):
+        x_shape_0, x_shape_1, x_shape_2 = x.shape
+        reshape = x.reshape((x_shape_0, -1))
+        fc = self.fc
+        fc_out = fc(reshape)
+        del reshape
+        relu = F.relu(fc_out)
+        del fc_out
+        return relu
+    <BLANKLINE>
     """
     if not isinstance(mod, Module):
         raise TypeError(f"trace_module takes an mgtrace.module.Module, not {type(mod).__name__}")
@@ -350,8 +477,13 @@ def _inline_into(g, prefix, env, flat, self_node, root):
             if isinstance(out, ModuleNode) and isinstance(target, TracedModule):
                 env[id(out)] = (path, target)
                 continue
+            seen = env.get(("getattr", path))      # a shared module: one node for all its calls
+            if seen is not None:
+                env[id(out)] = seen
+                continue
             ne = GetAttr(self_node, path)
             _emit(flat, ne, e, env, path.replace(".", "_"), owner=target)
+            env[("getattr", path)] = env[id(out)]
             continue
         sub = called_graph(e)
         callee = env.get(id(e.args[0])) if isinstance(e, CallMethod) else None

@@ -7,7 +7,7 @@ import pytest
 import mgtrace as mt
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.traced_module import (CallFunction, CallMethod, GetAttr, GraphError, TensorNode,
+from mgtrace.traced_module import (CallFunction, CallMethod, GraphError, TensorNode,
                                    ValueNode, wrap)
 from mgtrace.traced_module.node import NodeValueError
 
