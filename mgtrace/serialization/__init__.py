@@ -79,7 +79,7 @@ from mgtrace.serialization.registry import (register_function, register_module,
 from mgtrace.serialization.version import FORMAT_VERSION
 from mgtrace.serialization.writer import save
 from mgtrace.serialization import builtin_modules  # noqa: F401  (registers "builtin", "container")
-# HOOK: import the "traced" module codec here once mgtrace.traced_module exists.
+from mgtrace.serialization import traced_codec  # noqa: F401,E402  (registers "traced")
 
 __all__ = ["save", "load", "load_archive", "read_header", "Archive", "FORMAT_VERSION",
            "ArchiveError", "RegistryError", "VersionError",
