@@ -19,10 +19,12 @@ Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
 parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
 """
+import collections
 import contextlib
 import importlib
 import inspect
 import operator
+import sys
 import warnings
 
 import numpy as np
@@ -31,13 +33,16 @@ import mgtrace.functional._trace as _ftrace
 import mgtrace.module.module as _modmod
 from mgtrace._core import Tensor, apply, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
-_tensor_mod = importlib.import_module("mgtrace._core.tensor")   # the module, not mgtrace.tensor()
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
-                                        user_source)
+                                        is_user_file, user_frame, user_source)
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
-from mgtrace.traced_module.pytree import tree_flatten
+from mgtrace.traced_module.pytree import LeafDef, tree_flatten
+
+# mgtrace._core re-exports the function tensor() under the submodule's name,
+# so `import mgtrace._core.tensor as m` would give the function
+_tensor_mod = importlib.import_module("mgtrace._core.tensor")
 
 __all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
            "active_tracer"]
@@ -50,6 +55,12 @@ class TraceError(RuntimeError):
 class TraceWarning(UserWarning):
     """The trace fixed something that may vary between runs (a branch on a
     tensor's value, a captured constant)."""
+
+
+def _warn(message):
+    """Warn with TraceWarning, attributed to the user's line being traced."""
+    _, level = user_frame()
+    warnings.warn(message, TraceWarning, stacklevel=level)
 
 
 _active = None     # the Tracer while one runs
@@ -220,9 +231,11 @@ class _Frame:
                 e = GetAttr(self.self_node, path)
                 node = self.new_node(TensorNode, path.replace(".", "_"), shape=t.shape, dtype=t.dtype)
                 return self._finish(e, node, t)
-        warnings.warn(f"{self.graph.qualname}: a tensor made outside the traced calls "
-                      f"(shape {t.shape}, {t.dtype}) at {user_source()} is kept as a constant",
-                      TraceWarning, stacklevel=2) if self.tracer.warn_constants else None
+        if self.tracer.warn_constants:
+            _warn(f"{self.graph.qualname}: a tensor made outside the traced calls (shape "
+                  f"{t.shape}, {t.dtype}), first used at {user_source()}, is kept as a constant: "
+                  "every run reuses these values (make it with mgtrace.functional, e.g. "
+                  "F.zeros, to get a fresh tensor per run, or register it as a buffer)")
         return self._constant(t, "const", TensorNode, shape=t.shape, dtype=t.dtype)
 
     def _constant(self, value, base, cls, **attrs):
@@ -407,9 +420,9 @@ class Tracer:
                                       f"{node.name}_shape", ints_out=True)
 
     def on_bool(self, t):
-        warnings.warn(f"a tensor was converted to a Python bool at {user_source()} while tracing "
-                      f"{self.frame.graph.qualname}: the trace follows the branch taken this time "
-                      "and will not re-check it", TraceWarning, stacklevel=3)
+        _warn(f"a tensor was converted to a Python bool at {user_source()} while tracing "
+              f"{self.frame.graph.qualname}: the trace follows the branch taken this time "
+              "and will not re-check it")
 
     def on_module_call(self, module, args, kwargs):
         frame = self.frame
@@ -423,8 +436,8 @@ class Tracer:
     def _call_traced(self, frame, module, mnode, args, kwargs, base):
         tm = self.converted[id(module)]
         canon = bind_arguments(signature_of(module), args, kwargs, type(module).__name__)
-        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor) or
-                                       (isinstance(v, SymInt) and id(v) in frame.env))
+        # the same leaves as _record maps to nodes, so call args and graph inputs line up
+        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, (Tensor, SymInt)))
         graph = tm._graph_for(arg_def)
 
         def run(a, k):
@@ -440,18 +453,27 @@ class Tracer:
         return self._record(make, run, args, kwargs, base, suspend=False)
 
     def _trace_into(self, module, tm, arg_def, canon, leaves, args, kwargs):
+        """Run ``module`` with a new frame and add the graph it records to
+        ``tm`` (leaves: the tensors and SymInts of the bound arguments canon)."""
         path = self.paths[id(module)]
         graph = InternalGraph(type(module).__name__, tm._qualname_base(), owner=tm)
         sub = _Frame(self, graph, module, tm, path)
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
         with core_off():
-            for v, name in zip(leaves, _input_names(signature_of(module), canon, arg_def)):
-                cls = TensorNode if isinstance(v, Tensor) else ValueNode
-                attrs = dict(shape=v.shape, dtype=v.dtype) if cls is TensorNode else dict(value=int(v))
-                node = graph._add_node(cls(name=name, **attrs), name)
-                graph._add_input(node)
-                sub.bind(v, node)
+            for v, name in zip(leaves, _input_names(signature_of(module), arg_def)):
+                if isinstance(v, Tensor):
+                    node = TensorNode(name=name, shape=v.shape, dtype=v.dtype)
+                else:
+                    node = ValueNode(name=name, value=int(v))
+                graph._add_input(graph._add_node(node, name))
+                if id(v) in sub.env:
+                    if isinstance(v, Tensor):
+                        _warn(f"{graph.qualname}: one tensor is passed as both "
+                              f"{sub.env[id(v)].name} and {name}; the graph reads it as "
+                              f"{sub.env[id(v)].name} everywhere (trace with distinct tensors)")
+                else:
+                    sub.bind(v, node)
         graph._in_def = arg_def
         self.frames.append(sub)
         try:
@@ -461,19 +483,47 @@ class Tracer:
                 graph._outputs = [sub.node_of(v) for v in out_leaves]
                 graph._out_def = out_def
         except Exception as e:
-            _annotate(e, graph.qualname)
-            raise
+            err = _annotated(e, graph)
+            if err is e:
+                raise
+            raise err from e
         finally:
             self.frames.pop()
         tm._graphs.append(graph)
         return out
 
 
-def _annotate(e, qualname):
-    note = f"(while tracing {qualname}, at {user_source()})"
-    if hasattr(e, "add_note"):
-        if note not in getattr(e, "__notes__", ()):
-            e.add_note(note)
+_HAS_NOTES = sys.version_info >= (3, 11)     # BaseException.add_note
+
+
+def _annotated(e, graph):
+    """``e`` with a note naming the module being traced and the user's line
+    that raised it. Only the innermost traced module adds one (outer ones
+    pass the exception on). Python < 3.11 has no notes: there the result is
+    a TraceError saying the same, to be raised ``from e``."""
+    if getattr(e, "_mgtrace_note", None) is not None:
+        return e
+    site = _raise_site(e.__traceback__)
+    note = (f"while tracing {graph.qualname} ({graph.name}.forward)"
+            + (f", raised at {site}" if site else ""))
+    if _HAS_NOTES:
+        e.add_note(note)
+        e._mgtrace_note = note
+        return e
+    err = TraceError(f"{type(e).__name__}: {e}\n{note}")
+    err._mgtrace_note = note
+    return err
+
+
+def _raise_site(tb):
+    """``"file.py:42"`` of the innermost user frame in traceback ``tb``."""
+    site = None
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if is_user_file(filename):
+            site = f"{filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return site
 
 
 @contextlib.contextmanager
@@ -518,11 +568,23 @@ def bind_arguments(sig, args, kwargs, owner):
     return tuple(bound.arguments.values())
 
 
-def _input_names(sig, canon, arg_def):
+def _input_names(sig, arg_def):
+    """A name per input slot of ``arg_def``: the parameter's name, joined
+    with the path to the leaf for a container argument (``batch_img`` for
+    ``batch["img"]``, ``pair_0`` for ``pair[0]``)."""
     names = []
     for p, c in zip(sig.parameters, arg_def.children):
-        n = c.num_leaves if hasattr(c, "num_leaves") else int(c.is_slot)
-        names += [p] if n == 1 else [f"{p}_{i}" for i in range(n)]
+        names += _leaf_names(p, c)
+    return names
+
+
+def _leaf_names(prefix, tdef):
+    if isinstance(tdef, LeafDef):
+        return [prefix] if tdef.is_slot else []
+    keys = tdef.aux if tdef.type in (dict, collections.OrderedDict) else range(len(tdef.children))
+    names = []
+    for k, c in zip(keys, tdef.children):
+        names += _leaf_names(f"{prefix}_{k}", c)
     return names
 
 
