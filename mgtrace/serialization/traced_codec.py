@@ -481,6 +481,8 @@ def _args_from_names(sig, by_name, w):
     positional parameters positionally, ``*args`` expanded, the rest by keyword."""
     args, kwargs, positional = [], {}, True
     known = set()
+    # with a non-empty *args, everything before it must be positional too
+    star = any(p.kind is p.VAR_POSITIONAL and by_name.get(p.name) for p in sig.parameters.values())
     for p in sig.parameters.values():
         known.add(p.name)
         if p.name not in by_name:
@@ -494,11 +496,13 @@ def _args_from_names(sig, by_name, w):
                 _fail(w, f"*{p.name} must follow the positional arguments")
             args.extend(v)
         elif p.kind is p.VAR_KEYWORD:
+            positional = False
             if not isinstance(v, dict):
                 _fail(w, f"**{p.name} must be a dict")
             kwargs.update(v)
-        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and positional:
-            args.append(v)
+        elif positional and (p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and
+                                                             (p.default is p.empty or star))):
+            args.append(v)          # required parameters by position, the rest by keyword
         else:
             if p.kind is p.POSITIONAL_ONLY:
                 _fail(w, f"positional-only argument {p.name!r} follows a missing one")
