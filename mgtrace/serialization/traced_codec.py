@@ -268,8 +268,9 @@ def _decode(entry, ctx):
 
 
 def _check_attr_name(name, where):
-    if not isinstance(name, str) or not name.isidentifier() and not name.isdigit() \
-            or name.startswith("__"):
+    # what Module accepts (any non-empty name without "."), minus dunders; members
+    # are only ever reached through the module's own tables, never as code
+    if not isinstance(name, str) or not name or "." in name or name.startswith("__"):
         _fail(where, f"{name!r} is not an attribute name an archive may use")
 
 
