@@ -46,17 +46,8 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _files = itertools.count()       # makes each compiled graph's file name unique
 
 
-def _getattr_path(obj, path):
-    """``obj.<path>`` for a dotted path whose parts need not be identifiers
-    (submodules named ``class`` or ``it's``)."""
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 # every generated function sees these; no local or global name shadows them
-_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator,
-                  "_getattr_path": _getattr_path}
+_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator}
 _RESERVED = set(keyword.kwlist) | set(dir(builtins)) | set(_FIXED_GLOBALS) | {"self"}
 
 
@@ -112,9 +103,10 @@ def _literal(v, namer):
     if t is list:
         return "[" + ", ".join(_literal(x, namer) for x in v) + "]"
     if t is dict:
-        return "{" + ", ".join(f"{_literal(k, namer)}: {_literal(x, namer)}" for k, x in v.items()) + "}"
+        items = (f"{_literal(k, namer)}: {_literal(x, namer)}" for k, x in v.items())
+        return "{" + ", ".join(items) + "}"
     if t is slice:
-        return f"slice({_literal(v.start, namer)}, {_literal(v.stop, namer)}, {_literal(v.step, namer)})"
+        return "slice(" + ", ".join(_literal(p, namer) for p in (v.start, v.stop, v.step)) + ")"
     leaves, tdef = tree_flatten(v, _is_node)
     if leaves:      # a namedtuple or registered container holding nodes: rebuilt by its TreeDef
         return f"{namer.glob(tdef, 'tree')}.unflatten([{', '.join(map(namer, leaves))}])"
@@ -123,6 +115,13 @@ def _literal(v, namer):
 
 def _is_node(v):
     return isinstance(v, Node)
+
+
+def _operand(v, namer):
+    """``v`` as an operand of a binary operator: a negative number is
+    parenthesised (``(-2.0) ** x``, not ``-2.0 ** x``, which is ``-(2.0 ** x)``)."""
+    s = _literal(v, namer)
+    return f"({s})" if s.startswith("-") else s
 
 
 def _index_literal(v, namer):
@@ -147,18 +146,22 @@ def _call_args(args, kwargs, namer):
     return ", ".join(parts)
 
 
-def _attr_source(path, namer):
-    parts = path.split(".")
-    if all(_IDENT.match(p) and not keyword.iskeyword(p) for p in parts):
-        return "self." + path
-    return f"_getattr_path(self, {path!r})"
+def _attr_source(path, base="self"):
+    """``base.a.b`` for the dotted ``path``; a part that is not an identifier
+    (``0``, ``class``, ``it's``) is read with ``getattr(obj, '0')``."""
+    src = base
+    for part in path.split("."):
+        if _IDENT.match(part) and not keyword.iskeyword(part):
+            src = f"{src}.{part}"
+        else:
+            src = f"getattr({src}, {part!r})"
+    return src
 
 
 def _rhs(e, namer):
     """The right-hand side for expr ``e``."""
     if isinstance(e, GetAttr):
-        return _attr_source(e.name, namer) if e.args[0] is e.graph._inputs[0] \
-            else f"_getattr_path({namer(e.args[0])}, {e.name!r})"
+        return _attr_source(e.name, namer(e.args[0]))
     if isinstance(e, Constant):
         v = e.value
         return _literal(v, namer) if type(v) in (bool, int, str, type(None)) \
@@ -178,9 +181,9 @@ def _function_call(e, namer):
     fn = e.func
     sym = _OPERATOR_FUNCS.get(fn)
     if sym is not None and len(e.args) == 2 and not e.kwargs:
-        return f"{_literal(e.args[0], namer)} {sym} {_literal(e.args[1], namer)}"
+        return f"{_operand(e.args[0], namer)} {sym} {_operand(e.args[1], namer)}"
     if fn is operator.neg and len(e.args) == 1:
-        return f"-{_literal(e.args[0], namer)}"
+        return f"-{_operand(e.args[0], namer)}"
     name = getattr(fn, "__name__", "")
     if _IDENT.match(name) and getattr(F, name, None) is fn:
         callee = f"F.{name}"
@@ -198,11 +201,13 @@ def _method_call(e, namer):
         return f"{src}.{m}"
     if not e.kwargs:
         if m in _BINARY and len(rest) == 1:
-            return f"{src} {_BINARY[m]} {_literal(rest[0], namer)}"
+            return f"{src} {_BINARY[m]} {_operand(rest[0], namer)}"
         if m in _REFLECTED and len(rest) == 1:
-            return f"{_literal(rest[0], namer)} {_REFLECTED[m]} {src}"
+            return f"{_operand(rest[0], namer)} {_REFLECTED[m]} {src}"
         if m in _UNARY and not rest:
             return f"{_UNARY[m]}{src}"
+        if m == "__abs__" and not rest:
+            return f"abs({src})"
         if m == "__getitem__" and len(rest) == 1:
             return f"{src}[{_index_literal(rest[0], namer)}]"
     if not _IDENT.match(m):

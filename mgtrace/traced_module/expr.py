@@ -134,7 +134,8 @@ def _fmt(v):
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k!r}: {_fmt(x)}" for k, x in v.items()) + "}"
     if isinstance(v, slice):
-        return ":".join("" if p is None else _fmt(p) for p in (v.start, v.stop, v.step)).rstrip(":") or ":"
+        parts = ("" if p is None else _fmt(p) for p in (v.start, v.stop, v.step))
+        return ":".join(parts).rstrip(":") or ":"
     return repr(v)
 
 

@@ -11,7 +11,8 @@ Supported containers: tuple, list, dict (keys kept in order), namedtuples,
 ``slice`` (its start/stop/step may be symbolic), and the types added with
 :func:`register_supported_type`. Anything else is a leaf.
 
->>> leaves, tdef = tree_flatten(((1, "a"), {"k": [2.0, None]}), is_leaf=lambda v: isinstance(v, float))
+>>> is_float = lambda v: isinstance(v, float)
+>>> leaves, tdef = tree_flatten(((1, "a"), {"k": [2.0, None]}), is_float)
 >>> leaves
 [2.0]
 >>> tdef.unflatten([5.0])

@@ -8,7 +8,6 @@ module becomes a TracedModule with one graph per call signature
 matches the arguments.
 """
 import copy
-import inspect
 import operator
 
 from mgtrace._core import Tensor
@@ -21,17 +20,25 @@ from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constan
 from mgtrace.traced_module.graph import GraphError, InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten
-from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of
+from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
 
 def _input_leaf(v):
+    # a slot holds a tensor, or an int where a traced caller passed a shape
+    # entry (a SymInt while tracing, a plain int when the graph runs)
     return isinstance(v, Tensor) or (type(v) is int)
 
 
 class TracedModule(Module):
     """A module whose forward is one or more traced graphs.
+
+    Made by :func:`trace_module` (not constructed directly). Submodules,
+    parameters, buffers and plain attributes keep the traced module's
+    names, so ``state_dict()`` has the same keys. Calling it binds the
+    arguments as the traced forward did, picks the graph traced for that
+    structure and runs its generated code (:attr:`code`).
 
     Attributes:
         graph: the InternalGraph (when there is exactly one).
@@ -39,8 +46,9 @@ class TracedModule(Module):
         watch_node_value: ``{node: [values]}`` filled by runs after
             :meth:`set_watch_points`.
 
-    Made by :func:`trace_module` (not constructed directly). Submodules,
-    parameters, buffers and plain attributes keep the traced module's names.
+    The TracedModule of a Sequential or ModuleList is a
+    :class:`TracedSequence` (``tm.layer1[0]`` works), of a ModuleDict a
+    :class:`TracedDict`.
     """
 
     # ------------------------------------------------------------ creation
@@ -56,7 +64,7 @@ class TracedModule(Module):
                 d[k] = set(v)
             else:
                 d[k] = v
-        d["_orig_name"] = getattr(module, "_orig_name", type(module).__name__)
+        d["_orig_name"] = type_name(module)
         d["_qualname"] = qualname
         d["_graphs"] = []
         try:
@@ -118,21 +126,20 @@ class TracedModule(Module):
             leaves = args
         else:
             graph, leaves = self._select(args, kwargs)
-        fn = graph.__dict__.get("_fn_cache")
-        if fn is None or fn[0] != graph._version or fn[1] != self._points_version:
-            fn = self._compile(graph)
-        return fn[2](self, *leaves)
+        return self._function(graph)(self, *leaves)
 
     def _plain_graph(self, args):
-        """The fast path of argument matching: when forward's parameters are
-        all positional and a graph was traced with a tensor for each, a call
-        with exactly that many tensors binds them in order (what bind and
-        match would find, without their cost). None otherwise."""
+        """The fast path of argument matching, for the common call
+        ``tm(t1, ..., tn)`` with n tensors and no keywords: when a graph was
+        traced with tensors for forward's first n parameters and the
+        defaults for all the others, these arguments bind exactly to it
+        (what bind and match would find, without their cost). None when no
+        such graph exists or an argument is not a tensor."""
         plain = self.__dict__.get("_plain")
         if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs):
             plain = self._plain_table()
         entry = plain[2].get(len(args))
-        if entry is None or entry[0]._in_def is not entry[1]:
+        if entry is None or entry[0]._in_def is not entry[1]:      # edited since: no fast path
             return None
         for a in args:
             if not isinstance(a, Tensor):
@@ -140,16 +147,15 @@ class TracedModule(Module):
         return entry[0]
 
     def _plain_table(self):
+        """``(signature, number of graphs, {n: (graph, its in_def)})``."""
         sig = self._signature
         table = {}
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        if sig is not None and all(p.kind in positional for p in sig.parameters.values()):
-            n = len(sig.parameters)
+        params = list(sig.parameters.values()) if sig is not None else []
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             for g in self._graphs:
-                d = g._in_def
-                if d.type is tuple and len(d.children) == n and all(
-                        isinstance(c, LeafDef) and c.is_slot for c in d.children):
-                    table[n] = (g, d)
+                n = _plain_arity(g._in_def, params)
+                if n is not None:
+                    table.setdefault(n, (g, g._in_def))
         plain = (sig, len(self._graphs), table)
         self.__dict__["_plain"] = plain
         return plain
@@ -218,8 +224,9 @@ class TracedModule(Module):
             raise GraphError(f"{what} works on the top TracedModule")
         for n in nodes:
             if n.graph not in self._graphs:
-                raise GraphError(f"{what}: {n!r} is in {n.graph.qualname if n.graph else 'no graph'}, "
-                                 "not the top graph; flatten() the module first")
+                where = n.graph.qualname if n.graph else "no graph"
+                raise GraphError(f"{what}: {n!r} is in {where}, not the top graph; flatten() "
+                                 "the module first")
 
     # ------------------------------------------------------------ reading
     @property
@@ -241,9 +248,12 @@ class TracedModule(Module):
 
     # ---------------------------------------------------------- transforms
     def flatten(self):
-        """A new TracedModule with one flat graph: every call of a traced
-        submodule is inlined, builtin modules stay calls (GetAttr by full
-        path, e.g. ``layer1.0.conv1``). Same outputs, same state_dict."""
+        """A new TracedModule with one flat graph per signature: every call
+        of a traced submodule is inlined, builtin modules stay calls, read
+        by their full path (``layer1.0.conv1``, once however often they are
+        called); node names get the path as a prefix (``layer1_0_relu``).
+        Same outputs and state_dict keys; it is a deep copy (parameters are
+        copied, not shared with this module), and its graphs pass lint()."""
         new = copy.deepcopy(self)
         new._graphs = [_inline_graph(g, new) for g in new._graphs]
         for g in new._graphs:
@@ -312,6 +322,23 @@ def _shell_class(module):
     if isinstance(module, ModuleDict):
         return TracedDict
     return TracedModule
+
+
+def _plain_arity(in_def, params):
+    """n when ``in_def`` (of forward's bound arguments) is n tensor slots for
+    the first n parameters, positional ones, then each other parameter's
+    default as a constant; else None."""
+    kids = in_def.children
+    if in_def.type is not tuple or len(kids) != len(params):
+        return None
+    n = 0
+    while n < len(kids) and isinstance(kids[n], LeafDef) and kids[n].is_slot \
+            and params[n].kind in (params[n].POSITIONAL_ONLY, params[n].POSITIONAL_OR_KEYWORD):
+        n += 1
+    for c, p in zip(kids[n:], params[n:]):
+        if p.default is p.empty or not isinstance(c, LeafDef) or c != LeafDef(p.default):
+            return None
+    return n
 
 
 def _name_args(msg, names):
@@ -399,7 +426,7 @@ def trace_module(mod, *args, **kwargs):
         raise TypeError(f"{type(mod).__name__} is a builtin module (a leaf): put it inside a "
                         "Module of your own (e.g. mgtrace.module.Sequential(m)) to trace it")
     mod.eval()
-    root_name = type(mod).__name__
+    root_name = type_name(mod)
     converted = {}
     root = _convert(mod, "", root_name, converted)
     root._is_top = True
@@ -407,7 +434,7 @@ def trace_module(mod, *args, **kwargs):
     canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
     leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
     with tracer.active():
-        tracer._trace_into(mod, root, arg_def, canon, leaves, args, kwargs)
+        tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
     for m in root.modules():
         if isinstance(m, TracedModule):
             for g in m._graphs:
@@ -421,8 +448,8 @@ def _drop_unused_shapes(g):
     """Shape reads whose ints were never used leave no trace."""
     keep = []
     for e in g._exprs:
-        if isinstance(e, CallMethod) and e.method == "shape" and not any(o.users for o in e.outputs) \
-                and not any(o in g._outputs for o in e.outputs):
+        unused = not any(o.users or o in g._outputs for o in e.outputs)
+        if isinstance(e, CallMethod) and e.method == "shape" and unused:
             e.args[0]._remove_user(e)
             for o in e.outputs:
                 g._names.pop(o.name, None)
@@ -432,6 +459,13 @@ def _drop_unused_shapes(g):
 
 
 # ---------------------------------------------------------------- flatten
+# flatten() copies the module, then rebuilds each top graph by walking it:
+# a call of a traced submodule is replaced by the exprs of the callee's graph
+# (recursively), with the callee's input nodes mapped to the caller's
+# argument nodes. ``env`` maps id(node of a source graph) to its node in the
+# flat graph, or to (path, TracedModule) for a traced module node; the key
+# ("getattr", path) remembers the flat node of each attribute already read.
+
 def _inline_graph(g, root):
     flat = InternalGraph(g._name, g._qualname, owner=root)
     env = {}
@@ -466,24 +500,14 @@ def _join(prefix, name):
 
 
 def _inline_into(g, prefix, env, flat, self_node, root):
+    """Append the exprs of ``g`` (the graph of the module at ``prefix``) to
+    ``flat``, inlining the calls of traced submodules."""
     from mgtrace.traced_module.graph import called_graph
     for e in g._exprs:
         if isinstance(e, Input):
             continue
         if isinstance(e, GetAttr) and isinstance(env.get(id(e.args[0])), tuple):
-            path = _join(env[id(e.args[0])][0], e.name)
-            out = e.outputs[0]
-            target = _getpath(root, path)
-            if isinstance(out, ModuleNode) and isinstance(target, TracedModule):
-                env[id(out)] = (path, target)
-                continue
-            seen = env.get(("getattr", path))      # a shared module: one node for all its calls
-            if seen is not None:
-                env[id(out)] = seen
-                continue
-            ne = GetAttr(self_node, path)
-            _emit(flat, ne, e, env, path.replace(".", "_"), owner=target)
-            env[("getattr", path)] = env[id(out)]
+            _inline_getattr(e, env, flat, self_node, root)
             continue
         sub = called_graph(e)
         callee = env.get(id(e.args[0])) if isinstance(e, CallMethod) else None
@@ -499,9 +523,26 @@ def _inline_into(g, prefix, env, flat, self_node, root):
             for o, so in zip(e.outputs, sub._outputs):
                 env[id(o)] = _mapped(env, so)
             continue
-        args, kwargs = _map_args(e, env)
-        _emit(flat, _clone(e, args, kwargs), e, env, _join(prefix, e.outputs[0].name).replace(".", "_")
-              if len(e.outputs) == 1 else None)
+        args, kwargs = _map_values(e.args, e.kwargs, env)
+        _emit(flat, _clone(e, args, kwargs), e, env, lambda o: _join(prefix, o.name))
+
+
+def _inline_getattr(e, env, flat, self_node, root):
+    """``getattr(module, name)``: a traced module is only remembered (its
+    calls get inlined); anything else is read from the root by its full
+    path, once (a shared module is one node for all its calls)."""
+    path = _join(env[id(e.args[0])][0], e.name)
+    out = e.outputs[0]
+    target = _getpath(root, path)
+    if isinstance(out, ModuleNode) and isinstance(target, TracedModule):
+        env[id(out)] = (path, target)
+        return
+    seen = env.get(("getattr", path))
+    if seen is not None:
+        env[id(out)] = seen
+        return
+    _emit(flat, GetAttr(self_node, path), e, env, lambda o: path, owner=target)
+    env[("getattr", path)] = env[id(out)]
 
 
 def _getpath(root, path):
@@ -511,16 +552,11 @@ def _getpath(root, path):
     return obj
 
 
-def _map_args(e, env):
-    return _map_values(e.args, e.kwargs, env)
-
-
 def _map_values(args, kwargs, env):
     def look(n):
         v = env[id(n)]
         if isinstance(v, tuple):
-            mnode = v[1]
-            raise GraphError(f"flatten: cannot pass traced module {mnode._qualname} as a value")
+            raise GraphError(f"flatten: cannot pass traced module {v[1]._qualname} as a value")
         return v
     leaves, tdef = tree_flatten((tuple(args), kwargs), is_node)
     return tdef.unflatten([look(n) for n in leaves])
@@ -542,12 +578,15 @@ def _clone(e, args, kwargs):
     raise GraphError(f"flatten: unexpected expr {e!r}")
 
 
-def _emit(flat, ne, e, env, name=None, owner=None):
+def _emit(flat, ne, e, env, name_of, owner=None):
+    """Append ``ne`` (the flat copy of ``e``) with copies of e's output
+    nodes, named ``name_of(node)`` with dots made underscores
+    (``layer1.0.relu`` -> ``layer1_0_relu``)."""
     ne.out_def = e.out_def
     ne.source = e.source
     outs = []
     for o in e.outputs:
-        n = _copy_node(o, name if name and len(e.outputs) == 1 else o.name)
+        n = _copy_node(o, name_of(o).replace(".", "_"))
         if owner is not None and isinstance(n, ModuleNode):
             n.owner = owner
         flat._add_node(n)

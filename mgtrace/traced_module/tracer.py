@@ -34,7 +34,7 @@ import mgtrace.module.module as _modmod
 from mgtrace._core import Tensor, apply, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace.module.builtin import is_builtin
-from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
+from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         is_user_file, user_frame, user_source)
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
@@ -82,9 +82,16 @@ def _sym_binary(op, reflected=False):
 
 
 class SymInt(int):
-    """An int read from a shape while tracing; arithmetic on it is recorded
-    (``+ - * // %``, unary ``-``) and gives SymInts again. Comparisons and
-    other uses see the plain value (the trace follows the path taken)."""
+    """An int read from a shape while tracing; arithmetic with ints on it is
+    recorded (``+ - * // %``, unary ``-``) and gives SymInts again.
+
+    Everything else sees the plain value and bakes it into the trace:
+    comparisons and branches (the path taken), ``/`` and ``**`` (floats),
+    ``int(n)``, ``range(n)``. Outside a trace it behaves as a plain int.
+
+    >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
+    (12, 'int')
+    """
 
     __add__ = _sym_binary(operator.add)
     __radd__ = _sym_binary(operator.add, True)
@@ -99,7 +106,9 @@ class SymInt(int):
 
     def __neg__(self):
         t = _active
-        return -int(self) if t is None else t.record_function(operator.neg, (self,), {}, ints_out=True)
+        if t is None:
+            return -int(self)
+        return t.record_function(operator.neg, (self,), {}, ints_out=True)
 
     def __repr__(self):
         return f"SymInt({int(self)})"
@@ -135,7 +144,9 @@ def method_form(name, inputs, params):
             return f"__{base}__", inputs, {}
         return f"__r{base}__", (inputs[1], first), {}
     if name == "matmul" and len(inputs) == 2 and not params:
-        return ("__matmul__", inputs, {}) if isinstance(first, Tensor) else ("__rmatmul__", (inputs[1], first), {})
+        if isinstance(first, Tensor):
+            return "__matmul__", inputs, {}
+        return "__rmatmul__", (inputs[1], first), {}
     if name in _COMPARE and len(inputs) == 2 and not params:
         fwd, refl = _COMPARE[name]
         return (fwd, inputs, {}) if isinstance(first, Tensor) else (refl, (inputs[1], first), {})
@@ -195,8 +206,8 @@ class _Frame:
             return n
         if isinstance(v, Node):
             if v.graph is not self.graph:
-                raise TraceError(f"node {v!r} belongs to graph {v.graph.qualname if v.graph else None}, "
-                                 f"not {self.graph.qualname}")
+                where = v.graph.qualname if v.graph else "no graph"
+                raise TraceError(f"node {v!r} belongs to {where}, not {self.graph.qualname}")
             return v
         if isinstance(v, SymInt):
             return self._constant(int(v), "const", ValueNode, value=int(v))
@@ -229,7 +240,8 @@ class _Frame:
             if rel is not None:
                 path = f"{rel}.{name}" if rel else name
                 e = GetAttr(self.self_node, path)
-                node = self.new_node(TensorNode, path.replace(".", "_"), shape=t.shape, dtype=t.dtype)
+                node = self.new_node(TensorNode, path.replace(".", "_"), shape=t.shape,
+                                     dtype=t.dtype)
                 return self._finish(e, node, t)
         if self.tracer.warn_constants:
             _warn(f"{self.graph.qualname}: a tensor made outside the traced calls (shape "
@@ -435,7 +447,7 @@ class Tracer:
 
     def _call_traced(self, frame, module, mnode, args, kwargs, base):
         tm = self.converted[id(module)]
-        canon = bind_arguments(signature_of(module), args, kwargs, type(module).__name__)
+        canon = bind_arguments(signature_of(module), args, kwargs, type_name(module))
         # the same leaves as _record maps to nodes, so call args and graph inputs line up
         leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, (Tensor, SymInt)))
         graph = tm._graph_for(arg_def)
@@ -444,7 +456,7 @@ class Tracer:
             if graph is not None:
                 with self.suspended():
                     return module._call_impl(a, k)
-            return self._trace_into(module, tm, arg_def, canon, leaves, a, k)
+            return self._trace_into(module, tm, arg_def, leaves, a, k)
 
         def make(a, k):
             e = CallMethod(mnode, "__call__", a, k)
@@ -452,11 +464,12 @@ class Tracer:
             return e
         return self._record(make, run, args, kwargs, base, suspend=False)
 
-    def _trace_into(self, module, tm, arg_def, canon, leaves, args, kwargs):
-        """Run ``module`` with a new frame and add the graph it records to
-        ``tm`` (leaves: the tensors and SymInts of the bound arguments canon)."""
+    def _trace_into(self, module, tm, arg_def, leaves, args, kwargs):
+        """Run ``module(*args, **kwargs)`` with a new frame and add the graph
+        it records to ``tm``. ``arg_def`` is the structure of the bound
+        arguments, ``leaves`` its tensors and SymInts (the graph's inputs)."""
         path = self.paths[id(module)]
-        graph = InternalGraph(type(module).__name__, tm._qualname_base(), owner=tm)
+        graph = InternalGraph(type_name(module), tm._qualname_base(), owner=tm)
         sub = _Frame(self, graph, module, tm, path)
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
@@ -548,6 +561,12 @@ def _method_base(method, op):
     if method.startswith("__"):
         return op
     return method
+
+
+def type_name(module):
+    """The class name of ``module``; for a TracedModule, that of the module
+    it was traced from (so re-tracing keeps the names)."""
+    return module.__dict__.get("_orig_name") or type(module).__name__
 
 
 def signature_of(module):

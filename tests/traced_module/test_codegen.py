@@ -62,14 +62,15 @@ def test_code_runs_with_odd_submodule_names():
     tm = mt.trace_module(net, _rand(2, 3))
     src = tm.code
     compile(src, "<test>", "exec")
-    assert "_getattr_path(self, 'class')" in src
-    assert "_getattr_path(self, \"it's\")" in src
+    assert "getattr(self, 'class')" in src
+    assert "getattr(self, \"it's\")" in src
+    assert "getattr(self, 'back\\\\slash')" in src
     x = _rand(4, 3, seed=1)
     want = net(x).numpy()
     np.testing.assert_array_equal(tm(x).numpy(), want)
     flat = tm.flatten()
     compile(flat.code, "<test>", "exec")
-    assert "'def.fc'" in flat.code                        # Inner's Linear, by its full path
+    assert "getattr(self, 'def').fc" in flat.code       # Inner's Linear, by its full path
     np.testing.assert_array_equal(flat(x).numpy(), want)
 
 
@@ -84,8 +85,8 @@ def test_input_names_that_collide_with_globals():
     vals = [_rand(2, seed=s) for s in range(4, 8)]
     a, b, c, d = (v.numpy() for v in vals)
     np.testing.assert_allclose(tm(*vals).numpy(), a * b + c - d, rtol=1e-6)
-    np.testing.assert_allclose(tm(F=vals[0], apply=vals[1], operator=vals[2], print=vals[3]).numpy(),
-                               a * b + c - d, rtol=1e-6)
+    by_name = tm(F=vals[0], apply=vals[1], operator=vals[2], print=vals[3])
+    np.testing.assert_allclose(by_name.numpy(), a * b + c - d, rtol=1e-6)
 
 
 Pair = collections.namedtuple("Pair", "lo hi")
@@ -230,3 +231,27 @@ def test_deepcopy_is_independent_and_keeps_attributes():
     np.testing.assert_array_equal(cp2(x).numpy(), changed)
     np.testing.assert_array_equal(cp2.flatten()(x).numpy(), changed)
     assert cp2.flatten().note == cp.note
+
+
+class NegativeConstants(M.Module):
+    """Operators with negative constants on either side: the generated
+    code must keep Python's precedence (``(-2.0) ** x`` is not ``-2.0 ** x``)."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        return ((-2.0) ** x, x ** -1.0, -3.0 - x, x - -3.0, (-2.0) * x, -x, abs(x), -(-x),
+                F.zeros((-(-n), 2 * -(-n))))
+
+
+def test_negative_constants_keep_their_precedence():
+    net = NegativeConstants()
+    tm = mt.trace_module(net, mt.tensor(np.array([1.0, 2.0], "float32")))
+    assert "(-2.0) ** x" in tm.code
+    x = mt.tensor(np.array([1.0, 2.0, 3.0], "float32"))
+    a = x.numpy()
+    want = [(-2.0) ** a, a ** -1.0, -3.0 - a, a + 3.0, -2.0 * a, -a, abs(a), a]
+    got = tm(x)
+    for g, w, e in zip(got, want, net(x)):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-6)
+        np.testing.assert_array_equal(g.numpy(), e.numpy())
+    assert got[-1].shape == (3, 6)

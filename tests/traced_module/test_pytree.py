@@ -78,7 +78,8 @@ def test_treedef_equality_and_hash_see_structure_and_constants():
     e = tree_flatten((9.0, {"k": 2.0}), lambda v: False)[1]
     assert a == b and hash(a) == hash(b)
     assert a != c and a != d and a != e
-    assert tree_flatten((1, True), _is_float)[1] != tree_flatten((1, 1), _is_float)[1]   # bool is not int
+    # a bool constant is not an int constant
+    assert tree_flatten((1, True), _is_float)[1] != tree_flatten((1, 1), _is_float)[1]
 
 
 def test_match_binds_dicts_by_key_and_names_the_first_difference():
@@ -199,7 +200,7 @@ def test_registered_container_in_and_out():
     assert type(got) is Box and got.tag == "t!"
     for g, w in zip(got.items, want.items):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
-    with pytest.raises(TypeError, match="traced with a Box whose flatten gave aux 't', got 'other'"):
+    with pytest.raises(TypeError, match="a Box whose flatten gave aux 't', got 'other'"):
         tm(Box(arg.items, "other"))
 
 
@@ -238,3 +239,49 @@ def test_one_tensor_passed_twice_warns_and_reads_the_first_input():
     y = _rand(3, seed=1)
     np.testing.assert_allclose(tm(y, y).numpy(), net(y, y).numpy(), rtol=1e-6)
     np.testing.assert_allclose(tm(y, x).numpy(), 3 * y.numpy(), rtol=1e-6)
+
+
+class WithDefault(M.Module):
+    def forward(self, x, y, scale=3, *, mode="add"):
+        return x * scale + y if mode == "add" else x * y
+
+
+def test_the_fast_path_binds_as_bind_and_match_do():
+    net = WithDefault()
+    x, y = _rand(2), _rand(2, seed=1)
+    tm = mt.trace_module(net, x, y)
+    assert tm._plain_graph((x, y)) is tm.graph                 # plain positional tensors
+    assert tm._plain_graph((x, 2)) is None                     # not a tensor: the full check
+    assert tm._plain_graph((x,)) is None
+    a, b = _rand(3, seed=2), _rand(3, seed=3)
+    want = net(a, b).numpy()
+    np.testing.assert_array_equal(tm(a, b).numpy(), want)
+    np.testing.assert_array_equal(tm(a, b, 3).numpy(), want)
+    np.testing.assert_array_equal(tm(a, y=b, mode="add").numpy(), want)
+    with pytest.raises(TypeError, match="scale: the module was traced with 3, got 4"):
+        tm(a, b, 4)
+    with pytest.raises(TypeError, match="missing a required argument: 'y'"):
+        tm(a)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        tm(a, b, 3, "add")
+    # traced with a non-default: no fast path for two tensors, the check still runs
+    tm2 = mt.trace_module(net, x, y, 5)
+    assert tm2._plain_graph((a, b)) is None
+    with pytest.raises(TypeError, match="scale: the module was traced with 5, got 3"):
+        tm2(a, b)
+    np.testing.assert_array_equal(tm2(a, b, 5).numpy(), net(a, b, 5).numpy())
+
+
+def test_the_fast_path_follows_graph_edits():
+    net = TwoInputs()
+    tm = mt.trace_module(net, _rand(2), _rand(2, seed=1))
+    a, b, c = _rand(2, seed=2), _rand(2, seed=3), _rand(2, seed=4)
+    tm(a, b)                                                    # fills the fast-path table
+    node = tm.graph.add_input_node(shape=(2,), name="c")
+    out = tm.graph.outputs[0]
+    with tm.graph.insert_exprs():
+        new_out = out + node
+    tm.graph.reset_outputs(new_out)
+    np.testing.assert_allclose(tm(a, b, c).numpy(), net(a, b).numpy() + c.numpy(), rtol=1e-6)
+    with pytest.raises(TypeError, match="missing a required argument: 'c'"):
+        tm(a, b)

@@ -263,7 +263,8 @@ def test_submodules_nest_sequential_is_traced_builtin_is_a_leaf():
     # Sequential's own graph calls its three children
     assert [e.method for e in _exprs(tm.body.graph) if e.kind == "call_method"] == ["__call__"] * 3
     # Block's graph holds the linear call, relu and add
-    kinds = [(e.kind, getattr(e, "method", getattr(e, "func", None))) for e in _exprs(tm.body[0].graph)]
+    kinds = [(e.kind, getattr(e, "method", getattr(e, "func", None)))
+             for e in _exprs(tm.body[0].graph)]
     assert kinds == [("getattr", None), ("call_method", "__call__"), ("call_function", F.relu),
                      ("call_method", "__add__")]
     # the leaf's body (x * k) is nowhere in the graphs

@@ -165,3 +165,30 @@ def test_flatten_of_a_functional_only_model():
     flat = tm.flatten()
     np.testing.assert_array_equal(flat(x).numpy(), tm(x).numpy())
     assert [e.kind for e in _exprs(flat.graph)] == ["call_method", "call_function"]
+
+
+class Holder(M.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.act = M.ReLU()
+
+    def forward(self, x):
+        return self.act(self.inner(x) - x.shape[0])
+
+
+def test_tracing_a_model_that_holds_a_traced_module_and_retracing():
+    x = _rand(2, 3)
+    inner = mt.trace_module(Sub(), x)
+    net = Holder(inner)
+    tm = mt.trace_module(net, x)
+    assert isinstance(tm.inner, TracedModule) and tm.inner is not inner
+    assert tm.inner.graph.qualname == "Holder.inner"
+    again = mt.trace_module(tm, x)                 # a TracedModule traces like its source
+    assert again.graph.qualname == "Holder" and again.inner.graph.qualname == "Holder.inner"
+    x4 = _rand(4, 3, seed=1)
+    want = net(x4).numpy()
+    np.testing.assert_allclose(want, np.maximum(inner(x4).numpy() - 4, 0))
+    for m in (tm, again, again.flatten()):
+        np.testing.assert_array_equal(m(x4).numpy(), want)
+    assert list(again.state_dict()) == list(net.state_dict())

@@ -79,7 +79,8 @@ def test_the_values_against_numpy():
 
 def test_shape_reads_are_exprs_and_unused_ones_are_dropped():
     tm = mt.trace_module(Unpack(), _rand(1, 3, 4, 6))
-    shape_reads = [e for e in tm.graph.exprs(False) if e.kind == "call_method" and e.method == "shape"]
+    shape_reads = [e for e in tm.graph.exprs(False)
+                   if e.kind == "call_method" and e.method == "shape"]
     assert len(shape_reads) == 1 and len(shape_reads[0].outputs) == 4
     arith = [e for e in tm.graph.exprs(False) if e.kind == "call_function"
              and e.func.__module__ == "_operator"]
