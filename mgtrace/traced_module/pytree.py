@@ -115,7 +115,7 @@ class LeafDef:
     def __hash__(self):
         try:
             return hash((type(self.const), self.const))
-        except TypeError:
+        except TypeError:        # an unhashable constant (a list): equal ones still collide
             return hash(type(self.const))
 
     def __repr__(self):
@@ -124,17 +124,18 @@ class LeafDef:
 
 def _const_equal(a, b):
     try:
-        eq = a == b
-        return bool(eq)
-    except Exception:        # e.g. arrays: compare by identity only
+        return bool(a == b)
+    except Exception:        # e.g. NumPy arrays (ambiguous truth): equal only if identical
         return False
 
 
 class _Slot:
+    """The marker of a slot in a LeafDef (one object, compared by identity)."""
+
     def __repr__(self):
         return "SLOT"
 
-    def __reduce__(self):
+    def __reduce__(self):    # copy/deepcopy/pickle give back the module's SLOT itself
         return "SLOT"
 
 
