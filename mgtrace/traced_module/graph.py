@@ -183,9 +183,19 @@ class InternalGraph:
         return self.exprs(recursive).call_method(method)
 
     def get_module_by_type(self, module_cls, recursive=True):
-        """ModuleNodes whose module is an instance of ``module_cls``."""
-        return self.nodes(recursive).type(ModuleNode).filter(
-            lambda n: n.expr.kind != "input" and isinstance(n.owner, module_cls))
+        """ModuleNodes whose module is an instance of ``module_cls``; a traced
+        submodule matches the class it was traced from (after loading from an
+        archive, a class of the same name)."""
+        def hit(n):
+            if n.expr.kind == "input":
+                return False
+            if isinstance(n.owner, module_cls):
+                return True
+            t = n.module_type
+            if t is None:
+                return getattr(n.owner, "_orig_name", None) == module_cls.__name__
+            return isinstance(t, type) and issubclass(t, module_cls)
+        return self.nodes(recursive).type(ModuleNode).filter(hit)
 
     def get_node_by_name(self, name=None, ignorecase=True, recursive=True):
         """Nodes whose qualname (or plain name) matches ``name``; shell

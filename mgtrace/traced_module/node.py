@@ -264,7 +264,12 @@ class ModuleNode(Node):
 
     @property
     def module_type(self):
-        return type(self.owner)
+        """The module's class; for a traced module, the class that was traced
+        (None after loading from an archive, which keeps only its name)."""
+        owner = self.owner
+        if "_orig_type" in getattr(owner, "__dict__", {}):
+            return owner.__dict__["_orig_type"]
+        return type(owner)
 
     def __call__(self, *args, **kwargs):
         """Inside ``graph.insert_exprs()``: record a call of ``owner``, as

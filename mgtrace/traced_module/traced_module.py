@@ -65,6 +65,9 @@ class TracedModule(Module):
             else:
                 d[k] = v
         d["_orig_name"] = type_name(module)
+        # the class that was traced (kept in memory only: an archive stores its name)
+        d["_orig_type"] = module.__dict__.get("_orig_type") if isinstance(module, TracedModule) \
+            else type(module)
         d["_qualname"] = qualname
         d["_graphs"] = []
         try:
