@@ -50,6 +50,9 @@ A kind of module is stored by a codec registered with
 :class:`DecodeContext`:
 
 * ``ctx.tensor(i)`` (on the load's device) / ``ctx.host_tensor(i)`` (CPU);
+  ``ctx.parameter(i)``: a Parameter sharing tensor ``i``'s memory (give
+  modules these, not ``Parameter(ctx.tensor(i))``, which copies; with
+  ``mmap`` they are read-only views of the file);
 * ``ctx.value(tagged, node=None, where=...)``: ``node(id) -> object``
   resolves ``{"node": id}``;
 * ``ctx.op(i) -> Op(name, version, fn, upgrade)``: ``fn`` is the current

@@ -5,10 +5,16 @@ A builtin module (a leaf of a registered builtin type) is stored as::
     {kind: "builtin", training, type: "mgtrace.module.Conv2d", type_version: 1,
      config: {name: value}, tensors: {state_dict key: tensor index}}
 
-and rebuilt as ``cls(**upgraded config)`` followed by
-``load_state_dict(tensors, strict=True)``: no pickle, and the module owns
-fresh copies of its tensors (so ``mmap`` saves nothing for modules). A
-Sequential, ModuleList or ModuleDict (exact types) is stored as::
+and rebuilt as ``cls(**upgraded config)``, whose parameters and buffers
+are then replaced by the archive's tensors (:func:`install_state`): no
+pickle, no second copy. With ``load(..., mmap=True)`` a module's tensors are
+read-only views of the file (writing to one, e.g. a BatchNorm's running
+statistics in training mode, raises ValueError "tensor is read-only ...
+copy it with .copy() before writing"); without it they are the one copy the
+load read. mgtrace's own types are built without running
+``reset_parameters`` (random initial values the archive's replace at once),
+which also leaves :mod:`mgtrace.random`'s stream untouched. A Sequential,
+ModuleList or ModuleDict (exact types) is stored as::
 
     {kind: "container", training, type: "mgtrace.module.Sequential",
      children: [[name, module index], ...]}
@@ -21,12 +27,12 @@ import math
 import operator
 
 from mgtrace.errors import ArchiveError
-from mgtrace.module import Module, Parameter, is_builtin
+from mgtrace.module import Module, is_builtin
 from mgtrace.serialization import registry
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
 
-__all__ = ["STATE_ELEMENTS", "BUILTIN_FIELDS", "CONTAINER_FIELDS"]
+__all__ = ["STATE_ELEMENTS", "BUILTIN_FIELDS", "CONTAINER_FIELDS", "install_state"]
 
 BUILTIN_FIELDS = (
     Field("type", "str", True, V1, 'stable type name, e.g. "mgtrace.module.Conv2d"'),
@@ -95,13 +101,57 @@ def _check_builtin(entry, ctx, where):
         ctx.check_index(i, len(ctx.header["tensors"]), f"{where}.tensors[{key!r}]")
 
 
-def _replace(m, key, t):
-    """Give ``m``'s tensor ``key`` the dtype of ``t`` (load_state_dict never casts)."""
-    *path, name = key.split(".")
-    owner = m
-    for p in path:
-        owner = getattr(owner, p)
-    setattr(owner, name, Parameter(t) if name in owner._parameters else t.copy())
+def _no_reset():
+    pass
+
+
+def _construct(cls, name, config):
+    """``cls(**config)``; for mgtrace's own types without ``reset_parameters``
+    (it only fills values, which the archive's replace)."""
+    if not name.startswith("mgtrace.module.") or not hasattr(cls, "reset_parameters"):
+        return cls(**config)
+    m = cls.__new__(cls)
+    m.__dict__["reset_parameters"] = _no_reset      # shadows the method while __init__ runs
+    try:
+        cls.__init__(m, **config)
+    finally:
+        m.__dict__.pop("reset_parameters", None)
+    return m
+
+
+def install_state(m, indices, ctx, where):
+    """Make the archive's tensors (``indices``: state_dict key -> tensor
+    index) the tensors of module ``m``: parameters become Parameters sharing
+    the tensors' memory (``ctx.parameter``), buffers are the tensors
+    themselves. A stored dtype that differs from the module's is kept (e.g.
+    halved weights).
+
+    Raises:
+        ArchiveError: keys missing or unexpected, or a shape that differs
+            from the module's (every problem listed).
+    """
+    own = m.state_dict(keep_vars=True)
+    state = {k: ctx.tensor(i) for k, i in indices.items()}
+    problems = [f"{k}: shape mismatch, the module has {own[k].shape}, the archive "
+                f"{state[k].shape}" for k in own if k in state and own[k].shape != state[k].shape]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing:
+        problems.append("missing keys: " + ", ".join(missing))
+    if unexpected:
+        problems.append("unexpected keys: " + ", ".join(map(repr, unexpected)))
+    if problems:
+        raise ArchiveError(f"{where}: the stored tensors do not fit {type(m).__name__}: "
+                           + "; ".join(problems))
+    for key, i in indices.items():
+        *path, name = key.split(".")
+        owner = m
+        for p in path:
+            owner = owner._modules[p]
+        if name in owner._parameters:
+            owner._parameters[name] = ctx.parameter(i)
+        else:
+            owner._buffers[name] = state[key]
 
 
 def _decode_builtin(entry, ctx):
@@ -110,15 +160,10 @@ def _decode_builtin(entry, ctx):
     config = {k: ctx.value(v, where=f"config.{k}") for k, v in entry["config"].items()}
     config = upgrade(config)
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
-    m = cls(**config)
-    state = {k: ctx.host_tensor(i) for k, i in entry["tensors"].items()}
-    own = m.state_dict(keep_vars=True)
-    for key, t in state.items():      # a tensor saved in another dtype (e.g. halved weights)
-        if key in own and own[key].shape == t.shape and own[key].dtype != t.dtype:
-            _replace(m, key, t)
-    m.load_state_dict(state, strict=True)
+    m = _construct(cls, name, config)
+    install_state(m, entry["tensors"], ctx, f"{name}(**config)")
     if ctx.device is not None and ctx.device.type != "cpu":
-        m.to(ctx.device)
+        m.to(ctx.device)          # tensors outside the state dict
     return m
 
 

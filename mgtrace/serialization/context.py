@@ -126,7 +126,7 @@ class DecodeContext:
         self.format_version = tuple(header["format_version"])
         self._source, self._data_start = source, data_start
         self._mmap, self._verify = mmap and source.can_view, verify
-        self._host, self._placed, self._modules, self._building = {}, {}, {}, []
+        self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         stored = sum(math.prod(e["shape"]) for e in header["tensors"])
         self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
@@ -172,6 +172,17 @@ class DecodeContext:
                 t = t.to(self.device)
             self._placed[i] = t
         return t
+
+    def parameter(self, i):
+        """Tensor ``i`` on the load's device as a Parameter that shares its
+        memory (:func:`~mgtrace.serialization.tensors.as_parameter`): with
+        ``mmap`` a read-only view of the file, else the one copy the load
+        read. The same ``i`` gives the same Parameter. Raises ArchiveError as
+        :meth:`host_tensor`."""
+        p = self._params.get(i)
+        if p is None:               # one Parameter per tensor: tied weights stay one object
+            p = self._params[i] = tensors.as_parameter(self.tensor(i))
+        return p
 
     def _read_tensor(self, i, e):
         where, start = f"header.tensors[{i}]", self._data_start + e["offset"]

@@ -152,11 +152,17 @@ def load(f, *, mmap=False, device=None, verify=True):
     Args:
         f: a path or a readable binary file object (read from its position).
         mmap: memory-map the file and return tensors that are views of it:
-            no copy, read-only (writing to one raises ValueError; ``.copy()``
-            first). The mapping lives as long as a tensor uses it; do not
-            truncate the file meanwhile. Modules still copy their tensors
-            (``load_state_dict``). For a file object without a descriptor
-            the archive is read into memory once and viewed there.
+            no copy, read-only (writing to one raises ValueError "tensor is
+            read-only ... copy it with .copy() before writing"). Modules
+            (builtin and traced) get Parameters and buffers that are such
+            views too, so e.g. a BatchNorm in training mode raises that
+            error when it updates its running statistics; ``copy.deepcopy``
+            the module, or load without mmap, to train it. The mapping lives
+            as long as a tensor uses it; do not truncate or rewrite the file
+            meanwhile (``save`` replaces a file by renaming, which is safe).
+            For a file object without a descriptor the archive is read into
+            memory once and viewed there. Without mmap every tensor is read
+            once into memory of its own (writable), and modules use those.
         device: device for tensors and modules (``"cpu"``, ``"cuda:0"``...);
             default the CPU. Tensors on another device are copies.
         verify: check each tensor's checksum when it is read (on by default;
@@ -164,7 +170,10 @@ def load(f, *, mmap=False, device=None, verify=True):
 
     Returns:
         the saved object: Tensors (plain, not Parameters), modules rebuilt
-        from type and config, containers of the same types as saved.
+        from type and config (parameters as Parameters), TracedModules with
+        their graphs (namedtuples in their arguments and results are
+        look-alike classes: see traced_codec.py), containers of the same
+        types as saved.
 
     Raises:
         ArchiveError: anything wrong with the file: not an archive,

@@ -7,10 +7,15 @@ crc32c package is among mgtrace's dependencies; the algorithm is named in
 each entry so a later version can switch).
 
 Tensors are made from NumPy arrays without a copy through DLPack
-(``mgtrace.from_dlpack``), which keeps a read-only array read-only.
+(``mgtrace.from_dlpack``), which keeps a read-only array read-only, and
+modules get Parameters that share those tensors' memory
+(:func:`as_parameter`), so a module loaded with ``mmap`` holds views of the
+file and one loaded without it holds the single copy the load read.
 """
 import ctypes
+import importlib
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -20,7 +25,7 @@ from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
 __all__ = ["CHECKSUM", "checksum", "host_array", "entry_for", "check_table", "array_bytes",
-           "tensor_from_array", "aligned_empty", "verify"]
+           "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
 
 CHECKSUM = "crc32"
 DTYPES_BY_NAME = {d.name: d for d in DTYPES}
@@ -151,3 +156,41 @@ def tensor_from_array(arr):
         return from_dlpack(_Bfloat16Export(arr))
     return from_dlpack(arr)
 
+
+
+# ``import mgtrace._core.tensor`` would give the function tensor() (re-exported
+# under the submodule's name), hence importlib
+_core_tensor = importlib.import_module("mgtrace._core.tensor")
+_share_lock = threading.Lock()
+
+
+def as_parameter(t):
+    """A :class:`~mgtrace.module.Parameter` sharing ``t``'s memory (no copy).
+
+    ``Parameter(t)`` always copies: the core builds it from ``t.copy()``.
+    Here that one copy of ``t`` alone is made to return ``t`` itself, so the
+    Parameter takes over ``t``'s storage, read-only flag included (a
+    Parameter made from a tensor mapped from an archive raises ValueError
+    "tensor is read-only ... copy it with .copy() before writing" when
+    written to). Copies of any other tensor, in any thread, are untouched.
+    Should the core stop building Parameters that way, the result is a
+    copy, as before.
+
+    Args:
+        t: a CPU or device Tensor (any dtype, shape, strides).
+
+    Returns:
+        Parameter: same dtype, shape, device and data as ``t``.
+    """
+    from mgtrace.module import Parameter
+    ops = _core_tensor._OPS
+    with _share_lock:            # one swap at a time, so each restores what it replaced
+        cast = ops["cast"]
+
+        def same_tensor(x, code, _t=t):
+            return x if x is _t else cast(x, code)
+        ops["cast"] = same_tensor
+        try:
+            return Parameter(t, device=t.device)
+        finally:
+            ops["cast"] = cast

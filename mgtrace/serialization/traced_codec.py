@@ -3,6 +3,7 @@
 A TracedModule is stored as::
 
     {kind: "traced", training, name: "Net", qualname: "Net.layer1", is_top,
+     reads_as?: "sequence" | "dict",                    # TracedSequence / TracedDict
      signature: [{name, kind, default?}, ...],          # forward's parameters
      children: [[name, module index], ...], parameters: {name: tensor index},
      buffers: {name: tensor index}, non_persistent: [name, ...],
@@ -20,13 +21,32 @@ A TracedModule is stored as::
            constant: {value}; apply: {op: core op name, args: [value], params: {name: value}}
     treedef: {type: "tuple"|"list"|"dict"|"odict"|"slice"|"root"|"namedtuple",
               aux: value, children: [treedef | {slot: true} | {const: value}]}
+             a namedtuple's aux is (module, qualname, fields); a dict's, its keys
+             (str, int, float, bool, None, bytes, or tuples of those)
 
 Function and module-call arguments are stored by parameter name, so an
-upgrader can rebind them. Loading never resolves a name outside the
-registry: functions come from the op table, tensor methods from a fixed
-allowlist, core ops from the core's op registry, attributes only along
-submodule/parameter/buffer names; anything else is an ArchiveError before
-the module is built.
+upgrader can rebind them.
+
+Loading never resolves a name outside the registry, and checks every
+reference before the module is built, so a hostile archive fails with
+ArchiveError before anything runs:
+
+* functions come from the op table (registry), tensor methods from
+  :data:`TENSOR_METHODS` (called on tensor nodes only), core ops from the
+  core's op table;
+* attribute paths go through submodules only, ending at a submodule, a
+  parameter, a buffer or a plain tensor attribute; no name of a child,
+  parameter, buffer or attribute may shadow a member of the module's class
+  (``forward``, ``__class__``...) or its bookkeeping (``_modules``...);
+* nodes are defined once, before use, with valid kinds, shapes and dtypes;
+  keywords are identifiers; namedtuple names and fields are identifiers;
+* the generated code of every graph is compiled (not run) at load.
+
+A namedtuple in a graph's arguments or results cannot be imported by name,
+so loading makes a look-alike class (same name and fields, ``__module__``
+and ``__qualname__`` as stored). A loaded module accepts any namedtuple with
+that name and those fields where the traced one took the original class, and
+returns look-alikes.
 """
 import collections
 import inspect
@@ -38,16 +58,18 @@ from mgtrace._core import Tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace.errors import ArchiveError
 from mgtrace.module.module import Module
-from mgtrace.module.parameter import Parameter
+from mgtrace.serialization import values
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
+from mgtrace.serialization.limits import MAX_NDIM
+from mgtrace.serialization.tensors import DTYPES_BY_NAME
+from mgtrace.traced_module import codegen as _codegen
 from mgtrace.traced_module import tracer as _tracer
-from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
-                                        is_node)
+from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
-from mgtrace.traced_module.traced_module import TracedModule
+from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
 
 __all__ = ["TRACED_FIELDS", "TENSOR_METHODS"]
 
@@ -55,12 +77,14 @@ TRACED_FIELDS = (
     Field("name", "str", True, V1, "class name of the traced module"),
     Field("qualname", "str", True, V1, 'path from the root, e.g. "Net.layer1.0"'),
     Field("is_top", "bool", True, V1, "the root of the traced tree"),
+    Field("reads_as", "str", False, V1, '"sequence" (a traced Sequential/ModuleList) or "dict" '
+                                        "(a traced ModuleDict): it also reads like one"),
     Field("signature", "value", True, V1, "forward's parameters [{name, kind, default?}]"),
     Field("children", "named indices", True, V1, "[submodule name, module index] in order"),
     Field("parameters", "indices by name", True, V1, "parameter name -> tensor index"),
     Field("buffers", "indices by name", True, V1, "buffer name -> tensor index"),
     Field("non_persistent", "value", True, V1, "names of buffers left out of state_dict"),
-    Field("attrs", "values by name", True, V1, "plain attributes (ints, strings, ...)"),
+    Field("attrs", "values by name", True, V1, "plain attributes (ints, strings, tensors...)"),
     Field("graphs", "value", True, V1, "the graphs, one per call signature (see traced_codec.py)"),
 )
 
@@ -74,11 +98,13 @@ def _tensor_methods():
         names |= {fwd, refl}
     for base in _tracer._BINARY_METHOD.values():
         names |= {f"__{base}__", f"__r{base}__", f"__i{base}__"}
-    names |= {n for n in dir(Tensor) if not n.startswith("_") and callable(getattr(Tensor, n, None))}
+    names |= {n for n in dir(Tensor)
+              if not n.startswith("_") and callable(getattr(Tensor, n, None))}
     return frozenset(names)
 
 
 TENSOR_METHODS = _tensor_methods()
+EXPR_KINDS = ("input", "getattr", "call_method", "call_function", "constant", "apply")
 _PARAM_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
                                     inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                     inspect.Parameter.VAR_POSITIONAL,
@@ -87,21 +113,34 @@ _PARAM_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
 _TREE_TYPES = {tuple: "tuple", list: "list", dict: "dict", collections.OrderedDict: "odict",
                slice: "slice", _Root: "root"}
 _TREE_BY_NAME = {v: k for k, v in _TREE_TYPES.items()}
+_READS_AS = {"sequence": TracedSequence, "dict": TracedDict}
+_RUNTIME_ATTRS = ("training", "watch_points", "end_points", "watch_node_value")
+_KEY_TYPES = (str, int, float, bool, type(None), bytes)
 
 
 # ---------------------------------------------------------------- encode
 def _encode(tm, ctx):
+    cls = type(tm)
     d = tm.__dict__
+    for table in ("_modules", "_parameters", "_buffers"):
+        for k in d[table]:
+            if _shadowed(cls, k):
+                raise TypeError(f"cannot save {tm._qualname}: its {table[1:-1]} {k!r} is hidden "
+                                f"by {cls.__name__}.{k} (reading self.{k} gives that instead); "
+                                "rename the attribute and trace again")
     attrs = {}
     for k, v in d.items():
-        if k.startswith("_") or k in ("training", "watch_points", "end_points", "watch_node_value"):
-            continue
+        if k.startswith("_") or k in _RUNTIME_ATTRS or _shadowed(cls, k) or isinstance(v, Module):
+            continue          # bookkeeping, or unreachable behind a class member
         try:
             attrs[k] = ctx.value(v)
         except TypeError:
             continue          # not an archive value (a function, an open file...): not kept
-    return {
-        "name": tm._orig_name, "qualname": tm._qualname, "is_top": bool(tm._is_top),
+    out = {"name": tm._orig_name, "qualname": tm._qualname, "is_top": bool(tm._is_top)}
+    for reads_as, shell in _READS_AS.items():
+        if isinstance(tm, shell):
+            out["reads_as"] = reads_as
+    out.update({
         "signature": ctx.value(_encode_signature(tm._signature)),
         "children": [[k, ctx.module(m, k)] for k, m in tm._modules.items() if m is not None],
         "parameters": {k: ctx.tensor(t) for k, t in tm._parameters.items() if t is not None},
@@ -109,7 +148,14 @@ def _encode(tm, ctx):
         "non_persistent": ctx.value(sorted(tm._non_persistent_buffers)),
         "attrs": attrs,
         "graphs": [_encode_graph(g, ctx) for g in tm._graphs],
-    }
+    })
+    return out
+
+
+def _shadowed(cls, name):
+    """True when ``obj.<name>`` on an instance of ``cls`` finds a class member
+    (a method, property, dunder...) before the module's tables."""
+    return hasattr(cls, name)
 
 
 def _encode_signature(sig):
@@ -132,7 +178,7 @@ def _encode_graph(g, ctx):
         if id(n) in ids:
             continue
         ids[id(n)] = len(nodes)
-        nodes.append(_encode_node(n, ids[id(n)], ctx))
+        nodes.append(_encode_node(n, ids[id(n)]))
     node_id = lambda v: ids[id(v)] if isinstance(v, Node) else None   # noqa: E731
     return {"name": g._name, "qualname": g._qualname,
             "inputs": [ids[id(n)] for n in g._inputs], "outputs": [ids[id(n)] for n in g._outputs],
@@ -140,7 +186,7 @@ def _encode_graph(g, ctx):
             "nodes": nodes, "exprs": [_encode_expr(e, ctx, ids, node_id) for e in g._exprs]}
 
 
-def _encode_node(n, i, ctx):
+def _encode_node(n, i):
     e = {"id": i, "name": n.name, "kind": n.kind}
     if isinstance(n, TensorNode):
         if n.shape is not None:
@@ -205,11 +251,21 @@ def _encode_tree(t, ctx):
         if not hasattr(t.type, "_fields"):
             raise TypeError(f"an archive cannot store the container type {t.type.__name__} "
                             "(only tuple, list, dict, OrderedDict, slice and namedtuples)")
-        name, aux = "namedtuple", (t.type.__name__, tuple(t.type._fields))
+        name = "namedtuple"
+        aux = (t.type.__module__, t.type.__qualname__, tuple(t.type._fields))
+    elif t.type in (dict, collections.OrderedDict) and not all(map(_plain_key, aux)):
+        bad = next(k for k in aux if not _plain_key(k))
+        raise TypeError(f"an archive cannot store a dict argument or result keyed by a "
+                        f"{type(bad).__name__} ({bad!r}); use str, int, float, bool, None, "
+                        "bytes or tuples of those as keys")
     return {"type": name, "aux": ctx.value(aux),
             "children": [_encode_tree(c, ctx) if isinstance(c, TreeDef)
                          else ({"slot": True} if c.is_slot else {"const": ctx.value(c.const)})
                          for c in t.children]}
+
+
+def _plain_key(k):
+    return type(k) in _KEY_TYPES or (type(k) is tuple and all(map(_plain_key, k)))
 
 
 # ---------------------------------------------------------------- decode
@@ -218,9 +274,12 @@ def _fail(where, msg):
 
 
 def _check(entry, ctx, where):
+    """Resolve every name the entry's graphs use (before anything is built)."""
     graphs = entry["graphs"]
     if not isinstance(graphs, list):
         _fail(f"{where}.graphs", "not a list")
+    if entry.get("reads_as", "sequence") not in _READS_AS:
+        _fail(f"{where}.reads_as", f"{entry['reads_as'][:40]!r} is not one of {list(_READS_AS)}")
     for gi, g in enumerate(graphs):
         gw = f"{where}.graphs[{gi}]"
         if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
@@ -230,48 +289,77 @@ def _check(entry, ctx, where):
             if not isinstance(e, dict):
                 _fail(ew, "not a map")
             kind = e.get("kind")
+            if kind not in EXPR_KINDS:
+                _fail(ew, f"unknown expr kind {_short(kind)}; known: {', '.join(EXPR_KINDS)}")
             if kind == "call_function":
                 ctx.op(e.get("op"))
             elif kind == "call_method" and (not isinstance(e.get("method"), str)
                                             or e["method"] not in TENSOR_METHODS | {"__call__"}):
-                _fail(ew, f"method {e.get('method')!r} is not one a graph may call")
-            elif kind == "apply" and (not isinstance(e.get("op"), str) or e["op"] not in _dispatch._IMPLS):
-                _fail(ew, f"core op {e.get('op')!r} is not registered")
-            elif kind not in ("input", "getattr", "call_method", "call_function", "constant", "apply"):
-                _fail(ew, f"unknown expr kind {kind!r}")
+                _fail(ew, f"method {_short(e.get('method'))} is not one a graph may call (module "
+                          "calls and the tensor methods of traced_codec.TENSOR_METHODS)")
+            elif kind == "apply" and (not isinstance(e.get("op"), str)
+                                      or e["op"] not in _dispatch._IMPLS):
+                _fail(ew, f"core op {_short(e.get('op'))} is not registered")
+
+
+def _short(v):
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def _decode(entry, ctx):
-    tm = TracedModule._shell(Module(), entry["qualname"])
+    try:
+        return _build(entry, ctx)
+    except ArchiveError as e:
+        if str(e).startswith(("header.", "traced module ")):      # already says where
+            raise
+        raise ArchiveError(f"traced module {_short(entry['qualname'])}: {e}") from e
+
+
+def _build(entry, ctx):
+    shell = _READS_AS.get(entry.get("reads_as"), TracedModule)
+    tm = shell._shell(Module(), entry["qualname"])
     d = tm.__dict__
     d["_orig_name"] = entry["name"]
+    d["_orig_type"] = None                  # an archive keeps only the class name
     d["_is_top"] = bool(entry["is_top"])
     d["_signature"] = _decode_signature(ctx.value(entry["signature"], where="signature"))
     for k, i in entry["children"]:
-        _check_attr_name(k, "children")
+        _check_member(tm, k, "children")
         tm._modules[k] = ctx.module(i)
     for k, i in entry["parameters"].items():
-        _check_attr_name(k, "parameters")
-        tm._parameters[k] = Parameter(ctx.tensor(i))
+        _check_member(tm, k, "parameters")
+        tm._parameters[k] = ctx.parameter(i)
     for k, i in entry["buffers"].items():
-        _check_attr_name(k, "buffers")
+        _check_member(tm, k, "buffers")
         tm._buffers[k] = ctx.tensor(i)
-    d["_non_persistent_buffers"] = set(ctx.value(entry["non_persistent"], where="non_persistent"))
+    non_persistent = ctx.value(entry["non_persistent"], where="non_persistent")
+    if not isinstance(non_persistent, list) or not all(k in tm._buffers for k in non_persistent):
+        _fail("non_persistent", "expected a list of buffer names")
+    d["_non_persistent_buffers"] = set(non_persistent)
     for k, v in entry["attrs"].items():
-        _check_attr_name(k, "attrs")
-        if k in d or k in tm._modules or k in tm._parameters or k in tm._buffers:
-            _fail("attrs", f"attribute {k!r} clashes with another member")
-        d[k] = ctx.value(v, where=f"attrs.{k}")
+        _check_member(tm, k, "attrs")
+        if k.startswith("_"):
+            _fail("attrs", f"{k!r}: plain attributes do not start with '_'")
+        value = ctx.value(v, where=f"attrs.{k}")
+        if isinstance(value, Module):
+            _fail(f"attrs.{k}", "a module is a child, not a plain attribute")
+        d[k] = value
     for gi, g in enumerate(entry["graphs"]):
         tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
     return tm
 
 
-def _check_attr_name(name, where):
-    # what Module accepts (any non-empty name without "."), minus dunders; members
-    # are only ever reached through the module's own tables, never as code
-    if not isinstance(name, str) or not name or "." in name or name.startswith("__"):
-        _fail(where, f"{name!r} is not an attribute name an archive may use")
+def _check_member(tm, name, where):
+    """``name`` may name a child, parameter, buffer or attribute of ``tm``:
+    a non-empty str without dots that is not already taken (by another
+    member, the module's bookkeeping, or a member of its class)."""
+    if not isinstance(name, str) or not name or "." in name:
+        _fail(where, f"{_short(name)} is not a member name (a non-empty str without '.')")
+    if name in tm.__dict__ or _shadowed(type(tm), name) or name in tm._modules \
+            or name in tm._parameters or name in tm._buffers:
+        _fail(where, f"{_short(name)} clashes with another member or with "
+                     f"{type(tm).__name__}.{name}")
 
 
 def _decode_signature(params):
@@ -286,6 +374,43 @@ def _decode_signature(params):
         _fail("signature", f"not a valid parameter list ({e})")
 
 
+class _StoredTreeDef(TreeDef):
+    """The TreeDef of a graph's arguments as read from an archive, when it
+    holds namedtuple look-alikes: a namedtuple of the same name and fields
+    as a look-alike is taken for one (the traced class cannot be imported)."""
+    __slots__ = ()
+
+    def match(self, obj, is_leaf, path="args"):
+        return super().match(_to_lookalikes(self, obj), is_leaf, path)
+
+
+def _to_lookalikes(t, obj):
+    """``obj`` with each namedtuple that stands where ``t`` has a look-alike
+    replaced by one; the rest as is (``match`` reports any other mismatch)."""
+    if not isinstance(t, TreeDef):
+        return obj
+    typ = t.type
+    if getattr(typ, "_mgtrace_lookalike", False) and type(obj) is not typ \
+            and isinstance(obj, tuple) and getattr(type(obj), "_fields", None) == typ._fields \
+            and type(obj).__name__ == typ.__name__:
+        obj = typ(*obj)
+    if typ is _Root:
+        return _to_lookalikes(t.children[0], obj)
+    if typ in (dict, collections.OrderedDict) and isinstance(obj, dict):
+        subs = dict(zip(t.aux, t.children))
+        return type(obj)((k, _to_lookalikes(subs[k], v) if k in subs else v)
+                         for k, v in obj.items())
+    if isinstance(obj, (tuple, list)) and len(obj) == len(t.children) and typ is type(obj):
+        items = [_to_lookalikes(c, v) for c, v in zip(t.children, obj)]
+        return typ(*items) if hasattr(typ, "_fields") else typ(items)
+    return obj
+
+
+def _has_lookalike(t):
+    return isinstance(t, TreeDef) and (getattr(t.type, "_mgtrace_lookalike", False)
+                                       or any(map(_has_lookalike, t.children)))
+
+
 class _GraphReader:
     """Builds one InternalGraph from its entry, checking every reference."""
 
@@ -295,54 +420,82 @@ class _GraphReader:
 
     def read(self):
         g, w = self.g, self.where
-        graph = InternalGraph(g.get("name", ""), g.get("qualname", self.tm._qualname), owner=self.tm)
+        name, qualname = g.get("name", ""), g.get("qualname", self.tm._qualname)
+        if not isinstance(name, str) or not isinstance(qualname, str):
+            _fail(w, "a graph's name and qualname are strings")
+        graph = InternalGraph(name, qualname, owner=self.tm)
         self.graph = graph
-        for n in g.get("nodes", []):
+        nodes = g.get("nodes", [])
+        if not isinstance(nodes, list):
+            _fail(f"{w}.nodes", "not a list")
+        for n in nodes:
             self._node(n)
         for i, e in enumerate(g["exprs"]):
             self._expr(e, f"{w}.exprs[{i}]")
-        graph._inputs = [self._ref(i, f"{w}.inputs") for i in g.get("inputs", [])]
-        graph._outputs = [self._ref(i, f"{w}.outputs") for i in g.get("outputs", [])]
-        graph._in_def = self._tree(g.get("in_def"), f"{w}.in_def")
-        graph._out_def = self._tree(g.get("out_def"), f"{w}.out_def")
+        graph._inputs = [self._ref(i, f"{w}.inputs") for i in _list(g.get("inputs"), f"{w}.inputs")]
+        graph._outputs = [self._ref(i, f"{w}.outputs")
+                          for i in _list(g.get("outputs"), f"{w}.outputs")]
+        graph._in_def = self._root_tree(g.get("in_def"), f"{w}.in_def")
+        graph._out_def = self._root_tree(g.get("out_def"), f"{w}.out_def")
         if not graph._inputs or not isinstance(graph._inputs[0], ModuleNode):
             _fail(w, "the first input of a graph is its self module node")
+        if not all(isinstance(n, (TensorNode, ValueNode)) for n in graph._inputs[1:]):
+            _fail(w, "a graph's inputs after self are tensor or int nodes")
         graph._inputs[0].owner = self.tm
         problems = graph.check(recursive=False)
         if problems:
             _fail(w, "the graph is broken: " + "; ".join(problems[:5]))
+        try:                    # the code it will run: compiled now, so a load fails, not a call
+            compile(_codegen.generate(graph)[0], f"<archive graph {w}>", "exec")
+        except (SyntaxError, ValueError, TypeError) as e:
+            _fail(w, f"its generated code does not compile ({type(e).__name__}: {e})")
         return graph
 
     def _node(self, n):
         w = f"{self.where}.nodes"
         if not isinstance(n, dict) or type(n.get("id")) is not int or n["id"] in self.nodes:
-            _fail(w, f"bad or duplicate node entry {str(n)[:80]}")
+            _fail(w, f"bad or duplicate node entry {_short(n)}")
+        w = f"{w}[id {n['id']}]"
         kind, name = n.get("kind"), n.get("name")
         if not isinstance(name, str) or not name:
-            _fail(w, f"node {n['id']} has no name")
+            _fail(w, "a node has a non-empty name")
+        if name in self.graph._names:
+            _fail(w, f"two nodes are named {_short(name)}")
         if kind == "tensor":
-            dtype = np.dtype(n["dtype"]) if isinstance(n.get("dtype"), str) and n["dtype"] in _DTYPE_NAMES else None
-            shape = tuple(n["shape"]) if isinstance(n.get("shape"), list) else None
-            node = TensorNode(name=name, shape=shape, dtype=dtype)
+            node = TensorNode(name=name, shape=_node_shape(n.get("shape"), w),
+                              dtype=_node_dtype(n.get("dtype"), w))
         elif kind == "module":
             node = ModuleNode(name=name)
         elif kind == "value":
-            node = ValueNode(name=name, value=n.get("value"))
+            value = n.get("value")
+            if value is not None and type(value) is not int:
+                _fail(f"{w}.value", f"an int node's value is an int, got {_short(value)}")
+            node = ValueNode(name=name, value=value)
         else:
-            _fail(w, f"unknown node kind {kind!r}")
+            _fail(f"{w}.kind", f"unknown node kind {_short(kind)}")
         self.graph._add_node(node, name)
         self.nodes[n["id"]] = node
 
     def _ref(self, i, where):
         node = self.nodes.get(i) if type(i) is int else None
         if node is None:
-            _fail(where, f"node {i!r} is not defined")
+            _fail(where, f"node {_short(i)} is not defined")
         return node
 
     def _value(self, v, where):
         def node(i):
             return self._ref(i, where)
         return self.ctx.value(v, node=node, where=where)
+
+    def _args(self, e, w):
+        """An expr's arguments by parameter name, decoded."""
+        return {k: self._value(v, f"{w}.args.{k}") for k, v in _map(e.get("args"), w).items()}
+
+    def _root_tree(self, t, where):
+        tree = self._tree(t, where)
+        if _has_lookalike(tree):
+            tree = _StoredTreeDef(tree.type, tree.aux, tree.children)
+        return tree
 
     def _tree(self, t, where):
         if t is None:
@@ -355,9 +508,9 @@ class _GraphReader:
             typ = _namedtuple_type(aux, where)
             aux = None
         else:
-            typ = _TREE_BY_NAME.get(name)
+            typ = _TREE_BY_NAME.get(name) if isinstance(name, str) else None
             if typ is None:
-                _fail(where, f"unknown container type {name!r}")
+                _fail(where, f"unknown container type {_short(name)}")
         kids = []
         for i, c in enumerate(t["children"]):
             if isinstance(c, dict) and c.get("slot") is True:
@@ -366,33 +519,45 @@ class _GraphReader:
                 kids.append(LeafDef(self.ctx.value(c["const"], where=f"{where}.children[{i}]")))
             else:
                 kids.append(self._tree(c, f"{where}.children[{i}]"))
-        if typ in (dict, collections.OrderedDict) and (not isinstance(aux, tuple) or len(aux) != len(kids)):
-            _fail(where, "dict treedef keys do not match its children")
+        if typ in (dict, collections.OrderedDict):
+            if not isinstance(aux, tuple) or not all(map(_plain_key, aux)):
+                _fail(where, "dict keys are str, int, float, bool, None, bytes or tuples of those")
+            if len(aux) != len(kids) or len(set(aux)) != len(aux):
+                _fail(where, "a dict treedef has one distinct key per child")
+        elif aux is not None:
+            _fail(f"{where}.aux", f"a {name} treedef has no aux")
+        elif typ is _Root and len(kids) != 1 or typ is slice and len(kids) != 3:
+            _fail(where, f"a {name} treedef has {1 if typ is _Root else 3} children")
         return TreeDef(typ, aux, kids)
 
     def _expr(self, e, w):
         kind = e["kind"]
         if kind == "input":
-            expr = Input(str(e.get("name", "")))
+            name = e.get("name", "")
+            if not isinstance(name, str):
+                _fail(f"{w}.name", "not a str")
+            expr = Input(name)
         elif kind == "getattr":
             mnode = self._ref(e.get("module"), f"{w}.module")
             path = e.get("name")
-            if not isinstance(path, str) or not all(p and not p.startswith("__") for p in path.split(".")):
-                _fail(w, f"attribute path {path!r} is not allowed")
+            if not isinstance(path, str) or not all(path.split(".")):
+                _fail(w, f"attribute path {_short(path)} is not allowed")
             expr = GetAttr(mnode, path)
         elif kind == "call_method":
             expr = self._call_method(e, w)
         elif kind == "call_function":
             op = self.ctx.op(e["op"])
-            by_name = {k: self._value(v, f"{w}.args.{k}") for k, v in _map(e.get("args"), w).items()}
-            by_name = op.upgrade(by_name)
+            by_name = op.upgrade(self._args(e, w))
             args, kwargs = _args_from_names(_signature(op.fn, w), by_name, w)
             expr = CallFunction(op.fn, args, kwargs)
         elif kind == "constant":
             expr = Constant(self.ctx.value(e.get("value"), where=f"{w}.value"))
         else:      # apply
             args = self._value(e.get("args", []), f"{w}.args")
-            params = {k: self._value(v, f"{w}.params.{k}") for k, v in _map(e.get("params"), w).items()}
+            if not isinstance(args, (list, tuple)):
+                _fail(f"{w}.args", "not a list")
+            params = {k: self._value(v, f"{w}.params.{k}")
+                      for k, v in _map(e.get("params"), w, keywords=True).items()}
             expr = Apply(e["op"], tuple(args), params)
         self._finish(expr, e, w)
 
@@ -402,14 +567,21 @@ class _GraphReader:
         if method == "__call__":
             if not isinstance(obj, ModuleNode):
                 _fail(w, "only module nodes can be called")
-            by_name = {k: self._value(v, f"{w}.args.{k}") for k, v in _map(e.get("args"), w).items()}
+            by_name = self._args(e, w)
             owner = self._owner(obj, w)
+            if owner is self.tm:
+                _fail(w, "a graph calls its own module (it would recurse forever)")
             args, kwargs = _args_from_names(_call_signature(owner), by_name, w)
             expr = CallMethod(obj, "__call__", args, kwargs)
-            expr.arg_def = self._tree(e.get("arg_def"), f"{w}.arg_def")
+            expr.arg_def = self._root_tree(e.get("arg_def"), f"{w}.arg_def")
             return expr
+        if not isinstance(obj, TensorNode):
+            _fail(w, f"method {method!r} is called on a tensor node, not a {obj.kind} node")
         args = self._value(e.get("args", []), f"{w}.args")
-        kwargs = {k: self._value(v, f"{w}.kwargs.{k}") for k, v in _map(e.get("kwargs"), w).items()}
+        if not isinstance(args, (list, tuple)):
+            _fail(f"{w}.args", "not a list")
+        kwargs = {k: self._value(v, f"{w}.kwargs.{k}")
+                  for k, v in _map(e.get("kwargs"), w, keywords=True).items()}
         return CallMethod(obj, method, tuple(args), kwargs)
 
     def _owner(self, mnode, w):
@@ -419,13 +591,18 @@ class _GraphReader:
         return mnode.owner
 
     def _finish(self, expr, e, w):
-        outs = [self._ref(i, f"{w}.outputs") for i in e.get("outputs", [])]
+        outs = [self._ref(i, f"{w}.outputs") for i in _list(e.get("outputs", []), f"{w}.outputs")]
         for o in outs:
             if o.expr is not None:
                 _fail(w, f"node {o.name!r} is produced twice")
             o.expr = expr
         expr.outputs = outs
         expr.out_def = self._tree(e.get("out_def"), f"{w}.out_def")
+        n_out = len(outs) if expr.out_def is None else expr.out_def.num_leaves
+        if n_out != len(outs) or (expr.out_def is None and len(outs) > 1):
+            _fail(w, f"{len(outs)} outputs for an out_def of {n_out} slots")
+        if isinstance(expr, (Input, GetAttr, Constant)) and len(outs) != 1:
+            _fail(w, f"a {expr.kind} expr has one output")
         if isinstance(expr, Input):
             if len(outs) == 1 and isinstance(outs[0], ModuleNode) and not self.graph._exprs:
                 outs[0].owner = self.tm
@@ -434,40 +611,78 @@ class _GraphReader:
             if base is None:
                 _fail(w, "getattr reads an attribute of a module node only")
             target = _safe_getattr_path(base, expr.name, w)
-            if len(outs) != 1:
-                _fail(w, "getattr has one output")
+            if isinstance(outs[0], ModuleNode) != isinstance(target, Module) or \
+                    isinstance(outs[0], ValueNode):
+                _fail(w, f"{expr.name!r} is a {type(target).__name__}, not what node "
+                         f"{outs[0].name!r} ({outs[0].kind}) stands for")
             if isinstance(outs[0], ModuleNode):
-                if not isinstance(target, Module):
-                    _fail(w, f"{expr.name!r} is not a submodule")
                 outs[0].owner = target
         self.graph._append(expr)
 
 
+def _node_shape(shape, w):
+    if shape is None:
+        return None
+    if not (isinstance(shape, list) and len(shape) <= MAX_NDIM
+            and all(type(s) is int and s >= 0 for s in shape)):
+        _fail(f"{w}.shape", f"expected at most {MAX_NDIM} non-negative ints, got {_short(shape)}")
+    return tuple(shape)
+
+
+def _node_dtype(name, w):
+    if name is None:
+        return None
+    dt = DTYPES_BY_NAME.get(name) if isinstance(name, str) else None
+    if dt is None:
+        _fail(f"{w}.dtype", f"unknown dtype {_short(name)}")
+    return dt
+
+
 def _safe_getattr_path(obj, path, w):
-    """Follow ``a.b.c`` through submodules, parameters, buffers and plain
-    attributes only (never class attributes or methods)."""
-    for part in path.split("."):
-        if not isinstance(obj, Module):
-            _fail(w, f"{path!r}: {part!r} is not reachable from a module")
+    """What ``obj.a.b.c`` reads, following submodules only and ending at a
+    submodule, parameter, buffer or plain tensor attribute; a part that a
+    member of the module's class would shadow is refused."""
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if not isinstance(obj, Module) or _shadowed(type(obj), part):
+            _fail(w, f"{path!r}: {part!r} is not a submodule, parameter or buffer")
         d = obj.__dict__
-        for table in ("_modules", "_parameters", "_buffers"):
-            if part in d.get(table, {}):
-                obj = d[table][part]
-                break
+        if part in d.get("_modules", {}):
+            obj = d["_modules"][part]
+        elif last and part in d.get("_parameters", {}):
+            obj = d["_parameters"][part]
+        elif last and part in d.get("_buffers", {}):
+            obj = d["_buffers"][part]
+        elif last and not part.startswith("_") and isinstance(d.get(part), Tensor):
+            obj = d[part]
         else:
-            if part in d and not part.startswith("_"):
-                obj = d[part]
-            else:
-                _fail(w, f"{path!r}: no submodule, parameter or buffer {part!r}")
+            _fail(w, f"{path!r}: no submodule, parameter, buffer or tensor attribute {part!r}")
+        if obj is None:
+            _fail(w, f"{path!r}: {part!r} is None")
     return obj
 
 
-def _map(v, w):
+def _list(v, w):
+    if not isinstance(v, list):
+        _fail(w, "not a list")
+    return v
+
+
+def _map(v, w, keywords=False):
     if v is None:
         return {}
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         _fail(w, "arguments by name must be a map with string keys")
+    if keywords:
+        for k in v:
+            _check_keyword(k, w)
     return v
+
+
+def _check_keyword(k, w):
+    if not isinstance(k, str) or not k.isidentifier() or keyword.iskeyword(k):
+        _fail(w, f"keyword {_short(k)} is not a Python identifier")
 
 
 def _signature(fn, w):
@@ -479,11 +694,11 @@ def _signature(fn, w):
 
 def _args_from_names(sig, by_name, w):
     """(args, kwargs) for a call with ``by_name`` bound to ``sig``: leading
-    positional parameters positionally, ``*args`` expanded, the rest by keyword."""
+    positional parameters positionally (those with defaults by keyword, where
+    nothing positional follows them), ``*args`` expanded, the rest by keyword."""
     args, kwargs, positional = [], {}, True
     known = set()
-    # with a non-empty *args, everything before it must be positional too
-    star = any(p.kind is p.VAR_POSITIONAL and by_name.get(p.name) for p in sig.parameters.values())
+    demotable = []          # trailing positional args that may be given by keyword
     for p in sig.parameters.values():
         known.add(p.name)
         if p.name not in by_name:
@@ -496,47 +711,42 @@ def _args_from_names(sig, by_name, w):
             if not isinstance(v, tuple) or not positional:
                 _fail(w, f"*{p.name} must follow the positional arguments")
             args.extend(v)
+            if v:
+                demotable = []
         elif p.kind is p.VAR_KEYWORD:
-            positional = False
             if not isinstance(v, dict):
                 _fail(w, f"**{p.name} must be a dict")
+            for k in v:
+                _check_keyword(k, w)
+                if k in known or k in by_name:
+                    _fail(w, f"keyword {k!r} is given twice")
             kwargs.update(v)
-        elif positional and (p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and
-                                                             (p.default is p.empty or star))):
-            args.append(v)          # required parameters by position, the rest by keyword
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and positional:
+            args.append(v)
+            keyword_ok = p.kind is p.POSITIONAL_OR_KEYWORD and p.default is not p.empty
+            demotable = demotable + [p.name] if keyword_ok else []
         else:
             if p.kind is p.POSITIONAL_ONLY:
                 _fail(w, f"positional-only argument {p.name!r} follows a missing one")
             kwargs[p.name] = v
+    for name in reversed(demotable):
+        kwargs = {name: args.pop(), **kwargs}
     extra = set(by_name) - known
-    if extra and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+    if extra:
         _fail(w, f"stored arguments {sorted(extra)} are not parameters of the current "
                  "function (an upgrader should rename them)")
-    for k in kwargs:
-        if not isinstance(k, str) or not k.isidentifier() or keyword.iskeyword(k):
-            _fail(w, f"keyword {k!r} is not a Python identifier")
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        _fail(w, f"the stored arguments do not fit {sig} ({e})")
     return tuple(args), kwargs
 
 
-_NAMEDTUPLES = {}
-_DTYPE_NAMES = {"bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "float16",
-                "bfloat16", "float32", "float64", "uint32", "uint64"}
-
-
 def _namedtuple_type(aux, where):
-    """A namedtuple class with the stored name and fields (made here, never
-    imported, so it is a look-alike of the original class)."""
-    if not (isinstance(aux, tuple) and len(aux) == 2 and isinstance(aux[0], str)
-            and isinstance(aux[1], tuple) and all(isinstance(f, str) for f in aux[1])):
-        _fail(where, "a namedtuple treedef needs (name, fields)")
-    t = _NAMEDTUPLES.get(aux)
-    if t is None:
-        try:
-            t = collections.namedtuple(aux[0], aux[1])
-        except ValueError as e:
-            _fail(where, f"bad namedtuple ({e})")
-        _NAMEDTUPLES[aux] = t
-    return t
+    """The look-alike namedtuple class for ``aux = (module, qualname, fields)``."""
+    if not (isinstance(aux, tuple) and len(aux) == 3):
+        _fail(where, "a namedtuple treedef's aux is (module, qualname, fields)")
+    return values.namedtuple_type(*aux, where=where)
 
 
 register_module_codec("traced", TracedModule, _encode, _decode, check=_check,

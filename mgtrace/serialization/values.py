@@ -5,7 +5,9 @@ one key, the tag, whose payload is described in :data:`TAGS`. Nothing is
 ambiguous after a round trip: a tuple stays a tuple, ``1`` stays apart from
 ``True`` and ``1.0``, dict keys may be any hashable value and keep their
 order, floats keep their bits (-0.0, NaN payloads), NumPy scalars keep their
-dtype. Map keys in the header itself are strings only; dicts inside values
+dtype. A namedtuple comes back as an instance of a look-alike class made on
+load (:func:`namedtuple_type`): same name, fields, ``__module__`` and
+``__qualname__``, but never the imported original. Map keys in the header itself are strings only; dicts inside values
 are ``{"dict": [[key, value], ...]}``.
 
 Untagged: nil, bool, int in [-2**63, 2**64), float64, str, bin (bytes).
@@ -17,6 +19,7 @@ Untagged: nil, bool, int in [-2**63, 2**64), float64, str, bin (bytes).
 >>> decode(_, ctx=None)
 (1, -0.0, {'a': [None]}, np.float32(2.5))
 """
+import collections
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -26,7 +29,7 @@ from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
 from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_VALUE_DEPTH
 
-__all__ = ["TAGS", "UNTAGGED", "encode", "decode"]
+__all__ = ["TAGS", "UNTAGGED", "encode", "decode", "namedtuple_type"]
 
 Tag = namedtuple("Tag", "payload since")
 
@@ -38,6 +41,8 @@ TAGS = {
     "list":     Tag("[value, ...]", (1, 0)),
     "dict":     Tag("[[key, value], ...]; keys are values (int, tuple, str, ...)", (1, 0)),
     "odict":    Tag("[[key, value], ...]; a collections.OrderedDict", (1, 0)),
+    "namedtuple": Tag("[module, qualname, [field, ...], [value, ...]]; loads as a look-alike "
+                      "class with that name and those fields (never imported)", (1, 0)),
     # numbers msgpack cannot hold exactly
     "int":      Tag("decimal str; an int outside [-2**63, 2**64)", (1, 0)),
     "scalar":   Tag("[dtype name, little-endian bytes]; a NumPy scalar, bit-exact", (1, 0)),
@@ -79,8 +84,8 @@ def encode(value, ctx, node_id=None):
 
     Args:
         value: None, bool, int, float, str, bytes, tuple, list, dict,
-            OrderedDict, slice, Ellipsis, NumPy scalars and dtypes, mgtrace
-            Devices; Tensors and Modules through ``ctx.tensor`` /
+            OrderedDict, namedtuples, slice, Ellipsis, NumPy scalars and
+            dtypes, mgtrace Devices; Tensors and Modules through ``ctx.tensor`` /
             ``ctx.module``; other objects through ``node_id``.
         ctx: an :class:`~mgtrace.serialization.context.EncodeContext` (may be
             None when no tensor or module occurs).
@@ -89,7 +94,8 @@ def encode(value, ctx, node_id=None):
 
     Raises:
         TypeError: a value of another type (the message gives its path, e.g.
-            ``value['layers'][2]``), a set, a namedtuple.
+            ``value['layers'][2]``), a set, a tuple subclass that is not a
+            namedtuple.
         ValueError: nesting deeper than ``limits.MAX_VALUE_DEPTH`` (or a
             reference cycle).
     """
@@ -114,6 +120,8 @@ def _enc(v, ctx, node_id, depth):
     enc = _ENCODERS.get(t)
     if enc is not None:
         return enc(v, ctx, node_id, depth + 1)
+    if isinstance(v, tuple) and hasattr(t, "_fields"):
+        return _namedtuple(v, ctx, node_id, depth + 1)
     for base, enc in _BY_BASE:
         if isinstance(v, base):
             return enc(v, ctx, node_id, depth + 1)
@@ -122,7 +130,8 @@ def _enc(v, ctx, node_id, depth):
         if i is not None:
             return _tag(ctx, "node", i)
     raise _Unstorable(f"cannot store a {t.__module__}.{t.__qualname__} in an archive (values "
-                      "are None, bool, int, float, str, bytes, tuple, list, dict, slice, "
+                      "are None, bool, int, float, str, bytes, tuple, list, dict, "
+                      "namedtuple, slice, "
                       "Ellipsis, NumPy scalars, dtypes, devices, Tensors and Modules)")
 
 
@@ -148,6 +157,12 @@ def _seq(tag):
                 raise
         return _tag(ctx, tag, out)
     return enc
+
+
+def _namedtuple(v, ctx, node_id, depth):
+    t = type(v)
+    items = _seq("list")(v, ctx, node_id, depth)["list"]      # paths name items as [i]
+    return _tag(ctx, "namedtuple", [t.__module__, t.__qualname__, list(t._fields), items])
 
 
 def _scalar(v, ctx, node_id, depth):
@@ -277,6 +292,49 @@ def _dec_map(kind):
     return dec
 
 
+_NAMEDTUPLES = {}              # (module, qualname, fields) -> look-alike class
+_MAX_NAMEDTUPLES = 4096
+
+
+def namedtuple_type(module, qualname, fields, where="value"):
+    """The look-alike namedtuple class for a stored one: named after the last
+    part of ``qualname``, with ``fields``, ``__module__ = module`` and
+    ``__qualname__ = qualname``, and ``_mgtrace_lookalike = True``. Made
+    here, never imported; the same arguments give the same class.
+
+    Raises:
+        ArchiveError: not strings, or a name or field that is not an
+            identifier, a keyword, a field starting with '_', a repeated field.
+    """
+    if not (type(module) is str and type(qualname) is str and type(fields) in (list, tuple)
+            and all(type(f) is str for f in fields)):
+        _fail(where, "a namedtuple is stored as (module, qualname, fields) strings")
+    key = (module, qualname, tuple(fields))
+    t = _NAMEDTUPLES.get(key)
+    if t is None:
+        try:       # namedtuple checks: identifiers, no keywords, no '_' fields, no repeats
+            t = collections.namedtuple(qualname.rsplit(".", 1)[-1], key[2], module=module)
+        except (ValueError, TypeError) as e:
+            shown = qualname if len(qualname) < 60 else qualname[:57] + "..."
+            _fail(where, f"bad namedtuple {shown!r} ({e})")
+        t.__qualname__ = qualname
+        t._mgtrace_lookalike = True
+        if len(_NAMEDTUPLES) >= _MAX_NAMEDTUPLES:
+            _NAMEDTUPLES.clear()
+        _NAMEDTUPLES[key] = t
+    return t
+
+
+def _dec_namedtuple(p, ctx, node, depth, where):
+    module, qualname, fields, items = _expect(p, list, where, 4)
+    t = namedtuple_type(module, qualname, fields, where)
+    items = [_dec(e, ctx, node, depth, f"{where}[3][{i}]")
+             for i, e in enumerate(_expect(items, list, f"{where}[3]"))]
+    if len(items) != len(t._fields):
+        _fail(where, f"{len(items)} values for the {len(t._fields)} fields of {t.__name__}")
+    return t(*items)
+
+
 def _dec_int(p, ctx, node, depth, where):
     s = _expect(p, str, where)
     digits = s[1:] if s[:1] == "-" else s
@@ -340,6 +398,7 @@ _DECODERS = {
     "list": _dec_seq(list),
     "dict": _dec_map(dict),
     "odict": _dec_map(OrderedDict),
+    "namedtuple": _dec_namedtuple,
     "int": _dec_int,
     "scalar": _dec_scalar,
     "slice": _dec_slice,

@@ -4,6 +4,8 @@ Same object, same bytes: the header is built in a fixed order from the
 object's own order (dict insertion, module registration), and holds no
 timestamps, paths or ids.
 """
+import os
+
 import msgpack
 
 from mgtrace.module import Module
@@ -29,18 +31,29 @@ def save(obj, f, *, metadata=None, example_inputs=None):
             fsync, rename) or a writable binary file object.
         metadata: optional dict of user data (values as for ``obj``).
         example_inputs: optional positional arguments (a tuple, or one
-            value) for a Module ``obj``; it is called on them, and inputs and
-            outputs are stored so that a reader can check the model.
+            value) for a Module ``obj`` (a TracedModule included); it is
+            called on them as it is (call ``.eval()`` first: a BatchNorm in
+            training mode would update, and save, its running statistics),
+            and inputs and outputs (any values above, e.g. a dict of
+            tensors) are stored; ``load_archive`` returns both, so a reader
+            can check the model.
 
     Tensors are stored contiguous, little-endian, 64-byte aligned, with a
     CRC-32 each; a tensor met twice (same storage, offset, shape, strides)
-    is stored once. Parameters come back as plain Tensors.
+    is stored once. Parameters in a state dict come back as plain Tensors.
+    A save holds no second copy of the weights: each tensor is written from
+    its own memory (a non-contiguous or bfloat16 one through a copy of it
+    alone); to a path, each is read once (its checksum computed as it is
+    written, the header's checksums filled in after).
 
     Raises:
         TypeError: something in ``obj`` cannot be stored (the message gives
             its path; a Module that is neither builtin, a container nor
-            traced gets "trace it first"); ``example_inputs`` without a
-            Module; ``metadata`` not a dict.
+            traced gets "trace it first"; a traced module whose child,
+            parameter or buffer is hidden by a TracedModule member, e.g. a
+            child named ``flatten``, is refused); a function a graph calls
+            is not registered (register_function); ``example_inputs``
+            without a Module; ``metadata`` not a dict.
         ValueError: values nested deeper than the reader accepts.
         OSError: the file cannot be written; a path target is then untouched.
 
@@ -52,7 +65,10 @@ def save(obj, f, *, metadata=None, example_inputs=None):
     """
     header, tensors = _encode(obj, metadata, example_inputs)
     with open_for_writing(f) as out:
-        _write(out, header, tensors)
+        if isinstance(f, (str, bytes, os.PathLike)):
+            _write_one_pass(out, header, tensors)      # our own temporary file: seekable
+        else:
+            _write(out, header, tensors)
 
 
 def _encode(obj, metadata, example_inputs):
@@ -78,6 +94,39 @@ def _encode(obj, metadata, example_inputs):
     if meta is not None:
         header["metadata"] = meta
     return header, ctx.tensors
+
+
+def _write_one_pass(out, header, tensors):
+    """Write with each tensor read once: the checksums are computed from the
+    bytes as they are written, then the header (the same length: checksums
+    are fixed-width) is written again over its placeholder. ``out`` must be
+    seekable and not in append mode."""
+    table, end = [], 0
+    for t in tensors:
+        offset = align(end)
+        nbytes = T.host_array(t).nbytes
+        table.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
+                      "nbytes": nbytes, "checksum": T.checksum(b"")})
+        end = offset + nbytes
+    header["tensors"], header["data_nbytes"] = table, end
+    packed = msgpack.packb(header, use_bin_type=True)
+    start = out.tell()
+    out.write(pack_prefix(len(packed)))
+    out.write(packed)
+    out.write(bytes(data_start(len(packed)) - len(packed) - PREFIX.size))
+    pos = 0
+    for t, e in zip(tensors, table):
+        out.write(bytes(e["offset"] - pos))
+        data = T.array_bytes(T.host_array(t))
+        e["checksum"] = T.checksum(data)
+        out.write(data)
+        pos = e["offset"] + e["nbytes"]
+    final = msgpack.packb(header, use_bin_type=True)
+    if len(final) != len(packed):       # cannot happen: every checksum has the same width
+        raise RuntimeError("the header changed length while its checksums were filled in")
+    out.seek(start + PREFIX.size)
+    out.write(final)
+    out.seek(0, os.SEEK_END)
 
 
 def _write(out, header, tensors):
