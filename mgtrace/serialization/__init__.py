@@ -18,14 +18,15 @@ Modules, one concept each, in the order a load uses them::
     tensors.py         the tensor table: entries, checksums, zero-copy tensors
     registry.py        stable names of functions and module types (never imports)
     upgraders.py       rewriting what old versions of a function / module type stored
-    codecs.py          module codecs by kind; builtin_modules.py: "builtin", "container"
+    codecs.py          module codecs by kind; builtin_modules.py: "builtin", "container";
+                       traced_codec.py: "traced" (TracedModules and their graphs)
     context.py         EncodeContext / DecodeContext, what codecs work through
     writer.py          save();  atomic.py: temp file, fsync, rename
     reader.py          load(), load_archive(), read_header();  source.py: path/file/bytes/mmap
     limits.py          every bound the reader enforces
 
-Plugging in a module codec (the hook for traced modules)
---------------------------------------------------------
+Plugging in a module codec (how traced modules are stored)
+----------------------------------------------------------
 A kind of module is stored by a codec registered with
 :func:`register_module_codec`::
 
@@ -68,8 +69,8 @@ anything is built: resolve its names there (``registry.resolve_function``,
 ``registry.resolve_module_type``) so an unknown name fails first. ``fields``
 (a tuple of :class:`~mgtrace.serialization.header.Field`) are validated
 before ``check`` and appear in ``schema/schema.json``. Anything ``decode``
-raises becomes an ArchiveError. Register the traced codec in a module of
-this package (e.g. ``traced_codec.py``) imported at the marked line below.
+raises becomes an ArchiveError. traced_codec.py is the codec of the
+"traced" kind; its docstring describes the entry and what loading checks.
 """
 from mgtrace.errors import ArchiveError, RegistryError, VersionError
 from mgtrace.serialization.codecs import register_module_codec

@@ -114,7 +114,8 @@ _TREE_TYPES = {tuple: "tuple", list: "list", dict: "dict", collections.OrderedDi
                slice: "slice", _Root: "root"}
 _TREE_BY_NAME = {v: k for k, v in _TREE_TYPES.items()}
 _READS_AS = {"sequence": TracedSequence, "dict": TracedDict}
-_RUNTIME_ATTRS = ("training", "watch_points", "end_points", "watch_node_value")
+# a TracedModule's own bookkeeping (training, watch points...): never stored as attrs
+_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__)
 _KEY_TYPES = (str, int, float, bool, type(None), bytes)
 
 
@@ -130,7 +131,7 @@ def _encode(tm, ctx):
                                 "rename the attribute and trace again")
     attrs = {}
     for k, v in d.items():
-        if k.startswith("_") or k in _RUNTIME_ATTRS or _shadowed(cls, k) or isinstance(v, Module):
+        if k.startswith("_") or k in _BOOKKEEPING or _shadowed(cls, k) or isinstance(v, Module):
             continue          # bookkeeping, or unreachable behind a class member
         try:
             attrs[k] = ctx.value(v)

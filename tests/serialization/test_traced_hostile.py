@@ -3,16 +3,19 @@ header was edited to make loading (or the first call) run code the archive
 names. Every one must raise ArchiveError at load, before anything runs, and
 the file its payload would create must never appear. Names that only look
 like code (quotes, newlines, statements in node names) load and run
-harmlessly: generated code never splices them in.
+harmlessly: generated code never splices them in. Random replacements
+anywhere in the module and op tables (hypothesis) load or raise ArchiveError.
 """
 import copy
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mgtrace.errors import ArchiveError, RegistryError
 
-from .helpers import edit, load_bytes, save_bytes
+from .helpers import edit, load_bytes, pack, save_bytes, split
 from .traced_nets import assert_identical, every_expr_inputs, every_expr_net, trace_quiet
 
 
@@ -383,3 +386,62 @@ def test_everything_fails_before_any_module_is_built(archive, monkeypatch):
         _expr(h, lambda e: e["kind"] == "call_function")["op"] = len(h["ops"]) - 1
     _hostile(archive[1], fn)
     assert built == []
+
+
+# ---------------------------------------------------------------- fuzzing the header
+
+def _positions(obj, path=()):
+    """Every (path to a container, key) in a header subtree."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield path, k
+        yield from _positions(v, path + (k,))
+
+
+_FUZZ_TM = trace_quiet(every_expr_net(), *every_expr_inputs(2))
+_FUZZ_DATA = save_bytes(_FUZZ_TM)
+_FUZZ_HEADER = split(_FUZZ_DATA)[0]
+_FUZZ_POSITIONS = [(("modules",) + p, k) for p, k in _positions(_FUZZ_HEADER["modules"])] + \
+    [(("ops",) + p, k) for p, k in _positions(_FUZZ_HEADER["ops"])]
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 40), st.integers(-2 ** 63, 2 ** 64 - 1),
+    st.floats(allow_nan=True), st.sampled_from([
+        "__class__", "__init__", "__globals__", "forward", "_modules", "os.system", "eval",
+        "builtins.exec", "self", "", "a.b", "x'); import os; ('", "\n", "tensor", "module",
+        "node", "call_method", "call_function", "getattr", "apply", "constant", "input",
+        "namedtuple", "dict", "tuple", "root", "sin", "__call__", "__setitem__", "shape",
+        "mgtrace.functional.relu", "operator.add", "float32", "int64", "POSITIONAL_ONLY"]),
+    st.text(max_size=8), st.binary(max_size=4))
+_values = st.recursive(_scalars, lambda kids: st.one_of(
+    st.lists(kids, max_size=3), st.dictionaries(st.sampled_from(
+        ["node", "tensor", "module", "list", "tuple", "dict", "slot", "const", "type", "aux",
+         "children", "name", "kind", "id", "namedtuple", "slice"]), kids, max_size=2)),
+    max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.integers(0, len(_FUZZ_POSITIONS) - 1), _values),
+                      min_size=1, max_size=3))
+def test_fuzzed_traced_headers_load_or_raise_archive_error(edits):
+    # up to three values anywhere in the module table or op table replaced by
+    # random ones (names of members, kinds, tags, huge ints...)
+    header = copy.deepcopy(_FUZZ_HEADER)
+    for i, value in edits:
+        path, key = _FUZZ_POSITIONS[i]
+        target = header
+        try:
+            for p in path:
+                target = target[p]
+            target[key] = value
+        except (KeyError, IndexError, TypeError):
+            continue                # an earlier edit changed the shape of the header
+    _, payload = split(_FUZZ_DATA)
+    try:
+        loaded = load_bytes(pack(header, payload, fix_nbytes=False))
+    except ArchiveError:
+        return
+    try:                            # whatever it computes, it runs only mgtrace's code
+        loaded(*every_expr_inputs(2))
+    except Exception:               # noqa: BLE001  (a hostile graph may compute nonsense)
+        pass

@@ -2,7 +2,7 @@
 closed, and the decoder refuses malformed or too-deep values."""
 import math
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 import msgpack
 import numpy as np
@@ -154,3 +154,25 @@ trees = st.recursive(scalars, lambda c: st.one_of(
 @given(trees)
 def test_random_values_round_trip(v):
     assert_same(roundtrip(v), v)
+
+
+def test_namedtuples_come_back_as_look_alikes():
+    Point = namedtuple("Point", "x y")
+    v = {"p": Point(1, (Point(2.0, None), [3]))}
+    tagged = values.encode(v, None)
+    assert tagged["dict"][0][1]["namedtuple"][:3] == [__name__, "Point", ["x", "y"]]
+    out = values.decode(tagged, None)
+    p = out["p"]
+    assert type(p) is not Point and type(p).__name__ == "Point" and p._fields == ("x", "y")
+    assert type(p).__module__ == __name__ and type(p) is type(p.y[0])   # one class per name
+    assert p == Point(1, (Point(2.0, None), [3])) and p.y[1] == [3]
+    assert values.encode(out, None) == tagged                          # same bytes again
+
+
+@pytest.mark.parametrize("payload", [
+    ["m", "P; import os", ["a"], [1]], ["m", "class", ["a"], [1]], ["m", "P", ["_a"], [1]],
+    ["m", "P", ["a", "a"], [1, 2]], ["m", "P", ["a b"], [1]], ["m", "P", ["a"], [1, 2]],
+    ["m", "P", "ab", [1]], [1, "P", ["a"], [1]], ["m", "P", ["a"]]])
+def test_bad_namedtuples_are_archive_errors(payload):
+    with pytest.raises(mt.ArchiveError, match="namedtuple|expected"):
+        values.decode({"namedtuple": payload}, None)
