@@ -38,8 +38,10 @@ ArchiveError before anything runs:
   parameter, a buffer or a plain tensor attribute; no name of a child,
   parameter, buffer or attribute may shadow a member of the module's class
   (``forward``, ``__class__``...) or its bookkeeping (``_modules``...);
-* nodes are defined once, before use, with valid kinds, shapes and dtypes;
-  keywords are identifiers; namedtuple names and fields are identifiers;
+* nodes are defined once, before use, with valid kinds, shapes and dtypes,
+  and distinct names in NFKC form (node names become Python identifiers,
+  which Python reads normalized, so they are normalized on load); keywords
+  are identifiers; namedtuple names and fields are identifiers;
 * the generated code of every graph is compiled (not run) at load.
 
 A namedtuple in a graph's arguments or results cannot be imported by name,
@@ -51,6 +53,7 @@ returns look-alikes.
 import collections
 import inspect
 import keyword
+import unicodedata
 
 import numpy as np
 
@@ -460,8 +463,11 @@ class _GraphReader:
         kind, name = n.get("kind"), n.get("name")
         if not isinstance(name, str) or not name:
             _fail(w, "a node has a non-empty name")
+        # generated code names locals after nodes, and Python reads identifiers in
+        # NFKC form ("ﬁ" is "fi"): distinct names must stay distinct once normalized
+        name = unicodedata.normalize("NFKC", name)
         if name in self.graph._names:
-            _fail(w, f"two nodes are named {_short(name)}")
+            _fail(w, f"two nodes are named {_short(name)} (in NFKC form, as Python reads it)")
         if kind == "tensor":
             node = TensorNode(name=name, shape=_node_shape(n.get("shape"), w),
                               dtype=_node_dtype(n.get("dtype"), w))

@@ -359,6 +359,24 @@ def test_node_and_module_names_that_look_like_code_are_harmless(archive, pwned):
                 assert not line.strip().startswith(("import", "__import__", "os.")), line
 
 
+def test_node_names_python_reads_as_one_identifier_stay_apart(archive):
+    # "ﬁ" and "fi" are one identifier to Python (NFKC): generated code must not
+    # alias them, whatever the archive says
+    tm, data = archive
+
+    def fn(h):
+        nodes = _graph(h)["nodes"]
+        nodes[6]["name"], nodes[7]["name"] = "\ufb01", "fi_"          # a ligature, and "fi" + "_"
+    loaded = load_bytes(edit(data, fn))
+    assert_identical(tm(*every_expr_inputs(3)), loaded(*every_expr_inputs(3)))
+    assert {"fi", "fi_"} <= {n.name for n in loaded.graph.nodes(False)}
+
+    def clash(h):
+        nodes = _graph(h)["nodes"]
+        nodes[6]["name"], nodes[7]["name"] = "\ufb01", "fi"
+    assert "two nodes are named 'fi'" in str(_hostile(data, clash))
+
+
 def test_hostile_archives_leave_the_originals_alone(archive):
     tm, data = archive
     before = copy.deepcopy(data)
