@@ -1,115 +1,365 @@
 """The ``mgtrace`` command (also ``python -m mgtrace``).
 
-    mgtrace inspect FILE...          what is inside (header only: instant)
+    mgtrace inspect PATH...          what is inside (header only: instant)
     mgtrace verify PATH...           checksums, schema, load, stored examples re-run
     mgtrace diff A B                 what changed between two archives
     mgtrace upgrade PATH... -o OUT   rewrite in the current format (or --in-place)
     mgtrace retrace PATH... -o OUT   trace again with this library (or --in-place)
     mgtrace doctor                   versions, build options, supported formats
 
-Exit status: 0 all good, 1 some file failed, 2 usage error (bad option, no
-such path), 130 interrupted.
+Exit status: 0 all good, 1 some file failed (``diff``: the archives differ),
+2 usage error (bad option, no such path, a file ``diff`` cannot read),
+130 interrupted.
+
+Layers: argument parsing and printing live here; what happens to one file
+is :mod:`mgtrace.tasks`; running it over many is :mod:`mgtrace.batch`.
 """
 import argparse
 import json
 import os
 import sys
+import textwrap
+import time
 
-__all__ = ["main", "main_exit", "doctor_info"]
+__all__ = ["main", "main_exit", "doctor_info", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
+           "EXIT_INTERRUPTED"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-_EPILOG = """\
+_EXIT_TEXT = "exit status: 0 all good, 1 some files failed, 2 usage error, 130 interrupted"
+
+_EPILOG = f"""\
 examples:
   mgtrace inspect model.tmod                  summary of one archive
   mgtrace inspect --graph model.tmod          ... with the generated code
   mgtrace verify models/ -j 4                 check every *.tmod under models/
+  mgtrace diff old.tmod new.tmod              what changed
   mgtrace upgrade old/ -o new/                rewrite all archives into new/
-  mgtrace retrace models/ -o new/ --report r.json   re-trace; rerun resumes from r.json
-  mgtrace retrace models/ -o new/ --dask local      same job on a local Dask cluster
+  mgtrace retrace models/ -o new/ --report r.json   re-trace; a rerun resumes from r.json
+  mgtrace retrace models/ -o new/ --dask local      the same job on a local Dask cluster
 
-exit status: 0 all good, 1 some files failed, 2 usage error, 130 interrupted
+'mgtrace COMMAND --help' tells more about each command.
+{_EXIT_TEXT}
 """
 
+_BATCH_EPILOG = {
+    "verify": """\
+examples:
+  mgtrace verify model.tmod
+  mgtrace verify models/ -j 4 --report verify.json
+  mgtrace verify models/ --rtol 1e-3 --atol 1e-4     looser comparison of outputs
+""",
+    "upgrade": """\
+examples:
+  mgtrace upgrade old/ -o new/                 new/ gets the same layout as old/
+  mgtrace upgrade old/ --in-place -j 4         replace originals that pass the check
+  mgtrace upgrade old/ -o new/ --report r.json      rerun the same line to resume
+""",
+    "retrace": """\
+examples:
+  mgtrace retrace models/ -o new/ -j 4
+  mgtrace retrace models/ -o new/ --inputs make_inputs.py:inputs
+      where make_inputs.py has
+          def inputs(path, module):            # for archives without stored examples
+              return (mgtrace.tensor(numpy.zeros((1, 3, 224, 224), "float32")),)
+  mgtrace retrace models/ -o new/ --dask tcp://scheduler:8786   (workers must see the paths)
+""",
+}
 
-def _batch_options(p, writes):
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples' layout; descriptions are wrapped by :func:`_wrap`."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30)
+
+
+def _wrap(text):
+    return textwrap.fill(text, 78)
+
+
+def _jobs(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes >= 1, got {text!r}")
+    return n
+
+
+def _tolerance(text):
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+def _import_option(p):
+    p.add_argument("--import", dest="imports", action="append", default=[],
+                   metavar="MODULE|FILE.py",
+                   help="import this first, in every worker: the code that registers your own "
+                        "functions and module types (mgtrace.serialization.register_function / "
+                        "register_module), so archives that call them load; repeatable")
+
+
+def _batch_options(p, command):
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="archive files or folders (searched recursively for --pattern)")
-    p.add_argument("--pattern", default="*.tmod", help="file name glob inside folders (default: *.tmod)")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                   help="worker processes (default: 1)")
-    p.add_argument("--dask", metavar="ADDRESS",
-                   help="run on a Dask cluster: a scheduler address (tcp://host:8786) or 'local'; "
-                        "needs pip install 'mgtrace[distributed]'")
-    p.add_argument("--report", metavar="FILE.json",
-                   help="write one JSON record per file here; a rerun skips files it lists as ok")
-    p.add_argument("--no-resume", action="store_true", help="redo files the report lists as ok")
-    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance on outputs (default 1e-5)")
-    p.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance on outputs (default 1e-6)")
-    p.add_argument("--json", action="store_true", help="print the records as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
-    if writes:
-        g = p.add_mutually_exclusive_group(required=True)
-        g.add_argument("-o", "--out", metavar="FOLDER",
-                       help="write new archives here, keeping the layout below each input folder")
-        g.add_argument("--in-place", action="store_true",
-                       help="replace each original (only after the new file passed its checks)")
+                   help="archive files, or folders searched recursively for --pattern")
+    if command != "verify":
+        g = p.add_argument_group("output (one of them is required)")
+        x = g.add_mutually_exclusive_group(required=True)
+        x.add_argument("-o", "--out", metavar="FOLDER",
+                       help="write the new archives here, with the layout below each input "
+                            "folder (a file given by name goes to FOLDER/its name)")
+        x.add_argument("--in-place", action="store_true",
+                       help="replace each original, only after its new file passed the checks")
+    if command == "retrace":
+        p.add_argument("--inputs", metavar="FILE.py:FUNCTION",
+                       help="for archives without stored example inputs: FUNCTION(path, module) "
+                            "returns a tuple of inputs to trace with (MODULE:FUNCTION works too)")
+    _import_option(p)
+    g = p.add_argument_group("checks")
+    g.add_argument("--rtol", type=_tolerance, default=1e-5, metavar="R",
+                   help="relative tolerance when comparing outputs (default: 1e-5)")
+    g.add_argument("--atol", type=_tolerance, default=1e-6, metavar="A",
+                   help="absolute tolerance when comparing outputs (default: 1e-6)")
+    g = p.add_argument_group("running")
+    g.add_argument("--pattern", default="*.tmod", metavar="GLOB",
+                   help="file names to take inside folders (default: *.tmod)")
+    g.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N",
+                   help="worker processes (default: 1); with --dask local, Dask workers")
+    g.add_argument("--dask", metavar="ADDRESS",
+                   help="run on a Dask cluster: a scheduler address (tcp://host:8786), or 'local' "
+                        "for one on this machine; needs pip install 'mgtrace[distributed]'")
+    g.add_argument("--report", metavar="FILE.json",
+                   help="keep one JSON record per file here (status, reason, timings); a rerun "
+                        "with the same report skips the files it lists as ok")
+    g.add_argument("--no-resume", action="store_true",
+                   help="with --report: redo every file, starting the report afresh")
+    g = p.add_argument_group("printing")
+    g.add_argument("--json", action="store_true",
+                   help="print the records as JSON (as in the --report file) instead of a table")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar; list only the failed files, then the summary")
 
 
 def _parser():
+    import mgtrace
     p = argparse.ArgumentParser(
-        prog="mgtrace", description="Inspect, check and migrate mgtrace .tmod archives.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+        prog="mgtrace", description=_wrap("Inspect, check and migrate mgtrace .tmod archives."),
+        epilog=_EPILOG, formatter_class=_Formatter)
+    p.add_argument("--version", action="version", version=f"mgtrace {mgtrace.__version__}")
+    p.add_argument("--traceback", action="store_true",
+                   help="on an unexpected error, show the Python traceback")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     sub.required = True
+    p.commands = sub.choices        # so an unknown option is reported with its command's usage
 
     s = sub.add_parser("inspect", help="show what is inside archives (reads the header only)",
-                       description="Format version, producer, module tree, op counts, parameter "
-                                   "count and bytes, inputs/outputs, metadata. Reads only the header.")
-    s.add_argument("files", nargs="+", metavar="FILE")
-    s.add_argument("--graph", action="store_true", help="also print the generated code (loads the file)")
-    s.add_argument("--json", action="store_true", help="print JSON")
+                       formatter_class=_Formatter,
+                       description=_wrap("Format version, producer, module tree, op counts, parameter "
+                                   "count and bytes, inputs/outputs with shapes, stored examples "
+                                   "and metadata. Reads only the header: instant on large files."),
+                       epilog="examples:\n  mgtrace inspect model.tmod\n"
+                              "  mgtrace inspect models/ --json > summary.json\n"
+                              "  mgtrace inspect --graph model.tmod\n\n"
+                              "exit status: 0 all read, 1 some could not be read, 2 usage error")
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="archive files, or folders searched recursively for --pattern")
+    s.add_argument("--graph", action="store_true",
+                   help="also print the generated code of traced modules (loads the file)")
+    s.add_argument("--json", action="store_true", help="print a JSON list, one object per file")
+    s.add_argument("--pattern", default="*.tmod", metavar="GLOB",
+                   help="file names to take inside folders (default: *.tmod)")
+    _import_option(s)
 
     s = sub.add_parser("verify", help="check archives: checksums, schema, load, stored examples",
-                       description="Verify checksums and schema, load each archive and re-run its "
-                                   "stored example inputs against its stored outputs.")
-    _batch_options(s, writes=False)
+                       formatter_class=_Formatter, epilog=_BATCH_EPILOG["verify"] + "\n" + _EXIT_TEXT,
+                       description=_wrap("Check each archive's checksums and schema, load it, and re-run "
+                                   "its stored example inputs against its stored outputs. "
+                                   "Archives without examples are checked as far as loading."))
+    _batch_options(s, "verify")
 
-    s = sub.add_parser("diff", help="what changed between two archives")
-    s.add_argument("a", metavar="A")
-    s.add_argument("b", metavar="B")
+    s = sub.add_parser("diff", help="what changed between two archives",
+                       formatter_class=_Formatter,
+                       description=_wrap("Compare two archives: format and producer, inputs/outputs, "
+                                   "module tree, graph exprs, op versions and call counts, "
+                                   "metadata, and each tensor (shape, dtype, largest difference)."),
+                       epilog="exit status (as diff(1)): 0 same, 1 different, 2 an archive could "
+                              "not be read or usage error")
+    s.add_argument("a", metavar="A", help="the first (old) archive")
+    s.add_argument("b", metavar="B", help="the second (new) archive")
     s.add_argument("--json", action="store_true", help="print JSON")
 
     s = sub.add_parser("upgrade", help="rewrite archives in the current format",
-                       description="Load each archive and write it in the current format. The new "
-                                   "file is reloaded and must reproduce the stored example outputs "
-                                   "before it is moved into place; originals are never touched "
-                                   "unless --in-place.")
-    _batch_options(s, writes=True)
+                       formatter_class=_Formatter, epilog=_BATCH_EPILOG["upgrade"] + "\n" + _EXIT_TEXT,
+                       description=_wrap("Load each archive and write it in the current format. Each "
+                                   "new file is reloaded and must reproduce the stored example "
+                                   "outputs (or, without examples, the same tensors) before it is "
+                                   "moved into place; originals are only replaced with --in-place."))
+    _batch_options(s, "upgrade")
 
     s = sub.add_parser("retrace", help="trace archived modules again with this library",
-                       description="Load each archive, trace the module again on its stored example "
-                                   "inputs, check the new module against the old one, save it.")
-    _batch_options(s, writes=True)
-    s.add_argument("--inputs", metavar="FILE.py:FUNCTION",
-                   help="for archives without stored examples: a function (path, module) -> tuple "
-                        "of example inputs, from a script or an importable module (MODULE:FUNCTION)")
+                       formatter_class=_Formatter, epilog=_BATCH_EPILOG["retrace"] + "\n" + _EXIT_TEXT,
+                       description=_wrap("Load each archive, trace its module again on the stored "
+                                   "example inputs (or those --inputs makes), check that the new "
+                                   "module gives the old one's outputs, and save it with those "
+                                   "inputs as its examples."))
+    _batch_options(s, "retrace")
 
-    s = sub.add_parser("doctor", help="versions, build options and supported formats")
+    s = sub.add_parser("doctor", help="versions, build options and supported formats",
+                       formatter_class=_Formatter,
+                       description=_wrap("Versions of mgtrace and its dependencies, BLAS and threads, "
+                                   "whether CUDA is built (and why not), the archive formats "
+                                   "this build reads and writes. Paste it into bug reports."))
     s.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
+# ---------------------------------------------------------------- printing
+class _Style:
+    """ANSI colours when ``out`` is a terminal and NO_COLOR is unset."""
+
+    def __init__(self, out):
+        on = hasattr(out, "isatty") and out.isatty() and not os.environ.get("NO_COLOR")
+        self.red, self.green, self.dim, self.off = (
+            ("\033[31m", "\033[32m", "\033[2m", "\033[0m") if on else ("",) * 4)
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _port(x):
+    if "shape" in x:
+        return f"{x['name']}: {x.get('dtype')}{x['shape']}"
+    return f"{x['name']}: {x.get('kind')}"
+
+
+def _print_summary(r, out):
+    w = out.write
+    if "error" in r:
+        w(f"{r['path']}: cannot read: {r['error']}\n\n")
+        return
+    w(f"{r['path']}  ({_size(r['file_bytes'])})\n")
+    w(f"  format:     {r['format_version']} (needs a reader of format >= {r['min_reader_version']}),"
+      f" written by {r['producer']}\n")
+    w(f"  root:       {r['root']}\n")
+    is_module = " module " in r["root"]
+    w(f"  {'parameters:' if is_module else 'values:    '} {r['parameters']:,} in {r['tensors']} "
+      f"tensor{'' if r['tensors'] == 1 else 's'}, {_size(r['bytes'])}\n")
+    for i, g in enumerate(r.get("signature") or []):
+        ins = ", ".join(_port(x) for x in g["inputs"])
+        outs = ", ".join(_port(x) for x in g["outputs"])
+        w(f"  {'forward:   ' if i == 0 else f'forward #{i + 1}:'} ({ins}) -> {outs}\n")
+    ex = r.get("examples")
+    if ex:
+        shapes = lambda v: ", ".join(f"{t['dtype']}{t['shape']}" for t in v)   # noqa: E731
+        w(f"  examples:   ({shapes(ex['inputs'])}) -> ({shapes(ex['outputs'])}), "
+          f"{_size(ex['bytes'])}\n")
+    else:
+        w("  examples:   none stored" + (" (verify can only load it; retrace needs --inputs)\n"
+                                        if is_module else "\n"))
+    if r["modules"]:
+        w(f"  modules:    {len(r['modules'])}"
+          + (f" ({', '.join(f'{k} x{v}' for k, v in r['module_types'].items())})" if r["module_types"] else "")
+          + "\n")
+        for depth, name, desc in r["modules"][:60]:
+            w(f"    {'  ' * depth}{name or '<root>'}: {desc}\n")
+        if len(r["modules"]) > 60:
+            w(f"    ... {len(r['modules']) - 60} more (--json lists all)\n")
+    if r["ops"]:
+        n = sum(r["ops"].values())
+        w(f"  ops:        {n} call{'' if n == 1 else 's'}: "
+          + ", ".join(f"{k} x{v}" for k, v in list(r["ops"].items())[:20])
+          + (f", ... {len(r['ops']) - 20} more" if len(r["ops"]) > 20 else "") + "\n")
+    if "metadata" in r:
+        text = json.dumps(r["metadata"])
+        w(f"  metadata:   {text if len(text) <= 400 else text[:397] + '...'}\n")
+    if "code" in r:
+        w("\n" + r["code"].rstrip("\n") + "\n")
+    elif "code_error" in r:
+        w(f"  code:       not available: {r['code_error']}\n")
+    w("\n")
+
+
+def _note(r, command):
+    d = r.details
+    if r.status == "failed":
+        return r.reason
+    if r.status == "skipped":
+        return "ok in an earlier run of the report"
+    err = d.get("max_abs_error")
+    err = f"max err {err:.2g}" if isinstance(err, float) else ""
+    if command == "verify":
+        if d.get("examples") == "checked":
+            return f"examples match ({err})"
+        return "loads; no examples stored to run"
+    parts = []
+    if d.get("note") == "already current":
+        return "already in the current format, left as it is"
+    if command == "upgrade" and d.get("from"):
+        parts.append(f"from format {d['from']}")
+    if d.get("inputs") not in (None, "stored"):
+        parts.append(f"inputs from {d['inputs']}")
+    parts.append(f"examples match, {err}" if err else "same tensors")
+    return f"-> {d.get('output')}  ({'; '.join(parts)})"
+
+
+def _print_table(records, out, command, quiet, seconds, report):
+    from mgtrace import batch
+    st = _Style(out)
+    # skipped files (ok in an earlier run) are only counted: the report lists them
+    rows = [r for r in records if r.status == "failed" or (r.status == "ok" and not quiet)]
+    width = min(max((len(r.path) for r in rows), default=0), 48)
+    word = {"ok": f"{st.green}ok     {st.off}", "failed": f"{st.red}FAILED {st.off}",
+            "skipped": f"{st.dim}skipped{st.off}"}
+    for r in rows:
+        t = f"{r.seconds:6.2f}s" if r.status != "skipped" else "      -"
+        out.write(f"{word.get(r.status, r.status)}  {t}  {r.path:<{width}}  {_note(r, command)}\n")
+    c = batch.summary(records)
+    n = c["total"]
+    line = (f"{n} file{'' if n == 1 else 's'}: {c['ok']} ok, "
+            f"{st.red if c['failed'] else ''}{c['failed']} failed{st.off if c['failed'] else ''}")
+    if c["skipped"]:
+        line += f", {c['skipped']} skipped (ok in an earlier run, listed in the report)"
+    line += f"  [{seconds:.1f} s]"
+    if report:
+        line += f"; report: {report}"
+    out.write(line + "\n")
+    unregistered = sum(r.status == "failed" and r.reason.startswith("RegistryError") for r in records)
+    if unregistered:
+        one = unregistered == 1
+        out.write(f"({unregistered} file{'' if one else 's'} call{'s' if one else ''} functions or "
+                  f"use{'s' if one else ''} module types this process does not know: give the "
+                  "code that registers them with --import MODULE or --import FILE.py)\n")
+    if c["failed"] and report:
+        out.write("(run the same command again to retry only the failed files)\n")
+
+
 # ---------------------------------------------------------------- commands
 def _cmd_inspect(args, out):
-    from mgtrace import tasks
+    from mgtrace import batch, tasks
     from mgtrace.errors import ArchiveError
     status, results = EXIT_OK, []
-    for f in args.files:
+    files = batch.collect(args.paths, args.pattern)
+    for spec in args.imports:
+        tasks.load_user_code(spec)
+    if not files:
+        raise FileNotFoundError(_nothing_found(args))
+    for f in files:
         try:
             results.append(tasks.inspect_file(f, graph=args.graph))
         except (ArchiveError, OSError) as e:
-            results.append({"path": f, "error": str(e)})
+            results.append({"path": f, "error": str(e) if isinstance(e, ArchiveError)
+                            else (e.strerror or str(e))})
             status = EXIT_FAILED
     if args.json:
         json.dump(results, out, indent=1)
@@ -120,99 +370,78 @@ def _cmd_inspect(args, out):
     return status
 
 
-def _print_summary(r, out):
-    w = out.write
-    if "error" in r:
-        w(f"{r['path']}: ERROR {r['error']}\n\n")
-        return
-    w(f"{r['path']}  ({_size(r['file_bytes'])})\n")
-    w(f"  format {r['format_version']} (readers >= {r['min_reader_version']}), written by {r['producer']}\n")
-    w(f"  root: {r['root']}\n")
-    w(f"  parameters: {r['parameters']:,} in {r['tensors']} tensors, {_size(r['bytes'])}\n")
-    for i, g in enumerate(r.get("signature") or []):
-        ins = ", ".join(_port(x) for x in g["inputs"])
-        outs = ", ".join(_port(x) for x in g["outputs"])
-        w(f"  forward{'' if i == 0 else f' #{i + 1}'}({ins}) -> {outs}\n")
-    if r["modules"]:
-        w("  modules:\n")
-        for depth, name, desc in r["modules"][:60]:
-            w(f"    {'  ' * depth}{name or '<root>'}: {desc}\n")
-        if len(r["modules"]) > 60:
-            w(f"    ... {len(r['modules']) - 60} more\n")
-    if r["ops"]:
-        w("  ops: " + ", ".join(f"{k} x{v}" for k, v in list(r["ops"].items())[:20]))
-        w(" ..." if len(r["ops"]) > 20 else "")
-        w("\n")
-    w(f"  examples: {'stored' if r['has_examples'] else 'none'}\n")
-    if "metadata" in r:
-        w(f"  metadata: {json.dumps(r['metadata'])[:400]}\n")
-    if "code" in r:
-        w("\n" + r["code"] + "\n")
-    w("\n")
-
-
-def _port(x):
-    if "shape" in x:
-        return f"{x['name']}: {x.get('dtype')}{x['shape']}"
-    return f"{x['name']}: {x.get('kind')}"
-
-
-def _size(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def _cmd_diff(args, out):
     from mgtrace import tasks
-    res = tasks.diff_files(args.a, args.b)
+    from mgtrace.errors import ArchiveError
+    for f in (args.a, args.b):
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"no such file: {f}")
+    try:
+        res = tasks.diff_files(args.a, args.b)
+    except ArchiveError as e:
+        sys.stderr.write(f"mgtrace: cannot compare: {e}\n")
+        return EXIT_USAGE
     if args.json:
         json.dump(res, out, indent=1)
         out.write("\n")
     elif res["same"]:
         out.write("no differences\n")
     else:
+        out.write(f"--- {args.a}\n+++ {args.b}\n")
         for c in res["changes"]:
-            out.write(f"{c['what']}: {c['a']} -> {c['b']}\n")
+            a, b = _shown(c["a"]), _shown(c["b"])
+            if "max_abs_diff" in c:
+                line = f"{c['what']} ({a}): values differ, max abs diff {c['max_abs_diff']:.3g}"
+            elif "->" in a + b or len(a) + len(b) > 60:
+                line = f"{c['what']}:\n  - {a}\n  + {b}"
+            else:
+                line = f"{c['what']}: {a} -> {b}"
+            if "first_difference" in c:
+                line += f"\n  first at {c['first_difference']}"
+            out.write(line + "\n")
+        out.write(f"{len(res['changes'])} difference{'' if len(res['changes']) == 1 else 's'}\n")
     return EXIT_OK if res["same"] else EXIT_FAILED
 
 
+def _shown(v):
+    if v is None:
+        return "(absent)"
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _nothing_found(args):
+    return (f"no archives: nothing under {' '.join(args.paths)} matches --pattern "
+            f"{args.pattern!r}")
+
+
 def _cmd_batch(args, out):
-    from mgtrace import batch, tasks
-    task = {"verify": tasks.verify_file, "upgrade": tasks.upgrade_file,
-            "retrace": tasks.retrace_file}[args.command]
-    options = {"rtol": args.rtol, "atol": args.atol}
-    if args.command != "verify":
-        options.update(out=args.out, in_place=args.in_place,
-                       roots=tuple(p for p in args.paths if os.path.isdir(p)))
-    if args.command == "retrace":
-        options["inputs"] = args.inputs
-    records = batch.run(task, args.paths, options=options, jobs=args.jobs, dask=args.dask,
-                        report=args.report, resume=not args.no_resume, pattern=args.pattern,
-                        progress=False if args.quiet else None, command=args.command)
+    from mgtrace import batch
+    if not batch.collect(args.paths, args.pattern):
+        raise FileNotFoundError(_nothing_found(args))
+    if args.dask and args.dask != "local" and args.jobs != 1:
+        raise ValueError("-j applies to the local pool and to --dask local; a Dask cluster at an "
+                         "address uses the workers it has: drop -j")
+    if args.no_resume and not args.report:
+        raise ValueError("--no-resume only makes sense with --report")
+    run = {"jobs": args.jobs, "dask": args.dask, "report": args.report, "imports": args.imports,
+           "resume": not args.no_resume, "pattern": args.pattern,
+           "progress": False if (args.quiet or args.json) else None}
+    checks = {"rtol": args.rtol, "atol": args.atol}
+    t0 = time.perf_counter()
+    if args.command == "verify":
+        records = batch.verify(args.paths, **checks, **run)
+    elif args.command == "upgrade":
+        records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
+    else:
+        records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
+                                inputs=args.inputs, **checks, **run)
     if args.json:
-        json.dump([r.to_json() for r in records], out, indent=1)
+        json.dump({"command": args.command, "summary": batch.summary(records),
+                   "records": [r.to_json() for r in records]}, out, indent=1)
         out.write("\n")
     else:
-        _print_table(records, out)
-    counts = batch.summary(records)
-    return EXIT_FAILED if counts["failed"] else EXIT_OK
-
-
-def _print_table(records, out):
-    from mgtrace import batch
-    for r in records:
-        extra = r.details.get("output") or r.details.get("examples") or ""
-        err = r.details.get("max_abs_error")
-        err = f" max err {err:.2g}" if isinstance(err, float) else ""
-        line = f"{r.status.upper():7} {r.path}"
-        line += f"  ({r.seconds:.2f} s{err}) {extra}" if r.status != "skipped" else "  (done before)"
-        if r.reason and r.status == "failed":
-            line += f"\n        {r.reason}"
-        out.write(line.rstrip() + "\n")
-    c = batch.summary(records)
-    out.write(f"{c['total']} files: {c['ok']} ok, {c['failed']} failed, {c['skipped']} skipped\n")
+        _print_table(records, out, args.command, args.quiet, time.perf_counter() - t0, args.report)
+    return EXIT_FAILED if batch.summary(records)["failed"] else EXIT_OK
 
 
 def _cmd_doctor(args, out):
@@ -222,44 +451,66 @@ def _cmd_doctor(args, out):
         out.write("\n")
     else:
         for k, v in info.items():
-            out.write(f"{k:24} {v}\n")
+            out.write(f"{k + ':':20} {v}\n")
     return EXIT_OK
 
 
 def doctor_info():
-    """Versions, build options and supported formats, as a dict."""
+    """Versions, build options and supported formats, as a dict (never raises)."""
     import platform
     import msgpack
     import numpy
     import mgtrace
-    from mgtrace._core import linalg
     from mgtrace.serialization import FORMAT_VERSION
-    info = {"mgtrace": mgtrace.__version__, "python": platform.python_version(),
+    info = {"mgtrace": f"{mgtrace.__version__} ({os.path.dirname(mgtrace.__file__)})",
+            "python": f"{platform.python_version()} ({sys.executable})",
             "platform": platform.platform(), "numpy": numpy.__version__,
             "msgpack": ".".join(map(str, msgpack.version))}
     try:
+        from mgtrace._core import linalg
         info["blas"] = linalg.blas_config()
+        info["blas threads"] = linalg.get_blas_threads()
     except Exception as e:          # doctor reports, never fails
-        info["blas"] = f"unknown ({e})"
-    info["threads"] = mgtrace.get_num_threads()
+        info["blas"] = f"unknown ({type(e).__name__}: {e})"
+    try:
+        info["kernel threads"] = (f"{mgtrace.get_num_threads()} (MGTRACE_NUM_THREADS="
+                                  f"{os.environ.get('MGTRACE_NUM_THREADS', 'unset')})")
+    except Exception as e:
+        info["kernel threads"] = f"unknown ({e})"
     info["cuda"] = _cuda_status()
-    info["archive format"] = ".".join(map(str, FORMAT_VERSION))
-    info["reads formats"] = f"{FORMAT_VERSION[0]}.0 to {FORMAT_VERSION[0]}.x (newer minors: optional fields ignored)"
+    major, minor = FORMAT_VERSION
+    info["writes format"] = f"{major}.{minor}"
+    info["reads formats"] = f"{major}.0 to {major}.{minor}, and newer {major}.x archives that " \
+                            f"need no reader above {major}.{minor} (their new fields are ignored)"
     try:
         import distributed
-        info["dask.distributed"] = distributed.__version__
+        info["dask.distributed"] = f"{distributed.__version__} (--dask available)"
     except ImportError:
         info["dask.distributed"] = "not installed (pip install 'mgtrace[distributed]' for --dask)"
+    try:
+        import rich
+        from importlib.metadata import version
+        info["rich"] = f"{version('rich')} (progress bars)"
+    except Exception:
+        info["rich"] = "not installed (no progress bars)"
     return info
 
 
 def _cuda_status():
+    import shutil
     try:
         from mgtrace._core import _cuda  # noqa: F401
     except ImportError:
-        return "not built (rebuild with MGTRACE_CUDA=1 and nvcc on PATH)"
+        nvcc = shutil.which("nvcc")
+        why = (f"nvcc is at {nvcc}: rebuild with MGTRACE_CUDA=1 pip install ." if nvcc
+               else "nvcc is not on PATH; install the CUDA toolkit, then rebuild with "
+                    "MGTRACE_CUDA=1 pip install .")
+        return f"not built ({why})"
+    except Exception as e:
+        return f"built, but it fails to load: {type(e).__name__}: {e}"
     import mgtrace
-    return "built, GPU available" if mgtrace.cuda_available() else "built, but no GPU is visible"
+    return "built, GPU available" if mgtrace.cuda_available() else \
+        "built, but no GPU is visible (driver, or CUDA_VISIBLE_DEVICES)"
 
 
 # -------------------------------------------------------------------- main
@@ -268,32 +519,40 @@ _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,
 
 
 def main(argv=None, out=None):
-    """Run the command line ``argv`` (default sys.argv[1:]); returns the exit status."""
-    from mgtrace.errors import ArchiveError
+    """Run the command line ``argv`` (default sys.argv[1:]); returns the exit status.
+
+    Never raises for bad input or bad archives: those are messages on stderr
+    and an exit status (see the module docstring).
+    """
     out = out or sys.stdout
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
-    if getattr(args, "jobs", 1) < 1:
-        parser.print_usage(sys.stderr)
-        sys.stderr.write("mgtrace: error: -j/--jobs must be at least 1\n")
-        return EXIT_USAGE
     try:
         return _COMMANDS[args.command](args, out)
-    except FileNotFoundError as e:
-        sys.stderr.write(f"mgtrace: error: {e}\n")
-        return EXIT_USAGE
-    except ArchiveError as e:
-        sys.stderr.write(f"mgtrace: {e}\n")
-        return EXIT_FAILED
     except KeyboardInterrupt:
-        sys.stderr.write("mgtrace: interrupted (finished files are kept; outputs are never partial)\n")
+        sys.stderr.write("\nmgtrace: interrupted; finished files are kept (and in the report, if "
+                         "any), no partial outputs are left\n")
         return EXIT_INTERRUPTED
-    except (ValueError, RuntimeError) as e:
+    except BrokenPipeError:
+        raise                       # main_exit: the reader went away (| head)
+    except FileNotFoundError as e:
+        sys.stderr.write(f"mgtrace: error: {e.strerror + ': ' + e.filename if e.filename else e}\n")
+        return EXIT_USAGE
+    except (ValueError, RuntimeError, OSError) as e:
         sys.stderr.write(f"mgtrace: error: {e}\n")
         return EXIT_USAGE
+    except Exception as e:          # a bug in mgtrace: say so, briefly
+        if args.traceback:
+            raise
+        sys.stderr.write(f"mgtrace: unexpected error: {type(e).__name__}: {e}\n"
+                         "(a bug in mgtrace: please report it with `mgtrace doctor`'s output; "
+                         "`mgtrace --traceback ...` shows where it happened)\n")
+        return EXIT_FAILED
 
 
 def main_exit():
@@ -305,6 +564,8 @@ def main_exit():
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         status = EXIT_OK
+    except KeyboardInterrupt:       # Ctrl-C while parsing or printing
+        status = EXIT_INTERRUPTED
     sys.exit(status)
 
 

@@ -4,26 +4,35 @@ upgrade, retrace.
 Each function takes a path and returns a plain dict (JSON-ready), so the
 batch engine (:mod:`mgtrace.batch`) can run it in a process pool or on a
 Dask worker and ship the result back. ``verify``, ``upgrade`` and
-``retrace`` return ``{"status": "ok" | "failed", "reason": ..., ...}``;
-they never raise for a bad archive. Outputs are written atomically and
-checked before anything is replaced.
+``retrace`` return ``{"status": "ok" | "failed", "reason": ..., ...}`` for
+an archive they could read, and raise (``ArchiveError`` for a malformed,
+corrupted, too new or unregistered-name archive) when they could not; the
+batch engine records either as the file's result. Outputs are written
+atomically and checked before anything is replaced.
 """
 import collections
 import importlib
 import importlib.util
 import os
+import secrets
+import stat
 import sys
-import tempfile
 
 import numpy as np
 
-__all__ = ["summarize", "inspect_file", "verify_file", "diff_files", "upgrade_file",
-           "retrace_file", "destination", "compare_outputs"]
+__all__ = ["summarize", "tensor_names", "inspect_file", "verify_file", "diff_files",
+           "upgrade_file", "retrace_file", "destination", "compare_outputs",
+           "load_inputs_provider", "load_user_code"]
 
 
 # ---------------------------------------------------------------- inspect
 def summarize(header):
-    """A JSON-ready summary of a validated archive header (no tensor data)."""
+    """A JSON-ready summary of a validated archive header (no tensor data).
+
+    ``parameters`` / ``tensors`` / ``bytes`` count the model's own tensors
+    (parameters and buffers, or the saved tensors of a non-module archive);
+    stored example inputs/outputs are counted apart, as ``examples``.
+    """
     from mgtrace.serialization import values
     tensors = header["tensors"]
     mods = header["modules"]
@@ -43,6 +52,10 @@ def summarize(header):
                         ops[f"Tensor.{e['method']}"] += 1
                     elif k == "apply":
                         ops[f"apply:{e['op']}"] += 1
+    model = sorted({i for i in tensor_names(header).values()
+                    if isinstance(i, int) and 0 <= i < len(tensors)})
+    ex = header.get("examples")
+    ex_idx = sorted({i for _, i in _tagged_tensors(ex, "") if 0 <= i < len(tensors)})
     out = {
         "format_version": ".".join(map(str, header["format_version"])),
         "min_reader_version": ".".join(map(str, header["min_reader_version"])),
@@ -52,11 +65,15 @@ def summarize(header):
         "module_types": dict(sorted(module_types.items())),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         "op_versions": {o["name"]: o["version"] for o in header["ops"]},
-        "tensors": len(tensors),
-        "parameters": int(sum(int(np.prod(t["shape"], dtype=np.int64)) for t in tensors)),
-        "bytes": int(sum(t["nbytes"] for t in tensors)),
+        "tensors": len(model),
+        "parameters": int(sum(_numel(tensors[i]) for i in model)),
+        "bytes": int(sum(tensors[i]["nbytes"] for i in model)),
         "signature": _signature(header),
-        "has_examples": "examples" in header,
+        "has_examples": ex is not None,
+        "examples": None if ex is None else {
+            "inputs": _example_shapes(ex.get("inputs"), tensors),
+            "outputs": _example_shapes(ex.get("outputs"), tensors),
+            "tensors": len(ex_idx), "bytes": int(sum(tensors[i]["nbytes"] for i in ex_idx))},
     }
     meta = header.get("metadata")
     if meta is not None:
@@ -67,6 +84,60 @@ def summarize(header):
     return out
 
 
+def _numel(entry):
+    return int(np.prod(entry["shape"], dtype=np.int64))
+
+
+def _tagged_tensors(v, path):
+    """``(path, tensor index)`` of every ``{"tensor": i}`` inside tagged value ``v``."""
+    if isinstance(v, dict):
+        if len(v) == 1 and isinstance(v.get("tensor"), int):
+            yield path, v["tensor"]
+            return
+        if len(v) == 1 and isinstance(v.get("dict"), list):
+            for kv in v["dict"]:
+                if isinstance(kv, list) and len(kv) == 2:
+                    k = kv[0] if isinstance(kv[0], (str, int)) else _short(kv[0])
+                    yield from _tagged_tensors(kv[1], f"{path}.{k}" if path else str(k))
+            return
+        for k, x in v.items():
+            yield from _tagged_tensors(x, path)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _tagged_tensors(x, f"{path}[{i}]")
+
+
+def tensor_names(header):
+    """``{name: tensor index}`` of the model's own tensors: state-dict style
+    names (``"fc1.weight"``) for modules, value paths for other archives;
+    example inputs/outputs and metadata are not included."""
+    mods, names = header["modules"], {}
+    root = header["root"]
+
+    def walk(i, prefix, seen):
+        m = mods[i]
+        for field in ("tensors", "parameters", "buffers"):
+            for k, t in sorted((m.get(field) or {}).items()):
+                names.setdefault(prefix + k, t)
+        for path, t in _tagged_tensors(m.get("attrs"), ""):
+            names.setdefault(prefix + path, t)
+        for child, j in m.get("children", []):
+            if j not in seen:
+                walk(j, f"{prefix}{child}.", seen | {j})
+    if isinstance(root, dict) and isinstance(root.get("module"), int):
+        walk(root["module"], "", frozenset([root["module"]]))
+    else:
+        for path, t in _tagged_tensors(root, ""):
+            names.setdefault(path or "<root>", t)
+    return names
+
+
+def _example_shapes(v, tensors):
+    """``[{"dtype", "shape"}]`` of the tensors in a stored example value, in order."""
+    return [{"dtype": tensors[i]["dtype"], "shape": tensors[i]["shape"]}
+            for _, i in _tagged_tensors(v, "") if 0 <= i < len(tensors)]
+
+
 def _root_kind(header):
     r = header["root"]
     if isinstance(r, dict) and "module" in r:
@@ -74,6 +145,9 @@ def _root_kind(header):
         return f"{m.get('kind')} module {m.get('name') or m.get('type')}"
     if isinstance(r, dict) and "tensor" in r:
         return "tensor"
+    if isinstance(r, dict) and len(r) == 1 and next(iter(r)) in ("dict", "list", "tuple"):
+        tag, items = next(iter(r.items()))
+        return f"{tag} of {len(items)}" if isinstance(items, list) else tag
     return "value"
 
 
@@ -137,18 +211,36 @@ def _jsonable(v):
 
 def inspect_file(path, graph=False):
     """The summary of ``path`` (header only); with ``graph`` also the
-    generated code (this loads the archive)."""
+    generated code (this loads the archive; when loading fails the summary
+    still comes back, with ``code_error`` saying why).
+
+    Raises:
+        ArchiveError: the header is malformed or too new.
+        OSError: the file cannot be read.
+    """
+    from mgtrace.errors import ArchiveError
     from mgtrace.serialization import read_header
-    out = {"path": path, "file_bytes": os.path.getsize(path), **summarize(read_header(path))}
+    header = read_header(path)
+    try:
+        summary = summarize(header)
+    except (KeyError, IndexError, TypeError, ValueError) as e:   # odd but schema-valid header
+        raise ArchiveError(f"cannot summarize the header ({type(e).__name__}: {e})") from e
+    out = {"path": path, "file_bytes": os.path.getsize(path), **summary}
     if graph:
+        import io
         from mgtrace.serialization import load
         from mgtrace.traced_module import TracedModule
-        obj = load(path)
-        if isinstance(obj, TracedModule):
-            import io
-            buf = io.StringIO()
-            obj.print_readable(file=buf)
-            out["code"] = buf.getvalue()
+        try:
+            obj = load(path)
+        except ArchiveError as e:
+            out["code_error"] = f"{type(e).__name__}: {e}"
+        else:
+            if isinstance(obj, TracedModule):
+                buf = io.StringIO()
+                obj.print_readable(file=buf)
+                out["code"] = buf.getvalue()
+            else:
+                out["code_error"] = f"the archive holds a {type(obj).__name__}, not a traced module"
     return out
 
 
@@ -190,7 +282,7 @@ def verify_file(path, rtol=1e-5, atol=1e-6):
     arc = load_archive(path, verify=True)
     out = {"status": "ok", "reason": "", "format_version": ".".join(map(str, arc.format_version))}
     if arc.example_inputs is None:
-        out["examples"] = "none stored"
+        out["examples"] = "none stored"     # loaded and checksummed; nothing to run
         return out
     if not isinstance(arc.obj, Module):
         return {"status": "failed", "reason": "examples stored for an object that is not a module"}
@@ -204,39 +296,151 @@ def verify_file(path, rtol=1e-5, atol=1e-6):
 
 # ------------------------------------------------------------------- diff
 def diff_files(a, b):
-    """What differs between archives ``a`` and ``b``: header summaries,
-    module entries, op versions, and tensors (max abs difference)."""
-    from mgtrace.serialization import load_archive, read_header
-    ha, hb = read_header(a), read_header(b)
+    """What differs between archives ``a`` and ``b``.
+
+    Compares the header summaries (format, producer, parameters, inputs and
+    outputs), the module tree, each traced graph's exprs, op versions and
+    call counts, metadata, and the model's tensors by name (shape, dtype, and
+    the largest absolute difference). Reads the tensors straight from the
+    files (checksums checked), so archives that name unregistered functions
+    can be compared too.
+
+    Returns:
+        ``{"a", "b", "same": bool, "changes": [{"what", "a", "b"}, ...]}``;
+        a tensor whose values differ also has ``"max_abs_diff"``.
+
+    Raises:
+        ArchiveError: either archive is malformed, corrupted or too new.
+        OSError: a file cannot be read.
+    """
+    ha, hb = _header_of(a), _header_of(b)
     sa, sb = summarize(ha), summarize(hb)
     changes = []
+
+    def change(what, va, vb, **extra):
+        changes.append({"what": what, "a": va, "b": vb, **extra})
     for key in ("format_version", "min_reader_version", "producer", "root", "parameters", "bytes"):
         if sa[key] != sb[key]:
-            changes.append({"what": key, "a": sa[key], "b": sb[key]})
+            change(key, sa[key], sb[key])
+    if sa["signature"] != sb["signature"]:
+        change("inputs/outputs", _sig_text(sa["signature"]), _sig_text(sb["signature"]))
     ra = {tuple(r[:2]): r[2] for r in sa["modules"]}
     rb = {tuple(r[:2]): r[2] for r in sb["modules"]}
     for k in sorted(set(ra) | set(rb), key=str):
         if ra.get(k) != rb.get(k):
-            changes.append({"what": f"module {k[1] or '<root>'}", "a": ra.get(k), "b": rb.get(k)})
+            change(f"module {k[1] or '<root>'}", ra.get(k), rb.get(k))
+    ga, gb = _graph_exprs(ha), _graph_exprs(hb)
+    for k in sorted(set(ga) | set(gb)):
+        ea, eb = ga.get(k), gb.get(k)
+        if ea is None or eb is None:
+            change(f"graph {k}", None if ea is None else f"{len(ea)} exprs",
+                   None if eb is None else f"{len(eb)} exprs")
+        elif ea != eb:
+            i = next((i for i, (x, y) in enumerate(zip(ea, eb)) if x != y), min(len(ea), len(eb)))
+            at = lambda e: e[i] if i < len(e) else "(end)"       # noqa: E731
+            change(f"graph {k}", f"{len(ea)} exprs", f"{len(eb)} exprs",
+                   first_difference=f"expr {i}: {at(ea)} -> {at(eb)}")
     for name in sorted(set(sa["op_versions"]) | set(sb["op_versions"])):
         va, vb = sa["op_versions"].get(name), sb["op_versions"].get(name)
         if va != vb:
-            changes.append({"what": f"op {name}", "a": va, "b": vb})
+            change(f"op {name} version", va, vb)
     for name in sorted(set(sa["ops"]) | set(sb["ops"])):
         ca, cb = sa["ops"].get(name, 0), sb["ops"].get(name, 0)
         if ca != cb:
-            changes.append({"what": f"calls of {name}", "a": ca, "b": cb})
-    sda, sdb = _state(load_archive(a).obj), _state(load_archive(b).obj)
-    for k in sorted(set(sda) | set(sdb)):
-        ta, tb = sda.get(k), sdb.get(k)
-        if ta is None or tb is None:
-            changes.append({"what": f"tensor {k}", "a": _desc(ta), "b": _desc(tb)})
-        elif ta.shape != tb.shape or ta.dtype != tb.dtype:
-            changes.append({"what": f"tensor {k}", "a": _desc(ta), "b": _desc(tb)})
-        elif ta.size and not np.array_equal(ta, tb, equal_nan=True):
-            d = float(np.max(np.abs(ta.astype(np.float64) - tb.astype(np.float64))))
-            changes.append({"what": f"tensor {k}", "a": _desc(ta), "b": f"max abs diff {d:.3g}"})
+            change(f"calls of {name}", ca, cb)
+    if sa.get("metadata") != sb.get("metadata"):
+        change("metadata", sa.get("metadata"), sb.get("metadata"))
+    if sa["examples"] != sb["examples"]:
+        change("examples", _ex_text(sa["examples"]), _ex_text(sb["examples"]))
+    ta, tb = _raw_tensors(a, ha), _raw_tensors(b, hb)
+    for k in sorted(set(ta) | set(tb)):
+        x, y = ta.get(k), tb.get(k)
+        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
+            change(f"tensor {k}", _desc(x), _desc(y))
+        elif x.size and not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
+            d = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+            change(f"tensor {k}", _desc(x), _desc(y), max_abs_diff=d)
     return {"a": a, "b": b, "same": not changes, "changes": changes}
+
+
+def _header_of(path):
+    from mgtrace.errors import ArchiveError
+    from mgtrace.serialization import read_header
+    try:
+        return read_header(path)
+    except ArchiveError as e:
+        raise type(e)(f"{path}: {e}") from e
+
+
+def _sig_text(sig):
+    if not sig:
+        return None
+    port = lambda p: f"{p.get('dtype')}{p.get('shape')}" if "shape" in p else str(p.get("kind"))  # noqa: E731
+    return "; ".join(f"({', '.join(map(port, g['inputs']))}) -> ({', '.join(map(port, g['outputs']))})"
+                     for g in sig)
+
+
+def _ex_text(ex):
+    if ex is None:
+        return None
+    shapes = lambda v: ", ".join(f"{t['dtype']}{t['shape']}" for t in v)  # noqa: E731
+    return f"({shapes(ex['inputs'])}) -> ({shapes(ex['outputs'])})"
+
+
+def _graph_exprs(header):
+    """``{"Qualname" or "Qualname#k": [expr description, ...]}`` of every traced graph."""
+    out = {}
+    ops = header["ops"]
+    for m in header["modules"]:
+        if m.get("kind") != "traced":
+            continue
+        for k, g in enumerate(m.get("graphs", [])):
+            key = m.get("qualname") or m.get("name") or "?"
+            key = key if k == 0 else f"{key}#{k + 1}"
+            descs = []
+            for e in g.get("exprs", []):
+                kind = e.get("kind")
+                if kind == "call_function":
+                    op = e.get("op")
+                    name = ops[op]["name"] if isinstance(op, int) and 0 <= op < len(ops) else op
+                    descs.append(f"call {name}")
+                elif kind == "call_method":
+                    descs.append(f"method {e.get('method')}")
+                elif kind in ("getattr", "input"):
+                    descs.append(f"{kind} {e.get('name')}")
+                else:
+                    descs.append(str(kind))
+            out[key] = descs
+    return out
+
+
+def _np_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _raw_tensors(path, header):
+    """``{name: read-only array}`` of the model's tensors (see
+    :func:`tensor_names`), read straight from the file with checksums
+    checked; no name in the archive is resolved, nothing is constructed."""
+    from mgtrace.serialization import tensors as T
+    from mgtrace.serialization.layout import PREFIX, data_start
+    entries = header["tensors"]
+    out = {}
+    with open(path, "rb") as f:
+        _, hlen = PREFIX.unpack(f.read(PREFIX.size))
+        start = data_start(hlen)
+        for name, i in tensor_names(header).items():
+            if not (isinstance(i, int) and 0 <= i < len(entries)):
+                continue
+            e = entries[i]
+            f.seek(start + e["offset"])
+            buf = f.read(e["nbytes"])
+            T.verify(buf, e, f"{path}: header.tensors[{i}] ({name})")
+            out[name] = np.frombuffer(buf, dtype=_np_dtype(e["dtype"])).reshape(e["shape"])
+    return out
 
 
 def _state(obj):
@@ -273,13 +477,17 @@ def destination(path, out=None, in_place=False, roots=()):
 
 
 def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
-    """Save to a temp file beside ``dest``, reload it, check its examples
-    against ``want``, then rename over ``dest``; returns (max error, reason)."""
+    """Save to a temporary file beside ``dest`` (``.mgtrace-*.tmp``), reload
+    it, check its examples against ``want`` (or, without examples, its
+    tensors against ``obj``'s), then rename it over ``dest``; returns
+    ``(max error, reason)``, reason empty on success. The new file gets the
+    permissions of the file it replaces (else the umask's); the temporary
+    file is removed on any failure, Ctrl-C included."""
     from mgtrace.serialization import load_archive, save
-    folder = os.path.dirname(os.path.abspath(dest)) or "."
+    folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".mgtrace-", suffix=".tmod", dir=folder)
-    os.close(fd)
+    tmp = os.path.join(folder, f".mgtrace-{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))   # mode per umask
     try:
         save(obj, tmp, metadata=metadata, example_inputs=inputs)
         err = None
@@ -293,11 +501,27 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
             a, b = _state(obj), _state(arc.obj)
             if a.keys() != b.keys() or any(not np.array_equal(a[k], b[k], equal_nan=True) for k in a):
                 return None, "the new archive does not hold the same tensors"
+        if os.path.isfile(dest):
+            os.chmod(tmp, stat.S_IMODE(os.stat(dest).st_mode))
         os.replace(tmp, dest)
+        _fsync_dir(folder)
         return err, ""
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6):
@@ -316,60 +540,102 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6)
     return {"status": "ok", "reason": "", "from": old, "output": dest, "max_abs_error": err}
 
 
-def load_inputs_provider(spec):
-    """The function named by ``spec``: ``"path/to/file.py:fn"`` or
-    ``"package.module:fn"``; it is called as ``fn(path, module)`` and returns
-    the example inputs (a tuple of positional arguments) for that archive.
+_USER_CODE = {}      # spec -> module: a worker imports or runs each once
+
+
+def load_user_code(spec, what="--import"):
+    """The module named by ``spec``: ``"package.module"`` (imported) or
+    ``"path/to/file.py"`` (run as a module, once per process). This is how
+    the command runs the user's own code: the script that registers their
+    functions and module types (``--import``), or the one that makes
+    example inputs (``--inputs``).
 
     Raises:
-        ValueError: ``spec`` has no ``:function`` part or names nothing callable.
+        ValueError: no such file or module, or it fails to import (the
+            message names ``what`` and the error).
     """
-    if ":" not in spec:
+    if spec in _USER_CODE:
+        return _USER_CODE[spec]
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"{what} takes a module name or a FILE.py, got {spec!r}")
+    try:
+        if spec.endswith(".py"):
+            if not os.path.isfile(spec):
+                raise ValueError(f"{what} {spec}: no such file")
+            name = "_mgtrace_user_" + os.path.splitext(os.path.basename(spec))[0]
+            s = importlib.util.spec_from_file_location(name, spec)
+            mod = importlib.util.module_from_spec(s)
+            sys.modules[name] = mod
+            s.loader.exec_module(mod)       # the user's own script, named on the command line
+        else:
+            mod = importlib.import_module(spec)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{what} {spec}: importing it failed: {type(e).__name__}: {e}") from e
+    _USER_CODE[spec] = mod
+    return mod
+
+
+def load_inputs_provider(spec):
+    """The function named by ``spec``: ``"path/to/file.py:fn"`` or
+    ``"package.module:fn"``; it is called as ``fn(path, module)`` (the
+    archive's path and the loaded module) and returns the example inputs for
+    that archive: a tuple of positional arguments, or one tensor. A script is
+    run once per process.
+
+    Raises:
+        ValueError: ``spec`` has no ``:FUNCTION`` part, the file or module
+            does not exist or fails to import, or it has no such function.
+    """
+    where, sep, fn_name = spec.rpartition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not where or not fn_name:
         raise ValueError(f"--inputs takes FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
-    where, fn_name = spec.rsplit(":", 1)
-    if where.endswith(".py"):
-        name = "_mgtrace_inputs_" + os.path.splitext(os.path.basename(where))[0]
-        s = importlib.util.spec_from_file_location(name, where)
-        if s is None:
-            raise ValueError(f"cannot load {where}")
-        mod = importlib.util.module_from_spec(s)
-        sys.modules[name] = mod
-        s.loader.exec_module(mod)       # the user's own script, named on the command line
-    else:
-        mod = importlib.import_module(where)
+    mod = load_user_code(where, f"--inputs {spec}:")
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"{spec}: {fn_name!r} is not a function in {where}")
+        raise ValueError(f"--inputs {spec}: {where} has no function {fn_name!r}")
     return fn
 
 
 def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-5, atol=1e-6):
     """Load ``path``, trace it again with this library on its stored example
-    inputs (or those ``inputs`` -- a spec for :func:`load_inputs_provider`
-    -- gives), check the new module against the old one, and save it."""
+    inputs, check the new module against the old one (and the old one
+    against its stored outputs), and save it with those inputs as its
+    examples (see :func:`destination` for where).
+
+    ``inputs`` (a spec for :func:`load_inputs_provider`) gives example inputs
+    for archives that have none stored; archives with stored examples use
+    theirs.
+    """
     import mgtrace
     from mgtrace.serialization import load_archive
     from mgtrace.module import Module
     dest = destination(path, out, in_place, roots)
     arc = load_archive(path)
     if not isinstance(arc.obj, Module):
-        return {"status": "failed", "reason": f"the archive holds a {type(arc.obj).__name__}, not a module"}
-    args = arc.example_inputs
-    if inputs is not None:
-        args = load_inputs_provider(inputs)(path, arc.obj)
+        return {"status": "failed", "reason": f"the archive holds a {type(arc.obj).__name__}, "
+                                              "not a module: nothing to trace"}
+    args, source = arc.example_inputs, "stored"
+    if args is None and inputs is not None:
+        args, source = load_inputs_provider(inputs)(path, arc.obj), inputs
+        if args is None:
+            return {"status": "failed", "reason": f"--inputs {inputs} returned None for this archive"}
     if args is None:
-        return {"status": "failed", "reason": "no example inputs stored; give --inputs FILE.py:FUNCTION"}
+        return {"status": "failed",
+                "reason": "no example inputs stored; give --inputs FILE.py:FUNCTION to make some"}
     args = args if isinstance(args, tuple) else (args,)
     want = arc.obj(*args)
+    if arc.example_outputs is not None and source == "stored":
+        ok, _, reason = compare_outputs(want, arc.example_outputs, rtol, atol)
+        if not ok:
+            return {"status": "failed",
+                    "reason": f"the loaded module no longer gives the stored outputs: {reason}"}
     new = mgtrace.trace_module(arc.obj, *args)
     ok, err, reason = compare_outputs(new(*args), want, rtol, atol)
     if not ok:
         return {"status": "failed", "reason": f"the re-traced module differs: {reason}"}
-    if arc.example_outputs is not None and inputs is None:
-        ok, err2, reason = compare_outputs(want, arc.example_outputs, rtol, atol)
-        if not ok:
-            return {"status": "failed", "reason": f"the loaded module no longer gives the stored outputs: {reason}"}
     err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol)
     if reason:
         return {"status": "failed", "reason": reason}
-    return {"status": "ok", "reason": "", "output": dest, "max_abs_error": err}
+    return {"status": "ok", "reason": "", "output": dest, "inputs": source, "max_abs_error": err}

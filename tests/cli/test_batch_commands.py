@@ -1,0 +1,287 @@
+"""verify / upgrade / retrace through the real command, over good and bad archives:
+exit codes, report records, originals untouched, --in-place, resuming, tolerances."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import mgtrace as mt
+from mgtrace.serialization import read_header
+from mgtrace.traced_module import TracedModule
+
+from .conftest import BAD, GOOD, cli, digests, records
+
+ALL = GOOD + list(BAD) + ["bad/mismatch.tmod", "noex/noex.tmod"]
+
+
+def _check_bad(recs):
+    for f, (etype, words) in BAD.items():
+        assert recs[f]["status"] == "failed", f
+        assert recs[f]["reason"].startswith(etype + ":"), recs[f]["reason"]
+        assert words in recs[f]["reason"], recs[f]["reason"]
+
+
+def test_verify_reports_every_file(archives, tmp_path):
+    before = digests(archives)
+    rep = tmp_path / "r.json"
+    p = cli("verify", archives, "--report", rep)
+    assert p.returncode == 1, p.stderr
+    recs = records(rep)
+    assert sorted(recs) == sorted(ALL)                 # one record per file
+    for f in GOOD + ["noex/noex.tmod"]:
+        assert recs[f]["status"] == "ok" and recs[f]["reason"] == "", recs[f]
+    _check_bad(recs)
+    assert "output 0 differs" in recs["bad/mismatch.tmod"]["reason"]
+    assert recs["good/net0.tmod"]["details"]["examples"] == "checked"
+    assert recs["good/net0.tmod"]["details"]["max_abs_error"] == 0.0
+    assert recs["noex/noex.tmod"]["details"]["examples"] == "none stored"
+    for r in recs.values():
+        assert isinstance(r["seconds"], float) and r["seconds"] >= 0
+    data = json.loads(rep.read_text())
+    assert data["command"] == "verify" and data["finished"] is True
+    assert data["summary"] == {"ok": 7, "failed": 6, "total": 13}
+    # the table names each failed file and its reason, and ends with the counts
+    assert "FAILED" in p.stdout and "bad/truncated.tmod" in p.stdout
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("13 files: 7 ok, 6 failed")]
+    assert digests(archives) == before
+
+
+def test_verify_all_good_exits_0(archives):
+    p = cli("verify", archives / "good", "-q")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[0].startswith("6 files: 6 ok, 0 failed")   # -q: no ok rows
+
+
+def test_verify_json_matches_report(archives, tmp_path):
+    rep = tmp_path / "r.json"
+    p = cli("verify", archives / "bad", "--json", "-j", "2", "--report", rep)
+    assert p.returncode == 1
+    out = json.loads(p.stdout)
+    assert out["summary"] == {"ok": 0, "failed": 6, "skipped": 0, "total": 6}
+    assert {k: v["status"] for k, v in records(out).items()} == \
+        {k: v["status"] for k, v in records(rep).items()}
+
+
+def test_verify_tolerance_flags(archives):
+    f = archives / "bad/mismatch.tmod"        # stored outputs off by 1e-3 relative
+    assert cli("verify", f).returncode == 1
+    assert cli("verify", f, "--rtol", "1e-2").returncode == 0
+    assert cli("verify", f, "--atol", "1").returncode == 0
+    assert cli("verify", f, "--rtol", "1e-4").returncode == 1
+    p = cli("verify", f, "--rtol", "-1")
+    assert p.returncode == 2 and "--rtol" in p.stderr
+
+
+def test_upgrade_to_folder_keeps_originals(tree, tmp_path):
+    before = digests(tree)
+    out, rep = tmp_path / "new", tmp_path / "r.json"
+    p = cli("upgrade", tree, "-o", out, "-j", "2", "--report", rep)
+    assert p.returncode == 1, p.stderr
+    assert digests(tree) == before                       # originals untouched
+    recs = records(rep)
+    _check_bad(recs)
+    assert "does not reproduce the stored outputs" in recs["bad/mismatch.tmod"]["reason"]
+    ok = GOOD + ["noex/noex.tmod"]
+    assert sorted(f for f, r in recs.items() if r["status"] == "ok") == sorted(ok)
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == sorted(ok)                         # layout kept; nothing for failures
+    assert recs["good/newer_minor.tmod"]["details"]["from"] == "1.1"
+    assert read_header(out / "good/newer_minor.tmod")["format_version"] == [1, 0]
+    # the new archives load and give the outputs of the old ones
+    for f in ("good/net0.tmod", "good/sub/net2.tmod", "good/seq.tmod"):
+        a, b = mt.serialization.load_archive(tree / f), mt.serialization.load_archive(out / f)
+        assert (b.obj(*b.example_inputs).numpy() == a.example_outputs.numpy()).all()
+        assert b.metadata == a.metadata
+    assert cli("verify", out, "-q").returncode == 0
+
+
+def test_upgrade_in_place_replaces_only_verified(tree, tmp_path):
+    before = digests(tree)
+    p = cli("upgrade", tree, "--in-place", "--report", tmp_path / "r.json")
+    assert p.returncode == 1
+    after = digests(tree)
+    changed = sorted(f for f in before if before[f] != after[f])
+    assert changed == ["good/newer_minor.tmod"]          # the one not in the current format
+    assert read_header(tree / "good/newer_minor.tmod")["format_version"] == [1, 0]
+    assert records(tmp_path / "r.json")["good/net0.tmod"]["details"]["note"] == "already current"
+    assert not [f for f in os.listdir(tree / "good") if f.startswith(".")]
+
+
+def test_retrace_to_folder(tree, tmp_path):
+    before = digests(tree)
+    out, rep = tmp_path / "new", tmp_path / "r.json"
+    p = cli("retrace", tree, "-o", out, "--report", rep, "-j", "2")
+    assert p.returncode == 1
+    assert digests(tree) == before
+    recs = records(rep)
+    _check_bad(recs)
+    assert "no example inputs stored" in recs["noex/noex.tmod"]["reason"]
+    assert "--inputs" in recs["noex/noex.tmod"]["reason"]
+    assert "not a module" in recs["good/state.tmod"]["reason"]
+    assert "no longer gives the stored outputs" in recs["bad/mismatch.tmod"]["reason"]
+    ok = sorted(f for f, r in recs.items() if r["status"] == "ok")
+    assert ok == sorted(set(GOOD) - {"good/state.tmod"})
+    for f in ok:
+        new = mt.serialization.load_archive(out / f)
+        assert isinstance(new.obj, TracedModule)
+        old = mt.serialization.load_archive(tree / f)
+        assert (new.obj(*old.example_inputs).numpy() == old.example_outputs.numpy()).all()
+        assert recs[f]["details"]["output"] == str(out / f)
+
+
+def test_retrace_in_place_replaces_only_verified(tree):
+    before = digests(tree)
+    p = cli("retrace", tree, "--in-place")
+    assert p.returncode == 1
+    after = digests(tree)
+    changed = sorted(f for f in before if before[f] != after[f])
+    # seq (a plain Sequential) becomes a traced module; the traced ones are rewritten as well
+    assert set(changed) <= set(GOOD) - {"good/state.tmod"} and "good/seq.tmod" in changed
+    for f in list(BAD) + ["bad/mismatch.tmod", "noex/noex.tmod", "good/state.tmod"]:
+        assert before[f] == after[f], f
+    assert cli("verify", tree / "good", "-q").returncode == 0
+
+
+def test_retrace_inputs_script(tree, tmp_path):
+    script = tmp_path / "make_inputs.py"
+    script.write_text("import numpy as np, mgtrace as mt\n"
+                      "def inputs(path, module):\n"
+                      "    assert path.endswith('.tmod') and hasattr(module, 'forward')\n"
+                      "    return (mt.tensor(np.ones((3, 4), 'float32')),)\n")
+    out = tmp_path / "new"
+    p = cli("retrace", tree / "noex", tree / "good/net0.tmod", "-o", out, "--json",
+            "--inputs", f"{script}:inputs")
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = {Path(r["path"]).name: r for r in json.loads(p.stdout)["records"]}
+    assert recs["noex.tmod"]["details"]["inputs"] == f"{script}:inputs"
+    assert recs["net0.tmod"]["details"]["inputs"] == "stored"    # stored examples win
+    new = mt.serialization.load_archive(out / "noex.tmod")
+    assert new.example_inputs[0].shape == (3, 4)                 # and are kept as examples
+    assert cli("verify", out / "noex.tmod").returncode == 0
+
+
+@pytest.mark.parametrize("spec, words", [("make_inputs.py", "FILE.py:FUNCTION"),
+                                         ("missing.py:f", "no such file"),
+                                         ("make_inputs.py:nope", "no function 'nope'"),
+                                         ("no_such_module_xyz:f", "importing it failed")])
+def test_retrace_bad_inputs_spec_is_usage_error(archives, tmp_path, spec, words):
+    (tmp_path / "make_inputs.py").write_text("def inputs(path, module):\n    return None\n")
+    p = cli("retrace", archives / "noex", "-o", tmp_path / "new", "--inputs", spec, cwd=tmp_path)
+    assert p.returncode == 2 and words in p.stderr, p.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_resume_skips_ok_files(tree, tmp_path):
+    out, rep = tmp_path / "new", tmp_path / "r.json"
+    job = ("retrace", tree / "good", tree / "noex/noex.tmod", "-o", out, "--report", rep)
+    first = cli(*job)
+    assert first.returncode == 1
+    r1 = records(rep)
+    assert (out / "net0.tmod").exists() and (out / "sub/net2.tmod").exists()
+    stamp = (out / "net0.tmod").stat().st_mtime_ns
+    os.remove(out / "net1.tmod")                      # an ok file whose output has gone: redone
+    second = cli(*job, "--json")
+    assert second.returncode == 1
+    shown = records(json.loads(second.stdout))
+    assert shown["good/net0.tmod"]["status"] == "skipped"
+    assert shown["good/net1.tmod"]["status"] == "ok"
+    assert shown["noex/noex.tmod"]["status"] == "failed"      # failures are retried
+    assert (out / "net0.tmod").stat().st_mtime_ns == stamp
+    r2 = records(rep)
+    assert r2["good/net0.tmod"] == r1["good/net0.tmod"]       # the report keeps the ok record
+    assert r2["good/net1.tmod"]["status"] == "ok" and (out / "net1.tmod").exists()
+    assert sorted(r2) == sorted(r1)
+    # the same report with another output folder or command is refused
+    p = cli("retrace", tree / "good", "-o", tmp_path / "other", "--report", rep)
+    assert p.returncode == 2 and "--no-resume" in p.stderr
+    p = cli("upgrade", tree / "good", "-o", out, "--report", rep)
+    assert p.returncode == 2
+    # --no-resume redoes everything
+    third = cli(*job, "--no-resume", "--json")
+    assert "skipped" not in {r["status"] for r in json.loads(third.stdout)["records"]}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["verify", "no/such/dir"], "no such file or folder"),
+    (["verify", "{a}", "-j", "0"], "-j/--jobs"),
+    (["verify", "{a}", "-j", "two"], "-j/--jobs"),
+    (["verify", "{a}", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["upgrade", "{a}"], "-o/--out --in-place is required"),
+    (["upgrade", "{a}", "-o", "{t}", "--in-place"], "not allowed with"),
+    (["upgrade", "{a}/good", "-o", "{a}/good"], "would overwrite the original"),
+    (["verify", "{a}", "--report", "{a}/good/net0.tmod"], "not an mgtrace batch report"),
+    (["verify", "{a}", "--no-resume"], "--no-resume only makes sense with --report"),
+    (["verify", "{a}", "--dask", "tcp://127.0.0.1:9", "-j", "2"], "drop -j"),
+    ([], "required: COMMAND"),
+    (["inspect"], "required: PATH"),
+    (["inspect", "no/such.tmod"], "no such file or folder"),
+    (["diff", "{a}/good/net0.tmod"], "required: B"),
+    (["diff", "{a}/good/net0.tmod", "no/such.tmod"], "no such file"),
+])
+def test_usage_errors_exit_2(archives, tmp_path, args, words):
+    p = cli(*[a.format(a=archives, t=tmp_path / "out") for a in args])
+    assert p.returncode == 2 and words in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_inputs_one_output_is_refused(archives, tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x/net0.tmod").write_bytes((archives / "good/net0.tmod").read_bytes())
+    p = cli("upgrade", archives / "good/net0.tmod", tmp_path / "x/net0.tmod", "-o", tmp_path / "out")
+    assert p.returncode == 2 and "would both be written to" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+    # folders keep the layout below them: good/ and x/ both have a net0.tmod at the top
+    p = cli("upgrade", archives / "good", tmp_path / "x", "-o", tmp_path / "out", "-q")
+    assert p.returncode == 2 and "would both be written to" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_and_version():
+    p = cli("--help")
+    assert p.returncode == 0
+    for c in ("inspect", "verify", "diff", "upgrade", "retrace", "doctor", "exit status"):
+        assert c in p.stdout
+    for c in ("inspect", "verify", "diff", "upgrade", "retrace", "doctor"):
+        assert cli(c, "--help").returncode == 0
+    p = cli("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"mgtrace {mt.__version__}"
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert meta["project"]["scripts"]["mgtrace"] == "mgtrace.cli:main_exit"
+    assert "distributed" in meta["project"]["optional-dependencies"]
+    from mgtrace.cli import main_exit   # noqa: F401  (what the `mgtrace` script runs)
+
+
+REGISTER = """\
+import mgtrace.functional as F
+from mgtrace.serialization import register_function
+
+def swish(x):
+    return x * F.sigmoid(x)
+
+register_function(swish, name="tests.cli.swish")
+"""
+
+
+def test_import_registers_user_functions(archives, tmp_path):
+    f = archives / "bad/unregistered.tmod"
+    p = cli("verify", f)
+    assert p.returncode == 1 and "--import" in p.stdout          # the table says what to do
+    script = tmp_path / "register_ops.py"
+    script.write_text(REGISTER)
+    for jobs in ("1", "2"):
+        p = cli("verify", f, archives / "good/net0.tmod", "--import", script, "-j", jobs)
+        assert p.returncode == 0, p.stdout + p.stderr
+    p = cli("retrace", f, "-o", tmp_path / "new", "--import", script, "-j", "2", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert cli("verify", tmp_path / "new/unregistered.tmod", "--import", script).returncode == 0
+    p = cli("inspect", "--graph", f, "--import", script)
+    assert p.returncode == 0 and "def forward(self, x):" in p.stdout
+    p = cli("verify", f, "--import", tmp_path / "missing.py")
+    assert p.returncode == 2 and "no such file" in p.stderr
+    p = cli("verify", f, "--import", "no_such_module_xyz")
+    assert p.returncode == 2 and "importing it failed" in p.stderr

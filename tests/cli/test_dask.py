@@ -1,0 +1,48 @@
+"""The same batch on a Dask cluster (loopback only) gives the same report as the local pool."""
+import json
+
+import pytest
+
+from mgtrace import batch
+
+from .conftest import cli, digests, records
+
+distributed = pytest.importorskip("distributed")
+
+
+def _comparable(recs, out):
+    """status, reason and output (relative to its output folder) of each file."""
+    return {f: (r.status, r.reason, (r.details.get("output") or "").replace(str(out), "OUT"))
+            for f, r in recs.items()}
+
+
+def _by_file(recs, root):
+    return {r.path.replace(str(root) + "/", ""): r for r in recs}
+
+
+def test_dask_local_cluster_matches_process_pool(archives, tmp_path):
+    before = digests(archives)
+    pool_out, dask_out = tmp_path / "pool", tmp_path / "dask"
+    pool = batch.retrace([archives], out=pool_out, jobs=2, progress=False)
+    with distributed.LocalCluster(processes=False, dashboard_address=None, n_workers=1,
+                                  threads_per_worker=2) as cluster:
+        seen = []
+        got = batch.retrace([archives], out=dask_out, dask=cluster.scheduler_address,
+                            progress=False, report=tmp_path / "r.json",
+                            callback=lambda rec, done, total: seen.append((done, total)))
+    assert _comparable(_by_file(got, archives), dask_out) == \
+        _comparable(_by_file(pool, archives), pool_out)
+    assert {r.status for r in got} == {"ok", "failed"}
+    assert seen[-1] == (13, 13) and len(seen) == 13          # progress through the callback
+    assert digests(dask_out) == digests(pool_out)            # the same bytes
+    assert digests(archives) == before
+    assert len(records(tmp_path / "r.json")) == 13
+
+
+def test_cli_dask_local_matches_j2(archives, tmp_path):
+    a = cli("verify", archives, "-j", "2", "--json")
+    b = cli("verify", archives, "--dask", "local", "--json")
+    assert a.returncode == b.returncode == 1, b.stderr
+    strip = lambda p: {f: (r["status"], r["reason"], r["details"].get("examples"))  # noqa: E731
+                       for f, r in records(json.loads(p.stdout)).items()}
+    assert strip(a) == strip(b)

@@ -1,0 +1,130 @@
+"""inspect, diff and doctor through the real command: what they print, exit codes."""
+import json
+
+import numpy as np
+
+import mgtrace as mt
+from mgtrace.serialization import FORMAT_VERSION
+
+from .conftest import cli, make_net
+
+
+def _net_numbers():
+    """Parameter count and bytes of the archived Net, from the module itself."""
+    state = make_net(0).state_dict()
+    n = sum(int(np.prod(v.shape)) for v in state.values())
+    return n, sum(v.numpy().nbytes for v in state.values())
+
+
+def test_inspect_json(archives):
+    p = cli("inspect", "--json", archives / "good/net0.tmod")
+    assert p.returncode == 0, p.stderr
+    [r] = json.loads(p.stdout)
+    n, nbytes = _net_numbers()
+    assert r["format_version"] == "1.0" and r["min_reader_version"] == "1.0"
+    assert r["producer"] == f"mgtrace {mt.__version__}"
+    assert r["parameters"] == n == 4 * 8 + 8 + 8 * 3 + 3
+    assert r["bytes"] == nbytes and r["tensors"] == 4        # examples not counted as weights
+    assert r["modules"] == [
+        [0, "", "Net"], [1, "fc1", "Linear(in_features=4, out_features=8, bias=True)"],
+        [1, "act", "ReLU()"], [1, "fc2", "Linear(in_features=8, out_features=3, bias=True)"]]
+    assert r["module_types"] == {"Linear": 2, "Net (traced)": 1, "ReLU": 1}
+    assert r["ops"] == {"Tensor.__mul__": 1, "mgtrace.functional.softmax": 1}
+    [sig] = r["signature"]
+    assert sig["inputs"] == [{"name": "x", "shape": [2, 4], "dtype": "float32"}]
+    assert [o["shape"] for o in sig["outputs"]] == [[2, 3]]
+    assert r["examples"]["inputs"] == [{"dtype": "float32", "shape": [2, 4]}]
+    assert r["examples"]["outputs"] == [{"dtype": "float32", "shape": [2, 3]}]
+    assert r["metadata"] == {"name": "net0", "epoch": 3}
+
+
+def test_inspect_human(archives):
+    p = cli("inspect", archives / "good/net0.tmod", archives / "noex/noex.tmod")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for words in ("format:     1.0", f"written by mgtrace {mt.__version__}",
+                  "parameters: 67 in 4 tensors, 268 B", "forward:    (x: float32[2, 4]) -> ",
+                  "float32[2, 3]", "fc1: Linear(", "act: ReLU()", "mgtrace.functional.softmax x1",
+                  '"epoch": 3', "examples:   none stored"):
+        assert words in out, words
+
+
+def test_inspect_folders_and_bad_files(archives):
+    p = cli("inspect", "--json", archives)
+    assert p.returncode == 1                            # some could not be read
+    rs = {r["path"].rsplit("/", 2)[-2] + "/" + r["path"].rsplit("/", 1)[-1]: r
+          for r in json.loads(p.stdout)}
+    assert len(rs) == 13
+    assert "format 2.0" in rs["bad/toonew_major.tmod"]["error"]
+    assert "truncated" in rs["bad/truncated.tmod"]["error"]
+    # inspect reads the header only: corrupt tensor data and unknown functions do not matter
+    assert rs["bad/corrupt.tmod"]["parameters"] == 67
+    assert rs["bad/unregistered.tmod"]["ops"] == {"tests.cli.swish": 1}
+    assert rs["good/newer_minor.tmod"]["format_version"] == "1.1"
+    assert rs["good/state.tmod"]["parameters"] == 9 and rs["good/state.tmod"]["root"] == "dict of 2"
+    p = cli("inspect", archives / "bad/truncated.tmod")
+    assert p.returncode == 1 and "cannot read: truncated" in p.stdout
+
+
+def test_inspect_graph(archives):
+    p = cli("inspect", "--graph", archives / "good/net0.tmod")
+    assert p.returncode == 0
+    assert "def forward(self, x):" in p.stdout and "F.softmax(" in p.stdout
+    p = cli("inspect", "--graph", "--json", archives / "bad/unregistered.tmod")
+    assert p.returncode == 0                            # the header is fine; the code is not there
+    [r] = json.loads(p.stdout)
+    assert "tests.cli.swish" in r["code_error"] and "code" not in r
+
+
+def test_diff(archives, tmp_path):
+    a, b = archives / "good/net0.tmod", archives / "good/net1.tmod"
+    p = cli("diff", a, a)
+    assert p.returncode == 0 and p.stdout.strip() == "no differences"
+    p = cli("diff", "--json", a, b)
+    assert p.returncode == 1
+    res = json.loads(p.stdout)
+    changes = {c["what"]: c for c in res["changes"]}
+    sa, sb = make_net(0).state_dict(), make_net(1).state_dict()
+    for k in sa:
+        want = float(np.max(np.abs(sa[k].numpy().astype(np.float64) - sb[k].numpy())))
+        assert abs(changes[f"tensor {k}"]["max_abs_diff"] - want) < 1e-12
+    assert changes["metadata"]["a"] == {"name": "net0", "epoch": 3}
+    assert not any(w.startswith(("module", "graph", "op ")) for w in changes)   # same structure
+    p = cli("diff", a, b)
+    assert "tensor fc1.weight (float32 [8, 4]): values differ, max abs diff" in p.stdout
+    # structure: another model, a function only it calls (unregistered is fine: nothing is loaded)
+    p = cli("diff", "--json", a, archives / "bad/unregistered.tmod")
+    assert p.returncode == 1
+    whats = {c["what"] for c in json.loads(p.stdout)["changes"]}
+    assert {"module <root>", "calls of tests.cli.swish", "op tests.cli.swish version",
+            "tensor fc.weight", "tensor fc1.weight"} <= whats
+    # a newer minor of the same archive: only the version differs
+    p = cli("diff", "--json", a, archives / "good/newer_minor.tmod")
+    assert [c["what"] for c in json.loads(p.stdout)["changes"]] == ["format_version"]
+
+
+def test_diff_of_retraced_graph(archives, tmp_path):
+    out = tmp_path / "rt"
+    assert cli("retrace", archives / "good/seq.tmod", "-o", out).returncode == 0
+    p = cli("diff", "--json", archives / "good/seq.tmod", out / "seq.tmod")
+    assert p.returncode == 1
+    changes = {c["what"]: c for c in json.loads(p.stdout)["changes"]}
+    assert changes["root"]["b"].startswith("traced module")
+    assert not [w for w in changes if w.startswith("tensor")]      # same weights
+
+
+def test_diff_unreadable_is_2(archives):
+    for bad in ("corrupt", "truncated", "toonew_major"):
+        p = cli("diff", archives / "good/net0.tmod", archives / f"bad/{bad}.tmod")
+        assert p.returncode == 2 and f"bad/{bad}.tmod" in p.stderr, p.stderr
+
+
+def test_doctor():
+    p = cli("doctor")
+    assert p.returncode == 0
+    for k in ("mgtrace:", "numpy:", "blas:", "kernel threads:", "cuda:", "writes format:",
+              "reads formats:", "dask.distributed:"):
+        assert k in p.stdout, k
+    info = json.loads(cli("doctor", "--json").stdout)
+    assert info["writes format"] == ".".join(map(str, FORMAT_VERSION))
+    assert info["cuda"].startswith(("not built (", "built"))
