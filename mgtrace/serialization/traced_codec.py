@@ -128,10 +128,9 @@ def _encode(tm, ctx):
     d = tm.__dict__
     for table in ("_modules", "_parameters", "_buffers"):
         for k in d[table]:
-            if _shadowed(cls, k):
-                raise TypeError(f"cannot save {tm._qualname}: its {table[1:-1]} {k!r} is hidden "
-                                f"by {cls.__name__}.{k} (reading self.{k} gives that instead); "
-                                "rename the attribute and trace again")
+            if k.startswith("__"):
+                raise TypeError(f"cannot save {tm._qualname}: its {table[1:-1]} is named {k!r}; "
+                                "rename the attribute (dunder names are refused) and trace again")
     attrs = {}
     for k, v in d.items():
         if k.startswith("_") or k in _BOOKKEEPING or _shadowed(cls, k) or isinstance(v, Module):
@@ -360,7 +359,10 @@ def _check_member(tm, name, where):
     member, the module's bookkeeping, or a member of its class)."""
     if not isinstance(name, str) or not name or "." in name:
         _fail(where, f"{_short(name)} is not a member name (a non-empty str without '.')")
-    if name in tm.__dict__ or _shadowed(type(tm), name) or name in tm._modules \
+    # children, parameters and buffers live in the module's tables (generated code reads
+    # them with codegen.member), so they may share a class member's name; attrs may not
+    hidden = _shadowed(type(tm), name) if where == "attrs" else name.startswith("__")
+    if name in tm.__dict__ or hidden or name in tm._modules \
             or name in tm._parameters or name in tm._buffers:
         _fail(where, f"{_short(name)} clashes with another member or with "
                      f"{type(tm).__name__}.{name}")
@@ -647,12 +649,12 @@ def _node_dtype(name, w):
 
 def _safe_getattr_path(obj, path, w):
     """What ``obj.a.b.c`` reads, following submodules only and ending at a
-    submodule, parameter, buffer or plain tensor attribute; a part that a
-    member of the module's class would shadow is refused."""
+    submodule, parameter, buffer or plain tensor attribute (tables first,
+    as generated code reads them with ``codegen.member``)."""
     parts = path.split(".")
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
-        if not isinstance(obj, Module) or _shadowed(type(obj), part):
+        if not isinstance(obj, Module) or part.startswith("__"):
             _fail(w, f"{path!r}: {part!r} is not a submodule, parameter or buffer")
         d = obj.__dict__
         if part in d.get("_modules", {}):

@@ -47,7 +47,21 @@ _files = itertools.count()       # makes each compiled graph's file name unique
 
 
 # every generated function sees these; no local or global name shadows them
-_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator}
+def member(obj, name):
+    """``obj.<name>`` looked up in the module's own tables first, so a child
+    called ``flatten`` or ``code`` is found even though TracedModule has a
+    method or property of that name."""
+    d = getattr(obj, "__dict__", {})
+    for table in ("_modules", "_parameters", "_buffers"):
+        t = d.get(table)
+        if t is not None and name in t:
+            return t[name]
+    if name in d and not name.startswith("_"):    # a plain attribute (e.g. a tensor)
+        return d[name]
+    return getattr(obj, name)
+
+
+_FIXED_GLOBALS = {"F": F, "apply": apply, "OpDef": OpDef, "operator": operator, "member": member}
 _RESERVED = set(keyword.kwlist) | set(dir(builtins)) | set(_FIXED_GLOBALS) | {"self"}
 
 
@@ -148,14 +162,24 @@ def _call_args(args, kwargs, namer):
 
 def _attr_source(path, base="self"):
     """``base.a.b`` for the dotted ``path``; a part that is not an identifier
-    (``0``, ``class``, ``it's``) is read with ``getattr(obj, '0')``."""
+    (``0``, ``class``, ``it's``) is read with ``getattr(obj, '0')``, one that a
+    class member would hide (``flatten``) with ``member(obj, 'flatten')``."""
     src = base
     for part in path.split("."):
-        if _IDENT.match(part) and not keyword.iskeyword(part):
+        if _IDENT.match(part) and not keyword.iskeyword(part) and not _class_member(part):
             src = f"{src}.{part}"
+        elif _IDENT.match(part) and not keyword.iskeyword(part):
+            src = f"member({src}, {part!r})"      # e.g. a child named flatten
         else:
             src = f"getattr({src}, {part!r})"
     return src
+
+
+def _class_member(name):
+    """Whether ``name`` is an attribute of the module classes themselves (a
+    method or property), which plain ``obj.name`` would find first."""
+    from mgtrace.traced_module.traced_module import TracedDict, TracedSequence
+    return any(hasattr(c, name) for c in (TracedSequence, TracedDict))
 
 
 def _rhs(e, namer):

@@ -549,9 +549,10 @@ def _inline_getattr(e, env, flat, self_node, root):
 
 
 def _getpath(root, path):
+    from mgtrace.traced_module.codegen import member
     obj = root
     for p in path.split("."):
-        obj = getattr(obj, p)
+        obj = member(obj, p)
     return obj
 
 
