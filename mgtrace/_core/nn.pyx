@@ -72,6 +72,19 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                      const int64_t *after, int mode, int64_t itemsize, int nthreads) noexcept
 
+cdef extern from *:
+    """
+    /* conv.c: route OpenBLAS's threaded calls to OpenMP threads */
+    void mt_nn_blas_threads_init(void);
+    """
+    void mt_nn_blas_threads_init() noexcept nogil
+
+# One thread pool for the process: OpenBLAS's threaded calls (matmul's as
+# well as any other) run their jobs on OpenMP threads from here on, so that
+# OpenBLAS's own workers never spin against the OpenMP kernels (conv.c,
+# "Threads", has the measurements).
+mt_nn_blas_threads_init()
+
 __all__ = ["conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 

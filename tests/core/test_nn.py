@@ -262,7 +262,8 @@ def test_conv2d_1x1_is_a_gemm(shape, dtype):
 def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
-    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "shifted"
+    assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "shifted"
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "im2col"   # 28x28 out
     assert nn.conv2d_algorithm((8, 256, 14, 14), (512, 256, 1, 1), 2) == "im2col"
     with pytest.raises(ValueError, match="groups=0"):
         nn.conv2d_algorithm((1, 4, 5, 5), (4, 4, 3, 3), groups=0)
@@ -271,16 +272,40 @@ def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "im2col"
     assert nn.conv2d_algorithm((8, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1, 144) == "depthwise"
     assert nn.conv2d_algorithm((8, 256, 56, 56), (64, 256, 1, 1)) == "gemm1x1"
-    assert nn.conv2d_algorithm((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
+    # Winograd's tiles count over the batch: 7x7 planes of 512 channels pay from 64 tiles (4 images)
+    assert nn.conv2d_algorithm((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "winograd"
+    assert nn.conv2d_algorithm((2, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
+    assert nn.conv2d_algorithm((1, 256, 14, 14), (256, 256, 3, 3), 1, 1) == "winograd"
 
 
 def test_conv2d_many_image_batches():
-    """SHIFTED and WINOGRAD copy at most ~32 MiB of padded input at a time:
-    5 images of 64 x 130 x 130 float64 take two batches."""
+    """SHIFTED, WINOGRAD and IM2COL copy at most ~32 MiB of padded input at a
+    time: 5 images of 64 x 130 x 130 float64 take two batches."""
     x, wt, b = rand(5, 64, 128, 128, dtype="float64"), rand(4, 64, 3, 3, dtype="float64"), rand(4, dtype="float64")
     ref = ref_conv2d(x, wt, b, 1, 1)
-    for algo in ("shifted", "winograd"):
+    for algo in ("shifted", "winograd", "im2col"):
         close(nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo).numpy(), ref, "float64")
+
+
+@pytest.mark.parametrize("k, padding", [(3, 1), (1, 1)])
+def test_conv2d_im2col_small_planes_in_batches(k, padding):
+    """IM2COL on small planes: column tiles span images and start inside
+    rows (84-column tiles of 5x5 outputs), and 8192 channels of 7x7 padded
+    float64 (3.2 MB an image) split 12 images into batches of 10 and 2 for
+    the packed copy; the 1x1 case uses the packed copy as the GEMM operand
+    itself."""
+    x, wt, b = rand(12, 8192, 5, 5, dtype="float64"), rand(5, 8192, k, k, dtype="float64"), rand(5, dtype="float64")
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, padding, 1, 1, "im2col")
+    close(y.numpy(), ref_conv2d(x, wt, b, 1, padding), "float64")
+
+
+def test_conv2d_winograd_chunks_span_images():
+    """WINOGRAD transforms ~8 MiB of tiles at a time: 5 images of 256
+    channels at 14x14 (35 rows of 7 tiles, float64) take two chunks of 18
+    tile rows, the first ending inside the third image."""
+    x, wt, b = rand(5, 256, 14, 14, dtype="float64"), rand(256, 256, 3, 3, dtype="float64"), rand(256, dtype="float64")
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "winograd")
+    close(y.numpy(), ref_conv2d(x, wt, b, 1, 1), "float64")
 
 
 def test_conv2d_delta_kernel_is_identity():

@@ -41,6 +41,12 @@
  * oversubscribes (OpenBLAS warns it may hang), and alternating OpenMP copies
  * with threaded GEMMs lets each pool's spin-waiting workers steal the core
  * the other needs (libgomp spins ~ms after a region; 5x slower here).
+ * For the same reason OpenBLAS's own thread pool is kept idle altogether:
+ * mt_nn_blas_threads_init (called once when mgtrace._core.nn is imported)
+ * hands every threaded OpenBLAS call, matmul's included, to a callback that
+ * runs its jobs on OpenMP threads, so the process has one pool. Without it,
+ * OpenBLAS's workers spin for 2^28 cycles (~70 ms) after each threaded call
+ * (one Linear layer, say) and slowed the convolutions that followed 2.4x.
  * Scratch memory is the caller's workspace (mt_conv2d_workspace).
  *
  * Typed helpers are written once below the MT_NN_TEMPLATE line and compiled
@@ -48,6 +54,7 @@
  */
 #ifndef MT_NN_TEMPLATE
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <cblas.h>
 #include "nn.h"
@@ -63,6 +70,18 @@
 #define MT_TILE_BYTES ((int64_t)1 << 20)
 /* AUTO: fewest input channels per group for SHIFTED (GEMM K below this is slow) */
 #define MT_SHIFTED_MIN_K 16
+/* AUTO: fewest output pixels an image for SHIFTED (below, IM2COL measured faster) */
+#define MT_SHIFTED_MIN_PLANE 1024
+/* IM2COL: column tiles span images below this many output pixels an image */
+#define MT_IM2COL_SPAN 256
+/* IM2COL: fewest columns a tile where the total allows (the GEMM's N) */
+#define MT_IM2COL_MIN_N 96
+/* WINOGRAD: bytes of transformed input and output (V and M) a chunk of tiles */
+#define MT_WINO_CHUNK_BYTES ((int64_t)8 << 20)
+/* AUTO: transformed Winograd weights above this many bytes need more tiles to pay */
+#define MT_WINO_BIG_U ((int64_t)4 << 20)
+/* WINOGRAD: input channels a block of the weight transform */
+#define MT_WINO_CBLK 64
 
 static inline int64_t mt_clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 /* floor and ceiling division for b > 0 and any a */
@@ -146,6 +165,61 @@ static inline int thread_id(void) {
 #endif
 }
 
+/* OpenBLAS's jobs on OpenMP threads. OpenBLAS calls this with all the jobs
+ * of one threaded call (numjobs records jobdata_elsize bytes apart) and
+ * expects them done on return. The jobs of a level-3 call wait on each
+ * other, so they must all run at once: one OpenMP team of numjobs threads,
+ * or, where OpenMP cannot promise that team (inside a parallel region,
+ * dynamic teams, a thread limit), plain threads for all but the first. */
+typedef struct {
+    openblas_dojob_callback dojob;
+    int index, data;
+    void *job;
+} blas_job;
+
+static void *blas_job_run(void *arg) {
+    blas_job *j = arg;
+    j->dojob(j->index, j->job, j->data);
+    return NULL;
+}
+
+static void blas_run_jobs(int sync, openblas_dojob_callback dojob, int numjobs, size_t jobdata_elsize,
+                          void *jobdata, int dojob_data) {
+    (void)sync;   /* OpenBLAS's exec_blas passes 1: return when all are done */
+    if (numjobs <= 1) {
+        if (numjobs == 1) dojob(0, jobdata, dojob_data);
+        return;
+    }
+#ifdef _OPENMP
+    if (!omp_in_parallel() && !omp_get_dynamic() && numjobs <= omp_get_thread_limit()) {
+        #pragma omp parallel num_threads(numjobs)
+        {
+            const int i = omp_get_thread_num();
+            dojob(i, (char *)jobdata + (size_t)i * jobdata_elsize, dojob_data);
+        }
+        return;
+    }
+#endif
+    blas_job jobs[numjobs];
+    pthread_t tids[numjobs];
+    int started[numjobs];
+    for (int i = 0; i < numjobs; i++) {
+        jobs[i] = (blas_job){dojob, i, dojob_data, (char *)jobdata + (size_t)i * jobdata_elsize};
+        started[i] = i > 0 && pthread_create(&tids[i], NULL, blas_job_run, &jobs[i]) == 0;
+    }
+    /* a job whose thread could not start runs here after job 0 (a level-3
+     * job 0 that waits on it would hang: only when threads run out) */
+    blas_job_run(&jobs[0]);
+    for (int i = 1; i < numjobs; i++) {
+        if (started[i]) pthread_join(tids[i], NULL);
+        else blas_job_run(&jobs[i]);
+    }
+}
+
+void mt_nn_blas_threads_init(void) {
+    scipy_openblas_set_threads_callback_function(blas_run_jobs);
+}
+
 /* OpenBLAS runs single-threaded while any conv's OpenMP region calls it (each
  * OpenMP thread runs its own GEMMs); the first to enter saves the library's
  * thread count, the last to leave restores it. */
@@ -184,6 +258,24 @@ static int64_t o_blocks(int64_t og, int64_t items, int nt) {
     return nob;
 }
 
+/* Column tiles for `others` independent sets of `total` columns: at most hi
+ * columns a tile, and more tiles (while they keep lo columns) until the
+ * items (tiles * others) share evenly over nt threads or number 4 a thread. */
+static int64_t even_tiles(int64_t total, int64_t lo, int64_t hi, int64_t others, int nt) {
+    const int64_t first = (total + hi - 1) / hi;
+    for (int64_t t = first; nt > 1 && (total + t - 1) / t >= lo; t++)
+        if ((t * others) % nt == 0 || t * others >= 4 * (int64_t)nt) return t;
+    return first;
+}
+
+/* Output-channel blocks per group: 1, or more while the items leave threads
+ * idle or share unevenly (blocks keep at least 32 rows, a GEMM-friendly M). */
+static int64_t o_split(int64_t og, int64_t items, int nt) {
+    int64_t nob = 1;
+    while (nt > 1 && items * nob < 4 * (int64_t)nt && (items * nob) % nt != 0 && og / (2 * nob) >= 32) nob *= 2;
+    return nob;
+}
+
 static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias) {
     if (!bias) return;
     if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
@@ -215,17 +307,22 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
         return MT_CONV_GEMM1X1;
     if (is1x1) return MT_CONV_IM2COL;
     /* Winograd needs 3x3, stride 1, no dilation; its 16 GEMMs need enough
-     * channels (K and M) and enough 2x2 tiles an image (N) to pay */
-    const int64_t og = g->o / g->groups, tiles = ((g->oh + 1) / 2) * ((g->ow + 1) / 2);
-    if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= 32) return MT_CONV_WINOGRAD;
+     * channels (K and M), and enough 2x2 tiles over the batch (N) to pay for
+     * the weight transform (16 values per 3x3 kernel, every call): more when
+     * the transformed weights outgrow the cache (512x512: 16 MiB) */
+    const int64_t og = g->o / g->groups, tiles = g->n * ((g->oh + 1) / 2) * ((g->ow + 1) / 2);
+    const int64_t min_tiles = 16 * g->o * cg * 4 > MT_WINO_BIG_U ? 64 : 32;
+    if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) return MT_CONV_WINOGRAD;
     const int64_t phases = mt_min64(g->sh * g->sw, g->kh * g->kw);
     const int64_t one_image = phases * g->c * shifted_hq(g) * shifted_wq(g) * 8;
     /* SHIFTED computes wide columns that are not outputs: worth it while they
      * are few (large planes); IM2COL copies K values per output instead,
-     * which costs more than the GEMM with K = C/groups loses when that is small */
+     * which costs more than SHIFTED's GEMMs with K = C/groups lose on large
+     * planes (56x56 and up), less on smaller ones (28x28 measured) */
     const double wide = (double)(shifted_per_image(g) ? shifted_need(g) : shifted_hq(g) * shifted_wq(g));
     const double waste = wide / (double)(g->oh * g->ow);
-    if (cg >= MT_SHIFTED_MIN_K && waste <= 1.2 && one_image <= MT_SHIFTED_MAX_BYTES)
+    if (cg >= MT_SHIFTED_MIN_K && waste <= 1.2 && one_image <= MT_SHIFTED_MAX_BYTES
+        && g->oh * g->ow >= MT_SHIFTED_MIN_PLANE)
         return MT_CONV_SHIFTED;
     return MT_CONV_IM2COL;
 }
@@ -275,6 +372,41 @@ static void pack_plane(const char *x, char *dst, int64_t isz, const mt_conv2d_ge
     }
 }
 
+/* The stride's phase a kernel tap reads: the padded input's rows a, a + sh,
+ * ... and columns b, b + sw, ... hold tap k's inputs, (a, b) = phase / sw,
+ * phase % sw. */
+static inline int64_t tap_phase(const mt_conv2d_geom *g, int64_t k) {
+    return ((k / g->kw) * g->dh % g->sh) * g->sw + (k % g->kw) * g->dw % g->sw;
+}
+
+/* Distinct phases among the taps: the "slots" of the padded copy. */
+static int64_t count_slots(const mt_conv2d_geom *g) {
+    const int64_t kk = g->kh * g->kw;
+    int64_t n = 0;
+    for (int64_t k = 0; k < kk; k++) {
+        int64_t seen = 0;
+        for (int64_t j = 0; j < k && !seen; j++) seen = tap_phase(g, j) == tap_phase(g, k);
+        n += !seen;
+    }
+    return n;
+}
+
+/* Tap k reads slot tap_slot[k] of the padded copy (planes of rows wq
+ * elements), shifted by tap_shift[k] elements; slot_phase[s] is the phase
+ * slot s holds (phase_slot: sh*sw scratch). Returns the number of slots. */
+static int64_t fill_taps(const mt_conv2d_geom *g, int64_t wq, int64_t *tap_slot, int64_t *tap_shift,
+                         int64_t *phase_slot, int64_t *slot_phase) {
+    int64_t nslots = 0;
+    for (int64_t i = 0; i < g->sh * g->sw; i++) phase_slot[i] = -1;
+    for (int64_t k = 0; k < g->kh * g->kw; k++) {
+        const int64_t oy = (k / g->kw) * g->dh, ox = (k % g->kw) * g->dw, ph = tap_phase(g, k);
+        if (phase_slot[ph] < 0) { phase_slot[ph] = nslots; slot_phase[nslots++] = ph; }
+        tap_slot[k] = phase_slot[ph];
+        tap_shift[k] = (oy / g->sh) * wq + ox / g->sw;
+    }
+    return nslots;
+}
+
 /* SHIFTED's tiling, computed the same way for the workspace query and the run. */
 typedef struct {
     int64_t hq, wq, plane, nps, nslots, nb, need_img, cols;
@@ -288,14 +420,7 @@ static void plan_shifted(const mt_conv2d_geom *g, int64_t isz, int nt, shifted_p
     pl->wq = shifted_wq(g);
     pl->plane = pl->hq * pl->wq;
     pl->nps = g->sh * g->sw;
-    pl->nslots = 0;   /* distinct phases among the taps */
-    for (int64_t k = 0; k < kk; k++) {
-        const int64_t ph = ((k / g->kw) * g->dh % g->sh) * g->sw + (k % g->kw) * g->dw % g->sw;
-        int64_t seen = 0;
-        for (int64_t j = 0; j < k && !seen; j++)
-            seen = ph == ((j / g->kw) * g->dh % g->sh) * g->sw + (j % g->kw) * g->dw % g->sw;
-        pl->nslots += !seen;
-    }
+    pl->nslots = count_slots(g);
     const int64_t per_image = pl->nslots * g->c * pl->plane * isz;
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
     pl->need_img = shifted_need(g);
@@ -321,16 +446,8 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
     char *ybuf = ws_take(&ws, (int64_t)nt * og * cols * isz);
     char *wt = ws_take(&ws, kk * g->o * cg * isz);
     /* the phases the taps use, each a "slot" of the padded copy */
-    int64_t *tap_shift = tap_slot + kk, *phase_slot = tap_shift + kk, *slot_phase = phase_slot + pl.nps;
-    int64_t nslots = 0;
-    for (int64_t i = 0; i < pl.nps; i++) phase_slot[i] = -1;
-    for (int64_t k = 0; k < kk; k++) {
-        const int64_t oy = (k / g->kw) * g->dh, ox = (k % g->kw) * g->dw;
-        const int64_t ph = (oy % g->sh) * g->sw + ox % g->sw;
-        if (phase_slot[ph] < 0) { phase_slot[ph] = nslots; slot_phase[nslots++] = ph; }
-        tap_slot[k] = phase_slot[ph];
-        tap_shift[k] = (oy / g->sh) * wq + ox / g->sw;
-    }
+    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk + pl.nps;
+    const int64_t nslots = fill_taps(g, wq, tap_slot, tap_shift, tap_shift + kk, slot_phase);
     /* weights as [tap][o][c]: each tap's [O x C/groups] block is a GEMM operand */
     for (int64_t o = 0; o < g->o; o++)
         for (int64_t c = 0; c < cg; c++)
@@ -377,80 +494,111 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
 
 /* ----------------------------------------------------------------- IM2COL */
 
-/* col[r][t] for r = (c, kh, kw) over group gi's channels and t over output
- * pixels q0 .. q0 + cnt - 1, counted over all images (pixel q is output
- * q % (oh*ow) of image q / (oh*ow)); ldc columns a row. */
-static void im2col_tile(const char *x, char *col, int64_t isz, const mt_conv2d_geom *g, int64_t gi,
-                        int64_t q0, int64_t cnt, int64_t ldc) {
-    const int64_t cg = g->c / g->groups, kk = g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
-    for (int64_t r = 0; r < cg * kk; r++) {
-        const int64_t c = gi * cg + r / kk, kh = (r % kk) / g->kw, kw = r % g->kw;
-        char *dst = col + r * ldc * isz;
-        for (int64_t t = 0; t < cnt;) {
-            const int64_t q = q0 + t, n = q / ohw, pix = q % ohw, oy = pix / g->ow, ox = pix % g->ow;
-            const int64_t run = mt_min64(g->ow - ox, cnt - t);
-            const int64_t iy = oy * g->sh - g->ph + kh * g->dh;
-            if (iy < 0 || iy >= g->h) memset(dst + t * isz, 0, (size_t)(run * isz));
-            else gather_row(dst + t * isz, x + ((n * g->c + c) * hw + iy * g->w) * isz, run,
-                            ox * g->sw - g->pw + kw * g->dw, g->sw, g->w, isz);
-            t += run;
-        }
-    }
-}
-
-/* IM2COL's tiling. Small planes: tiles span images (GEMM into a buffer, then
- * scattered); large planes: tiles within an image, GEMM straight into y. */
+/* IM2COL packs the input first, as SHIFTED does (zero-padded, split into the
+ * stride's phases, [slot][channel][image][hq][wq] for a batch of images), so
+ * that a row of the column matrix is a run of plain copies with no bounds
+ * checks: tap k of output pixel (oy, ox) is element (oy, ox) of its slot's
+ * plane shifted by tap_shift[k]. Small planes: column tiles span the batch's
+ * images, so that the GEMM's N is large even on 7x7 planes (one GEMM per 7x7
+ * image would have N = 49), and the GEMM goes to a buffer that is scattered
+ * to NCHW; large planes: tiles within an image, GEMM straight into y. A 1x1
+ * kernel needs no columns: the packed copy of a group's channels is itself
+ * the GEMM operand [C/groups x b*OH*OW]. Work items are (column tile,
+ * output-channel block) pairs, as many as share evenly over the threads. */
 typedef struct {
-    int span;
-    int64_t k, cols, per, ntile, bytes;
+    int64_t hq, wq, plane, nps, nslots, nb;   /* the packed copy, as SHIFTED's */
+    int64_t k, cols;                          /* GEMM K = C/groups*KH*KW; columns a tile */
+    int span, direct;
+    int64_t bytes;                            /* workspace */
 } im2col_plan;
 
 static void plan_im2col(const mt_conv2d_geom *g, int64_t isz, int nt, im2col_plan *pl) {
-    const int64_t ohw = g->oh * g->ow, total = g->n * ohw, og = g->o / g->groups;
-    pl->k = (g->c / g->groups) * g->kh * g->kw;
-    pl->span = ohw < 256;
-    const int64_t budget = MT_TILE_BYTES / (pl->k * isz);
-    pl->cols = pl->span ? split_cols(budget, 128, total, g->groups, nt)
-                        : split_cols(budget, 128, ohw, g->n * g->groups, nt);
-    pl->per = pl->span ? (total + pl->cols - 1) / pl->cols : (ohw + pl->cols - 1) / pl->cols;
-    pl->ntile = pl->span ? pl->per : g->n * pl->per;
-    pl->bytes = ws_round((int64_t)nt * pl->k * pl->cols * isz)
+    const int64_t kk = g->kh * g->kw, og = g->o / g->groups, ohw = g->oh * g->ow;
+    pl->hq = shifted_hq(g);
+    pl->wq = shifted_wq(g);
+    pl->plane = pl->hq * pl->wq;
+    pl->nps = g->sh * g->sw;
+    pl->nslots = count_slots(g);
+    pl->k = (g->c / g->groups) * kk;
+    pl->direct = kk == 1;
+    pl->span = ohw < MT_IM2COL_SPAN;
+    const int64_t per_image = pl->nslots * g->c * pl->plane * isz;
+    pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
+    /* the column buffer (or, for 1x1, the GEMM output) within the cache
+     * budget, but never below MT_IM2COL_MIN_N columns: a narrower GEMM
+     * repacks its A (the weights) too often */
+    const int64_t hi = mt_max64(MT_TILE_BYTES / ((pl->direct ? og : pl->k) * isz), MT_IM2COL_MIN_N);
+    const int64_t total = pl->span ? pl->nb * ohw : ohw, others = pl->span ? g->groups : pl->nb * g->groups;
+    const int64_t ntile = even_tiles(total, MT_IM2COL_MIN_N, hi, others, nt);
+    pl->cols = (total + ntile - 1) / ntile;
+    pl->bytes = ws_round(sizeof(int64_t) * (2 * kk + 2 * pl->nps)) + ws_round(pl->nb * per_image)
+              + (pl->direct ? 0 : ws_round((int64_t)nt * pl->k * pl->cols * isz))
               + (pl->span ? ws_round((int64_t)nt * og * pl->cols * isz) : 0);
 }
 
 static int conv_im2col(int dt, const char *x, const char *w, const char *bias, char *y,
                        const mt_conv2d_geom *g, int nt, char *ws) {
-    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow, total = g->n * ohw;
-    const int64_t og = g->o / g->groups;
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow, kk = g->kh * g->kw;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
     im2col_plan pl;
     plan_im2col(g, isz, nt, &pl);
-    const int span = pl.span;
-    const int64_t k = pl.k, cols = pl.cols, per = pl.per;
-    const int64_t nob = o_blocks(og, pl.ntile * g->groups, nt), obs = (og + nob - 1) / nob;
-    const int64_t items = pl.ntile * g->groups * nob;
-    char *colbuf = ws_take(&ws, (int64_t)nt * k * cols * isz);
+    const int64_t k = pl.k, cols = pl.cols, plane = pl.plane, nb = pl.nb;
+    const int span = pl.span, direct = pl.direct;
+    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + 2 * pl.nps));
+    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk + pl.nps;
+    const int64_t nslots = fill_taps(g, pl.wq, tap_slot, tap_shift, tap_shift + kk, slot_phase);
+    char *p = ws_take(&ws, nb * nslots * g->c * plane * isz);
+    char *colbuf = direct ? NULL : ws_take(&ws, (int64_t)nt * k * cols * isz);
     char *ybuf = span ? ws_take(&ws, (int64_t)nt * og * cols * isz) : NULL;
-    const int par = nt > 1 && items > 1;
+    const int par = nt > 1;
     if (par) blas_single_begin();
-    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t ob = it % nob, gi = (it / nob) % g->groups, t = it / (nob * g->groups);
-        const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
-        const int64_t q0 = span ? t * cols : (t / per) * ohw + (t % per) * cols;
-        const int64_t cnt = span ? mt_min64(cols, total - q0) : mt_min64(cols, ohw - (t % per) * cols);
-        char *col = colbuf + thread_id() * k * cols * isz;
-        im2col_tile(x, col, isz, g, gi, q0, cnt, cols);
-        if (span) {
-            char *yb = ybuf + thread_id() * og * cols * isz;
-            gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, col, cols, 0, yb, cols);
-            if (dt == MT_FLOAT32)
-                scatter_cols_f32((const float *)yb, cols, q0, cnt, (float *)y, (const float *)bias, g, o0, rows);
-            else
-                scatter_cols_f64((const double *)yb, cols, q0, cnt, (double *)y, (const double *)bias, g, o0, rows);
-        } else {
-            char *yt = y + (((q0 / ohw) * g->o + o0) * ohw + q0 % ohw) * isz;
-            gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, col, cols, 0, yt, ohw);
-            add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL);
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        char *col = direct ? NULL : colbuf + thread_id() * k * cols * isz;
+        char *yb = span ? ybuf + thread_id() * og * cols * isz : NULL;
+        for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
+            const int64_t b = mt_min64(nb, g->n - n0), ld = b * plane;
+            const int64_t per = span ? (b * ohw + cols - 1) / cols : (ohw + cols - 1) / cols;
+            const int64_t ntile = span ? per : b * per;
+            const int64_t nob = o_split(og, ntile * g->groups, nt), obs = (og + nob - 1) / nob;
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < nslots * g->c * b; r++)
+                pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, (r / b) % g->c,
+                           slot_phase[r / (b * g->c)], pl.hq, pl.wq);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < ntile * g->groups * nob; it++) {
+                const int64_t ob = it % nob, gi = (it / nob) % g->groups, t = it / (nob * g->groups);
+                const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
+                /* q0: the tile's first output pixel, counted over the batch's images */
+                const int64_t q0 = span ? t * cols : (t / per) * ohw + (t % per) * cols;
+                const int64_t cnt = span ? mt_min64(cols, b * ohw - q0) : mt_min64(cols, ohw - (t % per) * cols);
+                const char *bop = col;
+                int64_t ldb = cols;
+                if (direct) {   /* 1x1: plane == oh*ow, so pixel q of channel c is P[c][q] */
+                    bop = p + (gi * cg * ld + q0) * isz;
+                    ldb = ld;
+                } else if (dt == MT_FLOAT32) {
+                    im2col_packed_f32((const float *)p, (float *)col, cols, g, tap_slot, tap_shift, gi, b,
+                                      plane, pl.wq, q0, cnt);
+                } else {
+                    im2col_packed_f64((const double *)p, (double *)col, cols, g, tap_slot, tap_shift, gi, b,
+                                      plane, pl.wq, q0, cnt);
+                }
+                if (span) {
+                    gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, bop, ldb, 0, yb, cols);
+                    char *yn = y + n0 * g->o * ohw * isz;
+                    if (dt == MT_FLOAT32)
+                        scatter_cols_f32((const float *)yb, cols, q0, cnt, (float *)yn, (const float *)bias, g,
+                                         o0, rows);
+                    else
+                        scatter_cols_f64((const double *)yb, cols, q0, cnt, (double *)yn, (const double *)bias, g,
+                                         o0, rows);
+                } else {
+                    char *yt = y + (((n0 + q0 / ohw) * g->o + o0) * ohw + q0 % ohw) * isz;
+                    gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, bop, ldb, 0, yt, ohw);
+                    add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL);
+                }
+            }
         }
     }
     if (par) blas_single_end();
@@ -461,19 +609,25 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
 
 /* Winograd F(2x2, 3x3) (Lavin & Gray): each 2x2 output tile is
  * A^T [(G g G^T) .* (B^T d B)] A for the 4x4 input patch d at (2ty, 2tx) of
- * the zero-padded input and the 3x3 kernel g. Over a block of tiles the
+ * the zero-padded input and the 3x3 kernel g. Over a chunk of tiles the
  * elementwise product, summed over input channels, is 16 GEMMs
  * M[xi] = U[xi] [O x C] * V[xi] [C x tiles], one per point xi of the 4x4
  * transform domain: 16 * C * O multiply-adds per tile instead of 36 * C * O.
  * The input is copied zero-padded first (as SHIFTED does), so the
- * transforms need no bounds checks; a work item is a block of tile rows of
- * one image and group, with its own V and M buffers. */
+ * transforms need no bounds checks. Then, per chunk of tile rows (counted
+ * over the batch's images, so a chunk spans images on small planes), three
+ * parallel phases: the input transform into V (a task per channel and tile
+ * row), the 16 GEMMs (a task per xi, group and block of output channels:
+ * each GEMM is as wide as the chunk, so U[xi] is packed once per chunk even
+ * for 7x7 planes, where tiles per image would give N = 16), and the output
+ * transform (a task per output channel and tile row). */
 typedef struct {
     int64_t th, tw, hp, wp, plane, nb, rows, tmax, bytes;
 } wino_plan;
 
 static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *pl) {
-    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    (void)nt;
+    const int64_t cg = g->c / g->groups;
     pl->th = (g->oh + 1) / 2;
     pl->tw = (g->ow + 1) / 2;
     pl->hp = 2 * pl->th + 2;
@@ -481,62 +635,84 @@ static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *p
     pl->plane = pl->hp * pl->wp;
     const int64_t per_image = g->c * pl->plane * isz;
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
-    /* tile rows per item: V and M of a block within the budget, and enough items */
-    const int64_t budget = 2 * MT_TILE_BYTES / (16 * (cg + og) * isz);
-    int64_t rows = mt_clamp64(budget / pl->tw, 1, pl->th);
-    while (rows > 1 && pl->nb * g->groups * ((pl->th + rows - 1) / rows) < 4 * (int64_t)nt) rows--;
-    pl->rows = rows;
-    pl->tmax = rows * pl->tw;
+    /* tile rows a chunk: V and M (16 * (C + O) values a tile) within the
+     * chunk budget, in chunks of about equal size */
+    const int64_t total = pl->nb * pl->th;
+    const int64_t fit = mt_max64(1, MT_WINO_CHUNK_BYTES / (16 * (g->c + g->o) * isz * pl->tw));
+    const int64_t nchunk = (total + fit - 1) / fit;
+    pl->rows = (total + nchunk - 1) / nchunk;
+    pl->tmax = pl->rows * pl->tw;
     pl->bytes = ws_round(pl->nb * per_image) + ws_round(16 * g->o * cg * isz)
-              + (int64_t)nt * (ws_round(16 * cg * pl->tmax * isz) + ws_round(16 * og * pl->tmax * isz)
-                               + ws_round((2 * pl->tw + 2) * isz));
+              + ws_round(16 * g->c * pl->tmax * isz) + ws_round(16 * g->o * pl->tmax * isz)
+              + (int64_t)nt * ws_round((2 * pl->tw + 2) * isz);
 }
 
 static int conv_winograd(int dt, const char *x, const char *w, const char *bias, char *y,
                          const mt_conv2d_geom *g, int nt, char *ws) {
-    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8;
+    const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow;
     const int64_t cg = g->c / g->groups, og = g->o / g->groups;
     wino_plan pl;
     plan_wino(g, isz, nt, &pl);
-    const int64_t tw = pl.tw, plane = pl.plane, tmax = pl.tmax, nb = pl.nb;
-    const int64_t per_rows = (pl.th + pl.rows - 1) / pl.rows;
+    const int64_t th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
     char *p = ws_take(&ws, nb * g->c * plane * isz);
     char *u = ws_take(&ws, 16 * g->o * cg * isz);
-    char *bufs = ws;
-    const int64_t vbytes = ws_round(16 * cg * tmax * isz), mbytes = ws_round(16 * og * tmax * isz);
+    char *v = ws_take(&ws, 16 * g->c * pl.tmax * isz);
+    char *m = ws_take(&ws, 16 * g->o * pl.tmax * isz);
+    char *scratch_all = ws;
     const int64_t sbytes = ws_round((2 * tw + 2) * isz);
-    /* the phase-0, stride-1 view of pack_plane pads by (ph, pw) into hp x wp */
-    if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, g->o, cg);
-    else wino_weights_f64((const double *)w, (double *)u, g->o, cg);
+    /* GEMM tasks: 16 per group, times output-channel blocks when fewer */
+    const int64_t nob = o_split(og, 16 * g->groups, nt), obs = (og + nob - 1) / nob;
     const int par = nt > 1;
     if (par) blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
-        char *v = bufs + thread_id() * (vbytes + mbytes + sbytes), *m = v + vbytes, *scratch = m + mbytes;
+        char *scratch = scratch_all + thread_id() * sbytes;
+        #pragma omp for schedule(static) nowait
+        for (int64_t o = 0; o < g->o; o++) {
+            if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, g->o, cg, o);
+            else wino_weights_f64((const double *)w, (double *)u, g->o, cg, o);
+        }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
-            const int64_t b = mt_min64(nb, g->n - n0);
+            const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
+            /* P is [channel][image][hp][wp] for the batch: the phase-0,
+             * stride-1 view of pack_plane pads by (ph, pw) into hp x wp */
             #pragma omp for schedule(static)
             for (int64_t r = 0; r < g->c * b; r++)
                 pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, r / b, 0, pl.hp, pl.wp);
-            #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < b * g->groups * per_rows; it++) {
-                const int64_t blk = it % per_rows, gi = (it / per_rows) % g->groups, img = it / (per_rows * g->groups);
-                const int64_t ty0 = blk * pl.rows, ty1 = mt_min64(pl.th, ty0 + pl.rows), cnt = (ty1 - ty0) * tw;
-                /* P is [channel][image][hp][wp] for the batch */
-                const char *pc = p + ((gi * cg) * b + img) * plane * isz;
-                if (dt == MT_FLOAT32) wino_input_f32((const float *)pc, b * plane, (float *)v, cg, ty0, ty1, tw, pl.wp);
-                else wino_input_f64((const double *)pc, b * plane, (double *)v, cg, ty0, ty1, tw, pl.wp);
-                for (int64_t xi = 0; xi < 16; xi++)
-                    gemm(dt, 0, og, cnt, cg, u + (xi * g->o + gi * og) * cg * isz, cg, v + xi * cg * cnt * isz, cnt,
-                         0, m + xi * og * cnt * isz, cnt);
-                char *yo = y + ((n0 + img) * g->o + gi * og) * g->oh * g->ow * isz;
-                const char *bo = bias ? bias + gi * og * isz : NULL;
-                if (dt == MT_FLOAT32)
-                    wino_output_f32((const float *)m, (float *)yo, (const float *)bo, og, ty0, ty1, tw, g->oh, g->ow,
-                                    (float *)scratch);
-                else
-                    wino_output_f64((const double *)m, (double *)yo, (const double *)bo, og, ty0, ty1, tw, g->oh,
-                                    g->ow, (double *)scratch);
+            for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
+                /* the chunk: tile rows r0 .. r1 - 1; row r is row r % th of image r / th */
+                const int64_t nr = mt_min64(rows, nrows - r0), cnt = nr * tw;
+                #pragma omp for schedule(static)
+                for (int64_t task = 0; task < g->c * nr; task++) {
+                    const int64_t c = task / nr, r = r0 + task % nr, img = r / th;
+                    const char *pc = p + (c * b + img) * plane * isz;
+                    char *vc = v + (c * cnt + (r - r0) * tw) * isz;
+                    if (dt == MT_FLOAT32)
+                        wino_input_f32((const float *)pc, (float *)vc, g->c * cnt, r % th, tw, pl.wp);
+                    else
+                        wino_input_f64((const double *)pc, (double *)vc, g->c * cnt, r % th, tw, pl.wp);
+                }
+                #pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < 16 * g->groups * nob; task++) {
+                    const int64_t ob = task % nob, gi = (task / nob) % g->groups, xi = task / (nob * g->groups);
+                    const int64_t o0 = gi * og + ob * obs, orows = mt_min64(obs, og - ob * obs);
+                    gemm(dt, 0, orows, cnt, cg, u + (xi * g->o + o0) * cg * isz, cg,
+                         v + (xi * g->c + gi * cg) * cnt * isz, cnt, 0, m + (xi * g->o + o0) * cnt * isz, cnt);
+                }
+                #pragma omp for schedule(static)
+                for (int64_t task = 0; task < g->o * nr; task++) {
+                    const int64_t o = task / nr, r = r0 + task % nr, img = r / th;
+                    char *yo = y + ((n0 + img) * g->o + o) * ohw * isz;
+                    const char *mc = m + (o * cnt + (r - r0) * tw) * isz;
+                    if (dt == MT_FLOAT32)
+                        wino_output_f32((const float *)mc, g->o * cnt, (float *)yo,
+                                        bias ? ((const float *)bias)[o] : 0.0f, r % th, tw, g->oh, g->ow,
+                                        (float *)scratch);
+                    else
+                        wino_output_f64((const double *)mc, g->o * cnt, (double *)yo,
+                                        bias ? ((const double *)bias)[o] : 0.0, r % th, tw, g->oh, g->ow,
+                                        (double *)scratch);
+                }
             }
         }
     }
@@ -691,6 +867,31 @@ static void FN(scatter_wide)(const T *ybuf, int64_t ldy, int64_t j0, int64_t col
     }
 }
 
+/* IM2COL columns from the packed copy p ([slot][channel][image][plane],
+ * b images, planes of rows wq elements): col[r][t] for r = (c, tap) over
+ * group gi's channels (the weights' order) and t over output pixels q0 ..
+ * q0 + cnt - 1 of the batch (pixel q is (oy, ox) of image q / (oh*ow)). */
+static void FN(im2col_packed)(const T *p, T *col, int64_t ldc, const mt_conv2d_geom *g, const int64_t *tap_slot,
+                              const int64_t *tap_shift, int64_t gi, int64_t b, int64_t plane, int64_t wq,
+                              int64_t q0, int64_t cnt) {
+    const int64_t cg = g->c / g->groups, kk = g->kh * g->kw, ohw = g->oh * g->ow, ow = g->ow;
+    const int64_t img0 = q0 / ohw, oy0 = (q0 % ohw) / ow, ox0 = q0 % ow;
+    for (int64_t r = 0; r < cg * kk; r++) {
+        const int64_t c = gi * cg + r / kk, k = r % kk;
+        const T *src = p + (tap_slot[k] * g->c + c) * b * plane + tap_shift[k];
+        T *restrict dst = col + r * ldc;
+        int64_t img = img0, oy = oy0, ox = ox0;
+        for (int64_t t = 0; t < cnt;) {
+            const int64_t run = mt_min64(ow - ox, cnt - t);
+            const T *restrict s = src + img * plane + oy * wq + ox;
+            for (int64_t i = 0; i < run; i++) dst[t + i] = s[i];
+            t += run;
+            ox = 0;
+            if (++oy == g->oh) { oy = 0; img++; }
+        }
+    }
+}
+
 /* IM2COL across images: columns = output pixels q0 .. q0 + cols - 1 over all
  * images, rows = output channels o0 .. o0 + rows - 1; to y with the bias. */
 static void FN(scatter_cols)(const T *ybuf, int64_t ldy, int64_t q0, int64_t cols, T *y, const T *bias,
@@ -748,25 +949,39 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     }
 }
 
-/* WINOGRAD weights: u[xi][o][c] = (G g G^T)[xi] for each 3x3 kernel g = w[o][c],
- * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. */
-static void FN(wino_weights)(const T *w, T *u, int64_t o_all, int64_t cg) {
-    for (int64_t o = 0; o < o_all; o++)
-        for (int64_t c = 0; c < cg; c++) {
-            const T *k = w + (o * cg + c) * 9;
-            T gg[4][3];
+/* WINOGRAD weights of output channel o: u[xi][o][c] = (G g G^T)[xi] for
+ * each 3x3 kernel g = w[o][c], G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
+ * Blocks of channels at a time, transposed first (kt[j][c] = g[j]), so that
+ * every loop runs over contiguous c and each of the 16 rows of u gets whole
+ * cache lines (16 scattered stores a kernel, 1 MiB apart for 512 channels,
+ * thrash the cache sets). */
+static MT_CLONES void FN(wino_weights)(const T *w, T *u, int64_t o_all, int64_t cg, int64_t o) {
+    T kt[9][MT_WINO_CBLK], gg[3][MT_WINO_CBLK];
+    for (int64_t c0 = 0; c0 < cg; c0 += MT_WINO_CBLK) {
+        const int64_t nc = mt_min64(MT_WINO_CBLK, cg - c0);
+        const T *k = w + (o * cg + c0) * 9;
+        for (int64_t c = 0; c < nc; c++)
+            for (int j = 0; j < 9; j++) kt[j][c] = k[c * 9 + j];
+        for (int i = 0; i < 4; i++) {   /* row i of G g: gg[j] = (G g)[i][j] */
             for (int j = 0; j < 3; j++) {
-                gg[0][j] = k[j];
-                gg[1][j] = (k[j] + k[3 + j] + k[6 + j]) * (T)0.5;
-                gg[2][j] = (k[j] - k[3 + j] + k[6 + j]) * (T)0.5;
-                gg[3][j] = k[6 + j];
+                const T *restrict k0 = kt[j], *restrict k1 = kt[3 + j], *restrict k2 = kt[6 + j];
+                T *restrict d = gg[j];
+                if (i == 0) for (int64_t c = 0; c < nc; c++) d[c] = k0[c];
+                else if (i == 1) for (int64_t c = 0; c < nc; c++) d[c] = (k0[c] + k1[c] + k2[c]) * (T)0.5;
+                else if (i == 2) for (int64_t c = 0; c < nc; c++) d[c] = (k0[c] - k1[c] + k2[c]) * (T)0.5;
+                else for (int64_t c = 0; c < nc; c++) d[c] = k2[c];
             }
-            for (int i = 0; i < 4; i++) {
-                const T r[4] = {gg[i][0], (gg[i][0] + gg[i][1] + gg[i][2]) * (T)0.5,
-                                (gg[i][0] - gg[i][1] + gg[i][2]) * (T)0.5, gg[i][2]};
-                for (int j = 0; j < 4; j++) u[((i * 4 + j) * o_all + o) * cg + c] = r[j];
+            T *restrict d0 = u + ((i * 4 + 0) * o_all + o) * cg + c0, *restrict d1 = d0 + o_all * cg;
+            T *restrict d2 = d1 + o_all * cg, *restrict d3 = d2 + o_all * cg;
+            for (int64_t c = 0; c < nc; c++) {   /* (G g) G^T, row i */
+                const T a0 = gg[0][c], a1 = gg[1][c], a2 = gg[2][c];
+                d0[c] = a0;
+                d1[c] = (a0 + a1 + a2) * (T)0.5;
+                d2[c] = (a0 - a1 + a2) * (T)0.5;
+                d3[c] = a2;
             }
         }
+    }
 }
 
 /* WINOGRAD input, one row of tiles: v[xi * ldx + tx] = (B^T d B)[xi] for the
@@ -796,17 +1011,12 @@ static MT_CLONES void FN(wino_input_row)(const T *restrict r0, const T *restrict
     }
 }
 
-/* WINOGRAD input: v[xi][c][t] for the tiles of rows ty0 .. ty1 - 1,
- * t = (ty - ty0) * tw + tx. Channel c's padded plane is at p + c * cstride,
- * its rows wp apart. */
-static void FN(wino_input)(const T *p, int64_t cstride, T *v, int64_t cg, int64_t ty0, int64_t ty1,
-                           int64_t tw, int64_t wp) {
-    const int64_t cnt = (ty1 - ty0) * tw, ldx = cg * cnt;
-    for (int64_t c = 0; c < cg; c++)
-        for (int64_t ty = ty0; ty < ty1; ty++) {
-            const T *r0 = p + c * cstride + 2 * ty * wp;
-            FN(wino_input_row)(r0, r0 + wp, r0 + 2 * wp, r0 + 3 * wp, v + c * cnt + (ty - ty0) * tw, ldx, tw);
-        }
+/* WINOGRAD input, one channel and one row of tiles: v[xi * ldx + tx] for
+ * the tiles of row ty (v points at the row's first tile). The channel's
+ * padded plane is at p, its rows wp apart. */
+static void FN(wino_input)(const T *p, T *v, int64_t ldx, int64_t ty, int64_t tw, int64_t wp) {
+    const T *r0 = p + 2 * ty * wp;
+    FN(wino_input_row)(r0, r0 + wp, r0 + 2 * wp, r0 + 3 * wp, v, ldx, tw);
 }
 
 /* WINOGRAD output, one row of tiles: the 2x2 outputs A^T m A + bias of the
@@ -830,26 +1040,21 @@ static MT_CLONES void FN(wino_output_row)(const T *restrict m, int64_t ldx, T *r
     }
 }
 
-/* WINOGRAD output: y[o][2ty + i][2tx + j] for the tiles of rows ty0 .. ty1 - 1
- * from m[xi][o][t]; outputs past an odd oh or ow are dropped (computed into
- * the scratch row, of 2 * tw + 2 elements). */
-static void FN(wino_output)(const T *m, T *y, const T *bias, int64_t og, int64_t ty0, int64_t ty1,
-                            int64_t tw, int64_t oh, int64_t ow, T *scratch) {
-    const int64_t cnt = (ty1 - ty0) * tw, ldx = og * cnt, full = ow / 2;
-    for (int64_t o = 0; o < og; o++) {
-        const T bv = bias ? bias[o] : (T)0;
-        for (int64_t ty = ty0; ty < ty1; ty++) {
-            const T *mt = m + o * cnt + (ty - ty0) * tw;
-            T *y0 = y + (o * oh + 2 * ty) * ow;
-            T *y1 = 2 * ty + 1 < oh ? y0 + ow : scratch;
-            FN(wino_output_row)(mt, ldx, y0, y1, bv, full);
-            if (ow % 2) {  /* the last tile has one column */
-                T row[2][2];
-                FN(wino_output_row)(mt + full, ldx, row[0], row[1], bv, 1);
-                y0[ow - 1] = row[0][0];
-                if (2 * ty + 1 < oh) y1[ow - 1] = row[1][0];
-            }
-        }
+/* WINOGRAD output, one output channel and one row of tiles: rows 2ty and
+ * 2ty + 1 of the plane y from m[xi * ldx + tx] (m points at the row's first
+ * tile), plus the bias bv; outputs past an odd oh or ow are dropped
+ * (computed into the scratch row, of 2 * tw + 2 elements). */
+static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int64_t tw, int64_t oh, int64_t ow,
+                            T *scratch) {
+    const int64_t full = ow / 2;
+    T *y0 = y + 2 * ty * ow;
+    T *y1 = 2 * ty + 1 < oh ? y0 + ow : scratch;
+    FN(wino_output_row)(m, ldx, y0, y1, bv, full);
+    if (ow % 2) {  /* the last tile has one column */
+        T row[2][2];
+        FN(wino_output_row)(m + full, ldx, row[0], row[1], bv, 1);
+        y0[ow - 1] = row[0][0];
+        if (2 * ty + 1 < oh) y1[ow - 1] = row[1][0];
     }
 }
 
