@@ -174,7 +174,8 @@ def _torch_minilm(nn):
             self.register_buffer("position_ids", torch.arange(positions)[None])
 
         def forward(self, input_ids):
-            positions = self.position_ids.narrow(1, 0, input_ids.size(1))   # fx: no slicing by a Proxy
+            # narrow, not [:, :seq]: fx cannot slice a buffer by a Proxy
+            positions = self.position_ids.narrow(1, 0, input_ids.size(1))
             token_types = torch.zeros_like(positions)
             h = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
                  + self.token_type_embeddings(token_types))
@@ -195,8 +196,10 @@ def _torch_minilm(nn):
                           self.attention_head_size).permute(0, 2, 1, 3)
 
         def forward(self, h, mask_bias):
-            q, k, v = self._heads(self.query(h)), self._heads(self.key(h)), self._heads(self.value(h))
-            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.attention_head_size))
+            q, k, v = (self._heads(self.query(h)), self._heads(self.key(h)),
+                       self._heads(self.value(h)))
+            scores = (torch.matmul(q, k.transpose(-1, -2))
+                      * (1.0 / math.sqrt(self.attention_head_size)))
             probs = self.dropout(torch.softmax(scores + mask_bias, dim=-1))
             ctx = torch.matmul(probs, v).permute(0, 2, 1, 3)
             return ctx.reshape(ctx.size(0), ctx.size(1),
