@@ -11,6 +11,9 @@ Rows (CASES below):
 * ``resnet18 1x3x224x224``: ``mgtrace.models.resnet18``; the torch side is
   the torch.nn reference in tests/models/torch_reference.py, traced with
   ``torch.fx.symbolic_trace``.
+* ``resnet18 1x3x32x32``: the same model traced on a 32x32 image. Shapes
+  stay symbolic, so this graph is the one traced at 224x224 and runs at
+  any size: tracing on a small example input is how to make tracing cheap.
 * ``minilm 8x128``: ``mgtrace.models.minilm_l6_v2`` on 8 sentences through
   ``minilm_inputs``, padded to 128 tokens (input_ids and attention_mask
   8x128). The torch side is Hugging Face's ``BertModel`` of the same size
@@ -64,6 +67,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one round = one trace + one eager forward + one traced forward
 CASES = {
     "resnet18 1x3x224x224": ("resnet18", (1, 3, 224, 224), (2, 20), (5, 100)),
+    "resnet18 1x3x32x32": ("resnet18", (1, 3, 32, 32), (3, 30), (10, 150)),
     "minilm 8x128": ("minilm", (8, 128), (1, 5), (2, 20)),
     "minilm 1x16": ("minilm", (1, 16), (3, 30), (10, 150)),
 }

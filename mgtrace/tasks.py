@@ -487,8 +487,8 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
     folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".mgtrace-{secrets.token_hex(6)}.tmp")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))   # mode per umask
-    try:
+    try:        # created inside the try: a stop (SIGTERM -> _Stopped) may come at any line
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))   # mode per umask
         save(obj, tmp, metadata=metadata, example_inputs=inputs)
         err = None
         arc = load_archive(tmp)
@@ -507,8 +507,10 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
         _fsync_dir(folder)
         return err, ""
     finally:
-        if os.path.exists(tmp):
+        try:
             os.unlink(tmp)
+        except FileNotFoundError:
+            pass
 
 
 def _fsync_dir(folder):

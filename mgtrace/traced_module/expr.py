@@ -18,6 +18,7 @@ in place of traced values, wherever they sit in nested containers, as in
 torch.fx. ``inputs`` lists those nodes in order; ``outputs`` are the nodes
 the expr produces, ``out_def`` the TreeDef that rebuilds its result.
 """
+import functools
 import itertools
 import operator
 import os
@@ -37,6 +38,7 @@ def is_node(v):
     return isinstance(v, Node)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename):
     """False for mgtrace's own code: its Python files, its Cython sources
     (tracebacks name them relative, ``mgtrace/_core/tensor.pyx``) and the

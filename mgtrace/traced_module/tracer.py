@@ -569,11 +569,23 @@ def type_name(module):
     return module.__dict__.get("_orig_name") or type(module).__name__
 
 
+_SIGNATURES = {}     # forward function of a class -> signature of the bound method
+
+
 def signature_of(module):
-    sig = getattr(module, "_signature", None)
+    """The signature of ``module.forward`` (bound: no ``self``); for a
+    TracedModule, that of the forward it was traced from. Cached per class,
+    as the tracer asks for it on every module call."""
+    sig = module.__dict__.get("_signature")
     if sig is not None:
         return sig
-    return inspect.signature(module.forward)
+    if "forward" in module.__dict__:            # forward replaced on the instance
+        return inspect.signature(module.forward)
+    fn = type(module).forward
+    sig = _SIGNATURES.get(fn)
+    if sig is None:
+        sig = _SIGNATURES[fn] = inspect.signature(module.forward)
+    return sig
 
 
 def bind_arguments(sig, args, kwargs, owner):
