@@ -8,7 +8,7 @@ import scipy_openblas32  # noqa: F401  (loads libscipy_openblas with RTLD_GLOBAL
 from mgtrace._core.dtype import DTYPES, NAMES as DTYPE_NAMES, as_dtype, dtype_promotion
 from mgtrace._core.device import (Device, as_device, cuda_available, get_default_device,
                                   set_default_device)
-from mgtrace._core.tensor import Tensor, from_dlpack, tensor
+from mgtrace._core.tensor import Tensor, empty_tensor, from_dlpack, share_as, tensor
 from mgtrace._core import dispatch, index, linalg, nn, reduce  # noqa: F401  (modules install Tensor methods and register ops)
 from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, register_op,
                                     set_num_threads)

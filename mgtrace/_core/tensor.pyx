@@ -1059,6 +1059,51 @@ cdef Tensor _copy_as(Tensor t, type cls):
     return out
 
 
+cdef Tensor _share_as(Tensor t, type cls):
+    """t's storage, shape and strides as an instance of cls (no copy)."""
+    cdef Tensor out = cls.__new__(cls)
+    out._st = t._st
+    out._st.refcount += 1
+    out._data = t._data
+    out._ndim = t._ndim
+    out._dtype = t._dtype
+    out._device = t._device
+    out._readonly_view = t._readonly_view
+    for i in range(t._ndim):
+        out._shape[i] = t._shape[i]
+        out._strides[i] = t._strides[i]
+    return out
+
+
+def share_as(t, cls):
+    """``t`` as an instance of ``cls`` (Tensor or a subclass such as
+    Parameter) sharing its memory: no copy; read-only stays read-only.
+
+    Raises:
+        TypeError: t is not a Tensor or cls not a Tensor class.
+    """
+    if not isinstance(t, Tensor):
+        raise TypeError(f"share_as takes a Tensor, got {type(t).__name__}")
+    if not (isinstance(cls, type) and issubclass(cls, Tensor)):
+        raise TypeError(f"share_as makes a Tensor or a subclass of it, not {cls!r}")
+    return _share_as(<Tensor>t, cls)
+
+
+def empty_tensor(shape, dtype="float32", device=None, cls=Tensor):
+    """An uninitialized tensor of ``shape`` (contents undefined), as an
+    instance of ``cls``. Large ones are fresh pages that take no memory until
+    written, which is what loading an archive into a new module wants.
+
+    Raises:
+        TypeError/ValueError: as for the shape and dtype of :func:`tensor`.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Tensor)):
+        raise TypeError(f"empty_tensor makes a Tensor or a subclass of it, not {cls!r}")
+    cdef int64_t buf[16]
+    cdef int nd = parse_shape(shape, buf)
+    return _share_as(empty(nd, buf, dtype_code(dtype), device_id(device)), cls)
+
+
 cdef object _finish(object res, object dtype, object out):
     """NumPy's dtype= and out= on reductions: cast, then write into out."""
     if dtype is not None:

@@ -13,14 +13,12 @@ modules get Parameters that share those tensors' memory
 file and one loaded without it holds the single copy the load read.
 """
 import ctypes
-import importlib
 import sys
-import threading
 import zlib
 
 import numpy as np
 
-from mgtrace._core import DTYPES, from_dlpack
+from mgtrace._core import DTYPES, from_dlpack, share_as
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
@@ -158,39 +156,13 @@ def tensor_from_array(arr):
 
 
 
-# ``import mgtrace._core.tensor`` would give the function tensor() (re-exported
-# under the submodule's name), hence importlib
-_core_tensor = importlib.import_module("mgtrace._core.tensor")
-_share_lock = threading.Lock()
-
-
 def as_parameter(t):
-    """A :class:`~mgtrace.module.Parameter` sharing ``t``'s memory (no copy).
-
-    ``Parameter(t)`` always copies: the core builds it from ``t.copy()``.
-    Here that one copy of ``t`` alone is made to return ``t`` itself, so the
-    Parameter takes over ``t``'s storage, read-only flag included (a
-    Parameter made from a tensor mapped from an archive raises ValueError
-    "tensor is read-only ... copy it with .copy() before writing" when
-    written to). Copies of any other tensor, in any thread, are untouched.
-    Should the core stop building Parameters that way, the result is a
-    copy, as before.
+    """A :class:`~mgtrace.module.Parameter` sharing ``t``'s memory (no copy;
+    a read-only ``t``, e.g. mapped from an archive, gives a read-only
+    Parameter that raises ValueError when written to).
 
     Args:
-        t: a CPU or device Tensor (any dtype, shape, strides).
-
-    Returns:
-        Parameter: same dtype, shape, device and data as ``t``.
+        t: a Tensor (any dtype, shape, strides, device).
     """
     from mgtrace.module import Parameter
-    ops = _core_tensor._OPS
-    with _share_lock:            # one swap at a time, so each restores what it replaced
-        cast = ops["cast"]
-
-        def same_tensor(x, code, _t=t):
-            return x if x is _t else cast(x, code)
-        ops["cast"] = same_tensor
-        try:
-            return Parameter(t, device=t.device)
-        finally:
-            ops["cast"] = cast
+    return share_as(t, Parameter)

@@ -66,7 +66,6 @@ from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
 from mgtrace.serialization.limits import MAX_NDIM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
-from mgtrace.traced_module import codegen as _codegen
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
 from mgtrace.traced_module.graph import InternalGraph
@@ -451,8 +450,8 @@ class _GraphReader:
         problems = graph.check(recursive=False)
         if problems:
             _fail(w, "the graph is broken: " + "; ".join(problems[:5]))
-        try:                    # the code it will run: compiled now, so a load fails, not a call
-            compile(_codegen.generate(graph)[0], f"<archive graph {w}>", "exec")
+        try:                    # the code it will run: compiled now (and kept), so a load fails, not a call
+            self.tm._function(graph)
         except (SyntaxError, ValueError, TypeError) as e:
             _fail(w, f"its generated code does not compile ({type(e).__name__}: {e})")
         return graph

@@ -12,6 +12,7 @@ The source is compiled with ``compile`` under the file name
 ``inspect`` show the generated lines.
 """
 import builtins
+import functools
 import collections
 import itertools
 import keyword
@@ -175,6 +176,7 @@ def _attr_source(path, base="self"):
     return src
 
 
+@functools.lru_cache(maxsize=None)
 def _class_member(name):
     """Whether ``name`` is an attribute of the module classes themselves (a
     method or property), which plain ``obj.name`` would find first."""
