@@ -92,7 +92,7 @@ CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CO
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
 _INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
-_PAD_MODES = ("constant", "reflect", "replicate")
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 cdef int64_t _BLAS_INT_MAX = 2147483647
 
@@ -709,6 +709,42 @@ cdef list _pad_pairs(object pad_width, int ndim):
     return pairs
 
 
+cdef int _wrap_edges(Tensor out, int nd, const int64_t *shape, const int64_t *before,
+                     const int64_t *after) except -1:
+    """Circular padding of ``out``, whose interior already holds x: axis by
+    axis, each pad is block copies (of at most one period) from the
+    interior along that axis, over the axes before it in full (padded
+    already) and the axes after it in their interior."""
+    cdef int d, k
+    cdef int64_t vshape[16]
+    cdef int64_t base, n, b, a, j0, cnt, st
+    for d in range(nd):
+        n, b, a = shape[d], before[d], after[d]
+        if b == 0 and a == 0:
+            continue
+        base = 0
+        for k in range(nd):
+            vshape[k] = out._shape[k] if k < d else shape[k]
+            if k > d:
+                base += before[k] * out._strides[k]
+        st = out._strides[d]
+        j0 = 0
+        while j0 < a:                  # out[b + n + j] = out[b + j % n]
+            cnt = min(n, a - j0)
+            vshape[d] = cnt
+            copy_into(view_of(out, nd, vshape, out._strides, base + (b + n + j0) * st),
+                      view_of(out, nd, vshape, out._strides, base + b * st))
+            j0 += cnt
+        j0 = 0
+        while j0 < b:                  # out[b - 1 - j] = out[b + n - 1 - j % n]
+            cnt = min(n, b - j0)
+            vshape[d] = cnt
+            copy_into(view_of(out, nd, vshape, out._strides, base + (b - j0 - cnt) * st),
+                      view_of(out, nd, vshape, out._strides, base + (b + n - cnt) * st))
+            j0 += cnt
+    return 0
+
+
 def pad(x, pad_width, mode="constant", value=0.0):
     """Pad a tensor of any ndim and dtype (np.pad's pad_width layout).
 
@@ -717,8 +753,10 @@ def pad(x, pad_width, mode="constant", value=0.0):
         pad_width: an int (every side of every axis); one (before, after)
             pair for every axis; or a sequence of ndim pairs, first axis first.
         mode: "constant" (fill with ``value``), "reflect" (mirror without
-            repeating the edge: NumPy's and PyTorch's reflect) or
-            "replicate" (repeat the edge: NumPy's "edge").
+            repeating the edge: NumPy's and PyTorch's reflect), "replicate"
+            (repeat the edge: NumPy's "edge") or "circular" (wrap around:
+            NumPy's "wrap", PyTorch's circular; padding longer than the axis
+            repeats it again).
         value: the fill for "constant", a Python scalar converted to x's dtype.
 
     Returns:
@@ -726,12 +764,14 @@ def pad(x, pad_width, mode="constant", value=0.0):
 
     Raises:
         ValueError: negative padding, a pair count that does not match ndim,
-            reflect padding not smaller than its axis, replicate padding of
-            an empty axis, unknown mode.
+            reflect padding not smaller than its axis, replicate or circular
+            padding of an empty axis, unknown mode.
 
     >>> import mgtrace as mt
     >>> pad(mt.tensor([1, 2, 3]), (2, 1), mode="reflect").tolist()
     [3, 2, 1, 2, 3, 2]
+    >>> pad(mt.tensor([1, 2, 3]), (4, 2), mode="circular").tolist()
+    [3, 1, 2, 3, 1, 2, 3, 1, 2]
     """
     cdef str op = "pad"
     if tracing_active():
@@ -753,16 +793,19 @@ def pad(x, pad_width, mode="constant", value=0.0):
         if mode == "reflect" and (before[d] >= shape[d] or after[d] >= shape[d]) and (before[d] or after[d]):
             raise ValueError(f"{op}: reflect padding {pairs[d]} on axis {d} must be smaller than the "
                              f"axis (size {shape[d]})")
-        if mode == "replicate" and shape[d] == 0 and (before[d] or after[d]):
-            raise ValueError(f"{op}: cannot replicate-pad axis {d} of size 0")
+        if mode in ("replicate", "circular") and shape[d] == 0 and (before[d] or after[d]):
+            raise ValueError(f"{op}: cannot {mode}-pad axis {d} of size 0")
     out = empty(nd, oshape, t._dtype, t._device)
-    if mode == "constant":
-        fill(out, value)
+    if mode in ("constant", "circular"):
+        if mode == "constant":
+            fill(out, value)
         for d in range(nd):
             offset += before[d] * out._strides[d]
         if numel(t):
             inner = view_of(out, nd, shape, out._strides, offset)
             copy_into(inner, t)
+        if mode == "circular" and numel(out):
+            _wrap_edges(out, nd, shape, before, after)
         return out
     t = <Tensor>t.contiguous()
     cdef int m = MT_PAD_REFLECT if mode == "reflect" else MT_PAD_REPLICATE

@@ -20,9 +20,12 @@ Conventions (MegEngine's, which follow PyTorch's for these functions):
 - Tensor arguments may also be NumPy arrays or lists; they go to the device
   of the Tensor arguments.
 """
+import functools
+
 import numpy as np
 
 from mgtrace._core import Tensor
+from mgtrace._core import tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import index as _index
 from mgtrace._core import linalg as _linalg
@@ -260,7 +263,8 @@ def _pool_input(fn, x):
     return x
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
     """2-D max pooling (PyTorch semantics; MegEngine's ``max_pool2d``).
 
     Args:
@@ -271,26 +275,69 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         dilation: int or (h, w) >= 1.
         ceil_mode: round the output size up (the last window must start
             inside the input or its left padding).
+        return_indices: also return where each maximum came from (PyTorch's
+            ``return_indices``).
 
     Returns:
         [N, C, OH, OW], OH = floor_or_ceil((H + 2*ph - dh*(KH-1) - 1) / sh) + 1;
-        x's dtype.
+        x's dtype. With ``return_indices``, the pair ``(values, indices)``:
+        indices int64 [N, C, OH, OW], each the position ``h * W + w`` of its
+        maximum in its own [H, W] input plane, as PyTorch's; among equal
+        maxima the first in the window's row-major order, and a NaN if the
+        window holds one (the first).
 
     Raises:
         ValueError: x not 4-d, bad geometry, an empty output.
-        TypeError: an integer x.
+        TypeError: an integer x, a non-bool return_indices.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
     >>> F.max_pool2d(x, 2).tolist()
     [[[[5.0, 7.0], [13.0, 15.0]]]]
+    >>> F.max_pool2d(x, 2, return_indices=True)[1].tolist()
+    [[[[5, 7], [13, 15]]]]
     """
     fn = "max_pool2d"
     x = _pool_input(fn, x)
+    if not isinstance(return_indices, (bool, np.bool_)):
+        raise TypeError(f"{fn}: return_indices must be a bool, got {type(return_indices).__name__}")
     k = A.pair(fn, "kernel_size", kernel_size, 1)
     s = k if stride is None else A.pair(fn, "stride", stride, 1)
-    return _nn.max_pool2d(x, k, s, A.pair(fn, "padding", padding, 0),
-                          A.pair(fn, "dilation", dilation, 1), bool(ceil_mode))
+    p, d = A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1)
+    y = _nn.max_pool2d(x, k, s, p, d, bool(ceil_mode))
+    if not return_indices:
+        return y
+    n, c, h, w = x.shape
+    oh, ow = y.shape[2:]
+    if n * c * oh * ow == 0:
+        return y, _dispatch.full(y.shape, 0, "int64", x.device)
+    # each window's elements side by side, the first maximum's slot in it,
+    # then that slot's plane position
+    table = _window_table(h, w, oh, ow, k, s, p, d)                # [OH*OW, KH*KW]
+    windows = x.reshape(n, c, h * w)[:, :, table]                 # [N, C, OH*OW, KH*KW]
+    slot = _dispatch.astype(_reduce.argmax(windows, -1), "int64")  # [N, C, OH*OW]
+    flat = _B["add"](slot, np.arange(oh * ow, dtype=np.int64) * table.shape[1])
+    positions = _tensor(table.reshape(-1), device=x.device)
+    return y, positions[flat].reshape(n, c, oh, ow)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_table(h, w, oh, ow, k, s, p, d):
+    """max_pool2d's windows as positions in the [H, W] plane (row-major,
+    ``h * W + w``): int64 [OH*OW, KH*KW], row-major over each window. A
+    position in the padding repeats the window's first real position, so
+    that it can only win as that element (padding never wins)."""
+    ys = np.arange(oh)[:, None] * s[0] - p[0] + np.arange(k[0])[None, :] * d[0]   # [OH, KH]
+    xs = np.arange(ow)[:, None] * s[1] - p[1] + np.arange(k[1])[None, :] * d[1]   # [OW, KW]
+    yy = ys[:, None, :, None]                                                      # [OH, 1, KH, 1]
+    xx = xs[None, :, None, :]                                                      # [1, OW, 1, KW]
+    real = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+    pos = np.broadcast_to(yy * w + xx, real.shape).reshape(oh * ow, -1)
+    real = real.reshape(oh * ow, -1)
+    first = pos[np.arange(oh * ow), real.argmax(axis=1)]
+    table = np.where(real, pos, first[:, None]).astype(np.int64)
+    table.flags.writeable = False
+    return table
 
 
 _AVG_MODES = {"average_count_exclude_padding": False, "average": True}
@@ -857,7 +904,7 @@ def dropout(x, drop_prob, training=True):
 
 
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "replicate",
-              "edge": "replicate"}
+              "edge": "replicate", "circular": "circular", "wrap": "circular"}
 
 
 def pad(x, pad_width, mode="constant", constant_value=0.0):
@@ -867,8 +914,10 @@ def pad(x, pad_width, mode="constant", constant_value=0.0):
         x: Tensor of any shape and dtype.
         pad_width: an int (every side of every axis), one (before, after)
             pair for every axis, or ndim pairs, first axis first.
-        mode: "constant", "reflect" (mirror, edge not repeated) or
-            "replicate"/"edge" (repeat the edge).
+        mode: "constant", "reflect" (mirror, edge not repeated),
+            "replicate"/"edge" (repeat the edge) or "circular"/"wrap" (wrap
+            around; padding longer than the axis repeats it again). The
+            names are PyTorch's and NumPy's; the results are ``np.pad``'s.
         constant_value: the fill of "constant", converted to x's dtype.
 
     Returns:
@@ -876,16 +925,19 @@ def pad(x, pad_width, mode="constant", constant_value=0.0):
 
     Raises:
         ValueError: unknown mode, negative padding, pairs that do not match
-            ndim, reflect padding not smaller than its axis.
+            ndim, reflect padding not smaller than its axis, replicate or
+            circular padding of an empty axis.
         TypeError: pad_width not ints.
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.pad(mt.tensor([1, 2, 3]), (2, 1), mode="reflect").tolist()
     [3, 2, 1, 2, 3, 2]
+    >>> F.pad(mt.tensor([1, 2, 3]), (2, 1), mode="circular").tolist()
+    [2, 3, 1, 2, 3, 1]
     """
     fn = "pad"
     (x,) = A.tensors(fn, x=x)
-    if mode not in _PAD_MODES:
+    if not isinstance(mode, str) or mode not in _PAD_MODES:
         raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, _PAD_MODES))}, got {mode!r}")
     if not A.is_scalar(constant_value):
         raise TypeError(f"{fn}: constant_value must be a Python number, got "

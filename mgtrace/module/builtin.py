@@ -27,7 +27,7 @@ import operator
 import numpy as np
 
 import mgtrace.functional as F
-from mgtrace._core import tensor as _tensor
+from mgtrace._core import empty_tensor as _empty_tensor, tensor as _tensor
 from mgtrace.module import init
 from mgtrace.module.module import Module
 from mgtrace.module.parameter import Parameter
@@ -264,7 +264,9 @@ def _bool(fn, name, v):
 
 
 def _empty_param(shape):
-    return Parameter(np.zeros(shape, np.float32))
+    """An uninitialized float32 Parameter; reset_parameters() fills it (a load
+    from an archive replaces it instead, so its pages are never touched)."""
+    return _empty_tensor(shape, "float32", None, Parameter)
 
 
 def _reset_linear_like(weight, bias):
@@ -278,6 +280,10 @@ def _reset_linear_like(weight, bias):
 
 
 # ------------------------------------------------------------------ layers
+
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+"""Conv1d/Conv2d padding_mode values (torch.nn's; all but "zeros" are F.pad modes)."""
+
 
 @_builtin
 class Linear(Module):
@@ -330,9 +336,14 @@ class _ConvNd(Module):
     _transposed = False
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 dilation=1, groups=1, bias=True, output_padding=0):
+                 dilation=1, groups=1, bias=True, output_padding=0, padding_mode="zeros"):
         super().__init__()
         fn, n = type(self).__name__, self._n
+        modes = ("zeros",) if self._transposed else PADDING_MODES
+        if not isinstance(padding_mode, str) or padding_mode not in modes:
+            raise ValueError(f"{fn}: padding_mode must be one of {', '.join(map(repr, modes))}, "
+                             f"got {padding_mode!r}")
+        self.padding_mode = padding_mode
         self.in_channels = _positive(fn, "in_channels", in_channels)
         self.out_channels = _positive(fn, "out_channels", out_channels)
         self.kernel_size = _ntuple(fn, "kernel_size", kernel_size, n, 1)
@@ -363,7 +374,18 @@ class _ConvNd(Module):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
                 "kernel_size": self.kernel_size, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
-                "bias": self.bias is not None}
+                "bias": self.bias is not None, "padding_mode": self.padding_mode}
+
+    def _padded(self, x):
+        """x, padded by ``padding`` in ``padding_mode`` unless that is
+        "zeros" (which the convolution does itself), as torch.nn does."""
+        if self.padding_mode == "zeros" or getattr(x, "ndim", None) != 2 + self._n:
+            return x            # (the convolution reports a wrong rank)
+        pads = ((0, 0), (0, 0)) + tuple((p, p) for p in self.padding)
+        return F.pad(x, pads, mode=self.padding_mode)
+
+    def _conv_padding(self):
+        return self.padding if self.padding_mode == "zeros" else (0,) * self._n
 
     def config(self):
         return self._common_config()
@@ -382,6 +404,8 @@ class _ConvNd(Module):
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
         return s
 
 
@@ -389,40 +413,59 @@ class _ConvNd(Module):
 class Conv1d(_ConvNd):
     """1-d convolution (cross-correlation) over x float32 [N, C_in, L].
 
-    Args as torch.nn.Conv1d (zero padding only): ``kernel_size``, ``stride``,
-    ``padding``, ``dilation`` are ints or 1-tuples (config gives 1-tuples).
-    Parameters ``weight`` [C_out, C_in/groups, K], ``bias`` [C_out].
+    Args as torch.nn.Conv1d: ``kernel_size``, ``stride``, ``padding``,
+    ``dilation`` are ints or 1-tuples (config gives 1-tuples);
+    ``padding_mode`` is "zeros", "reflect", "replicate" or "circular" (see
+    :class:`Conv2d`). Parameters ``weight`` [C_out, C_in/groups, K], ``bias``
+    [C_out].
+
+    Raises ValueError for an unknown padding_mode (and as Conv2d).
     """
     _n = 1
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 dilation=1, groups=1, bias=True):
+                 dilation=1, groups=1, bias=True, padding_mode="zeros"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias)
+                         groups, bias, padding_mode=padding_mode)
 
     def forward(self, x):
-        return F.conv1d(x, self.weight, self.bias, self.stride[0], self.padding[0],
-                        self.dilation[0], self.groups)
+        return F.conv1d(self._padded(x), self.weight, self.bias, self.stride[0],
+                        self._conv_padding()[0], self.dilation[0], self.groups)
 
 
 @_builtin
 class Conv2d(_ConvNd):
     """2-d convolution (cross-correlation) over x float32 [N, C_in, H, W].
 
-    Args as torch.nn.Conv2d (zero padding only): ``kernel_size``, ``stride``,
-    ``padding``, ``dilation`` are ints or pairs (config gives pairs).
+    Args as torch.nn.Conv2d: ``kernel_size``, ``stride``, ``padding``,
+    ``dilation`` are ints or pairs (config gives pairs). ``padding_mode``
+    says what the ``padding`` rows and columns hold: "zeros" (the default),
+    "reflect" (the input mirrored, edge not repeated; padding must be
+    smaller than the input), "replicate" (the edge repeated) or "circular"
+    (the input wrapped around), as torch.nn.Conv2d: the input goes through
+    :func:`mgtrace.functional.pad` first, then an unpadded convolution.
     Parameters ``weight`` [C_out, C_in/groups, KH, KW], ``bias`` [C_out].
+
+    Raises:
+        ValueError: non-positive sizes, channels not divisible by groups,
+            an unknown padding_mode; in forward, as
+            :func:`mgtrace.functional.conv2d` and :func:`~mgtrace.functional.pad`.
+
+    >>> import mgtrace as mt, mgtrace.module as M
+    >>> conv = M.Conv2d(1, 1, 3, padding=1, padding_mode="circular", bias=False)
+    >>> conv.config()["padding_mode"], conv(mt.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])).shape
+    ('circular', (1, 1, 2, 2))
     """
     _n = 2
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 dilation=1, groups=1, bias=True):
+                 dilation=1, groups=1, bias=True, padding_mode="zeros"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias)
+                         groups, bias, padding_mode=padding_mode)
 
     def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding,
-                        self.dilation, self.groups)
+        return F.conv2d(self._padded(x), self.weight, self.bias, self.stride,
+                        self._conv_padding(), self.dilation, self.groups)
 
 
 @_builtin
@@ -430,16 +473,17 @@ class ConvTranspose2d(_ConvNd):
     """2-d transposed convolution over x float32 [N, C_in, H, W].
 
     Args as torch.nn.ConvTranspose2d (same order: ``output_padding`` before
-    ``groups``, ``dilation`` last). Parameters ``weight``
-    [C_in, C_out/groups, KH, KW] (PyTorch's layout), ``bias`` [C_out].
+    ``groups``, ``dilation`` last; ``padding_mode`` only "zeros", as torch's).
+    Parameters ``weight`` [C_in, C_out/groups, KH, KW] (PyTorch's layout),
+    ``bias`` [C_out].
     """
     _n = 2
     _transposed = True
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 output_padding=0, groups=1, bias=True, dilation=1):
+                 output_padding=0, groups=1, bias=True, dilation=1, padding_mode="zeros"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, output_padding)
+                         groups, bias, output_padding, padding_mode)
         if any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride,
                                                     self.dilation)):
             raise ValueError(f"ConvTranspose2d: output_padding {self.output_padding} must be "
@@ -817,20 +861,29 @@ def _pool_arg(fn, name, v, minimum):
 
 @_builtin
 class MaxPool2d(Module):
-    """Max pooling over x [N, C, H, W]. stride defaults to kernel_size."""
+    """Max pooling over x float [N, C, H, W]. stride defaults to kernel_size.
 
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    With ``return_indices=True`` the call returns ``(values, indices)``,
+    indices int64 [N, C, OH, OW] holding each maximum's position ``h * W + w``
+    in its input plane (torch.nn.MaxPool2d's). Raises as
+    :func:`mgtrace.functional.max_pool2d`.
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False,
+                 ceil_mode=False):
         super().__init__()
         fn = "MaxPool2d"
         self.kernel_size = _pool_arg(fn, "kernel_size", kernel_size, 1)
         self.stride = self.kernel_size if stride is None else _pool_arg(fn, "stride", stride, 1)
         self.padding = _pool_arg(fn, "padding", padding, 0)
         self.dilation = _pool_arg(fn, "dilation", dilation, 1)
+        self.return_indices = _bool(fn, "return_indices", return_indices)
         self.ceil_mode = _bool(fn, "ceil_mode", ceil_mode)
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
-                "dilation": self.dilation, "ceil_mode": self.ceil_mode}
+                "dilation": self.dilation, "return_indices": self.return_indices,
+                "ceil_mode": self.ceil_mode}
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -838,7 +891,7 @@ class MaxPool2d(Module):
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation,
-                            self.ceil_mode)
+                            self.ceil_mode, return_indices=self.return_indices)
 
 
 @_builtin

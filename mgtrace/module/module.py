@@ -29,16 +29,25 @@ anything else                                a plain attribute; a registration
 ``del module.name`` drops the registration. Plain tensor attributes are
 neither parameters nor buffers: register them with ``register_buffer``.
 Python lists of modules are not searched; use :class:`ModuleList`.
+
+Forward hooks (:meth:`Module.register_forward_pre_hook`,
+:meth:`Module.register_forward_hook`) are kept outside the instance
+``__dict__``, in a table keyed weakly by module: they belong to the module
+object, not to its state, so a TracedModule made from it (whose graph
+already holds what the hooks did while it was traced) does not run them a
+second time; ``copy.deepcopy`` carries them over, as in PyTorch.
 """
 import copy
+import itertools
+import weakref
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from mgtrace._core import Tensor
+from mgtrace._core import Tensor, as_device, as_dtype
 from mgtrace.module.parameter import Parameter
 
-__all__ = ["Module", "StateDictError", "IncompatibleKeys"]
+__all__ = ["Module", "StateDictError", "IncompatibleKeys", "RemovableHandle"]
 
 
 class StateDictError(ValueError):
@@ -65,6 +74,79 @@ IncompatibleKeys.__doc__ = """What ``load_state_dict`` did not match: lists of k
 # Set by mgtrace.traced_module while it traces: hook(module, args, kwargs)
 # receives every module call (the tracer runs the call itself).
 _call_hook = None
+
+_FLOATS = frozenset(["float16", "bfloat16", "float32", "float64"])
+
+
+class RemovableHandle:
+    """What :meth:`Module.register_forward_pre_hook` and
+    :meth:`Module.register_forward_hook` return (PyTorch's
+    ``RemovableHandle``): ``remove()`` unregisters the hook (a second call
+    does nothing); as a context manager it removes the hook on exit.
+
+    Attributes:
+        id: the hook's key in its module's table (unique in the process).
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, table):
+        self._table = weakref.ref(table)
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self):
+        table = self._table()
+        if table is not None:
+            table.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    def __repr__(self):
+        return f"RemovableHandle(id={self.id})"
+
+
+class _Hooks:
+    """One module's forward hooks, in call order: ``pre`` and ``post`` map a
+    handle id to ``(hook, with_kwargs, always_call)``."""
+    __slots__ = ("pre", "post")
+
+    def __init__(self):
+        self.pre, self.post = OrderedDict(), OrderedDict()
+
+    def copy(self):
+        new = _Hooks()
+        new.pre.update(self.pre)
+        new.post.update(self.post)
+        return new
+
+
+_HOOKS = weakref.WeakKeyDictionary()    # Module -> _Hooks
+
+
+def _register_hook(module, kind, hook, prepend, with_kwargs, always_call=False):
+    fn = f"{type(module).__name__}.register_forward{'_pre' if kind == 'pre' else ''}_hook"
+    if not callable(hook):
+        raise TypeError(f"{fn}: hook must be callable, got {type(hook).__name__}")
+    for name, v in (("prepend", prepend), ("with_kwargs", with_kwargs), ("always_call", always_call)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__}")
+    hooks = _HOOKS.get(module)
+    if hooks is None:
+        hooks = _HOOKS[module] = _Hooks()
+    table = getattr(hooks, kind)
+    handle = RemovableHandle(table)
+    table[handle.id] = (hook, with_kwargs, always_call)
+    if prepend:
+        table.move_to_end(handle.id, last=False)
+    return handle
+
+
+def _hook_name(hook):
+    return getattr(hook, "__qualname__", None) or repr(hook)
 
 
 def _check_name(kind, name):
@@ -132,8 +214,108 @@ class Module:
         return self._call_impl(args, kwargs)
 
     def _call_impl(self, args, kwargs):
-        """What calling the module does when nothing traces it."""
-        return self.forward(*args, **kwargs)
+        """What calling the module does (the tracer calls this too): forward
+        pre-hooks, ``forward``, forward hooks."""
+        hooks = _HOOKS.get(self) if _HOOKS else None
+        if hooks is None or not (hooks.pre or hooks.post):
+            return self.forward(*args, **kwargs)
+        for hook, with_kwargs, _ in list(hooks.pre.values()):
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2
+                            and isinstance(result[1], dict)):
+                        raise TypeError(
+                            f"forward pre-hook {_hook_name(hook)} of {type(self).__name__} was "
+                            "registered with_kwargs=True, so it must return None or a tuple "
+                            f"(args, kwargs), got {type(result).__name__}")
+                    args, kwargs = result
+                    args = args if isinstance(args, tuple) else (args,)
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        post = list(hooks.post.values())
+        try:
+            out = self.forward(*args, **kwargs)
+        except BaseException:
+            for hook, with_kwargs, always_call in post:
+                if always_call:
+                    try:
+                        hook(self, args, kwargs, None) if with_kwargs else hook(self, args, None)
+                    except Exception:
+                        pass            # the forward's error is the one to report
+            raise
+        for hook, with_kwargs, _ in post:
+            result = hook(self, args, kwargs, out) if with_kwargs else hook(self, args, out)
+            if result is not None:
+                out = result
+        return out
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """Run ``hook`` before every ``forward`` of this module (PyTorch's API).
+
+        Args:
+            hook: ``hook(module, args)`` returning None (inputs unchanged) or
+                the new positional arguments (a tuple; any other value is
+                taken as the single argument). With ``with_kwargs=True``:
+                ``hook(module, args, kwargs)`` returning None or a tuple
+                ``(args, kwargs)``.
+            prepend: run before the hooks already registered (default after).
+            with_kwargs: pass the keyword arguments too.
+
+        Returns:
+            :class:`RemovableHandle`; ``handle.remove()`` unregisters the hook.
+
+        Raises:
+            TypeError: hook not callable; prepend/with_kwargs not bools. When
+                called, a with_kwargs hook returning something else than None
+                or an (args, kwargs) tuple.
+
+        Hooks run in eager calls and while the module is traced: the graph
+        of a traced-into module records what they did, and the TracedModule
+        made from it does not run them again. A builtin (leaf) module keeps
+        its hooks on the object; hooks are never saved in archives.
+
+        >>> import mgtrace as mt, mgtrace.module as M
+        >>> relu = M.ReLU()
+        >>> h = relu.register_forward_pre_hook(lambda m, args: (args[0] - 1,))
+        >>> relu(mt.tensor([0.5, 3.0])).tolist()
+        [0.0, 2.0]
+        >>> h.remove(); relu(mt.tensor([0.5, 3.0])).tolist()
+        [0.5, 3.0]
+        """
+        return _register_hook(self, "pre", hook, prepend, with_kwargs)
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """Run ``hook`` after every ``forward`` of this module (PyTorch's API).
+
+        Args:
+            hook: ``hook(module, args, output)`` returning None (output
+                unchanged) or the new output; ``args`` are the positional
+                arguments forward got (after any pre-hook). With
+                ``with_kwargs=True``: ``hook(module, args, kwargs, output)``.
+            prepend: run before the hooks already registered (default after).
+            with_kwargs: pass the keyword arguments too.
+            always_call: also run (with output None) when forward raises;
+                the forward's exception is then re-raised.
+
+        Returns:
+            :class:`RemovableHandle`; ``handle.remove()`` unregisters the hook.
+
+        Raises:
+            TypeError: hook not callable; a flag that is not a bool.
+
+        >>> import mgtrace as mt, mgtrace.module as M
+        >>> seen = []
+        >>> fc = M.Linear(3, 2)
+        >>> with fc.register_forward_hook(lambda m, args, out: seen.append(out.shape)):
+        ...     _ = fc(mt.tensor([[1.0, 2.0, 3.0]]))
+        >>> _ = fc(mt.tensor([[1.0, 2.0, 3.0]]))      # removed on leaving the with block
+        >>> seen
+        [(1, 2)]
+        """
+        return _register_hook(self, "post", hook, prepend, with_kwargs, always_call)
 
     # ------------------------------------------------------- registration
     def _tables(self):
@@ -263,6 +445,9 @@ class Module:
                 memo[id(t)] = t.copy()
         for k, v in d.items():
             new.__dict__[k] = copy.deepcopy(v, memo)
+        hooks = _HOOKS.get(self)
+        if hooks is not None:      # the same hook functions; the handles stay with self
+            _HOOKS[new] = hooks.copy()
         return new
 
     def __dir__(self):
@@ -445,19 +630,105 @@ class Module:
         fn(self)
         return self
 
-    def to(self, device):
-        """Move every parameter and buffer to ``device`` (in place on the
-        module; tensors already there are kept). Returns self."""
+    def to(self, *args, **kwargs):
+        """Move and/or cast every parameter and buffer, in place on the
+        module (PyTorch's ``Module.to``). Returns self.
+
+        Forms: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
+        ``to(tensor)`` (its device and dtype), and the keywords ``device=``,
+        ``dtype=``. ``device`` is a Device or its name ("cpu", "cuda:0", ...);
+        ``dtype`` a floating dtype (float16, bfloat16, float32, float64, by
+        name, NumPy type or dtype).
+
+        Only floating-point parameters and buffers change dtype (integer
+        ones, like BatchNorm's ``num_batches_tracked``, keep theirs); all
+        move to the device. A tensor already as asked is kept (the same
+        Parameter object); otherwise it is replaced by a converted copy,
+        once per tensor, so parameters shared by several modules stay shared.
+
+        Raises:
+            TypeError: a dtype that is not floating, an argument that is
+                neither a device nor a dtype, more than two positional
+                arguments, an unknown keyword, an argument given twice.
+            ValueError: an unknown device name.
+
+        >>> import mgtrace.module as M
+        >>> bn = M.BatchNorm2d(4).to("float16")
+        >>> bn.weight.dtype.name, bn.num_batches_tracked.dtype.name
+        ('float16', 'int64')
+        """
+        device, dtype = self._to_args(args, kwargs)
+        converted = {}              # id(old tensor) -> new, so shared tensors stay shared
+
+        def convert(t, is_param):
+            new = converted.get(id(t))
+            if new is not None:
+                return new
+            new = t
+            if dtype is not None and new.dtype.name in _FLOATS and new.dtype != dtype:
+                new = new.astype(dtype)
+            if device is not None:
+                new = new.to(device)
+            if new is not t and is_param:
+                new = Parameter(new, device=new.device)
+            converted[id(t)] = new
+            return new
+
         for m in self.modules():
-            for name, p in m._parameters.items():
-                if p is not None:
-                    moved = p.to(device)
-                    if moved is not p:
-                        m._parameters[name] = Parameter(moved, device=device)
-            for name, b in m._buffers.items():
-                if b is not None:
-                    m._buffers[name] = b.to(device)
+            for table, is_param in ((m._parameters, True), (m._buffers, False)):
+                for name, t in table.items():
+                    if t is not None:
+                        table[name] = convert(t, is_param)
         return self
+
+    def _to_args(self, args, kwargs):
+        """``(device or None, dtype or None)`` from :meth:`to`'s arguments."""
+        unknown = set(kwargs) - {"device", "dtype"}
+        if unknown:
+            raise TypeError(f"Module.to() got an unexpected keyword argument {sorted(unknown)[0]!r} "
+                            "(it takes device and dtype)")
+        if len(args) > 2:
+            raise TypeError(f"Module.to() takes at most 2 positional arguments (device, dtype), "
+                            f"got {len(args)}")
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        if len(args) == 2:
+            if device is not None or dtype is not None:
+                raise TypeError("Module.to(): device and dtype given both by position and by keyword")
+            device, dtype = args
+        elif len(args) == 1:
+            arg = args[0]
+            if isinstance(arg, Tensor):
+                device, dtype = arg.device, arg.dtype
+            else:
+                try:
+                    as_dtype(arg)
+                except TypeError:
+                    slot = "device"
+                else:
+                    slot = "dtype"
+                if (device if slot == "device" else dtype) is not None:
+                    raise TypeError(f"Module.to(): {slot} given both by position and by keyword")
+                if slot == "device":
+                    device = arg
+                else:
+                    dtype = arg
+        if dtype is not None:
+            try:
+                dtype = as_dtype(dtype)
+            except TypeError:
+                raise TypeError(f"Module.to(): dtype must be a floating dtype (float16, bfloat16, "
+                                f"float32, float64), got {dtype!r}") from None
+            if dtype.name not in _FLOATS:
+                raise TypeError(f"Module.to(): dtype must be a floating dtype (float16, bfloat16, "
+                                f"float32, float64), got {dtype.name}; PyTorch's Module.to "
+                                "refuses integer dtypes too (cast single tensors with astype)")
+        if device is not None:
+            try:
+                device = as_device(device)
+            except TypeError:
+                raise TypeError(f"Module.to(): expected a device (like 'cpu' or 'cuda:0') or a "
+                                f"floating dtype, got {device!r}") from None
+        return device, dtype
 
     # --------------------------------------------------------------- repr
     def extra_repr(self):

@@ -665,10 +665,10 @@ def test_interpolate_bad_input(kwargs, exc, match):
 
 # ------------------------------------------------------------------ pad
 
-NP_MODE = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+NP_MODE = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int8", "int64", "uint16", "bool"])
 @pytest.mark.parametrize("shape, pad_width", [
     ((5,), (2, 3)), ((4, 6), ((1, 2), (3, 0))), ((3, 4, 5), 2), ((2, 3, 4, 5), ((0, 0), (1, 1), (2, 3), (3, 1))),
@@ -689,9 +689,12 @@ def test_pad(shape, pad_width, dtype, mode):
 
 def test_pad_non_contiguous_zero_size_and_0d():
     x = tensor(rand(4, 6)).transpose()
-    for mode in ("constant", "reflect", "replicate"):
+    for mode in ("constant", "reflect", "replicate", "circular"):
         np.testing.assert_array_equal(nn.pad(x, ((1, 2), (2, 1)), mode).numpy(),
                                       np.pad(x.numpy(), ((1, 2), (2, 1)), NP_MODE[mode]))
+    # circular padding longer than the axis wraps around again (np.pad's "wrap")
+    np.testing.assert_array_equal(nn.pad(x, ((13, 2), (0, 9)), "circular").numpy(),
+                                  np.pad(x.numpy(), ((13, 2), (0, 9)), "wrap"))
     z = nn.pad(tensor(np.zeros((0, 3), np.float32)), ((1, 1), (0, 2)), value=-1.5)
     np.testing.assert_array_equal(z.numpy(), np.full((2, 5), -1.5, np.float32))
     assert nn.pad(tensor(np.zeros((0, 3), np.float32)), ((0, 0), (1, 1)), "reflect").shape == (0, 5)
@@ -711,8 +714,9 @@ def test_pad_non_contiguous_zero_size_and_0d():
 def test_pad_bad_input(args, exc, match):
     with pytest.raises(exc, match=match):
         nn.pad(tensor(rand(3, 2)), *args)
-    with pytest.raises(ValueError, match="cannot replicate-pad axis 0 of size 0"):
-        nn.pad(tensor(np.zeros((0, 2), np.float32)), 1, "replicate")
+    for mode in ("replicate", "circular"):
+        with pytest.raises(ValueError, match=f"cannot {mode}-pad axis 0 of size 0"):
+            nn.pad(tensor(np.zeros((0, 2), np.float32)), 1, mode)
 
 
 # ------------------------------------------------------------------ tracing and apply()
@@ -826,7 +830,7 @@ def test_interpolate_against_torch(torch, mode, ac):
             np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
 def test_pad_against_torch(torch, mode):
     x = rand(2, 3, 5, 6)
     ref = torch.nn.functional.pad(torch.from_numpy(x), (2, 1, 3, 4), mode=mode,

@@ -130,6 +130,57 @@ def test_max_pool2d_matches_torch(torch, rng):
         close(F.max_pool2d(mt.tensor(x), k, s, p, ceil_mode=ceil), ref)
 
 
+def _ref_max_pool_indices(x, k, s, p, d, oh, ow):
+    """NumPy: for each window, the position h * W + w of its first maximum
+    (row-major over the window), as PyTorch's return_indices."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, oh, ow), np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            pos = [(y, z) for y in range(i * s[0] - p[0], i * s[0] - p[0] + d[0] * (k[0] - 1) + 1, d[0])
+                   for z in range(j * s[1] - p[1], j * s[1] - p[1] + d[1] * (k[1] - 1) + 1, d[1])
+                   if 0 <= y < h and 0 <= z < w]
+            vals = np.stack([x[:, :, y, z] for y, z in pos], -1)          # [N, C, window]
+            out[:, :, i, j] = np.array([y * w + z for y, z in pos])[vals.argmax(-1)]
+    return out
+
+
+@pytest.mark.parametrize("k, s, p, d, ceil", [
+    (2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True), ((3, 2), (2, 1), (1, 1), (1, 2), False),
+    (2, 1, 1, 2, True)], ids=str)
+def test_max_pool2d_return_indices(rng, k, s, p, d, ceil):
+    x = rand(rng, 2, 3, 9, 8)
+    x[0, 0, :4, :4] = 1.5                       # ties: the first in the window wins
+    x[1, 2] = -np.inf                           # all -inf: never a padding position
+    y, idx = F.max_pool2d(mt.tensor(x), k, s, p, d, ceil_mode=ceil, return_indices=True)
+    np.testing.assert_array_equal(y.numpy(), F.max_pool2d(mt.tensor(x), k, s, p, d, ceil_mode=ceil).numpy())
+    assert idx.dtype == np.int64 and idx.shape == y.shape
+    pair = lambda v: (v, v) if isinstance(v, int) else v      # noqa: E731
+    ref = _ref_max_pool_indices(x, pair(k), pair(k if s is None else s), pair(p), pair(d), *y.shape[2:])
+    np.testing.assert_array_equal(idx.numpy(), ref)
+    # the index points at the value
+    flat = x.reshape(2, 3, -1)
+    np.testing.assert_array_equal(np.take_along_axis(flat, idx.numpy().reshape(2, 3, -1), -1),
+                                  y.numpy().reshape(2, 3, -1))
+
+
+def test_max_pool2d_return_indices_match_torch(torch, rng):
+    x = rand(rng, 2, 3, 11, 10)
+    for k, s, p, d, ceil in [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)]:
+        ty, ti = torch.nn.functional.max_pool2d(T(torch, x), k, s, p, d, ceil_mode=ceil,
+                                                return_indices=True)
+        y, i = F.max_pool2d(mt.tensor(x), k, s, p, d, ceil_mode=ceil, return_indices=True)
+        np.testing.assert_array_equal(y.numpy(), ty.numpy())
+        np.testing.assert_array_equal(i.numpy(), ti.numpy())
+
+
+def test_max_pool2d_return_indices_empty_and_errors():
+    y, i = F.max_pool2d(mt.tensor(np.zeros((0, 2, 4, 4), np.float32)), 2, return_indices=True)
+    assert y.shape == i.shape == (0, 2, 2, 2) and i.dtype == np.int64
+    with pytest.raises(TypeError, match="max_pool2d: return_indices must be a bool, got int"):
+        F.max_pool2d(mt.tensor(np.zeros((1, 1, 4, 4), np.float32)), 2, return_indices=1)
+
+
 def test_avg_pool2d_modes_match_torch(torch, rng):
     x = rand(rng, 2, 3, 8, 8)
     t = T(torch, x)
@@ -376,9 +427,34 @@ def test_pad():
     assert F.pad(mt.tensor(a), 1, mode="reflect").tolist() == np.pad(a, 1, mode="reflect").tolist()
     assert F.pad(mt.tensor(a), (1, 2), mode="edge").tolist() == np.pad(a, (1, 2), mode="edge").tolist()
     with pytest.raises(ValueError, match="pad: mode must be one of"):
-        F.pad(mt.tensor(a), 1, mode="wrap")
+        F.pad(mt.tensor(a), 1, mode="symmetric")
     with pytest.raises(TypeError, match="pad: constant_value must be a Python number"):
         F.pad(mt.tensor(a), 1, constant_value="0")
+
+
+@pytest.mark.parametrize("mode, np_mode", [("circular", "wrap"), ("wrap", "wrap"),
+                                           ("replicate", "edge"), ("reflect", "reflect")])
+@pytest.mark.parametrize("pad_width", [((0, 0), (1, 2)), ((2, 1), (3, 0)), 1], ids=str)
+def test_pad_modes_match_numpy(mode, np_mode, pad_width):
+    a = np.arange(20, dtype=np.float32).reshape(4, 5) ** 1.5
+    assert F.pad(mt.tensor(a), pad_width, mode=mode).numpy().tolist() == \
+        np.pad(a, pad_width, mode=np_mode).tolist()
+
+
+def test_circular_pad_longer_than_the_axis_and_errors():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    assert F.pad(mt.tensor(a), ((3, 4), (7, 2)), mode="circular").tolist() == \
+        np.pad(a, ((3, 4), (7, 2)), mode="wrap").tolist()
+    with pytest.raises(ValueError, match="pad: cannot circular-pad axis 1 of size 0"):
+        F.pad(mt.tensor(np.zeros((2, 0), np.float32)), 1, mode="circular")
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_pad_modes_match_torch(torch, rng, mode):
+    x = rand(rng, 2, 3, 5, 6)
+    ref = torch.nn.functional.pad(T(torch, x), (2, 1, 0, 3), mode=mode).numpy()
+    got = F.pad(mt.tensor(x), ((0, 0), (0, 0), (0, 3), (2, 1)), mode=mode)
+    assert got.numpy().tolist() == ref.tolist()
 
 
 def test_interpolate_matches_torch(torch, rng):

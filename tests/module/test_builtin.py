@@ -16,9 +16,17 @@ CONSTRUCTIONS = [
     ("Linear", (5, 3), {"bias": False}),
     ("Conv1d", (4, 6, 3), {"stride": 2, "padding": 1}),
     ("Conv1d", (4, 4, 3), {"groups": 2, "dilation": 2, "bias": False}),
+    ("Conv1d", (4, 6, 3), {"padding": 2, "padding_mode": "reflect"}),
+    ("Conv1d", (4, 4, 3), {"padding": 3, "groups": 2, "padding_mode": "circular"}),
     ("Conv2d", (3, 6, 3), {"stride": 2, "padding": 1}),
     ("Conv2d", (4, 4, 3), {"groups": 4, "padding": (1, 0)}),
     ("Conv2d", (2, 4, (3, 1)), {"dilation": (2, 1), "bias": False}),
+    # padding modes (the input of these is the last Conv2d one: 2 channels, 9 x 5)
+    ("Conv2d", (2, 4, 3), {"padding": 1, "padding_mode": "reflect"}),
+    ("Conv2d", (2, 3, 3), {"padding": (2, 1), "stride": 2, "padding_mode": "circular"}),
+    ("Conv2d", (2, 4, (3, 2)), {"padding": (1, 3), "dilation": (2, 1), "padding_mode": "replicate",
+                                "bias": False}),
+    ("Conv2d", (2, 2, 3), {"padding": 1, "padding_mode": "zeros"}),
     ("ConvTranspose2d", (4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
     ("ConvTranspose2d", (4, 6, 2), {"stride": 2, "groups": 2, "bias": False}),
     ("BatchNorm1d", (4,), {}),
@@ -48,6 +56,8 @@ CONSTRUCTIONS = [
     ("Softmax", (), {}),
     ("MaxPool2d", (3,), {"stride": 2, "padding": 1}),
     ("MaxPool2d", (2,), {"ceil_mode": True}),
+    ("MaxPool2d", (3,), {"stride": 2, "padding": 1, "return_indices": True}),
+    ("MaxPool2d", (2,), {"dilation": 2, "return_indices": True, "ceil_mode": True}),
     ("AvgPool2d", (3,), {"stride": 2, "padding": 1}),
     ("AvgPool2d", (3,), {"stride": 2, "padding": 1, "count_include_pad": False}),
     ("AdaptiveAvgPool2d", ((2, 3),), {}),
@@ -157,6 +167,34 @@ def test_constructor_argument_errors():
     with pytest.raises(ValueError, match="padding_idx 10 is out of range"):
         M.Embedding(10, 2, padding_idx=10)
     assert M.Embedding(10, 2, padding_idx=-1).padding_idx == 9
+    with pytest.raises(ValueError, match="Conv2d: padding_mode must be one of 'zeros', 'reflect', "
+                                         "'replicate', 'circular', got 'zero'"):
+        M.Conv2d(2, 2, 3, padding_mode="zero")
+    with pytest.raises(ValueError, match="Conv1d: padding_mode must be one of"):
+        M.Conv1d(2, 2, 3, padding_mode=None)
+    with pytest.raises(ValueError, match="ConvTranspose2d: padding_mode must be one of 'zeros', got 'reflect'"):
+        M.ConvTranspose2d(2, 2, 3, padding_mode="reflect")
+    with pytest.raises(TypeError, match="MaxPool2d: return_indices must be a bool, got int"):
+        M.MaxPool2d(2, return_indices=1)
+
+
+def test_padding_modes_against_numpy():
+    """Conv2d with a padding mode is np.pad's padding (reflect, edge, wrap)
+    followed by an unpadded conv2d; zeros is conv2d's own padding."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 2, 6, 5)).astype(np.float32)
+    for mode, np_mode in (("reflect", "reflect"), ("replicate", "edge"), ("circular", "wrap"),
+                          ("zeros", "constant")):
+        conv = M.Conv2d(2, 3, 3, padding=(2, 1), stride=(1, 2), padding_mode=mode)
+        padded = np.pad(x, ((0, 0), (0, 0), (2, 2), (1, 1)), mode=np_mode)
+        plain = M.Conv2d(2, 3, 3, stride=(1, 2))
+        plain.load_state_dict(conv.state_dict())
+        np.testing.assert_allclose(conv(mt.tensor(x)).numpy(), plain(mt.tensor(padded)).numpy(),
+                                   rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"pad: reflect padding \(3, 3\) on axis 3 must be smaller"):
+        M.Conv2d(2, 3, 3, padding=3, padding_mode="reflect")(mt.tensor(x[:, :, :, :3]))
+    with pytest.raises(ValueError, match=r"conv2d: x must be 4-d"):
+        M.Conv2d(2, 3, 3, padding=1, padding_mode="circular")(mt.tensor(x[0]))
 
 
 # ------------------------------------------------------------------ registry
@@ -340,10 +378,16 @@ def test_forward_matches_torch(c, shape):
         getattr(theirs, mode)()
         for _ in range(steps):
             with torch.no_grad():
-                expect = theirs(torch.from_numpy(x)).numpy()
+                expect = theirs(torch.from_numpy(x))
             got = ours(mt.tensor(x))
-            assert got.shape == expect.shape and got.dtype == expect.dtype
-            np.testing.assert_allclose(got.numpy(), expect, rtol=1e-4, atol=2e-5)
+            if isinstance(expect, tuple):             # MaxPool2d(return_indices=True)
+                assert isinstance(got, tuple) and len(got) == len(expect)
+                expect = tuple(e.numpy() for e in expect)
+            else:
+                got, expect = (got,), (expect.numpy(),)
+            for g, e in zip(got, expect):
+                assert g.shape == e.shape and g.dtype == e.dtype
+                np.testing.assert_allclose(g.numpy(), e, rtol=1e-4, atol=2e-5)
     for k, v in theirs.state_dict().items():             # running stats, num_batches_tracked
         np.testing.assert_allclose(ours.state_dict()[k].numpy(), v.numpy(), rtol=1e-5,
                                    atol=1e-6, err_msg=k)

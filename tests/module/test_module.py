@@ -375,6 +375,201 @@ def test_to_device_keeps_parameters():
     np.testing.assert_array_equal(net.head.weight.numpy(), w.numpy())
 
 
+def test_to_dtype_casts_floating_tensors_only():
+    net = Net()
+    before = {k: v.numpy().copy() for k, v in net.state_dict().items()}
+    assert net.to("float16") is net
+    for k, v in net.state_dict().items():
+        want = "int64" if k.endswith("num_batches_tracked") else "float16"
+        assert v.dtype.name == want, k
+        np.testing.assert_array_equal(v.numpy(), before[k].astype(want), err_msg=k)
+    assert all(isinstance(p, M.Parameter) for p in net.parameters())
+    assert net.scratch.dtype.name == "float16"                # non-persistent buffers too
+    net.to(dtype=np.float64)
+    assert net.head.weight.dtype == np.float64 and net.layer1[0].bn1.num_batches_tracked.dtype == np.int64
+
+
+def test_to_dtype_matches_torch():
+    torch = pytest.importorskip("torch")
+    ours, theirs = Net().to("bfloat16"), _torch_net().to(torch.bfloat16)
+    assert [(k, v.dtype.name) for k, v in ours.state_dict().items()] == \
+        [(k, str(v.dtype).replace("torch.", "")) for k, v in theirs.state_dict().items()]
+    assert [(k, v.dtype.name) for k, v in ours.named_buffers()] == \
+        [(k, str(v.dtype).replace("torch.", "")) for k, v in theirs.named_buffers()]
+
+
+def test_to_device_and_dtype_forms():
+    net = Net()
+    w = net.head.weight
+    assert net.to("cpu", "float32") is net and net.head.weight is w          # nothing to do
+    net.to("cpu:1", "float64")
+    assert str(net.head.weight.device) == "cpu:1" and net.head.weight.dtype == np.float64
+    assert str(net.layer1[1].bn1.num_batches_tracked.device) == "cpu:1"
+    np.testing.assert_array_equal(net.head.weight.numpy(), w.numpy().astype(np.float64))
+    net.to(device="cpu", dtype="float32")
+    assert str(net.head.weight.device) == "cpu:0" and net.head.weight.dtype == np.float32
+    ref = mt.tensor(np.zeros(1, np.float16), device="cpu:1")
+    net.to(ref)                                                  # a tensor's device and dtype
+    assert str(net.stem.bias.device) == "cpu:1" and net.stem.bias.dtype == np.float16
+
+
+def test_to_keeps_shared_parameters_shared():
+    net = Net()
+    net.tied = M.Linear(4, 10)
+    net.tied.weight = net.head.weight
+    net.to("float64")
+    assert net.tied.weight is net.head.weight and net.head.weight.dtype == np.float64
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    (("int32",), {}, TypeError, r"dtype must be a floating dtype .* got int32"),
+    ((), {"dtype": "bool"}, TypeError, r"dtype must be a floating dtype .* got bool"),
+    ((3,), {}, TypeError, r"expected a device \(like 'cpu' or 'cuda:0'\) or a floating dtype, got 3"),
+    (("tpu",), {}, ValueError, "unknown device 'tpu'"),
+    (("cpu", "float32", "x"), {}, TypeError, "at most 2 positional arguments"),
+    ((), {"non_blocking": True}, TypeError, "unexpected keyword argument 'non_blocking'"),
+    (("cpu",), {"device": "cpu"}, TypeError, "device given both by position and by keyword"),
+    (("cpu", "float16"), {"dtype": "float16"}, TypeError, "given both by position and by keyword"),
+])
+def test_to_errors(args, kwargs, exc, match):
+    net = Net()
+    with pytest.raises(exc, match=match):
+        net.to(*args, **kwargs)
+    assert net.head.weight.dtype == np.float32                   # nothing changed
+
+
+# ------------------------------------------------------------------ forward hooks
+
+class Affine(M.Module):
+    """y = a * x + b (keyword b): enough to see what hooks change."""
+
+    def forward(self, x, b=0.0):
+        return x * 2.0 + b
+
+
+def test_forward_pre_hook_replaces_arguments():
+    m = Affine()
+    x = mt.tensor([1.0, 2.0])
+    h1 = m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+    assert m(x).tolist() == [4.0, 6.0]
+    h2 = m.register_forward_pre_hook(lambda mod, args: args[0] * 10)    # not a tuple: one argument
+    assert m(x).tolist() == [40.0, 60.0]                                 # (x + 1) * 10, then forward
+    h3 = m.register_forward_pre_hook(lambda mod, args: None, prepend=True)
+    h1.remove()
+    h1.remove()                                                          # a second remove does nothing
+    assert m(x).tolist() == [20.0, 40.0]
+    h2.remove(), h3.remove()
+    assert m(x).tolist() == [2.0, 4.0]
+
+
+def test_forward_pre_hook_with_kwargs():
+    m = Affine()
+    seen = []
+
+    def hook(mod, args, kwargs):
+        seen.append((mod, len(args), dict(kwargs)))
+        return (args[0] * 0,), {"b": kwargs.get("b", 0.0) + 5.0}
+
+    m.register_forward_pre_hook(hook, with_kwargs=True)
+    assert m(mt.tensor([1.0]), b=1.0).tolist() == [6.0]
+    assert seen == [(m, 1, {"b": 1.0})]
+    m.register_forward_pre_hook(lambda mod, args, kwargs: "bad", with_kwargs=True)
+    with pytest.raises(TypeError, match=r"must return None or a tuple \(args, kwargs\), got str"):
+        m(mt.tensor([1.0]))
+
+
+def test_forward_hook_sees_inputs_and_replaces_output():
+    m = Affine()
+    calls = []
+    m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+    m.register_forward_hook(lambda mod, args, out: calls.append(("a", args[0].tolist(), out.tolist())))
+    m.register_forward_hook(lambda mod, args, out: out - 100)
+    m.register_forward_hook(lambda mod, args, kwargs, out: calls.append(("kw", kwargs, out.tolist())),
+                            with_kwargs=True)
+    m.register_forward_hook(lambda mod, args, out: calls.append(("first", out.tolist())), prepend=True)
+    assert m(mt.tensor([1.0]), b=0.5).tolist() == [-95.5]
+    assert calls == [("first", [4.5]), ("a", [2.0], [4.5]), ("kw", {"b": 0.5}, [-95.5])]
+
+
+def test_forward_hook_handle_as_context_manager_and_always_call():
+    m = Affine()
+    seen = []
+    with m.register_forward_hook(lambda mod, args, out: out * 0) as h:
+        assert m(mt.tensor([3.0])).tolist() == [0.0]
+    assert m(mt.tensor([3.0])).tolist() == [6.0] and isinstance(h, M.module.RemovableHandle)
+    m.register_forward_hook(lambda mod, args, out: seen.append(("always", out)), always_call=True)
+    m.register_forward_hook(lambda mod, args, out: seen.append(("plain", out)))
+    with pytest.raises(TypeError):
+        m("not a tensor")
+    assert seen == [("always", None)]
+
+
+def test_hooks_match_torch():
+    """The same hooks on torch.nn.Linear and M.Linear with the same weights:
+    the same results, the same calls."""
+    torch = pytest.importorskip("torch")
+    ours, theirs = M.Linear(3, 2), torch.nn.Linear(3, 2)
+    ours.load_state_dict(theirs.state_dict())
+    logs = {"ours": [], "theirs": []}
+    for name, mod in (("ours", ours), ("theirs", theirs)):
+        log = logs[name]
+        mod.register_forward_pre_hook(lambda m, args, log=log: log.append("pre1") or (args[0] * 2,))
+        mod.register_forward_pre_hook(lambda m, args, log=log: log.append("pre0"), prepend=True)
+        mod.register_forward_hook(lambda m, args, out, log=log: log.append("post") or out + 1)
+        mod.register_forward_hook(lambda m, args, kwargs, out, log=log: log.append(f"kw{len(kwargs)}"),
+                                  with_kwargs=True)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    with torch.no_grad():
+        expect = theirs(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(ours(mt.tensor(x)).numpy(), expect, rtol=1e-5, atol=1e-6)
+    assert logs["ours"] == logs["theirs"] == ["pre0", "pre1", "post", "kw0"]
+
+
+def test_hook_registration_errors():
+    m = Affine()
+    with pytest.raises(TypeError, match="Affine.register_forward_hook: hook must be callable, got int"):
+        m.register_forward_hook(3)
+    with pytest.raises(TypeError, match="register_forward_pre_hook: prepend must be a bool, got int"):
+        m.register_forward_pre_hook(lambda mod, args: None, prepend=1)
+    with pytest.raises(TypeError, match="with_kwargs must be a bool"):
+        m.register_forward_hook(lambda mod, args, out: None, with_kwargs="yes")
+
+
+def test_deepcopy_carries_hooks_and_handles_stay_with_the_original():
+    m = Affine()
+    h = m.register_forward_hook(lambda mod, args, out: out + 1)
+    twin = copy.deepcopy(m)
+    assert twin(mt.tensor([1.0])).tolist() == [3.0]
+    h.remove()
+    assert m(mt.tensor([1.0])).tolist() == [2.0] and twin(mt.tensor([1.0])).tolist() == [3.0]
+
+
+def test_traced_module_records_hooks_once():
+    """Tracing runs the hooks: what those of a traced-into module do is in its
+    graph, so the TracedModule (which does not copy them) gives the eager
+    result, not the hooks applied twice; a builtin leaf keeps its hooks."""
+    class Outer(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Affine()
+            self.act = M.ReLU()
+
+        def forward(self, x):
+            return self.act(self.inner(x)) + 1
+
+    net = Outer()
+    net.inner.register_forward_pre_hook(lambda mod, args: (args[0] - 1,))
+    net.inner.register_forward_hook(lambda mod, args, out: out * 3)
+    net.act.register_forward_hook(lambda mod, args, out: out + 10)
+    x = mt.tensor([0.5, 2.0, -1.0])
+    eager = net(x).tolist()
+    assert eager == [11.0, 17.0, 11.0]
+    tm = mt.trace_module(net, x)
+    assert tm(x).tolist() == eager
+    inner = str(tm.inner.graph)                 # the pre-hook's x - 1 and the hook's out * 3
+    assert "__sub__(1)" in inner and "__mul__(3)" in inner
+
+
 def test_deepcopy_copies_tensors():
     net = Net()
     net.tied = net.head                                   # shared module stays shared
