@@ -563,6 +563,7 @@ cdef class Tensor:
     @property
     def size(self):
         """Number of elements."""
+        _frozen(self, "t.size")
         return numel(self)
 
     @property
@@ -614,6 +615,7 @@ cdef class Tensor:
         """A NumPy array holding a copy of the values (MegEngine semantics).
 
         For zero-copy exchange use DLPack (``np.from_dlpack(t)``)."""
+        _frozen(self, "t.numpy()")
         if DEVICES[self._device].type != "cpu":
             return self.to("cpu").numpy()
         arr = np.empty(self.shape, dtype=NP_DTYPES[self._dtype])
@@ -635,6 +637,7 @@ cdef class Tensor:
         Raises ValueError when the tensor has more than one element."""
         if numel(self) != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has {numel(self)}")
+        _frozen(self, "t.item() (or int(t), float(t))")
         v = self.numpy().reshape(()).item()
         return float(v) if self._dtype == 8 else v
 
@@ -877,11 +880,13 @@ cdef class Tensor:
     def __len__(self):
         if self._ndim == 0:
             raise TypeError("len() of a 0-d tensor")
+        _frozen(self, "len(t)")
         return self._shape[0]
 
     def __iter__(self):
         if self._ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
+        _frozen(self, "iterating over t")
         for i in range(self._shape[0]):
             yield self[i]
 
@@ -1057,6 +1062,15 @@ cdef Tensor _copy_as(Tensor t, type cls):
         out._shape[i] = c._shape[i]
         out._strides[i] = c._strides[i]
     return out
+
+
+cdef inline void _frozen(Tensor t, str what) except *:
+    """While a module is traced: tell the tracer that a value is leaving the
+    graph (item(), numpy(), len()...), so it can warn that the trace fixes it."""
+    if _tracing[0]:
+        hook = _OPS.get("frozen_hook")
+        if hook is not None:
+            hook(t, what)
 
 
 cdef Tensor _share_as(Tensor t, type cls):

@@ -208,6 +208,8 @@ def _function_call(e, namer):
     sym = _OPERATOR_FUNCS.get(fn)
     if sym is not None and len(e.args) == 2 and not e.kwargs:
         return f"{_operand(e.args[0], namer)} {sym} {_operand(e.args[1], namer)}"
+    if fn is operator.abs and len(e.args) == 1 and not e.kwargs:
+        return f"abs({_literal(e.args[0], namer)})"
     if fn is operator.neg and len(e.args) == 1:
         return f"-{_operand(e.args[0], namer)}"
     name = getattr(fn, "__name__", "")

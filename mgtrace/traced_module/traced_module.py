@@ -448,17 +448,22 @@ def trace_module(mod, *args, **kwargs):
 
 
 def _drop_unused_shapes(g):
-    """Shape reads whose ints were never used leave no trace."""
+    """Shape reads, and int arithmetic on them, whose results were never used
+    leave no trace (walked backwards, so a chain of unused steps goes too)."""
     keep = []
-    for e in g._exprs:
-        unused = not any(o.users or o in g._outputs for o in e.outputs)
-        if isinstance(e, CallMethod) and e.method == "shape" and unused:
-            e.args[0]._remove_user(e)
+    outputs = {id(o) for o in g._outputs}
+    for e in reversed(g._exprs):
+        unused = e.outputs and not any(o.users or id(o) in outputs for o in e.outputs)
+        shape_math = (isinstance(e, CallMethod) and e.method == "shape") or (
+            isinstance(e, CallFunction) and all(isinstance(o, ValueNode) for o in e.outputs))
+        if unused and shape_math:
+            for n in set(e._inputs):
+                n._remove_user(e)
             for o in e.outputs:
                 g._names.pop(o.name, None)
         else:
             keep.append(e)
-    g._exprs = keep
+    g._exprs = keep[::-1]
 
 
 # ---------------------------------------------------------------- flatten

@@ -70,52 +70,114 @@ def active_tracer():
     return _active
 
 
-# ------------------------------------------------------------------ SymInt
+# ------------------------------------------------------- symbolic numbers
+_quiet = False     # the tracer's own bookkeeping is running: no warnings about it
+
+
+def _plain(v):
+    """The plain int/float value of a symbolic number (no warning)."""
+    return int.__int__(v) if isinstance(v, int) else float.__float__(v)
+
+
 def _sym_binary(op, reflected=False):
     def method(self, other):
         a, b = (other, self) if reflected else (self, other)
         t = _active
-        if t is None or type(other) not in (int, SymInt):
-            return op(int(a) if a is self else a, int(b) if b is self else b)
+        if t is None or _quiet or type(other) not in _NUMBER_TYPES:
+            return op(_plain(a) if a is self else a, _plain(b) if b is self else b)
         return t.record_function(op, (a, b), {}, ints_out=True)
     return method
 
 
-class SymInt(int):
-    """An int read from a shape while tracing; arithmetic with ints on it is
-    recorded (``+ - * // %``, unary ``-``) and gives SymInts again.
+def _sym_unary(op):
+    def method(self):
+        t = _active
+        if t is None or _quiet:
+            return op(_plain(self))
+        return t.record_function(op, (self,), {}, ints_out=True)
+    return method
 
-    Everything else sees the plain value and bakes it into the trace:
-    comparisons and branches (the path taken), ``/`` and ``**`` (floats),
-    ``int(n)``, ``range(n)``. Outside a trace it behaves as a plain int.
 
-    >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
-    (12, 'int')
-    """
+def _sym_fixed(what, convert):
+    """A use the trace cannot follow: warn, then give the plain value."""
+    def method(self, *args):
+        # checks in mgtrace's own code (argument validation) are not the user's to fix
+        if _active is not None and not _quiet and is_user_file(sys._getframe(1).f_code.co_filename):
+            _active.warn_once(f"{what} of a shape-derived number ({_plain(self)!r}) while tracing "
+                              f"{_active.frame.graph.qualname}: the trace fixes the result; "
+                              "other input shapes will reuse it")
+        return convert(_plain(self), *args)
+    return method
 
+
+class _SymNumber:
+    """What SymInt and SymFloat share: recorded arithmetic, warned conversions."""
     __add__ = _sym_binary(operator.add)
     __radd__ = _sym_binary(operator.add, True)
     __sub__ = _sym_binary(operator.sub)
     __rsub__ = _sym_binary(operator.sub, True)
     __mul__ = _sym_binary(operator.mul)
     __rmul__ = _sym_binary(operator.mul, True)
+    __truediv__ = _sym_binary(operator.truediv)
+    __rtruediv__ = _sym_binary(operator.truediv, True)
     __floordiv__ = _sym_binary(operator.floordiv)
     __rfloordiv__ = _sym_binary(operator.floordiv, True)
     __mod__ = _sym_binary(operator.mod)
     __rmod__ = _sym_binary(operator.mod, True)
+    __pow__ = _sym_binary(operator.pow)
+    __rpow__ = _sym_binary(operator.pow, True)
+    __neg__ = _sym_unary(operator.neg)
+    __abs__ = _sym_unary(operator.abs)
+    # the trace keeps what these gave this time
+    __lt__ = _sym_fixed("comparing (<)", operator.lt)
+    __le__ = _sym_fixed("comparing (<=)", operator.le)
+    __gt__ = _sym_fixed("comparing (>)", operator.gt)
+    __ge__ = _sym_fixed("comparing (>=)", operator.ge)
+    __eq__ = _sym_fixed("comparing (==)", operator.eq)
+    __ne__ = _sym_fixed("comparing (!=)", operator.ne)
+    __bool__ = _sym_fixed("a branch on (bool())", bool)
+    __int__ = _sym_fixed("int()", int)
+    __float__ = _sym_fixed("float() (math functions, NumPy)", float)
+    __round__ = _sym_fixed("round()", round)
+    __divmod__ = _sym_fixed("divmod()", divmod)
 
-    def __neg__(self):
-        t = _active
-        if t is None:
-            return -int(self)
-        return t.record_function(operator.neg, (self,), {}, ints_out=True)
+    def __hash__(self):
+        return hash(_plain(self))
+
+
+class SymInt(_SymNumber, int):
+    """An int read from a shape while tracing. Arithmetic on it (``+ - * /
+    // % **``, unary ``-``, ``abs``) is recorded and gives SymInt/SymFloat
+    again, so ``x.reshape(x.shape[0], -1)`` or ``x / (h * w) ** 0.5`` stay
+    right at other input shapes.
+
+    Uses the trace cannot follow -- comparisons and branches, ``int()``,
+    ``float()`` (``math.sqrt(n)``), ``round()`` -- see the value of this run
+    and are fixed in the graph; each warns (TraceWarning) once per source
+    line. ``range(n)`` and indexing a Python list with ``n`` are fixed too,
+    silently: Python reads an int subclass there without asking it. Outside
+    a trace it behaves as a plain int.
+
+    >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
+    (12, 'int')
+    """
+    def __repr__(self):
+        return f"SymInt({_plain(self)})"
+
+
+class SymFloat(_SymNumber, float):
+    """A float computed from shapes while tracing (e.g. ``h / w``); like
+    SymInt, its arithmetic is recorded."""
 
     def __repr__(self):
-        return f"SymInt({int(self)})"
+        return f"SymFloat({_plain(self)!r})"
+
+
+_NUMBER_TYPES = (int, float, SymInt, SymFloat)
 
 
 def _traced_leaf(v):
-    return isinstance(v, (Tensor, SymInt, Node))
+    return isinstance(v, (Tensor, SymInt, SymFloat, Node))
 
 
 # ----------------------------------------------------- tensor op -> method
@@ -288,6 +350,7 @@ class Tracer:
         self.root = root
         self.converted = converted      # id(original module) -> module in the TracedModule tree
         self.frames = []
+        self._warned = set()            # (source line, message kind) already warned about
         self.warn_constants = warn_constants
         self.paths = {}                 # id(module) -> dotted path from the root
         self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
@@ -330,14 +393,15 @@ class Tracer:
         _modmod._call_hook = self.on_module_call
         _ftrace.function_hook = self.on_function
         _dispatch.set_module_trace_hook(self.on_apply)
-        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool)
+        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
+                                 frozen_hook=self.on_frozen)
         _dispatch.set_module_tracing(True)
         try:
             yield self
         finally:
             _dispatch.set_module_tracing(False)
             _dispatch.set_module_trace_hook(None)
-            _tensor_mod._install_ops(shape_hook=None, bool_hook=None)
+            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None)
             _modmod._call_hook, _ftrace.function_hook = saved
             _active = None
 
@@ -378,9 +442,9 @@ class Tracer:
 
     def _bind_outputs(self, frame, expr, out, base, ints_out):
         if ints_out:
-            is_out = lambda v: isinstance(v, Tensor) or (type(v) in (int, SymInt))   # noqa: E731
+            is_out = lambda v: isinstance(v, Tensor) or (type(v) in _NUMBER_TYPES)    # noqa: E731
         else:
-            is_out = lambda v: isinstance(v, (Tensor, SymInt))                        # noqa: E731
+            is_out = lambda v: isinstance(v, (Tensor, SymInt, SymFloat))             # noqa: E731
         leaves, out_def = tree_flatten(out, is_out)
         results, nodes = [], []
         for i, v in enumerate(leaves):
@@ -388,8 +452,8 @@ class Tracer:
             if isinstance(v, Tensor):
                 node = frame.new_node(TensorNode, name, shape=v.shape, dtype=v.dtype)
             else:
-                v = SymInt(int(v))
-                node = frame.new_node(ValueNode, name, value=int(v))
+                v = SymInt(_plain(v)) if isinstance(v, int) else SymFloat(_plain(v))
+                node = frame.new_node(ValueNode, name, value=_plain(v))
             node.expr = expr
             frame.bind(v, node)
             nodes.append(node)
@@ -431,10 +495,27 @@ class Tracer:
             return self._bind_outputs(frame, CallMethod(node, "shape"), shape,
                                       f"{node.name}_shape", ints_out=True)
 
+    def warn_once(self, message, kind=None):
+        """TraceWarning at the user's line, once per line and ``kind``."""
+        src = user_source()
+        key = (src, kind or message.split(" of ", 1)[0])
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        _warn(message.replace(" while tracing", f" at {src} while tracing", 1))
+
+    def on_frozen(self, t, what):
+        if _quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
+            return
+        self.warn_once(f"{what} takes a value out of the graph while tracing "
+                       f"{self.frame.graph.qualname}: the trace fixes it to this run's value "
+                       "(compute with tensor ops, or wrap the function with "
+                       "mgtrace.traced_module.wrap, to keep it live)", kind="frozen")
+
     def on_bool(self, t):
-        _warn(f"a tensor was converted to a Python bool at {user_source()} while tracing "
-              f"{self.frame.graph.qualname}: the trace follows the branch taken this time "
-              "and will not re-check it")
+        self.warn_once(f"a tensor was converted to a Python bool while tracing "
+                       f"{self.frame.graph.qualname}: the trace follows the branch taken this "
+                       "time and will not re-check it", kind="frozen")
 
     def on_module_call(self, module, args, kwargs):
         frame = self.frame
@@ -542,12 +623,15 @@ def _raise_site(tb):
 @contextlib.contextmanager
 def core_off():
     """The core's op and shape hooks off (the tracer's own bookkeeping)."""
-    was = _dispatch.is_tracing_module()
+    global _quiet
+    was, quiet = _dispatch.is_tracing_module(), _quiet
     if was:
         _dispatch.set_module_tracing(False)
+    _quiet = True
     try:
         yield
     finally:
+        _quiet = quiet
         if was:
             _dispatch.set_module_tracing(True)
 
@@ -698,6 +782,23 @@ class _EditTracer(Tracer):
             return super().on_shape(t)
         with core_off():
             return t.shape
+
+    def warn_once(self, message, kind=None):
+        """TraceWarning at the user's line, once per line and ``kind``."""
+        src = user_source()
+        key = (src, kind or message.split(" of ", 1)[0])
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        _warn(message.replace(" while tracing", f" at {src} while tracing", 1))
+
+    def on_frozen(self, t, what):
+        if _quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
+            return
+        self.warn_once(f"{what} takes a value out of the graph while tracing "
+                       f"{self.frame.graph.qualname}: the trace fixes it to this run's value "
+                       "(compute with tensor ops, or wrap the function with "
+                       "mgtrace.traced_module.wrap, to keep it live)", kind="frozen")
 
     def on_bool(self, t):
         if self._graph_value(t):
