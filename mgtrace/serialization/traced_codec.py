@@ -132,12 +132,14 @@ def _encode(tm, ctx):
                                 "rename the attribute (dunder names are refused) and trace again")
     attrs = {}
     for k, v in d.items():
-        if k.startswith("_") or k in _BOOKKEEPING or _shadowed(cls, k) or isinstance(v, Module):
-            continue          # bookkeeping, or unreachable behind a class member
+        if k in _BOOKKEEPING or k.startswith("__") or isinstance(v, Module) \
+                or _shadows_method(cls, k):
+            continue          # bookkeeping, or an attribute that would hide a method on load
         try:
             attrs[k] = ctx.value(v)
         except TypeError:
             continue          # not an archive value (a function, an open file...): not kept
+    _check_getattr_targets(tm, attrs)
     out = {"name": tm._orig_name, "qualname": tm._qualname, "is_top": bool(tm._is_top)}
     for reads_as, shell in _READS_AS.items():
         if isinstance(tm, shell):
@@ -152,6 +154,45 @@ def _encode(tm, ctx):
         "graphs": [_encode_graph(g, ctx) for g in tm._graphs],
     })
     return out
+
+
+def _check_getattr_targets(tm, attrs):
+    """Every ``self.a.b`` a graph reads must be stored: a submodule,
+    parameter or buffer, or a plain attribute the archive keeps. Raises
+    TypeError naming the path otherwise (e.g. a submodule deleted after
+    tracing), so that save never writes what load would refuse."""
+    for g in tm._graphs:
+        for e in g._exprs:
+            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0] and not _reachable(tm, e.name, attrs):
+                if e.name in tm.__dict__ and _shadows_method(type(tm), e.name):
+                    raise TypeError(f"cannot save {tm._qualname}: its attribute {e.name!r} hides "
+                                    f"the method {type(tm).__name__}.{e.name}; rename it (or "
+                                    "make it a buffer with register_buffer) and trace again")
+                raise TypeError(f"cannot save {tm._qualname}: its graph reads self.{e.name}, which is "
+                                "not a submodule, parameter, buffer or storable attribute (deleted "
+                                "after tracing?); put it back or edit the graph first")
+
+
+def _reachable(tm, path, attrs):
+    obj = tm
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        d = getattr(obj, "__dict__", {})
+        tables = [d.get(t, {}) for t in ("_modules", "_parameters", "_buffers")]
+        hit = next((t[part] for t in tables if part in t and t[part] is not None), None)
+        if hit is None:
+            last_attr = i == len(parts) - 1 and part in d and part not in _BOOKKEEPING
+            return last_attr and (obj is not tm or part in attrs)
+        obj = hit
+    return True
+
+
+def _shadows_method(cls, name):
+    """True when ``name`` is a method (or other non-data attribute) of
+    ``cls``, which an instance attribute of that name would hide. Properties
+    are data descriptors: an attribute stored beside one hides nothing."""
+    attr = inspect.getattr_static(cls, name, None)
+    return attr is not None and not hasattr(type(attr), "__set__")
 
 
 def _shadowed(cls, name):
@@ -340,9 +381,7 @@ def _build(entry, ctx):
         _fail("non_persistent", "expected a list of buffer names")
     d["_non_persistent_buffers"] = set(non_persistent)
     for k, v in entry["attrs"].items():
-        _check_member(tm, k, "attrs")
-        if k.startswith("_"):
-            _fail("attrs", f"{k!r}: plain attributes do not start with '_'")
+        _check_member(tm, k, "attrs")       # bookkeeping names are taken: refused there
         value = ctx.value(v, where=f"attrs.{k}")
         if isinstance(value, Module):
             _fail(f"attrs.{k}", "a module is a child, not a plain attribute")
@@ -360,7 +399,7 @@ def _check_member(tm, name, where):
         _fail(where, f"{_short(name)} is not a member name (a non-empty str without '.')")
     # children, parameters and buffers live in the module's tables (generated code reads
     # them with codegen.member), so they may share a class member's name; attrs may not
-    hidden = _shadowed(type(tm), name) if where == "attrs" else name.startswith("__")
+    hidden = name.startswith("__") or (where == "attrs" and _shadows_method(type(tm), name))
     if name in tm.__dict__ or hidden or name in tm._modules \
             or name in tm._parameters or name in tm._buffers:
         _fail(where, f"{_short(name)} clashes with another member or with "
@@ -662,7 +701,7 @@ def _safe_getattr_path(obj, path, w):
             obj = d["_parameters"][part]
         elif last and part in d.get("_buffers", {}):
             obj = d["_buffers"][part]
-        elif last and not part.startswith("_") and isinstance(d.get(part), Tensor):
+        elif last and part not in _BOOKKEEPING and isinstance(d.get(part), Tensor):
             obj = d[part]
         else:
             _fail(w, f"{path!r}: no submodule, parameter, buffer or tensor attribute {part!r}")

@@ -155,8 +155,8 @@ def test_getattr_of_a_tensor_into_a_module_node(archive):
 
 
 @pytest.mark.parametrize("table,name", [
-    ("attrs", "forward"), ("attrs", "__class__"), ("attrs", "_modules"), ("attrs", "graph"),
-    ("attrs", "code"), ("attrs", "_orig_name"), ("attrs", "_private"), ("attrs", "block"),
+    ("attrs", "forward"), ("attrs", "__class__"), ("attrs", "_modules"),
+    ("attrs", "_orig_name"), ("attrs", "block"), ("attrs", "flatten"),
     ("parameters", "__dict__"), ("parameters", "offsets"),
     ("buffers", "_graphs"), ("buffers", "a.b")])
 def test_members_named_like_class_members_or_bookkeeping(archive, table, name):

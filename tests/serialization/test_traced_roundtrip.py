@@ -334,3 +334,30 @@ def test_loading_leaves_the_random_stream_alone():
     mt.random.seed(11)
     load_bytes(data)
     assert mt.random.uniform(size=(3,)).tolist() == want
+
+
+def test_private_and_property_named_tensor_attributes_round_trip():
+    class S(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(4, 4)
+            self._scale = mt.tensor(np.full(4, 2.0, np.float32))    # a common pattern
+            self.code = mt.tensor(np.full(4, 3.0, np.float32))      # TracedModule.code is a property
+        def forward(self, x):
+            return self.fc(x) * self._scale * self.code
+    net, x = S(), mt.tensor(np.random.default_rng(0).random((2, 4), np.float32))
+    loaded = load_bytes(save_bytes(mt.trace_module(net, x)))
+    np.testing.assert_array_equal(loaded(x).numpy(), net(x).numpy())
+
+
+def test_save_refuses_graphs_that_read_what_is_gone():
+    class D(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = M.Linear(4, 4)
+        def forward(self, x):
+            return self.stem(x)
+    tm = mt.trace_module(D(), mt.tensor(np.ones((1, 4), np.float32)))
+    del tm.stem
+    with pytest.raises(TypeError, match=r"reads self.stem.*deleted after tracing"):
+        save_bytes(tm)
