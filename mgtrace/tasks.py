@@ -172,6 +172,17 @@ def _module_tree(header):
     return rows
 
 
+def _module_paths(rows):
+    """``{"layer1.0.conv1": description}`` from the rows of :func:`_module_tree`
+    (rows are depth-first, so a stack of names gives each full path)."""
+    out, stack = {}, []
+    for depth, name, desc in rows:
+        del stack[depth:]
+        stack.append(name)
+        out[".".join(p for p in stack if p)] = desc
+    return out
+
+
 def _short(v):
     s = repr(v.get("tuple") if isinstance(v, dict) and "tuple" in v else v)
     return s if len(s) < 24 else s[:21] + "..."
@@ -324,11 +335,10 @@ def diff_files(a, b):
             change(key, sa[key], sb[key])
     if sa["signature"] != sb["signature"]:
         change("inputs/outputs", _sig_text(sa["signature"]), _sig_text(sb["signature"]))
-    ra = {tuple(r[:2]): r[2] for r in sa["modules"]}
-    rb = {tuple(r[:2]): r[2] for r in sb["modules"]}
-    for k in sorted(set(ra) | set(rb), key=str):
+    ra, rb = _module_paths(sa["modules"]), _module_paths(sb["modules"])
+    for k in sorted(set(ra) | set(rb), key=lambda p: (p.count("."), p)):
         if ra.get(k) != rb.get(k):
-            change(f"module {k[1] or '<root>'}", ra.get(k), rb.get(k))
+            change(f"module {k or '<root>'}", ra.get(k), rb.get(k))
     ga, gb = _graph_exprs(ha), _graph_exprs(hb)
     for k in sorted(set(ga) | set(gb)):
         ea, eb = ga.get(k), gb.get(k)

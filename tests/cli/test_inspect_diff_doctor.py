@@ -128,3 +128,30 @@ def test_doctor():
     info = json.loads(cli("doctor", "--json").stdout)
     assert info["writes format"] == ".".join(map(str, FORMAT_VERSION))
     assert info["cuda"].startswith(("not built (", "built"))
+
+
+def test_diff_tells_apart_same_named_modules_at_the_same_depth(tmp_path):
+    import mgtrace.module as M
+
+    class Branch(M.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.pool = M.MaxPool2d(k, k)
+
+        def forward(self, x):
+            return self.pool(x)
+
+    class Net(M.Module):
+        def __init__(self, k1, k2):
+            super().__init__()
+            self.a, self.b = Branch(k1), Branch(k2)
+
+        def forward(self, x):
+            return self.a(x).mean() + self.b(x).mean()
+    x = mt.tensor(np.random.default_rng(0).random((1, 1, 8, 8), np.float32))
+    mt.save(mt.trace_module(Net(2, 2), x), tmp_path / "d1.tmod")
+    mt.save(mt.trace_module(Net(4, 2), x), tmp_path / "d2.tmod")
+    p = cli("diff", tmp_path / "d1.tmod", tmp_path / "d2.tmod")
+    assert p.returncode == 1
+    assert "module a.pool" in p.stdout and "kernel_size=4" in p.stdout
+    assert "module b.pool" not in p.stdout
