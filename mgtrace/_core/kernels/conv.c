@@ -7,8 +7,9 @@
  *   GEMM1X1    1x1, stride 1, no padding, large planes: y[n] = W [O x C] *
  *              x[n] [C x H*W], GEMMs straight on the input, no copies.
  *   WINOGRAD   3x3, stride 1, no dilation, >= 16 channels (most of ResNet and
- *              VGG): F(2x2, 3x3) over blocks of 2x2 output tiles. The input
- *              and output transforms are additions; the multiply-adds are 16
+ *              VGG): F(2x2, 3x3) over chunks of 2x2 output tiles counted over
+ *              the batch (so 7x7 planes still make wide GEMMs). The input and
+ *              output transforms are additions; the multiply-adds are 16
  *              GEMMs [O x C] * [C x tiles], 16 * C * O per tile where a direct
  *              convolution needs 36 * C * O.
  *   SHIFTED    y = sum over kernel taps (kh, kw) of W[:, :, kh, kw] times the
@@ -22,11 +23,14 @@
  *              column, starting at each offset); a strided conv is then again
  *              a sum of shifted GEMMs, each over one phase. Used for large
  *              planes that WINOGRAD does not take (strided, dilated, 5x5...).
- *   IM2COL     classic im2col, one tile of output pixels at a time so the
- *              column buffer stays in cache, then one GEMM per tile; tiles
- *              span images on small planes. For few input channels (a first
- *              layer, where SHIFTED's K would be tiny), small planes (where
- *              SHIFTED's wide columns waste most) and strided 1x1.
+ *   IM2COL     im2col over SHIFTED's padded, phase-split copy (so columns
+ *              are plain copies), one tile of output pixels at a time, then
+ *              one GEMM per tile with K = C/groups * KH * KW; tiles span
+ *              images on small planes (N = batch * OH * OW, not OH * OW); a
+ *              1x1 kernel uses the copy itself as the GEMM operand. For few
+ *              input channels (a first layer, where SHIFTED's K would be
+ *              tiny), planes below 32x32 (where SHIFTED's wide columns waste
+ *              most) and strided 1x1.
  *   DEPTHWISE  one input channel per group (MobileNet's depthwise convs):
  *              direct loops, one output plane per OpenMP task.
  *
@@ -80,6 +84,10 @@
 #define MT_WINO_CHUNK_BYTES ((int64_t)8 << 20)
 /* AUTO: transformed Winograd weights above this many bytes need more tiles to pay */
 #define MT_WINO_BIG_U ((int64_t)4 << 20)
+/* WINOGRAD: elements between the 16 planes of U, V and M beyond their size, so
+ * that the transforms' 16 streams do not share cache sets (C * tiles * 4
+ * bytes is often a multiple of 4 KiB: 64 channels x 1008 tiles) */
+#define MT_WINO_SKEW 16
 /* WINOGRAD: input channels a block of the weight transform */
 #define MT_WINO_CBLK 64
 
@@ -642,8 +650,9 @@ static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *p
     const int64_t nchunk = (total + fit - 1) / fit;
     pl->rows = (total + nchunk - 1) / nchunk;
     pl->tmax = pl->rows * pl->tw;
-    pl->bytes = ws_round(pl->nb * per_image) + ws_round(16 * g->o * cg * isz)
-              + ws_round(16 * g->c * pl->tmax * isz) + ws_round(16 * g->o * pl->tmax * isz)
+    pl->bytes = ws_round(pl->nb * per_image) + ws_round(16 * (g->o * cg + MT_WINO_SKEW) * isz)
+              + ws_round(16 * (g->c * pl->tmax + MT_WINO_SKEW) * isz)
+              + ws_round(16 * (g->o * pl->tmax + MT_WINO_SKEW) * isz)
               + (int64_t)nt * ws_round((2 * pl->tw + 2) * isz);
 }
 
@@ -655,9 +664,10 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
     plan_wino(g, isz, nt, &pl);
     const int64_t th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
     char *p = ws_take(&ws, nb * g->c * plane * isz);
-    char *u = ws_take(&ws, 16 * g->o * cg * isz);
-    char *v = ws_take(&ws, 16 * g->c * pl.tmax * isz);
-    char *m = ws_take(&ws, 16 * g->o * pl.tmax * isz);
+    char *u = ws_take(&ws, 16 * (g->o * cg + MT_WINO_SKEW) * isz);   /* U[xi]: [O][C/groups], ux apart */
+    const int64_t ux = g->o * cg + MT_WINO_SKEW;
+    char *v = ws_take(&ws, 16 * (g->c * pl.tmax + MT_WINO_SKEW) * isz);
+    char *m = ws_take(&ws, 16 * (g->o * pl.tmax + MT_WINO_SKEW) * isz);
     char *scratch_all = ws;
     const int64_t sbytes = ws_round((2 * tw + 2) * isz);
     /* GEMM tasks: 16 per group, times output-channel blocks when fewer */
@@ -669,8 +679,8 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
         char *scratch = scratch_all + thread_id() * sbytes;
         #pragma omp for schedule(static) nowait
         for (int64_t o = 0; o < g->o; o++) {
-            if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, g->o, cg, o);
-            else wino_weights_f64((const double *)w, (double *)u, g->o, cg, o);
+            if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
+            else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
         }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
             const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
@@ -680,24 +690,26 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
             for (int64_t r = 0; r < g->c * b; r++)
                 pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, r / b, 0, pl.hp, pl.wp);
             for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
-                /* the chunk: tile rows r0 .. r1 - 1; row r is row r % th of image r / th */
+                /* the chunk: tile rows r0 .. r1 - 1; row r is row r % th of image r / th.
+                 * V[xi] is [C][cnt] and M[xi] [O][cnt], vx and mx elements apart */
                 const int64_t nr = mt_min64(rows, nrows - r0), cnt = nr * tw;
+                const int64_t vx = g->c * cnt + MT_WINO_SKEW, mx = g->o * cnt + MT_WINO_SKEW;
                 #pragma omp for schedule(static)
                 for (int64_t task = 0; task < g->c * nr; task++) {
                     const int64_t c = task / nr, r = r0 + task % nr, img = r / th;
                     const char *pc = p + (c * b + img) * plane * isz;
                     char *vc = v + (c * cnt + (r - r0) * tw) * isz;
                     if (dt == MT_FLOAT32)
-                        wino_input_f32((const float *)pc, (float *)vc, g->c * cnt, r % th, tw, pl.wp);
+                        wino_input_f32((const float *)pc, (float *)vc, vx, r % th, tw, pl.wp);
                     else
-                        wino_input_f64((const double *)pc, (double *)vc, g->c * cnt, r % th, tw, pl.wp);
+                        wino_input_f64((const double *)pc, (double *)vc, vx, r % th, tw, pl.wp);
                 }
                 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < 16 * g->groups * nob; task++) {
                     const int64_t ob = task % nob, gi = (task / nob) % g->groups, xi = task / (nob * g->groups);
                     const int64_t o0 = gi * og + ob * obs, orows = mt_min64(obs, og - ob * obs);
-                    gemm(dt, 0, orows, cnt, cg, u + (xi * g->o + o0) * cg * isz, cg,
-                         v + (xi * g->c + gi * cg) * cnt * isz, cnt, 0, m + (xi * g->o + o0) * cnt * isz, cnt);
+                    gemm(dt, 0, orows, cnt, cg, u + (xi * ux + o0 * cg) * isz, cg,
+                         v + (xi * vx + gi * cg * cnt) * isz, cnt, 0, m + (xi * mx + o0 * cnt) * isz, cnt);
                 }
                 #pragma omp for schedule(static)
                 for (int64_t task = 0; task < g->o * nr; task++) {
@@ -705,11 +717,11 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
                     char *yo = y + ((n0 + img) * g->o + o) * ohw * isz;
                     const char *mc = m + (o * cnt + (r - r0) * tw) * isz;
                     if (dt == MT_FLOAT32)
-                        wino_output_f32((const float *)mc, g->o * cnt, (float *)yo,
+                        wino_output_f32((const float *)mc, mx, (float *)yo,
                                         bias ? ((const float *)bias)[o] : 0.0f, r % th, tw, g->oh, g->ow,
                                         (float *)scratch);
                     else
-                        wino_output_f64((const double *)mc, g->o * cnt, (double *)yo,
+                        wino_output_f64((const double *)mc, mx, (double *)yo,
                                         bias ? ((const double *)bias)[o] : 0.0, r % th, tw, g->oh, g->ow,
                                         (double *)scratch);
                 }
@@ -949,13 +961,13 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     }
 }
 
-/* WINOGRAD weights of output channel o: u[xi][o][c] = (G g G^T)[xi] for
- * each 3x3 kernel g = w[o][c], G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
- * Blocks of channels at a time, transposed first (kt[j][c] = g[j]), so that
- * every loop runs over contiguous c and each of the 16 rows of u gets whole
- * cache lines (16 scattered stores a kernel, 1 MiB apart for 512 channels,
- * thrash the cache sets). */
-static MT_CLONES void FN(wino_weights)(const T *w, T *u, int64_t o_all, int64_t cg, int64_t o) {
+/* WINOGRAD weights of output channel o: u[xi * ux + o * cg + c] =
+ * (G g G^T)[xi] for each 3x3 kernel g = w[o][c],
+ * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Blocks of channels at a
+ * time, transposed first (kt[j][c] = g[j]), so that every loop runs over
+ * contiguous c and each of the 16 planes of u gets whole cache lines (16
+ * scattered stores a kernel thrash the cache sets). */
+static MT_CLONES void FN(wino_weights)(const T *w, T *u, int64_t ux, int64_t cg, int64_t o) {
     T kt[9][MT_WINO_CBLK], gg[3][MT_WINO_CBLK];
     for (int64_t c0 = 0; c0 < cg; c0 += MT_WINO_CBLK) {
         const int64_t nc = mt_min64(MT_WINO_CBLK, cg - c0);
@@ -971,8 +983,8 @@ static MT_CLONES void FN(wino_weights)(const T *w, T *u, int64_t o_all, int64_t 
                 else if (i == 2) for (int64_t c = 0; c < nc; c++) d[c] = (k0[c] - k1[c] + k2[c]) * (T)0.5;
                 else for (int64_t c = 0; c < nc; c++) d[c] = k2[c];
             }
-            T *restrict d0 = u + ((i * 4 + 0) * o_all + o) * cg + c0, *restrict d1 = d0 + o_all * cg;
-            T *restrict d2 = d1 + o_all * cg, *restrict d3 = d2 + o_all * cg;
+            T *restrict d0 = u + (i * 4) * ux + o * cg + c0, *restrict d1 = d0 + ux;
+            T *restrict d2 = d1 + ux, *restrict d3 = d2 + ux;
             for (int64_t c = 0; c < nc; c++) {   /* (G g) G^T, row i */
                 const T a0 = gg[0][c], a1 = gg[1][c], a2 = gg[2][c];
                 d0[c] = a0;
