@@ -453,6 +453,12 @@ class InternalGraph:
         """
         self._check_top("reset_outputs")
         leaves, out_def = tree_flatten(outputs, is_node)
+        consts = _const_leaves(out_def)
+        if not leaves or consts:
+            what = f"a constant {consts[0]!r}" if consts else "no node"
+            raise GraphError(f"reset_outputs takes Nodes of this graph (or tuples, lists, dicts of "
+                             f"them), got {what}: a graph whose result does not depend on its "
+                             "inputs is almost certainly a mistake")
         for n in leaves:
             if n.graph is not self:
                 where = n.graph.qualname if n.graph is not None else "no graph"
@@ -742,6 +748,19 @@ def called_graph(e):
                 if g._in_def == e.arg_def:
                     return g
     return None
+
+
+def _const_leaves(tdef):
+    """The constant (non-node) leaves of a TreeDef, None allowed."""
+    out = []
+    for c in tdef.children:
+        if hasattr(c, "children"):
+            out += _const_leaves(c)
+        elif not c.is_slot and c.const is not None:
+            out.append(c.const)
+    return out
+
+
 
 
 class _Filter:

@@ -10,6 +10,8 @@ matches the arguments.
 import copy
 import operator
 
+import numpy as np
+
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
 from mgtrace.module.container import ModuleDict, ModuleList, Sequential
@@ -435,6 +437,7 @@ def trace_module(mod, *args, **kwargs):
     root._is_top = True
     tracer = Tracer(mod, converted)
     canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
+    _refuse_arrays(canon, signature_of(mod))
     leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
     with tracer.active():
         tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
@@ -445,6 +448,16 @@ def trace_module(mod, *args, **kwargs):
     for g in root._graphs:
         g.lint()
     return root
+
+
+def _refuse_arrays(canon, sig):
+    """A NumPy array among forward's arguments would become a constant of
+    the trace (and make later calls fail to match): refuse it up front."""
+    for name, value in zip(sig.parameters, canon):
+        for leaf in tree_flatten(value, lambda v: isinstance(v, np.ndarray))[0]:
+            raise TypeError(f"trace_module: argument {name!r} holds a numpy.ndarray "
+                            f"{leaf.shape} {leaf.dtype}; pass mgtrace.tensor(array) so that it "
+                            "is an input of the graph, not a constant")
 
 
 def _drop_unused_shapes(g):

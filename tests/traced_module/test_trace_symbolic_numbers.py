@@ -66,3 +66,25 @@ def test_mgtrace_models_trace_without_warnings():
         warnings.simplefilter("error", TraceWarning)
         mt.trace_module(resnet18(num_classes=10), x_of(1, 3, 32, 32))
         mt.trace_module(minilm_l6_v2(), *minilm_inputs(["a short sentence", "another"]))
+
+
+def test_a_numpy_array_argument_is_refused_with_the_fix():
+    class N(M.Module):
+        def forward(self, x):
+            return x * 2
+    with pytest.raises(TypeError, match=r"argument 'x' holds a numpy.ndarray \(2, 2\).*mgtrace.tensor"):
+        mt.trace_module(N(), np.ones((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("bad", [lambda: mt.tensor([1.0]), lambda: 3, lambda: []])
+def test_reset_outputs_refuses_what_is_not_a_node(bad):
+    from mgtrace.traced_module import GraphError
+
+    class N(M.Module):
+        def forward(self, x):
+            return x * 2
+    tm = mt.trace_module(N(), mt.tensor([1.0]))
+    with pytest.raises(GraphError, match="reset_outputs takes Nodes"):
+        tm.graph.reset_outputs(bad())
+    tm.graph.lint()
+    np.testing.assert_array_equal(tm(mt.tensor([3.0])).numpy(), [6.0])   # unchanged
