@@ -72,20 +72,26 @@ def main():
     want = tm(x).numpy()
 
     n = fuse_conv_bn(tm)
-    print(f"fused {n} conv+bn pairs; max |change| = {np.abs(tm(x).numpy() - want).max():.2e}")
+    dropped = tm.delete_unused_submodules()            # the old convs and batchnorms
+    print(f"fused {n} conv+bn pairs (dropped {len(dropped)} modules); "
+          f"max |change| = {np.abs(tm(x).numpy() - want).max():.2e}")
     mt.save(tm, args.out, example_inputs=(x,))
 
     relu6 = mt.load(args.out)
-    print(f"swapped {swap_relu(relu6)} ReLU calls for F.relu6")
+    print(f"swapped {swap_relu(relu6)} ReLU calls for F.relu6; "
+          f"max |change| = {np.abs(relu6(x).numpy() - want).max():.2e}")
+    relu6.delete_unused_submodules()
+    mt.save(relu6, args.out.replace(".tmod", "_relu6.tmod"), example_inputs=(x,))
 
     cut = mt.load(args.out)
     node = cut.graph.get_node_by_name("*layer2.[out]", recursive=False).as_unique()
     cut.graph.reset_outputs(node)                      # the model now ends after layer2
     cut.graph.compile()
     cut.graph.lint()
+    cut.delete_unused_submodules()                     # layer3, layer4, fc: their weights go too
     print(f"cut after {node.qualname}: output {cut(x).shape}")
     mt.save(cut, args.out.replace(".tmod", "_cut.tmod"), example_inputs=(x,))
-    print(f"saved {args.out} and its cut variant")
+    print(f"saved {args.out} and its _relu6 and _cut variants")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,18 @@ class TracedModule(Module):
         return text
 
     # ---------------------------------------------------------- transforms
+    def delete_unused_submodules(self):
+        """Delete the submodules no graph uses any more (after replacing or
+        cutting out calls), so that state_dict and saved archives drop their
+        weights. A traced submodule that is called keeps what its own graphs
+        use. Returns the deleted submodules' paths (``["layer4", ...]``).
+
+        >>> # g.reset_outputs(node); g.compile(); tm.delete_unused_submodules()
+        """
+        deleted = []
+        _prune_unused(self, "", _used_paths(self), _targets(self), "", deleted)
+        return deleted
+
     def flatten(self):
         """A new TracedModule with one flat graph per signature: every call
         of a traced submodule is inlined, builtin modules stay calls, read
@@ -448,6 +460,39 @@ def trace_module(mod, *args, **kwargs):
     for g in root._graphs:
         g.lint()
     return root
+
+
+def _used_paths(tm):
+    """Every attribute path (and its prefixes) that ``tm``'s graphs read from self."""
+    used = set()
+    for g in tm._graphs:
+        for e in g._exprs:
+            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0]:
+                parts = e.name.split(".")
+                used.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return used
+
+
+def _prune_unused(mod, rel, used, targets, prefix, deleted):
+    """Delete children of ``mod`` (at path ``rel`` below the graph owner) whose
+    paths the owner's graphs never read. A traced child the graphs read as a
+    whole (and call) is pruned by its own graphs instead."""
+    for name, child in list(mod._modules.items()):
+        path = f"{rel}.{name}" if rel else name
+        if child is None:
+            continue
+        if path not in used:
+            del mod._modules[name]
+            deleted.append(prefix + path)
+        elif isinstance(child, TracedModule) and child._graphs and path in targets:
+            _prune_unused(child, "", _used_paths(child), _targets(child), f"{prefix}{path}.", deleted)
+        elif isinstance(child, TracedModule):     # only on the way to deeper attributes
+            _prune_unused(child, path, used, targets, prefix, deleted)
+
+
+def _targets(tm):
+    return {e.name for g in tm._graphs for e in g._exprs
+            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0]}
 
 
 def _refuse_arrays(canon, sig):

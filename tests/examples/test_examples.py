@@ -39,9 +39,12 @@ def test_edit_graph(folder):
     assert "fused 20 conv+bn pairs" in out
     change = float(out.split("max |change| = ")[1].split()[0])
     assert change < 1e-4
-    assert "swapped 17 ReLU calls" in out
+    assert "swapped 17 ReLU calls" in out and "(dropped 40 modules)" in out
     assert "output (1, 128, 4, 4)" in out
-    assert (folder / "edited_cut.tmod").exists()
+    original = (folder / "resnet18.tmod").stat().st_size
+    assert (folder / "edited.tmod").stat().st_size < 1.01 * original      # no dead weights
+    assert (folder / "edited_cut.tmod").stat().st_size < 0.2 * original
+    assert (folder / "edited_relu6.tmod").exists()
 
 
 def test_retrace_folder(folder, tmp_path):
