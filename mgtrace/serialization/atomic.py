@@ -7,6 +7,7 @@ survives a power loss. On any error the temporary file is removed and the
 target is untouched; a killed process may leave a ``.<name>.<random>.tmp``
 beside it, never a partial file under the target's name.
 """
+import io
 import os
 import secrets
 import stat
@@ -64,8 +65,13 @@ def open_for_writing(f):
     """
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"cannot save {path}: no such folder {folder}")
         with _atomic(path) as out:
             yield out
+    elif isinstance(f, io.TextIOBase):
+        raise TypeError("save writes binary data: open the file with mode 'wb', not 'w'")
     elif hasattr(f, "write"):
         yield f
     else:

@@ -18,7 +18,7 @@ Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
 """
 import msgpack
 
-from mgtrace._core import as_device
+from mgtrace._core import as_device, cuda_available
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
@@ -130,13 +130,25 @@ def _decode(src, mmap, device, verify, everything):
     return Archive(obj, header, meta, examples)
 
 
+def _check_device(device):
+    """The load's device, refused up front when this build cannot place
+    tensors there (so a good archive is not reported as a bad one)."""
+    if device is None:
+        return None
+    device = as_device(device)
+    if device.type != "cpu" and not cuda_available():
+        raise ValueError(f"cannot load onto {device}: this build of mgtrace has no CUDA backend "
+                         "(see `mgtrace doctor`)")
+    return device
+
+
 def load_archive(f, *, mmap=False, device=None, verify=True):
     """Read archive ``f`` with its metadata and examples; see :func:`load`.
 
     Returns:
         an :class:`Archive`.
     """
-    device = None if device is None else as_device(device)
+    device = _check_device(device)
     with open_source(f, mmap) as src:
         return _guarded(_decode, src, mmap, device, verify, True)
 
@@ -185,6 +197,6 @@ def load(f, *, mmap=False, device=None, verify=True):
         OSError: ``f`` cannot be opened or read.
         TypeError, ValueError: bad ``f`` or ``device`` arguments.
     """
-    device = None if device is None else as_device(device)
+    device = _check_device(device)
     with open_source(f, mmap) as src:
         return _guarded(_decode, src, mmap, device, verify, False).obj

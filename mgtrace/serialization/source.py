@@ -93,6 +93,9 @@ def open_source(f, mmap):
         TypeError: ``f`` is neither a path nor a readable file object.
         OSError: the file cannot be opened or read.
     """
+    if isinstance(f, (bytes, bytearray, memoryview)) and (len(f) > 4096 or b"\0" in bytes(f[:4096])):
+        raise TypeError("load takes a path or a binary file object, and these bytes look like an "
+                        "archive's contents: pass io.BytesIO(data)")
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(f, "rb") as fh:
             if mmap:

@@ -376,7 +376,8 @@ class InternalGraph:
                     raise TypeError(f"replace_node: expected Nodes, got {type(n).__name__}")
                 if n.graph is not self:
                     where = n.graph.qualname if n.graph is not None else "no graph"
-                    raise GraphError(f"replace_node: {n!r} is in {where}, not {self._qualname}")
+                    raise GraphError(f"replace_node: {n!r} is in {_graph_label(n.graph)}, not this graph "
+                                     f"{_graph_label(self)}: a node of another trace or copy?")
             if old is self._inputs[0]:
                 raise GraphError("replace_node: cannot replace the graph's self node")
             if old.kind != new.kind:
@@ -462,7 +463,8 @@ class InternalGraph:
         for n in leaves:
             if n.graph is not self:
                 where = n.graph.qualname if n.graph is not None else "no graph"
-                raise GraphError(f"reset_outputs: {n!r} is in {where}, not {self._qualname}")
+                raise GraphError(f"reset_outputs: {n!r} is in {_graph_label(n.graph)}, not this graph "
+                                 f"{_graph_label(self)}: a node of another trace or copy?")
             if isinstance(n, ModuleNode):
                 raise GraphError(f"reset_outputs: {n!r} is a module, not a value")
         self._outputs = leaves
@@ -748,6 +750,14 @@ def called_graph(e):
                 if g._in_def == e.arg_def:
                     return g
     return None
+
+
+def _graph_label(g):
+    """A graph's qualname, with its id when names alone would not tell two
+    graphs apart (e.g. the same model traced twice)."""
+    if g is None:
+        return "no graph"
+    return f"{g.qualname} (graph @{id(g):x})"
 
 
 def _const_leaves(tdef):

@@ -361,3 +361,19 @@ def test_save_refuses_graphs_that_read_what_is_gone():
     del tm.stem
     with pytest.raises(TypeError, match=r"reads self.stem.*deleted after tracing"):
         save_bytes(tm)
+
+
+def test_clear_errors_for_common_mistakes(tmp_path):
+    import io
+    tm = mt.trace_module(_Small(), mt.tensor(np.ones((1, 3), np.float32)))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        mt.save(tm, tmp_path / "missing" / "m.tmod")
+    with open(tmp_path / "t.txt", "w") as text:
+        with pytest.raises(TypeError, match="mode 'wb'"):
+            mt.save(tm, text)
+    data = save_bytes(tm)
+    with pytest.raises(TypeError, match=r"io.BytesIO\(data\)"):
+        mt.load(data)
+    if not mt.cuda_available():
+        with pytest.raises(ValueError, match="no CUDA backend"):
+            mt.load(io.BytesIO(data), device="gpu7")
