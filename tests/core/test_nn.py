@@ -272,6 +272,7 @@ def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "im2col"
     assert nn.conv2d_algorithm((8, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1, 144) == "depthwise"
     assert nn.conv2d_algorithm((8, 256, 56, 56), (64, 256, 1, 1)) == "gemm1x1"
+    assert nn.conv2d_algorithm((8, 256, 7, 7), (64, 256, 1, 1)) == "gemm1x1"       # small planes too
     # Winograd's tiles count over the batch: 7x7 planes of 512 channels pay from 64 tiles (4 images)
     assert nn.conv2d_algorithm((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((2, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
