@@ -1,7 +1,6 @@
-"""The tensor core end to end: a small CNN and an attention block on mgtrace,
-each checked against a NumPy reference. Exits non-zero on a mismatch.
-
-This is the main job until tracing and archives land (see README).
+"""The tensor core on its own: a small CNN and an attention block written
+with the core's ops, each checked against a NumPy reference. Exits non-zero
+on a mismatch. (The main job, tracing and archives, is `mgtrace demo`.)
 """
 import math
 import sys

@@ -580,6 +580,8 @@ def load_user_code(spec, what="--import"):
             sys.modules[name] = mod
             s.loader.exec_module(mod)       # the user's own script, named on the command line
         else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())   # as `python -c` would: a module in this folder
             mod = importlib.import_module(spec)
     except ValueError:
         raise

@@ -19,12 +19,12 @@ __all__ = ["save"]
 
 
 def save(obj, f, *, metadata=None, example_inputs=None):
-    """Write ``obj`` to ``f`` as a ``.tmod`` archive (DESIGN.md, "Archive format").
+    """Write ``obj`` to ``f`` as a ``.tmod`` archive (format in schema/, see README).
 
     Args:
-        obj: a Tensor; a state dict (OrderedDict of name -> Tensor); a Module
-            made of builtin modules and Sequential/ModuleList/ModuleDict (or
-            a TracedModule once its codec is registered); or tuples, lists,
+        obj: a TracedModule (from :func:`mgtrace.trace_module`); a Tensor; a
+            state dict (OrderedDict of name -> Tensor); a Module made of
+            builtin modules and Sequential/ModuleList/ModuleDict; or tuples, lists,
             dicts (any hashable keys) of those and of None, bool, int, float,
             str, bytes, slices, Ellipsis, NumPy scalars, dtypes and devices.
         f: a path (written atomically: temporary file in the same folder,
