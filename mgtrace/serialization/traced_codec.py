@@ -274,8 +274,8 @@ def _encode_expr(e, ctx, ids, node_id):
 
 
 def _call_signature(owner):
-    sig = getattr(owner, "_signature", None)
-    return sig if sig is not None else inspect.signature(owner.forward)
+    """forward's signature (cached per class by the tracer's signature_of)."""
+    return _tracer.signature_of(owner)
 
 
 def _args_by_name(sig, args, kwargs, what):
