@@ -494,6 +494,7 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
     permissions of the file it replaces (else the umask's); the temporary
     file is removed on any failure, Ctrl-C included."""
     from mgtrace.serialization import load_archive, save
+    from mgtrace.serialization.atomic import fsync_dir
     folder = os.path.dirname(os.path.abspath(dest))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".mgtrace-{secrets.token_hex(6)}.tmp")
@@ -514,26 +515,13 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
         if os.path.isfile(dest):
             os.chmod(tmp, stat.S_IMODE(os.stat(dest).st_mode))
         os.replace(tmp, dest)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         return err, ""
     finally:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-
-
-def _fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6):

@@ -13,10 +13,10 @@ import secrets
 import stat
 from contextlib import contextmanager
 
-__all__ = ["open_for_writing"]
+__all__ = ["open_for_writing", "fsync_dir"]
 
 
-def _fsync_dir(directory):
+def fsync_dir(directory):
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:          # e.g. Windows: folders cannot be opened
@@ -48,7 +48,7 @@ def _atomic(path):
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 @contextmanager

@@ -783,23 +783,6 @@ class _EditTracer(Tracer):
         with core_off():
             return t.shape
 
-    def warn_once(self, message, kind=None):
-        """TraceWarning at the user's line, once per line and ``kind``."""
-        src = user_source()
-        key = (src, kind or message.split(" of ", 1)[0])
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        _warn(message.replace(" while tracing", f" at {src} while tracing", 1))
-
-    def on_frozen(self, t, what):
-        if _quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
-            return
-        self.warn_once(f"{what} takes a value out of the graph while tracing "
-                       f"{self.frame.graph.qualname}: the trace fixes it to this run's value "
-                       "(compute with tensor ops, or wrap the function with "
-                       "mgtrace.traced_module.wrap, to keep it live)", kind="frozen")
-
     def on_bool(self, t):
         if self._graph_value(t):
             super().on_bool(t)
