@@ -281,9 +281,9 @@ def compare_outputs(got, want, rtol=1e-5, atol=1e-6):
     return True, worst, ""
 
 
-def _run_examples(obj, inputs):
+def _run_examples(obj, inputs, kwargs=None):
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    return obj(*args)
+    return obj(*args, **(kwargs or {}))
 
 
 def verify_file(path, rtol=1e-5, atol=1e-6):
@@ -297,7 +297,7 @@ def verify_file(path, rtol=1e-5, atol=1e-6):
         return out
     if not isinstance(arc.obj, Module):
         return {"status": "failed", "reason": "examples stored for an object that is not a module"}
-    ok, err, reason = compare_outputs(_run_examples(arc.obj, arc.example_inputs),
+    ok, err, reason = compare_outputs(_run_examples(arc.obj, arc.example_inputs, arc.example_kwargs),
                                       arc.example_outputs, rtol, atol)
     out.update(examples="checked", max_abs_error=err)
     if not ok:
@@ -486,7 +486,7 @@ def destination(path, out=None, in_place=False, roots=()):
     return os.path.join(out, os.path.basename(path))
 
 
-def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
+def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
     """Save to a temporary file beside ``dest`` (``.mgtrace-*.tmp``), reload
     it, check its examples against ``want`` (or, without examples, its
     tensors against ``obj``'s), then rename it over ``dest``; returns
@@ -500,11 +500,11 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol):
     tmp = os.path.join(folder, f".mgtrace-{secrets.token_hex(6)}.tmp")
     try:        # created inside the try: a stop (SIGTERM -> _Stopped) may come at any line
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))   # mode per umask
-        save(obj, tmp, metadata=metadata, example_inputs=inputs)
+        save(obj, tmp, metadata=metadata, example_inputs=inputs, example_kwargs=kwargs or None)
         err = None
         arc = load_archive(tmp)
         if inputs is not None:
-            got = _run_examples(arc.obj, arc.example_inputs)
+            got = _run_examples(arc.obj, arc.example_inputs, arc.example_kwargs)
             ok, err, reason = compare_outputs(got, want, rtol, atol)
             if not ok:
                 return err, f"the new archive does not reproduce the stored outputs: {reason}"
@@ -533,8 +533,8 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6)
     old = ".".join(map(str, arc.format_version))
     if in_place and arc.format_version == tuple(FORMAT_VERSION):
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
-    inputs = arc.example_inputs
-    err, reason = _write_checked(arc.obj, dest, arc.metadata, inputs, arc.example_outputs, rtol, atol)
+    err, reason = _write_checked(arc.obj, dest, arc.metadata, arc.example_inputs,
+                                 arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs)
     if reason:
         return {"status": "failed", "reason": reason, "from": old}
     return {"status": "ok", "reason": "", "from": old, "output": dest, "max_abs_error": err}
@@ -627,17 +627,18 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
         return {"status": "failed",
                 "reason": "no example inputs stored; give --inputs FILE.py:FUNCTION to make some"}
     args = args if isinstance(args, tuple) else (args,)
-    want = arc.obj(*args)
+    kwargs = arc.example_kwargs if source == "stored" else {}
+    want = arc.obj(*args, **kwargs)
     if arc.example_outputs is not None and source == "stored":
         ok, _, reason = compare_outputs(want, arc.example_outputs, rtol, atol)
         if not ok:
             return {"status": "failed",
                     "reason": f"the loaded module no longer gives the stored outputs: {reason}"}
-    new = mgtrace.trace_module(arc.obj, *args)
-    ok, err, reason = compare_outputs(new(*args), want, rtol, atol)
+    new = mgtrace.trace_module(arc.obj, *args, **kwargs)
+    ok, err, reason = compare_outputs(new(*args, **kwargs), want, rtol, atol)
     if not ok:
         return {"status": "failed", "reason": f"the re-traced module differs: {reason}"}
-    err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol)
+    err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol, kwargs=kwargs)
     if reason:
         return {"status": "failed", "reason": reason}
     return {"status": "ok", "reason": "", "output": dest, "inputs": source, "max_abs_error": err}

@@ -93,6 +93,7 @@ ENTRIES = {
     "examples": (
         Field("inputs", "value", True, V1, "a tuple of positional arguments"),
         Field("outputs", "value", True, V1, "what the object returned for them"),
+        Field("kwargs", "values by name", False, V1, "keyword arguments of that call, if any"),
     ),
     "module": (
         Field("kind", "str", True, V1, "how the module is stored; the kind adds fields"),

@@ -41,6 +41,7 @@ class Archive:
         obj: the saved object (what :func:`load` returns).
         metadata: the user metadata (None when absent).
         example_inputs, example_outputs: the stored examples (None when absent).
+        example_kwargs: keyword arguments of the example call (``{}`` when none).
         format_version, min_reader_version: ``(major, minor)`` tuples.
         producer: ``{"library": ..., "version": ...}`` of the writer.
         header: the validated header, values still tagged.
@@ -48,7 +49,7 @@ class Archive:
 
     def __init__(self, obj, header, metadata, examples):
         self.obj, self.header, self.metadata = obj, header, metadata
-        self.example_inputs, self.example_outputs = examples
+        self.example_inputs, self.example_outputs, self.example_kwargs = examples
         self.format_version = tuple(header["format_version"])
         self.min_reader_version = tuple(header["min_reader_version"])
         self.producer = header["producer"]
@@ -120,11 +121,12 @@ def _decode(src, mmap, device, verify, everything):
     ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
     obj = ctx.value(header["root"], where="header.root")
     if not everything:
-        return Archive(obj, header, None, (None, None))
+        return Archive(obj, header, None, (None, None, {}))
     ex = header.get("examples")
-    examples = (None, None) if ex is None else (
+    examples = (None, None, {}) if ex is None else (
         ctx.value(ex["inputs"], where="header.examples.inputs"),
-        ctx.value(ex["outputs"], where="header.examples.outputs"))
+        ctx.value(ex["outputs"], where="header.examples.outputs"),
+        {k: ctx.value(v, where=f"header.examples.kwargs.{k}") for k, v in ex.get("kwargs", {}).items()})
     meta = header.get("metadata")
     meta = None if meta is None else ctx.value(meta, where="header.metadata")
     return Archive(obj, header, meta, examples)

@@ -18,7 +18,7 @@ from mgtrace.serialization.version import FORMAT_NAME, FORMAT_VERSION
 __all__ = ["save"]
 
 
-def save(obj, f, *, metadata=None, example_inputs=None):
+def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
     """Write ``obj`` to ``f`` as a ``.tmod`` archive (format in schema/, see README).
 
     Args:
@@ -37,6 +37,9 @@ def save(obj, f, *, metadata=None, example_inputs=None):
             and inputs and outputs (any values above, e.g. a dict of
             tensors) are stored; ``load_archive`` returns both, so a reader
             can check the model.
+        example_kwargs: optional keyword arguments (a dict with str keys)
+            for that call, e.g. ``{"scale": 3}`` for a module traced as
+            ``trace_module(m, x, scale=3)``; stored beside the inputs.
 
     Tensors are stored contiguous, little-endian, 64-byte aligned, with a
     CRC-32 each; a tensor met twice (same storage, offset, shape, strides)
@@ -52,8 +55,9 @@ def save(obj, f, *, metadata=None, example_inputs=None):
             traced gets "trace it first"; a traced module whose child,
             parameter or buffer is hidden by a TracedModule member, e.g. a
             child named ``flatten``, is refused); a function a graph calls
-            is not registered (register_function); ``example_inputs``
-            without a Module; ``metadata`` not a dict.
+            is not registered (register_function); ``example_inputs`` or
+            ``example_kwargs`` without a Module; ``metadata`` or
+            ``example_kwargs`` not a dict (with str keys).
         ValueError: values nested deeper than the reader accepts.
         OSError: the file cannot be written; a path target is then untouched.
 
@@ -63,7 +67,7 @@ def save(obj, f, *, metadata=None, example_inputs=None):
     >>> _ = buf.seek(0); mt.load(buf)
     {'w': Tensor([1., 2.], dtype=float32, device=cpu:0), 'step': 3}
     """
-    header, tensors = _encode(obj, metadata, example_inputs)
+    header, tensors = _encode(obj, metadata, example_inputs, example_kwargs)
     with open_for_writing(f) as out:
         if isinstance(f, (str, bytes, os.PathLike)):
             _write_one_pass(out, header, tensors)      # our own temporary file: seekable
@@ -71,16 +75,23 @@ def save(obj, f, *, metadata=None, example_inputs=None):
             _write(out, header, tensors)
 
 
-def _encode(obj, metadata, example_inputs):
+def _encode(obj, metadata, example_inputs, example_kwargs=None):
     import mgtrace
     ctx = EncodeContext()
     root = ctx.value(obj)
     examples = None
-    if example_inputs is not None:
+    if example_inputs is not None or example_kwargs is not None:
         if not isinstance(obj, Module):
             raise TypeError(f"example_inputs needs a Module to call, got a {type(obj).__name__}")
-        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        examples = {"inputs": ctx.value(inputs), "outputs": ctx.value(obj(*inputs))}
+        if example_kwargs is not None and not (isinstance(example_kwargs, dict)
+                                               and all(isinstance(k, str) for k in example_kwargs)):
+            raise TypeError("example_kwargs must be a dict with str keys (keyword arguments)")
+        inputs = () if example_inputs is None else example_inputs
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        kwargs = dict(example_kwargs or {})
+        examples = {"inputs": ctx.value(inputs), "outputs": ctx.value(obj(*inputs, **kwargs))}
+        if kwargs:
+            examples["kwargs"] = {k: ctx.value(v) for k, v in kwargs.items()}
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     meta = None if metadata is None else ctx.value(metadata)

@@ -377,3 +377,24 @@ def test_clear_errors_for_common_mistakes(tmp_path):
     if not mt.cuda_available():
         with pytest.raises(ValueError, match="no CUDA backend"):
             mt.load(io.BytesIO(data), device="gpu7")
+
+
+def test_keyword_examples_round_trip():
+    import io
+
+    class Scaled(M.Module):
+        def forward(self, x, scale=2):
+            return x * scale
+    x = mt.tensor(np.arange(3, dtype=np.float32))
+    tm = mt.trace_module(Scaled(), x, scale=3)
+    buf = io.BytesIO()
+    mt.save(tm, buf, example_inputs=(x,), example_kwargs={"scale": 3})
+    arc = mt.serialization.load_archive(io.BytesIO(buf.getvalue()))
+    assert arc.example_kwargs == {"scale": 3}
+    np.testing.assert_array_equal(arc.example_outputs.numpy(), [0.0, 3.0, 6.0])
+    np.testing.assert_array_equal(arc.obj(*arc.example_inputs, **arc.example_kwargs).numpy(),
+                                  [0.0, 3.0, 6.0])
+    with pytest.raises(TypeError, match="str keys"):
+        mt.save(tm, io.BytesIO(), example_inputs=(x,), example_kwargs={1: 3})
+    plain = mt.serialization.load_archive(io.BytesIO(save_bytes(tm)))
+    assert plain.example_kwargs == {} and plain.example_inputs is None
