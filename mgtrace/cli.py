@@ -249,9 +249,10 @@ def _size(n):
 
 
 def _port(x):
+    name = f"out{x['where']}" if x.get("where") else x["name"]
     if "shape" in x:
-        return f"{x['name']}: {x.get('dtype')}{x['shape']}"
-    return f"{x['name']}: {x.get('kind')}"
+        return f"{name}: {x.get('dtype')}{x['shape']}"
+    return f"{name}: {x.get('kind')}"
 
 
 def _print_summary(r, out):

@@ -205,9 +205,34 @@ def _signature(header):
             if n.get("kind") == "tensor":
                 return {"name": n.get("name"), "shape": n.get("shape"), "dtype": n.get("dtype")}
             return {"name": n.get("name"), "kind": n.get("kind")}
-        out.append({"inputs": [desc(i) for i in g.get("inputs", [])[1:]],
-                     "outputs": [desc(i) for i in g.get("outputs", [])]})
+        outs = [desc(i) for i in g.get("outputs", [])]
+        for d, where in zip(outs, _slot_paths(g.get("out_def"))):
+            if where:
+                d["where"] = where            # e.g. "['logits']" for a dict output
+        out.append({"inputs": [desc(i) for i in g.get("inputs", [])[1:]], "outputs": outs})
     return out
+
+
+def _slot_paths(tdef, prefix=""):
+    """Accessors (``[0]``, ``['k']``) of the slots of a stored treedef, in
+    order; '' for a single tensor. Malformed entries give no paths."""
+    if not isinstance(tdef, dict) or not isinstance(tdef.get("children"), list):
+        return []
+    kind, aux = tdef.get("type"), tdef.get("aux")
+    keys = aux.get("tuple") if isinstance(aux, dict) and isinstance(aux.get("tuple"), list) else None
+    paths = []
+    for i, c in enumerate(tdef["children"]):
+        if kind == "root":
+            step = ""
+        elif kind in ("dict", "odict") and keys is not None and i < len(keys):
+            step = f"[{keys[i]!r}]"
+        else:
+            step = f"[{i}]"
+        if isinstance(c, dict) and c.get("slot") is True:
+            paths.append(prefix + step)
+        elif isinstance(c, dict) and "children" in c:
+            paths += _slot_paths(c, prefix + step)
+    return paths
 
 
 def _jsonable(v):

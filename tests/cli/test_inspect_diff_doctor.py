@@ -155,3 +155,20 @@ def test_diff_tells_apart_same_named_modules_at_the_same_depth(tmp_path):
     assert p.returncode == 1
     assert "module a.pool" in p.stdout and "kernel_size=4" in p.stdout
     assert "module b.pool" not in p.stdout
+
+
+def test_inspect_names_structured_outputs_by_key(tmp_path):
+    import mgtrace.module as M
+
+    class N(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(3, 2)
+
+        def forward(self, x):
+            return {"logits": self.fc(x), "feat": (x, x * 2)}
+    mt.save(mt.trace_module(N(), mt.tensor(np.ones((1, 3), np.float32))), tmp_path / "d.tmod")
+    p = cli("inspect", tmp_path / "d.tmod")
+    assert p.returncode == 0
+    assert "out['logits']: float32[1, 2]" in p.stdout
+    assert "out['feat'][1]: float32[1, 3]" in p.stdout
