@@ -68,6 +68,9 @@ def open_for_writing(f):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"cannot save {path}: no such folder {folder}")
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"cannot save to {path}: it is a folder; give a file name "
+                                    f"such as {os.path.join(path, 'model.tmod')}")
         with _atomic(path) as out:
             yield out
     elif isinstance(f, io.TextIOBase):

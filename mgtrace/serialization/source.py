@@ -103,6 +103,8 @@ def open_source(f, mmap):
             else:
                 yield _FileSource(fh, 0, os.fstat(fh.fileno()).st_size)
         return
+    if isinstance(f, io.TextIOBase):
+        raise TypeError("load reads binary data: open the file with mode 'rb', not 'r'")
     if not hasattr(f, "read"):
         raise TypeError(f"load takes a path or a binary file object, got {type(f).__name__}")
     yield _source_of_file(f, mmap)

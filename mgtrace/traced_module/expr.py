@@ -23,6 +23,7 @@ import itertools
 import operator
 import os
 import sys
+import sysconfig
 
 from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
@@ -47,6 +48,16 @@ def is_user_file(filename):
                 or filename.startswith("mgtrace" + os.sep))
 
 
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_file(filename):
+    """Installed libraries and the standard library (NumPy, math wrappers...):
+    a warning caused there is reported at the user's line that called them."""
+    return filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen")
+
+
 def user_frame():
     """``(frame, stacklevel)``: the innermost frame outside mgtrace, and how
     many frames up from the caller it is (what ``warnings.warn`` takes as
@@ -54,7 +65,8 @@ def user_frame():
     f = sys._getframe(1)
     level = 1
     while f is not None:
-        if is_user_file(f.f_code.co_filename):
+        name = f.f_code.co_filename
+        if is_user_file(name) and not is_library_file(name):
             return f, level
         f = f.f_back
         level += 1

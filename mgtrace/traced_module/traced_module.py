@@ -28,9 +28,9 @@ __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
 
 def _input_leaf(v):
-    # a slot holds a tensor, or an int where a traced caller passed a shape
-    # entry (a SymInt while tracing, a plain int when the graph runs)
-    return isinstance(v, Tensor) or (type(v) is int)
+    # a slot holds a tensor, or a number where a traced caller passed a value
+    # computed from shapes (SymInt/SymFloat while tracing, plain when it runs)
+    return isinstance(v, (Tensor, int, float)) and not isinstance(v, bool)
 
 
 class TracedModule(Module):

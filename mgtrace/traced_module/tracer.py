@@ -23,6 +23,7 @@ import collections
 import contextlib
 import importlib
 import inspect
+import math
 import operator
 import sys
 import warnings
@@ -81,6 +82,8 @@ def _plain(v):
 
 def _sym_binary(op, reflected=False):
     def method(self, other):
+        if isinstance(other, np.generic) and not isinstance(other, np.bool_):
+            other = other.item()       # a NumPy scalar: its Python value, recorded alike
         a, b = (other, self) if reflected else (self, other)
         t = _active
         if t is None or _quiet or type(other) not in _NUMBER_TYPES:
@@ -104,8 +107,9 @@ def _sym_fixed(what, convert):
         # checks in mgtrace's own code (argument validation) are not the user's to fix
         if _active is not None and not _quiet and is_user_file(sys._getframe(1).f_code.co_filename):
             _active.warn_once(f"{what} of a shape-derived number ({_plain(self)!r}) while tracing "
-                              f"{_active.frame.graph.qualname}: the trace fixes the result; "
-                              "other input shapes will reuse it")
+                              f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
+                              "result (a branch stays taken, a check is not re-run, a count or "
+                              "size stays fixed at other input shapes)")
         return convert(_plain(self), *args)
     return method
 
@@ -128,6 +132,15 @@ class _SymNumber:
     __rpow__ = _sym_binary(operator.pow, True)
     __neg__ = _sym_unary(operator.neg)
     __abs__ = _sym_unary(operator.abs)
+    __floor__ = _sym_fixed("math.floor()", math.floor)
+    __ceil__ = _sym_fixed("math.ceil()", math.ceil)
+    __trunc__ = _sym_fixed("math.trunc()", math.trunc)
+
+    def __str__(self):
+        return str(_plain(self))
+
+    def __format__(self, spec):
+        return format(_plain(self), spec)
     # the trace keeps what these gave this time
     __lt__ = _sym_fixed("comparing (<)", operator.lt)
     __le__ = _sym_fixed("comparing (<=)", operator.le)
@@ -161,6 +174,19 @@ class SymInt(_SymNumber, int):
     >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
     (12, 'int')
     """
+    # bitwise arithmetic on ints (padding to a multiple of 8: (h + 7) & ~7)
+    __and__ = _sym_binary(operator.and_)
+    __rand__ = _sym_binary(operator.and_, True)
+    __or__ = _sym_binary(operator.or_)
+    __ror__ = _sym_binary(operator.or_, True)
+    __xor__ = _sym_binary(operator.xor)
+    __rxor__ = _sym_binary(operator.xor, True)
+    __lshift__ = _sym_binary(operator.lshift)
+    __rlshift__ = _sym_binary(operator.lshift, True)
+    __rshift__ = _sym_binary(operator.rshift)
+    __rrshift__ = _sym_binary(operator.rshift, True)
+    __invert__ = _sym_unary(operator.invert)
+
     def __repr__(self):
         return f"SymInt({_plain(self)})"
 
@@ -271,8 +297,8 @@ class _Frame:
                 where = v.graph.qualname if v.graph else "no graph"
                 raise TraceError(f"node {v!r} belongs to {where}, not {self.graph.qualname}")
             return v
-        if isinstance(v, SymInt):
-            return self._constant(int(v), "const", ValueNode, value=int(v))
+        if isinstance(v, (SymInt, SymFloat)):      # from another frame: this run's value
+            return self._constant(_plain(v), "const", ValueNode, value=_plain(v))
         return self._tensor_source(v)
 
     def value_of(self, v):
@@ -530,7 +556,7 @@ class Tracer:
         tm = self.converted[id(module)]
         canon = bind_arguments(signature_of(module), args, kwargs, type_name(module))
         # the same leaves as _record maps to nodes, so call args and graph inputs line up
-        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, (Tensor, SymInt)))
+        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, (Tensor, SymInt, SymFloat)))
         graph = tm._graph_for(arg_def)
 
         def run(a, k):
@@ -559,7 +585,7 @@ class Tracer:
                 if isinstance(v, Tensor):
                     node = TensorNode(name=name, shape=v.shape, dtype=v.dtype)
                 else:
-                    node = ValueNode(name=name, value=int(v))
+                    node = ValueNode(name=name, value=_plain(v))
                 graph._add_input(graph._add_node(node, name))
                 if id(v) in sub.env:
                     if isinstance(v, Tensor):
@@ -573,7 +599,7 @@ class Tracer:
         try:
             out = module._call_impl(args, kwargs)
             with core_off():
-                out_leaves, out_def = tree_flatten(out, lambda v: isinstance(v, (Tensor, SymInt)))
+                out_leaves, out_def = tree_flatten(out, lambda v: isinstance(v, (Tensor, SymInt, SymFloat)))
                 graph._outputs = [sub.node_of(v) for v in out_leaves]
                 graph._out_def = out_def
         except Exception as e:
@@ -802,7 +828,7 @@ class _EditTracer(Tracer):
             return super().on_module_call(module, args, kwargs)
         name = getattr(module, "_qualname", type(module).__name__)
         canon = bind_arguments(signature_of(module), args, kwargs, name)
-        arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt)))[1]
+        arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt, SymFloat)))[1]
         if module._graph_for(arg_def) is None:
             raise GraphError(f"insert_exprs: {name} was traced for arguments "
                              f"{[g.in_def for g in graphs]}, not {arg_def}; call it as it was "

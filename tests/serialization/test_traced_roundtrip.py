@@ -398,3 +398,13 @@ def test_keyword_examples_round_trip():
         mt.save(tm, io.BytesIO(), example_inputs=(x,), example_kwargs={1: 3})
     plain = mt.serialization.load_archive(io.BytesIO(save_bytes(tm)))
     assert plain.example_kwargs == {} and plain.example_inputs is None
+
+
+def test_clear_errors_for_text_files_and_folders(tmp_path):
+    tm = mt.trace_module(_Small(), mt.tensor(np.ones((1, 3), np.float32)))
+    mt.save(tm, tmp_path / "m.tmod")
+    with open(tmp_path / "m.tmod") as text:
+        with pytest.raises(TypeError, match="mode 'rb'"):
+            mt.load(text)
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        mt.save(tm, tmp_path)

@@ -88,3 +88,59 @@ def test_reset_outputs_refuses_what_is_not_a_node(bad):
         tm.graph.reset_outputs(bad())
     tm.graph.lint()
     np.testing.assert_array_equal(tm(mt.tensor([3.0])).numpy(), [6.0])   # unchanged
+
+
+class _Scale(M.Module):
+    def forward(self, x):
+        return x.shape[-1] ** -0.5
+
+
+class _Inner(M.Module):
+    def forward(self, x, k):
+        return x * k
+
+
+class _Outer(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.sc, self.inner = _Scale(), _Inner()
+
+    def forward(self, x):
+        h = x.shape[-1]
+        pad = ((h + 3) & ~3) - h                        # bitwise: pad to a multiple of 4
+        y = F.pad(x, ((0, 0), (0, pad))) * (h * np.float32(0.5))
+        return self.inner(y * self.sc(x), h ** -0.5), h / 2
+
+
+def test_floats_cross_module_boundaries_and_bitwise_numpy_operands_stay_live():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        tm = mt.trace_module(_Outer(), x_of(1, 4))
+    buf = io.BytesIO()
+    mt.save(tm, buf)
+    loaded = mt.load(io.BytesIO(buf.getvalue()))
+    for m in (tm, loaded):
+        x = x_of(2, 9, seed=4)
+        got, want = m(x), _Outer()(x)
+        np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-6)
+        assert got[1] == 4.5 and type(got[1]) is float
+
+
+def test_floor_and_ceil_warn_and_str_is_the_plain_number():
+    class C(M.Module):
+        def forward(self, x):
+            h = x.shape[-1]
+            assert f"{h}" == "4" and str(h / 2) == "2.0"
+            return x[..., :math.ceil(h / 2)]
+    with pytest.warns(TraceWarning, match=r"math.ceil\(\)"):
+        mt.trace_module(C(), x_of(1, 4))
+
+
+def test_warnings_from_inside_numpy_point_at_the_user_line():
+    class P(M.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], int(np.prod(x.shape[1:])))
+    with pytest.warns(TraceWarning) as rec:
+        mt.trace_module(P(), x_of(1, 2, 3))
+    assert all("test_trace_symbolic_numbers.py" in str(w.message) for w in rec
+               if issubclass(w.category, TraceWarning))
