@@ -87,7 +87,12 @@ class _Namer:
         if base[0].isdigit():
             base = "_" + base
         name, i = base, 1
-        while name in self.used or keyword.iskeyword(name):
+        taken = lambda n: n in self.used or keyword.iskeyword(n)     # noqa: E731
+        if taken(name):
+            m = re.match(r"^(.*\D)_(\d+)$", base)      # pow_1 taken: try pow_2, not pow_1_1
+            if m:
+                base, i = m.group(1), int(m.group(2)) + 1
+        while taken(name):
             name = f"{base}_{i}"
             i += 1
         self.used.add(name)
