@@ -139,7 +139,7 @@ def _encode(tm, ctx):
             attrs[k] = ctx.value(v)
         except TypeError:
             continue          # not an archive value (a function, an open file...): not kept
-    _check_getattr_targets(tm, attrs)
+    _check_getattr_targets(tm)
     out = {"name": tm._orig_name, "qualname": tm._qualname, "is_top": bool(tm._is_top)}
     for reads_as, shell in _READS_AS.items():
         if isinstance(tm, shell):
@@ -156,14 +156,14 @@ def _encode(tm, ctx):
     return out
 
 
-def _check_getattr_targets(tm, attrs):
+def _check_getattr_targets(tm):
     """Every ``self.a.b`` a graph reads must be stored: a submodule,
     parameter or buffer, or a plain attribute the archive keeps. Raises
     TypeError naming the path otherwise (e.g. a submodule deleted after
     tracing), so that save never writes what load would refuse."""
     for g in tm._graphs:
         for e in g._exprs:
-            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0] and not _reachable(tm, e.name, attrs):
+            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0] and not _reachable(tm, e.name):
                 if e.name in tm.__dict__ and _shadows_method(type(tm), e.name):
                     raise TypeError(f"cannot save {tm._qualname}: its attribute {e.name!r} hides "
                                     f"the method {type(tm).__name__}.{e.name}; rename it (or "
@@ -173,18 +173,19 @@ def _check_getattr_targets(tm, attrs):
                                 "after tracing?); put it back or edit the graph first")
 
 
-def _reachable(tm, path, attrs):
-    obj = tm
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        d = getattr(obj, "__dict__", {})
-        tables = [d.get(t, {}) for t in ("_modules", "_parameters", "_buffers")]
-        hit = next((t[part] for t in tables if part in t and t[part] is not None), None)
-        if hit is None:
-            last_attr = i == len(parts) - 1 and part in d and part not in _BOOKKEEPING
-            return last_attr and (obj is not tm or part in attrs)
-        obj = hit
-    return True
+def _reachable(tm, path):
+    """Whether the loader will find ``tm.<path>``: the load-side walk
+    (:func:`_safe_getattr_path`) succeeds, and a plain attribute at the end
+    is one the archive stores (it hides no method of its owner's class)."""
+    try:
+        _safe_getattr_path(tm, path, path)
+    except ArchiveError:
+        return False
+    *head, last = path.split(".")
+    owner = _safe_getattr_path(tm, ".".join(head), path) if head else tm
+    d = owner.__dict__
+    return any(last in d.get(t, {}) for t in ("_modules", "_parameters", "_buffers")) \
+        or not _shadows_method(type(owner), last)
 
 
 def _shadows_method(cls, name):
@@ -193,12 +194,6 @@ def _shadows_method(cls, name):
     are data descriptors: an attribute stored beside one hides nothing."""
     attr = inspect.getattr_static(cls, name, None)
     return attr is not None and not hasattr(type(attr), "__set__")
-
-
-def _shadowed(cls, name):
-    """True when ``obj.<name>`` on an instance of ``cls`` finds a class member
-    (a method, property, dunder...) before the module's tables."""
-    return hasattr(cls, name)
 
 
 def _encode_signature(sig):

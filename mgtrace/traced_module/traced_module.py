@@ -261,7 +261,7 @@ class TracedModule(Module):
         >>> # g.reset_outputs(node); g.compile(); tm.delete_unused_submodules()
         """
         deleted = []
-        _prune_unused(self, "", _used_paths(self), _targets(self), "", deleted)
+        _prune_unused(self, "", *_self_reads(self), "", deleted)
         return deleted
 
     def flatten(self):
@@ -462,15 +462,16 @@ def trace_module(mod, *args, **kwargs):
     return root
 
 
-def _used_paths(tm):
-    """Every attribute path (and its prefixes) that ``tm``'s graphs read from self."""
+def _self_reads(tm):
+    """``(used, targets)``: the attribute paths ``tm``'s graphs read from self
+    (targets) and every prefix of them (used)."""
+    targets = {e.name for g in tm._graphs for e in g._exprs
+               if isinstance(e, GetAttr) and e.args[0] is g._inputs[0]}
     used = set()
-    for g in tm._graphs:
-        for e in g._exprs:
-            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0]:
-                parts = e.name.split(".")
-                used.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return used
+    for path in targets:
+        parts = path.split(".")
+        used.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return used, targets
 
 
 def _prune_unused(mod, rel, used, targets, prefix, deleted):
@@ -485,14 +486,9 @@ def _prune_unused(mod, rel, used, targets, prefix, deleted):
             del mod._modules[name]
             deleted.append(prefix + path)
         elif isinstance(child, TracedModule) and child._graphs and path in targets:
-            _prune_unused(child, "", _used_paths(child), _targets(child), f"{prefix}{path}.", deleted)
+            _prune_unused(child, "", *_self_reads(child), f"{prefix}{path}.", deleted)
         elif isinstance(child, TracedModule):     # only on the way to deeper attributes
             _prune_unused(child, path, used, targets, prefix, deleted)
-
-
-def _targets(tm):
-    return {e.name for g in tm._graphs for e in g._exprs
-            if isinstance(e, GetAttr) and e.args[0] is g._inputs[0]}
 
 
 def _refuse_arrays(canon, sig):
