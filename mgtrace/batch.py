@@ -22,8 +22,12 @@ rewritten atomically as files finish (at most twice a second, and at the
 end, Ctrl-C included), so a rerun with the same report skips the files it
 lists as ``ok`` (their records are kept as they were) and redoes the rest.
 A report is only resumed by the same command with the same output
-(``out``/``in_place``); an ``ok`` record whose output file has gone is
-redone.
+(``out``/``in_place``). Each record keeps fingerprints (size, mtime, inode,
+SHA-256) of its input as the job left it and of its output; a file is
+skipped only when both are unchanged (same size, mtime and inode, or else
+the same SHA-256) and the options that shape the output (tolerances,
+``inputs``, ``imports``) are the same, so a replaced input, or an output
+changed or gone, is redone.
 
 Interrupts and crashes
 ----------------------
@@ -44,6 +48,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import fnmatch
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -59,7 +64,8 @@ import traceback
 __all__ = ["Record", "collect", "run", "read_report", "summary", "REPORT_VERSION",
            "verify", "upgrade", "retrace"]
 
-REPORT_VERSION = 1
+RESUMED = "ok in an earlier run"     # the reason of a record skipped on resume
+REPORT_VERSION = 2             # 2: records carry fingerprints (1: none, so nothing is skipped)
 _REPORT_EVERY_S = 0.5       # rewrite the report at most this often (and at the end)
 _STOP_GRACE_S = 10.0        # how long stopped workers get to remove their temporary files
 
@@ -74,16 +80,60 @@ class Record:
         reason: why it failed, or why it was skipped (empty when ok).
         seconds: wall time of the task, in seconds.
         details: task-specific results (e.g. max error, output path).
+        fingerprints: ``{"input": fp, "output": fp}`` of the input as the
+            job left it and of the output written (see :func:`fingerprint`;
+            None where there is none), what a resumed run compares.
     """
     path: str
     status: str
     reason: str = ""
     seconds: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)
+    fingerprints: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self):
         return {"path": self.path, "status": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 6), "details": self.details}
+                "seconds": round(self.seconds, 6), "details": self.details,
+                "fingerprints": self.fingerprints}
+
+
+# ----------------------------------------------------------- fingerprints
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(path):
+    """``{"size", "mtime_ns", "inode", "sha256"}`` of file ``path``, or None
+    when it cannot be read."""
+    try:
+        st = os.stat(path)
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                "sha256": _sha256(path)}
+    except OSError:
+        return None
+
+
+def unchanged(path, fp):
+    """Whether file ``path`` still has fingerprint ``fp``: the same size, and
+    the same mtime and inode (the fast check) or else the same SHA-256."""
+    if not isinstance(fp, dict):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_size != fp.get("size"):
+        return False
+    if (st.st_mtime_ns, st.st_ino) == (fp.get("mtime_ns"), fp.get("inode")):
+        return True
+    try:
+        return _sha256(path) == fp.get("sha256")
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------- collecting
@@ -180,14 +230,41 @@ def _check_resumable(path, data, command, options):
                          "or --no-resume to start it afresh")
 
 
+_SHAPING = ("out", "in_place", "inputs", "rtol", "atol", "imports")   # options kept in a report
+
+
+def _stored_options(options):
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in options.items() if k in _SHAPING}
+
+
+def _same_shaping(data, options):
+    """Whether a report's job had the options that shape outputs (``out`` and
+    ``in_place`` are checked by :func:`_check_resumable`)."""
+    old = data.get("options") if isinstance(data.get("options"), dict) else {}
+    new = _stored_options(options)
+    return data.get("report_version") == REPORT_VERSION and all(
+        old.get(k) == new.get(k) for k in _SHAPING if k not in ("out", "in_place"))
+
+
+def _resumable(f, rec):
+    """Whether file ``f``, ok in an earlier run as ``rec``, needs no redo."""
+    if rec.get("status") != "ok":      # a task's own "skipped" (say, a newer format) is redone
+        return False
+    fps = rec.get("fingerprints")
+    if not isinstance(fps, dict) or not unchanged(f, fps.get("input")):
+        return False
+    out = (rec.get("details") or {}).get("output")
+    return not isinstance(out, str) or unchanged(out, fps.get("output"))
+
+
 def _write_report(path, command, options, records, finished, started):
     recs = [r if isinstance(r, dict) else r.to_json() for r in records]
     counts = {"ok": 0, "failed": 0}
     for r in recs:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     data = {"report_version": REPORT_VERSION, "command": command,
-            "options": {k: v for k, v in options.items() if k in ("out", "in_place", "inputs",
-                                                                   "rtol", "atol")},
+            "options": _stored_options(options),
             "cwd": os.getcwd(), "finished": finished,
             "seconds": round(time.perf_counter() - started, 3),
             "summary": {**counts, "total": len(recs)}, "records": recs}
@@ -218,6 +295,7 @@ def _call(task, path, options, imports=()):
     process), turning any exception into a failed result."""
     global _IN_TASK
     t0 = time.perf_counter()
+    before = fingerprint(path)      # before the task: a file changed meanwhile is redone next time
     try:
         with _TASK_LOCK:
             _IN_TASK = True
@@ -237,13 +315,23 @@ def _call(task, path, options, imports=()):
         if not isinstance(e, (ArchiveError, OSError)):   # unexpected: keep where it came from
             res["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
     res["seconds"] = time.perf_counter() - t0
+    res["fingerprints"] = _fingerprints(path, before, res)
     return res
+
+
+def _fingerprints(path, before, res):
+    out = res.get("output") if res.get("status") == "ok" else None
+    after = fingerprint(out) if isinstance(out, str) else None
+    same = isinstance(out, str) and os.path.abspath(out) == os.path.abspath(path)
+    return {"input": after if same else before, "output": after}      # in place: what we left
 
 
 def _to_record(path, res):
     res = dict(res)
+    fps = res.pop("fingerprints", None)
     return Record(path=path, status=res.pop("status", "failed"), reason=res.pop("reason", ""),
-                  seconds=res.pop("seconds", 0.0), details=res)
+                  seconds=res.pop("seconds", 0.0), details=res,
+                  fingerprints=fps if isinstance(fps, dict) else {})
 
 
 def _failed(reason):
@@ -485,12 +573,13 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
     if old is not None and resume:
         _check_resumable(report, old, command, options)
     prev = read_report(report) if (old is not None and resume) else {}
+    same_job = old is not None and _same_shaping(old, dict(options, imports=imports))
     records, kept = {}, {}
     for f in files:
         p = prev.get(os.path.abspath(f))
-        if p is not None and p.get("status") in ("ok", "skipped") and _output_exists(p):
+        if p is not None and same_job and _resumable(f, p):
             kept[f] = dict(p, path=f)
-            records[f] = Record(f, "skipped", f"ok in an earlier run (see {report})",
+            records[f] = Record(f, "skipped", f"{RESUMED} (see {report})",
                                 seconds=0.0, details=dict(p.get("details") or {}))
     here = {os.path.abspath(f) for f in files}
     others = [dict(r, path=k) for k, r in prev.items() if k not in here]   # earlier files, kept
@@ -499,7 +588,8 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
     def save_report(finished):
         if report:
             done = [kept.get(f) or records[f] for f in files if f in records]
-            _write_report(report, command, options, others + done, finished, started)
+            _write_report(report, command, dict(options, imports=imports), others + done,
+                          finished, started)
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(len(todo), command, show)
     if dask:
@@ -524,11 +614,6 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         bar.close()
         save_report(finished)
     return [records[f] for f in files if f in records]
-
-
-def _output_exists(rec):
-    out = (rec.get("details") or {}).get("output")
-    return not isinstance(out, str) or os.path.exists(out)
 
 
 class _Progress:

@@ -302,12 +302,17 @@ def _print_summary(r, out):
     w("\n")
 
 
+def _resumed(r):
+    from mgtrace.batch import RESUMED
+    return r.reason.startswith(RESUMED)
+
+
 def _note(r, command):
     d = r.details
     if r.status == "failed":
         return r.reason
     if r.status == "skipped":
-        return "ok in an earlier run of the report"
+        return r.reason
     err = d.get("max_abs_error")
     err = f"max err {err:.2g}" if isinstance(err, float) else ""
     if command == "verify":
@@ -328,8 +333,9 @@ def _note(r, command):
 def _print_table(records, out, command, quiet, seconds, report):
     from mgtrace import batch
     st = _Style(out)
-    # skipped files (ok in an earlier run) are only counted: the report lists them
-    rows = [r for r in records if r.status == "failed" or (r.status == "ok" and not quiet)]
+    # files skipped on resume (ok in an earlier run) are only counted: the report lists them
+    rows = [r for r in records if r.status == "failed" or (r.status == "ok" and not quiet)
+            or (r.status == "skipped" and not _resumed(r))]
     width = min(max((len(r.path) for r in rows), default=0), 48)
     word = {"ok": f"{st.green}ok     {st.off}", "failed": f"{st.red}FAILED {st.off}",
             "skipped": f"{st.dim}skipped{st.off}"}
@@ -340,8 +346,11 @@ def _print_table(records, out, command, quiet, seconds, report):
     n = c["total"]
     line = (f"{n} file{'' if n == 1 else 's'}: {c['ok']} ok, "
             f"{st.red if c['failed'] else ''}{c['failed']} failed{st.off if c['failed'] else ''}")
-    if c["skipped"]:
-        line += f", {c['skipped']} skipped (ok in an earlier run, listed in the report)"
+    resumed = sum(r.status == "skipped" and _resumed(r) for r in records)
+    if resumed:
+        line += f", {resumed} skipped (ok in an earlier run, listed in the report)"
+    if c["skipped"] - resumed:
+        line += f", {c['skipped'] - resumed} left as they are (see above)"
     line += f"  [{seconds:.1f} s]"
     if report:
         line += f"; report: {report}"

@@ -549,12 +549,32 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
             pass
 
 
+def _newer_than_us(arc):
+    """A "skipped" result when archive ``arc`` is of a newer format than this
+    mgtrace writes, else None: rewriting it would drop what this reader does
+    not know (optional fields of the newer minor), so it is left as it is."""
+    from mgtrace.serialization import FORMAT_VERSION
+    if arc.format_version <= tuple(FORMAT_VERSION):
+        return None
+    v, ours = ".".join(map(str, arc.format_version)), ".".join(map(str, FORMAT_VERSION))
+    by = f"{arc.producer.get('library')} {arc.producer.get('version')}"
+    return {"status": "skipped", "from": v,
+            "reason": f"newer than this mgtrace, left as it is: format {v} (written by {by}) may "
+                      f"hold fields that a format {ours} writer would drop; use that mgtrace or a "
+                      "newer one"}
+
+
 def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6):
     """Rewrite ``path`` in the current format (see :func:`destination`);
-    the new file must reproduce the stored example outputs first."""
+    the new file must reproduce the stored example outputs first. An
+    archive of a newer format than this mgtrace writes is never rewritten:
+    its result is ``"skipped"``, naming the versions."""
     from mgtrace.serialization import FORMAT_VERSION, load_archive
     dest = destination(path, out, in_place, roots)
     arc = load_archive(path)
+    newer = _newer_than_us(arc)
+    if newer:
+        return newer
     old = ".".join(map(str, arc.format_version))
     if in_place and arc.format_version == tuple(FORMAT_VERSION):
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
@@ -629,7 +649,8 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     """Load ``path``, trace it again with this library on its stored example
     inputs, check the new module against the old one (and the old one
     against its stored outputs), and save it with those inputs as its
-    examples (see :func:`destination` for where).
+    examples (see :func:`destination` for where). An archive of a newer
+    format than this mgtrace writes is left as it is ("skipped").
 
     ``inputs`` (a spec for :func:`load_inputs_provider`) gives example inputs
     for archives that have none stored; archives with stored examples use
@@ -640,6 +661,9 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     from mgtrace.module import Module
     dest = destination(path, out, in_place, roots)
     arc = load_archive(path)
+    newer = _newer_than_us(arc)
+    if newer:
+        return newer
     if not isinstance(arc.obj, Module):
         return {"status": "failed", "reason": f"the archive holds a {type(arc.obj).__name__}, "
                                               "not a module: nothing to trace"}

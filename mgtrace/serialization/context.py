@@ -17,6 +17,7 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
+from mgtrace.serialization.version import FORMAT_VERSION, fmt
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
 
@@ -33,20 +34,46 @@ class EncodeContext:
         tensors: the Tensors of the tensor table, in index order.
         modules: the module entries (dicts), in index order.
         ops: the op entries ``{"name", "version"}``, in index order.
+        target_version: the newest format the archive may use (``save``'s
+            ``target_version``; default FORMAT_VERSION).
+        format_version: the newest format whose features were used so far.
         min_reader_version: the lowest format version that reads what was
             encoded so far.
     """
 
-    def __init__(self):
+    def __init__(self, target_version=None):
         self.tensors, self.modules, self.ops = [], [], []
-        self.min_reader_version = (1, 0)
+        self.target_version = FORMAT_VERSION if target_version is None else tuple(target_version)
+        self.format_version = self.min_reader_version = (1, 0)
         self._tensor_index, self._module_index, self._op_index = {}, {}, {}
         self._alive = []      # objects whose id() keys an index stay alive until the save ends
         self._stack = []      # names of the modules being encoded, for messages
 
-    def require(self, version):
-        """Note that the archive uses a feature introduced in format ``version``."""
-        self.min_reader_version = max(self.min_reader_version, tuple(version))
+    def require(self, version, feature="a feature"):
+        """Note that the archive uses ``feature``, introduced in format
+        ``version``, which a reader must understand.
+
+        Raises:
+            ValueError: ``version`` is above the target version (the message
+                names the feature and both versions).
+        """
+        version = tuple(version)
+        if version > self.target_version:
+            raise ValueError(f"{feature} needs archive format {fmt(version)}, but the target "
+                             f"version is {fmt(self.target_version)}")
+        self.min_reader_version = max(self.min_reader_version, version)
+        self.format_version = max(self.format_version, version)
+
+    def allows(self, version):
+        """Whether an optional field of format ``version`` (one an older
+        reader ignores) may be written; when it may, the archive is marked
+        as using that format. Codecs write such fields only ``if
+        ctx.allows((1, 1)):``."""
+        version = tuple(version)
+        if version > self.target_version:
+            return False
+        self.format_version = max(self.format_version, version)
+        return True
 
     def tensor(self, t):
         """Index of Tensor ``t`` in the tensor table. Views with the same
@@ -105,7 +132,7 @@ class EncodeContext:
         finally:
             self._stack.pop()
         self.modules[i] = {"kind": codec.kind, "training": bool(m.training), **fields}
-        self.require(codec.since)
+        self.require(codec.since, f"module kind {codec.kind!r}")
         return i
 
 

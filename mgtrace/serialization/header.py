@@ -12,12 +12,15 @@ Unknown keys are ignored: a newer minor version may add optional fields
 (version.py). A missing required field or a wrong type raises
 :class:`~mgtrace.ArchiveError` naming the path, e.g. ``header.tensors[3].shape``.
 """
+import zlib
 from collections import namedtuple
+
+import msgpack
 
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.limits import MAX_NDIM
 
-__all__ = ["Field", "TYPES", "HEADER", "ENTRIES", "check"]
+__all__ = ["Field", "TYPES", "HEADER", "ENTRIES", "check", "pack", "check_seal", "SEAL"]
 
 Field = namedtuple("Field", "name type required since doc")
 Field.__doc__ = """One field of the header or of a table entry: its ``name``, ``type`` (a
@@ -54,6 +57,8 @@ TYPES = {
 }
 
 V1 = (1, 0)
+V1_1 = (1, 1)
+SEAL = "header_checksum"       # the last field of a sealed header (format 1.1)
 
 HEADER = (
     Field("format", "str", True, V1, 'always "mgtrace.tmod"'),
@@ -72,6 +77,9 @@ HEADER = (
     Field("examples", "examples", False, V1,
           "example inputs and the outputs the saved object gave for them"),
     Field("metadata", "value", False, V1, "user metadata (a dict)"),
+    Field(SEAL, "str", False, V1_1,
+          '"crc32:%08x" of the header\'s msgpack bytes before this value; always the '
+          "last field; required from format 1.1 on (see header.pack)"),
 )
 
 ENTRIES = {
@@ -131,3 +139,54 @@ def check(obj, fields, where="header"):
         elif f.required:
             raise ArchiveError(f"{where}: the required field {f.name!r} is missing")
     return obj
+
+
+# ------------------------------------------------------------------ the seal
+# A header is sealed by a CRC-32 over its own msgpack bytes. The checksum is
+# the map's last value, so it covers every byte before it -- the map's length,
+# every other field and its own key -- and a reader finds it as the header's
+# last, fixed-width bytes without re-encoding anything.
+
+def _seal_value(crc):
+    return f"crc32:{crc:08x}"
+
+
+_SEAL_LEN = len(msgpack.packb(_seal_value(0)))
+
+
+def pack(header, sealed):
+    """The msgpack bytes of ``header`` (a dict); with ``sealed`` the field
+    :data:`SEAL` is added last (format 1.1), and ``header`` keeps it."""
+    header.pop(SEAL, None)
+    if not sealed:
+        return msgpack.packb(header, use_bin_type=True)
+    header[SEAL] = _seal_value(0)
+    raw = msgpack.packb(header, use_bin_type=True)
+    header[SEAL] = _seal_value(zlib.crc32(memoryview(raw)[:-_SEAL_LEN]))
+    return raw[:-_SEAL_LEN] + msgpack.packb(header[SEAL])
+
+
+def check_seal(raw, header):
+    """Check the header's seal against its bytes ``raw``.
+
+    From format 1.1 on a header must be sealed; a 1.0 header may not be.
+
+    Raises:
+        ArchiveError: the seal is missing (1.1 and later), not the last
+            field, or does not match the bytes (the header is corrupted).
+    """
+    if SEAL not in header:
+        if tuple(header["format_version"]) >= V1_1:
+            raise ArchiveError(f"header.{SEAL}: missing, but format {header['format_version'][0]}."
+                               f"{header['format_version'][1]} headers are sealed (corrupted header)")
+        return
+    value = header[SEAL]
+    if next(reversed(header)) != SEAL:
+        raise ArchiveError(f"header.{SEAL}: not the header's last field (corrupted header)")
+    tail = msgpack.packb(value)
+    if len(tail) != _SEAL_LEN or not bytes(raw[-_SEAL_LEN:]) == tail:
+        raise ArchiveError(f"header.{SEAL}: {value[:40]!r} is not \"crc32:\" and 8 hex digits")
+    got = _seal_value(zlib.crc32(memoryview(raw)[:-_SEAL_LEN]))
+    if got != value:
+        raise ArchiveError(f"header checksum mismatch: the header records {value}, its bytes give "
+                           f"{got} (the header is corrupted)")

@@ -67,8 +67,10 @@ def _unpack(raw):
         raise ArchiveError(f"header: not valid msgpack ({type(e).__name__}: {e})") from e
 
 
-def _check_header(header, data_nbytes):
+def _check_header(header, data_nbytes, raw=None):
     H.check(header, H.HEADER)
+    if raw is not None:
+        H.check_seal(raw, header)
     if header["format"] != FORMAT_NAME:
         raise ArchiveError(f"header.format: {header['format'][:80]!r} is not {FORMAT_NAME!r}")
     check_readable(header["format_version"], header["min_reader_version"])
@@ -84,27 +86,30 @@ def _check_header(header, data_nbytes):
     return header
 
 
-def _parse(src):
-    """(header, data_start) of the archive in ``src``, checked through step 3."""
+def _parse(src, verify=True):
+    """(header, data_start) of the archive in ``src``, checked through step 3
+    (with ``verify``, the header's checksum too)."""
     hlen, start = parse_prefix(src.read(0, min(PREFIX.size, src.size)), src.size)
     padding = src.read(PREFIX.size + hlen, start - PREFIX.size - hlen)
     if padding.strip(b"\0"):
         raise ArchiveError("the padding after the header is not zeros (corrupted file)")
-    header = _unpack(src.read(PREFIX.size, hlen))
-    return _check_header(header, src.size - start), start
+    raw = src.read(PREFIX.size, hlen)
+    header = _unpack(raw)
+    return _check_header(header, src.size - start, raw if verify else None), start
 
 
-def read_header(f):
+def read_header(f, *, verify=True):
     """The validated header of archive ``f`` (a path or binary file object),
     values still tagged; reads no tensor data and resolves no names.
+    ``verify`` checks the header's checksum (format 1.1 and later).
 
     Raises:
-        ArchiveError: the prefix or header is malformed (steps 1-3 of the
-            module docstring).
+        ArchiveError: the prefix or header is malformed or corrupted (steps
+            1-3 of the module docstring).
         OSError: ``f`` cannot be read.
     """
     with open_source(f, mmap=False) as src:
-        return _guarded(_parse, src)[0]
+        return _guarded(_parse, src, verify)[0]
 
 
 def _guarded(fn, *args):
@@ -117,7 +122,7 @@ def _guarded(fn, *args):
 
 
 def _decode(src, mmap, device, verify, everything):
-    header, start = _parse(src)
+    header, start = _parse(src, verify)
     ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
     obj = ctx.value(header["root"], where="header.root")
     if not everything:
@@ -179,8 +184,9 @@ def load(f, *, mmap=False, device=None, verify=True):
             once into memory of its own (writable), and modules use those.
         device: device for tensors and modules (``"cpu"``, ``"cuda:0"``...);
             default the CPU. Tensors on another device are copies.
-        verify: check each tensor's checksum when it is read (on by default;
-            turn off only for trusted files, to keep mmap loads lazy).
+        verify: check the header's checksum (format 1.1 on) and each
+            tensor's checksum when it is read (on by default; turn off only
+            for trusted files, to keep mmap loads lazy).
 
     Returns:
         the saved object: Tensors (plain, not Parameters), modules rebuilt

@@ -104,7 +104,7 @@ def encode(value, ctx, node_id=None):
 
 def _tag(ctx, name, payload):
     if ctx is not None:
-        ctx.require(TAGS[name].since)
+        ctx.require(TAGS[name].since, f"value tag {name!r}")
     return {name: payload}
 
 

@@ -12,11 +12,17 @@ introduced them). A reader
   optional fields it does not know (a minor release may only add those);
 * reads an older major through :data:`FORMAT_UPGRADERS`, one step per major
   (there is none yet: 1 is the first major).
+
+A writer records as ``format_version`` the newest version whose features the
+archive uses (an archive that uses nothing of 1.1 is a 1.0 archive), and
+``save(..., target_version=(1, 0))`` writes for an older reader: optional
+newer fields are left out, and a feature that reader cannot do without is
+refused naming it (:func:`check_target`).
 """
 from mgtrace.errors import ArchiveError, VersionError
 
 FORMAT_NAME = "mgtrace.tmod"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 
 # major -> function(header) -> header of major + 1; each new major ships one.
 FORMAT_UPGRADERS = {}
@@ -25,6 +31,23 @@ FORMAT_UPGRADERS = {}
 def fmt(version):
     """``"1.0"`` for ``(1, 0)``."""
     return ".".join(str(v) for v in version)
+
+
+def check_target(target):
+    """``target`` as a ``(major, minor)`` tuple a writer can write.
+
+    Raises:
+        ValueError: not a released format version this writer knows
+            (1.0 up to :data:`FORMAT_VERSION`).
+    """
+    try:
+        t = tuple(int(v) for v in target)
+    except (TypeError, ValueError):
+        raise ValueError(f"target_version must be (major, minor), got {target!r}") from None
+    if len(t) != 2 or not (1, 0) <= t <= FORMAT_VERSION:
+        raise ValueError(f"target_version {target!r}: this mgtrace writes formats 1.0 to "
+                         f"{fmt(FORMAT_VERSION)}")
+    return t
 
 
 def check_readable(format_version, min_reader_version):

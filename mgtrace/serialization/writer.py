@@ -6,19 +6,19 @@ timestamps, paths or ids.
 """
 import os
 
-import msgpack
-
 from mgtrace.module import Module
+from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
-from mgtrace.serialization.version import FORMAT_NAME, FORMAT_VERSION
+from mgtrace.serialization.version import FORMAT_NAME, check_target
 
 __all__ = ["save"]
 
 
-def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
+def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
+         target_version=None):
     """Write ``obj`` to ``f`` as a ``.tmod`` archive (format in schema/, see README).
 
     Args:
@@ -40,6 +40,13 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
         example_kwargs: optional keyword arguments (a dict with str keys)
             for that call, e.g. ``{"scale": 3}`` for a module traced as
             ``trace_module(m, x, scale=3)``; stored beside the inputs.
+        target_version: ``(major, minor)`` of the oldest reader that must
+            read the file (default: this writer's FORMAT_VERSION). Optional
+            newer fields (the 1.1 header checksum, ...) are left out for an
+            older target; a feature the target cannot read raises.
+
+    The header is sealed with a CRC-32 of its bytes (format 1.1), so a
+    corrupted header is caught on load like corrupted tensor data.
 
     Tensors are stored contiguous, little-endian, 64-byte aligned, with a
     CRC-32 each; a tensor met twice (same storage, offset, shape, strides)
@@ -58,7 +65,9 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
             is not registered (register_function); ``example_inputs`` or
             ``example_kwargs`` without a Module; ``metadata`` or
             ``example_kwargs`` not a dict (with str keys).
-        ValueError: values nested deeper than the reader accepts.
+        ValueError: values nested deeper than the reader accepts; a
+            ``target_version`` this writer does not write, or below a
+            feature ``obj`` uses (the message names the feature).
         OSError: the file cannot be written; a path target is then untouched.
 
     >>> import io, mgtrace as mt
@@ -67,7 +76,8 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
     >>> _ = buf.seek(0); mt.load(buf)
     {'w': Tensor([1., 2.], dtype=float32, device=cpu:0), 'step': 3}
     """
-    header, tensors = _encode(obj, metadata, example_inputs, example_kwargs)
+    target = None if target_version is None else check_target(target_version)
+    header, tensors = _encode(obj, metadata, example_inputs, example_kwargs, target)
     with open_for_writing(f) as out:
         if isinstance(f, (str, bytes, os.PathLike)):
             _write_one_pass(out, header, tensors)      # our own temporary file: seekable
@@ -75,9 +85,9 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None):
             _write(out, header, tensors)
 
 
-def _encode(obj, metadata, example_inputs, example_kwargs=None):
+def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
     import mgtrace
-    ctx = EncodeContext()
+    ctx = EncodeContext(target)
     root = ctx.value(obj)
     examples = None
     if example_inputs is not None or example_kwargs is not None:
@@ -95,7 +105,8 @@ def _encode(obj, metadata, example_inputs, example_kwargs=None):
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     meta = None if metadata is None else ctx.value(metadata)
-    header = {"format": FORMAT_NAME, "format_version": list(FORMAT_VERSION),
+    sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
+    header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
               "producer": {"library": "mgtrace", "version": mgtrace.__version__},
               "byteorder": "little", "ops": ctx.ops, "modules": ctx.modules,
@@ -104,7 +115,13 @@ def _encode(obj, metadata, example_inputs, example_kwargs=None):
         header["examples"] = examples
     if meta is not None:
         header["metadata"] = meta
+    if sealed:
+        header[H.SEAL] = None       # placeholder; header.pack fills it in, last
     return header, ctx.tensors
+
+
+def _pack(header):
+    return H.pack(header, sealed=H.SEAL in header)
 
 
 def _write_one_pass(out, header, tensors):
@@ -120,7 +137,7 @@ def _write_one_pass(out, header, tensors):
                       "nbytes": nbytes, "checksum": T.checksum(b"")})
         end = offset + nbytes
     header["tensors"], header["data_nbytes"] = table, end
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed = _pack(header)
     start = out.tell()
     out.write(pack_prefix(len(packed)))
     out.write(packed)
@@ -132,7 +149,7 @@ def _write_one_pass(out, header, tensors):
         e["checksum"] = T.checksum(data)
         out.write(data)
         pos = e["offset"] + e["nbytes"]
-    final = msgpack.packb(header, use_bin_type=True)
+    final = _pack(header)
     if len(final) != len(packed):       # cannot happen: every checksum has the same width
         raise RuntimeError("the header changed length while its checksums were filled in")
     out.seek(start + PREFIX.size)
@@ -147,7 +164,7 @@ def _write(out, header, tensors):
         table.append(T.entry_for(t, offset, T.host_array(t)))
         end = offset + table[-1]["nbytes"]
     header["tensors"], header["data_nbytes"] = table, end
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed = _pack(header)
     out.write(pack_prefix(len(packed)))
     out.write(packed)
     pos = data_start(len(packed))

@@ -3,9 +3,11 @@
 The folder (built once per session, copied per test that writes):
 
     good/net0.tmod, good/net1.tmod   traced Net, example inputs and metadata stored
+                                     (net1 written as format 1.0: upgrade rewrites it)
     good/sub/net2.tmod               the same, one folder down
     good/seq.tmod                    a plain Sequential of builtin modules (not traced)
-    good/newer_minor.tmod            format 1.1, min reader 1.0: readable, upgrade rewrites it
+    good/newer_minor.tmod            format 1.3, min reader 1.0, a field this reader does not
+                                     know: readable; upgrade and retrace leave it as it is
     good/state.tmod                  a dict of tensors (no module)
     noex/noex.tmod                   traced Net without example inputs
     bad/corrupt.tmod                 one byte of a weight flipped (checksum)
@@ -88,11 +90,17 @@ def example(seed, batch=2):
     return mt.tensor(np.random.default_rng(100 + seed).standard_normal((batch, 4)).astype("float32"))
 
 
-def save_traced(path, seed, examples=True, metadata=None):
+def save_traced(path, seed, examples=True, metadata=None, **kw):
     net, x = make_net(seed), example(seed)
     tm = mt.trace_module(net, x)
-    mt.save(tm, path, example_inputs=(x,) if examples else None, metadata=metadata)
+    mt.save(tm, path, example_inputs=(x,) if examples else None, metadata=metadata, **kw)
     return net
+
+
+def newer_minor(h):
+    """A format 1.3 header (min reader 1.0) with an optional field 1.1 lacks."""
+    h.update(format_version=[1, 3], min_reader_version=[1, 0],
+             provenance={"note": "a field from the future"})
 
 
 def _bytes(path):
@@ -116,15 +124,14 @@ def build_tree(root):
     for d in ("good/sub", "noex", "bad"):
         (root / d).mkdir(parents=True, exist_ok=True)
     save_traced(root / "good/net0.tmod", 0, metadata={"name": "net0", "epoch": 3})
-    save_traced(root / "good/net1.tmod", 1, metadata={"name": "net1"})
+    save_traced(root / "good/net1.tmod", 1, metadata={"name": "net1"}, target_version=(1, 0))
     save_traced(root / "good/sub/net2.tmod", 2)
     seq = M.Sequential(M.Linear(4, 5), M.ReLU(), M.Linear(5, 2))
     mt.save(seq, root / "good/seq.tmod", example_inputs=(example(3),))
     mt.save({"w": mt.tensor(np.arange(6, dtype="float32").reshape(2, 3)),
              "b": mt.tensor(np.ones(3, "float32"))}, root / "good/state.tmod")
     good = _bytes(root / "good/net0.tmod")
-    (root / "good/newer_minor.tmod").write_bytes(
-        edit(good, lambda h: h.update(format_version=[1, 1], min_reader_version=[1, 0])))
+    (root / "good/newer_minor.tmod").write_bytes(edit(good, newer_minor))
     save_traced(root / "noex/noex.tmod", 4, examples=False)
 
     header, payload = split(good)

@@ -82,12 +82,13 @@ def test_upgrade_to_folder_keeps_originals(tree, tmp_path):
     recs = records(rep)
     _check_bad(recs)
     assert "does not reproduce the stored outputs" in recs["bad/mismatch.tmod"]["reason"]
-    ok = GOOD + ["noex/noex.tmod"]
+    ok = sorted(set(GOOD) - {"good/newer_minor.tmod"}) + ["noex/noex.tmod"]
     assert sorted(f for f, r in recs.items() if r["status"] == "ok") == sorted(ok)
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(ok)                         # layout kept; nothing for failures
-    assert recs["good/newer_minor.tmod"]["details"]["from"] == "1.1"
-    assert read_header(out / "good/newer_minor.tmod")["format_version"] == [1, 0]
+    assert recs["good/net1.tmod"]["details"]["from"] == "1.0"
+    assert read_header(out / "good/net1.tmod")["format_version"] == [1, 1]
+    _check_newer_left_alone(recs, p.stdout)
     # the new archives load and give the outputs of the old ones
     for f in ("good/net0.tmod", "good/sub/net2.tmod", "good/seq.tmod"):
         a, b = mt.serialization.load_archive(tree / f), mt.serialization.load_archive(out / f)
@@ -96,14 +97,24 @@ def test_upgrade_to_folder_keeps_originals(tree, tmp_path):
     assert cli("verify", out, "-q").returncode == 0
 
 
+def _check_newer_left_alone(recs, stdout):
+    r = recs["good/newer_minor.tmod"]
+    assert r["status"] == "skipped", r
+    assert r["reason"].startswith("newer than this mgtrace, left as it is: format 1.3"), r
+    assert "left as they are" in stdout and "newer than this mgtrace" in stdout
+
+
 def test_upgrade_in_place_replaces_only_verified(tree, tmp_path):
     before = digests(tree)
     p = cli("upgrade", tree, "--in-place", "--report", tmp_path / "r.json")
     assert p.returncode == 1
     after = digests(tree)
     changed = sorted(f for f in before if before[f] != after[f])
-    assert changed == ["good/newer_minor.tmod"]          # the one not in the current format
-    assert read_header(tree / "good/newer_minor.tmod")["format_version"] == [1, 0]
+    assert changed == ["good/net1.tmod"]                 # the one in an older format
+    assert read_header(tree / "good/net1.tmod")["format_version"] == [1, 1]
+    h = read_header(tree / "good/newer_minor.tmod")      # never rewritten: nothing dropped
+    assert h["format_version"] == [1, 3] and h["provenance"] == {"note": "a field from the future"}
+    _check_newer_left_alone(records(tmp_path / "r.json"), p.stdout)
     assert records(tmp_path / "r.json")["good/net0.tmod"]["details"]["note"] == "already current"
     assert not [f for f in os.listdir(tree / "good") if f.startswith(".")]
 
@@ -121,7 +132,8 @@ def test_retrace_to_folder(tree, tmp_path):
     assert "not a module" in recs["good/state.tmod"]["reason"]
     assert "no longer gives the stored outputs" in recs["bad/mismatch.tmod"]["reason"]
     ok = sorted(f for f, r in recs.items() if r["status"] == "ok")
-    assert ok == sorted(set(GOOD) - {"good/state.tmod"})
+    assert ok == sorted(set(GOOD) - {"good/state.tmod", "good/newer_minor.tmod"})
+    _check_newer_left_alone(recs, p.stdout)
     for f in ok:
         new = mt.serialization.load_archive(out / f)
         assert isinstance(new.obj, TracedModule)
@@ -138,7 +150,8 @@ def test_retrace_in_place_replaces_only_verified(tree):
     changed = sorted(f for f in before if before[f] != after[f])
     # seq (a plain Sequential) becomes a traced module; the traced ones are rewritten as well
     assert set(changed) <= set(GOOD) - {"good/state.tmod"} and "good/seq.tmod" in changed
-    for f in list(BAD) + ["bad/mismatch.tmod", "noex/noex.tmod", "good/state.tmod"]:
+    for f in list(BAD) + ["bad/mismatch.tmod", "noex/noex.tmod", "good/state.tmod",
+                          "good/newer_minor.tmod"]:
         assert before[f] == after[f], f
     assert cli("verify", tree / "good", "-q").returncode == 0
 
@@ -199,7 +212,40 @@ def test_resume_skips_ok_files(tree, tmp_path):
     assert p.returncode == 2
     # --no-resume redoes everything
     third = cli(*job, "--no-resume", "--json")
-    assert "skipped" not in {r["status"] for r in json.loads(third.stdout)["records"]}
+    assert not [r for r in json.loads(third.stdout)["records"]
+                if r["reason"].startswith("ok in an earlier run")]
+
+
+def test_resume_redoes_changed_inputs_outputs_and_options(tree, tmp_path):
+    import shutil
+    out, rep = tmp_path / "new", tmp_path / "r.json"
+    job = ("upgrade", tree / "good", "-o", out, "--report", rep)
+    assert cli(*job).returncode == 0
+    first = records(rep)
+    assert first["good/net0.tmod"]["fingerprints"]["input"]["sha256"]
+    # replace an input by another model (new inode and mtime), and change an output
+    shutil.copyfile(tree / "good/sub/net2.tmod", tree / "good/net0.tmod.new")
+    os.replace(tree / "good/net0.tmod.new", tree / "good/net0.tmod")
+    with open(out / "seq.tmod", "r+b") as f:      # same size, same inode: only the hash tells
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    shown = records(json.loads(cli(*job, "--json").stdout))
+    assert shown["good/net0.tmod"]["status"] == "ok"            # a replaced input is redone
+    assert shown["good/seq.tmod"]["status"] == "ok"             # so is a changed output
+    assert shown["good/net1.tmod"]["status"] == "skipped"
+    new, want = mt.serialization.load_archive(out / "net0.tmod"), \
+        mt.serialization.load_archive(tree / "good/sub/net2.tmod")
+    assert (new.obj(*want.example_inputs).numpy() == want.example_outputs.numpy()).all()
+    assert cli("verify", out / "seq.tmod").returncode == 0
+    # a touched input with the same bytes is still the same input
+    os.utime(tree / "good/net1.tmod", ns=(1, 1))
+    assert records(json.loads(cli(*job, "--json").stdout))["good/net1.tmod"]["status"] == "skipped"
+    # options that shape the output redo every file
+    shown = records(json.loads(cli(*job, "--rtol", "1e-3", "--json").stdout))
+    assert not [r for r in shown.values() if r["reason"].startswith("ok in an earlier run")]
+    assert shown["good/net1.tmod"]["status"] == "ok"
 
 
 @pytest.mark.parametrize("args, words", [

@@ -21,7 +21,7 @@ def test_inspect_json(archives):
     assert p.returncode == 0, p.stderr
     [r] = json.loads(p.stdout)
     n, nbytes = _net_numbers()
-    assert r["format_version"] == "1.0" and r["min_reader_version"] == "1.0"
+    assert r["format_version"] == "1.1" and r["min_reader_version"] == "1.0"
     assert r["producer"] == f"mgtrace {mt.__version__}"
     assert r["parameters"] == n == 4 * 8 + 8 + 8 * 3 + 3
     assert r["bytes"] == nbytes and r["tensors"] == 4        # examples not counted as weights
@@ -60,7 +60,7 @@ def test_inspect_folders_and_bad_files(archives):
     # inspect reads the header only: corrupt tensor data and unknown functions do not matter
     assert rs["bad/corrupt.tmod"]["parameters"] == 67
     assert rs["bad/unregistered.tmod"]["ops"] == {"tests.cli.swish": 1}
-    assert rs["good/newer_minor.tmod"]["format_version"] == "1.1"
+    assert rs["good/newer_minor.tmod"]["format_version"] == "1.3"
     assert rs["good/state.tmod"]["parameters"] == 9 and rs["good/state.tmod"]["root"] == "dict of 2"
     p = cli("inspect", archives / "bad/truncated.tmod")
     assert p.returncode == 1 and "cannot read: truncated" in p.stdout

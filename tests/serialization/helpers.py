@@ -6,6 +6,7 @@ import msgpack
 import numpy as np
 
 import mgtrace as mt
+from mgtrace.serialization import header as H
 from mgtrace.serialization.layout import PREFIX, data_start, pack_prefix
 
 
@@ -28,10 +29,12 @@ def split(data):
 
 def pack(header, payload=b"", fix_nbytes=True):
     """An archive of ``header`` (a dict) and tensor ``payload``; by default
-    data_nbytes is set to match the payload."""
+    data_nbytes is set to match the payload. A header that was sealed (has
+    a header_checksum) is sealed again, so edits test what they mean to."""
+    header = dict(header)
     if fix_nbytes:
-        header = dict(header, data_nbytes=len(payload))
-    raw = msgpack.packb(header, use_bin_type=True)
+        header["data_nbytes"] = len(payload)
+    raw = H.pack(header, sealed=H.SEAL in header)
     pad = data_start(len(raw)) - PREFIX.size - len(raw)
     return pack_prefix(len(raw)) + raw + bytes(pad) + payload
 

@@ -139,4 +139,4 @@ def test_codec_registration_is_checked():
     with pytest.raises(TypeError, match="Field"):
         register_module_codec("x_bad", M.Module, encode, decode, fields=("calls",))
     with pytest.raises(ValueError, match="newer than this writer"):
-        register_module_codec("x_bad", M.Module, encode, decode, since=(1, 1))
+        register_module_codec("x_bad", M.Module, encode, decode, since=(1, 9))

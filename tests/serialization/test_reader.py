@@ -50,7 +50,7 @@ def test_load_archive_gives_metadata_and_examples():
     data = save_bytes(net, metadata={"author": "me", 1: (2, 3)}, example_inputs=x)
     a = mt.serialization.load_archive(io.BytesIO(data))
     assert a.metadata == {"author": "me", 1: (2, 3)}
-    assert a.format_version == (1, 0) and a.producer["library"] == "mgtrace"
+    assert a.format_version == (1, 1) and a.producer["library"] == "mgtrace"
     assert len(a.example_inputs) == 1 and a.example_inputs[0].tolist() == x.tolist()
     assert a.obj(*a.example_inputs).tolist() == a.example_outputs.tolist() == net(x).tolist()
     assert "Sequential" in repr(a)

@@ -10,11 +10,26 @@ from .helpers import edit, load_bytes, save_bytes, split
 
 
 def test_format_version_is_exported_and_written():
-    assert mt.FORMAT_VERSION == (1, 0) == mt.serialization.FORMAT_VERSION
+    assert mt.FORMAT_VERSION == (1, 1) == mt.serialization.FORMAT_VERSION
     header, _ = split(save_bytes(mt.tensor([1.0])))
     assert header["format"] == "mgtrace.tmod"
-    assert header["format_version"] == [1, 0] and header["min_reader_version"] == [1, 0]
+    # the 1.1 header checksum is optional for a reader: a 1.0 reader loads the file
+    assert header["format_version"] == [1, 1] and header["min_reader_version"] == [1, 0]
+    assert list(header)[-1] == "header_checksum"
     assert header["producer"] == {"library": "mgtrace", "version": mt.__version__}
+
+
+def test_target_version_1_0_writes_a_1_0_archive_without_the_seal():
+    header, _ = split(save_bytes(mt.tensor([1.0]), target_version=(1, 0)))
+    assert header["format_version"] == [1, 0] and header["min_reader_version"] == [1, 0]
+    assert "header_checksum" not in header
+    assert load_bytes(save_bytes(mt.tensor([1.0]), target_version=(1, 0))).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("target", [(0, 9), (1, 2), (2, 0), "1.0", (1,), 3])
+def test_unwritable_target_versions_are_refused(target):
+    with pytest.raises(ValueError, match="target_version"):
+        save_bytes(mt.tensor([1.0]), target_version=target)
 
 
 def _versions(fv, mv, **extra):
@@ -34,10 +49,10 @@ def test_newer_minor_with_unknown_optional_fields_loads():
 
 
 @pytest.mark.parametrize("fv, mv, message", [
-    ([2, 0], [2, 0], "needs an mgtrace that reads format 2.0.*written as format 2.0.*knows format 1.0"),
-    ([2, 0], [1, 0], "reads format 1.0.*written as format 2.0.*knows format 1.0"),
-    ([1, 3], [1, 1], "reads format 1.1.*written as format 1.3.*knows format 1.0: upgrade mgtrace"),
-    ([0, 9], [0, 9], "format 0.9 is older than 1.0 and there is no upgrader from major version 0"),
+    ([2, 0], [2, 0], "needs an mgtrace that reads format 2.0.*written as format 2.0.*knows format 1.1"),
+    ([2, 0], [1, 0], "reads format 1.0.*written as format 2.0.*knows format 1.1"),
+    ([1, 3], [1, 2], "reads format 1.2.*written as format 1.3.*knows format 1.1: upgrade mgtrace"),
+    ([0, 9], [0, 9], "format 0.9 is older than 1.1 and there is no upgrader from major version 0"),
 ])
 def test_versions_this_reader_cannot_read_are_refused_naming_both(fv, mv, message):
     with pytest.raises(mt.serialization.VersionError, match=message):
@@ -57,6 +72,6 @@ def test_malformed_versions_are_archive_errors(fv, mv, message):
 
 def test_check_readable_directly():
     version.check_readable((1, 0), (1, 0))
-    version.check_readable((1, 9), (1, 0))
+    version.check_readable((1, 9), (1, 1))
     with pytest.raises(mt.serialization.VersionError):
-        version.check_readable((1, 1), (1, 1))
+        version.check_readable((1, 2), (1, 2))
