@@ -56,12 +56,11 @@ import multiprocessing.connection
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
 
-__all__ = ["Record", "collect", "run", "read_report", "summary", "REPORT_VERSION",
+__all__ = ["Record", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
            "verify", "upgrade", "retrace"]
 
 RESUMED = "ok in an earlier run"     # the reason of a record skipped on resume
@@ -172,6 +171,22 @@ def collect(paths, pattern="*.tmod", exclude=None):
     return out
 
 
+def leftovers(paths):
+    """``[(path, bytes)]`` of the temporary files that interrupted saves left
+    in the folders of ``paths`` (searched as :func:`collect` does; files
+    given by name are not searched around), and that no live writer holds
+    (see :func:`mgtrace.serialization.atomic.leftovers`)."""
+    from mgtrace.serialization.atomic import leftovers as in_folder
+    out = []
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            for root, dirs, _ in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                out += in_folder(root)
+    return out
+
+
 # ----------------------------------------------------------------- report
 def _load_report(path):
     if not path or not os.path.exists(path):
@@ -268,17 +283,9 @@ def _write_report(path, command, options, records, finished, started):
             "cwd": os.getcwd(), "finished": finished,
             "seconds": round(time.perf_counter() - started, 3),
             "summary": {**counts, "total": len(recs)}, "records": recs}
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from mgtrace.serialization.atomic import replacing
+    with replacing(path) as (out, _):
+        out.write(json.dumps(data, indent=1).encode())
 
 
 # ------------------------------------------------------------------ tasks

@@ -456,12 +456,18 @@ def _cmd_batch(args, out):
     else:
         records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
                                 inputs=args.inputs, **checks, **run)
+    left = batch.leftovers(args.paths) if args.command == "verify" else []
     if args.json:
         json.dump({"command": args.command, "summary": batch.summary(records),
-                   "records": [r.to_json() for r in records]}, out, indent=1)
+                   "records": [r.to_json() for r in records],
+                   "leftovers": [{"path": p, "bytes": n} for p, n in left]}, out, indent=1)
         out.write("\n")
     else:
         _print_table(records, out, args.command, args.quiet, time.perf_counter() - t0, args.report)
+        for p, n in left:
+            out.write(f"leftover  {p}  ({n} bytes): the temporary file of a save that was "
+                      "interrupted; no writer holds it: delete it (the next save to the same "
+                      "file removes it too)\n")
     return EXIT_FAILED if batch.summary(records)["failed"] else EXIT_OK
 
 

@@ -14,8 +14,6 @@ import collections
 import importlib
 import importlib.util
 import os
-import secrets
-import stat
 import sys
 
 import numpy as np
@@ -151,35 +149,47 @@ def _root_kind(header):
     return "value"
 
 
-def _module_tree(header):
-    """``[[depth, name, description], ...]`` of the module tree from the root."""
-    mods, rows = header["modules"], []
-    r = header["root"]
+def _walk_modules(header):
+    """``(depth, name, index)`` of every module from the root, depth first
+    (a module met again is listed, not entered again)."""
+    mods, r = header["modules"], header["root"]
     if not (isinstance(r, dict) and "module" in r):
-        return rows
+        return
 
     def walk(i, name, depth, seen):
-        m = mods[i]
-        desc = m.get("name") if m.get("kind") == "traced" else m.get("type", "").rsplit(".", 1)[-1]
-        if m.get("kind") == "builtin":
-            desc += "(" + ", ".join(f"{k}={_short(v)}" for k, v in m.get("config", {}).items()) + ")"
-        rows.append([depth, name, desc])
-        if i in seen:
-            return
-        for child, j in m.get("children", []):
-            walk(j, child, depth + 1, seen | {i})
-    walk(r["module"], "", 0, frozenset())
-    return rows
+        yield depth, name, i
+        if i not in seen:
+            for child, j in mods[i].get("children", []):
+                yield from walk(j, child, depth + 1, seen | {i})
+    yield from walk(r["module"], "", 0, frozenset())
 
 
-def _module_paths(rows):
-    """``{"layer1.0.conv1": description}`` from the rows of :func:`_module_tree`
-    (rows are depth-first, so a stack of names gives each full path)."""
-    out, stack = {}, []
-    for depth, name, desc in rows:
+def _describe(m):
+    desc = m.get("name") if m.get("kind") == "traced" else m.get("type", "").rsplit(".", 1)[-1]
+    if m.get("kind") == "builtin":
+        desc += "(" + ", ".join(f"{k}={_short(v)}" for k, v in m.get("config", {}).items()) + ")"
+    return desc
+
+
+def _module_tree(header):
+    """``[[depth, name, description], ...]`` of the module tree from the root."""
+    mods = header["modules"]
+    return [[depth, name, _describe(mods[i])] for depth, name, i in _walk_modules(header)]
+
+
+def _module_kinds(header):
+    """``{"layer1.0.conv1": "builtin Conv2d(...)"}``: each module's full path
+    with its kind (builtin, container, traced), type or name, and for traced
+    modules what they read like (a sequence or dict: TracedSequence,
+    TracedDict), so diff sees a container that became a plain module."""
+    mods, out, stack = header["modules"], {}, []
+    for depth, name, i in _walk_modules(header):
         del stack[depth:]
         stack.append(name)
-        out[".".join(p for p in stack if p)] = desc
+        m = mods[i]
+        reads = m.get("reads_as")
+        out[".".join(p for p in stack if p)] = (
+            f"{m.get('kind')} {_describe(m)}" + (f" (reads as a {reads})" if reads else ""))
     return out
 
 
@@ -360,7 +370,7 @@ def diff_files(a, b):
             change(key, sa[key], sb[key])
     if sa["signature"] != sb["signature"]:
         change("inputs/outputs", _sig_text(sa["signature"]), _sig_text(sb["signature"]))
-    ra, rb = _module_paths(sa["modules"]), _module_paths(sb["modules"])
+    ra, rb = _module_kinds(ha), _module_kinds(hb)
     for k in sorted(set(ra) | set(rb), key=lambda p: (p.count("."), p)):
         if ra.get(k) != rb.get(k):
             change(f"module {k or '<root>'}", ra.get(k), rb.get(k))
@@ -511,42 +521,49 @@ def destination(path, out=None, in_place=False, roots=()):
     return os.path.join(out, os.path.basename(path))
 
 
+class _Rejected(Exception):
+    """The new archive failed its check: the temporary file goes, nothing is replaced."""
+
+    def __init__(self, err, reason):
+        super().__init__(reason)
+        self.err, self.reason = err, reason
+
+
 def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
-    """Save to a temporary file beside ``dest`` (``.mgtrace-*.tmp``), reload
-    it, check its examples against ``want`` (or, without examples, its
-    tensors against ``obj``'s), then rename it over ``dest``; returns
-    ``(max error, reason)``, reason empty on success. The new file gets the
-    permissions of the file it replaces (else the umask's); the temporary
-    file is removed on any failure, Ctrl-C included."""
-    from mgtrace.serialization import load_archive, save
-    from mgtrace.serialization.atomic import fsync_dir
-    folder = os.path.dirname(os.path.abspath(dest))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".mgtrace-{secrets.token_hex(6)}.tmp")
-    try:        # created inside the try: a stop (SIGTERM -> _Stopped) may come at any line
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))   # mode per umask
-        save(obj, tmp, metadata=metadata, example_inputs=inputs, example_kwargs=kwargs or None)
-        err = None
-        arc = load_archive(tmp)
-        if inputs is not None:
-            got = _run_examples(arc.obj, arc.example_inputs, arc.example_kwargs)
-            ok, err, reason = compare_outputs(got, want, rtol, atol)
-            if not ok:
-                return err, f"the new archive does not reproduce the stored outputs: {reason}"
-        else:       # nothing to run: the tensors must come back unchanged
-            a, b = _state(obj), _state(arc.obj)
-            if a.keys() != b.keys() or any(not np.array_equal(a[k], b[k], equal_nan=True) for k in a):
-                return None, "the new archive does not hold the same tensors"
-        if os.path.isfile(dest):
-            os.chmod(tmp, stat.S_IMODE(os.stat(dest).st_mode))
-        os.replace(tmp, dest)
-        fsync_dir(folder)
-        return err, ""
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    """Save to a temporary file beside ``dest`` (see
+    :func:`mgtrace.serialization.atomic.replacing`), reload it, check its
+    examples against ``want`` (or, without examples, its tensors against
+    ``obj``'s), then rename it over ``dest`` (through a symbolic link, which
+    stays); returns ``(max error, reason)``, reason empty on success. The
+    new file gets the permissions of the file it replaces (else the
+    umask's); the temporary file is removed on any failure, Ctrl-C included."""
+    from mgtrace.serialization import save
+    from mgtrace.serialization.atomic import replacing
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    try:
+        with replacing(dest) as (out, tmp):
+            save(obj, out, metadata=metadata, example_inputs=inputs, example_kwargs=kwargs or None)
+            out.flush()
+            return _check_written(tmp, obj, inputs, want, rtol, atol), ""
+    except _Rejected as r:
+        return r.err, r.reason
+
+
+def _check_written(tmp, obj, inputs, want, rtol, atol):
+    """The max error of the archive at ``tmp`` against ``want``; raises
+    :class:`_Rejected` when it does not reproduce it."""
+    from mgtrace.serialization import load_archive
+    arc = load_archive(tmp)
+    if inputs is None:       # nothing to run: the tensors must come back unchanged
+        a, b = _state(obj), _state(arc.obj)
+        if a.keys() != b.keys() or any(not np.array_equal(a[k], b[k], equal_nan=True) for k in a):
+            raise _Rejected(None, "the new archive does not hold the same tensors")
+        return None
+    got = _run_examples(arc.obj, arc.example_inputs, arc.example_kwargs)
+    ok, err, reason = compare_outputs(got, want, rtol, atol)
+    if not ok:
+        raise _Rejected(err, f"the new archive does not reproduce the stored outputs: {reason}")
+    return err
 
 
 def _newer_than_us(arc):

@@ -1,19 +1,36 @@
 """Writing a file so that a crash never leaves a half-written or clobbered one.
 
-The data goes to a temporary file in the target's folder (same file system),
-which is flushed and fsynced, then renamed over the target (``os.replace``
-is atomic on POSIX and Windows), and the folder is fsynced so the rename
-survives a power loss. On any error the temporary file is removed and the
-target is untouched; a killed process may leave a ``.<name>.<random>.tmp``
-beside it, never a partial file under the target's name.
+The data goes to a temporary file ``.<name>.<12 hex digits>.tmp`` in the
+target's folder (same file system), which is flushed and fsynced, then
+renamed over the target (``os.replace`` is atomic on POSIX and Windows), and
+the folder is fsynced so the rename survives a power loss. On any error the
+temporary file is removed and the target is untouched.
+
+A target that is a symbolic link is written through: the file it points to
+is replaced (keeping its permissions) and the link stays a link.
+
+A killed writer cannot remove its temporary file, so each writer holds an
+exclusive ``flock`` on its own for as long as it lives; the next save to the
+same target removes the temporary files whose lock is free (their writer is
+dead), never a live writer's. :func:`leftovers` lists such files in a folder
+(``mgtrace verify`` reports them). Without ``fcntl`` (Windows) nothing is
+locked and leftovers are only listed.
 """
 import io
 import os
+import re
 import secrets
 import stat
 from contextlib import contextmanager
 
-__all__ = ["open_for_writing", "fsync_dir"]
+try:
+    import fcntl
+except ImportError:          # Windows: no flock; leftovers are listed, never removed
+    fcntl = None
+
+__all__ = ["open_for_writing", "replacing", "fsync_dir", "leftovers", "remove_stale"]
+
+_TEMP = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp")
 
 
 def fsync_dir(directory):
@@ -29,26 +46,157 @@ def fsync_dir(directory):
         os.close(fd)
 
 
+def _lock(fd, block=False):
+    """Whether this process now holds the exclusive lock on ``fd``."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        return True
+    except OSError:          # BlockingIOError: another process holds it
+        return False
+
+
+def _same_file(fd, path):
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _new_temp(path):
+    """``(fd, temp path)``: a new temporary file beside ``path``, locked.
+
+    A cleaner may take a new file's lock in the instant before its writer
+    does and remove it; the writer then finds its name gone and makes
+    another.
+    """
+    directory, base = os.path.split(path)
+    while True:
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        if _lock(fd, block=True) and _same_file(fd, tmp):
+            return fd, tmp
+        os.close(fd)
+
+
+def _stale(folder, name):
+    """Whether ``folder/name`` is a temporary file whose writer is dead;
+    with ``fcntl``, taking its lock proves that (the lock is kept by the
+    caller: see remove_stale)."""
+    p = os.path.join(folder, name)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    if fcntl is not None and _lock(fd) and _same_file(fd, p):
+        return fd
+    os.close(fd)
+    return None
+
+
+def remove_stale(path):
+    """Remove the temporary files of dead writers of target ``path``
+    (``.<name>.<hex>.tmp`` beside it whose lock is free); returns their
+    paths. Live writers' files are never touched; without fcntl nothing
+    is removed."""
+    folder, base = os.path.split(os.path.abspath(path))
+    removed = []
+    if fcntl is None:
+        return removed
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = _TEMP.fullmatch(name)
+        if not m or m.group("name") != base:
+            continue
+        fd = _stale(folder, name)
+        if fd is None:
+            continue
+        try:                   # unlinked while we hold its lock: no writer can be using it
+            os.unlink(os.path.join(folder, name))
+            removed.append(os.path.join(folder, name))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def leftovers(folder):
+    """``[(path, size in bytes)]`` of the temporary files in ``folder`` (not
+    below it) left by writers that died (interrupted saves); files that a
+    live writer holds are not listed."""
+    out = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        if not _TEMP.fullmatch(name):
+            continue
+        p = os.path.join(folder, name)
+        if fcntl is None:
+            live = False
+        else:
+            fd = _stale(folder, name)
+            live = fd is None
+            if fd is not None:
+                os.close(fd)
+        if not live:
+            try:
+                out.append((p, os.stat(p, follow_symlinks=False).st_size))
+            except OSError:
+                pass
+    return out
+
+
+def _target(path):
+    """The file a write to ``path`` replaces: ``path`` itself, or the file a
+    symbolic link at ``path`` points to (through every link)."""
+    return os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+
+
 @contextmanager
-def _atomic(path):
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+def replacing(path):
+    """``(file, temp path)``: a locked temporary file beside ``path``'s
+    target, open for binary writing. When the block ends without an
+    exception the file is flushed, fsynced, given the target's permissions
+    and renamed over the target (through a symbolic link, see the module
+    docstring); on any exception (Ctrl-C included) it is removed and the
+    target is untouched. Temporary files of dead writers of the same target
+    are removed first.
+
+    Raises:
+        FileNotFoundError: the target's folder does not exist.
+        OSError: the folder is not writable, or the rename fails.
+    """
+    target = _target(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save {path}: no such folder {folder}")
+    remove_stale(target)
+    tmp = None
     try:        # created inside the try, so an exception at any point removes it
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        with os.fdopen(fd, "wb") as out:
-            yield out
+        fd, tmp = _new_temp(target)
+        with os.fdopen(fd, "w+b") as out:
+            yield out, tmp
             out.flush()
             os.fsync(out.fileno())
-        if os.path.isfile(path):         # keep an existing archive's permissions
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(tmp, path)
+            if os.path.isfile(target):         # keep an existing archive's permissions
+                os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+            os.replace(tmp, target)            # still locked: no cleaner can take it
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
-    fsync_dir(directory)
+    fsync_dir(folder)
 
 
 @contextmanager
@@ -65,13 +213,10 @@ def open_for_writing(f):
     """
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"cannot save {path}: no such folder {folder}")
         if os.path.isdir(path):
             raise IsADirectoryError(f"cannot save to {path}: it is a folder; give a file name "
                                     f"such as {os.path.join(path, 'model.tmod')}")
-        with _atomic(path) as out:
+        with replacing(path) as (out, _):
             yield out
     elif isinstance(f, io.TextIOBase):
         raise TypeError("save writes binary data: open the file with mode 'wb', not 'w'")

@@ -334,6 +334,8 @@ class TracedDict(TracedModule):
 
 
 def _shell_class(module):
+    if isinstance(module, (TracedSequence, TracedDict)):    # re-tracing keeps what reads like one
+        return type(module)
     if isinstance(module, (Sequential, ModuleList)):
         return TracedSequence
     if isinstance(module, ModuleDict):

@@ -331,3 +331,33 @@ def test_import_registers_user_functions(archives, tmp_path):
     assert p.returncode == 2 and "no such file" in p.stderr
     p = cli("verify", f, "--import", "no_such_module_xyz")
     assert p.returncode == 2 and "importing it failed" in p.stderr
+
+
+def test_in_place_through_a_symlink_keeps_the_link(tree, tmp_path):
+    real = tree / "good/net1.tmod"              # a format 1.0 archive: upgrade rewrites it
+    link = tmp_path / "linked.tmod"
+    os.symlink(real, link)
+    os.chmod(real, 0o640)
+    for cmd in ("upgrade", "retrace"):
+        p = cli(cmd, link, "--in-place")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert os.path.islink(link) and os.readlink(link) == str(real)
+        assert os.stat(real).st_mode & 0o777 == 0o640
+    assert read_header(real)["format_version"] == [1, 1]
+    assert cli("verify", real).returncode == 0
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_verify_reports_leftover_temp_files(archives, tmp_path):
+    import shutil
+    shutil.copytree(archives / "good", tmp_path / "good")
+    left = tmp_path / "good/.net0.tmod.0123456789ab.tmp"
+    left.write_bytes(b"x" * 1000)                # what a killed save leaves
+    p = cli("verify", tmp_path / "good")
+    assert p.returncode == 0, p.stdout + p.stderr
+    [line] = [ln for ln in p.stdout.splitlines() if ln.startswith("leftover")]
+    assert str(left) in line and "1000 bytes" in line
+    out = json.loads(cli("verify", tmp_path / "good", "--json").stdout)
+    assert out["leftovers"] == [{"path": str(left), "bytes": 1000}]
+    mt.save(mt.load(tmp_path / "good/net0.tmod"), tmp_path / "good/net0.tmod")
+    assert not left.exists()                     # the next save of net0.tmod removed it

@@ -6,6 +6,7 @@ import numpy as np
 import mgtrace as mt
 from mgtrace.serialization import FORMAT_VERSION
 
+import mgtrace.module as M
 from .conftest import cli, make_net
 
 
@@ -42,7 +43,7 @@ def test_inspect_human(archives):
     p = cli("inspect", archives / "good/net0.tmod", archives / "noex/noex.tmod")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    for words in ("format:     1.0", f"written by mgtrace {mt.__version__}",
+    for words in ("format:     1.1", f"written by mgtrace {mt.__version__}",
                   "parameters: 67 in 4 tensors, 268 B", "forward:    (x: float32[2, 4]) -> ",
                   "float32[2, 3]", "fc1: Linear(", "act: ReLU()", "mgtrace.functional.softmax x1",
                   '"epoch": 3', "examples:   none stored"):
@@ -172,3 +173,24 @@ def test_inspect_names_structured_outputs_by_key(tmp_path):
     assert p.returncode == 0
     assert "out['logits']: float32[1, 2]" in p.stdout
     assert "out['feat'][1]: float32[1, 3]" in p.stdout
+
+
+def test_diff_sees_a_container_that_became_a_plain_module(tmp_path):
+    import numpy as np
+    from serialization.helpers import edit
+    seq = M.Sequential(M.Linear(4, 4), M.ReLU())
+    x = mt.tensor(np.ones((2, 4), "float32"))
+    a = tmp_path / "a.tmod"
+    mt.save(mt.trace_module(M.Sequential(seq), x), a)
+
+    def plain(h):
+        for m in h["modules"]:
+            m.pop("reads_as", None)
+    b = tmp_path / "b.tmod"
+    b.write_bytes(edit(a.read_bytes(), plain))
+    p = cli("diff", "--json", a, b)
+    assert p.returncode == 1, p.stdout + p.stderr
+    changes = {c["what"]: c for c in json.loads(p.stdout)["changes"]}
+    assert changes["module <root>"]["a"] == "traced Sequential (reads as a sequence)"
+    assert changes["module <root>"]["b"] == "traced Sequential"
+    assert changes["module 0"]["a"].endswith("(reads as a sequence)")

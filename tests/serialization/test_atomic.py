@@ -109,3 +109,64 @@ def test_a_process_killed_mid_write_leaves_the_previous_archive(tmp_path):
         child.stdout.close()
     assert path.read_bytes() == old
     assert mt.load(path)["old"].tolist() == [1.0]
+
+
+def _writer(path, tmp_path):
+    """A child process stopped in the middle of saving to ``path``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE,
+                             cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert child.stdout.readline().strip() == b"writing"
+    return child
+
+
+def _temps(folder):
+    return sorted(n for n in os.listdir(folder) if n.endswith(".tmp"))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_the_next_save_removes_dead_writers_temp_files_never_a_live_ones(tmp_path):
+    from mgtrace.serialization.atomic import leftovers
+    path = tmp_path / "a.tmod"
+    _old_archive(path)
+    live = _writer(path, tmp_path)              # a writer still at work on the target
+    try:
+        [live_tmp] = _temps(tmp_path)
+        dead = _writer(path, tmp_path)          # a second one, killed mid-write
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(timeout=30)
+        dead.stdout.close()
+        [left] = [n for n in _temps(tmp_path) if n != live_tmp]
+        assert [os.path.basename(p) for p, _ in leftovers(tmp_path)] == [left]  # not the live one
+        mt.save([1], tmp_path / "b.tmod")                 # another target: touches neither
+        assert _temps(tmp_path) == sorted([live_tmp, left])
+        mt.save({"new": mt.tensor([2.0])}, path)          # removes the dead writer's file only
+        assert _temps(tmp_path) == [live_tmp]
+        assert mt.load(path)["new"].tolist() == [2.0] and leftovers(tmp_path) == []
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.wait(timeout=30)
+        live.stdout.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_a_save_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real/model.tmod"
+    _old_archive(target)
+    os.chmod(target, 0o640)
+    link = tmp_path / "model.tmod"
+    os.symlink(os.path.join("real", "model.tmod"), link)
+    chain = tmp_path / "latest.tmod"              # a link to a link
+    os.symlink("model.tmod", chain)
+    mt.save({"new": mt.tensor([3.0])}, chain)
+    assert os.path.islink(link) and os.path.islink(chain)
+    assert os.readlink(chain) == "model.tmod"
+    assert mt.load(target)["new"].tolist() == [3.0]
+    assert os.stat(target).st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["latest.tmod", "model.tmod", "real"]
+    assert os.listdir(tmp_path / "real") == ["model.tmod"]
+    # a dangling link: the file it names is created
+    os.symlink("fresh.tmod", tmp_path / "dangling.tmod")
+    mt.save([5], tmp_path / "dangling.tmod")
+    assert os.path.islink(tmp_path / "dangling.tmod") and mt.load(tmp_path / "fresh.tmod") == [5]

@@ -192,3 +192,30 @@ def test_tracing_a_model_that_holds_a_traced_module_and_retracing():
     for m in (tm, again, again.flatten()):
         np.testing.assert_array_equal(m(x4).numpy(), want)
     assert list(again.state_dict()) == list(net.state_dict())
+
+
+class _Containers(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = M.Sequential(M.Linear(4, 4), M.ReLU())
+        self.ml = M.ModuleList([M.Linear(4, 4), M.Linear(4, 3)])
+        self.md = M.ModuleDict({"a": M.Linear(3, 2)})
+
+    def forward(self, x):
+        x = self.layers(x)
+        for m in self.ml:
+            x = m(x)
+        return self.md["a"](x)
+
+
+def test_retracing_keeps_container_behaviour():
+    from mgtrace.traced_module.traced_module import TracedDict, TracedSequence
+    net = _Containers()
+    x = mt.tensor(np.random.default_rng(0).standard_normal((2, 4)).astype("float32"))
+    tm = mt.trace_module(mt.trace_module(net, x), x)          # what `mgtrace retrace` does
+    assert type(tm.layers) is TracedSequence and type(tm.ml) is TracedSequence
+    assert type(tm.md) is TracedDict
+    assert type(tm.layers[0]).__name__ == "Linear" and len(tm.layers) == 2 and len(tm.ml) == 2
+    assert [type(m).__name__ for m in tm.ml] == ["Linear", "Linear"]
+    assert tm.md["a"].weight.shape == (2, 3) and list(tm.md) == ["a"]
+    np.testing.assert_array_equal(tm(x).numpy(), net(x).numpy())
