@@ -384,8 +384,15 @@ def _new_pool(jobs):
 
 def _stop_pool(pool):
     """Cancel what has not started, stop running workers (SIGTERM: they
-    clean up and exit), kill those that do not exit in time."""
+    clean up and exit), kill those that do not exit in time, and wait for
+    the pool's manager thread to end.
+
+    That last wait matters: ``shutdown(wait=False)`` forgets the manager
+    thread, and a manager still closing its wake-up pipe at interpreter exit
+    races concurrent.futures' exit hook, which writes to that pipe
+    (``OSError: [Errno 9] Bad file descriptor``, CPython 3.11)."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         with contextlib.suppress(Exception):
@@ -400,6 +407,8 @@ def _stop_pool(pool):
             p.kill()
     with contextlib.suppress(Exception):
         pool.shutdown(wait=True)
+    if manager is not None:
+        manager.join(timeout=_STOP_GRACE_S)
 
 
 _DIED = ("the worker process died while running this file (a crash, or killed for memory); "

@@ -11,5 +11,10 @@ MAX_MODULE_DEPTH = 64        # modules inside modules (ResNets nest 3 deep, tran
 MAX_NDIM = 16                # the core's limit on tensor dimensions (MT_MAX_NDIM)
 MAX_DEVICE_STR = 64          # characters of a {"device": ...} string
 MAX_INT_DIGITS = 4300        # digits of a big {"int": ...}: Python's own str->int limit
+MAX_SAME_HASH = 16           # keys of one stored dict that share a hash (colliding keys make
+                             # building the dict quadratic; honest dicts have one or two)
+MAX_NAME_CHARS = 1024        # characters of a name: node, graph, module, child, member, keyword
+MAX_TABLE_ENTRIES = 1 << 20  # entries of the op, module and tensor tables
+MAX_GRAPH_EXPRS = 1 << 16    # exprs (and nodes) of one graph; a flattened ResNet-50 has ~500
 BUILD_SLACK_ELEMENTS = 1 << 22   # tensor elements builtin constructors may allocate beyond
                                  # twice the elements the archive stores (see builtin_modules)

@@ -64,7 +64,7 @@ from mgtrace.module.module import Module
 from mgtrace.serialization import values
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
-from mgtrace.serialization.limits import MAX_NDIM
+from mgtrace.serialization.limits import MAX_GRAPH_EXPRS, MAX_NAME_CHARS, MAX_NDIM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
@@ -318,10 +318,15 @@ def _check(entry, ctx, where):
         _fail(f"{where}.graphs", "not a list")
     if entry.get("reads_as", "sequence") not in _READS_AS:
         _fail(f"{where}.reads_as", f"{entry['reads_as'][:40]!r} is not one of {list(_READS_AS)}")
+    _check_names(entry, where)
     for gi, g in enumerate(graphs):
         gw = f"{where}.graphs[{gi}]"
         if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
             _fail(gw, "a graph is a map with a list of exprs")
+        for key in ("exprs", "nodes"):
+            if len(g.get(key) or ()) > MAX_GRAPH_EXPRS:
+                _fail(f"{gw}.{key}", f"{len(g[key])} entries, more than a graph may have "
+                                     f"({MAX_GRAPH_EXPRS})")
         for ei, e in enumerate(g["exprs"]):
             ew = f"{gw}.exprs[{ei}]"
             if not isinstance(e, dict):
@@ -341,8 +346,42 @@ def _check(entry, ctx, where):
 
 
 def _short(v):
-    s = repr(v)
+    s = repr(v) if not isinstance(v, str) or len(v) < 200 else repr(v[:60])
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _names_of(entry):
+    """``(where, name)`` of every name in a traced entry: its own, its
+    children's and members', its graphs', their nodes' and exprs' (names
+    become identifiers in generated code and keys of lookups)."""
+    yield "", entry.get("name")
+    yield "", entry.get("qualname")
+    for pair in entry.get("children") or ():
+        yield ".children", pair[0] if isinstance(pair, list) and pair else None
+    for table in ("parameters", "buffers", "attrs"):
+        if isinstance(entry.get(table), dict):
+            for k in entry[table]:
+                yield f".{table}", k
+    for gi, g in enumerate(entry.get("graphs") or ()):
+        if not isinstance(g, dict):
+            continue
+        yield f".graphs[{gi}]", g.get("name")
+        yield f".graphs[{gi}]", g.get("qualname")
+        for n in g.get("nodes") or ():
+            yield f".graphs[{gi}].nodes", n.get("name") if isinstance(n, dict) else None
+        for e in g.get("exprs") or ():
+            if isinstance(e, dict):
+                for key in ("name", "method"):
+                    yield f".graphs[{gi}].exprs", e.get(key)
+                if isinstance(e.get("kwargs"), dict):
+                    yield from ((f".graphs[{gi}].exprs", k) for k in e["kwargs"])
+
+
+def _check_names(entry, where):
+    for w, name in _names_of(entry):
+        if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
+            _fail(where + w, f"a name of {len(name)} characters {_short(name)}, more than "
+                             f"{MAX_NAME_CHARS}")
 
 
 def _decode(entry, ctx):
@@ -474,8 +513,12 @@ class _GraphReader:
         graph._inputs = [self._ref(i, f"{w}.inputs") for i in _list(g.get("inputs"), f"{w}.inputs")]
         graph._outputs = [self._ref(i, f"{w}.outputs")
                           for i in _list(g.get("outputs"), f"{w}.outputs")]
-        graph._in_def = self._root_tree(g.get("in_def"), f"{w}.in_def")
-        graph._out_def = self._root_tree(g.get("out_def"), f"{w}.out_def")
+        for key in ("in_def", "out_def"):       # how calls bind inputs and build results
+            if g.get(key) is None:
+                _fail(f"{w}.{key}", "missing: a graph needs the structure of its arguments "
+                                    "(in_def) and of its result (out_def)")
+        graph._in_def = self._root_tree(g["in_def"], f"{w}.in_def")
+        graph._out_def = self._root_tree(g["out_def"], f"{w}.out_def")
         if not graph._inputs or not isinstance(graph._inputs[0], ModuleNode):
             _fail(w, "the first input of a graph is its self module node")
         if not all(isinstance(n, (TensorNode, ValueNode)) for n in graph._inputs[1:]):

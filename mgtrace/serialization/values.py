@@ -27,7 +27,8 @@ import numpy as np
 from mgtrace._core import DTYPES, Device, Tensor, as_device
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
-from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_VALUE_DEPTH
+from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_SAME_HASH,
+                                          MAX_VALUE_DEPTH)
 
 __all__ = ["TAGS", "UNTAGGED", "encode", "decode", "namedtuple_type"]
 
@@ -277,19 +278,31 @@ def _dec_seq(kind):
 
 def _dec_map(kind):
     def dec(p, ctx, node, depth, where):
-        out = kind()
+        out, hashes = kind(), collections.Counter()
         for i, pair in enumerate(_expect(p, list, where)):
             k, v = _expect(pair, list, f"{where}[{i}]", 2)
             key = _dec(k, ctx, node, depth, f"{where}[{i}][0]")
             try:
-                if key in out:
-                    _fail(where, f"key {key!r} appears twice")
+                h = hash(key)
             except TypeError:
                 _fail(f"{where}[{i}][0]", f"a dict key must be hashable, got a "
                                           f"{type(key).__name__}")
+            # keys that share a hash make each insertion compare them all:
+            # a few is chance (hash(-1) == hash(-2)), many is a quadratic-time attack
+            hashes[h] += 1
+            if hashes[h] > MAX_SAME_HASH:
+                _fail(where, f"more than {MAX_SAME_HASH} keys share one hash (a corrupted or "
+                             "hostile archive)")
+            if key in out:
+                _fail(where, f"key {_short(key)} appears twice")
             out[key] = _dec(v, ctx, node, depth, f"{where}[{i}][1]")
         return out
     return dec
+
+
+def _short(v):
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
 
 
 _NAMEDTUPLES = {}              # (module, qualname, fields) -> look-alike class

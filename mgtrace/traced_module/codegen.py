@@ -7,10 +7,14 @@ anything without a safe literal form are passed in through the function's
 globals under generated names, never spelled as code, so a graph read from
 an archive cannot inject code whatever its names and values are.
 
-The source is compiled with ``compile`` under the file name
-``<mgtrace:QUALNAME>`` and registered with ``linecache``, so tracebacks and
-``inspect`` show the generated lines.
+The source is compiled under the file name ``mgtrace-generated:QUALNAME#N``
+(no angle brackets: linecache skips such names) and given to ``linecache`` as
+a lazy entry, so tracebacks (the traceback module, pytest, logging) and
+``inspect.getsource`` show the generated lines; the entry holds the source
+text only and goes when the compiled function does, so loading models does
+not grow ``linecache``.
 """
+GENERATED = "mgtrace-generated:"        # prefix of generated code's file names
 import builtins
 import functools
 import collections
@@ -20,6 +24,7 @@ import linecache
 import math
 import operator
 import re
+import weakref
 
 import mgtrace.functional as F
 from mgtrace._core import OpDef, apply
@@ -74,6 +79,7 @@ class _Namer:
         self.used = set(_RESERVED)
         self.globals = dict(_FIXED_GLOBALS)
         self._gid = {}
+        self._next = {}      # base -> the first suffix not yet tried: naming stays linear
 
     def __call__(self, node):
         name = self.local.get(id(node))
@@ -89,12 +95,14 @@ class _Namer:
         name, i = base, 1
         taken = lambda n: n in self.used or keyword.iskeyword(n)     # noqa: E731
         if taken(name):
-            m = re.match(r"^(.*\D)_(\d+)$", base)      # pow_1 taken: try pow_2, not pow_1_1
+            m = re.match(r"^(.*\D)_(\d{1,9})$", base)   # pow_1 taken: try pow_2, not pow_1_1
             if m:
                 base, i = m.group(1), int(m.group(2)) + 1
-        while taken(name):
+            i = max(i, self._next.get(base, 1))
+            while taken(f"{base}_{i}"):
+                i += 1
             name = f"{base}_{i}"
-            i += 1
+            self._next[base] = i + 1
         self.used.add(name)
         return name
 
@@ -406,9 +414,11 @@ def compile_graph(graph, watch=(), end=(), watch_fn=None):
     source, glb = generate(graph, watch, end)
     if watch:
         glb["_watch"] = watch_fn
-    filename = f"<mgtrace:{graph.qualname}#{next(_files)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    filename = f"{GENERATED}{graph.qualname}#{next(_files)}"
     code = compile(source, filename, "exec")
     ns = {}
     exec(code, glb, ns)      # our own generated source; names and values are never spliced in raw
-    return ns["forward"]
+    fn = ns["forward"]
+    linecache.cache[filename] = (functools.partial(str, source),)   # lazy: lines made on demand
+    weakref.finalize(fn, linecache.cache.pop, filename, None)
+    return fn

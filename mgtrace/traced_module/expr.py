@@ -43,8 +43,8 @@ def is_node(v):
 def is_user_file(filename):
     """False for mgtrace's own code: its Python files, its Cython sources
     (tracebacks name them relative, ``mgtrace/_core/tensor.pyx``) and the
-    generated code (``<mgtrace:...>``)."""
-    return not (filename.startswith(_PKG) or filename.startswith("<mgtrace")
+    generated code (``mgtrace-generated:...``)."""
+    return not (filename.startswith(_PKG) or filename.startswith("mgtrace-generated:")
                 or filename.startswith("mgtrace" + os.sep))
 
 

@@ -78,6 +78,7 @@ class InternalGraph:
         self._in_def = None
         self._out_def = None
         self._names = {}          # name -> node
+        self._next_suffix = {}    # base name -> first suffix to try (see _unique_name)
         self._version = 0         # bumped by every edit; compiled code is cached per version
 
     # ---------------------------------------------------------------- basics
@@ -112,9 +113,10 @@ class InternalGraph:
         base = base or "v"
         if base not in self._names:
             return base
-        i = 1
+        i = self._next_suffix.get(base, 1)     # where the last search for base ended: linear
         while f"{base}_{i}" in self._names:
             i += 1
+        self._next_suffix[base] = i + 1
         return f"{base}_{i}"
 
     def _add_node(self, node, base=None):

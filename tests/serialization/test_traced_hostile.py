@@ -287,6 +287,19 @@ def test_outputs_that_do_not_fit_the_out_def(archive):
     assert "outputs for an out_def" in str(_hostile(archive[1], fn))
 
 
+@pytest.mark.parametrize("key", ["in_def", "out_def"])
+@pytest.mark.parametrize("how", ["missing", "null"])
+def test_graphs_without_their_argument_or_result_structure(archive, key, how):
+    def fn(h):
+        for m in h["modules"]:
+            for g in m.get("graphs", []):
+                if how == "missing":
+                    del g[key]
+                else:
+                    g[key] = None
+    assert f"{key}: missing" in str(_hostile(archive[1], fn))
+
+
 # ---------------------------------------------------------------- keywords and names
 
 @pytest.mark.parametrize("key", ["not ok", "class", "lambda", "1x", "", "a-b", "x)\nimport os"])

@@ -158,7 +158,39 @@ def test_generated_source_is_in_linecache():
     tm(_rand(1, 3))
     fn = tm._function(tm.graph)
     assert inspect.getsource(fn) == tm.code
-    assert fn.__code__.co_filename.startswith("<mgtrace:Inner#")
+    assert fn.__code__.co_filename.startswith("mgtrace-generated:Inner#")
+
+
+def test_loading_models_does_not_grow_linecache_and_tracebacks_show_the_line(tmp_path):
+    import gc
+    import linecache
+    import traceback
+
+    def generated():
+        return sum(k.startswith("mgtrace-generated:") for k in linecache.cache)
+    mt.save(mt.trace_module(Inner(), _rand(1, 3)), tmp_path / "m.tmod")
+    for _ in range(3):                  # warm: imports and caches of the first loads
+        mt.load(tmp_path / "m.tmod")(_rand(1, 3))
+    gc.collect()
+    before = generated()
+    for _ in range(50):
+        mt.load(tmp_path / "m.tmod")(_rand(1, 3))
+    gc.collect()
+    assert generated() == before
+    tm = mt.load(tmp_path / "m.tmod")
+    try:
+        tm(_rand(1, 4))                 # a width the Linear inside cannot take
+    except Exception:
+        text = traceback.format_exc()
+    else:
+        raise AssertionError("a wrong width ran")
+    frame = [ln for ln in text.splitlines() if "mgtrace-generated:Inner#" in ln]
+    assert frame, text
+    shown = text.splitlines()[text.splitlines().index(frame[-1]) + 1].strip()
+    assert shown and shown in tm.code, text
+    del tm
+    gc.collect()
+    assert generated() == before
 
 
 def test_end_points_outside_the_graph_are_refused():
