@@ -14,6 +14,7 @@ changes while FORMAT_VERSION and its recorded hash stay the same.
 """
 import argparse
 import hashlib
+import inspect
 import json
 import pathlib
 import sys
@@ -57,11 +58,46 @@ def build_schema():
     }
 
 
+def _default(v):
+    """A parameter default as schema text: stable across runs (no addresses)."""
+    if v is inspect.Parameter.empty:
+        return None
+    if isinstance(v, (type(None), bool, int, float, str)) or \
+            (isinstance(v, tuple) and all(isinstance(x, (int, float, str, bool)) for x in v)):
+        return repr(v)
+    return f"<{type(v).__name__}>"
+
+
+def _params(fn, skip_self=False):
+    """``[[name, kind, default], ...]`` of ``fn``'s signature: what archives bind
+    arguments by (functions) or store as config keys (module constructors)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):          # a builtin without a text signature
+        return None
+    ps = list(sig.parameters.values())[1 if skip_self else 0:]
+    return [[p.name, p.kind.name, _default(p.default)] for p in ps]
+
+
 def build_ops():
-    """mgtrace's own stable names and versions as a JSON-able dict."""
+    """mgtrace's own stable names as a JSON-able dict: every function with its
+    version and parameters, every module type with its version and
+    constructor parameters (its config keys), the tensor methods a stored
+    graph may call and the core ops an Apply may name. Renaming a parameter,
+    a config key, a method or an op changes this file, so its hash test
+    fails until the format version is raised (see CHANGELOG.md)."""
+    from mgtrace._core import dispatch
+    from mgtrace.serialization import traced_codec
+    functions = {n: {"version": v, "params": _params(registry._FUNCTIONS[n].get())}
+                 for n, v in registry.own_functions().items()}
+    modules = {n: {"version": v, "config": _params(registry.module_type(n).__init__,
+                                                   skip_self=True)}
+               for n, v in registry.own_module_types().items()}
     return {"format_version": list(FORMAT_VERSION),
-            "functions": registry.own_functions(),
-            "module_types": registry.own_module_types()}
+            "functions": functions,
+            "module_types": modules,
+            "tensor_methods": sorted(traced_codec.TENSOR_METHODS),
+            "core_ops": sorted(dispatch._IMPLS)}
 
 
 def _render(obj, indent):

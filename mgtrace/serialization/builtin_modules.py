@@ -88,6 +88,7 @@ def _encode_builtin(m, ctx):
     bad = [k for k in config if not isinstance(k, str)]
     if bad:
         raise TypeError(f"{type(m).__qualname__}.config() has non-string keys {bad!r}")
+    ctx.builtin_type(m.builtin_name, m.builtin_version)
     return {"type": m.builtin_name, "type_version": m.builtin_version,
             "config": {k: ctx.value(v) for k, v in config.items()},
             "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}

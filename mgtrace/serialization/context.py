@@ -17,7 +17,7 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
-from mgtrace.serialization.version import FORMAT_VERSION, fmt
+from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
 
@@ -104,9 +104,33 @@ class EncodeContext:
                 version = registry.function_version(name)
             except KeyError:
                 raise TypeError(f"{name!r} is not a registered function name") from None
+            self._check_released("functions", name, version, "function")
             i = self._op_index[name] = len(self.ops)
             self.ops.append({"name": name, "version": version})
         return i
+
+    def _check_released(self, table, name, version, what):
+        """Refuse one of mgtrace's own names that the target format's release
+        did not have, or had at an older version (there are no downgraders:
+        a call stored at a newer version means something the old reader
+        would misread)."""
+        old = released_names(self.target_version)
+        if old is None or not name.startswith("mgtrace."):
+            return
+        had = old[table].get(name)
+        if had is None:
+            raise ValueError(f"{what} {name!r} is new since format "
+                             f"{fmt(self.target_version)}; an archive that uses it cannot be "
+                             f"written for that version (target_version)")
+        if had < version:
+            raise ValueError(f"{what} {name!r} is at version {version}, format "
+                             f"{fmt(self.target_version)} knew version {had} and there is no "
+                             "downgrader; drop target_version or avoid it")
+
+    def builtin_type(self, name, version):
+        """Note a builtin or container module type stored by ``name`` at
+        ``version`` (refused when the target format's release lacks it)."""
+        self._check_released("module_types", name, version, "module type")
 
     def module(self, m, name=None):
         """Index of Module ``m`` in the module table; a module met twice is

@@ -19,6 +19,9 @@ archive uses (an archive that uses nothing of 1.1 is a 1.0 archive), and
 newer fields are left out, and a feature that reader cannot do without is
 refused naming it (:func:`check_target`).
 """
+import functools
+import os
+
 from mgtrace.errors import ArchiveError, VersionError
 
 FORMAT_NAME = "mgtrace.tmod"
@@ -48,6 +51,26 @@ def check_target(target):
         raise ValueError(f"target_version {target!r}: this mgtrace writes formats 1.0 to "
                          f"{fmt(FORMAT_VERSION)}")
     return t
+
+
+def released_names(version):
+    """``{"functions": {name: version}, "module_types": {name: version}}``:
+    mgtrace's own stable names as format ``version`` had them (a frozen copy
+    of that release's schema/ops.json in released_ops/), or None for the
+    current format."""
+    if tuple(version) == FORMAT_VERSION:
+        return None
+    return _released(tuple(version))
+
+
+@functools.lru_cache(maxsize=None)
+def _released(version):
+    import json
+    path = os.path.join(os.path.dirname(__file__), "released_ops", f"{fmt(version)}.json")
+    with open(path) as f:
+        table = json.load(f)
+    return {k: {n: v if isinstance(v, int) else v["version"] for n, v in table[k].items()}
+            for k in ("functions", "module_types")}
 
 
 def check_readable(format_version, min_reader_version):

@@ -32,10 +32,63 @@ def test_schema_lists_every_header_field_tag_and_kind():
 
 def test_op_table_lists_mgtrace_functions_and_module_types():
     ops = json.loads((ROOT / "schema" / "ops.json").read_text())
-    assert ops["functions"]["mgtrace.functional.conv2d"] == 1
-    assert ops["functions"]["operator.getitem"] == 1
-    assert ops["module_types"]["mgtrace.module.Linear"] == 1
+    conv = ops["functions"]["mgtrace.functional.conv2d"]
+    assert conv["version"] == 1
+    assert [p[0] for p in conv["params"][:4]] == ["x", "weight", "bias", "stride"]
+    assert ops["functions"]["operator.getitem"] == {
+        "version": 1, "params": [["a", "POSITIONAL_ONLY", None], ["b", "POSITIONAL_ONLY", None]]}
+    linear = ops["module_types"]["mgtrace.module.Linear"]
+    assert linear["version"] == 1
+    assert [p[0] for p in linear["config"]] == ["in_features", "out_features", "bias"]
+    assert "reshape" in ops["tensor_methods"] and "__add__" in ops["tensor_methods"]
+    assert {"add", "conv2d", "astype"} <= set(ops["core_ops"])
     assert not any(n.startswith(("tests.", "acme.")) for n in ops["functions"])
+
+
+def _changed_op_table_fails(monkeypatch, tmp_path, change):
+    """``change(monkeypatch)`` alters the code an archive depends on; the
+    regenerated ops.json must then fail the recorded hash."""
+    gen = _generate()
+    for name in ("schema.json", "ops.json", "hashes.json"):
+        (tmp_path / name).write_text((ROOT / "schema" / name).read_text())
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert gen.problems() == []
+    change(monkeypatch)
+    gen.main([])                     # regenerate from the changed code
+    [msg] = gen.problems()
+    assert "ops.json changed, but FORMAT_VERSION is still" in msg
+
+
+def test_renaming_a_function_parameter_without_a_version_bump_fails(monkeypatch, tmp_path):
+    import mgtrace.functional as F
+
+    def change(mp):
+        def relu(inp):               # was relu(x): archives store arguments by name
+            return F.maximum(inp, 0)
+        mp.setattr(F, "relu", relu)
+    _changed_op_table_fails(monkeypatch, tmp_path, change)
+
+
+def test_renaming_a_builtin_config_key_without_a_version_bump_fails(monkeypatch, tmp_path):
+    import mgtrace.module as M
+    original = M.Linear.__init__
+
+    def change(mp):
+        def __init__(self, in_features, out_features, use_bias=True):
+            original(self, in_features, out_features, use_bias)
+        mp.setattr(M.Linear, "__init__", __init__)
+    _changed_op_table_fails(monkeypatch, tmp_path, change)
+
+
+def test_renaming_a_core_op_without_a_version_bump_fails(monkeypatch, tmp_path):
+    from mgtrace._core import dispatch
+
+    def change(mp):
+        impls = dict(dispatch._IMPLS)
+        name = sorted(impls)[0]
+        impls[name + "_renamed"] = impls.pop(name)
+        mp.setattr(dispatch, "_IMPLS", impls)
+    _changed_op_table_fails(monkeypatch, tmp_path, change)
 
 
 def test_changelog_describes_the_current_version():

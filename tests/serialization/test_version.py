@@ -75,3 +75,51 @@ def test_check_readable_directly():
     version.check_readable((1, 9), (1, 1))
     with pytest.raises(mt.serialization.VersionError):
         version.check_readable((1, 2), (1, 2))
+
+
+def _relu_net():
+    import numpy as np
+    import mgtrace.functional as F
+    import mgtrace.module as M
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(3, 2)
+
+        def forward(self, x):
+            return F.relu(self.fc(x))
+    return mt.trace_module(Net(), mt.tensor(np.ones((1, 3), "float32")))
+
+
+def test_the_1_0_op_table_is_the_released_one():
+    old = version.released_names((1, 0))
+    assert old["functions"]["mgtrace.functional.conv2d"] == 1
+    assert old["module_types"]["mgtrace.module.Linear"] == 1
+    assert version.released_names(mt.FORMAT_VERSION) is None
+
+
+@pytest.mark.parametrize("table, name, words", [
+    ("functions", "mgtrace.functional.relu", "function 'mgtrace.functional.relu' is new since"),
+    ("module_types", "mgtrace.module.Linear", "module type 'mgtrace.module.Linear' is new since"),
+])
+def test_target_1_0_refuses_what_that_release_did_not_have(monkeypatch, table, name, words):
+    real = version._released((1, 0))
+    fake = {k: dict(v) for k, v in real.items()}
+    del fake[table][name]
+    from mgtrace.serialization import context
+    monkeypatch.setattr(context, "released_names", lambda v: None if v == (1, 1) else fake)
+    tm = _relu_net()
+    with pytest.raises(ValueError, match=words):
+        save_bytes(tm, target_version=(1, 0))
+    header, _ = split(save_bytes(tm))            # the current format has it
+    assert header["format_version"] == [1, 1]
+
+
+def test_target_1_0_refuses_a_function_newer_than_that_release(monkeypatch):
+    fake = {k: dict(v) for k, v in version._released((1, 0)).items()}
+    fake["functions"]["mgtrace.functional.relu"] = 0
+    from mgtrace.serialization import context
+    monkeypatch.setattr(context, "released_names", lambda v: None if v == (1, 1) else fake)
+    with pytest.raises(ValueError, match="at version 1, format 1.0 knew version 0"):
+        save_bytes(_relu_net(), target_version=(1, 0))

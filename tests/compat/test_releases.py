@@ -1,0 +1,78 @@
+"""Archives across real releases (schema/releases.json), both ways:
+
+(a) each earlier release saves ResNet-18, MobileNetV2, a MiniLM-shaped
+    encoder and an edited graph (tests/compat/zoo.py); this release loads
+    them and reproduces the stored outputs, and `mgtrace upgrade` rewrites
+    them in the current format with the same outputs;
+(b) this release saves the same models for the release's format
+    (``target_version``) and as it does by default; the earlier release
+    loads both and reproduces the stored outputs.
+
+Each release is built once from this repository's history (git archive +
+an in-place build, a few minutes; cached, see releases.py).
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from . import releases as R
+
+ZOO = R.REPO / "tests" / "compat" / "zoo.py"
+NAMES = {"resnet18.tmod", "mobilenet_v2.tmod", "minilm_encoder.tmod", "resnet18_edited.tmod"}
+ATOL = 1e-5
+
+
+def _release_ids():
+    return [r["version"] for r in R.releases()]
+
+
+@pytest.fixture(scope="module", params=R.releases(), ids=_release_ids())
+def release(request):
+    rel = request.param
+    if not R.have_history(rel["commit"]):
+        pytest.skip(f"this checkout's git history lacks {rel['version']} ({rel['commit'][:12]})")
+    return rel, R.build(rel)
+
+
+def _ok(p):
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+def _check(where, folder, tmp_path):
+    out = json.loads(_ok(R.run(where, [ZOO, "check", folder], cwd=tmp_path)).stdout)
+    assert out["mgtrace"].startswith(str(where)), out["mgtrace"]     # the release meant
+    assert set(out["archives"]) == NAMES
+    for name, r in out["archives"].items():
+        assert r["max_abs_error"] <= ATOL, (name, r)
+    return out["archives"]
+
+
+def test_old_archives_load_here_and_upgrade(release, tmp_path):
+    rel, where = release
+    old = tmp_path / "old"
+    _ok(R.run(where, [ZOO, "save", old], cwd=tmp_path))
+    got = _check(R.REPO, old, tmp_path)
+    assert {tuple(r["format_version"]) for r in got.values()} == {tuple(rel["format"])}
+    assert {r["metadata"]["writer"] for r in got.values()} == {rel["version"]}
+    new = tmp_path / "upgraded"
+    p = R.run(R.REPO, ["-m", "mgtrace", "upgrade", old, "-o", new, "--json"], cwd=tmp_path)
+    recs = json.loads(_ok(p).stdout)["records"]
+    assert [r["status"] for r in recs] == ["ok"] * len(NAMES), recs
+    upgraded = _check(R.REPO, new, tmp_path)
+    import mgtrace as mt
+    assert {tuple(r["format_version"]) for r in upgraded.values()} == {mt.FORMAT_VERSION}
+
+
+@pytest.mark.parametrize("target", ["release format", "default"])
+def test_archives_saved_here_load_in_the_old_release(release, tmp_path, target):
+    rel, where = release
+    new = tmp_path / "new"
+    args = [ZOO, "save", new] + (["--target", ".".join(map(str, rel["format"]))]
+                                 if target == "release format" else [])
+    _ok(R.run(R.REPO, args, cwd=tmp_path))
+    got = _check(where, new, tmp_path)
+    if target == "release format":
+        assert {tuple(r["format_version"]) for r in got.values()} == {tuple(rel["format"])}
