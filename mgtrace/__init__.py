@@ -10,7 +10,7 @@ from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_d
                            tensor)
 from mgtrace import functional, module, random  # noqa: E402,F401  (mgtrace.functional as F, mgtrace.module as M)
 from mgtrace.traced_module import TraceError, TracedModule, TraceWarning, trace_module  # noqa: E402
-from mgtrace.errors import ArchiveError  # noqa: E402
+from mgtrace.errors import ArchiveError, Error  # noqa: E402
 from mgtrace.serialization import FORMAT_VERSION, load, save  # noqa: E402
 from mgtrace import serialization  # noqa: E402,F401  (mt.serialization.load_archive, register_function)
 
@@ -19,4 +19,4 @@ __all__ = ["__version__", "Device", "DTYPES", "OpDef", "Tensor", "apply", "as_de
            "get_device", "get_num_threads", "set_default_device", "set_num_threads", "tensor",
            "functional", "module", "random", "serialization",
            "TraceError", "TracedModule", "TraceWarning", "trace_module",
-           "ArchiveError", "FORMAT_VERSION", "load", "save"]
+           "Error", "ArchiveError", "FORMAT_VERSION", "load", "save"]

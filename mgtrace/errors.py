@@ -1,13 +1,29 @@
-"""mgtrace's exception classes that are not tied to one layer.
+"""mgtrace's exception root, the exceptions not tied to one layer, and the
+one "unknown name, did you mean" helper.
 
-Each also subclasses the matching builtin (STYLE.md item 6), so callers may
-catch either ``mgtrace.ArchiveError`` or plain ``ValueError``.
+Every mgtrace exception class subclasses :class:`Error` and the matching
+builtin (STYLE.md item 6), so callers may catch ``mgtrace.Error`` (anything
+mgtrace raised on purpose), ``mgtrace.ArchiveError``, or plain ``ValueError``.
 """
+import difflib
 
-__all__ = ["ArchiveError", "RegistryError", "VersionError"]
+__all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "did_you_mean"]
 
 
-class ArchiveError(ValueError):
+class Error(Exception):
+    """The root of every exception class mgtrace defines (each also
+    subclasses a builtin: ArchiveError is a ValueError, TraceError a
+    RuntimeError, ...)."""
+
+
+def did_you_mean(name, known):
+    """``" Did you mean 'a', 'b'?"`` naming up to three of ``known`` close to
+    ``name``, or ``""``: the hint every unknown-name message ends with."""
+    close = difflib.get_close_matches(str(name), list(known), n=3)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+class ArchiveError(Error, ValueError):
     """An archive (``.tmod``) cannot be read: malformed, truncated, corrupted,
     too new, or naming something this program does not know.
 

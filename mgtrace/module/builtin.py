@@ -26,6 +26,7 @@ import operator
 
 import numpy as np
 
+from mgtrace.errors import Error, did_you_mean
 import mgtrace.functional as F
 from mgtrace._core import empty_tensor as _empty_tensor, tensor as _tensor
 from mgtrace.module import init
@@ -46,7 +47,7 @@ _BY_NAME = {}   # stable name -> class
 _BY_TYPE = {}   # class -> stable name
 
 
-class UnknownBuiltinError(KeyError):
+class UnknownBuiltinError(Error, KeyError):
     """No builtin module type has the requested name."""
 
     def __str__(self):   # KeyError would print the repr of the message
@@ -201,9 +202,7 @@ def builtin_type(name):
         return _BY_NAME[name]
     except (KeyError, TypeError):
         pass
-    import difflib
-    close = difflib.get_close_matches(str(name), list(_BY_NAME), n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    hint = did_you_mean(name, _BY_NAME)
     raise UnknownBuiltinError(
         f"no builtin module type is registered as {name!r}.{hint} If it is your own "
         "class, import the code that defines it and register it with "

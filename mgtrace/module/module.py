@@ -44,13 +44,14 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
+from mgtrace.errors import Error
 from mgtrace._core import Tensor, as_device, as_dtype
 from mgtrace.module.parameter import Parameter
 
 __all__ = ["Module", "StateDictError", "IncompatibleKeys", "RemovableHandle"]
 
 
-class StateDictError(ValueError):
+class StateDictError(Error, ValueError):
     """``load_state_dict`` refused a state dict.
 
     Attributes:

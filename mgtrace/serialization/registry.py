@@ -20,14 +20,13 @@ mgtrace registers:
 All at version 1. Users add their own with :func:`register_function` and
 :func:`register_module`; version changes come with upgraders (upgraders.py).
 """
-import difflib
 import operator
 from collections import namedtuple
 from functools import partial
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.errors import RegistryError
+from mgtrace.errors import RegistryError, did_you_mean
 from mgtrace.serialization import upgraders as U
 
 __all__ = ["register_function", "register_module", "function_name", "resolve_function",
@@ -212,8 +211,7 @@ def resolve_function(name, version):
     """
     entry = _FUNCTIONS.get(name) if isinstance(name, str) else None
     if entry is None:
-        close = difflib.get_close_matches(str(name), list(_FUNCTIONS), n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(name, _FUNCTIONS)
         raise RegistryError(
             f"this archive calls {_shown(name)}, which is not a registered function.{hint} "
             "Loading never imports or runs code an archive names; if it is your function, "
@@ -274,8 +272,7 @@ def module_type(name):
         return M.builtin_type(name)
     except M.UnknownBuiltinError:
         pass
-    close = difflib.get_close_matches(str(name), list(M.builtin_types()) + list(CONTAINERS), n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    hint = did_you_mean(name, list(M.builtin_types()) + list(CONTAINERS))
     raise RegistryError(
         f"this archive holds a module of type {_shown(name)}, which is not a registered module "
         f"type.{hint} Loading never imports or runs code an archive names; if it is your "

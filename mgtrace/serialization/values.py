@@ -25,7 +25,7 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from mgtrace._core import DTYPES, Device, Tensor, as_device
-from mgtrace.errors import ArchiveError
+from mgtrace.errors import ArchiveError, Error
 from mgtrace.module import Module
 from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_SAME_HASH,
                                           MAX_VALUE_DEPTH)
@@ -67,7 +67,7 @@ SCALAR_DTYPES = {d.name: d for d in DTYPES + (np.dtype("uint32"), np.dtype("uint
 _PLAIN = (type(None), bool, str, bytes, float)
 
 
-class _Unstorable(TypeError):
+class _Unstorable(Error, TypeError):
     """A value ``encode`` cannot write; ``path`` grows while it propagates."""
 
     def __init__(self, what):

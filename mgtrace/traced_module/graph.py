@@ -53,6 +53,7 @@ import contextlib
 import fnmatch
 import inspect
 
+from mgtrace.errors import Error
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
                                         Input, is_node)
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
@@ -61,7 +62,7 @@ from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten
 __all__ = ["InternalGraph", "GraphError", "NodeFilter", "ExprFilter"]
 
 
-class GraphError(ValueError):
+class GraphError(Error, ValueError):
     """A graph is malformed, or an edit would make it so."""
 
 

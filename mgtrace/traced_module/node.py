@@ -41,6 +41,7 @@ mgtrace.traced_module.node.NodeValueError: `+` on TensorNode %...:x: a graph nod
 """
 import itertools
 import operator
+from mgtrace.errors import Error
 
 __all__ = ["Node", "TensorNode", "ModuleNode", "ValueNode", "NODE_KINDS", "NodeValueError"]
 
@@ -53,7 +54,7 @@ _ids = itertools.count()
 edit_hooks = None
 
 
-class NodeValueError(TypeError):
+class NodeValueError(Error, TypeError):
     """A Node was used as a value (``node + 1``, ``node.reshape(...)``)
     outside ``with graph.insert_exprs():``."""
 

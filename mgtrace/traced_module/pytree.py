@@ -21,11 +21,13 @@ Supported containers: tuple, list, dict (keys kept in order), namedtuples,
 import collections
 import functools
 
+from mgtrace.errors import Error
+
 __all__ = ["TreeDef", "LeafDef", "tree_flatten", "tree_map", "register_supported_type",
            "TreeMismatch"]
 
 
-class TreeMismatch(TypeError):
+class TreeMismatch(Error, TypeError):
     """A value does not have the structure a TreeDef expects."""
 
 

@@ -30,6 +30,7 @@ import warnings
 
 import numpy as np
 
+from mgtrace.errors import Error
 import mgtrace.functional._trace as _ftrace
 import mgtrace.module.module as _modmod
 from mgtrace._core import Tensor, apply, tensor as _tensor
@@ -49,7 +50,7 @@ __all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "trace
            "active_tracer"]
 
 
-class TraceError(RuntimeError):
+class TraceError(Error, RuntimeError):
     """Tracing failed; the message names the module path and source line."""
 
 
