@@ -301,9 +301,16 @@ def _case(i, seed, cases, path, want, stats, notes):
                               "seed": seed, "kind": kind, "archive": name, "mmap": mmap})
 
 
+def _new_stats():
+    return {"cases": 0, "loads": 0, "archive_errors": 0, "other_errors": 0, "loaded": 0,
+            "call_errors": 0, "slow_loads": 0, "slowest_s": 0.0, "verified_different": 0,
+            "resealed_different": 0, "by_kind": {}}
+
+
 def worker(seed, start, count, out, target=None):
-    """Run cases ``start .. start + count``; a line of stats at the end, a
-    heartbeat line before each case (so the parent finds a crashing one)."""
+    """Run cases ``start .. start + count``, writing to ``out`` a line before
+    each case (``{"at": i}``: a worker that dies leaves its last case named)
+    and one after it with what it counted (``{"done": i, "stats", "notes"}``)."""
     from mgtrace.serialization import load_archive
     cases, want = [], {}
     for name, data in seeds(target):
@@ -313,10 +320,6 @@ def worker(seed, start, count, out, target=None):
         os.unlink(f.name)
         cases.append((name, data, arc))
         want[name] = _outputs(arc.obj, arc)
-    stats = {"cases": 0, "loads": 0, "archive_errors": 0, "other_errors": 0, "loaded": 0,
-             "call_errors": 0, "slow_loads": 0, "slowest_s": 0.0, "verified_different": 0,
-             "resealed_different": 0, "by_kind": {}}
-    notes = []
     fd, path = tempfile.mkstemp(suffix=".tmod")
     os.close(fd)
     with open(out, "a") as log:
@@ -324,12 +327,11 @@ def worker(seed, start, count, out, target=None):
             for i in range(start, start + count):
                 log.write(json.dumps({"at": i}) + "\n")
                 log.flush()
+                stats, notes = _new_stats(), []
                 _case(i, seed, cases, path, want, stats, notes)
-                if len(notes) > 200:
-                    del notes[100:]
+                log.write(json.dumps({"done": i, "stats": stats, "notes": notes}) + "\n")
         finally:
             os.unlink(path)
-            log.write(json.dumps({"stats": stats, "notes": notes}) + "\n")
 
 
 def _merge(total, stats):
@@ -349,7 +351,7 @@ def run(n, jobs, seed, quiet=False, unsealed=False):
     here = os.path.abspath(__file__)
     per = -(-n // jobs)
     todo = [(s, min(per, n - s)) for s in range(0, n, per)]
-    total = {"by_kind": {}}
+    total = _new_stats()
     notes, crashes = [], []
     tmp = tempfile.mkdtemp(prefix="mgtrace-fuzz-")
     t0 = time.perf_counter()
@@ -372,9 +374,12 @@ def run(n, jobs, seed, quiet=False, unsealed=False):
             for ln in lines:
                 if "stats" in ln:
                     _merge(total, ln["stats"])
-                    notes += ln["notes"]
+                    if len(notes) < 200:
+                        notes += ln["notes"]
             if p.returncode != 0:        # died in case `last`: note it, go on after it
-                crashes.append({"case": last, "seed": seed, "returncode": p.returncode})
+                crashes.append({"case": last, "seed": seed, "returncode": p.returncode,
+                                "reproduce": f"python {here} --worker {seed} {last} 1 /dev/stdout"
+                                             + (" 1.0" if unsealed else "")})
                 if last + 1 < start + count:
                     todo.append((last + 1, start + count - last - 1))
         if not quiet:
