@@ -117,19 +117,14 @@ def fingerprint(path):
 
 
 def unchanged(path, fp):
-    """Whether file ``path`` still has fingerprint ``fp``: the same size, and
-    the same mtime and inode (the fast check) or else the same SHA-256."""
+    """Whether file ``path`` still has the content of fingerprint ``fp``: a
+    different size answers at once (the fast check), else the SHA-256 of its
+    bytes decides (a copy that kept size, mtime and inode is still seen)."""
     if not isinstance(fp, dict):
         return False
     try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    if st.st_size != fp.get("size"):
-        return False
-    if (st.st_mtime_ns, st.st_ino) == (fp.get("mtime_ns"), fp.get("inode")):
-        return True
-    try:
+        if os.stat(path).st_size != fp.get("size"):
+            return False
         return _sha256(path) == fp.get("sha256")
     except OSError:
         return False
@@ -147,14 +142,14 @@ def collect(paths, pattern="*.tmod", exclude=None):
         FileNotFoundError: a path does not exist.
     """
     out, seen = [], set()
-    skip = os.path.abspath(exclude) if exclude else None
+    skip = os.path.realpath(exclude) if exclude else None
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
             found = []
             for root, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                                 and os.path.abspath(os.path.join(root, d)) != skip)
+                                 and os.path.realpath(os.path.join(root, d)) != skip)
                 found += [os.path.join(root, f) for f in files
                           if not f.startswith(".") and fnmatch.fnmatch(f, pattern)]
             items = sorted(found)
@@ -245,12 +240,28 @@ def _check_resumable(path, data, command, options):
                          "or --no-resume to start it afresh")
 
 
-_SHAPING = ("out", "in_place", "inputs", "rtol", "atol", "imports")   # options kept in a report
+_SHAPING = ("out", "in_place", "inputs", "rtol", "atol", "imports", "scripts")   # kept in a report
 
 
 def _stored_options(options):
-    return {k: list(v) if isinstance(v, tuple) else v
-            for k, v in options.items() if k in _SHAPING}
+    out = {k: list(v) if isinstance(v, tuple) else v
+           for k, v in options.items() if k in _SHAPING}
+    scripts = _scripts(options)
+    if scripts:       # the user's code shapes outputs too: its bytes are part of the job
+        out["scripts"] = {p: (fingerprint(p) or {}).get("sha256") for p in scripts}
+    return out
+
+
+def _scripts(options):
+    """The user's script files an option names (``--inputs FILE.py:FN``,
+    ``--import FILE.py``)."""
+    paths = []
+    for spec in [options.get("inputs"), *(options.get("imports") or ())]:
+        if isinstance(spec, str):
+            path = spec.rpartition(":")[0] if ".py:" in spec else spec
+            if path.endswith(".py"):
+                paths.append(path)
+    return paths
 
 
 def _same_shaping(data, options):
@@ -262,15 +273,16 @@ def _same_shaping(data, options):
         old.get(k) == new.get(k) for k in _SHAPING if k not in ("out", "in_place"))
 
 
-def _resumable(f, rec):
-    """Whether file ``f``, ok in an earlier run as ``rec``, needs no redo."""
+def _resumable(f, rec, cwd):
+    """Whether file ``f``, ok in an earlier run (in folder ``cwd``) as
+    ``rec``, needs no redo."""
     if rec.get("status") != "ok":      # a task's own "skipped" (say, a newer format) is redone
         return False
     fps = rec.get("fingerprints")
     if not isinstance(fps, dict) or not unchanged(f, fps.get("input")):
         return False
     out = (rec.get("details") or {}).get("output")
-    return not isinstance(out, str) or unchanged(out, fps.get("output"))
+    return not isinstance(out, str) or unchanged(_abs(out, cwd), fps.get("output"))
 
 
 def _write_report(path, command, options, records, finished, started):
@@ -593,7 +605,7 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
     records, kept = {}, {}
     for f in files:
         p = prev.get(os.path.abspath(f))
-        if p is not None and same_job and _resumable(f, p):
+        if p is not None and same_job and _resumable(f, p, old.get("cwd")):
             kept[f] = dict(p, path=f)
             records[f] = Record(f, "skipped", f"{RESUMED} (see {report})",
                                 seconds=0.0, details=dict(p.get("details") or {}))
@@ -701,8 +713,9 @@ def _check_writes(paths, out, in_place, pattern, inputs=None):
         return {"out": None, "in_place": True, "roots": roots}
     seen = {}
     for f in collect(paths, pattern, exclude=out):
-        dest = os.path.abspath(tasks.destination(f, out, False, roots))
-        if dest == os.path.abspath(f):
+        # compared through symbolic links: saves write through them
+        dest = os.path.realpath(tasks.destination(f, out, False, roots))
+        if dest == os.path.realpath(f):
             raise ValueError(f"-o {out} would overwrite the original {f}: choose another output "
                              "folder, or replace the originals with --in-place")
         if dest in seen:

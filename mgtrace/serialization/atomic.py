@@ -7,7 +7,8 @@ the folder is fsynced so the rename survives a power loss. On any error the
 temporary file is removed and the target is untouched.
 
 A target that is a symbolic link is written through: the file it points to
-is replaced (keeping its permissions) and the link stays a link.
+is replaced (keeping its permissions, and its owner where the writer may
+give it) and the link stays a link; links that form a loop are refused.
 
 A killed writer cannot remove its temporary file, so each writer holds an
 exclusive ``flock`` on its own for as long as it lives; the next save to the
@@ -16,6 +17,7 @@ dead), never a live writer's. :func:`leftovers` lists such files in a folder
 (``mgtrace verify`` reports them). Without ``fcntl`` (Windows) nothing is
 locked and leftovers are only listed.
 """
+import errno
 import io
 import os
 import re
@@ -156,8 +158,30 @@ def leftovers(folder):
 
 def _target(path):
     """The file a write to ``path`` replaces: ``path`` itself, or the file a
-    symbolic link at ``path`` points to (through every link)."""
-    return os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+    symbolic link at ``path`` points to (through every link; a dangling link
+    names the file to create).
+
+    Raises:
+        OSError: the links form a loop (ELOOP), as ``open`` would say.
+    """
+    if not os.path.islink(path):
+        return os.path.abspath(path)
+    try:
+        return os.path.realpath(path, strict=True)
+    except FileNotFoundError:
+        return os.path.realpath(path)
+    except OSError as e:
+        raise OSError(errno.ELOOP, f"cannot save {path}: its symbolic links form a loop") from e
+
+
+def _keep_mode_and_owner(tmp, st):
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    if hasattr(os, "chown") and (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+        try:                # root rewriting a user's file: keep it theirs
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass            # not ours to give away: it becomes the writer's, as cp would
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))       # chown may clear set-id bits
 
 
 @contextmanager
@@ -187,7 +211,7 @@ def replacing(path):
             out.flush()
             os.fsync(out.fileno())
             if os.path.isfile(target):         # keep an existing archive's permissions
-                os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+                _keep_mode_and_owner(tmp, os.stat(target))
             os.replace(tmp, target)            # still locked: no cleaner can take it
     except BaseException:
         if tmp is not None:

@@ -178,6 +178,7 @@ class DecodeContext:
         self._source, self._data_start = source, data_start
         self._mmap, self._verify = mmap and source.can_view, verify
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
+        self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
         stored = sum(math.prod(e["shape"]) for e in header["tensors"])
         self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]

@@ -15,6 +15,10 @@ MAX_SAME_HASH = 16           # keys of one stored dict that share a hash (collid
                              # building the dict quadratic; honest dicts have one or two)
 MAX_NAME_CHARS = 1024        # characters of a name: node, graph, module, child, member, keyword
 MAX_TABLE_ENTRIES = 1 << 20  # entries of the op, module and tensor tables
+MAX_CALL_ARGS = 1024         # positional or keyword arguments of one stored call (Python's
+                             # check for repeated keywords is quadratic in their number)
+MAX_NAMEDTUPLE_TYPES = 256   # distinct namedtuple classes one archive makes (each is an exec)
+MAX_NAMEDTUPLE_FIELDS = 1024 # fields of one namedtuple
 MAX_GRAPH_EXPRS = 1 << 16    # exprs (and nodes) of one graph; a flattened ResNet-50 has ~500
 BUILD_SLACK_ELEMENTS = 1 << 22   # tensor elements builtin constructors may allocate beyond
                                  # twice the elements the archive stores (see builtin_modules)

@@ -64,7 +64,7 @@ from mgtrace.module.module import Module
 from mgtrace.serialization import values
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
-from mgtrace.serialization.limits import MAX_GRAPH_EXPRS, MAX_NAME_CHARS, MAX_NDIM
+from mgtrace.serialization.limits import MAX_CALL_ARGS, MAX_GRAPH_EXPRS, MAX_NAME_CHARS, MAX_NDIM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
@@ -331,6 +331,9 @@ def _check(entry, ctx, where):
             ew = f"{gw}.exprs[{ei}]"
             if not isinstance(e, dict):
                 _fail(ew, "not a map")
+            for key in ("args", "kwargs"):
+                if isinstance(e.get(key), (list, dict)) and len(e[key]) > MAX_CALL_ARGS:
+                    _fail(f"{ew}.{key}", f"{len(e[key])} arguments, more than {MAX_CALL_ARGS}")
             kind = e.get("kind")
             if kind not in EXPR_KINDS:
                 _fail(ew, f"unknown expr kind {_short(kind)}; known: {', '.join(EXPR_KINDS)}")
@@ -607,6 +610,7 @@ class _GraphReader:
         if typ in (dict, collections.OrderedDict):
             if not isinstance(aux, tuple) or not all(map(_plain_key, aux)):
                 _fail(where, "dict keys are str, int, float, bool, None, bytes or tuples of those")
+            values.check_hashes(aux, f"{where}.aux")
             if len(aux) != len(kids) or len(set(aux)) != len(aux):
                 _fail(where, "a dict treedef has one distinct key per child")
         elif aux is not None:

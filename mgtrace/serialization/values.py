@@ -27,8 +27,9 @@ import numpy as np
 from mgtrace._core import DTYPES, Device, Tensor, as_device
 from mgtrace.errors import ArchiveError, Error
 from mgtrace.module import Module
-from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_SAME_HASH,
-                                          MAX_VALUE_DEPTH)
+from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_NAME_CHARS,
+                                          MAX_NAMEDTUPLE_FIELDS, MAX_NAMEDTUPLE_TYPES,
+                                          MAX_SAME_HASH, MAX_VALUE_DEPTH)
 
 __all__ = ["TAGS", "UNTAGGED", "encode", "decode", "namedtuple_type"]
 
@@ -276,6 +277,24 @@ def _dec_seq(kind):
     return dec
 
 
+def check_hashes(keys, where):
+    """Raise ArchiveError when more than limits.MAX_SAME_HASH of ``keys``
+    (hashable) share a hash. Keys that share a hash make each insertion into
+    a dict or set compare them all: a few is chance (``hash(-1) ==
+    hash(-2)``), many is a quadratic-time attack."""
+    hashes = collections.Counter()
+    for k in keys:
+        _count_hash(hashes, k, where)
+
+
+def _count_hash(hashes, key, where):
+    h = hash(key)
+    hashes[h] += 1
+    if hashes[h] > MAX_SAME_HASH:
+        _fail(where, f"more than {MAX_SAME_HASH} keys share one hash (a corrupted or hostile "
+                     "archive)")
+
+
 def _dec_map(kind):
     def dec(p, ctx, node, depth, where):
         out, hashes = kind(), collections.Counter()
@@ -283,16 +302,11 @@ def _dec_map(kind):
             k, v = _expect(pair, list, f"{where}[{i}]", 2)
             key = _dec(k, ctx, node, depth, f"{where}[{i}][0]")
             try:
-                h = hash(key)
+                hash(key)
             except TypeError:
                 _fail(f"{where}[{i}][0]", f"a dict key must be hashable, got a "
                                           f"{type(key).__name__}")
-            # keys that share a hash make each insertion compare them all:
-            # a few is chance (hash(-1) == hash(-2)), many is a quadratic-time attack
-            hashes[h] += 1
-            if hashes[h] > MAX_SAME_HASH:
-                _fail(where, f"more than {MAX_SAME_HASH} keys share one hash (a corrupted or "
-                             "hostile archive)")
+            _count_hash(hashes, key, where)
             if key in out:
                 _fail(where, f"key {_short(key)} appears twice")
             out[key] = _dec(v, ctx, node, depth, f"{where}[{i}][1]")
@@ -322,6 +336,10 @@ def namedtuple_type(module, qualname, fields, where="value"):
     if not (type(module) is str and type(qualname) is str and type(fields) in (list, tuple)
             and all(type(f) is str for f in fields)):
         _fail(where, "a namedtuple is stored as (module, qualname, fields) strings")
+    if max(len(module), len(qualname), *map(len, fields), 0) > MAX_NAME_CHARS or \
+            len(fields) > MAX_NAMEDTUPLE_FIELDS:
+        _fail(where, f"a namedtuple's names are at most {MAX_NAME_CHARS} characters and it has "
+                     f"at most {MAX_NAMEDTUPLE_FIELDS} fields")
     key = (module, qualname, tuple(fields))
     t = _NAMEDTUPLES.get(key)
     if t is None:
@@ -340,6 +358,12 @@ def namedtuple_type(module, qualname, fields, where="value"):
 
 def _dec_namedtuple(p, ctx, node, depth, where):
     module, qualname, fields, items = _expect(p, list, where, 4)
+    made = getattr(ctx, "namedtuple_types", None)       # the classes this load made
+    if made is not None and type(module) is str and type(qualname) is str \
+            and type(fields) is list and all(type(f) is str for f in fields):
+        made.add((module, qualname, tuple(fields)))
+        if len(made) > MAX_NAMEDTUPLE_TYPES:
+            _fail(where, f"more than {MAX_NAMEDTUPLE_TYPES} distinct namedtuple types")
     t = namedtuple_type(module, qualname, fields, where)
     items = [_dec(e, ctx, node, depth, f"{where}[3][{i}]")
              for i, e in enumerate(_expect(items, list, f"{where}[3]"))]

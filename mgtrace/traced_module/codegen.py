@@ -415,6 +415,9 @@ def compile_graph(graph, watch=(), end=(), watch_fn=None):
     if watch:
         glb["_watch"] = watch_fn
     filename = f"{GENERATED}{graph.qualname}#{next(_files)}"
+    # a loader in the globals lets linecache find the source again after
+    # linecache.clearcache() (traceback asks it through lazycache)
+    glb["__name__"], glb["__loader__"] = "mgtrace.generated", _Source(source)
     code = compile(source, filename, "exec")
     ns = {}
     exec(code, glb, ns)      # our own generated source; names and values are never spliced in raw
@@ -422,3 +425,13 @@ def compile_graph(graph, watch=(), end=(), watch_fn=None):
     linecache.cache[filename] = (functools.partial(str, source),)   # lazy: lines made on demand
     weakref.finalize(fn, linecache.cache.pop, filename, None)
     return fn
+
+
+class _Source:
+    """What linecache asks for a generated function's source (``get_source``)."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def get_source(self, name):
+        return self._source

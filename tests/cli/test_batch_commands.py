@@ -361,3 +361,46 @@ def test_verify_reports_leftover_temp_files(archives, tmp_path):
     assert out["leftovers"] == [{"path": str(left), "bytes": 1000}]
     mt.save(mt.load(tmp_path / "good/net0.tmod"), tmp_path / "good/net0.tmod")
     assert not left.exists()                     # the next save of net0.tmod removed it
+
+
+def test_an_output_folder_reaching_the_inputs_through_links_is_refused(tree, tmp_path):
+    (tmp_path / "out").mkdir()
+    os.symlink(tree / "good/net1.tmod", tmp_path / "out/net1.tmod")
+    before = digests(tree)
+    p = cli("upgrade", tree / "good/net1.tmod", "-o", tmp_path / "out")
+    assert p.returncode == 2 and "would overwrite the original" in p.stderr, p.stderr
+    os.symlink(tree / "good", tmp_path / "goodlink")
+    p = cli("upgrade", tree / "good", "-o", tmp_path / "goodlink")
+    assert p.returncode == 2 and "would overwrite the original" in p.stderr, p.stderr
+    assert digests(tree) == before
+
+
+def test_resume_sees_same_size_copies_script_changes_and_other_folders(tree, tmp_path):
+    import shutil
+    out, rep = tmp_path / "new", tmp_path / "r.json"
+    script = tmp_path / "gen.py"
+    script.write_text("import numpy as np, mgtrace as mt\n"
+                      "def make(path, module):\n"
+                      "    return (mt.tensor(np.ones((2, 4), 'float32')),)\n")
+    job = ("retrace", tree / "noex", tree / "good/net0.tmod", "-o", out, "--report", rep,
+           "--inputs", f"{script}:make")
+    assert cli(*job).returncode == 0
+    # the same bytes, size, mtime and inode are kept by cp -p over the file: only content differs
+    net0 = tree / "good/net0.tmod"
+    st = os.stat(net0)
+    other = (tree / "good/net1.tmod").read_bytes()
+    if len(other) == st.st_size:
+        with open(net0, "r+b") as f:
+            f.write(other)
+        os.utime(net0, ns=(st.st_atime_ns, st.st_mtime_ns))
+        shown = records(json.loads(cli(*job, "--json").stdout))
+        assert shown["good/net0.tmod"]["status"] == "ok"
+    # a changed --inputs script redoes what it made
+    script.write_text(script.read_text().replace("(2, 4)", "(5, 4)"))
+    shown = records(json.loads(cli(*job, "--json").stdout))
+    assert shown["noex/noex.tmod"]["status"] == "ok"
+    assert mt.serialization.load_archive(out / "noex.tmod").example_inputs[0].shape == (5, 4)
+    # the same job run from another folder, relative paths: nothing to redo
+    rel = cli("retrace", os.path.relpath(tree / "noex", tmp_path), "-o", "new", "--report",
+              "r.json", "--inputs", f"{script}:make", "--json", cwd=tmp_path)
+    assert {r["status"] for r in json.loads(rel.stdout)["records"]} == {"skipped"}, rel.stdout

@@ -170,3 +170,24 @@ def test_a_save_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_pat
     os.symlink("fresh.tmod", tmp_path / "dangling.tmod")
     mt.save([5], tmp_path / "dangling.tmod")
     assert os.path.islink(tmp_path / "dangling.tmod") and mt.load(tmp_path / "fresh.tmod") == [5]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_a_symlink_loop_is_refused_and_left_alone(tmp_path):
+    os.symlink("b.tmod", tmp_path / "a.tmod")
+    os.symlink("a.tmod", tmp_path / "b.tmod")
+    with pytest.raises(OSError, match="loop"):
+        mt.save([1], tmp_path / "a.tmod")
+    assert os.path.islink(tmp_path / "a.tmod") and os.path.islink(tmp_path / "b.tmod")
+    assert sorted(os.listdir(tmp_path)) == ["a.tmod", "b.tmod"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown")
+def test_a_rewrite_keeps_the_owner(tmp_path):
+    path = tmp_path / "a.tmod"
+    _old_archive(path)
+    os.chown(path, 65534, 65534)
+    os.chmod(path, 0o640)
+    mt.save([2], path)
+    st = os.stat(path)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (65534, 65534, 0o640)

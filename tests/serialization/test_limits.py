@@ -82,3 +82,44 @@ def test_graph_node_names_stay_unique_when_many_share_a_base():
         g._names[got[-1]] = object()
     assert got[:3] == ["y", "y_1", "y_2"] and got[-1] == "y_19999"
     assert len(set(got)) == len(got)
+
+
+def test_a_dict_treedef_of_colliding_keys_is_refused():
+    data = _traced()
+
+    def fn(h):
+        keys = [{"int": str(k * _M)} for k in range(1, 200)]
+        _graph(h)["out_def"] = {"type": "dict", "aux": {"tuple": keys},
+                                "children": [{"slot": True}] * len(keys)}
+    with pytest.raises(mt.ArchiveError, match="share one hash"):
+        load_bytes(edit(data, fn))
+
+
+def test_a_call_with_too_many_keywords_is_refused():
+    def fn(h):
+        e = next(e for e in _graph(h)["exprs"] if e["kind"] == "call_method")
+        e["kwargs"] = {f"k{i}": 0 for i in range(limits.MAX_CALL_ARGS + 1)}
+    with pytest.raises(mt.ArchiveError, match=f"more than {limits.MAX_CALL_ARGS}"):
+        load_bytes(edit(_traced(), fn))
+
+
+def test_namedtuple_types_fields_and_names_are_bounded():
+    import io
+    data = save_bytes({"x": 1})
+
+    def load_bytes(b):                   # metadata is decoded by load_archive
+        return mt.serialization.load_archive(io.BytesIO(b))
+    many = [{"namedtuple": ["m", f"T{i}", ["a"], [0]]}
+            for i in range(limits.MAX_NAMEDTUPLE_TYPES + 1)]
+    with pytest.raises(mt.ArchiveError, match="distinct namedtuple types"):
+        load_bytes(edit(data, lambda h: h.update(metadata={"list": many})))
+    wide = {"namedtuple": ["m", "T", [f"f{i}" for i in range(limits.MAX_NAMEDTUPLE_FIELDS + 1)],
+                           [0] * (limits.MAX_NAMEDTUPLE_FIELDS + 1)]}
+    with pytest.raises(mt.ArchiveError, match="at most"):
+        load_bytes(edit(data, lambda h: h.update(metadata=wide)))
+    long = {"namedtuple": ["m" * (limits.MAX_NAME_CHARS + 1), "T", ["a"], [0]]}
+    with pytest.raises(mt.ArchiveError, match="at most"):
+        load_bytes(edit(data, lambda h: h.update(metadata=long)))
+    fine = [{"namedtuple": ["m", f"T{i}", ["a"], [i]]} for i in range(3)]
+    meta = load_bytes(edit(data, lambda h: h.update(metadata={"list": fine}))).metadata
+    assert [t.a for t in meta] == [0, 1, 2]
