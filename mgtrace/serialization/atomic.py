@@ -67,20 +67,19 @@ def _same_file(fd, path):
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _new_temp(path):
-    """``(fd, temp path)``: a new temporary file beside ``path``, locked.
-
-    A cleaner may take a new file's lock in the instant before its writer
-    does and remove it; the writer then finds its name gone and makes
-    another.
-    """
+def _temp_name(path):
     directory, base = os.path.split(path)
-    while True:
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        if _lock(fd, block=True) and _same_file(fd, tmp):
-            return fd, tmp
-        os.close(fd)
+    return os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+
+
+def _open_temp(tmp):
+    """A descriptor of the new file ``tmp``, locked, or None when a cleaner
+    removed it in the instant before its lock was taken (make another)."""
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    if _lock(fd, block=True) and _same_file(fd, tmp):
+        return fd
+    os.close(fd)
+    return None
 
 
 def _stale(folder, name):
@@ -203,9 +202,14 @@ def replacing(path):
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot save {path}: no such folder {folder}")
     remove_stale(target)
-    tmp = None
-    try:        # created inside the try, so an exception at any point removes it
-        fd, tmp = _new_temp(target)
+    tmp = fd = None
+    try:        # named before it is created, inside the try: a stop at any line removes it
+        while fd is None:
+            tmp = _temp_name(target)
+            try:
+                fd = _open_temp(tmp)
+            except FileExistsError:      # another writer's name (48 random bits): not ours
+                tmp = None
         with os.fdopen(fd, "w+b") as out:
             yield out, tmp
             out.flush()
