@@ -18,6 +18,13 @@ Rules shared by every op (the same as the rest of the core):
   ``ValueError("ambiguous device: cpu:0 vs cpu:1")``; the result lives on that
   device. Only CPU devices have kernels here; others raise NotImplementedError
   naming the op, the device and the dtype.
+- Sizes: kernel sizes, strides, padding, dilation, groups and output sizes
+  are at most ``MAX_GEOMETRY`` (2**31 - 1: the int of the BLAS calls every
+  dense convolution runs in, and the range of MegEngine's uint32 conv
+  parameters). Sizes derived from them (output shapes, padded planes, work
+  buffers) are computed with Python ints, or saturating C arithmetic for the
+  kernels' work buffers, and checked before any memory is touched: a size
+  past what a tensor can hold raises ValueError naming the argument.
 - While module tracing is on, each op is handed to the trace hook instead
   of running (``dispatch.traced``), and every op is registered for
   :func:`mgtrace._core.dispatch.apply` under its own name.
@@ -35,7 +42,7 @@ from mgtrace._core.dispatch import register_op
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 
 cdef extern from "kernels/nn.h" nogil:
-    enum: MT_NN_ENOMEM
+    enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
         MT_CONV_WINOGRAD
@@ -94,7 +101,14 @@ _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
 _INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
+MAX_GEOMETRY = 2147483647
+"""The largest kernel size, stride, padding, dilation, group count or
+output size the nn ops take (and the builtin modules' constructors, which
+check their arguments against it): 2**31 - 1, BLAS's int."""
+
 cdef int64_t _BLAS_INT_MAX = 2147483647
+# the most elements a tensor may have (tensor.pyx's empty())
+cdef object _MAX_NUMEL = 1 << 62
 
 
 # ------------------------------------------------------------------ helpers
@@ -175,12 +189,16 @@ cdef bint _is_int(object v):
 
 
 cdef tuple _pair(str op, str name, object v):
-    """An int or a pair of ints as (a, b)."""
+    """An int or a pair of ints as (a, b), each at most MAX_GEOMETRY."""
     if _is_int(v):
-        return (int(v), int(v))
-    if isinstance(v, (tuple, list)) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]):
-        return (int(v[0]), int(v[1]))
-    raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+        p = (int(v), int(v))
+    elif isinstance(v, (tuple, list)) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]):
+        p = (int(v[0]), int(v[1]))
+    else:
+        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    if p[0] > MAX_GEOMETRY or p[1] > MAX_GEOMETRY:
+        raise ValueError(f"{op}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {v!r}")
+    return p
 
 
 cdef tuple _positive(str op, str name, object v):
@@ -197,6 +215,25 @@ cdef tuple _nonneg(str op, str name, object v):
     return p
 
 
+cdef object _groups(str op, object groups):
+    if not _is_int(groups) or not 1 <= groups <= MAX_GEOMETRY:
+        raise ValueError(f"{op}: groups must be a positive int at most {MAX_GEOMETRY}, got groups={groups!r}")
+    return int(groups)
+
+
+cdef int _check_numel(str op, tuple shape, str cause) except -1:
+    """ValueError when a result of ``shape`` (Python ints, computed from the
+    arguments) could not be a tensor: its element count past 2**62, which
+    also keeps every entry within int64 before it reaches C."""
+    cdef object n = 1
+    for s in shape:
+        n *= s
+    if any(s > _MAX_NUMEL for s in shape) or n > _MAX_NUMEL:
+        raise ValueError(f"{op}: {cause} give an output of shape {shape}, more elements than a "
+                         f"tensor can hold (2**62)")
+    return 0
+
+
 cdef int _check_4d(str op, str name, Tensor t, str layout) except -1:
     if t._ndim != 4:
         raise ValueError(f"{op}: expected {name} of shape {layout} (4-D), got shape {shape_tuple(t)}")
@@ -211,9 +248,14 @@ cdef int _check_blas(str op, tuple sizes) except -1:
     return 0
 
 
-cdef Tensor _workspace(int64_t nbytes, int device):
+cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     """Kernel scratch memory from the core's allocator (it caches large
-    blocks, so repeated calls do not pay fresh page faults); None for 0."""
+    blocks, so repeated calls do not pay fresh page faults); None for 0.
+    ValueError when the kernel's plan for ``geometry`` (a description of the
+    arguments, for the message) needs more bytes than int64 counts."""
+    if nbytes == MT_NN_EOVERFLOW:
+        raise ValueError(f"{op}: the kernel's work buffer for {geometry} needs more bytes than "
+                         f"int64 counts; use less padding or split the input")
     if nbytes <= 0:
         return None
     return empty(1, &nbytes, MT_UINT8, device)
@@ -286,8 +328,7 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
     _check_4d(op, "x", tx, "[N, C, H, W]")
     _check_4d(op, "weight", tw, "[O, C / groups, KH, KW]")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    groups = _groups(op, groups)
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     dh, dw = _positive(op, "dilation", dilation)
@@ -335,7 +376,9 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
     oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
     out = empty(4, oshape, work, tx._device)
     nt = num_threads()
-    cdef Tensor ws = _workspace(mt_conv2d_workspace(work, &g, a, nt), tx._device)
+    cdef Tensor ws = _workspace(op, mt_conv2d_workspace(work, &g, a, nt), tx._device,
+                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                                f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
@@ -353,7 +396,8 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     cdef mt_conv2d_geom g
     n, c, h, w = x_shape
     o, cg, kh, kw = weight_shape
-    if not _is_int(groups) or groups < 1 or c % groups or o % groups or cg * groups != c:
+    groups = _groups("conv2d", groups)
+    if c % groups or o % groups or cg * groups != c:
         raise ValueError(f"conv2d: groups={groups!r} does not fit x channels {c} and weight {tuple(weight_shape)}")
     g.n, g.c, g.h, g.w, g.o, g.kh, g.kw = n, c, h, w, o, kh, kw
     g.sh, g.sw = _positive("conv2d", "stride", stride)
@@ -402,8 +446,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
     _check_4d(op, "x", tx, "[N, C, H, W]")
     _check_4d(op, "weight", tw, "[C, O / groups, KH, KW]")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"{op}: groups must be a positive int, got {groups!r}")
+    groups = _groups(op, groups)
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     oph, opw = _nonneg(op, "output_padding", output_padding)
@@ -429,6 +472,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: padding {(ph, pw)} leaves no output for input ({h}, {w}) and kernel "
                          f"({kh}, {kw}): output would be ({oh}, {ow})")
+    _check_numel(op, (n, o, oh, ow), f"stride {(sh, sw)} and dilation {(dh, dw)} on input ({h}, {w})")
     _check_blas(op, (h * w, og * kh * kw, c))
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
@@ -444,7 +488,8 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
     out = empty(4, oshape, work, tx._device)
     nt = num_threads()
-    cdef Tensor ws = _workspace(mt_conv_transpose2d_workspace(work, &g, nt), tx._device)
+    cdef Tensor ws = _workspace(op, mt_conv_transpose2d_workspace(work, &g, nt), tx._device,
+                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         rc = mt_conv_transpose2d(work, tx._data, tw._data, bptr, out._data, &g, nt, wsp)
@@ -461,11 +506,12 @@ cdef Tensor _pool_input(str op, x):
     return t
 
 
-cdef int64_t _pool_out(str op, int64_t size, int64_t k, int64_t p, int64_t s, int64_t d, bint ceil_mode) except -1:
+cdef object _pool_out(object size, object k, object p, object s, object d, bint ceil_mode):
     """PyTorch's pooling_output_shape: floor (or ceil) division, and in ceil
-    mode the last window must start inside the input or the left padding."""
-    cdef int64_t num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
-    cdef int64_t out = (num // s if num >= 0 else -((-num + s - 1) // s)) + 1
+    mode the last window must start inside the input or the left padding.
+    (Python ints: a kernel of 2**31 with dilation 2**31 must not wrap.)"""
+    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = num // s + 1
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
     return out
@@ -483,8 +529,8 @@ cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"{op}: padding {(ph, pw)} must be at most half the kernel size {(kh, kw)}")
     n, c, h, w = shape_tuple(t)
-    oh = _pool_out(op, h, kh, ph, sh, dh, ceil_mode)
-    ow = _pool_out(op, w, kw, pw, sw, dw, ceil_mode)
+    oh = _pool_out(h, kh, ph, sh, dh, ceil_mode)
+    ow = _pool_out(w, kw, pw, sw, dw, ceil_mode)
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: kernel {(kh, kw)} with dilation {(dh, dw)} and padding {(ph, pw)} is "
                          f"larger than the input ({h}, {w}): output would be ({oh}, {ow})")
@@ -571,8 +617,11 @@ cdef object _adaptive(str op, x, output_size, int kind):
         raise TypeError(f"{op}: output_size must be an int or a pair of ints (or None), got {output_size!r}")
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: output_size must be positive, got {output_size!r}")
+    if oh > MAX_GEOMETRY or ow > MAX_GEOMETRY:
+        raise ValueError(f"{op}: output_size must be at most {MAX_GEOMETRY} (2**31 - 1), got {output_size!r}")
     if h < 1 or w < 1:
         raise ValueError(f"{op}: input spatial size must be non-zero, got ({h}, {w})")
+    _check_numel(op, (n, c, oh, ow), f"output_size {output_size!r}")
     t = _ready(t, work)
     cdef int64_t oshape[4]
     oshape[0], oshape[1], oshape[2], oshape[3] = n, c, oh, ow
@@ -661,12 +710,16 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
             raise TypeError(f"{op}: scale_factor must be a number or a pair, got {scale_factor!r}")
         if not (fh > 0 and fw > 0) or fh == float("inf") or fw == float("inf"):
             raise ValueError(f"{op}: scale_factor must be positive and finite, got {scale_factor!r}")
+        if h * fh >= MAX_GEOMETRY + 1 or w * fw >= MAX_GEOMETRY + 1:
+            raise ValueError(f"{op}: scale_factor {scale_factor!r} gives an output size above "
+                             f"{MAX_GEOMETRY} (2**31 - 1) for input ({h}, {w})")
         oh, ow = int(np.floor(h * fh)), int(np.floor(w * fw))
         if oh < 1 or ow < 1:
             raise ValueError(f"{op}: scale_factor {scale_factor!r} gives an empty output ({oh}, {ow}) "
                              f"for input ({h}, {w})")
     if h < 1 or w < 1:
         raise ValueError(f"{op}: input spatial size must be non-zero, got ({h}, {w})")
+    _check_numel(op, (n, c, oh, ow), f"size {size!r}" if size is not None else f"scale_factor {scale_factor!r}")
     cdef int code = t._dtype, work = _work_code(code), rc, nt
     cdef int m = _INTERP_MODES[mode], ac = bool(align_corners)
     t = _ready(t, work)
@@ -692,13 +745,16 @@ cdef list _pad_pairs(object pad_width, int ndim):
         arr = np.asarray(pad_width)
     except ValueError:
         arr = None
-    if arr is None or (arr.size and arr.dtype.kind not in "iu"):
+    # (Python ints too large for int64 make an object array: kept exact, so
+    # that 2**63 is reported as too large rather than wrapped to negative)
+    if arr is None or (arr.size and not (arr.dtype.kind in "iu" or arr.dtype.kind == "O" and all(
+            _is_int(v) for v in arr.flat))):
         raise TypeError(f"pad: pad_width must be an int or (before, after) pairs of ints, "
                         f"got {pad_width!r}")
     if ndim == 0 and arr.size == 0:
         return []
     try:
-        arr = np.broadcast_to(arr.astype(np.int64), (ndim, 2))
+        arr = np.broadcast_to(arr, (ndim, 2))
     except ValueError:
         raise ValueError(f"pad: pad_width needs one (before, after) pair per axis ({ndim} axes), "
                          f"got {pad_width!r}") from None
@@ -781,6 +837,8 @@ def pad(x, pad_width, mode="constant", value=0.0):
         raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_PAD_MODES)}")
     cdef int nd = t._ndim, d, rc, nt
     pairs = _pad_pairs(pad_width, nd)
+    _check_numel(op, tuple([t._shape[d] + pairs[d][0] + pairs[d][1] for d in range(nd)]),
+                 f"pad_width {pad_width!r}")
     cdef int64_t shape[16]
     cdef int64_t oshape[16]
     cdef int64_t before[16]

@@ -98,8 +98,29 @@ static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a,
 
 /* Scratch memory comes from the caller (mt_conv2d_workspace says how much):
  * the core's allocator caches large blocks, so no call pays fresh page faults.
- * Pieces are carved off 64-byte aligned. */
-static inline int64_t ws_round(int64_t nbytes) { return (nbytes + 63) & ~(int64_t)63; }
+ * Pieces are carved off 64-byte aligned.
+ *
+ * Workspace sizes come from the caller's geometry, and a valid call can ask
+ * for more than int64 counts (padding of 2^30 on a thousand channels), so
+ * the plans compute them with saturating arithmetic: a size that does not
+ * fit is WS_TOO_LARGE, which the workspace queries report as
+ * MT_NN_EOVERFLOW instead of a wrapped, too small buffer. */
+#define WS_TOO_LARGE INT64_MAX
+static inline int64_t ws_mul(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? WS_TOO_LARGE : r;
+}
+static inline int64_t ws_mul4(int64_t a, int64_t b, int64_t c, int64_t d) {
+    return ws_mul(ws_mul(a, b), ws_mul(c, d));
+}
+static inline int64_t ws_add(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? WS_TOO_LARGE : r;
+}
+static inline int64_t ws_round(int64_t nbytes) {
+    return nbytes > WS_TOO_LARGE - 63 ? WS_TOO_LARGE : (nbytes + 63) & ~(int64_t)63;
+}
+static inline int64_t ws_report(int64_t nbytes) { return nbytes == WS_TOO_LARGE ? MT_NN_EOVERFLOW : nbytes; }
 static inline char *ws_take(char **ws, int64_t nbytes) {
     char *p = *ws;
     *ws += ws_round(nbytes);
@@ -292,10 +313,29 @@ static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int6
 
 /* ------------------------------------------------------------------ choice */
 
-static int64_t shifted_hq(const mt_conv2d_geom *g) { return g->oh + (g->kh - 1) * g->dh / g->sh; }
-static int64_t shifted_wq(const mt_conv2d_geom *g) { return g->ow + (g->kw - 1) * g->dw / g->sw; }
+/* The stride's phases the taps read. Tap (i, j) reads the padded input's
+ * rows a, a + sh, ... and columns b, b + sw, ... with a = i*dh % sh and
+ * b = j*dw % sw. Along an axis these repeat with period sh / gcd(dh, sh)
+ * (i and i + period read the same phase), so the distinct (a, b) pairs, the
+ * "slots" of the padded copy, are min(kh, row period) x min(kw, column
+ * period): tap (i, j) reads slot (i % row period, j % column period). All
+ * of it is O(KH*KW) whatever the stride: the phases are never enumerated
+ * (a stride of 2^31 has 2^62 of them). */
+static int64_t mt_gcd64(int64_t a, int64_t b) {
+    while (b) { const int64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+static int64_t phase_period(int64_t d, int64_t s) { return s / mt_gcd64(d % s, s); }
+
+static int64_t count_slots(const mt_conv2d_geom *g) {
+    return mt_min64(g->kh, phase_period(g->dh, g->sh)) * mt_min64(g->kw, phase_period(g->dw, g->sw));
+}
+
+static int64_t shifted_hq(const mt_conv2d_geom *g) { return ws_add(g->oh, ws_mul(g->kh - 1, g->dh) / g->sh); }
+static int64_t shifted_wq(const mt_conv2d_geom *g) { return ws_add(g->ow, ws_mul(g->kw - 1, g->dw) / g->sw); }
 /* SHIFTED: wide columns an image needs (its last output is at (oh-1)*wq + ow - 1) */
-static int64_t shifted_need(const mt_conv2d_geom *g) { return (g->oh - 1) * shifted_wq(g) + g->ow; }
+static int64_t shifted_need(const mt_conv2d_geom *g) { return ws_add(ws_mul(g->oh - 1, shifted_wq(g)), g->ow); }
 /* SHIFTED tiles stay within an image (skipping the rows between images) when
  * an image has enough columns, else span images */
 static int shifted_per_image(const mt_conv2d_geom *g) { return shifted_need(g) >= 512; }
@@ -318,19 +358,23 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
      * channels (K and M), and enough 2x2 tiles over the batch (N) to pay for
      * the weight transform (16 values per 3x3 kernel, every call): more when
      * the transformed weights outgrow the cache (512x512: 16 MiB) */
-    const int64_t og = g->o / g->groups, tiles = g->n * ((g->oh + 1) / 2) * ((g->ow + 1) / 2);
-    const int64_t min_tiles = 16 * g->o * cg * 4 > MT_WINO_BIG_U ? 64 : 32;
+    /* (the sizes below in double: they only rank algorithms, and must not
+     * wrap for the huge geometries a workspace query then refuses) */
+    const int64_t og = g->o / g->groups;
+    const double tiles = (double)g->n * (double)((g->oh + 1) / 2) * (double)((g->ow + 1) / 2);
+    const int64_t min_tiles = 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
     if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) return MT_CONV_WINOGRAD;
-    const int64_t phases = mt_min64(g->sh * g->sw, g->kh * g->kw);
-    const int64_t one_image = phases * g->c * shifted_hq(g) * shifted_wq(g) * 8;
+    const double one_image = (double)count_slots(g) * (double)g->c * (double)shifted_hq(g)
+                           * (double)shifted_wq(g) * 8.0;
     /* SHIFTED computes wide columns that are not outputs: worth it while they
      * are few (large planes); IM2COL copies K values per output instead,
      * which costs more than SHIFTED's GEMMs with K = C/groups lose on large
      * planes (56x56 and up), less on smaller ones (28x28 measured) */
-    const double wide = (double)(shifted_per_image(g) ? shifted_need(g) : shifted_hq(g) * shifted_wq(g));
-    const double waste = wide / (double)(g->oh * g->ow);
-    if (cg >= MT_SHIFTED_MIN_K && waste <= 1.2 && one_image <= MT_SHIFTED_MAX_BYTES
-        && g->oh * g->ow >= MT_SHIFTED_MIN_PLANE)
+    const double wide = shifted_per_image(g) ? (double)shifted_need(g)
+                                             : (double)shifted_hq(g) * (double)shifted_wq(g);
+    const double ohw = (double)g->oh * (double)g->ow, waste = wide / ohw;
+    if (cg >= MT_SHIFTED_MIN_K && waste <= 1.2 && one_image <= (double)MT_SHIFTED_MAX_BYTES
+        && ohw >= MT_SHIFTED_MIN_PLANE)
         return MT_CONV_SHIFTED;
     return MT_CONV_IM2COL;
 }
@@ -380,44 +424,27 @@ static void pack_plane(const char *x, char *dst, int64_t isz, const mt_conv2d_ge
     }
 }
 
-/* The stride's phase a kernel tap reads: the padded input's rows a, a + sh,
- * ... and columns b, b + sw, ... hold tap k's inputs, (a, b) = phase / sw,
- * phase % sw. */
-static inline int64_t tap_phase(const mt_conv2d_geom *g, int64_t k) {
-    return ((k / g->kw) * g->dh % g->sh) * g->sw + (k % g->kw) * g->dw % g->sw;
-}
-
-/* Distinct phases among the taps: the "slots" of the padded copy. */
-static int64_t count_slots(const mt_conv2d_geom *g) {
-    const int64_t kk = g->kh * g->kw;
-    int64_t n = 0;
-    for (int64_t k = 0; k < kk; k++) {
-        int64_t seen = 0;
-        for (int64_t j = 0; j < k && !seen; j++) seen = tap_phase(g, j) == tap_phase(g, k);
-        n += !seen;
-    }
-    return n;
-}
-
 /* Tap k reads slot tap_slot[k] of the padded copy (planes of rows wq
  * elements), shifted by tap_shift[k] elements; slot_phase[s] is the phase
- * slot s holds (phase_slot: sh*sw scratch). Returns the number of slots. */
+ * a * sw + b slot s holds. Returns the number of slots (count_slots). */
 static int64_t fill_taps(const mt_conv2d_geom *g, int64_t wq, int64_t *tap_slot, int64_t *tap_shift,
-                         int64_t *phase_slot, int64_t *slot_phase) {
-    int64_t nslots = 0;
-    for (int64_t i = 0; i < g->sh * g->sw; i++) phase_slot[i] = -1;
+                         int64_t *slot_phase) {
+    const int64_t prow = phase_period(g->dh, g->sh), pcol = phase_period(g->dw, g->sw);
+    const int64_t nrow = mt_min64(g->kh, prow), ncol = mt_min64(g->kw, pcol);
+    for (int64_t r = 0; r < nrow; r++)
+        for (int64_t c = 0; c < ncol; c++)
+            slot_phase[r * ncol + c] = (r * g->dh % g->sh) * g->sw + c * g->dw % g->sw;
     for (int64_t k = 0; k < g->kh * g->kw; k++) {
-        const int64_t oy = (k / g->kw) * g->dh, ox = (k % g->kw) * g->dw, ph = tap_phase(g, k);
-        if (phase_slot[ph] < 0) { phase_slot[ph] = nslots; slot_phase[nslots++] = ph; }
-        tap_slot[k] = phase_slot[ph];
-        tap_shift[k] = (oy / g->sh) * wq + ox / g->sw;
+        const int64_t i = k / g->kw, j = k % g->kw;
+        tap_slot[k] = (i % prow) * ncol + j % pcol;
+        tap_shift[k] = (i * g->dh / g->sh) * wq + j * g->dw / g->sw;
     }
-    return nslots;
+    return nrow * ncol;
 }
 
 /* SHIFTED's tiling, computed the same way for the workspace query and the run. */
 typedef struct {
-    int64_t hq, wq, plane, nps, nslots, nb, need_img, cols;
+    int64_t hq, wq, plane, nslots, nb, need_img, cols;
     int per_image_tiles;
     int64_t bytes;   /* workspace */
 } shifted_plan;
@@ -426,18 +453,19 @@ static void plan_shifted(const mt_conv2d_geom *g, int64_t isz, int nt, shifted_p
     const int64_t kk = g->kh * g->kw, cg = g->c / g->groups, og = g->o / g->groups;
     pl->hq = shifted_hq(g);
     pl->wq = shifted_wq(g);
-    pl->plane = pl->hq * pl->wq;
-    pl->nps = g->sh * g->sw;
+    pl->plane = ws_mul(pl->hq, pl->wq);
     pl->nslots = count_slots(g);
-    const int64_t per_image = pl->nslots * g->c * pl->plane * isz;
+    const int64_t per_image = ws_mul4(pl->nslots, g->c, pl->plane, isz);
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
     pl->need_img = shifted_need(g);
     pl->per_image_tiles = shifted_per_image(g);
     const int64_t budget = MT_TILE_BYTES / (g->o * isz);
     pl->cols = pl->per_image_tiles ? split_cols(budget, 512, pl->need_img, pl->nb, nt)
-                                   : split_cols(budget, 512, pl->nb * pl->plane, 1, nt);
-    pl->bytes = ws_round(sizeof(int64_t) * (2 * kk + 2 * pl->nps)) + ws_round(pl->nb * per_image)
-              + ws_round((int64_t)nt * og * pl->cols * isz) + ws_round(kk * g->o * cg * isz);
+                                   : split_cols(budget, 512, ws_mul(pl->nb, pl->plane), 1, nt);
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(sizeof(int64_t), 2 * kk + pl->nslots)),
+                              ws_round(ws_mul(pl->nb, per_image))),
+                       ws_add(ws_round(ws_mul4(nt, og, pl->cols, isz)),
+                              ws_round(ws_mul4(kk, g->o, cg, isz))));
 }
 
 static int conv_shifted(int dt, const char *x, const char *w, const char *bias, char *y,
@@ -449,13 +477,13 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
     const int64_t hq = pl.hq, wq = pl.wq, plane = pl.plane, nb = pl.nb, cols = pl.cols;
     const int64_t need_img = pl.need_img;
     const int per_image_tiles = pl.per_image_tiles;
-    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + 2 * pl.nps));
+    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + pl.nslots));
     char *p = ws_take(&ws, nb * pl.nslots * g->c * plane * isz);
     char *ybuf = ws_take(&ws, (int64_t)nt * og * cols * isz);
     char *wt = ws_take(&ws, kk * g->o * cg * isz);
     /* the phases the taps use, each a "slot" of the padded copy */
-    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk + pl.nps;
-    const int64_t nslots = fill_taps(g, wq, tap_slot, tap_shift, tap_shift + kk, slot_phase);
+    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk;
+    const int64_t nslots = fill_taps(g, wq, tap_slot, tap_shift, slot_phase);
     /* weights as [tap][o][c]: each tap's [O x C/groups] block is a GEMM operand */
     for (int64_t o = 0; o < g->o; o++)
         for (int64_t c = 0; c < cg; c++)
@@ -514,7 +542,7 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
  * the GEMM operand [C/groups x b*OH*OW]. Work items are (column tile,
  * output-channel block) pairs, as many as share evenly over the threads. */
 typedef struct {
-    int64_t hq, wq, plane, nps, nslots, nb;   /* the packed copy, as SHIFTED's */
+    int64_t hq, wq, plane, nslots, nb;        /* the packed copy, as SHIFTED's */
     int64_t k, cols;                          /* GEMM K = C/groups*KH*KW; columns a tile */
     int span, direct;
     int64_t bytes;                            /* workspace */
@@ -524,13 +552,12 @@ static void plan_im2col(const mt_conv2d_geom *g, int64_t isz, int nt, im2col_pla
     const int64_t kk = g->kh * g->kw, og = g->o / g->groups, ohw = g->oh * g->ow;
     pl->hq = shifted_hq(g);
     pl->wq = shifted_wq(g);
-    pl->plane = pl->hq * pl->wq;
-    pl->nps = g->sh * g->sw;
+    pl->plane = ws_mul(pl->hq, pl->wq);
     pl->nslots = count_slots(g);
     pl->k = (g->c / g->groups) * kk;
     pl->direct = kk == 1;
     pl->span = ohw < MT_IM2COL_SPAN;
-    const int64_t per_image = pl->nslots * g->c * pl->plane * isz;
+    const int64_t per_image = ws_mul4(pl->nslots, g->c, pl->plane, isz);
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
     /* the column buffer (or, for 1x1, the GEMM output) within the cache
      * budget, but never below MT_IM2COL_MIN_N columns: a narrower GEMM
@@ -539,9 +566,10 @@ static void plan_im2col(const mt_conv2d_geom *g, int64_t isz, int nt, im2col_pla
     const int64_t total = pl->span ? pl->nb * ohw : ohw, others = pl->span ? g->groups : pl->nb * g->groups;
     const int64_t ntile = even_tiles(total, MT_IM2COL_MIN_N, hi, others, nt);
     pl->cols = (total + ntile - 1) / ntile;
-    pl->bytes = ws_round(sizeof(int64_t) * (2 * kk + 2 * pl->nps)) + ws_round(pl->nb * per_image)
-              + (pl->direct ? 0 : ws_round((int64_t)nt * pl->k * pl->cols * isz))
-              + (pl->span ? ws_round((int64_t)nt * og * pl->cols * isz) : 0);
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(sizeof(int64_t), 2 * kk + pl->nslots)),
+                              ws_round(ws_mul(pl->nb, per_image))),
+                       ws_add(pl->direct ? 0 : ws_round(ws_mul4(nt, pl->k, pl->cols, isz)),
+                              pl->span ? ws_round(ws_mul4(nt, og, pl->cols, isz)) : 0));
 }
 
 static int conv_im2col(int dt, const char *x, const char *w, const char *bias, char *y,
@@ -552,9 +580,9 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
     plan_im2col(g, isz, nt, &pl);
     const int64_t k = pl.k, cols = pl.cols, plane = pl.plane, nb = pl.nb;
     const int span = pl.span, direct = pl.direct;
-    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + 2 * pl.nps));
-    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk + pl.nps;
-    const int64_t nslots = fill_taps(g, pl.wq, tap_slot, tap_shift, tap_shift + kk, slot_phase);
+    int64_t *tap_slot = (int64_t *)ws_take(&ws, sizeof(int64_t) * (2 * kk + pl.nslots));
+    int64_t *tap_shift = tap_slot + kk, *slot_phase = tap_shift + kk;
+    const int64_t nslots = fill_taps(g, pl.wq, tap_slot, tap_shift, slot_phase);
     char *p = ws_take(&ws, nb * nslots * g->c * plane * isz);
     char *colbuf = direct ? NULL : ws_take(&ws, (int64_t)nt * k * cols * isz);
     char *ybuf = span ? ws_take(&ws, (int64_t)nt * og * cols * isz) : NULL;
@@ -640,20 +668,21 @@ static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *p
     pl->tw = (g->ow + 1) / 2;
     pl->hp = 2 * pl->th + 2;
     pl->wp = 2 * pl->tw + 2;
-    pl->plane = pl->hp * pl->wp;
-    const int64_t per_image = g->c * pl->plane * isz;
+    pl->plane = ws_mul(pl->hp, pl->wp);
+    const int64_t per_image = ws_mul4(g->c, pl->plane, isz, 1);
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
     /* tile rows a chunk: V and M (16 * (C + O) values a tile) within the
      * chunk budget, in chunks of about equal size */
-    const int64_t total = pl->nb * pl->th;
-    const int64_t fit = mt_max64(1, MT_WINO_CHUNK_BYTES / (16 * (g->c + g->o) * isz * pl->tw));
+    const int64_t total = ws_mul(pl->nb, pl->th);
+    const int64_t fit = mt_max64(1, MT_WINO_CHUNK_BYTES / ws_mul4(16, g->c + g->o, isz, pl->tw));
     const int64_t nchunk = (total + fit - 1) / fit;
     pl->rows = (total + nchunk - 1) / nchunk;
-    pl->tmax = pl->rows * pl->tw;
-    pl->bytes = ws_round(pl->nb * per_image) + ws_round(16 * (g->o * cg + MT_WINO_SKEW) * isz)
-              + ws_round(16 * (g->c * pl->tmax + MT_WINO_SKEW) * isz)
-              + ws_round(16 * (g->o * pl->tmax + MT_WINO_SKEW) * isz)
-              + (int64_t)nt * ws_round((2 * pl->tw + 2) * isz);
+    pl->tmax = ws_mul(pl->rows, pl->tw);
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)),
+                              ws_round(ws_mul4(16, ws_add(ws_mul(g->o, cg), MT_WINO_SKEW), isz, 1))),
+                       ws_add(ws_add(ws_round(ws_mul4(16, ws_add(ws_mul(g->c, pl->tmax), MT_WINO_SKEW), isz, 1)),
+                                     ws_round(ws_mul4(16, ws_add(ws_mul(g->o, pl->tmax), MT_WINO_SKEW), isz, 1))),
+                              ws_mul(nt, ws_round(ws_mul(2 * pl->tw + 2, isz)))));
 }
 
 static int conv_winograd(int dt, const char *x, const char *w, const char *bias, char *y,
@@ -741,17 +770,17 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     if (algo == MT_CONV_SHIFTED) {
         shifted_plan pl;
         plan_shifted(g, isz, nthreads, &pl);
-        return pl.bytes;
+        return ws_report(pl.bytes);
     }
     if (algo == MT_CONV_IM2COL) {
         im2col_plan pl;
         plan_im2col(g, isz, nthreads, &pl);
-        return pl.bytes;
+        return ws_report(pl.bytes);
     }
     if (algo == MT_CONV_WINOGRAD) {
         wino_plan pl;
         plan_wino(g, isz, nthreads, &pl);
-        return pl.bytes;
+        return ws_report(pl.bytes);
     }
     return 0;
 }
@@ -810,7 +839,7 @@ static int64_t transpose_cols(const mt_conv2d_geom *g, int64_t isz) {
 int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) {
     const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8, m = (g->o / g->groups) * g->kh * g->kw;
     if (g->n == 0 || g->o == 0) return 0;
-    return ws_round((int64_t)transpose_threads(g, nthreads) * m * transpose_cols(g, isz) * isz);
+    return ws_report(ws_round(ws_mul4(transpose_threads(g, nthreads), m, transpose_cols(g, isz), isz)));
 }
 
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,

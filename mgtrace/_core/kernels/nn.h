@@ -20,6 +20,8 @@
 #include "mt_common.h"
 
 #define MT_NN_ENOMEM (-1)
+/* returned by the workspace queries when the size does not fit int64 */
+#define MT_NN_EOVERFLOW (-2)
 
 /* ---- convolution ---- */
 
@@ -45,8 +47,9 @@ typedef struct {
     int64_t groups;
 } mt_conv2d_geom;
 
-/* Scratch bytes the call needs (0: none). The caller passes a 64-byte
- * aligned buffer of that size as workspace, with the same nthreads. */
+/* Scratch bytes the call needs (0: none; MT_NN_EOVERFLOW when the count
+ * would not fit int64). The caller passes a 64-byte aligned buffer of that
+ * size as workspace, with the same nthreads. */
 int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads);
 int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
               const mt_conv2d_geom *g, int algo, int nthreads, void *workspace);
