@@ -139,7 +139,12 @@ cdef _Indexed parse(Tensor t, object index):
             dim = t._shape[src]
             if it.step is not None and it.step == 0:
                 raise ValueError("slice step cannot be zero")
-            start, stop, step = it.indices(dim)
+            start_, stop_, step_ = it.indices(dim)
+            # a step longer than the axis takes at most one element: clamped,
+            # so that the view's stride (stride * step) stays within int64
+            if step_ > dim or step_ < -dim:
+                step_ = max(dim, 1) if step_ > 0 else -max(dim, 1)
+            start, stop, step = start_, stop_, step_
             length = len(range(start, stop, step))
             if length > 0:
                 offset += start * t._strides[src]

@@ -39,6 +39,7 @@ from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, traced, tracing_active, num_threads
 from mgtrace._core.dispatch import register_op
+from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 
 cdef extern from "kernels/nn.h" nogil:
@@ -107,8 +108,6 @@ output size the nn ops take (and the builtin modules' constructors, which
 check their arguments against it): 2**31 - 1, BLAS's int."""
 
 cdef int64_t _BLAS_INT_MAX = 2147483647
-# the most elements a tensor may have (tensor.pyx's empty())
-cdef object _MAX_NUMEL = 1 << 62
 
 
 # ------------------------------------------------------------------ helpers
@@ -228,7 +227,7 @@ cdef int _check_numel(str op, tuple shape, str cause) except -1:
     cdef object n = 1
     for s in shape:
         n *= s
-    if any(s > _MAX_NUMEL for s in shape) or n > _MAX_NUMEL:
+    if any(s > MAX_NUMEL for s in shape) or n > MAX_NUMEL:
         raise ValueError(f"{op}: {cause} give an output of shape {shape}, more elements than a "
                          f"tensor can hold (2**62)")
     return 0

@@ -67,6 +67,16 @@ def _install_codes(dict binary, dict unary):
 
 # ---------------------------------------------------------------- storage
 
+MAX_NUMEL = 1 << 62
+"""The most elements (and bytes) a tensor may have: every size product the
+core computes in int64 then has room to spare, and a shape past it raises
+ValueError ("tensor too large") before any memory is asked for."""
+
+
+cdef str _shape_str(int ndim, const int64_t *shape):
+    return str(tuple([shape[i] for i in range(ndim)]))
+
+
 cdef void _release_pyobject(mt_storage *st) noexcept with gil:
     Py_DECREF(<object>st.ctx)
 
@@ -84,10 +94,12 @@ cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device):
         t._shape[i] = shape[i]
         t._strides[i] = n
         if shape[i] and n > (<int64_t>1 << 62) // shape[i]:
-            raise ValueError("tensor too large: element count overflows int64")
+            raise ValueError(f"tensor too large: shape {_shape_str(ndim, shape)} has more than "
+                             f"2**62 elements (element count overflows int64)")
         n *= shape[i]
     if n > (<int64_t>1 << 62) // ITEMSIZE[dtype]:
-        raise MemoryError("tensor too large")
+        raise MemoryError(f"tensor too large: shape {_shape_str(ndim, shape)} of {_DTYPE_NAMES[dtype]} "
+                          f"needs more than 2**62 bytes")
     if dev.type != "cpu":
         raise NotImplementedError(
             f"no memory allocator for device {dev}: mgtrace was built without CUDA "
@@ -160,7 +172,8 @@ cdef int check_numel(const int64_t *shape, int nd) except -1:
         if shape[i] < 0:
             raise ValueError(f"negative dimension {shape[i]} in shape")
         if shape[i] and n > (<int64_t>1 << 62) // shape[i]:
-            raise ValueError("tensor too large: element count overflows int64")
+            raise ValueError(f"tensor too large: shape {_shape_str(nd, shape)} has more than "
+                             f"2**62 elements (element count overflows int64)")
         n *= shape[i]
     return 0
 

@@ -11,6 +11,8 @@ import operator
 import numpy as np
 
 from mgtrace._core import Tensor, get_device, tensor as _to_tensor
+from mgtrace._core.nn import MAX_GEOMETRY
+from mgtrace._core.tensor import MAX_NUMEL
 
 SCALARS = (bool, int, float)
 ARRAYS = (np.ndarray, np.generic, list, tuple)
@@ -91,8 +93,9 @@ def check_int_dtype(fn, name, t):
         raise TypeError(f"{fn}: {name} must be an integer tensor, got {t.dtype.name}")
 
 
-def to_int(fn, name, v, minimum=None):
-    """v as a Python int (bool refused); ValueError below ``minimum``."""
+def to_int(fn, name, v, minimum=None, maximum=None):
+    """v as a Python int (bool refused); ValueError below ``minimum`` or
+    above ``maximum``."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{fn}: {name} must be an int, not bool")
     try:
@@ -101,7 +104,28 @@ def to_int(fn, name, v, minimum=None):
         raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
     if minimum is not None and i < minimum:
         raise ValueError(f"{fn}: {name} must be >= {minimum}, got {i}")
+    if maximum is not None and i > maximum:
+        raise ValueError(f"{fn}: {name} must be <= {maximum}, got {i}")
     return i
+
+
+def to_size(fn, name, v, minimum=0):
+    """A kernel size, stride, padding, dilation, group or output-size count:
+    an int in [minimum, MAX_GEOMETRY] (2**31 - 1, BLAS's int, as the core
+    checks; MegEngine keeps these in uint32)."""
+    return to_int(fn, name, v, minimum, MAX_GEOMETRY)
+
+
+def check_numel(fn, name, shape):
+    """ValueError naming the argument when a result of ``shape`` (ints >= 0)
+    would have more elements than a tensor can hold (2**62)."""
+    n = 1
+    for s in shape:
+        n *= s
+    if n > MAX_NUMEL:
+        raise ValueError(f"{fn}: {name} gives a result of shape {tuple(shape)}, {n} elements, more "
+                         f"than a tensor can hold (2**62)")
+    return shape
 
 
 def to_float(fn, name, v):
@@ -131,19 +155,19 @@ def to_shape(fn, name, shape):
 
 
 def pair(fn, name, v, minimum=0):
-    """An int or a pair of ints as (a, b), each >= minimum."""
+    """An int or a pair of ints as (a, b), each a size (:func:`to_size`)."""
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{fn}: {name} must be an int or a pair of ints, got {v!r}")
-        return (to_int(fn, name, v[0], minimum), to_int(fn, name, v[1], minimum))
-    i = to_int(fn, name, v, minimum)
+        return (to_size(fn, name, v[0], minimum), to_size(fn, name, v[1], minimum))
+    i = to_size(fn, name, v, minimum)
     return (i, i)
 
 
 def single(fn, name, v, minimum=0):
-    """An int or a 1-sequence of ints (conv1d geometry) as an int."""
+    """An int or a 1-sequence of ints (conv1d geometry) as a size (:func:`to_size`)."""
     if isinstance(v, (tuple, list)):
         if len(v) != 1:
             raise ValueError(f"{fn}: {name} must be an int or a 1-tuple, got {v!r}")
         v = v[0]
-    return to_int(fn, name, v, minimum)
+    return to_size(fn, name, v, minimum)

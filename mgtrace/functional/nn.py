@@ -120,7 +120,7 @@ def _conv_bias(fn, bias, channels):
 
 
 def _groups(fn, groups):
-    return A.to_int(fn, "groups", groups, 1)
+    return A.to_size(fn, "groups", groups, 1)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -383,8 +383,8 @@ def _oshp(fn, oshp):
     if isinstance(oshp, (tuple, list)):
         if len(oshp) != 2:
             raise ValueError(f"{fn}: oshp must be an int or a pair (None keeps that axis), got {oshp!r}")
-        return tuple(None if v is None else A.to_int(fn, "oshp", v, 1) for v in oshp)
-    return A.to_int(fn, "oshp", oshp, 1)
+        return tuple(None if v is None else A.to_size(fn, "oshp", v, 1) for v in oshp)
+    return A.to_size(fn, "oshp", oshp, 1)
 
 
 def adaptive_avg_pool2d(x, oshp):
@@ -840,14 +840,14 @@ def one_hot(x, num_classes):
 
     Args:
         x: integer Tensor [...], values in [0, num_classes).
-        num_classes: int >= 1.
+        num_classes: int in 1 .. 2**31 - 1.
 
     Returns:
         [..., num_classes] in x's dtype (MegEngine; int32 for lists).
 
     Raises:
-        TypeError: a non-integer x. ValueError: num_classes < 1 or a value
-            of x outside [0, num_classes).
+        TypeError: a non-integer x. ValueError: num_classes out of range, a
+            value of x outside [0, num_classes), a result past 2**62 elements.
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.one_hot(mt.tensor([1, 0]), 3).tolist()
@@ -856,13 +856,15 @@ def one_hot(x, num_classes):
     fn = "one_hot"
     (x,) = A.tensors(fn, x=x)
     A.check_int_dtype(fn, "x", x)
-    n = A.to_int(fn, "num_classes", num_classes, 1)
+    n = A.to_size(fn, "num_classes", num_classes, 1)
     if x.size:   # a check on the values, not part of the computation (no core ops)
         values = x.numpy()
         lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= n:
             raise ValueError(f"{fn}: x holds values in [{lo}, {hi}], outside [0, num_classes={n})")
-    classes = A.as_tensor(fn, "num_classes", np.arange(n, dtype=x.dtype), x.device)
+    A.check_numel(fn, "num_classes", x.shape + (n,))
+    # int64 classes: n may exceed what x's dtype holds (int8 x, 300 classes)
+    classes = A.as_tensor(fn, "num_classes", np.arange(n, dtype=np.int64), x.device)
     return _dispatch.astype(_B["eq"](x.expand_dims(-1), classes), x.dtype)
 
 

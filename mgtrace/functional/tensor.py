@@ -15,6 +15,7 @@ value stands for (bool, int32, float32); ``arange`` gives int32 when start,
 stop and step are all ints, else float32. ``device`` (a name like
 ``"cpu:1"`` or a Device) is honoured; None means the default device.
 """
+import math as _pymath
 import numbers
 
 import numpy as np
@@ -431,6 +432,7 @@ def repeat(x, repeats, axis=None):
         if x.ndim == 0:
             x = x.reshape(1)
     shape = x.shape
+    A.check_numel(fn, f"repeats={r}", shape[:ax] + (shape[ax] * r,) + shape[ax + 1:])
     e = x.expand_dims(ax + 1)
     b = e.broadcast_to(shape[:ax + 1] + (r,) + shape[ax + 1:])
     return b.copy().reshape(shape[:ax] + (shape[ax] * r,) + shape[ax + 1:])
@@ -464,6 +466,7 @@ def tile(x, reps):
     nd = max(len(reps), x.ndim)
     reps = (1,) * (nd - len(reps)) + reps
     shape = (1,) * (nd - x.ndim) + x.shape
+    A.check_numel(fn, f"reps={reps}", tuple(r * s for r, s in zip(reps, shape)))
     inter = tuple(v for s in shape for v in (1, s))
     big = tuple(v for r, s in zip(reps, shape) for v in (r, s))
     y = x.reshape(inter).broadcast_to(big).copy()
@@ -520,7 +523,7 @@ def _shape_arg(fn, shape):
     for s in shp:
         if s < 0:
             raise ValueError(f"{fn}: shape must not have negative entries, got {shp}")
-    return shp
+    return A.check_numel(fn, "shape", shp)
 
 
 def _is_number(v):
@@ -631,7 +634,9 @@ def arange(start=0, stop=None, step=1, dtype=None, device=None):
         computed in float64/int64 and converted to dtype.
 
     Raises:
-        TypeError: non-numeric arguments. ValueError: step == 0.
+        TypeError: non-numeric arguments. ValueError: step == 0, or more
+        values than a tensor can hold (2**62). OverflowError: integer values
+        that do not fit dtype (or int64).
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.arange(4).tolist(), F.arange(0, 1, 0.25).tolist()
@@ -650,9 +655,25 @@ def arange(start=0, stop=None, step=1, dtype=None, device=None):
         dt = np.dtype("int32") if ints else np.dtype("float32")
     else:
         dt = _dtype(fn, dtype)
+    # the count and the last value in Python numbers first: NumPy's int64
+    # arithmetic would wrap (arange(2**63) came out empty)
+    if ints:
+        start, stop, step = int(start), int(stop), int(step)
+        n = max(0, -((start - stop) // step))
+    else:
+        span = (float(stop) - float(start)) / float(step)
+        if not _pymath.isfinite(span):
+            raise ValueError(f"{fn}: [{start}, {stop}) with step {step} has no finite length")
+        n = max(0, _pymath.ceil(span))
+    A.check_numel(fn, f"arange({start}, {stop}, {step})", (n,))
+    if ints and n:
+        last = start + (n - 1) * step
+        lo, hi = min(start, last), max(start, last)
+        info = np.iinfo(dt) if dt.kind in "iu" else np.iinfo(np.int64)
+        if lo < info.min or hi > info.max:
+            raise OverflowError(f"{fn}: values from {start} to {last} do not fit "
+                                f"{dt.name if dt.kind in 'iu' else 'int64'}")
     arr = np.arange(start, stop, step, dtype=np.int64 if ints else np.float64)
-    if dt.kind in "iu" and arr.size and (arr.min() < np.iinfo(dt).min or arr.max() > np.iinfo(dt).max):
-        raise OverflowError(f"{fn}: values up to {arr.max()} do not fit {dt.name}")
     return _tensor(arr.astype(dt), dtype=dt, device=device)
 
 
@@ -678,8 +699,9 @@ def linspace(start, stop, num, dtype="float32", device=None):
     start = A.to_float(fn, "start", start)
     stop = A.to_float(fn, "stop", stop)
     n = A.to_int(fn, "num", num, 0)
+    A.check_numel(fn, "num", (n,))
     dt = _dtype(fn, dtype)
-    idx = _dispatch.astype(arange(n, device=device), "float64")
+    idx = _dispatch.astype(arange(n, dtype="int64", device=device), "float64")
     step = (stop - start) / (n - 1) if n > 1 else 0.0
     y = _B["add"](_B["mul"](idx, step), start)
     if n > 1:   # the last value is exactly stop (NumPy), by an op rather than a write
@@ -705,7 +727,8 @@ def eye(N, M=None, dtype="float32", device=None):
     fn = "eye"
     n = A.to_int(fn, "N", N, 0)
     m = n if M is None else A.to_int(fn, "M", M, 0)
+    A.check_numel(fn, "N, M", (n, m))
     dt = _dtype(fn, dtype)
-    rows = arange(n, device=device).expand_dims(1)
-    cols = arange(m, device=device)
+    rows = arange(n, dtype="int64", device=device).expand_dims(1)
+    cols = arange(m, dtype="int64", device=device)
     return _dispatch.astype(_B["eq"](rows, cols), dt)

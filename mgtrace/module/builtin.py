@@ -29,6 +29,7 @@ import numpy as np
 from mgtrace.errors import Error, did_you_mean
 import mgtrace.functional as F
 from mgtrace._core import empty_tensor as _empty_tensor, tensor as _tensor
+from mgtrace.functional._args import MAX_GEOMETRY, check_numel
 from mgtrace.module import init
 from mgtrace.module.module import Module
 from mgtrace.module.parameter import Parameter
@@ -230,15 +231,36 @@ def _int(fn, name, v):
         raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
 
 
+def _at_most_max(fn, name, v, value):
+    """The one upper bound of every size argument (features, channels,
+    kernel sizes, strides, padding, dilation, groups, output sizes):
+    MAX_GEOMETRY, 2**31 - 1, the bound mgtrace.functional and the core
+    check too. So a module that constructs also runs, and an archive whose
+    config holds absurd values (a stride of 2**62) fails at load with
+    ArchiveError instead of in forward."""
+    if value > MAX_GEOMETRY:
+        raise ValueError(f"{fn}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {v}")
+    return value
+
+
+def _size(fn, name, v, minimum=0):
+    """An int size in [minimum, MAX_GEOMETRY]."""
+    v = _int(fn, name, v)
+    if v < minimum:
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
+    return _at_most_max(fn, name, v, v)
+
+
 def _positive(fn, name, v):
     v = _int(fn, name, v)
     if v <= 0:
         raise ValueError(f"{fn}: {name} must be positive, got {v}")
-    return v
+    return _at_most_max(fn, name, v, v)
 
 
 def _ntuple(fn, name, v, n, minimum=0):
-    """An int or a length-n sequence of ints as an n-tuple (each >= minimum)."""
+    """An int or a length-n sequence of ints as an n-tuple (each a size in
+    [minimum, MAX_GEOMETRY])."""
     if isinstance(v, (tuple, list)):
         if len(v) != n:
             raise ValueError(f"{fn}: {name} must be an int or {n} ints, got {tuple(v)}")
@@ -247,6 +269,7 @@ def _ntuple(fn, name, v, n, minimum=0):
         out = (_int(fn, name, v),) * n
     if any(x < minimum for x in out):
         raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
+    _at_most_max(fn, name, v, max(out, default=0))
     return out
 
 
@@ -306,8 +329,8 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
-        self.in_features = _int("Linear", "in_features", in_features)
-        self.out_features = _int("Linear", "out_features", out_features)
+        self.in_features = _size("Linear", "in_features", in_features)
+        self.out_features = _size("Linear", "out_features", out_features)
         self.weight = _empty_param((self.out_features, self.in_features))
         if _bool("Linear", "bias", bias):
             self.bias = _empty_param((self.out_features,))
@@ -446,8 +469,10 @@ class Conv2d(_ConvNd):
     Parameters ``weight`` [C_out, C_in/groups, KH, KW], ``bias`` [C_out].
 
     Raises:
-        ValueError: non-positive sizes, channels not divisible by groups,
-            an unknown padding_mode; in forward, as
+        ValueError: non-positive sizes, sizes above 2**31 - 1 (every size
+            argument of a builtin module: ``MAX_GEOMETRY``, as the
+            functional ops), channels not divisible by groups, an unknown
+            padding_mode; in forward, as
             :func:`mgtrace.functional.conv2d` and :func:`~mgtrace.functional.pad`.
 
     >>> import mgtrace as mt, mgtrace.module as M
@@ -623,7 +648,7 @@ class LayerNorm(Module):
             shape = tuple(_positive(fn, "normalized_shape", d) for d in normalized_shape)
         else:
             shape = (_positive(fn, "normalized_shape", normalized_shape),)
-        self.normalized_shape = shape
+        self.normalized_shape = check_numel(fn, "normalized_shape", shape)
         self.eps = _float(fn, "eps", eps)
         self.elementwise_affine = _bool(fn, "elementwise_affine", elementwise_affine)
         self.use_bias = _bool(fn, "bias", bias)
@@ -852,10 +877,7 @@ def _pool_arg(fn, name, v, minimum):
     """PyTorch keeps pooling sizes as given (int or tuple); so do we."""
     if isinstance(v, (tuple, list)):
         return _ntuple(fn, name, v, 2, minimum)
-    v = _int(fn, name, v)
-    if v < minimum:
-        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
-    return v
+    return _size(fn, name, v, minimum)
 
 
 @_builtin
