@@ -34,6 +34,7 @@ import threading
 import numpy as np
 
 from mgtrace._core import Tensor, tensor as _tensor
+from mgtrace.functional._args import check_numel
 
 __all__ = ["RNG", "seed", "get_rng", "normal", "uniform", "randint", "permutation"]
 
@@ -64,7 +65,7 @@ def _size(fn, size):
         if s < 0:
             raise ValueError(f"{fn}: size must not be negative, got {tuple(size)}")
         out.append(s)
-    return tuple(out)
+    return check_numel(fn, "size", tuple(out))
 
 
 def _number(fn, name, v):

@@ -23,9 +23,15 @@ EXAMPLES = [
     ("bool", "+", "bool", "bool"),
     ("int32", "+", "int64", "int64"),
     ("float32", "+", "float64", "float64"),
-    # ops with their own rule: true division and transcendentals give float32
+    # ops with their own rule: true division, power and transcendentals give float32
     ("int32", "/", "int32", "float32"),
     ("int8", "/", 2, "float32"),
     ("float16", "/", 2, "float16"),
+    # power: MegEngine computes POW of integer operands in float32, so a
+    # negative exponent is a fraction (2 ** -1 == 0.5), never an integer 0
+    ("int32", "**", -1, "float32"),
+    ("int8", "**", 2, "float32"),
+    ("int32", "**", "int32", "float32"),
+    ("float16", "**", 2, "float16"),
     ("int32", "==", 1.5, "bool"),
 ]

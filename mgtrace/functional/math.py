@@ -101,7 +101,8 @@ _BINARY_TABLE = {
     "floor_div": ("floordiv", "floor(x / y) (Python's //)", "[7, -7]", "2", "[3, -4]"),
     "mod": ("mod", "x - floor(x / y) * y: the sign of y, as Python's %", "[7, -7]", "3",
             "[1, 2]"),
-    "pow": ("pow", "x ** y", "[2, 3]", "2", "[4, 9]"),
+    "pow": ("pow", "x ** y (integer operands computed in float32, as MegEngine's POW: "
+                   "2 ** -1 is 0.5, never an integer 0)", "[2, 3]", "-1", "[0.5, 0.3333333432674408]"),
     "maximum": ("maximum", "the larger of x and y (NaN wins)", "[1, 5]", "3", "[3, 5]"),
     "minimum": ("minimum", "the smaller of x and y (NaN wins)", "[1, 5]", "3", "[1, 3]"),
     "atan2": ("atan2", "the angle of the point (y=x, x=y), i.e. atan(x / y) by quadrant",

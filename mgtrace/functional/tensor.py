@@ -673,8 +673,10 @@ def arange(start=0, stop=None, step=1, dtype=None, device=None):
         if lo < info.min or hi > info.max:
             raise OverflowError(f"{fn}: values from {start} to {last} do not fit "
                                 f"{dt.name if dt.kind in 'iu' else 'int64'}")
-    arr = np.arange(start, stop, step, dtype=np.int64 if ints else np.float64)
-    return _tensor(arr.astype(dt), dtype=dt, device=device)
+    # integer values go straight into an integer dtype (they fit: checked)
+    work = dt if ints and dt.kind in "iu" else np.int64 if ints else np.float64
+    arr = np.arange(start, stop, step, dtype=work)
+    return _tensor(arr.astype(dt, copy=False), dtype=dt, device=device)
 
 
 def linspace(start, stop, num, dtype="float32", device=None):

@@ -60,7 +60,7 @@ def supported(name, dtype):
         return dtype in INT_DTYPES
     if rule == "int":
         return dtype in INT_DTYPES or dtype == "bool"
-    if name in ("sub", "neg", "abs", "sign", "square", "floordiv", "mod", "pow", "round", "floor",
+    if name in ("sub", "neg", "abs", "sign", "square", "floordiv", "mod", "round", "floor",
                 "ceil", "trunc", "relu", "relu6"):
         return dtype != "bool"
     if name in ("left_shift", "right_shift"):

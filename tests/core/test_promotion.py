@@ -7,7 +7,8 @@ import pytest
 import mgtrace as mt
 from mgtrace._core.promotion_examples import EXAMPLES
 
-OPS = {"+": operator.add, "*": operator.mul, "/": operator.truediv, "==": operator.eq}
+OPS = {"+": operator.add, "*": operator.mul, "/": operator.truediv, "**": operator.pow,
+       "==": operator.eq}
 
 
 def operand(spec):

@@ -260,12 +260,6 @@ static inline double mt_fdiv_py(double x, double y) {
         if (r != 0 && ((r < 0) != (y < 0))) r = (T)(r + y);                    \
         return r;                                                              \
     }                                                                          \
-    static inline T mt_ipow_##sfx(T x, T y) {                                 \
-        if (y < 0) return (T)(x == 1 ? 1 : (x == (T)-1 ? ((y & 1) ? -1 : 1) : 0)); \
-        T r = 1;                                                               \
-        while (y) { if (y & 1) r = (T)(r * x); x = (T)(x * x); y = (T)(y >> 1); } \
-        return r;                                                              \
-    }                                                                          \
     static inline T mt_shl_##sfx(T x, T y) {                                  \
         return (y < 0 || y >= (T)(8 * sizeof(T))) ? 0 : (T)(x << y);          \
     }                                                                          \
@@ -321,7 +315,7 @@ MT_B_NUM(mul, F_mul) MT_DT_BOOL(MT_GEN_B, mul, B_mul)
 MT_DT_FLOAT(MT_GEN_B, truediv, F_truediv)
 MT_DT_FLOAT(MT_GEN_B, floordiv, F_floordiv_dbl) MT_DT_INT(MT_GEN_B_SFX, floordiv, mt_floordiv)
 MT_DT_FLOAT(MT_GEN_B, mod, F_mod_dbl) MT_DT_INT(MT_GEN_B_SFX, mod, mt_mod)
-MT_DT_FLOAT(MT_GEN_B, pow, F_pow) MT_DT_INT(MT_GEN_B_SFX, pow, mt_ipow)
+MT_DT_FLOAT(MT_GEN_B, pow, F_pow)
 MT_DT_FLOAT(MT_GEN_B, maximum, F_maximum) MT_DT_INT(MT_GEN_B, maximum, I_maximum)
 MT_DT_BOOL(MT_GEN_B, maximum, B_add)
 MT_DT_FLOAT(MT_GEN_B, minimum, F_minimum) MT_DT_INT(MT_GEN_B, minimum, I_minimum)
@@ -419,7 +413,7 @@ void mt_elementwise_init(void) {
     /* binary */
     MT_DT_ALL(MT_REG_B, add) MT_DT_NUM(MT_REG_B, sub) MT_DT_ALL(MT_REG_B, mul)
     MT_DT_FLOAT(MT_REG_B, truediv) MT_DT_NUM(MT_REG_B, floordiv) MT_DT_NUM(MT_REG_B, mod)
-    MT_DT_NUM(MT_REG_B, pow) MT_DT_ALL(MT_REG_B, maximum) MT_DT_ALL(MT_REG_B, minimum)
+    MT_DT_FLOAT(MT_REG_B, pow) MT_DT_ALL(MT_REG_B, maximum) MT_DT_ALL(MT_REG_B, minimum)
     MT_DT_FLOAT(MT_REG_B, atan2)
     MT_DT_ALL(MT_REG_B, eq) MT_DT_ALL(MT_REG_B, ne) MT_DT_ALL(MT_REG_B, lt)
     MT_DT_ALL(MT_REG_B, le) MT_DT_ALL(MT_REG_B, gt) MT_DT_ALL(MT_REG_B, ge)

@@ -3,7 +3,8 @@
  *
  * Result-dtype rules (applied by dispatch after promotion):
  *   SAME   result has the promoted dtype
- *   FLOAT  integer/bool inputs are computed in float32 (MegEngine rule)
+ *   FLOAT  integer/bool inputs are computed in float32 (MegEngine rule;
+ *          pow too, as MegEngine's POW: 2 ** -1 is 0.5, never an integer 0)
  *   BOOL   result is bool
  *   INT    integer/bool inputs only (bitwise ops)
  */
@@ -33,7 +34,7 @@ enum mt_rule { MT_RULE_SAME = 0, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT };
 #define MT_BINARY_OPS(X)                                                     \
     /* arithmetic */                                                         \
     X(add, SAME) X(sub, SAME) X(mul, SAME) X(truediv, FLOAT)                 \
-    X(floordiv, SAME) X(mod, SAME) X(pow, SAME)                              \
+    X(floordiv, SAME) X(mod, SAME) X(pow, FLOAT)                             \
     X(maximum, SAME) X(minimum, SAME) X(atan2, FLOAT)                        \
     /* comparison */                                                         \
     X(eq, BOOL) X(ne, BOOL) X(lt, BOOL) X(le, BOOL) X(gt, BOOL) X(ge, BOOL)  \
