@@ -49,3 +49,48 @@ def assert_close(actual, expected, dtype=None, rtol=None, atol=None):
     np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64),
                                rtol=r if rtol is None else rtol, atol=t if atol is None else atol,
                                equal_nan=True)
+
+
+ISOLATED_PRELUDE = '''
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import numpy as np
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.module as M
+
+def case(name, fn):
+    try:
+        r = fn()
+    except BaseException as e:
+        print(f"{name}|{type(e).__name__}|{e}", flush=True)
+    else:
+        print(f"{name}|ok|{getattr(r, 'shape', r)!r}", flush=True)
+'''
+
+
+@pytest.fixture
+def run_isolated():
+    """Run Python source in a fresh interpreter with this checkout's mgtrace
+    and at most 4 GiB of address space, so that a bad call that crashed would
+    kill that process, not pytest (and a huge allocation fails at once).
+
+    The source may call ``case(name, fn)``, which prints ``name|ExcType|msg``
+    (or ``name|ok|shape``). Returns ``(returncode, {name: (type, msg)},
+    stderr)``; returncode 0 proves no case crashed the process."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mt.__file__)))
+
+    def run(source, timeout=120):
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        p = subprocess.run([sys.executable, "-c", ISOLATED_PRELUDE + source], env=env, cwd=root,
+                           capture_output=True, text=True, timeout=timeout)
+        results = {}
+        for line in p.stdout.splitlines():
+            name, kind, msg = (line.split("|", 2) + ["", ""])[:3]
+            results[name] = (kind, msg)
+        return p.returncode, results, p.stderr
+    return run

@@ -205,6 +205,10 @@ CONV_CASES = [
     (2, 16, 13, 11, 24, 3, 3, 1, 1, 1, 1),      # odd output: Winograd's half tiles
     (2, 32, 17, 16, 16, 3, 3, 1, (0, 2), 1, 2),  # Winograd per group, asymmetric padding
     (1, 16, 1, 1, 16, 3, 3, 1, 1, 1, 1),        # a 1x1 image
+    # stride phases that taps share (row: stride 4, dilation 6 -> period 2;
+    # column: stride 3, dilation 2 -> period 3); strides far past the input
+    # are in tests/core/test_bad_input.py, in a subprocess
+    (1, 16, 19, 17, 8, 3, 3, (4, 3), 2, (6, 2), 1),
 ]
 
 
