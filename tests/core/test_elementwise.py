@@ -260,3 +260,42 @@ def test_inplace_with_overlapping_views_reads_before_writing():
 def test_broadcast_error_names_shapes():
     with pytest.raises(ValueError, match=r"\(2, 3\) \(4,\)"):
         mt.tensor(np.ones((2, 3), F32)) + mt.tensor(np.ones(4, F32))
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + ["bool"])
+def test_integer_power_is_computed_in_float32(dtype):
+    """pow of integer and bool operands is computed in float32, as MegEngine's
+    POW is (its dtype promotion casts all-integer POW inputs to float32): a
+    negative exponent gives fractions, never the integer 0 it once silently
+    gave. NumPy refuses integers to negative integer powers instead; the
+    values here are NumPy's float64 results rounded to float32."""
+    signed = dtype.startswith("int")
+    base = np.array([2, 0, -2, 3] if signed else [2, 0, 5, 3]).astype(dtype)
+    exps = [-1, -2, 3, np.array([-1, 2, -3, 0] if signed else [1, 2, 0, 3]).astype(dtype)]
+    if dtype == "bool":
+        exps = [True, False, np.array([True, False, True, False])]
+    for e in exps:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")        # 0 ** -1: inf, as NumPy's float power
+            want = np.power(base.astype(np.float64), np.asarray(e).astype(np.float64)).astype(np.float32)
+        operand = mt.tensor(e) if isinstance(e, np.ndarray) else e
+        for got in (mt.tensor(base) ** operand, dispatch.binary_ops["pow"](mt.tensor(base), operand)):
+            assert got.dtype == "float32"
+            np.testing.assert_array_equal(got.numpy(), want)
+    if signed:
+        # the reflected operator: a Python int base, an integer tensor exponent
+        got = 2 ** mt.tensor(np.array([-1, 0, 3], dtype))
+        assert got.dtype == "float32" and got.tolist() == [0.5, 1.0, 8.0]
+        # NumPy's own rule, which MegEngine's (followed here) replaces
+        with pytest.raises(ValueError, match="Integers to negative integer powers are not allowed"):
+            np.power(base, -1)
+
+
+def test_integer_power_in_place_keeps_the_same_kind_rule():
+    t = mt.tensor([2, 3], "int32")
+    with pytest.raises(TypeError, match=r"pow: cannot store a float32 result in place into a int32"):
+        t **= -1
+    assert t.tolist() == [2, 3]
+    f = mt.tensor([2.0, 4.0])
+    f **= -1
+    assert f.tolist() == [0.5, 0.25]

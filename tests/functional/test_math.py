@@ -367,3 +367,18 @@ def test_every_public_function_is_documented_with_an_example():
     for name in F.__all__:
         fn = getattr(F, name)
         assert fn.__doc__ and ">>>" in fn.__doc__, f"F.{name} lacks a doctest example"
+
+
+def test_pow_of_integers_gives_float32_never_a_silent_zero():
+    """F.pow and ** follow MegEngine's POW (integer operands in float32):
+    the issue's example, with a scalar, a tensor and a NumPy exponent."""
+    x = mt.tensor([2, 0, -2, 3], dtype="int32")
+    want = [0.5, float("inf"), -0.5, np.float32(1 / 3).item()]
+    assert (x ** -1).tolist() == want and (x ** -1).dtype == "float32"
+    assert F.pow(x, -1).tolist() == want
+    assert F.pow(x, mt.tensor([-1, -1, -1, -1])).tolist() == want
+    assert F.pow(x.numpy(), np.int64(-1)).tolist() == want
+    e = np.array([-2, 3, -1, 2], np.int32)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(F.pow(x, e).numpy(),
+                                      np.power(x.numpy().astype(np.float64), e).astype(np.float32))

@@ -178,6 +178,46 @@ def test_constructor_argument_errors():
         M.MaxPool2d(2, return_indices=1)
 
 
+HUGE = 2 ** 62 + 1
+# (constructor call, message): every size argument of every builtin is an int
+# in range, checked when the module is built (one bound, MAX_GEOMETRY = 2**31
+# - 1, shared with mgtrace.functional and the core), so a module that builds
+# also runs, and an archive config with these values fails at load.
+BAD_SIZES = [
+    ("M.Conv2d(3, 8, 3, stride=HUGE)", r"Conv2d: stride must be at most 2147483647 \(2\*\*31 - 1\), got 4611686018427387905"),
+    ("M.Conv1d(3, 8, 3, stride=(HUGE,))", r"Conv1d: stride must be at most 2147483647 .*got \(4611686018427387905,\)"),
+    ("M.Conv2d(-3, 8, 3)", r"Conv2d: in_channels must be positive, got -3"),
+    ("M.Conv2d(3, 8, 10 ** 12)", r"Conv2d: kernel_size must be at most 2147483647 .*got 1000000000000"),
+    ("M.Conv2d(3, 8, 3, padding=(0, 2 ** 63))", r"Conv2d: padding must be at most"),
+    ("M.Conv2d(3, 8, 3, dilation=0)", r"Conv2d: dilation must be >= 1, got 0"),
+    ("M.Conv2d(2 ** 40, 2 ** 40, 3, groups=2 ** 40)", r"Conv2d: in_channels must be at most"),
+    ("M.ConvTranspose2d(3, 8, 3, stride=2, output_padding=HUGE)", r"ConvTranspose2d: output_padding must be at most"),
+    ("M.Linear(-1, 4)", r"Linear: in_features must be >= 0, got -1"),
+    ("M.Linear(4, 2 ** 31)", r"Linear: out_features must be at most 2147483647 .*got 2147483648"),
+    ("M.Embedding(2 ** 63, 4)", r"Embedding: num_embeddings must be at most"),
+    ("M.BatchNorm2d(HUGE)", r"BatchNorm2d: num_features must be at most"),
+    ("M.LayerNorm((2 ** 31 - 1, 2 ** 31 - 1, 2))", r"LayerNorm: normalized_shape gives a result of shape"),
+    ("M.GroupNorm(2 ** 40, 2 ** 40)", r"GroupNorm: num_groups must be at most"),
+    ("M.MaxPool2d(2 ** 63)", r"MaxPool2d: kernel_size must be at most"),
+    ("M.AvgPool2d(3, stride=(1, HUGE))", r"AvgPool2d: stride must be at most"),
+    ("M.AdaptiveAvgPool2d((1, -1))", r"AdaptiveAvgPool2d: output_size must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("call, match", BAD_SIZES, ids=[c for c, _ in BAD_SIZES])
+def test_constructors_check_every_size(call, match):
+    with pytest.raises(ValueError, match=match):
+        eval(call, {"M": M, "HUGE": HUGE})                 # noqa: S307  (our own table)
+
+
+def test_sizes_at_the_bound_build_and_run():
+    x = mt.tensor(np.ones((1, 2, 5, 5), np.float32))
+    conv = M.Conv2d(2, 3, 3, stride=2 ** 31 - 1, padding=(0, 2), dilation=(1, 2))
+    assert conv(x).shape == (1, 3, 1, 1)
+    assert M.MaxPool2d(2, stride=2 ** 31 - 1)(x).shape == (1, 2, 1, 1)
+    assert M.Linear(0, 2)(mt.tensor(np.ones((3, 0), np.float32))).tolist() == [[0.0, 0.0]] * 3
+
+
 def test_padding_modes_against_numpy():
     """Conv2d with a padding mode is np.pad's padding (reflect, edge, wrap)
     followed by an unpadded conv2d; zeros is conv2d's own padding."""

@@ -1,6 +1,8 @@
 """builtin_modules.py: builtin modules and containers round-trip by type,
 config and tensors (no pickle) and compute the same; modules no codec takes
 are refused with "trace it first"; constructors never get absurd configs."""
+import re
+
 import numpy as np
 import pytest
 
@@ -119,6 +121,72 @@ def test_absurd_configs_are_refused_before_the_constructor_runs():
         h["modules"][0]["tensors"] = {}
     with pytest.raises(mt.ArchiveError, match=r"mgtrace.module.Linear\(\*\*config\) would allocate"):
         load_bytes(edit(save_bytes(M.Linear(2, 2)), huge))
+
+
+HUGE = 2 ** 62 + 1
+# (module, config change, message): absurd sizes in a builtin's config are
+# refused at load by the constructor's own checks (one bound, MAX_GEOMETRY,
+# shared with mgtrace.functional), never left to crash the first call.
+ABSURD_CONFIGS = [   # header values are tagged: {"tuple": [...]}, {"int": "<digits>"} past 2**64
+    ("M.Conv2d(3, 8, 3)", {"stride": {"tuple": [HUGE, HUGE]}}, r"Conv2d: stride must be at most 2147483647"),
+    ("M.Conv1d(3, 8, 3)", {"stride": {"tuple": [HUGE]}}, r"Conv1d: stride must be at most 2147483647"),
+    ("M.Conv2d(3, 8, 3)", {"in_channels": -3}, r"Conv2d: in_channels must be positive, got -3"),
+    ("M.Conv2d(3, 8, 3)", {"kernel_size": {"tuple": [10 ** 12, 10 ** 12]}},
+     r"(kernel_size must be at most|would allocate)"),
+    ("M.Conv2d(3, 8, 3)", {"dilation": {"tuple": [1, {"int": str(2 ** 70)}]}}, r"Conv2d: dilation must be at most"),
+    ("M.ConvTranspose2d(3, 8, 3, stride=2)", {"output_padding": {"tuple": [HUGE, 0]}},
+     r"ConvTranspose2d: output_padding must be at most"),
+    ("M.MaxPool2d(2)", {"kernel_size": 2 ** 63 - 1}, r"MaxPool2d: kernel_size must be at most"),
+    ("M.AvgPool2d(2)", {"padding": -1}, r"AvgPool2d: padding must be >= 0"),
+    ("M.AdaptiveAvgPool2d(2)", {"output_size": 2 ** 40}, r"AdaptiveAvgPool2d: output_size must be at most"),
+    ("M.Linear(2, 3)", {"in_features": -2}, r"Linear: in_features must be >= 0"),
+    ("M.Embedding(4, 2)", {"embedding_dim": HUGE}, r"(embedding_dim must be at most|would allocate)"),
+]
+
+
+@pytest.mark.parametrize("make, change, match", ABSURD_CONFIGS, ids=[f"{m}-{c}" for m, c, _ in ABSURD_CONFIGS])
+def test_absurd_sizes_in_configs_are_archive_errors_at_load(make, change, match):
+    data = edit(save_bytes(eval(make, {"M": M})), lambda h: h["modules"][0]["config"].update(change))  # noqa: S307
+    with pytest.raises(mt.ArchiveError, match=match):
+        load_bytes(data)
+
+
+def test_absurd_sizes_never_crash_a_load_or_a_call(run_isolated, tmp_path):
+    """The archives above, loaded in a fresh process (a crash would kill it,
+    not pytest), and a traced model whose graph calls F.conv1d with a stride
+    of 2**62 + 1 (once SIGSEGV): it loads, and calling it raises ValueError."""
+    paths = []
+    for i, (make, change, _) in enumerate(ABSURD_CONFIGS):
+        data = edit(save_bytes(eval(make, {"M": M})), lambda h: h["modules"][0]["config"].update(change))  # noqa: S307
+        (tmp_path / f"{i}.tmod").write_bytes(data)
+        paths.append(str(tmp_path / f"{i}.tmod"))
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = M.Parameter(np.ones((2, 3, 3), np.float32))
+
+        def forward(self, x):
+            return mt.functional.conv1d(x, self.w, stride=1)
+
+    x = mt.tensor(np.ones((1, 3, 8), np.float32))
+    data = save_bytes(mt.trace_module(Net(), x))
+
+    def stride(h):
+        (call,) = [e for e in h["modules"][0]["graphs"][0]["exprs"] if e["kind"] == "call_function"]
+        call["args"]["stride"] = HUGE
+    (tmp_path / "net.tmod").write_bytes(edit(data, stride))
+    rc, got, err = run_isolated(f"""
+for i, p in enumerate({paths!r}):
+    case(f"config {{i}}", lambda: mt.load(p))
+net = mt.load({str(tmp_path / "net.tmod")!r})
+case("call", lambda: net(mt.tensor(np.ones((1, 3, 8), np.float32))))
+""")
+    assert rc == 0, err[-2000:]
+    for i, (_, _, match) in enumerate(ABSURD_CONFIGS):
+        kind, msg = got[f"config {i}"]
+        assert kind == "ArchiveError" and re.search(match, msg), (i, kind, msg)
+    assert got["call"][0] == "ValueError" and "conv1d: stride must be <= 2147483647" in got["call"][1]
 
 
 def test_constructor_and_state_errors_become_archive_errors():
