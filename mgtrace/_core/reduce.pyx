@@ -133,7 +133,8 @@ cdef int _out_dtype(int rule, int code) noexcept:
     return 0                                  # bool
 
 
-cdef int64_t _index(object v, str op, str what) except? -1:
+cdef object _index(object v, str op, str what):
+    """v as a Python int (range checks come before any int64 conversion)."""
     if isinstance(v, bool):
         raise TypeError(f"{op}: {what} must be an int, not bool")
     try:
@@ -145,7 +146,6 @@ cdef int64_t _index(object v, str op, str what) except? -1:
 cdef int _axes_mask(object axis, int nd, bint *mask, str op) except -1:
     """Marks the reduced dims: None = all, an int, or a tuple/list of ints."""
     cdef int i, a
-    cdef int64_t v
     for i in range(nd):
         mask[i] = axis is None
     if axis is None:
@@ -165,7 +165,7 @@ cdef int _axes_mask(object axis, int nd, bint *mask, str op) except -1:
 cdef int _one_axis(object axis, int nd, str op) except -1:
     if axis is None:
         raise TypeError(f"{op}: axis must be an int, not None")
-    cdef int64_t v = _index(axis, op, "axis")
+    v = _index(axis, op, "axis")
     if v < -nd or v >= nd:
         raise IndexError(f"{op}: axis {v} is out of bounds for a tensor of dimension {nd}")
     return <int>(v + nd if v < 0 else v)
@@ -649,10 +649,11 @@ cdef object _sort(str name, object x, object axis, object k, bint descending, bi
     if k is None:
         kk = n
     else:
-        kk = _index(k, name, "k")
-        if kk < 0 or kk > n:
-            raise ValueError(f"{name}: k={kk} is out of range for an axis of length {n} "
+        k = _index(k, name, "k")          # (a Python int: checked before it meets int64)
+        if k < 0 or k > n:
+            raise ValueError(f"{name}: k={k} is out of range for an axis of length {n} "
                              f"(need 0 <= k <= {n})")
+        kk = k
     fn = mt_sort_fns[t._dtype]
     if fn == NULL:
         raise _missing(name, t)

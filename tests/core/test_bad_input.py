@@ -148,12 +148,14 @@ SIZE_CASES = [
     ("nn.pad(X4, 2 ** 70, mode='reflect')", ValueError, r"pad: pad_width 1180591620717411303424 give an output"),
     ("mt.tensor([1.0]).broadcast_to((HUGE, 3))", ValueError, r"tensor too large: shape \(4611686018427387905, 3\) has more than 2\*\*62"),
     ("mt.tensor([1.0]).reshape(HUGE)", ValueError, r"cannot reshape"),
+    ("R.topk(mt.tensor([1.0, 2.0]), 2 ** 63)", ValueError, r"topk: k=9223372036854775808 is out of range"),
+    ("R.sum(mt.tensor([1.0]), 2 ** 64)", IndexError, r"sum: axis 18446744073709551616 is out of bounds"),
 ]
 
 
 def _size_namespace():
-    from mgtrace._core import nn
-    return {"mt": mt, "nn": nn, "np": np, "HUGE": HUGE,
+    from mgtrace._core import nn, reduce
+    return {"mt": mt, "nn": nn, "R": reduce, "np": np, "HUGE": HUGE,
             "X4": mt.tensor(np.ones((1, 3, 8, 8), np.float32)),
             "W4": mt.tensor(np.ones((4, 3, 3, 3), np.float32)),
             "WT": mt.tensor(np.ones((3, 4, 3, 3), np.float32))}
@@ -171,7 +173,7 @@ def test_sizes_from_arguments_are_checked(call, exc, match):
 
 
 def test_size_errors_never_crash_the_process(run_isolated):
-    src = ["from mgtrace._core import nn", "HUGE = 2 ** 62 + 1",
+    src = ["from mgtrace._core import nn, reduce as R", "HUGE = 2 ** 62 + 1",
            "X4 = mt.tensor(np.ones((1, 3, 8, 8), np.float32))",
            "W4 = mt.tensor(np.ones((4, 3, 3, 3), np.float32))",
            "WT = mt.tensor(np.ones((3, 4, 3, 3), np.float32))"]
