@@ -45,6 +45,7 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t oh, ow
         int64_t sh, sw, ph, pw, dh, dw
         int64_t groups
+        int act
     int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
     int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                   const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
@@ -52,6 +53,11 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    enum:
+        MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
+        MT_ACT_GELU
+    int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act,
+                    int nthreads) noexcept
 
     ctypedef struct mt_pool2d_geom:
         int64_t planes, h, w, oh, ow
@@ -85,12 +91,15 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
+# the activations a fused conv2d / linear applies after its bias (enum mt_act, nn.h)
+ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, "silu": MT_ACT_SILU,
+               "hardswish": MT_ACT_HARDSWISH, "sigmoid": MT_ACT_SIGMOID, "gelu": MT_ACT_GELU}
 _INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -275,10 +284,87 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto")
 
 
-def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
-    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``);
-    tests use it to check every kernel path. ValueError when the algorithm
-    does not apply to the geometry."""
+cdef int _act_code(str op, object act) except -1:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ValueError(f"{op}: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+    return ACTIVATIONS[act]
+
+
+def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act="relu"):
+    """conv2d followed by an activation, in one pass: the activation runs in
+    the convolution's epilogue, on each tile of output while it is still in
+    cache (what ``optimize()``'s conv + activation fusion calls).
+
+    Args:
+        x, weight, bias, stride, padding, dilation, groups: as :func:`conv2d`.
+        act: "none", "relu", "relu6", "silu", "hardswish", "sigmoid" or
+            "gelu" (exact erf GELU).
+
+    Returns:
+        ``act(conv2d(x, weight, bias, ...))``, the same values as the two
+        ops one after the other (the activations are elementwise; float32
+        SiLU, sigmoid and GELU use the vector kernels of the elementwise ops).
+
+    Raises:
+        ValueError: an unknown ``act``; otherwise as :func:`conv2d`.
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.full((1, 1, 2, 2), -1.0, np.float32))
+    >>> conv2d_act(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), act="relu").tolist()
+    [[[[0.0, 0.0], [0.0, 0.0]]]]
+    """
+    if tracing_active():
+        return traced("conv2d_act", (x, weight, bias), {
+            "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
+            "groups": groups, "act": act})
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act)
+
+
+def bias_act_(y, bias, act):
+    """In place: ``y[..., j] = act(y[..., j] + bias[j])`` for a contiguous
+    float32/float64 ``y`` (bias [y.shape[-1]] or None) that nothing else
+    reads yet, e.g. a matmul's fresh result (a fused linear's epilogue).
+    Returns y.
+
+    Raises:
+        TypeError: y not a contiguous float32/float64 CPU Tensor, bias of
+            another dtype.
+        ValueError: an unknown ``act``, a bias of the wrong shape.
+    """
+    cdef str op = "bias_act_"
+    cdef int a = _act_code(op, act)
+    cdef Tensor ty, tb = None
+    if not isinstance(y, Tensor) or (<Tensor>y)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
+            or not is_contiguous(<Tensor>y) or (<Device>DEVICES[(<Tensor>y)._device]).type != "cpu":
+        raise TypeError(f"{op}: y must be a contiguous float32 or float64 CPU Tensor")
+    ty = <Tensor>y
+    cdef int64_t cols = ty._shape[ty._ndim - 1] if ty._ndim > 0 else 1
+    cdef int64_t rows = numel(ty) // cols if cols > 0 else 0
+    cdef const void *bptr = NULL
+    if bias is not None:
+        if not isinstance(bias, Tensor) or shape_tuple(<Tensor>bias) != (cols,):
+            raise ValueError(f"{op}: bias must be a Tensor of shape ({cols},)")
+        tb = <Tensor>bias
+        if tb._dtype != ty._dtype:
+            raise TypeError(f"{op}: bias dtype {DTYPE_NAMES[tb._dtype]} differs from y's "
+                            f"{DTYPE_NAMES[ty._dtype]}")
+        if tb._device != ty._device:
+            raise ValueError(f"ambiguous device: {_dev(ty._device)} vs {_dev(tb._device)}")
+        tb = _ready(tb, ty._dtype)
+        bptr = tb._data
+    if rows == 0 or cols == 0 or (bptr == NULL and a == MT_ACT_NONE):
+        return y
+    cdef int nt = num_threads(), rc
+    with nogil:
+        rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
+    return y
+
+
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"):
+    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``)
+    and activation (a name of ``ACTIVATIONS``); tests use it to check every
+    kernel path. ValueError when the algorithm does not apply to the
+    geometry."""
     cdef str op = "conv2d"
     cdef Tensor tx, tw, tb = None, out
     cdef int code, work, rc, nt, a
@@ -315,6 +401,7 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act = _act_code(op, act)
     if algo not in CONV_ALGOS:
         raise ValueError(f"{op}: unknown algorithm {algo!r}; expected one of {', '.join(CONV_ALGOS)}")
     a = CONV_ALGOS[algo]
@@ -360,6 +447,7 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     g.ph, g.pw = _nonneg("conv2d", "padding", padding)
     g.dh, g.dw = _positive("conv2d", "dilation", dilation)
     g.groups = groups
+    g.act = MT_ACT_NONE
     g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
     g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
     if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
@@ -433,6 +521,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act = MT_ACT_NONE
     work = _work_code(code)
     tx = _ready(tx, work)
     tw = _ready(tw, work)

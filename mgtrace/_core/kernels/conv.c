@@ -284,10 +284,16 @@ static int64_t o_split(int64_t og, int64_t items, int nt) {
     return nob;
 }
 
-static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias) {
-    if (!bias) return;
-    if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
-    else bias_rows_f64((double *)y, ld, rows, cnt, (const double *)bias);
+static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias,
+                                 int act) {
+    if (bias) {
+        if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
+        else bias_rows_f64((double *)y, ld, rows, cnt, (const double *)bias);
+    }
+    if (act) {   /* the epilogue of a fused conv2d, on the rows GEMM just wrote */
+        if (dt == MT_FLOAT32) for (int64_t r = 0; r < rows; r++) mt_act_f32((float *)y + r * ld, cnt, act);
+        else for (int64_t r = 0; r < rows; r++) mt_act_f64((double *)y + r * ld, cnt, act);
+    }
 }
 
 /* ------------------------------------------------------------------ choice */
@@ -357,7 +363,7 @@ static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, 
         char *yt = y + ((n * g->o + o0) * hw + p0) * isz;
         gemm(dt, 0, rows, cnt, cg, w + o0 * cg * isz, cg, x + ((n * g->c + gi * cg) * hw + p0) * isz, hw,
              0, yt, hw);
-        add_bias_rows(dt, yt, hw, rows, cnt, bias ? bias + o0 * isz : NULL);
+        add_bias_rows(dt, yt, hw, rows, cnt, bias ? bias + o0 * isz : NULL, g->act);
     }
     if (par) blas_single_end();
     return 0;
@@ -604,7 +610,7 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
                 } else {
                     char *yt = y + (((n0 + q0 / ohw) * g->o + o0) * ohw + q0 % ohw) * isz;
                     gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, bop, ldb, 0, yt, ohw);
-                    add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL);
+                    add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL, g->act);
                 }
             }
         }
@@ -719,11 +725,11 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
                     if (dt == MT_FLOAT32)
                         wino_output_f32((const float *)mc, mx, (float *)yo,
                                         bias ? ((const float *)bias)[o] : 0.0f, r % th, tw, g->oh, g->ow,
-                                        (float *)scratch);
+                                        (float *)scratch, g->act);
                     else
                         wino_output_f64((const double *)mc, mx, (double *)yo,
                                         bias ? ((const double *)bias)[o] : 0.0, r % th, tw, g->oh, g->ow,
-                                        (double *)scratch);
+                                        (double *)scratch, g->act);
                 }
             }
         }
@@ -762,6 +768,7 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     if (g->c == 0) {  /* no input channels: the output is the bias */
         if (dtype == MT_FLOAT32) fill_bias_f32((float *)y, (const float *)bias, g->n, g->o, g->oh * g->ow, nthreads);
         else fill_bias_f64((double *)y, (const double *)bias, g->n, g->o, g->oh * g->ow, nthreads);
+        if (g->act) mt_bias_act(dtype, y, 1, g->n * g->o * g->oh * g->ow, NULL, g->act, 1);
         return 0;
     }
     if (algo == MT_CONV_AUTO) algo = mt_conv2d_pick_algo(g);
@@ -834,6 +841,11 @@ int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void
 
 #define FN(name) MT_CAT(name, SFX)
 
+/* a fused conv2d's activation on n outputs just written (act.c) */
+static inline void FN(act_run)(T *d, int64_t n, int act) {
+    if (act) MT_CAT(mt_act, SFX)(d, n, act);
+}
+
 /* y[n][o][:] = bias[o] (0 without bias) */
 static void FN(fill_bias)(T *y, const T *bias, int64_t n, int64_t o, int64_t count, int nt) {
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n * o * count >= MT_NN_GRAIN)
@@ -873,6 +885,7 @@ static void FN(scatter_wide)(const T *ybuf, int64_t ldy, int64_t j0, int64_t col
                 T *d = y + ((n0 + img) * g->o + o) * ohw + yy * g->ow + xx;
                 const T *s = src + (j - j0);
                 for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+                FN(act_run)(d, len, g->act);
             }
             j += run;
         }
@@ -917,6 +930,7 @@ static void FN(scatter_cols)(const T *ybuf, int64_t ldy, int64_t q0, int64_t col
             T *d = y + (n * g->o + o) * ohw + pix;
             const T *s = ybuf + r * ldy + (q - q0);
             for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+            FN(act_run)(d, len, g->act);
             q += len;
         }
     }
@@ -946,6 +960,7 @@ static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restric
                 }
             }
         }
+        FN(act_run)(yr, g->ow, g->act);
     }
 }
 
@@ -1057,7 +1072,7 @@ static MT_CLONES void FN(wino_output_row)(const T *restrict m, int64_t ldx, T *r
  * tile), plus the bias bv; outputs past an odd oh or ow are dropped
  * (computed into the scratch row, of 2 * tw + 2 elements). */
 static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int64_t tw, int64_t oh, int64_t ow,
-                            T *scratch) {
+                            T *scratch, int act) {
     const int64_t full = ow / 2;
     T *y0 = y + 2 * ty * ow;
     T *y1 = 2 * ty + 1 < oh ? y0 + ow : scratch;
@@ -1068,6 +1083,8 @@ static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int
         y0[ow - 1] = row[0][0];
         if (2 * ty + 1 < oh) y1[ow - 1] = row[1][0];
     }
+    FN(act_run)(y0, ow, act);
+    if (2 * ty + 1 < oh) FN(act_run)(y1, ow, act);
 }
 
 /* conv_transpose2d: adds col [og * kh * kw][ldc] (columns = input pixels

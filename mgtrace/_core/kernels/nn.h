@@ -21,6 +21,20 @@
 
 #define MT_NN_ENOMEM (-1)
 
+/* ---- activation epilogues (act.c) ---- */
+
+/* The activation a fused conv2d / linear applies after its bias (the same
+ * values as the separate elementwise op). Append only: nn.pyx names them. */
+enum mt_act {
+    MT_ACT_NONE = 0, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH,
+    MT_ACT_SIGMOID, MT_ACT_GELU, MT_NACTS
+};
+/* y[0..n) = act(y[0..n)) in place */
+void mt_act_f32(float *y, int64_t n, int act);
+void mt_act_f64(double *y, int64_t n, int act);
+/* y [rows, cols] row-major: y[r][c] = act(y[r][c] + bias[c]); bias may be NULL */
+int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nthreads);
+
 /* ---- convolution ---- */
 
 /* How conv2d computes; AUTO picks by shape (see conv.c). */
@@ -43,6 +57,7 @@ typedef struct {
     int64_t oh, ow;
     int64_t sh, sw, ph, pw, dh, dw;
     int64_t groups;
+    int act;        /* conv2d: enum mt_act applied after the bias (0: none) */
 } mt_conv2d_geom;
 
 /* Scratch bytes the call needs (0: none). The caller passes a 64-byte
