@@ -208,6 +208,10 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
             offs[batch + i] = ob
             offs[2 * batch + i] = i * M * N
         nt = num_threads()
+        if cdt >= 9 and nt != mt_blas_get_threads():
+            # OpenBLAS's threads follow the kernels' (adaptive) count: a busy
+            # machine gets single-threaded GEMMs, a quiet one threaded again
+            mt_blas_set_threads(nt)
         with nogil:
             if cdt == 9 or cdt == 10:
                 mt_gemm_float_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,

@@ -58,6 +58,16 @@ cdef extern from "kernels/nn.h" nogil:
         MT_ACT_GELU
     int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act,
                     int nthreads) noexcept
+    ctypedef struct mt_attn_geom:
+        int64_t b, h, sq, sk, d, dv
+        int64_t qs[4]
+        int64_t ks[4]
+        int64_t vs[4]
+        int64_t ms[4]
+        float scale
+    int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) noexcept
+    int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+                         float *out, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
 
     ctypedef struct mt_pool2d_geom:
         int64_t planes, h, w, oh, ow
@@ -91,7 +101,7 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv2d_act", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
@@ -358,6 +368,92 @@ def bias_act_(y, bias, act):
     with nogil:
         rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
     return y
+
+
+cdef Tensor _rows_ready(Tensor t):
+    """t with a unit last stride and rows at least a row apart (what BLAS
+    takes), else a contiguous copy."""
+    cdef int nd = t._ndim
+    if t._strides[nd - 1] == 1 and t._strides[nd - 2] >= max(t._shape[nd - 1], 1):
+        return t
+    return <Tensor>t.contiguous()
+
+
+def attention(q, k, v, mask=None, scale=1.0):
+    """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``
+    over the last axis, computed per (batch, head) pair with the scores
+    kept in cache (what ``optimize()``'s FuseAttention calls).
+
+    Args:
+        q: float [B, H, Sq, D]; k: [B, H, Sk, D]; v: [B, H, Sk, Dv].
+        mask: None, or a float tensor broadcastable to [B, H, Sq, Sk], added
+            to the scaled scores (e.g. a large negative value on padding).
+        scale: float, multiplies q @ k^T.
+
+    Returns:
+        [B, H, Sq, Dv] in the promoted float dtype; float32 runs the fused
+        kernel, other dtypes the ops one after the other (same values).
+
+    Raises:
+        ValueError: q, k, v not 4-d, or their shapes do not fit; a mask that
+            does not broadcast; tensors on different devices.
+        TypeError: integer or bool tensors.
+
+    >>> import mgtrace as mt
+    >>> q = mt.tensor(np.ones((1, 1, 2, 3), np.float32))
+    >>> attention(q, q, q, scale=0.5).tolist()
+    [[[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]]]
+    """
+    if tracing_active():
+        return traced("attention", (q, k, v, mask), {"scale": float(scale)})
+    cdef str op = "attention"
+    cdef Tensor tq, tk, tv, tm = None, out
+    cdef mt_attn_geom g
+    cdef int code, nt, i, rc
+    ts = _operands(op, (q, k, v, mask))
+    code = _float_code(op, ts)
+    tq, tk, tv = ts[0], ts[1], ts[2]
+    for name, t in (("q", tq), ("k", tk), ("v", tv)):
+        if (<Tensor>t)._ndim != 4:
+            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
+                             f"{shape_tuple(<Tensor>t)}")
+    b, h, sq, d = shape_tuple(tq)
+    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
+        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
+                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
+    sk, dv = tk._shape[2], tv._shape[3]
+    if not isinstance(scale, (int, float, np.integer, np.floating)) or isinstance(scale, bool):
+        raise TypeError(f"{op}: scale must be a float, got {scale!r}")
+    if ts[3] is not None:
+        try:
+            tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
+        except ValueError:
+            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not broadcast "
+                             f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
+    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32):
+        from mgtrace._core import linalg, reduce
+        s = linalg.matmul(tq, tk.transpose((0, 1, 3, 2))) * float(scale)
+        if tm is not None:
+            s = s + tm
+        return linalg.matmul(reduce.softmax(s, -1), tv)
+    tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
+    _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2]))
+    g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
+    for i in range(4):
+        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
+        g.ms[i] = tm._strides[i] if tm is not None else 0
+    g.scale = float(scale)
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = b, h, sq, dv
+    out = empty(4, oshape, MT_FLOAT32, tq._device)
+    nt = num_threads()
+    cdef Tensor ws = _workspace(mt_attention_workspace(&g, nt), tq._device)
+    cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
+    with nogil:
+        rc = mt_attention_f32(<const float *>tq._data, <const float *>tk._data, <const float *>tv._data,
+                              mptr, <float *>out._data, &g, nt, ws._data if ws is not None else NULL)
+    _check_rc(op, rc)
+    return out
 
 
 def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"):

@@ -1,4 +1,5 @@
-"""Fused layers: a layer and the activation after it in one kernel call.
+"""Fused layers: a layer and the activation after it in one kernel call,
+and attention in one.
 
 What :func:`mgtrace.traced_module.optimize` puts in a graph in place of a
 convolution or linear layer followed by an activation (its ``FuseConvAct``
@@ -15,7 +16,7 @@ from mgtrace._core import nn as _nn
 from mgtrace.functional import _args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "ACTIVATIONS"]
+__all__ = ["conv2d_act", "linear_act", "attention", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
 """The activation names ``act`` takes, in the kernels' order."""
@@ -108,6 +109,42 @@ def linear_act(x, weight, bias=None, act="relu"):
         raise ValueError(f"{fn}: bias must have shape ({weight.shape[0]},), got {bias.shape}")
     y = _linalg.matmul(x, weight.transpose(1, 0))
     return _nn.bias_act_(y, bias, act)
+
+
+def attention(q, k, v, mask=None, scale=1.0):
+    """``softmax(q @ k^T * scale + mask, axis=-1) @ v`` in one kernel call:
+    per (batch, head) pair, with the scores kept in cache and the pairs
+    shared over the threads (what ``optimize()``'s FuseAttention puts in
+    place of that sequence).
+
+    Args:
+        q: float [B, H, Sq, D]; k: [B, H, Sk, D]; v: [B, H, Sk, Dv].
+        mask: None, or a float tensor broadcastable to [B, H, Sq, Sk],
+            added to the scaled scores (e.g. a large negative number on
+            padded keys).
+        scale: a float multiplying ``q @ k^T`` (often 1 / sqrt(D)).
+
+    Returns:
+        [B, H, Sq, Dv], the promoted float dtype; equal to the sequence
+        ``F.softmax(F.matmul(q, k, transpose_b=True) * scale + mask, -1) @ v``
+        (float32 takes the fused kernel, other dtypes run that sequence).
+
+    Raises:
+        ValueError: q, k, v not 4-d or of shapes that do not fit; a mask
+            that does not broadcast to the scores.
+        TypeError: integer or bool tensors; scale not a number.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> q = mt.tensor(np.ones((1, 1, 2, 2), np.float32))
+    >>> F.attention(q, q, q * 3, scale=0.5).tolist()
+    [[[[3.0, 3.0], [3.0, 3.0]]]]
+    """
+    fn = "attention"
+    q, k, v, mask = A.tensors(fn, q=q, k=k, v=v, mask=mask)
+    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    return _nn.attention(q, k, v, mask, A.to_float(fn, "scale", scale))
 
 
 _ACT_FUNCTIONS = {"none": lambda y: y, "relu": _fnn.relu, "relu6": _fnn.relu6,

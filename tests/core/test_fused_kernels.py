@@ -145,3 +145,46 @@ def test_matmul_folds_leading_axes_of_a_3d_left_operand(rng, make):
     np.testing.assert_allclose(got, an @ w[:, :k].T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(F.linear(a, mt.tensor(w[:, :k].copy())).numpy(), an @ w[:, :k].T,
                                rtol=1e-5, atol=1e-5)
+
+
+def _attention_ref(q, k, v, mask, scale):
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) * scale
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v.astype(np.float64))
+
+
+@pytest.mark.parametrize("mask_shape", [None, (2, 1, 1, 9), (1, 3, 5, 9), (9,)])
+def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
+    q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 9, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 9, 6)).astype(np.float32)
+    mask = None if mask_shape is None else \
+        np.where(rng.random(mask_shape) < 0.3, np.finfo(np.float32).min, 0).astype(np.float32)
+    got = F.attention(mt.tensor(q), mt.tensor(k), mt.tensor(v),
+                      None if mask is None else mt.tensor(mask), scale=0.5)
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, mask, 0.5), rtol=1e-5, atol=1e-6)
+    # strided views (a transposed [B, S, H, D] layout, as in BERT) take the kernel too
+    qt = mt.tensor(q.transpose(0, 2, 1, 3).copy()).transpose(0, 2, 1, 3)
+    got = F.attention(qt, mt.tensor(k), mt.tensor(v), scale=0.5)
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-5, atol=1e-6)
+    # float64 runs the sequence
+    got = F.attention(mt.tensor(q.astype(np.float64)), mt.tensor(k.astype(np.float64)),
+                      mt.tensor(v.astype(np.float64)), scale=0.5)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
+
+
+def test_attention_checks_its_arguments(rng):
+    q = mt.tensor(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"expected q of shape \[B, H, S, D\]"):
+        F.attention(q[0], q, q)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        F.attention(q, q[:, :1], q)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        F.attention(q, q, q, mt.tensor(np.zeros((5,), np.float32)))
+    with pytest.raises(TypeError):
+        F.attention(q, q, mt.tensor(np.ones((1, 2, 3, 4), np.int32)))

@@ -343,6 +343,51 @@ def test_fuse_linear_act(rng):
     assert functions(new, F.linear_act) == 2 and calls(new, M.Linear) == 0
 
 
+# -------------------------------------------------------------- FuseAttention
+
+class Attention(M.Module):
+    def __init__(self, scale=0.5, masked=True, drop=True):
+        super().__init__()
+        self.scale, self.masked = scale, masked
+        self.drop = M.Dropout(0.1) if drop else None
+
+    def forward(self, q, k, v, mask):
+        s = F.matmul(q, k, transpose_b=True) * self.scale
+        if self.masked:
+            s = s + mask
+        p = F.softmax(s, axis=-1)
+        if self.drop is not None:
+            p = self.drop(p)
+        return F.matmul(p, v)
+
+
+def _qkvm(rng):
+    q, k, v = (mt.tensor(rng.standard_normal((2, 3, 6, 4)).astype("float32")) for _ in range(3))
+    mask = mt.tensor(np.where(rng.random((2, 1, 1, 6)) < 0.3, -1e9, 0).astype("float32"))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_fuse_attention(rng, masked):
+    args = _qkvm(rng)
+    tm = mt.trace_module(Attention(masked=masked), *args)
+    new = optimized(tm, ["EliminateIdentity", "FuseAttention"], *args)
+    assert functions(new, F.attention) == 1 and functions(new, F.softmax) == 0
+    # without EliminateIdentity the dropout call hides the pattern
+    assert functions(optimize(tm, "FuseAttention"), F.attention) == 0
+
+
+def test_fuse_attention_leaves_scores_with_another_user(rng):
+    class Net(Attention):
+        def forward(self, q, k, v, mask):
+            s = F.matmul(q, k, transpose_b=True) * self.scale + mask
+            return F.matmul(F.softmax(s, axis=-1), v), s
+
+    args = _qkvm(rng)
+    new = optimize(mt.trace_module(Net(drop=False), *args), "all")
+    assert functions(new, F.attention) == 0
+
+
 # ------------------------------------------------------------------ the API
 
 def test_optimize_checks_its_arguments(rng):
@@ -483,6 +528,9 @@ def test_models_optimized_equal_traced(zoo, passes):
                     if isinstance(m, TracedModule) and m._graphs
                     for f in (F.conv2d_act, F.linear_act))
         assert fused >= {"resnet18": 9, "mobilenet_v2": 30, "minilm": 2}[name]
+        if name == "minilm":
+            assert sum(m.graph.get_function_by_type(F.attention).as_count() for m in new.modules()
+                       if isinstance(m, TracedModule) and m._graphs) == 2
 
 
 def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):

@@ -250,6 +250,9 @@ static void blas_single_end(void) {
     }
 }
 
+void mt_nn_blas_single_begin(void) { blas_single_begin(); }
+void mt_nn_blas_single_end(void) { blas_single_end(); }
+
 /* Columns per work item: the cache budget, but small enough for about four
  * items a thread (total * others columns in all), and never below lo. */
 static int64_t split_cols(int64_t budget, int64_t lo, int64_t total, int64_t others, int nt) {

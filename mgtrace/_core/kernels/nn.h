@@ -35,6 +35,24 @@ void mt_act_f64(double *y, int64_t n, int act);
 /* y [rows, cols] row-major: y[r][c] = act(y[r][c] + bias[c]); bias may be NULL */
 int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nthreads);
 
+/* ---- fused attention (attention.c) ---- */
+
+/* out [b, h, sq, dv] (contiguous) = softmax(q k^T * scale + mask) v with
+ * q [b, h, sq, d], k [b, h, sk, d], v [b, h, sk, dv], mask broadcast to
+ * [b, h, sq, sk]: element strides per axis (0 on broadcast axes); q, k and v
+ * need a unit last stride and a row stride >= their last extent. */
+typedef struct {
+    int64_t b, h, sq, sk, d, dv;
+    int64_t qs[4], ks[4], vs[4], ms[4];
+    float scale;
+} mt_attn_geom;
+int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads);
+int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                     const mt_attn_geom *g, int nthreads, void *workspace);
+/* OpenBLAS single-threaded while OpenMP threads run their own GEMMs (conv.c) */
+void mt_nn_blas_single_begin(void);
+void mt_nn_blas_single_end(void);
+
 /* ---- convolution ---- */
 
 /* How conv2d computes; AUTO picks by shape (see conv.c). */

@@ -12,6 +12,11 @@
   Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
   runs in the convolution's epilogue).
 - ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
+- ``FuseAttention``: ``softmax(matmul(q, k, transpose_b=True) * scale +
+  mask, axis=-1)`` followed by ``matmul(..., v)`` (the scale and the mask
+  optional) on float32 [B, H, S, D] tensors becomes one ``F.attention``
+  call (run EliminateIdentity first so that an inference Dropout between
+  the softmax and the product does not hide the pattern).
 
 Each fuses only where the intermediate value has no other user (not
 another expr, not the graph's result, not a watch point): a conv whose
@@ -28,7 +33,8 @@ from mgtrace.module.parameter import Parameter
 from mgtrace.traced_module.passes.util import (bound_args, call_counts, const_value, graphs_of,
                                                is_function, module_call, sole_user)
 
-__all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act"]
+__all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
+           "fuse_attention"]
 
 # activation modules and functions the fusions take, by the kernels' names
 _ACT_MODULES = {M.ReLU: "relu", M.ReLU6: "relu6", M.SiLU: "silu", M.Hardswish: "hardswish",
@@ -260,3 +266,97 @@ def fuse_linear_act(tm):
     """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``;
     returns the number of fusions."""
     return _fuse_act(tm, _linear_call, F.linear_act, "linear")
+
+
+# ------------------------------------------------------------ FuseAttention
+
+def _matmul_args(e, transpose_b):
+    """``(a, b)`` of ``F.matmul(a, b, transpose_b=transpose_b)``, else None."""
+    if not is_function(e, F.matmul):
+        return None
+    a = bound_args(e)
+    if a is None or a["transpose_a"] or bool(a["transpose_b"]) != transpose_b:
+        return None
+    return a["a"], a["b"]
+
+
+def _softmax_input(e):
+    if not is_function(e, F.softmax):
+        return None
+    a = bound_args(e)
+    x = a["x"] if a is not None else None
+    if x is None or getattr(x, "shape", None) is None or a["axis"] not in (-1, len(x.shape) - 1):
+        return None
+    return x
+
+
+def _mask_add(e):
+    """``[(scores, mask), ...]``: the ways to read ``e`` as scores + mask."""
+    if e.kind == "call_method" and e.method in ("__add__", "__radd__") and len(e.args) == 2:
+        a, b = e.args
+    elif is_function(e, F.add):
+        args = bound_args(e)
+        if args is None or len(args) != 2:
+            return []
+        a, b = args.values()
+    else:
+        return []
+    return [(x, y) for x, y in ((a, b), (b, a)) if getattr(x, "kind", None) == "tensor"
+            and getattr(y, "kind", None) == "tensor"]
+
+
+def _scores(s):
+    """``(q, k, scale)`` when node ``s`` is ``matmul(q, k, transpose_b=True)``
+    times a Python number (or divided by one, or not scaled), each step's
+    value used once."""
+    e, scale = s.expr, 1.0
+    hit = _scaled_operand(e) if e is not None else None
+    if hit is not None:
+        y, c = hit
+        if not isinstance(c, (int, float)) or sole_user(y) is not e:
+            return None
+        e, scale = y.expr, float(c)
+    qk = _matmul_args(e, True) if e is not None else None
+    return None if qk is None else (qk[0], qk[1], scale)
+
+
+def _f32_4d(*nodes):
+    return all(getattr(n, "kind", None) == "tensor" and n.shape is not None and len(n.shape) == 4
+               and n.dtype is not None and np.dtype(n.dtype) == np.float32 for n in nodes)
+
+
+def fuse_attention(tm):
+    """``softmax(q k^T * scale + mask) @ v`` to ``F.attention`` (see the
+    module docstring); returns the number of fusions."""
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            pv = _matmul_args(e, False) if e.graph is g else None
+            if pv is None:
+                continue
+            p, v = pv
+            t = _softmax_input(p.expr) if p.expr is not None and sole_user(p) is e else None
+            if t is None or sole_user(t) is not p.expr:
+                continue
+            found = None
+            for s, mask in _mask_add(t.expr) if t.expr is not None else []:
+                if sole_user(s) is t.expr and s.shape == t.shape:
+                    qks = _scores(s)
+                    if qks is not None and _f32_4d(mask):
+                        found = qks + (mask,)
+                        break
+            if found is None:
+                qks = _scores(t)
+                found = qks + (None,) if qks is not None else None
+            if found is None:
+                continue
+            q, k, scale, mask = found
+            if not _f32_4d(q, k, v) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+                continue
+            with g.insert_exprs(e):
+                new = F.attention(q, k, v, mask, scale=scale)
+            g.replace_node({e.outputs[0]: new})
+            done += 1
+        if done:
+            g.compile()
+    return done

@@ -16,6 +16,7 @@ BackwardFoldScale   fold a constant scale into the Conv2d/Linear before it
 FuseConvAct         conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
                     kernel (ours)
 FuseLinearAct       linear + activation in one kernel (ours)
+FuseAttention       softmax(q k^T * scale + mask) v in one kernel (ours)
 EliminateDeadCode   drop unused exprs and submodules (ours)
 user passes         in the order given in ``enabled_pass``
 ==================  ========================================================
@@ -101,6 +102,7 @@ _builtin("FuseAddMul", fold.fuse_add_mul, True)
 _builtin("BackwardFoldScale", fuse.backward_fold_scale, False)
 _builtin("FuseConvAct", fuse.fuse_conv_act, True)
 _builtin("FuseLinearAct", fuse.fuse_linear_act, True)
+_builtin("FuseAttention", fuse.fuse_attention, True)
 _builtin("EliminateDeadCode", fold.eliminate_dead_code, True)
 _ORDER = tuple(_PASSES)
 
@@ -158,7 +160,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         enabled_pass: pass names to run (a list, or one name): MegEngine's
             ``"FuseConvBn"``, ``"FuseAddMul"``, ``"BackwardFoldScale"``;
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
-            ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"EliminateDeadCode"``;
+            ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseAttention"``,
+            ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:
@@ -175,7 +178,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         A new TracedModule computing the same outputs (to float rounding:
         folding reorders multiplications) that traces, edits, flattens,
         saves and loads like any other. Fused layers are calls of
-        registered functions (``F.conv2d_act``, ``F.linear_act``); folded
+        registered functions (``F.conv2d_act``, ``F.linear_act``,
+        ``F.attention``); folded
         BatchNorms and other submodules no graph reads any more are deleted
         (``state_dict`` drops their tensors). Every graph passes ``lint()``.
 
