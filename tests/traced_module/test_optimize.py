@@ -524,13 +524,13 @@ def test_models_optimized_equal_traced(zoo, passes):
     if name != "minilm":
         assert calls(new, M.BatchNorm2d) == 0
     if passes == "all":
-        fused = sum(m.graph.get_function_by_type(f).as_count() for m in new.modules()
-                    if isinstance(m, TracedModule) and m._graphs
+        fused = sum(m.graph.get_function_by_type(f, recursive=False).as_count()
+                    for m in new.modules() if isinstance(m, TracedModule) and m._graphs
                     for f in (F.conv2d_act, F.linear_act))
         assert fused >= {"resnet18": 9, "mobilenet_v2": 30, "minilm": 2}[name]
         if name == "minilm":
-            assert sum(m.graph.get_function_by_type(F.attention).as_count() for m in new.modules()
-                       if isinstance(m, TracedModule) and m._graphs) == 2
+            assert sum(m.graph.get_function_by_type(F.attention, recursive=False).as_count()
+                       for m in new.modules() if isinstance(m, TracedModule) and m._graphs) == 2
 
 
 def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):
@@ -541,8 +541,13 @@ def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):
     mt.save(new, path)
     back = mt.load(path)
     np.testing.assert_array_equal(back(*args).numpy(), want.numpy())
-    ops = {o["name"] for o in mt.serialization.load_archive(path).header["ops"]}
+    archive = mt.serialization.load_archive(path)
+    ops = {o["name"] for o in archive.header["ops"]}
     assert ops & {"mgtrace.functional.conv2d_act", "mgtrace.functional.linear_act"}
+    # the fused calls are format 1.1 ops: a 1.0 reader would not know them
+    assert archive.min_reader_version == (1, 1)
+    with pytest.raises(ValueError, match=r"functional.(conv2d_act|linear_act|attention).* is new since"):
+        mt.save(new, tmp_path / "old.tmod", target_version=(1, 0))
     close(new.flatten()(*args), want)
     close(mt.trace_module(new, *args)(*args), want)
     # an optimized module optimizes again to the same thing
