@@ -552,3 +552,42 @@ def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):
     close(mt.trace_module(new, *args)(*args), want)
     # an optimized module optimizes again to the same thing
     close(optimize(back, "all")(*args), want)
+
+
+def test_optimized_graphs_edit_like_any_other(rng):
+    net = randomise_bn(ConvBnRelu(bias=True), rng)
+    x = image(rng)
+    new = optimize(mt.trace_module(net, x), "all")
+    call = new.graph.get_function_by_type(F.conv2d_act).as_unique()
+    out = call.outputs[0]
+    with new.graph.insert_exprs(call):
+        doubled = out * 2.0
+    new.graph.replace_node({out: doubled})
+    new.graph.compile().lint()
+    close(new(x), net(x) * 2.0)
+
+
+def test_flatten_first_finds_patterns_across_module_boundaries(rng):
+    class Conv(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = M.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.bn = Conv(), M.BatchNorm2d(4)
+
+        def forward(self, x):
+            return F.relu(self.bn(self.body(x)))
+
+    net = randomise_bn(Net(), rng)
+    x = image(rng)
+    tm = mt.trace_module(net, x)
+    assert calls(optimize(tm, "all"), M.BatchNorm2d) == 1        # conv and BN in two graphs
+    flat = optimize(tm, "all", flatten=True)
+    assert calls(flat, M.BatchNorm2d) == 0 and functions(flat, F.conv2d_act) == 1
+    close(flat(x), tm(x))

@@ -17,15 +17,18 @@ __all__ = ["graphs_of", "module_call", "is_function", "bound_args", "sole_user",
 
 
 def graphs_of(tm):
-    """Every graph of ``tm`` and of the TracedModules below it, each once."""
-    from mgtrace.traced_module.traced_module import TracedModule
-    seen = set()
-    for m in tm.modules():
-        if isinstance(m, TracedModule):
-            for g in m._graphs:
-                if id(g) not in seen:
-                    seen.add(id(g))
-                    yield g
+    """The graphs a call of ``tm`` can run, each once: its own and, through
+    module calls, those of the traced submodules it calls (a submodule left
+    behind by flatten() or an edit, which nothing calls, is not visited)."""
+    from mgtrace.traced_module.graph import called_graph
+    seen, todo = set(), list(tm._graphs)
+    while todo:
+        g = todo.pop(0)
+        if id(g) in seen:
+            continue
+        seen.add(id(g))
+        yield g
+        todo.extend(sub for sub in map(called_graph, list(g._exprs)) if sub is not None)
 
 
 def module_call(e, cls=None):
