@@ -22,7 +22,7 @@ Rules shared by every op (the same as the rest of the core):
   of running (``dispatch.traced``), and every op is registered for
   :func:`mgtrace._core.dispatch.apply` under its own name.
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, intptr_t
 
 import numpy as np
 
@@ -46,6 +46,8 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t sh, sw, ph, pw, dh, dw
         int64_t groups
         int act
+        int has_res
+        int64_t res_delta
     int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
     int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                   const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
@@ -300,23 +302,27 @@ cdef int _act_code(str op, object act) except -1:
     return ACTIVATIONS[act]
 
 
-def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act="relu"):
-    """conv2d followed by an activation, in one pass: the activation runs in
-    the convolution's epilogue, on each tile of output while it is still in
-    cache (what ``optimize()``'s conv + activation fusion calls).
+def conv2d_act(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
+               act="relu"):
+    """conv2d followed by a residual addition and an activation, in one
+    pass: both run in the convolution's epilogue, on each tile of output
+    while it is still in cache (what ``optimize()``'s FuseConvAct calls).
 
     Args:
         x, weight, bias, stride, padding, dilation, groups: as :func:`conv2d`.
+        residual: None, or a tensor of the output's shape [N, O, OH, OW]
+            added before the activation (a ResNet block's shortcut).
         act: "none", "relu", "relu6", "silu", "hardswish", "sigmoid" or
             "gelu" (exact erf GELU).
 
     Returns:
-        ``act(conv2d(x, weight, bias, ...))``, the same values as the two
-        ops one after the other (the activations are elementwise; float32
+        ``act(conv2d(x, weight, bias, ...) + residual)``, the same values as
+        the ops one after the other (the activations are elementwise; float32
         SiLU, sigmoid and GELU use the vector kernels of the elementwise ops).
 
     Raises:
-        ValueError: an unknown ``act``; otherwise as :func:`conv2d`.
+        ValueError: an unknown ``act``, a residual of another shape;
+            otherwise as :func:`conv2d`.
 
     >>> import mgtrace as mt
     >>> x = mt.tensor(np.full((1, 1, 2, 2), -1.0, np.float32))
@@ -324,10 +330,10 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     [[[[0.0, 0.0], [0.0, 0.0]]]]
     """
     if tracing_active():
-        return traced("conv2d_act", (x, weight, bias), {
+        return traced("conv2d_act", (x, weight, bias, residual), {
             "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
             "groups": groups, "act": act})
-    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act)
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act, residual)
 
 
 def bias_act_(y, bias, act):
@@ -456,13 +462,13 @@ def attention(q, k, v, mask=None, scale=1.0):
     return out
 
 
-def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"):
-    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``)
-    and activation (a name of ``ACTIVATIONS``); tests use it to check every
-    kernel path. ValueError when the algorithm does not apply to the
-    geometry."""
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none", residual=None):
+    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``),
+    activation (a name of ``ACTIVATIONS``) and residual; tests use it to
+    check every kernel path. ValueError when the algorithm does not apply
+    to the geometry."""
     cdef str op = "conv2d"
-    cdef Tensor tx, tw, tb = None, out
+    cdef Tensor tx, tw, tb = None, out, tr = None
     cdef int code, work, rc, nt, a
     cdef mt_conv2d_geom g
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
@@ -498,6 +504,17 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
     g.act = _act_code(op, act)
+    g.has_res, g.res_delta = 0, 0
+    if residual is not None:
+        rs = _operands(op, (tx, residual))[1]
+        if shape_tuple(<Tensor>rs) != (n, o, oh, ow):
+            raise ValueError(f"{op}: residual must have the output's shape {(n, o, oh, ow)}, got "
+                             f"{shape_tuple(<Tensor>rs)}")
+        if CATEGORY[(<Tensor>rs)._dtype] != 3:
+            raise TypeError(f"{op}: residual must be a float tensor, got "
+                            f"{DTYPE_NAMES[(<Tensor>rs)._dtype]}")
+        code = PROMOTE[code][(<Tensor>rs)._dtype]
+        tr = <Tensor>rs
     if algo not in CONV_ALGOS:
         raise ValueError(f"{op}: unknown algorithm {algo!r}; expected one of {', '.join(CONV_ALGOS)}")
     a = CONV_ALGOS[algo]
@@ -517,6 +534,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     cdef int64_t oshape[4]
     oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
     out = empty(4, oshape, work, tx._device)
+    if tr is not None:
+        tr = _ready(tr, work)
+        g.has_res = 1
+        g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
     cdef Tensor ws = _workspace(mt_conv2d_workspace(work, &g, a, nt), tx._device)
     cdef void *wsp = ws._data if ws is not None else NULL
@@ -543,7 +564,7 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     g.ph, g.pw = _nonneg("conv2d", "padding", padding)
     g.dh, g.dw = _positive("conv2d", "dilation", dilation)
     g.groups = groups
-    g.act = MT_ACT_NONE
+    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
     g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
     if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
@@ -617,7 +638,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
-    g.act = MT_ACT_NONE
+    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     work = _work_code(code)
     tx = _ready(tx, work)
     tw = _ready(tw, work)

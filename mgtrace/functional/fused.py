@@ -29,9 +29,11 @@ def _act(fn, act):
     return act
 
 
-def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act="relu"):
-    """``act(conv2d(x, weight, bias, stride, padding, dilation, groups))`` in
-    one kernel call: the activation runs in the convolution's epilogue.
+def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act="relu",
+               residual=None):
+    """``act(conv2d(x, weight, bias, stride, padding, dilation, groups) +
+    residual)`` in one kernel call: the addition and the activation run in
+    the convolution's epilogue.
 
     Args:
         x: float [N, C, H, W].
@@ -39,14 +41,16 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         bias: float [O] or [1, O, 1, 1], or None.
         stride, padding, dilation, groups: as :func:`mgtrace.functional.conv2d`.
         act: one of :data:`ACTIVATIONS`.
+        residual: None, or a float tensor of the output's shape
+            [N, O, OH, OW] (a residual block's shortcut).
 
     Returns:
-        [N, O, OH, OW] in the promoted float dtype, equal to the conv2d
-        followed by the activation function.
+        [N, O, OH, OW] in the promoted float dtype, equal to the conv2d, the
+        addition and the activation function one after the other.
 
     Raises:
-        ValueError: an unknown ``act``; otherwise as
-            :func:`mgtrace.functional.conv2d`.
+        ValueError: an unknown ``act``, a residual of another shape;
+            otherwise as :func:`mgtrace.functional.conv2d`.
         TypeError: as :func:`mgtrace.functional.conv2d`.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
@@ -57,15 +61,15 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     """
     fn = "conv2d_act"
     _act(fn, act)
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
         if t is not None:
             A.check_float(fn, name, t)
     g = A.to_int(fn, "groups", groups, 1)
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
-    return _nn.conv2d_act(x, weight, bias, A.pair(fn, "stride", stride, 1),
+    return _nn.conv2d_act(x, weight, bias, residual, A.pair(fn, "stride", stride, 1),
                           A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1),
                           g, act)
 

@@ -83,6 +83,32 @@ def test_conv2d_epilogue_equals_the_activation_after(rng, algo, act):
     np.testing.assert_allclose(fused.numpy(), ACTS[act](plain).numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("algo", sorted(CONV_CASES))
+@pytest.mark.parametrize("act", ["none", "relu"])
+def test_conv2d_epilogue_adds_the_residual_first(rng, algo, act):
+    xs, ws, stride, pad, groups = CONV_CASES[algo]
+    x = mt.tensor(rng.standard_normal(xs).astype(np.float32))
+    w = mt.tensor((rng.standard_normal(ws) * 0.3).astype(np.float32))
+    plain = N._conv2d(x, w, None, stride, pad, 1, groups, algo)
+    r = mt.tensor(rng.standard_normal(plain.shape).astype(np.float32))
+    fused = N._conv2d(x, w, None, stride, pad, 1, groups, algo, act, r)
+    np.testing.assert_allclose(fused.numpy(), ACTS[act](plain + r).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_conv2d_act_residual_checks(rng):
+    x = mt.tensor(rng.standard_normal((1, 2, 5, 5)).astype(np.float32))
+    w = mt.tensor(rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"residual must have the output's shape \(1, 3, 3, 3\)"):
+        F.conv2d_act(x, w, residual=mt.tensor(np.zeros((1, 3, 1, 1), np.float32)))
+    with pytest.raises(TypeError):
+        F.conv2d_act(x, w, residual=mt.tensor(np.zeros((1, 3, 3, 3), np.int32)))
+    # a float64 residual promotes the result, as conv2d(...) + residual does
+    r = mt.tensor(rng.standard_normal((1, 3, 3, 3)))
+    got = F.conv2d_act(x, w, residual=r, act="none")
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.numpy(), (F.conv2d(x, w) + r).numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float16"])
 def test_conv2d_act_other_dtypes(rng, dtype):
     x = mt.tensor(rng.standard_normal((1, 4, 6, 6)).astype(dtype))

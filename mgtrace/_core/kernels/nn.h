@@ -75,7 +75,10 @@ typedef struct {
     int64_t oh, ow;
     int64_t sh, sw, ph, pw, dh, dw;
     int64_t groups;
-    int act;        /* conv2d: enum mt_act applied after the bias (0: none) */
+    /* conv2d's epilogue: y = act(conv + bias + residual) */
+    int act;        /* enum mt_act (0: none) */
+    int has_res;    /* 1: add a residual tensor laid out as y, ... */
+    int64_t res_delta;  /* ... whose element for y's element at address a is at a + res_delta */
 } mt_conv2d_geom;
 
 /* Scratch bytes the call needs (0: none). The caller passes a 64-byte

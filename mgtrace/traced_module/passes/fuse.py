@@ -10,7 +10,9 @@
   ``c`` folded into the weight and bias.
 - ``FuseConvAct``: ``act(conv2d(x))`` for act in ReLU, ReLU6, SiLU,
   Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
-  runs in the convolution's epilogue).
+  runs in the convolution's epilogue), and so does ``act(conv2d(x) + r)``
+  with a tensor ``r`` of the conv's output shape and dtype (a residual
+  block's shortcut, added in the epilogue too).
 - ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
 - ``FuseAttention``: ``softmax(matmul(q, k, transpose_b=True) * scale +
   mask, axis=-1)`` followed by ``matmul(..., v)`` (the scale and the mask
@@ -223,7 +225,26 @@ def _conv_call(e):
     return None
 
 
-def _fuse_act(tm, match_layer, fused, what):
+def _residual_add(y, match_layer):
+    """``(layer call, r)`` when node ``y`` is ``layer(...) + r`` with the
+    layer's output used only there and ``r`` a tensor of y's shape and
+    dtype (no broadcasting), else None."""
+    e = y.expr
+    if e is None or not (e.kind == "call_method" and e.method in ("__add__", "__radd__")
+                         and len(e.args) == 2 and not e.kwargs):
+        return None
+    a, b = e.args
+    for c, r in ((a, b), (b, a)):
+        if getattr(c, "kind", None) != "tensor" or getattr(r, "kind", None) != "tensor" or \
+                c.expr is None or sole_user(c) is not e:
+            continue
+        call = match_layer(c.expr)
+        if call is not None and r.shape == c.shape == y.shape and r.dtype == c.dtype == y.dtype:
+            return call, r
+    return None
+
+
+def _fuse_act(tm, match_layer, fused, what, residual=False):
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
@@ -233,11 +254,15 @@ def _fuse_act(tm, match_layer, fused, what):
             name, y = act
             if y.expr is None or sole_user(y) is not e:
                 continue
-            call = match_layer(y.expr)
+            call, extra = match_layer(y.expr), {}
+            if call is None and residual:
+                hit = _residual_add(y, match_layer)
+                if hit is not None:
+                    call, extra = hit[0], {"residual": hit[1]}
             if call is None:
                 continue
             with g.insert_exprs(e):
-                new = fused(*call, act=name)
+                new = fused(*call, act=name, **extra)
             g.replace_node({e.outputs[0]: new})
             done += 1
         if done:
@@ -248,7 +273,7 @@ def _fuse_act(tm, match_layer, fused, what):
 def fuse_conv_act(tm):
     """``act(conv2d(x))`` to ``F.conv2d_act(x, ..., act=...)``; returns the
     number of fusions."""
-    return _fuse_act(tm, _conv_call, F.conv2d_act, "conv2d")
+    return _fuse_act(tm, _conv_call, F.conv2d_act, "conv2d", residual=True)
 
 
 def _linear_call(e):
