@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,13 +118,13 @@ def _torch_minilm(torch, layers=6, hidden=384, heads=12, inter=1536, vocab=30522
         def __init__(self):
             super().__init__()
             self.word, self.pos = nn.Embedding(vocab, hidden), nn.Embedding(max_pos, hidden)
-            self.type, self.ln = nn.Embedding(2, hidden), nn.LayerNorm(hidden, eps=1e-12)
+            self.token_type, self.ln = nn.Embedding(2, hidden), nn.LayerNorm(hidden, eps=1e-12)
             self.layers = nn.ModuleList(Layer() for _ in range(layers))
 
         def forward(self, ids, mask):
             b, n = ids.shape
             pos = torch.arange(n, device=ids.device).unsqueeze(0)
-            h = self.ln(self.word(ids) + self.pos(pos) + self.type(torch.zeros_like(pos)))
+            h = self.ln(self.word(ids) + self.pos(pos) + self.token_type(torch.zeros_like(pos)))
             m = mask.to(torch.float32)
             bias = ((1.0 - m) * torch.finfo(torch.float32).min).view(b, 1, 1, n)
             for layer in self.layers:
@@ -160,11 +161,12 @@ def _build_torch(kind, model, inputs, threads):
     path = os.path.join(tempfile.mkdtemp(prefix="bench_optimize_"), f"{model}.onnx")
     names = ["input_ids", "attention_mask"] if model == "minilm" else ["x"]
     kw = dict(input_names=names, output_names=["y"], opset_version=17)
-    with torch.no_grad():
-        try:
-            torch.onnx.export(net, tuple(xs), path, dynamo=False, **kw)
-        except TypeError:            # an older torch without the dynamo switch
-            torch.onnx.export(net, tuple(xs), path, **kw)
+    import inspect
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        kw["dynamo"] = False         # the TorchScript exporter: no onnxscript needed
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, tuple(xs), path, **kw)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
