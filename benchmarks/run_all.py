@@ -16,11 +16,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# name -> script, in the order of the layers (core, models, tracing, archive, batch)
+# name -> script, in the order of the layers (core, models, optimize, tracing, archive, batch)
 SCRIPTS = {
     "core": "bench_core.py",
     "conv": "bench_conv.py",
     "models": "bench_models.py",
+    "optimize": "bench_optimize.py",
     "trace": "bench_trace.py",
     "archive": "bench_archive.py",
     "batch": "bench_batch.py",

@@ -3,7 +3,18 @@
 Run time (read when mgtrace is imported):
   MGTRACE_NUM_THREADS    threads for kernels and BLAS together (default: OpenMP's
                          default, usually the number of cores)
+  MGTRACE_ADAPTIVE_THREADS  1 (default): use fewer threads while other processes
+                         keep the cores busy; 0: always MGTRACE_NUM_THREADS
   MGTRACE_HOST_CACHE_MB  bytes of freed large host blocks kept for reuse (default 1024)
+
+OpenMP's own (libgomp reads them when it loads, i.e. at mgtrace's first import
+of a compiled module): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set,
+mgtrace sets GOMP_SPINCOUNT=SPINCOUNT (below) before that import: idle kernel
+threads spin that many rounds (tens of microseconds, enough for the next
+kernel of a forward) and then sleep, instead of libgomp's default of about a
+millisecond of spinning, which steals the cores from other processes on a
+busy machine (a 1x64x112x112 relu took 8-20 ms instead of 0.3 ms beside two
+busy processes). Set either variable yourself to choose otherwise.
 
 Build time (read by setup.py):
   MGTRACE_CUDA=1         also build the CUDA backend (needs nvcc)
@@ -31,4 +42,15 @@ def _int(name, default):
 
 
 NUM_THREADS = _int("MGTRACE_NUM_THREADS", 0)        # 0: leave the default
+ADAPTIVE_THREADS = _int("MGTRACE_ADAPTIVE_THREADS", 1) != 0
+SPINCOUNT = "10000"        # GOMP_SPINCOUNT mgtrace sets when neither OpenMP variable is set
+
+
+def set_openmp_defaults(environ=os.environ):
+    """Set GOMP_SPINCOUNT (see the module docstring) unless the user chose a
+    wait policy; must run before libgomp loads. Returns what it set."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    environ["GOMP_SPINCOUNT"] = SPINCOUNT
+    return {"GOMP_SPINCOUNT": SPINCOUNT}
 HOST_CACHE_MB = _int("MGTRACE_HOST_CACHE_MB", 1024)

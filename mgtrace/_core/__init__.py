@@ -1,9 +1,14 @@
 """The compiled core: Tensor, dtypes and promotion, devices, dispatch, kernels.
 
-Knows nothing of modules or graphs. Import order matters: OpenBLAS is loaded
-globally (scipy_openblas32) before the extension that links it.
+Knows nothing of modules or graphs. Import order matters: OpenMP's wait
+policy is set before the first extension loads libgomp (see mgtrace._flags),
+and OpenBLAS is loaded globally (scipy_openblas32) before the extension that
+links it.
 """
-import scipy_openblas32  # noqa: F401  (loads libscipy_openblas with RTLD_GLOBAL)
+from mgtrace import _flags
+
+_flags.set_openmp_defaults()
+import scipy_openblas32  # noqa: E402,F401  (loads libscipy_openblas with RTLD_GLOBAL)
 
 from mgtrace._core.dtype import DTYPES, NAMES as DTYPE_NAMES, as_dtype, dtype_promotion
 from mgtrace._core.device import (Device, as_device, cuda_available, get_default_device,
@@ -13,10 +18,9 @@ from mgtrace._core import dispatch, index, linalg, nn, reduce  # noqa: F401  (mo
 from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, register_op,
                                     set_num_threads)
 
-from mgtrace import _flags
-
 if _flags.NUM_THREADS:
     set_num_threads(_flags.NUM_THREADS)
+dispatch.set_adaptive_threads(_flags.ADAPTIVE_THREADS)
 from mgtrace._core.tensor import set_host_cache_limit
 
 set_host_cache_limit(_flags.HOST_CACHE_MB << 20)

@@ -23,7 +23,8 @@ from mgtrace._core.kernels cimport (
     mt_ternary_loops, mt_cast_loops, mt_fill_loops, mt_unary_names, mt_binary_names,
     mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
-    mt_get_num_threads, mt_set_num_threads)
+    mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
+    mt_get_adaptive_threads)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
     parse_shape)
@@ -722,10 +723,28 @@ def set_num_threads(n):
 
 
 def get_num_threads():
-    """Threads the kernels use (set_num_threads, else OpenMP's default)."""
+    """Threads the kernels use at most (set_num_threads, else OpenMP's
+    default); see :func:`set_adaptive_threads` for when they use fewer."""
     return mt_get_num_threads()
+
+
+def set_adaptive_threads(on):
+    """Whether kernels use fewer threads than :func:`get_num_threads` while
+    other processes keep the cores busy (on by default;
+    ``MGTRACE_ADAPTIVE_THREADS=0`` turns it off at import). A team of
+    threads is as slow as its most-descheduled member, so on a busy machine
+    fewer threads finish sooner. Returns the previous setting."""
+    old = bool(mt_get_adaptive_threads())
+    mt_set_adaptive_threads(1 if on else 0)
+    return old
+
+
+def run_threads():
+    """Threads the next kernel would use (the adaptive count, for tests and
+    benchmarks)."""
+    return mt_run_threads()
 
 
 cdef int num_threads() noexcept:
-    return mt_get_num_threads()
+    return mt_run_threads()
 

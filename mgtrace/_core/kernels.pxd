@@ -9,6 +9,9 @@ cdef extern from "kernels/mt_common.h" nogil:
     ctypedef void (*mt_loop_fn)(char **args, const int64_t *steps, int64_t n, const void *aux) noexcept nogil
     int mt_get_num_threads() noexcept
     void mt_set_num_threads(int n) noexcept
+    int mt_run_threads() noexcept
+    void mt_set_adaptive_threads(int on) noexcept
+    int mt_get_adaptive_threads() noexcept
     void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,
                     const int64_t *strides, const void *aux, int cost) noexcept
     float mt_h2f(unsigned short) noexcept

@@ -59,6 +59,23 @@ cdef bint blas_ok(Tensor t) noexcept:
     return False
 
 
+cdef bint _rows_fold(Tensor t, int64_t rows) noexcept:
+    """Whether t [..., M, K]'s leading axes and M walk its rows with one
+    stride (t's rows are one run of ``rows`` rows for row-major BLAS: unit
+    column stride, each axis's stride the next one's extent times its
+    stride)."""
+    cdef int d, nd = t._ndim
+    cdef int64_t rs = t._strides[nd - 2], step
+    if nd < 3 or t._strides[nd - 1] != 1 or rows > BLAS_MAX or rs < max(t._shape[nd - 1], 1):
+        return False
+    step = t._shape[nd - 2] * rs            # the stride the next outer axis must have
+    for d in range(nd - 3, -1, -1):
+        if t._shape[d] != 1 and t._strides[d] != step:
+            return False
+        step *= t._shape[d]
+    return True
+
+
 def matmul(a, b):
     """Matrix product with NumPy's matmul semantics.
 
@@ -166,6 +183,13 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
     s.sam = ta._strides[ta._ndim - 2]; s.sak = ta._strides[ta._ndim - 1]
     s.sbk = tb._strides[tb._ndim - 2]; s.sbn = tb._strides[tb._ndim - 1]
     s.scm = N; s.scn = 1
+    if nbb == 0 and nba == nb and _rows_fold(ta, batch * M):
+        # x [..., M, K] @ w [K, N] (F.linear on 3-d input): the leading axes
+        # are one run of rows, so this is one GEMM with M' = batch * M
+        # instead of a loop of small ones (each paying BLAS's setup and
+        # threading); the output [..., M, N] is that GEMM's [M', N]
+        s.M = batch * M
+        batch = 1
     cdef int64_t *offs = <int64_t *>malloc(sizeof(int64_t) * 3 * batch)
     if offs == NULL:
         raise MemoryError()
@@ -184,6 +208,10 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
             offs[batch + i] = ob
             offs[2 * batch + i] = i * M * N
         nt = num_threads()
+        if cdt >= 9 and nt != mt_blas_get_threads():
+            # OpenBLAS's threads follow the kernels' (adaptive) count: a busy
+            # machine gets single-threaded GEMMs, a quiet one threaded again
+            mt_blas_set_threads(nt)
         with nogil:
             if cdt == 9 or cdt == 10:
                 mt_gemm_float_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,

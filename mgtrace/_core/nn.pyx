@@ -29,7 +29,7 @@ Rules shared by every op (the same as the rest of the core):
   of running (``dispatch.traced``), and every op is registered for
   :func:`mgtrace._core.dispatch.apply` under its own name.
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, intptr_t
 
 import numpy as np
 
@@ -53,6 +53,9 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t oh, ow
         int64_t sh, sw, ph, pw, dh, dw
         int64_t groups
+        int act
+        int has_res
+        int64_t res_delta
     int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
     int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                   const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
@@ -60,6 +63,21 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    enum:
+        MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
+        MT_ACT_GELU
+    int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act,
+                    int nthreads) noexcept
+    ctypedef struct mt_attn_geom:
+        int64_t b, h, sq, sk, d, dv
+        int64_t qs[4]
+        int64_t ks[4]
+        int64_t vs[4]
+        int64_t ms[4]
+        float scale
+    int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) noexcept
+    int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+                         float *out, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
 
     ctypedef struct mt_pool2d_geom:
         int64_t planes, h, w, oh, ow
@@ -93,12 +111,15 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
+# the activations a fused conv2d / linear applies after its bias (enum mt_act, nn.h)
+ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, "silu": MT_ACT_SILU,
+               "hardswish": MT_ACT_HARDSWISH, "sigmoid": MT_ACT_SIGMOID, "gelu": MT_ACT_GELU}
 _INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -316,12 +337,179 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto")
 
 
-def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
-    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``);
-    tests use it to check every kernel path. ValueError when the algorithm
-    does not apply to the geometry."""
+cdef int _act_code(str op, object act) except -1:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ValueError(f"{op}: act must be one of {', '.join(map(repr, ACTIVATIONS))}, got {act!r}")
+    return ACTIVATIONS[act]
+
+
+def conv2d_act(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
+               act="relu"):
+    """conv2d followed by a residual addition and an activation, in one
+    pass: both run in the convolution's epilogue, on each tile of output
+    while it is still in cache (what ``optimize()``'s FuseConvAct calls).
+
+    Args:
+        x, weight, bias, stride, padding, dilation, groups: as :func:`conv2d`.
+        residual: None, or a tensor of the output's shape [N, O, OH, OW]
+            added before the activation (a ResNet block's shortcut).
+        act: "none", "relu", "relu6", "silu", "hardswish", "sigmoid" or
+            "gelu" (exact erf GELU).
+
+    Returns:
+        ``act(conv2d(x, weight, bias, ...) + residual)``, the same values as
+        the ops one after the other (the activations are elementwise; float32
+        SiLU, sigmoid and GELU use the vector kernels of the elementwise ops).
+
+    Raises:
+        ValueError: an unknown ``act``, a residual of another shape;
+            otherwise as :func:`conv2d`.
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.full((1, 1, 2, 2), -1.0, np.float32))
+    >>> conv2d_act(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), act="relu").tolist()
+    [[[[0.0, 0.0], [0.0, 0.0]]]]
+    """
+    if tracing_active():
+        return traced("conv2d_act", (x, weight, bias, residual), {
+            "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
+            "groups": groups, "act": act})
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act, residual)
+
+
+def bias_act_(y, bias, act):
+    """In place: ``y[..., j] = act(y[..., j] + bias[j])`` for a contiguous
+    float32/float64 ``y`` (bias [y.shape[-1]] or None) that nothing else
+    reads yet, e.g. a matmul's fresh result (a fused linear's epilogue).
+    Returns y.
+
+    Raises:
+        TypeError: y not a contiguous float32/float64 CPU Tensor, bias of
+            another dtype.
+        ValueError: an unknown ``act``, a bias of the wrong shape.
+    """
+    cdef str op = "bias_act_"
+    cdef int a = _act_code(op, act)
+    cdef Tensor ty, tb = None
+    if not isinstance(y, Tensor) or (<Tensor>y)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
+            or not is_contiguous(<Tensor>y) or (<Device>DEVICES[(<Tensor>y)._device]).type != "cpu":
+        raise TypeError(f"{op}: y must be a contiguous float32 or float64 CPU Tensor")
+    ty = <Tensor>y
+    cdef int64_t cols = ty._shape[ty._ndim - 1] if ty._ndim > 0 else 1
+    cdef int64_t rows = numel(ty) // cols if cols > 0 else 0
+    cdef const void *bptr = NULL
+    if bias is not None:
+        if not isinstance(bias, Tensor) or shape_tuple(<Tensor>bias) != (cols,):
+            raise ValueError(f"{op}: bias must be a Tensor of shape ({cols},)")
+        tb = <Tensor>bias
+        if tb._dtype != ty._dtype:
+            raise TypeError(f"{op}: bias dtype {DTYPE_NAMES[tb._dtype]} differs from y's "
+                            f"{DTYPE_NAMES[ty._dtype]}")
+        if tb._device != ty._device:
+            raise ValueError(f"ambiguous device: {_dev(ty._device)} vs {_dev(tb._device)}")
+        tb = _ready(tb, ty._dtype)
+        bptr = tb._data
+    if rows == 0 or cols == 0 or (bptr == NULL and a == MT_ACT_NONE):
+        return y
+    cdef int nt = num_threads(), rc
+    with nogil:
+        rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
+    return y
+
+
+cdef Tensor _rows_ready(Tensor t):
+    """t with a unit last stride and rows at least a row apart (what BLAS
+    takes), else a contiguous copy."""
+    cdef int nd = t._ndim
+    if t._strides[nd - 1] == 1 and t._strides[nd - 2] >= max(t._shape[nd - 1], 1):
+        return t
+    return <Tensor>t.contiguous()
+
+
+def attention(q, k, v, mask=None, scale=1.0):
+    """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``
+    over the last axis, computed per (batch, head) pair with the scores
+    kept in cache (what ``optimize()``'s FuseAttention calls).
+
+    Args:
+        q: float [B, H, Sq, D]; k: [B, H, Sk, D]; v: [B, H, Sk, Dv].
+        mask: None, or a float tensor broadcastable to [B, H, Sq, Sk], added
+            to the scaled scores (e.g. a large negative value on padding).
+        scale: float, multiplies q @ k^T.
+
+    Returns:
+        [B, H, Sq, Dv] in the promoted float dtype; float32 runs the fused
+        kernel, other dtypes the ops one after the other (same values).
+
+    Raises:
+        ValueError: q, k, v not 4-d, or their shapes do not fit; a mask that
+            does not broadcast; tensors on different devices.
+        TypeError: integer or bool tensors.
+
+    >>> import mgtrace as mt
+    >>> q = mt.tensor(np.ones((1, 1, 2, 3), np.float32))
+    >>> attention(q, q, q, scale=0.5).tolist()
+    [[[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]]]
+    """
+    if tracing_active():
+        return traced("attention", (q, k, v, mask), {"scale": float(scale)})
+    cdef str op = "attention"
+    cdef Tensor tq, tk, tv, tm = None, out
+    cdef mt_attn_geom g
+    cdef int code, nt, i, rc
+    ts = _operands(op, (q, k, v, mask))
+    code = _float_code(op, ts)
+    tq, tk, tv = ts[0], ts[1], ts[2]
+    for name, t in (("q", tq), ("k", tk), ("v", tv)):
+        if (<Tensor>t)._ndim != 4:
+            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
+                             f"{shape_tuple(<Tensor>t)}")
+    b, h, sq, d = shape_tuple(tq)
+    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
+        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
+                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
+    sk, dv = tk._shape[2], tv._shape[3]
+    if not isinstance(scale, (int, float, np.integer, np.floating)) or isinstance(scale, bool):
+        raise TypeError(f"{op}: scale must be a float, got {scale!r}")
+    if ts[3] is not None:
+        try:
+            tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
+        except ValueError:
+            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not broadcast "
+                             f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
+    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32):
+        from mgtrace._core import linalg, reduce
+        s = linalg.matmul(tq, tk.transpose((0, 1, 3, 2))) * float(scale)
+        if tm is not None:
+            s = s + tm
+        return linalg.matmul(reduce.softmax(s, -1), tv)
+    tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
+    _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2]))
+    g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
+    for i in range(4):
+        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
+        g.ms[i] = tm._strides[i] if tm is not None else 0
+    g.scale = float(scale)
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = b, h, sq, dv
+    out = empty(4, oshape, MT_FLOAT32, tq._device)
+    nt = num_threads()
+    cdef Tensor ws = _workspace(mt_attention_workspace(&g, nt), tq._device)
+    cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
+    with nogil:
+        rc = mt_attention_f32(<const float *>tq._data, <const float *>tk._data, <const float *>tv._data,
+                              mptr, <float *>out._data, &g, nt, ws._data if ws is not None else NULL)
+    _check_rc(op, rc)
+    return out
+
+
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none", residual=None):
+    """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``),
+    activation (a name of ``ACTIVATIONS``) and residual; tests use it to
+    check every kernel path. ValueError when the algorithm does not apply
+    to the geometry."""
     cdef str op = "conv2d"
-    cdef Tensor tx, tw, tb = None, out
+    cdef Tensor tx, tw, tb = None, out, tr = None
     cdef int code, work, rc, nt, a
     cdef mt_conv2d_geom g
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
@@ -355,6 +543,18 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act = _act_code(op, act)
+    g.has_res, g.res_delta = 0, 0
+    if residual is not None:
+        rs = _operands(op, (tx, residual))[1]
+        if shape_tuple(<Tensor>rs) != (n, o, oh, ow):
+            raise ValueError(f"{op}: residual must have the output's shape {(n, o, oh, ow)}, got "
+                             f"{shape_tuple(<Tensor>rs)}")
+        if CATEGORY[(<Tensor>rs)._dtype] != 3:
+            raise TypeError(f"{op}: residual must be a float tensor, got "
+                            f"{DTYPE_NAMES[(<Tensor>rs)._dtype]}")
+        code = PROMOTE[code][(<Tensor>rs)._dtype]
+        tr = <Tensor>rs
     if algo not in CONV_ALGOS:
         raise ValueError(f"{op}: unknown algorithm {algo!r}; expected one of {', '.join(CONV_ALGOS)}")
     a = CONV_ALGOS[algo]
@@ -374,6 +574,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo):
     cdef int64_t oshape[4]
     oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
     out = empty(4, oshape, work, tx._device)
+    if tr is not None:
+        tr = _ready(tr, work)
+        g.has_res = 1
+        g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
     cdef Tensor ws = _workspace(op, mt_conv2d_workspace(work, &g, a, nt), tx._device,
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
@@ -403,6 +607,7 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     g.ph, g.pw = _nonneg("conv2d", "padding", padding)
     g.dh, g.dw = _positive("conv2d", "dilation", dilation)
     g.groups = groups
+    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
     g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
     if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
@@ -476,6 +681,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     work = _work_code(code)
     tx = _ready(tx, work)
     tw = _ready(tw, work)

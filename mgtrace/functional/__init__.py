@@ -3,7 +3,7 @@
     import mgtrace.functional as F
     y = F.relu(F.conv2d(x, w, b, padding=1))
 
-Three modules, one concept each:
+Four modules, one concept each:
 
 - :mod:`~mgtrace.functional.math`: elementwise math, comparison and logic,
   reductions, norm, sorting, matmul/dot.
@@ -11,6 +11,8 @@ Three modules, one concept each:
   normalization, activations, softmax, dropout, embedding, pad, interpolate.
 - :mod:`~mgtrace.functional.tensor`: reshaping, joining, indexing, repeat/tile,
   and creation (zeros, ones, full, arange, linspace, eye, ..._like).
+- :mod:`~mgtrace.functional.fused`: a layer and its activation in one kernel
+  call (conv2d_act, linear_act), and attention; what ``optimize()`` emits.
 
 All are thin wrappers over :mod:`mgtrace._core` (no kernels of their own):
 they check arguments (errors name the function and the argument), then call
@@ -18,10 +20,10 @@ core ops, so a module tracer sees core ops. dtypes follow MegEngine's
 promotion and shapes NumPy's broadcasting (DESIGN.md, "Tensor core").
 Every public name is listed in ``__all__``.
 """
-from mgtrace.functional import math, nn, tensor  # noqa: F401  (submodules)
+from mgtrace.functional import fused, math, nn, tensor  # noqa: F401  (submodules)
 from mgtrace.functional import _trace
 
-for _m in (math, nn, tensor):       # the tracer records calls of these (see _trace)
+for _m in (math, nn, tensor, fused):       # the tracer records calls of these (see _trace)
     _trace.wrap_public(_m)
 from mgtrace.functional.math import *  # noqa: F401,F403
 from mgtrace.functional.math import __all__ as _math_all
@@ -29,5 +31,7 @@ from mgtrace.functional.nn import *  # noqa: F401,F403
 from mgtrace.functional.nn import __all__ as _nn_all
 from mgtrace.functional.tensor import *  # noqa: F401,F403
 from mgtrace.functional.tensor import __all__ as _tensor_all
+from mgtrace.functional.fused import attention, conv2d_act, linear_act  # noqa: F401
 
-__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all))
+__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all)
+                 | {"attention", "conv2d_act", "linear_act"})

@@ -105,6 +105,10 @@ class EncodeContext:
             except KeyError:
                 raise TypeError(f"{name!r} is not a registered function name") from None
             self._check_released("functions", name, version, "function")
+            if name.startswith("mgtrace.") and name not in released_names((1, 0))["functions"]:
+                # one of mgtrace's own names added after the first release (e.g. the
+                # fused calls optimize() emits): a reader of 1.0 does not know it
+                self.require(FORMAT_VERSION, f"a call of {name}")
             i = self._op_index[name] = len(self.ops)
             self.ops.append({"name": name, "version": version})
         return i

@@ -18,12 +18,15 @@ from mgtrace.traced_module.pytree import (TreeDef, register_supported_type, tree
                                           tree_map)
 from mgtrace.traced_module.tracer import SymInt, TraceError, TraceWarning
 from mgtrace.traced_module.traced_module import TracedModule, trace_module
+from mgtrace.traced_module.passes import (Match, optimize, register_pass, registered_passes,
+                                          replace_pattern)
 
 __all__ = ["trace_module", "TracedModule", "wrap", "InternalGraph", "GraphError", "Node",
            "TensorNode", "ModuleNode", "ValueNode", "Expr", "Input", "GetAttr", "CallMethod",
            "CallFunction", "Constant", "Apply", "NodeFilter", "ExprFilter", "TreeDef",
            "tree_flatten", "tree_map", "register_supported_type", "SymInt", "TraceError",
-           "TraceWarning"]
+           "TraceWarning", "optimize", "register_pass", "registered_passes", "replace_pattern",
+           "Match"]
 
 
 def wrap(fn):

@@ -729,6 +729,11 @@ def test_pad_bad_input(args, exc, match):
 OPS = {
     "conv2d": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(3, 2, 3, 3)), tensor(rand(3))),
                {"stride": 1, "padding": (1, 1), "dilation": 1, "groups": 1}),
+    "conv2d_act": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(3, 2, 3, 3)), tensor(rand(3)),
+                            tensor(rand(1, 3, 5, 5))),
+                   {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "act": "silu"}),
+    "attention": (lambda: (tensor(rand(1, 2, 3, 4)), tensor(rand(1, 2, 5, 4)), tensor(rand(1, 2, 5, 6)),
+                           tensor(rand(1, 1, 1, 5))), {"scale": 0.5}),
     "conv_transpose2d": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(2, 3, 3, 3)), None),
                          {"stride": 2, "padding": 1, "output_padding": 1, "dilation": 1, "groups": 1}),
     "max_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),),

@@ -271,6 +271,9 @@ static void blas_single_end(void) {
     }
 }
 
+void mt_nn_blas_single_begin(void) { blas_single_begin(); }
+void mt_nn_blas_single_end(void) { blas_single_end(); }
+
 /* Columns per work item: the cache budget, but small enough for about four
  * items a thread (total * others columns in all), and never below lo. */
 static int64_t split_cols(int64_t budget, int64_t lo, int64_t total, int64_t others, int nt) {
@@ -305,10 +308,16 @@ static int64_t o_split(int64_t og, int64_t items, int nt) {
     return nob;
 }
 
-static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias) {
-    if (!bias) return;
-    if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
-    else bias_rows_f64((double *)y, ld, rows, cnt, (const double *)bias);
+static inline void add_bias_rows(int dt, char *y, int64_t ld, int64_t rows, int64_t cnt, const char *bias,
+                                 const mt_conv2d_geom *g) {
+    if (bias) {
+        if (dt == MT_FLOAT32) bias_rows_f32((float *)y, ld, rows, cnt, (const float *)bias);
+        else bias_rows_f64((double *)y, ld, rows, cnt, (const double *)bias);
+    }
+    if (g->act || g->has_res) {   /* a fused conv2d's epilogue, on the rows GEMM just wrote */
+        if (dt == MT_FLOAT32) for (int64_t r = 0; r < rows; r++) epilogue_f32((float *)y + r * ld, cnt, g);
+        else for (int64_t r = 0; r < rows; r++) epilogue_f64((double *)y + r * ld, cnt, g);
+    }
 }
 
 /* ------------------------------------------------------------------ choice */
@@ -401,7 +410,7 @@ static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, 
         char *yt = y + ((n * g->o + o0) * hw + p0) * isz;
         gemm(dt, 0, rows, cnt, cg, w + o0 * cg * isz, cg, x + ((n * g->c + gi * cg) * hw + p0) * isz, hw,
              0, yt, hw);
-        add_bias_rows(dt, yt, hw, rows, cnt, bias ? bias + o0 * isz : NULL);
+        add_bias_rows(dt, yt, hw, rows, cnt, bias ? bias + o0 * isz : NULL, g);
     }
     if (par) blas_single_end();
     return 0;
@@ -632,7 +641,7 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
                 } else {
                     char *yt = y + (((n0 + q0 / ohw) * g->o + o0) * ohw + q0 % ohw) * isz;
                     gemm(dt, 0, rows, cnt, k, w + o0 * k * isz, k, bop, ldb, 0, yt, ohw);
-                    add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL);
+                    add_bias_rows(dt, yt, ohw, rows, cnt, bias ? bias + o0 * isz : NULL, g);
                 }
             }
         }
@@ -748,11 +757,11 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
                     if (dt == MT_FLOAT32)
                         wino_output_f32((const float *)mc, mx, (float *)yo,
                                         bias ? ((const float *)bias)[o] : 0.0f, r % th, tw, g->oh, g->ow,
-                                        (float *)scratch);
+                                        (float *)scratch, g);
                     else
                         wino_output_f64((const double *)mc, mx, (double *)yo,
                                         bias ? ((const double *)bias)[o] : 0.0, r % th, tw, g->oh, g->ow,
-                                        (double *)scratch);
+                                        (double *)scratch, g);
                 }
             }
         }
@@ -791,6 +800,8 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     if (g->c == 0) {  /* no input channels: the output is the bias */
         if (dtype == MT_FLOAT32) fill_bias_f32((float *)y, (const float *)bias, g->n, g->o, g->oh * g->ow, nthreads);
         else fill_bias_f64((double *)y, (const double *)bias, g->n, g->o, g->oh * g->ow, nthreads);
+        if (dtype == MT_FLOAT32) epilogue_f32((float *)y, g->n * g->o * g->oh * g->ow, g);
+        else epilogue_f64((double *)y, g->n * g->o * g->oh * g->ow, g);
         return 0;
     }
     if (algo == MT_CONV_AUTO) algo = mt_conv2d_pick_algo(g);
@@ -863,6 +874,16 @@ int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void
 
 #define FN(name) MT_CAT(name, SFX)
 
+/* a fused conv2d's epilogue on n outputs just written (with the bias):
+ * the residual added, then the activation (act.c) */
+static inline void FN(epilogue)(T *d, int64_t n, const mt_conv2d_geom *g) {
+    if (g->has_res) {
+        const T *r = (const T *)((const char *)d + g->res_delta);
+        for (int64_t i = 0; i < n; i++) d[i] += r[i];
+    }
+    if (g->act) MT_CAT(mt_act, SFX)(d, n, g->act);
+}
+
 /* y[n][o][:] = bias[o] (0 without bias) */
 static void FN(fill_bias)(T *y, const T *bias, int64_t n, int64_t o, int64_t count, int nt) {
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n * o * count >= MT_NN_GRAIN)
@@ -902,6 +923,7 @@ static void FN(scatter_wide)(const T *ybuf, int64_t ldy, int64_t j0, int64_t col
                 T *d = y + ((n0 + img) * g->o + o) * ohw + yy * g->ow + xx;
                 const T *s = src + (j - j0);
                 for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+                FN(epilogue)(d, len, g);
             }
             j += run;
         }
@@ -946,6 +968,7 @@ static void FN(scatter_cols)(const T *ybuf, int64_t ldy, int64_t q0, int64_t col
             T *d = y + (n * g->o + o) * ohw + pix;
             const T *s = ybuf + r * ldy + (q - q0);
             for (int64_t i = 0; i < len; i++) d[i] = s[i] + bv;
+            FN(epilogue)(d, len, g);
             q += len;
         }
     }
@@ -975,6 +998,7 @@ static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restric
                 }
             }
         }
+        FN(epilogue)(yr, g->ow, g);
     }
 }
 
@@ -1086,7 +1110,7 @@ static MT_CLONES void FN(wino_output_row)(const T *restrict m, int64_t ldx, T *r
  * tile), plus the bias bv; outputs past an odd oh or ow are dropped
  * (computed into the scratch row, of 2 * tw + 2 elements). */
 static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int64_t tw, int64_t oh, int64_t ow,
-                            T *scratch) {
+                            T *scratch, const mt_conv2d_geom *g) {
     const int64_t full = ow / 2;
     T *y0 = y + 2 * ty * ow;
     T *y1 = 2 * ty + 1 < oh ? y0 + ow : scratch;
@@ -1097,6 +1121,8 @@ static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int
         y0[ow - 1] = row[0][0];
         if (2 * ty + 1 < oh) y1[ow - 1] = row[1][0];
     }
+    FN(epilogue)(y0, ow, g);
+    if (2 * ty + 1 < oh) FN(epilogue)(y1, ow, g);
 }
 
 /* conv_transpose2d: adds col [og * kh * kw][ldc] (columns = input pixels

@@ -8,6 +8,7 @@
  */
 #include <tgmath.h>
 #include "mt_ops.h"
+#include "mt_vmath.h"
 
 
 /* ---- dtype descriptors: X(code, sfx, storage type, compute type, load, store) ---- */
@@ -103,57 +104,14 @@
         }                                                                      \
     }
 
-/* ---- float32 exp on 8 lanes ----
- * libm's expf is a call per element, and GCC 12 does not if-convert the
- * selects of a scalar exp into vector code, so this one is written with GCC
- * vector extensions (SSE pairs in the baseline build, AVX2 in its clone).
- * Range reduction x = n ln2 + r with a two-part ln2, a degree-7 Taylor
- * polynomial on |r| <= ln2/2, and 2^n from exponent bits in two halves so
- * that subnormal results stay right. Within 1 ulp of the true value. */
-typedef float mt_v8f __attribute__((vector_size(32)));
-typedef int32_t mt_v8i __attribute__((vector_size(32)));
-
-static inline mt_v8f mt_blend(mt_v8i m, mt_v8f a, mt_v8f b) {
-    return (mt_v8f)((m & (mt_v8i)a) | (~m & (mt_v8i)b));
-}
-
-static inline mt_v8f mt_exp8(mt_v8f x) {
-    const mt_v8f hi = (mt_v8f){0.f} + 88.72283935546875f;
-    const mt_v8f lo = (mt_v8f){0.f} - 103.97208404541016f;
-    mt_v8f c = mt_blend(x > hi, hi, x);
-    c = mt_blend(c < lo, lo, c);
-    mt_v8f y = c * 1.44269504088896341f + 0.5f;
-    mt_v8f t = __builtin_convertvector(__builtin_convertvector(y, mt_v8i), mt_v8f);
-    mt_v8f n = mt_blend(t > y, t - 1.0f, t);                 /* floor(y) */
-    mt_v8f r = c - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    mt_v8f p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
-               r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    mt_v8i ni = __builtin_convertvector(n, mt_v8i), n1 = ni >> 1, n2 = ni - n1;
-    mt_v8f res = p * (mt_v8f)((n1 + 127) << 23) * (mt_v8f)((n2 + 127) << 23);
-    res = mt_blend(x > hi, (mt_v8f){0.f} + INFINITY, res);
-    res = mt_blend(x < lo, (mt_v8f){0.f}, res);
-    return mt_blend(x != x, x, res);                       /* nan stays nan */
-}
-
-/* Contiguous float32 loops built on mt_exp8: 8 lanes at a time, the tail
- * through a zero-padded buffer. */
-#define MT_EXP8_LOOP(NAME, VEXPR)                                              \
-    static MT_CLONES void NAME##_v8(float *o, const float *a, int64_t n) {    \
-        int64_t i = 0;                                                         \
-        for (; i + 8 <= n; i += 8) {                                           \
-            mt_v8f x; memcpy(&x, a + i, 32);                                   \
-            mt_v8f v = VEXPR; memcpy(o + i, &v, 32);                           \
-        }                                                                      \
-        if (i < n) {                                                           \
-            float buf[8] = {0}; memcpy(buf, a + i, (size_t)(n - i) * 4);       \
-            mt_v8f x; memcpy(&x, buf, 32);                                     \
-            mt_v8f v = VEXPR; memcpy(buf, &v, 32);                             \
-            memcpy(o + i, buf, (size_t)(n - i) * 4);                           \
-        }                                                                      \
-    }
-MT_EXP8_LOOP(exp_f32, mt_exp8(x))
-MT_EXP8_LOOP(sigmoid_f32, 1.0f / (1.0f + mt_exp8(-x)))
-MT_EXP8_LOOP(silu_f32, x / (1.0f + mt_exp8(-x)))
+/* ---- vectorised float32 exp and erf (mt_vmath.h) ----
+ * Contiguous float32 inputs of these ops take a 16-lane loop with an
+ * AVX2 and an AVX-512 clone; other layouts and dtypes the generic loop. */
+MT_VMAP_LOOP(exp_f32_v, mt_vexp(x))
+MT_VMAP_LOOP(sigmoid_f32_v, mt_vsigmoid(x))
+MT_VMAP_LOOP(silu_f32_v, mt_vsilu(x))
+MT_VMAP_LOOP(erf_f32_v, mt_verf(x))
+MT_VMAP_LOOP(gelu_f32_v, mt_vgelu(x))
 
 /* ---- expressions: x, y are the compute-type operands ---- */
 /* float */
@@ -364,13 +322,14 @@ MT_DT_ALL(MT_CAST_OUTER, 0)
     }
 MT_DT_ALL(MT_GEN_FILL, 0)
 
-/* the vector exp for contiguous float32, the generic loop otherwise */
-#define MT_EXP8_ENTRY(op)                                                      \
+/* the vector loop for contiguous float32, the generic loop otherwise */
+#define MT_VMATH_ENTRY(op)                                                     \
     static void u_##op##_f32_fast(char **args, const int64_t *s, int64_t n, const void *aux) { \
-        if (s[0] == 4 && s[1] == 4) op##_f32_v8((float *)args[0], (const float *)args[1], n); \
+        if (s[0] == 4 && s[1] == 4) op##_f32_v((float *)args[0], (const float *)args[1], n); \
         else u_##op##_f32(args, s, n, aux);                                   \
     }
-MT_EXP8_ENTRY(exp) MT_EXP8_ENTRY(sigmoid) MT_EXP8_ENTRY(silu)
+MT_VMATH_ENTRY(exp) MT_VMATH_ENTRY(sigmoid) MT_VMATH_ENTRY(silu) MT_VMATH_ENTRY(erf)
+MT_VMATH_ENTRY(gelu)
 
 /* ---- tables ---- */
 mt_loop_fn mt_unary_loops[MT_NUNARY][MT_NDTYPES];
@@ -429,4 +388,6 @@ void mt_elementwise_init(void) {
     mt_unary_loops[MT_U_exp][MT_FLOAT32] = u_exp_f32_fast;
     mt_unary_loops[MT_U_sigmoid][MT_FLOAT32] = u_sigmoid_f32_fast;
     mt_unary_loops[MT_U_silu][MT_FLOAT32] = u_silu_f32_fast;
+    mt_unary_loops[MT_U_erf][MT_FLOAT32] = u_erf_f32_fast;
+    mt_unary_loops[MT_U_gelu][MT_FLOAT32] = u_gelu_f32_fast;
 }

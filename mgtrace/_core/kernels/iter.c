@@ -1,10 +1,17 @@
 /* The N-d elementwise driver and the thread count shared by all kernels. */
+#define _GNU_SOURCE
 #include "mt_common.h"
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 static int mt_threads = 0; /* 0: not set yet, use the OpenMP default */
+static int mt_adaptive = 1; /* follow the machine's load (mt_run_threads) */
 
 int mt_get_num_threads(void) {
 #ifdef _OPENMP
@@ -19,6 +26,57 @@ void mt_set_num_threads(int n) {
 #ifdef _OPENMP
     omp_set_num_threads(mt_threads);
 #endif
+}
+
+void mt_set_adaptive_threads(int on) { mt_adaptive = on != 0; }
+int mt_get_adaptive_threads(void) { return mt_adaptive; }
+
+/* Runnable threads on the machine right now: the numerator of the fourth
+ * field of /proc/loadavg ("0.52 0.58 0.59 3/361 1234"); -1 if unreadable. */
+static int runnable_now(void) {
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = buf;
+    for (int field = 0; field < 3 && p; field++) { p = strchr(p, ' '); if (p) p++; }
+    return p ? atoi(p) : -1;
+}
+
+static int cpus_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Threads for the next kernel: the configured count, less the cores other
+ * processes keep busy. Under contention a team of OpenMP threads runs at
+ * the pace of its most-descheduled member (each region ends in a barrier):
+ * on 2 cores beside two busy processes, 2 threads made ResNet-18 3-5x
+ * slower than 1. Other processes' runnable threads are estimated as the
+ * machine's runnable count less this team's n (the caller and, while they
+ * spin, its workers), which never takes a thread away on a quiet machine.
+ * Read at most every 50 ms (a read of /proc/loadavg costs a few us). */
+int mt_run_threads(void) {
+    static int ncpu = 0, cached = 0;
+    static int64_t next_ns = 0;
+    const int n = mt_get_num_threads();
+    if (n <= 1 || !mt_adaptive) return n;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    if (now >= next_ns || cached <= 0) {   /* races here only repeat the read */
+        if (ncpu == 0) ncpu = cpus_allowed();
+        const int running = runnable_now();
+        int avail = running < 0 ? n : ncpu - (running - n);
+        cached = avail < 1 ? 1 : avail;
+        next_ns = now + 50000000;
+    }
+    return cached < n ? cached : n;
 }
 
 /* Elements of "cost 1" work (an add) below which one thread is faster:
@@ -72,7 +130,7 @@ void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *
     int64_t total = 1;
     for (int d = 0; d < ndim; d++) total *= shape[d];
     if (total == 0) return;
-    int nthreads = mt_get_num_threads();
+    int nthreads = mt_run_threads();
     int64_t work = total * (cost > 0 ? cost : 1);
     if (nthreads <= 1 || work < MT_GRAIN) {
         nd_range(fn, nargs, base, ndim, shape, strides, aux, 0, total);

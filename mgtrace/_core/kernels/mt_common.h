@@ -82,8 +82,13 @@ static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 #define MT_IVDEP _Pragma("GCC ivdep")
 
 /* ---- threading ---- */
-int mt_get_num_threads(void);
+int mt_get_num_threads(void);      /* the configured count */
 void mt_set_num_threads(int n);
+/* What a kernel should use now: the configured count, fewer while other
+ * processes keep the cores busy (iter.c); adaptive unless switched off. */
+int mt_run_threads(void);
+void mt_set_adaptive_threads(int on);
+int mt_get_adaptive_threads(void);
 
 /* Runs an N-d elementwise loop: shape has ndim dims (outermost first);
  * strides[a * MT_MAX_NDIM + d] is arg a's byte stride on dim d. The work

@@ -23,6 +23,38 @@
 /* returned by the workspace queries when the size does not fit int64 */
 #define MT_NN_EOVERFLOW (-2)
 
+/* ---- activation epilogues (act.c) ---- */
+
+/* The activation a fused conv2d / linear applies after its bias (the same
+ * values as the separate elementwise op). Append only: nn.pyx names them. */
+enum mt_act {
+    MT_ACT_NONE = 0, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH,
+    MT_ACT_SIGMOID, MT_ACT_GELU, MT_NACTS
+};
+/* y[0..n) = act(y[0..n)) in place */
+void mt_act_f32(float *y, int64_t n, int act);
+void mt_act_f64(double *y, int64_t n, int act);
+/* y [rows, cols] row-major: y[r][c] = act(y[r][c] + bias[c]); bias may be NULL */
+int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nthreads);
+
+/* ---- fused attention (attention.c) ---- */
+
+/* out [b, h, sq, dv] (contiguous) = softmax(q k^T * scale + mask) v with
+ * q [b, h, sq, d], k [b, h, sk, d], v [b, h, sk, dv], mask broadcast to
+ * [b, h, sq, sk]: element strides per axis (0 on broadcast axes); q, k and v
+ * need a unit last stride and a row stride >= their last extent. */
+typedef struct {
+    int64_t b, h, sq, sk, d, dv;
+    int64_t qs[4], ks[4], vs[4], ms[4];
+    float scale;
+} mt_attn_geom;
+int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads);
+int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                     const mt_attn_geom *g, int nthreads, void *workspace);
+/* OpenBLAS single-threaded while OpenMP threads run their own GEMMs (conv.c) */
+void mt_nn_blas_single_begin(void);
+void mt_nn_blas_single_end(void);
+
 /* ---- convolution ---- */
 
 /* How conv2d computes; AUTO picks by shape (see conv.c). */
@@ -45,6 +77,10 @@ typedef struct {
     int64_t oh, ow;
     int64_t sh, sw, ph, pw, dh, dw;
     int64_t groups;
+    /* conv2d's epilogue: y = act(conv + bias + residual) */
+    int act;        /* enum mt_act (0: none) */
+    int has_res;    /* 1: add a residual tensor laid out as y, ... */
+    int64_t res_delta;  /* ... whose element for y's element at address a is at a + res_delta */
 } mt_conv2d_geom;
 
 /* Scratch bytes the call needs (0: none; MT_NN_EOVERFLOW when the count

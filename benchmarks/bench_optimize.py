@@ -1,0 +1,306 @@
+"""Inference latency: mgtrace eager, traced, traced + optimize() next to
+PyTorch eager and ONNX Runtime, plus a row under contention.
+
+    python benchmarks/bench_optimize.py                 # short: a few repeats
+    python benchmarks/bench_optimize.py --full          # more repeats
+    python benchmarks/bench_optimize.py --peer-python /path/to/venv/bin/python
+
+Rows: ResNet-18 224x224 at batch 1 and 8, MobileNetV2 224x224 at batch 1,
+the MiniLM-L6 encoder (6 layers, hidden 384, 12 heads) at 8 x 128 tokens,
+all with random weights (speed does not depend on them) and the same inputs
+for every library. Columns, each run in its own subprocess with the same
+thread count:
+
+- mgtrace eager: the mgtrace.models module called directly;
+- mgtrace traced: ``trace_module`` of it;
+- mgtrace optimized: ``optimize(traced, "all")`` (BatchNorms folded into
+  the convs, conv/linear + activation fused, Dropout dropped);
+- PyTorch eager: the same architecture in torch.nn (ResNet-18 and
+  MobileNetV2 from tests/models/torch_reference.py; MiniLM as an
+  equivalent BERT encoder written here), under ``torch.inference_mode``;
+- ONNX Runtime: that torch module exported with ``torch.onnx.export`` and
+  run by an InferenceSession (all graph optimizations, intra-op threads =
+  the thread count, one inter-op thread).
+
+PyTorch and ONNX Runtime run in ``--peer-python`` (default: this
+interpreter); a column whose library does not import there says so.
+
+The contention row runs ResNet-18 batch 1 while two other processes spin
+on the cores (pure Python busy loops), for mgtrace optimized and PyTorch.
+
+Latency is the best of the timed calls after warm-up (robust to noise from
+elsewhere on the machine); the median is in each child's JSON. The machine's
+load average is printed with the table: on a shared machine the numbers are
+only comparable within one run. Not a test: nothing is asserted here.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (row label, model, batch, input shape without the batch axis)
+CASES = [
+    ("ResNet-18 b1", "resnet18", 1, (3, 224, 224)),
+    ("ResNet-18 b8", "resnet18", 8, (3, 224, 224)),
+    ("MobileNetV2 b1", "mobilenet_v2", 1, (3, 224, 224)),
+    ("MiniLM 8x128", "minilm", 8, (128,)),
+]
+MGTRACE_KINDS = ("eager", "traced", "optimized")
+PEER_KINDS = ("torch", "onnxruntime")
+
+
+def _inputs(model, batch, shape):
+    """The model's inputs as NumPy arrays, the same for every library."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    if model != "minilm":
+        return (rng.standard_normal((batch,) + tuple(shape), dtype=np.float32),)
+    seq = shape[0]
+    ids = rng.integers(1000, 30522, (batch, seq)).astype(np.int32)
+    mask = np.zeros((batch, seq), np.int32)
+    for i in range(batch):
+        mask[i, :max(2, seq - 8 * i)] = 1
+    return ids, mask
+
+
+# ------------------------------------------------------------------ builders
+
+def _build_mgtrace(kind, model, inputs, threads):
+    import mgtrace as mt
+    import mgtrace.models as models
+    from mgtrace.traced_module import optimize
+    if threads:
+        mt.set_num_threads(threads)
+    net = models.MiniLM().eval() if model == "minilm" else getattr(models, model)().eval()
+    xs = [mt.tensor(a) for a in inputs]
+    if kind != "eager":
+        net = mt.trace_module(net, *xs)
+        if kind == "optimized":
+            net = optimize(net, "all")
+    return lambda: net(*xs)
+
+
+def _torch_minilm(torch, layers=6, hidden=384, heads=12, inter=1536, vocab=30522, max_pos=512):
+    """BERT encoder + mean pooling + L2 normalisation in torch.nn: the
+    computation of mgtrace.models.MiniLM (and of sentence-transformers'
+    all-MiniLM-L6-v2), eager attention."""
+    import math
+    nn, fn = torch.nn, torch.nn.functional
+    d = hidden // heads
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+            self.o, self.ln1 = nn.Linear(hidden, hidden), nn.LayerNorm(hidden, eps=1e-12)
+            self.i, self.out = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
+            self.ln2 = nn.LayerNorm(hidden, eps=1e-12)
+
+        def forward(self, h, bias):
+            b, n, _ = h.shape
+
+            def split(x):
+                return x.view(b, n, heads, d).transpose(1, 2)
+            q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+            p = torch.softmax(q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d)) + bias, dim=-1)
+            a = (p @ v).transpose(1, 2).reshape(b, n, hidden)
+            a = self.ln1(self.o(a) + h)
+            return self.ln2(self.out(fn.gelu(self.i(a))) + a)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word, self.pos = nn.Embedding(vocab, hidden), nn.Embedding(max_pos, hidden)
+            self.token_type, self.ln = nn.Embedding(2, hidden), nn.LayerNorm(hidden, eps=1e-12)
+            self.layers = nn.ModuleList(Layer() for _ in range(layers))
+
+        def forward(self, ids, mask):
+            b, n = ids.shape
+            pos = torch.arange(n, device=ids.device).unsqueeze(0)
+            h = self.ln(self.word(ids) + self.pos(pos) + self.token_type(torch.zeros_like(pos)))
+            m = mask.to(torch.float32)
+            bias = ((1.0 - m) * torch.finfo(torch.float32).min).view(b, 1, 1, n)
+            for layer in self.layers:
+                h = layer(h, bias)
+            me = m.unsqueeze(-1)
+            pooled = (h * me).sum(1) / me.sum(1).clamp(min=1e-9)
+            return fn.normalize(pooled, dim=-1)
+
+    return Net()
+
+
+def _torch_net(torch, model):
+    if model == "minilm":
+        return _torch_minilm(torch)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
+    import torch_reference   # torch.nn models with torchvision's names (no mgtrace import)
+    return torch_reference.TORCH_MODELS[model](torch.nn)
+
+
+def _build_torch(kind, model, inputs, threads):
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+    torch.manual_seed(0)
+    net = _torch_net(torch, model).eval()
+    xs = [torch.from_numpy(a) for a in inputs]
+    if kind == "torch":
+        def run():
+            with torch.inference_mode():
+                return net(*xs)
+        return run
+    import onnxruntime as ort
+    path = os.path.join(tempfile.mkdtemp(prefix="bench_optimize_"), f"{model}.onnx")
+    names = ["input_ids", "attention_mask"] if model == "minilm" else ["x"]
+    kw = dict(input_names=names, output_names=["y"], opset_version=17)
+    import inspect
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        kw["dynamo"] = False         # the TorchScript exporter: no onnxscript needed
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, tuple(xs), path, **kw)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feed = dict(zip(names, inputs))
+    return lambda: sess.run(None, feed)
+
+
+# ------------------------------------------------------------------ children
+
+def child(kind, model, batch, shape, threads, warmup, repeats):
+    """Runs in the subprocess: build, warm up, time; prints one JSON line."""
+    inputs = _inputs(model, batch, shape)
+    build = _build_mgtrace if kind in MGTRACE_KINDS else _build_torch
+    fn = build(kind, model, inputs, threads)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"ms": statistics.median(times) * 1e3, "best_ms": min(times) * 1e3}))
+
+
+def run_child(python, kind, model, batch, shape, threads, warmup, repeats):
+    cmd = [python, os.path.abspath(__file__), "--child", kind, model, str(batch),
+           ",".join(map(str, shape)), "--threads", str(threads), "--warmup", str(warmup),
+           "--repeats", str(repeats)]
+    env = dict(os.environ)   # mgtrace is built in place: make the checkout importable
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        lines = (proc.stderr or "failed").strip().splitlines()
+        return {"error": lines[-1] if lines else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def importable(python, module):
+    """None when ``module`` imports in ``python``, else why not."""
+    r = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    lines = r.stderr.strip().splitlines()
+    return lines[-1] if lines else f"{module} does not import"
+
+
+class Busy:
+    """Two (or n) processes spinning in Python, for the contention row."""
+
+    def __init__(self, n=2):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(self.n)]
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def _cell(r):
+    if r is None:
+        return f"{'-':>10s}"
+    if "error" in r:
+        return f"{'n/a':>10s}"
+    return f"{r['best_ms']:10.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="more warm-up calls and repeats")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every library (default 2)")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="interpreter with torch and onnxruntime (default: this one)")
+    ap.add_argument("--no-contention", action="store_true", help="skip the contention row")
+    ap.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "BATCH", "SHAPE"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, model, batch, shape = args.child
+        child(kind, model, int(batch), [int(s) for s in shape.split(",")], args.threads,
+              args.warmup, args.repeats)
+        return
+    warmup, repeats = (5, 30) if args.full else (2, 7)
+    peer = args.peer_python
+    missing = {"torch": importable(peer, "torch"),
+               "onnxruntime": importable(peer, "torch") or importable(peer, "onnxruntime")}
+    for k, why in missing.items():
+        if why:
+            print(f"# {k}: skipped ({why} in {peer})")
+    print(f"# threads {args.threads}, warm-up {warmup}, best of {repeats}, one subprocess per "
+          f"cell; load average before: {os.getloadavg()[0]:.2f}")
+    kinds = list(MGTRACE_KINDS) + [k for k in PEER_KINDS if not missing[k]]
+    labels = {"eager": "mt eager", "traced": "mt traced", "optimized": "mt optim",
+              "torch": "torch", "onnxruntime": "onnxrt"}
+    head = f"{'model':16s} |" + "".join(f"{labels[k]:>10s}" for k in kinds) + \
+        f" | {'optim/eager':>11s} {'optim/ort':>9s}"
+    print(head)
+    print("-" * len(head))
+    for label, model, batch, shape in CASES:
+        res = {}
+        for k in kinds:
+            py = sys.executable if k in MGTRACE_KINDS else peer
+            res[k] = run_child(py, k, model, batch, shape, args.threads, warmup, repeats)
+        line = f"{label:16s} |" + "".join(_cell(res[k]) for k in kinds)
+        o, e, x = res["optimized"], res["eager"], res.get("onnxruntime")
+        ratio = lambda a, b: f"{a['best_ms'] / b['best_ms']:.2f}" if a and b and "error" not in a \
+            and "error" not in b else "-"                              # noqa: E731
+        line += f" | {ratio(o, e):>11s} {ratio(o, x):>9s}"
+        print(line, flush=True)
+        for k in kinds:
+            if "error" in res[k]:
+                print(f"#   {labels[k]}: {res[k]['error'][:160]}")
+    if not args.no_contention:
+        with Busy(2):
+            label, model, batch, shape = CASES[0]
+            cont = {k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k, model, batch,
+                                 shape, args.threads, warmup, repeats)
+                    for k in ("eager", "optimized") + (("torch",) if not missing["torch"] else ())}
+            load = os.getloadavg()[0]
+        line = f"{'R18 b1, 2 busy':16s} |" + "".join(
+            _cell(cont.get(k)) for k in kinds)
+        print(line + f"   (2 busy processes; load average {load:.2f})", flush=True)
+    print(f"# load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

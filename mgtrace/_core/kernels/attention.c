@@ -1,0 +1,83 @@
+/* Fused attention for inference: out = softmax(q k^T * scale + mask) v,
+ * one (batch, head) pair at a time.
+ *
+ * The unfused sequence writes the [Sq, Sk] scores of every pair to memory
+ * and reads them back four times (scale, mask, softmax, second product),
+ * and each of its GEMMs is small (MiniLM: 96 pairs of 128x128x32), so
+ * OpenBLAS pays its threading cost for each. Here the pairs are shared
+ * over OpenMP threads, each running single-threaded GEMMs on its own
+ * scores buffer, which stays in cache between the two products (64 KiB for
+ * 128 x 128). The softmax is that of reduce.c: the row's max subtracted,
+ * exp in float32 (mt_vmath.h), the sum in double; a row that is all -inf
+ * gives NaN, as there.
+ */
+#include <cblas.h>
+#include "nn.h"
+#include "mt_vmath.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+MT_VMAP_LOOP(attn_exp_f32, mt_vexp(x))
+
+int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) {
+    return (int64_t)(nthreads < 1 ? 1 : nthreads) * g->sq * g->sk * 4;
+}
+
+/* One row of scores: += mask row (may be NULL, its step ms3 may be 0), then
+ * softmax in place. */
+static void softmax_row(float *row, const float *mrow, int64_t ms3, int64_t n) {
+    if (mrow) {
+        if (ms3 == 1) for (int64_t j = 0; j < n; j++) row[j] += mrow[j];
+        else for (int64_t j = 0; j < n; j++) row[j] += mrow[j * ms3];
+    }
+    float m = -INFINITY;
+    int nan = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (row[j] > m) m = row[j];
+        nan |= row[j] != row[j];
+    }
+    if (nan) m = NAN;
+    for (int64_t j = 0; j < n; j++) row[j] -= m;
+    attn_exp_f32(row, row, n);
+    double s = 0;
+    for (int64_t j = 0; j < n; j++) s += row[j];
+    const float inv = (float)(1.0 / s);
+    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+}
+
+static void attention_pair(const float *q, const float *k, const float *v, const float *mask, float *out,
+                           const mt_attn_geom *g, int64_t p, float *s) {
+    const int64_t bi = p / g->h, hi = p % g->h;
+    const float *qp = q + bi * g->qs[0] + hi * g->qs[1];
+    const float *kp = k + bi * g->ks[0] + hi * g->ks[1];
+    const float *vp = v + bi * g->vs[0] + hi * g->vs[1];
+    float *op = out + p * g->sq * g->dv;
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g->sq, (blasint)g->sk, (blasint)g->d,
+                      g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, s, (blasint)g->sk);
+    const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
+    for (int64_t i = 0; i < g->sq; i++)
+        softmax_row(s + i * g->sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], g->sk);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)g->sq, (blasint)g->dv, (blasint)g->sk,
+                      1.0f, s, (blasint)g->sk, vp, (blasint)g->vs[2], 0.0f, op, (blasint)g->dv);
+}
+
+int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                     const mt_attn_geom *g, int nthreads, void *workspace) {
+    const int64_t pairs = g->b * g->h;
+    if (pairs == 0 || g->sq == 0 || g->dv == 0) return 0;
+    float *ws = workspace;
+    const int nt = nthreads > 1 && pairs > 1 ? (int)mt_min64(nthreads, pairs) : 1;
+    if (nt > 1) mt_nn_blas_single_begin();
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+    for (int64_t p = 0; p < pairs; p++) {
+#ifdef _OPENMP
+        float *s = ws + (int64_t)omp_get_thread_num() * g->sq * g->sk;
+#else
+        float *s = ws;
+#endif
+        attention_pair(q, k, v, mask, out, g, p, s);
+    }
+    if (nt > 1) mt_nn_blas_single_end();
+    return 0;
+}

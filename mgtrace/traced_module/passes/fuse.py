@@ -1,0 +1,387 @@
+"""Passes that merge a layer with what follows it.
+
+- ``FuseConvBn`` (MegEngine's): ``bn(conv(x))`` with an inference-mode
+  BatchNorm2d becomes ``conv'(x)``, the BatchNorm folded into the conv's
+  weight and bias: ``w' = w * s``, ``b' = (b - mean) * s + beta`` with
+  ``s = gamma / sqrt(var + eps)`` per output channel.
+- ``BackwardFoldScale`` (MegEngine's): ``conv(x) * c`` (or ``linear(x) *
+  c``, or either through a ReLU when every ``c > 0``) with a constant ``c``
+  that is a scalar or one value per output channel becomes ``conv'(x)``,
+  ``c`` folded into the weight and bias.
+- ``FuseConvAct``: ``act(conv2d(x))`` for act in ReLU, ReLU6, SiLU,
+  Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
+  runs in the convolution's epilogue), and so does ``act(conv2d(x) + r)``
+  with a tensor ``r`` of the conv's output shape and dtype (a residual
+  block's shortcut, added in the epilogue too).
+- ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
+- ``FuseAttention``: ``softmax(matmul(q, k, transpose_b=True) * scale +
+  mask, axis=-1)`` followed by ``matmul(..., v)`` (the scale and the mask
+  optional) on float32 [B, H, S, D] tensors becomes one ``F.attention``
+  call (run EliminateIdentity first so that an inference Dropout between
+  the softmax and the product does not hide the pattern).
+
+Each fuses only where the intermediate value has no other user (not
+another expr, not the graph's result, not a watch point): a conv whose
+output is also read elsewhere stays as it is. Folding rewrites a module's
+weights, so it happens only to a module that one call uses, and never to a
+BatchNorm in training mode (whose batch statistics change every call).
+"""
+import numpy as np
+
+import mgtrace.functional as F
+import mgtrace.module as M
+from mgtrace._core import Tensor, tensor
+from mgtrace.module.parameter import Parameter
+from mgtrace.traced_module.passes.util import (bound_args, call_counts, const_value, graphs_of,
+                                               is_function, module_call, sole_user)
+
+__all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
+           "fuse_attention"]
+
+# activation modules and functions the fusions take, by the kernels' names
+_ACT_MODULES = {M.ReLU: "relu", M.ReLU6: "relu6", M.SiLU: "silu", M.Hardswish: "hardswish",
+                M.Sigmoid: "sigmoid"}
+_ACT_FUNCTIONS = (("relu", F.relu), ("relu6", F.relu6), ("silu", F.silu),
+                  ("hardswish", F.hardswish), ("sigmoid", F.sigmoid), ("gelu", F.gelu))
+
+
+def activation(e):
+    """``(act name, input node)`` when ``e`` applies a fusable activation to
+    one tensor, else None."""
+    m = module_call(e)
+    if m is not None and len(e.args) == 2 and not e.kwargs:
+        name = _ACT_MODULES.get(type(m))
+        if type(m) is M.GELU and getattr(m, "approximate", "none") == "none":
+            name = "gelu"
+        return (name, e.args[1]) if name else None
+    for name, fn in _ACT_FUNCTIONS:
+        if is_function(e, fn):
+            args = bound_args(e)
+            if args is None or set(args) - {"x", "approximate"}:
+                return None
+            if args.get("approximate", "none") != "none":
+                return None
+            return name, args["x"]
+    return None
+
+
+def _conv_module(e):
+    """The Conv2d module ``e`` calls with one tensor (zero padding), else None."""
+    m = module_call(e, M.Conv2d)
+    if m is None or len(e.args) != 2 or e.kwargs or m.padding_mode != "zeros":
+        return None
+    return m
+
+
+def _numpy(t):
+    return t.numpy().astype(np.float64)
+
+
+def _set_weights(mod, weight, bias):
+    """Give ``mod`` new float64-computed weight and bias, in its weight's dtype."""
+    dt = mod.weight.dtype.name
+    mod.weight = Parameter(tensor(weight.astype(dt)))
+    mod.bias = Parameter(tensor(bias.astype(dt)))
+
+
+def _channel_scale(c, channels, axis, ndim):
+    """A constant ``c`` as one float64 value per channel ([channels]) when it
+    broadcasts along ``axis`` only (a scalar, or ones except ``channels``
+    there), else None."""
+    if isinstance(c, (int, float)):
+        return np.full(channels, float(c))
+    a = _numpy(c)
+    if a.size == 1 and a.ndim <= ndim:
+        return np.full(channels, float(a.reshape(())))
+    if a.ndim > ndim:
+        return None
+    shape = (1,) * (ndim - a.ndim) + a.shape
+    if shape[axis] != channels or any(s != 1 for i, s in enumerate(shape) if i != axis):
+        return None
+    return a.reshape(channels)
+
+
+# ------------------------------------------------------------------ FuseConvBn
+
+def fuse_conv_bn(tm):
+    """Fold each inference-mode BatchNorm2d that follows a Conv2d into the
+    conv (see the module docstring). Returns the number of folds."""
+    counts = call_counts(tm)
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            bn = module_call(e, M.BatchNorm2d)
+            if bn is None or bn.training or bn.running_mean is None or bn.running_var is None \
+                    or len(e.args) != 2 or e.kwargs:
+                continue
+            y = e.args[1]
+            conv = _conv_module(y.expr) if y.expr is not None else None
+            if conv is None or sole_user(y) is not e or counts.get(id(conv)) != 1 \
+                    or conv.weight.dtype.name not in ("float32", "float64"):
+                continue
+            s = 1.0 / np.sqrt(_numpy(bn.running_var) + bn.eps)
+            if bn.weight is not None:
+                s = s * _numpy(bn.weight)
+            shift = -_numpy(bn.running_mean) * s
+            if bn.bias is not None:
+                shift = shift + _numpy(bn.bias)
+            b = _numpy(conv.bias) if conv.bias is not None else 0.0
+            _set_weights(conv, _numpy(conv.weight) * s.reshape(-1, 1, 1, 1), b * s + shift)
+            g.replace_node({e.outputs[0]: y})
+            done += 1
+        g.compile()
+    return done
+
+
+# ------------------------------------------------------------ BackwardFoldScale
+
+def _scaled_operand(e):
+    """``(node, constant)`` when ``e`` multiplies a node by a constant (or
+    divides it by one: the constant is then 1/c), else None."""
+    div = False
+    if e.kind == "call_method" and e.method in ("__mul__", "__rmul__", "__truediv__") and len(e.args) == 2:
+        a, b = e.args
+        div = e.method == "__truediv__"
+    elif is_function(e, F.mul) or is_function(e, F.div):
+        args = bound_args(e)
+        if args is None or len(args) != 2:
+            return None
+        a, b = args.values()
+        div = is_function(e, F.div)
+    else:
+        return None
+    for node, c in ((a, b), (b, a)):
+        if getattr(node, "kind", None) != "tensor":
+            continue
+        v = const_value(c)
+        if v is None or (div and node is b):
+            continue
+        if isinstance(v, Tensor) and v.dtype.name not in ("float32", "float64"):
+            return None
+        if div:
+            v = 1.0 / v if isinstance(v, (int, float)) else tensor(1.0 / _numpy(v))
+        return node, v
+    return None
+
+
+def backward_fold_scale(tm):
+    """Fold constant scales into the Conv2d or Linear that produces the
+    scaled value (see the module docstring). Returns the number of folds."""
+    counts = call_counts(tm)
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            if e.graph is not g or not e.outputs:
+                continue
+            hit = _scaled_operand(e)
+            if hit is None:
+                continue
+            y, c = hit
+            src = y.expr
+            through_relu = None
+            act = activation(src) if src is not None else None
+            if act is not None and act[0] == "relu" and sole_user(y) is e:
+                through_relu, y = src, act[1]
+                src = y.expr
+            mod = module_call(src, M.Conv2d) or module_call(src, M.Linear) if src is not None else None
+            if mod is None or counts.get(id(mod)) != 1 or sole_user(y) is not (through_relu or e):
+                continue
+            if isinstance(mod, M.Conv2d) and _conv_module(src) is None:
+                continue
+            out = mod.weight.shape[0]
+            if isinstance(mod, M.Linear) and (len(src.args) != 2 or src.kwargs):
+                continue
+            z, layer_out = e.outputs[0], (through_relu or src).outputs[0]
+            if z.shape is None or z.shape != layer_out.shape or z.dtype != layer_out.dtype:
+                continue      # the scale broadcasts or promotes the value
+            ndim = len(z.shape)
+            axis = 1 if isinstance(mod, M.Conv2d) else ndim - 1
+            s = _channel_scale(c, out, axis, ndim)
+            if s is None or (through_relu is not None and not (s > 0).all()):
+                continue
+            w = _numpy(mod.weight)
+            b = _numpy(mod.bias) if mod.bias is not None else np.zeros(out)
+            _set_weights(mod, w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s)
+            g.replace_node({e.outputs[0]: (through_relu or src).outputs[0]})
+            done += 1
+        g.compile()
+    return done
+
+
+# --------------------------------------------------------------- FuseConvAct
+
+def _conv_call(e):
+    """``(x, weight, bias, stride, padding, dilation, groups)`` of a conv2d
+    that ``e`` computes (a Conv2d module call or an F.conv2d call), where
+    weight and bias are nodes, module parameters or None; else None."""
+    m = _conv_module(e)
+    if m is not None:
+        return (e.args[1], m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups)
+    if is_function(e, F.conv2d):
+        a = bound_args(e)
+        if a is not None:
+            return (a["x"], a["weight"], a["bias"], a["stride"], a["padding"], a["dilation"],
+                    a["groups"])
+    return None
+
+
+def _residual_add(y, match_layer):
+    """``(layer call, r)`` when node ``y`` is ``layer(...) + r`` with the
+    layer's output used only there and ``r`` a tensor of y's shape and
+    dtype (no broadcasting), else None."""
+    e = y.expr
+    if e is None or not (e.kind == "call_method" and e.method in ("__add__", "__radd__")
+                         and len(e.args) == 2 and not e.kwargs):
+        return None
+    a, b = e.args
+    for c, r in ((a, b), (b, a)):
+        if getattr(c, "kind", None) != "tensor" or getattr(r, "kind", None) != "tensor" or \
+                c.expr is None or sole_user(c) is not e:
+            continue
+        call = match_layer(c.expr)
+        if call is not None and r.shape == c.shape == y.shape and r.dtype == c.dtype == y.dtype:
+            return call, r
+    return None
+
+
+def _fuse_act(tm, match_layer, fused, what, residual=False):
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            act = activation(e) if e.graph is g else None
+            if act is None:
+                continue
+            name, y = act
+            if y.expr is None or sole_user(y) is not e:
+                continue
+            call, extra = match_layer(y.expr), {}
+            if call is None and residual:
+                hit = _residual_add(y, match_layer)
+                if hit is not None:
+                    call, extra = hit[0], {"residual": hit[1]}
+            if call is None:
+                continue
+            with g.insert_exprs(e):
+                new = fused(*call, act=name, **extra)
+            g.replace_node({e.outputs[0]: new})
+            done += 1
+        if done:
+            g.compile()
+    return done
+
+
+def fuse_conv_act(tm):
+    """``act(conv2d(x))`` to ``F.conv2d_act(x, ..., act=...)``; returns the
+    number of fusions."""
+    return _fuse_act(tm, _conv_call, F.conv2d_act, "conv2d", residual=True)
+
+
+def _linear_call(e):
+    m = module_call(e, M.Linear)
+    if m is not None and len(e.args) == 2 and not e.kwargs:
+        return (e.args[1], m.weight, m.bias)
+    if is_function(e, F.linear):
+        a = bound_args(e)
+        if a is not None:
+            return (a["x"], a["weight"], a["bias"])
+    return None
+
+
+def fuse_linear_act(tm):
+    """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``;
+    returns the number of fusions."""
+    return _fuse_act(tm, _linear_call, F.linear_act, "linear")
+
+
+# ------------------------------------------------------------ FuseAttention
+
+def _matmul_args(e, transpose_b):
+    """``(a, b)`` of ``F.matmul(a, b, transpose_b=transpose_b)``, else None."""
+    if not is_function(e, F.matmul):
+        return None
+    a = bound_args(e)
+    if a is None or a["transpose_a"] or bool(a["transpose_b"]) != transpose_b:
+        return None
+    return a["a"], a["b"]
+
+
+def _softmax_input(e):
+    if not is_function(e, F.softmax):
+        return None
+    a = bound_args(e)
+    x = a["x"] if a is not None else None
+    if x is None or getattr(x, "shape", None) is None or a["axis"] not in (-1, len(x.shape) - 1):
+        return None
+    return x
+
+
+def _mask_add(e):
+    """``[(scores, mask), ...]``: the ways to read ``e`` as scores + mask."""
+    if e.kind == "call_method" and e.method in ("__add__", "__radd__") and len(e.args) == 2:
+        a, b = e.args
+    elif is_function(e, F.add):
+        args = bound_args(e)
+        if args is None or len(args) != 2:
+            return []
+        a, b = args.values()
+    else:
+        return []
+    return [(x, y) for x, y in ((a, b), (b, a)) if getattr(x, "kind", None) == "tensor"
+            and getattr(y, "kind", None) == "tensor"]
+
+
+def _scores(s):
+    """``(q, k, scale)`` when node ``s`` is ``matmul(q, k, transpose_b=True)``
+    times a Python number (or divided by one, or not scaled), each step's
+    value used once."""
+    e, scale = s.expr, 1.0
+    hit = _scaled_operand(e) if e is not None else None
+    if hit is not None:
+        y, c = hit
+        if not isinstance(c, (int, float)) or sole_user(y) is not e:
+            return None
+        e, scale = y.expr, float(c)
+    qk = _matmul_args(e, True) if e is not None else None
+    return None if qk is None else (qk[0], qk[1], scale)
+
+
+def _f32_4d(*nodes):
+    return all(getattr(n, "kind", None) == "tensor" and n.shape is not None and len(n.shape) == 4
+               and n.dtype is not None and np.dtype(n.dtype) == np.float32 for n in nodes)
+
+
+def fuse_attention(tm):
+    """``softmax(q k^T * scale + mask) @ v`` to ``F.attention`` (see the
+    module docstring); returns the number of fusions."""
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            pv = _matmul_args(e, False) if e.graph is g else None
+            if pv is None:
+                continue
+            p, v = pv
+            t = _softmax_input(p.expr) if p.expr is not None and sole_user(p) is e else None
+            if t is None or sole_user(t) is not p.expr:
+                continue
+            found = None
+            for s, mask in _mask_add(t.expr) if t.expr is not None else []:
+                if sole_user(s) is t.expr and s.shape == t.shape:
+                    qks = _scores(s)
+                    if qks is not None and _f32_4d(mask):
+                        found = qks + (mask,)
+                        break
+            if found is None:
+                qks = _scores(t)
+                found = qks + (None,) if qks is not None else None
+            if found is None:
+                continue
+            q, k, scale, mask = found
+            if not _f32_4d(q, k, v) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+                continue
+            with g.insert_exprs(e):
+                new = F.attention(q, k, v, mask, scale=scale)
+            g.replace_node({e.outputs[0]: new})
+            done += 1
+        if done:
+            g.compile()
+    return done

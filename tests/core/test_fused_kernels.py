@@ -1,0 +1,216 @@
+"""The kernels optimize() leans on: vector exp/erf, activation epilogues of
+conv2d (every algorithm), the bias + activation pass of linear, and matmul
+folding the leading axes of x [..., M, K] @ w [K, N] into one GEMM.
+
+References: double-precision libm (math.erf, numpy.exp) and the unfused
+ops one after the other.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+from mgtrace._core import nn as N
+
+ERF = np.vectorize(math.erf, otypes=[np.float64])
+ACTS = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,
+        "sigmoid": F.sigmoid, "gelu": F.gelu, "none": lambda y: y}
+
+
+def _grid():
+    # lengths that are not multiples of the 16 lanes exercise the tail
+    return np.linspace(-9.0, 9.0, 40001).astype(np.float32)
+
+
+def test_vector_erf_and_gelu_accuracy():
+    x = _grid()
+    got = F.erf(mt.tensor(x)).numpy()
+    assert np.abs(got - ERF(x.astype(np.float64))).max() <= 4e-7
+    g = F.gelu(mt.tensor(x)).numpy()
+    want = 0.5 * x.astype(np.float64) * (1 + ERF(x / np.sqrt(2.0)))
+    assert np.abs(g - want).max() <= 1e-6
+    # the strided (non-contiguous) path agrees with the vector path
+    strided = F.gelu(mt.tensor(np.stack([x, x], 1))[:, 0]).numpy()
+    np.testing.assert_allclose(strided, g, rtol=1e-5, atol=1e-6)
+
+
+def test_vector_exp_family_accuracy():
+    x = np.concatenate([_grid() * 10, np.float32([-100.0, -88.0, 88.5, 89.0])])
+    want = np.exp(x.astype(np.float64))
+    got = F.exp(mt.tensor(x)).numpy().astype(np.float64)
+    finite = np.isfinite(want) & (want < 3.4e38)
+    rel = np.abs(got[finite] - want[finite]) / np.maximum(want[finite], 1e-45)
+    assert rel[want[finite] > 1e-37].max() <= 2.5e-7     # normal results within 2 ulp
+    assert np.abs(got[finite] - want[finite])[want[finite] <= 1e-37].max() <= 1e-44  # subnormal: a few of their ulps
+    s = _grid()
+    np.testing.assert_allclose(F.sigmoid(mt.tensor(s)).numpy(), 1 / (1 + np.exp(-s.astype(np.float64))),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(F.silu(mt.tensor(s)).numpy(), s / (1 + np.exp(-s.astype(np.float64))),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_vector_math_special_values():
+    x = mt.tensor(np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30]))
+    erf = F.erf(x).numpy()
+    assert np.isnan(erf[0]) and erf[1] == 1 and erf[2] == -1 and erf[3] == 0
+    assert np.signbit(erf[4]) and erf[5] == pytest.approx(1.1283791670955126e-30)
+    exp = F.exp(x).numpy()
+    assert np.isnan(exp[0]) and exp[1] == np.inf and exp[2] == 0 and exp[3] == 1
+    gelu = F.gelu(x).numpy()
+    assert np.isnan(gelu[0]) and gelu[1] == np.inf and gelu[3] == 0
+
+
+CONV_CASES = {   # algorithm: (x shape, weight shape, stride, padding, groups)
+    "gemm1x1": ((2, 16, 7, 9), (24, 16, 1, 1), 1, 0, 1),
+    "im2col": ((2, 16, 9, 7), (24, 16, 3, 3), 2, 1, 1),           # small planes: span images
+    "shifted": ((1, 16, 40, 36), (20, 16, 3, 3), 1, 1, 1),
+    "winograd": ((2, 16, 11, 13), (32, 16, 3, 3), 1, 1, 1),       # odd sizes: partial tiles
+    "depthwise": ((2, 8, 10, 11), (8, 1, 3, 3), 2, 1, 8),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(CONV_CASES))
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_conv2d_epilogue_equals_the_activation_after(rng, algo, act):
+    xs, ws, stride, pad, groups = CONV_CASES[algo]
+    x = mt.tensor(rng.standard_normal(xs).astype(np.float32))
+    w = mt.tensor((rng.standard_normal(ws) * 0.3).astype(np.float32))
+    b = mt.tensor(rng.standard_normal(ws[0]).astype(np.float32))
+    plain = N._conv2d(x, w, b, stride, pad, 1, groups, algo)
+    fused = N._conv2d(x, w, b, stride, pad, 1, groups, algo, act)
+    np.testing.assert_allclose(fused.numpy(), ACTS[act](plain).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", sorted(CONV_CASES))
+@pytest.mark.parametrize("act", ["none", "relu"])
+def test_conv2d_epilogue_adds_the_residual_first(rng, algo, act):
+    xs, ws, stride, pad, groups = CONV_CASES[algo]
+    x = mt.tensor(rng.standard_normal(xs).astype(np.float32))
+    w = mt.tensor((rng.standard_normal(ws) * 0.3).astype(np.float32))
+    plain = N._conv2d(x, w, None, stride, pad, 1, groups, algo)
+    r = mt.tensor(rng.standard_normal(plain.shape).astype(np.float32))
+    fused = N._conv2d(x, w, None, stride, pad, 1, groups, algo, act, r)
+    np.testing.assert_allclose(fused.numpy(), ACTS[act](plain + r).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_conv2d_act_residual_checks(rng):
+    x = mt.tensor(rng.standard_normal((1, 2, 5, 5)).astype(np.float32))
+    w = mt.tensor(rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"residual must have the output's shape \(1, 3, 3, 3\)"):
+        F.conv2d_act(x, w, residual=mt.tensor(np.zeros((1, 3, 1, 1), np.float32)))
+    with pytest.raises(TypeError):
+        F.conv2d_act(x, w, residual=mt.tensor(np.zeros((1, 3, 3, 3), np.int32)))
+    # a float64 residual promotes the result, as conv2d(...) + residual does
+    r = mt.tensor(rng.standard_normal((1, 3, 3, 3)))
+    got = F.conv2d_act(x, w, residual=r, act="none")
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.numpy(), (F.conv2d(x, w) + r).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_conv2d_act_other_dtypes(rng, dtype):
+    x = mt.tensor(rng.standard_normal((1, 4, 6, 6)).astype(dtype))
+    w = mt.tensor(rng.standard_normal((5, 4, 3, 3)).astype(dtype))
+    got = F.conv2d_act(x, w, None, padding=1, act="silu")
+    want = F.silu(F.conv2d(x, w, None, padding=1))
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy().astype(np.float64),
+                               rtol=1e-3 if dtype == "float16" else 1e-12, atol=1e-3 if dtype == "float16" else 1e-12)
+
+
+def test_fused_functions_check_act(rng):
+    x = mt.tensor(np.ones((1, 1, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="act must be one of"):
+        F.conv2d_act(x, x, act="tanh")
+    with pytest.raises(ValueError, match="act must be one of"):
+        F.linear_act(mt.tensor(np.ones((2, 3), np.float32)), mt.tensor(np.ones((4, 3), np.float32)),
+                     act=None)
+    with pytest.raises(TypeError, match="contiguous float32 or float64"):
+        N.bias_act_(mt.tensor(np.ones((2, 3), np.int32)), None, "relu")
+    with pytest.raises(ValueError, match=r"bias must be a Tensor of shape \(3,\)"):
+        N.bias_act_(mt.tensor(np.ones((2, 3), np.float32)), mt.tensor(np.ones(2, np.float32)), "relu")
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("shape", [(7,), (3, 7), (2, 5, 7)])
+def test_linear_act_equals_linear_then_act(rng, act, shape):
+    x = mt.tensor(rng.standard_normal(shape).astype(np.float32))
+    w = mt.tensor(rng.standard_normal((9, 7)).astype(np.float32))
+    b = mt.tensor(rng.standard_normal(9).astype(np.float32))
+    want = ACTS[act](F.linear(x, w, b)).numpy()
+    np.testing.assert_allclose(F.linear_act(x, w, b, act=act).numpy(), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(F.linear_act(x, w, None, act=act).numpy(),
+                               ACTS[act](F.linear(x, w)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_linear_act_falls_back_for_other_dtypes(rng):
+    x = mt.tensor(rng.integers(-3, 3, (2, 4)).astype(np.int32))
+    w = mt.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+    got = F.linear_act(x, w, act="relu")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.numpy(), np.maximum(x.numpy() @ w.numpy().T, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: a,                                   # contiguous [B, M, K]: one folded GEMM
+    lambda a: a[:, 1:4],                           # a slice of rows: still one run
+    lambda a: a.transpose(1, 0, 2),                # leading axes out of order: a batch
+    lambda a: a[:, :, :5],                         # rows farther apart than K
+    lambda a: a[:1],                               # batch of one
+    lambda a: a.reshape(2, 2, 5, 6)[:, :1],        # a size-1 axis in the middle
+])
+def test_matmul_folds_leading_axes_of_a_3d_left_operand(rng, make):
+    base = rng.standard_normal((4, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((7, 6)).astype(np.float32)
+    a = make(mt.tensor(base))
+    an = make(base)
+    k = an.shape[-1]
+    got = (a @ mt.tensor(w[:, :k].T.copy())).numpy()
+    np.testing.assert_allclose(got, an @ w[:, :k].T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(F.linear(a, mt.tensor(w[:, :k].copy())).numpy(), an @ w[:, :k].T,
+                               rtol=1e-5, atol=1e-5)
+
+
+def _attention_ref(q, k, v, mask, scale):
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) * scale
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v.astype(np.float64))
+
+
+@pytest.mark.parametrize("mask_shape", [None, (2, 1, 1, 9), (1, 3, 5, 9), (9,)])
+def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
+    q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 9, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 9, 6)).astype(np.float32)
+    mask = None if mask_shape is None else \
+        np.where(rng.random(mask_shape) < 0.3, np.finfo(np.float32).min, 0).astype(np.float32)
+    got = F.attention(mt.tensor(q), mt.tensor(k), mt.tensor(v),
+                      None if mask is None else mt.tensor(mask), scale=0.5)
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, mask, 0.5), rtol=1e-5, atol=1e-6)
+    # strided views (a transposed [B, S, H, D] layout, as in BERT) take the kernel too
+    qt = mt.tensor(q.transpose(0, 2, 1, 3).copy()).transpose(0, 2, 1, 3)
+    got = F.attention(qt, mt.tensor(k), mt.tensor(v), scale=0.5)
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-5, atol=1e-6)
+    # float64 runs the sequence
+    got = F.attention(mt.tensor(q.astype(np.float64)), mt.tensor(k.astype(np.float64)),
+                      mt.tensor(v.astype(np.float64)), scale=0.5)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
+
+
+def test_attention_checks_its_arguments(rng):
+    q = mt.tensor(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"expected q of shape \[B, H, S, D\]"):
+        F.attention(q[0], q, q)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        F.attention(q, q[:, :1], q)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        F.attention(q, q, q, mt.tensor(np.zeros((5,), np.float32)))
+    with pytest.raises(TypeError):
+        F.attention(q, q, mt.tensor(np.ones((1, 2, 3, 4), np.int32)))
