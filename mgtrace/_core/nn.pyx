@@ -494,7 +494,8 @@ def attention(q, k, v, mask=None, scale=1.0):
     oshape[0], oshape[1], oshape[2], oshape[3] = b, h, sq, dv
     out = empty(4, oshape, MT_FLOAT32, tq._device)
     nt = num_threads()
-    cdef Tensor ws = _workspace(mt_attention_workspace(&g, nt), tq._device)
+    cdef Tensor ws = _workspace(op, mt_attention_workspace(&g, nt), tq._device,
+                                f"q {tuple(tq.shape)}, k {tuple(tk.shape)}, v {tuple(tv.shape)}")
     cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
     with nogil:
         rc = mt_attention_f32(<const float *>tq._data, <const float *>tk._data, <const float *>tv._data,
