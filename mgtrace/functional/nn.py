@@ -32,6 +32,7 @@ from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
 from mgtrace._core import reduce as _reduce
 from mgtrace.functional import _args as A
+from mgtrace.functional._trace import mutates as _mutates
 from mgtrace.functional.math import norm, sigmoid, tanh  # noqa: F401  (nn exports them too)
 
 _U, _B, _T = _dispatch.unary_ops, _dispatch.binary_ops, _dispatch.ternary_ops
@@ -426,6 +427,7 @@ def adaptive_max_pool2d(x, oshp):
 
 # ------------------------------------------------------------------ normalization
 
+@_mutates("running_mean", "running_var", when=lambda a: a["training"] and a["inplace"])
 def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=False,
                momentum=0.9, eps=1e-5, inplace=True):
     """Batch normalization over the channel axis 1 (MegEngine's ``batch_norm``).

@@ -431,7 +431,7 @@ class InternalGraph:
         live = {id(n) for n in self._outputs}
         keep = []
         for e in reversed(self._exprs):
-            if isinstance(e, Input) or _has_side_effect(e) or any(id(o) in live for o in e.outputs):
+            if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):
                 keep.append(e)
                 live.update(id(n) for n in e._inputs)
             else:
@@ -721,11 +721,15 @@ class InternalGraph:
         return "\n".join(lines)
 
 
-def _has_side_effect(e, seen=None):
+def has_side_effect(e, seen=None):
     """Whether removing ``e`` could change what a run does besides its
     results: in-place methods (``__setitem__``, ``__iadd__``...), an
-    ``out=`` argument, a call without results, or a call of a traced
-    module whose graph has such an expr."""
+    ``out=`` argument, a call without results, a function that writes into
+    graph values it is given (declared with
+    :func:`mgtrace.functional._trace.mutates`, e.g. ``F.batch_norm`` in
+    training), a call of a builtin module that updates its own state
+    (``mutates_state``, e.g. BatchNorm's running statistics), or a call of a
+    traced module whose graph has such an expr."""
     if isinstance(e, (Input, GetAttr, Constant)):
         return False
     if isinstance(e, CallMethod) and (e.method == "__setitem__" or
@@ -733,14 +737,32 @@ def _has_side_effect(e, seen=None):
         return True
     if "out" in e.kwargs or not e.outputs:
         return True
+    if isinstance(e, CallFunction) and _writes_graph_values(e):
+        return True
+    if isinstance(e, CallMethod) and e.method == "__call__" and isinstance(e.args[0], ModuleNode) \
+            and getattr(e.args[0].owner, "mutates_state", False):
+        return True
     sub = called_graph(e)
     if sub is not None:
         seen = set() if seen is None else seen
         if id(sub) in seen:
             return False
         seen.add(id(sub))
-        return any(_has_side_effect(x, seen) for x in sub._exprs)
+        return any(has_side_effect(x, seen) for x in sub._exprs)
     return False
+
+
+def _writes_graph_values(e):
+    """Whether the CallFunction ``e`` writes into one of its node arguments."""
+    from mgtrace.functional._trace import mutated_arguments
+    names = mutated_arguments(e.func, e.args, e.kwargs)
+    if not names:
+        return False
+    try:
+        bound = inspect.signature(e.func).bind(*e.args, **e.kwargs).arguments
+    except (TypeError, ValueError):
+        return True
+    return any(tree_flatten(bound.get(n), is_node)[0] for n in names)
 
 
 def called_graph(e):

@@ -213,11 +213,26 @@ class TensorNode(Node):
     """
     kind = "tensor"
     __array_ufunc__ = None          # numpy defers to our reflected operators
+    _value = None
 
     def __init__(self, expr=None, name=None, shape=None, dtype=None):
         super().__init__(expr, name)
         self.shape = shape
         self.dtype = dtype
+
+    @property
+    def value(self):
+        """The Tensor this node held while tracing, when it was kept: traces
+        made with ``enable_expr_checker()`` keep every node's; a constant's
+        node gives the constant. None otherwise. Settable (MegEngine binds
+        values to nodes the same way)."""
+        if self._value is None and getattr(self.expr, "kind", None) == "constant":
+            return self.expr.value
+        return self._value
+
+    @value.setter
+    def value(self, v):
+        self._value = v
 
     @property
     def ndim(self):

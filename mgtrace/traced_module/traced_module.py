@@ -1,7 +1,7 @@
 """TracedModule and trace_module.
 
-``trace_module(net, x)`` puts ``net`` in eval mode, runs ``net(x)`` with the
-tracer on and returns a :class:`TracedModule` with the same module tree and
+``trace_module(net, x)`` runs ``net(x)`` with the tracer on (in the mode
+``net`` is in), checks the result against the eager run, and returns a :class:`TracedModule` with the same module tree and
 state_dict: builtin modules are shared with ``net`` as leaves, every other
 module becomes a TracedModule with one graph per call signature
 (``argdef_graph_map``). Calling it runs the generated code of the graph that
@@ -12,10 +12,12 @@ import operator
 
 import numpy as np
 
+from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
 from mgtrace.module.container import ModuleDict, ModuleList, Sequential
 from mgtrace.module.module import Module
+from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         is_node)
@@ -141,7 +143,8 @@ class TracedModule(Module):
         (what bind and match would find, without their cost). None when no
         such graph exists or an argument is not a tensor."""
         plain = self.__dict__.get("_plain")
-        if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs):
+        if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs) \
+                or plain[3] is not self._graphs:
             plain = self._plain_table()
         entry = plain[2].get(len(args))
         if entry is None or entry[0]._in_def is not entry[1]:      # edited since: no fast path
@@ -152,7 +155,8 @@ class TracedModule(Module):
         return entry[0]
 
     def _plain_table(self):
-        """``(signature, number of graphs, {n: (graph, its in_def)})``."""
+        """``(signature, number of graphs, {n: (graph, its in_def)}, the graph
+        list)``."""
         sig = self._signature
         table = {}
         params = list(sig.parameters.values()) if sig is not None else []
@@ -161,7 +165,7 @@ class TracedModule(Module):
                 n = _plain_arity(g._in_def, params)
                 if n is not None:
                     table.setdefault(n, (g, g._in_def))
-        plain = (sig, len(self._graphs), table)
+        plain = (sig, len(self._graphs), table, self._graphs)
         self.__dict__["_plain"] = plain
         return plain
 
@@ -397,11 +401,22 @@ def _convert(module, path, root_name, converted):
 def trace_module(mod, *args, **kwargs):
     """Trace ``mod(*args, **kwargs)`` into a TracedModule.
 
-    ``mod`` is put in eval mode first (``mod.eval()``; call ``train()``
-    afterwards if you need it): traces are of inference. The call runs for
-    real; Python control flow follows the path taken (a branch on a
-    tensor's value warns with TraceWarning). Non-tensor arguments are fixed
-    by the trace: calling the result with other values raises TypeError.
+    The module is traced in the mode it is in (``train()`` or ``eval()``,
+    as MegEngine does): a module traced in training mode keeps training
+    semantics (a BatchNorm updates its running statistics on every call of
+    the TracedModule). The call runs for real; Python control flow follows
+    the path taken (a branch on a tensor's value warns with TraceWarning).
+    Non-tensor arguments are fixed by the trace: calling the result with
+    other values raises TypeError. Tensors made inside forward
+    (``mgtrace.tensor(...)``, ``Tensor(...)``, ``mgtrace.tensor(x.shape)``)
+    are recorded, so each call makes them afresh.
+
+    Then, as MegEngine's default checker does, the new TracedModule runs on
+    (copies of) the same inputs and its outputs are compared with the eager
+    ones (see :mod:`mgtrace.traced_module.checker`:
+    ``disable_default_checker()``, ``enable_expr_checker()``). Finally
+    ``mod`` is put back exactly as it was before the call: its mode, its
+    buffers (a training-mode BatchNorm's statistics), its attributes.
 
     Args:
         mod: an mgtrace.module.Module that is not itself a builtin leaf.
@@ -410,10 +425,12 @@ def trace_module(mod, *args, **kwargs):
 
     Returns:
         TracedModule: same state_dict as ``mod`` (builtin modules and all
-        parameters are shared with it, not copied).
+        parameters and buffers are shared with it, not copied).
 
     Raises:
         TypeError: ``mod`` is not a Module, or is a builtin module.
+        TraceCheckError: the TracedModule does not reproduce the eager
+            result (the message names the first differing output, or expr).
         The error of forward itself, with a note naming the module path and
         the source line being traced.
 
@@ -444,24 +461,65 @@ def trace_module(mod, *args, **kwargs):
     if is_builtin(mod):
         raise TypeError(f"{type(mod).__name__} is a builtin module (a leaf): put it inside a "
                         "Module of your own (e.g. mgtrace.module.Sequential(m)) to trace it")
-    mod.eval()
     root_name = type_name(mod)
-    converted = {}
-    root = _convert(mod, "", root_name, converted)
-    root._is_top = True
-    tracer = Tracer(mod, converted)
     canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
     _refuse_arrays(canon, signature_of(mod))
-    leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
-    with tracer.active():
-        tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
-    for m in root.modules():
-        if isinstance(m, TracedModule):
-            for g in m._graphs:
-                _drop_unused_shapes(g)
-    for g in root._graphs:
-        g.lint()
+    check = _checker.default_check_on() or _checker.expr_check_on()
+    state = _checker.ModuleState(mod)
+    inputs = _checker.copy_inputs((args, kwargs)) if check else None
+    try:
+        converted = {}
+        root = _convert(mod, "", root_name, converted)
+        root._is_top = True
+        tracer = Tracer(mod, converted, record_values=_checker.expr_check_on())
+        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
+        with tracer.active():
+            out = tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
+        for m in root.modules():
+            if isinstance(m, TracedModule):
+                for g in m._graphs:
+                    _drop_unused_shapes(g)
+        for g in root._graphs:
+            g.lint()
+        if check:
+            after = _random.get_rng().get_state()
+            _check_traced(root, out, inputs, state, tracer.values)
+            _random.get_rng().set_state(after)
+    finally:
+        state.restore(rng=False)
     return root
+
+
+def _check_traced(root, eager_out, inputs, state, values):
+    """Run ``root`` on ``inputs`` from the state the trace started in and
+    compare its outputs (and, with ``values``, every node) with the trace."""
+    want, out_def = tree_flatten(eager_out, lambda v: isinstance(v, (Tensor, int, float)))
+    want = [_checker.snapshot(v) if isinstance(v, Tensor) else
+            (int(v) if isinstance(v, int) and not isinstance(v, bool) else v) for v in want]
+    state.restore()
+    args, kwargs = inputs
+    if values is None:
+        got = root(*args, **kwargs)
+    else:
+        for n, v in values.values():
+            if isinstance(n, TensorNode):
+                n._value = Tensor(v) if isinstance(v, np.ndarray) else v
+        got = _run_watching_all(root, args, kwargs, _checker.ExprCheck(values))
+    _checker.check_outputs(root, got, want, out_def)
+
+
+def _run_watching_all(root, args, kwargs, check):
+    """``root(*args, **kwargs)`` with every graph of the tree compiled to
+    report each node's value to ``check``."""
+    graphs = [(m, g) for m in root.modules() if isinstance(m, TracedModule) for g in m._graphs]
+    for m, g in graphs:
+        fn = codegen.compile_graph(g, check.watched(g), (), check.watcher(g))
+        g.__dict__["_fn_cache"] = (g._version, m._points_version, fn)
+    try:
+        return root(*args, **kwargs)
+    finally:
+        for _, g in graphs:
+            g.__dict__.pop("_fn_cache", None)
 
 
 def _self_reads(tm):

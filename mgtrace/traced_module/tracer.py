@@ -32,8 +32,9 @@ import numpy as np
 
 from mgtrace.errors import Error
 import mgtrace.functional._trace as _ftrace
+from mgtrace.traced_module import checker as _checker
 import mgtrace.module.module as _modmod
-from mgtrace._core import Tensor, apply, tensor as _tensor
+from mgtrace._core import Tensor, apply, as_dtype, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
@@ -275,6 +276,10 @@ class _Frame:
     def bind(self, obj, node):
         self.env[id(obj)] = node
         self.keep.append(obj)
+        values = self.tracer.values
+        if values is not None and id(node) not in values and isinstance(obj, (Tensor, int, float)):
+            values[id(node)] = (node, _checker.snapshot(obj) if isinstance(obj, Tensor)
+                                else _plain(obj) if isinstance(obj, (SymInt, SymFloat)) else obj)
 
     def append(self, expr):
         expr.source = expr.source or user_source()
@@ -373,10 +378,12 @@ class _Frame:
 class Tracer:
     """Hooks, frames, and the module-path bookkeeping of one trace."""
 
-    def __init__(self, root, converted, warn_constants=True):
+    def __init__(self, root, converted, warn_constants=True, record_values=False):
         self.root = root
         self.converted = converted      # id(original module) -> module in the TracedModule tree
         self.frames = []
+        # id(node) -> (node, value seen while tracing), for the expr checker
+        self.values = {} if record_values else None
         self._warned = set()            # (source line, message kind) already warned about
         self.warn_constants = warn_constants
         self.paths = {}                 # id(module) -> dotted path from the root
@@ -421,14 +428,16 @@ class Tracer:
         _ftrace.function_hook = self.on_function
         _dispatch.set_module_trace_hook(self.on_apply)
         _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
-                                 frozen_hook=self.on_frozen)
+                                 frozen_hook=self.on_frozen, create_hook=self.on_create,
+                                 name_hook=self.on_name)
         _dispatch.set_module_tracing(True)
         try:
             yield self
         finally:
             _dispatch.set_module_tracing(False)
             _dispatch.set_module_trace_hook(None)
-            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None)
+            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None,
+                                     create_hook=None, name_hook=None)
             _modmod._call_hook, _ftrace.function_hook = saved
             _active = None
 
@@ -539,6 +548,46 @@ class Tracer:
                        "(compute with tensor ops, or wrap the function with "
                        "mgtrace.traced_module.wrap, to keep it live)", kind="frozen")
 
+    def on_create(self, target, data, dtype, device):
+        """``mgtrace.tensor(data, ...)`` (``target`` None) or ``Tensor(data,
+        ...)`` (``target`` the new, still empty Tensor) while tracing: one
+        ``CallFunction(tensor, data)``, so every run builds a fresh tensor
+        from the values of that run (shape entries stay symbolic). Data
+        that is not numbers, shape entries and tensors (a NumPy array) is
+        kept as a constant tensor that each run copies. Calls from mgtrace's
+        own code are not recorded."""
+        if target is None:
+            make = lambda d, dtype=None, device=None: _tensor(d, dtype, device)      # noqa: E731
+        else:
+            make = lambda d, dtype=None, device=None: (                           # noqa: E731
+                Tensor.__init__(target, d, dtype, device), target)[1]
+        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+            with core_off():
+                return make(data, dtype, device)
+        kwargs = {}
+        if dtype is not None:
+            kwargs["dtype"] = as_dtype(dtype)
+        if device is not None:
+            kwargs["device"] = device
+        if not _plain_data(data):
+            with core_off():
+                data = _tensor(data)
+            self.frame._constant(data, "const", TensorNode, shape=data.shape, dtype=data.dtype)
+        return self._record(lambda a, k: CallFunction(_tensor, a, k),
+                            lambda a, k: make(*a, **k), (data,), kwargs, "tensor")
+
+    def on_name(self, t, name):
+        """``t.name = name`` while tracing names ``t``'s node (made unique
+        in its graph: ``name_1`` when taken)."""
+        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+            return
+        node = self.frame.env.get(id(t))
+        if node is None or node is self.frame.self_node:
+            return
+        g = node.graph
+        if g._names.get(name) is not node:
+            node.name = g._unique_name(name)
+
     def on_bool(self, t):
         self.warn_once(f"a tensor was converted to a Python bool while tracing "
                        f"{self.frame.graph.qualname}: the trace follows the branch taken this "
@@ -612,6 +661,22 @@ class Tracer:
             self.frames.pop()
         tm._graphs.append(graph)
         return out
+
+
+def _user_call(frame):
+    """Whether ``frame`` (the caller of a core entry point) is user code or
+    generated graph code (a TracedModule being traced again), not
+    mgtrace's own."""
+    name = frame.f_code.co_filename
+    return name.startswith("<mgtrace") or is_user_file(name)
+
+
+def _plain_data(data, depth=0):
+    """Whether ``data`` is numbers, shape entries and tensors in nested
+    lists/tuples: what a graph can hold as arguments of ``tensor``."""
+    if isinstance(data, (list, tuple)):
+        return depth < 32 and all(_plain_data(d, depth + 1) for d in data)
+    return isinstance(data, (bool, int, float, np.generic, Tensor, Node))
 
 
 _HAS_NOTES = sys.version_info >= (3, 11)     # BaseException.add_note
