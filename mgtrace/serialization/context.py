@@ -105,6 +105,7 @@ class EncodeContext:
             except KeyError:
                 raise TypeError(f"{name!r} is not a registered function name") from None
             self._check_released("functions", name, version, "function")
+            self.require(registry.function_since(name), f"function {name}")
             i = self._op_index[name] = len(self.ops)
             self.ops.append({"name": name, "version": version})
         return i

@@ -25,6 +25,7 @@ import os
 import sys
 import sysconfig
 
+from mgtrace._core import tensor as _core_tensor
 from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 
@@ -243,9 +244,12 @@ _OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in
 
 
 def function_name(fn):
-    """A readable dotted name: ``F.relu``, ``operator.mul``, ``mymod.fn``."""
+    """A readable dotted name: ``F.relu``, ``operator.mul``, ``mymod.fn``,
+    ``mgtrace.tensor``."""
     if fn in _OPERATOR_NAMES:
         return _OPERATOR_NAMES[fn]
+    if fn is _core_tensor:
+        return "mgtrace.tensor"
     mod = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     if mod.startswith("mgtrace.functional"):
