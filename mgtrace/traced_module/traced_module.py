@@ -16,7 +16,7 @@ from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
 from mgtrace.module.container import ModuleDict, ModuleList, Sequential
-from mgtrace.module.module import Module
+from mgtrace.module.module import Module, _structure_leaves
 from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
@@ -54,6 +54,9 @@ class TracedModule(Module):
     :class:`TracedSequence` (``tm.layer1[0]`` works), of a ModuleDict a
     :class:`TracedDict`.
     """
+
+    # bookkeeping attributes, not state (Module._structure_members skips them)
+    _NOT_STATE = frozenset({"watch_points", "end_points", "watch_node_value"})
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -288,18 +291,31 @@ class TracedModule(Module):
         return new
 
 
+def _held(tm):
+    """What a container TracedModule holds, in order: for one made from a
+    plain list, tuple or dict (MegEngine's rule), its modules and tensors by
+    key; for a Sequential, ModuleList or ModuleDict, its children."""
+    if tm.__dict__.get("_orig_name") not in ("list", "tuple", "dict"):
+        return tm._modules
+    merged = {**tm._modules, **tm._parameters, **tm._buffers}
+    if tm._orig_name == "dict":
+        return merged
+    return dict(sorted(merged.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
+
+
 class TracedSequence(TracedModule):
-    """The TracedModule of a Sequential or ModuleList: also reads like one
+    """The TracedModule of a Sequential or ModuleList, or of a plain list or
+    tuple of modules and tensors held as an attribute: also reads like one
     (``len``, iteration, ``tm[i]``; a slice gives a list of the children)."""
 
     def __len__(self):
-        return len(self._modules)
+        return len(_held(self))
 
     def __iter__(self):
-        return iter(list(self._modules.values()))
+        return iter(list(_held(self).values()))
 
     def __getitem__(self, idx):
-        mods = list(self._modules.values())
+        mods = list(_held(self).values())
         if isinstance(idx, slice):
             return mods[idx]
         try:
@@ -310,31 +326,33 @@ class TracedSequence(TracedModule):
 
 
 class TracedDict(TracedModule):
-    """The TracedModule of a ModuleDict: also reads like one (``tm[key]``,
-    ``in``, ``len``, iteration over keys, ``keys/values/items``)."""
+    """The TracedModule of a ModuleDict, or of a plain dict of modules and
+    tensors held as an attribute: also reads like one (``tm[key]``, ``in``,
+    ``len``, iteration over keys, ``keys/values/items``)."""
 
     def __len__(self):
-        return len(self._modules)
+        return len(_held(self))
 
     def __iter__(self):
-        return iter(list(self._modules))
+        return iter(list(_held(self)))
 
     def __contains__(self, key):
-        return key in self._modules
+        return key in _held(self)
 
     def __getitem__(self, key):
-        if key not in self._modules:
-            raise KeyError(f"{key!r} is not in {self._qualname} (keys: {list(self._modules)})")
-        return self._modules[key]
+        held = _held(self)
+        if key not in held:
+            raise KeyError(f"{key!r} is not in {self._qualname} (keys: {list(held)})")
+        return held[key]
 
     def keys(self):
-        return self._modules.keys()
+        return _held(self).keys()
 
     def values(self):
-        return self._modules.values()
+        return _held(self).values()
 
     def items(self):
-        return self._modules.items()
+        return _held(self).items()
 
 
 def _shell_class(module):
@@ -395,7 +413,39 @@ def _convert(module, path, root_name, converted):
         if child is not None:
             tm._modules[name] = _convert(child, f"{path}.{name}" if path else name,
                                          root_name, converted)
+    held = {p.split(".", 1)[0] for p, _ in module._structure_members()}
+    for name in [k for k in module.__dict__ if k in held]:
+        # a list/tuple/dict of modules or tensors becomes a container module, so that
+        # graphs read its members by path (``self.layers.0``) and it saves as one
+        tm._modules[name] = _structure_shell(module.__dict__[name],
+                                             f"{path}.{name}" if path else name,
+                                             root_name, converted)
+        del tm.__dict__[name]
     return tm
+
+
+def _structure_shell(value, path, root_name, converted):
+    """A TracedSequence (list, tuple) or TracedDict (dict) holding what
+    ``value`` holds: modules converted as children, Parameters as
+    parameters, other Tensors as buffers, inner containers as shells."""
+    cls = TracedDict if isinstance(value, dict) else TracedSequence
+    shell = cls._shell(Module(), f"{root_name}.{path}")
+    d = shell.__dict__
+    d["_orig_name"] = type(value).__name__ if type(value) in (list, tuple, dict) else \
+        ("dict" if isinstance(value, dict) else "tuple")
+    d["_orig_type"] = type(value)
+    d["_signature"] = None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        key = str(k)
+        if isinstance(v, Module):
+            shell._modules[key] = _convert(v, f"{path}.{key}", root_name, converted)
+        elif isinstance(v, Tensor):
+            table = shell._parameters if type(v).__name__ == "Parameter" else shell._buffers
+            table[key] = v
+        elif isinstance(v, (list, tuple, dict)) and v and _structure_leaves(key, v):
+            shell._modules[key] = _structure_shell(v, f"{path}.{key}", root_name, converted)
+    return shell
 
 
 def trace_module(mod, *args, **kwargs):

@@ -396,6 +396,9 @@ class Tracer:
             for name, t in m.__dict__.items():
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
+            for name, t in m._structure_members():       # in lists/dicts: "anchors.0"
+                if isinstance(t, Tensor):
+                    self.attrs.setdefault(id(t), (m, name))
 
     @property
     def frame(self):
