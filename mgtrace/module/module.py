@@ -245,17 +245,35 @@ class Module:
     """
 
     training: bool
+    name = None           # a label given to __init__ (MegEngine's Module(name=...))
     # attributes of the instance that are bookkeeping, not state: never searched
     # for modules and tensors (TracedModule adds its own)
     _NOT_STATE = frozenset()
 
-    def __init__(self):
+    def __init__(self, name=None):
+        """Args:
+            name: an optional label for the module (MegEngine's ``name``):
+                a non-empty str, readable as ``module.name`` (None when not
+                given). It names nothing else: state_dict keys and graph
+                names come from attribute paths and class names.
+
+        Raises:
+            TypeError: name is not a str. ValueError: name is empty or blank.
+        """
+        if name is not None:
+            if not isinstance(name, str):
+                raise TypeError(f"{type(self).__name__}: name must be a str, got "
+                                f"{type(name).__name__}")
+            if not name.strip():
+                raise ValueError(f"{type(self).__name__}: name must be a non-empty str")
         d = self.__dict__
         d["training"] = True
         d["_parameters"] = OrderedDict()
         d["_buffers"] = OrderedDict()
         d["_non_persistent_buffers"] = set()
         d["_modules"] = OrderedDict()
+        if name is not None:
+            d["name"] = name
 
     # ------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):

@@ -8,7 +8,9 @@ module becomes a TracedModule with one graph per call signature
 matches the arguments.
 """
 import copy
+import inspect
 import operator
+import weakref
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         is_node)
-from mgtrace.traced_module.graph import GraphError, InternalGraph
+from mgtrace.traced_module.graph import GraphError, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten
 from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
@@ -82,6 +84,9 @@ class TracedModule(Module):
         except (ValueError, TypeError, AttributeError):
             d["_signature"] = None
         d["_is_top"] = False
+        # the module traced (in memory only, weakly): a submodule never called while
+        # tracing is traced from it when an edit first calls it
+        d["_orig_module"] = None if isinstance(module, TracedModule) else weakref.ref(module)
         d["watch_points"] = []
         d["end_points"] = []
         d["watch_node_value"] = {}
@@ -109,6 +114,24 @@ class TracedModule(Module):
             raise GraphError(f"{self._qualname} has {len(self._graphs)} graphs (one per call "
                              "signature); pick one from argdef_graph_map")
         return self._graphs[0]
+
+    @property
+    def argspec(self):
+        """forward's parameters as ``inspect.FullArgSpec`` (``self`` first),
+        as MegEngine's TracedModule has them; None when unknown."""
+        sig = self._signature
+        if sig is None:
+            return None
+        P = inspect.Parameter
+        params = list(sig.parameters.values())
+        pos = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+        defaults = tuple(p.default for p in pos if p.default is not P.empty)
+        kwonly = [p for p in params if p.kind is P.KEYWORD_ONLY]
+        kwdefaults = {p.name: p.default for p in kwonly if p.default is not P.empty}
+        var = next((p.name for p in params if p.kind is P.VAR_POSITIONAL), None)
+        varkw = next((p.name for p in params if p.kind is P.VAR_KEYWORD), None)
+        return inspect.FullArgSpec(["self"] + [p.name for p in pos], var, varkw, defaults or None,
+                                   [p.name for p in kwonly], kwdefaults or None, {})
 
     @property
     def argdef_graph_map(self):
@@ -282,6 +305,7 @@ class TracedModule(Module):
         new._graphs = [_inline_graph(g, new) for g in new._graphs]
         for g in new._graphs:
             g.lint()
+        reset_ids(new)
         return new
 
     def __deepcopy__(self, memo):
@@ -531,6 +555,7 @@ def trace_module(mod, *args, **kwargs):
                     _drop_unused_shapes(g)
         for g in root._graphs:
             g.lint()
+        reset_ids(root)
         if check:
             after = _random.get_rng().get_state()
             _check_traced(root, out, inputs, state, tracer.values)

@@ -429,10 +429,7 @@ class Tracer:
         saved = (_modmod._call_hook, _ftrace.function_hook)
         _modmod._call_hook = self.on_module_call
         _ftrace.function_hook = self.on_function
-        _dispatch.set_module_trace_hook(self.on_apply)
-        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
-                                 frozen_hook=self.on_frozen, create_hook=self.on_create,
-                                 name_hook=self.on_name)
+        self._install_core_hooks()
         _dispatch.set_module_tracing(True)
         try:
             yield self
@@ -443,6 +440,12 @@ class Tracer:
                                      create_hook=None, name_hook=None)
             _modmod._call_hook, _ftrace.function_hook = saved
             _active = None
+
+    def _install_core_hooks(self):
+        _dispatch.set_module_trace_hook(self.on_apply)
+        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
+                                 frozen_hook=self.on_frozen, create_hook=self.on_create,
+                                 name_hook=self.on_name)
 
     @contextlib.contextmanager
     def suspended(self):
@@ -629,7 +632,8 @@ class Tracer:
         it records to ``tm``. ``arg_def`` is the structure of the bound
         arguments, ``leaves`` its tensors and SymInts (the graph's inputs)."""
         path = self.paths[id(module)]
-        graph = InternalGraph(type_name(module), tm._qualname_base(), owner=tm)
+        # MegEngine's graph names: the qualname with dots as underscores (Net_layer1_0)
+        graph = InternalGraph(tm._qualname_base().replace(".", "_"), tm._qualname_base(), owner=tm)
         sub = _Frame(self, graph, module, tm, path)
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
@@ -693,7 +697,8 @@ def _annotated(e, graph):
     if getattr(e, "_mgtrace_note", None) is not None:
         return e
     site = _raise_site(e.__traceback__)
-    note = (f"while tracing {graph.qualname} ({graph.name}.forward)"
+    owner = getattr(graph.owner, "_orig_name", None) or graph.name
+    note = (f"while tracing {graph.qualname} ({owner}.forward)"
             + (f", raised at {site}" if site else ""))
     if _HAS_NOTES:
         e.add_note(note)
@@ -892,13 +897,15 @@ class _EditTracer(Tracer):
             mnode = frame.module_node(module)
         except TraceError as e:
             raise GraphError(f"insert_exprs: {e}") from None
-        graphs = getattr(module, "_graphs", None)
-        if graphs is None:
+        if is_builtin(module):
             return super().on_module_call(module, args, kwargs)
+        graphs = getattr(module, "_graphs", None)
         name = getattr(module, "_qualname", type(module).__name__)
         canon = bind_arguments(signature_of(module), args, kwargs, name)
         arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt, SymFloat)))[1]
-        if module._graph_for(arg_def) is None:
+        if not graphs:           # a user module, or a traced one never called: trace it now
+            module, mnode = self._trace_on_first_use(frame, module, mnode, args, kwargs)
+        elif module._graph_for(arg_def) is None:
             raise GraphError(f"insert_exprs: {name} was traced for arguments "
                              f"{[g.in_def for g in graphs]}, not {arg_def}; call it as it was "
                              "traced")
@@ -909,6 +916,65 @@ class _EditTracer(Tracer):
             return e
         return self._record(make, lambda a, k: module._call_impl(a, k), args, kwargs,
                             f"{mnode.name}_out")
+
+
+    def _trace_on_first_use(self, frame, module, mnode, args, kwargs):
+        """Trace ``module`` (a user module, or a traced submodule that was
+        never called) with placeholder values of ``args``, put the new
+        TracedModule in its place in the owner's tree (same path, qualnames
+        and ids of this tree) and return it with its ModuleNode."""
+        from mgtrace.traced_module.graph import GraphError, walk_tree
+        from mgtrace.traced_module.traced_module import TracedModule, trace_module
+        source = module
+        if isinstance(module, TracedModule):
+            ref = module.__dict__.get("_orig_module")
+            source = ref() if ref is not None else None
+            if source is None:
+                raise GraphError(f"insert_exprs: {module._qualname} was never called while "
+                                 "tracing, so it has no graph, and the module it was traced "
+                                 "from is gone (or it was loaded from an archive): trace the "
+                                 "model again with a call of it")
+        rel = self.relpath(frame, module)
+        with core_off():
+            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
+            vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
+        with self.suspended():
+            try:
+                new = trace_module(source, *vargs, **vkwargs)
+            finally:
+                self._install_core_hooks()    # the inner trace took the core's hooks off
+        new._is_top = False
+        old_prefix = new._qualname
+        prefix = f"{frame.graph.owner._qualname}.{rel}"
+        for m in new.modules():
+            if isinstance(m, TracedModule):
+                m._qualname = prefix + m._qualname[len(old_prefix):]
+                for g in m._graphs:
+                    g._qualname = prefix + g._qualname[len(old_prefix):]
+                    g._name = g._qualname.replace(".", "_")
+        src = frame.graph._ids
+        if src is not None:                 # the ids of this tree continue
+            for e in walk_tree(new):
+                e._id = src.expr_id()
+                for o in e.outputs:
+                    o._id = src.node_id()
+            for m in new.modules():
+                for g in getattr(m, "_graphs", ()):
+                    g._ids = src
+        from mgtrace.traced_module.codegen import member
+        *head, last = rel.split(".")
+        parent = frame.module
+        for p in head:
+            parent = member(parent, p)
+        parent._modules[last] = new
+        parent.__dict__.pop(last, None)
+        self._refresh()
+        for n in frame.graph.nodes(False):
+            if isinstance(n, ModuleNode) and n.owner is module:
+                n.owner = new
+        frame.modules.pop(id(module), None)
+        frame.modules[id(new)] = mnode
+        return new, mnode
 
 
 class _EditHooks:
@@ -929,6 +995,30 @@ class _EditHooks:
 
     def record_function(self, fn, args, kwargs):
         return self.tracer.record_function(fn, args, kwargs, ints_out=True)
+
+    def record_getattr(self, node, name):
+        """``module_node.<name>``: a ModuleNode for a submodule, a TensorNode
+        for a parameter or buffer (a GetAttr from the graph's self), the
+        plain value for anything else."""
+        from mgtrace.traced_module.codegen import member
+        owner = node.owner
+        try:
+            value = member(owner, name)
+        except AttributeError:
+            raise AttributeError(f"{node!r} ({type(owner).__name__}) has no attribute "
+                                 f"{name!r}") from None
+        frame = self.tracer.frame
+        from mgtrace.module.module import Module
+        if isinstance(value, Module):
+            try:
+                return frame.module_node(value)
+            except TraceError as e:
+                from mgtrace.traced_module.graph import GraphError
+                raise GraphError(f"insert_exprs: {e}") from None
+        if isinstance(value, Tensor):
+            with core_off():
+                return frame.node_of(value)
+        return value
 
 
 @contextlib.contextmanager
