@@ -21,8 +21,9 @@ import numpy as np
 
 from mgtrace import random as _random
 from mgtrace._core import Tensor
-from mgtrace.traced_module.node import Node, TensorNode, ValueNode
+from mgtrace.traced_module.node import TensorNode, ValueNode
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
+from mgtrace.traced_module.tracer import TraceError
 
 __all__ = ["enable_expr_checker", "disable_default_checker", "TraceCheckError", "ModuleState"]
 
@@ -59,7 +60,7 @@ def expr_check_on():
     return _settings["expr"]
 
 
-class TraceCheckError(RuntimeError):
+class TraceCheckError(TraceError):
     """The TracedModule that trace_module made does not reproduce the eager
     run: the message names the first differing output (or expr, with the
     expr checker), its source line, and the size of the difference."""

@@ -32,7 +32,6 @@ import numpy as np
 
 from mgtrace.errors import Error
 import mgtrace.functional._trace as _ftrace
-from mgtrace.traced_module import checker as _checker
 import mgtrace.module.module as _modmod
 from mgtrace._core import Tensor, apply, as_dtype, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
@@ -278,7 +277,8 @@ class _Frame:
         self.keep.append(obj)
         values = self.tracer.values
         if values is not None and id(node) not in values and isinstance(obj, (Tensor, int, float)):
-            values[id(node)] = (node, _checker.snapshot(obj) if isinstance(obj, Tensor)
+            from mgtrace.traced_module.checker import snapshot
+            values[id(node)] = (node, snapshot(obj) if isinstance(obj, Tensor)
                                 else _plain(obj) if isinstance(obj, (SymInt, SymFloat)) else obj)
 
     def append(self, expr):
@@ -578,7 +578,8 @@ class Tracer:
         if not _plain_data(data):
             with core_off():
                 data = _tensor(data)
-            self.frame._constant(data, "const", TensorNode, shape=data.shape, dtype=data.dtype)
+                self.frame._constant(data, "const", TensorNode, shape=data.shape,
+                                     dtype=data.dtype)
         return self._record(lambda a, k: CallFunction(_tensor, a, k),
                             lambda a, k: make(*a, **k), (data,), kwargs, "tensor")
 
