@@ -11,7 +11,8 @@ A TracedModule is stored as::
      graphs: [graph, ...]}
 
     graph: {name, qualname, inputs: [node id], outputs: [node id],
-            in_def: treedef, out_def: treedef, nodes: [node], exprs: [expr]}
+            in_def: treedef, out_def: treedef, nodes: [node], exprs: [expr],
+            ids?: {nodes: [int], exprs: [int]}}     # 1.1: the graph's own ids, after edits
     node:  {id, name, kind: "tensor" | "module" | "value", shape?, dtype?, value?}
     expr:  {kind, outputs: [node id], out_def?: treedef, ...} with, by kind,
            input: {name}; getattr: {module: node id, name: "a.b.c"};

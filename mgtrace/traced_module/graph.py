@@ -479,10 +479,14 @@ class InternalGraph:
 
     def compile(self):
         """Remove exprs whose results nobody uses (dead code), keeping the
-        inputs and exprs with side effects: in-place writes (``x[i] = v``,
-        ``x += y``, ``out=`` arguments), calls without results, and calls of
-        traced submodules whose graphs have side effects. Returns the graph.
-        Lints before and after."""
+        inputs and exprs with side effects (:func:`has_side_effect`):
+        in-place writes (``x[i] = v``, ``x += y``, ``out=`` arguments),
+        calls without results, functions that write into their arguments
+        (declared with ``mgtrace.functional._trace.mutates``: ``F.batch_norm``
+        in training), calls of builtin modules that update their state (a
+        BatchNorm in training mode), and calls of traced submodules whose
+        graphs have side effects. Returns the graph. Lints before and
+        after."""
         self.lint(recursive=False)
         live = {id(n) for n in self._outputs}
         keep = []

@@ -311,7 +311,11 @@ class ModuleNode(Node):
         GetAttr each), any other attribute as its value."""
         if name.startswith("_") or name in ("owner", "expr", "users", "graph"):
             raise AttributeError(name)
-        return _hooks(self, f".{name}").record_getattr(self, name)
+        if edit_hooks is None:
+            raise AttributeError(f"{type(self).__name__} {self!r} has no attribute {name!r} "
+                                 "(inside `with graph.insert_exprs():` it reaches the "
+                                 "module's submodules and attributes)")
+        return edit_hooks.record_getattr(self, name)
 
 
 class ValueNode(Node):

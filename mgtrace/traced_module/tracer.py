@@ -884,6 +884,16 @@ class _EditTracer(Tracer):
         with core_off():
             return t.shape
 
+    def on_create(self, target, data, dtype, device):
+        # a tensor made from graph values is recorded; one made from plain data
+        # (e.g. for a module built inside the block) is not
+        if self._touches_graph((data,), {}):
+            return super().on_create(target, data, dtype, device)
+        with core_off():
+            if target is None:
+                return _tensor(data, dtype, device)
+            Tensor.__init__(target, data, dtype, device)
+
     def on_bool(self, t):
         if self._graph_value(t):
             super().on_bool(t)

@@ -154,8 +154,8 @@ def test_self_node_reaches_submodules_and_attributes(tm, net):
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         with g.insert_exprs():
             self_node.nope
-    with pytest.raises(TypeError, match="insert_exprs"):
-        self_node.scale                          # outside a block: a node has no value
+    with pytest.raises(AttributeError, match="insert_exprs"):
+        self_node.scale                          # outside a block: only inside one
 
 
 class Extra(M.Module):
