@@ -467,9 +467,8 @@ class Module:
             self._drop(name, keep=modules)
             modules[name] = value
         elif isinstance(value, Tensor) and name not in params:
-            self._drop(name, keep=buffers)
+            self._drop(name, keep=buffers)          # a buffer keeps its place and persistence
             buffers[name] = value
-            self._non_persistent_buffers.discard(name)
         elif name in params:
             if value is None:
                 params[name] = None

@@ -98,6 +98,9 @@ def test_tensor_attributes_are_buffers_and_module_lists_still_work():
     assert list(m._buffers) == ["t"] and list(m.state_dict()) == ["t"]
     m.t = 3
     assert not m._buffers and m.t == 3
+    m.register_buffer("hidden", mt.tensor([0.0]), persistent=False)
+    m.hidden = mt.tensor([1.0])                 # stays a non-persistent buffer
+    assert m.hidden.tolist() == [1.0] and list(m.state_dict()) == []
     m.layers = M.ModuleList([M.Linear(2, 2)])
     m.more = M.ModuleDict({"x": M.Linear(2, 1)})
     assert list(m.state_dict()) == ["layers.0.weight", "layers.0.bias", "more.x.weight",
