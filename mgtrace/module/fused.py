@@ -21,9 +21,6 @@ from mgtrace.module.parameter import Parameter
 __all__ = ["Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
            "ELEMWISE_MODES"]
 
-_SINCE = (1, 1)       # the archive format that knows these types
-
-
 def _fuse_add(act):
     return lambda x, y: act(F.add(x, y))
 
@@ -69,8 +66,6 @@ class Elemwise(Module):
     >>> M.Elemwise("fuse_mul_add3")(mt.tensor([2.0]), mt.tensor([3.0]), mt.tensor([1.0])).tolist()
     [7.0]
     """
-    builtin_since = _SINCE
-
     def __init__(self, method):
         super().__init__()
         if not isinstance(method, str) or method.lower() not in ELEMWISE_MODES:
@@ -92,16 +87,12 @@ class Elemwise(Module):
 class ConvRelu2d(Conv2d):
     """``relu(conv2d(x))``: a Conv2d (same arguments, config and state_dict
     keys ``weight``, ``bias``) followed by ReLU (MegEngine's ``ConvRelu2d``)."""
-    builtin_since = _SINCE
-
     def forward(self, x):
         return F.relu(super().forward(x))
 
 
 class _ConvBnActivation2d(Module):
     """``conv`` (Conv2d) then ``bn`` (BatchNorm2d), MegEngine's layout."""
-    builtin_since = _SINCE
-
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
                  dilation=1, groups=1, bias=True, padding_mode="zeros", eps=1e-5,
                  momentum=0.1, affine=True, track_running_stats=True):

@@ -87,8 +87,6 @@ STATE_ELEMENTS = {
 # ------------------------------------------------------------------ builtin
 
 def _encode_builtin(m, ctx):
-    # a type added after format 1.0 (e.g. ConvBn2d) needs a reader that knows it
-    ctx.require(getattr(type(m), "builtin_since", (1, 0)), f"module type {m.builtin_name}")
     config = m.config()
     bad = [k for k in config if not isinstance(k, str)]
     if bad:

@@ -62,14 +62,6 @@ for _n in OPERATOR_FUNCTIONS:
     _own(f"operator.{_n}", partial(getattr, operator, _n))
 _own("mgtrace.tensor", lambda: _core.tensor)       # a tensor made inside a traced forward
 
-# functions added after format 1.0: an archive that calls one needs that format
-# (a 1.0 reader would not find the name)
-SINCE = {
-    "mgtrace.tensor": (1, 1),
-    "mgtrace.functional.warp_perspective": (1, 1),
-    "mgtrace.functional.matinv": (1, 1),
-}
-
 
 def _shown(name):
     s = repr(name)
@@ -203,12 +195,6 @@ def function_name(fn, missing=...):
     raise TypeError(f"{_qual(fn)} is not a registered function, so an archive cannot refer to "
                     "it; register it with mgtrace.serialization.register_function(fn, "
                     "name=\"yourpackage.name\")")
-
-
-def function_since(name):
-    """The archive format that introduced mgtrace's own function ``name``
-    ((1, 0) for a user's function: its version is the user's concern)."""
-    return SINCE.get(name, (1, 0))
 
 
 def function_version(name):
