@@ -675,8 +675,9 @@ def _user_call(frame):
     """Whether ``frame`` (the caller of a core entry point) is user code or
     generated graph code (a TracedModule being traced again), not
     mgtrace's own."""
+    from mgtrace.traced_module.codegen import GENERATED
     name = frame.f_code.co_filename
-    return name.startswith("<mgtrace") or is_user_file(name)
+    return name.startswith(GENERATED) or is_user_file(name)
 
 
 def _plain_data(data, depth=0):
