@@ -1,6 +1,6 @@
 """The tracer: runs forward with real values and records what happens.
 
-While :func:`~mgtrace.traced_module.trace_module` runs, four hooks are on:
+While :func:`~mgtrace.traced_module.trace_module` runs, these hooks are on:
 
 - ``Module.__call__`` (module/module.py ``_call_hook``): a builtin module
   is recorded as one ``CallMethod(__call__)`` and run untraced; any other
@@ -14,6 +14,11 @@ While :func:`~mgtrace.traced_module.trace_module` runs, four hooks are on:
 - ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
   the ints handed back are :class:`SymInt`, which record their arithmetic,
   so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
+- ``mgtrace.tensor(...)`` and ``Tensor(...)`` called from user code (or
+  from generated graph code, when a TracedModule is traced again): one
+  ``CallFunction(mgtrace.tensor, data)``, so every call makes the tensor
+  afresh from its own values (:meth:`Tracer.on_create`).
+- ``tensor.name = ...``: renames the tensor's node (:meth:`Tracer.on_name`).
 
 Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
