@@ -305,6 +305,10 @@ class CallMethod(Expr):
     the call's bound arguments, which selects the callee's graph."""
     kind = "call_method"
     PROPERTIES = frozenset({"shape"})          # read, not called
+    # tensor methods that write into their self tensor (x[i] = v, x += y, ...)
+    IN_PLACE = frozenset({"__setitem__"} | {f"__i{op}__" for op in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+        "rshift", "matmul")})
 
     def __init__(self, self_node, method, args=(), kwargs=None):
         super().__init__((self_node,) + tuple(args), kwargs)

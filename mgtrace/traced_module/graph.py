@@ -792,8 +792,7 @@ def has_side_effect(e, seen=None):
     traced module whose graph has such an expr."""
     if isinstance(e, (Input, GetAttr, Constant)):
         return False
-    if isinstance(e, CallMethod) and (e.method == "__setitem__" or
-                                      (e.method.startswith("__i") and e.method.endswith("__"))):
+    if isinstance(e, CallMethod) and e.method in CallMethod.IN_PLACE:
         return True
     if "out" in e.kwargs or not e.outputs:
         return True
