@@ -61,7 +61,7 @@ def _traced(model):
         net = models.MiniLM()
         ids = mt.tensor(np.random.default_rng(0).integers(0, 30522, (2, 16)).astype(np.int32))
         x = (ids, mt.tensor(np.ones((2, 16), np.int32)))
-    return mt.trace_module(net, *x)
+    return mt.trace_module(net.eval(), *x)
 
 
 def _write_files(model, folder):

@@ -68,7 +68,7 @@ class MLP(M.Module):
 
 def make_archives(folder, n):
     rng = np.random.default_rng(0)
-    net = MLP()
+    net = MLP().eval()
     x = mt.tensor(rng.standard_normal((4, 32)).astype("float32"))
     for i in range(n):
         net.load_state_dict({k: mt.tensor(rng.standard_normal(v.shape).astype("float32") * 0.2)

@@ -120,7 +120,7 @@ def _build_mgtrace(model, shape):
         x = mt.tensor(np.random.default_rng(0).standard_normal(shape, dtype=np.float32))
         return models.resnet18().eval(), (x,)
     batch, seq = shape
-    net = models.minilm_l6_v2()
+    net = models.minilm_l6_v2().eval()
     tok = models.minilm_tokenizer()
     tok.enable_truncation(seq)
     tok.enable_padding(length=seq, pad_id=0, pad_token="[PAD]")

@@ -29,7 +29,7 @@ def fuse_conv_bn(tm):
         if not (isinstance(conv_call, CallMethod) and isinstance(conv_call.args[0].owner, M.Conv2d)
                 and conv_out.users == [bn_call]):
             continue
-        conv, bn, g = conv_call.args[0].owner, bn_call.args[0].owner, bn_call.graph
+        conv, bn, g = conv_call.args[0].owner, bn_call.args[0].owner, bn_call.top_graph
         k = bn.weight.numpy() / np.sqrt(bn.running_var.numpy() + bn.eps)
         fused = M.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                          conv.padding, conv.dilation, conv.groups, bias=True)
@@ -51,7 +51,7 @@ def swap_relu(tm):
     """Every ReLU module call becomes F.relu6."""
     count = 0
     for call in module_calls(tm.graph, M.ReLU):
-        g = call.graph
+        g = call.top_graph
         with g.insert_exprs(call):
             y = F.relu6(call.args[1])
         g.replace_node({call.outputs[0]: y})

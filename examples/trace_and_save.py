@@ -20,9 +20,9 @@ def main():
     p.add_argument("--size", type=int, default=224, help="image height and width")
     args = p.parse_args()
 
-    net = resnet18()                                   # any mgtrace.module.Module works
+    net = resnet18().eval()                            # any mgtrace.module.Module works
     x = mt.tensor(np.random.default_rng(0).random((1, 3, args.size, args.size), np.float32))
-    tm = mt.trace_module(net, x)                       # eval mode, real values
+    tm = mt.trace_module(net, x)                       # real values, in net's mode
 
     print(tm.graph)                                    # the top graph: one call per block
     print(getattr(tm.layer1, "0").code)                # generated Python of a BasicBlock

@@ -123,6 +123,24 @@ class RNG:
         """The key the stream started from."""
         return self._seed
 
+    def get_state(self):
+        """Where the stream stands (an opaque value for :meth:`set_state`)."""
+        with self._lock:
+            return self._seed, self._bits.state
+
+    def set_state(self, state):
+        """Continue the stream from a value :meth:`get_state` returned (so
+        the draws after it repeat).
+
+        >>> g = RNG(3); s = g.get_state(); a = g.uniform(size=2).tolist()
+        >>> g.set_state(s); g.uniform(size=2).tolist() == a
+        True
+        """
+        seed, bits = state
+        with self._lock:
+            self._seed = seed
+            self._bits.state = bits
+
     # ---- raw stream
     def _raw(self, n):
         """n 64-bit words (uint64 array) from the stream."""

@@ -318,6 +318,10 @@ def tensor(data, dtype=None, device=None):
     >>> tensor([1.0]).dtype
     dtype('float32')
     """
+    if _tracing[0]:
+        hook = _OPS.get("create_hook")
+        if hook is not None:        # a module is traced: the tracer records the creation
+            return hook(None, data, dtype, device)
     return to_tensor(data, dtype, device_id(device))
 
 
@@ -541,6 +545,11 @@ cdef class Tensor:
     def __init__(self, data=None, dtype=None, device=None):
         if data is None:
             data = []
+        if _tracing[0] and self._st == NULL:
+            hook = _OPS.get("create_hook")
+            if hook is not None:    # the tracer records the creation, then runs this again
+                hook(self, data, dtype, device)
+                return
         cdef Tensor src = to_tensor(data, dtype, device_id(device))
         # take over src's storage
         self._st = src._st
@@ -559,6 +568,22 @@ cdef class Tensor:
             self._st = NULL
 
     # ---- properties
+    @property
+    def name(self):
+        """A label (str or None, default None). Set while a module is traced,
+        it names the graph node of this value (MegEngine's ``Tensor.name``)."""
+        return getattr(self, "_name", None)
+
+    @name.setter
+    def name(self, value):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"a tensor name is a str or None, not {type(value).__name__}")
+        setattr(self, "_name", value)
+        if _tracing[0] and value:
+            hook = _OPS.get("name_hook")
+            if hook is not None:
+                hook(self, value)
+
     @property
     def shape(self):
         """Dimensions, a tuple of ints (while a module is traced, ints that

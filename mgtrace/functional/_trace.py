@@ -8,8 +8,15 @@ checks one module global and calls the function. While
 ``CallFunction`` expr and runs ``fn`` itself. Wrapping happens here,
 below the tracer, so code that did ``from mgtrace.functional import relu``
 is traced too (no monkey-patching of other modules' globals).
+
+It is also where a function declares that it writes into its arguments
+(:func:`mutates`): graph passes ask :func:`mutated_arguments` instead of
+guessing from names, so ``graph.compile()`` never drops a call whose effect
+is on its arguments (``F.batch_norm(..., training=True)`` updating the
+running statistics).
 """
 import functools
+import inspect
 
 # set by mgtrace.traced_module while it traces
 function_hook = None
@@ -39,6 +46,42 @@ def traceable(fn):
     wrapper.__mgtrace_traceable__ = True
     _WRAPPED[id(fn)] = wrapper
     return wrapper
+
+
+def mutates(*params, when=None):
+    """Declare that the decorated function writes into its arguments named
+    ``params``; ``when(arguments)`` (the bound arguments by name, defaults
+    filled in) says whether a given call does (default: always).
+
+    >>> @mutates("acc")
+    ... def accumulate(acc, x):
+    ...     acc[...] = acc + x
+    >>> mutated_arguments(accumulate, (1, 2), {})
+    ('acc',)
+    """
+    def deco(fn):
+        fn.__mgtrace_mutates__ = (tuple(params), when)
+        return fn
+    return deco
+
+
+def mutated_arguments(fn, args, kwargs):
+    """The names of the parameters a call ``fn(*args, **kwargs)`` writes
+    into, as declared with :func:`mutates` (``()`` for a function that
+    declares nothing or arguments that do not bind)."""
+    decl = getattr(fn, "__mgtrace_mutates__", None)
+    if decl is None:
+        return ()
+    params, when = decl
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return params          # cannot tell: assume the worst
+    bound.apply_defaults()
+    named = bound.arguments
+    if when is not None and not when(named):
+        return ()
+    return tuple(p for p in params if named.get(p) is not None)
 
 
 def wrap_public(module):

@@ -28,7 +28,9 @@ import math as _pymath
 import numpy as np
 
 from mgtrace._core import Tensor
+from mgtrace._core import tensor as _to_tensor
 from mgtrace._core import dispatch as _dispatch
+from mgtrace._core import index as _index
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import reduce as _reduce
 from mgtrace.functional import _args as A
@@ -603,5 +605,52 @@ __all__ = (list(_UNARY_TABLE) + list(_BINARY_TABLE) + [
     "clip", "where",
     "sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum",
     "sort", "argsort", "topk",
-    "matmul", "dot",
+    "matmul", "dot", "matinv",
 ])
+
+
+def matinv(inp):
+    """The inverse of each matrix in a batch (MegEngine's ``matinv``):
+    Gauss-Jordan elimination with partial pivoting, composed of core ops
+    (one elimination step per row; the batch is processed at once).
+
+    Args:
+        inp: float [..., n, n] (n >= 1).
+
+    Returns:
+        [..., n, n] in inp's dtype (float16/bfloat16 computed in float32).
+        A singular matrix gives inf or nan entries (as a division by a zero
+        pivot does); no error is raised.
+
+    Raises:
+        ValueError: fewer than 2 axes, or the last two axes differ.
+        TypeError: integer or bool inp.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.matinv(mt.tensor([[1.0, 0.0], [1.0, 1.0]])).tolist()
+    [[1.0, 0.0], [-1.0, 1.0]]
+    """
+    fn = "matinv"
+    (x,) = A.tensors(fn, inp=inp)
+    A.check_float(fn, "inp", x)
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{fn}: inp must be [..., n, n] (square matrices), got shape {x.shape}")
+    n = x.shape[-1]
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    a = _dispatch.astype(x, dt)
+    batch = x.shape[:-2]
+    rows = _to_tensor(np.arange(n, dtype=np.int32).reshape(n, 1), device=x.device)
+    eye = _dispatch.astype(_B["eq"](rows, rows.reshape(1, n)), dt).broadcast_to(batch + (n, n))
+    aug = _index.concat([a, eye], -1)                            # [..., n, 2n]
+    width = (2 * n,)
+    for k in range(n):
+        # pivot: the row at or below k with the largest |value| in column k
+        p = _B["add"](_reduce.argmax(_U["abs"](aug[..., k:, k]), -1, True), k)    # [..., 1]
+        p = _dispatch.astype(p, "int32").expand_dims(-1)                          # [..., 1, 1]
+        row_k = aug[..., k:k + 1, :]
+        row_p = _index.gather(aug, x.ndim - 2, p.broadcast_to(batch + (1,) + width).copy())
+        is_k = _B["eq"](rows, k)
+        aug = _T["where"](is_k, row_p, _T["where"](_B["eq"](rows, p), row_k, aug))
+        row = _B["truediv"](aug[..., k:k + 1, :], aug[..., k:k + 1, k:k + 1])
+        aug = _T["where"](is_k, row, _B["sub"](aug, _B["mul"](aug[..., :, k:k + 1], row)))
+    return _dispatch.astype(aug[..., :, n:], x.dtype)

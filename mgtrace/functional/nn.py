@@ -32,6 +32,7 @@ from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
 from mgtrace._core import reduce as _reduce
 from mgtrace.functional import _args as A
+from mgtrace.functional._trace import mutates as _mutates
 from mgtrace.functional.math import norm, sigmoid, tanh  # noqa: F401  (nn exports them too)
 
 _U, _B, _T = _dispatch.unary_ops, _dispatch.binary_ops, _dispatch.ternary_ops
@@ -47,7 +48,7 @@ __all__ = [
     "relu", "relu6", "leaky_relu", "gelu", "silu", "hardswish", "hardsigmoid", "sigmoid",
     "tanh", "softplus", "softmax", "log_softmax",
     # others
-    "embedding", "one_hot", "dropout", "pad", "interpolate",
+    "embedding", "one_hot", "dropout", "pad", "interpolate", "warp_perspective",
 ]
 
 
@@ -426,6 +427,7 @@ def adaptive_max_pool2d(x, oshp):
 
 # ------------------------------------------------------------------ normalization
 
+@_mutates("running_mean", "running_var", when=lambda a: a["training"] and a["inplace"])
 def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, training=False,
                momentum=0.9, eps=1e-5, inplace=True):
     """Batch normalization over the channel axis 1 (MegEngine's ``batch_norm``).
@@ -982,3 +984,140 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     if size is not None:
         size = A.pair(fn, "size", size, 1)
     return _nn.interpolate(x, size, scale_factor, mode, align_corners)
+
+
+# (mode, index mapping) for warp_perspective's border modes (OpenCV's names):
+# an integer index tensor i into an axis of size n -> an index in [0, n)
+def _border_replicate(i, n):
+    return _T["clip"](i, 0, n - 1)
+
+
+def _border_wrap(i, n):
+    return _B["mod"](i, n)
+
+
+def _border_reflect(i, n):            # fedcba|abcdefgh|hgfedcb
+    if n == 1:
+        return _B["mul"](i, 0)
+    j = _B["mod"](i, 2 * n)
+    return _T["where"](_B["lt"](j, n), j, _B["sub"](2 * n - 1, j))
+
+
+def _border_reflect_101(i, n):        # gfedcb|abcdefgh|gfedcba
+    if n == 1:
+        return _B["mul"](i, 0)
+    j = _B["mod"](i, 2 * n - 2)
+    return _T["where"](_B["lt"](j, n), j, _B["sub"](2 * n - 2, j))
+
+
+_BORDERS = {"replicate": _border_replicate, "constant": _border_replicate,
+            "wrap": _border_wrap, "reflect": _border_reflect, "reflect_101": _border_reflect_101}
+
+
+def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode="replicate",
+                     border_val=0.0, format="NCHW", interp_mode="linear"):
+    """Perspective warp of batched images (MegEngine's ``warp_perspective``).
+
+    Each output pixel (h, w) of image b samples its input image at::
+
+        x = (M00*w + M01*h + M02) / (M20*w + M21*h + M22)
+        y = (M10*w + M11*h + M12) / (M20*w + M21*h + M22)
+
+    with M = ``mat[b]`` (the inverse of the matrix cv2.warpPerspective
+    takes), bilinearly from the four pixels around (x, y); a neighbour
+    outside the image is found by ``border_mode`` (OpenCV's rules) or, for
+    "constant", is ``border_val``. Composed of core ops (gathers and
+    elementwise arithmetic, in float32; float64 for float64 input).
+
+    Args:
+        inp: float [N, C, H, W] (or [N, H, W, C] with ``format="NHWC"``).
+        mat: float [B, 3, 3]; B = N unless ``mat_idx`` is given.
+        out_shape: (oh, ow) ints (or one int for both, or a 2-element int
+            Tensor).
+        mat_idx: B ints in [0, N): the input image for each matrix
+            (sequence or int Tensor); None means image b for matrix b.
+        border_mode: "replicate" (default), "constant", "reflect",
+            "reflect_101" or "wrap".
+        border_val: the value outside the image for "constant".
+        format: "NCHW" (default) or "NHWC".
+        interp_mode: "linear" (the one MegEngine supports).
+
+    Returns:
+        [B, C, oh, ow] (NHWC: [B, oh, ow, C]), float32 (float64 for float64
+        input; float16 input gives float32, as in MegEngine).
+
+    Raises:
+        ValueError: bad shapes, unknown modes, a mat_idx of the wrong
+            length or out of range. TypeError: integer inp.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+    >>> shift = mt.tensor([[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]])
+    >>> F.warp_perspective(x, shift, (2, 2)).tolist()
+    [[[[5.0, 6.0], [9.0, 10.0]]]]
+    """
+    fn = "warp_perspective"
+    x, m = A.tensors(fn, inp=inp, mat=mat)
+    A.check_float(fn, "inp", x)
+    A.check_float(fn, "mat", m)
+    if format not in ("NCHW", "NHWC"):
+        raise ValueError(f"{fn}: format must be 'NCHW' or 'NHWC', got {format!r}")
+    if interp_mode != "linear":
+        raise ValueError(f"{fn}: interp_mode must be 'linear' (MegEngine supports only it), "
+                         f"got {interp_mode!r}")
+    if border_mode not in _BORDERS:
+        raise ValueError(f"{fn}: border_mode must be one of {', '.join(map(repr, _BORDERS))}, "
+                         f"got {border_mode!r}")
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]" if format == "NCHW" else "[N, H, W, C]")
+    if format == "NHWC":
+        x = x.transpose((0, 3, 1, 2))
+    if m.ndim != 3 or m.shape[1:] != (3, 3):
+        raise ValueError(f"{fn}: mat must be [B, 3, 3], got shape {m.shape}")
+    if isinstance(out_shape, Tensor):
+        out_shape = out_shape.tolist()
+    oh, ow = A.pair(fn, "out_shape", out_shape, 1)
+    n, c, h, w = x.shape
+    b = m.shape[0]
+    if mat_idx is None:
+        if b != n:
+            raise ValueError(f"{fn}: mat has {b} matrices for {n} images; pass mat_idx to pick "
+                             "an image for each matrix")
+    else:
+        idx = mat_idx.tolist() if isinstance(mat_idx, Tensor) else list(mat_idx)
+        if len(idx) != b or not all(isinstance(i, (int, np.integer)) and 0 <= i < n for i in idx):
+            raise ValueError(f"{fn}: mat_idx must hold {b} ints in [0, {n}), got {idx}")
+        x = _index.getitem(x, _tensor(np.asarray(idx, np.int32), device=x.device))
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    x = _dispatch.astype(x, dt)
+    m = _dispatch.astype(m, dt).reshape(b, 9)
+    # the output pixel grid, w fastest: [1, oh*ow] each
+    gy, gx = np.meshgrid(np.arange(oh, dtype=dt), np.arange(ow, dtype=dt), indexing="ij")
+    gx = _tensor(gx.reshape(1, -1), device=x.device)
+    gy = _tensor(gy.reshape(1, -1), device=x.device)
+    col = [m[:, k:k + 1] for k in range(9)]                       # [b, 1] each
+
+    def affine(a, bb, cc):
+        return _B["add"](_B["add"](_B["mul"](col[a], gx), _B["mul"](col[bb], gy)), col[cc])
+    den = affine(6, 7, 8)
+    sx, sy = _B["truediv"](affine(0, 1, 2), den), _B["truediv"](affine(3, 4, 5), den)
+    x0, y0 = _U["floor"](sx), _U["floor"](sy)
+    ax, ay = _B["sub"](sx, x0), _B["sub"](sy, y0)                # bilinear weights
+    x0, y0 = _dispatch.astype(x0, "int32"), _dispatch.astype(y0, "int32")
+    flat = x.reshape(b, c, h * w)
+    border = _BORDERS[border_mode]
+    out = None
+    for dy, wy in ((0, _B["sub"](1.0, ay)), (1, ay)):
+        for dx, wx in ((0, _B["sub"](1.0, ax)), (1, ax)):
+            yi, xi = _B["add"](y0, dy), _B["add"](x0, dx)
+            pos = _B["add"](_B["mul"](border(yi, h), w), border(xi, w))          # [b, p]
+            pos = pos.reshape(b, 1, oh * ow).broadcast_to((b, c, oh * ow)).copy()
+            vals = _index.gather(flat, 2, pos)
+            if border_mode == "constant":
+                inside = _B["logical_and"](
+                    _B["logical_and"](_B["ge"](yi, 0), _B["lt"](yi, h)),
+                    _B["logical_and"](_B["ge"](xi, 0), _B["lt"](xi, w)))
+                vals = _T["where"](inside.reshape(b, 1, oh * ow), vals, float(border_val))
+            term = _B["mul"](vals, _B["mul"](wy, wx).reshape(b, 1, oh * ow))
+            out = term if out is None else _B["add"](out, term)
+    out = out.reshape(b, c, oh, ow)
+    return out.transpose((0, 2, 3, 1)).copy() if format == "NHWC" else out

@@ -181,15 +181,19 @@ def squeeze(x, axis=None):
 
 
 def broadcast_to(x, shape):
-    """A view of x with ``shape`` (NumPy broadcasting: stride 0 on broadcast
-    axes; MegEngine's ``broadcast_to``). Copy it before writing.
+    """x repeated to ``shape`` by NumPy's broadcasting rule, as a new,
+    writable tensor (MegEngine's ``broadcast_to``: writing into the result
+    leaves x alone). ``x.broadcast_to(shape)``, the Tensor method, gives the
+    cheaper read-only view (stride 0 on broadcast axes) instead.
 
     Raises:
         ValueError: x's shape does not broadcast to shape.
 
     >>> import mgtrace as mt, mgtrace.functional as F
-    >>> F.broadcast_to(mt.tensor([1, 2]), (2, 2)).tolist()
-    [[1, 2], [1, 2]]
+    >>> y = F.broadcast_to(mt.tensor([1, 2]), (2, 2))
+    >>> y[0, 0] = 5
+    >>> y.tolist()
+    [[5, 2], [1, 2]]
     """
     fn = "broadcast_to"
     x = _x(fn, x)
@@ -199,7 +203,7 @@ def broadcast_to(x, shape):
     if not ok:
         raise ValueError(f"{fn}: x of shape {x.shape} does not broadcast to shape {shp} "
                          f"(NumPy broadcasting rule)")
-    return x.broadcast_to(shp)
+    return x.broadcast_to(shp).copy()
 
 
 # ------------------------------------------------------------------ joining and splitting

@@ -27,6 +27,8 @@ from mgtrace.module.builtin import (
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten,
     # misc
     Dropout, Identity)
+from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
+                                  fuse_conv_bn_relu_module)
 
 __all__ = [
     "Parameter", "Module", "StateDictError", "IncompatibleKeys",
@@ -36,4 +38,5 @@ __all__ = [
     "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
     "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "Hardswish", "Hardsigmoid",
     "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Dropout", "Identity",
+    "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
 ]

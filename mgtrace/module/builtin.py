@@ -528,6 +528,11 @@ class ConvTranspose2d(_ConvNd):
 class _BatchNorm(Module):
     _input_ndims = (4,)
 
+    @property
+    def mutates_state(self):
+        """A call updates the running statistics (graph.compile() keeps it)."""
+        return self.training and self.track_running_stats
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, *, bias=True):
         super().__init__()

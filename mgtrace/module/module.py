@@ -9,26 +9,37 @@ date (PyTorch's model, which users of MegEngine and torch.fx both expect):
   :meth:`Module.state_dict`),
 * ``_modules``: child modules.
 
-The rule for ``module.name = value``:
+The rule for ``module.name = value`` (MegEngine's module rules):
 
 ===========================================  ==================================
 value                                        effect
 ===========================================  ==================================
 a Parameter                                  registered as parameter ``name``
 a Module                                     registered as child ``name``
-a Tensor, ``name`` is a registered buffer    replaces the buffer
+a Tensor (not a Parameter)                   registered as (persistent) buffer
+                                             ``name``
 None, ``name`` is registered                 stays registered, holds None
                                              (skipped by the iterators and
                                              state_dict, like an absent bias)
 a plain Tensor, ``name`` is a parameter      TypeError (wrap it in Parameter,
                                              or ``del`` the parameter first)
+a list, tuple or dict                        a plain attribute whose Modules
+                                             and Tensors (nested too) are
+                                             submodules, parameters and
+                                             buffers named by their place:
+                                             ``layers.0``, ``heads.cls.1``
 anything else                                a plain attribute; a registration
                                              under ``name`` is dropped
 ===========================================  ==================================
 
-``del module.name`` drops the registration. Plain tensor attributes are
-neither parameters nor buffers: register them with ``register_buffer``.
-Python lists of modules are not searched; use :class:`ModuleList`.
+``del module.name`` drops the registration. Modules and tensors in plain
+lists, tuples and dicts (OrderedDict too) held as attributes are found each
+time the module is walked (``named_modules``, ``parameters``,
+``state_dict``, ``to``, tracing, saving), so appending to such a list later
+works too; dict keys holding them must be strings without dots.
+:class:`ModuleList` and :class:`ModuleDict` work as well. PyTorch differs:
+it ignores modules in plain Python containers and keeps plain tensor
+attributes out of ``state_dict`` (``register_buffer`` is the only way in).
 
 Forward hooks (:meth:`Module.register_forward_pre_hook`,
 :meth:`Module.register_forward_hook`) are kept outside the instance
@@ -173,6 +184,45 @@ def _view(t):
     return t.reshape(t.shape)
 
 
+_STRUCTURES = (list, tuple, dict)
+_MAX_NESTING = 32
+
+
+def _structure_leaves(path, value, depth=0):
+    """``(dotted path, leaf)`` for each Module or Tensor inside the list,
+    tuple or dict ``value`` (nested), in order: ``("layers.0", m)``.
+
+    Raises:
+        TypeError: a dict holding one is keyed by something not a str.
+        ValueError: such a key is empty or has a dot; nesting too deep.
+    """
+    if depth > _MAX_NESTING:
+        raise ValueError(f"{path}: containers nest deeper than {_MAX_NESTING} levels")
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    out = []
+    for k, v in items:
+        if isinstance(v, (Module, Tensor)):
+            out.append((f"{path}.{_structure_key(path, k)}", v))
+        elif isinstance(v, _STRUCTURES) and v:
+            inner = _structure_leaves(f"{path}.{k}", v, depth + 1)
+            if inner:
+                _structure_key(path, k)
+                out += inner
+    return out
+
+
+def _structure_key(path, k):
+    if isinstance(k, int) and not isinstance(k, bool):
+        return str(k)
+    if not isinstance(k, str):
+        raise TypeError(f"{path}: a dict holding modules or tensors must have str keys, got "
+                        f"{type(k).__name__} {k!r} (MegEngine's rule)")
+    if not k or "." in k:
+        raise ValueError(f"{path}: key {k!r} of a dict holding modules or tensors must be a "
+                         "non-empty str without '.' (dots separate the levels of names)")
+    return k
+
+
 class Module:
     """Base class of network blocks: parameters, buffers, child modules, forward.
 
@@ -195,14 +245,35 @@ class Module:
     """
 
     training: bool
+    name = None           # a label given to __init__ (MegEngine's Module(name=...))
+    # attributes of the instance that are bookkeeping, not state: never searched
+    # for modules and tensors (TracedModule adds its own)
+    _NOT_STATE = frozenset()
 
-    def __init__(self):
+    def __init__(self, name=None):
+        """Args:
+            name: an optional label for the module (MegEngine's ``name``):
+                a non-empty str, readable as ``module.name`` (None when not
+                given). It names nothing else: state_dict keys and graph
+                names come from attribute paths and class names.
+
+        Raises:
+            TypeError: name is not a str. ValueError: name is empty or blank.
+        """
+        if name is not None:
+            if not isinstance(name, str):
+                raise TypeError(f"{type(self).__name__}: name must be a str, got "
+                                f"{type(name).__name__}")
+            if not name.strip():
+                raise ValueError(f"{type(self).__name__}: name must be a non-empty str")
         d = self.__dict__
         d["training"] = True
         d["_parameters"] = OrderedDict()
         d["_buffers"] = OrderedDict()
         d["_non_persistent_buffers"] = set()
         d["_modules"] = OrderedDict()
+        if name is not None:
+            d["name"] = name
 
     # ------------------------------------------------------------ forward
     def forward(self, *args, **kwargs):
@@ -395,6 +466,9 @@ class Module:
         elif isinstance(value, Module):
             self._drop(name, keep=modules)
             modules[name] = value
+        elif isinstance(value, Tensor) and name not in params:
+            self._drop(name, keep=buffers)          # a buffer keeps its place and persistence
+            buffers[name] = value
         elif name in params:
             if value is None:
                 params[name] = None
@@ -411,6 +485,8 @@ class Module:
         elif name in modules and value is None:
             modules[name] = None
         else:
+            if isinstance(value, _STRUCTURES) and value and not name.startswith("_"):
+                _structure_leaves(name, value)      # bad keys fail here, not later
             if name in buffers or name in modules:
                 self._drop(name)
             object.__setattr__(self, name, value)
@@ -441,7 +517,9 @@ class Module:
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         d = self.__dict__
-        for t in list(d.get("_buffers", {}).values()) + list(d.values()):
+        tensors = list(d.get("_buffers", {}).values()) + list(d.values())
+        tensors += [t for _, t in self._structure_members()]
+        for t in tensors:
             if isinstance(t, Tensor) and not isinstance(t, Parameter) and id(t) not in memo:
                 memo[id(t)] = t.copy()
         for k, v in d.items():
@@ -456,11 +534,43 @@ class Module:
                       | set(self._modules))
 
     # ----------------------------------------------------------- iteration
+    def _structure_members(self):
+        """``(dotted path, Module or Tensor)`` for what the plain list, tuple
+        and dict attributes hold (MegEngine's rule), in attribute order."""
+        out = []
+        skip = self._NOT_STATE
+        for name, value in self.__dict__.items():
+            if type(value) in _STRUCTURES or isinstance(value, _STRUCTURES):
+                if value and not name.startswith("_") and name not in skip:
+                    out += _structure_leaves(name, value)
+        return out
+
+    def _child_items(self):
+        """(name, module or None) of the registered children, then the
+        modules held in list/tuple/dict attributes (``"layers.0"``)."""
+        items = list(self._modules.items())
+        items += [(k, v) for k, v in self._structure_members() if isinstance(v, Module)]
+        return items
+
+    def _set_member(self, path, value):
+        """Replace what dotted ``path`` names (a table entry, or an element of
+        a list/tuple/dict attribute: tuples are rebuilt) by ``value``."""
+        head, _, last = path.partition(".")
+        if not last:
+            for table in self._tables():
+                if head in table:
+                    table[head] = value
+                    return
+            self.__dict__[head] = value
+            return
+        self.__dict__[head] = _replaced(self.__dict__[head], last.split("."), value)
+
     def named_children(self):
-        """(name, module) for each direct child, in registration order; a
-        child registered under two names is given once."""
+        """(name, module) for each direct child, in registration order, then
+        the modules in list/tuple/dict attributes (``"layers.0"``); a child
+        reached under two names is given once."""
         seen = set()
-        for name, m in self._modules.items():
+        for name, m in self._child_items():
             if m is not None and id(m) not in seen:
                 seen.add(id(m))
                 yield name, m
@@ -484,7 +594,7 @@ class Module:
                 return
             memo.add(id(self))
         yield prefix, self
-        for name, m in self._modules.items():
+        for name, m in self._child_items():
             if m is None:
                 continue
             yield from m.named_modules(memo, prefix + ("." if prefix else "") + name,
@@ -499,7 +609,7 @@ class Module:
             if recurse else [(prefix, self)]
         seen = set()
         for mod_prefix, m in mods:
-            for name, t in getattr(m, table).items():
+            for name, t in m._own_members(table):
                 if t is None:
                     continue
                 if remove_duplicate:
@@ -507,6 +617,16 @@ class Module:
                         continue
                     seen.add(id(t))
                 yield mod_prefix + ("." if mod_prefix else "") + name, t
+
+    def _own_members(self, table):
+        """(name, tensor) of this module's own ``table`` ("_parameters" or
+        "_buffers"), then the Parameters (resp. other Tensors) held in its
+        list/tuple/dict attributes."""
+        items = list(getattr(self, table).items())
+        want_param = table == "_parameters"
+        items += [(k, v) for k, v in self._structure_members()
+                  if isinstance(v, Tensor) and isinstance(v, Parameter) == want_param]
+        return items
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         """(qualified name, Parameter) pairs; a shared parameter is given once."""
@@ -548,6 +668,10 @@ class Module:
         for name, m in self._modules.items():
             if m is not None:
                 m.state_dict(destination, prefix + name + ".", keep_vars)
+        for name, value in self.__dict__.items():
+            if isinstance(value, _STRUCTURES) and value and not name.startswith("_") \
+                    and name not in self._NOT_STATE:
+                _structure_state(value, destination, f"{prefix}{name}.", keep_vars)
         return destination
 
     def load_state_dict(self, state_dict, strict=True):
@@ -676,10 +800,12 @@ class Module:
             return new
 
         for m in self.modules():
-            for table, is_param in ((m._parameters, True), (m._buffers, False)):
-                for name, t in table.items():
+            for table in ("_parameters", "_buffers"):
+                for name, t in m._own_members(table):
                     if t is not None:
-                        table[name] = convert(t, is_param)
+                        new = convert(t, table == "_parameters")
+                        if new is not t:
+                            m._set_member(name, new)
         return self
 
     def _to_args(self, args, kwargs):
@@ -743,9 +869,48 @@ class Module:
     def __repr__(self):
         extra = self.extra_repr()
         lines = extra.split("\n") if extra else []
-        for name, m in self._modules.items():
+        children = self._child_items()
+        for name, m in children:
             lines.append(f"({name}): " + _addindent(repr(m), 2))
-        if not self._modules:
+        if not children:
             return f"{self._get_name()}({extra})"
         body = "\n  ".join(lines)
         return f"{self._get_name()}(\n  {body}\n)"
+
+
+def _structure_state(value, destination, prefix, keep_vars, depth=0):
+    """state_dict entries of a list/tuple/dict attribute, in the order its
+    TracedModule (a container module) gives them: its Parameters, its other
+    Tensors, then its modules and inner containers, by position."""
+    if depth > _MAX_NESTING:
+        return
+    items = [(str(k), v) for k, v in (value.items() if isinstance(value, dict)
+                                      else enumerate(value))]
+    for k, v in items:
+        if isinstance(v, Parameter):
+            destination[prefix + k] = v if keep_vars else _view(v)
+    for k, v in items:
+        if isinstance(v, Tensor) and not isinstance(v, Parameter):
+            destination[prefix + k] = v if keep_vars else _view(v)
+    for k, v in items:
+        if isinstance(v, Module):
+            v.state_dict(destination, f"{prefix}{k}.", keep_vars)
+        elif isinstance(v, _STRUCTURES) and v:
+            _structure_state(v, destination, f"{prefix}{k}.", keep_vars, depth + 1)
+
+
+def _replaced(container, keys, value):
+    """``container`` with the element at path ``keys`` replaced by
+    ``value`` (lists and dicts in place, tuples rebuilt)."""
+    k = keys[0]
+    if isinstance(container, dict):
+        key = next(x for x in container if str(x) == k)
+    else:
+        key = int(k)
+    new = value if len(keys) == 1 else _replaced(container[key], keys[1:], value)
+    if isinstance(container, tuple):
+        items = list(container)
+        items[key] = new
+        return type(container)(*items) if hasattr(container, "_fields") else type(container)(items)
+    container[key] = new
+    return container

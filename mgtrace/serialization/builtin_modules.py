@@ -78,6 +78,9 @@ STATE_ELEMENTS = {
     "mgtrace.module.BatchNorm2d": lambda c: 4 * _size(c.get("num_features")) + 1,
     "mgtrace.module.LayerNorm": lambda c: 2 * _size(c.get("normalized_shape")),
     "mgtrace.module.GroupNorm": lambda c: 2 * _size(c.get("num_channels")),
+    "mgtrace.module.ConvRelu2d": _conv(2),
+    "mgtrace.module.ConvBn2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
+    "mgtrace.module.ConvBnRelu2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
 }
 
 
@@ -162,6 +165,8 @@ def _decode_builtin(entry, ctx):
     config = upgrade(config)
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
     m = _construct(cls, name, config)
+    if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode
+        m.train(bool(entry["training"]))
     install_state(m, entry["tensors"], ctx, f"{name}(**config)")
     if ctx.device is not None and ctx.device.type != "cpu":
         m.to(ctx.device)          # tensors outside the state dict

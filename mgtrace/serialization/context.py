@@ -104,11 +104,7 @@ class EncodeContext:
                 version = registry.function_version(name)
             except KeyError:
                 raise TypeError(f"{name!r} is not a registered function name") from None
-            self._check_released("functions", name, version, "function")
-            if name.startswith("mgtrace.") and name not in released_names((1, 0))["functions"]:
-                # one of mgtrace's own names added after the first release (e.g. the
-                # fused calls optimize() emits): a reader of 1.0 does not know it
-                self.require(FORMAT_VERSION, f"a call of {name}")
+            self._note_name("functions", name, version, "function")
             i = self._op_index[name] = len(self.ops)
             self.ops.append({"name": name, "version": version})
         return i
@@ -134,7 +130,15 @@ class EncodeContext:
     def builtin_type(self, name, version):
         """Note a builtin or container module type stored by ``name`` at
         ``version`` (refused when the target format's release lacks it)."""
-        self._check_released("module_types", name, version, "module type")
+        self._note_name("module_types", name, version, "module type")
+
+    def _note_name(self, table, name, version, what):
+        """Check a stable name against the target format, and require the
+        format that introduced it: a reader of an older format would not
+        find it (so it must refuse the archive by version, not fail on the
+        name)."""
+        self._check_released(table, name, version, what)
+        self.require(_introduced(table, name), f"{what} {name}")
 
     def module(self, m, name=None):
         """Index of Module ``m`` in the module table; a module met twice is
@@ -162,6 +166,21 @@ class EncodeContext:
         self.modules[i] = {"kind": codec.kind, "training": bool(m.training), **fields}
         self.require(codec.since, f"module kind {codec.kind!r}")
         return i
+
+
+def _introduced(table, name):
+    """The format whose release first had mgtrace's own stable ``name`` (the
+    current format for one no release had yet); (1, 0) for other names (a
+    user's registrations are the user's to version)."""
+    if not name.startswith("mgtrace."):
+        return (1, 0)
+    v = (FORMAT_VERSION[0], 0)
+    while v < FORMAT_VERSION:
+        names = released_names(v)
+        if names is not None and name in names[table]:
+            return v
+        v = (v[0], v[1] + 1)
+    return FORMAT_VERSION
 
 
 class DecodeContext:

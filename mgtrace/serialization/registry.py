@@ -14,6 +14,8 @@ mgtrace registers:
   wrapped later, e.g. by the tracer, is the one called);
 * Python's :mod:`operator` functions that tensors overload
   (:data:`OPERATOR_FUNCTIONS`) as ``"operator.<name>"``;
+* :func:`mgtrace.tensor` as ``"mgtrace.tensor"`` (tensors made inside a
+  traced forward, format 1.1);
 * every builtin module type of :mod:`mgtrace.module` (``"mgtrace.module.Conv2d"``)
   and the containers Sequential, ModuleList, ModuleDict.
 
@@ -24,6 +26,7 @@ import operator
 from collections import namedtuple
 from functools import partial
 
+import mgtrace._core as _core
 import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace.errors import RegistryError, did_you_mean
@@ -57,6 +60,7 @@ for _n in F.__all__:
     _own(f"mgtrace.functional.{_n}", partial(getattr, F, _n))
 for _n in OPERATOR_FUNCTIONS:
     _own(f"operator.{_n}", partial(getattr, operator, _n))
+_own("mgtrace.tensor", lambda: _core.tensor)       # a tensor made inside a traced forward
 
 
 def _shown(name):

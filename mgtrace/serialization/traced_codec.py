@@ -11,7 +11,8 @@ A TracedModule is stored as::
      graphs: [graph, ...]}
 
     graph: {name, qualname, inputs: [node id], outputs: [node id],
-            in_def: treedef, out_def: treedef, nodes: [node], exprs: [expr]}
+            in_def: treedef, out_def: treedef, nodes: [node], exprs: [expr],
+            ids?: {nodes: [int], exprs: [int]}}     # 1.1: the graph's own ids, after edits
     node:  {id, name, kind: "tensor" | "module" | "value", shape?, dtype?, value?}
     expr:  {kind, outputs: [node id], out_def?: treedef, ...} with, by kind,
            input: {name}; getattr: {module: node id, name: "a.b.c"};
@@ -68,7 +69,7 @@ from mgtrace.serialization.limits import MAX_CALL_ARGS, MAX_GRAPH_EXPRS, MAX_NAM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
-from mgtrace.traced_module.graph import InternalGraph
+from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
 from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
@@ -218,10 +219,22 @@ def _encode_graph(g, ctx):
         ids[id(n)] = len(nodes)
         nodes.append(_encode_node(n, ids[id(n)]))
     node_id = lambda v: ids[id(v)] if isinstance(v, Node) else None   # noqa: E731
-    return {"name": g._name, "qualname": g._qualname,
-            "inputs": [ids[id(n)] for n in g._inputs], "outputs": [ids[id(n)] for n in g._outputs],
-            "in_def": _encode_tree(g._in_def, ctx), "out_def": _encode_tree(g._out_def, ctx),
-            "nodes": nodes, "exprs": [_encode_expr(e, ctx, ids, node_id) for e in g._exprs]}
+    out = {"name": g._name, "qualname": g._qualname,
+           "inputs": [ids[id(n)] for n in g._inputs], "outputs": [ids[id(n)] for n in g._outputs],
+           "in_def": _encode_tree(g._in_def, ctx), "out_def": _encode_tree(g._out_def, ctx),
+           "nodes": nodes, "exprs": [_encode_expr(e, ctx, ids, node_id) for e in g._exprs]}
+    # the graph's own node and expr ids, when a load could not renumber them the same
+    # way (the graphs were edited): format 1.1, optional (a 1.0 reader renumbers)
+    if g._ids is not None and g._ids.dirty and ctx.allows((1, 1)):
+        order = list(g._inputs) + [o for e in g._exprs if not isinstance(e, Input)
+                                   for o in e.outputs]
+        seen, node_ids = set(), []
+        for n in order:
+            if id(n) not in seen:
+                seen.add(id(n))
+                node_ids.append(int(n._id))
+        out["ids"] = {"nodes": node_ids, "exprs": [int(e._id) for e in g._exprs]}
+    return out
 
 
 def _encode_node(n, i):
@@ -425,7 +438,24 @@ def _build(entry, ctx):
         d[k] = value
     for gi, g in enumerate(entry["graphs"]):
         tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+    _finish_ids(tm)
     return tm
+
+
+def _finish_ids(tm):
+    """One IdSource for the graphs of ``tm``'s tree: the stored ids when
+    every graph kept them (counting on from the largest), else a fresh
+    numbering from 0 (what a trace gives; 1.0 archives)."""
+    graphs = [g for m in tm.modules() for g in getattr(m, "_graphs", ())]
+    if graphs and all(g.__dict__.get("_stored_ids") for g in graphs):
+        exprs = [e for g in graphs for e in g._exprs]
+        nodes = [o for e in exprs for o in e.outputs]
+        src = IdSource(max((n._id for n in nodes), default=-1) + 1,
+                       max((e._id for e in exprs), default=-1) + 1, dirty=True)
+        for g in graphs:
+            g._ids = src
+    else:
+        reset_ids(tm)
 
 
 def _check_member(tm, name, where):
@@ -527,6 +557,7 @@ class _GraphReader:
         if not all(isinstance(n, (TensorNode, ValueNode)) for n in graph._inputs[1:]):
             _fail(w, "a graph's inputs after self are tensor or int nodes")
         graph._inputs[0].owner = self.tm
+        self._ids(g.get("ids"), graph, nodes, w)
         problems = graph.check(recursive=False)
         if problems:
             _fail(w, "the graph is broken: " + "; ".join(problems[:5]))
@@ -535,6 +566,24 @@ class _GraphReader:
         except (SyntaxError, ValueError, TypeError) as e:
             _fail(w, f"its generated code does not compile ({type(e).__name__}: {e})")
         return graph
+
+    def _ids(self, stored, graph, entries, w):
+        """Give the graph's nodes and exprs the ids the archive kept (1.1);
+        without them the module's ids are renumbered (``_finish_ids``)."""
+        if stored is None:
+            return
+        ok = isinstance(stored, dict) and all(
+            isinstance(stored.get(k), list) and all(type(i) is int and i >= 0 for i in stored[k])
+            for k in ("nodes", "exprs"))
+        if not ok or len(stored["nodes"]) != len(entries) or \
+                len(stored["exprs"]) != len(graph._exprs):
+            _fail(f"{w}.ids", "a map of nodes and exprs: lists of non-negative ints, one per "
+                              "node entry and expr")
+        for n, i in zip(entries, stored["nodes"]):
+            self.nodes[n["id"]]._id = i
+        for e, i in zip(graph._exprs, stored["exprs"]):
+            e._id = i
+        graph.__dict__["_stored_ids"] = True
 
     def _node(self, n):
         w = f"{self.where}.nodes"

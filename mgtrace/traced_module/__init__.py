@@ -3,13 +3,16 @@
 Layers, one concept per module: ``pytree`` (argument structures),
 ``node`` and ``expr`` (the IR), ``graph`` (InternalGraph: queries, edits,
 lint), ``tracer`` (the hooks that record a real run), ``codegen`` (Python
-source for a graph), ``traced_module`` (TracedModule, trace_module,
-flatten). DESIGN.md, "Tracing and the graph", has the semantics; they
+source for a graph), ``checker`` (the end-of-trace check against eager and
+the module state trace_module puts back), ``traced_module`` (TracedModule,
+trace_module, flatten). DESIGN.md, "Tracing and the graph", has the semantics; they
 follow MegEngine's TracedModule.
 """
 import sys
 
 from mgtrace.functional._trace import traceable as _traceable
+from mgtrace.traced_module.checker import (TraceCheckError, disable_default_checker,
+                                           enable_expr_checker)
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, Expr,
                                         GetAttr, Input)
 from mgtrace.traced_module.graph import ExprFilter, GraphError, InternalGraph, NodeFilter
@@ -25,8 +28,8 @@ __all__ = ["trace_module", "TracedModule", "wrap", "InternalGraph", "GraphError"
            "TensorNode", "ModuleNode", "ValueNode", "Expr", "Input", "GetAttr", "CallMethod",
            "CallFunction", "Constant", "Apply", "NodeFilter", "ExprFilter", "TreeDef",
            "tree_flatten", "tree_map", "register_supported_type", "SymInt", "TraceError",
-           "TraceWarning", "optimize", "register_pass", "registered_passes", "replace_pattern",
-           "Match"]
+           "TraceWarning", "TraceCheckError", "enable_expr_checker", "disable_default_checker",
+           "optimize", "register_pass", "registered_passes", "replace_pattern", "Match"]
 
 
 def wrap(fn):

@@ -27,9 +27,10 @@ import re
 import weakref
 
 import mgtrace.functional as F
-from mgtrace._core import OpDef, apply
+from mgtrace._core import OpDef, Tensor, apply
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         Input)
+from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import Node, TensorNode
 from mgtrace.traced_module.pytree import LeafDef, TreeDef, _Root, tree_flatten
 
@@ -353,10 +354,16 @@ def generate(graph, watch=(), end=()):
     drops = _last_uses(graph, keep)
     if watch_ids:
         namer.globals["_watch"] = None     # bound by compile_graph
+    # a graph that writes into tensors runs on copies of its constant tensors, so
+    # that no run changes what the next one starts from
+    copy_constants = any(has_side_effect(e) for e in graph._exprs)
     for i, e in enumerate(graph._exprs):
         if isinstance(e, Input):
             continue
-        _statement(e, namer, lines)
+        if copy_constants and isinstance(e, Constant) and isinstance(e.value, Tensor):
+            _assign(e, f"{_rhs(e, namer)}.copy()", namer, lines)
+        else:
+            _statement(e, namer, lines)
         for o in e.outputs:
             if id(o) in watch_ids:
                 lines.append(f"_watch({o.id}, {namer(o)})")

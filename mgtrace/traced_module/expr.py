@@ -25,6 +25,7 @@ import os
 import sys
 import sysconfig
 
+from mgtrace._core import tensor as _core_tensor
 from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 
@@ -85,7 +86,7 @@ class Expr:
 
     def __init__(self, args=(), kwargs=None):
         self._id = next(_ids)
-        self.graph = None
+        self._top_graph = None      # the graph that holds this expr
         self.outputs = []
         self.out_def = None
         self.source = None          # "file.py:line" of the user code that made it
@@ -111,13 +112,134 @@ class Expr:
         swap = lambda v: new if v is old else v          # noqa: E731
         args, kwargs = tree_map(swap, (self.args, self.kwargs), is_node)
         self._set_args(args, kwargs)
-        if self.graph is not None:
+        if self._top_graph is not None:
             old._remove_user(self)
             new._add_user(self)
 
     @property
     def top_graph(self):
-        return self.graph
+        """The InternalGraph that holds this expr (MegEngine's ``top_graph``)."""
+        return self._top_graph
+
+    # ------------------------------------------- editing arguments (MegEngine's)
+    def _signature(self):
+        """The signature ``args``/``kwargs`` bind to (``self`` first for a
+        method)."""
+        raise TypeError(f"{type(self).__name__} exprs take no arguments to edit")
+
+    @property
+    def named_args(self):
+        """The call's arguments by parameter name, defaults filled in
+        (``{"self": module_node, "x": node}`` for a module call).
+
+        Raises:
+            TypeError: an Input, GetAttr or Constant expr (no call)."""
+        bound = self._signature().bind(*self.args, **self.kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def set_arg(self, name, value):
+        """Give argument ``name`` (a parameter name; see :attr:`named_args`)
+        the value ``value`` (a node of this graph defined before this expr,
+        or a constant), keeping the others. Raises as
+        :meth:`set_args_kwargs`, and GraphError for an unknown name."""
+        from mgtrace.traced_module.graph import GraphError
+        sig = self._signature()
+        if name not in sig.parameters:
+            raise GraphError(f"set_arg: {self!r} has no parameter {name!r} "
+                             f"(it takes {', '.join(sig.parameters)})")
+        bound = sig.bind(*self.args, **self.kwargs)
+        bound.arguments[name] = value
+        self.set_args_kwargs(*bound.args, **bound.kwargs)
+
+    def set_args_kwargs(self, *args, **kwargs):
+        """Replace the call's arguments (``self`` node first for a method).
+        Users of the nodes are updated; the graph's code is rebuilt on the
+        next call.
+
+        Raises:
+            GraphError: the arguments do not fit the signature; a node is not
+                of this graph or is defined after this expr; a traced module
+                was not traced for this argument structure.
+            TypeError: an expr that takes no arguments.
+        """
+        from mgtrace.traced_module.graph import GraphError
+        try:
+            self._signature().bind(*args, **kwargs)
+        except TypeError as e:
+            raise GraphError(f"set_args_kwargs on {self!r}: {e}") from None
+        g = self._top_graph
+        nodes = tree_flatten((args, kwargs), is_node)[0]
+        if g is not None:
+            index = {id(e): i for i, e in enumerate(g._exprs)}
+            me = index.get(id(self), len(g._exprs))
+            for n in nodes:
+                if n.graph is not g or index.get(id(n.expr), me) >= me:
+                    raise GraphError(f"set_args_kwargs on {self!r}: {n!r} is not a node of "
+                                     f"{g.qualname} defined before this expr")
+        self._check_new_args(args, kwargs)
+        if g is not None:
+            for n in self._inputs:
+                n._remove_user(self)
+        self._set_args(tuple(args), dict(kwargs))
+        if g is not None:
+            for n in self._inputs:
+                n._add_user(self)
+            g._touch()
+
+    def _check_new_args(self, args, kwargs):
+        """Raise GraphError when these arguments cannot replace the current
+        ones (beyond binding); may update derived state."""
+
+    @property
+    def return_val(self):
+        """The expr's result: its output nodes in the structure the call
+        returns (one node, or a tuple/list/dict of them).
+
+        Settable (MegEngine's ``return_val``) to nodes of a new structure:
+        each is one of the current outputs or a new node (not in a graph
+        yet; it is added with its name made unique); outputs left out must
+        have no users. GraphError otherwise."""
+        if self.out_def is None:
+            return self.outputs[0] if len(self.outputs) == 1 else tuple(self.outputs)
+        return self.out_def.unflatten(self.outputs)
+
+    @return_val.setter
+    def return_val(self, value):
+        from mgtrace.traced_module.graph import GraphError
+        leaves, out_def = tree_flatten(value, is_node)
+        current = {id(o) for o in self.outputs}
+        for n in leaves:
+            if not isinstance(n, Node):
+                raise GraphError(f"return_val of {self!r}: {n!r} is not a node")
+            if id(n) not in current and (n.graph is not None or n.expr not in (None, self)):
+                raise GraphError(f"return_val of {self!r}: {n!r} is produced elsewhere")
+        g = self._top_graph
+        dropped = [o for o in self.outputs if not any(o is n for n in leaves)]
+        for o in dropped:
+            if o.users or (g is not None and any(o is x for x in g._outputs)):
+                raise GraphError(f"return_val of {self!r}: {o!r} is still used")
+        for o in dropped:
+            if g is not None and g._names.get(o._name) is o:
+                del g._names[o._name]
+            o.expr = None
+        for n in leaves:
+            if n.graph is None and g is not None:
+                g._add_node(n, n.name)
+            n.expr = self
+        self.outputs = list(leaves)
+        self.out_def = out_def
+        if g is not None:
+            g._touch()
+
+    @property
+    def graph(self):
+        """The graph this expr runs: for a call of a traced submodule, the
+        callee's graph (the one traced for this call's arguments); None for
+        every other expr, a builtin module call included (MegEngine's
+        ``CallMethod.graph``). The graph holding the expr is
+        :attr:`top_graph`."""
+        return None
 
     # ------------------------------------------------------------ printing
     def _format_args(self, skip=0):
@@ -183,11 +305,51 @@ class CallMethod(Expr):
     the call's bound arguments, which selects the callee's graph."""
     kind = "call_method"
     PROPERTIES = frozenset({"shape"})          # read, not called
+    # tensor methods that write into their self tensor (x[i] = v, x += y, ...)
+    IN_PLACE = frozenset({"__setitem__"} | {f"__i{op}__" for op in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+        "rshift", "matmul")})
 
     def __init__(self, self_node, method, args=(), kwargs=None):
         super().__init__((self_node,) + tuple(args), kwargs)
         self.method = method
         self.arg_def = None
+
+    @property
+    def graph(self):
+        """For a call of a traced submodule, the callee's graph for this
+        call's arguments; None for a builtin module call or a tensor method."""
+        from mgtrace.traced_module.graph import called_graph
+        return called_graph(self)
+
+    def _signature(self):
+        import inspect
+        first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        owner = getattr(self.args[0], "owner", None)
+        if self.method == "__call__" and owner is not None:
+            from mgtrace.traced_module.tracer import signature_of
+            sig = signature_of(owner)
+            return sig.replace(parameters=[first] + list(sig.parameters.values()))
+        from mgtrace._core import Tensor
+        try:
+            return inspect.signature(getattr(Tensor, self.method))
+        except (AttributeError, TypeError, ValueError):
+            return _positional_signature(len(self.args), self.kwargs, first)
+
+    def _check_new_args(self, args, kwargs):
+        if self.method != "__call__" or not args or getattr(args[0], "owner", None) is None:
+            return
+        from mgtrace.traced_module.graph import GraphError
+        from mgtrace.traced_module.tracer import bind_arguments, signature_of
+        owner = args[0].owner
+        canon = bind_arguments(signature_of(owner), args[1:], kwargs, type(owner).__name__)
+        arg_def = tree_flatten(canon, is_node)[1]
+        graphs = getattr(owner, "_graphs", None)
+        if graphs and not any(g._in_def == arg_def for g in graphs):
+            raise GraphError(f"set_args_kwargs on {self!r}: {owner._qualname} was traced for "
+                             f"arguments {[g.in_def for g in graphs]}, not {arg_def}")
+        if self.arg_def is not None or graphs:
+            self.arg_def = arg_def
 
     def _rhs(self):
         if self.method in self.PROPERTIES:
@@ -202,6 +364,13 @@ class CallFunction(Expr):
     def __init__(self, func, args=(), kwargs=None):
         super().__init__(args, kwargs)
         self.func = func
+
+    def _signature(self):
+        import inspect
+        try:
+            return inspect.signature(self.func)
+        except (TypeError, ValueError):
+            return _positional_signature(len(self.args), self.kwargs)
 
     def _rhs(self):
         return f"{function_name(self.func)}({self._format_args()})"
@@ -232,8 +401,21 @@ class Apply(Expr):
         super().__init__(args, params)
         self.op = opdef_name
 
+    def _signature(self):
+        return _positional_signature(len(self.args), self.kwargs)
+
     def _rhs(self):
         return f"apply[{self.op}]({self._format_args()})"
+
+
+def _positional_signature(n, kwargs, first=None):
+    """``(arg0, ..., /, *, k=...)``: for callables without a signature."""
+    import inspect
+    P = inspect.Parameter
+    params = [first] if first is not None else []
+    params += [P(f"arg{i}", P.POSITIONAL_ONLY) for i in range(len(params), n)]
+    params += [P(k, P.KEYWORD_ONLY) for k in kwargs if isinstance(k, str) and k.isidentifier()]
+    return inspect.Signature(params)
 
 
 EXPR_KINDS = {cls.kind: cls for cls in (Input, GetAttr, CallMethod, CallFunction, Constant, Apply)}
@@ -243,9 +425,12 @@ _OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in
 
 
 def function_name(fn):
-    """A readable dotted name: ``F.relu``, ``operator.mul``, ``mymod.fn``."""
+    """A readable dotted name: ``F.relu``, ``operator.mul``, ``mymod.fn``,
+    ``mgtrace.tensor``."""
     if fn in _OPERATOR_NAMES:
         return _OPERATOR_NAMES[fn]
+    if fn is _core_tensor:
+        return "mgtrace.tensor"
     mod = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     if mod.startswith("mgtrace.functional"):

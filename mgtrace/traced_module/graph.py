@@ -17,7 +17,7 @@ call and ``tm.code`` shows the change); run ``lint()`` after editing to be
 sure.
 
 Which graph to edit: each traced submodule has its own (``tm.layer1.graph``,
-or ``node.graph`` / ``expr.graph`` of what a recursive query found). Edits
+or ``node.graph`` / ``expr.top_graph`` of what a recursive query found). Edits
 that change a graph's signature or result (``reset_inputs``,
 ``reset_outputs``, ``add_input_node``, ``add_output_node``) work on the top
 graph only; ``flatten()`` first to reach inside submodules with them.
@@ -66,6 +66,55 @@ class GraphError(Error, ValueError):
     """A graph is malformed, or an edit would make it so."""
 
 
+class IdSource:
+    """The node and expr ids of one traced module tree (MegEngine numbers
+    them from 0 per traced module): every graph of the tree shares one.
+    :func:`reset_ids` numbers what a trace (or a load) made in walk order;
+    nodes and exprs added later take the next numbers. ``dirty`` says the
+    ids may differ from that walk order (the graphs were edited), which is
+    when an archive stores them."""
+    __slots__ = ("next_node", "next_expr", "dirty")
+
+    def __init__(self, next_node=0, next_expr=0, dirty=False):
+        self.next_node, self.next_expr, self.dirty = next_node, next_expr, dirty
+
+    def node_id(self):
+        self.next_node += 1
+        return self.next_node - 1
+
+    def expr_id(self):
+        self.next_expr += 1
+        return self.next_expr - 1
+
+
+def walk_tree(root):
+    """Every expr of the traced module ``root``, each graph once, in MegEngine's
+    id order: the top graphs' exprs, each call followed by its callee's exprs,
+    then the graphs no call reaches (a signature traced but not called)."""
+    seen = set()
+    for g in root._graphs:
+        yield from g._walk_exprs(True, seen)
+    for m in root.modules():
+        for g in getattr(m, "_graphs", ()):
+            if id(g) not in seen:
+                yield from g._walk_exprs(True, seen)
+
+
+def reset_ids(root):
+    """Number the nodes and exprs of the traced module ``root`` (and its
+    traced submodules) from 0 in :func:`walk_tree` order, and give all their
+    graphs one :class:`IdSource` that continues from there."""
+    src = IdSource()
+    for e in walk_tree(root):
+        e._id = src.expr_id()
+        for o in e.outputs:
+            o._id = src.node_id()
+    for m in root.modules():
+        for g in getattr(m, "_graphs", ()):
+            g._ids = src
+    return src
+
+
 class InternalGraph:
     """The graph of one traced forward (see the module docstring)."""
 
@@ -81,11 +130,22 @@ class InternalGraph:
         self._names = {}          # name -> node
         self._next_suffix = {}    # base name -> first suffix to try (see _unique_name)
         self._version = 0         # bumped by every edit; compiled code is cached per version
+        self._ids = None          # the IdSource of the traced module tree (reset_ids)
 
     # ---------------------------------------------------------------- basics
     @property
     def name(self):
+        """The graph's name (MegEngine's: ``Net`` for the top graph,
+        ``Net_layer1_0`` for the graph of ``net.layer1[0]``); settable.
+        :meth:`get_node_by_name` also matches ``"<graph name>_<node name>"``."""
         return self._name
+
+    @name.setter
+    def name(self, value):
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"a graph name must be a non-empty str, not {value!r}")
+        self._name = value
+        self._touch()
 
     @property
     def qualname(self):
@@ -109,6 +169,8 @@ class InternalGraph:
 
     def _touch(self):
         self._version += 1
+        if self._ids is not None:
+            self._ids.dirty = True
 
     def _unique_name(self, base):
         base = base or "v"
@@ -123,6 +185,8 @@ class InternalGraph:
     def _add_node(self, node, base=None):
         node._name = self._unique_name(base if base is not None else node._name)
         node.graph = self
+        if self._ids is not None:
+            node._id = self._ids.node_id()
         self._names[node._name] = node
         return node
 
@@ -136,7 +200,9 @@ class InternalGraph:
     def _append(self, expr, at=None):
         """Put ``expr`` in the graph (at index ``at``, default the end) and
         register it as a user of its inputs."""
-        expr.graph = self
+        expr._top_graph = self
+        if self._ids is not None:
+            expr._id = self._ids.expr_id()
         for n in expr._inputs:
             n._add_user(expr)
         if at is None:
@@ -316,7 +382,8 @@ class InternalGraph:
         for i, e in enumerate(self._exprs):
             if e is expr:
                 return i
-        where = expr.graph.qualname if getattr(expr, "graph", None) is not None else "no graph"
+        where = expr.top_graph.qualname if getattr(expr, "top_graph", None) is not None \
+            else "no graph"
         raise GraphError(f"{what}: expr {expr!r} is not in graph {self._qualname} (it is in "
                          f"{where}); edit that graph instead")
 
@@ -359,16 +426,16 @@ class InternalGraph:
         """Make the users (and graph outputs) of each key node read its value
         node instead: ``graph.replace_node({old: new})``.
 
-        Users of ``old`` that ``new`` is computed from (e.g. the relu in
-        ``new = F.relu(old)``) keep reading ``old``, as in MegEngine. Every
-        other user must come after ``new`` is defined; insert ``new`` right
-        after ``old.expr`` to be safe. Dead code is left for :meth:`compile`.
+        As in MegEngine, only the users that come after ``new`` is defined
+        switch to it; users before that point (the relu in ``new =
+        F.relu(old)`` among them) keep reading ``old``. Dead code is left
+        for :meth:`compile`, which also removes such early users when
+        nothing reads their results any more.
 
         Raises:
             GraphError: a node is not in this graph, ``old`` is ``self``, the
-                two are of different kinds (tensor / module / int), or a user
-                of ``old`` comes before ``new`` is defined (nothing is
-                changed for that pair).
+                two are of different kinds (tensor / module / int), or
+                ``new`` has no defining expr in this graph.
         """
         if not isinstance(repl, dict):
             raise TypeError(f"replace_node takes a dict {{old_node: new_node}}, not "
@@ -392,19 +459,8 @@ class InternalGraph:
             index = {id(e): i for i, e in enumerate(self._exprs)}
             if id(new.expr) not in index:
                 raise GraphError(f"replace_node: {new!r} has no defining expr in {self._qualname}")
-            deps = self._dependency_exprs([new])
             at_new = index[id(new.expr)]
-            users = []
-            for e in old.users:
-                if id(e) in deps:
-                    continue
-                if index[id(e)] <= at_new:
-                    raise GraphError(
-                        f"replace_node: {e!r} reads {old!r} but comes before {new!r} is defined "
-                        f"({new.expr!r}); insert the new exprs right after {old.expr!r} "
-                        "(graph.insert_exprs(old.expr))")
-                users.append(e)
-            for e in users:
+            for e in [u for u in old.users if index[id(u)] > at_new]:
                 e.replace_input(old, new)
             self._outputs = [new if o is old else o for o in self._outputs]
         self._touch()
@@ -423,15 +479,19 @@ class InternalGraph:
 
     def compile(self):
         """Remove exprs whose results nobody uses (dead code), keeping the
-        inputs and exprs with side effects: in-place writes (``x[i] = v``,
-        ``x += y``, ``out=`` arguments), calls without results, and calls of
-        traced submodules whose graphs have side effects. Returns the graph.
-        Lints before and after."""
+        inputs and exprs with side effects (:func:`has_side_effect`):
+        in-place writes (``x[i] = v``, ``x += y``, ``out=`` arguments),
+        calls without results, functions that write into their arguments
+        (declared with ``mgtrace.functional._trace.mutates``: ``F.batch_norm``
+        in training), calls of builtin modules that update their state (a
+        BatchNorm in training mode), and calls of traced submodules whose
+        graphs have side effects. Returns the graph. Lints before and
+        after."""
         self.lint(recursive=False)
         live = {id(n) for n in self._outputs}
         keep = []
         for e in reversed(self._exprs):
-            if isinstance(e, Input) or _has_side_effect(e) or any(id(o) in live for o in e.outputs):
+            if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):
                 keep.append(e)
                 live.update(id(n) for n in e._inputs)
             else:
@@ -658,7 +718,7 @@ class InternalGraph:
         names = {}
         input_ids = {id(n) for n in self._inputs}
         for e in self._exprs:
-            if e.graph is not self:
+            if e.top_graph is not self:
                 add(f"{q}: expr {e!r} says it belongs to another graph")
             if isinstance(e, Input) and not any(id(o) in input_ids for o in e.outputs):
                 add(f"{q}: {e!r} is an Input expr but its node is not a graph input")
@@ -721,17 +781,25 @@ class InternalGraph:
         return "\n".join(lines)
 
 
-def _has_side_effect(e, seen=None):
+def has_side_effect(e, seen=None):
     """Whether removing ``e`` could change what a run does besides its
     results: in-place methods (``__setitem__``, ``__iadd__``...), an
-    ``out=`` argument, a call without results, or a call of a traced
-    module whose graph has such an expr."""
+    ``out=`` argument, a call without results, a function that writes into
+    graph values it is given (declared with
+    :func:`mgtrace.functional._trace.mutates`, e.g. ``F.batch_norm`` in
+    training), a call of a builtin module that updates its own state
+    (``mutates_state``, e.g. BatchNorm's running statistics), or a call of a
+    traced module whose graph has such an expr."""
     if isinstance(e, (Input, GetAttr, Constant)):
         return False
-    if isinstance(e, CallMethod) and (e.method == "__setitem__" or
-                                      (e.method.startswith("__i") and e.method.endswith("__"))):
+    if isinstance(e, CallMethod) and e.method in CallMethod.IN_PLACE:
         return True
     if "out" in e.kwargs or not e.outputs:
+        return True
+    if isinstance(e, CallFunction) and _writes_graph_values(e):
+        return True
+    if isinstance(e, CallMethod) and e.method == "__call__" and isinstance(e.args[0], ModuleNode) \
+            and getattr(e.args[0].owner, "mutates_state", False):
         return True
     sub = called_graph(e)
     if sub is not None:
@@ -739,8 +807,21 @@ def _has_side_effect(e, seen=None):
         if id(sub) in seen:
             return False
         seen.add(id(sub))
-        return any(_has_side_effect(x, seen) for x in sub._exprs)
+        return any(has_side_effect(x, seen) for x in sub._exprs)
     return False
+
+
+def _writes_graph_values(e):
+    """Whether the CallFunction ``e`` writes into one of its node arguments."""
+    from mgtrace.functional._trace import mutated_arguments
+    names = mutated_arguments(e.func, e.args, e.kwargs)
+    if not names:
+        return False
+    try:
+        bound = inspect.signature(e.func).bind(*e.args, **e.kwargs).arguments
+    except (TypeError, ValueError):
+        return True
+    return any(tree_flatten(bound.get(n), is_node)[0] for n in names)
 
 
 def called_graph(e):
@@ -827,8 +908,9 @@ class NodeFilter(_Filter):
         return self.filter(lambda n: n.id in ids)
 
     def name(self, pattern, ignorecase=True):
-        """Nodes whose qualname or name matches the shell pattern
-        ``pattern`` (``*``, ``?``, ``[seq]``). Brackets also match
+        """Nodes whose qualname, name, or ``"<graph name>_<name>"``
+        (MegEngine's full name, ``Net_layer1_0_relu``) matches the shell
+        pattern ``pattern`` (``*``, ``?``, ``[seq]``). Brackets also match
         literally, so ``"*.conv1.[out]"`` finds module-call results."""
         if pattern is None:
             return self
@@ -838,7 +920,7 @@ class NodeFilter(_Filter):
         pats = {pat, pat.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")}
 
         def hit(n):
-            names = (n.qualname, n.name)
+            names = (n.qualname, n.name, f"{n.graph.name}_{n.name}" if n.graph else n.name)
             if ignorecase:
                 names = tuple(s.lower() for s in names)
             return any(fnmatch.fnmatchcase(s, p) for s in names for p in pats)

@@ -26,7 +26,7 @@ use ``F.equal`` in graphs.
 >>> g = tm.graph
 >>> x = g.inputs[1]
 >>> x.qualname, x.shape
-('Net.x', (2, 3))
+('Net.[x]', (2, 3))
 >>> x + 1
 Traceback (most recent call last):
     ...
@@ -106,14 +106,22 @@ class Node:
         self._name = value
 
     @property
-    def qualname(self):
-        """Where the value lives in the module tree.
+    def top_graph(self):
+        """The graph that holds this node (MegEngine's name for :attr:`graph`)."""
+        return self.graph
 
-        A module reached by attribute is ``Net.layer1.0.conv1``, a parameter
-        ``Net.layer1.0.conv1.weight``, the result of calling a module
+    @property
+    def qualname(self):
+        """Where the value lives in the module tree, by MegEngine's bracket
+        rule: attribute paths are plain, every other name is bracketed, so
+        dropping a trailing ``.[...]`` leaves the attribute path.
+
+        A graph's ``self`` is the graph's own qualname (``Net.layer1.0``), a
+        module or tensor reached by attribute ``Net.layer1.0.conv1`` or
+        ``Net.scale``, the result of calling a module
         ``Net.layer1.0.conv1.[out]`` (``.[out1]``... for a call with several
-        results), a graph's ``self`` the graph's own qualname, and any other
-        node ``<graph qualname>.<name>`` (``Net.layer1.0.relu_out``).
+        results), and any other node ``<graph qualname>.[<name>]``: an
+        input ``Net.[x]``, a function's result ``Net.layer1.0.[relu]``.
         """
         if self._qualname is not None:
             return self._qualname
@@ -131,7 +139,7 @@ class Node:
             outs = e.outputs
             tag = "out" if len(outs) <= 1 else f"out{next((i for i, o in enumerate(outs) if o is self), 0)}"
             return f"{e.args[0].qualname}.[{tag}]"
-        return f"{g.qualname}.{self._name}"
+        return f"{g.qualname}.[{self._name}]"
 
     @qualname.setter
     def qualname(self, value):
@@ -146,6 +154,9 @@ class Node:
 
     def __repr__(self):
         return f"%{self._id}:{self._name}"
+
+    def __str__(self):
+        return str(self._name)
 
 
 # ----------------------------------------------- recording while editing
@@ -213,11 +224,26 @@ class TensorNode(Node):
     """
     kind = "tensor"
     __array_ufunc__ = None          # numpy defers to our reflected operators
+    _value = None
 
     def __init__(self, expr=None, name=None, shape=None, dtype=None):
         super().__init__(expr, name)
         self.shape = shape
         self.dtype = dtype
+
+    @property
+    def value(self):
+        """The Tensor this node held while tracing, when it was kept: traces
+        made with ``enable_expr_checker()`` keep every node's; a constant's
+        node gives the constant. None otherwise. Settable (MegEngine binds
+        values to nodes the same way)."""
+        if self._value is None and getattr(self.expr, "kind", None) == "constant":
+            return self.expr.value
+        return self._value
+
+    @value.setter
+    def value(self, v):
+        self._value = v
 
     @property
     def ndim(self):
@@ -277,6 +303,19 @@ class ModuleNode(Node):
         ``owner(*args, **kwargs)`` would."""
         _hooks(self, "calling")
         return self.owner(*args, **kwargs)
+
+    def __getattr__(self, name):
+        """Inside ``graph.insert_exprs()`` (MegEngine's graph surgery): a
+        submodule of ``owner`` as its ModuleNode (``self_node.fc(x)`` then
+        records the call), a parameter or buffer as a TensorNode (one
+        GetAttr each), any other attribute as its value."""
+        if name.startswith("_") or name in ("owner", "expr", "users", "graph"):
+            raise AttributeError(name)
+        if edit_hooks is None:
+            raise AttributeError(f"{type(self).__name__} {self!r} has no attribute {name!r} "
+                                 "(inside `with graph.insert_exprs():` it reaches the "
+                                 "module's submodules and attributes)")
+        return edit_hooks.record_getattr(self, name)
 
 
 class ValueNode(Node):

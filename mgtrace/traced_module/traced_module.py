@@ -1,25 +1,29 @@
 """TracedModule and trace_module.
 
-``trace_module(net, x)`` puts ``net`` in eval mode, runs ``net(x)`` with the
-tracer on and returns a :class:`TracedModule` with the same module tree and
+``trace_module(net, x)`` runs ``net(x)`` with the tracer on (in the mode
+``net`` is in), checks the result against the eager run, and returns a :class:`TracedModule` with the same module tree and
 state_dict: builtin modules are shared with ``net`` as leaves, every other
 module becomes a TracedModule with one graph per call signature
 (``argdef_graph_map``). Calling it runs the generated code of the graph that
 matches the arguments.
 """
 import copy
+import inspect
 import operator
+import weakref
 
 import numpy as np
 
+from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
 from mgtrace.module.container import ModuleDict, ModuleList, Sequential
-from mgtrace.module.module import Module
+from mgtrace.module.module import Module, _structure_leaves
+from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         is_node)
-from mgtrace.traced_module.graph import GraphError, InternalGraph
+from mgtrace.traced_module.graph import GraphError, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten
 from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
@@ -53,6 +57,9 @@ class TracedModule(Module):
     :class:`TracedDict`.
     """
 
+    # bookkeeping attributes, not state (Module._structure_members skips them)
+    _NOT_STATE = frozenset({"watch_points", "end_points", "watch_node_value"})
+
     # ------------------------------------------------------------ creation
     @classmethod
     def _shell(cls, module, qualname):
@@ -77,6 +84,9 @@ class TracedModule(Module):
         except (ValueError, TypeError, AttributeError):
             d["_signature"] = None
         d["_is_top"] = False
+        # the module traced (in memory only, weakly): a submodule never called while
+        # tracing is traced from it when an edit first calls it
+        d["_orig_module"] = None if isinstance(module, TracedModule) else weakref.ref(module)
         d["watch_points"] = []
         d["end_points"] = []
         d["watch_node_value"] = {}
@@ -104,6 +114,24 @@ class TracedModule(Module):
             raise GraphError(f"{self._qualname} has {len(self._graphs)} graphs (one per call "
                              "signature); pick one from argdef_graph_map")
         return self._graphs[0]
+
+    @property
+    def argspec(self):
+        """forward's parameters as ``inspect.FullArgSpec`` (``self`` first),
+        as MegEngine's TracedModule has them; None when unknown."""
+        sig = self._signature
+        if sig is None:
+            return None
+        P = inspect.Parameter
+        params = list(sig.parameters.values())
+        pos = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+        defaults = tuple(p.default for p in pos if p.default is not P.empty)
+        kwonly = [p for p in params if p.kind is P.KEYWORD_ONLY]
+        kwdefaults = {p.name: p.default for p in kwonly if p.default is not P.empty}
+        var = next((p.name for p in params if p.kind is P.VAR_POSITIONAL), None)
+        varkw = next((p.name for p in params if p.kind is P.VAR_KEYWORD), None)
+        return inspect.FullArgSpec(["self"] + [p.name for p in pos], var, varkw, defaults or None,
+                                   [p.name for p in kwonly], kwdefaults or None, {})
 
     @property
     def argdef_graph_map(self):
@@ -141,7 +169,8 @@ class TracedModule(Module):
         (what bind and match would find, without their cost). None when no
         such graph exists or an argument is not a tensor."""
         plain = self.__dict__.get("_plain")
-        if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs):
+        if plain is None or plain[0] is not self._signature or plain[1] != len(self._graphs) \
+                or plain[3] is not self._graphs:
             plain = self._plain_table()
         entry = plain[2].get(len(args))
         if entry is None or entry[0]._in_def is not entry[1]:      # edited since: no fast path
@@ -152,7 +181,8 @@ class TracedModule(Module):
         return entry[0]
 
     def _plain_table(self):
-        """``(signature, number of graphs, {n: (graph, its in_def)})``."""
+        """``(signature, number of graphs, {n: (graph, its in_def)}, the graph
+        list)``."""
         sig = self._signature
         table = {}
         params = list(sig.parameters.values()) if sig is not None else []
@@ -161,7 +191,7 @@ class TracedModule(Module):
                 n = _plain_arity(g._in_def, params)
                 if n is not None:
                     table.setdefault(n, (g, g._in_def))
-        plain = (sig, len(self._graphs), table)
+        plain = (sig, len(self._graphs), table, self._graphs)
         self.__dict__["_plain"] = plain
         return plain
 
@@ -275,6 +305,7 @@ class TracedModule(Module):
         new._graphs = [_inline_graph(g, new) for g in new._graphs]
         for g in new._graphs:
             g.lint()
+        reset_ids(new)
         return new
 
     def __deepcopy__(self, memo):
@@ -284,18 +315,31 @@ class TracedModule(Module):
         return new
 
 
+def _held(tm):
+    """What a container TracedModule holds, in order: for one made from a
+    plain list, tuple or dict (MegEngine's rule), its modules and tensors by
+    key; for a Sequential, ModuleList or ModuleDict, its children."""
+    if tm.__dict__.get("_orig_name") not in ("list", "tuple", "dict"):
+        return tm._modules
+    merged = {**tm._modules, **tm._parameters, **tm._buffers}
+    if tm._orig_name == "dict":
+        return merged
+    return dict(sorted(merged.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
+
+
 class TracedSequence(TracedModule):
-    """The TracedModule of a Sequential or ModuleList: also reads like one
+    """The TracedModule of a Sequential or ModuleList, or of a plain list or
+    tuple of modules and tensors held as an attribute: also reads like one
     (``len``, iteration, ``tm[i]``; a slice gives a list of the children)."""
 
     def __len__(self):
-        return len(self._modules)
+        return len(_held(self))
 
     def __iter__(self):
-        return iter(list(self._modules.values()))
+        return iter(list(_held(self).values()))
 
     def __getitem__(self, idx):
-        mods = list(self._modules.values())
+        mods = list(_held(self).values())
         if isinstance(idx, slice):
             return mods[idx]
         try:
@@ -306,31 +350,33 @@ class TracedSequence(TracedModule):
 
 
 class TracedDict(TracedModule):
-    """The TracedModule of a ModuleDict: also reads like one (``tm[key]``,
-    ``in``, ``len``, iteration over keys, ``keys/values/items``)."""
+    """The TracedModule of a ModuleDict, or of a plain dict of modules and
+    tensors held as an attribute: also reads like one (``tm[key]``, ``in``,
+    ``len``, iteration over keys, ``keys/values/items``)."""
 
     def __len__(self):
-        return len(self._modules)
+        return len(_held(self))
 
     def __iter__(self):
-        return iter(list(self._modules))
+        return iter(list(_held(self)))
 
     def __contains__(self, key):
-        return key in self._modules
+        return key in _held(self)
 
     def __getitem__(self, key):
-        if key not in self._modules:
-            raise KeyError(f"{key!r} is not in {self._qualname} (keys: {list(self._modules)})")
-        return self._modules[key]
+        held = _held(self)
+        if key not in held:
+            raise KeyError(f"{key!r} is not in {self._qualname} (keys: {list(held)})")
+        return held[key]
 
     def keys(self):
-        return self._modules.keys()
+        return _held(self).keys()
 
     def values(self):
-        return self._modules.values()
+        return _held(self).values()
 
     def items(self):
-        return self._modules.items()
+        return _held(self).items()
 
 
 def _shell_class(module):
@@ -391,17 +437,60 @@ def _convert(module, path, root_name, converted):
         if child is not None:
             tm._modules[name] = _convert(child, f"{path}.{name}" if path else name,
                                          root_name, converted)
+    held = {p.split(".", 1)[0] for p, _ in module._structure_members()}
+    for name in [k for k in module.__dict__ if k in held]:
+        # a list/tuple/dict of modules or tensors becomes a container module, so that
+        # graphs read its members by path (``self.layers.0``) and it saves as one
+        tm._modules[name] = _structure_shell(module.__dict__[name],
+                                             f"{path}.{name}" if path else name,
+                                             root_name, converted)
+        del tm.__dict__[name]
     return tm
+
+
+def _structure_shell(value, path, root_name, converted):
+    """A TracedSequence (list, tuple) or TracedDict (dict) holding what
+    ``value`` holds: modules converted as children, Parameters as
+    parameters, other Tensors as buffers, inner containers as shells."""
+    cls = TracedDict if isinstance(value, dict) else TracedSequence
+    shell = cls._shell(Module(), f"{root_name}.{path}")
+    d = shell.__dict__
+    d["_orig_name"] = type(value).__name__ if type(value) in (list, tuple, dict) else \
+        ("dict" if isinstance(value, dict) else "tuple")
+    d["_orig_type"] = type(value)
+    d["_signature"] = None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        key = str(k)
+        if isinstance(v, Module):
+            shell._modules[key] = _convert(v, f"{path}.{key}", root_name, converted)
+        elif isinstance(v, Tensor):
+            table = shell._parameters if type(v).__name__ == "Parameter" else shell._buffers
+            table[key] = v
+        elif isinstance(v, (list, tuple, dict)) and v and _structure_leaves(key, v):
+            shell._modules[key] = _structure_shell(v, f"{path}.{key}", root_name, converted)
+    return shell
 
 
 def trace_module(mod, *args, **kwargs):
     """Trace ``mod(*args, **kwargs)`` into a TracedModule.
 
-    ``mod`` is put in eval mode first (``mod.eval()``; call ``train()``
-    afterwards if you need it): traces are of inference. The call runs for
-    real; Python control flow follows the path taken (a branch on a
-    tensor's value warns with TraceWarning). Non-tensor arguments are fixed
-    by the trace: calling the result with other values raises TypeError.
+    The module is traced in the mode it is in (``train()`` or ``eval()``,
+    as MegEngine does): a module traced in training mode keeps training
+    semantics (a BatchNorm updates its running statistics on every call of
+    the TracedModule). The call runs for real; Python control flow follows
+    the path taken (a branch on a tensor's value warns with TraceWarning).
+    Non-tensor arguments are fixed by the trace: calling the result with
+    other values raises TypeError. Tensors made inside forward
+    (``mgtrace.tensor(...)``, ``Tensor(...)``, ``mgtrace.tensor(x.shape)``)
+    are recorded, so each call makes them afresh.
+
+    Then, as MegEngine's default checker does, the new TracedModule runs on
+    (copies of) the same inputs and its outputs are compared with the eager
+    ones (see :mod:`mgtrace.traced_module.checker`:
+    ``disable_default_checker()``, ``enable_expr_checker()``). Finally
+    ``mod`` is put back exactly as it was before the call: its mode, its
+    buffers (a training-mode BatchNorm's statistics), its attributes.
 
     Args:
         mod: an mgtrace.module.Module that is not itself a builtin leaf.
@@ -410,10 +499,12 @@ def trace_module(mod, *args, **kwargs):
 
     Returns:
         TracedModule: same state_dict as ``mod`` (builtin modules and all
-        parameters are shared with it, not copied).
+        parameters and buffers are shared with it, not copied).
 
     Raises:
         TypeError: ``mod`` is not a Module, or is a builtin module.
+        TraceCheckError: the TracedModule does not reproduce the eager
+            result (the message names the first differing output, or expr).
         The error of forward itself, with a note naming the module path and
         the source line being traced.
 
@@ -444,24 +535,66 @@ def trace_module(mod, *args, **kwargs):
     if is_builtin(mod):
         raise TypeError(f"{type(mod).__name__} is a builtin module (a leaf): put it inside a "
                         "Module of your own (e.g. mgtrace.module.Sequential(m)) to trace it")
-    mod.eval()
     root_name = type_name(mod)
-    converted = {}
-    root = _convert(mod, "", root_name, converted)
-    root._is_top = True
-    tracer = Tracer(mod, converted)
     canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
     _refuse_arrays(canon, signature_of(mod))
-    leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
-    with tracer.active():
-        tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
-    for m in root.modules():
-        if isinstance(m, TracedModule):
-            for g in m._graphs:
-                _drop_unused_shapes(g)
-    for g in root._graphs:
-        g.lint()
+    check = _checker.default_check_on() or _checker.expr_check_on()
+    state = _checker.ModuleState(mod)
+    inputs = _checker.copy_inputs((args, kwargs)) if check else None
+    try:
+        converted = {}
+        root = _convert(mod, "", root_name, converted)
+        root._is_top = True
+        tracer = Tracer(mod, converted, record_values=_checker.expr_check_on())
+        leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
+        with tracer.active():
+            out = tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
+        for m in root.modules():
+            if isinstance(m, TracedModule):
+                for g in m._graphs:
+                    _drop_unused_shapes(g)
+        for g in root._graphs:
+            g.lint()
+        reset_ids(root)
+        if check:
+            after = _random.get_rng().get_state()
+            _check_traced(root, out, inputs, state, tracer.values)
+            _random.get_rng().set_state(after)
+    finally:
+        state.restore(rng=False)
     return root
+
+
+def _check_traced(root, eager_out, inputs, state, values):
+    """Run ``root`` on ``inputs`` from the state the trace started in and
+    compare its outputs (and, with ``values``, every node) with the trace."""
+    want, out_def = tree_flatten(eager_out, lambda v: isinstance(v, (Tensor, int, float)))
+    want = [_checker.snapshot(v) if isinstance(v, Tensor) else
+            (int(v) if isinstance(v, int) and not isinstance(v, bool) else v) for v in want]
+    state.restore()
+    args, kwargs = inputs
+    if values is None:
+        got = root(*args, **kwargs)
+    else:
+        for n, v in values.values():
+            if isinstance(n, TensorNode):
+                n._value = Tensor(v) if isinstance(v, np.ndarray) else v
+        got = _run_watching_all(root, args, kwargs, _checker.ExprCheck(values))
+    _checker.check_outputs(root, got, want, out_def)
+
+
+def _run_watching_all(root, args, kwargs, check):
+    """``root(*args, **kwargs)`` with every graph of the tree compiled to
+    report each node's value to ``check``."""
+    graphs = [(m, g) for m in root.modules() if isinstance(m, TracedModule) for g in m._graphs]
+    for m, g in graphs:
+        fn = codegen.compile_graph(g, check.watched(g), (), check.watcher(g))
+        g.__dict__["_fn_cache"] = (g._version, m._points_version, fn)
+    try:
+        return root(*args, **kwargs)
+    finally:
+        for _, g in graphs:
+            g.__dict__.pop("_fn_cache", None)
 
 
 def _self_reads(tm):

@@ -1,6 +1,6 @@
 """The tracer: runs forward with real values and records what happens.
 
-While :func:`~mgtrace.traced_module.trace_module` runs, four hooks are on:
+While :func:`~mgtrace.traced_module.trace_module` runs, these hooks are on:
 
 - ``Module.__call__`` (module/module.py ``_call_hook``): a builtin module
   is recorded as one ``CallMethod(__call__)`` and run untraced; any other
@@ -14,6 +14,11 @@ While :func:`~mgtrace.traced_module.trace_module` runs, four hooks are on:
 - ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
   the ints handed back are :class:`SymInt`, which record their arithmetic,
   so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
+- ``mgtrace.tensor(...)`` and ``Tensor(...)`` called from user code (or
+  from generated graph code, when a TracedModule is traced again): one
+  ``CallFunction(mgtrace.tensor, data)``, so every call makes the tensor
+  afresh from its own values (:meth:`Tracer.on_create`).
+- ``tensor.name = ...``: renames the tensor's node (:meth:`Tracer.on_name`).
 
 Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
@@ -33,7 +38,7 @@ import numpy as np
 from mgtrace.errors import Error
 import mgtrace.functional._trace as _ftrace
 import mgtrace.module.module as _modmod
-from mgtrace._core import Tensor, apply, tensor as _tensor
+from mgtrace._core import Tensor, apply, as_dtype, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
@@ -275,6 +280,11 @@ class _Frame:
     def bind(self, obj, node):
         self.env[id(obj)] = node
         self.keep.append(obj)
+        values = self.tracer.values
+        if values is not None and id(node) not in values and isinstance(obj, (Tensor, int, float)):
+            from mgtrace.traced_module.checker import snapshot
+            values[id(node)] = (node, snapshot(obj) if isinstance(obj, Tensor)
+                                else _plain(obj) if isinstance(obj, (SymInt, SymFloat)) else obj)
 
     def append(self, expr):
         expr.source = expr.source or user_source()
@@ -373,10 +383,12 @@ class _Frame:
 class Tracer:
     """Hooks, frames, and the module-path bookkeeping of one trace."""
 
-    def __init__(self, root, converted, warn_constants=True):
+    def __init__(self, root, converted, warn_constants=True, record_values=False):
         self.root = root
         self.converted = converted      # id(original module) -> module in the TracedModule tree
         self.frames = []
+        # id(node) -> (node, value seen while tracing), for the expr checker
+        self.values = {} if record_values else None
         self._warned = set()            # (source line, message kind) already warned about
         self.warn_constants = warn_constants
         self.paths = {}                 # id(module) -> dotted path from the root
@@ -387,6 +399,9 @@ class Tracer:
                 if t is not None:
                     self.attrs.setdefault(id(t), (m, name))
             for name, t in m.__dict__.items():
+                if isinstance(t, Tensor):
+                    self.attrs.setdefault(id(t), (m, name))
+            for name, t in m._structure_members():       # in lists/dicts: "anchors.0"
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
 
@@ -419,18 +434,23 @@ class Tracer:
         saved = (_modmod._call_hook, _ftrace.function_hook)
         _modmod._call_hook = self.on_module_call
         _ftrace.function_hook = self.on_function
-        _dispatch.set_module_trace_hook(self.on_apply)
-        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
-                                 frozen_hook=self.on_frozen)
+        self._install_core_hooks()
         _dispatch.set_module_tracing(True)
         try:
             yield self
         finally:
             _dispatch.set_module_tracing(False)
             _dispatch.set_module_trace_hook(None)
-            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None)
+            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None,
+                                     create_hook=None, name_hook=None)
             _modmod._call_hook, _ftrace.function_hook = saved
             _active = None
+
+    def _install_core_hooks(self):
+        _dispatch.set_module_trace_hook(self.on_apply)
+        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
+                                 frozen_hook=self.on_frozen, create_hook=self.on_create,
+                                 name_hook=self.on_name)
 
     @contextlib.contextmanager
     def suspended(self):
@@ -539,6 +559,47 @@ class Tracer:
                        "(compute with tensor ops, or wrap the function with "
                        "mgtrace.traced_module.wrap, to keep it live)", kind="frozen")
 
+    def on_create(self, target, data, dtype, device):
+        """``mgtrace.tensor(data, ...)`` (``target`` None) or ``Tensor(data,
+        ...)`` (``target`` the new, still empty Tensor) while tracing: one
+        ``CallFunction(tensor, data)``, so every run builds a fresh tensor
+        from the values of that run (shape entries stay symbolic). Data
+        that is not numbers, shape entries and tensors (a NumPy array) is
+        kept as a constant tensor that each run copies. Calls from mgtrace's
+        own code are not recorded."""
+        if target is None:
+            make = lambda d, dtype=None, device=None: _tensor(d, dtype, device)      # noqa: E731
+        else:
+            make = lambda d, dtype=None, device=None: (                           # noqa: E731
+                Tensor.__init__(target, d, dtype, device), target)[1]
+        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+            with core_off():
+                return make(data, dtype, device)
+        kwargs = {}
+        if dtype is not None:
+            kwargs["dtype"] = as_dtype(dtype)
+        if device is not None:
+            kwargs["device"] = device
+        if not _plain_data(data):
+            with core_off():
+                data = _tensor(data)
+                self.frame._constant(data, "const", TensorNode, shape=data.shape,
+                                     dtype=data.dtype)
+        return self._record(lambda a, k: CallFunction(_tensor, a, k),
+                            lambda a, k: make(*a, **k), (data,), kwargs, "tensor")
+
+    def on_name(self, t, name):
+        """``t.name = name`` while tracing names ``t``'s node (made unique
+        in its graph: ``name_1`` when taken)."""
+        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+            return
+        node = self.frame.env.get(id(t))
+        if node is None or node is self.frame.self_node:
+            return
+        g = node.graph
+        if g._names.get(name) is not node:
+            node.name = g._unique_name(name)
+
     def on_bool(self, t):
         self.warn_once(f"a tensor was converted to a Python bool while tracing "
                        f"{self.frame.graph.qualname}: the trace follows the branch taken this "
@@ -577,7 +638,8 @@ class Tracer:
         it records to ``tm``. ``arg_def`` is the structure of the bound
         arguments, ``leaves`` its tensors and SymInts (the graph's inputs)."""
         path = self.paths[id(module)]
-        graph = InternalGraph(type_name(module), tm._qualname_base(), owner=tm)
+        # MegEngine's graph names: the qualname with dots as underscores (Net_layer1_0)
+        graph = InternalGraph(tm._qualname_base().replace(".", "_"), tm._qualname_base(), owner=tm)
         sub = _Frame(self, graph, module, tm, path)
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
@@ -614,6 +676,23 @@ class Tracer:
         return out
 
 
+def _user_call(frame):
+    """Whether ``frame`` (the caller of a core entry point) is user code or
+    generated graph code (a TracedModule being traced again), not
+    mgtrace's own."""
+    from mgtrace.traced_module.codegen import GENERATED
+    name = frame.f_code.co_filename
+    return name.startswith(GENERATED) or is_user_file(name)
+
+
+def _plain_data(data, depth=0):
+    """Whether ``data`` is numbers, shape entries and tensors in nested
+    lists/tuples: what a graph can hold as arguments of ``tensor``."""
+    if isinstance(data, (list, tuple)):
+        return depth < 32 and all(_plain_data(d, depth + 1) for d in data)
+    return isinstance(data, (bool, int, float, np.generic, Tensor, Node))
+
+
 _HAS_NOTES = sys.version_info >= (3, 11)     # BaseException.add_note
 
 
@@ -625,7 +704,8 @@ def _annotated(e, graph):
     if getattr(e, "_mgtrace_note", None) is not None:
         return e
     site = _raise_site(e.__traceback__)
-    note = (f"while tracing {graph.qualname} ({graph.name}.forward)"
+    owner = getattr(graph.owner, "_orig_name", None) or graph.name
+    note = (f"while tracing {graph.qualname} ({owner}.forward)"
             + (f", raised at {site}" if site else ""))
     if _HAS_NOTES:
         e.add_note(note)
@@ -810,6 +890,16 @@ class _EditTracer(Tracer):
         with core_off():
             return t.shape
 
+    def on_create(self, target, data, dtype, device):
+        # a tensor made from graph values is recorded; one made from plain data
+        # (e.g. for a module built inside the block) is not
+        if self._touches_graph((data,), {}):
+            return super().on_create(target, data, dtype, device)
+        with core_off():
+            if target is None:
+                return _tensor(data, dtype, device)
+            Tensor.__init__(target, data, dtype, device)
+
     def on_bool(self, t):
         if self._graph_value(t):
             super().on_bool(t)
@@ -824,13 +914,15 @@ class _EditTracer(Tracer):
             mnode = frame.module_node(module)
         except TraceError as e:
             raise GraphError(f"insert_exprs: {e}") from None
-        graphs = getattr(module, "_graphs", None)
-        if graphs is None:
+        if is_builtin(module):
             return super().on_module_call(module, args, kwargs)
+        graphs = getattr(module, "_graphs", None)
         name = getattr(module, "_qualname", type(module).__name__)
         canon = bind_arguments(signature_of(module), args, kwargs, name)
         arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt, SymFloat)))[1]
-        if module._graph_for(arg_def) is None:
+        if not graphs:           # a user module, or a traced one never called: trace it now
+            module, mnode = self._trace_on_first_use(frame, module, mnode, args, kwargs)
+        elif module._graph_for(arg_def) is None:
             raise GraphError(f"insert_exprs: {name} was traced for arguments "
                              f"{[g.in_def for g in graphs]}, not {arg_def}; call it as it was "
                              "traced")
@@ -841,6 +933,65 @@ class _EditTracer(Tracer):
             return e
         return self._record(make, lambda a, k: module._call_impl(a, k), args, kwargs,
                             f"{mnode.name}_out")
+
+
+    def _trace_on_first_use(self, frame, module, mnode, args, kwargs):
+        """Trace ``module`` (a user module, or a traced submodule that was
+        never called) with placeholder values of ``args``, put the new
+        TracedModule in its place in the owner's tree (same path, qualnames
+        and ids of this tree) and return it with its ModuleNode."""
+        from mgtrace.traced_module.graph import GraphError, walk_tree
+        from mgtrace.traced_module.traced_module import TracedModule, trace_module
+        source = module
+        if isinstance(module, TracedModule):
+            ref = module.__dict__.get("_orig_module")
+            source = ref() if ref is not None else None
+            if source is None:
+                raise GraphError(f"insert_exprs: {module._qualname} was never called while "
+                                 "tracing, so it has no graph, and the module it was traced "
+                                 "from is gone (or it was loaded from an archive): trace the "
+                                 "model again with a call of it")
+        rel = self.relpath(frame, module)
+        with core_off():
+            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
+            vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
+        with self.suspended():
+            try:
+                new = trace_module(source, *vargs, **vkwargs)
+            finally:
+                self._install_core_hooks()    # the inner trace took the core's hooks off
+        new._is_top = False
+        old_prefix = new._qualname
+        prefix = f"{frame.graph.owner._qualname}.{rel}"
+        for m in new.modules():
+            if isinstance(m, TracedModule):
+                m._qualname = prefix + m._qualname[len(old_prefix):]
+                for g in m._graphs:
+                    g._qualname = prefix + g._qualname[len(old_prefix):]
+                    g._name = g._qualname.replace(".", "_")
+        src = frame.graph._ids
+        if src is not None:                 # the ids of this tree continue
+            for e in walk_tree(new):
+                e._id = src.expr_id()
+                for o in e.outputs:
+                    o._id = src.node_id()
+            for m in new.modules():
+                for g in getattr(m, "_graphs", ()):
+                    g._ids = src
+        from mgtrace.traced_module.codegen import member
+        *head, last = rel.split(".")
+        parent = frame.module
+        for p in head:
+            parent = member(parent, p)
+        parent._modules[last] = new
+        parent.__dict__.pop(last, None)
+        self._refresh()
+        for n in frame.graph.nodes(False):
+            if isinstance(n, ModuleNode) and n.owner is module:
+                n.owner = new
+        frame.modules.pop(id(module), None)
+        frame.modules[id(new)] = mnode
+        return new, mnode
 
 
 class _EditHooks:
@@ -861,6 +1012,30 @@ class _EditHooks:
 
     def record_function(self, fn, args, kwargs):
         return self.tracer.record_function(fn, args, kwargs, ints_out=True)
+
+    def record_getattr(self, node, name):
+        """``module_node.<name>``: a ModuleNode for a submodule, a TensorNode
+        for a parameter or buffer (a GetAttr from the graph's self), the
+        plain value for anything else."""
+        from mgtrace.traced_module.codegen import member
+        owner = node.owner
+        try:
+            value = member(owner, name)
+        except AttributeError:
+            raise AttributeError(f"{node!r} ({type(owner).__name__}) has no attribute "
+                                 f"{name!r}") from None
+        frame = self.tracer.frame
+        from mgtrace.module.module import Module
+        if isinstance(value, Module):
+            try:
+                return frame.module_node(value)
+            except TraceError as e:
+                from mgtrace.traced_module.graph import GraphError
+                raise GraphError(f"insert_exprs: {e}") from None
+        if isinstance(value, Tensor):
+            with core_off():
+                return frame.node_of(value)
+        return value
 
 
 @contextlib.contextmanager

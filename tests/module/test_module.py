@@ -106,10 +106,10 @@ def test_attribute_assignment_registers_and_del_removes():
     m.w = M.Parameter([1.0])
     m.sub = M.Linear(2, 2)
     m.register_buffer("buf", mt.tensor([0.0]))
-    m.plain = mt.tensor([3.0])               # plain tensor: not state
+    m.plain = mt.tensor([3.0])               # a tensor attribute is a buffer (MegEngine's rule)
     m.n = 3
     assert list(m._parameters) == ["w"] and list(m._modules) == ["sub"]
-    assert list(m.state_dict()) == ["w", "buf", "sub.weight", "sub.bias"]
+    assert list(m.state_dict()) == ["w", "buf", "plain", "sub.weight", "sub.bias"]
     assert m.w.tolist() == [1.0] and isinstance(m.sub, M.Linear) and m.buf.tolist() == [0.0]
     del m.w, m.sub, m.buf, m.plain
     assert list(m.state_dict()) == []

@@ -18,7 +18,8 @@ EXAMPLES = {
     "Embedding": (10, 3), "ReLU": (), "ReLU6": (), "GELU": ("tanh",), "SiLU": (), "Sigmoid": (),
     "Tanh": (), "Softmax": (-1,), "Hardswish": (), "Hardsigmoid": (), "MaxPool2d": (2,),
     "AvgPool2d": (3, 2, 1), "AdaptiveAvgPool2d": ((2, 1),), "Flatten": (0, 1), "Dropout": (0.25,),
-    "Identity": (),
+    "Identity": (), "Elemwise": ("fuse_mul_add3",), "ConvRelu2d": (3, 4, 3), "ConvBn2d": (3, 4, 3),
+    "ConvBnRelu2d": (3, 4, 1),
 }
 
 

@@ -56,7 +56,7 @@ def _traced_model(name):
     mt.random.seed(0)
     net = getattr(models, name)(num_classes=10)
     _randomise_batch_norms(net, np.random.default_rng(0))
-    return mt.trace_module(net, _images(1, 1)), (_images(1, 2),), (_images(3, 3),)
+    return mt.trace_module(net.eval(), _images(1, 1)), (_images(1, 2),), (_images(3, 3),)
 
 
 @pytest.fixture(scope="module", params=["resnet18", "mobilenet_v2", "minilm"])
@@ -279,7 +279,7 @@ def test_training_flags_are_kept_and_mmap_tensors_refuse_writes(tmp_path):
     mt.random.seed(2)
     net = M.Sequential(M.Conv2d(3, 4, 3), M.BatchNorm2d(4), M.ReLU())
     x = _images(2, 5)
-    tm = mt.trace_module(net, x)              # traced in eval mode
+    tm = mt.trace_module(net.eval(), x)       # traced in eval mode
     tm[1].train()
     mt.save(tm, tmp_path / "bn.tmod")
     loaded = mt.load(tmp_path / "bn.tmod", mmap=True)

@@ -216,7 +216,7 @@ class Stateful(M.Module):
 
 
 def _traced_stateful():
-    net = Stateful()
+    net = Stateful().eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)
         return net, mt.trace_module(net, _rand(4, 3))

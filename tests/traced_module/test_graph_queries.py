@@ -67,7 +67,7 @@ def test_function_and_method_filters(tm):
     fl = g.get_function_by_type(F.flatten)
     assert isinstance(fl, ExprFilter)
     e = fl.as_unique()
-    assert isinstance(e, CallFunction) and e.func is F.flatten and e.graph is g
+    assert isinstance(e, CallFunction) and e.func is F.flatten and e.top_graph is g
     assert g.get_function_by_type().as_count() == 1
     calls = g.get_method_by_type("__call__")
     # top: conv1 bn1 relu maxpool layer1-4 avgpool fc (10); each layer: its
@@ -114,13 +114,13 @@ def test_exprs_and_nodes_recursive(tm):
     top = g.exprs(recursive=False).as_list()
     assert top == g._exprs
     everything = g.exprs().as_list()
-    graphs = {id(e.graph) for e in everything}
+    graphs = {id(e.top_graph) for e in everything}
     # the top graph, layer1-4, 8 blocks, 3 downsample sequences
     assert len(graphs) == 1 + 4 + 8 + 3
     # each callee's exprs follow its call expr
     call = next(e for e in everything if isinstance(e, CallMethod) and e.args[0].name == "layer1")
     i = everything.index(call)
-    assert everything[i + 1].graph is tm.layer1.graph
+    assert everything[i + 1].top_graph is tm.layer1.graph and call.graph is tm.layer1.graph
     assert isinstance(everything[i + 1], Input)
     nodes = g.nodes().as_list()
     assert len({id(n) for n in nodes}) == len(nodes)
@@ -146,8 +146,8 @@ def test_qualnames_of_inputs_self_and_values(rng):
     tm = mt.trace_module(Net(), x)
     g = tm.graph
     assert g.inputs[0].qualname == "Net"
-    assert g.inputs[1].qualname == "Net.x"
+    assert g.inputs[1].qualname == "Net.[x]"
     scale = g.get_node_by_name("Net.scale").as_unique()
     assert isinstance(scale.expr, GetAttr)
-    assert g.get_function_by_type(F.relu).as_unique().outputs[0].qualname == "Net.relu"
+    assert g.get_function_by_type(F.relu).as_unique().outputs[0].qualname == "Net.[relu]"
     np.testing.assert_allclose(tm(x).numpy(), np.maximum(x.numpy(), 0), rtol=1e-6)

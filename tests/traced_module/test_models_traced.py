@@ -41,6 +41,7 @@ def cnn(request):
     rng = np.random.default_rng(0)
     net = getattr(models, request.param)(num_classes=10)
     _randomise_batch_norms(net, rng)
+    net.eval()                                    # traced in the mode it is in
     x1 = mt.tensor(rng.standard_normal((1, 3, 64, 64)).astype("float32"))
     traced = mt.trace_module(net, x1)
     return request.param, net, traced, traced.flatten(), rng
@@ -68,7 +69,7 @@ def test_cnn_state_dict_is_the_eager_one(cnn):
 
 def test_cnn_graph_structure(cnn):
     name, net, traced, flat, _ = cnn
-    assert not net.training                       # trace_module puts the model in eval mode
+    assert not net.training and not traced.training     # the mode it was traced in
     assert isinstance(traced, TracedModule) and traced._is_top
     n_conv = sum(isinstance(m, M.Conv2d) for m in net.modules())
     if name == "resnet18":

@@ -183,14 +183,16 @@ def test_creation_functions_are_recorded_and_fresh_every_run():
     np.testing.assert_allclose(s.numpy(), x.numpy() + 2.0)
 
 
-class CapturesNumpy(M.Module):
+_OUTSIDE = mt.tensor(np.array([1.0, 2.0, 3.0], "float32"))
+
+
+class CapturesOutside(M.Module):
     def forward(self, x):
-        bias = mt.tensor(np.array([1.0, 2.0, 3.0], "float32"))
-        return x + bias
+        return x + _OUTSIDE
 
 
-def test_tensor_from_numpy_in_forward_is_a_constant_with_a_warning():
-    net = CapturesNumpy()
+def test_tensor_made_outside_forward_is_a_constant_with_a_warning():
+    net = CapturesOutside()
     with pytest.warns(TraceWarning, match="kept as a constant") as rec:
         tm = mt.trace_module(net, _rand(2, 3))
     assert rec[0].filename == __file__                   # points at the user's code
@@ -281,10 +283,13 @@ def test_trace_module_rejects_builtins_and_non_modules():
         mt.trace_module(lambda x: x, _rand(1, 2))
 
 
-def test_trace_puts_the_model_in_eval_mode():
+def test_trace_keeps_the_mode_the_model_is_in():
     net = M.Sequential(M.Linear(3, 3), M.Dropout(0.9))
-    net.train()
     x = _rand(50, 3)
-    tm = mt.trace_module(net, x)
-    assert not net.training
+    tm = mt.trace_module(net.eval(), x)
+    assert not net.training and not tm.training
     np.testing.assert_array_equal(tm(x).numpy(), net[0](x).numpy())   # dropout is off
+    tm = mt.trace_module(net.train(), x)
+    assert net.training and tm.training and tm[1].training
+    dropped = tm(x).numpy() == 0
+    assert 0.7 < dropped.mean() < 1.0                                  # dropout is on

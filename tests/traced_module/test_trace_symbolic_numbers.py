@@ -64,7 +64,7 @@ def test_mgtrace_models_trace_without_warnings():
     from mgtrace.models import minilm_inputs, minilm_l6_v2, resnet18
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceWarning)
-        mt.trace_module(resnet18(num_classes=10), x_of(1, 3, 32, 32))
+        mt.trace_module(resnet18(num_classes=10).eval(), x_of(1, 3, 32, 32))
         mt.trace_module(minilm_l6_v2(), *minilm_inputs(["a short sentence", "another"]))
 
 
