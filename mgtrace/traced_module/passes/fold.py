@@ -23,7 +23,7 @@ import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace._core import Tensor
 from mgtrace.traced_module.expr import CallFunction, CallMethod
-from mgtrace.traced_module.graph import _has_side_effect
+from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TENSOR_METHODS, TensorNode, ValueNode
 from mgtrace.traced_module.passes.util import (bound_args, const_value, float_node, graphs_of,
                                                insert_constant, is_function, module_call,
@@ -132,7 +132,7 @@ _IMPURE = frozenset({"dropout"})     # functions whose result is not a function 
 
 
 def _pure(e):
-    if _has_side_effect(e) or len(e.outputs) != 1 or not isinstance(e.outputs[0], TensorNode):
+    if has_side_effect(e) or len(e.outputs) != 1 or not isinstance(e.outputs[0], TensorNode):
         return False
     if isinstance(e, CallFunction):
         mod = getattr(e.func, "__module__", "") or ""
