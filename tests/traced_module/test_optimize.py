@@ -24,6 +24,16 @@ from mgtrace.traced_module.passes import manager
 RTOL = 1e-5
 
 
+
+@pytest.fixture(autouse=True)
+def _traced_for_inference(monkeypatch):
+    """These tests optimize for inference: modules are traced in eval mode
+    (trace_module keeps the mode it finds, as MegEngine does); the tests of
+    training mode switch the traced module to train() themselves."""
+    real = mt.trace_module
+    monkeypatch.setattr(mt, "trace_module", lambda m, *a, **k: real(m.eval(), *a, **k))
+
+
 def close(got, want):
     """max |got - want| <= 1e-5 * max |want| (the issue's criterion)."""
     got, want = np.asarray(got.numpy(), np.float64), np.asarray(want.numpy(), np.float64)

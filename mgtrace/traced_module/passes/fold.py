@@ -109,7 +109,7 @@ def fuse_add_mul(tm):
         while changed:
             changed = False
             for e2 in list(g._exprs):
-                s2 = affine_step(e2) if e2.graph is g else None
+                s2 = affine_step(e2) if e2.top_graph is g else None
                 if s2 is None or s2[1].expr is None:
                     continue
                 e1 = s2[1].expr
@@ -169,7 +169,7 @@ def fold_constants(tm):
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
-            if e.graph is not g or not _pure(e) or not e._inputs:
+            if e.top_graph is not g or not _pure(e) or not e._inputs:
                 continue
             out = e.outputs[0]
             if any(o is out for o in g._outputs) or _writes_into(out):

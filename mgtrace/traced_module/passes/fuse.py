@@ -171,7 +171,7 @@ def backward_fold_scale(tm):
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
-            if e.graph is not g or not e.outputs:
+            if e.top_graph is not g or not e.outputs:
                 continue
             hit = _scaled_operand(e)
             if hit is None:
@@ -248,7 +248,7 @@ def _fuse_act(tm, match_layer, fused, what, residual=False):
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
-            act = activation(e) if e.graph is g else None
+            act = activation(e) if e.top_graph is g else None
             if act is None:
                 continue
             name, y = act
@@ -356,7 +356,7 @@ def fuse_attention(tm):
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
-            pv = _matmul_args(e, False) if e.graph is g else None
+            pv = _matmul_args(e, False) if e.top_graph is g else None
             if pv is None:
                 continue
             p, v = pv
