@@ -67,6 +67,7 @@ RESUMED = "ok in an earlier run"     # the reason of a record skipped on resume
 REPORT_VERSION = 2             # 2: records carry fingerprints (1: none, so nothing is skipped)
 _REPORT_EVERY_S = 0.5       # rewrite the report at most this often (and at the end)
 _STOP_GRACE_S = 10.0        # how long stopped workers get to remove their temporary files
+_POLL_S = 0.1               # how often a pool's results loop looks for a Ctrl-C
 
 
 @dataclasses.dataclass
@@ -368,9 +369,21 @@ def _stop_worker(signum, frame):
     raise _Stopped()
 
 
+def _unraisable_in_worker(info, _default=sys.unraisablehook):
+    """A stop (SIGTERM -> _Stopped) that landed inside a finalizer or
+    ``__del__`` is swallowed there ("Exception ignored in ..."): deliver it
+    again, so the task still unwinds and its temporary files go."""
+    if isinstance(info.exc_value, _Stopped):
+        signal.signal(signal.SIGTERM, _stop_worker)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _default(info)
+
+
 def _worker_init():
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's business
     signal.signal(signal.SIGTERM, _stop_worker)      # how the parent stops a running task
+    sys.unraisablehook = _unraisable_in_worker
     from mgtrace import set_num_threads
     set_num_threads(1)              # one kernel thread per worker: the pool already uses the cores
 
@@ -385,6 +398,33 @@ def _sigint_ignored():
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class _Interrupted:
+    """Ctrl-C while a pool runs: SIGINT only sets a flag, and the engine
+    raises KeyboardInterrupt itself at its next check, so it never lands
+    inside the standard library's locks and queues (where it can come out as
+    "RuntimeError: release unlocked lock" instead, CPython bpo-29988)."""
+
+    def __init__(self):
+        self.flag = threading.Event()
+
+    def check(self):
+        if self.flag.is_set():
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _deferred_sigint():
+    stop = _Interrupted()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop                    # no handlers off the main thread: plain behaviour
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: stop.flag.set())
+    try:
+        yield stop
     finally:
         signal.signal(signal.SIGINT, old)
 
@@ -432,23 +472,31 @@ def _pool_results(task, files, options, jobs, imports):
     Files a dying worker took down with it are retried one process each."""
     pool = _new_pool(jobs)
     lost = []
-    try:
-        with _sigint_ignored():
-            futs = {pool.submit(_call, task, f, options, imports): f for f in files}
-        for fut in cf.as_completed(futs):
-            f = futs[fut]
-            try:
-                res = fut.result()
-            except cf.process.BrokenProcessPool:
-                lost.append(f)
-                continue
-            except Exception as e:      # e.g. a result that cannot be pickled
-                res = _failed(f"the worker could not return a result: {type(e).__name__}: {e}")
-            yield f, res
-    except BaseException:               # Ctrl-C, or the caller stopped listening
-        _stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
+    with _deferred_sigint() as stop:
+        try:
+            with _sigint_ignored():
+                futs = {pool.submit(_call, task, f, options, imports): f for f in files}
+            pending = set(futs)
+            while pending:
+                stop.check()
+                done, pending = cf.wait(pending, timeout=_POLL_S,
+                                        return_when=cf.FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda x: futs[x]):
+                    f = futs[fut]
+                    try:
+                        res = fut.result()
+                    except cf.process.BrokenProcessPool:
+                        lost.append(f)
+                        continue
+                    except Exception as e:      # e.g. a result that cannot be pickled
+                        res = _failed(f"the worker could not return a result: "
+                                      f"{type(e).__name__}: {e}")
+                    yield f, res
+                    stop.check()
+        except BaseException:               # Ctrl-C, or the caller stopped listening
+            _stop_pool(pool)
+            raise
+        pool.shutdown(wait=True)
     if lost:
         order = {f: i for i, f in enumerate(files)}
         yield from _isolated_results(task, sorted(lost, key=order.get), options, jobs, imports)
@@ -457,14 +505,21 @@ def _pool_results(task, files, options, jobs, imports):
 def _isolated_results(task, files, options, jobs, imports):
     """Each file in its own one-process pool, ``jobs`` at a time."""
     todo, active = list(files), {}
+    with _deferred_sigint() as stop:
+        yield from _isolated_loop(task, todo, active, options, jobs, imports, stop)
+
+
+def _isolated_loop(task, todo, active, options, jobs, imports, stop):
     try:
         while todo or active:
+            stop.check()
             while todo and len(active) < jobs:
                 f = todo.pop(0)
                 pool = _new_pool(1)
                 with _sigint_ignored():
                     active[pool.submit(_call, task, f, options, imports)] = (f, pool)
-            done, _ = cf.wait(list(active), return_when=cf.FIRST_COMPLETED)
+            done, _ = cf.wait(list(active), timeout=_POLL_S,
+                              return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 f, pool = active.pop(fut)
                 try:
