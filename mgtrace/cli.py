@@ -528,11 +528,11 @@ def _cuda_status():
     try:
         from mgtrace._core import _cuda  # noqa: F401
     except ImportError:
+        # No switch to advise: setup.py builds no CUDA extension in this
+        # release (MGTRACE_CUDA is reserved for it, see mgtrace/_flags.py).
         nvcc = shutil.which("nvcc")
-        why = (f"nvcc is at {nvcc}: rebuild with MGTRACE_CUDA=1 pip install ." if nvcc
-               else "nvcc is not on PATH; install the CUDA toolkit, then rebuild with "
-                    "MGTRACE_CUDA=1 pip install .")
-        return f"not built ({why})"
+        return ("not built (this release of mgtrace has CPU kernels only; the CUDA backend "
+                f"is a later milestone; nvcc: {nvcc or 'not on PATH'})")
     except Exception as e:
         return f"built, but it fails to load: {type(e).__name__}: {e}"
     import mgtrace
