@@ -60,6 +60,8 @@ import threading
 import time
 import traceback
 
+from mgtrace import _json
+
 __all__ = ["Record", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
            "verify", "upgrade", "retrace"]
 
@@ -297,7 +299,7 @@ def _write_report(path, command, options, records, finished, started):
             "summary": {**counts, "total": len(recs)}, "records": recs}
     from mgtrace.serialization.atomic import replacing
     with replacing(path) as (out, _):
-        out.write(json.dumps(data, indent=1).encode())
+        out.write(_json.dumps(data, indent=1).encode())
 
 
 # ------------------------------------------------------------------ tasks

@@ -22,6 +22,8 @@ import sys
 import textwrap
 import time
 
+from mgtrace import _json
+
 __all__ = ["main", "main_exit", "doctor_info", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
            "EXIT_INTERRUPTED"]
 
@@ -143,7 +145,8 @@ def _batch_options(p, command):
                    help="with --report: redo every file, starting the report afresh")
     g = p.add_argument_group("printing")
     g.add_argument("--json", action="store_true",
-                   help="print the records as JSON (as in the --report file) instead of a table")
+                   help="print the records as JSON (as in the --report file) instead of a table "
+                        f"({_json.NONFINITE_NOTE})")
     g.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar; list only the failed files, then the summary")
 
@@ -173,7 +176,8 @@ def _parser():
                    help="archive files, or folders searched recursively for --pattern")
     s.add_argument("--graph", action="store_true",
                    help="also print the generated code of traced modules (loads the file)")
-    s.add_argument("--json", action="store_true", help="print a JSON list, one object per file")
+    s.add_argument("--json", action="store_true",
+                   help=f"print a JSON list, one object per file ({_json.NONFINITE_NOTE})")
     s.add_argument("--pattern", default="*.tmod", metavar="GLOB",
                    help="file names to take inside folders (default: *.tmod)")
     _import_option(s)
@@ -194,7 +198,7 @@ def _parser():
                               "not be read or usage error")
     s.add_argument("a", metavar="A", help="the first (old) archive")
     s.add_argument("b", metavar="B", help="the second (new) archive")
-    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--json", action="store_true", help=f"print JSON ({_json.NONFINITE_NOTE})")
 
     s = sub.add_parser("upgrade", help="rewrite archives in the current format",
                        formatter_class=_Formatter, epilog=_BATCH_EPILOG["upgrade"] + "\n" + _EXIT_TEXT,
@@ -383,7 +387,7 @@ def _cmd_inspect(args, out):
                             else (e.strerror or str(e))})
             status = EXIT_FAILED
     if args.json:
-        json.dump(results, out, indent=1)
+        _json.dump(results, out, indent=1)
         out.write("\n")
     else:
         for r in results:
@@ -403,7 +407,7 @@ def _cmd_diff(args, out):
         sys.stderr.write(f"mgtrace: cannot compare: {e}\n")
         return EXIT_USAGE
     if args.json:
-        json.dump(res, out, indent=1)
+        _json.dump(res, out, indent=1)
         out.write("\n")
     elif res["same"]:
         out.write("no differences\n")
@@ -458,7 +462,7 @@ def _cmd_batch(args, out):
                                 inputs=args.inputs, **checks, **run)
     left = batch.leftovers(args.paths) if args.command == "verify" else []
     if args.json:
-        json.dump({"command": args.command, "summary": batch.summary(records),
+        _json.dump({"command": args.command, "summary": batch.summary(records),
                    "records": [r.to_json() for r in records],
                    "leftovers": [{"path": p, "bytes": n} for p, n in left]}, out, indent=1)
         out.write("\n")
@@ -474,7 +478,7 @@ def _cmd_batch(args, out):
 def _cmd_doctor(args, out):
     info = doctor_info()
     if args.json:
-        json.dump(info, out, indent=1)
+        _json.dump(info, out, indent=1)
         out.write("\n")
     else:
         for k, v in info.items():
