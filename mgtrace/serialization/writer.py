@@ -8,7 +8,7 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import tensors as T
+from mgtrace.serialization import tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
@@ -86,9 +86,17 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
 
 
 def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
+    try:
+        return _encode_values(obj, metadata, example_inputs, example_kwargs, target)
+    except values._Unstorable as e:    # a TypeError (and mgtrace.Error) saying where
+        e.saving = True
+        raise
+
+
+def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     import mgtrace
     ctx = EncodeContext(target)
-    root = ctx.value(obj)
+    root = ctx.value(obj, where="obj")
     examples = None
     if example_inputs is not None or example_kwargs is not None:
         if not isinstance(obj, Module):
@@ -99,12 +107,14 @@ def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
         inputs = () if example_inputs is None else example_inputs
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         kwargs = dict(example_kwargs or {})
-        examples = {"inputs": ctx.value(inputs), "outputs": ctx.value(obj(*inputs, **kwargs))}
+        examples = {"inputs": ctx.value(inputs, where="example_inputs"),
+                    "outputs": ctx.value(obj(*inputs, **kwargs), where="the example outputs")}
         if kwargs:
-            examples["kwargs"] = {k: ctx.value(v) for k, v in kwargs.items()}
+            examples["kwargs"] = {k: ctx.value(v, where=f"example_kwargs[{k!r}]")
+                                  for k, v in kwargs.items()}
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
-    meta = None if metadata is None else ctx.value(metadata)
+    meta = None if metadata is None else ctx.value(metadata, where="metadata")
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
