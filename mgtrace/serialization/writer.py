@@ -31,7 +31,10 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             fsync, rename) or a writable binary file object.
         metadata: optional dict of user data (values as for ``obj``).
         example_inputs: optional positional arguments (a tuple, or one
-            value) for a Module ``obj`` (a TracedModule included); it is
+            value; a list is taken as the arguments too, as ``trace_module(m,
+            *example_inputs)`` would: ``[x]`` is ``(x,)``, and one list
+            argument is given as ``([a, b],)``) for a Module ``obj`` (a
+            TracedModule included); it is
             called on them as it is (call ``.eval()`` first: a BatchNorm in
             training mode would update, and save, its running statistics),
             and inputs and outputs (any values above, e.g. a dict of
@@ -105,6 +108,8 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
                                                and all(isinstance(k, str) for k in example_kwargs)):
             raise TypeError("example_kwargs must be a dict with str keys (keyword arguments)")
         inputs = () if example_inputs is None else example_inputs
+        if type(inputs) is list:        # [x]: the arguments, as a tuple (the docstring says so)
+            inputs = tuple(inputs)
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         kwargs = dict(example_kwargs or {})
         examples = {"inputs": ctx.value(inputs, where="example_inputs"),

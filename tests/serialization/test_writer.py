@@ -146,3 +146,23 @@ def test_an_attribute_that_cannot_be_stored_is_warned_about_not_dropped_silently
         warnings.simplefilter("error")
         del tm.fn
         save_bytes(tm)
+
+
+def test_example_inputs_as_a_list_are_the_positional_arguments():
+    class Two(M.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    class OneList(M.Module):
+        def forward(self, xs):
+            return xs[0] - xs[1]
+
+    a, b = mt.tensor([1.0, 2.0]), mt.tensor([10.0, 20.0])
+    tm = mt.trace_module(Two(), a, b)
+    arc = mt.serialization.load_archive(io.BytesIO(save_bytes(tm, example_inputs=[a, b])))
+    assert type(arc.example_inputs) is tuple and len(arc.example_inputs) == 2
+    assert arc.example_outputs.tolist() == [12.0, 24.0]
+    # one list argument: wrapped in the tuple of arguments
+    tm = mt.trace_module(OneList(), [a, b])
+    arc = mt.serialization.load_archive(io.BytesIO(save_bytes(tm, example_inputs=([a, b],))))
+    assert type(arc.example_inputs[0]) is list and arc.example_outputs.tolist() == [-9.0, -18.0]
