@@ -509,8 +509,10 @@ def _dask_results(task, files, options, address, jobs, imports):
             # loopback only; tasks in one process take turns (_TASK_LOCK), so
             # jobs > 1 means worker processes
             loopback = {"host": "127.0.0.1"} if jobs > 1 else {}     # else in-process: inproc://
-            cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
-                                   dashboard_address=None, silence_logs=logging.ERROR, **loopback)
+            with _sigint_ignored():     # workers inherit it: Ctrl-C is the parent's business
+                cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
+                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       **loopback)
             client = Client(cluster)
         else:
             client = Client(address, timeout="20s")
