@@ -22,7 +22,7 @@ Build time (read by setup.py):
   MGTRACE_DEBUG=1        -O0 -g
   MGTRACE_SANITIZE=address   AddressSanitizer build (run with LD_PRELOAD of libasan)
   MGTRACE_EXTENSIONS=a,b build only these extensions (local rebuilds)
-  MGTRACE_BUILD_JOBS=N   parallel Cython jobs (default 2)
+  MGTRACE_BUILD_JOBS=N   files compiled at a time (default: the number of CPUs)
 
 Reserved:
   MGTRACE_CUDA=1         will build the CUDA backend (needs nvcc); this release has
