@@ -120,8 +120,8 @@ class ParallelBuildExt(build_ext):
     An extension whose copy in the source tree is newer than its sources and
     headers, and was built with the same flags, compiler, Python, NumPy and
     Cython (``build/mgtrace-build.json`` keeps a digest of them per
-    extension), is reused instead. An in-place build (``build_ext
-    --inplace``) rebuilds an extension whose flags differ or are unknown."""
+    extension), is reused instead. An extension built with other flags, or
+    unknown ones, is built again (setuptools alone would keep it)."""
 
     STAMP = os.path.join("build", "mgtrace-build.json")
 
@@ -201,14 +201,15 @@ class ParallelBuildExt(build_ext):
     def _reuse_in_tree(self, configs, stamp):
         for e in self.extensions:
             here, dest = self.get_ext_filename(e.name), self.get_ext_fullpath(e.name)
-            if not os.path.exists(here):
-                continue
             if stamp.get(e.name) != configs[e.name]:
-                if self.inplace:        # built with other flags, or unknown ones: build again
-                    os.unlink(here)
+                if os.path.exists(dest):    # built with other flags, or unknown ones: build again
+                    os.unlink(dest)
                 continue
-            fresh = all(os.path.getmtime(f) <= os.path.getmtime(here) for f in e.sources + e.depends)
-            if fresh and os.path.abspath(here) != os.path.abspath(dest):
+            if not os.path.exists(here) or os.path.abspath(here) == os.path.abspath(dest):
+                continue
+            t = os.path.getmtime(here)
+            if all(os.path.getmtime(f) <= t for f in e.sources + e.depends) and not (
+                    os.path.exists(dest) and os.path.getmtime(dest) >= t):
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 shutil.copy2(here, dest)        # its time kept: setuptools sees it up to date
                 self._say(f"{e.name}: reusing {here} (up to date, same build flags)")
