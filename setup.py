@@ -180,9 +180,13 @@ class ParallelBuildExt(build_ext):
             # Python's own CFLAGS carry -g: debug info costs build time and
             # nothing at run time (MGTRACE_DEBUG=1 builds with -g)
             c.compiler_so = [a for a in c.compiler_so if a != "-g"]
-        parts = [sys.version, np.__version__, Cython.__version__, c.compiler_so, c.linker_so,
-                 e.extra_compile_args, e.extra_link_args, e.define_macros, e.include_dirs,
-                 e.libraries, e.library_dirs, e.runtime_library_dirs]
+        # absolute folders (NumPy's headers, OpenBLAS) lie in pip's temporary build
+        # environment, a new one each time: their packages' versions stand for them
+        local = lambda dirs: [d for d in dirs or () if not os.path.isabs(d)]   # noqa: E731
+        parts = [sys.version, np.__version__, Cython.__version__, openblas.__version__,
+                 c.compiler_so, c.linker_so, e.extra_compile_args, e.extra_link_args,
+                 e.define_macros, local(e.include_dirs), e.libraries, local(e.library_dirs),
+                 e.runtime_library_dirs]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
     def _read_stamp(self):
