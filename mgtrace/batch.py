@@ -56,6 +56,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
