@@ -645,6 +645,9 @@ class _Output:
     def isatty(self):
         return bool(getattr(self._f, "isatty", lambda: False)())
 
+    def __getattr__(self, name):    # fileno, encoding...: the wrapped file's (rich asks)
+        return getattr(self._f, name)
+
 
 def _where(f):
     """The file standard output is redirected to, when the system says."""
