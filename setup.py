@@ -223,11 +223,48 @@ class ParallelBuildExt(build_ext):
         print(f"mgtrace build: {text}", file=sys.stderr, flush=True)
 
 
+def generated_c(pyx):
+    """The C file Cython made from ``pyx``, when it is newer than ``pyx`` and
+    every .pxd of the project and this Cython made it; else None.
+
+    cythonize's own check also counts the .pxd files bundled with Cython
+    (libc/stdint.pxd...), which pip's temporary build environment installs
+    anew for every install: an editable reinstall would then regenerate, and
+    recompile, every extension."""
+    import Cython
+    c = pyx[:-len(".pyx")] + ".c"
+    try:
+        t = os.path.getmtime(c)
+        with open(c) as f:
+            head = f.readline()
+    except OSError:
+        return None
+    if f"Cython {Cython.__version__} " not in head:
+        return None
+    if any(os.path.getmtime(f) > t for f in [pyx] + glob.glob("mgtrace/_core/*.pxd")):
+        return None
+    return c
+
+
+def cythonized(exts):
+    """``exts`` with .pyx sources replaced by their C: up-to-date C as it is
+    (see :func:`generated_c`), the rest through cythonize."""
+    fresh, stale = [], []
+    for e in exts:
+        made = [generated_c(s) if s.endswith(".pyx") else s for s in e.sources]
+        if all(made):
+            e.sources = made
+            fresh.append(e)
+        else:
+            stale.append(e)
+    if stale:
+        stale = cythonize(stale, compiler_directives={"language_level": 3, "embedsignature": True},
+                          nthreads=build_jobs())
+    done = {e.name: e for e in fresh + stale}
+    return [done[e.name] for e in exts]
+
+
 setup(
     cmdclass={"build_ext": ParallelBuildExt},
-    ext_modules=cythonize(
-        extensions,
-        compiler_directives={"language_level": 3, "embedsignature": True},
-        nthreads=build_jobs(),
-    ),
+    ext_modules=cythonized(extensions),
 )
