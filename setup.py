@@ -160,7 +160,9 @@ class ParallelBuildExt(build_ext):
         def run(i, job):
             src, output_dir, kw = job
             self._say(f"[{i:>{width}}/{len(jobs)}] {src}")
+            t = time.perf_counter()
             real_compile([src], output_dir=output_dir, **kw)
+            self._say(f"{' ' * (2 * width + 3)} {src} done in {time.perf_counter() - t:.0f} s")
 
         with concurrent.futures.ThreadPoolExecutor(n) as pool:     # each job is a gcc process
             for f in [pool.submit(run, i, job) for i, job in enumerate(jobs, 1)]:
