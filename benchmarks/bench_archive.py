@@ -35,8 +35,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import _checkout
+
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
 
 
 def _has(module):
@@ -217,7 +218,7 @@ def _measure(index, path):
 
 def _peak(index, path):
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", str(index), path]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD)
     if res.returncode != 0:
         return None
     return json.loads(res.stdout.strip().splitlines()[-1])["peak"]

@@ -48,7 +48,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import _checkout  # noqa: E402
+
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
 
 import mgtrace as mt                       # noqa: E402
 import mgtrace.functional as F             # noqa: E402

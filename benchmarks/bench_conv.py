@@ -15,7 +15,10 @@ import time
 
 import numpy as np
 
-import mgtrace._core  # noqa: F401  (loads OpenBLAS first)
+import _checkout
+
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
+import mgtrace._core  # noqa: E402,F401  (loads OpenBLAS first)
 from mgtrace._core import nn
 from mgtrace._core.dispatch import get_num_threads, set_num_threads
 from mgtrace._core.tensor import tensor

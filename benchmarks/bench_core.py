@@ -22,6 +22,10 @@ import time
 
 import numpy as np
 
+import _checkout
+
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
+
 N_BIG = 16 * 1024 * 1024
 CONV_FLOPS = 2 * 8 * 64 * 56 * 56 * 64 * 9
 

@@ -34,7 +34,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _checkout
+
+ROOT = _checkout.ROOT
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
 
 # (model, batch, input shape without the batch axis)
 CASES = [
@@ -130,9 +133,7 @@ def run_child(lib, model, batch, shape, threads, warmup, repeats):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, model, str(batch),
            ",".join(map(str, shape)), "--threads", str(threads), "--warmup", str(warmup),
            "--repeats", str(repeats)]
-    env = dict(os.environ)   # mgtrace is built in place: make the checkout importable
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -160,10 +161,10 @@ def main():
     warmup, repeats = (5, 30) if args.full else (3, 10)
     threads = args.threads
     if not threads:   # give torch the thread count mgtrace picks by default
-        out = subprocess.run([sys.executable, "-c", "import mgtrace; print(mgtrace.get_num_threads())"],
-                             capture_output=True, text=True, cwd=ROOT)
-        threads = int(out.stdout.strip())
+        import mgtrace
+        threads = mgtrace.get_num_threads()
     libs = ["mgtrace"] + (["torch"] if torch_available() else [])
+    print(_checkout.which())
     print(f"threads {threads}, warm-up {warmup}, repeats {repeats} (best), "
           f"one subprocess per row" + ("" if "torch" in libs else "; torch not importable"))
     head = f"{'model':14s} {'batch':>5s} | {'mgtrace ms':>10s} {'peak MiB':>8s} {'+MiB':>6s}"

@@ -43,7 +43,10 @@ import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _checkout
+
+ROOT = _checkout.ROOT
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
 
 # (row label, model, batch, input shape without the batch axis)
 CASES = [
@@ -198,9 +201,7 @@ def run_child(python, kind, model, batch, shape, threads, warmup, repeats):
     cmd = [python, os.path.abspath(__file__), "--child", kind, model, str(batch),
            ",".join(map(str, shape)), "--threads", str(threads), "--warmup", str(warmup),
            "--repeats", str(repeats)]
-    env = dict(os.environ)   # mgtrace is built in place: make the checkout importable
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD)
     if proc.returncode != 0:
         lines = (proc.stderr or "failed").strip().splitlines()
         return {"error": lines[-1] if lines else "failed"}

@@ -61,7 +61,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _checkout
+
+ROOT = _checkout.ROOT
+_checkout.use()     # this checkout if it is built in place, else the installed mgtrace
 
 # row name -> (model, input shape, (warm-up, timed) rounds quick, the same with --full);
 # one round = one trace + one eager forward + one traced forward
@@ -350,9 +353,7 @@ def run_child(lib, row, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, model,
            "x".join(map(str, shape)), "--threads", str(args.threads), "--warmup", str(warmup),
            "--repeats", str(repeats)] + (["--profile"] if args.profile else [])
-    env = dict(os.environ)   # mgtrace is built in place: make the checkout importable
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         return {"error": lines[-1] if lines else "failed"}

@@ -17,13 +17,16 @@ busy machine (a 1x64x112x112 relu took 8-20 ms instead of 0.3 ms beside two
 busy processes). Set either variable yourself to choose otherwise.
 
 Build time (read by setup.py):
-  MGTRACE_CUDA=1         also build the CUDA backend (needs nvcc)
   MGTRACE_NATIVE=1       compile with -march=native (off by default: wheels must
                          run on any CPU of the architecture)
   MGTRACE_DEBUG=1        -O0 -g
   MGTRACE_SANITIZE=address   AddressSanitizer build (run with LD_PRELOAD of libasan)
   MGTRACE_EXTENSIONS=a,b build only these extensions (local rebuilds)
-  MGTRACE_BUILD_JOBS=N   parallel Cython jobs (default 2)
+  MGTRACE_BUILD_JOBS=N   files compiled at a time (default: the number of CPUs)
+
+Reserved:
+  MGTRACE_CUDA=1         will build the CUDA backend (needs nvcc); this release has
+                         no CUDA kernels and setup.py does not read it yet
 """
 import os
 

@@ -56,11 +56,14 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
-__all__ = ["Record", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
+from mgtrace import _json
+
+__all__ = ["Record", "ReportError", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
            "verify", "upgrade", "retrace"]
 
 RESUMED = "ok in an earlier run"     # the reason of a record skipped on resume
@@ -68,6 +71,12 @@ REPORT_VERSION = 2             # 2: records carry fingerprints (1: none, so noth
 _REPORT_EVERY_S = 0.5       # rewrite the report at most this often (and at the end)
 _STOP_GRACE_S = 10.0        # how long stopped workers get to remove their temporary files
 _POLL_S = 0.1               # how often a pool's results loop looks for a Ctrl-C
+
+
+class ReportError(OSError):
+    """The report could not be written while the job ran (a full disk, a
+    folder removed); the message names the report and its absolute path.
+    The job stops; the report file keeps its last complete version."""
 
 
 @dataclasses.dataclass
@@ -298,7 +307,7 @@ def _write_report(path, command, options, records, finished, started):
             "summary": {**counts, "total": len(recs)}, "records": recs}
     from mgtrace.serialization.atomic import replacing
     with replacing(path) as (out, _):
-        out.write(json.dumps(data, indent=1).encode())
+        out.write(_json.dumps(data, indent=1).encode())
 
 
 # ------------------------------------------------------------------ tasks
@@ -556,8 +565,10 @@ def _dask_results(task, files, options, address, jobs, imports):
             # loopback only; tasks in one process take turns (_TASK_LOCK), so
             # jobs > 1 means worker processes
             loopback = {"host": "127.0.0.1"} if jobs > 1 else {}     # else in-process: inproc://
-            cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
-                                   dashboard_address=None, silence_logs=logging.ERROR, **loopback)
+            with _sigint_ignored():     # workers inherit it: Ctrl-C is the parent's business
+                cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
+                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       **loopback)
             client = Client(cluster)
         else:
             client = Client(address, timeout="20s")
@@ -633,8 +644,10 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         FileNotFoundError: a path does not exist.
         ValueError: jobs < 1; the report is not a report, or one of
             another command or output folder; an ``imports`` entry fails.
+        OSError: the report's folder cannot be written.
         RuntimeError: ``dask`` given without dask.distributed installed, or
             the scheduler cannot be reached.
+        ReportError: the report could not be written while the job ran.
         KeyboardInterrupt: Ctrl-C; the report holds the files finished.
 
     With ``jobs > 1`` workers are started with ``spawn``: a script calling
@@ -646,6 +659,8 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
     command = command or getattr(task, "__name__", "batch")
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise FileNotFoundError(f"--report {report}: its folder does not exist")
+    if report:
+        _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
     files = collect(paths, pattern, exclude)
     imports = tuple(os.fspath(i) for i in (imports or ()))
     from mgtrace.tasks import load_user_code
@@ -671,8 +686,13 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
     def save_report(finished):
         if report:
             done = [kept.get(f) or records[f] for f in files if f in records]
-            _write_report(report, command, dict(options, imports=imports), others + done,
-                          finished, started)
+            try:
+                _write_report(report, command, dict(options, imports=imports), others + done,
+                              finished, started)
+            except OSError as e:
+                where = "" if os.path.isabs(report) else f" ({os.path.abspath(report)})"
+                raise ReportError(e.errno, f"cannot write the report {report}{where}: "
+                                           f"{e.strerror or e}") from e
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(len(todo), command, show)
     if dask:
@@ -686,11 +706,11 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
             rec = _to_record(f, res)
             records[f] = rec
             bar.advance(rec)
+            if callback is not None:        # first: a report that cannot be written stops the job
+                callback(rec, i, len(todo))
             if report and time.monotonic() - last_write >= _REPORT_EVERY_S:
                 save_report(False)
                 last_write = time.monotonic()
-            if callback is not None:
-                callback(rec, i, len(todo))
         finished = True
     finally:
         results.close()
@@ -753,6 +773,7 @@ def _check_writes(paths, out, in_place, pattern, inputs=None):
             written to one output; an output would overwrite its input
             without in_place; a bad ``inputs`` spec.
         FileNotFoundError: a path does not exist.
+        OSError: the output folder cannot be made or written.
     """
     from mgtrace import tasks
     if bool(out) == bool(in_place):
@@ -778,7 +799,25 @@ def _check_writes(paths, out, in_place, pattern, inputs=None):
                              "folders as inputs (the layout below each input folder is kept) or "
                              "run them separately")
         seen[dest] = f
+    _check_writable(out, f"-o {out}")
     return {"out": os.fspath(out), "in_place": False, "roots": roots}
+
+
+def _check_writable(folder, what):
+    """Make ``folder`` and write a file in it, so that one that cannot be
+    written is one error before the job starts, not one per file.
+
+    Raises:
+        OSError: its message starts with ``what`` (e.g. ``-o new/``); a
+            PermissionError, or NotADirectoryError when a parent is a file.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mgtrace-probe-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise type(e)(e.errno, f"{what}: cannot write files there: {e.strerror or e}") from None
 
 
 def verify(paths, *, rtol=1e-5, atol=1e-6, **run_options):

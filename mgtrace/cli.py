@@ -8,9 +8,10 @@
     mgtrace doctor                   versions, build options, supported formats
     mgtrace demo                     the main job: trace, save, reload, check two real models
 
-Exit status: 0 all good, 1 some file failed (``diff``: the archives differ),
-2 usage error (bad option, no such path, a file ``diff`` cannot read),
-130 interrupted.
+Exit status: 0 all good, 1 some file failed (``diff``: the archives differ)
+or an output could not be written while the job ran (the report, stdout),
+2 usage error (bad option, no such path, an output folder that cannot be
+written, a file ``diff`` cannot read), 130 interrupted.
 
 Layers: argument parsing and printing live here; what happens to one file
 is :mod:`mgtrace.tasks`; running it over many is :mod:`mgtrace.batch`.
@@ -21,6 +22,8 @@ import os
 import sys
 import textwrap
 import time
+
+from mgtrace import _json
 
 __all__ = ["main", "main_exit", "doctor_info", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
            "EXIT_INTERRUPTED"]
@@ -143,7 +146,8 @@ def _batch_options(p, command):
                    help="with --report: redo every file, starting the report afresh")
     g = p.add_argument_group("printing")
     g.add_argument("--json", action="store_true",
-                   help="print the records as JSON (as in the --report file) instead of a table")
+                   help="print the records as JSON (as in the --report file) instead of a table "
+                        f"({_json.NONFINITE_NOTE})")
     g.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar; list only the failed files, then the summary")
 
@@ -173,7 +177,8 @@ def _parser():
                    help="archive files, or folders searched recursively for --pattern")
     s.add_argument("--graph", action="store_true",
                    help="also print the generated code of traced modules (loads the file)")
-    s.add_argument("--json", action="store_true", help="print a JSON list, one object per file")
+    s.add_argument("--json", action="store_true",
+                   help=f"print a JSON list, one object per file ({_json.NONFINITE_NOTE})")
     s.add_argument("--pattern", default="*.tmod", metavar="GLOB",
                    help="file names to take inside folders (default: *.tmod)")
     _import_option(s)
@@ -194,7 +199,7 @@ def _parser():
                               "not be read or usage error")
     s.add_argument("a", metavar="A", help="the first (old) archive")
     s.add_argument("b", metavar="B", help="the second (new) archive")
-    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--json", action="store_true", help=f"print JSON ({_json.NONFINITE_NOTE})")
 
     s = sub.add_parser("upgrade", help="rewrite archives in the current format",
                        formatter_class=_Formatter, epilog=_BATCH_EPILOG["upgrade"] + "\n" + _EXIT_TEXT,
@@ -330,39 +335,68 @@ def _note(r, command):
     return f"-> {d.get('output')}  ({'; '.join(parts)})"
 
 
-def _print_table(records, out, command, quiet, seconds, report):
-    from mgtrace import batch
-    st = _Style(out)
-    # files skipped on resume (ok in an earlier run) are only counted: the report lists them
-    rows = [r for r in records if r.status == "failed" or (r.status == "ok" and not quiet)
-            or (r.status == "skipped" and not _resumed(r))]
-    width = min(max((len(r.path) for r in rows), default=0), 48)
-    word = {"ok": f"{st.green}ok     {st.off}", "failed": f"{st.red}FAILED {st.off}",
-            "skipped": f"{st.dim}skipped{st.off}"}
-    for r in rows:
+class _Table:
+    """The table of a batch job: a line per file run (``--quiet``: only the
+    failed ones) or left as it is; files skipped as done in an earlier run
+    are only counted; then the summary.
+
+    With ``stream`` each line is written and flushed as its file finishes,
+    so a log file, a pipe or CI shows the job as it goes and keeps what was
+    printed after Ctrl-C; without (a terminal that shows the progress bar)
+    the lines wait for the end, in the order of the files."""
+
+    def __init__(self, out, command, quiet, width, stream):
+        self.out, self.command, self.quiet, self.width, self.stream = \
+            out, command, quiet, width, stream
+        self.st = _Style(out)
+
+    def _shown(self, r):
+        # files skipped on resume (ok in an earlier run) are only counted: the report lists them
+        return r.status == "failed" or (r.status == "ok" and not self.quiet) \
+            or (r.status == "skipped" and not _resumed(r))
+
+    def _line(self, r):
+        st = self.st
+        word = {"ok": f"{st.green}ok     {st.off}", "failed": f"{st.red}FAILED {st.off}",
+                "skipped": f"{st.dim}skipped{st.off}"}
         t = f"{r.seconds:6.2f}s" if r.status != "skipped" else "      -"
-        out.write(f"{word.get(r.status, r.status)}  {t}  {r.path:<{width}}  {_note(r, command)}\n")
-    c = batch.summary(records)
-    n = c["total"]
-    line = (f"{n} file{'' if n == 1 else 's'}: {c['ok']} ok, "
-            f"{st.red if c['failed'] else ''}{c['failed']} failed{st.off if c['failed'] else ''}")
-    resumed = sum(r.status == "skipped" and _resumed(r) for r in records)
-    if resumed:
-        line += f", {resumed} skipped (ok in an earlier run, listed in the report)"
-    if c["skipped"] - resumed:
-        line += f", {c['skipped'] - resumed} left as they are (see above)"
-    line += f"  [{seconds:.1f} s]"
-    if report:
-        line += f"; report: {report}"
-    out.write(line + "\n")
-    unregistered = sum(r.status == "failed" and r.reason.startswith("RegistryError") for r in records)
-    if unregistered:
-        one = unregistered == 1
-        out.write(f"({unregistered} file{'' if one else 's'} call{'s' if one else ''} functions or "
-                  f"use{'s' if one else ''} module types this process does not know: give the "
-                  "code that registers them with --import MODULE or --import FILE.py)\n")
-    if c["failed"] and report:
-        out.write("(run the same command again to retry only the failed files)\n")
+        return f"{word.get(r.status, r.status)}  {t}  {r.path:<{self.width}}  {_note(r, self.command)}\n"
+
+    def finished(self, r, done=None, total=None):
+        """The batch callback: one file is done."""
+        if self.stream and self._shown(r):
+            self.out.write(self._line(r))
+            self.out.flush()
+
+    def end(self, records, seconds, report):
+        from mgtrace import batch
+        st, out = self.st, self.out
+        if not self.stream:
+            for r in records:
+                if self._shown(r):
+                    out.write(self._line(r))
+        c = batch.summary(records)
+        n = c["total"]
+        line = (f"{n} file{'' if n == 1 else 's'}: {c['ok']} ok, "
+                f"{st.red if c['failed'] else ''}{c['failed']} failed{st.off if c['failed'] else ''}")
+        resumed = sum(r.status == "skipped" and _resumed(r) for r in records)
+        if resumed:
+            line += f", {resumed} skipped (ok in an earlier run, listed in the report)"
+        if c["skipped"] - resumed:
+            line += f", {c['skipped'] - resumed} left as they are (see above)"
+        line += f"  [{seconds:.1f} s]"
+        if report:
+            line += f"; report: {report}"
+        out.write(line + "\n")
+        unregistered = sum(r.status == "failed" and r.reason.startswith("RegistryError")
+                           for r in records)
+        if unregistered:
+            one = unregistered == 1
+            out.write(f"({unregistered} file{'' if one else 's'} call{'s' if one else ''} functions or "
+                      f"use{'s' if one else ''} module types this process does not know: give the "
+                      "code that registers them with --import MODULE or --import FILE.py)\n")
+        if c["failed"] and report:
+            out.write("(run the same command again to retry only the failed files)\n")
 
 
 # ---------------------------------------------------------------- commands
@@ -383,7 +417,7 @@ def _cmd_inspect(args, out):
                             else (e.strerror or str(e))})
             status = EXIT_FAILED
     if args.json:
-        json.dump(results, out, indent=1)
+        _json.dump(results, out, indent=1)
         out.write("\n")
     else:
         for r in results:
@@ -403,7 +437,7 @@ def _cmd_diff(args, out):
         sys.stderr.write(f"mgtrace: cannot compare: {e}\n")
         return EXIT_USAGE
     if args.json:
-        json.dump(res, out, indent=1)
+        _json.dump(res, out, indent=1)
         out.write("\n")
     elif res["same"]:
         out.write("no differences\n")
@@ -437,33 +471,46 @@ def _nothing_found(args):
 
 def _cmd_batch(args, out):
     from mgtrace import batch
-    if not batch.collect(args.paths, args.pattern):
+    files = batch.collect(args.paths, args.pattern)
+    if not files:
         raise FileNotFoundError(_nothing_found(args))
     if args.dask and args.dask != "local" and args.jobs != 1:
         raise ValueError("-j applies to the local pool and to --dask local; a Dask cluster at an "
                          "address uses the workers it has: drop -j")
     if args.no_resume and not args.report:
         raise ValueError("--no-resume only makes sense with --report")
+    # lines stream as files finish, except on a terminal that the progress bar shares
+    bar = not (args.quiet or args.json) and sys.stderr.isatty()
+    table = _Table(out, args.command, args.quiet, min(max(map(len, files)), 48),
+                   stream=not (bar and out.isatty()))
+    done = []
+
+    def finished(rec, i, total):
+        done.append(rec)
+        if not args.json:
+            table.finished(rec)
     run = {"jobs": args.jobs, "dask": args.dask, "report": args.report, "imports": args.imports,
            "resume": not args.no_resume, "pattern": args.pattern,
-           "progress": False if (args.quiet or args.json) else None}
+           "progress": False if (args.quiet or args.json) else None, "callback": finished}
     checks = {"rtol": args.rtol, "atol": args.atol}
     t0 = time.perf_counter()
-    if args.command == "verify":
-        records = batch.verify(args.paths, **checks, **run)
-    elif args.command == "upgrade":
-        records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
-    else:
-        records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
-                                inputs=args.inputs, **checks, **run)
+    try:
+        if args.command == "verify":
+            records = batch.verify(args.paths, **checks, **run)
+        elif args.command == "upgrade":
+            records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
+        else:
+            records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
+                                    inputs=args.inputs, **checks, **run)
+    except KeyboardInterrupt:
+        if args.json and done:      # what finished is printed, marked unfinished
+            _print_records(out, args.command, done, finished=False)
+        raise
     left = batch.leftovers(args.paths) if args.command == "verify" else []
     if args.json:
-        json.dump({"command": args.command, "summary": batch.summary(records),
-                   "records": [r.to_json() for r in records],
-                   "leftovers": [{"path": p, "bytes": n} for p, n in left]}, out, indent=1)
-        out.write("\n")
+        _print_records(out, args.command, records, finished=True, left=left)
     else:
-        _print_table(records, out, args.command, args.quiet, time.perf_counter() - t0, args.report)
+        table.end(records, time.perf_counter() - t0, args.report)
         for p, n in left:
             out.write(f"leftover  {p}  ({n} bytes): the temporary file of a save that was "
                       "interrupted; no writer holds it: delete it (the next save to the same "
@@ -471,10 +518,18 @@ def _cmd_batch(args, out):
     return EXIT_FAILED if batch.summary(records)["failed"] else EXIT_OK
 
 
+def _print_records(out, command, records, finished, left=()):
+    from mgtrace import batch
+    _json.dump({"command": command, "finished": finished, "summary": batch.summary(records),
+                "records": [r.to_json() for r in records],
+                "leftovers": [{"path": p, "bytes": n} for p, n in left]}, out, indent=1)
+    out.write("\n")
+
+
 def _cmd_doctor(args, out):
     info = doctor_info()
     if args.json:
-        json.dump(info, out, indent=1)
+        _json.dump(info, out, indent=1)
         out.write("\n")
     else:
         for k, v in info.items():
@@ -528,11 +583,11 @@ def _cuda_status():
     try:
         from mgtrace._core import _cuda  # noqa: F401
     except ImportError:
+        # No switch to advise: setup.py builds no CUDA extension in this
+        # release (MGTRACE_CUDA is reserved for it, see mgtrace/_flags.py).
         nvcc = shutil.which("nvcc")
-        why = (f"nvcc is at {nvcc}: rebuild with MGTRACE_CUDA=1 pip install ." if nvcc
-               else "nvcc is not on PATH; install the CUDA toolkit, then rebuild with "
-                    "MGTRACE_CUDA=1 pip install .")
-        return f"not built ({why})"
+        return ("not built (this release of mgtrace has CPU kernels only; the CUDA backend "
+                f"is a later milestone; nvcc: {nvcc or 'not on PATH'})")
     except Exception as e:
         return f"built, but it fails to load: {type(e).__name__}: {e}"
     import mgtrace
@@ -552,13 +607,72 @@ _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,
              "demo": _cmd_demo}
 
 
+class _OutputError(OSError):
+    """The command's own output could not be written (e.g. a full disk under ``> log``)."""
+
+
+class _Output:
+    """The command's output stream; a write that fails (other than a closed
+    pipe, see :func:`main_exit`) raises :class:`_OutputError` naming where
+    the output goes."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def _failed(self, e):
+        err = _OutputError(e.errno, f"cannot write the output ({_where(self._f)}): "
+                                    f"{e.strerror or e}")
+        if self._f is sys.stdout:
+            _discard_stdout()       # what is still buffered cannot be written either
+        return err
+
+    def write(self, text):
+        try:
+            return self._f.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def flush(self):
+        try:
+            self._f.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def isatty(self):
+        return bool(getattr(self._f, "isatty", lambda: False)())
+
+    def __getattr__(self, name):    # fileno, encoding...: the wrapped file's (rich asks)
+        return getattr(self._f, name)
+
+
+def _where(f):
+    """The file standard output is redirected to, when the system says."""
+    try:
+        return os.readlink(f"/proc/self/fd/{f.fileno()}")
+    except Exception:
+        return "standard output" if f is sys.stdout else getattr(f, "name", "the output file")
+
+
+def _os_text(e):
+    """An OSError as a sentence, without the ``[Errno N]`` prefix."""
+    if e.filename and e.strerror:
+        return f"{e.strerror}: {e.filename}"
+    return e.strerror or str(e)
+
+
 def main(argv=None, out=None):
     """Run the command line ``argv`` (default sys.argv[1:]); returns the exit status.
 
     Never raises for bad input or bad archives: those are messages on stderr
-    and an exit status (see the module docstring).
+    and an exit status (see the module docstring). Failing to write an
+    output while the job runs (the report, or stdout on a full disk) is
+    exit status 1, with the file named.
     """
-    out = out or sys.stdout
+    out = _Output(out or sys.stdout)
     parser = _parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -567,17 +681,21 @@ def main(argv=None, out=None):
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
     try:
-        return _COMMANDS[args.command](args, out)
+        status = _COMMANDS[args.command](args, out)
+        out.flush()
+        return status
     except KeyboardInterrupt:
         sys.stderr.write("\nmgtrace: interrupted; finished files are kept (and in the report, if "
                          "any), no partial outputs are left\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise                       # main_exit: the reader went away (| head)
-    except FileNotFoundError as e:
-        sys.stderr.write(f"mgtrace: error: {e.strerror + ': ' + e.filename if e.filename else e}\n")
-        return EXIT_USAGE
-    except (ValueError, RuntimeError, OSError) as e:
+    except OSError as e:
+        from mgtrace.batch import ReportError
+        sys.stderr.write(f"mgtrace: error: {_os_text(e)}\n")
+        # an output that failed while the job ran is a failure, not a usage error
+        return EXIT_FAILED if isinstance(e, (_OutputError, ReportError)) else EXIT_USAGE
+    except (ValueError, RuntimeError) as e:
         sys.stderr.write(f"mgtrace: error: {e}\n")
         return EXIT_USAGE
     except Exception as e:          # a bug in mgtrace: say so, briefly
@@ -595,12 +713,23 @@ def main_exit():
         status = main()
         sys.stdout.flush()
     except BrokenPipeError:         # e.g. `mgtrace inspect --json f | head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _discard_stdout()
         status = EXIT_OK
+    except OSError as e:            # e.g. --help into a file on a full disk
+        sys.stderr.write(f"mgtrace: error: cannot write the output ({_where(sys.stdout)}): "
+                         f"{e.strerror or e}\n")
+        _discard_stdout()
+        status = EXIT_FAILED
     except KeyboardInterrupt:       # Ctrl-C while parsing or printing
         status = EXIT_INTERRUPTED
     sys.exit(status)
+
+
+def _discard_stdout():
+    """Point stdout at /dev/null, so the interpreter's last flush of what
+    could not be written does not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

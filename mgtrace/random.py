@@ -27,19 +27,19 @@ independent stream. Unseeded, the global generator starts from OS entropy.
 >>> bool((R.normal(size=(3,)).numpy() == a.numpy()).all())
 True
 """
-import math
-import operator
-import threading
+import math as _math
+import operator as _operator
+import threading as _threading
 
-import numpy as np
+import numpy as _np
 
-from mgtrace._core import Tensor, tensor as _tensor
-from mgtrace.functional._args import check_numel
+from mgtrace._core import Tensor as _Tensor, tensor as _tensor
+from mgtrace.functional._args import check_numel as _check_numel
 
 __all__ = ["RNG", "seed", "get_rng", "normal", "uniform", "randint", "permutation"]
 
 _INV_2_53 = 1.0 / (1 << 53)
-_TWO_PI = 2.0 * math.pi
+_TWO_PI = 2.0 * _math.pi
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -47,9 +47,9 @@ def _size(fn, size):
     """None -> () (a 0-d result); an int or a sequence of ints -> a tuple."""
     if size is None:
         return ()
-    if isinstance(size, Tensor):
+    if isinstance(size, _Tensor):
         size = size.tolist()
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+    if isinstance(size, (int, _np.integer)) and not isinstance(size, bool):
         size = (size,)
     if not isinstance(size, (tuple, list)):
         raise TypeError(f"{fn}: size must be None, an int or a sequence of ints, got "
@@ -59,29 +59,29 @@ def _size(fn, size):
         if isinstance(s, bool):
             raise TypeError(f"{fn}: size must hold ints, got bool")
         try:
-            s = operator.index(s)
+            s = _operator.index(s)
         except TypeError:
             raise TypeError(f"{fn}: size must hold ints, got {type(s).__name__}") from None
         if s < 0:
             raise ValueError(f"{fn}: size must not be negative, got {tuple(size)}")
         out.append(s)
-    return check_numel(fn, "size", tuple(out))
+    return _check_numel(fn, "size", tuple(out))
 
 
 def _number(fn, name, v):
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+    if isinstance(v, (bool, _np.bool_)) or not isinstance(v, (int, float, _np.integer, _np.floating)):
         raise TypeError(f"{fn}: {name} must be a real number, got {type(v).__name__}")
     v = float(v)
-    if not math.isfinite(v):
+    if not _math.isfinite(v):
         raise ValueError(f"{fn}: {name} must be finite, got {v}")
     return v
 
 
 def _integer(fn, name, v):
-    if isinstance(v, (bool, np.bool_)):
+    if isinstance(v, (bool, _np.bool_)):
         raise TypeError(f"{fn}: {name} must be an int, not bool")
     try:
-        return operator.index(v)
+        return _operator.index(v)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
 
@@ -103,20 +103,20 @@ class RNG:
     """
 
     def __init__(self, seed=None):
-        self._lock = threading.Lock()
+        self._lock = _threading.Lock()
         self.seed(seed)
 
     def seed(self, seed=None):
         """Restart the stream from key ``seed`` (None: OS entropy)."""
         if seed is None:
-            key = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+            key = int(_np.random.SeedSequence().generate_state(1, _np.uint64)[0])
         else:
             key = _integer("seed", "seed", seed)
             if not 0 <= key < (1 << 128):
                 raise ValueError(f"seed: seed must be in [0, 2**128), got {key}")
         with self._lock:
             self._seed = key
-            self._bits = np.random.Philox(key=key)
+            self._bits = _np.random.Philox(key=key)
 
     @property
     def initial_seed(self):
@@ -144,11 +144,11 @@ class RNG:
     # ---- raw stream
     def _raw(self, n):
         """n 64-bit words (uint64 array) from the stream."""
-        return np.asarray(self._bits.random_raw(n), dtype=np.uint64).reshape(-1)
+        return _np.asarray(self._bits.random_raw(n), dtype=_np.uint64).reshape(-1)
 
     def _unit(self, n):
         """n float64 in [0, 1): the top 53 bits of one word each."""
-        return (self._raw(n) >> np.uint64(11)).astype(np.float64) * _INV_2_53
+        return (self._raw(n) >> _np.uint64(11)).astype(_np.float64) * _INV_2_53
 
     # ---- draws
     def uniform(self, low=0.0, high=1.0, size=None, device=None):
@@ -171,13 +171,13 @@ class RNG:
         if low > high:
             raise ValueError(f"{fn}: low={low} must not exceed high={high}")
         shape = _size(fn, size)
-        n = int(np.prod(shape, dtype=np.int64))
+        n = int(_np.prod(shape, dtype=_np.int64))
         with self._lock:
             u = self._unit(n)
-        v = (low + (high - low) * u).astype(np.float32)
+        v = (low + (high - low) * u).astype(_np.float32)
         if high > low:   # rounding to float32 may reach high; keep the interval half-open
-            top = np.nextafter(np.float32(high), np.float32(-np.inf))
-            np.minimum(v, top, out=v)
+            top = _np.nextafter(_np.float32(high), _np.float32(-_np.inf))
+            _np.minimum(v, top, out=v)
         return _tensor(v.reshape(shape), dtype="float32", device=device)
 
     def normal(self, mean=0.0, std=1.0, size=None, device=None):
@@ -198,17 +198,17 @@ class RNG:
         if std < 0:
             raise ValueError(f"{fn}: std must be >= 0, got {std}")
         shape = _size(fn, size)
-        n = int(np.prod(shape, dtype=np.int64))
+        n = int(_np.prod(shape, dtype=_np.int64))
         m = (n + 1) // 2
         with self._lock:
             u = self._unit(2 * m)
         u1 = 1.0 - u[0::2]                 # (0, 1]: log is finite
         u2 = u[1::2]
-        r = np.sqrt(-2.0 * np.log(u1))
-        z = np.empty(2 * m, np.float64)
-        z[0::2] = r * np.cos(_TWO_PI * u2)
-        z[1::2] = r * np.sin(_TWO_PI * u2)
-        v = (mean + std * z[:n]).astype(np.float32)
+        r = _np.sqrt(-2.0 * _np.log(u1))
+        z = _np.empty(2 * m, _np.float64)
+        z[0::2] = r * _np.cos(_TWO_PI * u2)
+        z[1::2] = r * _np.sin(_TWO_PI * u2)
+        v = (mean + std * z[:n]).astype(_np.float32)
         return _tensor(v.reshape(shape), dtype="float32", device=device)
 
     def randint(self, low, high=None, size=None, device=None):
@@ -238,20 +238,20 @@ class RNG:
         if low < _INT32_MIN or high - 1 > _INT32_MAX:
             raise ValueError(f"{fn}: [low={low}, high={high}) must lie within int32")
         shape = _size(fn, size)
-        n = int(np.prod(shape, dtype=np.int64))
+        n = int(_np.prod(shape, dtype=_np.int64))
         span = high - low
         limit = (1 << 64) - ((1 << 64) % span)   # accept words below limit: unbiased
-        out = np.empty(n, np.int64)
+        out = _np.empty(n, _np.int64)
         filled = 0
         with self._lock:
             while filled < n:
                 need = n - filled
                 words = self._raw(need)
-                ok = words[words < np.uint64(limit)] if limit < (1 << 64) else words
+                ok = words[words < _np.uint64(limit)] if limit < (1 << 64) else words
                 take = ok[:need]
-                out[filled:filled + take.size] = (take % np.uint64(span)).astype(np.int64)
+                out[filled:filled + take.size] = (take % _np.uint64(span)).astype(_np.int64)
                 filled += take.size
-        return _tensor((out + low).astype(np.int32).reshape(shape), dtype="int32", device=device)
+        return _tensor((out + low).astype(_np.int32).reshape(shape), dtype="int32", device=device)
 
     def permutation(self, n, device=None):
         """A random permutation: of range(n) (int32) when n is an int, or of
@@ -265,7 +265,7 @@ class RNG:
         [0, 1, 2, 3, 4]
         """
         fn = "permutation"
-        if isinstance(n, Tensor):
+        if isinstance(n, _Tensor):
             if n.ndim == 0:
                 raise ValueError(f"{fn}: n must be an int or a tensor with at least 1 axis")
             idx = self.permutation(n.shape[0])
@@ -275,7 +275,7 @@ class RNG:
             raise ValueError(f"{fn}: n must be in [0, 2**31), got {k}")
         with self._lock:
             keys = self._raw(k)
-        perm = np.argsort(keys, kind="stable").astype(np.int32)
+        perm = _np.argsort(keys, kind="stable").astype(_np.int32)
         return _tensor(perm, dtype="int32", device=device)
 
 

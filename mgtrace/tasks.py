@@ -542,11 +542,17 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     try:
         with replacing(dest) as (out, tmp):
-            save(obj, out, metadata=metadata, example_inputs=inputs, example_kwargs=kwargs or None)
-            out.flush()
-            return _check_written(tmp, obj, inputs, want, rtol, atol), ""
+            try:
+                save(obj, out, metadata=metadata, example_inputs=inputs,
+                     example_kwargs=kwargs or None)
+                out.flush()
+                return _check_written(tmp, obj, inputs, want, rtol, atol), ""
+            except Exception as e:  # say the file asked for, not the temporary one beside it
+                raise _naming(e, tmp, dest) from None
     except _Rejected as r:
         return r.err, r.reason
+    except OSError as e:            # the rename, or the temporary file itself
+        raise _naming(e, None, dest) from None
 
 
 def _check_written(tmp, obj, inputs, want, rtol, atol):
@@ -579,6 +585,20 @@ def _newer_than_us(arc):
             "reason": f"newer than this mgtrace, left as it is: format {v} (written by {by}) may "
                       f"hold fields that a format {ours} writer would drop; use that mgtrace or a "
                       "newer one"}
+
+
+def _naming(e, tmp, dest):
+    """Exception ``e`` raised while writing ``tmp`` for ``dest``, saying ``dest``."""
+    said = f"cannot write {dest}: "
+    if isinstance(e, OSError):
+        if (e.strerror or "").startswith(said):
+            return e
+        text = said + str(e.strerror or e)
+        return OSError(e.errno, text) if e.errno is not None else OSError(text)
+    text = str(e)
+    if tmp and tmp in text and e.args == (text,):
+        e.args = (text.replace(tmp, dest),)
+    return e
 
 
 def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6):

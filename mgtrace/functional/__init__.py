@@ -20,6 +20,8 @@ core ops, so a module tracer sees core ops. dtypes follow MegEngine's
 promotion and shapes NumPy's broadcasting (DESIGN.md, "Tensor core").
 Every public name is listed in ``__all__``.
 """
+import importlib as _importlib
+
 from mgtrace.functional import fused, math, nn, tensor  # noqa: F401  (submodules)
 from mgtrace.functional import _trace
 
@@ -35,3 +37,18 @@ from mgtrace.functional.fused import attention, conv2d_act, linear_act  # noqa: 
 
 __all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all)
                  | {"attention", "conv2d_act", "linear_act"})
+
+
+def _method_hint(name):
+    """What a missing Tensor attribute's AttributeError adds: the function
+    to call instead (MegEngine's Tensor, like this one, has the array
+    methods only -- reshape, transpose, flatten, astype, sum, mean, max...;
+    exp, abs, sqrt, clip and the rest are functions)."""
+    if name in __all__:
+        return (f"; Tensor has the array methods only (as MegEngine's): call "
+                f"F.{name}(t), i.e. mgtrace.functional.{name}")
+    return ""
+
+
+# (the module, not mgtrace._core.tensor the function)
+_importlib.import_module("mgtrace._core.tensor")._install_ops(attribute_hint=_method_hint)

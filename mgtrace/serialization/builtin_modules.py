@@ -93,7 +93,7 @@ def _encode_builtin(m, ctx):
         raise TypeError(f"{type(m).__qualname__}.config() has non-string keys {bad!r}")
     ctx.builtin_type(m.builtin_name, m.builtin_version)
     return {"type": m.builtin_name, "type_version": m.builtin_version,
-            "config": {k: ctx.value(v) for k, v in config.items()},
+            "config": {k: ctx.value(v, where=f"config()[{k!r}]") for k, v in config.items()},
             "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}
 
 

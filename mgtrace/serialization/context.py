@@ -85,11 +85,12 @@ class EncodeContext:
             self.tensors.append(t)
         return i
 
-    def value(self, v, *, node_id=None):
+    def value(self, v, *, node_id=None, where="value"):
         """The tagged form of ``v`` (see values.py); ``node_id(obj) -> int | None``
-        turns graph nodes into ``{"node": id}``. Raises TypeError for values
-        an archive cannot hold."""
-        return values.encode(v, self, node_id)
+        turns graph nodes into ``{"node": id}``; ``where`` names ``v`` in
+        messages (``config()``). Raises TypeError for values an archive
+        cannot hold, naming the module being saved and the value's path."""
+        return values.encode(v, self, node_id, where)
 
     def op(self, fn_or_name):
         """Index in the op table of a registered function (or stable name).
@@ -161,6 +162,11 @@ class EncodeContext:
         self._stack.append(name or type(m).__name__)
         try:
             fields = codec.encode(m, self)
+        except values._Unstorable as e:
+            if e.module is None:        # the innermost module is the one that holds it
+                path = ".".join(self._stack[1:])        # below the saved module
+                e.module = f"{path} ({_type_name(m)})" if path else _type_name(m)
+            raise
         finally:
             self._stack.pop()
         self.modules[i] = {"kind": codec.kind, "training": bool(m.training), **fields}
@@ -181,6 +187,15 @@ def _introduced(table, name):
             return v
         v = (v[0], v[1] + 1)
     return FORMAT_VERSION
+
+
+def _type_name(m):
+    """The stable name of a registered module type, else the class (a traced
+    module: the class that was traced)."""
+    name = getattr(m, "builtin_name", None)
+    if isinstance(name, str):
+        return name
+    return getattr(m, "_orig_name", None) or type(m).__qualname__
 
 
 class DecodeContext:

@@ -50,12 +50,19 @@ def parse_prefix(prefix, file_size):
         ``(header_len, data_start)``.
 
     Raises:
-        ArchiveError: the file is shorter than the prefix, the magic is
-        wrong, or the header (with its padding) runs past the end.
+        ArchiveError: the file is shorter than the prefix ("not an mgtrace
+        archive", or "truncated" when it starts with the magic), the magic
+        is wrong, or the header (with its padding) runs past the end.
     """
     if file_size < PREFIX.size or len(prefix) < PREFIX.size:
-        raise ArchiveError(f"truncated archive: {file_size} bytes, but the magic and header "
-                           f"length alone take {PREFIX.size}")
+        head = prefix[:len(MAGIC)]
+        if head == MAGIC:       # the magic is there: an archive cut short
+            raise ArchiveError(f"truncated archive: {file_size} bytes, but the magic and header "
+                               f"length alone take {PREFIX.size}")
+        size = "the file is empty" if not file_size else f"{file_size} bytes"
+        raise ArchiveError(f"not an mgtrace archive: {size}, shorter than the {PREFIX.size}-byte "
+                           f"start of every archive (the magic {MAGIC!r} and the header "
+                           f"length){_guess(head)}")
     magic, header_len = PREFIX.unpack(prefix[:PREFIX.size])
     if magic != MAGIC:
         raise ArchiveError(f"not an mgtrace archive: it starts with {magic!r}, not the magic "

@@ -74,7 +74,7 @@ def _check_header(header, data_nbytes, raw=None):
         H.check_seal(raw, header)
     if header["format"] != FORMAT_NAME:
         raise ArchiveError(f"header.format: {header['format'][:80]!r} is not {FORMAT_NAME!r}")
-    check_readable(header["format_version"], header["min_reader_version"])
+    check_readable(header["format_version"], header["min_reader_version"], header["producer"])
     header = upgrade_header(header)
     if header["byteorder"] != "little":
         raise ArchiveError(f"header.byteorder: {header['byteorder'][:20]!r}; this reader "

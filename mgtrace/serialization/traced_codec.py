@@ -55,6 +55,7 @@ import collections
 import inspect
 import keyword
 import unicodedata
+import warnings
 
 import numpy as np
 
@@ -68,7 +69,8 @@ from mgtrace.serialization.header import V1, Field
 from mgtrace.serialization.limits import MAX_CALL_ARGS, MAX_GRAPH_EXPRS, MAX_NAME_CHARS, MAX_NDIM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
 from mgtrace.traced_module import tracer as _tracer
-from mgtrace.traced_module.expr import Apply, CallFunction, CallMethod, Constant, GetAttr, Input
+from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
+                                        user_frame)
 from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
@@ -118,7 +120,8 @@ _TREE_TYPES = {tuple: "tuple", list: "list", dict: "dict", collections.OrderedDi
 _TREE_BY_NAME = {v: k for k, v in _TREE_TYPES.items()}
 _READS_AS = {"sequence": TracedSequence, "dict": TracedDict}
 # a TracedModule's own bookkeeping (training, watch points...): never stored as attrs
-_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__)
+# (and the cache of the call fast path, made on the first call: TracedModule._plain_table)
+_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__) | {"_plain"}
 _KEY_TYPES = (str, int, float, bool, type(None), bytes)
 
 
@@ -137,9 +140,15 @@ def _encode(tm, ctx):
                 or _shadows_method(cls, k):
             continue          # bookkeeping, or an attribute that would hide a method on load
         try:
-            attrs[k] = ctx.value(v)
-        except TypeError:
-            continue          # not an archive value (a function, an open file...): not kept
+            attrs[k] = ctx.value(v, where=f"attribute {k!r}")
+        except TypeError as e:      # a function, an open file...: saved without it, said so
+            what = e.what if isinstance(e, values._Unstorable) else str(e)
+            name = tm._qualname if tm._qualname == tm._orig_name else \
+                f"{tm._qualname} ({tm._orig_name})"
+            _, level = user_frame()
+            warnings.warn(f"{name}: attribute {k!r} is not saved: {what}. The loaded module will "
+                          "not have it: delete the attribute before saving, or keep it as a "
+                          "value an archive can store", UserWarning, stacklevel=level)
     _check_getattr_targets(tm)
     out = {"name": tm._orig_name, "qualname": tm._qualname, "is_top": bool(tm._is_top)}
     for reads_as, shell in _READS_AS.items():

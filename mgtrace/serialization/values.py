@@ -69,19 +69,29 @@ _PLAIN = (type(None), bool, str, bytes, float)
 
 
 class _Unstorable(Error, TypeError):
-    """A value ``encode`` cannot write; ``path`` grows while it propagates."""
+    """A value ``encode`` cannot write. While it propagates, ``path`` grows
+    (``['layers'][2]``), ``root`` names the value (``metadata``) and
+    ``module`` the module being saved (``body.0 (myproject.Scale)``)."""
 
     def __init__(self, what):
         super().__init__(what)
-        self.what, self.path = what, ""
+        self.what, self.path, self.root, self.module = what, "", None, None
+        self.saving = False     # save() sets it: the message then starts "cannot save: "
+
+    def grow(self, step):
+        """Prefix ``step`` (``[2]``) to the path, until the value is named."""
+        if self.root is None:
+            self.path = step + self.path
 
     def __str__(self):
-        return f"value{self.path}: {self.what}"
+        where = f"{self.root or 'value'}{self.path}"
+        return (f"{'cannot save: ' if self.saving else ''}"
+                f"{self.module + ' ' if self.module else ''}{where}: {self.what}")
 
 
 # ------------------------------------------------------------------ encode
 
-def encode(value, ctx, node_id=None):
+def encode(value, ctx, node_id=None, where="value"):
     """The tagged form of ``value``.
 
     Args:
@@ -93,15 +103,21 @@ def encode(value, ctx, node_id=None):
             None when no tensor or module occurs).
         node_id: optional ``f(obj) -> int | None``; an int makes ``obj`` a
             ``{"node": id}`` reference (graph encoders pass their node table).
+        where: what ``value`` is, for messages (``metadata``, ``config()``).
 
     Raises:
         TypeError: a value of another type (the message gives its path, e.g.
-            ``value['layers'][2]``), a set, a tuple subclass that is not a
+            ``metadata['layers'][2]``), a set, a tuple subclass that is not a
             namedtuple.
         ValueError: nesting deeper than ``limits.MAX_VALUE_DEPTH`` (or a
             reference cycle).
     """
-    return _enc(value, ctx, node_id, 0)
+    try:
+        return _enc(value, ctx, node_id, 0)
+    except _Unstorable as e:
+        if e.root is None:      # the innermost encode names it
+            e.root = where
+        raise
 
 
 def _tag(ctx, name, payload):
@@ -143,7 +159,7 @@ def _items(pairs, ctx, node_id, depth):
         try:
             out.append([_enc(k, ctx, node_id, depth), _enc(v, ctx, node_id, depth)])
         except _Unstorable as e:
-            e.path = f"[{k!r}]" + e.path
+            e.grow(f"[{k!r}]")
             raise
     return out
 
@@ -155,7 +171,7 @@ def _seq(tag):
             try:
                 out.append(_enc(x, ctx, node_id, depth))
             except _Unstorable as e:
-                e.path = f"[{i}]" + e.path
+                e.grow(f"[{i}]")
                 raise
         return _tag(ctx, tag, out)
     return enc

@@ -73,8 +73,11 @@ def _released(version):
             for k in ("functions", "module_types")}
 
 
-def check_readable(format_version, min_reader_version):
+def check_readable(format_version, min_reader_version, producer=None):
     """Raise unless this reader may read an archive with these versions.
+
+    ``producer`` (the header's ``{"library", "version"}``) names the writer
+    in the messages.
 
     Raises:
         VersionError: newer major, ``min_reader_version`` above
@@ -82,18 +85,35 @@ def check_readable(format_version, min_reader_version):
         ArchiveError: ``min_reader_version`` above ``format_version``.
     """
     fv, mv = tuple(format_version), tuple(min_reader_version)
-    ours = fmt(FORMAT_VERSION)
+    ours = f"this reader ({_library_version()}) reads formats up to {fmt(FORMAT_VERSION)}"
+    by = f" by {_producer(producer)}" if producer else ""
     if mv > fv:
         raise ArchiveError(f"inconsistent versions: min_reader_version {fmt(mv)} is above "
                            f"format_version {fmt(fv)}")
-    if fv[0] > FORMAT_VERSION[0] or mv > FORMAT_VERSION:
-        raise VersionError(f"this archive needs an mgtrace that reads format {fmt(mv)} "
-                           f"(it was written as format {fmt(fv)}); this reader knows format "
-                           f"{ours}: upgrade mgtrace")
+    if fv[0] > FORMAT_VERSION[0]:       # a new major may change anything: min_reader_version aside
+        raise VersionError(f"this archive is format {fmt(fv)} (written{by}), a newer major "
+                           f"version; {ours}: upgrade mgtrace")
+    if mv > FORMAT_VERSION:
+        raise VersionError(f"this archive needs an mgtrace that reads format {fmt(mv)} (it was "
+                           f"written as format {fmt(fv)}{by}); {ours}: upgrade mgtrace")
     for major in range(fv[0], FORMAT_VERSION[0]):
         if major not in FORMAT_UPGRADERS:
-            raise VersionError(f"archive format {fmt(fv)} is older than {ours} and there is no "
-                               f"upgrader from major version {major}")
+            raise VersionError(f"archive format {fmt(fv)} (written{by}) is older than "
+                               f"{fmt(FORMAT_VERSION)} and there is no upgrader from major "
+                               f"version {major}")
+
+
+def _library_version():
+    import mgtrace
+    return f"mgtrace {mgtrace.__version__}"
+
+
+def _producer(producer):
+    """``"mgtrace 0.1.0"`` from a header's producer (shortened: it is file data)."""
+    if not isinstance(producer, dict):
+        return "an unknown writer"
+    text = " ".join(str(producer.get(k, "?")) for k in ("library", "version"))
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def upgrade_header(header):

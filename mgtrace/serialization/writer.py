@@ -8,7 +8,7 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import tensors as T
+from mgtrace.serialization import tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
@@ -31,7 +31,10 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             fsync, rename) or a writable binary file object.
         metadata: optional dict of user data (values as for ``obj``).
         example_inputs: optional positional arguments (a tuple, or one
-            value) for a Module ``obj`` (a TracedModule included); it is
+            value; a list is taken as the arguments too, as ``trace_module(m,
+            *example_inputs)`` would: ``[x]`` is ``(x,)``, and one list
+            argument is given as ``([a, b],)``) for a Module ``obj`` (a
+            TracedModule included); it is
             called on them as it is (call ``.eval()`` first: a BatchNorm in
             training mode would update, and save, its running statistics),
             and inputs and outputs (any values above, e.g. a dict of
@@ -86,9 +89,17 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
 
 
 def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
+    try:
+        return _encode_values(obj, metadata, example_inputs, example_kwargs, target)
+    except values._Unstorable as e:    # a TypeError (and mgtrace.Error) saying where
+        e.saving = True
+        raise
+
+
+def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     import mgtrace
     ctx = EncodeContext(target)
-    root = ctx.value(obj)
+    root = ctx.value(obj, where="obj")
     examples = None
     if example_inputs is not None or example_kwargs is not None:
         if not isinstance(obj, Module):
@@ -97,14 +108,18 @@ def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
                                                and all(isinstance(k, str) for k in example_kwargs)):
             raise TypeError("example_kwargs must be a dict with str keys (keyword arguments)")
         inputs = () if example_inputs is None else example_inputs
+        if type(inputs) is list:        # [x]: the arguments, as a tuple (the docstring says so)
+            inputs = tuple(inputs)
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         kwargs = dict(example_kwargs or {})
-        examples = {"inputs": ctx.value(inputs), "outputs": ctx.value(obj(*inputs, **kwargs))}
+        examples = {"inputs": ctx.value(inputs, where="example_inputs"),
+                    "outputs": ctx.value(obj(*inputs, **kwargs), where="the example outputs")}
         if kwargs:
-            examples["kwargs"] = {k: ctx.value(v) for k, v in kwargs.items()}
+            examples["kwargs"] = {k: ctx.value(v, where=f"example_kwargs[{k!r}]")
+                                  for k, v in kwargs.items()}
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
-    meta = None if metadata is None else ctx.value(metadata)
+    meta = None if metadata is None else ctx.value(metadata, where="metadata")
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),

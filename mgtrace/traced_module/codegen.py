@@ -124,8 +124,8 @@ def _literal(v, namer):
     t = type(v)
     if v is None or v is Ellipsis or t in (bool, int, str):
         return "..." if v is Ellipsis else repr(v)
-    if t is float and math.isfinite(v):
-        return repr(v)
+    if t is float:      # inf and nan have no literal: float('-inf') says what it is
+        return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
     if t is tuple:
         inner = ", ".join(_literal(x, namer) for x in v)
         return f"({inner}{',' if len(v) == 1 else ''})"
@@ -383,7 +383,32 @@ def generate(graph, watch=(), end=()):
                                                namer))
     head = f"def forward(self{''.join(', ' + p for p in params)}):"
     source = head + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
-    return source, namer.globals
+    return _bound_names(namer.globals) + source, namer.globals
+
+
+def _bound_names(glb):
+    """Comment lines saying what each name the code reads from outside is
+    (a function, a recorded constant...), so the printed code explains every
+    name it uses; F, apply, OpDef, operator and member are always there."""
+    out = []
+    for name, v in glb.items():
+        if name in _FIXED_GLOBALS or name == "_watch":
+            continue
+        text = _describe(v)
+        text = "".join(c if c.isprintable() else "?" for c in text)   # one comment line, always
+        out.append(f"# {name} = {text if len(text) <= 90 else text[:87] + '...'}\n")
+    return "".join(out)
+
+
+def _describe(v):
+    from mgtrace._core import Tensor
+    if isinstance(v, Tensor):
+        return f"Tensor {v.dtype.name}{list(v.shape)} (a constant recorded by the trace)"
+    if isinstance(v, TreeDef):
+        return f"rebuilds a {getattr(v.type, '__qualname__', v.type)} from its leaves"
+    if callable(v) and isinstance(getattr(v, "__qualname__", None), str):
+        return f"{getattr(v, '__module__', None) or '?'}.{v.__qualname__}"
+    return repr(v)
 
 
 def _statement(e, namer, lines):

@@ -10,6 +10,7 @@ matches the arguments.
 import copy
 import inspect
 import operator
+import threading
 import weakref
 
 import numpy as np
@@ -153,13 +154,28 @@ class TracedModule(Module):
             TypeError: the arguments bind to forward's parameters in no way
                 that a traced call did (the message names the parameter and
                 the traced value).
+            Exception: whatever an op raises for these inputs (a dtype or a
+                shape it cannot take); the message then also says what the
+                module was traced with and what this call passed
+                (``traced with idx: int32[1, 8]; called with idx: float32[1, 8]``).
         """
         graph = self._plain_graph(args) if not kwargs else None
         if graph is not None:
             leaves = args
         else:
             graph, leaves = self._select(args, kwargs)
-        return self._function(graph)(self, *leaves)
+        run = _running
+        outer = not getattr(run, "depth", 0)
+        run.depth = 1
+        try:
+            return self._function(graph)(self, *leaves)
+        except Exception as e:
+            if outer:       # the module the caller called, not a traced submodule
+                _say_traced_with(e, self, graph, leaves)
+            raise
+        finally:
+            if outer:
+                run.depth = 0
 
     def _plain_graph(self, args):
         """The fast path of argument matching, for the common call
@@ -404,6 +420,34 @@ def _plain_arity(in_def, params):
         if p.default is p.empty or not isinstance(c, LeafDef) or c != LeafDef(p.default):
             return None
     return n
+
+
+_running = threading.local()     # .depth: 1 while a TracedModule call runs in this thread
+
+
+def _say_traced_with(e, tm, graph, leaves):
+    """Add to ``e``'s message what ``graph`` was traced with and what this
+    call passed: a loaded model called with a wrong shape or dtype then
+    says what it expects. A message kept in ``args`` is extended in place;
+    otherwise (e.g. KeyError's quoted key) the text goes into a note."""
+    def port(name, v):
+        if isinstance(v, (Tensor, TensorNode)) and v.shape is not None:
+            return f"{name}: {_dtype_name(v.dtype)}{list(v.shape)}"
+        return f"{name}: {type(v).__name__}"
+    nodes = graph._inputs[1:]
+    traced = ", ".join(port(n.name, n) for n in nodes)
+    called = ", ".join(port(n.name, v) for n, v in zip(nodes, leaves))
+    if traced == called:        # the same inputs: nothing to tell
+        return
+    text = f"{tm._orig_name} was traced with {traced}; this call passed {called}"
+    if len(e.args) == 1 and isinstance(e.args[0], str) and str(e) == e.args[0]:
+        e.args = (f"{e.args[0]} ({text})",)
+    else:
+        e.add_note(text)
+
+
+def _dtype_name(dtype):
+    return getattr(dtype, "name", None) or str(dtype)
 
 
 def _name_args(msg, names):

@@ -46,3 +46,33 @@ def test_cli_dask_local_matches_j2(archives, tmp_path):
     strip = lambda p: {f: (r["status"], r["reason"], r["details"].get("examples"))  # noqa: E731
                        for f, r in records(json.loads(p.stdout)).items()}
     assert strip(a) == strip(b)
+
+
+def test_ctrl_c_under_dask_local_is_one_clean_line(archives, tmp_path):
+    # a terminal's Ctrl-C goes to the whole process group, Dask's worker processes included
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from .conftest import REPO
+    many = tmp_path / "many"
+    many.mkdir()
+    src = (archives / "good/net0.tmod").read_bytes()
+    for i in range(300):
+        (many / f"m{i:03d}.tmod").write_bytes(src)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mgtrace", "retrace", str(many), "-o", str(out),
+                             "--dask", "local", "-j", "2"], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (out.is_dir() and sum(n.endswith(".tmod") for n in os.listdir(out)) >= 3):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        "mgtrace: interrupted; finished files are kept (and in the report, if any), no partial "
+        "outputs are left"], stderr
+    assert all(ln.startswith("ok ") for ln in stdout.splitlines()), stdout

@@ -194,3 +194,20 @@ def test_diff_sees_a_container_that_became_a_plain_module(tmp_path):
     assert changes["module <root>"]["a"] == "traced Sequential (reads as a sequence)"
     assert changes["module <root>"]["b"] == "traced Sequential"
     assert changes["module 0"]["a"].endswith("(reads as a sequence)")
+
+
+def test_doctor_advises_only_switches_that_are_read():
+    # advice such as "rebuild with MGTRACE_X=1 pip install ." must name a
+    # switch the build really reads, or following it changes nothing
+    import re
+    from .conftest import REPO
+
+    def read_by(path):
+        text = (REPO / path).read_text()
+        return set(re.findall(r"(?:environ(?:\.get\(|\[)|_int\()\s*[\"'](MGTRACE_\w+)", text))
+    build, run = read_by("setup.py"), read_by("mgtrace/_flags.py")
+    assert "MGTRACE_NATIVE" in build and "MGTRACE_NUM_THREADS" in run    # the pattern works
+    out = cli("doctor").stdout
+    assert set(re.findall(r"(MGTRACE_\w+)=\S* pip install", out)) <= build
+    assert set(re.findall(r"MGTRACE_\w+", out)) <= build | run
+    assert "pip install ." not in out.split("cuda:", 1)[1].splitlines()[0]

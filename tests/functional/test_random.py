@@ -114,3 +114,11 @@ def test_errors_name_the_argument():
 def test_docstring_examples_run():
     result = doctest.testmod(R, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted >= 10
+
+
+def test_module_exports_only_its_api():
+    # `from mgtrace.random import *` and tab completion see the API, not the
+    # modules it is written with (np, math, threading, operator, Tensor)
+    public = sorted(n for n in vars(R) if not n.startswith("_"))
+    assert public == sorted(R.__all__)
+    assert not hasattr(R, "np") and not hasattr(R, "math") and not hasattr(R, "Tensor")

@@ -232,3 +232,37 @@ def test_creation_errors():
         F.eye(2.5)
     with pytest.raises(TypeError, match="ones: dtype 'bogus' is not supported"):
         F.ones(2, dtype="bogus")
+
+
+# MegEngine's Tensor methods (ArrayMethodMixin and Tensor, less autograd): the
+# reference for which array methods a Tensor has; everything else is a function
+MEGENGINE_METHODS = ["reshape", "transpose", "T", "flatten", "astype", "sum", "prod", "min", "max",
+                     "mean", "item", "tolist", "numpy", "shape", "dtype", "device", "ndim", "size",
+                     "to"]
+
+
+def test_tensor_has_megengines_array_methods():
+    t = mt.tensor(np.arange(6, dtype="float32").reshape(2, 3))
+    missing = [m for m in MEGENGINE_METHODS if not hasattr(t, m)]
+    assert not missing
+
+
+@pytest.mark.parametrize("name", ["exp", "abs", "sqrt", "clip", "log", "relu", "softmax", "concat"])
+def test_a_function_called_as_a_method_names_the_function(name):
+    t = mt.tensor(np.array([1.0, 4.0], "float32"))
+    with pytest.raises(AttributeError) as e:
+        getattr(t, name)()
+    assert str(e.value) == (f"'Tensor' object has no attribute '{name}'; Tensor has the array "
+                            f"methods only (as MegEngine's): call F.{name}(t), i.e. "
+                            f"mgtrace.functional.{name}")
+    assert e.value.name == name and e.value.obj is t
+    assert not hasattr(t, name) and callable(getattr(F, name))
+
+
+def test_other_missing_attributes_keep_the_plain_message():
+    t = mt.tensor([1.0])
+    with pytest.raises(AttributeError, match=r"^'Tensor' object has no attribute 'frobnicate'$"):
+        t.frobnicate
+    with pytest.raises(AttributeError, match=r"^'Tensor' object has no attribute '_exp'$"):
+        t._exp
+    assert not hasattr(t, "__array_struct__")

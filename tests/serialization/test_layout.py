@@ -22,8 +22,10 @@ def test_prefix_header_padding_data():
 
 
 @pytest.mark.parametrize("blob, reason", [
-    (b"", "truncated archive: 0 bytes"),
-    (MAGIC[:5], "truncated archive: 5 bytes"),
+    (b"", "not an mgtrace archive: the file is empty"),
+    (MAGIC[:5], "not an mgtrace archive: 5 bytes, shorter than the 16-byte start"),
+    (b"hello\n", "not an mgtrace archive: 6 bytes"),
+    (MAGIC + b"\x01\x00", "truncated archive: 10 bytes"),      # the magic, then cut
     (b"PK\x03\x04" + bytes(60), "zip file"),
     (pickle.dumps({"a": 1}) + bytes(16), "pickle, which mgtrace never loads"),
     (b"GIF89a" + bytes(30), "not an mgtrace archive"),

@@ -48,15 +48,35 @@ def test_newer_minor_with_unknown_optional_fields_loads():
     assert out["n"] == 3 and out["w"].tolist() == [1.0, 2.0]
 
 
+OURS = version.fmt(version.FORMAT_VERSION)
+BY = f"mgtrace {mt.__version__}"
+
+
 @pytest.mark.parametrize("fv, mv, message", [
-    ([2, 0], [2, 0], "needs an mgtrace that reads format 2.0.*written as format 2.0.*knows format 1.1"),
-    ([2, 0], [1, 0], "reads format 1.0.*written as format 2.0.*knows format 1.1"),
-    ([1, 3], [1, 2], "reads format 1.2.*written as format 1.3.*knows format 1.1: upgrade mgtrace"),
-    ([0, 9], [0, 9], "format 0.9 is older than 1.1 and there is no upgrader from major version 0"),
+    ([2, 0], [2, 0], f"this archive is format 2.0 \\(written by {BY}\\), a newer major version; "
+                     f"this reader \\({BY}\\) reads formats up to {OURS}: upgrade mgtrace$"),
+    # a newer major is refused whatever min_reader_version says, and the message
+    # never claims the reader lacks a version it has
+    ([2, 0], [1, 0], f"this archive is format 2.0 \\(written by {BY}\\), a newer major version"),
+    ([1, 7], [1, 3], f"needs an mgtrace that reads format 1.3 \\(it was written as format 1.7 "
+                     f"by {BY}\\); this reader \\({BY}\\) reads formats up to {OURS}: upgrade mgtrace"),
+    ([0, 9], [0, 9], f"format 0.9 \\(written by {BY}\\) is older than {OURS} and there is no "
+                     "upgrader from major version 0"),
 ])
 def test_versions_this_reader_cannot_read_are_refused_naming_both(fv, mv, message):
-    with pytest.raises(mt.serialization.VersionError, match=message):
+    with pytest.raises(mt.serialization.VersionError, match=message) as e:
         load_bytes(_versions(fv, mv))
+    text = str(e.value)
+    # what the archive needs is never what this reader has
+    assert f"reads format {OURS}" not in text.split(";")[0]
+
+
+def test_version_message_names_the_writer():
+    data = edit(save_bytes({"n": 1}), lambda h: h.update(
+        format_version=[2, 1], min_reader_version=[2, 0],
+        producer={"library": "mgtrace", "version": "9.4.1"}))
+    with pytest.raises(mt.serialization.VersionError, match=r"written by mgtrace 9\.4\.1\)"):
+        load_bytes(data)
 
 
 @pytest.mark.parametrize("fv, mv, message", [

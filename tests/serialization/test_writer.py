@@ -1,6 +1,7 @@
 """writer.py: what save accepts and refuses, and that the same object always
 gives the same bytes."""
 import io
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -62,7 +63,7 @@ def test_bad_arguments():
         save_bytes(1, metadata=[1])
     with pytest.raises(TypeError, match="path or a binary file object"):
         mt.save(1, 42)
-    with pytest.raises(TypeError, match=r"value\[0\]: cannot store a builtins.set"):
+    with pytest.raises(TypeError, match=r"cannot save: obj\[0\]: cannot store a builtins.set"):
         save_bytes([{1}])
 
 
@@ -72,3 +73,96 @@ def test_writes_to_a_file_object_at_its_position():
     mt.save([1, 2], buf)
     buf.seek(4)
     assert mt.load(buf) == [1, 2]
+
+
+class _Holder(M.Module):
+    """A leaf whose config() holds whatever it was given."""
+
+    def __init__(self, f=None):
+        super().__init__()
+        self.f = f
+
+    def config(self):
+        return {"f": self.f}
+
+    def forward(self, x):
+        return x * 2
+
+
+mt.serialization.register_module(_Holder, name="tests.writer.Holder")
+
+
+class _Outer(M.Module):
+    def __init__(self, leaf):
+        super().__init__()
+        self.body = M.Sequential(M.ReLU(), leaf)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_unstorable_values_are_named_by_module_path_and_key():
+    x = mt.tensor(np.ones((2, 3), "float32"))
+    tm = mt.trace_module(_Outer(_Holder(lambda v: v)), x)
+    with pytest.raises(TypeError) as e:
+        save_bytes(tm)
+    assert isinstance(e.value, TypeError) and isinstance(e.value, mt.errors.Error)
+    assert str(e.value).startswith("cannot save: body.1 (tests.writer.Holder) config()['f']: "
+                                   "cannot store a builtins.function in an archive"), e.value
+    with pytest.raises(TypeError, match=r"^cannot save: tests.writer.Holder config\(\)\['f'\]\[1\]: "
+                                        r"cannot store a builtins.set"):
+        save_bytes(_Holder([1, {2}]))
+    with pytest.raises(TypeError, match=r"^cannot save: metadata\['f'\]: cannot store a builtins.builtin_function"):
+        save_bytes(tm.body[0], metadata={"ok": 1, "f": print})
+    with pytest.raises(TypeError, match=r"^cannot save: example_inputs\[0\]\['k'\]: cannot store"):
+        save_bytes(M.Identity(), example_inputs=({"k": {3}},))
+    # a module inside a stored value: its path, not the value's
+    with pytest.raises(TypeError, match=r"^cannot save: tests.writer.Holder config\(\)\['f'\]: "):
+        save_bytes({"net": [_Holder(open)]})
+
+
+def test_an_attribute_that_cannot_be_stored_is_warned_about_not_dropped_silently():
+    class WithAttrs(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fn = lambda v: v
+            self.table = {"a": 1}
+            self.fc = M.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    x = mt.tensor(np.ones((1, 3), "float32"))
+    tm = mt.trace_module(WithAttrs(), x)
+    with pytest.warns(UserWarning, match=r"WithAttrs: attribute 'fn' is not saved: cannot store a "
+                                         r"builtins.function .*The loaded module will not have it") as w:
+        buf = io.BytesIO()
+        mt.save(tm, buf)
+    assert len(w) == 1 and w[0].filename == __file__        # points at the save call
+    loaded = load_bytes(buf.getvalue())
+    assert loaded.table == {"a": 1} and not hasattr(loaded, "fn")
+    tm(x)                                   # a call leaves a cache: not an attribute to warn about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del tm.fn
+        save_bytes(tm)
+
+
+def test_example_inputs_as_a_list_are_the_positional_arguments():
+    class Two(M.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    class OneList(M.Module):
+        def forward(self, xs):
+            return xs[0] - xs[1]
+
+    a, b = mt.tensor([1.0, 2.0]), mt.tensor([10.0, 20.0])
+    tm = mt.trace_module(Two(), a, b)
+    arc = mt.serialization.load_archive(io.BytesIO(save_bytes(tm, example_inputs=[a, b])))
+    assert type(arc.example_inputs) is tuple and len(arc.example_inputs) == 2
+    assert arc.example_outputs.tolist() == [12.0, 24.0]
+    # one list argument: wrapped in the tuple of arguments
+    tm = mt.trace_module(OneList(), [a, b])
+    arc = mt.serialization.load_archive(io.BytesIO(save_bytes(tm, example_inputs=([a, b],))))
+    assert type(arc.example_inputs[0]) is list and arc.example_outputs.tolist() == [-9.0, -18.0]

@@ -287,3 +287,47 @@ def test_negative_constants_keep_their_precedence():
         np.testing.assert_allclose(g.numpy(), w, rtol=1e-6)
         np.testing.assert_array_equal(g.numpy(), e.numpy())
     assert got[-1].shape == (3, 6)
+
+
+def _free_names(src):
+    """Names the code reads that it neither assigns nor takes as parameters."""
+    import ast
+    import builtins
+    tree = ast.parse(src)
+    bound = {a.arg for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for a in f.args.args}
+    bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - bound - set(dir(builtins))
+
+
+def test_generated_code_explains_every_name_it_reads():
+    from mgtrace.traced_module import wrap
+
+    @wrap
+    def swish(x):
+        return x * F.sigmoid(x)
+
+    class Consts(M.Module):
+        def forward(self, x):
+            c = mt.tensor(np.array([1.0, 2.0], "float32"))
+            y = swish(x) + c
+            return F.maximum(y, float("-inf")), F.clip(y, upper=float("nan")), y * np.float32(2.5), \
+                Pair(y, float("inf") * y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # the recorded constant warns
+        tm = mt.trace_module(Consts(), _rand(2))
+    src = tm.code
+    assert "float('-inf')" in src and "float('nan')" in src and "float('inf') * " in src
+    header = dict(ln[2:].split(" = ", 1) for ln in src.splitlines() if ln.startswith("# "))
+    assert header["_swish"].endswith("test_generated_code_explains_every_name_it_reads.<locals>.swish")
+    assert header["_const"] == "Tensor float32[2] (a constant recorded by the trace)"
+    assert "np.float32(2.5)" in header.values()
+    assert _free_names(src) <= {"F", "apply", "OpDef", "operator", "member"} | set(header)
+    x = _rand(2, seed=3)
+    got, want = tm(x), Consts()(x)                  # the code gives the eager results
+    y = x.numpy() / (1 + np.exp(-x.numpy())) + [1.0, 2.0]
+    np.testing.assert_allclose(got[0].numpy(), y, rtol=1e-6)
+    for g, w in zip(got[:3] + tuple(got[3]), want[:3] + tuple(want[3])):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert type(got[3]) is Pair

@@ -195,3 +195,41 @@ def test_points_must_be_top_graph_nodes():
     flat.set_end_points([node])
     x = _rand(3, 3, seed=4)
     np.testing.assert_array_equal(flat(x)[0].numpy(), np.maximum(tm.pipe.fc(x).numpy(), 0))
+
+
+class _Embed(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = M.Embedding(10, 4)
+        self.inner = _Pool()
+
+    def forward(self, idx, scale):
+        return self.inner(self.emb(idx)) * scale
+
+
+class _Pool(M.Module):
+    def forward(self, h):
+        return h.sum(axis=1)
+
+
+def test_a_failing_call_says_what_the_model_was_traced_with(tmp_path):
+    idx = mt.tensor(np.array([[1, 2, 3, 4, 5, 6, 7, 8]], "int32"))
+    scale = mt.tensor(np.float32(2.0))
+    mt.save(mt.trace_module(_Embed(), idx, scale), tmp_path / "m.tmod")
+    tm = mt.load(tmp_path / "m.tmod")
+    np.testing.assert_array_equal(tm(idx, scale).numpy(), _Embed.forward(tm, idx, scale).numpy())
+    bad = mt.tensor(np.zeros((1, 8), "float32"))
+    with pytest.raises(TypeError) as e:
+        tm(bad, scale)
+    assert str(e.value) == ("embedding: input must be an integer tensor, got float32 (_Embed was "
+                            "traced with idx: int32[1, 8], scale: float32[]; this call passed "
+                            "idx: float32[1, 8], scale: float32[])")
+    # raised inside a traced submodule: said once, about the module that was called
+    with pytest.raises(Exception) as e:
+        tm(idx, mt.tensor(np.ones((3, 5), "float32")))
+    assert str(e.value).count("was traced with") == 1 and "_Embed was traced" in str(e.value)
+    assert "scale: float32[3, 5]" in str(e.value)
+    tm.inner(tm.emb(idx))                       # a good call after a failed one: no leftovers
+    with pytest.raises(Exception) as e:
+        tm.inner(mt.tensor(np.ones(3, "float32")))
+    assert "_Pool was traced with h: float32[1, 8, 4]; this call passed h: float32[3]" in str(e.value)
