@@ -62,6 +62,7 @@ import time
 import traceback
 
 from mgtrace import _json
+from mgtrace.errors import Error
 
 __all__ = ["Record", "ReportError", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
            "verify", "upgrade", "retrace"]
@@ -73,7 +74,7 @@ _STOP_GRACE_S = 10.0        # how long stopped workers get to remove their tempo
 _POLL_S = 0.1               # how often a pool's results loop looks for a Ctrl-C
 
 
-class ReportError(OSError):
+class ReportError(Error, OSError):
     """The report could not be written while the job ran (a full disk, a
     folder removed); the message names the report and its absolute path.
     The job stops; the report file keeps its last complete version."""
