@@ -3,8 +3,11 @@
 Run time (read when mgtrace is imported):
   MGTRACE_NUM_THREADS    threads for kernels and BLAS together (default: OpenMP's
                          default, usually the number of cores)
-  MGTRACE_ADAPTIVE_THREADS  1 (default): use fewer threads while other processes
-                         keep the cores busy; 0: always MGTRACE_NUM_THREADS
+  MGTRACE_ADAPTIVE_THREADS  1: use fewer threads while other processes keep the
+                         cores busy (faster under contention, but results then
+                         depend on the load: a conv may pick another algorithm
+                         or split, so two runs can differ in the last bit);
+                         0 (default): always MGTRACE_NUM_THREADS, reproducible
   MGTRACE_HOST_CACHE_MB  bytes of freed large host blocks kept for reuse (default 1024)
 
 OpenMP's own (libgomp reads them when it loads, i.e. at mgtrace's first import
@@ -45,7 +48,7 @@ def _int(name, default):
 
 
 NUM_THREADS = _int("MGTRACE_NUM_THREADS", 0)        # 0: leave the default
-ADAPTIVE_THREADS = _int("MGTRACE_ADAPTIVE_THREADS", 1) != 0
+ADAPTIVE_THREADS = _int("MGTRACE_ADAPTIVE_THREADS", 0) != 0    # off: outputs must not depend on load
 SPINCOUNT = "10000"        # GOMP_SPINCOUNT mgtrace sets when neither OpenMP variable is set
 
 

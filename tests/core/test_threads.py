@@ -48,3 +48,12 @@ def test_adaptive_thread_count_stays_within_the_configured_one():
     finally:
         dispatch.set_adaptive_threads(old)
     assert dispatch.set_adaptive_threads(old) == old
+
+
+def test_adaptive_threads_are_off_unless_asked():
+    """Outputs must not depend on the machine's load: the load-following
+    thread count (which can change a conv's split) is opt-in."""
+    import os
+    from mgtrace import _flags
+    if os.environ.get("MGTRACE_ADAPTIVE_THREADS") in (None, ""):
+        assert _flags.ADAPTIVE_THREADS is False
