@@ -566,9 +566,13 @@ def _dask_results(task, files, options, address, jobs, imports):
             # loopback only; tasks in one process take turns (_TASK_LOCK), so
             # jobs > 1 means worker processes
             loopback = {"host": "127.0.0.1"} if jobs > 1 else {}     # else in-process: inproc://
-            with _sigint_ignored():     # workers inherit it: Ctrl-C is the parent's business
+            # workers inherit SIGINT ignored: Ctrl-C is the parent's business; and
+            # their logs stay quiet (a task's failure comes back as its result, and
+            # a worker that outlives the scheduler by a heartbeat on Ctrl-C logs an
+            # ERROR that means nothing to the user)
+            with _sigint_ignored():
                 cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
-                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       dashboard_address=None, silence_logs=logging.CRITICAL,
                                        **loopback)
             client = Client(cluster)
         else:
