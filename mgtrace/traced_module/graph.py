@@ -100,11 +100,12 @@ def walk_tree(root):
                 yield from g._walk_exprs(True, seen)
 
 
-def reset_ids(root):
+def reset_ids(root, src=None):
     """Number the nodes and exprs of the traced module ``root`` (and its
-    traced submodules) from 0 in :func:`walk_tree` order, and give all their
-    graphs one :class:`IdSource` that continues from there."""
-    src = IdSource()
+    traced submodules) in :func:`walk_tree` order, from 0 or, given ``src``
+    (the IdSource of a tree ``root`` joins), from where it stands, and give
+    all their graphs that one IdSource."""
+    src = IdSource() if src is None else src
     for e in walk_tree(root):
         e._id = src.expr_id()
         for o in e.outputs:

@@ -940,7 +940,7 @@ class _EditTracer(Tracer):
         never called) with placeholder values of ``args``, put the new
         TracedModule in its place in the owner's tree (same path, qualnames
         and ids of this tree) and return it with its ModuleNode."""
-        from mgtrace.traced_module.graph import GraphError, walk_tree
+        from mgtrace.traced_module.graph import GraphError, reset_ids
         from mgtrace.traced_module.traced_module import TracedModule, trace_module
         source = module
         if isinstance(module, TracedModule):
@@ -969,15 +969,8 @@ class _EditTracer(Tracer):
                 for g in m._graphs:
                     g._qualname = prefix + g._qualname[len(old_prefix):]
                     g._name = g._qualname.replace(".", "_")
-        src = frame.graph._ids
-        if src is not None:                 # the ids of this tree continue
-            for e in walk_tree(new):
-                e._id = src.expr_id()
-                for o in e.outputs:
-                    o._id = src.node_id()
-            for m in new.modules():
-                for g in getattr(m, "_graphs", ()):
-                    g._ids = src
+        if frame.graph._ids is not None:    # the ids of this tree continue
+            reset_ids(new, frame.graph._ids)
         from mgtrace.traced_module.codegen import member
         *head, last = rel.split(".")
         parent = frame.module
