@@ -176,6 +176,17 @@ def digests(folder):
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def copies(archives, tmp_path, n):
+    """A folder ``tmp_path/many`` of ``n`` copies of good/net0.tmod (a job long
+    enough that it is still running when a test stops it)."""
+    src = (archives / "good/net0.tmod").read_bytes()
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(n):
+        (d / f"m{i:03d}.tmod").write_bytes(src)
+    return d
+
+
 def cli(*args, cwd=None, timeout=120, check_no_traceback=True):
     """Run ``python -m mgtrace ARGS`` in a subprocess; the CompletedProcess."""
     env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")

@@ -10,19 +10,14 @@ import pytest
 
 import mgtrace as mt
 
-from .conftest import REPO, cli, records
+from .conftest import copies, REPO, cli, records
 
 N_FILES = 600           # enough that the job is still running when the signal comes
 
 
 @pytest.fixture
 def many(archives, tmp_path):
-    src = (archives / "good/net0.tmod").read_bytes()
-    d = tmp_path / "many"
-    d.mkdir()
-    for i in range(N_FILES):
-        (d / f"m{i:03d}.tmod").write_bytes(src)
-    return d
+    return copies(archives, tmp_path, N_FILES)
 
 
 def _start(args, group):
