@@ -396,10 +396,11 @@ def test_resume_sees_same_size_copies_script_changes_and_other_folders(tree, tmp
         shown = records(json.loads(cli(*job, "--json").stdout))
         assert shown["good/net0.tmod"]["status"] == "ok"
     # a changed --inputs script redoes what it made
-    script.write_text(script.read_text().replace("(2, 4)", "(5, 4)"))
+    # a different length too: a same-size rewrite in the same second reuses a stale .pyc
+    script.write_text(script.read_text().replace("(2, 4)", "(12, 4)"))
     shown = records(json.loads(cli(*job, "--json").stdout))
     assert shown["noex/noex.tmod"]["status"] == "ok"
-    assert mt.serialization.load_archive(out / "noex.tmod").example_inputs[0].shape == (5, 4)
+    assert mt.serialization.load_archive(out / "noex.tmod").example_inputs[0].shape == (12, 4)
     # the same job run from another folder, relative paths: nothing to redo
     rel = cli("retrace", os.path.relpath(tree / "noex", tmp_path), "-o", "new", "--report",
               "r.json", "--inputs", f"{script}:make", "--json", cwd=tmp_path)
