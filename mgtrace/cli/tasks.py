@@ -2,7 +2,7 @@
 upgrade, retrace.
 
 Each function takes a path and returns a plain dict (JSON-ready), so the
-batch engine (:mod:`mgtrace.batch`) can run it in a process pool or on a
+batch engine (:mod:`mgtrace.cli.batch`) can run it in a process pool or on a
 Dask worker and ship the result back. ``verify``, ``upgrade`` and
 ``retrace`` return ``{"status": "ok" | "failed", "reason": ..., ...}`` for
 an archive they could read, and raise (``ArchiveError`` for a malformed,
