@@ -38,9 +38,9 @@ the report and re-raises KeyboardInterrupt. A worker that dies (a crash, or
 killed for memory) fails the files it may have been running, which are then
 retried one process per file, so one bad archive cannot fail its neighbours.
 
-Python API (what the command runs)::
+Python API (what the command runs), public as :mod:`mgtrace.batch`::
 
-    from mgtrace.cli import batch
+    from mgtrace import batch
     records = batch.retrace(["models/"], out="new/", jobs=2,
                             callback=lambda rec, done, total: print(done, total, rec.status))
 """

@@ -130,8 +130,9 @@ def run_demo(out_dir, quick=False, out=sys.stdout):
 
 
 def _child(path, ref):
+    import mgtrace
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mgtrace.__file__)))   # this mgtrace
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", _CHILD, path, ref, str(REPEATS)],
                           capture_output=True, text=True, env=env)
