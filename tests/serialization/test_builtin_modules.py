@@ -131,7 +131,7 @@ HUGE = 2 ** 62 + 1
 ABSURD_CONFIGS = [   # header values are tagged: {"tuple": [...]}, {"int": "<digits>"} past 2**64
     ("M.Conv2d(3, 8, 3)", {"stride": {"tuple": [HUGE, HUGE]}}, r"Conv2d: stride must be at most 2147483647"),
     ("M.Conv1d(3, 8, 3)", {"stride": {"tuple": [HUGE]}}, r"Conv1d: stride must be at most 2147483647"),
-    ("M.Conv2d(3, 8, 3)", {"in_channels": -3}, r"Conv2d: in_channels must be positive, got -3"),
+    ("M.Conv2d(3, 8, 3)", {"in_channels": -3}, r"Conv2d: in_channels must be >= 1, got -3"),
     ("M.Conv2d(3, 8, 3)", {"kernel_size": {"tuple": [10 ** 12, 10 ** 12]}},
      r"(kernel_size must be at most|would allocate)"),
     ("M.Conv2d(3, 8, 3)", {"dilation": {"tuple": [1, {"int": str(2 ** 70)}]}}, r"Conv2d: dilation must be at most"),
