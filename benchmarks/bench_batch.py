@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 

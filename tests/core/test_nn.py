@@ -18,9 +18,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import mgtrace._core as core
 from mgtrace._core import dispatch, nn
-from mgtrace._core.tensor import Tensor, tensor
+from mgtrace._core.tensor import tensor
 
 RNG = np.random.default_rng(1234)
 FLOATS = ["float32", "float64"]
