@@ -466,8 +466,7 @@ def attention(q, k, v, mask=None, scale=1.0):
         raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
                          f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
     sk, dv = tk._shape[2], tv._shape[3]
-    if not isinstance(scale, (int, float, np.integer, np.floating)) or isinstance(scale, bool):
-        raise TypeError(f"{op}: scale must be a float, got {scale!r}")
+    scale = A.to_float(op, "scale", scale)
     if ts[3] is not None:
         try:
             tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))

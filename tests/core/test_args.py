@@ -118,6 +118,9 @@ def test_probabilities_and_reals_raise_alike():
                        (lambda: R.RNG(0).normal(mean="0"), "mean")]:
         etype, msg = _suffix(call, name)
         assert etype is TypeError and msg.startswith("must be a real number, got "), msg
+    q = mt.tensor(np.ones((1, 1, 2, 4), np.float32))
+    for call in [lambda: F.attention(q, q, q, scale="0.5"), lambda: nn.attention(q, q, q, scale="0.5")]:
+        assert _error(call) == (TypeError, "scale must be a real number, got str")
     assert _suffix(lambda: R.RNG(0).uniform(high=float("inf")), "high") == (
         ValueError, "must be finite, got inf")
 
