@@ -134,6 +134,8 @@ def to_size(fn, name, v, minimum=0):
     """A kernel size, stride, padding, dilation, group, channel or
     output-size count: an int in [minimum, MAX_GEOMETRY] (2**31 - 1, BLAS's
     int; MegEngine keeps these in uint32)."""
+    if type(v) is int and minimum <= v <= MAX_GEOMETRY:      # the common case, checked fast
+        return v
     i = to_int(fn, name, v, minimum)
     if i > MAX_GEOMETRY:
         raise ValueError(f"{fn}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {i}")
@@ -225,13 +227,15 @@ def ntuple(fn, name, v, n, minimum=0, allow_none=False):
         if len(v) != n:
             raise ValueError(f"{fn}: {name} must be an int or {_N_INTS.get(n, f'{n} ints')}, "
                              f"got {v!r}")
-        return tuple(None if e is None and allow_none else to_size(fn, name, e, minimum)
-                     for e in v)
+        return tuple([None if e is None and allow_none else to_size(fn, name, e, minimum)
+                      for e in v])
     return (to_size(fn, name, v, minimum),) * n
 
 
 def pair(fn, name, v, minimum=0, allow_none=False):
     """An int or a pair of ints as (a, b), each a size (:func:`to_size`)."""
+    if type(v) is int and minimum <= v <= MAX_GEOMETRY:      # the common case, checked fast
+        return (v, v)
     return ntuple(fn, name, v, 2, minimum, allow_none)
 
 
