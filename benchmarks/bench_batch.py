@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
@@ -87,7 +86,7 @@ def _noop(path):
 
 
 def _warm_worker():
-    import mgtrace.tasks  # noqa: F401
+    import mgtrace.cli.tasks  # noqa: F401
     mt.set_num_threads(1)
 
 

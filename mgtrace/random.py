@@ -28,13 +28,12 @@ independent stream. Unseeded, the global generator starts from OS entropy.
 True
 """
 import math as _math
-import operator as _operator
 import threading as _threading
 
 import numpy as _np
 
 from mgtrace._core import Tensor as _Tensor, tensor as _tensor
-from mgtrace.functional._args import check_numel as _check_numel
+from mgtrace._core import args as _A
 
 __all__ = ["RNG", "seed", "get_rng", "normal", "uniform", "randint", "permutation"]
 
@@ -44,46 +43,10 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _size(fn, size):
-    """None -> () (a 0-d result); an int or a sequence of ints -> a tuple."""
+    """None -> () (a 0-d result); an int or a sequence of ints >= 0 -> a tuple."""
     if size is None:
         return ()
-    if isinstance(size, _Tensor):
-        size = size.tolist()
-    if isinstance(size, (int, _np.integer)) and not isinstance(size, bool):
-        size = (size,)
-    if not isinstance(size, (tuple, list)):
-        raise TypeError(f"{fn}: size must be None, an int or a sequence of ints, got "
-                        f"{type(size).__name__}")
-    out = []
-    for s in size:
-        if isinstance(s, bool):
-            raise TypeError(f"{fn}: size must hold ints, got bool")
-        try:
-            s = _operator.index(s)
-        except TypeError:
-            raise TypeError(f"{fn}: size must hold ints, got {type(s).__name__}") from None
-        if s < 0:
-            raise ValueError(f"{fn}: size must not be negative, got {tuple(size)}")
-        out.append(s)
-    return _check_numel(fn, "size", tuple(out))
-
-
-def _number(fn, name, v):
-    if isinstance(v, (bool, _np.bool_)) or not isinstance(v, (int, float, _np.integer, _np.floating)):
-        raise TypeError(f"{fn}: {name} must be a real number, got {type(v).__name__}")
-    v = float(v)
-    if not _math.isfinite(v):
-        raise ValueError(f"{fn}: {name} must be finite, got {v}")
-    return v
-
-
-def _integer(fn, name, v):
-    if isinstance(v, (bool, _np.bool_)):
-        raise TypeError(f"{fn}: {name} must be an int, not bool")
-    try:
-        return _operator.index(v)
-    except TypeError:
-        raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
+    return _A.check_numel(fn, "size", _A.to_shape(fn, "size", size, negative=False))
 
 
 class RNG:
@@ -111,7 +74,7 @@ class RNG:
         if seed is None:
             key = int(_np.random.SeedSequence().generate_state(1, _np.uint64)[0])
         else:
-            key = _integer("seed", "seed", seed)
+            key = _A.to_int("seed", "seed", seed)
             if not 0 <= key < (1 << 128):
                 raise ValueError(f"seed: seed must be in [0, 2**128), got {key}")
         with self._lock:
@@ -167,7 +130,8 @@ class RNG:
         dtype('float32')
         """
         fn = "uniform"
-        low, high = _number(fn, "low", low), _number(fn, "high", high)
+        low = _A.to_float(fn, "low", low, finite=True)
+        high = _A.to_float(fn, "high", high, finite=True)
         if low > high:
             raise ValueError(f"{fn}: low={low} must not exceed high={high}")
         shape = _size(fn, size)
@@ -194,7 +158,8 @@ class RNG:
         (2, 3)
         """
         fn = "normal"
-        mean, std = _number(fn, "mean", mean), _number(fn, "std", std)
+        mean = _A.to_float(fn, "mean", mean, finite=True)
+        std = _A.to_float(fn, "std", std, finite=True)
         if std < 0:
             raise ValueError(f"{fn}: std must be >= 0, got {std}")
         shape = _size(fn, size)
@@ -228,11 +193,11 @@ class RNG:
         (True, 'int32')
         """
         fn = "randint"
-        low = _integer(fn, "low", low)
+        low = _A.to_int(fn, "low", low)
         if high is None:
             low, high = 0, low
         else:
-            high = _integer(fn, "high", high)
+            high = _A.to_int(fn, "high", high)
         if low >= high:
             raise ValueError(f"{fn}: the range [low={low}, high={high}) is empty")
         if low < _INT32_MIN or high - 1 > _INT32_MAX:
@@ -270,7 +235,7 @@ class RNG:
                 raise ValueError(f"{fn}: n must be an int or a tensor with at least 1 axis")
             idx = self.permutation(n.shape[0])
             return n[idx.to(n.device)]
-        k = _integer(fn, "n", n)
+        k = _A.to_int(fn, "n", n)
         if not 0 <= k <= _INT32_MAX:
             raise ValueError(f"{fn}: n must be in [0, 2**31), got {k}")
         with self._lock:

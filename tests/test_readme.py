@@ -3,8 +3,6 @@ and its promotion table is exactly the test table of the core."""
 import os
 import re
 
-import pytest
-
 from mgtrace._core.promotion_examples import EXAMPLES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -41,6 +41,8 @@ from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, traced, traci
 from mgtrace._core.dispatch import register_op
 from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
+from mgtrace._core import args as A
+from mgtrace._core.args import MAX_GEOMETRY
 
 cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
@@ -123,10 +125,8 @@ ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, 
 _INTERP_MODES = {"nearest": MT_RESIZE_NEAREST, "bilinear": MT_RESIZE_BILINEAR}
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
-MAX_GEOMETRY = 2147483647
-"""The largest kernel size, stride, padding, dilation, group count or
-output size the nn ops take (and the builtin modules' constructors, which
-check their arguments against it): 2**31 - 1, BLAS's int."""
+# MAX_GEOMETRY (mgtrace._core.args): the largest kernel size, stride, padding,
+# dilation, group count or output size the nn ops take, 2**31 - 1, BLAS's int
 
 cdef int64_t _BLAS_INT_MAX = 2147483647
 
@@ -208,37 +208,34 @@ cdef bint _is_int(object v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-cdef tuple _pair(str op, str name, object v):
-    """An int or a pair of ints as (a, b), each at most MAX_GEOMETRY."""
+cdef tuple _pair(str op, str name, object v, int minimum):
+    """An int or a pair of ints as (a, b), each in [minimum, MAX_GEOMETRY].
+    The common case is checked here; anything else goes to
+    mgtrace._core.args.pair, which normalizes it or raises the error F and M
+    raise for the same argument."""
     if _is_int(v):
-        p = (int(v), int(v))
+        a = b = v
     elif isinstance(v, (tuple, list)) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]):
-        p = (int(v[0]), int(v[1]))
+        a, b = v
     else:
-        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
-    if p[0] > MAX_GEOMETRY or p[1] > MAX_GEOMETRY:
-        raise ValueError(f"{op}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {v!r}")
-    return p
+        return A.pair(op, name, v, minimum)
+    if a < minimum or b < minimum or a > MAX_GEOMETRY or b > MAX_GEOMETRY:
+        return A.pair(op, name, v, minimum)
+    return (int(a), int(b))
 
 
 cdef tuple _positive(str op, str name, object v):
-    p = _pair(op, name, v)
-    if p[0] < 1 or p[1] < 1:
-        raise ValueError(f"{op}: {name} must be positive, got {v!r}")
-    return p
+    return _pair(op, name, v, 1)
 
 
 cdef tuple _nonneg(str op, str name, object v):
-    p = _pair(op, name, v)
-    if p[0] < 0 or p[1] < 0:
-        raise ValueError(f"{op}: {name} must be non-negative, got {v!r}")
-    return p
+    return _pair(op, name, v, 0)
 
 
 cdef object _groups(str op, object groups):
-    if not _is_int(groups) or not 1 <= groups <= MAX_GEOMETRY:
-        raise ValueError(f"{op}: groups must be a positive int at most {MAX_GEOMETRY}, got groups={groups!r}")
-    return int(groups)
+    if _is_int(groups) and 1 <= groups <= MAX_GEOMETRY:
+        return int(groups)
+    return A.to_size(op, "groups", groups, 1)
 
 
 cdef int _check_numel(str op, tuple shape, str cause) except -1:
@@ -469,8 +466,7 @@ def attention(q, k, v, mask=None, scale=1.0):
         raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
                          f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
     sk, dv = tk._shape[2], tv._shape[3]
-    if not isinstance(scale, (int, float, np.integer, np.floating)) or isinstance(scale, bool):
-        raise TypeError(f"{op}: scale must be a float, got {scale!r}")
+    scale = A.to_float(op, "scale", scale)
     if ts[3] is not None:
         try:
             tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
@@ -813,18 +809,9 @@ cdef object _adaptive(str op, x, output_size, int kind):
     cdef Tensor t = _pool_input(op, x), out
     cdef int code = t._dtype, work = _work_code(code), rc, nt
     n, c, h, w = shape_tuple(t)
-    if isinstance(output_size, (tuple, list)) and len(output_size) == 2:
-        oh, ow = output_size
-        oh = h if oh is None else oh
-        ow = w if ow is None else ow
-    else:
-        oh = ow = output_size
-    if not (_is_int(oh) and _is_int(ow)):
-        raise TypeError(f"{op}: output_size must be an int or a pair of ints (or None), got {output_size!r}")
-    if oh < 1 or ow < 1:
-        raise ValueError(f"{op}: output_size must be positive, got {output_size!r}")
-    if oh > MAX_GEOMETRY or ow > MAX_GEOMETRY:
-        raise ValueError(f"{op}: output_size must be at most {MAX_GEOMETRY} (2**31 - 1), got {output_size!r}")
+    oh, ow = A.pair(op, "output_size", output_size, 1, allow_none=True)
+    oh = h if oh is None else oh                 # None keeps that axis
+    ow = w if ow is None else ow
     if h < 1 or w < 1:
         raise ValueError(f"{op}: input spatial size must be non-zero, got ({h}, {w})")
     _check_numel(op, (n, c, oh, ow), f"output_size {output_size!r}")

@@ -13,7 +13,7 @@ Activations (``act``): ``"none"``, ``"relu"``, ``"relu6"``, ``"silu"``,
 """
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
-from mgtrace.functional import _args as A
+from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
 __all__ = ["conv2d_act", "linear_act", "attention", "ACTIVATIONS"]

@@ -33,7 +33,7 @@ from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import index as _index
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import reduce as _reduce
-from mgtrace.functional import _args as A
+from mgtrace._core import args as A
 
 _U, _B, _T = _dispatch.unary_ops, _dispatch.binary_ops, _dispatch.ternary_ops
 _RULES = _dispatch.RULES

@@ -31,7 +31,7 @@ from mgtrace._core import index as _index
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
 from mgtrace._core import reduce as _reduce
-from mgtrace.functional import _args as A
+from mgtrace._core import args as A
 from mgtrace.functional._trace import mutates as _mutates
 from mgtrace.functional.math import norm, sigmoid, tanh  # noqa: F401  (nn exports them too)
 
@@ -300,8 +300,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     """
     fn = "max_pool2d"
     x = _pool_input(fn, x)
-    if not isinstance(return_indices, (bool, np.bool_)):
-        raise TypeError(f"{fn}: return_indices must be a bool, got {type(return_indices).__name__}")
+    return_indices = A.to_bool(fn, "return_indices", return_indices)
     k = A.pair(fn, "kernel_size", kernel_size, 1)
     s = k if stride is None else A.pair(fn, "stride", stride, 1)
     p, d = A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1)
@@ -382,9 +381,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, mode="average_count_exclu
 
 def _oshp(fn, oshp):
     if isinstance(oshp, (tuple, list)):
-        if len(oshp) != 2:
-            raise ValueError(f"{fn}: oshp must be an int or a pair (None keeps that axis), got {oshp!r}")
-        return tuple(None if v is None else A.to_size(fn, "oshp", v, 1) for v in oshp)
+        return A.pair(fn, "oshp", oshp, 1, allow_none=True)      # None keeps that axis
     return A.to_size(fn, "oshp", oshp, 1)
 
 
@@ -894,9 +891,7 @@ def dropout(x, drop_prob, training=True):
     True
     """
     fn = "dropout"
-    p = A.to_float(fn, "drop_prob", drop_prob)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{fn}: drop_prob must be in [0, 1), got {p}")
+    p = A.probability(fn, "drop_prob", drop_prob)
     if not training:
         return x
     (x,) = A.tensors(fn, x=x)

@@ -20,10 +20,10 @@ import numbers
 
 import numpy as np
 
-from mgtrace._core import Tensor, as_device, as_dtype, tensor as _tensor
+from mgtrace._core import Tensor, as_device, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import index as _index
-from mgtrace.functional import _args as A
+from mgtrace._core import args as A
 
 _B = _dispatch.binary_ops
 
@@ -506,28 +506,13 @@ def astype(x, dtype):
     """
     fn = "astype"
     x = _x(fn, x)
-    try:
-        dt = as_dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{fn}: dtype {dtype!r} is not supported: {e}") from None
-    return _dispatch.astype(x, dt)
+    return _dispatch.astype(x, A.to_dtype(fn, "dtype", dtype))
 
 
 # ------------------------------------------------------------------ creation
 
-def _dtype(fn, dtype):
-    try:
-        return as_dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"{fn}: dtype {dtype!r} is not supported: {e}") from None
-
-
 def _shape_arg(fn, shape):
-    shp = A.to_shape(fn, "shape", shape)
-    for s in shp:
-        if s < 0:
-            raise ValueError(f"{fn}: shape must not have negative entries, got {shp}")
-    return A.check_numel(fn, "shape", shp)
+    return A.check_numel(fn, "shape", A.to_shape(fn, "shape", shape, negative=False))
 
 
 def _is_number(v):
@@ -561,7 +546,8 @@ def _full(fn, shape, value, dtype, device):
         value = value.item()
     if not A.is_scalar(value):
         raise TypeError(f"{fn}: value must be a Python bool, int or float, got {type(value).__name__}")
-    return _dispatch.full(shp, value, None if dtype is None else _dtype(fn, dtype), device)
+    dt = None if dtype is None else A.to_dtype(fn, "dtype", dtype)
+    return _dispatch.full(shp, value, dt, device)
 
 
 def zeros(shape, dtype="float32", device=None):
@@ -571,7 +557,7 @@ def zeros(shape, dtype="float32", device=None):
     >>> F.zeros((2, 1)).tolist()
     [[0.0], [0.0]]
     """
-    return _full("zeros", shape, 0, _dtype("zeros", dtype), device)
+    return _full("zeros", shape, 0, dtype, device)
 
 
 def ones(shape, dtype="float32", device=None):
@@ -581,7 +567,7 @@ def ones(shape, dtype="float32", device=None):
     >>> F.ones(2, dtype="int8").tolist()
     [1, 1]
     """
-    return _full("ones", shape, 1, _dtype("ones", dtype), device)
+    return _full("ones", shape, 1, dtype, device)
 
 
 def _like(fn, x, value, dtype):
@@ -658,7 +644,7 @@ def arange(start=0, stop=None, step=1, dtype=None, device=None):
     if dtype is None:
         dt = np.dtype("int32") if ints else np.dtype("float32")
     else:
-        dt = _dtype(fn, dtype)
+        dt = A.to_dtype(fn, "dtype", dtype)
     # the count and the last value in Python numbers first: NumPy's int64
     # arithmetic would wrap (arange(2**63) came out empty)
     if ints:
@@ -706,7 +692,7 @@ def linspace(start, stop, num, dtype="float32", device=None):
     stop = A.to_float(fn, "stop", stop)
     n = A.to_int(fn, "num", num, 0)
     A.check_numel(fn, "num", (n,))
-    dt = _dtype(fn, dtype)
+    dt = A.to_dtype(fn, "dtype", dtype)
     idx = _dispatch.astype(arange(n, dtype="int64", device=device), "float64")
     step = (stop - start) / (n - 1) if n > 1 else 0.0
     y = _B["add"](_B["mul"](idx, step), start)
@@ -734,7 +720,7 @@ def eye(N, M=None, dtype="float32", device=None):
     n = A.to_int(fn, "N", N, 0)
     m = n if M is None else A.to_int(fn, "M", M, 0)
     A.check_numel(fn, "N, M", (n, m))
-    dt = _dtype(fn, dtype)
+    dt = A.to_dtype(fn, "dtype", dtype)
     rows = arange(n, dtype="int64", device=device).expand_dims(1)
     cols = arange(m, dtype="int64", device=device)
     return _dispatch.astype(_B["eq"](rows, cols), dt)

@@ -22,14 +22,13 @@ Users make their own module types leaves with :func:`register_as_builtin`.
 import functools
 import inspect
 import math
-import operator
 
 import numpy as np
 
 from mgtrace.errors import Error, did_you_mean
 import mgtrace.functional as F
 from mgtrace._core import empty_tensor as _empty_tensor, tensor as _tensor
-from mgtrace.functional._args import MAX_GEOMETRY, check_numel
+from mgtrace._core import args as A
 from mgtrace.module import init
 from mgtrace.module.module import Module
 from mgtrace.module.parameter import Parameter
@@ -220,70 +219,12 @@ def _builtin(cls):
     return register_as_builtin(cls, name=f"mgtrace.module.{cls.__name__}", version=1)
 
 
-# ------------------------------------------------------------- arg helpers
-
-def _int(fn, name, v):
-    if isinstance(v, bool):
-        raise TypeError(f"{fn}: {name} must be an int, got bool")
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__}") from None
-
-
-def _at_most_max(fn, name, v, value):
-    """The one upper bound of every size argument (features, channels,
-    kernel sizes, strides, padding, dilation, groups, output sizes):
-    MAX_GEOMETRY, 2**31 - 1, the bound mgtrace.functional and the core
-    check too. So a module that constructs also runs, and an archive whose
-    config holds absurd values (a stride of 2**62) fails at load with
-    ArchiveError instead of in forward."""
-    if value > MAX_GEOMETRY:
-        raise ValueError(f"{fn}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {v}")
-    return value
-
-
-def _size(fn, name, v, minimum=0):
-    """An int size in [minimum, MAX_GEOMETRY]."""
-    v = _int(fn, name, v)
-    if v < minimum:
-        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
-    return _at_most_max(fn, name, v, v)
-
-
-def _positive(fn, name, v):
-    v = _int(fn, name, v)
-    if v <= 0:
-        raise ValueError(f"{fn}: {name} must be positive, got {v}")
-    return _at_most_max(fn, name, v, v)
-
-
-def _ntuple(fn, name, v, n, minimum=0):
-    """An int or a length-n sequence of ints as an n-tuple (each a size in
-    [minimum, MAX_GEOMETRY])."""
-    if isinstance(v, (tuple, list)):
-        if len(v) != n:
-            raise ValueError(f"{fn}: {name} must be an int or {n} ints, got {tuple(v)}")
-        out = tuple(_int(fn, name, x) for x in v)
-    else:
-        out = (_int(fn, name, v),) * n
-    if any(x < minimum for x in out):
-        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {v}")
-    _at_most_max(fn, name, v, max(out, default=0))
-    return out
-
-
-def _float(fn, name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{fn}: {name} must be a float, got {type(v).__name__}")
-    return float(v)
-
-
-def _bool(fn, name, v):
-    if not isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__}")
-    return bool(v)
-
+# Arguments are checked by mgtrace._core.args, as in mgtrace.functional and the
+# core, so a bad argument raises the same exception and message at every layer.
+# Sizes (features, channels, kernel sizes, strides, padding, dilation, groups,
+# output sizes) are bounded by MAX_GEOMETRY there too: a module that
+# constructs also runs, and an archive whose config holds absurd values (a
+# stride of 2**62) fails at load with ArchiveError instead of in forward.
 
 def _empty_param(shape):
     """An uninitialized float32 Parameter; reset_parameters() fills it (a load
@@ -329,10 +270,10 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
-        self.in_features = _size("Linear", "in_features", in_features)
-        self.out_features = _size("Linear", "out_features", out_features)
+        self.in_features = A.to_size("Linear", "in_features", in_features)
+        self.out_features = A.to_size("Linear", "out_features", out_features)
         self.weight = _empty_param((self.out_features, self.in_features))
-        if _bool("Linear", "bias", bias):
+        if A.to_bool("Linear", "bias", bias):
             self.bias = _empty_param((self.out_features,))
         else:
             self.register_parameter("bias", None)
@@ -366,14 +307,14 @@ class _ConvNd(Module):
             raise ValueError(f"{fn}: padding_mode must be one of {', '.join(map(repr, modes))}, "
                              f"got {padding_mode!r}")
         self.padding_mode = padding_mode
-        self.in_channels = _positive(fn, "in_channels", in_channels)
-        self.out_channels = _positive(fn, "out_channels", out_channels)
-        self.kernel_size = _ntuple(fn, "kernel_size", kernel_size, n, 1)
-        self.stride = _ntuple(fn, "stride", stride, n, 1)
-        self.padding = _ntuple(fn, "padding", padding, n, 0)
-        self.dilation = _ntuple(fn, "dilation", dilation, n, 1)
-        self.groups = _positive(fn, "groups", groups)
-        self.output_padding = _ntuple(fn, "output_padding", output_padding, n, 0)
+        self.in_channels = A.to_size(fn, "in_channels", in_channels, 1)
+        self.out_channels = A.to_size(fn, "out_channels", out_channels, 1)
+        self.kernel_size = A.ntuple(fn, "kernel_size", kernel_size, n, 1)
+        self.stride = A.ntuple(fn, "stride", stride, n, 1)
+        self.padding = A.ntuple(fn, "padding", padding, n, 0)
+        self.dilation = A.ntuple(fn, "dilation", dilation, n, 1)
+        self.groups = A.to_size(fn, "groups", groups, 1)
+        self.output_padding = A.ntuple(fn, "output_padding", output_padding, n, 0)
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"{fn}: in_channels ({self.in_channels}) and out_channels "
                              f"({self.out_channels}) must both be divisible by groups "
@@ -383,7 +324,7 @@ class _ConvNd(Module):
         else:
             shape = (self.out_channels, self.in_channels // self.groups) + self.kernel_size
         self.weight = _empty_param(shape)
-        if _bool(fn, "bias", bias):
+        if A.to_bool(fn, "bias", bias):
             self.bias = _empty_param((self.out_channels,))
         else:
             self.register_parameter("bias", None)
@@ -537,12 +478,12 @@ class _BatchNorm(Module):
                  track_running_stats=True, *, bias=True):
         super().__init__()
         fn = type(self).__name__
-        self.num_features = _positive(fn, "num_features", num_features)
-        self.eps = _float(fn, "eps", eps)
-        self.momentum = None if momentum is None else _float(fn, "momentum", momentum)
-        self.affine = _bool(fn, "affine", affine)
-        self.track_running_stats = _bool(fn, "track_running_stats", track_running_stats)
-        self.use_bias = _bool(fn, "bias", bias)
+        self.num_features = A.to_size(fn, "num_features", num_features, 1)
+        self.eps = A.to_float(fn, "eps", eps)
+        self.momentum = None if momentum is None else A.to_float(fn, "momentum", momentum)
+        self.affine = A.to_bool(fn, "affine", affine)
+        self.track_running_stats = A.to_bool(fn, "track_running_stats", track_running_stats)
+        self.use_bias = A.to_bool(fn, "bias", bias)
         c = self.num_features
         if self.affine:
             self.weight = Parameter(np.ones(c, np.float32))
@@ -650,13 +591,13 @@ class LayerNorm(Module):
         super().__init__()
         fn = "LayerNorm"
         if isinstance(normalized_shape, (tuple, list)):
-            shape = tuple(_positive(fn, "normalized_shape", d) for d in normalized_shape)
+            shape = tuple(A.to_size(fn, "normalized_shape", d, 1) for d in normalized_shape)
         else:
-            shape = (_positive(fn, "normalized_shape", normalized_shape),)
-        self.normalized_shape = check_numel(fn, "normalized_shape", shape)
-        self.eps = _float(fn, "eps", eps)
-        self.elementwise_affine = _bool(fn, "elementwise_affine", elementwise_affine)
-        self.use_bias = _bool(fn, "bias", bias)
+            shape = (A.to_size(fn, "normalized_shape", normalized_shape, 1),)
+        self.normalized_shape = A.check_numel(fn, "normalized_shape", shape)
+        self.eps = A.to_float(fn, "eps", eps)
+        self.elementwise_affine = A.to_bool(fn, "elementwise_affine", elementwise_affine)
+        self.use_bias = A.to_bool(fn, "bias", bias)
         if self.elementwise_affine:
             self.weight = Parameter(np.ones(shape, np.float32))
             if self.use_bias:
@@ -692,14 +633,14 @@ class GroupNorm(Module):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, bias=True):
         super().__init__()
         fn = "GroupNorm"
-        self.num_groups = _positive(fn, "num_groups", num_groups)
-        self.num_channels = _positive(fn, "num_channels", num_channels)
+        self.num_groups = A.to_size(fn, "num_groups", num_groups, 1)
+        self.num_channels = A.to_size(fn, "num_channels", num_channels, 1)
         if self.num_channels % self.num_groups:
             raise ValueError(f"GroupNorm: num_channels ({self.num_channels}) must be divisible "
                              f"by num_groups ({self.num_groups})")
-        self.eps = _float(fn, "eps", eps)
-        self.affine = _bool(fn, "affine", affine)
-        self.use_bias = _bool(fn, "bias", bias)
+        self.eps = A.to_float(fn, "eps", eps)
+        self.affine = A.to_bool(fn, "affine", affine)
+        self.use_bias = A.to_bool(fn, "bias", bias)
         if self.affine:
             self.weight = Parameter(np.ones(self.num_channels, np.float32))
             if self.use_bias:
@@ -734,10 +675,10 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
         super().__init__()
         fn = "Embedding"
-        self.num_embeddings = _positive(fn, "num_embeddings", num_embeddings)
-        self.embedding_dim = _positive(fn, "embedding_dim", embedding_dim)
+        self.num_embeddings = A.to_size(fn, "num_embeddings", num_embeddings, 1)
+        self.embedding_dim = A.to_size(fn, "embedding_dim", embedding_dim, 1)
         if padding_idx is not None:
-            padding_idx = _int(fn, "padding_idx", padding_idx)
+            padding_idx = A.to_int(fn, "padding_idx", padding_idx)
             if not -self.num_embeddings <= padding_idx < self.num_embeddings:
                 raise ValueError(f"Embedding: padding_idx {padding_idx} is out of range for "
                                  f"{self.num_embeddings} embeddings")
@@ -861,7 +802,7 @@ class Softmax(Module):
 
     def __init__(self, dim=None):
         super().__init__()
-        self.dim = None if dim is None else _int("Softmax", "dim", dim)
+        self.dim = None if dim is None else A.to_int("Softmax", "dim", dim)
 
     def config(self):
         return {"dim": self.dim}
@@ -881,8 +822,8 @@ class Softmax(Module):
 def _pool_arg(fn, name, v, minimum):
     """PyTorch keeps pooling sizes as given (int or tuple); so do we."""
     if isinstance(v, (tuple, list)):
-        return _ntuple(fn, name, v, 2, minimum)
-    return _size(fn, name, v, minimum)
+        return A.ntuple(fn, name, v, 2, minimum)
+    return A.to_size(fn, name, v, minimum)
 
 
 @_builtin
@@ -903,8 +844,8 @@ class MaxPool2d(Module):
         self.stride = self.kernel_size if stride is None else _pool_arg(fn, "stride", stride, 1)
         self.padding = _pool_arg(fn, "padding", padding, 0)
         self.dilation = _pool_arg(fn, "dilation", dilation, 1)
-        self.return_indices = _bool(fn, "return_indices", return_indices)
-        self.ceil_mode = _bool(fn, "ceil_mode", ceil_mode)
+        self.return_indices = A.to_bool(fn, "return_indices", return_indices)
+        self.ceil_mode = A.to_bool(fn, "ceil_mode", ceil_mode)
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
@@ -932,8 +873,8 @@ class AvgPool2d(Module):
         self.kernel_size = _pool_arg(fn, "kernel_size", kernel_size, 1)
         self.stride = self.kernel_size if stride is None else _pool_arg(fn, "stride", stride, 1)
         self.padding = _pool_arg(fn, "padding", padding, 0)
-        self.ceil_mode = _bool(fn, "ceil_mode", ceil_mode)
-        self.count_include_pad = _bool(fn, "count_include_pad", count_include_pad)
+        self.ceil_mode = A.to_bool(fn, "ceil_mode", ceil_mode)
+        self.count_include_pad = A.to_bool(fn, "count_include_pad", count_include_pad)
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
@@ -975,10 +916,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.5):
         super().__init__()
-        p = _float("Dropout", "p", p)
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
-        self.p = p
+        self.p = A.probability("Dropout", "p", p)
 
     def config(self):
         return {"p": self.p}
@@ -1011,8 +949,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        self.start_dim = _int("Flatten", "start_dim", start_dim)
-        self.end_dim = _int("Flatten", "end_dim", end_dim)
+        self.start_dim = A.to_int("Flatten", "start_dim", start_dim)
+        self.end_dim = A.to_int("Flatten", "end_dim", end_dim)
 
     def config(self):
         return {"start_dim": self.start_dim, "end_dim": self.end_dim}

@@ -67,10 +67,6 @@ class TraceCheckError(TraceError):
 
 
 # ----------------------------------------------------------- module state
-def _is_state(v):
-    return isinstance(v, Tensor)
-
-
 class ModuleState:
     """What a run of ``module`` may change, taken now, put back by
     :meth:`restore`: every module's attributes and tables (the objects they

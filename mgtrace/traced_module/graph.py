@@ -466,18 +466,6 @@ class InternalGraph:
             self._outputs = [new if o is old else o for o in self._outputs]
         self._touch()
 
-    def _dependency_exprs(self, nodes):
-        """ids of the exprs the values of ``nodes`` are computed from."""
-        seen = set()
-        stack = [n.expr for n in nodes if n.expr is not None]
-        while stack:
-            e = stack.pop()
-            if id(e) in seen:
-                continue
-            seen.add(id(e))
-            stack.extend(n.expr for n in e._inputs if n.expr is not None)
-        return seen
-
     def compile(self):
         """Remove exprs whose results nobody uses (dead code), keeping the
         inputs and exprs with side effects (:func:`has_side_effect`):

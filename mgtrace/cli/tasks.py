@@ -2,7 +2,7 @@
 upgrade, retrace.
 
 Each function takes a path and returns a plain dict (JSON-ready), so the
-batch engine (:mod:`mgtrace.batch`) can run it in a process pool or on a
+batch engine (:mod:`mgtrace.cli.batch`) can run it in a process pool or on a
 Dask worker and ship the result back. ``verify``, ``upgrade`` and
 ``retrace`` return ``{"status": "ok" | "failed", "reason": ..., ...}`` for
 an archive they could read, and raise (``ArchiveError`` for a malformed,
@@ -627,10 +627,10 @@ _USER_CODE = {}      # spec -> module: a worker imports or runs each once
 
 def load_user_code(spec, what="--import"):
     """The module named by ``spec``: ``"package.module"`` (imported) or
-    ``"path/to/file.py"`` (run as a module, once per process). This is how
-    the command runs the user's own code: the script that registers their
-    functions and module types (``--import``), or the one that makes
-    example inputs (``--inputs``).
+    ``"path/to/file.py"`` (run as a module from its source, once per process;
+    no bytecode cache is read or written). This is how the command runs the
+    user's own code: the script that registers their functions and module
+    types (``--import``), or the one that makes example inputs (``--inputs``).
 
     Raises:
         ValueError: no such file or module, or it fails to import (the
@@ -644,11 +644,7 @@ def load_user_code(spec, what="--import"):
         if spec.endswith(".py"):
             if not os.path.isfile(spec):
                 raise ValueError(f"{what} {spec}: no such file")
-            name = "_mgtrace_user_" + os.path.splitext(os.path.basename(spec))[0]
-            s = importlib.util.spec_from_file_location(name, spec)
-            mod = importlib.util.module_from_spec(s)
-            sys.modules[name] = mod
-            s.loader.exec_module(mod)       # the user's own script, named on the command line
+            mod = _run_script(spec)
         else:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.insert(0, os.getcwd())   # as `python -c` would: a module in this folder
@@ -658,6 +654,30 @@ def load_user_code(spec, what="--import"):
     except Exception as e:
         raise ValueError(f"{what} {spec}: importing it failed: {type(e).__name__}: {e}") from e
     _USER_CODE[spec] = mod
+    return mod
+
+
+def _run_script(path):
+    """Run the user's script ``path`` as a new module and return it.
+
+    Compiled from its source text every time: an import through the file
+    loader would read a ``__pycache__`` .pyc that is checked only against the
+    source's mtime (whole seconds) and size, so a script rewritten within the
+    same second at the same size would run its old code; it would also write
+    ``__pycache__`` into the user's folder.
+    """
+    name = "_mgtrace_user_" + os.path.splitext(os.path.basename(path))[0]
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, None, origin=path))
+    mod.__file__ = path
+    sys.modules[name] = mod          # as an import does: dataclasses and pickling look it up
+    try:
+        exec(code, mod.__dict__)     # the user's own script, named on the command line
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return mod
 
 

@@ -1,19 +1,39 @@
-"""Argument checks shared by the functional wrappers.
+"""Argument checks: the one place that says what an argument must be.
 
-Every check names the function and the argument in its message
-("conv2d: weight must be 4-d [O, C/groups, KH, KW], got shape (3, 3)"), so
-an error read in a traceback says what to change. Nothing here computes:
-the wrappers hand checked arguments to the core (:mod:`mgtrace._core`).
+Used by ``mgtrace.functional``, ``mgtrace.module``, ``mgtrace.random`` and
+the core's own entry points (``mgtrace._core.nn``: a fast path in Cython for
+the common case, these functions for everything else, so the exception and
+its message are the same whichever layer a bad argument reaches first).
+
+The rule (NumPy's and MegEngine's):
+
+- the wrong *type* raises ``TypeError``: a float or a str where an int is
+  wanted, a bool where an int is wanted (``True`` is not a size), a list
+  where a tensor is wanted, a value that is no dtype;
+- the right type with a bad *value* raises ``ValueError``: a size below its
+  minimum or above ``MAX_GEOMETRY``, a tuple of the wrong length
+  (``kernel_size=(3, 3, 3)`` for a 2-d op), a probability outside [0, 1),
+  a non-finite number where a finite one is wanted, shapes that do not
+  broadcast;
+- an axis outside ``range(-ndim, ndim)`` raises ``IndexError`` (as
+  ``operator.index``-style indexing does; NumPy's AxisError is an
+  IndexError too).
+
+Every message starts with the function and names the argument
+("conv2d: stride must be an int or a pair of ints, got (1, 1, 1)"), so an
+error read in a traceback says what to change. Nothing here computes.
 """
+import math
 import numbers
 import operator
 
 import numpy as np
 
-from mgtrace._core import Tensor, get_device, tensor as _to_tensor
-from mgtrace._core.nn import MAX_GEOMETRY
-from mgtrace._core.tensor import MAX_NUMEL
+from mgtrace._core.dispatch import get_device
+from mgtrace._core.dtype import as_dtype
+from mgtrace._core.tensor import MAX_NUMEL, Tensor, tensor as _to_tensor
 
+MAX_GEOMETRY = 2147483647   # sizes, strides, channels, groups: BLAS's int (MegEngine keeps uint32)
 SCALARS = (bool, int, float)
 ARRAYS = (np.ndarray, np.generic, list, tuple)
 
@@ -94,7 +114,8 @@ def check_int_dtype(fn, name, t):
 
 
 def to_int(fn, name, v, minimum=None, maximum=None):
-    """v as a Python int (bool refused); ValueError below ``minimum`` or
+    """v as a Python int: an int, a NumPy integer or anything with
+    ``__index__``; bool refused (TypeError). ValueError below ``minimum`` or
     above ``maximum``."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{fn}: {name} must be an int, not bool")
@@ -110,10 +131,15 @@ def to_int(fn, name, v, minimum=None, maximum=None):
 
 
 def to_size(fn, name, v, minimum=0):
-    """A kernel size, stride, padding, dilation, group or output-size count:
-    an int in [minimum, MAX_GEOMETRY] (2**31 - 1, BLAS's int, as the core
-    checks; MegEngine keeps these in uint32)."""
-    return to_int(fn, name, v, minimum, MAX_GEOMETRY)
+    """A kernel size, stride, padding, dilation, group, channel or
+    output-size count: an int in [minimum, MAX_GEOMETRY] (2**31 - 1, BLAS's
+    int; MegEngine keeps these in uint32)."""
+    if type(v) is int and minimum <= v <= MAX_GEOMETRY:      # the common case, checked fast
+        return v
+    i = to_int(fn, name, v, minimum)
+    if i > MAX_GEOMETRY:
+        raise ValueError(f"{fn}: {name} must be at most {MAX_GEOMETRY} (2**31 - 1), got {i}")
+    return i
 
 
 def check_numel(fn, name, shape):
@@ -128,22 +154,55 @@ def check_numel(fn, name, shape):
     return shape
 
 
-def to_float(fn, name, v):
+def to_float(fn, name, v, finite=False):
+    """v as a Python float: any real number (int, float, NumPy scalar), bool
+    refused (TypeError). ``finite=True``: ValueError for inf and nan."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a real number, got {type(v).__name__}")
-    return float(v)
+    f = float(v)
+    if finite and not math.isfinite(f):
+        raise ValueError(f"{fn}: {name} must be finite, got {f}")
+    return f
+
+
+def to_bool(fn, name, v):
+    """v as a Python bool: a bool or a NumPy bool only (1 and "yes" are refused:
+    TypeError)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__}")
+    return bool(v)
+
+
+def probability(fn, name, v):
+    """A drop probability: a real number in [0, 1) (1 would drop everything and
+    divide by zero); ValueError outside."""
+    p = to_float(fn, name, v)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{fn}: {name} must be in [0, 1), got {p}")
+    return p
+
+
+def to_dtype(fn, name, v):
+    """v as a NumPy dtype mgtrace supports (a name, a NumPy dtype or type);
+    TypeError naming it otherwise."""
+    try:
+        return as_dtype(v)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {name} {v!r} is not supported: {e}") from None
 
 
 def to_axis(fn, name, axis, ndim):
     """One axis in range(ndim) (negative counts from the end)."""
     a = to_int(fn, name, axis)
     if not -ndim <= a < max(ndim, 1):
-        raise IndexError(f"{fn}: {name}={a} is out of range for a tensor of dimension {ndim}")
+        raise IndexError(f"{fn}: {name} {a} is out of bounds for a tensor of dimension {ndim}")
     return a % ndim if ndim else 0
 
 
-def to_shape(fn, name, shape):
-    """An int or a sequence of ints (or a 1-d integer Tensor) as a tuple."""
+def to_shape(fn, name, shape, negative=True):
+    """An int or a sequence of ints (or a 1-d integer Tensor) as a tuple;
+    ``negative=False`` refuses negative entries (a result's shape; ``reshape``
+    takes -1)."""
     if isinstance(shape, Tensor):
         shape = shape.tolist()
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
@@ -151,23 +210,35 @@ def to_shape(fn, name, shape):
     if not isinstance(shape, (tuple, list)):
         raise TypeError(f"{fn}: {name} must be an int or a sequence of ints, got {type(shape).__name__}")
     out = tuple(to_int(fn, name, s) for s in shape)
+    if not negative and any(s < 0 for s in out):
+        raise ValueError(f"{fn}: {name} must not have negative entries, got {out}")
     return out
 
 
-def pair(fn, name, v, minimum=0):
-    """An int or a pair of ints as (a, b), each a size (:func:`to_size`)."""
+_N_INTS = {1: "a 1-tuple", 2: "a pair of ints"}     # how messages say "n ints"
+
+
+def ntuple(fn, name, v, n, minimum=0, allow_none=False):
+    """An int or a length-n tuple or list of ints as an n-tuple, each a size
+    (:func:`to_size`); ``allow_none``: a None entry stays None (an adaptive
+    pool's "keep this axis"). A sequence of another length is a ValueError
+    (the right type, a bad length); anything else a TypeError."""
     if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"{fn}: {name} must be an int or a pair of ints, got {v!r}")
-        return (to_size(fn, name, v[0], minimum), to_size(fn, name, v[1], minimum))
-    i = to_size(fn, name, v, minimum)
-    return (i, i)
+        if len(v) != n:
+            raise ValueError(f"{fn}: {name} must be an int or {_N_INTS.get(n, f'{n} ints')}, "
+                             f"got {v!r}")
+        return tuple([None if e is None and allow_none else to_size(fn, name, e, minimum)
+                      for e in v])
+    return (to_size(fn, name, v, minimum),) * n
+
+
+def pair(fn, name, v, minimum=0, allow_none=False):
+    """An int or a pair of ints as (a, b), each a size (:func:`to_size`)."""
+    if type(v) is int and minimum <= v <= MAX_GEOMETRY:      # the common case, checked fast
+        return (v, v)
+    return ntuple(fn, name, v, 2, minimum, allow_none)
 
 
 def single(fn, name, v, minimum=0):
     """An int or a 1-sequence of ints (conv1d geometry) as a size (:func:`to_size`)."""
-    if isinstance(v, (tuple, list)):
-        if len(v) != 1:
-            raise ValueError(f"{fn}: {name} must be an int or a 1-tuple, got {v!r}")
-        v = v[0]
-    return to_size(fn, name, v, minimum)
+    return ntuple(fn, name, v, 1, minimum)[0]

@@ -14,7 +14,7 @@ or an output could not be written while the job ran (the report, stdout),
 written, a file ``diff`` cannot read), 130 interrupted.
 
 Layers: argument parsing and printing live here; what happens to one file
-is :mod:`mgtrace.tasks`; running it over many is :mod:`mgtrace.batch`.
+is :mod:`mgtrace.cli.tasks`; running it over many is :mod:`mgtrace.cli.batch`.
 """
 import argparse
 import json
@@ -308,7 +308,7 @@ def _print_summary(r, out):
 
 
 def _resumed(r):
-    from mgtrace.batch import RESUMED
+    from mgtrace.cli.batch import RESUMED
     return r.reason.startswith(RESUMED)
 
 
@@ -369,7 +369,7 @@ class _Table:
             self.out.flush()
 
     def end(self, records, seconds, report):
-        from mgtrace import batch
+        from mgtrace.cli import batch
         st, out = self.st, self.out
         if not self.stream:
             for r in records:
@@ -401,7 +401,7 @@ class _Table:
 
 # ---------------------------------------------------------------- commands
 def _cmd_inspect(args, out):
-    from mgtrace import batch, tasks
+    from mgtrace.cli import batch, tasks
     from mgtrace.errors import ArchiveError
     status, results = EXIT_OK, []
     files = batch.collect(args.paths, args.pattern)
@@ -426,7 +426,7 @@ def _cmd_inspect(args, out):
 
 
 def _cmd_diff(args, out):
-    from mgtrace import tasks
+    from mgtrace.cli import tasks
     from mgtrace.errors import ArchiveError
     for f in (args.a, args.b):
         if not os.path.isfile(f):
@@ -470,7 +470,7 @@ def _nothing_found(args):
 
 
 def _cmd_batch(args, out):
-    from mgtrace import batch
+    from mgtrace.cli import batch
     files = batch.collect(args.paths, args.pattern)
     if not files:
         raise FileNotFoundError(_nothing_found(args))
@@ -519,7 +519,7 @@ def _cmd_batch(args, out):
 
 
 def _print_records(out, command, records, finished, left=()):
-    from mgtrace import batch
+    from mgtrace.cli import batch
     _json.dump({"command": command, "finished": finished, "summary": batch.summary(records),
                 "records": [r.to_json() for r in records],
                 "leftovers": [{"path": p, "bytes": n} for p, n in left]}, out, indent=1)
@@ -597,7 +597,7 @@ def _cuda_status():
 
 # -------------------------------------------------------------------- main
 def _cmd_demo(args, out):
-    from mgtrace import demo
+    from mgtrace.cli import demo
     argv = (["--out", args.out] if args.out else []) + (["--quick"] if args.quick else [])
     return demo.main(argv, out)
 
@@ -691,7 +691,7 @@ def main(argv=None, out=None):
     except BrokenPipeError:
         raise                       # main_exit: the reader went away (| head)
     except OSError as e:
-        from mgtrace.batch import ReportError
+        from mgtrace.cli.batch import ReportError
         sys.stderr.write(f"mgtrace: error: {_os_text(e)}\n")
         # an output that failed while the job ran is a failure, not a usage error
         return EXIT_FAILED if isinstance(e, (_OutputError, ReportError)) else EXIT_USAGE

