@@ -432,6 +432,11 @@ def _deferred_sigint():
     if threading.current_thread() is not threading.main_thread():
         yield stop                    # no handlers off the main thread: plain behaviour
         return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started with SIGINT ignored (nohup, a script's background job): keep
+        # it so, as a one-process run does, whatever the number of workers
+        yield stop
+        return
     old = signal.signal(signal.SIGINT, lambda signum, frame: stop.flag.set())
     try:
         yield stop
@@ -439,9 +444,25 @@ def _deferred_sigint():
         signal.signal(signal.SIGINT, old)
 
 
+class _WorkerProcess(multiprocessing.context.SpawnProcess):
+    """A pool worker started with SIGINT ignored, so it inherits SIG_IGN and a
+    Ctrl-C cannot hit it before its initializer ran. Only the start itself is
+    covered: a Ctrl-C meant for the parent while it submits files (the pool
+    starts workers inside ``submit``, at any point of a long job) is kept."""
+
+    def start(self):
+        with _sigint_ignored():
+            super().start()
+
+
+class _WorkerContext(multiprocessing.context.SpawnContext):
+    Process = _WorkerProcess
+
+
 def _new_pool(jobs):
-    ctx = multiprocessing.get_context("spawn")      # no fork after BLAS threads started
-    return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init)
+    # spawn: no fork after BLAS threads started
+    return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(),
+                                  initializer=_worker_init)
 
 
 def _stop_pool(pool):
@@ -484,8 +505,7 @@ def _pool_results(task, files, options, jobs, imports):
     lost = []
     with _deferred_sigint() as stop:
         try:
-            with _sigint_ignored():
-                futs = {pool.submit(_call, task, f, options, imports): f for f in files}
+            futs = {pool.submit(_call, task, f, options, imports): f for f in files}
             pending = set(futs)
             while pending:
                 stop.check()
@@ -526,8 +546,7 @@ def _isolated_loop(task, todo, active, options, jobs, imports, stop):
             while todo and len(active) < jobs:
                 f = todo.pop(0)
                 pool = _new_pool(1)
-                with _sigint_ignored():
-                    active[pool.submit(_call, task, f, options, imports)] = (f, pool)
+                active[pool.submit(_call, task, f, options, imports)] = (f, pool)
             done, _ = cf.wait(list(active), timeout=_POLL_S,
                               return_when=cf.FIRST_COMPLETED)
             for fut in done:

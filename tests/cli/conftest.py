@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -196,6 +197,25 @@ def cli(*args, cwd=None, timeout=120, check_no_traceback=True):
     if check_no_traceback:
         assert "Traceback" not in p.stderr, p.stderr
     return p
+
+
+def _default_sigint():
+    """preexec_fn: Ctrl-C as a terminal's foreground job gets it. A shell runs a
+    background command (``pytest ... &`` in a script) with SIGINT ignored, the
+    child inherits that, and mgtrace rightly keeps an inherited SIG_IGN; the
+    interrupt tests need the default a user at a terminal has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_cli(*args, env=None, **kw):
+    """Start ``python -m mgtrace ARGS`` (a Popen with text pipes) that a SIGINT
+    interrupts as it would a command typed at a terminal."""
+    if env is None:
+        env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")
+        env.pop("MGTRACE_NUM_THREADS", None)
+    return subprocess.Popen([sys.executable, "-m", "mgtrace", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=kw.pop("preexec_fn", _default_sigint), **kw)
 
 
 def records(report):

@@ -52,20 +52,12 @@ def test_ctrl_c_under_dask_local_is_one_clean_line(archives, tmp_path):
     # a terminal's Ctrl-C goes to the whole process group, Dask's worker processes included
     import os
     import signal
-    import subprocess
-    import sys
     import time
-    from .conftest import REPO
-    many = tmp_path / "many"
-    many.mkdir()
-    src = (archives / "good/net0.tmod").read_bytes()
-    for i in range(300):
-        (many / f"m{i:03d}.tmod").write_bytes(src)
+    from .conftest import copies, start_cli
+    many = copies(archives, tmp_path, 300)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mgtrace", "retrace", str(many), "-o", str(out),
-                             "--dask", "local", "-j", "2"], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli("retrace", many, "-o", out, "--dask", "local", "-j", "2",
+                     start_new_session=True)
     while not (out.is_dir() and sum(n.endswith(".tmod") for n in os.listdir(out)) >= 3):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)

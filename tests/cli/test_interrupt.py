@@ -2,15 +2,13 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 import mgtrace as mt
 
-from .conftest import copies, REPO, cli, records
+from .conftest import copies, cli, records, start_cli
 
 N_FILES = 600           # enough that the job is still running when the signal comes
 
@@ -21,10 +19,7 @@ def many(archives, tmp_path):
 
 
 def _start(args, group):
-    env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")
-    return subprocess.Popen([sys.executable, "-m", "mgtrace", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=group)
+    return start_cli(*args, start_new_session=group)
 
 
 def _wait_for_outputs(out, n, proc, timeout=60):
@@ -70,3 +65,39 @@ def test_ctrl_c_leaves_only_complete_outputs(many, tmp_path, jobs, group):
     statuses = [r["status"] for r in json.loads(p.stdout)["records"]]
     assert statuses.count("skipped") == len(recs) and statuses.count("ok") == N_FILES - len(recs)
     assert len(os.listdir(out)) == N_FILES
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigint_ignored_at_start_stays_ignored(archives, tmp_path, jobs):
+    # nohup or a script's `cmd &` starts mgtrace with SIGINT ignored: a stray
+    # SIGINT must then leave the job running, with any number of workers
+    many = copies(archives, tmp_path, 12)
+    out = tmp_path / "out"
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)     # noqa: E731
+    proc = start_cli("retrace", many, "-o", out, "-j", jobs, preexec_fn=ignore)
+    _wait_for_outputs(out, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert len(os.listdir(out)) == 12 and stdout.count("ok ") == 12, stdout
+
+
+def test_ctrl_c_while_files_are_submitted_is_kept(archives, tmp_path, monkeypatch):
+    # the pool starts workers inside submit(), at any point of a long job; a
+    # Ctrl-C that arrives while the parent submits files must still stop it
+    from mgtrace import batch
+    import concurrent.futures as cf
+    many = copies(archives, tmp_path, 40)
+    submit, calls = cf.ProcessPoolExecutor.submit, []
+
+    def submit_then_ctrl_c(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGINT)
+        return submit(self, *a, **kw)
+
+    monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", submit_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        batch.verify([many], jobs=2, report=tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["finished"] is False

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .conftest import copies, GOOD, REPO, cli, records
+from .conftest import copies, GOOD, REPO, cli, records, start_cli
 
 N_FILES = 400           # enough that the job is still running when the signal comes
 
@@ -26,9 +26,8 @@ def _env():
     return env
 
 
-def _start(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "mgtrace", *map(str, args)], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+def _start(*args):
+    return start_cli(*args, env=_env())
 
 
 def _limit_file_size(nbytes):
