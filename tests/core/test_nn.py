@@ -251,6 +251,45 @@ def test_depthwise_conv2d(case, algo, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (n, c, h, w, multiplier, (kh, kw), stride, padding, dilation)
+    (1, 5, 7, 7, 1, (3, 3), 1, 1, 1),            # MobileNet's 7x7 planes: wide rows shorter than a vector
+    (3, 4, 13, 11, 1, (3, 3), 2, 1, 1),          # odd sizes, stride 2 (the deinterleaving pack)
+    (2, 3, 12, 14, 1, (3, 3), 2, 0, 1),          # stride 2 without padding
+    (2, 3, 11, 12, 1, (3, 3), (2, 1), (0, 2), 1),  # stride and padding differ per axis
+    (1, 2, 17, 16, 2, (3, 3), 3, 2, 1),          # stride 3, multiplier 2
+    (1, 3, 15, 13, 1, (3, 3), 2, 2, 2),          # stride and dilation together
+    (2, 2, 9, 10, 1, (5, 3), 1, (2, 1), 1),      # kh != kw: the tap-by-tap path
+    (1, 2, 12, 12, 1, (7, 7), 2, 3, 1),
+    (1, 3, 4, 5, 1, (3, 3), 1, 3, 1),            # padding wider than the input
+    (2, 2, 1, 1, 1, (1, 1), 1, 0, 1),            # 1x1 depthwise
+], ids=str)
+def test_depthwise_packed_geometries(case, dtype):
+    """DEPTHWISE's packed plane (zero padding written once per thread, the
+    stride's phases, wide rows) over geometries the MobileNet ones do not
+    reach, on every thread count."""
+    n, c, h, w, mult, (kh, kw), s, p, d = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(c * mult, 1, kh, kw, dtype=dtype), rand(c * mult, dtype=dtype)
+    ref = ref_conv2d(x, wt, b, s, p, d, c)
+    before = dispatch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, c, "depthwise")
+            close(y.numpy(), ref, dtype)
+    finally:
+        dispatch.set_num_threads(before)
+
+
+def test_depthwise_large_plane_falls_back():
+    """A plane whose packed copy would pass DEPTHWISE's 4 MiB scratch takes
+    the direct path; both paths agree with the reference."""
+    x, wt, b = rand(1, 1, 1030, 1030), rand(1, 1, 3, 3), rand(1)
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "depthwise")
+    close(y.numpy(), ref_conv2d(x, wt, b, 1, 1, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape", [(2, 8, 40, 40, 16, 1), (1, 32, 7, 9, 8, 1), (3, 12, 33, 32, 6, 3)], ids=str)
 def test_conv2d_1x1_is_a_gemm(shape, dtype):
     n, c, h, w, o, g = shape
