@@ -33,7 +33,10 @@ from libc.stdint cimport int64_t, intptr_t
 
 import numpy as np
 
-from mgtrace._core.kernels cimport MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64
+from collections import OrderedDict
+
+from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
+                                    mt_storage_tracked)
 from mgtrace._core.tensor cimport Tensor, empty, view_of, numel, is_contiguous, shape_tuple
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
@@ -65,6 +68,12 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) noexcept
+    void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
+                                  int nthreads) noexcept
+    int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) noexcept
+    int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                         const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     enum:
         MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
         MT_ACT_GELU
@@ -282,6 +291,75 @@ cdef int _check_rc(str op, int rc) except -1:
     if rc == MT_NN_ENOMEM:
         raise MemoryError(f"{op}: cannot allocate the kernel's work buffer")
     return 0
+
+
+# ------------------------------------------------------ transformed weights
+
+# Winograd's transformed weights U (16 values per 3x3 kernel, 16/9 of the
+# weight's bytes) are a function of the weight alone, and the weights of a
+# loaded or optimized module do not change between calls: transforming them
+# once instead of on every call saves a pass that writes 16/9 of the weights
+# (about 10% of a ResNet-18 layer at batch 1), and lets WINOGRAD pay on
+# fewer tiles. An entry is keyed by the weight's storage (its uid, unique
+# over the process's lifetime), the view's offset, shape and strides, and
+# the compute dtype; it holds the storage's version when it was made, so a
+# weight written in place since (every mgtrace write bumps the version; see
+# dispatch.check_writable) is transformed afresh, never served stale. A
+# storage others may write unseen (external memory, or exported writable
+# through DLPack) is never cached. Least recently used entries go first
+# past WEIGHT_CACHE_BYTES.
+WEIGHT_CACHE_BYTES = 256 << 20
+_weight_cache = OrderedDict()     # key -> (version, U tensor)
+_weight_cache_bytes = 0
+
+
+def weight_cache_info():
+    """(entries, bytes) of conv2d's cache of transformed weights."""
+    return len(_weight_cache), _weight_cache_bytes
+
+
+def clear_weight_cache():
+    """Drops conv2d's cached transformed weights (they are rebuilt on use)."""
+    global _weight_cache_bytes
+    _weight_cache.clear()
+    _weight_cache_bytes = 0
+
+
+cdef tuple _weight_key(Tensor w, int work):
+    """The cache key of weight view ``w`` computed in dtype ``work``, or None
+    when its storage's writes are not all seen (mt_storage_tracked)."""
+    if not mt_storage_tracked(w._st):
+        return None
+    cdef int i
+    return (w._st.uid, <intptr_t>(w._data - w._st.ptr), w._dtype, work,
+            tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
+
+
+cdef Tensor _wino_u(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int nt):
+    """U for weight ``w`` (``w_orig`` made contiguous in dtype ``work``),
+    from the cache when ``w_orig`` has not been written since."""
+    global _weight_cache_bytes
+    key = _weight_key(w_orig, work)
+    if key is not None:
+        hit = _weight_cache.get(key)
+        if hit is not None and hit[0] == w_orig._st.version:
+            _weight_cache.move_to_end(key)
+            return <Tensor>hit[1]
+    cdef int64_t nbytes = mt_conv2d_wino_u_bytes(work, g)
+    cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the transformed weights")
+    with nogil:
+        mt_conv2d_wino_transform(work, w._data, u._data, g, nt)
+    if key is None or nbytes > WEIGHT_CACHE_BYTES:
+        return u
+    old = _weight_cache.pop(key, None)
+    if old is not None:
+        _weight_cache_bytes -= numel(<Tensor>old[1])
+    _weight_cache[key] = (w_orig._st.version, u)
+    _weight_cache_bytes += nbytes
+    while _weight_cache_bytes > WEIGHT_CACHE_BYTES:
+        _, (_, gone) = _weight_cache.popitem(last=False)
+        _weight_cache_bytes -= numel(<Tensor>gone)
+    return u
 
 
 # ------------------------------------------------------------------ convolution
@@ -563,6 +641,7 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         raise ValueError(f"{op}: the winograd kernel needs a 3x3 kernel, stride 1 and dilation 1")
     work = _work_code(code)
     tx = _ready(tx, work)
+    cdef Tensor tw_orig = tw
     tw = _ready(tw, work)
     cdef const void *bptr = NULL
     if tb is not None:
@@ -576,12 +655,22 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         g.has_res = 1
         g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
-    cdef Tensor ws = _workspace(op, mt_conv2d_workspace(work, &g, a, nt), tx._device,
+    if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
+        a = mt_conv2d_pick_algo(&g)
+    cdef Tensor u = None
+    if a == MT_CONV_WINOGRAD and n > 0 and o > 0 and c > 0:
+        u = _wino_u(tw_orig, tw, work, &g, nt)
+    cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, nt) if u is not None else \
+        mt_conv2d_workspace(work, &g, a, nt)
+    cdef Tensor ws = _workspace(op, wsbytes, tx._device,
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
                                 f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
-        rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
+        if u is not None:
+            rc = mt_conv2d_wino_u(work, tx._data, u._data, bptr, out._data, &g, nt, wsp)
+        else:
+            rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
 
@@ -681,6 +770,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     work = _work_code(code)
     tx = _ready(tx, work)
+    cdef Tensor tw_orig = tw
     tw = _ready(tw, work)
     cdef const void *bptr = NULL
     if tb is not None:

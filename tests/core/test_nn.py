@@ -885,3 +885,93 @@ def test_pad_against_torch(torch, mode):
                                   **({"value": 1.5} if mode == "constant" else {})).numpy()
     y = nn.pad(tensor(x), ((0, 0), (0, 0), (3, 4), (2, 1)), mode, value=1.5).numpy()
     np.testing.assert_array_equal(y, ref)
+
+
+# ------------------------------------------------- Winograd's cached weights
+
+def _wino_case(dtype="float32"):
+    x, wt, b = rand(2, 16, 9, 11, dtype=dtype), rand(24, 16, 3, 3, dtype=dtype), rand(24, dtype=dtype)
+    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "winograd"
+    return x, wt, b
+
+
+def _wino(x, w, b):
+    return nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "auto").numpy()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_winograd_weights_are_transformed_once(dtype):
+    x, wt, b = _wino_case(dtype)
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    first = _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 1
+    again = _wino(x, w, b)                     # served from the cache: the same values
+    assert nn.weight_cache_info()[0] == 1
+    np.testing.assert_array_equal(again, first)
+    close(first, ref_conv2d(x, wt, b, 1, 1), dtype)
+    # the workspace path (no cache) computes the same
+    np.testing.assert_array_equal(nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "winograd").numpy(), first)
+
+
+@pytest.mark.parametrize("write", ["setitem", "copy_", "iadd", "slice_of_view"])
+def test_winograd_cache_sees_in_place_writes(write):
+    """A weight written in place after its transform was cached is
+    transformed afresh: the result is the new weight's, never the old."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    _wino(x, w, b)
+    new = wt.copy()
+    if write == "setitem":
+        w[3] = tensor(wt[3] * 2)
+        new[3] *= 2
+    elif write == "copy_":
+        dispatch.copy_(w, tensor(wt + 1))
+        new += 1
+    elif write == "iadd":
+        w += 0.5
+        new += 0.5
+    else:                                      # a write through another view of the storage
+        w.reshape(-1)[:10] = 0.0
+        new.reshape(-1)[:10] = 0.0
+    close(_wino(x, w, b), ref_conv2d(x, new, b, 1, 1), "float32")
+    assert nn.weight_cache_info()[0] == 1      # the stale entry was replaced, not kept beside
+
+
+def test_winograd_cache_keys_views_and_storages_apart():
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    both = tensor(np.concatenate([wt, -wt]))   # two weights, views of one storage
+    close(_wino(x, both[:24], b), ref_conv2d(x, wt, b, 1, 1), "float32")
+    close(_wino(x, both[24:], b), ref_conv2d(x, -wt, b, 1, 1), "float32")
+    # a new weight whose storage reuses a freed one's memory is not served the old U
+    for k in range(3):
+        close(_wino(x, tensor(wt * (k + 2)), b), ref_conv2d(x, wt * (k + 2), b, 1, 1), "float32")
+
+
+def test_winograd_cache_skips_memory_others_may_write():
+    """Memory exported writable through DLPack (NumPy may write it unseen)
+    is transformed on every call."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    view = np.from_dlpack(w)
+    _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 0
+    view[:] = -wt                             # a write mgtrace does not see
+    close(_wino(x, w, b), ref_conv2d(x, -wt, b, 1, 1), "float32")
+
+
+def test_winograd_cache_is_bounded(monkeypatch):
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    one = 16 * (24 * 16 + 16) * 4
+    monkeypatch.setattr(nn, "WEIGHT_CACHE_BYTES", 2 * one + 100)
+    ws = [tensor(wt + k) for k in range(4)]
+    for w in ws:
+        _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 2 and nn.weight_cache_info()[1] <= 2 * one + 100
+    close(_wino(x, ws[0], b), ref_conv2d(x, wt, b, 1, 1), "float32")   # evicted: rebuilt
+    nn.clear_weight_cache()
+    assert nn.weight_cache_info() == (0, 0)

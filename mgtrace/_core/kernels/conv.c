@@ -700,9 +700,14 @@ typedef struct {
     int64_t th, tw, hp, wp, plane, nb, rows, tmax, bytes;
 } wino_plan;
 
-static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *pl) {
+/* U's size: 16 planes of [O][C/groups], MT_WINO_SKEW apart */
+static int64_t wino_u_bytes(const mt_conv2d_geom *g, int64_t isz) {
+    return ws_round(ws_mul4(16, ws_add(ws_mul(g->o, g->c / g->groups), MT_WINO_SKEW), isz, 1));
+}
+
+/* own_u: the workspace holds U (0: the caller passes U transformed already) */
+static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, int own_u, wino_plan *pl) {
     (void)nt;
-    const int64_t cg = g->c / g->groups;
     pl->th = (g->oh + 1) / 2;
     pl->tw = (g->ow + 1) / 2;
     pl->hp = 2 * pl->th + 2;
@@ -717,22 +722,35 @@ static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *p
     const int64_t nchunk = (total + fit - 1) / fit;
     pl->rows = (total + nchunk - 1) / nchunk;
     pl->tmax = ws_mul(pl->rows, pl->tw);
-    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)),
-                              ws_round(ws_mul4(16, ws_add(ws_mul(g->o, cg), MT_WINO_SKEW), isz, 1))),
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)), own_u ? wino_u_bytes(g, isz) : 0),
                        ws_add(ws_add(ws_round(ws_mul4(16, ws_add(ws_mul(g->c, pl->tmax), MT_WINO_SKEW), isz, 1)),
                                      ws_round(ws_mul4(16, ws_add(ws_mul(g->o, pl->tmax), MT_WINO_SKEW), isz, 1))),
                               ws_mul(nt, ws_round(ws_mul(2 * pl->tw + 2, isz)))));
 }
 
-static int conv_winograd(int dt, const char *x, const char *w, const char *bias, char *y,
+/* U from the weights: the 16 planes of the transformed 3x3 kernels, a
+ * task per output channel (in the caller's OpenMP region or its own). */
+static void wino_transform(int dt, const char *w, char *u, const mt_conv2d_geom *g, int nt) {
+    const int64_t cg = g->c / g->groups, ux = g->o * cg + MT_WINO_SKEW;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < g->o; o++) {
+        if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
+        else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+    }
+}
+
+/* u_given: U transformed already (mt_conv2d_wino_transform), else NULL and
+ * the weights w are transformed into the workspace first. */
+static int conv_winograd(int dt, const char *x, const char *w, const char *u_given, const char *bias, char *y,
                          const mt_conv2d_geom *g, int nt, char *ws) {
     const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow;
     const int64_t cg = g->c / g->groups, og = g->o / g->groups;
     wino_plan pl;
-    plan_wino(g, isz, nt, &pl);
+    plan_wino(g, isz, nt, u_given == NULL, &pl);
     const int64_t th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
     char *p = ws_take(&ws, nb * g->c * plane * isz);
-    char *u = ws_take(&ws, 16 * (g->o * cg + MT_WINO_SKEW) * isz);   /* U[xi]: [O][C/groups], ux apart */
+    /* U[xi]: [O][C/groups], ux apart */
+    const char *u = u_given ? u_given : ws_take(&ws, wino_u_bytes(g, isz));
     const int64_t ux = g->o * cg + MT_WINO_SKEW;
     char *v = ws_take(&ws, 16 * (g->c * pl.tmax + MT_WINO_SKEW) * isz);
     char *m = ws_take(&ws, 16 * (g->o * pl.tmax + MT_WINO_SKEW) * isz);
@@ -745,10 +763,12 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *scratch = scratch_all + thread_id() * sbytes;
-        #pragma omp for schedule(static) nowait
-        for (int64_t o = 0; o < g->o; o++) {
-            if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
-            else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+        if (!u_given) {
+            #pragma omp for schedule(static) nowait
+            for (int64_t o = 0; o < g->o; o++) {
+                if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
+                else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+            }
         }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
             const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
@@ -818,7 +838,7 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     }
     if (algo == MT_CONV_WINOGRAD) {
         wino_plan pl;
-        plan_wino(g, isz, nthreads, &pl);
+        plan_wino(g, isz, nthreads, 1, &pl);
         return ws_report(pl.bytes);
     }
     if (algo == MT_CONV_DEPTHWISE) {
@@ -843,13 +863,35 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     switch (algo) {
     case MT_CONV_GEMM1X1: return conv_gemm1x1(dtype, x, weight, bias, y, g, nthreads);
     case MT_CONV_SHIFTED: return conv_shifted(dtype, x, weight, bias, y, g, nthreads, workspace);
-    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, bias, y, g, nthreads, workspace);
+    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, NULL, bias, y, g, nthreads, workspace);
     case MT_CONV_DEPTHWISE:
         if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads, workspace);
         else depthwise_f64(x, weight, bias, y, g, nthreads, workspace);
         return 0;
     default: return conv_im2col(dtype, x, weight, bias, y, g, nthreads, workspace);
     }
+}
+
+/* WINOGRAD with weights transformed once (the caller caches U): */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) {
+    return ws_report(wino_u_bytes(g, dtype == MT_FLOAT32 ? 4 : 8));
+}
+
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads) {
+    if (g->o > 0 && g->c > 0) wino_transform(dtype, weight, u, g, nthreads);
+}
+
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) {
+    if (g->n == 0 || g->o == 0 || g->c == 0) return 0;
+    wino_plan pl;
+    plan_wino(g, dtype == MT_FLOAT32 ? 4 : 8, nthreads, 0, &pl);
+    return ws_report(pl.bytes);
+}
+
+int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0 || g->c == 0) return mt_conv2d(dtype, x, NULL, bias, y, g, MT_CONV_WINOGRAD, nthreads, workspace);
+    return conv_winograd(dtype, x, NULL, u, bias, y, g, nthreads, workspace);
 }
 
 /* One (image, group) of conv_transpose2d: bias, then for each tile of input

@@ -92,6 +92,14 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
 int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                         const mt_conv2d_geom *g, int nthreads, void *workspace);
+/* WINOGRAD with the weights transformed once: U's bytes, the transform
+ * (U from weight [O, C/groups, 3, 3]), and the conv on a given U with its
+ * own (smaller) workspace. The geometry must suit WINOGRAD. */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g);
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads);
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
+int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int nthreads, void *workspace);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
 
