@@ -68,6 +68,7 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) noexcept
     int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) noexcept
     void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
                                   int nthreads) noexcept
@@ -656,7 +657,7 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
     if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
-        a = mt_conv2d_pick_algo(&g)
+        a = mt_conv2d_pick_algo_ex(&g, mt_storage_tracked(tw_orig._st))
     cdef Tensor u = None
     if a == MT_CONV_WINOGRAD and n > 0 and o > 0 and c > 0:
         u = _wino_u(tw_orig, tw, work, &g, nt)
@@ -677,7 +678,11 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
 
 def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
     """The algorithm conv2d picks for these shapes: "winograd", "shifted",
-    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests).
+    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests), for a
+    weight whose Winograd transform is not cached. (A weight in memory that
+    mgtrace tracks, see ``WEIGHT_CACHE_BYTES``, has its transform cached and
+    takes Winograd from 32 tiles whatever its size: 512 channels on 7x7
+    planes from batch 2, where this answers "im2col".)
 
     >>> conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
     'winograd'

@@ -975,3 +975,16 @@ def test_winograd_cache_is_bounded(monkeypatch):
     close(_wino(x, ws[0], b), ref_conv2d(x, wt, b, 1, 1), "float32")   # evicted: rebuilt
     nn.clear_weight_cache()
     assert nn.weight_cache_info() == (0, 0)
+
+
+def test_cached_weights_take_winograd_on_fewer_tiles():
+    """512 channels on 7x7 planes at batch 2 (32 tiles): IM2COL when the
+    transform is paid every call, WINOGRAD for a weight whose transform is
+    cached; both give the reference's values."""
+    x, wt, b = rand(2, 512, 7, 7), rand(512, 512, 3, 3) * 0.05, rand(512)
+    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "im2col"
+    nn.clear_weight_cache()
+    got = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "auto").numpy()
+    assert nn.weight_cache_info()[0] == 1      # it went through WINOGRAD's cache
+    close(got, ref_conv2d(x, wt, b, 1, 1), "float32")
+    nn.clear_weight_cache()

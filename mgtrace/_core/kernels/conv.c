@@ -383,7 +383,9 @@ static int wino_applicable(const mt_conv2d_geom *g) {
     return g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
 }
 
-int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
+int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex(g, 0); }
+
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
     const int64_t cg = g->c / g->groups;
     if (cg == 1) return MT_CONV_DEPTHWISE;
     const int is1x1 = g->kh == 1 && g->kw == 1;
@@ -395,13 +397,16 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
     if (is1x1) return MT_CONV_IM2COL;
     /* Winograd needs 3x3, stride 1, no dilation; its 16 GEMMs need enough
      * channels (K and M), and enough 2x2 tiles over the batch (N) to pay for
-     * the weight transform (16 values per 3x3 kernel, every call): more when
-     * the transformed weights outgrow the cache (512x512: 16 MiB) */
+     * the weight transform (16 values per 3x3 kernel, every call unless the
+     * caller caches U): more when the transformed weights outgrow the cache
+     * (512x512: 16 MiB) */
     /* (the sizes below in double: they only rank algorithms, and must not
      * wrap for the huge geometries a workspace query then refuses) */
     const int64_t og = g->o / g->groups;
     const double tiles = (double)g->n * (double)((g->oh + 1) / 2) * (double)((g->ow + 1) / 2);
-    const int64_t min_tiles = 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
+    /* (with U cached by the caller, 32 tiles pay whatever U's size: 512
+     * channels on 7x7 planes measured 25% faster than IM2COL at batch 2) */
+    const int64_t min_tiles = !u_cached && 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
     if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) return MT_CONV_WINOGRAD;
     const double one_image = (double)count_slots(g) * (double)g->c * (double)shifted_hq(g)
                            * (double)shifted_wq(g) * 8.0;

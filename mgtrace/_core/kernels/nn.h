@@ -102,6 +102,9 @@ int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, 
                      const mt_conv2d_geom *g, int nthreads, void *workspace);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
+/* The same for a caller that has WINOGRAD's transformed weights cached
+ * (u_cached 1): WINOGRAD then pays on fewer tiles. */
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached);
 
 /* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
 
