@@ -572,6 +572,27 @@ def test_max_pool2d_propagates_nan():
     assert np.isnan(y[0, 0, 0, 1]) and not np.isnan(y[0, 0, 0, 0]) and not np.isnan(y[0, 0, 1]).any()
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool2d_packed_planes_on_threads(dtype):
+    """ResNet's 3x3 / 2 pool (the packed, phase-split path) on odd planes,
+    batch > 1 and every thread count, with NaNs at borders and inside, and
+    a plane too large for the packed copy (the direct loops)."""
+    x = rand(3, 5, 23, 17, dtype=dtype) - 5
+    x[0, 0, 0, 0] = x[1, 2, 22, 16] = x[2, 4, 11, 8] = np.nan
+    ref = ref_max_pool2d(x, 3, 2, 1)
+    big = rand(1, 1, 1100, 1100, dtype=dtype)
+    before = dispatch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            np.testing.assert_array_equal(nn.max_pool2d(tensor(x), 3, 2, 1).numpy(), ref)
+            np.testing.assert_array_equal(nn.max_pool2d(tensor(x), 3, 2, 1, ceil_mode=True).numpy(),
+                                          ref_max_pool2d(x, 3, 2, 1, ceil_mode=True))
+        np.testing.assert_array_equal(nn.max_pool2d(tensor(big), 3, 2, 1).numpy(), ref_max_pool2d(big, 3, 2, 1))
+    finally:
+        dispatch.set_num_threads(before)
+
+
 AVG_POOL_CASES = [  # kernel, stride, padding, ceil_mode, count_include_pad
     (2, None, 0, False, True), (3, 2, 1, False, True), (3, 2, 1, False, False),
     (3, 2, 1, True, True), (3, 2, 1, True, False), ((2, 4), (2, 3), (1, 2), True, False),
