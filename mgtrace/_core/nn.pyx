@@ -279,8 +279,12 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     """Kernel scratch memory from the core's allocator (it caches large
     blocks, so repeated calls do not pay fresh page faults); None for 0.
     ValueError when the kernel's plan for ``geometry`` (a description of the
-    arguments, for the message) needs more bytes than int64 counts."""
+    arguments for the message, or a function giving it: formatting shapes
+    on every call would cost more than a small convolution's arithmetic)
+    needs more bytes than int64 counts."""
     if nbytes == MT_NN_EOVERFLOW:
+        if callable(geometry):
+            geometry = geometry()
         raise ValueError(f"{op}: the kernel's work buffer for {geometry} needs more bytes than "
                          f"int64 counts; use less padding or split the input")
     if nbytes <= 0:
@@ -664,8 +668,8 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, nt) if u is not None else \
         mt_conv2d_workspace(work, &g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device,
-                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
-                                f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
+                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                                        f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         if u is not None:

@@ -111,8 +111,8 @@ def linear(x, weight, bias=None):
 
 
 def _conv_bias(fn, bias, channels):
-    if bias is None:
-        return None
+    if bias is None or (bias.ndim == 1 and bias.shape[0] == channels):
+        return bias
     if bias.shape != (channels,) and not (bias.size == channels and bias.ndim >= 2
                                           and bias.shape[1] == channels):
         raise ValueError(f"{fn}: bias must have shape ({channels},) or (1, {channels}, 1, 1), "
