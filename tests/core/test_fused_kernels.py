@@ -204,6 +204,32 @@ def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
     np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
 
 
+def test_attention_softmax_lanes_and_special_rows(rng):
+    """The softmax's 8-lane max and sums over rows longer than the lanes
+    (37 keys: lanes and a tail), with a NaN in one row (that row's outputs
+    are NaN, the others unchanged) and a fully masked row (NaN, as the
+    unfused softmax gives), on every thread count."""
+    q = rng.standard_normal((2, 2, 6, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 37, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 37, 5)).astype(np.float32)
+    mask = np.zeros((2, 1, 6, 37), np.float32)
+    mask[1, 0, 4] = -np.inf                       # every key of query 4 of image 1 masked
+    k_nan = k.copy()
+    k_nan[0, 1, 30, 2] = np.nan                   # one key of head 1 of image 0
+    want = _attention_ref(q, k_nan, v, mask, 0.3)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            got = F.attention(mt.tensor(q), mt.tensor(k_nan), mt.tensor(v), mt.tensor(mask), scale=0.3).numpy()
+            assert np.isnan(got[0, 1]).all() and np.isnan(got[1, :, 4]).all()
+            ok = ~np.isnan(want)
+            np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-6)
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+    finally:
+        mt.set_num_threads(before)
+
+
 def test_attention_checks_its_arguments(rng):
     q = mt.tensor(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
     with pytest.raises(ValueError, match=r"expected q of shape \[B, H, S, D\]"):
