@@ -87,6 +87,8 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t vs[4]
         int64_t ms[4]
         float scale
+    int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                      int64_t cols, double eps, int nthreads) noexcept
     int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) noexcept
     int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask,
                          float *out, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
@@ -495,6 +497,50 @@ def bias_act_(y, bias, act):
     with nogil:
         rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
     return y
+
+
+def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
+    """Layer normalization of a float32/float64 CPU Tensor ``x`` over its
+    trailing ``cols`` elements (rows of a contiguous copy): ``(x - mean) /
+    sqrt(var + eps) * weight + bias``, biased var, mean and variance in
+    double; weight and bias: None or Tensors of ``cols`` elements of x's
+    dtype (what ``F.layer_norm``'s fast path passes; it checks the shapes).
+    Returns a new contiguous Tensor of x's shape.
+
+    Raises:
+        TypeError: x not a float32/float64 CPU Tensor, or weight/bias of
+            another dtype or device.
+        ValueError: cols not dividing x's size, weight/bias of another size.
+    """
+    cdef str op = "layer_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
+            or (<Device>DEVICES[(<Tensor>x)._device]).type != "cpu":
+        raise TypeError(f"{op}: x must be a float32 or float64 CPU Tensor")
+    cdef Tensor tx = <Tensor>x, tw = None, tb = None, t
+    cdef int64_t n = numel(tx)
+    if cols <= 0 or n % cols:
+        raise ValueError(f"{op}: {cols} trailing elements do not divide x's {n}")
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is None:
+            continue
+        if not isinstance(v, Tensor) or (<Tensor>v)._dtype != tx._dtype or (<Tensor>v)._device != tx._device:
+            raise TypeError(f"{op}: {name} must be a Tensor of x's dtype and device")
+        if numel(<Tensor>v) != cols:
+            raise ValueError(f"{op}: {name} must have {cols} elements, got {numel(<Tensor>v)}")
+        t = _ready(<Tensor>v, tx._dtype)
+        if name == "weight":
+            tw = t
+        else:
+            tb = t
+    tx = _ready(tx, tx._dtype)
+    cdef Tensor out = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef const void *wp = tw._data if tw is not None else NULL
+    cdef const void *bp = tb._data if tb is not None else NULL
+    cdef int nt = num_threads()
+    if n:
+        with nogil:
+            mt_layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
+    return out
 
 
 cdef Tensor _rows_ready(Tensor t):

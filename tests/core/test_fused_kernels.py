@@ -240,3 +240,49 @@ def test_attention_checks_its_arguments(rng):
         F.attention(q, q, q, mt.tensor(np.zeros((5,), np.float32)))
     with pytest.raises(TypeError):
         F.attention(q, q, mt.tensor(np.ones((1, 2, 3, 4), np.int32)))
+
+
+def _layer_norm_ref(x, k, w, b, eps):
+    axes = tuple(range(x.ndim - k, x.ndim))
+    x = x.astype(np.float64)
+    y = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape, k", [((8, 13, 384), 1), ((3, 5, 7), 2), ((37,), 1), ((4, 1), 1),
+                                      ((2, 0, 6), 1)], ids=str)
+def test_layer_norm_kernel_matches_numpy(rng, dtype, shape, k):
+    """F.layer_norm's C kernel (one pass, mean and variance in double) over
+    rows of odd lengths (lanes and tails), several trailing axes, a strided
+    input, with and without weight and bias, on every thread count."""
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    ns = shape[len(shape) - k:]
+    w = rng.standard_normal(ns).astype(dtype)
+    b = rng.standard_normal(ns).astype(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            for wt, bt in ((w, b), (None, None), (w, None), (None, b)):
+                got = F.layer_norm(mt.tensor(x), ns, None if wt is None else mt.tensor(wt),
+                                   None if bt is None else mt.tensor(bt), eps=1e-5)
+                assert got.dtype == dtype and got.shape == shape
+                np.testing.assert_allclose(got.numpy(), _layer_norm_ref(x, k, wt, bt, 1e-5), **tol)
+    finally:
+        mt.set_num_threads(before)
+    if x.ndim == 3 and x.shape[1] > 1:                   # a strided view takes a contiguous copy
+        xs = mt.tensor(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+        np.testing.assert_allclose(F.layer_norm(xs, ns).numpy(), _layer_norm_ref(x, k, None, None, 1e-5), **tol)
+
+
+def test_layer_norm_mixed_dtypes_take_the_composed_path(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float16)
+    w = rng.standard_normal(6).astype(np.float32)
+    got = F.layer_norm(mt.tensor(x), 6, mt.tensor(w))
+    assert got.dtype == np.float32                        # MegEngine promotion, as before
+    np.testing.assert_allclose(got.numpy(), _layer_norm_ref(x, 1, w, None, 1e-5), rtol=2e-3, atol=2e-3)
+    c = rng.standard_normal((2, 5)).astype(np.float32)
+    c[1] = 7.0                                            # a constant row: var 0, output 0
+    np.testing.assert_allclose(F.layer_norm(mt.tensor(c), 5).numpy()[1], 0.0, atol=1e-6)

@@ -1,5 +1,6 @@
 /* Neural-network kernels: convolution (conv.c), pooling (pool.c), resize and
- * pad (resize.c).
+ * pad (resize.c), activation epilogues (act.c), attention (attention.c),
+ * layer normalization (norm.c).
  *
  * C does bytes: tensors arrive as contiguous NCHW buffers (the Cython layer in
  * nn.pyx makes them so) and every shape has been validated there. The float
@@ -36,6 +37,13 @@ void mt_act_f32(float *y, int64_t n, int act);
 void mt_act_f64(double *y, int64_t n, int act);
 /* y [rows, cols] row-major: y[r][c] = act(y[r][c] + bias[c]); bias may be NULL */
 int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nthreads);
+
+/* ---- layer normalization (norm.c) ---- */
+
+/* x, y [rows, cols] contiguous: y[r] = (x[r] - mean) / sqrt(var + eps) * w + b
+ * over each row (biased var); w and b [cols] or NULL. */
+int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t cols,
+                  double eps, int nthreads);
 
 /* ---- fused attention (attention.c) ---- */
 
