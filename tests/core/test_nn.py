@@ -1009,3 +1009,15 @@ def test_cached_weights_take_winograd_on_fewer_tiles():
     assert nn.weight_cache_info()[0] == 1      # it went through WINOGRAD's cache
     close(got, ref_conv2d(x, wt, b, 1, 1), "float32")
     nn.clear_weight_cache()
+
+
+def test_winograd_cache_follows_load_state_dict():
+    """A module's weights replaced by load_state_dict after a forward (the
+    cache holds their transform) give the new weights' result."""
+    import mgtrace.module as M
+    x, wt, b = _wino_case()
+    conv = M.Conv2d(16, 24, 3, padding=1).eval()
+    conv.load_state_dict({"weight": wt, "bias": b})
+    close(conv(tensor(x)).numpy(), ref_conv2d(x, wt, b, 1, 1), "float32")
+    conv.load_state_dict({"weight": -2 * wt, "bias": b})
+    close(conv(tensor(x)).numpy(), ref_conv2d(x, -2 * wt, b, 1, 1), "float32")
