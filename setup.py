@@ -78,7 +78,7 @@ extensions = [
     ext("reduce", ["mgtrace/_core/reduce.pyx", f"{KERNELS}/reduce.c", f"{KERNELS}/sort.c"]),
     ext("linalg", ["mgtrace/_core/linalg.pyx", f"{KERNELS}/gemm.c"], blas=True),
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/act.c",
-               f"{KERNELS}/attention.c", f"{KERNELS}/pool.c",
+               f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c"], blas=True),
 ]
 # MGTRACE_EXTENSIONS=reduce,nn builds only those (for quick local rebuilds)

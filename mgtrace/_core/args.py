@@ -89,7 +89,19 @@ def tensors(fn, **named):
 
     Raises ValueError("ambiguous device: ...") when Tensor arguments sit on
     different devices; arrays go to the Tensors' device."""
-    dev = get_device(*[v for v in named.values() if isinstance(v, Tensor)])
+    vals = list(named.values())
+    dev = None
+    for v in vals:     # the common case first: Tensors on one device (every layer call)
+        if type(v) is Tensor:
+            if dev is None:
+                dev = v.device
+            elif v.device != dev:
+                break
+        elif v is not None:
+            break
+    else:
+        return vals
+    dev = get_device(*[v for v in vals if isinstance(v, Tensor)])
     return [None if v is None else as_tensor(fn, k, v, dev) for k, v in named.items()]
 
 
@@ -117,6 +129,8 @@ def to_int(fn, name, v, minimum=None, maximum=None):
     """v as a Python int: an int, a NumPy integer or anything with
     ``__index__``; bool refused (TypeError). ValueError below ``minimum`` or
     above ``maximum``."""
+    if type(v) is int and (minimum is None or v >= minimum) and (maximum is None or v <= maximum):
+        return v    # the common case, first: these checks run on every layer call
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{fn}: {name} must be an int, not bool")
     try:
@@ -236,6 +250,10 @@ def pair(fn, name, v, minimum=0, allow_none=False):
     """An int or a pair of ints as (a, b), each a size (:func:`to_size`)."""
     if type(v) is int and minimum <= v <= MAX_GEOMETRY:      # the common case, checked fast
         return (v, v)
+    if type(v) is tuple and len(v) == 2:     # as a traced graph passes it (every conv call)
+        a, b = v
+        if type(a) is int and type(b) is int and minimum <= a <= MAX_GEOMETRY and minimum <= b <= MAX_GEOMETRY:
+            return v
     return ntuple(fn, name, v, 2, minimum, allow_none)
 
 

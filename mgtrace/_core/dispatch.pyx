@@ -324,6 +324,7 @@ cdef int check_writable(Tensor t) except -1:
     if t._st.readonly:
         raise ValueError("tensor is read-only (e.g. memory-mapped from an archive); "
                          "copy it with .copy() before writing")
+    t._st.version += 1    # every in-place write passes here: caches of derived values see it
     return 0
 
 

@@ -1,5 +1,5 @@
 # Declarations of the C kernels (mirrors kernels/*.h). C knows bytes only.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "kernels/mt_common.h" nogil:
     enum: MT_MAX_NDIM
@@ -45,6 +45,10 @@ cdef extern from "kernels/alloc.h" nogil:
         int device_index
         int readonly
         void *ctx
+        uint64_t uid
+        uint64_t version
+        int shared
+    int mt_storage_tracked(const mt_storage *st) noexcept
     mt_storage *mt_storage_new_host(size_t nbytes) noexcept
     mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int device_index,
                                 void (*release)(mt_storage *) noexcept, void *ctx) noexcept

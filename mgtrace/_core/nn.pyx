@@ -33,7 +33,10 @@ from libc.stdint cimport int64_t, intptr_t
 
 import numpy as np
 
-from mgtrace._core.kernels cimport MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64
+from collections import OrderedDict
+
+from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
+                                    mt_storage_tracked)
 from mgtrace._core.tensor cimport Tensor, empty, view_of, numel, is_contiguous, shape_tuple
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
@@ -65,6 +68,13 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) noexcept
+    int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) noexcept
+    void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
+                                  int nthreads) noexcept
+    int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) noexcept
+    int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                         const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     enum:
         MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
         MT_ACT_GELU
@@ -77,6 +87,8 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t vs[4]
         int64_t ms[4]
         float scale
+    int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                      int64_t cols, double eps, int nthreads) noexcept
     int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) noexcept
     int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask,
                          float *out, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
@@ -269,8 +281,12 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     """Kernel scratch memory from the core's allocator (it caches large
     blocks, so repeated calls do not pay fresh page faults); None for 0.
     ValueError when the kernel's plan for ``geometry`` (a description of the
-    arguments, for the message) needs more bytes than int64 counts."""
+    arguments for the message, or a function giving it: formatting shapes
+    on every call would cost more than a small convolution's arithmetic)
+    needs more bytes than int64 counts."""
     if nbytes == MT_NN_EOVERFLOW:
+        if callable(geometry):
+            geometry = geometry()
         raise ValueError(f"{op}: the kernel's work buffer for {geometry} needs more bytes than "
                          f"int64 counts; use less padding or split the input")
     if nbytes <= 0:
@@ -282,6 +298,75 @@ cdef int _check_rc(str op, int rc) except -1:
     if rc == MT_NN_ENOMEM:
         raise MemoryError(f"{op}: cannot allocate the kernel's work buffer")
     return 0
+
+
+# ------------------------------------------------------ transformed weights
+
+# Winograd's transformed weights U (16 values per 3x3 kernel, 16/9 of the
+# weight's bytes) are a function of the weight alone, and the weights of a
+# loaded or optimized module do not change between calls: transforming them
+# once instead of on every call saves a pass that writes 16/9 of the weights
+# (about 10% of a ResNet-18 layer at batch 1), and lets WINOGRAD pay on
+# fewer tiles. An entry is keyed by the weight's storage (its uid, unique
+# over the process's lifetime), the view's offset, shape and strides, and
+# the compute dtype; it holds the storage's version when it was made, so a
+# weight written in place since (every mgtrace write bumps the version; see
+# dispatch.check_writable) is transformed afresh, never served stale. A
+# storage others may write unseen (external memory, or exported writable
+# through DLPack) is never cached. Least recently used entries go first
+# past WEIGHT_CACHE_BYTES.
+WEIGHT_CACHE_BYTES = 256 << 20
+_weight_cache = OrderedDict()     # key -> (version, U tensor)
+_weight_cache_bytes = 0
+
+
+def weight_cache_info():
+    """(entries, bytes) of conv2d's cache of transformed weights."""
+    return len(_weight_cache), _weight_cache_bytes
+
+
+def clear_weight_cache():
+    """Drops conv2d's cached transformed weights (they are rebuilt on use)."""
+    global _weight_cache_bytes
+    _weight_cache.clear()
+    _weight_cache_bytes = 0
+
+
+cdef tuple _weight_key(Tensor w, int work):
+    """The cache key of weight view ``w`` computed in dtype ``work``, or None
+    when its storage's writes are not all seen (mt_storage_tracked)."""
+    if not mt_storage_tracked(w._st):
+        return None
+    cdef int i
+    return (w._st.uid, <intptr_t>(w._data - w._st.ptr), w._dtype, work,
+            tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
+
+
+cdef Tensor _wino_u(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int nt):
+    """U for weight ``w`` (``w_orig`` made contiguous in dtype ``work``),
+    from the cache when ``w_orig`` has not been written since."""
+    global _weight_cache_bytes
+    key = _weight_key(w_orig, work)
+    if key is not None:
+        hit = _weight_cache.get(key)
+        if hit is not None and hit[0] == w_orig._st.version:
+            _weight_cache.move_to_end(key)
+            return <Tensor>hit[1]
+    cdef int64_t nbytes = mt_conv2d_wino_u_bytes(work, g)
+    cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the transformed weights")
+    with nogil:
+        mt_conv2d_wino_transform(work, w._data, u._data, g, nt)
+    if key is None or nbytes > WEIGHT_CACHE_BYTES:
+        return u
+    old = _weight_cache.pop(key, None)
+    if old is not None:
+        _weight_cache_bytes -= numel(<Tensor>old[1])
+    _weight_cache[key] = (w_orig._st.version, u)
+    _weight_cache_bytes += nbytes
+    while _weight_cache_bytes > WEIGHT_CACHE_BYTES:
+        _, (_, gone) = _weight_cache.popitem(last=False)
+        _weight_cache_bytes -= numel(<Tensor>gone)
+    return u
 
 
 # ------------------------------------------------------------------ convolution
@@ -412,6 +497,50 @@ def bias_act_(y, bias, act):
     with nogil:
         rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
     return y
+
+
+def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
+    """Layer normalization of a float32/float64 CPU Tensor ``x`` over its
+    trailing ``cols`` elements (rows of a contiguous copy): ``(x - mean) /
+    sqrt(var + eps) * weight + bias``, biased var, mean and variance in
+    double; weight and bias: None or Tensors of ``cols`` elements of x's
+    dtype (what ``F.layer_norm``'s fast path passes; it checks the shapes).
+    Returns a new contiguous Tensor of x's shape.
+
+    Raises:
+        TypeError: x not a float32/float64 CPU Tensor, or weight/bias of
+            another dtype or device.
+        ValueError: cols not dividing x's size, weight/bias of another size.
+    """
+    cdef str op = "layer_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
+            or (<Device>DEVICES[(<Tensor>x)._device]).type != "cpu":
+        raise TypeError(f"{op}: x must be a float32 or float64 CPU Tensor")
+    cdef Tensor tx = <Tensor>x, tw = None, tb = None, t
+    cdef int64_t n = numel(tx)
+    if cols <= 0 or n % cols:
+        raise ValueError(f"{op}: {cols} trailing elements do not divide x's {n}")
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is None:
+            continue
+        if not isinstance(v, Tensor) or (<Tensor>v)._dtype != tx._dtype or (<Tensor>v)._device != tx._device:
+            raise TypeError(f"{op}: {name} must be a Tensor of x's dtype and device")
+        if numel(<Tensor>v) != cols:
+            raise ValueError(f"{op}: {name} must have {cols} elements, got {numel(<Tensor>v)}")
+        t = _ready(<Tensor>v, tx._dtype)
+        if name == "weight":
+            tw = t
+        else:
+            tb = t
+    tx = _ready(tx, tx._dtype)
+    cdef Tensor out = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef const void *wp = tw._data if tw is not None else NULL
+    cdef const void *bp = tb._data if tb is not None else NULL
+    cdef int nt = num_threads()
+    if n:
+        with nogil:
+            mt_layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
+    return out
 
 
 cdef Tensor _rows_ready(Tensor t):
@@ -563,6 +692,7 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         raise ValueError(f"{op}: the winograd kernel needs a 3x3 kernel, stride 1 and dilation 1")
     work = _work_code(code)
     tx = _ready(tx, work)
+    cdef Tensor tw_orig = tw
     tw = _ready(tw, work)
     cdef const void *bptr = NULL
     if tb is not None:
@@ -576,19 +706,33 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         g.has_res = 1
         g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
-    cdef Tensor ws = _workspace(op, mt_conv2d_workspace(work, &g, a, nt), tx._device,
-                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
-                                f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
+    if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
+        a = mt_conv2d_pick_algo_ex(&g, mt_storage_tracked(tw_orig._st))
+    cdef Tensor u = None
+    if a == MT_CONV_WINOGRAD and n > 0 and o > 0 and c > 0:
+        u = _wino_u(tw_orig, tw, work, &g, nt)
+    cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, nt) if u is not None else \
+        mt_conv2d_workspace(work, &g, a, nt)
+    cdef Tensor ws = _workspace(op, wsbytes, tx._device,
+                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                                        f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
-        rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
+        if u is not None:
+            rc = mt_conv2d_wino_u(work, tx._data, u._data, bptr, out._data, &g, nt, wsp)
+        else:
+            rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
 
 
 def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
     """The algorithm conv2d picks for these shapes: "winograd", "shifted",
-    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests).
+    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests), for a
+    weight whose Winograd transform is not cached. (A weight in memory that
+    mgtrace tracks, see ``WEIGHT_CACHE_BYTES``, has its transform cached and
+    takes Winograd from 32 tiles whatever its size: 512 channels on 7x7
+    planes from batch 2, where this answers "im2col".)
 
     >>> conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
     'winograd'
@@ -681,6 +825,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
     work = _work_code(code)
     tx = _ready(tx, work)
+    cdef Tensor tw_orig = tw
     tw = _ready(tw, work)
     cdef const void *bptr = NULL
     if tb is not None:

@@ -693,6 +693,8 @@ cdef class Tensor:
                               f"cannot export to DLPack device {tuple(dl_device)}")
         if copy:
             return self.copy().__dlpack__(max_version=max_version)
+        if not self.readonly:
+            self._st.shared = 1    # the consumer may write it: no cache can trust its version now
         cdef mt_DLManagedTensor *m
         cdef mt_DLManagedTensorVersioned *mv
         if max_version is not None and max_version[0] >= 1:

@@ -21,6 +21,7 @@ Conventions (MegEngine's, which follow PyTorch's for these functions):
   of the Tensor arguments.
 """
 import functools
+import math
 
 import numpy as np
 
@@ -111,8 +112,8 @@ def linear(x, weight, bias=None):
 
 
 def _conv_bias(fn, bias, channels):
-    if bias is None:
-        return None
+    if bias is None or (bias.ndim == 1 and bias.shape[0] == channels):
+        return bias
     if bias.shape != (channels,) and not (bias.size == channels and bias.ndim >= 2
                                           and bias.shape[1] == channels):
         raise ValueError(f"{fn}: bias must have shape ({channels},) or (1, {channels}, 1, 1), "
@@ -534,6 +535,9 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     return y
 
 
+_LN_FAST = (np.dtype("float32"), np.dtype("float64"))   # the dtypes of layer_norm's C kernel
+
+
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Layer normalization over the trailing ``normalized_shape`` axes
     (PyTorch's ``layer_norm``; MegEngine's with ``affine`` implied by weight).
@@ -569,10 +573,14 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.shape != ns:
             raise ValueError(f"{fn}: {name} must have shape {ns} (normalized_shape), got {t.shape}")
+    eps = A.to_float(fn, "eps", eps)
+    if x.dtype in _LN_FAST and all(t is None or t.dtype == x.dtype for t in (weight, bias)) and x.device.type == "cpu":
+        # one C pass (mean and variance in double): same values, a fifth of the time
+        return _nn.layer_norm_rows(x, weight, bias, math.prod(ns), eps)
     axes = tuple(range(x.ndim - k, x.ndim))
     mean = _reduce.mean(x, axes, True)
     var = _reduce.var(x, axes, True)
-    y = _B["mul"](_B["sub"](x, mean), _U["rsqrt"](_B["add"](var, A.to_float(fn, "eps", eps))))
+    y = _B["mul"](_B["sub"](x, mean), _U["rsqrt"](_B["add"](var, eps)))
     if weight is not None:
         y = _B["mul"](y, weight)
     if bias is not None:

@@ -204,6 +204,33 @@ def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
     np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
 
 
+def test_attention_softmax_lanes_and_special_rows(rng):
+    """The softmax's 8-lane max and sums over rows longer than the lanes
+    (37 keys: lanes and a tail), with a NaN in one row (that row's outputs
+    are NaN, the others unchanged) and a fully masked row (NaN, as the
+    unfused softmax gives), on every thread count."""
+    q = rng.standard_normal((2, 2, 6, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 37, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 37, 5)).astype(np.float32)
+    mask = np.zeros((2, 1, 6, 37), np.float32)
+    mask[1, 0, 4] = -np.inf                       # every key of query 4 of image 1 masked
+    k_nan = k.copy()
+    k_nan[0, 1, 30, 2] = np.nan                   # one key of head 1 of image 0
+    with np.errstate(invalid="ignore"):          # the reference's NaN rows
+        want = _attention_ref(q, k_nan, v, mask, 0.3)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            got = F.attention(mt.tensor(q), mt.tensor(k_nan), mt.tensor(v), mt.tensor(mask), scale=0.3).numpy()
+            assert np.isnan(got[0, 1]).all() and np.isnan(got[1, :, 4]).all()
+            ok = ~np.isnan(want)
+            np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-6)
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+    finally:
+        mt.set_num_threads(before)
+
+
 def test_attention_checks_its_arguments(rng):
     q = mt.tensor(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
     with pytest.raises(ValueError, match=r"expected q of shape \[B, H, S, D\]"):
@@ -214,3 +241,49 @@ def test_attention_checks_its_arguments(rng):
         F.attention(q, q, q, mt.tensor(np.zeros((5,), np.float32)))
     with pytest.raises(TypeError):
         F.attention(q, q, mt.tensor(np.ones((1, 2, 3, 4), np.int32)))
+
+
+def _layer_norm_ref(x, k, w, b, eps):
+    axes = tuple(range(x.ndim - k, x.ndim))
+    x = x.astype(np.float64)
+    y = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape, k", [((8, 13, 384), 1), ((3, 5, 7), 2), ((37,), 1), ((4, 1), 1),
+                                      ((2, 0, 6), 1)], ids=str)
+def test_layer_norm_kernel_matches_numpy(rng, dtype, shape, k):
+    """F.layer_norm's C kernel (one pass, mean and variance in double) over
+    rows of odd lengths (lanes and tails), several trailing axes, a strided
+    input, with and without weight and bias, on every thread count."""
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    ns = shape[len(shape) - k:]
+    w = rng.standard_normal(ns).astype(dtype)
+    b = rng.standard_normal(ns).astype(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            for wt, bt in ((w, b), (None, None), (w, None), (None, b)):
+                got = F.layer_norm(mt.tensor(x), ns, None if wt is None else mt.tensor(wt),
+                                   None if bt is None else mt.tensor(bt), eps=1e-5)
+                assert got.dtype == dtype and got.shape == shape
+                np.testing.assert_allclose(got.numpy(), _layer_norm_ref(x, k, wt, bt, 1e-5), **tol)
+    finally:
+        mt.set_num_threads(before)
+    if x.ndim == 3 and x.shape[1] > 1:                   # a strided view takes a contiguous copy
+        xs = mt.tensor(np.ascontiguousarray(x.transpose(1, 0, 2))).transpose(1, 0, 2)
+        np.testing.assert_allclose(F.layer_norm(xs, ns).numpy(), _layer_norm_ref(x, k, None, None, 1e-5), **tol)
+
+
+def test_layer_norm_mixed_dtypes_take_the_composed_path(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float16)
+    w = rng.standard_normal(6).astype(np.float32)
+    got = F.layer_norm(mt.tensor(x), 6, mt.tensor(w))
+    assert got.dtype == np.float32                        # MegEngine promotion, as before
+    np.testing.assert_allclose(got.numpy(), _layer_norm_ref(x, 1, w, None, 1e-5), rtol=2e-3, atol=2e-3)
+    c = rng.standard_normal((2, 5)).astype(np.float32)
+    c[1] = 7.0                                            # a constant row: var 0, output 0
+    np.testing.assert_allclose(F.layer_norm(mt.tensor(c), 5).numpy()[1], 0.0, atol=1e-6)

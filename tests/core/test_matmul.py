@@ -30,6 +30,24 @@ def test_transposed_and_strided_layouts(rng):
     assert_close(ta[:, ::2] @ tb[:, ::2].T, a[:, ::2] @ b[:, ::2].T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_row_products_take_the_gemv_path(rng, dtype):
+    """A single row (Linear at batch 1) runs as a GEMV: every layout of A's
+    row and B (transposed, strided, a column of a larger matrix) and batches
+    of single rows agree with NumPy."""
+    a = rng.standard_normal((3, 40)).astype(dtype)
+    b = rng.standard_normal((40, 70)).astype(dtype)
+    ta, tb = mt.tensor(a), mt.tensor(b)
+    tol = dict(rtol=1e-5, atol=1e-5)
+    assert_close(ta[:1] @ tb, a[:1] @ b, **tol)                    # B not transposed
+    assert_close(ta[:1] @ mt.tensor(b.T.copy()).T, a[:1] @ b, **tol)  # B transposed (F.linear's weight.T)
+    assert_close(ta[1] @ tb, a[1] @ b, **tol)                      # 1-d x
+    assert_close(ta[:1, ::2] @ tb[::2, 1::3], a[:1, ::2] @ b[::2, 1::3], **tol)   # strided
+    assert_close(ta.T[:, :1].T @ tb, a[:1] @ b, **tol)             # A's row read with a stride
+    assert_close(ta[:, None, :] @ tb, a[:, None, :] @ b, **tol)    # a batch of single rows
+    assert_close(mt.functional.linear(ta[:1], mt.tensor(b.T.copy())), a[:1] @ b, **tol)
+
+
 def test_half_precision_and_promotion(rng):
     a = rng.standard_normal((4, 8)).astype(np.float16)
     b = rng.standard_normal((8, 3)).astype(np.float32)

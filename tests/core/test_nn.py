@@ -251,6 +251,45 @@ def test_depthwise_conv2d(case, algo, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (n, c, h, w, multiplier, (kh, kw), stride, padding, dilation)
+    (1, 5, 7, 7, 1, (3, 3), 1, 1, 1),            # MobileNet's 7x7 planes: wide rows shorter than a vector
+    (3, 4, 13, 11, 1, (3, 3), 2, 1, 1),          # odd sizes, stride 2 (the deinterleaving pack)
+    (2, 3, 12, 14, 1, (3, 3), 2, 0, 1),          # stride 2 without padding
+    (2, 3, 11, 12, 1, (3, 3), (2, 1), (0, 2), 1),  # stride and padding differ per axis
+    (1, 2, 17, 16, 2, (3, 3), 3, 2, 1),          # stride 3, multiplier 2
+    (1, 3, 15, 13, 1, (3, 3), 2, 2, 2),          # stride and dilation together
+    (2, 2, 9, 10, 1, (5, 3), 1, (2, 1), 1),      # kh != kw: the tap-by-tap path
+    (1, 2, 12, 12, 1, (7, 7), 2, 3, 1),
+    (1, 3, 4, 5, 1, (3, 3), 1, 3, 1),            # padding wider than the input
+    (2, 2, 1, 1, 1, (1, 1), 1, 0, 1),            # 1x1 depthwise
+], ids=str)
+def test_depthwise_packed_geometries(case, dtype):
+    """DEPTHWISE's packed plane (zero padding written once per thread, the
+    stride's phases, wide rows) over geometries the MobileNet ones do not
+    reach, on every thread count."""
+    n, c, h, w, mult, (kh, kw), s, p, d = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(c * mult, 1, kh, kw, dtype=dtype), rand(c * mult, dtype=dtype)
+    ref = ref_conv2d(x, wt, b, s, p, d, c)
+    before = dispatch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, c, "depthwise")
+            close(y.numpy(), ref, dtype)
+    finally:
+        dispatch.set_num_threads(before)
+
+
+def test_depthwise_large_plane_falls_back():
+    """A plane whose packed copy would pass DEPTHWISE's 4 MiB scratch takes
+    the direct path; both paths agree with the reference."""
+    x, wt, b = rand(1, 1, 1030, 1030), rand(1, 1, 3, 3), rand(1)
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "depthwise")
+    close(y.numpy(), ref_conv2d(x, wt, b, 1, 1, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape", [(2, 8, 40, 40, 16, 1), (1, 32, 7, 9, 8, 1), (3, 12, 33, 32, 6, 3)], ids=str)
 def test_conv2d_1x1_is_a_gemm(shape, dtype):
     n, c, h, w, o, g = shape
@@ -531,6 +570,27 @@ def test_max_pool2d_propagates_nan():
     x[0, 0, 1, 2] = np.nan
     y = nn.max_pool2d(tensor(x), 2).numpy()
     assert np.isnan(y[0, 0, 0, 1]) and not np.isnan(y[0, 0, 0, 0]) and not np.isnan(y[0, 0, 1]).any()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool2d_packed_planes_on_threads(dtype):
+    """ResNet's 3x3 / 2 pool (the packed, phase-split path) on odd planes,
+    batch > 1 and every thread count, with NaNs at borders and inside, and
+    a plane too large for the packed copy (the direct loops)."""
+    x = rand(3, 5, 23, 17, dtype=dtype) - 5
+    x[0, 0, 0, 0] = x[1, 2, 22, 16] = x[2, 4, 11, 8] = np.nan
+    ref = ref_max_pool2d(x, 3, 2, 1)
+    big = rand(1, 1, 1100, 1100, dtype=dtype)
+    before = dispatch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            np.testing.assert_array_equal(nn.max_pool2d(tensor(x), 3, 2, 1).numpy(), ref)
+            np.testing.assert_array_equal(nn.max_pool2d(tensor(x), 3, 2, 1, ceil_mode=True).numpy(),
+                                          ref_max_pool2d(x, 3, 2, 1, ceil_mode=True))
+        np.testing.assert_array_equal(nn.max_pool2d(tensor(big), 3, 2, 1).numpy(), ref_max_pool2d(big, 3, 2, 1))
+    finally:
+        dispatch.set_num_threads(before)
 
 
 AVG_POOL_CASES = [  # kernel, stride, padding, ceil_mode, count_include_pad
@@ -846,3 +906,118 @@ def test_pad_against_torch(torch, mode):
                                   **({"value": 1.5} if mode == "constant" else {})).numpy()
     y = nn.pad(tensor(x), ((0, 0), (0, 0), (3, 4), (2, 1)), mode, value=1.5).numpy()
     np.testing.assert_array_equal(y, ref)
+
+
+# ------------------------------------------------- Winograd's cached weights
+
+def _wino_case(dtype="float32"):
+    x, wt, b = rand(2, 16, 9, 11, dtype=dtype), rand(24, 16, 3, 3, dtype=dtype), rand(24, dtype=dtype)
+    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "winograd"
+    return x, wt, b
+
+
+def _wino(x, w, b):
+    return nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "auto").numpy()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_winograd_weights_are_transformed_once(dtype):
+    x, wt, b = _wino_case(dtype)
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    first = _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 1
+    again = _wino(x, w, b)                     # served from the cache: the same values
+    assert nn.weight_cache_info()[0] == 1
+    np.testing.assert_array_equal(again, first)
+    close(first, ref_conv2d(x, wt, b, 1, 1), dtype)
+    # the workspace path (no cache) computes the same
+    np.testing.assert_array_equal(nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "winograd").numpy(), first)
+
+
+@pytest.mark.parametrize("write", ["setitem", "copy_", "iadd", "slice_of_view"])
+def test_winograd_cache_sees_in_place_writes(write):
+    """A weight written in place after its transform was cached is
+    transformed afresh: the result is the new weight's, never the old."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    _wino(x, w, b)
+    new = wt.copy()
+    if write == "setitem":
+        w[3] = tensor(wt[3] * 2)
+        new[3] *= 2
+    elif write == "copy_":
+        dispatch.copy_(w, tensor(wt + 1))
+        new += 1
+    elif write == "iadd":
+        w += 0.5
+        new += 0.5
+    else:                                      # a write through another view of the storage
+        w.reshape(-1)[:10] = 0.0
+        new.reshape(-1)[:10] = 0.0
+    close(_wino(x, w, b), ref_conv2d(x, new, b, 1, 1), "float32")
+    assert nn.weight_cache_info()[0] == 1      # the stale entry was replaced, not kept beside
+
+
+def test_winograd_cache_keys_views_and_storages_apart():
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    both = tensor(np.concatenate([wt, -wt]))   # two weights, views of one storage
+    close(_wino(x, both[:24], b), ref_conv2d(x, wt, b, 1, 1), "float32")
+    close(_wino(x, both[24:], b), ref_conv2d(x, -wt, b, 1, 1), "float32")
+    # a new weight whose storage reuses a freed one's memory is not served the old U
+    for k in range(3):
+        close(_wino(x, tensor(wt * (k + 2)), b), ref_conv2d(x, wt * (k + 2), b, 1, 1), "float32")
+
+
+def test_winograd_cache_skips_memory_others_may_write():
+    """Memory exported writable through DLPack (NumPy may write it unseen)
+    is transformed on every call."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    view = np.from_dlpack(w)
+    _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 0
+    view[:] = -wt                             # a write mgtrace does not see
+    close(_wino(x, w, b), ref_conv2d(x, -wt, b, 1, 1), "float32")
+
+
+def test_winograd_cache_is_bounded(monkeypatch):
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    one = 16 * (24 * 16 + 16) * 4
+    monkeypatch.setattr(nn, "WEIGHT_CACHE_BYTES", 2 * one + 100)
+    ws = [tensor(wt + k) for k in range(4)]
+    for w in ws:
+        _wino(x, w, b)
+    assert nn.weight_cache_info()[0] == 2 and nn.weight_cache_info()[1] <= 2 * one + 100
+    close(_wino(x, ws[0], b), ref_conv2d(x, wt, b, 1, 1), "float32")   # evicted: rebuilt
+    nn.clear_weight_cache()
+    assert nn.weight_cache_info() == (0, 0)
+
+
+def test_cached_weights_take_winograd_on_fewer_tiles():
+    """512 channels on 7x7 planes at batch 2 (32 tiles): IM2COL when the
+    transform is paid every call, WINOGRAD for a weight whose transform is
+    cached; both give the reference's values."""
+    x, wt, b = rand(2, 512, 7, 7), rand(512, 512, 3, 3) * 0.05, rand(512)
+    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "im2col"
+    nn.clear_weight_cache()
+    got = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "auto").numpy()
+    assert nn.weight_cache_info()[0] == 1      # it went through WINOGRAD's cache
+    close(got, ref_conv2d(x, wt, b, 1, 1), "float32")
+    nn.clear_weight_cache()
+
+
+def test_winograd_cache_follows_load_state_dict():
+    """A module's weights replaced by load_state_dict after a forward (the
+    cache holds their transform) give the new weights' result."""
+    import mgtrace.module as M
+    x, wt, b = _wino_case()
+    conv = M.Conv2d(16, 24, 3, padding=1).eval()
+    conv.load_state_dict({"weight": wt, "bias": b})
+    close(conv(tensor(x)).numpy(), ref_conv2d(x, wt, b, 1, 1), "float32")
+    conv.load_state_dict({"weight": -2 * wt, "bias": b})
+    close(conv(tensor(x)).numpy(), ref_conv2d(x, -2 * wt, b, 1, 1), "float32")

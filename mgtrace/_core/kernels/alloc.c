@@ -130,6 +130,14 @@ void mt_host_cache_set_limit(size_t bytes) {
     if (mt_host_cached_bytes() > bytes) mt_host_cache_clear();
 }
 
+static uint64_t next_uid = 0;
+
+static void storage_stamp(mt_storage *st) {
+    st->uid = __atomic_add_fetch(&next_uid, 1, __ATOMIC_RELAXED);
+    st->version = 0;
+    st->shared = 0;
+}
+
 mt_storage *mt_storage_new_host(size_t nbytes) {
     mt_storage *st = (mt_storage *)malloc(sizeof(mt_storage));
     if (!st) return NULL;
@@ -138,6 +146,7 @@ mt_storage *mt_storage_new_host(size_t nbytes) {
     st->refcount = 1; st->nbytes = nbytes;
     st->device_type = MT_DEV_CPU; st->device_index = 0; st->readonly = 0;
     st->release = NULL; st->ctx = NULL;
+    storage_stamp(st);
     return st;
 }
 
@@ -148,6 +157,7 @@ mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int devic
     st->refcount = 1; st->ptr = (char *)ptr; st->nbytes = nbytes;
     st->device_type = device_type; st->device_index = device_index; st->readonly = 0;
     st->release = release; st->ctx = ctx;
+    storage_stamp(st);
     return st;
 }
 

@@ -17,7 +17,22 @@ typedef struct mt_storage {
      * memory back to its owner (an ndarray, a DLPack producer, an mmap). */
     void (*release)(struct mt_storage *);
     void *ctx;
+    /* For caches of values derived from the contents (conv2d's transformed
+     * Winograd weights): uid is unique over the process's lifetime (a new
+     * storage at a freed one's address gets a new uid), version counts the
+     * in-place writes mgtrace made (dispatch's check_writable bumps it), and
+     * shared is set once the memory was exported writable (DLPack), after
+     * which others may write it unseen. */
+    uint64_t uid;
+    uint64_t version;
+    int shared;
 } mt_storage;
+
+/* Whether every write to the storage's memory bumps its version: memory
+ * mgtrace allocated and never exported writable, or read-only memory. */
+static inline int mt_storage_tracked(const mt_storage *st) {
+    return st->readonly || (st->release == NULL && !st->shared);
+}
 
 mt_storage *mt_storage_new_host(size_t nbytes);
 mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int device_index,

@@ -25,25 +25,41 @@ int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) {
 }
 
 /* One row of scores: += mask row (may be NULL, its step ms3 may be 0), then
- * softmax in place. */
-static void softmax_row(float *row, const float *mrow, int64_t ms3, int64_t n) {
+ * softmax in place. The max, the NaN check and the double sum run in 8
+ * lanes so that they vectorise (a plain loop with a branch, or one double
+ * accumulator, stays scalar): a NaN in the row makes the lanes' x * 0 sums
+ * NaN, and then m = NaN as before. MT_VCLONES (with the AVX-512 clone), as
+ * attn_exp_f32: a clone calls its callee's clone of the same target, and
+ * the AVX2 one of the 16-lane exp is several times slower. */
+static MT_VCLONES void softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3, int64_t n) {
     if (mrow) {
         if (ms3 == 1) for (int64_t j = 0; j < n; j++) row[j] += mrow[j];
         else for (int64_t j = 0; j < n; j++) row[j] += mrow[j * ms3];
     }
-    float m = -INFINITY;
-    int nan = 0;
-    for (int64_t j = 0; j < n; j++) {
-        if (row[j] > m) m = row[j];
-        nan |= row[j] != row[j];
-    }
-    if (nan) m = NAN;
-    for (int64_t j = 0; j < n; j++) row[j] -= m;
+    float mx[8], poison[8];
+    for (int l = 0; l < 8; l++) { mx[l] = -INFINITY; poison[l] = 0; }
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const float v = row[j + l];
+            mx[l] = v > mx[l] ? v : mx[l];
+            poison[l] += v * 0.0f;   /* NaN for a NaN (or an infinity: then the exact check below) */
+        }
+    float m = -INFINITY, pz = 0;
+    for (int l = 0; l < 8; l++) { m = mx[l] > m ? mx[l] : m; pz += poison[l]; }
+    for (; j < n; j++) { m = row[j] > m ? row[j] : m; pz += row[j] * 0.0f; }
+    if (pz != pz)
+        for (int64_t i = 0; i < n; i++) if (row[i] != row[i]) { m = NAN; break; }
+    for (int64_t i = 0; i < n; i++) row[i] -= m;
     attn_exp_f32(row, row, n);
-    double s = 0;
-    for (int64_t j = 0; j < n; j++) s += row[j];
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] += row[j + l];
+    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; j < n; j++) s += row[j];
     const float inv = (float)(1.0 / s);
-    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t i = 0; i < n; i++) row[i] *= inv;
 }
 
 static void attention_pair(const float *q, const float *k, const float *v, const float *mask, float *out,

@@ -32,7 +32,11 @@
  *              tiny), planes below 32x32 (where SHIFTED's wide columns waste
  *              most) and strided 1x1.
  *   DEPTHWISE  one input channel per group (MobileNet's depthwise convs):
- *              direct loops, one output plane per OpenMP task.
+ *              direct loops, one output plane per OpenMP task. The plane is
+ *              first copied zero-padded and split into the stride's phases,
+ *              so that the plane's outputs are one long unit-stride loop
+ *              with no bounds checks (3x3: nine multiply-adds an output in
+ *              registers), vectorised even on 7x7 planes.
  *
  * conv_transpose2d: col = W^T * x (GEMM), then col2im adds the columns into
  * the output, in tiles of input pixels.
@@ -171,6 +175,39 @@ static inline void gather_row(char *dst, const char *row, int64_t n, int64_t fir
     memset(dst + hi * isz, 0, (size_t)((n - hi) * isz));
 }
 
+static inline int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* DEPTHWISE's packed plane: the zero-padded input plane split into the
+ * stride's sh * sw phases (phase (a, b) holds padded rows a, a + sh, ... and
+ * columns b, b + sw, ...), each hq x wq. In it, tap (kh, kw) of output
+ * (oy, ox) is element (oy * wq + ox) + off[tap] (off: the tap's phase plane
+ * and shift), so a whole plane of outputs is one 1-D convolution over
+ * "wide" rows of wq elements (of which ow are outputs). Used while a
+ * plane's copy and wide output fit MT_DW_MAX_BYTES. */
+#define MT_DW_MAX_BYTES ((int64_t)4 << 20)
+typedef struct {
+    int64_t hq, wq, plane, wide, bytes_one;   /* bytes_one: a thread's scratch */
+    int packed;
+} dw_plan;
+
+static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
+    const int64_t hp = ws_add(ws_mul(g->oh - 1, g->sh), ws_add(ws_mul(g->kh - 1, g->dh), 1));
+    const int64_t wp = ws_add(ws_mul(g->ow - 1, g->sw), ws_add(ws_mul(g->kw - 1, g->dw), 1));
+    pl->hq = hp == WS_TOO_LARGE ? WS_TOO_LARGE : (hp + g->sh - 1) / g->sh;
+    pl->wq = wp == WS_TOO_LARGE ? WS_TOO_LARGE : (wp + g->sw - 1) / g->sw;
+    pl->plane = ws_mul(pl->hq, pl->wq);
+    pl->wide = ws_mul(g->oh, pl->wq);
+    pl->bytes_one = ws_add(ws_round(ws_mul4(ws_mul(g->sh, g->sw), pl->plane, isz, 1)),
+                           ws_round(ws_mul(pl->wide, isz)));
+    pl->packed = pl->bytes_one <= MT_DW_MAX_BYTES;
+}
+
 #define MT_NN_TEMPLATE
 #define T float
 #define SFX f32
@@ -186,13 +223,6 @@ static inline void gather_row(char *dst, const char *row, int64_t n, int64_t fir
 
 /* ------------------------------------------------------------ threading */
 
-static inline int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* OpenBLAS's jobs on OpenMP threads. OpenBLAS calls this with all the jobs
  * of one threaded call (numjobs records jobdata_elsize bytes apart) and
@@ -353,7 +383,9 @@ static int wino_applicable(const mt_conv2d_geom *g) {
     return g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
 }
 
-int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
+int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex(g, 0); }
+
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
     const int64_t cg = g->c / g->groups;
     if (cg == 1) return MT_CONV_DEPTHWISE;
     const int is1x1 = g->kh == 1 && g->kw == 1;
@@ -365,13 +397,16 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g) {
     if (is1x1) return MT_CONV_IM2COL;
     /* Winograd needs 3x3, stride 1, no dilation; its 16 GEMMs need enough
      * channels (K and M), and enough 2x2 tiles over the batch (N) to pay for
-     * the weight transform (16 values per 3x3 kernel, every call): more when
-     * the transformed weights outgrow the cache (512x512: 16 MiB) */
+     * the weight transform (16 values per 3x3 kernel, every call unless the
+     * caller caches U): more when the transformed weights outgrow the cache
+     * (512x512: 16 MiB) */
     /* (the sizes below in double: they only rank algorithms, and must not
      * wrap for the huge geometries a workspace query then refuses) */
     const int64_t og = g->o / g->groups;
     const double tiles = (double)g->n * (double)((g->oh + 1) / 2) * (double)((g->ow + 1) / 2);
-    const int64_t min_tiles = 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
+    /* (with U cached by the caller, 32 tiles pay whatever U's size: 512
+     * channels on 7x7 planes measured 25% faster than IM2COL at batch 2) */
+    const int64_t min_tiles = !u_cached && 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
     if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) return MT_CONV_WINOGRAD;
     const double one_image = (double)count_slots(g) * (double)g->c * (double)shifted_hq(g)
                            * (double)shifted_wq(g) * 8.0;
@@ -670,9 +705,14 @@ typedef struct {
     int64_t th, tw, hp, wp, plane, nb, rows, tmax, bytes;
 } wino_plan;
 
-static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *pl) {
+/* U's size: 16 planes of [O][C/groups], MT_WINO_SKEW apart */
+static int64_t wino_u_bytes(const mt_conv2d_geom *g, int64_t isz) {
+    return ws_round(ws_mul4(16, ws_add(ws_mul(g->o, g->c / g->groups), MT_WINO_SKEW), isz, 1));
+}
+
+/* own_u: the workspace holds U (0: the caller passes U transformed already) */
+static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, int own_u, wino_plan *pl) {
     (void)nt;
-    const int64_t cg = g->c / g->groups;
     pl->th = (g->oh + 1) / 2;
     pl->tw = (g->ow + 1) / 2;
     pl->hp = 2 * pl->th + 2;
@@ -687,22 +727,35 @@ static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, wino_plan *p
     const int64_t nchunk = (total + fit - 1) / fit;
     pl->rows = (total + nchunk - 1) / nchunk;
     pl->tmax = ws_mul(pl->rows, pl->tw);
-    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)),
-                              ws_round(ws_mul4(16, ws_add(ws_mul(g->o, cg), MT_WINO_SKEW), isz, 1))),
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)), own_u ? wino_u_bytes(g, isz) : 0),
                        ws_add(ws_add(ws_round(ws_mul4(16, ws_add(ws_mul(g->c, pl->tmax), MT_WINO_SKEW), isz, 1)),
                                      ws_round(ws_mul4(16, ws_add(ws_mul(g->o, pl->tmax), MT_WINO_SKEW), isz, 1))),
                               ws_mul(nt, ws_round(ws_mul(2 * pl->tw + 2, isz)))));
 }
 
-static int conv_winograd(int dt, const char *x, const char *w, const char *bias, char *y,
+/* U from the weights: the 16 planes of the transformed 3x3 kernels, a
+ * task per output channel (in the caller's OpenMP region or its own). */
+static void wino_transform(int dt, const char *w, char *u, const mt_conv2d_geom *g, int nt) {
+    const int64_t cg = g->c / g->groups, ux = g->o * cg + MT_WINO_SKEW;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < g->o; o++) {
+        if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
+        else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+    }
+}
+
+/* u_given: U transformed already (mt_conv2d_wino_transform), else NULL and
+ * the weights w are transformed into the workspace first. */
+static int conv_winograd(int dt, const char *x, const char *w, const char *u_given, const char *bias, char *y,
                          const mt_conv2d_geom *g, int nt, char *ws) {
     const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow;
     const int64_t cg = g->c / g->groups, og = g->o / g->groups;
     wino_plan pl;
-    plan_wino(g, isz, nt, &pl);
+    plan_wino(g, isz, nt, u_given == NULL, &pl);
     const int64_t th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
     char *p = ws_take(&ws, nb * g->c * plane * isz);
-    char *u = ws_take(&ws, 16 * (g->o * cg + MT_WINO_SKEW) * isz);   /* U[xi]: [O][C/groups], ux apart */
+    /* U[xi]: [O][C/groups], ux apart */
+    const char *u = u_given ? u_given : ws_take(&ws, wino_u_bytes(g, isz));
     const int64_t ux = g->o * cg + MT_WINO_SKEW;
     char *v = ws_take(&ws, 16 * (g->c * pl.tmax + MT_WINO_SKEW) * isz);
     char *m = ws_take(&ws, 16 * (g->o * pl.tmax + MT_WINO_SKEW) * isz);
@@ -715,10 +768,12 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *bias,
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *scratch = scratch_all + thread_id() * sbytes;
-        #pragma omp for schedule(static) nowait
-        for (int64_t o = 0; o < g->o; o++) {
-            if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
-            else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+        if (!u_given) {
+            #pragma omp for schedule(static) nowait
+            for (int64_t o = 0; o < g->o; o++) {
+                if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
+                else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
+            }
         }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
             const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
@@ -788,8 +843,13 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     }
     if (algo == MT_CONV_WINOGRAD) {
         wino_plan pl;
-        plan_wino(g, isz, nthreads, &pl);
+        plan_wino(g, isz, nthreads, 1, &pl);
         return ws_report(pl.bytes);
+    }
+    if (algo == MT_CONV_DEPTHWISE) {
+        dw_plan pl;
+        plan_dw(g, isz, &pl);
+        return pl.packed ? ws_report(ws_mul(nthreads, pl.bytes_one)) : 0;
     }
     return 0;
 }
@@ -808,13 +868,35 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     switch (algo) {
     case MT_CONV_GEMM1X1: return conv_gemm1x1(dtype, x, weight, bias, y, g, nthreads);
     case MT_CONV_SHIFTED: return conv_shifted(dtype, x, weight, bias, y, g, nthreads, workspace);
-    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, bias, y, g, nthreads, workspace);
+    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, NULL, bias, y, g, nthreads, workspace);
     case MT_CONV_DEPTHWISE:
-        if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads);
-        else depthwise_f64(x, weight, bias, y, g, nthreads);
+        if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads, workspace);
+        else depthwise_f64(x, weight, bias, y, g, nthreads, workspace);
         return 0;
     default: return conv_im2col(dtype, x, weight, bias, y, g, nthreads, workspace);
     }
+}
+
+/* WINOGRAD with weights transformed once (the caller caches U): */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) {
+    return ws_report(wino_u_bytes(g, dtype == MT_FLOAT32 ? 4 : 8));
+}
+
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads) {
+    if (g->o > 0 && g->c > 0) wino_transform(dtype, weight, u, g, nthreads);
+}
+
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) {
+    if (g->n == 0 || g->o == 0 || g->c == 0) return 0;
+    wino_plan pl;
+    plan_wino(g, dtype == MT_FLOAT32 ? 4 : 8, nthreads, 0, &pl);
+    return ws_report(pl.bytes);
+}
+
+int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0 || g->c == 0) return mt_conv2d(dtype, x, NULL, bias, y, g, MT_CONV_WINOGRAD, nthreads, workspace);
+    return conv_winograd(dtype, x, NULL, u, bias, y, g, nthreads, workspace);
 }
 
 /* One (image, group) of conv_transpose2d: bias, then for each tile of input
@@ -975,7 +1057,8 @@ static void FN(scatter_cols)(const T *ybuf, int64_t ldy, int64_t q0, int64_t col
 }
 
 /* DEPTHWISE, one output plane: yp = bias + sum over taps of w * shifted xp,
- * one output row at a time (it stays in L1 while the taps accumulate). */
+ * one output row at a time (it stays in L1 while the taps accumulate). The
+ * general path, for planes too large for DEPTHWISE's packed copy. */
 static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restrict wp, T bv, T *restrict yp,
                                           const mt_conv2d_geom *g) {
     for (int64_t oy = 0; oy < g->oh; oy++) {
@@ -1002,15 +1085,130 @@ static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restric
     }
 }
 
+/* DEPTHWISE over the packed plane pk (dw_plan): the wide outputs
+ * yw[j] = bias + sum over taps of w[tap] * pk[j + off[tap]] for j < cnt.
+ * 3x3 kernels (MobileNet's) keep an output's nine products in registers;
+ * other sizes accumulate tap by tap. */
+static MT_CLONES void FN(dw_wide)(const T *restrict pk, const int64_t *off, const T *restrict wp, T bv,
+                                  T *restrict yw, int64_t cnt, int64_t kk) {
+    if (kk == 9) {
+        const T w0 = wp[0], w1 = wp[1], w2 = wp[2], w3 = wp[3], w4 = wp[4], w5 = wp[5];
+        const T w6 = wp[6], w7 = wp[7], w8 = wp[8];
+        const T *restrict p0 = pk + off[0], *restrict p1 = pk + off[1], *restrict p2 = pk + off[2];
+        const T *restrict p3 = pk + off[3], *restrict p4 = pk + off[4], *restrict p5 = pk + off[5];
+        const T *restrict p6 = pk + off[6], *restrict p7 = pk + off[7], *restrict p8 = pk + off[8];
+        for (int64_t j = 0; j < cnt; j++)
+            yw[j] = bv + w0 * p0[j] + w1 * p1[j] + w2 * p2[j] + w3 * p3[j] + w4 * p4[j] + w5 * p5[j]
+                       + w6 * p6[j] + w7 * p7[j] + w8 * p8[j];
+        return;
+    }
+    for (int64_t j = 0; j < cnt; j++) yw[j] = bv;
+    for (int64_t k = 0; k < kk; k++) {
+        const T wv = wp[k];
+        const T *restrict s = pk + off[k];
+        for (int64_t j = 0; j < cnt; j++) yw[j] += wv * s[j];
+    }
+}
+
+/* DEPTHWISE: copies plane xp's inputs into the packed plane pk, whose
+ * zero padding was written once (it is the same for every plane). */
+static MT_CLONES void FN(dw_pack)(const T *restrict xp, T *restrict pk, const mt_conv2d_geom *g,
+                                  const dw_plan *pl) {
+    for (int64_t a = 0; a < g->sh; a++) {
+        /* rows i of phase a read input row i * sh + a - ph: those in [0, h) */
+        const int64_t ilo = mt_clamp64(mt_ceildiv(g->ph - a, g->sh), 0, pl->hq);
+        const int64_t ihi = mt_clamp64(mt_floordiv(g->h - 1 + g->ph - a, g->sh) + 1, ilo, pl->hq);
+        if (g->sw == 2) {   /* both column phases in one pass over the row (a deinterleave) */
+            const int64_t lo0 = mt_clamp64(mt_ceildiv(g->pw, 2), 0, pl->wq);
+            const int64_t hi0 = mt_clamp64(mt_floordiv(g->w - 1 + g->pw, 2) + 1, lo0, pl->wq);
+            const int64_t lo1 = mt_clamp64(mt_ceildiv(g->pw - 1, 2), 0, pl->wq);
+            const int64_t hi1 = mt_clamp64(mt_floordiv(g->w - 2 + g->pw, 2) + 1, lo1, pl->wq);
+            const int64_t mlo = mt_max64(lo0, lo1), mhi = mt_max64(mlo, mt_min64(hi0, hi1));
+            for (int64_t i = ilo; i < ihi; i++) {
+                const T *restrict sp = xp + (i * g->sh + a - g->ph) * g->w - g->pw;   /* sp[c]: padded column c */
+                T *restrict d0 = pk + (a * 2) * pl->plane + i * pl->wq, *restrict d1 = d0 + pl->plane;
+                for (int64_t t = lo0; t < mlo; t++) d0[t] = sp[2 * t];
+                for (int64_t t = lo1; t < mlo; t++) d1[t] = sp[2 * t + 1];
+                for (int64_t t = mlo; t < mhi; t++) { d0[t] = sp[2 * t]; d1[t] = sp[2 * t + 1]; }
+                for (int64_t t = mhi; t < hi0; t++) d0[t] = sp[2 * t];
+                for (int64_t t = mhi; t < hi1; t++) d1[t] = sp[2 * t + 1];
+            }
+            continue;
+        }
+        for (int64_t b = 0; b < g->sw; b++) {
+            const int64_t first = b - g->pw;   /* input column of phase column 0 */
+            const int64_t lo = mt_clamp64(mt_ceildiv(-first, g->sw), 0, pl->wq);
+            const int64_t hi = mt_clamp64(mt_floordiv(g->w - 1 - first, g->sw) + 1, lo, pl->wq);
+            T *restrict d = pk + (a * g->sw + b) * pl->plane;
+            const int64_t sw = g->sw;
+            for (int64_t i = ilo; i < ihi; i++) {
+                const T *restrict src = xp + (i * g->sh + a - g->ph) * g->w + first;
+                T *restrict dr = d + i * pl->wq;
+                if (sw == 1) for (int64_t t = lo; t < hi; t++) dr[t] = src[t];
+                else for (int64_t t = lo; t < hi; t++) dr[t] = src[t * sw];
+            }
+        }
+    }
+}
+
+/* DEPTHWISE: the wide rows yw (wq apart) to the output plane yp, with the
+ * epilogue; ReLU and ReLU6 without a residual (MobileNet's) applied while
+ * copying, in one pass and one call a plane (small planes are many: 960
+ * of 7x7 in MobileNetV2). */
+static MT_CLONES void FN(dw_store)(const T *restrict yw, int64_t wq, T *restrict yp, const mt_conv2d_geom *g) {
+    const int64_t ow = g->ow;
+    if (!g->has_res && (g->act == MT_ACT_RELU || g->act == MT_ACT_RELU6)) {
+        const T hi = g->act == MT_ACT_RELU6 ? (T)6 : (T)INFINITY;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            const T *restrict s = yw + oy * wq;
+            T *restrict d = yp + oy * ow;
+            for (int64_t ox = 0; ox < ow; ox++) {   /* as act.c: NaN stays NaN */
+                const T v = s[ox];
+                d[ox] = v < 0 ? (T)0 : (v > hi ? hi : v);
+            }
+        }
+        return;
+    }
+    for (int64_t oy = 0; oy < g->oh; oy++) memcpy(yp + oy * ow, yw + oy * wq, (size_t)ow * sizeof(T));
+    FN(epilogue)(yp, g->oh * ow, g);
+}
+
 /* DEPTHWISE: one input channel per group; output channel o reads input
- * channel o / (O / groups). One output plane per task. */
-static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_conv2d_geom *g, int nt) {
+ * channel o / (O / groups). One output plane per task: packed into the
+ * thread's scratch (ws, dw_plan) when it fits, else the general path. */
+static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_conv2d_geom *g, int nt,
+                          char *ws) {
     const int64_t planes = g->n * g->o, og = g->o / g->groups, kk = g->kh * g->kw;
     const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && planes * ohw * kk >= MT_NN_GRAIN)
-    for (int64_t p = 0; p < planes; p++) {
-        const int64_t n = p / g->o, o = p % g->o;
-        FN(depthwise_plane)(x + (n * g->c + o / og) * hw, w + o * kk, bias ? bias[o] : (T)0, y + p * ohw, g);
+    dw_plan pl;
+    plan_dw(g, sizeof(T), &pl);
+    const int par = nt > 1 && planes > 1 && planes * ohw * kk >= MT_NN_GRAIN;
+    if (!pl.packed) {
+        #pragma omp parallel for num_threads(nt) schedule(static) if (par)
+        for (int64_t p = 0; p < planes; p++) {
+            const int64_t n = p / g->o, o = p % g->o;
+            FN(depthwise_plane)(x + (n * g->c + o / og) * hw, w + o * kk, bias ? bias[o] : (T)0, y + p * ohw, g);
+        }
+        return;
+    }
+    int64_t off[kk];
+    for (int64_t k = 0; k < kk; k++) {
+        const int64_t r = k / g->kw * g->dh, c = k % g->kw * g->dw;
+        off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl.plane + (r / g->sh) * pl.wq + c / g->sw;
+    }
+    const int64_t cnt = (g->oh - 1) * pl.wq + g->ow;   /* wide outputs up to the last real one */
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        char *mine = ws + thread_id() * pl.bytes_one;
+        T *pk = (T *)mine, *yw = (T *)(mine + ws_round(g->sh * g->sw * pl.plane * (int64_t)sizeof(T)));
+        memset(pk, 0, (size_t)(g->sh * g->sw * pl.plane) * sizeof(T));
+        #pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            const int64_t n = p / g->o, o = p % g->o;
+            FN(dw_pack)(x + (n * g->c + o / og) * hw, pk, g, &pl);
+            FN(dw_wide)(pk, off, w + o * kk, bias ? bias[o] : (T)0, yw, cnt, kk);
+            FN(dw_store)(yw, pl.wq, y + p * ohw, g);
+        }
     }
 }
 

@@ -39,6 +39,22 @@ static void gemm_one(int dtype, const mt_gemm_shape *s, const char *a, const cha
     blas_layout(s->sam, s->sak, s->M, s->K, &ta, &lda);
     blas_layout(s->sbk, s->sbn, s->K, s->N, &tb, &ldb);
     int64_t ldc = s->M == 1 ? (s->N > 1 ? s->N : 1) : s->scm;
+    if (s->M == 1 && s->N > 1 && s->K > 0) {
+        /* one row (a Linear layer at batch 1): c = op(B)^T a as a GEMV, which
+         * streams B once; sgemm would first pack all of B (5 MB for a
+         * 1280 x 1000 classifier) to use it for a single row */
+        const int64_t inca = ta == CblasNoTrans ? 1 : lda;
+        const int64_t incc = s->scn;
+        const CBLAS_TRANSPOSE tv = tb == CblasNoTrans ? CblasTrans : CblasNoTrans;
+        const int64_t rows = tb == CblasNoTrans ? s->K : s->N, cols = tb == CblasNoTrans ? s->N : s->K;
+        if (dtype == MT_FLOAT32)
+            MT_BLAS(cblas_sgemv)(CblasRowMajor, tv, (blasint)rows, (blasint)cols, 1.0f, (const float *)b,
+                                 (blasint)ldb, (const float *)a, (blasint)inca, 0.0f, (float *)c, (blasint)incc);
+        else
+            MT_BLAS(cblas_dgemv)(CblasRowMajor, tv, (blasint)rows, (blasint)cols, 1.0, (const double *)b,
+                                 (blasint)ldb, (const double *)a, (blasint)inca, 0.0, (double *)c, (blasint)incc);
+        return;
+    }
     if (dtype == MT_FLOAT32)
         MT_BLAS(cblas_sgemm)(CblasRowMajor, ta, tb, (blasint)s->M, (blasint)s->N, (blasint)s->K,
                              1.0f, (const float *)a, (blasint)lda, (const float *)b, (blasint)ldb,

@@ -1,5 +1,6 @@
 /* Neural-network kernels: convolution (conv.c), pooling (pool.c), resize and
- * pad (resize.c).
+ * pad (resize.c), activation epilogues (act.c), attention (attention.c),
+ * layer normalization (norm.c).
  *
  * C does bytes: tensors arrive as contiguous NCHW buffers (the Cython layer in
  * nn.pyx makes them so) and every shape has been validated there. The float
@@ -36,6 +37,13 @@ void mt_act_f32(float *y, int64_t n, int act);
 void mt_act_f64(double *y, int64_t n, int act);
 /* y [rows, cols] row-major: y[r][c] = act(y[r][c] + bias[c]); bias may be NULL */
 int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nthreads);
+
+/* ---- layer normalization (norm.c) ---- */
+
+/* x, y [rows, cols] contiguous: y[r] = (x[r] - mean) / sqrt(var + eps) * w + b
+ * over each row (biased var); w and b [cols] or NULL. */
+int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t cols,
+                  double eps, int nthreads);
 
 /* ---- fused attention (attention.c) ---- */
 
@@ -92,8 +100,19 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
 int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                         const mt_conv2d_geom *g, int nthreads, void *workspace);
+/* WINOGRAD with the weights transformed once: U's bytes, the transform
+ * (U from weight [O, C/groups, 3, 3]), and the conv on a given U with its
+ * own (smaller) workspace. The geometry must suit WINOGRAD. */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g);
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads);
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
+int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int nthreads, void *workspace);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
+/* The same for a caller that has WINOGRAD's transformed weights cached
+ * (u_cached 1): WINOGRAD then pays on fewer tiles. */
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached);
 
 /* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
 
