@@ -25,7 +25,7 @@ import os
 import sys
 import sysconfig
 
-from mgtrace._core import tensor as _core_tensor
+from mgtrace._core import op_table, tensor as _core_tensor
 from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 
@@ -420,8 +420,9 @@ def _positional_signature(n, kwargs, first=None):
 
 EXPR_KINDS = {cls.kind: cls for cls in (Input, GetAttr, CallMethod, CallFunction, Constant, Apply)}
 
-_OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in
-                   ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "getitem")}
+# the operator functions of the op table by their public name (operator.and_,
+# whose __module__ is the private _operator)
+_OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in op_table.operator_functions()}
 
 
 def function_name(fn):
