@@ -72,6 +72,7 @@ cdef int T_WHERE = TERNARY["where"]
 cdef bint _tracing = False     # the module-tracing switch: one check per op when off
 _IMPLS = {}   # op name -> callable(*inputs, **params)
 _ARITY = {}   # op name -> number of inputs, where fixed
+_SEQUENCE = set()   # ops whose inputs are one sequence argument (concat, stack)
 
 
 cdef class OpDef:
@@ -106,6 +107,8 @@ def register_op(str name, impl, n_inputs=None):
     row = op_table.OPS.get(name)
     if n_inputs is None and row is not None:
         n_inputs = row.arity
+        if row.arity is None:
+            _SEQUENCE.add(name)
     if n_inputs is not None:
         _ARITY[name] = n_inputs
 
@@ -126,6 +129,8 @@ def apply(op, *inputs):
     n = _ARITY.get(op.name)
     if n is not None and len(inputs) != n:
         raise TypeError(f"op {op.name!r} takes {n} input{'s' if n > 1 else ''}, got {len(inputs)}")
+    if op.name in _SEQUENCE:                # the tensors are one argument: concat([x, y])
+        return impl(list(inputs), **op.params)
     return impl(*inputs, **op.params)
 
 
