@@ -22,7 +22,8 @@ kernels against these names without importing the CPU core.
 from typing import NamedTuple
 
 __all__ = ["Op", "OPS", "GROUPS", "ELEMENTWISE", "TENSOR_ONLY_METHODS", "GRAPH_METHODS",
-           "by_method", "tensor_methods", "node_methods", "operator_functions"]
+           "by_method", "forms", "inplace_methods", "tensor_methods", "node_methods",
+           "operator_functions"]
 
 
 class Op(NamedTuple):
@@ -166,6 +167,17 @@ def by_method():
             if m is not None:
                 out.setdefault(m, (op, role))
     return out
+
+
+def forms(name):
+    """The dunders that apply op ``name`` out of place: ``("__add__", "__radd__")``."""
+    op = OPS[name]
+    return tuple(m for m in (op.method, op.reflected) if m)
+
+
+def inplace_methods():
+    """Tensor methods that write into their self tensor: ``x += y``, ``x[i] = v``."""
+    return frozenset({op.inplace for op in _ROWS if op.inplace} | {OPS["setitem"].method})
 
 
 def tensor_methods():

@@ -47,6 +47,8 @@ _REFLECTED = {op.reflected: op.symbol for op in _INFIX if op.group != "compare"}
 _UNARY = {op.method: op.symbol for op in _PREFIX}
 _OPERATOR_FUNCS = {getattr(operator, op.pyop): op.symbol for op in _INFIX}
 _PREFIX_FUNCS = {getattr(operator, op.pyop): op.symbol for op in _PREFIX}
+_ABS, _GETITEM, _SETITEM = (op_table.OPS[n].method for n in ("abs", "getitem", "setitem"))
+_ABS_FN = getattr(operator, op_table.OPS["abs"].pyop)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _files = itertools.count()       # makes each compiled graph's file name unique
@@ -221,7 +223,7 @@ def _function_call(e, namer):
     sym = _OPERATOR_FUNCS.get(fn)
     if sym is not None and len(e.args) == 2 and not e.kwargs:
         return f"{_operand(e.args[0], namer)} {sym} {_operand(e.args[1], namer)}"
-    if fn is operator.abs and len(e.args) == 1 and not e.kwargs:
+    if fn is _ABS_FN and len(e.args) == 1 and not e.kwargs:
         return f"abs({_literal(e.args[0], namer)})"
     sym = _PREFIX_FUNCS.get(fn)
     if sym is not None and len(e.args) == 1 and not e.kwargs:
@@ -248,9 +250,9 @@ def _method_call(e, namer):
             return f"{_operand(rest[0], namer)} {_REFLECTED[m]} {src}"
         if m in _UNARY and not rest:
             return f"{_UNARY[m]}{src}"
-        if m == "__abs__" and not rest:
+        if m == _ABS and not rest:
             return f"abs({src})"
-        if m == "__getitem__" and len(rest) == 1:
+        if m == _GETITEM and len(rest) == 1:
             return f"{src}[{_index_literal(rest[0], namer)}]"
     if not _IDENT.match(m):
         raise ValueError(f"method name {m!r} is not a Python identifier")
@@ -412,7 +414,7 @@ def _describe(v):
 
 
 def _statement(e, namer, lines):
-    if isinstance(e, CallMethod) and e.method == "__setitem__" and not e.outputs \
+    if isinstance(e, CallMethod) and e.method == _SETITEM and not e.outputs \
             and not e.kwargs and len(e.args) == 3:
         obj, idx, val = e.args
         lines.append(f"{namer(obj)}[{_index_literal(idx, namer)}] = {_literal(val, namer)}")

@@ -306,9 +306,7 @@ class CallMethod(Expr):
     kind = "call_method"
     PROPERTIES = frozenset({"shape"})          # read, not called
     # tensor methods that write into their self tensor (x[i] = v, x += y, ...)
-    IN_PLACE = frozenset({"__setitem__"} | {f"__i{op}__" for op in (
-        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
-        "rshift", "matmul")})
+    IN_PLACE = op_table.inplace_methods()
 
     def __init__(self, self_node, method, args=(), kwargs=None):
         super().__init__((self_node,) + tuple(args), kwargs)

@@ -141,10 +141,9 @@ def _pure(e):
         mod = getattr(e.func, "__module__", "") or ""
         return (mod.startswith("mgtrace.functional") or mod in ("operator", "_operator")) \
             and getattr(e.func, "__name__", "") not in _IMPURE
-    if isinstance(e, CallMethod):
-        return e.method != "__call__" and (e.method in TENSOR_METHODS or (
-            e.method.startswith("__") and not e.method.startswith("__i")
-            and e.method not in ("__setitem__", "__call__")))
+    if isinstance(e, CallMethod):       # the table's methods and operators, none in place
+        return e.method in TENSOR_METHODS or (
+            e.method in op_table.by_method() and e.method not in CallMethod.IN_PLACE)
     return False
 
 
@@ -162,7 +161,7 @@ def _writes_into(node):
     """Whether some user writes into ``node`` in place (a folded constant
     would then change from one call to the next)."""
     return any(isinstance(u, CallMethod) and u.args and u.args[0] is node and
-               (u.method == "__setitem__" or u.method.startswith("__i")) or "out" in u.kwargs
+               u.method in CallMethod.IN_PLACE or "out" in u.kwargs
                for u in node.users)
 
 
