@@ -144,6 +144,14 @@ cdef object traced(str name, tuple inputs, dict params):
         _tracing = True
 
 
+cdef object traced_args(str name, tuple args):
+    """:func:`traced` for ``args`` in the op table's order: its inputs, then
+    its params (how Tensor's methods hand over their ops)."""
+    op = op_table.OPS[name]
+    n = len(op.inputs)
+    return traced(name, args[:n], {p: _freeze(v) for p, v in zip(op.params, args[n:])})
+
+
 cdef object traced_into(str name, tuple inputs, object out):
     # an in-place op (x += y) reaches the hook with its destination as the
     # ``out`` param, so the tracer can rebind x to the result; the hook runs
@@ -527,7 +535,7 @@ def cast_(x, code):
     if not isinstance(x, Tensor):
         raise TypeError(f"expected a Tensor, not {type(x).__name__}")
     if _tracing:
-        return traced("astype", (x,), {"dtype": DTYPE_NAMES[code]})
+        return traced_args("astype", (x, DTYPE_NAMES[code]))
     return cast(<Tensor>x, code)
 
 
@@ -818,7 +826,7 @@ for _table in (unary_ops, binary_ops, ternary_ops):
         register_op(_n, _f)
 register_op("astype", astype)
 
-install_dispatch(binary, unary, traced, &_tracing)
+install_dispatch(binary, unary, traced_args, &_tracing)
 # views and in-place writes of Tensor report to the trace hook under these names
 register_op("reshape", lambda x, shape: x.reshape(shape))
 register_op("transpose", lambda x, axes: x.transpose(axes))

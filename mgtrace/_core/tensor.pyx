@@ -770,7 +770,7 @@ cdef class Tensor:
                 isinstance(shape[0], Tensor) and (<Tensor>shape[0])._ndim == 0):
             shape = shape[0]
         if _tracing[0]:
-            return _traced("reshape", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
+            return _traced("reshape", (self, shape))
         cdef int64_t new[16]
         cdef int64_t strides[16]
         cdef int nd = parse_shape(shape, new)
@@ -811,7 +811,7 @@ cdef class Tensor:
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
         if _tracing[0]:
-            return _traced("transpose", (self,), {"axes": tuple(axes)})
+            return _traced("transpose", (self, axes))
         cdef int nd = self._ndim, i, a
         if not axes:
             axes = tuple(range(nd - 1, -1, -1))
@@ -835,7 +835,7 @@ cdef class Tensor:
     def expand_dims(self, axis):
         """Insert size-1 axes at ``axis`` (int or sequence, positions in the result)."""
         if _tracing[0]:
-            return _traced("expand_dims", (self,), {"axis": axis})
+            return _traced("expand_dims", (self, axis))
         axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         cdef int nd = self._ndim + len(axes), i, j = 0
         norm = sorted({normalize_axis(a, nd) for a in axes})
@@ -861,7 +861,7 @@ cdef class Tensor:
         Raises ValueError when a named axis is not of size 1."""
         cdef int i, nd = 0
         if _tracing[0]:
-            return _traced("squeeze", (self,), {"axis": axis})
+            return _traced("squeeze", (self, axis))
         if axis is None:
             drop = {i for i in range(self._ndim) if self._shape[i] == 1}
         else:
@@ -888,7 +888,7 @@ cdef class Tensor:
         Raises ValueError when the shapes do not broadcast or the element
         count overflows int64."""
         if _tracing[0]:
-            return _traced("broadcast_to", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
+            return _traced("broadcast_to", (self, shape))
         cdef int64_t shp[16]
         cdef int64_t st[16]
         cdef int nd = parse_shape(shape, shp), i, j
@@ -915,7 +915,7 @@ cdef class Tensor:
 
     def __setitem__(self, index, value):
         if _tracing[0]:
-            _traced("setitem", (self, index, value), {})
+            _traced("setitem", (self, index, value))
             return
         _OPS["setitem"](self, index, value)
 
