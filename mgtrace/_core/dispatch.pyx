@@ -220,6 +220,8 @@ cdef class CoreOp:
                         a[k] = self._defaults[k]
                 else:
                     return a
+        if self._sig is None:
+            self._sig = inspect.signature(self.impl)
         bound = self._sig.bind(*args, **kwargs)       # raises the TypeError Python would
         bound.apply_defaults()
         return dict(bound.arguments)
@@ -266,12 +268,17 @@ def core_op(fn):
     cdef CoreOp c = CoreOp.__new__(CoreOp)
     c.op = op_table.OPS[name]
     c.impl = fn
-    c._sig = inspect.signature(fn)
-    c._names = tuple(c._sig.parameters)
-    c._defaults = {k: p.default for k, p in c._sig.parameters.items() if p.default is not p.empty}
+    code = fn.__code__            # plain positional parameters (inspect.signature costs
+    if code.co_flags & 0x0C or code.co_kwonlyargcount:     # 40 us an op at import)
+        raise TypeError(f"core op {name}: *args, **kwargs and keyword-only parameters are "
+                        "not supported")
+    c._names = tuple(code.co_varnames[:code.co_argcount])
+    c._defaults = dict(zip(c._names[len(c._names) - len(fn.__defaults__ or ()):],
+                           fn.__defaults__ or ()))
+    text = ", ".join([n + (f"={c._defaults[n]!r}" if n in c._defaults else "") for n in c._names])
     c._name = name.encode()
     # "name(sig)\n--\n\n" makes inspect.signature() work on the builtin
-    c._doc = f"{name}{c._sig}\n--\n\n{fn.__doc__ or ''}".encode()
+    c._doc = f"{name}({text})\n--\n\n{fn.__doc__ or ''}".encode()
     c._def.ml_name = c._name
     c._def.ml_meth = <void *>_core_op_call
     c._def.ml_flags = METH_FASTCALL | METH_KEYWORDS

@@ -117,6 +117,10 @@ def test_core_op_functions_keep_name_docs_and_signature():
     assert reduce.sum.__name__ == "sum" and "Sum of the elements" in reduce.sum.__doc__
     assert str(inspect.signature(nn.conv2d)) == \
         "(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"
+    for name in OPS:
+        fn = getattr(dispatch, "_tensor_mod")._OPS.get(name)
+        if hasattr(fn, "__self__") and isinstance(fn.__self__, dispatch.CoreOp):
+            assert str(inspect.signature(fn)) == str(inspect.signature(fn.__self__.impl)), name
     assert index.concat([mt.tensor([1]), mt.tensor([2])], axis=0).tolist() == [1, 2]
     with pytest.raises(TypeError):
         reduce.sum(mt.tensor([1]), nonsense=1)
