@@ -21,9 +21,9 @@ kernels against these names without importing the CPU core.
 """
 from typing import NamedTuple
 
-__all__ = ["Op", "OPS", "GROUPS", "ELEMENTWISE", "TENSOR_ONLY_METHODS", "GRAPH_METHODS",
-           "by_method", "forms", "inplace_methods", "tensor_methods", "node_methods",
-           "operator_functions"]
+__all__ = ["Op", "OPS", "GROUPS", "ELEMENTWISE", "TENSOR_ONLY_METHODS", "POS",
+           "POSITIONAL_PARAMS", "GRAPH_METHODS", "by_method", "forms", "inplace_methods",
+           "tensor_methods", "node_methods", "operator_functions"]
 
 
 class Op(NamedTuple):
@@ -181,7 +181,8 @@ def inplace_methods():
 
 
 def tensor_methods():
-    """Every Tensor method and operator a stored graph may call."""
+    """Every Tensor method and operator a stored graph may call (schema/ops.json's
+    ``tensor_methods``; ``__pos__`` is not one: the tracer never records it)."""
     names = {m for m in by_method() if m != "__pos__"}
     return frozenset(names | set(TENSOR_ONLY_METHODS))
 
