@@ -86,7 +86,7 @@ def build_ops():
     graph may call and the core ops an Apply may name. Renaming a parameter,
     a config key, a method or an op changes this file, so its hash test
     fails until the format version is raised (see CHANGELOG.md)."""
-    from mgtrace._core import dispatch
+    from mgtrace._core import op_table
     from mgtrace.serialization import traced_codec
     functions = {n: {"version": v, "params": _params(registry._FUNCTIONS[n].get())}
                  for n, v in registry.own_functions().items()}
@@ -97,7 +97,7 @@ def build_ops():
             "functions": functions,
             "module_types": modules,
             "tensor_methods": sorted(traced_codec.TENSOR_METHODS),
-            "core_ops": sorted(dispatch._IMPLS)}
+            "core_ops": sorted(op_table.OPS)}
 
 
 def _render(obj, indent):

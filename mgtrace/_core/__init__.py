@@ -14,7 +14,9 @@ from mgtrace._core.dtype import DTYPES, NAMES as DTYPE_NAMES, as_dtype, dtype_pr
 from mgtrace._core.device import (Device, as_device, cuda_available, get_default_device,
                                   set_default_device)
 from mgtrace._core.tensor import Tensor, empty_tensor, from_dlpack, share_as, tensor
+from mgtrace._core import op_table  # noqa: F401  (every op declared once; pure Python)
 from mgtrace._core import dispatch, index, linalg, nn, reduce  # noqa: F401  (modules install Tensor methods and register ops)
+from mgtrace._core import trace_hooks  # noqa: F401
 from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, register_op,
                                     set_num_threads)
 

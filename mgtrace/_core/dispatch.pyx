@@ -8,13 +8,17 @@ broadcast (NumPy rule), allocate the output, coalesce dimensions and run the
 kernel from the (op, device, dtype) table with the GIL released.
 
 The module-tracing switch lives here too: while it is on, every op is handed
-to the trace hook as ``hook(OpDef, *inputs)`` instead of running; the hook
-runs it with :func:`apply` (tracing is off inside the hook) and returns the
-outputs. This is how a tracer sees ops not reached through a patched
-``functional`` function (MegEngine's module-trace transformation).
+to the trace hook as ``hook.on_apply(OpDef, *inputs)`` instead of running;
+the hook runs it with :func:`apply` (tracing is off inside the hook) and
+returns the outputs. This is how a tracer sees ops not reached through a
+patched ``functional`` function (MegEngine's module-trace transformation).
+Elementwise ops check the switch here; every other op gets the check from
+:func:`core_op`, the decorator that registers it (hooks are installed with
+:func:`mgtrace._core.trace_hooks.installed`).
 """
 from libc.stdint cimport int64_t, int8_t, int16_t, int32_t, uint8_t, uint16_t
 from libc.string cimport memcpy
+from cpython.object cimport PyObject
 
 import numpy as np
 
@@ -27,13 +31,25 @@ from mgtrace._core.kernels cimport (
     mt_get_adaptive_threads)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
-    parse_shape)
+    parse_shape, trace_hook, set_trace_hook)
 from mgtrace._core.dtype cimport (
     ITEMSIZE, CATEGORY, PROMOTE, NP_DTYPES, dtype_code, scalar_code, float_result,
     check_scalar_fits, promote_operands)
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
+from mgtrace._core import op_table
 import importlib
+import inspect
+
+cdef extern from "Python.h":
+    ctypedef struct PyMethodDef:
+        const char *ml_name
+        void *ml_meth
+        int ml_flags
+        const char *ml_doc
+    int METH_FASTCALL, METH_KEYWORDS
+    object PyCFunction_NewEx(PyMethodDef *ml, object self, object module)
+    object PyObject_Vectorcall(object callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 _tensor_mod = importlib.import_module("mgtrace._core.tensor")
 
 mt_elementwise_init()
@@ -53,17 +69,17 @@ cdef int T_WHERE = TERNARY["where"]
 
 # ------------------------------------------------------------------ tracing
 
-cdef bint _tracing = False
-cdef object _hook = None
+cdef bint _tracing = False     # the module-tracing switch: one check per op when off
 _IMPLS = {}   # op name -> callable(*inputs, **params)
+_ARITY = {}   # op name -> number of inputs, where fixed
+_SEQUENCE = set()   # ops whose inputs are one sequence argument (concat, stack)
 
 
 cdef class OpDef:
     """One op application as the tracer sees it: a stable name and params.
 
     ``apply(OpDef("add"), x, y)`` runs it. Names are those of the op table
-    (``UNARY``, ``BINARY``, ``TERNARY`` and the ops other core modules
-    register, e.g. ``"sum"``, ``"conv2d"``).
+    (:mod:`mgtrace._core.op_table`, e.g. ``"add"``, ``"sum"``, ``"conv2d"``).
     """
     cdef readonly str name
     cdef readonly dict params
@@ -83,13 +99,16 @@ cdef class OpDef:
         return hash(self.name)
 
 
-_ARITY = {}  # op name -> number of inputs, where fixed
-
-
 def register_op(str name, impl, n_inputs=None):
     """Make ``impl(*inputs, **params)`` the implementation of op ``name`` for
-    apply(); ``n_inputs``, when given, is checked on every apply()."""
+    apply(); ``n_inputs`` (default: the op table's arity) is checked on
+    every apply()."""
     _IMPLS[name] = impl
+    row = op_table.OPS.get(name)
+    if n_inputs is None and row is not None:
+        n_inputs = row.arity
+        if row.arity is None:
+            _SEQUENCE.add(name)
     if n_inputs is not None:
         _ARITY[name] = n_inputs
 
@@ -110,6 +129,8 @@ def apply(op, *inputs):
     n = _ARITY.get(op.name)
     if n is not None and len(inputs) != n:
         raise TypeError(f"op {op.name!r} takes {n} input{'s' if n > 1 else ''}, got {len(inputs)}")
+    if op.name in _SEQUENCE:                # the tensors are one argument: concat([x, y])
+        return impl(list(inputs), **op.params)
     return impl(*inputs, **op.params)
 
 
@@ -118,9 +139,17 @@ cdef object traced(str name, tuple inputs, dict params):
     global _tracing
     _tracing = False
     try:
-        return _hook(OpDef(name, params), *inputs)
+        return trace_hook().on_apply(OpDef(name, params), *inputs)
     finally:
         _tracing = True
+
+
+cdef object traced_args(str name, tuple args):
+    """:func:`traced` for ``args`` in the op table's order: its inputs, then
+    its params (how Tensor's methods hand over their ops)."""
+    op = op_table.OPS[name]
+    n = len(op.inputs)
+    return traced(name, args[:n], {p: _freeze(v) for p, v in zip(op.params, args[n:])})
 
 
 cdef object traced_into(str name, tuple inputs, object out):
@@ -132,28 +161,132 @@ cdef object traced_into(str name, tuple inputs, object out):
     return traced(name, inputs, {"out": out})
 
 
-def set_module_tracing(bint enabled):
-    """Switch module tracing on or off. On needs a hook (set_module_trace_hook)."""
+def _install_hook(hook, bint tracing):
+    """Make ``hook`` the trace hook and set the switch (for
+    :func:`mgtrace._core.trace_hooks.installed`, the one writer)."""
     global _tracing
-    if enabled and _hook is None:
-        raise RuntimeError("set a trace hook with set_module_trace_hook() before enabling tracing")
-    _tracing = enabled
+    if tracing and hook is None:
+        raise RuntimeError("module tracing needs a trace hook (see mgtrace._core.trace_hooks)")
+    set_trace_hook(hook)
+    _tracing = tracing
 
 
 def is_tracing_module():
     return _tracing
 
 
-def set_module_trace_hook(hook):
-    """hook(op: OpDef, *inputs) -> outputs; called for every op while tracing is on."""
-    global _hook
-    if hook is not None and not callable(hook):
-        raise TypeError("the trace hook must be callable")
-    _hook = hook
-
-
 cpdef bint tracing_active():
     return _tracing
+
+
+def _freeze(v):
+    """Lists to tuples (op params must compare and hash for the tracer)."""
+    if isinstance(v, (list, tuple)):
+        return tuple([_freeze(e) for e in v])
+    return v
+
+
+cdef class CoreOp:
+    """One core op's function as :func:`core_op` made it: its op table row
+    and its implementation. Called (through the builtin function that
+    :func:`core_op` returns) it checks the tracing switch once and, when
+    off, calls the implementation with the same arguments (vectorcall, no
+    repacking); when on, binds the arguments by the row's inputs and params
+    and hands the op to the trace hook."""
+    cdef readonly object op
+    cdef readonly object impl
+    cdef object _sig
+    cdef tuple _names           # the implementation's parameters, in order
+    cdef dict _defaults
+    cdef bytes _name
+    cdef bytes _doc
+    cdef PyMethodDef _def
+
+    cdef dict _bind(self, tuple args, dict kwargs):
+        """The arguments by parameter name, defaults filled in (what
+        inspect's bind gives, without its cost on every traced call)."""
+        cdef dict a
+        if len(args) <= len(self._names):
+            a = dict(zip(self._names, args))
+            for k, v in kwargs.items():
+                if k in a or k not in self._names:
+                    break
+                a[k] = v
+            else:
+                for k in self._names:
+                    if k not in a:
+                        if k not in self._defaults:
+                            break
+                        a[k] = self._defaults[k]
+                else:
+                    return a
+        if self._sig is None:
+            self._sig = inspect.signature(self.impl)
+        bound = self._sig.bind(*args, **kwargs)       # raises the TypeError Python would
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def trace(self, tuple args, dict kwargs):
+        a = self._bind(args, kwargs)
+        op = self.op
+        if op.arity is None:               # a sequence of tensors (concat, stack)
+            seq = a[op.inputs[0][1:]]
+            if not isinstance(seq, (list, tuple)):
+                return self.impl(*args, **kwargs)     # raises the implementation's TypeError
+            inputs = tuple(seq)
+        else:
+            inputs = tuple([a[n] for n in op.inputs])
+        return traced(op.name, inputs, {p: _freeze(a[p]) for p in op.params})
+
+
+cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames):
+    cdef CoreOp c = <CoreOp>self
+    cdef Py_ssize_t i
+    if not _tracing:
+        return PyObject_Vectorcall(c.impl, args, <size_t>nargs, kwnames)
+    kwargs = {}
+    if kwnames != NULL:
+        names = <tuple><object>kwnames
+        for i in range(len(names)):
+            kwargs[names[i]] = <object>args[nargs + i]
+    return c.trace(tuple([<object>args[i] for i in range(nargs)]), kwargs)
+
+
+def core_op(fn):
+    """Decorator: ``fn`` is the implementation of the op table row of its
+    name. Registers it for :func:`apply` and :class:`Tensor` methods and
+    returns it behind the trace hook (a builtin function with fn's name,
+    docstring and signature).
+
+    Raises:
+        KeyError: the op table has no row of that name (add one first).
+    """
+    name = fn.__name__
+    if name not in op_table.OPS:
+        raise KeyError(f"core op {name!r} is not declared in mgtrace/_core/op_table.py")
+    cdef CoreOp c = CoreOp.__new__(CoreOp)
+    c.op = op_table.OPS[name]
+    c.impl = fn
+    code = fn.__code__            # plain positional parameters (inspect.signature costs
+    if code.co_flags & 0x0C or code.co_kwonlyargcount:     # 40 us an op at import)
+        raise TypeError(f"core op {name}: *args, **kwargs and keyword-only parameters are "
+                        "not supported")
+    c._names = tuple(code.co_varnames[:code.co_argcount])
+    c._defaults = dict(zip(c._names[len(c._names) - len(fn.__defaults__ or ()):],
+                           fn.__defaults__ or ()))
+    text = ", ".join([n + (f"={c._defaults[n]!r}" if n in c._defaults else "") for n in c._names])
+    c._name = name.encode()
+    # "name(sig)\n--\n\n" makes inspect.signature() work on the builtin
+    c._doc = f"{name}({text})\n--\n\n{fn.__doc__ or ''}".encode()
+    c._def.ml_name = c._name
+    c._def.ml_meth = <void *>_core_op_call
+    c._def.ml_flags = METH_FASTCALL | METH_KEYWORDS
+    c._def.ml_doc = c._doc
+    f = PyCFunction_NewEx(&c._def, c, fn.__module__)
+    register_op(name, fn)
+    _tensor_mod._install_ops(**{name: f})
+    return f
 
 # ------------------------------------------------------------------ operands
 
@@ -409,7 +542,7 @@ def cast_(x, code):
     if not isinstance(x, Tensor):
         raise TypeError(f"expected a Tensor, not {type(x).__name__}")
     if _tracing:
-        return traced("astype", (x,), {"dtype": DTYPE_NAMES[code]})
+        return traced_args("astype", (x, DTYPE_NAMES[code]))
     return cast(<Tensor>x, code)
 
 
@@ -695,18 +828,18 @@ def _make_ternary(int op):
 unary_ops = {n: _make_unary(i) for n, i in UNARY.items()}
 binary_ops = {n: _make_binary(i) for n, i in BINARY.items()}
 ternary_ops = {n: _make_ternary(i) for n, i in TERNARY.items()}
-for _table, _n_in in ((unary_ops, 1), (binary_ops, 2), (ternary_ops, 3)):
+for _table in (unary_ops, binary_ops, ternary_ops):
     for _n, _f in _table.items():
-        register_op(_n, _f, _n_in)
+        register_op(_n, _f)
 register_op("astype", astype)
 
-install_dispatch(binary, unary, traced, &_tracing)
+install_dispatch(binary, unary, traced_args, &_tracing)
 # views and in-place writes of Tensor report to the trace hook under these names
-register_op("reshape", lambda x, shape: x.reshape(shape), 1)
-register_op("transpose", lambda x, axes: x.transpose(axes), 1)
-register_op("expand_dims", lambda x, axis: x.expand_dims(axis), 1)
-register_op("squeeze", lambda x, axis=None: x.squeeze(axis), 1)
-register_op("broadcast_to", lambda x, shape: x.broadcast_to(shape), 1)
+register_op("reshape", lambda x, shape: x.reshape(shape))
+register_op("transpose", lambda x, axes: x.transpose(axes))
+register_op("expand_dims", lambda x, axis: x.expand_dims(axis))
+register_op("squeeze", lambda x, axis=None: x.squeeze(axis))
+register_op("broadcast_to", lambda x, shape: x.broadcast_to(shape))
 _tensor_mod._install_codes(BINARY, UNARY)
 _tensor_mod._install_ops(copy_=copy_, cast=cast_)
 

@@ -17,10 +17,9 @@ from mgtrace._core.kernels cimport MT_MAX_NDIM
 from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, normalize_axis,
                                     shape_tuple, to_tensor)
 from mgtrace._core.dtype cimport CATEGORY, ITEMSIZE, promote_operands
-from mgtrace._core.dispatch cimport (cast, coerce, copy_into, fill, check_writable, traced,
-                                     tracing_active, num_threads)
+from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, check_writable, num_threads
 from mgtrace._core.device cimport DEVICES, default_device_id
-from mgtrace._core.dispatch import register_op, copy_
+from mgtrace._core.dispatch import core_op, copy_
 
 cdef extern from "kernels/index.h" nogil:
     int64_t mt_index_offsets(int64_t n, int nidx, const int64_t *const *idx, const int64_t *dims,
@@ -251,6 +250,7 @@ cdef _Plan plan(_Indexed ix):
 
 # ------------------------------------------------------------------ get/set
 
+@core_op
 def getitem(x, index):
     """``x[index]`` with NumPy semantics (see the module docstring).
 
@@ -259,8 +259,6 @@ def getitem(x, index):
             float index tensors, mask shape mismatch, unbroadcastable arrays.
         ValueError: a slice step of 0.
     """
-    if tracing_active():
-        return traced("getitem", (x, index), {})
     cdef Tensor t = x
     cdef _Indexed ix = parse(t, index)
     if not ix.adv_pos:
@@ -300,6 +298,7 @@ cdef Tensor _move_block(Tensor out, int nb, int at):
     return out.transpose(perm)
 
 
+@core_op
 def setitem(x, index, value):
     """``x[index] = value``: value broadcasts to the indexed shape and is cast
     to x's dtype (C casts: 2.7 into an int32 tensor stores 2). With repeated
@@ -334,13 +333,12 @@ def setitem(x, index, value):
 
 # ------------------------------------------------------------------ gather etc.
 
+@core_op
 def nonzero(x, as_tuple=False):
     """Coordinates of nonzero elements, row-major order.
 
     Returns int32 [n, ndim] (MegEngine's index dtype), or with as_tuple a
     tuple of ndim int64 [n] tensors (NumPy's layout)."""
-    if tracing_active():
-        return traced("nonzero", (x,), {"as_tuple": as_tuple})
     cdef Tensor t = x if isinstance(x, Tensor) else coerce(x, default_device_id)
     cdef Tensor b = cast(t, 0)   # bool, contiguous
     cdef int64_t n = numel(b), cnt
@@ -359,6 +357,7 @@ def nonzero(x, as_tuple=False):
     return cast(coords, 5)
 
 
+@core_op
 def gather(x, axis, index):
     """out[..., i, ...] = x[..., index[..., i, ...], ...] along ``axis``
     (MegEngine F.gather, torch.gather, np.take_along_axis).
@@ -378,8 +377,6 @@ def gather(x, axis, index):
     >>> gather(mt.tensor([[1, 2], [3, 4]]), 1, mt.tensor([[1, 0], [0, 0]])).tolist()
     [[2, 1], [3, 3]]
     """
-    if tracing_active():
-        return traced("gather", (x, index), {"axis": axis})
     cdef Tensor t = x
     cdef Tensor idx = _index_tensor(index, t._device)
     cdef int ax = normalize_axis(axis, t._ndim)
@@ -405,11 +402,10 @@ cdef tuple _along_axis(Tensor idx, int ax):
     return tuple(items)
 
 
+@core_op
 def scatter(x, axis, index, src):
     """A copy of x with x[..., index[..., i, ...], ...] = src[..., i, ...]
     along ``axis`` (torch.scatter, MegEngine F.scatter); last write wins."""
-    if tracing_active():
-        return traced("scatter", (x, index, src), {"axis": axis})
     cdef Tensor t = x
     cdef Tensor idx = _index_tensor(index, t._device)
     cdef int ax = normalize_axis(axis, t._ndim)
@@ -420,6 +416,7 @@ def scatter(x, axis, index, src):
     return out
 
 
+@core_op
 def concat(tensors, axis=0):
     """Join tensors along an existing axis (dtype by MegEngine promotion).
 
@@ -432,8 +429,6 @@ def concat(tensors, axis=0):
     """
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"concat takes a list or tuple of tensors, not {type(tensors).__name__}")
-    if tracing_active():
-        return traced("concat", tuple(tensors), {"axis": axis})
     ts = [x if isinstance(x, Tensor) else None for x in tensors]
     if not tensors:
         raise ValueError("concat needs at least one tensor")
@@ -465,12 +460,11 @@ def concat(tensors, axis=0):
     return out
 
 
+@core_op
 def stack(tensors, axis=0):
     """Join same-shape tensors along a new axis."""
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"stack takes a list or tuple of tensors, not {type(tensors).__name__}")
-    if tracing_active():
-        return traced("stack", tuple(tensors), {"axis": axis})
     if not tensors:
         raise ValueError("stack needs at least one tensor")
     dev = next(((<Tensor>x)._device for x in tensors if isinstance(x, Tensor)), default_device_id)
@@ -483,12 +477,11 @@ def stack(tensors, axis=0):
     return concat([t.expand_dims(ax) for t in ts], ax)
 
 
+@core_op
 def split(x, nsplits_or_sections, axis=0):
     """Split into views along ``axis``: an int gives that many equal parts
     (ValueError if the size does not divide), a list gives split points
     (MegEngine F.split)."""
-    if tracing_active():
-        return traced("split", (x,), {"nsplits_or_sections": nsplits_or_sections, "axis": axis})
     cdef Tensor t = x
     cdef int ax = normalize_axis(axis, t._ndim)
     cdef int64_t size = t._shape[ax]
@@ -511,11 +504,10 @@ def split(x, nsplits_or_sections, axis=0):
     return out
 
 
+@core_op
 def embedding(weight, indices):
     """Rows of ``weight`` [num, dim] picked by integer ``indices`` [...]:
     result [..., dim]. IndexError for an index outside 0..num-1."""
-    if tracing_active():
-        return traced("embedding", (weight, indices), {})
     cdef Tensor w = weight
     if w._ndim != 2:
         raise ValueError(f"embedding weight must be 2-d [num, dim], got shape {shape_tuple(w)}")
@@ -524,11 +516,3 @@ def embedding(weight, indices):
         raise IndexError("embedding indices must be integers, not bool")
     return getitem(w, idx)
 
-
-for _name, _fn in dict(getitem=getitem, nonzero=nonzero, gather=gather, scatter=scatter,
-                       concat=concat, stack=stack, split=split, embedding=embedding).items():
-    register_op(_name, _fn)
-register_op("setitem", setitem)
-
-import importlib
-importlib.import_module("mgtrace._core.tensor")._install_ops(getitem=getitem, setitem=setitem)

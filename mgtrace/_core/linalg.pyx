@@ -12,10 +12,10 @@ from libc.stdlib cimport malloc, free
 from mgtrace._core.kernels cimport MT_MAX_NDIM
 from mgtrace._core.tensor cimport Tensor, empty, view_of, is_contiguous, shape_tuple
 from mgtrace._core.dtype cimport CATEGORY, promote_operands
-from mgtrace._core.dispatch cimport cast, coerce, fill, traced, tracing_active, num_threads
+from mgtrace._core.dispatch cimport cast, coerce, fill, num_threads
 from mgtrace._core.device cimport Device, DEVICES
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
-from mgtrace._core.dispatch import register_op
+from mgtrace._core.dispatch import core_op
 
 cdef extern from "kernels/gemm.h" nogil:
     ctypedef struct mt_gemm_shape:
@@ -76,6 +76,7 @@ cdef bint _rows_fold(Tensor t, int64_t rows) noexcept:
     return True
 
 
+@core_op
 def matmul(a, b):
     """Matrix product with NumPy's matmul semantics.
 
@@ -100,8 +101,6 @@ def matmul(a, b):
     >>> (mt.tensor([[1, 2]]) @ mt.tensor([[3], [4]])).tolist()
     [[11]]
     """
-    if tracing_active():
-        return traced("matmul", (a, b), {})
     cdef Tensor ta, tb, out
     cdef int dev, code, cdt
     ta = a if isinstance(a, Tensor) else None
@@ -223,7 +222,3 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
         free(offs)
     return out
 
-
-register_op("matmul", matmul)
-import importlib
-importlib.import_module("mgtrace._core.tensor")._install_ops(matmul=matmul)

@@ -25,9 +25,9 @@ Rules shared by every op (the same as the rest of the core):
   buffers) are computed with Python ints, or saturating C arithmetic for the
   kernels' work buffers, and checked before any memory is touched: a size
   past what a tensor can hold raises ValueError naming the argument.
-- While module tracing is on, each op is handed to the trace hook instead
-  of running (``dispatch.traced``), and every op is registered for
-  :func:`mgtrace._core.dispatch.apply` under its own name.
+- Each op is registered with ``@core_op`` (its row in op_table.py): for
+  :func:`mgtrace._core.dispatch.apply` under its own name, and handed to
+  the trace hook instead of running while module tracing is on.
 """
 from libc.stdint cimport int64_t, intptr_t
 
@@ -40,8 +40,8 @@ from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT3
 from mgtrace._core.tensor cimport Tensor, empty, view_of, numel, is_contiguous, shape_tuple
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
-from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, traced, tracing_active, num_threads
-from mgtrace._core.dispatch import register_op
+from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads
+from mgtrace._core.dispatch import core_op
 from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core import args as A
@@ -209,13 +209,6 @@ cdef Tensor _finish(Tensor out, int code):
     return out if out._dtype == code else cast(out, code)
 
 
-cdef object _freeze(object v):
-    """Lists to tuples (op params must compare and hash for the tracer)."""
-    if isinstance(v, (list, tuple)):
-        return tuple([_freeze(e) for e in v])
-    return v
-
-
 cdef bint _is_int(object v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
@@ -377,6 +370,7 @@ cdef tuple _conv_operands(str op, x, weight, bias):
     return ts[0], ts[1], ts[2], code
 
 
+@core_op
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (cross-correlation, as in PyTorch and MegEngine).
 
@@ -412,10 +406,6 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     >>> conv2d(x, w, padding=1).shape
     (1, 3, 4, 4)
     """
-    if tracing_active():
-        return traced("conv2d", (x, weight, bias), {
-            "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
-            "groups": groups})
     return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto")
 
 
@@ -425,6 +415,7 @@ cdef int _act_code(str op, object act) except -1:
     return ACTIVATIONS[act]
 
 
+@core_op
 def conv2d_act(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
                act="relu"):
     """conv2d followed by a residual addition and an activation, in one
@@ -452,10 +443,6 @@ def conv2d_act(x, weight, bias=None, residual=None, stride=1, padding=0, dilatio
     >>> conv2d_act(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), act="relu").tolist()
     [[[[0.0, 0.0], [0.0, 0.0]]]]
     """
-    if tracing_active():
-        return traced("conv2d_act", (x, weight, bias, residual), {
-            "stride": _freeze(stride), "padding": _freeze(padding), "dilation": _freeze(dilation),
-            "groups": groups, "act": act})
     return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act, residual)
 
 
@@ -552,6 +539,7 @@ cdef Tensor _rows_ready(Tensor t):
     return <Tensor>t.contiguous()
 
 
+@core_op
 def attention(q, k, v, mask=None, scale=1.0):
     """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``
     over the last axis, computed per (batch, head) pair with the scores
@@ -577,8 +565,6 @@ def attention(q, k, v, mask=None, scale=1.0):
     >>> attention(q, q, q, scale=0.5).tolist()
     [[[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]]]
     """
-    if tracing_active():
-        return traced("attention", (q, k, v, mask), {"scale": float(scale)})
     cdef str op = "attention"
     cdef Tensor tq, tk, tv, tm = None, out
     cdef mt_attn_geom g
@@ -756,6 +742,7 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     return _ALGO_NAMES[mt_conv2d_pick_algo(&g)]
 
 
+@core_op
 def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
     """2-D transposed convolution (the gradient of conv2d with respect to its input).
 
@@ -781,10 +768,6 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     (1, 4, 6, 6)
     """
     cdef str op = "conv_transpose2d"
-    if tracing_active():
-        return traced(op, (x, weight, bias), {
-            "stride": _freeze(stride), "padding": _freeze(padding),
-            "output_padding": _freeze(output_padding), "dilation": _freeze(dilation), "groups": groups})
     cdef Tensor tx, tw, tb = None, out
     cdef int code, work, rc, nt
     cdef mt_conv2d_geom g
@@ -899,6 +882,7 @@ cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil
     return _finish(out, code)
 
 
+@core_op
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """2-D max pooling (PyTorch semantics).
 
@@ -919,13 +903,10 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     Raises:
         ValueError: bad geometry or an empty output. TypeError: integer input.
     """
-    if tracing_active():
-        return traced("max_pool2d", (x,), {
-            "kernel_size": _freeze(kernel_size), "stride": _freeze(stride), "padding": _freeze(padding),
-            "dilation": _freeze(dilation), "ceil_mode": ceil_mode})
     return _pool2d("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
+@core_op
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     """2-D average pooling (PyTorch semantics).
 
@@ -943,10 +924,6 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     Raises:
         ValueError: bad geometry or an empty output. TypeError: integer input.
     """
-    if tracing_active():
-        return traced("avg_pool2d", (x,), {
-            "kernel_size": _freeze(kernel_size), "stride": _freeze(stride), "padding": _freeze(padding),
-            "ceil_mode": ceil_mode, "count_include_pad": count_include_pad})
     return _pool2d("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
 
 
@@ -972,6 +949,7 @@ cdef object _adaptive(str op, x, output_size, int kind):
     return _finish(out, code)
 
 
+@core_op
 def adaptive_avg_pool2d(x, output_size):
     """Average pooling to a fixed output size (PyTorch's windows: output i of
     m along an axis of n averages [floor(i*n/m), ceil((i+1)*n/m))).
@@ -983,23 +961,21 @@ def adaptive_avg_pool2d(x, output_size):
     Returns:
         [N, C, oh, ow], same dtype as x.
     """
-    if tracing_active():
-        return traced("adaptive_avg_pool2d", (x,), {"output_size": _freeze(output_size)})
     return _adaptive("adaptive_avg_pool2d", x, output_size, MT_ADAPTIVE_AVG)
 
 
+@core_op
 def adaptive_max_pool2d(x, output_size):
     """Max pooling to a fixed output size (windows as :func:`adaptive_avg_pool2d`).
 
     Returns the values only (no indices), same dtype as x.
     """
-    if tracing_active():
-        return traced("adaptive_max_pool2d", (x,), {"output_size": _freeze(output_size)})
     return _adaptive("adaptive_max_pool2d", x, output_size, MT_ADAPTIVE_MAX)
 
 
 # ------------------------------------------------------------------ resize
 
+@core_op
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """Resize the two spatial axes of x (PyTorch's F.interpolate coordinate rules).
 
@@ -1021,9 +997,6 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
             align_corners with nearest, an empty output.
     """
     cdef str op = "interpolate"
-    if tracing_active():
-        return traced(op, (x,), {"size": _freeze(size), "scale_factor": _freeze(scale_factor),
-                                 "mode": mode, "align_corners": align_corners})
     cdef Tensor t = <Tensor>_operands(op, (x,))[0], out
     _float_code(op, [t])
     _check_4d(op, "x", t, "[N, C, H, W]")
@@ -1139,6 +1112,7 @@ cdef int _wrap_edges(Tensor out, int nd, const int64_t *shape, const int64_t *be
     return 0
 
 
+@core_op
 def pad(x, pad_width, mode="constant", value=0.0):
     """Pad a tensor of any ndim and dtype (np.pad's pad_width layout).
 
@@ -1168,8 +1142,6 @@ def pad(x, pad_width, mode="constant", value=0.0):
     [3, 1, 2, 3, 1, 2, 3, 1, 2]
     """
     cdef str op = "pad"
-    if tracing_active():
-        return traced(op, (x,), {"pad_width": _freeze(pad_width), "mode": mode, "value": value})
     cdef Tensor t = <Tensor>_operands(op, (x,))[0], out, inner
     if mode not in _PAD_MODES:
         raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_PAD_MODES)}")
@@ -1212,6 +1184,3 @@ def pad(x, pad_width, mode="constant", value=0.0):
     _check_rc(op, rc)
     return out
 
-
-for _name in __all__:
-    register_op(_name, globals()[_name])

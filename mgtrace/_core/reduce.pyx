@@ -2,8 +2,8 @@
 #
 # mgtrace._core MUST import this module (mgtrace/_core/__init__.py:
 # ``from mgtrace._core import reduce``): importing it installs the Tensor
-# reduction methods (t.sum(), t.max(), ... through tensor._install_ops) and
-# registers every op here for apply() and the module tracer.
+# reduction methods (t.sum(), t.max(), ...) and registers every op here for
+# apply() and the module tracer (``@core_op``, rows of op_table.py).
 """Reductions over axes, scans, softmax and sorting along one axis.
 
 The Python functions here own the API: they convert and check their
@@ -38,12 +38,9 @@ from mgtrace._core.kernels cimport MT_NDTYPES
 from mgtrace._core.tensor cimport Tensor, empty, view_of, to_tensor, shape_tuple
 from mgtrace._core.dtype cimport ITEMSIZE, CATEGORY, float_result, scalar_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
-from mgtrace._core.dispatch cimport coerce, cast, fill, traced, tracing_active, num_threads
+from mgtrace._core.dispatch cimport coerce, cast, fill, num_threads
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
-from mgtrace._core.dispatch import register_op
-import importlib
-# (the attribute mgtrace._core.tensor is the tensor() function, not the module)
-_tensor_mod = importlib.import_module("mgtrace._core.tensor")
+from mgtrace._core.dispatch import core_op
 
 cdef extern from "kernels/reduce.h" nogil:
     enum: MT_NREDUCE, MT_NSCAN, MT_NSOFTMAX
@@ -290,6 +287,7 @@ cdef Tensor _reduce(int op, str name, object x, object axis, object keepdims, do
     return out
 
 
+@core_op
 def sum(x, axis=None, keepdims=False):
     """Sum of the elements over ``axis``.
 
@@ -315,11 +313,10 @@ def sum(x, axis=None, keepdims=False):
     >>> R.sum(mt.tensor([[1, 2], [3, 4]]), axis=0).tolist()
     [4, 6]
     """
-    if tracing_active():
-        return traced("sum", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_SUM, "sum", x, axis, keepdims, 0)
 
 
+@core_op
 def prod(x, axis=None, keepdims=False):
     """Product of the elements over ``axis``.
 
@@ -330,11 +327,10 @@ def prod(x, axis=None, keepdims=False):
     >>> R.prod(mt.tensor([[1, 2], [3, 4]]), axis=1).tolist()
     [2, 12]
     """
-    if tracing_active():
-        return traced("prod", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_PROD, "prod", x, axis, keepdims, 0)
 
 
+@core_op
 def mean(x, axis=None, keepdims=False):
     """Arithmetic mean over ``axis``.
 
@@ -348,11 +344,10 @@ def mean(x, axis=None, keepdims=False):
     >>> R.mean(mt.tensor([1, 2, 3, 4])).item()
     2.5
     """
-    if tracing_active():
-        return traced("mean", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_MEAN, "mean", x, axis, keepdims, 0)
 
 
+@core_op
 def var(x, axis=None, keepdims=False, ddof=0):
     """Variance over ``axis``: sum((x - mean)**2) / max(N - ddof, 0).
 
@@ -367,11 +362,10 @@ def var(x, axis=None, keepdims=False, ddof=0):
     >>> R.var(mt.tensor([1.0, 2.0, 3.0, 4.0])).item()
     1.25
     """
-    if tracing_active():
-        return traced("var", (x,), {"axis": axis, "keepdims": keepdims, "ddof": ddof})
     return _reduce(R_VAR, "var", x, axis, keepdims, float(ddof))
 
 
+@core_op
 def std(x, axis=None, keepdims=False, ddof=0):
     """Standard deviation over ``axis``: sqrt(:func:`var`). Same args, dtype
     and errors as :func:`var`.
@@ -380,11 +374,10 @@ def std(x, axis=None, keepdims=False, ddof=0):
     >>> R.std(mt.tensor([1.0, 3.0])).item()
     1.0
     """
-    if tracing_active():
-        return traced("std", (x,), {"axis": axis, "keepdims": keepdims, "ddof": ddof})
     return _reduce(R_STD, "std", x, axis, keepdims, float(ddof))
 
 
+@core_op
 def max(x, axis=None, keepdims=False):
     """Largest element over ``axis``, in the input's dtype.
 
@@ -398,11 +391,10 @@ def max(x, axis=None, keepdims=False):
     >>> R.max(mt.tensor([[1, 5], [7, 2]]), axis=1).tolist()
     [5, 7]
     """
-    if tracing_active():
-        return traced("max", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_MAX, "max", x, axis, keepdims, 0)
 
 
+@core_op
 def min(x, axis=None, keepdims=False):
     """Smallest element over ``axis``; see :func:`max`.
 
@@ -410,11 +402,10 @@ def min(x, axis=None, keepdims=False):
     >>> R.min(mt.tensor([[1, 5], [7, 2]]), axis=0).tolist()
     [1, 2]
     """
-    if tracing_active():
-        return traced("min", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_MIN, "min", x, axis, keepdims, 0)
 
 
+@core_op
 def argmax(x, axis=None, keepdims=False):
     """Index of the largest element over ``axis``, int32 (MegEngine).
 
@@ -431,11 +422,10 @@ def argmax(x, axis=None, keepdims=False):
     >>> R.argmax(mt.tensor([[1, 5], [7, 2]]), axis=1).tolist()
     [1, 0]
     """
-    if tracing_active():
-        return traced("argmax", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_ARGMAX, "argmax", x, axis, keepdims, 0)
 
 
+@core_op
 def argmin(x, axis=None, keepdims=False):
     """Index of the smallest element over ``axis``; see :func:`argmax`
     (NaN also wins here, as in NumPy).
@@ -444,11 +434,10 @@ def argmin(x, axis=None, keepdims=False):
     >>> R.argmin(mt.tensor([3, 1, 1])).item()
     1
     """
-    if tracing_active():
-        return traced("argmin", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_ARGMIN, "argmin", x, axis, keepdims, 0)
 
 
+@core_op
 def any(x, axis=None, keepdims=False):
     """True where some element over ``axis`` is nonzero (NaN is nonzero).
     Result bool; False over no elements. Args and errors as :func:`sum`.
@@ -457,11 +446,10 @@ def any(x, axis=None, keepdims=False):
     >>> R.any(mt.tensor([[0, 0], [0, 3]]), axis=1).tolist()
     [False, True]
     """
-    if tracing_active():
-        return traced("any", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_ANY, "any", x, axis, keepdims, 0)
 
 
+@core_op
 def all(x, axis=None, keepdims=False):
     """True where every element over ``axis`` is nonzero. Result bool; True
     over no elements. Args and errors as :func:`sum`.
@@ -470,8 +458,6 @@ def all(x, axis=None, keepdims=False):
     >>> R.all(mt.tensor([[1, 0], [2, 3]]), axis=1).tolist()
     [False, True]
     """
-    if tracing_active():
-        return traced("all", (x,), {"axis": axis, "keepdims": keepdims})
     return _reduce(R_ALL, "all", x, axis, keepdims, 0)
 
 
@@ -536,6 +522,7 @@ cdef Tensor _softmax(int op, str name, object x, object axis):
     return _like_input(out, scalar)
 
 
+@core_op
 def softmax(x, axis=-1):
     """exp(x - max) / sum(exp(x - max)) along ``axis`` (numerically stable).
 
@@ -558,11 +545,10 @@ def softmax(x, axis=-1):
     >>> [round(v, 4) for v in R.softmax(mt.tensor([0.0, 0.0, 0.0, 0.0])).tolist()]
     [0.25, 0.25, 0.25, 0.25]
     """
-    if tracing_active():
-        return traced("softmax", (x,), {"axis": axis})
     return _softmax(SOFTMAX["softmax"], "softmax", x, axis)
 
 
+@core_op
 def log_softmax(x, axis=-1):
     """x - max - log(sum(exp(x - max))) along ``axis``; see :func:`softmax`
     for the arguments, dtypes and errors.
@@ -571,8 +557,6 @@ def log_softmax(x, axis=-1):
     >>> round(R.log_softmax(mt.tensor([1.0, 1.0])).tolist()[0], 4)
     -0.6931
     """
-    if tracing_active():
-        return traced("log_softmax", (x,), {"axis": axis})
     return _softmax(SOFTMAX["log_softmax"], "log_softmax", x, axis)
 
 
@@ -596,6 +580,7 @@ cdef Tensor _scan(int op, str name, object x, object axis):
     return _like_input(out, scalar)
 
 
+@core_op
 def cumsum(x, axis):
     """Running sum along ``axis``.
 
@@ -617,11 +602,10 @@ def cumsum(x, axis):
     >>> R.cumsum(mt.tensor([[1, 2], [3, 4]]), axis=1).tolist()
     [[1, 3], [3, 7]]
     """
-    if tracing_active():
-        return traced("cumsum", (x,), {"axis": axis})
     return _scan(SCAN["cumsum"], "cumsum", x, axis)
 
 
+@core_op
 def cumprod(x, axis):
     """Running product along ``axis``; arguments, dtypes and errors as
     :func:`cumsum`.
@@ -630,8 +614,6 @@ def cumprod(x, axis):
     >>> R.cumprod(mt.tensor([1, 2, 3, 4]), axis=0).tolist()
     [1, 2, 6, 24]
     """
-    if tracing_active():
-        return traced("cumprod", (x,), {"axis": axis})
     return _scan(SCAN["cumprod"], "cumprod", x, axis)
 
 
@@ -676,6 +658,7 @@ cdef object _sort(str name, object x, object axis, object k, bint descending, bi
     return _like_input(idx, scalar)
 
 
+@core_op
 def sort(x, axis=-1, descending=False):
     """Sorted values along ``axis`` and where they came from.
 
@@ -702,11 +685,10 @@ def sort(x, axis=-1, descending=False):
     >>> v.tolist(), i.tolist()
     ([1, 2, 3], [1, 2, 0])
     """
-    if tracing_active():
-        return traced("sort", (x,), {"axis": axis, "descending": descending})
     return _sort("sort", x, axis, None, descending, True, True)
 
 
+@core_op
 def argsort(x, axis=-1, descending=False):
     """The int32 indices that sort ``x`` along ``axis``; see :func:`sort`.
 
@@ -714,11 +696,10 @@ def argsort(x, axis=-1, descending=False):
     >>> R.argsort(mt.tensor([3.0, 1.0, 2.0]), descending=True).tolist()
     [0, 2, 1]
     """
-    if tracing_active():
-        return traced("argsort", (x,), {"axis": axis, "descending": descending})
     return _sort("argsort", x, axis, None, descending, True, False)
 
 
+@core_op
 def topk(x, k, axis=-1, descending=True, sorted=True):
     """The k largest (descending=True) or smallest values along ``axis``.
 
@@ -749,21 +730,7 @@ def topk(x, k, axis=-1, descending=True, sorted=True):
     >>> v.tolist(), i.tolist()
     ([9, 7], [1, 3])
     """
-    if tracing_active():
-        return traced("topk", (x,), {"k": k, "axis": axis, "descending": descending,
-                                     "sorted": sorted})
     if k is None:
         raise TypeError("topk: k must be an int, not None")
     return _sort("topk", x, axis, k, descending, sorted, True)
 
-
-# ------------------------------------------------------------------ registration
-
-OPS = {"sum": sum, "prod": prod, "mean": mean, "var": var, "std": std, "max": max, "min": min,
-       "argmax": argmax, "argmin": argmin, "any": any, "all": all,
-       "softmax": softmax, "log_softmax": log_softmax, "cumsum": cumsum, "cumprod": cumprod,
-       "sort": sort, "argsort": argsort, "topk": topk}
-for _name, _fn in OPS.items():
-    register_op(_name, _fn)
-_tensor_mod._install_ops(sum=sum, mean=mean, prod=prod, max=max, min=min, any=any, all=all,
-                         argmax=argmax, argmin=argmin, var=var, std=std)

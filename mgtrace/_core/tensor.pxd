@@ -17,8 +17,11 @@ cdef class Tensor:
 # cimport dispatch: dispatch cimports tensor).
 ctypedef object (*binary_fn)(int op, object a, object b, object out)
 ctypedef object (*unary_fn)(int op, object a, object out)
-ctypedef object (*traced_fn)(str name, tuple inputs, dict params)
+ctypedef object (*traced_fn)(str name, tuple args)     # inputs, then params (op table order)
 cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept
+# the one trace hook object (see mgtrace._core.trace_hooks); read only while tracing is on
+cdef object trace_hook()
+cdef void set_trace_hook(object hook) noexcept
 
 cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device)
 cdef Tensor empty_like_shape(tuple shape, int dtype, int device)

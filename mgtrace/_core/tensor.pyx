@@ -30,7 +30,17 @@ cdef unary_fn _unary = NULL
 cdef traced_fn _traced = NULL
 cdef bint _no_tracing = False
 cdef bint *_tracing = &_no_tracing   # dispatch's module-tracing switch
+cdef object _hook = None            # the trace hook object, set with the switch by dispatch
 _OPS = {}   # Python-level ops installed by the other core modules (copy, getitem, reductions...)
+
+
+cdef object trace_hook():
+    return _hook
+
+
+cdef void set_trace_hook(object hook) noexcept:
+    global _hook
+    _hook = hook
 
 
 cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept:
@@ -318,10 +328,8 @@ def tensor(data, dtype=None, device=None):
     >>> tensor([1.0]).dtype
     dtype('float32')
     """
-    if _tracing[0]:
-        hook = _OPS.get("create_hook")
-        if hook is not None:        # a module is traced: the tracer records the creation
-            return hook(None, data, dtype, device)
+    if _tracing[0]:                 # a module is traced: the tracer records the creation
+        return _hook.on_create(None, data, dtype, device)
     return to_tensor(data, dtype, device_id(device))
 
 
@@ -546,10 +554,8 @@ cdef class Tensor:
         if data is None:
             data = []
         if _tracing[0] and self._st == NULL:
-            hook = _OPS.get("create_hook")
-            if hook is not None:    # the tracer records the creation, then runs this again
-                hook(self, data, dtype, device)
-                return
+            _hook.on_create(self, data, dtype, device)   # records it, then runs this again
+            return
         cdef Tensor src = to_tensor(data, dtype, device_id(device))
         # take over src's storage
         self._st = src._st
@@ -580,18 +586,14 @@ cdef class Tensor:
             raise TypeError(f"a tensor name is a str or None, not {type(value).__name__}")
         setattr(self, "_name", value)
         if _tracing[0] and value:
-            hook = _OPS.get("name_hook")
-            if hook is not None:
-                hook(self, value)
+            _hook.on_name(self, value)
 
     @property
     def shape(self):
         """Dimensions, a tuple of ints (while a module is traced, ints that
         remember where they came from, so shape arithmetic is recorded)."""
         if _tracing[0]:
-            hook = _OPS.get("shape_hook")
-            if hook is not None:
-                return hook(self)
+            return _hook.on_shape(self)
         return tuple([self._shape[i] for i in range(self._ndim)])
 
     @property
@@ -768,7 +770,7 @@ cdef class Tensor:
                 isinstance(shape[0], Tensor) and (<Tensor>shape[0])._ndim == 0):
             shape = shape[0]
         if _tracing[0]:
-            return _traced("reshape", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
+            return _traced("reshape", (self, shape))
         cdef int64_t new[16]
         cdef int64_t strides[16]
         cdef int nd = parse_shape(shape, new)
@@ -809,7 +811,7 @@ cdef class Tensor:
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
         if _tracing[0]:
-            return _traced("transpose", (self,), {"axes": tuple(axes)})
+            return _traced("transpose", (self, axes))
         cdef int nd = self._ndim, i, a
         if not axes:
             axes = tuple(range(nd - 1, -1, -1))
@@ -833,7 +835,7 @@ cdef class Tensor:
     def expand_dims(self, axis):
         """Insert size-1 axes at ``axis`` (int or sequence, positions in the result)."""
         if _tracing[0]:
-            return _traced("expand_dims", (self,), {"axis": axis})
+            return _traced("expand_dims", (self, axis))
         axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         cdef int nd = self._ndim + len(axes), i, j = 0
         norm = sorted({normalize_axis(a, nd) for a in axes})
@@ -859,7 +861,7 @@ cdef class Tensor:
         Raises ValueError when a named axis is not of size 1."""
         cdef int i, nd = 0
         if _tracing[0]:
-            return _traced("squeeze", (self,), {"axis": axis})
+            return _traced("squeeze", (self, axis))
         if axis is None:
             drop = {i for i in range(self._ndim) if self._shape[i] == 1}
         else:
@@ -886,7 +888,7 @@ cdef class Tensor:
         Raises ValueError when the shapes do not broadcast or the element
         count overflows int64."""
         if _tracing[0]:
-            return _traced("broadcast_to", (self,), {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape})
+            return _traced("broadcast_to", (self, shape))
         cdef int64_t shp[16]
         cdef int64_t st[16]
         cdef int nd = parse_shape(shape, shp), i, j
@@ -913,7 +915,7 @@ cdef class Tensor:
 
     def __setitem__(self, index, value):
         if _tracing[0]:
-            _traced("setitem", (self, index, value), {})
+            _traced("setitem", (self, index, value))
             return
         _OPS["setitem"](self, index, value)
 
@@ -961,9 +963,8 @@ cdef class Tensor:
         if numel(self) != 1:
             raise ValueError(f"the truth value of a tensor with {numel(self)} elements is "
                              "ambiguous; use .any() or .all()")
-        hook = _OPS.get("bool_hook")
-        if hook is not None:
-            hook(self)
+        if _tracing[0]:
+            _hook.on_bool(self)
         return bool(self.item())
 
     def __int__(self):
@@ -1115,9 +1116,7 @@ cdef inline void _frozen(Tensor t, str what) except *:
     """While a module is traced: tell the tracer that a value is leaving the
     graph (item(), numpy(), len()...), so it can warn that the trace fixes it."""
     if _tracing[0]:
-        hook = _OPS.get("frozen_hook")
-        if hook is not None:
-            hook(t, what)
+        _hook.on_frozen(t, what)
 
 
 cdef Tensor _share_as(Tensor t, type cls):

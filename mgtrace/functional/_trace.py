@@ -2,9 +2,9 @@
 
 Every public function of :mod:`mgtrace.functional` is wrapped once, when
 the package is imported, by :func:`traceable`. Eagerly the wrapper only
-checks one module global and calls the function. While
-:func:`mgtrace.trace_module` runs, it hands the call to the tracer's
-``function_hook(wrapper, fn, args, kwargs)``, which records one
+checks one global (:data:`mgtrace._core.trace_hooks.active`) and calls the
+function. While :func:`mgtrace.trace_module` runs, it hands the call to the
+tracer's ``on_function(wrapper, fn, args, kwargs)``, which records one
 ``CallFunction`` expr and runs ``fn`` itself. Wrapping happens here,
 below the tracer, so code that did ``from mgtrace.functional import relu``
 is traced too (no monkey-patching of other modules' globals).
@@ -18,8 +18,7 @@ running statistics).
 import functools
 import inspect
 
-# set by mgtrace.traced_module while it traces
-function_hook = None
+from mgtrace._core import trace_hooks as _hooks
 
 _WRAPPED = {}   # id(fn) -> wrapper, so a function re-exported elsewhere wraps once
 
@@ -38,10 +37,10 @@ def traceable(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        hook = function_hook
+        hook = _hooks.active
         if hook is None:
             return fn(*args, **kwargs)
-        return hook(wrapper, fn, args, kwargs)
+        return hook.on_function(wrapper, fn, args, kwargs)
 
     wrapper.__mgtrace_traceable__ = True
     _WRAPPED[id(fn)] = wrapper

@@ -57,6 +57,7 @@ import numpy as np
 
 from mgtrace.errors import Error
 from mgtrace._core import Tensor, as_device, as_dtype
+from mgtrace._core import trace_hooks as _hooks
 from mgtrace.module.parameter import Parameter
 
 __all__ = ["Module", "StateDictError", "IncompatibleKeys", "RemovableHandle"]
@@ -82,10 +83,6 @@ class StateDictError(Error, ValueError):
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 IncompatibleKeys.__doc__ = """What ``load_state_dict`` did not match: lists of keys."""
 
-
-# Set by mgtrace.traced_module while it traces: hook(module, args, kwargs)
-# receives every module call (the tracer runs the call itself).
-_call_hook = None
 
 _FLOATS = frozenset(["float16", "bfloat16", "float32", "float64"])
 
@@ -281,8 +278,9 @@ class Module:
                                   "forward(self, ...) in the subclass")
 
     def __call__(self, *args, **kwargs):
-        if _call_hook is not None:          # a module is being traced
-            return _call_hook(self, args, kwargs)
+        hook = _hooks.active
+        if hook is not None:                # a module is being traced: the tracer runs the call
+            return hook.on_module_call(self, args, kwargs)
         return self._call_impl(args, kwargs)
 
     def _call_impl(self, args, kwargs):

@@ -13,7 +13,7 @@ mgtrace registers:
   ``"mgtrace.functional.<name>"`` (resolved by name at use, so a function
   wrapped later, e.g. by the tracer, is the one called);
 * Python's :mod:`operator` functions that tensors overload
-  (:data:`OPERATOR_FUNCTIONS`) as ``"operator.<name>"``;
+  (:data:`OPERATOR_FUNCTIONS`, from the core's op table) as ``"operator.<name>"``;
 * :func:`mgtrace.tensor` as ``"mgtrace.tensor"`` (tensors made inside a
   traced forward, format 1.1);
 * every builtin module type of :mod:`mgtrace.module` (``"mgtrace.module.Conv2d"``)
@@ -27,6 +27,7 @@ from collections import namedtuple
 from functools import partial
 
 import mgtrace._core as _core
+from mgtrace._core import op_table
 import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace.errors import RegistryError, did_you_mean
@@ -37,13 +38,7 @@ __all__ = ["register_function", "register_module", "function_name", "resolve_fun
            "own_functions", "own_module_types", "OPERATOR_FUNCTIONS", "CONTAINERS"]
 
 # Python operators on tensors, registered as "operator.<name>"
-OPERATOR_FUNCTIONS = (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",   # binary arithmetic
-    "neg", "pos", "abs", "invert",                                         # unary
-    "and_", "or_", "xor", "lshift", "rshift",                              # bitwise
-    "eq", "ne", "lt", "le", "gt", "ge",                                    # comparison
-    "getitem",                                                             # indexing
-)
+OPERATOR_FUNCTIONS = op_table.operator_functions()
 CONTAINERS = {f"mgtrace.module.{c.__name__}": c for c in (M.Sequential, M.ModuleList, M.ModuleDict)}
 
 FunctionEntry = namedtuple("FunctionEntry", "name version get upgraders own")

@@ -59,8 +59,7 @@ import warnings
 
 import numpy as np
 
-from mgtrace._core import Tensor
-from mgtrace._core import dispatch as _dispatch
+from mgtrace._core import Tensor, op_table
 from mgtrace.errors import ArchiveError
 from mgtrace.module.module import Module
 from mgtrace.serialization import values
@@ -94,21 +93,8 @@ TRACED_FIELDS = (
 )
 
 
-def _tensor_methods():
-    """Tensor methods a stored graph may call: what the tracer records."""
-    names = {"shape", "__getitem__", "__setitem__", "__matmul__", "__rmatmul__"}
-    names |= set(_tracer._VIEW_METHODS) | set(_tracer._REDUCE_METHODS)
-    names |= set(_tracer._UNARY_METHOD.values())
-    for fwd, refl in _tracer._COMPARE.values():
-        names |= {fwd, refl}
-    for base in _tracer._BINARY_METHOD.values():
-        names |= {f"__{base}__", f"__r{base}__", f"__i{base}__"}
-    names |= {n for n in dir(Tensor)
-              if not n.startswith("_") and callable(getattr(Tensor, n, None))}
-    return frozenset(names)
-
-
-TENSOR_METHODS = _tensor_methods()
+# Tensor methods a stored graph may call (the op table's; schema/ops.json)
+TENSOR_METHODS = op_table.tensor_methods()
 EXPR_KINDS = ("input", "getattr", "call_method", "call_function", "constant", "apply")
 _PARAM_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
                                     inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -366,7 +352,7 @@ def _check(entry, ctx, where):
                 _fail(ew, f"method {_short(e.get('method'))} is not one a graph may call (module "
                           "calls and the tensor methods of traced_codec.TENSOR_METHODS)")
             elif kind == "apply" and (not isinstance(e.get("op"), str)
-                                      or e["op"] not in _dispatch._IMPLS):
+                                      or e["op"] not in op_table.OPS):
                 _fail(ew, f"core op {_short(e.get('op'))} is not registered")
 
 

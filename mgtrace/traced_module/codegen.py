@@ -27,7 +27,7 @@ import re
 import weakref
 
 import mgtrace.functional as F
-from mgtrace._core import OpDef, Tensor, apply
+from mgtrace._core import OpDef, Tensor, apply, op_table
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         Input)
 from mgtrace.traced_module.graph import has_side_effect
@@ -36,18 +36,19 @@ from mgtrace.traced_module.pytree import LeafDef, TreeDef, _Root, tree_flatten
 
 __all__ = ["generate", "compile_graph"]
 
-# Python's operator spelling of the tensor dunders the tracer records
-_BINARY = {"__add__": "+", "__sub__": "-", "__mul__": "*", "__truediv__": "/",
-           "__floordiv__": "//", "__mod__": "%", "__pow__": "**", "__matmul__": "@",
-           "__and__": "&", "__or__": "|", "__xor__": "^", "__lshift__": "<<",
-           "__rshift__": ">>", "__eq__": "==", "__ne__": "!=", "__lt__": "<",
-           "__le__": "<=", "__gt__": ">", "__ge__": ">="}
-_REFLECTED = {f"__r{k[2:]}": v for k, v in _BINARY.items() if k not in
-              ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__")}
-_UNARY = {"__neg__": "-", "__pos__": "+", "__invert__": "~"}
-_OPERATOR_FUNCS = {operator.add: "+", operator.sub: "-", operator.mul: "*",
-                   operator.floordiv: "//", operator.truediv: "/", operator.mod: "%",
-                   operator.pow: "**"}
+# Python's operator spelling of the tensor dunders and operator functions
+# the op table declares: binary ``a + b``, reflected ``b + a``, prefix ``-a``
+_INFIX = [op for op in op_table.OPS.values()
+          if op.arity == 2 and op.symbol and op.pyop and op.group != "index"]
+_PREFIX = [op for op in list(op_table.OPS.values()) + [op_table.POS]
+           if op.arity == 1 and op.symbol and len(op.symbol) == 1]
+_BINARY = {op.method: op.symbol for op in _INFIX}
+_REFLECTED = {op.reflected: op.symbol for op in _INFIX if op.group != "compare"}
+_UNARY = {op.method: op.symbol for op in _PREFIX}
+_OPERATOR_FUNCS = {getattr(operator, op.pyop): op.symbol for op in _INFIX}
+_PREFIX_FUNCS = {getattr(operator, op.pyop): op.symbol for op in _PREFIX}
+_ABS, _GETITEM, _SETITEM = (op_table.OPS[n].method for n in ("abs", "getitem", "setitem"))
+_ABS_FN = getattr(operator, op_table.OPS["abs"].pyop)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _files = itertools.count()       # makes each compiled graph's file name unique
@@ -222,10 +223,11 @@ def _function_call(e, namer):
     sym = _OPERATOR_FUNCS.get(fn)
     if sym is not None and len(e.args) == 2 and not e.kwargs:
         return f"{_operand(e.args[0], namer)} {sym} {_operand(e.args[1], namer)}"
-    if fn is operator.abs and len(e.args) == 1 and not e.kwargs:
+    if fn is _ABS_FN and len(e.args) == 1 and not e.kwargs:
         return f"abs({_literal(e.args[0], namer)})"
-    if fn is operator.neg and len(e.args) == 1:
-        return f"-{_operand(e.args[0], namer)}"
+    sym = _PREFIX_FUNCS.get(fn)
+    if sym is not None and len(e.args) == 1 and not e.kwargs:
+        return f"{sym}{_operand(e.args[0], namer)}"
     name = getattr(fn, "__name__", "")
     if _IDENT.match(name) and getattr(F, name, None) is fn:
         callee = f"F.{name}"
@@ -248,9 +250,9 @@ def _method_call(e, namer):
             return f"{_operand(rest[0], namer)} {_REFLECTED[m]} {src}"
         if m in _UNARY and not rest:
             return f"{_UNARY[m]}{src}"
-        if m == "__abs__" and not rest:
+        if m == _ABS and not rest:
             return f"abs({src})"
-        if m == "__getitem__" and len(rest) == 1:
+        if m == _GETITEM and len(rest) == 1:
             return f"{src}[{_index_literal(rest[0], namer)}]"
     if not _IDENT.match(m):
         raise ValueError(f"method name {m!r} is not a Python identifier")
@@ -412,7 +414,7 @@ def _describe(v):
 
 
 def _statement(e, namer, lines):
-    if isinstance(e, CallMethod) and e.method == "__setitem__" and not e.outputs \
+    if isinstance(e, CallMethod) and e.method == _SETITEM and not e.outputs \
             and not e.kwargs and len(e.args) == 3:
         obj, idx, val = e.args
         lines.append(f"{namer(obj)}[{_index_literal(idx, namer)}] = {_literal(val, namer)}")

@@ -25,7 +25,7 @@ import os
 import sys
 import sysconfig
 
-from mgtrace._core import tensor as _core_tensor
+from mgtrace._core import op_table, tensor as _core_tensor
 from mgtrace.traced_module.node import Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 
@@ -306,9 +306,7 @@ class CallMethod(Expr):
     kind = "call_method"
     PROPERTIES = frozenset({"shape"})          # read, not called
     # tensor methods that write into their self tensor (x[i] = v, x += y, ...)
-    IN_PLACE = frozenset({"__setitem__"} | {f"__i{op}__" for op in (
-        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
-        "rshift", "matmul")})
+    IN_PLACE = op_table.inplace_methods()
 
     def __init__(self, self_node, method, args=(), kwargs=None):
         super().__init__((self_node,) + tuple(args), kwargs)
@@ -420,8 +418,9 @@ def _positional_signature(n, kwargs, first=None):
 
 EXPR_KINDS = {cls.kind: cls for cls in (Input, GetAttr, CallMethod, CallFunction, Constant, Apply)}
 
-_OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in
-                   ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "getitem")}
+# the operator functions of the op table by their public name (operator.and_,
+# whose __module__ is the private _operator)
+_OPERATOR_NAMES = {getattr(operator, n): f"operator.{n}" for n in op_table.operator_functions()}
 
 
 def function_name(fn):

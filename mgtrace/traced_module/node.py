@@ -41,6 +41,8 @@ mgtrace.traced_module.node.NodeValueError: `+` on TensorNode %...:x: a graph nod
 """
 import itertools
 import operator
+
+from mgtrace._core import op_table
 from mgtrace.errors import Error
 
 __all__ = ["Node", "TensorNode", "ModuleNode", "ValueNode", "NODE_KINDS", "NodeValueError"]
@@ -188,23 +190,15 @@ def _int_operator(fn, symbol, reflected=False):
     return method
 
 
-# operators a TensorNode records (the Tensor dunders of the same names);
-# no in-place forms: ``node += 1`` rebinds the name to a new node instead
+# operators a TensorNode records: the op table's Tensor dunders, no in-place
+# forms (``node += 1`` rebinds the name to a new node instead), and not
+# ``==``/``!=`` (nodes are dict keys) nor ``[]=`` (nodes are not written to)
 _TENSOR_OPERATORS = {
-    "__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
-    "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__floordiv__": "//",
-    "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__pow__": "**", "__rpow__": "**",
-    "__matmul__": "@", "__rmatmul__": "@", "__and__": "&", "__rand__": "&", "__or__": "|",
-    "__ror__": "|", "__xor__": "^", "__rxor__": "^", "__lshift__": "<<", "__rlshift__": "<<",
-    "__rshift__": ">>", "__rrshift__": ">>", "__lt__": "<", "__le__": "<=", "__gt__": ">",
-    "__ge__": ">=", "__neg__": "unary -", "__abs__": "abs()", "__invert__": "~",
-    "__getitem__": "[]",
-}
+    m: ("unary -" if m == "__neg__" else op.symbol) for m, (op, role) in op_table.by_method().items()
+    if m.startswith("__") and role != "inplace" and op.symbol and m not in ("__eq__", "__ne__")
+    and op.name != "pos"}
 # tensor methods a TensorNode records (each returns tensors)
-TENSOR_METHODS = frozenset({
-    "astype", "copy", "contiguous", "reshape", "view", "flatten", "transpose", "permute",
-    "expand_dims", "squeeze", "broadcast_to", "sum", "mean", "prod", "max", "min", "any", "all",
-    "argmax", "argmin", "var", "std"})
+TENSOR_METHODS = op_table.node_methods()
 
 
 class TensorNode(Node):
@@ -331,17 +325,15 @@ class ValueNode(Node):
         super().__init__(expr, name)
         self.value = value
 
-    __add__ = _int_operator(operator.add, "+")
-    __radd__ = _int_operator(operator.add, "+", True)
-    __sub__ = _int_operator(operator.sub, "-")
-    __rsub__ = _int_operator(operator.sub, "-", True)
-    __mul__ = _int_operator(operator.mul, "*")
-    __rmul__ = _int_operator(operator.mul, "*", True)
-    __floordiv__ = _int_operator(operator.floordiv, "//")
-    __rfloordiv__ = _int_operator(operator.floordiv, "//", True)
-    __mod__ = _int_operator(operator.mod, "%")
-    __rmod__ = _int_operator(operator.mod, "%", True)
-    __neg__ = _int_operator(operator.neg, "unary -")
 
+
+# the int arithmetic a ValueNode records (op table rows; int results only)
+for _op in map(op_table.OPS.get, ("add", "sub", "mul", "floordiv", "mod", "neg")):
+    _fn = getattr(operator, _op.pyop)
+    _sym = "unary -" if _op.arity == 1 else _op.symbol
+    setattr(ValueNode, _op.method, _int_operator(_fn, _sym))
+    if _op.reflected:
+        setattr(ValueNode, _op.reflected, _int_operator(_fn, _sym, True))
+del _op, _fn, _sym
 
 NODE_KINDS = {cls.kind: cls for cls in (TensorNode, ModuleNode, ValueNode)}

@@ -1,16 +1,18 @@
 """The tracer: runs forward with real values and records what happens.
 
-While :func:`~mgtrace.traced_module.trace_module` runs, these hooks are on:
+While :func:`~mgtrace.traced_module.trace_module` runs, the :class:`Tracer`
+is the trace hook (:mod:`mgtrace._core.trace_hooks`, installed for the
+whole trace) and records:
 
-- ``Module.__call__`` (module/module.py ``_call_hook``): a builtin module
+- ``Module.__call__`` (``on_module_call``): a builtin module
   is recorded as one ``CallMethod(__call__)`` and run untraced; any other
   module is traced into its own graph (once per call signature) and
   recorded in the caller as a call.
-- mgtrace.functional (functional/_trace.py ``function_hook``): one
+- mgtrace.functional (``on_function``): one
   ``CallFunction``, the body runs untraced.
-- the core dispatcher (``set_module_trace_hook``): tensor operators and
-  methods become ``CallMethod`` (``__add__``, ``reshape``, ``__getitem__``),
-  raw ops without a method form ``Apply``.
+- core ops (``on_apply``): tensor operators and methods become
+  ``CallMethod`` (``__add__``, ``reshape``, ``__getitem__``; the forms come
+  from the op table), raw ops without a method form ``Apply``.
 - ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
   the ints handed back are :class:`SymInt`, which record their arithmetic,
   so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
@@ -26,7 +28,6 @@ parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
 """
 import collections
 import contextlib
-import importlib
 import inspect
 import math
 import operator
@@ -36,20 +37,14 @@ import warnings
 import numpy as np
 
 from mgtrace.errors import Error
-import mgtrace.functional._trace as _ftrace
-import mgtrace.module.module as _modmod
-from mgtrace._core import Tensor, apply, as_dtype, tensor as _tensor
-from mgtrace._core import dispatch as _dispatch
+from mgtrace._core import Tensor, apply, as_dtype, op_table, tensor as _tensor
+from mgtrace._core import trace_hooks as _hooks
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         is_user_file, user_frame, user_source)
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import LeafDef, tree_flatten
-
-# mgtrace._core re-exports the function tensor() under the submodule's name,
-# so `import mgtrace._core.tensor as m` would give the function
-_tensor_mod = importlib.import_module("mgtrace._core.tensor")
 
 __all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
            "active_tracer"]
@@ -120,24 +115,25 @@ def _sym_fixed(what, convert):
     return method
 
 
+def _sym_operators(cls, groups):
+    """Give ``cls`` the operators of the op table's ``groups`` that Python's
+    numbers have: arithmetic is recorded, comparisons are fixed."""
+    for op in op_table.OPS.values():
+        if op.group not in groups or op.pyop is None:
+            continue
+        fn = getattr(operator, op.pyop)
+        if op.group == "compare":
+            setattr(cls, op.method, _sym_fixed(f"comparing ({op.symbol})", fn))
+        elif op.arity == 1:
+            setattr(cls, op.method, _sym_unary(fn))
+        else:
+            setattr(cls, op.method, _sym_binary(fn))
+            setattr(cls, op.reflected, _sym_binary(fn, True))
+
+
 class _SymNumber:
-    """What SymInt and SymFloat share: recorded arithmetic, warned conversions."""
-    __add__ = _sym_binary(operator.add)
-    __radd__ = _sym_binary(operator.add, True)
-    __sub__ = _sym_binary(operator.sub)
-    __rsub__ = _sym_binary(operator.sub, True)
-    __mul__ = _sym_binary(operator.mul)
-    __rmul__ = _sym_binary(operator.mul, True)
-    __truediv__ = _sym_binary(operator.truediv)
-    __rtruediv__ = _sym_binary(operator.truediv, True)
-    __floordiv__ = _sym_binary(operator.floordiv)
-    __rfloordiv__ = _sym_binary(operator.floordiv, True)
-    __mod__ = _sym_binary(operator.mod)
-    __rmod__ = _sym_binary(operator.mod, True)
-    __pow__ = _sym_binary(operator.pow)
-    __rpow__ = _sym_binary(operator.pow, True)
-    __neg__ = _sym_unary(operator.neg)
-    __abs__ = _sym_unary(operator.abs)
+    """What SymInt and SymFloat share: recorded arithmetic (``+ - * / // %
+    **``, unary ``-``, ``abs``), warned conversions and comparisons."""
     __floor__ = _sym_fixed("math.floor()", math.floor)
     __ceil__ = _sym_fixed("math.ceil()", math.ceil)
     __trunc__ = _sym_fixed("math.trunc()", math.trunc)
@@ -147,13 +143,7 @@ class _SymNumber:
 
     def __format__(self, spec):
         return format(_plain(self), spec)
-    # the trace keeps what these gave this time
-    __lt__ = _sym_fixed("comparing (<)", operator.lt)
-    __le__ = _sym_fixed("comparing (<=)", operator.le)
-    __gt__ = _sym_fixed("comparing (>)", operator.gt)
-    __ge__ = _sym_fixed("comparing (>=)", operator.ge)
-    __eq__ = _sym_fixed("comparing (==)", operator.eq)
-    __ne__ = _sym_fixed("comparing (!=)", operator.ne)
+    # the trace keeps what these gave this time (comparisons: _sym_operators)
     __bool__ = _sym_fixed("a branch on (bool())", bool)
     __int__ = _sym_fixed("int()", int)
     __float__ = _sym_fixed("float() (math functions, NumPy)", float)
@@ -162,6 +152,9 @@ class _SymNumber:
 
     def __hash__(self):
         return hash(_plain(self))
+
+
+_sym_operators(_SymNumber, ("unary", "binary", "compare"))
 
 
 class SymInt(_SymNumber, int):
@@ -180,21 +173,12 @@ class SymInt(_SymNumber, int):
     >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
     (12, 'int')
     """
-    # bitwise arithmetic on ints (padding to a multiple of 8: (h + 7) & ~7)
-    __and__ = _sym_binary(operator.and_)
-    __rand__ = _sym_binary(operator.and_, True)
-    __or__ = _sym_binary(operator.or_)
-    __ror__ = _sym_binary(operator.or_, True)
-    __xor__ = _sym_binary(operator.xor)
-    __rxor__ = _sym_binary(operator.xor, True)
-    __lshift__ = _sym_binary(operator.lshift)
-    __rlshift__ = _sym_binary(operator.lshift, True)
-    __rshift__ = _sym_binary(operator.rshift)
-    __rrshift__ = _sym_binary(operator.rshift, True)
-    __invert__ = _sym_unary(operator.invert)
-
     def __repr__(self):
         return f"SymInt({_plain(self)})"
+
+
+# bitwise arithmetic on ints (padding to a multiple of 8: (h + 7) & ~7)
+_sym_operators(SymInt, ("bitwise",))
 
 
 class SymFloat(_SymNumber, float):
@@ -213,48 +197,33 @@ def _traced_leaf(v):
 
 
 # ----------------------------------------------------- tensor op -> method
-_BINARY_METHOD = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "truediv",
-                  "floordiv": "floordiv", "mod": "mod", "pow": "pow", "bitwise_and": "and",
-                  "bitwise_or": "or", "bitwise_xor": "xor", "left_shift": "lshift",
-                  "right_shift": "rshift"}
-_COMPARE = {"eq": ("__eq__", "__eq__"), "ne": ("__ne__", "__ne__"), "lt": ("__lt__", "__gt__"),
-            "le": ("__le__", "__ge__"), "gt": ("__gt__", "__lt__"), "ge": ("__ge__", "__le__")}
-_UNARY_METHOD = {"neg": "__neg__", "abs": "__abs__", "bitwise_not": "__invert__"}
-_VIEW_METHODS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "astype"}
-_REDUCE_METHODS = {"sum", "mean", "prod", "max", "min", "any", "all", "argmax", "argmin",
-                   "var", "std"}
+_METHOD_OPS = {op.name: op for op in op_table.OPS.values() if op.method}
 
 
 def method_form(name, inputs, params):
     """``(method, args, kwargs)`` when core op ``name`` on ``inputs`` is a
-    Tensor method or operator call, else None (recorded as Apply)."""
+    Tensor method or operator call (the op table's forms), else None
+    (recorded as Apply)."""
+    op = _METHOD_OPS.get(name)
+    if op is None:
+        return None
     first = inputs[0] if inputs else None
-    out = params.get("out")
-    if name in _BINARY_METHOD and len(inputs) == 2 and set(params) <= {"out"}:
-        base = _BINARY_METHOD[name]
-        if out is not None:
-            return (f"__i{base}__", inputs, {}) if out is first else None
-        if isinstance(first, Tensor):
-            return f"__{base}__", inputs, {}
-        return f"__r{base}__", (inputs[1], first), {}
-    if name == "matmul" and len(inputs) == 2 and not params:
-        if isinstance(first, Tensor):
-            return "__matmul__", inputs, {}
-        return "__rmatmul__", (inputs[1], first), {}
-    if name in _COMPARE and len(inputs) == 2 and not params:
-        fwd, refl = _COMPARE[name]
-        return (fwd, inputs, {}) if isinstance(first, Tensor) else (refl, (inputs[1], first), {})
-    if name in _UNARY_METHOD and not params:
-        return _UNARY_METHOD[name], inputs, {}
-    if name in _VIEW_METHODS:
-        return name, inputs + tuple(params.values()), {}
-    if name in _REDUCE_METHODS and "out" not in params:
-        return name, inputs, dict(params)
-    if name == "getitem":
-        return "__getitem__", inputs, {}
-    if name == "setitem":
-        return "__setitem__", inputs, {}
-    return None
+    if op.group == "index":                                # x[i], x[i] = v
+        return op.method, inputs, {}
+    if op.method.startswith("__"):                         # an operator
+        out = params.get("out")
+        if len(inputs) != op.arity or set(params) - {"out"}:
+            return None
+        if out is not None:                                # x += y
+            return (op.inplace, inputs, {}) if op.inplace and out is first else None
+        if op.arity == 1 or isinstance(first, Tensor):
+            return op.method, inputs, {}
+        return op.reflected, (inputs[1], first), {}        # 2 + x: x.__radd__(2)
+    if op.group in op_table.POSITIONAL_PARAMS:             # x.reshape(shape)
+        return op.method, inputs + tuple(params.values()), {}
+    if "out" in params:
+        return None
+    return op.method, inputs, dict(params)                 # x.sum(axis=1)
 
 
 # ------------------------------------------------------------------- frames
@@ -380,8 +349,8 @@ class _Frame:
 
 
 # ------------------------------------------------------------------ tracer
-class Tracer:
-    """Hooks, frames, and the module-path bookkeeping of one trace."""
+class Tracer(_hooks.TraceHook):
+    """The trace hook, frames, and the module-path bookkeeping of one trace."""
 
     def __init__(self, root, converted, warn_constants=True, record_values=False):
         self.root = root
@@ -431,43 +400,22 @@ class Tracer:
         if _active is not None:
             raise TraceError("trace_module is already running (nested traces are not supported)")
         _active = self
-        saved = (_modmod._call_hook, _ftrace.function_hook)
-        _modmod._call_hook = self.on_module_call
-        _ftrace.function_hook = self.on_function
-        self._install_core_hooks()
-        _dispatch.set_module_tracing(True)
         try:
-            yield self
+            with _hooks.installed(self):
+                yield self
         finally:
-            _dispatch.set_module_tracing(False)
-            _dispatch.set_module_trace_hook(None)
-            _tensor_mod._install_ops(shape_hook=None, bool_hook=None, frozen_hook=None,
-                                     create_hook=None, name_hook=None)
-            _modmod._call_hook, _ftrace.function_hook = saved
             _active = None
-
-    def _install_core_hooks(self):
-        _dispatch.set_module_trace_hook(self.on_apply)
-        _tensor_mod._install_ops(shape_hook=self.on_shape, bool_hook=self.on_bool,
-                                 frozen_hook=self.on_frozen, create_hook=self.on_create,
-                                 name_hook=self.on_name)
 
     @contextlib.contextmanager
     def suspended(self):
         """Run real code with every hook off (the body of a recorded call)."""
         global _active
-        saved = (_modmod._call_hook, _ftrace.function_hook, _active)
-        was = _dispatch.is_tracing_module()
-        _modmod._call_hook = None
-        _ftrace.function_hook = None
-        _active = None
-        _dispatch.set_module_tracing(False)
+        saved, _active = _active, None
         try:
-            yield
+            with _hooks.installed(None, tracing=False):
+                yield
         finally:
-            _modmod._call_hook, _ftrace.function_hook, _active = saved
-            if was:
-                _dispatch.set_module_tracing(True)
+            _active = saved
 
     # ------------------------------------------------------------ recording
     def _record(self, make_expr, run, args, kwargs, base, ints_out=False, suspend=True):
@@ -727,20 +675,23 @@ def _raise_site(tb):
     return site
 
 
-@contextlib.contextmanager
-def core_off():
-    """The core's op and shape hooks off (the tracer's own bookkeeping)."""
-    global _quiet
-    was, quiet = _dispatch.is_tracing_module(), _quiet
-    if was:
-        _dispatch.set_module_tracing(False)
-    _quiet = True
-    try:
-        yield
-    finally:
-        _quiet = quiet
-        if was:
-            _dispatch.set_module_tracing(True)
+class core_off:
+    """``with core_off():`` the core's op and tensor events off, function
+    and module calls still hooked (the tracer's own bookkeeping). A class,
+    not a generator: it is entered several times per recorded expr."""
+    __slots__ = ("quiet", "inner")
+
+    def __enter__(self):
+        global _quiet
+        self.quiet, _quiet = _quiet, True
+        self.inner = _hooks.installed(_hooks.active, tracing=False)
+        self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        global _quiet
+        self.inner.__exit__(*exc)
+        _quiet = self.quiet
+        return False
 
 
 def _base_name(fn):
@@ -956,10 +907,7 @@ class _EditTracer(Tracer):
             leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
             vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
         with self.suspended():
-            try:
-                new = trace_module(source, *vargs, **vkwargs)
-            finally:
-                self._install_core_hooks()    # the inner trace took the core's hooks off
+            new = trace_module(source, *vargs, **vkwargs)
         new._is_top = False
         old_prefix = new._qualname
         prefix = f"{frame.graph.owner._qualname}.{rel}"

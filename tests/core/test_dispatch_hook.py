@@ -3,14 +3,16 @@ import numpy as np
 import pytest
 
 import mgtrace as mt
-from mgtrace._core import dispatch
+import mgtrace.functional as F
+import mgtrace.module as M
+from mgtrace._core import dispatch, trace_hooks
 
 
-class RecordingHook:
+class RecordingHook(trace_hooks.TraceHook):
     def __init__(self):
         self.calls = []
 
-    def __call__(self, op, *inputs):
+    def on_apply(self, op, *inputs):
         self.calls.append((op.name, op.params, inputs))
         assert not dispatch.is_tracing_module()   # ops run untraced inside the hook
         return mt.apply(op, *inputs)
@@ -19,13 +21,8 @@ class RecordingHook:
 @pytest.fixture
 def hook():
     h = RecordingHook()
-    dispatch.set_module_trace_hook(h)
-    dispatch.set_module_tracing(True)
-    try:
+    with trace_hooks.installed(h):
         yield h
-    finally:
-        dispatch.set_module_tracing(False)
-        dispatch.set_module_trace_hook(None)
 
 
 def test_every_op_reaches_the_hook(hook):
@@ -37,10 +34,10 @@ def test_every_op_reaches_the_hook(hook):
     names = [c[0] for c in hook.calls]
     assert names == ["add", "neg", "mul", "abs", "getitem", "matmul"]
     assert hook.calls[0][2][0] is x and hook.calls[0][2][1] == 1
-    dispatch.set_module_tracing(False)
-    np.testing.assert_allclose(out.numpy(), np.abs(-(x.numpy() + 1) * y.numpy()))
-    np.testing.assert_allclose(z.numpy(), out.numpy()[0, 1:])
-    np.testing.assert_allclose(m.numpy(), out.numpy().sum(1))
+    with trace_hooks.installed(None):
+        np.testing.assert_allclose(out.numpy(), np.abs(-(x.numpy() + 1) * y.numpy()))
+        np.testing.assert_allclose(z.numpy(), out.numpy()[0, 1:])
+        np.testing.assert_allclose(m.numpy(), out.numpy().sum(1))
 
 
 def test_astype_and_params_reach_the_hook(hook):
@@ -51,20 +48,76 @@ def test_astype_and_params_reach_the_hook(hook):
 
 def test_no_calls_when_off():
     h = RecordingHook()
-    dispatch.set_module_trace_hook(h)
-    try:
+    with trace_hooks.installed(h, tracing=False):
         mt.tensor([1.0]) + 1
-    finally:
-        dispatch.set_module_trace_hook(None)
+        mt.tensor([1.0]).sum()
     assert h.calls == []
 
 
 def test_enabling_without_hook_is_an_error():
-    dispatch.set_module_trace_hook(None)
     with pytest.raises(RuntimeError, match="hook"):
-        dispatch.set_module_tracing(True)
-    with pytest.raises(TypeError):
-        dispatch.set_module_trace_hook(42)
+        with trace_hooks.installed(None, tracing=True):
+            pass
+    assert not dispatch.is_tracing_module() and trace_hooks.active is None
+    with pytest.raises(TypeError, match="TraceHook"):
+        trace_hooks.installed(42)
+    with pytest.raises(TypeError, match="TraceHook"):
+        trace_hooks.installed(lambda op, *inputs: None)   # the old callable form
+
+
+def test_installed_restores_what_was_there_however_the_block_ends():
+    outer, inner = RecordingHook(), RecordingHook()
+    with trace_hooks.installed(outer):
+        with pytest.raises(ZeroDivisionError):
+            with trace_hooks.installed(inner):
+                mt.tensor([1.0]) + 1
+                1 / 0
+        assert trace_hooks.active is outer and dispatch.is_tracing_module()
+        with trace_hooks.installed(None):
+            assert trace_hooks.active is None and not dispatch.is_tracing_module()
+            mt.tensor([2.0]) * 3
+        with trace_hooks.installed(outer, tracing=False):    # functions and modules only
+            assert trace_hooks.active is outer and not dispatch.is_tracing_module()
+        mt.tensor([1.0]) - 1
+    assert trace_hooks.active is None and not dispatch.is_tracing_module()
+    assert [c[0] for c in inner.calls] == ["add"] and [c[0] for c in outer.calls] == ["sub"]
+
+
+def test_one_hook_object_sees_functions_modules_and_tensor_events():
+    events = []
+
+    class Hook(trace_hooks.TraceHook):
+        def on_function(self, wrapper, fn, args, kwargs):
+            events.append(("function", fn.__name__))
+            with trace_hooks.installed(None):
+                return fn(*args, **kwargs)
+
+        def on_module_call(self, module, args, kwargs):
+            events.append(("module", type(module).__name__))
+            return super().on_module_call(module, args, kwargs)
+
+        def on_apply(self, op, *inputs):
+            events.append(("op", op.name))
+            return super().on_apply(op, *inputs)
+
+        def on_shape(self, t):
+            events.append(("shape",))
+            return super().on_shape(t)
+
+        def on_bool(self, t):
+            events.append(("bool",))
+
+    x = mt.tensor(np.array([[1.0, -2.0]], np.float32))
+    with trace_hooks.installed(Hook()):
+        y = M.ReLU()(F.abs(x)).sum(axis=1)
+        n = x.shape[1]
+        flag = bool(y)
+    # ReLU's forward runs hooked (the default on_module_call), so its F.relu is seen;
+    # bool(y) reads the value with item(), which reads y.shape once more
+    assert events == [("function", "abs"), ("module", "ReLU"), ("function", "relu"),
+                      ("op", "sum"), ("shape",), ("bool",), ("shape",)]
+    assert n == 2 and flag and y.tolist() == [3.0]
+    assert bool(mt.tensor([1.0])) and len(events) == 7     # no hook: nobody is told
 
 
 def test_apply_runs_op_defs():
@@ -84,8 +137,8 @@ def test_views_and_setitem_reach_the_hook(hook):
     names = [c[0] for c in hook.calls]
     assert names == ["reshape", "transpose", "expand_dims", "squeeze", "broadcast_to", "setitem"]
     assert hook.calls[0][1] == {"shape": (2, 3)}
-    dispatch.set_module_tracing(False)
-    assert y.shape == (2, 3, 2) and x[0].item() == 5.0
-    want = np.arange(6.0)
-    want[0] = 5.0      # y views x's memory
-    np.testing.assert_array_equal(y.numpy()[0], want.reshape(2, 3).T)
+    with trace_hooks.installed(None):
+        assert y.shape == (2, 3, 2) and x[0].item() == 5.0
+        want = np.arange(6.0)
+        want[0] = 5.0      # y views x's memory
+        np.testing.assert_array_equal(y.numpy()[0], want.reshape(2, 3).T)

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mgtrace._core import dispatch, nn
+from mgtrace._core import dispatch, nn, trace_hooks
 from mgtrace._core.tensor import tensor
 
 RNG = np.random.default_rng(1234)
@@ -818,17 +818,13 @@ def test_tracing_reports_the_op_and_apply_runs_it(name):
     np.testing.assert_array_equal(via_apply.numpy(), direct.numpy())
     seen = []
 
-    def hook(op, *args):
-        seen.append((op, args))
-        return dispatch.apply(op, *args)
+    class Hook(trace_hooks.TraceHook):
+        def on_apply(self, op, *args):
+            seen.append((op, args))
+            return dispatch.apply(op, *args)
 
-    dispatch.set_module_trace_hook(hook)
-    dispatch.set_module_tracing(True)
-    try:
+    with trace_hooks.installed(Hook()):
         traced = getattr(nn, name)(*inputs, **params)
-    finally:
-        dispatch.set_module_tracing(False)
-        dispatch.set_module_trace_hook(None)
     assert len(seen) == 1
     op, args = seen[0]
     assert op.name == name and op.params == params

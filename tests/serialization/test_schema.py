@@ -81,13 +81,13 @@ def test_renaming_a_builtin_config_key_without_a_version_bump_fails(monkeypatch,
 
 
 def test_renaming_a_core_op_without_a_version_bump_fails(monkeypatch, tmp_path):
-    from mgtrace._core import dispatch
+    from mgtrace._core import op_table
 
     def change(mp):
-        impls = dict(dispatch._IMPLS)
-        name = sorted(impls)[0]
-        impls[name + "_renamed"] = impls.pop(name)
-        mp.setattr(dispatch, "_IMPLS", impls)
+        ops = dict(op_table.OPS)
+        name = sorted(ops)[0]
+        ops[name + "_renamed"] = ops.pop(name)._replace(name=name + "_renamed")
+        mp.setattr(op_table, "OPS", ops)
     _changed_op_table_fails(monkeypatch, tmp_path, change)
 
 

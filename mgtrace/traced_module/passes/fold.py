@@ -21,7 +21,7 @@ import numpy as np
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace._core import Tensor
+from mgtrace._core import Tensor, op_table
 from mgtrace.traced_module.expr import CallFunction, CallMethod
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TENSOR_METHODS, TensorNode, ValueNode
@@ -34,8 +34,11 @@ __all__ = ["fuse_add_mul", "fold_constants", "eliminate_identity", "eliminate_de
 
 # ------------------------------------------------------------------ FuseAddMul
 
-_METHOD_KIND = {"__add__": "add", "__radd__": "add", "__sub__": "sub", "__mul__": "mul",
-                "__rmul__": "mul", "__truediv__": "div"}
+_OP_KIND = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div"}
+# the ops' operator dunders (op table); reflected only where the order does not matter
+_METHOD_KIND = {m: _OP_KIND[op.name] for m, (op, role) in op_table.by_method().items()
+                if op.name in _OP_KIND and (role == "method"
+                                             or role == "reflected" and op.name in ("add", "mul"))}
 _FUNCTION_KIND = (("add", F.add), ("sub", F.sub), ("mul", F.mul), ("div", F.div))
 
 
@@ -138,10 +141,9 @@ def _pure(e):
         mod = getattr(e.func, "__module__", "") or ""
         return (mod.startswith("mgtrace.functional") or mod in ("operator", "_operator")) \
             and getattr(e.func, "__name__", "") not in _IMPURE
-    if isinstance(e, CallMethod):
-        return e.method != "__call__" and (e.method in TENSOR_METHODS or (
-            e.method.startswith("__") and not e.method.startswith("__i")
-            and e.method not in ("__setitem__", "__call__")))
+    if isinstance(e, CallMethod):       # the table's methods and operators, none in place
+        return e.method in TENSOR_METHODS or (
+            e.method in op_table.by_method() and e.method not in CallMethod.IN_PLACE)
     return False
 
 
@@ -159,7 +161,7 @@ def _writes_into(node):
     """Whether some user writes into ``node`` in place (a folded constant
     would then change from one call to the next)."""
     return any(isinstance(u, CallMethod) and u.args and u.args[0] is node and
-               (u.method == "__setitem__" or u.method.startswith("__i")) or "out" in u.kwargs
+               u.method in CallMethod.IN_PLACE or "out" in u.kwargs
                for u in node.users)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace._core import Tensor, tensor
+from mgtrace._core import Tensor, op_table, tensor
 from mgtrace.module.parameter import Parameter
 from mgtrace.traced_module.passes.util import (bound_args, call_counts, const_value, graphs_of,
                                                is_function, module_call, sole_user)
@@ -39,6 +39,8 @@ __all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_
            "fuse_attention"]
 
 # activation modules and functions the fusions take, by the kernels' names
+# the operator forms of add, mul and true division (op table); x / c is no c / x
+_ADD, _MUL, _DIV = op_table.forms("add"), op_table.forms("mul"), (op_table.OPS["truediv"].method,)
 _ACT_MODULES = {M.ReLU: "relu", M.ReLU6: "relu6", M.SiLU: "silu", M.Hardswish: "hardswish",
                 M.Sigmoid: "sigmoid"}
 _ACT_FUNCTIONS = (("relu", F.relu), ("relu6", F.relu6), ("silu", F.silu),
@@ -139,9 +141,9 @@ def _scaled_operand(e):
     """``(node, constant)`` when ``e`` multiplies a node by a constant (or
     divides it by one: the constant is then 1/c), else None."""
     div = False
-    if e.kind == "call_method" and e.method in ("__mul__", "__rmul__", "__truediv__") and len(e.args) == 2:
+    if e.kind == "call_method" and e.method in _MUL + _DIV and len(e.args) == 2:
         a, b = e.args
-        div = e.method == "__truediv__"
+        div = e.method in _DIV
     elif is_function(e, F.mul) or is_function(e, F.div):
         args = bound_args(e)
         if args is None or len(args) != 2:
@@ -230,7 +232,7 @@ def _residual_add(y, match_layer):
     layer's output used only there and ``r`` a tensor of y's shape and
     dtype (no broadcasting), else None."""
     e = y.expr
-    if e is None or not (e.kind == "call_method" and e.method in ("__add__", "__radd__")
+    if e is None or not (e.kind == "call_method" and e.method in _ADD
                          and len(e.args) == 2 and not e.kwargs):
         return None
     a, b = e.args
@@ -317,7 +319,7 @@ def _softmax_input(e):
 
 def _mask_add(e):
     """``[(scores, mask), ...]``: the ways to read ``e`` as scores + mask."""
-    if e.kind == "call_method" and e.method in ("__add__", "__radd__") and len(e.args) == 2:
+    if e.kind == "call_method" and e.method in _ADD and len(e.args) == 2:
         a, b = e.args
     elif is_function(e, F.add):
         args = bound_args(e)
