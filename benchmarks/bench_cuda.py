@@ -203,7 +203,9 @@ def main(argv=None):
         try:
             import torch
             if torch.cuda.is_available():
-                notes.append(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+                notes.append(f"torch {torch.__version__} on {torch.cuda.get_device_name()} (eager; "
+                             f"matmul without TF32, cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
+                             "as PyTorch defaults it)")
                 results["torch cuda"] = Torch(torch).rows(args, rng)
             else:
                 notes.append(f"torch {torch.__version__} sees no CUDA device")

@@ -193,7 +193,7 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
         s.M = batch * M
         batch = 1
     if device_kind(ta._device) != MT_DEV_CPU:
-        _device_gemm(ta, tb, out, &s, cdt, nb, oshape, sa, sb, batch)
+        _device_gemm(ta, tb, out, &s, cdt, nb, oshape, batch)
         return out
     cdef int64_t *offs = <int64_t *>malloc(sizeof(int64_t) * 3 * batch)
     if offs == NULL:
@@ -247,16 +247,16 @@ cdef bint _native_half(int dev) except -1:
     return _kernels(dev, 9).native_half != 0
 
 
-cdef int _device_gemm(Tensor ta, Tensor tb, Tensor out, mt_gemm_shape *s, int cdt, int nb,
-                      int64_t *oshape, int64_t *sa, int64_t *sb, int64_t batch) except -1:
-    """The batch on a device backend: one strided-batched call when the batch
-    axes step A and B by one stride each (the usual case), else one call per
-    problem."""
-    cdef const mt_linalg_kernels *k = _kernels(ta._device, cdt)
-    cdef int64_t i, rem, idx, oa, ob, d, step_a = 0, step_b = 0
-    cdef int64_t isz = ta.itemsize
-    cdef bint uniform = True
-    cdef int rc = 0
+cdef list _batch_offsets(Tensor ta, Tensor tb, int nb, int64_t *oshape, int64_t batch):
+    """(A offset, B offset) in elements of each problem of the batch, the
+    batch axes broadcast as in _matmul2."""
+    cdef int nba = ta._ndim - 2, nbb = tb._ndim - 2, d, ka, kb
+    cdef int64_t i, rem, idx, oa, ob
+    sa, sb = [], []
+    for d in range(nb):
+        ka, kb = d - (nb - nba), d - (nb - nbb)
+        sa.append(ta._strides[ka] if ka >= 0 and ta._shape[ka] != 1 else 0)
+        sb.append(tb._strides[kb] if kb >= 0 and tb._shape[kb] != 1 else 0)
     offs = []
     for i in range(batch):
         rem, oa, ob = i, 0, 0
@@ -266,10 +266,36 @@ cdef int _device_gemm(Tensor ta, Tensor tb, Tensor out, mt_gemm_shape *s, int cd
             oa += idx * sa[d]
             ob += idx * sb[d]
         offs.append((oa, ob))
-    if batch > 1:
-        step_a, step_b = offs[1][0], offs[1][1]
-        uniform = all(offs[i][0] == i * step_a and offs[i][1] == i * step_b for i in range(batch))
-    if uniform:
+    return offs
+
+
+cdef bint _uniform(list offs):
+    """Whether problem i sits at i * (the first step) in A and in B."""
+    if len(offs) < 2:
+        return True
+    sa, sb = offs[1]
+    return all(oa == i * sa and ob == i * sb for i, (oa, ob) in enumerate(offs))
+
+
+cdef int _device_gemm(Tensor ta, Tensor tb, Tensor out, mt_gemm_shape *s, int cdt, int nb,
+                      int64_t *oshape, int64_t batch) except -1:
+    """The batch on a device backend: one strided-batched call when the batch
+    axes step A and B by one stride each. Views whose batch axes do not (the
+    heads of attention, transposed out of [B, S, H, D]) are copied contiguous
+    first: one copy costs far less than a GEMM call per problem. Batch axes
+    that broadcast unevenly are left: one call per problem."""
+    cdef const mt_linalg_kernels *k = _kernels(ta._device, cdt)
+    cdef int64_t i, oa, ob, isz = ta.itemsize, step_a = 0, step_b = 0
+    cdef int rc = 0
+    offs = _batch_offsets(ta, tb, nb, oshape, batch) if batch > 1 else [(0, 0)]
+    if not _uniform(offs):
+        ta, tb = <Tensor>ta.contiguous(), <Tensor>tb.contiguous()
+        s.sam, s.sak = ta._strides[ta._ndim - 2], ta._strides[ta._ndim - 1]
+        s.sbk, s.sbn = tb._strides[tb._ndim - 2], tb._strides[tb._ndim - 1]
+        offs = _batch_offsets(ta, tb, nb, oshape, batch)
+    if _uniform(offs):
+        if batch > 1:
+            step_a, step_b = offs[1]
         with nogil:
             rc = k.gemm(cdt, s, ta._data, tb._data, out._data, batch, step_a, step_b, s.M * s.N)
     else:

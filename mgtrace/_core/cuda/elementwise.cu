@@ -42,25 +42,78 @@ template <class T> __device__ __forceinline__ typename T::C ld(const char *base,
     return T::load(*(const typename T::S *)(base + off));
 }
 
-/* out = f(a[, b[, c]]); T1..T3 the inputs' traits, TO the output's */
+/* out = f(a[, b[, c]]); T1..T3 the inputs' traits, TO the output's.
+ * One dimension (contiguous or uniformly strided operands, the common case):
+ * each thread loads UNROLL elements a grid-stride apart before it stores any,
+ * so several loads are in flight per thread (an element's own load always
+ * precedes its store, so in-place ops stay right). Otherwise: an unravel of
+ * the index over the dims, one element at a time. */
+#define MTC_UNROLL 4
 template <class TO, class T1, class T2, class T3, int NIN, class F>
 __global__ void ew_kernel(EwParams p, F f, unsigned smask, typename T1::C s1, typename T2::C s2,
                           typename T3::C s3) {
+    typedef typename T1::C C1;
+    typedef typename T2::C C2;
+    typedef typename T3::C C3;
+    if (p.ndim == 1) {
+        const int64_t step = (int64_t)gridDim.x * blockDim.x;
+        int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+        for (; i + (MTC_UNROLL - 1) * step < p.n; i += MTC_UNROLL * step) {
+            C1 a[MTC_UNROLL];
+            C2 b[MTC_UNROLL];
+            C3 c[MTC_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MTC_UNROLL; u++) {
+                int64_t k = i + u * step;
+                a[u] = (smask & 1u) ? s1 : ld<T1>(p.args[1], k * p.st[1][0]);
+                if constexpr (NIN >= 2) b[u] = (smask & 2u) ? s2 : ld<T2>(p.args[2], k * p.st[2][0]);
+                if constexpr (NIN >= 3) c[u] = (smask & 4u) ? s3 : ld<T3>(p.args[3], k * p.st[3][0]);
+            }
+#pragma unroll
+            for (int u = 0; u < MTC_UNROLL; u++) {
+                typename TO::S *out = (typename TO::S *)(p.args[0] + (i + u * step) * p.st[0][0]);
+                if constexpr (NIN == 1) *out = TO::store(f(a[u]));
+                else if constexpr (NIN == 2) *out = TO::store(f(a[u], b[u]));
+                else *out = TO::store(f(a[u], b[u], c[u]));
+            }
+        }
+        for (; i < p.n; i += step) {
+            C1 a = (smask & 1u) ? s1 : ld<T1>(p.args[1], i * p.st[1][0]);
+            typename TO::S *out = (typename TO::S *)(p.args[0] + i * p.st[0][0]);
+            if constexpr (NIN == 1) {
+                *out = TO::store(f(a));
+            } else if constexpr (NIN == 2) {
+                *out = TO::store(f(a, (smask & 2u) ? s2 : ld<T2>(p.args[2], i * p.st[2][0])));
+            } else {
+                *out = TO::store(f(a, (smask & 2u) ? s2 : ld<T2>(p.args[2], i * p.st[2][0]),
+                                   (smask & 4u) ? s3 : ld<T3>(p.args[3], i * p.st[3][0])));
+            }
+        }
+        return;
+    }
     int64_t o[4];
     MTC_LOOP(i, p.n) {
         offsets<NIN>(p, i, o);
-        typename T1::C a = (smask & 1u) ? s1 : ld<T1>(p.args[1], o[1]);
+        C1 a = (smask & 1u) ? s1 : ld<T1>(p.args[1], o[1]);
         if constexpr (NIN == 1) {
             *(typename TO::S *)(p.args[0] + o[0]) = TO::store(f(a));
         } else if constexpr (NIN == 2) {
-            typename T2::C b = (smask & 2u) ? s2 : ld<T2>(p.args[2], o[2]);
+            C2 b = (smask & 2u) ? s2 : ld<T2>(p.args[2], o[2]);
             *(typename TO::S *)(p.args[0] + o[0]) = TO::store(f(a, b));
         } else {
-            typename T2::C b = (smask & 2u) ? s2 : ld<T2>(p.args[2], o[2]);
-            typename T3::C c = (smask & 4u) ? s3 : ld<T3>(p.args[3], o[3]);
+            C2 b = (smask & 2u) ? s2 : ld<T2>(p.args[2], o[2]);
+            C3 c = (smask & 4u) ? s3 : ld<T3>(p.args[3], o[3]);
             *(typename TO::S *)(p.args[0] + o[0]) = TO::store(f(a, b, c));
         }
     }
+}
+
+/* blocks for n elements: one-dimensional calls take MTC_UNROLL per thread */
+static inline unsigned ew_blocks(const EwParams &p) {
+    if (p.ndim != 1) return mtc_blocks(p.n);
+    int64_t b = (p.n + (int64_t)MTC_THREADS * MTC_UNROLL - 1) / ((int64_t)MTC_THREADS * MTC_UNROLL);
+    if (b < 1) b = 1;
+    return (unsigned)(b > 65536 ? 65536 : b);
 }
 
 template <class TO> __global__ void fill_kernel(EwParams p, typename TO::S v) {
@@ -88,7 +141,7 @@ template <class TO, class T1, class T2, class T3, int NIN, class F>
 int launch(const mt_ew_call *c, F f, typename T1::C s1, typename T2::C s2, typename T3::C s3) {
     EwParams p = params_of(c);
     if (p.n == 0) return 0;
-    ew_kernel<TO, T1, T2, T3, NIN, F><<<mtc_blocks(p.n), MTC_THREADS, 0, mtc_stream()>>>(
+    ew_kernel<TO, T1, T2, T3, NIN, F><<<ew_blocks(p), MTC_THREADS, 0, mtc_stream()>>>(
         p, f, c->scalar_mask, s1, s2, s3);
     return mtc_check_launch("elementwise kernel launch");
 }

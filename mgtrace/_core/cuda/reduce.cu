@@ -149,6 +149,7 @@ __global__ void reduce_kernel(const char *in, char *out, Geom g, int64_t nout, i
         kept_offsets(g, o, &ib, &ob);
         int64_t lo = (int64_t)blockIdx.y * chunk, hi = lo + chunk < g.count ? lo + chunk : g.count;
         typename Acc::A a = Acc::init();
+#pragma unroll 4
         for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x)
             a = Acc::add(a, TI::load(*(const typename TI::S *)(in + ib + red_offset(g, j))), j);
         a = block_merge<Acc>(a);
