@@ -88,6 +88,7 @@ extensions = [
 ]
 CUDA_DIR = "mgtrace/_core/cuda"
 CUDA_EXT = "mgtrace._core._cuda"
+CUDA_SOURCES = {}       # extension name -> its .cu files
 # nvcc's slowest (every op x dtype of the elementwise table, per architecture): first of all
 CUDA_SLOW_FIRST = [f"{CUDA_DIR}/elementwise.cu", f"{CUDA_DIR}/reduce.cu"]
 try:
@@ -98,9 +99,10 @@ print(f"mgtrace build: {CUDA_NOTE}", file=sys.stderr, flush=True)
 if CUDA_TOOLKIT is not None:
     cuda_ext = ext("_cuda", ["mgtrace/_core/_cuda.pyx"])
     # nvcc compiles these (setuptools knows no .cu); the pool below runs them
-    # beside the C files and the link adds their objects
-    cuda_ext.cuda_sources = sorted(glob.glob(f"{CUDA_DIR}/*.cu"))
-    cuda_ext.depends = cuda_ext.depends + cuda_ext.cuda_sources + sorted(glob.glob(f"{CUDA_DIR}/*.h"))
+    # beside the C files and the link adds their objects. Kept by extension
+    # name: cythonize() makes new Extension objects, without extra attributes.
+    CUDA_SOURCES[CUDA_EXT] = sorted(glob.glob(f"{CUDA_DIR}/*.cu"))
+    cuda_ext.depends = cuda_ext.depends + CUDA_SOURCES[CUDA_EXT] + sorted(glob.glob(f"{CUDA_DIR}/*.h"))
     cuda_ext.include_dirs.append(CUDA_TOOLKIT.include)
     cuda_ext.extra_link_args = cuda_ext.extra_link_args + setup_cuda.link_args(CUDA_TOOLKIT)
     extensions.append(cuda_ext)
@@ -223,9 +225,9 @@ class ParallelBuildExt(build_ext):
         jobs = []
         for args, kw in link_calls:
             e = self._ext_of(args[1])
-            if e is None or not getattr(e, "cuda_sources", None):
+            if e is None or not CUDA_SOURCES.get(e.name):
                 continue
-            for src in e.cuda_sources:
+            for src in CUDA_SOURCES[e.name]:
                 obj = os.path.join(self.build_temp, src + ".o")
                 os.makedirs(os.path.dirname(obj), exist_ok=True)
                 jobs.append((src, None, {"obj": obj, "include_dirs": ["mgtrace/_core"]}))
@@ -269,8 +271,8 @@ class ParallelBuildExt(build_ext):
                  c.compiler_so, c.linker_so, e.extra_compile_args, e.extra_link_args,
                  e.define_macros, local(e.include_dirs), e.libraries, local(e.library_dirs),
                  e.runtime_library_dirs]
-        if getattr(e, "cuda_sources", None):
-            parts += [e.cuda_sources, CUDA_TOOLKIT.nvcc, setup_cuda.archs(os.environ)]
+        if CUDA_SOURCES.get(e.name):
+            parts += [CUDA_SOURCES[e.name], CUDA_TOOLKIT.nvcc, setup_cuda.archs(os.environ)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
     def _read_stamp(self):
