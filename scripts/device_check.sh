@@ -20,7 +20,8 @@
 #   run(command="bash scripts/device_check.sh", carry=["wheelhouse"], timeout_s=600)
 #
 # then read files_at/SUMMARY, build.log, cuda-tests.log, bench_cuda.txt.
-# Budget (16 cores, H200): install ~3 min, tests ~2 min, benchmark ~2 min.
+# Budget (16 cores, H200): install ~3 min (limit 6), tests ~1 min (limit 2),
+# benchmark ~1.5 min (limit 100 s); all of it fits one 600 s call.
 # Knobs: DEVICE_CHECK_BENCH=0 skips the benchmark; DEVICE_CHECK_CPU=1 adds the
 # CPU column to it; MGTRACE_CUDA_ARCHS (default here: 90, the H200);
 # DEVICE_CHECK_TIME_SCALE=N multiplies every step's time limit (slow machines).
@@ -61,9 +62,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 # 1. dependencies (setup.py imports scipy_openblas32), then mgtrace with CUDA
 export MGTRACE_CUDA=1 MGTRACE_CUDA_ARCHS=${MGTRACE_CUDA_ARCHS:-90}
-step deps 120 deps.log "$PY" -m pip install --no-index --find-links wheelhouse \
+step deps 60 deps.log "$PY" -m pip install --no-index --find-links wheelhouse \
     scipy-openblas32 ml_dtypes rich wheel
-step build 330 build.log "$PY" -m pip install -v --no-build-isolation --no-index \
+step build 360 build.log "$PY" -m pip install -v --no-build-isolation --no-index \
     --find-links wheelhouse -e .
 grep -E "mgtrace build:" "$OUT/build.log" | tail -4 >> "$SUMMARY"
 
@@ -72,7 +73,7 @@ step doctor 60 doctor.txt "$PY" -m mgtrace doctor
 grep -E "^ *cuda" "$OUT/doctor.txt" | head -2 >> "$SUMMARY"
 
 # 3. the CUDA tests (and the build-switch unit tests, which need no GPU)
-step tests 200 cuda-tests.log "$PY" -m pytest tests/cuda tests/test_build.py -q -rs -x \
+step tests 120 cuda-tests.log "$PY" -m pytest tests/cuda tests/test_build.py -q -rfEs --tb=short \
     -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml"
 tail -3 "$OUT/cuda-tests.log" >> "$SUMMARY"
 
@@ -80,7 +81,7 @@ tail -3 "$OUT/cuda-tests.log" >> "$SUMMARY"
 if [ "${DEVICE_CHECK_BENCH:-1}" != 0 ]; then
     cpu=--no-cpu
     [ "${DEVICE_CHECK_CPU:-0}" = 1 ] && cpu=
-    step bench 150 bench_cuda.txt "$PY" benchmarks/bench_cuda.py $cpu --json "$OUT/bench_cuda.json"
+    step bench 100 bench_cuda.txt "$PY" benchmarks/bench_cuda.py $cpu --json "$OUT/bench_cuda.json"
     cat "$OUT/bench_cuda.txt" >> "$SUMMARY"
 fi
 note "done     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
