@@ -23,6 +23,7 @@ from mgtrace._core.kernels cimport (
 from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
 from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
+from mgtrace.errors import DeviceError   # a leaf module: the exception root, no layer above
 
 cnp.import_array()
 
@@ -136,10 +137,6 @@ cdef const mt_backend *backend_of(int device) except NULL:
     if rc != 0:
         raise backend_error(device, rc, "selecting the device")
     return _BACKENDS[kind]
-
-
-class DeviceError(RuntimeError):
-    """A device (CUDA) call failed; the message carries the device's error string."""
 
 
 cdef object backend_error(int device, int rc, str what):
