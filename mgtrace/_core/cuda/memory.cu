@@ -170,6 +170,12 @@ static mt_storage *alloc(int index, size_t nbytes) {
     st->refcount = 1; st->ptr = (char *)p; st->nbytes = nbytes;
     st->device_type = MT_DEV_CUDA; st->device_index = index; st->readonly = 0;
     st->release = release_storage; st->ctx = nullptr;
+    /* uid: unique over the process (alloc.c numbers host storages from 1 up;
+     * device storages count up from 2**63, so the two never meet) */
+    static uint64_t next_uid = 0;
+    st->uid = ((uint64_t)1 << 63) | __atomic_add_fetch(&next_uid, 1, __ATOMIC_RELAXED);
+    st->version = 0;
+    st->shared = 0;
     return st;
 }
 
