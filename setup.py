@@ -6,6 +6,8 @@ Environment switches (documented in mgtrace/_flags.py):
   MGTRACE_SANITIZE=address   build with AddressSanitizer (tests run under LD_PRELOAD)
   MGTRACE_EXTENSIONS=a,b     build only these extensions (quick local rebuilds)
   MGTRACE_BUILD_JOBS=N       compile N files at a time (default: the number of CPUs)
+  MGTRACE_CUDA=auto|0|1      the CUDA extension mgtrace._core._cuda (see setup_cuda.py)
+  MGTRACE_CUDA_ARCHS=80,90   its GPU architectures
 
 Every C file of every extension is compiled in one pool of jobs, the longest
 first, each printed as it starts (``pip install -v`` shows them; plain pip
@@ -25,6 +27,9 @@ import scipy_openblas32 as openblas
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import setup_cuda  # noqa: E402  (the CUDA switch logic, unit-tested on its own)
 
 KERNELS = "mgtrace/_core/kernels"
 
@@ -81,6 +86,26 @@ extensions = [
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c"], blas=True),
 ]
+CUDA_DIR = "mgtrace/_core/cuda"
+CUDA_EXT = "mgtrace._core._cuda"
+CUDA_SOURCES = {}       # extension name -> its .cu files
+# nvcc's slowest (every op x dtype of the elementwise table, per architecture): first of all
+CUDA_SLOW_FIRST = [f"{CUDA_DIR}/elementwise.cu", f"{CUDA_DIR}/reduce.cu"]
+try:
+    CUDA_TOOLKIT, CUDA_NOTE = setup_cuda.plan(os.environ)
+except (setup_cuda.CudaConfigError, setup_cuda.CudaNotFound) as _e:
+    sys.exit(f"mgtrace build: {_e}")
+print(f"mgtrace build: {CUDA_NOTE}", file=sys.stderr, flush=True)
+if CUDA_TOOLKIT is not None:
+    cuda_ext = ext("_cuda", ["mgtrace/_core/_cuda.pyx"])
+    # nvcc compiles these (setuptools knows no .cu); the pool below runs them
+    # beside the C files and the link adds their objects. Kept by extension
+    # name: cythonize() makes new Extension objects, without extra attributes.
+    CUDA_SOURCES[CUDA_EXT] = sorted(glob.glob(f"{CUDA_DIR}/*.cu"))
+    cuda_ext.depends = cuda_ext.depends + CUDA_SOURCES[CUDA_EXT] + sorted(glob.glob(f"{CUDA_DIR}/*.h"))
+    cuda_ext.include_dirs.append(CUDA_TOOLKIT.include)
+    cuda_ext.extra_link_args = cuda_ext.extra_link_args + setup_cuda.link_args(CUDA_TOOLKIT)
+    extensions.append(cuda_ext)
 # MGTRACE_EXTENSIONS=reduce,nn builds only those (for quick local rebuilds)
 _only = os.environ.get("MGTRACE_EXTENSIONS")
 if _only:
@@ -152,16 +177,24 @@ class ParallelBuildExt(build_ext):
         built = [by_path.get(os.path.abspath(args[1])) for args, _ in link_calls]
         self._write_stamp({k: v for k, v in stamp.items() if k not in built})  # until they are built
         jobs = [(src, output_dir, kw) for sources, output_dir, kw in compile_calls for src in sources]
-        order = {f: i for i, f in enumerate(SLOW_FIRST)}
-        jobs.sort(key=lambda j: (order.get(j[0], len(order)), -os.path.getsize(j[0])))
+        jobs += self._cuda_jobs(link_calls, by_path)
+        order = {f: i for i, f in enumerate(CUDA_SLOW_FIRST + SLOW_FIRST)}
+        # nvcc jobs first (the slowest), then SLOW_FIRST, then the biggest
+        jobs.sort(key=lambda j: (not j[0].endswith(".cu"), order.get(j[0], len(order)),
+                                 -os.path.getsize(j[0])))
         n, width, t0 = build_jobs(), len(str(len(jobs))), time.perf_counter()
-        self._say(f"compiling {len(jobs)} C files, {n} at a time (MGTRACE_BUILD_JOBS)")
+        self._say(f"compiling {len(jobs)} C/CUDA files, {n} at a time (MGTRACE_BUILD_JOBS)")
+        failed_cuda = []
 
         def run(i, job):
             src, output_dir, kw = job
             self._say(f"[{i:>{width}}/{len(jobs)}] {src}")
             t = time.perf_counter()
-            real_compile([src], output_dir=output_dir, **kw)
+            if src.endswith(".cu"):
+                if not self._nvcc(src, kw["obj"], kw["include_dirs"]):
+                    failed_cuda.append(src)
+            else:
+                real_compile([src], output_dir=output_dir, **kw)
             self._say(f"{' ' * (2 * width + 3)} {src} done in {time.perf_counter() - t:.0f} s")
 
         with concurrent.futures.ThreadPoolExecutor(n) as pool:     # each job is a gcc process
@@ -170,9 +203,58 @@ class ParallelBuildExt(build_ext):
         self._say(f"compiled in {time.perf_counter() - t0:.0f} s; linking {len(link_calls)} "
                   "extensions")
         for args, kw in link_calls:
+            e = self._ext_of(args[1])
+            name = e.name if e is not None else None
+            if name == CUDA_EXT:
+                if failed_cuda:
+                    self._cuda_failed(f"nvcc failed on {', '.join(failed_cuda)}")
+                    built[:] = [b for b in built if b != name]
+                    continue
+                try:
+                    real_link(*args, **kw)
+                except Exception as err:       # a link error under auto is a warning
+                    self._cuda_failed(f"linking failed: {err}")
+                    built[:] = [b for b in built if b != name]
+                continue
             real_link(*args, **kw)
         stamp.update({name: configs[name] for name in built if name})
         self._write_stamp(stamp)
+
+    def _cuda_jobs(self, link_calls, by_path):
+        """nvcc jobs for the CUDA extension's .cu files; their objects join its link."""
+        jobs = []
+        for args, kw in link_calls:
+            e = self._ext_of(args[1])
+            if e is None or not CUDA_SOURCES.get(e.name):
+                continue
+            for src in CUDA_SOURCES[e.name]:
+                obj = os.path.join(self.build_temp, src + ".o")
+                os.makedirs(os.path.dirname(obj), exist_ok=True)
+                jobs.append((src, None, {"obj": obj, "include_dirs": ["mgtrace/_core"]}))
+                args[0].append(obj)           # the objects list of link_shared_object
+        return jobs
+
+    def _ext_of(self, output):
+        """The extension a link call's output file belongs to (in place or in build/)."""
+        return next((e for e in self.extensions
+                     if os.path.abspath(output).endswith(self.get_ext_filename(e.name))), None)
+
+    def _nvcc(self, src, obj, include_dirs):
+        """Compiles one .cu file; False (with nvcc's output shown) when it fails."""
+        import subprocess
+        cmd = setup_cuda.nvcc_command(CUDA_TOOLKIT, setup_cuda.archs(os.environ), src, obj,
+                                      include_dirs, debug=os.environ.get("MGTRACE_DEBUG") == "1")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            self._say(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{p.stdout}{p.stderr}")
+            return False
+        return True
+
+    def _cuda_failed(self, why):
+        if setup_cuda.mode(os.environ) == "1":
+            sys.exit(f"mgtrace build: the CUDA extension failed (MGTRACE_CUDA=1): {why}")
+        self._say(f"warning: CUDA extension not built: {why} (MGTRACE_CUDA=auto; the CPU "
+                  "package is complete without it)")
 
     def _config(self, e):
         """A digest of what ``e``'s objects depend on besides its sources."""
@@ -189,6 +271,8 @@ class ParallelBuildExt(build_ext):
                  c.compiler_so, c.linker_so, e.extra_compile_args, e.extra_link_args,
                  e.define_macros, local(e.include_dirs), e.libraries, local(e.library_dirs),
                  e.runtime_library_dirs]
+        if CUDA_SOURCES.get(e.name):
+            parts += [CUDA_SOURCES[e.name], CUDA_TOOLKIT.nvcc, setup_cuda.archs(os.environ)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
     def _read_stamp(self):

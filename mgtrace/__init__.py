@@ -13,10 +13,11 @@ from mgtrace.traced_module import TraceError, TracedModule, TraceWarning, trace_
 from mgtrace.errors import ArchiveError, Error  # noqa: E402
 from mgtrace.serialization import FORMAT_VERSION, load, save  # noqa: E402
 from mgtrace import serialization  # noqa: E402,F401  (mt.serialization.load_archive, register_function)
+from mgtrace import cuda  # noqa: E402,F401  (mt.cuda.is_available, memory_stats...; loads no CUDA itself)
 
 __all__ = ["__version__", "Device", "DTYPES", "OpDef", "Tensor", "apply", "as_device", "as_dtype",
            "cuda_available", "dtype_promotion", "from_dlpack", "get_default_device",
            "get_device", "get_num_threads", "set_default_device", "set_num_threads", "tensor",
-           "functional", "module", "random", "serialization",
+           "functional", "module", "random", "serialization", "cuda",
            "TraceError", "TracedModule", "TraceWarning", "trace_module",
            "Error", "ArchiveError", "FORMAT_VERSION", "load", "save"]

@@ -27,9 +27,12 @@ Build time (read by setup.py):
   MGTRACE_EXTENSIONS=a,b build only these extensions (local rebuilds)
   MGTRACE_BUILD_JOBS=N   files compiled at a time (default: the number of CPUs)
 
-Reserved:
-  MGTRACE_CUDA=1         will build the CUDA backend (needs nvcc); this release has
-                         no CUDA kernels and setup.py does not read it yet
+  MGTRACE_CUDA=auto|0|1  the CUDA backend (mgtrace._core._cuda, see setup_cuda.py):
+                         auto (default) builds it when nvcc and the CUDA runtime
+                         headers are found and warns with the cause when not;
+                         1 fails the build instead; 0 never builds it
+  MGTRACE_CUDA_ARCHS     its GPU architectures, default "80,90" (sm_80, sm_90)
+  CUDA_HOME, CUDA_PATH   the CUDA toolkit (else the nvcc on PATH)
 """
 import os
 

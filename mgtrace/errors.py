@@ -7,7 +7,7 @@ mgtrace raised on purpose), ``mgtrace.ArchiveError``, or plain ``ValueError``.
 """
 import difflib
 
-__all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "did_you_mean"]
+__all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "DeviceError", "did_you_mean"]
 
 
 class Error(Exception):
@@ -21,6 +21,13 @@ def did_you_mean(name, known):
     ``name``, or ``""``: the hint every unknown-name message ends with."""
     close = difflib.get_close_matches(str(name), list(known), n=3)
     return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+class DeviceError(Error, RuntimeError):
+    """A call on a device failed (a CUDA kernel launch, copy or cuBLAS call,
+    or a GPU that cannot be used); the message carries the device's own error
+    string, e.g. ``cudaErrorInsufficientDriver: CUDA driver version is
+    insufficient for CUDA runtime version``."""
 
 
 class ArchiveError(Error, ValueError):

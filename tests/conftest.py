@@ -94,3 +94,18 @@ def run_isolated():
             results[name] = (kind, msg)
         return p.returncode, results, p.stderr
     return run
+
+
+def _cuda_skip_reason():
+    """Why tests/cuda cannot run here ('' when a GPU is usable)."""
+    if mt.cuda.is_available():
+        return ""
+    from mgtrace._core.tensor import backend_status
+    if not backend_status("cuda")[0]:
+        return f"needs mgtrace built with CUDA (MGTRACE_CUDA=1 and nvcc): {mt.cuda.load_error()}"
+    return f"needs a CUDA GPU: {mt.cuda.load_error() or 'no CUDA device'}"
+
+
+CUDA_SKIP_REASON = _cuda_skip_reason()
+requires_cuda = pytest.mark.skipif(bool(CUDA_SKIP_REASON), reason=CUDA_SKIP_REASON)
+"""tests/cuda marks every test with this: they skip, saying why, without a GPU."""

@@ -28,10 +28,11 @@ from mgtrace._core.kernels cimport (
     mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
     mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
-    mt_get_adaptive_threads)
+    mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_DEV_CPU, MT_BK_ENOKERNEL, MT_EW_UNARY,
+    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
-    parse_shape, trace_hook, set_trace_hook)
+    parse_shape, trace_hook, set_trace_hook, device_kind, backend_of, backend_error)
 from mgtrace._core.dtype cimport (
     ITEMSIZE, CATEGORY, PROMOTE, NP_DTYPES, dtype_code, scalar_code, float_result,
     check_scalar_fits, promote_operands)
@@ -320,57 +321,97 @@ cdef int broadcast_shape(int n, Operand *ops, int64_t *out) except -1:
     return nd
 
 
-cdef int run_loop(mt_loop_fn fn, Tensor out, int nin, Operand *ins, const void *aux, int cost) except -1:
-    """Runs fn over out's shape, inputs broadcast to it; coalesces dims first."""
+cdef int _geometry(Tensor out, int nin, Operand *ins, mt_ew_call *c) except -1:
+    """The coalesced index space of an elementwise call: out's shape with the
+    inputs broadcast to it, size-1 dims dropped, and a dim merged into the
+    previous kept dim when every operand steps through both as one run."""
     cdef int nargs = nin + 1, nd = out._ndim, a, d, k, cd = 0
     cdef int64_t strides[4][16]
-    cdef int64_t cshape[16]
-    cdef int64_t cstr[4 * 16]
-    cdef char *base[4]
     cdef int64_t isz = ITEMSIZE[out._dtype]
-    base[0] = out._data
+    c.nargs = nargs
+    c.scalar_mask = 0
+    c.args[0] = out._data
     for d in range(nd):
         strides[0][d] = out._strides[d] * isz
     for a in range(nin):
-        base[a + 1] = ins[a].data
+        c.args[a + 1] = ins[a].data
+        if ins[a].strides == NULL:
+            c.scalar_mask |= 1u << a
         for d in range(nd):
             k = d - (nd - ins[a].ndim)
             if k < 0 or ins[a].strides == NULL or ins[a].shape[k] == 1:
                 strides[a + 1][d] = 0
             else:
                 strides[a + 1][d] = ins[a].strides[k] * ins[a].itemsize
-    # coalesce: drop size-1 dims, merge d into the previous kept dim when every
-    # operand steps through them as one run
     for d in range(nd):
         if out._shape[d] == 1:
             continue
         if cd > 0:
             for a in range(nargs):
-                if cstr[a * 16 + cd - 1] != strides[a][d] * out._shape[d]:
+                if c.strides[a][cd - 1] != strides[a][d] * out._shape[d]:
                     break
             else:
-                cshape[cd - 1] *= out._shape[d]
+                c.shape[cd - 1] *= out._shape[d]
                 for a in range(nargs):
-                    cstr[a * 16 + cd - 1] = strides[a][d]
+                    c.strides[a][cd - 1] = strides[a][d]
                 continue
-        cshape[cd] = out._shape[d]
+        c.shape[cd] = out._shape[d]
         for a in range(nargs):
-            cstr[a * 16 + cd] = strides[a][d]
+            c.strides[a][cd] = strides[a][d]
         cd += 1
     if cd == 0:
-        cshape[0] = 1
+        c.shape[0] = 1
         for a in range(nargs):
-            cstr[a * 16] = 0
+            c.strides[a][0] = 0
         cd = 1
-    with nogil:
-        mt_nd_loop(fn, nargs, base, cd, cshape, cstr, aux, cost)
+    c.ndim = cd
     return 0
+
+
+cdef int run_loop(mt_loop_fn fn, Tensor out, int nin, Operand *ins, const void *aux, int cost) except -1:
+    """Runs the CPU loop fn over out's shape, inputs broadcast to it."""
+    cdef mt_ew_call c
+    _geometry(out, nin, ins, &c)
+    with nogil:
+        mt_nd_loop(fn, c.nargs, c.args, c.ndim, c.shape, &c.strides[0][0], aux, cost)
+    return 0
+
+
+cdef int run_elementwise(int kind, int op, int dt, int dt2, mt_loop_fn fn, Tensor out, int nin,
+                         Operand *ins, const void *aux, int cost) except -1:
+    """An elementwise kernel on out's device: the CPU loop ``fn`` (from the
+    CPU tables), or the device backend's kernel for (kind, op, dtype)."""
+    cdef mt_ew_call c
+    cdef const mt_backend *b
+    cdef int rc
+    if device_kind(out._device) == MT_DEV_CPU:
+        return run_loop(fn, out, nin, ins, aux, cost)
+    b = backend_of(out._device)
+    _geometry(out, nin, ins, &c)
+    c.kind, c.op, c.dtype, c.dtype2, c.aux = kind, op, dt, dt2, aux
+    with nogil:
+        rc = b.elementwise(&c)
+    if rc == MT_BK_ENOKERNEL:
+        raise missing_kernel(_ew_name(kind, op), out._device, dt)
+    if rc != 0:
+        raise backend_error(out._device, rc, _ew_name(kind, op))
+    return 0
+
+
+cdef str _ew_name(int kind, int op):
+    if kind == MT_EW_UNARY:
+        return mt_unary_names[op].decode()
+    if kind == MT_EW_BINARY:
+        return mt_binary_names[op].decode()
+    if kind == MT_EW_TERNARY:
+        return mt_ternary_names[op].decode()
+    return "astype" if kind == MT_EW_CAST else "fill"
 
 
 # ------------------------------------------------------------------ helpers
 
 cdef inline bint is_cpu(int device) noexcept:
-    return (<Device>DEVICES[device]).type == "cpu"
+    return device_kind(device) == MT_DEV_CPU
 
 
 cdef str dev_name(int device):
@@ -443,10 +484,8 @@ cdef Tensor cast(Tensor t, int code):
     """A new contiguous tensor holding t converted to dtype ``code``."""
     cdef Tensor out = empty(t._ndim, t._shape, code, t._device)
     cdef Operand o
-    if not is_cpu(t._device):
-        raise NotImplementedError(f"cast is not implemented on {dev_name(t._device)}")
     operand_of(t, &o)
-    run_loop(mt_cast_loops[t._dtype][code], out, 1, &o, NULL, 1)
+    run_elementwise(MT_EW_CAST, 0, t._dtype, code, mt_cast_loops[t._dtype][code], out, 1, &o, NULL, 1)
     return out
 
 
@@ -497,8 +536,8 @@ cdef int copy_into(Tensor dst, Tensor src) except -1:
     cdef Operand o
     cdef int64_t bshape[16]
     check_writable(dst)
-    if not is_cpu(dst._device) or not is_cpu(src._device):
-        raise NotImplementedError("copy between non-CPU devices needs the CUDA build")
+    if dst._device != src._device and not (is_cpu(dst._device) and is_cpu(src._device)):
+        src = src.to(DEVICES[dst._device])       # one bulk copy, then the strided write
     while src._ndim > dst._ndim and src._shape[0] == 1:   # NumPy drops leading unit axes
         src = src.squeeze(0)
     operand_of(src, &o)
@@ -510,7 +549,8 @@ cdef int copy_into(Tensor dst, Tensor src) except -1:
     if overlaps(dst, src):
         src = src.copy()
         operand_of(src, &o)
-    run_loop(mt_cast_loops[src._dtype][dst._dtype], dst, 1, &o, NULL, 1)
+    run_elementwise(MT_EW_CAST, 0, src._dtype, dst._dtype, mt_cast_loops[src._dtype][dst._dtype],
+                    dst, 1, &o, NULL, 1)
     return 0
 
 
@@ -518,7 +558,8 @@ cdef int fill(Tensor dst, object value) except -1:
     cdef char buf[16]
     check_writable(dst)
     store_scalar(value, dst._dtype, buf)
-    run_loop(mt_fill_loops[dst._dtype], dst, 0, NULL, buf, 1)
+    run_elementwise(MT_EW_FILL, 0, dst._dtype, dst._dtype, mt_fill_loops[dst._dtype], dst, 0, NULL,
+                    buf, 1)
     return 0
 
 
@@ -658,10 +699,8 @@ cdef object binary(int op, object a, object b, object out):
         if tb._dtype != cdt:
             tb = cast(tb, cdt)
         operand_of(tb, &ops[1])
-    if not is_cpu(dev):
-        raise missing_kernel(mt_binary_names[op].decode(), dev, cdt)
     fn = mt_binary_loops[op][cdt]
-    if fn == NULL:
+    if fn == NULL and is_cpu(dev):       # a device backend reports its own gaps
         raise missing_kernel(mt_binary_names[op].decode(), dev, cdt)
     nd = broadcast_shape(2, ops, oshape)
     if out is None:
@@ -686,7 +725,7 @@ cdef object binary(int op, object a, object b, object out):
                 operand_of(tb, &ops[1])
         else:
             res = empty(nd, oshape, rdt, dev)
-    run_loop(fn, res, 2, ops, NULL, 1)
+    run_elementwise(MT_EW_BINARY, op, cdt, rdt, fn, res, 2, ops, NULL, 1)
     if to is not None and res is not to:
         copy_into(to, res)
         return to
@@ -713,7 +752,7 @@ cdef object unary(int op, object a, object out):
     rdt = 0 if rule == MT_RULE_BOOL else cdt
     if ta._dtype != cdt:
         ta = cast(ta, cdt)
-    if not is_cpu(ta._device) or mt_unary_loops[op][cdt] == NULL:
+    if mt_unary_loops[op][cdt] == NULL and is_cpu(ta._device):
         raise missing_kernel(name, ta._device, cdt)
     if out is None:
         res = empty(ta._ndim, ta._shape, rdt, ta._device)
@@ -725,7 +764,8 @@ cdef object unary(int op, object a, object out):
         if not has_shape(to, ta._ndim, ta._shape):
             raise ValueError(f"in-place {name}: shapes differ")
     operand_of(ta, &o)
-    run_loop(mt_unary_loops[op][cdt], res, 1, &o, NULL, 4 if rule == MT_RULE_FLOAT else 1)
+    run_elementwise(MT_EW_UNARY, op, cdt, rdt, mt_unary_loops[op][cdt], res, 1, &o, NULL,
+                    4 if rule == MT_RULE_FLOAT else 1)
     if to is not None and res is not to:
         copy_into(to, res)
         return to
@@ -767,11 +807,11 @@ cdef object ternary(int op, object a, object b, object c):
             operand_of(t, &ops[i])
         else:
             scalar_operand(x, cdt, bufs[i], &ops[i])
-    if not is_cpu(dev) or mt_ternary_loops[op][code] == NULL:
+    if mt_ternary_loops[op][code] == NULL and is_cpu(dev):
         raise missing_kernel(name, dev, code)
     nd = broadcast_shape(3, ops, oshape)
     res = empty(nd, oshape, code, dev)
-    run_loop(mt_ternary_loops[op][code], res, 3, ops, NULL, 2)
+    run_elementwise(MT_EW_TERNARY, op, code, code, mt_ternary_loops[op][code], res, 3, ops, NULL, 2)
     return res
 
 

@@ -13,9 +13,9 @@ from libc.stdlib cimport malloc, free
 
 import numpy as np
 
-from mgtrace._core.kernels cimport MT_MAX_NDIM
+from mgtrace._core.kernels cimport MT_MAX_NDIM, MT_DEV_CPU
 from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, normalize_axis,
-                                    shape_tuple, to_tensor)
+                                    shape_tuple, to_tensor, device_kind, backend_of, backend_error)
 from mgtrace._core.dtype cimport CATEGORY, ITEMSIZE, promote_operands
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, check_writable, num_threads
 from mgtrace._core.device cimport DEVICES, default_device_id
@@ -30,6 +30,28 @@ cdef extern from "kernels/index.h" nogil:
                 const int64_t *shape, const int64_t *strides, int64_t itemsize)
     int64_t mt_count_nonzero(const uint8_t *src, int64_t n)
     void mt_nonzero(const uint8_t *src, int ndim, const int64_t *shape, int64_t *coords)
+    ctypedef struct mt_index_kernels:
+        int (*take)(char *out, const char *src, const int64_t *off, int64_t n, int ndim,
+                    const int64_t *shape, const int64_t *strides, int64_t itemsize) noexcept nogil
+        int (*put)(char *dst, const char *val, const int64_t *off, int64_t n, int ndim,
+                   const int64_t *shape, const int64_t *strides, int64_t itemsize) noexcept nogil
+
+
+# ------------------------------------------------------------------ devices
+# Offsets are computed (and bounds-checked) on the host from the index
+# values; a device backend's take/put then moves the addressed blocks.
+
+cdef Tensor _host(Tensor t):
+    """t itself on a CPU device, else a copy on cpu:0 (index values are read on the host)."""
+    return t if device_kind(t._device) == MT_DEV_CPU else <Tensor>t.to("cpu")
+
+
+cdef const mt_index_kernels *_kernels(str op, Tensor t) except NULL:
+    cdef const mt_index_kernels *k = <const mt_index_kernels *>backend_of(t._device).index
+    if k == NULL or k.take == NULL or k.put == NULL:
+        raise NotImplementedError(f"no kernel for op {op!r} on device {DEVICES[t._device]} with "
+                                  f"dtype {t.dtype}")
+    return k
 
 
 # ------------------------------------------------------------------ parsing
@@ -218,7 +240,7 @@ cdef _Plan plan(_Indexed ix):
     cols = []
     for x in ix.adv_idx:
         idx = (<Tensor>x).broadcast_to(p.bshape)
-        cols.append(cast(idx, 6))   # contiguous int64
+        cols.append(_host(cast(idx, 6)))   # contiguous int64, on the host
     cdef const int64_t **ptrs = <const int64_t **>malloc(sizeof(int64_t *) * m)
     cdef int64_t dims[16]
     cdef int64_t strides[16]
@@ -273,9 +295,17 @@ def getitem(x, index):
         rstrides[k] = v._strides[p.rest[k]] * ITEMSIZE[v._dtype]
     out_shape = p.bshape + tuple([rshape[k] for k in range(nr)])
     cdef Tensor out = empty_of(out_shape, v._dtype, v._device)
-    cdef int nt = num_threads()
-    with nogil:
-        mt_take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype], nt)
+    cdef int nt = num_threads(), rc
+    cdef const mt_index_kernels *kern
+    if device_kind(v._device) == MT_DEV_CPU:
+        with nogil:
+            mt_take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype], nt)
+    else:
+        kern = _kernels("getitem", v)
+        with nogil:
+            rc = kern.take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+        if rc != 0:
+            raise backend_error(v._device, rc, "getitem")
     return _move_block(out, len(p.bshape), p.insert_at)
 
 
@@ -327,8 +357,17 @@ def setitem(x, index, value):
     cdef Tensor val = empty_of(block_first, t._dtype, t._device)
     dst = _move_block(val, nb, p.insert_at)
     copy_(dst, value)
-    with nogil:
-        mt_put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+    cdef const mt_index_kernels *kern
+    cdef int rc
+    if device_kind(v._device) == MT_DEV_CPU:
+        with nogil:
+            mt_put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+    else:
+        kern = _kernels("setitem", v)
+        with nogil:
+            rc = kern.put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+        if rc != 0:
+            raise backend_error(v._device, rc, "setitem")
 
 
 # ------------------------------------------------------------------ gather etc.
@@ -340,6 +379,9 @@ def nonzero(x, as_tuple=False):
     Returns int32 [n, ndim] (MegEngine's index dtype), or with as_tuple a
     tuple of ndim int64 [n] tensors (NumPy's layout)."""
     cdef Tensor t = x if isinstance(x, Tensor) else coerce(x, default_device_id)
+    if device_kind(t._device) != MT_DEV_CPU:     # found on the host, as the count sizes the result
+        res = nonzero(t.to("cpu"), as_tuple)
+        return tuple(c.to(t.device) for c in res) if as_tuple else res.to(t.device)
     cdef Tensor b = cast(t, 0)   # bool, contiguous
     cdef int64_t n = numel(b), cnt
     with nogil:

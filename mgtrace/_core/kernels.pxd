@@ -56,3 +56,31 @@ cdef extern from "kernels/alloc.h" nogil:
     size_t mt_host_cached_bytes() noexcept
     void mt_host_cache_clear() noexcept
     void mt_host_cache_set_limit(size_t bytes) noexcept
+
+cdef extern from "kernels/backend.h" nogil:
+    enum: MT_BK_OK, MT_BK_ENOMEM, MT_BK_EDEVICE, MT_BK_ENOKERNEL
+    enum: MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D
+    enum: MT_EW_UNARY, MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL
+    ctypedef struct mt_ew_call:
+        int kind, op, dtype, dtype2
+        int nargs
+        char *args[4]
+        unsigned scalar_mask
+        int ndim
+        int64_t shape[16]
+        int64_t strides[4][16]
+        const void *aux
+    # the area tables (reduce, linalg, nn, index) are declared by the module
+    # that uses them, from their area's header; here they are opaque
+    ctypedef struct mt_backend:
+        const char *name
+        int (*activate)(int index) noexcept nogil
+        mt_storage *(*alloc)(int index, size_t nbytes) noexcept nogil
+        int (*copy)(void *dst, const void *src, size_t nbytes, int kind) noexcept nogil
+        int (*synchronize)(int index) noexcept nogil
+        const char *(*last_error)() noexcept nogil
+        int (*elementwise)(const mt_ew_call *call) noexcept nogil
+        const void *reduce
+        const void *linalg
+        const void *nn
+        const void *index

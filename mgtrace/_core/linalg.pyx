@@ -9,8 +9,9 @@ loop. The BLAS thread count follows mgtrace.set_num_threads.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 
-from mgtrace._core.kernels cimport MT_MAX_NDIM
-from mgtrace._core.tensor cimport Tensor, empty, view_of, is_contiguous, shape_tuple
+from mgtrace._core.kernels cimport MT_MAX_NDIM, MT_DEV_CPU, MT_BK_ENOKERNEL
+from mgtrace._core.tensor cimport (Tensor, empty, view_of, is_contiguous, shape_tuple, device_kind,
+                                   backend_of, backend_error)
 from mgtrace._core.dtype cimport CATEGORY, promote_operands
 from mgtrace._core.dispatch cimport cast, coerce, fill, num_threads
 from mgtrace._core.device cimport Device, DEVICES
@@ -30,6 +31,10 @@ cdef extern from "kernels/gemm.h" nogil:
     void mt_blas_set_threads(int n)
     int mt_blas_get_threads()
     const char *mt_blas_config()
+    ctypedef struct mt_linalg_kernels:
+        int (*gemm)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                    int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) noexcept nogil
+        int native_half
 
 cdef int64_t BLAS_MAX = 2147483647
 
@@ -112,14 +117,12 @@ def matmul(a, b):
         tb = coerce(b, dev)
     if ta._device != tb._device:
         raise ValueError(f"ambiguous device: {DEVICES[ta._device]} vs {DEVICES[tb._device]}")
-    if (<Device>DEVICES[dev]).type != "cpu":
-        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[dev]}")
     if ta._ndim == 0 or tb._ndim == 0:
         raise ValueError("matmul: 0-d operands are not allowed; use * for scalars")
     code = promote_operands((ta, tb))
     if code == 0:
         raise TypeError("matmul of bool tensors is not supported; cast to an integer or float dtype")
-    cdt = 9 if code in (7, 8) else code
+    cdt = 9 if code in (7, 8) and not _native_half(dev) else code
     if ta._dtype != cdt:
         ta = cast(ta, cdt)
     if tb._dtype != cdt:
@@ -189,6 +192,9 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
         # threading); the output [..., M, N] is that GEMM's [M', N]
         s.M = batch * M
         batch = 1
+    if device_kind(ta._device) != MT_DEV_CPU:
+        _device_gemm(ta, tb, out, &s, cdt, nb, oshape, batch)
+        return out
     cdef int64_t *offs = <int64_t *>malloc(sizeof(int64_t) * 3 * batch)
     if offs == NULL:
         raise MemoryError()
@@ -221,4 +227,88 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
     finally:
         free(offs)
     return out
+
+
+# ------------------------------------------------------------------ device backends
+
+cdef const mt_linalg_kernels *_kernels(int dev, int cdt) except NULL:
+    cdef const mt_linalg_kernels *k = <const mt_linalg_kernels *>backend_of(dev).linalg
+    if k == NULL or k.gemm == NULL:
+        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[dev]} with dtype "
+                                  f"{DTYPE_NAMES[cdt]}")
+    return k
+
+
+cdef bint _native_half(int dev) except -1:
+    """Whether float16/bfloat16 products run in their own dtype on dev (a
+    GPU's tensor cores) instead of float32 as on the CPU."""
+    if device_kind(dev) == MT_DEV_CPU:
+        return False
+    return _kernels(dev, 9).native_half != 0
+
+
+cdef list _batch_offsets(Tensor ta, Tensor tb, int nb, int64_t *oshape, int64_t batch):
+    """(A offset, B offset) in elements of each problem of the batch, the
+    batch axes broadcast as in _matmul2."""
+    cdef int nba = ta._ndim - 2, nbb = tb._ndim - 2, d, ka, kb
+    cdef int64_t i, rem, idx, oa, ob
+    sa, sb = [], []
+    for d in range(nb):
+        ka, kb = d - (nb - nba), d - (nb - nbb)
+        sa.append(ta._strides[ka] if ka >= 0 and ta._shape[ka] != 1 else 0)
+        sb.append(tb._strides[kb] if kb >= 0 and tb._shape[kb] != 1 else 0)
+    offs = []
+    for i in range(batch):
+        rem, oa, ob = i, 0, 0
+        for d in range(nb - 1, -1, -1):
+            idx = rem % oshape[d]
+            rem //= oshape[d]
+            oa += idx * sa[d]
+            ob += idx * sb[d]
+        offs.append((oa, ob))
+    return offs
+
+
+cdef bint _uniform(list offs):
+    """Whether problem i sits at i * (the first step) in A and in B."""
+    if len(offs) < 2:
+        return True
+    sa, sb = offs[1]
+    return all(oa == i * sa and ob == i * sb for i, (oa, ob) in enumerate(offs))
+
+
+cdef int _device_gemm(Tensor ta, Tensor tb, Tensor out, mt_gemm_shape *s, int cdt, int nb,
+                      int64_t *oshape, int64_t batch) except -1:
+    """The batch on a device backend: one strided-batched call when the batch
+    axes step A and B by one stride each. Views whose batch axes do not (the
+    heads of attention, transposed out of [B, S, H, D]) are copied contiguous
+    first: one copy costs far less than a GEMM call per problem. Batch axes
+    that broadcast unevenly are left: one call per problem."""
+    cdef const mt_linalg_kernels *k = _kernels(ta._device, cdt)
+    cdef int64_t i, oa, ob, isz = ta.itemsize, step_a = 0, step_b = 0
+    cdef int rc = 0
+    offs = _batch_offsets(ta, tb, nb, oshape, batch) if batch > 1 else [(0, 0)]
+    if not _uniform(offs):
+        ta, tb = <Tensor>ta.contiguous(), <Tensor>tb.contiguous()
+        s.sam, s.sak = ta._strides[ta._ndim - 2], ta._strides[ta._ndim - 1]
+        s.sbk, s.sbn = tb._strides[tb._ndim - 2], tb._strides[tb._ndim - 1]
+        offs = _batch_offsets(ta, tb, nb, oshape, batch)
+    if _uniform(offs):
+        if batch > 1:
+            step_a, step_b = offs[1]
+        with nogil:
+            rc = k.gemm(cdt, s, ta._data, tb._data, out._data, batch, step_a, step_b, s.M * s.N)
+    else:
+        for i in range(batch):
+            oa, ob = offs[i]
+            rc = k.gemm(cdt, s, ta._data + oa * isz, tb._data + ob * isz,
+                        out._data + i * s.M * s.N * isz, 1, 0, 0, 0)
+            if rc != 0:
+                break
+    if rc == MT_BK_ENOKERNEL:
+        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[ta._device]} "
+                                  f"with dtype {DTYPE_NAMES[cdt]}")
+    if rc != 0:
+        raise backend_error(ta._device, rc, "matmul")
+    return 0
 

@@ -36,8 +36,9 @@ import numpy as np
 from collections import OrderedDict
 
 from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
-                                    mt_storage_tracked)
-from mgtrace._core.tensor cimport Tensor, empty, view_of, numel, is_contiguous, shape_tuple
+                                    mt_storage_tracked, MT_DEV_CPU)
+from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, shape_tuple,
+                                   device_kind, backend_of, backend_error)
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads
@@ -112,6 +113,21 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                      const int64_t *after, int mode, int64_t itemsize, int nthreads) noexcept
 
+    # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
+    ctypedef struct mt_nn_kernels:
+        int64_t (*conv2d_workspace)(int dtype, const mt_conv2d_geom *g, int algo, int nt) noexcept nogil
+        int (*conv2d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                      const mt_conv2d_geom *g, int algo, int nt, void *workspace) noexcept nogil
+        int (*max_pool2d)(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) noexcept nogil
+        int (*avg_pool2d)(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) noexcept nogil
+        int (*adaptive_pool2d)(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h,
+                               int64_t w, int64_t oh, int64_t ow, int nt) noexcept nogil
+        int (*resize2d)(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h,
+                        int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
+                        int align_corners, int nt) noexcept nogil
+        int (*bias_act)(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act,
+                        int nt) noexcept nogil
+
 cdef extern from *:
     """
     /* conv.c: route OpenBLAS's threaded calls to OpenMP threads */
@@ -171,12 +187,48 @@ cdef list _operands(str op, tuple xs):
             out.append(x)
         else:
             out.append(coerce(x, dev))
-    for x in out:
-        if x is not None and (<Device>DEVICES[(<Tensor>x)._device]).type != "cpu":
-            raise NotImplementedError(
-                f"no kernel for op {op!r} on device {_dev((<Tensor>x)._device)} with dtype "
-                f"{DTYPE_NAMES[(<Tensor>x)._dtype]}")
     return out
+
+
+# ------------------------------------------------------------------ kernel tables by device type
+
+cdef mt_nn_kernels _CPU
+_CPU.conv2d_workspace = mt_conv2d_workspace
+_CPU.conv2d = mt_conv2d
+_CPU.max_pool2d = mt_max_pool2d
+_CPU.avg_pool2d = mt_avg_pool2d
+_CPU.adaptive_pool2d = mt_adaptive_pool2d
+_CPU.resize2d = mt_resize2d
+_CPU.bias_act = mt_bias_act
+
+
+cdef object _no_kernel(str op, Tensor t):
+    return NotImplementedError(f"no kernel for op {op!r} on device {_dev(t._device)} with dtype "
+                               f"{DTYPE_NAMES[t._dtype]}")
+
+
+cdef const mt_nn_kernels *_kernels(str op, Tensor t) except NULL:
+    """The nn kernels of t's device type (a member may still be NULL: check
+    it with _need)."""
+    if device_kind(t._device) == MT_DEV_CPU:
+        return &_CPU
+    cdef const mt_nn_kernels *k = <const mt_nn_kernels *>backend_of(t._device).nn
+    if k == NULL:
+        raise _no_kernel(op, t)
+    return k
+
+
+cdef int _need(bint present, str op, Tensor t) except -1:
+    if not present:
+        raise _no_kernel(op, t)
+    return 0
+
+
+cdef int _cpu_only(str op, Tensor t) except -1:
+    """For the ops that have CPU kernels only (no entry in mt_nn_kernels)."""
+    if device_kind(t._device) != MT_DEV_CPU:
+        raise _no_kernel(op, t)
+    return 0
 
 
 cdef int _float_code(str op, list ts) except -1:
@@ -287,7 +339,9 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     return empty(1, &nbytes, MT_UINT8, device)
 
 
-cdef int _check_rc(str op, int rc) except -1:
+cdef int _check_rc(str op, int rc, int device=0) except -1:
+    if rc != 0 and device_kind(device) != MT_DEV_CPU:
+        raise backend_error(device, rc, op)
     if rc == MT_NN_ENOMEM:
         raise MemoryError(f"{op}: cannot allocate the kernel's work buffer")
     return 0
@@ -461,8 +515,8 @@ def bias_act_(y, bias, act):
     cdef int a = _act_code(op, act)
     cdef Tensor ty, tb = None
     if not isinstance(y, Tensor) or (<Tensor>y)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
-            or not is_contiguous(<Tensor>y) or (<Device>DEVICES[(<Tensor>y)._device]).type != "cpu":
-        raise TypeError(f"{op}: y must be a contiguous float32 or float64 CPU Tensor")
+            or not is_contiguous(<Tensor>y):
+        raise TypeError(f"{op}: y must be a contiguous float32 or float64 Tensor")
     ty = <Tensor>y
     cdef int64_t cols = ty._shape[ty._ndim - 1] if ty._ndim > 0 else 1
     cdef int64_t rows = numel(ty) // cols if cols > 0 else 0
@@ -481,8 +535,11 @@ def bias_act_(y, bias, act):
     if rows == 0 or cols == 0 or (bptr == NULL and a == MT_ACT_NONE):
         return y
     cdef int nt = num_threads(), rc
+    cdef const mt_nn_kernels *kn = _kernels(op, ty)
+    _need(kn.bias_act != NULL, op, ty)
     with nogil:
-        rc = mt_bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
+        rc = kn.bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
+    _check_rc(op, rc, ty._device)
     return y
 
 
@@ -588,7 +645,8 @@ def attention(q, k, v, mask=None, scale=1.0):
         except ValueError:
             raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not broadcast "
                              f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
-    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32):
+    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) \
+            or device_kind(tq._device) != MT_DEV_CPU:      # the fused kernel is the CPU's
         from mgtrace._core import linalg, reduce
         s = linalg.matmul(tq, tk.transpose((0, 1, 3, 2))) * float(scale)
         if tm is not None:
@@ -692,6 +750,19 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         g.has_res = 1
         g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = NULL
+    cdef void *dwsp = NULL
+    if device_kind(tx._device) != MT_DEV_CPU:     # a device backend's conv2d (the Winograd cache is the CPU's)
+        kn = _kernels(op, tx)
+        _need(kn.conv2d != NULL and kn.conv2d_workspace != NULL, op, tx)
+        dws = _workspace(op, kn.conv2d_workspace(work, &g, a, nt), tx._device,
+                         lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                                 f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
+        dwsp = (<Tensor>dws)._data if dws is not None else NULL
+        with nogil:
+            rc = kn.conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, dwsp)
+        _check_rc(op, rc, tx._device)
+        return _finish(out, code)
     if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
         a = mt_conv2d_pick_algo_ex(&g, mt_storage_tracked(tw_orig._st))
     cdef Tensor u = None
@@ -772,6 +843,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     cdef int code, work, rc, nt
     cdef mt_conv2d_geom g
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
+    _cpu_only(op, tx)
     _check_4d(op, "x", tx, "[N, C, H, W]")
     _check_4d(op, "weight", tw, "[C, O / groups, KH, KW]")
     groups = _groups(op, groups)
@@ -872,13 +944,16 @@ cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil
     oshape[0], oshape[1], oshape[2], oshape[3] = n, c, oh, ow
     out = empty(4, oshape, work, t._device)
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, t)
     if op == "max_pool2d":
+        _need(kn.max_pool2d != NULL, op, t)
         with nogil:
-            rc = mt_max_pool2d(work, t._data, out._data, &g, nt)
+            rc = kn.max_pool2d(work, t._data, out._data, &g, nt)
     else:
+        _need(kn.avg_pool2d != NULL, op, t)
         with nogil:
-            rc = mt_avg_pool2d(work, t._data, out._data, &g, nt)
-    _check_rc(op, rc)
+            rc = kn.avg_pool2d(work, t._data, out._data, &g, nt)
+    _check_rc(op, rc, t._device)
     return _finish(out, code)
 
 
@@ -943,9 +1018,11 @@ cdef object _adaptive(str op, x, output_size, int kind):
     out = empty(4, oshape, work, t._device)
     cdef int64_t planes = n * c, ih = h, iw = w, toh = oh, tow = ow
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, t)
+    _need(kn.adaptive_pool2d != NULL, op, t)
     with nogil:
-        rc = mt_adaptive_pool2d(work, kind, t._data, out._data, planes, ih, iw, toh, tow, nt)
-    _check_rc(op, rc)
+        rc = kn.adaptive_pool2d(work, kind, t._data, out._data, planes, ih, iw, toh, tow, nt)
+    _check_rc(op, rc, t._device)
     return _finish(out, code)
 
 
@@ -1039,9 +1116,11 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     out = empty(4, oshape, work, t._device)
     cdef int64_t planes = n * c, ih = h, iw = w, toh = oh, tow = ow
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, t)
+    _need(kn.resize2d != NULL, op, t)
     with nogil:
-        rc = mt_resize2d(work, m, t._data, out._data, planes, ih, iw, toh, tow, fh, fw, ac, nt)
-    _check_rc(op, rc)
+        rc = kn.resize2d(work, m, t._data, out._data, planes, ih, iw, toh, tow, fh, fw, ac, nt)
+    _check_rc(op, rc, t._device)
     return _finish(out, code)
 
 
@@ -1175,6 +1254,7 @@ def pad(x, pad_width, mode="constant", value=0.0):
         if mode == "circular" and numel(out):
             _wrap_edges(out, nd, shape, before, after)
         return out
+    _cpu_only(op, t)
     t = <Tensor>t.contiguous()
     cdef int m = MT_PAD_REFLECT if mode == "reflect" else MT_PAD_REPLICATE
     cdef int64_t isz = ITEMSIZE[t._dtype]

@@ -27,15 +27,18 @@ Result dtypes (MegEngine; DESIGN.md "Tensor core")::
     argmax, argmin, indices      int32 (MegEngine's index dtype)
     any, all                     bool
 
-Only CPU devices (``cpu:N``) have kernels; any other device raises
-NotImplementedError naming the op, device and dtype.
+Kernels come from the table of the input's device type: the CPU's own
+(kernels/reduce.c, sort.c) or a device backend's (kernels/backend.h); an op
+without a kernel there raises NotImplementedError naming op, device and dtype.
 """
 import operator
 
 from libc.stdint cimport int64_t
 
 from mgtrace._core.kernels cimport MT_NDTYPES
-from mgtrace._core.tensor cimport Tensor, empty, view_of, to_tensor, shape_tuple
+from mgtrace._core.tensor cimport (Tensor, empty, view_of, to_tensor, shape_tuple, device_kind,
+                                   backend_of, backend_error)
+from mgtrace._core.kernels cimport MT_DEV_CPU
 from mgtrace._core.dtype cimport ITEMSIZE, CATEGORY, float_result, scalar_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport coerce, cast, fill, num_threads
@@ -77,6 +80,11 @@ cdef extern from "kernels/reduce.h" nogil:
     const int mt_reduce_rules[]
     const char *mt_scan_names[]
     const char *mt_softmax_names[]
+    ctypedef struct mt_reduce_kernels:    # the members are arrays of tables: cast on use
+        void *reduce
+        void *scan
+        void *softmax
+        void *sort
 
 # ------------------------------------------------------------------ op codes
 
@@ -106,16 +114,48 @@ cdef Tensor _input(object x, str op):
         t = to_tensor(x, None, default_device_id)
     else:
         t = coerce(x, default_device_id)
-    if (<Device>DEVICES[t._device]).type != "cpu":
-        raise _missing(op, t)
     return t
 
 
 cdef object _missing(str op, Tensor t):
     return NotImplementedError(
         f"no kernel for op {op!r} on device {DEVICES[t._device]} with dtype "
-        f"{DTYPE_NAMES[t._dtype]}; only CPU devices have reduction kernels: "
-        f"move the tensor with .to('cpu')")
+        f"{DTYPE_NAMES[t._dtype]}; move the tensor with .to('cpu')")
+
+
+# ------------------------------------------------------------------ kernel tables by device type
+
+cdef mt_reduce_kernels _CPU
+_CPU.reduce = <void *>mt_reduce_fns
+_CPU.scan = <void *>mt_scan_fns
+_CPU.softmax = <void *>mt_softmax_fns
+_CPU.sort = <void *>mt_sort_fns
+
+
+cdef const mt_reduce_kernels *_kernels(Tensor t, str op) except NULL:
+    """The reduction tables of t's device type."""
+    if device_kind(t._device) == MT_DEV_CPU:
+        return &_CPU
+    cdef const mt_reduce_kernels *k = <const mt_reduce_kernels *>backend_of(t._device).reduce
+    if k == NULL:
+        raise _missing(op, t)
+    return k
+
+
+cdef int _entry(const void *table, int row, Tensor t, str op) except -1:
+    """Index of (row, t's dtype) in a [row][dtype] table; -1 (raised) when empty."""
+    cdef const void **fns = <const void **>table
+    if table == NULL or fns[row * MT_NDTYPES + t._dtype] == NULL:
+        raise _missing(op, t)
+    return row * MT_NDTYPES + t._dtype
+
+
+cdef int _check(int rc, Tensor t, str op) except -1:
+    if rc == 0:
+        return 0
+    if device_kind(t._device) == MT_DEV_CPU:
+        raise MemoryError(f"{op}: cannot allocate scratch memory")
+    raise backend_error(t._device, rc, op)
 
 
 cdef int _out_dtype(int rule, int code) noexcept:
@@ -249,9 +289,8 @@ cdef Tensor _reduce(int op, str name, object x, object axis, object keepdims, do
         return out
     if (op == R_ARGMAX or op == R_ARGMIN) and nr > INDEX_MAX:
         raise ValueError(f"{name}: {nr} elements per reduction do not fit the int32 index dtype")
-    fn = mt_reduce_fns[op][t._dtype]
-    if fn == NULL:
-        raise _missing(name, t)
+    cdef const mt_reduce_kernels *k = _kernels(t, name)
+    fn = (<mt_reduce_fn *>k.reduce)[_entry(k.reduce, op, t, name)]
     # geometry in bytes: kept dims with their output strides, reduced dims
     g.nkeep = 0
     g.nred = 0
@@ -282,8 +321,7 @@ cdef Tensor _reduce(int op, str name, object x, object axis, object keepdims, do
     nt = num_threads()
     with nogil:
         rc = fn(t._data, out._data, &g, nt)
-    if rc != 0:
-        raise MemoryError(f"{name}: cannot allocate scratch memory")
+    _check(rc, t, name)
     return out
 
 
@@ -511,14 +549,15 @@ cdef Tensor _softmax(int op, str name, object x, object axis):
     cdef mt_line_fn fn
     if CATEGORY[t._dtype] != 3:
         t = cast(t, 9)                     # ints and bool -> float32 (MegEngine)
-    fn = mt_softmax_fns[op][t._dtype]
-    if fn == NULL:
-        raise _missing(name, t)
+    cdef const mt_reduce_kernels *k = _kernels(t, name)
+    fn = (<mt_line_fn *>k.softmax)[_entry(k.softmax, op, t, name)]
     cdef Tensor out = empty(t._ndim, t._shape, t._dtype, t._device)
     _line_geom(t, ax, out, None, &g)
     nt = num_threads()
+    cdef int rc
     with nogil:
-        fn(t._data, out._data, &g, nt)
+        rc = fn(t._data, out._data, &g, nt)
+    _check(rc, t, name)
     return _like_input(out, scalar)
 
 
@@ -569,14 +608,15 @@ cdef Tensor _scan(int op, str name, object x, object axis):
         x = _input(x, name).reshape(-1)
         axis = 0
     cdef Tensor t = _line_input(x, axis, name, &ax, &scalar)
-    fn = mt_scan_fns[op][t._dtype]
-    if fn == NULL:
-        raise _missing(name, t)
+    cdef const mt_reduce_kernels *k = _kernels(t, name)
+    fn = (<mt_line_fn *>k.scan)[_entry(k.scan, op, t, name)]
     cdef Tensor out = empty(t._ndim, t._shape, _out_dtype(MT_RR_SUM, t._dtype), t._device)
     _line_geom(t, ax, out, None, &g)
     nt = num_threads()
+    cdef int rc
     with nogil:
-        fn(t._data, out._data, &g, nt)
+        rc = fn(t._data, out._data, &g, nt)
+    _check(rc, t, name)
     return _like_input(out, scalar)
 
 
@@ -636,9 +676,8 @@ cdef object _sort(str name, object x, object axis, object k, bint descending, bi
             raise ValueError(f"{name}: k={k} is out of range for an axis of length {n} "
                              f"(need 0 <= k <= {n})")
         kk = k
-    fn = mt_sort_fns[t._dtype]
-    if fn == NULL:
-        raise _missing(name, t)
+    cdef const mt_reduce_kernels *kern = _kernels(t, name)
+    fn = (<mt_sort_fn *>kern.sort)[_entry(kern.sort, 0, t, name)]
     cdef int64_t shp[16]
     cdef int d
     for d in range(t._ndim):
@@ -651,8 +690,7 @@ cdef object _sort(str name, object x, object axis, object k, bint descending, bi
     with nogil:
         rc = fn(t._data, vals._data if vals is not None else NULL, idx._data, &g, kk,
                 descending, is_sorted, nt)
-    if rc != 0:
-        raise MemoryError(f"{name}: cannot allocate scratch memory")
+    _check(rc, t, name)
     if values:
         return _like_input(vals, scalar), _like_input(idx, scalar)
     return _like_input(idx, scalar)

@@ -32,3 +32,11 @@ cdef int normalize_axis(int64_t axis, int ndim) except -1
 cdef Tensor to_tensor(object data, object dtype, int device)
 cdef tuple shape_tuple(Tensor t)
 cdef int parse_shape(object shape, int64_t *out) except -1
+
+# Device backends, one per device type (kernels/backend.h): CPU kernels are
+# the core's own; another type's backend is installed by its extension.
+from mgtrace._core.kernels cimport mt_backend
+cdef int device_kind(int device) noexcept
+cdef const mt_backend *backend_of(int device) except NULL
+cdef object backend_error(int device, int rc, str what)
+cdef int install_backend(int kind, const mt_backend *b) except -1

@@ -18,10 +18,12 @@ cimport numpy as cnp
 from mgtrace._core.kernels cimport (
     mt_storage, mt_storage_new_host, mt_storage_wrap, mt_storage_decref,
     mt_host_cache_set_limit, mt_host_cached_bytes, mt_host_cache_clear,
-    MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM)
+    MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM, mt_backend, MT_BK_ENOMEM, MT_BK_ENOKERNEL,
+    MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D)
 from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
 from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
+from mgtrace.errors import DeviceError   # a leaf module: the exception root, no layer above
 
 cnp.import_array()
 
@@ -75,6 +77,112 @@ def _install_codes(dict binary, dict unary):
     U_NEG, U_ABS, U_INVERT = unary["neg"], unary["abs"], unary["bitwise_not"]
 
 
+# ---------------------------------------------------------------- backends
+
+# One backend per device type (kernels/backend.h). The CPU's kernels are the
+# core's own; the CUDA backend is installed by mgtrace._core._cuda when it is
+# first needed (so `import mgtrace` never touches CUDA).
+cdef const mt_backend *_BACKENDS[2]
+_BACKEND_MODULES = {MT_DEV_CUDA: "mgtrace._core._cuda"}
+_backend_failures = {}   # device kind -> why its backend is missing (for doctor and errors)
+
+
+cdef int device_kind(int device) noexcept:
+    """MT_DEV_CPU or MT_DEV_CUDA for a device id."""
+    return MT_DEV_CUDA if (<Device>DEVICES[device]).type == "cuda" else MT_DEV_CPU
+
+
+cdef int install_backend(int kind, const mt_backend *b) except -1:
+    _BACKENDS[kind] = b
+    return 0
+
+
+def backend_status(kind="cuda"):
+    """(loaded, reason): whether the backend of a device type is installed,
+    and why not (the import error of its extension)."""
+    cdef int k = MT_DEV_CUDA if kind == "cuda" else MT_DEV_CPU
+    if k == MT_DEV_CPU:
+        return True, ""
+    if _BACKENDS[k] == NULL and k not in _backend_failures:
+        _load_backend(k)
+    return _BACKENDS[k] != NULL, _backend_failures.get(k, "")
+
+
+cdef int _load_backend(int kind) except -1:
+    import importlib
+    try:
+        importlib.import_module(_BACKEND_MODULES[kind])    # installs itself
+    except ImportError as e:
+        _backend_failures[kind] = f"{type(e).__name__}: {e}"
+    return 0
+
+
+cdef const mt_backend *backend_of(int device) except NULL:
+    """The backend of a non-CPU device, made current for ``device``.
+
+    Raises NotImplementedError when its extension is not built or does not load."""
+    cdef int kind = device_kind(device), rc
+    cdef Device dev = <Device>DEVICES[device]
+    if _BACKENDS[kind] == NULL:
+        if kind == MT_DEV_CPU:
+            raise NotImplementedError("the CPU has no backend table: its kernels are the core's own")
+        if kind not in _backend_failures:
+            _load_backend(kind)
+        if _BACKENDS[kind] == NULL:
+            why = _backend_failures.get(kind, "its extension did not install a backend")
+            raise NotImplementedError(
+                f"device {dev} needs the CUDA backend, which is not available: {why} "
+                f"(build with MGTRACE_CUDA=1; see `mgtrace doctor`)")
+    rc = _BACKENDS[kind].activate(dev.index)
+    if rc != 0:
+        raise backend_error(device, rc, "selecting the device")
+    return _BACKENDS[kind]
+
+
+cdef object backend_error(int device, int rc, str what):
+    """The exception for a failed backend call: MemoryError when out of device
+    memory, NotImplementedError for a missing kernel, else DeviceError with
+    the backend's own message (the CUDA error string)."""
+    cdef int kind = device_kind(device)
+    msg = ""
+    if _BACKENDS[kind] != NULL and _BACKENDS[kind].last_error != NULL:
+        msg = (<bytes>_BACKENDS[kind].last_error()).decode("utf-8", "replace")
+    where = f"{what} on {DEVICES[device]}"
+    if rc == MT_BK_ENOMEM:
+        return MemoryError(f"{where}: out of device memory{': ' + msg if msg else ''}")
+    if rc == MT_BK_ENOKERNEL:
+        return NotImplementedError(f"{where}: no kernel{': ' + msg if msg else ''}")
+    return DeviceError(f"{where} failed: {msg or f'error code {rc}'}")
+
+
+cdef int _device_copy(int device, void *dst, const void *src, size_t nbytes, int kind) except -1:
+    cdef const mt_backend *b = backend_of(device)
+    cdef int rc
+    if nbytes == 0:
+        return 0
+    with nogil:
+        rc = b.copy(dst, src, nbytes, kind)
+    if rc != 0:
+        raise backend_error(device, rc, "copy")
+    return 0
+
+
+def synchronize(device=None):
+    """Wait until every kernel queued on ``device`` (a CUDA device; None: the
+    default device) has finished. A no-op on CPU devices."""
+    cdef int d = device_id(device)
+    cdef const mt_backend *b
+    cdef int rc
+    if device_kind(d) == MT_DEV_CPU:
+        return
+    b = backend_of(d)
+    cdef int index = (<Device>DEVICES[d]).index
+    with nogil:
+        rc = b.synchronize(index)
+    if rc != 0:
+        raise backend_error(d, rc, "synchronize")
+
+
 # ---------------------------------------------------------------- storage
 
 MAX_NUMEL = 1 << 62
@@ -110,11 +218,14 @@ cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device):
     if n > (<int64_t>1 << 62) // ITEMSIZE[dtype]:
         raise MemoryError(f"tensor too large: shape {_shape_str(ndim, shape)} of {_DTYPE_NAMES[dtype]} "
                           f"needs more than 2**62 bytes")
-    if dev.type != "cpu":
-        raise NotImplementedError(
-            f"no memory allocator for device {dev}: this build of mgtrace has no CUDA "
-            "backend (see `mgtrace doctor`)")
-    t._st = mt_storage_new_host(<size_t>(n * ITEMSIZE[dtype]))
+    cdef const mt_backend *b
+    if device_kind(device) != MT_DEV_CPU:
+        b = backend_of(device)
+        t._st = b.alloc(dev.index, <size_t>(n * ITEMSIZE[dtype]))
+        if t._st == NULL:
+            raise backend_error(device, MT_BK_ENOMEM, f"allocating {n * ITEMSIZE[dtype]} bytes")
+    else:
+        t._st = mt_storage_new_host(<size_t>(n * ITEMSIZE[dtype]))
     if t._st == NULL:
         raise MemoryError(f"cannot allocate {n * ITEMSIZE[dtype]} bytes")
     t._st.device_index = dev.index
@@ -225,7 +336,10 @@ cdef Tensor _from_host_array(cnp.ndarray arr, int dtype, int device):
     for i in range(nd):
         shape[i] = arr.shape[i]
     cdef Tensor t = empty(nd, shape, dtype, device)
-    memcpy(t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes)
+    if device_kind(device) == MT_DEV_CPU:
+        memcpy(t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes)
+    else:
+        _device_copy(device, t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes, MT_COPY_H2D)
     return t
 
 
@@ -468,10 +582,15 @@ def from_dlpack(x):
         return x
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"{type(x).__name__} does not support DLPack (__dlpack__)")
+    kw = {}
+    if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] == _DL_CUDA:
+        # stream 1: the legacy default stream, which the CUDA backend's
+        # (blocking) streams wait for: the producer orders its work before it
+        kw["stream"] = 1
     try:
-        capsule = x.__dlpack__(max_version=(1, 0))
+        capsule = x.__dlpack__(max_version=(1, 0), **kw)
     except TypeError:   # a producer from before DLPack 1.0
-        capsule = x.__dlpack__()
+        capsule = x.__dlpack__(**kw)
     cdef mt_DLManagedTensor *m = NULL
     cdef mt_DLManagedTensorVersioned *mv = NULL
     cdef mt_DLTensor *dl
@@ -488,8 +607,14 @@ def from_dlpack(x):
     else:
         raise TypeError("__dlpack__() returned neither a 'dltensor' nor a 'dltensor_versioned' capsule")
     cdef int code = _dl_dtype_code(dl)
-    if dl.device.device_type != _DL_CPU:
-        raise NotImplementedError(f"DLPack device type {dl.device.device_type} needs the CUDA build")
+    cdef int kind = MT_DEV_CPU, device = 0
+    if dl.device.device_type == _DL_CUDA:
+        kind = MT_DEV_CUDA
+        device = device_id(f"cuda:{dl.device.device_id}")
+        backend_of(device)          # the CUDA backend must be there to use the memory
+    elif dl.device.device_type != _DL_CPU:
+        raise NotImplementedError(f"DLPack device type {dl.device.device_type} is not supported "
+                                  f"(CPU is 1, CUDA is 2)")
     if dl.ndim > MT_MAX_NDIM:
         raise ValueError(f"tensors have at most {MT_MAX_NDIM} dimensions")
     PyCapsule_SetName(capsule, "used_dltensor_versioned" if mv != NULL else "used_dltensor")
@@ -500,11 +625,12 @@ def from_dlpack(x):
         t._shape[i] = dl.shape[i]
         t._strides[i] = dl.strides[i] if dl.strides != NULL else n
         n *= dl.shape[i]
+    cdef int index = (<Device>DEVICES[device]).index if kind != MT_DEV_CPU else 0
     if mv != NULL:
-        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
+        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), kind, index,
                                 _release_dlpack_v, <void *>mv)
     else:
-        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), MT_DEV_CPU, 0,
+        t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), kind, index,
                                 _release_dlpack, <void *>m)
     if t._st == NULL:
         if mv != NULL:
@@ -516,8 +642,26 @@ def from_dlpack(x):
     t._data = <char *>dl.data + dl.byte_offset
     t._ndim = dl.ndim
     t._dtype = code
-    t._device = 0
+    t._device = device
     return t
+
+
+cdef Tensor _copy_across(Tensor t, int dev):
+    """A contiguous copy of t on device ``dev`` when one of the two devices is
+    not a CPU: made contiguous where it is, then one bulk copy (through the
+    host between two GPUs). The copy to the host waits for t's kernels."""
+    cdef int src = t._device
+    cdef Tensor c = t.contiguous(), out
+    cdef int sk = device_kind(src), dk = device_kind(dev)
+    cdef size_t nbytes = <size_t>(numel(c) * ITEMSIZE[c._dtype])
+    if sk != MT_DEV_CPU and dk != MT_DEV_CPU:
+        return _copy_across(_copy_across(c, 0), dev)
+    out = empty(c._ndim, c._shape, c._dtype, dev)
+    if sk == MT_DEV_CPU:
+        _device_copy(dev, out._data, c._data, nbytes, MT_COPY_H2D)
+    else:
+        _device_copy(src, out._data, c._data, nbytes, MT_COPY_D2H)
+    return out
 
 
 cdef int _dl_dtype_code(mt_DLTensor *dl) except -1:
@@ -697,6 +841,9 @@ cdef class Tensor:
             return self.copy().__dlpack__(max_version=max_version)
         if not self.readonly:
             self._st.shared = 1    # the consumer may write it: no cache can trust its version now
+        if device_kind(self._device) != MT_DEV_CPU:
+            # the consumer's stream may not wait for ours: finish our work first
+            synchronize(DEVICES[self._device])
         cdef mt_DLManagedTensor *m
         cdef mt_DLManagedTensorVersioned *mv
         if max_version is not None and max_version[0] >= 1:
@@ -757,7 +904,7 @@ cdef class Tensor:
             (<Tensor>out)._device = dev
             (<Tensor>out)._st.device_index = dst.index
             return out
-        raise NotImplementedError(f"no copy from {src} to {dst}: mgtrace was built without CUDA")
+        return _copy_across(self, dev)
 
     # ---- views
     def reshape(self, *shape):

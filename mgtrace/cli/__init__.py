@@ -132,6 +132,9 @@ def _batch_options(p, command):
     g.add_argument("--atol", type=_tolerance, default=1e-6, metavar="A",
                    help="absolute tolerance when comparing outputs (default: 1e-6)")
     g = p.add_argument_group("running")
+    g.add_argument("--device", metavar="DEVICE",
+                   help="load and run the modules on this device: cpu (default), cuda:0, ... "
+                        "(CUDA needs mgtrace built with it: see `mgtrace doctor`)")
     g.add_argument("--pattern", default="*.tmod", metavar="GLOB",
                    help="file names to take inside folders (default: *.tmod)")
     g.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N",
@@ -492,7 +495,7 @@ def _cmd_batch(args, out):
     run = {"jobs": args.jobs, "dask": args.dask, "report": args.report, "imports": args.imports,
            "resume": not args.no_resume, "pattern": args.pattern,
            "progress": False if (args.quiet or args.json) else None, "callback": finished}
-    checks = {"rtol": args.rtol, "atol": args.atol}
+    checks = {"rtol": args.rtol, "atol": args.atol, "device": args.device}
     t0 = time.perf_counter()
     try:
         if args.command == "verify":
@@ -579,20 +582,28 @@ def doctor_info():
 
 
 def _cuda_status():
+    """The CUDA backend as doctor shows it: built or not (and the switch that
+    builds it), why it does not load, the GPUs it sees and cuBLAS."""
     import shutil
+    from mgtrace._core.tensor import backend_status
+    import mgtrace.cuda as cuda
     try:
-        from mgtrace._core import _cuda  # noqa: F401
-    except ImportError:
-        # No switch to advise: setup.py builds no CUDA extension in this
-        # release (MGTRACE_CUDA is reserved for it, see mgtrace/_flags.py).
+        loaded, why = backend_status("cuda")
+    except Exception as e:           # doctor reports, never fails
+        return f"unknown ({type(e).__name__}: {e})"
+    if not loaded:
         nvcc = shutil.which("nvcc")
-        return ("not built (this release of mgtrace has CPU kernels only; the CUDA backend "
-                f"is a later milestone; nvcc: {nvcc or 'not on PATH'})")
-    except Exception as e:
-        return f"built, but it fails to load: {type(e).__name__}: {e}"
-    import mgtrace
-    return "built, GPU available" if mgtrace.cuda_available() else \
-        "built, but no GPU is visible (driver, or CUDA_VISIBLE_DEVICES)"
+        if "No module named" in why:
+            return ("not built (reinstall with MGTRACE_CUDA=1 to build it, or see the install's "
+                    f"warning under MGTRACE_CUDA=auto; nvcc: {nvcc or 'not on PATH'})")
+        return f"built, but it fails to load: {why}"
+    n = cuda.device_count()
+    if n == 0:
+        return f"built, but no GPU is visible ({cuda.load_error()})"
+    names = ", ".join(f"cuda:{i} {cuda.get_device_name(f'cuda:{i}')}" for i in range(n))
+    blas_ok, blas = cuda.blas_status()
+    return f"built, {n} GPU{'s' if n > 1 else ''}: {names}; cuBLAS: " + \
+        (blas if blas_ok else f"missing ({blas.splitlines()[0]})")
 
 
 # -------------------------------------------------------------------- main

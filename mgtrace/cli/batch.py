@@ -844,36 +844,55 @@ def _check_writable(folder, what):
         raise type(e)(e.errno, f"{what}: cannot write files there: {e.strerror or e}") from None
 
 
-def verify(paths, *, rtol=1e-5, atol=1e-6, **run_options):
-    """Verify every archive of ``paths`` (see :func:`mgtrace.cli.tasks.verify_file`);
+def _device_option(device):
+    """{"device": name} for a device other than the default CPU, else {} (so
+    reports of CPU runs keep their options); ValueError for a bad name or a
+    CUDA device this machine cannot use."""
+    if device is None:
+        return {}
+    from mgtrace import as_device, cuda
+    d = as_device(device)
+    if d.type == "cuda" and not cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device to run on ({cuda.load_error()})")
+    return {"device": str(d)}
+
+
+def verify(paths, *, rtol=1e-5, atol=1e-6, device=None, **run_options):
+    """Verify every archive of ``paths`` (see :func:`mgtrace.cli.tasks.verify_file`),
+    running the stored examples on ``device`` (default: the CPU);
     ``run_options`` are those of :func:`run` (jobs, dask, report, callback...)."""
     from mgtrace.cli import tasks
-    return run(tasks.verify_file, paths, options={"rtol": rtol, "atol": atol},
+    return run(tasks.verify_file, paths,
+               options={"rtol": rtol, "atol": atol, **_device_option(device)},
                command="verify", **run_options)
 
 
-def upgrade(paths, *, out=None, in_place=False, rtol=1e-5, atol=1e-6, **run_options):
+def upgrade(paths, *, out=None, in_place=False, rtol=1e-5, atol=1e-6, device=None, **run_options):
     """Rewrite every archive of ``paths`` in the current format into folder
     ``out`` (same relative layout below each input folder) or, with
     ``in_place``, over the originals, each only after the new file
     reproduced the stored example outputs (or, without examples, the same
-    tensors). ``run_options`` are those of :func:`run`.
+    tensors), run on ``device`` (default: the CPU). ``run_options`` are
+    those of :func:`run`.
 
     Raises:
         ValueError: see :func:`_check_writes`, and :func:`run`.
     """
     from mgtrace.cli import tasks
     opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"))
-    return run(tasks.upgrade_file, paths, options={**opts, "rtol": rtol, "atol": atol},
+    return run(tasks.upgrade_file, paths,
+               options={**opts, "rtol": rtol, "atol": atol, **_device_option(device)},
                command="upgrade", exclude=opts["out"], **run_options)
 
 
-def retrace(paths, *, out=None, in_place=False, inputs=None, rtol=1e-5, atol=1e-6, **run_options):
+def retrace(paths, *, out=None, in_place=False, inputs=None, rtol=1e-5, atol=1e-6, device=None,
+            **run_options):
     """Load each archive of ``paths``, trace it again with this library,
     check the new module against the old one, and save it into ``out`` (or
     over the original with ``in_place``). ``inputs``: ``"file.py:fn"`` or
     ``"module:fn"`` giving example inputs for archives without stored ones
-    (called as ``fn(path, module)``). ``run_options`` are those of
+    (called as ``fn(path, module)``). ``device``: where the modules are
+    traced and run (default: the CPU). ``run_options`` are those of
     :func:`run`; ``callback(record, done, total)`` reports progress.
 
     >>> # batch.retrace(["models/"], out="new/", jobs=2,
@@ -885,5 +904,6 @@ def retrace(paths, *, out=None, in_place=False, inputs=None, rtol=1e-5, atol=1e-
     from mgtrace.cli import tasks
     opts = _check_writes(paths, out, in_place, run_options.get("pattern", "*.tmod"), inputs)
     return run(tasks.retrace_file, paths,
-               options={**opts, "inputs": inputs, "rtol": rtol, "atol": atol},
+               options={**opts, "inputs": inputs, "rtol": rtol, "atol": atol,
+                        **_device_option(device)},
                command="retrace", exclude=opts["out"], **run_options)

@@ -316,24 +316,51 @@ def compare_outputs(got, want, rtol=1e-5, atol=1e-6):
     return True, worst, ""
 
 
-def _run_examples(obj, inputs, kwargs=None):
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    return obj(*args, **(kwargs or {}))
+def _on(v, device):
+    """The tensors of pytree ``v`` moved to ``device`` (None: left where they are)."""
+    from mgtrace._core import Tensor
+    if device is None:
+        return v
+    if isinstance(v, Tensor):
+        return v.to(device)
+    if isinstance(v, tuple) and hasattr(v, "_fields"):
+        return type(v)(*(_on(x, device) for x in v))
+    if isinstance(v, (tuple, list)):
+        return type(v)(_on(x, device) for x in v)
+    if isinstance(v, dict):
+        return {k: _on(x, device) for k, x in v.items()}
+    return v
 
 
-def verify_file(path, rtol=1e-5, atol=1e-6):
-    """Checksums, schema, load, and stored examples re-run and compared."""
+def _place(obj, device):
+    """A loaded module moved to ``device`` (load(device=) moves tensors to a
+    GPU; this covers every device, cpu:N included); other objects as they are."""
+    from mgtrace.module import Module
+    if device is not None and isinstance(obj, Module):
+        obj.to(device)
+    return obj
+
+
+def _run_examples(obj, inputs, kwargs=None, device=None):
+    """obj(*inputs, **kwargs) on ``device`` (None: where obj and the inputs are)."""
+    args = _on(inputs if isinstance(inputs, tuple) else (inputs,), device)
+    return _place(obj, device)(*args, **_on(kwargs or {}, device))
+
+
+def verify_file(path, rtol=1e-5, atol=1e-6, device=None):
+    """Checksums, schema, load, and stored examples re-run (on ``device``,
+    default the CPU) and compared."""
     from mgtrace.serialization import load_archive
     from mgtrace.module import Module
-    arc = load_archive(path, verify=True)
+    arc = load_archive(path, verify=True, device=device)
     out = {"status": "ok", "reason": "", "format_version": ".".join(map(str, arc.format_version))}
     if arc.example_inputs is None:
         out["examples"] = "none stored"     # loaded and checksummed; nothing to run
         return out
     if not isinstance(arc.obj, Module):
         return {"status": "failed", "reason": "examples stored for an object that is not a module"}
-    ok, err, reason = compare_outputs(_run_examples(arc.obj, arc.example_inputs, arc.example_kwargs),
-                                      arc.example_outputs, rtol, atol)
+    ok, err, reason = compare_outputs(_run_examples(arc.obj, arc.example_inputs, arc.example_kwargs,
+                                                    device), arc.example_outputs, rtol, atol)
     out.update(examples="checked", max_abs_error=err)
     if not ok:
         out.update(status="failed", reason=reason)
@@ -529,7 +556,7 @@ class _Rejected(Exception):
         self.err, self.reason = err, reason
 
 
-def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
+def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None, device=None):
     """Save to a temporary file beside ``dest`` (see
     :func:`mgtrace.serialization.atomic.replacing`), reload it, check its
     examples against ``want`` (or, without examples, its tensors against
@@ -546,7 +573,7 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
                 save(obj, out, metadata=metadata, example_inputs=inputs,
                      example_kwargs=kwargs or None)
                 out.flush()
-                return _check_written(tmp, obj, inputs, want, rtol, atol), ""
+                return _check_written(tmp, obj, inputs, want, rtol, atol, device), ""
             except Exception as e:  # say the file asked for, not the temporary one beside it
                 raise _naming(e, tmp, dest) from None
     except _Rejected as r:
@@ -555,17 +582,17 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None):
         raise _naming(e, None, dest) from None
 
 
-def _check_written(tmp, obj, inputs, want, rtol, atol):
-    """The max error of the archive at ``tmp`` against ``want``; raises
-    :class:`_Rejected` when it does not reproduce it."""
+def _check_written(tmp, obj, inputs, want, rtol, atol, device=None):
+    """The max error of the archive at ``tmp`` (run on ``device``) against
+    ``want``; raises :class:`_Rejected` when it does not reproduce it."""
     from mgtrace.serialization import load_archive
-    arc = load_archive(tmp)
+    arc = load_archive(tmp, device=device)
     if inputs is None:       # nothing to run: the tensors must come back unchanged
         a, b = _state(obj), _state(arc.obj)
         if a.keys() != b.keys() or any(not np.array_equal(a[k], b[k], equal_nan=True) for k in a):
             raise _Rejected(None, "the new archive does not hold the same tensors")
         return None
-    got = _run_examples(arc.obj, arc.example_inputs, arc.example_kwargs)
+    got = _run_examples(arc.obj, arc.example_inputs, arc.example_kwargs, device)
     ok, err, reason = compare_outputs(got, want, rtol, atol)
     if not ok:
         raise _Rejected(err, f"the new archive does not reproduce the stored outputs: {reason}")
@@ -601,14 +628,15 @@ def _naming(e, tmp, dest):
     return e
 
 
-def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6):
+def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6, device=None):
     """Rewrite ``path`` in the current format (see :func:`destination`);
-    the new file must reproduce the stored example outputs first. An
+    the new file must reproduce the stored example outputs first (run on
+    ``device``, default the CPU). An
     archive of a newer format than this mgtrace writes is never rewritten:
     its result is ``"skipped"``, naming the versions."""
     from mgtrace.serialization import FORMAT_VERSION, load_archive
     dest = destination(path, out, in_place, roots)
-    arc = load_archive(path)
+    arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
         return newer
@@ -616,7 +644,8 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6)
     if in_place and arc.format_version == tuple(FORMAT_VERSION):
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
     err, reason = _write_checked(arc.obj, dest, arc.metadata, arc.example_inputs,
-                                 arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs)
+                                 arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs,
+                                 device=device)
     if reason:
         return {"status": "failed", "reason": reason, "from": old}
     return {"status": "ok", "reason": "", "from": old, "output": dest, "max_abs_error": err}
@@ -702,7 +731,8 @@ def load_inputs_provider(spec):
     return fn
 
 
-def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-5, atol=1e-6):
+def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-5, atol=1e-6,
+                 device=None):
     """Load ``path``, trace it again with this library on its stored example
     inputs, check the new module against the old one (and the old one
     against its stored outputs), and save it with those inputs as its
@@ -711,16 +741,18 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
 
     ``inputs`` (a spec for :func:`load_inputs_provider`) gives example inputs
     for archives that have none stored; archives with stored examples use
-    theirs.
+    theirs. ``device``: where the module is loaded, traced and run (default
+    the CPU).
     """
     import mgtrace
     from mgtrace.serialization import load_archive
     from mgtrace.module import Module
     dest = destination(path, out, in_place, roots)
-    arc = load_archive(path)
+    arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
         return newer
+    _place(arc.obj, device)
     if not isinstance(arc.obj, Module):
         return {"status": "failed", "reason": f"the archive holds a {type(arc.obj).__name__}, "
                                               "not a module: nothing to trace"}
@@ -732,8 +764,8 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     if args is None:
         return {"status": "failed",
                 "reason": "no example inputs stored; give --inputs FILE.py:FUNCTION to make some"}
-    args = args if isinstance(args, tuple) else (args,)
-    kwargs = arc.example_kwargs if source == "stored" else {}
+    args = _on(args if isinstance(args, tuple) else (args,), device)
+    kwargs = _on(arc.example_kwargs if source == "stored" else {}, device)
     want = arc.obj(*args, **kwargs)
     if arc.example_outputs is not None and source == "stored":
         ok, _, reason = compare_outputs(want, arc.example_outputs, rtol, atol)
@@ -744,7 +776,8 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     ok, err, reason = compare_outputs(new(*args, **kwargs), want, rtol, atol)
     if not ok:
         return {"status": "failed", "reason": f"the re-traced module differs: {reason}"}
-    err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol, kwargs=kwargs)
+    err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol, kwargs=kwargs,
+                                 device=device)
     if reason:
         return {"status": "failed", "reason": reason}
     return {"status": "ok", "reason": "", "output": dest, "inputs": source, "max_abs_error": err}

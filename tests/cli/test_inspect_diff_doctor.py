@@ -205,7 +205,7 @@ def test_doctor_advises_only_switches_that_are_read():
     def read_by(path):
         text = (REPO / path).read_text()
         return set(re.findall(r"(?:environ(?:\.get\(|\[)|_int\()\s*[\"'](MGTRACE_\w+)", text))
-    build, run = read_by("setup.py"), read_by("mgtrace/_flags.py")
+    build, run = read_by("setup.py") | read_by("setup_cuda.py"), read_by("mgtrace/_flags.py")
     assert "MGTRACE_NATIVE" in build and "MGTRACE_NUM_THREADS" in run    # the pattern works
     out = cli("doctor").stdout
     assert set(re.findall(r"(MGTRACE_\w+)=\S* pip install", out)) <= build

@@ -22,4 +22,14 @@ void mt_gemm_int_batch(int dtype, const mt_gemm_shape *s, const char *a, const c
 void mt_blas_set_threads(int n);
 int mt_blas_get_threads(void);
 const char *mt_blas_config(void);
+/* this area's kernels on a device backend (backend.h) */
+typedef struct mt_linalg_kernels {
+    /* C = A @ B for a batch of problems at a uniform element stride (the
+     * strides of s as in mt_gemm_float_batch); dtypes: what the device has
+     * (native float16/bfloat16 too) */
+    int (*gemm)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c);
+    int native_half;       /* 1: float16/bfloat16 GEMM in their own dtype */
+} mt_linalg_kernels;
+
 #endif

@@ -149,4 +149,19 @@ int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const i
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 
+/* this area's kernels on a device backend (backend.h) */
+typedef struct mt_nn_kernels {
+    int64_t (*conv2d_workspace)(int dtype, const mt_conv2d_geom *g, int algo, int nt);
+    int (*conv2d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                  const mt_conv2d_geom *g, int algo, int nt, void *workspace);
+    int (*max_pool2d)(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt);
+    int (*avg_pool2d)(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt);
+    int (*adaptive_pool2d)(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h,
+                           int64_t w, int64_t oh, int64_t ow, int nt);
+    int (*resize2d)(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h,
+                    int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
+                    int align_corners, int nt);
+    int (*bias_act)(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt);
+} mt_nn_kernels;
+
 #endif

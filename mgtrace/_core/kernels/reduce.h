@@ -130,4 +130,12 @@ static inline void mt_offsets3(int nd, const int64_t *shape, const int64_t *s1, 
     if (o3) *o3 = c;
 }
 
+/* this area's kernels on a device backend (backend.h) */
+typedef struct mt_reduce_kernels {
+    mt_reduce_fn (*reduce)[MT_NDTYPES];    /* [MT_NREDUCE][dtype] */
+    mt_line_fn (*scan)[MT_NDTYPES];        /* [MT_NSCAN][dtype] */
+    mt_line_fn (*softmax)[MT_NDTYPES];     /* [MT_NSOFTMAX][dtype] */
+    mt_sort_fn *sort;                      /* [dtype] */
+} mt_reduce_kernels;
+
 #endif
