@@ -3,10 +3,13 @@
 switch logic is unit-tested on machines without CUDA (tests/test_build.py).
 
 Switches (documented with the others in mgtrace/_flags.py):
-  MGTRACE_CUDA=auto|0|1   auto (default): build when nvcc and the CUDA runtime
-                          headers are found, else warn with the cause and build
-                          the CPU package; 1: the same, but a missing toolkit or
-                          a failed compile stops the build; 0: never build it
+  MGTRACE_CUDA=auto|0|1   auto: build when nvcc and the CUDA runtime headers are
+                          found, else warn with the cause and build the CPU
+                          package; 1: the same, but a missing toolkit or a
+                          failed compile stops the build; 0: never build it.
+                          Unset: auto on a machine with an NVIDIA driver, else 0
+                          (a toolkit without a GPU is common, and its kernels
+                          would add minutes to every install for nothing)
   MGTRACE_CUDA_ARCHS      GPU architectures, e.g. "80,90" (default) or "sm_90";
                           each gets SASS, the highest also PTX for newer GPUs
   CUDA_HOME / CUDA_PATH   the toolkit; else the nvcc on PATH (a wrapper script
@@ -124,15 +127,24 @@ def find_toolkit(environ, which=shutil.which, run=_run):
     return tk
 
 
-def plan(environ, which=shutil.which, run=_run):
+def nvidia_driver_present(exists=os.path.exists):
+    """True when this machine has an NVIDIA kernel driver (a GPU to run on)."""
+    return exists("/proc/driver/nvidia/version") or exists("/dev/nvidiactl")
+
+
+def plan(environ, which=shutil.which, run=_run, driver=nvidia_driver_present):
     """(toolkit or None, note): what setup.py does about CUDA.
 
-    MGTRACE_CUDA=0 gives (None, note); a toolkit that cannot be found gives
-    (None, warning) under auto and raises CudaNotFound under 1."""
+    MGTRACE_CUDA=0, or unset on a machine without an NVIDIA driver, gives
+    (None, note); a toolkit that cannot be found gives (None, warning) under
+    auto and raises CudaNotFound under 1."""
     m = mode(environ)
     archs(environ)                    # a bad arch list is an error in every mode
     if m == "0":
         return None, "CUDA extension not built (MGTRACE_CUDA=0)"
+    if not environ.get("MGTRACE_CUDA", "").strip() and not driver():
+        return None, ("CUDA extension not built: no NVIDIA driver on this machine "
+                      "(MGTRACE_CUDA unset; MGTRACE_CUDA=auto or 1 builds it anyway)")
     try:
         tk = find_toolkit(environ, which, run)
     except CudaNotFound as e:

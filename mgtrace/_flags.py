@@ -28,9 +28,10 @@ Build time (read by setup.py):
   MGTRACE_BUILD_JOBS=N   files compiled at a time (default: the number of CPUs)
 
   MGTRACE_CUDA=auto|0|1  the CUDA backend (mgtrace._core._cuda, see setup_cuda.py):
-                         auto (default) builds it when nvcc and the CUDA runtime
-                         headers are found and warns with the cause when not;
-                         1 fails the build instead; 0 never builds it
+                         auto builds it when nvcc and the CUDA runtime headers
+                         are found and warns with the cause when not; 1 fails
+                         the build instead; 0 never builds it; unset is auto
+                         on a machine with an NVIDIA driver, else 0
   MGTRACE_CUDA_ARCHS     its GPU architectures, default "80,90" (sm_80, sm_90)
   CUDA_HOME, CUDA_PATH   the CUDA toolkit (else the nvcc on PATH)
 """

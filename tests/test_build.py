@@ -148,6 +148,18 @@ def test_nvcc_command_compiles_each_arch_and_ptx_for_the_newest():
     assert "-lcudart_static" in sc.link_args(tk) and "-L/cuda/lib64" in sc.link_args(tk)
 
 
+def test_unset_builds_cuda_only_where_there_is_a_driver():
+    found = {"CUDA_HOME": "/nowhere", "PATH": ""}
+    tk, note = sc.plan(found, which=_no_nvcc, driver=lambda: False)
+    assert tk is None and "no NVIDIA driver" in note and "MGTRACE_CUDA=auto or 1" in note
+    # with a driver, unset means auto: the missing toolkit is the warning
+    tk, note = sc.plan(found, which=_no_nvcc, driver=lambda: True)
+    assert tk is None and note.startswith("warning: CUDA extension not built")
+    # explicit auto ignores the driver check
+    tk, note = sc.plan({**found, "MGTRACE_CUDA": "auto"}, which=_no_nvcc, driver=lambda: False)
+    assert note.startswith("warning: CUDA extension not built")
+
+
 def test_the_real_toolkit_here_if_there_is_one():
     """On the project's machines nvcc 13 and the runtime headers are present:
     auto finds them (skipped where there is no nvcc at all)."""
