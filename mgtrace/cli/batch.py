@@ -369,12 +369,19 @@ def _failed(reason):
 
 
 # ------------------------------------------------------------ local pool
+_IN_HOOK = False       # inside _unraisable_in_worker: a stop raised there is lost
+_REDELIVER_S = 0.01
+
+
 def _stop_worker(signum, frame):
     """SIGTERM in a pool worker: an idle worker exits at once; a busy one
     unwinds its task first (its ``finally`` blocks remove temporary files),
     deaf to further SIGTERMs (a pool that breaks sends more), then exits."""
     if not _IN_TASK:
         os._exit(128 + signum)
+    if _IN_HOOK:    # raised here it would be swallowed (and printed): try again after the hook
+        signal.setitimer(signal.ITIMER_REAL, _REDELIVER_S)
+        return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Stopped()
 
@@ -382,10 +389,16 @@ def _stop_worker(signum, frame):
 def _unraisable_in_worker(info, _default=sys.unraisablehook):
     """A stop (SIGTERM -> _Stopped) that landed inside a finalizer or
     ``__del__`` is swallowed there ("Exception ignored in ..."): deliver it
-    again, so the task still unwinds and its temporary files go."""
+    again once this hook has returned (SIGALRM after a moment), so the task
+    still unwinds and its temporary files go."""
+    global _IN_HOOK
     if isinstance(info.exc_value, _Stopped):
-        signal.signal(signal.SIGTERM, _stop_worker)
-        os.kill(os.getpid(), signal.SIGTERM)
+        _IN_HOOK = True
+        try:
+            signal.signal(signal.SIGTERM, _stop_worker)
+            signal.setitimer(signal.ITIMER_REAL, _REDELIVER_S)
+        finally:
+            _IN_HOOK = False        # no call follows: Python runs no handler before the return
         return
     _default(info)
 
@@ -393,6 +406,7 @@ def _unraisable_in_worker(info, _default=sys.unraisablehook):
 def _worker_init():
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's business
     signal.signal(signal.SIGTERM, _stop_worker)      # how the parent stops a running task
+    signal.signal(signal.SIGALRM, _stop_worker)      # a stop delivered again (see the hook)
     sys.unraisablehook = _unraisable_in_worker
     from mgtrace import set_num_threads
     set_num_threads(1)              # one kernel thread per worker: the pool already uses the cores

@@ -101,3 +101,24 @@ def test_ctrl_c_while_files_are_submitted_is_kept(archives, tmp_path, monkeypatc
         batch.verify([many], jobs=2, report=tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["finished"] is False
+
+
+def test_a_stop_swallowed_by_a_finalizer_is_delivered_after_the_hook(monkeypatch):
+    # a pool worker's SIGTERM that lands in a __del__ is swallowed there; the
+    # unraisable hook must hand it back to the task, not raise inside itself
+    # (that prints "Exception ignored in sys.unraisablehook" and loses it)
+    import types
+    from mgtrace.cli import batch as engine
+    monkeypatch.setattr(engine, "_IN_TASK", True)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGALRM)}
+    signal.signal(signal.SIGALRM, engine._stop_worker)
+    try:
+        engine._unraisable_in_worker(types.SimpleNamespace(exc_value=engine._Stopped()))
+        with pytest.raises(engine._Stopped):        # the task sees the stop, shortly
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.001)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for s, h in old.items():
+            signal.signal(s, h)
