@@ -105,4 +105,17 @@ template <int D> constexpr bool mtc_is_float() {
 }
 template <int D> constexpr bool mtc_is_int() { return D == MT_INT32 || D == MT_INT64; }
 
+/* Element offset of flat index j (row-major over shape[0..ndim)) under
+ * strides: the unravel every strided CUDA kernel here needs. */
+__device__ __forceinline__ int64_t mtc_strided_offset(int ndim, const int64_t *shape,
+                                                      const int64_t *strides, int64_t j) {
+    int64_t a = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int64_t i = d ? j % shape[d] : j;
+        j = d ? j / shape[d] : 0;
+        a += i * strides[d];
+    }
+    return a;
+}
+
 #endif

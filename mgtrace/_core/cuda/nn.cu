@@ -283,13 +283,7 @@ Inner inner_of(int ndim, const int64_t *shape, const int64_t *strides) {
     return in;
 }
 __device__ int64_t inner_offset(const Inner &in, int64_t j) {
-    int64_t a = 0;
-    for (int d = in.ndim - 1; d >= 0; d--) {
-        int64_t i = d ? j % in.shape[d] : j;
-        j = d ? j / in.shape[d] : 0;
-        a += i * in.strides[d];
-    }
-    return a;
+    return mtc_strided_offset(in.ndim, in.shape, in.strides, j);
 }
 template <class W, bool PUT>
 __global__ void take_put_kernel(char *dst, const char *src, const int64_t *off, int64_t n, Inner in,

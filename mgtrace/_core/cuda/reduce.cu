@@ -119,13 +119,7 @@ __device__ __forceinline__ void kept_offsets(const Geom &g, int64_t o, int64_t *
 
 __device__ __forceinline__ int64_t red_offset(const Geom &g, int64_t j) {
     if (g.nred == 1) return j * g.rin[0];
-    int64_t a = 0;
-    for (int d = g.nred - 1; d >= 0; d--) {
-        int64_t i = d ? j % g.rshape[d] : j;
-        j = d ? j / g.rshape[d] : 0;
-        a += i * g.rin[d];
-    }
-    return a;
+    return mtc_strided_offset(g.nred, g.rshape, g.rin, j);
 }
 
 /* block-wide merge through shared memory; thread 0 gets the result */
