@@ -301,6 +301,49 @@ def test_conv2d_1x1_is_a_gemm(shape, dtype):
         close(y.numpy(), ref_conv2d(x, wt, b, 1, 0, 1, g), dtype)
 
 
+NP_ACTS = {"none": lambda y: y, "relu6": lambda y: np.clip(y, 0, 6), "silu": lambda y: y / (1 + np.exp(-y))}
+
+
+def _on_threads(fn, counts=(1, 2, 3)):
+    """fn() on each thread count (the kernels split work by it), results in order."""
+    before = dispatch.get_num_threads()
+    try:
+        out = []
+        for t in counts:
+            dispatch.set_num_threads(t)
+            out.append(fn())
+        return out
+    finally:
+        dispatch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [
+    # (n, c, h, w, o, groups): how GEMM1X1 shares an image over threads
+    (1, 24, 30, 31, 72, 1),     # output channels split; column sub-tiles (930 > 128 KiB / 36 rows)
+    (1, 40, 33, 35, 8, 1),      # few output channels: 16-aligned pixel ranges, the last shorter
+    (3, 16, 9, 11, 40, 1),      # odd batch: each image in pieces so threads get equal shares
+    (1, 12, 3, 3, 6, 1),        # 9 pixels: rows split even below the row minimum
+    (1, 16, 20, 20, 32, 2),     # groups: a piece within a group's rows
+    (2, 8, 5, 7, 12, 1),        # an image a thread
+], ids=str)
+@pytest.mark.parametrize("bias, act, residual", [(True, "none", False), (False, "relu6", False),
+                                                  (True, "silu", True), (False, "none", True)], ids=str)
+def test_conv2d_1x1_pieces(shape, dtype, bias, act, residual):
+    """GEMM1X1's pieces (output-channel blocks, pixel ranges, column
+    sub-tiles filled with the bias before the GEMM adds onto them) on 1, 2
+    and 3 threads, with and without bias, activation and residual."""
+    n, c, h, w, o, g = shape
+    x, wt = rand(n, c, h, w, dtype=dtype), rand(o, c // g, 1, 1, dtype=dtype)
+    b = rand(o, dtype=dtype) if bias else None
+    r = rand(n, o, h, w, dtype=dtype) if residual else None
+    ref = NP_ACTS[act](ref_conv2d(x, wt, b, 1, 0, 1, g) + (r if residual else 0))
+    args = (tensor(x), tensor(wt), tensor(b) if bias else None, 1, 0, 1, g, "gemm1x1", act,
+            tensor(r) if residual else None)
+    for y in _on_threads(lambda: nn._conv2d(*args).numpy()):
+        close(y, ref, dtype)
+
+
 def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
