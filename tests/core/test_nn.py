@@ -281,6 +281,52 @@ def test_depthwise_packed_geometries(case, dtype):
         dispatch.set_num_threads(before)
 
 
+NP_ACTS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+           "silu": lambda y: y / (1 + np.exp(-y))}
+
+
+def _on_threads(fn, counts=(1, 2, 3)):
+    """fn() on each thread count (the kernels split work by it), results in order."""
+    before = dispatch.get_num_threads()
+    try:
+        out = []
+        for t in counts:
+            dispatch.set_num_threads(t)
+            out.append(fn())
+        return out
+    finally:
+        dispatch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (n, c, h, w, (kh, kw), stride, padding, dilation): DEPTHWISE's vector loop in whole
+    # vectors past the last output, and its row copies in whole vectors while they stay in the plane
+    (2, 7, 7, 7, (3, 3), 1, 1, 1),        # MobileNet's 7x7: a row is 7 lanes of 16
+    (1, 5, 14, 14, (3, 3), 2, 1, 1),      # 14x14 stride 2: 7x7 output
+    (1, 4, 17, 16, (3, 3), 1, 1, 1),      # rows of exactly 16 and of 17
+    (3, 3, 5, 3, (3, 3), 1, 1, 1),        # 3 wide: one vector covers five rows
+    (1, 3, 1, 9, (1, 3), 1, (0, 1), 1),   # one row: no whole-vector copy fits
+    (1, 2, 9, 9, (5, 5), 1, 4, 2),        # tap by tap, dilated
+], ids=str)
+@pytest.mark.parametrize("act, residual", [("relu6", False), ("relu", False), ("none", False), ("silu", False),
+                                           ("relu6", True)], ids=str)
+def test_depthwise_small_planes_epilogue(case, act, residual, dtype):
+    """DEPTHWISE's packed path with the ReLU/ReLU6 clamp in the vector loop
+    and the other epilogues after the copy, on 1, 2 and 3 threads (threads
+    split the planes: a row copy must not spill into another thread's)."""
+    n, c, h, w, (kh, kw), s, p, d = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype) * 4, rand(c, 1, kh, kw, dtype=dtype), rand(c, dtype=dtype)
+    x[0, 0, 0, :] = np.nan      # NaN stays NaN through the clamp, as in act.c
+    plain = ref_conv2d(x, wt, b, s, p, d, c)
+    r = rand(*plain.shape, dtype=dtype) if residual else None
+    ref = NP_ACTS[act](plain + (r if residual else 0))
+    args = (tensor(x), tensor(wt), tensor(b), s, p, d, c, "depthwise", act, tensor(r) if residual else None)
+    for y in _on_threads(lambda: nn._conv2d(*args).numpy()):
+        assert np.array_equal(np.isnan(y), np.isnan(ref))
+        close(np.nan_to_num(y), np.nan_to_num(ref), dtype)
+
+
 def test_depthwise_large_plane_falls_back():
     """A plane whose packed copy would pass DEPTHWISE's 4 MiB scratch takes
     the direct path; both paths agree with the reference."""
@@ -299,22 +345,6 @@ def test_conv2d_1x1_is_a_gemm(shape, dtype):
     for algo in ("auto", "gemm1x1"):
         y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 0, 1, g, algo)
         close(y.numpy(), ref_conv2d(x, wt, b, 1, 0, 1, g), dtype)
-
-
-NP_ACTS = {"none": lambda y: y, "relu6": lambda y: np.clip(y, 0, 6), "silu": lambda y: y / (1 + np.exp(-y))}
-
-
-def _on_threads(fn, counts=(1, 2, 3)):
-    """fn() on each thread count (the kernels split work by it), results in order."""
-    before = dispatch.get_num_threads()
-    try:
-        out = []
-        for t in counts:
-            dispatch.set_num_threads(t)
-            out.append(fn())
-        return out
-    finally:
-        dispatch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -66,6 +66,7 @@
 #include <stdlib.h>
 #include <cblas.h>
 #include "nn.h"
+#include "mt_vmath.h"   /* MT_VCLONES */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -191,6 +192,8 @@ static inline int thread_id(void) {
  * "wide" rows of wq elements (of which ow are outputs). Used while a
  * plane's copy and wide output fit MT_DW_MAX_BYTES. */
 #define MT_DW_MAX_BYTES ((int64_t)4 << 20)
+/* DEPTHWISE's wide loop: lanes a vector (16 floats: one AVX-512 register) */
+#define MT_DW_LANES 16
 typedef struct {
     int64_t hq, wq, plane, wide, bytes_one;   /* bytes_one: a thread's scratch */
     int packed;
@@ -203,8 +206,9 @@ static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
     pl->wq = wp == WS_TOO_LARGE ? WS_TOO_LARGE : (wp + g->sw - 1) / g->sw;
     pl->plane = ws_mul(pl->hq, pl->wq);
     pl->wide = ws_mul(g->oh, pl->wq);
-    pl->bytes_one = ws_add(ws_round(ws_mul4(ws_mul(g->sh, g->sw), pl->plane, isz, 1)),
-                           ws_round(ws_mul(pl->wide, isz)));
+    /* each + MT_DW_LANES: the wide loop runs in whole vectors past the last output */
+    pl->bytes_one = ws_add(ws_round(ws_mul(ws_add(ws_mul(ws_mul(g->sh, g->sw), pl->plane), MT_DW_LANES), isz)),
+                           ws_round(ws_mul(ws_add(pl->wide, MT_DW_LANES), isz)));
     pl->packed = pl->bytes_one <= MT_DW_MAX_BYTES;
 }
 
@@ -1131,27 +1135,55 @@ static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restric
 }
 
 /* DEPTHWISE over the packed plane pk (dw_plan): the wide outputs
- * yw[j] = bias + sum over taps of w[tap] * pk[j + off[tap]] for j < cnt.
- * 3x3 kernels (MobileNet's) keep an output's nine products in registers;
- * other sizes accumulate tap by tap. */
-static MT_CLONES void FN(dw_wide)(const T *restrict pk, const int64_t *off, const T *restrict wp, T bv,
-                                  T *restrict yw, int64_t cnt, int64_t kk) {
+ * yw[j] = bias + sum over taps of w[tap] * pk[j + off[tap]] for j < cnt,
+ * then clamped to [0, top] when clamp (ReLU: top = inf; ReLU6: 6). The loop
+ * runs in whole vectors of MT_DW_LANES (GCC vector extensions: one AVX-512
+ * register, two AVX2 ones), past cnt up to a multiple of the lanes (pk and
+ * yw have the slack): a 7x7 plane's 61 wide outputs are 4 vectors where the
+ * compiler's own loop left a scalar tail of 13 (AVX-512) or 5. 3x3 kernels
+ * (MobileNet's) keep an output's nine products in registers; other sizes
+ * accumulate tap by tap. */
+typedef T FN(dwv) __attribute__((vector_size(MT_DW_LANES * sizeof(T))));
+typedef __typeof__((FN(dwv)){0} < (FN(dwv)){0}) FN(dwm);   /* its lane masks */
+
+static inline FN(dwv) FN(dw_load)(const T *p) {
+    FN(dwv) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static MT_VCLONES void FN(dw_wide)(const T *restrict pk, const int64_t *off, const T *restrict wp, T bv,
+                                   T *restrict yw, int64_t cnt, int64_t kk, int clamp, T top) {
+    const int64_t L = MT_DW_LANES;
+    const FN(dwv) zero = {0}, vtop = zero + top;
     if (kk == 9) {
         const T w0 = wp[0], w1 = wp[1], w2 = wp[2], w3 = wp[3], w4 = wp[4], w5 = wp[5];
         const T w6 = wp[6], w7 = wp[7], w8 = wp[8];
-        const T *restrict p0 = pk + off[0], *restrict p1 = pk + off[1], *restrict p2 = pk + off[2];
-        const T *restrict p3 = pk + off[3], *restrict p4 = pk + off[4], *restrict p5 = pk + off[5];
-        const T *restrict p6 = pk + off[6], *restrict p7 = pk + off[7], *restrict p8 = pk + off[8];
-        for (int64_t j = 0; j < cnt; j++)
-            yw[j] = bv + w0 * p0[j] + w1 * p1[j] + w2 * p2[j] + w3 * p3[j] + w4 * p4[j] + w5 * p5[j]
-                       + w6 * p6[j] + w7 * p7[j] + w8 * p8[j];
+        const T *p0 = pk + off[0], *p1 = pk + off[1], *p2 = pk + off[2], *p3 = pk + off[3];
+        const T *p4 = pk + off[4], *p5 = pk + off[5], *p6 = pk + off[6], *p7 = pk + off[7];
+        const T *p8 = pk + off[8];
+        for (int64_t j = 0; j < cnt; j += L) {
+            FN(dwv) v = bv + w0 * FN(dw_load)(p0 + j) + w1 * FN(dw_load)(p1 + j) + w2 * FN(dw_load)(p2 + j)
+                      + w3 * FN(dw_load)(p3 + j) + w4 * FN(dw_load)(p4 + j) + w5 * FN(dw_load)(p5 + j)
+                      + w6 * FN(dw_load)(p6 + j) + w7 * FN(dw_load)(p7 + j) + w8 * FN(dw_load)(p8 + j);
+            if (clamp) {   /* as act.c: NaN stays NaN (both comparisons false) */
+                v = (FN(dwv))((FN(dwm))v & ~(v < zero));
+                const FN(dwm) hi = v > vtop;
+                v = (FN(dwv))(((FN(dwm))v & ~hi) | ((FN(dwm))vtop & hi));
+            }
+            memcpy(yw + j, &v, sizeof v);
+        }
         return;
     }
-    for (int64_t j = 0; j < cnt; j++) yw[j] = bv;
-    for (int64_t k = 0; k < kk; k++) {
-        const T wv = wp[k];
-        const T *restrict s = pk + off[k];
-        for (int64_t j = 0; j < cnt; j++) yw[j] += wv * s[j];
+    for (int64_t j = 0; j < cnt; j += L) {
+        FN(dwv) v = zero + bv;
+        for (int64_t k = 0; k < kk; k++) v += wp[k] * FN(dw_load)(pk + off[k] + j);
+        if (clamp) {
+            v = (FN(dwv))((FN(dwm))v & ~(v < zero));
+            const FN(dwm) hi = v > vtop;
+            v = (FN(dwv))(((FN(dwm))v & ~hi) | ((FN(dwm))vtop & hi));
+        }
+        memcpy(yw + j, &v, sizeof v);
     }
 }
 
@@ -1196,26 +1228,28 @@ static MT_CLONES void FN(dw_pack)(const T *restrict xp, T *restrict pk, const mt
     }
 }
 
-/* DEPTHWISE: the wide rows yw (wq apart) to the output plane yp, with the
- * epilogue; ReLU and ReLU6 without a residual (MobileNet's) applied while
- * copying, in one pass and one call a plane (small planes are many: 960
- * of 7x7 in MobileNetV2). */
-static MT_CLONES void FN(dw_store)(const T *restrict yw, int64_t wq, T *restrict yp, const mt_conv2d_geom *g) {
-    const int64_t ow = g->ow;
-    if (!g->has_res && (g->act == MT_ACT_RELU || g->act == MT_ACT_RELU6)) {
-        const T hi = g->act == MT_ACT_RELU6 ? (T)6 : (T)INFINITY;
-        for (int64_t oy = 0; oy < g->oh; oy++) {
-            const T *restrict s = yw + oy * wq;
-            T *restrict d = yp + oy * ow;
-            for (int64_t ox = 0; ox < ow; ox++) {   /* as act.c: NaN stays NaN */
-                const T v = s[ox];
-                d[ox] = v < 0 ? (T)0 : (v > hi ? hi : v);
+/* DEPTHWISE: the wide rows yw (wq apart) to the output plane yp, then the
+ * epilogue unless dw_wide already clamped (ReLU and ReLU6 without a
+ * residual: MobileNet's). Rows go in whole vectors while the overshoot
+ * stays inside the plane (it lands on the next rows, written after), so a
+ * 7-wide row is one vector copy, not a call of memcpy or a scalar loop. */
+static MT_VCLONES void FN(dw_store)(const T *restrict yw, int64_t wq, T *restrict yp, const mt_conv2d_geom *g,
+                                    int clamped) {
+    const int64_t ow = g->ow, L = MT_DW_LANES, ohw = g->oh * ow;
+    const int64_t span = (ow + L - 1) / L * L;
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+        const T *s = yw + oy * wq;
+        T *d = yp + oy * ow;
+        if (oy * ow + span <= ohw) {
+            for (int64_t i = 0; i < span; i += L) {
+                const FN(dwv) v = FN(dw_load)(s + i);
+                memcpy(d + i, &v, sizeof v);
             }
+        } else {
+            for (int64_t i = 0; i < ow; i++) d[i] = s[i];
         }
-        return;
     }
-    for (int64_t oy = 0; oy < g->oh; oy++) memcpy(yp + oy * ow, yw + oy * wq, (size_t)ow * sizeof(T));
-    FN(epilogue)(yp, g->oh * ow, g);
+    if (!clamped) FN(epilogue)(yp, ohw, g);
 }
 
 /* DEPTHWISE: one input channel per group; output channel o reads input
@@ -1228,6 +1262,8 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     dw_plan pl;
     plan_dw(g, sizeof(T), &pl);
     const int par = nt > 1 && planes > 1 && planes * ohw * kk >= MT_NN_GRAIN;
+    const int clamp = !g->has_res && (g->act == MT_ACT_RELU || g->act == MT_ACT_RELU6);
+    const T top = g->act == MT_ACT_RELU6 ? (T)6 : (T)INFINITY;
     if (!pl.packed) {
         #pragma omp parallel for num_threads(nt) schedule(static) if (par)
         for (int64_t p = 0; p < planes; p++) {
@@ -1245,14 +1281,15 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *mine = ws + thread_id() * pl.bytes_one;
-        T *pk = (T *)mine, *yw = (T *)(mine + ws_round(g->sh * g->sw * pl.plane * (int64_t)sizeof(T)));
-        memset(pk, 0, (size_t)(g->sh * g->sw * pl.plane) * sizeof(T));
+        const int64_t npk = g->sh * g->sw * pl.plane + MT_DW_LANES;   /* with dw_wide's slack */
+        T *pk = (T *)mine, *yw = (T *)(mine + ws_round(npk * (int64_t)sizeof(T)));
+        memset(pk, 0, (size_t)npk * sizeof(T));   /* the slack too: no stale NaNs or subnormals */
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < planes; p++) {
             const int64_t n = p / g->o, o = p % g->o;
             FN(dw_pack)(x + (n * g->c + o / og) * hw, pk, g, &pl);
-            FN(dw_wide)(pk, off, w + o * kk, bias ? bias[o] : (T)0, yw, cnt, kk);
-            FN(dw_store)(yw, pl.wq, y + p * ohw, g);
+            FN(dw_wide)(pk, off, w + o * kk, bias ? bias[o] : (T)0, yw, cnt, kk, clamp, top);
+            FN(dw_store)(yw, pl.wq, y + p * ohw, g, clamp);
         }
     }
 }
