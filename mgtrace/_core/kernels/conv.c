@@ -5,7 +5,9 @@
  * conv2d algorithms (enum mt_conv_algo in nn.h; mt_conv2d_pick_algo chooses):
  *
  *   GEMM1X1    1x1, stride 1, no padding: y[n] = W [O x C] *
- *              x[n] [C x H*W], GEMMs straight on the input, no copies.
+ *              x[n] [C x H*W], GEMMs straight on the input, no copies;
+ *              one contiguous piece of y a thread, in column sub-tiles
+ *              that start as the bias and get the epilogue in cache.
  *   WINOGRAD   3x3, stride 1, no dilation, >= 16 channels (most of ResNet and
  *              VGG): F(2x2, 3x3) over chunks of 2x2 output tiles counted over
  *              the batch (so 7x7 planes still make wide GEMMs). The input and
@@ -36,7 +38,7 @@
  *              first copied zero-padded and split into the stride's phases,
  *              so that the plane's outputs are one long unit-stride loop
  *              with no bounds checks (3x3: nine multiply-adds an output in
- *              registers), vectorised even on 7x7 planes.
+ *              registers), in whole 16-lane vectors even on 7x7 planes.
  *
  * conv_transpose2d: col = W^T * x (GEMM), then col2im adds the columns into
  * the output, in tiles of input pixels.
