@@ -374,6 +374,31 @@ def test_conv2d_1x1_pieces(shape, dtype, bias, act, residual):
         close(y, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (n, c, h, w, o, k, stride, padding): IM2COL tiles within an image (planes of
+    # 256 outputs or more), K = c * k * k small: several cache-sized tiles a thread
+    (1, 3, 70, 66, 16, 3, 1, 1),      # K = 27 (MobileNet's stem), 4620 outputs
+    (2, 3, 81, 80, 8, 3, 2, 1),       # stride 2, two images
+    (1, 2, 40, 41, 5, 5, 1, 2),       # 5x5, odd output count
+], ids=str)
+@pytest.mark.parametrize("bias, act, residual", [(True, "relu6", False), (False, "none", False),
+                                                  (True, "silu", True), (False, "relu", True)], ids=str)
+def test_conv2d_im2col_tiles_epilogue(case, dtype, bias, act, residual):
+    """IM2COL's per-image tiles: filled with the bias before the GEMM adds
+    onto them (beta 1), the epilogue after, on 1, 2 and 3 threads."""
+    n, c, h, w, o, k, s, p = case
+    x, wt = rand(n, c, h, w, dtype=dtype), rand(o, c, k, k, dtype=dtype)
+    b = rand(o, dtype=dtype) if bias else None
+    plain = ref_conv2d(x, wt, b, s, p)
+    r = rand(*plain.shape, dtype=dtype) if residual else None
+    ref = NP_ACTS[act](plain + (r if residual else 0))
+    args = (tensor(x), tensor(wt), tensor(b) if bias else None, s, p, 1, 1, "im2col", act,
+            tensor(r) if residual else None)
+    for y in _on_threads(lambda: nn._conv2d(*args).numpy()):
+        close(y, ref, dtype)
+
+
 def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
