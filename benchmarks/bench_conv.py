@@ -4,6 +4,7 @@ else against a NumPy im2col + matmul reference.
     python benchmarks/bench_conv.py            # the headline shape, a few repeats
     python benchmarks/bench_conv.py --full     # more repeats and more shapes
     python benchmarks/bench_conv.py --threads 1
+    python benchmarks/bench_conv.py --mobilenet   # MobileNetV2's batch-1 layers instead
 
 GFLOP/s counts 2 * N * O * OH * OW * (C / groups) * KH * KW, the direct
 convolution's multiply-adds, whatever algorithm runs. Times are the best of
@@ -41,6 +42,24 @@ MORE = [
     (8, 256, 14, 14, 512, 3, 2, 1, 1),     # strided 3x3 on a small plane (IM2COL)
     (8, 512, 7, 7, 512, 3, 1, 1, 1),
     (1, 512, 7, 7, 512, 3, 1, 1, 1),       # batch 1: IM2COL, N = 49
+]
+# MobileNetV2 at batch 1: the stem, depthwise convs from 112x112 to 7x7 planes,
+# 1x1 convs with few input channels on large planes and many on small ones
+MOBILENET = [
+    (1, 3, 224, 224, 32, 3, 2, 1, 1),        # stem (IM2COL, K = 27)
+    (1, 32, 112, 112, 32, 3, 1, 1, 32),
+    (1, 32, 112, 112, 16, 1, 1, 0, 1),
+    (1, 16, 112, 112, 96, 1, 1, 0, 1),       # 1x1, K = 16
+    (1, 96, 112, 112, 96, 3, 2, 1, 96),
+    (1, 24, 56, 56, 144, 1, 1, 0, 1),        # 1x1, K = 24
+    (1, 144, 56, 56, 144, 3, 1, 1, 144),
+    (1, 144, 56, 56, 24, 1, 1, 0, 1),
+    (1, 192, 28, 28, 192, 3, 1, 1, 192),
+    (1, 384, 14, 14, 384, 3, 1, 1, 384),
+    (1, 576, 14, 14, 576, 3, 2, 1, 576),
+    (1, 960, 7, 7, 960, 3, 1, 1, 960),       # 7x7 depthwise
+    (1, 160, 7, 7, 960, 1, 1, 0, 1),
+    (1, 320, 7, 7, 1280, 1, 1, 0, 1),
 ]
 
 
@@ -119,6 +138,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="more repeats and the extra shapes")
     ap.add_argument("--threads", type=int, default=0, help="thread budget (default: mgtrace's)")
+    ap.add_argument("--mobilenet", action="store_true", help="MobileNetV2's batch-1 layers")
     args = ap.parse_args()
     if args.threads:
         try:
@@ -128,7 +148,7 @@ def main():
     threads = get_num_threads()
     print(f"threads {threads}; reference: {'PyTorch ' + torch.__version__ if torch else 'NumPy im2col+matmul'}")
     repeats, inner = (15, 5) if args.full else (5, 3)
-    shapes = [HEADLINE] + (MORE if args.full else [])
+    shapes = MOBILENET if args.mobilenet else [HEADLINE] + (MORE if args.full else [])
     for shape in shapes:
         run(shape, repeats, inner, threads)
 
