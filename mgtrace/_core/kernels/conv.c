@@ -695,7 +695,10 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
             for (int64_t r = 0; r < nslots * g->c * b; r++)
                 pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, (r / b) % g->c,
                            slot_phase[r / (b * g->c)], pl.hq, pl.wq);
-            #pragma omp for schedule(dynamic, 1)
+            /* contiguous runs of tiles a thread, as GEMM1X1's pieces (tiles
+             * interleaved over the threads ran slower there); even_tiles and
+             * o_split make the items share evenly */
+            #pragma omp for schedule(static)
             for (int64_t it = 0; it < ntile * g->groups * nob; it++) {
                 const int64_t ob = it % nob, gi = (it / nob) % g->groups, t = it / (nob * g->groups);
                 const int64_t o0 = gi * og + ob * obs, rows = mt_min64(obs, og - ob * obs);
