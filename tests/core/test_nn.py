@@ -350,7 +350,7 @@ def test_conv2d_1x1_is_a_gemm(shape, dtype):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape", [
     # (n, c, h, w, o, groups): how GEMM1X1 shares an image over threads
-    (1, 24, 30, 31, 72, 1),     # output channels split; column sub-tiles (930 > 128 KiB / 36 rows)
+    (1, 24, 30, 31, 72, 1),     # output channels split; column sub-tiles (930 > 64 KiB / 36 rows)
     (1, 40, 33, 35, 8, 1),      # few output channels: 16-aligned pixel ranges, the last shorter
     (3, 16, 9, 11, 40, 1),      # odd batch: each image in pieces so threads get equal shares
     (1, 12, 3, 3, 6, 1),        # 9 pixels: rows split even below the row minimum

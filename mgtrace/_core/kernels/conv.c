@@ -456,8 +456,9 @@ int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
  * the output is written once from memory's point of view instead of three
  * times (BLAS's beta = 0 zeroing, the bias pass, the activation pass), which
  * for a small K (24 input channels: 48 flops an output) costs as much as
- * the GEMM. */
-#define MT_1X1_TILE_BYTES ((int64_t)128 << 10)
+ * the GEMM. 64 KiB sub-tiles measured 5-10% faster than 128 KiB with the
+ * output not in cache (as in a network), 96 x 12544 x 16 most. */
+#define MT_1X1_TILE_BYTES ((int64_t)64 << 10)
 #define MT_1X1_MIN_ROWS 32
 #define MT_1X1_MIN_SUB 256
 
