@@ -1155,7 +1155,8 @@ static MT_CLONES void FN(depthwise_plane)(const T *restrict xp, const T *restric
  * runs in whole vectors of MT_DW_LANES (GCC vector extensions: one AVX-512
  * register, two AVX2 ones), past cnt up to a multiple of the lanes (pk and
  * yw have the slack): a 7x7 plane's 61 wide outputs are 4 vectors where the
- * compiler's own loop left a scalar tail of 13 (AVX-512) or 5. 3x3 kernels
+ * compiler's own AVX2 loop left a scalar tail of 5 (and of 13 had it used
+ * AVX-512). 3x3 kernels
  * (MobileNet's) keep an output's nine products in registers; other sizes
  * accumulate tap by tap. */
 typedef T FN(dwv) __attribute__((vector_size(MT_DW_LANES * sizeof(T))));
