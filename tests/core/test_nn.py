@@ -263,11 +263,15 @@ def test_depthwise_conv2d(case, algo, dtype):
     (1, 2, 12, 12, 1, (7, 7), 2, 3, 1),
     (1, 3, 4, 5, 1, (3, 3), 1, 3, 1),            # padding wider than the input
     (2, 2, 1, 1, 1, (1, 1), 1, 0, 1),            # 1x1 depthwise
+    (1, 3, 7, 7, 1, (4, 4), 4, 0, 1),            # rows/columns 4..6 read by no output: the map's bin
+    (1, 3, 40, 37, 1, (3, 3), 2, 1, 1),          # over 1024 inputs: packed row by row, not by index map
+    (1, 2, 33, 32, 1, (3, 3), 1, 1, 1),
 ], ids=str)
 def test_depthwise_packed_geometries(case, dtype):
     """DEPTHWISE's packed plane (zero padding written once per thread, the
-    stride's phases, wide rows) over geometries the MobileNet ones do not
-    reach, on every thread count."""
+    stride's phases, wide rows; small planes packed through an index map,
+    inputs no output reads into a bin) over geometries the MobileNet ones do
+    not reach, on every thread count."""
     n, c, h, w, mult, (kh, kw), s, p, d = case
     x, wt, b = rand(n, c, h, w, dtype=dtype), rand(c * mult, 1, kh, kw, dtype=dtype), rand(c * mult, dtype=dtype)
     ref = ref_conv2d(x, wt, b, s, p, d, c)

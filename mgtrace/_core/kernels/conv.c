@@ -198,8 +198,14 @@ static inline int thread_id(void) {
 #define MT_DW_MAX_BYTES ((int64_t)4 << 20)
 /* DEPTHWISE's wide loop: lanes a vector (16 floats: one AVX-512 register) */
 #define MT_DW_LANES 16
+/* DEPTHWISE: input planes of at most this many elements, strided or under
+ * 16 columns wide, are packed through an index map (FN(dw_scatter))
+ * instead of row by row (576 planes of 14x14 at stride 2: 1.4x faster on
+ * one thread, 1.9x on two; 960 of 7x7: 1.2x, 1.4x) */
+#define MT_DW_MAP_MAX 1024
 typedef struct {
     int64_t hq, wq, plane, wide, bytes_one;   /* bytes_one: a thread's scratch */
+    int64_t map_bytes;                        /* the index map, shared (0: none) */
     int packed;
 } dw_plan;
 
@@ -210,10 +216,34 @@ static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
     pl->wq = wp == WS_TOO_LARGE ? WS_TOO_LARGE : (wp + g->sw - 1) / g->sw;
     pl->plane = ws_mul(pl->hq, pl->wq);
     pl->wide = ws_mul(g->oh, pl->wq);
-    /* each + MT_DW_LANES: the wide loop runs in whole vectors past the last output */
-    pl->bytes_one = ws_add(ws_round(ws_mul(ws_add(ws_mul(ws_mul(g->sh, g->sw), pl->plane), MT_DW_LANES), isz)),
+    /* each + MT_DW_LANES: the wide loop runs in whole vectors past the last
+     * output; + 1 more: the packed plane's bin for the map's unused inputs */
+    pl->bytes_one = ws_add(ws_round(ws_mul(ws_add(ws_mul(ws_mul(g->sh, g->sw), pl->plane), MT_DW_LANES + 1), isz)),
                            ws_round(ws_mul(ws_add(pl->wide, MT_DW_LANES), isz)));
     pl->packed = pl->bytes_one <= MT_DW_MAX_BYTES;
+    /* (rows of 16 or more unit-stride columns copy as fast row by row: 28x28 measured) */
+    pl->map_bytes = pl->packed && g->h * g->w <= MT_DW_MAP_MAX && (g->sw > 1 || g->w < 16)
+                    ? ws_round(g->h * g->w * (int64_t)sizeof(int32_t)) : 0;
+}
+
+/* DEPTHWISE's index map for small planes: map[iy * w + ix] is where input
+ * (iy, ix) goes in the packed plane (phase (a, b), row i, column t of
+ * dw_plan's layout), or the bin past the slack for an input no output
+ * reads (the last row or column of an even plane under stride 2). Each
+ * input has exactly one place, so packing a plane is one loop over its
+ * elements in order; the row-by-row copy spent more on loop set-up than on
+ * copying for 14x14 planes (two phases, seven rows, five loops a row under
+ * stride 2). Offsets fit int32: the packed plane is under MT_DW_MAX_BYTES. */
+static void dw_fill_map(const mt_conv2d_geom *g, const dw_plan *pl, int32_t *map) {
+    const int64_t bin = g->sh * g->sw * pl->plane + MT_DW_LANES;
+    for (int64_t iy = 0; iy < g->h; iy++) {
+        const int64_t a = (iy + g->ph) % g->sh, i = (iy + g->ph) / g->sh;
+        for (int64_t ix = 0; ix < g->w; ix++) {
+            const int64_t b = (ix + g->pw) % g->sw, t = (ix + g->pw) / g->sw;
+            map[iy * g->w + ix] = (int32_t)(i < pl->hq && t < pl->wq
+                                            ? (a * g->sw + b) * pl->plane + i * pl->wq + t : bin);
+        }
+    }
 }
 
 #define MT_NN_TEMPLATE
@@ -904,7 +934,7 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     if (algo == MT_CONV_DEPTHWISE) {
         dw_plan pl;
         plan_dw(g, isz, &pl);
-        return pl.packed ? ws_report(ws_mul(nthreads, pl.bytes_one)) : 0;
+        return pl.packed ? ws_report(ws_add(ws_mul(nthreads, pl.bytes_one), pl.map_bytes)) : 0;
     }
     return 0;
 }
@@ -1244,6 +1274,11 @@ static MT_CLONES void FN(dw_pack)(const T *restrict xp, T *restrict pk, const mt
     }
 }
 
+/* DEPTHWISE: plane xp into the packed plane pk through dw_fill_map's map */
+static MT_VCLONES void FN(dw_scatter)(const T *restrict xp, T *restrict pk, const int32_t *restrict map, int64_t hw) {
+    for (int64_t k = 0; k < hw; k++) pk[map[k]] = xp[k];
+}
+
 /* DEPTHWISE: the wide rows yw (wq apart) to the output plane yp, then the
  * epilogue unless dw_wide already clamped (ReLU and ReLU6 without a
  * residual: MobileNet's). Rows go in whole vectors while the overshoot
@@ -1294,16 +1329,19 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
         off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl.plane + (r / g->sh) * pl.wq + c / g->sw;
     }
     const int64_t cnt = (g->oh - 1) * pl.wq + g->ow;   /* wide outputs up to the last real one */
+    int32_t *map = pl.map_bytes ? (int32_t *)(ws + nt * pl.bytes_one) : NULL;
+    if (map) dw_fill_map(g, &pl, map);
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *mine = ws + thread_id() * pl.bytes_one;
         const int64_t npk = g->sh * g->sw * pl.plane + MT_DW_LANES;   /* with dw_wide's slack */
-        T *pk = (T *)mine, *yw = (T *)(mine + ws_round(npk * (int64_t)sizeof(T)));
+        T *pk = (T *)mine, *yw = (T *)(mine + ws_round((npk + 1) * (int64_t)sizeof(T)));
         memset(pk, 0, (size_t)npk * sizeof(T));   /* the slack too: no stale NaNs or subnormals */
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < planes; p++) {
             const int64_t n = p / g->o, o = p % g->o;
-            FN(dw_pack)(x + (n * g->c + o / og) * hw, pk, g, &pl);
+            if (map) FN(dw_scatter)(x + (n * g->c + o / og) * hw, pk, map, hw);
+            else FN(dw_pack)(x + (n * g->c + o / og) * hw, pk, g, &pl);
             FN(dw_wide)(pk, off, w + o * kk, bias ? bias[o] : (T)0, yw, cnt, kk, clamp, top);
             FN(dw_store)(yw, pl.wq, y + p * ohw, g, clamp);
         }
