@@ -216,8 +216,9 @@ def _winograd_applies(case):
     return kh == kw == 3 and _pair(s) == (1, 1) and _pair(d) == (1, 1)
 
 
-CONV_PARAMS = [(case, algo) for case in CONV_CASES for algo in ("auto", "shifted", "im2col", "winograd")
-               if algo != "winograd" or _winograd_applies(case)]
+CONV_PARAMS = [(case, algo) for case in CONV_CASES
+               for algo in ("auto", "shifted", "im2col", "winograd", "winograd4")
+               if not algo.startswith("winograd") or _winograd_applies(case)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -302,7 +303,12 @@ def test_conv2d_1x1_is_a_gemm(shape, dtype):
 
 
 def test_conv2d_algorithm_choice():
-    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
+    # F(4x4) Winograd where a plane has many 4x4 tiles and drops no more
+    # outputs than F(2x2) does; F(2x2) on 14x14 (F(4x4) would compute 16x16)
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd4"
+    assert nn.conv2d_algorithm((1, 128, 28, 28), (128, 128, 3, 3), 1, 1) == "winograd4"
+    assert nn.conv2d_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 1) == "winograd"
+    assert nn.conv2d_algorithm((1, 64, 12, 12), (64, 64, 3, 3), 1, 1) == "winograd"     # 9 tiles of 4x4
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
     assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "shifted"
     assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "im2col"   # 28x28 out
@@ -326,7 +332,7 @@ def test_conv2d_many_image_batches():
     time: 5 images of 64 x 130 x 130 float64 take two batches."""
     x, wt, b = rand(5, 64, 128, 128, dtype="float64"), rand(4, 64, 3, 3, dtype="float64"), rand(4, dtype="float64")
     ref = ref_conv2d(x, wt, b, 1, 1)
-    for algo in ("shifted", "winograd", "im2col"):
+    for algo in ("shifted", "winograd", "winograd4", "im2col"):
         close(nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo).numpy(), ref, "float64")
 
 
@@ -342,12 +348,15 @@ def test_conv2d_im2col_small_planes_in_batches(k, padding):
     close(y.numpy(), ref_conv2d(x, wt, b, 1, padding), "float64")
 
 
-def test_conv2d_winograd_chunks_span_images():
+@pytest.mark.parametrize("algo", ["winograd", "winograd4"])
+def test_conv2d_winograd_chunks_span_images(algo):
     """WINOGRAD transforms ~8 MiB of tiles at a time: 5 images of 256
     channels at 14x14 (35 rows of 7 tiles, float64) take two chunks of 18
-    tile rows, the first ending inside the third image."""
+    tile rows, the first ending inside the third image; WINOGRAD4 (20 rows
+    of 4 tiles, 36 points a tile) takes four chunks of 5 rows, one per
+    image but the last, which is split."""
     x, wt, b = rand(5, 256, 14, 14, dtype="float64"), rand(256, 256, 3, 3, dtype="float64"), rand(256, dtype="float64")
-    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "winograd")
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo)
     close(y.numpy(), ref_conv2d(x, wt, b, 1, 1), "float64")
 
 
@@ -359,11 +368,12 @@ def test_conv2d_delta_kernel_is_identity():
     for algo in ("shifted", "im2col"):
         np.testing.assert_array_equal(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, algo).numpy(), x)
     # Winograd's transforms round (a few ulps), so it is close rather than exact
-    close(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd").numpy(), x.astype(np.float64), "float32")
+    for algo in ("winograd", "winograd4"):
+        close(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, algo).numpy(), x.astype(np.float64), "float32")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("algo", ["auto", "winograd"])
+@pytest.mark.parametrize("algo", ["auto", "winograd", "winograd4"])
 def test_conv2d_half_types_compute_in_float32(dtype, algo):
     x, wt, b = as_dtype(rand(2, 8, 9, 9), dtype), as_dtype(rand(6, 8, 3, 3), dtype), as_dtype(rand(6), dtype)
     y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo)
@@ -1017,3 +1027,29 @@ def test_winograd_cache_follows_load_state_dict():
     close(conv(tensor(x)).numpy(), ref_conv2d(x, wt, b, 1, 1), "float32")
     conv.load_state_dict({"weight": -2 * wt, "bias": b})
     close(conv(tensor(x)).numpy(), ref_conv2d(x, -2 * wt, b, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_winograd_variants_cache_their_own_transforms(dtype):
+    """F(2x2) and F(4x4) transform one weight into different U (16 and 36
+    points): each is cached under its own key and serves its own variant."""
+    x, wt, b = _wino_case(dtype)
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    ref = ref_conv2d(x, wt, b, 1, 1)
+    for algo in ("winograd4", "winograd", "winograd4"):
+        close(nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, algo).numpy(), ref, dtype)
+    assert nn.weight_cache_info()[0] == 2
+    nn.clear_weight_cache()
+
+
+def test_winograd4_rounding_stays_small_with_many_channels():
+    """F(4x4)'s transforms scale by up to 8 and 1/24; with 512 input
+    channels of unit-normal values its float32 error stays within 1e-5 of
+    the output's largest magnitude (measured about 4e-6)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 512, 8, 8)).astype(np.float32)
+    wt = rng.standard_normal((32, 512, 3, 3)).astype(np.float32)
+    ref = ref_conv2d(x, wt, None, 1, 1)
+    y = nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd4").numpy()
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
