@@ -52,7 +52,7 @@ cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
-        MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4
+        MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4, MT_CONV_DIRECT
     ctypedef struct mt_conv2d_geom:
         int64_t n, c, h, w
         int64_t o, kh, kw
@@ -69,6 +69,7 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    void mt_conv2d_direct_force_narrow(int on) noexcept
     int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) noexcept
     int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo) noexcept
     void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
@@ -146,7 +147,7 @@ __all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d"
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD,
-              "winograd4": MT_CONV_WINOGRAD4}
+              "winograd4": MT_CONV_WINOGRAD4, "direct": MT_CONV_DIRECT}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
 # the activations a fused conv2d / linear applies after its bias (enum mt_act, nn.h)
 ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, "silu": MT_ACT_SILU,
@@ -787,6 +788,12 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
             rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
+
+
+def _direct_force_narrow(bint on):
+    """Tests: run the DIRECT conv's AVX2/baseline micro-kernel even on a CPU
+    with AVX-512 (``False``: pick by CPU again)."""
+    mt_conv2d_direct_force_narrow(on)
 
 
 def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):

@@ -217,7 +217,7 @@ def _winograd_applies(case):
 
 
 CONV_PARAMS = [(case, algo) for case in CONV_CASES
-               for algo in ("auto", "shifted", "im2col", "winograd", "winograd4")
+               for algo in ("auto", "shifted", "im2col", "direct", "winograd", "winograd4")
                if not algo.startswith("winograd") or _winograd_applies(case)]
 
 
@@ -310,14 +310,17 @@ def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((1, 64, 12, 12), (64, 64, 3, 3), 1, 1) == "winograd"     # 9 tiles of 4x4
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
-    assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "shifted"
-    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "im2col"   # 28x28 out
+    # DIRECT for strided layers with 28x28 outputs and up, and for stems
+    assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "direct"
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "direct"   # 28x28 out
+    assert nn.conv2d_algorithm((8, 128, 28, 28), (256, 128, 3, 3), 2, 1) == "im2col"  # 14x14 out
     assert nn.conv2d_algorithm((8, 256, 14, 14), (512, 256, 1, 1), 2) == "im2col"
     with pytest.raises(ValueError, match="conv2d: groups must be >= 1, got 0"):
         nn.conv2d_algorithm((1, 4, 5, 5), (4, 4, 3, 3), groups=0)
     with pytest.raises(ValueError, match="does not fit the padded input"):
         nn.conv2d_algorithm((1, 4, 2, 2), (4, 4, 3, 3))
-    assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "im2col"
+    assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "direct"
+    assert nn.conv2d_algorithm((1, 3, 224, 224), (32, 3, 3, 3), 2, 1) == "direct"
     assert nn.conv2d_algorithm((8, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1, 144) == "depthwise"
     assert nn.conv2d_algorithm((8, 256, 56, 56), (64, 256, 1, 1)) == "gemm1x1"
     assert nn.conv2d_algorithm((8, 256, 7, 7), (64, 256, 1, 1)) == "gemm1x1"       # small planes too
@@ -1053,3 +1056,32 @@ def test_winograd4_rounding_stays_small_with_many_channels():
     ref = ref_conv2d(x, wt, None, 1, 1)
     y = nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd4").numpy()
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["cpu_kernel", "narrow_kernel"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (N, C, H, W, O, KH, KW, stride, padding, dilation, groups)
+    (2, 3, 41, 37, 20, 7, 7, 2, 3, 1, 1),        # a stem: 20 = 2 blocks of 8 + 4 (and 3 x 6 + 2)
+    (1, 160, 58, 60, 13, 3, 3, 2, 1, 1, 1),      # 80 KiB of input rows an output row: 5 ranges of wide outputs
+    (2, 8, 15, 17, 9, 3, 5, (2, 1), (1, 2), (1, 2), 1),
+    (1, 12, 9, 9, 6, 3, 3, 1, 0, 1, 3),          # groups: each group's channels packed apart
+], ids=str)
+def test_direct_conv_geometries(case, dtype, narrow):
+    """DIRECT (no GEMM: output-channel blocks times vectors of wide outputs
+    in registers) on partial blocks, several output ranges, anisotropic
+    stride and dilation and groups, with the AVX-512 kernel (where the CPU
+    has it) and the AVX2/baseline one, on 1-3 threads."""
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, kh, kw, dtype=dtype), rand(o, dtype=dtype)
+    ref = ref_conv2d(x, wt, b, s, p, d, g)
+    before = dispatch.get_num_threads()
+    nn._direct_force_narrow(narrow)
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g, "direct")
+            close(y.numpy(), ref, dtype)
+    finally:
+        nn._direct_force_narrow(False)
+        dispatch.set_num_threads(before)

@@ -74,6 +74,7 @@ enum mt_conv_algo {
     MT_CONV_DEPTHWISE,  /* direct loops; needs one input channel per group */
     MT_CONV_WINOGRAD,   /* F(2x2, 3x3): 3x3, stride 1, dilation 1; 16 GEMMs per tile block */
     MT_CONV_WINOGRAD4,  /* F(4x4, 3x3): as WINOGRAD, 36 GEMMs per block of 4x4 tiles */
+    MT_CONV_DIRECT,     /* direct multiply-adds over a padded polyphase copy, no GEMM */
     MT_CONV_NALGOS
 };
 
@@ -111,6 +112,9 @@ void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_c
 int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads);
 int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
                      const mt_conv2d_geom *g, int algo, int nthreads, void *workspace);
+/* tests: 1 makes DIRECT run its AVX2/baseline micro-kernel even where the
+ * CPU has AVX-512 (0: pick by CPU, the default) */
+void mt_conv2d_direct_force_narrow(int on);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
 /* The same for a caller that has Winograd's transformed weights cached
