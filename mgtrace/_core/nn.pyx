@@ -52,7 +52,7 @@ cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
-        MT_CONV_WINOGRAD
+        MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4, MT_CONV_DIRECT
     ctypedef struct mt_conv2d_geom:
         int64_t n, c, h, w
         int64_t o, kh, kw
@@ -69,13 +69,14 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    void mt_conv2d_direct_force_narrow(int on) noexcept
     int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) noexcept
-    int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) noexcept
+    int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo) noexcept
     void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
-                                  int nthreads) noexcept
-    int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) noexcept
+                                  int algo, int nthreads) noexcept
+    int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
     int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                         const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
+                         const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
     enum:
         MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
         MT_ACT_GELU
@@ -145,7 +146,8 @@ __all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d"
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
-              "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD}
+              "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD,
+              "winograd4": MT_CONV_WINOGRAD4, "direct": MT_CONV_DIRECT}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
 # the activations a fused conv2d / linear applies after its bias (enum mt_act, nn.h)
 ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, "silu": MT_ACT_SILU,
@@ -389,20 +391,22 @@ cdef tuple _weight_key(Tensor w, int work):
             tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
 
 
-cdef Tensor _wino_u(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int nt):
-    """U for weight ``w`` (``w_orig`` made contiguous in dtype ``work``),
-    from the cache when ``w_orig`` has not been written since."""
+cdef Tensor _wino_u(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int nt):
+    """U of Winograd variant ``algo`` for weight ``w`` (``w_orig`` made
+    contiguous in dtype ``work``), from the cache when ``w_orig`` has not
+    been written since."""
     global _weight_cache_bytes
     key = _weight_key(w_orig, work)
     if key is not None:
+        key = (algo,) + key
         hit = _weight_cache.get(key)
         if hit is not None and hit[0] == w_orig._st.version:
             _weight_cache.move_to_end(key)
             return <Tensor>hit[1]
-    cdef int64_t nbytes = mt_conv2d_wino_u_bytes(work, g)
+    cdef int64_t nbytes = mt_conv2d_wino_u_bytes(work, g, algo)
     cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the transformed weights")
     with nogil:
-        mt_conv2d_wino_transform(work, w._data, u._data, g, nt)
+        mt_conv2d_wino_transform(work, w._data, u._data, g, algo, nt)
     if key is None or nbytes > WEIGHT_CACHE_BYTES:
         return u
     old = _weight_cache.pop(key, None)
@@ -448,8 +452,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         NotImplementedError: a device with no CPU kernels.
 
     Algorithms (picked by shape, see ``conv2d_algorithm``): Winograd
-    F(2x2, 3x3) for 3x3 stride-1 convs with >= 16 channels (its transforms
-    round: results differ from a direct sum by a few float32 ulps), shifted
+    F(4x4, 3x3) or F(2x2, 3x3) for 3x3 stride-1 convs with >= 16 channels
+    (Lavin & Gray; F(4x4) on planes with many 4x4 tiles, 28x28 and up at
+    batch 1). Their transforms round: F(2x2) differs from a direct sum by a
+    few float32 ulps, F(4x4) by up to about 5e-6 of the output's largest
+    magnitude (512 input channels). Shifted
     GEMMs over a padded copy, tiled im2col, a plain GEMM for 1x1, and direct
     loops for depthwise convs (one input channel per group). Apart from
     depthwise, every multiply-add runs in BLAS sgemm/dgemm.
@@ -732,8 +739,8 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         raise ValueError(f"{op}: the depthwise kernel needs one input channel per group, got {cg}")
     if a == MT_CONV_GEMM1X1 and not (kh == kw == 1 and sh == sw == 1 and ph == pw == 0):
         raise ValueError(f"{op}: the gemm1x1 kernel needs a 1x1 kernel, stride 1 and no padding")
-    if a == MT_CONV_WINOGRAD and not (kh == kw == 3 and sh == sw == 1 and dh == dw == 1):
-        raise ValueError(f"{op}: the winograd kernel needs a 3x3 kernel, stride 1 and dilation 1")
+    if (a == MT_CONV_WINOGRAD or a == MT_CONV_WINOGRAD4) and not (kh == kw == 3 and sh == sw == 1 and dh == dw == 1):
+        raise ValueError(f"{op}: the {algo} kernel needs a 3x3 kernel, stride 1 and dilation 1")
     work = _work_code(code)
     tx = _ready(tx, work)
     cdef Tensor tw_orig = tw
@@ -766,9 +773,9 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
         a = mt_conv2d_pick_algo_ex(&g, mt_storage_tracked(tw_orig._st))
     cdef Tensor u = None
-    if a == MT_CONV_WINOGRAD and n > 0 and o > 0 and c > 0:
-        u = _wino_u(tw_orig, tw, work, &g, nt)
-    cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, nt) if u is not None else \
+    if (a == MT_CONV_WINOGRAD or a == MT_CONV_WINOGRAD4) and n > 0 and o > 0 and c > 0:
+        u = _wino_u(tw_orig, tw, work, &g, a, nt)
+    cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, a, nt) if u is not None else \
         mt_conv2d_workspace(work, &g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device,
                                 lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
@@ -776,22 +783,31 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         if u is not None:
-            rc = mt_conv2d_wino_u(work, tx._data, u._data, bptr, out._data, &g, nt, wsp)
+            rc = mt_conv2d_wino_u(work, tx._data, u._data, bptr, out._data, &g, a, nt, wsp)
         else:
             rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
 
 
+def _direct_force_narrow(bint on):
+    """Tests: run the DIRECT conv's AVX2/baseline micro-kernel even on a CPU
+    with AVX-512 (``False``: pick by CPU again)."""
+    mt_conv2d_direct_force_narrow(on)
+
+
 def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
-    """The algorithm conv2d picks for these shapes: "winograd", "shifted",
-    "im2col", "gemm1x1" or "depthwise" (for benchmarks and tests), for a
+    """The algorithm conv2d picks for these shapes: "winograd4" (F(4x4, 3x3)),
+    "winograd" (F(2x2, 3x3)), "shifted", "im2col", "gemm1x1" or
+    "depthwise" (for benchmarks and tests), for a
     weight whose Winograd transform is not cached. (A weight in memory that
     mgtrace tracks, see ``WEIGHT_CACHE_BYTES``, has its transform cached and
     takes Winograd from 32 tiles whatever its size: 512 channels on 7x7
     planes from batch 2, where this answers "im2col".)
 
     >>> conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    'winograd4'
+    >>> conv2d_algorithm((8, 256, 14, 14), (256, 256, 3, 3), padding=1)
     'winograd'
     """
     cdef mt_conv2d_geom g

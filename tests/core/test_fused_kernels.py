@@ -67,7 +67,9 @@ CONV_CASES = {   # algorithm: (x shape, weight shape, stride, padding, groups)
     "im2col": ((2, 16, 9, 7), (24, 16, 3, 3), 2, 1, 1),           # small planes: span images
     "shifted": ((1, 16, 40, 36), (20, 16, 3, 3), 1, 1, 1),
     "winograd": ((2, 16, 11, 13), (32, 16, 3, 3), 1, 1, 1),       # odd sizes: partial tiles
+    "winograd4": ((2, 16, 11, 14), (32, 16, 3, 3), 1, 1, 1),      # 3 and 2 of a 4x4 tile's rows, columns
     "depthwise": ((2, 8, 10, 11), (8, 1, 3, 3), 2, 1, 8),
+    "direct": ((2, 3, 19, 17), (11, 3, 5, 5), 2, 2, 1),             # a partial block of output channels
 }
 
 

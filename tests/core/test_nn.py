@@ -216,8 +216,9 @@ def _winograd_applies(case):
     return kh == kw == 3 and _pair(s) == (1, 1) and _pair(d) == (1, 1)
 
 
-CONV_PARAMS = [(case, algo) for case in CONV_CASES for algo in ("auto", "shifted", "im2col", "winograd")
-               if algo != "winograd" or _winograd_applies(case)]
+CONV_PARAMS = [(case, algo) for case in CONV_CASES
+               for algo in ("auto", "shifted", "im2col", "direct", "winograd", "winograd4")
+               if not algo.startswith("winograd") or _winograd_applies(case)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -404,16 +405,24 @@ def test_conv2d_im2col_tiles_epilogue(case, dtype, bias, act, residual):
 
 
 def test_conv2d_algorithm_choice():
-    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd"
+    # F(4x4) Winograd where a plane has many 4x4 tiles and drops no more
+    # outputs than F(2x2) does; F(2x2) on 14x14 (F(4x4) would compute 16x16)
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 1) == "winograd4"
+    assert nn.conv2d_algorithm((1, 128, 28, 28), (128, 128, 3, 3), 1, 1) == "winograd4"
+    assert nn.conv2d_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 1) == "winograd"
+    assert nn.conv2d_algorithm((1, 64, 12, 12), (64, 64, 3, 3), 1, 1) == "winograd"     # 9 tiles of 4x4
     assert nn.conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), 1, 2, 2) == "shifted"
-    assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "shifted"
-    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "im2col"   # 28x28 out
+    # DIRECT for strided layers with 28x28 outputs and up, and for stems
+    assert nn.conv2d_algorithm((2, 64, 112, 112), (64, 64, 3, 3), 2, 1) == "direct"
+    assert nn.conv2d_algorithm((8, 64, 56, 56), (128, 64, 3, 3), 2, 1) == "direct"   # 28x28 out
+    assert nn.conv2d_algorithm((8, 128, 28, 28), (256, 128, 3, 3), 2, 1) == "im2col"  # 14x14 out
     assert nn.conv2d_algorithm((8, 256, 14, 14), (512, 256, 1, 1), 2) == "im2col"
     with pytest.raises(ValueError, match="conv2d: groups must be >= 1, got 0"):
         nn.conv2d_algorithm((1, 4, 5, 5), (4, 4, 3, 3), groups=0)
     with pytest.raises(ValueError, match="does not fit the padded input"):
         nn.conv2d_algorithm((1, 4, 2, 2), (4, 4, 3, 3))
-    assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "im2col"
+    assert nn.conv2d_algorithm((8, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "direct"
+    assert nn.conv2d_algorithm((1, 3, 224, 224), (32, 3, 3, 3), 2, 1) == "direct"
     assert nn.conv2d_algorithm((8, 144, 56, 56), (144, 1, 3, 3), 1, 1, 1, 144) == "depthwise"
     assert nn.conv2d_algorithm((8, 256, 56, 56), (64, 256, 1, 1)) == "gemm1x1"
     assert nn.conv2d_algorithm((8, 256, 7, 7), (64, 256, 1, 1)) == "gemm1x1"       # small planes too
@@ -428,7 +437,7 @@ def test_conv2d_many_image_batches():
     time: 5 images of 64 x 130 x 130 float64 take two batches."""
     x, wt, b = rand(5, 64, 128, 128, dtype="float64"), rand(4, 64, 3, 3, dtype="float64"), rand(4, dtype="float64")
     ref = ref_conv2d(x, wt, b, 1, 1)
-    for algo in ("shifted", "winograd", "im2col"):
+    for algo in ("shifted", "winograd", "winograd4", "im2col"):
         close(nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo).numpy(), ref, "float64")
 
 
@@ -444,12 +453,15 @@ def test_conv2d_im2col_small_planes_in_batches(k, padding):
     close(y.numpy(), ref_conv2d(x, wt, b, 1, padding), "float64")
 
 
-def test_conv2d_winograd_chunks_span_images():
+@pytest.mark.parametrize("algo", ["winograd", "winograd4"])
+def test_conv2d_winograd_chunks_span_images(algo):
     """WINOGRAD transforms ~8 MiB of tiles at a time: 5 images of 256
     channels at 14x14 (35 rows of 7 tiles, float64) take two chunks of 18
-    tile rows, the first ending inside the third image."""
+    tile rows, the first ending inside the third image; WINOGRAD4 (20 rows
+    of 4 tiles, 36 points a tile) takes four chunks of 5 rows, one per
+    image but the last, which is split."""
     x, wt, b = rand(5, 256, 14, 14, dtype="float64"), rand(256, 256, 3, 3, dtype="float64"), rand(256, dtype="float64")
-    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "winograd")
+    y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo)
     close(y.numpy(), ref_conv2d(x, wt, b, 1, 1), "float64")
 
 
@@ -461,11 +473,12 @@ def test_conv2d_delta_kernel_is_identity():
     for algo in ("shifted", "im2col"):
         np.testing.assert_array_equal(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, algo).numpy(), x)
     # Winograd's transforms round (a few ulps), so it is close rather than exact
-    close(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd").numpy(), x.astype(np.float64), "float32")
+    for algo in ("winograd", "winograd4"):
+        close(nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, algo).numpy(), x.astype(np.float64), "float32")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("algo", ["auto", "winograd"])
+@pytest.mark.parametrize("algo", ["auto", "winograd", "winograd4"])
 def test_conv2d_half_types_compute_in_float32(dtype, algo):
     x, wt, b = as_dtype(rand(2, 8, 9, 9), dtype), as_dtype(rand(6, 8, 3, 3), dtype), as_dtype(rand(6), dtype)
     y = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, algo)
@@ -1119,3 +1132,58 @@ def test_winograd_cache_follows_load_state_dict():
     close(conv(tensor(x)).numpy(), ref_conv2d(x, wt, b, 1, 1), "float32")
     conv.load_state_dict({"weight": -2 * wt, "bias": b})
     close(conv(tensor(x)).numpy(), ref_conv2d(x, -2 * wt, b, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_winograd_variants_cache_their_own_transforms(dtype):
+    """F(2x2) and F(4x4) transform one weight into different U (16 and 36
+    points): each is cached under its own key and serves its own variant."""
+    x, wt, b = _wino_case(dtype)
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    ref = ref_conv2d(x, wt, b, 1, 1)
+    for algo in ("winograd4", "winograd", "winograd4"):
+        close(nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, algo).numpy(), ref, dtype)
+    assert nn.weight_cache_info()[0] == 2
+    nn.clear_weight_cache()
+
+
+def test_winograd4_rounding_stays_small_with_many_channels():
+    """F(4x4)'s transforms scale by up to 8 and 1/24; with 512 input
+    channels of unit-normal values its float32 error stays within 1e-5 of
+    the output's largest magnitude (measured about 4e-6)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 512, 8, 8)).astype(np.float32)
+    wt = rng.standard_normal((32, 512, 3, 3)).astype(np.float32)
+    ref = ref_conv2d(x, wt, None, 1, 1)
+    y = nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd4").numpy()
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["cpu_kernel", "narrow_kernel"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (N, C, H, W, O, KH, KW, stride, padding, dilation, groups)
+    (2, 3, 41, 37, 20, 7, 7, 2, 3, 1, 1),        # a stem: 20 = 2 blocks of 8 + 4 (and 3 x 6 + 2)
+    (1, 160, 58, 60, 13, 3, 3, 2, 1, 1, 1),      # 80 KiB of input rows an output row: 5 ranges of wide outputs
+    (2, 8, 15, 17, 9, 3, 5, (2, 1), (1, 2), (1, 2), 1),
+    (1, 12, 9, 9, 6, 3, 3, 1, 0, 1, 3),          # groups: each group's channels packed apart
+], ids=str)
+def test_direct_conv_geometries(case, dtype, narrow):
+    """DIRECT (no GEMM: output-channel blocks times vectors of wide outputs
+    in registers) on partial blocks, several output ranges, anisotropic
+    stride and dilation and groups, with the AVX-512 kernel (where the CPU
+    has it) and the AVX2/baseline one, on 1-3 threads."""
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, kh, kw, dtype=dtype), rand(o, dtype=dtype)
+    ref = ref_conv2d(x, wt, b, s, p, d, g)
+    before = dispatch.get_num_threads()
+    nn._direct_force_narrow(narrow)
+    try:
+        for threads in (1, 2, 3):
+            dispatch.set_num_threads(threads)
+            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g, "direct")
+            close(y.numpy(), ref, dtype)
+    finally:
+        nn._direct_force_narrow(False)
+        dispatch.set_num_threads(before)

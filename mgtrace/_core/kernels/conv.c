@@ -246,6 +246,74 @@ static void dw_fill_map(const mt_conv2d_geom *g, const dw_plan *pl, int32_t *map
     }
 }
 
+/* ------------------------------------------------------------------ DIRECT */
+
+/* DIRECT's register blocks: output channels a micro-kernel call keeps (see
+ * FN(direct_wide)); the wide kernel (AVX-512, picked at run time) holds
+ * 8 x 2 vectors of 64 bytes, the narrow one (AVX2 or baseline) 6 x 2 of 32 */
+#define MT_DIRECT_OB_WIDE 8
+#define MT_DIRECT_OB_NARROW 6
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
+#define MT_DIRECT_WIDE_ATTR __attribute__((target("arch=x86-64-v4")))
+static int direct_wide_ok(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+        && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+#else
+#define MT_DIRECT_WIDE_ATTR
+static int direct_wide_ok(void) { return 0; }
+#endif
+/* tests: 1 runs DIRECT's narrow kernel even where the CPU has AVX-512 */
+static int direct_narrow_forced = 0;
+void mt_conv2d_direct_force_narrow(int on) { direct_narrow_forced = on != 0; }
+/* DIRECT: bytes of packed input rows a range of wide outputs reads */
+#define MT_DIRECT_CHUNK_BYTES ((int64_t)512 << 10)
+/* DIRECT: packed input channels above this many bytes an image go to the other algorithms */
+#define MT_DIRECT_MAX_BYTES ((int64_t)16 << 20)
+
+typedef struct {
+    dw_plan dw;                 /* one channel's packed phases (as DEPTHWISE's plane) */
+    int64_t cs;                 /* elements between packed channels */
+    int64_t cnt, chunk, nchunk; /* wide outputs, and the ranges tasks split them in */
+    int64_t ys;                 /* elements between a thread's wide output rows */
+    int64_t pk_bytes, wpk_bytes, yw_bytes, bytes;
+    int wide;
+} direct_plan;
+
+/* The kernel (wide or narrow) is picked here, but every size below is the
+ * wide kernel's, which bounds the narrow one's: a workspace sized by one
+ * plan serves either (the test switch may flip between the two calls). */
+static void plan_direct(const mt_conv2d_geom *g, int64_t isz, int nt, direct_plan *pl) {
+    plan_dw(g, isz, &pl->dw);
+    pl->wide = !direct_narrow_forced && direct_wide_ok();
+    const int64_t pair = 2 * 64 / isz;          /* wide outputs a kernel step (the narrow: half) */
+    const int64_t obk = MT_DIRECT_OB_WIDE;      /* (the narrow: fewer) */
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    const int64_t phases = ws_mul(ws_mul(g->sh, g->sw), pl->dw.plane);
+    /* a kernel step reads up to pair - 1 elements past the last wide output */
+    pl->cs = ws_mul((ws_add(phases, pair) + 15) / 16, 16);
+    pl->cnt = ws_add(ws_mul(g->oh - 1, pl->dw.wq), g->ow);
+    const int64_t steps = (pl->cnt + pair - 1) / pair;
+    /* ranges of wide outputs whose input rows (all of a group's channels
+     * and phases) fit MT_DIRECT_CHUNK_BYTES, so that the output-channel
+     * blocks after the first find them in cache; more ranges while the
+     * tasks are fewer than 4 a thread */
+    const int64_t blocks = ws_mul(g->groups, (og + obk - 1) / obk);
+    const int64_t row_bytes = ws_mul4(cg, ws_mul(g->sh, g->sw), pl->dw.wq, isz);
+    const int64_t rows = mt_max64(1, MT_DIRECT_CHUNK_BYTES / mt_max64(1, row_bytes));
+    const int64_t fit = (ws_mul(rows, pl->dw.wq) + pair - 1) / pair;     /* steps a range */
+    const int64_t want = nt > 1 && blocks < 4 * (int64_t)nt ? (4 * (int64_t)nt + blocks - 1) / blocks : 1;
+    pl->nchunk = mt_clamp64(mt_max64(want, (steps + fit - 1) / fit), 1, steps);
+    pl->chunk = ws_mul((steps + pl->nchunk - 1) / pl->nchunk, pair);
+    pl->nchunk = (pl->cnt + pl->chunk - 1) / pl->chunk;
+    pl->ys = ws_add(ws_mul(steps, pair), 16);
+    pl->pk_bytes = ws_round(ws_mul4(g->c, pl->cs, isz, 1));
+    /* packed weights: each group's og rows rounded up to a block of either kernel */
+    pl->wpk_bytes = ws_round(ws_mul4(ws_mul(g->groups, og + obk), cg, ws_mul(g->kh, g->kw), isz));
+    pl->yw_bytes = ws_round(ws_mul4(obk, pl->ys, isz, 1));
+    pl->bytes = ws_add(ws_add(pl->pk_bytes, pl->wpk_bytes), ws_mul(nt, pl->yw_bytes));
+}
+
 #define MT_NN_TEMPLATE
 #define T float
 #define SFX f32
@@ -427,6 +495,13 @@ static int wino_applicable(const mt_conv2d_geom *g) {
     return g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
 }
 
+/* DIRECT's packed image stays within MT_DIRECT_MAX_BYTES (float64) */
+static int direct_fits(const mt_conv2d_geom *g) {
+    direct_plan pl;
+    plan_direct(g, 8, 1, &pl);
+    return pl.pk_bytes <= MT_DIRECT_MAX_BYTES;
+}
+
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex(g, 0); }
 
 int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
@@ -451,7 +526,28 @@ int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
     /* (with U cached by the caller, 32 tiles pay whatever U's size: 512
      * channels on 7x7 planes measured 25% faster than IM2COL at batch 2) */
     const int64_t min_tiles = !u_cached && 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
-    if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) return MT_CONV_WINOGRAD;
+    if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) {
+        /* F(4x4) does 0.56x F(2x2)'s multiply-adds a tile of 2x2 outputs,
+         * but its U is 2.25x larger and its tiles 4x fewer: it pays where
+         * as many 4x4 tiles remain (56x56 and 28x28 planes measured 1.1-1.6x
+         * faster than F(2x2), 7x7 from batch 4), unless it computes more
+         * outputs that are dropped (14x14 planes: 16x16 outputs for 14x14,
+         * against none for F(2x2); measured slower) */
+        const double th4 = (double)((g->oh + 3) / 4), tw4 = (double)((g->ow + 3) / 4);
+        const double th2 = (double)((g->oh + 1) / 2), tw2 = (double)((g->ow + 1) / 2);
+        const double tiles4 = (double)g->n * th4 * tw4;
+        if (tiles4 >= min_tiles && 16.0 * th4 * tw4 <= 4.0 * th2 * tw2 * 1.05) return MT_CONV_WINOGRAD4;
+        return MT_CONV_WINOGRAD;
+    }
+    /* DIRECT (no GEMM: its micro-kernel runs near the FMA peak, where a
+     * single-threaded sgemm reaches about 65% of it) beats IM2COL's copy
+     * and GEMM on few input channels (ResNet's and MobileNet's stems:
+     * 1.4-1.6x) and on strided layers with 28x28 outputs and up (1.15x). On
+     * smaller planes its wide rows waste more and IM2COL's GEMM wins; 1x1
+     * kernels stay GEMMs. */
+    const double ohw_all = (double)g->oh * (double)g->ow;
+    if (!is1x1 && direct_fits(g) && (cg < MT_SHIFTED_MIN_K || ((g->sh > 1 || g->sw > 1) && ohw_all >= 784)))
+        return MT_CONV_DIRECT;
     const double one_image = (double)count_slots(g) * (double)g->c * (double)shifted_hq(g)
                            * (double)shifted_wq(g) * 8.0;
     /* SHIFTED computes wide columns that are not outputs: worth it while they
@@ -772,93 +868,136 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
 
 /* --------------------------------------------------------------- WINOGRAD */
 
-/* Winograd F(2x2, 3x3) (Lavin & Gray): each 2x2 output tile is
- * A^T [(G g G^T) .* (B^T d B)] A for the 4x4 input patch d at (2ty, 2tx) of
- * the zero-padded input and the 3x3 kernel g. Over a chunk of tiles the
- * elementwise product, summed over input channels, is 16 GEMMs
- * M[xi] = U[xi] [O x C] * V[xi] [C x tiles], one per point xi of the 4x4
- * transform domain: 16 * C * O multiply-adds per tile instead of 36 * C * O.
+/* Winograd F(e x e, 3x3) (Lavin & Gray), e = 2 (MT_CONV_WINOGRAD) or 4
+ * (MT_CONV_WINOGRAD4): each e x e output tile is A^T [(G g G^T) .* (B^T d B)] A
+ * for the a x a input patch d (a = e + 2) at (e ty, e tx) of the zero-padded
+ * input and the 3x3 kernel g. Over a chunk of tiles the elementwise
+ * product, summed over input channels, is a * a GEMMs
+ * M[xi] = U[xi] [O x C] * V[xi] [C x tiles], one per point xi of the a x a
+ * transform domain: 16 * C * O multiply-adds per 2x2 tile (4 an output)
+ * or 36 * C * O per 4x4 tile (2.25 an output) where a direct convolution
+ * needs 9 an output. F(4x4) rounds more (its transforms scale by up to 8
+ * and 1/24): a few 1e-6 of the output's scale in float32 with 512
+ * channels, against about 5e-7 for F(2x2) and 1e-6 for a direct sum.
  * The input is copied zero-padded first (as SHIFTED does), so the
  * transforms need no bounds checks. Then, per chunk of tile rows (counted
  * over the batch's images, so a chunk spans images on small planes), three
  * parallel phases: the input transform into V (a task per channel and tile
- * row), the 16 GEMMs (a task per xi, group and block of output channels:
+ * row), the GEMMs (a task per xi, group and block of output channels:
  * each GEMM is as wide as the chunk, so U[xi] is packed once per chunk even
- * for 7x7 planes, where tiles per image would give N = 16), and the output
- * transform (a task per output channel and tile row). */
+ * for 7x7 planes), and the output transform (a task per output channel and
+ * tile row). */
 typedef struct {
-    int64_t th, tw, hp, wp, plane, nb, rows, tmax, bytes;
+    int64_t e, np;          /* output tile edge, transform points (e + 2)^2 */
+    int64_t th, tw, hp, wp, plane, nb, rows, tmax, scratch, bytes;
 } wino_plan;
 
-/* U's size: 16 planes of [O][C/groups], MT_WINO_SKEW apart */
-static int64_t wino_u_bytes(const mt_conv2d_geom *g, int64_t isz) {
-    return ws_round(ws_mul4(16, ws_add(ws_mul(g->o, g->c / g->groups), MT_WINO_SKEW), isz, 1));
+static int wino_edge(int algo) { return algo == MT_CONV_WINOGRAD4 ? 4 : 2; }
+
+/* U's size: np planes of [O][C/groups], MT_WINO_SKEW apart */
+static int64_t wino_u_bytes(const mt_conv2d_geom *g, int64_t isz, int64_t np) {
+    return ws_round(ws_mul4(np, ws_add(ws_mul(g->o, g->c / g->groups), MT_WINO_SKEW), isz, 1));
 }
 
 /* own_u: the workspace holds U (0: the caller passes U transformed already) */
-static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int nt, int own_u, wino_plan *pl) {
-    (void)nt;
-    pl->th = (g->oh + 1) / 2;
-    pl->tw = (g->ow + 1) / 2;
-    pl->hp = 2 * pl->th + 2;
-    pl->wp = 2 * pl->tw + 2;
+static void plan_wino(const mt_conv2d_geom *g, int64_t isz, int e, int nt, int own_u, wino_plan *pl) {
+    pl->e = e;
+    pl->np = (e + 2) * (e + 2);
+    pl->th = (g->oh + e - 1) / e;
+    pl->tw = (g->ow + e - 1) / e;
+    pl->hp = e * pl->th + 2;
+    pl->wp = e * pl->tw + 2;
     pl->plane = ws_mul(pl->hp, pl->wp);
     const int64_t per_image = ws_mul4(g->c, pl->plane, isz, 1);
     pl->nb = mt_clamp64(MT_SHIFTED_BATCH_BYTES / mt_max64(1, per_image), 1, g->n);
-    /* tile rows a chunk: V and M (16 * (C + O) values a tile) within the
+    /* tile rows a chunk: V and M (np * (C + O) values a tile) within the
      * chunk budget, in chunks of about equal size */
     const int64_t total = ws_mul(pl->nb, pl->th);
-    const int64_t fit = mt_max64(1, MT_WINO_CHUNK_BYTES / ws_mul4(16, g->c + g->o, isz, pl->tw));
+    const int64_t fit = mt_max64(1, MT_WINO_CHUNK_BYTES / ws_mul4(pl->np, g->c + g->o, isz, pl->tw));
     const int64_t nchunk = (total + fit - 1) / fit;
     pl->rows = (total + nchunk - 1) / nchunk;
     pl->tmax = ws_mul(pl->rows, pl->tw);
-    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)), own_u ? wino_u_bytes(g, isz) : 0),
-                       ws_add(ws_add(ws_round(ws_mul4(16, ws_add(ws_mul(g->c, pl->tmax), MT_WINO_SKEW), isz, 1)),
-                                     ws_round(ws_mul4(16, ws_add(ws_mul(g->o, pl->tmax), MT_WINO_SKEW), isz, 1))),
-                              ws_mul(nt, ws_round(ws_mul(2 * pl->tw + 2, isz)))));
+    /* a thread's scratch: F(4x4)'s row transform (e + 2 rows of wp), and
+     * e output rows past the plane's last (dropped) */
+    pl->scratch = ws_round(ws_mul(ws_add(ws_mul(e + 2, pl->wp), ws_mul(e, e * pl->tw + e)), isz));
+    pl->bytes = ws_add(ws_add(ws_round(ws_mul(pl->nb, per_image)), own_u ? wino_u_bytes(g, isz, pl->np) : 0),
+                       ws_add(ws_add(ws_round(ws_mul4(pl->np, ws_add(ws_mul(g->c, pl->tmax), MT_WINO_SKEW), isz, 1)),
+                                     ws_round(ws_mul4(pl->np, ws_add(ws_mul(g->o, pl->tmax), MT_WINO_SKEW), isz, 1))),
+                              ws_mul(nt, pl->scratch)));
 }
 
-/* U from the weights: the 16 planes of the transformed 3x3 kernels, a
- * task per output channel (in the caller's OpenMP region or its own). */
-static void wino_transform(int dt, const char *w, char *u, const mt_conv2d_geom *g, int nt) {
-    const int64_t cg = g->c / g->groups, ux = g->o * cg + MT_WINO_SKEW;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t o = 0; o < g->o; o++) {
+/* The transforms of one variant and dtype (written per variant below the
+ * MT_NN_TEMPLATE line). */
+static void wino_weights_any(int dt, int e, const char *w, char *u, int64_t ux, int64_t cg, int64_t o) {
+    if (e == 4) {
+        if (dt == MT_FLOAT32) wino4_weights_f32((const float *)w, (float *)u, ux, cg, o);
+        else wino4_weights_f64((const double *)w, (double *)u, ux, cg, o);
+    } else {
         if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
         else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
     }
 }
 
+static void wino_input_any(int dt, int e, const char *pc, char *vc, int64_t vx, int64_t ty, int64_t tw,
+                           int64_t wp, char *scratch) {
+    if (e == 4) {
+        if (dt == MT_FLOAT32) wino4_input_f32((const float *)pc, (float *)vc, vx, ty, tw, wp, (float *)scratch);
+        else wino4_input_f64((const double *)pc, (double *)vc, vx, ty, tw, wp, (double *)scratch);
+    } else {
+        if (dt == MT_FLOAT32) wino_input_f32((const float *)pc, (float *)vc, vx, ty, tw, wp);
+        else wino_input_f64((const double *)pc, (double *)vc, vx, ty, tw, wp);
+    }
+}
+
+/* rows e ty .. e ty + e - 1 of output plane yo from M (mc: the row's first
+ * tile), plus bias[o] and the epilogue */
+static void wino_output_any(int dt, int e, const char *mc, int64_t mx, char *yo, const char *bias, int64_t o,
+                            int64_t ty, int64_t tw, char *scratch, const mt_conv2d_geom *g) {
+    if (dt == MT_FLOAT32) {
+        const float bv = bias ? ((const float *)bias)[o] : 0.0f;
+        if (e == 4) wino4_output_f32((const float *)mc, mx, (float *)yo, bv, ty, tw, (float *)scratch, g);
+        else wino_output_f32((const float *)mc, mx, (float *)yo, bv, ty, tw, g->oh, g->ow, (float *)scratch, g);
+    } else {
+        const double bv = bias ? ((const double *)bias)[o] : 0.0;
+        if (e == 4) wino4_output_f64((const double *)mc, mx, (double *)yo, bv, ty, tw, (double *)scratch, g);
+        else wino_output_f64((const double *)mc, mx, (double *)yo, bv, ty, tw, g->oh, g->ow, (double *)scratch, g);
+    }
+}
+
+/* U from the weights: the np planes of the transformed 3x3 kernels, a
+ * task per output channel. */
+static void wino_transform(int dt, int e, const char *w, char *u, const mt_conv2d_geom *g, int nt) {
+    const int64_t cg = g->c / g->groups, ux = g->o * cg + MT_WINO_SKEW;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t o = 0; o < g->o; o++) wino_weights_any(dt, e, w, u, ux, cg, o);
+}
+
 /* u_given: U transformed already (mt_conv2d_wino_transform), else NULL and
  * the weights w are transformed into the workspace first. */
-static int conv_winograd(int dt, const char *x, const char *w, const char *u_given, const char *bias, char *y,
-                         const mt_conv2d_geom *g, int nt, char *ws) {
+static int conv_winograd(int dt, int e, const char *x, const char *w, const char *u_given, const char *bias,
+                         char *y, const mt_conv2d_geom *g, int nt, char *ws) {
     const int64_t isz = dt == MT_FLOAT32 ? 4 : 8, ohw = g->oh * g->ow;
     const int64_t cg = g->c / g->groups, og = g->o / g->groups;
     wino_plan pl;
-    plan_wino(g, isz, nt, u_given == NULL, &pl);
-    const int64_t th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
+    plan_wino(g, isz, e, nt, u_given == NULL, &pl);
+    const int64_t np = pl.np, th = pl.th, tw = pl.tw, plane = pl.plane, nb = pl.nb, rows = pl.rows;
     char *p = ws_take(&ws, nb * g->c * plane * isz);
     /* U[xi]: [O][C/groups], ux apart */
-    const char *u = u_given ? u_given : ws_take(&ws, wino_u_bytes(g, isz));
+    const char *u = u_given ? u_given : ws_take(&ws, wino_u_bytes(g, isz, np));
     const int64_t ux = g->o * cg + MT_WINO_SKEW;
-    char *v = ws_take(&ws, 16 * (g->c * pl.tmax + MT_WINO_SKEW) * isz);
-    char *m = ws_take(&ws, 16 * (g->o * pl.tmax + MT_WINO_SKEW) * isz);
+    char *v = ws_take(&ws, np * (g->c * pl.tmax + MT_WINO_SKEW) * isz);
+    char *m = ws_take(&ws, np * (g->o * pl.tmax + MT_WINO_SKEW) * isz);
     char *scratch_all = ws;
-    const int64_t sbytes = ws_round((2 * tw + 2) * isz);
-    /* GEMM tasks: 16 per group, times output-channel blocks when fewer */
-    const int64_t nob = o_split(og, 16 * g->groups, nt), obs = (og + nob - 1) / nob;
+    /* GEMM tasks: np per group, times output-channel blocks when fewer */
+    const int64_t nob = o_split(og, np * g->groups, nt), obs = (og + nob - 1) / nob;
     const int par = nt > 1;
     if (par) blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
-        char *scratch = scratch_all + thread_id() * sbytes;
+        char *scratch = scratch_all + thread_id() * pl.scratch;
         if (!u_given) {
             #pragma omp for schedule(static) nowait
-            for (int64_t o = 0; o < g->o; o++) {
-                if (dt == MT_FLOAT32) wino_weights_f32((const float *)w, (float *)u, ux, cg, o);
-                else wino_weights_f64((const double *)w, (double *)u, ux, cg, o);
-            }
+            for (int64_t o = 0; o < g->o; o++) wino_weights_any(dt, (int)e, w, (char *)u, ux, cg, o);
         }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
             const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
@@ -875,15 +1014,11 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *u_giv
                 #pragma omp for schedule(static)
                 for (int64_t task = 0; task < g->c * nr; task++) {
                     const int64_t c = task / nr, r = r0 + task % nr, img = r / th;
-                    const char *pc = p + (c * b + img) * plane * isz;
-                    char *vc = v + (c * cnt + (r - r0) * tw) * isz;
-                    if (dt == MT_FLOAT32)
-                        wino_input_f32((const float *)pc, (float *)vc, vx, r % th, tw, pl.wp);
-                    else
-                        wino_input_f64((const double *)pc, (double *)vc, vx, r % th, tw, pl.wp);
+                    wino_input_any(dt, (int)e, p + (c * b + img) * plane * isz,
+                                   v + (c * cnt + (r - r0) * tw) * isz, vx, r % th, tw, pl.wp, scratch);
                 }
                 #pragma omp for schedule(dynamic, 1)
-                for (int64_t task = 0; task < 16 * g->groups * nob; task++) {
+                for (int64_t task = 0; task < np * g->groups * nob; task++) {
                     const int64_t ob = task % nob, gi = (task / nob) % g->groups, xi = task / (nob * g->groups);
                     const int64_t o0 = gi * og + ob * obs, orows = mt_min64(obs, og - ob * obs);
                     gemm(dt, 0, orows, cnt, cg, u + (xi * ux + o0 * cg) * isz, cg,
@@ -892,16 +1027,8 @@ static int conv_winograd(int dt, const char *x, const char *w, const char *u_giv
                 #pragma omp for schedule(static)
                 for (int64_t task = 0; task < g->o * nr; task++) {
                     const int64_t o = task / nr, r = r0 + task % nr, img = r / th;
-                    char *yo = y + ((n0 + img) * g->o + o) * ohw * isz;
-                    const char *mc = m + (o * cnt + (r - r0) * tw) * isz;
-                    if (dt == MT_FLOAT32)
-                        wino_output_f32((const float *)mc, mx, (float *)yo,
-                                        bias ? ((const float *)bias)[o] : 0.0f, r % th, tw, g->oh, g->ow,
-                                        (float *)scratch, g);
-                    else
-                        wino_output_f64((const double *)mc, mx, (double *)yo,
-                                        bias ? ((const double *)bias)[o] : 0.0, r % th, tw, g->oh, g->ow,
-                                        (double *)scratch, g);
+                    wino_output_any(dt, (int)e, m + (o * cnt + (r - r0) * tw) * isz, mx,
+                                    y + ((n0 + img) * g->o + o) * ohw * isz, bias, o, r % th, tw, scratch, g);
                 }
             }
         }
@@ -926,9 +1053,14 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
         plan_im2col(g, isz, nthreads, &pl);
         return ws_report(pl.bytes);
     }
-    if (algo == MT_CONV_WINOGRAD) {
+    if (algo == MT_CONV_WINOGRAD || algo == MT_CONV_WINOGRAD4) {
         wino_plan pl;
-        plan_wino(g, isz, nthreads, 1, &pl);
+        plan_wino(g, isz, wino_edge(algo), nthreads, 1, &pl);
+        return ws_report(pl.bytes);
+    }
+    if (algo == MT_CONV_DIRECT) {
+        direct_plan pl;
+        plan_direct(g, isz, nthreads, &pl);
         return ws_report(pl.bytes);
     }
     if (algo == MT_CONV_DEPTHWISE) {
@@ -953,7 +1085,13 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     switch (algo) {
     case MT_CONV_GEMM1X1: return conv_gemm1x1(dtype, x, weight, bias, y, g, nthreads);
     case MT_CONV_SHIFTED: return conv_shifted(dtype, x, weight, bias, y, g, nthreads, workspace);
-    case MT_CONV_WINOGRAD: return conv_winograd(dtype, x, weight, NULL, bias, y, g, nthreads, workspace);
+    case MT_CONV_WINOGRAD:
+    case MT_CONV_WINOGRAD4:
+        return conv_winograd(dtype, wino_edge(algo), x, weight, NULL, bias, y, g, nthreads, workspace);
+    case MT_CONV_DIRECT:
+        if (dtype == MT_FLOAT32) direct_f32(x, weight, bias, y, g, nthreads, workspace);
+        else direct_f64(x, weight, bias, y, g, nthreads, workspace);
+        return 0;
     case MT_CONV_DEPTHWISE:
         if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads, workspace);
         else depthwise_f64(x, weight, bias, y, g, nthreads, workspace);
@@ -962,26 +1100,29 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     }
 }
 
-/* WINOGRAD with weights transformed once (the caller caches U): */
-int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g) {
-    return ws_report(wino_u_bytes(g, dtype == MT_FLOAT32 ? 4 : 8));
+/* WINOGRAD / WINOGRAD4 (algo) with weights transformed once (the caller
+ * caches U): */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo) {
+    const int e = wino_edge(algo);
+    return ws_report(wino_u_bytes(g, dtype == MT_FLOAT32 ? 4 : 8, (e + 2) * (e + 2)));
 }
 
-void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads) {
-    if (g->o > 0 && g->c > 0) wino_transform(dtype, weight, u, g, nthreads);
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int algo,
+                              int nthreads) {
+    if (g->o > 0 && g->c > 0) wino_transform(dtype, wino_edge(algo), weight, u, g, nthreads);
 }
 
-int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads) {
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) {
     if (g->n == 0 || g->o == 0 || g->c == 0) return 0;
     wino_plan pl;
-    plan_wino(g, dtype == MT_FLOAT32 ? 4 : 8, nthreads, 0, &pl);
+    plan_wino(g, dtype == MT_FLOAT32 ? 4 : 8, wino_edge(algo), nthreads, 0, &pl);
     return ws_report(pl.bytes);
 }
 
 int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                     const mt_conv2d_geom *g, int nthreads, void *workspace) {
-    if (g->n == 0 || g->o == 0 || g->c == 0) return mt_conv2d(dtype, x, NULL, bias, y, g, MT_CONV_WINOGRAD, nthreads, workspace);
-    return conv_winograd(dtype, x, NULL, u, bias, y, g, nthreads, workspace);
+                     const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0 || g->c == 0) return mt_conv2d(dtype, x, NULL, bias, y, g, algo, nthreads, workspace);
+    return conv_winograd(dtype, wino_edge(algo), x, NULL, u, bias, y, g, nthreads, workspace);
 }
 
 /* One (image, group) of conv_transpose2d: bias, then for each tile of input
@@ -1348,6 +1489,119 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     }
 }
 
+/* DIRECT: an image's input channels packed as DEPTHWISE packs a plane
+ * (zero-padded, split into the stride's phases, cs elements apart), so
+ * that tap t of wide output j of every channel is element j + off[t] of
+ * that channel's block. The micro-kernel keeps ob output channels times
+ * two vectors of consecutive wide outputs in registers (16 AVX-512 or 12
+ * AVX2 accumulators) and, for each input channel and tap, loads two input
+ * vectors and multiply-adds them with ob broadcast weights: 2 loads and ob
+ * broadcasts per 2 * ob vector FMAs, with no im2col copy. It writes the
+ * wide outputs [p0, p1) (rounded up to whole vector pairs) of output
+ * channel o at yw + o * ys; wb is the block's weights packed
+ * [cg][kk][ob] (FN(direct_weights)), so the broadcasts of a tap share a
+ * cache line. */
+#define MT_DIRECT_KERNEL(NAME, VB, OBK, ATTR)                                  \
+static ATTR void NAME(const T *restrict pk, int64_t cs, const int64_t *restrict off, int64_t kk, \
+                      int64_t cg, const T *restrict wb, T *restrict yw, int64_t ys, int64_t p0, int64_t p1) { \
+    typedef T vec __attribute__((vector_size(VB), aligned(sizeof(T))));      \
+    const int64_t vl = VB / (int64_t)sizeof(T);                                \
+    for (int64_t p = p0; p < p1; p += 2 * vl) {                                \
+        vec a0[OBK], a1[OBK];                                                  \
+        for (int o = 0; o < OBK; o++) { a0[o] = (vec){0}; a1[o] = (vec){0}; }  \
+        const T *w = wb;                                                       \
+        for (int64_t c = 0; c < cg; c++) {                                     \
+            const T *b = pk + c * cs + p;                                      \
+            for (int64_t t = 0; t < kk; t++, w += OBK) {                       \
+                const vec x0 = *(const vec *)(b + off[t]), x1 = *(const vec *)(b + off[t] + vl); \
+                for (int o = 0; o < OBK; o++) {                                \
+                    const T s = w[o];                                          \
+                    a0[o] += s * x0;                                           \
+                    a1[o] += s * x1;                                           \
+                }                                                              \
+            }                                                                  \
+        }                                                                      \
+        for (int o = 0; o < OBK; o++) {                                        \
+            *(vec *)(yw + o * ys + p) = a0[o];                                 \
+            *(vec *)(yw + o * ys + p + vl) = a1[o];                            \
+        }                                                                      \
+    }                                                                          \
+}
+MT_DIRECT_KERNEL(FN(direct_wide), 64, MT_DIRECT_OB_WIDE, MT_DIRECT_WIDE_ATTR)
+MT_DIRECT_KERNEL(FN(direct_narrow), 32, MT_DIRECT_OB_NARROW, MT_CLONES)
+#undef MT_DIRECT_KERNEL
+
+/* DIRECT: the weights of output channels o0 .. o0 + rows - 1 (w: [O][cg][kk])
+ * packed [cg][kk][obk] for the micro-kernel, zero past the last row. */
+static void FN(direct_weights)(const T *restrict w, T *restrict wb, int64_t o0, int64_t rows, int64_t obk,
+                               int64_t cgkk) {
+    for (int64_t i = 0; i < cgkk; i++)
+        for (int64_t o = 0; o < obk; o++) wb[i * obk + o] = o < rows ? w[(o0 + o) * cgkk + i] : (T)0;
+}
+
+/* DIRECT: the real outputs among wide outputs [p0, p1) of one output
+ * channel (yw, rows of wq) into its plane yp, plus the bias bv and the
+ * epilogue. */
+static void FN(direct_store)(const T *restrict yw, int64_t p0, int64_t p1, int64_t wq, T *restrict yp, T bv,
+                             const mt_conv2d_geom *g) {
+    for (int64_t oy = p0 / wq; oy < g->oh && oy * wq < p1; oy++) {
+        const int64_t lo = mt_max64(p0 - oy * wq, 0), hi = mt_min64(p1 - oy * wq, g->ow);
+        if (lo >= hi) continue;
+        T *restrict d = yp + oy * g->ow;
+        const T *restrict s = yw + oy * wq;
+        for (int64_t j = lo; j < hi; j++) d[j] = s[j] + bv;
+        FN(epilogue)(d + lo, hi - lo, g);
+    }
+}
+
+/* DIRECT over the batch: per image, the channels packed (a task per
+ * channel), then tasks of (group, block of output channels, range of wide
+ * outputs), the ranges split only as far as the threads need work. */
+static void FN(direct)(const T *x, const T *w, const T *bias, T *y, const mt_conv2d_geom *g, int nt, char *ws) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
+    const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
+    direct_plan pl;
+    plan_direct(g, sizeof(T), nt, &pl);
+    int64_t off[kk];
+    for (int64_t k = 0; k < kk; k++) {
+        const int64_t r = k / g->kw * g->dh, c = k % g->kw * g->dw;
+        off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl.dw.plane + (r / g->sh) * pl.dw.wq + c / g->sw;
+    }
+    const int wide = pl.wide;
+    const int64_t obk = wide ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
+    const int64_t nob = (og + obk - 1) / obk, tasks = g->groups * nob * pl.nchunk;
+    T *pk = (T *)ws, *wpk = (T *)(ws + pl.pk_bytes);
+    memset(pk, 0, (size_t)(g->c * pl.cs) * sizeof(T));   /* the padding, once: packs write the rest */
+    const int par = nt > 1;
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        T *yw = (T *)(ws + pl.pk_bytes + pl.wpk_bytes + thread_id() * pl.yw_bytes);
+        #pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < g->groups * nob; blk++) {
+            const int64_t gi = blk / nob, ob = blk % nob;
+            FN(direct_weights)(w, wpk + blk * obk * cg * kk, gi * og + ob * obk, mt_min64(obk, og - ob * obk),
+                               obk, cg * kk);
+        }
+        for (int64_t n = 0; n < g->n; n++) {
+            #pragma omp for schedule(static)
+            for (int64_t c = 0; c < g->c; c++) FN(dw_pack)(x + (n * g->c + c) * hw, pk + c * pl.cs, g, &pl.dw);
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < tasks; task++) {
+                /* output-channel blocks vary fastest: a range's input stays in cache */
+                const int64_t ob = task % nob, ch = (task / nob) % pl.nchunk, gi = task / (pl.nchunk * nob);
+                const int64_t o0 = gi * og + ob * obk, orows = mt_min64(obk, og - ob * obk);
+                const int64_t p0 = ch * pl.chunk, p1 = mt_min64(pl.cnt, p0 + pl.chunk);
+                const T *wb = wpk + (gi * nob + ob) * obk * cg * kk;
+                if (wide) FN(direct_wide)(pk + gi * cg * pl.cs, pl.cs, off, kk, cg, wb, yw, pl.ys, p0, p1);
+                else FN(direct_narrow)(pk + gi * cg * pl.cs, pl.cs, off, kk, cg, wb, yw, pl.ys, p0, p1);
+                for (int64_t o = 0; o < orows; o++)
+                    FN(direct_store)(yw + o * pl.ys, p0, p1, pl.dw.wq, y + (n * g->o + o0 + o) * ohw,
+                                     bias ? bias[o0 + o] : (T)0, g);
+            }
+        }
+    }
+}
+
 /* WINOGRAD weights of output channel o: u[xi * ux + o * cg + c] =
  * (G g G^T)[xi] for each 3x3 kernel g = w[o][c],
  * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Blocks of channels at a
@@ -1458,6 +1712,155 @@ static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int
     FN(epilogue)(y0, ow, g);
     if (2 * ty + 1 < oh) FN(epilogue)(y1, ow, g);
 }
+
+/* WINOGRAD4, F(4x4, 3x3), with the interpolation points 0, 1, -1, 2, -2 and
+ * infinity:
+ *   B^T = [4  0 -5  0 1 0;  0 -4 -4  1 1 0;  0  4 -4 -1 1 0;
+ *          0 -2 -1  2 1 0;  0  2 -1 -2 1 0;  0  4  0 -5 0 1]
+ *   G   = [1/4 0 0;  -1/6 -1/6 -1/6;  -1/6 1/6 -1/6;
+ *          1/24 1/12 1/6;  1/24 -1/12 1/6;  0 0 1]
+ *   A^T = [1 1 1 1 1 0;  0 1 -1 2 -2 0;  0 1 1 4 4 0;  0 1 -1 8 -8 1]
+ * The three apply along rows, then along columns, each as the 1-D
+ * transforms below (shared terms first). */
+
+/* the 1-D G: six values from the kernel's three */
+#define MT_WINO4_G(k0, k1, k2, d)                                              \
+    do {                                                                       \
+        const T s02 = (k0) + (k2), q = (k0) * (T)(1.0 / 24) + (k2) * (T)(1.0 / 6); \
+        (d)[0] = (k0) * (T)0.25;                                               \
+        (d)[1] = -(s02 + (k1)) * (T)(1.0 / 6);                                 \
+        (d)[2] = -(s02 - (k1)) * (T)(1.0 / 6);                                 \
+        (d)[3] = q + (k1) * (T)(1.0 / 12);                                     \
+        (d)[4] = q - (k1) * (T)(1.0 / 12);                                     \
+        (d)[5] = (k2);                                                         \
+    } while (0)
+
+/* WINOGRAD4 weights of output channel o: u[xi * ux + o * cg + c] =
+ * (G g G^T)[xi] for each 3x3 kernel g = w[o][c], a block of channels at a
+ * time, transposed first (as wino_weights, for whole cache lines). */
+static MT_CLONES void FN(wino4_weights)(const T *w, T *u, int64_t ux, int64_t cg, int64_t o) {
+    T kt[9][MT_WINO_CBLK], gg[6][3][MT_WINO_CBLK];
+    for (int64_t c0 = 0; c0 < cg; c0 += MT_WINO_CBLK) {
+        const int64_t nc = mt_min64(MT_WINO_CBLK, cg - c0);
+        const T *k = w + (o * cg + c0) * 9;
+        for (int64_t c = 0; c < nc; c++)
+            for (int j = 0; j < 9; j++) kt[j][c] = k[c * 9 + j];
+        for (int j = 0; j < 3; j++)          /* G g: column j of the kernel */
+            for (int64_t c = 0; c < nc; c++) {
+                T d[6];
+                MT_WINO4_G(kt[j][c], kt[3 + j][c], kt[6 + j][c], d);
+                for (int i = 0; i < 6; i++) gg[i][j][c] = d[i];
+            }
+        for (int i = 0; i < 6; i++)          /* (G g) G^T, row i */
+            for (int64_t c = 0; c < nc; c++) {
+                T d[6];
+                MT_WINO4_G(gg[i][0][c], gg[i][1][c], gg[i][2][c], d);
+                for (int j = 0; j < 6; j++) u[(i * 6 + j) * ux + o * cg + c0 + c] = d[j];
+            }
+    }
+}
+
+/* the 1-D B^T: six values d from six inputs s[0], s[st], ..., s[5 st] */
+#define MT_WINO4_BT(s, st, d)                                                  \
+    do {                                                                       \
+        const T x0 = (s)[0], x1 = (s)[st], x2 = (s)[2 * (st)], x3 = (s)[3 * (st)]; \
+        const T x4 = (s)[4 * (st)], x5 = (s)[5 * (st)];                        \
+        const T p = x4 - 4 * x2, q = 4 * x1 - x3, r = x4 - x2, t = 2 * (x1 - x3); \
+        (d)[0] = 4 * x0 - 5 * x2 + x4;                                         \
+        (d)[1] = p - q;                                                        \
+        (d)[2] = p + q;                                                        \
+        (d)[3] = r - t;                                                        \
+        (d)[4] = r + t;                                                        \
+        (d)[5] = 4 * x1 - 5 * x3 + x5;                                         \
+    } while (0)
+
+/* WINOGRAD4 input, one channel and one row of tiles: v[xi * ldx + tx] =
+ * (B^T d B)[xi] for the 6x6 patch d at rows 4ty .. 4ty + 5, columns
+ * 4tx .. 4tx + 5 of the padded plane p (rows wp apart; v points at the
+ * row's first tile). B^T d runs over whole rows first, into the scratch
+ * (six rows of wp), where it vectorises; then the columns per tile. */
+static MT_CLONES void FN(wino4_input)(const T *p, T *v, int64_t ldx, int64_t ty, int64_t tw, int64_t wp,
+                                      T *restrict t) {
+    const T *r = p + 4 * ty * wp;
+    MT_IVDEP
+    for (int64_t j = 0; j < wp; j++) {
+        T d[6];
+        MT_WINO4_BT(r + j, wp, d);
+        for (int i = 0; i < 6; i++) t[i * wp + j] = d[i];
+    }
+    for (int i = 0; i < 6; i++) {
+        const T *restrict ti = t + i * wp;
+        T *restrict vi = v + 6 * i * ldx;
+        MT_IVDEP
+        for (int64_t tx = 0; tx < tw; tx++) {
+            T d[6];
+            MT_WINO4_BT(ti + 4 * tx, 1, d);
+            for (int j = 0; j < 6; j++) vi[j * ldx + tx] = d[j];
+        }
+    }
+}
+
+/* the 1-D A^T: four values d from six inputs s[0], s[st], ..., s[5 st] */
+#define MT_WINO4_AT(s, st, d)                                                  \
+    do {                                                                       \
+        const T a12 = (s)[st] + (s)[2 * (st)], s12 = (s)[st] - (s)[2 * (st)];  \
+        const T a34 = (s)[3 * (st)] + (s)[4 * (st)], s34 = (s)[3 * (st)] - (s)[4 * (st)]; \
+        (d)[0] = (s)[0] + a12 + a34;                                           \
+        (d)[1] = s12 + 2 * s34;                                                \
+        (d)[2] = a12 + 4 * a34;                                                \
+        (d)[3] = s12 + 8 * s34 + (s)[5 * (st)];                                \
+    } while (0)
+
+/* WINOGRAD4 output, one row of tiles: the 4x4 outputs A^T m A + bv of the
+ * first n tiles (m[xi] = m[xi * ldx + tx]) into rows y[0..3], columns
+ * 4tx .. 4tx + 3. */
+static MT_CLONES void FN(wino4_output_row)(const T *restrict m, int64_t ldx, T *const *y, T bv, int64_t n) {
+    T *restrict y0 = y[0], *restrict y1 = y[1], *restrict y2 = y[2], *restrict y3 = y[3];
+    MT_IVDEP
+    for (int64_t tx = 0; tx < n; tx++) {
+        T s[4][6];   /* A^T m: rows combined, per column j */
+        for (int j = 0; j < 6; j++) {
+            T d[4];
+            MT_WINO4_AT(m + j * ldx + tx, 6 * ldx, d);
+            for (int i = 0; i < 4; i++) s[i][j] = d[i];
+        }
+        T d[4];
+        MT_WINO4_AT(s[0], 1, d);
+        for (int j = 0; j < 4; j++) y0[4 * tx + j] = d[j] + bv;
+        MT_WINO4_AT(s[1], 1, d);
+        for (int j = 0; j < 4; j++) y1[4 * tx + j] = d[j] + bv;
+        MT_WINO4_AT(s[2], 1, d);
+        for (int j = 0; j < 4; j++) y2[4 * tx + j] = d[j] + bv;
+        MT_WINO4_AT(s[3], 1, d);
+        for (int j = 0; j < 4; j++) y3[4 * tx + j] = d[j] + bv;
+    }
+}
+
+/* WINOGRAD4 output, one output channel and one row of tiles: rows
+ * 4ty .. 4ty + 3 of the plane y from m (the row's first tile), plus the bias
+ * bv and the epilogue. Rows past oh go to the scratch (4 rows of
+ * 4 tw + 4); the columns of a last, partial tile are computed into a block
+ * and copied. */
+static void FN(wino4_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int64_t tw, T *scratch,
+                             const mt_conv2d_geom *g) {
+    const int64_t oh = g->oh, ow = g->ow, full = ow / 4, rest = ow % 4;
+    T *rows[4];
+    for (int i = 0; i < 4; i++)
+        rows[i] = 4 * ty + i < oh ? y + (4 * ty + i) * ow : scratch + i * (4 * tw + 4);
+    FN(wino4_output_row)(m, ldx, rows, bv, full);
+    if (rest) {
+        T blk[4][4];
+        T *b[4] = {blk[0], blk[1], blk[2], blk[3]};
+        FN(wino4_output_row)(m + full, ldx, b, bv, 1);
+        for (int i = 0; i < 4; i++)
+            for (int64_t j = 0; j < rest; j++) rows[i][4 * full + j] = blk[i][j];
+    }
+    for (int i = 0; i < 4 && 4 * ty + i < oh; i++) FN(epilogue)(rows[i], ow, g);
+}
+
+#undef MT_WINO4_G
+#undef MT_WINO4_BT
+#undef MT_WINO4_AT
 
 /* conv_transpose2d: adds col [og * kh * kw][ldc] (columns = input pixels
  * p0 .. p0 + cnt - 1) into the group's output planes y [og][oh][ow]. */

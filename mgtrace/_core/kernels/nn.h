@@ -73,6 +73,8 @@ enum mt_conv_algo {
     MT_CONV_IM2COL,     /* im2col in cache-sized column tiles, then GEMM */
     MT_CONV_DEPTHWISE,  /* direct loops; needs one input channel per group */
     MT_CONV_WINOGRAD,   /* F(2x2, 3x3): 3x3, stride 1, dilation 1; 16 GEMMs per tile block */
+    MT_CONV_WINOGRAD4,  /* F(4x4, 3x3): as WINOGRAD, 36 GEMMs per block of 4x4 tiles */
+    MT_CONV_DIRECT,     /* direct multiply-adds over a padded polyphase copy, no GEMM */
     MT_CONV_NALGOS
 };
 
@@ -100,18 +102,23 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
 int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                         const mt_conv2d_geom *g, int nthreads, void *workspace);
-/* WINOGRAD with the weights transformed once: U's bytes, the transform
- * (U from weight [O, C/groups, 3, 3]), and the conv on a given U with its
- * own (smaller) workspace. The geometry must suit WINOGRAD. */
-int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g);
-void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int nthreads);
-int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
+/* WINOGRAD or WINOGRAD4 (algo) with the weights transformed once: U's
+ * bytes, the transform (U from weight [O, C/groups, 3, 3]), and the conv on
+ * a given U with its own (smaller) workspace. The geometry must suit
+ * WINOGRAD. */
+int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo);
+void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int algo,
+                              int nthreads);
+int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads);
 int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                     const mt_conv2d_geom *g, int nthreads, void *workspace);
+                     const mt_conv2d_geom *g, int algo, int nthreads, void *workspace);
+/* tests: 1 makes DIRECT run its AVX2/baseline micro-kernel even where the
+ * CPU has AVX-512 (0: pick by CPU, the default) */
+void mt_conv2d_direct_force_narrow(int on);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
-/* The same for a caller that has WINOGRAD's transformed weights cached
- * (u_cached 1): WINOGRAD then pays on fewer tiles. */
+/* The same for a caller that has Winograd's transformed weights cached
+ * (u_cached 1): WINOGRAD and WINOGRAD4 then pay on fewer tiles. */
 int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached);
 
 /* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
