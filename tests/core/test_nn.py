@@ -185,6 +185,19 @@ def ref_bilinear(x, oh, ow, align_corners, sf=(None, None)):
 
 # ------------------------------------------------------------------ conv2d
 
+def _on_threads(fn, counts=(1, 2, 3)):
+    """fn() on each thread count (the kernels split work by it), results in order."""
+    before = dispatch.get_num_threads()
+    try:
+        out = []
+        for t in counts:
+            dispatch.set_num_threads(t)
+            out.append(fn())
+        return out
+    finally:
+        dispatch.set_num_threads(before)
+
+
 # (N, C, H, W, O, KH, KW, stride, padding, dilation, groups)
 CONV_CASES = [
     (2, 4, 7, 9, 6, 3, 3, 1, 1, 1, 1),          # odd sizes
@@ -276,31 +289,13 @@ def test_depthwise_packed_geometries(case, dtype):
     n, c, h, w, mult, (kh, kw), s, p, d = case
     x, wt, b = rand(n, c, h, w, dtype=dtype), rand(c * mult, 1, kh, kw, dtype=dtype), rand(c * mult, dtype=dtype)
     ref = ref_conv2d(x, wt, b, s, p, d, c)
-    before = dispatch.get_num_threads()
-    try:
-        for threads in (1, 2, 3):
-            dispatch.set_num_threads(threads)
-            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, c, "depthwise")
-            close(y.numpy(), ref, dtype)
-    finally:
-        dispatch.set_num_threads(before)
+    for y in _on_threads(lambda: nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, c, "depthwise")):
+        close(y.numpy(), ref, dtype)
 
 
 NP_ACTS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
            "silu": lambda y: y / (1 + np.exp(-y))}
 
-
-def _on_threads(fn, counts=(1, 2, 3)):
-    """fn() on each thread count (the kernels split work by it), results in order."""
-    before = dispatch.get_num_threads()
-    try:
-        out = []
-        for t in counts:
-            dispatch.set_num_threads(t)
-            out.append(fn())
-        return out
-    finally:
-        dispatch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -1177,13 +1172,10 @@ def test_direct_conv_geometries(case, dtype, narrow):
     n, c, h, w, o, kh, kw, s, p, d, g = case
     x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, kh, kw, dtype=dtype), rand(o, dtype=dtype)
     ref = ref_conv2d(x, wt, b, s, p, d, g)
-    before = dispatch.get_num_threads()
     nn._direct_force_narrow(narrow)
     try:
-        for threads in (1, 2, 3):
-            dispatch.set_num_threads(threads)
-            y = nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g, "direct")
-            close(y.numpy(), ref, dtype)
+        ys = _on_threads(lambda: nn._conv2d(tensor(x), tensor(wt), tensor(b), s, p, d, g, "direct"))
     finally:
         nn._direct_force_narrow(False)
-        dispatch.set_num_threads(before)
+    for y in ys:
+        close(y.numpy(), ref, dtype)

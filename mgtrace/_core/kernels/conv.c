@@ -226,6 +226,16 @@ static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
                     ? ws_round(g->h * g->w * (int64_t)sizeof(int32_t)) : 0;
 }
 
+/* off[k] for each kernel tap k = kh * kw_count + kw: where the tap's input
+ * for wide output 0 lies in the packed plane (its phase plane, then its
+ * shift); for wide output j it is off[k] + j */
+static void dw_tap_offsets(const mt_conv2d_geom *g, const dw_plan *pl, int64_t *off) {
+    for (int64_t k = 0; k < g->kh * g->kw; k++) {
+        const int64_t r = k / g->kw * g->dh, c = k % g->kw * g->dw;
+        off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl->plane + (r / g->sh) * pl->wq + c / g->sw;
+    }
+}
+
 /* DEPTHWISE's index map for small planes: map[iy * w + ix] is where input
  * (iy, ix) goes in the packed plane (phase (a, b), row i, column t of
  * dw_plan's layout), or the bin past the slack for an input no output
@@ -1465,10 +1475,7 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
         return;
     }
     int64_t off[kk];
-    for (int64_t k = 0; k < kk; k++) {
-        const int64_t r = k / g->kw * g->dh, c = k % g->kw * g->dw;
-        off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl.plane + (r / g->sh) * pl.wq + c / g->sw;
-    }
+    dw_tap_offsets(g, &pl, off);
     const int64_t cnt = (g->oh - 1) * pl.wq + g->ow;   /* wide outputs up to the last real one */
     int32_t *map = pl.map_bytes ? (int32_t *)(ws + nt * pl.bytes_one) : NULL;
     if (map) dw_fill_map(g, &pl, map);
@@ -1563,10 +1570,7 @@ static void FN(direct)(const T *x, const T *w, const T *bias, T *y, const mt_con
     direct_plan pl;
     plan_direct(g, sizeof(T), nt, &pl);
     int64_t off[kk];
-    for (int64_t k = 0; k < kk; k++) {
-        const int64_t r = k / g->kw * g->dh, c = k % g->kw * g->dw;
-        off[k] = ((r % g->sh) * g->sw + c % g->sw) * pl.dw.plane + (r / g->sh) * pl.dw.wq + c / g->sw;
-    }
+    dw_tap_offsets(g, &pl.dw, off);
     const int wide = pl.wide;
     const int64_t obk = wide ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
     const int64_t nob = (og + obk - 1) / obk, tasks = g->groups * nob * pl.nchunk;
