@@ -566,6 +566,77 @@ cdef void _release_dlpack_v(mt_storage *st) noexcept with gil:
         m.deleter(m)
 
 
+cdef object _capsule(Tensor self, max_version, bint readonly):
+    """A DLPack capsule of ``self`` (versioned when the consumer asks with
+    max_version >= (1, 0)), flagged read-only when ``readonly``."""
+    if device_kind(self._device) != MT_DEV_CPU:
+        # the consumer's stream may not wait for ours: finish our work first
+        synchronize(DEVICES[self._device])
+    cdef mt_DLManagedTensor *m
+    cdef mt_DLManagedTensorVersioned *mv
+    if max_version is not None and max_version[0] >= 1:
+        mv = <mt_DLManagedTensorVersioned *>malloc(sizeof(mt_DLManagedTensorVersioned))
+        if mv == NULL:
+            raise MemoryError()
+        try:
+            _fill_dltensor(self, &mv.dl_tensor)
+        except MemoryError:
+            free(mv)
+            raise
+        mv.version.major = 1
+        mv.version.minor = 0
+        mv.flags = 1 if readonly else 0   # DLPACK_FLAG_BITMASK_READ_ONLY
+        mv.manager_ctx = <void *>self
+        mv.deleter = _dlv_deleter
+        Py_INCREF(self)
+        return PyCapsule_New(mv, "dltensor_versioned", _dlv_capsule_destructor)
+    m = <mt_DLManagedTensor *>malloc(sizeof(mt_DLManagedTensor))
+    if m == NULL:
+        raise MemoryError()
+    try:
+        _fill_dltensor(self, &m.dl_tensor)
+    except MemoryError:
+        free(m)
+        raise
+    m.manager_ctx = <void *>self
+    m.deleter = _dl_deleter
+    Py_INCREF(self)
+    return PyCapsule_New(m, "dltensor", _dl_capsule_destructor)
+
+
+class _UnsharedExport:
+    """The DLPack producer of :func:`unshared_view`."""
+
+    def __init__(self, Tensor t, bint writable):
+        self._t, self._writable = t, writable
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return _capsule(self._t, max_version, self._t.readonly or not self._writable)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def unshared_view(Tensor t, bint writable=False):
+    """A NumPy array sharing contiguous CPU tensor ``t``'s memory, for the
+    archive writer and reader, without marking the storage shared.
+
+    ``t.__dlpack__`` marks a writable storage shared (others may write it
+    unseen), which turns conv2d's packed-weight cache off for it for good;
+    saving a module must not do that to its weights. The caller promises
+    that every write through a ``writable`` view (the reader filling fresh
+    memory) happens before anything computes from ``t``, and that it keeps
+    no view past that. Read-only unless ``writable`` (NumPy 2.1 and newer
+    honour DLPack's read-only flag).
+
+    Raises:
+        ValueError: ``t`` is not a contiguous CPU tensor.
+    """
+    if DEVICES[t._device].type != "cpu" or not t.is_contiguous:
+        raise ValueError("unshared_view needs a contiguous CPU tensor")
+    return np.from_dlpack(_UnsharedExport(t, writable))
+
+
 def from_dlpack(x):
     """Zero-copy import of a DLPack producer (NumPy array, PyTorch tensor...).
 
@@ -841,39 +912,7 @@ cdef class Tensor:
             return self.copy().__dlpack__(max_version=max_version)
         if not self.readonly:
             self._st.shared = 1    # the consumer may write it: no cache can trust its version now
-        if device_kind(self._device) != MT_DEV_CPU:
-            # the consumer's stream may not wait for ours: finish our work first
-            synchronize(DEVICES[self._device])
-        cdef mt_DLManagedTensor *m
-        cdef mt_DLManagedTensorVersioned *mv
-        if max_version is not None and max_version[0] >= 1:
-            mv = <mt_DLManagedTensorVersioned *>malloc(sizeof(mt_DLManagedTensorVersioned))
-            if mv == NULL:
-                raise MemoryError()
-            try:
-                _fill_dltensor(self, &mv.dl_tensor)
-            except MemoryError:
-                free(mv)
-                raise
-            mv.version.major = 1
-            mv.version.minor = 0
-            mv.flags = 1 if self.readonly else 0   # DLPACK_FLAG_BITMASK_READ_ONLY
-            mv.manager_ctx = <void *>self
-            mv.deleter = _dlv_deleter
-            Py_INCREF(self)
-            return PyCapsule_New(mv, "dltensor_versioned", _dlv_capsule_destructor)
-        m = <mt_DLManagedTensor *>malloc(sizeof(mt_DLManagedTensor))
-        if m == NULL:
-            raise MemoryError()
-        try:
-            _fill_dltensor(self, &m.dl_tensor)
-        except MemoryError:
-            free(m)
-            raise
-        m.manager_ctx = <void *>self
-        m.deleter = _dl_deleter
-        Py_INCREF(self)
-        return PyCapsule_New(m, "dltensor", _dl_capsule_destructor)
+        return _capsule(self, max_version, self.readonly)
 
     def __dlpack_device__(self):
         dev = DEVICES[self._device]

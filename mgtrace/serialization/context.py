@@ -280,6 +280,15 @@ class DecodeContext:
         if self._mmap:
             buf = self._source.view(start, e["nbytes"])
             arr = np.frombuffer(buf, np.uint8)
+        elif dtype.name != "bfloat16":
+            # read into memory mgtrace owns, so that conv2d may cache the
+            # weights' packed copies (a tensor wrapping NumPy's memory is
+            # one others may write unseen: never cached)
+            t, flat = tensors.fresh_tensor(e["shape"], dtype)
+            self._source.readinto(start, flat)
+            if self._verify:
+                tensors.verify(memoryview(flat), e, where)
+            return t
         else:
             arr = tensors.aligned_empty(e["nbytes"])
             self._source.readinto(start, arr)

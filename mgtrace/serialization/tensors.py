@@ -6,11 +6,15 @@ C-contiguous, little-endian, at ``data_start + offset``. The checksum is
 crc32c package is among mgtrace's dependencies; the algorithm is named in
 each entry so a later version can switch).
 
-Tensors are made from NumPy arrays without a copy through DLPack
-(``mgtrace.from_dlpack``), which keeps a read-only array read-only, and
-modules get Parameters that share those tensors' memory
+A load with ``mmap`` makes read-only tensors of the file's bytes without
+a copy through DLPack (``mgtrace.from_dlpack``); one without reads each
+tensor's bytes straight into a new tensor's memory (:func:`fresh_tensor`).
+Modules get Parameters that share those tensors' memory
 (:func:`as_parameter`), so a module loaded with ``mmap`` holds views of the
-file and one loaded without it holds the single copy the load read.
+file and one loaded without it holds the single copy the load read. Both
+are memory whose every write mgtrace sees, so conv2d caches their packed
+weights; saving reads tensors through views that keep it so
+(:func:`host_array`).
 """
 import ctypes
 import sys
@@ -18,12 +22,13 @@ import zlib
 
 import numpy as np
 
-from mgtrace._core import DTYPES, from_dlpack, share_as
+from mgtrace._core import DTYPES, empty_tensor, from_dlpack, share_as
+from mgtrace._core.tensor import unshared_view
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
 __all__ = ["CHECKSUM", "checksum", "host_array", "entry_for", "check_table", "array_bytes",
-           "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
+           "fresh_tensor", "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
 
 CHECKSUM = "crc32"
 DTYPES_BY_NAME = {d.name: d for d in DTYPES}
@@ -46,9 +51,9 @@ def host_array(t):
     import (every dtype but bfloat16), else a copy of just this tensor."""
     arr = None
     if t.is_contiguous and t.device.type == "cpu" and t.dtype.name != "bfloat16":
-        try:
-            arr = np.from_dlpack(t)
-        except (BufferError, TypeError, RuntimeError):
+        try:       # (a view that leaves t's packed-weight caching on, unlike np.from_dlpack(t))
+            arr = unshared_view(t)
+        except (BufferError, TypeError, RuntimeError, ValueError):
             arr = None
     if arr is None:
         arr = t.numpy()
@@ -146,6 +151,15 @@ class _Bfloat16Export:
 
     def __dlpack_device__(self):
         return self._u16.__dlpack_device__()
+
+
+def fresh_tensor(shape, dtype):
+    """``(t, flat)``: a new CPU tensor in memory mgtrace owns and a
+    writable flat uint8 NumPy view of its bytes to fill before ``t`` is
+    used (``unshared_view``: the storage stays one whose writes mgtrace
+    sees). Not for bfloat16, which NumPy cannot import."""
+    t = empty_tensor(tuple(shape), dtype)
+    return t, unshared_view(t, True).reshape(-1).view(np.uint8)
 
 
 def tensor_from_array(arr):

@@ -87,6 +87,30 @@ def test_copying_load_gives_writable_aligned_tensors(tmp_path):
     assert out.numpy()[0, 0] == 7.0
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_saved_and_loaded_conv_weights_keep_their_packed_cache(tmp_path, mmap, rng):
+    """Saving a module reads its weights without marking them shared, and a
+    loaded module's weights live in memory whose writes mgtrace sees (its
+    own, or the read-only mapped file), so conv2d caches their packed
+    copies for both; the loaded module computes the same values."""
+    import mgtrace.module as M
+    from mgtrace._core import nn as cnn
+    conv = M.Conv2d(16, 24, 3, padding=1).eval()
+    x = mt.tensor(rng.standard_normal((1, 16, 7, 7)).astype(np.float32))
+    cnn.clear_weight_cache()
+    want = conv(x).numpy()
+    assert cnn.weight_cache_info()[0] == 1
+    mt.save(conv, tmp_path / "c.tmod")
+    cnn.clear_weight_cache()
+    conv(x)
+    assert cnn.weight_cache_info()[0] == 1          # still cacheable after the save
+    back = mt.load(tmp_path / "c.tmod", mmap=mmap)
+    cnn.clear_weight_cache()
+    np.testing.assert_array_equal(back(x).numpy(), want)
+    assert cnn.weight_cache_info()[0] == 1
+    cnn.clear_weight_cache()
+
+
 def test_mmap_of_a_file_object_and_of_bytes(tmp_path):
     data = save_bytes(mt.tensor([1.0, 2.0]))
     (tmp_path / "a.tmod").write_bytes(data)
