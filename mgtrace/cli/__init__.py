@@ -128,7 +128,8 @@ def _batch_options(p, command):
     _import_option(p)
     g = p.add_argument_group("checks")
     g.add_argument("--rtol", type=_tolerance, default=1e-5, metavar="R",
-                   help="relative tolerance when comparing outputs (default: 1e-5)")
+                   help="tolerance relative to each output's largest magnitude: an output matches "
+                        "when max |got - stored| <= atol + rtol * max |stored| (default: 1e-5)")
     g.add_argument("--atol", type=_tolerance, default=1e-6, metavar="A",
                    help="absolute tolerance when comparing outputs (default: 1e-6)")
     g = p.add_argument_group("running")

@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mgtrace as mt
@@ -405,3 +406,23 @@ def test_resume_sees_same_size_copies_script_changes_and_other_folders(tree, tmp
     rel = cli("retrace", os.path.relpath(tree / "noex", tmp_path), "-o", "new", "--report",
               "r.json", "--inputs", f"{script}:make", "--json", cwd=tmp_path)
     assert {r["status"] for r in json.loads(rel.stdout)["records"]} == {"skipped"}, rel.stdout
+
+
+def test_outputs_compare_relative_to_their_scale():
+    """An output matches when max |got - want| <= atol + rtol * max |want|:
+    a near-zero element of an output whose values reach 2e5 may move by
+    the 2e-6 of the scale that another summation order gives (NumPy's
+    elementwise allclose would fail it), a 1e-4 relative error may not,
+    and NaN and infinities must sit where the stored ones do."""
+    from mgtrace.cli.tasks import compare_outputs
+    want = np.array([2e5, -3.0, 0.0, 1e-3], np.float32)
+    near = want + np.array([0.25, 0.3, -0.2, 0.1], np.float32)       # <= 0.4 = 2e-6 * 2e5
+    assert compare_outputs(mt.tensor(near), mt.tensor(want))[0]
+    assert not np.allclose(near, want, rtol=1e-5, atol=1e-6)
+    ok, err, reason = compare_outputs(mt.tensor(want * np.float32(1 + 1e-4)), mt.tensor(want))
+    assert not ok and err == pytest.approx(20.0, rel=1e-3) and "max |output|" in reason
+    nan = np.array([np.nan, np.inf, 1.0], np.float32)
+    assert compare_outputs((mt.tensor(nan),), (mt.tensor(nan),))[0]
+    assert not compare_outputs(mt.tensor(np.array([np.nan, -np.inf, 1.0], np.float32)), mt.tensor(nan))[0]
+    assert not compare_outputs(mt.tensor(np.array([0.0, np.inf, 1.0], np.float32)), mt.tensor(nan))[0]
+    assert compare_outputs(mt.tensor(np.zeros(0, np.float32)), mt.tensor(np.zeros(0, np.float32)))[0]

@@ -21,7 +21,10 @@ from . import releases as R
 
 ZOO = R.REPO / "tests" / "compat" / "zoo.py"
 NAMES = {"resnet18.tmod", "mobilenet_v2.tmod", "minilm_encoder.tmod", "resnet18_edited.tmod"}
-ATOL = 1e-5
+# float32 outputs agree to this fraction of their largest magnitude (the
+# seeded ResNet-18's reach 2e5; a release that picks another conv algorithm
+# sums in another order, which moves the last bits: 2e-6 of the scale seen)
+RTOL = 1e-5
 
 
 def _release_ids():
@@ -46,7 +49,7 @@ def _check(where, folder, tmp_path):
     assert out["mgtrace"].startswith(str(where)), out["mgtrace"]     # the release meant
     assert set(out["archives"]) == NAMES
     for name, r in out["archives"].items():
-        assert r["max_abs_error"] <= ATOL, (name, r)
+        assert r["max_abs_error"] <= RTOL * max(1.0, r["max_abs_value"]), (name, r)
     return out["archives"]
 
 

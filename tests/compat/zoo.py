@@ -95,6 +95,7 @@ def check(in_dir):
             "max_abs_error": max(float(np.max(np.abs(a.numpy().astype(np.float64)
                                                      - b.numpy().astype(np.float64))))
                                  for a, b in zip(g, w)),
+            "max_abs_value": max(float(np.max(np.abs(b.numpy().astype(np.float64)))) for b in w),
             "format_version": list(arc.format_version), "metadata": arc.metadata}
     print(json.dumps({"mgtrace": mt.__file__, "archives": errors}))
 
