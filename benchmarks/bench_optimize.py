@@ -13,8 +13,10 @@ thread count:
 
 - mgtrace eager: the mgtrace.models module called directly;
 - mgtrace traced: ``trace_module`` of it;
-- mgtrace optimized: ``optimize(traced, "all")`` (BatchNorms folded into
-  the convs, conv/linear + activation fused, Dropout dropped);
+- mgtrace optimized: ``optimize(traced, "all", flatten=True)`` (BatchNorms
+  folded into the convs, conv/linear + activation fused, Dropout dropped;
+  flattened so that MobileNetV2's shortcut adds, one module above their
+  conv, fuse into it too);
 - PyTorch eager: the same architecture in torch.nn (ResNet-18 and
   MobileNetV2 from tests/models/torch_reference.py; MiniLM as an
   equivalent BERT encoder written here), under ``torch.inference_mode``;
@@ -86,7 +88,7 @@ def _build_mgtrace(kind, model, inputs, threads):
     if kind != "eager":
         net = mt.trace_module(net, *xs)
         if kind == "optimized":
-            net = optimize(net, "all")
+            net = optimize(net, "all", flatten=True)
     return lambda: net(*xs)
 
 

@@ -52,7 +52,7 @@ cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
-        MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4, MT_CONV_DIRECT
+        MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4, MT_CONV_DIRECT, MT_CONV_BLOCKED
     ctypedef struct mt_conv2d_geom:
         int64_t n, c, h, w
         int64_t o, kh, kw
@@ -70,13 +70,16 @@ cdef extern from "kernels/nn.h" nogil:
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
     void mt_conv2d_direct_force_narrow(int on) noexcept
-    int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) noexcept
-    int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo) noexcept
-    void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g,
-                                  int algo, int nthreads) noexcept
-    int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) noexcept
-    int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                         const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) noexcept
+    int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) noexcept
+    int mt_conv2d_packs_weights(int algo) noexcept
+    int mt_conv2d_packed_layout(int algo) noexcept
+    int64_t mt_conv2d_packed_bytes(int dtype, const mt_conv2d_geom *g, int algo, int layout) noexcept
+    void mt_conv2d_pack_weights(int dtype, const void *weight, void *packed, const mt_conv2d_geom *g,
+                                int algo, int layout, int nthreads) noexcept
+    int64_t mt_conv2d_packed_workspace(int dtype, const mt_conv2d_geom *g, int algo, int layout,
+                                       int nthreads) noexcept
+    int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                         const mt_conv2d_geom *g, int algo, int layout, int nthreads, void *workspace) noexcept
     enum:
         MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
         MT_ACT_GELU
@@ -147,7 +150,7 @@ __all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d"
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD,
-              "winograd4": MT_CONV_WINOGRAD4, "direct": MT_CONV_DIRECT}
+              "winograd4": MT_CONV_WINOGRAD4, "direct": MT_CONV_DIRECT, "blocked": MT_CONV_BLOCKED}
 _ALGO_NAMES = {v: k for k, v in CONV_ALGOS.items()}
 # the activations a fused conv2d / linear applies after its bias (enum mt_act, nn.h)
 ACTIVATIONS = {"none": MT_ACT_NONE, "relu": MT_ACT_RELU, "relu6": MT_ACT_RELU6, "silu": MT_ACT_SILU,
@@ -349,33 +352,35 @@ cdef int _check_rc(str op, int rc, int device=0) except -1:
     return 0
 
 
-# ------------------------------------------------------ transformed weights
+# ----------------------------------------------------------- packed weights
 
-# Winograd's transformed weights U (16 values per 3x3 kernel, 16/9 of the
-# weight's bytes) are a function of the weight alone, and the weights of a
-# loaded or optimized module do not change between calls: transforming them
-# once instead of on every call saves a pass that writes 16/9 of the weights
-# (about 10% of a ResNet-18 layer at batch 1), and lets WINOGRAD pay on
-# fewer tiles. An entry is keyed by the weight's storage (its uid, unique
-# over the process's lifetime), the view's offset, shape and strides, and
-# the compute dtype; it holds the storage's version when it was made, so a
-# weight written in place since (every mgtrace write bumps the version; see
-# dispatch.check_writable) is transformed afresh, never served stale. A
-# storage others may write unseen (external memory, or exported writable
-# through DLPack) is never cached. Least recently used entries go first
-# past WEIGHT_CACHE_BYTES.
+# The weights as WINOGRAD (its transformed U: 16 values per 3x3 kernel, 16/9
+# of the weight's bytes) and DIRECT (blocks of output channels interleaved
+# for its micro-kernel) read them are a function of the weight alone, and
+# the weights of a loaded or optimized module do not change between calls:
+# packing them once instead of on every call saves a pass over the weights
+# (about 10% of a ResNet-18 layer at batch 1 for WINOGRAD; for DIRECT on
+# 512 channels of 7x7, a third of the layer), and lets WINOGRAD pay on fewer
+# tiles. An entry is keyed by the algorithm and its packed layout, the
+# weight's storage (its uid, unique over the process's lifetime), the
+# view's offset, shape and strides, and the compute dtype; it holds the
+# storage's version when it was made, so a weight written in place since
+# (every mgtrace write bumps the version; see dispatch.check_writable) is
+# packed afresh, never served stale. A storage others may write unseen
+# (external memory, or exported writable through DLPack) is never cached.
+# Least recently used entries go first past WEIGHT_CACHE_BYTES.
 WEIGHT_CACHE_BYTES = 256 << 20
-_weight_cache = OrderedDict()     # key -> (version, U tensor)
+_weight_cache = OrderedDict()     # key -> (version, packed weights)
 _weight_cache_bytes = 0
 
 
 def weight_cache_info():
-    """(entries, bytes) of conv2d's cache of transformed weights."""
+    """(entries, bytes) of conv2d's cache of packed weights."""
     return len(_weight_cache), _weight_cache_bytes
 
 
 def clear_weight_cache():
-    """Drops conv2d's cached transformed weights (they are rebuilt on use)."""
+    """Drops conv2d's cached packed weights (they are rebuilt on use)."""
     global _weight_cache_bytes
     _weight_cache.clear()
     _weight_cache_bytes = 0
@@ -391,22 +396,22 @@ cdef tuple _weight_key(Tensor w, int work):
             tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
 
 
-cdef Tensor _wino_u(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int nt):
-    """U of Winograd variant ``algo`` for weight ``w`` (``w_orig`` made
-    contiguous in dtype ``work``), from the cache when ``w_orig`` has not
-    been written since."""
+cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int layout, int nt):
+    """The weights ``w`` (``w_orig`` made contiguous in dtype ``work``)
+    packed for ``algo`` in ``layout`` (Winograd's U, DIRECT's blocks), from
+    the cache when ``w_orig`` has not been written since."""
     global _weight_cache_bytes
     key = _weight_key(w_orig, work)
     if key is not None:
-        key = (algo,) + key
+        key = (algo, layout) + key
         hit = _weight_cache.get(key)
         if hit is not None and hit[0] == w_orig._st.version:
             _weight_cache.move_to_end(key)
             return <Tensor>hit[1]
-    cdef int64_t nbytes = mt_conv2d_wino_u_bytes(work, g, algo)
-    cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the transformed weights")
+    cdef int64_t nbytes = mt_conv2d_packed_bytes(work, g, algo, layout)
+    cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the packed weights")
     with nogil:
-        mt_conv2d_wino_transform(work, w._data, u._data, g, algo, nt)
+        mt_conv2d_pack_weights(work, w._data, u._data, g, algo, layout, nt)
     if key is None or nbytes > WEIGHT_CACHE_BYTES:
         return u
     old = _weight_cache.pop(key, None)
@@ -773,9 +778,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     if a == MT_CONV_AUTO and n > 0 and o > 0 and c > 0:
         a = mt_conv2d_pick_algo_ex(&g, mt_storage_tracked(tw_orig._st))
     cdef Tensor u = None
-    if (a == MT_CONV_WINOGRAD or a == MT_CONV_WINOGRAD4) and n > 0 and o > 0 and c > 0:
-        u = _wino_u(tw_orig, tw, work, &g, a, nt)
-    cdef int64_t wsbytes = mt_conv2d_wino_u_workspace(work, &g, a, nt) if u is not None else \
+    cdef int layout = mt_conv2d_packed_layout(a)
+    if mt_conv2d_packs_weights(a) and n > 0 and o > 0 and c > 0:
+        u = _packed_weights(tw_orig, tw, work, &g, a, layout, nt)
+    cdef int64_t wsbytes = mt_conv2d_packed_workspace(work, &g, a, layout, nt) if u is not None else \
         mt_conv2d_workspace(work, &g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device,
                                 lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
@@ -783,32 +789,42 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         if u is not None:
-            rc = mt_conv2d_wino_u(work, tx._data, u._data, bptr, out._data, &g, a, nt, wsp)
+            rc = mt_conv2d_packed(work, tx._data, u._data, bptr, out._data, &g, a, layout, nt, wsp)
         else:
             rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
 
 
+def _wide_conv_kernels():
+    """Whether DIRECT and BLOCKED run their AVX-512 kernels (the CPU has
+    AVX-512 and the test switch below is off); AUTO picks BLOCKED only then."""
+    return mt_conv2d_packed_layout(MT_CONV_BLOCKED) == 64
+
+
 def _direct_force_narrow(bint on):
-    """Tests: run the DIRECT conv's AVX2/baseline micro-kernel even on a CPU
-    with AVX-512 (``False``: pick by CPU again)."""
+    """Tests: run the DIRECT and BLOCKED convs' AVX2/baseline micro-kernels
+    even on a CPU with AVX-512 (``False``: pick by CPU again)."""
     mt_conv2d_direct_force_narrow(on)
 
 
-def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
+def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, cached=False):
     """The algorithm conv2d picks for these shapes: "winograd4" (F(4x4, 3x3)),
-    "winograd" (F(2x2, 3x3)), "shifted", "im2col", "gemm1x1" or
-    "depthwise" (for benchmarks and tests), for a
-    weight whose Winograd transform is not cached. (A weight in memory that
-    mgtrace tracks, see ``WEIGHT_CACHE_BYTES``, has its transform cached and
-    takes Winograd from 32 tiles whatever its size: 512 channels on 7x7
-    planes from batch 2, where this answers "im2col".)
+    "winograd" (F(2x2, 3x3)), "blocked", "direct", "shifted", "im2col",
+    "gemm1x1" or "depthwise" (for benchmarks and tests). ``cached``: for a
+    weight whose packed copy conv2d caches (a weight in memory that mgtrace
+    tracks, see ``WEIGHT_CACHE_BYTES``; the default False answers for one
+    packed on every call): BLOCKED (on a CPU with AVX-512; DIRECT without)
+    then takes the strided layers and the 3x3 layers with few Winograd
+    tiles (ResNet-18's last three stages at batch 1), and Winograd pays
+    from 32 tiles whatever its size.
 
     >>> conv2d_algorithm((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
     'winograd4'
     >>> conv2d_algorithm((8, 256, 14, 14), (256, 256, 3, 3), padding=1)
     'winograd'
+    >>> conv2d_algorithm((8, 128, 28, 28), (128, 128, 3, 3), padding=1, cached=True)
+    'winograd4'
     """
     cdef mt_conv2d_geom g
     n, c, h, w = x_shape
@@ -826,7 +842,7 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
     if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
         raise ValueError(f"conv2d: kernel {(kh, kw)} does not fit the padded input {(h, w)}")
-    return _ALGO_NAMES[mt_conv2d_pick_algo(&g)]
+    return _ALGO_NAMES[mt_conv2d_pick_algo_ex(&g, 1 if cached else 0)]
 
 
 @core_op

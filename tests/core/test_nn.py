@@ -230,7 +230,7 @@ def _winograd_applies(case):
 
 
 CONV_PARAMS = [(case, algo) for case in CONV_CASES
-               for algo in ("auto", "shifted", "im2col", "direct", "winograd", "winograd4")
+               for algo in ("auto", "shifted", "im2col", "direct", "blocked", "winograd", "winograd4")
                if not algo.startswith("winograd") or _winograd_applies(case)]
 
 
@@ -425,6 +425,46 @@ def test_conv2d_algorithm_choice():
     assert nn.conv2d_algorithm((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "winograd"
     assert nn.conv2d_algorithm((2, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
     assert nn.conv2d_algorithm((1, 256, 14, 14), (256, 256, 3, 3), 1, 1) == "winograd"
+
+
+@pytest.fixture(params=[False, True], ids=["cpu_kernels", "narrow_kernels"])
+def kernels(request):
+    """The conv kernels AUTO picks from: the CPU's (AVX-512 where it has it)
+    or, forced, the AVX2/baseline ones; yields whether they are AVX-512."""
+    nn._direct_force_narrow(request.param)
+    try:
+        yield nn._wide_conv_kernels()
+    finally:
+        nn._direct_force_narrow(False)
+
+
+def test_conv2d_algorithm_choice_with_cached_weights(kernels):
+    """For a weight whose packed copy is cached: with AVX-512 kernels,
+    BLOCKED on strided layers with 256 and more multiply-adds an output (64
+    for 1x1 kernels),
+    on 3x3 layers with fewer than 400 F(2x2) tiles and on 1x1 layers with
+    512 and more channels on small planes; without, DIRECT on strided layers
+    of any plane size and on 3x3 layers with fewer than 128 tiles."""
+    def pick(x, w, *args):
+        return nn.conv2d_algorithm(x, w, *args, cached=True)
+    blocked = "blocked" if kernels else "direct"
+    assert pick((8, 128, 28, 28), (256, 128, 3, 3), 2, 1) == blocked          # 14x14 out
+    assert pick((1, 256, 14, 14), (512, 256, 3, 3), 2, 1) == blocked          # 7x7 out
+    assert pick((1, 512, 7, 7), (512, 512, 3, 3), 1, 1) == blocked            # 16 tiles
+    assert pick((1, 256, 14, 14), (256, 256, 3, 3), 1, 1) == blocked          # 49 tiles
+    assert pick((1, 128, 28, 28), (128, 128, 3, 3), 1, 1) == ("blocked" if kernels else "winograd4")
+    assert pick((8, 128, 28, 28), (128, 128, 3, 3), 1, 1) == "winograd4"      # 1568 tiles
+    assert pick((8, 512, 7, 7), (512, 512, 3, 3), 1, 1) == ("blocked" if kernels else "winograd4")
+    assert pick((1, 64, 12, 12), (8, 64, 3, 3), 1, 1) == "im2col"             # 8 outputs
+    assert pick((1, 3, 224, 224), (64, 3, 7, 7), 2, 3) == "direct"            # the stem: 147 MACs
+    assert pick((1, 256, 14, 14), (512, 256, 1, 1), 2) == ("blocked" if kernels else "im2col")
+    assert pick((1, 64, 56, 56), (128, 64, 1, 1), 2) == ("blocked" if kernels else "im2col")
+    assert pick((1, 32, 56, 56), (128, 32, 1, 1), 2) == "im2col"              # 32 MACs an output
+    assert pick((1, 960, 7, 7), (320, 960, 1, 1)) == ("blocked" if kernels else "gemm1x1")
+    assert pick((1, 96, 14, 14), (576, 96, 1, 1)) == "gemm1x1"                # 96 MACs an output
+    assert pick((1, 576, 28, 28), (96, 576, 1, 1)) == "gemm1x1"               # a larger plane
+    # a weight packed on every call keeps the choices of before
+    assert nn.conv2d_algorithm((1, 512, 7, 7), (512, 512, 3, 3), 1, 1) == "im2col"
 
 
 def test_conv2d_many_image_batches():
@@ -1014,16 +1054,20 @@ def test_pad_against_torch(torch, mode):
     np.testing.assert_array_equal(y, ref)
 
 
-# ------------------------------------------------- Winograd's cached weights
+# ------------------------------------- cached packed weights (Winograd, DIRECT)
 
 def _wino_case(dtype="float32"):
-    x, wt, b = rand(2, 16, 9, 11, dtype=dtype), rand(24, 16, 3, 3, dtype=dtype), rand(24, dtype=dtype)
+    x, wt, b = rand(3, 16, 14, 14, dtype=dtype), rand(24, 16, 3, 3, dtype=dtype), rand(24, dtype=dtype)
     assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "winograd"
+    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1, cached=True) == "winograd"     # 147 tiles
     return x, wt, b
 
 
-def _wino(x, w, b):
-    return nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "auto").numpy()
+def _wino(x, w, b, algo="auto"):
+    return nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, algo).numpy()
+
+
+PACKING = pytest.mark.parametrize("algo", ["winograd", "direct", "blocked"])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -1041,14 +1085,15 @@ def test_winograd_weights_are_transformed_once(dtype):
     np.testing.assert_array_equal(nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, 1, "winograd").numpy(), first)
 
 
+@PACKING
 @pytest.mark.parametrize("write", ["setitem", "copy_", "iadd", "slice_of_view"])
-def test_winograd_cache_sees_in_place_writes(write):
-    """A weight written in place after its transform was cached is
-    transformed afresh: the result is the new weight's, never the old."""
+def test_weight_cache_sees_in_place_writes(write, algo):
+    """A weight written in place after its packed copy was cached is
+    packed afresh: the result is the new weight's, never the old."""
     x, wt, b = _wino_case()
     nn.clear_weight_cache()
     w = tensor(wt)
-    _wino(x, w, b)
+    _wino(x, w, b, algo)
     new = wt.copy()
     if write == "setitem":
         w[3] = tensor(wt[3] * 2)
@@ -1062,32 +1107,53 @@ def test_winograd_cache_sees_in_place_writes(write):
     else:                                      # a write through another view of the storage
         w.reshape(-1)[:10] = 0.0
         new.reshape(-1)[:10] = 0.0
-    close(_wino(x, w, b), ref_conv2d(x, new, b, 1, 1), "float32")
+    close(_wino(x, w, b, algo), ref_conv2d(x, new, b, 1, 1), "float32")
     assert nn.weight_cache_info()[0] == 1      # the stale entry was replaced, not kept beside
 
 
-def test_winograd_cache_keys_views_and_storages_apart():
+@PACKING
+def test_weight_cache_keys_views_and_storages_apart(algo):
     x, wt, b = _wino_case()
     nn.clear_weight_cache()
     both = tensor(np.concatenate([wt, -wt]))   # two weights, views of one storage
-    close(_wino(x, both[:24], b), ref_conv2d(x, wt, b, 1, 1), "float32")
-    close(_wino(x, both[24:], b), ref_conv2d(x, -wt, b, 1, 1), "float32")
-    # a new weight whose storage reuses a freed one's memory is not served the old U
+    close(_wino(x, both[:24], b, algo), ref_conv2d(x, wt, b, 1, 1), "float32")
+    close(_wino(x, both[24:], b, algo), ref_conv2d(x, -wt, b, 1, 1), "float32")
+    # a new weight whose storage reuses a freed one's memory is not served the old packing
     for k in range(3):
-        close(_wino(x, tensor(wt * (k + 2)), b), ref_conv2d(x, wt * (k + 2), b, 1, 1), "float32")
+        close(_wino(x, tensor(wt * (k + 2)), b, algo), ref_conv2d(x, wt * (k + 2), b, 1, 1), "float32")
 
 
-def test_winograd_cache_skips_memory_others_may_write():
+@PACKING
+def test_weight_cache_skips_memory_others_may_write(algo):
     """Memory exported writable through DLPack (NumPy may write it unseen)
-    is transformed on every call."""
+    is packed on every call."""
     x, wt, b = _wino_case()
     nn.clear_weight_cache()
     w = tensor(wt)
     view = np.from_dlpack(w)
-    _wino(x, w, b)
+    _wino(x, w, b, algo)
     assert nn.weight_cache_info()[0] == 0
     view[:] = -wt                             # a write mgtrace does not see
-    close(_wino(x, w, b), ref_conv2d(x, -wt, b, 1, 1), "float32")
+    close(_wino(x, w, b, algo), ref_conv2d(x, -wt, b, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_direct_cache_keys_kernel_layouts_apart(dtype):
+    """DIRECT packs a weight for its AVX-512 kernel (blocks of 8 output
+    channels) or its AVX2/baseline one (blocks of 6): one weight run through
+    both keeps a packing for each (one where the CPU lacks AVX-512), and
+    each gives the reference's values."""
+    x, wt, b = _wino_case(dtype)
+    nn.clear_weight_cache()
+    w, ref = tensor(wt), ref_conv2d(x, wt, b, 1, 1)
+    for narrow in (False, True, False):
+        nn._direct_force_narrow(narrow)
+        try:
+            close(_wino(x, w, b, "direct"), ref, dtype)
+        finally:
+            nn._direct_force_narrow(False)
+    assert nn.weight_cache_info()[0] in (1, 2)
+    nn.clear_weight_cache()
 
 
 def test_winograd_cache_is_bounded(monkeypatch):
@@ -1104,16 +1170,21 @@ def test_winograd_cache_is_bounded(monkeypatch):
     assert nn.weight_cache_info() == (0, 0)
 
 
-def test_cached_weights_take_winograd_on_fewer_tiles():
-    """512 channels on 7x7 planes at batch 2 (32 tiles): IM2COL when the
-    transform is paid every call, WINOGRAD for a weight whose transform is
-    cached; both give the reference's values."""
-    x, wt, b = rand(2, 512, 7, 7), rand(512, 512, 3, 3) * 0.05, rand(512)
-    assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == "im2col"
-    nn.clear_weight_cache()
-    got = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "auto").numpy()
-    assert nn.weight_cache_info()[0] == 1      # it went through WINOGRAD's cache
-    close(got, ref_conv2d(x, wt, b, 1, 1), "float32")
+def test_cached_weights_change_the_algorithm(kernels):
+    """512 channels on 7x7 planes: IM2COL at batch 2 and F(2x2) Winograd at
+    batch 8 when the weights are packed every call; for a weight whose
+    packing is cached BLOCKED (AVX-512) or DIRECT at batch 2 and BLOCKED or
+    F(4x4) at batch 8. All give the reference's values, through the
+    packed-weight cache."""
+    few, many = ("blocked", "blocked") if kernels else ("direct", "winograd4")
+    for n, uncached, cached in ((2, "im2col", few), (8, "winograd", many)):
+        x, wt, b = rand(n, 512, 7, 7), rand(512, 512, 3, 3) * 0.05, rand(512)
+        assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == uncached
+        assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1, cached=True) == cached
+        nn.clear_weight_cache()
+        got = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "auto").numpy()
+        assert nn.weight_cache_info()[0] == 1
+        close(got, ref_conv2d(x, wt, b, 1, 1), "float32")
     nn.clear_weight_cache()
 
 
@@ -1153,6 +1224,41 @@ def test_winograd4_rounding_stays_small_with_many_channels():
     ref = ref_conv2d(x, wt, None, 1, 1)
     y = nn._conv2d(tensor(x), tensor(wt), None, 1, 1, 1, 1, "winograd4").numpy()
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["cpu_kernel", "narrow_kernel"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", [
+    # (N, C, H, W, O, KH, KW, stride, padding, dilation, groups)
+    (2, 3, 41, 37, 40, 7, 7, 2, 3, 1, 1),        # a stem: 19-pixel rows in 2 or 4 segments; 40 = 32 + 8
+    (1, 24, 7, 7, 64, 3, 3, 1, 1, 1, 1),         # ResNet's 7x7: one segment of 7
+    (2, 8, 30, 29, 17, 3, 3, 1, 0, 1, 1),        # 27 pixels: 9 + 9 + 9 (wide), 6 + 6 + 5 + 5 + 5
+    (1, 16, 13, 14, 16, 3, 3, 2, 1, 1, 1),       # stride 2, exactly one block (narrow float32: one)
+    (2, 8, 15, 17, 9, 3, 5, (3, 1), (1, 2), (1, 2), 1),   # stride 3 rows, anisotropic dilation
+    (1, 6, 11, 13, 8, 3, 3, 3, 0, 1, 1),         # column stride 3 (no compile-time kernel)
+    (1, 12, 9, 9, 6, 3, 3, 1, 0, 1, 3),          # groups: each group's blocks apart
+    (1, 8, 1, 1, 24, 3, 3, 1, 1, 1, 1),          # a 1x1 image: one pixel
+], ids=str)
+@pytest.mark.parametrize("act, residual", [("none", False), ("relu", True)], ids=str)
+def test_blocked_conv_geometries(case, dtype, narrow, act, residual):
+    """BLOCKED (output-channel vectors times pixels of a row in registers)
+    on partial blocks, rows split into segments of two sizes, strides 1, 2
+    (compile-time) and 3 (run-time), dilation, groups and one-pixel planes,
+    with the fused residual and activation, with the AVX-512 kernel (where
+    the CPU has it) and the AVX2/baseline one, on 1-3 threads."""
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x, wt, b = rand(n, c, h, w, dtype=dtype), rand(o, c // g, kh, kw, dtype=dtype), rand(o, dtype=dtype)
+    plain = ref_conv2d(x, wt, b, s, p, d, g)
+    r = rand(*plain.shape, dtype=dtype) if residual else None
+    ref = NP_ACTS[act](plain + (r if residual else 0))
+    args = (tensor(x), tensor(wt), tensor(b), s, p, d, g, "blocked", act, tensor(r) if residual else None)
+    nn._direct_force_narrow(narrow)
+    try:
+        ys = _on_threads(lambda: nn._conv2d(*args))
+    finally:
+        nn._direct_force_narrow(False)
+    for y in ys:
+        close(y.numpy(), ref, dtype)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["cpu_kernel", "narrow_kernel"])

@@ -349,6 +349,43 @@ def test_fuse_conv_act_takes_the_residual_add(rng):
     assert calls(new, M.Conv2d) == 1
 
 
+def test_fuse_conv_act_takes_a_residual_add_without_activation(rng):
+    """MobileNetV2's linear bottleneck: ``conv(x) + x`` with no activation
+    becomes one conv2d_act(act="none", residual=x); a ReLU after the add is
+    fused once (with the add), and a conv whose output is also read
+    elsewhere keeps its add."""
+    class Block(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (M.Conv2d(4, 4, 3, padding=1) for _ in range(3))
+
+        def forward(self, x):
+            y = self.a(x) + x                   # fused, act "none"
+            z = F.relu(self.b(y) + y)           # fused, act "relu"
+            w = self.c(z)
+            return (w + z) * w                  # not: w has a second user
+
+    x = image(rng, (2, 4, 6, 6))
+    new = optimized(mt.trace_module(Block(), x), "FuseConvAct", x)
+    fused = new.graph.get_function_by_type(F.conv2d_act).as_list()
+    assert sorted(e.kwargs.get("act") for e in fused) == ["none", "relu"]
+    assert all(e.kwargs.get("residual") is not None for e in fused)
+    assert calls(new, M.Conv2d) == 1 and functions(new, F.relu) == 0
+    assert new.graph.get_method_by_type("__add__").as_count() == 1
+
+
+def test_mobilenet_residual_adds_fuse_when_flattened(rng):
+    """MobileNetV2's shortcut adds sit one module above their conv (``x +
+    self.conv(x)``): optimize(flatten=True) sees across and fuses all ten."""
+    net, args = _zoo("mobilenet_v2", rng)
+    tm = mt.trace_module(net, *args)
+    flat = optimize(tm, "all", flatten=True)
+    close(flat(*args), tm(*args))
+    res = [e for e in flat.graph.get_function_by_type(F.conv2d_act).as_list() if e.kwargs.get("residual") is not None]
+    assert len(res) == 10
+    assert all(e.kwargs["act"] == "none" for e in res)
+
+
 def test_fuse_conv_act_on_functional_conv_and_not_tanh_gelu(rng):
     class Net(M.Module):
         def __init__(self):

@@ -1,6 +1,6 @@
-/* Convolution kernels: conv2d and conv_transpose2d over BLAS GEMM (the
- * multiply-adds of every dense convolution run inside sgemm/dgemm; there is
- * no GEMM here), and a direct depthwise kernel.
+/* Convolution kernels: conv2d and conv_transpose2d over BLAS GEMM (no GEMM
+ * is written here), and direct kernels where a GEMM's packing or its shape
+ * loses: depthwise, DIRECT and BLOCKED.
  *
  * conv2d algorithms (enum mt_conv_algo in nn.h; mt_conv2d_pick_algo chooses):
  *
@@ -33,6 +33,19 @@
  *              input channels (a first layer, where SHIFTED's K would be
  *              tiny), planes below 32x32 (where SHIFTED's wide columns waste
  *              most) and strided 1x1.
+ *   WINOGRAD4  F(4x4, 3x3) as WINOGRAD: 36 GEMMs, 0.56x F(2x2)'s
+ *              multiply-adds, where planes have many 4x4 tiles.
+ *   DIRECT     multiply-adds in registers over a padded, phase-split copy:
+ *              blocks of output channels times vectors of consecutive
+ *              ("wide") outputs, the weights broadcast. Stems and strided
+ *              layers on large planes.
+ *   BLOCKED    multiply-adds in registers vectorised the other way: two
+ *              vectors of output channels (weights packed [block][C][tap]
+ *              [32]) times up to 12 pixels of an output row, the input
+ *              broadcast; no output is computed that is not used, which
+ *              small planes (7x7, 14x14) need. With the packed weights
+ *              cached (AVX-512 only): strided layers, 3x3 layers with few
+ *              Winograd tiles, 1x1 layers with many input channels.
  *   DEPTHWISE  one input channel per group (MobileNet's depthwise convs):
  *              direct loops, one output plane per OpenMP task. The plane is
  *              first copied zero-padded and split into the stride's phases,
@@ -278,6 +291,8 @@ static int direct_narrow_forced = 0;
 void mt_conv2d_direct_force_narrow(int on) { direct_narrow_forced = on != 0; }
 /* DIRECT: bytes of packed input rows a range of wide outputs reads */
 #define MT_DIRECT_CHUNK_BYTES ((int64_t)512 << 10)
+/* DIRECT with cached weights instead of WINOGRAD below this many F(2x2) tiles (see mt_conv2d_pick_algo_ex) */
+#define MT_DIRECT_MAX_TILES 128
 /* DIRECT: packed input channels above this many bytes an image go to the other algorithms */
 #define MT_DIRECT_MAX_BYTES ((int64_t)16 << 20)
 
@@ -290,12 +305,20 @@ typedef struct {
     int wide;
 } direct_plan;
 
-/* The kernel (wide or narrow) is picked here, but every size below is the
- * wide kernel's, which bounds the narrow one's: a workspace sized by one
- * plan serves either (the test switch may flip between the two calls). */
-static void plan_direct(const mt_conv2d_geom *g, int64_t isz, int nt, direct_plan *pl) {
+/* DIRECT's packed-weight layout on this CPU: the micro-kernel's block of
+ * output channels (MT_DIRECT_OB_WIDE or MT_DIRECT_OB_NARROW) */
+static int direct_layout(void) {
+    return !direct_narrow_forced && direct_wide_ok() ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
+}
+
+/* The kernel (wide or narrow: layout, as direct_layout says) is picked
+ * here, but every size below is the wide kernel's, which bounds the narrow
+ * one's: a workspace sized by one plan serves either (the test switch may
+ * flip between the two calls). own_w: the workspace holds the packed
+ * weights (at its end; 0: the caller passes them packed already). */
+static void plan_direct(const mt_conv2d_geom *g, int64_t isz, int nt, int layout, int own_w, direct_plan *pl) {
     plan_dw(g, isz, &pl->dw);
-    pl->wide = !direct_narrow_forced && direct_wide_ok();
+    pl->wide = layout == MT_DIRECT_OB_WIDE;
     const int64_t pair = 2 * 64 / isz;          /* wide outputs a kernel step (the narrow: half) */
     const int64_t obk = MT_DIRECT_OB_WIDE;      /* (the narrow: fewer) */
     const int64_t cg = g->c / g->groups, og = g->o / g->groups;
@@ -321,7 +344,55 @@ static void plan_direct(const mt_conv2d_geom *g, int64_t isz, int nt, direct_pla
     /* packed weights: each group's og rows rounded up to a block of either kernel */
     pl->wpk_bytes = ws_round(ws_mul4(ws_mul(g->groups, og + obk), cg, ws_mul(g->kh, g->kw), isz));
     pl->yw_bytes = ws_round(ws_mul4(obk, pl->ys, isz, 1));
-    pl->bytes = ws_add(ws_add(pl->pk_bytes, pl->wpk_bytes), ws_mul(nt, pl->yw_bytes));
+    pl->bytes = ws_add(ws_add(pl->pk_bytes, own_w ? pl->wpk_bytes : 0), ws_mul(nt, pl->yw_bytes));
+}
+
+/* ----------------------------------------------------------------- BLOCKED */
+
+/* BLOCKED's register tile: up to R output pixels of one row times two
+ * vectors of output channels (a block of OCB = 2 vectors: 32 float32 or
+ * 16 float64 with AVX-512, half that with AVX2 or baseline), 2R
+ * accumulators of the 32 zmm (or 16 ymm) registers beside two weight
+ * vectors and a broadcast. */
+#define MT_BLK_R_WIDE 12
+#define MT_BLK_R_NARROW 6
+
+typedef struct {
+    int64_t hp, wp, cs;        /* the padded input: rows, row length, elements between channels */
+    int64_t ocb, nob;          /* output channels a block, blocks a group */
+    int64_t nseg, seg, extra;  /* a row's segments: seg + 1 pixels for the first extra, then seg */
+    int64_t xp_bytes, wpk_bytes, row_bytes, bytes;
+    int wide, rows_outer;
+} blk_plan;
+
+/* BLOCKED's packed-weight layout on this CPU: the vector's bytes (64 for
+ * the AVX-512 kernel, 32 for the AVX2/baseline one; the test switch of
+ * DIRECT forces the latter too) */
+static int blk_layout(void) { return !direct_narrow_forced && direct_wide_ok() ? 64 : 32; }
+
+/* layout: blk_layout()'s when the weights were packed; own_w: the
+ * workspace holds the packed weights (at its end) */
+static void plan_blk(const mt_conv2d_geom *g, int64_t isz, int nt, int layout, int own_w, blk_plan *pl) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = ws_mul(g->kh, g->kw);
+    pl->wide = layout == 64;
+    pl->ocb = 2 * layout / isz;
+    pl->nob = (og + pl->ocb - 1) / pl->ocb;
+    pl->hp = ws_add(g->h, 2 * g->ph);
+    pl->wp = ws_add(g->w, 2 * g->pw);
+    pl->cs = ws_mul(pl->hp, pl->wp);
+    const int64_t rmax = pl->wide ? MT_BLK_R_WIDE : MT_BLK_R_NARROW;
+    pl->nseg = (g->ow + rmax - 1) / rmax;
+    pl->seg = g->ow / pl->nseg;
+    pl->extra = g->ow % pl->nseg;
+    /* (without padding the kernel reads the input as it is: no copy) */
+    pl->xp_bytes = g->ph || g->pw ? ws_round(ws_mul4(g->c, pl->cs, isz, 1)) : 0;
+    pl->wpk_bytes = ws_round(ws_mul4(ws_mul(g->groups, pl->nob), ws_mul(pl->ocb, cg), kk, isz));
+    pl->row_bytes = ws_round(ws_mul4(g->ow, pl->ocb, isz, 1));
+    pl->bytes = ws_add(ws_add(pl->xp_bytes, ws_mul(nt, pl->row_bytes)), own_w ? pl->wpk_bytes : 0);
+    /* a thread's tasks: rows of every block when all the weights take less
+     * than the input (each thread keeps the weights in cache and reads half
+     * the rows), else blocks of every row (each reads its own weights once) */
+    pl->rows_outer = pl->wpk_bytes / mt_max64(1, g->groups) <= ws_mul4(cg, pl->cs, isz, 1);
 }
 
 #define MT_NN_TEMPLATE
@@ -508,15 +579,47 @@ static int wino_applicable(const mt_conv2d_geom *g) {
 /* DIRECT's packed image stays within MT_DIRECT_MAX_BYTES (float64) */
 static int direct_fits(const mt_conv2d_geom *g) {
     direct_plan pl;
-    plan_direct(g, 8, 1, &pl);
+    plan_direct(g, 8, 1, MT_DIRECT_OB_WIDE, 1, &pl);
     return pl.pk_bytes <= MT_DIRECT_MAX_BYTES;
+}
+
+/* BLOCKED (its AVX-512 kernel: the AVX2 one is unmeasured) with the
+ * weights packed once (cached by the caller: packing 512x512x3x3 weights
+ * costs about as much as that layer at batch 1), where it measured faster
+ * inside ResNet-18 and MobileNetV2 on 2 cores of an AVX-512 EPYC (its time
+ * over the algorithm picked before):
+ * - strided layers with 256 and more multiply-adds an output (3x3 stride 2:
+ *   0.7-0.8 at batch 1 and 8), or 64 and more for 1x1 ones (0.6-0.8); not
+ *   the stems (3 input channels, 7x7: 1.04-1.26 of DIRECT's time);
+ * - 3x3 stride 1 with fewer than MT_BLK_MAX_TILES F(2x2) tiles, where
+ *   Winograd's 16 GEMMs are thin (512 channels on 7x7: 0.75; 14x14 and
+ *   28x28 at batch 1: 0.84-0.91; at batch 8 F(4x4) is faster on 28x28 and
+ *   56x56, and as fast on 14x14);
+ * - 1x1 stride 1 with 512 and more input channels on planes up to 14x14
+ *   (0.74-0.86; with fewer channels an output has too few multiply-adds to
+ *   pay for its transposition into NCHW: up to 2.4x the GEMM's time). */
+#define MT_BLK_MAX_TILES 400
+static int blocked_pays(const mt_conv2d_geom *g, int w_cached) {
+    if (!w_cached || blk_layout() != 64) return 0;
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups;
+    const double macs = (double)cg * (double)g->kh * (double)g->kw, ohw = (double)g->oh * (double)g->ow;
+    const int is1x1 = g->kh == 1 && g->kw == 1;
+    if (og < 16 || macs < (is1x1 ? 64 : 256)) return 0;
+    blk_plan pl;
+    plan_blk(g, 8, 1, 64, 1, &pl);
+    if (pl.xp_bytes > MT_DIRECT_MAX_BYTES) return 0;
+    if (g->sh > 1 || g->sw > 1) return 1;
+    if (wino_applicable(g))
+        return (double)g->n * (double)((g->oh + 1) / 2) * (double)((g->ow + 1) / 2) < MT_BLK_MAX_TILES;
+    return is1x1 && g->ph == 0 && g->pw == 0 && cg >= 512 && ohw <= 196;
 }
 
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex(g, 0); }
 
-int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) {
     const int64_t cg = g->c / g->groups;
     if (cg == 1) return MT_CONV_DEPTHWISE;
+    if (blocked_pays(g, w_cached)) return MT_CONV_BLOCKED;
     const int is1x1 = g->kh == 1 && g->kw == 1;
     /* 1x1 without stride or padding is a GEMM on the input as it is (even on
      * 7x7 planes it measured as fast as IM2COL's copy batching the images);
@@ -535,7 +638,13 @@ int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
     const double tiles = (double)g->n * (double)((g->oh + 1) / 2) * (double)((g->ow + 1) / 2);
     /* (with U cached by the caller, 32 tiles pay whatever U's size: 512
      * channels on 7x7 planes measured 25% faster than IM2COL at batch 2) */
-    const int64_t min_tiles = !u_cached && 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
+    const int64_t min_tiles = !w_cached && 64.0 * (double)g->o * (double)cg > (double)MT_WINO_BIG_U ? 64 : 32;
+    /* DIRECT with its weights packed once (cached by the caller) beats
+     * Winograd on few tiles, where Winograd's 16 GEMMs are thin (measured
+     * in ResNet-18 at batch 1: 512 channels on 7x7 planes 0.60x, 256 on
+     * 14x14 0.84x; at 28x28 and at batch 8 Winograd is as fast or faster) */
+    if (w_cached && wino_applicable(g) && og >= 16 && tiles < MT_DIRECT_MAX_TILES && direct_fits(g))
+        return MT_CONV_DIRECT;
     if (wino_applicable(g) && cg >= 16 && og >= 16 && tiles >= min_tiles) {
         /* F(4x4) does 0.56x F(2x2)'s multiply-adds a tile of 2x2 outputs,
          * but its U is 2.25x larger and its tiles 4x fewer: it pays where
@@ -555,8 +664,12 @@ int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached) {
      * 1.4-1.6x) and on strided layers with 28x28 outputs and up (1.15x). On
      * smaller planes its wide rows waste more and IM2COL's GEMM wins; 1x1
      * kernels stay GEMMs. */
+    /* With its weights cached, DIRECT wins on the strided layers of every
+     * plane size (ResNet-18's 3x3 stride 2 to 14x14 and 7x7: 0.6x IM2COL at
+     * batch 1 and 8). */
     const double ohw_all = (double)g->oh * (double)g->ow;
-    if (!is1x1 && direct_fits(g) && (cg < MT_SHIFTED_MIN_K || ((g->sh > 1 || g->sw > 1) && ohw_all >= 784)))
+    const int strided = g->sh > 1 || g->sw > 1;
+    if (!is1x1 && direct_fits(g) && (cg < MT_SHIFTED_MIN_K || (strided && (w_cached || ohw_all >= 784))))
         return MT_CONV_DIRECT;
     const double one_image = (double)count_slots(g) * (double)g->c * (double)shifted_hq(g)
                            * (double)shifted_wq(g) * 8.0;
@@ -982,7 +1095,7 @@ static void wino_transform(int dt, int e, const char *w, char *u, const mt_conv2
     for (int64_t o = 0; o < g->o; o++) wino_weights_any(dt, e, w, u, ux, cg, o);
 }
 
-/* u_given: U transformed already (mt_conv2d_wino_transform), else NULL and
+/* u_given: U transformed already (mt_conv2d_pack_weights), else NULL and
  * the weights w are transformed into the workspace first. */
 static int conv_winograd(int dt, int e, const char *x, const char *w, const char *u_given, const char *bias,
                          char *y, const mt_conv2d_geom *g, int nt, char *ws) {
@@ -1070,7 +1183,12 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     }
     if (algo == MT_CONV_DIRECT) {
         direct_plan pl;
-        plan_direct(g, isz, nthreads, &pl);
+        plan_direct(g, isz, nthreads, direct_layout(), 1, &pl);
+        return ws_report(pl.bytes);
+    }
+    if (algo == MT_CONV_BLOCKED) {
+        blk_plan pl;
+        plan_blk(g, isz, nthreads, blk_layout(), 1, &pl);
         return ws_report(pl.bytes);
     }
     if (algo == MT_CONV_DEPTHWISE) {
@@ -1099,8 +1217,12 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     case MT_CONV_WINOGRAD4:
         return conv_winograd(dtype, wino_edge(algo), x, weight, NULL, bias, y, g, nthreads, workspace);
     case MT_CONV_DIRECT:
-        if (dtype == MT_FLOAT32) direct_f32(x, weight, bias, y, g, nthreads, workspace);
-        else direct_f64(x, weight, bias, y, g, nthreads, workspace);
+        if (dtype == MT_FLOAT32) direct_f32(x, weight, NULL, direct_layout(), bias, y, g, nthreads, workspace);
+        else direct_f64(x, weight, NULL, direct_layout(), bias, y, g, nthreads, workspace);
+        return 0;
+    case MT_CONV_BLOCKED:
+        if (dtype == MT_FLOAT32) blocked_f32(x, weight, NULL, blk_layout(), bias, y, g, nthreads, workspace);
+        else blocked_f64(x, weight, NULL, blk_layout(), bias, y, g, nthreads, workspace);
         return 0;
     case MT_CONV_DEPTHWISE:
         if (dtype == MT_FLOAT32) depthwise_f32(x, weight, bias, y, g, nthreads, workspace);
@@ -1110,29 +1232,77 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
     }
 }
 
-/* WINOGRAD / WINOGRAD4 (algo) with weights transformed once (the caller
- * caches U): */
-int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo) {
+/* Weights packed once for the algorithms that rearrange them (the caller
+ * caches the packed copy): WINOGRAD / WINOGRAD4's U, DIRECT's blocks of
+ * output channels. */
+int mt_conv2d_packs_weights(int algo) {
+    return algo == MT_CONV_WINOGRAD || algo == MT_CONV_WINOGRAD4 || algo == MT_CONV_DIRECT
+        || algo == MT_CONV_BLOCKED;
+}
+
+int mt_conv2d_packed_layout(int algo) {
+    return algo == MT_CONV_DIRECT ? direct_layout() : algo == MT_CONV_BLOCKED ? blk_layout() : 0;
+}
+
+int64_t mt_conv2d_packed_bytes(int dtype, const mt_conv2d_geom *g, int algo, int layout) {
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    if (algo == MT_CONV_DIRECT) {
+        direct_plan pl;
+        plan_direct(g, isz, 1, layout, 1, &pl);
+        return ws_report(pl.wpk_bytes);
+    }
+    if (algo == MT_CONV_BLOCKED) {
+        blk_plan pl;
+        plan_blk(g, isz, 1, layout, 1, &pl);
+        return ws_report(pl.wpk_bytes);
+    }
     const int e = wino_edge(algo);
-    return ws_report(wino_u_bytes(g, dtype == MT_FLOAT32 ? 4 : 8, (e + 2) * (e + 2)));
+    return ws_report(wino_u_bytes(g, isz, (e + 2) * (e + 2)));
 }
 
-void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int algo,
-                              int nthreads) {
-    if (g->o > 0 && g->c > 0) wino_transform(dtype, wino_edge(algo), weight, u, g, nthreads);
+void mt_conv2d_pack_weights(int dtype, const void *weight, void *packed, const mt_conv2d_geom *g, int algo,
+                            int layout, int nthreads) {
+    if (g->o == 0 || g->c == 0) return;
+    if (algo == MT_CONV_BLOCKED) {
+        const int64_t ocb = 2 * layout / (dtype == MT_FLOAT32 ? 4 : 8);
+        if (dtype == MT_FLOAT32) blk_pack_f32(weight, packed, g, ocb, nthreads);
+        else blk_pack_f64(weight, packed, g, ocb, nthreads);
+    } else if (algo != MT_CONV_DIRECT) wino_transform(dtype, wino_edge(algo), weight, packed, g, nthreads);
+    else if (dtype == MT_FLOAT32) direct_pack_f32(weight, packed, g, layout, nthreads);
+    else direct_pack_f64(weight, packed, g, layout, nthreads);
 }
 
-int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads) {
+int64_t mt_conv2d_packed_workspace(int dtype, const mt_conv2d_geom *g, int algo, int layout, int nthreads) {
     if (g->n == 0 || g->o == 0 || g->c == 0) return 0;
+    const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    if (algo == MT_CONV_DIRECT) {
+        direct_plan pl;
+        plan_direct(g, isz, nthreads, layout, 0, &pl);
+        return ws_report(pl.bytes);
+    }
+    if (algo == MT_CONV_BLOCKED) {
+        blk_plan pl;
+        plan_blk(g, isz, nthreads, layout, 0, &pl);
+        return ws_report(pl.bytes);
+    }
     wino_plan pl;
-    plan_wino(g, dtype == MT_FLOAT32 ? 4 : 8, wino_edge(algo), nthreads, 0, &pl);
+    plan_wino(g, isz, wino_edge(algo), nthreads, 0, &pl);
     return ws_report(pl.bytes);
 }
 
-int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                     const mt_conv2d_geom *g, int algo, int nthreads, void *workspace) {
+int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int algo, int layout, int nthreads, void *workspace) {
     if (g->n == 0 || g->o == 0 || g->c == 0) return mt_conv2d(dtype, x, NULL, bias, y, g, algo, nthreads, workspace);
-    return conv_winograd(dtype, wino_edge(algo), x, NULL, u, bias, y, g, nthreads, workspace);
+    if (algo == MT_CONV_BLOCKED) {
+        if (dtype == MT_FLOAT32) blocked_f32(x, NULL, packed, layout, bias, y, g, nthreads, workspace);
+        else blocked_f64(x, NULL, packed, layout, bias, y, g, nthreads, workspace);
+        return 0;
+    }
+    if (algo != MT_CONV_DIRECT)
+        return conv_winograd(dtype, wino_edge(algo), x, NULL, packed, bias, y, g, nthreads, workspace);
+    if (dtype == MT_FLOAT32) direct_f32(x, NULL, packed, layout, bias, y, g, nthreads, workspace);
+    else direct_f64(x, NULL, packed, layout, bias, y, g, nthreads, workspace);
+    return 0;
 }
 
 /* One (image, group) of conv_transpose2d: bias, then for each tile of input
@@ -1546,6 +1716,20 @@ static void FN(direct_weights)(const T *restrict w, T *restrict wb, int64_t o0, 
         for (int64_t o = 0; o < obk; o++) wb[i * obk + o] = o < rows ? w[(o0 + o) * cgkk + i] : (T)0;
 }
 
+/* DIRECT: all the weights packed for the micro-kernel of block obk, a
+ * block of output channels after another (each group's last one
+ * zero-padded), a task per block. */
+static void FN(direct_pack)(const T *w, T *wpk, const mt_conv2d_geom *g, int64_t obk, int nt) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
+    const int64_t nob = (og + obk - 1) / obk;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t blk = 0; blk < g->groups * nob; blk++) {
+        const int64_t gi = blk / nob, ob = blk % nob;
+        FN(direct_weights)(w, wpk + blk * obk * cg * kk, gi * og + ob * obk, mt_min64(obk, og - ob * obk),
+                           obk, cg * kk);
+    }
+}
+
 /* DIRECT: the real outputs among wide outputs [p0, p1) of one output
  * channel (yw, rows of wq) into its plane yp, plus the bias bv and the
  * epilogue. */
@@ -1563,29 +1747,32 @@ static void FN(direct_store)(const T *restrict yw, int64_t p0, int64_t p1, int64
 
 /* DIRECT over the batch: per image, the channels packed (a task per
  * channel), then tasks of (group, block of output channels, range of wide
- * outputs), the ranges split only as far as the threads need work. */
-static void FN(direct)(const T *x, const T *w, const T *bias, T *y, const mt_conv2d_geom *g, int nt, char *ws) {
+ * outputs), the ranges split only as far as the threads need work. The
+ * weights come packed for the kernel of block layout (wpk_given), or are
+ * packed from w into the workspace first. */
+static void FN(direct)(const T *x, const T *w, const T *wpk_given, int layout, const T *bias, T *y,
+                       const mt_conv2d_geom *g, int nt, char *ws) {
     const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
     const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
     direct_plan pl;
-    plan_direct(g, sizeof(T), nt, &pl);
+    plan_direct(g, sizeof(T), nt, layout, wpk_given == NULL, &pl);
     int64_t off[kk];
     dw_tap_offsets(g, &pl.dw, off);
     const int wide = pl.wide;
-    const int64_t obk = wide ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
+    const int64_t obk = layout;
     const int64_t nob = (og + obk - 1) / obk, tasks = g->groups * nob * pl.nchunk;
-    T *pk = (T *)ws, *wpk = (T *)(ws + pl.pk_bytes);
+    T *pk = (T *)ws;
+    const T *wpk = wpk_given;
+    if (!wpk) {
+        T *own = (T *)(ws + pl.pk_bytes + nt * pl.yw_bytes);
+        FN(direct_pack)(w, own, g, obk, nt);
+        wpk = own;
+    }
     memset(pk, 0, (size_t)(g->c * pl.cs) * sizeof(T));   /* the padding, once: packs write the rest */
     const int par = nt > 1;
     #pragma omp parallel num_threads(nt) if (par)
     {
-        T *yw = (T *)(ws + pl.pk_bytes + pl.wpk_bytes + thread_id() * pl.yw_bytes);
-        #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < g->groups * nob; blk++) {
-            const int64_t gi = blk / nob, ob = blk % nob;
-            FN(direct_weights)(w, wpk + blk * obk * cg * kk, gi * og + ob * obk, mt_min64(obk, og - ob * obk),
-                               obk, cg * kk);
-        }
+        T *yw = (T *)(ws + pl.pk_bytes + thread_id() * pl.yw_bytes);
         for (int64_t n = 0; n < g->n; n++) {
             #pragma omp for schedule(static)
             for (int64_t c = 0; c < g->c; c++) FN(dw_pack)(x + (n * g->c + c) * hw, pk + c * pl.cs, g, &pl.dw);
@@ -1601,6 +1788,167 @@ static void FN(direct)(const T *x, const T *w, const T *bias, T *y, const mt_con
                 for (int64_t o = 0; o < orows; o++)
                     FN(direct_store)(yw + o * pl.ys, p0, p1, pl.dw.wq, y + (n * g->o + o0 + o) * ohw,
                                      bias ? bias[o0 + o] : (T)0, g);
+            }
+        }
+    }
+}
+
+/* BLOCKED: direct multiply-adds vectorised over output channels. The input
+ * image is copied zero-padded ([C][hp][wp], pl.cs apart); the weights are
+ * packed [group][block][cg][kk][OCB] (FN(blk_pack)). A micro-kernel call
+ * keeps R consecutive output pixels of one row times the block's two
+ * vectors of output channels in registers and, for each input channel and
+ * tap, loads the two weight vectors and broadcasts R input values (R
+ * loads, 2R FMAs): no pixel is computed that is not an output, and the
+ * only copies are the padded input and the transposition of the finished
+ * row into NCHW. x: the input under pixel 0 of the segment at tap (0, 0);
+ * toff[t]: tap t's offset; pixels s apart (SW: a compile-time stride, 0
+ * for s); tile: [R][OCB] out. */
+/* (the accumulators are named variables, not arrays: GCC 12 shuffles
+ * arrays of vectors between registers on every pass of the nested loops,
+ * 13 moves for 14 FMAs measured in the assembly) */
+#define MT_BLK_ACC(r, R) vec a0_##r = (vec){0}, a1_##r = (vec){0};
+#define MT_BLK_STEP(r, R) if (R > r) { const T b = xt[r * st]; a0_##r += b * w0; a1_##r += b * w1; }
+#define MT_BLK_OUT(r, R)                                                      \
+    if (R > r) { *(vec *)(tile + r * 2 * vl) = a0_##r; *(vec *)(tile + r * 2 * vl + vl) = a1_##r; }
+#define MT_BLK_ALL(M, R) M(0, R) M(1, R) M(2, R) M(3, R) M(4, R) M(5, R) M(6, R) M(7, R) M(8, R) \
+    M(9, R) M(10, R) M(11, R)
+#define MT_BLK_KERNEL(NAME, VB, R, SW, ATTR)                                   \
+static ATTR void NAME(const T *restrict x, int64_t cs, const int64_t *restrict toff, int64_t kk, \
+                      int64_t cg, const T *restrict wb, T *restrict tile, int64_t s) { \
+    typedef T vec __attribute__((vector_size(VB), aligned(sizeof(T))));      \
+    const int64_t vl = VB / (int64_t)sizeof(T), st = SW ? SW : s;             \
+    MT_BLK_ALL(MT_BLK_ACC, R)                                                 \
+    for (int64_t c = 0; c < cg; c++) {                                        \
+        const T *xc = x + c * cs;                                             \
+        for (int64_t t = 0; t < kk; t++, wb += 2 * vl) {                      \
+            const vec w0 = *(const vec *)wb, w1 = *(const vec *)(wb + vl);   \
+            const T *xt = xc + toff[t];                                       \
+            MT_BLK_ALL(MT_BLK_STEP, R)                                        \
+        }                                                                     \
+    }                                                                         \
+    MT_BLK_ALL(MT_BLK_OUT, R)                                                 \
+}
+#define MT_BLK_SET6(TAG, VB, SW, ATTR)                                        \
+    MT_BLK_KERNEL(FN(TAG##_1), VB, 1, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_2), VB, 2, SW, ATTR) \
+    MT_BLK_KERNEL(FN(TAG##_3), VB, 3, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_4), VB, 4, SW, ATTR) \
+    MT_BLK_KERNEL(FN(TAG##_5), VB, 5, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_6), VB, 6, SW, ATTR)
+#define MT_BLK_SET12(TAG, VB, SW, ATTR) MT_BLK_SET6(TAG, VB, SW, ATTR)        \
+    MT_BLK_KERNEL(FN(TAG##_7), VB, 7, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_8), VB, 8, SW, ATTR) \
+    MT_BLK_KERNEL(FN(TAG##_9), VB, 9, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_10), VB, 10, SW, ATTR) \
+    MT_BLK_KERNEL(FN(TAG##_11), VB, 11, SW, ATTR) MT_BLK_KERNEL(FN(TAG##_12), VB, 12, SW, ATTR)
+MT_BLK_SET12(blk_w1, 64, 1, MT_DIRECT_WIDE_ATTR)
+MT_BLK_SET12(blk_w2, 64, 2, MT_DIRECT_WIDE_ATTR)
+MT_BLK_SET12(blk_ws, 64, 0, MT_DIRECT_WIDE_ATTR)
+MT_BLK_SET6(blk_n1, 32, 1, MT_CLONES)
+MT_BLK_SET6(blk_n2, 32, 2, MT_CLONES)
+MT_BLK_SET6(blk_ns, 32, 0, MT_CLONES)
+#undef MT_BLK_SET12
+#undef MT_BLK_SET6
+#undef MT_BLK_KERNEL
+#undef MT_BLK_ALL
+#undef MT_BLK_OUT
+#undef MT_BLK_STEP
+#undef MT_BLK_ACC
+
+typedef void (*FN(blk_fn))(const T *restrict, int64_t, const int64_t *restrict, int64_t, int64_t,
+                           const T *restrict, T *restrict, int64_t);
+#define MT_BLK_TABLE6(TAG) FN(TAG##_1), FN(TAG##_2), FN(TAG##_3), FN(TAG##_4), FN(TAG##_5), FN(TAG##_6)
+#define MT_BLK_TABLE12(TAG) MT_BLK_TABLE6(TAG), FN(TAG##_7), FN(TAG##_8), FN(TAG##_9), FN(TAG##_10), \
+    FN(TAG##_11), FN(TAG##_12)
+/* [wide][stride 1, 2, other][R - 1] */
+static const FN(blk_fn) FN(blk_kernels)[2][3][MT_BLK_R_WIDE] = {
+    {{MT_BLK_TABLE6(blk_n1)}, {MT_BLK_TABLE6(blk_n2)}, {MT_BLK_TABLE6(blk_ns)}},
+    {{MT_BLK_TABLE12(blk_w1)}, {MT_BLK_TABLE12(blk_w2)}, {MT_BLK_TABLE12(blk_ws)}},
+};
+#undef MT_BLK_TABLE12
+#undef MT_BLK_TABLE6
+
+/* BLOCKED: the weights (w: [O][cg][kk]) packed [group][block][cg][kk][ocb],
+ * zero past each group's last output channel, a task per block. */
+static void FN(blk_pack)(const T *w, T *wpk, const mt_conv2d_geom *g, int64_t ocb, int nt) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
+    const int64_t nob = (og + ocb - 1) / ocb, cgkk = cg * kk;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t blk = 0; blk < g->groups * nob; blk++) {
+        const int64_t o0 = (blk / nob) * og + (blk % nob) * ocb, rows = mt_min64(ocb, og - (blk % nob) * ocb);
+        T *restrict d = wpk + blk * cgkk * ocb;
+        for (int64_t i = 0; i < cgkk; i++)
+            for (int64_t j = 0; j < ocb; j++) d[i * ocb + j] = j < rows ? w[(o0 + j) * cgkk + i] : (T)0;
+    }
+}
+
+/* BLOCKED: channel c of one image into its padded plane (the padding is
+ * zero already) */
+static void FN(blk_pad)(const T *restrict x, T *restrict xp, const mt_conv2d_geom *g, int64_t wp) {
+    for (int64_t r = 0; r < g->h; r++)
+        memcpy(xp + (r + g->ph) * wp + g->pw, x + r * g->w, (size_t)g->w * sizeof(T));
+}
+
+/* BLOCKED: one output row of one block (the row's segments through the
+ * micro-kernel into the thread's row tile [ow][ocb]), then the row into
+ * each of the block's output planes, plus the bias and the epilogue. */
+static void FN(blk_row)(const T *xg, const T *wb, const T *bias, T *y, int64_t oy, int64_t o0, int64_t rows,
+                        const int64_t *toff, T *tile, const mt_conv2d_geom *g, const blk_plan *pl) {
+    const int64_t cg = g->c / g->groups, kk = g->kh * g->kw;
+    const int si = g->sw == 1 ? 0 : g->sw == 2 ? 1 : 2;
+    const T *xrow = xg + oy * g->sh * pl->wp;
+    int64_t ox = 0;
+    for (int64_t sg = 0; sg < pl->nseg; sg++) {
+        const int64_t r = pl->seg + (sg < pl->extra);
+        FN(blk_kernels)[pl->wide][si][r - 1](xrow + ox * g->sw, pl->cs, toff, kk, cg, wb, tile + ox * pl->ocb,
+                                             g->sw);
+        ox += r;
+    }
+    const int64_t ohw = g->oh * g->ow;
+    for (int64_t j = 0; j < rows; j++) {
+        T *restrict d = y + (o0 + j) * ohw + oy * g->ow;
+        const T bv = bias ? bias[o0 + j] : (T)0;
+        for (int64_t p = 0; p < g->ow; p++) d[p] = tile[p * pl->ocb + j] + bv;
+        FN(epilogue)(d, g->ow, g);
+    }
+}
+
+/* BLOCKED over the batch: per image, the channels padded (a task per
+ * channel; without padding the image is read in place), then tasks of
+ * (group, block, output row), in the order of plan_blk's rows_outer. The
+ * weights come packed for layout (wpk_given), or are packed from w into the
+ * workspace first. */
+static void FN(blocked)(const T *x, const T *w, const T *wpk_given, int layout, const T *bias, T *y,
+                        const mt_conv2d_geom *g, int nt, char *ws) {
+    const int64_t cg = g->c / g->groups, kk = g->kh * g->kw, hw = g->h * g->w;
+    blk_plan pl;
+    plan_blk(g, sizeof(T), nt, layout, wpk_given == NULL, &pl);
+    int64_t toff[kk];
+    for (int64_t t = 0; t < kk; t++) toff[t] = (t / g->kw) * g->dh * pl.wp + (t % g->kw) * g->dw;
+    T *xp = (T *)ws;
+    const T *wpk = wpk_given;
+    if (!wpk) {
+        T *own = (T *)(ws + pl.xp_bytes + nt * pl.row_bytes);
+        FN(blk_pack)(w, own, g, pl.ocb, nt);
+        wpk = own;
+    }
+    const int padded = g->ph || g->pw;
+    if (padded) memset(xp, 0, (size_t)(g->c * pl.cs) * sizeof(T));   /* the padding, once */
+    const int64_t nob = pl.nob, blocks = g->groups * nob, tasks = blocks * g->oh;
+    const int par = nt > 1;
+    #pragma omp parallel num_threads(nt) if (par)
+    {
+        T *tile = (T *)(ws + pl.xp_bytes + thread_id() * pl.row_bytes);
+        for (int64_t n = 0; n < g->n; n++) {
+            if (padded) {
+                #pragma omp for schedule(static)
+                for (int64_t c = 0; c < g->c; c++) FN(blk_pad)(x + (n * g->c + c) * hw, xp + c * pl.cs, g, pl.wp);
+            }
+            const T *img = padded ? xp : x + n * g->c * hw;
+            #pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t blk = pl.rows_outer ? task % blocks : task / g->oh;
+                const int64_t oy = pl.rows_outer ? task / blocks : task % g->oh;
+                const int64_t gi = blk / nob, ob = blk % nob;
+                FN(blk_row)(img + gi * cg * pl.cs, wpk + blk * cg * kk * pl.ocb, bias, y + n * g->o * g->oh * g->ow,
+                            oy, gi * (g->o / g->groups) + ob * pl.ocb,
+                            mt_min64(pl.ocb, g->o / g->groups - ob * pl.ocb), toff, tile, g, &pl);
             }
         }
     }

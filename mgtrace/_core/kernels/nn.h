@@ -75,6 +75,7 @@ enum mt_conv_algo {
     MT_CONV_WINOGRAD,   /* F(2x2, 3x3): 3x3, stride 1, dilation 1; 16 GEMMs per tile block */
     MT_CONV_WINOGRAD4,  /* F(4x4, 3x3): as WINOGRAD, 36 GEMMs per block of 4x4 tiles */
     MT_CONV_DIRECT,     /* direct multiply-adds over a padded polyphase copy, no GEMM */
+    MT_CONV_BLOCKED,    /* direct multiply-adds vectorised over blocks of output channels */
     MT_CONV_NALGOS
 };
 
@@ -102,24 +103,31 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
 int64_t mt_conv_transpose2d_workspace(int dtype, const mt_conv2d_geom *g, int nthreads);
 int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                         const mt_conv2d_geom *g, int nthreads, void *workspace);
-/* WINOGRAD or WINOGRAD4 (algo) with the weights transformed once: U's
- * bytes, the transform (U from weight [O, C/groups, 3, 3]), and the conv on
- * a given U with its own (smaller) workspace. The geometry must suit
- * WINOGRAD. */
-int64_t mt_conv2d_wino_u_bytes(int dtype, const mt_conv2d_geom *g, int algo);
-void mt_conv2d_wino_transform(int dtype, const void *weight, void *u, const mt_conv2d_geom *g, int algo,
-                              int nthreads);
-int64_t mt_conv2d_wino_u_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nthreads);
-int mt_conv2d_wino_u(int dtype, const void *x, const void *u, const void *bias, void *y,
-                     const mt_conv2d_geom *g, int algo, int nthreads, void *workspace);
+/* Weights packed once, for the algorithms that rearrange them
+ * (mt_conv2d_packs_weights: WINOGRAD and WINOGRAD4's transformed U,
+ * DIRECT's blocks of output channels), so that a caller can cache the
+ * packed copy: the layout on this CPU (an int the cache key must hold:
+ * DIRECT's depends on the CPU and the test switch below), the packed bytes,
+ * the packing (from weight [O, C/groups, KH, KW]), and the conv on the
+ * packed weights with its own (smaller) workspace. The geometry must suit
+ * the algorithm. */
+int mt_conv2d_packs_weights(int algo);
+int mt_conv2d_packed_layout(int algo);
+int64_t mt_conv2d_packed_bytes(int dtype, const mt_conv2d_geom *g, int algo, int layout);
+void mt_conv2d_pack_weights(int dtype, const void *weight, void *packed, const mt_conv2d_geom *g, int algo,
+                            int layout, int nthreads);
+int64_t mt_conv2d_packed_workspace(int dtype, const mt_conv2d_geom *g, int algo, int layout, int nthreads);
+int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                     const mt_conv2d_geom *g, int algo, int layout, int nthreads, void *workspace);
 /* tests: 1 makes DIRECT run its AVX2/baseline micro-kernel even where the
  * CPU has AVX-512 (0: pick by CPU, the default) */
 void mt_conv2d_direct_force_narrow(int on);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
-/* The same for a caller that has Winograd's transformed weights cached
- * (u_cached 1): WINOGRAD and WINOGRAD4 then pay on fewer tiles. */
-int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int u_cached);
+/* The same for a caller that caches packed weights (w_cached 1: see
+ * mt_conv2d_pack_weights): WINOGRAD and WINOGRAD4 then pay on fewer tiles,
+ * and DIRECT on more geometries. */
+int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached);
 
 /* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
 

@@ -12,7 +12,9 @@
   Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
   runs in the convolution's epilogue), and so does ``act(conv2d(x) + r)``
   with a tensor ``r`` of the conv's output shape and dtype (a residual
-  block's shortcut, added in the epilogue too).
+  block's shortcut, added in the epilogue too); ``conv2d(x) + r`` without
+  an activation (MobileNetV2's linear bottleneck) becomes a ``conv2d_act``
+  with ``act="none"``.
 - ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
 - ``FuseAttention``: ``softmax(matmul(q, k, transpose_b=True) * scale +
   mask, axis=-1)`` followed by ``matmul(..., v)`` (the scale and the mask
@@ -249,6 +251,7 @@ def _residual_add(y, match_layer):
 def _fuse_act(tm, match_layer, fused, what, residual=False):
     done = 0
     for g in list(graphs_of(tm)):
+        taken = set()           # residual adds now inside a fused call
         for e in list(g._exprs):
             act = activation(e) if e.top_graph is g else None
             if act is None:
@@ -261,14 +264,35 @@ def _fuse_act(tm, match_layer, fused, what, residual=False):
                 hit = _residual_add(y, match_layer)
                 if hit is not None:
                     call, extra = hit[0], {"residual": hit[1]}
+                    taken.add(id(y.expr))
             if call is None:
                 continue
             with g.insert_exprs(e):
                 new = fused(*call, act=name, **extra)
             g.replace_node({e.outputs[0]: new})
             done += 1
+        if residual:
+            done += _fuse_residual_adds(g, match_layer, fused, taken)
         if done:
             g.compile()
+    return done
+
+
+def _fuse_residual_adds(g, match_layer, fused, taken):
+    """``layer(x) + r`` with no activation after it (MobileNetV2's linear
+    bottleneck) to one fused call with ``act="none"``; skips the adds of
+    ``taken`` (ids of adds the activation fusions consumed)."""
+    done = 0
+    for e in list(g._exprs):
+        if e.top_graph is not g or id(e) in taken or len(e.outputs) != 1:
+            continue
+        hit = _residual_add(e.outputs[0], match_layer)
+        if hit is None:
+            continue
+        with g.insert_exprs(e):
+            new = fused(*hit[0], act="none", residual=hit[1])
+        g.replace_node({e.outputs[0]: new})
+        done += 1
     return done
 
 
