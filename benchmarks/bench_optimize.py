@@ -271,6 +271,12 @@ def main():
             print(f"# {k}: skipped ({why} in {peer})")
     print(f"# threads {args.threads}, warm-up {warmup}, best of {repeats}, one subprocess per "
           f"cell; load average before: {os.getloadavg()[0]:.2f}")
+    from mgtrace._core import linalg
+    # (an OPENBLAS_CORETYPE in the environment picks mgtrace's GEMM kernels,
+    # not the peers': Haswell's AVX2 ones ran sgemm at half the AVX-512 ones'
+    # speed on a Zen 5 machine that set it)
+    print(f"# mgtrace's BLAS: {linalg.blas_config()}; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     kinds = list(MGTRACE_KINDS) + [k for k in PEER_KINDS if not missing[k]]
     labels = {"eager": "mt eager", "traced": "mt traced", "optimized": "mt optim",
               "torch": "torch", "onnxruntime": "onnxrt"}
