@@ -385,7 +385,9 @@ cdef int run_elementwise(int kind, int op, int dt, int dt2, mt_loop_fn fn, Tenso
     cdef const mt_backend *b
     cdef int rc
     if device_kind(out._device) == MT_DEV_CPU:
-        return run_loop(fn, out, nin, ins, aux, cost)
+        run_loop(fn, out, nin, ins, aux, cost)
+        out._st.version += 1     # written (see check_writable)
+        return 0
     b = backend_of(out._device)
     _geometry(out, nin, ins, &c)
     c.kind, c.op, c.dtype, c.dtype2, c.aux = kind, op, dt, dt2, aux
@@ -395,6 +397,7 @@ cdef int run_elementwise(int kind, int op, int dt, int dt2, mt_loop_fn fn, Tenso
         raise missing_kernel(_ew_name(kind, op), out._device, dt)
     if rc != 0:
         raise backend_error(out._device, rc, _ew_name(kind, op))
+    out._st.version += 1
     return 0
 
 
@@ -496,7 +499,12 @@ cdef int check_writable(Tensor t) except -1:
     if t._st.readonly:
         raise ValueError("tensor is read-only (e.g. memory-mapped from an archive); "
                          "copy it with .copy() before writing")
-    t._st.version += 1    # every in-place write passes here: caches of derived values see it
+    # every in-place write passes here: caches of derived values see it. The
+    # version moves again once the write is done (run_elementwise, setitem's
+    # put), so that a cache filled without the GIL while another thread
+    # writes, which records the version it read before, never records the
+    # one the finished write leaves (conv2d's packed weights)
+    t._st.version += 1
     return 0
 
 

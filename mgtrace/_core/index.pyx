@@ -368,6 +368,7 @@ def setitem(x, index, value):
             rc = kern.put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
         if rc != 0:
             raise backend_error(v._device, rc, "setitem")
+    v._st.version += 1      # written (see dispatch.check_writable)
 
 
 # ------------------------------------------------------------------ gather etc.

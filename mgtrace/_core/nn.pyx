@@ -29,7 +29,7 @@ Rules shared by every op (the same as the rest of the core):
   :func:`mgtrace._core.dispatch.apply` under its own name, and handed to
   the trace hook instead of running while module tracing is on.
 """
-from libc.stdint cimport int64_t, intptr_t
+from libc.stdint cimport int64_t, intptr_t, uint64_t
 
 import numpy as np
 
@@ -355,19 +355,22 @@ cdef int _check_rc(str op, int rc, int device=0) except -1:
 # ----------------------------------------------------------- packed weights
 
 # The weights as WINOGRAD (its transformed U: 16 values per 3x3 kernel, 16/9
-# of the weight's bytes) and DIRECT (blocks of output channels interleaved
-# for its micro-kernel) read them are a function of the weight alone, and
+# of the weight's bytes), DIRECT and BLOCKED (blocks of output channels
+# interleaved for their micro-kernels) read them are a function of the
+# weight and the groups alone, and
 # the weights of a loaded or optimized module do not change between calls:
 # packing them once instead of on every call saves a pass over the weights
 # (about 10% of a ResNet-18 layer at batch 1 for WINOGRAD; for DIRECT on
 # 512 channels of 7x7, a third of the layer), and lets WINOGRAD pay on fewer
-# tiles. An entry is keyed by the algorithm and its packed layout, the
-# weight's storage (its uid, unique over the process's lifetime), the
-# view's offset, shape and strides, and the compute dtype; it holds the
-# storage's version when it was made, so a weight written in place since
-# (every mgtrace write bumps the version; see dispatch.check_writable) is
-# packed afresh, never served stale. A storage others may write unseen
-# (external memory, or exported writable through DLPack) is never cached.
+# tiles. An entry is keyed by the algorithm, its packed layout and the
+# groups, the weight's storage (its uid, unique over the process's
+# lifetime), the view's offset, shape and strides, and the compute dtype; it
+# holds the storage's version from before the packing, so a weight written
+# in place since, or during it from another thread (every mgtrace write
+# bumps the version; see dispatch.check_writable), is packed afresh, never
+# served stale. A storage others may write unseen (memory imported through
+# DLPack, read-only or not, unless the archive reader vouched for its
+# mapping; or exported writable) is never cached.
 # Least recently used entries go first past WEIGHT_CACHE_BYTES.
 WEIGHT_CACHE_BYTES = 256 << 20
 _weight_cache = OrderedDict()     # key -> (version, packed weights)
@@ -402,10 +405,15 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
     the cache when ``w_orig`` has not been written since."""
     global _weight_cache_bytes
     key = _weight_key(w_orig, work)
+    # the version before packing: a write from another thread while the
+    # packing runs (without the GIL) leaves an entry that the next call
+    # finds stale, never one that looks current
+    cdef uint64_t version = w_orig._st.version
     if key is not None:
-        key = (algo, layout) + key
+        # (groups too: DIRECT and BLOCKED pad each group's last block)
+        key = (algo, layout, g.groups) + key
         hit = _weight_cache.get(key)
-        if hit is not None and hit[0] == w_orig._st.version:
+        if hit is not None and hit[0] == version:
             _weight_cache.move_to_end(key)
             return <Tensor>hit[1]
     cdef int64_t nbytes = mt_conv2d_packed_bytes(work, g, algo, layout)
@@ -417,7 +425,7 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
     old = _weight_cache.pop(key, None)
     if old is not None:
         _weight_cache_bytes -= numel(<Tensor>old[1])
-    _weight_cache[key] = (w_orig._st.version, u)
+    _weight_cache[key] = (version, u)
     _weight_cache_bytes += nbytes
     while _weight_cache_bytes > WEIGHT_CACHE_BYTES:
         _, (_, gone) = _weight_cache.popitem(last=False)

@@ -710,11 +710,31 @@ def from_dlpack(x):
             m.deleter(m)
         raise MemoryError()
     t._st.readonly = readonly
+    # foreign memory: its owner may write it unseen, read-only flag or not
+    # (a read-only NumPy view of a writable array), so no cache may trust
+    # its version (see mark_immutable)
+    t._st.shared = 1
     t._data = <char *>dl.data + dl.byte_offset
     t._ndim = dl.ndim
     t._dtype = code
     t._device = device
     return t
+
+
+def mark_immutable(Tensor t):
+    """Vouch that nothing writes read-only tensor ``t``'s memory while its
+    storage lives (the archive reader's read-only mapping of a file it
+    opened), so that caches of values derived from it (conv2d's packed
+    weights) may keep them. A tensor imported through DLPack is otherwise
+    never trusted: the producer's read-only flag does not stop the owner of
+    the memory writing it.
+
+    Raises:
+        ValueError: ``t`` is writable.
+    """
+    if not t._st.readonly:
+        raise ValueError("mark_immutable takes a read-only tensor")
+    t._st.shared = 0
 
 
 cdef Tensor _copy_across(Tensor t, int dev):

@@ -300,16 +300,17 @@ def _leaves(v):
 def compare_outputs(got, want, rtol=1e-5, atol=1e-6):
     """``(ok, max_abs_error, reason)`` comparing two output pytrees.
 
-    Each output tensor matches when NaN and infinities sit at the same
-    places and ``max |got - want| <= atol + rtol * max |want|`` over its
-    finite values: a tolerance relative to the output's scale, not to each
+    An integer or bool output matches when it is equal. A float output
+    matches when NaN and infinities sit at the same places and ``max |got -
+    want| <= atol + rtol * max |want|`` over its finite values: a tolerance
+    relative to the output's scale, not to each
     element's (NumPy's ``allclose``). Float32 rounding in a network's sums
     grows with the magnitudes summed, so a release that sums in another
     order (another conv algorithm) moves a near-zero element of an output
     whose values reach 1e5 by about 1e-6 of 1e5, which an elementwise rule
     would call a mismatch."""
     (ga, gdef), (wa, wdef) = _leaves(got), _leaves(want)
-    if gdef != wdef:
+    if gdef != wdef and repr(gdef) != repr(wdef):     # (a float('nan') leaf is not == itself)
         return False, None, f"output structure differs: {gdef} vs {wdef}"
     worst = 0.0
     for i, (g, w) in enumerate(zip(ga, wa)):
@@ -318,6 +319,10 @@ def compare_outputs(got, want, rtol=1e-5, atol=1e-6):
             return False, None, f"output {i}: {g.shape} {g.dtype} vs {w.shape} {w.dtype}"
         if not g.size:
             continue
+        if g.dtype.kind in "biu":       # integers and bools have no rounding: equal or not
+            if not np.array_equal(g, w):
+                return False, None, f"output {i} differs: {int(np.sum(g != w))} of {g.size} elements"
+            continue
         gf, wf = g.astype(np.float64), w.astype(np.float64)
         fin = np.isfinite(wf)
         if not np.array_equal(np.isfinite(gf), fin) or not np.array_equal(gf[~fin], wf[~fin], equal_nan=True):
@@ -325,7 +330,7 @@ def compare_outputs(got, want, rtol=1e-5, atol=1e-6):
         err = float(np.abs(gf[fin] - wf[fin]).max()) if fin.any() else 0.0
         scale = float(np.abs(wf[fin]).max()) if fin.any() else 0.0
         worst = max(worst, err)
-        if not err <= atol + rtol * scale:
+        if not err <= atol + (rtol * scale if scale else 0.0):      # (rtol may be inf)
             return False, worst, (f"output {i} differs: max abs error {err:.3g} > atol {atol} + rtol {rtol} "
                                   f"x max |output| {scale:.3g}")
     return True, worst, ""

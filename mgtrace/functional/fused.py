@@ -41,16 +41,23 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         bias: float [O] or [1, O, 1, 1], or None.
         stride, padding, dilation, groups: as :func:`mgtrace.functional.conv2d`.
         act: one of :data:`ACTIVATIONS`.
-        residual: None, or a float tensor of the output's shape
-            [N, O, OH, OW] (a residual block's shortcut).
+        residual: None, or a tensor that adds to the output as ``+`` does
+            (a residual block's shortcut): one of the output's shape [N, O,
+            OH, OW] and a float dtype is added in the kernel's epilogue;
+            any other (broadcast, an integer dtype) after the kernel, with
+            ``+``'s broadcasting and promotion. (A graph that
+            ``optimize`` fused traced the add with a residual of the
+            output's shape; called on other inputs it must still compute
+            what the add did.)
 
     Returns:
-        [N, O, OH, OW] in the promoted float dtype, equal to the conv2d, the
-        addition and the activation function one after the other.
+        The promoted float dtype, equal to the conv2d, the addition and
+        the activation function one after the other: [N, O, OH, OW], or the
+        broadcast shape of the output and the residual.
 
     Raises:
-        ValueError: an unknown ``act``, a residual of another shape;
-            otherwise as :func:`mgtrace.functional.conv2d`.
+        ValueError: an unknown ``act``, a residual that does not broadcast
+            to the output; otherwise as :func:`mgtrace.functional.conv2d`.
         TypeError: as :func:`mgtrace.functional.conv2d`.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
@@ -64,14 +71,29 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
-    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None:
             A.check_float(fn, name, t)
     g = A.to_int(fn, "groups", groups, 1)
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
-    return _nn.conv2d_act(x, weight, bias, residual, A.pair(fn, "stride", stride, 1),
-                          A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1),
-                          g, act)
+    st, pd = A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0)
+    dl = A.pair(fn, "dilation", dilation, 1)
+    if residual is not None and not _epilogue_residual(x, weight, st, pd, dl, residual):
+        y = _nn.conv2d_act(x, weight, bias, None, st, pd, dl, g, "none") + residual
+        return y if act == "none" else getattr(_fnn, act)(y)
+    return _nn.conv2d_act(x, weight, bias, residual, st, pd, dl, g, act)
+
+
+def _epilogue_residual(x, weight, stride, padding, dilation, residual):
+    """Whether the kernel's epilogue can add ``residual``: a float tensor of
+    the conv's output shape (else the caller adds it as ``+`` does)."""
+    if residual.dtype.kind != "f":
+        return False
+    out = [x.shape[0], weight.shape[0]]
+    for i in range(2):
+        span = dilation[i] * (weight.shape[2 + i] - 1) + 1
+        out.append((x.shape[2 + i] + 2 * padding[i] - span) // stride[i] + 1)
+    return tuple(residual.shape) == tuple(out)
 
 
 def linear_act(x, weight, bias=None, act="relu"):

@@ -295,7 +295,9 @@ class DecodeContext:
             buf = memoryview(arr)
         if self._verify:
             tensors.verify(buf, e, where)
-        return tensors.tensor_from_array(arr.view(dtype).reshape(e["shape"]))
+        # (a mapping is read-only and this reader's own: a file changed under
+        # a live mmap load is outside what the archive promises)
+        return tensors.tensor_from_array(arr.view(dtype).reshape(e["shape"]), immutable=self._mmap)
 
     def value(self, x, *, node=None, where="value"):
         """The Python value of tagged ``x``; ``node(id) -> object`` resolves

@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 
 from mgtrace._core import DTYPES, empty_tensor, from_dlpack, share_as
-from mgtrace._core.tensor import unshared_view
+from mgtrace._core.tensor import mark_immutable, unshared_view
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
@@ -162,11 +162,15 @@ def fresh_tensor(shape, dtype):
     return t, unshared_view(t, True).reshape(-1).view(np.uint8)
 
 
-def tensor_from_array(arr):
-    """A CPU Tensor sharing ``arr``'s memory; read-only when ``arr`` is."""
-    if arr.dtype.name == "bfloat16":
-        return from_dlpack(_Bfloat16Export(arr))
-    return from_dlpack(arr)
+def tensor_from_array(arr, immutable=False):
+    """A CPU Tensor sharing ``arr``'s memory; read-only when ``arr`` is.
+    ``immutable``: the caller vouches that nothing writes that memory while
+    the tensor lives (the reader's read-only mapping of an archive), so that
+    conv2d may cache the weight's packed copy (``mark_immutable``)."""
+    t = from_dlpack(_Bfloat16Export(arr)) if arr.dtype.name == "bfloat16" else from_dlpack(arr)
+    if immutable and t.readonly:
+        mark_immutable(t)
+    return t
 
 
 

@@ -426,3 +426,11 @@ def test_outputs_compare_relative_to_their_scale():
     assert not compare_outputs(mt.tensor(np.array([np.nan, -np.inf, 1.0], np.float32)), mt.tensor(nan))[0]
     assert not compare_outputs(mt.tensor(np.array([0.0, np.inf, 1.0], np.float32)), mt.tensor(nan))[0]
     assert compare_outputs(mt.tensor(np.zeros(0, np.float32)), mt.tensor(np.zeros(0, np.float32)))[0]
+    # integers compare exactly (an index off by one, 2**53 + 1 as float64 is not 2**53)
+    ints = np.array([2**53 + 1, 200000, 3], np.int64)
+    assert compare_outputs(mt.tensor(ints), mt.tensor(ints))[0]
+    for off in (np.array([2**53, 200000, 3]), np.array([2**53 + 1, 200000, 4])):
+        assert not compare_outputs(mt.tensor(off.astype(np.int64)), mt.tensor(ints), rtol=1, atol=1)[0]
+    # an infinite rtol passes an all-zero output (inf * 0 is no NaN here)
+    zeros = mt.tensor(np.zeros(3, np.float32))
+    assert compare_outputs(zeros, zeros, rtol=float("inf"))[0]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mgtrace._core import dispatch, nn, trace_hooks
-from mgtrace._core.tensor import tensor
+from mgtrace._core.tensor import from_dlpack, tensor
 
 RNG = np.random.default_rng(1234)
 FLOATS = ["float32", "float64"]
@@ -1135,6 +1135,75 @@ def test_weight_cache_skips_memory_others_may_write(algo):
     assert nn.weight_cache_info()[0] == 0
     view[:] = -wt                             # a write mgtrace does not see
     close(_wino(x, w, b, algo), ref_conv2d(x, -wt, b, 1, 1), "float32")
+
+
+@PACKING
+def test_weight_cache_skips_read_only_imports(algo):
+    """A tensor imported through DLPack from a read-only NumPy view of a
+    writable array is not cached: its owner writes it unseen."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    base = wt.copy()
+    ro = base.view()
+    ro.flags.writeable = False
+    w = from_dlpack(ro)
+    assert w.readonly
+    _wino(x, w, b, algo)
+    assert nn.weight_cache_info()[0] == 0
+    base *= -1                                 # a legal write through the writable base
+    close(_wino(x, w, b, algo), ref_conv2d(x, -wt, b, 1, 1), "float32")
+
+
+@pytest.mark.parametrize("algo", ["blocked", "direct", "auto"])
+def test_weight_cache_keys_groups_apart(algo):
+    """One weight [O, cg, KH, KW] used with groups 1 and 2 (on inputs of
+    cg and 2 cg channels) is packed per groups: each group's last block is
+    padded apart, so a packing for one groups count does not serve the
+    other (it gave wrong values, and read past the packed buffer for groups
+    256)."""
+    rng = np.random.default_rng(5)
+    wt, b = rng.standard_normal((40, 8, 3, 3)).astype(np.float32), rand(40)
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    for groups in (1, 2, 1, 4):
+        x = rand(1, 8 * groups, 9, 9)
+        y = nn._conv2d(tensor(x), w, tensor(b), 1, 1, 1, groups, algo).numpy()
+        close(y, ref_conv2d(x, wt, b, 1, 1, 1, groups), "float32")
+    nn.clear_weight_cache()
+
+
+@pytest.mark.parametrize("algo", ["blocked", "direct", "winograd"])
+def test_weight_cache_after_a_write_during_packing(algo):
+    """A weight written from another thread while conv2d packs it (without
+    the GIL) is packed afresh on the next call: the entry keeps the version
+    from before the packing, never the write's. (The write lands during the
+    packing in most of the rounds; before the fix every such round left the
+    old weights' result for good.)"""
+    import threading
+    rng = np.random.default_rng(0)
+    x = tensor(rng.standard_normal((1, 512, 7, 7)).astype(np.float32))
+    ones = np.ones((512, 512, 3, 3), np.float32)
+    want = nn._conv2d(x, tensor(ones), None, 1, 1, 1, 1, "im2col").numpy()
+    for _ in range(3):
+        nn.clear_weight_cache()
+        w = tensor(np.zeros_like(ones))
+        go = threading.Event()
+
+        def conv():
+            go.wait()
+            nn._conv2d(x, w, None, 1, 1, 1, 1, algo)
+
+        def write():
+            go.wait()
+            w[...] = 1.0
+        threads = [threading.Thread(target=conv), threading.Thread(target=write)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join()
+        close(nn._conv2d(x, w, None, 1, 1, 1, 1, algo).numpy(), want, "float32")
+    nn.clear_weight_cache()
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -374,13 +374,79 @@ def test_fuse_conv_act_takes_a_residual_add_without_activation(rng):
     assert new.graph.get_method_by_type("__add__").as_count() == 1
 
 
-def test_mobilenet_residual_adds_fuse_when_flattened(rng):
+@pytest.mark.parametrize("write", ["imul", "setitem"])
+@pytest.mark.parametrize("tail", ["add", "relu_add", "relu"])
+def test_fusions_do_not_move_a_layer_past_an_in_place_write(rng, write, tail):
+    """The fused call runs where the activation or add was: with an
+    in-place write to the conv's input in between, fusing would convolve
+    the written values. Such a conv stays unfused (found by fuzzing)."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = M.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            x2 = x * 1.0
+            c = self.c(x2)
+            if write == "imul":
+                x2 *= -1.0
+            else:
+                x2[:, 0] = 0.0
+            if tail == "add":
+                return c + x
+            return F.relu(c + x) if tail == "relu_add" else F.relu(c)
+
+    x = image(rng, (2, 4, 6, 6))
+    new = optimized(mt.trace_module(Net(), x), "FuseConvAct", x)
+    assert functions(new, F.conv2d_act) == 0 and calls(new, M.Conv2d) == 1
+
+
+def test_attention_is_not_fused_past_an_in_place_write(rng):
+    class Net(M.Module):
+        def forward(self, q, k, v):
+            s = F.matmul(q, k, transpose_b=True) * 0.5
+            q *= 2.0                          # written after its use in the scores
+            return F.matmul(F.softmax(s, axis=-1), v) + q
+
+    q, k, v, _ = _qkvm(rng)
+    tm = mt.trace_module(Net(), q.copy(), k, v)
+    new = optimize(tm, "FuseAttention")
+    assert functions(new, F.attention) == 0
+    close(new(q.copy(), k, v), tm(q.copy(), k, v))
+
+
+def test_fused_residual_keeps_the_adds_broadcasting_and_promotion(rng):
+    """Traced with a shortcut of the conv's output shape, the fused graph
+    called with one that broadcasts, or of an integer dtype, computes what
+    the add did."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = M.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x, y):
+            return F.relu(self.c(x) + y)
+
+    x = image(rng, (2, 4, 6, 6))
+    tm = mt.trace_module(Net(), x, image(rng, (2, 4, 6, 6)))
+    new = optimize(tm, "FuseConvAct")
+    assert functions(new, F.conv2d_act) == 1
+    for y in (image(rng, (1, 4, 1, 1)), mt.tensor(rng.integers(-2, 2, (2, 4, 6, 6)).astype("int32"))):
+        close(new(x, y), tm(x, y))
+
+
+def test_mobilenet_residual_adds_fuse_when_flattened(rng, tmp_path):
     """MobileNetV2's shortcut adds sit one module above their conv (``x +
-    self.conv(x)``): optimize(flatten=True) sees across and fuses all ten."""
+    self.conv(x)``): optimize(flatten=True) sees across and fuses all ten.
+    The result saves and loads (the traced submodules flatten() leaves
+    behind lose their graphs, which still called the folded BatchNorms)."""
     net, args = _zoo("mobilenet_v2", rng)
     tm = mt.trace_module(net, *args)
     flat = optimize(tm, "all", flatten=True)
     close(flat(*args), tm(*args))
+    assert all(not m._graphs for m in flat.modules() if isinstance(m, TracedModule) and m is not flat)
+    mt.save(flat, tmp_path / "m.tmod")
+    np.testing.assert_array_equal(mt.load(tmp_path / "m.tmod")(*args).numpy(), flat(*args).numpy())
     res = [e for e in flat.graph.get_function_by_type(F.conv2d_act).as_list() if e.kwargs.get("residual") is not None]
     assert len(res) == 10
     assert all(e.kwargs["act"] == "none" for e in res)

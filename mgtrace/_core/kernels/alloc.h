@@ -21,17 +21,19 @@ typedef struct mt_storage {
      * Winograd weights): uid is unique over the process's lifetime (a new
      * storage at a freed one's address gets a new uid), version counts the
      * in-place writes mgtrace made (dispatch's check_writable bumps it), and
-     * shared is set once the memory was exported writable (DLPack), after
-     * which others may write it unseen. */
+     * shared is set once the memory was exported writable (DLPack), or for
+     * memory imported from others, who may write it unseen. */
     uint64_t uid;
     uint64_t version;
     int shared;
 } mt_storage;
 
 /* Whether every write to the storage's memory bumps its version: memory
- * mgtrace allocated and never exported writable, or read-only memory. */
+ * mgtrace allocated and never exported writable, or read-only memory whose
+ * owner vouched that nothing writes it (imported memory is marked shared:
+ * see tensor.pyx's from_dlpack and mark_immutable). */
 static inline int mt_storage_tracked(const mt_storage *st) {
-    return st->readonly || (st->release == NULL && !st->shared);
+    return !st->shared && (st->readonly || st->release == NULL);
 }
 
 mt_storage *mt_storage_new_host(size_t nbytes);

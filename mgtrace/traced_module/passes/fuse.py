@@ -23,8 +23,11 @@
   the softmax and the product does not hide the pattern).
 
 Each fuses only where the intermediate value has no other user (not
-another expr, not the graph's result, not a watch point): a conv whose
-output is also read elsewhere stays as it is. Folding rewrites a module's
+another expr, not the graph's result, not a watch point), and no expr with
+a side effect (an in-place write) runs between the layer and the
+activation or add that the fused call replaces: a conv whose output is also
+read elsewhere, or whose input is written in place before its activation,
+stays as it is. Folding rewrites a module's
 weights, so it happens only to a module that one call uses, and never to a
 BatchNorm in training mode (whose batch statistics change every call).
 """
@@ -34,6 +37,7 @@ import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace._core import Tensor, op_table, tensor
 from mgtrace.module.parameter import Parameter
+from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.passes.util import (bound_args, call_counts, const_value, graphs_of,
                                                is_function, module_call, sole_user)
 
@@ -230,9 +234,9 @@ def _conv_call(e):
 
 
 def _residual_add(y, match_layer):
-    """``(layer call, r)`` when node ``y`` is ``layer(...) + r`` with the
-    layer's output used only there and ``r`` a tensor of y's shape and
-    dtype (no broadcasting), else None."""
+    """``(layer call, r, layer expr)`` when node ``y`` is ``layer(...) + r``
+    with the layer's output used only there and ``r`` a tensor of y's shape
+    and dtype (no broadcasting), else None."""
     e = y.expr
     if e is None or not (e.kind == "call_method" and e.method in _ADD
                          and len(e.args) == 2 and not e.kwargs):
@@ -244,8 +248,23 @@ def _residual_add(y, match_layer):
             continue
         call = match_layer(c.expr)
         if call is not None and r.shape == c.shape == y.shape and r.dtype == c.dtype == y.dtype:
-            return call, r
+            return call, r, c.expr
     return None
+
+
+def _side_effect_between(g, first, last):
+    """Whether an expr of ``g`` after ``first`` and before ``last`` has a
+    side effect: the fused call replaces ``last`` there, so it would run
+    the layer after an in-place write to its input (``x *= -1`` between a
+    conv and its activation)."""
+    inside = False
+    for x in g._exprs:
+        if x is last:
+            return False
+        if inside and has_side_effect(x):
+            return True
+        inside = inside or x is first
+    return False
 
 
 def _fuse_act(tm, match_layer, fused, what, residual=False):
@@ -259,14 +278,15 @@ def _fuse_act(tm, match_layer, fused, what, residual=False):
             name, y = act
             if y.expr is None or sole_user(y) is not e:
                 continue
-            call, extra = match_layer(y.expr), {}
+            call, extra, layer = match_layer(y.expr), {}, y.expr
             if call is None and residual:
                 hit = _residual_add(y, match_layer)
                 if hit is not None:
-                    call, extra = hit[0], {"residual": hit[1]}
-                    taken.add(id(y.expr))
-            if call is None:
+                    call, extra, layer = hit[0], {"residual": hit[1]}, hit[2]
+            if call is None or _side_effect_between(g, layer, e):
                 continue
+            if extra:
+                taken.add(id(y.expr))
             with g.insert_exprs(e):
                 new = fused(*call, act=name, **extra)
             g.replace_node({e.outputs[0]: new})
@@ -287,7 +307,7 @@ def _fuse_residual_adds(g, match_layer, fused, taken):
         if e.top_graph is not g or id(e) in taken or len(e.outputs) != 1:
             continue
         hit = _residual_add(e.outputs[0], match_layer)
-        if hit is None:
+        if hit is None or _side_effect_between(g, hit[2], e):
             continue
         with g.insert_exprs(e):
             new = fused(*hit[0], act="none", residual=hit[1])
@@ -357,9 +377,9 @@ def _mask_add(e):
 
 
 def _scores(s):
-    """``(q, k, scale)`` when node ``s`` is ``matmul(q, k, transpose_b=True)``
-    times a Python number (or divided by one, or not scaled), each step's
-    value used once."""
+    """``(q, k, scale, matmul expr)`` when node ``s`` is ``matmul(q, k,
+    transpose_b=True)`` times a Python number (or divided by one, or not
+    scaled), each step's value used once."""
     e, scale = s.expr, 1.0
     hit = _scaled_operand(e) if e is not None else None
     if hit is not None:
@@ -368,7 +388,7 @@ def _scores(s):
             return None
         e, scale = y.expr, float(c)
     qk = _matmul_args(e, True) if e is not None else None
-    return None if qk is None else (qk[0], qk[1], scale)
+    return None if qk is None else (qk[0], qk[1], scale, e)
 
 
 def _f32_4d(*nodes):
@@ -401,8 +421,10 @@ def fuse_attention(tm):
                 found = qks + (None,) if qks is not None else None
             if found is None:
                 continue
-            q, k, scale, mask = found
+            q, k, scale, first, mask = found
             if not _f32_4d(q, k, v) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+                continue
+            if _side_effect_between(g, first, e):      # q, k or the mask written in between
                 continue
             with g.insert_exprs(e):
                 new = F.attention(q, k, v, mask, scale=scale)

@@ -172,7 +172,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
             of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
         flatten: inline every traced submodule first (``tm.flatten()``), so
             that patterns spanning module boundaries are found too (the
-            result then has one flat graph).
+            result then has one flat graph; its traced submodules hold
+            their modules and tensors, without graphs of their own).
 
     Returns:
         A new TracedModule computing the same outputs (to float rounding:
@@ -211,6 +212,20 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         # what the passes made unused: folded BatchNorms, replaced calls
         fold.eliminate_dead_code(new)
     from mgtrace.traced_module.passes.util import graphs_of
+    _drop_unreachable_graphs(new, {id(g) for g in graphs_of(new)})
     for g in graphs_of(new):
         g.lint()
     return new
+
+
+def _drop_unreachable_graphs(tm, reachable):
+    """Traced submodules that no call of ``tm`` runs (those flatten() leaves
+    behind, or an edit) keep their modules and tensors but lose their
+    graphs, as a submodule the trace never called has none: the passes
+    neither visit nor keep those graphs right (a BatchNorm they call may be
+    folded and deleted), and the result must save and load."""
+    from mgtrace.traced_module.traced_module import TracedModule
+    for m in tm.modules():
+        if m is not tm and isinstance(m, TracedModule) and m._graphs \
+                and not any(id(g) in reachable for g in m._graphs):
+            m._graphs = []
