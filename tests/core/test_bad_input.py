@@ -211,6 +211,25 @@ for sh, sw in ((2 ** 31 - 1, 1), (1, 10 ** 9), (2 ** 31 - 1, 2 ** 31 - 1), (7, 2
         assert kind == "ok" and float(diff) < 1e-4, (name, kind, diff)
 
 
+def test_kernels_as_large_as_the_input_compute_the_right_values(run_isolated):
+    """A 1050x1050 kernel (1.1 million taps) on a 1050x1050 input: DIRECT,
+    BLOCKED and DEPTHWISE kept a table of one int64 a tap on the stack (8.8
+    MB past the 8 MB stack: SIGSEGV); the table is in the workspace now. The
+    one output is the sum of the products (all ones: the tap count)."""
+    rc, got, err = run_isolated("""
+from mgtrace._core import nn
+k = 1050
+x = mt.tensor(np.ones((1, 2, k, k), np.float32))
+w = mt.tensor(np.ones((2, 1, k, k), np.float32))
+for algo, groups in (("direct", 2), ("blocked", 2), ("depthwise", 2), ("auto", 2)):
+    case(algo, lambda: nn._conv2d(x, w, None, 1, 0, 1, groups, algo).numpy().ravel().tolist())
+nn.clear_weight_cache()
+""", timeout=300)
+    assert rc == 0, err[-2000:]
+    for algo, (kind, values) in got.items():
+        assert kind == "ok" and values == str([float(1050 * 1050)] * 2), (algo, kind, values)
+
+
 def test_slices_with_huge_steps_and_bounds_follow_numpy():
     a = np.arange(6.0)
     t = mt.tensor(a)

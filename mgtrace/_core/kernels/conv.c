@@ -219,8 +219,16 @@ static inline int thread_id(void) {
 typedef struct {
     int64_t hq, wq, plane, wide, bytes_one;   /* bytes_one: a thread's scratch */
     int64_t map_bytes;                        /* the index map, shared (0: none) */
+    int64_t off_bytes;                        /* the taps' offsets (the workspace's last part) */
     int packed;
 } dw_plan;
+
+/* the workspace bytes of a table of one int64 a kernel tap (DEPTHWISE's,
+ * DIRECT's and BLOCKED's tap offsets: a kernel as large as the input has a
+ * million taps, too many for the stack) */
+static int64_t tap_offset_bytes(const mt_conv2d_geom *g) {
+    return ws_round(ws_mul4(g->kh, g->kw, (int64_t)sizeof(int64_t), 1));
+}
 
 static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
     const int64_t hp = ws_add(ws_mul(g->oh - 1, g->sh), ws_add(ws_mul(g->kh - 1, g->dh), 1));
@@ -237,6 +245,7 @@ static void plan_dw(const mt_conv2d_geom *g, int64_t isz, dw_plan *pl) {
     /* (rows of 16 or more unit-stride columns copy as fast row by row: 28x28 measured) */
     pl->map_bytes = pl->packed && g->h * g->w <= MT_DW_MAP_MAX && (g->sw > 1 || g->w < 16)
                     ? ws_round(g->h * g->w * (int64_t)sizeof(int32_t)) : 0;
+    pl->off_bytes = tap_offset_bytes(g);
 }
 
 /* off[k] for each kernel tap k = kh * kw_count + kw: where the tap's input
@@ -344,7 +353,8 @@ static void plan_direct(const mt_conv2d_geom *g, int64_t isz, int nt, int layout
     /* packed weights: each group's og rows rounded up to a block of either kernel */
     pl->wpk_bytes = ws_round(ws_mul4(ws_mul(g->groups, og + obk), cg, ws_mul(g->kh, g->kw), isz));
     pl->yw_bytes = ws_round(ws_mul4(obk, pl->ys, isz, 1));
-    pl->bytes = ws_add(ws_add(pl->pk_bytes, own_w ? pl->wpk_bytes : 0), ws_mul(nt, pl->yw_bytes));
+    pl->bytes = ws_add(ws_add(ws_add(pl->pk_bytes, own_w ? pl->wpk_bytes : 0), ws_mul(nt, pl->yw_bytes)),
+                       tap_offset_bytes(g));
 }
 
 /* ----------------------------------------------------------------- BLOCKED */
@@ -388,7 +398,8 @@ static void plan_blk(const mt_conv2d_geom *g, int64_t isz, int nt, int layout, i
     pl->xp_bytes = g->ph || g->pw ? ws_round(ws_mul4(g->c, pl->cs, isz, 1)) : 0;
     pl->wpk_bytes = ws_round(ws_mul4(ws_mul(g->groups, pl->nob), ws_mul(pl->ocb, cg), kk, isz));
     pl->row_bytes = ws_round(ws_mul4(g->ow, pl->ocb, isz, 1));
-    pl->bytes = ws_add(ws_add(pl->xp_bytes, ws_mul(nt, pl->row_bytes)), own_w ? pl->wpk_bytes : 0);
+    pl->bytes = ws_add(ws_add(ws_add(pl->xp_bytes, ws_mul(nt, pl->row_bytes)), own_w ? pl->wpk_bytes : 0),
+                       tap_offset_bytes(g));
     /* a thread's tasks: rows of every block when all the weights take less
      * than the input (each thread keeps the weights in cache and reads half
      * the rows), else blocks of every row (each reads its own weights once) */
@@ -1194,7 +1205,7 @@ int64_t mt_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt
     if (algo == MT_CONV_DEPTHWISE) {
         dw_plan pl;
         plan_dw(g, isz, &pl);
-        return pl.packed ? ws_report(ws_add(ws_mul(nthreads, pl.bytes_one), pl.map_bytes)) : 0;
+        return pl.packed ? ws_report(ws_add(ws_add(ws_mul(nthreads, pl.bytes_one), pl.map_bytes), pl.off_bytes)) : 0;
     }
     return 0;
 }
@@ -1644,7 +1655,7 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
         }
         return;
     }
-    int64_t off[kk];
+    int64_t *off = (int64_t *)(ws + nt * pl.bytes_one + pl.map_bytes);
     dw_tap_offsets(g, &pl, off);
     const int64_t cnt = (g->oh - 1) * pl.wq + g->ow;   /* wide outputs up to the last real one */
     int32_t *map = pl.map_bytes ? (int32_t *)(ws + nt * pl.bytes_one) : NULL;
@@ -1756,7 +1767,8 @@ static void FN(direct)(const T *x, const T *w, const T *wpk_given, int layout, c
     const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
     direct_plan pl;
     plan_direct(g, sizeof(T), nt, layout, wpk_given == NULL, &pl);
-    int64_t off[kk];
+    /* the workspace: packed input, the threads' rows, own weights, tap offsets */
+    int64_t *off = (int64_t *)(ws + pl.bytes - tap_offset_bytes(g));
     dw_tap_offsets(g, &pl.dw, off);
     const int wide = pl.wide;
     const int64_t obk = layout;
@@ -1919,7 +1931,8 @@ static void FN(blocked)(const T *x, const T *w, const T *wpk_given, int layout, 
     const int64_t cg = g->c / g->groups, kk = g->kh * g->kw, hw = g->h * g->w;
     blk_plan pl;
     plan_blk(g, sizeof(T), nt, layout, wpk_given == NULL, &pl);
-    int64_t toff[kk];
+    /* the workspace: padded input, the threads' row tiles, own weights, tap offsets */
+    int64_t *toff = (int64_t *)(ws + pl.bytes - tap_offset_bytes(g));
     for (int64_t t = 0; t < kk; t++) toff[t] = (t / g->kw) * g->dh * pl.wp + (t % g->kw) * g->dw;
     T *xp = (T *)ws;
     const T *wpk = wpk_given;
