@@ -1244,8 +1244,8 @@ int mt_conv2d(int dtype, const void *x, const void *weight, const void *bias, vo
 }
 
 /* Weights packed once for the algorithms that rearrange them (the caller
- * caches the packed copy): WINOGRAD / WINOGRAD4's U, DIRECT's blocks of
- * output channels. */
+ * caches the packed copy): WINOGRAD / WINOGRAD4's U, DIRECT's and BLOCKED's
+ * blocks of output channels. */
 int mt_conv2d_packs_weights(int algo) {
     return algo == MT_CONV_WINOGRAD || algo == MT_CONV_WINOGRAD4 || algo == MT_CONV_DIRECT
         || algo == MT_CONV_BLOCKED;
