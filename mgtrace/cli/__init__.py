@@ -554,7 +554,8 @@ def doctor_info():
             "msgpack": ".".join(map(str, msgpack.version))}
     try:
         from mgtrace._core import linalg
-        info["blas"] = linalg.blas_config()
+        config = linalg.blas_config()
+        info["blas"] = config + blas_hint(config, os.environ.get("OPENBLAS_CORETYPE"), _cpu_flags())
         info["blas threads"] = linalg.get_blas_threads()
     except Exception as e:          # doctor reports, never fails
         info["blas"] = f"unknown ({type(e).__name__}: {e})"
@@ -580,6 +581,34 @@ def doctor_info():
     except Exception:
         info["rich"] = "not installed (no progress bars)"
     return info
+
+
+_AVX512_CORES = ("SkylakeX", "Cooperlake", "SapphireRapids")
+
+
+def blas_hint(config, forced, cpu_flags):
+    """What doctor adds to OpenBLAS's build string: the OPENBLAS_CORETYPE
+    that chose its kernels, and a warning when that keeps AVX-512 kernels
+    off a CPU that has them (Haswell's AVX2 sgemm ran at half the speed of
+    OpenBLAS's own SkylakeX choice on a Zen 5)."""
+    if not forced:
+        return ""
+    hint = f" (kernels chosen by OPENBLAS_CORETYPE={forced}"
+    if "avx512f" in cpu_flags and not any(c in config for c in _AVX512_CORES):
+        hint += "; this CPU has AVX-512, which these kernels leave unused: unset it to let OpenBLAS choose"
+    return hint + ")"
+
+
+def _cpu_flags():
+    """The CPU's feature flags as Linux reports them (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _cuda_status():

@@ -131,6 +131,20 @@ def test_doctor():
     assert info["cuda"].startswith(("not built (", "built"))
 
 
+def test_doctor_names_a_forced_openblas_kernel_and_warns_when_it_leaves_avx512_unused(monkeypatch):
+    from mgtrace.cli import blas_hint
+    haswell = "OpenBLAS 0.3.34 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64"
+    skx = haswell.replace("Haswell", "SkylakeX")
+    assert blas_hint(haswell, None, {"avx2", "avx512f"}) == ""
+    assert blas_hint(haswell, "Haswell", {"avx2"}) == " (kernels chosen by OPENBLAS_CORETYPE=Haswell)"
+    warned = blas_hint(haswell, "Haswell", {"avx2", "avx512f"})
+    assert "OPENBLAS_CORETYPE=Haswell" in warned and "unset it" in warned
+    assert "unset it" not in blas_hint(skx, "SkylakeX", {"avx2", "avx512f"})
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    out = json.loads(cli("doctor", "--json").stdout)["blas"]
+    assert "Haswell" in out and "OPENBLAS_CORETYPE=Haswell" in out
+
+
 def test_diff_tells_apart_same_named_modules_at_the_same_depth(tmp_path):
     import mgtrace.module as M
 
