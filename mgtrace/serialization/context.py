@@ -278,26 +278,24 @@ class DecodeContext:
         where, start = f"header.tensors[{i}]", self._data_start + e["offset"]
         dtype = tensors.DTYPES_BY_NAME[e["dtype"]]
         if self._mmap:
+            # (a mapping is read-only and this reader's own: a file changed
+            # under a live mmap load is outside what the archive promises)
             buf = self._source.view(start, e["nbytes"])
-            arr = np.frombuffer(buf, np.uint8)
+            t = tensors.tensor_from_array(np.frombuffer(buf, np.uint8).view(dtype).reshape(e["shape"]),
+                                          immutable=True)
         elif dtype.name != "bfloat16":
             # read into memory mgtrace owns, so that conv2d may cache the
             # weights' packed copies (a tensor wrapping NumPy's memory is
             # one others may write unseen: never cached)
-            t, flat = tensors.fresh_tensor(e["shape"], dtype)
-            self._source.readinto(start, flat)
-            if self._verify:
-                tensors.verify(memoryview(flat), e, where)
-            return t
+            t, buf = tensors.fresh_tensor(e["shape"], dtype)
+            self._source.readinto(start, buf)
         else:
-            arr = tensors.aligned_empty(e["nbytes"])
-            self._source.readinto(start, arr)
-            buf = memoryview(arr)
+            buf = tensors.aligned_empty(e["nbytes"])
+            self._source.readinto(start, buf)
+            t = tensors.tensor_from_array(buf.view(dtype).reshape(e["shape"]))
         if self._verify:
-            tensors.verify(buf, e, where)
-        # (a mapping is read-only and this reader's own: a file changed under
-        # a live mmap load is outside what the archive promises)
-        return tensors.tensor_from_array(arr.view(dtype).reshape(e["shape"]), immutable=self._mmap)
+            tensors.verify(memoryview(buf), e, where)
+        return t
 
     def value(self, x, *, node=None, where="value"):
         """The Python value of tagged ``x``; ``node(id) -> object`` resolves

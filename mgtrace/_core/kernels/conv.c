@@ -378,7 +378,7 @@ typedef struct {
 /* BLOCKED's packed-weight layout on this CPU: the vector's bytes (64 for
  * the AVX-512 kernel, 32 for the AVX2/baseline one; the test switch of
  * DIRECT forces the latter too) */
-static int blk_layout(void) { return !direct_narrow_forced && direct_wide_ok() ? 64 : 32; }
+static int blk_layout(void) { return direct_layout() == MT_DIRECT_OB_WIDE ? 64 : 32; }
 
 /* layout: blk_layout()'s when the weights were packed; own_w: the
  * workspace holds the packed weights (at its end) */
@@ -1274,13 +1274,14 @@ int64_t mt_conv2d_packed_bytes(int dtype, const mt_conv2d_geom *g, int algo, int
 void mt_conv2d_pack_weights(int dtype, const void *weight, void *packed, const mt_conv2d_geom *g, int algo,
                             int layout, int nthreads) {
     if (g->o == 0 || g->c == 0) return;
-    if (algo == MT_CONV_BLOCKED) {
-        const int64_t ocb = 2 * layout / (dtype == MT_FLOAT32 ? 4 : 8);
-        if (dtype == MT_FLOAT32) blk_pack_f32(weight, packed, g, ocb, nthreads);
-        else blk_pack_f64(weight, packed, g, ocb, nthreads);
-    } else if (algo != MT_CONV_DIRECT) wino_transform(dtype, wino_edge(algo), weight, packed, g, nthreads);
-    else if (dtype == MT_FLOAT32) direct_pack_f32(weight, packed, g, layout, nthreads);
-    else direct_pack_f64(weight, packed, g, layout, nthreads);
+    if (algo != MT_CONV_DIRECT && algo != MT_CONV_BLOCKED) {
+        wino_transform(dtype, wino_edge(algo), weight, packed, g, nthreads);
+        return;
+    }
+    /* block rows: DIRECT's layout is them; BLOCKED's is its vector bytes, two vectors a block */
+    const int64_t obk = algo == MT_CONV_DIRECT ? layout : 2 * layout / (dtype == MT_FLOAT32 ? 4 : 8);
+    if (dtype == MT_FLOAT32) pack_blocks_f32(weight, packed, g, obk, nthreads);
+    else pack_blocks_f64(weight, packed, g, obk, nthreads);
 }
 
 int64_t mt_conv2d_packed_workspace(int dtype, const mt_conv2d_geom *g, int algo, int layout, int nthreads) {
@@ -1727,10 +1728,10 @@ static void FN(direct_weights)(const T *restrict w, T *restrict wb, int64_t o0, 
         for (int64_t o = 0; o < obk; o++) wb[i * obk + o] = o < rows ? w[(o0 + o) * cgkk + i] : (T)0;
 }
 
-/* DIRECT: all the weights packed for the micro-kernel of block obk, a
- * block of output channels after another (each group's last one
- * zero-padded), a task per block. */
-static void FN(direct_pack)(const T *w, T *wpk, const mt_conv2d_geom *g, int64_t obk, int nt) {
+/* DIRECT and BLOCKED: all the weights packed [group][block][cg][kk][obk]
+ * for a micro-kernel of obk output channels, a block after another (each
+ * group's last one zero-padded), a task per block. */
+static void FN(pack_blocks)(const T *w, T *wpk, const mt_conv2d_geom *g, int64_t obk, int nt) {
     const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
     const int64_t nob = (og + obk - 1) / obk;
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
@@ -1777,7 +1778,7 @@ static void FN(direct)(const T *x, const T *w, const T *wpk_given, int layout, c
     const T *wpk = wpk_given;
     if (!wpk) {
         T *own = (T *)(ws + pl.pk_bytes + nt * pl.yw_bytes);
-        FN(direct_pack)(w, own, g, obk, nt);
+        FN(pack_blocks)(w, own, g, obk, nt);
         wpk = own;
     }
     memset(pk, 0, (size_t)(g->c * pl.cs) * sizeof(T));   /* the padding, once: packs write the rest */
@@ -1807,7 +1808,7 @@ static void FN(direct)(const T *x, const T *w, const T *wpk_given, int layout, c
 
 /* BLOCKED: direct multiply-adds vectorised over output channels. The input
  * image is copied zero-padded ([C][hp][wp], pl.cs apart); the weights are
- * packed [group][block][cg][kk][OCB] (FN(blk_pack)). A micro-kernel call
+ * packed [group][block][cg][kk][OCB] (FN(pack_blocks)). A micro-kernel call
  * keeps R consecutive output pixels of one row times the block's two
  * vectors of output channels in registers and, for each input channel and
  * tap, loads the two weight vectors and broadcasts R input values (R
@@ -1876,20 +1877,6 @@ static const FN(blk_fn) FN(blk_kernels)[2][3][MT_BLK_R_WIDE] = {
 #undef MT_BLK_TABLE12
 #undef MT_BLK_TABLE6
 
-/* BLOCKED: the weights (w: [O][cg][kk]) packed [group][block][cg][kk][ocb],
- * zero past each group's last output channel, a task per block. */
-static void FN(blk_pack)(const T *w, T *wpk, const mt_conv2d_geom *g, int64_t ocb, int nt) {
-    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
-    const int64_t nob = (og + ocb - 1) / ocb, cgkk = cg * kk;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t blk = 0; blk < g->groups * nob; blk++) {
-        const int64_t o0 = (blk / nob) * og + (blk % nob) * ocb, rows = mt_min64(ocb, og - (blk % nob) * ocb);
-        T *restrict d = wpk + blk * cgkk * ocb;
-        for (int64_t i = 0; i < cgkk; i++)
-            for (int64_t j = 0; j < ocb; j++) d[i * ocb + j] = j < rows ? w[(o0 + j) * cgkk + i] : (T)0;
-    }
-}
-
 /* BLOCKED: channel c of one image into its padded plane (the padding is
  * zero already) */
 static void FN(blk_pad)(const T *restrict x, T *restrict xp, const mt_conv2d_geom *g, int64_t wp) {
@@ -1938,7 +1925,7 @@ static void FN(blocked)(const T *x, const T *w, const T *wpk_given, int layout, 
     const T *wpk = wpk_given;
     if (!wpk) {
         T *own = (T *)(ws + pl.xp_bytes + nt * pl.row_bytes);
-        FN(blk_pack)(w, own, g, pl.ocb, nt);
+        FN(pack_blocks)(w, own, g, pl.ocb, nt);
         wpk = own;
     }
     const int padded = g->ph || g->pw;
