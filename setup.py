@@ -82,7 +82,7 @@ extensions = [
     ext("index", ["mgtrace/_core/index.pyx", f"{KERNELS}/index.c"]),
     ext("reduce", ["mgtrace/_core/reduce.pyx", f"{KERNELS}/reduce.c", f"{KERNELS}/sort.c"]),
     ext("linalg", ["mgtrace/_core/linalg.pyx", f"{KERNELS}/gemm.c"], blas=True),
-    ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/act.c",
+    ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c"], blas=True),
 ]

@@ -80,6 +80,14 @@ cdef extern from "kernels/nn.h" nogil:
                                        int nthreads) noexcept
     int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
                          const mt_conv2d_geom *g, int algo, int layout, int nthreads, void *workspace) noexcept
+    int64_t mt_nchwc_blocks(int64_t channels) noexcept
+    int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) noexcept
+    void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked) noexcept
+    int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) noexcept
+    int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                        const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
+    void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
+    void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
     enum:
         MT_ACT_NONE, MT_ACT_RELU, MT_ACT_RELU6, MT_ACT_SILU, MT_ACT_HARDSWISH, MT_ACT_SIGMOID,
         MT_ACT_GELU
@@ -145,7 +153,7 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv2d_act", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "to_nchwc", "from_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
@@ -399,6 +407,11 @@ cdef tuple _weight_key(Tensor w, int work):
             tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
 
 
+# _packed_weights' algo for conv2d_nchwc's weights (its layout: 1 for an
+# NCHW16c input, 0 for NCHW); not an mt_conv_algo
+cdef int _NCHWC = 1000
+
+
 cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int layout, int nt):
     """The weights ``w`` (``w_orig`` made contiguous in dtype ``work``)
     packed for ``algo`` in ``layout`` (Winograd's U, DIRECT's blocks), from
@@ -416,10 +429,14 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
         if hit is not None and hit[0] == version:
             _weight_cache.move_to_end(key)
             return <Tensor>hit[1]
-    cdef int64_t nbytes = mt_conv2d_packed_bytes(work, g, algo, layout)
+    cdef int64_t nbytes = mt_conv2d_nchwc_packed_bytes(g, layout) if algo == _NCHWC else \
+        mt_conv2d_packed_bytes(work, g, algo, layout)
     cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the packed weights")
     with nogil:
-        mt_conv2d_pack_weights(work, w._data, u._data, g, algo, layout, nt)
+        if algo == _NCHWC:
+            mt_conv2d_nchwc_pack(<const float *>w._data, <float *>u._data, g, layout)
+        else:
+            mt_conv2d_pack_weights(work, w._data, u._data, g, algo, layout, nt)
     if key is None or nbytes > WEIGHT_CACHE_BYTES:
         return u
     old = _weight_cache.pop(key, None)
@@ -802,6 +819,184 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
             rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     _check_rc(op, rc)
     return _finish(out, code)
+
+
+# ------------------------------------------------------------------ NCHW16c
+
+cdef Tensor _f32_cpu(str op, str name, object t):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+    cdef Tensor tt = <Tensor>t
+    if tt._dtype != MT_FLOAT32 or device_kind(tt._device) != MT_DEV_CPU:
+        raise TypeError(f"{op}: {name} must be a float32 CPU tensor, got {DTYPE_NAMES[tt._dtype]} "
+                        f"on {_dev(tt._device)}")
+    return tt if is_contiguous(tt) else <Tensor>tt.contiguous()
+
+
+cdef int64_t _blocks(int64_t c):
+    return mt_nchwc_blocks(c)
+
+
+@core_op
+def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
+                 act="none"):
+    """conv2d with its output in the NCHW16c layout: ``act(conv2d(x, weight,
+    bias) + residual)`` as :func:`conv2d_act` computes it, with channels in
+    blocks of 16 (what ``optimize()``'s NCHWc pass runs conv layers in).
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c, channels past C
+            zero), or float32 [N, C, H, W] (NCHW; dense convs only, for a
+            first layer with few channels).
+        weight: float32 [O, C/groups, KH, KW].
+        bias: float32 [O] or None.
+        residual: None, or float32 NCHW16c of the output's shape.
+        stride, padding, dilation: as :func:`conv2d`.
+        groups: 1 (dense) or C with C = O and weight.shape[1] = 1 (depthwise;
+            an NCHW16c x).
+        act: as :func:`conv2d_act`.
+
+    Returns:
+        float32 [N, ceil(O/16), OH, OW, 16]: the output channels past O are
+        act(0) (zero for every activation but sigmoid's 0.5).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, other groups, an unknown act;
+            otherwise as :func:`conv2d`.
+
+    >>> import mgtrace as mt
+    >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 2, 2), np.float32)))
+    >>> y = conv2d_nchwc(x, mt.tensor(np.ones((1, 2, 1, 1), np.float32)))
+    >>> from_nchwc(y, 1).tolist()
+    [[[[2.0, 2.0], [2.0, 2.0]]]]
+    """
+    cdef str op = "conv2d_nchwc"
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight), tb = None, tr = None, out
+    cdef mt_conv2d_geom g
+    cdef int blocked = tx._ndim == 5, rc, nt
+    cdef void *wsp
+    _check_4d(op, "weight", tw, "[O, C / groups, KH, KW]")
+    o, cg, kh, kw = shape_tuple(tw)
+    groups = _groups(op, groups)
+    c = cg * groups
+    if blocked:
+        n, cb, h, w, lanes = shape_tuple(tx)
+        if lanes != 16 or cb != _blocks(c):
+            raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
+                             f"channels (want [N, {_blocks(c)}, H, W, 16])")
+    elif tx._ndim == 4:
+        n, xc, h, w = shape_tuple(tx)
+        if xc != c:
+            raise ValueError(f"{op}: x has {xc} channels but weight expects {c}")
+    else:
+        raise ValueError(f"{op}: x must be NCHW16c (5-D) or NCHW (4-D), got shape {shape_tuple(tx)}")
+    if groups != 1 and not (groups == c == o and cg == 1 and blocked):
+        raise ValueError(f"{op}: groups must be 1, or the channel count with an NCHW16c x and one "
+                         f"weight channel a group (depthwise), got groups={groups} for {c} -> {o} channels")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"{op}: kernel size must be positive, got weight shape {shape_tuple(tw)}")
+    if bias is not None:
+        tb = _f32_cpu(op, "bias", bias)
+        if shape_tuple(tb) != (o,):
+            raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
+    if eh < 0 or ew < 0:
+        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
+                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
+    oh, ow = eh // sh + 1, ew // sw + 1
+    g.n, g.c, g.h, g.w = n, c, h, w
+    g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
+    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act = _act_code(op, act)
+    g.has_res, g.res_delta = 0, 0
+    cdef int64_t oshape[5]
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), oh, ow, 16
+    out = empty(5, oshape, MT_FLOAT32, tx._device)
+    if residual is not None:
+        tr = _f32_cpu(op, "residual", residual)
+        if shape_tuple(tr) != shape_tuple(out):
+            raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
+                             f"got {shape_tuple(tr)}")
+        g.has_res = 1
+        g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
+    if numel(out) == 0:
+        return out
+    nt = num_threads()
+    cdef Tensor u = _packed_weights(tw, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
+    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device, "")
+    cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
+    wsp = ws._data
+    with nogil:
+        rc = mt_conv2d_nchwc(<const float *>tx._data, blocked, <const float *>u._data, bptr,
+                             <float *>out._data, &g, nt, wsp)
+    _check_rc(op, rc)
+    return out
+
+
+@core_op
+def to_nchwc(x):
+    """NCHW to NCHW16c: float32 [N, C, H, W] -> [N, ceil(C/16), H, W, 16]
+    with ``y[n, c // 16, h, w, c % 16] = x[n, c, h, w]`` and zeros for the
+    channels past C (the layout :func:`conv2d_nchwc` reads).
+
+    Raises:
+        TypeError: x not a float32 CPU tensor.
+        ValueError: x not 4-D.
+
+    >>> import mgtrace as mt
+    >>> to_nchwc(mt.tensor(np.ones((1, 3, 1, 1), np.float32))).shape
+    (1, 1, 1, 1, 16)
+    """
+    cdef str op = "to_nchwc"
+    cdef Tensor tx = _f32_cpu(op, "x", x)
+    _check_4d(op, "x", tx, "[N, C, H, W]")
+    n, c, h, w = shape_tuple(tx)
+    cdef int64_t oshape[5]
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(c), h, w, 16
+    cdef Tensor out = empty(5, oshape, MT_FLOAT32, tx._device)
+    cdef int nt = num_threads()
+    cdef int64_t cn = n, cc = c, chw = h * w
+    with nogil:
+        mt_to_nchwc(<const float *>tx._data, <float *>out._data, cn, cc, chw, nt)
+    return out
+
+
+@core_op
+def from_nchwc(x, channels):
+    """NCHW16c to NCHW: float32 [N, B, H, W, 16] -> [N, channels, H, W],
+    the first ``channels`` channels (the inverse of :func:`to_nchwc`).
+
+    Raises:
+        TypeError: x not a float32 CPU tensor, channels not an int.
+        ValueError: x not [N, B, H, W, 16], or channels not in
+            (16 * (B - 1), 16 * B].
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1))
+    >>> from_nchwc(to_nchwc(x), 3).tolist()
+    [[[[0.0]], [[1.0]], [[2.0]]]]
+    """
+    cdef str op = "from_nchwc"
+    cdef Tensor tx = _f32_cpu(op, "x", x)
+    c = A.to_int(op, "channels", channels, 0)
+    if tx._ndim != 5 or tx._shape[4] != 16:
+        raise ValueError(f"{op}: x must be NCHW16c [N, B, H, W, 16], got shape {shape_tuple(tx)}")
+    n, b, h, w, _ = shape_tuple(tx)
+    if _blocks(c) != b:
+        raise ValueError(f"{op}: {c} channels do not fill {b} blocks of 16 (want "
+                         f"{16 * b - 15}..{16 * b})")
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = n, c, h, w
+    cdef Tensor out = empty(4, oshape, MT_FLOAT32, tx._device)
+    cdef int nt = num_threads()
+    cdef int64_t cn = n, cc = c, chw = h * w
+    with nogil:
+        mt_from_nchwc(<const float *>tx._data, <float *>out._data, cn, cc, chw, nt)
+    return out
 
 
 def _wide_conv_kernels():

@@ -1,5 +1,5 @@
 """Fused layers: a layer and the activation after it in one kernel call,
-and attention in one.
+and attention in one; convolutions in the NCHW16c layout.
 
 What :func:`mgtrace.traced_module.optimize` puts in a graph in place of a
 convolution or linear layer followed by an activation (its ``FuseConvAct``
@@ -16,7 +16,8 @@ from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "attention", "ACTIVATIONS"]
+__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "to_nchwc", "from_nchwc",
+           "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
 """The activation names ``act`` takes, in the kernels' order."""
@@ -82,6 +83,85 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         y = _nn.conv2d_act(x, weight, bias, None, st, pd, dl, g, "none") + residual
         return y if act == "none" else getattr(_fnn, act)(y)
     return _nn.conv2d_act(x, weight, bias, residual, st, pd, dl, g, act)
+
+
+def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act="none",
+                 residual=None):
+    """:func:`conv2d_act` with the output in the NCHW16c layout: channels in
+    blocks of 16, ``y[n, o // 16, h, w, o % 16]``, the layout
+    ``optimize()``'s NCHWc pass runs chains of convolutions in (as ONNX
+    Runtime's NCHWc transformer does on x86): the kernels then read and
+    write whole vectors of 16 channels, with no im2col, GEMM packing or
+    transposition.
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c: :func:`to_nchwc`'s
+            or another conv2d_nchwc's output), or float32 [N, C, H, W]
+            for a dense conv (a first layer: blocking 3 channels would pad
+            them to 16).
+        weight: float32 [O, C/groups, KH, KW], as :func:`conv2d`'s.
+        bias: float32 [O] or None.
+        stride, padding, dilation: as :func:`conv2d`.
+        groups: 1, or C for a depthwise conv (C = O, weight [C, 1, KH,
+            KW]; x NCHW16c).
+        act: one of :data:`ACTIVATIONS`.
+        residual: None, or float32 NCHW16c of the output's shape, added
+            before the activation.
+
+    Returns:
+        float32 [N, ceil(O/16), OH, OW, 16]; :func:`from_nchwc` (y, O)
+        equals ``conv2d_act`` on the NCHW tensors. The channels past O hold
+        act(0).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, other groups, an unknown act;
+            otherwise as :func:`mgtrace.functional.conv2d`.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = F.to_nchwc(mt.tensor(np.ones((1, 2, 2, 2), np.float32)))
+    >>> y = F.conv2d_nchwc(x, mt.tensor(np.ones((1, 2, 1, 1), np.float32)), act="relu")
+    >>> y.shape, F.from_nchwc(y, 1).tolist()
+    ((1, 1, 2, 2, 16), [[[[2.0, 2.0], [2.0, 2.0]]]])
+    """
+    fn = "conv2d_nchwc"
+    _act(fn, act)
+    x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
+    return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
+
+
+def to_nchwc(x):
+    """float32 NCHW [N, C, H, W] to NCHW16c [N, ceil(C/16), H, W, 16]:
+    ``y[n, c // 16, h, w, c % 16] = x[n, c, h, w]``, zeros for the
+    channels past C.
+
+    Raises:
+        TypeError: x not a float32 CPU tensor. ValueError: x not 4-D.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> F.to_nchwc(mt.tensor(np.ones((2, 20, 3, 3), np.float32))).shape
+    (2, 2, 3, 3, 16)
+    """
+    (x,) = A.tensors("to_nchwc", x=x)
+    return _nn.to_nchwc(x)
+
+
+def from_nchwc(x, channels):
+    """float32 NCHW16c [N, B, H, W, 16] to NCHW [N, channels, H, W], the
+    inverse of :func:`to_nchwc` (the channels past ``channels`` dropped).
+
+    Raises:
+        TypeError: x not a float32 CPU tensor.
+        ValueError: x not [N, B, H, W, 16]; channels not in
+            (16 * (B - 1), 16 * B].
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1))
+    >>> F.from_nchwc(F.to_nchwc(x), 3).tolist()
+    [[[[0.0]], [[1.0]], [[2.0]]]]
+    """
+    (x,) = A.tensors("from_nchwc", x=x)
+    return _nn.from_nchwc(x, channels)
 
 
 def _epilogue_residual(x, weight, stride, padding, dilation, residual):

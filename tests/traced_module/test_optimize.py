@@ -447,7 +447,9 @@ def test_mobilenet_residual_adds_fuse_when_flattened(rng, tmp_path):
     assert all(not m._graphs for m in flat.modules() if isinstance(m, TracedModule) and m is not flat)
     mt.save(flat, tmp_path / "m.tmod")
     np.testing.assert_array_equal(mt.load(tmp_path / "m.tmod")(*args).numpy(), flat(*args).numpy())
-    res = [e for e in flat.graph.get_function_by_type(F.conv2d_act).as_list() if e.kwargs.get("residual") is not None]
+    # (conv2d_nchwc where "all" runs the NCHWc pass: on a CPU with AVX-512)
+    res = [e for f in (F.conv2d_act, F.conv2d_nchwc) for e in flat.graph.get_function_by_type(f).as_list()
+           if e.kwargs.get("residual") is not None]
     assert len(res) == 10
     assert all(e.kwargs["act"] == "none" for e in res)
 
@@ -626,6 +628,83 @@ def test_replace_pattern_rejects_bad_patterns(rng):
         replace_pattern(tm, lambda *x: F.relu(x[0]), lambda x: x)
 
 
+# ---------------------------------------------------------------------- NCHWc
+
+class NchwcNet(M.Module):
+    """A MobileNet-like chain (a 3-channel first conv, depthwise, pointwise
+    with a residual) whose values are also read outside the chain, then a
+    grouped conv and a conv after it that the NCHW16c kernels do not take."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.act = M.Conv2d(3, 24, 3, stride=2, padding=1), M.ReLU6()
+        self.dw = M.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.pw, self.pw2 = M.Conv2d(24, 24, 1), M.Conv2d(24, 40, 1)
+        self.grouped, self.lone = M.Conv2d(40, 40, 3, padding=1, groups=2), M.Conv2d(40, 8, 1)
+
+    def forward(self, x):
+        y = self.act(self.stem(x))
+        z = self.pw(F.relu(self.dw(y))) + y
+        w = self.pw2(z)
+        return self.lone(self.grouped(w)), F.max_pool2d(z, 2)
+
+
+def test_nchwc_converts_conv_chains_and_converts_back_for_other_readers(rng):
+    x = image(rng, (2, 3, 15, 15))
+    tm = mt.trace_module(NchwcNet(), x)
+    new = optimize(tm, ["FuseConvAct", "NCHWc"])
+    for got, want in zip(new(x), tm(x)):
+        close(got, want)
+    assert functions(new, F.conv2d_nchwc) == 4          # stem, dw, pw (+ residual), pw2
+    assert functions(new, F.to_nchwc) == 0              # the residual y is a converted conv's
+    assert functions(new, F.from_nchwc) == 2            # z for the pool, w for the grouped conv
+    assert calls(new, M.Conv2d) == 2                    # grouped (groups 2) and lone stay NCHW
+    res = new.graph.get_function_by_type(F.conv2d_nchwc).as_list()[2]
+    assert res.kwargs["residual"] is not None and res.kwargs["act"] == "none"
+
+
+def test_nchwc_leaves_lone_convs_depthwise_without_producer_and_winograd_layers(rng):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw, self.pw = M.Conv2d(16, 16, 3, padding=1, groups=16), M.Conv2d(16, 8, 1)
+            self.c3 = M.Conv2d(32, 32, 3, padding=1)      # conv2d runs it with Winograd
+            self.c1 = M.Conv2d(32, 32, 1)
+
+        def forward(self, x, y):
+            return self.pw(self.dw(x)), self.c1(self.c3(y))
+
+    args = image(rng, (1, 16, 9, 9)), image(rng, (1, 32, 64, 64))
+    tm = mt.trace_module(Net(), *args)
+    new = optimize(tm, ["NCHWc"])
+    assert functions(new, F.conv2d_nchwc) == 0 and calls(new, M.Conv2d) == 4
+    for got, want in zip(new(*args), tm(*args)):
+        close(got, want)
+
+
+def test_nchwc_in_all_only_where_the_cpu_has_avx512(monkeypatch):
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda: False)
+    assert "NCHWc" not in manager._schedule("all", False)
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda: True)
+    assert "NCHWc" in manager._schedule("all", False)
+    assert "NCHWc" not in manager._schedule("all", True)      # not for a module in training mode
+
+
+def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
+    net, args = _zoo("mobilenet_v2", rng)
+    tm = mt.trace_module(net, *args)
+    new = optimize(tm, list(manager._ORDER), flatten=True)
+    close(new(*args), tm(*args))
+    assert functions(new, F.conv2d_nchwc) == 52        # every conv of the 224x224 model's 52
+    mt.save(new, tmp_path / "m.tmod")
+    back = mt.load(tmp_path / "m.tmod")
+    np.testing.assert_array_equal(back(*args).numpy(), new(*args).numpy())
+    assert mt.serialization.load_archive(tmp_path / "m.tmod").min_reader_version == (1, 1)
+    with pytest.raises(ValueError, match=r"functional.(conv2d_act|conv2d_nchwc|from_nchwc).* is new since"):
+        mt.save(new, tmp_path / "old.tmod", target_version=(1, 0))
+    close(mt.trace_module(back, *args)(*args), new(*args))
+
+
 # ---------------------------------------------------------------- the models
 
 def _zoo(name, rng):
@@ -660,7 +739,7 @@ def test_models_optimized_equal_traced(zoo, passes):
     if passes == "all":
         fused = sum(m.graph.get_function_by_type(f, recursive=False).as_count()
                     for m in new.modules() if isinstance(m, TracedModule) and m._graphs
-                    for f in (F.conv2d_act, F.linear_act))
+                    for f in (F.conv2d_act, F.linear_act, F.conv2d_nchwc))
         assert fused >= {"resnet18": 17, "mobilenet_v2": 30, "minilm": 2}[name]
         if name == "minilm":
             assert sum(m.graph.get_function_by_type(F.attention, recursive=False).as_count()
@@ -677,10 +756,12 @@ def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):
     np.testing.assert_array_equal(back(*args).numpy(), want.numpy())
     archive = mt.serialization.load_archive(path)
     ops = {o["name"] for o in archive.header["ops"]}
-    assert ops & {"mgtrace.functional.conv2d_act", "mgtrace.functional.linear_act"}
+    assert ops & {"mgtrace.functional.conv2d_act", "mgtrace.functional.linear_act",
+                  "mgtrace.functional.conv2d_nchwc"}
     # the fused calls are format 1.1 ops: a 1.0 reader would not know them
     assert archive.min_reader_version == (1, 1)
-    with pytest.raises(ValueError, match=r"functional.(conv2d_act|linear_act|attention).* is new since"):
+    with pytest.raises(ValueError, match=r"functional.(conv2d_act|linear_act|attention|conv2d_nchwc)"
+                                         r".* is new since"):
         mt.save(new, tmp_path / "old.tmod", target_version=(1, 0))
     close(new.flatten()(*args), want)
     close(mt.trace_module(new, *args)(*args), want)

@@ -129,6 +129,23 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
  * and DIRECT on more geometries. */
 int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached);
 
+/* ---- NCHW16c convolutions (nchwc.c, float32): channels in blocks of 16,
+ * [n][ceil(c/16)][h][w][16], zeros past c ----
+ * conv: x NCHW16c (blocked 1) or NCHW (blocked 0; dense only) -> y NCHW16c;
+ * groups 1 (dense) or groups = c = o (depthwise, blocked input); the
+ * epilogue of mt_conv2d_geom (residual NCHW16c like y). Weights packed
+ * once (mt_conv2d_nchwc_pack, bytes from _packed_bytes), scratch from
+ * _workspace (64-byte aligned). */
+int64_t mt_nchwc_blocks(int64_t channels);
+int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked);
+void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked);
+int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads);
+int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                    const mt_conv2d_geom *g, int nthreads, void *workspace);
+/* NCHW [n, c, hw] <-> NCHW16c [n, ceil(c/16), hw, 16] */
+void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);
+void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);
+
 /* ---- pooling: x [planes, h, w] -> y [planes, oh, ow], planes = N*C ---- */
 
 typedef struct {

@@ -17,6 +17,9 @@ FuseConvAct         conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
                     kernel (ours)
 FuseLinearAct       linear + activation in one kernel (ours)
 FuseAttention       softmax(q k^T * scale + mask) v in one kernel (ours)
+NCHWc               chains of float32 convs in the NCHW16c layout (ours;
+                    ``"all"`` runs it on CPUs with AVX-512, where its
+                    kernels are vectorised)
 EliminateDeadCode   drop unused exprs and submodules (ours)
 user passes         in the order given in ``enabled_pass``
 ==================  ========================================================
@@ -28,7 +31,7 @@ import collections
 import copy
 import warnings
 
-from mgtrace.traced_module.passes import fold, fuse
+from mgtrace.traced_module.passes import fold, fuse, layout
 
 __all__ = ["optimize", "register_pass", "get_pass", "registered_passes", "DEFAULT_PASSES",
            "PassInfo"]
@@ -103,6 +106,7 @@ _builtin("BackwardFoldScale", fuse.backward_fold_scale, False)
 _builtin("FuseConvAct", fuse.fuse_conv_act, True)
 _builtin("FuseLinearAct", fuse.fuse_linear_act, True)
 _builtin("FuseAttention", fuse.fuse_attention, True)
+_builtin("NCHWc", layout.convert_to_nchwc, False)
 _builtin("EliminateDeadCode", fold.eliminate_dead_code, True)
 _ORDER = tuple(_PASSES)
 
@@ -121,12 +125,20 @@ def registered_passes():
     return dict(_PASSES)
 
 
+def _nchwc_pays():
+    """Whether this CPU runs the NCHW16c kernels vectorised (AVX-512): the
+    NCHWc pass is in ``"all"`` only then."""
+    from mgtrace._core import nn
+    return nn._wide_conv_kernels()
+
+
 def _schedule(enabled, training):
     """The passes to run, in order, for the ``enabled_pass`` argument."""
     if enabled is None:
         enabled = list(DEFAULT_PASSES)
     elif enabled == "all":
-        enabled = [n for n in _ORDER if not training or _PASSES[n].training_safe]
+        enabled = [n for n in _ORDER if (not training or _PASSES[n].training_safe)
+                   and (n != "NCHWc" or _nchwc_pays())]
     elif isinstance(enabled, str):
         enabled = [enabled]
     else:
@@ -161,12 +173,13 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
             ``"FuseConvBn"``, ``"FuseAddMul"``, ``"BackwardFoldScale"``;
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
             ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseAttention"``,
-            ``"EliminateDeadCode"``;
+            ``"NCHWc"``, ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:
             on a module in training mode (``tm.training``) only those that
-            keep training behaviour (BatchNorms, Dropout and weights stay).
+            keep training behaviour (BatchNorms, Dropout and weights stay);
+            ``"NCHWc"`` only on a CPU with AVX-512.
             Passes run in the registry's fixed order (see
             :mod:`mgtrace.traced_module.passes.manager`), whatever the order
             of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
@@ -180,7 +193,7 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         folding reorders multiplications) that traces, edits, flattens,
         saves and loads like any other. Fused layers are calls of
         registered functions (``F.conv2d_act``, ``F.linear_act``,
-        ``F.attention``); folded
+        ``F.attention``, ``F.conv2d_nchwc``); folded
         BatchNorms and other submodules no graph reads any more are deleted
         (``state_dict`` drops their tensors). Every graph passes ``lint()``.
 

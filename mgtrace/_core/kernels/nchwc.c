@@ -1,0 +1,426 @@
+/* Convolutions in the NCHW16c layout (float32): the channels in blocks of
+ * 16, each pixel's block one 16-float vector, [N][ceil(C/16)][H][W][16];
+ * channels past C are zero. What optimize()'s NCHWc pass runs a model's
+ * conv layers in (the layout ONNX Runtime's NCHWc transformer and oneDNN
+ * pick on x86): a 1x1 or KxK conv then needs no im2col, GEMM packing or
+ * transposition at all, and a depthwise conv is whole-vector loads.
+ *
+ *   dense      (groups 1) two blocks of output channels (32) times up to
+ *              12 pixels of an output row in registers; for each input
+ *              channel and tap, two weight vectors are loaded and the
+ *              input value broadcast (2R FMAs for R + 2 loads). The input
+ *              is NCHW16c, or plain NCHW (a model's first conv, 3 channels:
+ *              blocking them would pad to 16), read in place either way.
+ *              Weights packed [pair][input block][tap][lane][32].
+ *   depthwise  (groups = C = O) up to 8 output pixels of a block in
+ *              registers; a tap is one vector load and one FMA a pixel.
+ *              Weights packed [block][tap][16].
+ *
+ * No padded copy: the taps that fall outside the input are left out of the
+ * tap list, which is one list for a row's interior pixels (the kernel's
+ * rows that exist) and one per border pixel. The epilogue (bias, residual,
+ * activation: y = act(conv + bias + residual)) runs on each register tile
+ * as it is stored, while it is in L1.
+ *
+ * Threads: one OpenMP region a call; tasks are (image, output-channel pair
+ * or block, output row, column chunk), in contiguous static ranges.
+ */
+#include <string.h>
+#include "nn.h"
+#include "mt_vmath.h"   /* MT_VCLONES */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define NC 16           /* channels a block: one AVX-512 vector of float32 */
+#define NC_PAIR 32      /* output channels a dense micro-kernel computes */
+#define NC_R 12         /* output pixels a dense micro-kernel call (24 accumulators) */
+#define NC_DW_R 8       /* output pixels a depthwise micro-kernel call */
+#define NC_CHUNK 192    /* output columns a task: splits a flat 1x1 plane over the threads */
+#define NC_GRAIN 32768  /* multiply-adds below which one thread runs the call */
+
+/* the kernels are built for AVX-512 and for the baseline, picked at load time */
+#if defined(__x86_64__) && !defined(MT_NO_CLONES)
+#define NC_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
+#else
+#define NC_CLONES
+#endif
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 ld16(const float *p) { return *(const v16 *)p; }
+
+/* ReLU and ReLU6 in registers, as act.c computes them (a NaN stays NaN);
+ * the other activations run over the stored tile (1: they did) */
+static inline v16 nc_act(v16 a, int act) {
+    if (act == MT_ACT_RELU || act == MT_ACT_RELU6) a = (v16)((vi16)a & ~(a < (v16){0}));
+    if (act == MT_ACT_RELU6) {
+        const v16 six = (v16){0} + 6.0f;
+        const vi16 big = a > six;
+        a = (v16)(((vi16)a & ~big) | ((vi16)six & big));
+    }
+    return a;
+}
+static inline int nc_act_after(int act) { return act != MT_ACT_NONE && act != MT_ACT_RELU && act != MT_ACT_RELU6; }
+static inline int64_t nc_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t nc_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t nc_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t nc_ceildiv(int64_t a, int64_t b) { return -nc_floordiv(-a, b); }
+
+int64_t mt_nchwc_blocks(int64_t channels) { return (channels + NC - 1) / NC; }
+
+/* ------------------------------------------------------------- geometry */
+
+/* A conv seen as rows of output pixels. A 1x1, stride 1, unpadded conv is
+ * one row of H*W pixels (the plane is contiguous in either layout), which
+ * gives the micro-kernels full tiles on 7x7 and 14x14 planes. */
+typedef struct {
+    int64_t h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t lanes;      /* 16: NCHW16c input; 1: NCHW input */
+    int64_t ncb;        /* input blocks (channels for NCHW input) */
+    int64_t cbs;        /* floats from one input block (channel) to the next */
+    int64_t nob;        /* output blocks */
+    int64_t ys;         /* floats from one output block to the next */
+    int64_t kk;
+} nc_geom;
+
+static void nc_plan(const mt_conv2d_geom *g, int blocked, nc_geom *q) {
+    const int flat = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+    q->h = flat ? 1 : g->h;
+    q->w = flat ? g->h * g->w : g->w;
+    q->oh = flat ? 1 : g->oh;
+    q->ow = flat ? g->oh * g->ow : g->ow;
+    q->kh = g->kh; q->kw = g->kw; q->sh = g->sh; q->sw = g->sw;
+    q->ph = g->ph; q->pw = g->pw; q->dh = g->dh; q->dw = g->dw;
+    q->lanes = blocked ? NC : 1;
+    q->ncb = blocked ? mt_nchwc_blocks(g->c) : g->c;
+    q->cbs = g->h * g->w * q->lanes;
+    q->nob = mt_nchwc_blocks(g->o);
+    q->ys = g->oh * g->ow * NC;
+    q->kk = g->kh * g->kw;
+}
+
+/* The interior columns of a row: the output pixels whose every kernel
+ * column falls inside the input, [*a, *b). */
+static void nc_interior(const nc_geom *q, int64_t *a, int64_t *b) {
+    const int64_t last = q->w - 1 - (q->kw - 1) * q->dw + q->pw;   /* the largest ix0 + pw that fits */
+    int64_t lo = nc_ceildiv(q->pw, q->sw), hi = last < 0 ? 0 : last / q->sw + 1;
+    lo = nc_min(lo, q->ow);
+    hi = nc_max(lo, nc_min(hi, q->ow));
+    *a = lo; *b = hi;
+}
+
+/* The taps of output pixel (oy, ox) that fall inside the input, as input
+ * offsets from the pixel's tap (0, 0) position and tap indices (ox < 0:
+ * every column, for a row's interior). Returns their count. */
+static int64_t nc_taps(const nc_geom *q, int64_t oy, int64_t ox, int64_t *toff, int64_t *tidx) {
+    const int64_t iy0 = oy * q->sh - q->ph;
+    const int64_t ix0 = ox < 0 ? 0 : ox * q->sw - q->pw;
+    int64_t n = 0;
+    for (int64_t ky = 0; ky < q->kh; ky++) {
+        const int64_t iy = iy0 + ky * q->dh;
+        if (iy < 0 || iy >= q->h) continue;
+        for (int64_t kx = 0; kx < q->kw; kx++) {
+            const int64_t ix = ix0 + kx * q->dw;
+            if (ox >= 0 && (ix < 0 || ix >= q->w)) continue;
+            toff[n] = (ky * q->dh * q->w + kx * q->dw) * q->lanes;
+            tidx[n++] = ky * q->kw + kx;
+        }
+    }
+    return n;
+}
+
+/* the input offset (floats) of output pixel (oy, ox)'s tap (0, 0) */
+static inline int64_t nc_origin(const nc_geom *q, int64_t oy, int64_t ox) {
+    return ((oy * q->sh - q->ph) * q->w + ox * q->sw - q->pw) * q->lanes;
+}
+
+/* ------------------------------------------------------- micro-kernels */
+
+/* Dense: R pixels (SW: a compile-time column stride, 0 for the runtime st)
+ * times NV output blocks. x: the first pixel's tap-(0, 0) input; weights
+ * w + cb * wcbs + tidx[t] * L * 32 + lane * 32; y: block 0's output of the
+ * first pixel, block 1 ys floats on; rd: the residual's byte offset from
+ * y (0: none). Accumulators start as the bias. (Named variables rather
+ * than arrays: GCC keeps them in registers.) */
+#define NC_ACC(r) v16 a0_##r = b0, a1_##r = b1;
+#define NC_FMA(r) if (R > r) { const float s = xi[r * ST]; a0_##r += s * w0; if (NV == 2) a1_##r += s * w1; }
+#define NC_OUT(r) if (R > r) {                                                 \
+    if (rd) { a0_##r += ld16((const float *)((const char *)(y + r * NC) + rd));  \
+              if (NV == 2) a1_##r += ld16((const float *)((const char *)(y + ys + r * NC) + rd)); } \
+    *(v16 *)(y + r * NC) = nc_act(a0_##r, act);                               \
+    if (NV == 2) *(v16 *)(y + ys + r * NC) = nc_act(a1_##r, act); }
+#define NC_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+#define NC_DENSE(NAME, RR, NVV, LL, SW)                                           \
+static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, const int64_t *restrict toff, \
+                           const int64_t *restrict tidx, int64_t ntap, const float *restrict w, int64_t wcbs, \
+                           int64_t st, const float *restrict bias, float *restrict y, int64_t ys, int64_t rd, \
+                           int act) {                                         \
+    enum { R = RR, NV = NVV, L = LL };                                        \
+    const int64_t ST = SW ? SW * L : st;                                      \
+    const v16 b0 = ld16(bias), b1 = NV == 2 ? ld16(bias + NC) : (v16){0};     \
+    NC_ALL(NC_ACC)                                                            \
+    for (int64_t cb = 0; cb < ncb; cb++) {                                    \
+        const float *xc = x + cb * cbs;                                       \
+        const float *wc = w + cb * wcbs;                                      \
+        for (int64_t t = 0; t < ntap; t++) {                                  \
+            const float *xt = xc + toff[t];                                   \
+            const float *wt = wc + tidx[t] * (L * NC_PAIR);                   \
+            for (int i = 0; i < L; i++) {                                     \
+                const v16 w0 = ld16(wt + i * NC_PAIR);                        \
+                const v16 w1 = NV == 2 ? ld16(wt + i * NC_PAIR + NC) : (v16){0}; \
+                const float *xi = xt + i;                                     \
+                NC_ALL(NC_FMA)                                                \
+            }                                                                 \
+        }                                                                     \
+    }                                                                         \
+    NC_ALL(NC_OUT)                                                            \
+}
+#define NC_SET(TAG, NV, L, SW)                                                \
+    NC_DENSE(TAG##_1, 1, NV, L, SW) NC_DENSE(TAG##_2, 2, NV, L, SW) NC_DENSE(TAG##_3, 3, NV, L, SW) \
+    NC_DENSE(TAG##_4, 4, NV, L, SW) NC_DENSE(TAG##_5, 5, NV, L, SW) NC_DENSE(TAG##_6, 6, NV, L, SW) \
+    NC_DENSE(TAG##_7, 7, NV, L, SW) NC_DENSE(TAG##_8, 8, NV, L, SW) NC_DENSE(TAG##_9, 9, NV, L, SW) \
+    NC_DENSE(TAG##_10, 10, NV, L, SW) NC_DENSE(TAG##_11, 11, NV, L, SW) NC_DENSE(TAG##_12, 12, NV, L, SW)
+/* input NCHW16c (b) or NCHW (p); one or two output blocks; stride 1, 2, other */
+NC_SET(nc_b1s1, 1, NC, 1) NC_SET(nc_b1s2, 1, NC, 2) NC_SET(nc_b1ss, 1, NC, 0)
+NC_SET(nc_b2s1, 2, NC, 1) NC_SET(nc_b2s2, 2, NC, 2) NC_SET(nc_b2ss, 2, NC, 0)
+NC_SET(nc_p1s1, 1, 1, 1) NC_SET(nc_p1s2, 1, 1, 2) NC_SET(nc_p1ss, 1, 1, 0)
+NC_SET(nc_p2s1, 2, 1, 1) NC_SET(nc_p2s2, 2, 1, 2) NC_SET(nc_p2ss, 2, 1, 0)
+
+typedef void (*nc_dense_fn)(const float *restrict, int64_t, int64_t, const int64_t *restrict,
+                            const int64_t *restrict, int64_t, const float *restrict, int64_t, int64_t,
+                            const float *restrict, float *restrict, int64_t, int64_t, int);
+#define NC_TABLE(TAG) {TAG##_1, TAG##_2, TAG##_3, TAG##_4, TAG##_5, TAG##_6, TAG##_7, TAG##_8, \
+                       TAG##_9, TAG##_10, TAG##_11, TAG##_12}
+/* [blocked input][output blocks - 1][stride 1, 2, other][R - 1] */
+static const nc_dense_fn nc_dense_kernels[2][2][3][NC_R] = {
+    {{NC_TABLE(nc_p1s1), NC_TABLE(nc_p1s2), NC_TABLE(nc_p1ss)},
+     {NC_TABLE(nc_p2s1), NC_TABLE(nc_p2s2), NC_TABLE(nc_p2ss)}},
+    {{NC_TABLE(nc_b1s1), NC_TABLE(nc_b1s2), NC_TABLE(nc_b1ss)},
+     {NC_TABLE(nc_b2s1), NC_TABLE(nc_b2s2), NC_TABLE(nc_b2ss)}},
+};
+
+/* Depthwise: R pixels of one block; a tap is a vector load of the input
+ * and a multiply-add with the tap's weight vector w + tidx[t] * 16. */
+#define NC_DW_ACC(r) v16 a_##r = b0;
+#define NC_DW_FMA(r) if (R > r) a_##r += ld16(xt + r * ST) * wv;
+#define NC_DW_OUT(r) if (R > r) {                                              \
+    if (rd) a_##r += ld16((const float *)((const char *)(y + r * NC) + rd));   \
+    *(v16 *)(y + r * NC) = nc_act(a_##r, act); }
+#define NC_DW_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define NC_DW(NAME, RR, SW)                                                     \
+static NC_CLONES void NAME(const float *restrict x, const int64_t *restrict toff, const int64_t *restrict tidx, \
+                           int64_t ntap, const float *restrict w, int64_t st, const float *restrict bias, \
+                           float *restrict y, int64_t rd, int act) {          \
+    enum { R = RR };                                                          \
+    const int64_t ST = SW ? SW * NC : st;                                     \
+    const v16 b0 = ld16(bias);                                                \
+    NC_DW_ALL(NC_DW_ACC)                                                      \
+    for (int64_t t = 0; t < ntap; t++) {                                      \
+        const float *xt = x + toff[t];                                        \
+        const v16 wv = ld16(w + tidx[t] * NC);                                \
+        NC_DW_ALL(NC_DW_FMA)                                                  \
+    }                                                                         \
+    NC_DW_ALL(NC_DW_OUT)                                                      \
+}
+#define NC_DW_SET(TAG, SW)                                                    \
+    NC_DW(TAG##_1, 1, SW) NC_DW(TAG##_2, 2, SW) NC_DW(TAG##_3, 3, SW) NC_DW(TAG##_4, 4, SW) \
+    NC_DW(TAG##_5, 5, SW) NC_DW(TAG##_6, 6, SW) NC_DW(TAG##_7, 7, SW) NC_DW(TAG##_8, 8, SW)
+NC_DW_SET(nc_dws1, 1) NC_DW_SET(nc_dws2, 2) NC_DW_SET(nc_dwss, 0)
+
+typedef void (*nc_dw_fn)(const float *restrict, const int64_t *restrict, const int64_t *restrict, int64_t,
+                         const float *restrict, int64_t, const float *restrict, float *restrict, int64_t, int);
+#define NC_DW_TABLE(TAG) {TAG##_1, TAG##_2, TAG##_3, TAG##_4, TAG##_5, TAG##_6, TAG##_7, TAG##_8}
+static const nc_dw_fn nc_dw_kernels[3][NC_DW_R] = {
+    NC_DW_TABLE(nc_dws1), NC_DW_TABLE(nc_dws2), NC_DW_TABLE(nc_dwss)};
+
+/* ------------------------------------------------------------- weights */
+
+static int is_depthwise(const mt_conv2d_geom *g) { return g->groups > 1; }
+
+int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) {
+    const int64_t kk = g->kh * g->kw, nob = mt_nchwc_blocks(g->o);
+    if (is_depthwise(g)) return nob * kk * NC * (int64_t)sizeof(float);
+    const int64_t ncb = blocked ? mt_nchwc_blocks(g->c) : g->c, lanes = blocked ? NC : 1;
+    return (nob + 1) / 2 * ncb * kk * lanes * NC_PAIR * (int64_t)sizeof(float);
+}
+
+/* weight [O, C/groups, KH, KW] -> dense [pair][input block][tap][lane][32]
+ * or depthwise [block][tap][16], zeros past O and C */
+void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked) {
+    const int64_t kk = g->kh * g->kw, nob = mt_nchwc_blocks(g->o);
+    if (is_depthwise(g)) {
+        for (int64_t b = 0; b < nob; b++)
+            for (int64_t t = 0; t < kk; t++)
+                for (int64_t j = 0; j < NC; j++) {
+                    const int64_t c = b * NC + j;
+                    *packed++ = c < g->o ? w[c * kk + t] : 0.0f;
+                }
+        return;
+    }
+    const int64_t lanes = blocked ? NC : 1, ncb = blocked ? mt_nchwc_blocks(g->c) : g->c;
+    for (int64_t p = 0; p < (nob + 1) / 2; p++)
+        for (int64_t cb = 0; cb < ncb; cb++)
+            for (int64_t t = 0; t < kk; t++)
+                for (int64_t i = 0; i < lanes; i++)
+                    for (int64_t j = 0; j < NC_PAIR; j++) {
+                        const int64_t o = p * NC_PAIR + j, c = cb * lanes + i;
+                        *packed++ = o < g->o && c < g->c ? w[(o * g->c + c) * kk + t] : 0.0f;
+                    }
+}
+
+/* --------------------------------------------------------------- calls */
+
+static int64_t bias_bytes(const mt_conv2d_geom *g) {
+    return ((mt_nchwc_blocks(g->o) + 1) / 2 * NC_PAIR * (int64_t)sizeof(float) + 63) & ~(int64_t)63;
+}
+
+
+/* Columns [c0, c1) of output row oy of one unit (a pair of output blocks,
+ * nv of them real, or a depthwise block): the border pixels one by one
+ * with their own taps, the interior in register tiles. x: the image (the
+ * unit's input block for depthwise); w, b: the unit's packed weights and
+ * bias; y: the unit's first output plane of the image. */
+static void nc_row(const nc_geom *q, int dw, int nv, const float *x, const float *w, const float *b, float *y,
+                   int64_t oy, int64_t c0, int64_t c1, int64_t *tl, int act, int64_t rd) {
+    int64_t *toff = tl, *tidx = tl + q->kk, *eoff = tl + 2 * q->kk, *eidx = tl + 3 * q->kk;
+    int64_t a, bnd;
+    nc_interior(q, &a, &bnd);
+    a = nc_max(c0, nc_min(a, c1));
+    bnd = nc_max(a, nc_min(bnd, c1));
+    const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
+    const int64_t st = q->sw * q->lanes, wcbs = q->kk * q->lanes * NC_PAIR;
+    const nc_dense_fn *dk = nc_dense_kernels[q->lanes == NC][nv - 1][si];
+    const nc_dw_fn *wk = nc_dw_kernels[si];
+    float *yrow = y + oy * q->ow * NC;
+    const int64_t ntap = nc_taps(q, oy, -1, toff, tidx);
+    int64_t ox = c0;
+    while (ox < c1) {
+        int64_t r, n;
+        const int64_t *off = toff, *idx = tidx;
+        if (ox < a || ox >= bnd) {        /* a border pixel: its own taps */
+            r = 1;
+            n = nc_taps(q, oy, ox, eoff, eidx);
+            off = eoff; idx = eidx;
+        } else {                          /* interior: even tiles up to the kernel's width */
+            const int64_t left = bnd - ox, cap = dw ? NC_DW_R : NC_R;
+            r = left <= cap ? left : (left + (left + cap - 1) / cap - 1) / ((left + cap - 1) / cap);
+            n = ntap;
+        }
+        const float *xp = x + nc_origin(q, oy, ox);
+        float *yp = yrow + ox * NC;
+        if (dw) wk[r - 1](xp, off, idx, n, w, st, b, yp, rd, act);
+        else dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act);
+        if (nc_act_after(act))
+            for (int v = 0; v < (dw ? 1 : nv); v++) mt_act_f32(yp + v * q->ys, r * NC, act);
+        ox += r;
+    }
+}
+
+/* A dense conv with padding reads each image from a zero-padded copy in
+ * the workspace, so that every output pixel is a register tile's (border
+ * pixels one at a time ran at a fifth of the speed: 7x7 planes have two in
+ * seven). A depthwise conv has no such loss and reads its input in place. */
+static int64_t padded_bytes(const mt_conv2d_geom *g, int blocked) {
+    if (is_depthwise(g) || (g->ph == 0 && g->pw == 0)) return 0;
+    const int64_t lanes = blocked ? NC : 1, ncb = blocked ? mt_nchwc_blocks(g->c) : g->c;
+    return (ncb * (g->h + 2 * g->ph) * (g->w + 2 * g->pw) * lanes * (int64_t)sizeof(float) + 63) & ~(int64_t)63;
+}
+
+int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) {
+    return bias_bytes(g) + padded_bytes(g, blocked)
+        + (int64_t)(nthreads < 1 ? 1 : nthreads) * 4 * g->kh * g->kw * (int64_t)sizeof(int64_t);
+}
+
+/* image n's channel block (channel for NCHW) cb into the padded copy */
+static void pad_block(const float *x, float *xp, const mt_conv2d_geom *g, const nc_geom *q, int64_t n, int64_t cb) {
+    const int64_t rowf = g->w * q->lanes, src_plane = g->h * rowf;
+    const float *s = x + (n * q->ncb + cb) * src_plane;
+    float *d = xp + cb * q->cbs + (g->ph * q->w + g->pw) * q->lanes;
+    for (int64_t r = 0; r < g->h; r++) memcpy(d + r * q->w * q->lanes, s + r * rowf, (size_t)rowf * sizeof(float));
+}
+
+int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                    const mt_conv2d_geom *g, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0) return 0;
+    const int dw = is_depthwise(g);
+    const int64_t pbytes = padded_bytes(g, blocked);
+    mt_conv2d_geom gp = *g;              /* the geometry the kernels see: the padded copy's */
+    if (pbytes) { gp.h += 2 * g->ph; gp.w += 2 * g->pw; gp.ph = gp.pw = 0; }
+    nc_geom q;
+    nc_plan(&gp, blocked || dw, &q);
+    const int64_t units = dw ? q.nob : (q.nob + 1) / 2, width = dw ? NC : NC_PAIR;
+    float *bp = (float *)workspace;
+    for (int64_t i = 0; i < units * width; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
+    float *xp = pbytes ? (float *)((char *)workspace + bias_bytes(g)) : NULL;
+    if (xp) memset(xp, 0, (size_t)pbytes);      /* the padding, once for every image */
+    int64_t *tls = (int64_t *)((char *)workspace + bias_bytes(g) + pbytes);
+    const int64_t nchunk = (q.ow + NC_CHUNK - 1) / NC_CHUNK, chunk = (q.ow + nchunk - 1) / nchunk;
+    const int64_t rows = q.oh * nchunk, tasks = units * rows;
+    const int64_t xbytes = q.ncb * q.cbs * 4, wbytes = mt_conv2d_nchwc_packed_bytes(g, blocked);
+    /* each task order reads one operand again per step of the other:
+     * units outer re-reads the input once a unit, rows outer the weights once a row */
+    const int units_outer = !dw && units * xbytes < rows * wbytes;
+    const int64_t macs = g->n * g->o * g->oh * g->ow * (dw ? 1 : g->c) * q.kk;
+    const int nt = macs >= NC_GRAIN ? nthreads : 1;
+    const int64_t wunit = dw ? q.kk * NC : q.ncb * q.kk * q.lanes * NC_PAIR;
+    const int64_t rd = g->has_res ? g->res_delta : 0;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#ifdef _OPENMP
+        int64_t *tl = tls + (int64_t)omp_get_thread_num() * 4 * q.kk;
+#else
+        int64_t *tl = tls;
+#endif
+        for (int64_t n = 0; n < g->n; n++) {
+            if (xp) {
+                #pragma omp for schedule(static)
+                for (int64_t cb = 0; cb < q.ncb; cb++) pad_block(x, xp, g, &q, n, cb);
+            }
+            #pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t u = units_outer ? task / rows : task % units;
+                const int64_t row = units_outer ? task % rows : task / units;
+                const int64_t oy = row / nchunk, c0 = (row % nchunk) * chunk, c1 = nc_min(q.ow, c0 + chunk);
+                const float *xi = dw ? x + (n * q.nob + u) * q.cbs : xp ? xp : x + n * q.ncb * q.cbs;
+                float *yu = y + (n * q.nob + u * (dw ? 1 : 2)) * q.ys;
+                const int nv = dw || 2 * u + 1 < q.nob ? 2 : 1;
+                nc_row(&q, dw, nv, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- conversion */
+
+void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) {
+    const int64_t nb = mt_nchwc_blocks(c), tasks = n * nb;
+    const int nt = n * c * hw >= 4 * NC_GRAIN ? nthreads : 1;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
+        const float *src = x + (img * c + b * NC) * hw;
+        float *d = y + t * hw * NC;
+        for (int64_t p = 0; p < hw; p++) {
+            float v[NC] = {0};
+            for (int64_t l = 0; l < lanes; l++) v[l] = src[l * hw + p];
+            memcpy(d + p * NC, v, sizeof v);
+        }
+    }
+}
+
+void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) {
+    const int64_t nb = mt_nchwc_blocks(c), tasks = n * nb;
+    const int nt = n * c * hw >= 4 * NC_GRAIN ? nthreads : 1;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
+        const float *s = x + t * hw * NC;
+        float *dst = y + (img * c + b * NC) * hw;
+        for (int64_t l = 0; l < lanes; l++)
+            for (int64_t p = 0; p < hw; p++) dst[l * hw + p] = s[p * NC + l];
+    }
+}

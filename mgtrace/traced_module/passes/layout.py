@@ -1,0 +1,161 @@
+"""``NCHWc``: run chains of convolutions in the NCHW16c layout.
+
+Each float32 conv2d of a chain (a Conv2d call, ``F.conv2d`` or the
+``F.conv2d_act`` of FuseConvAct) becomes an ``F.conv2d_nchwc`` call whose
+output is NCHW16c (channels in blocks of 16, ``[N, ceil(C/16), H, W,
+16]``), and reads its input in that layout when a converted conv made it.
+The layout only changes where it pays: ``F.from_nchwc`` goes in front of
+each other reader of a converted output (a pooling, a flatten, the graph's
+result), ``F.to_nchwc`` in front of a residual that is not a converted
+conv's output, and the first conv of a chain reads its NCHW input directly
+(so a model's 3-channel first layer is not padded to 16). ONNX Runtime's
+NCHWc transformer does the same on x86; DESIGN.md's "optimize" section has
+the measurements.
+
+Which convs: dense ones (groups 1) and depthwise ones (groups = channels
+= output channels), float32, with static channel counts, that are part of
+a chain: a conv stays as it is when neither its input comes from a
+converted conv nor a converted conv reads its output (one lone conv would
+only gain two conversions), and a depthwise conv needs a converted
+producer (its kernel reads NCHW16c only). A conv that conv2d runs with
+Winograd (3x3, stride 1, 16 or more channels: most of ResNet) stays NCHW:
+the NCHW16c kernel computes it directly, 2.25-4x the multiply-adds, and
+measured 1.1-1.6x slower on ResNet-18's layers inside the model.
+"""
+import mgtrace.functional as F
+from mgtrace._core import nn as _nn
+from mgtrace.traced_module.node import TensorNode
+from mgtrace.traced_module.passes.fuse import _conv_call
+from mgtrace.traced_module.passes.util import bound_args, graphs_of, is_function
+
+__all__ = ["convert_to_nchwc"]
+
+
+def _pair_ok(v):
+    if isinstance(v, int) and not isinstance(v, bool):
+        return True
+    return isinstance(v, (tuple, list)) and len(v) == 2 and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def _shape(v):
+    """The static shape of a node or tensor operand (None when unknown)."""
+    shape = getattr(v, "shape", None)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _f32(v):
+    dt = getattr(v, "dtype", None)
+    return dt is not None and getattr(dt, "name", str(dt)) == "float32"
+
+
+def _conv_info(e):
+    """The arguments of the float32 conv2d that ``e`` computes when the
+    NCHW16c kernels take it, else None."""
+    if len(e.outputs) != 1 or not isinstance(e.outputs[0], TensorNode):
+        return None
+    if is_function(e, F.conv2d_act):
+        a = bound_args(e)
+        if a is None:
+            return None
+        info = {k: a[k] for k in ("x", "weight", "bias", "stride", "padding", "dilation", "groups",
+                                  "act", "residual")}
+    else:
+        call = _conv_call(e)
+        if call is None:
+            return None
+        info = dict(zip(("x", "weight", "bias", "stride", "padding", "dilation", "groups"), call),
+                    act="none", residual=None)
+    x, w, y, r = info["x"], info["weight"], e.outputs[0], info["residual"]
+    xs, ws, ys = _shape(x), _shape(w), _shape(y)
+    if not (isinstance(x, TensorNode) and xs and ws and ys and len(xs) == len(ws) == len(ys) == 4):
+        return None
+    if not all(_f32(v) for v in (x, w, y) + ((info["bias"],) if info["bias"] is not None else ())):
+        return None
+    if r is not None and not (isinstance(r, TensorNode) and _f32(r) and _shape(r) == ys):
+        return None
+    if not all(_pair_ok(info[k]) for k in ("stride", "padding", "dilation")):
+        return None
+    groups, c, o = info["groups"], xs[1], ws[0]
+    if not isinstance(groups, int) or isinstance(info["act"], TensorNode):
+        return None
+    if groups != 1 and not (groups == c == o and ws[1] == 1):
+        return None
+    if groups == 1 and _nn.conv2d_algorithm(xs, ws, info["stride"], info["padding"], info["dilation"],
+                                            cached=True).startswith("winograd"):
+        return None
+    info["depthwise"], info["out_channels"] = groups != 1, o
+    return info
+
+
+def _reads_blocked(info, node):
+    """Whether a converted conv reads ``node`` as its input or residual."""
+    return info["x"] is node or info["residual"] is node
+
+
+def _chains(g):
+    """``{id(expr): info}`` of the convs of graph ``g`` to convert: the
+    candidates, less those outside a chain, until none changes."""
+    cand = {}
+    for e in g._exprs:
+        if e.top_graph is g:
+            info = _conv_info(e)
+            if info is not None:
+                cand[id(e)] = (e, info)
+    changed = True
+    while changed:
+        changed = False
+        for k, (e, info) in list(cand.items()):
+            src = info["x"].expr
+            fed = src is not None and id(src) in cand
+            feeds = any(id(u) in cand and _reads_blocked(cand[id(u)][1], e.outputs[0])
+                        for u in e.outputs[0].users)
+            if (info["depthwise"] and not fed) or not (fed or feeds):
+                del cand[k]
+                changed = True
+    return cand
+
+
+def _outside_readers(g, node, cand):
+    """Whether anything but a converted conv's input or residual reads
+    ``node``: another expr, the graph's result, a watch or end point."""
+    if any(o is node for o in g._outputs):
+        return True
+    owner = g.owner
+    if any(n is node for n in list(getattr(owner, "watch_points", ())) +
+           list(getattr(owner, "end_points", ()))):
+        return True
+    return any(id(u) not in cand or not _reads_blocked(cand[id(u)][1], node) for u in node.users)
+
+
+def _convert(g, cand):
+    blocked = {}         # id(NCHW node) -> its NCHW16c node
+    for e in [e for e in g._exprs if id(e) in cand]:
+        info = cand[id(e)][1]
+        y, r = e.outputs[0], info["residual"]
+        with g.insert_exprs(e):
+            if r is not None and id(r) not in blocked:
+                blocked[id(r)] = F.to_nchwc(r)
+            y5 = F.conv2d_nchwc(blocked.get(id(info["x"]), info["x"]), info["weight"], info["bias"],
+                                info["stride"], info["padding"], info["dilation"], info["groups"],
+                                act=info["act"], residual=None if r is None else blocked[id(r)])
+            back = F.from_nchwc(y5, info["out_channels"]) if _outside_readers(g, y, cand) else None
+        blocked[id(y)] = y5
+        if back is not None:
+            g.replace_node({y: back})
+
+
+def convert_to_nchwc(tm):
+    """Chains of float32 convolutions to ``F.conv2d_nchwc`` calls in the
+    NCHW16c layout (see the module docstring); returns the number of convs
+    converted."""
+    done = 0
+    for g in list(graphs_of(tm)):
+        cand = _chains(g)
+        if cand:
+            _convert(g, cand)
+            g.compile()
+            done += len(cand)
+    return done
