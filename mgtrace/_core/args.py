@@ -91,8 +91,8 @@ def tensors(fn, **named):
     different devices; arrays go to the Tensors' device."""
     vals = list(named.values())
     dev = None
-    for v in vals:     # the common case first: Tensors on one device (every layer call)
-        if type(v) is Tensor:
+    for v in vals:     # the common case first: Tensors (parameters too) on one device
+        if isinstance(v, Tensor):
             if dev is None:
                 dev = v.device
             elif v.device != dev:

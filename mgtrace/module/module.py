@@ -135,6 +135,54 @@ class _Hooks:
 
 _HOOKS = weakref.WeakKeyDictionary()    # Module -> _Hooks
 
+STATE_EPOCH = 0
+"""A count of the changes made to the tables of every module (parameters,
+buffers, children): a TracedModule resolves the attribute paths its graph
+reads once and reuses them while this stays the same (traced_module.py)."""
+
+
+def _bump():
+    global STATE_EPOCH
+    STATE_EPOCH += 1
+
+
+class _Table(OrderedDict):
+    """A module's table of parameters, buffers or child modules: an
+    OrderedDict whose every change, by whatever code, bumps STATE_EPOCH."""
+    __slots__ = ()
+
+    def __setitem__(self, key, value):
+        _bump()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        _bump()
+        super().__delitem__(key)
+
+    def clear(self):
+        _bump()
+        super().clear()
+
+    def pop(self, *args):
+        _bump()
+        return super().pop(*args)
+
+    def popitem(self, last=True):
+        _bump()
+        return super().popitem(last)
+
+    def setdefault(self, key, default=None):
+        _bump()
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs):
+        _bump()
+        super().update(*args, **kwargs)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
 
 def _register_hook(module, kind, hook, prepend, with_kwargs, always_call=False):
     fn = f"{type(module).__name__}.register_forward{'_pre' if kind == 'pre' else ''}_hook"
@@ -265,10 +313,10 @@ class Module:
                 raise ValueError(f"{type(self).__name__}: name must be a non-empty str")
         d = self.__dict__
         d["training"] = True
-        d["_parameters"] = OrderedDict()
-        d["_buffers"] = OrderedDict()
+        d["_parameters"] = _Table()
+        d["_buffers"] = _Table()
         d["_non_persistent_buffers"] = set()
-        d["_modules"] = OrderedDict()
+        d["_modules"] = _Table()
         if name is not None:
             d["name"] = name
 

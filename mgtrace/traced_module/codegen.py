@@ -346,7 +346,18 @@ def generate(graph, watch=(), end=()):
     Raises:
         ValueError: an end point that this graph does not compute.
     """
+    source, glb, _ = _generate(graph, watch, end, False)
+    return source, glb
+
+
+def _generate(graph, watch, end, hoist):
+    """generate's ``(source, globals, paths)``; with ``hoist`` the function
+    is ``forward(self, _attrs, ...)`` and reads each attribute path of self
+    (a GetAttr expr's, listed in ``paths``) from ``_attrs[i]``, values the
+    caller resolved beforehand, the original spelling in a comment."""
     namer = _Namer()
+    namer.used.add("_attrs")
+    paths = []
     namer.local[id(graph._inputs[0])] = "self"
     params = [namer(n) for n in graph._inputs[1:]]
     lines = []
@@ -364,6 +375,9 @@ def generate(graph, watch=(), end=()):
             continue
         if copy_constants and isinstance(e, Constant) and isinstance(e.value, Tensor):
             _assign(e, f"{_rhs(e, namer)}.copy()", namer, lines)
+        elif hoist and isinstance(e, GetAttr) and e.args[0] is graph._inputs[0] and len(e.outputs) == 1:
+            lines.append(f"{namer(e.outputs[0])} = _attrs[{len(paths)}]  # {_rhs(e, namer)}")
+            paths.append(e.name)
         else:
             _statement(e, namer, lines)
         for o in e.outputs:
@@ -383,9 +397,9 @@ def generate(graph, watch=(), end=()):
     else:
         lines.append("return " + _build_source(graph._out_def, iter(map(namer, graph._outputs)),
                                                namer))
-    head = f"def forward(self{''.join(', ' + p for p in params)}):"
+    head = f"def forward(self{', _attrs' if hoist else ''}{''.join(', ' + p for p in params)}):"
     source = head + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
-    return _bound_names(namer.globals) + source, namer.globals
+    return _bound_names(namer.globals) + source, namer.globals, paths
 
 
 def _bound_names(glb):
@@ -445,7 +459,18 @@ def _build_source(tdef, names, namer):
 
 def compile_graph(graph, watch=(), end=(), watch_fn=None):
     """The function ``forward(self, *input_values)`` that runs ``graph``."""
-    source, glb = generate(graph, watch, end)
+    return _compile_source(graph, *generate(graph, watch, end), watch, watch_fn)
+
+
+def compile_hoisted(graph):
+    """``(forward(self, _attrs, *input_values), paths)`` for ``graph``: the
+    function reads the values of self's attribute ``paths`` from ``_attrs``
+    (see _generate) instead of looking each up on every call."""
+    source, glb, paths = _generate(graph, (), (), True)
+    return _compile_source(graph, source, glb, (), None), tuple(paths)
+
+
+def _compile_source(graph, source, glb, watch, watch_fn):
     if watch:
         glb["_watch"] = watch_fn
     filename = f"{GENERATED}{graph.qualname}#{next(_files)}"

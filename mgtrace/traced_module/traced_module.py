@@ -19,6 +19,9 @@ from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace.module.builtin import is_builtin
 from mgtrace.module.container import ModuleDict, ModuleList, Sequential
+from mgtrace._core import trace_hooks as _hooks
+from mgtrace.module import module as _module_state
+from mgtrace.module.module import _HOOKS as _module_hooks
 from mgtrace.module.module import Module, _structure_leaves
 from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
@@ -168,7 +171,7 @@ class TracedModule(Module):
         outer = not getattr(run, "depth", 0)
         run.depth = 1
         try:
-            return self._function(graph)(self, *leaves)
+            return self._run(graph, leaves)
         except Exception as e:
             if outer:       # the module the caller called, not a traced submodule
                 _say_traced_with(e, self, graph, leaves)
@@ -226,6 +229,21 @@ class TracedModule(Module):
         msg = "; ".join(_name_args(e, names) for e in errors)
         raise TypeError(f"{self._orig_name}: these arguments match no traced call: {msg}")
 
+    def _run(self, graph, leaves):
+        """Run ``graph``'s compiled forward on ``leaves``. Outside tracing,
+        with no forward hook on any module and no watch or end points, the
+        attribute paths the graph reads from self are looked up once and
+        reused until a module's tables change (``STATE_EPOCH``): a
+        MobileNetV2 forward reads some 600 attributes, 0.4 ms of lookups."""
+        fn = self._function(graph)
+        if _hooks.active is None and not _module_hooks:
+            hoisted = graph.__dict__["_fn_cache"][3]
+            if hoisted is not None:
+                values = hoisted.values_for(self)
+                if values is not None:
+                    return hoisted.fn(self, values, *leaves)
+        return fn(self, *leaves)
+
     def _function(self, graph):
         """The compiled forward of ``graph`` (with this module's watch and
         end points when it is the top module)."""
@@ -238,7 +256,8 @@ class TracedModule(Module):
         watch = [n for n in self.watch_points if n.graph is graph]
         end = [n for n in self.end_points if n.graph is graph]
         fn = codegen.compile_graph(graph, watch, end, self._record_watch)
-        entry = (graph._version, self._points_version, fn)
+        hoisted = None if watch or end else _Hoisted(*codegen.compile_hoisted(graph))
+        entry = (graph._version, self._points_version, fn, hoisted)
         graph.__dict__["_fn_cache"] = entry
         return entry
 
@@ -329,6 +348,50 @@ class TracedModule(Module):
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
         return new
+
+
+class _Hoisted:
+    """A graph's forward compiled to read self's attribute ``paths`` from a
+    tuple (codegen.compile_hoisted), and that tuple for the module that last
+    ran it, valid while STATE_EPOCH stays at ``epoch``."""
+    __slots__ = ("fn", "paths", "epoch", "owner", "values")
+
+    def __init__(self, fn, paths):
+        self.fn, self.paths, self.epoch, self.owner, self.values = fn, paths, -1, None, None
+
+    def values_for(self, tm):
+        """The paths' values on ``tm`` (None: run the plain function)."""
+        epoch = _module_state.STATE_EPOCH
+        if self.epoch != epoch or self.owner is not tm:
+            self.values = _resolve_paths(tm, self.paths)
+            self.epoch, self.owner = epoch, tm
+        return self.values
+
+
+def _resolve_paths(tm, paths):
+    """The values of ``tm``'s attribute ``paths`` (``"features.0.weight"``),
+    or None when one is not a chain of parameters, buffers and children that
+    the generated code's own lookups would find in the modules' tables (a
+    plain attribute, a structure member, a name a class attribute hides):
+    only table changes bump STATE_EPOCH, so only those reads may be reused."""
+    out = []
+    for path in paths:
+        obj = tm
+        for part in path.split("."):
+            if not isinstance(obj, Module):
+                return None
+            d = obj.__dict__
+            if part in d or (hasattr(type(obj), part) and not codegen._class_member(part)):
+                return None
+            for table in ("_parameters", "_buffers", "_modules"):
+                t = d[table]
+                if part in t:
+                    obj = t[part]
+                    break
+            else:
+                return None
+        out.append(obj)
+    return tuple(out)
 
 
 def _held(tm):
@@ -633,7 +696,7 @@ def _run_watching_all(root, args, kwargs, check):
     graphs = [(m, g) for m in root.modules() if isinstance(m, TracedModule) for g in m._graphs]
     for m, g in graphs:
         fn = codegen.compile_graph(g, check.watched(g), (), check.watcher(g))
-        g.__dict__["_fn_cache"] = (g._version, m._points_version, fn)
+        g.__dict__["_fn_cache"] = (g._version, m._points_version, fn, None)
     try:
         return root(*args, **kwargs)
     finally:
