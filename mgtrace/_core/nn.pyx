@@ -908,6 +908,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
         raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
                          f"padded input ({h + 2 * ph}, {w + 2 * pw})")
     oh, ow = eh // sh + 1, ew // sw + 1
+    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))   # conv2d's limits
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
@@ -927,7 +928,8 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
         return out
     nt = num_threads()
     cdef Tensor u = _packed_weights(tw, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
-    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device, "")
+    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device,
+                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(ph, pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
     wsp = ws._data
     with nogil:

@@ -100,13 +100,14 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
             for a dense conv (a first layer: blocking 3 channels would pad
             them to 16).
         weight: float32 [O, C/groups, KH, KW], as :func:`conv2d`'s.
-        bias: float32 [O] or None.
+        bias: float32 [O] or [1, O, 1, 1] (MegEngine's), or None.
         stride, padding, dilation: as :func:`conv2d`.
         groups: 1, or C for a depthwise conv (C = O, weight [C, 1, KH,
             KW]; x NCHW16c).
         act: one of :data:`ACTIVATIONS`.
         residual: None, or float32 NCHW16c of the output's shape, added
-            before the activation.
+            before the activation in the kernel; one that broadcasts to it
+            is added after the kernel, as ``+`` does.
 
     Returns:
         float32 [N, ceil(O/16), OH, OW, 16]; :func:`from_nchwc` (y, O)
@@ -127,7 +128,28 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     fn = "conv2d_nchwc"
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
+    if weight.ndim == 4:
+        bias = _fnn._conv_bias(fn, bias, weight.shape[0])
+    if residual is not None and x.ndim in (4, 5) and weight.ndim == 4 and \
+            tuple(residual.shape) != _nchwc_out_shape(x, weight, stride, padding, dilation):
+        # as conv2d_act: a residual that only broadcasts (a graph traced at
+        # batch 1, now run at batch 8) is added after the kernel, with +
+        y = _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, "none") + residual
+        return _apply_act(y, act)
     return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
+
+
+def _nchwc_out_shape(x, weight, stride, padding, dilation):
+    """conv2d_nchwc's output shape for well-formed arguments (the kernel
+    checks them)."""
+    fn = "conv2d_nchwc"
+    st, pd = A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0)
+    dl = A.pair(fn, "dilation", dilation, 1)
+    out = [x.shape[0], -(-weight.shape[0] // 16)]
+    for i in range(2):
+        span = dl[i] * (weight.shape[2 + i] - 1) + 1
+        out.append((x.shape[2 + i] + 2 * pd[i] - span) // st[i] + 1)
+    return tuple(out + [16])
 
 
 def to_nchwc(x):

@@ -99,14 +99,19 @@ class RemovableHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, table):
+    def __init__(self, table, module=None):
         self._table = weakref.ref(table)
+        self._module = None if module is None else weakref.ref(module)
         self.id = next(RemovableHandle._ids)
 
     def remove(self):
         table = self._table()
         if table is not None:
             table.pop(self.id, None)
+        module = self._module() if self._module is not None else None
+        hooks = _HOOKS.get(module) if module is not None else None
+        if hooks is not None and not hooks.pre and not hooks.post:
+            del _HOOKS[module]      # no hooks left: traced modules take their fast path again
 
     def __enter__(self):
         return self
@@ -135,6 +140,8 @@ class _Hooks:
 
 _HOOKS = weakref.WeakKeyDictionary()    # Module -> _Hooks
 
+_TABLE_NAMES = ("_parameters", "_buffers", "_modules")
+
 STATE_EPOCH = 0
 """A count of the changes made to the tables of every module (parameters,
 buffers, children): a TracedModule resolves the attribute paths its graph
@@ -148,36 +155,43 @@ def _bump():
 
 class _Table(OrderedDict):
     """A module's table of parameters, buffers or child modules: an
-    OrderedDict whose every change, by whatever code, bumps STATE_EPOCH."""
+    OrderedDict whose every change, by whatever code, bumps STATE_EPOCH
+    (after the change: a thread that reads the new epoch sees it)."""
     __slots__ = ()
 
     def __setitem__(self, key, value):
-        _bump()
         super().__setitem__(key, value)
+        _bump()
 
     def __delitem__(self, key):
-        _bump()
         super().__delitem__(key)
+        _bump()
 
     def clear(self):
-        _bump()
         super().clear()
+        _bump()
 
     def pop(self, *args):
-        _bump()
-        return super().pop(*args)
+        try:
+            return super().pop(*args)
+        finally:
+            _bump()
 
     def popitem(self, last=True):
-        _bump()
-        return super().popitem(last)
+        try:
+            return super().popitem(last)
+        finally:
+            _bump()
 
     def setdefault(self, key, default=None):
-        _bump()
-        return super().setdefault(key, default)
+        try:
+            return super().setdefault(key, default)
+        finally:
+            _bump()
 
     def update(self, *args, **kwargs):
-        _bump()
         super().update(*args, **kwargs)
+        _bump()
 
     def __ior__(self, other):
         self.update(other)
@@ -195,7 +209,7 @@ def _register_hook(module, kind, hook, prepend, with_kwargs, always_call=False):
     if hooks is None:
         hooks = _HOOKS[module] = _Hooks()
     table = getattr(hooks, kind)
-    handle = RemovableHandle(table)
+    handle = RemovableHandle(table, module)
     table[handle.id] = (hook, with_kwargs, always_call)
     if prepend:
         table.move_to_end(handle.id, last=False)
@@ -505,6 +519,12 @@ class Module:
         self.__dict__.pop(name, None)
 
     def __setattr__(self, name, value):
+        if name in _TABLE_NAMES and isinstance(value, dict) and not isinstance(value, _Table):
+            value = _Table(value)       # a table put in place whole still reports its changes
+        self._assign(name, value)
+        _bump()         # a plain attribute may now hide a table entry, or a table is new
+
+    def _assign(self, name, value):
         params, buffers, modules = self._tables()
         if isinstance(value, Parameter):
             self._drop(name, keep=params)
@@ -555,6 +575,7 @@ class Module:
                 self._non_persistent_buffers.discard(name)
                 return
         object.__delattr__(self, name)
+        _bump()
 
     def __deepcopy__(self, memo):
         """copy.deepcopy: a module with copies of every tensor (the core's

@@ -429,7 +429,8 @@ class InternalGraph:
 
         As in MegEngine, only the users that come after ``new`` is defined
         switch to it; users before that point (the relu in ``new =
-        F.relu(old)`` among them) keep reading ``old``. Dead code is left
+        F.relu(old)`` among them) keep reading ``old``. The owner's watch
+        and end points on ``old`` move to ``new``. Dead code is left
         for :meth:`compile`, which also removes such early users when
         nothing reads their results any more.
 
@@ -464,7 +465,22 @@ class InternalGraph:
             for e in [u for u in old.users if index[id(u)] > at_new]:
                 e.replace_input(old, new)
             self._outputs = [new if o is old else o for o in self._outputs]
+            self._replace_points(old, new)
         self._touch()
+
+    def _replace_points(self, old, new):
+        """The owner's watch and end points on ``old`` move to ``new``, as
+        the graph's outputs do (a fused call that replaces a watched value
+        is watched instead)."""
+        owner = self.owner
+        moved = False
+        for attr in ("watch_points", "end_points"):
+            points = getattr(owner, attr, None)
+            if points and any(p is old for p in points):
+                owner.__dict__[attr] = [new if p is old else p for p in points]
+                moved = True
+        if moved:
+            owner.__dict__["_points_version"] = owner._points_version + 1
 
     def compile(self):
         """Remove exprs whose results nobody uses (dead code), keeping the
@@ -474,10 +490,12 @@ class InternalGraph:
         (declared with ``mgtrace.functional._trace.mutates``: ``F.batch_norm``
         in training), calls of builtin modules that update their state (a
         BatchNorm in training mode), and calls of traced submodules whose
-        graphs have side effects. Returns the graph. Lints before and
-        after."""
+        graphs have side effects. The owner's watch and end points stay
+        computed. Returns the graph. Lints before and after."""
         self.lint(recursive=False)
-        live = {id(n) for n in self._outputs}
+        owner = self.owner
+        points = list(getattr(owner, "watch_points", ())) + list(getattr(owner, "end_points", ()))
+        live = {id(n) for n in self._outputs} | {id(n) for n in points if n.graph is self}
         keep = []
         for e in reversed(self._exprs):
             if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):

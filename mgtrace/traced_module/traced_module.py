@@ -352,20 +352,23 @@ class TracedModule(Module):
 
 class _Hoisted:
     """A graph's forward compiled to read self's attribute ``paths`` from a
-    tuple (codegen.compile_hoisted), and that tuple for the module that last
-    ran it, valid while STATE_EPOCH stays at ``epoch``."""
-    __slots__ = ("fn", "paths", "epoch", "owner", "values")
+    tuple (codegen.compile_hoisted), and ``plan``: ``(epoch, module,
+    values)``, the paths' values on the module that last ran it, read when
+    STATE_EPOCH was ``epoch`` (one tuple, replaced whole: threads that run
+    the module together never see one's epoch with another's values)."""
+    __slots__ = ("fn", "paths", "plan")
 
     def __init__(self, fn, paths):
-        self.fn, self.paths, self.epoch, self.owner, self.values = fn, paths, -1, None, None
+        self.fn, self.paths, self.plan = fn, paths, (-1, None, None)
 
     def values_for(self, tm):
         """The paths' values on ``tm`` (None: run the plain function)."""
-        epoch = _module_state.STATE_EPOCH
-        if self.epoch != epoch or self.owner is not tm:
-            self.values = _resolve_paths(tm, self.paths)
-            self.epoch, self.owner = epoch, tm
-        return self.values
+        epoch = _module_state.STATE_EPOCH        # before reading: a change after it bumps again
+        plan = self.plan
+        if plan[0] != epoch or plan[1] is not tm:
+            plan = (epoch, tm, _resolve_paths(tm, self.paths))
+            self.plan = plan
+        return plan[2]
 
 
 def _resolve_paths(tm, paths):

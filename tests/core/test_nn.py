@@ -1396,6 +1396,7 @@ NCHWC_DENSE = [  # (C, O, H, W, kernel, stride, padding, dilation)
     (40, 17, 11, 8, 3, 1, 1, 1), (33, 48, 7, 7, 3, 1, 1, 1), (64, 16, 10, 10, 3, 2, 1, 1),
     (5, 7, 14, 13, 7, 2, 3, 1), (20, 24, 9, 10, 3, 1, 2, 2), (17, 33, 8, 8, 1, 2, 0, 1),
     (8, 20, 9, 9, 3, 3, 0, 1), (12, 16, 6, 7, 2, 1, 0, 1), (16, 32, 1, 1, 3, 1, 1, 1),
+    (16, 3, 4, 5, 1, 1, 1, 1), (20, 18, 6, 3, 1, 1, 2, 1),      # 1x1 with padding: not one flat row
 ]
 
 
@@ -1449,7 +1450,23 @@ def test_conv2d_nchwc_threads_and_weight_cache_agree():
     assert not y[:, 0, :, :, 0].any() and np.array_equal(y[:, 0, :, :, 1:], outs[0][:, 0, :, :, 1:])
 
 
+def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():
+    """The channels past O are x * 0; an infinite x would make them NaN, and
+    the next conv would spread the NaN to real channels (0 * NaN)."""
+    x = rand(1, 16, 5, 5)
+    x[0, 3, 2, 2] = np.inf
+    w1, w2 = rand(3, 16, 1, 1), rand(4, 3, 3, 3)
+    y1 = nn.conv2d_nchwc(tensor(blocked(x)), tensor(w1), None, None, 1, 0, 1, 1, "relu")
+    assert not y1.numpy()[..., 3:].any()
+    y2 = nn.from_nchwc(nn.conv2d_nchwc(y1, tensor(w2), None, None, 1, 1), 4).numpy()
+    ref = ref_conv2d(np.maximum(ref_conv2d(x, w1), 0), w2, None, 1, 1)
+    np.testing.assert_array_equal(np.isnan(y2), np.isnan(ref))
+
+
 @pytest.mark.parametrize("call, err, match", [
+    (lambda: nn.conv2d_nchwc(tensor(rand(1, 1, 1, 1, 16)), tensor(rand(1, 1, 3, 3)),
+                             stride=2 ** 31 - 1, padding=((2 ** 29 - 2 ** 15) // 2, (2 ** 29 + 2 ** 15) // 2)),
+     ValueError, "exceeds"),         # the padded copy's byte count would wrap int64
     (lambda: nn.conv2d_nchwc(tensor(rand(1, 1, 4, 4, 16, dtype="float64")), tensor(rand(2, 3, 1, 1))),
      TypeError, "float32"),
     (lambda: nn.conv2d_nchwc(tensor(rand(1, 2, 4, 4, 16)), tensor(rand(2, 3, 1, 1))), ValueError, "NCHW16c"),

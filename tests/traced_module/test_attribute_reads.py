@@ -78,6 +78,7 @@ def test_changes_to_the_tables_are_seen_by_the_next_call(rng):
 def test_reads_are_reused_until_a_table_changes(rng, monkeypatch):
     from mgtrace.traced_module import traced_module as T
     tm, x, _ = setup(rng)
+    monkeypatch.setattr(T, "_module_hooks", {})     # hooks other tests left on live modules
     tm(x)
     resolved = []
     real = T._resolve_paths
@@ -119,6 +120,24 @@ def test_only_table_paths_are_reused():
     net._modules["shadow"] = M.ReLU()                      # net.shadow is the class attribute
     assert _resolve_paths(net, ("shadow",)) is None
     assert _resolve_paths(net, ("a.nothing",)) is None
+
+
+def test_a_table_put_in_place_whole_is_seen(rng):
+    import collections
+    tm, x, (wa, wb, ws) = setup(rng)
+    tm(x)
+    tm.a._parameters = collections.OrderedDict(weight=M.Parameter(2 * wa), bias=None)
+    np.testing.assert_allclose(tm(x).numpy(), want(x, 2 * wa, wb, ws), rtol=1e-5)
+    tm.a._parameters["weight"] = M.Parameter(3 * wa)       # and later writes into it
+    np.testing.assert_allclose(tm(x).numpy(), want(x, 3 * wa, wb, ws), rtol=1e-5)
+
+
+def test_removing_the_last_hook_brings_the_fast_path_back(rng):
+    tm, x, _ = setup(rng)
+    handle = tm.a.register_forward_hook(lambda m, a, out: None)
+    assert tm.a in module_state._HOOKS
+    handle.remove()
+    assert tm.a not in module_state._HOOKS
 
 
 def test_a_deep_copy_runs_on_its_own_tensors(rng):

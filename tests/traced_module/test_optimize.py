@@ -682,6 +682,73 @@ def test_nchwc_leaves_lone_convs_depthwise_without_producer_and_winograd_layers(
         close(got, want)
 
 
+def test_nchwc_takes_megengine_biases_and_broadcast_residuals(rng):
+    """A bias of shape [1, O, 1, 1] (MegEngine's), and a residual that is a
+    parameter of batch 1: traced at batch 1, run at batch 3 it broadcasts,
+    as the add did."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = M.Parameter(rng.standard_normal((16, 16, 1, 1)).astype("float32"))
+            self.b = M.Parameter(rng.standard_normal((1, 16, 1, 1)).astype("float32"))
+            self.pos = M.Parameter(rng.standard_normal((1, 16, 6, 6)).astype("float32"))
+            self.c2 = M.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            return self.c2(F.conv2d(x, self.w, self.b) + self.pos)
+
+    tm = mt.trace_module(Net(), image(rng, (1, 16, 6, 6)))
+    new = optimize(tm, ["FuseConvAct", "NCHWc"])
+    assert functions(new, F.conv2d_nchwc) == 2
+    for batch in (1, 3):
+        x = image(rng, (batch, 16, 6, 6))
+        close(new(x), tm(x))
+
+
+def test_nchwc_leaves_graphs_with_in_place_writes(rng):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = M.Conv2d(16, 16, 1), M.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            y = self.c1(x)
+            y[:, 0] = 100.0
+            return self.c2(y)
+
+    x = image(rng, (1, 16, 5, 5))
+    tm = mt.trace_module(Net(), x)
+    new = optimized(tm, ["NCHWc"], x)
+    assert functions(new, F.conv2d_nchwc) == 0
+
+
+@pytest.mark.parametrize("point", ["relu6", "c2_out", "c3_out"])
+@pytest.mark.parametrize("kind", ["end", "watch"])
+def test_watch_and_end_points_follow_fused_and_converted_values(rng, point, kind):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = M.Conv2d(3, 16, 3, padding=1)
+            self.c2, self.c3 = M.Conv2d(16, 16, 3, padding=1, groups=16), M.Conv2d(16, 8, 1)
+
+        def forward(self, x):
+            return self.c3(F.relu6(self.c2(F.relu(self.c1(x)))))
+
+    x = image(rng, (1, 3, 8, 8))
+    tm = mt.trace_module(Net(), x)
+    node = tm.graph.get_node_by_name(point, recursive=False).as_unique()
+    (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
+    want = tm(x)
+    want = want[0] if kind == "end" else tm.watch_node_value[node][0]
+    new = optimize(tm, ["FuseConvAct", "NCHWc"])
+    got = new(x)
+    if kind == "watch":
+        got = new.watch_node_value[new.watch_points[0]][-1]
+    else:
+        got = got[0]
+    close(got, want)
+
+
 def test_nchwc_in_all_only_where_the_cpu_has_avx512(monkeypatch):
     monkeypatch.setattr(manager, "_nchwc_pays", lambda: False)
     assert "NCHWc" not in manager._schedule("all", False)

@@ -25,6 +25,7 @@
  * Threads: one OpenMP region a call; tasks are (image, output-channel pair
  * or block, output row, column chunk), in contiguous static ranges.
  */
+#include <stdint.h>
 #include <string.h>
 #include "nn.h"
 #include "mt_vmath.h"   /* MT_VCLONES */
@@ -86,8 +87,8 @@ typedef struct {
     int64_t kk;
 } nc_geom;
 
-static void nc_plan(const mt_conv2d_geom *g, int blocked, nc_geom *q) {
-    const int flat = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+static void nc_plan(const mt_conv2d_geom *g, int blocked, int flat_ok, nc_geom *q) {
+    const int flat = flat_ok && g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
     q->h = flat ? 1 : g->h;
     q->w = flat ? g->h * g->w : g->w;
     q->oh = flat ? 1 : g->oh;
@@ -278,13 +279,22 @@ static int64_t bias_bytes(const mt_conv2d_geom *g) {
 }
 
 
+/* The channels past O of r output pixels of the last block, from lane
+ * `from` on, back to zero before the activations that run after the
+ * store (ReLU and ReLU6 in registers left 0 as 0): their weights and bias are zero, but an infinite input times
+ * zero is NaN, which the next conv would spread (its zero weights for
+ * these lanes do not stop a NaN). */
+static void nc_zero_tail(float *y, int64_t r, int from) {
+    for (int64_t p = 0; p < r; p++) memset(y + p * NC + from, 0, (size_t)(NC - from) * sizeof(float));
+}
+
 /* Columns [c0, c1) of output row oy of one unit (a pair of output blocks,
  * nv of them real, or a depthwise block): the border pixels one by one
  * with their own taps, the interior in register tiles. x: the image (the
  * unit's input block for depthwise); w, b: the unit's packed weights and
  * bias; y: the unit's first output plane of the image. */
-static void nc_row(const nc_geom *q, int dw, int nv, const float *x, const float *w, const float *b, float *y,
-                   int64_t oy, int64_t c0, int64_t c1, int64_t *tl, int act, int64_t rd) {
+static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, const float *w, const float *b,
+                   float *y, int64_t oy, int64_t c0, int64_t c1, int64_t *tl, int act, int64_t rd) {
     int64_t *toff = tl, *tidx = tl + q->kk, *eoff = tl + 2 * q->kk, *eidx = tl + 3 * q->kk;
     int64_t a, bnd;
     nc_interior(q, &a, &bnd);
@@ -313,6 +323,7 @@ static void nc_row(const nc_geom *q, int dw, int nv, const float *x, const float
         float *yp = yrow + ox * NC;
         if (dw) wk[r - 1](xp, off, idx, n, w, st, b, yp, rd, act);
         else dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act);
+        if (tail) nc_zero_tail(yp + (dw ? 0 : nv - 1) * q->ys, r, tail);
         if (nc_act_after(act))
             for (int v = 0; v < (dw ? 1 : nv); v++) mt_act_f32(yp + v * q->ys, r * NC, act);
         ox += r;
@@ -326,12 +337,21 @@ static void nc_row(const nc_geom *q, int dw, int nv, const float *x, const float
 static int64_t padded_bytes(const mt_conv2d_geom *g, int blocked) {
     if (is_depthwise(g) || (g->ph == 0 && g->pw == 0)) return 0;
     const int64_t lanes = blocked ? NC : 1, ncb = blocked ? mt_nchwc_blocks(g->c) : g->c;
-    return (ncb * (g->h + 2 * g->ph) * (g->w + 2 * g->pw) * lanes * (int64_t)sizeof(float) + 63) & ~(int64_t)63;
+    int64_t n = 0;
+    if (__builtin_mul_overflow(ncb * lanes * (int64_t)sizeof(float), g->h + 2 * g->ph, &n)
+        || __builtin_mul_overflow(n, g->w + 2 * g->pw, &n) || n > INT64_MAX - 63)
+        return MT_NN_EOVERFLOW;
+    return (n + 63) & ~(int64_t)63;
 }
 
+/* MT_NN_EOVERFLOW when the sizes do not fit int64 */
 int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) {
-    return bias_bytes(g) + padded_bytes(g, blocked)
-        + (int64_t)(nthreads < 1 ? 1 : nthreads) * 4 * g->kh * g->kw * (int64_t)sizeof(int64_t);
+    const int64_t pad = padded_bytes(g, blocked);
+    int64_t taps = 0;
+    if (pad < 0 || __builtin_mul_overflow((int64_t)(nthreads < 1 ? 1 : nthreads) * 4 * (int64_t)sizeof(int64_t),
+                                          g->kh * g->kw, &taps) || taps > INT64_MAX / 2 - pad)
+        return MT_NN_EOVERFLOW;
+    return bias_bytes(g) + pad + taps;
 }
 
 /* image n's channel block (channel for NCHW) cb into the padded copy */
@@ -350,7 +370,7 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
     mt_conv2d_geom gp = *g;              /* the geometry the kernels see: the padded copy's */
     if (pbytes) { gp.h += 2 * g->ph; gp.w += 2 * g->pw; gp.ph = gp.pw = 0; }
     nc_geom q;
-    nc_plan(&gp, blocked || dw, &q);
+    nc_plan(&gp, blocked || dw, pbytes == 0, &q);    /* a padded copy has rows: never flat */
     const int64_t units = dw ? q.nob : (q.nob + 1) / 2, width = dw ? NC : NC_PAIR;
     float *bp = (float *)workspace;
     for (int64_t i = 0; i < units * width; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
@@ -387,7 +407,9 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
                 const float *xi = dw ? x + (n * q.nob + u) * q.cbs : xp ? xp : x + n * q.ncb * q.cbs;
                 float *yu = y + (n * q.nob + u * (dw ? 1 : 2)) * q.ys;
                 const int nv = dw || 2 * u + 1 < q.nob ? 2 : 1;
-                nc_row(&q, dw, nv, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
+                /* the unit holding the last block, when O leaves part of it unused */
+                const int tail = g->o % NC && (dw ? u : 2 * u + nv - 1) == q.nob - 1 ? (int)(g->o % NC) : 0;
+                nc_row(&q, dw, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
             }
         }
     }
@@ -396,31 +418,33 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
 
 /* ---------------------------------------------------------- conversion */
 
-void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) {
+/* NCHW [n][c][hw] <-> NCHW16c [n][blocks][hw][16] (to_blocked 1: the
+ * first into the second, the lanes past c zero; 0: back). A task is one
+ * block of one image. */
+static void nc_reorder(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads, int to_blocked) {
     const int64_t nb = mt_nchwc_blocks(c), tasks = n * nb;
     const int nt = n * c * hw >= 4 * NC_GRAIN ? nthreads : 1;
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
-        const float *src = x + (img * c + b * NC) * hw;
-        float *d = y + t * hw * NC;
-        for (int64_t p = 0; p < hw; p++) {
-            float v[NC] = {0};
-            for (int64_t l = 0; l < lanes; l++) v[l] = src[l * hw + p];
-            memcpy(d + p * NC, v, sizeof v);
+        const int64_t plain = (img * c + b * NC) * hw, blocked = t * hw * NC;
+        if (to_blocked) {
+            for (int64_t p = 0; p < hw; p++) {
+                float v[NC] = {0};
+                for (int64_t l = 0; l < lanes; l++) v[l] = x[plain + l * hw + p];
+                memcpy(y + blocked + p * NC, v, sizeof v);
+            }
+        } else {
+            for (int64_t l = 0; l < lanes; l++)
+                for (int64_t p = 0; p < hw; p++) y[plain + l * hw + p] = x[blocked + p * NC + l];
         }
     }
 }
 
+void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) {
+    nc_reorder(x, y, n, c, hw, nthreads, 1);
+}
+
 void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) {
-    const int64_t nb = mt_nchwc_blocks(c), tasks = n * nb;
-    const int nt = n * c * hw >= 4 * NC_GRAIN ? nthreads : 1;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
-        const float *s = x + t * hw * NC;
-        float *dst = y + (img * c + b * NC) * hw;
-        for (int64_t l = 0; l < lanes; l++)
-            for (int64_t p = 0; p < hw; p++) dst[l * hw + p] = s[p * NC + l];
-    }
+    nc_reorder(x, y, n, c, hw, nthreads, 0);
 }
