@@ -927,7 +927,8 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     if numel(out) == 0:
         return out
     nt = num_threads()
-    cdef Tensor u = _packed_weights(tw, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
+    # (the cache key is the weight as given: a non-contiguous one's copy is new every call)
+    cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
     cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device,
                                 lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(ph, pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL

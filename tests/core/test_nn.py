@@ -1448,6 +1448,13 @@ def test_conv2d_nchwc_threads_and_weight_cache_agree():
     wt[0] = 0.0
     y = nn.conv2d_nchwc(x, wt, None, None, 1, 1).numpy()
     assert not y[:, 0, :, :, 0].any() and np.array_equal(y[:, 0, :, :, 1:], outs[0][:, 0, :, :, 1:])
+    # a non-contiguous weight is one entry too (keyed by the view, not its copy)
+    view = tensor(np.ascontiguousarray(rand(48, 32, 3, 3).transpose(1, 0, 2, 3))).transpose((1, 0, 2, 3))
+    nn.clear_weight_cache()
+    for _ in range(3):
+        nn.conv2d_nchwc(x, view, None, None, 1, 1)
+    assert nn.weight_cache_info()[0] == 1
+    nn.clear_weight_cache()
 
 
 def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():

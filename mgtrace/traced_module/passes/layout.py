@@ -9,8 +9,10 @@ each other reader of a converted output (a pooling, a flatten, the graph's
 result), ``F.to_nchwc`` in front of a residual that is not a converted
 conv's output, and the first conv of a chain reads its NCHW input directly
 (so a model's 3-channel first layer is not padded to 16). ONNX Runtime's
-NCHWc transformer does the same on x86; DESIGN.md's "optimize" section has
-the measurements.
+NCHWc transformer does the same on x86. On a 2-core Zen 5
+(``python benchmarks/ab_passes.py``: the model optimized with and without
+this pass, timed in alternation): MobileNetV2 batch 1 3.55 ms against 4.47
+without it, ResNet-18 batch 1 10.4 against 11.3, batch 8 65.3 against 66.9.
 
 Which convs: dense ones (groups 1) and depthwise ones (groups = channels
 = output channels), float32, with static channel counts, that are part of
