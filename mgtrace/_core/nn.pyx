@@ -111,6 +111,7 @@ cdef extern from "kernels/nn.h" nogil:
         int64_t kh, kw, sh, sw, ph, pw, dh, dw
         int count_include_pad
     int mt_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads) noexcept
+    int mt_max_pool2d_nchwc(const float *x, float *y, const mt_pool2d_geom *g, int nthreads) noexcept
     int mt_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads) noexcept
     enum: MT_ADAPTIVE_AVG, MT_ADAPTIVE_MAX
     int mt_adaptive_pool2d(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h,
@@ -153,7 +154,7 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "to_nchwc", "from_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
@@ -1157,10 +1158,10 @@ cdef object _pool_out(object size, object k, object p, object s, object d, bint 
     return out
 
 
-cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil_mode, bint count_include_pad):
-    cdef Tensor t = _pool_input(op, x), out
-    cdef int code = t._dtype, work = _work_code(code), rc, nt
-    cdef mt_pool2d_geom g
+cdef tuple _pool_geom(str op, int64_t planes, int64_t h, int64_t w, kernel_size, stride, padding, dilation,
+                      bint ceil_mode, mt_pool2d_geom *g):
+    """Fills ``g`` for pooling ``planes`` planes of h x w; returns (oh, ow).
+    ValueError for bad geometry or an empty output."""
     kh, kw = _positive(op, "kernel_size", kernel_size)
     sh, sw = (kh, kw) if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) \
         else _positive(op, "stride", stride)
@@ -1168,14 +1169,22 @@ cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil
     dh, dw = _positive(op, "dilation", dilation)
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"{op}: padding {(ph, pw)} must be at most half the kernel size {(kh, kw)}")
-    n, c, h, w = shape_tuple(t)
     oh = _pool_out(h, kh, ph, sh, dh, ceil_mode)
     ow = _pool_out(w, kw, pw, sw, dw, ceil_mode)
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: kernel {(kh, kw)} with dilation {(dh, dw)} and padding {(ph, pw)} is "
                          f"larger than the input ({h}, {w}): output would be ({oh}, {ow})")
-    g.planes, g.h, g.w, g.oh, g.ow = n * c, h, w, oh, ow
+    g.planes, g.h, g.w, g.oh, g.ow = planes, h, w, oh, ow
     g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw = kh, kw, sh, sw, ph, pw, dh, dw
+    return oh, ow
+
+
+cdef object _pool2d(str op, x, kernel_size, stride, padding, dilation, bint ceil_mode, bint count_include_pad):
+    cdef Tensor t = _pool_input(op, x), out
+    cdef int code = t._dtype, work = _work_code(code), rc, nt
+    cdef mt_pool2d_geom g
+    n, c, h, w = shape_tuple(t)
+    oh, ow = _pool_geom(op, n * c, h, w, kernel_size, stride, padding, dilation, ceil_mode, &g)
     g.count_include_pad = count_include_pad
     t = _ready(t, work)
     cdef int64_t oshape[4]
@@ -1217,6 +1226,48 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         ValueError: bad geometry or an empty output. TypeError: integer input.
     """
     return _pool2d("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@core_op
+def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """:func:`max_pool2d` of an NCHW16c tensor (channels in blocks of 16,
+    see :func:`conv2d_nchwc`), the result NCHW16c too.
+
+    Args:
+        x: float32 [N, B, H, W, 16].
+        kernel_size, stride, padding, dilation, ceil_mode: as :func:`max_pool2d`.
+
+    Returns:
+        float32 [N, B, OH, OW, 16]: ``to_nchwc(max_pool2d(from_nchwc(x, C),
+        ...))`` for the channels C that x holds (the channels past them are
+        pooled too: zeros stay zeros).
+
+    Raises:
+        TypeError: x not a float32 CPU tensor.
+        ValueError: x not [N, B, H, W, 16]; as :func:`max_pool2d`.
+
+    >>> import mgtrace as mt
+    >>> x = to_nchwc(mt.tensor(np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)))
+    >>> from_nchwc(max_pool2d_nchwc(x, 2), 1).tolist()
+    [[[[3.0]]]]
+    """
+    cdef str op = "max_pool2d_nchwc"
+    cdef Tensor t = _f32_cpu(op, "x", x), out
+    cdef mt_pool2d_geom g
+    cdef int rc, nt
+    if t._ndim != 5 or t._shape[4] != 16:
+        raise ValueError(f"{op}: x must be NCHW16c [N, B, H, W, 16], got shape {shape_tuple(t)}")
+    n, b, h, w, _ = shape_tuple(t)
+    oh, ow = _pool_geom(op, n * b, h, w, kernel_size, stride, padding, dilation, ceil_mode, &g)
+    g.count_include_pad = 0
+    cdef int64_t oshape[5]
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, b, oh, ow, 16
+    out = empty(5, oshape, MT_FLOAT32, t._device)
+    nt = num_threads()
+    with nogil:
+        rc = mt_max_pool2d_nchwc(<const float *>t._data, <float *>out._data, &g, nt)
+    _check_rc(op, rc)
+    return out
 
 
 @core_op

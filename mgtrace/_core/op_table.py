@@ -126,6 +126,7 @@ _ROWS = [
        ("stride", "padding", "dilation", "groups", "act")),
     Op("to_nchwc", "nn", _X),
     Op("from_nchwc", "nn", _X, ("channels",)),
+    Op("max_pool2d_nchwc", "nn", _X, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
     Op("conv_transpose2d", "nn", ("x", "weight", "bias"),
        ("stride", "padding", "output_padding", "dilation", "groups")),
     Op("attention", "nn", ("q", "k", "v", "mask"), ("scale",)),

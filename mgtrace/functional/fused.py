@@ -16,8 +16,8 @@ from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "to_nchwc", "from_nchwc",
-           "ACTIVATIONS"]
+__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "max_pool2d_nchwc", "to_nchwc",
+           "from_nchwc", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
 """The activation names ``act`` takes, in the kernels' order."""
@@ -150,6 +150,33 @@ def _nchwc_out_shape(x, weight, stride, padding, dilation):
         span = dl[i] * (weight.shape[2 + i] - 1) + 1
         out.append((x.shape[2 + i] + 2 * pd[i] - span) // st[i] + 1)
     return tuple(out + [16])
+
+
+def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """:func:`mgtrace.functional.max_pool2d` on an NCHW16c tensor, the result
+    NCHW16c (what the NCHWc pass puts after a converted conv: ResNet's stem
+    and its pool stay blocked).
+
+    Args:
+        x: float32 [N, B, H, W, 16].
+        kernel_size, stride, padding, dilation, ceil_mode: as
+            :func:`mgtrace.functional.max_pool2d` (PyTorch's semantics:
+            padded positions never win, a NaN in a window does).
+
+    Returns:
+        float32 [N, B, OH, OW, 16].
+
+    Raises:
+        TypeError: x not a float32 CPU tensor.
+        ValueError: x not [N, B, H, W, 16]; bad geometry, as max_pool2d.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = F.to_nchwc(mt.tensor(np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)))
+    >>> F.from_nchwc(F.max_pool2d_nchwc(x, 2), 1).tolist()
+    [[[[3.0]]]]
+    """
+    (x,) = A.tensors("max_pool2d_nchwc", x=x)
+    return _nn.max_pool2d_nchwc(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 def to_nchwc(x):

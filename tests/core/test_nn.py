@@ -948,6 +948,8 @@ OPS = {
                      {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "act": "relu"}),
     "to_nchwc": (lambda: (tensor(rand(1, 2, 5, 5)),), {}),
     "from_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),), {"channels": 3}),
+    "max_pool2d_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),),
+                         {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 1, "ceil_mode": False}),
     "conv_transpose2d": (lambda: (tensor(rand(1, 2, 5, 5)), tensor(rand(2, 3, 3, 3)), None),
                          {"stride": 2, "padding": 1, "output_padding": 1, "dilation": 1, "groups": 1}),
     "max_pool2d": (lambda: (tensor(rand(1, 2, 5, 5)),),
@@ -1457,6 +1459,19 @@ def test_conv2d_nchwc_threads_and_weight_cache_agree():
     nn.clear_weight_cache()
 
 
+@pytest.mark.parametrize("c, h, w, k, s, p, d, ceil", [
+    (64, 20, 20, 3, 2, 1, 1, False), (17, 9, 7, 3, 2, 1, 1, True), (20, 8, 8, 2, 2, 0, 1, False),
+    (5, 10, 9, 3, 1, 1, 2, False), (33, 5, 6, 5, 1, 2, 1, False)])
+def test_max_pool2d_nchwc_against_numpy(c, h, w, k, s, p, d, ceil):
+    x = rand(2, c, h, w)
+    x[0, 1, 2, 2] = np.nan       # a NaN wins its windows
+    x[1, 0] = -np.inf
+    want = ref_max_pool2d(x, k, s, p, d, ceil)
+    y = nn.max_pool2d_nchwc(tensor(blocked(x)), k, s, p, d, ceil)
+    np.testing.assert_array_equal(nn.from_nchwc(y, c).numpy(), want)
+    assert not y.numpy()[:, -1, :, :, (c - 1) % 16 + 1:].any()       # zeros pool to zeros
+
+
 def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():
     """The channels past O are x * 0; an infinite x would make them NaN, and
     the next conv would spread the NaN to real channels (0 * NaN)."""
@@ -1491,6 +1506,9 @@ def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():
     (lambda: nn.from_nchwc(tensor(rand(1, 2, 4, 4, 16)), 40), ValueError, "blocks"),
     (lambda: nn.from_nchwc(tensor(rand(1, 2, 4, 4, 8)), 20), ValueError, "NCHW16c"),
     (lambda: nn.to_nchwc(tensor(rand(1, 2, 4))), ValueError, "4"),
+    (lambda: nn.max_pool2d_nchwc(tensor(rand(1, 2, 4, 4)), 2), ValueError, "NCHW16c"),
+    (lambda: nn.max_pool2d_nchwc(tensor(rand(1, 1, 4, 4, 16)), 2, padding=2), ValueError, "half"),
+    (lambda: nn.max_pool2d_nchwc(tensor(rand(1, 1, 4, 4, 16, dtype="float64")), 2), TypeError, "float32"),
 ])
 def test_nchwc_bad_arguments_raise(call, err, match):
     with pytest.raises(err, match=match):

@@ -646,7 +646,7 @@ class NchwcNet(M.Module):
         y = self.act(self.stem(x))
         z = self.pw(F.relu(self.dw(y))) + y
         w = self.pw2(z)
-        return self.lone(self.grouped(w)), F.max_pool2d(z, 2)
+        return self.lone(self.grouped(w)), F.max_pool2d(z, 2, padding=1), F.avg_pool2d(z, 2)
 
 
 def test_nchwc_converts_conv_chains_and_converts_back_for_other_readers(rng):
@@ -656,8 +656,9 @@ def test_nchwc_converts_conv_chains_and_converts_back_for_other_readers(rng):
     for got, want in zip(new(x), tm(x)):
         close(got, want)
     assert functions(new, F.conv2d_nchwc) == 4          # stem, dw, pw (+ residual), pw2
+    assert functions(new, F.max_pool2d_nchwc) == 1      # the max pool of z joins the chain
     assert functions(new, F.to_nchwc) == 0              # the residual y is a converted conv's
-    assert functions(new, F.from_nchwc) == 2            # z for the pool, w for the grouped conv
+    assert functions(new, F.from_nchwc) == 3            # z for avg_pool2d, the max pool, w for grouped
     assert calls(new, M.Conv2d) == 2                    # grouped (groups 2) and lone stay NCHW
     res = new.graph.get_function_by_type(F.conv2d_nchwc).as_list()[2]
     assert res.kwargs["residual"] is not None and res.kwargs["act"] == "none"
@@ -763,6 +764,12 @@ def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
     new = optimize(tm, list(manager._ORDER), flatten=True)
     close(new(*args), tm(*args))
     assert functions(new, F.conv2d_nchwc) == 52        # every conv of the 224x224 model's 52
+    # ResNet-18's stem and its max pool stay blocked; the Winograd layers after them do not
+    rnet, rargs = _zoo("resnet18", rng)
+    rtm = mt.trace_module(rnet, *rargs)
+    rnew = optimize(rtm, list(manager._ORDER), flatten=True)
+    close(rnew(*rargs), rtm(*rargs))
+    assert functions(rnew, F.max_pool2d_nchwc) == 1
     mt.save(new, tmp_path / "m.tmod")
     back = mt.load(tmp_path / "m.tmod")
     np.testing.assert_array_equal(back(*args).numpy(), new(*args).numpy())

@@ -22,6 +22,9 @@
  * activation: y = act(conv + bias + residual)) runs on each register tile
  * as it is stored, while it is in L1.
  *
+ * Max pooling (mt_max_pool2d_nchwc) runs on the same layout, so that a
+ * first conv and the pool after it (ResNet's stem) stay blocked.
+ *
  * Threads: one OpenMP region a call; tasks are (image, output-channel pair
  * or block, output row, column chunk), in contiguous static ranges.
  */
@@ -416,7 +419,63 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
     return 0;
 }
 
+/* ------------------------------------------------------------- pooling */
+
+/* Max pooling of NCHW16c vectors, one output row oy of a plane xp: padded
+ * taps are never chosen and a NaN wins, pool.c's rules (the max as a
+ * select on v > m, a NaN remembered apart). */
+static NC_CLONES void nc_pool_row(const float *restrict xp, float *restrict yr, const mt_pool2d_geom *g,
+                                  int64_t oy) {
+    const int64_t iy0 = oy * g->sh - g->ph;
+    const v16 qnan = (v16){0} + __builtin_nanf(""), ninf = (v16){0} - __builtin_inff();
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+        const int64_t ix0 = ox * g->sw - g->pw;
+        v16 m = ninf;
+        vi16 nan = (vi16){0};
+        for (int64_t ky = 0; ky < g->kh; ky++) {
+            const int64_t iy = iy0 + ky * g->dh;
+            if (iy < 0 || iy >= g->h) continue;
+            for (int64_t kx = 0; kx < g->kw; kx++) {
+                const int64_t ix = ix0 + kx * g->dw;
+                if (ix < 0 || ix >= g->w) continue;
+                const v16 v = ld16(xp + (iy * g->w + ix) * NC);
+                const vi16 gt = v > m;
+                m = (v16)(((vi16)v & gt) | ((vi16)m & ~gt));
+                nan |= v != v;
+            }
+        }
+        *(v16 *)(yr + ox * NC) = (v16)(((vi16)qnan & nan) | ((vi16)m & ~nan));
+    }
+}
+
+/* g->planes = images * blocks; a task an output row */
+int mt_max_pool2d_nchwc(const float *x, float *y, const mt_pool2d_geom *g, int nthreads) {
+    const int64_t tasks = g->planes * g->oh, plane = g->h * g->w * NC;
+    const int nt = g->planes * g->oh * g->ow * g->kh * g->kw * NC >= 4 * NC_GRAIN ? nthreads : 1;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t task = 0; task < tasks; task++)
+        nc_pool_row(x + task / g->oh * plane, y + task * g->ow * NC, g, task % g->oh);
+    return 0;
+}
+
 /* ---------------------------------------------------------- conversion */
+
+/* One block of one image between NCHW (plain: its first channel's plane,
+ * planes hw apart) and NCHW16c (blocked: [hw][16]); lanes past `lanes`
+ * are written zero. */
+static NC_CLONES void nc_reorder_block(const float *restrict src, float *restrict dst, int64_t hw, int64_t lanes,
+                                       int to_blocked) {
+    if (to_blocked) {
+        for (int64_t p = 0; p < hw; p++) {
+            v16 v = (v16){0};
+            for (int64_t l = 0; l < lanes; l++) v[l] = src[l * hw + p];
+            *(v16 *)(dst + p * NC) = v;
+        }
+    } else {
+        for (int64_t l = 0; l < lanes; l++)
+            for (int64_t p = 0; p < hw; p++) dst[l * hw + p] = src[p * NC + l];
+    }
+}
 
 /* NCHW [n][c][hw] <-> NCHW16c [n][blocks][hw][16] (to_blocked 1: the
  * first into the second, the lanes past c zero; 0: back). A task is one
@@ -428,16 +487,8 @@ static void nc_reorder(const float *x, float *y, int64_t n, int64_t c, int64_t h
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
         const int64_t plain = (img * c + b * NC) * hw, blocked = t * hw * NC;
-        if (to_blocked) {
-            for (int64_t p = 0; p < hw; p++) {
-                float v[NC] = {0};
-                for (int64_t l = 0; l < lanes; l++) v[l] = x[plain + l * hw + p];
-                memcpy(y + blocked + p * NC, v, sizeof v);
-            }
-        } else {
-            for (int64_t l = 0; l < lanes; l++)
-                for (int64_t p = 0; p < hw; p++) y[plain + l * hw + p] = x[blocked + p * NC + l];
-        }
+        if (to_blocked) nc_reorder_block(x + plain, y + blocked, hw, lanes, 1);
+        else nc_reorder_block(x + blocked, y + plain, hw, lanes, 0);
     }
 }
 

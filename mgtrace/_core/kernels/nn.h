@@ -143,6 +143,7 @@ int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthr
 int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
                     const mt_conv2d_geom *g, int nthreads, void *workspace);
 /* NCHW [n, c, hw] <-> NCHW16c [n, ceil(c/16), hw, 16] */
+
 void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);
 void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);
 
@@ -155,6 +156,8 @@ typedef struct {
 } mt_pool2d_geom;
 
 int mt_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads);
+/* float32 NCHW16c x [planes = n * blocks][h][w][16] -> y [planes][oh][ow][16] (nchwc.c) */
+int mt_max_pool2d_nchwc(const float *x, float *y, const mt_pool2d_geom *g, int nthreads);
 int mt_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nthreads);
 
 enum mt_adaptive_op { MT_ADAPTIVE_AVG = 0, MT_ADAPTIVE_MAX };

@@ -16,20 +16,22 @@ without it, ResNet-18 batch 1 10.4 against 11.3, batch 8 65.3 against 66.9.
 
 Which convs: dense ones (groups 1) and depthwise ones (groups = channels
 = output channels), float32, with static channel counts, that are part of
-a chain: a conv stays as it is when neither its input comes from a
+a chain (a max pooling of a converted conv's output joins it too,
+``F.max_pool2d_nchwc``: ResNet's stem and pool stay blocked): a conv stays as it is when neither its input comes from a
 converted conv nor a converted conv reads its output (one lone conv would
 only gain two conversions), and a depthwise conv needs a converted
-producer (its kernel reads NCHW16c only). A conv that conv2d runs with
+producer (its kernel reads NCHW16c only), as does a pooling. A conv that conv2d runs with
 Winograd (3x3, stride 1, 16 or more channels: most of ResNet) stays NCHW:
 the NCHW16c kernel computes it directly, 2.25-4x the multiply-adds, and
 measured 1.1-1.6x slower on ResNet-18's layers inside the model.
 """
 import mgtrace.functional as F
+import mgtrace.module as M
 from mgtrace._core import nn as _nn
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TensorNode
 from mgtrace.traced_module.passes.fuse import _conv_call
-from mgtrace.traced_module.passes.util import bound_args, graphs_of, is_function
+from mgtrace.traced_module.passes.util import bound_args, graphs_of, is_function, module_call
 
 __all__ = ["convert_to_nchwc"]
 
@@ -89,7 +91,33 @@ def _conv_info(e):
     if groups == 1 and _nn.conv2d_algorithm(xs, ws, info["stride"], info["padding"], info["dilation"],
                                             cached=True).startswith("winograd"):
         return None
-    info["depthwise"], info["out_channels"] = groups != 1, o
+    info.update(pool=False, needs_feed=groups != 1, out_channels=o)
+    return info
+
+
+def _pool_info(e):
+    """The arguments of a float32 max_pool2d that ``e`` computes (an
+    F.max_pool2d or a MaxPool2d call, no indices), else None."""
+    if len(e.outputs) != 1 or not isinstance(e.outputs[0], TensorNode):
+        return None
+    m = module_call(e, M.MaxPool2d)
+    if m is not None and len(e.args) == 2 and not e.kwargs and not m.return_indices:
+        info = {"x": e.args[1], "kernel_size": m.kernel_size, "stride": m.stride, "padding": m.padding,
+                "dilation": m.dilation, "ceil_mode": m.ceil_mode}
+    elif is_function(e, F.max_pool2d):
+        a = bound_args(e)
+        if a is None or a["return_indices"] is not False:
+            return None
+        info = {k: a[k] for k in ("x", "kernel_size", "stride", "padding", "dilation", "ceil_mode")}
+    else:
+        return None
+    x, xs = info["x"], _shape(info["x"])
+    if not (isinstance(x, TensorNode) and xs and len(xs) == 4 and _f32(x) and _f32(e.outputs[0])):
+        return None
+    if not all(_pair_ok(info[k]) for k in ("kernel_size", "padding", "dilation")) or \
+            not (info["stride"] is None or _pair_ok(info["stride"])) or not isinstance(info["ceil_mode"], bool):
+        return None
+    info.update(pool=True, residual=None, needs_feed=True, out_channels=xs[1])
     return info
 
 
@@ -104,7 +132,7 @@ def _chains(g):
     cand = {}
     for e in g._exprs:
         if e.top_graph is g:
-            info = _conv_info(e)
+            info = _conv_info(e) or _pool_info(e)
             if info is not None:
                 cand[id(e)] = (e, info)
     changed = True
@@ -115,7 +143,7 @@ def _chains(g):
             fed = src is not None and id(src) in cand
             feeds = any(id(u) in cand and _reads_blocked(cand[id(u)][1], e.outputs[0])
                         for u in e.outputs[0].users)
-            if (info["depthwise"] and not fed) or not (fed or feeds):
+            if (info["needs_feed"] and not fed) or not (fed or feeds):
                 del cand[k]
                 changed = True
     return cand
@@ -141,9 +169,13 @@ def _convert(g, cand):
         with g.insert_exprs(e):
             if r is not None and id(r) not in blocked:
                 blocked[id(r)] = F.to_nchwc(r)
-            y5 = F.conv2d_nchwc(blocked.get(id(info["x"]), info["x"]), info["weight"], info["bias"],
-                                info["stride"], info["padding"], info["dilation"], info["groups"],
-                                act=info["act"], residual=None if r is None else blocked[id(r)])
+            if info["pool"]:
+                y5 = F.max_pool2d_nchwc(blocked[id(info["x"])], info["kernel_size"], info["stride"],
+                                        info["padding"], info["dilation"], info["ceil_mode"])
+            else:
+                y5 = F.conv2d_nchwc(blocked.get(id(info["x"]), info["x"]), info["weight"], info["bias"],
+                                    info["stride"], info["padding"], info["dilation"], info["groups"],
+                                    act=info["act"], residual=None if r is None else blocked[id(r)])
             back = F.from_nchwc(y5, info["out_channels"]) if _outside_readers(g, y, cand) else None
         blocked[id(y)] = y5
         if back is not None:
