@@ -959,13 +959,23 @@ def to_nchwc(x):
     cdef Tensor tx = _f32_cpu(op, "x", x)
     _check_4d(op, "x", tx, "[N, C, H, W]")
     n, c, h, w = shape_tuple(tx)
+    return _reorder(tx, (n, _blocks(c), h, w, 16), n, c, h * w, True)
+
+
+cdef Tensor _reorder(Tensor tx, tuple out_shape, int64_t n, int64_t c, int64_t hw, bint to_blocked):
+    """A new float32 tensor of ``out_shape``: tx (n images of c channels of
+    hw pixels) reordered to NCHW16c, or back."""
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(c), h, w, 16
-    cdef Tensor out = empty(5, oshape, MT_FLOAT32, tx._device)
+    cdef int i
+    for i in range(len(out_shape)):
+        oshape[i] = out_shape[i]
+    cdef Tensor out = empty(len(out_shape), oshape, MT_FLOAT32, tx._device)
     cdef int nt = num_threads()
-    cdef int64_t cn = n, cc = c, chw = h * w
     with nogil:
-        mt_to_nchwc(<const float *>tx._data, <float *>out._data, cn, cc, chw, nt)
+        if to_blocked:
+            mt_to_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
+        else:
+            mt_from_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
     return out
 
 
@@ -993,14 +1003,7 @@ def from_nchwc(x, channels):
     if _blocks(c) != b:
         raise ValueError(f"{op}: {c} channels do not fill {b} blocks of 16 (want "
                          f"{16 * b - 15}..{16 * b})")
-    cdef int64_t oshape[4]
-    oshape[0], oshape[1], oshape[2], oshape[3] = n, c, h, w
-    cdef Tensor out = empty(4, oshape, MT_FLOAT32, tx._device)
-    cdef int nt = num_threads()
-    cdef int64_t cn = n, cc = c, chw = h * w
-    with nogil:
-        mt_from_nchwc(<const float *>tx._data, <float *>out._data, cn, cc, chw, nt)
-    return out
+    return _reorder(tx, (n, c, h, w), n, c, h * w, False)
 
 
 def _wide_conv_kernels():
