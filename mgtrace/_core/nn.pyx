@@ -1243,7 +1243,8 @@ def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
     Returns:
         float32 [N, B, OH, OW, 16]: ``to_nchwc(max_pool2d(from_nchwc(x, C),
         ...))`` for the channels C that x holds (the channels past them are
-        pooled too: zeros stay zeros).
+        pooled too: zeros stay zeros, except in a window that holds no
+        input, which dilation can make: -inf in every lane).
 
     Raises:
         TypeError: x not a float32 CPU tensor.

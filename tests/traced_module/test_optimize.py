@@ -706,6 +706,24 @@ def test_nchwc_takes_megengine_biases_and_broadcast_residuals(rng):
         close(new(x), tm(x))
 
 
+def test_nchwc_leaves_dilated_pools(rng):
+    """A dilated pool's window can hold no input: -inf in all 16 lanes,
+    which the next conv's zero weights for the unused ones make NaN."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.pool, self.c2 = M.Conv2d(3, 3, 1), M.MaxPool2d(2, 1, 1, 2), M.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return F.relu(self.c2(self.pool(F.relu(self.c1(x)))))
+
+    x = image(rng, (1, 3, 1, 6))
+    tm = mt.trace_module(Net(), x)
+    new = optimize(tm, ["FuseConvAct", "NCHWc"])
+    assert functions(new, F.max_pool2d_nchwc) == 0
+    np.testing.assert_array_equal(np.isnan(new(x).numpy()), np.isnan(tm(x).numpy()))
+
+
 def test_nchwc_leaves_graphs_with_in_place_writes(rng):
     class Net(M.Module):
         def __init__(self):

@@ -423,21 +423,25 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
 
 /* Max pooling of NCHW16c vectors, one output row oy of a plane xp: padded
  * taps are never chosen and a NaN wins, pool.c's rules (the max as a
- * select on v > m, a NaN remembered apart). */
+ * select on v > m, a NaN remembered apart). A window with no input in it
+ * (dilation > 1 can make one) is -inf in every lane, the unused ones too:
+ * the NCHWc pass converts only pools without dilation. */
 static NC_CLONES void nc_pool_row(const float *restrict xp, float *restrict yr, const mt_pool2d_geom *g,
                                   int64_t oy) {
     const int64_t iy0 = oy * g->sh - g->ph;
     const v16 qnan = (v16){0} + __builtin_nanf(""), ninf = (v16){0} - __builtin_inff();
+    /* the kernel rows (columns) inside the input: [lo, hi), without a loop over the others */
+    const int64_t ky_lo = nc_max(0, nc_ceildiv(-iy0, g->dh)), ky_hi = nc_min(g->kh, nc_floordiv(g->h - 1 - iy0, g->dh) + 1);
     for (int64_t ox = 0; ox < g->ow; ox++) {
         const int64_t ix0 = ox * g->sw - g->pw;
+        const int64_t kx_lo = nc_max(0, nc_ceildiv(-ix0, g->dw));
+        const int64_t kx_hi = nc_min(g->kw, nc_floordiv(g->w - 1 - ix0, g->dw) + 1);
         v16 m = ninf;
         vi16 nan = (vi16){0};
-        for (int64_t ky = 0; ky < g->kh; ky++) {
+        for (int64_t ky = ky_lo; ky < ky_hi; ky++) {
             const int64_t iy = iy0 + ky * g->dh;
-            if (iy < 0 || iy >= g->h) continue;
-            for (int64_t kx = 0; kx < g->kw; kx++) {
+            for (int64_t kx = kx_lo; kx < kx_hi; kx++) {
                 const int64_t ix = ix0 + kx * g->dw;
-                if (ix < 0 || ix >= g->w) continue;
                 const v16 v = ld16(xp + (iy * g->w + ix) * NC);
                 const vi16 gt = v > m;
                 m = (v16)(((vi16)v & gt) | ((vi16)m & ~gt));

@@ -117,6 +117,10 @@ def _pool_info(e):
     if not all(_pair_ok(info[k]) for k in ("kernel_size", "padding", "dilation")) or \
             not (info["stride"] is None or _pair_ok(info["stride"])) or not isinstance(info["ceil_mode"], bool):
         return None
+    # with dilation a window can hold no input: -inf in the unused channels too,
+    # which the next conv's zero weights would turn to NaN
+    if info["dilation"] not in (1, (1, 1), [1, 1]):
+        return None
     info.update(pool=True, residual=None, needs_feed=True, out_channels=xs[1])
     return info
 
