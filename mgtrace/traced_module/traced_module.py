@@ -376,7 +376,9 @@ def _resolve_paths(tm, paths):
     or None when one is not a chain of parameters, buffers and children that
     the generated code's own lookups would find in the modules' tables (a
     plain attribute, a structure member, a name a class attribute hides):
-    only table changes bump STATE_EPOCH, so only those reads may be reused."""
+    only table changes bump STATE_EPOCH, so only those reads may be reused.
+    (A write that goes around the tables' methods, ``dict.__setitem__(
+    module._parameters, ...)``, is seen at the next change that does not.)"""
     out = []
     for path in paths:
         obj = tm
