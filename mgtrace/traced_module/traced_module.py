@@ -17,10 +17,10 @@ import numpy as np
 
 from mgtrace import random as _random
 from mgtrace._core import Tensor
-from mgtrace.module.builtin import is_builtin
-from mgtrace.module.container import ModuleDict, ModuleList, Sequential
 from mgtrace._core import trace_hooks as _hooks
 from mgtrace.module import module as _module_state
+from mgtrace.module.builtin import is_builtin
+from mgtrace.module.container import ModuleDict, ModuleList, Sequential
 from mgtrace.module.module import _HOOKS as _module_hooks
 from mgtrace.module.module import Module, _structure_leaves
 from mgtrace.traced_module import checker as _checker
