@@ -143,13 +143,16 @@ def _nchwc_out_shape(x, weight, stride, padding, dilation):
     """conv2d_nchwc's output shape for well-formed arguments (the kernel
     checks them)."""
     fn = "conv2d_nchwc"
-    st, pd = A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0)
-    dl = A.pair(fn, "dilation", dilation, 1)
-    out = [x.shape[0], -(-weight.shape[0] // 16)]
-    for i in range(2):
-        span = dl[i] * (weight.shape[2 + i] - 1) + 1
-        out.append((x.shape[2 + i] + 2 * pd[i] - span) // st[i] + 1)
-    return tuple(out + [16])
+    oh, ow = _out_hw(x, weight, A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0),
+                     A.pair(fn, "dilation", dilation, 1))
+    return (x.shape[0], -(-weight.shape[0] // 16), oh, ow, 16)
+
+
+def _out_hw(x, weight, stride, padding, dilation):
+    """A conv2d's output height and width, from (h, w) pairs of its
+    stride, padding and dilation."""
+    span = [dilation[i] * (weight.shape[2 + i] - 1) + 1 for i in range(2)]
+    return tuple((x.shape[2 + i] + 2 * padding[i] - span[i]) // stride[i] + 1 for i in range(2))
 
 
 def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
@@ -218,11 +221,8 @@ def _epilogue_residual(x, weight, stride, padding, dilation, residual):
     the conv's output shape (else the caller adds it as ``+`` does)."""
     if residual.dtype.kind != "f":
         return False
-    out = [x.shape[0], weight.shape[0]]
-    for i in range(2):
-        span = dilation[i] * (weight.shape[2 + i] - 1) + 1
-        out.append((x.shape[2 + i] + 2 * padding[i] - span) // stride[i] + 1)
-    return tuple(residual.shape) == tuple(out)
+    out = (x.shape[0], weight.shape[0]) + _out_hw(x, weight, stride, padding, dilation)
+    return tuple(residual.shape) == out
 
 
 def linear_act(x, weight, bias=None, act="relu"):

@@ -468,6 +468,13 @@ class InternalGraph:
             self._replace_points(old, new)
         self._touch()
 
+    def _kept_ids(self):
+        """ids of the nodes whose values leave the graph however nothing in
+        it reads them: its outputs and its owner's watch and end points."""
+        owner = self.owner
+        points = list(getattr(owner, "watch_points", ())) + list(getattr(owner, "end_points", ()))
+        return {id(n) for n in self._outputs} | {id(n) for n in points if n.graph is self}
+
     def _replace_points(self, old, new):
         """The owner's watch and end points on ``old`` move to ``new``, as
         the graph's outputs do (a fused call that replaces a watched value
@@ -493,9 +500,7 @@ class InternalGraph:
         graphs have side effects. The owner's watch and end points stay
         computed. Returns the graph. Lints before and after."""
         self.lint(recursive=False)
-        owner = self.owner
-        points = list(getattr(owner, "watch_points", ())) + list(getattr(owner, "end_points", ()))
-        live = {id(n) for n in self._outputs} | {id(n) for n in points if n.graph is self}
+        live = self._kept_ids()
         keep = []
         for e in reversed(self._exprs):
             if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):

@@ -115,8 +115,6 @@
 
 static inline int64_t mt_clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 /* floor and ceiling division for b > 0 and any a */
-static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
 
 /* Scratch memory comes from the caller (mt_conv2d_workspace says how much):
  * the core's allocator caches large blocks, so no call pays fresh page faults.

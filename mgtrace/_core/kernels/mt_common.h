@@ -71,6 +71,9 @@ static inline uint16_t mt_f2bf(float f) {
 #define MT_CAT(a, b) MT_CAT_(a, b)
 static inline int64_t mt_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+/* integer division rounding toward -inf / +inf (b > 0) */
+static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
 
 /* Hot loops get an AVX2+FMA clone picked at run time on x86-64 (the baseline
  * build must run on any x86-64, as a wheel does). */

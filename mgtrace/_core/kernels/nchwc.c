@@ -31,7 +31,6 @@
 #include <stdint.h>
 #include <string.h>
 #include "nn.h"
-#include "mt_vmath.h"   /* MT_VCLONES */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -68,10 +67,6 @@ static inline v16 nc_act(v16 a, int act) {
     return a;
 }
 static inline int nc_act_after(int act) { return act != MT_ACT_NONE && act != MT_ACT_RELU && act != MT_ACT_RELU6; }
-static inline int64_t nc_min(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t nc_max(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t nc_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-static inline int64_t nc_ceildiv(int64_t a, int64_t b) { return -nc_floordiv(-a, b); }
 
 int64_t mt_nchwc_blocks(int64_t channels) { return (channels + NC - 1) / NC; }
 
@@ -110,9 +105,9 @@ static void nc_plan(const mt_conv2d_geom *g, int blocked, int flat_ok, nc_geom *
  * column falls inside the input, [*a, *b). */
 static void nc_interior(const nc_geom *q, int64_t *a, int64_t *b) {
     const int64_t last = q->w - 1 - (q->kw - 1) * q->dw + q->pw;   /* the largest ix0 + pw that fits */
-    int64_t lo = nc_ceildiv(q->pw, q->sw), hi = last < 0 ? 0 : last / q->sw + 1;
-    lo = nc_min(lo, q->ow);
-    hi = nc_max(lo, nc_min(hi, q->ow));
+    int64_t lo = mt_ceildiv(q->pw, q->sw), hi = last < 0 ? 0 : last / q->sw + 1;
+    lo = mt_min64(lo, q->ow);
+    hi = mt_max64(lo, mt_min64(hi, q->ow));
     *a = lo; *b = hi;
 }
 
@@ -301,8 +296,8 @@ static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, c
     int64_t *toff = tl, *tidx = tl + q->kk, *eoff = tl + 2 * q->kk, *eidx = tl + 3 * q->kk;
     int64_t a, bnd;
     nc_interior(q, &a, &bnd);
-    a = nc_max(c0, nc_min(a, c1));
-    bnd = nc_max(a, nc_min(bnd, c1));
+    a = mt_max64(c0, mt_min64(a, c1));
+    bnd = mt_max64(a, mt_min64(bnd, c1));
     const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
     const int64_t st = q->sw * q->lanes, wcbs = q->kk * q->lanes * NC_PAIR;
     const nc_dense_fn *dk = nc_dense_kernels[q->lanes == NC][nv - 1][si];
@@ -406,7 +401,7 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
             for (int64_t task = 0; task < tasks; task++) {
                 const int64_t u = units_outer ? task / rows : task % units;
                 const int64_t row = units_outer ? task % rows : task / units;
-                const int64_t oy = row / nchunk, c0 = (row % nchunk) * chunk, c1 = nc_min(q.ow, c0 + chunk);
+                const int64_t oy = row / nchunk, c0 = (row % nchunk) * chunk, c1 = mt_min64(q.ow, c0 + chunk);
                 const float *xi = dw ? x + (n * q.nob + u) * q.cbs : xp ? xp : x + n * q.ncb * q.cbs;
                 float *yu = y + (n * q.nob + u * (dw ? 1 : 2)) * q.ys;
                 const int nv = dw || 2 * u + 1 < q.nob ? 2 : 1;
@@ -431,11 +426,11 @@ static NC_CLONES void nc_pool_row(const float *restrict xp, float *restrict yr, 
     const int64_t iy0 = oy * g->sh - g->ph;
     const v16 qnan = (v16){0} + __builtin_nanf(""), ninf = (v16){0} - __builtin_inff();
     /* the kernel rows (columns) inside the input: [lo, hi), without a loop over the others */
-    const int64_t ky_lo = nc_max(0, nc_ceildiv(-iy0, g->dh)), ky_hi = nc_min(g->kh, nc_floordiv(g->h - 1 - iy0, g->dh) + 1);
+    const int64_t ky_lo = mt_max64(0, mt_ceildiv(-iy0, g->dh)), ky_hi = mt_min64(g->kh, mt_floordiv(g->h - 1 - iy0, g->dh) + 1);
     for (int64_t ox = 0; ox < g->ow; ox++) {
         const int64_t ix0 = ox * g->sw - g->pw;
-        const int64_t kx_lo = nc_max(0, nc_ceildiv(-ix0, g->dw));
-        const int64_t kx_hi = nc_min(g->kw, nc_floordiv(g->w - 1 - ix0, g->dw) + 1);
+        const int64_t kx_lo = mt_max64(0, mt_ceildiv(-ix0, g->dw));
+        const int64_t kx_hi = mt_min64(g->kw, mt_floordiv(g->w - 1 - ix0, g->dw) + 1);
         v16 m = ninf;
         vi16 nan = (vi16){0};
         for (int64_t ky = ky_lo; ky < ky_hi; ky++) {
@@ -489,7 +484,7 @@ static void nc_reorder(const float *x, float *y, int64_t n, int64_t c, int64_t h
     const int nt = n * c * hw >= 4 * NC_GRAIN ? nthreads : 1;
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t t = 0; t < tasks; t++) {
-        const int64_t img = t / nb, b = t % nb, lanes = nc_min(NC, c - b * NC);
+        const int64_t img = t / nb, b = t % nb, lanes = mt_min64(NC, c - b * NC);
         const int64_t plain = (img * c + b * NC) * hw, blocked = t * hw * NC;
         if (to_blocked) nc_reorder_block(x + plain, y + blocked, hw, lanes, 1);
         else nc_reorder_block(x + blocked, y + plain, hw, lanes, 0);

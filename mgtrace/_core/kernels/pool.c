@@ -26,8 +26,6 @@
 #endif
 
 
-static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
 
 /* Taps k in [*lo, *hi) with 0 <= start + k*d < n. */
 static inline void valid_taps(int64_t start, int64_t d, int64_t k, int64_t n, int64_t *lo, int64_t *hi) {

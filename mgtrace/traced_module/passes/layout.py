@@ -16,14 +16,16 @@ without it, ResNet-18 batch 1 10.4 against 11.3, batch 8 65.3 against 66.9.
 
 Which convs: dense ones (groups 1) and depthwise ones (groups = channels
 = output channels), float32, with static channel counts, that are part of
-a chain (a max pooling of a converted conv's output joins it too,
-``F.max_pool2d_nchwc``: ResNet's stem and pool stay blocked): a conv stays as it is when neither its input comes from a
+a chain. A conv stays as it is when neither its input comes from a
 converted conv nor a converted conv reads its output (one lone conv would
-only gain two conversions), and a depthwise conv needs a converted
-producer (its kernel reads NCHW16c only), as does a pooling. A conv that conv2d runs with
-Winograd (3x3, stride 1, 16 or more channels: most of ResNet) stays NCHW:
-the NCHW16c kernel computes it directly, 2.25-4x the multiply-adds, and
-measured 1.1-1.6x slower on ResNet-18's layers inside the model.
+only gain two conversions). A depthwise conv needs a converted producer
+(its kernel reads NCHW16c only), and so does a max pooling, which then
+joins the chain (``F.max_pool2d_nchwc``: ResNet's stem and pool stay
+blocked). A graph with in-place writes is left alone. A conv that conv2d
+runs with Winograd (3x3, stride 1, 16 or more channels: most of ResNet)
+stays NCHW: the NCHW16c kernel computes it directly, 2.25-4x the
+multiply-adds, and measured 1.1-1.6x slower on ResNet-18's layers inside
+the model.
 """
 import mgtrace.functional as F
 import mgtrace.module as M
@@ -114,8 +116,9 @@ def _pool_info(e):
     x, xs = info["x"], _shape(info["x"])
     if not (isinstance(x, TensorNode) and xs and len(xs) == 4 and _f32(x) and _f32(e.outputs[0])):
         return None
-    if not all(_pair_ok(info[k]) for k in ("kernel_size", "padding", "dilation")) or \
-            not (info["stride"] is None or _pair_ok(info["stride"])) or not isinstance(info["ceil_mode"], bool):
+    if not all(_pair_ok(info[k]) for k in ("kernel_size", "padding", "dilation")):
+        return None
+    if not (info["stride"] is None or _pair_ok(info["stride"])) or not isinstance(info["ceil_mode"], bool):
         return None
     # with dilation a window can hold no input: -inf in the unused channels too,
     # which the next conv's zero weights would turn to NaN
@@ -156,11 +159,7 @@ def _chains(g):
 def _outside_readers(g, node, cand):
     """Whether anything but a converted conv's input or residual reads
     ``node``: another expr, the graph's result, a watch or end point."""
-    if any(o is node for o in g._outputs):
-        return True
-    owner = g.owner
-    if any(n is node for n in list(getattr(owner, "watch_points", ())) +
-           list(getattr(owner, "end_points", ()))):
+    if id(node) in g._kept_ids():
         return True
     return any(id(u) not in cand or not _reads_blocked(cand[id(u)][1], node) for u in node.users)
 

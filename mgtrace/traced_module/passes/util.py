@@ -69,13 +69,8 @@ def bound_args(e):
 def sole_user(node):
     """The one expr that reads ``node``, when nothing else does: not another
     expr, not the graph's result, not a watch or end point; else None."""
-    g = node.graph
-    if len(node.users) != 1 or any(o is node for o in g._outputs):
+    if len(node.users) != 1 or id(node) in node.graph._kept_ids():
         return None
-    owner = g.owner
-    for n in list(getattr(owner, "watch_points", ())) + list(getattr(owner, "end_points", ())):
-        if n is node:
-            return None
     return node.users[0]
 
 
