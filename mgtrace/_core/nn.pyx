@@ -86,6 +86,12 @@ cdef extern from "kernels/nn.h" nogil:
     int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) noexcept
     int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
                         const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
+    int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                                            int nthreads) noexcept
+    int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *pw_bias,
+                              const float *dw_packed, const float *dw_bias, float *y,
+                              const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads,
+                              void *workspace) noexcept
     void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
     void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
     enum:
@@ -154,7 +160,7 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
@@ -937,6 +943,105 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     with nogil:
         rc = mt_conv2d_nchwc(<const float *>tx._data, blocked, <const float *>u._data, bptr,
                              <float *>out._data, &g, nt, wsp)
+    _check_rc(op, rc)
+    return out
+
+
+cdef Tensor _nchwc_bias(str op, str name, object bias, int64_t o):
+    if bias is None:
+        return None
+    cdef Tensor tb = _f32_cpu(op, name, bias)
+    if shape_tuple(tb) != (o,):
+        raise ValueError(f"{op}: {name} must have shape ({o},), got {shape_tuple(tb)}")
+    return tb
+
+
+@core_op
+def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0, act="none",
+                       dw_act="none"):
+    """A pointwise conv and the depthwise conv that reads its output, in one
+    call on NCHW16c tensors: ``conv2d_nchwc(conv2d_nchwc(x, weight, bias,
+    act=act), dw_weight, dw_bias, stride, padding, groups=E, act=dw_act)``
+    without the E-channel tensor between them (MobileNet's expansion and
+    depthwise layers; see optimize()'s FusePointwiseDepthwise).
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c).
+        weight: float32 [E, C, 1, 1]; bias: float32 [E] or None.
+        dw_weight: float32 [E, 1, KH, KW]; dw_bias: float32 [E] or None.
+        stride, padding: the depthwise conv's, as :func:`conv2d`
+            (dilation 1).
+        act, dw_act: the two convs' activations, as :func:`conv2d_act`.
+
+    Returns:
+        float32 [N, ceil(E/16), OH, OW, 16]; the channels past E are
+        dw_act(0).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, an unknown act.
+
+    >>> import mgtrace as mt
+    >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 3, 3), np.float32)))
+    >>> y = conv2d_nchwc_pw_dw(x, mt.tensor(np.ones((1, 2, 1, 1), np.float32)), None,
+    ...                        mt.tensor(np.ones((1, 1, 3, 3), np.float32)), None, padding=1)
+    >>> from_nchwc(y, 1)[0, 0].tolist()
+    [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
+    """
+    cdef str op = "conv2d_nchwc_pw_dw"
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
+    cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), out
+    cdef mt_conv2d_geom g1, g2
+    cdef int rc, nt
+    _check_4d(op, "weight", tw, "[E, C, 1, 1]")
+    _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
+    e, c, kh1, kw1 = shape_tuple(tw)
+    e2, one, kh, kw = shape_tuple(tw2)
+    if kh1 != 1 or kw1 != 1:
+        raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
+    if e2 != e or one != 1 or kh < 1 or kw < 1:
+        raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
+                         f"channels), got {shape_tuple(tw2)}")
+    if tx._ndim != 5:
+        raise ValueError(f"{op}: x must be NCHW16c (5-D), got shape {shape_tuple(tx)}")
+    n, cb, h, w, lanes = shape_tuple(tx)
+    if lanes != 16 or cb != _blocks(c):
+        raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
+                         f"channels (want [N, {_blocks(c)}, H, W, 16])")
+    cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    eh, ew = h + 2 * ph - kh, w + 2 * pw - kw
+    if eh < 0 or ew < 0:
+        raise ValueError(f"{op}: kernel ({kh}, {kw}) is larger than the padded input "
+                         f"({h + 2 * ph}, {w + 2 * pw})")
+    oh, ow = eh // sh + 1, ew // sw + 1
+    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, e, c))   # conv2d's limits
+    g1.n, g1.c, g1.h, g1.w, g1.o, g1.kh, g1.kw, g1.oh, g1.ow = n, c, h, w, e, 1, 1, h, w
+    g1.sh = g1.sw = g1.dh = g1.dw = g1.groups = 1
+    g1.ph = g1.pw = 0
+    g1.act = _act_code(op, act)
+    g2.n, g2.c, g2.h, g2.w, g2.o, g2.kh, g2.kw, g2.oh, g2.ow = n, e, h, w, e, kh, kw, oh, ow
+    # groups > 1 is what makes the packing depthwise's, one channel included
+    g2.sh, g2.sw, g2.ph, g2.pw, g2.dh, g2.dw, g2.groups = sh, sw, ph, pw, 1, 1, max(e, 2)
+    g2.act = _act_code(op, dw_act)
+    g1.has_res = g2.has_res = 0
+    g1.res_delta = g2.res_delta = 0
+    cdef int64_t oshape[5]
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), oh, ow, 16
+    out = empty(5, oshape, MT_FLOAT32, tx._device)
+    if numel(out) == 0:
+        return out
+    nt = num_threads()
+    cdef Tensor u1 = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g1, _NCHWC, 1, nt)
+    cdef Tensor u2 = _packed_weights(<Tensor>dw_weight, tw2, MT_FLOAT32, &g2, _NCHWC, 1, nt)
+    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_pw_dw_workspace(&g1, &g2, nt), tx._device,
+                                lambda: f"x {shape_tuple(tx)}, dw_weight {shape_tuple(tw2)}")
+    cdef const float *b1 = <const float *>tb._data if tb is not None else NULL
+    cdef const float *b2 = <const float *>tb2._data if tb2 is not None else NULL
+    with nogil:
+        rc = mt_conv2d_nchwc_pw_dw(<const float *>tx._data, <const float *>u1._data, b1,
+                                   <const float *>u2._data, b2, <float *>out._data, &g1, &g2, nt, ws._data)
     _check_rc(op, rc)
     return out
 

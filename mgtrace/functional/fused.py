@@ -11,12 +11,13 @@ the output less, made while the output is still in cache.
 Activations (``act``): ``"none"``, ``"relu"``, ``"relu6"``, ``"silu"``,
 ``"hardswish"``, ``"sigmoid"``, ``"gelu"`` (exact erf GELU).
 """
+from mgtrace._core import Tensor
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "max_pool2d_nchwc", "to_nchwc",
+__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "max_pool2d_nchwc", "to_nchwc",
            "from_nchwc", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
@@ -126,6 +127,11 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     ((1, 1, 2, 2, 16), [[[[2.0, 2.0], [2.0, 2.0]]]])
     """
     fn = "conv2d_nchwc"
+    if residual is None and isinstance(x, Tensor) and isinstance(weight, Tensor) and \
+            (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1)):
+        # what an optimized graph passes, some 50 calls a MobileNetV2 forward:
+        # the kernel checks the rest (dtypes, devices, act) with F's messages
+        return _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, act)
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     if weight.ndim == 4:
@@ -153,6 +159,53 @@ def _out_hw(x, weight, stride, padding, dilation):
     stride, padding and dilation."""
     span = [dilation[i] * (weight.shape[2 + i] - 1) + 1 for i in range(2)]
     return tuple((x.shape[2 + i] + 2 * padding[i] - span[i]) // stride[i] + 1 for i in range(2))
+
+
+def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0, act="none",
+                       dw_act="none"):
+    """A pointwise conv and the depthwise conv that reads its output, in one
+    kernel call on NCHW16c tensors: ``conv2d_nchwc(conv2d_nchwc(x, weight,
+    bias, act=act), dw_weight, dw_bias, stride, padding, groups=E,
+    act=dw_act)``, without the E-channel tensor between them (what
+    ``optimize()``'s FusePointwiseDepthwise pass puts in place of
+    MobileNet's expansion and depthwise layers: each thread keeps the few
+    pointwise rows the depthwise taps read in a small buffer, instead of
+    writing and reading back a tensor larger than the L2 cache).
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c).
+        weight: float32 [E, C, 1, 1], the pointwise conv's.
+        bias: float32 [E] or [1, E, 1, 1], or None.
+        dw_weight: float32 [E, 1, KH, KW], the depthwise conv's.
+        dw_bias: float32 [E] or [1, E, 1, 1], or None.
+        stride, padding: the depthwise conv's, as :func:`conv2d`
+            (dilation 1; the pointwise conv has stride 1 and no padding).
+        act, dw_act: the two convs' activations, each one of
+            :data:`ACTIVATIONS`.
+
+    Returns:
+        float32 [N, ceil(E/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
+        + 1 (OW alike), equal to the two :func:`conv2d_nchwc` calls; the
+        channels past E hold dw_act(0).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, an unknown act.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = F.to_nchwc(mt.tensor(np.ones((1, 2, 3, 3), np.float32)))
+    >>> y = F.conv2d_nchwc_pw_dw(x, mt.tensor(np.ones((1, 2, 1, 1), np.float32)), None,
+    ...                          mt.tensor(np.ones((1, 1, 3, 3), np.float32)), None, padding=1)
+    >>> F.from_nchwc(y, 1)[0, 0].tolist()
+    [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
+    """
+    fn = "conv2d_nchwc_pw_dw"
+    x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
+                                                    dw_bias=dw_bias)
+    if weight.ndim == 4:
+        bias = _fnn._conv_bias(fn, bias, weight.shape[0])
+        dw_bias = _fnn._conv_bias(fn, dw_bias, weight.shape[0])
+    return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
 
 
 def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):

@@ -946,6 +946,9 @@ OPS = {
     "conv2d_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)), tensor(rand(3, 2, 3, 3)), tensor(rand(3)),
                               tensor(rand(1, 1, 5, 5, 16))),
                      {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "act": "relu"}),
+    "conv2d_nchwc_pw_dw": (lambda: (tensor(rand(1, 1, 5, 5, 16)), tensor(rand(20, 2, 1, 1)), tensor(rand(20)),
+                                    tensor(rand(20, 1, 3, 3)), tensor(rand(20))),
+                           {"stride": 2, "padding": 1, "act": "relu6", "dw_act": "silu"}),
     "to_nchwc": (lambda: (tensor(rand(1, 2, 5, 5)),), {}),
     "from_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),), {"channels": 3}),
     "max_pool2d_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),),
@@ -1470,6 +1473,61 @@ def test_max_pool2d_nchwc_against_numpy(c, h, w, k, s, p, d, ceil):
     y = nn.max_pool2d_nchwc(tensor(blocked(x)), k, s, p, d, ceil)
     np.testing.assert_array_equal(nn.from_nchwc(y, c).numpy(), want)
     assert not y.numpy()[:, -1, :, :, (c - 1) % 16 + 1:].any()       # zeros pool to zeros
+
+
+NCHWC_PW_DW = [  # (N, C, E, H, W, kernel, stride, padding)
+    (1, 16, 96, 23, 21, 3, 2, 1), (2, 24, 40, 9, 10, 3, 1, 1), (1, 5, 17, 6, 7, 5, 2, 2),
+    (1, 33, 48, 7, 7, 3, 1, 1), (1, 16, 32, 1, 1, 3, 1, 1), (1, 8, 20, 4, 13, 1, 1, 0),
+    (3, 7, 31, 10, 3, 3, 3, 1), (1, 8, 32, 9, 9, 2, 2, 0), (1, 8, 16, 3, 3, 3, 1, 4),
+    (1, 3, 1, 5, 5, 3, 1, 0),                                  # one channel: depthwise is dense
+]
+
+
+@pytest.mark.parametrize("geom", NCHWC_PW_DW)
+@pytest.mark.parametrize("acts", [("relu6", "relu6"), ("none", "relu"), ("sigmoid", "silu"),
+                                  ("hardswish", "none")])
+def test_conv2d_nchwc_pw_dw_against_numpy(geom, acts):
+    n, c, e, h, w, k, s, p = geom
+    x, w1, b1, w2, b2 = rand(n, c, h, w), rand(e, c, 1, 1), rand(e), rand(e, 1, k, k), rand(e)
+    mid = REF_ACTS[acts[0]](ref_conv2d(x, w1, b1))
+    ref = ref_conv2d(mid, w2, b2, s, p, 1, groups=e)
+    want = REF_ACTS[acts[1]](ref)
+    ys = _on_threads(lambda: nn.conv2d_nchwc_pw_dw(tensor(blocked(x)), tensor(w1), tensor(b1), tensor(w2),
+                                                   tensor(b2), s, p, *acts))
+    for y in ys:
+        assert y.shape == blocked(want).shape
+        np.testing.assert_allclose(nn.from_nchwc(y, e).numpy(), want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(ys[0].numpy(), ys[1].numpy())   # rows split over threads the same
+
+
+def test_conv2d_nchwc_pw_dw_equals_the_two_calls_and_keeps_unused_channels_finite():
+    x = rand(1, 16, 12, 12)
+    x[0, 3, 5, 5] = np.inf                 # inf * 0 in the unused channels must not turn NaN
+    w1, w2 = rand(20, 16, 1, 1), rand(20, 1, 3, 3)
+    xb = tensor(blocked(x))
+    two = nn.conv2d_nchwc(nn.conv2d_nchwc(xb, tensor(w1), None, None, 1, 0, 1, 1, "relu6"), tensor(w2),
+                          None, None, 2, 1, 1, 20, "relu6").numpy()
+    one = nn.conv2d_nchwc_pw_dw(xb, tensor(w1), None, tensor(w2), None, 2, 1, "relu6", "relu6").numpy()
+    np.testing.assert_array_equal(one, two)
+    assert not one[:, -1, :, :, 20 - 16:].any()
+
+
+@pytest.mark.parametrize("args, err, match", [
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 3, 3), None, t(8, 1, 3, 3), None), ValueError, "pointwise"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(4, 1, 3, 3), None), ValueError, "depthwise"),
+    (lambda t: (t(1, 16, 4, 4), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None), ValueError, "NCHW16c"),
+    (lambda t: (t(1, 2, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None), ValueError, "NCHW16c"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), t(7), t(8, 1, 3, 3), None), ValueError, "bias"),
+    (lambda t: (t(1, 1, 2, 2, 16), t(8, 16, 1, 1), None, t(8, 1, 5, 5), None), ValueError, "larger"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, "w", None), TypeError, "Tensor"),
+])
+def test_conv2d_nchwc_pw_dw_bad_arguments(args, err, match):
+    with pytest.raises(err, match=match):
+        nn.conv2d_nchwc_pw_dw(*args(lambda *s: tensor(rand(*s))))
+    with pytest.raises(ValueError, match="act must be one of"):
+        nn.conv2d_nchwc_pw_dw(tensor(rand(1, 1, 4, 4, 16)), tensor(rand(8, 16, 1, 1)), None,
+                              tensor(rand(8, 1, 3, 3)), None, 1, 1, "tanh")
 
 
 def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():

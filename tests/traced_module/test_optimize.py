@@ -774,6 +774,68 @@ def test_nchwc_in_all_only_where_the_cpu_has_avx512(monkeypatch):
     monkeypatch.setattr(manager, "_nchwc_pays", lambda: True)
     assert "NCHWc" in manager._schedule("all", False)
     assert "NCHWc" not in manager._schedule("all", True)      # not for a module in training mode
+    assert "FusePointwiseDepthwise" in manager._schedule("all", False)
+    assert "FusePointwiseDepthwise" not in manager._schedule("all", True)
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda: False)
+    assert "FusePointwiseDepthwise" not in manager._schedule("all", False)
+
+
+class Expansion(M.Module):
+    """MobileNetV2's inverted residual: a pointwise expansion, a depthwise
+    conv (stride 2, or dilated, or a second reader of the expansion: the
+    non-patterns) and a pointwise projection."""
+
+    def __init__(self, stride=2, dilation=1, also_read=False, pw_stride=1):
+        super().__init__()
+        self.stem = M.Conv2d(3, 16, 3, padding=1)
+        self.expand = M.Conv2d(16, 40, 1, stride=pw_stride)
+        self.dw = M.Conv2d(40, 40, 3, stride=stride, padding=dilation, dilation=dilation, groups=40)
+        self.project = M.Conv2d(40, 16, 1)
+        self.also_read = also_read
+
+    def forward(self, x):
+        e = F.relu6(self.expand(F.relu(self.stem(x))))
+        y = self.project(F.relu6(self.dw(e)))
+        return y + e.mean() if self.also_read else y
+
+
+FUSE_PW_DW = ["FuseConvAct", "NCHWc", "FusePointwiseDepthwise"]
+
+
+def test_fuse_pointwise_depthwise_fuses_the_expansion_and_its_depthwise_conv(rng, tmp_path):
+    x = image(rng, (2, 3, 15, 13))
+    tm = mt.trace_module(Expansion(), x)
+    new = optimized(tm, FUSE_PW_DW, x)
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 1
+    assert functions(new, F.conv2d_nchwc) == 2              # the stem and the projection
+    (e,) = new.graph.get_function_by_type(F.conv2d_nchwc_pw_dw).as_list()
+    assert e.kwargs["act"] == "relu6" and e.kwargs["dw_act"] == "relu6"
+    mt.save(new, tmp_path / "m.tmod")
+    np.testing.assert_array_equal(mt.load(tmp_path / "m.tmod")(x).numpy(), new(x).numpy())
+
+
+@pytest.mark.parametrize("kw", [dict(dilation=2), dict(also_read=True), dict(pw_stride=2)])
+def test_fuse_pointwise_depthwise_leaves_non_patterns(rng, kw):
+    x = image(rng, (1, 3, 12, 12))
+    tm = mt.trace_module(Expansion(**kw), x)
+    new = optimized(tm, FUSE_PW_DW, x)
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 0
+    assert optimize(tm, ["FusePointwiseDepthwise"]).code == optimize(tm, []).code   # needs NCHWc first
+
+
+@pytest.mark.parametrize("kind", ["end", "watch"])
+def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind):
+    x = image(rng, (1, 3, 10, 10))
+    tm = mt.trace_module(Expansion(), x)
+    node = tm.graph.get_node_by_name("relu6", recursive=False).as_list()[0]
+    (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
+    want = tm(x)
+    want = want[0] if kind == "end" else tm.watch_node_value[node][0]
+    new = optimize(tm, FUSE_PW_DW)
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 0
+    got = new(x)
+    got = new.watch_node_value[new.watch_points[0]][-1] if kind == "watch" else got[0]
+    close(got, want)
 
 
 def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
@@ -781,7 +843,8 @@ def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
     tm = mt.trace_module(net, *args)
     new = optimize(tm, list(manager._ORDER), flatten=True)
     close(new(*args), tm(*args))
-    assert functions(new, F.conv2d_nchwc) == 52        # every conv of the 224x224 model's 52
+    # every conv of the 224x224 model's 52: the 16 expansions with their depthwise convs fused
+    assert functions(new, F.conv2d_nchwc) == 52 - 2 * 16 and functions(new, F.conv2d_nchwc_pw_dw) == 16
     # ResNet-18's stem and its max pool stay blocked; the Winograd layers after them do not
     rnet, rargs = _zoo("resnet18", rng)
     rtm = mt.trace_module(rnet, *rargs)

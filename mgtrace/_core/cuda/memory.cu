@@ -167,7 +167,7 @@ static mt_storage *alloc(int index, size_t nbytes) {
     if (!st) { mtc_fail_msg(MT_BK_ENOMEM, "out of host memory for a storage record"); return nullptr; }
     void *p = block_alloc(index, nbytes);
     if (!p) { free(st); return nullptr; }
-    st->refcount = 1; st->ptr = (char *)p; st->nbytes = nbytes;
+    st->refcount = 1; st->ptr = (char *)p; st->nbytes = nbytes; st->capacity = nbytes;
     st->device_type = MT_DEV_CUDA; st->device_index = index; st->readonly = 0;
     st->release = release_storage; st->ctx = nullptr;
     /* uid: unique over the process (alloc.c numbers host storages from 1 up;

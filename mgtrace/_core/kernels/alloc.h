@@ -26,6 +26,9 @@ typedef struct mt_storage {
     uint64_t uid;
     uint64_t version;
     int shared;
+    /* the bytes of the block mt_host_alloc gave (at least nbytes: a cached
+     * block may be larger); what mt_host_free takes back. Host memory only. */
+    size_t capacity;
 } mt_storage;
 
 /* Whether every write to the storage's memory bumps its version: memory
@@ -41,8 +44,10 @@ mt_storage *mt_storage_wrap(void *ptr, size_t nbytes, int device_type, int devic
                             void (*release)(mt_storage *), void *ctx);
 void mt_storage_decref(mt_storage *st);
 
-void *mt_host_alloc(size_t nbytes);
-void mt_host_free(void *ptr, size_t nbytes);
+/* A block of at least nbytes, its size in *capacity; give it back with
+ * mt_host_free(ptr, *capacity). */
+void *mt_host_alloc(size_t nbytes, size_t *capacity);
+void mt_host_free(void *ptr, size_t capacity);
 /* Bytes held in the cache of freed large blocks, and a way to return them. */
 size_t mt_host_cached_bytes(void);
 void mt_host_cache_clear(void);

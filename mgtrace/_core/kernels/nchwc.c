@@ -414,6 +414,156 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
     return 0;
 }
 
+/* ------------------------------------------- pointwise then depthwise */
+
+/* A pointwise conv (1x1, stride 1, no padding: C -> E channels) and the
+ * depthwise conv that alone reads its output, as one pass: each task (a
+ * pair of E's blocks over a range of output rows) keeps the pointwise rows
+ * the depthwise taps need in a ring of kh rows, so the E-channel tensor is
+ * never written whole. MobileNetV2's are up to 96 x 112 x 112 floats (4.8
+ * MB, more than L2): written by one call and read back by the next, they
+ * came from memory both times. */
+
+/* floats of a task's ring: two blocks of kh rows of W pixels */
+static int64_t pwdw_ring(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw) { return 2 * dw->kh * pw->w * NC; }
+
+int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads) {
+    int64_t ring = 0, per = 0, all = 0;
+    const int64_t nt = nthreads < 1 ? 1 : nthreads;
+    if (__builtin_mul_overflow(2 * NC * (int64_t)sizeof(float), dw->kh, &ring)
+        || __builtin_mul_overflow(ring, pw->w, &ring)
+        || __builtin_add_overflow(ring, (4 * dw->kh * dw->kw + dw->kh) * (int64_t)sizeof(int64_t) + 63, &per)
+        || __builtin_mul_overflow(per & ~(int64_t)63, nt, &all)
+        || all > INT64_MAX - bias_bytes(pw) - bias_bytes(dw))
+        return MT_NN_EOVERFLOW;
+    return bias_bytes(pw) + bias_bytes(dw) + all;
+}
+
+/* Pointwise row iy of one pair of blocks (nv real) into dst (block v at
+ * dst + v * ys): xr is the image's row iy in its first input block. */
+static void pwdw_expand_row(const float *xr, int64_t cbs, int64_t ncb, int64_t w, const float *wp, const float *b,
+                            float *dst, int64_t ys, int nv, int tail, int act) {
+    static const int64_t zero = 0;
+    const nc_dense_fn *dk = nc_dense_kernels[1][nv - 1][0];
+    for (int64_t ox = 0; ox < w;) {
+        const int64_t left = w - ox, k = (left + NC_R - 1) / NC_R, r = left <= NC_R ? left : (left + k - 1) / k;
+        float *yp = dst + ox * NC;
+        dk[r - 1](xr + ox * NC, cbs, ncb, &zero, &zero, 1, wp, NC * NC_PAIR, NC, b, yp, ys, 0, act);
+        if (tail) nc_zero_tail(yp + (nv - 1) * ys, r, tail);
+        if (nc_act_after(act))
+            for (int v = 0; v < nv; v++) mt_act_f32(yp + v * ys, r * NC, act);
+        ox += r;
+    }
+}
+
+/* Depthwise output row oy of one block from its ring (rows at slot iy %
+ * kh, each w * 16 floats); q: the depthwise geometry. */
+static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, const float *b, float *yrow,
+                        int64_t oy, int64_t *tl, int tail, int act) {
+    int64_t *toff = tl, *tidx = tl + q->kk, *eoff = tl + 2 * q->kk, *eidx = tl + 3 * q->kk;
+    const int64_t row = q->w * NC;
+    int64_t a, bnd, n = 0;
+    nc_interior(q, &a, &bnd);
+    for (int64_t ky = 0; ky < q->kh; ky++) {          /* the row's taps: rows inside the image */
+        const int64_t iy = oy * q->sh - q->ph + ky;
+        if (iy < 0 || iy >= q->h) continue;
+        for (int64_t kx = 0; kx < q->kw; kx++) {
+            toff[n] = (iy % q->kh) * row + kx * NC;
+            tidx[n++] = ky * q->kw + kx;
+        }
+    }
+    const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
+    const nc_dw_fn *wk = nc_dw_kernels[si];
+    for (int64_t ox = 0; ox < q->ow;) {
+        int64_t r = 1;
+        float *yp = yrow + ox * NC;
+        const int64_t ix0 = ox * q->sw - q->pw;
+        if (ox < a || ox >= bnd) {                      /* a border pixel: the taps inside */
+            int64_t m = 0;
+            for (int64_t t = 0; t < n; t++) {
+                const int64_t kx = tidx[t] % q->kw, ix = ix0 + kx;
+                if (ix < 0 || ix >= q->w) continue;
+                eoff[m] = toff[t] + ix0 * NC;
+                eidx[m++] = tidx[t];
+            }
+            wk[0](ring, eoff, eidx, m, wp, 0, b, yp, 0, act);
+        } else {
+            const int64_t left = bnd - ox, k = (left + NC_DW_R - 1) / NC_DW_R;
+            r = left <= NC_DW_R ? left : (left + k - 1) / k;
+            wk[r - 1](ring + ix0 * NC, toff, tidx, n, wp, q->sw * NC, b, yp, 0, act);
+        }
+        if (tail) nc_zero_tail(yp, r, tail);
+        if (nc_act_after(act)) mt_act_f32(yp, r * NC, act);
+        ox += r;
+    }
+}
+
+int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
+                          const float *dw_bias, float *y, const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                          int nthreads, void *workspace) {
+    if (pw->n == 0 || pw->o == 0 || dw->oh == 0 || dw->ow == 0) return 0;
+    const int64_t nob = mt_nchwc_blocks(pw->o), units = (nob + 1) / 2, ncb = mt_nchwc_blocks(pw->c);
+    const int64_t cbs = pw->h * pw->w * NC, ys_out = dw->oh * dw->ow * NC, kk = dw->kh * dw->kw;
+    nc_geom q;
+    nc_plan(dw, 1, 0, &q);
+    float *b1 = (float *)workspace, *b2 = (float *)((char *)workspace + bias_bytes(pw));
+    for (int64_t i = 0; i < units * NC_PAIR; i++) {
+        b1[i] = pw_bias && i < pw->o ? pw_bias[i] : 0.0f;
+        b2[i] = dw_bias && i < pw->o ? dw_bias[i] : 0.0f;
+    }
+    char *scratch = (char *)workspace + bias_bytes(pw) + bias_bytes(dw);
+    const int64_t ring_f = pwdw_ring(pw, dw);
+    const int64_t per = (ring_f * (int64_t)sizeof(float) + (4 * kk + dw->kh) * (int64_t)sizeof(int64_t) + 63)
+                        & ~(int64_t)63;
+    const double macs = (double)pw->n * pw->o * ((double)pw->h * pw->w * pw->c + (double)dw->oh * dw->ow * kk);
+    const int nt = macs >= NC_GRAIN ? nthreads : 1;
+    /* enough tasks for the threads to share; each range of rows recomputes
+     * the kh - sh pointwise rows its first output row shares with the last */
+    int64_t nchunk = nt > 1 ? (4 * nt + units - 1) / units : 1;
+    if (nchunk > dw->oh) nchunk = dw->oh;
+    const int64_t rows = (dw->oh + nchunk - 1) / nchunk, tasks = units * nchunk;
+    const int tail = pw->o % NC ? (int)(pw->o % NC) : 0;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#ifdef _OPENMP
+        char *mine = scratch + (int64_t)omp_get_thread_num() * per;
+#else
+        char *mine = scratch;
+#endif
+        float *ring = (float *)mine;
+        int64_t *tl = (int64_t *)(mine + ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
+        const int64_t ys_ring = dw->kh * pw->w * NC;
+        for (int64_t n = 0; n < pw->n; n++) {
+            #pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t u = task % units, oy0 = task / units * rows;
+                const int64_t oy1 = oy0 + rows < dw->oh ? oy0 + rows : dw->oh;
+                const int nv = 2 * u + 1 < nob ? 2 : 1;
+                const int ptail = 2 * u + nv - 1 == nob - 1 ? tail : 0;
+                const float *xn = x + n * ncb * cbs;
+                for (int64_t s = 0; s < dw->kh; s++) tags[s] = -1;
+                for (int64_t oy = oy0; oy < oy1; oy++) {
+                    for (int64_t ky = 0; ky < dw->kh; ky++) {
+                        const int64_t iy = oy * dw->sh - dw->ph + ky, slot = iy % dw->kh;
+                        if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
+                        pwdw_expand_row(xn + iy * pw->w * NC, cbs, ncb, pw->w,
+                                        pw_packed + u * ncb * NC * NC_PAIR, b1 + u * NC_PAIR,
+                                        ring + slot * pw->w * NC, ys_ring, nv, ptail, pw->act);
+                        tags[slot] = iy;
+                    }
+                    for (int v = 0; v < nv; v++) {
+                        const int64_t blk = 2 * u + v;
+                        pwdw_dw_row(&q, ring + v * ys_ring, dw_packed + blk * kk * NC, b2 + blk * NC,
+                                    y + (n * nob + blk) * ys_out + oy * dw->ow * NC, oy, tl,
+                                    blk == nob - 1 ? tail : 0, dw->act);
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------- pooling */
 
 /* Max pooling of NCHW16c vectors, one output row oy of a plane xp: padded

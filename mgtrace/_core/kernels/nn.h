@@ -142,6 +142,15 @@ void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g
 int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads);
 int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
                     const mt_conv2d_geom *g, int nthreads, void *workspace);
+/* A pointwise conv pw (1x1, stride 1, no padding, blocked x) and the
+ * depthwise conv dw that reads its output (dilation 1; dw->c = dw->o =
+ * pw->o) in one call: x NCHW16c [n, c/16, h, w] -> y NCHW16c [n, o/16, oh,
+ * ow]; each geometry's act; no residual. Weights packed as for
+ * mt_conv2d_nchwc (blocked 1). */
+int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads);
+int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
+                          const float *dw_bias, float *y, const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                          int nthreads, void *workspace);
 /* NCHW [n, c, hw] <-> NCHW16c [n, ceil(c/16), hw, 16] */
 
 void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);

@@ -6,23 +6,25 @@ anything (the builtin passes return how many rewrites they made). Passes
 are registered by name with :func:`register_pass`; ``optimize`` runs them
 by name, in one fixed order:
 
-==================  ========================================================
-FoldConstant        compute exprs of constants once (ours)
-EliminateIdentity   drop Identity and inference-mode Dropout (ours)
-FuseConvBn          fold inference-mode BatchNorm2d into the Conv2d before it
-FuseAddMul          merge chains of constant additions and multiplications
-BackwardFoldScale   fold a constant scale into the Conv2d/Linear before it
-                    (then FuseConvBn's and FuseAddMul's work is redone)
-FuseConvAct         conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
-                    kernel (ours)
-FuseLinearAct       linear + activation in one kernel (ours)
-FuseAttention       softmax(q k^T * scale + mask) v in one kernel (ours)
-NCHWc               chains of float32 convs in the NCHW16c layout (ours;
-                    ``"all"`` runs it on CPUs with AVX-512, where its
-                    kernels are vectorised)
-EliminateDeadCode   drop unused exprs and submodules (ours)
-user passes         in the order given in ``enabled_pass``
-==================  ========================================================
+======================  ========================================================
+FoldConstant            compute exprs of constants once (ours)
+EliminateIdentity       drop Identity and inference-mode Dropout (ours)
+FuseConvBn              fold inference-mode BatchNorm2d into the Conv2d before it
+FuseAddMul              merge chains of constant additions and multiplications
+BackwardFoldScale       fold a constant scale into the Conv2d/Linear before it
+                        (then FuseConvBn's and FuseAddMul's work is redone)
+FuseConvAct             conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
+                        kernel (ours)
+FuseLinearAct           linear + activation in one kernel (ours)
+FuseAttention           softmax(q k^T * scale + mask) v in one kernel (ours)
+NCHWc                   chains of float32 convs in the NCHW16c layout (ours;
+                        ``"all"`` runs it on CPUs with AVX-512, where its
+                        kernels are vectorised)
+FusePointwiseDepthwise  a pointwise conv2d_nchwc and the depthwise one reading
+                        its output in one kernel (ours; in ``"all"`` with NCHWc)
+EliminateDeadCode       drop unused exprs and submodules (ours)
+user passes             in the order given in ``enabled_pass``
+======================  ========================================================
 
 The first three of MegEngine's are its names and meanings
 (``megengine.traced_module.optimize``); the others are mgtrace's own.
@@ -107,6 +109,7 @@ _builtin("FuseConvAct", fuse.fuse_conv_act, True)
 _builtin("FuseLinearAct", fuse.fuse_linear_act, True)
 _builtin("FuseAttention", fuse.fuse_attention, True)
 _builtin("NCHWc", layout.convert_to_nchwc, False)
+_builtin("FusePointwiseDepthwise", layout.fuse_pointwise_depthwise, False)
 _builtin("EliminateDeadCode", fold.eliminate_dead_code, True)
 _ORDER = tuple(_PASSES)
 
@@ -125,9 +128,12 @@ def registered_passes():
     return dict(_PASSES)
 
 
+_NCHWC_PASSES = ("NCHWc", "FusePointwiseDepthwise")
+
+
 def _nchwc_pays():
     """Whether this CPU runs the NCHW16c kernels vectorised (AVX-512): the
-    NCHWc pass is in ``"all"`` only then."""
+    NCHWc pass and the fusion after it are in ``"all"`` only then."""
     from mgtrace._core import nn
     return nn._wide_conv_kernels()
 
@@ -138,7 +144,7 @@ def _schedule(enabled, training):
         enabled = list(DEFAULT_PASSES)
     elif enabled == "all":
         enabled = [n for n in _ORDER if (not training or _PASSES[n].training_safe)
-                   and (n != "NCHWc" or _nchwc_pays())]
+                   and (n not in _NCHWC_PASSES or _nchwc_pays())]
     elif isinstance(enabled, str):
         enabled = [enabled]
     else:
@@ -173,13 +179,14 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
             ``"FuseConvBn"``, ``"FuseAddMul"``, ``"BackwardFoldScale"``;
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
             ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseAttention"``,
-            ``"NCHWc"``, ``"EliminateDeadCode"``;
+            ``"NCHWc"``, ``"FusePointwiseDepthwise"``, ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:
             on a module in training mode (``tm.training``) only those that
             keep training behaviour (BatchNorms, Dropout and weights stay);
-            ``"NCHWc"`` only on a CPU with AVX-512.
+            ``"NCHWc"`` and ``"FusePointwiseDepthwise"`` only on a CPU
+            with AVX-512.
             Passes run in the registry's fixed order (see
             :mod:`mgtrace.traced_module.passes.manager`), whatever the order
             of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
@@ -193,7 +200,7 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         folding reorders multiplications) that traces, edits, flattens,
         saves and loads like any other. Fused layers are calls of
         registered functions (``F.conv2d_act``, ``F.linear_act``,
-        ``F.attention``, ``F.conv2d_nchwc``); folded
+        ``F.attention``, ``F.conv2d_nchwc``, ``F.conv2d_nchwc_pw_dw``); folded
         BatchNorms and other submodules no graph reads any more are deleted
         (``state_dict`` drops their tensors). Every graph passes ``lint()``.
 
