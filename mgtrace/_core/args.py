@@ -106,7 +106,10 @@ def tensors(fn, **named):
 
 
 def check_ndim(fn, name, t, ndims, layout):
-    """t.ndim is one of ``ndims``; ValueError with the layout otherwise."""
+    """t.ndim is one of ``ndims``; ValueError with the layout otherwise
+    (TypeError for a missing tensor: None)."""
+    if t is None:
+        raise TypeError(f"{fn}: {name} must be a tensor, got None")
     if isinstance(ndims, int):
         ndims = (ndims,)
     if t.ndim not in ndims:

@@ -134,9 +134,9 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
         return _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, act)
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
-    if weight.ndim == 4:
-        bias = _fnn._conv_bias(fn, bias, weight.shape[0])
-    if residual is not None and x.ndim in (4, 5) and weight.ndim == 4 and \
+    A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
+    bias = _fnn._conv_bias(fn, bias, weight.shape[0])
+    if residual is not None and x.ndim in (4, 5) and \
             tuple(residual.shape) != _nchwc_out_shape(x, weight, stride, padding, dilation):
         # as conv2d_act: a residual that only broadcasts (a graph traced at
         # batch 1, now run at batch 8) is added after the kernel, with +
@@ -202,9 +202,10 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     fn = "conv2d_nchwc_pw_dw"
     x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
                                                     dw_bias=dw_bias)
-    if weight.ndim == 4:
-        bias = _fnn._conv_bias(fn, bias, weight.shape[0])
-        dw_bias = _fnn._conv_bias(fn, dw_bias, weight.shape[0])
+    A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
+    A.check_ndim(fn, "dw_weight", dw_weight, 4, "[E, 1, KH, KW]")
+    bias = _fnn._conv_bias(fn, bias, weight.shape[0])
+    dw_bias = _fnn._conv_bias(fn, dw_bias, weight.shape[0], "dw_bias")
     return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
 
 

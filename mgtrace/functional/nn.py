@@ -111,12 +111,12 @@ def linear(x, weight, bias=None):
     return y if bias is None else _B["add"](y, bias)
 
 
-def _conv_bias(fn, bias, channels):
+def _conv_bias(fn, bias, channels, name="bias"):
     if bias is None or (bias.ndim == 1 and bias.shape[0] == channels):
         return bias
     if bias.shape != (channels,) and not (bias.size == channels and bias.ndim >= 2
                                           and bias.shape[1] == channels):
-        raise ValueError(f"{fn}: bias must have shape ({channels},) or (1, {channels}, 1, 1), "
+        raise ValueError(f"{fn}: {name} must have shape ({channels},) or (1, {channels}, 1, 1), "
                          f"got {bias.shape}")
     return bias.reshape(channels)
 

@@ -335,11 +335,18 @@ class TracedModule(Module):
         by their full path (``layer1.0.conv1``, once however often they are
         called); node names get the path as a prefix (``layer1_0_relu``).
         Same outputs and state_dict keys; it is a deep copy (parameters are
-        copied, not shared with this module), and its graphs pass lint()."""
+        copied, not shared with this module), and its graphs pass lint().
+        Watch and end points move to their nodes in the flat graph (the
+        values recorded so far are not copied)."""
         new = copy.deepcopy(self)
-        new._graphs = [_inline_graph(g, new) for g in new._graphs]
+        env = {}
+        new._graphs = [_inline_graph(g, new, env) for g in new._graphs]
         for g in new._graphs:
             g.lint()
+        new.watch_points = [_mapped(env, n) for n in new.watch_points]
+        new.end_points = [_mapped(env, n) for n in new.end_points]
+        new.watch_node_value = {}
+        new._points_version += 1
         reset_ids(new)
         return new
 
@@ -775,9 +782,10 @@ def _drop_unused_shapes(g):
 # flat graph, or to (path, TracedModule) for a traced module node; the key
 # ("getattr", path) remembers the flat node of each attribute already read.
 
-def _inline_graph(g, root):
+def _inline_graph(g, root, env):
+    """``g`` (a graph of ``root``) with its traced submodules' calls
+    inlined; ``env`` gets each node of ``g`` mapped to its flat copy."""
     flat = InternalGraph(g._name, g._qualname, owner=root)
-    env = {}
     self_node = flat._add_node(ModuleNode(name="self", owner=root), "self")
     flat._add_input(self_node)
     env[id(g._inputs[0])] = ("", root)

@@ -89,6 +89,21 @@ def test_conv2d_errors():
         F.conv2d(x, mt.tensor(np.zeros((2, 3, 3, 3), np.float32)), stride=0)
     with pytest.raises(TypeError, match="conv2d: padding must be an int"):
         F.conv2d(x, mt.tensor(np.zeros((2, 3, 3, 3), np.float32)), padding=1.5)
+    with pytest.raises(TypeError, match="conv2d: weight must be a tensor, got None"):
+        F.conv2d(x, None)
+
+
+def test_nchwc_convolution_errors_name_the_argument():
+    x = F.to_nchwc(mt.tensor(np.zeros((1, 2, 4, 4), np.float32)))
+    w, dw = mt.tensor(np.zeros((20, 2, 1, 1), np.float32)), mt.tensor(np.zeros((20, 1, 3, 3), np.float32))
+    with pytest.raises(TypeError, match="conv2d_nchwc_pw_dw: weight must be a tensor, got None"):
+        F.conv2d_nchwc_pw_dw(x, None, None, dw, None)
+    with pytest.raises(TypeError, match="conv2d_nchwc_pw_dw: dw_weight must be a tensor, got None"):
+        F.conv2d_nchwc_pw_dw(x, w, None, None, None)
+    with pytest.raises(ValueError, match=r"conv2d_nchwc_pw_dw: dw_bias must have shape \(20,\)"):
+        F.conv2d_nchwc_pw_dw(x, w, None, dw, mt.tensor(np.zeros(19, np.float32)))
+    with pytest.raises(TypeError, match="conv2d_nchwc: weight must be a tensor, got None"):
+        F.conv2d_nchwc(x, None, residual=x)
 
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 0, 1, 1), (2, 1, 2, 2)])

@@ -823,15 +823,16 @@ def test_fuse_pointwise_depthwise_leaves_non_patterns(rng, kw):
     assert optimize(tm, ["FusePointwiseDepthwise"]).code == optimize(tm, []).code   # needs NCHWc first
 
 
+@pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("kind", ["end", "watch"])
-def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind):
+def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind, flatten):
     x = image(rng, (1, 3, 10, 10))
     tm = mt.trace_module(Expansion(), x)
     node = tm.graph.get_node_by_name("relu6", recursive=False).as_list()[0]
     (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
     want = tm(x)
     want = want[0] if kind == "end" else tm.watch_node_value[node][0]
-    new = optimize(tm, FUSE_PW_DW)
+    new = optimize(tm, FUSE_PW_DW, flatten=flatten)     # flatten() keeps the points
     assert functions(new, F.conv2d_nchwc_pw_dw) == 0
     got = new(x)
     got = new.watch_node_value[new.watch_points[0]][-1] if kind == "watch" else got[0]

@@ -173,6 +173,25 @@ def test_end_points_stop_the_run_early():
     np.testing.assert_array_equal(tm(x).numpy(), net(x).numpy())
 
 
+def test_flatten_moves_watch_and_end_points_to_the_flat_graph():
+    net = Pipe()
+    tm = mt.trace_module(net, _rand(2, 3))
+    a, b = _nodes(tm)
+    x = _rand(3, 3, seed=4)
+    tm.set_watch_points([b])
+    tm.set_end_points([a])
+    flat = tm.flatten()
+    assert all(n.graph is flat.graph for n in flat.watch_points + flat.end_points)
+    (got,) = flat(x)
+    np.testing.assert_array_equal(got.numpy(), net.fc(x).numpy())
+    tm.clear_end_points()
+    flat = tm.flatten()
+    out = flat(x)
+    (w,) = flat.watch_node_value[flat.watch_points[0]]
+    np.testing.assert_array_equal(w.numpy(), np.maximum(net.fc(x).numpy(), 0))
+    np.testing.assert_array_equal(out.numpy(), net(x).numpy())
+
+
 def test_points_must_be_top_graph_nodes():
     class Outer(M.Module):
         def __init__(self):
