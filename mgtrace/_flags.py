@@ -40,7 +40,7 @@ Build time (read by setup.py):
 import os
 
 
-def _int(name, default):
+def _int(name, default, maximum=None):
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -50,6 +50,8 @@ def _int(name, default):
         raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
     if value < 0:
         raise ValueError(f"environment variable {name} must be >= 0, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"environment variable {name} must be <= {maximum}, got {value}")
     return value
 
 
@@ -65,4 +67,4 @@ def set_openmp_defaults(environ=os.environ):
         return {}
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
     return {"GOMP_SPINCOUNT": SPINCOUNT}
-HOST_CACHE_MB = _int("MGTRACE_HOST_CACHE_MB", 1024)
+HOST_CACHE_MB = _int("MGTRACE_HOST_CACHE_MB", 1024, (1 << 44) - 1)    # its bytes fit 64 bits

@@ -75,3 +75,12 @@ def test_zeros_in_a_reused_block_are_zeros():
     b = F.zeros((3 * MB // 4,), dtype="float32")
     assert b.data_ptr == p
     np.testing.assert_array_equal(b.numpy(), np.zeros(3 * MB // 4, np.float32))
+
+
+def test_a_cache_limit_past_64_bits_of_bytes_names_the_variable(monkeypatch):
+    from mgtrace import _flags
+    monkeypatch.setenv("MGTRACE_HOST_CACHE_MB", str(1 << 44))
+    with pytest.raises(ValueError, match="MGTRACE_HOST_CACHE_MB must be <="):
+        _flags._int("MGTRACE_HOST_CACHE_MB", 1024, (1 << 44) - 1)
+    monkeypatch.setenv("MGTRACE_HOST_CACHE_MB", str((1 << 44) - 1))
+    assert _flags._int("MGTRACE_HOST_CACHE_MB", 1024, (1 << 44) - 1) == (1 << 44) - 1
