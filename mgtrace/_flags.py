@@ -67,4 +67,5 @@ def set_openmp_defaults(environ=os.environ):
         return {}
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
     return {"GOMP_SPINCOUNT": SPINCOUNT}
-HOST_CACHE_MB = _int("MGTRACE_HOST_CACHE_MB", 1024, (1 << 44) - 1)    # its bytes fit 64 bits
+HOST_CACHE_MB_MAX = (1 << 44) - 1      # its bytes fit 64 bits
+HOST_CACHE_MB = _int("MGTRACE_HOST_CACHE_MB", 1024, HOST_CACHE_MB_MAX)
