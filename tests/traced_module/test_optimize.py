@@ -706,6 +706,36 @@ def test_nchwc_takes_megengine_biases_and_broadcast_residuals(rng):
         close(new(x), tm(x))
 
 
+class PooledHead(M.Module):
+    """Convs, then a global average pool as a module or a function, or a
+    pool to 2 x 2 or one whose input something else reads (left alone)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.c1, self.c2 = M.Conv2d(3, 20, 3, stride=2, padding=1), M.Conv2d(20, 24, 1)
+        self.pool, self.kind = M.AdaptiveAvgPool2d((1, 1)), kind
+
+    def forward(self, x):
+        y = self.c2(F.relu(self.c1(x)))
+        if self.kind == "module":
+            return F.flatten(self.pool(y), 1)
+        if self.kind == "function":
+            return F.flatten(F.adaptive_avg_pool2d(y, 1), 1)
+        if self.kind == "two":
+            return F.adaptive_avg_pool2d(y, 2)
+        return F.adaptive_avg_pool2d(y, 1) + y.max()
+
+
+@pytest.mark.parametrize("kind, means", [("module", 1), ("function", 1), ("two", 0), ("read", 0)])
+def test_nchwc_pools_globally_in_the_blocked_layout(rng, kind, means):
+    x = image(rng, (2, 3, 9, 7))
+    tm = mt.trace_module(PooledHead(kind), x)
+    new = optimized(tm, ["FuseConvAct", "NCHWc"], x)
+    assert functions(new, F.conv2d_nchwc) == 2
+    assert functions(new, F.mean) == means
+    assert functions(new, F.adaptive_avg_pool2d) + calls(new, M.AdaptiveAvgPool2d) == 1 - means
+
+
 def test_nchwc_leaves_dilated_pools(rng):
     """A dilated pool's window can hold no input: -inf in all 16 lanes,
     which the next conv's zero weights for the unused ones make NaN."""
