@@ -127,11 +127,11 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     ((1, 1, 2, 2, 16), [[[[2.0, 2.0], [2.0, 2.0]]]])
     """
     fn = "conv2d_nchwc"
-    if residual is None and isinstance(x, Tensor) and isinstance(weight, Tensor) and \
-            (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1)):
+    if _plain_tensors(x, weight, bias) and (residual is None or _pointwise_residual(x, weight, stride, padding,
+                                                                                 residual)):
         # what an optimized graph passes, some 50 calls a MobileNetV2 forward:
         # the kernel checks the rest (dtypes, devices, act) with F's messages
-        return _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, act)
+        return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
@@ -143,6 +143,22 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
         y = _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, "none") + residual
         return _apply_act(y, act)
     return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
+
+
+def _plain_tensors(x, weight, bias):
+    """Whether the operands need no conversion: Tensors, a bias of [O] or
+    none (the kernels check dtypes, devices and shapes themselves)."""
+    return isinstance(x, Tensor) and isinstance(weight, Tensor) and \
+        (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1))
+
+
+def _pointwise_residual(x, weight, stride, padding, residual):
+    """Whether ``residual`` is an NCHW16c Tensor of a pointwise conv's
+    output shape (1x1, stride 1, no padding: x's planes), cheaply; for
+    other convs the general path compares the output shape."""
+    return isinstance(residual, Tensor) and stride in (1, (1, 1)) and padding in (0, (0, 0)) and \
+        x.ndim == 5 and weight.ndim == 4 and weight.shape[2:] == (1, 1) and \
+        residual.shape == (x.shape[0], -(-weight.shape[0] // 16), x.shape[2], x.shape[3], 16)
 
 
 def _nchwc_out_shape(x, weight, stride, padding, dilation):
@@ -200,6 +216,8 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
     """
     fn = "conv2d_nchwc_pw_dw"
+    if _plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias):
+        return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
     x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
                                                     dw_bias=dw_bias)
     A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
