@@ -22,7 +22,8 @@ only gain two conversions). A depthwise conv needs a converted producer
 (its kernel reads NCHW16c only), and so does a max pooling, which then
 joins the chain (``F.max_pool2d_nchwc``: ResNet's stem and pool stay
 blocked). A global average pooling of a converted output becomes a mean
-over the blocked planes, converted back after it (1/(H*W) of the values). A graph with in-place writes is left alone. A conv that conv2d
+over the blocked planes, converted back after it (1/(H*W) of the
+values). A graph with in-place writes is left alone. A conv that conv2d
 runs with Winograd (3x3, stride 1, 16 or more channels: most of ResNet)
 stays NCHW: the NCHW16c kernel computes it directly, 2.25-4x the
 multiply-adds, and measured 1.1-1.6x slower on ResNet-18's layers inside
@@ -49,6 +50,11 @@ def _pair_ok(v):
         return True
     return isinstance(v, (tuple, list)) and len(v) == 2 and all(
         isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def _is_pair(v, want):
+    """Whether ``v`` is ``want`` as an int or as an (h, w) pair."""
+    return _pair_ok(v) and (v == want if isinstance(v, int) else tuple(v) == (want, want))
 
 
 def _shape(v):
@@ -243,10 +249,6 @@ def convert_to_nchwc(tm):
 
 
 # ------------------------------------------------- FusePointwiseDepthwise
-
-def _is_pair(v, want):
-    return _pair_ok(v) and (v == want if isinstance(v, int) else tuple(v) == (want, want))
-
 
 def _pointwise(a):
     """Whether conv2d_nchwc arguments ``a`` are a pointwise conv (1x1,
