@@ -108,7 +108,8 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
         act: one of :data:`ACTIVATIONS`.
         residual: None, or float32 NCHW16c of the output's shape, added
             before the activation in the kernel; one that broadcasts to it
-            is added after the kernel, as ``+`` does.
+            is added after the kernel, as ``+`` does (the result's dtype,
+            and its channels past O, are then what ``+`` and act give).
 
     Returns:
         float32 [N, ceil(O/16), OH, OW, 16]; :func:`from_nchwc` (y, O)
@@ -134,6 +135,7 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
         return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
+    A.check_ndim(fn, "x", x, (4, 5), "[N, ceil(C/16), H, W, 16] or [N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
     if residual is not None and x.ndim in (4, 5) and \
@@ -156,9 +158,15 @@ def _pointwise_residual(x, weight, stride, padding, residual):
     """Whether ``residual`` is an NCHW16c Tensor of a pointwise conv's
     output shape (1x1, stride 1, no padding: x's planes), cheaply; for
     other convs the general path compares the output shape."""
-    return isinstance(residual, Tensor) and stride in (1, (1, 1)) and padding in (0, (0, 0)) and \
+    return isinstance(residual, Tensor) and _is_unit(stride, 1) and _is_unit(padding, 0) and \
         x.ndim == 5 and weight.ndim == 4 and weight.shape[2:] == (1, 1) and \
         residual.shape == (x.shape[0], -(-weight.shape[0] // 16), x.shape[2], x.shape[3], 16)
+
+
+def _is_unit(v, want):
+    """``v`` is ``want`` as a plain int or an (h, w) tuple (other spellings,
+    which the kernel's argument checks take or refuse, go the general way)."""
+    return (type(v) is int and v == want) or (type(v) is tuple and v == (want, want))
 
 
 def _nchwc_out_shape(x, weight, stride, padding, dilation):

@@ -343,7 +343,8 @@ class TracedModule(Module):
         new._graphs = [_inline_graph(g, new, env) for g in new._graphs]
         for g in new._graphs:
             g.lint()
-        new.watch_points = [_mapped(env, n) for n in new.watch_points]
+        # (two points can become one node: a submodule that returns its input)
+        new.watch_points = list({id(m): m for m in (_mapped(env, n) for n in new.watch_points)}.values())
         new.end_points = [_mapped(env, n) for n in new.end_points]
         new.watch_node_value = {}
         new._points_version += 1

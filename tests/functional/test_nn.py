@@ -104,6 +104,14 @@ def test_nchwc_convolution_errors_name_the_argument():
         F.conv2d_nchwc_pw_dw(x, w, None, dw, mt.tensor(np.zeros(19, np.float32)))
     with pytest.raises(TypeError, match="conv2d_nchwc: weight must be a tensor, got None"):
         F.conv2d_nchwc(x, None, residual=x)
+    with pytest.raises(TypeError, match="conv2d_nchwc: x must be a tensor, got None"):
+        F.conv2d_nchwc(None, w, residual=x)
+    # a pointwise conv's residual takes the fast path only for plain spellings
+    w1, r = mt.tensor(np.ones((16, 2, 1, 1), np.float32)), F.to_nchwc(mt.tensor(np.ones((1, 16, 4, 4), np.float32)))
+    with pytest.raises(TypeError, match="conv2d_nchwc: stride must be an int, got ndarray"):
+        F.conv2d_nchwc(x, w1, stride=np.array([1, 1]), residual=r)
+    np.testing.assert_array_equal(F.conv2d_nchwc(x, w1, stride=[1, 1], padding=np.int64(0), residual=r).numpy(),
+                                  F.conv2d_nchwc(x, w1, residual=r).numpy())
 
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 0, 1, 1), (2, 1, 2, 2)])

@@ -853,6 +853,18 @@ def test_fuse_pointwise_depthwise_leaves_non_patterns(rng, kw):
     assert optimize(tm, ["FusePointwiseDepthwise"]).code == optimize(tm, []).code   # needs NCHWc first
 
 
+def test_optimize_starts_without_the_watched_values_of_its_argument(rng):
+    x = image(rng, (1, 3, 10, 10))
+    tm = mt.trace_module(Expansion(), x)
+    tm.set_watch_points([tm.graph.get_node_by_name("relu6", recursive=False).as_list()[0]])
+    tm(x)
+    for flatten in (False, True):
+        new = optimize(tm, FUSE_PW_DW, flatten=flatten)
+        assert new.watch_node_value == {}
+        new(x)
+        assert [len(v) for v in new.watch_node_value.values()] == [1]
+
+
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("kind", ["end", "watch"])
 def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind, flatten):

@@ -192,6 +192,31 @@ def test_flatten_moves_watch_and_end_points_to_the_flat_graph():
     np.testing.assert_array_equal(out.numpy(), net(x).numpy())
 
 
+def test_flatten_records_a_value_once_when_two_points_become_one_node():
+    class Ident(M.Module):
+        def forward(self, x):
+            return x
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.ident = M.Linear(3, 3), Ident()
+
+        def forward(self, x):
+            return self.ident(self.fc(x)) * 2
+
+    net = Net()
+    tm = mt.trace_module(net, _rand(2, 3))
+    g = tm.graph
+    tm.set_watch_points([g.get_node_by_name("fc_out").as_unique(), g.get_node_by_name("ident_out").as_unique()])
+    flat = tm.flatten()
+    x = _rand(2, 3, seed=5)
+    flat(x)
+    (node,) = flat.watch_points
+    (v,) = flat.watch_node_value[node]
+    np.testing.assert_array_equal(v.numpy(), net.fc(x).numpy())
+
+
 def test_points_must_be_top_graph_nodes():
     class Outer(M.Module):
         def __init__(self):

@@ -224,6 +224,7 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         raise TypeError(f"optimize takes a TracedModule, not {type(tm).__name__}")
     order = _schedule(enabled_pass, tm.training)
     new = tm.flatten() if flatten else copy.deepcopy(tm)
+    new.watch_node_value = {}      # values recorded by tm's runs are not the new module's
     for name in order:
         result = _PASSES[name].fn(new)
         if isinstance(result, TracedModule):
