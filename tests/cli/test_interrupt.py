@@ -97,8 +97,14 @@ def test_ctrl_c_while_files_are_submitted_is_kept(archives, tmp_path, monkeypatc
         return submit(self, *a, **kw)
 
     monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", submit_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        batch.verify([many], jobs=2, report=tmp_path / "r.json")
+    # Python's own Ctrl-C handler, whatever this run inherited: a run started
+    # in the background (bash's `cmd &`) ignores SIGINT, which the engine keeps
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            batch.verify([many], jobs=2, report=tmp_path / "r.json")
+    finally:
+        signal.signal(signal.SIGINT, old)
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["finished"] is False
 
