@@ -128,8 +128,8 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     ((1, 1, 2, 2, 16), [[[[2.0, 2.0], [2.0, 2.0]]]])
     """
     fn = "conv2d_nchwc"
-    if _plain_tensors(x, weight, bias) and (residual is None or _pointwise_residual(x, weight, stride, padding,
-                                                                                 residual)):
+    if _plain_tensors(x, weight, bias) and \
+            (residual is None or _pointwise_residual(x, weight, stride, padding, residual)):
         # what an optimized graph passes, some 50 calls a MobileNetV2 forward:
         # the kernel checks the rest (dtypes, devices, act) with F's messages
         return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
