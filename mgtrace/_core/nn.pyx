@@ -844,6 +844,48 @@ cdef int64_t _blocks(int64_t c):
     return mt_nchwc_blocks(c)
 
 
+cdef tuple _nchwc_x(str op, Tensor tx, object c):
+    """(n, h, w) of an NCHW16c x holding ``c`` channels; ValueError else."""
+    if tx._ndim != 5:
+        raise ValueError(f"{op}: x must be NCHW16c (5-D), got shape {shape_tuple(tx)}")
+    n, cb, h, w, lanes = shape_tuple(tx)
+    if lanes != 16 or cb != _blocks(c):
+        raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
+                         f"channels (want [N, {_blocks(c)}, H, W, 16])")
+    return n, h, w
+
+
+cdef Tensor _nchwc_bias(str op, str name, object bias, int64_t o):
+    if bias is None:
+        return None
+    cdef Tensor tb = _f32_cpu(op, name, bias)
+    if shape_tuple(tb) != (o,):
+        raise ValueError(f"{op}: {name} must have shape ({o},), got {shape_tuple(tb)}")
+    return tb
+
+
+cdef int _nchwc_geom(str op, mt_conv2d_geom *g, n, c, h, w, o, kh, kw, stride, padding, dilation, groups,
+                     act) except -1:
+    """Fills ``g`` (no residual) for a conv of [n, c, h, w] by [o, c / groups,
+    kh, kw], checking stride, padding, dilation and the sizes as conv2d
+    does."""
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
+    if eh < 0 or ew < 0:
+        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
+                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
+    oh, ow = eh // sh + 1, ew // sw + 1
+    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))   # conv2d's limits
+    g.n, g.c, g.h, g.w = n, c, h, w
+    g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
+    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act = _act_code(op, act)
+    g.has_res, g.res_delta = 0, 0
+    return 0
+
+
 @core_op
 def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
                  act="none"):
@@ -888,10 +930,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     groups = _groups(op, groups)
     c = cg * groups
     if blocked:
-        n, cb, h, w, lanes = shape_tuple(tx)
-        if lanes != 16 or cb != _blocks(c):
-            raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
-                             f"channels (want [N, {_blocks(c)}, H, W, 16])")
+        n, h, w = _nchwc_x(op, tx, c)
     elif tx._ndim == 4:
         n, xc, h, w = shape_tuple(tx)
         if xc != c:
@@ -903,26 +942,10 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
                          f"weight channel a group (depthwise), got groups={groups} for {c} -> {o} channels")
     if kh < 1 or kw < 1:
         raise ValueError(f"{op}: kernel size must be positive, got weight shape {shape_tuple(tw)}")
-    if bias is not None:
-        tb = _f32_cpu(op, "bias", bias)
-        if shape_tuple(tb) != (o,):
-            raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
-    sh, sw = _positive(op, "stride", stride)
-    ph, pw = _nonneg(op, "padding", padding)
-    dh, dw = _positive(op, "dilation", dilation)
-    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
-    if eh < 0 or ew < 0:
-        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
-                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
-    oh, ow = eh // sh + 1, ew // sw + 1
-    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))   # conv2d's limits
-    g.n, g.c, g.h, g.w = n, c, h, w
-    g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
-    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
-    g.act = _act_code(op, act)
-    g.has_res, g.res_delta = 0, 0
+    tb = _nchwc_bias(op, "bias", bias, o)
+    _nchwc_geom(op, &g, n, c, h, w, o, kh, kw, stride, padding, dilation, groups, act)
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), oh, ow, 16
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g.oh, g.ow, 16
     out = empty(5, oshape, MT_FLOAT32, tx._device)
     if residual is not None:
         tr = _f32_cpu(op, "residual", residual)
@@ -937,7 +960,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     # (the cache key is the weight as given: a non-contiguous one's copy is new every call)
     cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
     cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device,
-                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(ph, pw)}")
+                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
     wsp = ws._data
     with nogil:
@@ -945,15 +968,6 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
                              <float *>out._data, &g, nt, wsp)
     _check_rc(op, rc)
     return out
-
-
-cdef Tensor _nchwc_bias(str op, str name, object bias, int64_t o):
-    if bias is None:
-        return None
-    cdef Tensor tb = _f32_cpu(op, name, bias)
-    if shape_tuple(tb) != (o,):
-        raise ValueError(f"{op}: {name} must have shape ({o},), got {shape_tuple(tb)}")
-    return tb
 
 
 @core_op
@@ -1002,33 +1016,13 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     if e2 != e or one != 1 or kh < 1 or kw < 1:
         raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
                          f"channels), got {shape_tuple(tw2)}")
-    if tx._ndim != 5:
-        raise ValueError(f"{op}: x must be NCHW16c (5-D), got shape {shape_tuple(tx)}")
-    n, cb, h, w, lanes = shape_tuple(tx)
-    if lanes != 16 or cb != _blocks(c):
-        raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
-                         f"channels (want [N, {_blocks(c)}, H, W, 16])")
+    n, h, w = _nchwc_x(op, tx, c)
     cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
-    sh, sw = _positive(op, "stride", stride)
-    ph, pw = _nonneg(op, "padding", padding)
-    eh, ew = h + 2 * ph - kh, w + 2 * pw - kw
-    if eh < 0 or ew < 0:
-        raise ValueError(f"{op}: kernel ({kh}, {kw}) is larger than the padded input "
-                         f"({h + 2 * ph}, {w + 2 * pw})")
-    oh, ow = eh // sh + 1, ew // sw + 1
-    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, e, c))   # conv2d's limits
-    g1.n, g1.c, g1.h, g1.w, g1.o, g1.kh, g1.kw, g1.oh, g1.ow = n, c, h, w, e, 1, 1, h, w
-    g1.sh = g1.sw = g1.dh = g1.dw = g1.groups = 1
-    g1.ph = g1.pw = 0
-    g1.act = _act_code(op, act)
-    g2.n, g2.c, g2.h, g2.w, g2.o, g2.kh, g2.kw, g2.oh, g2.ow = n, e, h, w, e, kh, kw, oh, ow
+    _nchwc_geom(op, &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
     # groups > 1 is what makes the packing depthwise's, one channel included
-    g2.sh, g2.sw, g2.ph, g2.pw, g2.dh, g2.dw, g2.groups = sh, sw, ph, pw, 1, 1, max(e, 2)
-    g2.act = _act_code(op, dw_act)
-    g1.has_res = g2.has_res = 0
-    g1.res_delta = g2.res_delta = 0
+    _nchwc_geom(op, &g2, n, e, h, w, e, kh, kw, stride, padding, 1, max(e, 2), dw_act)
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), oh, ow, 16
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), g2.oh, g2.ow, 16
     out = empty(5, oshape, MT_FLOAT32, tx._device)
     if numel(out) == 0:
         return out

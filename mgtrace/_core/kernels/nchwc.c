@@ -288,6 +288,22 @@ static NC_CLONES void nc_zero_tail(float *y, int64_t r, int from) {
     for (int64_t p = 0; p < r; p++) *(vi16 *)(y + p * NC) &= keep;
 }
 
+/* The pixels of the next register tile when `left` remain: even tiles of
+ * at most `cap` (12 pixels as 12 + 12 + 11 + ..., not 12 + ... + 4). */
+static inline int64_t nc_tile(int64_t left, int64_t cap) {
+    const int64_t k = (left + cap - 1) / cap;
+    return left <= cap ? left : (left + k - 1) / k;
+}
+
+/* After a tile of r pixels was stored to nv blocks ys floats apart: the
+ * unused lanes of the last block (tail: the lanes used, 0 when all are)
+ * zeroed, then the activations the kernels do not apply in registers. */
+static void nc_finish(float *yp, int nv, int64_t ys, int64_t r, int tail, int act) {
+    if (tail) nc_zero_tail(yp + (nv - 1) * ys, r, tail);
+    if (nc_act_after(act))
+        for (int v = 0; v < nv; v++) mt_act_f32(yp + v * ys, r * NC, act);
+}
+
 /* Columns [c0, c1) of output row oy of one unit (a pair of output blocks,
  * nv of them real, or a depthwise block): the border pixels one by one
  * with their own taps, the interior in register tiles. x: the image (the
@@ -315,17 +331,14 @@ static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, c
             n = nc_taps(q, oy, ox, eoff, eidx);
             off = eoff; idx = eidx;
         } else {                          /* interior: even tiles up to the kernel's width */
-            const int64_t left = bnd - ox, cap = dw ? NC_DW_R : NC_R;
-            r = left <= cap ? left : (left + (left + cap - 1) / cap - 1) / ((left + cap - 1) / cap);
+            r = nc_tile(bnd - ox, dw ? NC_DW_R : NC_R);
             n = ntap;
         }
         const float *xp = x + nc_origin(q, oy, ox);
         float *yp = yrow + ox * NC;
         if (dw) wk[r - 1](xp, off, idx, n, w, st, b, yp, rd, act);
         else dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act);
-        if (tail) nc_zero_tail(yp + (dw ? 0 : nv - 1) * q->ys, r, tail);
-        if (nc_act_after(act))
-            for (int v = 0; v < (dw ? 1 : nv); v++) mt_act_f32(yp + v * q->ys, r * NC, act);
+        nc_finish(yp, dw ? 1 : nv, q->ys, r, tail, act);
         ox += r;
     }
 }
@@ -447,23 +460,6 @@ int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2
     return bias_bytes(pw) + bias_bytes(dw) + all;
 }
 
-/* Pointwise row iy of one pair of blocks (nv real) into dst (block v at
- * dst + v * ys): xr is the image's row iy in its first input block. */
-static void pwdw_expand_row(const float *xr, int64_t cbs, int64_t ncb, int64_t w, const float *wp, const float *b,
-                            float *dst, int64_t ys, int nv, int tail, int act) {
-    static const int64_t zero = 0;
-    const nc_dense_fn *dk = nc_dense_kernels[1][nv - 1][0];
-    for (int64_t ox = 0; ox < w;) {
-        const int64_t left = w - ox, k = (left + NC_R - 1) / NC_R, r = left <= NC_R ? left : (left + k - 1) / k;
-        float *yp = dst + ox * NC;
-        dk[r - 1](xr + ox * NC, cbs, ncb, &zero, &zero, 1, wp, NC * NC_PAIR, NC, b, yp, ys, 0, act);
-        if (tail) nc_zero_tail(yp + (nv - 1) * ys, r, tail);
-        if (nc_act_after(act))
-            for (int v = 0; v < nv; v++) mt_act_f32(yp + v * ys, r * NC, act);
-        ox += r;
-    }
-}
-
 /* Depthwise output row oy of one block from its ring (rows at slot iy %
  * kh, each w * 16 floats); q: the depthwise geometry. */
 static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, const float *b, float *yrow,
@@ -496,12 +492,10 @@ static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, co
             }
             wk[0](ring, eoff, eidx, m, wp, 0, b, yp, 0, act);
         } else {
-            const int64_t left = bnd - ox, k = (left + NC_DW_R - 1) / NC_DW_R;
-            r = left <= NC_DW_R ? left : (left + k - 1) / k;
+            r = nc_tile(bnd - ox, NC_DW_R);
             wk[r - 1](ring + ix0 * NC, toff, tidx, n, wp, q->sw * NC, b, yp, 0, act);
         }
-        if (tail) nc_zero_tail(yp, r, tail);
-        if (nc_act_after(act)) mt_act_f32(yp, r * NC, act);
+        nc_finish(yp, 1, 0, r, tail, act);
         ox += r;
     }
 }
@@ -512,8 +506,13 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
     if (pw->n == 0 || pw->o == 0 || dw->oh == 0 || dw->ow == 0) return 0;
     const int64_t nob = mt_nchwc_blocks(pw->o), units = (nob + 1) / 2, ncb = mt_nchwc_blocks(pw->c);
     const int64_t cbs = pw->h * pw->w * NC, ys_out = dw->oh * dw->ow * NC, kk = dw->kh * dw->kw;
-    nc_geom q;
+    nc_geom q, qp;
     nc_plan(dw, 1, 0, &q);
+    /* the pointwise conv as nc_row sees it: one flat row of the image in,
+     * one ring row out, the ring's blocks kh rows apart */
+    nc_plan(pw, 1, 0, &qp);
+    qp.h = qp.oh = 1;
+    qp.ys = dw->kh * pw->w * NC;
     float *b1 = (float *)workspace, *b2 = (float *)((char *)workspace + bias_bytes(pw));
     for (int64_t i = 0; i < units * NC_PAIR; i++) {
         b1[i] = pw_bias && i < pw->o ? pw_bias[i] : 0.0f;
@@ -540,7 +539,6 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
 #endif
         float *ring = (float *)mine;
         int64_t *tl = (int64_t *)(mine + ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
-        const int64_t ys_ring = dw->kh * pw->w * NC;
         for (int64_t n = 0; n < pw->n; n++) {
             #pragma omp for schedule(static)
             for (int64_t task = 0; task < tasks; task++) {
@@ -554,14 +552,13 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
                     for (int64_t ky = 0; ky < dw->kh; ky++) {
                         const int64_t iy = oy * dw->sh - dw->ph + ky, slot = iy % dw->kh;
                         if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
-                        pwdw_expand_row(xn + iy * pw->w * NC, cbs, ncb, pw->w,
-                                        pw_packed + u * ncb * NC * NC_PAIR, b1 + u * NC_PAIR,
-                                        ring + slot * pw->w * NC, ys_ring, nv, ptail, pw->act);
+                        nc_row(&qp, 0, nv, ptail, xn + iy * pw->w * NC, pw_packed + u * ncb * NC * NC_PAIR,
+                               b1 + u * NC_PAIR, ring + slot * pw->w * NC, 0, 0, pw->w, tl, pw->act, 0);
                         tags[slot] = iy;
                     }
                     for (int v = 0; v < nv; v++) {
                         const int64_t blk = 2 * u + v;
-                        pwdw_dw_row(&q, ring + v * ys_ring, dw_packed + blk * kk * NC, b2 + blk * NC,
+                        pwdw_dw_row(&q, ring + v * qp.ys, dw_packed + blk * kk * NC, b2 + blk * NC,
                                     y + (n * nob + blk) * ys_out + oy * dw->ow * NC, oy, tl,
                                     blk == nob - 1 ? tail : 0, dw->act);
                     }

@@ -134,7 +134,7 @@ def _pool_info(e):
         return None
     # with dilation a window can hold no input: -inf in the unused channels too,
     # which the next conv's zero weights would turn to NaN
-    if info["dilation"] not in (1, (1, 1), [1, 1]):
+    if not _is_pair(info["dilation"], 1):
         return None
     info.update(pool=True, residual=None, needs_feed=True, out_channels=xs[1])
     return info
