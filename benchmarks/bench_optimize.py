@@ -31,9 +31,12 @@ The contention row runs ResNet-18 batch 1 while two other processes spin
 on the cores (pure Python busy loops), for mgtrace optimized and PyTorch.
 
 Latency is the best of the timed calls after warm-up (robust to noise from
-elsewhere on the machine); the median is in each child's JSON. The machine's
-load average is printed with the table: on a shared machine the numbers are
-only comparable within one run. Not a test: nothing is asserted here.
+elsewhere on the machine), over ``--rounds`` rounds: each round starts every
+column's subprocess once, in turn, so that a slow minute on a shared machine
+falls on every library rather than on whichever ran then (one round per
+column moved a ratio by 20-30% between runs here). The machine's load
+average is printed with the table: on a shared machine the numbers are only
+comparable within one run. Not a test: nothing is asserted here.
 """
 import argparse
 import json
@@ -210,6 +213,19 @@ def run_child(python, kind, model, batch, shape, threads, warmup, repeats):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def interleaved(kinds, run, rounds):
+    """{kind: result}: ``run(kind)`` for each kind in turn, ``rounds`` times
+    over; a kind's result is its fastest round (its best and median calls
+    from that round), or its error when every round failed."""
+    out = {}
+    for _ in range(rounds):
+        for k in kinds:
+            r = run(k)
+            if k not in out or "error" in out[k] or ("error" not in r and r["best_ms"] < out[k]["best_ms"]):
+                out[k] = r
+    return out
+
+
 def importable(python, module):
     """None when ``module`` imports in ``python``, else why not."""
     r = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
@@ -252,6 +268,8 @@ def main():
     ap.add_argument("--peer-python", default=sys.executable,
                     help="interpreter with torch and onnxruntime (default: this one)")
     ap.add_argument("--no-contention", action="store_true", help="skip the contention row")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="subprocesses a cell, interleaved across the columns (default 2; 3 with --full)")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "BATCH", "SHAPE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
@@ -263,14 +281,17 @@ def main():
               args.warmup, args.repeats)
         return
     warmup, repeats = (5, 30) if args.full else (2, 7)
+    rounds = args.rounds if args.rounds is not None else (3 if args.full else 2)
+    if rounds < 1:
+        ap.error("--rounds must be at least 1")
     peer = args.peer_python
     missing = {"torch": importable(peer, "torch"),
                "onnxruntime": importable(peer, "torch") or importable(peer, "onnxruntime")}
     for k, why in missing.items():
         if why:
             print(f"# {k}: skipped ({why} in {peer})")
-    print(f"# threads {args.threads}, warm-up {warmup}, best of {repeats}, one subprocess per "
-          f"cell; load average before: {os.getloadavg()[0]:.2f}")
+    print(f"# threads {args.threads}, warm-up {warmup}, best of {repeats} calls x {rounds} rounds "
+          f"(a subprocess a round, columns interleaved); load average before: {os.getloadavg()[0]:.2f}")
     from mgtrace._core import linalg
     # (an OPENBLAS_CORETYPE in the environment picks mgtrace's GEMM kernels,
     # not the peers': Haswell's AVX2 ones ran sgemm at half the AVX-512 ones'
@@ -285,10 +306,9 @@ def main():
     print(head)
     print("-" * len(head))
     for label, model, batch, shape in CASES:
-        res = {}
-        for k in kinds:
-            py = sys.executable if k in MGTRACE_KINDS else peer
-            res[k] = run_child(py, k, model, batch, shape, args.threads, warmup, repeats)
+        res = interleaved(kinds, lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
+                                                    model, batch, shape, args.threads, warmup, repeats),
+                          rounds)
         line = f"{label:16s} |" + "".join(_cell(res[k]) for k in kinds)
         o, e, x = res["optimized"], res["eager"], res.get("onnxruntime")
         ratio = lambda a, b: f"{a['best_ms'] / b['best_ms']:.2f}" if a and b and "error" not in a \
@@ -301,9 +321,10 @@ def main():
     if not args.no_contention:
         with Busy(2):
             label, model, batch, shape = CASES[0]
-            cont = {k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k, model, batch,
-                                 shape, args.threads, warmup, repeats)
-                    for k in ("eager", "optimized") + (("torch",) if not missing["torch"] else ())}
+            cont = interleaved(("eager", "optimized") + (("torch",) if not missing["torch"] else ()),
+                               lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
+                                                   model, batch, shape, args.threads, warmup, repeats),
+                               rounds)
             load = os.getloadavg()[0]
         line = f"{'R18 b1, 2 busy':16s} |" + "".join(
             _cell(cont.get(k)) for k in kinds)

@@ -1464,10 +1464,12 @@ def test_conv2d_nchwc_threads_and_weight_cache_agree():
 
 @pytest.mark.parametrize("c, h, w, k, s, p, d, ceil", [
     (64, 20, 20, 3, 2, 1, 1, False), (17, 9, 7, 3, 2, 1, 1, True), (20, 8, 8, 2, 2, 0, 1, False),
-    (5, 10, 9, 3, 1, 1, 2, False), (33, 5, 6, 5, 1, 2, 1, False)])
+    (5, 10, 9, 3, 1, 1, 2, False), (33, 5, 6, 5, 1, 2, 1, False),
+    (16, 4, 40, 3, 1, 1, 1, False), (3, 5, 37, 3, 2, 1, 2, True)])     # several 8-pixel tiles a row
 def test_max_pool2d_nchwc_against_numpy(c, h, w, k, s, p, d, ceil):
     x = rand(2, c, h, w)
     x[0, 1, 2, 2] = np.nan       # a NaN wins its windows
+    x[0, 0, 1, w // 2] = np.nan
     x[1, 0] = -np.inf
     want = ref_max_pool2d(x, k, s, p, d, ceil)
     y = nn.max_pool2d_nchwc(tensor(blocked(x)), k, s, p, d, ceil)
