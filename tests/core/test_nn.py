@@ -1389,8 +1389,9 @@ def blocked(a):
 
 
 @pytest.mark.parametrize("c", [1, 3, 16, 17, 40])
-def test_nchwc_conversions_against_numpy(c):
-    x = rand(2, c, 5, 3)
+@pytest.mark.parametrize("hw", [(5, 3), (8, 8), (7, 9), (1, 17)])   # 16-pixel transposes and the rest
+def test_nchwc_conversions_against_numpy(c, hw):
+    x = rand(2, c, *hw)
     got = nn.to_nchwc(tensor(x)).numpy()
     np.testing.assert_array_equal(got, blocked(x))
     np.testing.assert_array_equal(nn.from_nchwc(tensor(got), c).numpy(), x)

@@ -285,13 +285,13 @@ static void dw_fill_map(const mt_conv2d_geom *g, const dw_plan *pl, int32_t *map
 #define MT_DIRECT_OB_NARROW 6
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
 #define MT_DIRECT_WIDE_ATTR __attribute__((target("arch=x86-64-v4")))
-static int direct_wide_ok(void) {
+int mt_cpu_avx512(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
         && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 #else
 #define MT_DIRECT_WIDE_ATTR
-static int direct_wide_ok(void) { return 0; }
+int mt_cpu_avx512(void) { return 0; }
 #endif
 /* tests: 1 runs DIRECT's narrow kernel even where the CPU has AVX-512 */
 static int direct_narrow_forced = 0;
@@ -315,7 +315,7 @@ typedef struct {
 /* DIRECT's packed-weight layout on this CPU: the micro-kernel's block of
  * output channels (MT_DIRECT_OB_WIDE or MT_DIRECT_OB_NARROW) */
 static int direct_layout(void) {
-    return !direct_narrow_forced && direct_wide_ok() ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
+    return !direct_narrow_forced && mt_cpu_avx512() ? MT_DIRECT_OB_WIDE : MT_DIRECT_OB_NARROW;
 }
 
 /* The kernel (wide or narrow: layout, as direct_layout says) is picked

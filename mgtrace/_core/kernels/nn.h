@@ -122,6 +122,9 @@ int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *b
 /* tests: 1 makes DIRECT run its AVX2/baseline micro-kernel even where the
  * CPU has AVX-512 (0: pick by CPU, the default) */
 void mt_conv2d_direct_force_narrow(int on);
+/* 1 when this CPU has the AVX-512 subsets (F, DQ, BW, VL) of x86-64-v4,
+ * which the kernels' AVX-512 clones are built for */
+int mt_cpu_avx512(void);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
 /* The same for a caller that caches packed weights (w_cached 1: see
