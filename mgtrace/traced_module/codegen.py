@@ -372,6 +372,14 @@ def _generate(graph, watch, end, hoist):
     copy_constants = any(has_side_effect(e) for e in graph._exprs)
     for i, e in enumerate(graph._exprs):
         if isinstance(e, Input):
+            # a watched input is recorded as the run starts, and an input
+            # can be an end point (no expr computes it)
+            for o in e.outputs:
+                if id(o) in watch_ids:
+                    lines.append(f"_watch({o.id}, {namer(o)})")
+                remaining.discard(id(o))
+            if end and not remaining:
+                break
             continue
         if copy_constants and isinstance(e, Constant) and isinstance(e.value, Tensor):
             _assign(e, f"{_rhs(e, namer)}.copy()", namer, lines)

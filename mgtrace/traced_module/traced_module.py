@@ -268,7 +268,8 @@ class TracedModule(Module):
 
     def set_watch_points(self, nodes):
         """Record the values of ``nodes`` (of the top graph) in
-        ``watch_node_value`` on every run; ``[]`` clears."""
+        ``watch_node_value`` on every run, a graph input's as the run starts;
+        ``[]`` clears."""
         nodes = _as_nodes(nodes)
         self._check_top_nodes(nodes, "set_watch_points")
         self.watch_points = nodes
@@ -280,7 +281,8 @@ class TracedModule(Module):
 
     def set_end_points(self, nodes):
         """Make runs stop once ``nodes`` (of the top graph) are computed and
-        return their values as a list; ``[]`` clears."""
+        return their values as a list; ``[]`` clears. A graph input is an
+        end point too (its value as passed)."""
         nodes = _as_nodes(nodes)
         self._check_top_nodes(nodes, "set_end_points")
         self.end_points = nodes

@@ -93,6 +93,18 @@ def test_conv2d_errors():
         F.conv2d(x, None)
 
 
+@pytest.mark.parametrize("kw", [{"stride": ()}, {"stride": 0}, {"padding": -1}, {"kernel_size": (2, 2, 2)},
+                                {"dilation": (1,)}])
+def test_max_pool2d_nchwc_checks_arguments_as_max_pool2d(kw):
+    x = mt.tensor(np.zeros((1, 16, 4, 4), np.float32))
+    args = {"kernel_size": 2, **kw}
+    with pytest.raises(ValueError) as plain:
+        F.max_pool2d(x, **args)
+    with pytest.raises(ValueError) as blocked:
+        F.max_pool2d_nchwc(F.to_nchwc(x), **args)
+    assert str(blocked.value) == str(plain.value).replace("max_pool2d", "max_pool2d_nchwc")
+
+
 def test_nchwc_convolution_errors_name_the_argument():
     x = F.to_nchwc(mt.tensor(np.zeros((1, 2, 4, 4), np.float32)))
     w, dw = mt.tensor(np.zeros((20, 2, 1, 1), np.float32)), mt.tensor(np.zeros((20, 1, 3, 3), np.float32))

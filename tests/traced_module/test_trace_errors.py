@@ -173,6 +173,25 @@ def test_end_points_stop_the_run_early():
     np.testing.assert_array_equal(tm(x).numpy(), net(x).numpy())
 
 
+def test_a_graph_input_can_be_watched_and_be_an_end_point():
+    net = Pipe()
+    tm = mt.trace_module(net, _rand(2, 3))
+    x_node = tm.graph.inputs[1]
+    a, _ = _nodes(tm)
+    tm.set_watch_points([x_node, a])
+    x = _rand(2, 3, seed=5)
+    tm(x)
+    np.testing.assert_array_equal(tm.watch_node_value[x_node][0].numpy(), x.numpy())
+    np.testing.assert_array_equal(tm.watch_node_value[a][0].numpy(), net.fc(x).numpy())
+    tm.set_end_points([x_node])
+    (got,) = tm(x)
+    np.testing.assert_array_equal(got.numpy(), x.numpy())
+    tm.set_end_points([a, x_node])
+    fa, fx = tm(x)
+    np.testing.assert_array_equal(fa.numpy(), net.fc(x).numpy())
+    np.testing.assert_array_equal(fx.numpy(), x.numpy())
+
+
 def test_flatten_moves_watch_and_end_points_to_the_flat_graph():
     net = Pipe()
     tm = mt.trace_module(net, _rand(2, 3))
