@@ -1099,7 +1099,7 @@ def from_nchwc(x, channels):
     if tx._ndim != 5 or tx._shape[4] != 16:
         raise ValueError(f"{op}: x must be NCHW16c [N, B, H, W, 16], got shape {shape_tuple(tx)}")
     n, b, h, w, _ = shape_tuple(tx)
-    if _blocks(c) != b:
+    if -(-c // 16) != b:       # (in Python ints: a channels past int64 is this error too)
         raise ValueError(f"{op}: {c} channels do not fill {b} blocks of 16 (want "
                          f"{16 * b - 15}..{16 * b})")
     return _reorder(tx, (n, c, h, w), n, c, h * w, False)

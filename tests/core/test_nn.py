@@ -1403,6 +1403,8 @@ NCHWC_DENSE = [  # (C, O, H, W, kernel, stride, padding, dilation)
     (5, 7, 14, 13, 7, 2, 3, 1), (20, 24, 9, 10, 3, 1, 2, 2), (17, 33, 8, 8, 1, 2, 0, 1),
     (8, 20, 9, 9, 3, 3, 0, 1), (12, 16, 6, 7, 2, 1, 0, 1), (16, 32, 1, 1, 3, 1, 1, 1),
     (16, 3, 4, 5, 1, 1, 1, 1), (20, 18, 6, 3, 1, 1, 2, 1),      # 1x1 with padding: not one flat row
+    (16, 32, 14, 14, 3, 1, 1, 1), (18, 24, 13, 13, 3, 1, 1, 1),  # one tile of 14 (13) pixels a row
+    (20, 24, 8, 7, 3, 1, 2, 2),                                  # two rows a call, dilated
 ]
 
 
@@ -1565,6 +1567,7 @@ def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():
      ValueError, "act"),
     (lambda: nn.conv2d_nchwc(tensor(rand(1, 4, 4)), tensor(rand(2, 3, 1, 1))), ValueError, "4-D"),
     (lambda: nn.from_nchwc(tensor(rand(1, 2, 4, 4, 16)), 40), ValueError, "blocks"),
+    (lambda: nn.from_nchwc(tensor(rand(1, 2, 4, 4, 16)), 2 ** 63), ValueError, "blocks"),
     (lambda: nn.from_nchwc(tensor(rand(1, 2, 4, 4, 8)), 20), ValueError, "NCHW16c"),
     (lambda: nn.to_nchwc(tensor(rand(1, 2, 4))), ValueError, "4"),
     (lambda: nn.max_pool2d_nchwc(tensor(rand(1, 2, 4, 4)), 2), ValueError, "NCHW16c"),

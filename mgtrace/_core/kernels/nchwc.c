@@ -6,9 +6,10 @@
  * transposition at all, and a depthwise conv is whole-vector loads.
  *
  *   dense      (groups 1) two blocks of output channels (32) times up to
- *              12 pixels of an output row in registers; for each input
- *              channel and tap, two weight vectors are loaded and the
- *              input value broadcast (2R FMAs for R + 2 loads). The input
+ *              14 pixels of an output row in registers (or 7 of each of
+ *              two rows, for 7x7 planes); for each input channel and tap,
+ *              two weight vectors are loaded and the input value broadcast
+ *              (2R FMAs for R + 2 loads). The input
  *              is NCHW16c, or plain NCHW (a model's first conv, 3 channels:
  *              blocking them would pad to 16), read in place either way.
  *              Weights packed [pair][input block][tap][lane][32].
@@ -16,9 +17,11 @@
  *              registers; a tap is one vector load and one FMA a pixel.
  *              Weights packed [block][tap][16].
  *
- * No padded copy: the taps that fall outside the input are left out of the
- * tap list, which is one list for a row's interior pixels (the kernel's
- * rows that exist) and one per border pixel. The epilogue (bias, residual,
+ * Padding: a dense conv reads each image from a zero-padded copy (every
+ * pixel a register tile's); a depthwise one reads in place, the taps that
+ * fall outside the input left out of the tap list, which is one list for a
+ * row's interior pixels (the kernel's rows that exist) and one per border
+ * pixel. The epilogue (bias, residual,
  * activation: y = act(conv + bias + residual)) runs on each register tile
  * as it is stored, while it is in L1.
  *
@@ -26,7 +29,8 @@
  * first conv and the pool after it (ResNet's stem) stay blocked.
  *
  * Threads: one OpenMP region a call; tasks are (image, output-channel pair
- * or block, output row, column chunk), in contiguous static ranges.
+ * or block, output row or pair of rows, column chunk), in contiguous
+ * static ranges.
  */
 #include <stdint.h>
 #include <string.h>
@@ -37,7 +41,7 @@
 
 #define NC 16           /* channels a block: one AVX-512 vector of float32 */
 #define NC_PAIR 32      /* output channels a dense micro-kernel computes */
-#define NC_R 12         /* output pixels a dense micro-kernel call (24 accumulators) */
+#define NC_R 14         /* output pixels a dense micro-kernel call (28 accumulators of the 32 registers) */
 #define NC_DW_R 8       /* output pixels a depthwise micro-kernel call */
 #define NC_CHUNK 192    /* output columns a task: splits a flat 1x1 plane over the threads */
 #define NC_GRAIN 32768  /* multiply-adds below which one thread runs the call */
@@ -143,21 +147,28 @@ static inline int64_t nc_origin(const nc_geom *q, int64_t oy, int64_t ox) {
  * w + cb * wcbs + tidx[t] * L * 32 + lane * 32; y: block 0's output of the
  * first pixel, block 1 ys floats on; rd: the residual's byte offset from
  * y (0: none). Accumulators start as the bias. (Named variables rather
- * than arrays: GCC keeps them in registers.) */
+ * than arrays: GCC keeps them in registers.)
+ * Two rows (R1 < R): pixels R1.. are a second row's, their input xr and
+ * their output yr floats after the first row's: a 7-pixel row (7x7
+ * planes) then fills the registers as a 14-pixel one does, and each
+ * weight loaded serves twice the pixels. */
 #define NC_ACC(r) v16 a0_##r = b0, a1_##r = b1;
-#define NC_FMA(r) if (R > r) { const float s = xi[r * ST]; a0_##r += s * w0; if (NV == 2) a1_##r += s * w1; }
+#define NC_X(r) (r < R1 ? xi[r * ST] : xi[xr + (r - R1) * ST])
+#define NC_Y(r) (r < R1 ? y + r * NC : y + yr + (r - R1) * NC)
+#define NC_FMA(r) if (R > r) { const float s = NC_X(r); a0_##r += s * w0; if (NV == 2) a1_##r += s * w1; }
 #define NC_OUT(r) if (R > r) {                                                 \
-    if (rd) { a0_##r += ld16((const float *)((const char *)(y + r * NC) + rd));  \
-              if (NV == 2) a1_##r += ld16((const float *)((const char *)(y + ys + r * NC) + rd)); } \
-    *(v16 *)(y + r * NC) = nc_act(a0_##r, act);                               \
-    if (NV == 2) *(v16 *)(y + ys + r * NC) = nc_act(a1_##r, act); }
-#define NC_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
-#define NC_DENSE(NAME, RR, NVV, LL, SW)                                           \
+    float *yo = NC_Y(r);                                                      \
+    if (rd) { a0_##r += ld16((const float *)((const char *)yo + rd));         \
+              if (NV == 2) a1_##r += ld16((const float *)((const char *)(yo + ys) + rd)); } \
+    *(v16 *)yo = nc_act(a0_##r, act);                                         \
+    if (NV == 2) *(v16 *)(yo + ys) = nc_act(a1_##r, act); }
+#define NC_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13)
+#define NC_DENSE(NAME, RR, R1R, NVV, LL, SW)                                   \
 static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, const int64_t *restrict toff, \
                            const int64_t *restrict tidx, int64_t ntap, const float *restrict w, int64_t wcbs, \
                            int64_t st, const float *restrict bias, float *restrict y, int64_t ys, int64_t rd, \
-                           int act) {                                         \
-    enum { R = RR, NV = NVV, L = LL };                                        \
+                           int act, int64_t xr, int64_t yr) {                 \
+    enum { R = RR, R1 = R1R, NV = NVV, L = LL };                              \
     const int64_t ST = SW ? SW * L : st;                                      \
     const v16 b0 = ld16(bias), b1 = NV == 2 ? ld16(bias + NC) : (v16){0};     \
     NC_ALL(NC_ACC)                                                            \
@@ -178,27 +189,43 @@ static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, co
     NC_ALL(NC_OUT)                                                            \
 }
 #define NC_SET(TAG, NV, L, SW)                                                \
-    NC_DENSE(TAG##_1, 1, NV, L, SW) NC_DENSE(TAG##_2, 2, NV, L, SW) NC_DENSE(TAG##_3, 3, NV, L, SW) \
-    NC_DENSE(TAG##_4, 4, NV, L, SW) NC_DENSE(TAG##_5, 5, NV, L, SW) NC_DENSE(TAG##_6, 6, NV, L, SW) \
-    NC_DENSE(TAG##_7, 7, NV, L, SW) NC_DENSE(TAG##_8, 8, NV, L, SW) NC_DENSE(TAG##_9, 9, NV, L, SW) \
-    NC_DENSE(TAG##_10, 10, NV, L, SW) NC_DENSE(TAG##_11, 11, NV, L, SW) NC_DENSE(TAG##_12, 12, NV, L, SW)
+    NC_DENSE(TAG##_1, 1, 1, NV, L, SW) NC_DENSE(TAG##_2, 2, 2, NV, L, SW) NC_DENSE(TAG##_3, 3, 3, NV, L, SW) \
+    NC_DENSE(TAG##_4, 4, 4, NV, L, SW) NC_DENSE(TAG##_5, 5, 5, NV, L, SW) NC_DENSE(TAG##_6, 6, 6, NV, L, SW) \
+    NC_DENSE(TAG##_7, 7, 7, NV, L, SW) NC_DENSE(TAG##_8, 8, 8, NV, L, SW) NC_DENSE(TAG##_9, 9, 9, NV, L, SW) \
+    NC_DENSE(TAG##_10, 10, 10, NV, L, SW) NC_DENSE(TAG##_11, 11, 11, NV, L, SW) \
+    NC_DENSE(TAG##_12, 12, 12, NV, L, SW) NC_DENSE(TAG##_13, 13, 13, NV, L, SW) \
+    NC_DENSE(TAG##_14, 14, 14, NV, L, SW)
+/* two rows of 1..7 pixels (NCHW16c input only: the NCHW convs are stems on large planes) */
+#define NC_SET2(TAG, NV, SW)                                                  \
+    NC_DENSE(TAG##_1, 2, 1, NV, NC, SW) NC_DENSE(TAG##_2, 4, 2, NV, NC, SW) NC_DENSE(TAG##_3, 6, 3, NV, NC, SW) \
+    NC_DENSE(TAG##_4, 8, 4, NV, NC, SW) NC_DENSE(TAG##_5, 10, 5, NV, NC, SW) NC_DENSE(TAG##_6, 12, 6, NV, NC, SW) \
+    NC_DENSE(TAG##_7, 14, 7, NV, NC, SW)
 /* input NCHW16c (b) or NCHW (p); one or two output blocks; stride 1, 2, other */
 NC_SET(nc_b1s1, 1, NC, 1) NC_SET(nc_b1s2, 1, NC, 2) NC_SET(nc_b1ss, 1, NC, 0)
 NC_SET(nc_b2s1, 2, NC, 1) NC_SET(nc_b2s2, 2, NC, 2) NC_SET(nc_b2ss, 2, NC, 0)
 NC_SET(nc_p1s1, 1, 1, 1) NC_SET(nc_p1s2, 1, 1, 2) NC_SET(nc_p1ss, 1, 1, 0)
 NC_SET(nc_p2s1, 2, 1, 1) NC_SET(nc_p2s2, 2, 1, 2) NC_SET(nc_p2ss, 2, 1, 0)
+NC_SET2(nc_r1s1, 1, 1) NC_SET2(nc_r1s2, 1, 2) NC_SET2(nc_r1ss, 1, 0)
+NC_SET2(nc_r2s1, 2, 1) NC_SET2(nc_r2s2, 2, 2) NC_SET2(nc_r2ss, 2, 0)
 
 typedef void (*nc_dense_fn)(const float *restrict, int64_t, int64_t, const int64_t *restrict,
                             const int64_t *restrict, int64_t, const float *restrict, int64_t, int64_t,
-                            const float *restrict, float *restrict, int64_t, int64_t, int);
+                            const float *restrict, float *restrict, int64_t, int64_t, int, int64_t, int64_t);
 #define NC_TABLE(TAG) {TAG##_1, TAG##_2, TAG##_3, TAG##_4, TAG##_5, TAG##_6, TAG##_7, TAG##_8, \
-                       TAG##_9, TAG##_10, TAG##_11, TAG##_12}
+                       TAG##_9, TAG##_10, TAG##_11, TAG##_12, TAG##_13, TAG##_14}
+#define NC_TABLE2(TAG) {TAG##_1, TAG##_2, TAG##_3, TAG##_4, TAG##_5, TAG##_6, TAG##_7}
 /* [blocked input][output blocks - 1][stride 1, 2, other][R - 1] */
 static const nc_dense_fn nc_dense_kernels[2][2][3][NC_R] = {
     {{NC_TABLE(nc_p1s1), NC_TABLE(nc_p1s2), NC_TABLE(nc_p1ss)},
      {NC_TABLE(nc_p2s1), NC_TABLE(nc_p2s2), NC_TABLE(nc_p2ss)}},
     {{NC_TABLE(nc_b1s1), NC_TABLE(nc_b1s2), NC_TABLE(nc_b1ss)},
      {NC_TABLE(nc_b2s1), NC_TABLE(nc_b2s2), NC_TABLE(nc_b2ss)}},
+};
+/* two rows, NCHW16c input: [output blocks - 1][stride 1, 2, other][pixels a row - 1] */
+#define NC_R2 7
+static const nc_dense_fn nc_dense2_kernels[2][3][NC_R2] = {
+    {NC_TABLE2(nc_r1s1), NC_TABLE2(nc_r1s2), NC_TABLE2(nc_r1ss)},
+    {NC_TABLE2(nc_r2s1), NC_TABLE2(nc_r2s2), NC_TABLE2(nc_r2ss)},
 };
 
 /* Depthwise: R pixels of one block; a tap is a vector load of the input
@@ -289,7 +316,7 @@ static NC_CLONES void nc_zero_tail(float *y, int64_t r, int from) {
 }
 
 /* The pixels of the next register tile when `left` remain: even tiles of
- * at most `cap` (12 pixels as 12 + 12 + 11 + ..., not 12 + ... + 4). */
+ * at most `cap` (with 12: 12 + 12 + 11 + ..., not 12 + ... + 4). */
 static inline int64_t nc_tile(int64_t left, int64_t cap) {
     const int64_t k = (left + cap - 1) / cap;
     return left <= cap ? left : (left + k - 1) / k;
@@ -337,10 +364,25 @@ static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, c
         const float *xp = x + nc_origin(q, oy, ox);
         float *yp = yrow + ox * NC;
         if (dw) wk[r - 1](xp, off, idx, n, w, st, b, yp, rd, act);
-        else dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act);
+        else dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act, 0, 0);
         nc_finish(yp, dw ? 1 : nv, q->ys, r, tail, act);
         ox += r;
     }
+}
+
+/* Output rows oy and oy + 1 of one dense unit whose rows are at most NC_R2
+ * pixels wide, every pixel interior (a dense conv's always are: padding
+ * is in its padded copy), in one micro-kernel call of two rows. */
+static void nc_rows2(const nc_geom *q, int nv, int tail, const float *x, const float *w, const float *b,
+                     float *y, int64_t oy, int64_t *tl, int act, int64_t rd) {
+    int64_t *toff = tl, *tidx = tl + q->kk;
+    const int64_t ntap = nc_taps(q, oy, -1, toff, tidx);
+    const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
+    const int64_t st = q->sw * q->lanes, wcbs = q->kk * q->lanes * NC_PAIR;
+    float *yp = y + oy * q->ow * NC;
+    nc_dense2_kernels[nv - 1][si][q->ow - 1](x + nc_origin(q, oy, 0), q->cbs, q->ncb, toff, tidx, ntap, w, wcbs,
+                                             st, b, yp, q->ys, rd, act, q->sh * q->w * q->lanes, q->ow * NC);
+    nc_finish(yp, nv, q->ys, 2 * q->ow, tail, act);
 }
 
 /* A dense conv with padding reads each image from a zero-padded copy in
@@ -395,11 +437,15 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
     /* rows split in chunks of columns: at most NC_CHUNK wide, and enough
      * tasks (8 a thread) that a static split is even: a 784-pixel plane of
      * one unit made 5 tasks, 3 for one thread and 2 for the other */
+    /* rows of at most NC_R2 pixels (7x7 planes) go two at a time: a task
+     * then covers a pair of rows */
+    const int two = !dw && q.lanes == NC && q.ow <= NC_R2 && q.oh > 1;
+    const int64_t trows = two ? (q.oh + 1) / 2 : q.oh;
     int64_t nchunk = (q.ow + NC_CHUNK - 1) / NC_CHUNK;
-    const int64_t even = (8 * nt + units * q.oh - 1) / (units * q.oh), most = (q.ow + NC_R - 1) / NC_R;
+    const int64_t even = (8 * nt + units * trows - 1) / (units * trows), most = (q.ow + NC_R - 1) / NC_R;
     if (nt > 1 && even > nchunk) nchunk = even < most ? even : most;
     const int64_t chunk = (q.ow + nchunk - 1) / nchunk;
-    const int64_t rows = q.oh * nchunk, tasks = units * rows;
+    const int64_t rows = trows * nchunk, tasks = units * rows;
     const int64_t xbytes = q.ncb * q.cbs * 4, wbytes = mt_conv2d_nchwc_packed_bytes(g, blocked);
     /* each task order reads one operand again per step of the other:
      * units outer re-reads the input once a unit, rows outer the weights once a row */
@@ -422,13 +468,17 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
             for (int64_t task = 0; task < tasks; task++) {
                 const int64_t u = units_outer ? task / rows : task % units;
                 const int64_t row = units_outer ? task % rows : task / units;
-                const int64_t oy = row / nchunk, c0 = (row % nchunk) * chunk, c1 = mt_min64(q.ow, c0 + chunk);
+                const int64_t oy = row / nchunk * (two ? 2 : 1), c0 = (row % nchunk) * chunk;
+                const int64_t c1 = mt_min64(q.ow, c0 + chunk);
                 const float *xi = dw ? x + (n * q.nob + u) * q.cbs : xp ? xp : x + n * q.ncb * q.cbs;
                 float *yu = y + (n * q.nob + u * (dw ? 1 : 2)) * q.ys;
                 const int nv = dw || 2 * u + 1 < q.nob ? 2 : 1;
                 /* the unit holding the last block, when O leaves part of it unused */
                 const int tail = g->o % NC && (dw ? u : 2 * u + nv - 1) == q.nob - 1 ? (int)(g->o % NC) : 0;
-                nc_row(&q, dw, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
+                if (two && oy + 1 < q.oh)
+                    nc_rows2(&q, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, tl, g->act, rd);
+                else
+                    nc_row(&q, dw, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
             }
         }
     }
