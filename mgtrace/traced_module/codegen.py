@@ -371,17 +371,11 @@ def _generate(graph, watch, end, hoist):
     # that no run changes what the next one starts from
     copy_constants = any(has_side_effect(e) for e in graph._exprs)
     for i, e in enumerate(graph._exprs):
+        # (an Input's outputs are the parameters: no statement, but a watched
+        # input is recorded as the run starts, and an input can be an end point)
         if isinstance(e, Input):
-            # a watched input is recorded as the run starts, and an input
-            # can be an end point (no expr computes it)
-            for o in e.outputs:
-                if id(o) in watch_ids:
-                    lines.append(f"_watch({o.id}, {namer(o)})")
-                remaining.discard(id(o))
-            if end and not remaining:
-                break
-            continue
-        if copy_constants and isinstance(e, Constant) and isinstance(e.value, Tensor):
+            pass
+        elif copy_constants and isinstance(e, Constant) and isinstance(e.value, Tensor):
             _assign(e, f"{_rhs(e, namer)}.copy()", namer, lines)
         elif hoist and isinstance(e, GetAttr) and e.args[0] is graph._inputs[0] and len(e.outputs) == 1:
             lines.append(f"{namer(e.outputs[0])} = _attrs[{len(paths)}]  # {_rhs(e, namer)}")
