@@ -11,6 +11,8 @@ the output less, made while the output is still in cache.
 Activations (``act``): ``"none"``, ``"relu"``, ``"relu6"``, ``"silu"``,
 ``"hardswish"``, ``"sigmoid"``, ``"gelu"`` (exact erf GELU).
 """
+import numpy as np
+
 from mgtrace._core import Tensor
 from mgtrace._core import linalg as _linalg
 from mgtrace._core import nn as _nn
@@ -142,8 +144,13 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
             tuple(residual.shape) != _nchwc_out_shape(x, weight, stride, padding, dilation):
         # as conv2d_act: a residual that only broadcasts (a graph traced at
         # batch 1, now run at batch 8) is added after the kernel, with +
-        y = _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, "none") + residual
-        return _apply_act(y, act)
+        y = _nn.conv2d_nchwc(x, weight, bias, None, stride, padding, dilation, groups, "none")
+        try:
+            np.broadcast_shapes(tuple(residual.shape), tuple(y.shape))
+        except ValueError:
+            raise ValueError(f"{fn}: residual of shape {tuple(residual.shape)} does not broadcast to the "
+                             f"NCHW16c output's shape {tuple(y.shape)}") from None
+        return _apply_act(y + residual, act)
     return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
 
 

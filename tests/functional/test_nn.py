@@ -105,6 +105,19 @@ def test_max_pool2d_nchwc_checks_arguments_as_max_pool2d(kw):
     assert str(blocked.value) == str(plain.value).replace("max_pool2d", "max_pool2d_nchwc")
 
 
+def test_conv2d_nchwc_residual_that_does_not_broadcast_names_the_op():
+    x = F.to_nchwc(mt.tensor(np.ones((1, 20, 7, 7), np.float32)))
+    w = mt.tensor(np.ones((33, 20, 3, 3), np.float32))
+    with pytest.raises(ValueError, match=r"conv2d_nchwc: residual of shape \(1, 33, 5, 5\) does not "
+                                         r"broadcast to the NCHW16c output's shape \(1, 3, 5, 5, 16\)"):
+        F.conv2d_nchwc(x, w, residual=mt.tensor(np.ones((1, 33, 5, 5), np.float32)))
+    # one that broadcasts is added after the kernel (a graph traced at batch 1, run at batch 2)
+    r = F.to_nchwc(mt.tensor(np.full((1, 33, 5, 5), 2.0, np.float32)))
+    x2 = F.to_nchwc(mt.tensor(np.ones((2, 20, 7, 7), np.float32)))
+    y = F.from_nchwc(F.conv2d_nchwc(x2, w, residual=r), 33).numpy()
+    np.testing.assert_array_equal(y, np.full((2, 33, 5, 5), 20 * 9 + 2.0, np.float32))
+
+
 def test_nchwc_convolution_errors_name_the_argument():
     x = F.to_nchwc(mt.tensor(np.zeros((1, 2, 4, 4), np.float32)))
     w, dw = mt.tensor(np.zeros((20, 2, 1, 1), np.float32)), mt.tensor(np.zeros((20, 1, 3, 3), np.float32))
