@@ -47,6 +47,7 @@ from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core import args as A
 from mgtrace._core.args import MAX_GEOMETRY
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 
 cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
@@ -285,11 +286,30 @@ cdef bint _is_int(object v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+cdef int64_t _MAX_GEOMETRY = MAX_GEOMETRY
+
+
+cdef inline bint _small_int(object v, int minimum):
+    """Whether v is a plain int in [minimum, MAX_GEOMETRY], compared in C."""
+    cdef int overflow = 0
+    cdef long long i
+    if type(v) is not int:
+        return False
+    i = PyLong_AsLongLongAndOverflow(v, &overflow)
+    return overflow == 0 and minimum <= i <= _MAX_GEOMETRY
+
+
 cdef tuple _pair(str op, str name, object v, int minimum):
     """An int or a pair of ints as (a, b), each in [minimum, MAX_GEOMETRY].
-    The common case is checked here; anything else goes to
-    mgtrace._core.args.pair, which normalizes it or raises the error F and M
-    raise for the same argument."""
+    The common case is checked here (plain ints first, in C: a conv call
+    checks three pairs, and Python's comparisons cost it a microsecond);
+    anything else goes to mgtrace._core.args.pair, which normalizes it or
+    raises the error F and M raise for the same argument."""
+    if type(v) is tuple and len(<tuple>v) == 2 and _small_int((<tuple>v)[0], minimum) \
+            and _small_int((<tuple>v)[1], minimum):
+        return <tuple>v
+    if _small_int(v, minimum):
+        return (v, v)
     if _is_int(v):
         a = b = v
     elif isinstance(v, (tuple, list)) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]):
@@ -346,9 +366,10 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     """Kernel scratch memory from the core's allocator (it caches large
     blocks, so repeated calls do not pay fresh page faults); None for 0.
     ValueError when the kernel's plan for ``geometry`` (a description of the
-    arguments for the message, or a function giving it: formatting shapes
-    on every call would cost more than a small convolution's arithmetic)
-    needs more bytes than int64 counts."""
+    arguments for the message, or a function giving it; callers format it
+    only when nbytes is MT_NN_EOVERFLOW: formatting shapes, or a closure,
+    on every call costs more than a small convolution's arithmetic) needs
+    more bytes than int64 counts."""
     if nbytes == MT_NN_EOVERFLOW:
         if callable(geometry):
             geometry = geometry()
@@ -799,9 +820,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     if device_kind(tx._device) != MT_DEV_CPU:     # a device backend's conv2d (the Winograd cache is the CPU's)
         kn = _kernels(op, tx)
         _need(kn.conv2d != NULL and kn.conv2d_workspace != NULL, op, tx)
-        dws = _workspace(op, kn.conv2d_workspace(work, &g, a, nt), tx._device,
-                         lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
-                                 f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
+        nb = kn.conv2d_workspace(work, &g, a, nt)
+        dws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
+                         f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                         f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
         dwsp = (<Tensor>dws)._data if dws is not None else NULL
         with nogil:
             rc = kn.conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, dwsp)
@@ -815,9 +837,9 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         u = _packed_weights(tw_orig, tw, work, &g, a, layout, nt)
     cdef int64_t wsbytes = mt_conv2d_packed_workspace(work, &g, a, layout, nt) if u is not None else \
         mt_conv2d_workspace(work, &g, a, nt)
-    cdef Tensor ws = _workspace(op, wsbytes, tx._device,
-                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
-                                        f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
+    cdef Tensor ws = _workspace(op, wsbytes, tx._device, None if wsbytes != MT_NN_EOVERFLOW else
+                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
+                                f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         if u is not None:
@@ -959,8 +981,9 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     nt = num_threads()
     # (the cache key is the weight as given: a non-contiguous one's copy is new every call)
     cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
-    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_workspace(&g, blocked, nt), tx._device,
-                                lambda: f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
+    cdef int64_t nb = mt_conv2d_nchwc_workspace(&g, blocked, nt)
+    cdef Tensor ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
+                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
     wsp = ws._data
     with nogil:
@@ -1029,8 +1052,9 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     nt = num_threads()
     cdef Tensor u1 = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g1, _NCHWC, 1, nt)
     cdef Tensor u2 = _packed_weights(<Tensor>dw_weight, tw2, MT_FLOAT32, &g2, _NCHWC, 1, nt)
-    cdef Tensor ws = _workspace(op, mt_conv2d_nchwc_pw_dw_workspace(&g1, &g2, nt), tx._device,
-                                lambda: f"x {shape_tuple(tx)}, dw_weight {shape_tuple(tw2)}")
+    cdef int64_t nb = mt_conv2d_nchwc_pw_dw_workspace(&g1, &g2, nt)
+    cdef Tensor ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
+                                f"x {shape_tuple(tx)}, dw_weight {shape_tuple(tw2)}")
     cdef const float *b1 = <const float *>tb._data if tb is not None else NULL
     cdef const float *b2 = <const float *>tb2._data if tb2 is not None else NULL
     with nogil:
