@@ -366,13 +366,11 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
     """Kernel scratch memory from the core's allocator (it caches large
     blocks, so repeated calls do not pay fresh page faults); None for 0.
     ValueError when the kernel's plan for ``geometry`` (a description of the
-    arguments for the message, or a function giving it; callers format it
-    only when nbytes is MT_NN_EOVERFLOW: formatting shapes, or a closure,
-    on every call costs more than a small convolution's arithmetic) needs
-    more bytes than int64 counts."""
+    arguments for the message; the convolutions format it only when nbytes
+    is MT_NN_EOVERFLOW: formatting shapes, or a closure doing it, on every
+    call cost more than a small convolution's arithmetic) needs more bytes
+    than int64 counts."""
     if nbytes == MT_NN_EOVERFLOW:
-        if callable(geometry):
-            geometry = geometry()
         raise ValueError(f"{op}: the kernel's work buffer for {geometry} needs more bytes than "
                          f"int64 counts; use less padding or split the input")
     if nbytes <= 0:

@@ -9,10 +9,10 @@
  *              14 pixels of an output row in registers (or 7 of each of
  *              two rows, for 7x7 planes); for each input channel and tap,
  *              two weight vectors are loaded and the input value broadcast
- *              (2R FMAs for R + 2 loads). The input
- *              is NCHW16c, or plain NCHW (a model's first conv, 3 channels:
- *              blocking them would pad to 16), read in place either way.
- *              Weights packed [pair][input block][tap][lane][32].
+ *              (2R FMAs for R + 2 loads). The input is NCHW16c, or
+ *              plain NCHW (a model's first conv, 3 channels: blocking them
+ *              would pad to 16). Weights packed [pair][input block][tap]
+ *              [lane][32].
  *   depthwise  (groups = C = O) up to 8 output pixels of a block in
  *              registers; a tap is one vector load and one FMA a pixel.
  *              Weights packed [block][tap][16].
@@ -21,9 +21,9 @@
  * pixel a register tile's); a depthwise one reads in place, the taps that
  * fall outside the input left out of the tap list, which is one list for a
  * row's interior pixels (the kernel's rows that exist) and one per border
- * pixel. The epilogue (bias, residual,
- * activation: y = act(conv + bias + residual)) runs on each register tile
- * as it is stored, while it is in L1.
+ * pixel. The epilogue (bias, residual, activation: y = act(conv + bias +
+ * residual)) runs on each register tile as it is stored, while it is in
+ * L1.
  *
  * Max pooling (mt_max_pool2d_nchwc) runs on the same layout, so that a
  * first conv and the pool after it (ResNet's stem) stay blocked.
