@@ -495,14 +495,22 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
  * MB, more than L2): written by one call and read back by the next, they
  * came from memory both times. */
 
-/* floats of a task's ring: two blocks of kh rows of W pixels */
-static int64_t pwdw_ring(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw) { return 2 * dw->kh * pw->w * NC; }
+/* Zero columns each side of a ring row: the depthwise padding, so that
+ * every output pixel is a register tile's (border pixels one at a time
+ * with their own taps were 2 of 7 on 7x7 planes); none for a padding
+ * wider than the kernel, whose zeros would only cost memory. */
+static int64_t pwdw_pad(const mt_conv2d_geom *dw) { return dw->pw <= dw->kw ? dw->pw : 0; }
+
+/* floats of a task's ring: two blocks of kh rows of W + 2 pad pixels */
+static int64_t pwdw_ring(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw) {
+    return 2 * dw->kh * (pw->w + 2 * pwdw_pad(dw)) * NC;
+}
 
 int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads) {
     int64_t ring = 0, per = 0, all = 0;
     const int64_t nt = nthreads < 1 ? 1 : nthreads;
     if (__builtin_mul_overflow(2 * NC * (int64_t)sizeof(float), dw->kh, &ring)
-        || __builtin_mul_overflow(ring, pw->w, &ring)
+        || __builtin_mul_overflow(ring, pw->w + 2 * pwdw_pad(dw), &ring)
         || __builtin_add_overflow(ring, (4 * dw->kh * dw->kw + dw->kh) * (int64_t)sizeof(int64_t) + 63, &per)
         || __builtin_mul_overflow(per & ~(int64_t)63, nt, &all)
         || all > INT64_MAX - bias_bytes(pw) - bias_bytes(dw))
@@ -510,22 +518,35 @@ int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2
     return bias_bytes(pw) + bias_bytes(dw) + all;
 }
 
-/* Depthwise output row oy of one block from its ring (rows at slot iy %
- * kh, each w * 16 floats); q: the depthwise geometry. */
-static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, const float *b, float *yrow,
-                        int64_t oy, int64_t *tl, int tail, int act) {
-    int64_t *toff = tl, *tidx = tl + q->kk, *eoff = tl + 2 * q->kk, *eidx = tl + 3 * q->kk;
-    const int64_t row = q->w * NC;
-    int64_t a, bnd, n = 0;
-    nc_interior(q, &a, &bnd);
-    for (int64_t ky = 0; ky < q->kh; ky++) {          /* the row's taps: rows inside the image */
-        const int64_t iy = oy * q->sh - q->ph + ky;
+/* The ring slot of input row iy (iy mod kh, in [0, kh) for a negative iy
+ * too): one division a row, the next rows' slots counted along. */
+static inline int64_t pwdw_slot(int64_t iy, int64_t kh) { const int64_t s = iy % kh; return s < 0 ? s + kh : s; }
+
+/* The taps of depthwise output row oy that fall inside the image, as ring
+ * offsets (the row of input row iy at slot iy % kh, each w * 16 floats)
+ * from the row's column 0 and tap indices; returns their count. Every
+ * block of the row shares them. */
+static int64_t pwdw_row_taps(const nc_geom *q, int64_t oy, int64_t *toff, int64_t *tidx) {
+    const int64_t row = q->w * NC, iy0 = oy * q->sh - q->ph;
+    int64_t n = 0, slot = pwdw_slot(iy0, q->kh);
+    for (int64_t ky = 0; ky < q->kh; ky++, slot = slot + 1 == q->kh ? 0 : slot + 1) {
+        const int64_t iy = iy0 + ky;
         if (iy < 0 || iy >= q->h) continue;
         for (int64_t kx = 0; kx < q->kw; kx++) {
-            toff[n] = (iy % q->kh) * row + kx * NC;
+            toff[n] = slot * row + kx * NC;
             tidx[n++] = ky * q->kw + kx;
         }
     }
+    return n;
+}
+
+/* Depthwise output row oy of one block from its ring, with the row's n
+ * taps (pwdw_row_taps); q: the depthwise geometry. */
+static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, const float *b, float *yrow,
+                        const int64_t *toff, const int64_t *tidx, int64_t n, int64_t *eoff, int64_t *eidx,
+                        int tail, int act) {
+    int64_t a, bnd;
+    nc_interior(q, &a, &bnd);
     const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
     const nc_dw_fn *wk = nc_dw_kernels[si];
     for (int64_t ox = 0; ox < q->ow;) {
@@ -534,8 +555,11 @@ static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, co
         const int64_t ix0 = ox * q->sw - q->pw;
         if (ox < a || ox >= bnd) {                      /* a border pixel: the taps inside */
             int64_t m = 0;
-            for (int64_t t = 0; t < n; t++) {
-                const int64_t kx = tidx[t] % q->kw, ix = ix0 + kx;
+            /* (each row of taps holds all kw columns in order: kx counts
+             * along, where tidx % kw cost a division a tap, 5% of
+             * MobileNetV2's time) */
+            for (int64_t t = 0, kx = 0; t < n; t++, kx = kx + 1 == q->kw ? 0 : kx + 1) {
+                const int64_t ix = ix0 + kx;
                 if (ix < 0 || ix >= q->w) continue;
                 eoff[m] = toff[t] + ix0 * NC;
                 eidx[m++] = tidx[t];
@@ -557,12 +581,16 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
     const int64_t nob = mt_nchwc_blocks(pw->o), units = (nob + 1) / 2, ncb = mt_nchwc_blocks(pw->c);
     const int64_t cbs = pw->h * pw->w * NC, ys_out = dw->oh * dw->ow * NC, kk = dw->kh * dw->kw;
     nc_geom q, qp;
+    /* the depthwise conv reads ring rows of rp zeros, W pixels, rp zeros */
+    const int64_t rp = pwdw_pad(dw), rs = (pw->w + 2 * rp) * NC;
     nc_plan(dw, 1, 0, &q);
+    q.w += 2 * rp;
+    q.pw -= rp;
     /* the pointwise conv as nc_row sees it: one flat row of the image in,
      * one ring row out, the ring's blocks kh rows apart */
     nc_plan(pw, 1, 0, &qp);
     qp.h = qp.oh = 1;
-    qp.ys = dw->kh * pw->w * NC;
+    qp.ys = dw->kh * rs;
     float *b1 = (float *)workspace, *b2 = (float *)((char *)workspace + bias_bytes(pw));
     for (int64_t i = 0; i < units * NC_PAIR; i++) {
         b1[i] = pw_bias && i < pw->o ? pw_bias[i] : 0.0f;
@@ -589,6 +617,7 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
 #endif
         float *ring = (float *)mine;
         int64_t *tl = (int64_t *)(mine + ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
+        memset(ring, 0, (size_t)ring_f * sizeof(float));     /* the pad columns, never written */
         for (int64_t n = 0; n < pw->n; n++) {
             #pragma omp for schedule(static)
             for (int64_t task = 0; task < tasks; task++) {
@@ -599,18 +628,21 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
                 const float *xn = x + n * ncb * cbs;
                 for (int64_t s = 0; s < dw->kh; s++) tags[s] = -1;
                 for (int64_t oy = oy0; oy < oy1; oy++) {
-                    for (int64_t ky = 0; ky < dw->kh; ky++) {
-                        const int64_t iy = oy * dw->sh - dw->ph + ky, slot = iy % dw->kh;
+                    const int64_t iy0 = oy * dw->sh - dw->ph;
+                    int64_t slot = pwdw_slot(iy0, dw->kh);
+                    for (int64_t ky = 0; ky < dw->kh; ky++, slot = slot + 1 == dw->kh ? 0 : slot + 1) {
+                        const int64_t iy = iy0 + ky;
                         if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
                         nc_row(&qp, 0, nv, ptail, xn + iy * pw->w * NC, pw_packed + u * ncb * NC * NC_PAIR,
-                               b1 + u * NC_PAIR, ring + slot * pw->w * NC, 0, 0, pw->w, tl, pw->act, 0);
+                               b1 + u * NC_PAIR, ring + slot * rs + rp * NC, 0, 0, pw->w, tl, pw->act, 0);
                         tags[slot] = iy;
                     }
+                    const int64_t ntap = pwdw_row_taps(&q, oy, tl, tl + kk);
                     for (int v = 0; v < nv; v++) {
                         const int64_t blk = 2 * u + v;
                         pwdw_dw_row(&q, ring + v * qp.ys, dw_packed + blk * kk * NC, b2 + blk * NC,
-                                    y + (n * nob + blk) * ys_out + oy * dw->ow * NC, oy, tl,
-                                    blk == nob - 1 ? tail : 0, dw->act);
+                                    y + (n * nob + blk) * ys_out + oy * dw->ow * NC, tl, tl + kk, ntap,
+                                    tl + 2 * kk, tl + 3 * kk, blk == nob - 1 ? tail : 0, dw->act);
                     }
                 }
             }
