@@ -267,9 +267,7 @@ def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
     """
     fn = "max_pool2d_nchwc"
     (x,) = A.tensors(fn, x=x)
-    # (the arguments checked as max_pool2d checks them: stride=() is an error there too)
-    k = A.pair(fn, "kernel_size", kernel_size, 1)
-    s = k if stride is None else A.pair(fn, "stride", stride, 1)
+    k, s = _fnn._pool_window(fn, kernel_size, stride)       # as max_pool2d: stride=() is an error
     p, d = A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1)
     return _nn.max_pool2d_nchwc(x, k, s, p, d, bool(ceil_mode))
 

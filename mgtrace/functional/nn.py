@@ -258,6 +258,13 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
 
 # ------------------------------------------------------------------ pooling
 
+def _pool_window(fn, kernel_size, stride):
+    """A pooling's (kernel, stride) as pairs, the stride the kernel's when
+    None (PyTorch's); the checks every pooling function shares."""
+    k = A.pair(fn, "kernel_size", kernel_size, 1)
+    return k, k if stride is None else A.pair(fn, "stride", stride, 1)
+
+
 def _pool_input(fn, x):
     (x,) = A.tensors(fn, x=x)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
@@ -302,8 +309,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     fn = "max_pool2d"
     x = _pool_input(fn, x)
     return_indices = A.to_bool(fn, "return_indices", return_indices)
-    k = A.pair(fn, "kernel_size", kernel_size, 1)
-    s = k if stride is None else A.pair(fn, "stride", stride, 1)
+    k, s = _pool_window(fn, kernel_size, stride)
     p, d = A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1)
     y = _nn.max_pool2d(x, k, s, p, d, bool(ceil_mode))
     if not return_indices:
@@ -374,8 +380,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, mode="average_count_exclu
     x = _pool_input(fn, x)
     if mode not in _AVG_MODES:
         raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, _AVG_MODES))}, got {mode!r}")
-    k = A.pair(fn, "kernel_size", kernel_size, 1)
-    s = k if stride is None else A.pair(fn, "stride", stride, 1)
+    k, s = _pool_window(fn, kernel_size, stride)
     return _nn.avg_pool2d(x, k, s, A.pair(fn, "padding", padding, 0), bool(ceil_mode),
                           _AVG_MODES[mode])
 

@@ -136,15 +136,16 @@ class Pipe(M.Module):
         return b * 2
 
 
-def _nodes(tm):
+def _traced_pipe():
+    """(eager Pipe, its TracedModule, the fc output node, the relu node)."""
+    net = Pipe()
+    tm = mt.trace_module(net, _rand(2, 3))
     g = tm.graph
-    return g.get_node_by_name("fc_out").as_unique(), g.get_node_by_name("relu").as_unique()
+    return net, tm, g.get_node_by_name("fc_out").as_unique(), g.get_node_by_name("relu").as_unique()
 
 
 def test_watch_points_record_every_run():
-    net = Pipe()
-    tm = mt.trace_module(net, _rand(2, 3))
-    a, b = _nodes(tm)
+    net, tm, a, b = _traced_pipe()
     tm.set_watch_points([a, b])
     x1, x2 = _rand(2, 3, seed=1), _rand(4, 3, seed=2)
     out1, out2 = tm(x1), tm(x2)
@@ -159,9 +160,7 @@ def test_watch_points_record_every_run():
 
 
 def test_end_points_stop_the_run_early():
-    net = Pipe()
-    tm = mt.trace_module(net, _rand(2, 3))
-    a, b = _nodes(tm)
+    net, tm, a, b = _traced_pipe()
     x = _rand(5, 3, seed=3)
     tm.set_end_points([a])
     (got,) = tm(x)
@@ -174,10 +173,8 @@ def test_end_points_stop_the_run_early():
 
 
 def test_a_graph_input_can_be_watched_and_be_an_end_point():
-    net = Pipe()
-    tm = mt.trace_module(net, _rand(2, 3))
+    net, tm, a, _ = _traced_pipe()
     x_node = tm.graph.inputs[1]
-    a, _ = _nodes(tm)
     tm.set_watch_points([x_node, a])
     x = _rand(2, 3, seed=5)
     tm(x)
@@ -193,9 +190,7 @@ def test_a_graph_input_can_be_watched_and_be_an_end_point():
 
 
 def test_flatten_moves_watch_and_end_points_to_the_flat_graph():
-    net = Pipe()
-    tm = mt.trace_module(net, _rand(2, 3))
-    a, b = _nodes(tm)
+    net, tm, a, b = _traced_pipe()
     x = _rand(3, 3, seed=4)
     tm.set_watch_points([b])
     tm.set_end_points([a])
