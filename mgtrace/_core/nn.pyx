@@ -48,6 +48,7 @@ from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core import args as A
 from mgtrace._core.args import MAX_GEOMETRY
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.bytes cimport PyBytes_FromStringAndSize
 
 cdef extern from "kernels/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
@@ -287,6 +288,7 @@ cdef bint _is_int(object v):
 
 
 cdef int64_t _MAX_GEOMETRY = MAX_GEOMETRY
+cdef int64_t _NUMEL_MAX = MAX_NUMEL
 
 
 cdef inline bint _small_int(object v, int minimum):
@@ -352,6 +354,11 @@ cdef int _check_4d(str op, str name, Tensor t, str layout) except -1:
     if t._ndim != 4:
         raise ValueError(f"{op}: expected {name} of shape {layout} (4-D), got shape {shape_tuple(t)}")
     return 0
+
+
+cdef inline bint _over_blas(int64_t a, int64_t b) noexcept:
+    """a * b > _BLAS_INT_MAX for 0 <= a, b < 2**62, without overflow."""
+    return b != 0 and a > _BLAS_INT_MAX // b
 
 
 cdef int _check_blas(str op, tuple sizes) except -1:
@@ -423,14 +430,22 @@ def clear_weight_cache():
     _weight_cache_bytes = 0
 
 
-cdef tuple _weight_key(Tensor w, int work):
-    """The cache key of weight view ``w`` computed in dtype ``work``, or None
-    when its storage's writes are not all seen (mt_storage_tracked)."""
+cdef bytes _weight_key(Tensor w, int work, int algo, int layout, int64_t groups):
+    """The cache key of weight view ``w`` packed for ``algo`` in ``layout``
+    with ``groups`` and computed in dtype ``work``, or None when its
+    storage's writes are not all seen (mt_storage_tracked). One bytes
+    record of int64s, hashed and compared in C: a tuple of tuples cost a
+    microsecond a conv call, more than a small conv's arithmetic."""
     if not mt_storage_tracked(w._st):
         return None
-    cdef int i
-    return (w._st.uid, <intptr_t>(w._data - w._st.ptr), w._dtype, work,
-            tuple([w._shape[i] for i in range(w._ndim)]), tuple([w._strides[i] for i in range(w._ndim)]))
+    cdef int64_t rec[8 + 2 * 16]
+    cdef int i, nd = w._ndim
+    rec[0], rec[1], rec[2], rec[3] = algo, layout, groups, <int64_t>w._st.uid
+    rec[4], rec[5], rec[6], rec[7] = <int64_t>(w._data - w._st.ptr), w._dtype, work, nd
+    for i in range(nd):
+        rec[8 + i] = w._shape[i]
+        rec[8 + nd + i] = w._strides[i]
+    return PyBytes_FromStringAndSize(<char *>rec, (8 + 2 * nd) * <Py_ssize_t>sizeof(int64_t))
 
 
 # _packed_weights' algo for conv2d_nchwc's weights (its layout: 1 for an
@@ -443,14 +458,13 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
     packed for ``algo`` in ``layout`` (Winograd's U, DIRECT's blocks), from
     the cache when ``w_orig`` has not been written since."""
     global _weight_cache_bytes
-    key = _weight_key(w_orig, work)
+    # (groups too: DIRECT and BLOCKED pad each group's last block)
+    key = _weight_key(w_orig, work, algo, layout, g.groups)
     # the version before packing: a write from another thread while the
     # packing runs (without the GIL) leaves an entry that the next call
     # finds stale, never one that looks current
     cdef uint64_t version = w_orig._st.version
     if key is not None:
-        # (groups too: DIRECT and BLOCKED pad each group's last block)
-        key = (algo, layout, g.groups) + key
         hit = _weight_cache.get(key)
         if hit is not None and hit[0] == version:
             _weight_cache.move_to_end(key)
@@ -864,40 +878,52 @@ cdef int64_t _blocks(int64_t c):
     return mt_nchwc_blocks(c)
 
 
-cdef tuple _nchwc_x(str op, Tensor tx, object c):
-    """(n, h, w) of an NCHW16c x holding ``c`` channels; ValueError else."""
+cdef int _nchwc_x(str op, Tensor tx, int64_t c) except -1:
+    """ValueError unless x is NCHW16c [N, ceil(c/16), H, W, 16]."""
     if tx._ndim != 5:
         raise ValueError(f"{op}: x must be NCHW16c (5-D), got shape {shape_tuple(tx)}")
-    n, cb, h, w, lanes = shape_tuple(tx)
-    if lanes != 16 or cb != _blocks(c):
+    if tx._shape[4] != 16 or tx._shape[1] != _blocks(c):
         raise ValueError(f"{op}: x of shape {shape_tuple(tx)} is not NCHW16c for the weight's {c} input "
                          f"channels (want [N, {_blocks(c)}, H, W, 16])")
-    return n, h, w
+    return 0
 
 
 cdef Tensor _nchwc_bias(str op, str name, object bias, int64_t o):
     if bias is None:
         return None
     cdef Tensor tb = _f32_cpu(op, name, bias)
-    if shape_tuple(tb) != (o,):
+    if tb._ndim != 1 or tb._shape[0] != o:
         raise ValueError(f"{op}: {name} must have shape ({o},), got {shape_tuple(tb)}")
     return tb
 
 
-cdef int _nchwc_geom(str op, mt_conv2d_geom *g, n, c, h, w, o, kh, kw, stride, padding, dilation, groups,
-                     act) except -1:
+cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                     int64_t kh, int64_t kw, stride, padding, dilation, int64_t groups, act) except -1:
     """Fills ``g`` (no residual) for a conv of [n, c, h, w] by [o, c / groups,
     kh, kw], checking stride, padding, dilation and the sizes as conv2d
-    does."""
+    does. In C ints: the sizes are tensor dimensions (below 2**62) and the
+    pairs at most MAX_GEOMETRY, so each sum and product below fits int64
+    once the ones BLAS would refuse are out (checked first, in Python ints:
+    Python-int arithmetic here cost a microsecond a conv call)."""
+    cdef int64_t sh, sw, ph, pw, dh, dw, eh, ew
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     dh, dw = _positive(op, "dilation", dilation)
+    if kh > _BLAS_INT_MAX or kw > _BLAS_INT_MAX or h > _BLAS_INT_MAX or w > _BLAS_INT_MAX:
+        big_h, big_w = h + 2 * ph - <object>dh * (kh - 1) - 1, w + 2 * pw - <object>dw * (kw - 1) - 1
+        if big_h < 0 or big_w < 0:
+            raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
+                             f"padded input ({h + 2 * ph}, {w + 2 * pw})")
+        # (a kernel or plane this large fits only a padded plane past the limit)
+        _check_blas(op, ((h + 2 * ph) * <object>(w + 2 * pw), (big_h // sh + 1) * (big_w // sw + 1)))
     eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
     if eh < 0 or ew < 0:
         raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
                          f"padded input ({h + 2 * ph}, {w + 2 * pw})")
-    oh, ow = eh // sh + 1, ew // sw + 1
-    _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))   # conv2d's limits
+    cdef int64_t oh = eh // sh + 1, ow = ew // sw + 1
+    if _over_blas(h + 2 * ph, w + 2 * pw) or _over_blas(oh, ow) or o > _BLAS_INT_MAX or \
+            _over_blas(c, kh) or _over_blas(c * kh, kw):      # conv2d's limits
+        _check_blas(op, ((h + 2 * ph) * <object>(w + 2 * pw), <object>oh * ow, o, <object>c * kh * kw))
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
     g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
@@ -946,30 +972,34 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     cdef int blocked = tx._ndim == 5, rc, nt
     cdef void *wsp
     _check_4d(op, "weight", tw, "[O, C / groups, KH, KW]")
-    o, cg, kh, kw = shape_tuple(tw)
-    groups = _groups(op, groups)
-    c = cg * groups
+    cdef int64_t o = tw._shape[0], cg = tw._shape[1], kh = tw._shape[2], kw = tw._shape[3]
+    cdef int64_t ngroups = _groups(op, groups)
+    if cg > _NUMEL_MAX // ngroups:
+        raise ValueError(f"{op}: {cg} weight channels a group times groups={ngroups} is more channels "
+                         f"than a tensor can hold")
+    cdef int64_t c = cg * ngroups
     if blocked:
-        n, h, w = _nchwc_x(op, tx, c)
+        _nchwc_x(op, tx, c)
     elif tx._ndim == 4:
-        n, xc, h, w = shape_tuple(tx)
-        if xc != c:
-            raise ValueError(f"{op}: x has {xc} channels but weight expects {c}")
+        if tx._shape[1] != c:
+            raise ValueError(f"{op}: x has {tx._shape[1]} channels but weight expects {c}")
     else:
         raise ValueError(f"{op}: x must be NCHW16c (5-D) or NCHW (4-D), got shape {shape_tuple(tx)}")
-    if groups != 1 and not (groups == c == o and cg == 1 and blocked):
+    if ngroups != 1 and not (ngroups == c == o and cg == 1 and blocked):
         raise ValueError(f"{op}: groups must be 1, or the channel count with an NCHW16c x and one "
-                         f"weight channel a group (depthwise), got groups={groups} for {c} -> {o} channels")
+                         f"weight channel a group (depthwise), got groups={ngroups} for {c} -> {o} channels")
     if kh < 1 or kw < 1:
         raise ValueError(f"{op}: kernel size must be positive, got weight shape {shape_tuple(tw)}")
     tb = _nchwc_bias(op, "bias", bias, o)
-    _nchwc_geom(op, &g, n, c, h, w, o, kh, kw, stride, padding, dilation, groups, act)
+    _nchwc_geom(op, &g, tx._shape[0], c, tx._shape[2], tx._shape[3], o, kh, kw, stride, padding, dilation,
+                ngroups, act)
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g.oh, g.ow, 16
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g.n, _blocks(o), g.oh, g.ow, 16
     out = empty(5, oshape, MT_FLOAT32, tx._device)
     if residual is not None:
         tr = _f32_cpu(op, "residual", residual)
-        if shape_tuple(tr) != shape_tuple(out):
+        if tr._ndim != 5 or tr._shape[0] != oshape[0] or tr._shape[1] != oshape[1] or \
+                tr._shape[2] != oshape[2] or tr._shape[3] != oshape[3] or tr._shape[4] != 16:
             raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
                              f"got {shape_tuple(tr)}")
         g.has_res = 1
@@ -1030,14 +1060,14 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     cdef int rc, nt
     _check_4d(op, "weight", tw, "[E, C, 1, 1]")
     _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
-    e, c, kh1, kw1 = shape_tuple(tw)
-    e2, one, kh, kw = shape_tuple(tw2)
-    if kh1 != 1 or kw1 != 1:
+    cdef int64_t e = tw._shape[0], c = tw._shape[1], kh = tw2._shape[2], kw = tw2._shape[3]
+    if tw._shape[2] != 1 or tw._shape[3] != 1:
         raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
-    if e2 != e or one != 1 or kh < 1 or kw < 1:
+    if tw2._shape[0] != e or tw2._shape[1] != 1 or kh < 1 or kw < 1:
         raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
                          f"channels), got {shape_tuple(tw2)}")
-    n, h, w = _nchwc_x(op, tx, c)
+    _nchwc_x(op, tx, c)
+    cdef int64_t n = tx._shape[0], h = tx._shape[2], w = tx._shape[3]
     cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
     _nchwc_geom(op, &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
     # groups > 1 is what makes the packing depthwise's, one channel included

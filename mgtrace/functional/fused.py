@@ -130,11 +130,16 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     ((1, 1, 2, 2, 16), [[[[2.0, 2.0], [2.0, 2.0]]]])
     """
     fn = "conv2d_nchwc"
-    if _plain_tensors(x, weight, bias) and \
-            (residual is None or _pointwise_residual(x, weight, stride, padding, residual)):
+    if _plain_tensors(x, weight, bias) and (residual is None or isinstance(residual, Tensor)):
         # what an optimized graph passes, some 50 calls a MobileNetV2 forward:
-        # the kernel checks the rest (dtypes, devices, act) with F's messages
-        return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
+        # the kernel checks the rest (dtypes, devices, act, the residual's
+        # shape) with F's messages; a residual of another shape (one that
+        # only broadcasts) goes the general way below
+        try:
+            return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
+        except ValueError:
+            if residual is None:
+                raise
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, (4, 5), "[N, ceil(C/16), H, W, 16] or [N, C, H, W]")
@@ -159,21 +164,6 @@ def _plain_tensors(x, weight, bias):
     none (the kernels check dtypes, devices and shapes themselves)."""
     return isinstance(x, Tensor) and isinstance(weight, Tensor) and \
         (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1))
-
-
-def _pointwise_residual(x, weight, stride, padding, residual):
-    """Whether ``residual`` is an NCHW16c Tensor of a pointwise conv's
-    output shape (1x1, stride 1, no padding: x's planes), cheaply; for
-    other convs the general path compares the output shape."""
-    return isinstance(residual, Tensor) and _is_unit(stride, 1) and _is_unit(padding, 0) and \
-        x.ndim == 5 and weight.ndim == 4 and weight.shape[2:] == (1, 1) and \
-        residual.shape == (x.shape[0], -(-weight.shape[0] // 16), x.shape[2], x.shape[3], 16)
-
-
-def _is_unit(v, want):
-    """``v`` is ``want`` as a plain int or an (h, w) tuple (other spellings,
-    which the kernel's argument checks take or refuse, go the general way)."""
-    return (type(v) is int and v == want) or (type(v) is tuple and v == (want, want))
 
 
 def _nchwc_out_shape(x, weight, stride, padding, dilation):
@@ -231,7 +221,9 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
     """
     fn = "conv2d_nchwc_pw_dw"
-    if _plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias):
+    if isinstance(x, Tensor) and isinstance(weight, Tensor) and isinstance(dw_weight, Tensor) and \
+            (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1)) and \
+            (dw_bias is None or (isinstance(dw_bias, Tensor) and dw_bias.ndim == 1)):
         return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
     x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
                                                     dw_bias=dw_bias)

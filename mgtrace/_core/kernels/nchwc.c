@@ -459,12 +459,18 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
 #else
         int64_t *tl = tls;
 #endif
+        /* one barrier a call where there is no padded copy (the region's
+         * end): each barrier costs a futex system call in libgomp, and the
+         * tasks of one image never read another's output */
         for (int64_t n = 0; n < g->n; n++) {
             if (xp) {
+                if (n > 0) {
+                    #pragma omp barrier
+                }
                 #pragma omp for schedule(static)
                 for (int64_t cb = 0; cb < q.ncb; cb++) pad_block(x, xp, g, &q, n, cb);
             }
-            #pragma omp for schedule(static)
+            #pragma omp for schedule(static) nowait
             for (int64_t task = 0; task < tasks; task++) {
                 const int64_t u = units_outer ? task / rows : task % units;
                 const int64_t row = units_outer ? task % rows : task / units;
@@ -619,7 +625,7 @@ int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *p
         int64_t *tl = (int64_t *)(mine + ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
         memset(ring, 0, (size_t)ring_f * sizeof(float));     /* the pad columns, never written */
         for (int64_t n = 0; n < pw->n; n++) {
-            #pragma omp for schedule(static)
+            #pragma omp for schedule(static) nowait      /* (rings are per thread) */
             for (int64_t task = 0; task < tasks; task++) {
                 const int64_t u = task % units, oy0 = task / units * rows;
                 const int64_t oy1 = oy0 + rows < dw->oh ? oy0 + rows : dw->oh;
