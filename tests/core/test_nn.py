@@ -1524,7 +1524,10 @@ def test_conv2d_nchwc_pw_dw_equals_the_two_calls_and_keeps_unused_channels_finit
     (lambda t: (t(1, 16, 4, 4), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None), ValueError, "NCHW16c"),
     (lambda t: (t(1, 2, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None), ValueError, "NCHW16c"),
     (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), t(7), t(8, 1, 3, 3), None), ValueError, "bias"),
-    (lambda t: (t(1, 1, 2, 2, 16), t(8, 16, 1, 1), None, t(8, 1, 5, 5), None), ValueError, "larger"),
+    (lambda t: (t(1, 1, 2, 2, 16), t(8, 16, 1, 1), None, t(8, 1, 5, 5), None), ValueError,
+     r"\(depthwise conv\): kernel \(5, 5\) .* larger"),
+    (lambda t: (t(1, 1, 0, 2, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None), ValueError,
+     r"\(pointwise conv\): kernel \(1, 1\) .* larger than the padded input \(0, 2\)"),
     (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, "w", None), TypeError, "Tensor"),
 ])
 def test_conv2d_nchwc_pw_dw_bad_arguments(args, err, match):
