@@ -66,6 +66,11 @@ def ops_for(lib):
     m1024 = rng.standard_normal((1024, 1024)).astype(np.float32)
     cx = rng.standard_normal((8, 64, 56, 56)).astype(np.float32)
     cw = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    # a conv with next to no arithmetic: what a call costs beside its kernel
+    # (an optimized MobileNetV2 makes some 40 such calls a forward)
+    qx = rng.standard_normal((1, 16, 2, 2)).astype(np.float32)
+    qw = rng.standard_normal((16, 16, 1, 1)).astype(np.float32)
+    qb = rng.standard_normal(16).astype(np.float32)
     if lib == "mgtrace":
         import mgtrace as mt
         from mgtrace._core import dispatch, nn
@@ -78,6 +83,9 @@ def ops_for(lib):
                  relu=lambda: relu(ta), irelu=lambda: relu(ta, out=ta), exp=lambda: exp(ts),
                  iexp=lambda: exp(ts, out=ts), sum=lambda: ta.sum(), mm256=lambda: t256 @ t256,
                  mm1024=lambda: t1024 @ t1024, conv=lambda: nn.conv2d(tx, tw, padding=1))
+        import mgtrace.functional as MF
+        qxc, qwt, qbt = MF.to_nchwc(T(qx)), T(qw), T(qb)
+        f["conv_call"] = lambda: MF.conv2d_nchwc(qxc, qwt, qbt, act="relu", residual=qxc)
     elif lib == "numpy":
         f = dict(add1=lambda: a1 + a1, add100=lambda: a100 + a100, scal=lambda: a100 + 1.0,
                  mixed=lambda: i100 + a100, add=lambda: a + b, iadd=lambda: np.add(a, b, out=a),
@@ -95,6 +103,8 @@ def ops_for(lib):
                  iexp=lambda: ts.exp_(), sum=lambda: ta.sum(), mm256=lambda: t256 @ t256,
                  mm1024=lambda: t1024 @ t1024,
                  conv=lambda: torch.nn.functional.conv2d(tx, tw, padding=1))
+        qxt, qwt, qbt = F(qx), F(qw), F(qb)
+        f["conv_call"] = lambda: torch.relu(torch.nn.functional.conv2d(qxt, qwt, qbt) + qxt)
     return f
 
 
@@ -115,6 +125,8 @@ ROWS = [
     ("sgemm 256", "mm256", "GFLOP/s", 2 * 256 ** 3),
     ("sgemm 1024", "mm1024", "GFLOP/s", 2 * 1024 ** 3),
     ("conv2d 8x64x56x56 3x3 p1", "conv", "GFLOP/s", CONV_FLOPS),
+    # mgtrace: one F.conv2d_nchwc (bias, residual, relu in the kernel); torch: conv2d, +, relu
+    ("conv 1x1+res+relu, 16ch 2x2", "conv_call", "us", None),
 ]
 
 

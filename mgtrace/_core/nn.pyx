@@ -1073,7 +1073,8 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     # pointwise conv's, as the two separate calls would)
     _nchwc_geom("conv2d_nchwc_pw_dw (pointwise conv)", &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
     # groups > 1 is what makes the packing depthwise's, one channel included
-    _nchwc_geom("conv2d_nchwc_pw_dw (depthwise conv)", &g2, n, e, h, w, e, kh, kw, stride, padding, 1, max(e, 2), dw_act)
+    _nchwc_geom("conv2d_nchwc_pw_dw (depthwise conv)", &g2, n, e, h, w, e, kh, kw, stride, padding, 1,
+                max(e, 2), dw_act)
     cdef int64_t oshape[5]
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), g2.oh, g2.ow, 16
     out = empty(5, oshape, MT_FLOAT32, tx._device)

@@ -221,9 +221,7 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
     """
     fn = "conv2d_nchwc_pw_dw"
-    if isinstance(x, Tensor) and isinstance(weight, Tensor) and isinstance(dw_weight, Tensor) and \
-            (bias is None or (isinstance(bias, Tensor) and bias.ndim == 1)) and \
-            (dw_bias is None or (isinstance(dw_bias, Tensor) and dw_bias.ndim == 1)):
+    if _plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias):
         return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
     x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
                                                     dw_bias=dw_bias)
