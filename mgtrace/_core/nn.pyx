@@ -897,6 +897,15 @@ cdef Tensor _nchwc_bias(str op, str name, object bias, int64_t o):
     return tb
 
 
+cdef Tensor _nchwc_out(str op, const int64_t *oshape, int device):
+    """The float32 NCHW16c output of shape ``oshape``; the errors of a
+    shape past 2**62 elements or of memory that cannot be had name ``op``."""
+    try:
+        return empty(5, oshape, MT_FLOAT32, device)
+    except (ValueError, MemoryError) as e:
+        raise type(e)(f"{op}: the output: {e}") from None
+
+
 cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
                      int64_t kh, int64_t kw, stride, padding, dilation, int64_t groups, act) except -1:
     """Fills ``g`` (no residual) for a conv of [n, c, h, w] by [o, c / groups,
@@ -995,7 +1004,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
                 ngroups, act)
     cdef int64_t oshape[5]
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g.n, _blocks(o), g.oh, g.ow, 16
-    out = empty(5, oshape, MT_FLOAT32, tx._device)
+    out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
         tr = _f32_cpu(op, "residual", residual)
         if tr._ndim != 5 or tr._shape[0] != oshape[0] or tr._shape[1] != oshape[1] or \
@@ -1077,7 +1086,7 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
                 max(e, 2), dw_act)
     cdef int64_t oshape[5]
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), g2.oh, g2.ow, 16
-    out = empty(5, oshape, MT_FLOAT32, tx._device)
+    out = _nchwc_out(op, oshape, tx._device)
     if numel(out) == 0:
         return out
     nt = num_threads()

@@ -1393,7 +1393,7 @@ cdef int64_t *_contig_strides(const int64_t *shape, int nd, int64_t *out) noexce
 
 cdef int _infer_shape(int64_t *shape, int nd, int64_t total, object old) except -1:
     cdef int i, neg = -1
-    cdef int64_t known = 1
+    cdef int64_t known = 1, nonzero = 1
     for i in range(nd):
         if shape[i] == -1:
             if neg >= 0:
@@ -1401,8 +1401,17 @@ cdef int _infer_shape(int64_t *shape, int nd, int64_t total, object old) except 
             neg = i
         elif shape[i] < 0:
             raise ValueError(f"reshape: invalid dimension {shape[i]}")
-        else:
+        elif shape[i]:
+            # checked before multiplying: (2**32, 2**32) wrapped to 0 and
+            # passed for an empty tensor, whose views then read past it
+            if nonzero > (<int64_t>1 << 62) // shape[i]:
+                raise ValueError(f"cannot reshape a tensor of shape {old} ({total} elements) into "
+                                 f"{tuple([shape[i] for i in range(nd)])}: that shape has more than "
+                                 "2**62 elements (its nonzero dimensions' product)")
+            nonzero *= shape[i]
             known *= shape[i]
+        else:
+            known = 0
     if neg >= 0:
         if known == 0 or total % known:
             raise ValueError(f"cannot reshape a tensor of shape {old} ({total} elements) "

@@ -133,11 +133,12 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     if _plain_tensors(x, weight, bias) and (residual is None or isinstance(residual, Tensor)):
         # what an optimized graph passes, some 50 calls a MobileNetV2 forward:
         # the kernel checks the rest (dtypes, devices, act, the residual's
-        # shape) with F's messages; a residual of another shape (one that
-        # only broadcasts) goes the general way below
+        # shape and dtype) with F's messages; a residual the kernel does not
+        # take (one that only broadcasts, or another dtype) goes the general
+        # way below, which adds it with +
         try:
             return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
-        except ValueError:
+        except (ValueError, TypeError):
             if residual is None:
                 raise
     _act(fn, act)

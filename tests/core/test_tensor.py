@@ -131,6 +131,22 @@ def test_reshape_and_view_errors():
         mt.tensor(np.zeros((1,) * 17))
 
 
+@pytest.mark.parametrize("size, shape", [
+    (0, (2 ** 32, 2 ** 32)),          # the product wraps to 0 = the element count
+    (8, (2 ** 61 + 1, 8)),            # wraps to 8
+    (0, (-1, 2 ** 32, 2 ** 32)),
+    (0, (0, 2 ** 40, 2 ** 40)),       # NumPy refuses this too ("array is too big")
+])
+def test_reshape_refuses_shapes_whose_product_passes_int64(size, shape):
+    t = mt.tensor(np.zeros(size, np.float32))
+    with pytest.raises(ValueError, match=r"cannot reshape .* more than 2\*\*62 elements"):
+        t.reshape(shape)
+    with pytest.raises(ValueError, match=r"more than 2\*\*62 elements"):
+        t.view(shape)
+    ok = (0, 2 ** 20, 2 ** 30) if size == 0 else (2, 1, 4)    # large but within the limit
+    assert t.reshape(ok).shape == ok
+
+
 def test_flatten():
     a = np.arange(24).reshape(2, 3, 4).astype(np.int32)
     assert mt.tensor(a).flatten().shape == (24,)

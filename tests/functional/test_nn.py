@@ -118,6 +118,24 @@ def test_conv2d_nchwc_residual_that_does_not_broadcast_names_the_op():
     np.testing.assert_array_equal(y, np.full((2, 33, 5, 5), 20 * 9 + 2.0, np.float32))
 
 
+def test_conv2d_nchwc_residual_of_another_dtype_is_added_as_plus_adds_it():
+    x = F.to_nchwc(mt.tensor(np.ones((1, 2, 4, 4), np.float32)))
+    w = mt.tensor(np.ones((3, 2, 3, 3), np.float32))
+    r = np.full((1, 1, 1, 1, 16), 0.5, np.float64)
+    y = F.conv2d_nchwc(x, w, residual=mt.tensor(r))
+    assert y.dtype == "float64"       # + promotes float32 with float64
+    np.testing.assert_array_equal(y.numpy()[..., :3], np.full((1, 1, 2, 2, 3), 2 * 9 + 0.5))
+    # an exact-shape residual of another dtype is the kernel's TypeError, as before
+    with pytest.raises(TypeError, match="residual must be a float32"):
+        F.conv2d_nchwc(x, w, residual=mt.tensor(np.ones((1, 1, 2, 2, 16), np.float64)))
+
+
+def test_nchwc_output_past_the_element_limit_names_the_op():
+    e = mt.tensor(np.zeros(0, np.float32))
+    with pytest.raises(ValueError, match=r"conv2d_nchwc: the output: tensor too large"):
+        F.conv2d_nchwc(e.reshape(2 ** 40, 0, 4, 4, 16), e.reshape(2 ** 27, 0, 1, 1))
+
+
 def test_nchwc_convolution_errors_name_the_argument():
     x = F.to_nchwc(mt.tensor(np.zeros((1, 2, 4, 4), np.float32)))
     w, dw = mt.tensor(np.zeros((20, 2, 1, 1), np.float32)), mt.tensor(np.zeros((20, 1, 3, 3), np.float32))
