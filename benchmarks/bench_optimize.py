@@ -270,6 +270,9 @@ def main():
     ap.add_argument("--no-contention", action="store_true", help="skip the contention row")
     ap.add_argument("--rounds", type=int, default=None,
                     help="subprocesses a cell, interleaved across the columns (default 2; 3 with --full)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated rows to run, by model (resnet18, mobilenet_v2, minilm) or label "
+                         "(\"ResNet-18 b8\"); default all")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "BATCH", "SHAPE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
@@ -280,6 +283,10 @@ def main():
         child(kind, model, int(batch), [int(s) for s in shape.split(",")], args.threads,
               args.warmup, args.repeats)
         return
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    cases = [c for c in CASES if not wanted or c[0] in wanted or c[1] in wanted]
+    if not cases:
+        ap.error(f"--only {args.only!r} names no row; rows: " + ", ".join(f"{c[0]} ({c[1]})" for c in CASES))
     warmup, repeats = (5, 30) if args.full else (2, 7)
     rounds = args.rounds if args.rounds is not None else (3 if args.full else 2)
     if rounds < 1:
@@ -305,7 +312,7 @@ def main():
         f" | {'optim/eager':>11s} {'optim/ort':>9s}"
     print(head)
     print("-" * len(head))
-    for label, model, batch, shape in CASES:
+    for label, model, batch, shape in cases:
         res = interleaved(kinds, lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
                                                     model, batch, shape, args.threads, warmup, repeats),
                           rounds)
@@ -318,7 +325,7 @@ def main():
         for k in kinds:
             if "error" in res[k]:
                 print(f"#   {labels[k]}: {res[k]['error'][:160]}")
-    if not args.no_contention:
+    if not args.no_contention and CASES[0] in cases:       # (the contention row is ResNet-18 b1's)
         with Busy(2):
             label, model, batch, shape = CASES[0]
             cont = interleaved(("eager", "optimized") + (("torch",) if not missing["torch"] else ()),
