@@ -357,7 +357,7 @@ cdef int _check_4d(str op, str name, Tensor t, str layout) except -1:
 
 
 cdef inline bint _over_blas(int64_t a, int64_t b) noexcept:
-    """a * b > _BLAS_INT_MAX for 0 <= a, b < 2**62, without overflow."""
+    """a * b > _BLAS_INT_MAX for a, b >= 0, without the product (it may pass int64)."""
     return b != 0 and a > _BLAS_INT_MAX // b
 
 
@@ -910,25 +910,18 @@ cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h,
                      int64_t kh, int64_t kw, stride, padding, dilation, int64_t groups, act) except -1:
     """Fills ``g`` (no residual) for a conv of [n, c, h, w] by [o, c / groups,
     kh, kw], checking stride, padding, dilation and the sizes as conv2d
-    does. In C ints: the sizes are tensor dimensions (below 2**62) and the
-    pairs at most MAX_GEOMETRY, so each sum and product below fits int64
-    once the ones BLAS would refuse are out (checked first, in Python ints:
-    Python-int arithmetic here cost a microsecond a conv call)."""
+    does. In C ints (Python-int arithmetic here cost a microsecond a conv
+    call): the sizes are tensor dimensions (below 2**62) and the pairs at
+    most MAX_GEOMETRY, so the padded sizes fit int64, and a kernel's span
+    is computed only once it is known to fit the padded input."""
     cdef int64_t sh, sw, ph, pw, dh, dw, eh, ew
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     dh, dw = _positive(op, "dilation", dilation)
-    if kh > _BLAS_INT_MAX or kw > _BLAS_INT_MAX or h > _BLAS_INT_MAX or w > _BLAS_INT_MAX:
-        big_h, big_w = h + 2 * ph - <object>dh * (kh - 1) - 1, w + 2 * pw - <object>dw * (kw - 1) - 1
-        if big_h < 0 or big_w < 0:
-            raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
-                             f"padded input ({h + 2 * ph}, {w + 2 * pw})")
-        # (a kernel or plane this large fits only a padded plane past the limit)
-        _check_blas(op, ((h + 2 * ph) * <object>(w + 2 * pw), (big_h // sh + 1) * (big_w // sw + 1)))
-    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
-    if eh < 0 or ew < 0:
+    if kh - 1 > (h + 2 * ph - 1) // dh or kw - 1 > (w + 2 * pw - 1) // dw:
         raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
                          f"padded input ({h + 2 * ph}, {w + 2 * pw})")
+    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
     cdef int64_t oh = eh // sh + 1, ow = ew // sw + 1
     if _over_blas(h + 2 * ph, w + 2 * pw) or _over_blas(oh, ow) or o > _BLAS_INT_MAX or \
             _over_blas(c, kh) or _over_blas(c * kh, kw):      # conv2d's limits
