@@ -83,6 +83,9 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
                          const mt_conv2d_geom *g, int algo, int layout, int nthreads, void *workspace) noexcept
     int64_t mt_nchwc_blocks(int64_t channels) noexcept
+    enum mt_nchwc_form:
+        MT_NCHWC_PLAIN, MT_NCHWC_BLOCKED, MT_NCHWC_WINOGRAD, MT_NCHWC_WINOGRAD4
+    int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) noexcept
     int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) noexcept
     void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked) noexcept
     int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) noexcept
@@ -448,9 +451,28 @@ cdef bytes _weight_key(Tensor w, int work, int algo, int layout, int64_t groups)
     return PyBytes_FromStringAndSize(<char *>rec, (8 + 2 * nd) * <Py_ssize_t>sizeof(int64_t))
 
 
-# _packed_weights' algo for conv2d_nchwc's weights (its layout: 1 for an
-# NCHW16c input, 0 for NCHW); not an mt_conv_algo
+# _packed_weights' algo for conv2d_nchwc's weights (its layout: an
+# mt_nchwc_form); not an mt_conv_algo
 cdef int _NCHWC = 1000
+
+# conv2d_nchwc's Winograd: -1 as mt_conv2d_nchwc_form picks, 0 never, 1
+# F(2x2) and 2 F(4x4) wherever it applies (for tests and benchmarks: see
+# _set_nchwc_winograd)
+cdef int _nchwc_winograd = -1
+_WINOGRAD_MODES = {None: -1, False: 0, 2: 1, 4: 2}
+
+
+def _set_nchwc_winograd(mode):
+    """Sets how conv2d_nchwc runs a dense 3x3, stride-1 conv: None (as
+    the shapes say), False (its direct kernel), 2 or 4 (Winograd F(2x2,
+    3x3) or F(4x4, 3x3) wherever it applies); returns the previous
+    setting. For tests and benchmarks, which compare the algorithms."""
+    global _nchwc_winograd
+    if mode is True or mode not in _WINOGRAD_MODES:
+        raise ValueError(f"_set_nchwc_winograd: mode must be None, False, 2 or 4, got {mode!r}")
+    old = next(k for k, v in _WINOGRAD_MODES.items() if v == _nchwc_winograd)
+    _nchwc_winograd = _WINOGRAD_MODES[mode]
+    return old
 
 
 cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int layout, int nt):
@@ -957,6 +979,12 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
         float32 [N, ceil(O/16), OH, OW, 16]: the output channels past O are
         act(0) (zero for every activation but sigmoid's 0.5).
 
+    A dense 3x3 conv of stride 1 without dilation, on an NCHW16c x with
+    enough output tiles, runs as Winograd F(2x2, 3x3) or F(4x4, 3x3)
+    (:func:`conv2d_nchwc_algorithm`), as conv2d's Winograd does: it rounds
+    within a few 1e-6 of the output's scale of the direct sum, and an
+    infinite input makes its neighbours NaN.
+
     Raises:
         TypeError: a tensor that is not float32 on the CPU.
         ValueError: shapes that do not fit, other groups, an unknown act;
@@ -1010,14 +1038,15 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
         return out
     nt = num_threads()
     # (the cache key is the weight as given: a non-contiguous one's copy is new every call)
-    cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, blocked or groups > 1, nt)
-    cdef int64_t nb = mt_conv2d_nchwc_workspace(&g, blocked, nt)
+    cdef int form = mt_conv2d_nchwc_form(&g, blocked, _nchwc_winograd)
+    cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, form, nt)
+    cdef int64_t nb = mt_conv2d_nchwc_workspace(&g, form, nt)
     cdef Tensor ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
     wsp = ws._data
     with nogil:
-        rc = mt_conv2d_nchwc(<const float *>tx._data, blocked, <const float *>u._data, bptr,
+        rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
                              <float *>out._data, &g, nt, wsp)
     _check_rc(op, rc)
     return out
@@ -1174,6 +1203,26 @@ def _direct_force_narrow(bint on):
     mt_conv2d_direct_force_narrow(on)
 
 
+cdef int _shape_geom(mt_conv2d_geom *g, x_shape, weight_shape, stride, padding, dilation, groups) except -1:
+    """Fills ``g`` (no epilogue) for conv2d's shapes alone, as conv2d checks them."""
+    n, c, h, w = x_shape
+    o, cg, kh, kw = weight_shape
+    groups = _groups("conv2d", groups)
+    if c % groups or o % groups or cg * groups != c:
+        raise ValueError(f"conv2d: groups={groups!r} does not fit x channels {c} and weight {tuple(weight_shape)}")
+    g.n, g.c, g.h, g.w, g.o, g.kh, g.kw = n, c, h, w, o, kh, kw
+    g.sh, g.sw = _positive("conv2d", "stride", stride)
+    g.ph, g.pw = _nonneg("conv2d", "padding", padding)
+    g.dh, g.dw = _positive("conv2d", "dilation", dilation)
+    g.groups = groups
+    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
+    g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
+    g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
+    if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
+        raise ValueError(f"conv2d: kernel {(kh, kw)} does not fit the padded input {(h, w)}")
+    return 0
+
+
 def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, cached=False):
     """The algorithm conv2d picks for these shapes: "winograd4" (F(4x4, 3x3)),
     "winograd" (F(2x2, 3x3)), "blocked", "direct", "shifted", "im2col",
@@ -1193,22 +1242,31 @@ def conv2d_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     'winograd4'
     """
     cdef mt_conv2d_geom g
-    n, c, h, w = x_shape
-    o, cg, kh, kw = weight_shape
-    groups = _groups("conv2d", groups)
-    if c % groups or o % groups or cg * groups != c:
-        raise ValueError(f"conv2d: groups={groups!r} does not fit x channels {c} and weight {tuple(weight_shape)}")
-    g.n, g.c, g.h, g.w, g.o, g.kh, g.kw = n, c, h, w, o, kh, kw
-    g.sh, g.sw = _positive("conv2d", "stride", stride)
-    g.ph, g.pw = _nonneg("conv2d", "padding", padding)
-    g.dh, g.dw = _positive("conv2d", "dilation", dilation)
-    g.groups = groups
-    g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
-    g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
-    g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
-    if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
-        raise ValueError(f"conv2d: kernel {(kh, kw)} does not fit the padded input {(h, w)}")
+    _shape_geom(&g, x_shape, weight_shape, stride, padding, dilation, groups)
     return _ALGO_NAMES[mt_conv2d_pick_algo_ex(&g, 1 if cached else 0)]
+
+
+def conv2d_nchwc_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
+    """The algorithm :func:`conv2d_nchwc` picks for an NCHW16c input of the
+    NCHW shape ``x_shape``: for a dense 3x3 conv, stride 1, no dilation,
+    with 16 or more input channels and 32 or more 2x2 output tiles in the
+    batch, "winograd4" (F(4x4, 3x3): 48 or more 4x4 tiles, and its
+    transformed weights within 12 MiB) or "winograd" (F(2x2, 3x3));
+    otherwise "depthwise" or "direct".
+
+    >>> conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1)
+    'winograd'
+    >>> conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    'winograd4'
+    >>> conv2d_nchwc_algorithm((1, 512, 7, 7), (512, 512, 3, 3), padding=1)
+    'direct'
+    """
+    cdef mt_conv2d_geom g
+    _shape_geom(&g, x_shape, weight_shape, stride, padding, dilation, groups)
+    if g.groups > 1:
+        return "depthwise"
+    cdef int form = mt_conv2d_nchwc_form(&g, 1, _nchwc_winograd)
+    return "winograd4" if form == MT_NCHWC_WINOGRAD4 else "winograd" if form == MT_NCHWC_WINOGRAD else "direct"
 
 
 @core_op

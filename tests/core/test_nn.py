@@ -1427,6 +1427,71 @@ def test_conv2d_nchwc_dense_against_numpy(geom, layout):
         assert not y.numpy()[:, -1, :, :, (o - 1) % 16 + 1:].any()
 
 
+NCHWC_WINOGRAD = [  # (N, C, O, H, W, padding): 3x3, stride 1
+    (1, 16, 32, 14, 14, 1), (2, 40, 17, 11, 8, 1), (3, 33, 48, 7, 7, 1), (1, 70, 35, 13, 9, 1),
+    (2, 17, 16, 5, 6, 0), (1, 24, 40, 3, 3, 0), (1, 20, 20, 9, 4, 2), (2, 3, 5, 6, 6, 1),
+    (1, 48, 64, 1, 12, 1), (1, 32, 16, 60, 30, 1),      # one row; a plane in more than one round
+]
+
+
+@pytest.mark.parametrize("geom", NCHWC_WINOGRAD)
+@pytest.mark.parametrize("winograd", [2, 4, False])
+def test_conv2d_nchwc_winograd_against_numpy(geom, winograd):
+    """F(2x2, 3x3) and F(4x4, 3x3) on NCHW16c (forced, and off for the
+    direct kernel on the same shapes): planes that are not a multiple of
+    the tile leave partial tiles, O % 16 a partial block, and padding 0
+    and 2 move the tiles against the input."""
+    n, c, o, h, w, p = geom
+    x, wt, b = rand(n, c, h, w), rand(o, c, 3, 3), rand(o)
+    ref = ref_conv2d(x, wt, b, 1, p, 1)
+    r = rand(*ref.shape)
+    before = nn._set_nchwc_winograd(winograd)
+    try:
+        for act, res in (("relu", None), ("none", r), ("relu6", r), ("sigmoid", None)):
+            want = REF_ACTS[act](ref + (0 if res is None else r))
+            ys = _on_threads(lambda: nn.conv2d_nchwc(tensor(blocked(x)), tensor(wt), tensor(b),
+                                                     None if res is None else tensor(blocked(res)), 1, p, 1, 1,
+                                                     act))
+            for y in ys:
+                # (F(4x4) rounds more: its transforms scale by up to 8 and 1/24)
+                np.testing.assert_allclose(nn.from_nchwc(y, o).numpy(), want, rtol=1e-5,
+                                           atol=(5e-6 if winograd == 4 else 2e-6) * np.abs(ref).max())
+                # the channels past O hold act(0)
+                tail = y.numpy()[:, -1, :, :, (o - 1) % 16 + 1:]
+                np.testing.assert_array_equal(tail, REF_ACTS[act](np.zeros_like(tail)))
+    finally:
+        nn._set_nchwc_winograd(before)
+
+
+def test_conv2d_nchwc_algorithm_picks_winograd_where_the_tiles_are_many():
+    """Winograd's U is 16/9 (F(2x2)) or 4 (F(4x4)) times the weight's
+    bytes: at batch 1 on 7x7 planes (16 tiles) it streams more weight than
+    it saves arithmetic, and F(4x4) needs more tiles than F(2x2)."""
+    assert nn.conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd"
+    assert nn.conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1) == "winograd4"
+    assert nn.conv2d_nchwc_algorithm((1, 128, 28, 28), (128, 128, 3, 3), padding=1) == "winograd4"
+    assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"
+    assert nn.conv2d_nchwc_algorithm((1, 512, 7, 7), (512, 512, 3, 3), padding=1) == "direct"
+    assert nn.conv2d_nchwc_algorithm((8, 512, 7, 7), (512, 512, 3, 3), padding=1) == "winograd"
+    assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 2, 1) == "direct"
+    assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 2, 2) == "direct"
+    assert nn.conv2d_nchwc_algorithm((8, 8, 14, 14), (8, 8, 3, 3), padding=1) == "direct"
+    assert nn.conv2d_nchwc_algorithm((8, 16, 14, 14), (16, 1, 3, 3), padding=1, groups=16) == "depthwise"
+
+
+def test_conv2d_nchwc_winograd_keeps_unused_channels_zero_after_an_infinite_input():
+    x = rand(1, 16, 12, 12)
+    x[0, 3, 5, 5] = np.inf
+    before = nn._set_nchwc_winograd(2)
+    try:
+        y = nn.conv2d_nchwc(tensor(blocked(x)), tensor(rand(5, 16, 3, 3)), None, None, 1, 1).numpy()
+    finally:
+        nn._set_nchwc_winograd(before)
+    assert not y[..., 5:].any()
+    # (Winograd sums an infinite input's neighbourhood into NaN, as conv2d's Winograd does)
+    assert not np.isfinite(y[0, 0, 4:7, 4:7, :5]).any() and np.isfinite(y[0, 0, 8:, 8:, :5]).all()
+
+
 @pytest.mark.parametrize("geom", [(16, 12, 12, 3, 1, 1, 1), (40, 9, 10, 3, 2, 1, 1), (96, 7, 7, 3, 1, 1, 1),
                                   (24, 13, 11, 5, 2, 2, 1), (16, 8, 8, 3, 1, 2, 2), (7, 3, 2, 3, 3, 1, 1),
                                   (32, 6, 6, 1, 1, 0, 1)])

@@ -17,6 +17,7 @@ import mgtrace as mt
 import mgtrace.functional as F
 import mgtrace.models as models
 import mgtrace.module as M
+from mgtrace._core import nn as _nn
 from mgtrace.traced_module import (TracedModule, optimize, register_pass, registered_passes,
                                    replace_pattern)
 from mgtrace.traced_module.passes import manager
@@ -677,8 +678,19 @@ def test_nchwc_leaves_lone_convs_depthwise_without_producer_and_winograd_layers(
 
     args = image(rng, (1, 16, 9, 9)), image(rng, (1, 32, 64, 64))
     tm = mt.trace_module(Net(), *args)
-    new = optimize(tm, ["NCHWc"])
+    # a layer conv2d runs with Winograd stays NCHW where conv2d_nchwc would not
+    before = _nn._set_nchwc_winograd(False)
+    try:
+        new = optimize(tm, ["NCHWc"])
+    finally:
+        _nn._set_nchwc_winograd(before)
     assert functions(new, F.conv2d_nchwc) == 0 and calls(new, M.Conv2d) == 4
+    for got, want in zip(new(*args), tm(*args)):
+        close(got, want)
+    # and goes NCHW16c where conv2d_nchwc runs it as F(4x4) too
+    assert _nn.conv2d_algorithm((1, 32, 64, 64), (32, 32, 3, 3), padding=1, cached=True) == "winograd4"
+    new = optimize(tm, ["NCHWc"])
+    assert functions(new, F.conv2d_nchwc) == 2 and calls(new, M.Conv2d) == 2
     for got, want in zip(new(*args), tm(*args)):
         close(got, want)
 

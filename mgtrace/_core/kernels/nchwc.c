@@ -16,6 +16,11 @@
  *   depthwise  (groups = C = O) up to 8 output pixels of a block in
  *              registers; a tap is one vector load and one FMA a pixel.
  *              Weights packed [block][tap][16].
+ *   winograd   (dense 3x3, stride 1, no dilation, NCHW16c input, enough
+ *              tiles: mt_conv2d_nchwc_form) F(2x2, 3x3) or F(4x4, 3x3),
+ *              the products of each transform point summed over the
+ *              channels by the dense micro-kernel. Weights transformed and
+ *              packed [point][pair][input block][lane][32].
  *
  * Padding: a dense conv reads each image from a zero-padded copy (every
  * pixel a register tile's); a depthwise one reads in place, the taps that
@@ -266,7 +271,16 @@ static const nc_dw_fn nc_dw_kernels[3][NC_DW_R] = {
 
 static int is_depthwise(const mt_conv2d_geom *g) { return g->groups > 1; }
 
+static int64_t nw_packed_bytes(const mt_conv2d_geom *g, int64_t e);
+static void nw_pack(const float *w, float *u, const mt_conv2d_geom *g, int64_t e);
+static int64_t nw_workspace(const mt_conv2d_geom *g, int64_t e, int nthreads);
+static int nw_conv(const float *x, const float *u, const float *bias, float *y, const mt_conv2d_geom *g,
+                   int64_t e, int nthreads, void *workspace);
+/* a form's Winograd tile edge: 2 or 4, 0 for a direct form */
+static int64_t nw_edge(int form) { return form == MT_NCHWC_WINOGRAD ? 2 : form == MT_NCHWC_WINOGRAD4 ? 4 : 0; }
+
 int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) {
+    if (nw_edge(blocked)) return nw_packed_bytes(g, nw_edge(blocked));
     const int64_t kk = g->kh * g->kw, nob = mt_nchwc_blocks(g->o);
     if (is_depthwise(g)) return nob * kk * NC * (int64_t)sizeof(float);
     const int64_t ncb = blocked ? mt_nchwc_blocks(g->c) : g->c, lanes = blocked ? NC : 1;
@@ -276,6 +290,10 @@ int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) {
 /* weight [O, C/groups, KH, KW] -> dense [pair][input block][tap][lane][32]
  * or depthwise [block][tap][16], zeros past O and C */
 void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked) {
+    if (nw_edge(blocked)) {
+        nw_pack(w, packed, g, nw_edge(blocked));
+        return;
+    }
     const int64_t kk = g->kh * g->kw, nob = mt_nchwc_blocks(g->o);
     if (is_depthwise(g)) {
         for (int64_t b = 0; b < nob; b++)
@@ -401,6 +419,7 @@ static int64_t padded_bytes(const mt_conv2d_geom *g, int blocked) {
 
 /* MT_NN_EOVERFLOW when the sizes do not fit int64 */
 int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) {
+    if (nw_edge(blocked)) return nw_workspace(g, nw_edge(blocked), nthreads);
     const int64_t pad = padded_bytes(g, blocked);
     int64_t taps = 0;
     if (pad < 0 || __builtin_mul_overflow((int64_t)(nthreads < 1 ? 1 : nthreads) * 4 * (int64_t)sizeof(int64_t),
@@ -420,6 +439,7 @@ static void pad_block(const float *x, float *xp, const mt_conv2d_geom *g, const 
 int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
                     const mt_conv2d_geom *g, int nthreads, void *workspace) {
     if (g->n == 0 || g->o == 0) return 0;
+    if (nw_edge(blocked)) return nw_conv(x, packed, bias, y, g, nw_edge(blocked), nthreads, workspace);
     const int dw = is_depthwise(g);
     const int64_t pbytes = padded_bytes(g, blocked);
     mt_conv2d_geom gp = *g;              /* the geometry the kernels see: the padded copy's */
@@ -485,6 +505,346 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
                     nc_rows2(&q, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, tl, g->act, rd);
                 else
                     nc_row(&q, dw, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- Winograd */
+
+/* A dense 3x3 conv, stride 1, no dilation, NCHW16c in and out, as
+ * Winograd's F(e x e, 3x3), e = 2 or 4 (Lavin & Gray; conv.c's WINOGRAD
+ * and WINOGRAD4 are the same arithmetic in NCHW): each e x e output tile is
+ * A^T [U .* V] A with V = B^T d B of the tile's a x a input patch d
+ * (a = e + 2) and U = G g G^T of each 3x3 kernel g. F(2x2) does 16
+ * multiply-adds for 4 outputs, F(4x4) 36 for 16, where a direct conv does
+ * 36 or 144 (2.25x and 4x fewer). In NCHW16c both transforms are
+ * whole-vector adds, 16 channels at once, and the products summed over the
+ * input channels are, for each of the a * a points of the transform
+ * domain, a 1x1 conv of the tiles: the dense micro-kernel above, with the
+ * tiles as its pixels.
+ *
+ * Per round (tile rows of one image, their V within NW_V_BYTES), two
+ * parallel phases: the input transform into V [point][in block][tile][16]
+ * (a task per input block and tile row), then a task per pair of output
+ * blocks and group of tiles: for each point, the micro-kernel over the
+ * group into the thread's M [point][2][tile][16], U's slab for that point
+ * and pair staying in L1 across the group; then the output transform of
+ * the group, with bias, residual and activation, into y. U is
+ * [point][pair][in block][lane][32], 16/9 (F(2x2)) or 4 (F(4x4)) times the
+ * weight's bytes, so Winograd pays where the tiles are many enough to
+ * reuse each slab, and F(4x4) only on more tiles than F(2x2)
+ * (mt_conv2d_nchwc_form). */
+
+#define NW_GROUP (4 * NC_R)      /* tiles a phase-two task at most (F(4x4): half) */
+#define NW_V_BYTES (2 << 20)     /* V of a round at most (more when one tile row needs it) */
+
+static int nw_fits(const mt_conv2d_geom *g) {
+    return g->groups == 1 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
+}
+
+static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
+    return g->n * ((g->oh + e - 1) / e) * ((g->ow + e - 1) / e);
+}
+
+/* Which algorithm pays: U's bytes, read once a group of tiles, against
+ * the arithmetic saved. Measured on ResNet-18's layers inside the model
+ * on a 2-core Zen 5 (per-layer times, the algorithms in alternation):
+ * F(2x2) from 32 tiles (at batch 1 on 7x7 planes, 16 tiles, its 16.8 MB
+ * of U for 512 channels was no faster than direct); F(4x4) from 48 of its
+ * tiles (128 channels of 28x28 at batch 1: 0.26 ms against 0.33 for
+ * F(2x2); 256 of 14x14, 16 tiles: level) with U within L3 (512 channels
+ * of 7x7 at batch 8, 37.7 MB of U: 7.5 ms against 3.5 for F(2x2)). */
+#define NW_MIN_TILES 32
+#define NW4_MIN_TILES 48
+#define NW4_MAX_U (12 << 20)
+
+int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
+    if (!blocked || !nw_fits(g) || winograd == 0) return blocked ? MT_NCHWC_BLOCKED : MT_NCHWC_PLAIN;
+    if (winograd == 2) return MT_NCHWC_WINOGRAD4;
+    if (winograd == 1) return MT_NCHWC_WINOGRAD;
+    if (g->c < NC || nw_tiles(g, 2) < NW_MIN_TILES) return MT_NCHWC_BLOCKED;
+    const double u4 = 36.0 * g->c * g->o * sizeof(float);
+    return nw_tiles(g, 4) >= NW4_MIN_TILES && u4 <= NW4_MAX_U ? MT_NCHWC_WINOGRAD4 : MT_NCHWC_WINOGRAD;
+}
+
+typedef struct {
+    int64_t e, np;       /* output tile edge, transform points (e + 2)^2 */
+    int64_t th, tw, ncb, nob, units, group;
+    int64_t rows;        /* tile rows a round */
+    int64_t vp;          /* floats of V from one point to the next: ncb * rows * tw * 16 */
+} nw_plan;
+
+static void nw_make_plan(const mt_conv2d_geom *g, int64_t e, nw_plan *pl) {
+    pl->e = e;
+    pl->np = (e + 2) * (e + 2);
+    pl->th = (g->oh + e - 1) / e;
+    pl->tw = (g->ow + e - 1) / e;
+    pl->ncb = mt_nchwc_blocks(g->c);
+    pl->nob = mt_nchwc_blocks(g->o);
+    pl->units = (pl->nob + 1) / 2;
+    pl->group = e == 4 ? NW_GROUP / 2 : NW_GROUP;
+    const int64_t row_bytes = pl->np * pl->ncb * pl->tw * NC * (int64_t)sizeof(float);
+    pl->rows = mt_max64(1, mt_min64(pl->th, NW_V_BYTES / row_bytes));
+    pl->vp = pl->ncb * pl->rows * pl->tw * NC;
+}
+
+static int64_t nw_packed_bytes(const mt_conv2d_geom *g, int64_t e) {
+    return (e + 2) * (e + 2) * ((mt_nchwc_blocks(g->o) + 1) / 2) * mt_nchwc_blocks(g->c) * NC * NC_PAIR
+           * (int64_t)sizeof(float);
+}
+
+/* the 1-D G of F(e x e, 3x3): e + 2 values from a kernel row or column
+ * k[0], k[st], k[2 st]; F(2x2): G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2;
+ * 0 0 1]; F(4x4), with the points 0, 1, -1, 2, -2 and infinity: G =
+ * [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12
+ * 1/6; 0 0 1] */
+static void nw_g(int64_t e, const double *k, int st, double *d) {
+    const double k0 = k[0], k1 = k[st], k2 = k[2 * st];
+    if (e == 2) {
+        d[0] = k0;
+        d[1] = 0.5 * (k0 + k1 + k2);
+        d[2] = 0.5 * (k0 - k1 + k2);
+        d[3] = k2;
+    } else {
+        d[0] = 0.25 * k0;
+        d[1] = -(k0 + k1 + k2) / 6;
+        d[2] = -(k0 - k1 + k2) / 6;
+        d[3] = k0 / 24 + k1 / 12 + k2 / 6;
+        d[4] = k0 / 24 - k1 / 12 + k2 / 6;
+        d[5] = k2;
+    }
+}
+
+/* U = G g G^T of each 3x3 kernel into [point][pair][in block][lane][32],
+ * zeros past O and C (computed in double: U is made once per weight) */
+static void nw_pack(const float *w, float *u, const mt_conv2d_geom *g, int64_t e) {
+    const int64_t ncb = mt_nchwc_blocks(g->c), units = (mt_nchwc_blocks(g->o) + 1) / 2;
+    const int64_t slab = ncb * NC * NC_PAIR, a = e + 2;
+    memset(u, 0, (size_t)nw_packed_bytes(g, e));
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++) {
+            double k[9], gk[6][3], t[6];
+            for (int i = 0; i < 9; i++) k[i] = w[(o * g->c + c) * 9 + i];
+            for (int j = 0; j < 3; j++) {           /* G g: the kernel's columns */
+                double d[6];
+                nw_g(e, k + j, 3, d);
+                for (int i = 0; i < a; i++) gk[i][j] = d[i];
+            }
+            const int64_t at = (o / NC_PAIR * ncb + c / NC) * NC * NC_PAIR + (c % NC) * NC_PAIR + o % NC_PAIR;
+            for (int i = 0; i < a; i++) {           /* (G g) G^T: its rows */
+                nw_g(e, gk[i], 1, t);
+                for (int j = 0; j < a; j++) u[(i * a + j) * units * slab + at] = (float)t[j];
+            }
+        }
+}
+
+static int64_t nw_workspace(const mt_conv2d_geom *g, int64_t e, int nthreads) {
+    nw_plan pl;
+    nw_make_plan(g, e, &pl);
+    int64_t v = 0;
+    if (__builtin_mul_overflow(pl.np * (int64_t)sizeof(float), pl.vp, &v) || v > INT64_MAX / 4)
+        return MT_NN_EOVERFLOW;
+    const int64_t m = pl.np * 2 * pl.group * NC * (int64_t)sizeof(float);
+    return bias_bytes(g) + NC_PAIR * (int64_t)sizeof(float) + ((v + 63) & ~(int64_t)63)
+           + (nthreads < 1 ? 1 : nthreads) * m;
+}
+
+/* The a x a patch of tile (ty, tx): input rows e ty - ph .., columns
+ * e tx - pw .. of block plane xb, zeros outside the image. */
+static inline __attribute__((always_inline)) void nw_patch(const float *restrict xb, const mt_conv2d_geom *g,
+                                                           int64_t iy0, int64_t ix0, int a, v16 d[6][6]) {
+    if (iy0 >= 0 && iy0 + a <= g->h && ix0 >= 0 && ix0 + a <= g->w) {
+        for (int i = 0; i < a; i++)
+            for (int j = 0; j < a; j++) d[i][j] = ld16(xb + ((iy0 + i) * g->w + ix0 + j) * NC);
+        return;
+    }
+    for (int i = 0; i < a; i++)
+        for (int j = 0; j < a; j++) {
+            const int64_t iy = iy0 + i, ix = ix0 + j;
+            d[i][j] = iy >= 0 && iy < g->h && ix >= 0 && ix < g->w ? ld16(xb + (iy * g->w + ix) * NC) : (v16){0};
+        }
+}
+
+/* the 1-D B^T: F(2x2): [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; F(4x4):
+ * [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0;
+ *  0 2 -1 -2 1 0; 0 4 0 -5 0 1] (shared terms first) */
+static inline __attribute__((always_inline)) void nw_bt2(v16 x0, v16 x1, v16 x2, v16 x3, v16 *d) {
+    d[0] = x0 - x2;
+    d[1] = x1 + x2;
+    d[2] = x2 - x1;
+    d[3] = x1 - x3;
+}
+static inline __attribute__((always_inline)) void nw_bt4(const v16 *x, int st, v16 *d) {
+    const v16 x0 = x[0], x1 = x[st], x2 = x[2 * st], x3 = x[3 * st], x4 = x[4 * st], x5 = x[5 * st];
+    const v16 p = x4 - 4 * x2, q = 4 * x1 - x3, r = x4 - x2, t = 2 * (x1 - x3);
+    d[0] = 4 * x0 - 5 * x2 + x4;
+    d[1] = p - q;
+    d[2] = p + q;
+    d[3] = r - t;
+    d[4] = r + t;
+    d[5] = 4 * x1 - 5 * x3 + x5;
+}
+
+/* V of the tiles of tile row ty, input block plane xb: B^T d B of each
+ * tile's patch; v: point 0's first tile of the row, points vp apart. */
+static NC_CLONES void nw_input_row(const float *restrict xb, float *restrict v, const mt_conv2d_geom *g,
+                                   int64_t e, int64_t ty, int64_t tw, int64_t vp) {
+    const int a = (int)e + 2;
+    for (int64_t tx = 0; tx < tw; tx++) {
+        v16 d[6][6], t[6][6];
+        nw_patch(xb, g, e * ty - g->ph, e * tx - g->pw, a, d);
+        float *vt = v + tx * NC;
+        if (e == 2) {
+            for (int j = 0; j < 4; j++) {        /* B^T d: along the columns */
+                v16 c[4];
+                nw_bt2(d[0][j], d[1][j], d[2][j], d[3][j], c);
+                for (int i = 0; i < 4; i++) t[i][j] = c[i];
+            }
+            for (int i = 0; i < 4; i++) {        /* (B^T d) B: along the rows */
+                v16 r[4];
+                nw_bt2(t[i][0], t[i][1], t[i][2], t[i][3], r);
+                for (int j = 0; j < 4; j++) *(v16 *)(vt + (4 * i + j) * vp) = r[j];
+            }
+        } else {
+            for (int j = 0; j < 6; j++) {
+                v16 c[6];
+                nw_bt4(&d[0][j], 6, c);
+                for (int i = 0; i < 6; i++) t[i][j] = c[i];
+            }
+            for (int i = 0; i < 6; i++) {
+                v16 r[6];
+                nw_bt4(t[i], 1, r);
+                for (int j = 0; j < 6; j++) *(v16 *)(vt + (6 * i + j) * vp) = r[j];
+            }
+        }
+    }
+}
+
+/* y's pixel from a computed value: plus bias and residual, unused lanes
+ * zeroed, the activation */
+static inline void nw_store(float *yp, v16 a, v16 b, int64_t rd, int tail, int act) {
+    a += b;
+    if (rd) a += ld16((const float *)((const char *)yp + rd));
+    if (tail) {
+        vi16 keep;
+        for (int l = 0; l < NC; l++) keep[l] = l < tail ? -1 : 0;
+        a = (v16)((vi16)a & keep);
+    }
+    *(v16 *)yp = nc_act(a, act);
+    if (nc_act_after(act)) mt_act_f32(yp, NC, act);
+}
+
+/* the 1-D A^T: F(2x2): [1 1 1 0; 0 1 -1 -1]; F(4x4): [1 1 1 1 1 0;
+ * 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1] */
+static inline __attribute__((always_inline)) void nw_at(int64_t e, const v16 *s, int st, v16 *d) {
+    if (e == 2) {
+        d[0] = s[0] + s[st] + s[2 * st];
+        d[1] = s[st] - s[2 * st] - s[3 * st];
+        return;
+    }
+    const v16 a12 = s[st] + s[2 * st], s12 = s[st] - s[2 * st];
+    const v16 a34 = s[3 * st] + s[4 * st], s34 = s[3 * st] - s[4 * st];
+    d[0] = s[0] + a12 + a34;
+    d[1] = s12 + 2 * s34;
+    d[2] = a12 + 4 * a34;
+    d[3] = s12 + 8 * s34 + s[5 * st];
+}
+
+/* The outputs of tiles [0, n) of M (block stride ms floats, point stride
+ * 2 * ms) for output block blk of image plane y: A^T m A, tile t at round
+ * tile t0 + t (tw a row, the round from tile row ty0). */
+static NC_CLONES void nw_output(const float *restrict m, int64_t ms, float *restrict y, const float *bias,
+                                const mt_conv2d_geom *g, int64_t e, int64_t t0, int64_t n, int64_t ty0,
+                                int64_t tw, int64_t rd, int tail) {
+    const v16 b = ld16(bias);
+    const int a = (int)e + 2;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t rt = t0 + t, oy = e * (ty0 + rt / tw), ox = e * (rt % tw);
+        v16 mv[6][6], s[4][6];
+        for (int i = 0; i < a; i++)
+            for (int j = 0; j < a; j++) mv[i][j] = ld16(m + (i * a + j) * 2 * ms + t * NC);
+        for (int j = 0; j < a; j++) {            /* A^T m: along the columns */
+            v16 d[4];
+            nw_at(e, &mv[0][j], 6, d);
+            for (int i = 0; i < e; i++) s[i][j] = d[i];
+        }
+        const int64_t rows = mt_min64(e, g->oh - oy), cols = mt_min64(e, g->ow - ox);
+        for (int64_t i = 0; i < rows; i++) {     /* (A^T m) A: along the rows */
+            v16 d[4];
+            nw_at(e, s[i], 1, d);
+            float *yr = y + ((oy + i) * g->ow + ox) * NC;
+            for (int64_t j = 0; j < cols; j++) nw_store(yr + j * NC, d[j], b, rd, tail, g->act);
+        }
+    }
+}
+
+static int nw_conv(const float *x, const float *u, const float *bias, float *y, const mt_conv2d_geom *g,
+                   int64_t e, int nthreads, void *workspace) {
+    nw_plan pl;
+    nw_make_plan(g, e, &pl);
+    float *bp = (float *)workspace, *zero = (float *)((char *)workspace + bias_bytes(g));
+    for (int64_t i = 0; i < pl.units * NC_PAIR; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
+    memset(zero, 0, NC_PAIR * sizeof(float));
+    float *v = zero + NC_PAIR;
+    const int64_t vbytes = ((pl.np * pl.vp * (int64_t)sizeof(float)) + 63) & ~(int64_t)63;
+    float *mws = (float *)((char *)v + vbytes);
+    const int64_t plane = g->h * g->w * NC, ys = g->oh * g->ow * NC, slab = pl.ncb * NC * NC_PAIR;
+    const double macs = (double)g->n * g->o * g->oh * g->ow * g->c * 9;
+    const int nt = macs >= NC_GRAIN ? nthreads : 1;
+    const int64_t rounds_img = (pl.th + pl.rows - 1) / pl.rows;
+    const int64_t rd = g->has_res ? g->res_delta : 0;
+    const int otail = g->o % NC ? (int)(g->o % NC) : 0;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#ifdef _OPENMP
+        float *m = mws + (int64_t)omp_get_thread_num() * pl.np * 2 * pl.group * NC;
+#else
+        float *m = mws;
+#endif
+        for (int64_t r = 0; r < g->n * rounds_img; r++) {
+            const int64_t n = r / rounds_img, ty0 = (r % rounds_img) * pl.rows;
+            const int64_t nrows = mt_min64(pl.rows, pl.th - ty0), tiles = nrows * pl.tw;
+            const int64_t vcb = tiles * NC;          /* floats from one block of V to the next */
+            const int64_t vp = pl.ncb * vcb;
+            if (r > 0) {                             /* (the last round's tasks read V) */
+                #pragma omp barrier
+            }
+            #pragma omp for schedule(static)
+            for (int64_t task = 0; task < pl.ncb * nrows; task++) {
+                const int64_t cb = task / nrows, ty = task % nrows;
+                nw_input_row(x + (n * pl.ncb + cb) * plane, v + cb * vcb + ty * pl.tw * NC, g, e, ty0 + ty,
+                             pl.tw, vp);
+            }
+            /* groups of tiles: at most pl.group, and enough tasks for the threads */
+            int64_t ngroup = (tiles + pl.group - 1) / pl.group;
+            const int64_t want = (4 * nt + pl.units - 1) / pl.units, most = (tiles + NC_R - 1) / NC_R;
+            if (nt > 1 && want > ngroup) ngroup = want < most ? want : most;
+            const int64_t gsize = (tiles + ngroup - 1) / ngroup;
+            ngroup = (tiles + gsize - 1) / gsize;
+            #pragma omp for schedule(static) nowait
+            for (int64_t task = 0; task < pl.units * ngroup; task++) {
+                const int64_t un = task / ngroup, g0 = (task % ngroup) * gsize, gn = mt_min64(gsize, tiles - g0);
+                const int nv = 2 * un + 1 < pl.nob ? 2 : 1;
+                const int64_t ms = gn * NC;
+                const nc_dense_fn *dk = nc_dense_kernels[1][nv - 1][0];
+                static const int64_t zero_off[1] = {0};
+                for (int64_t p = 0; p < pl.np; p++) {
+                    const float *vpnt = v + p * vp + g0 * NC, *up = u + (p * pl.units + un) * slab;
+                    float *mp = m + p * 2 * ms;
+                    for (int64_t t = 0; t < gn;) {
+                        const int64_t rr = nc_tile(gn - t, NC_R);
+                        dk[rr - 1](vpnt + t * NC, vcb, pl.ncb, zero_off, zero_off, 1, up, NC * NC_PAIR, NC,
+                                   zero, mp + t * NC, ms, 0, MT_ACT_NONE, 0, 0);
+                        t += rr;
+                    }
+                }
+                for (int k = 0; k < nv; k++) {
+                    const int64_t blk = 2 * un + k;
+                    nw_output(m + k * ms, ms, y + (n * pl.nob + blk) * ys, bp + blk * NC, g, e, g0, gn, ty0,
+                              pl.tw, rd, blk == pl.nob - 1 ? otail : 0);
+                }
             }
         }
     }

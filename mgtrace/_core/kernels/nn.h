@@ -140,6 +140,14 @@ int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached);
  * once (mt_conv2d_nchwc_pack, bytes from _packed_bytes), scratch from
  * _workspace (64-byte aligned). */
 int64_t mt_nchwc_blocks(int64_t channels);
+/* the `blocked` argument of the calls below: the input's layout, and for
+ * an NCHW16c input the algorithm (weights packed for it) */
+enum mt_nchwc_form { MT_NCHWC_PLAIN = 0, MT_NCHWC_BLOCKED = 1, MT_NCHWC_WINOGRAD = 2, MT_NCHWC_WINOGRAD4 = 3 };
+/* the form for a conv of geometry g: for a blocked dense 3x3 conv, stride
+ * 1, no dilation, MT_NCHWC_WINOGRAD (F(2x2, 3x3)) or MT_NCHWC_WINOGRAD4
+ * (F(4x4, 3x3)) where they pay (winograd -1), or that one wherever it
+ * applies (winograd 1: F(2x2), 2: F(4x4)), or never (0) */
+int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd);
 int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked);
 void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked);
 int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads);

@@ -23,11 +23,18 @@ only gain two conversions). A depthwise conv needs a converted producer
 joins the chain (``F.max_pool2d_nchwc``: ResNet's stem and pool stay
 blocked). A global average pooling of a converted output becomes a mean
 over the blocked planes, converted back after it (1/(H*W) of the
-values). A graph with in-place writes is left alone. A conv that conv2d
-runs with Winograd (3x3, stride 1, 16 or more channels: most of ResNet)
-stays NCHW: the NCHW16c kernel computes it directly, 2.25-4x the
-multiply-adds, and measured 1.1-1.6x slower on ResNet-18's layers inside
-the model.
+values). A graph with in-place writes is left alone.
+
+A dense 3x3 conv of stride 1 runs as Winograd in either layout where the
+tiles are many enough (``conv2d_algorithm``, ``conv2d_nchwc_algorithm``).
+One that conv2d runs with Winograd stays NCHW where conv2d_nchwc would
+not (its direct kernel does 2.25-4x the multiply-adds), or would with
+smaller tiles than conv2d's F(4x4, 3x3). Otherwise it goes NCHW16c, where
+the transforms are whole-vector adds: on a 2-core Zen 5, ResNet-18
+optimized took 6.7 ms at batch 1 and 47 ms at batch 8 against 8.7 and 69
+with conv2d_nchwc's direct kernel only, the convs of 64 channels of 56x56
+0.24 ms (F(4x4) in NCHW: 0.30) (``python
+benchmarks/bench_nchwc_winograd.py``).
 
 ``FusePointwiseDepthwise`` (after NCHWc) then makes each converted
 pointwise conv whose output only a depthwise conv reads, with that conv,
@@ -102,11 +109,22 @@ def _conv_info(e):
         return None
     if groups != 1 and not (groups == c == o and ws[1] == 1):
         return None
-    if groups == 1 and _nn.conv2d_algorithm(xs, ws, info["stride"], info["padding"], info["dilation"],
-                                            cached=True).startswith("winograd"):
+    if groups == 1 and _keeps_nchw(xs, ws, info):
         return None
     info.update(pool=False, needs_feed=groups != 1, out_channels=o)
     return info
+
+
+def _keeps_nchw(xs, ws, info):
+    """Whether a dense conv of these shapes runs faster in NCHW: where
+    conv2d runs it as Winograd and conv2d_nchwc would not, or would with
+    smaller tiles (see the module's text)."""
+    args = (xs, ws, info["stride"], info["padding"], info["dilation"])
+    nchw = _nn.conv2d_algorithm(*args, cached=True)
+    if not nchw.startswith("winograd"):
+        return False
+    nchwc = _nn.conv2d_nchwc_algorithm(*args)
+    return nchwc == "direct" or nchw == "winograd4" and nchwc == "winograd"
 
 
 def _pool_info(e):
