@@ -97,6 +97,13 @@ cdef extern from "kernels/nn.h" nogil:
                               const float *dw_packed, const float *dw_bias, float *y,
                               const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads,
                               void *workspace) noexcept
+    int64_t mt_conv2d_nchwc_pw_dw_pw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                                               const mt_conv2d_geom *pj, int nthreads) noexcept
+    int mt_conv2d_nchwc_pw_dw_pw(const float *x, const float *pw_packed, const float *pw_bias,
+                                 const float *dw_packed, const float *dw_bias, const float *pj_packed,
+                                 const float *pj_bias, float *y, const mt_conv2d_geom *pw,
+                                 const mt_conv2d_geom *dw, const mt_conv2d_geom *pj, int nthreads,
+                                 void *workspace) noexcept
     void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
     void mt_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads) noexcept
     enum:
@@ -165,7 +172,7 @@ cdef extern from *:
 # "Threads", has the measurements).
 mt_nn_blas_threads_init()
 
-__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+__all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "pad"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
@@ -1122,6 +1129,103 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     with nogil:
         rc = mt_conv2d_nchwc_pw_dw(<const float *>tx._data, <const float *>u1._data, b1,
                                    <const float *>u2._data, b2, <float *>out._data, &g1, &g2, nt, ws._data)
+    _check_rc(op, rc)
+    return out
+
+
+@core_op
+def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual=None,
+                          stride=1, padding=0, act="none", dw_act="none", proj_act="none"):
+    """An inverted-residual block (MobileNetV2's) in one call on NCHW16c
+    tensors: ``conv2d_nchwc(conv2d_nchwc_pw_dw(x, weight, bias, dw_weight,
+    dw_bias, stride, padding, act, dw_act), proj_weight, proj_bias,
+    residual, act=proj_act)``, with one output tensor and one parallel
+    region where the two calls have two of each (see optimize()'s
+    FusePointwiseDepthwise).
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c).
+        weight: float32 [E, C, 1, 1]; bias: float32 [E] or None.
+        dw_weight: float32 [E, 1, KH, KW]; dw_bias: float32 [E] or None.
+        proj_weight: float32 [O, E, 1, 1]; proj_bias: float32 [O] or None.
+        residual: None, or float32 NCHW16c of the output's shape.
+        stride, padding: the depthwise conv's, as :func:`conv2d`
+            (dilation 1).
+        act, dw_act, proj_act: the three convs' activations, as
+            :func:`conv2d_act`.
+
+    Returns:
+        float32 [N, ceil(O/16), OH, OW, 16]; the channels past O are
+        proj_act(0).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, an unknown act.
+
+    >>> import mgtrace as mt
+    >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 3, 3), np.float32)))
+    >>> one = lambda *s: mt.tensor(np.ones(s, np.float32))
+    >>> y = conv2d_nchwc_pw_dw_pw(x, one(1, 2, 1, 1), None, one(1, 1, 3, 3), None, one(2, 1, 1, 1), None,
+    ...                           padding=1)
+    >>> from_nchwc(y, 2)[0, 1].tolist()
+    [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
+    """
+    cdef str op = "conv2d_nchwc_pw_dw_pw"
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
+    cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), tw3 = _f32_cpu(op, "proj_weight", proj_weight)
+    cdef Tensor tr = None, out
+    cdef mt_conv2d_geom g1, g2, g3
+    cdef int rc, nt
+    _check_4d(op, "weight", tw, "[E, C, 1, 1]")
+    _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
+    _check_4d(op, "proj_weight", tw3, "[O, E, 1, 1]")
+    cdef int64_t e = tw._shape[0], c = tw._shape[1], kh = tw2._shape[2], kw = tw2._shape[3]
+    cdef int64_t o = tw3._shape[0]
+    if tw._shape[2] != 1 or tw._shape[3] != 1:
+        raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
+    if tw2._shape[0] != e or tw2._shape[1] != 1 or kh < 1 or kw < 1:
+        raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
+                         f"channels), got {shape_tuple(tw2)}")
+    if tw3._shape[1] != e or tw3._shape[2] != 1 or tw3._shape[3] != 1:
+        raise ValueError(f"{op}: proj_weight must be [O, {e}, 1, 1] (pointwise over weight's {e} "
+                         f"channels), got {shape_tuple(tw3)}")
+    _nchwc_x(op, tx, c)
+    cdef int64_t n = tx._shape[0], h = tx._shape[2], w = tx._shape[3]
+    cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
+    cdef Tensor tb3 = _nchwc_bias(op, "proj_bias", proj_bias, o)
+    _nchwc_geom("conv2d_nchwc_pw_dw_pw (pointwise conv)", &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
+    # groups > 1 is what makes the packing depthwise's, one channel included
+    _nchwc_geom("conv2d_nchwc_pw_dw_pw (depthwise conv)", &g2, n, e, h, w, e, kh, kw, stride, padding, 1,
+                max(e, 2), dw_act)
+    _nchwc_geom("conv2d_nchwc_pw_dw_pw (projection conv)", &g3, n, e, g2.oh, g2.ow, o, 1, 1, 1, 0, 1, 1,
+                proj_act)
+    cdef int64_t oshape[5]
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g2.oh, g2.ow, 16
+    out = _nchwc_out(op, oshape, tx._device)
+    if residual is not None:
+        tr = _f32_cpu(op, "residual", residual)
+        if tr._ndim != 5 or tr._shape[0] != oshape[0] or tr._shape[1] != oshape[1] or \
+                tr._shape[2] != oshape[2] or tr._shape[3] != oshape[3] or tr._shape[4] != 16:
+            raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
+                             f"got {shape_tuple(tr)}")
+        g3.has_res = 1
+        g3.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
+    if numel(out) == 0:
+        return out
+    nt = num_threads()
+    cdef Tensor u1 = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g1, _NCHWC, 1, nt)
+    cdef Tensor u2 = _packed_weights(<Tensor>dw_weight, tw2, MT_FLOAT32, &g2, _NCHWC, 1, nt)
+    cdef Tensor u3 = _packed_weights(<Tensor>proj_weight, tw3, MT_FLOAT32, &g3, _NCHWC, 1, nt)
+    cdef int64_t nb = mt_conv2d_nchwc_pw_dw_pw_workspace(&g1, &g2, &g3, nt)
+    cdef Tensor ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
+                                f"x {shape_tuple(tx)}, dw_weight {shape_tuple(tw2)}")
+    cdef const float *b1 = <const float *>tb._data if tb is not None else NULL
+    cdef const float *b2 = <const float *>tb2._data if tb2 is not None else NULL
+    cdef const float *b3 = <const float *>tb3._data if tb3 is not None else NULL
+    with nogil:
+        rc = mt_conv2d_nchwc_pw_dw_pw(<const float *>tx._data, <const float *>u1._data, b1,
+                                      <const float *>u2._data, b2, <const float *>u3._data, b3,
+                                      <float *>out._data, &g1, &g2, &g3, nt, ws._data)
     _check_rc(op, rc)
     return out
 

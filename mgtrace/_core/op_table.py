@@ -126,6 +126,8 @@ _ROWS = [
        ("stride", "padding", "dilation", "groups", "act")),
     Op("conv2d_nchwc_pw_dw", "nn", ("x", "weight", "bias", "dw_weight", "dw_bias"),
        ("stride", "padding", "act", "dw_act")),
+    Op("conv2d_nchwc_pw_dw_pw", "nn", ("x", "weight", "bias", "dw_weight", "dw_bias", "proj_weight", "proj_bias",
+                                       "residual"), ("stride", "padding", "act", "dw_act", "proj_act")),
     Op("to_nchwc", "nn", _X),
     Op("from_nchwc", "nn", _X, ("channels",)),
     Op("max_pool2d_nchwc", "nn", _X, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),

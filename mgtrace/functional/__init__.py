@@ -13,8 +13,8 @@ Four modules, one concept each:
   and creation (zeros, ones, full, arange, linspace, eye, ..._like).
 - :mod:`~mgtrace.functional.fused`: a layer and its activation in one kernel
   call (conv2d_act, linear_act), attention, and convolutions in the
-  NCHW16c layout (conv2d_nchwc, conv2d_nchwc_pw_dw, max_pool2d_nchwc, to_nchwc,
-  from_nchwc);
+  NCHW16c layout (conv2d_nchwc, conv2d_nchwc_pw_dw, conv2d_nchwc_pw_dw_pw,
+  max_pool2d_nchwc, to_nchwc, from_nchwc);
   what ``optimize()`` emits.
 
 All are thin wrappers over :mod:`mgtrace._core` (no kernels of their own):
@@ -37,11 +37,11 @@ from mgtrace.functional.nn import __all__ as _nn_all
 from mgtrace.functional.tensor import *  # noqa: F401,F403
 from mgtrace.functional.tensor import __all__ as _tensor_all
 from mgtrace.functional.fused import (attention, conv2d_act, conv2d_nchwc, conv2d_nchwc_pw_dw,  # noqa: F401
-                                      from_nchwc, linear_act, max_pool2d_nchwc, to_nchwc)
+                                      conv2d_nchwc_pw_dw_pw, from_nchwc, linear_act, max_pool2d_nchwc, to_nchwc)
 
 __all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all)
                  | {"attention", "conv2d_act", "linear_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
-                    "max_pool2d_nchwc", "to_nchwc", "from_nchwc"})
+                    "conv2d_nchwc_pw_dw_pw", "max_pool2d_nchwc", "to_nchwc", "from_nchwc"})
 
 
 def _method_hint(name):

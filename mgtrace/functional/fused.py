@@ -19,7 +19,8 @@ from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "max_pool2d_nchwc",
+__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
+           "max_pool2d_nchwc",
            "to_nchwc", "from_nchwc", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
@@ -231,6 +232,84 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
     dw_bias = _fnn._conv_bias(fn, dw_bias, weight.shape[0], "dw_bias")
     return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
+
+
+def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, stride=1, padding=0,
+                          act="none", dw_act="none", proj_act="none", residual=None):
+    """An inverted-residual block (MobileNetV2's: expansion, depthwise and
+    projection convs) in one kernel call on NCHW16c tensors:
+    ``conv2d_nchwc(conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias,
+    stride, padding, act, dw_act), proj_weight, proj_bias,
+    residual=residual, act=proj_act)``, with one output tensor and one
+    parallel region where those two calls have two of each (what
+    ``optimize()``'s FusePointwiseDepthwise pass makes of a
+    conv2d_nchwc_pw_dw whose output only a 1x1 conv reads: MobileNetV2
+    batch 1, 16 calls fewer a forward).
+
+    Args:
+        x: float32 [N, ceil(C/16), H, W, 16] (NCHW16c).
+        weight: float32 [E, C, 1, 1], the expansion conv's.
+        bias: float32 [E] or [1, E, 1, 1], or None.
+        dw_weight: float32 [E, 1, KH, KW], the depthwise conv's.
+        dw_bias: float32 [E] or [1, E, 1, 1], or None.
+        proj_weight: float32 [O, E, 1, 1], the projection conv's.
+        proj_bias: float32 [O] or [1, O, 1, 1], or None.
+        stride, padding: the depthwise conv's, as :func:`conv2d`
+            (dilation 1; the 1x1 convs have stride 1 and no padding).
+        act, dw_act, proj_act: the three convs' activations, each one of
+            :data:`ACTIVATIONS`.
+        residual: None, or float32 NCHW16c of the output's shape, added
+            before proj_act in the kernel; one that broadcasts to it is
+            added after the kernel, as ``+`` does.
+
+    Returns:
+        float32 [N, ceil(O/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
+        + 1 (OW alike), equal to the two calls above; the channels past O
+        hold proj_act(0).
+
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, an unknown act, a residual
+            that does not broadcast to the output.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> one = lambda *s: mt.tensor(np.ones(s, np.float32))
+    >>> x = F.to_nchwc(one(1, 2, 3, 3))
+    >>> y = F.conv2d_nchwc_pw_dw_pw(x, one(1, 2, 1, 1), None, one(1, 1, 3, 3), None, one(1, 1, 1, 1), None,
+    ...                             residual=F.to_nchwc(one(1, 1, 3, 3)), padding=1)
+    >>> F.from_nchwc(y, 1)[0, 0].tolist()
+    [[9.0, 13.0, 9.0], [13.0, 19.0, 13.0], [9.0, 13.0, 9.0]]
+    """
+    fn = "conv2d_nchwc_pw_dw_pw"
+    if not (_plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias)
+            and _plain_tensors(x, proj_weight, proj_bias) and (residual is None or isinstance(residual, Tensor))):
+        x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual = A.tensors(
+            fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight, dw_bias=dw_bias, proj_weight=proj_weight,
+            proj_bias=proj_bias, residual=residual)
+        A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
+        A.check_ndim(fn, "dw_weight", dw_weight, 4, "[E, 1, KH, KW]")
+        A.check_ndim(fn, "proj_weight", proj_weight, 4, "[O, E, 1, 1]")
+        bias = _fnn._conv_bias(fn, bias, weight.shape[0])
+        dw_bias = _fnn._conv_bias(fn, dw_bias, weight.shape[0], "dw_bias")
+        proj_bias = _fnn._conv_bias(fn, proj_bias, proj_weight.shape[0], "proj_bias")
+    try:
+        return _nn.conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual,
+                                         stride, padding, act, dw_act, proj_act)
+    except (ValueError, TypeError):
+        if residual is None:
+            raise
+    # a residual the kernel does not take (one that only broadcasts: a graph
+    # traced at batch 1 run at batch 8; or another dtype): added with +,
+    # as conv2d_nchwc does; the other arguments' errors raise here
+    _act(fn, proj_act)
+    y = _nn.conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, None, stride,
+                                  padding, act, dw_act, "none")
+    try:
+        np.broadcast_shapes(tuple(residual.shape), tuple(y.shape))
+    except ValueError:
+        raise ValueError(f"{fn}: residual of shape {tuple(residual.shape)} does not broadcast to the "
+                         f"NCHW16c output's shape {tuple(y.shape)}") from None
+    return _apply_act(y + residual, proj_act)
 
 
 def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):

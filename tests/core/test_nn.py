@@ -949,6 +949,10 @@ OPS = {
     "conv2d_nchwc_pw_dw": (lambda: (tensor(rand(1, 1, 5, 5, 16)), tensor(rand(20, 2, 1, 1)), tensor(rand(20)),
                                     tensor(rand(20, 1, 3, 3)), tensor(rand(20))),
                            {"stride": 2, "padding": 1, "act": "relu6", "dw_act": "silu"}),
+    "conv2d_nchwc_pw_dw_pw": (lambda: (tensor(rand(1, 1, 5, 5, 16)), tensor(rand(20, 2, 1, 1)), tensor(rand(20)),
+                                       tensor(rand(20, 1, 3, 3)), tensor(rand(20)), tensor(rand(3, 20, 1, 1)),
+                                       tensor(rand(3)), tensor(rand(1, 1, 3, 3, 16))),
+                              {"stride": 2, "padding": 1, "act": "relu6", "dw_act": "silu", "proj_act": "relu"}),
     "to_nchwc": (lambda: (tensor(rand(1, 2, 5, 5)),), {}),
     "from_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),), {"channels": 3}),
     "max_pool2d_nchwc": (lambda: (tensor(rand(1, 1, 5, 5, 16)),),
@@ -1581,6 +1585,73 @@ def test_conv2d_nchwc_pw_dw_equals_the_two_calls_and_keeps_unused_channels_finit
     one = nn.conv2d_nchwc_pw_dw(xb, tensor(w1), None, tensor(w2), None, 2, 1, "relu6", "relu6").numpy()
     np.testing.assert_array_equal(one, two)
     assert not one[:, -1, :, :, 20 - 16:].any()
+
+
+@pytest.mark.parametrize("geom", NCHWC_PW_DW)
+@pytest.mark.parametrize("acts", [("relu6", "relu6", "none"), ("none", "relu", "sigmoid")])
+def test_conv2d_nchwc_pw_dw_pw_against_numpy(geom, acts):
+    """The block (expansion, depthwise, projection with a residual) against
+    NumPy, and bitwise equal to its two calls on every thread count."""
+    n, c, e, h, w, k, s, p = geom
+    o = c + 3
+    x, w1, b1, w2, b2 = rand(n, c, h, w), rand(e, c, 1, 1), rand(e), rand(e, 1, k, k), rand(e)
+    w3, b3 = rand(o, e, 1, 1), rand(o)
+    mid = REF_ACTS[acts[1]](ref_conv2d(REF_ACTS[acts[0]](ref_conv2d(x, w1, b1)), w2, b2, s, p, 1, groups=e))
+    ref = ref_conv2d(mid, w3, b3)
+    r = rand(*ref.shape)
+    want = REF_ACTS[acts[2]](ref + r)
+    args = [tensor(blocked(x)), tensor(w1), tensor(b1), tensor(w2), tensor(b2), tensor(w3), tensor(b3),
+            tensor(blocked(r))]
+    ys = _on_threads(lambda: nn.conv2d_nchwc_pw_dw_pw(*args, s, p, *acts))
+    two = nn.conv2d_nchwc(nn.conv2d_nchwc_pw_dw(*args[:5], s, p, *acts[:2]), args[5], args[6], args[7], 1, 0,
+                          1, 1, acts[2]).numpy()
+    for y in ys:
+        assert y.shape == blocked(want).shape
+        np.testing.assert_allclose(nn.from_nchwc(y, o).numpy(), want, rtol=1e-5,
+                                   atol=1e-5 * max(np.abs(ref).max(), np.abs(mid).max()))
+        np.testing.assert_array_equal(y.numpy(), two)
+
+
+def test_conv2d_nchwc_pw_dw_pw_through_f_broadcasts_a_residual_and_converts_biases():
+    """F's wrapper: a residual the kernel does not take (one that only
+    broadcasts) is added with +, as F.conv2d_nchwc does; [1, C, 1, 1]
+    biases (MegEngine's) are taken."""
+    import mgtrace.functional as F
+    x, w1, w2, w3 = rand(2, 16, 6, 6), rand(24, 16, 1, 1), rand(24, 1, 3, 3), rand(16, 24, 1, 1)
+    b1, b2, b3 = rand(1, 24, 1, 1), rand(24), rand(1, 16, 1, 1)
+    r = rand(1, 16, 6, 6)
+    mid = np.clip(ref_conv2d(np.maximum(ref_conv2d(x, w1, b1.ravel()), 0), w2, b2, 1, 1, 1, groups=24), 0, 6)
+    want = np.maximum(ref_conv2d(mid, w3, b3.ravel()) + r, 0)
+    y = F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), tensor(b1), tensor(w2), tensor(b2), tensor(w3),
+                                tensor(b3), residual=tensor(blocked(r)), padding=1, act="relu", dw_act="relu6",
+                                proj_act="relu")
+    np.testing.assert_allclose(F.from_nchwc(y, 16).numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(ValueError, match="does not broadcast"):
+        F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3), None,
+                                residual=tensor(rand(1, 1, 5, 6, 16)), padding=1)
+    with pytest.raises(ValueError, match="proj_weight must be"):
+        F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3[:, :5]), None,
+                                residual=tensor(blocked(r)), padding=1)
+
+
+@pytest.mark.parametrize("args, err, match", [
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, t(4, 8, 3, 3), None), ValueError,
+     "proj_weight must be"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, t(4, 7, 1, 1), None), ValueError,
+     "proj_weight must be"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, t(4, 8, 1, 1), t(5)), ValueError,
+     "proj_bias"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(4, 1, 3, 3), None, t(4, 8, 1, 1), None), ValueError,
+     "dw_weight must be"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, t(4, 8, 1, 1), None,
+                t(1, 1, 4, 3, 16)), ValueError, "residual must have"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, t(4, 8, 1, 1), None, None, 1, 1,
+                "none", "none", "tanh"), ValueError, "act must be one of"),
+    (lambda t: (t(1, 1, 4, 4, 16), t(8, 16, 1, 1), None, t(8, 1, 3, 3), None, "w", None), TypeError, "Tensor"),
+])
+def test_conv2d_nchwc_pw_dw_pw_bad_arguments(args, err, match):
+    with pytest.raises(err, match=match):
+        nn.conv2d_nchwc_pw_dw_pw(*args(lambda *s: tensor(rand(*s))))
 
 
 @pytest.mark.parametrize("args, err, match", [

@@ -449,10 +449,10 @@ def test_mobilenet_residual_adds_fuse_when_flattened(rng, tmp_path):
     mt.save(flat, tmp_path / "m.tmod")
     np.testing.assert_array_equal(mt.load(tmp_path / "m.tmod")(*args).numpy(), flat(*args).numpy())
     # (conv2d_nchwc where "all" runs the NCHWc pass: on a CPU with AVX-512)
-    res = [e for f in (F.conv2d_act, F.conv2d_nchwc) for e in flat.graph.get_function_by_type(f).as_list()
-           if e.kwargs.get("residual") is not None]
+    res = [e for f in (F.conv2d_act, F.conv2d_nchwc, F.conv2d_nchwc_pw_dw_pw)
+           for e in flat.graph.get_function_by_type(f).as_list() if e.kwargs.get("residual") is not None]
     assert len(res) == 10
-    assert all(e.kwargs["act"] == "none" for e in res)
+    assert all(e.kwargs["proj_act" if "proj_act" in e.kwargs else "act"] == "none" for e in res)
 
 
 def test_fuse_conv_act_on_functional_conv_and_not_tanh_gelu(rng):
@@ -844,14 +844,14 @@ class Expansion(M.Module):
 FUSE_PW_DW = ["FuseConvAct", "NCHWc", "FusePointwiseDepthwise"]
 
 
-def test_fuse_pointwise_depthwise_fuses_the_expansion_and_its_depthwise_conv(rng, tmp_path):
+def test_fuse_pointwise_depthwise_fuses_the_expansion_its_depthwise_conv_and_projection(rng, tmp_path):
     x = image(rng, (2, 3, 15, 13))
     tm = mt.trace_module(Expansion(), x)
     new = optimized(tm, FUSE_PW_DW, x)
-    assert functions(new, F.conv2d_nchwc_pw_dw) == 1
-    assert functions(new, F.conv2d_nchwc) == 2              # the stem and the projection
-    (e,) = new.graph.get_function_by_type(F.conv2d_nchwc_pw_dw).as_list()
-    assert e.kwargs["act"] == "relu6" and e.kwargs["dw_act"] == "relu6"
+    assert functions(new, F.conv2d_nchwc_pw_dw_pw) == 1 and functions(new, F.conv2d_nchwc_pw_dw) == 0
+    assert functions(new, F.conv2d_nchwc) == 1              # the stem
+    (e,) = new.graph.get_function_by_type(F.conv2d_nchwc_pw_dw_pw).as_list()
+    assert (e.kwargs["act"], e.kwargs["dw_act"], e.kwargs["proj_act"]) == ("relu6", "relu6", "none")
     mt.save(new, tmp_path / "m.tmod")
     np.testing.assert_array_equal(mt.load(tmp_path / "m.tmod")(x).numpy(), new(x).numpy())
 
@@ -861,8 +861,43 @@ def test_fuse_pointwise_depthwise_leaves_non_patterns(rng, kw):
     x = image(rng, (1, 3, 12, 12))
     tm = mt.trace_module(Expansion(**kw), x)
     new = optimized(tm, FUSE_PW_DW, x)
-    assert functions(new, F.conv2d_nchwc_pw_dw) == 0
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 0 and functions(new, F.conv2d_nchwc_pw_dw_pw) == 0
     assert optimize(tm, ["FusePointwiseDepthwise"]).code == optimize(tm, []).code   # needs NCHWc first
+
+
+class Block(M.Module):
+    """A stem, then an inverted-residual block whose projection is
+    ``project`` (with the residual add when its shape allows), its
+    depthwise output also read when ``also``."""
+    def __init__(self, project, also=False):
+        super().__init__()
+        self.stem = M.Conv2d(3, 16, 3, padding=1)
+        self.expand, self.dw = M.Conv2d(16, 48, 1), M.Conv2d(48, 48, 3, padding=1, groups=48)
+        self.project, self.also = project, also
+        self.add = project.out_channels == 16 and project.stride == (1, 1)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        d = F.relu6(self.dw(F.relu6(self.expand(h))))
+        y = self.project(d)
+        if self.add:
+            y = y + h
+        return y + d.mean() if self.also else y
+
+
+@pytest.mark.parametrize("project, also, fused", [
+    (M.Conv2d(48, 16, 1), False, 1),                   # with the residual add
+    (M.Conv2d(48, 24, 1), False, 1),                   # no residual
+    (M.Conv2d(48, 16, 1), True, 0),                    # the depthwise output has another reader
+    (M.Conv2d(48, 16, 1, stride=2), False, 0),         # not a plain pointwise conv
+    (M.Conv2d(48, 16, 3, padding=1), False, 0),
+])
+def test_fuse_pointwise_depthwise_projection_patterns(rng, project, also, fused):
+    x = image(rng, (2, 3, 9, 9))
+    tm = mt.trace_module(Block(project, also), x)
+    new = optimized(tm, FUSE_PW_DW, x)
+    assert functions(new, F.conv2d_nchwc_pw_dw_pw) == fused
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 1 - fused
 
 
 def test_optimize_starts_without_the_watched_values_of_its_argument(rng):
@@ -898,9 +933,9 @@ def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
     tm = mt.trace_module(net, *args)
     new = optimize(tm, list(manager._ORDER), flatten=True)
     close(new(*args), tm(*args))
-    # every conv of the 224x224 model's 52: the 16 expansions with their depthwise convs fused
-    assert functions(new, F.conv2d_nchwc) == 52 - 2 * 16 and functions(new, F.conv2d_nchwc_pw_dw) == 16
-    # ResNet-18's stem and its max pool stay blocked; the Winograd layers after them do not
+    # every conv of the 224x224 model's 52: the 16 expansions with their depthwise and projection convs fused
+    assert functions(new, F.conv2d_nchwc) == 52 - 3 * 16 and functions(new, F.conv2d_nchwc_pw_dw_pw) == 16
+    # ResNet-18's stem and its max pool stay blocked
     rnet, rargs = _zoo("resnet18", rng)
     rtm = mt.trace_module(rnet, *rargs)
     rnew = optimize(rtm, list(manager._ORDER), flatten=True)

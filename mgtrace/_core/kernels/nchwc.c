@@ -436,78 +436,116 @@ static void pad_block(const float *x, float *xp, const mt_conv2d_geom *g, const 
     for (int64_t r = 0; r < g->h; r++) memcpy(d + r * q->w * q->lanes, s + r * rowf, (size_t)rowf * sizeof(float));
 }
 
-int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
-                    const mt_conv2d_geom *g, int nthreads, void *workspace) {
-    if (g->n == 0 || g->o == 0) return 0;
-    if (nw_edge(blocked)) return nw_conv(x, packed, bias, y, g, nw_edge(blocked), nthreads, workspace);
-    const int dw = is_depthwise(g);
-    const int64_t pbytes = padded_bytes(g, blocked);
-    mt_conv2d_geom gp = *g;              /* the geometry the kernels see: the padded copy's */
-    if (pbytes) { gp.h += 2 * g->ph; gp.w += 2 * g->pw; gp.ph = gp.pw = 0; }
+/* A direct conv call's plan (nc_plan_call), run by each thread of a
+ * parallel region (nc_run): mt_conv2d_nchwc's, and the projection conv of
+ * mt_conv2d_nchwc_pw_dw_pw. */
+typedef struct {
+    const float *x, *packed, *bp;
+    float *y, *xp;                /* xp: the padded copy (NULL: none) */
+    int64_t *tls;                 /* 4 kk tap entries a thread */
+    const mt_conv2d_geom *g;
     nc_geom q;
-    nc_plan(&gp, blocked || dw, pbytes == 0, &q);    /* a padded copy has rows: never flat */
-    const int64_t units = dw ? q.nob : (q.nob + 1) / 2, width = dw ? NC : NC_PAIR;
+    int dw, two, units_outer;
+    int64_t pbytes, units, width, nchunk, chunk, rows, tasks, wunit, rd;
+} nc_call;
+
+/* the threads a direct conv call uses */
+static int nc_threads(const mt_conv2d_geom *g, int nthreads) {
+    const int64_t macs = g->n * g->o * g->oh * g->ow * (is_depthwise(g) ? 1 : g->c) * g->kh * g->kw;
+    return macs >= NC_GRAIN ? nthreads : 1;
+}
+
+/* The plan of a direct conv on nt threads; fills the workspace's bias and
+ * padding (mt_conv2d_nchwc_workspace's bytes). */
+static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *packed, const float *bias, float *y,
+                         const mt_conv2d_geom *g, int nt, void *workspace) {
+    c->x = x; c->packed = packed; c->y = y; c->g = g;
+    c->dw = is_depthwise(g);
+    c->pbytes = padded_bytes(g, blocked);
+    mt_conv2d_geom gp = *g;              /* the geometry the kernels see: the padded copy's */
+    if (c->pbytes) { gp.h += 2 * g->ph; gp.w += 2 * g->pw; gp.ph = gp.pw = 0; }
+    nc_geom *q = &c->q;
+    nc_plan(&gp, blocked || c->dw, c->pbytes == 0, q);    /* a padded copy has rows: never flat */
+    c->units = c->dw ? q->nob : (q->nob + 1) / 2;
+    c->width = c->dw ? NC : NC_PAIR;
     float *bp = (float *)workspace;
-    for (int64_t i = 0; i < units * width; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
-    float *xp = pbytes ? (float *)((char *)workspace + bias_bytes(g)) : NULL;
-    if (xp) memset(xp, 0, (size_t)pbytes);      /* the padding, once for every image */
-    int64_t *tls = (int64_t *)((char *)workspace + bias_bytes(g) + pbytes);
-    const int64_t macs = g->n * g->o * g->oh * g->ow * (dw ? 1 : g->c) * q.kk;
-    const int nt = macs >= NC_GRAIN ? nthreads : 1;
+    for (int64_t i = 0; i < c->units * c->width; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
+    c->bp = bp;
+    c->xp = c->pbytes ? (float *)((char *)workspace + bias_bytes(g)) : NULL;
+    if (c->xp) memset(c->xp, 0, (size_t)c->pbytes);      /* the padding, once for every image */
+    c->tls = (int64_t *)((char *)workspace + bias_bytes(g) + c->pbytes);
     /* rows split in chunks of columns: at most NC_CHUNK wide, and enough
      * tasks (8 a thread) that a static split is even: a 784-pixel plane of
      * one unit made 5 tasks, 3 for one thread and 2 for the other */
     /* rows of at most NC_R2 pixels (7x7 planes) go two at a time: a task
      * then covers a pair of rows */
-    const int two = !dw && q.lanes == NC && q.ow <= NC_R2 && q.oh > 1;
-    const int64_t trows = two ? (q.oh + 1) / 2 : q.oh;
-    int64_t nchunk = (q.ow + NC_CHUNK - 1) / NC_CHUNK;
-    const int64_t even = (8 * nt + units * trows - 1) / (units * trows), most = (q.ow + NC_R - 1) / NC_R;
+    c->two = !c->dw && q->lanes == NC && q->ow <= NC_R2 && q->oh > 1;
+    const int64_t trows = c->two ? (q->oh + 1) / 2 : q->oh;
+    int64_t nchunk = (q->ow + NC_CHUNK - 1) / NC_CHUNK;
+    const int64_t even = (8 * nt + c->units * trows - 1) / (c->units * trows), most = (q->ow + NC_R - 1) / NC_R;
     if (nt > 1 && even > nchunk) nchunk = even < most ? even : most;
-    const int64_t chunk = (q.ow + nchunk - 1) / nchunk;
-    const int64_t rows = trows * nchunk, tasks = units * rows;
-    const int64_t xbytes = q.ncb * q.cbs * 4, wbytes = mt_conv2d_nchwc_packed_bytes(g, blocked);
+    c->nchunk = nchunk;
+    c->chunk = (q->ow + nchunk - 1) / nchunk;
+    c->rows = trows * nchunk;
+    c->tasks = c->units * c->rows;
+    const int64_t xbytes = q->ncb * q->cbs * 4, wbytes = mt_conv2d_nchwc_packed_bytes(g, blocked);
     /* each task order reads one operand again per step of the other:
      * units outer re-reads the input once a unit, rows outer the weights once a row */
-    const int units_outer = !dw && units * xbytes < rows * wbytes;
-    const int64_t wunit = dw ? q.kk * NC : q.ncb * q.kk * q.lanes * NC_PAIR;
-    const int64_t rd = g->has_res ? g->res_delta : 0;
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
+    c->units_outer = !c->dw && c->units * xbytes < c->rows * wbytes;
+    c->wunit = c->dw ? q->kk * NC : q->ncb * q->kk * q->lanes * NC_PAIR;
+    c->rd = g->has_res ? g->res_delta : 0;
+}
+
+/* A direct conv's tasks, run by every thread of the enclosing parallel
+ * region (its work-sharing loops are orphaned). One barrier a call where
+ * there is no padded copy (the region's end, or the caller's): each
+ * barrier costs a futex system call in libgomp, and the tasks of one image
+ * never read another's output. */
+static void nc_run(const nc_call *c) {
+    const nc_geom *q = &c->q;
+    const mt_conv2d_geom *g = c->g;
 #ifdef _OPENMP
-        int64_t *tl = tls + (int64_t)omp_get_thread_num() * 4 * q.kk;
+    int64_t *tl = c->tls + (int64_t)omp_get_thread_num() * 4 * q->kk;
 #else
-        int64_t *tl = tls;
+    int64_t *tl = c->tls;
 #endif
-        /* one barrier a call where there is no padded copy (the region's
-         * end): each barrier costs a futex system call in libgomp, and the
-         * tasks of one image never read another's output */
-        for (int64_t n = 0; n < g->n; n++) {
-            if (xp) {
-                if (n > 0) {
-                    #pragma omp barrier
-                }
-                #pragma omp for schedule(static)
-                for (int64_t cb = 0; cb < q.ncb; cb++) pad_block(x, xp, g, &q, n, cb);
+    for (int64_t n = 0; n < g->n; n++) {
+        if (c->xp) {
+            if (n > 0) {
+                #pragma omp barrier
             }
-            #pragma omp for schedule(static) nowait
-            for (int64_t task = 0; task < tasks; task++) {
-                const int64_t u = units_outer ? task / rows : task % units;
-                const int64_t row = units_outer ? task % rows : task / units;
-                const int64_t oy = row / nchunk * (two ? 2 : 1), c0 = (row % nchunk) * chunk;
-                const int64_t c1 = mt_min64(q.ow, c0 + chunk);
-                const float *xi = dw ? x + (n * q.nob + u) * q.cbs : xp ? xp : x + n * q.ncb * q.cbs;
-                float *yu = y + (n * q.nob + u * (dw ? 1 : 2)) * q.ys;
-                const int nv = dw || 2 * u + 1 < q.nob ? 2 : 1;
-                /* the unit holding the last block, when O leaves part of it unused */
-                const int tail = g->o % NC && (dw ? u : 2 * u + nv - 1) == q.nob - 1 ? (int)(g->o % NC) : 0;
-                if (two && oy + 1 < q.oh)
-                    nc_rows2(&q, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, tl, g->act, rd);
-                else
-                    nc_row(&q, dw, nv, tail, xi, packed + u * wunit, bp + u * width, yu, oy, c0, c1, tl, g->act, rd);
-            }
+            #pragma omp for schedule(static)
+            for (int64_t cb = 0; cb < q->ncb; cb++) pad_block(c->x, c->xp, g, q, n, cb);
+        }
+        #pragma omp for schedule(static) nowait
+        for (int64_t task = 0; task < c->tasks; task++) {
+            const int64_t u = c->units_outer ? task / c->rows : task % c->units;
+            const int64_t row = c->units_outer ? task % c->rows : task / c->units;
+            const int64_t oy = row / c->nchunk * (c->two ? 2 : 1), c0 = (row % c->nchunk) * c->chunk;
+            const int64_t c1 = mt_min64(q->ow, c0 + c->chunk);
+            const float *xi = c->dw ? c->x + (n * q->nob + u) * q->cbs : c->xp ? c->xp : c->x + n * q->ncb * q->cbs;
+            float *yu = c->y + (n * q->nob + u * (c->dw ? 1 : 2)) * q->ys;
+            const int nv = c->dw || 2 * u + 1 < q->nob ? 2 : 1;
+            /* the unit holding the last block, when O leaves part of it unused */
+            const int tail = g->o % NC && (c->dw ? u : 2 * u + nv - 1) == q->nob - 1 ? (int)(g->o % NC) : 0;
+            if (c->two && oy + 1 < q->oh)
+                nc_rows2(q, nv, tail, xi, c->packed + u * c->wunit, c->bp + u * c->width, yu, oy, tl, g->act, c->rd);
+            else
+                nc_row(q, c->dw, nv, tail, xi, c->packed + u * c->wunit, c->bp + u * c->width, yu, oy, c0, c1, tl,
+                       g->act, c->rd);
         }
     }
+}
+
+int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                    const mt_conv2d_geom *g, int nthreads, void *workspace) {
+    if (g->n == 0 || g->o == 0) return 0;
+    if (nw_edge(blocked)) return nw_conv(x, packed, bias, y, g, nw_edge(blocked), nthreads, workspace);
+    const int nt = nc_threads(g, nthreads);
+    nc_call c;
+    nc_plan_call(&c, x, blocked, packed, bias, y, g, nt, workspace);
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    nc_run(&c);
     return 0;
 }
 
@@ -940,79 +978,170 @@ static void pwdw_dw_row(const nc_geom *q, const float *ring, const float *wp, co
     }
 }
 
+/* A pointwise-then-depthwise call's plan (pwdw_plan_call), run by each
+ * thread of a parallel region (pwdw_run). */
+typedef struct {
+    const float *x, *pw_packed, *dw_packed, *b1, *b2;
+    float *y;
+    char *scratch;                /* per thread: the ring, then the tap lists and ring tags */
+    const mt_conv2d_geom *pw, *dw;
+    nc_geom q, qp;
+    int tail;
+    int64_t nob, units, ncb, cbs, ys_out, kk, rp, rs, ring_f, per, rows, tasks;
+} pwdw_call;
+
+static int pwdw_threads(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nthreads) {
+    const double macs = (double)pw->n * pw->o * ((double)pw->h * pw->w * pw->c
+                                                 + (double)dw->oh * dw->ow * dw->kh * dw->kw);
+    return macs >= NC_GRAIN ? nthreads : 1;
+}
+
+/* the plan on nt threads; fills the workspace's biases
+ * (mt_conv2d_nchwc_pw_dw_workspace's bytes) */
+static void pwdw_plan_call(pwdw_call *c, const float *x, const float *pw_packed, const float *pw_bias,
+                           const float *dw_packed, const float *dw_bias, float *y, const mt_conv2d_geom *pw,
+                           const mt_conv2d_geom *dw, int nt, void *workspace) {
+    c->x = x; c->pw_packed = pw_packed; c->dw_packed = dw_packed; c->y = y; c->pw = pw; c->dw = dw;
+    c->nob = mt_nchwc_blocks(pw->o);
+    c->units = (c->nob + 1) / 2;
+    c->ncb = mt_nchwc_blocks(pw->c);
+    c->cbs = pw->h * pw->w * NC;
+    c->ys_out = dw->oh * dw->ow * NC;
+    c->kk = dw->kh * dw->kw;
+    /* the depthwise conv reads ring rows of rp zeros, W pixels, rp zeros */
+    c->rp = pwdw_pad(dw);
+    c->rs = (pw->w + 2 * c->rp) * NC;
+    nc_plan(dw, 1, 0, &c->q);
+    c->q.w += 2 * c->rp;
+    c->q.pw -= c->rp;
+    /* the pointwise conv as nc_row sees it: one flat row of the image in,
+     * one ring row out, the ring's blocks kh rows apart */
+    nc_plan(pw, 1, 0, &c->qp);
+    c->qp.h = c->qp.oh = 1;
+    c->qp.ys = dw->kh * c->rs;
+    float *b1 = (float *)workspace, *b2 = (float *)((char *)workspace + bias_bytes(pw));
+    for (int64_t i = 0; i < c->units * NC_PAIR; i++) {
+        b1[i] = pw_bias && i < pw->o ? pw_bias[i] : 0.0f;
+        b2[i] = dw_bias && i < pw->o ? dw_bias[i] : 0.0f;
+    }
+    c->b1 = b1; c->b2 = b2;
+    c->scratch = (char *)workspace + bias_bytes(pw) + bias_bytes(dw);
+    c->ring_f = pwdw_ring(pw, dw);
+    c->per = (c->ring_f * (int64_t)sizeof(float) + (4 * c->kk + dw->kh) * (int64_t)sizeof(int64_t) + 63)
+             & ~(int64_t)63;
+    /* enough tasks for the threads to share; each range of rows recomputes
+     * the kh - sh pointwise rows its first output row shares with the last */
+    int64_t nchunk = nt > 1 ? (4 * nt + c->units - 1) / c->units : 1;
+    if (nchunk > dw->oh) nchunk = dw->oh;
+    c->rows = (dw->oh + nchunk - 1) / nchunk;
+    c->tasks = c->units * nchunk;
+    c->tail = pw->o % NC ? (int)(pw->o % NC) : 0;
+}
+
+/* the tasks, run by every thread of the enclosing parallel region; no
+ * barrier (the rings are per thread) */
+static void pwdw_run(const pwdw_call *c) {
+    const mt_conv2d_geom *pw = c->pw, *dw = c->dw;
+    const int64_t kk = c->kk, nob = c->nob, units = c->units;
+#ifdef _OPENMP
+    char *mine = c->scratch + (int64_t)omp_get_thread_num() * c->per;
+#else
+    char *mine = c->scratch;
+#endif
+    float *ring = (float *)mine;
+    int64_t *tl = (int64_t *)(mine + c->ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
+    memset(ring, 0, (size_t)c->ring_f * sizeof(float));     /* the pad columns, never written */
+    for (int64_t n = 0; n < pw->n; n++) {
+        #pragma omp for schedule(static) nowait
+        for (int64_t task = 0; task < c->tasks; task++) {
+            const int64_t u = task % units, oy0 = task / units * c->rows;
+            const int64_t oy1 = oy0 + c->rows < dw->oh ? oy0 + c->rows : dw->oh;
+            const int nv = 2 * u + 1 < nob ? 2 : 1;
+            const int ptail = 2 * u + nv - 1 == nob - 1 ? c->tail : 0;
+            const float *xn = c->x + n * c->ncb * c->cbs;
+            for (int64_t s = 0; s < dw->kh; s++) tags[s] = -1;
+            for (int64_t oy = oy0; oy < oy1; oy++) {
+                const int64_t iy0 = oy * dw->sh - dw->ph;
+                int64_t slot = pwdw_slot(iy0, dw->kh);
+                for (int64_t ky = 0; ky < dw->kh; ky++, slot = slot + 1 == dw->kh ? 0 : slot + 1) {
+                    const int64_t iy = iy0 + ky;
+                    if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
+                    nc_row(&c->qp, 0, nv, ptail, xn + iy * pw->w * NC, c->pw_packed + u * c->ncb * NC * NC_PAIR,
+                           c->b1 + u * NC_PAIR, ring + slot * c->rs + c->rp * NC, 0, 0, pw->w, tl, pw->act, 0);
+                    tags[slot] = iy;
+                }
+                const int64_t ntap = pwdw_row_taps(&c->q, oy, tl, tl + kk);
+                for (int v = 0; v < nv; v++) {
+                    const int64_t blk = 2 * u + v;
+                    pwdw_dw_row(&c->q, ring + v * c->qp.ys, c->dw_packed + blk * kk * NC, c->b2 + blk * NC,
+                                c->y + (n * nob + blk) * c->ys_out + oy * dw->ow * NC, tl, tl + kk, ntap,
+                                tl + 2 * kk, tl + 3 * kk, blk == nob - 1 ? c->tail : 0, dw->act);
+                }
+            }
+        }
+    }
+}
+
 int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
                           const float *dw_bias, float *y, const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
                           int nthreads, void *workspace) {
     if (pw->n == 0 || pw->o == 0 || dw->oh == 0 || dw->ow == 0) return 0;
-    const int64_t nob = mt_nchwc_blocks(pw->o), units = (nob + 1) / 2, ncb = mt_nchwc_blocks(pw->c);
-    const int64_t cbs = pw->h * pw->w * NC, ys_out = dw->oh * dw->ow * NC, kk = dw->kh * dw->kw;
-    nc_geom q, qp;
-    /* the depthwise conv reads ring rows of rp zeros, W pixels, rp zeros */
-    const int64_t rp = pwdw_pad(dw), rs = (pw->w + 2 * rp) * NC;
-    nc_plan(dw, 1, 0, &q);
-    q.w += 2 * rp;
-    q.pw -= rp;
-    /* the pointwise conv as nc_row sees it: one flat row of the image in,
-     * one ring row out, the ring's blocks kh rows apart */
-    nc_plan(pw, 1, 0, &qp);
-    qp.h = qp.oh = 1;
-    qp.ys = dw->kh * rs;
-    float *b1 = (float *)workspace, *b2 = (float *)((char *)workspace + bias_bytes(pw));
-    for (int64_t i = 0; i < units * NC_PAIR; i++) {
-        b1[i] = pw_bias && i < pw->o ? pw_bias[i] : 0.0f;
-        b2[i] = dw_bias && i < pw->o ? dw_bias[i] : 0.0f;
-    }
-    char *scratch = (char *)workspace + bias_bytes(pw) + bias_bytes(dw);
-    const int64_t ring_f = pwdw_ring(pw, dw);
-    const int64_t per = (ring_f * (int64_t)sizeof(float) + (4 * kk + dw->kh) * (int64_t)sizeof(int64_t) + 63)
-                        & ~(int64_t)63;
-    const double macs = (double)pw->n * pw->o * ((double)pw->h * pw->w * pw->c + (double)dw->oh * dw->ow * kk);
-    const int nt = macs >= NC_GRAIN ? nthreads : 1;
-    /* enough tasks for the threads to share; each range of rows recomputes
-     * the kh - sh pointwise rows its first output row shares with the last */
-    int64_t nchunk = nt > 1 ? (4 * nt + units - 1) / units : 1;
-    if (nchunk > dw->oh) nchunk = dw->oh;
-    const int64_t rows = (dw->oh + nchunk - 1) / nchunk, tasks = units * nchunk;
-    const int tail = pw->o % NC ? (int)(pw->o % NC) : 0;
+    const int nt = pwdw_threads(pw, dw, nthreads);
+    pwdw_call c;
+    pwdw_plan_call(&c, x, pw_packed, pw_bias, dw_packed, dw_bias, y, pw, dw, nt, workspace);
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    pwdw_run(&c);
+    return 0;
+}
+
+/* ------------------------------------ pointwise, depthwise, projection */
+
+/* An inverted-residual block (MobileNetV2's: expansion 1x1, depthwise,
+ * projection 1x1 with its residual) in one parallel region: the pointwise
+ * and depthwise tasks write the block's E-channel middle tensor into the
+ * workspace, a barrier, then the projection's tasks read it (while it is
+ * in the caches: 16-230 KB at MobileNetV2's 28x28 and smaller planes).
+ * One call, one output and one fork where the two calls had two of each:
+ * a few microseconds each inside a model, where the kernels have evicted
+ * the interpreter. */
+
+static int64_t pwdwpj_mid_bytes(const mt_conv2d_geom *dw) {
+    int64_t n = 0;
+    if (__builtin_mul_overflow(dw->n * mt_nchwc_blocks(dw->o), dw->oh * dw->ow * NC * (int64_t)sizeof(float), &n)
+        || n > INT64_MAX / 4)
+        return MT_NN_EOVERFLOW;
+    return (n + 63) & ~(int64_t)63;
+}
+
+int64_t mt_conv2d_nchwc_pw_dw_pw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                                           const mt_conv2d_geom *pj, int nthreads) {
+    const int64_t a = mt_conv2d_nchwc_pw_dw_workspace(pw, dw, nthreads), m = pwdwpj_mid_bytes(dw);
+    const int64_t b = mt_conv2d_nchwc_workspace(pj, 1, nthreads);
+    if (a < 0 || m < 0 || b < 0 || a > INT64_MAX / 4 || b > INT64_MAX / 4) return MT_NN_EOVERFLOW;
+    return ((a + 63) & ~(int64_t)63) + m + b;
+}
+
+int mt_conv2d_nchwc_pw_dw_pw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
+                             const float *dw_bias, const float *pj_packed, const float *pj_bias, float *y,
+                             const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, const mt_conv2d_geom *pj,
+                             int nthreads, void *workspace) {
+    if (pw->n == 0 || pj->o == 0 || dw->oh == 0 || dw->ow == 0) return 0;
+    const int64_t a = (mt_conv2d_nchwc_pw_dw_workspace(pw, dw, nthreads) + 63) & ~(int64_t)63;
+    float *mid = (float *)((char *)workspace + a);
+    void *ws2 = (char *)workspace + a + pwdwpj_mid_bytes(dw);
+    const int nt1 = pwdw_threads(pw, dw, nthreads), nt2 = nc_threads(pj, nthreads);
+    const int nt = nt1 > nt2 ? nt1 : nt2;
+    pwdw_call c1;
+    nc_call c2;
+    /* (no middle channels, E = 0: the projection's sum is empty, its
+     * output the bias, residual and act) */
+    if (pw->o > 0) pwdw_plan_call(&c1, x, pw_packed, pw_bias, dw_packed, dw_bias, mid, pw, dw, nt, workspace);
+    nc_plan_call(&c2, mid, MT_NCHWC_BLOCKED, pj_packed, pj_bias, y, pj, nt, ws2);
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-#ifdef _OPENMP
-        char *mine = scratch + (int64_t)omp_get_thread_num() * per;
-#else
-        char *mine = scratch;
-#endif
-        float *ring = (float *)mine;
-        int64_t *tl = (int64_t *)(mine + ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
-        memset(ring, 0, (size_t)ring_f * sizeof(float));     /* the pad columns, never written */
-        for (int64_t n = 0; n < pw->n; n++) {
-            #pragma omp for schedule(static) nowait      /* (rings are per thread) */
-            for (int64_t task = 0; task < tasks; task++) {
-                const int64_t u = task % units, oy0 = task / units * rows;
-                const int64_t oy1 = oy0 + rows < dw->oh ? oy0 + rows : dw->oh;
-                const int nv = 2 * u + 1 < nob ? 2 : 1;
-                const int ptail = 2 * u + nv - 1 == nob - 1 ? tail : 0;
-                const float *xn = x + n * ncb * cbs;
-                for (int64_t s = 0; s < dw->kh; s++) tags[s] = -1;
-                for (int64_t oy = oy0; oy < oy1; oy++) {
-                    const int64_t iy0 = oy * dw->sh - dw->ph;
-                    int64_t slot = pwdw_slot(iy0, dw->kh);
-                    for (int64_t ky = 0; ky < dw->kh; ky++, slot = slot + 1 == dw->kh ? 0 : slot + 1) {
-                        const int64_t iy = iy0 + ky;
-                        if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
-                        nc_row(&qp, 0, nv, ptail, xn + iy * pw->w * NC, pw_packed + u * ncb * NC * NC_PAIR,
-                               b1 + u * NC_PAIR, ring + slot * rs + rp * NC, 0, 0, pw->w, tl, pw->act, 0);
-                        tags[slot] = iy;
-                    }
-                    const int64_t ntap = pwdw_row_taps(&q, oy, tl, tl + kk);
-                    for (int v = 0; v < nv; v++) {
-                        const int64_t blk = 2 * u + v;
-                        pwdw_dw_row(&q, ring + v * qp.ys, dw_packed + blk * kk * NC, b2 + blk * NC,
-                                    y + (n * nob + blk) * ys_out + oy * dw->ow * NC, tl, tl + kk, ntap,
-                                    tl + 2 * kk, tl + 3 * kk, blk == nob - 1 ? tail : 0, dw->act);
-                    }
-                }
-            }
-        }
+        if (pw->o > 0) pwdw_run(&c1);
+        #pragma omp barrier
+        nc_run(&c2);
     }
     return 0;
 }

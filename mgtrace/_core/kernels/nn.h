@@ -162,6 +162,17 @@ int64_t mt_conv2d_nchwc_pw_dw_workspace(const mt_conv2d_geom *pw, const mt_conv2
 int mt_conv2d_nchwc_pw_dw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
                           const float *dw_bias, float *y, const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
                           int nthreads, void *workspace);
+/* An inverted-residual block: mt_conv2d_nchwc_pw_dw (pw, dw) and the 1x1
+ * projection pj (stride 1, no padding, pj->c = pw->o, its epilogue's
+ * residual NCHW16c like y) that reads its output, in one call: x NCHW16c
+ * [n, c/16, h, w] -> y NCHW16c [n, o/16, oh, ow]. Weights packed as for
+ * mt_conv2d_nchwc (blocked 1). */
+int64_t mt_conv2d_nchwc_pw_dw_pw_workspace(const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                                           const mt_conv2d_geom *pj, int nthreads);
+int mt_conv2d_nchwc_pw_dw_pw(const float *x, const float *pw_packed, const float *pw_bias, const float *dw_packed,
+                             const float *dw_bias, const float *pj_packed, const float *pj_bias, float *y,
+                             const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, const mt_conv2d_geom *pj,
+                             int nthreads, void *workspace);
 /* NCHW [n, c, hw] <-> NCHW16c [n, ceil(c/16), hw, 16] */
 
 void mt_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nthreads);

@@ -39,7 +39,9 @@ benchmarks/bench_nchwc_winograd.py``).
 ``FusePointwiseDepthwise`` (after NCHWc) then makes each converted
 pointwise conv whose output only a depthwise conv reads, with that conv,
 one ``F.conv2d_nchwc_pw_dw`` call: MobileNet's expanded tensors are never
-written whole.
+written whole; and each of those whose output only a pointwise conv reads
+(the block's projection), with that conv, one
+``F.conv2d_nchwc_pw_dw_pw`` call.
 """
 import mgtrace.functional as F
 import mgtrace.module as M
@@ -286,15 +288,30 @@ def _depthwise(a, channels):
             and _is_pair(a["dilation"], 1) and a["residual"] is None)
 
 
+def _projection(a, mid):
+    """Whether conv2d_nchwc arguments ``a`` are a pointwise conv (1x1,
+    stride 1, no padding) of ``mid``, with any residual but ``mid``."""
+    w = _shape(a["weight"])
+    return (a["x"] is mid and a["residual"] is not mid and w is not None and len(w) == 4 and w[2:] == (1, 1)
+            and a["groups"] == 1 and _is_pair(a["stride"], 1) and _is_pair(a["padding"], 0)
+            and _is_pair(a["dilation"], 1))
+
+
 def fuse_pointwise_depthwise(tm):
     """Each ``F.conv2d_nchwc`` pointwise conv whose output only a depthwise
     ``F.conv2d_nchwc`` reads, and that depthwise conv, to one
     ``F.conv2d_nchwc_pw_dw`` call (MobileNet's expansion and depthwise
     layers, after the NCHWc pass): the expanded tensor, up to 4.8 MB in
-    MobileNetV2, is never written whole. Returns the number of pairs fused.
-    MobileNetV2 batch 1 on a 2-core Zen 5 (``python benchmarks/ab_passes.py
-    --pass FusePointwiseDepthwise --model mobilenet_v2 --full``): 3.64 ms
-    against 4.26 without it, 6.16 against 7.09 on one thread."""
+    MobileNetV2, is never written whole. MobileNetV2 batch 1 on a 2-core
+    Zen 5 (``python benchmarks/ab_passes.py --pass FusePointwiseDepthwise
+    --model mobilenet_v2 --full``): 3.64 ms against 4.26 without it, 6.16
+    against 7.09 on one thread.
+
+    Then each such call whose output only a pointwise conv reads (the
+    block's projection, with its residual) joins it in one
+    ``F.conv2d_nchwc_pw_dw_pw`` call: one call, output and parallel region
+    a block fewer. Returns the number of calls fused (pairs, then
+    projections)."""
     done = 0
     for g in list(graphs_of(tm)):
         fused = 0
@@ -309,6 +326,21 @@ def fuse_pointwise_depthwise(tm):
             with g.insert_exprs(b):
                 y = F.conv2d_nchwc_pw_dw(a["x"], a["weight"], a["bias"], d["weight"], d["bias"],
                                          d["stride"], d["padding"], act=a["act"], dw_act=d["act"])
+            g.replace_node({b.outputs[0]: y})
+            fused += 1
+        if fused:
+            g.compile()
+        for e in list(g._exprs):
+            a = bound_args(e) if is_function(e, F.conv2d_nchwc_pw_dw) else None
+            b = sole_user(e.outputs[0]) if a is not None else None
+            d = bound_args(b) if b is not None and is_function(b, F.conv2d_nchwc) else None
+            if d is None or not _projection(d, e.outputs[0]):
+                continue
+            with g.insert_exprs(b):
+                y = F.conv2d_nchwc_pw_dw_pw(a["x"], a["weight"], a["bias"], a["dw_weight"], a["dw_bias"],
+                                            d["weight"], d["bias"], residual=d["residual"], stride=a["stride"],
+                                            padding=a["padding"], act=a["act"], dw_act=a["dw_act"],
+                                            proj_act=d["act"])
             g.replace_node({b.outputs[0]: y})
             fused += 1
         if fused:

@@ -21,7 +21,8 @@ NCHWc                   chains of float32 convs in the NCHW16c layout (ours;
                         ``"all"`` runs it on CPUs with AVX-512, where its
                         kernels are vectorised)
 FusePointwiseDepthwise  a pointwise conv2d_nchwc and the depthwise one reading
-                        its output in one kernel (ours; in ``"all"`` with NCHWc)
+                        its output in one kernel, and the 1x1 projection after
+                        them (ours; in ``"all"`` with NCHWc)
 EliminateDeadCode       drop unused exprs and submodules (ours)
 user passes             in the order given in ``enabled_pass``
 ======================  ========================================================
@@ -200,7 +201,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
         folding reorders multiplications) that traces, edits, flattens,
         saves and loads like any other. Fused layers are calls of
         registered functions (``F.conv2d_act``, ``F.linear_act``,
-        ``F.attention``, ``F.conv2d_nchwc``, ``F.conv2d_nchwc_pw_dw``); folded
+        ``F.attention``, ``F.conv2d_nchwc``, ``F.conv2d_nchwc_pw_dw``,
+        ``F.conv2d_nchwc_pw_dw_pw``); folded
         BatchNorms and other submodules no graph reads any more are deleted
         (``state_dict`` drops their tensors). Every graph passes ``lint()``.
 
