@@ -963,6 +963,23 @@ cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h,
     return 0
 
 
+cdef int _nchwc_residual(str op, residual, Tensor out, mt_conv2d_geom *g) except -1:
+    """Sets ``g``'s residual to ``residual``, which must be float32
+    NCHW16c of ``out``'s shape (the kernels read it as laid out as out)."""
+    cdef Tensor tr = _f32_cpu(op, "residual", residual)
+    cdef int i
+    cdef bint same = tr._ndim == 5
+    if same:
+        for i in range(5):
+            same = same and tr._shape[i] == out._shape[i]
+    if not same:
+        raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
+                         f"got {shape_tuple(tr)}")
+    g.has_res = 1
+    g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
+    return 0
+
+
 @core_op
 def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilation=1, groups=1,
                  act="none"):
@@ -1004,7 +1021,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     [[[[2.0, 2.0], [2.0, 2.0]]]]
     """
     cdef str op = "conv2d_nchwc"
-    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight), tb = None, tr = None, out
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight), tb = None, out
     cdef mt_conv2d_geom g
     cdef int blocked = tx._ndim == 5, rc, nt
     cdef void *wsp
@@ -1034,13 +1051,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g.n, _blocks(o), g.oh, g.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
-        tr = _f32_cpu(op, "residual", residual)
-        if tr._ndim != 5 or tr._shape[0] != oshape[0] or tr._shape[1] != oshape[1] or \
-                tr._shape[2] != oshape[2] or tr._shape[3] != oshape[3] or tr._shape[4] != 16:
-            raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
-                             f"got {shape_tuple(tr)}")
-        g.has_res = 1
-        g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
+        _nchwc_residual(op, residual, out, &g)
     if numel(out) == 0:
         return out
     nt = num_threads()
@@ -1173,7 +1184,7 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     cdef str op = "conv2d_nchwc_pw_dw_pw"
     cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
     cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), tw3 = _f32_cpu(op, "proj_weight", proj_weight)
-    cdef Tensor tr = None, out
+    cdef Tensor out
     cdef mt_conv2d_geom g1, g2, g3
     cdef int rc, nt
     _check_4d(op, "weight", tw, "[E, C, 1, 1]")
@@ -1203,13 +1214,7 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g2.oh, g2.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
-        tr = _f32_cpu(op, "residual", residual)
-        if tr._ndim != 5 or tr._shape[0] != oshape[0] or tr._shape[1] != oshape[1] or \
-                tr._shape[2] != oshape[2] or tr._shape[3] != oshape[3] or tr._shape[4] != 16:
-            raise ValueError(f"{op}: residual must have the output's NCHW16c shape {shape_tuple(out)}, "
-                             f"got {shape_tuple(tr)}")
-        g3.has_res = 1
-        g3.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
+        _nchwc_residual(op, residual, out, &g3)
     if numel(out) == 0:
         return out
     nt = num_threads()
