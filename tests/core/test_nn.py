@@ -1473,14 +1473,34 @@ def test_conv2d_nchwc_algorithm_picks_winograd_where_the_tiles_are_many():
     it saves arithmetic, and F(4x4) needs more tiles than F(2x2)."""
     assert nn.conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd"
     assert nn.conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1) == "winograd4"
-    assert nn.conv2d_nchwc_algorithm((1, 128, 28, 28), (128, 128, 3, 3), padding=1) == "winograd4"
-    assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"
+    # F(4x4) only where conv2d runs its own (it rounds more)
+    assert nn.conv2d_algorithm((1, 128, 28, 28), (128, 128, 3, 3), padding=1, cached=True) != "winograd4"
+    assert nn.conv2d_nchwc_algorithm((1, 128, 28, 28), (128, 128, 3, 3), padding=1) == "winograd"
+    assert nn.conv2d_algorithm((8, 128, 28, 28), (128, 128, 3, 3), padding=1, cached=True) == "winograd4"
+    assert nn.conv2d_nchwc_algorithm((8, 128, 28, 28), (128, 128, 3, 3), padding=1) == "winograd4"
+    assert nn.conv2d_nchwc_algorithm((8, 0, 28, 28), (128, 0, 3, 3), padding=1) == "direct"
     assert nn.conv2d_nchwc_algorithm((1, 512, 7, 7), (512, 512, 3, 3), padding=1) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 512, 7, 7), (512, 512, 3, 3), padding=1) == "winograd"
     assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 2, 1) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 2, 2) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 8, 14, 14), (8, 8, 3, 3), padding=1) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 16, 14, 14), (16, 1, 3, 3), padding=1, groups=16) == "depthwise"
+
+
+@pytest.mark.parametrize("winograd", [2, 4])
+def test_conv2d_nchwc_forced_winograd_with_no_input_channels_gives_the_bias(winograd):
+    """(Forced F(2x2) or F(4x4) on C = 0 divided by zero in the plan: the
+    process died of SIGFPE.)"""
+    before = nn._set_nchwc_winograd(winograd)
+    try:
+        x, w = np.zeros((1, 0, 8, 8, 16), np.float32), np.zeros((4, 0, 3, 3), np.float32)
+        y = nn.conv2d_nchwc(tensor(x), tensor(w), tensor(np.arange(4, dtype=np.float32)), None, 1, 1, 1, 1,
+                            "sigmoid")
+    finally:
+        nn._set_nchwc_winograd(before)
+    want = 1 / (1 + np.exp(-np.arange(4, dtype=np.float32)))
+    np.testing.assert_allclose(nn.from_nchwc(y, 4).numpy(),
+                               np.broadcast_to(want[None, :, None, None], (1, 4, 8, 8)), rtol=1e-6)
 
 
 def test_conv2d_nchwc_winograd_keeps_unused_channels_zero_after_an_infinite_input():

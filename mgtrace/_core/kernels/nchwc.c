@@ -593,18 +593,27 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
  * of U for 512 channels was no faster than direct); F(4x4) from 48 of its
  * tiles (128 channels of 28x28 at batch 1: 0.26 ms against 0.33 for
  * F(2x2); 256 of 14x14, 16 tiles: level) with U within L3 (512 channels
- * of 7x7 at batch 8, 37.7 MB of U: 7.5 ms against 3.5 for F(2x2)). */
+ * of 7x7 at batch 8, 37.7 MB of U: 7.5 ms against 3.5 for F(2x2)).
+ *
+ * And F(4x4) only where conv2d runs its own (mt_conv2d_pick_algo_ex's
+ * WINOGRAD4, the same arithmetic): it rounds more, up to 1.5e-5 of the
+ * output's scale with 128-256 channels of random values, against 7e-7
+ * for F(2x2) and 2e-6 for a direct sum (python: max over 6 seeds of
+ * 2x16x16 planes), so that optimize()'s NCHWc pass never makes a layer
+ * round more than conv2d does. */
 #define NW_MIN_TILES 32
 #define NW4_MIN_TILES 48
 #define NW4_MAX_U (12 << 20)
 
 int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
-    if (!blocked || !nw_fits(g) || winograd == 0) return blocked ? MT_NCHWC_BLOCKED : MT_NCHWC_PLAIN;
+    /* (C = 0, forced too: nothing to transform; the direct kernel gives the bias) */
+    if (!blocked || !nw_fits(g) || winograd == 0 || g->c == 0) return blocked ? MT_NCHWC_BLOCKED : MT_NCHWC_PLAIN;
     if (winograd == 2) return MT_NCHWC_WINOGRAD4;
     if (winograd == 1) return MT_NCHWC_WINOGRAD;
     if (g->c < NC || nw_tiles(g, 2) < NW_MIN_TILES) return MT_NCHWC_BLOCKED;
     const double u4 = 36.0 * g->c * g->o * sizeof(float);
-    return nw_tiles(g, 4) >= NW4_MIN_TILES && u4 <= NW4_MAX_U ? MT_NCHWC_WINOGRAD4 : MT_NCHWC_WINOGRAD;
+    return nw_tiles(g, 4) >= NW4_MIN_TILES && u4 <= NW4_MAX_U && mt_conv2d_pick_algo_ex(g, 1) == MT_CONV_WINOGRAD4
+           ? MT_NCHWC_WINOGRAD4 : MT_NCHWC_WINOGRAD;
 }
 
 typedef struct {
