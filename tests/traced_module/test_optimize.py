@@ -928,6 +928,21 @@ def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind, flatten):
     close(got, want)
 
 
+@pytest.mark.parametrize("kind", ["end", "watch"])
+def test_fuse_pointwise_depthwise_keeps_a_watched_depthwise_output_from_the_projection(rng, kind):
+    x = image(rng, (1, 3, 10, 10))
+    tm = mt.trace_module(Expansion(), x)
+    node = tm.graph.get_node_by_name("relu6_1", recursive=False).as_list()[0]
+    (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
+    want = tm(x)
+    want = want[0] if kind == "end" else tm.watch_node_value[node][0]
+    new = optimize(tm, FUSE_PW_DW)
+    assert functions(new, F.conv2d_nchwc_pw_dw) == 1 and functions(new, F.conv2d_nchwc_pw_dw_pw) == 0
+    got = new(x)
+    got = new.watch_node_value[new.watch_points[0]][-1] if kind == "watch" else got[0]
+    close(got, want)
+
+
 def test_mobilenet_in_nchwc_saves_loads_and_needs_format_1_1(rng, tmp_path):
     net, args = _zoo("mobilenet_v2", rng)
     tm = mt.trace_module(net, *args)

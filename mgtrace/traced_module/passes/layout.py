@@ -329,7 +329,9 @@ def fuse_pointwise_depthwise(tm):
             g.replace_node({b.outputs[0]: y})
             fused += 1
         if fused:
-            g.compile()
+            g.compile()         # (the pairs' exprs in order, for the projections' search)
+            done += fused
+        fused = 0
         for e in list(g._exprs):
             a = bound_args(e) if is_function(e, F.conv2d_nchwc_pw_dw) else None
             b = sole_user(e.outputs[0]) if a is not None else None
