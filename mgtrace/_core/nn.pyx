@@ -963,9 +963,11 @@ cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h,
     return 0
 
 
-cdef int _nchwc_residual(str op, residual, Tensor out, mt_conv2d_geom *g) except -1:
+cdef Tensor _nchwc_residual(str op, residual, Tensor out, mt_conv2d_geom *g):
     """Sets ``g``'s residual to ``residual``, which must be float32
-    NCHW16c of ``out``'s shape (the kernels read it as laid out as out)."""
+    NCHW16c of ``out``'s shape (the kernels read it as laid out as out).
+    Returns the tensor g points into (a contiguous copy of a strided
+    residual): the caller holds it until the kernel has run."""
     cdef Tensor tr = _f32_cpu(op, "residual", residual)
     cdef int i
     cdef bint same = tr._ndim == 5
@@ -977,7 +979,7 @@ cdef int _nchwc_residual(str op, residual, Tensor out, mt_conv2d_geom *g) except
                          f"got {shape_tuple(tr)}")
     g.has_res = 1
     g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
-    return 0
+    return tr
 
 
 @core_op
@@ -1022,7 +1024,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     [[[[2.0, 2.0], [2.0, 2.0]]]]
     """
     cdef str op = "conv2d_nchwc"
-    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight), tb = None, out
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight), tb = None, tr = None, out
     cdef mt_conv2d_geom g
     cdef int blocked = tx._ndim == 5, rc, nt
     cdef void *wsp
@@ -1052,7 +1054,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g.n, _blocks(o), g.oh, g.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
-        _nchwc_residual(op, residual, out, &g)
+        tr = _nchwc_residual(op, residual, out, &g)     # (held: the kernel reads it)
     if numel(out) == 0:
         return out
     nt = num_threads()
@@ -1185,7 +1187,7 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     cdef str op = "conv2d_nchwc_pw_dw_pw"
     cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
     cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), tw3 = _f32_cpu(op, "proj_weight", proj_weight)
-    cdef Tensor out
+    cdef Tensor tr = None, out       # (tr: the residual the kernel reads, alive until it has)
     cdef mt_conv2d_geom g1, g2, g3
     cdef int rc, nt
     _check_4d(op, "weight", tw, "[E, C, 1, 1]")
@@ -1215,7 +1217,7 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g2.oh, g2.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
-        _nchwc_residual(op, residual, out, &g3)
+        tr = _nchwc_residual(op, residual, out, &g3)
     if numel(out) == 0:
         return out
     nt = num_threads()

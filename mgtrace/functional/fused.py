@@ -295,15 +295,19 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     try:
         return _nn.conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual,
                                          stride, padding, act, dw_act, proj_act)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError) as e:
         if residual is None:
             raise
-    # a residual the kernel does not take (one that only broadcasts: a graph
-    # traced at batch 1 run at batch 8; or another dtype): added with +,
-    # as conv2d_nchwc does; the other arguments' errors raise here
+        refused = e
+    # a residual of another shape, that only broadcasts (a graph traced at
+    # batch 1 run at batch 8), is added with +, as conv2d_nchwc does; the
+    # other arguments' errors raise here, and so does the kernel's refusal
+    # of a residual of the output's shape (another dtype, a device)
     _act(fn, proj_act)
     y = _nn.conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, None, stride,
                                   padding, act, dw_act, "none")
+    if tuple(residual.shape) == tuple(y.shape):
+        raise refused
     try:
         np.broadcast_shapes(tuple(residual.shape), tuple(y.shape))
     except ValueError:

@@ -1632,6 +1632,23 @@ def test_conv2d_nchwc_pw_dw_pw_against_numpy(geom, acts):
         np.testing.assert_array_equal(y.numpy(), two)
 
 
+def test_conv2d_nchwc_calls_read_a_strided_residual_they_copied():
+    """A non-contiguous residual is copied for the kernel; the copy was
+    freed before the kernel ran and the output was garbage (found by a
+    fuzzing helper)."""
+    x, w1, w2, w3 = rand(1, 16, 4, 5), rand(16, 16, 1, 1), rand(16, 1, 3, 3), rand(16, 16, 1, 1)
+    r = rand(1, 16, 5, 4)
+    strided = tensor(blocked(r)).transpose((0, 1, 3, 2, 4))     # [1, 1, 4, 5, 16], not contiguous
+    want_r = tensor(np.ascontiguousarray(blocked(r).transpose(0, 1, 3, 2, 4)))
+    xb = tensor(blocked(x))
+    for _ in range(3):
+        np.testing.assert_array_equal(nn.conv2d_nchwc(xb, tensor(w1), None, strided, 1, 0).numpy(),
+                                      nn.conv2d_nchwc(xb, tensor(w1), None, want_r, 1, 0).numpy())
+        args = (xb, tensor(w1), None, tensor(w2), None, tensor(w3), None)
+        np.testing.assert_array_equal(nn.conv2d_nchwc_pw_dw_pw(*args, strided, 1, 1).numpy(),
+                                      nn.conv2d_nchwc_pw_dw_pw(*args, want_r, 1, 1).numpy())
+
+
 def test_conv2d_nchwc_pw_dw_pw_through_f_broadcasts_a_residual_and_converts_biases():
     """F's wrapper: a residual the kernel does not take (one that only
     broadcasts) is added with +, as F.conv2d_nchwc does; [1, C, 1, 1]
@@ -1652,6 +1669,14 @@ def test_conv2d_nchwc_pw_dw_pw_through_f_broadcasts_a_residual_and_converts_bias
     with pytest.raises(ValueError, match="proj_weight must be"):
         F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3[:, :5]), None,
                                 residual=tensor(blocked(r)), padding=1)
+    # a residual of the output's shape in another dtype is refused, as conv2d_nchwc refuses it
+    r64 = tensor(np.broadcast_to(blocked(r), (2, 1, 6, 6, 16)).astype(np.float64))
+    with pytest.raises(TypeError, match="residual must be a float32"):
+        F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3), None,
+                                residual=r64, padding=1)
+    with pytest.raises(TypeError, match="residual must be a float32"):
+        F.conv2d_nchwc(F.conv2d_nchwc_pw_dw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, padding=1),
+                       tensor(w3), residual=r64)
 
 
 @pytest.mark.parametrize("args, err, match", [
