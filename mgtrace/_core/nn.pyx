@@ -1005,17 +1005,17 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
         float32 [N, ceil(O/16), OH, OW, 16]: the output channels past O are
         act(0) (zero for every activation but sigmoid's 0.5).
 
+    Raises:
+        TypeError: a tensor that is not float32 on the CPU.
+        ValueError: shapes that do not fit, other groups, an unknown act;
+            otherwise as :func:`conv2d`.
+
     A dense 3x3 conv of stride 1 without dilation, on an NCHW16c x with
     enough output tiles, runs as Winograd F(2x2, 3x3), or F(4x4, 3x3)
     where conv2d runs its F(4x4) (:func:`conv2d_nchwc_algorithm`). With
     128-256 channels of random values, F(2x2) rounds within 7e-7 of the
     output's scale (a direct sum within 2e-6) and F(4x4) within 1.5e-5,
     as conv2d's; an infinite input makes its tile's outputs NaN.
-
-    Raises:
-        TypeError: a tensor that is not float32 on the CPU.
-        ValueError: shapes that do not fit, other groups, an unknown act;
-            otherwise as :func:`conv2d`.
 
     >>> import mgtrace as mt
     >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 2, 2), np.float32)))

@@ -20,8 +20,7 @@ from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
 __all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
-           "max_pool2d_nchwc",
-           "to_nchwc", "from_nchwc", "ACTIVATIONS"]
+           "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
 """The activation names ``act`` takes, in the kernels' order."""
