@@ -475,7 +475,7 @@ def _set_nchwc_winograd(mode):
     3x3) or F(4x4, 3x3) wherever it applies); returns the previous
     setting. For tests and benchmarks, which compare the algorithms."""
     global _nchwc_winograd
-    if mode is True or mode not in _WINOGRAD_MODES:
+    if mode not in _WINOGRAD_MODES:     # (True is 1: not a mode)
         raise ValueError(f"_set_nchwc_winograd: mode must be None, False, 2 or 4, got {mode!r}")
     old = next(k for k, v in _WINOGRAD_MODES.items() if v == _nchwc_winograd)
     _nchwc_winograd = _WINOGRAD_MODES[mode]
@@ -1073,6 +1073,32 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     return out
 
 
+cdef tuple _pw_dw_operands(str op, Tensor tx, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act,
+                           mt_conv2d_geom *g1, mt_conv2d_geom *g2):
+    """The checks of a pointwise conv (weight [E, C, 1, 1]) of the NCHW16c
+    ``tx`` and the depthwise conv (dw_weight [E, 1, KH, KW]) of its output,
+    filling their geometries ``g1`` and ``g2``; returns (weight, dw_weight,
+    bias, dw_bias) as float32 CPU tensors (the biases None or [E])."""
+    cdef Tensor tw = _f32_cpu(op, "weight", weight), tw2 = _f32_cpu(op, "dw_weight", dw_weight)
+    _check_4d(op, "weight", tw, "[E, C, 1, 1]")
+    _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
+    cdef int64_t e = tw._shape[0], c = tw._shape[1], kh = tw2._shape[2], kw = tw2._shape[3]
+    if tw._shape[2] != 1 or tw._shape[3] != 1:
+        raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
+    if tw2._shape[0] != e or tw2._shape[1] != 1 or kh < 1 or kw < 1:
+        raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
+                         f"channels), got {shape_tuple(tw2)}")
+    _nchwc_x(op, tx, c)
+    cdef int64_t n = tx._shape[0], h = tx._shape[2], w = tx._shape[3]
+    cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
+    # (the geometry errors say which conv: an x with no rows fails the
+    # pointwise conv's, as the two separate calls would)
+    _nchwc_geom(f"{op} (pointwise conv)", g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
+    # groups > 1 is what makes the packing depthwise's, one channel included
+    _nchwc_geom(f"{op} (depthwise conv)", g2, n, e, h, w, e, kh, kw, stride, padding, 1, max(e, 2), dw_act)
+    return tw, tw2, tb, tb2
+
+
 @core_op
 def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0, act="none",
                        dw_act="none"):
@@ -1106,29 +1132,13 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
     """
     cdef str op = "conv2d_nchwc_pw_dw"
-    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
-    cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), out
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw, tw2, tb, tb2, out
     cdef mt_conv2d_geom g1, g2
     cdef int rc, nt
-    _check_4d(op, "weight", tw, "[E, C, 1, 1]")
-    _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
-    cdef int64_t e = tw._shape[0], c = tw._shape[1], kh = tw2._shape[2], kw = tw2._shape[3]
-    if tw._shape[2] != 1 or tw._shape[3] != 1:
-        raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
-    if tw2._shape[0] != e or tw2._shape[1] != 1 or kh < 1 or kw < 1:
-        raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
-                         f"channels), got {shape_tuple(tw2)}")
-    _nchwc_x(op, tx, c)
-    cdef int64_t n = tx._shape[0], h = tx._shape[2], w = tx._shape[3]
-    cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
-    # (the geometry errors say which conv: an x with no rows fails the
-    # pointwise conv's, as the two separate calls would)
-    _nchwc_geom("conv2d_nchwc_pw_dw (pointwise conv)", &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
-    # groups > 1 is what makes the packing depthwise's, one channel included
-    _nchwc_geom("conv2d_nchwc_pw_dw (depthwise conv)", &g2, n, e, h, w, e, kh, kw, stride, padding, 1,
-                max(e, 2), dw_act)
+    tw, tw2, tb, tb2 = _pw_dw_operands(op, tx, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act,
+                                       &g1, &g2)
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(e), g2.oh, g2.ow, 16
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g1.n, _blocks(g1.o), g2.oh, g2.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if numel(out) == 0:
         return out
@@ -1185,36 +1195,22 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     [[8.0, 12.0, 8.0], [12.0, 18.0, 12.0], [8.0, 12.0, 8.0]]
     """
     cdef str op = "conv2d_nchwc_pw_dw_pw"
-    cdef Tensor tx = _f32_cpu(op, "x", x), tw = _f32_cpu(op, "weight", weight)
-    cdef Tensor tw2 = _f32_cpu(op, "dw_weight", dw_weight), tw3 = _f32_cpu(op, "proj_weight", proj_weight)
+    cdef Tensor tx = _f32_cpu(op, "x", x), tw, tw2, tb, tb2
+    cdef Tensor tw3 = _f32_cpu(op, "proj_weight", proj_weight)
     cdef Tensor tr = None, out       # (tr: the residual the kernel reads, alive until it has)
     cdef mt_conv2d_geom g1, g2, g3
     cdef int rc, nt
-    _check_4d(op, "weight", tw, "[E, C, 1, 1]")
-    _check_4d(op, "dw_weight", tw2, "[E, 1, KH, KW]")
+    tw, tw2, tb, tb2 = _pw_dw_operands(op, tx, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act,
+                                       &g1, &g2)
     _check_4d(op, "proj_weight", tw3, "[O, E, 1, 1]")
-    cdef int64_t e = tw._shape[0], c = tw._shape[1], kh = tw2._shape[2], kw = tw2._shape[3]
-    cdef int64_t o = tw3._shape[0]
-    if tw._shape[2] != 1 or tw._shape[3] != 1:
-        raise ValueError(f"{op}: weight must be [E, C, 1, 1] (pointwise), got {shape_tuple(tw)}")
-    if tw2._shape[0] != e or tw2._shape[1] != 1 or kh < 1 or kw < 1:
-        raise ValueError(f"{op}: dw_weight must be [{e}, 1, KH, KW] (depthwise over weight's {e} "
-                         f"channels), got {shape_tuple(tw2)}")
+    cdef int64_t e = g1.o, o = tw3._shape[0]
     if tw3._shape[1] != e or tw3._shape[2] != 1 or tw3._shape[3] != 1:
         raise ValueError(f"{op}: proj_weight must be [O, {e}, 1, 1] (pointwise over weight's {e} "
                          f"channels), got {shape_tuple(tw3)}")
-    _nchwc_x(op, tx, c)
-    cdef int64_t n = tx._shape[0], h = tx._shape[2], w = tx._shape[3]
-    cdef Tensor tb = _nchwc_bias(op, "bias", bias, e), tb2 = _nchwc_bias(op, "dw_bias", dw_bias, e)
     cdef Tensor tb3 = _nchwc_bias(op, "proj_bias", proj_bias, o)
-    _nchwc_geom("conv2d_nchwc_pw_dw_pw (pointwise conv)", &g1, n, c, h, w, e, 1, 1, 1, 0, 1, 1, act)
-    # groups > 1 is what makes the packing depthwise's, one channel included
-    _nchwc_geom("conv2d_nchwc_pw_dw_pw (depthwise conv)", &g2, n, e, h, w, e, kh, kw, stride, padding, 1,
-                max(e, 2), dw_act)
-    _nchwc_geom("conv2d_nchwc_pw_dw_pw (projection conv)", &g3, n, e, g2.oh, g2.ow, o, 1, 1, 1, 0, 1, 1,
-                proj_act)
+    _nchwc_geom(f"{op} (projection conv)", &g3, g1.n, e, g2.oh, g2.ow, o, 1, 1, 1, 0, 1, 1, proj_act)
     cdef int64_t oshape[5]
-    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, _blocks(o), g2.oh, g2.ow, 16
+    oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = g1.n, _blocks(o), g2.oh, g2.ow, 16
     out = _nchwc_out(op, oshape, tx._device)
     if residual is not None:
         tr = _nchwc_residual(op, residual, out, &g3)

@@ -914,30 +914,19 @@ def test_optimize_starts_without_the_watched_values_of_its_argument(rng):
 
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("kind", ["end", "watch"])
-def test_fuse_pointwise_depthwise_keeps_a_watched_expansion(rng, kind, flatten):
+@pytest.mark.parametrize("name, pw_dw, pw_dw_pw", [
+    ("relu6", 0, 0),        # the expansion's output: nothing fuses
+    ("relu6_1", 1, 0),      # the depthwise output: the projection stays apart
+])
+def test_fuse_pointwise_depthwise_keeps_watched_values(rng, kind, flatten, name, pw_dw, pw_dw_pw):
     x = image(rng, (1, 3, 10, 10))
     tm = mt.trace_module(Expansion(), x)
-    node = tm.graph.get_node_by_name("relu6", recursive=False).as_list()[0]
+    node = tm.graph.get_node_by_name(name, recursive=False).as_list()[0]
     (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
     want = tm(x)
     want = want[0] if kind == "end" else tm.watch_node_value[node][0]
     new = optimize(tm, FUSE_PW_DW, flatten=flatten)     # flatten() keeps the points
-    assert functions(new, F.conv2d_nchwc_pw_dw) == 0
-    got = new(x)
-    got = new.watch_node_value[new.watch_points[0]][-1] if kind == "watch" else got[0]
-    close(got, want)
-
-
-@pytest.mark.parametrize("kind", ["end", "watch"])
-def test_fuse_pointwise_depthwise_keeps_a_watched_depthwise_output_from_the_projection(rng, kind):
-    x = image(rng, (1, 3, 10, 10))
-    tm = mt.trace_module(Expansion(), x)
-    node = tm.graph.get_node_by_name("relu6_1", recursive=False).as_list()[0]
-    (tm.set_end_points if kind == "end" else tm.set_watch_points)([node])
-    want = tm(x)
-    want = want[0] if kind == "end" else tm.watch_node_value[node][0]
-    new = optimize(tm, FUSE_PW_DW)
-    assert functions(new, F.conv2d_nchwc_pw_dw) == 1 and functions(new, F.conv2d_nchwc_pw_dw_pw) == 0
+    assert functions(new, F.conv2d_nchwc_pw_dw) == pw_dw and functions(new, F.conv2d_nchwc_pw_dw_pw) == pw_dw_pw
     got = new(x)
     got = new.watch_node_value[new.watch_points[0]][-1] if kind == "watch" else got[0]
     close(got, want)

@@ -769,16 +769,12 @@ static NC_CLONES void nw_input_row(const float *restrict xb, float *restrict v, 
     }
 }
 
-/* y's pixel from a computed value: plus bias and residual, unused lanes
- * zeroed, the activation */
-static inline void nw_store(float *yp, v16 a, v16 b, int64_t rd, int tail, int act) {
+/* y's pixel from a computed value: plus bias and residual, the lanes
+ * past O zeroed (keep: the block's used lanes), the activation */
+static inline void nw_store(float *yp, v16 a, v16 b, int64_t rd, vi16 keep, int act) {
     a += b;
     if (rd) a += ld16((const float *)((const char *)yp + rd));
-    if (tail) {
-        vi16 keep;
-        for (int l = 0; l < NC; l++) keep[l] = l < tail ? -1 : 0;
-        a = (v16)((vi16)a & keep);
-    }
+    a = (v16)((vi16)a & keep);
     *(v16 *)yp = nc_act(a, act);
     if (nc_act_after(act)) mt_act_f32(yp, NC, act);
 }
@@ -807,6 +803,8 @@ static NC_CLONES void nw_output(const float *restrict m, int64_t ms, float *rest
                                 int64_t tw, int64_t rd, int tail) {
     const v16 b = ld16(bias);
     const int a = (int)e + 2;
+    vi16 keep;
+    for (int l = 0; l < NC; l++) keep[l] = !tail || l < tail ? -1 : 0;
     for (int64_t t = 0; t < n; t++) {
         const int64_t rt = t0 + t, oy = e * (ty0 + rt / tw), ox = e * (rt % tw);
         v16 mv[6][6], s[4][6];
@@ -822,7 +820,7 @@ static NC_CLONES void nw_output(const float *restrict m, int64_t ms, float *rest
             v16 d[4];
             nw_at(e, s[i], 1, d);
             float *yr = y + ((oy + i) * g->ow + ox) * NC;
-            for (int64_t j = 0; j < cols; j++) nw_store(yr + j * NC, d[j], b, rd, tail, g->act);
+            for (int64_t j = 0; j < cols; j++) nw_store(yr + j * NC, d[j], b, rd, keep, g->act);
         }
     }
 }
