@@ -1,14 +1,16 @@
 """ResNet-18's 3x3 stride-1 layers in NCHW16c: ``F.conv2d_nchwc``'s
 direct kernel against its Winograd F(2x2, 3x3) and F(4x4, 3x3), with NCHW
 ``F.conv2d_act`` (what an eager or unconverted conv runs) beside, hot and
-cold (see bench_nchwc_layers); then ResNet-18 optimized, timed in
-alternation with the NCHWc Winograd off and on (as the shapes pick).
+cold (see bench_nchwc_layers), and the first call with a weight never
+seen before (packing it: Winograd's U, DIRECT's or BLOCKED's blocks); then
+ResNet-18 optimized, timed in alternation with the NCHWc Winograd off and
+on (as the shapes pick).
 
     python benchmarks/bench_nchwc_winograd.py               # batch 1 and 8
     python benchmarks/bench_nchwc_winograd.py --batch 1 --full
 
-Prints medians of the calls (layers, us) and the best of the rounds
-(model, ms). Not a test.
+Prints medians of the calls (layers, us; first calls: the median of 3
+weights, ms) and the best of the rounds (model, ms). Not a test.
 """
 import argparse
 import time
@@ -28,10 +30,22 @@ from mgtrace.traced_module import optimize  # noqa: E402
 LAYERS = [(64, 56), (128, 28), (256, 14), (512, 7)]   # (channels, H = W)
 
 
+def first_call_ms(call, weights):
+    """The median over ``weights`` (fresh tensors) of call(w)'s time, ms:
+    each call packs its weight, as a model's first forward does."""
+    times = []
+    for w in weights:
+        t0 = time.perf_counter()
+        call(w)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
 def layers(batch, calls, rng):
     heads = ("direct", "F2", "F4", "NCHW")
     print(f"{'batch':>5} {'layer':>8} | " + " ".join(f"{h + ' hot':>9}" for h in heads) + " | "
-          + " ".join(f"{h + ' cold':>10}" for h in heads) + " | picks")
+          + " ".join(f"{h + ' cold':>10}" for h in heads) + " | "
+          + " ".join(f"{h + ' 1st':>9}" for h in heads) + " | picks")
     for c, hw in LAYERS:
         x = mt.tensor(rng.standard_normal((batch, c, hw, hw), dtype=np.float32))
         xb = F.to_nchwc(x)
@@ -39,19 +53,23 @@ def layers(batch, calls, rng):
         b = mt.tensor(rng.standard_normal(c, dtype=np.float32))
 
         def blocked(winograd):
-            def call():
+            def call(weight=w):
                 before = _nn._set_nchwc_winograd(winograd)
                 try:
-                    return F.conv2d_nchwc(xb, w, b, padding=1, act="relu")
+                    return F.conv2d_nchwc(xb, weight, b, padding=1, act="relu")
                 finally:
                     _nn._set_nchwc_winograd(before)
             return call
 
-        fns = (blocked(False), blocked(2), blocked(4), lambda: F.conv2d_act(x, w, b, padding=1, act="relu"))
+        fns = (blocked(False), blocked(2), blocked(4),
+               lambda weight=w: F.conv2d_act(x, weight, b, padding=1, act="relu"))
         hot, cold = ([median_us(f, calls, c) for f in fns] for c in (False, True))
+        fresh = [mt.tensor(rng.standard_normal((c, c, 3, 3), dtype=np.float32) * 0.05) for _ in range(3 * len(fns))]
+        first = [first_call_ms(f, fresh[3 * i:3 * i + 3]) for i, f in enumerate(fns)]
         picks = _nn.conv2d_nchwc_algorithm((batch, c, hw, hw), (c, c, 3, 3), padding=1)
         print(f"{batch:>5} {f'{c}@{hw}':>8} | " + " ".join(f"{t:9.0f}" for t in hot) + " | "
-              + " ".join(f"{t:10.0f}" for t in cold) + f" | {picks}")
+              + " ".join(f"{t:10.0f}" for t in cold) + " | " + " ".join(f"{t:9.1f}" for t in first)
+              + f" | {picks}")
 
 
 def model(batch, rounds):
