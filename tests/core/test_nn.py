@@ -13,6 +13,8 @@ from the rounded inputs, to 1e-2 and 4e-2 of the output's scale. Pooling,
 nearest resize and pad move values and must match exactly.
 """
 import math
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -1514,6 +1516,50 @@ def test_conv2d_nchwc_winograd_keeps_unused_channels_zero_after_an_infinite_inpu
     assert not y[..., 5:].any()
     # (Winograd sums an infinite input's neighbourhood into NaN, as conv2d's Winograd does)
     assert not np.isfinite(y[0, 0, 4:7, 4:7, :5]).any() and np.isfinite(y[0, 0, 8:, 8:, :5]).all()
+
+
+def test_conv2d_nchwc_winograd_keeps_an_infinite_weight_out_of_the_points_it_has_no_part_in():
+    """U = G g G^T leaves out G's zero coefficients (0 * inf is NaN): with
+    positive inputs and a +inf centre tap, F(2x2)'s outputs in that channel
+    are +inf where the transforms do not subtract it from itself (11 of the
+    64 here; the direct kernel gives +inf in all), NaN elsewhere, and the
+    other channels are the reference."""
+    rng = np.random.default_rng(3)
+    x = np.abs(rng.standard_normal((1, 20, 10, 10), dtype=np.float32)) + 0.1
+    w = np.abs(rng.standard_normal((8, 20, 3, 3), dtype=np.float32))
+    ref = ref_conv2d(x, w, None, 1, 0, 1)
+    w[3, 5, 1, 1] = np.inf
+    before = nn._set_nchwc_winograd(2)
+    try:
+        y = nn.from_nchwc(nn.conv2d_nchwc(tensor(blocked(x)), tensor(w), None, None, 1, 0), 8).numpy()
+    finally:
+        nn._set_nchwc_winograd(before)
+    assert np.isposinf(y[0, 3]).sum() == 11 and (np.isposinf(y[0, 3]) | np.isnan(y[0, 3])).all()
+    others = [o for o in range(8) if o != 3]
+    np.testing.assert_allclose(y[:, others], ref[:, others], rtol=1e-5, atol=2e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("winograd", [2, 4])
+def test_conv2d_nchwc_packs_winograd_weights_on_a_thread_with_a_small_stack(winograd):
+    """Packing runs on the calling thread: a 32 KiB stack (Python's least)
+    must do (the packing once kept 41 KB of arrays on it and crashed)."""
+    script = f"""
+import threading, numpy as np
+from mgtrace._core import nn
+from mgtrace._core.tensor import tensor
+nn._set_nchwc_winograd({winograd})
+x = np.random.default_rng(0).standard_normal((1, 3, 8, 8, 16), dtype=np.float32)
+w = np.random.default_rng(1).standard_normal((40, 40, 3, 3), dtype=np.float32)
+x[:, 2, :, :, 8:] = 0
+out = []
+threading.stack_size(32768)
+t = threading.Thread(target=lambda: out.append(nn.conv2d_nchwc(tensor(x), tensor(w), None, None, 1, 1).shape))
+t.start(); t.join()
+print(out[0])
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(1, 3, 8, 8, 16)"
 
 
 @pytest.mark.parametrize("geom", [(16, 12, 12, 3, 1, 1, 1), (40, 9, 10, 3, 2, 1, 1), (96, 7, 7, 3, 1, 1, 1),

@@ -664,39 +664,55 @@ static void nw_g(int64_t e, const double *k, int st, double *d) {
     }
 }
 
+/* d = c[0] x0 + c[1] x1 + c[2] x2 in each of the 32 lanes, leaving out the
+ * terms whose coefficient is 0 as nw_g's formulas do: an infinite weight
+ * then stays out of the points it has no part in (0 * inf is NaN) */
+static inline __attribute__((always_inline)) void nw_combine(const double *c, const double *x0, const double *x1,
+                                                             const double *x2, double *d) {
+    const double *x[3] = {x0, x1, x2};
+    int first = 1;
+    for (int r = 0; r < 3; r++) {
+        if (c[r] == 0.0) continue;
+        for (int64_t j = 0; j < NC_PAIR; j++) d[j] = first ? c[r] * x[r][j] : d[j] + c[r] * x[r][j];
+        first = 0;
+    }
+    if (first)
+        for (int64_t j = 0; j < NC_PAIR; j++) d[j] = 0.0;
+}
+
 /* U = G g G^T of each 3x3 kernel into [point][pair][in block][lane][32],
  * zeros past O and C, computed in double (U is made once per weight): one
- * pair of output blocks and one input block at a time, the 32 x 16
- * kernels read row by row (each output channel's 16 x 9 floats in a run),
- * then each step a loop over the pair's 32 output channels that
- * vectorizes, and each point's 32 values one contiguous store. One kernel
- * at a time, the output channel outermost, the stores went to a set of
- * lines larger than L2 and the reads were 32 streams 18 KB apart: a first
- * call with 512 x 512 channels took 17 ms (F(2x2)) and 64 ms (F(4x4)),
- * now 7 and 10 (a call of the layer at batch 1: under 1 ms). */
+ * pair of output blocks and one input channel at a time, each step a loop
+ * over the pair's 32 output channels that vectorizes, and each point's 32
+ * values one contiguous store (the 32 kernels' rows read in turn, the
+ * next channel's on the same lines). One kernel at a time, the output
+ * channel outermost, the stores went to a set of lines larger than L2 and
+ * the reads were 32 streams 18 KB apart: a first call with 512 x 512
+ * channels took 13-15 ms (F(2x2)) and 51-56 ms (F(4x4)), now 4 and 11 (a
+ * call of the layer at batch 1: under 1 ms). Under 4 KB of stack: packing
+ * runs on the caller's thread, whatever its stack (a Python thread's can
+ * be 32 KiB). */
 static NC_CLONES void nw_pack_block(const float *w, float *up, const mt_conv2d_geom *g, int64_t e, int64_t o0,
                                     int64_t c0, int64_t plane) {
     const int64_t a = e + 2, no = mt_min64(NC_PAIR, g->o - o0), nc = mt_min64(NC, g->c - c0);
-    double G[6][3], k[NC][9][NC_PAIR], gk[6][3][NC_PAIR];
+    double G[6][3], k[9][NC_PAIR], gk[3][NC_PAIR], t[NC_PAIR];
     for (int r = 0; r < 3; r++) {                   /* G's column r: nw_g of a unit kernel row */
         double unit[3] = {r == 0, r == 1, r == 2}, d[6];
         nw_g(e, unit, 1, d);
         for (int i = 0; i < a; i++) G[i][r] = d[i];
     }
-    for (int64_t j = 0; j < NC_PAIR; j++)
-        for (int64_t l = 0; l < NC; l++)
-            for (int i = 0; i < 9; i++) k[l][i][j] = j < no && l < nc ? w[((o0 + j) * g->c + c0 + l) * 9 + i] : 0.0;
     for (int64_t l = 0; l < nc; l++) {
-        for (int i = 0; i < a; i++)                 /* G g */
-            for (int q = 0; q < 3; q++)
-                for (int64_t j = 0; j < NC_PAIR; j++)
-                    gk[i][q][j] = G[i][0] * k[l][q][j] + G[i][1] * k[l][3 + q][j] + G[i][2] * k[l][6 + q][j];
-        for (int i = 0; i < a; i++)                 /* (G g) G^T, point (i, q) */
-            for (int q = 0; q < a; q++) {
+        for (int64_t j = 0; j < NC_PAIR; j++)
+            for (int i = 0; i < 9; i++) k[i][j] = j < no ? w[((o0 + j) * g->c + c0 + l) * 9 + i] : 0.0;
+        for (int i = 0; i < a; i++) {
+            for (int q = 0; q < 3; q++)             /* row i of G g: column q */
+                nw_combine(G[i], k[q], k[3 + q], k[6 + q], gk[q]);
+            for (int q = 0; q < a; q++) {           /* point (i, q) of (G g) G^T */
+                nw_combine(G[q], gk[0], gk[1], gk[2], t);
                 float *dst = up + (i * a + q) * plane + l * NC_PAIR;
-                for (int64_t j = 0; j < NC_PAIR; j++)
-                    dst[j] = (float)(gk[i][0][j] * G[q][0] + gk[i][1][j] * G[q][1] + gk[i][2][j] * G[q][2]);
+                for (int64_t j = 0; j < NC_PAIR; j++) dst[j] = (float)t[j];
             }
+        }
     }
 }
 
