@@ -642,31 +642,16 @@ static int64_t nw_packed_bytes(const mt_conv2d_geom *g, int64_t e) {
            * (int64_t)sizeof(float);
 }
 
-/* the 1-D G of F(e x e, 3x3): e + 2 values from a kernel row or column
- * k[0], k[st], k[2 st]; F(2x2): G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2;
- * 0 0 1]; F(4x4), with the points 0, 1, -1, 2, -2 and infinity: G =
- * [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12
- * 1/6; 0 0 1] */
-static void nw_g(int64_t e, const double *k, int st, double *d) {
-    const double k0 = k[0], k1 = k[st], k2 = k[2 * st];
-    if (e == 2) {
-        d[0] = k0;
-        d[1] = 0.5 * (k0 + k1 + k2);
-        d[2] = 0.5 * (k0 - k1 + k2);
-        d[3] = k2;
-    } else {
-        d[0] = 0.25 * k0;
-        d[1] = -(k0 + k1 + k2) / 6;
-        d[2] = -(k0 - k1 + k2) / 6;
-        d[3] = k0 / 24 + k1 / 12 + k2 / 6;
-        d[4] = k0 / 24 - k1 / 12 + k2 / 6;
-        d[5] = k2;
-    }
-}
+/* G of F(e x e, 3x3), e + 2 rows: F(2x2), and F(4x4) with the points 0,
+ * 1, -1, 2, -2 and infinity */
+static const double NW_G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+static const double NW_G4[6][3] = {
+    {0.25, 0, 0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+    {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
 
 /* d = c[0] x0 + c[1] x1 + c[2] x2 in each of the 32 lanes, leaving out the
- * terms whose coefficient is 0 as nw_g's formulas do: an infinite weight
- * then stays out of the points it has no part in (0 * inf is NaN) */
+ * terms whose coefficient is 0: an infinite weight then stays out of the
+ * points it has no part in (0 * inf is NaN) */
 static inline __attribute__((always_inline)) void nw_combine(const double *c, const double *x0, const double *x1,
                                                              const double *x2, double *d) {
     const double *x[3] = {x0, x1, x2};
@@ -695,12 +680,8 @@ static inline __attribute__((always_inline)) void nw_combine(const double *c, co
 static NC_CLONES void nw_pack_block(const float *w, float *up, const mt_conv2d_geom *g, int64_t e, int64_t o0,
                                     int64_t c0, int64_t plane) {
     const int64_t a = e + 2, no = mt_min64(NC_PAIR, g->o - o0), nc = mt_min64(NC, g->c - c0);
-    double G[6][3], k[9][NC_PAIR], gk[3][NC_PAIR], t[NC_PAIR];
-    for (int r = 0; r < 3; r++) {                   /* G's column r: nw_g of a unit kernel row */
-        double unit[3] = {r == 0, r == 1, r == 2}, d[6];
-        nw_g(e, unit, 1, d);
-        for (int i = 0; i < a; i++) G[i][r] = d[i];
-    }
+    const double (*G)[3] = e == 2 ? NW_G2 : NW_G4;
+    double k[9][NC_PAIR], gk[3][NC_PAIR], t[NC_PAIR];
     for (int64_t l = 0; l < nc; l++) {
         for (int64_t j = 0; j < NC_PAIR; j++)
             for (int i = 0; i < 9; i++) k[i][j] = j < no ? w[((o0 + j) * g->c + c0 + l) * 9 + i] : 0.0;
