@@ -15,7 +15,11 @@
 
 Constants here are for inference: an optimized module's parameters are
 folded as values, so later changes to the original parameters do not reach
-the folded copies.
+the folded copies. What the forward itself writes into (a buffer updated
+with ``+=``, ``buf[...] = v``, a step counter, a function declared with
+``mutates``; in any mode, in any graph of the module) is no constant:
+both passes ask :class:`~mgtrace.traced_module.passes.util.StateUses`,
+the one rule for what is mutable, and leave such reads to run.
 """
 import numpy as np
 
@@ -25,7 +29,7 @@ from mgtrace._core import Tensor, op_table
 from mgtrace.traced_module.expr import CallFunction, CallMethod
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TENSOR_METHODS, TensorNode, ValueNode
-from mgtrace.traced_module.passes.util import (bound_args, const_value, float_node, graphs_of,
+from mgtrace.traced_module.passes.util import (StateUses, bound_args, float_node, graphs_of,
                                                insert_constant, is_function, module_call,
                                                sole_user)
 
@@ -52,11 +56,12 @@ def _inv(c):
     return 1.0 / c
 
 
-def affine_step(e):
+def affine_step(e, uses):
     """``("add" | "mul", node, constant)`` when ``e`` adds a constant to a
     float tensor node or multiplies one by a constant (``node - c`` and
     ``node / c`` in those forms), else None. A tensor constant must have the
-    node's dtype (so the result's dtype does not depend on the order)."""
+    node's dtype (so the result's dtype does not depend on the order), and
+    must not be mutable state (``uses``, a :class:`StateUses`)."""
     kind = None
     if isinstance(e, CallMethod) and e.method in _METHOD_KIND and len(e.args) == 2 and not e.kwargs:
         kind, (a, b) = _METHOD_KIND[e.method], e.args
@@ -73,7 +78,7 @@ def affine_step(e):
     for node, c in pairs:
         if not isinstance(node, TensorNode) or not float_node(node):
             continue
-        v = const_value(c)
+        v = uses.constant(c)
         if v is None or (isinstance(v, Tensor) and v.dtype.name != np.dtype(node.dtype).name):
             continue
         if kind == "sub":
@@ -85,11 +90,11 @@ def affine_step(e):
     return None
 
 
-def _fold_pair(g, e1, e2):
+def _fold_pair(g, e1, e2, uses):
     """Merge the steps e1 (x op1 c1) and e2 ((e1's result) op2 c2); True when
     the graph changed."""
-    k1, x, c1 = affine_step(e1)
-    k2, _, c2 = affine_step(e2)
+    k1, x, c1 = affine_step(e1, uses)
+    k2, _, c2 = affine_step(e2, uses)
     with g.insert_exprs(e2):
         if k1 == k2 == "add":
             new = x + (c1 + c2)
@@ -106,22 +111,22 @@ def _fold_pair(g, e1, e2):
 def fuse_add_mul(tm):
     """Merge chains of constant additions and multiplications (see the module
     docstring). Returns the number of merges."""
-    done = 0
+    done, uses = 0, StateUses(tm)
     for g in list(graphs_of(tm)):
         changed = True
         while changed:
             changed = False
             for e2 in list(g._exprs):
-                s2 = affine_step(e2) if e2.top_graph is g else None
+                s2 = affine_step(e2, uses) if e2.top_graph is g else None
                 if s2 is None or s2[1].expr is None:
                     continue
                 e1 = s2[1].expr
-                s1 = affine_step(e1)
+                s1 = affine_step(e1, uses)
                 if s1 is None or sole_user(s2[1]) is not e2:
                     continue
                 if (s1[0], s2[0]) == ("mul", "add"):
                     continue                      # already x * a + b
-                if _fold_pair(g, e1, e2):
+                if _fold_pair(g, e1, e2, uses):
                     done += 1
                     changed = True
                     g.compile()
@@ -157,28 +162,20 @@ def _run(e, values):
     return getattr(args[0], e.method)(*args[1:], **kwargs)
 
 
-def _writes_into(node):
-    """Whether some user writes into ``node`` in place (a folded constant
-    would then change from one call to the next)."""
-    return any(isinstance(u, CallMethod) and u.args and u.args[0] is node and
-               u.method in CallMethod.IN_PLACE or "out" in u.kwargs
-               for u in node.users)
-
-
 def fold_constants(tm):
     """Compute exprs whose inputs are all constant once (see the module
     docstring). Returns the number of exprs folded."""
-    done = 0
+    done, uses = 0, StateUses(tm)
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
             if e.top_graph is not g or not _pure(e) or not e._inputs:
                 continue
             out = e.outputs[0]
-            if any(o is out for o in g._outputs) or _writes_into(out):
-                continue
+            if any(o is out for o in g._outputs) or uses.is_written(out):
+                continue        # a value written into (in place, or through a view) changes
             values = {}
             for n in e._inputs:
-                v = const_value(n) if not isinstance(n, ValueNode) else None
+                v = uses.constant(n) if not isinstance(n, ValueNode) else None
                 if not isinstance(v, Tensor):
                     break
                 values[id(n)] = v

@@ -27,9 +27,22 @@ another expr, not the graph's result, not a watch point), and no expr with
 a side effect (an in-place write) runs between the layer and the
 activation or add that the fused call replaces: a conv whose output is also
 read elsewhere, or whose input is written in place before its activation,
-stays as it is. Folding rewrites a module's
-weights, so it happens only to a module that one call uses, and never to a
-BatchNorm in training mode (whose batch statistics change every call).
+stays as it is.
+
+Folding (FuseConvBn, BackwardFoldScale) gives the layer new Parameter
+objects holding the folded values; the old ones are never written, so
+another module holding the same Parameter (tied weights) still computes
+with the original. A layer is folded only where the call being fused is
+the only reader of the layer and its weight and bias
+(:meth:`~mgtrace.traced_module.passes.util.StateUses.may_rewrite`): a
+module called twice (a shared submodule, one held under two names), one
+whose weight another expr reads (``F.conv2d(x, self.conv.weight)``,
+``self.alias.weight``), or whose tensors the forward writes into, is
+skipped and computes as before. The values folded in (the BatchNorm's
+statistics, the scale) must not be written by the forward either, and
+nothing is ever folded from a BatchNorm in training mode (whose batch
+statistics change every call). FuseConvAct, FuseLinearAct and
+FuseAttention rewrite no parameter: the fused call reads the same tensors.
 """
 import numpy as np
 
@@ -38,8 +51,8 @@ import mgtrace.module as M
 from mgtrace._core import Tensor, op_table, tensor
 from mgtrace.module.parameter import Parameter
 from mgtrace.traced_module.graph import has_side_effect
-from mgtrace.traced_module.passes.util import (bound_args, call_counts, const_value, graphs_of,
-                                               is_function, module_call, sole_user)
+from mgtrace.traced_module.passes.util import (StateUses, bound_args, graphs_of, is_function,
+                                               module_call, sole_user)
 
 __all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
            "fuse_attention"]
@@ -114,7 +127,7 @@ def _channel_scale(c, channels, axis, ndim):
 def fuse_conv_bn(tm):
     """Fold each inference-mode BatchNorm2d that follows a Conv2d into the
     conv (see the module docstring). Returns the number of folds."""
-    counts = call_counts(tm)
+    uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
@@ -124,7 +137,7 @@ def fuse_conv_bn(tm):
                 continue
             y = e.args[1]
             conv = _conv_module(y.expr) if y.expr is not None else None
-            if conv is None or sole_user(y) is not e or counts.get(id(conv)) != 1 \
+            if conv is None or sole_user(y) is not e or not uses.may_rewrite(conv, bn) \
                     or conv.weight.dtype.name not in ("float32", "float64"):
                 continue
             s = 1.0 / np.sqrt(_numpy(bn.running_var) + bn.eps)
@@ -143,9 +156,11 @@ def fuse_conv_bn(tm):
 
 # ------------------------------------------------------------ BackwardFoldScale
 
-def _scaled_operand(e):
+def _scaled_operand(e, uses=None):
     """``(node, constant)`` when ``e`` multiplies a node by a constant (or
-    divides it by one: the constant is then 1/c), else None."""
+    divides it by one: the constant is then 1/c), else None. With ``uses``
+    (a :class:`StateUses`), a tensor the forward writes into is no
+    constant; without, only Python numbers are."""
     div = False
     if e.kind == "call_method" and e.method in _MUL + _DIV and len(e.args) == 2:
         a, b = e.args
@@ -161,7 +176,8 @@ def _scaled_operand(e):
     for node, c in ((a, b), (b, a)):
         if getattr(node, "kind", None) != "tensor":
             continue
-        v = const_value(c)
+        v = uses.constant(c) if uses is not None else c if isinstance(c, (int, float)) \
+            and not isinstance(c, bool) else None
         if v is None or (div and node is b):
             continue
         if isinstance(v, Tensor) and v.dtype.name not in ("float32", "float64"):
@@ -175,13 +191,13 @@ def _scaled_operand(e):
 def backward_fold_scale(tm):
     """Fold constant scales into the Conv2d or Linear that produces the
     scaled value (see the module docstring). Returns the number of folds."""
-    counts = call_counts(tm)
+    uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
             if e.top_graph is not g or not e.outputs:
                 continue
-            hit = _scaled_operand(e)
+            hit = _scaled_operand(e, uses)
             if hit is None:
                 continue
             y, c = hit
@@ -192,7 +208,7 @@ def backward_fold_scale(tm):
                 through_relu, y = src, act[1]
                 src = y.expr
             mod = module_call(src, M.Conv2d) or module_call(src, M.Linear) if src is not None else None
-            if mod is None or counts.get(id(mod)) != 1 or sole_user(y) is not (through_relu or e):
+            if mod is None or not uses.may_rewrite(mod) or sole_user(y) is not (through_relu or e):
                 continue
             if isinstance(mod, M.Conv2d) and _conv_module(src) is None:
                 continue
