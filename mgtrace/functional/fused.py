@@ -10,6 +10,14 @@ the output less, made while the output is still in cache.
 
 Activations (``act``): ``"none"``, ``"relu"``, ``"relu6"``, ``"silu"``,
 ``"hardswish"``, ``"sigmoid"``, ``"gelu"`` (exact erf GELU).
+
+Dtypes: each function gives what its unfused sequence gives, promotion
+included (MegEngine's rules, as :mod:`mgtrace.functional.nn`'s). Operands
+a kernel does not take (the NCHW16c kernels take float32 CPU tensors only,
+attention's integer ones) run that sequence instead, with its results and
+errors: a float64 input to an optimized graph computes in float64, as
+the eager model and the traced graph do, and an integer one raises the
+conv's own TypeError.
 """
 import numpy as np
 
@@ -114,12 +122,15 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
             and its channels past O, are then what ``+`` and act give).
 
     Returns:
-        float32 [N, ceil(O/16), OH, OW, 16]; :func:`from_nchwc` (y, O)
-        equals ``conv2d_act`` on the NCHW tensors. The channels past O hold
-        act(0).
+        [N, ceil(O/16), OH, OW, 16], float32 from float32 operands, else
+        conv2d's promotion; :func:`from_nchwc` (y, O) equals
+        ``conv2d_act`` on the NCHW tensors. The channels past O hold act(0).
 
     Raises:
-        TypeError: a tensor that is not float32 on the CPU.
+        TypeError: as :func:`conv2d_act` (an integer x). Operands that are
+            not all float32 CPU tensors run ``to_nchwc(conv2d_act(...))``
+            on the NCHW views of x and the residual: conv2d's promoted
+            dtype (float64 in, float64 out), on any device.
         ValueError: shapes that do not fit, other groups, an unknown act;
             otherwise as :func:`mgtrace.functional.conv2d`.
 
@@ -135,16 +146,19 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
         # the kernel checks the rest (dtypes, devices, act, the residual's
         # shape and dtype) with F's messages; a residual the kernel does not
         # take (one that only broadcasts, or another dtype) goes the general
-        # way below, which adds it with +
+        # way below, which adds it with +, and so do operands of a dtype or
+        # device the kernel does not take (asked only once it refused them)
         try:
             return _nn.conv2d_nchwc(x, weight, bias, residual, stride, padding, dilation, groups, act)
         except (ValueError, TypeError):
-            if residual is None:
+            if residual is None and _kernel_takes(x, weight, bias):
                 raise
     _act(fn, act)
     x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, (4, 5), "[N, ceil(C/16), H, W, 16] or [N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
+    if not _kernel_takes(x, weight, bias, residual):
+        return _conv2d_nchwc_unfused(x, weight, bias, stride, padding, dilation, groups, act, residual)
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
     if residual is not None and x.ndim in (4, 5) and \
             tuple(residual.shape) != _nchwc_out_shape(x, weight, stride, padding, dilation):
@@ -206,12 +220,13 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
             :data:`ACTIVATIONS`.
 
     Returns:
-        float32 [N, ceil(E/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
+        [N, ceil(E/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
         + 1 (OW alike), equal to the two :func:`conv2d_nchwc` calls; the
         channels past E hold dw_act(0).
 
     Raises:
-        TypeError: a tensor that is not float32 on the CPU.
+        TypeError: as :func:`conv2d_nchwc`; operands that are not all
+            float32 CPU tensors run the two conv2d_nchwc calls (their dtype).
         ValueError: shapes that do not fit, an unknown act.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
@@ -223,9 +238,17 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
     """
     fn = "conv2d_nchwc_pw_dw"
     if _plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias):
-        return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
+        try:
+            return _nn.conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
+        except TypeError:
+            if _kernel_takes(x, weight, bias, dw_weight, dw_bias):
+                raise
     x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
                                                     dw_bias=dw_bias)
+    if not _kernel_takes(x, weight, bias, dw_weight, dw_bias):
+        A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
+        y = conv2d_nchwc(x, weight, bias, act=act)
+        return conv2d_nchwc(y, dw_weight, dw_bias, stride, padding, groups=weight.shape[0], act=dw_act)
     A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
     A.check_ndim(fn, "dw_weight", dw_weight, 4, "[E, 1, KH, KW]")
     bias = _fnn._conv_bias(fn, bias, weight.shape[0])
@@ -262,12 +285,13 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
             added after the kernel, as ``+`` does.
 
     Returns:
-        float32 [N, ceil(O/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
+        [N, ceil(O/16), OH, OW, 16], OH = (H + 2 * ph - KH) // sh
         + 1 (OW alike), equal to the two calls above; the channels past O
         hold proj_act(0).
 
     Raises:
-        TypeError: a tensor that is not float32 on the CPU.
+        TypeError: as :func:`conv2d_nchwc`; operands that are not all
+            float32 CPU tensors run the two calls above (their dtype).
         ValueError: shapes that do not fit, an unknown act, a residual
             that does not broadcast to the output.
 
@@ -295,6 +319,10 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
         return _nn.conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual,
                                          stride, padding, act, dw_act, proj_act)
     except (ValueError, TypeError) as e:
+        if not _kernel_takes(x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual):
+            # a dtype or device the kernel does not take: the two calls it stands for
+            y = conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride, padding, act, dw_act)
+            return conv2d_nchwc(y, proj_weight, proj_bias, residual=residual, act=proj_act)
         if residual is None:
             raise
         refused = e
@@ -327,10 +355,11 @@ def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
             padded positions never win, a NaN in a window does).
 
     Returns:
-        float32 [N, B, OH, OW, 16].
+        [N, B, OH, OW, 16], x's dtype.
 
     Raises:
-        TypeError: x not a float32 CPU tensor.
+        TypeError: as max_pool2d (an integer x). Another float dtype or
+            device runs max_pool2d on the NCHW view (x's dtype).
         ValueError: x not [N, B, H, W, 16]; bad geometry, as max_pool2d.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
@@ -342,6 +371,10 @@ def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
     (x,) = A.tensors(fn, x=x)
     k, s = _fnn._pool_window(fn, kernel_size, stride)       # as max_pool2d: stride=() is an error
     p, d = A.pair(fn, "padding", padding, 0), A.pair(fn, "dilation", dilation, 1)
+    if not _kernel_takes(x):
+        _check_blocked(fn, x)
+        y = _fnn.max_pool2d(_from_blocks(x, x.shape[1] * 16), k, s, p, d, bool(ceil_mode))
+        return _to_blocks(y)
     return _nn.max_pool2d_nchwc(x, k, s, p, d, bool(ceil_mode))
 
 
@@ -351,13 +384,18 @@ def to_nchwc(x):
     channels past C.
 
     Raises:
-        TypeError: x not a float32 CPU tensor. ValueError: x not 4-D.
+        ValueError: x not 4-D. A dtype or device the kernel does not take
+        (it takes float32 CPU tensors) is blocked by a pad and views, in x's
+        dtype.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> F.to_nchwc(mt.tensor(np.ones((2, 20, 3, 3), np.float32))).shape
     (2, 2, 3, 3, 16)
     """
     (x,) = A.tensors("to_nchwc", x=x)
+    if not _kernel_takes(x):
+        A.check_ndim("to_nchwc", "x", x, 4, "[N, C, H, W]")
+        return _to_blocks(x)
     return _nn.to_nchwc(x)
 
 
@@ -366,9 +404,9 @@ def from_nchwc(x, channels):
     inverse of :func:`to_nchwc` (the channels past ``channels`` dropped).
 
     Raises:
-        TypeError: x not a float32 CPU tensor.
         ValueError: x not [N, B, H, W, 16]; channels not in
-            (16 * (B - 1), 16 * B].
+            (16 * (B - 1), 16 * B]. (Any dtype and device: float32 CPU
+            tensors take the kernel, others views, in x's dtype.)
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1))
@@ -376,6 +414,8 @@ def from_nchwc(x, channels):
     [[[[0.0]], [[1.0]], [[2.0]]]]
     """
     (x,) = A.tensors("from_nchwc", x=x)
+    if not _kernel_takes(x):
+        return _from_blocks(x, _blocked_channels("from_nchwc", x, channels))
     return _nn.from_nchwc(x, channels)
 
 
@@ -450,7 +490,8 @@ def attention(q, k, v, mask=None, scale=1.0):
     Raises:
         ValueError: q, k, v not 4-d or of shapes that do not fit; a mask
             that does not broadcast to the scores.
-        TypeError: integer or bool tensors; scale not a number.
+        TypeError: scale not a number. Integer or bool operands run the
+            sequence (its promotion: softmax gives float32; its errors).
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> q = mt.tensor(np.ones((1, 1, 2, 2), np.float32))
@@ -459,10 +500,14 @@ def attention(q, k, v, mask=None, scale=1.0):
     """
     fn = "attention"
     q, k, v, mask = A.tensors(fn, q=q, k=k, v=v, mask=mask)
-    for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask)):
-        if t is not None:
-            A.check_float(fn, name, t)
-    return _nn.attention(q, k, v, mask, A.to_float(fn, "scale", scale))
+    scale = A.to_float(fn, "scale", scale)
+    if any(t is not None and t.dtype.kind != "f" for t in (q, k, v, mask)):
+        # an integer or bool operand: the sequence's promotion (softmax gives
+        # float32) and its errors, as the unfused graph
+        from mgtrace.functional.math import matmul
+        s = matmul(q, k, transpose_b=True) * scale
+        return matmul(_fnn.softmax(s if mask is None else s + mask, axis=-1), v)
+    return _nn.attention(q, k, v, mask, scale)
 
 
 _ACT_FUNCTIONS = {"none": lambda y: y, "relu": _fnn.relu, "relu6": _fnn.relu6,
@@ -472,3 +517,70 @@ _ACT_FUNCTIONS = {"none": lambda y: y, "relu": _fnn.relu, "relu6": _fnn.relu6,
 
 def _apply_act(y, act):
     return _ACT_FUNCTIONS[act](y)
+
+
+# ----------------------------------------- operands the kernels do not take
+
+_FLOAT32 = np.dtype(np.float32)     # (compared, not named: dtype.name costs microseconds)
+
+
+def _kernel_takes(*tensors):
+    """Whether the NCHW16c kernels take these operands: float32 Tensors on
+    the CPU (None for an absent one). Others run the unfused sequence."""
+    for t in tensors:
+        if t is not None and (not isinstance(t, Tensor) or t.dtype != _FLOAT32
+                              or t.device.type != "cpu"):
+            return False
+    return True
+
+
+def _check_blocked(fn, x):
+    if x.ndim != 5 or x.shape[4] != 16:
+        raise ValueError(f"{fn}: x must be NCHW16c [N, B, H, W, 16], got shape {tuple(x.shape)}")
+
+
+def _blocked_channels(fn, x, channels):
+    """``channels`` checked against NCHW16c ``x``'s B blocks: in (16 * (B - 1), 16 * B]."""
+    _check_blocked(fn, x)
+    c = A.to_int(fn, "channels", channels, 1)
+    if not 16 * (x.shape[1] - 1) < c <= 16 * x.shape[1]:
+        raise ValueError(f"{fn}: channels must be in ({16 * (x.shape[1] - 1)}, {16 * x.shape[1]}] for "
+                         f"{x.shape[1]} blocks of 16, got {c}")
+    return c
+
+
+def _to_blocks(x, fill=0.0):
+    """:func:`to_nchwc` by views and a pad, for any dtype and device (the
+    channels past C hold ``fill``)."""
+    n, c, h, w = x.shape
+    b = -(-c // 16)
+    if b * 16 != c:
+        x = _fnn.pad(x, ((0, 0), (0, b * 16 - c), (0, 0), (0, 0)), constant_value=fill)
+    return x.reshape(n, b, 16, h, w).transpose(0, 1, 3, 4, 2)
+
+
+def _from_blocks(x, channels):
+    """:func:`from_nchwc` by views, for any dtype and device."""
+    n, b, h, w, _ = x.shape
+    return x.transpose(0, 1, 4, 2, 3).reshape(n, b * 16, h, w)[:, :channels]
+
+
+_ACT_AT_ZERO = {"sigmoid": 0.5}      # act(0) for the channels past O; 0 for the others
+
+
+def _conv2d_nchwc_unfused(x, weight, bias, stride, padding, dilation, groups, act, residual):
+    """conv2d_nchwc as ``to_nchwc(conv2d_act(from_nchwc(x), ...))``, for
+    operands its kernel does not take: the dtype is conv2d's promotion."""
+    fn = "conv2d_nchwc"
+    g = A.to_int(fn, "groups", groups, 1)
+    out = weight.shape[0]
+    if x.ndim == 5:
+        x = _from_blocks(x, _blocked_channels(fn, x, weight.shape[1] * g))
+    r = residual
+    if r is not None and r.ndim == 5 and r.shape[4] == 16 and r.shape[1] == -(-out // 16):
+        r = _from_blocks(r, out)
+    elif r is not None:           # one that broadcasts to the NCHW16c output: added as + does
+        y = _to_blocks(conv2d_act(x, weight, bias, stride, padding, dilation, g, act="none"))
+        return _apply_act(y + r, act)
+    y = conv2d_act(x, weight, bias, stride, padding, dilation, g, act=act, residual=r)
+    return _to_blocks(y, _ACT_AT_ZERO.get(act, 0.0))

@@ -251,8 +251,15 @@ def test_attention_checks_its_arguments(rng):
         F.attention(q, q[:, :1], q)
     with pytest.raises(ValueError, match="does not broadcast"):
         F.attention(q, q, q, mt.tensor(np.zeros((5,), np.float32)))
-    with pytest.raises(TypeError):
-        F.attention(q, q, mt.tensor(np.ones((1, 2, 3, 4), np.int32)))
+    # an integer operand runs the sequence, with its promotion (issue 29 item 10)
+    v = np.arange(24, dtype=np.int32).reshape(1, 2, 3, 4)
+    got = F.attention(q, q, mt.tensor(v))
+    s = q.numpy().astype(np.float64) @ q.numpy().astype(np.float64).transpose(0, 1, 3, 2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.numpy(), (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="scale"):
+        F.attention(q, q, q, scale="half")
 
 
 def _layer_norm_ref(x, k, w, b, eps):

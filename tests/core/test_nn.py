@@ -1715,14 +1715,16 @@ def test_conv2d_nchwc_pw_dw_pw_through_f_broadcasts_a_residual_and_converts_bias
     with pytest.raises(ValueError, match="proj_weight must be"):
         F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3[:, :5]), None,
                                 residual=tensor(blocked(r)), padding=1)
-    # a residual of the output's shape in another dtype is refused, as conv2d_nchwc refuses it
+    # a residual of the output's shape in another dtype runs the calls it stands for, with +'s
+    # promotion (float64), as the unfused graph does (issue 29 item 10)
     r64 = tensor(np.broadcast_to(blocked(r), (2, 1, 6, 6, 16)).astype(np.float64))
-    with pytest.raises(TypeError, match="residual must be a float32"):
-        F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3), None,
-                                residual=r64, padding=1)
-    with pytest.raises(TypeError, match="residual must be a float32"):
-        F.conv2d_nchwc(F.conv2d_nchwc_pw_dw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, padding=1),
-                       tensor(w3), residual=r64)
+    want = ref_conv2d(ref_conv2d(ref_conv2d(x, w1), w2, None, 1, 1, 1, groups=24), w3) + r
+    for y in (F.conv2d_nchwc_pw_dw_pw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None, tensor(w3), None,
+                                      residual=r64, padding=1),
+              F.conv2d_nchwc(F.conv2d_nchwc_pw_dw(tensor(blocked(x)), tensor(w1), None, tensor(w2), None,
+                                                  padding=1), tensor(w3), residual=r64)):
+        assert y.dtype == np.float64
+        np.testing.assert_allclose(F.from_nchwc(y, 16).numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("args, err, match", [
