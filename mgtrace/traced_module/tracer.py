@@ -12,7 +12,9 @@ whole trace) and records:
   ``CallFunction``, the body runs untraced.
 - core ops (``on_apply``): tensor operators and methods become
   ``CallMethod`` (``__add__``, ``reshape``, ``__getitem__``; the forms come
-  from the op table), raw ops without a method form ``Apply``.
+  from the op table), raw ops without a method form ``Apply``; Tensor
+  methods that apply no core op (``view``, ``copy.copy(t)``) are one
+  ``CallMethod`` too (``on_method``).
 - ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
   the ints handed back are :class:`SymInt`, which record their arithmetic,
   so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
@@ -482,6 +484,13 @@ class Tracer(_hooks.TraceHook):
                             lambda a, k: apply(opdef.__class__(name, k), *a),
                             inputs, params, name)
 
+    def on_method(self, t, method, args):
+        """A Tensor method that applies no core op (``view``; ``copy`` for
+        ``copy.copy(t)``): one CallMethod that the generated code calls."""
+        return self._record(lambda a, k: CallMethod(a[0], method, a[1:], k),
+                            lambda a, k: getattr(a[0], method)(*a[1:], **k),
+                            (t,) + tuple(args), {}, method)
+
     def on_shape(self, t):
         frame = self.frame
         with core_off():
@@ -834,6 +843,12 @@ class _EditTracer(Tracer):
             return super().on_apply(opdef, *inputs)
         with self.suspended():
             return apply(opdef, *inputs)
+
+    def on_method(self, t, method, args):
+        if self._touches_graph((t,) + tuple(args), {}):
+            return super().on_method(t, method, args)
+        with self.suspended():
+            return getattr(t, method)(*args)
 
     def on_shape(self, t):
         if self._graph_value(t):
