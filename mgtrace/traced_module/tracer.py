@@ -741,13 +741,31 @@ def signature_of(module):
 
 def bind_arguments(sig, args, kwargs, owner):
     """forward's arguments in parameter order, defaults filled in: a tuple
-    (``*args`` as a tuple, ``**kwargs`` as a dict)."""
+    (``*args`` as a tuple, ``**kwargs`` as a dict).
+
+    Raises:
+        TypeError: the arguments do not bind; a keyword that names no
+            parameter is named first (``tm(y=x)`` for ``forward(x)`` says
+            ``y``, not only that ``x`` is missing)."""
+    unknown = _unknown_keywords(sig, kwargs)
+    if unknown:
+        raise TypeError(f"{owner}.forward{sig}: unexpected keyword argument"
+                        f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                        f"forward's parameters are {', '.join(sig.parameters) or 'none'}")
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
         raise TypeError(f"{owner}.forward{sig}: {e}") from None
     bound.apply_defaults()
     return tuple(bound.arguments.values())
+
+
+def _unknown_keywords(sig, kwargs):
+    """Keywords of ``kwargs`` that no parameter of ``sig`` takes."""
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    return [k for k in kwargs if k not in sig.parameters]
 
 
 def _input_names(sig, arg_def):
