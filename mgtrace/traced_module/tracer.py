@@ -28,6 +28,7 @@ Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
 parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
 """
+import builtins
 import collections
 import contextlib
 import inspect
@@ -87,9 +88,16 @@ def _sym_binary(op, reflected=False):
     def method(self, other):
         if isinstance(other, np.generic) and not isinstance(other, np.bool_):
             other = other.item()       # a NumPy scalar: its Python value, recorded alike
+        if isinstance(other, Tensor):
+            # ``n + x``: the tensor's reflected operator records n as a graph value
+            return NotImplemented
         a, b = (other, self) if reflected else (self, other)
         t = _active
         if t is None or _quiet or type(other) not in _NUMBER_TYPES:
+            if t is not None and not _quiet and op is operator.mul and \
+                    isinstance(other, (list, tuple, str, bytes)):
+                _warn_fixed(f"repeating a {type(other).__name__} ({type(other).__name__} * n)",
+                            self, sys._getframe(1))
             return op(_plain(a) if a is self else a, _plain(b) if b is self else b)
         return t.record_function(op, (a, b), {}, ints_out=True)
     return method
@@ -104,15 +112,22 @@ def _sym_unary(op):
     return method
 
 
+def _warn_fixed(what, value, caller):
+    """Warn (once per line) that ``what`` fixes shape-derived ``value`` in
+    the graph, when ``caller`` (the frame that used it) is user code:
+    checks in mgtrace's own code (argument validation) are not the user's
+    to fix."""
+    if _active is not None and not _quiet and is_user_file(caller.f_code.co_filename):
+        _active.warn_once(f"{what} of a shape-derived number ({_plain(value)!r}) while tracing "
+                          f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
+                          "result (a branch stays taken, a check is not re-run, a count or "
+                          "size stays fixed at other input shapes)")
+
+
 def _sym_fixed(what, convert):
     """A use the trace cannot follow: warn, then give the plain value."""
     def method(self, *args):
-        # checks in mgtrace's own code (argument validation) are not the user's to fix
-        if _active is not None and not _quiet and is_user_file(sys._getframe(1).f_code.co_filename):
-            _active.warn_once(f"{what} of a shape-derived number ({_plain(self)!r}) while tracing "
-                              f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
-                              "result (a branch stays taken, a check is not re-run, a count or "
-                              "size stays fixed at other input shapes)")
+        _warn_fixed(what, self, sys._getframe(1))
         return convert(_plain(self), *args)
     return method
 
@@ -166,11 +181,12 @@ class SymInt(_SymNumber, int):
     right at other input shapes.
 
     Uses the trace cannot follow -- comparisons and branches, ``int()``,
-    ``float()`` (``math.sqrt(n)``), ``round()`` -- see the value of this run
-    and are fixed in the graph; each warns (TraceWarning) once per source
-    line. ``range(n)`` and indexing a Python list with ``n`` are fixed too,
-    silently: Python reads an int subclass there without asking it. Outside
-    a trace it behaves as a plain int.
+    ``float()`` (``math.sqrt(n)``), ``round()``, ``range(n)``, repeating a
+    list (``[0] * n``) -- see the value of this run and are fixed in the
+    graph; each warns (TraceWarning) once per source line. Indexing a
+    Python list with ``n`` is fixed silently: Python reads an int subclass
+    there without asking it. ``n + x`` with a tensor ``x`` is recorded (as
+    ``x.__radd__(n)``). Outside a trace it behaves as a plain int.
 
     >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
     (12, 'int')
@@ -192,6 +208,40 @@ class SymFloat(_SymNumber, float):
 
 
 _NUMBER_TYPES = (int, float, SymInt, SymFloat)
+
+# ``range(n)`` reads an int subclass's value without asking it (nor does
+# indexing a list with it), so SymInt cannot see that use; while a trace
+# runs, builtins.range is this class, which warns for a SymInt argument and
+# returns a real range (isinstance and issubclass checks still see range).
+_builtin_range = builtins.range
+
+
+class _RangeType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _builtin_range)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _builtin_range)
+
+
+class _TracingRange(metaclass=_RangeType):
+    __doc__ = _builtin_range.__doc__
+
+    def __new__(cls, *args):
+        for a in args:
+            if isinstance(a, SymInt):
+                _warn_fixed("range()", a, sys._getframe(1))
+                break
+        return _builtin_range(*args)
+
+
+@contextlib.contextmanager
+def _warning_range():
+    builtins.range = _TracingRange
+    try:
+        yield
+    finally:
+        builtins.range = _builtin_range
 
 
 def _traced_leaf(v):
@@ -403,7 +453,7 @@ class Tracer(_hooks.TraceHook):
             raise TraceError("trace_module is already running (nested traces are not supported)")
         _active = self
         try:
-            with _hooks.installed(self):
+            with _hooks.installed(self), _warning_range():
                 yield self
         finally:
             _active = None
