@@ -56,7 +56,7 @@ import inspect
 from mgtrace.errors import Error
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
                                         Input, is_node)
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten
 
 __all__ = ["InternalGraph", "GraphError", "NodeFilter", "ExprFilter"]
@@ -145,8 +145,22 @@ class InternalGraph:
     def name(self, value):
         if not isinstance(value, str) or not value:
             raise TypeError(f"a graph name must be a non-empty str, not {value!r}")
+        form = python_name(value)
+        for g in self._tree_graphs():
+            if g is not self and g._name != value and python_name(g._name) == form:
+                raise GraphError(f"graph {self._qualname}: the name {value!r} is graph "
+                                 f"{g._qualname}'s name {g._name!r} as Python reads identifiers "
+                                 "(NFKC form), so the two would be found by one name; choose "
+                                 "another name")
         self._name = value
         self._touch()
+
+    def _tree_graphs(self):
+        """The graphs of the owner's module tree (the owner's and those below it)."""
+        owner = self.owner
+        if owner is None:
+            return [self]
+        return [g for m in owner.modules() for g in getattr(m, "_graphs", ())]
 
     @property
     def qualname(self):
@@ -174,7 +188,7 @@ class InternalGraph:
             self._ids.dirty = True
 
     def _unique_name(self, base):
-        base = base or "v"
+        base = python_name(base or "v")
         if base not in self._names:
             return base
         i = self._next_suffix.get(base, 1)     # where the last search for base ended: linear
@@ -192,10 +206,13 @@ class InternalGraph:
         return node
 
     def _rename(self, node, new):
-        if new in self._names and self._names[new] is not node:
-            raise GraphError(f"graph {self._qualname} already has a node named {new!r}")
+        key = python_name(new)
+        other = self._names.get(key)
+        if other is not None and other is not node:
+            raise GraphError(f"graph {self._qualname} already has a node named {key!r}"
+                             + _same_to_python(new, key) + "; choose another name")
         self._names.pop(node._name, None)
-        self._names[new] = node
+        self._names[key] = node
         self._touch()
 
     def _append(self, expr, at=None):
@@ -791,6 +808,14 @@ class InternalGraph:
         lines.append(f"\treturn {out!r}")
         lines.append("}")
         return "\n".join(lines)
+
+
+def _same_to_python(name, form):
+    """The clause that says ``name`` reads as ``form`` (its NFKC form)."""
+    if name == form:
+        return ""
+    return (f"; {name!r} is that name as Python reads identifiers (NFKC form), so generated "
+            "code would take one for the other")
 
 
 def has_side_effect(e, seen=None):

@@ -46,7 +46,7 @@ from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         is_user_file, user_frame, user_source)
 from mgtrace.traced_module.graph import InternalGraph
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, tree_flatten
 
 __all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
@@ -401,6 +401,27 @@ class _Frame:
 
 
 # ------------------------------------------------------------------ tracer
+class _PathNames:
+    """The attribute paths of a module tree, by the form Python reads them
+    in (NFKC: ``python_name``): generated code reads ``self.<path>``, so two
+    keys with one form (``"fi"`` and ``"\ufb01"``, set with setattr or as dict
+    keys) would be read one for the other; the second is refused."""
+
+    def __init__(self, root):
+        self.root = root
+        self.seen = {}
+
+    def claim(self, path, name=None):
+        if name is not None:
+            path = f"{path}.{name}" if path else name
+        form = python_name(path)
+        other = self.seen.setdefault(form, path)
+        if other != path:
+            raise TraceError(f"{type_name(self.root)}: the members {other!r} and {path!r} are "
+                             f"one name to Python (NFKC form {form!r}), so traced code would read "
+                             "one for the other; rename one of them")
+
+
 class Tracer(_hooks.TraceHook):
     """The trace hook, frames, and the module-path bookkeeping of one trace."""
 
@@ -414,17 +435,22 @@ class Tracer(_hooks.TraceHook):
         self.warn_constants = warn_constants
         self.paths = {}                 # id(module) -> dotted path from the root
         self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
+        names = _PathNames(root)
         for path, m in root.named_modules():
             self.paths.setdefault(id(m), path)
+            names.claim(path)
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
                 if t is not None:
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
             for name, t in m.__dict__.items():
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
             for name, t in m._structure_members():       # in lists/dicts: "anchors.0"
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
 
     @property
     def frame(self):
@@ -597,14 +623,15 @@ class Tracer(_hooks.TraceHook):
 
     def on_name(self, t, name):
         """``t.name = name`` while tracing names ``t``'s node (made unique
-        in its graph: ``name_1`` when taken)."""
+        in its graph: ``name_1`` when taken, also by a name that Python
+        reads the same, ``"\ufb01"`` when ``"fi"`` is taken)."""
         if _quiet or not self.frames or not _user_call(sys._getframe(1)):
             return
         node = self.frame.env.get(id(t))
         if node is None or node is self.frame.self_node:
             return
         g = node.graph
-        if g._names.get(name) is not node:
+        if g._names.get(python_name(name)) is not node:
             node.name = g._unique_name(name)
 
     def on_bool(self, t):
