@@ -517,22 +517,34 @@ class InternalGraph:
         graphs have side effects. The owner's watch and end points stay
         computed. Returns the graph. Lints before and after."""
         self.lint(recursive=False)
-        live = self._kept_ids()
-        keep = []
+        self._drop_dead()
+        self.lint(recursive=False)
+        return self
+
+    def _live(self, cut=frozenset()):
+        """``(ids of the nodes read, ids of the exprs kept)`` by what
+        :meth:`compile` keeps; the nodes with ids in ``cut`` are taken as
+        given (what produces them is not needed for them)."""
+        live, kept = self._kept_ids(), set()
         for e in reversed(self._exprs):
-            if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):
-                keep.append(e)
+            if isinstance(e, Input) or has_side_effect(e) or \
+                    any(id(o) in live and id(o) not in cut for o in e.outputs):
+                kept.add(id(e))
                 live.update(id(n) for n in e._inputs)
-            else:
+        return live, kept
+
+    def _drop_dead(self):
+        """Remove the exprs :meth:`compile` removes (no lint)."""
+        _, kept = self._live()
+        for e in self._exprs:
+            if id(e) not in kept:
                 for n in e._inputs:
                     n._remove_user(e)
                 for o in e.outputs:
                     if self._names.get(o._name) is o:
                         del self._names[o._name]
-        self._exprs = keep[::-1]
+        self._exprs = [e for e in self._exprs if id(e) in kept]
         self._touch()
-        self.lint(recursive=False)
-        return self
 
     def reset_outputs(self, outputs):
         """Make ``outputs`` (a Node or a pytree of Nodes of this graph) the
@@ -627,16 +639,21 @@ class InternalGraph:
     def reset_inputs(self, *args, **kwargs):
         """Give forward a new argument structure: ``args``/``kwargs`` are
         bound to forward's parameters; their leaves are existing input nodes
-        of this graph (kept) or example Tensors (each becomes a new input,
-        named after its parameter). Old inputs left out must have no users
-        (``replace_node`` them first). Returns the input nodes. Top graphs
-        only.
+        of this graph (kept), example Tensors (each becomes a new input,
+        named after its parameter), or other tensor nodes of this graph:
+        the graph is cut there (a new input takes the node's place, and the
+        exprs that only computed it are removed, as :meth:`compile` would),
+        so ``g.reset_inputs(feat)`` makes a model that starts at ``feat``.
+        Old inputs left out are dropped; the outputs must not need them any
+        more (``replace_node`` them first, or cut after them). Returns the
+        input nodes. Top graphs only.
 
         Raises:
             GraphError: not the top graph; the arguments do not fit forward's
-                signature; a node is not an input of this graph; a dropped
-                input is still used; another graph of the owner already has
-                this structure.
+                signature; a node is neither an input nor a tensor node of
+                this graph; a node is given twice; a dropped input is still
+                needed; another graph of the owner already has this
+                structure.
         """
         from mgtrace._core import Tensor
         self._check_top("reset_inputs")
@@ -660,21 +677,27 @@ class InternalGraph:
             k = len(tree_flatten(value, is_leaf)[0])
             names += [pname] if k == 1 else [f"{pname}_{j}" for j in range(k)]
         current = self._inputs[1:]
-        nodes = []
+        nodes, cuts = [], []        # cuts: (node the graph starts at, the input taking its place)
         for v, pname in zip(leaves, names):
-            if isinstance(v, Node):
-                if not any(v is c for c in current):
-                    raise GraphError(f"reset_inputs: {v!r} is not an input of {self._qualname}")
-                if any(v is n for n in nodes):
-                    raise GraphError(f"reset_inputs: input {v!r} is given twice")
+            if isinstance(v, Node) and any(v is n for n in nodes + [c for c, _ in cuts]):
+                raise GraphError(f"reset_inputs: {v!r} is given twice")
+            if isinstance(v, Node) and any(v is c for c in current):
                 nodes.append(v)
-            else:
-                nodes.append(TensorNode(name=pname, shape=tuple(v.shape), dtype=v.dtype))
+                continue
+            if isinstance(v, Node):
+                self._check_cut(v)
+            nodes.append(TensorNode(name=pname, shape=tuple(v.shape), dtype=v.dtype))
+            if isinstance(v, Node):
+                cuts.append((v, nodes[-1]))
         dropped = [n for n in current if not any(n is m for m in nodes)]
-        for n in dropped:
-            if n.users:
-                raise GraphError(f"reset_inputs: input {n.name!r} is still used by "
-                                 f"{n.users[0]!r}; replace_node it first")
+        self._check_dropped(dropped, cuts)
+        for old, new in cuts:             # the users of the cut node read the new input
+            for e in list(old.users):
+                e.replace_input(old, new)
+            self._outputs = [new if o is old else o for o in self._outputs]
+            self._replace_points(old, new)
+        if cuts or any(n.users for n in dropped):
+            self._drop_dead()
         self._exprs = [e for e in self._exprs
                        if not (isinstance(e, Input) and any(e.outputs[0] is n for n in dropped))]
         for n in dropped:
@@ -696,6 +719,26 @@ class InternalGraph:
         self._in_def = in_def
         self._touch()
         return nodes
+
+    def _check_cut(self, node):
+        """``node`` can start the graph: a tensor node of this graph."""
+        if node.graph is not self:
+            raise GraphError(f"reset_inputs: {node!r} is in {_graph_label(node.graph)}, not "
+                             f"{_graph_label(self)}")
+        if not isinstance(node, TensorNode):
+            raise GraphError(f"reset_inputs: {node!r} is a {node.kind} node; the graph can be "
+                             "cut only at a tensor node")
+
+    def _check_dropped(self, dropped, cuts):
+        """Refuse to drop an input that the outputs still need once the
+        graph starts at the cut nodes."""
+        live, kept = self._live(frozenset(id(c) for c, _ in cuts))
+        for n in dropped:
+            if id(n) in live:
+                user = next((u for u in n.users if id(u) in kept), None)
+                raise GraphError(f"reset_inputs: input {n.name!r} is still used by {user!r}; "
+                                 "replace_node it first, or cut the graph after it (pass the "
+                                 "node where the graph should start)")
 
     def _check_top(self, what):
         owner = self.owner
