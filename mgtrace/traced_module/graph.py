@@ -735,8 +735,9 @@ class InternalGraph:
         live, kept = self._live(frozenset(id(c) for c, _ in cuts))
         for n in dropped:
             if id(n) in live:
-                user = next((u for u in n.users if id(u) in kept), None)
-                raise GraphError(f"reset_inputs: input {n.name!r} is still used by {user!r}; "
+                user = next((repr(u) for u in n.users if id(u) in kept),
+                            "the graph's outputs (or a watch or end point)")
+                raise GraphError(f"reset_inputs: input {n.name!r} is still used by {user}; "
                                  "replace_node it first, or cut the graph after it (pass the "
                                  "node where the graph should start)")
 

@@ -403,9 +403,10 @@ class _Frame:
 # ------------------------------------------------------------------ tracer
 class _PathNames:
     """The attribute paths of a module tree, by the form Python reads them
-    in (NFKC: ``python_name``): generated code reads ``self.<path>``, so two
-    keys with one form (``"fi"`` and ``"\ufb01"``, set with setattr or as dict
-    keys) would be read one for the other; the second is refused."""
+    in (NFKC: ``python_name``): two keys with one form (``"fi"`` and
+    ``"\ufb01"``, set with setattr or as dict keys) are one name to Python
+    code (``self.\ufb01`` reads ``self.fi``) and to the graph's node names;
+    the second is refused."""
 
     def __init__(self, root):
         self.root = root
@@ -418,8 +419,8 @@ class _PathNames:
         other = self.seen.setdefault(form, path)
         if other != path:
             raise TraceError(f"{type_name(self.root)}: the members {other!r} and {path!r} are "
-                             f"one name to Python (NFKC form {form!r}), so traced code would read "
-                             "one for the other; rename one of them")
+                             f"one name to Python (NFKC form {form!r}): code that names one "
+                             "reads the other; rename one of them")
 
 
 class Tracer(_hooks.TraceHook):

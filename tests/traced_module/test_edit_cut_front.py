@@ -93,3 +93,16 @@ def test_a_cut_must_be_a_tensor_node_of_this_graph(traced):
     with pytest.raises(GraphError, match="given twice"):
         g.reset_inputs(g.inputs[2], g.inputs[2])
     g.lint()
+
+
+def test_an_input_that_is_an_output_is_named_as_such():
+    class Both(M.Module):
+        def forward(self, x):
+            return F.relu(x * 2), x
+
+    tm = mt.trace_module(Both(), mt.tensor(_rand(2, 3)))
+    g = tm.graph
+    mul = g.get_node_by_name("mul").as_unique()
+    with pytest.raises(GraphError, match=r"input 'x' is still used by the graph's outputs"):
+        g.reset_inputs(mul)
+    g.lint()
