@@ -991,6 +991,8 @@ cdef class Tensor:
         result always reach self."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
+        if _tracing[0]:     # no core op: the tracer records the method itself
+            return _hook.on_method(self, "view", (shape,))
         cdef int64_t new[16]
         cdef int64_t strides[16]
         cdef int nd = parse_shape(shape, new)
@@ -1188,12 +1190,15 @@ cdef class Tensor:
         raise TypeError("Tensor does not pickle; save it with mgtrace.save or convert with .numpy()")
 
     def __copy__(self):
-        """A new tensor of the same class with its own copy of the data."""
+        """A new tensor of the same class with its own copy of the data
+        (while a module is traced: a recorded ``copy()``, a plain Tensor)."""
+        if _tracing[0]:
+            return _hook.on_method(self, "copy", ())
         return _copy_as(self, type(self))
 
     def __deepcopy__(self, memo):
         """As __copy__, with attributes (a subclass's __dict__) deep-copied."""
-        cdef Tensor out = _copy_as(self, type(self))
+        cdef Tensor out = Tensor.__copy__(self)
         memo[id(self)] = out
         attrs = getattr(self, "__dict__", None)
         if attrs:

@@ -7,7 +7,7 @@ nobody traces:
 
 - core ops (``on_apply``): dispatch's tracing switch, one C flag per op;
 - Tensor (``on_shape``, ``on_bool``, ``on_frozen``, ``on_create``,
-  ``on_name``): the same flag;
+  ``on_name``, ``on_method``): the same flag;
 - ``mgtrace.functional`` (``on_function``) and ``Module.__call__``
   (``on_module_call``): :data:`active`, one global read per call.
 
@@ -57,6 +57,12 @@ class TraceHook:
                 return tensor(data, dtype, device)
             Tensor.__init__(target, data, dtype, device)
             return target
+
+    def on_method(self, t, method, args):
+        """``t.<method>(*args)`` for a Tensor method that applies no core op
+        (``view``; ``copy.copy(t)`` arrives as ``"copy"``); returns its result."""
+        with installed(self, tracing=False):
+            return getattr(t, method)(*args)
 
     def on_name(self, t, name):
         """``t.name = name``."""

@@ -54,7 +54,6 @@ returns look-alikes.
 import collections
 import inspect
 import keyword
-import unicodedata
 import warnings
 
 import numpy as np
@@ -71,7 +70,7 @@ from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         user_frame)
 from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
 from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
 
@@ -590,7 +589,7 @@ class _GraphReader:
             _fail(w, "a node has a non-empty name")
         # generated code names locals after nodes, and Python reads identifiers in
         # NFKC form ("ﬁ" is "fi"): distinct names must stay distinct once normalized
-        name = unicodedata.normalize("NFKC", name)
+        name = python_name(name)
         if name in self.graph._names:
             _fail(w, f"two nodes are named {_short(name)} (in NFKC form, as Python reads it)")
         if kind == "tensor":

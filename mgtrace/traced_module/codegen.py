@@ -31,7 +31,7 @@ from mgtrace._core import OpDef, Tensor, apply, op_table
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         Input)
 from mgtrace.traced_module.graph import has_side_effect
-from mgtrace.traced_module.node import Node, TensorNode
+from mgtrace.traced_module.node import Node, TensorNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, TreeDef, _Root, tree_flatten
 
 __all__ = ["generate", "compile_graph"]
@@ -91,7 +91,8 @@ class _Namer:
         return name
 
     def fresh(self, base):
-        base = re.sub(r"\W", "_", base or "v") or "v"
+        # in the form Python reads identifiers in, so that distinct names stay distinct
+        base = re.sub(r"\W", "_", python_name(base or "v")) or "v"
         if base[0].isdigit():
             base = "_" + base
         name, i = base, 1

@@ -56,7 +56,7 @@ import inspect
 from mgtrace.errors import Error
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
                                         Input, is_node)
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten
 
 __all__ = ["InternalGraph", "GraphError", "NodeFilter", "ExprFilter"]
@@ -145,8 +145,22 @@ class InternalGraph:
     def name(self, value):
         if not isinstance(value, str) or not value:
             raise TypeError(f"a graph name must be a non-empty str, not {value!r}")
+        form = python_name(value)
+        for g in self._tree_graphs():
+            if g is not self and g._name != value and python_name(g._name) == form:
+                raise GraphError(f"graph {self._qualname}: the name {value!r} is graph "
+                                 f"{g._qualname}'s name {g._name!r} as Python reads identifiers "
+                                 "(NFKC form), so the two would be found by one name; choose "
+                                 "another name")
         self._name = value
         self._touch()
+
+    def _tree_graphs(self):
+        """The graphs of the owner's module tree (the owner's and those below it)."""
+        owner = self.owner
+        if owner is None:
+            return [self]
+        return [g for m in owner.modules() for g in getattr(m, "_graphs", ())]
 
     @property
     def qualname(self):
@@ -174,7 +188,7 @@ class InternalGraph:
             self._ids.dirty = True
 
     def _unique_name(self, base):
-        base = base or "v"
+        base = python_name(base or "v")
         if base not in self._names:
             return base
         i = self._next_suffix.get(base, 1)     # where the last search for base ended: linear
@@ -192,10 +206,13 @@ class InternalGraph:
         return node
 
     def _rename(self, node, new):
-        if new in self._names and self._names[new] is not node:
-            raise GraphError(f"graph {self._qualname} already has a node named {new!r}")
+        key = python_name(new)
+        other = self._names.get(key)
+        if other is not None and other is not node:
+            raise GraphError(f"graph {self._qualname} already has a node named {key!r}"
+                             + _same_to_python(new, key) + "; choose another name")
         self._names.pop(node._name, None)
-        self._names[new] = node
+        self._names[key] = node
         self._touch()
 
     def _append(self, expr, at=None):
@@ -500,22 +517,34 @@ class InternalGraph:
         graphs have side effects. The owner's watch and end points stay
         computed. Returns the graph. Lints before and after."""
         self.lint(recursive=False)
-        live = self._kept_ids()
-        keep = []
+        self._drop_dead()
+        self.lint(recursive=False)
+        return self
+
+    def _live(self, cut=frozenset()):
+        """``(ids of the nodes read, ids of the exprs kept)`` by what
+        :meth:`compile` keeps; the nodes with ids in ``cut`` are taken as
+        given (what produces them is not needed for them)."""
+        live, kept = self._kept_ids(), set()
         for e in reversed(self._exprs):
-            if isinstance(e, Input) or has_side_effect(e) or any(id(o) in live for o in e.outputs):
-                keep.append(e)
+            if isinstance(e, Input) or has_side_effect(e) or \
+                    any(id(o) in live and id(o) not in cut for o in e.outputs):
+                kept.add(id(e))
                 live.update(id(n) for n in e._inputs)
-            else:
+        return live, kept
+
+    def _drop_dead(self):
+        """Remove the exprs :meth:`compile` removes (no lint)."""
+        _, kept = self._live()
+        for e in self._exprs:
+            if id(e) not in kept:
                 for n in e._inputs:
                     n._remove_user(e)
                 for o in e.outputs:
                     if self._names.get(o._name) is o:
                         del self._names[o._name]
-        self._exprs = keep[::-1]
+        self._exprs = [e for e in self._exprs if id(e) in kept]
         self._touch()
-        self.lint(recursive=False)
-        return self
 
     def reset_outputs(self, outputs):
         """Make ``outputs`` (a Node or a pytree of Nodes of this graph) the
@@ -610,16 +639,21 @@ class InternalGraph:
     def reset_inputs(self, *args, **kwargs):
         """Give forward a new argument structure: ``args``/``kwargs`` are
         bound to forward's parameters; their leaves are existing input nodes
-        of this graph (kept) or example Tensors (each becomes a new input,
-        named after its parameter). Old inputs left out must have no users
-        (``replace_node`` them first). Returns the input nodes. Top graphs
-        only.
+        of this graph (kept), example Tensors (each becomes a new input,
+        named after its parameter), or other tensor nodes of this graph:
+        the graph is cut there (a new input takes the node's place, and the
+        exprs that only computed it are removed, as :meth:`compile` would),
+        so ``g.reset_inputs(feat)`` makes a model that starts at ``feat``.
+        Old inputs left out are dropped; the outputs must not need them any
+        more (``replace_node`` them first, or cut after them). Returns the
+        input nodes. Top graphs only.
 
         Raises:
             GraphError: not the top graph; the arguments do not fit forward's
-                signature; a node is not an input of this graph; a dropped
-                input is still used; another graph of the owner already has
-                this structure.
+                signature; a node is neither an input nor a tensor node of
+                this graph; a node is given twice; a dropped input is still
+                needed; another graph of the owner already has this
+                structure.
         """
         from mgtrace._core import Tensor
         self._check_top("reset_inputs")
@@ -643,21 +677,27 @@ class InternalGraph:
             k = len(tree_flatten(value, is_leaf)[0])
             names += [pname] if k == 1 else [f"{pname}_{j}" for j in range(k)]
         current = self._inputs[1:]
-        nodes = []
+        nodes, cuts = [], []        # cuts: (node the graph starts at, the input taking its place)
         for v, pname in zip(leaves, names):
-            if isinstance(v, Node):
-                if not any(v is c for c in current):
-                    raise GraphError(f"reset_inputs: {v!r} is not an input of {self._qualname}")
-                if any(v is n for n in nodes):
-                    raise GraphError(f"reset_inputs: input {v!r} is given twice")
+            if isinstance(v, Node) and any(v is n for n in nodes + [c for c, _ in cuts]):
+                raise GraphError(f"reset_inputs: {v!r} is given twice")
+            if isinstance(v, Node) and any(v is c for c in current):
                 nodes.append(v)
-            else:
-                nodes.append(TensorNode(name=pname, shape=tuple(v.shape), dtype=v.dtype))
+                continue
+            if isinstance(v, Node):
+                self._check_cut(v)
+            nodes.append(TensorNode(name=pname, shape=tuple(v.shape), dtype=v.dtype))
+            if isinstance(v, Node):
+                cuts.append((v, nodes[-1]))
         dropped = [n for n in current if not any(n is m for m in nodes)]
-        for n in dropped:
-            if n.users:
-                raise GraphError(f"reset_inputs: input {n.name!r} is still used by "
-                                 f"{n.users[0]!r}; replace_node it first")
+        self._check_dropped(dropped, cuts)
+        for old, new in cuts:             # the users of the cut node read the new input
+            for e in list(old.users):
+                e.replace_input(old, new)
+            self._outputs = [new if o is old else o for o in self._outputs]
+            self._replace_points(old, new)
+        if cuts or any(n.users for n in dropped):
+            self._drop_dead()
         self._exprs = [e for e in self._exprs
                        if not (isinstance(e, Input) and any(e.outputs[0] is n for n in dropped))]
         for n in dropped:
@@ -679,6 +719,27 @@ class InternalGraph:
         self._in_def = in_def
         self._touch()
         return nodes
+
+    def _check_cut(self, node):
+        """``node`` can start the graph: a tensor node of this graph."""
+        if node.graph is not self:
+            raise GraphError(f"reset_inputs: {node!r} is in {_graph_label(node.graph)}, not "
+                             f"{_graph_label(self)}")
+        if not isinstance(node, TensorNode):
+            raise GraphError(f"reset_inputs: {node!r} is a {node.kind} node; the graph can be "
+                             "cut only at a tensor node")
+
+    def _check_dropped(self, dropped, cuts):
+        """Refuse to drop an input that the outputs still need once the
+        graph starts at the cut nodes."""
+        live, kept = self._live(frozenset(id(c) for c, _ in cuts))
+        for n in dropped:
+            if id(n) in live:
+                user = next((repr(u) for u in n.users if id(u) in kept),
+                            "the graph's outputs (or a watch or end point)")
+                raise GraphError(f"reset_inputs: input {n.name!r} is still used by {user}; "
+                                 "replace_node it first, or cut the graph after it (pass the "
+                                 "node where the graph should start)")
 
     def _check_top(self, what):
         owner = self.owner
@@ -791,6 +852,14 @@ class InternalGraph:
         lines.append(f"\treturn {out!r}")
         lines.append("}")
         return "\n".join(lines)
+
+
+def _same_to_python(name, form):
+    """The clause that says ``name`` reads as ``form`` (its NFKC form)."""
+    if name == form:
+        return ""
+    return (f"; {name!r} is that name as Python reads identifiers (NFKC form), so generated "
+            "code would take one for the other")
 
 
 def has_side_effect(e, seen=None):

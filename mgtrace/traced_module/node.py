@@ -41,6 +41,7 @@ mgtrace.traced_module.node.NodeValueError: `+` on TensorNode %...:x: a graph nod
 """
 import itertools
 import operator
+import unicodedata
 
 from mgtrace._core import op_table
 from mgtrace.errors import Error
@@ -71,11 +72,22 @@ def _hooks(node, what):
     return hooks
 
 
+def python_name(name):
+    """``name`` as Python reads an identifier: in NFKC form (``"\ufb01"``,
+    the ligature fi, is ``"fi"``). Generated code names locals after nodes
+    and reads attributes by name, so two names with one such form would be
+    one variable; node names are kept in this form, and the archive reader
+    normalizes them alike."""
+    return unicodedata.normalize("NFKC", name)
+
+
 class Node:
     """A value in an InternalGraph.
 
     Attributes:
-        name: unique within its graph (what generated code calls it).
+        name: unique within its graph (what generated code calls it), kept
+            in NFKC form (:func:`python_name`); renaming a node to a name
+            another node of its graph has, in that form, raises GraphError.
         expr: the expr that produces it.
         users: exprs that take it as an input, in graph order (an expr that
             takes the node twice is listed once).
@@ -105,7 +117,7 @@ class Node:
             raise TypeError(f"a node name must be a non-empty str, not {value!r}")
         if self.graph is not None and value != self._name:
             self.graph._rename(self, value)
-        self._name = value
+        self._name = python_name(value)
 
     @property
     def top_graph(self):

@@ -227,7 +227,8 @@ class TreeDef:
                 c._match(v, is_leaf, p, out)
             elif c.is_slot:
                 if not is_leaf(v):
-                    raise TreeMismatch(f"{p}: expected a tensor, got {_short(v)}")
+                    raise TreeMismatch(f"{p}: expected a tensor, got {_short(v)}; "
+                                       "pass mgtrace.tensor(value)")
                 out.append(v)
             elif not LeafDef(v) == c:
                 raise TreeMismatch(f"{p}: the module was traced with {_short(c.const)}, "

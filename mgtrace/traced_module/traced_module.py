@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from mgtrace import random as _random
-from mgtrace._core import Tensor
+from mgtrace._core import Tensor, tensor as _tensor
 from mgtrace._core import trace_hooks as _hooks
 from mgtrace.module import module as _module_state
 from mgtrace.module.builtin import is_builtin
@@ -29,7 +29,7 @@ from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constan
                                         is_node)
 from mgtrace.traced_module.graph import GraphError, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
-from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten
+from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten, tree_map
 from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
@@ -151,7 +151,10 @@ class TracedModule(Module):
 
         Args: as the traced module's forward: tensors (of any shape the
         traced ops accept) where tensors were traced, and the very same
-        non-tensor values (ints, strings, None, ...) as when traced.
+        non-tensor values (ints, strings, None, ...) as when traced. A
+        NumPy array where a tensor was traced is taken as
+        ``mgtrace.tensor(array)`` (its own dtype), as the eager module's
+        ops take it.
 
         Raises:
             TypeError: the arguments bind to forward's parameters in no way
@@ -218,7 +221,8 @@ class TracedModule(Module):
         if not self._graphs:
             raise RuntimeError(f"{self._qualname} was never called while tracing, so it has no "
                                "graph to run")
-        canon = bind_arguments(self._signature, args, kwargs, self._orig_name)
+        canon = tree_map(_tensor, bind_arguments(self._signature, args, kwargs, self._orig_name),
+                         lambda v: isinstance(v, np.ndarray))
         errors = []
         for g in self._graphs:
             try:

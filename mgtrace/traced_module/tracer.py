@@ -12,7 +12,9 @@ whole trace) and records:
   ``CallFunction``, the body runs untraced.
 - core ops (``on_apply``): tensor operators and methods become
   ``CallMethod`` (``__add__``, ``reshape``, ``__getitem__``; the forms come
-  from the op table), raw ops without a method form ``Apply``.
+  from the op table), raw ops without a method form ``Apply``; Tensor
+  methods that apply no core op (``view``, ``copy.copy(t)``) are one
+  ``CallMethod`` too (``on_method``).
 - ``Tensor.shape``: a ``CallMethod(shape)`` whose outputs are ValueNodes;
   the ints handed back are :class:`SymInt`, which record their arithmetic,
   so ``x.reshape(x.shape[0], -1)`` stays valid at other batch sizes.
@@ -26,6 +28,7 @@ Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
 parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
 """
+import builtins
 import collections
 import contextlib
 import inspect
@@ -43,7 +46,7 @@ from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         is_user_file, user_frame, user_source)
 from mgtrace.traced_module.graph import InternalGraph
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, tree_flatten
 
 __all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
@@ -85,9 +88,16 @@ def _sym_binary(op, reflected=False):
     def method(self, other):
         if isinstance(other, np.generic) and not isinstance(other, np.bool_):
             other = other.item()       # a NumPy scalar: its Python value, recorded alike
+        if isinstance(other, Tensor):
+            # ``n + x``: the tensor's reflected operator records n as a graph value
+            return NotImplemented
         a, b = (other, self) if reflected else (self, other)
         t = _active
         if t is None or _quiet or type(other) not in _NUMBER_TYPES:
+            if t is not None and not _quiet and op is operator.mul and \
+                    isinstance(other, (list, tuple, str, bytes)):
+                _warn_fixed(f"repeating a {type(other).__name__} ({type(other).__name__} * n)",
+                            self, sys._getframe(1))
             return op(_plain(a) if a is self else a, _plain(b) if b is self else b)
         return t.record_function(op, (a, b), {}, ints_out=True)
     return method
@@ -102,15 +112,22 @@ def _sym_unary(op):
     return method
 
 
+def _warn_fixed(what, value, caller):
+    """Warn (once per line) that ``what`` fixes shape-derived ``value`` in
+    the graph, when ``caller`` (the frame that used it) is user code:
+    checks in mgtrace's own code (argument validation) are not the user's
+    to fix."""
+    if _active is not None and not _quiet and is_user_file(caller.f_code.co_filename):
+        _active.warn_once(f"{what} of a shape-derived number ({_plain(value)!r}) while tracing "
+                          f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
+                          "result (a branch stays taken, a check is not re-run, a count or "
+                          "size stays fixed at other input shapes)")
+
+
 def _sym_fixed(what, convert):
     """A use the trace cannot follow: warn, then give the plain value."""
     def method(self, *args):
-        # checks in mgtrace's own code (argument validation) are not the user's to fix
-        if _active is not None and not _quiet and is_user_file(sys._getframe(1).f_code.co_filename):
-            _active.warn_once(f"{what} of a shape-derived number ({_plain(self)!r}) while tracing "
-                              f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
-                              "result (a branch stays taken, a check is not re-run, a count or "
-                              "size stays fixed at other input shapes)")
+        _warn_fixed(what, self, sys._getframe(1))
         return convert(_plain(self), *args)
     return method
 
@@ -164,11 +181,12 @@ class SymInt(_SymNumber, int):
     right at other input shapes.
 
     Uses the trace cannot follow -- comparisons and branches, ``int()``,
-    ``float()`` (``math.sqrt(n)``), ``round()`` -- see the value of this run
-    and are fixed in the graph; each warns (TraceWarning) once per source
-    line. ``range(n)`` and indexing a Python list with ``n`` are fixed too,
-    silently: Python reads an int subclass there without asking it. Outside
-    a trace it behaves as a plain int.
+    ``float()`` (``math.sqrt(n)``), ``round()``, ``range(n)``, repeating a
+    list (``[0] * n``) -- see the value of this run and are fixed in the
+    graph; each warns (TraceWarning) once per source line. Indexing a
+    Python list with ``n`` is fixed silently: Python reads an int subclass
+    there without asking it. ``n + x`` with a tensor ``x`` is recorded (as
+    ``x.__radd__(n)``). Outside a trace it behaves as a plain int.
 
     >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
     (12, 'int')
@@ -190,6 +208,40 @@ class SymFloat(_SymNumber, float):
 
 
 _NUMBER_TYPES = (int, float, SymInt, SymFloat)
+
+# ``range(n)`` reads an int subclass's value without asking it (nor does
+# indexing a list with it), so SymInt cannot see that use; while a trace
+# runs, builtins.range is this class, which warns for a SymInt argument and
+# returns a real range (isinstance and issubclass checks still see range).
+_builtin_range = builtins.range
+
+
+class _RangeType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _builtin_range)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _builtin_range)
+
+
+class _TracingRange(metaclass=_RangeType):
+    __doc__ = _builtin_range.__doc__
+
+    def __new__(cls, *args):
+        for a in args:
+            if isinstance(a, SymInt):
+                _warn_fixed("range()", a, sys._getframe(1))
+                break
+        return _builtin_range(*args)
+
+
+@contextlib.contextmanager
+def _warning_range():
+    builtins.range = _TracingRange
+    try:
+        yield
+    finally:
+        builtins.range = _builtin_range
 
 
 def _traced_leaf(v):
@@ -349,6 +401,28 @@ class _Frame:
 
 
 # ------------------------------------------------------------------ tracer
+class _PathNames:
+    """The attribute paths of a module tree, by the form Python reads them
+    in (NFKC: ``python_name``): two keys with one form (``"fi"`` and
+    ``"\ufb01"``, set with setattr or as dict keys) are one name to Python
+    code (``self.\ufb01`` reads ``self.fi``) and to the graph's node names;
+    the second is refused."""
+
+    def __init__(self, root):
+        self.root = root
+        self.seen = {}
+
+    def claim(self, path, name=None):
+        if name is not None:
+            path = f"{path}.{name}" if path else name
+        form = python_name(path)
+        other = self.seen.setdefault(form, path)
+        if other != path:
+            raise TraceError(f"{type_name(self.root)}: the members {other!r} and {path!r} are "
+                             f"one name to Python (NFKC form {form!r}): code that names one "
+                             "reads the other; rename one of them")
+
+
 class Tracer(_hooks.TraceHook):
     """The trace hook, frames, and the module-path bookkeeping of one trace."""
 
@@ -362,17 +436,22 @@ class Tracer(_hooks.TraceHook):
         self.warn_constants = warn_constants
         self.paths = {}                 # id(module) -> dotted path from the root
         self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
+        names = _PathNames(root)
         for path, m in root.named_modules():
             self.paths.setdefault(id(m), path)
+            names.claim(path)
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
                 if t is not None:
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
             for name, t in m.__dict__.items():
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
             for name, t in m._structure_members():       # in lists/dicts: "anchors.0"
                 if isinstance(t, Tensor):
                     self.attrs.setdefault(id(t), (m, name))
+                    names.claim(path, name)
 
     @property
     def frame(self):
@@ -401,7 +480,7 @@ class Tracer(_hooks.TraceHook):
             raise TraceError("trace_module is already running (nested traces are not supported)")
         _active = self
         try:
-            with _hooks.installed(self):
+            with _hooks.installed(self), _warning_range():
                 yield self
         finally:
             _active = None
@@ -482,6 +561,13 @@ class Tracer(_hooks.TraceHook):
                             lambda a, k: apply(opdef.__class__(name, k), *a),
                             inputs, params, name)
 
+    def on_method(self, t, method, args):
+        """A Tensor method that applies no core op (``view``; ``copy`` for
+        ``copy.copy(t)``): one CallMethod that the generated code calls."""
+        return self._record(lambda a, k: CallMethod(a[0], method, a[1:], k),
+                            lambda a, k: getattr(a[0], method)(*a[1:], **k),
+                            (t,) + tuple(args), {}, method)
+
     def on_shape(self, t):
         frame = self.frame
         with core_off():
@@ -538,14 +624,15 @@ class Tracer(_hooks.TraceHook):
 
     def on_name(self, t, name):
         """``t.name = name`` while tracing names ``t``'s node (made unique
-        in its graph: ``name_1`` when taken)."""
+        in its graph: ``name_1`` when taken, also by a name that Python
+        reads the same, ``"\ufb01"`` when ``"fi"`` is taken)."""
         if _quiet or not self.frames or not _user_call(sys._getframe(1)):
             return
         node = self.frame.env.get(id(t))
         if node is None or node is self.frame.self_node:
             return
         g = node.graph
-        if g._names.get(name) is not node:
+        if g._names.get(python_name(name)) is not node:
             node.name = g._unique_name(name)
 
     def on_bool(self, t):
@@ -732,13 +819,31 @@ def signature_of(module):
 
 def bind_arguments(sig, args, kwargs, owner):
     """forward's arguments in parameter order, defaults filled in: a tuple
-    (``*args`` as a tuple, ``**kwargs`` as a dict)."""
+    (``*args`` as a tuple, ``**kwargs`` as a dict).
+
+    Raises:
+        TypeError: the arguments do not bind; a keyword that names no
+            parameter is named first (``tm(y=x)`` for ``forward(x)`` says
+            ``y``, not only that ``x`` is missing)."""
+    unknown = _unknown_keywords(sig, kwargs)
+    if unknown:
+        raise TypeError(f"{owner}.forward{sig}: unexpected keyword argument"
+                        f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                        f"forward's parameters are {', '.join(sig.parameters) or 'none'}")
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
         raise TypeError(f"{owner}.forward{sig}: {e}") from None
     bound.apply_defaults()
     return tuple(bound.arguments.values())
+
+
+def _unknown_keywords(sig, kwargs):
+    """Keywords of ``kwargs`` that no parameter of ``sig`` takes."""
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    return [k for k in kwargs if k not in sig.parameters]
 
 
 def _input_names(sig, arg_def):
@@ -834,6 +939,12 @@ class _EditTracer(Tracer):
             return super().on_apply(opdef, *inputs)
         with self.suspended():
             return apply(opdef, *inputs)
+
+    def on_method(self, t, method, args):
+        if self._touches_graph((t,) + tuple(args), {}):
+            return super().on_method(t, method, args)
+        with self.suspended():
+            return getattr(t, method)(*args)
 
     def on_shape(self, t):
         if self._graph_value(t):

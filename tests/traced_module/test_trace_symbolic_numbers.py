@@ -1,5 +1,6 @@
 """Shape-derived numbers: arithmetic stays live (ints and floats), and every
 use the trace cannot follow warns at the user's line."""
+import builtins
 import io
 import math
 import warnings
@@ -47,9 +48,11 @@ def test_float_and_power_arithmetic_on_shapes_stays_live():
     ("x = x * len(x)", "len(t)"),
     ("x = F.stack([r * 2 for r in x])", "iterating"),
     ("x = x * x.numpy()[0, 0, 0, 0]", "numpy()"),
+    ("x = F.concat([x[i:i + 1] for i in range(b)], 0)", "range()"),
+    ("x = x[:, :, :, :1] * mt.tensor([2.0] * w)", "repeating a list"),
 ])
 def test_uses_the_trace_cannot_follow_warn_at_the_user_line(body, what):
-    ns = {"math": math, "F": F}
+    ns = {"math": math, "F": F, "mt": mt}
     src = "def forward(self, x):\n    b, c, h, w = x.shape\n    " + body + "\n    return x\n"
     exec(compile(src, "user_model.py", "exec"), ns)
     Net = type("Net", (M.Module,), {"forward": ns["forward"]})
@@ -144,3 +147,44 @@ def test_warnings_from_inside_numpy_point_at_the_user_line():
         mt.trace_module(P(), x_of(1, 2, 3))
     assert all("test_trace_symbolic_numbers.py" in str(w.message) for w in rec
                if issubclass(w.category, TraceWarning))
+
+
+class PerSample(M.Module):
+    """A per-sample loop: ``range`` of the batch size fixes it."""
+    def forward(self, x):
+        return F.stack([x[i] * (i + 1) for i in range(x.shape[0])])
+
+
+def test_a_per_sample_loop_traced_at_batch_1_warns_at_the_range_line():
+    with pytest.warns(TraceWarning, match=r"range\(\) of a shape-derived number \(1\) at "
+                                          r".*test_trace_symbolic_numbers.py:\d+") as rec:
+        tm = mt.trace_module(PerSample(), x_of(1, 3))
+    assert rec[0].filename == __file__           # attributed to the user's line, not mgtrace's
+    # the fixed count shows as batch-1 outputs at batch 5: what the warning says
+    assert tm(x_of(5, 3)).shape == (1, 3)
+    assert isinstance(range(2), range) and issubclass(type(range(2)), range)
+
+
+def test_range_outside_a_trace_and_on_plain_ints_does_not_warn():
+    class Loop(M.Module):
+        def forward(self, x):
+            return F.stack([x * i for i in range(3)]) + len(range(x.ndim))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        tm = mt.trace_module(Loop(), x_of(2, 2))
+    x = x_of(4, 2, seed=3)
+    np.testing.assert_allclose(tm(x).numpy(), np.stack([x.numpy() * i for i in range(3)]) + 2)
+    assert type(builtins.range) is type          # the trace put the real range back
+
+
+def test_a_shape_number_on_the_left_of_a_tensor_stays_live():
+    class AddBatch(M.Module):
+        def forward(self, x):
+            return x.shape[0] + x * x.shape[1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        tm = mt.trace_module(AddBatch(), x_of(1, 2))
+    x = x_of(5, 3, seed=4)
+    np.testing.assert_allclose(tm(x).numpy(), 5 + x.numpy() * 3, rtol=1e-6)
