@@ -1355,6 +1355,44 @@ def share_as(t, cls):
     return _share_as(<Tensor>t, cls)
 
 
+def strided_view(Tensor t, shape, strides, int64_t offset):
+    """A view of ``t``'s storage with ``shape`` and ``strides`` (in elements,
+    any sign), its first element ``offset`` elements from ``t``'s: what
+    the archive reader and ``copy.deepcopy`` rebuild aliases with (a
+    buffer that is a slice of a parameter stays one), as torch's
+    ``as_strided``. A view with a zero stride on a dimension of more than
+    one element is read-only, as broadcast views are.
+
+    Raises:
+        ValueError: more than 16 dimensions, ``strides`` of another length
+            than ``shape``, or an element outside ``t``'s storage.
+    """
+    cdef int64_t shp[16]
+    cdef int64_t st[16]
+    cdef int nd = parse_shape(shape, shp), i
+    if len(strides) != nd:
+        raise ValueError(f"strided_view: {len(strides)} strides for {nd} dimensions")
+    cdef int64_t isz = ITEMSIZE[t._dtype]
+    cdef int64_t first = (t._data - t._st.ptr) // isz + offset, lo = first, hi = first
+    cdef bint overlap = False
+    for i in range(nd):
+        st[i] = strides[i]
+        if shp[i] == 0:
+            lo, hi = 0, -1
+            break
+        if st[i] > 0:
+            hi += st[i] * (shp[i] - 1)
+        else:
+            lo += st[i] * (shp[i] - 1)
+        overlap = overlap or (st[i] == 0 and shp[i] > 1)
+    if hi >= lo and (lo < 0 or (hi + 1) * isz > <int64_t>t._st.nbytes):
+        raise ValueError(f"strided_view: elements {lo}..{hi} of a storage of "
+                         f"{t._st.nbytes // isz} elements; the view runs outside it")
+    cdef Tensor v = view_of(t, nd, shp, st, offset)
+    v._readonly_view = t._readonly_view or overlap
+    return v
+
+
 def empty_tensor(shape, dtype="float32", device=None, cls=Tensor):
     """An uninitialized tensor of ``shape`` (contents undefined), as an
     instance of ``cls``. Large ones are fresh pages that take no memory until
