@@ -1360,6 +1360,97 @@ def share_as(t, cls):
     return _share_as(<Tensor>t, cls)
 
 
+def strided_view(Tensor t, shape, strides, int64_t offset):
+    """A view of ``t``'s storage with ``shape`` and ``strides`` (in elements,
+    any sign), its first element ``offset`` elements from ``t``'s: what
+    the archive reader and ``copy.deepcopy`` rebuild aliases with (a
+    buffer that is a slice of a parameter stays one), as torch's
+    ``as_strided``. A view with a zero stride on a dimension of more than
+    one element is read-only, as broadcast views are.
+
+    Raises:
+        ValueError: more than 16 dimensions, ``strides`` of another length
+            than ``shape``, or an element outside ``t``'s storage.
+    """
+    cdef int64_t shp[16]
+    cdef int64_t st[16]
+    cdef int nd = parse_shape(shape, shp), i
+    if len(strides) != nd:
+        raise ValueError(f"strided_view: {len(strides)} strides for {nd} dimensions")
+    cdef int64_t isz = ITEMSIZE[t._dtype]
+    cdef int64_t first = (t._data - t._st.ptr) // isz + offset, lo = first, hi = first
+    cdef bint overlap = False
+    for i in range(nd):
+        st[i] = strides[i]
+        if shp[i] == 0:
+            lo, hi = 0, -1
+            break
+        if st[i] > 0:
+            hi += st[i] * (shp[i] - 1)
+        else:
+            lo += st[i] * (shp[i] - 1)
+        overlap = overlap or (st[i] == 0 and shp[i] > 1)
+    if hi >= lo and (lo < 0 or (hi + 1) * isz > <int64_t>t._st.nbytes):
+        raise ValueError(f"strided_view: elements {lo}..{hi} of a storage of "
+                         f"{t._st.nbytes // isz} elements; the view runs outside it")
+    cdef Tensor v = view_of(t, nd, shp, st, offset)
+    v._readonly_view = t._readonly_view or overlap
+    return v
+
+
+def storage_spans(tensors):
+    """The tensors among ``tensors`` that view one storage, grouped: what
+    the archive writer and ``copy.deepcopy`` keep shared (a buffer and a
+    slice of it, a parameter and its transpose).
+
+    Args:
+        tensors: a sequence of Tensors. Tensors without elements share
+            nothing and are left out.
+
+    Returns:
+        one ``(span, members)`` per storage that two or more of them view, in
+        order of first appearance: ``span`` is a contiguous 1-D view of that
+        storage from the lowest element a member reads to the highest, and
+        ``members`` is ``[(index into tensors, element offset of its first
+        element in span), ...]``; with :func:`strided_view` (span, its shape,
+        its strides, that offset) gives the member back.
+
+    Raises:
+        ValueError: two tensors of one storage differ in dtype (the offsets
+            would not be whole elements).
+    """
+    cdef dict groups = {}
+    cdef Tensor t
+    cdef int64_t isz, first, lo, hi
+    cdef int i, k
+    for i in range(len(tensors)):
+        t = tensors[i]
+        if numel(t) == 0:
+            continue
+        isz = ITEMSIZE[t._dtype]
+        first = (t._data - t._st.ptr) // isz
+        lo = hi = first
+        for k in range(t._ndim):
+            if t._strides[k] > 0:
+                hi += t._strides[k] * (t._shape[k] - 1)
+            else:
+                lo += t._strides[k] * (t._shape[k] - 1)
+        g = groups.setdefault(<size_t>t._st, [])
+        if g and (<Tensor>tensors[g[0][0]])._dtype != t._dtype:
+            raise ValueError(f"tensors {g[0][0]} and {i} share memory as different dtypes "
+                             f"({tensors[g[0][0]].dtype.name}, {t.dtype.name})")
+        g.append((i, first, lo, hi))
+    out = []
+    for g in groups.values():
+        if len(g) < 2:
+            continue
+        lo, hi = min(m[2] for m in g), max(m[3] for m in g)
+        t = tensors[g[0][0]]
+        span = strided_view(t, (hi - lo + 1,), (1,), lo - g[0][1])
+        out.append((span, [(m[0], m[1] - lo) for m in g]))
+    return out
+
+
 def empty_tensor(shape, dtype="float32", device=None, cls=Tensor):
     """An uninitialized tensor of ``shape`` (contents undefined), as an
     instance of ``cls``. Large ones are fresh pages that take no memory until

@@ -162,7 +162,7 @@ class EncodeContext:
         self._stack.append(name or type(m).__name__)
         try:
             fields = codec.encode(m, self)
-        except values._Unstorable as e:
+        except values.UnstorableError as e:
             if e.module is None:        # the innermost module is the one that holds it
                 path = ".".join(self._stack[1:])        # below the saved module
                 e.module = f"{path} ({_type_name(m)})" if path else _type_name(m)

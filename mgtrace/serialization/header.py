@@ -20,7 +20,8 @@ import msgpack
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.limits import MAX_NDIM
 
-__all__ = ["Field", "TYPES", "HEADER", "ENTRIES", "check", "pack", "check_seal", "SEAL"]
+__all__ = ["Field", "TYPES", "HEADER", "ENTRIES", "check", "pack", "check_seal", "check_raw_seal",
+           "SEAL"]
 
 Field = namedtuple("Field", "name type required since doc")
 Field.__doc__ = """One field of the header or of a table entry: its ``name``, ``type`` (a
@@ -152,6 +153,8 @@ def _seal_value(crc):
 
 
 _SEAL_LEN = len(msgpack.packb(_seal_value(0)))
+_SEAL_KEY = msgpack.packb(SEAL)
+_HEX = frozenset(b"0123456789abcdef")
 
 
 def pack(header, sealed):
@@ -164,6 +167,31 @@ def pack(header, sealed):
     raw = msgpack.packb(header, use_bin_type=True)
     header[SEAL] = _seal_value(zlib.crc32(memoryview(raw)[:-_SEAL_LEN]))
     return raw[:-_SEAL_LEN] + msgpack.packb(header[SEAL])
+
+
+def _mismatch(value, got):
+    return ArchiveError(f"header checksum mismatch: the header records {value}, its bytes give "
+                        f"{got} (the header is corrupted)")
+
+
+def check_raw_seal(raw):
+    """Check the seal of header bytes ``raw`` before they are parsed, so that
+    a corrupted header is reported as such (not as bad msgpack or a missing
+    field). Bytes that do not end in a seal's key and value (a 1.0 header,
+    or a corrupted seal) pass: :func:`check_seal` judges them once parsed.
+
+    Raises:
+        ArchiveError: "header checksum mismatch".
+    """
+    raw = memoryview(raw)
+    tail, key = bytes(raw[-_SEAL_LEN:]), bytes(raw[-_SEAL_LEN - len(_SEAL_KEY):-_SEAL_LEN])
+    prefix = msgpack.packb(_seal_value(0))[:-8]           # the str header and "crc32:"
+    if len(raw) < _SEAL_LEN + len(_SEAL_KEY) or key != _SEAL_KEY or \
+            not tail.startswith(prefix) or not set(tail[len(prefix):]) <= _HEX:
+        return
+    value, got = tail[1:].decode(), _seal_value(zlib.crc32(raw[:-_SEAL_LEN]))
+    if got != value:
+        raise _mismatch(value, got)
 
 
 def check_seal(raw, header):
@@ -188,5 +216,4 @@ def check_seal(raw, header):
         raise ArchiveError(f"header.{SEAL}: {value[:40]!r} is not \"crc32:\" and 8 hex digits")
     got = _seal_value(zlib.crc32(memoryview(raw)[:-_SEAL_LEN]))
     if got != value:
-        raise ArchiveError(f"header checksum mismatch: the header records {value}, its bytes give "
-                           f"{got} (the header is corrupted)")
+        raise _mismatch(value, got)

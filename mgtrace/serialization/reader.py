@@ -3,7 +3,9 @@
 Order, so that nothing runs before everything is known to be well-formed:
 
 1. prefix: magic, header length within the file (layout.py);
-2. header: msgpack map (msgpack's own limits are bounded by its length),
+2. header: its seal over the raw bytes, when they end in one (a corrupted
+   header is reported as a checksum mismatch, not as whatever parsing it
+   gives), msgpack map (msgpack's own limits are bounded by its length),
    fields and types (header.py), format name, versions (version.py), byte
    order, data length equal to what follows the header;
 3. tensor table: dtypes, nbytes = shape x itemsize, alignment, bounds,
@@ -99,6 +101,8 @@ def _parse(src, verify=True):
     if padding.strip(b"\0"):
         raise ArchiveError("the padding after the header is not zeros (corrupted file)")
     raw = src.read(PREFIX.size, hlen)
+    if verify:              # the seal first: a corrupted header is reported as corrupted
+        H.check_raw_seal(raw)
     header = _unpack(raw)
     return _check_header(header, src.size - start, raw if verify else None), start
 

@@ -127,7 +127,7 @@ def _encode(tm, ctx):
         try:
             attrs[k] = ctx.value(v, where=f"attribute {k!r}")
         except TypeError as e:      # a function, an open file...: saved without it, said so
-            what = e.what if isinstance(e, values._Unstorable) else str(e)
+            what = e.what if isinstance(e, values.UnstorableError) else str(e)
             name = tm._qualname if tm._qualname == tm._orig_name else \
                 f"{tm._qualname} ({tm._orig_name})"
             _, level = user_frame()

@@ -31,7 +31,7 @@ from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_NA
                                           MAX_NAMEDTUPLE_FIELDS, MAX_NAMEDTUPLE_TYPES,
                                           MAX_SAME_HASH, MAX_VALUE_DEPTH)
 
-__all__ = ["TAGS", "UNTAGGED", "encode", "decode", "namedtuple_type"]
+__all__ = ["TAGS", "UNTAGGED", "UnstorableError", "encode", "decode", "namedtuple_type"]
 
 Tag = namedtuple("Tag", "payload since")
 
@@ -68,8 +68,9 @@ SCALAR_DTYPES = {d.name: d for d in DTYPES + (np.dtype("uint32"), np.dtype("uint
 _PLAIN = (type(None), bool, str, bytes, float)
 
 
-class _Unstorable(Error, TypeError):
-    """A value ``encode`` cannot write. While it propagates, ``path`` grows
+class UnstorableError(Error, TypeError):
+    """A value ``encode`` cannot write (what ``save`` raises for it: a
+    TypeError and an :class:`mgtrace.Error`). While it propagates, ``path`` grows
     (``['layers'][2]``), ``root`` names the value (``metadata``) and
     ``module`` the module being saved (``body.0 (myproject.Scale)``)."""
 
@@ -114,7 +115,7 @@ def encode(value, ctx, node_id=None, where="value"):
     """
     try:
         return _enc(value, ctx, node_id, 0)
-    except _Unstorable as e:
+    except UnstorableError as e:
         if e.root is None:      # the innermost encode names it
             e.root = where
         raise
@@ -147,7 +148,10 @@ def _enc(v, ctx, node_id, depth):
         i = node_id(v)
         if i is not None:
             return _tag(ctx, "node", i)
-    raise _Unstorable(f"cannot store a {t.__module__}.{t.__qualname__} in an archive (values "
+    if isinstance(v, np.ndarray):
+        raise UnstorableError("cannot store a NumPy array in an archive: make it a tensor, "
+                          "mgtrace.tensor(array) (an archive stores Tensors, zero-copy on load)")
+    raise UnstorableError(f"cannot store a {t.__module__}.{t.__qualname__} in an archive (values "
                       "are None, bool, int, float, str, bytes, tuple, list, dict, "
                       "namedtuple, slice, "
                       "Ellipsis, NumPy scalars, dtypes, devices, Tensors and Modules)")
@@ -158,7 +162,7 @@ def _items(pairs, ctx, node_id, depth):
     for k, v in pairs:
         try:
             out.append([_enc(k, ctx, node_id, depth), _enc(v, ctx, node_id, depth)])
-        except _Unstorable as e:
+        except UnstorableError as e:
             e.grow(f"[{k!r}]")
             raise
     return out
@@ -170,7 +174,7 @@ def _seq(tag):
         for i, x in enumerate(v):
             try:
                 out.append(_enc(x, ctx, node_id, depth))
-            except _Unstorable as e:
+            except UnstorableError as e:
                 e.grow(f"[{i}]")
                 raise
         return _tag(ctx, tag, out)
@@ -186,7 +190,7 @@ def _namedtuple(v, ctx, node_id, depth):
 def _scalar(v, ctx, node_id, depth):
     name = v.dtype.name
     if name not in SCALAR_DTYPES:
-        raise _Unstorable(f"cannot store a NumPy {name} scalar (supported: "
+        raise UnstorableError(f"cannot store a NumPy {name} scalar (supported: "
                           f"{', '.join(SCALAR_DTYPES)})")
     return _tag(ctx, "scalar", [name, v.astype(v.dtype.newbyteorder("<")).tobytes()])
 
@@ -197,14 +201,14 @@ def _dtype(v, ctx, node_id, depth):
     except TypeError:
         name = repr(v)
     if name not in DTYPE_NAMES:
-        raise _Unstorable(f"cannot store dtype {name} (mgtrace's dtypes: {', '.join(DTYPE_NAMES)})")
+        raise UnstorableError(f"cannot store dtype {name} (mgtrace's dtypes: {', '.join(DTYPE_NAMES)})")
     return _tag(ctx, "dtype", name)
 
 
 def _np_type(v, ctx, node_id, depth):
     if issubclass(v, np.generic):        # np.float32 given where a dtype is meant
         return _dtype(v, ctx, node_id, depth)
-    raise _Unstorable(f"cannot store the class {v.__module__}.{v.__qualname__}")
+    raise UnstorableError(f"cannot store the class {v.__module__}.{v.__qualname__}")
 
 
 _ENCODERS = {   # exact types

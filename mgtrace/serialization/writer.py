@@ -91,7 +91,7 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
 def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
     try:
         return _encode_values(obj, metadata, example_inputs, example_kwargs, target)
-    except values._Unstorable as e:    # a TypeError (and mgtrace.Error) saying where
+    except values.UnstorableError as e:    # a TypeError (and mgtrace.Error) saying where
         e.saving = True
         raise
 
@@ -112,8 +112,9 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
             inputs = tuple(inputs)
         inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         kwargs = dict(example_kwargs or {})
-        examples = {"inputs": ctx.value(inputs, where="example_inputs"),
-                    "outputs": ctx.value(obj(*inputs, **kwargs), where="the example outputs")}
+        stored = ctx.value(inputs, where="example_inputs")
+        examples = {"inputs": stored, "outputs": ctx.value(_example_call(obj, inputs, kwargs),
+                                                         where="the example outputs")}
         if kwargs:
             examples["kwargs"] = {k: ctx.value(v, where=f"example_kwargs[{k!r}]")
                                   for k, v in kwargs.items()}
@@ -133,6 +134,35 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     if sealed:
         header[H.SEAL] = None       # placeholder; header.pack fills it in, last
     return header, ctx.tensors
+
+
+def _example_call(module, inputs, kwargs):
+    """``module(*inputs, **kwargs)``; a call without keywords of a module
+    traced with some says to give them as ``example_kwargs``."""
+    try:
+        return module(*inputs, **kwargs)
+    except TypeError as e:
+        traced = None if kwargs else _traced_keywords(module)
+        if not traced:
+            raise
+        raise TypeError(f"cannot save: the example call module(*example_inputs) failed ({e}); "
+                        "the module was traced with keyword arguments: give them as "
+                        f"save(..., example_kwargs={traced!r})") from e
+
+
+def _traced_keywords(module):
+    """``{name: value}`` of the arguments after the first that a traced
+    module's first graph was traced with as constants other than their
+    defaults (what ``trace_module(m, x, scale=3)`` fixes), else None."""
+    sig, graphs = getattr(module, "_signature", None), getattr(module, "_graphs", None)
+    if sig is None or not graphs or graphs[0]._in_def is None:
+        return None
+    leaves = graphs[0]._in_def.children
+    params = list(sig.parameters.values())
+    out = {p.name: c.const for p, c in zip(params[1:], leaves[1:])
+           if not hasattr(c, "children") and not c.is_slot and c.const is not p.default
+           and c.const != p.default}
+    return out or None
 
 
 def _pack(header):

@@ -106,3 +106,29 @@ def test_pack_is_deterministic_and_keeps_the_seal_in_the_dict():
     assert list(h)[-1] == "header_checksum"
     assert H.pack(dict(h), sealed=True) == a
     H.check_seal(a, {"format_version": [1, 1], **msgpack.unpackb(a, raw=False)})
+
+
+def test_a_corrupted_header_reports_the_checksum_before_parsing():
+    # The seal is checked on the raw bytes first, so a flipped byte anywhere
+    # before the seal's key reports the mismatch, never a msgpack or field error
+    # (which is what parsing a corrupted header gives).
+    data = _model_bytes()
+    a, b = _header_span(data)
+    seal_start = b - len(msgpack.packb("crc32:00000000")) - len(msgpack.packb(H.SEAL))
+    for pos in range(a, seal_start):
+        bad = bytearray(data)
+        bad[pos] ^= 0x10
+        with pytest.raises(mt.ArchiveError, match="header checksum mismatch"):
+            load_bytes(bytes(bad))
+        with pytest.raises(mt.ArchiveError, match="header checksum mismatch"):
+            mt.serialization.read_header(io.BytesIO(bytes(bad)))
+
+
+def test_a_header_cut_inside_a_map_reports_the_checksum():
+    data = bytearray(_model_bytes())
+    a, b = _header_span(data)
+    i = data.index(b"format_version", a, b)
+    data[i - 1] = 0xC1          # a byte msgpack never uses, in place of the key's header
+    with pytest.raises(mt.ArchiveError, match="header checksum mismatch") as e:
+        load_bytes(bytes(data))
+    assert "msgpack" not in str(e.value)

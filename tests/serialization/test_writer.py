@@ -166,3 +166,25 @@ def test_example_inputs_as_a_list_are_the_positional_arguments():
     tm = mt.trace_module(OneList(), [a, b])
     arc = mt.serialization.load_archive(io.BytesIO(save_bytes(tm, example_inputs=([a, b],))))
     assert type(arc.example_inputs[0]) is list and arc.example_outputs.tolist() == [-9.0, -18.0]
+
+
+def test_a_numpy_array_in_example_inputs_names_mgtrace_tensor():
+    net = M.Sequential(M.ReLU())
+    with pytest.raises(TypeError, match=r"mgtrace\.tensor\(array\)") as e:
+        save_bytes(net, example_inputs=(np.ones(3, np.float32),))
+    assert not type(e.value).__name__.startswith("_")     # the traceback shows no private class
+    assert "example_inputs[0]" in str(e.value)
+
+
+def test_a_module_traced_with_keywords_points_to_example_kwargs():
+    class Scale(M.Module):
+        def forward(self, x, scale=1.0, *, shift=0.0):
+            return x * scale + shift
+
+    x = mt.tensor(np.ones(3, np.float32))
+    tm = mt.trace_module(Scale(), x, scale=3.0, shift=0.5)
+    with pytest.raises(TypeError, match=r"example_kwargs=\{'scale': 3\.0, 'shift': 0\.5\}"):
+        save_bytes(tm, example_inputs=(x,))
+    archive = mt.serialization.load_archive(io.BytesIO(save_bytes(
+        tm, example_inputs=(x,), example_kwargs={"scale": 3.0, "shift": 0.5})))
+    np.testing.assert_array_equal(archive.example_outputs.numpy(), np.full(3, 3.5, np.float32))
