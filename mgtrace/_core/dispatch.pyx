@@ -68,6 +68,24 @@ RULES = {**{n: _RULE_NAMES[mt_unary_rules[i]] for n, i in UNARY.items()},
 cdef int U_ISNAN = UNARY["isnan"], U_ISINF = UNARY["isinf"], U_ISFINITE = UNARY["isfinite"]
 cdef int T_WHERE = TERNARY["where"]
 
+# Ops that bool operands refuse, as NumPy does: their arithmetic meaning would
+# leave bool (True - True is not a bool), so a missing kernel is not the story;
+# the fix is the logical op that a user of bools means.
+_BOOL_REFUSED = {
+    ("binary", BINARY["sub"]): "bool - bool (sub) is not supported: use ^ or "
+                               "mgtrace.functional.logical_xor for bools, or cast to an integer dtype first",
+    ("unary", UNARY["neg"]): "-bool (neg) is not supported: use ~ or "
+                             "mgtrace.functional.logical_not for bools, or cast to an integer dtype first",
+}
+
+
+cdef inline void check_bool_op(str kind, int op, int code) except *:
+    """Raises TypeError for an op that bool operands refuse (see _BOOL_REFUSED)."""
+    if code == 0:
+        msg = _BOOL_REFUSED.get((kind, op))
+        if msg is not None:
+            raise TypeError(msg)
+
 # ------------------------------------------------------------------ tracing
 
 cdef bint _tracing = False     # the module-tracing switch: one check per op when off
@@ -694,6 +712,7 @@ cdef object binary(int op, object a, object b, object out):
         name = mt_binary_names[op].decode()
         cdt = compute_dtype(rule, code, name)
     rdt = 0 if rule == MT_RULE_BOOL else cdt
+    check_bool_op("binary", op, cdt)
     # operands in the compute dtype
     if sa:
         scalar_operand(a, cdt, bufa, &ops[0])
@@ -758,6 +777,7 @@ cdef object unary(int op, object a, object out):
         fill(res, op == U_ISFINITE)
         return res
     rdt = 0 if rule == MT_RULE_BOOL else cdt
+    check_bool_op("unary", op, cdt)
     if ta._dtype != cdt:
         ta = cast(ta, cdt)
     if mt_unary_loops[op][cdt] == NULL and is_cpu(ta._device):

@@ -24,6 +24,7 @@ import textwrap
 import time
 
 from mgtrace import _json
+from mgtrace.cli import value_json
 
 __all__ = ["main", "main_exit", "doctor_info", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
            "EXIT_INTERRUPTED"]
@@ -182,7 +183,8 @@ def _parser():
     s.add_argument("--graph", action="store_true",
                    help="also print the generated code of traced modules (loads the file)")
     s.add_argument("--json", action="store_true",
-                   help=f"print a JSON list, one object per file ({_json.NONFINITE_NOTE})")
+                   help=f"print a JSON list, one object per file ({_json.NONFINITE_NOTE}; in metadata "
+                        f"and examples, {value_json.ENCODING_NOTE})")
     s.add_argument("--pattern", default="*.tmod", metavar="GLOB",
                    help="file names to take inside folders (default: *.tmod)")
     _import_option(s)
@@ -196,14 +198,19 @@ def _parser():
 
     s = sub.add_parser("diff", help="what changed between two archives",
                        formatter_class=_Formatter,
-                       description=_wrap("Compare two archives: format and producer, inputs/outputs, "
-                                   "module tree, graph exprs, op versions and call counts, "
-                                   "metadata, and each tensor (shape, dtype, largest difference)."),
+                       description=_wrap("Compare two archive files: format and producer, "
+                                   "inputs/outputs, module tree, graph exprs, op versions and call "
+                                   "counts, metadata, the stored example inputs and outputs, and "
+                                   "each tensor (shape, dtype, largest difference). Values compare "
+                                   "NaN-aware: NaN and inf at the same places are equal, and the "
+                                   "largest difference is over the places finite in both, with a "
+                                   "count of the places whose NaN or inf differ."),
                        epilog="exit status (as diff(1)): 0 same, 1 different, 2 an archive could "
                               "not be read or usage error")
-    s.add_argument("a", metavar="A", help="the first (old) archive")
-    s.add_argument("b", metavar="B", help="the second (new) archive")
-    s.add_argument("--json", action="store_true", help=f"print JSON ({_json.NONFINITE_NOTE})")
+    s.add_argument("a", metavar="A", help="the first (old) archive file (not a folder)")
+    s.add_argument("b", metavar="B", help="the second (new) archive file (not a folder)")
+    s.add_argument("--json", action="store_true",
+                   help=f"print JSON ({_json.NONFINITE_NOTE}; metadata and examples as in inspect --json)")
 
     s = sub.add_parser("upgrade", help="rewrite archives in the current format",
                        formatter_class=_Formatter, epilog=_BATCH_EPILOG["upgrade"] + "\n" + _EXIT_TEXT,
@@ -301,14 +308,32 @@ def _print_summary(r, out):
         w(f"  ops:        {n} call{'' if n == 1 else 's'}: "
           + ", ".join(f"{k} x{v}" for k, v in list(r["ops"].items())[:20])
           + (f", ... {len(r['ops']) - 20} more" if len(r["ops"]) > 20 else "") + "\n")
-    if "metadata" in r:
-        text = json.dumps(r["metadata"])
-        w(f"  metadata:   {text if len(text) <= 400 else text[:397] + '...'}\n")
+    if "metadata" in r:       # all of it, however long: inspect never drops metadata
+        w(f"  metadata:   {_metadata_text(r['metadata'])}\n")
+    elif "metadata_error" in r:
+        w(f"  metadata:   cannot be read: {r['metadata_error']}\n")
     if "code" in r:
         w("\n" + r["code"].rstrip("\n") + "\n")
     elif "code_error" in r:
         w(f"  code:       not available: {r['code_error']}\n")
     w("\n")
+
+
+def _metadata_text(m):
+    """Metadata (value_json's encoding) on one line when short, else one
+    entry a line; keys as JSON, except tagged ones: ``1`` for ``{"int": 1}``."""
+    text = _json.dumps(m)
+    if len(text) <= 100 or not isinstance(m, dict):
+        return text
+    pairs = m["dict"] if list(m) == ["dict"] else [[{"str": k}, v] for k, v in m.items()]
+    return f"{len(pairs)} entries" + "".join(f"\n    {_key_text(k)}: {_json.dumps(v)}" for k, v in pairs)
+
+
+def _key_text(k):
+    (tag, v), = k.items()
+    if tag == "str":
+        return json.dumps(v)
+    return str(v) if tag in ("int", "float") else _json.dumps(k)
 
 
 def _resumed(r):
@@ -433,6 +458,10 @@ def _cmd_diff(args, out):
     from mgtrace.cli import tasks
     from mgtrace.errors import ArchiveError
     for f in (args.a, args.b):
+        if os.path.isdir(f):
+            raise ValueError(f"diff compares two archive files, and {f} is a folder: give a .tmod "
+                             "file for A and for B (to look over a folder, use mgtrace inspect or "
+                             "mgtrace verify, which take folders)")
         if not os.path.isfile(f):
             raise FileNotFoundError(f"no such file: {f}")
     try:
@@ -451,6 +480,10 @@ def _cmd_diff(args, out):
             a, b = _shown(c["a"]), _shown(c["b"])
             if "max_abs_diff" in c:
                 line = f"{c['what']} ({a}): values differ, max abs diff {c['max_abs_diff']:.3g}"
+                if c.get("nonfinite_mismatches"):
+                    n = c["nonfinite_mismatches"]
+                    line += (f" over the finite values; NaN or inf at {n} other place"
+                             f"{'' if n == 1 else 's'}")
             elif "->" in a + b or len(a) + len(b) > 60:
                 line = f"{c['what']}:\n  - {a}\n  + {b}"
             else:

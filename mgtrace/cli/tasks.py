@@ -31,7 +31,8 @@ def summarize(header):
     (parameters and buffers, or the saved tensors of a non-module archive);
     stored example inputs/outputs are counted apart, as ``examples``.
     """
-    from mgtrace.serialization import values
+    from mgtrace.cli import value_json
+    from mgtrace.errors import ArchiveError
     tensors = header["tensors"]
     mods = header["modules"]
     ops = collections.Counter()
@@ -74,11 +75,11 @@ def summarize(header):
             "tensors": len(ex_idx), "bytes": int(sum(tensors[i]["nbytes"] for i in ex_idx))},
     }
     meta = header.get("metadata")
-    if meta is not None:
+    if meta is not None:      # every entry, keys kept apart by type (see value_json)
         try:
-            out["metadata"] = _jsonable(values.decode(meta, None))
-        except Exception as e:            # metadata holding tensors: show that it exists
-            out["metadata"] = f"<not shown: {e}>"
+            out["metadata"] = value_json.to_json(value_json.decode_header_value(meta, header))
+        except ArchiveError as e:         # the rest of the summary is still worth showing
+            out["metadata_error"] = str(e)
     return out
 
 
@@ -245,16 +246,6 @@ def _slot_paths(tdef, prefix=""):
     return paths
 
 
-def _jsonable(v):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return repr(v)
-
-
 def inspect_file(path, graph=False):
     """The summary of ``path`` (header only); with ``graph`` also the
     generated code (this loads the archive; when loading fails the summary
@@ -393,14 +384,18 @@ def diff_files(a, b):
 
     Compares the header summaries (format, producer, parameters, inputs and
     outputs), the module tree, each traced graph's exprs, op versions and
-    call counts, metadata, and the model's tensors by name (shape, dtype, and
-    the largest absolute difference). Reads the tensors straight from the
-    files (checksums checked), so archives that name unregistered functions
-    can be compared too.
+    call counts, metadata (with the values of tensors in it), the stored
+    example inputs, kwargs and outputs (structure, then each tensor's
+    values), and the model's tensors by name (shape, dtype, and the largest
+    absolute difference). NaN and inf at the same places are equal. Reads
+    the tensors straight from the files (checksums checked), so archives
+    that name unregistered functions can be compared too.
 
     Returns:
         ``{"a", "b", "same": bool, "changes": [{"what", "a", "b"}, ...]}``;
-        a tensor whose values differ also has ``"max_abs_diff"``.
+        a tensor whose values differ also has ``"max_abs_diff"`` (over the
+        places finite in both) and, when NaN or inf sit at other places,
+        ``"nonfinite_mismatches"`` (how many).
 
     Raises:
         ArchiveError: either archive is malformed, corrupted or too new.
@@ -440,19 +435,59 @@ def diff_files(a, b):
         ca, cb = sa["ops"].get(name, 0), sb["ops"].get(name, 0)
         if ca != cb:
             change(f"calls of {name}", ca, cb)
-    if sa.get("metadata") != sb.get("metadata"):
-        change("metadata", sa.get("metadata"), sb.get("metadata"))
-    if sa["examples"] != sb["examples"]:
+    _value_changes("metadata", (a, ha, ha.get("metadata")), (b, hb, hb.get("metadata")), change)
+    ea, eb = ha.get("examples"), hb.get("examples")
+    if (ea is None) != (eb is None):
         change("examples", _ex_text(sa["examples"]), _ex_text(sb["examples"]))
+    elif ea is not None:
+        for part in sorted(set(ea) | set(eb)):          # inputs, kwargs, outputs
+            _value_changes(f"example {part}", (a, ha, ea.get(part)), (b, hb, eb.get(part)), change)
     ta, tb = _raw_tensors(a, ha), _raw_tensors(b, hb)
     for k in sorted(set(ta) | set(tb)):
-        x, y = ta.get(k), tb.get(k)
-        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
-            change(f"tensor {k}", _desc(x), _desc(y))
-        elif x.size and not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
-            d = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-            change(f"tensor {k}", _desc(x), _desc(y), max_abs_diff=d)
+        _array_change(f"tensor {k}", ta.get(k), tb.get(k), change)
     return {"a": a, "b": b, "same": not changes, "changes": changes}
+
+
+def _value_changes(what, side_a, side_b, change):
+    """Changes between two stored values (metadata, an example's inputs):
+    first their structure with each tensor's dtype and shape (value_json's
+    encoding, NaN equal to NaN), then, where that is the same, each tensor's
+    values in order."""
+    from mgtrace.cli import value_json
+    from mgtrace import _json
+    (pa, ha, va), (pb, hb, vb) = side_a, side_b
+    ja, jb = (None if v is None else _json.plain(value_json.to_json(value_json.decode_header_value(v, h)))
+              for v, h in ((va, ha), (vb, hb)))
+    if ja != jb:
+        change(what, ja, jb)
+        return
+    ra, rb = list(_tagged_tensors(va, "")), list(_tagged_tensors(vb, ""))
+    xa = _read_raw(pa, ha, ra)
+    xb = _read_raw(pb, hb, rb)
+    for (where, _), x, y in zip(ra, xa, xb):
+        _array_change(f"{what} {where or '<root>'}", x, y, change)
+
+
+def _array_change(what, x, y, change):
+    """Records a change when arrays ``x`` and ``y`` (either None: absent)
+    differ. NaN and infinities at the same places are equal; values that
+    differ report ``max_abs_diff`` over the places finite in both, and
+    ``nonfinite_mismatches``, the places where NaN or inf differ."""
+    if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
+        change(what, _desc(x), _desc(y))
+        return
+    if x.dtype.kind in "biu" and np.array_equal(x, y):    # (float64 would round int64)
+        return
+    xf, yf = x.astype(np.float64), y.astype(np.float64)  # bfloat16 too
+    same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
+    if same.all():
+        return
+    fin = np.isfinite(xf) & np.isfinite(yf)
+    extra = {"max_abs_diff": float(np.max(np.abs(xf[fin] - yf[fin]))) if fin.any() else 0.0}
+    n = int(np.count_nonzero(~fin & ~same))
+    if n:
+        extra["nonfinite_mismatches"] = n
+    change(what, _desc(x), _desc(y), **extra)
 
 
 def _header_of(path):
@@ -517,21 +552,31 @@ def _raw_tensors(path, header):
     """``{name: read-only array}`` of the model's tensors (see
     :func:`tensor_names`), read straight from the file with checksums
     checked; no name in the archive is resolved, nothing is constructed."""
+    entries = header["tensors"]
+    named = [(n, i) for n, i in tensor_names(header).items()
+             if isinstance(i, int) and 0 <= i < len(entries)]
+    return dict(zip((n for n, _ in named), _read_raw(path, header, named)))
+
+
+def _read_raw(path, header, named):
+    """The arrays of ``named`` (``[(name, tensor index), ...]``, names for
+    error messages) read from ``path``, checksums checked; None for an index
+    outside the tensor table."""
     from mgtrace.serialization import tensors as T
     from mgtrace.serialization.layout import PREFIX, data_start
-    entries = header["tensors"]
-    out = {}
+    entries, out = header["tensors"], []
     with open(path, "rb") as f:
         _, hlen = PREFIX.unpack(f.read(PREFIX.size))
         start = data_start(hlen)
-        for name, i in tensor_names(header).items():
+        for name, i in named:
             if not (isinstance(i, int) and 0 <= i < len(entries)):
+                out.append(None)
                 continue
             e = entries[i]
             f.seek(start + e["offset"])
             buf = f.read(e["nbytes"])
             T.verify(buf, e, f"{path}: header.tensors[{i}] ({name})")
-            out[name] = np.frombuffer(buf, dtype=_np_dtype(e["dtype"])).reshape(e["shape"])
+            out.append(np.frombuffer(buf, dtype=_np_dtype(e["dtype"])).reshape(e["shape"]))
     return out
 
 
@@ -751,13 +796,24 @@ def load_inputs_provider(spec):
     return fn
 
 
+def _what_is(obj):
+    """``obj`` in a few words: "a dict of 2 tensors (a state dict)", "a tensor"."""
+    from mgtrace._core import Tensor
+    if isinstance(obj, Tensor):
+        return f"a tensor {obj.dtype}{list(obj.shape)}"
+    if isinstance(obj, dict) and obj and all(isinstance(v, Tensor) for v in obj.values()):
+        return f"a dict of {len(obj)} tensor{'' if len(obj) == 1 else 's'} (a state dict)"
+    return f"a {type(obj).__name__}"
+
+
 def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-5, atol=1e-6,
                  device=None):
     """Load ``path``, trace it again with this library on its stored example
     inputs, check the new module against the old one (and the old one
     against its stored outputs), and save it with those inputs as its
     examples (see :func:`destination` for where). An archive of a newer
-    format than this mgtrace writes is left as it is ("skipped").
+    format than this mgtrace writes, and one that holds no module (a state
+    dict, tensors), is left as it is ("skipped").
 
     ``inputs`` (a spec for :func:`load_inputs_provider`) gives example inputs
     for archives that have none stored; archives with stored examples use
@@ -773,9 +829,9 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     if newer:
         return newer
     _place(arc.obj, device)
-    if not isinstance(arc.obj, Module):
-        return {"status": "failed", "reason": f"the archive holds a {type(arc.obj).__name__}, "
-                                              "not a module: nothing to trace"}
+    if not isinstance(arc.obj, Module):      # a state dict or tensors: nothing is wrong with it
+        return {"status": "skipped", "reason": f"holds {_what_is(arc.obj)}, not a module: nothing "
+                                               "to retrace, left as it is"}
     args, source = arc.example_inputs, "stored"
     if args is None and inputs is not None:
         args, source = load_inputs_provider(inputs)(path, arc.obj), inputs

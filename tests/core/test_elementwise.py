@@ -299,3 +299,40 @@ def test_integer_power_in_place_keeps_the_same_kind_rule():
     f = mt.tensor([2.0, 4.0])
     f **= -1
     assert f.tolist() == [0.5, 0.25]
+
+
+BOOL_REFUSED = [  # (what a user writes, the NumPy spelling, the fix the message must name)
+    ("bool - bool", lambda a, b: a - b, "^"),
+    ("bool - True", lambda a, b: a - True, "^"),
+    ("True - bool", lambda a, b: True - a, "^"),
+    ("-bool", lambda a, b: -a, "~"),
+]
+
+
+@pytest.mark.parametrize("label, op, fix", BOOL_REFUSED, ids=[r[0] for r in BOOL_REFUSED])
+def test_bool_sub_and_neg_raise_type_error_naming_the_fix(label, op, fix):
+    """bool subtraction and negation are refused as NumPy refuses them (its
+    TypeError is the reference), with the logical op to use instead."""
+    a, b = np.array([True, False, True]), np.array([True, True, False])
+    with pytest.raises(TypeError):
+        op(a, b)
+    with pytest.raises(TypeError, match=r"not supported") as err:
+        op(mt.tensor(a), mt.tensor(b))
+    assert fix in str(err.value) and ("sub" in str(err.value) or "neg" in str(err.value))
+
+
+def test_bool_in_place_sub_raises_and_leaves_the_tensor_alone():
+    a = np.array([True, False])
+    with pytest.raises(TypeError):
+        a -= True
+    t = mt.tensor(np.array([True, False]))
+    with pytest.raises(TypeError, match=r"\^"):
+        t -= True
+    assert t.numpy().tolist() == [True, False]
+
+
+def test_bool_with_int_scalar_still_promotes():
+    """The refusal is for a bool compute dtype only: bool - 1 is int32 by the promotion rule."""
+    out = mt.tensor(np.array([True, False])) - 1
+    assert out.dtype == "int32" and out.numpy().tolist() == [0, -1]
+    assert (-mt.tensor(np.array([True, False]), dtype="int8")).numpy().tolist() == [-1, 0]
