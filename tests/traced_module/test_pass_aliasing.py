@@ -12,7 +12,8 @@ import pytest
 import mgtrace as mt
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.traced_module import optimize
+from mgtrace.functional._trace import mutates
+from mgtrace.traced_module import optimize, wrap
 
 RUNS = [{}, {"enabled_pass": "all"}, {"enabled_pass": "all", "flatten": True}]
 RUN_IDS = ["default", "all", "all-flat"]
@@ -314,10 +315,36 @@ class NestedWrite(M.Module):
         return [x + 2.0 ** k + 2.0 ** (k + 1) for k in range(calls)]
 
 
+@wrap
+@mutates("acc")
+def accumulate(acc, x):
+    """A user function declared to write into ``acc``."""
+    acc[...] = acc + x.sum()
+    return x
+
+
+class UserMutates(M.Module):
+    """A wrapped user function declared with ``mutates`` updates a buffer
+    that is read after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.acc = mt.tensor(np.zeros(4, np.float32))
+
+    def forward(self, x):
+        x = accumulate(self.acc, x)
+        return x + self.acc * 1.0
+
+    @staticmethod
+    def expected(x, calls):
+        return [x + x.sum() * (k + 1) for k in range(calls)]
+
+
 @pytest.mark.parametrize("run", RUNS + [{"enabled_pass": ["FoldConstant"]},
                                         {"enabled_pass": ["FuseAddMul"]}],
                          ids=RUN_IDS + ["FoldConstant", "FuseAddMul"])
-@pytest.mark.parametrize("cls", [StepCounter, SetItem, WriteBetween, ViewWrite, NestedWrite])
+@pytest.mark.parametrize("cls", [StepCounter, SetItem, WriteBetween, ViewWrite, NestedWrite,
+                                 UserMutates])
 def test_state_the_forward_writes_is_not_folded(cls, run):
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     fast = _optimized(cls().eval(), mt.tensor(x), run)

@@ -126,7 +126,10 @@ def _channel_scale(c, channels, axis, ndim):
 
 def fuse_conv_bn(tm):
     """Fold each inference-mode BatchNorm2d that follows a Conv2d into the
-    conv (see the module docstring). Returns the number of folds."""
+    conv (see the module docstring): the conv gets new Parameters, and a
+    conv with another reader (a second call, its module or weight read
+    elsewhere, a tensor the forward writes) is skipped. Returns the number
+    of folds."""
     uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):
@@ -190,7 +193,9 @@ def _scaled_operand(e, uses=None):
 
 def backward_fold_scale(tm):
     """Fold constant scales into the Conv2d or Linear that produces the
-    scaled value (see the module docstring). Returns the number of folds."""
+    scaled value (see the module docstring): new Parameters, and only for a
+    layer the fused call alone reads, and a scale the forward does not
+    write. Returns the number of folds."""
     uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):

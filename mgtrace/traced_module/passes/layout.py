@@ -23,7 +23,10 @@ only gain two conversions). A depthwise conv needs a converted producer
 joins the chain (``F.max_pool2d_nchwc``: ResNet's stem and pool stay
 blocked). A global average pooling of a converted output becomes a mean
 over the blocked planes, converted back after it (1/(H*W) of the
-values). A graph with in-place writes is left alone.
+values). A graph with in-place writes is left alone. No parameter is
+rewritten: the converted calls read the same weight tensors (the kernels
+pack a copy, cached by the weight's storage and version), so other readers
+of a weight see it as it was.
 
 A dense 3x3 conv of stride 1 runs as Winograd in either layout where the
 tiles are many enough (``conv2d_algorithm``, ``conv2d_nchwc_algorithm``).
