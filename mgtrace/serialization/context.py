@@ -14,7 +14,7 @@ import numpy as np
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import registry, tensors, values
+from mgtrace.serialization import aliases, registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
 from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
@@ -84,6 +84,17 @@ class EncodeContext:
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i
+
+    def _share_views(self, names=None):
+        """Once every value is encoded: keep the memory that tensors of the
+        table share (aliases.py; format 1.2). ``names(t) -> str | None``
+        names tensors in messages.
+
+        Raises:
+            ValueError: the target version cannot keep it (the message names
+                two tensors that share memory).
+        """
+        aliases.share_views(self.tensors, self.require, names)
 
     def value(self, v, *, node_id=None, where="value"):
         """The tagged form of ``v`` (see values.py); ``node_id(obj) -> int | None``
@@ -217,7 +228,7 @@ class DecodeContext:
         self._mmap, self._verify = mmap and source.can_view, verify
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
-        stored = sum(math.prod(e["shape"]) for e in header["tensors"])
+        stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
         for i, entry in enumerate(header["modules"]):
@@ -250,16 +261,27 @@ class DecodeContext:
         self.check_index(i, len(self.header["tensors"]), "header.tensors")
         t = self._host.get(i)
         if t is None:
-            t = self._host[i] = self._read_tensor(i, self.header["tensors"][i])
+            e = self.header["tensors"][i]
+            if "view" in e:         # a view of its base's memory (format 1.2, aliases.py)
+                t = aliases.make_view(self.host_tensor(e["view"]["base"]), e)
+            else:
+                t = self._read_tensor(i, e)
+            self._host[i] = t
         return t
 
     def tensor(self, i):
-        """Tensor ``i`` on the load's device (see :meth:`host_tensor`)."""
+        """Tensor ``i`` on the load's device (see :meth:`host_tensor`); a
+        view entry (format 1.2) is a view of its base's tensor there."""
         t = self._placed.get(i)
         if t is None:
-            t = self.host_tensor(i)
-            if self.device is not None and self.device.type != "cpu":
-                t = t.to(self.device)
+            self.check_index(i, len(self.header["tensors"]), "header.tensors")
+            e = self.header["tensors"][i]
+            if "view" in e:
+                t = aliases.make_view(self.tensor(e["view"]["base"]), e)
+            else:
+                t = self.host_tensor(i)
+                if self.device is not None and self.device.type != "cpu":
+                    t = t.to(self.device)
             self._placed[i] = t
         return t
 

@@ -25,7 +25,7 @@ import os
 from mgtrace.errors import ArchiveError, VersionError
 
 FORMAT_NAME = "mgtrace.tmod"
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 
 # major -> function(header) -> header of major + 1; each new major ships one.
 FORMAT_UPGRADERS = {}

@@ -8,7 +8,7 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import tensors as T, values
+from mgtrace.serialization import aliases, tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
@@ -121,6 +121,7 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     meta = None if metadata is None else ctx.value(metadata, where="metadata")
+    ctx._share_views(aliases.tensor_names(obj))      # before the version is read off ctx
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
@@ -169,6 +170,11 @@ def _pack(header):
     return H.pack(header, sealed=H.SEAL in header)
 
 
+def _stored(tensors, table):
+    """``(tensor, entry)`` of the entries that hold data (not views)."""
+    return [(t, e) for t, e in zip(tensors, table) if not isinstance(t, aliases.View)]
+
+
 def _write_one_pass(out, header, tensors):
     """Write with each tensor read once: the checksums are computed from the
     bytes as they are written, then the header (the same length: checksums
@@ -176,6 +182,9 @@ def _write_one_pass(out, header, tensors):
     seekable and not in append mode."""
     table, end = [], 0
     for t in tensors:
+        if isinstance(t, aliases.View):
+            table.append(aliases.view_entry(t))
+            continue
         offset = align(end)
         nbytes = T.host_array(t).nbytes
         table.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
@@ -188,7 +197,7 @@ def _write_one_pass(out, header, tensors):
     out.write(packed)
     out.write(bytes(data_start(len(packed)) - len(packed) - PREFIX.size))
     pos = 0
-    for t, e in zip(tensors, table):
+    for t, e in _stored(tensors, table):
         out.write(bytes(e["offset"] - pos))
         data = T.array_bytes(T.host_array(t))
         e["checksum"] = T.checksum(data)
@@ -205,6 +214,9 @@ def _write_one_pass(out, header, tensors):
 def _write(out, header, tensors):
     table, end = [], 0
     for t in tensors:          # one tensor's host copy at a time, at most
+        if isinstance(t, aliases.View):
+            table.append(aliases.view_entry(t))
+            continue
         offset = align(end)
         table.append(T.entry_for(t, offset, T.host_array(t)))
         end = offset + table[-1]["nbytes"]
@@ -215,7 +227,7 @@ def _write(out, header, tensors):
     pos = data_start(len(packed))
     out.write(bytes(pos - len(packed) - PREFIX.size))
     pos = 0
-    for i, (t, e) in enumerate(zip(tensors, table)):
+    for i, (t, e) in enumerate(_stored(tensors, table)):
         out.write(bytes(e["offset"] - pos))
         data = T.array_bytes(T.host_array(t))
         if T.checksum(data) != e["checksum"]:
