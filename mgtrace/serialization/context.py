@@ -16,7 +16,8 @@ from mgtrace.module import Module
 from mgtrace.serialization import header as H
 from mgtrace.serialization import aliases, registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
-from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
+from mgtrace.serialization import limits
+from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS
 from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
@@ -47,6 +48,7 @@ class EncodeContext:
         self.format_version = self.min_reader_version = (1, 0)
         self._tensor_index, self._module_index, self._op_index = {}, {}, {}
         self._alive = []      # objects whose id() keys an index stay alive until the save ends
+        self.namedtuple_types = set()      # as the reader counts them (limits.py)
         self._stack = []      # names of the modules being encoded, for messages
 
     def require(self, version, feature="a feature"):
@@ -164,8 +166,7 @@ class EncodeContext:
         if i is not None:
             return i
         where = ".".join(self._stack + [name or type(m).__name__])
-        if len(self._stack) >= MAX_MODULE_DEPTH:
-            raise ValueError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        limits.check_module_depth(len(self._stack), where, ValueError)
         codec = codec_for_module(m, where)
         i = self._module_index[id(m)] = len(self.modules)
         self._alive.append(m)
@@ -343,8 +344,7 @@ class DecodeContext:
         where = f"header.modules[{i}]"
         if i in self._building:
             raise ArchiveError(f"{where} contains itself")
-        if len(self._building) >= MAX_MODULE_DEPTH:
-            raise ArchiveError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        limits.check_module_depth(len(self._building), where, ArchiveError)
         entry = self.header["modules"][i]
         self._building.append(i)
         try:

@@ -8,7 +8,7 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import aliases, tensors as T, values
+from mgtrace.serialization import aliases, limits, tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
@@ -122,6 +122,8 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     meta = None if metadata is None else ctx.value(metadata, where="metadata")
     ctx._share_views(aliases.tensor_names(obj))      # before the version is read off ctx
+    for table in ("ops", "modules", "tensors"):       # the reader's bounds, checked first
+        limits.check_table(len(getattr(ctx, table)), table, ValueError)
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
