@@ -17,7 +17,6 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import aliases, registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization import limits
-from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS
 from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
@@ -49,6 +48,7 @@ class EncodeContext:
         self._tensor_index, self._module_index, self._op_index = {}, {}, {}
         self._alive = []      # objects whose id() keys an index stay alive until the save ends
         self.namedtuple_types = set()      # as the reader counts them (limits.py)
+        self.build_elements = 0            # what loading will charge to its build budget
         self._stack = []      # names of the modules being encoded, for messages
 
     def require(self, version, feature="a feature"):
@@ -86,6 +86,14 @@ class EncodeContext:
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i
+
+    def _check_build(self):
+        """Refuse what a load would refuse as allocating too much: the
+        elements builtin constructors make (``build_elements``) against the
+        budget of the tensors stored (limits.build_budget)."""
+        stored = sum(t.size for t in self.tensors if not isinstance(t, aliases.View))
+        limits.check_build(self.build_elements, limits.build_budget(stored),
+                           "cannot save: building its builtin modules", ValueError)
 
     def _share_views(self, names=None):
         """Once every value is encoded: keep the memory that tensors of the
@@ -230,7 +238,7 @@ class DecodeContext:
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
-        self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
+        self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
         for i, entry in enumerate(header["modules"]):
             where = f"header.modules[{i}]"
@@ -372,8 +380,5 @@ class DecodeContext:
         Raises:
             ArchiveError: the budget is exceeded.
         """
-        if n > self._budget:
-            raise ArchiveError(f"{what} would allocate {n} tensor elements, more than this "
-                               f"archive's {self._budget} left (twice its stored elements plus "
-                               f"{BUILD_SLACK_ELEMENTS}); its config is corrupted")
+        limits.check_build(n, self._budget, what, ArchiveError)
         self._budget -= n

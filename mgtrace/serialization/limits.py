@@ -122,3 +122,19 @@ def node_name(name, taken, where, error):
         raise error(f"{where}: two nodes are named {_short(normal)} (in NFKC form, as Python "
                     "reads it)")
     return normal
+
+
+def build_budget(stored_elements):
+    """Tensor elements a load may allocate building modules: twice the
+    elements the archive stores plus BUILD_SLACK_ELEMENTS."""
+    return 2 * stored_elements + BUILD_SLACK_ELEMENTS
+
+
+def check_build(n, left, where, error):
+    """A constructor may allocate ``n`` elements when ``left`` remain of the
+    build budget (a config asking for more is a corrupted one; an honest
+    archive needs more only when many modules share one tensor)."""
+    if n > left:
+        raise error(f"{where} would allocate {n} tensor elements, more than the {left} a load "
+                    f"of this archive may still allocate (twice its stored elements plus "
+                    f"{BUILD_SLACK_ELEMENTS})")

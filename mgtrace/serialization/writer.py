@@ -124,6 +124,7 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     ctx._share_views(aliases.tensor_names(obj))      # before the version is read off ctx
     for table in ("ops", "modules", "tensors"):       # the reader's bounds, checked first
         limits.check_table(len(getattr(ctx, table)), table, ValueError)
+    ctx._check_build()
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),

@@ -292,3 +292,22 @@ def test_property_save_succeeds_implies_load_reproduces_modules(child_len, first
         else:
             np.testing.assert_array_equal(out[0].numpy(), X.numpy() + 1)
             np.testing.assert_array_equal(out[1].numpy(), X.numpy() * 3)
+
+
+def test_the_build_budget_at_the_bound_and_past_it(monkeypatch):
+    # three Linears tie one weight and bias: stored once (110 elements), built
+    # three times (330), against twice the stored elements plus the slack
+    fcs = [M.Linear(10, 10) for _ in range(3)]
+    for fc in fcs[1:]:
+        fc.weight, fc.bias = fcs[0].weight, fcs[0].bias
+    net = M.Sequential(fcs[0], M.ReLU(), fcs[1], M.ReLU(), fcs[2])
+    x = mt.tensor(np.ones((1, 10), np.float32))
+    monkeypatch.setattr(limits, "BUILD_SLACK_ELEMENTS", 110)             # 2 * 110 + 110 = 330
+    data = save_bytes(net)
+    got = load_bytes(data)
+    np.testing.assert_allclose(got(x).numpy(), net(x).numpy(), rtol=1e-6)
+    assert got[0].weight is got[2].weight is got[4].weight
+    monkeypatch.setattr(limits, "BUILD_SLACK_ELEMENTS", 109)
+    a, b = _refused_alike(net, data, "tensor elements, more than the")
+    assert "would allocate 330 tensor elements, more than the 329" in a     # in all
+    assert "would allocate 110 tensor elements, more than the 109" in b     # the third
