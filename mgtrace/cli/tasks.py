@@ -65,13 +65,14 @@ def summarize(header):
         "op_versions": {o["name"]: o["version"] for o in header["ops"]},
         "tensors": len(model),
         "parameters": int(sum(_numel(tensors[i]) for i in model)),
-        "bytes": int(sum(tensors[i]["nbytes"] for i in model)),
+        "bytes": int(sum(tensors[i]["nbytes"] for i in _stored(tensors, model))),
         "signature": _signature(header),
         "has_examples": ex is not None,
         "examples": None if ex is None else {
             "inputs": _example_shapes(ex.get("inputs"), tensors),
             "outputs": _example_shapes(ex.get("outputs"), tensors),
-            "tensors": len(ex_idx), "bytes": int(sum(tensors[i]["nbytes"] for i in ex_idx))},
+            "tensors": len(ex_idx),
+            "bytes": int(sum(tensors[i]["nbytes"] for i in _stored(tensors, ex_idx)))},
     }
     meta = header.get("metadata")
     if meta is not None:
@@ -103,6 +104,12 @@ def _tagged_tensors(v, path):
     elif isinstance(v, list):
         for i, x in enumerate(v):
             yield from _tagged_tensors(x, f"{path}[{i}]")
+
+
+def _stored(entries, indices):
+    """The entries holding the data of tensors ``indices``: a format 1.2 view
+    holds none, its base does (counted once)."""
+    return sorted({entries[i]["view"]["base"] if "view" in entries[i] else i for i in indices})
 
 
 def tensor_names(header):
@@ -528,10 +535,17 @@ def _raw_tensors(path, header):
             if not (isinstance(i, int) and 0 <= i < len(entries)):
                 continue
             e = entries[i]
-            f.seek(start + e["offset"])
-            buf = f.read(e["nbytes"])
-            T.verify(buf, e, f"{path}: header.tensors[{i}] ({name})")
-            out[name] = np.frombuffer(buf, dtype=_np_dtype(e["dtype"])).reshape(e["shape"])
+            view = e.get("view")          # format 1.2: a view of its base's elements
+            base = entries[view["base"]] if view else e
+            f.seek(start + base["offset"])
+            buf = f.read(base["nbytes"])
+            T.verify(buf, base, f"{path}: header.tensors[{view['base'] if view else i}] ({name})")
+            arr = np.frombuffer(buf, dtype=_np_dtype(e["dtype"]))
+            if view:
+                arr = np.lib.stride_tricks.as_strided(
+                    arr[view["offset"]:], e["shape"], [s * arr.itemsize for s in view["strides"]],
+                    writeable=False)
+            out[name] = arr.reshape(e["shape"])
     return out
 
 
