@@ -53,7 +53,9 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
 
     Tensors are stored contiguous, little-endian, 64-byte aligned, with a
     CRC-32 each; a tensor met twice (same storage, offset, shape, strides)
-    is stored once. Parameters in a state dict come back as plain Tensors.
+    is stored once, and tensors that view one storage (a buffer and a slice
+    of it) are stored as views of one copy of it (format 1.2), which load
+    gives back as views of one storage again. Parameters in a state dict come back as plain Tensors.
     A save holds no second copy of the weights: each tensor is written from
     its own memory (a non-contiguous or bfloat16 one through a copy of it
     alone); to a path, each is read once (its checksum computed as it is
@@ -68,9 +70,13 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             is not registered (register_function); ``example_inputs`` or
             ``example_kwargs`` without a Module; ``metadata`` or
             ``example_kwargs`` not a dict (with str keys).
-        ValueError: values nested deeper than the reader accepts; a
-            ``target_version`` this writer does not write, or below a
-            feature ``obj`` uses (the message names the feature).
+        ValueError: anything the reader would refuse, checked before a
+            byte is written (the bounds of limits.py: values nested too
+            deep, names too long, node names one identifier after NFKC,
+            dict keys sharing a hash, tables too large..., with load's
+            message); a ``target_version`` this writer does not write, or
+            below a feature ``obj`` uses (the message names the feature;
+            for tensors that share memory, two of them).
         OSError: the file cannot be written; a path target is then untouched.
 
     >>> import io, mgtrace as mt

@@ -209,3 +209,15 @@ def _with_view(change):
 def test_a_bad_view_entry_is_an_archive_error(change, message):
     with pytest.raises(mt.ArchiveError, match=message):
         load_bytes(_with_view(change))
+
+
+def test_strided_view_refuses_elements_outside_the_storage():
+    from mgtrace._core.tensor import storage_spans, strided_view
+    t = mt.tensor(np.arange(10, dtype=np.float32))
+    assert strided_view(t[2:], (2, 2), (-2, 1), 4).numpy().tolist() == [[6, 7], [4, 5]]
+    with pytest.raises(ValueError, match="runs outside it"):
+        strided_view(t[2:], (2, 2), (6, 1), 2)          # element 4 + 6 + 1 = 11 of 10
+    with pytest.raises(ValueError, match="runs outside it"):
+        strided_view(t, (3,), (-1,), 1)                 # element -1
+    [(span, members)] = storage_spans([t[3:5], mt.tensor([1.0]), t[::4]])
+    assert span.numpy().tolist() == list(range(9)) and members == [(0, 3), (2, 0)]  # 0..8
