@@ -668,14 +668,15 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6,
     ``device``, default the CPU). An
     archive of a newer format than this mgtrace writes is never rewritten:
     its result is ``"skipped"``, naming the versions."""
-    from mgtrace.serialization import FORMAT_VERSION, load_archive
+    from mgtrace.serialization import load_archive
+    from mgtrace.serialization.version import is_current
     dest = destination(path, out, in_place, roots)
     arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
         return newer
     old = ".".join(map(str, arc.format_version))
-    if in_place and arc.format_version == tuple(FORMAT_VERSION):
+    if in_place and is_current(arc.format_version):       # save would write it as it is
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
     err, reason = _write_checked(arc.obj, dest, arc.metadata, arc.example_inputs,
                                  arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs,

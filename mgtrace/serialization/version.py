@@ -53,6 +53,14 @@ def check_target(target):
     return t
 
 
+def is_current(format_version):
+    """Whether ``save`` would write an archive of ``format_version`` in that
+    same version again (nothing to upgrade): every archive it writes is at
+    least 1.1 (the header seal), and a newer minor only one that uses a
+    feature of it, so 1.1 up to FORMAT_VERSION is current."""
+    return (1, 1) <= tuple(format_version) <= FORMAT_VERSION
+
+
 def released_names(version):
     """``{"functions": {name: version}, "module_types": {name: version}}``:
     mgtrace's own stable names as format ``version`` had them (a frozen copy

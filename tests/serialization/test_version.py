@@ -146,3 +146,10 @@ def test_target_1_0_refuses_a_function_newer_than_that_release(monkeypatch):
     monkeypatch.setattr(context, "released_names", lambda v: None if v == mt.FORMAT_VERSION else fake)
     with pytest.raises(ValueError, match="at version 1, format 1.0 knew version 0"):
         save_bytes(_relu_net(), target_version=(1, 0))
+
+
+def test_an_archive_is_current_from_1_1_up_to_the_format_written():
+    # save writes 1.1 unless a newer feature is used: a 1.1 archive needs no upgrade
+    assert version.is_current(split(save_bytes(mt.tensor([1.0])))[0]["format_version"])
+    assert version.is_current(mt.FORMAT_VERSION)
+    assert not version.is_current((1, 0)) and not version.is_current((1, 9))
