@@ -99,6 +99,10 @@ def seeds(target=None):
     out.append(("state_dict", _save(seq.state_dict())))
     out.append(("values", _save({"w": xs, (1, 2): [None, True, -0.0, 2 ** 70, b"xy"],
                                  "s": slice(1, None), "d": mt.as_dtype("float16")})))
+    if target is None or tuple(target) >= (1, 2):       # format 1.2 views of one storage
+        base = mt.tensor(rng.standard_normal((4, 6)).astype("float32"))
+        out.append(("views", _save({"b": base, "s": base[1:3, ::2], "t": base.T,
+                                    "r": base[::-1], "row": base[2].broadcast_to((3, 6))})))
     return out
 
 

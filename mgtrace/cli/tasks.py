@@ -66,13 +66,14 @@ def summarize(header):
         "op_versions": {o["name"]: o["version"] for o in header["ops"]},
         "tensors": len(model),
         "parameters": int(sum(_numel(tensors[i]) for i in model)),
-        "bytes": int(sum(tensors[i]["nbytes"] for i in model)),
+        "bytes": int(sum(tensors[i]["nbytes"] for i in _stored(tensors, model))),
         "signature": _signature(header),
         "has_examples": ex is not None,
         "examples": None if ex is None else {
             "inputs": _example_shapes(ex.get("inputs"), tensors),
             "outputs": _example_shapes(ex.get("outputs"), tensors),
-            "tensors": len(ex_idx), "bytes": int(sum(tensors[i]["nbytes"] for i in ex_idx))},
+            "tensors": len(ex_idx),
+            "bytes": int(sum(tensors[i]["nbytes"] for i in _stored(tensors, ex_idx)))},
     }
     meta = header.get("metadata")
     if meta is not None:      # every entry, keys kept apart by type (see value_json)
@@ -104,6 +105,12 @@ def _tagged_tensors(v, path):
     elif isinstance(v, list):
         for i, x in enumerate(v):
             yield from _tagged_tensors(x, f"{path}[{i}]")
+
+
+def _stored(entries, indices):
+    """The entries holding the data of tensors ``indices``: a format 1.2 view
+    holds none, its base does (counted once)."""
+    return sorted({entries[i]["view"]["base"] if "view" in entries[i] else i for i in indices})
 
 
 def tensor_names(header):
@@ -573,10 +580,17 @@ def _read_raw(path, header, named):
                 out.append(None)
                 continue
             e = entries[i]
-            f.seek(start + e["offset"])
-            buf = f.read(e["nbytes"])
-            T.verify(buf, e, f"{path}: header.tensors[{i}] ({name})")
-            out.append(np.frombuffer(buf, dtype=_np_dtype(e["dtype"])).reshape(e["shape"]))
+            view = e.get("view")          # format 1.2: a view of its base's elements
+            base = entries[view["base"]] if view else e
+            f.seek(start + base["offset"])
+            buf = f.read(base["nbytes"])
+            T.verify(buf, base, f"{path}: header.tensors[{view['base'] if view else i}] ({name})")
+            arr = np.frombuffer(buf, dtype=_np_dtype(e["dtype"]))
+            if view:
+                arr = np.lib.stride_tricks.as_strided(
+                    arr[view["offset"]:], e["shape"], [s * arr.itemsize for s in view["strides"]],
+                    writeable=False)
+            out.append(arr.reshape(e["shape"]))
     return out
 
 
@@ -699,14 +713,15 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6,
     ``device``, default the CPU). An
     archive of a newer format than this mgtrace writes is never rewritten:
     its result is ``"skipped"``, naming the versions."""
-    from mgtrace.serialization import FORMAT_VERSION, load_archive
+    from mgtrace.serialization import load_archive
+    from mgtrace.serialization.version import is_current
     dest = destination(path, out, in_place, roots)
     arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
         return newer
     old = ".".join(map(str, arc.format_version))
-    if in_place and arc.format_version == tuple(FORMAT_VERSION):
+    if in_place and is_current(arc.format_version):       # save would write it as it is
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
     err, reason = _write_checked(arc.obj, dest, arc.metadata, arc.example_inputs,
                                  arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs,

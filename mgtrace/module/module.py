@@ -282,6 +282,40 @@ def _structure_key(path, k):
     return k
 
 
+_ALIASES_DONE = ("mgtrace", "storage copied")     # memo key: modules whose tree was scanned
+
+
+def _copy_shared_storage(module, memo):
+    """Put in ``memo`` one copy of each storage that two or more tensors of
+    ``module``'s tree view, and each of those tensors as the same view of
+    it (same class, shape, strides and offset), so that deepcopy keeps
+    what eager code shares instead of copying every view apart. Once per
+    tree: submodules see their root's work in ``memo``."""
+    from mgtrace._core.tensor import share_as, storage_spans, strided_view
+    done = memo.setdefault(_ALIASES_DONE, set())
+    if id(module) in done:
+        return
+    found = {}
+    for m in module.modules():
+        done.add(id(m))
+        d = m.__dict__
+        members = list(d.get("_parameters", {}).values()) + list(d.get("_buffers", {}).values())
+        members += list(d.values()) + [t for _, t in m._structure_members()]
+        for t in members:
+            if isinstance(t, Tensor) and id(t) not in memo:
+                found.setdefault(id(t), t)
+    tensors = list(found.values())
+    for span, views in storage_spans(tensors):
+        copied = span.copy()
+        for i, offset in views:
+            t = tensors[i]
+            view = share_as(strided_view(copied, t.shape, t.strides, offset), type(t))
+            attrs = getattr(t, "__dict__", None)
+            if attrs:
+                view.__dict__.update(copy.deepcopy(attrs, memo))
+            memo[id(t)] = view
+
+
 class Module:
     """Base class of network blocks: parameters, buffers, child modules, forward.
 
@@ -580,9 +614,12 @@ class Module:
     def __deepcopy__(self, memo):
         """copy.deepcopy: a module with copies of every tensor (the core's
         Tensor does not pickle, so buffers and tensor attributes are copied
-        here; a tensor shared by several modules stays shared in the copy)."""
+        here; a tensor shared by several modules stays shared in the copy,
+        and tensors that view one storage, e.g. a buffer that is a slice of
+        a parameter, view one copy of it, as in PyTorch)."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
+        _copy_shared_storage(self, memo)
         d = self.__dict__
         tensors = list(d.get("_buffers", {}).values()) + list(d.values())
         tensors += [t for _, t in self._structure_members()]

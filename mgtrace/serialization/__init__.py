@@ -16,6 +16,7 @@ Modules, one concept each, in the order a load uses them::
     header.py          the header's fields, declared once, and their check
     values.py          TAGS: tagged values (tuple, dict with any keys, NumPy scalars...)
     tensors.py         the tensor table: entries, checksums, zero-copy tensors
+    aliases.py         tensors that share memory: views of one stored base (format 1.2)
     registry.py        stable names of functions and module types (never imports)
     upgraders.py       rewriting what old versions of a function / module type stored
     codecs.py          module codecs by kind; builtin_modules.py: "builtin", "container";
@@ -36,7 +37,8 @@ A kind of module is stored by a codec registered with
 ``encode(module, ctx) -> dict`` returns the entry's fields (``kind`` and
 ``training`` are added for it); ``ctx`` is an :class:`EncodeContext`:
 
-* ``ctx.tensor(t) -> int``: index in the tensor table (views dedupe);
+* ``ctx.tensor(t) -> int``: index in the tensor table (equal views dedupe;
+  views of one storage are kept views of it, aliases.py);
 * ``ctx.value(v, node_id=None) -> tagged``: a tagged value; ``node_id(obj)
   -> int | None`` turns graph nodes into ``{"node": id}``;
 * ``ctx.op(fn_or_stable_name) -> int``: index in the op table, an entry

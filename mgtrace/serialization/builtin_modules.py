@@ -92,6 +92,7 @@ def _encode_builtin(m, ctx):
     if bad:
         raise TypeError(f"{type(m).__qualname__}.config() has non-string keys {bad!r}")
     ctx.builtin_type(m.builtin_name, m.builtin_version)
+    ctx.build_elements += STATE_ELEMENTS.get(m.builtin_name, lambda c: 0)(config)  # as load counts
     return {"type": m.builtin_name, "type_version": m.builtin_version,
             "config": {k: ctx.value(v, where=f"config()[{k!r}]") for k, v in config.items()},
             "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}

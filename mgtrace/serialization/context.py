@@ -14,9 +14,9 @@ import numpy as np
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import registry, tensors, values
+from mgtrace.serialization import aliases, registry, tensors, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
-from mgtrace.serialization.limits import BUILD_SLACK_ELEMENTS, MAX_MODULE_DEPTH
+from mgtrace.serialization import limits
 from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
 
 __all__ = ["EncodeContext", "DecodeContext", "Op"]
@@ -47,6 +47,8 @@ class EncodeContext:
         self.format_version = self.min_reader_version = (1, 0)
         self._tensor_index, self._module_index, self._op_index = {}, {}, {}
         self._alive = []      # objects whose id() keys an index stay alive until the save ends
+        self.namedtuple_types = set()      # as the reader counts them (limits.py)
+        self.build_elements = 0            # what loading will charge to its build budget
         self._stack = []      # names of the modules being encoded, for messages
 
     def require(self, version, feature="a feature"):
@@ -84,6 +86,25 @@ class EncodeContext:
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i
+
+    def _check_build(self):
+        """Refuse what a load would refuse as allocating too much: the
+        elements builtin constructors make (``build_elements``) against the
+        budget of the tensors stored (limits.build_budget)."""
+        stored = sum(t.size for t in self.tensors if not isinstance(t, aliases.View))
+        limits.check_build(self.build_elements, limits.build_budget(stored),
+                           "cannot save: building its builtin modules", ValueError)
+
+    def _share_views(self, names=None):
+        """Once every value is encoded: keep the memory that tensors of the
+        table share (aliases.py; format 1.2). ``names(t) -> str | None``
+        names tensors in messages.
+
+        Raises:
+            ValueError: the target version cannot keep it (the message names
+                two tensors that share memory).
+        """
+        aliases.share_views(self.tensors, self.require, names)
 
     def value(self, v, *, node_id=None, where="value"):
         """The tagged form of ``v`` (see values.py); ``node_id(obj) -> int | None``
@@ -153,8 +174,7 @@ class EncodeContext:
         if i is not None:
             return i
         where = ".".join(self._stack + [name or type(m).__name__])
-        if len(self._stack) >= MAX_MODULE_DEPTH:
-            raise ValueError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        limits.check_module_depth(len(self._stack), where, ValueError)
         codec = codec_for_module(m, where)
         i = self._module_index[id(m)] = len(self.modules)
         self._alive.append(m)
@@ -217,8 +237,8 @@ class DecodeContext:
         self._mmap, self._verify = mmap and source.can_view, verify
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
-        stored = sum(math.prod(e["shape"]) for e in header["tensors"])
-        self._budget = 2 * stored + BUILD_SLACK_ELEMENTS
+        stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
+        self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
         for i, entry in enumerate(header["modules"]):
             where = f"header.modules[{i}]"
@@ -250,16 +270,27 @@ class DecodeContext:
         self.check_index(i, len(self.header["tensors"]), "header.tensors")
         t = self._host.get(i)
         if t is None:
-            t = self._host[i] = self._read_tensor(i, self.header["tensors"][i])
+            e = self.header["tensors"][i]
+            if "view" in e:         # a view of its base's memory (format 1.2, aliases.py)
+                t = aliases.make_view(self.host_tensor(e["view"]["base"]), e)
+            else:
+                t = self._read_tensor(i, e)
+            self._host[i] = t
         return t
 
     def tensor(self, i):
-        """Tensor ``i`` on the load's device (see :meth:`host_tensor`)."""
+        """Tensor ``i`` on the load's device (see :meth:`host_tensor`); a
+        view entry (format 1.2) is a view of its base's tensor there."""
         t = self._placed.get(i)
         if t is None:
-            t = self.host_tensor(i)
-            if self.device is not None and self.device.type != "cpu":
-                t = t.to(self.device)
+            self.check_index(i, len(self.header["tensors"]), "header.tensors")
+            e = self.header["tensors"][i]
+            if "view" in e:
+                t = aliases.make_view(self.tensor(e["view"]["base"]), e)
+            else:
+                t = self.host_tensor(i)
+                if self.device is not None and self.device.type != "cpu":
+                    t = t.to(self.device)
             self._placed[i] = t
         return t
 
@@ -321,8 +352,7 @@ class DecodeContext:
         where = f"header.modules[{i}]"
         if i in self._building:
             raise ArchiveError(f"{where} contains itself")
-        if len(self._building) >= MAX_MODULE_DEPTH:
-            raise ArchiveError(f"{where}: modules nest deeper than {MAX_MODULE_DEPTH} levels")
+        limits.check_module_depth(len(self._building), where, ArchiveError)
         entry = self.header["modules"][i]
         self._building.append(i)
         try:
@@ -350,8 +380,5 @@ class DecodeContext:
         Raises:
             ArchiveError: the budget is exceeded.
         """
-        if n > self._budget:
-            raise ArchiveError(f"{what} would allocate {n} tensor elements, more than this "
-                               f"archive's {self._budget} left (twice its stored elements plus "
-                               f"{BUILD_SLACK_ELEMENTS}); its config is corrupted")
+        limits.check_build(n, self._budget, what, ArchiveError)
         self._budget -= n

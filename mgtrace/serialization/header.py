@@ -47,6 +47,9 @@ TYPES = {
                 "[major, minor], non-negative integers"),
     "shape": (lambda x: type(x) is list and len(x) <= MAX_NDIM and all(map(_uint, x)),
               f"list of at most {MAX_NDIM} non-negative integers"),
+    "strides": (lambda x: type(x) is list and len(x) <= MAX_NDIM and all(
+        type(s) is int and -(1 << 63) <= s < (1 << 63) for s in x),
+        f"list of at most {MAX_NDIM} integers (64-bit, any sign)"),
     "value": (lambda x: True, "a tagged value (see tags)"),
     "values by name": (lambda x: _str_keys(x, lambda v: True),
                        "map from string (a parameter name) to a tagged value"),
@@ -59,6 +62,7 @@ TYPES = {
 
 V1 = (1, 0)
 V1_1 = (1, 1)
+V1_2 = (1, 2)
 SEAL = "header_checksum"       # the last field of a sealed header (format 1.1)
 
 HEADER = (
@@ -98,6 +102,14 @@ ENTRIES = {
         Field("offset", "uint", True, V1, "byte offset from the start of the data, a multiple of 64"),
         Field("nbytes", "uint", True, V1, "product(shape) * itemsize"),
         Field("checksum", "str", True, V1, '"<algorithm>:<hex digest>", e.g. "crc32:0a1b2c3d"'),
+        Field("view", "view", False, V1_2,
+              "a view of another entry's memory (storage aliasing): the entry holds no data "
+              "(offset and nbytes 0); see aliases.py"),
+    ),
+    "view": (
+        Field("base", "uint", True, V1_2, "index of the stored tensor whose memory it views"),
+        Field("offset", "uint", True, V1_2, "elements from the base's first to the view's first"),
+        Field("strides", "strides", True, V1_2, "elements between neighbours, per dimension"),
     ),
     "examples": (
         Field("inputs", "value", True, V1, "a tuple of positional arguments"),

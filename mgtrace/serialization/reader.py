@@ -26,7 +26,7 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
 from mgtrace.serialization.context import DecodeContext
 from mgtrace.serialization.layout import PREFIX, parse_prefix
-from mgtrace.serialization.limits import MAX_TABLE_ENTRIES
+from mgtrace.serialization import limits
 from mgtrace.serialization.source import open_source
 from mgtrace.serialization.version import FORMAT_NAME, check_readable, fmt, upgrade_header
 
@@ -82,9 +82,7 @@ def _check_header(header, data_nbytes, raw=None):
         raise ArchiveError(f"header.byteorder: {header['byteorder'][:20]!r}; this reader "
                            "reads little-endian data only")
     for table in ("ops", "modules", "tensors"):
-        if len(header[table]) > MAX_TABLE_ENTRIES:
-            raise ArchiveError(f"header.{table}: {len(header[table])} entries, more than "
-                               f"{MAX_TABLE_ENTRIES}")
+        limits.check_table(len(header[table]), table, ArchiveError)
     if header["data_nbytes"] != data_nbytes:
         what = "truncated archive" if header["data_nbytes"] > data_nbytes else "trailing bytes"
         raise ArchiveError(f"{what}: the header records {header['data_nbytes']} bytes of "

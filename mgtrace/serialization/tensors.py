@@ -75,6 +75,8 @@ def _check_entry(e, data_nbytes, where):
     if dt is None:
         raise ArchiveError(f"{where}.dtype: unknown dtype {e['dtype']!r}; known: "
                            f"{', '.join(DTYPES_BY_NAME)}")
+    if "view" in e:             # no data of its own: checked against its base (aliases.py)
+        return
     n = 1
     for d in e["shape"]:
         n *= d
@@ -97,10 +99,14 @@ def check_table(entries, data_nbytes):
     Raises:
         ArchiveError: unknown dtype, nbytes not shape x itemsize, offset not
             aligned or past the end, two tensors overlapping (a duplicate is
-            an overlap), unknown checksum algorithm.
+            an overlap), unknown checksum algorithm; a view (format 1.2)
+            whose base or elements are wrong (aliases.check_view).
     """
+    from mgtrace.serialization.aliases import check_view
     for i, e in enumerate(entries):
         _check_entry(e, data_nbytes, f"header.tensors[{i}]")
+        if "view" in e:
+            check_view(e, entries, f"header.tensors[{i}]")
     spans = sorted((e["offset"], e["offset"] + e["nbytes"], i)
                    for i, e in enumerate(entries) if e["nbytes"])
     for (s0, e0, i0), (s1, e1, i1) in zip(spans, spans[1:]):

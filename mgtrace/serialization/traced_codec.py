@@ -64,13 +64,14 @@ from mgtrace.module.module import Module
 from mgtrace.serialization import values
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
-from mgtrace.serialization.limits import MAX_CALL_ARGS, MAX_GRAPH_EXPRS, MAX_NAME_CHARS, MAX_NDIM
+from mgtrace.serialization import limits
+from mgtrace.serialization.limits import MAX_NDIM
 from mgtrace.serialization.tensors import DTYPES_BY_NAME
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         user_frame)
 from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
 from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
 
@@ -148,6 +149,7 @@ def _encode(tm, ctx):
         "attrs": attrs,
         "graphs": [_encode_graph(g, ctx) for g in tm._graphs],
     })
+    check_limits(out, f"cannot save {tm._qualname}", ValueError)
     return out
 
 
@@ -205,12 +207,14 @@ def _encode_signature(sig):
 
 def _encode_graph(g, ctx):
     g.lint()                              # never write a broken graph
-    ids = {}
+    ids, names = {}, set()
     nodes = []
     for n in list(g._inputs) + [o for e in g._exprs if not isinstance(e, Input) for o in e.outputs]:
         if id(n) in ids:
             continue
         ids[id(n)] = len(nodes)
+        names.add(limits.node_name(n.name, names, f"cannot save {g._qualname}: node {_short(n.name)}",
+                                   ValueError))
         nodes.append(_encode_node(n, ids[id(n)]))
     node_id = lambda v: ids[id(v)] if isinstance(v, Node) else None   # noqa: E731
     out = {"name": g._name, "qualname": g._qualname,
@@ -298,11 +302,15 @@ def _encode_tree(t, ctx):
                             "(only tuple, list, dict, OrderedDict, slice and namedtuples)")
         name = "namedtuple"
         aux = (t.type.__module__, t.type.__qualname__, tuple(t.type._fields))
+        limits.check_namedtuple(*aux, f"cannot save: a {t.type.__qualname__} argument or result",
+                                ValueError)
     elif t.type in (dict, collections.OrderedDict) and not all(map(_plain_key, aux)):
         bad = next(k for k in aux if not _plain_key(k))
         raise TypeError(f"an archive cannot store a dict argument or result keyed by a "
                         f"{type(bad).__name__} ({bad!r}); use str, int, float, bool, None, "
                         "bytes or tuples of those as keys")
+    elif t.type in (dict, collections.OrderedDict):
+        values.check_hashes(aux, "cannot save: a dict argument or result", ValueError)
     return {"type": name, "aux": ctx.value(aux),
             "children": [_encode_tree(c, ctx) if isinstance(c, TreeDef)
                          else ({"slot": True} if c.is_slot else {"const": ctx.value(c.const)})
@@ -325,22 +333,17 @@ def _check(entry, ctx, where):
         _fail(f"{where}.graphs", "not a list")
     if entry.get("reads_as", "sequence") not in _READS_AS:
         _fail(f"{where}.reads_as", f"{entry['reads_as'][:40]!r} is not one of {list(_READS_AS)}")
-    _check_names(entry, where)
+    for gi, g in enumerate(graphs):
+        if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
+            _fail(f"{where}.graphs[{gi}]", "a graph is a map with a list of exprs")
+        for ei, e in enumerate(g["exprs"]):
+            if not isinstance(e, dict):
+                _fail(f"{where}.graphs[{gi}].exprs[{ei}]", "not a map")
+    check_limits(entry, where, ArchiveError)
     for gi, g in enumerate(graphs):
         gw = f"{where}.graphs[{gi}]"
-        if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
-            _fail(gw, "a graph is a map with a list of exprs")
-        for key in ("exprs", "nodes"):
-            if len(g.get(key) or ()) > MAX_GRAPH_EXPRS:
-                _fail(f"{gw}.{key}", f"{len(g[key])} entries, more than a graph may have "
-                                     f"({MAX_GRAPH_EXPRS})")
         for ei, e in enumerate(g["exprs"]):
             ew = f"{gw}.exprs[{ei}]"
-            if not isinstance(e, dict):
-                _fail(ew, "not a map")
-            for key in ("args", "kwargs"):
-                if isinstance(e.get(key), (list, dict)) and len(e[key]) > MAX_CALL_ARGS:
-                    _fail(f"{ew}.{key}", f"{len(e[key])} arguments, more than {MAX_CALL_ARGS}")
             kind = e.get("kind")
             if kind not in EXPR_KINDS:
                 _fail(ew, f"unknown expr kind {_short(kind)}; known: {', '.join(EXPR_KINDS)}")
@@ -387,11 +390,21 @@ def _names_of(entry):
                     yield from ((f".graphs[{gi}].exprs", k) for k in e["kwargs"])
 
 
-def _check_names(entry, where):
+def check_limits(entry, where, error):
+    """The bounds of limits.py on a traced entry (graphs and exprs already
+    maps): name lengths, graph sizes, arguments of a call. The reader runs
+    it before anything is built (error=ArchiveError), the writer on the
+    entry it made (error=ValueError), so save never writes what load refuses."""
     for w, name in _names_of(entry):
-        if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
-            _fail(where + w, f"a name of {len(name)} characters {_short(name)}, more than "
-                             f"{MAX_NAME_CHARS}")
+        limits.check_name(name, where + w, error)
+    for gi, g in enumerate(entry["graphs"]):
+        gw = f"{where}.graphs[{gi}]"
+        for key in ("exprs", "nodes"):
+            limits.check_graph_size(len(g.get(key) or ()), f"{gw}.{key}", error)
+        for ei, e in enumerate(g["exprs"]):
+            for key in ("args", "kwargs"):
+                if isinstance(e.get(key), (list, dict)):
+                    limits.check_call_args(len(e[key]), f"{gw}.exprs[{ei}].{key}", error)
 
 
 def _decode(entry, ctx):
@@ -584,14 +597,8 @@ class _GraphReader:
         if not isinstance(n, dict) or type(n.get("id")) is not int or n["id"] in self.nodes:
             _fail(w, f"bad or duplicate node entry {_short(n)}")
         w = f"{w}[id {n['id']}]"
-        kind, name = n.get("kind"), n.get("name")
-        if not isinstance(name, str) or not name:
-            _fail(w, "a node has a non-empty name")
-        # generated code names locals after nodes, and Python reads identifiers in
-        # NFKC form ("ﬁ" is "fi"): distinct names must stay distinct once normalized
-        name = python_name(name)
-        if name in self.graph._names:
-            _fail(w, f"two nodes are named {_short(name)} (in NFKC form, as Python reads it)")
+        kind = n.get("kind")
+        name = limits.node_name(n.get("name"), self.graph._names, w, ArchiveError)
         if kind == "tensor":
             node = TensorNode(name=name, shape=_node_shape(n.get("shape"), w),
                               dtype=_node_dtype(n.get("dtype"), w))

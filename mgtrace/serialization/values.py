@@ -27,9 +27,8 @@ import numpy as np
 from mgtrace._core import DTYPES, Device, Tensor, as_device
 from mgtrace.errors import ArchiveError, Error
 from mgtrace.module import Module
-from mgtrace.serialization.limits import (MAX_DEVICE_STR, MAX_INT_DIGITS, MAX_NAME_CHARS,
-                                          MAX_NAMEDTUPLE_FIELDS, MAX_NAMEDTUPLE_TYPES,
-                                          MAX_SAME_HASH, MAX_VALUE_DEPTH)
+from mgtrace.serialization import limits
+from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS
 
 __all__ = ["TAGS", "UNTAGGED", "UnstorableError", "encode", "decode", "namedtuple_type"]
 
@@ -128,14 +127,13 @@ def _tag(ctx, name, payload):
 
 
 def _enc(v, ctx, node_id, depth):
-    if depth > MAX_VALUE_DEPTH:
-        raise ValueError(f"values nest deeper than {MAX_VALUE_DEPTH} levels (or refer to "
-                         "themselves); an archive cannot store them")
+    limits.check_value_depth(depth, "cannot save: a value (or one that refers to itself)",
+                             ValueError)
     t = type(v)
     if t in _PLAIN:
         return v
     if t is int:
-        return v if _INT_RANGE[0] <= v < _INT_RANGE[1] else _tag(ctx, "int", str(v))
+        return v if _INT_RANGE[0] <= v < _INT_RANGE[1] else _big_int(v, ctx)
     enc = _ENCODERS.get(t)
     if enc is not None:
         return enc(v, ctx, node_id, depth + 1)
@@ -157,9 +155,20 @@ def _enc(v, ctx, node_id, depth):
                       "Ellipsis, NumPy scalars, dtypes, devices, Tensors and Modules)")
 
 
+def _big_int(v, ctx):
+    try:
+        text = str(v)
+    except ValueError:          # past the interpreter's own limit (sys.set_int_max_str_digits)
+        text = None
+    digits = len(text.lstrip("-")) if text is not None else MAX_INT_DIGITS + 1
+    limits.check_int_digits(digits, "cannot save: a value", ValueError)
+    return _tag(ctx, "int", text)
+
+
 def _items(pairs, ctx, node_id, depth):
-    out = []
+    out, hashes = [], collections.Counter()
     for k, v in pairs:
+        limits.count_hash(hashes, k, "cannot save: a dict", ValueError)
         try:
             out.append([_enc(k, ctx, node_id, depth), _enc(v, ctx, node_id, depth)])
         except UnstorableError as e:
@@ -183,6 +192,11 @@ def _seq(tag):
 
 def _namedtuple(v, ctx, node_id, depth):
     t = type(v)
+    limits.check_namedtuple(t.__module__, t.__qualname__, t._fields,
+                            f"cannot save: a {t.__qualname__}", ValueError)
+    if ctx is not None:
+        ctx.namedtuple_types.add((t.__module__, t.__qualname__, tuple(t._fields)))
+        limits.check_namedtuple_types(len(ctx.namedtuple_types), "cannot save", ValueError)
     items = _seq("list")(v, ctx, node_id, depth)["list"]      # paths name items as [i]
     return _tag(ctx, "namedtuple", [t.__module__, t.__qualname__, list(t._fields), items])
 
@@ -260,8 +274,7 @@ def _describe(x):
 
 
 def _dec(x, ctx, node, depth, where):
-    if depth > MAX_VALUE_DEPTH:
-        _fail(where, f"values nest deeper than {MAX_VALUE_DEPTH} levels")
+    limits.check_value_depth(depth, where, ArchiveError)
     t = type(x)
     if t in _PLAIN or t is int:
         return x
@@ -297,22 +310,14 @@ def _dec_seq(kind):
     return dec
 
 
-def check_hashes(keys, where):
-    """Raise ArchiveError when more than limits.MAX_SAME_HASH of ``keys``
+def check_hashes(keys, where, error=ArchiveError):
+    """Raise ``error`` when more than limits.MAX_SAME_HASH of ``keys``
     (hashable) share a hash. Keys that share a hash make each insertion into
     a dict or set compare them all: a few is chance (``hash(-1) ==
     hash(-2)``), many is a quadratic-time attack."""
     hashes = collections.Counter()
     for k in keys:
-        _count_hash(hashes, k, where)
-
-
-def _count_hash(hashes, key, where):
-    h = hash(key)
-    hashes[h] += 1
-    if hashes[h] > MAX_SAME_HASH:
-        _fail(where, f"more than {MAX_SAME_HASH} keys share one hash (a corrupted or hostile "
-                     "archive)")
+        limits.count_hash(hashes, k, where, error)
 
 
 def _dec_map(kind):
@@ -326,7 +331,7 @@ def _dec_map(kind):
             except TypeError:
                 _fail(f"{where}[{i}][0]", f"a dict key must be hashable, got a "
                                           f"{type(key).__name__}")
-            _count_hash(hashes, key, where)
+            limits.count_hash(hashes, key, where, ArchiveError)
             if key in out:
                 _fail(where, f"key {_short(key)} appears twice")
             out[key] = _dec(v, ctx, node, depth, f"{where}[{i}][1]")
@@ -356,10 +361,7 @@ def namedtuple_type(module, qualname, fields, where="value"):
     if not (type(module) is str and type(qualname) is str and type(fields) in (list, tuple)
             and all(type(f) is str for f in fields)):
         _fail(where, "a namedtuple is stored as (module, qualname, fields) strings")
-    if max(len(module), len(qualname), *map(len, fields), 0) > MAX_NAME_CHARS or \
-            len(fields) > MAX_NAMEDTUPLE_FIELDS:
-        _fail(where, f"a namedtuple's names are at most {MAX_NAME_CHARS} characters and it has "
-                     f"at most {MAX_NAMEDTUPLE_FIELDS} fields")
+    limits.check_namedtuple(module, qualname, fields, where, ArchiveError)
     key = (module, qualname, tuple(fields))
     t = _NAMEDTUPLES.get(key)
     if t is None:
@@ -382,8 +384,7 @@ def _dec_namedtuple(p, ctx, node, depth, where):
     if made is not None and type(module) is str and type(qualname) is str \
             and type(fields) is list and all(type(f) is str for f in fields):
         made.add((module, qualname, tuple(fields)))
-        if len(made) > MAX_NAMEDTUPLE_TYPES:
-            _fail(where, f"more than {MAX_NAMEDTUPLE_TYPES} distinct namedtuple types")
+        limits.check_namedtuple_types(len(made), where, ArchiveError)
     t = namedtuple_type(module, qualname, fields, where)
     items = [_dec(e, ctx, node, depth, f"{where}[3][{i}]")
              for i, e in enumerate(_expect(items, list, f"{where}[3]"))]

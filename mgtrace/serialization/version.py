@@ -25,7 +25,7 @@ import os
 from mgtrace.errors import ArchiveError, VersionError
 
 FORMAT_NAME = "mgtrace.tmod"
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 
 # major -> function(header) -> header of major + 1; each new major ships one.
 FORMAT_UPGRADERS = {}
@@ -51,6 +51,14 @@ def check_target(target):
         raise ValueError(f"target_version {target!r}: this mgtrace writes formats 1.0 to "
                          f"{fmt(FORMAT_VERSION)}")
     return t
+
+
+def is_current(format_version):
+    """Whether ``save`` would write an archive of ``format_version`` in that
+    same version again (nothing to upgrade): every archive it writes is at
+    least 1.1 (the header seal), and a newer minor only one that uses a
+    feature of it, so 1.1 up to FORMAT_VERSION is current."""
+    return (1, 1) <= tuple(format_version) <= FORMAT_VERSION
 
 
 def released_names(version):

@@ -8,7 +8,7 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import tensors as T, values
+from mgtrace.serialization import aliases, limits, tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
@@ -53,7 +53,9 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
 
     Tensors are stored contiguous, little-endian, 64-byte aligned, with a
     CRC-32 each; a tensor met twice (same storage, offset, shape, strides)
-    is stored once. Parameters in a state dict come back as plain Tensors.
+    is stored once, and tensors that view one storage (a buffer and a slice
+    of it) are stored as views of one copy of it (format 1.2), which load
+    gives back as views of one storage again. Parameters in a state dict come back as plain Tensors.
     A save holds no second copy of the weights: each tensor is written from
     its own memory (a non-contiguous or bfloat16 one through a copy of it
     alone); to a path, each is read once (its checksum computed as it is
@@ -68,9 +70,13 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             is not registered (register_function); ``example_inputs`` or
             ``example_kwargs`` without a Module; ``metadata`` or
             ``example_kwargs`` not a dict (with str keys).
-        ValueError: values nested deeper than the reader accepts; a
-            ``target_version`` this writer does not write, or below a
-            feature ``obj`` uses (the message names the feature).
+        ValueError: anything the reader would refuse, checked before a
+            byte is written (the bounds of limits.py: values nested too
+            deep, names too long, node names one identifier after NFKC,
+            dict keys sharing a hash, tables too large..., with load's
+            message); a ``target_version`` this writer does not write, or
+            below a feature ``obj`` uses (the message names the feature;
+            for tensors that share memory, two of them).
         OSError: the file cannot be written; a path target is then untouched.
 
     >>> import io, mgtrace as mt
@@ -121,6 +127,10 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     meta = None if metadata is None else ctx.value(metadata, where="metadata")
+    ctx._share_views(aliases.tensor_names(obj))      # before the version is read off ctx
+    for table in ("ops", "modules", "tensors"):       # the reader's bounds, checked first
+        limits.check_table(len(getattr(ctx, table)), table, ValueError)
+    ctx._check_build()
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
@@ -169,6 +179,11 @@ def _pack(header):
     return H.pack(header, sealed=H.SEAL in header)
 
 
+def _stored(tensors, table):
+    """``(tensor, entry)`` of the entries that hold data (not views)."""
+    return [(t, e) for t, e in zip(tensors, table) if not isinstance(t, aliases.View)]
+
+
 def _write_one_pass(out, header, tensors):
     """Write with each tensor read once: the checksums are computed from the
     bytes as they are written, then the header (the same length: checksums
@@ -176,6 +191,9 @@ def _write_one_pass(out, header, tensors):
     seekable and not in append mode."""
     table, end = [], 0
     for t in tensors:
+        if isinstance(t, aliases.View):
+            table.append(aliases.view_entry(t))
+            continue
         offset = align(end)
         nbytes = T.host_array(t).nbytes
         table.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
@@ -188,7 +206,7 @@ def _write_one_pass(out, header, tensors):
     out.write(packed)
     out.write(bytes(data_start(len(packed)) - len(packed) - PREFIX.size))
     pos = 0
-    for t, e in zip(tensors, table):
+    for t, e in _stored(tensors, table):
         out.write(bytes(e["offset"] - pos))
         data = T.array_bytes(T.host_array(t))
         e["checksum"] = T.checksum(data)
@@ -205,6 +223,9 @@ def _write_one_pass(out, header, tensors):
 def _write(out, header, tensors):
     table, end = [], 0
     for t in tensors:          # one tensor's host copy at a time, at most
+        if isinstance(t, aliases.View):
+            table.append(aliases.view_entry(t))
+            continue
         offset = align(end)
         table.append(T.entry_for(t, offset, T.host_array(t)))
         end = offset + table[-1]["nbytes"]
@@ -215,7 +236,7 @@ def _write(out, header, tensors):
     pos = data_start(len(packed))
     out.write(bytes(pos - len(packed) - PREFIX.size))
     pos = 0
-    for i, (t, e) in enumerate(zip(tensors, table)):
+    for i, (t, e) in enumerate(_stored(tensors, table)):
         out.write(bytes(e["offset"] - pos))
         data = T.array_bytes(T.host_array(t))
         if T.checksum(data) != e["checksum"]:

@@ -225,3 +225,26 @@ def test_doctor_advises_only_switches_that_are_read():
     assert set(re.findall(r"(MGTRACE_\w+)=\S* pip install", out)) <= build
     assert set(re.findall(r"MGTRACE_\w+", out)) <= build | run
     assert "pip install ." not in out.split("cuda:", 1)[1].splitlines()[0]
+
+
+def test_diff_and_inspect_read_format_1_2_views(tmp_path):
+    # views of one storage (format 1.2) hold no data of their own: diff reads
+    # them through their base, inspect counts the base's bytes once
+    class Tied(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(3, 2)
+            self.row = self.fc.weight[1]
+
+        def forward(self, x):
+            return self.fc(x) * self.row.sum()
+    a = Tied()
+    x = mt.tensor(np.ones((1, 3), np.float32))
+    mt.save(mt.trace_module(a, x), tmp_path / "a.tmod")
+    a.fc.weight[1, 2] = 5.0                    # row 1 is the buffer too
+    mt.save(mt.trace_module(a, x), tmp_path / "b.tmod")
+    p = cli("diff", tmp_path / "a.tmod", tmp_path / "b.tmod")
+    assert p.returncode == 1, p.stderr
+    assert "tensor row" in p.stdout and "tensor fc.weight" in p.stdout
+    [r] = json.loads(cli("inspect", "--json", tmp_path / "a.tmod").stdout)
+    assert r["format_version"] == "1.2" and r["bytes"] == (2 * 3 + 2) * 4

@@ -10,10 +10,11 @@ from .helpers import edit, load_bytes, save_bytes, split
 
 
 def test_format_version_is_exported_and_written():
-    assert mt.FORMAT_VERSION == (1, 1) == mt.serialization.FORMAT_VERSION
+    assert mt.FORMAT_VERSION == (1, 2) == mt.serialization.FORMAT_VERSION
     header, _ = split(save_bytes(mt.tensor([1.0])))
     assert header["format"] == "mgtrace.tmod"
-    # the 1.1 header checksum is optional for a reader: a 1.0 reader loads the file
+    # the 1.1 header checksum is optional for a reader: a 1.0 reader loads the file;
+    # nothing of 1.2 is used, so the archive is a 1.1 one
     assert header["format_version"] == [1, 1] and header["min_reader_version"] == [1, 0]
     assert list(header)[-1] == "header_checksum"
     assert header["producer"] == {"library": "mgtrace", "version": mt.__version__}
@@ -26,7 +27,7 @@ def test_target_version_1_0_writes_a_1_0_archive_without_the_seal():
     assert load_bytes(save_bytes(mt.tensor([1.0]), target_version=(1, 0))).tolist() == [1.0]
 
 
-@pytest.mark.parametrize("target", [(0, 9), (1, 2), (2, 0), "1.0", (1,), 3])
+@pytest.mark.parametrize("target", [(0, 9), (1, 3), (2, 0), "1.0", (1,), 3])
 def test_unwritable_target_versions_are_refused(target):
     with pytest.raises(ValueError, match="target_version"):
         save_bytes(mt.tensor([1.0]), target_version=target)
@@ -93,8 +94,9 @@ def test_malformed_versions_are_archive_errors(fv, mv, message):
 def test_check_readable_directly():
     version.check_readable((1, 0), (1, 0))
     version.check_readable((1, 9), (1, 1))
+    version.check_readable((1, 9), (1, 2))
     with pytest.raises(mt.serialization.VersionError):
-        version.check_readable((1, 2), (1, 2))
+        version.check_readable((1, 3), (1, 3))
 
 
 def _relu_net():
@@ -128,7 +130,8 @@ def test_target_1_0_refuses_what_that_release_did_not_have(monkeypatch, table, n
     fake = {k: dict(v) for k, v in real.items()}
     del fake[table][name]
     from mgtrace.serialization import context
-    monkeypatch.setattr(context, "released_names", lambda v: None if v == (1, 1) else fake)
+    monkeypatch.setattr(context, "released_names", lambda v: None if v == mt.FORMAT_VERSION
+                        else fake if v == (1, 0) else version._released(v))
     tm = _relu_net()
     with pytest.raises(ValueError, match=words):
         save_bytes(tm, target_version=(1, 0))
@@ -140,6 +143,13 @@ def test_target_1_0_refuses_a_function_newer_than_that_release(monkeypatch):
     fake = {k: dict(v) for k, v in version._released((1, 0)).items()}
     fake["functions"]["mgtrace.functional.relu"] = 0
     from mgtrace.serialization import context
-    monkeypatch.setattr(context, "released_names", lambda v: None if v == (1, 1) else fake)
+    monkeypatch.setattr(context, "released_names", lambda v: None if v == mt.FORMAT_VERSION else fake)
     with pytest.raises(ValueError, match="at version 1, format 1.0 knew version 0"):
         save_bytes(_relu_net(), target_version=(1, 0))
+
+
+def test_an_archive_is_current_from_1_1_up_to_the_format_written():
+    # save writes 1.1 unless a newer feature is used: a 1.1 archive needs no upgrade
+    assert version.is_current(split(save_bytes(mt.tensor([1.0])))[0]["format_version"])
+    assert version.is_current(mt.FORMAT_VERSION)
+    assert not version.is_current((1, 0)) and not version.is_current((1, 9))
