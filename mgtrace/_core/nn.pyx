@@ -51,7 +51,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
 cdef extern from "kernels/nn.h" nogil:
-    enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW
+    enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW, MT_NN_NONFINITE
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,
         MT_CONV_WINOGRAD, MT_CONV_WINOGRAD4, MT_CONV_DIRECT, MT_CONV_BLOCKED
@@ -71,6 +71,7 @@ cdef extern from "kernels/nn.h" nogil:
     int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void *bias, void *y,
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
+    int mt_conv2d_direct_algo(const mt_conv2d_geom *g) noexcept
     void mt_conv2d_direct_force_narrow(int on) noexcept
     int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) noexcept
     int mt_conv2d_packs_weights(int algo) noexcept
@@ -887,8 +888,25 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
             rc = mt_conv2d_packed(work, tx._data, u._data, bptr, out._data, &g, a, layout, nt, wsp)
         else:
             rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
+    if rc == MT_NN_NONFINITE:
+        rc = _conv2d_direct(op, tx, tw, bptr, out, &g, nt)
     _check_rc(op, rc)
     return _finish(out, code)
+
+
+cdef int _conv2d_direct(str op, Tensor tx, Tensor tw, const void *bptr, Tensor out, mt_conv2d_geom *g,
+                        int nt) except? -100:
+    """conv2d again with a kernel without transforms, for a Winograd call
+    that met NaN or inf in x (MT_NN_NONFINITE): the direct sum keeps each
+    to the outputs whose receptive field holds it. Returns the kernel's rc."""
+    cdef int a = mt_conv2d_direct_algo(g), rc
+    cdef int64_t wsbytes = mt_conv2d_workspace(tx._dtype, g, a, nt)
+    cdef Tensor ws = _workspace(op, wsbytes, tx._device, None if wsbytes != MT_NN_EOVERFLOW else
+                                f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}")
+    cdef void *wsp = ws._data if ws is not None else NULL
+    with nogil:
+        rc = mt_conv2d(tx._dtype, tx._data, tw._data, bptr, out._data, g, a, nt, wsp)
+    return rc
 
 
 # ------------------------------------------------------------------ NCHW16c
@@ -1015,7 +1033,9 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     where conv2d runs its F(4x4) (:func:`conv2d_nchwc_algorithm`). With
     128-256 channels of random values, F(2x2) rounds within 7e-7 of the
     output's scale (a direct sum within 2e-6) and F(4x4) within 1.5e-5,
-    as conv2d's; an infinite input makes its tile's outputs NaN.
+    as conv2d's. A NaN or inf in x stays where a direct sum puts it
+    (in the outputs whose receptive field holds it): Winograd finds it as
+    it reads x and the call runs on the direct kernel instead.
 
     >>> import mgtrace as mt
     >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 2, 2), np.float32)))
@@ -1069,6 +1089,16 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     with nogil:
         rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
                              <float *>out._data, &g, nt, wsp)
+    if rc == MT_NN_NONFINITE:       # Winograd met NaN or inf in x: the direct kernel keeps them in place
+        form = mt_conv2d_nchwc_form(&g, blocked, 0)
+        u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, form, nt)
+        nb = mt_conv2d_nchwc_workspace(&g, form, nt)
+        ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
+                        f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
+        wsp = ws._data
+        with nogil:
+            rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
+                                 <float *>out._data, &g, nt, wsp)
     _check_rc(op, rc)
     return out
 

@@ -1514,7 +1514,7 @@ def test_conv2d_nchwc_winograd_keeps_unused_channels_zero_after_an_infinite_inpu
     finally:
         nn._set_nchwc_winograd(before)
     assert not y[..., 5:].any()
-    # (Winograd sums an infinite input's neighbourhood into NaN, as conv2d's Winograd does)
+    # (the inf stays in its receptive field, as a direct sum puts it: tests/functional/test_conv_nonfinite.py)
     assert not np.isfinite(y[0, 0, 4:7, 4:7, :5]).any() and np.isfinite(y[0, 0, 8:, 8:, :5]).all()
 
 

@@ -625,6 +625,30 @@ static int blocked_pays(const mt_conv2d_geom *g, int w_cached) {
 
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex(g, 0); }
 
+int mt_conv2d_direct_algo(const mt_conv2d_geom *g) { return direct_fits(g) ? MT_CONV_DIRECT : MT_CONV_IM2COL; }
+
+/* A value is finite unless its exponent bits are all ones. On the bits, so
+ * that the loop vectorizes (an OR of integer compares; a float test would
+ * be a reduction the compiler may not reorder). */
+MT_VCLONES int mt_all_finite(int dtype, const void *p, int64_t n) {
+    const char *c = (const char *)p;
+    unsigned bad = 0;
+    if (dtype == MT_FLOAT32) {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t b;
+            memcpy(&b, c + 4 * i, 4);       /* (memcpy: no aliasing of the floats) */
+            bad |= (b & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t b;
+            memcpy(&b, c + 8 * i, 8);
+            bad |= (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        }
+    }
+    return !bad;
+}
+
 int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) {
     const int64_t cg = g->c / g->groups;
     if (cg == 1) return MT_CONV_DEPTHWISE;
@@ -1125,6 +1149,7 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
     /* GEMM tasks: np per group, times output-channel blocks when fewer */
     const int64_t nob = o_split(og, np * g->groups, nt), obs = (og + nob - 1) / nob;
     const int par = nt > 1;
+    int nonfinite = 0;      /* a packed plane holds NaN or inf: MT_NN_NONFINITE */
     if (par) blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
@@ -1138,8 +1163,20 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
             /* P is [channel][image][hp][wp] for the batch: the phase-0,
              * stride-1 view of pack_plane pads by (ph, pw) into hp x wp */
             #pragma omp for schedule(static)
-            for (int64_t r = 0; r < g->c * b; r++)
+            for (int64_t r = 0; r < g->c * b; r++) {
                 pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, r / b, 0, pl.hp, pl.wp);
+                /* (the plane is in cache: the check costs no extra pass) */
+                if (!mt_all_finite(dt, p + r * plane * isz, plane)) {
+                    #pragma omp atomic write
+                    nonfinite = 1;
+                }
+            }
+            /* (every thread reads it after the loop's barrier, before the
+             * next write can happen: they all stop at the same batch) */
+            int stop;
+            #pragma omp atomic read
+            stop = nonfinite;
+            if (stop) break;
             for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
                 /* the chunk: tile rows r0 .. r1 - 1; row r is row r % th of image r / th.
                  * V[xi] is [C][cnt] and M[xi] [O][cnt], vx and mx elements apart */
@@ -1168,7 +1205,7 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
         }
     }
     if (par) blas_single_end();
-    return 0;
+    return nonfinite ? MT_NN_NONFINITE : 0;
 }
 
 /* ----------------------------------------------------------------- public */

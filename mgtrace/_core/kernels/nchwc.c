@@ -860,6 +860,7 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
     const int64_t rounds_img = (pl.th + pl.rows - 1) / pl.rows;
     const int64_t rd = g->has_res ? g->res_delta : 0;
     const int otail = g->o % NC ? (int)(g->o % NC) : 0;
+    int nonfinite = 0;      /* an input row holds NaN or inf: MT_NN_NONFINITE */
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
 #ifdef _OPENMP
@@ -878,9 +879,22 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
             #pragma omp for schedule(static)
             for (int64_t task = 0; task < pl.ncb * nrows; task++) {
                 const int64_t cb = task / nrows, ty = task % nrows;
-                nw_input_row(x + (n * pl.ncb + cb) * plane, v + cb * vcb + ty * pl.tw * NC, g, e, ty0 + ty,
-                             pl.tw, vp);
+                const float *xb = x + (n * pl.ncb + cb) * plane;
+                nw_input_row(xb, v + cb * vcb + ty * pl.tw * NC, g, e, ty0 + ty, pl.tw, vp);
+                /* the input rows the row's patches read, in cache now */
+                const int64_t iy0 = mt_max64(0, e * (ty0 + ty) - g->ph);
+                const int64_t iy1 = mt_min64(g->h, e * (ty0 + ty) - g->ph + e + 2);
+                if (iy1 > iy0 && !mt_all_finite(MT_FLOAT32, xb + iy0 * g->w * NC, (iy1 - iy0) * g->w * NC)) {
+                    #pragma omp atomic write
+                    nonfinite = 1;
+                }
             }
+            /* (read after the loop's barrier by every thread, before any
+             * can write it again: they all stop at the same round) */
+            int stop;
+            #pragma omp atomic read
+            stop = nonfinite;
+            if (stop) break;
             /* groups of tiles: at most pl.group, and enough tasks for the threads */
             int64_t ngroup = (tiles + pl.group - 1) / pl.group;
             const int64_t want = (4 * nt + pl.units - 1) / pl.units, most = (tiles + NC_R - 1) / NC_R;
@@ -912,7 +926,7 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
             }
         }
     }
-    return 0;
+    return nonfinite ? MT_NN_NONFINITE : 0;
 }
 
 /* ------------------------------------------- pointwise then depthwise */

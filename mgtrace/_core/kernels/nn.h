@@ -23,6 +23,18 @@
 #define MT_NN_ENOMEM (-1)
 /* returned by the workspace queries when the size does not fit int64 */
 #define MT_NN_EOVERFLOW (-2)
+/* returned by a transform-based conv (WINOGRAD, WINOGRAD4, the NCHWc
+ * Winograd forms) whose input holds a NaN or an infinity: a transform mixes
+ * a whole tile's patch into every output of the tile (and an inf into
+ * inf - inf = NaN), where a direct sum keeps each non-finite input to the
+ * outputs whose receptive field holds it. The call stops early, its output
+ * unspecified; the caller runs it again with a direct kernel
+ * (mt_conv2d_direct_algo, or the NCHWc form for winograd 0). Found by a
+ * finite check of the input as the kernel reads it (no extra pass). */
+#define MT_NN_NONFINITE 1
+
+/* 1 when the n values at p (MT_FLOAT32 or MT_FLOAT64) are all finite */
+int mt_all_finite(int dtype, const void *p, int64_t n);
 
 /* ---- activation epilogues (act.c) ---- */
 
@@ -127,6 +139,9 @@ void mt_conv2d_direct_force_narrow(int on);
 int mt_cpu_avx512(void);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
+/* The kernel without transforms that reruns a call ended by
+ * MT_NN_NONFINITE: DIRECT where its packed image fits, else IM2COL. */
+int mt_conv2d_direct_algo(const mt_conv2d_geom *g);
 /* The same for a caller that caches packed weights (w_cached 1: see
  * mt_conv2d_pack_weights): WINOGRAD and WINOGRAD4 then pay on fewer tiles,
  * and DIRECT on more geometries. */
