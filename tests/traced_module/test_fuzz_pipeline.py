@@ -168,3 +168,21 @@ def test_a_regression_file_runs_the_shrunk_module_through_its_variant(fuzz, tmp_
     ns = {"__file__": str(SCRIPT.parent / "x.py"), "__name__": "regression"}
     exec(compile(src, str(path), "exec"), ns)           # noqa: S102  the file just written
     ns["test_optimize_value_convblock_to_vec"]()        # this module has no bug: it passes
+
+
+def test_an_error_rounding_explains_is_told_from_a_real_one(fuzz):
+    """(x * 1000) % 1: a 2-ulp nudge of x moves eager's output by about
+    1000 * 2.4e-7 * |x| (~1e-4 here), so an error of 1e-4 is rounding's,
+    one of 0.1 is not."""
+    src = ("import numpy as np\nimport mgtrace as mt\nimport mgtrace.module as M\n"
+           "class Net(M.Module):\n    def forward(self, x):\n        return (x * 1000.0) % 1.0\n"
+           "def build():\n    return Net()\n"
+           "def inputs(call):\n    rng = np.random.default_rng(call)\n"
+           "    return (mt.tensor(rng.uniform(1.0, 2.0, (2, 64)).astype('float32')),)\n")
+    ns = fuzz.load_source(src)
+    inputs_np, want = fuzz.reference(ns)
+    sens = fuzz._sensitivity(ns, inputs_np, want)
+    assert 1e-5 < sens < 1.0                 # a nudge crosses an integer somewhere: up to ~1
+    memo = []
+    assert fuzz._ill_conditioned(sens, ns, inputs_np, want, memo)
+    assert not fuzz._ill_conditioned(fuzz.ILL_FACTOR * sens * 2, ns, inputs_np, want, memo)
