@@ -9,7 +9,9 @@ Each case is a small random module, written as Python source from a spec
 op table and the builtin modules, in the shapes of real models' patterns,
 each step of one feature family (FAMILIES: ``tied`` parameters, modules
 called ``twice``, ``inplace`` updates of buffers, intermediates and inputs,
-``view`` and slices, Python ``container`` s of modules, user ``submodule`` s,
+``bufwrite`` (a buffer written through a slice), ``view`` and slices,
+Python ``container`` s of modules, user ``submodule`` s, ``create`` (tensors
+made in forward), ``shape`` arithmetic, ``index`` (integer and mask indexing),
 ``int`` and ``bool`` values, ``range`` loops over the batch, ``attention``,
 ``residual`` adds; and, for the whole case, ``nan`` inputs (NaN, inf, -0.0),
 ``f64`` inputs, ``batch`` (called at another batch than traced),
@@ -60,7 +62,7 @@ HERE = os.path.abspath(__file__)
 
 # --------------------------------------------------------------- families
 # step families (a step belongs to one) and case-wide features
-STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "container",
+STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "bufwrite", "container",
                  "submodule", "int", "bool", "range", "attention", "residual", "create",
                  "shape", "index")
 CASE_FAMILIES = ("nan", "f64", "batch", "outputs", "train", "odd")
@@ -361,11 +363,21 @@ def _inplace(g, r):
         g.fwd.append(_pick(r, 1, ("h[:, :1] = 0.0", "h[:, -1] = 2.0", "h[0] = h[0] * 2.0")))
     elif kind == 4:         # the caller's input, written into
         g.fwd.append(_pick(r, 1, ("x *= 0.5", "x[:, 0] = 1.0", "x += 1.0")))
-    else:                   # a buffer overwritten through a slice
-        b = g.name("last")
-        g.init.append(f"self.{b} = F.zeros({vshape})")
-        g.fwd.append(f"self.{b}[:] = h.max(axis={axes})")
-        g.fwd.append(f"h = h - self.{b}.reshape{bshape}")
+    else:                   # an input and an intermediate, both written
+        g.fwd.append("x[:, :1] = 0.0")
+        g.fwd.append("h *= 2.0")
+    return True
+
+
+def _bufwrite(g, r):
+    """A buffer overwritten through a slice (``self.b[:] = v``), read back."""
+    c = g.width()
+    axes = "(0, 2, 3)" if g.img else "0"
+    bshape = f"(1, {c}, 1, 1)" if g.img else f"(1, {c})"
+    b = g.name("last")
+    g.init.append(f"self.{b} = F.zeros(({c},))")
+    g.fwd.append(f"self.{b}[:] = h.{_pick(r, 0, ('max', 'mean'))}(axis={axes})")
+    g.fwd.append(f"h = h - self.{b}.reshape{bshape}")
     return True
 
 
@@ -633,6 +645,7 @@ STEPS = {
     "tied": ("tied", 2, _tied),
     "twice": ("twice", 2, _twice),
     "inplace": ("inplace", 3, _inplace),
+    "bufwrite": ("bufwrite", 1, _bufwrite),
     "container": ("container", 2, _container),
     "submodule": ("submodule", 2, _submodule),
     "int": ("int", 1, _int),
@@ -1198,6 +1211,9 @@ def _one_case(seed, i, without, seen):
         shrunk = n < SHRINK_PER_KEY
         if shrunk:
             small = shrink(spec, lambda c: fails_like(c, variant, kind))
+            # the shrunk module's own failure: its detail, and whether its trace warned
+            again = [f for f in run_spec(small, [variant])[0] if f[0] == variant]
+            detail = again[0][2] if again else detail
             sig = signature(small, variant, _kind_root(kind)) + ("+warned" if WARNED in detail else "")
         seen[key] = (n + 1, sig, small)
         rec["fail"] = {"case": i, "seed": seed, "variant": variant, "kind": kind,
