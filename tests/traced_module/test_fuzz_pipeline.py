@@ -16,18 +16,24 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_pipeline.py"
 
 # Feature families left out of the CI run until their open fixes are merged
 # (issue 29); the integrator turns each back on with its fix. What each
-# still finds, shrunk (python scripts/fuzz_pipeline.py -n 2500 --seed 11):
+# still finds, shrunk (python scripts/fuzz_pipeline.py -n 20000 --seed 1):
 KNOWN_OPEN = {
-    # x.view(h.shape[0], -1) / x.view(-1) recorded as a constant (the traced
-    # inputs come back, at any batch); item (2)
+    # h.view(h.shape[0], -1) / h.view(-1) recorded as a constant (the traced
+    # input's values come back, at any batch; with x written after it, the
+    # trace check fails); item (2)
     "view",
-    # F.stack([h[i] for i in range(h.shape[0])]) specialised to the traced batch; item (2)
+    # F.stack([h[i] ... for i in range(h.shape[0])]) specialised to the traced
+    # batch, silently (wrong shape, or IndexError at a smaller batch); item (2)
     "range",
-    # optimize's FoldConstant folds self.buf.reshape(...) of a buffer the
-    # forward writes into (self.buf[:] = ...): a stale constant once saved
-    # and loaded, or once fused; item (1)
-    "inplace",
+    # FoldConstant folds self.b.reshape(...) of a buffer forward writes through
+    # a slice (self.b[:] = v) into a constant that aliases the buffer: right
+    # by luck until the alias is split (saved and loaded, or fused by
+    # optimize "all"); item (1)
+    "bufwrite",
 }
+# Open too, and rare (3 in 20,000; the CI seed does not meet it): F.conv2d_nchwc's
+# Winograd turns an inf in a 4x4 input tile into NaN at outputs whose 3x3
+# window does not hold it (optimize "all" on a conv fed inf); item (4).
 CI_CASES, CI_SEED = 300, 29
 
 
@@ -168,3 +174,21 @@ def test_a_regression_file_runs_the_shrunk_module_through_its_variant(fuzz, tmp_
     ns = {"__file__": str(SCRIPT.parent / "x.py"), "__name__": "regression"}
     exec(compile(src, str(path), "exec"), ns)           # noqa: S102  the file just written
     ns["test_optimize_value_convblock_to_vec"]()        # this module has no bug: it passes
+
+
+def test_an_error_rounding_explains_is_told_from_a_real_one(fuzz):
+    """(x * 1000) % 1: a 2-ulp nudge of x moves eager's output by about
+    1000 * 2.4e-7 * |x| (~1e-4 here), so an error of 1e-4 is rounding's,
+    one of 0.1 is not."""
+    src = ("import numpy as np\nimport mgtrace as mt\nimport mgtrace.module as M\n"
+           "class Net(M.Module):\n    def forward(self, x):\n        return (x * 1000.0) % 1.0\n"
+           "def build():\n    return Net()\n"
+           "def inputs(call):\n    rng = np.random.default_rng(call)\n"
+           "    return (mt.tensor(rng.uniform(1.0, 2.0, (2, 64)).astype('float32')),)\n")
+    ns = fuzz.load_source(src)
+    inputs_np, want = fuzz.reference(ns)
+    sens = fuzz._sensitivity(ns, inputs_np, want)
+    assert 1e-5 < sens < 1.0                 # a nudge crosses an integer somewhere: up to ~1
+    memo = []
+    assert fuzz._ill_conditioned(sens, ns, inputs_np, want, memo)
+    assert not fuzz._ill_conditioned(fuzz.ILL_FACTOR * sens * 2, ns, inputs_np, want, memo)
