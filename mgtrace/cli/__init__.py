@@ -199,9 +199,11 @@ def _parser():
     s = sub.add_parser("diff", help="what changed between two archives",
                        formatter_class=_Formatter,
                        description=_wrap("Compare two archive files: format and producer, "
-                                   "inputs/outputs, module tree, graph exprs, op versions and call "
-                                   "counts, metadata, the stored example inputs and outputs, and "
-                                   "each tensor (shape, dtype, largest difference). Values compare "
+                                   "inputs/outputs, module tree with builtin configs and traced "
+                                   "modules' attributes, graph exprs with their arguments and "
+                                   "constants, op versions and call counts, metadata, the stored "
+                                   "example inputs and outputs, and each tensor (shape, dtype, "
+                                   "largest difference). Values compare "
                                    "NaN-aware: NaN and inf at the same places are equal, and the "
                                    "largest difference is over the places finite in both, with a "
                                    "count of the places whose NaN or inf differ."),

@@ -172,11 +172,20 @@ def _walk_modules(header):
     yield from walk(r["module"], "", 0, frozenset())
 
 
-def _describe(m):
+def _describe(m, full=False):
+    """A module's name or type, with a builtin's config (values cut short
+    for people unless ``full``: diff compares them whole)."""
     desc = m.get("name") if m.get("kind") == "traced" else m.get("type", "").rsplit(".", 1)[-1]
     if m.get("kind") == "builtin":
-        desc += "(" + ", ".join(f"{k}={_short(v)}" for k, v in m.get("config", {}).items()) + ")"
+        shown = _compact if full else _short
+        desc += "(" + ", ".join(f"{k}={shown(v)}" for k, v in m.get("config", {}).items()) + ")"
     return desc
+
+
+def _compact(v):
+    """A header value as compact JSON text (NaN as "NaN": equal to itself)."""
+    import json
+    return json.dumps(v, separators=(",", ":"), default=repr)
 
 
 def _module_tree(header):
@@ -197,7 +206,21 @@ def _module_kinds(header):
         m = mods[i]
         reads = m.get("reads_as")
         out[".".join(p for p in stack if p)] = (
-            f"{m.get('kind')} {_describe(m)}" + (f" (reads as a {reads})" if reads else ""))
+            f"{m.get('kind')} {_describe(m, full=True)}" + (f" (reads as a {reads})" if reads else ""))
+    return out
+
+
+def _module_attrs(header):
+    """``{path: attributes as compact text}`` of the traced modules (plain
+    values a forward may read: ``self.k``), tensors by dtype and shape (their
+    values are the model's tensors, compared by name)."""
+    mods, out, stack = header["modules"], {}, []
+    for depth, name, i in _walk_modules(header):
+        del stack[depth:]
+        stack.append(name)
+        attrs = mods[i].get("attrs")
+        if mods[i].get("kind") == "traced" and attrs:
+            out[".".join(p for p in stack if p)] = _compact(_by_shape(attrs, header))
     return out
 
 
@@ -390,8 +413,10 @@ def diff_files(a, b):
     """What differs between archives ``a`` and ``b``.
 
     Compares the header summaries (format, producer, parameters, inputs and
-    outputs), the module tree, each traced graph's exprs, op versions and
-    call counts, metadata (with the values of tensors in it), the stored
+    outputs), the module tree (builtin configs whole, traced modules'
+    attributes), each traced graph's exprs with their arguments (constant
+    tensors by value), op versions and call counts, metadata (with the
+    values of tensors in it), the stored
     example inputs, kwargs and outputs (structure, then each tensor's
     values), and the model's tensors by name (shape, dtype, and the largest
     absolute difference). NaN and inf at the same places are equal. Reads
@@ -423,6 +448,10 @@ def diff_files(a, b):
     for k in sorted(set(ra) | set(rb), key=lambda p: (p.count("."), p)):
         if ra.get(k) != rb.get(k):
             change(f"module {k or '<root>'}", ra.get(k), rb.get(k))
+    aa, ab = _module_attrs(ha), _module_attrs(hb)
+    for k in sorted(set(aa) | set(ab), key=lambda p: (p.count("."), p)):
+        if ra.get(k) == rb.get(k) and aa.get(k) != ab.get(k):     # (a changed module is shown above)
+            change(f"module {k or '<root>'} attributes", aa.get(k), ab.get(k))
     ga, gb = _graph_exprs(ha), _graph_exprs(hb)
     for k in sorted(set(ga) | set(gb)):
         ea, eb = ga.get(k), gb.get(k)
@@ -449,6 +478,10 @@ def diff_files(a, b):
     elif ea is not None:
         for part in sorted(set(ea) | set(eb)):          # inputs, kwargs, outputs
             _value_changes(f"example {part}", (a, ha, ea.get(part)), (b, hb, eb.get(part)), change)
+    ca, cb = _graph_constants(ha), _graph_constants(hb)
+    if [w for w, _ in ca] == [w for w, _ in cb]:          # else the graphs differ, shown above
+        for (what, _), x, y in zip(ca, _read_raw(a, ha, ca), _read_raw(b, hb, cb)):
+            _array_change(f"{what} tensor", x, y, change)
     ta, tb = _raw_tensors(a, ha), _raw_tensors(b, hb)
     for k in sorted(set(ta) | set(tb)):
         _array_change(f"tensor {k}", ta.get(k), tb.get(k), change)
@@ -521,31 +554,70 @@ def _ex_text(ex):
     return f"({shapes(ex['inputs'])}) -> ({shapes(ex['outputs'])})"
 
 
-def _graph_exprs(header):
-    """``{"Qualname" or "Qualname#k": [expr description, ...]}`` of every traced graph."""
-    out = {}
-    ops = header["ops"]
+def _graphs(header):
+    """``(key, graph)`` of every traced graph, key "Qualname" or "Qualname#k"."""
     for m in header["modules"]:
         if m.get("kind") != "traced":
             continue
         for k, g in enumerate(m.get("graphs", [])):
             key = m.get("qualname") or m.get("name") or "?"
-            key = key if k == 0 else f"{key}#{k + 1}"
-            descs = []
-            for e in g.get("exprs", []):
-                kind = e.get("kind")
-                if kind == "call_function":
-                    op = e.get("op")
-                    name = ops[op]["name"] if isinstance(op, int) and 0 <= op < len(ops) else op
-                    descs.append(f"call {name}")
-                elif kind == "call_method":
-                    descs.append(f"method {e.get('method')}")
-                elif kind in ("getattr", "input"):
-                    descs.append(f"{kind} {e.get('name')}")
-                else:
-                    descs.append(str(kind))
-            out[key] = descs
-    return out
+            yield (key if k == 0 else f"{key}#{k + 1}"), g
+
+
+def _graph_constants(header):
+    """``[(what, tensor index), ...]`` of the tensors the graphs' exprs hold
+    (constants, tensor arguments), in graph and expr order."""
+    return [(f"graph {key} expr {i}{' ' + where if where else ''}", t)
+            for key, g in _graphs(header) for i, e in enumerate(g.get("exprs", []))
+            for where, t in _tagged_tensors({k: e.get(k) for k in ("value", "args", "kwargs", "params")}, "")]
+
+
+def _graph_exprs(header):
+    """``{"Qualname" or "Qualname#k": [expr description, ...]}`` of every traced graph."""
+    return {key: [_expr_text(e, header) for e in g.get("exprs", [])] for key, g in _graphs(header)}
+
+
+def _expr_text(e, header):
+    """One expr as diff compares it: its kind, what it calls, its arguments."""
+    kind, ops = e.get("kind"), header["ops"]
+    if kind == "call_function":
+        op = e.get("op")
+        name = ops[op]["name"] if isinstance(op, int) and 0 <= op < len(ops) else op
+        return f"call {name}{_expr_args(e, header)}"
+    if kind == "call_method":
+        return f"method {e.get('method')} of %{e.get('self')}{_expr_args(e, header)}"
+    if kind == "apply":
+        return f"apply {e.get('op')}{_expr_args(e, header)}"
+    if kind in ("getattr", "input"):
+        return f"{kind} {e.get('name')}"
+    if kind == "constant":
+        return f"constant {_compact(_by_shape(e.get('value'), header))}"
+    return f"{kind}{_expr_args(e, header)}"
+
+
+def _expr_args(e, header):
+    """An expr's arguments as compact text, constants included (x * 2 and
+    x * 3 differ), nodes by their id in the graph, tensors by dtype and
+    shape (diff compares their values apart)."""
+    args = e.get("args")
+    text = "" if args is None else " " + _compact(_by_shape(args, header))
+    for k in ("kwargs", "params"):
+        text += " " + _compact(_by_shape(e[k], header)) if e.get(k) else ""
+    return text
+
+
+def _by_shape(v, header):
+    """Tagged value ``v`` with each ``{"tensor": i}`` as ``{"tensor": "float32[2, 3]"}``:
+    the same whatever the tensor's place in the table."""
+    if isinstance(v, dict):
+        if len(v) == 1 and isinstance(v.get("tensor"), int):
+            rows = header["tensors"]
+            t = rows[v["tensor"]] if 0 <= v["tensor"] < len(rows) else {}
+            return {"tensor": f"{t.get('dtype')}{t.get('shape')}"}
+        return {k: _by_shape(x, header) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_by_shape(x, header) for x in v]
+    return v
 
 
 def _np_dtype(name):

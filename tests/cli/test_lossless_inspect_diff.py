@@ -147,3 +147,36 @@ def test_retrace_skips_archives_without_a_module(tmp_path):
     assert not out.exists() or not list(out.rglob("*.tmod"))
     p = cli("retrace", src, "-o", out)
     assert "0 failed" in p.stdout and "2 left as they are" in p.stdout, p.stdout
+
+
+class _Scale(mt.module.Module):
+    def __init__(self, k, const, note="v1"):
+        super().__init__()
+        self.k, self.const, self.note = k, tuple(const.tolist()), note
+
+    def forward(self, x):
+        return x * self.k + mt.tensor(np.array(self.const, "float32"))
+
+
+def _scaled(tmp_path, name, k, const, note="v1"):
+    f = tmp_path / f"{name}.tmod"
+    mt.save(mt.trace_module(_Scale(k, const, note), mt.tensor(np.ones(3, "float32"))), f)
+    return f
+
+
+def test_diff_sees_constants_in_the_graph(tmp_path):
+    c = np.arange(3, dtype="float32")
+    a = _scaled(tmp_path, "a", 2, c)
+    assert cli("diff", a, _scaled(tmp_path, "a2", 2, c)).returncode == 0
+    # a Python constant argument: x * 2 against x * 3
+    [g] = [v for k, v in _changes(a, _scaled(tmp_path, "b", 3, c)).items() if k.startswith("graph")]
+    assert "[2]" in g["first_difference"] and "[3]" in g["first_difference"], g
+    # a constant tensor: the same graph, other values (|2 - 2.5|)
+    changes = _changes(a, _scaled(tmp_path, "c", 2, c + np.array([0, 0, 0.5], "float32")))
+    consts = {w: ch for w, ch in changes.items() if w.startswith("graph") and w.endswith("tensor")}
+    [ch] = consts.values()
+    assert ch["max_abs_diff"] == 0.5
+    # a plain attribute of a traced module that the graph does not read
+    changes = _changes(a, _scaled(tmp_path, "d", 2, c, note="v2"))
+    assert list(changes) == ["module <root> attributes"], changes
+    assert '"v1"' in changes["module <root> attributes"]["a"] and '"v2"' in changes["module <root> attributes"]["b"]
