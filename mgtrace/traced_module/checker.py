@@ -72,23 +72,40 @@ class ModuleState:
     :meth:`restore`: every module's attributes and tables (the objects they
     hold, so an attribute rebound in forward gets its old tensor back), the
     values of its buffers and other non-parameter tensors (in place), and
-    the global random stream."""
+    the global random stream.
+
+    Parameters are not copied up front (a model's weights are most of its
+    memory, and copying them doubled ResNet-18's trace time): the tracer
+    calls :meth:`before_write` ahead of each core op that writes a tensor
+    directly (``self.gain *= 0.5``, ``self.w[...] = v``), and a parameter's
+    value is taken then, once. A write through a view of a parameter is not
+    seen, and is left as the forward made it."""
 
     def __init__(self, module):
         self.modules = []
         self.values = []
+        self.params = {}          # id -> parameter not yet copied (copied on its first write)
         seen = set()
         for m in module.modules():
             d = m.__dict__
             tables = {k: dict(v) for k, v in d.items()
                       if k in ("_parameters", "_buffers", "_modules")}
             self.modules.append((m, dict(d), tables))
+            for t in d.get("_parameters", {}).values():
+                if isinstance(t, Tensor) and not getattr(t, "readonly", False):
+                    self.params.setdefault(id(t), t)
             for t in _tensors(list(d.get("_buffers", {}).values()) + list(d.values())):
                 if id(t) not in seen and not getattr(t, "readonly", False) \
                         and type(t).__name__ != "Parameter":
                     seen.add(id(t))
                     self.values.append((t, t.copy()))
         self.rng = _random.get_rng().get_state()
+
+    def before_write(self, t):
+        """Take parameter ``t``'s value if this is its first write."""
+        p = self.params.pop(id(t), None)
+        if p is not None:
+            self.values.append((p, p.copy()))
 
     def restore(self, rng=True):
         """Put the modules back as they were (``rng``: the random stream too)."""

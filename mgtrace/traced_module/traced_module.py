@@ -672,6 +672,7 @@ def trace_module(mod, *args, **kwargs):
         root = _convert(mod, "", root_name, converted)
         root._is_top = True
         tracer = Tracer(mod, converted, record_values=_checker.expr_check_on())
+        tracer.before_write = state.before_write
         leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
         with tracer.active():
             out = tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)

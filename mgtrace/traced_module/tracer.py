@@ -434,6 +434,7 @@ class Tracer(_hooks.TraceHook):
         self.values = {} if record_values else None
         self._warned = set()            # (source line, message kind) already warned about
         self.warn_constants = warn_constants
+        self.before_write = None        # called with a tensor a core op is about to write
         self.paths = {}                 # id(module) -> dotted path from the root
         self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
         names = _PathNames(root)
@@ -550,6 +551,10 @@ class Tracer(_hooks.TraceHook):
 
     def on_apply(self, opdef, *inputs):
         name, params = opdef.name, dict(opdef.params)
+        if self.before_write is not None:       # the caller's state, taken before a write
+            target = params.get("out", inputs[0] if name == "setitem" and inputs else None)
+            if isinstance(target, Tensor):
+                self.before_write(target)
         form = method_form(name, inputs, params)
         if form is not None:
             method, margs, mkwargs = form

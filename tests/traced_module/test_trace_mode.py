@@ -140,3 +140,28 @@ def test_a_failing_trace_also_restores_the_module():
         mt.trace_module(net, _x(4, 3))
     assert net.bn.num_batches_tracked.item() == 0
     assert float(np.abs(net.bn.running_mean.numpy()).max()) == 0.0
+
+
+class _WritesParameters(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = M.Parameter(F.ones((3,)))
+        self.w = M.Parameter(F.ones((3,)))
+
+    def forward(self, x):
+        self.g *= 0.5                   # an in-place operator on a parameter
+        self.w[0] = x.sum()             # and an indexed write
+        return x * self.g + self.w
+
+
+def test_a_forward_that_writes_parameters_traces_and_leaves_them_as_they_were():
+    net = _WritesParameters()
+    x = mt.tensor(np.arange(3, dtype=np.float32))
+    tm = mt.trace_module(net, x)        # the default checker re-runs from the state before
+    np.testing.assert_array_equal(net.g.numpy(), np.ones(3))
+    np.testing.assert_array_equal(net.w.numpy(), np.ones(3))
+    g, w, xs = np.ones(3), np.ones(3), np.arange(3.0)
+    for _ in range(3):                  # NumPy's run of the same forward, three calls
+        g = g * 0.5
+        w[0] = xs.sum()
+        np.testing.assert_allclose(tm(x).numpy(), xs * g + w, rtol=1e-6)

@@ -1,7 +1,7 @@
 """Fuzz regression optimize_all_flat_load/value/bufwrite: optimize_all_flat_load differs from eager (value).
 
 Shrunk from python scripts/fuzz_pipeline.py -n 20000 --seed 1 (469 of its failing cases, e.g. 23);
-open, issue 29 item (1): FoldConstant folds a view of a buffer forward writes. What this module gives:
+fixed, issue 29 item (1): FoldConstant folds a view of a buffer forward writes. What this module gives:
 output 0: max error 3.53 > 4.17e-05 (scale 4.17)
 """
 from pathlib import Path
@@ -66,7 +66,6 @@ def _fuzz():
     return mod
 
 
-@pytest.mark.xfail(strict=True, reason="open, issue 29 item (1): optimize_all_flat_load/value/bufwrite")
 def test_optimize_all_flat_load_value_bufwrite():
     failures, _ = _fuzz().run_namespace(globals(), [VARIANT])
     assert failures == []

@@ -1,7 +1,7 @@
 """Fuzz regression optimize_all_flat/nan/nan+tied: optimize_all_flat differs from eager (nan).
 
 Shrunk from python scripts/fuzz_pipeline.py -n 20000 --seed 1 (3 of its failing cases: 3055, 14495, 18309);
-open, issue 29 item (4): F.conv2d_nchwc's Winograd turns a tile's inf into NaN. What this module gives:
+fixed, issue 29 item (4): F.conv2d_nchwc's Winograd turns a tile's inf into NaN. What this module gives:
 output 0: NaN at 816 places, eager 815 (at other places)
 """
 from pathlib import Path
@@ -68,7 +68,6 @@ def _fuzz():
     return mod
 
 
-@pytest.mark.xfail(strict=True, reason="open, issue 29 item (4): optimize_all_flat/nan/nan+tied")
 def test_optimize_all_flat_nan_nan_tied():
     failures, _ = _fuzz().run_namespace(globals(), [VARIANT])
     assert failures == []

@@ -1,7 +1,7 @@
 """Fuzz regression traced/value/view: traced differs from eager (value).
 
 Shrunk from python scripts/fuzz_pipeline.py -n 20000 --seed 1 (759 of its failing cases, e.g. 143);
-open, issue 29 item (2): h.view(h.shape[0], -1) recorded as a constant. What this module gives:
+fixed, issue 29 item (2): h.view(h.shape[0], -1) recorded as a constant. What this module gives:
 output 0: max error 3.19 > 2.44e-05 (scale 2.44)
 """
 from pathlib import Path
@@ -64,7 +64,6 @@ def _fuzz():
     return mod
 
 
-@pytest.mark.xfail(strict=True, reason="open, issue 29 item (2): traced/value/view")
 def test_traced_value_view():
     failures, _ = _fuzz().run_namespace(globals(), [VARIANT])
     assert failures == []
