@@ -10,7 +10,8 @@ op table and the builtin modules, in the shapes of real models' patterns,
 each step of one feature family (FAMILIES: ``tied`` parameters, modules
 called ``twice``, ``inplace`` updates of buffers, intermediates and inputs,
 ``bufwrite`` (a buffer written through a slice), ``paramwrite`` (a
-parameter written in forward), ``view`` and slices,
+parameter written in forward), ``alias`` (a buffer viewing another),
+``view`` and slices,
 Python ``container`` s of modules, user ``submodule`` s, ``create`` (tensors
 made in forward), ``shape`` arithmetic, ``index`` (integer and mask indexing),
 ``int`` and ``bool`` values, ``range`` loops over the batch, ``attention``,
@@ -64,7 +65,7 @@ HERE = os.path.abspath(__file__)
 # --------------------------------------------------------------- families
 # step families (a step belongs to one) and case-wide features
 STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "bufwrite", "paramwrite",
-                 "container", "submodule", "int", "bool", "range", "attention", "residual",
+                 "alias", "container", "submodule", "int", "bool", "range", "attention", "residual",
                  "create", "shape", "index")
 CASE_FAMILIES = ("nan", "f64", "batch", "outputs", "train", "odd")
 FAMILIES = STEP_FAMILIES + CASE_FAMILIES
@@ -412,6 +413,20 @@ def _bufwrite(g, r):
     return True
 
 
+def _alias(g, r):
+    """A buffer that is a view of another buffer (its first entries), the
+    other written in forward: the view must see the write (after a save and
+    load or a deepcopy too)."""
+    c = g.width()
+    axes = "(0, 2, 3)" if g.img else "0"
+    b, v = g.name("stat"), g.name("head")
+    g.init.append(f"self.{b} = F.zeros(({c},))")
+    g.init.append(f"self.{v} = self.{b}[:{max(1, c // 2)}]")
+    g.fwd.append(f"self.{b} += h.mean(axis={axes})")
+    g.fwd.append(f"h = h + self.{v}.sum()")
+    return True
+
+
 def _container(g, r):
     m = g.name("blocks")
     mk = g.same(r[1])
@@ -715,6 +730,7 @@ STEPS = {
     "inplace": ("inplace", 3, _inplace),
     "bufwrite": ("bufwrite", 1, _bufwrite),
     "paramwrite": ("paramwrite", 1, _paramwrite),
+    "alias": ("alias", 1, _alias),
     "container": ("container", 2, _container),
     "submodule": ("submodule", 2, _submodule),
     "int": ("int", 1, _int),
