@@ -48,7 +48,6 @@ import argparse
 import copy
 import io
 import json
-import math
 import os
 import random
 import re
@@ -235,7 +234,8 @@ def _norm(g, r):
     m = g.name("norm")
     if g.img:
         c = g.width()
-        groups = [d for d in range(1, c + 1) if c % d == 0 and c // d * g.shape[1] * g.shape[2] >= 8]
+        size = g.shape[1] * g.shape[2]
+        groups = [d for d in range(1, c + 1) if c % d == 0 and c // d * size >= 8]
         if not groups:
             return False
         if r[0] % 2 or g.shape[2] < 8:
@@ -318,7 +318,7 @@ def _tied(g, r):
         g.init[-1] = f"self.{b} = self.{a}"
     else:
         g.init.append(f"self.{b}.weight = self.{a}.weight")
-    if r[2] % 3 == 1:            # a BatchNorm after one of them: FuseConvBn's pattern on a shared weight
+    if r[2] % 3 == 1:       # a BatchNorm after one: FuseConvBn's pattern on a shared weight
         n = g.name("tbn")
         g.init.append(f"self.{n} = M.BatchNorm{'2' if g.img else '1'}d({g.width()})")
         g.fwd.append(f"h = self.{b}(F.relu(self.{n}(self.{a}(h))))")
@@ -334,7 +334,7 @@ def _twice(g, r):
         g.init.append(f"self.{m} = M.Tanh()")
     else:
         g.init.append(f"self.{m} = {g.same(r[1])}")
-    if kind == 2:           # each call followed by its own BatchNorm (folding one must not fold both)
+    if kind == 2:           # each call with its own BatchNorm (folding one must not fold both)
         n1, n2 = g.name("twbn"), g.name("twbn")
         bn = f"M.BatchNorm{'2' if g.img else '1'}d({g.width()})"
         g.init += [f"self.{n1} = {bn}", f"self.{n2} = {bn}"]
@@ -515,7 +515,8 @@ def _attention(g, r):
                   f"h = (a @ self.{v}(t)).transpose(0, 2, 1).reshape(h.shape)"]
         return True
     split = f".reshape(t.shape[0], t.shape[1], {heads}, {c // heads}).transpose(0, 2, 1, 3)"
-    scores = f"F.matmul(self.{q}(t){split}, self.{k}(t){split}, transpose_b=True) * {(c // heads) ** -0.5!r}"
+    scores = (f"F.matmul(self.{q}(t){split}, self.{k}(t){split}, transpose_b=True) * "
+              f"{(c // heads) ** -0.5!r}")
     if kind == 2:
         mk = g.name("mask")
         g.init.append(f"self.{mk} = mt.tensor(np.triu(np.full(({hh * ww}, {hh * ww}), -1e4), 1)"
@@ -666,7 +667,8 @@ def _create(g, r):
 
 def _shape(g, r):
     """Python numbers computed from the shape (the batch's size among them)."""
-    opts = ["h / h.shape[0]", "h * (h.shape[1] ** 0.5)", "h.sum(axis=0, keepdims=True) / h.shape[0] + h",
+    opts = ["h / h.shape[0]", "h * (h.shape[1] ** 0.5)",
+            "h.sum(axis=0, keepdims=True) / h.shape[0] + h",
             "h * float(h.shape[-1])", "h.reshape(h.shape[0], -1).reshape(h.shape)",
             "h * (h.shape[0] + 1) / (h.shape[0] + 2)"]
     # (a shape compared, ``h.shape[0] > 1``, is fixed in the graph with a
@@ -1306,7 +1308,8 @@ def _one_case(seed, i, without, seen):
             # the shrunk module's own failure: its detail, and whether its trace warned
             again = [f for f in run_spec(small, [variant])[0] if f[0] == variant]
             detail = again[0][2] if again else detail
-            sig = signature(small, variant, _kind_root(kind)) + ("+warned" if WARNED in detail else "")
+            sig = signature(small, variant, _kind_root(kind))
+            sig += "+warned" if WARNED in detail else ""
         seen[key] = (n + 1, sig, small)
         rec["fail"] = {"case": i, "seed": seed, "variant": variant, "kind": kind,
                        "detail": detail, "signature": sig, "shrunk": shrunk, "spec": small,
@@ -1455,8 +1458,9 @@ def summarize(records, seed, without, seconds, jobs):
     return {"seed": seed, "without": without, "cases": len(records),
             "checked": sum(1 for r in records if "invalid" not in r),
             "invalid": sum(1 for r in records if "invalid" in r),
-            "failing": len(fails), "refusals": refusals, "invalid_why": invalid, "seconds": round(seconds, 1),
-            "jobs": jobs, "modules_per_core_second": round(len(records) / busy, 1) if busy else None,
+            "failing": len(fails), "refusals": refusals, "invalid_why": invalid,
+            "seconds": round(seconds, 1), "jobs": jobs,
+            "modules_per_core_second": round(len(records) / busy, 1) if busy else None,
             "by_signature": dict(sorted(by_sig.items(), key=lambda kv: -kv[1]["count"])),
             "failures": fails}
 
@@ -1547,7 +1551,8 @@ def print_summary(summary, out=sys.stdout):
     print(f"allowed (refusals that name why; ill-conditioned: within what 2-ulp nudges of "
           f"eager explain): {json.dumps(s['refusals'])}", file=out)
     if s.get("invalid_why"):
-        print(f"invalid (eager itself fails: no reference): {json.dumps(s['invalid_why'])}", file=out)
+        print(f"invalid (eager itself fails: no reference): {json.dumps(s['invalid_why'])}",
+              file=out)
     for sig, b in s["by_signature"].items():
         ex = b["example"]
         print(f"\n== {sig}: {b['count']} case(s), e.g. {b['cases'][:5]}"
@@ -1578,7 +1583,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1, help="RNG seed (cases are reproducible)")
     p.add_argument("--without", default="", help="feature families left out, comma-separated: "
                    + ",".join(FAMILIES))
-    p.add_argument("--time-limit", type=float, default=None, help="seconds; stop starting cases after")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; no case starts after them")
     p.add_argument("--save-regressions", metavar="DIR", help="a pytest file per signature")
     p.add_argument("--json", metavar="FILE", help="write the whole summary as JSON")
     p.add_argument("--case", nargs=2, type=int, metavar=("SEED", "N"),
