@@ -9,7 +9,9 @@ Each case is a small random module, written as Python source from a spec
 op table and the builtin modules, in the shapes of real models' patterns,
 each step of one feature family (FAMILIES: ``tied`` parameters, modules
 called ``twice``, ``inplace`` updates of buffers, intermediates and inputs,
-``bufwrite`` (a buffer written through a slice), ``view`` and slices,
+``bufwrite`` (a buffer written through a slice), ``paramwrite`` (a
+parameter written in forward), ``alias`` (a buffer viewing another),
+``view`` and slices,
 Python ``container`` s of modules, user ``submodule`` s, ``create`` (tensors
 made in forward), ``shape`` arithmetic, ``index`` (integer and mask indexing),
 ``int`` and ``bool`` values, ``range`` loops over the batch, ``attention``,
@@ -46,7 +48,6 @@ import argparse
 import copy
 import io
 import json
-import math
 import os
 import random
 import re
@@ -62,17 +63,17 @@ HERE = os.path.abspath(__file__)
 
 # --------------------------------------------------------------- families
 # step families (a step belongs to one) and case-wide features
-STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "bufwrite", "container",
-                 "submodule", "int", "bool", "range", "attention", "residual", "create",
-                 "shape", "index")
+STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "bufwrite", "paramwrite",
+                 "alias", "container", "submodule", "int", "bool", "range", "attention", "residual",
+                 "create", "shape", "index")
 CASE_FAMILIES = ("nan", "f64", "batch", "outputs", "train", "odd")
 FAMILIES = STEP_FAMILIES + CASE_FAMILIES
 
 # of the output's scale; float64 as float32: the modules' parameters are
 # float32, so a float64 output carries their rounding (a folded BatchNorm)
 TOL = {"float32": 1e-5, "float64": 1e-5, "float16": 1e-2, "bfloat16": 1e-1}
-EVEN, ODD = (4, 8, 16), (3, 5, 7, 13, 17)
-MAX_CHANNELS = 40
+EVEN, ODD = (4, 8, 16, 32), (3, 5, 7, 13, 17, 33)
+MAX_CHANNELS = 66
 MAX_STEPS = 7
 HANG_S = 120.0
 
@@ -233,7 +234,8 @@ def _norm(g, r):
     m = g.name("norm")
     if g.img:
         c = g.width()
-        groups = [d for d in range(1, c + 1) if c % d == 0 and c // d * g.shape[1] * g.shape[2] >= 8]
+        size = g.shape[1] * g.shape[2]
+        groups = [d for d in range(1, c + 1) if c % d == 0 and c // d * size >= 8]
         if not groups:
             return False
         if r[0] % 2 or g.shape[2] < 8:
@@ -316,7 +318,7 @@ def _tied(g, r):
         g.init[-1] = f"self.{b} = self.{a}"
     else:
         g.init.append(f"self.{b}.weight = self.{a}.weight")
-    if r[2] % 3 == 1:            # a BatchNorm after one of them: FuseConvBn's pattern on a shared weight
+    if r[2] % 3 == 1:       # a BatchNorm after one: FuseConvBn's pattern on a shared weight
         n = g.name("tbn")
         g.init.append(f"self.{n} = M.BatchNorm{'2' if g.img else '1'}d({g.width()})")
         g.fwd.append(f"h = self.{b}(F.relu(self.{n}(self.{a}(h))))")
@@ -332,7 +334,7 @@ def _twice(g, r):
         g.init.append(f"self.{m} = M.Tanh()")
     else:
         g.init.append(f"self.{m} = {g.same(r[1])}")
-    if kind == 2:           # each call followed by its own BatchNorm (folding one must not fold both)
+    if kind == 2:           # each call with its own BatchNorm (folding one must not fold both)
         n1, n2 = g.name("twbn"), g.name("twbn")
         bn = f"M.BatchNorm{'2' if g.img else '1'}d({g.width()})"
         g.init += [f"self.{n1} = {bn}", f"self.{n2} = {bn}"]
@@ -369,6 +371,36 @@ def _inplace(g, r):
     return True
 
 
+def _paramwrite(g, r):
+    """A parameter written in place in forward (a decaying gain), read after."""
+    c = g.width()
+    bshape = f"(1, {c}, 1, 1)" if g.img else f"(1, {c})"
+    p = g.name("gain")
+    g.init.append(f"self.{p} = M.Parameter(F.ones({bshape}))")
+    g.fwd.append(_pick(r, 0, (f"self.{p} *= 0.5", f"self.{p}[:] = self.{p} * 0.5")))
+    g.fwd.append(f"h = h * self.{p} + self.{p}.sum()")
+    return True
+
+
+def _param_expr(g, r):
+    """A layer's parameters read through expressions (FoldConstant's ground)."""
+    m = g.name("pe")
+    c = g.width()
+    if g.img:
+        g.init.append(f"self.{m} = M.Conv2d({c}, {c}, 3, padding=1)")
+        g.fwd.append(_pick(r, 0, (
+            f"h = F.conv2d(h, self.{m}.weight * 0.5, self.{m}.bias, padding=1)",
+            f"h = F.conv2d(h, self.{m}.weight.transpose(1, 0, 2, 3), None, padding=1)",
+            f"h = F.conv2d(h, F.relu(self.{m}.weight), self.{m}.bias + 1.0, padding=1)")))
+    else:
+        g.init.append(f"self.{m} = M.Linear({c}, {c})")
+        g.fwd.append(_pick(r, 0, (
+            f"h = F.linear(h, self.{m}.weight * 0.5, self.{m}.bias)",
+            f"h = h @ self.{m}.weight + self.{m}.bias",
+            f"h = F.linear(h, self.{m}.weight.T, self.{m}.bias * 2.0)")))
+    return True
+
+
 def _bufwrite(g, r):
     """A buffer overwritten through a slice (``self.b[:] = v``), read back."""
     c = g.width()
@@ -378,6 +410,20 @@ def _bufwrite(g, r):
     g.init.append(f"self.{b} = F.zeros(({c},))")
     g.fwd.append(f"self.{b}[:] = h.{_pick(r, 0, ('max', 'mean'))}(axis={axes})")
     g.fwd.append(f"h = h - self.{b}.reshape{bshape}")
+    return True
+
+
+def _alias(g, r):
+    """A buffer that is a view of another buffer (its first entries), the
+    other written in forward: the view must see the write (after a save and
+    load or a deepcopy too)."""
+    c = g.width()
+    axes = "(0, 2, 3)" if g.img else "0"
+    b, v = g.name("stat"), g.name("head")
+    g.init.append(f"self.{b} = F.zeros(({c},))")
+    g.init.append(f"self.{v} = self.{b}[:{max(1, c // 2)}]")
+    g.fwd.append(f"self.{b} += h.mean(axis={axes})")
+    g.fwd.append(f"h = h + self.{v}.sum()")
     return True
 
 
@@ -451,16 +497,54 @@ def _range(g, r):
 
 
 def _attention(g, r):
+    """Self-attention over the pixels: with ``@`` on 3-D tokens, or as
+    FuseAttention's pattern (4-D heads, ``F.matmul(q, k, transpose_b=True)``,
+    a scale and maybe a mask)."""
     if not g.img:
         return False
-    c = g.width()
+    c, hh, ww = g.shape
     q, k, v = g.name("q"), g.name("k"), g.name("v")
     for m in (q, k, v):
         g.init.append(f"self.{m} = M.Linear({c}, {c})")
-    g.fwd += ["t = h.reshape(h.shape[0], h.shape[1], -1).transpose(0, 2, 1)",
-              f"a = F.softmax(self.{q}(t) @ self.{k}(t).transpose(0, 2, 1) * {c ** -0.5!r}, "
-              "axis=-1)",
-              f"h = (a @ self.{v}(t)).transpose(0, 2, 1).reshape(h.shape)"]
+    g.fwd.append("t = h.reshape(h.shape[0], h.shape[1], -1).transpose(0, 2, 1)")
+    heads = 2 if c % 2 == 0 else 1
+    kind = r[0] % 3
+    if kind == 0:
+        g.fwd += [f"a = F.softmax(self.{q}(t) @ self.{k}(t).transpose(0, 2, 1) * "
+                  f"{c ** -0.5!r}, axis=-1)",
+                  f"h = (a @ self.{v}(t)).transpose(0, 2, 1).reshape(h.shape)"]
+        return True
+    split = f".reshape(t.shape[0], t.shape[1], {heads}, {c // heads}).transpose(0, 2, 1, 3)"
+    scores = (f"F.matmul(self.{q}(t){split}, self.{k}(t){split}, transpose_b=True) * "
+              f"{(c // heads) ** -0.5!r}")
+    if kind == 2:
+        mk = g.name("mask")
+        g.init.append(f"self.{mk} = mt.tensor(np.triu(np.full(({hh * ww}, {hh * ww}), -1e4), 1)"
+                      f".astype('float32').reshape(1, 1, {hh * ww}, {hh * ww}))")
+        scores += f" + self.{mk}"
+    g.fwd += [f"a = F.matmul(F.softmax({scores}, axis=-1), self.{v}(t){split})",
+              "h = a.transpose(0, 2, 1, 3).reshape(h.shape[0], -1, h.shape[1])"
+              ".transpose(0, 2, 1).reshape(h.shape)"]
+    return True
+
+
+def _mbblock(g, r):
+    """MobileNetV2's inverted residual: 1x1 expansion, 3x3 depthwise, 1x1
+    projection, each with a BatchNorm (NCHWc's and FusePointwiseDepthwise's
+    pattern), the input added back when the shapes allow."""
+    if not g.img:
+        return False
+    cin, hh, ww = g.shape
+    hid, cout = cin * _pick(r, 0, (2, 4, 6)), g.channels(r[1])
+    s = _pick(r, 2, (1, 1, 2)) if min(hh, ww) >= 3 else 1
+    m = g.name("mb")
+    g.init.append(f"self.{m} = M.Sequential(M.Conv2d({cin}, {hid}, 1, bias=False), "
+                  f"M.BatchNorm2d({hid}), M.ReLU6(), M.Conv2d({hid}, {hid}, 3, stride={s}, "
+                  f"padding=1, groups={hid}, bias=False), M.BatchNorm2d({hid}), M.ReLU6(), "
+                  f"M.Conv2d({hid}, {cout}, 1, bias=False), M.BatchNorm2d({cout}))")
+    res = s == 1 and cout == cin
+    g.fwd.append(f"h = h + self.{m}(h)" if res else f"h = self.{m}(h)")
+    g.shape = (cout, (hh - 1) // s + 1, (ww - 1) // s + 1)
     return True
 
 
@@ -583,7 +667,8 @@ def _create(g, r):
 
 def _shape(g, r):
     """Python numbers computed from the shape (the batch's size among them)."""
-    opts = ["h / h.shape[0]", "h * (h.shape[1] ** 0.5)", "h.sum(axis=0, keepdims=True) / h.shape[0] + h",
+    opts = ["h / h.shape[0]", "h * (h.shape[1] ** 0.5)",
+            "h.sum(axis=0, keepdims=True) / h.shape[0] + h",
             "h * float(h.shape[-1])", "h.reshape(h.shape[0], -1).reshape(h.shape)",
             "h * (h.shape[0] + 1) / (h.shape[0] + 2)"]
     # (a shape compared, ``h.shape[0] > 1``, is fixed in the graph with a
@@ -646,6 +731,8 @@ STEPS = {
     "twice": ("twice", 2, _twice),
     "inplace": ("inplace", 3, _inplace),
     "bufwrite": ("bufwrite", 1, _bufwrite),
+    "paramwrite": ("paramwrite", 1, _paramwrite),
+    "alias": ("alias", 1, _alias),
     "container": ("container", 2, _container),
     "submodule": ("submodule", 2, _submodule),
     "int": ("int", 1, _int),
@@ -653,6 +740,8 @@ STEPS = {
     "range": ("range", 1, _range),
     "attention": ("attention", 1, _attention),
     "residual": ("residual", 2, _residual),
+    "mbblock": ("builtin", 2, _mbblock),
+    "param_expr": ("ops", 2, _param_expr),
     "embed": ("builtin", 1, _embed),
     "create": ("create", 2, _create),
     "shape": ("shape", 2, _shape),
@@ -678,10 +767,11 @@ def make_spec(seed, case, without=()):
     batches = (2, 3, 4, 5) if train else (1, 2, 3, 4, 5)   # a training BatchNorm needs 2
     bt = rnd.choice(batches[:3])
     br = rnd.choice(batches) if on["batch"] and rnd.random() < 0.5 else bt
+    br2 = rnd.choice(batches) if br != bt and rnd.random() < 0.5 else br   # the second call's
     steps = [[rnd.choice(kinds) if rnd.random() < 0.3 else rnd.choices(kinds, weights)[0],
               [rnd.randrange(1000) for _ in range(7)]]
              for _ in range(rnd.randint(1, MAX_STEPS))]
-    return {"seed": seed, "case": case, "in": inp, "batch": [bt, br], "steps": steps,
+    return {"seed": seed, "case": case, "in": inp, "batch": [bt, br, br2], "steps": steps,
             "odd": odd, "nan": on["nan"] and rnd.random() < 0.3,
             "f64": on["f64"] and rnd.random() < 0.08,
             "train": train,
@@ -696,7 +786,7 @@ def features(spec):
     for f in ("nan", "f64", "odd", "train"):
         if spec[f]:
             out.add(f)
-    if spec["batch"][0] != spec["batch"][1]:
+    if len(set(spec["batch"])) > 1:
         out.add("batch")
     if spec["outputs"] != "plain":
         out.add("outputs")
@@ -743,8 +833,9 @@ def source(spec):
     lines += ["        " + ln for ln in g.init]
     lines += ["", f"    def forward(self, x{', ids' if g.ids else ''}):", "        h = x"]
     lines += ["        " + ln for ln in g.fwd] + ["        " + _returns(g, spec["outputs"])]
-    bt, br = spec["batch"]
-    lines += ["", "", f"TRACE_BATCH, RUN_BATCH = {bt}, {br}", "", "",
+    bt, br, br2 = (spec["batch"] * 2)[:3] if len(spec["batch"]) == 2 else spec["batch"]
+    lines += ["", "", f"TRACE_BATCH, RUN_BATCH = {bt}, {br}" + (
+        f"\nSECOND_BATCH = {br2}     # the second call's" if br2 != br else ""), "", "",
               "def build():",
               f"    rng = np.random.default_rng({spec['data_seed']})",
               "    net = Net()",
@@ -763,7 +854,8 @@ def source(spec):
               "", "",
               "def inputs(call):",
               f"    rng = np.random.default_rng({spec['data_seed']} + call)",
-              "    batch = TRACE_BATCH if call == 0 else RUN_BATCH",
+              "    batch = TRACE_BATCH if call == 0 else RUN_BATCH" + (
+                  " if call == 1 else SECOND_BATCH" if br2 != br else ""),
               f"    x = rng.standard_normal((batch,) + {tuple(spec['in'])!r}).astype('{dt}')"]
     if spec["nan"]:
         lines += ["    idx = rng.integers(0, 1 << 20, 4)",
@@ -1137,13 +1229,15 @@ def _candidates(spec):
                        ("odd", False)):
         if spec[key] != plain:
             yield dict(spec, **{key: plain})
-    if spec["batch"][0] != spec["batch"][1]:
-        yield dict(spec, batch=[spec["batch"][0]] * 2)
+    if len(set(spec["batch"])) > 1:
+        yield dict(spec, batch=[spec["batch"][0]] * len(spec["batch"]))
+        if len(spec["batch"]) == 3 and spec["batch"][2] != spec["batch"][1]:
+            yield dict(spec, batch=spec["batch"][:2] + spec["batch"][1:2])
     if len(spec["in"]) == 3 and max(spec["in"][1:]) > 3:
         yield dict(spec, **{"in": [spec["in"][0], max(3, spec["in"][1] - 2),
                                    max(3, spec["in"][2] - 2)]})
-    if spec["batch"][0] > 1 and spec["batch"][0] == spec["batch"][1] and not spec["train"]:
-        yield dict(spec, batch=[1, 1])
+    if spec["batch"][0] > 1 and len(set(spec["batch"])) == 1 and not spec["train"]:
+        yield dict(spec, batch=[1] * len(spec["batch"]))
 
 
 def shrink(spec, still_fails, budget=80):
@@ -1214,7 +1308,8 @@ def _one_case(seed, i, without, seen):
             # the shrunk module's own failure: its detail, and whether its trace warned
             again = [f for f in run_spec(small, [variant])[0] if f[0] == variant]
             detail = again[0][2] if again else detail
-            sig = signature(small, variant, _kind_root(kind)) + ("+warned" if WARNED in detail else "")
+            sig = signature(small, variant, _kind_root(kind))
+            sig += "+warned" if WARNED in detail else ""
         seen[key] = (n + 1, sig, small)
         rec["fail"] = {"case": i, "seed": seed, "variant": variant, "kind": kind,
                        "detail": detail, "signature": sig, "shrunk": shrunk, "spec": small,
@@ -1354,12 +1449,18 @@ def summarize(records, seed, without, seconds, jobs):
     for r in records:
         for v, stage in r.get("refusals", ()):
             refusals[f"{v}@{stage}"] = refusals.get(f"{v}@{stage}", 0) + 1
+    invalid = {}
+    for r in records:
+        if "invalid" in r:
+            why = r["invalid"][:90]
+            invalid[why] = invalid.get(why, 0) + 1
     busy = sum(r.get("seconds", 0.0) for r in records)
     return {"seed": seed, "without": without, "cases": len(records),
             "checked": sum(1 for r in records if "invalid" not in r),
             "invalid": sum(1 for r in records if "invalid" in r),
-            "failing": len(fails), "refusals": refusals, "seconds": round(seconds, 1),
-            "jobs": jobs, "modules_per_core_second": round(len(records) / busy, 1) if busy else None,
+            "failing": len(fails), "refusals": refusals, "invalid_why": invalid,
+            "seconds": round(seconds, 1), "jobs": jobs,
+            "modules_per_core_second": round(len(records) / busy, 1) if busy else None,
             "by_signature": dict(sorted(by_sig.items(), key=lambda kv: -kv[1]["count"])),
             "failures": fails}
 
@@ -1434,8 +1535,9 @@ def forward_source(spec):
     """The shrunk module's classes and Net, compactly (for the report)."""
     body = source(spec).split("import mgtrace.module as M\n", 1)[1].split("\n\nTRACE_BATCH")[0]
     extra = [f"{k}={spec[k]}" for k in ("nan", "f64", "train") if spec[k]]
-    if spec["batch"][0] != spec["batch"][1]:
-        extra.append(f"traced at batch {spec['batch'][0]}, called at {spec['batch'][1]}")
+    if len(set(spec["batch"])) > 1:
+        extra.append(f"traced at batch {spec['batch'][0]}, called at "
+                     + " then ".join(str(b) for b in spec["batch"][1:]))
     head = f"# input {tuple(spec['in'])}" + ("; " + ", ".join(extra) if extra else "")
     return head + "\n" + "\n".join(ln for ln in body.strip("\n").splitlines() if ln.strip())
 
@@ -1448,6 +1550,9 @@ def print_summary(summary, out=sys.stdout):
           + (f"; without {','.join(s['without'])}" if s["without"] else ""), file=out)
     print(f"allowed (refusals that name why; ill-conditioned: within what 2-ulp nudges of "
           f"eager explain): {json.dumps(s['refusals'])}", file=out)
+    if s.get("invalid_why"):
+        print(f"invalid (eager itself fails: no reference): {json.dumps(s['invalid_why'])}",
+              file=out)
     for sig, b in s["by_signature"].items():
         ex = b["example"]
         print(f"\n== {sig}: {b['count']} case(s), e.g. {b['cases'][:5]}"
@@ -1478,7 +1583,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1, help="RNG seed (cases are reproducible)")
     p.add_argument("--without", default="", help="feature families left out, comma-separated: "
                    + ",".join(FAMILIES))
-    p.add_argument("--time-limit", type=float, default=None, help="seconds; stop starting cases after")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; no case starts after them")
     p.add_argument("--save-regressions", metavar="DIR", help="a pytest file per signature")
     p.add_argument("--json", metavar="FILE", help="write the whole summary as JSON")
     p.add_argument("--case", nargs=2, type=int, metavar=("SEED", "N"),

@@ -30,10 +30,23 @@ KNOWN_OPEN = {
     # by luck until the alias is split (saved and loaded, or fused by
     # optimize "all"); item (1)
     "bufwrite",
+    # NEW: a Parameter written in place in forward (self.gain *= 0.5) is not
+    # put back by trace_module (checker.ModuleState snapshots buffers only):
+    # the caller's module keeps the write, the default checker's second run
+    # starts from it and raises TraceCheckError; with the checker off, the
+    # traced module starts one step ahead of eager
+    "paramwrite",
+    # a buffer that views another (self.head = self.stat[:2]) is split from
+    # it by deepcopy (Tensor.__deepcopy__ memoizes tensors, not storages) and
+    # by save/load (a view of other offset/shape is stored apart): the view
+    # no longer sees forward's writes; optimize deep-copies, so it too; item (3)
+    "alias",
+    # conv2d's Winograd (F(2x2) and F(4x4), eager included) and conv2d_nchwc's
+    # turn an inf or NaN anywhere in an input tile into NaN at every output of
+    # the tile, so NaN positions depend on the algorithm picked (batch,
+    # AVX-512); item (4)
+    "nan",
 }
-# Open too, and rare (3 in 20,000; the CI seed does not meet it): F.conv2d_nchwc's
-# Winograd turns an inf in a 4x4 input tile into NaN at outputs whose 3x3
-# window does not hold it (optimize "all" on a conv fed inf); item (4).
 CI_CASES, CI_SEED = 300, 29
 
 
