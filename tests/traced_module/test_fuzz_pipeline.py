@@ -14,39 +14,12 @@ import mgtrace.module as M
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_pipeline.py"
 
-# Feature families left out of the CI run until their open fixes are merged
-# (issue 29); the integrator turns each back on with its fix. What each
-# still finds, shrunk (python scripts/fuzz_pipeline.py -n 20000 --seed 1):
-KNOWN_OPEN = {
-    # h.view(h.shape[0], -1) / h.view(-1) recorded as a constant (the traced
-    # input's values come back, at any batch; with x written after it, the
-    # trace check fails); item (2)
-    "view",
-    # F.stack([h[i] ... for i in range(h.shape[0])]) specialised to the traced
-    # batch, silently (wrong shape, or IndexError at a smaller batch); item (2)
-    "range",
-    # FoldConstant folds self.b.reshape(...) of a buffer forward writes through
-    # a slice (self.b[:] = v) into a constant that aliases the buffer: right
-    # by luck until the alias is split (saved and loaded, or fused by
-    # optimize "all"); item (1)
-    "bufwrite",
-    # NEW: a Parameter written in place in forward (self.gain *= 0.5) is not
-    # put back by trace_module (checker.ModuleState snapshots buffers only):
-    # the caller's module keeps the write, the default checker's second run
-    # starts from it and raises TraceCheckError; with the checker off, the
-    # traced module starts one step ahead of eager
-    "paramwrite",
-    # a buffer that views another (self.head = self.stat[:2]) is split from
-    # it by deepcopy (Tensor.__deepcopy__ memoizes tensors, not storages) and
-    # by save/load (a view of other offset/shape is stored apart): the view
-    # no longer sees forward's writes; optimize deep-copies, so it too; item (3)
-    "alias",
-    # conv2d's Winograd (F(2x2) and F(4x4), eager included) and conv2d_nchwc's
-    # turn an inf or NaN anywhere in an input tile into NaN at every output of
-    # the tile, so NaN positions depend on the algorithm picked (batch,
-    # AVX-512); item (4)
-    "nan",
-}
+# Feature families left out of the CI run while a defect they find is open
+# (each with a comment naming it and its issue); none now: issue 29's fixes
+# (view traced, range warns, written and storage-sharing state never folded,
+# parameters written in forward put back, aliases kept by deepcopy and the
+# archive, Winograd keeping NaN/inf in place) cover every family.
+KNOWN_OPEN = frozenset()
 CI_CASES, CI_SEED = 300, 29
 
 

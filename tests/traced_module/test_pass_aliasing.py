@@ -340,11 +340,30 @@ class UserMutates(M.Module):
         return [x + x.sum() * (k + 1) for k in range(calls)]
 
 
+class SharedStorage(M.Module):
+    """A buffer that is a slice of another, which forward writes: the slice
+    is another tensor object, but its storage is written (found by the
+    pipeline fuzzer, seed 3 case 95)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stat = mt.tensor(np.zeros(6, np.float32))
+        self.head = self.stat[:4]
+
+    def forward(self, x):
+        self.stat += 1.0
+        return x + self.head.sum()
+
+    @staticmethod
+    def expected(x, calls):
+        return [x + 4.0 * (k + 1) for k in range(calls)]
+
+
 @pytest.mark.parametrize("run", RUNS + [{"enabled_pass": ["FoldConstant"]},
                                         {"enabled_pass": ["FuseAddMul"]}],
                          ids=RUN_IDS + ["FoldConstant", "FuseAddMul"])
 @pytest.mark.parametrize("cls", [StepCounter, SetItem, WriteBetween, ViewWrite, NestedWrite,
-                                 UserMutates])
+                                 UserMutates, SharedStorage])
 def test_state_the_forward_writes_is_not_folded(cls, run):
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     fast = _optimized(cls().eval(), mt.tensor(x), run)

@@ -10,6 +10,7 @@ import inspect
 import numpy as np
 
 from mgtrace._core import Tensor, op_table
+from mgtrace._core.tensor import storage_spans
 from mgtrace.traced_module.expr import CallFunction, CallMethod, Constant, GetAttr, Input
 from mgtrace.traced_module.node import ModuleNode, TensorNode
 
@@ -249,6 +250,7 @@ class StateUses:
                     self.written.update(id(t) for t in _module_tensors(m))
                 writes += _written_nodes(e)
         self._resolve(writes, objects, callers)
+        self._shared_storage(tm, objects)
 
     def _count(self, obj):
         self.reads[id(obj)] = self.reads.get(id(obj), 0) + 1
@@ -305,6 +307,23 @@ class StateUses:
             src = _alias_source(e) if e is not None else None
             if isinstance(src, TensorNode):
                 todo.append(src)
+
+    def _shared_storage(self, tm, objects):
+        """A tensor that shares storage with a written one (``self.head =
+        self.stat[:2]`` beside ``self.stat += v``) is written too, and so is
+        every node that reads it."""
+        tensors, seen = [], set()
+        for t in [o for o in objects.values() if isinstance(o, Tensor)] + \
+                [t for m in tm.modules() for t in _module_tensors(m)]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                tensors.append(t)
+        for _, members in storage_spans(tensors):
+            group = [tensors[i] for i, _ in members]
+            if any(id(t) in self.written for t in group):
+                self.written.update(id(t) for t in group)
+        self.written.update(k for k, o in objects.items()
+                            if isinstance(o, Tensor) and id(o) in self.written)
 
     def is_written(self, v):
         """Whether ``v`` (a tensor, or a node) is written by some run of the

@@ -68,7 +68,6 @@ def _fuzz():
     return mod
 
 
-@pytest.mark.xfail(strict=True, reason="open, issue 29 item (3): load_copy/value/alias")
 def test_load_copy_value_alias():
     failures, _ = _fuzz().run_namespace(globals(), [VARIANT])
     assert failures == []

@@ -68,7 +68,6 @@ def _fuzz():
     return mod
 
 
-@pytest.mark.xfail(strict=True, reason="open, NEW (not in issue 29 items 1-4): traced/trace-error:TraceCheckError/paramwrite")
 def test_traced_trace_error_tracecheckerror_paramwrite():
     failures, _ = _fuzz().run_namespace(globals(), [VARIANT])
     assert failures == []
