@@ -853,6 +853,7 @@ cdef class Tensor:
     @property
     def strides(self):
         """Strides in elements (not bytes, unlike NumPy)."""
+        _frozen(self, "t.strides")
         return tuple([self._strides[i] for i in range(self._ndim)])
 
     @property
@@ -861,6 +862,7 @@ cdef class Tensor:
 
     @property
     def nbytes(self):
+        _frozen(self, "t.nbytes")
         return numel(self) * ITEMSIZE[self._dtype]
 
     @property

@@ -21,6 +21,7 @@ import numpy as np
 
 from mgtrace import random as _random
 from mgtrace._core import Tensor
+from mgtrace._core.tensor import storage_spans
 from mgtrace.traced_module.node import TensorNode, ValueNode
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
 from mgtrace.traced_module.tracer import TraceError
@@ -77,9 +78,8 @@ class ModuleState:
     Parameters are not copied up front (a model's weights are most of its
     memory, and copying them doubled ResNet-18's trace time): the tracer
     calls :meth:`before_write` ahead of each core op that writes a tensor
-    directly (``self.gain *= 0.5``, ``self.w[...] = v``), and a parameter's
-    value is taken then, once. A write through a view of a parameter is not
-    seen, and is left as the forward made it."""
+    (``self.gain *= 0.5``, ``self.w[...] = v``, ``self.w.view(-1)[0] += 1``),
+    and the value of each parameter it writes or views is taken then, once."""
 
     def __init__(self, module):
         self.modules = []
@@ -102,10 +102,19 @@ class ModuleState:
         self.rng = _random.get_rng().get_state()
 
     def before_write(self, t):
-        """Take parameter ``t``'s value if this is its first write."""
+        """Take the value of each parameter ``t`` is, or views, before this
+        first write into it."""
         p = self.params.pop(id(t), None)
         if p is not None:
             self.values.append((p, p.copy()))
+        elif self.params:               # a view of a parameter (w.view(-1)[0] += 1)
+            held = list(self.params.values())
+            for _, members in storage_spans([t] + held):
+                if any(i == 0 for i, _ in members):
+                    for i, _ in members:
+                        if i:
+                            self.values.append((held[i - 1], held[i - 1].copy()))
+                            del self.params[id(held[i - 1])]
 
     def restore(self, rng=True):
         """Put the modules back as they were (``rng``: the random stream too)."""

@@ -353,9 +353,7 @@ class _Frame:
         return p
 
     def _tensor_source(self, t):
-        where = self.tracer.attr_of(t)
-        if where is not None:
-            owner, name = where
+        for owner, name in self.tracer.attr_of(t) or ():
             rel = self.tracer.relpath(self, owner)
             if rel is not None:
                 path = f"{rel}.{name}" if rel else name
@@ -436,23 +434,31 @@ class Tracer(_hooks.TraceHook):
         self.warn_constants = warn_constants
         self.before_write = None        # called with a tensor a core op is about to write
         self.paths = {}                 # id(module) -> dotted path from the root
-        self.attrs = {}                 # id(tensor) -> (owner module, attribute name)
+        # id(tensor) -> [(owner module, attribute name), ...]: every holder, in
+        # tree order (a buffer one submodule owns and another holds too is
+        # reached from either's graph through its own attribute)
+        self.attrs = {}
         names = _PathNames(root)
         for path, m in root.named_modules():
             self.paths.setdefault(id(m), path)
             names.claim(path)
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
                 if t is not None:
-                    self.attrs.setdefault(id(t), (m, name))
+                    self._hold(t, m, name)
                     names.claim(path, name)
             for name, t in m.__dict__.items():
                 if isinstance(t, Tensor):
-                    self.attrs.setdefault(id(t), (m, name))
+                    self._hold(t, m, name)
                     names.claim(path, name)
             for name, t in m._structure_members():       # in lists/dicts: "anchors.0"
                 if isinstance(t, Tensor):
-                    self.attrs.setdefault(id(t), (m, name))
+                    self._hold(t, m, name)
                     names.claim(path, name)
+
+    def _hold(self, t, module, name):
+        holders = self.attrs.setdefault(id(t), [])
+        if not any(m is module and n == name for m, n in holders):
+            holders.append((module, name))
 
     @property
     def frame(self):

@@ -4,6 +4,7 @@ keeps updating its statistics in the TracedModule, and graph.compile()
 never drops a call whose effect is on its arguments or buffers (declared
 once, in mgtrace.functional._trace)."""
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -165,3 +166,64 @@ def test_a_forward_that_writes_parameters_traces_and_leaves_them_as_they_were():
         g = g * 0.5
         w[0] = xs.sum()
         np.testing.assert_allclose(tm(x).numpy(), xs * g + w, rtol=1e-6)
+
+
+class _WritesThroughAView(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = M.Parameter(np.zeros(2, np.float32))
+
+    def forward(self, x):
+        self.w.view(-1)[0] += 1.0       # the write goes to a view, not to the parameter
+        return x + self.w
+
+
+def test_a_write_through_a_view_of_a_parameter_is_put_back_too():
+    net = _WritesThroughAView()
+    x = mt.tensor(np.ones(2, np.float32))
+    tm = mt.trace_module(net, x)
+    np.testing.assert_array_equal(net.w.numpy(), [0.0, 0.0])
+    for k in range(1, 4):               # eager: w[0] grows by one a call
+        np.testing.assert_array_equal(tm(x).numpy(), [1.0 + k, 1.0])
+
+
+class _Reader(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.buf = mt.tensor(np.ones(2, np.float32))
+
+    def forward(self, x):
+        return x * self.buf
+
+
+class _Writer(M.Module):
+    def __init__(self, v):
+        super().__init__()
+        self.v = v                      # the reader's buffer, held here too
+
+    def forward(self, x):
+        self.v += 1.0
+        return x
+
+
+class _SharedBuffer(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = _Reader()
+        self.a = _Writer(self.b.buf)
+
+    def forward(self, x):
+        y = self.b(x)
+        self.a(x)
+        return y
+
+
+def test_a_tensor_two_submodules_hold_is_one_tensor_in_both_graphs():
+    x = mt.tensor(np.ones(2, np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mt.TraceWarning)     # no "kept as a constant"
+        tm = mt.trace_module(_SharedBuffer(), x)
+    for k in range(3):                  # eager: the buffer grows by one after each call
+        np.testing.assert_array_equal(tm(x).numpy(), [1.0 + k] * 2)
+    np.testing.assert_array_equal(tm.b.buf.numpy(), [4.0, 4.0])
+    assert tm.a.v is tm.b.buf

@@ -50,6 +50,8 @@ def test_float_and_power_arithmetic_on_shapes_stays_live():
     ("x = x * x.numpy()[0, 0, 0, 0]", "numpy()"),
     ("x = F.concat([x[i:i + 1] for i in range(b)], 0)", "range()"),
     ("x = x[:, :, :, :1] * mt.tensor([2.0] * w)", "repeating a list"),
+    ("x = x * 0 + x.nbytes", "t.nbytes"),
+    ("x = x * 0 + x.strides[0]", "t.strides"),
 ])
 def test_uses_the_trace_cannot_follow_warn_at_the_user_line(body, what):
     ns = {"math": math, "F": F, "mt": mt}
