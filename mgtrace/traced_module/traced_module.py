@@ -55,7 +55,8 @@ def _check_member_form(tm, name):
                 continue                    # (ASCII names are their own NFKC form)
             form = python_name(name) if form is None else form
             if python_name(k) == form:
-                raise ValueError(f"{d.get('_qualname', type(tm).__name__)}: member {name!r} is member {k!r} as Python "
+                where = d.get("_qualname", type(tm).__name__)
+                raise ValueError(f"{where}: member {name!r} is member {k!r} as Python "
                                  f"reads identifiers (NFKC form {form!r}), so generated code "
                                  f"would read one for the other; choose another name")
 

@@ -185,7 +185,9 @@ def test_diff_sees_constants_in_the_graph(tmp_path):
 @pytest.mark.parametrize("big", [2**53, 2**62, -(2**63)])
 def test_diff_compares_int64_exactly(tmp_path, big):
     # float64 rounds 2**53 + 1 to 2**53: the difference must still be seen, and measured exactly
-    mk = lambda n, v: mt.save({"w": mt.tensor(np.array(v, "int64"))}, tmp_path / n) or tmp_path / n  # noqa: E731
+    def mk(name, v):
+        mt.save({"w": mt.tensor(np.array(v, "int64"))}, tmp_path / name)
+        return tmp_path / name
     a, b = mk("a.tmod", [big, 7]), mk("b.tmod", [big + 1, 7])
     c = _changes(a, b)
     assert list(c) == ["tensor w"] and c["tensor w"]["max_abs_diff"] == 1
@@ -207,5 +209,5 @@ def test_diff_sees_metadata_values_of_other_types(tmp_path):
     p = cli("diff", a, b)
     assert p.returncode == 1 and "at n: {'int': 1} -> {'bool': True}" in p.stdout
     # NaN equals NaN of the same type: an archive against its twin has no differences
-    assert cli("diff", a, _state(tmp_path, "a2", [1.0], metadata={k: v for k, (v, _) in pairs.items()}
-                                 | {"same": NAN})).returncode == 0
+    twin = {k: v for k, (v, _) in pairs.items()} | {"same": NAN}
+    assert cli("diff", a, _state(tmp_path, "a2", [1.0], metadata=twin)).returncode == 0

@@ -294,8 +294,8 @@ def test_non_native_byte_order_is_converted_on_copy(code):
     big = np.array([2**40 + 3], ">i8")
     assert mt.tensor(big).numpy()[0] == 2**40 + 3
     # as an operand of an op it is copied too
-    np.testing.assert_array_equal((mt.tensor(np.ones(3, "float32")) + want[0].astype(">f4")).numpy(),
-                                  want[0].astype("float32") + 1)
+    got = mt.tensor(np.ones(3, "float32")) + want[0].astype(">f4")
+    np.testing.assert_array_equal(got.numpy(), want[0].astype("float32") + 1)
 
 
 def test_non_native_byte_order_as_a_dtype_names_byte_order_and_fix():

@@ -156,7 +156,8 @@ def test_member_names_that_are_one_identifier_after_nfkc():
                 m["children"] = [[k.replace("fj", "\ufb01"), i] for k, i in m["children"]]
             else:
                 m["parameters"]["\ufb01"] = 0
-        a, b = _refused_alike(bad, edit(good, fn), "members 'fi' and '\ufb01' are one name to Python")
+        a, b = _refused_alike(bad, edit(good, fn),
+                              "members 'fi' and '\ufb01' are one name to Python")
         _same_rule_text(a, b)
 
 
