@@ -541,7 +541,11 @@ def _int_change(what, x, y, change):
     differ = x != y
     if not differ.any():
         return
-    d = max(abs(int(p) - int(q)) for p, q in zip(x[differ].tolist(), y[differ].tolist()))
+    p, q = x[differ], y[differ]
+    if x.dtype.itemsize < 8:                 # int64 holds every difference of narrower ints
+        d = int(np.max(np.abs(p.astype(np.int64) - q.astype(np.int64))))
+    else:
+        d = max(abs(a - b) for a, b in zip(p.tolist(), q.tolist()))
     change(what, _desc(x), _desc(y), max_abs_diff=d)
 
 

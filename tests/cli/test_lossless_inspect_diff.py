@@ -194,6 +194,9 @@ def test_diff_compares_int64_exactly(tmp_path, big):
     assert cli("diff", a, mk("same.tmod", [big, 7])).returncode == 0
     d = _changes(mk("lo.tmod", [-(2**63)]), mk("hi.tmod", [2**63 - 1]))["tensor w"]
     assert d["max_abs_diff"] == 2**64 - 1              # int64 subtraction would overflow
+    mt.save({"w": mt.tensor(np.array([-128, 127], "int8"))}, tmp_path / "i8a.tmod")
+    mt.save({"w": mt.tensor(np.array([127, -128], "int8"))}, tmp_path / "i8b.tmod")
+    assert _changes(tmp_path / "i8a.tmod", tmp_path / "i8b.tmod")["tensor w"]["max_abs_diff"] == 255
 
 
 def test_diff_sees_metadata_values_of_other_types(tmp_path):
