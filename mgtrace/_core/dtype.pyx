@@ -68,9 +68,20 @@ cdef int dtype_code(object dtype) except -1:
     except TypeError:
         raise TypeError(f"not a dtype: {dtype!r}; expected one of {', '.join(NAMES)}") from None
     code = _lookup.get(dt)
+    if code is None and not dt.isnative and _lookup.get(dt.newbyteorder("=")) is not None:
+        # tensors hold native byte order; data in another one is converted where it is copied
+        raise TypeError(f"dtype {dt.str!r} ({dt.name}) is not in native byte order; mgtrace "
+                        f"holds {dt.newbyteorder('=').str!r}: pass {dt.name!r}, or convert an "
+                        f"array with arr.astype(arr.dtype.newbyteorder('='))")
     if code is None:
         raise TypeError(f"unsupported dtype {dt.name!r}; mgtrace supports {', '.join(NAMES)}")
     return code
+
+
+cdef object native_order(object dt):
+    """``dt`` (a NumPy dtype) in native byte order: the dtype an array of it
+    becomes when it is copied into a tensor."""
+    return dt if dt.isnative else dt.newbyteorder("=")
 
 
 def as_dtype(dtype):
@@ -141,7 +152,8 @@ cdef int _operand_code(object x, bint *is_scalar) except -1:
                 return 9
             raise TypeError(f"operand list of {np.asarray(x).dtype} has no mgtrace dtype")
         raise TypeError(f"operand of type {type(x).__name__} has no dtype")
-    return dtype_code(dt)
+    # an array operand is copied into a tensor (dispatch.coerce), in native byte order
+    return dtype_code(native_order(dt) if isinstance(dt, np.dtype) else dt)
 
 
 cdef int promote_operands(tuple operands) except -1:

@@ -410,6 +410,8 @@ cdef Tensor to_tensor(object data, object dtype, int device):
         arr = np.asarray(data)
         if arr.dtype.kind in "OUSVc" and arr.dtype != NP_DTYPES[8]:
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
+        if not arr.dtype.isnative:     # '>f4' -> float32: the data is copied anyway
+            arr = arr.astype(arr.dtype.newbyteorder("="))
     elif hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         arr = np.from_dlpack(data)
     elif dtype is not None:

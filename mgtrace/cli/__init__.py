@@ -492,6 +492,8 @@ def _cmd_diff(args, out):
                 line = f"{c['what']}: {a} -> {b}"
             if "first_difference" in c:
                 line += f"\n  first at {c['first_difference']}"
+            for d in c.get("differences", ()):
+                line += f"\n  at {d}"
             out.write(line + "\n")
         out.write(f"{len(res['changes'])} difference{'' if len(res['changes']) == 1 else 's'}\n")
     return EXIT_OK if res["same"] else EXIT_FAILED

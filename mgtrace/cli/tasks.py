@@ -498,8 +498,11 @@ def _value_changes(what, side_a, side_b, change):
     (pa, ha, va), (pb, hb, vb) = side_a, side_b
     ja, jb = (None if v is None else _json.plain(value_json.to_json(value_json.decode_header_value(v, h)))
               for v, h in ((va, ha), (vb, hb)))
-    if ja != jb:
-        change(what, ja, jb)
+    typed_diffs = [] if va is None or vb is None else value_json.differences(
+        value_json.decode_header_value(va, ha), value_json.decode_header_value(vb, hb))
+    if ja != jb or typed_diffs:                # (typed: "nan" and nan, 1 and True show alike)
+        shown = [f"{p or '<root>'}: {x} -> {y}" for p, x, y in typed_diffs]
+        change(what, ja, jb, **({"differences": shown} if shown else {}))
         return
     ra, rb = list(_tagged_tensors(va, "")), list(_tagged_tensors(vb, ""))
     xa = _read_raw(pa, ha, ra)
@@ -516,7 +519,8 @@ def _array_change(what, x, y, change):
     if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
         change(what, _desc(x), _desc(y))
         return
-    if x.dtype.kind in "biu" and np.array_equal(x, y):    # (float64 would round int64)
+    if x.dtype.kind in "biu":                               # exactly: float64 would round int64
+        _int_change(what, x, y, change)
         return
     xf, yf = x.astype(np.float64), y.astype(np.float64)  # bfloat16 too
     same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
@@ -528,6 +532,21 @@ def _array_change(what, x, y, change):
     if n:
         extra["nonfinite_mismatches"] = n
     change(what, _desc(x), _desc(y), **extra)
+
+
+def _int_change(what, x, y, change):
+    """_array_change for bool and integer arrays: equal only when every
+    element is; ``max_abs_diff`` in Python ints over the differing places
+    (int64 - int64 can overflow, and float64 rounds above 2**53)."""
+    differ = x != y
+    if not differ.any():
+        return
+    p, q = x[differ], y[differ]
+    if x.dtype.itemsize < 8:                 # int64 holds every difference of narrower ints
+        d = int(np.max(np.abs(p.astype(np.int64) - q.astype(np.int64))))
+    else:
+        d = max(abs(a - b) for a, b in zip(p.tolist(), q.tolist()))
+    change(what, _desc(x), _desc(y), max_abs_diff=d)
 
 
 def _header_of(path):

@@ -26,7 +26,7 @@ and every key's type, and stays plain JSON where the value already is:
 """
 from mgtrace.errors import ArchiveError
 
-__all__ = ["ENCODING_NOTE", "TAGS", "decode_header_value", "to_json"]
+__all__ = ["ENCODING_NOTE", "TAGS", "decode_header_value", "differences", "to_json", "typed"]
 
 TAGS = ("dict", "tensor", "module")     # single-key objects that mean this encoding, not a dict
 ENCODING_NOTE = ('a dict with a key that is not a string is written as {"dict": [[KEY, VALUE], '
@@ -106,3 +106,44 @@ def _key(k):
     if type(k) is tuple:
         return {"tuple": [_key(x) for x in k]}
     return {"repr": repr(k)}
+
+
+def typed(v):
+    """``v`` (a decoded value) with every leaf tagged by its type, so that
+    values that load as different Python values differ here: ``"nan"`` and
+    ``float("nan")``, ``1`` and ``1.0``, ``True`` and ``1``, ``(1,)`` and
+    ``[1]``. Leaves are tagged as dict keys are (``{"int": 1}``), a list is
+    ``{"list": [...]}``, a tuple ``{"tuple": [...]}``; non-finite floats are
+    the strings "nan", "inf", "-inf", so NaN equals NaN of the same type.
+
+    >>> typed({"k": "nan", "n": (1, 1.0)})
+    {'k': {'str': 'nan'}, 'n': {'tuple': [{'int': 1}, {'float': 1.0}]}}
+    """
+    from mgtrace import _json
+    if v is None or isinstance(v, (bool, int, float, str)) and type(v) in (bool, int, float, str):
+        return _json.plain(_key(v))
+    if isinstance(v, Ref):
+        return {v.kind: v.what}
+    if type(v) in (list, tuple):
+        return {type(v).__name__: [typed(x) for x in v]}
+    if type(v) is dict:
+        if all(type(k) is str for k in v) and not (len(v) == 1 and next(iter(v)) in TAGS):
+            return {k: typed(x) for k, x in v.items()}
+        return {"dict": [[_json.plain(_key(k)), typed(x)] for k, x in v.items()]}
+    return {"repr": repr(v)}
+
+
+def differences(a, b, path=""):
+    """Where decoded values ``a`` and ``b`` differ by :func:`typed`: a list of
+    ``(path, typed a there, typed b there)``, empty when they are the same.
+    The path names string keys and indices (``"hist[1]"``); "" is the root."""
+    ta, tb = typed(a), typed(b)
+    if ta == tb:
+        return []
+    if type(a) is type(b) is dict and all(type(k) is str for k in a) and a.keys() == b.keys():
+        parts = ((f"{path}.{k}" if path else k, a[k], b[k]) for k in a)
+    elif type(a) is type(b) and type(a) in (list, tuple) and len(a) == len(b):
+        parts = ((f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b)))
+    else:
+        return [(path, ta, tb)]
+    return [d for p, x, y in parts for d in differences(x, y, p)]

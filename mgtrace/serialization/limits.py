@@ -124,6 +124,21 @@ def node_name(name, taken, where, error):
     return normal
 
 
+def member_names(names, where, error):
+    """A module's members (children, parameters, buffers, attributes:
+    ``names``, in table order) are distinct in NFKC form: generated code
+    reads them as attributes, and Python reads ``self.\ufb01`` as
+    ``self.fi``, so two such members would be one name."""
+    seen = {}
+    for name in names:
+        if not isinstance(name, str):
+            continue            # (the member tables' own checks name what is wrong)
+        other = seen.setdefault(python_name(name), name)
+        if other != name:
+            raise error(f"{where}: members {_short(other)} and {_short(name)} are one name to "
+                        f"Python (NFKC form {_short(python_name(name))}); rename one of them")
+
+
 def build_budget(stored_elements):
     """Tensor elements a load may allocate building modules: twice the
     elements the archive stores plus BUILD_SLACK_ELEMENTS."""

@@ -55,6 +55,7 @@ import collections
 import inspect
 import keyword
 import warnings
+import weakref
 
 import numpy as np
 
@@ -390,6 +391,15 @@ def _names_of(entry):
                     yield from ((f".graphs[{gi}].exprs", k) for k in e["kwargs"])
 
 
+def _member_names(entry):
+    """The names of a traced entry's children, parameters, buffers and attrs."""
+    for pair in entry.get("children") or ():
+        yield pair[0] if isinstance(pair, list) and pair else None
+    for table in ("parameters", "buffers", "attrs"):
+        if isinstance(entry.get(table), dict):
+            yield from entry[table]
+
+
 def check_limits(entry, where, error):
     """The bounds of limits.py on a traced entry (graphs and exprs already
     maps): name lengths, graph sizes, arguments of a call. The reader runs
@@ -397,6 +407,7 @@ def check_limits(entry, where, error):
     entry it made (error=ValueError), so save never writes what load refuses."""
     for w, name in _names_of(entry):
         limits.check_name(name, where + w, error)
+    limits.member_names(_member_names(entry), where, error)
     for gi, g in enumerate(entry["graphs"]):
         gw = f"{where}.graphs[{gi}]"
         for key in ("exprs", "nodes"):
@@ -459,6 +470,7 @@ def _finish_ids(tm):
         nodes = [o for e in exprs for o in e.outputs]
         src = IdSource(max((n._id for n in nodes), default=-1) + 1,
                        max((e._id for e in exprs), default=-1) + 1, dirty=True)
+        src.root = weakref.ref(tm)
         for g in graphs:
             g._ids = src
     else:

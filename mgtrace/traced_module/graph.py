@@ -52,6 +52,7 @@ True
 import contextlib
 import fnmatch
 import inspect
+import weakref
 
 from mgtrace.errors import Error
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
@@ -73,10 +74,11 @@ class IdSource:
     nodes and exprs added later take the next numbers. ``dirty`` says the
     ids may differ from that walk order (the graphs were edited), which is
     when an archive stores them."""
-    __slots__ = ("next_node", "next_expr", "dirty")
+    __slots__ = ("next_node", "next_expr", "dirty", "root")
 
     def __init__(self, next_node=0, next_expr=0, dirty=False):
         self.next_node, self.next_expr, self.dirty = next_node, next_expr, dirty
+        self.root = None        # weakref to the tree's root module (graph renames see the tree)
 
     def node_id(self):
         self.next_node += 1
@@ -106,6 +108,8 @@ def reset_ids(root, src=None):
     (the IdSource of a tree ``root`` joins), from where it stands, and give
     all their graphs that one IdSource."""
     src = IdSource() if src is None else src
+    if src.root is None:
+        src.root = weakref.ref(root)
     for e in walk_tree(root):
         e._id = src.expr_id()
         for o in e.outputs:
@@ -147,20 +151,30 @@ class InternalGraph:
             raise TypeError(f"a graph name must be a non-empty str, not {value!r}")
         form = python_name(value)
         for g in self._tree_graphs():
-            if g is not self and g._name != value and python_name(g._name) == form:
+            # the graphs of one module (one per call signature) share its name
+            if g is self or g.owner is self.owner and g._name == value:
+                continue
+            if python_name(g._name) == form:
+                how = "" if g._name == value else \
+                    " as Python reads identifiers (NFKC form)"
                 raise GraphError(f"graph {self._qualname}: the name {value!r} is graph "
-                                 f"{g._qualname}'s name {g._name!r} as Python reads identifiers "
-                                 "(NFKC form), so the two would be found by one name; choose "
-                                 "another name")
+                                 f"{g._qualname}'s name {g._name!r}{how}, so get_node_by_name "
+                                 "would find the nodes of both by one name; choose another name")
         self._name = value
         self._touch()
 
     def _tree_graphs(self):
-        """The graphs of the owner's module tree (the owner's and those below it)."""
+        """The graphs of the module tree the owner belongs to (from the root
+        its ids came from, while the owner is still in that tree; else the
+        owner's and those below it)."""
         owner = self.owner
         if owner is None:
             return [self]
-        return [g for m in owner.modules() for g in getattr(m, "_graphs", ())]
+        root = self._ids.root() if self._ids is not None and self._ids.root is not None else None
+        mods = list(root.modules()) if root is not None else []
+        if not any(m is owner for m in mods):
+            mods = list(owner.modules())
+        return [g for m in mods for g in getattr(m, "_graphs", ())]
 
     @property
     def qualname(self):

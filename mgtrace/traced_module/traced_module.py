@@ -28,7 +28,7 @@ from mgtrace.traced_module import codegen
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         is_node)
 from mgtrace.traced_module.graph import GraphError, InternalGraph, reset_ids
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten, tree_map
 from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
 
@@ -39,6 +39,26 @@ def _input_leaf(v):
     # a slot holds a tensor, or a number where a traced caller passed a value
     # computed from shapes (SymInt/SymFloat while tracing, plain when it runs)
     return isinstance(v, (Tensor, int, float)) and not isinstance(v, bool)
+
+
+def _check_member_form(tm, name):
+    """Refuse a member ``name`` that another member of ``tm`` has in NFKC form
+    (generated code reads ``self.\ufb01`` as ``self.fi``; two such members
+    would be one name to it, and save refuses them too)."""
+    if not isinstance(name, str):
+        return
+    d = tm.__dict__
+    form = None
+    for table in (d.get("_modules", ()), d.get("_parameters", ()), d.get("_buffers", ()), d):
+        for k in table:
+            if k == name or not isinstance(k, str) or (k.isascii() and name.isascii()):
+                continue                    # (ASCII names are their own NFKC form)
+            form = python_name(name) if form is None else form
+            if python_name(k) == form:
+                where = d.get("_qualname", type(tm).__name__)
+                raise ValueError(f"{where}: member {name!r} is member {k!r} as Python "
+                                 f"reads identifiers (NFKC form {form!r}), so generated code "
+                                 f"would read one for the other; choose another name")
 
 
 class TracedModule(Module):
@@ -63,6 +83,10 @@ class TracedModule(Module):
 
     # bookkeeping attributes, not state (Module._structure_members skips them)
     _NOT_STATE = frozenset({"watch_points", "end_points", "watch_node_value"})
+
+    def __setattr__(self, name, value):
+        _check_member_form(self, name)
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------ creation
     @classmethod

@@ -180,3 +180,37 @@ def test_diff_sees_constants_in_the_graph(tmp_path):
     changes = _changes(a, _scaled(tmp_path, "d", 2, c, note="v2"))
     assert list(changes) == ["module <root> attributes"], changes
     assert '"v1"' in changes["module <root> attributes"]["a"] and '"v2"' in changes["module <root> attributes"]["b"]
+
+
+@pytest.mark.parametrize("big", [2**53, 2**62, -(2**63)])
+def test_diff_compares_int64_exactly(tmp_path, big):
+    # float64 rounds 2**53 + 1 to 2**53: the difference must still be seen, and measured exactly
+    def mk(name, v):
+        mt.save({"w": mt.tensor(np.array(v, "int64"))}, tmp_path / name)
+        return tmp_path / name
+    a, b = mk("a.tmod", [big, 7]), mk("b.tmod", [big + 1, 7])
+    c = _changes(a, b)
+    assert list(c) == ["tensor w"] and c["tensor w"]["max_abs_diff"] == 1
+    assert cli("diff", a, mk("same.tmod", [big, 7])).returncode == 0
+    d = _changes(mk("lo.tmod", [-(2**63)]), mk("hi.tmod", [2**63 - 1]))["tensor w"]
+    assert d["max_abs_diff"] == 2**64 - 1              # int64 subtraction would overflow
+    mt.save({"w": mt.tensor(np.array([-128, 127], "int8"))}, tmp_path / "i8a.tmod")
+    mt.save({"w": mt.tensor(np.array([127, -128], "int8"))}, tmp_path / "i8b.tmod")
+    assert _changes(tmp_path / "i8a.tmod", tmp_path / "i8b.tmod")["tensor w"]["max_abs_diff"] == 255
+
+
+def test_diff_sees_metadata_values_of_other_types(tmp_path):
+    pairs = {"k": ("nan", NAN), "i": ("inf", INF), "n": (1, True), "f": (1, 1.0), "t": ((1,), [1])}
+    a = _state(tmp_path, "a", [1.0], metadata={k: v for k, (v, _) in pairs.items()} | {"same": NAN})
+    b = _state(tmp_path, "b", [1.0], metadata={k: v for k, (_, v) in pairs.items()} | {"same": NAN})
+    c = _changes(a, b)
+    assert list(c) == ["metadata"]
+    assert c["metadata"]["differences"] == [
+        "k: {'str': 'nan'} -> {'float': 'nan'}", "i: {'str': 'inf'} -> {'float': 'inf'}",
+        "n: {'int': 1} -> {'bool': True}", "f: {'int': 1} -> {'float': 1.0}",
+        "t: {'tuple': [{'int': 1}]} -> {'list': [{'int': 1}]}"]
+    p = cli("diff", a, b)
+    assert p.returncode == 1 and "at n: {'int': 1} -> {'bool': True}" in p.stdout
+    # NaN equals NaN of the same type: an archive against its twin has no differences
+    twin = {k: v for k, (v, _) in pairs.items()} | {"same": NAN}
+    assert cli("diff", a, _state(tmp_path, "a2", [1.0], metadata=twin)).returncode == 0

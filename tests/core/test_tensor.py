@@ -280,3 +280,25 @@ def test_copy_and_deepcopy_keep_class_and_attributes():
     assert c.tolist() == [3, 4] and c.is_contiguous
     nested = copy.deepcopy({"w": [mt.tensor([1.0])]})
     assert nested["w"][0].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("code", [">f4", ">f8", ">i8", ">i2", ">u2", "<f4", "=f4"])
+def test_non_native_byte_order_is_converted_on_copy(code):
+    # mt.tensor copies, so a big-endian array is read by value into native order (as jax does)
+    want = np.array([[1.5, -2.0, 3.0], [2**13, 0.0, 7.0]]).astype(code)
+    t = mt.tensor(want)
+    assert t.dtype == want.dtype.newbyteorder("=") and t.numpy().dtype.isnative
+    np.testing.assert_array_equal(t.numpy(), want)
+    assert t.numpy().tolist() == want.tolist()
+    np.testing.assert_array_equal(mt.tensor(want[:, ::2]).numpy(), want[:, ::2])   # strided view
+    big = np.array([2**40 + 3], ">i8")
+    assert mt.tensor(big).numpy()[0] == 2**40 + 3
+    # as an operand of an op it is copied too
+    got = mt.tensor(np.ones(3, "float32")) + want[0].astype(">f4")
+    np.testing.assert_array_equal(got.numpy(), want[0].astype("float32") + 1)
+
+
+def test_non_native_byte_order_as_a_dtype_names_byte_order_and_fix():
+    with pytest.raises(TypeError, match=r"'>f4' \(float32\) is not in native byte order.*"
+                                        r"pass 'float32'.*newbyteorder\('='\)"):
+        mt.tensor(np.ones(2, "float32")).astype(">f4")
