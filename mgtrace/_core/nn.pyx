@@ -546,7 +546,6 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
     return u
 
 
-
 # ------------------------------------------------------------------ convolution
 
 cdef tuple _conv_operands(str op, x, weight, bias):
