@@ -72,6 +72,8 @@ cdef extern from "kernels/nn.h" nogil:
                             const mt_conv2d_geom *g, int nthreads, void *workspace) noexcept
     int mt_conv2d_pick_algo(const mt_conv2d_geom *g) noexcept
     int mt_conv2d_direct_algo(const mt_conv2d_geom *g) noexcept
+    int mt_wino_bound(int dtype, const mt_conv2d_geom *g) noexcept
+    int mt_all_below(int dtype, const void *p, int64_t n, int k) noexcept
     void mt_conv2d_direct_force_narrow(int on) noexcept
     int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) noexcept
     int mt_conv2d_packs_weights(int algo) noexcept
@@ -425,7 +427,8 @@ cdef int _check_rc(str op, int rc, int device=0) except -1:
 # mapping; or exported writable) is never cached.
 # Least recently used entries go first past WEIGHT_CACHE_BYTES.
 WEIGHT_CACHE_BYTES = 256 << 20
-_weight_cache = OrderedDict()     # key -> (version, packed weights)
+# (None for weights a Winograd algorithm must not use: see _wino_unfit)
+_weight_cache = OrderedDict()     # key -> (version, packed weights or None)
 _weight_cache_bytes = 0
 
 
@@ -463,6 +466,19 @@ cdef bytes _weight_key(Tensor w, int work, int algo, int layout, int64_t groups)
 # mt_nchwc_form); not an mt_conv_algo
 cdef int _NCHWC = 1000
 
+
+cdef bint _wino_unfit(Tensor w, int work, mt_conv2d_geom *g, int algo, int layout) noexcept:
+    """Whether ``algo`` / ``layout`` is a Winograd one and the weights ``w``
+    (contiguous, dtype ``work``) hold a NaN, an inf or a magnitude past its
+    bound (mt_wino_bound), so that the call must run on a direct kernel:
+    Winograd mixes an infinite weight into points of U where the direct
+    sum keeps it out (inf - inf = NaN), and overflows in its transforms on
+    huge ones. One pass over the weights when they are packed (cached with
+    them), not every call."""
+    cdef bint wino = (layout == MT_NCHWC_WINOGRAD or layout == MT_NCHWC_WINOGRAD4) if algo == _NCHWC else \
+        (algo == MT_CONV_WINOGRAD or algo == MT_CONV_WINOGRAD4)
+    return wino and not mt_all_below(work, w._data, numel(w), mt_wino_bound(work, g))
+
 # conv2d_nchwc's Winograd: -1 as mt_conv2d_nchwc_form picks, 0 never, 1
 # F(2x2) and 2 F(4x4) wherever it applies (for tests and benchmarks: see
 # _set_nchwc_winograd)
@@ -483,10 +499,17 @@ def _set_nchwc_winograd(mode):
     return old
 
 
+cdef inline int64_t _entry_bytes(object u):
+    return 0 if u is None else numel(<Tensor>u)
+
+
 cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g, int algo, int layout, int nt):
     """The weights ``w`` (``w_orig`` made contiguous in dtype ``work``)
     packed for ``algo`` in ``layout`` (Winograd's U, DIRECT's blocks), from
-    the cache when ``w_orig`` has not been written since."""
+    the cache when ``w_orig`` has not been written since; None when the
+    algorithm is a Winograd one and the weights are unfit for it
+    (_wino_unfit: the caller then runs a direct kernel), remembered in the
+    cache as well until the weight is written."""
     global _weight_cache_bytes
     # (groups too: DIRECT and BLOCKED pad each group's last block)
     key = _weight_key(w_orig, work, algo, layout, g.groups)
@@ -499,24 +522,27 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
         if hit is not None and hit[0] == version:
             _weight_cache.move_to_end(key)
             return <Tensor>hit[1]
-    cdef int64_t nbytes = mt_conv2d_nchwc_packed_bytes(g, layout) if algo == _NCHWC else \
-        mt_conv2d_packed_bytes(work, g, algo, layout)
-    cdef Tensor u = _workspace("conv2d", nbytes, w._device, "the packed weights")
-    with nogil:
-        if algo == _NCHWC:
-            mt_conv2d_nchwc_pack(<const float *>w._data, <float *>u._data, g, layout)
-        else:
-            mt_conv2d_pack_weights(work, w._data, u._data, g, algo, layout, nt)
+    cdef int64_t nbytes = 0
+    cdef Tensor u = None
+    if not _wino_unfit(w, work, g, algo, layout):
+        nbytes = mt_conv2d_nchwc_packed_bytes(g, layout) if algo == _NCHWC else \
+            mt_conv2d_packed_bytes(work, g, algo, layout)
+        u = _workspace("conv2d", nbytes, w._device, "the packed weights")
+        with nogil:
+            if algo == _NCHWC:
+                mt_conv2d_nchwc_pack(<const float *>w._data, <float *>u._data, g, layout)
+            else:
+                mt_conv2d_pack_weights(work, w._data, u._data, g, algo, layout, nt)
     if key is None or nbytes > WEIGHT_CACHE_BYTES:
         return u
     old = _weight_cache.pop(key, None)
     if old is not None:
-        _weight_cache_bytes -= numel(<Tensor>old[1])
+        _weight_cache_bytes -= _entry_bytes(old[1])
     _weight_cache[key] = (version, u)
     _weight_cache_bytes += nbytes
     while _weight_cache_bytes > WEIGHT_CACHE_BYTES:
         _, (_, gone) = _weight_cache.popitem(last=False)
-        _weight_cache_bytes -= numel(<Tensor>gone)
+        _weight_cache_bytes -= _entry_bytes(gone)
     return u
 
 
@@ -877,6 +903,11 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
     cdef int layout = mt_conv2d_packed_layout(a)
     if mt_conv2d_packs_weights(a) and n > 0 and o > 0 and c > 0:
         u = _packed_weights(tw_orig, tw, work, &g, a, layout, nt)
+        if u is None:       # weights unfit for Winograd (_wino_unfit): the direct kernel
+            a = mt_conv2d_direct_algo(&g)
+            layout = mt_conv2d_packed_layout(a)
+            if mt_conv2d_packs_weights(a):
+                u = _packed_weights(tw_orig, tw, work, &g, a, layout, nt)
     cdef int64_t wsbytes = mt_conv2d_packed_workspace(work, &g, a, layout, nt) if u is not None else \
         mt_conv2d_workspace(work, &g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device, None if wsbytes != MT_NN_EOVERFLOW else
@@ -897,8 +928,9 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
 cdef int _conv2d_direct(str op, Tensor tx, Tensor tw, const void *bptr, Tensor out, mt_conv2d_geom *g,
                         int nt) except? -100:
     """conv2d again with a kernel without transforms, for a Winograd call
-    that met NaN or inf in x (MT_NN_NONFINITE): the direct sum keeps each
-    to the outputs whose receptive field holds it. Returns the kernel's rc."""
+    that met NaN, inf or a magnitude past its bound in x (MT_NN_NONFINITE):
+    the direct sum keeps each to the outputs whose receptive field holds
+    it, and overflows only where its own sums do. Returns the kernel's rc."""
     cdef int a = mt_conv2d_direct_algo(g), rc
     cdef int64_t wsbytes = mt_conv2d_workspace(tx._dtype, g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device, None if wsbytes != MT_NN_EOVERFLOW else
@@ -1033,9 +1065,12 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     where conv2d runs its F(4x4) (:func:`conv2d_nchwc_algorithm`). With
     128-256 channels of random values, F(2x2) rounds within 7e-7 of the
     output's scale (a direct sum within 2e-6) and F(4x4) within 1.5e-5,
-    as conv2d's. A NaN or inf in x stays where a direct sum puts it
-    (in the outputs whose receptive field holds it): Winograd finds it as
-    it reads x and the call runs on the direct kernel instead.
+    as conv2d's. A NaN or inf in x or in the weights stays where a direct
+    sum puts it (in the outputs whose receptive field holds it), and huge
+    finite values overflow only where a direct sum does: Winograd finds x
+    past its bound (NaN, inf, or 2^53 in magnitude with 16 channels, 2^51
+    with 512: mt_wino_bound) as it reads it, the weights when it packs
+    them, and the call runs on the direct kernel instead.
 
     >>> import mgtrace as mt
     >>> x = to_nchwc(mt.tensor(np.ones((1, 2, 2, 2), np.float32)))
@@ -1081,6 +1116,9 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     # (the cache key is the weight as given: a non-contiguous one's copy is new every call)
     cdef int form = mt_conv2d_nchwc_form(&g, blocked, _nchwc_winograd)
     cdef Tensor u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, form, nt)
+    if u is None:       # weights unfit for Winograd (_wino_unfit): the direct form
+        form = mt_conv2d_nchwc_form(&g, blocked, 0)
+        u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, form, nt)
     cdef int64_t nb = mt_conv2d_nchwc_workspace(&g, form, nt)
     cdef Tensor ws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
@@ -1089,7 +1127,7 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
     with nogil:
         rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
                              <float *>out._data, &g, nt, wsp)
-    if rc == MT_NN_NONFINITE:       # Winograd met NaN or inf in x: the direct kernel keeps them in place
+    if rc == MT_NN_NONFINITE:       # Winograd met NaN, inf or a huge value in x: the direct kernel
         form = mt_conv2d_nchwc_form(&g, blocked, 0)
         u = _packed_weights(<Tensor>weight, tw, MT_FLOAT32, &g, _NCHWC, form, nt)
         nb = mt_conv2d_nchwc_workspace(&g, form, nt)

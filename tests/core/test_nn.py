@@ -1518,12 +1518,11 @@ def test_conv2d_nchwc_winograd_keeps_unused_channels_zero_after_an_infinite_inpu
     assert not np.isfinite(y[0, 0, 4:7, 4:7, :5]).any() and np.isfinite(y[0, 0, 8:, 8:, :5]).all()
 
 
-def test_conv2d_nchwc_winograd_keeps_an_infinite_weight_out_of_the_points_it_has_no_part_in():
-    """U = G g G^T leaves out G's zero coefficients (0 * inf is NaN): with
-    positive inputs and a +inf centre tap, F(2x2)'s outputs in that channel
-    are +inf where the transforms do not subtract it from itself (11 of the
-    64 here; the direct kernel gives +inf in all), NaN elsewhere, and the
-    other channels are the reference."""
+def test_conv2d_nchwc_winograd_gives_an_infinite_weights_direct_sum():
+    """An infinite weight runs on the direct kernel (a Winograd U mixes it
+    into inf - inf = NaN: 11 +inf and 53 NaN in that channel, once): with
+    positive inputs and a +inf centre tap, every output of that channel is
+    +inf, as the direct sum's, and the other channels are the reference."""
     rng = np.random.default_rng(3)
     x = np.abs(rng.standard_normal((1, 20, 10, 10), dtype=np.float32)) + 0.1
     w = np.abs(rng.standard_normal((8, 20, 3, 3), dtype=np.float32))
@@ -1534,7 +1533,7 @@ def test_conv2d_nchwc_winograd_keeps_an_infinite_weight_out_of_the_points_it_has
         y = nn.from_nchwc(nn.conv2d_nchwc(tensor(blocked(x)), tensor(w), None, None, 1, 0), 8).numpy()
     finally:
         nn._set_nchwc_winograd(before)
-    assert np.isposinf(y[0, 3]).sum() == 11 and (np.isposinf(y[0, 3]) | np.isnan(y[0, 3])).all()
+    assert np.isposinf(y[0, 3]).all()
     others = [o for o in range(8) if o != 3]
     np.testing.assert_allclose(y[:, others], ref[:, others], rtol=1e-5, atol=2e-6 * np.abs(ref).max())
 

@@ -627,26 +627,48 @@ int mt_conv2d_pick_algo(const mt_conv2d_geom *g) { return mt_conv2d_pick_algo_ex
 
 int mt_conv2d_direct_algo(const mt_conv2d_geom *g) { return direct_fits(g) ? MT_CONV_DIRECT : MT_CONV_IM2COL; }
 
-/* A value is finite unless its exponent bits are all ones. On the bits, so
- * that the loop vectorizes (an OR of integer compares; a float test would
- * be a reduction the compiler may not reorder). */
-MT_VCLONES int mt_all_finite(int dtype, const void *p, int64_t n) {
+/* |v| < 2^k exactly when v's biased exponent field is below bias + k (NaN
+ * and inf have the field all ones, so k = 128 / 1024 is the finiteness
+ * test). On the bits, so that the loop vectorizes (an OR of integer
+ * compares; a float test would be a reduction the compiler may not
+ * reorder). */
+MT_VCLONES int mt_all_below(int dtype, const void *p, int64_t n, int k) {
     const char *c = (const char *)p;
     unsigned bad = 0;
     if (dtype == MT_FLOAT32) {
+        const uint32_t lim = (uint32_t)mt_clamp64(127 + k, 0, 255) << 23;
         for (int64_t i = 0; i < n; i++) {
             uint32_t b;
             memcpy(&b, c + 4 * i, 4);       /* (memcpy: no aliasing of the floats) */
-            bad |= (b & 0x7f800000u) == 0x7f800000u;
+            bad |= (b & 0x7f800000u) >= lim;
         }
     } else {
+        const uint64_t lim = (uint64_t)mt_clamp64(1023 + k, 0, 2047) << 52;
         for (int64_t i = 0; i < n; i++) {
             uint64_t b;
             memcpy(&b, c + 8 * i, 8);
-            bad |= (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+            bad |= (b & 0x7ff0000000000000ull) >= lim;
         }
     }
     return !bad;
+}
+
+/* Winograd's headroom. Through F(4x4)'s transforms a value grows at most by
+ * the product of each 1-D transform's largest absolute row sum, squared
+ * (the partial sums of a row stay within it too): B^T d B by 10^2, G g G^T
+ * by 1 (its partial sums by 3), A^T m A by 19^2; F(2x2)'s are 2^2, 1.5^2
+ * (partial sums 4.5) and 3^2. The point GEMMs add C/groups products, so
+ * every intermediate is below 36100 C X W < 2^(16 + L) X W, L =
+ * ceil(log2(C/groups)), for |x| < X and |w| < W. With X = W = 2^k and
+ * 2k <= E - 16 - L, E = 127 (float32) or 1023 (float64), nothing reaches
+ * 2^E, so the transforms overflow only where the direct sum's own values
+ * would (its bound, 9 C X W, is smaller). Past the bound, or on NaN or
+ * inf, a call runs on the direct kernel (MT_NN_NONFINITE). */
+int mt_wino_bound(int dtype, const mt_conv2d_geom *g) {
+    const int64_t cg = g->c / g->groups;
+    int lg = 0;
+    while (lg < 63 && ((int64_t)1 << lg) < cg) lg++;
+    return ((dtype == MT_FLOAT32 ? 127 : 1023) - 16 - lg) / 2;
 }
 
 int mt_conv2d_pick_algo_ex(const mt_conv2d_geom *g, int w_cached) {
@@ -1149,14 +1171,23 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
     /* GEMM tasks: np per group, times output-channel blocks when fewer */
     const int64_t nob = o_split(og, np * g->groups, nt), obs = (og + nob - 1) / nob;
     const int par = nt > 1;
-    int nonfinite = 0;      /* a packed plane holds NaN or inf: MT_NN_NONFINITE */
+    /* a packed plane (or a weight) holds NaN, inf or a magnitude past
+     * Winograd's bound: MT_NN_NONFINITE */
+    int nonfinite = 0;
+    const int bound = mt_wino_bound(dt, g);
     if (par) blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *scratch = scratch_all + thread_id() * pl.scratch;
         if (!u_given) {
             #pragma omp for schedule(static) nowait
-            for (int64_t o = 0; o < g->o; o++) wino_weights_any(dt, (int)e, w, (char *)u, ux, cg, o);
+            for (int64_t o = 0; o < g->o; o++) {
+                wino_weights_any(dt, (int)e, w, (char *)u, ux, cg, o);
+                if (!mt_all_below(dt, w + o * cg * 9 * isz, cg * 9, bound)) {   /* (in cache) */
+                    #pragma omp atomic write
+                    nonfinite = 1;
+                }
+            }
         }
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {
             const int64_t b = mt_min64(nb, g->n - n0), nrows = b * th;
@@ -1166,7 +1197,7 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
             for (int64_t r = 0; r < g->c * b; r++) {
                 pack_plane(x, p + r * plane * isz, isz, g, n0 + r % b, r / b, 0, pl.hp, pl.wp);
                 /* (the plane is in cache: the check costs no extra pass) */
-                if (!mt_all_finite(dt, p + r * plane * isz, plane)) {
+                if (!mt_all_below(dt, p + r * plane * isz, plane, bound)) {
                     #pragma omp atomic write
                     nonfinite = 1;
                 }

@@ -860,7 +860,10 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
     const int64_t rounds_img = (pl.th + pl.rows - 1) / pl.rows;
     const int64_t rd = g->has_res ? g->res_delta : 0;
     const int otail = g->o % NC ? (int)(g->o % NC) : 0;
-    int nonfinite = 0;      /* an input row holds NaN or inf: MT_NN_NONFINITE */
+    /* an input row holds NaN, inf or a magnitude past Winograd's bound
+     * (mt_wino_bound): MT_NN_NONFINITE */
+    int nonfinite = 0;
+    const int bound = mt_wino_bound(MT_FLOAT32, g);
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
 #ifdef _OPENMP
@@ -884,7 +887,7 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
                 /* the input rows the row's patches read, in cache now */
                 const int64_t iy0 = mt_max64(0, e * (ty0 + ty) - g->ph);
                 const int64_t iy1 = mt_min64(g->h, e * (ty0 + ty) - g->ph + e + 2);
-                if (iy1 > iy0 && !mt_all_finite(MT_FLOAT32, xb + iy0 * g->w * NC, (iy1 - iy0) * g->w * NC)) {
+                if (iy1 > iy0 && !mt_all_below(MT_FLOAT32, xb + iy0 * g->w * NC, (iy1 - iy0) * g->w * NC, bound)) {
                     #pragma omp atomic write
                     nonfinite = 1;
                 }

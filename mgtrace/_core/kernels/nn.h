@@ -24,18 +24,20 @@
 /* returned by the workspace queries when the size does not fit int64 */
 #define MT_NN_EOVERFLOW (-2)
 /* returned by a transform-based conv (WINOGRAD, WINOGRAD4, the NCHWc
- * Winograd forms) whose input holds a NaN or an infinity: a transform mixes
- * a whole tile's patch into every output of the tile (and an inf into
- * inf - inf = NaN), where a direct sum keeps each non-finite input to the
- * outputs whose receptive field holds it. The call stops early, its output
- * unspecified; the caller runs it again with a direct kernel
- * (mt_conv2d_direct_algo, or the NCHWc form for winograd 0). Found by a
- * finite check of the input as the kernel reads it (no extra pass). */
+ * Winograd forms) whose input holds a NaN, an infinity or a magnitude past
+ * mt_wino_bound: a transform mixes a whole tile's patch into every output
+ * of the tile (and an inf into inf - inf = NaN), where a direct sum keeps
+ * each non-finite input to the outputs whose receptive field holds it, and
+ * a huge finite one overflows in the transforms where the direct sum does
+ * not. The call stops early, its output unspecified; the caller runs it
+ * again with a direct kernel (mt_conv2d_direct_algo, or the NCHWc form for
+ * winograd 0). Found by a check of the input as the kernel reads it (no
+ * extra pass); for WINOGRAD with unpacked weights, of the weights too. */
 #define MT_NN_NONFINITE 1
 
-/* 1 when the n values at p (MT_FLOAT32 or MT_FLOAT64) are all finite */
-int mt_all_finite(int dtype, const void *p, int64_t n);
-
+/* 1 when the n values at p (MT_FLOAT32 or MT_FLOAT64) are all below 2^k in
+ * magnitude (so finite; k 128 or 1024: the finiteness test) */
+int mt_all_below(int dtype, const void *p, int64_t n, int k);
 /* ---- activation epilogues (act.c) ---- */
 
 /* The activation a fused conv2d / linear applies after its bias (the same
@@ -139,6 +141,12 @@ void mt_conv2d_direct_force_narrow(int on);
 int mt_cpu_avx512(void);
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
+/* Winograd's bound k (see conv.c): its transforms stay finite when every
+ * |x| and every |w| is below 2^k (float32: 55 with one input channel a
+ * group, 53 with 16, 51 with 512). Weights packed for a Winograd algorithm
+ * or NCHWc form must be within it: the caller checks them with
+ * mt_all_below before packing, and runs a direct kernel otherwise. */
+int mt_wino_bound(int dtype, const mt_conv2d_geom *g);
 /* The kernel without transforms that reruns a call ended by
  * MT_NN_NONFINITE: DIRECT where its packed image fits, else IM2COL. */
 int mt_conv2d_direct_algo(const mt_conv2d_geom *g);
