@@ -65,8 +65,10 @@ def test_old_archives_load_here_and_upgrade(release, tmp_path):
     recs = json.loads(_ok(p).stdout)["records"]
     assert [r["status"] for r in recs] == ["ok"] * len(NAMES), recs
     upgraded = _check(R.REPO, new, tmp_path)
-    import mgtrace as mt
-    assert {tuple(r["format_version"]) for r in upgraded.values()} == {mt.FORMAT_VERSION}
+    from mgtrace.serialization.version import is_current
+    # the current format: what save writes now, the oldest version from 1.1
+    # that holds each archive (none of the zoo's needs 1.2's views)
+    assert all(is_current(r["format_version"]) for r in upgraded.values()), upgraded
 
 
 @pytest.mark.parametrize("target", ["release format", "default"])
