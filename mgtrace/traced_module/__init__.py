@@ -1,25 +1,36 @@
 """mgtrace.traced_module: trace modules into hierarchical graphs, edit, run.
 
-Layers, one concept per module: ``pytree`` (argument structures),
-``node`` and ``expr`` (the IR), ``graph`` (InternalGraph: queries, edits,
-lint), ``tracer`` (the hooks that record a real run), ``codegen`` (Python
-source for a graph), ``checker`` (the end-of-trace check against eager and
-the module state trace_module puts back), ``traced_module`` (TracedModule,
-trace_module, flatten). DESIGN.md, "Tracing and the graph", has the semantics; they
-follow MegEngine's TracedModule.
+Layers, one concept per module, each importing only those above it in this
+list (``tests/traced_module/test_import_graph.py`` checks that no
+module-level import closes a cycle): ``errors`` (GraphError, TraceError,
+TraceWarning, PassError), ``pytree`` (argument structures), ``node`` and
+``expr`` (the IR), ``signature`` (forward signatures and argument binding),
+``graph`` (InternalGraph: queries, edits, lint), ``codegen`` (Python source
+for a graph), ``checker`` (the end-of-trace check against eager and the
+module state trace_module puts back), ``symbolic`` (SymInt, and the state of
+the running trace), ``tracer`` (the hooks that record a real run),
+``traced_module`` (TracedModule, trace_module, flatten), ``edit`` (the
+recorder ``graph.insert_exprs`` runs under), ``passes`` (optimize,
+replace_pattern). Two imports stay inside functions, each where a layer
+calls back into one below it: ``graph`` -> ``edit`` (an edit block runs a
+Tracer, which builds graphs) and ``codegen`` -> ``traced_module`` (the
+module classes whose members generated code must not shadow).
+
+DESIGN.md, "Tracing and the graph", has the semantics; they follow
+MegEngine's TracedModule.
 """
 import sys
 
 from mgtrace.functional._trace import traceable as _traceable
-from mgtrace.traced_module.checker import (TraceCheckError, disable_default_checker,
-                                           enable_expr_checker)
+from mgtrace.traced_module.checker import disable_default_checker, enable_expr_checker
+from mgtrace.traced_module.errors import GraphError, TraceCheckError, TraceError, TraceWarning
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, Expr,
                                         GetAttr, Input)
-from mgtrace.traced_module.graph import ExprFilter, GraphError, InternalGraph, NodeFilter
+from mgtrace.traced_module.graph import ExprFilter, InternalGraph, NodeFilter
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import (TreeDef, register_supported_type, tree_flatten,
                                           tree_map)
-from mgtrace.traced_module.tracer import SymInt, TraceError, TraceWarning
+from mgtrace.traced_module.symbolic import SymInt
 from mgtrace.traced_module.traced_module import TracedModule, trace_module
 from mgtrace.traced_module.passes import (Match, optimize, register_pass, registered_passes,
                                           replace_pattern)

@@ -22,9 +22,9 @@ import numpy as np
 from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace._core.tensor import storage_spans
+from mgtrace.traced_module.errors import TraceCheckError
 from mgtrace.traced_module.node import TensorNode, ValueNode
-from mgtrace.traced_module.pytree import tree_flatten, tree_map
-from mgtrace.traced_module.tracer import TraceError
+from mgtrace.traced_module.pytree import LeafDef, _Root, tree_flatten, tree_map
 
 __all__ = ["enable_expr_checker", "disable_default_checker", "TraceCheckError", "ModuleState"]
 
@@ -59,12 +59,6 @@ def default_check_on():
 
 def expr_check_on():
     return _settings["expr"]
-
-
-class TraceCheckError(TraceError):
-    """The TracedModule that trace_module made does not reproduce the eager
-    run: the message names the first differing output (or expr, with the
-    expr checker), its source line, and the size of the difference."""
 
 
 # ----------------------------------------------------------- module state
@@ -216,7 +210,6 @@ def check_outputs(tm, got, want_leaves, out_def):
 
 def _leaf_paths(tdef, prefix="out"):
     """``out[0]``, ``out['logits']``... for each leaf slot of ``tdef``."""
-    from mgtrace.traced_module.pytree import LeafDef, _Root
     if isinstance(tdef, LeafDef):
         return [prefix] if tdef.is_slot else []
     if tdef.type is _Root:

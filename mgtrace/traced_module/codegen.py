@@ -196,6 +196,7 @@ def _attr_source(path, base="self"):
 def _class_member(name):
     """Whether ``name`` is an attribute of the module classes themselves (a
     method or property), which plain ``obj.name`` would find first."""
+    # a real cycle: traced_module.py generates each module's forward with this module
     from mgtrace.traced_module.traced_module import TracedDict, TracedSequence
     return any(hasattr(c, name) for c in (TracedSequence, TracedDict))
 
@@ -420,7 +421,6 @@ def _bound_names(glb):
 
 
 def _describe(v):
-    from mgtrace._core import Tensor
     if isinstance(v, Tensor):
         return f"Tensor {v.dtype.name}{list(v.shape)} (a constant recorded by the trace)"
     if isinstance(v, TreeDef):

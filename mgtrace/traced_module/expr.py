@@ -19,18 +19,21 @@ torch.fx. ``inputs`` lists those nodes in order; ``outputs`` are the nodes
 the expr produces, ``out_def`` the TreeDef that rebuilds its result.
 """
 import functools
+import inspect
 import itertools
 import operator
 import os
 import sys
 import sysconfig
 
-from mgtrace._core import op_table, tensor as _core_tensor
-from mgtrace.traced_module.node import Node
+from mgtrace._core import Tensor, op_table, tensor as _core_tensor
+from mgtrace.traced_module.errors import GraphError
+from mgtrace.traced_module.node import ModuleNode, Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_map
+from mgtrace.traced_module.signature import bind_arguments, signature_of
 
 __all__ = ["Expr", "Input", "GetAttr", "CallMethod", "CallFunction", "Constant", "Apply",
-           "EXPR_KINDS", "is_node", "user_source", "user_frame"]
+           "EXPR_KINDS", "is_node", "user_source", "user_frame", "called_graph"]
 
 _ids = itertools.count()
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +146,6 @@ class Expr:
         the value ``value`` (a node of this graph defined before this expr,
         or a constant), keeping the others. Raises as
         :meth:`set_args_kwargs`, and GraphError for an unknown name."""
-        from mgtrace.traced_module.graph import GraphError
         sig = self._signature()
         if name not in sig.parameters:
             raise GraphError(f"set_arg: {self!r} has no parameter {name!r} "
@@ -163,7 +165,6 @@ class Expr:
                 was not traced for this argument structure.
             TypeError: an expr that takes no arguments.
         """
-        from mgtrace.traced_module.graph import GraphError
         try:
             self._signature().bind(*args, **kwargs)
         except TypeError as e:
@@ -206,7 +207,6 @@ class Expr:
 
     @return_val.setter
     def return_val(self, value):
-        from mgtrace.traced_module.graph import GraphError
         leaves, out_def = tree_flatten(value, is_node)
         current = {id(o) for o in self.outputs}
         for n in leaves:
@@ -317,18 +317,14 @@ class CallMethod(Expr):
     def graph(self):
         """For a call of a traced submodule, the callee's graph for this
         call's arguments; None for a builtin module call or a tensor method."""
-        from mgtrace.traced_module.graph import called_graph
         return called_graph(self)
 
     def _signature(self):
-        import inspect
         first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
         owner = getattr(self.args[0], "owner", None)
         if self.method == "__call__" and owner is not None:
-            from mgtrace.traced_module.tracer import signature_of
             sig = signature_of(owner)
             return sig.replace(parameters=[first] + list(sig.parameters.values()))
-        from mgtrace._core import Tensor
         try:
             return inspect.signature(getattr(Tensor, self.method))
         except (AttributeError, TypeError, ValueError):
@@ -337,8 +333,6 @@ class CallMethod(Expr):
     def _check_new_args(self, args, kwargs):
         if self.method != "__call__" or not args or getattr(args[0], "owner", None) is None:
             return
-        from mgtrace.traced_module.graph import GraphError
-        from mgtrace.traced_module.tracer import bind_arguments, signature_of
         owner = args[0].owner
         canon = bind_arguments(signature_of(owner), args[1:], kwargs, type(owner).__name__)
         arg_def = tree_flatten(canon, is_node)[1]
@@ -364,7 +358,6 @@ class CallFunction(Expr):
         self.func = func
 
     def _signature(self):
-        import inspect
         try:
             return inspect.signature(self.func)
         except (TypeError, ValueError):
@@ -408,12 +401,24 @@ class Apply(Expr):
 
 def _positional_signature(n, kwargs, first=None):
     """``(arg0, ..., /, *, k=...)``: for callables without a signature."""
-    import inspect
     P = inspect.Parameter
     params = [first] if first is not None else []
     params += [P(f"arg{i}", P.POSITIONAL_ONLY) for i in range(len(params), n)]
     params += [P(k, P.KEYWORD_ONLY) for k in kwargs if isinstance(k, str) and k.isidentifier()]
     return inspect.Signature(params)
+
+
+def called_graph(e):
+    """The graph a module-call expr runs, when the callee is a TracedModule
+    (the one of its graphs traced for this call's argument structure)."""
+    if isinstance(e, CallMethod) and e.method == "__call__" and e.arg_def is not None:
+        mod = e.args[0].owner if isinstance(e.args[0], ModuleNode) else None
+        graphs = getattr(mod, "_graphs", None)
+        if graphs:
+            for g in graphs:
+                if g._in_def == e.arg_def:
+                    return g
+    return None
 
 
 EXPR_KINDS = {cls.kind: cls for cls in (Input, GetAttr, CallMethod, CallFunction, Constant, Apply)}

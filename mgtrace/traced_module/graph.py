@@ -54,17 +54,17 @@ import fnmatch
 import inspect
 import weakref
 
-from mgtrace.errors import Error
+import numpy as np
+
+from mgtrace._core import Tensor
+from mgtrace.functional._trace import mutated_arguments
+from mgtrace.traced_module.errors import GraphError
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
-                                        Input, is_node)
+                                        Input, called_graph, is_node)
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten
 
 __all__ = ["InternalGraph", "GraphError", "NodeFilter", "ExprFilter"]
-
-
-class GraphError(Error, ValueError):
-    """A graph is malformed, or an edit would make it so."""
 
 
 class IdSource:
@@ -391,7 +391,8 @@ class InternalGraph:
 
     @contextlib.contextmanager
     def _inserting(self, pos):
-        from mgtrace.traced_module.tracer import insertion
+        # a real cycle: the edit recorder is a Tracer, which builds graphs
+        from mgtrace.traced_module.edit import insertion
         before_exprs = list(self._exprs)
         before_names = dict(self._names)
         ok = False
@@ -443,7 +444,8 @@ class InternalGraph:
             act = graph.insert_function(F.relu, conv_out)
             graph.replace_node({conv_out: act})
         """
-        from mgtrace.traced_module.tracer import traceable_call
+        # a real cycle: the edit recorder is a Tracer, which builds graphs
+        from mgtrace.traced_module.edit import traceable_call
         call = traceable_call(func)
         nodes = tree_flatten((args, kwargs), is_node)[0]
         for n in nodes:
@@ -617,7 +619,6 @@ class InternalGraph:
                 positional parameter cannot follow them): use
                 :meth:`reset_inputs`.
         """
-        import numpy as np
         self._check_top("add_input_node")
         owner = self.owner
         if len(owner._graphs) != 1:
@@ -669,7 +670,6 @@ class InternalGraph:
                 needed; another graph of the owner already has this
                 structure.
         """
-        from mgtrace._core import Tensor
         self._check_top("reset_inputs")
         owner = self.owner
         sig = owner._signature
@@ -908,7 +908,6 @@ def has_side_effect(e, seen=None):
 
 def _writes_graph_values(e):
     """Whether the CallFunction ``e`` writes into one of its node arguments."""
-    from mgtrace.functional._trace import mutated_arguments
     names = mutated_arguments(e.func, e.args, e.kwargs)
     if not names:
         return False
@@ -917,18 +916,6 @@ def _writes_graph_values(e):
     except (TypeError, ValueError):
         return True
     return any(tree_flatten(bound.get(n), is_node)[0] for n in names)
-
-
-def called_graph(e):
-    """The graph a module-call expr runs, when the callee is a TracedModule."""
-    if isinstance(e, CallMethod) and e.method == "__call__" and e.arg_def is not None:
-        mod = e.args[0].owner if isinstance(e.args[0], ModuleNode) else None
-        graphs = getattr(mod, "_graphs", None)
-        if graphs:
-            for g in graphs:
-                if g._in_def == e.arg_def:
-                    return g
-    return None
 
 
 def _graph_label(g):

@@ -50,7 +50,7 @@ __all__ = ["Node", "TensorNode", "ModuleNode", "ValueNode", "NODE_KINDS", "NodeV
 
 _ids = itertools.count()
 
-# Set by mgtrace.traced_module.tracer.insertion while an ``insert_exprs``
+# Set by mgtrace.traced_module.edit.insertion while an ``insert_exprs``
 # block runs: ``record_method(node, method, args, kwargs)`` and
 # ``record_function(fn, args, kwargs)`` record one expr each and return its
 # output Node(s). None outside such a block.

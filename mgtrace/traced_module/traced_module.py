@@ -25,12 +25,15 @@ from mgtrace.module.module import _HOOKS as _module_hooks
 from mgtrace.module.module import Module, _structure_leaves
 from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
+from mgtrace.traced_module.codegen import member
+from mgtrace.traced_module.errors import GraphError
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
-                                        is_node)
-from mgtrace.traced_module.graph import GraphError, InternalGraph, reset_ids
+                                        called_graph, is_node)
+from mgtrace.traced_module.graph import InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten, tree_map
-from mgtrace.traced_module.tracer import Tracer, bind_arguments, signature_of, type_name
+from mgtrace.traced_module.signature import bind_arguments, signature_of, type_name
+from mgtrace.traced_module.tracer import Tracer
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
@@ -851,7 +854,6 @@ def _join(prefix, name):
 def _inline_into(g, prefix, env, flat, self_node, root):
     """Append the exprs of ``g`` (the graph of the module at ``prefix``) to
     ``flat``, inlining the calls of traced submodules."""
-    from mgtrace.traced_module.graph import called_graph
     for e in g._exprs:
         if isinstance(e, Input):
             continue
@@ -895,7 +897,6 @@ def _inline_getattr(e, env, flat, self_node, root):
 
 
 def _getpath(root, path):
-    from mgtrace.traced_module.codegen import member
     obj = root
     for p in path.split("."):
         obj = member(obj, p)

@@ -27,221 +27,35 @@ whole trace) and records:
 Each graph being built has a :class:`_Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
 parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
+
+Beside it: ``symbolic.py`` (SymInt, SymFloat and the running trace's
+state), ``signature.py`` (forward signatures and argument binding),
+``edit.py`` (the recorder graph edits run under, a Tracer subclass), and
+``errors.py`` (TraceError, TraceWarning).
 """
-import builtins
-import collections
 import contextlib
-import inspect
-import math
-import operator
 import sys
-import warnings
 
 import numpy as np
 
-from mgtrace.errors import Error
 from mgtrace._core import Tensor, apply, as_dtype, op_table, tensor as _tensor
 from mgtrace._core import trace_hooks as _hooks
 from mgtrace.module.builtin import is_builtin
+from mgtrace.traced_module.checker import snapshot
+from mgtrace.traced_module.codegen import GENERATED
+from mgtrace.traced_module.errors import TraceError, TraceWarning
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
-                                        is_user_file, user_frame, user_source)
+                                        is_user_file, user_source)
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
-from mgtrace.traced_module.pytree import LeafDef, tree_flatten
+from mgtrace.traced_module.pytree import tree_flatten
+from mgtrace.traced_module.signature import bind_arguments, input_names, signature_of, type_name
+from mgtrace.traced_module.symbolic import (NUMBER_TYPES, SymFloat, SymInt, _warn, active_tracer,
+                                            plain, state, warning_range)
 
-__all__ = ["SymInt", "TraceError", "TraceWarning", "Tracer", "insertion", "traceable_call",
+# TraceError, TraceWarning and SymInt are also importable from here, as before the split
+__all__ = ["Tracer", "core_off", "method_form", "SymInt", "TraceError", "TraceWarning",
            "active_tracer"]
-
-
-class TraceError(Error, RuntimeError):
-    """Tracing failed; the message names the module path and source line."""
-
-
-class TraceWarning(UserWarning):
-    """The trace fixed something that may vary between runs (a branch on a
-    tensor's value, a captured constant)."""
-
-
-def _warn(message):
-    """Warn with TraceWarning, attributed to the user's line being traced."""
-    _, level = user_frame()
-    warnings.warn(message, TraceWarning, stacklevel=level)
-
-
-_active = None     # the Tracer while one runs
-
-
-def active_tracer():
-    return _active
-
-
-# ------------------------------------------------------- symbolic numbers
-_quiet = False     # the tracer's own bookkeeping is running: no warnings about it
-
-
-def _plain(v):
-    """The plain int/float value of a symbolic number (no warning)."""
-    return int.__int__(v) if isinstance(v, int) else float.__float__(v)
-
-
-def _sym_binary(op, reflected=False):
-    def method(self, other):
-        if isinstance(other, np.generic) and not isinstance(other, np.bool_):
-            other = other.item()       # a NumPy scalar: its Python value, recorded alike
-        if isinstance(other, Tensor):
-            # ``n + x``: the tensor's reflected operator records n as a graph value
-            return NotImplemented
-        a, b = (other, self) if reflected else (self, other)
-        t = _active
-        if t is None or _quiet or type(other) not in _NUMBER_TYPES:
-            if t is not None and not _quiet and op is operator.mul and \
-                    isinstance(other, (list, tuple, str, bytes)):
-                _warn_fixed(f"repeating a {type(other).__name__} ({type(other).__name__} * n)",
-                            self, sys._getframe(1))
-            return op(_plain(a) if a is self else a, _plain(b) if b is self else b)
-        return t.record_function(op, (a, b), {}, ints_out=True)
-    return method
-
-
-def _sym_unary(op):
-    def method(self):
-        t = _active
-        if t is None or _quiet:
-            return op(_plain(self))
-        return t.record_function(op, (self,), {}, ints_out=True)
-    return method
-
-
-def _warn_fixed(what, value, caller):
-    """Warn (once per line) that ``what`` fixes shape-derived ``value`` in
-    the graph, when ``caller`` (the frame that used it) is user code:
-    checks in mgtrace's own code (argument validation) are not the user's
-    to fix."""
-    if _active is not None and not _quiet and is_user_file(caller.f_code.co_filename):
-        _active.warn_once(f"{what} of a shape-derived number ({_plain(value)!r}) while tracing "
-                          f"{_active.frame.graph.qualname}: the traced graph keeps this run's "
-                          "result (a branch stays taken, a check is not re-run, a count or "
-                          "size stays fixed at other input shapes)")
-
-
-def _sym_fixed(what, convert):
-    """A use the trace cannot follow: warn, then give the plain value."""
-    def method(self, *args):
-        _warn_fixed(what, self, sys._getframe(1))
-        return convert(_plain(self), *args)
-    return method
-
-
-def _sym_operators(cls, groups):
-    """Give ``cls`` the operators of the op table's ``groups`` that Python's
-    numbers have: arithmetic is recorded, comparisons are fixed."""
-    for op in op_table.OPS.values():
-        if op.group not in groups or op.pyop is None:
-            continue
-        fn = getattr(operator, op.pyop)
-        if op.group == "compare":
-            setattr(cls, op.method, _sym_fixed(f"comparing ({op.symbol})", fn))
-        elif op.arity == 1:
-            setattr(cls, op.method, _sym_unary(fn))
-        else:
-            setattr(cls, op.method, _sym_binary(fn))
-            setattr(cls, op.reflected, _sym_binary(fn, True))
-
-
-class _SymNumber:
-    """What SymInt and SymFloat share: recorded arithmetic (``+ - * / // %
-    **``, unary ``-``, ``abs``), warned conversions and comparisons."""
-    __floor__ = _sym_fixed("math.floor()", math.floor)
-    __ceil__ = _sym_fixed("math.ceil()", math.ceil)
-    __trunc__ = _sym_fixed("math.trunc()", math.trunc)
-
-    def __str__(self):
-        return str(_plain(self))
-
-    def __format__(self, spec):
-        return format(_plain(self), spec)
-    # the trace keeps what these gave this time (comparisons: _sym_operators)
-    __bool__ = _sym_fixed("a branch on (bool())", bool)
-    __int__ = _sym_fixed("int()", int)
-    __float__ = _sym_fixed("float() (math functions, NumPy)", float)
-    __round__ = _sym_fixed("round()", round)
-    __divmod__ = _sym_fixed("divmod()", divmod)
-
-    def __hash__(self):
-        return hash(_plain(self))
-
-
-_sym_operators(_SymNumber, ("unary", "binary", "compare"))
-
-
-class SymInt(_SymNumber, int):
-    """An int read from a shape while tracing. Arithmetic on it (``+ - * /
-    // % **``, unary ``-``, ``abs``) is recorded and gives SymInt/SymFloat
-    again, so ``x.reshape(x.shape[0], -1)`` or ``x / (h * w) ** 0.5`` stay
-    right at other input shapes.
-
-    Uses the trace cannot follow -- comparisons and branches, ``int()``,
-    ``float()`` (``math.sqrt(n)``), ``round()``, ``range(n)``, repeating a
-    list (``[0] * n``) -- see the value of this run and are fixed in the
-    graph; each warns (TraceWarning) once per source line. Indexing a
-    Python list with ``n`` is fixed silently: Python reads an int subclass
-    there without asking it. ``n + x`` with a tensor ``x`` is recorded (as
-    ``x.__radd__(n)``). Outside a trace it behaves as a plain int.
-
-    >>> SymInt(6) * 2, type(SymInt(6) * 2).__name__
-    (12, 'int')
-    """
-    def __repr__(self):
-        return f"SymInt({_plain(self)})"
-
-
-# bitwise arithmetic on ints (padding to a multiple of 8: (h + 7) & ~7)
-_sym_operators(SymInt, ("bitwise",))
-
-
-class SymFloat(_SymNumber, float):
-    """A float computed from shapes while tracing (e.g. ``h / w``); like
-    SymInt, its arithmetic is recorded."""
-
-    def __repr__(self):
-        return f"SymFloat({_plain(self)!r})"
-
-
-_NUMBER_TYPES = (int, float, SymInt, SymFloat)
-
-# ``range(n)`` reads an int subclass's value without asking it (nor does
-# indexing a list with it), so SymInt cannot see that use; while a trace
-# runs, builtins.range is this class, which warns for a SymInt argument and
-# returns a real range (isinstance and issubclass checks still see range).
-_builtin_range = builtins.range
-
-
-class _RangeType(type):
-    def __instancecheck__(cls, obj):
-        return isinstance(obj, _builtin_range)
-
-    def __subclasscheck__(cls, sub):
-        return issubclass(sub, _builtin_range)
-
-
-class _TracingRange(metaclass=_RangeType):
-    __doc__ = _builtin_range.__doc__
-
-    def __new__(cls, *args):
-        for a in args:
-            if isinstance(a, SymInt):
-                _warn_fixed("range()", a, sys._getframe(1))
-                break
-        return _builtin_range(*args)
-
-
-@contextlib.contextmanager
-def _warning_range():
-    builtins.range = _TracingRange
-    try:
-        yield
-    finally:
-        builtins.range = _builtin_range
 
 
 def _traced_leaf(v):
@@ -303,9 +117,8 @@ class _Frame:
         self.keep.append(obj)
         values = self.tracer.values
         if values is not None and id(node) not in values and isinstance(obj, (Tensor, int, float)):
-            from mgtrace.traced_module.checker import snapshot
             values[id(node)] = (node, snapshot(obj) if isinstance(obj, Tensor)
-                                else _plain(obj) if isinstance(obj, (SymInt, SymFloat)) else obj)
+                                else plain(obj) if isinstance(obj, (SymInt, SymFloat)) else obj)
 
     def append(self, expr):
         expr.source = expr.source or user_source()
@@ -330,7 +143,7 @@ class _Frame:
                 raise TraceError(f"node {v!r} belongs to {where}, not {self.graph.qualname}")
             return v
         if isinstance(v, (SymInt, SymFloat)):      # from another frame: this run's value
-            return self._constant(_plain(v), "const", ValueNode, value=_plain(v))
+            return self._constant(plain(v), "const", ValueNode, value=plain(v))
         return self._tensor_source(v)
 
     def value_of(self, v):
@@ -482,26 +295,24 @@ class Tracer(_hooks.TraceHook):
     # ------------------------------------------------------------- hooks on
     @contextlib.contextmanager
     def active(self):
-        global _active
-        if _active is not None:
+        if state.tracer is not None:
             raise TraceError("trace_module is already running (nested traces are not supported)")
-        _active = self
+        state.tracer = self
         try:
-            with _hooks.installed(self), _warning_range():
+            with _hooks.installed(self), warning_range():
                 yield self
         finally:
-            _active = None
+            state.tracer = None
 
     @contextlib.contextmanager
     def suspended(self):
         """Run real code with every hook off (the body of a recorded call)."""
-        global _active
-        saved, _active = _active, None
+        saved, state.tracer = state.tracer, None
         try:
             with _hooks.installed(None, tracing=False):
                 yield
         finally:
-            _active = saved
+            state.tracer = saved
 
     # ------------------------------------------------------------ recording
     def _record(self, make_expr, run, args, kwargs, base, ints_out=False, suspend=True):
@@ -523,7 +334,7 @@ class Tracer(_hooks.TraceHook):
 
     def _bind_outputs(self, frame, expr, out, base, ints_out):
         if ints_out:
-            is_out = lambda v: isinstance(v, Tensor) or (type(v) in _NUMBER_TYPES)    # noqa: E731
+            is_out = lambda v: isinstance(v, Tensor) or (type(v) in NUMBER_TYPES)    # noqa: E731
         else:
             is_out = lambda v: isinstance(v, (Tensor, SymInt, SymFloat))             # noqa: E731
         leaves, out_def = tree_flatten(out, is_out)
@@ -533,8 +344,8 @@ class Tracer(_hooks.TraceHook):
             if isinstance(v, Tensor):
                 node = frame.new_node(TensorNode, name, shape=v.shape, dtype=v.dtype)
             else:
-                v = SymInt(_plain(v)) if isinstance(v, int) else SymFloat(_plain(v))
-                node = frame.new_node(ValueNode, name, value=_plain(v))
+                v = SymInt(plain(v)) if isinstance(v, int) else SymFloat(plain(v))
+                node = frame.new_node(ValueNode, name, value=plain(v))
             node.expr = expr
             frame.bind(v, node)
             nodes.append(node)
@@ -597,7 +408,7 @@ class Tracer(_hooks.TraceHook):
         _warn(message.replace(" while tracing", f" at {src} while tracing", 1))
 
     def on_frozen(self, t, what):
-        if _quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
+        if state.quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
             return
         self.warn_once(f"{what} takes a value out of the graph while tracing "
                        f"{self.frame.graph.qualname}: the trace fixes it to this run's value "
@@ -617,7 +428,7 @@ class Tracer(_hooks.TraceHook):
         else:
             make = lambda d, dtype=None, device=None: (                           # noqa: E731
                 Tensor.__init__(target, d, dtype, device), target)[1]
-        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+        if state.quiet or not self.frames or not _user_call(sys._getframe(1)):
             with core_off():
                 return make(data, dtype, device)
         kwargs = {}
@@ -637,7 +448,7 @@ class Tracer(_hooks.TraceHook):
         """``t.name = name`` while tracing names ``t``'s node (made unique
         in its graph: ``name_1`` when taken, also by a name that Python
         reads the same, ``"\ufb01"`` when ``"fi"`` is taken)."""
-        if _quiet or not self.frames or not _user_call(sys._getframe(1)):
+        if state.quiet or not self.frames or not _user_call(sys._getframe(1)):
             return
         node = self.frame.env.get(id(t))
         if node is None or node is self.frame.self_node:
@@ -690,11 +501,11 @@ class Tracer(_hooks.TraceHook):
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
         with core_off():
-            for v, name in zip(leaves, _input_names(signature_of(module), arg_def)):
+            for v, name in zip(leaves, input_names(signature_of(module), arg_def)):
                 if isinstance(v, Tensor):
                     node = TensorNode(name=name, shape=v.shape, dtype=v.dtype)
                 else:
-                    node = ValueNode(name=name, value=_plain(v))
+                    node = ValueNode(name=name, value=plain(v))
                 graph._add_input(graph._add_node(node, name))
                 if id(v) in sub.env:
                     if isinstance(v, Tensor):
@@ -726,7 +537,6 @@ def _user_call(frame):
     """Whether ``frame`` (the caller of a core entry point) is user code or
     generated graph code (a TracedModule being traced again), not
     mgtrace's own."""
-    from mgtrace.traced_module.codegen import GENERATED
     name = frame.f_code.co_filename
     return name.startswith(GENERATED) or is_user_file(name)
 
@@ -780,15 +590,13 @@ class core_off:
     __slots__ = ("quiet", "inner")
 
     def __enter__(self):
-        global _quiet
-        self.quiet, _quiet = _quiet, True
+        self.quiet, state.quiet = state.quiet, True
         self.inner = _hooks.installed(_hooks.active, tracing=False)
         self.inner.__enter__()
 
     def __exit__(self, *exc):
-        global _quiet
         self.inner.__exit__(*exc)
-        _quiet = self.quiet
+        state.quiet = self.quiet
         return False
 
 
@@ -801,341 +609,3 @@ def _method_base(method, op):
     if method.startswith("__"):
         return op
     return method
-
-
-def type_name(module):
-    """The class name of ``module``; for a TracedModule, that of the module
-    it was traced from (so re-tracing keeps the names)."""
-    return module.__dict__.get("_orig_name") or type(module).__name__
-
-
-_SIGNATURES = {}     # forward function of a class -> signature of the bound method
-
-
-def signature_of(module):
-    """The signature of ``module.forward`` (bound: no ``self``); for a
-    TracedModule, that of the forward it was traced from. Cached per class,
-    as the tracer asks for it on every module call."""
-    sig = module.__dict__.get("_signature")
-    if sig is not None:
-        return sig
-    if "forward" in module.__dict__:            # forward replaced on the instance
-        return inspect.signature(module.forward)
-    fn = type(module).forward
-    sig = _SIGNATURES.get(fn)
-    if sig is None:
-        sig = _SIGNATURES[fn] = inspect.signature(module.forward)
-    return sig
-
-
-def bind_arguments(sig, args, kwargs, owner):
-    """forward's arguments in parameter order, defaults filled in: a tuple
-    (``*args`` as a tuple, ``**kwargs`` as a dict).
-
-    Raises:
-        TypeError: the arguments do not bind; a keyword that names no
-            parameter is named first (``tm(y=x)`` for ``forward(x)`` says
-            ``y``, not only that ``x`` is missing)."""
-    unknown = _unknown_keywords(sig, kwargs)
-    if unknown:
-        raise TypeError(f"{owner}.forward{sig}: unexpected keyword argument"
-                        f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                        f"forward's parameters are {', '.join(sig.parameters) or 'none'}")
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{owner}.forward{sig}: {e}") from None
-    bound.apply_defaults()
-    return tuple(bound.arguments.values())
-
-
-def _unknown_keywords(sig, kwargs):
-    """Keywords of ``kwargs`` that no parameter of ``sig`` takes."""
-    params = sig.parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return []
-    return [k for k in kwargs if k not in sig.parameters]
-
-
-def _input_names(sig, arg_def):
-    """A name per input slot of ``arg_def``: the parameter's name, joined
-    with the path to the leaf for a container argument (``batch_img`` for
-    ``batch["img"]``, ``pair_0`` for ``pair[0]``)."""
-    names = []
-    for p, c in zip(sig.parameters, arg_def.children):
-        names += _leaf_names(p, c)
-    return names
-
-
-def _leaf_names(prefix, tdef):
-    if isinstance(tdef, LeafDef):
-        return [prefix] if tdef.is_slot else []
-    keys = tdef.aux if tdef.type in (dict, collections.OrderedDict) else range(len(tdef.children))
-    names = []
-    for k, c in zip(keys, tdef.children):
-        names += _leaf_names(f"{prefix}_{k}", c)
-    return names
-
-
-# ------------------------------------------------------------------ editing
-# What graph.insert_exprs() runs under: a Tracer on the graph's owner with
-# one frame whose exprs go to a fixed position, Nodes standing in for values
-# (node.py forwards their operators and methods here), and module calls
-# checked against the callee's traced signatures.
-
-class _EditFrame(_Frame):
-    """The frame of an insert_exprs block: Nodes of the graph may be used
-    directly, but only those defined before the insertion point."""
-
-    def node_of(self, v):
-        if isinstance(v, Node):
-            from mgtrace.traced_module.graph import GraphError
-            if v.graph is not self.graph:
-                where = v.graph.qualname if v.graph is not None else "no graph"
-                raise GraphError(f"insert_exprs on {self.graph.qualname}: {v!r} belongs to "
-                                 f"{where}; use nodes of the graph being edited")
-            if not any(e is v.expr for e in self.graph._exprs[:self.insert_at]):
-                raise GraphError(f"insert_exprs on {self.graph.qualname}: {v!r} is defined after "
-                                 f"the insertion point; insert after {v.expr!r} instead")
-            return v
-        return super().node_of(v)
-
-
-class _EditTracer(Tracer):
-    """Tracer for insert_exprs: module calls are single exprs; a call of a
-    traced submodule must match one of its graphs (and records which).
-
-    Work that does not touch the graph runs as usual, unrecorded: tensor
-    operations and shape reads on tensors that are neither graph values
-    nor parameters/buffers of the owner (so building a module inside the
-    block works), and functional calls whose tensors are all such (a call
-    without tensor arguments, e.g. ``F.ones((2, 3))``, is recorded)."""
-
-    def _refresh(self):
-        """Re-read module paths and attribute tensors: modules and tensors
-        may be set on the owner inside the block."""
-        fresh = Tracer(self.root, self.converted, self.warn_constants)
-        self.paths, self.attrs = fresh.paths, fresh.attrs
-
-    def attr_of(self, t):
-        where = self.attrs.get(id(t))
-        if where is None:
-            self._refresh()
-            where = self.attrs.get(id(t))
-        return where
-
-    def relpath(self, frame, module):
-        if id(module) not in self.paths:
-            self._refresh()
-        return super().relpath(frame, module)
-
-    def _graph_value(self, v):
-        return isinstance(v, Node) or id(v) in self.frame.env or \
-            (isinstance(v, Tensor) and self.attr_of(v) is not None)
-
-    def _touches_graph(self, args, kwargs, creation_counts=False):
-        leaves = tree_flatten((args, kwargs), _traced_leaf)[0]
-        if any(self._graph_value(v) for v in leaves):
-            return True
-        return creation_counts and not any(isinstance(v, Tensor) for v in leaves)
-
-    def on_function(self, wrapper, fn, args, kwargs):
-        if self._touches_graph(args, kwargs, creation_counts=True):
-            return super().on_function(wrapper, fn, args, kwargs)
-        with self.suspended():
-            return fn(*args, **kwargs)
-
-    def on_apply(self, opdef, *inputs):
-        if self._touches_graph(inputs, opdef.params):
-            return super().on_apply(opdef, *inputs)
-        with self.suspended():
-            return apply(opdef, *inputs)
-
-    def on_method(self, t, method, args):
-        if self._touches_graph((t,) + tuple(args), {}):
-            return super().on_method(t, method, args)
-        with self.suspended():
-            return getattr(t, method)(*args)
-
-    def on_shape(self, t):
-        if self._graph_value(t):
-            return super().on_shape(t)
-        with core_off():
-            return t.shape
-
-    def on_create(self, target, data, dtype, device):
-        # a tensor made from graph values is recorded; one made from plain data
-        # (e.g. for a module built inside the block) is not
-        if self._touches_graph((data,), {}):
-            return super().on_create(target, data, dtype, device)
-        with core_off():
-            if target is None:
-                return _tensor(data, dtype, device)
-            Tensor.__init__(target, data, dtype, device)
-
-    def on_bool(self, t):
-        if self._graph_value(t):
-            super().on_bool(t)
-
-    def on_module_call(self, module, args, kwargs):
-        from mgtrace.traced_module.graph import GraphError
-        frame = self.frame
-        if module is frame.module:
-            raise GraphError(f"insert_exprs on {frame.graph.qualname}: a graph cannot call its "
-                             "own module (that would recurse forever)")
-        try:
-            mnode = frame.module_node(module)
-        except TraceError as e:
-            raise GraphError(f"insert_exprs: {e}") from None
-        if is_builtin(module):
-            return super().on_module_call(module, args, kwargs)
-        graphs = getattr(module, "_graphs", None)
-        name = getattr(module, "_qualname", type(module).__name__)
-        canon = bind_arguments(signature_of(module), args, kwargs, name)
-        arg_def = tree_flatten(canon, lambda v: isinstance(v, (Node, Tensor, SymInt, SymFloat)))[1]
-        if not graphs:           # a user module, or a traced one never called: trace it now
-            module, mnode = self._trace_on_first_use(frame, module, mnode, args, kwargs)
-        elif module._graph_for(arg_def) is None:
-            raise GraphError(f"insert_exprs: {name} was traced for arguments "
-                             f"{[g.in_def for g in graphs]}, not {arg_def}; call it as it was "
-                             "traced")
-
-        def make(a, k):
-            e = CallMethod(mnode, "__call__", a, k)
-            e.arg_def = arg_def
-            return e
-        return self._record(make, lambda a, k: module._call_impl(a, k), args, kwargs,
-                            f"{mnode.name}_out")
-
-
-    def _trace_on_first_use(self, frame, module, mnode, args, kwargs):
-        """Trace ``module`` (a user module, or a traced submodule that was
-        never called) with placeholder values of ``args``, put the new
-        TracedModule in its place in the owner's tree (same path, qualnames
-        and ids of this tree) and return it with its ModuleNode."""
-        from mgtrace.traced_module.graph import GraphError, reset_ids
-        from mgtrace.traced_module.traced_module import TracedModule, trace_module
-        source = module
-        if isinstance(module, TracedModule):
-            ref = module.__dict__.get("_orig_module")
-            source = ref() if ref is not None else None
-            if source is None:
-                raise GraphError(f"insert_exprs: {module._qualname} was never called while "
-                                 "tracing, so it has no graph, and the module it was traced "
-                                 "from is gone (or it was loaded from an archive): trace the "
-                                 "model again with a call of it")
-        rel = self.relpath(frame, module)
-        with core_off():
-            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
-            vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
-        with self.suspended():
-            new = trace_module(source, *vargs, **vkwargs)
-        new._is_top = False
-        old_prefix = new._qualname
-        prefix = f"{frame.graph.owner._qualname}.{rel}"
-        for m in new.modules():
-            if isinstance(m, TracedModule):
-                m._qualname = prefix + m._qualname[len(old_prefix):]
-                for g in m._graphs:
-                    g._qualname = prefix + g._qualname[len(old_prefix):]
-                    g._name = g._qualname.replace(".", "_")
-        if frame.graph._ids is not None:    # the ids of this tree continue
-            reset_ids(new, frame.graph._ids)
-        from mgtrace.traced_module.codegen import member
-        *head, last = rel.split(".")
-        parent = frame.module
-        for p in head:
-            parent = member(parent, p)
-        parent._modules[last] = new
-        parent.__dict__.pop(last, None)
-        self._refresh()
-        for n in frame.graph.nodes(False):
-            if isinstance(n, ModuleNode) and n.owner is module:
-                n.owner = new
-        frame.modules.pop(id(module), None)
-        frame.modules[id(new)] = mnode
-        return new, mnode
-
-
-class _EditHooks:
-    """What node.py calls for an operator or method on a Node."""
-
-    def __init__(self, tracer):
-        self.tracer = tracer
-
-    def record_method(self, node, method, args, kwargs):
-        if "out" in kwargs:
-            from mgtrace.traced_module.graph import GraphError
-            raise GraphError(f"{node!r}.{method}(out=...): in-place results are not recorded on "
-                             "graph nodes; use the returned node")
-        return self.tracer._record(lambda a, k: CallMethod(a[0], method, a[1:], k),
-                                   lambda a, k: getattr(a[0], method)(*a[1:], **k),
-                                   (node,) + tuple(args), dict(kwargs),
-                                   method.strip("_") or "call")
-
-    def record_function(self, fn, args, kwargs):
-        return self.tracer.record_function(fn, args, kwargs, ints_out=True)
-
-    def record_getattr(self, node, name):
-        """``module_node.<name>``: a ModuleNode for a submodule, a TensorNode
-        for a parameter or buffer (a GetAttr from the graph's self), the
-        plain value for anything else."""
-        from mgtrace.traced_module.codegen import member
-        owner = node.owner
-        try:
-            value = member(owner, name)
-        except AttributeError:
-            raise AttributeError(f"{node!r} ({type(owner).__name__}) has no attribute "
-                                 f"{name!r}") from None
-        frame = self.tracer.frame
-        from mgtrace.module.module import Module
-        if isinstance(value, Module):
-            try:
-                return frame.module_node(value)
-            except TraceError as e:
-                from mgtrace.traced_module.graph import GraphError
-                raise GraphError(f"insert_exprs: {e}") from None
-        if isinstance(value, Tensor):
-            with core_off():
-                return frame.node_of(value)
-        return value
-
-
-@contextlib.contextmanager
-def insertion(graph, pos):
-    """Record calls on ``graph``'s nodes as exprs inserted at index ``pos``.
-
-    Inside: mgtrace.functional calls, module calls on the owner's
-    submodules, and operators / tensor methods on the graph's Nodes each
-    add one expr (returning Nodes); other tensor operations are recorded
-    too (their tensors as constants). Yields the frame."""
-    import mgtrace.traced_module.node as _node
-    from mgtrace.traced_module.graph import GraphError
-    owner = graph.owner
-    if owner is None:
-        raise GraphError(f"insert_exprs: graph {graph.qualname} has no owning TracedModule")
-    if _active is not None:
-        raise GraphError("insert_exprs: another insert_exprs block or trace_module is running; "
-                         "finish it before editing a graph")
-    tracer = _EditTracer(owner, {}, warn_constants=False)
-    frame = _EditFrame(tracer, graph, owner, owner, "", insert_at=pos)
-    for e in graph._exprs[:pos]:
-        if isinstance(e, GetAttr) and isinstance(e.outputs[0], ModuleNode):
-            frame.modules[id(e.outputs[0].owner)] = e.outputs[0]
-    tracer.frames.append(frame)
-    with tracer.active():
-        saved, _node.edit_hooks = _node.edit_hooks, _EditHooks(tracer)
-        try:
-            yield frame
-        finally:
-            _node.edit_hooks = saved
-
-
-def traceable_call(func):
-    """``func`` such that calling it on Nodes inside insert_exprs records
-    it: functions made traceable (mgtrace.functional, ``wrap``) become one
-    CallFunction; any other callable runs on the Nodes, so what its body
-    does is recorded expr by expr (MegEngine's insert_function)."""
-    if not callable(func):
-        raise TypeError(f"insert_function takes a callable, not {type(func).__name__}")
-    return func

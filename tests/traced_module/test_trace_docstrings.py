@@ -1,5 +1,5 @@
 """The examples in the docstrings of the tracing side of mgtrace.traced_module
-(pytree, tracer, codegen, traced_module, the package's wrap) run and print
+(pytree, tracer and what it uses, codegen, traced_module, the package's wrap) run and print
 what they claim."""
 import doctest
 import importlib
@@ -10,7 +10,9 @@ import mgtrace  # noqa: F401
 
 MODULES = ["mgtrace.traced_module", "mgtrace.traced_module.pytree",
            "mgtrace.traced_module.tracer", "mgtrace.traced_module.codegen",
-           "mgtrace.traced_module.traced_module", "mgtrace.traced_module.expr"]
+           "mgtrace.traced_module.traced_module", "mgtrace.traced_module.expr",
+           "mgtrace.traced_module.symbolic", "mgtrace.traced_module.signature",
+           "mgtrace.traced_module.edit", "mgtrace.traced_module.errors"]
 
 
 @pytest.mark.parametrize("name", MODULES)

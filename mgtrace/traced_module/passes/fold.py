@@ -26,9 +26,10 @@ import numpy as np
 import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace._core import Tensor, op_table
-from mgtrace.traced_module.expr import CallFunction, CallMethod
+from mgtrace.traced_module.expr import CallFunction, CallMethod, is_node
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TENSOR_METHODS, TensorNode, ValueNode
+from mgtrace.traced_module.pytree import tree_map
 from mgtrace.traced_module.passes.util import (StateUses, bound_args, float_node, graphs_of,
                                                insert_constant, is_function, module_call,
                                                sole_user)
@@ -154,8 +155,6 @@ def _pure(e):
 
 def _run(e, values):
     args, kwargs = e.args, e.kwargs
-    from mgtrace.traced_module.pytree import tree_map
-    from mgtrace.traced_module.expr import is_node
     args, kwargs = tree_map(lambda n: values[id(n)], (args, kwargs), is_node)
     if isinstance(e, CallFunction):
         return e.func(*args, **kwargs)

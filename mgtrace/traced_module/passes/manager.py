@@ -35,6 +35,8 @@ import copy
 import warnings
 
 from mgtrace.traced_module.passes import fold, fuse, layout
+from mgtrace.traced_module.passes.util import graphs_of
+from mgtrace.traced_module.traced_module import TracedModule
 
 __all__ = ["optimize", "register_pass", "get_pass", "registered_passes", "DEFAULT_PASSES",
            "PassInfo"]
@@ -225,7 +227,6 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
     >>> bool(np.allclose(fast(x).numpy(), tm(x).numpy(), atol=1e-5))
     True
     """
-    from mgtrace.traced_module.traced_module import TracedModule
     if not isinstance(tm, TracedModule):
         raise TypeError(f"optimize takes a TracedModule, not {type(tm).__name__}")
     order = _schedule(enabled_pass, tm.training)
@@ -238,7 +239,6 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
     if order:
         # what the passes made unused: folded BatchNorms, replaced calls
         fold.eliminate_dead_code(new)
-    from mgtrace.traced_module.passes.util import graphs_of
     _drop_unreachable_graphs(new, {id(g) for g in graphs_of(new)})
     for g in graphs_of(new):
         g.lint()
@@ -251,7 +251,6 @@ def _drop_unreachable_graphs(tm, reachable):
     graphs, as a submodule the trace never called has none: the passes
     neither visit nor keep those graphs right (a BatchNorm they call may be
     folded and deleted), and the result must save and load."""
-    from mgtrace.traced_module.traced_module import TracedModule
     for m in tm.modules():
         if m is not tm and isinstance(m, TracedModule) and m._graphs \
                 and not any(id(g) in reachable for g in m._graphs):

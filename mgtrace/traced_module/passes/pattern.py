@@ -38,6 +38,7 @@ from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
 from mgtrace.traced_module.passes.util import _unwrap, bound_args, graphs_of
 from mgtrace.traced_module.pytree import tree_flatten
+from mgtrace.traced_module.traced_module import TracedModule
 
 __all__ = ["replace_pattern", "Match"]
 
@@ -55,7 +56,6 @@ class _PatternHost(Module):
 
 def pattern_graph(fn, what="pattern"):
     """``(graph, input nodes, output node)``: ``fn`` recorded on placeholders."""
-    from mgtrace.traced_module.traced_module import TracedModule
     if not callable(fn):
         raise TypeError(f"replace_pattern: the {what} must be a function, got {fn!r}")
     params = list(inspect.signature(fn).parameters.values())

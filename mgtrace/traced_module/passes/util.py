@@ -11,8 +11,13 @@ import numpy as np
 
 from mgtrace._core import Tensor, op_table
 from mgtrace._core.tensor import storage_spans
-from mgtrace.traced_module.expr import CallFunction, CallMethod, Constant, GetAttr, Input
+from mgtrace.functional._trace import mutated_arguments
+from mgtrace.traced_module.codegen import member
+from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr, Input,
+                                        called_graph, is_node)
 from mgtrace.traced_module.node import ModuleNode, TensorNode
+from mgtrace.traced_module.pytree import tree_flatten
+from mgtrace.traced_module.traced_module import TracedModule
 
 __all__ = ["graphs_of", "module_call", "is_function", "bound_args", "sole_user", "attr_value",
            "const_value", "call_counts", "insert_constant", "float_node", "StateUses"]
@@ -22,7 +27,6 @@ def graphs_of(tm):
     """The graphs a call of ``tm`` can run, each once: its own and, through
     module calls, those of the traced submodules it calls (a submodule left
     behind by flatten() or an edit, which nothing calls, is not visited)."""
-    from mgtrace.traced_module.graph import called_graph
     seen, todo = set(), list(tm._graphs)
     while todo:
         g = todo.pop(0)
@@ -36,7 +40,6 @@ def graphs_of(tm):
 def module_call(e, cls=None):
     """The builtin module ``e`` calls (``module(x)``), when it calls one (an
     instance of ``cls`` when given, of exactly that class), else None."""
-    from mgtrace.traced_module.traced_module import TracedModule
     if not (isinstance(e, CallMethod) and e.method == "__call__" and e.args
             and isinstance(e.args[0], ModuleNode)):
         return None
@@ -79,7 +82,6 @@ def sole_user(node):
 def attr_value(node):
     """The object a GetAttr node reads from its graph's owner (None when
     ``node`` is not such a read)."""
-    from mgtrace.traced_module.codegen import member
     e = node.expr
     if not isinstance(e, GetAttr) or e.args[0] is not node.graph._inputs[0]:
         return None
@@ -157,9 +159,6 @@ def _written_nodes(e):
     """The nodes expr ``e`` writes into: an in-place method's self tensor,
     an ``out=`` argument, a function's arguments declared with
     :func:`mgtrace.functional._trace.mutates`."""
-    from mgtrace.functional._trace import mutated_arguments
-    from mgtrace.traced_module.expr import is_node
-    from mgtrace.traced_module.pytree import tree_flatten
     out = []
     if isinstance(e, CallMethod) and e.method in CallMethod.IN_PLACE:
         out.append(e.args[0])
@@ -230,7 +229,6 @@ class StateUses:
         self.written = set()     # ids of written tensors and of the nodes holding them
         self.opaque = False      # an attribute read this class cannot follow
         objects, callers, writes = {}, {}, []
-        from mgtrace.traced_module.graph import called_graph
         for g in graphs_of(tm):
             for e in g._exprs:
                 if isinstance(e, GetAttr):
@@ -264,7 +262,6 @@ class StateUses:
             base = src.graph.owner
         obj = None
         if base is not None:
-            from mgtrace.traced_module.codegen import member
             obj = base
             try:
                 for p in e.name.split("."):
