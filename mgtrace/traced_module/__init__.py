@@ -23,7 +23,8 @@ import sys
 
 from mgtrace.functional._trace import traceable as _traceable
 from mgtrace.traced_module.checker import disable_default_checker, enable_expr_checker
-from mgtrace.traced_module.errors import GraphError, TraceCheckError, TraceError, TraceWarning
+from mgtrace.traced_module.errors import (GraphError, PassError, PassOrderError, TraceCheckError,
+                                          TraceError, TraceWarning)
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, Expr,
                                         GetAttr, Input)
 from mgtrace.traced_module.graph import ExprFilter, InternalGraph, NodeFilter
@@ -32,15 +33,16 @@ from mgtrace.traced_module.pytree import (TreeDef, register_supported_type, tree
                                           tree_map)
 from mgtrace.traced_module.symbolic import SymInt
 from mgtrace.traced_module.traced_module import TracedModule, trace_module
-from mgtrace.traced_module.passes import (Match, optimize, register_pass, registered_passes,
-                                          replace_pattern)
+from mgtrace.traced_module.passes import (Match, OptimizeReport, PassResult, optimize,
+                                          register_pass, registered_passes, replace_pattern)
 
 __all__ = ["trace_module", "TracedModule", "wrap", "InternalGraph", "GraphError", "Node",
            "TensorNode", "ModuleNode", "ValueNode", "Expr", "Input", "GetAttr", "CallMethod",
            "CallFunction", "Constant", "Apply", "NodeFilter", "ExprFilter", "TreeDef",
            "tree_flatten", "tree_map", "register_supported_type", "SymInt", "TraceError",
            "TraceWarning", "TraceCheckError", "enable_expr_checker", "disable_default_checker",
-           "optimize", "register_pass", "registered_passes", "replace_pattern", "Match"]
+           "optimize", "register_pass", "registered_passes", "replace_pattern", "Match",
+           "PassResult", "OptimizeReport", "PassError", "PassOrderError"]
 
 
 def wrap(fn):

@@ -16,7 +16,7 @@ import pytest
 import mgtrace as mt
 import mgtrace.models as models
 import mgtrace.module as M
-from mgtrace.traced_module import TracedModule
+from mgtrace.traced_module import TracedModule, optimize
 
 ATOL = 1e-6
 
@@ -90,6 +90,19 @@ def test_cnn_graph_structure(cnn):
     assert paths == sorted(p for p, m in net.named_modules() if isinstance(m, M.Conv2d))
     flat.graph.lint()
     traced.graph.lint()
+
+
+def test_cnn_optimize_folds_every_batch_norm_and_reports_it(cnn):
+    """optimize's default (FuseConvBn) folds one BatchNorm per conv: 20 in
+    ResNet-18, 52 in MobileNetV2, as its report counts."""
+    _, net, traced, _, rng = cnn
+    n_conv = sum(isinstance(m, M.Conv2d) for m in net.modules())
+    new, report = optimize(traced, return_report=True)
+    assert report["FuseConvBn"].counts == {"folds": n_conv} and n_conv in (20, 52)
+    assert not any(isinstance(m, M.BatchNorm2d) for m in new.modules())
+    x = mt.tensor(rng.standard_normal((2, 3, 64, 64)).astype("float32"))
+    want = net(x)
+    assert float(np.abs(new(x).numpy() - want.numpy()).max()) <= 1e-4 * float(np.abs(want.numpy()).max())
 
 
 # ------------------------------------------------------------------ MiniLM

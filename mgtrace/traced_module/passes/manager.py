@@ -1,18 +1,33 @@
-"""The pass registry and :func:`optimize`.
+"""The pass registry, the order passes run in, and :func:`optimize`.
 
 A pass is a function ``fn(tm)`` that edits the TracedModule ``tm`` in
-place (optimize hands it a copy) through the graph editing API, and returns
-anything (the builtin passes return how many rewrites they made). Passes
-are registered by name with :func:`register_pass`; ``optimize`` runs them
-by name, in one fixed order:
+place (optimize hands it a copy) through the graph editing API and returns
+a :class:`PassResult` ``(tm, changed, counts)``: the module (``tm``, or a
+new one to continue with), whether it changed anything, and what it did as
+``{what: how many}`` (``{"folds": 52}``). ``optimize`` keeps the results
+(``return_report=True``, ``verbose=True``; :class:`OptimizeReport`).
+
+Each pass declares what it **requires** (passes that must run before it;
+asking for it brings them along, with a warning) and what it runs
+**after** when both run. ``optimize`` runs the passes asked for in the
+topological order of those declarations, ties broken by registration
+order (mgtrace's own first, in the table below; then users' passes in the
+order ``enabled_pass`` lists them). A requirement that is not registered,
+or declarations that form a cycle, raise :class:`PassOrderError` naming
+the passes; an exception inside a pass is re-raised as :class:`PassError`
+naming the pass, the pass's own exception as ``__cause__``.
+
+mgtrace's own, in the order they run (``registered_passes()`` has each
+one's ``requires`` and ``after``):
 
 ======================  ========================================================
 FoldConstant            compute exprs of constants once (ours)
 EliminateIdentity       drop Identity and inference-mode Dropout (ours)
 FuseConvBn              fold inference-mode BatchNorm2d into the Conv2d before it
 FuseAddMul              merge chains of constant additions and multiplications
-BackwardFoldScale       fold a constant scale into the Conv2d/Linear before it
-                        (then FuseConvBn's and FuseAddMul's work is redone)
+BackwardFoldScale       fold a constant scale into the Conv2d/Linear before it,
+                        then merge the constant chains that exposes (requires
+                        FuseConvBn)
 FuseConvAct             conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
                         kernel (ours)
 FuseLinearAct           linear + activation in one kernel (ours)
@@ -24,7 +39,6 @@ FusePointwiseDepthwise  a pointwise conv2d_nchwc and the depthwise one reading
                         its output in one kernel, and the 1x1 projection after
                         them (ours; in ``"all"`` with NCHWc)
 EliminateDeadCode       drop unused exprs and submodules (ours)
-user passes             in the order given in ``enabled_pass``
 ======================  ========================================================
 
 The first three of MegEngine's are its names and meanings
@@ -32,18 +46,50 @@ The first three of MegEngine's are its names and meanings
 """
 import collections
 import copy
+import heapq
+import sys
+import time
 import warnings
 
+from mgtrace.errors import did_you_mean
+from mgtrace.traced_module.errors import PassError, PassOrderError
 from mgtrace.traced_module.passes import fold, fuse, layout
 from mgtrace.traced_module.passes.util import graphs_of
 from mgtrace.traced_module.traced_module import TracedModule
 
 __all__ = ["optimize", "register_pass", "get_pass", "registered_passes", "DEFAULT_PASSES",
-           "PassInfo"]
+           "PassInfo", "PassResult", "PassRecord", "OptimizeReport"]
 
-PassInfo = collections.namedtuple("PassInfo", "name fn training_safe builtin doc")
+PassInfo = collections.namedtuple("PassInfo",
+                                  "name fn training_safe builtin doc requires after")
 """A registered pass: ``training_safe`` is whether it keeps a module in
-training mode computing the same thing (``"all"`` runs only those then)."""
+training mode computing the same thing (``"all"`` runs only those then);
+``requires`` and ``after`` are tuples of pass names (see the module
+docstring)."""
+
+PassResult = collections.namedtuple("PassResult", "tm changed counts")
+"""What a pass returns: ``tm`` the TracedModule to go on with (usually the
+one it was given), ``changed`` a bool, ``counts`` a dict ``{str: int}`` of
+what it did (``{"folds": 52}``)."""
+
+PassRecord = collections.namedtuple("PassRecord", "name changed counts seconds")
+"""One pass's row of an :class:`OptimizeReport`: ``changed`` is None for a
+user pass that returned no PassResult (it did not say)."""
+
+
+class OptimizeReport(dict):
+    """``{pass name: PassRecord}`` in the order the passes ran, as
+    ``optimize(..., return_report=True)`` returns and ``verbose=True``
+    prints (``str(report)``: one line per pass)."""
+
+    def __str__(self):
+        lines = [f"{'pass':<24}{'changed':<9}{'ms':>8}  counts"]
+        for r in self.values():
+            changed = "?" if r.changed is None else "yes" if r.changed else "no"
+            counts = ", ".join(f"{k}={v}" for k, v in r.counts.items())
+            lines.append(f"{r.name:<24}{changed:<9}{r.seconds * 1e3:>8.1f}  {counts}")
+        return "\n".join(lines)
+
 
 _PASSES = {}
 
@@ -51,46 +97,66 @@ DEFAULT_PASSES = ("FuseConvBn",)
 """What ``optimize(tm)`` runs without ``enabled_pass`` (MegEngine's default)."""
 
 
-def register_pass(name, fn=None, *, training_safe=False, doc=None):
+def _names(value, what):
+    """``value`` (one pass name or several) as a tuple of str."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise TypeError(f"register_pass: {what} holds pass names (non-empty str), got {n!r}")
+    return names
+
+
+def register_pass(name, fn=None, *, training_safe=False, doc=None, requires=(), after=()):
     """Register ``fn(tm)`` as the pass ``name``, so that
     ``optimize(tm, enabled_pass=[name])`` runs it; usable as a decorator
-    (``@register_pass("MyFuse")``). User passes run after mgtrace's own, in
-    the order ``enabled_pass`` lists them, and only when named (``"all"``
-    means mgtrace's own).
+    (``@register_pass("MyFuse")``). User passes run after mgtrace's own
+    (unless their declarations say otherwise), in the order ``enabled_pass``
+    lists them, and only when named (``"all"`` means mgtrace's own).
 
     Args:
         name: a non-empty str; mgtrace's own names are taken.
-        fn: callable taking the TracedModule to edit in place.
+        fn: callable taking the TracedModule to edit in place; it should
+            return a :class:`PassResult` ``(tm, changed, counts)`` (kept in
+            optimize's report). A TracedModule returned instead replaces
+            ``tm``; anything else is recorded as "did not say".
         training_safe: True when the pass keeps a training-mode module's
             results (no folding of BatchNorm, Dropout or weights): then
             ``enabled_pass="all"`` also runs it on a module in training mode.
         doc: one line for listings (default: the first line of fn's docstring).
+        requires: pass names (or one name) that must run before this one;
+            optimize brings them along (with a UserWarning).
+        after: pass names (or one name) this one runs after, when they run.
 
     Returns:
         fn (so it works as a decorator).
 
     Raises:
-        TypeError: name not a str, fn not callable.
+        TypeError: name not a str, fn not callable, requires/after not names.
         ValueError: an empty name, or one of mgtrace's own.
 
-    >>> from mgtrace.traced_module import register_pass, registered_passes
-    >>> @register_pass("DocNoOp", training_safe=True)
+    >>> from mgtrace.traced_module import PassResult, register_pass, registered_passes
+    >>> @register_pass("DocNoOp", training_safe=True, after="FuseConvBn")
     ... def no_op(tm):
     ...     "Leaves the module as it is."
-    >>> registered_passes()["DocNoOp"].doc
-    'Leaves the module as it is.'
+    ...     return PassResult(tm, False, {})
+    >>> info = registered_passes()["DocNoOp"]
+    >>> info.doc, info.after
+    ('Leaves the module as it is.', ('FuseConvBn',))
     """
     if fn is None:
-        return lambda f: register_pass(name, f, training_safe=training_safe, doc=doc)
+        return lambda f: register_pass(name, f, training_safe=training_safe, doc=doc,
+                                       requires=requires, after=after)
     if not isinstance(name, str) or not name:
         raise (TypeError if not isinstance(name, str) else ValueError)(
             f"a pass name must be a non-empty str, got {name!r}")
     if not callable(fn):
         raise TypeError(f"register_pass: {name!r} must be a callable fn(tm), got {fn!r}")
+    requires, after = _names(requires, "requires"), _names(after, "after")
     old = _PASSES.get(name)
     if old is not None and old.builtin:
         raise ValueError(f"{name!r} is one of mgtrace's own passes; choose another name")
-    _PASSES[name] = PassInfo(name, fn, bool(training_safe), False, doc or _first_line(fn))
+    _PASSES[name] = PassInfo(name, fn, bool(training_safe), False, doc or _first_line(fn),
+                             requires, after)
     return fn
 
 
@@ -98,23 +164,56 @@ def _first_line(fn):
     return ((fn.__doc__ or "").strip().splitlines() or [""])[0]
 
 
-def _builtin(name, fn, training_safe):
-    _PASSES[name] = PassInfo(name, fn, training_safe, True, _first_line(fn))
+def _counted(fn, what):
+    """The pass running ``fn(tm)`` (mgtrace's pass functions return how many
+    rewrites they made), its count recorded as ``what``."""
+    def run(tm):
+        n = fn(tm)
+        return PassResult(tm, n > 0, {what: n})
+    run.__name__, run.__doc__, run.__wrapped__ = fn.__name__, fn.__doc__, fn
+    return run
 
 
-# mgtrace's own, in the order optimize runs them
-_builtin("FoldConstant", fold.fold_constants, True)
-_builtin("EliminateIdentity", fold.eliminate_identity, False)
-_builtin("FuseConvBn", fuse.fuse_conv_bn, False)
-_builtin("FuseAddMul", fold.fuse_add_mul, True)
-_builtin("BackwardFoldScale", fuse.backward_fold_scale, False)
-_builtin("FuseConvAct", fuse.fuse_conv_act, True)
-_builtin("FuseLinearAct", fuse.fuse_linear_act, True)
-_builtin("FuseAttention", fuse.fuse_attention, True)
-_builtin("NCHWc", layout.convert_to_nchwc, False)
-_builtin("FusePointwiseDepthwise", layout.fuse_pointwise_depthwise, False)
-_builtin("EliminateDeadCode", fold.eliminate_dead_code, True)
-_ORDER = tuple(_PASSES)
+def _backward_fold_scale(tm):
+    """Fold constant scales into the Conv2d or Linear that produces the
+    scaled value, then merge the constant chains that exposes (MegEngine
+    reruns FuseAddMul after it)."""
+    folds = fuse.backward_fold_scale(tm)
+    merges = fold.fuse_add_mul(tm)
+    return PassResult(tm, folds + merges > 0, {"folds": folds, "merges": merges})
+
+
+def _builtin(name, fn, training_safe, requires=(), after=()):
+    _PASSES[name] = PassInfo(name, fn, training_safe, True, _first_line(fn), requires, after)
+
+
+# mgtrace's own, declared; the table's order breaks ties, so it reads as they run
+_builtin("FoldConstant", _counted(fold.fold_constants, "folded"), True)
+_builtin("EliminateIdentity", _counted(fold.eliminate_identity, "dropped"), False,
+         after=("FoldConstant",))
+# an Identity or Dropout between a conv and its BatchNorm hides the pair
+_builtin("FuseConvBn", _counted(fuse.fuse_conv_bn, "folds"), False,
+         after=("FoldConstant", "EliminateIdentity"))
+_builtin("FuseAddMul", _counted(fold.fuse_add_mul, "merges"), True,
+         after=("FoldConstant", "FuseConvBn"))
+# MegEngine's rule: the scale folds into convs whose BatchNorm is folded first
+_builtin("BackwardFoldScale", _backward_fold_scale, False,
+         requires=("FuseConvBn",), after=("FuseAddMul",))
+# the fusions read the layers' final weights: BatchNorms and scales folded first
+_builtin("FuseConvAct", _counted(fuse.fuse_conv_act, "fusions"), True,
+         after=("EliminateIdentity", "FuseConvBn", "BackwardFoldScale"))
+_builtin("FuseLinearAct", _counted(fuse.fuse_linear_act, "fusions"), True,
+         after=("EliminateIdentity", "BackwardFoldScale"))
+_builtin("FuseAttention", _counted(fuse.fuse_attention, "fusions"), True,
+         after=("EliminateIdentity", "FuseAddMul"))
+# NCHWc converts the fused conv2d_act calls too; the pointwise/depthwise fusion
+# works on what it made
+_builtin("NCHWc", _counted(layout.convert_to_nchwc, "convs"), False,
+         after=("FuseConvBn", "BackwardFoldScale", "FuseConvAct"))
+_builtin("FusePointwiseDepthwise", _counted(layout.fuse_pointwise_depthwise, "fusions"), False,
+         after=("NCHWc",))
+_builtin("EliminateDeadCode", _counted(fold.eliminate_dead_code, "exprs removed"), True,
+         after=tuple(_PASSES))
 
 
 def get_pass(name):
@@ -129,6 +228,76 @@ def get_pass(name):
 def registered_passes():
     """``{name: PassInfo}``: mgtrace's own in the order they run, then users'."""
     return dict(_PASSES)
+
+
+def _with_requirements(enabled):
+    """``enabled`` (names), each once, with the passes they require added."""
+    out = list(dict.fromkeys(enabled))
+    for name in out:                    # grows while it is read: requirements of requirements
+        for req in _PASSES[name].requires:
+            if req not in _PASSES:
+                raise PassOrderError(f"the pass {name!r} requires {req!r}, which is not "
+                                     f"registered (register it with register_pass)."
+                                     + did_you_mean(req, _PASSES))
+            if req not in out:
+                warnings.warn(f"{name} needs {req} to run first; enabling {req}",
+                              UserWarning, stacklevel=4)
+                out.append(req)
+    return out
+
+
+def _topological(names):
+    """``names`` ordered so that each runs after what it requires or is
+    declared to run after (among ``names``); ties go to the registration
+    order, users' passes in the order of ``names``."""
+    rank = {n: i for i, n in enumerate(_BUILTIN_ORDER)}
+    for n in names:
+        rank.setdefault(n, len(rank))
+    before = {}
+    for n in names:
+        info = _PASSES[n]
+        for a in info.after:
+            if a not in _PASSES:
+                raise PassOrderError(f"the pass {n!r} is declared to run after {a!r}, which is "
+                                     "not registered." + did_you_mean(a, _PASSES))
+        before[n] = {a for a in info.requires + info.after if a in names and a != n}
+    waiting = {n: len(b) for n, b in before.items()}
+    followers = collections.defaultdict(list)
+    for n, b in before.items():
+        for a in b:
+            followers[a].append(n)
+    ready = [(rank[n], n) for n, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        order.append(n)
+        for f in followers[n]:
+            waiting[f] -= 1
+            if waiting[f] == 0:
+                heapq.heappush(ready, (rank[f], f))
+    if len(order) < len(names):
+        cycle = _cycle({n: b for n, b in before.items() if n not in order})
+        raise PassOrderError("the passes' requires/after declarations form a cycle: "
+                             + " -> ".join(cycle) + " (each must run after the next); "
+                             "drop one of these declarations")
+    return order
+
+
+def _cycle(before):
+    """One cycle ``[a, b, ..., a]`` of the graph ``{pass: passes it runs after}``,
+    every node of which is on or leads to a cycle."""
+    path, seen = [], {}
+    n = min(before)
+    while n not in seen:
+        seen[n] = len(path)
+        path.append(n)
+        n = min(b for b in before[n] if b in before)
+    return path[seen[n]:] + [n]
+
+
+_BUILTIN_ORDER = tuple(_PASSES)
+_ORDER = tuple(_topological(_BUILTIN_ORDER))      # checks the table has no cycle, too
 
 
 _NCHWC_PASSES = ("NCHWc", "FusePointwiseDepthwise")
@@ -156,22 +325,10 @@ def _schedule(enabled, training):
         if not isinstance(n, str):
             raise TypeError(f"enabled_pass holds pass names (str), got {n!r}")
         get_pass(n)
-    if "BackwardFoldScale" in enabled and "FuseConvBn" not in enabled:
-        # MegEngine's rule: the scale folds into convs whose BatchNorm is folded first
-        warnings.warn("BackwardFoldScale needs FuseConvBn to run first; enabling FuseConvBn",
-                      UserWarning, stacklevel=3)
-        enabled.append("FuseConvBn")
-    want = set(enabled)
-    order = [n for n in _ORDER if n in want]
-    if "BackwardFoldScale" in want:
-        # a scale folded into a conv may expose more to merge (MegEngine reruns these)
-        order.insert(order.index("BackwardFoldScale") + 1, "FuseAddMul")
-    seen = set(order)
-    order += [n for n in enabled if n not in seen and not seen.add(n)]
-    return order
+    return _topological(_with_requirements(enabled))
 
 
-def optimize(tm, enabled_pass=None, *, flatten=False):
+def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_report=False):
     """An optimized copy of a TracedModule for inference (MegEngine's
     ``megengine.traced_module.optimize``, with mgtrace's own passes added).
 
@@ -190,13 +347,19 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
             keep training behaviour (BatchNorms, Dropout and weights stay);
             ``"NCHWc"`` and ``"FusePointwiseDepthwise"`` only on a CPU
             with AVX-512.
-            Passes run in the registry's fixed order (see
+            Passes run in the order their declarations give (see
             :mod:`mgtrace.traced_module.passes.manager`), whatever the order
-            of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
+            of the list; a pass brings what it requires along (with a
+            UserWarning: ``BackwardFoldScale`` brings ``FuseConvBn``).
         flatten: inline every traced submodule first (``tm.flatten()``), so
             that patterns spanning module boundaries are found too (the
             result then has one flat graph; its traced submodules hold
             their modules and tensors, without graphs of their own).
+        verbose: print the report (one line per pass: changed or not, time,
+            counts such as ``folds=52``) to stdout.
+        return_report: return ``(module, report)``, the report an
+            :class:`OptimizeReport` ``{pass name: PassRecord(name, changed,
+            counts, seconds)}`` in run order (as NumPy's ``return_counts``).
 
     Returns:
         A new TracedModule computing the same outputs (to float rounding:
@@ -215,6 +378,10 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
     Raises:
         TypeError: tm is not a TracedModule, or enabled_pass holds a non-str.
         KeyError: an unknown pass name.
+        PassOrderError: a pass requires one that is not registered, or the
+            passes' declarations form a cycle (the message names them).
+        PassError: a pass raised; the message and ``pass_name`` name it, its
+            exception is ``__cause__``.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.module as M
     >>> from mgtrace.traced_module import optimize
@@ -226,24 +393,49 @@ def optimize(tm, enabled_pass=None, *, flatten=False):
     return conv2d_act
     >>> bool(np.allclose(fast(x).numpy(), tm(x).numpy(), atol=1e-5))
     True
+    >>> fast, report = optimize(tm, return_report=True)
+    >>> report["FuseConvBn"].counts
+    {'folds': 1}
     """
     if not isinstance(tm, TracedModule):
         raise TypeError(f"optimize takes a TracedModule, not {type(tm).__name__}")
     order = _schedule(enabled_pass, tm.training)
     new = tm.flatten() if flatten else copy.deepcopy(tm)
     new.watch_node_value = {}      # values recorded by tm's runs are not the new module's
+    report = OptimizeReport()
     for name in order:
-        result = _PASSES[name].fn(new)
-        if isinstance(result, TracedModule):
-            new = result
+        start = time.perf_counter()
+        try:
+            result = _PASSES[name].fn(new)
+        except Exception as e:
+            raise PassError(f"optimize: the pass {name!r} raised {type(e).__name__}: {e}",
+                            name) from e
+        new, changed, counts = _as_result(name, result, new)
+        report[name] = PassRecord(name, changed, counts, time.perf_counter() - start)
     if order:
         # what the passes made unused: folded BatchNorms, replaced calls
         fold.eliminate_dead_code(new)
     _drop_unreachable_graphs(new, {id(g) for g in graphs_of(new)})
     for g in graphs_of(new):
         g.lint()
-    return new
+    if verbose:
+        print(report, file=sys.stdout)
+    return (new, report) if return_report else new
 
+
+def _as_result(name, result, tm):
+    """A pass's return value as a PassResult (see :func:`register_pass`)."""
+    if isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], TracedModule):
+        new, changed, counts = result
+        try:
+            counts = dict(counts or {})
+        except (TypeError, ValueError):
+            raise PassError(f"optimize: the pass {name!r} returned counts {counts!r}; "
+                            "give a dict {str: int}", name) from None
+        return PassResult(new, None if changed is None else bool(changed), counts)
+    if isinstance(result, TracedModule):
+        return PassResult(result, None, {})
+    return PassResult(tm, None, {})
 
 def _drop_unreachable_graphs(tm, reachable):
     """Traced submodules that no call of ``tm`` runs (those flatten() leaves
