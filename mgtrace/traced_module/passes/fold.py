@@ -30,9 +30,8 @@ from mgtrace.traced_module.expr import CallFunction, CallMethod, is_node
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TENSOR_METHODS, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import tree_map
-from mgtrace.traced_module.passes.util import (StateUses, bound_args, float_node, graphs_of,
-                                               insert_constant, is_function, module_call,
-                                               sole_user)
+from mgtrace.traced_module.passes.match import bound_args, is_function, module_call, sole_user
+from mgtrace.traced_module.passes.util import StateUses, float_node, graphs_of, insert_constant
 
 __all__ = ["fuse_add_mul", "fold_constants", "eliminate_identity", "eliminate_dead_code"]
 

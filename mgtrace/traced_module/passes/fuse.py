@@ -43,59 +43,35 @@ statistics, the scale) must not be written by the forward either, and
 nothing is ever folded from a BatchNorm in training mode (whose batch
 statistics change every call). FuseConvAct, FuseLinearAct and
 FuseAttention rewrite no parameter: the fused call reads the same tensors.
+
+The matchers they use live in ``match.py``. FuseConvAct and FuseLinearAct
+were tried as :func:`~mgtrace.traced_module.replace_pattern` patterns
+(``F.relu(F.linear(x, w, b))`` -> ``F.linear_act(x, w, b, act="relu")``)
+and kept as matchers: a pattern records calls of functions only, so the
+module forms (``self.act(self.fc(x))``, what models write) never match; it
+is recorded on shapeless placeholders, which ``F.linear`` and ``F.conv2d``
+refuse (their argument checks need a 2-d / 4-d weight); and each
+activation and argument spelling would be one more pattern, where one
+matcher reads them all and also checks what a pattern cannot (no in-place
+write between the layer and its activation, the residual add).
 """
 import numpy as np
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace._core import Tensor, op_table, tensor
+from mgtrace._core import tensor
 from mgtrace.module.parameter import Parameter
-from mgtrace.traced_module.graph import has_side_effect
-from mgtrace.traced_module.passes.util import (StateUses, bound_args, graphs_of, is_function,
-                                               module_call, sole_user)
+from mgtrace.traced_module.passes.match import (ADD, activation, bound_args, conv_call,
+                                                conv_module, float64, is_function, linear_call,
+                                                module_call, residual_add, scaled_operand,
+                                                side_effect_between, sole_user)
+from mgtrace.traced_module.passes.util import StateUses, graphs_of
 
 __all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
            "fuse_attention"]
 
-# activation modules and functions the fusions take, by the kernels' names
-# the operator forms of add, mul and true division (op table); x / c is no c / x
-_ADD, _MUL, _DIV = op_table.forms("add"), op_table.forms("mul"), (op_table.OPS["truediv"].method,)
-_ACT_MODULES = {M.ReLU: "relu", M.ReLU6: "relu6", M.SiLU: "silu", M.Hardswish: "hardswish",
-                M.Sigmoid: "sigmoid"}
-_ACT_FUNCTIONS = (("relu", F.relu), ("relu6", F.relu6), ("silu", F.silu),
-                  ("hardswish", F.hardswish), ("sigmoid", F.sigmoid), ("gelu", F.gelu))
 
 
-def activation(e):
-    """``(act name, input node)`` when ``e`` applies a fusable activation to
-    one tensor, else None."""
-    m = module_call(e)
-    if m is not None and len(e.args) == 2 and not e.kwargs:
-        name = _ACT_MODULES.get(type(m))
-        if type(m) is M.GELU and getattr(m, "approximate", "none") == "none":
-            name = "gelu"
-        return (name, e.args[1]) if name else None
-    for name, fn in _ACT_FUNCTIONS:
-        if is_function(e, fn):
-            args = bound_args(e)
-            if args is None or set(args) - {"x", "approximate"}:
-                return None
-            if args.get("approximate", "none") != "none":
-                return None
-            return name, args["x"]
-    return None
-
-
-def _conv_module(e):
-    """The Conv2d module ``e`` calls with one tensor (zero padding), else None."""
-    m = module_call(e, M.Conv2d)
-    if m is None or len(e.args) != 2 or e.kwargs or m.padding_mode != "zeros":
-        return None
-    return m
-
-
-def _numpy(t):
-    return t.numpy().astype(np.float64)
 
 
 def _set_weights(mod, weight, bias):
@@ -111,7 +87,7 @@ def _channel_scale(c, channels, axis, ndim):
     there), else None."""
     if isinstance(c, (int, float)):
         return np.full(channels, float(c))
-    a = _numpy(c)
+    a = float64(c)
     if a.size == 1 and a.ndim <= ndim:
         return np.full(channels, float(a.reshape(())))
     if a.ndim > ndim:
@@ -139,18 +115,18 @@ def fuse_conv_bn(tm):
                     or len(e.args) != 2 or e.kwargs:
                 continue
             y = e.args[1]
-            conv = _conv_module(y.expr) if y.expr is not None else None
+            conv = conv_module(y.expr) if y.expr is not None else None
             if conv is None or sole_user(y) is not e or not uses.may_rewrite(conv, bn) \
                     or conv.weight.dtype.name not in ("float32", "float64"):
                 continue
-            s = 1.0 / np.sqrt(_numpy(bn.running_var) + bn.eps)
+            s = 1.0 / np.sqrt(float64(bn.running_var) + bn.eps)
             if bn.weight is not None:
-                s = s * _numpy(bn.weight)
-            shift = -_numpy(bn.running_mean) * s
+                s = s * float64(bn.weight)
+            shift = -float64(bn.running_mean) * s
             if bn.bias is not None:
-                shift = shift + _numpy(bn.bias)
-            b = _numpy(conv.bias) if conv.bias is not None else 0.0
-            _set_weights(conv, _numpy(conv.weight) * s.reshape(-1, 1, 1, 1), b * s + shift)
+                shift = shift + float64(bn.bias)
+            b = float64(conv.bias) if conv.bias is not None else 0.0
+            _set_weights(conv, float64(conv.weight) * s.reshape(-1, 1, 1, 1), b * s + shift)
             g.replace_node({e.outputs[0]: y})
             done += 1
         g.compile()
@@ -158,37 +134,6 @@ def fuse_conv_bn(tm):
 
 
 # ------------------------------------------------------------ BackwardFoldScale
-
-def _scaled_operand(e, uses=None):
-    """``(node, constant)`` when ``e`` multiplies a node by a constant (or
-    divides it by one: the constant is then 1/c), else None. With ``uses``
-    (a :class:`StateUses`), a tensor the forward writes into is no
-    constant; without, only Python numbers are."""
-    div = False
-    if e.kind == "call_method" and e.method in _MUL + _DIV and len(e.args) == 2:
-        a, b = e.args
-        div = e.method in _DIV
-    elif is_function(e, F.mul) or is_function(e, F.div):
-        args = bound_args(e)
-        if args is None or len(args) != 2:
-            return None
-        a, b = args.values()
-        div = is_function(e, F.div)
-    else:
-        return None
-    for node, c in ((a, b), (b, a)):
-        if getattr(node, "kind", None) != "tensor":
-            continue
-        v = uses.constant(c) if uses is not None else c if isinstance(c, (int, float)) \
-            and not isinstance(c, bool) else None
-        if v is None or (div and node is b):
-            continue
-        if isinstance(v, Tensor) and v.dtype.name not in ("float32", "float64"):
-            return None
-        if div:
-            v = 1.0 / v if isinstance(v, (int, float)) else tensor(1.0 / _numpy(v))
-        return node, v
-    return None
 
 
 def backward_fold_scale(tm):
@@ -202,7 +147,7 @@ def backward_fold_scale(tm):
         for e in list(g._exprs):
             if e.top_graph is not g or not e.outputs:
                 continue
-            hit = _scaled_operand(e, uses)
+            hit = scaled_operand(e, uses)
             if hit is None:
                 continue
             y, c = hit
@@ -215,7 +160,7 @@ def backward_fold_scale(tm):
             mod = module_call(src, M.Conv2d) or module_call(src, M.Linear) if src is not None else None
             if mod is None or not uses.may_rewrite(mod) or sole_user(y) is not (through_relu or e):
                 continue
-            if isinstance(mod, M.Conv2d) and _conv_module(src) is None:
+            if isinstance(mod, M.Conv2d) and conv_module(src) is None:
                 continue
             out = mod.weight.shape[0]
             if isinstance(mod, M.Linear) and (len(src.args) != 2 or src.kwargs):
@@ -228,8 +173,8 @@ def backward_fold_scale(tm):
             s = _channel_scale(c, out, axis, ndim)
             if s is None or (through_relu is not None and not (s > 0).all()):
                 continue
-            w = _numpy(mod.weight)
-            b = _numpy(mod.bias) if mod.bias is not None else np.zeros(out)
+            w = float64(mod.weight)
+            b = float64(mod.bias) if mod.bias is not None else np.zeros(out)
             _set_weights(mod, w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s)
             g.replace_node({e.outputs[0]: (through_relu or src).outputs[0]})
             done += 1
@@ -238,54 +183,6 @@ def backward_fold_scale(tm):
 
 
 # --------------------------------------------------------------- FuseConvAct
-
-def _conv_call(e):
-    """``(x, weight, bias, stride, padding, dilation, groups)`` of a conv2d
-    that ``e`` computes (a Conv2d module call or an F.conv2d call), where
-    weight and bias are nodes, module parameters or None; else None."""
-    m = _conv_module(e)
-    if m is not None:
-        return (e.args[1], m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups)
-    if is_function(e, F.conv2d):
-        a = bound_args(e)
-        if a is not None:
-            return (a["x"], a["weight"], a["bias"], a["stride"], a["padding"], a["dilation"],
-                    a["groups"])
-    return None
-
-
-def _residual_add(y, match_layer):
-    """``(layer call, r, layer expr)`` when node ``y`` is ``layer(...) + r``
-    with the layer's output used only there and ``r`` a tensor of y's shape
-    and dtype (no broadcasting), else None."""
-    e = y.expr
-    if e is None or not (e.kind == "call_method" and e.method in _ADD
-                         and len(e.args) == 2 and not e.kwargs):
-        return None
-    a, b = e.args
-    for c, r in ((a, b), (b, a)):
-        if getattr(c, "kind", None) != "tensor" or getattr(r, "kind", None) != "tensor" or \
-                c.expr is None or sole_user(c) is not e:
-            continue
-        call = match_layer(c.expr)
-        if call is not None and r.shape == c.shape == y.shape and r.dtype == c.dtype == y.dtype:
-            return call, r, c.expr
-    return None
-
-
-def _side_effect_between(g, first, last):
-    """Whether an expr of ``g`` after ``first`` and before ``last`` has a
-    side effect: the fused call replaces ``last`` there, so it would run
-    the layer after an in-place write to its input (``x *= -1`` between a
-    conv and its activation)."""
-    inside = False
-    for x in g._exprs:
-        if x is last:
-            return False
-        if inside and has_side_effect(x):
-            return True
-        inside = inside or x is first
-    return False
 
 
 def _fuse_act(tm, match_layer, fused, what, residual=False):
@@ -301,10 +198,10 @@ def _fuse_act(tm, match_layer, fused, what, residual=False):
                 continue
             call, extra, layer = match_layer(y.expr), {}, y.expr
             if call is None and residual:
-                hit = _residual_add(y, match_layer)
+                hit = residual_add(y, match_layer)
                 if hit is not None:
                     call, extra, layer = hit[0], {"residual": hit[1]}, hit[2]
-            if call is None or _side_effect_between(g, layer, e):
+            if call is None or side_effect_between(g, layer, e):
                 continue
             if extra:
                 taken.add(id(y.expr))
@@ -327,8 +224,8 @@ def _fuse_residual_adds(g, match_layer, fused, taken):
     for e in list(g._exprs):
         if e.top_graph is not g or id(e) in taken or len(e.outputs) != 1:
             continue
-        hit = _residual_add(e.outputs[0], match_layer)
-        if hit is None or _side_effect_between(g, hit[2], e):
+        hit = residual_add(e.outputs[0], match_layer)
+        if hit is None or side_effect_between(g, hit[2], e):
             continue
         with g.insert_exprs(e):
             new = fused(*hit[0], act="none", residual=hit[1])
@@ -340,24 +237,13 @@ def _fuse_residual_adds(g, match_layer, fused, taken):
 def fuse_conv_act(tm):
     """``act(conv2d(x))`` to ``F.conv2d_act(x, ..., act=...)``; returns the
     number of fusions."""
-    return _fuse_act(tm, _conv_call, F.conv2d_act, "conv2d", residual=True)
-
-
-def _linear_call(e):
-    m = module_call(e, M.Linear)
-    if m is not None and len(e.args) == 2 and not e.kwargs:
-        return (e.args[1], m.weight, m.bias)
-    if is_function(e, F.linear):
-        a = bound_args(e)
-        if a is not None:
-            return (a["x"], a["weight"], a["bias"])
-    return None
+    return _fuse_act(tm, conv_call, F.conv2d_act, "conv2d", residual=True)
 
 
 def fuse_linear_act(tm):
     """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``;
     returns the number of fusions."""
-    return _fuse_act(tm, _linear_call, F.linear_act, "linear")
+    return _fuse_act(tm, linear_call, F.linear_act, "linear")
 
 
 # ------------------------------------------------------------ FuseAttention
@@ -384,7 +270,7 @@ def _softmax_input(e):
 
 def _mask_add(e):
     """``[(scores, mask), ...]``: the ways to read ``e`` as scores + mask."""
-    if e.kind == "call_method" and e.method in _ADD and len(e.args) == 2:
+    if e.kind == "call_method" and e.method in ADD and len(e.args) == 2:
         a, b = e.args
     elif is_function(e, F.add):
         args = bound_args(e)
@@ -402,7 +288,7 @@ def _scores(s):
     transpose_b=True)`` times a Python number (or divided by one, or not
     scaled), each step's value used once."""
     e, scale = s.expr, 1.0
-    hit = _scaled_operand(e) if e is not None else None
+    hit = scaled_operand(e) if e is not None else None
     if hit is not None:
         y, c = hit
         if not isinstance(c, (int, float)) or sole_user(y) is not e:
@@ -445,7 +331,7 @@ def fuse_attention(tm):
             q, k, scale, first, mask = found
             if not _f32_4d(q, k, v) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
                 continue
-            if _side_effect_between(g, first, e):      # q, k or the mask written in between
+            if side_effect_between(g, first, e):      # q, k or the mask written in between
                 continue
             with g.insert_exprs(e):
                 new = F.attention(q, k, v, mask, scale=scale)

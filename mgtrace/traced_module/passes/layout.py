@@ -51,8 +51,9 @@ import mgtrace.module as M
 from mgtrace._core import nn as _nn
 from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.node import TensorNode
-from mgtrace.traced_module.passes.fuse import _conv_call
-from mgtrace.traced_module.passes.util import bound_args, graphs_of, is_function, module_call, sole_user
+from mgtrace.traced_module.passes.match import (bound_args, conv_call, is_function, module_call,
+                                                sole_user)
+from mgtrace.traced_module.passes.util import graphs_of
 
 __all__ = ["convert_to_nchwc", "fuse_pointwise_depthwise"]
 
@@ -94,7 +95,7 @@ def _conv_info(e):
         info = {k: a[k] for k in ("x", "weight", "bias", "stride", "padding", "dilation", "groups",
                                   "act", "residual")}
     else:
-        call = _conv_call(e)
+        call = conv_call(e)
         if call is None:
             return None
         info = dict(zip(("x", "weight", "bias", "stride", "padding", "dilation", "groups"), call),

@@ -36,7 +36,8 @@ from mgtrace.module.module import Module
 from mgtrace.traced_module.expr import CallFunction, CallMethod, Input, is_node
 from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode
-from mgtrace.traced_module.passes.util import _unwrap, bound_args, graphs_of
+from mgtrace.traced_module.passes.match import bound_args, unwrap
+from mgtrace.traced_module.passes.util import graphs_of
 from mgtrace.traced_module.pytree import tree_flatten
 from mgtrace.traced_module.traced_module import TracedModule
 
@@ -101,7 +102,7 @@ def _same_op(pe, ge):
     if type(pe) is not type(ge) or len(pe.outputs) != len(ge.outputs):
         return False
     if isinstance(pe, CallFunction):
-        return _unwrap(pe.func) is _unwrap(ge.func)
+        return unwrap(pe.func) is unwrap(ge.func)
     return pe.method == ge.method and pe.method != "__call__"
 
 

@@ -1,12 +1,10 @@
-"""What the passes share: walking a module's graphs, recognising module and
-function calls, reading constant operands, and who reads and writes a
-module's state (:class:`StateUses`).
+"""What the passes share besides the matchers (``match.py``): walking a
+module's graphs, reading constant operands, inserting constants, and who
+reads and writes a module's state (:class:`StateUses`).
 
 Nothing here edits a graph; the passes do (through the graph's own editing
 API: ``insert_exprs``, ``replace_node``, ``compile``).
 """
-import inspect
-
 import numpy as np
 
 from mgtrace._core import Tensor, op_table
@@ -16,11 +14,11 @@ from mgtrace.traced_module.codegen import member
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr, Input,
                                         called_graph, is_node)
 from mgtrace.traced_module.node import ModuleNode, TensorNode
+from mgtrace.traced_module.passes.match import bound_args, module_call, unwrap
 from mgtrace.traced_module.pytree import tree_flatten
-from mgtrace.traced_module.traced_module import TracedModule
 
-__all__ = ["graphs_of", "module_call", "is_function", "bound_args", "sole_user", "attr_value",
-           "const_value", "call_counts", "insert_constant", "float_node", "StateUses"]
+__all__ = ["graphs_of", "attr_value", "const_value", "call_counts", "insert_constant",
+           "float_node", "StateUses"]
 
 
 def graphs_of(tm):
@@ -35,48 +33,6 @@ def graphs_of(tm):
         seen.add(id(g))
         yield g
         todo.extend(sub for sub in map(called_graph, list(g._exprs)) if sub is not None)
-
-
-def module_call(e, cls=None):
-    """The builtin module ``e`` calls (``module(x)``), when it calls one (an
-    instance of ``cls`` when given, of exactly that class), else None."""
-    if not (isinstance(e, CallMethod) and e.method == "__call__" and e.args
-            and isinstance(e.args[0], ModuleNode)):
-        return None
-    m = e.args[0].owner
-    if isinstance(m, TracedModule) or (cls is not None and type(m) is not cls):
-        return None
-    return m
-
-
-def _unwrap(fn):
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
-def is_function(e, fn):
-    """Whether ``e`` calls ``fn`` (or what the traceable wrapper ``fn`` wraps)."""
-    return isinstance(e, CallFunction) and (e.func is fn or _unwrap(e.func) is _unwrap(fn))
-
-
-def bound_args(e):
-    """A CallFunction's arguments by parameter name, defaults filled in
-    (None when they do not bind)."""
-    try:
-        b = inspect.signature(_unwrap(e.func)).bind(*e.args, **e.kwargs)
-    except (TypeError, ValueError):
-        return None
-    b.apply_defaults()
-    return dict(b.arguments)
-
-
-def sole_user(node):
-    """The one expr that reads ``node``, when nothing else does: not another
-    expr, not the graph's result, not a watch or end point; else None."""
-    if len(node.users) != 1 or id(node) in node.graph._kept_ids():
-        return None
-    return node.users[0]
 
 
 def attr_value(node):
@@ -181,8 +137,8 @@ def _alias_source(e):
     an in-place method's result), else None."""
     if isinstance(e, CallMethod) and e.method in _ALIASING_METHODS:
         return e.args[0]
-    if isinstance(e, CallFunction) and _unwrap(e.func).__name__ in _ALIASING_FUNCTIONS \
-            and (getattr(_unwrap(e.func), "__module__", "") or "").startswith("mgtrace.functional"):
+    if isinstance(e, CallFunction) and unwrap(e.func).__name__ in _ALIASING_FUNCTIONS \
+            and (getattr(unwrap(e.func), "__module__", "") or "").startswith("mgtrace.functional"):
         return e._inputs[0] if e._inputs else None
     return None
 
