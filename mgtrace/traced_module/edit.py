@@ -22,12 +22,12 @@ from mgtrace.traced_module.pytree import tree_flatten
 from mgtrace.traced_module.signature import bind_arguments, signature_of
 from mgtrace.traced_module.symbolic import SymFloat, SymInt, state
 from mgtrace.traced_module.traced_module import TracedModule, trace_module
-from mgtrace.traced_module.tracer import Tracer, _Frame, _traced_leaf, core_off
+from mgtrace.traced_module.tracer import Tracer, Frame, traced_leaf, core_off
 
 __all__ = ["insertion", "traceable_call"]
 
 
-class _EditFrame(_Frame):
+class _EditFrame(Frame):
     """The frame of an insert_exprs block: Nodes of the graph may be used
     directly, but only those defined before the insertion point."""
 
@@ -77,7 +77,7 @@ class _EditTracer(Tracer):
             (isinstance(v, Tensor) and self.attr_of(v) is not None)
 
     def _touches_graph(self, args, kwargs, creation_counts=False):
-        leaves = tree_flatten((args, kwargs), _traced_leaf)[0]
+        leaves = tree_flatten((args, kwargs), traced_leaf)[0]
         if any(self._graph_value(v) for v in leaves):
             return True
         return creation_counts and not any(isinstance(v, Tensor) for v in leaves)
@@ -165,7 +165,7 @@ class _EditTracer(Tracer):
                                  "model again with a call of it")
         rel = self.relpath(frame, module)
         with core_off():
-            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
+            leaves, tdef = tree_flatten((args, kwargs), traced_leaf)
             vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
         with self.suspended():
             new = trace_module(source, *vargs, **vkwargs)

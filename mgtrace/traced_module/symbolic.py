@@ -26,7 +26,7 @@ from mgtrace.traced_module.errors import TraceWarning
 from mgtrace.traced_module.expr import is_user_file, user_frame
 
 __all__ = ["SymInt", "SymFloat", "state", "active_tracer", "NUMBER_TYPES", "plain",
-           "warning_range"]
+           "warning_range", "warn_traced"]
 
 
 class _TraceState:
@@ -49,7 +49,7 @@ def active_tracer():
     return state.tracer
 
 
-def _warn(message):
+def warn_traced(message):
     """Warn with TraceWarning, attributed to the user's line being traced."""
     _, level = user_frame()
     warnings.warn(message, TraceWarning, stacklevel=level)

@@ -24,7 +24,7 @@ whole trace) and records:
   afresh from its own values (:meth:`Tracer.on_create`).
 - ``tensor.name = ...``: renames the tensor's node (:meth:`Tracer.on_name`).
 
-Each graph being built has a :class:`_Frame` that maps the Python objects
+Each graph being built has a :class:`Frame` that maps the Python objects
 seen so far (by identity) to its nodes. A tensor it has not seen is a
 parameter or buffer of the module (``GetAttr``) or else a ``Constant``.
 
@@ -50,15 +50,16 @@ from mgtrace.traced_module.graph import InternalGraph
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
 from mgtrace.traced_module.pytree import tree_flatten
 from mgtrace.traced_module.signature import bind_arguments, input_names, signature_of, type_name
-from mgtrace.traced_module.symbolic import (NUMBER_TYPES, SymFloat, SymInt, _warn, active_tracer,
+from mgtrace.traced_module.symbolic import (NUMBER_TYPES, SymFloat, SymInt, warn_traced, active_tracer,
                                             plain, state, warning_range)
 
 # TraceError, TraceWarning and SymInt are also importable from here, as before the split
-__all__ = ["Tracer", "core_off", "method_form", "SymInt", "TraceError", "TraceWarning",
-           "active_tracer"]
+__all__ = ["Tracer", "Frame", "core_off", "method_form", "traced_leaf", "SymInt", "TraceError",
+           "TraceWarning", "active_tracer"]
 
 
-def _traced_leaf(v):
+def traced_leaf(v):
+    """Whether ``v`` is a leaf the trace follows: a tensor, a symbolic number, a node."""
     return isinstance(v, (Tensor, SymInt, SymFloat, Node))
 
 
@@ -93,7 +94,7 @@ def method_form(name, inputs, params):
 
 
 # ------------------------------------------------------------------- frames
-class _Frame:
+class Frame:
     """One graph under construction: its module and the object -> node map."""
 
     def __init__(self, tracer, graph, module, tm, path, insert_at=None):
@@ -175,7 +176,7 @@ class _Frame:
                                      dtype=t.dtype)
                 return self._finish(e, node, t)
         if self.tracer.warn_constants:
-            _warn(f"{self.graph.qualname}: a tensor made outside the traced calls (shape "
+            warn_traced(f"{self.graph.qualname}: a tensor made outside the traced calls (shape "
                   f"{t.shape}, {t.dtype}), first used at {user_source()}, is kept as a constant: "
                   "every run reuses these values (make it with mgtrace.functional, e.g. "
                   "F.zeros, to get a fresh tensor per run, or register it as a buffer)")
@@ -319,7 +320,7 @@ class Tracer(_hooks.TraceHook):
         """Map inputs to nodes, run, make the expr, bind its outputs."""
         frame = self.frame
         with core_off():
-            leaves, tdef = tree_flatten((args, kwargs), _traced_leaf)
+            leaves, tdef = tree_flatten((args, kwargs), traced_leaf)
             nodes = [frame.node_of(v) for v in leaves]
             vargs, vkwargs = tdef.unflatten([frame.value_of(v) for v in leaves])
         if suspend:
@@ -405,7 +406,7 @@ class Tracer(_hooks.TraceHook):
         if key in self._warned:
             return
         self._warned.add(key)
-        _warn(message.replace(" while tracing", f" at {src} while tracing", 1))
+        warn_traced(message.replace(" while tracing", f" at {src} while tracing", 1))
 
     def on_frozen(self, t, what):
         if state.quiet or not self.frames or not is_user_file(sys._getframe(1).f_code.co_filename):
@@ -497,7 +498,7 @@ class Tracer(_hooks.TraceHook):
         path = self.paths[id(module)]
         # MegEngine's graph names: the qualname with dots as underscores (Net_layer1_0)
         graph = InternalGraph(tm._qualname_base().replace(".", "_"), tm._qualname_base(), owner=tm)
-        sub = _Frame(self, graph, module, tm, path)
+        sub = Frame(self, graph, module, tm, path)
         self_node = graph._add_node(ModuleNode(name="self", owner=tm), "self")
         graph._add_input(self_node)
         with core_off():
@@ -509,7 +510,7 @@ class Tracer(_hooks.TraceHook):
                 graph._add_input(graph._add_node(node, name))
                 if id(v) in sub.env:
                     if isinstance(v, Tensor):
-                        _warn(f"{graph.qualname}: one tensor is passed as both "
+                        warn_traced(f"{graph.qualname}: one tensor is passed as both "
                               f"{sub.env[id(v)].name} and {name}; the graph reads it as "
                               f"{sub.env[id(v)].name} everywhere (trace with distinct tensors)")
                 else:
