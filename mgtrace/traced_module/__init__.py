@@ -1,16 +1,17 @@
 """mgtrace.traced_module: trace modules into hierarchical graphs, edit, run.
 
 Layers, one concept per module, each importing only those above it in this
-list (``tests/traced_module/test_import_graph.py`` checks that no
+list (``tests/traced_module/test_import_graph.py`` checks it, and that no
 module-level import closes a cycle): ``errors`` (GraphError, TraceError,
-TraceWarning, PassError), ``pytree`` (argument structures), ``node`` and
-``expr`` (the IR), ``signature`` (forward signatures and argument binding),
-``graph`` (InternalGraph: queries, edits, lint), ``codegen`` (Python source
-for a graph), ``checker`` (the end-of-trace check against eager and the
-module state trace_module puts back), ``symbolic`` (SymInt, and the state of
-the running trace), ``tracer`` (the hooks that record a real run),
-``traced_module`` (TracedModule, trace_module, flatten), ``edit`` (the
-recorder ``graph.insert_exprs`` runs under), ``passes`` (optimize,
+TraceWarning, PassError), ``pytree`` (argument structures), ``node`` (the
+IR's values), ``signature`` (forward signatures and argument binding),
+``expr`` (the IR's statements), ``graph`` (InternalGraph: queries, edits,
+lint), ``codegen`` (Python source for a graph), ``checker`` (the
+end-of-trace check against eager and the module state trace_module puts
+back), ``symbolic`` (SymInt, and the state of the running trace),
+``tracer`` (the hooks that record a real run), ``traced_module``
+(TracedModule, trace_module, flatten), ``edit`` (the recorder
+``graph.insert_exprs`` runs under), ``passes`` (optimize,
 replace_pattern). Two imports stay inside functions, each where a layer
 calls back into one below it: ``graph`` -> ``edit`` (an edit block runs a
 Tracer, which builds graphs) and ``codegen`` -> ``traced_module`` (the

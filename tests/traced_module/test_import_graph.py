@@ -147,6 +147,27 @@ def test_no_module_level_import_cycle():
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
 
 
+# the layers of mgtrace/traced_module/__init__.py's docstring, lowest first
+LAYERS = ["errors", "pytree", "node", "signature", "expr", "graph", "codegen", "checker",
+          "symbolic", "tracer", "traced_module", "edit", "passes"]
+
+
+def test_modules_import_only_the_layers_below_them():
+    edges, _ = import_graph()
+    layer = {f"{PACKAGE}.{name}": i for i, name in enumerate(LAYERS)}
+    layer[PACKAGE] = len(LAYERS)                        # the package's __init__: on top
+
+    def of(module):
+        parts = module.split(".")
+        return layer[".".join(parts[:3])] if len(parts) > 2 else layer[module]
+
+    assert set(module_files()) - {PACKAGE} <= \
+        {m for m in module_files() if ".".join(m.split(".")[:3]) in layer}, "a module not in LAYERS"
+    upward = [f"{m} -> {t}" for m, targets in edges.items() for t in targets
+              if of(t) > of(m) or (of(t) == of(m) and of(m) != layer[f"{PACKAGE}.passes"])]
+    assert not upward, "imports of a layer above (or beside) the importer:\n" + "\n".join(upward)
+
+
 def test_every_function_level_import_says_why():
     _, inner = import_graph()
     silent = [f"{m}:{line} imports {t}" for m, line, t, why in inner if not why]
