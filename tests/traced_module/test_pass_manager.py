@@ -243,3 +243,12 @@ def test_verbose_prints_the_report(traced, capsys):
 
 def functions(tm, fn):
     return tm.graph.get_function_by_type(fn).as_count()
+
+
+@pytest.mark.parametrize("name", ["manager", "pattern"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+    mod = importlib.import_module(f"mgtrace.traced_module.passes.{name}")
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
