@@ -230,6 +230,34 @@ def registered_passes():
     return dict(_PASSES)
 
 
+_NCHWC_PASSES = ("NCHWc", "FusePointwiseDepthwise")
+
+
+def _nchwc_pays():
+    """Whether this CPU runs the NCHW16c kernels vectorised (AVX-512): the
+    NCHWc pass and the fusion after it are in ``"all"`` only then."""
+    from mgtrace._core import nn
+    return nn._wide_conv_kernels()
+
+
+def _schedule(enabled, training):
+    """The passes to run, in order, for the ``enabled_pass`` argument."""
+    if enabled is None:
+        enabled = list(DEFAULT_PASSES)
+    elif enabled == "all":
+        enabled = [n for n in _ORDER if (not training or _PASSES[n].training_safe)
+                   and (n not in _NCHWC_PASSES or _nchwc_pays())]
+    elif isinstance(enabled, str):
+        enabled = [enabled]
+    else:
+        enabled = list(enabled)
+    for n in enabled:
+        if not isinstance(n, str):
+            raise TypeError(f"enabled_pass holds pass names (str), got {n!r}")
+        get_pass(n)
+    return _topological(_with_requirements(enabled))
+
+
 def _with_requirements(enabled):
     """``enabled`` (names), each once, with the passes they require added."""
     out = list(dict.fromkeys(enabled))
@@ -300,37 +328,13 @@ _BUILTIN_ORDER = tuple(_PASSES)
 _ORDER = tuple(_topological(_BUILTIN_ORDER))      # checks the table has no cycle, too
 
 
-_NCHWC_PASSES = ("NCHWc", "FusePointwiseDepthwise")
-
-
-def _nchwc_pays():
-    """Whether this CPU runs the NCHW16c kernels vectorised (AVX-512): the
-    NCHWc pass and the fusion after it are in ``"all"`` only then."""
-    from mgtrace._core import nn
-    return nn._wide_conv_kernels()
-
-
-def _schedule(enabled, training):
-    """The passes to run, in order, for the ``enabled_pass`` argument."""
-    if enabled is None:
-        enabled = list(DEFAULT_PASSES)
-    elif enabled == "all":
-        enabled = [n for n in _ORDER if (not training or _PASSES[n].training_safe)
-                   and (n not in _NCHWC_PASSES or _nchwc_pays())]
-    elif isinstance(enabled, str):
-        enabled = [enabled]
-    else:
-        enabled = list(enabled)
-    for n in enabled:
-        if not isinstance(n, str):
-            raise TypeError(f"enabled_pass holds pass names (str), got {n!r}")
-        get_pass(n)
-    return _topological(_with_requirements(enabled))
-
-
 def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_report=False):
     """An optimized copy of a TracedModule for inference (MegEngine's
     ``megengine.traced_module.optimize``, with mgtrace's own passes added).
+
+    The passes run in the topological order of their ``requires`` and
+    ``after`` declarations (ties in registration order); a pass asked for
+    brings the passes it requires along, with a UserWarning.
 
     Args:
         tm: a TracedModule (from :func:`trace_module` or :func:`mgtrace.load`).
@@ -347,10 +351,9 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
             keep training behaviour (BatchNorms, Dropout and weights stay);
             ``"NCHWc"`` and ``"FusePointwiseDepthwise"`` only on a CPU
             with AVX-512.
-            Passes run in the order their declarations give (see
+            Passes run in the registry's fixed order (see
             :mod:`mgtrace.traced_module.passes.manager`), whatever the order
-            of the list; a pass brings what it requires along (with a
-            UserWarning: ``BackwardFoldScale`` brings ``FuseConvBn``).
+            of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
         flatten: inline every traced submodule first (``tm.flatten()``), so
             that patterns spanning module boundaries are found too (the
             result then has one flat graph; its traced submodules hold
