@@ -654,3 +654,260 @@ def matinv(inp):
         row = _B["truediv"](aug[..., k:k + 1, :], aug[..., k:k + 1, k:k + 1])
         aug = _T["where"](is_k, row, _B["sub"](aug, _B["mul"](aug[..., :, k:k + 1], row)))
     return _dispatch.astype(aug[..., :, n:], x.dtype)
+
+
+# ------------------------------------------------- composed elementwise (MegEngine 1.13 names)
+#
+# MegEngine's elemwise.py has these as Elemwise modes (SINH, COSH, ASINH, ACOSH,
+# ATANH, LOG_SUM_EXP, SHL, SHR); here they are composed of the core ops above
+# (no dedicated kernel yet), with the formulas chosen to stay accurate near 0
+# and finite where the result is.
+
+__all__ += ["sinh", "cosh", "asinh", "acosh", "atanh", "logaddexp", "left_shift",
+            "right_shift", "cross"]
+
+_LN2 = _pymath.log(2.0)
+
+
+def _float_operand(fn, x):
+    """x as a float Tensor in the dtype the computation runs in, and the
+    dtype of the result: float32/float64 keep theirs; float16/bfloat16 are
+    computed in float32 and cast back; integers and bool give float32
+    (MegEngine's rule for transcendental functions)."""
+    (x,) = A.tensors(fn, x=x)
+    if x.dtype.kind in "fV":
+        out = x.dtype
+        return (x if x.dtype in (np.float32, np.float64) else _dispatch.astype(x, "float32")), out
+    return _dispatch.astype(x, "float32"), np.dtype("float32")
+
+
+def _back(y, dtype):
+    return y if y.dtype == dtype else _dispatch.astype(y, dtype)
+
+
+def sinh(x):
+    """Elementwise hyperbolic sine (MegEngine's ``sinh``), composed as
+    ``(expm1(x) - expm1(-x)) / 2`` (accurate near 0), and as
+    ``sign(x) * e * (e / 2)`` with ``e = exp(|x| / 2)`` above |x| = 20 (finite
+    up to the dtype's largest value); no dedicated kernel yet.
+
+    Args:
+        x: Tensor, array or number, any shape.
+
+    Returns:
+        x's shape; float dtypes keep theirs, integers and bool give float32.
+
+    Raises:
+        TypeError: x is not a tensor, array or number.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.sinh(mt.tensor([0.0, 1.0])).numpy().round(4))
+    [0.     1.1752]
+    """
+    x, dt = _float_operand("sinh", A.check_operand("sinh", "x", x))
+    small = _B["mul"](_B["sub"](_U["expm1"](x), _U["expm1"](_U["neg"](x))), 0.5)
+    return _back(_T["where"](_B["gt"](_U["abs"](x), 20.0), _B["mul"](_U["sign"](x), _half_exp(x)),
+                             small), dt)
+
+
+def cosh(x):
+    """Elementwise hyperbolic cosine (MegEngine's ``cosh``), composed as
+    ``(exp(x) + exp(-x)) / 2``, above |x| = 20 as :func:`sinh` (no dedicated
+    kernel yet). Dtypes and errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.cosh(mt.tensor([0.0, 1.0])).numpy().round(4))
+    [1.     1.5431]
+    """
+    x, dt = _float_operand("cosh", A.check_operand("cosh", "x", x))
+    small = _B["mul"](_B["add"](_U["exp"](x), _U["exp"](_U["neg"](x))), 0.5)
+    return _back(_T["where"](_B["gt"](_U["abs"](x), 20.0), _half_exp(x), small), dt)
+
+
+def _half_exp(x):
+    """exp(|x|) / 2 as exp(|x| / 2) * (exp(|x| / 2) / 2): finite up to the
+    dtype's largest value (exp(|x|) alone overflows first)."""
+    e = _U["exp"](_B["mul"](_U["abs"](x), 0.5))
+    return _B["mul"](e, _B["mul"](e, 0.5))
+
+
+def asinh(x):
+    """Elementwise inverse hyperbolic sine (MegEngine's ``asinh``), composed
+    as ``sign(x) * log1p(|x| + x^2 / (1 + sqrt(1 + x^2)))``, and
+    ``sign(x) * (log|x| + log 2)`` above |x| = 2**26 where x^2 would lose it
+    (no dedicated kernel yet). Dtypes and errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.asinh(mt.tensor([-1.0, 0.0, 1.0])).numpy().round(4))
+    [-0.8814  0.      0.8814]
+    """
+    x, dt = _float_operand("asinh", A.check_operand("asinh", "x", x))
+    a = _U["abs"](x)
+    a2 = _B["mul"](a, a)
+    small = _U["log1p"](_B["add"](a, _B["truediv"](a2, _B["add"](_U["sqrt"](_B["add"](a2, 1.0)),
+                                                                  1.0))))
+    big = _B["add"](_U["log"](a), _LN2)
+    y = _T["where"](_B["gt"](a, 2.0 ** 26), big, small)
+    return _back(_B["mul"](_U["sign"](x), y), dt)
+
+
+def acosh(x):
+    """Elementwise inverse hyperbolic cosine (MegEngine's ``acosh``): NaN
+    below 1. Composed as ``log1p(t + sqrt(2t + t^2))`` with ``t = x - 1``,
+    and ``log(x) + log 2`` above 2**26 (no dedicated kernel yet). Dtypes and
+    errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.acosh(mt.tensor([1.0, 2.0])).numpy().round(4))
+    [0.    1.317]
+    """
+    x, dt = _float_operand("acosh", A.check_operand("acosh", "x", x))
+    t = _B["sub"](x, 1.0)
+    small = _U["log1p"](_B["add"](t, _U["sqrt"](_B["add"](_B["mul"](t, 2.0), _B["mul"](t, t)))))
+    big = _B["add"](_U["log"](x), _LN2)
+    return _back(_T["where"](_B["gt"](x, 2.0 ** 26), big, small), dt)
+
+
+def atanh(x):
+    """Elementwise inverse hyperbolic tangent (MegEngine's ``atanh``):
+    +-inf at +-1, NaN outside [-1, 1]. Composed as
+    ``sign(x) * log1p(2|x| / (1 - |x|)) / 2`` (no dedicated kernel yet). Dtypes and errors
+    as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.atanh(mt.tensor([0.0, 0.5])).numpy().round(4))
+    [0.     0.5493]
+    """
+    x, dt = _float_operand("atanh", A.check_operand("atanh", "x", x))
+    a = _U["abs"](x)                      # atanh is odd: no cancellation in 1 + 2a / (1 - a)
+    y = _U["log1p"](_B["truediv"](_B["mul"](a, 2.0), _B["sub"](1.0, a)))
+    return _back(_B["mul"](y, _B["mul"](_U["sign"](x), 0.5)), dt)
+
+
+def logaddexp(x, y):
+    """Elementwise ``log(exp(x) + exp(y))`` without overflow (MegEngine's
+    ``logaddexp``, NumPy's): ``max(x, y) + log1p(exp(-|x - y|))``, composed
+    of core ops (no dedicated kernel yet). Equal infinities give that
+    infinity; a NaN gives NaN.
+
+    Args:
+        x, y: Tensors, arrays or numbers; shapes broadcast (NumPy rule).
+
+    Returns:
+        The broadcast shape; MegEngine promotion of x and y, then integer and
+        bool give float32 (float16/bfloat16 are computed in float32).
+
+    Raises:
+        ValueError: shapes that do not broadcast. TypeError: an operand
+            that is not a tensor, array or number.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.logaddexp(mt.tensor([0.0, 1.0]), 0.0).numpy().round(4))
+    [0.6931 1.3133]
+    """
+    fn = "logaddexp"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    m = _B["maximum"](x, y)             # the promoted dtype (MegEngine's rule), NaN wins
+    dt = m.dtype if m.dtype.kind in "fV" else np.dtype("float32")
+    run = "float64" if dt == np.float64 else "float32"
+    x, y = (_dispatch.astype(A.as_tensor(fn, n, v, m.device), run) for n, v in (("x", x), ("y", y)))
+    m = _B["maximum"](x, y)
+    d = _T["where"](_B["eq"](x, y), 0.0, _U["neg"](_U["abs"](_B["sub"](x, y))))
+    return _back(_B["add"](m, _U["log1p"](_U["exp"](d))), dt)
+
+
+def left_shift(x, y):
+    """Elementwise ``x << y`` of integers (MegEngine's ``left_shift``);
+    core op ``left_shift``.
+
+    Args:
+        x, y: integer Tensors, arrays or Python ints; shapes broadcast.
+
+    Returns:
+        The broadcast shape; MegEngine promotion of x and y.
+
+    Raises:
+        TypeError: a float operand. ValueError: shapes that do not broadcast.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.left_shift(mt.tensor([1, 2, 3]), 1).tolist()
+    [2, 4, 6]
+    """
+    fn = "left_shift"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    return _B["left_shift"](x, y)
+
+
+def right_shift(x, y):
+    """Elementwise ``x >> y`` of integers (MegEngine's ``right_shift``;
+    arithmetic for signed integers); core op ``right_shift``. Args, dtypes
+    and errors as :func:`left_shift`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.right_shift(mt.tensor([2, 4, 8]), 1).tolist()
+    [1, 2, 4]
+    """
+    fn = "right_shift"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    return _B["right_shift"](x, y)
+
+
+def _components(fn, name, t, axis):
+    """The components of the vectors of t along ``axis`` (2 or 3 of them,
+    the third 0 for 2-vectors), each with that axis removed."""
+    ax = A.to_axis(fn, name, axis, t.ndim)
+    n = t.shape[ax]
+    if n not in (2, 3):
+        raise ValueError(f"{fn}: the vectors of {name.replace('axis', '') or 'a'} must have 2 or "
+                         f"3 components along axis {axis}, got {n}")
+    parts = [_index.getitem(t, (slice(None),) * ax + (i,)) for i in range(n)]
+    if n == 2:
+        parts.append(_B["mul"](parts[0], 0))
+    return parts
+
+
+def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
+    """Cross product of (arrays of) 3-vectors (MegEngine's ``cross``,
+    NumPy's ``np.cross``), composed of core ops (no dedicated kernel yet).
+
+    Vectors with 2 components are taken with a third component 0 (as
+    MegEngine does for 2-vectors), so the result always has 3 components.
+
+    Args:
+        a, b: Tensors (or arrays) whose axes ``axisa`` / ``axisb`` hold the
+            vectors (2 or 3 components); the other axes broadcast.
+        axisa, axisb: the vector axis of a and of b (default: the last).
+        axisc: the axis of the result that holds the 3 components.
+        axis: if given, overrides axisa, axisb and axisc.
+
+    Returns:
+        Tensor of the broadcast batch shape with 3 components at ``axisc``;
+        dtype by MegEngine promotion of a and b.
+
+    Raises:
+        ValueError: a vector axis of another length than 2 or 3; batch
+            shapes that do not broadcast. IndexError: an axis out of range.
+        TypeError: operands that are not tensors or arrays.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.cross(mt.tensor([1.0, 2.0, 3.0]), mt.tensor([4.0, 5.0, 6.0])).tolist()
+    [-3.0, 6.0, -3.0]
+    """
+    fn = "cross"
+    a, b = A.tensors(fn, a=a, b=b)
+    if axis is not None:
+        axisa = axisb = axisc = axis
+    a0, a1, a2 = _components(fn, "axisa", a, axisa)
+    b0, b1, b2 = _components(fn, "axisb", b, axisb)
+    A.check_broadcast(fn, a=a0, b=b0)
+    c = [_B["sub"](_B["mul"](a1, b2), _B["mul"](a2, b1)),
+         _B["sub"](_B["mul"](a2, b0), _B["mul"](a0, b2)),
+         _B["sub"](_B["mul"](a0, b1), _B["mul"](a1, b0))]
+    ndim = c[0].ndim + 1
+    return _index.stack(c, A.to_axis(fn, "axisc", axisc, ndim))

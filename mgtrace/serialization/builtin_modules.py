@@ -81,7 +81,41 @@ STATE_ELEMENTS = {
     "mgtrace.module.ConvRelu2d": _conv(2),
     "mgtrace.module.ConvBn2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
     "mgtrace.module.ConvBnRelu2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
+    # format 1.2 (issue 36: MegEngine's further modules)
+    "mgtrace.module.Conv3d": _conv(3),
+    "mgtrace.module.ConvTranspose3d": _conv(3),
+    "mgtrace.module.PReLU": lambda c: _size(c.get("num_parameters")),
+    "mgtrace.module.InstanceNorm": lambda c: 2 * _size(c.get("num_channels")),
+    "mgtrace.module.GeneralNorm": lambda c: 2 * _size(c.get("normalized_shape")),
+    "mgtrace.module.SyncBatchNorm": lambda c: 4 * _size(c.get("num_features")) + 1,
+    "mgtrace.module.LocalConv2d": lambda c: _local_conv(c),
+    "mgtrace.module.RNNCell": lambda c: _recurrent(c, 1),
+    "mgtrace.module.LSTMCell": lambda c: _recurrent(c, 4),
+    "mgtrace.module.RNN": lambda c: _recurrent(c, 1),
+    "mgtrace.module.LSTM": lambda c: _recurrent(c, 4),
+    "mgtrace.module.MultiHeadAttention": lambda c: (
+        (2 * _size(c.get("embed_dim")) + _size(c.get("kdim")) + _size(c.get("vdim")) + 6)
+        * _size(c.get("embed_dim"))),
 }
+
+
+def _recurrent(c, gates):
+    """RNN/LSTM (and their cells): per layer and direction, [G*H, I + H] and
+    [G*H, H] weights, two [G*H] biases and a [P, H] projection, with I at
+    most max(input_size, 2 * hidden_size)."""
+    h, i = _size(c.get("hidden_size")), _size(c.get("input_size"))
+    per = gates * h * (max(i, 2 * h) + h + 2) + _size(c.get("proj_size", 0)) * h
+    return per * max(1, _size(c.get("num_layers", 1))) * 2
+
+
+def _local_conv(c):
+    """LocalConv2d: C_in * C_out * KH * KW weights per output position, at
+    most (H + 2 ph) * (W + 2 pw) positions."""
+    pad = c.get("padding")
+    ph, pw = (pad if isinstance(pad, (tuple, list)) and len(pad) == 2 else (pad, pad))
+    return (_size(c.get("in_channels")) * _size(c.get("out_channels"))
+            * _size(c.get("kernel_size"), 2) * (_size(c.get("input_height")) + 2 * _size(ph))
+            * (_size(c.get("input_width")) + 2 * _size(pw)))
 
 
 # ------------------------------------------------------------------ builtin
