@@ -2217,3 +2217,195 @@ def multi_head_attention(query, key, value, embed_dim, num_heads, attn_drop, out
         return out, (w if batched else w.squeeze(0))
     w = w.reshape(n * h, lq, w.shape[3])
     return out, w
+
+
+# --------------------------------------------- deformable and region-restricted convolutions
+
+__all__ += ["deformable_conv2d", "region_restricted_conv"]
+
+
+def _grouped_weight(fn, weight, groups):
+    """A conv weight as [G, O/G, C/G, KH, KW]: PyTorch's [O, C/groups, KH, KW]
+    (mgtrace's conv modules) or MegEngine's grouped 5-d layout."""
+    if weight.ndim == 5:
+        if weight.shape[0] != groups:
+            raise ValueError(f"{fn}: a 5-d weight [G, O/G, C/G, KH, KW] must have G = groups "
+                             f"({groups}), got shape {weight.shape}")
+        return weight
+    A.check_ndim(fn, "weight", weight, (4, 5), "[O, C/groups, KH, KW] or [G, O/G, C/G, KH, KW]")
+    o = weight.shape[0]
+    if o % groups:
+        raise ValueError(f"{fn}: groups={groups} must divide the {o} output channels of weight")
+    return weight.reshape((groups, o // groups) + weight.shape[1:])
+
+
+def _grouped_gemm(cols, w, n, p):
+    """cols [N, C, K, P] times w [G, O/G, C/G, KH, KW] per group -> [N, O, P]."""
+    g, og, cg = w.shape[:3]
+    k = w.shape[3] * w.shape[4]
+    a = cols.reshape(n, g, cg * k, p)
+    y = _linalg.matmul(w.reshape(g, og, cg * k), a)                   # [N, G, O/G, P]
+    return y.reshape(n, g * og, p)
+
+
+def deformable_conv2d(inp, weight, offset, mask, bias=None, stride=1, padding=0, dilation=1,
+                      groups=1, conv_mode="cross_correlation", compute_mode="default"):
+    """Modulated deformable convolution (DCNv2; MegEngine's
+    ``deformable_conv2d``, torchvision's ``deform_conv2d`` with a mask).
+
+    Kernel tap k = (a, b) of output (i, j) reads the input at
+    ``(i*sh - ph + a*dh + dy, j*sw - pw + b*dw + dx)``, (dy, dx) =
+    ``offset[n, 2*(d*K + k) : 2*(d*K + k) + 2, i, j]`` for deformable group
+    d, bilinearly (zero outside the image), times ``mask[n, d*K + k, i,
+    j]``; the taps then meet the weights as in a convolution. Composed of
+    one gather-based bilinear sample per tap and one batched matmul; no
+    dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        weight: float [O, C/groups, KH, KW], or MegEngine's grouped
+            [groups, O/groups, C/groups, KH, KW].
+        offset: float [N, 2 * dg * KH * KW, OH, OW]; mask: float
+            [N, dg * KH * KW, OH, OW]; dg (deformable groups) divides C.
+        bias: [O] or [1, O, 1, 1], or None.
+        stride, padding, dilation: int or pair. groups: int.
+        conv_mode: "cross_correlation". compute_mode: "default" (float32
+            accumulation either way).
+
+    Returns:
+        [N, O, OH, OW], float32 (float64 for float64 input).
+
+    Raises:
+        ValueError: shapes that do not fit (offset or mask channels, output
+            grid, channels and groups). TypeError: integer tensors.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))
+    >>> off = np.zeros((1, 2, 3, 3), np.float32); off[0, 1] = 1.0   # (dy, dx) = (0, 1)
+    >>> F.deformable_conv2d(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), mt.tensor(off),
+    ...                     mt.tensor(np.ones((1, 1, 3, 3), np.float32))).numpy()[0, 0].tolist()
+    [[1.0, 2.0, 0.0], [4.0, 5.0, 0.0], [7.0, 8.0, 0.0]]
+    """
+    fn = "deformable_conv2d"
+    _check_conv_mode(fn, conv_mode)
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+    x, weight, offset, mask, bias = A.tensors(fn, inp=inp, weight=weight, offset=offset,
+                                              mask=mask, bias=bias)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("weight", weight), ("offset", offset), ("mask", mask),
+                    ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    g = _groups(fn, groups)
+    w = _grouped_weight(fn, weight, g)
+    n, c, h, wd = x.shape
+    _, og, cg, kh, kw = w.shape
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g}")
+    (sh, sw), (ph, pw), (dh, dw) = (A.pair(fn, nm, v, lo) for nm, v, lo in (
+        ("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    oh, ow = _windows_out(fn, (h, wd), (kh, kw), (ph, pw), (sh, sw), (dh, dw))
+    k = kh * kw
+    A.check_ndim(fn, "offset", offset, 4, "[N, 2 * dg * KH * KW, OH, OW]")
+    A.check_ndim(fn, "mask", mask, 4, "[N, dg * KH * KW, OH, OW]")
+    if offset.shape[0] != n or offset.shape[2:] != (oh, ow) or offset.shape[1] % (2 * k):
+        raise ValueError(f"{fn}: offset must be [{n}, 2 * dg * {k}, {oh}, {ow}], got "
+                         f"{offset.shape}")
+    dg = offset.shape[1] // (2 * k)
+    if c % dg:
+        raise ValueError(f"{fn}: the {dg} deformable groups of offset do not divide the {c} "
+                         f"channels")
+    if mask.shape != (n, dg * k, oh, ow):
+        raise ValueError(f"{fn}: mask must be [{n}, {dg * k}, {oh}, {ow}], got {mask.shape}")
+    bias = _conv_bias(fn, bias, g * og)
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    xs = _dispatch.astype(x, dt).reshape(n * dg, c // dg, h, wd)
+    off = _dispatch.astype(offset, dt).reshape(n, dg, k, 2, oh * ow)
+    msk = _dispatch.astype(mask, dt).reshape(n, dg, k, oh * ow)
+    gy, gx = np.meshgrid(np.arange(oh) * sh - ph, np.arange(ow) * sw - pw, indexing="ij")
+    taps = []
+    for a in range(kh):
+        for b in range(kw):
+            t = a * kw + b
+            base_y = A.as_tensor(fn, "inp", (gy + a * dh).reshape(1, 1, -1).astype(dt), x.device)
+            base_x = A.as_tensor(fn, "inp", (gx + b * dw).reshape(1, 1, -1).astype(dt), x.device)
+            sy = _B["add"](off[:, :, t, 0], base_y).reshape(n * dg, oh * ow)
+            sx = _B["add"](off[:, :, t, 1], base_x).reshape(n * dg, oh * ow)
+            v = _sample(xs, sx, sy, "constant", 0.0)                        # [N*dg, C/dg, P]
+            v = _B["mul"](v, msk[:, :, t].reshape(n * dg, 1, oh * ow))
+            taps.append(v.reshape(n, c, 1, oh * ow))
+    cols = _index.concat(taps, 2)                                           # [N, C, K, P]
+    y = _grouped_gemm(cols, _dispatch.astype(w, dt), n, oh * ow).reshape(n, g * og, oh, ow)
+    if bias is not None:
+        y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
+    return y
+
+
+def region_restricted_conv(inp, weight, rin, rout, bias=None, stride=1, padding=0, dilation=1,
+                           groups=1, conv_mode="cross_correlation", compute_mode="default"):
+    """Region-restricted convolution (MegEngine's ``region_restricted_conv``):
+    a convolution in which output (i, j) of sample n reads only the input
+    pixels whose region id ``rin[n, y, x]`` equals ``rout[n, i, j]`` (the
+    others count as zero). Composed of :func:`sliding_window` (of the input
+    and of rin), an equality mask and one batched matmul; no dedicated
+    kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        weight: float [O, C/groups, KH, KW], or MegEngine's grouped
+            [groups, O/groups, C/groups, KH, KW].
+        rin: integer [N, H, W]; rout: integer [N, OH, OW].
+        bias: [O] or [1, O, 1, 1], or None.
+        stride, padding, dilation: int or pair (zero padding: padded pixels
+            contribute 0). groups: int.
+        conv_mode: "cross_correlation". compute_mode: "default" or "float32".
+
+    Returns:
+        [N, O, OH, OW] in the promoted float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit. TypeError: float region ids,
+            integer inp or weight.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 1, 2, 3), np.float32))
+    >>> rin = mt.tensor(np.array([[[0, 0, 1], [0, 1, 1]]], np.int32))
+    >>> rout = mt.tensor(np.array([[[0, 1]]], np.int32))
+    >>> F.region_restricted_conv(x, mt.tensor(np.ones((1, 1, 2, 2), np.float32)), rin, rout).tolist()
+    [[[[3.0, 3.0]]]]
+    """
+    fn = "region_restricted_conv"
+    _check_conv_mode(fn, conv_mode)
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+    x, weight, rin, rout, bias = A.tensors(fn, inp=inp, weight=weight, rin=rin, rout=rout,
+                                           bias=bias)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    A.check_int_dtype(fn, "rin", rin)
+    A.check_int_dtype(fn, "rout", rout)
+    g = _groups(fn, groups)
+    w = _grouped_weight(fn, weight, g)
+    n, c, h, wd = x.shape
+    _, og, cg, kh, kw = w.shape
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g}")
+    if rin.shape != (n, h, wd):
+        raise ValueError(f"{fn}: rin must be [{n}, {h}, {wd}] (inp's N, H, W), got {rin.shape}")
+    cols = sliding_window(x, (kh, kw), padding, stride, dilation)        # [N, C, OH, OW, KH, KW]
+    oh, ow = cols.shape[2:4]
+    if rout.shape != (n, oh, ow):
+        raise ValueError(f"{fn}: rout must be [{n}, {oh}, {ow}] (the output grid), got "
+                         f"{rout.shape}")
+    bias = _conv_bias(fn, bias, g * og)
+    ids = sliding_window(rin.expand_dims(1), (kh, kw), padding, stride, dilation)
+    keep = _B["eq"](ids, rout.reshape(n, 1, oh, ow, 1, 1))               # [N, 1, OH, OW, KH, KW]
+    cols = _T["where"](keep, cols, 0.0)
+    cols = cols.transpose(0, 1, 4, 5, 2, 3).reshape(n, c, kh * kw, oh * ow)
+    y = _grouped_gemm(cols, w, n, oh * ow).reshape(n, g * og, oh, ow)
+    if bias is not None:
+        y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
+    return y

@@ -1472,3 +1472,85 @@ class SlidingWindowTranspose(_Window):
     def forward(self, x):
         return F.sliding_window_transpose(x, self.output_size, self.kernel_size, self.padding,
                                           self.stride, self.dilation)
+
+
+__all__ += ["DeformableConv2d", "RegionRestrictedConv"]
+
+
+def _conv_modes(fn, conv_mode, compute_mode):
+    if not isinstance(conv_mode, str) or conv_mode.lower() != "cross_correlation":
+        raise ValueError(f"{fn}: conv_mode must be 'cross_correlation', got {conv_mode!r}")
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got "
+                         f"{compute_mode!r}")
+
+
+@_builtin
+class DeformableConv2d(_ConvNd):
+    """Modulated deformable 2-d convolution (MegEngine's DeformableConv2d,
+    :func:`mgtrace.functional.deformable_conv2d`); forward(inp [N, C, H, W],
+    offset [N, 2 * dg * KH * KW, OH, OW], mask [N, dg * KH * KW, OH, OW]).
+
+    Args (MegEngine's): in_channels, out_channels, kernel_size, stride=1,
+    padding=0, dilation=1, groups=1, bias=True, conv_mode
+    ("cross_correlation"), compute_mode ("default" or "float32").
+    Parameters ``weight`` [O, C/groups, KH, KW] and ``bias`` [O] (PyTorch's
+    and torchvision's layouts; MegEngine keeps [groups, O/groups, C/groups,
+    KH, KW] and [1, O, 1, 1], the same values).
+    """
+    _n = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, conv_mode="cross_correlation", compute_mode="default"):
+        _conv_modes("DeformableConv2d", conv_mode, compute_mode)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+
+    def config(self):
+        cfg = self._common_config()
+        del cfg["padding_mode"]
+        cfg["conv_mode"], cfg["compute_mode"] = self.conv_mode, self.compute_mode
+        return cfg
+
+    def forward(self, inp, offset, mask):
+        return F.deformable_conv2d(inp, self.weight, offset, mask, self.bias, self.stride,
+                                   self.padding, self.dilation, self.groups, self.conv_mode,
+                                   self.compute_mode)
+
+
+@_builtin
+class RegionRestrictedConv(_ConvNd):
+    """Region-restricted 2-d convolution (MegEngine's RegionRestrictedConv,
+    :func:`mgtrace.functional.region_restricted_conv`); forward(inp [N, C,
+    H, W], rin [N, H, W], rout [N, OH, OW]).
+
+    Args (MegEngine's order: ``groups`` right after ``kernel_size``):
+    in_channels, out_channels, kernel_size, groups=1, bias=True, stride=1,
+    padding=0, dilation=1, conv_mode, compute_mode, padding_mode (only
+    "zeros": padded pixels belong to no region). Parameters as
+    :class:`DeformableConv2d`.
+    """
+    _n = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, groups=1, bias=True, stride=1,
+                 padding=0, dilation=1, conv_mode="cross_correlation", compute_mode="default",
+                 padding_mode="zeros"):
+        fn = "RegionRestrictedConv"
+        _conv_modes(fn, conv_mode, compute_mode)
+        if padding_mode != "zeros":
+            raise ValueError(f"{fn}: padding_mode must be 'zeros' (padded pixels belong to no "
+                             f"region), got {padding_mode!r}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+
+    def config(self):
+        cfg = self._common_config()
+        cfg["conv_mode"], cfg["compute_mode"] = self.conv_mode, self.compute_mode
+        return cfg
+
+    def forward(self, inp, rin, rout):
+        return F.region_restricted_conv(inp, self.weight, rin, rout, self.bias, self.stride,
+                                        self.padding, self.dilation, self.groups, self.conv_mode,
+                                        self.compute_mode)

@@ -89,6 +89,8 @@ STATE_ELEMENTS = {
     "mgtrace.module.GeneralNorm": lambda c: 2 * _size(c.get("normalized_shape")),
     "mgtrace.module.SyncBatchNorm": lambda c: 4 * _size(c.get("num_features")) + 1,
     "mgtrace.module.LocalConv2d": lambda c: _local_conv(c),
+    "mgtrace.module.DeformableConv2d": _conv(2),
+    "mgtrace.module.RegionRestrictedConv": _conv(2),
     "mgtrace.module.RNNCell": lambda c: _recurrent(c, 1),
     "mgtrace.module.LSTMCell": lambda c: _recurrent(c, 4),
     "mgtrace.module.RNN": lambda c: _recurrent(c, 1),

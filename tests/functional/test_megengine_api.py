@@ -47,9 +47,7 @@ NOT_YET = {
     "imag": "the core has no complex dtypes",
     "polar": "the core has no complex dtypes",
     "svd": "not composed yet (an iterative decomposition)",
-    "deformable_conv2d": "not yet",
-    "deformable_psroi_pooling": "not yet",
-    "region_restricted_conv": "not yet",
+    "deformable_psroi_pooling": "not yet (deformable position-sensitive RoI pooling)",
 }
 
 

@@ -450,3 +450,80 @@ def test_einstein_docstring_examples_run():
     mod = importlib.import_module("mgtrace.functional.einstein")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted >= 3
+
+
+# ------------------------------------------------------------------ deformable, region-restricted
+
+def deformable_ref(x, w, off, mask, b, stride, padding, dilation, groups):
+    """A float64 loop: every output, tap and deformable group sampled bilinearly (zeros outside)."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    _, _, oh, ow = off.shape
+    k = kh * kw
+    dg = off.shape[1] // (2 * k)
+    cpd = c // dg
+    cols = np.zeros((n, c, k, oh, ow))
+    for ni in range(n):
+        for d in range(dg):
+            for t_ in range(k):
+                a, bb = divmod(t_, kw)
+                for i in range(oh):
+                    for j in range(ow):
+                        y = i * stride[0] - padding[0] + a * dilation[0] + off[ni, 2 * (d * k + t_), i, j]
+                        xx = j * stride[1] - padding[1] + bb * dilation[1] + off[ni, 2 * (d * k + t_) + 1, i, j]
+                        v = bilinear_ref(x[ni, d * cpd:(d + 1) * cpd], [xx], [y], "constant", 0.0)[:, 0]
+                        cols[ni, d * cpd:(d + 1) * cpd, t_, i, j] = v * mask[ni, d * k + t_, i, j]
+    og = o // groups
+    out = np.zeros((n, o, oh, ow))
+    for gi in range(groups):
+        out[:, gi * og:(gi + 1) * og] = np.einsum(
+            "nckij,ock->noij", cols[:, gi * cg:(gi + 1) * cg], w[gi * og:(gi + 1) * og].reshape(og, cg, k))
+    return out + b.reshape(1, o, 1, 1)
+
+
+def test_deformable_conv2d_against_a_loop():
+    x = randn(2, 4, 5, 6)
+    w = randn(6, 2, 2, 3)
+    stride, padding, dilation = (1, 2), (1, 0), (2, 1)
+    oh, ow = (5 + 2 - 2 - 1) // 1 + 1, (6 - 2 - 1) // 2 + 1
+    off = (RNG.standard_normal((2, 2 * 2 * 6, oh, ow)) * 1.5).astype(np.float32)
+    mask = RNG.random((2, 2 * 6, oh, ow)).astype(np.float32)
+    b = randn(6)
+    got = F.deformable_conv2d(t(x), t(w), t(off), t(mask), t(b), stride, padding, dilation, 2)
+    want = deformable_ref(x, w, off, mask, b, stride, padding, dilation, 2)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    # zero offsets and a mask of ones: an ordinary convolution
+    zero, ones = np.zeros((2, 2 * 6, oh, ow), np.float32), np.ones((2, 6, oh, ow), np.float32)
+    got = F.deformable_conv2d(t(x), t(w), t(zero), t(ones), None, stride, padding, dilation, 2)
+    conv = F.conv2d(t(x), t(w), None, stride, padding, dilation, 2)
+    np.testing.assert_allclose(got.numpy(), conv.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"deformable_conv2d: mask must be \[2, 12, 5, 2\]"):
+        F.deformable_conv2d(t(x), t(w), t(off), t(ones), None, stride, padding, dilation, 2)
+
+
+def test_region_restricted_conv_against_a_loop():
+    x = randn(2, 4, 6, 5)
+    w = randn(4, 1, 3, 2)                                       # depthwise, as MegEngine's
+    rin = RNG.integers(0, 3, (2, 6, 5)).astype(np.int32)
+    rout = RNG.integers(0, 3, (2, 6, 4)).astype(np.int32)
+    b = randn(4)
+    got = F.region_restricted_conv(t(x), t(w), t(rin), t(rout), t(b), 1, (1, 0), 1, 4)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (0, 0)))
+    rp = np.pad(rin, ((0, 0), (1, 1), (0, 0)), constant_values=-1)
+    want = np.zeros((2, 4, 6, 4))
+    for n in range(2):
+        for c in range(4):
+            for i in range(6):
+                for j in range(4):
+                    keep = rp[n, i:i + 3, j:j + 2] == rout[n, i, j]
+                    want[n, c, i, j] = (xp[n, c, i:i + 3, j:j + 2] * w[c, 0] * keep).sum() + b[c]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    # one region everywhere: an ordinary convolution
+    same = F.region_restricted_conv(t(x), t(w), t(np.zeros((2, 6, 5), np.int32)),
+                                    t(np.zeros((2, 6, 4), np.int32)), None, 1, (1, 0), 1, 4)
+    np.testing.assert_allclose(same.numpy(), F.conv2d(t(x), t(w), None, 1, (1, 0), 1, 4).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="region_restricted_conv: rin must be an integer tensor"):
+        F.region_restricted_conv(t(x), t(w), t(rin.astype(np.float32)), t(rout), groups=4)
+    with pytest.raises(ValueError, match=r"region_restricted_conv: rout must be \[2, 4, 4\]"):
+        F.region_restricted_conv(t(x), t(w), t(rin), t(rout), groups=4)

@@ -57,6 +57,11 @@ CALLS = {
         [[[1.0, 0.1, 0.5], [0.0, 0.9, -0.2]]], np.float32)).broadcast_to(
         (x.shape[0], 2, 3)), (3, 4))),
     "remap": ([(2, 4, 5), (3, 3, 2)], lambda x, m: F.remap(x, m * 3)),
+    "deformable_conv2d": ([(2, 4, 4), (8, 3, 3), (4, 3, 3)], lambda x, o, m: F.deformable_conv2d(
+        x, mt.tensor(np.ones((3, 2, 2, 2), np.float32)), o, m)),
+    "region_restricted_conv": ([(2, 4, 4)], lambda x: F.region_restricted_conv(
+        x, mt.tensor(np.ones((2, 1, 2, 2), np.float32)), (x[:, 0] > 0).astype("int32"),
+        (x[:, 0, 1:, 1:] > 0).astype("int32"), groups=2)),
     "multi_head_attention": ([(4, 6)], lambda x: F.multi_head_attention(
         x, x, x, 6, 2, 0.0, 0.0, mt.tensor(W6), qbias=True, kbias=True, vbias=True, obias=True,
         is_causal=True, training=False)[0]),
@@ -109,5 +114,5 @@ def test_every_new_function_is_covered():
            "pixel_shuffle", "instance_norm", "general_norm", "local_response_norm",
            "sync_batch_norm", "einsum", "conv3d", "conv_transpose3d", "local_conv2d",
            "sliding_window", "sliding_window_transpose", "warp_affine", "remap",
-           "multi_head_attention"}
+           "multi_head_attention", "deformable_conv2d", "region_restricted_conv"}
     assert set(CALLS) == new

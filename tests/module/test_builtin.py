@@ -95,10 +95,13 @@ CONSTRUCTIONS = [
     ("SlidingWindow", (2,), {"stride": 2}),
     ("SlidingWindowTranspose", ((4, 5), 2), {"stride": 2}),
     ("MultiHeadAttention", (6, 2), {}),
+    ("DeformableConv2d", (4, 6, 3), {"padding": 1, "groups": 2}),
+    ("RegionRestrictedConv", (4, 4, 3), {"groups": 4, "padding": 1}),
 ]
 NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
-                "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention")
+                "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
+                "DeformableConv2d", "RegionRestrictedConv")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
@@ -108,7 +111,8 @@ BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d",
                  "LeakyReLU", "PReLU", "PixelShuffle", "AdaptiveMaxPool2d", "Conv3d",
                  "ConvTranspose3d", "RNNCell", "LSTMCell", "RNN", "LSTM", "Pad", "InstanceNorm",
                  "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
-                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention"]
+                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
+                 "DeformableConv2d", "RegionRestrictedConv"]
 
 
 def _ids(c):

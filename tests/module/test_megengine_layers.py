@@ -200,6 +200,8 @@ def _inputs(batch):
         "SyncBatchNorm": ((batch, 3, 4, 4),), "LocalConv2d": ((batch, 3, 4, 5),),
         "SlidingWindow": ((batch, 2, 5, 4),), "SlidingWindowTranspose": ((batch, 2, 2, 2, 2, 2),),
         "MultiHeadAttention": ((batch, 4, 6), (batch, 5, 6), (batch, 5, 6)),
+        "DeformableConv2d": ((batch, 2, 4, 4), (batch, 18, 4, 4), (batch, 9, 4, 4)),
+        "RegionRestrictedConv": ((batch, 2, 4, 4), (batch, 4, 4), (batch, 4, 4)),
     }, r
 
 
@@ -217,6 +219,8 @@ MODULES = {
     "SlidingWindow": lambda: M.SlidingWindow(2, stride=2),
     "SlidingWindowTranspose": lambda: M.SlidingWindowTranspose((4, 4), 2, stride=2),
     "MultiHeadAttention": lambda: M.MultiHeadAttention(6, 2).eval(),
+    "DeformableConv2d": lambda: M.DeformableConv2d(2, 3, 3, padding=1),
+    "RegionRestrictedConv": lambda: M.RegionRestrictedConv(2, 4, 3, 2, padding=1),
 }
 
 
@@ -241,18 +245,25 @@ def _flat(v):
     return [] if v is None else [v.numpy()]
 
 
+def _make(name, shapes, r):
+    if name == "RegionRestrictedConv":       # region ids
+        return [t(r.standard_normal(shapes[0]).astype(np.float32))] + \
+            [t(r.integers(0, 2, s).astype(np.int32)) for s in shapes[1:]]
+    return [t(r.standard_normal(s).astype(np.float32)) for s in shapes]
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_builtin_traces_at_batch_1_runs_at_batch_5_and_round_trips(name):
     mt.random.seed(0)
     net = Holder(MODULES[name]())
     shapes1, r = _inputs(1)
-    xs1 = [t(r.standard_normal(s).astype(np.float32)) for s in shapes1[name]]
+    xs1 = _make(name, shapes1[name], r)
     tm = mt.trace_module(net, *xs1)
     buf = io.BytesIO()
     mt.save(tm, buf)
     loaded = mt.load(io.BytesIO(buf.getvalue()))
     shapes5, r = _inputs(5)
-    xs5 = [t(r.standard_normal(s).astype(np.float32)) for s in shapes5[name]]
+    xs5 = _make(name, shapes5[name], r)
     want = _flat(net(*xs5))
     for m in (tm, loaded):
         got = _flat(m(*xs5))

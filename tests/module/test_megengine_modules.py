@@ -22,7 +22,7 @@ MaxPool2d LSTM RNN LSTMCell RNNCell Sequential SlidingWindow SlidingWindowTransp
 """.split())
 
 NOT_YET = {n: "not yet" for n in """
-DeformableConv2d RegionRestrictedConv DeformablePSROIPooling
+DeformablePSROIPooling
 """.split()}
 
 

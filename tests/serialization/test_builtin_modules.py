@@ -27,6 +27,7 @@ EXAMPLES = {
     "InstanceNorm": (3,), "GeneralNorm": ((2, 3), (0, 1)), "LocalResponseNorm": (3,),
     "SyncBatchNorm": (3,), "LocalConv2d": (2, 4, 5, 5, 3), "SlidingWindow": (3,),
     "SlidingWindowTranspose": (4, 2), "MultiHeadAttention": (4, 2),
+    "DeformableConv2d": (2, 4, 3), "RegionRestrictedConv": (2, 2, 3, 2),
 }
 
 
