@@ -911,3 +911,115 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
          _B["sub"](_B["mul"](a0, b1), _B["mul"](a1, b0))]
     ndim = c[0].ndim + 1
     return _index.stack(c, A.to_axis(fn, "axisc", axisc, ndim))
+
+
+__all__ += ["svd"]
+
+
+def _jacobi_svd(a, sweeps):
+    """One-sided Jacobi (Hestenes) on the columns of a [..., m, n], m >= n:
+    plane rotations of column pairs until they are orthogonal. Returns
+    (U [..., m, n] with orthogonal columns of norms S, V [..., n, n])."""
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    u = a.copy()
+    v = _to_tensor(np.broadcast_to(np.eye(n, dtype=a.dtype), batch + (n, n)).copy(),
+                   device=a.device)
+    eps = float(np.finfo(a.dtype).eps)
+    for _ in range(sweeps):
+        worst = 0.0
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                up, uq = u[..., :, p], u[..., :, q]
+                alpha = _reduce.sum(_B["mul"](up, up), -1, True)
+                beta = _reduce.sum(_B["mul"](uq, uq), -1, True)
+                gamma = _reduce.sum(_B["mul"](up, uq), -1, True)
+                scale = _U["sqrt"](_B["mul"](alpha, beta))
+                off = _B["truediv"](_U["abs"](gamma), _B["maximum"](scale, np.finfo(a.dtype).tiny))
+                worst = _builtins.max(worst, float(_reduce.max(off).item()) if off.size else 0.0)
+                zero = _B["eq"](gamma, 0)
+                zeta = _B["truediv"](_B["sub"](beta, alpha),
+                                     _B["mul"](_T["where"](zero, 1.0, gamma), 2.0))
+                t = _B["truediv"](_U["sign"](zeta), _B["add"](
+                    _U["abs"](zeta), _U["sqrt"](_B["add"](_B["mul"](zeta, zeta), 1.0))))
+                t = _T["where"](zero, 0.0, _T["where"](_B["eq"](zeta, 0), 1.0, t))
+                c = _U["rsqrt"](_B["add"](_B["mul"](t, t), 1.0))
+                s = _B["mul"](c, t)
+                for m in (u, v):
+                    mp, mq = m[..., :, p].copy(), m[..., :, q]
+                    m[..., :, p] = _B["sub"](_B["mul"](c, mp), _B["mul"](s, mq))
+                    m[..., :, q] = _B["add"](_B["mul"](s, mp), _B["mul"](c, mq))
+        if worst <= eps * n:
+            break
+    return u, v
+
+
+
+def svd(inp, full_matrices=False, compute_uv=True):
+    """Singular value decomposition ``inp = U @ diag(S) @ Vh`` of a matrix or
+    a batch of them (MegEngine's ``svd``), singular values in descending
+    order. Composed of core ops: one-sided Jacobi rotations of column pairs
+    (Hestenes' method) until every pair is orthogonal to machine precision
+    (at most 30 sweeps), then a sort; no dedicated kernel, and no NumPy
+    call. Meant for the small matrices models hold (the work grows as n^3
+    per sweep, in many small ops).
+
+    Args:
+        inp: float [..., M, N] (float16/bfloat16 computed in float32).
+        full_matrices: False (MegEngine's default) gives U [..., M, K] and
+            Vh [..., K, N], K = min(M, N). True is refused unless M == N
+            (as MegEngine's CPU kernel refuses full matrices with U and Vh).
+        compute_uv: False computes S only.
+
+    Returns:
+        ``(U, S, Vh)``, S [..., K] in inp's float dtype; with
+        ``compute_uv=False`` the tuple ``(None, S, None)`` (MegEngine's
+        three outputs). U's columns and Vh's rows are each determined up to
+        sign (and, for repeated singular values, up to a rotation).
+
+    Raises:
+        ValueError: fewer than 2 axes; full_matrices=True for a non-square
+            matrix. TypeError: integer or bool inp.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> u, s, vh = F.svd(mt.tensor([[3.0, 0.0], [0.0, -4.0]]))
+    >>> s.tolist()
+    [4.0, 3.0]
+    """
+    fn = "svd"
+    (x,) = A.tensors(fn, inp=inp)
+    A.check_float(fn, "inp", x)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: inp must be [..., M, N], got shape {x.shape}")
+    m, n = x.shape[-2:]
+    if A.to_bool(fn, "full_matrices", full_matrices) and m != n and compute_uv:
+        raise ValueError(f"{fn}: full_matrices=True needs square matrices (MegEngine's CPU "
+                         f"kernel refuses it with compute_uv too), got {m}x{n}")
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    a = _dispatch.astype(x, dt)
+    tall = m >= n
+    perm = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    if not tall:
+        a = a.transpose(*perm)
+    k = _builtins.min(m, n)
+    if k == 0:
+        s = _B["mul"](_reduce.sum(a, (-1, -2), False).expand_dims(-1)[..., :0], 1)
+        u = _to_tensor(np.zeros(x.shape[:-2] + (m, 0), dt), device=x.device)
+        vh = _to_tensor(np.zeros(x.shape[:-2] + (0, n), dt), device=x.device)
+        return (u, s, vh) if compute_uv else (None, s, None)
+    u, v = _jacobi_svd(a.copy(), 30)
+    s = _U["sqrt"](_reduce.sum(_B["mul"](u, u), -2, False))                 # [..., k]
+    order = _reduce.argsort(s, -1, True)                                     # descending
+    s = _index.gather(s, s.ndim - 1, order)
+    if not compute_uv:
+        return None, _dispatch.astype(s, x.dtype), None
+    cols = order.expand_dims(-2)
+    u = _index.gather(u, u.ndim - 1, cols.broadcast_to(u.shape).copy())
+    v = _index.gather(v, v.ndim - 1, cols.broadcast_to(v.shape).copy())
+    u = _B["truediv"](u, _T["where"](_B["eq"](s, 0), 1.0, s).expand_dims(-2))
+    if tall:
+        uu, vh = u, v.transpose(*perm)
+    else:
+        uu, vh = v, u.transpose(*perm)
+    out = (uu.copy(), s, vh.copy())
+    return tuple(_dispatch.astype(t, x.dtype) for t in out)

@@ -433,3 +433,40 @@ def test_sync_batch_norm_errors():
         F.sync_batch_norm(x, None, None, group="WORLD")
     with pytest.raises(ValueError, match="sync_batch_norm: running_mean and running_var are needed"):
         F.sync_batch_norm(x, None, None)
+
+
+# ------------------------------------------------------------ svd
+
+@pytest.mark.parametrize("shape, dtype", [((5, 3), "float64"), ((3, 5), "float64"),
+                                          ((2, 4, 4), "float32"), ((2, 3, 6, 4), "float32"),
+                                          ((1, 1), "float64"), ((0, 3), "float32")])
+def test_svd_against_numpy(shape, dtype):
+    a = RNG.standard_normal(shape).astype(dtype)
+    u, s, vh = F.svd(t(a))
+    k = min(shape[-2:])
+    assert (u.shape, s.shape, vh.shape) == (shape[:-1] + (k,), shape[:-2] + (k,),
+                                            shape[:-2] + (k, shape[-1]))
+    assert u.dtype == s.dtype == vh.dtype == np.dtype(dtype)
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    np.testing.assert_allclose(s.numpy(), np.linalg.svd(a, compute_uv=False), rtol=tol, atol=tol)
+    if a.size:
+        rec = np.einsum("...ik,...k,...kj->...ij", u.numpy(), s.numpy(), vh.numpy())
+        np.testing.assert_allclose(rec, a, rtol=tol * 10, atol=tol * 10)
+        eye = np.eye(k)
+        np.testing.assert_allclose(np.swapaxes(u.numpy(), -1, -2) @ u.numpy(),
+                                   np.broadcast_to(eye, shape[:-2] + (k, k)), atol=tol * 10)
+        np.testing.assert_allclose(vh.numpy() @ np.swapaxes(vh.numpy(), -1, -2),
+                                   np.broadcast_to(eye, shape[:-2] + (k, k)), atol=tol * 10)
+
+
+def test_svd_edges_and_errors():
+    _, s, _ = F.svd(t(np.array([[1.0, 2.0], [2.0, 4.0]])))      # rank 1
+    np.testing.assert_allclose(s.numpy(), [5.0, 0.0], atol=1e-12)
+    assert F.svd(t(np.eye(3)), compute_uv=False)[0] is None
+    assert F.svd(t(np.diag([1.0, 3.0, 2.0])))[1].tolist() == [3.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match="svd: full_matrices=True needs square matrices"):
+        F.svd(t(np.ones((3, 2))), full_matrices=True)
+    with pytest.raises(ValueError, match=r"svd: inp must be \[..., M, N\]"):
+        F.svd(t(np.ones(3)))
+    with pytest.raises(TypeError, match="svd: inp must be a floating-point tensor"):
+        F.svd(t(np.ones((2, 2), np.int32)))
