@@ -2409,3 +2409,114 @@ def region_restricted_conv(inp, weight, rin, rout, bias=None, stride=1, padding=
     if bias is not None:
         y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
     return y
+
+
+__all__ += ["deformable_psroi_pooling"]
+
+
+def deformable_psroi_pooling(inp, rois, trans, no_trans, part_size, pooled_h, pooled_w,
+                             sample_per_part, spatial_scale, trans_std=0.1):
+    """Deformable RoI pooling (MegEngine's ``deformable_psroi_pooling``, its
+    DeformablePSROIPooling operator as its CPU kernel computes it).
+
+    For RoI r = ``rois[r] = (batch index, x1, y1, x2, y2)`` (image
+    coordinates, rounded half away from zero, times ``spatial_scale``, the
+    box [x1 - 0.5, x2 + 0.5] at least 0.1 wide), output bin (i, j) of every
+    channel averages ``sample_per_part ** 2`` bilinear samples on a grid
+    over the bin; unless ``no_trans``, the bin is first moved by ``trans[r,
+    :, i, j] * trans_std`` times the RoI's size (x then y). Samples more
+    than half a pixel outside the image are skipped (an empty bin gives 0);
+    the others are clamped to the image. Composed of core ops (the sample
+    grid, one gather-based bilinear read, a masked mean); no dedicated kernel.
+
+    Args:
+        inp: float [N, C, H, W].
+        rois: float [R, 5].
+        trans: float [R, 2, pooled_h, pooled_w] (ignored when ``no_trans``).
+        no_trans: bool, pool without offsets (MegEngine's first phase).
+        part_size: int, equal to pooled_h and pooled_w when trans is used
+            (MegEngine indexes trans by it).
+        pooled_h, pooled_w, sample_per_part: ints >= 1.
+        spatial_scale, trans_std: floats.
+
+    Returns:
+        [R, C, pooled_h, pooled_w] in inp's float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit, part_size not the pooled size.
+        TypeError: integer inp, non-int sizes.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+    >>> rois = mt.tensor([[0.0, 0.0, 0.0, 3.0, 3.0]])
+    >>> F.deformable_psroi_pooling(x, rois, mt.tensor(np.zeros((1, 2, 1, 1), np.float32)),
+    ...                            True, 1, 1, 1, 2, 1.0).tolist()
+    [[[[3.75]]]]
+    """
+    fn = "deformable_psroi_pooling"
+    x, rois, trans = A.tensors(fn, inp=inp, rois=rois, trans=trans)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("rois", rois), ("trans", trans)):
+        A.check_float(fn, name, t)
+    no_trans = A.to_bool(fn, "no_trans", no_trans)
+    part = A.to_size(fn, "part_size", part_size, 1)
+    ph_n = A.to_size(fn, "pooled_h", pooled_h, 1)
+    pw_n = A.to_size(fn, "pooled_w", pooled_w, 1)
+    sp = A.to_size(fn, "sample_per_part", sample_per_part, 1)
+    scale = A.to_float(fn, "spatial_scale", spatial_scale)
+    std = A.to_float(fn, "trans_std", trans_std)
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise ValueError(f"{fn}: rois must be [R, 5] (batch index, x1, y1, x2, y2), got "
+                         f"{rois.shape}")
+    r = rois.shape[0]
+    A.check_ndim(fn, "trans", trans, 4, "[R, 2, pooled_h, pooled_w]")
+    if not no_trans:
+        if trans.shape != (r, 2, ph_n, pw_n):
+            raise ValueError(f"{fn}: trans must be [{r}, 2, {ph_n}, {pw_n}], got {trans.shape}")
+        if part != ph_n or part != pw_n:
+            raise ValueError(f"{fn}: part_size ({part}) must equal pooled_h and pooled_w "
+                             f"({ph_n}, {pw_n}) when trans is used")
+    n, c, h, w = x.shape
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    xs, b = _dispatch.astype(x, dt), _dispatch.astype(rois, dt)
+
+    def round_away(v):          # C's round(): halves away from zero
+        return _B["mul"](_U["sign"](v), _U["floor"](_B["add"](_U["abs"](v), 0.5)))
+
+    left = _B["sub"](_B["mul"](round_away(b[:, 1:2]), scale), 0.5)                  # [R, 1]
+    top = _B["sub"](_B["mul"](round_away(b[:, 2:3]), scale), 0.5)
+    rw = _B["maximum"](_B["sub"](_B["sub"](_B["mul"](_B["add"](round_away(b[:, 3:4]), 1.0),
+                                                     scale), 0.5), left), 0.1)
+    rh = _B["maximum"](_B["sub"](_B["sub"](_B["mul"](_B["add"](round_away(b[:, 4:5]), 1.0),
+                                                     scale), 0.5), top), 0.1)
+    # the sample grid, bins then samples: [1, P], P = pooled_h * pooled_w * sp * sp
+    bi, bj, si, sj = np.meshgrid(np.arange(ph_n), np.arange(pw_n), np.arange(sp), np.arange(sp),
+                                 indexing="ij")
+    fy = A.as_tensor(fn, "inp", (bi + si / sp).reshape(1, -1).astype(dt), x.device)
+    fx = A.as_tensor(fn, "inp", (bj + sj / sp).reshape(1, -1).astype(dt), x.device)
+    sy = _B["add"](top, _B["mul"](fy, _B["truediv"](rh, ph_n)))                      # [R, P]
+    sx = _B["add"](left, _B["mul"](fx, _B["truediv"](rw, pw_n)))
+    if not no_trans:
+        t = _dispatch.astype(trans, dt).reshape(r, 2, ph_n * pw_n)
+        rep = A.as_tensor(fn, "trans", np.repeat(np.arange(ph_n * pw_n), sp * sp).astype(np.int32),
+                          x.device)
+        tx = _index.getitem(t[:, 0], (slice(None), rep))
+        ty = _index.getitem(t[:, 1], (slice(None), rep))
+        sx = _B["add"](sx, _B["mul"](_B["mul"](tx, std), rw))
+        sy = _B["add"](sy, _B["mul"](_B["mul"](ty, std), rh))
+    valid = _B["logical_and"](
+        _B["logical_and"](_B["ge"](sx, -0.5), _B["le"](sx, w - 0.5)),
+        _B["logical_and"](_B["ge"](sy, -0.5), _B["le"](sy, h - 0.5)))
+    sx, sy = _T["clip"](sx, 0.0, w - 1.0), _T["clip"](sy, 0.0, h - 1.0)
+    idx = _dispatch.astype(b[:, 0], "int32")
+    try:
+        imgs = _index.getitem(xs, idx)                                               # [R, C, H, W]
+    except IndexError:
+        raise IndexError(f"{fn}: rois[:, 0] holds a batch index outside 0..{n - 1}") from None
+    v = _sample(imgs, sx, sy, "replicate", 0.0)                                      # [R, C, P]
+    keep = _dispatch.astype(valid, dt).reshape(r, 1, ph_n * pw_n, sp * sp)
+    v = _B["mul"](v.reshape(r, c, ph_n * pw_n, sp * sp), keep)
+    total = _reduce.sum(v, -1, False)
+    count = _reduce.sum(keep, -1, False)
+    out = _T["where"](_B["eq"](count, 0), 0.0, _B["truediv"](total, _B["maximum"](count, 1.0)))
+    return _dispatch.astype(out.reshape(r, c, ph_n, pw_n), x.dtype)

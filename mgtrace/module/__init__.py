@@ -30,7 +30,7 @@ from mgtrace.module.builtin import (
     # MegEngine's further modules
     LeakyReLU, PReLU, PixelShuffle, Pad, AdaptiveMaxPool2d, InstanceNorm, GeneralNorm,
     LocalResponseNorm, SyncBatchNorm, Conv3d, ConvTranspose3d, LocalConv2d, SlidingWindow,
-    SlidingWindowTranspose, DeformableConv2d, RegionRestrictedConv)
+    SlidingWindowTranspose, DeformableConv2d, RegionRestrictedConv, DeformablePSROIPooling)
 from mgtrace.module.rnn import LSTM, LSTMCell, RNN, RNNCell
 from mgtrace.module.attention import MultiHeadAttention
 from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
@@ -47,6 +47,6 @@ __all__ = [
     "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
     "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d", "LocalConv2d",
     "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell", "RNN", "LSTM",
-    "MultiHeadAttention", "DeformableConv2d", "RegionRestrictedConv",
+    "MultiHeadAttention", "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
     "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
 ]

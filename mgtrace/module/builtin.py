@@ -1554,3 +1554,44 @@ class RegionRestrictedConv(_ConvNd):
         return F.region_restricted_conv(inp, self.weight, rin, rout, self.bias, self.stride,
                                         self.padding, self.dilation, self.groups, self.conv_mode,
                                         self.compute_mode)
+
+
+__all__ += ["DeformablePSROIPooling"]
+
+
+@_builtin
+class DeformablePSROIPooling(Module):
+    """Deformable RoI pooling (MegEngine's DeformablePSROIPooling,
+    :func:`mgtrace.functional.deformable_psroi_pooling`); forward(inp
+    [N, C, H, W], rois [R, 5], trans [R, 2, pooled_h, pooled_w]) ->
+    [R, C, pooled_h, pooled_w]. No parameters.
+
+    Args (MegEngine's): no_trans, part_size, pooled_h, pooled_w,
+    sample_per_part, spatial_scale, trans_std=0.1.
+    """
+
+    def __init__(self, no_trans, part_size, pooled_h, pooled_w, sample_per_part, spatial_scale,
+                 trans_std=0.1):
+        super().__init__()
+        fn = "DeformablePSROIPooling"
+        self.no_trans = A.to_bool(fn, "no_trans", no_trans)
+        self.part_size = A.to_size(fn, "part_size", part_size, 1)
+        self.pooled_h = A.to_size(fn, "pooled_h", pooled_h, 1)
+        self.pooled_w = A.to_size(fn, "pooled_w", pooled_w, 1)
+        self.sample_per_part = A.to_size(fn, "sample_per_part", sample_per_part, 1)
+        self.spatial_scale = A.to_float(fn, "spatial_scale", spatial_scale)
+        self.trans_std = A.to_float(fn, "trans_std", trans_std)
+
+    def config(self):
+        return {"no_trans": self.no_trans, "part_size": self.part_size,
+                "pooled_h": self.pooled_h, "pooled_w": self.pooled_w,
+                "sample_per_part": self.sample_per_part, "spatial_scale": self.spatial_scale,
+                "trans_std": self.trans_std}
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v}" for k, v in self.config().items())
+
+    def forward(self, inp, rois, trans):
+        return F.deformable_psroi_pooling(inp, rois, trans, self.no_trans, self.part_size,
+                                          self.pooled_h, self.pooled_w, self.sample_per_part,
+                                          self.spatial_scale, self.trans_std)

@@ -46,7 +46,6 @@ NOT_YET = {
     "real": "the core has no complex dtypes",
     "imag": "the core has no complex dtypes",
     "polar": "the core has no complex dtypes",
-    "deformable_psroi_pooling": "not yet (deformable position-sensitive RoI pooling)",
 }
 
 

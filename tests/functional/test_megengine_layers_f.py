@@ -527,3 +527,55 @@ def test_region_restricted_conv_against_a_loop():
         F.region_restricted_conv(t(x), t(w), t(rin.astype(np.float32)), t(rout), groups=4)
     with pytest.raises(ValueError, match=r"region_restricted_conv: rout must be \[2, 4, 4\]"):
         F.region_restricted_conv(t(x), t(w), t(rin), t(rout), groups=4)
+
+
+def psroi_ref(x, rois, trans, no_trans, ph_n, pw_n, sp, scale, std):
+    """MegEngine's CPU deformable RoI pooling, a loop per RoI, channel, bin and sample."""
+    def c_round(v):
+        return math.floor(abs(v) + 0.5) * (1 if v >= 0 else -1)
+
+    n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph_n, pw_n))
+    for r, (bidx, x1, y1, x2, y2) in enumerate(rois):
+        left, top = c_round(x1) * scale - 0.5, c_round(y1) * scale - 0.5
+        rw = max((c_round(x2) + 1) * scale - 0.5 - left, 0.1)
+        rh = max((c_round(y2) + 1) * scale - 0.5 - top, 0.1)
+        for i in range(ph_n):
+            for j in range(pw_n):
+                tx = 0.0 if no_trans else trans[r, 0, i, j] * std
+                ty = 0.0 if no_trans else trans[r, 1, i, j] * std
+                ws, hs = j * rw / pw_n + left + tx * rw, i * rh / ph_n + top + ty * rh
+                vals = []
+                for a in range(sp):
+                    for b in range(sp):
+                        yy, xx = hs + a * rh / ph_n / sp, ws + b * rw / pw_n / sp
+                        if xx < -0.5 or xx > w - 0.5 or yy < -0.5 or yy > h - 0.5:
+                            continue
+                        yy, xx = min(max(yy, 0.0), h - 1.0), min(max(xx, 0.0), w - 1.0)
+                        vals.append(bilinear_ref(x[int(bidx)], [xx], [yy], "replicate", 0.0)[:, 0])
+                out[r, :, i, j] = np.mean(vals, axis=0) if vals else 0.0
+    return out
+
+
+@pytest.mark.parametrize("no_trans, sp, scale", [(True, 2, 1.0), (False, 3, 0.5), (False, 1, 2.0)])
+def test_deformable_psroi_pooling_against_a_loop(no_trans, sp, scale):
+    x = randn(2, 3, 7, 9)
+    rois = np.array([[0, 1.5, 0.5, 6.2, 5.0], [1, -2, 3, 12, 4], [1, 3, 3, 3, 3],
+                     [0, 2.5, 1.5, 7.5, 6.5]], np.float32)
+    trans = (RNG.standard_normal((4, 2, 3, 3)) * 2).astype(np.float32)
+    got = F.deformable_psroi_pooling(t(x), t(rois), t(trans), no_trans, 3, 3, 3, sp, scale, 0.1)
+    want = psroi_ref(x, rois, trans, no_trans, 3, 3, sp, scale, 0.1)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_deformable_psroi_pooling_errors():
+    x, rois = t(randn(1, 2, 4, 4)), t(np.array([[0, 0, 0, 3, 3]], np.float32))
+    with pytest.raises(ValueError, match=r"trans must be \[1, 2, 2, 2\]"):
+        F.deformable_psroi_pooling(x, rois, t(np.zeros((1, 2, 3, 3), np.float32)), False, 2, 2, 2,
+                                   1, 1.0)
+    with pytest.raises(ValueError, match="part_size .3. must equal pooled_h and pooled_w"):
+        F.deformable_psroi_pooling(x, rois, t(np.zeros((1, 2, 2, 2), np.float32)), False, 3, 2, 2,
+                                   1, 1.0)
+    with pytest.raises(ValueError, match=r"rois must be \[R, 5\]"):
+        F.deformable_psroi_pooling(x, t(np.zeros((1, 4), np.float32)),
+                                   t(np.zeros((1, 2, 2, 2), np.float32)), True, 2, 2, 2, 1, 1.0)

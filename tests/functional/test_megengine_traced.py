@@ -63,6 +63,9 @@ CALLS = {
         x, mt.tensor(np.ones((2, 1, 2, 2), np.float32)), (x[:, 0] > 0).astype("int32"),
         (x[:, 0, 1:, 1:] > 0).astype("int32"), groups=2)),
     "svd": ([(4, 3)], lambda x: F.svd(x)[1]),
+    "deformable_psroi_pooling": ([(2, 5, 6)], lambda x: F.deformable_psroi_pooling(
+        x, mt.tensor([[0.0, 1.0, 0.0, 4.0, 3.0]]), mt.tensor(np.full((1, 2, 2, 2), 0.5, np.float32)),
+        False, 2, 2, 2, 2, 1.0)),
     "multi_head_attention": ([(4, 6)], lambda x: F.multi_head_attention(
         x, x, x, 6, 2, 0.0, 0.0, mt.tensor(W6), qbias=True, kbias=True, vbias=True, obias=True,
         is_causal=True, training=False)[0]),
@@ -115,5 +118,6 @@ def test_every_new_function_is_covered():
            "pixel_shuffle", "instance_norm", "general_norm", "local_response_norm",
            "sync_batch_norm", "einsum", "conv3d", "conv_transpose3d", "local_conv2d",
            "sliding_window", "sliding_window_transpose", "warp_affine", "remap",
-           "multi_head_attention", "deformable_conv2d", "region_restricted_conv", "svd"}
+           "multi_head_attention", "deformable_conv2d", "region_restricted_conv", "svd",
+           "deformable_psroi_pooling"}
     assert set(CALLS) == new

@@ -97,11 +97,12 @@ CONSTRUCTIONS = [
     ("MultiHeadAttention", (6, 2), {}),
     ("DeformableConv2d", (4, 6, 3), {"padding": 1, "groups": 2}),
     ("RegionRestrictedConv", (4, 4, 3), {"groups": 4, "padding": 1}),
+    ("DeformablePSROIPooling", (False, 3, 3, 3, 2, 0.5), {"trans_std": 0.2}),
 ]
 NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
-                "DeformableConv2d", "RegionRestrictedConv")
+                "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
@@ -112,7 +113,7 @@ BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d",
                  "ConvTranspose3d", "RNNCell", "LSTMCell", "RNN", "LSTM", "Pad", "InstanceNorm",
                  "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                  "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
-                 "DeformableConv2d", "RegionRestrictedConv"]
+                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling"]
 
 
 def _ids(c):

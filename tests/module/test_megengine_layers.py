@@ -202,6 +202,7 @@ def _inputs(batch):
         "MultiHeadAttention": ((batch, 4, 6), (batch, 5, 6), (batch, 5, 6)),
         "DeformableConv2d": ((batch, 2, 4, 4), (batch, 18, 4, 4), (batch, 9, 4, 4)),
         "RegionRestrictedConv": ((batch, 2, 4, 4), (batch, 4, 4), (batch, 4, 4)),
+        "DeformablePSROIPooling": ((batch, 3, 5, 6), (3, 5), (3, 2, 2, 2)),
     }, r
 
 
@@ -221,6 +222,7 @@ MODULES = {
     "MultiHeadAttention": lambda: M.MultiHeadAttention(6, 2).eval(),
     "DeformableConv2d": lambda: M.DeformableConv2d(2, 3, 3, padding=1),
     "RegionRestrictedConv": lambda: M.RegionRestrictedConv(2, 4, 3, 2, padding=1),
+    "DeformablePSROIPooling": lambda: M.DeformablePSROIPooling(False, 2, 2, 2, 2, 0.5),
 }
 
 
@@ -249,6 +251,10 @@ def _make(name, shapes, r):
     if name == "RegionRestrictedConv":       # region ids
         return [t(r.standard_normal(shapes[0]).astype(np.float32))] + \
             [t(r.integers(0, 2, s).astype(np.int32)) for s in shapes[1:]]
+    if name == "DeformablePSROIPooling":     # rois: batch index 0, then a box
+        rois = np.concatenate([np.zeros((3, 1)), r.uniform(0, 8, (3, 4))], 1).astype(np.float32)
+        return [t(r.standard_normal(shapes[0]).astype(np.float32)), t(rois),
+                t(r.standard_normal(shapes[2]).astype(np.float32))]
     return [t(r.standard_normal(s).astype(np.float32)) for s in shapes]
 
 

@@ -28,6 +28,7 @@ EXAMPLES = {
     "SyncBatchNorm": (3,), "LocalConv2d": (2, 4, 5, 5, 3), "SlidingWindow": (3,),
     "SlidingWindowTranspose": (4, 2), "MultiHeadAttention": (4, 2),
     "DeformableConv2d": (2, 4, 3), "RegionRestrictedConv": (2, 2, 3, 2),
+    "DeformablePSROIPooling": (True, 2, 2, 2, 2, 1.0),
 }
 
 
