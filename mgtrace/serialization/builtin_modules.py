@@ -131,7 +131,7 @@ def _encode_builtin(m, ctx):
     ctx.build_elements += STATE_ELEMENTS.get(m.builtin_name, lambda c: 0)(config)  # as load counts
     return {"type": m.builtin_name, "type_version": m.builtin_version,
             "config": {k: ctx.value(v, where=f"config()[{k!r}]") for k, v in config.items()},
-            "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}
+            "tensors": {k: ctx.tensor(t) for k, t in type(m).state_dict(m, keep_vars=True).items()}}
 
 
 def _check_builtin(entry, ctx, where):
@@ -171,7 +171,7 @@ def install_state(m, indices, ctx, where):
         ArchiveError: keys missing or unexpected, or a shape that differs
             from the module's (every problem listed).
     """
-    own = m.state_dict(keep_vars=True)
+    own = type(m).state_dict(m, keep_vars=True)
     state = {k: ctx.tensor(i) for k, i in indices.items()}
     problems = [f"{k}: shape mismatch, the module has {own[k].shape}, the archive "
                 f"{state[k].shape}" for k in own if k in state and own[k].shape != state[k].shape]
@@ -203,7 +203,7 @@ def _decode_builtin(entry, ctx):
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
     m = _construct(cls, name, config)
     if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode
-        m.train(bool(entry["training"]))
+        type(m).train(m, bool(entry["training"]))
     install_state(m, entry["tensors"], ctx, f"{name}(**config)")
     if ctx.device is not None and ctx.device.type != "cpu":
         m.to(ctx.device)          # tensors outside the state dict
@@ -217,8 +217,8 @@ def _is_container(m):
 
 
 def _encode_container(m, ctx):
-    own = [n for n, _ in m.named_parameters(recurse=False)] + \
-          [n for n, _ in m.named_buffers(recurse=False)]
+    own = [n for n, _ in type(m).named_parameters(m, recurse=False)] + \
+          [n for n, _ in type(m).named_buffers(m, recurse=False)]
     if own:
         raise TypeError(f"a {type(m).__name__} with tensors of its own ({', '.join(own)}) "
                         "cannot be stored as a container; trace it with mgtrace.trace_module")

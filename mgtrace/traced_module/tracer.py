@@ -439,7 +439,7 @@ class Tracer(_hooks.TraceHook):
         # reached from either's graph through its own attribute)
         self.attrs = {}
         names = _PathNames(root)
-        for path, m in root.named_modules():
+        for path, m in type(root).named_modules(root):
             self.paths.setdefault(id(m), path)
             names.claim(path)
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):
@@ -1033,7 +1033,7 @@ class _EditTracer(Tracer):
         new._is_top = False
         old_prefix = new._qualname
         prefix = f"{frame.graph.owner._qualname}.{rel}"
-        for m in new.modules():
+        for m in type(new).modules(new):
             if isinstance(m, TracedModule):
                 m._qualname = prefix + m._qualname[len(old_prefix):]
                 for g in m._graphs:

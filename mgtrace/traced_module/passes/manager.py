@@ -252,7 +252,7 @@ def _drop_unreachable_graphs(tm, reachable):
     neither visit nor keep those graphs right (a BatchNorm they call may be
     folded and deleted), and the result must save and load."""
     from mgtrace.traced_module.traced_module import TracedModule
-    for m in tm.modules():
+    for m in type(tm).modules(tm):
         if m is not tm and isinstance(m, TracedModule) and m._graphs \
                 and not any(id(g) in reachable for g in m._graphs):
             m._graphs = []
