@@ -121,3 +121,22 @@ def test_every_new_function_is_covered():
            "multi_head_attention", "deformable_conv2d", "region_restricted_conv", "svd",
            "deformable_psroi_pooling"}
     assert set(CALLS) == new
+
+
+@pytest.mark.filterwarnings("ignore:Call. attribute 'fn' is not saved")
+def test_archives_using_them_need_a_1_2_reader():
+    from mgtrace.serialization.layout import PREFIX
+    import msgpack
+    x = mt.tensor(np.ones((1, 3), np.float32))
+    tm = mt.trace_module(Call(lambda x: F.logsumexp(x, 1)), x)
+    buf = io.BytesIO()
+    mt.save(tm, buf)
+    data = buf.getvalue()
+    _, hlen = PREFIX.unpack(data[:PREFIX.size])
+    header = msgpack.unpackb(data[PREFIX.size:PREFIX.size + hlen], raw=False)
+    assert header["min_reader_version"] == [1, 2]
+    with pytest.raises(ValueError, match="'mgtrace.functional.logsumexp' is new since format 1.1"):
+        mt.save(tm, io.BytesIO(), target_version=(1, 1))
+    net = M.Sequential(M.PReLU(3))
+    with pytest.raises(ValueError, match="'mgtrace.module.PReLU' is new since format 1.1"):
+        mt.save(net, io.BytesIO(), target_version=(1, 1))
