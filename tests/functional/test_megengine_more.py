@@ -66,7 +66,9 @@ def test_logaddexp_against_numpy():
     inf = math.inf
     a = np.array([-inf, inf, -inf, 1000.0, 0.0, np.nan])
     b = np.array([-inf, inf, 2.0, 1000.0, -1e-30, 0.0])
-    np.testing.assert_array_equal(F.logaddexp(t(a), t(b)).numpy(), np.logaddexp(a, b))
+    with np.errstate(invalid="ignore"):
+        want = np.logaddexp(a, b)
+    np.testing.assert_array_equal(F.logaddexp(t(a), t(b)).numpy(), want)
     assert F.logaddexp(t(np.array([1, 2], np.int8)), 0).dtype == np.float32
     assert F.logaddexp(t(np.array([1.0], np.float16)), 1.0).dtype == np.float16
     with pytest.raises(ValueError, match="logaddexp: x of shape .3,., y of shape .2,. do not"):
