@@ -654,3 +654,372 @@ def matinv(inp):
         row = _B["truediv"](aug[..., k:k + 1, :], aug[..., k:k + 1, k:k + 1])
         aug = _T["where"](is_k, row, _B["sub"](aug, _B["mul"](aug[..., :, k:k + 1], row)))
     return _dispatch.astype(aug[..., :, n:], x.dtype)
+
+
+# ------------------------------------------------- composed elementwise (MegEngine 1.13 names)
+#
+# MegEngine's elemwise.py has these as Elemwise modes (SINH, COSH, ASINH, ACOSH,
+# ATANH, LOG_SUM_EXP, SHL, SHR); here they are composed of the core ops above
+# (no dedicated kernel yet), with the formulas chosen to stay accurate near 0
+# and finite where the result is.
+
+__all__ += ["sinh", "cosh", "asinh", "acosh", "atanh", "logaddexp", "left_shift",
+            "right_shift", "cross"]
+
+_LN2 = _pymath.log(2.0)
+
+
+def _float_operand(fn, x):
+    """x as a float Tensor in the dtype the computation runs in, and the
+    dtype of the result: float32/float64 keep theirs; float16/bfloat16 are
+    computed in float32 and cast back; integers and bool give float32
+    (MegEngine's rule for transcendental functions)."""
+    (x,) = A.tensors(fn, x=x)
+    if x.dtype.kind in "fV":
+        out = x.dtype
+        return (x if x.dtype in (np.float32, np.float64) else _dispatch.astype(x, "float32")), out
+    return _dispatch.astype(x, "float32"), np.dtype("float32")
+
+
+def _back(y, dtype):
+    return y if y.dtype == dtype else _dispatch.astype(y, dtype)
+
+
+def sinh(x):
+    """Elementwise hyperbolic sine (MegEngine's ``sinh``), composed as
+    ``(expm1(x) - expm1(-x)) / 2`` (accurate near 0), and as
+    ``sign(x) * e * (e / 2)`` with ``e = exp(|x| / 2)`` above |x| = 20 (finite
+    up to the dtype's largest value); no dedicated kernel yet.
+
+    Args:
+        x: Tensor, array or number, any shape.
+
+    Returns:
+        x's shape; float dtypes keep theirs, integers and bool give float32.
+
+    Raises:
+        TypeError: x is not a tensor, array or number.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.sinh(mt.tensor([0.0, 1.0])).numpy().round(4))
+    [0.     1.1752]
+    """
+    x, dt = _float_operand("sinh", A.check_operand("sinh", "x", x))
+    small = _B["mul"](_B["sub"](_U["expm1"](x), _U["expm1"](_U["neg"](x))), 0.5)
+    return _back(_T["where"](_B["gt"](_U["abs"](x), 20.0), _B["mul"](_U["sign"](x), _half_exp(x)),
+                             small), dt)
+
+
+def cosh(x):
+    """Elementwise hyperbolic cosine (MegEngine's ``cosh``), composed as
+    ``(exp(x) + exp(-x)) / 2``, above |x| = 20 as :func:`sinh` (no dedicated
+    kernel yet). Dtypes and errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.cosh(mt.tensor([0.0, 1.0])).numpy().round(4))
+    [1.     1.5431]
+    """
+    x, dt = _float_operand("cosh", A.check_operand("cosh", "x", x))
+    small = _B["mul"](_B["add"](_U["exp"](x), _U["exp"](_U["neg"](x))), 0.5)
+    return _back(_T["where"](_B["gt"](_U["abs"](x), 20.0), _half_exp(x), small), dt)
+
+
+def _half_exp(x):
+    """exp(|x|) / 2 as exp(|x| / 2) * (exp(|x| / 2) / 2): finite up to the
+    dtype's largest value (exp(|x|) alone overflows first)."""
+    e = _U["exp"](_B["mul"](_U["abs"](x), 0.5))
+    return _B["mul"](e, _B["mul"](e, 0.5))
+
+
+def asinh(x):
+    """Elementwise inverse hyperbolic sine (MegEngine's ``asinh``), composed
+    as ``sign(x) * log1p(|x| + x^2 / (1 + sqrt(1 + x^2)))``, and
+    ``sign(x) * (log|x| + log 2)`` above |x| = 2**26 where x^2 would lose it
+    (no dedicated kernel yet). Dtypes and errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.asinh(mt.tensor([-1.0, 0.0, 1.0])).numpy().round(4))
+    [-0.8814  0.      0.8814]
+    """
+    x, dt = _float_operand("asinh", A.check_operand("asinh", "x", x))
+    a = _U["abs"](x)
+    a2 = _B["mul"](a, a)
+    small = _U["log1p"](_B["add"](a, _B["truediv"](a2, _B["add"](_U["sqrt"](_B["add"](a2, 1.0)),
+                                                                  1.0))))
+    big = _B["add"](_U["log"](a), _LN2)
+    y = _T["where"](_B["gt"](a, 2.0 ** 26), big, small)
+    return _back(_B["mul"](_U["sign"](x), y), dt)
+
+
+def acosh(x):
+    """Elementwise inverse hyperbolic cosine (MegEngine's ``acosh``): NaN
+    below 1. Composed as ``log1p(t + sqrt(2t + t^2))`` with ``t = x - 1``,
+    and ``log(x) + log 2`` above 2**26 (no dedicated kernel yet). Dtypes and
+    errors as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.acosh(mt.tensor([1.0, 2.0])).numpy().round(4))
+    [0.    1.317]
+    """
+    x, dt = _float_operand("acosh", A.check_operand("acosh", "x", x))
+    t = _B["sub"](x, 1.0)
+    small = _U["log1p"](_B["add"](t, _U["sqrt"](_B["add"](_B["mul"](t, 2.0), _B["mul"](t, t)))))
+    big = _B["add"](_U["log"](x), _LN2)
+    return _back(_T["where"](_B["gt"](x, 2.0 ** 26), big, small), dt)
+
+
+def atanh(x):
+    """Elementwise inverse hyperbolic tangent (MegEngine's ``atanh``):
+    +-inf at +-1, NaN outside [-1, 1]. Composed as
+    ``sign(x) * log1p(2|x| / (1 - |x|)) / 2`` (no dedicated kernel yet). Dtypes and errors
+    as :func:`sinh`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.atanh(mt.tensor([0.0, 0.5])).numpy().round(4))
+    [0.     0.5493]
+    """
+    x, dt = _float_operand("atanh", A.check_operand("atanh", "x", x))
+    a = _U["abs"](x)                      # atanh is odd: no cancellation in 1 + 2a / (1 - a)
+    y = _U["log1p"](_B["truediv"](_B["mul"](a, 2.0), _B["sub"](1.0, a)))
+    return _back(_B["mul"](y, _B["mul"](_U["sign"](x), 0.5)), dt)
+
+
+def logaddexp(x, y):
+    """Elementwise ``log(exp(x) + exp(y))`` without overflow (MegEngine's
+    ``logaddexp``, NumPy's): ``max(x, y) + log1p(exp(-|x - y|))``, composed
+    of core ops (no dedicated kernel yet). Equal infinities give that
+    infinity; a NaN gives NaN.
+
+    Args:
+        x, y: Tensors, arrays or numbers; shapes broadcast (NumPy rule).
+
+    Returns:
+        The broadcast shape; MegEngine promotion of x and y, then integer and
+        bool give float32 (float16/bfloat16 are computed in float32).
+
+    Raises:
+        ValueError: shapes that do not broadcast. TypeError: an operand
+            that is not a tensor, array or number.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> print(F.logaddexp(mt.tensor([0.0, 1.0]), 0.0).numpy().round(4))
+    [0.6931 1.3133]
+    """
+    fn = "logaddexp"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    m = _B["maximum"](x, y)             # the promoted dtype (MegEngine's rule), NaN wins
+    dt = m.dtype if m.dtype.kind in "fV" else np.dtype("float32")
+    run = "float64" if dt == np.float64 else "float32"
+    x, y = (_dispatch.astype(A.as_tensor(fn, n, v, m.device), run) for n, v in (("x", x), ("y", y)))
+    m = _B["maximum"](x, y)
+    d = _T["where"](_B["eq"](x, y), 0.0, _U["neg"](_U["abs"](_B["sub"](x, y))))
+    return _back(_B["add"](m, _U["log1p"](_U["exp"](d))), dt)
+
+
+def left_shift(x, y):
+    """Elementwise ``x << y`` of integers (MegEngine's ``left_shift``);
+    core op ``left_shift``.
+
+    Args:
+        x, y: integer Tensors, arrays or Python ints; shapes broadcast.
+
+    Returns:
+        The broadcast shape; MegEngine promotion of x and y.
+
+    Raises:
+        TypeError: a float operand. ValueError: shapes that do not broadcast.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.left_shift(mt.tensor([1, 2, 3]), 1).tolist()
+    [2, 4, 6]
+    """
+    fn = "left_shift"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    return _B["left_shift"](x, y)
+
+
+def right_shift(x, y):
+    """Elementwise ``x >> y`` of integers (MegEngine's ``right_shift``;
+    arithmetic for signed integers); core op ``right_shift``. Args, dtypes
+    and errors as :func:`left_shift`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.right_shift(mt.tensor([2, 4, 8]), 1).tolist()
+    [1, 2, 4]
+    """
+    fn = "right_shift"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    return _B["right_shift"](x, y)
+
+
+def _components(fn, name, t, axis):
+    """The components of the vectors of t along ``axis`` (2 or 3 of them,
+    the third 0 for 2-vectors), each with that axis removed."""
+    ax = A.to_axis(fn, name, axis, t.ndim)
+    n = t.shape[ax]
+    if n not in (2, 3):
+        raise ValueError(f"{fn}: the vectors of {name.replace('axis', '') or 'a'} must have 2 or "
+                         f"3 components along axis {axis}, got {n}")
+    parts = [_index.getitem(t, (slice(None),) * ax + (i,)) for i in range(n)]
+    if n == 2:
+        parts.append(_B["mul"](parts[0], 0))
+    return parts
+
+
+def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
+    """Cross product of (arrays of) 3-vectors (MegEngine's ``cross``,
+    NumPy's ``np.cross``), composed of core ops (no dedicated kernel yet).
+
+    Vectors with 2 components are taken with a third component 0 (as
+    MegEngine does for 2-vectors), so the result always has 3 components.
+
+    Args:
+        a, b: Tensors (or arrays) whose axes ``axisa`` / ``axisb`` hold the
+            vectors (2 or 3 components); the other axes broadcast.
+        axisa, axisb: the vector axis of a and of b (default: the last).
+        axisc: the axis of the result that holds the 3 components.
+        axis: if given, overrides axisa, axisb and axisc.
+
+    Returns:
+        Tensor of the broadcast batch shape with 3 components at ``axisc``;
+        dtype by MegEngine promotion of a and b.
+
+    Raises:
+        ValueError: a vector axis of another length than 2 or 3; batch
+            shapes that do not broadcast. IndexError: an axis out of range.
+        TypeError: operands that are not tensors or arrays.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.cross(mt.tensor([1.0, 2.0, 3.0]), mt.tensor([4.0, 5.0, 6.0])).tolist()
+    [-3.0, 6.0, -3.0]
+    """
+    fn = "cross"
+    a, b = A.tensors(fn, a=a, b=b)
+    if axis is not None:
+        axisa = axisb = axisc = axis
+    a0, a1, a2 = _components(fn, "axisa", a, axisa)
+    b0, b1, b2 = _components(fn, "axisb", b, axisb)
+    A.check_broadcast(fn, a=a0, b=b0)
+    c = [_B["sub"](_B["mul"](a1, b2), _B["mul"](a2, b1)),
+         _B["sub"](_B["mul"](a2, b0), _B["mul"](a0, b2)),
+         _B["sub"](_B["mul"](a0, b1), _B["mul"](a1, b0))]
+    ndim = c[0].ndim + 1
+    return _index.stack(c, A.to_axis(fn, "axisc", axisc, ndim))
+
+
+__all__ += ["svd"]
+
+
+def _jacobi_svd(a, sweeps):
+    """One-sided Jacobi (Hestenes) on the columns of a [..., m, n], m >= n:
+    plane rotations of column pairs until they are orthogonal. Returns
+    (U [..., m, n] with orthogonal columns of norms S, V [..., n, n])."""
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    u = a.copy()
+    v = _to_tensor(np.broadcast_to(np.eye(n, dtype=a.dtype), batch + (n, n)).copy(),
+                   device=a.device)
+    eps = float(np.finfo(a.dtype).eps)
+    for _ in range(sweeps):
+        worst = 0.0
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                up, uq = u[..., :, p], u[..., :, q]
+                alpha = _reduce.sum(_B["mul"](up, up), -1, True)
+                beta = _reduce.sum(_B["mul"](uq, uq), -1, True)
+                gamma = _reduce.sum(_B["mul"](up, uq), -1, True)
+                scale = _U["sqrt"](_B["mul"](alpha, beta))
+                off = _B["truediv"](_U["abs"](gamma), _B["maximum"](scale, np.finfo(a.dtype).tiny))
+                worst = _builtins.max(worst, float(_reduce.max(off).item()) if off.size else 0.0)
+                zero = _B["eq"](gamma, 0)
+                zeta = _B["truediv"](_B["sub"](beta, alpha),
+                                     _B["mul"](_T["where"](zero, 1.0, gamma), 2.0))
+                t = _B["truediv"](_U["sign"](zeta), _B["add"](
+                    _U["abs"](zeta), _U["sqrt"](_B["add"](_B["mul"](zeta, zeta), 1.0))))
+                t = _T["where"](zero, 0.0, _T["where"](_B["eq"](zeta, 0), 1.0, t))
+                c = _U["rsqrt"](_B["add"](_B["mul"](t, t), 1.0))
+                s = _B["mul"](c, t)
+                for m in (u, v):
+                    mp, mq = m[..., :, p].copy(), m[..., :, q]
+                    m[..., :, p] = _B["sub"](_B["mul"](c, mp), _B["mul"](s, mq))
+                    m[..., :, q] = _B["add"](_B["mul"](s, mp), _B["mul"](c, mq))
+        if worst <= eps * n:
+            break
+    return u, v
+
+
+
+def svd(inp, full_matrices=False, compute_uv=True):
+    """Singular value decomposition ``inp = U @ diag(S) @ Vh`` of a matrix or
+    a batch of them (MegEngine's ``svd``), singular values in descending
+    order. Composed of core ops: one-sided Jacobi rotations of column pairs
+    (Hestenes' method) until every pair is orthogonal to machine precision
+    (at most 30 sweeps), then a sort; no dedicated kernel, and no NumPy
+    call. Meant for the small matrices models hold (the work grows as n^3
+    per sweep, in many small ops).
+
+    Args:
+        inp: float [..., M, N] (float16/bfloat16 computed in float32).
+        full_matrices: False (MegEngine's default) gives U [..., M, K] and
+            Vh [..., K, N], K = min(M, N). True is refused unless M == N
+            (as MegEngine's CPU kernel refuses full matrices with U and Vh).
+        compute_uv: False computes S only.
+
+    Returns:
+        ``(U, S, Vh)``, S [..., K] in inp's float dtype; with
+        ``compute_uv=False`` the tuple ``(None, S, None)`` (MegEngine's
+        three outputs). U's columns and Vh's rows are each determined up to
+        sign (and, for repeated singular values, up to a rotation).
+
+    Raises:
+        ValueError: fewer than 2 axes; full_matrices=True for a non-square
+            matrix. TypeError: integer or bool inp.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> u, s, vh = F.svd(mt.tensor([[3.0, 0.0], [0.0, -4.0]]))
+    >>> s.tolist()
+    [4.0, 3.0]
+    """
+    fn = "svd"
+    (x,) = A.tensors(fn, inp=inp)
+    A.check_float(fn, "inp", x)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: inp must be [..., M, N], got shape {x.shape}")
+    m, n = x.shape[-2:]
+    if A.to_bool(fn, "full_matrices", full_matrices) and m != n and compute_uv:
+        raise ValueError(f"{fn}: full_matrices=True needs square matrices (MegEngine's CPU "
+                         f"kernel refuses it with compute_uv too), got {m}x{n}")
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    a = _dispatch.astype(x, dt)
+    tall = m >= n
+    perm = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    if not tall:
+        a = a.transpose(*perm)
+    k = _builtins.min(m, n)
+    if k == 0:
+        s = _B["mul"](_reduce.sum(a, (-1, -2), False).expand_dims(-1)[..., :0], 1)
+        u = _to_tensor(np.zeros(x.shape[:-2] + (m, 0), dt), device=x.device)
+        vh = _to_tensor(np.zeros(x.shape[:-2] + (0, n), dt), device=x.device)
+        return (u, s, vh) if compute_uv else (None, s, None)
+    u, v = _jacobi_svd(a.copy(), 30)
+    s = _U["sqrt"](_reduce.sum(_B["mul"](u, u), -2, False))                 # [..., k]
+    order = _reduce.argsort(s, -1, True)                                     # descending
+    s = _index.gather(s, s.ndim - 1, order)
+    if not compute_uv:
+        return None, _dispatch.astype(s, x.dtype), None
+    cols = order.expand_dims(-2)
+    u = _index.gather(u, u.ndim - 1, cols.broadcast_to(u.shape).copy())
+    v = _index.gather(v, v.ndim - 1, cols.broadcast_to(v.shape).copy())
+    u = _B["truediv"](u, _T["where"](_B["eq"](s, 0), 1.0, s).expand_dims(-2))
+    if tall:
+        uu, vh = u, v.transpose(*perm)
+    else:
+        uu, vh = v, u.transpose(*perm)
+    out = (uu.copy(), s, vh.copy())
+    return tuple(_dispatch.astype(t, x.dtype) for t in out)

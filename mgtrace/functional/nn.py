@@ -1022,6 +1022,44 @@ _BORDERS = {"replicate": _border_replicate, "constant": _border_replicate,
             "wrap": _border_wrap, "reflect": _border_reflect, "reflect_101": _border_reflect_101}
 
 
+
+def _sample(x, sx, sy, border_mode, border_val, interp_mode="linear"):
+    """x [b, c, h, w] read at the points (sx, sy) [b, p] (float32/float64,
+    x's dtype): bilinearly from the four pixels around each point, or the
+    nearest one (coordinates rounded half to even, OpenCV's cvRound) for
+    ``interp_mode="nearest"``; a neighbour outside the image is found by
+    ``border_mode`` or, for "constant", is ``border_val``. Returns [b, c, p]."""
+    b, c, h, w = x.shape
+    p = sx.shape[1]
+    flat = x.reshape(b, c, h * w)
+    border = _BORDERS[border_mode]
+
+    def read(yi, xi):
+        pos = _B["add"](_B["mul"](border(yi, h), w), border(xi, w))          # [b, p]
+        pos = pos.reshape(b, 1, p).broadcast_to((b, c, p)).copy()
+        vals = _index.gather(flat, 2, pos)
+        if border_mode == "constant":
+            inside = _B["logical_and"](
+                _B["logical_and"](_B["ge"](yi, 0), _B["lt"](yi, h)),
+                _B["logical_and"](_B["ge"](xi, 0), _B["lt"](xi, w)))
+            vals = _T["where"](inside.reshape(b, 1, p), vals, float(border_val))
+        return vals
+
+    if interp_mode == "nearest":
+        return read(_dispatch.astype(_U["round"](sy), "int32"),
+                    _dispatch.astype(_U["round"](sx), "int32"))
+    x0, y0 = _U["floor"](sx), _U["floor"](sy)
+    ax, ay = _B["sub"](sx, x0), _B["sub"](sy, y0)                # bilinear weights
+    x0, y0 = _dispatch.astype(x0, "int32"), _dispatch.astype(y0, "int32")
+    out = None
+    for dy, wy in ((0, _B["sub"](1.0, ay)), (1, ay)):
+        for dx, wx in ((0, _B["sub"](1.0, ax)), (1, ax)):
+            term = _B["mul"](read(_B["add"](y0, dy), _B["add"](x0, dx)),
+                             _B["mul"](wy, wx).reshape(b, 1, p))
+            out = term if out is None else _B["add"](out, term)
+    return out
+
+
 def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode="replicate",
                      border_val=0.0, format="NCHW", interp_mode="linear"):
     """Perspective warp of batched images (MegEngine's ``warp_perspective``).
@@ -1108,24 +1146,1377 @@ def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode="replicate",
         return _B["add"](_B["add"](_B["mul"](col[a], gx), _B["mul"](col[bb], gy)), col[cc])
     den = affine(6, 7, 8)
     sx, sy = _B["truediv"](affine(0, 1, 2), den), _B["truediv"](affine(3, 4, 5), den)
-    x0, y0 = _U["floor"](sx), _U["floor"](sy)
-    ax, ay = _B["sub"](sx, x0), _B["sub"](sy, y0)                # bilinear weights
-    x0, y0 = _dispatch.astype(x0, "int32"), _dispatch.astype(y0, "int32")
-    flat = x.reshape(b, c, h * w)
-    border = _BORDERS[border_mode]
-    out = None
-    for dy, wy in ((0, _B["sub"](1.0, ay)), (1, ay)):
-        for dx, wx in ((0, _B["sub"](1.0, ax)), (1, ax)):
-            yi, xi = _B["add"](y0, dy), _B["add"](x0, dx)
-            pos = _B["add"](_B["mul"](border(yi, h), w), border(xi, w))          # [b, p]
-            pos = pos.reshape(b, 1, oh * ow).broadcast_to((b, c, oh * ow)).copy()
-            vals = _index.gather(flat, 2, pos)
-            if border_mode == "constant":
-                inside = _B["logical_and"](
-                    _B["logical_and"](_B["ge"](yi, 0), _B["lt"](yi, h)),
-                    _B["logical_and"](_B["ge"](xi, 0), _B["lt"](xi, w)))
-                vals = _T["where"](inside.reshape(b, 1, oh * ow), vals, float(border_val))
-            term = _B["mul"](vals, _B["mul"](wy, wx).reshape(b, 1, oh * ow))
-            out = term if out is None else _B["add"](out, term)
+    out = _sample(x, sx, sy, border_mode, border_val)
     out = out.reshape(b, c, oh, ow)
     return out.transpose((0, 2, 3, 1)).copy() if format == "NHWC" else out
+
+
+# --------------------------------------------- more of MegEngine 1.13's nn functions
+#
+# Composed of core ops (no dedicated kernels yet), each docstring says of which.
+
+__all__ += ["hswish", "hsigmoid", "prelu", "logsigmoid", "logsumexp", "logsoftmax",
+            "indexing_one_hot", "pixel_shuffle", "instance_norm", "general_norm",
+            "local_response_norm", "sync_batch_norm"]
+
+
+def hswish(x):
+    """``x * relu6(x + 3) / 6`` (MegEngine's name for :func:`hardswish`;
+    the same core kernel ``hardswish``); ints give float32.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> [round(v, 4) for v in F.hswish(mt.tensor([0.0, 1.0, 3.0])).tolist()]
+    [0.0, 0.6667, 3.0]
+    """
+    return _U["hardswish"](A.check_operand("hswish", "x", x))
+
+
+def hsigmoid(x):
+    """``relu6(x + 3) / 6`` (MegEngine's name for :func:`hardsigmoid`; core
+    kernel ``hardsigmoid``); ints give float32.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.hsigmoid(mt.tensor([-4.0, 0.0, 4.0])).tolist()
+    [0.0, 0.5, 1.0]
+    """
+    return _U["hardsigmoid"](A.check_operand("hsigmoid", "x", x))
+
+
+def prelu(x, y):
+    """Elementwise ``max(x, 0) + y * min(x, 0)`` (MegEngine's ``prelu``),
+    composed of core ops. ``y`` broadcasts against x by NumPy's rule
+    (MegEngine's PReLU module passes [1, C, 1, 1]; :class:`~mgtrace.module.PReLU`
+    reshapes its [C] weight so).
+
+    Args:
+        x: Tensor. y: the slope for negative x, a Tensor or number.
+
+    Returns:
+        The broadcast shape; MegEngine promotion of x and y.
+
+    Raises:
+        ValueError: shapes that do not broadcast. TypeError: operands that
+            are not tensors, arrays or numbers.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.prelu(mt.tensor([-2.0, 3.0]), 0.25).tolist()
+    [-0.5, 3.0]
+    """
+    fn = "prelu"
+    A.check_operand(fn, "x", x)
+    A.check_operand(fn, "y", y)
+    A.check_broadcast(fn, x=x, y=y)
+    return _B["add"](_B["maximum"](x, 0), _B["mul"](y, _B["minimum"](x, 0)))
+
+
+def logsigmoid(x):
+    """Elementwise ``log(1 / (1 + exp(-x))) = -softplus(-x)`` (MegEngine's
+    ``logsigmoid``), composed of the core's stable softplus.
+
+    Returns:
+        x's shape; float dtypes keep theirs, ints give float32.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> [round(v, 4) for v in F.logsigmoid(mt.tensor([-5.0, 0.0, 4.0])).tolist()]
+    [-5.0067, -0.6931, -0.0181]
+    """
+    x = A.check_operand("logsigmoid", "x", x)
+    return _U["neg"](_U["softplus"](_U["neg"](x)))
+
+
+def _axes(fn, axis, ndim):
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if not axes:
+        raise ValueError(f"{fn}: axis must name at least one axis")
+    out = tuple(A.to_axis(fn, "axis", a, ndim) for a in axes)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{fn}: repeated axis in {axis!r}")
+    return out
+
+
+def logsumexp(inp, axis, keepdims=False):
+    """``log(sum(exp(inp), axis))`` without overflow (MegEngine's
+    ``logsumexp``): ``b + log(sum(exp(inp - b)))`` with b the maximum
+    (0 where the maximum is infinite), composed of core reductions.
+
+    Args:
+        inp: Tensor; integers give float32.
+        axis: int or sequence of ints (required, as MegEngine's).
+        keepdims: keep the reduced axes with size 1.
+
+    Returns:
+        float Tensor; -inf over a line of -inf, NaN over a line with NaN.
+
+    Raises:
+        IndexError: axis out of range. ValueError: repeated or no axes.
+        TypeError: axis not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> [round(v, 4) for v in F.logsumexp(mt.tensor([[0.0, 0.0], [1.0, 2.0]]), 1).tolist()]
+    [0.6931, 2.3133]
+    """
+    fn = "logsumexp"
+    (x,) = A.tensors(fn, x=inp)
+    if x.dtype.kind not in "fV":
+        x = _dispatch.astype(x, "float32")
+    axes = _axes(fn, axis, x.ndim)
+    b = _reduce.max(x, axes, True)
+    b = _T["where"](_U["isfinite"](b), b, 0.0) if x.size else b
+    s = _U["log"](_reduce.sum(_U["exp"](_B["sub"](x, b)), axes, True))
+    y = _B["add"](s, b)
+    return y if keepdims else y.squeeze(axes)
+
+
+def logsoftmax(inp, axis):
+    """``inp - logsumexp(inp, axis, keepdims=True)`` (MegEngine's
+    ``logsoftmax``): one core ``log_softmax`` kernel for a single axis,
+    composed of :func:`logsumexp` for several.
+
+    Args:
+        inp: Tensor; integers give float32.
+        axis: int or sequence of ints (required, as MegEngine's).
+
+    Returns:
+        inp's shape, float dtype.
+
+    Raises:
+        IndexError: axis out of range. ValueError: repeated axes.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> [round(v, 4) for v in F.logsoftmax(mt.tensor([[1.0, 1.0]]), axis=1)[0].tolist()]
+    [-0.6931, -0.6931]
+    """
+    fn = "logsoftmax"
+    (x,) = A.tensors(fn, x=inp)
+    axes = _axes(fn, axis, max(x.ndim, 1))
+    if len(axes) == 1:
+        return _reduce.log_softmax(x, axes[0])
+    if x.dtype.kind not in "fV":
+        x = _dispatch.astype(x, "float32")
+    return _B["sub"](x, logsumexp(x, axes, True))
+
+
+def indexing_one_hot(src, index, axis=1, keepdims=False):
+    """``src[..., index[...], ...]`` along ``axis``: for every position of
+    the other axes, the element that ``index`` picks there (MegEngine's
+    ``indexing_one_hot``), composed of the core's ``gather``.
+
+    Args:
+        src: Tensor [d0, ..., d_axis, ..., dn].
+        index: integer Tensor (or array) of src's shape without ``axis``.
+        axis: int, the axis indexed.
+        keepdims: keep ``axis`` with size 1.
+
+    Returns:
+        src's dtype, src's shape without ``axis`` (or with it of size 1).
+
+    Raises:
+        ValueError: index of another shape. TypeError: a non-integer index.
+        IndexError: axis out of range, or an index outside ``0..d_axis - 1``.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.indexing_one_hot(mt.tensor([[1.0, 2.0], [3.0, 4.0]]), mt.tensor([1, 0])).tolist()
+    [2.0, 3.0]
+    """
+    fn = "indexing_one_hot"
+    src, index = A.tensors(fn, src=src, index=index)
+    A.check_int_dtype(fn, "index", index)
+    ax = A.to_axis(fn, "axis", axis, src.ndim)
+    want = src.shape[:ax] + src.shape[ax + 1:]
+    if index.shape != want:
+        raise ValueError(f"{fn}: index must have src's shape without axis {ax}, {want}; got "
+                         f"{index.shape}")
+    try:
+        y = _index.gather(src, ax, index.expand_dims(ax))
+    except IndexError as e:
+        raise IndexError(f"{fn}: index holds a value outside 0..{src.shape[ax] - 1}: {e}") from None
+    return y if keepdims else y.squeeze(ax)
+
+
+def pixel_shuffle(inp, upscale_factor):
+    """Rearrange [..., C * r * r, H, W] into [..., C, H * r, W * r]
+    (MegEngine's and PyTorch's ``pixel_shuffle``): out[..., c, h*r + i,
+    w*r + j] = inp[..., c*r*r + i*r + j, h, w]; a reshape, a transpose and a
+    reshape.
+
+    Args:
+        inp: Tensor with at least 3 axes, any dtype.
+        upscale_factor: int r >= 1.
+
+    Raises:
+        ValueError: fewer than 3 axes, channels not divisible by r * r,
+            r < 1. TypeError: r not an int.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(4).reshape(1, 4, 1, 1))
+    >>> F.pixel_shuffle(x, 2).tolist()
+    [[[[0, 1], [2, 3]]]]
+    """
+    fn = "pixel_shuffle"
+    (x,) = A.tensors(fn, inp=inp)
+    r = A.to_size(fn, "upscale_factor", upscale_factor, 1)
+    if x.ndim < 3:
+        raise ValueError(f"{fn}: inp must be [..., C * r * r, H, W], got shape {x.shape}")
+    *batch, c, h, w = x.shape
+    if c % (r * r):
+        raise ValueError(f"{fn}: the {c} channels are not divisible by upscale_factor ** 2 = "
+                         f"{r * r}")
+    n = math.prod(batch)
+    y = x.reshape(n, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return y.reshape(tuple(batch) + (c // (r * r), h * r, w * r))
+
+
+def instance_norm(inp, affine, weight=None, bias=None, eps=1e-5):
+    """Instance normalization (MegEngine's ``instance_norm``): each (sample,
+    channel) normalized by its own mean and biased variance over the
+    spatial axes, then ``* weight + bias`` per channel when ``affine``;
+    :func:`group_norm` with one channel a group.
+
+    Args:
+        inp: float [N, C, *spatial].
+        affine: apply weight and bias (both required then).
+        weight, bias: [C] (or [1, C, 1, ...]).
+        eps: added to the variance.
+
+    Returns:
+        inp's shape and dtype.
+
+    Raises:
+        ValueError: affine without weight or bias, or shapes as group_norm.
+        TypeError: integer inp.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.instance_norm(mt.tensor([[[1.0, 3.0]]]), False).numpy().round(3).tolist()
+    [[[-1.0, 1.0]]]
+    """
+    fn = "instance_norm"
+    (x,) = A.tensors(fn, inp=inp)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: inp must be [N, C, *spatial], got shape {x.shape}")
+    if A.to_bool(fn, "affine", affine):
+        if weight is None or bias is None:
+            raise ValueError(f"{fn}: affine=True needs both weight and bias")
+    else:
+        weight = bias = None
+    try:
+        return group_norm(x, max(x.shape[1], 1), weight, bias, eps)
+    except (ValueError, TypeError) as e:
+        raise type(e)(str(e).replace("group_norm:", f"{fn}:", 1)) from None
+
+
+def general_norm(inp, normalized_axis, affine=True, weight=None, bias=None, eps=1e-5):
+    """Normalization over any axes (MegEngine's ``general_norm``):
+    ``(x - mean) / sqrt(var + eps) * weight + bias``, mean and biased
+    variance over ``normalized_axis``; composed of core reductions.
+
+    Args:
+        inp: float Tensor.
+        normalized_axis: int or ascending sequence of ints (negative ones
+            count from the end; after that, the order must be ascending, as
+            MegEngine requires).
+        affine: apply weight and bias (both required then).
+        weight, bias: Tensors of the normalized axes' sizes, in order.
+        eps: added to the variance.
+
+    Returns:
+        inp's shape and dtype.
+
+    Raises:
+        ValueError: axes repeated or not ascending, affine without weight or
+            bias, weight/bias of the wrong shape. IndexError: an axis out of
+            range. TypeError: integer inp.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.general_norm(mt.tensor([[1.0], [3.0]]), 0, affine=False).numpy().round(3).tolist()
+    [[-1.0], [1.0]]
+    """
+    fn = "general_norm"
+    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    A.check_float(fn, "inp", x)
+    axes = _axes(fn, normalized_axis, x.ndim)
+    if list(axes) != sorted(axes):
+        raise ValueError(f"{fn}: normalized_axis must be ascending (MegEngine's rule), got "
+                         f"{normalized_axis!r}, i.e. {axes}; write {tuple(sorted(axes))}")
+    eps = A.to_float(fn, "eps", eps)
+    mean = _reduce.mean(x, axes, True)
+    var = _reduce.var(x, axes, True)
+    y = _B["mul"](_B["sub"](x, mean), _U["rsqrt"](_B["add"](var, eps)))
+    if not A.to_bool(fn, "affine", affine):
+        return y
+    if weight is None or bias is None:
+        raise ValueError(f"{fn}: affine=True needs both weight and bias")
+    want = tuple(x.shape[a] for a in axes)
+    shape = tuple(x.shape[a] if a in axes else 1 for a in range(x.ndim))
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t.shape != want:
+            raise ValueError(f"{fn}: {name} must have the normalized axes' shape {want}, got "
+                             f"{t.shape}")
+    return _B["add"](_B["mul"](y, weight.reshape(shape)), bias.reshape(shape))
+
+
+def local_response_norm(inp, kernel_size=5, k=2.0, alpha=1e-4, beta=0.75):
+    """Local response normalization across channels (MegEngine's
+    ``local_response_norm``, its LRN operator)::
+
+        y[n, c, ...] = x[n, c, ...] / (k + alpha * sum(x[n, c', ...] ** 2)) ** beta
+
+    the sum over the ``kernel_size`` channels c' centred on c (zeros past
+    the ends). Note alpha is not divided by kernel_size (PyTorch's
+    ``local_response_norm(x, n, alpha * n, beta, k)`` is the same). Composed
+    of core ops: the squares padded along C and ``kernel_size`` shifted
+    slices summed.
+
+    Args:
+        inp: float [N, C, *spatial].
+        kernel_size: odd int >= 1.
+        k, alpha, beta: floats.
+
+    Returns:
+        inp's shape and dtype.
+
+    Raises:
+        ValueError: inp with fewer than 2 axes, an even or non-positive
+            kernel_size. TypeError: integer inp, non-int kernel_size.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5))
+    >>> round(F.local_response_norm(x, 3, 1.0, 1e-4, 0.75).numpy()[0, 0, 0, 1].item(), 6)
+    0.999925
+    """
+    fn = "local_response_norm"
+    (x,) = A.tensors(fn, inp=inp)
+    A.check_float(fn, "inp", x)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: inp must be [N, C, *spatial], got shape {x.shape}")
+    n = A.to_size(fn, "kernel_size", kernel_size, 1)
+    if n % 2 == 0:
+        raise ValueError(f"{fn}: kernel_size must be odd (MegEngine's LRN), got {n}")
+    k, alpha, beta = (A.to_float(fn, nm, v) for nm, v in (("k", k), ("alpha", alpha),
+                                                          ("beta", beta)))
+    c, half = x.shape[1], n // 2
+    sq = _B["mul"](x, x)
+    padded = _nn.pad(sq, ((0, 0), (half, half)) + ((0, 0),) * (x.ndim - 2), "constant", 0.0)
+    s = padded[:, 0:c]
+    for i in range(1, n):
+        s = _B["add"](s, padded[:, i:i + c])
+    return _B["truediv"](x, _B["pow"](_B["add"](_B["mul"](s, alpha), k), beta))
+
+
+@_mutates("running_mean", "running_var", when=lambda a: a["training"])
+def sync_batch_norm(inp, running_mean, running_var, weight=None, bias=None, training=False,
+                    momentum=0.9, eps=1e-5, eps_mode="additive", group=None):
+    """Synchronized batch normalization (MegEngine's ``sync_batch_norm``)
+    in one process: the statistics of the whole batch, as
+    :func:`batch_norm` (same momentum convention and running-statistics
+    update, in place). mgtrace has no process group, so ``group`` must be
+    None (a single process is the whole group).
+
+    Args:
+        inp, running_mean, running_var, weight, bias, training, momentum,
+        eps: as :func:`batch_norm`.
+        eps_mode: "additive" (``rsqrt(var + eps)``) or "max"
+            (``rsqrt(max(var, eps))``), MegEngine's two modes.
+        group: None.
+
+    Returns:
+        inp's shape and dtype.
+
+    Raises:
+        ValueError: an unknown eps_mode, a group given; and as batch_norm.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor([[1.0], [3.0]])
+    >>> rm, rv = mt.tensor([0.0]), mt.tensor([1.0])
+    >>> F.sync_batch_norm(x, rm, rv, training=True).numpy().round(3).ravel().tolist()
+    [-1.0, 1.0]
+    """
+    fn = "sync_batch_norm"
+    if eps_mode not in ("additive", "max"):
+        raise ValueError(f"{fn}: eps_mode must be 'additive' or 'max', got {eps_mode!r}")
+    if group is not None:
+        raise ValueError(f"{fn}: mgtrace runs in one process and has no process group; pass "
+                         f"group=None")
+    if eps_mode == "additive":
+        try:
+            return batch_norm(inp, running_mean, running_var, weight, bias, training, momentum,
+                              eps, True)
+        except (ValueError, TypeError) as e:
+            raise type(e)(str(e).replace("batch_norm:", f"{fn}:", 1)) from None
+    (x,) = A.tensors(fn, inp=inp)
+    eps = A.to_float(fn, "eps", eps)
+    if x.ndim < 2:
+        raise ValueError(f"{fn}: inp must be [N, C] or [N, C, *spatial], got shape {x.shape}")
+    c, shape = x.shape[1], _bcast_shape(x.shape[1], x.ndim)
+
+    def channels(name, v):      # a per-channel tensor as [1, C, 1, ...]
+        t = _channel_vector(fn, name, A.as_tensor(fn, name, v, x.device), c, x.ndim)
+        return t.reshape(shape)
+
+    if training:    # the batch statistics and the running update, as batch_norm's
+        batch_norm(x, running_mean, running_var, None, None, True, momentum, 0.0, True)
+        axes = (0,) + tuple(range(2, x.ndim))
+        mean, var = _reduce.mean(x, axes, True), _reduce.var(x, axes, True)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError(f"{fn}: running_mean and running_var are needed when "
+                             f"training=False")
+        mean, var = channels("running_mean", running_mean), channels("running_var", running_var)
+    scale = _U["rsqrt"](_B["maximum"](var, eps))
+    if weight is not None:
+        scale = _B["mul"](scale, channels("weight", weight))
+    y = _B["mul"](_B["sub"](x, mean), scale)
+    if bias is not None:
+        y = _B["add"](y, channels("bias", bias))
+    return y
+
+
+# --------------------------------------------- 3-d and untied convolutions, windows, remap
+#
+# Composed of the core's 2-d convolutions, slices and gathers (no dedicated
+# kernels yet): conv3d runs one conv2d per kernel depth tap over all output
+# depths at once (the depth folded into the batch), so its work is conv2d's.
+
+__all__ += ["conv3d", "conv_transpose3d", "local_conv2d", "sliding_window",
+            "sliding_window_transpose", "warp_affine", "remap"]
+
+
+def _check_conv_mode(fn, conv_mode):
+    if not isinstance(conv_mode, str) or conv_mode.lower() != "cross_correlation":
+        raise ValueError(f"{fn}: conv_mode must be 'cross_correlation' (the one MegEngine "
+                         f"supports), got {conv_mode!r}")
+
+
+def _fold_depth(x):
+    """[N, C, D, H, W] -> [N * D, C, H, W]."""
+    n, c, d, h, w = x.shape
+    return x.transpose(0, 2, 1, 3, 4).reshape(n * d, c, h, w)
+
+
+def _unfold_depth(y, n, d):
+    """[N * D, O, H, W] -> [N, O, D, H, W]."""
+    _, o, h, w = y.shape
+    return y.reshape(n, d, o, h, w).transpose(0, 2, 1, 3, 4)
+
+
+def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+           conv_mode="cross_correlation"):
+    """3-d convolution (cross-correlation; MegEngine's ``conv3d``,
+    PyTorch's ``conv3d``). Composed of the core's conv2d: for each of the KD
+    depth taps, one conv2d over every output depth at once (depth folded
+    into the batch), summed; no dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, D, H, W].
+        weight: float [O, C/groups, KD, KH, KW] (PyTorch's layout).
+        bias: float [O] or [1, O, 1, 1, 1], or None.
+        stride, dilation: int or (d, h, w) triple, >= 1.
+        padding: int or triple, >= 0 (zero padding).
+        groups: int >= 1 dividing C and O.
+        conv_mode: "cross_correlation" (the one MegEngine supports).
+
+    Returns:
+        [N, O, OD, OH, OW], OD = (D + 2*pd - dd*(KD-1) - 1) // sd + 1 (OH,
+        OW alike), in the promoted float dtype.
+
+    Raises:
+        ValueError: inp or weight not 5-d, channel or groups mismatch, bias
+            shape, a kernel larger than the padded input, a bad conv_mode.
+        TypeError: integer tensors; non-int geometry.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 1, 3, 3, 3), np.float32))
+    >>> F.conv3d(x, mt.tensor(np.ones((2, 1, 2, 2, 2), np.float32))).shape
+    (1, 2, 2, 2, 2)
+    """
+    fn = "conv3d"
+    _check_conv_mode(fn, conv_mode)
+    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    A.check_ndim(fn, "inp", x, 5, "[N, C, D, H, W]")
+    A.check_ndim(fn, "weight", weight, 5, "[O, C/groups, KD, KH, KW]")
+    for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    g = _groups(fn, groups)
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = (A.ntuple(fn, name, v, 3, lo) for name, v, lo in (
+        ("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    n, c, d = x.shape[:3]
+    o, cg, kd = weight.shape[:3]
+    if c % g or o % g:
+        raise ValueError(f"{fn}: groups={g} must divide the {c} input channels of inp and the "
+                         f"{o} output channels of weight")
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g} "
+                         f"(weight.shape[1] * groups = {cg} * {g})")
+    bias = _conv_bias(fn, bias, o)
+    od = (d + 2 * pd - dd * (kd - 1) - 1) // sd + 1
+    if od < 1:
+        raise ValueError(f"{fn}: the kernel depth {kd} (dilation {dd}) is larger than the "
+                         f"padded input depth {d + 2 * pd}")
+    if pd:
+        x = _nn.pad(x, ((0, 0), (0, 0), (pd, pd), (0, 0), (0, 0)), "constant", 0.0)
+    out = None
+    for k in range(kd):
+        start = k * dd
+        xs = x[:, :, start:start + (od - 1) * sd + 1:sd]                   # [N, C, OD, H, W]
+        try:
+            y = _nn.conv2d(_fold_depth(xs), weight[:, :, k], None, (sh, sw), (ph, pw),
+                           (dh, dw), g)
+        except ValueError as e:
+            raise ValueError(str(e).replace("conv2d:", f"{fn}:", 1)) from None
+        out = y if out is None else _B["add"](out, y)
+    out = _unfold_depth(out, n, od)
+    if bias is not None:
+        out = _B["add"](out, bias.reshape(1, o, 1, 1, 1))
+    return out
+
+
+def conv_transpose3d(inp, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1,
+                     groups=1):
+    """3-d transposed convolution (the gradient of conv3d with respect to its
+    input; MegEngine's and PyTorch's ``conv_transpose3d``). Composed of the
+    core's conv_transpose2d: one per kernel depth tap over every input depth
+    at once, each result spread to its output depths (stride) and summed;
+    no dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, D, H, W].
+        weight: float [C, O/groups, KD, KH, KW] (PyTorch's layout).
+        bias: float [O] or [1, O, 1, 1, 1], or None.
+        stride, dilation: int or triple >= 1; padding: int or triple >= 0;
+        output_padding: int or triple, each smaller than its stride or
+            dilation.
+        groups: int >= 1 dividing C.
+
+    Returns:
+        [N, O, OD, OH, OW], OD = (D-1)*sd - 2*pd + dd*(KD-1) + opd + 1 (OH,
+        OW alike), in the promoted float dtype.
+
+    Raises:
+        ValueError: inp or weight not 5-d, inp's channels not
+            weight.shape[0], bad bias shape or geometry. TypeError: integer
+            tensors.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 2, 2, 3, 3), np.float32))
+    >>> w = mt.tensor(np.ones((2, 4, 3, 3, 3), np.float32))
+    >>> F.conv_transpose3d(x, w, stride=2, padding=1, output_padding=1).shape
+    (1, 4, 4, 6, 6)
+    """
+    fn = "conv_transpose3d"
+    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    A.check_ndim(fn, "inp", x, 5, "[N, C, D, H, W]")
+    A.check_ndim(fn, "weight", weight, 5, "[C, O/groups, KD, KH, KW]")
+    for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    g = _groups(fn, groups)
+    (sd, sh, sw), (pd, ph, pw), (opd, oph, opw), (dd, dh, dw) = (
+        A.ntuple(fn, name, v, 3, lo) for name, v, lo in (
+            ("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
+            ("dilation", dilation, 1)))
+    if any(op >= max(s, dl) for op, s, dl in ((opd, sd, dd), (oph, sh, dh), (opw, sw, dw))):
+        raise ValueError(f"{fn}: output_padding {(opd, oph, opw)} must be smaller than stride "
+                         f"{(sd, sh, sw)} or dilation {(dd, dh, dw)}")
+    n, c, d = x.shape[:3]
+    if c != weight.shape[0]:
+        raise ValueError(f"{fn}: inp has {c} channels but weight.shape[0] is {weight.shape[0]} "
+                         f"(weight is [C, O/groups, KD, KH, KW])")
+    if c % g:
+        raise ValueError(f"{fn}: groups={g} does not divide the {c} channels of inp")
+    o, kd = weight.shape[1] * g, weight.shape[2]
+    bias = _conv_bias(fn, bias, o)
+    full = (d - 1) * sd + dd * (kd - 1) + 1 + opd          # output depth before the crop
+    od = full - 2 * pd
+    if od < 1:
+        raise ValueError(f"{fn}: padding {pd} leaves no output depth ({full} - 2 * {pd})")
+    xf = _fold_depth(x)
+    out = None
+    for k in range(kd):
+        y = _nn.conv_transpose2d(xf, weight[:, :, k], None, (sh, sw), (ph, pw), (oph, opw),
+                                 (dh, dw), g)
+        y = _unfold_depth(y, n, d)                                          # [N, O, D, OH, OW]
+        if sd > 1:        # input depth i lands at output depth i * sd: zeros between
+            zeros = _B["mul"](y, 0.0)
+            y = _index.stack([y] + [zeros] * (sd - 1), 3)
+            y = y.reshape(y.shape[:2] + (d * sd,) + y.shape[4:])[:, :, :(d - 1) * sd + 1]
+        before = k * dd
+        after = full - before - y.shape[2]
+        y = _nn.pad(y, ((0, 0), (0, 0), (before, after), (0, 0), (0, 0)), "constant", 0.0)
+        out = y if out is None else _B["add"](out, y)
+    out = out[:, :, pd:pd + od]
+    if bias is not None:
+        out = _B["add"](out, bias.reshape(1, o, 1, 1, 1))
+    return out
+
+
+def _window_geometry(fn, x, kernel_size, padding, stride, dilation):
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    k = A.pair(fn, "kernel_size", kernel_size, 1)
+    p = A.pair(fn, "padding", padding, 0)
+    s = A.pair(fn, "stride", stride, 1)
+    d = A.pair(fn, "dilation", dilation, 1)
+    return k, p, s, d
+
+
+def _windows_out(fn, size, k, p, s, d):
+    out = tuple((size[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2))
+    if min(out) < 1:
+        raise ValueError(f"{fn}: the window {k} (dilation {d}) is larger than the padded input "
+                         f"{tuple(size[i] + 2 * p[i] for i in range(2))}")
+    return out
+
+
+def sliding_window(inp, kernel_size, padding=0, stride=1, dilation=1):
+    """The sliding local blocks of a batch of images (MegEngine's
+    ``sliding_window``, its Images2Neibs; PyTorch's ``unfold`` laid out by
+    position): ``out[n, c, i, j, ki, kj] = x_padded[n, c, i*sh + ki*dh,
+    j*sw + kj*dw]``, zero padding. Composed of KH*KW strided slices of the
+    padded input, stacked; no dedicated kernel yet.
+
+    Args:
+        inp: [N, C, H, W], any dtype.
+        kernel_size: int or (kh, kw); padding, stride, dilation: int or pair.
+
+    Returns:
+        [N, C, OH, OW, KH, KW] in inp's dtype, OH = (H + 2*ph - dh*(KH-1)
+        - 1) // sh + 1 (OW alike).
+
+    Raises:
+        ValueError: inp not 4-d, a window larger than the padded input, bad
+            geometry. TypeError: non-int geometry.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(9).reshape(1, 1, 3, 3))
+    >>> F.sliding_window(x, 2)[0, 0, 1, 0].tolist()
+    [[3, 4], [6, 7]]
+    """
+    fn = "sliding_window"
+    (x,) = A.tensors(fn, inp=inp)
+    k, p, s, d = _window_geometry(fn, x, kernel_size, padding, stride, dilation)
+    n, c, h, w = x.shape
+    oh, ow = _windows_out(fn, (h, w), k, p, s, d)
+    if any(p):
+        x = _nn.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), "constant", 0)
+    taps = [x[:, :, i * d[0]:i * d[0] + (oh - 1) * s[0] + 1:s[0],
+              j * d[1]:j * d[1] + (ow - 1) * s[1] + 1:s[1]]
+            for i in range(k[0]) for j in range(k[1])]
+    return _index.stack(taps, 4).reshape(n, c, oh, ow, k[0], k[1])
+
+
+def sliding_window_transpose(inp, output_size, kernel_size, padding=0, stride=1, dilation=1):
+    """The adjoint of :func:`sliding_window` (MegEngine's
+    ``sliding_window_transpose``, PyTorch's ``fold``): each window element
+    is added back at its place, ``out[n, c, y, x] = sum of inp[n, c, i, j,
+    ki, kj]`` over the windows that cover (y, x) of the padded image, which
+    is then cropped by the padding. Composed of strided in-place adds into a
+    zero image; no dedicated kernel yet.
+
+    Args:
+        inp: [N, C, OH, OW, KH, KW], OH and OW those :func:`sliding_window`
+            gives for ``output_size``.
+        output_size: int or (h, w), the image size.
+        kernel_size, padding, stride, dilation: as :func:`sliding_window`.
+
+    Returns:
+        [N, C, H, W] in inp's dtype.
+
+    Raises:
+        ValueError: inp not 6-d, or its window grid or kernel not the one
+            output_size gives.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 1, 2, 2, 2, 2), np.float32))
+    >>> F.sliding_window_transpose(x, 3, 2).numpy()[0, 0].tolist()
+    [[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]]
+    """
+    fn = "sliding_window_transpose"
+    (x,) = A.tensors(fn, inp=inp)
+    A.check_ndim(fn, "inp", x, 6, "[N, C, OH, OW, KH, KW]")
+    hw = A.pair(fn, "output_size", output_size, 1)
+    k = A.pair(fn, "kernel_size", kernel_size, 1)
+    p = A.pair(fn, "padding", padding, 0)
+    s = A.pair(fn, "stride", stride, 1)
+    d = A.pair(fn, "dilation", dilation, 1)
+    oh, ow = _windows_out(fn, hw, k, p, s, d)
+    n, c = x.shape[:2]
+    if x.shape[2:] != (oh, ow) + k:
+        raise ValueError(f"{fn}: inp must be [N, C, {oh}, {ow}, {k[0]}, {k[1]}] for output_size "
+                         f"{hw}, kernel_size {k}, padding {p}, stride {s}, dilation {d}; got "
+                         f"shape {x.shape}")
+    hp, wp = hw[0] + 2 * p[0], hw[1] + 2 * p[1]
+    out = _B["mul"](_nn.pad(x[:, :, :1, :1, 0, 0], ((0, 0), (0, 0), (0, hp - 1), (0, wp - 1)),
+                            "constant", 0), 0)      # zeros [N, C, hp, wp] in x's dtype and device
+    for i in range(k[0]):
+        for j in range(k[1]):
+            idx = (slice(None), slice(None), slice(i * d[0], i * d[0] + (oh - 1) * s[0] + 1, s[0]),
+                   slice(j * d[1], j * d[1] + (ow - 1) * s[1] + 1, s[1]))
+            _index.setitem(out, idx, _B["add"](out[idx], x[:, :, :, :, i, j]))
+    return out[:, :, p[0]:p[0] + hw[0], p[1]:p[1] + hw[1]]
+
+
+def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
+                 conv_mode="cross_correlation"):
+    """Locally connected 2-d layer (MegEngine's ``local_conv2d``, its
+    GroupLocal): a convolution whose kernel differs at every output
+    position. Composed of :func:`sliding_window` and one batched matmul over
+    the output positions (the GEMM path); no dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        weight: float [OH, OW, C, KH, KW, O] (MegEngine's dense layout) or
+            [G, OH, OW, C/G, KH, KW, O/G] (grouped, as M.LocalConv2d keeps
+            it), OH and OW the output size.
+        bias: float [O] or [1, O, 1, 1], or None.
+        stride, padding, dilation: int or pair.
+        conv_mode: "cross_correlation".
+
+    Returns:
+        [N, O, OH, OW] in the promoted float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit (the output grid, channels,
+            kernel), a bad conv_mode. TypeError: integer tensors.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 2, 3, 3), np.float32))
+    >>> w = mt.tensor(np.ones((2, 2, 2, 2, 2, 4), np.float32))
+    >>> F.local_conv2d(x, w).shape
+    (1, 4, 2, 2)
+    """
+    fn = "local_conv2d"
+    _check_conv_mode(fn, conv_mode)
+    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    A.check_ndim(fn, "weight", weight, (6, 7), "[OH, OW, C, KH, KW, O] or "
+                                              "[G, OH, OW, C/G, KH, KW, O/G]")
+    for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    wt = weight if weight.ndim == 7 else weight.expand_dims(0)
+    g, oh, ow, cg, kh, kw, og = wt.shape
+    n, c, h, w = x.shape
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g}")
+    cols = sliding_window(x, (kh, kw), padding, stride, dilation)     # [N, C, OH, OW, KH, KW]
+    if cols.shape[2:4] != (oh, ow):
+        raise ValueError(f"{fn}: weight is for a {oh}x{ow} output but inp gives "
+                         f"{cols.shape[2]}x{cols.shape[3]}")
+    bias = _conv_bias(fn, bias, g * og)
+    # [OH*OW*G, N, C/G*KH*KW] @ [OH*OW*G, C/G*KH*KW, O/G]
+    a = cols.reshape(n, g, cg, oh, ow, kh, kw).transpose(3, 4, 1, 0, 2, 5, 6)
+    a = a.reshape(oh * ow * g, n, cg * kh * kw)
+    b = wt.transpose(1, 2, 0, 3, 4, 5, 6).reshape(oh * ow * g, cg * kh * kw, og)
+    y = _linalg.matmul(a, b)                                                # [OH*OW*G, N, O/G]
+    y = y.reshape(oh, ow, g, n, og).transpose(3, 2, 4, 0, 1).reshape(n, g * og, oh, ow)
+    if bias is not None:
+        y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
+    return y
+
+
+def warp_affine(inp, mat, out_shape, border_mode="replicate", border_val=0.0, format="NHWC",
+                interp_mode="linear"):
+    """Affine warp of batched images (MegEngine's ``warp_affine``): output
+    pixel (h, w) samples the input at ``mat[b] @ [w, h, 1]``, bilinearly;
+    :func:`warp_perspective` with the matrix completed by [0, 0, 1].
+    MegEngine's default layout here is NHWC (as its own); its NHWC CPU kernel
+    rounds the interpolation weights to fixed point (its values differ from
+    these, and from its NCHW kernel's, by up to 1/64 of the pixel range),
+    this computes in float as its NCHW kernel does.
+
+    Args:
+        inp: float [N, H, W, C] (``format="NHWC"``, the default) or
+            [N, C, H, W] (``"NCHW"``).
+        mat: float [N, 2, 3].
+        out_shape: (oh, ow).
+        border_mode, border_val: as :func:`warp_perspective`.
+        format: "NHWC" or "NCHW". interp_mode: "linear".
+
+    Returns:
+        [N, oh, ow, C] (NHWC) or [N, C, oh, ow], float32 (float64 input
+        gives float64).
+
+    Raises:
+        ValueError: mat not [N, 2, 3]; and as :func:`warp_perspective`.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1))
+    >>> m = mt.tensor([[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]])
+    >>> F.warp_affine(x, m, (2, 2)).numpy().ravel().tolist()
+    [5.0, 6.0, 9.0, 10.0]
+    """
+    fn = "warp_affine"
+    (m,) = A.tensors(fn, mat=mat)
+    if m.ndim != 3 or m.shape[1:] != (2, 3):
+        raise ValueError(f"{fn}: mat must be [N, 2, 3], got shape {m.shape}")
+    last = _B["add"](_B["mul"](m[:, :1, :], 0), A.as_tensor(
+        fn, "mat", np.array([[[0.0, 0.0, 1.0]]], np.float32), m.device))
+    try:
+        return warp_perspective(inp, _index.concat([m, last], 1), out_shape, None, border_mode,
+                                border_val, format, interp_mode)
+    except (ValueError, TypeError) as e:
+        raise type(e)(str(e).replace("warp_perspective:", f"{fn}:", 1)) from None
+
+
+def remap(inp, map_xy, border_mode="replicate", scalar=0.0, interp_mode="linear"):
+    """Sample images at given coordinates (MegEngine's ``remap``, OpenCV's
+    ``cv2.remap``): ``out[b, c, i, j] = inp[b, c]`` read at x =
+    ``map_xy[b, i, j, 0]``, y = ``map_xy[b, i, j, 1]``, bilinearly
+    ("linear") or at the nearest pixel ("nearest", coordinates rounded half
+    to even, as MegEngine). Neighbours outside the image follow
+    ``border_mode`` ("replicate", "constant" with ``scalar``, "reflect",
+    "reflect_101", "wrap"). Composed of gathers; no dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        map_xy: float [N, OH, OW, 2].
+        border_mode, scalar, interp_mode: see above.
+
+    Returns:
+        [N, C, OH, OW], float32 (float64 input gives float64).
+
+    Raises:
+        ValueError: shapes that do not fit, unknown modes. TypeError:
+            integer tensors.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+    >>> xy = np.array([[1., 0.], [0., 1.], [0., 1.], [0., 1.]], np.float32)
+    >>> xy = mt.tensor(xy.reshape(1, 2, 2, 2))
+    >>> F.remap(x, xy).numpy().ravel().tolist()
+    [1.0, 4.0, 4.0, 4.0]
+    """
+    fn = "remap"
+    x, mp = A.tensors(fn, inp=inp, map_xy=map_xy)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    A.check_float(fn, "inp", x)
+    A.check_float(fn, "map_xy", mp)
+    if mp.ndim != 4 or mp.shape[0] != x.shape[0] or mp.shape[3] != 2:
+        raise ValueError(f"{fn}: map_xy must be [{x.shape[0]}, OH, OW, 2] for inp of shape "
+                         f"{x.shape}, got {mp.shape}")
+    if border_mode not in _BORDERS:
+        raise ValueError(f"{fn}: border_mode must be one of {', '.join(map(repr, _BORDERS))}, "
+                         f"got {border_mode!r}")
+    if interp_mode not in ("linear", "nearest"):
+        raise ValueError(f"{fn}: interp_mode must be 'linear' or 'nearest', got {interp_mode!r}")
+    scalar = A.to_float(fn, "scalar", scalar)
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    x, mp = _dispatch.astype(x, dt), _dispatch.astype(mp, dt)
+    n, oh, ow = mp.shape[:3]
+    sx = mp[..., 0].reshape(n, oh * ow)
+    sy = mp[..., 1].reshape(n, oh * ow)
+    return _sample(x, sx, sy, border_mode, scalar, interp_mode).reshape(n, x.shape[1], oh, ow)
+
+
+# --------------------------------------------- multi-head attention
+
+__all__ += ["multi_head_attention"]
+
+
+def _float_mask(fn, name, mask, dtype):
+    """A bool mask (True: masked out) as 0 / -inf of ``dtype``; a float mask as is."""
+    if mask is None:
+        return None
+    if mask.dtype.kind == "b":
+        return _T["where"](mask, -math.inf, _dispatch.astype(_B["mul"](mask, 0), dtype))
+    if mask.dtype.kind not in "fV":
+        raise TypeError(f"{fn}: {name} must be bool or floating-point, got {mask.dtype.name}")
+    return mask
+
+
+def multi_head_attention(query, key, value, embed_dim, num_heads, attn_drop, out_drop,
+                         io_weight_bias, qproj_size=None, kproj_size=None, vproj_size=None,
+                         oproj_size=None, qbias=False, kbias=False, vbias=False, obias=False,
+                         bias_k=None, bias_v=None, add_zero_attn=False, key_padding_mask=None,
+                         attn_mask=None, need_weights=False, average_attn_weights=False,
+                         is_causal=False, maybe_cudnn_style_mask=False, reslink=False,
+                         training=True):
+    """Multi-head attention (MegEngine's ``multi_head_attention``; "Attention
+    Is All You Need"), batch first, with MegEngine's packed parameters.
+
+    ``io_weight_bias`` [1, n] holds, in order, the query, key, value and
+    output projection weights, each [in, out] (``Y = X @ W``, MegEngine's
+    layout, the transpose of PyTorch's), then their biases; a projection of
+    size 0 is absent (its input passes through), a bias absent unless its
+    flag is set. Per head h of size d = embed_dim / num_heads::
+
+        out = concat_h(softmax(q_h @ k_h^T / sqrt(d) + mask) @ v_h) @ W_o + b_o
+
+    The scores and softmax run on the core's fused ``attention`` kernel
+    (float32; other float dtypes run the same sequence of ops); the
+    projections are matmuls. Weights are returned when ``need_weights``.
+
+    Args:
+        query: float [N, L, E] (or unbatched [L, E]). key: [N, S, kdim],
+            value: [N, S, vdim].
+        embed_dim: E. num_heads: dividing E.
+        attn_drop, out_drop: dropout probabilities on the attention weights
+            and on the output, applied when ``training``.
+        io_weight_bias: float [1, n], see above.
+        qproj_size, kproj_size, vproj_size, oproj_size: projection sizes,
+            default embed_dim; 0 for none.
+        qbias, kbias, vbias, obias: whether io_weight_bias holds that bias.
+        bias_k, bias_v: [1, 1, E] rows appended to the projected keys and
+            values (MegEngine's add_bias_kv), or None.
+        add_zero_attn: append a zero key and value.
+        key_padding_mask: [N, S] bool (True: ignore that key) or float (added).
+        attn_mask: [L, S] or [N * num_heads, L, S], bool (True: masked) or
+            float (added to the scores).
+        need_weights: also return the attention weights.
+        average_attn_weights: average the returned weights over the heads.
+        is_causal: with no attn_mask, mask the keys after each query.
+        maybe_cudnn_style_mask, reslink: must be False (MegEngine's cuDNN
+            options).
+        training: apply the dropouts.
+
+    Returns:
+        ``(out, weights)``: out [N, L, oproj_size] (unbatched: [L, ...]);
+        weights [N * num_heads, L, S] ([N, L, S] averaged), or None.
+
+    Raises:
+        ValueError: shapes that do not fit, io_weight_bias of the wrong size,
+            num_heads not dividing the projection size, cuDNN-only options.
+        TypeError: integer tensors, masks neither bool nor float.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 2, 2), np.float32))
+    >>> w = mt.tensor(np.concatenate([np.eye(2).ravel()] * 4)[None].astype(np.float32))
+    >>> F.multi_head_attention(x, x, x, 2, 1, 0.0, 0.0, w)[0].tolist()
+    [[[1.0, 1.0], [1.0, 1.0]]]
+    """
+    fn = "multi_head_attention"
+    if maybe_cudnn_style_mask or reslink:
+        raise ValueError(f"{fn}: maybe_cudnn_style_mask and reslink are MegEngine's cuDNN-only "
+                         f"options; pass False")
+    q, k, v, wb, bias_k, bias_v, kpm, am = A.tensors(
+        fn, query=query, key=key, value=value, io_weight_bias=io_weight_bias, bias_k=bias_k,
+        bias_v=bias_v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+    for name, t in (("query", q), ("key", k), ("value", v), ("io_weight_bias", wb)):
+        A.check_float(fn, name, t)
+    e = A.to_size(fn, "embed_dim", embed_dim, 1)
+    h = A.to_size(fn, "num_heads", num_heads, 1)
+    p_attn = A.probability(fn, "attn_drop", attn_drop)
+    p_out = A.probability(fn, "out_drop", out_drop)
+    batched = q.ndim == 3
+    if q.ndim not in (2, 3) or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"{fn}: query, key and value must all be [N, L, E] or all [L, E], got "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if not batched:
+        q, k, v = q.expand_dims(0), k.expand_dims(0), v.expand_dims(0)
+        if kpm is not None:
+            kpm = kpm.expand_dims(0)
+    n, lq, eq = q.shape
+    s = k.shape[1]
+    if k.shape[0] != n or v.shape[0] != n or v.shape[1] != s:
+        raise ValueError(f"{fn}: key {k.shape} and value {v.shape} must be [{n}, S, *] with one S "
+                         f"for query {q.shape}")
+    if eq != e:
+        raise ValueError(f"{fn}: query has {eq} features, embed_dim is {e}")
+    sizes = [e if p is None else A.to_size(fn, name, p, 0) for name, p in (
+        ("qproj_size", qproj_size), ("kproj_size", kproj_size), ("vproj_size", vproj_size),
+        ("oproj_size", oproj_size))]
+    flags = [A.to_bool(fn, name, f) for name, f in (("qbias", qbias), ("kbias", kbias),
+                                                   ("vbias", vbias), ("obias", obias))]
+    ins = [e, k.shape[2], v.shape[2], sizes[2] or v.shape[2]]
+    for name, size, flag in zip("qkvo", sizes, flags):
+        if flag and not size:
+            raise ValueError(f"{fn}: {name}bias needs a {name} projection ({name}proj_size > 0)")
+    want = sum(i * o for i, o in zip(ins, sizes)) + sum(o for o, f in zip(sizes, flags) if f)
+    if wb.size != want:
+        raise ValueError(f"{fn}: io_weight_bias has {wb.size} elements; these sizes need {want} "
+                         f"(weights {[(i, o) for i, o in zip(ins, sizes)]}, biases "
+                         f"{[o for o, f in zip(sizes, flags) if f]})")
+    flat = wb.reshape(want)
+    pos, weights, biases = 0, [], []
+    for i, o in zip(ins, sizes):
+        weights.append(flat[pos:pos + i * o].reshape(i, o) if o else None)
+        pos += i * o
+    for o, f in zip(sizes, flags):
+        biases.append(flat[pos:pos + o] if f else None)
+        pos += o if f else 0
+
+    def project(x, j):
+        if weights[j] is None:
+            return x
+        y = _linalg.matmul(x, weights[j])
+        return y if biases[j] is None else _B["add"](y, biases[j])
+
+    qp, kp, vp = project(q, 0), project(k, 1), project(v, 2)
+    dq, dv = qp.shape[2], vp.shape[2]
+    if kp.shape[2] != dq:
+        raise ValueError(f"{fn}: the projected query ({dq}) and key ({kp.shape[2]}) sizes differ")
+    if dq % h or dv % h:
+        raise ValueError(f"{fn}: num_heads={h} must divide the projected query ({dq}) and value "
+                         f"({dv}) sizes")
+    if bias_k is not None or bias_v is not None:
+        if bias_k is None or bias_v is None:
+            raise ValueError(f"{fn}: give both bias_k and bias_v, or neither")
+        kp = _index.concat([kp, bias_k.reshape(1, 1, dq).broadcast_to((n, 1, dq))], 1)
+        vp = _index.concat([vp, bias_v.reshape(1, 1, dv).broadcast_to((n, 1, dv))], 1)
+    if A.to_bool(fn, "add_zero_attn", add_zero_attn):
+        kp = _index.concat([kp, _B["mul"](kp[:, :1], 0)], 1)
+        vp = _index.concat([vp, _B["mul"](vp[:, :1], 0)], 1)
+    extra = kp.shape[1] - s
+    # the additive mask [N, H, L, S'] (or one that broadcasts to it)
+    dt = qp.dtype
+    am = _float_mask(fn, "attn_mask", am, dt)
+    kpm = _float_mask(fn, "key_padding_mask", kpm, dt)
+    mask = None
+    if am is not None:
+        if am.ndim == 2 and am.shape == (lq, s):
+            mask = am.reshape(1, 1, lq, s)
+        elif am.ndim == 3 and am.shape == (n * h, lq, s):
+            mask = am.reshape(n, h, lq, s)
+        else:
+            raise ValueError(f"{fn}: attn_mask must be [{lq}, {s}] or [{n * h}, {lq}, {s}], got "
+                             f"{am.shape}")
+    elif A.to_bool(fn, "is_causal", is_causal):
+        causal = np.triu(np.full((lq, s), -np.inf, np.float32), 1)
+        mask = _dispatch.astype(A.as_tensor(fn, "is_causal", causal.reshape(1, 1, lq, s),
+                                            qp.device), dt)
+    if kpm is not None:
+        if kpm.shape != (n, s):
+            raise ValueError(f"{fn}: key_padding_mask must be [{n}, {s}], got {kpm.shape}")
+        kpm = kpm.reshape(n, 1, 1, s)
+        mask = kpm if mask is None else _B["add"](mask, kpm)
+    if mask is not None and extra:
+        mask = _nn.pad(mask.broadcast_to(mask.shape[:2] + (lq, s)),
+                       ((0, 0), (0, 0), (0, 0), (0, extra)), "constant", 0.0)
+
+    def heads(x, d):
+        return x.reshape(n, x.shape[1], h, d // h).transpose(0, 2, 1, 3)
+
+    qh, kh, vh = heads(qp, dq), heads(kp, dq), heads(vp, dv)
+    scale = (dq // h) ** -0.5
+    attn_weights = None
+    if need_weights or (training and p_attn > 0):
+        scores = _B["mul"](_linalg.matmul(qh, kh.transpose(0, 1, 3, 2)), scale)
+        if mask is not None:
+            scores = _B["add"](scores, mask)
+        probs = _reduce.softmax(scores, -1)
+        attn_weights = probs
+        if training and p_attn > 0:
+            probs = dropout(probs, p_attn, True)
+        o = _linalg.matmul(probs, vh)
+    elif dt == np.float32 and (mask is None or mask.dtype == np.float32):
+        o = _nn.attention(qh, kh, vh, mask, scale)
+    else:
+        scores = _B["mul"](_linalg.matmul(qh, kh.transpose(0, 1, 3, 2)), scale)
+        o = _linalg.matmul(_reduce.softmax(scores if mask is None else _B["add"](scores, mask),
+                                           -1), vh)
+    o = o.transpose(0, 2, 1, 3).reshape(n, lq, dv)
+    out = project(o, 3)
+    if training and p_out > 0:
+        out = dropout(out, p_out, True)
+    if not batched:
+        out = out.squeeze(0)
+    if not need_weights:
+        return out, None
+    w = attn_weights
+    if average_attn_weights:
+        w = _reduce.mean(w, 1, False)
+        return out, (w if batched else w.squeeze(0))
+    w = w.reshape(n * h, lq, w.shape[3])
+    return out, w
+
+
+# --------------------------------------------- deformable and region-restricted convolutions
+
+__all__ += ["deformable_conv2d", "region_restricted_conv"]
+
+
+def _grouped_weight(fn, weight, groups):
+    """A conv weight as [G, O/G, C/G, KH, KW]: PyTorch's [O, C/groups, KH, KW]
+    (mgtrace's conv modules) or MegEngine's grouped 5-d layout."""
+    if weight.ndim == 5:
+        if weight.shape[0] != groups:
+            raise ValueError(f"{fn}: a 5-d weight [G, O/G, C/G, KH, KW] must have G = groups "
+                             f"({groups}), got shape {weight.shape}")
+        return weight
+    A.check_ndim(fn, "weight", weight, (4, 5), "[O, C/groups, KH, KW] or [G, O/G, C/G, KH, KW]")
+    o = weight.shape[0]
+    if o % groups:
+        raise ValueError(f"{fn}: groups={groups} must divide the {o} output channels of weight")
+    return weight.reshape((groups, o // groups) + weight.shape[1:])
+
+
+def _grouped_gemm(cols, w, n, p):
+    """cols [N, C, K, P] times w [G, O/G, C/G, KH, KW] per group -> [N, O, P]."""
+    g, og, cg = w.shape[:3]
+    k = w.shape[3] * w.shape[4]
+    a = cols.reshape(n, g, cg * k, p)
+    y = _linalg.matmul(w.reshape(g, og, cg * k), a)                   # [N, G, O/G, P]
+    return y.reshape(n, g * og, p)
+
+
+def deformable_conv2d(inp, weight, offset, mask, bias=None, stride=1, padding=0, dilation=1,
+                      groups=1, conv_mode="cross_correlation", compute_mode="default"):
+    """Modulated deformable convolution (DCNv2; MegEngine's
+    ``deformable_conv2d``, torchvision's ``deform_conv2d`` with a mask).
+
+    Kernel tap k = (a, b) of output (i, j) reads the input at
+    ``(i*sh - ph + a*dh + dy, j*sw - pw + b*dw + dx)``, (dy, dx) =
+    ``offset[n, 2*(d*K + k) : 2*(d*K + k) + 2, i, j]`` for deformable group
+    d, bilinearly (zero outside the image), times ``mask[n, d*K + k, i,
+    j]``; the taps then meet the weights as in a convolution. Composed of
+    one gather-based bilinear sample per tap and one batched matmul; no
+    dedicated kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        weight: float [O, C/groups, KH, KW], or MegEngine's grouped
+            [groups, O/groups, C/groups, KH, KW].
+        offset: float [N, 2 * dg * KH * KW, OH, OW]; mask: float
+            [N, dg * KH * KW, OH, OW]; dg (deformable groups) divides C.
+        bias: [O] or [1, O, 1, 1], or None.
+        stride, padding, dilation: int or pair. groups: int.
+        conv_mode: "cross_correlation". compute_mode: "default" (float32
+            accumulation either way).
+
+    Returns:
+        [N, O, OH, OW], float32 (float64 for float64 input).
+
+    Raises:
+        ValueError: shapes that do not fit (offset or mask channels, output
+            grid, channels and groups). TypeError: integer tensors.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))
+    >>> off = np.zeros((1, 2, 3, 3), np.float32); off[0, 1] = 1.0   # (dy, dx) = (0, 1)
+    >>> F.deformable_conv2d(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), mt.tensor(off),
+    ...                     mt.tensor(np.ones((1, 1, 3, 3), np.float32))).numpy()[0, 0].tolist()
+    [[1.0, 2.0, 0.0], [4.0, 5.0, 0.0], [7.0, 8.0, 0.0]]
+    """
+    fn = "deformable_conv2d"
+    _check_conv_mode(fn, conv_mode)
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+    x, weight, offset, mask, bias = A.tensors(fn, inp=inp, weight=weight, offset=offset,
+                                              mask=mask, bias=bias)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("weight", weight), ("offset", offset), ("mask", mask),
+                    ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    g = _groups(fn, groups)
+    w = _grouped_weight(fn, weight, g)
+    n, c, h, wd = x.shape
+    _, og, cg, kh, kw = w.shape
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g}")
+    (sh, sw), (ph, pw), (dh, dw) = (A.pair(fn, nm, v, lo) for nm, v, lo in (
+        ("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
+    oh, ow = _windows_out(fn, (h, wd), (kh, kw), (ph, pw), (sh, sw), (dh, dw))
+    k = kh * kw
+    A.check_ndim(fn, "offset", offset, 4, "[N, 2 * dg * KH * KW, OH, OW]")
+    A.check_ndim(fn, "mask", mask, 4, "[N, dg * KH * KW, OH, OW]")
+    if offset.shape[0] != n or offset.shape[2:] != (oh, ow) or offset.shape[1] % (2 * k):
+        raise ValueError(f"{fn}: offset must be [{n}, 2 * dg * {k}, {oh}, {ow}], got "
+                         f"{offset.shape}")
+    dg = offset.shape[1] // (2 * k)
+    if c % dg:
+        raise ValueError(f"{fn}: the {dg} deformable groups of offset do not divide the {c} "
+                         f"channels")
+    if mask.shape != (n, dg * k, oh, ow):
+        raise ValueError(f"{fn}: mask must be [{n}, {dg * k}, {oh}, {ow}], got {mask.shape}")
+    bias = _conv_bias(fn, bias, g * og)
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    xs = _dispatch.astype(x, dt).reshape(n * dg, c // dg, h, wd)
+    off = _dispatch.astype(offset, dt).reshape(n, dg, k, 2, oh * ow)
+    msk = _dispatch.astype(mask, dt).reshape(n, dg, k, oh * ow)
+    gy, gx = np.meshgrid(np.arange(oh) * sh - ph, np.arange(ow) * sw - pw, indexing="ij")
+    taps = []
+    for a in range(kh):
+        for b in range(kw):
+            t = a * kw + b
+            base_y = A.as_tensor(fn, "inp", (gy + a * dh).reshape(1, 1, -1).astype(dt), x.device)
+            base_x = A.as_tensor(fn, "inp", (gx + b * dw).reshape(1, 1, -1).astype(dt), x.device)
+            sy = _B["add"](off[:, :, t, 0], base_y).reshape(n * dg, oh * ow)
+            sx = _B["add"](off[:, :, t, 1], base_x).reshape(n * dg, oh * ow)
+            v = _sample(xs, sx, sy, "constant", 0.0)                        # [N*dg, C/dg, P]
+            v = _B["mul"](v, msk[:, :, t].reshape(n * dg, 1, oh * ow))
+            taps.append(v.reshape(n, c, 1, oh * ow))
+    cols = _index.concat(taps, 2)                                           # [N, C, K, P]
+    y = _grouped_gemm(cols, _dispatch.astype(w, dt), n, oh * ow).reshape(n, g * og, oh, ow)
+    if bias is not None:
+        y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
+    return y
+
+
+def region_restricted_conv(inp, weight, rin, rout, bias=None, stride=1, padding=0, dilation=1,
+                           groups=1, conv_mode="cross_correlation", compute_mode="default"):
+    """Region-restricted convolution (MegEngine's ``region_restricted_conv``):
+    a convolution in which output (i, j) of sample n reads only the input
+    pixels whose region id ``rin[n, y, x]`` equals ``rout[n, i, j]`` (the
+    others count as zero). Composed of :func:`sliding_window` (of the input
+    and of rin), an equality mask and one batched matmul; no dedicated
+    kernel yet.
+
+    Args:
+        inp: float [N, C, H, W].
+        weight: float [O, C/groups, KH, KW], or MegEngine's grouped
+            [groups, O/groups, C/groups, KH, KW].
+        rin: integer [N, H, W]; rout: integer [N, OH, OW].
+        bias: [O] or [1, O, 1, 1], or None.
+        stride, padding, dilation: int or pair (zero padding: padded pixels
+            contribute 0). groups: int.
+        conv_mode: "cross_correlation". compute_mode: "default" or "float32".
+
+    Returns:
+        [N, O, OH, OW] in the promoted float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit. TypeError: float region ids,
+            integer inp or weight.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.ones((1, 1, 2, 3), np.float32))
+    >>> rin = mt.tensor(np.array([[[0, 0, 1], [0, 1, 1]]], np.int32))
+    >>> rout = mt.tensor(np.array([[[0, 1]]], np.int32))
+    >>> F.region_restricted_conv(x, mt.tensor(np.ones((1, 1, 2, 2), np.float32)), rin, rout).tolist()
+    [[[[3.0, 3.0]]]]
+    """
+    fn = "region_restricted_conv"
+    _check_conv_mode(fn, conv_mode)
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
+    x, weight, rin, rout, bias = A.tensors(fn, inp=inp, weight=weight, rin=rin, rout=rout,
+                                           bias=bias)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            A.check_float(fn, name, t)
+    A.check_int_dtype(fn, "rin", rin)
+    A.check_int_dtype(fn, "rout", rout)
+    g = _groups(fn, groups)
+    w = _grouped_weight(fn, weight, g)
+    n, c, h, wd = x.shape
+    _, og, cg, kh, kw = w.shape
+    if cg * g != c:
+        raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g}")
+    if rin.shape != (n, h, wd):
+        raise ValueError(f"{fn}: rin must be [{n}, {h}, {wd}] (inp's N, H, W), got {rin.shape}")
+    cols = sliding_window(x, (kh, kw), padding, stride, dilation)        # [N, C, OH, OW, KH, KW]
+    oh, ow = cols.shape[2:4]
+    if rout.shape != (n, oh, ow):
+        raise ValueError(f"{fn}: rout must be [{n}, {oh}, {ow}] (the output grid), got "
+                         f"{rout.shape}")
+    bias = _conv_bias(fn, bias, g * og)
+    ids = sliding_window(rin.expand_dims(1), (kh, kw), padding, stride, dilation)
+    keep = _B["eq"](ids, rout.reshape(n, 1, oh, ow, 1, 1))               # [N, 1, OH, OW, KH, KW]
+    cols = _T["where"](keep, cols, 0.0)
+    cols = cols.transpose(0, 1, 4, 5, 2, 3).reshape(n, c, kh * kw, oh * ow)
+    y = _grouped_gemm(cols, w, n, oh * ow).reshape(n, g * og, oh, ow)
+    if bias is not None:
+        y = _B["add"](y, bias.reshape(1, g * og, 1, 1))
+    return y
+
+
+__all__ += ["deformable_psroi_pooling"]
+
+
+def deformable_psroi_pooling(inp, rois, trans, no_trans, part_size, pooled_h, pooled_w,
+                             sample_per_part, spatial_scale, trans_std=0.1):
+    """Deformable RoI pooling (MegEngine's ``deformable_psroi_pooling``, its
+    DeformablePSROIPooling operator as its CPU kernel computes it).
+
+    For RoI r = ``rois[r] = (batch index, x1, y1, x2, y2)`` (image
+    coordinates, rounded half away from zero, times ``spatial_scale``, the
+    box [x1 - 0.5, x2 + 0.5] at least 0.1 wide), output bin (i, j) of every
+    channel averages ``sample_per_part ** 2`` bilinear samples on a grid
+    over the bin; unless ``no_trans``, the bin is first moved by ``trans[r,
+    :, i, j] * trans_std`` times the RoI's size (x then y). Samples more
+    than half a pixel outside the image are skipped (an empty bin gives 0);
+    the others are clamped to the image. Composed of core ops (the sample
+    grid, one gather-based bilinear read, a masked mean); no dedicated kernel.
+
+    Args:
+        inp: float [N, C, H, W].
+        rois: float [R, 5].
+        trans: float [R, 2, pooled_h, pooled_w] (ignored when ``no_trans``).
+        no_trans: bool, pool without offsets (MegEngine's first phase).
+        part_size: int, equal to pooled_h and pooled_w when trans is used
+            (MegEngine indexes trans by it).
+        pooled_h, pooled_w, sample_per_part: ints >= 1.
+        spatial_scale, trans_std: floats.
+
+    Returns:
+        [R, C, pooled_h, pooled_w] in inp's float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit, part_size not the pooled size.
+        TypeError: integer inp, non-int sizes.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
+    >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+    >>> rois = mt.tensor([[0.0, 0.0, 0.0, 3.0, 3.0]])
+    >>> F.deformable_psroi_pooling(x, rois, mt.tensor(np.zeros((1, 2, 1, 1), np.float32)),
+    ...                            True, 1, 1, 1, 2, 1.0).tolist()
+    [[[[3.75]]]]
+    """
+    fn = "deformable_psroi_pooling"
+    x, rois, trans = A.tensors(fn, inp=inp, rois=rois, trans=trans)
+    A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
+    for name, t in (("inp", x), ("rois", rois), ("trans", trans)):
+        A.check_float(fn, name, t)
+    no_trans = A.to_bool(fn, "no_trans", no_trans)
+    part = A.to_size(fn, "part_size", part_size, 1)
+    ph_n = A.to_size(fn, "pooled_h", pooled_h, 1)
+    pw_n = A.to_size(fn, "pooled_w", pooled_w, 1)
+    sp = A.to_size(fn, "sample_per_part", sample_per_part, 1)
+    scale = A.to_float(fn, "spatial_scale", spatial_scale)
+    std = A.to_float(fn, "trans_std", trans_std)
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise ValueError(f"{fn}: rois must be [R, 5] (batch index, x1, y1, x2, y2), got "
+                         f"{rois.shape}")
+    r = rois.shape[0]
+    A.check_ndim(fn, "trans", trans, 4, "[R, 2, pooled_h, pooled_w]")
+    if not no_trans:
+        if trans.shape != (r, 2, ph_n, pw_n):
+            raise ValueError(f"{fn}: trans must be [{r}, 2, {ph_n}, {pw_n}], got {trans.shape}")
+        if part != ph_n or part != pw_n:
+            raise ValueError(f"{fn}: part_size ({part}) must equal pooled_h and pooled_w "
+                             f"({ph_n}, {pw_n}) when trans is used")
+    n, c, h, w = x.shape
+    dt = "float64" if x.dtype == np.float64 else "float32"
+    xs, b = _dispatch.astype(x, dt), _dispatch.astype(rois, dt)
+
+    def round_away(v):          # C's round(): halves away from zero
+        return _B["mul"](_U["sign"](v), _U["floor"](_B["add"](_U["abs"](v), 0.5)))
+
+    left = _B["sub"](_B["mul"](round_away(b[:, 1:2]), scale), 0.5)                  # [R, 1]
+    top = _B["sub"](_B["mul"](round_away(b[:, 2:3]), scale), 0.5)
+    rw = _B["maximum"](_B["sub"](_B["sub"](_B["mul"](_B["add"](round_away(b[:, 3:4]), 1.0),
+                                                     scale), 0.5), left), 0.1)
+    rh = _B["maximum"](_B["sub"](_B["sub"](_B["mul"](_B["add"](round_away(b[:, 4:5]), 1.0),
+                                                     scale), 0.5), top), 0.1)
+    # the sample grid, bins then samples: [1, P], P = pooled_h * pooled_w * sp * sp
+    bi, bj, si, sj = np.meshgrid(np.arange(ph_n), np.arange(pw_n), np.arange(sp), np.arange(sp),
+                                 indexing="ij")
+    fy = A.as_tensor(fn, "inp", (bi + si / sp).reshape(1, -1).astype(dt), x.device)
+    fx = A.as_tensor(fn, "inp", (bj + sj / sp).reshape(1, -1).astype(dt), x.device)
+    sy = _B["add"](top, _B["mul"](fy, _B["truediv"](rh, ph_n)))                      # [R, P]
+    sx = _B["add"](left, _B["mul"](fx, _B["truediv"](rw, pw_n)))
+    if not no_trans:
+        t = _dispatch.astype(trans, dt).reshape(r, 2, ph_n * pw_n)
+        rep = A.as_tensor(fn, "trans", np.repeat(np.arange(ph_n * pw_n), sp * sp).astype(np.int32),
+                          x.device)
+        tx = _index.getitem(t[:, 0], (slice(None), rep))
+        ty = _index.getitem(t[:, 1], (slice(None), rep))
+        sx = _B["add"](sx, _B["mul"](_B["mul"](tx, std), rw))
+        sy = _B["add"](sy, _B["mul"](_B["mul"](ty, std), rh))
+    valid = _B["logical_and"](
+        _B["logical_and"](_B["ge"](sx, -0.5), _B["le"](sx, w - 0.5)),
+        _B["logical_and"](_B["ge"](sy, -0.5), _B["le"](sy, h - 0.5)))
+    sx, sy = _T["clip"](sx, 0.0, w - 1.0), _T["clip"](sy, 0.0, h - 1.0)
+    idx = _dispatch.astype(b[:, 0], "int32")
+    try:
+        imgs = _index.getitem(xs, idx)                                               # [R, C, H, W]
+    except IndexError:
+        raise IndexError(f"{fn}: rois[:, 0] holds a batch index outside 0..{n - 1}") from None
+    v = _sample(imgs, sx, sy, "replicate", 0.0)                                      # [R, C, P]
+    keep = _dispatch.astype(valid, dt).reshape(r, 1, ph_n * pw_n, sp * sp)
+    v = _B["mul"](v.reshape(r, c, ph_n * pw_n, sp * sp), keep)
+    total = _reduce.sum(v, -1, False)
+    count = _reduce.sum(keep, -1, False)
+    out = _T["where"](_B["eq"](count, 0), 0.0, _B["truediv"](total, _B["maximum"](count, 1.0)))
+    return _dispatch.astype(out.reshape(r, c, ph_n, pw_n), x.dtype)

@@ -23,6 +23,7 @@ import numpy as np
 from mgtrace._core import Tensor, as_device, tensor as _tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import index as _index
+from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 
 _B = _dispatch.binary_ops
@@ -724,3 +725,224 @@ def eye(N, M=None, dtype="float32", device=None):
     rows = arange(n, dtype="int64", device=device).expand_dims(1)
     cols = arange(m, dtype="int64", device=device)
     return _dispatch.astype(_B["eq"](rows, cols), dt)
+
+
+# ------------------------------------------------- more of MegEngine 1.13's tensor functions
+#
+# Composed of core ops (views, getitem, concat, nonzero); no dedicated kernel.
+
+__all__ += ["diag", "meshgrid", "roll", "swapaxes", "cond_take", "non_zero"]
+
+
+def diag(inp, k=0):
+    """A diagonal of a matrix, or a matrix with a given diagonal
+    (MegEngine's ``diag``, NumPy's ``np.diag``), composed of core ops.
+
+    Args:
+        inp: a 1-d Tensor [n] (gives a 2-d [n + |k|, n + |k|] with inp on
+            diagonal k, zeros elsewhere) or a 2-d Tensor [r, c] (gives the
+            1-d diagonal k, empty when it lies outside).
+        k: int; 0 the main diagonal, k > 0 above it, k < 0 below.
+
+    Returns:
+        inp's dtype.
+
+    Raises:
+        ValueError: inp neither 1-d nor 2-d. TypeError: k not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.diag(mt.tensor([1, 2]), k=1).tolist()
+    [[0, 1, 0], [0, 0, 2], [0, 0, 0]]
+    >>> F.diag(mt.tensor([[0, 1, 2], [3, 4, 5]]), k=-1).tolist()
+    [3]
+    """
+    fn = "diag"
+    x = _x(fn, inp)
+    k = A.to_int(fn, "k", k)
+    if x.ndim == 1:
+        n = x.shape[0]
+        m = n + abs(k)
+        A.check_numel(fn, "inp", (m, m))
+        mask = A.as_tensor(fn, "k", np.eye(m, k=k, dtype=np.bool_), x.device)
+        vals = _nn.pad(x, ((0, abs(k)),), "constant", 0) if k else x
+        vals = vals.reshape(m, 1) if k >= 0 else vals.reshape(1, m)
+        return _dispatch.ternary_ops["where"](mask, vals, _dispatch.astype(
+            A.as_tensor(fn, "inp", np.zeros((), np.int8), x.device), x.dtype))
+    if x.ndim != 2:
+        raise ValueError(f"{fn}: inp must be 1-d or 2-d, got shape {x.shape}")
+    r, c = x.shape
+    start = k if k >= 0 else -k * c
+    length = max(0, min(r, c - k) if k >= 0 else min(r + k, c))
+    flat = x.reshape(r * c)
+    return flat[start:start + length * (c + 1):c + 1] if length else flat[0:0]
+
+
+def meshgrid(*inputs, indexing="xy"):
+    """Coordinate matrices from coordinate vectors (MegEngine's
+    ``meshgrid``, NumPy's ``np.meshgrid``): broadcasts, copied.
+
+    Args:
+        *inputs: 1-d Tensors of lengths N1, N2, ..., Nn (one dtype each,
+            kept).
+        indexing: "xy" (Cartesian: outputs [N2, N1, N3, ...]) or "ij"
+            (matrix: outputs [N1, N2, N3, ...]); no effect for fewer than 2
+            inputs.
+
+    Returns:
+        A list of n Tensors, all of the one output shape.
+
+    Raises:
+        ValueError: an input not 1-d, indexing not "xy" or "ij".
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> [t.tolist() for t in F.meshgrid(mt.tensor([1, 2]), mt.tensor([3, 4, 5]))]
+    [[[1, 2], [1, 2], [1, 2]], [[3, 3], [4, 4], [5, 5]]]
+    """
+    fn = "meshgrid"
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"{fn}: indexing must be 'xy' or 'ij', got {indexing!r}")
+    ts = [_x(fn, t) for t in inputs]
+    for i, t in enumerate(ts):
+        if t.ndim != 1:
+            raise ValueError(f"{fn}: every input must be 1-d, input {i} has shape {t.shape}")
+    n = len(ts)
+    lengths = [t.shape[0] for t in ts]
+    if indexing == "xy" and n >= 2:
+        lengths[0], lengths[1] = lengths[1], lengths[0]
+    out = []
+    for i, t in enumerate(ts):
+        pos = i
+        if indexing == "xy" and n >= 2 and i < 2:
+            pos = 1 - i
+        shape = [1] * n
+        shape[pos] = t.shape[0]
+        out.append(t.reshape(tuple(shape)).broadcast_to(tuple(lengths)).copy())
+    return out
+
+
+def roll(inp, shift, axis=None):
+    """Elements shifted along axes, those past the end coming back at the
+    start (MegEngine's ``roll``, NumPy's ``np.roll``), composed of slices and
+    concat.
+
+    Args:
+        inp: Tensor of any shape.
+        shift: int, or a sequence of ints (one per entry of ``axis``).
+        axis: int, a sequence of ints (repeats allowed: their shifts add up),
+            or None: the flattened tensor is rolled, then reshaped back.
+
+    Returns:
+        inp's shape and dtype.
+
+    Raises:
+        ValueError: shift and axis of different lengths. IndexError: an axis
+            out of range. TypeError: shift or axis not ints.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.roll(mt.tensor([[1, 2], [3, 4], [5, 6]]), 1, axis=0).tolist()
+    [[5, 6], [1, 2], [3, 4]]
+    """
+    fn = "roll"
+    x = _x(fn, inp)
+    shape = x.shape
+    if axis is None:
+        x, axis = x.reshape(x.size), 0
+    shifts = list(shift) if isinstance(shift, (tuple, list)) else [shift]
+    axes = list(axis) if isinstance(axis, (tuple, list)) else [axis]
+    if len(shifts) != len(axes):
+        raise ValueError(f"{fn}: shift and axis must have the same length, got {len(shifts)} "
+                         f"shifts and {len(axes)} axes")
+    total = {}
+    for s, a in zip(shifts, axes):
+        a = A.to_axis(fn, "axis", a, x.ndim)
+        total[a] = total.get(a, 0) + A.to_int(fn, "shift", s)
+    for a, s in total.items():
+        size = x.shape[a]
+        s = s % size if size else 0
+        if s:
+            head = (slice(None),) * a
+            x = _index.concat([x[head + (slice(size - s, None),)],
+                               x[head + (slice(0, size - s),)]], a)
+    return x.reshape(shape) if axis == 0 and x.shape != shape else x
+
+
+def swapaxes(inp, axis1, axis2):
+    """inp with axes ``axis1`` and ``axis2`` interchanged (MegEngine's
+    ``swapaxes``): a view.
+
+    Raises:
+        IndexError: an axis out of range. TypeError: an axis not an int.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.swapaxes(mt.tensor([[[0, 1], [2, 3]], [[4, 5], [6, 7]]]), 0, 2).tolist()
+    [[[0, 4], [2, 6]], [[1, 5], [3, 7]]]
+    """
+    fn = "swapaxes"
+    x = _x(fn, inp)
+    a = A.to_axis(fn, "axis1", axis1, x.ndim)
+    b = A.to_axis(fn, "axis2", axis2, x.ndim)
+    pattern = list(range(x.ndim))
+    pattern[a], pattern[b] = pattern[b], pattern[a]
+    return x.transpose(*pattern) if x.ndim else x
+
+
+def cond_take(mask, x):
+    """The elements of x where ``mask`` is True, and their flat indices
+    (MegEngine's ``cond_take``), composed of the core's ``nonzero``.
+
+    Args:
+        mask: bool Tensor of x's shape.
+        x: Tensor.
+
+    Returns:
+        ``(values, indices)``: 1-d Tensors in row-major order, values of
+        x's dtype, indices int32 (MegEngine) into the flattened x.
+
+    Raises:
+        TypeError: mask not bool, or an operand that is not a Tensor.
+        ValueError: shapes that differ; tensors on different devices.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> v, i = F.cond_take(mt.tensor([[True, False], [False, True]]), mt.tensor([[1, 2], [3, 4]]))
+    >>> v.tolist(), i.tolist()
+    ([1, 4], [0, 3])
+    """
+    fn = "cond_take"
+    for name, t in (("mask", mask), ("x", x)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{fn}: {name} must be a Tensor, got {type(t).__name__}")
+    mask, x = A.tensors(fn, mask=mask, x=x)
+    if mask.dtype.kind != "b":
+        raise TypeError(f"{fn}: mask must be a bool tensor, got {mask.dtype.name}")
+    if mask.shape != x.shape:
+        raise ValueError(f"{fn}: mask has shape {mask.shape} but x has shape {x.shape}; they "
+                         f"must be equal")
+    flat = x.reshape(x.size)
+    idx = _index.nonzero(mask.reshape(mask.size)).reshape(-1)
+    return _index.gather(flat, 0, idx), idx
+
+
+def non_zero(condition, as_tuple=False):
+    """The coordinates of the nonzero elements of ``condition``, row-major
+    (MegEngine's ``non_zero``); core op ``nonzero``.
+
+    Args:
+        condition: Tensor of any shape and dtype.
+        as_tuple: False: one int32 Tensor [n, ndim] (a row per element);
+            True: a tuple of ndim int32 Tensors [n] (MegEngine's rows of
+            the transposed result).
+
+    Raises:
+        TypeError: condition not a Tensor.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.non_zero(mt.tensor([1, 1, 0, 1]), as_tuple=True)[0].tolist()
+    [0, 1, 3]
+    """
+    fn = "non_zero"
+    if not isinstance(condition, Tensor):
+        raise TypeError(f"{fn}: condition must be a Tensor, got {type(condition).__name__}")
+    coords = _index.nonzero(condition)
+    if as_tuple:
+        return tuple(coords[:, k].copy() for k in range(coords.shape[1]))
+    return coords

@@ -26,7 +26,13 @@ from mgtrace.module.builtin import (
     # pooling and shape
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten,
     # misc
-    Dropout, Identity)
+    Dropout, Identity,
+    # MegEngine's further modules
+    LeakyReLU, PReLU, PixelShuffle, Pad, AdaptiveMaxPool2d, InstanceNorm, GeneralNorm,
+    LocalResponseNorm, SyncBatchNorm, Conv3d, ConvTranspose3d, LocalConv2d, SlidingWindow,
+    SlidingWindowTranspose, DeformableConv2d, RegionRestrictedConv, DeformablePSROIPooling)
+from mgtrace.module.rnn import LSTM, LSTMCell, RNN, RNNCell
+from mgtrace.module.attention import MultiHeadAttention
 from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
                                   fuse_conv_bn_relu_module)
 
@@ -38,5 +44,9 @@ __all__ = [
     "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
     "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "Hardswish", "Hardsigmoid",
     "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Dropout", "Identity",
+    "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
+    "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d", "LocalConv2d",
+    "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell", "RNN", "LSTM",
+    "MultiHeadAttention", "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
     "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
 ]

@@ -960,3 +960,638 @@ class Flatten(Module):
 
     def forward(self, x):
         return F.flatten(x, self.start_dim, self.end_dim)
+
+
+# -------------------------------------------- more of MegEngine 1.13's modules
+#
+# Constructors take MegEngine's arguments and defaults; parameters keep
+# torch.nn's names and layouts where PyTorch has the module (PReLU's weight
+# [num_parameters], as torch.nn.PReLU), so PyTorch checkpoints load by key.
+
+__all__ += ["LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
+            "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm"]
+
+
+@_builtin
+class LeakyReLU(Module):
+    """``x if x > 0 else negative_slope * x`` (:func:`mgtrace.functional.leaky_relu`).
+
+    Args:
+        negative_slope: float, default 0.01 (MegEngine, PyTorch).
+    """
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = A.to_float("LeakyReLU", "negative_slope", negative_slope)
+
+    def config(self):
+        return {"negative_slope": self.negative_slope}
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}"
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+@_builtin
+class PReLU(Module):
+    """``max(0, x) + a * min(0, x)`` with a learned slope ``a``
+    (:func:`mgtrace.functional.prelu`).
+
+    Args:
+        num_parameters: 1 (one slope for every channel) or the number of
+            channels C of x [N, C, *] (one slope per channel).
+        init: the initial slope, default 0.25.
+
+    Parameter ``weight`` [num_parameters] (torch.nn.PReLU's layout;
+    MegEngine stores [1, C, 1, 1], the same values), broadcast over axis 1.
+
+    Raises:
+        ValueError: num_parameters < 1; in forward, num_parameters > 1 and
+            x's axis 1 of another size.
+    """
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        fn = "PReLU"
+        self.num_parameters = A.to_size(fn, "num_parameters", num_parameters, 1)
+        self.init = A.to_float(fn, "init", init)
+        self.weight = Parameter(np.full(self.num_parameters, self.init, np.float32))
+
+    def reset_parameters(self):
+        init.constant_(self.weight, self.init)
+
+    def config(self):
+        return {"num_parameters": self.num_parameters, "init": self.init}
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
+
+    def forward(self, x):
+        w = self.weight
+        if self.num_parameters > 1:
+            if x.ndim < 2 or x.shape[1] != self.num_parameters:
+                raise ValueError(f"PReLU: x must be [N, {self.num_parameters}, *] for "
+                                 f"{self.num_parameters} parameters, got shape {x.shape}")
+            w = w.reshape((1, self.num_parameters) + (1,) * (x.ndim - 2))
+        return F.prelu(x, w)
+
+
+@_builtin
+class PixelShuffle(Module):
+    """[..., C * r * r, H, W] -> [..., C, H * r, W * r]
+    (:func:`mgtrace.functional.pixel_shuffle`), r = ``upscale_factor``."""
+
+    def __init__(self, upscale_factor):
+        super().__init__()
+        self.upscale_factor = A.to_size("PixelShuffle", "upscale_factor", upscale_factor, 1)
+
+    def config(self):
+        return {"upscale_factor": self.upscale_factor}
+
+    def extra_repr(self):
+        return f"upscale_factor={self.upscale_factor}"
+
+    def forward(self, x):
+        return F.pixel_shuffle(x, self.upscale_factor)
+
+
+@_builtin
+class Pad(Module):
+    """Pads its input (:func:`mgtrace.functional.pad`; MegEngine's Pad).
+
+    Args:
+        pad_width: an int, or one (before, after) pair per axis (config
+            gives nested tuples).
+        mode: "constant", "reflect", "replicate"/"edge", "circular"/"wrap".
+        constant_val: the fill of "constant" (MegEngine's name).
+
+    Raises:
+        ValueError: an unknown mode, negative padding. TypeError: non-int
+            pad_width.
+    """
+
+    def __init__(self, pad_width, mode="constant", constant_val=0.0):
+        super().__init__()
+        fn = "Pad"
+        if isinstance(pad_width, (tuple, list)):
+            pad_width = tuple(tuple(A.to_size(fn, "pad_width", v) for v in p)
+                              if isinstance(p, (tuple, list)) else A.to_size(fn, "pad_width", p)
+                              for p in pad_width)
+        else:
+            pad_width = A.to_size(fn, "pad_width", pad_width)
+        if not isinstance(mode, str) or mode not in F.nn._PAD_MODES:
+            raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, F.nn._PAD_MODES))}, "
+                             f"got {mode!r}")
+        self.pad_width, self.mode = pad_width, mode
+        self.constant_val = A.to_float(fn, "constant_val", constant_val)
+
+    def config(self):
+        return {"pad_width": self.pad_width, "mode": self.mode, "constant_val": self.constant_val}
+
+    def extra_repr(self):
+        return f"pad_width={self.pad_width}, mode={self.mode}"
+
+    def forward(self, x):
+        return F.pad(x, self.pad_width, self.mode, self.constant_val)
+
+
+@_builtin
+class AdaptiveMaxPool2d(Module):
+    """Max pooling of x [N, C, H, W] to ``output_size`` (int or pair;
+    MegEngine's ``oshp``), :func:`mgtrace.functional.adaptive_max_pool2d`."""
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = _pool_arg("AdaptiveMaxPool2d", "output_size", output_size, 1)
+
+    def config(self):
+        return {"output_size": self.output_size}
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+    def forward(self, x):
+        return F.adaptive_max_pool2d(x, self.output_size)
+
+
+def _affine_params(m, shape):
+    if m.affine:
+        m.weight = Parameter(np.ones(shape, np.float32))
+        m.bias = Parameter(np.zeros(shape, np.float32))
+    else:
+        m.register_parameter("weight", None)
+        m.register_parameter("bias", None)
+
+
+@_builtin
+class InstanceNorm(Module):
+    """Instance normalization of x [N, C, *] (MegEngine's InstanceNorm,
+    :func:`mgtrace.functional.instance_norm`): each sample's channel
+    normalized over its spatial axes.
+
+    Args:
+        num_channels: C.
+        eps: added to the variance, default 1e-5.
+        affine: learn ``weight`` (ones) and ``bias`` (zeros) [C].
+    """
+
+    def __init__(self, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        fn = "InstanceNorm"
+        self.num_channels = A.to_size(fn, "num_channels", num_channels, 1)
+        self.eps = A.to_float(fn, "eps", eps)
+        self.affine = A.to_bool(fn, "affine", affine)
+        _affine_params(self, (self.num_channels,))
+
+    def reset_parameters(self):
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def config(self):
+        return {"num_channels": self.num_channels, "eps": self.eps, "affine": self.affine}
+
+    def extra_repr(self):
+        return f"{self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+    def forward(self, x):
+        if x.ndim < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(f"InstanceNorm: x must be [N, {self.num_channels}, *], got shape "
+                             f"{x.shape}")
+        return F.instance_norm(x, self.affine, self.weight, self.bias, self.eps)
+
+
+@_builtin
+class GeneralNorm(Module):
+    """Normalization over the axes ``normalized_axis`` (MegEngine's
+    GeneralNorm, :func:`mgtrace.functional.general_norm`).
+
+    Args:
+        normalized_shape: int or tuple, the sizes of the normalized axes in
+            order (the shape of ``weight`` and ``bias``); required when
+            ``affine``.
+        normalized_axis: int or tuple of the same length, ascending once
+            negative axes are counted from the end (default 0).
+        eps: added to the variance. affine: learn weight (ones), bias (zeros).
+
+    Raises:
+        ValueError: normalized_shape missing with affine, lengths that
+            differ, repeated axes; in forward, as general_norm.
+    """
+
+    def __init__(self, normalized_shape=None, normalized_axis=0, eps=1e-5, affine=True):
+        super().__init__()
+        fn = "GeneralNorm"
+        self.affine = A.to_bool(fn, "affine", affine)
+        self.eps = A.to_float(fn, "eps", eps)
+        axes = normalized_axis if isinstance(normalized_axis, (tuple, list)) else (normalized_axis,)
+        self.normalized_axis = tuple(A.to_int(fn, "normalized_axis", a) for a in axes)
+        if len(set(self.normalized_axis)) != len(self.normalized_axis):
+            raise ValueError(f"{fn}: normalized_axis {self.normalized_axis} repeats an axis")
+        if normalized_shape is None:
+            if self.affine:
+                raise ValueError(f"{fn}: normalized_shape must be given when affine is True")
+            self.normalized_shape = None
+        else:
+            self.normalized_shape = A.to_shape(fn, "normalized_shape", normalized_shape, False)
+            if len(self.normalized_shape) != len(self.normalized_axis):
+                raise ValueError(f"{fn}: normalized_shape {self.normalized_shape} and "
+                                 f"normalized_axis {self.normalized_axis} differ in length")
+        _affine_params(self, self.normalized_shape)
+
+    def reset_parameters(self):
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def config(self):
+        return {"normalized_shape": self.normalized_shape, "normalized_axis": self.normalized_axis,
+                "eps": self.eps, "affine": self.affine}
+
+    def extra_repr(self):
+        return (f"normalized_shape={self.normalized_shape}, normalized_axis="
+                f"{self.normalized_axis}, eps={self.eps}, affine={self.affine}")
+
+    def forward(self, x):
+        return F.general_norm(x, self.normalized_axis, self.affine, self.weight, self.bias,
+                              self.eps)
+
+
+@_builtin
+class LocalResponseNorm(Module):
+    """Local response normalization across channels (MegEngine's
+    LocalResponseNorm, :func:`mgtrace.functional.local_response_norm`:
+    alpha is not divided by kernel_size).
+
+    Args:
+        kernel_size: odd int, default 5. k: 2.0. alpha: 1e-4. beta: 0.75.
+    """
+
+    def __init__(self, kernel_size=5, k=2.0, alpha=1e-4, beta=0.75):
+        super().__init__()
+        fn = "LocalResponseNorm"
+        self.kernel_size = A.to_size(fn, "kernel_size", kernel_size, 1)
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"{fn}: kernel_size must be odd, got {self.kernel_size}")
+        self.k = A.to_float(fn, "k", k)
+        self.alpha = A.to_float(fn, "alpha", alpha)
+        self.beta = A.to_float(fn, "beta", beta)
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "k": self.k, "alpha": self.alpha,
+                "beta": self.beta}
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, k={self.k}, alpha={self.alpha}, beta={self.beta}"
+
+    def forward(self, x):
+        return F.local_response_norm(x, self.kernel_size, self.k, self.alpha, self.beta)
+
+
+@_builtin
+class SyncBatchNorm(_BatchNorm):
+    """Synchronized batch normalization (MegEngine's SyncBatchNorm) in one
+    process: :class:`BatchNorm2d`'s arguments, parameters, buffers and
+    momentum convention (PyTorch's), over x [N, C] up to [N, C, D, H, W];
+    ``eps_mode`` "additive" or "max" as
+    :func:`mgtrace.functional.sync_batch_norm`. mgtrace has no process
+    group, so the batch is the whole batch.
+
+    Raises:
+        ValueError: an unknown eps_mode; and as BatchNorm2d.
+    """
+    _input_ndims = (2, 3, 4, 5)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, eps_mode="additive"):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        if eps_mode not in ("additive", "max"):
+            raise ValueError(f"SyncBatchNorm: eps_mode must be 'additive' or 'max', got "
+                             f"{eps_mode!r}")
+        self.eps_mode = eps_mode
+
+    def config(self):
+        cfg = super().config()
+        del cfg["bias"]
+        cfg["eps_mode"] = self.eps_mode
+        return cfg
+
+    def forward(self, x):
+        if self.eps_mode == "additive":
+            return super().forward(x)
+        if x.ndim not in self._input_ndims:
+            raise ValueError(f"SyncBatchNorm: expected 2D to 5D input, got {x.ndim}D input of "
+                             f"shape {x.shape}")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked += 1
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        track = not self.training or self.track_running_stats
+        return F.sync_batch_norm(x, self.running_mean if track else None,
+                                 self.running_var if track else None, self.weight, self.bias,
+                                 self.training or self.running_mean is None, 1.0 - factor,
+                                 self.eps, "max")
+
+
+__all__ += ["Conv3d", "ConvTranspose3d", "LocalConv2d", "SlidingWindow", "SlidingWindowTranspose"]
+
+
+@_builtin
+class Conv3d(_ConvNd):
+    """3-d convolution (cross-correlation) over x float32 [N, C_in, D, H, W]
+    (MegEngine's Conv3d; :func:`mgtrace.functional.conv3d`, composed of
+    conv2d).
+
+    Args as torch.nn.Conv3d (MegEngine's are the first eight):
+    ``kernel_size``, ``stride``, ``padding``, ``dilation`` are ints or
+    triples (config gives triples); ``padding_mode`` as :class:`Conv2d`.
+    Parameters ``weight`` [C_out, C_in/groups, KD, KH, KW] (PyTorch's
+    layout), ``bias`` [C_out].
+
+    Raises ValueError as :class:`Conv2d`.
+    """
+    _n = 3
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, padding_mode="zeros"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode=padding_mode)
+
+    def forward(self, x):
+        return F.conv3d(self._padded(x), self.weight, self.bias, self.stride,
+                        self._conv_padding(), self.dilation, self.groups)
+
+
+@_builtin
+class ConvTranspose3d(_ConvNd):
+    """3-d transposed convolution over x float32 [N, C_in, D, H, W]
+    (MegEngine's ConvTranspose3d; :func:`mgtrace.functional.conv_transpose3d`).
+
+    Args as torch.nn.ConvTranspose3d (``output_padding`` before ``groups``,
+    ``dilation`` last; ``padding_mode`` only "zeros"). Parameters
+    ``weight`` [C_in, C_out/groups, KD, KH, KW], ``bias`` [C_out].
+    """
+    _n = 3
+    _transposed = True
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 output_padding=0, groups=1, bias=True, dilation=1, padding_mode="zeros"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, output_padding, padding_mode)
+        if any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride,
+                                                    self.dilation)):
+            raise ValueError(f"ConvTranspose3d: output_padding {self.output_padding} must be "
+                             f"smaller than stride {self.stride} or dilation {self.dilation}")
+
+    def config(self):
+        cfg = self._common_config()
+        cfg["output_padding"] = self.output_padding
+        return cfg
+
+    def forward(self, x):
+        return F.conv_transpose3d(x, self.weight, self.bias, self.stride, self.padding,
+                                  self.output_padding, self.dilation, self.groups)
+
+
+@_builtin
+class LocalConv2d(Module):
+    """Locally connected 2-d layer (MegEngine's LocalConv2d): a kernel per
+    output position, :func:`mgtrace.functional.local_conv2d`.
+
+    Args (MegEngine's):
+        in_channels, out_channels: C_in, C_out.
+        input_height, input_width: the input size the weights are for.
+        kernel_size, stride, padding, dilation: int or pair.
+        groups: dividing both channel counts.
+
+    Parameter ``weight`` [groups, OH, OW, C_in/groups, KH, KW,
+    C_out/groups] (MegEngine's layout), initialised as a conv of that
+    kernel (U(+-1/sqrt(fan_in))); no bias (as MegEngine's).
+
+    Raises:
+        ValueError: channels not divisible by groups, a kernel larger than
+            the padded input.
+    """
+
+    def __init__(self, in_channels, out_channels, input_height, input_width, kernel_size,
+                 stride=1, padding=0, dilation=1, groups=1):
+        super().__init__()
+        fn = "LocalConv2d"
+        self.in_channels = A.to_size(fn, "in_channels", in_channels, 1)
+        self.out_channels = A.to_size(fn, "out_channels", out_channels, 1)
+        self.input_height = A.to_size(fn, "input_height", input_height, 1)
+        self.input_width = A.to_size(fn, "input_width", input_width, 1)
+        self.kernel_size = A.pair(fn, "kernel_size", kernel_size, 1)
+        self.stride = A.pair(fn, "stride", stride, 1)
+        self.padding = A.pair(fn, "padding", padding, 0)
+        self.dilation = A.pair(fn, "dilation", dilation, 1)
+        self.groups = A.to_size(fn, "groups", groups, 1)
+        g = self.groups
+        if self.in_channels % g or self.out_channels % g:
+            raise ValueError(f"{fn}: in_channels ({self.in_channels}) and out_channels "
+                             f"({self.out_channels}) must both be divisible by groups ({g})")
+        oh, ow = F.nn._windows_out(fn, (self.input_height, self.input_width), self.kernel_size,
+                                   self.padding, self.stride, self.dilation)
+        self.weight = _empty_param((g, oh, ow, self.in_channels // g) + self.kernel_size
+                                   + (self.out_channels // g,))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        fan_in = (self.in_channels // self.groups) * self.kernel_size[0] * self.kernel_size[1]
+        bound = 1 / math.sqrt(fan_in)
+        init.uniform_(self.weight, -bound, bound)
+
+    def config(self):
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
+                "input_height": self.input_height, "input_width": self.input_width,
+                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "groups": self.groups}
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, input=({self.input_height}, "
+                f"{self.input_width}), kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}")
+
+    def forward(self, x):
+        return F.local_conv2d(x, self.weight, None, self.stride, self.padding, self.dilation)
+
+
+class _Window(Module):
+    def _geometry(self, fn, kernel_size, padding, stride, dilation):
+        self.kernel_size = A.pair(fn, "kernel_size", kernel_size, 1)
+        self.padding = A.pair(fn, "padding", padding, 0)
+        self.stride = A.pair(fn, "stride", stride, 1)
+        self.dilation = A.pair(fn, "dilation", dilation, 1)
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "padding": self.padding, "stride": self.stride,
+                "dilation": self.dilation}
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v}" for k, v in self.config().items())
+
+
+@_builtin
+class SlidingWindow(_Window):
+    """The sliding blocks of x [N, C, H, W] as [N, C, OH, OW, KH, KW]
+    (MegEngine's SlidingWindow, :func:`mgtrace.functional.sliding_window`).
+
+    Args: kernel_size, padding=0, stride=1, dilation=1 (ints or pairs;
+    config gives pairs).
+    """
+
+    def __init__(self, kernel_size, padding=0, stride=1, dilation=1):
+        super().__init__()
+        self._geometry("SlidingWindow", kernel_size, padding, stride, dilation)
+
+    def forward(self, x):
+        return F.sliding_window(x, self.kernel_size, self.padding, self.stride, self.dilation)
+
+
+@_builtin
+class SlidingWindowTranspose(_Window):
+    """Sums [N, C, OH, OW, KH, KW] windows back into [N, C, H, W] images
+    (MegEngine's SlidingWindowTranspose,
+    :func:`mgtrace.functional.sliding_window_transpose`).
+
+    Args: output_size (int or (h, w)), kernel_size, padding=0, stride=1,
+    dilation=1.
+    """
+
+    def __init__(self, output_size, kernel_size, padding=0, stride=1, dilation=1):
+        super().__init__()
+        self.output_size = A.pair("SlidingWindowTranspose", "output_size", output_size, 1)
+        self._geometry("SlidingWindowTranspose", kernel_size, padding, stride, dilation)
+
+    def config(self):
+        return {"output_size": self.output_size, **super().config()}
+
+    def forward(self, x):
+        return F.sliding_window_transpose(x, self.output_size, self.kernel_size, self.padding,
+                                          self.stride, self.dilation)
+
+
+__all__ += ["DeformableConv2d", "RegionRestrictedConv"]
+
+
+def _conv_modes(fn, conv_mode, compute_mode):
+    if not isinstance(conv_mode, str) or conv_mode.lower() != "cross_correlation":
+        raise ValueError(f"{fn}: conv_mode must be 'cross_correlation', got {conv_mode!r}")
+    if compute_mode not in ("default", "float32"):
+        raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got "
+                         f"{compute_mode!r}")
+
+
+@_builtin
+class DeformableConv2d(_ConvNd):
+    """Modulated deformable 2-d convolution (MegEngine's DeformableConv2d,
+    :func:`mgtrace.functional.deformable_conv2d`); forward(inp [N, C, H, W],
+    offset [N, 2 * dg * KH * KW, OH, OW], mask [N, dg * KH * KW, OH, OW]).
+
+    Args (MegEngine's): in_channels, out_channels, kernel_size, stride=1,
+    padding=0, dilation=1, groups=1, bias=True, conv_mode
+    ("cross_correlation"), compute_mode ("default" or "float32").
+    Parameters ``weight`` [O, C/groups, KH, KW] and ``bias`` [O] (PyTorch's
+    and torchvision's layouts; MegEngine keeps [groups, O/groups, C/groups,
+    KH, KW] and [1, O, 1, 1], the same values).
+    """
+    _n = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, conv_mode="cross_correlation", compute_mode="default"):
+        _conv_modes("DeformableConv2d", conv_mode, compute_mode)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+
+    def config(self):
+        cfg = self._common_config()
+        del cfg["padding_mode"]
+        cfg["conv_mode"], cfg["compute_mode"] = self.conv_mode, self.compute_mode
+        return cfg
+
+    def forward(self, inp, offset, mask):
+        return F.deformable_conv2d(inp, self.weight, offset, mask, self.bias, self.stride,
+                                   self.padding, self.dilation, self.groups, self.conv_mode,
+                                   self.compute_mode)
+
+
+@_builtin
+class RegionRestrictedConv(_ConvNd):
+    """Region-restricted 2-d convolution (MegEngine's RegionRestrictedConv,
+    :func:`mgtrace.functional.region_restricted_conv`); forward(inp [N, C,
+    H, W], rin [N, H, W], rout [N, OH, OW]).
+
+    Args (MegEngine's order: ``groups`` right after ``kernel_size``):
+    in_channels, out_channels, kernel_size, groups=1, bias=True, stride=1,
+    padding=0, dilation=1, conv_mode, compute_mode, padding_mode (only
+    "zeros": padded pixels belong to no region). Parameters as
+    :class:`DeformableConv2d`.
+    """
+    _n = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, groups=1, bias=True, stride=1,
+                 padding=0, dilation=1, conv_mode="cross_correlation", compute_mode="default",
+                 padding_mode="zeros"):
+        fn = "RegionRestrictedConv"
+        _conv_modes(fn, conv_mode, compute_mode)
+        if padding_mode != "zeros":
+            raise ValueError(f"{fn}: padding_mode must be 'zeros' (padded pixels belong to no "
+                             f"region), got {padding_mode!r}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias)
+        self.conv_mode, self.compute_mode = conv_mode, compute_mode
+
+    def config(self):
+        cfg = self._common_config()
+        cfg["conv_mode"], cfg["compute_mode"] = self.conv_mode, self.compute_mode
+        return cfg
+
+    def forward(self, inp, rin, rout):
+        return F.region_restricted_conv(inp, self.weight, rin, rout, self.bias, self.stride,
+                                        self.padding, self.dilation, self.groups, self.conv_mode,
+                                        self.compute_mode)
+
+
+__all__ += ["DeformablePSROIPooling"]
+
+
+@_builtin
+class DeformablePSROIPooling(Module):
+    """Deformable RoI pooling (MegEngine's DeformablePSROIPooling,
+    :func:`mgtrace.functional.deformable_psroi_pooling`); forward(inp
+    [N, C, H, W], rois [R, 5], trans [R, 2, pooled_h, pooled_w]) ->
+    [R, C, pooled_h, pooled_w]. No parameters.
+
+    Args (MegEngine's): no_trans, part_size, pooled_h, pooled_w,
+    sample_per_part, spatial_scale, trans_std=0.1.
+    """
+
+    def __init__(self, no_trans, part_size, pooled_h, pooled_w, sample_per_part, spatial_scale,
+                 trans_std=0.1):
+        super().__init__()
+        fn = "DeformablePSROIPooling"
+        self.no_trans = A.to_bool(fn, "no_trans", no_trans)
+        self.part_size = A.to_size(fn, "part_size", part_size, 1)
+        self.pooled_h = A.to_size(fn, "pooled_h", pooled_h, 1)
+        self.pooled_w = A.to_size(fn, "pooled_w", pooled_w, 1)
+        self.sample_per_part = A.to_size(fn, "sample_per_part", sample_per_part, 1)
+        self.spatial_scale = A.to_float(fn, "spatial_scale", spatial_scale)
+        self.trans_std = A.to_float(fn, "trans_std", trans_std)
+
+    def config(self):
+        return {"no_trans": self.no_trans, "part_size": self.part_size,
+                "pooled_h": self.pooled_h, "pooled_w": self.pooled_w,
+                "sample_per_part": self.sample_per_part, "spatial_scale": self.spatial_scale,
+                "trans_std": self.trans_std}
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v}" for k, v in self.config().items())
+
+    def forward(self, inp, rois, trans):
+        return F.deformable_psroi_pooling(inp, rois, trans, self.no_trans, self.part_size,
+                                          self.pooled_h, self.pooled_w, self.sample_per_part,
+                                          self.spatial_scale, self.trans_std)

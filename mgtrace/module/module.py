@@ -296,7 +296,7 @@ def _copy_shared_storage(module, memo):
     if id(module) in done:
         return
     found = {}
-    for m in module.modules():
+    for m in type(module).modules(module):
         done.add(id(m))
         d = m.__dict__
         members = list(d.get("_parameters", {}).values()) + list(d.get("_buffers", {}).values())
@@ -315,6 +315,22 @@ def _copy_shared_storage(module, memo):
                 view.__dict__.update(copy.deepcopy(attrs, memo))
             memo[id(t)] = view
 
+
+
+def _shadow(module, name):
+    """A parameter, buffer or submodule whose name is also a class attribute
+    of the module (``self.children = M.ReLU()``, a user's name for a
+    ``Module`` method) is kept in the instance's ``__dict__`` too, so that
+    ``module.children`` is the user's member, as in MegEngine (whose modules
+    keep members in ``__dict__``); mgtrace's own code calls such methods
+    through the class (``type(m).children(m)``), never the instance."""
+    if hasattr(type(module), name):
+        d = module.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            t = d.get(table)
+            if t is not None and name in t:
+                d[name] = t[name]
+                return
 
 class Module:
     """Base class of network blocks: parameters, buffers, child modules, forward.
@@ -556,6 +572,9 @@ class Module:
         if name in _TABLE_NAMES and isinstance(value, dict) and not isinstance(value, _Table):
             value = _Table(value)       # a table put in place whole still reports its changes
         self._assign(name, value)
+        if name in self.__dict__.get("_modules", ()) or name in self.__dict__.get(
+                "_parameters", ()) or name in self.__dict__.get("_buffers", ()):
+            _shadow(self, name)
         _bump()         # a plain attribute may now hide a table entry, or a table is new
 
     def _assign(self, name, value):
@@ -607,6 +626,7 @@ class Module:
             if t is not None and name in t:
                 del t[name]
                 self._non_persistent_buffers.discard(name)
+                d.pop(name, None)               # its copy shadowing a method (_shadow)
                 return
         object.__delattr__(self, name)
         _bump()
@@ -664,6 +684,7 @@ class Module:
             for table in self._tables():
                 if head in table:
                     table[head] = value
+                    _shadow(self, head)
                     return
             self.__dict__[head] = value
             return
@@ -680,7 +701,7 @@ class Module:
                 yield name, m
 
     def children(self):
-        for _, m in self.named_children():
+        for _, m in type(self).named_children(self):
             yield m
 
     def named_modules(self, memo=None, prefix="", remove_duplicate=True):
@@ -701,15 +722,15 @@ class Module:
         for name, m in self._child_items():
             if m is None:
                 continue
-            yield from m.named_modules(memo, prefix + ("." if prefix else "") + name,
-                                       remove_duplicate)
+            yield from type(m).named_modules(m, memo, prefix + ("." if prefix else "") + name,
+                                             remove_duplicate)
 
     def modules(self):
-        for _, m in self.named_modules():
+        for _, m in type(self).named_modules(self):
             yield m
 
     def _named_members(self, table, prefix, recurse, remove_duplicate):
-        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) \
+        mods = type(self).named_modules(self, prefix=prefix, remove_duplicate=remove_duplicate) \
             if recurse else [(prefix, self)]
         seen = set()
         for mod_prefix, m in mods:
@@ -737,7 +758,7 @@ class Module:
         return self._named_members("_parameters", prefix, recurse, remove_duplicate)
 
     def parameters(self, recurse=True):
-        for _, p in self.named_parameters(recurse=recurse):
+        for _, p in type(self).named_parameters(self, recurse=recurse):
             yield p
 
     def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
@@ -745,7 +766,7 @@ class Module:
         return self._named_members("_buffers", prefix, recurse, remove_duplicate)
 
     def buffers(self, recurse=True):
-        for _, b in self.named_buffers(recurse=recurse):
+        for _, b in type(self).named_buffers(self, recurse=recurse):
             yield b
 
     # ----------------------------------------------------------- state dict
@@ -771,7 +792,7 @@ class Module:
                 destination[prefix + name] = b if keep_vars else _view(b)
         for name, m in self._modules.items():
             if m is not None:
-                m.state_dict(destination, prefix + name + ".", keep_vars)
+                type(m).state_dict(m, destination, prefix + name + ".", keep_vars)
         for name, value in self.__dict__.items():
             if isinstance(value, _STRUCTURES) and value and not name.startswith("_") \
                     and name not in self._NOT_STATE:
@@ -797,7 +818,7 @@ class Module:
             no casting), or missing/unexpected keys when strict. Every
             problem is listed, and nothing is copied unless all checks pass.
         """
-        own = self.state_dict(keep_vars=True)
+        own = type(self).state_dict(self, keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         mismatched, plan = [], []
@@ -843,19 +864,19 @@ class Module:
         """Set ``training`` on self and every descendant; returns self."""
         if not isinstance(mode, bool):
             raise TypeError(f"train(mode) takes a bool, got {type(mode).__name__}")
-        for m in self.modules():
+        for m in type(self).modules(self):
             m.__dict__["training"] = mode
         return self
 
     def eval(self):
         """``train(False)``: dropout off, batch norm uses running statistics."""
-        return self.train(False)
+        return type(self).train(self, False)
 
     def apply(self, fn):
         """Call ``fn(m)`` on every descendant, then on self (children first, as
         PyTorch does); returns self. Typical use: custom initialisation."""
-        for m in self.children():
-            m.apply(fn)
+        for m in type(self).children(self):
+            type(m).apply(m, fn)
         fn(self)
         return self
 
@@ -903,7 +924,7 @@ class Module:
             converted[id(t)] = new
             return new
 
-        for m in self.modules():
+        for m in type(self).modules(self):
             for table in ("_parameters", "_buffers"):
                 for name, t in m._own_members(table):
                     if t is not None:

@@ -131,9 +131,9 @@ def tensor_names(obj):
         if isinstance(x, Tensor):
             found.setdefault(id(x), path)
         elif isinstance(x, Module):
-            for k, t in x.state_dict(keep_vars=True).items():
+            for k, t in type(x).state_dict(x, keep_vars=True).items():
                 found.setdefault(id(t), f"{path}.{k}" if path else k)
-            for m_path, m in x.named_modules():
+            for m_path, m in type(x).named_modules(x):
                 for k, t in m.__dict__.items():
                     if isinstance(t, Tensor):
                         found.setdefault(id(t), ".".join(p for p in (path, m_path, k) if p))

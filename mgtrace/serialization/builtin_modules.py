@@ -81,7 +81,43 @@ STATE_ELEMENTS = {
     "mgtrace.module.ConvRelu2d": _conv(2),
     "mgtrace.module.ConvBn2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
     "mgtrace.module.ConvBnRelu2d": lambda c: _conv(2)(c) + 4 * _size(c.get("out_channels")) + 1,
+    # format 1.2 (issue 36: MegEngine's further modules)
+    "mgtrace.module.Conv3d": _conv(3),
+    "mgtrace.module.ConvTranspose3d": _conv(3),
+    "mgtrace.module.PReLU": lambda c: _size(c.get("num_parameters")),
+    "mgtrace.module.InstanceNorm": lambda c: 2 * _size(c.get("num_channels")),
+    "mgtrace.module.GeneralNorm": lambda c: 2 * _size(c.get("normalized_shape")),
+    "mgtrace.module.SyncBatchNorm": lambda c: 4 * _size(c.get("num_features")) + 1,
+    "mgtrace.module.LocalConv2d": lambda c: _local_conv(c),
+    "mgtrace.module.DeformableConv2d": _conv(2),
+    "mgtrace.module.RegionRestrictedConv": _conv(2),
+    "mgtrace.module.RNNCell": lambda c: _recurrent(c, 1),
+    "mgtrace.module.LSTMCell": lambda c: _recurrent(c, 4),
+    "mgtrace.module.RNN": lambda c: _recurrent(c, 1),
+    "mgtrace.module.LSTM": lambda c: _recurrent(c, 4),
+    "mgtrace.module.MultiHeadAttention": lambda c: (
+        (2 * _size(c.get("embed_dim")) + _size(c.get("kdim")) + _size(c.get("vdim")) + 6)
+        * _size(c.get("embed_dim"))),
 }
+
+
+def _recurrent(c, gates):
+    """RNN/LSTM (and their cells): per layer and direction, [G*H, I + H] and
+    [G*H, H] weights, two [G*H] biases and a [P, H] projection, with I at
+    most max(input_size, 2 * hidden_size)."""
+    h, i = _size(c.get("hidden_size")), _size(c.get("input_size"))
+    per = gates * h * (max(i, 2 * h) + h + 2) + _size(c.get("proj_size", 0)) * h
+    return per * max(1, _size(c.get("num_layers", 1))) * 2
+
+
+def _local_conv(c):
+    """LocalConv2d: C_in * C_out * KH * KW weights per output position, at
+    most (H + 2 ph) * (W + 2 pw) positions."""
+    pad = c.get("padding")
+    ph, pw = (pad if isinstance(pad, (tuple, list)) and len(pad) == 2 else (pad, pad))
+    return (_size(c.get("in_channels")) * _size(c.get("out_channels"))
+            * _size(c.get("kernel_size"), 2) * (_size(c.get("input_height")) + 2 * _size(ph))
+            * (_size(c.get("input_width")) + 2 * _size(pw)))
 
 
 # ------------------------------------------------------------------ builtin
@@ -95,7 +131,7 @@ def _encode_builtin(m, ctx):
     ctx.build_elements += STATE_ELEMENTS.get(m.builtin_name, lambda c: 0)(config)  # as load counts
     return {"type": m.builtin_name, "type_version": m.builtin_version,
             "config": {k: ctx.value(v, where=f"config()[{k!r}]") for k, v in config.items()},
-            "tensors": {k: ctx.tensor(t) for k, t in m.state_dict(keep_vars=True).items()}}
+            "tensors": {k: ctx.tensor(t) for k, t in type(m).state_dict(m, keep_vars=True).items()}}
 
 
 def _check_builtin(entry, ctx, where):
@@ -135,7 +171,7 @@ def install_state(m, indices, ctx, where):
         ArchiveError: keys missing or unexpected, or a shape that differs
             from the module's (every problem listed).
     """
-    own = m.state_dict(keep_vars=True)
+    own = type(m).state_dict(m, keep_vars=True)
     state = {k: ctx.tensor(i) for k, i in indices.items()}
     problems = [f"{k}: shape mismatch, the module has {own[k].shape}, the archive "
                 f"{state[k].shape}" for k in own if k in state and own[k].shape != state[k].shape]
@@ -167,7 +203,7 @@ def _decode_builtin(entry, ctx):
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
     m = _construct(cls, name, config)
     if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode
-        m.train(bool(entry["training"]))
+        type(m).train(m, bool(entry["training"]))
     install_state(m, entry["tensors"], ctx, f"{name}(**config)")
     if ctx.device is not None and ctx.device.type != "cpu":
         m.to(ctx.device)          # tensors outside the state dict
@@ -181,8 +217,8 @@ def _is_container(m):
 
 
 def _encode_container(m, ctx):
-    own = [n for n, _ in m.named_parameters(recurse=False)] + \
-          [n for n, _ in m.named_buffers(recurse=False)]
+    own = [n for n, _ in type(m).named_parameters(m, recurse=False)] + \
+          [n for n, _ in type(m).named_buffers(m, recurse=False)]
     if own:
         raise TypeError(f"a {type(m).__name__} with tensors of its own ({', '.join(own)}) "
                         "cannot be stored as a container; trace it with mgtrace.trace_module")

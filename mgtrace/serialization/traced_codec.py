@@ -464,7 +464,7 @@ def _finish_ids(tm):
     """One IdSource for the graphs of ``tm``'s tree: the stored ids when
     every graph kept them (counting on from the largest), else a fresh
     numbering from 0 (what a trace gives; 1.0 archives)."""
-    graphs = [g for m in tm.modules() for g in getattr(m, "_graphs", ())]
+    graphs = [g for m in type(tm).modules(tm) for g in getattr(m, "_graphs", ())]
     if graphs and all(g.__dict__.get("_stored_ids") for g in graphs):
         exprs = [e for g in graphs for e in g._exprs]
         nodes = [o for e in exprs for o in e.outputs]

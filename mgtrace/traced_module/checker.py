@@ -80,7 +80,7 @@ class ModuleState:
         self.values = []
         self.params = {}          # id -> parameter not yet copied (copied on its first write)
         seen = set()
-        for m in module.modules():
+        for m in type(module).modules(module):
             d = m.__dict__
             tables = {k: dict(v) for k, v in d.items()
                       if k in ("_parameters", "_buffers", "_modules")}

@@ -172,7 +172,7 @@ class _EditTracer(Tracer):
         new._is_top = False
         old_prefix = new._qualname
         prefix = f"{frame.graph.owner._qualname}.{rel}"
-        for m in new.modules():
+        for m in type(new).modules(new):
             if isinstance(m, TracedModule):
                 m._qualname = prefix + m._qualname[len(old_prefix):]
                 for g in m._graphs:

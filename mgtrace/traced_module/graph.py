@@ -96,7 +96,7 @@ def walk_tree(root):
     seen = set()
     for g in root._graphs:
         yield from g._walk_exprs(True, seen)
-    for m in root.modules():
+    for m in type(root).modules(root):
         for g in getattr(m, "_graphs", ()):
             if id(g) not in seen:
                 yield from g._walk_exprs(True, seen)
@@ -114,7 +114,7 @@ def reset_ids(root, src=None):
         e._id = src.expr_id()
         for o in e.outputs:
             o._id = src.node_id()
-    for m in root.modules():
+    for m in type(root).modules(root):
         for g in getattr(m, "_graphs", ()):
             g._ids = src
     return src
@@ -171,9 +171,9 @@ class InternalGraph:
         if owner is None:
             return [self]
         root = self._ids.root() if self._ids is not None and self._ids.root is not None else None
-        mods = list(root.modules()) if root is not None else []
+        mods = list(type(root).modules(root)) if root is not None else []
         if not any(m is owner for m in mods):
-            mods = list(owner.modules())
+            mods = list(type(owner).modules(owner))
         return [g for m in mods for g in getattr(m, "_graphs", ())]
 
     @property

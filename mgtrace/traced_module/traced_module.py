@@ -341,7 +341,7 @@ class TracedModule(Module):
     def print_readable(self, file=None):
         """Print the generated code of this module and every traced submodule."""
         out = []
-        for m in self.modules():
+        for m in type(self).modules(self):
             if isinstance(m, TracedModule) and m._graphs:
                 q = m._qualname if m._qualname.isprintable() else repr(m._qualname)
                 out.append(f"# {q} ({m._orig_name})\n{m.code}")
@@ -703,7 +703,7 @@ def trace_module(mod, *args, **kwargs):
         leaves, arg_def = tree_flatten(canon, lambda v: isinstance(v, Tensor))
         with tracer.active():
             out = tracer._trace_into(mod, root, arg_def, leaves, args, kwargs)
-        for m in root.modules():
+        for m in type(root).modules(root):
             if isinstance(m, TracedModule):
                 for g in m._graphs:
                     _drop_unused_shapes(g)
@@ -740,7 +740,8 @@ def _check_traced(root, eager_out, inputs, state, values):
 def _run_watching_all(root, args, kwargs, check):
     """``root(*args, **kwargs)`` with every graph of the tree compiled to
     report each node's value to ``check``."""
-    graphs = [(m, g) for m in root.modules() if isinstance(m, TracedModule) for g in m._graphs]
+    graphs = [(m, g) for m in type(root).modules(root) if isinstance(m, TracedModule)
+              for g in m._graphs]
     for m, g in graphs:
         fn = codegen.compile_graph(g, check.watched(g), (), check.watcher(g))
         g.__dict__["_fn_cache"] = (g._version, m._points_version, fn, None)

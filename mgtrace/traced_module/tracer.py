@@ -253,7 +253,7 @@ class Tracer(_hooks.TraceHook):
         # reached from either's graph through its own attribute)
         self.attrs = {}
         names = _PathNames(root)
-        for path, m in root.named_modules():
+        for path, m in type(root).named_modules(root):
             self.paths.setdefault(id(m), path)
             names.claim(path)
             for name, t in list(m._parameters.items()) + list(m._buffers.items()):

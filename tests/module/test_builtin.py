@@ -71,14 +71,49 @@ CONSTRUCTIONS = [
     ("ConvRelu2d", (3, 4, 3), {"padding": 1}),
     ("ConvBn2d", (3, 4, 3), {"stride": 2, "bias": False, "eps": 1e-3}),
     ("ConvBnRelu2d", (3, 4, 3), {"momentum": 0.3, "affine": False}),
+    # MegEngine's further modules (issue 36; format 1.2)
+    ("LeakyReLU", (), {"negative_slope": 0.2}),
+    ("PReLU", (), {}),
+    ("PReLU", (3,), {"init": 0.1}),
+    ("PixelShuffle", (2,), {}),
+    ("AdaptiveMaxPool2d", ((2, 3),), {}),
+    ("Conv3d", (3, 4, 3), {"stride": (1, 2, 1), "padding": 1}),
+    ("Conv3d", (4, 4, (2, 3, 1)), {"groups": 2, "dilation": (2, 1, 1), "bias": False}),
+    ("ConvTranspose3d", (3, 2, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ("RNNCell", (5, 3), {}),
+    ("RNNCell", (5, 3), {"bias": False, "nonlinearity": "relu"}),
+    ("LSTMCell", (5, 3), {}),
+    ("RNN", (5, 3), {"num_layers": 2}),
+    ("LSTM", (5, 4), {"bidirectional": True, "batch_first": True, "proj_size": 2}),
+    ("Pad", (((0, 0), (0, 0), (1, 2), (2, 1)),), {"mode": "reflect"}),
+    ("InstanceNorm", (3,), {}),
+    ("InstanceNorm", (3,), {"affine": False, "eps": 1e-3}),
+    ("GeneralNorm", ((3, 5),), {"normalized_axis": (1, 3)}),
+    ("LocalResponseNorm", (3,), {"alpha": 0.1}),
+    ("SyncBatchNorm", (3,), {"eps_mode": "max"}),
+    ("LocalConv2d", (3, 4, 4, 5, 3), {"padding": 1, "groups": 1}),
+    ("SlidingWindow", (2,), {"stride": 2}),
+    ("SlidingWindowTranspose", ((4, 5), 2), {"stride": 2}),
+    ("MultiHeadAttention", (6, 2), {}),
+    ("DeformableConv2d", (4, 6, 3), {"padding": 1, "groups": 2}),
+    ("RegionRestrictedConv", (4, 4, 3), {"groups": 4, "padding": 1}),
+    ("DeformablePSROIPooling", (False, 3, 3, 3, 2, 0.5), {"trans_std": 0.2}),
 ]
-NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")
+NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
+                "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
+                "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
+                "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
                  "Sigmoid", "Tanh", "Softmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
                  "Dropout", "Identity", "Flatten", "Hardswish", "Hardsigmoid",
-                 "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d"]
+                 "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d",
+                 "LeakyReLU", "PReLU", "PixelShuffle", "AdaptiveMaxPool2d", "Conv3d",
+                 "ConvTranspose3d", "RNNCell", "LSTMCell", "RNN", "LSTM", "Pad", "InstanceNorm",
+                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
+                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
+                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling"]
 
 
 def _ids(c):
@@ -370,6 +405,11 @@ FORWARD_INPUTS = {
     "LayerNorm": [(2, 3, 4, 5)],
     "GroupNorm": [(2, 6, 4, 4)],
     "Embedding": [(2, 3)],
+    "PixelShuffle": [(2, 8, 3, 4)],
+    "Conv3d": [(2, 3, 5, 6, 4), (2, 4, 6, 5, 3)],
+    "ConvTranspose3d": [(2, 3, 3, 4, 2)],
+    "RNNCell": [(4, 5)],
+    "LSTMCell": [(4, 5)],
     "Softmax": [(2, 3, 4)],
     "MaxPool2d": [(2, 3, 7, 7)],
     "AvgPool2d": [(2, 3, 7, 7)],
@@ -381,10 +421,10 @@ DEFAULT_INPUT = [(2, 3, 4, 5)]
 
 def _forward_cases():
     for c in CONSTRUCTIONS:
-        if c[0] == "Dropout":
+        if c[0] in ("Dropout", "RNN", "LSTM") + NOT_IN_TORCH:   # RNN, LSTM: test_megengine_layers.py
             continue
         shapes = FORWARD_INPUTS.get(c[0], DEFAULT_INPUT)
-        if c[0] in ("Linear", "Conv2d") and len(shapes) > 1:
+        if c[0] in ("Linear", "Conv2d", "Conv3d") and len(shapes) > 1:
             # each construction of these takes its own input
             idx = [x for x in CONSTRUCTIONS if x[0] == c[0]].index(c)
             shapes = [shapes[min(idx, len(shapes) - 1)]]

@@ -124,3 +124,41 @@ def test_module_name():
         Block(name="  ")
     tm = mt.trace_module(Block(name="first"), mt.tensor(np.ones((1, 2), np.float32)))
     assert tm.name == "first"
+
+
+def test_user_attributes_named_like_module_methods(tmp_path):
+    """Issue 36: a user's ``self.modules = [...]``, ``self.children = M.ReLU()``
+    (and other names of Module methods) are the user's members; tracing,
+    eval(), optimize, save and load call those methods through the class."""
+    import io
+
+    from mgtrace.traced_module import optimize
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.modules = [M.Conv2d(3, 4, 3), M.BatchNorm2d(4)]
+            self.children = M.ReLU()
+            self.parameters = 3
+            self.state_dict = "mine"
+            self.named_modules = {"k": 1}
+
+        def forward(self, x):
+            for m in self.modules:
+                x = m(x)
+            return self.children(x)
+
+    net = Net().eval()
+    assert isinstance(net.children, M.ReLU) and net.parameters == 3
+    assert [k for k, _ in M.Module.named_modules(net)] == ["", "children", "modules.0", "modules.1"]
+    x = mt.tensor(np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype(np.float32))
+    want = np.maximum(net.modules[1](net.modules[0](x)).numpy(), 0)
+    tm = mt.trace_module(net, x)
+    opt = optimize(tm, "all")
+    for m in (tm, opt):
+        buf = io.BytesIO()
+        mt.save(m, buf)
+        for out in (m, mt.load(io.BytesIO(buf.getvalue()))):
+            np.testing.assert_allclose(out(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    del net.children
+    assert callable(net.children) and "children" not in net._modules

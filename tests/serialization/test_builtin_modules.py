@@ -20,6 +20,15 @@ EXAMPLES = {
     "AvgPool2d": (3, 2, 1), "AdaptiveAvgPool2d": ((2, 1),), "Flatten": (0, 1), "Dropout": (0.25,),
     "Identity": (), "Elemwise": ("fuse_mul_add3",), "ConvRelu2d": (3, 4, 3), "ConvBn2d": (3, 4, 3),
     "ConvBnRelu2d": (3, 4, 1),
+    # format 1.2 (issue 36)
+    "LeakyReLU": (0.2,), "PReLU": (3, 0.1), "PixelShuffle": (2,), "AdaptiveMaxPool2d": ((2, 1),),
+    "Conv3d": (2, 4, 3), "ConvTranspose3d": (4, 2, 3), "RNNCell": (3, 4), "LSTMCell": (3, 4),
+    "RNN": (3, 4, 2), "LSTM": (3, 4, 1, True, True, 0.0, True, 2), "Pad": (((1, 1), (0, 2)),),
+    "InstanceNorm": (3,), "GeneralNorm": ((2, 3), (0, 1)), "LocalResponseNorm": (3,),
+    "SyncBatchNorm": (3,), "LocalConv2d": (2, 4, 5, 5, 3), "SlidingWindow": (3,),
+    "SlidingWindowTranspose": (4, 2), "MultiHeadAttention": (4, 2),
+    "DeformableConv2d": (2, 4, 3), "RegionRestrictedConv": (2, 2, 3, 2),
+    "DeformablePSROIPooling": (True, 2, 2, 2, 2, 1.0),
 }
 
 

@@ -440,13 +440,14 @@ def _as_result(name, result, tm):
         return PassResult(result, None, {})
     return PassResult(tm, None, {})
 
+
 def _drop_unreachable_graphs(tm, reachable):
     """Traced submodules that no call of ``tm`` runs (those flatten() leaves
     behind, or an edit) keep their modules and tensors but lose their
     graphs, as a submodule the trace never called has none: the passes
     neither visit nor keep those graphs right (a BatchNorm they call may be
     folded and deleted), and the result must save and load."""
-    for m in tm.modules():
+    for m in type(tm).modules(tm):
         if m is not tm and isinstance(m, TracedModule) and m._graphs \
                 and not any(id(g) in reachable for g in m._graphs):
             m._graphs = []

@@ -267,7 +267,7 @@ class StateUses:
         every node that reads it."""
         tensors, seen = [], set()
         for t in [o for o in objects.values() if isinstance(o, Tensor)] + \
-                [t for m in tm.modules() for t in _module_tensors(m)]:
+                [t for m in type(tm).modules(tm) for t in _module_tensors(m)]:
             if id(t) not in seen:
                 seen.add(id(t))
                 tensors.append(t)

@@ -1,0 +1,399 @@
+"""Recurrent builtin modules: RNNCell, LSTMCell, RNN, LSTM (MegEngine's
+names and constructor arguments; torch.nn's parameter names and layouts, so
+PyTorch checkpoints load by key and the results equal torch.nn's).
+
+Each time step is one matmul for all the gates: the input's contribution
+to every step is one GEMM over the whole sequence up front, then each step
+adds ``h @ weight_hh^T`` (all gates in one matmul) and applies the gate
+nonlinearities elementwise. Composed of core ops (matmul, sigmoid, tanh);
+no dedicated kernel yet.
+
+MegEngine keeps RNN/LSTM weights in one flattened ``_flatten_weights``
+parameter (its cuDNN layout); these keep torch.nn's ``weight_ih_l0``,
+``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0`` (``_reverse`` for the
+second direction, ``weight_hr_l0`` for LSTM projections) instead.
+"""
+import math
+
+import numpy as np
+
+import mgtrace.functional as F
+from mgtrace._core import args as A
+from mgtrace.module import init
+from mgtrace.module.builtin import _builtin, _empty_param
+from mgtrace.module.module import Module
+
+__all__ = ["RNNCell", "LSTMCell", "RNN", "LSTM"]
+
+_NONLINEARITIES = ("tanh", "relu")
+
+
+def _uniform_all(m, hidden_size):
+    """torch.nn's and MegEngine's recurrent initialisation: every parameter
+    U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))."""
+    bound = 1.0 / math.sqrt(hidden_size)
+    for p in m.parameters():
+        init.uniform_(p, -bound, bound)
+
+
+def _nonlinearity(fn, v):
+    if v not in _NONLINEARITIES:
+        raise ValueError(f"{fn}: nonlinearity must be 'tanh' or 'relu', got {v!r}")
+    return v
+
+
+def _gates(x_part, h, w_hh, b_hh):
+    """x_part (the input's share, biases included) + h @ w_hh^T (+ b_hh)."""
+    g = F.matmul(h, w_hh, transpose_b=True)
+    g = F.add(g, x_part)
+    return g if b_hh is None else F.add(g, b_hh)
+
+
+def _rnn_step(x_part, h, w_hh, b_hh, nonlinearity):
+    g = _gates(x_part, h, w_hh, b_hh)
+    return F.tanh(g) if nonlinearity == "tanh" else F.relu(g)
+
+
+def _lstm_step(x_part, h, c, w_hh, b_hh, w_hr, hidden_size):
+    g = _gates(x_part, h, w_hh, b_hh)
+    i, f, gg, o = F.split(g, 4, axis=-1)        # torch.nn's gate order: input, forget, cell, output
+    c = F.add(F.mul(F.sigmoid(f), c), F.mul(F.sigmoid(i), F.tanh(gg)))
+    h = F.mul(F.sigmoid(o), F.tanh(c))
+    if w_hr is not None:
+        h = F.matmul(h, w_hr, transpose_b=True)
+    return h, c
+
+
+def _input_part(x, w_ih, b_ih):
+    y = F.matmul(x, w_ih, transpose_b=True)
+    return y if b_ih is None else F.add(y, b_ih)
+
+
+class _CellBase(Module):
+    _chunks = 1
+
+    def __init__(self, input_size, hidden_size, bias):
+        super().__init__()
+        fn = type(self).__name__
+        self.input_size = A.to_size(fn, "input_size", input_size, 1)
+        self.hidden_size = A.to_size(fn, "hidden_size", hidden_size, 1)
+        self.bias = A.to_bool(fn, "bias", bias)
+        gates = self._chunks * self.hidden_size
+        self.weight_ih = _empty_param((gates, self.input_size))
+        self.weight_hh = _empty_param((gates, self.hidden_size))
+        if self.bias:
+            self.bias_ih = _empty_param((gates,))
+            self.bias_hh = _empty_param((gates,))
+        else:
+            self.register_parameter("bias_ih", None)
+            self.register_parameter("bias_hh", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        _uniform_all(self, self.hidden_size)
+
+    def _input(self, x):
+        fn = type(self).__name__
+        if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
+            raise ValueError(f"{fn}: input must be [N, {self.input_size}] or "
+                             f"[{self.input_size}], got shape {x.shape}")
+        return x
+
+    def _state(self, hx, x, name="hx"):
+        fn = type(self).__name__
+        want = x.shape[:-1] + (self.hidden_size,)
+        if hx is None:
+            return F.zeros(want, dtype=x.dtype, device=x.device)
+        if hx.shape != want:
+            raise ValueError(f"{fn}: {name} must have shape {want} for input of shape "
+                             f"{x.shape}, got {hx.shape}")
+        return hx
+
+    def extra_repr(self):
+        s = f"{self.input_size}, {self.hidden_size}"
+        if not self.bias:
+            s += ", bias=False"
+        return s
+
+
+@_builtin
+class RNNCell(_CellBase):
+    """One step of an Elman RNN (MegEngine's and torch.nn's RNNCell):
+    ``h' = act(x @ weight_ih^T + bias_ih + h @ weight_hh^T + bias_hh)``.
+
+    Args:
+        input_size, hidden_size: sizes of x's and h's last axis.
+        bias: learn bias_ih and bias_hh.
+        nonlinearity: "tanh" or "relu".
+
+    forward(input [N, input_size] or [input_size], hx [N, hidden_size] or
+    None (zeros)) -> h' of hx's shape. Parameters ``weight_ih`` [H, I],
+    ``weight_hh`` [H, H], ``bias_ih``, ``bias_hh`` [H], all
+    U(-1/sqrt(H), 1/sqrt(H)).
+
+    Raises:
+        ValueError: an unknown nonlinearity; inputs of the wrong shape.
+    """
+
+    def __init__(self, input_size, hidden_size, bias=True, nonlinearity="tanh"):
+        nonlinearity = _nonlinearity("RNNCell", nonlinearity)
+        super().__init__(input_size, hidden_size, bias)
+        self.nonlinearity = nonlinearity
+
+    def config(self):
+        return {"input_size": self.input_size, "hidden_size": self.hidden_size,
+                "bias": self.bias, "nonlinearity": self.nonlinearity}
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity}"
+
+    def forward(self, input, hx=None):
+        x = self._input(input)
+        h = self._state(hx, x)
+        return _rnn_step(_input_part(x, self.weight_ih, self.bias_ih), h, self.weight_hh,
+                         self.bias_hh, self.nonlinearity)
+
+
+@_builtin
+class LSTMCell(_CellBase):
+    """One step of an LSTM (MegEngine's and torch.nn's LSTMCell), the four
+    gates (input, forget, cell, output; torch.nn's order) from one matmul
+    each for x and h::
+
+        i, f, g, o = split(x @ W_ih^T + b_ih + h @ W_hh^T + b_hh, 4)
+        c' = sigmoid(f) * c + sigmoid(i) * tanh(g);  h' = sigmoid(o) * tanh(c')
+
+    forward(input [N, I] or [I], hx (h, c) or None (zeros)) -> (h', c').
+    Parameters ``weight_ih`` [4H, I], ``weight_hh`` [4H, H], ``bias_ih``,
+    ``bias_hh`` [4H].
+
+    Raises:
+        ValueError: inputs or states of the wrong shape.
+    """
+    _chunks = 4
+
+    def __init__(self, input_size, hidden_size, bias=True):
+        super().__init__(input_size, hidden_size, bias)
+
+    def config(self):
+        return {"input_size": self.input_size, "hidden_size": self.hidden_size,
+                "bias": self.bias}
+
+    def forward(self, input, hx=None):
+        x = self._input(input)
+        if hx is None:
+            h = c = self._state(None, x)
+        else:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise ValueError("LSTMCell: hx must be a pair (h, c) or None")
+            h, c = self._state(hx[0], x, "h"), self._state(hx[1], x, "c")
+        return _lstm_step(_input_part(x, self.weight_ih, self.bias_ih), h, c, self.weight_hh,
+                          self.bias_hh, None, self.hidden_size)
+
+
+class _RNNBase(Module):
+    _chunks = 1
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, proj_size=0):
+        super().__init__()
+        fn = type(self).__name__
+        self.input_size = A.to_size(fn, "input_size", input_size, 1)
+        self.hidden_size = A.to_size(fn, "hidden_size", hidden_size, 1)
+        self.num_layers = A.to_size(fn, "num_layers", num_layers, 1)
+        self.bias = A.to_bool(fn, "bias", bias)
+        self.batch_first = A.to_bool(fn, "batch_first", batch_first)
+        self.dropout = A.to_float(fn, "dropout", dropout)
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError(f"{fn}: dropout must be in [0, 1], got {self.dropout}")
+        self.bidirectional = A.to_bool(fn, "bidirectional", bidirectional)
+        self.proj_size = A.to_size(fn, "proj_size", proj_size, 0)
+        if self.proj_size >= self.hidden_size:
+            raise ValueError(f"{fn}: proj_size ({self.proj_size}) must be smaller than "
+                             f"hidden_size ({self.hidden_size})")
+        self.num_directions = 2 if self.bidirectional else 1
+        gates = self._chunks * self.hidden_size
+        out = self.proj_size or self.hidden_size
+        for layer in range(self.num_layers):
+            for sfx in self._suffixes(layer):
+                width = self.input_size if layer == 0 else out * self.num_directions
+                setattr(self, f"weight_ih{sfx}", _empty_param((gates, width)))
+                setattr(self, f"weight_hh{sfx}", _empty_param((gates, out)))
+                if self.bias:
+                    setattr(self, f"bias_ih{sfx}", _empty_param((gates,)))
+                    setattr(self, f"bias_hh{sfx}", _empty_param((gates,)))
+                if self.proj_size:
+                    setattr(self, f"weight_hr{sfx}", _empty_param((self.proj_size,
+                                                                    self.hidden_size)))
+        self.reset_parameters()
+
+    def _suffixes(self, layer):
+        return [f"_l{layer}"] + ([f"_l{layer}_reverse"] if self.bidirectional else [])
+
+    def reset_parameters(self):
+        _uniform_all(self, self.hidden_size)
+
+    def _params(self, sfx):
+        get = self._parameters.get
+        return (get(f"weight_ih{sfx}"), get(f"weight_hh{sfx}"), get(f"bias_ih{sfx}"),
+                get(f"bias_hh{sfx}"), get(f"weight_hr{sfx}"))
+
+    def config(self):
+        return {"input_size": self.input_size, "hidden_size": self.hidden_size,
+                "num_layers": self.num_layers, "bias": self.bias,
+                "batch_first": self.batch_first, "dropout": self.dropout,
+                "bidirectional": self.bidirectional}
+
+    def extra_repr(self):
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
+
+    def _sequence(self, input):
+        fn = type(self).__name__
+        if input.ndim != 3 or input.shape[2] != self.input_size:
+            layout = "[N, T, I]" if self.batch_first else "[T, N, I]"
+            raise ValueError(f"{fn}: input must be {layout} with I = {self.input_size}, got "
+                             f"shape {input.shape}")
+        return F.transpose(input, (1, 0, 2)) if self.batch_first else input
+
+    def _initial(self, hx, x, size, name):
+        fn = type(self).__name__
+        want = (self.num_layers * self.num_directions, x.shape[1], size)
+        if hx is None:
+            return F.zeros(want, dtype=x.dtype, device=x.device)
+        if hx.shape != want:
+            raise ValueError(f"{fn}: {name} must have shape {want}, got {hx.shape}")
+        return hx
+
+    def _run(self, x, states, step):
+        """Every layer and direction over the sequence x [T, N, *]; ``states``
+        maps a (layer, direction) index to its initial state; ``step(x_part,
+        state, params) -> (output, state)``. Returns (outputs [T, N, *],
+        final states in index order)."""
+        t = x.shape[0]
+        finals = []
+        for layer in range(self.num_layers):
+            outs = []
+            for d, sfx in enumerate(self._suffixes(layer)):
+                w_ih, w_hh, b_ih, b_hh, w_hr = p = self._params(sfx)
+                xp = _input_part(x, w_ih, b_ih)         # the input's share of every step: one GEMM
+                state = states(layer * self.num_directions + d)
+                ys = [None] * t
+                for i in (range(t - 1, -1, -1) if d else range(t)):
+                    y, state = step(xp[i], state, p)
+                    ys[i] = y
+                outs.append(F.stack(ys, 0) if t else F.zeros(
+                    (0, x.shape[1], (self.proj_size or self.hidden_size)), dtype=x.dtype,
+                    device=x.device))
+                finals.append(state)
+            x = outs[0] if len(outs) == 1 else F.concat(outs, axis=2)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, True)
+        return x, finals
+
+    def _output(self, y):
+        return F.transpose(y, (1, 0, 2)) if self.batch_first else y
+
+
+@_builtin
+class RNN(_RNNBase):
+    """A multi-layer Elman RNN over a sequence (MegEngine's RNN; torch.nn.RNN's
+    parameters and results).
+
+    Args:
+        input_size, hidden_size: I and H.
+        num_layers: stacked layers (each reads the previous one's outputs).
+        bias: learn bias_ih and bias_hh.
+        batch_first: input and output [N, T, *] instead of [T, N, *].
+        dropout: dropout on the outputs of every layer but the last, in
+            training.
+        bidirectional: a second direction over the reversed sequence,
+            outputs concatenated.
+        nonlinearity: "tanh" or "relu" (keyword, as MegEngine's).
+
+    forward(input [T, N, I], hx [layers * directions, N, H] or None (zeros))
+    -> (output [T, N, directions * H], h_n [layers * directions, N, H]).
+    Parameters per layer k (``_reverse`` for the second direction):
+    ``weight_ih_lk`` [H, I or directions * H], ``weight_hh_lk`` [H, H],
+    ``bias_ih_lk``, ``bias_hh_lk`` [H].
+
+    Raises:
+        ValueError: bad sizes, dropout outside [0, 1], an unknown
+            nonlinearity; inputs or states of the wrong shape.
+    """
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, *, nonlinearity="tanh"):
+        nonlinearity = _nonlinearity("RNN", nonlinearity)
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional)
+        self.nonlinearity = nonlinearity
+
+    def config(self):
+        return {**super().config(), "nonlinearity": self.nonlinearity}
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity}"
+
+    def forward(self, input, hx=None):
+        x = self._sequence(input)
+        h0 = self._initial(hx, x, self.hidden_size, "hx")
+
+        def step(xp, h, p):
+            h = _rnn_step(xp, h, p[1], p[3], self.nonlinearity)
+            return h, h
+
+        y, finals = self._run(x, lambda i: h0[i], step)
+        return self._output(y), F.stack(finals, 0)
+
+
+@_builtin
+class LSTM(_RNNBase):
+    """A multi-layer LSTM over a sequence (MegEngine's LSTM; torch.nn.LSTM's
+    parameters and results), each step as :class:`LSTMCell`.
+
+    Args: as :class:`RNN` (no nonlinearity), and ``proj_size``: project h to
+    this size with ``weight_hr_lk`` [proj_size, H] (0: none, as torch.nn).
+
+    forward(input [T, N, I], hx (h_0 [layers * directions, N, P], c_0
+    [layers * directions, N, H]) or None) -> (output [T, N, directions * P],
+    (h_n, c_n)), P = proj_size or H. Parameters as RNN's with 4H gate rows
+    (input, forget, cell, output).
+
+    Raises:
+        ValueError: as RNN; proj_size not below hidden_size.
+    """
+    _chunks = 4
+
+    def config(self):
+        return {**super().config(), "proj_size": self.proj_size}
+
+    def forward(self, input, hx=None):
+        x = self._sequence(input)
+        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+            raise ValueError("LSTM: hx must be a pair (h_0, c_0) or None")
+        h0 = self._initial(None if hx is None else hx[0], x, self.proj_size or self.hidden_size,
+                           "h_0")
+        c0 = self._initial(None if hx is None else hx[1], x, self.hidden_size, "c_0")
+
+        def step(xp, state, p):
+            h, c = _lstm_step(xp, state[0], state[1], p[1], p[3], p[4], self.hidden_size)
+            return h, (h, c)
+
+        y, finals = self._run(x, lambda i: (h0[i], c0[i]), step)
+        return self._output(y), (F.stack([f[0] for f in finals], 0),
+                                 F.stack([f[1] for f in finals], 0))
