@@ -184,7 +184,7 @@ class _Exporter:
             dims = [None] * len(n.shape) if n.shape is not None else None
             self.outputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(v.dtype), dims))
-        return helper.make_graph(self.b.nodes, type(self.tm).__name__, self.inputs,
+        return helper.make_graph(self.b.nodes, getattr(tm, "_orig_name", None) or "mgtrace", self.inputs,
                                  self.outputs, self.b.initializers)
 
     def walk(self, graph, module):
@@ -440,8 +440,11 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mgtrace",
                               ir_version=helper.find_min_ir_version_for(opsets))
+    import json
     import mgtrace
     model.producer_version = mgtrace.__version__
+    shapes = {i.name: list(n.shape) for i, n in zip(graph.input, tm.graph.inputs[1:])}
+    helper.set_model_props(model, {"mgtrace.example_shapes": json.dumps(shapes)})
     try:
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)

@@ -152,6 +152,8 @@ _f_linear_act.onnx = _f_linear.onnx + ("Relu",)
 
 
 def _channel(b, v, c, dt):
+    if v is not None and v.shape == (c,):
+        return b.cast(v, dt)
     return None if v is None else b.op("Reshape", [b.cast(v, dt), b.ints([c])], dt, (c,))
 
 
