@@ -295,13 +295,17 @@ def load(f, example_inputs=None):
             (named with its node).
         ImportError: the onnx package is missing.
     """
+    return load_traced(f, example_inputs)[0]
+
+
+def load_traced(f, example_inputs=None):
+    """``(TracedModule, example inputs it was traced with)``: :func:`load`
+    and the Tensors it traced at (what ``mgtrace import`` stores)."""
     import mgtrace as mt
     model, folder = _read(f)
     try:
         mod, examples = _build(model, folder, example_inputs)
         tm = mt.trace_module(mod, *examples)
-    except OnnxImportError:
-        raise
     except RecursionError:
         raise OnnxImportError("the model nests too deeply to import") from None
-    return tm
+    return tm, examples
