@@ -3,7 +3,7 @@
 ``CASES[(kind, name)]`` is ``(forward, inputs)``: a function of tensors that
 reaches that row (a core op through ``mgtrace.apply`` or its method /
 operator, an F function, a builtin module call) and NumPy inputs for it,
-seeded. tests/onnx/test_export_ops.py runs each in ONNX Runtime against
+seeded. test_export_ops.py and test_import.py run each in ONNX Runtime against
 mgtrace at the lowest and the highest opset.
 """
 import numpy as np

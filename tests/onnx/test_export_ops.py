@@ -13,7 +13,8 @@ from mgtrace.onnx.exporter import build_model, compare, max_opset, run_ort  # no
 from mgtrace.traced_module.pytree import tree_flatten  # noqa: E402
 from mgtrace import module as M  # noqa: E402
 
-from tests.onnx.cases import CASES  # noqa: E402
+# tests/onnx is on sys.path and has no __init__.py: a package named onnx would hide onnx
+from onnx_cases import CASES  # noqa: E402
 
 
 class _Fn(M.Module):

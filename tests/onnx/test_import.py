@@ -20,8 +20,9 @@ from mgtrace.traced_module.passes import optimize  # noqa: E402
 from mgtrace.traced_module.pytree import tree_flatten  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tests.onnx.cases import CASES  # noqa: E402
-from tests.onnx.test_export_ops import _Fn  # noqa: E402
+# tests/onnx is on sys.path and has no __init__.py: a package named onnx would hide onnx
+from onnx_cases import CASES  # noqa: E402
+from test_export_ops import _Fn  # noqa: E402
 
 
 def _flat(out):
