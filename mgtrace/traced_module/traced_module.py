@@ -381,6 +381,11 @@ class TracedModule(Module):
         reset_ids(new)
         return new
 
+    def to_folder(self, path, module_name="Net"):
+        """Write this module as a Python package (see :mod:`mgtrace.traced_module.folder`)."""
+        from mgtrace.traced_module.folder import to_folder
+        return to_folder(self, path, module_name)
+
     def __deepcopy__(self, memo):
         new = Module.__deepcopy__(self, memo)
         for g in new._graphs:
