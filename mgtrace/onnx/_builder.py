@@ -110,7 +110,8 @@ class Builder:
             if key in self._consts:
                 return self._consts[key]
         v = V(self.reserve(name or f"const_{len(self.initializers)}"), arr.dtype, arr.shape)
-        self.initializers.append(self._numpy_helper.from_array(np.require(arr, requirements="C"), v.name))
+        data = np.require(arr, requirements="C")
+        self.initializers.append(self._numpy_helper.from_array(data, v.name))
         if key is not None:
             self._consts[key] = v
         return v

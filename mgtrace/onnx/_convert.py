@@ -316,10 +316,9 @@ _expand_dims.onnx = ("Unsqueeze",)
 def _squeeze(b, out, inputs, params):
     x = inputs[0]
     axis = params.get("axis")
-    if axis is None:
-        axes = [i for i, s in enumerate(x.shape) if s == 1]
-    else:
-        axes = _axes(_shape_param(axis), x.ndim)
+    if axis is None:        # the axes of size 1 when the graph runs, as mgtrace's squeeze
+        return b.op("Squeeze", [x], x.dtype, out[0].shape)
+    axes = _axes(_shape_param(axis), x.ndim)
     if not axes:
         return x
     return b.op("Squeeze", [x, b.ints(axes)], x.dtype, out[0].shape)
@@ -585,22 +584,13 @@ def _split(b, out, inputs, params):
     spec = b.static(params["nsplits_or_sections"], "split's sections")
     if isinstance(spec, int):
         n = spec
-        if b.opset >= 18:
-            outs = b.node("Split", [x], n_out=n, axis=axis, num_outputs=n)
-        else:
-            size = x.shape[axis] // n
-            outs = b.node("Split", [x, b.ints([size] * n)], n_out=n, axis=axis)
+        # equal parts of the axis as it is at run time (no sizes given)
+        extra = {"num_outputs": n} if b.opset >= 18 else {}
+        outs = b.node("Split", [x], n_out=n, axis=axis, **extra)
     else:
-        points = [0] + [int(p) for p in spec]
-        dim = b.dim(x, axis)
-        ends = [V("", np.int64, ())] * 0
-        outs = []
-        for k in range(len(points)):
-            start = points[k]
-            end = points[k + 1] if k + 1 < len(points) else dim
-            outs.append(getitem_of(b, x, (slice(None),) * axis + (slice(start, end),),
-                                   out[k].shape).name)
-        del ends
+        points = [0] + [int(p) for p in spec] + [None]
+        outs = [getitem_of(b, x, (slice(None),) * axis + (slice(points[k], points[k + 1]),),
+                           out[k].shape).name for k in range(len(points) - 1)]
     return [V(o, x.dtype, s.shape) for o, s in zip(outs, out)]
 
 

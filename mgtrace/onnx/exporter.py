@@ -153,7 +153,7 @@ class _Exporter:
 
     # ------------------------------------------------------------- graph
     def run(self):
-        from onnx import helper, TensorProto  # noqa: F401
+        from onnx import helper
         tm = self.tm
         graph = tm.graph
         nodes = graph.inputs
@@ -184,7 +184,8 @@ class _Exporter:
             dims = [None] * len(n.shape) if n.shape is not None else None
             self.outputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(v.dtype), dims))
-        return helper.make_graph(self.b.nodes, getattr(tm, "_orig_name", None) or "mgtrace", self.inputs,
+        name = getattr(tm, "_orig_name", None) or "mgtrace"
+        return helper.make_graph(self.b.nodes, name, self.inputs,
                                  self.outputs, self.b.initializers)
 
     def walk(self, graph, module):

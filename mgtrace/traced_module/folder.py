@@ -163,7 +163,7 @@ class _Writer:
             lines.append(f"        self.train({bool(tm.training)!r})")
             flags = {n: m.training for n, m in tm.named_modules() if m.training != tm.training}
             if flags:
-                lines.append(f"        for name, m in self.named_modules():")
+                lines.append("        for name, m in self.named_modules():")
                 lines.append(f"            m.training = {flags!r}.get(name, m.training)")
         lines += [""] + ["    " + ln if ln else "" for ln in body.splitlines()]
         return "\n".join(lines) + "\n"

@@ -120,8 +120,8 @@ def test_malformed_protobuf():
 
 def test_truncated_file(tmp_path):
     rng = np.random.default_rng(1)
-    tm = mt.trace_module(M.Sequential(M.Linear(4, 3)).eval(), mt.tensor(rng.standard_normal((1, 4)).astype(
-        np.float32)))
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    tm = mt.trace_module(M.Sequential(M.Linear(4, 3)).eval(), mt.tensor(x))
     data = build_model(tm).SerializeToString()
     with pytest.raises(mo.OnnxImportError):
         mo.load(data[: len(data) // 2])
