@@ -19,8 +19,11 @@ Columns (best and median over the rounds, milliseconds):
 * ``torch ort``: the same for ``torch.onnx.export``'s file of the torch
   reference model (tests/models/torch_reference.py, mgtrace's weights
   loaded) when torch imports; ``-`` otherwise, and for MiniLM (no torch
-  reference in the tests). The two files compute the same function with the same
-  weights, so their latencies compare the graphs each exporter writes.
+  reference in the tests). The two files compute the same function with the
+  same weights, so their latencies compare the graphs each exporter writes.
+* ``nodes``: the node count of each file after ONNX Runtime's graph
+  optimizations (mgtrace / torch): a figure the machine's load cannot move;
+  equal counts (and kinds) mean ORT runs the same kernels for both.
 """
 import argparse
 import json
@@ -82,6 +85,18 @@ def _torch_file(name, net, inputs, path):
     return path
 
 
+def _optimized_nodes(path, opts):
+    """Nodes of ``path``'s model after ORT's graph optimizations."""
+    import onnx
+    import onnxruntime as ort
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = opts.intra_op_num_threads
+    o.log_severity_level = 3            # (its warning that the saved file is machine-specific)
+    o.optimized_model_filepath = path + ".opt"
+    ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+    return len(onnx.load(path + ".opt").graph.node)
+
+
 def main(argv=None):
     import tempfile
     import onnxruntime as ort
@@ -98,7 +113,8 @@ def main(argv=None):
     tmp = tempfile.mkdtemp()
     print(f"mgtrace {mt.__version__}, onnxruntime {ort.__version__}, opset {mo.max_opset()}, "
           f"{args.rounds} rounds; best / median ms")
-    print(f"{'model':<14}{'export':>16}{'import':>18}{'ort':>16}{'torch ort':>16}")
+    print(f"{'model':<14}{'export':>16}{'import':>18}{'ort':>16}{'torch ort':>16}"
+          f"{'nodes':>10}")
     for name, net, inputs in _models():
         tm = mt.trace_module(net, *[mt.tensor(x) for x in inputs])
         path = os.path.join(tmp, f"{name}.onnx")
@@ -109,16 +125,17 @@ def main(argv=None):
         feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
         run = _times(lambda: sess.run(None, feeds), args.rounds * 4)
         tpath = _torch_file(name, net, inputs, os.path.join(tmp, f"{name}_torch.onnx"))
-        trun = None
+        trun, nodes = None, f"{_optimized_nodes(path, opts)} / -"
         if tpath:
+            nodes = f"{_optimized_nodes(path, opts)} / {_optimized_nodes(tpath, opts)}"
             ts = ort.InferenceSession(tpath, opts, providers=["CPUExecutionProvider"])
             tfeeds = {i.name: x for i, x in zip(ts.get_inputs(), inputs)}
             trun = _times(lambda: ts.run(None, tfeeds), args.rounds * 4)
         rows.append({"model": name, "export_ms": exp, "import_ms": imp, "ort_ms": run,
-                     "torch_ort_ms": trun})
+                     "torch_ort_ms": trun, "optimized_nodes": nodes})
         cell = lambda v: "-" if v is None else f"{v[0]:.1f} / {v[1]:.1f}"   # noqa: E731
-        print(f"{name:<14}{cell(exp):>16}{cell(imp):>18}{cell(run):>16}{cell(trun):>16}",
-              flush=True)
+        print(f"{name:<14}{cell(exp):>16}{cell(imp):>18}{cell(run):>16}{cell(trun):>16}"
+              f"{nodes:>10}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

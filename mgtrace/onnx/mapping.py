@@ -135,6 +135,9 @@ def _fn(op, inputs, params=(), fixed=None):
 def _f_linear(b, out, a, act="none"):
     x, w, bias = a["x"], a["weight"], a["bias"]
     dt = C._dt(out)
+    if x.ndim == 2 and dt.kind == "f":          # the one-node form ORT runs best
+        ins = [b.cast(x, dt), b.cast(w, dt)] + ([b.cast(bias, dt)] if bias is not None else [])
+        return C.act_of(b, b.op("Gemm", ins, dt, out[0].shape, transB=1), act)
     wt = b.op("Transpose", [b.cast(w, dt)], dt, w.shape[::-1], perm=[1, 0])
     y = b.op("MatMul", [b.cast(x, dt), wt], dt, out[0].shape)
     if bias is not None:
@@ -142,7 +145,7 @@ def _f_linear(b, out, a, act="none"):
     return C.act_of(b, y, act)
 
 
-_f_linear.onnx = ("Transpose", "MatMul", "Add")
+_f_linear.onnx = ("Gemm", "Transpose", "MatMul", "Add")
 
 
 def _f_linear_act(b, out, a):
