@@ -225,6 +225,16 @@ def _build(model, folder, example_inputs):
             raise OnnxImportError(f"initializers hold more than {MAX_BYTES} bytes")
         arrays[t.name] = a
     inputs = _inputs_of(model, example_inputs)
+    defined = {""} | set(arrays) | {n for n, _, _ in inputs}
+    for n in graph.node:                # in order: ONNX graphs are topologically sorted
+        for i in n.input:
+            if i not in defined:
+                raise OnnxImportError(f"node {n.name or n.op_type!r} reads {i!r}, which no "
+                                      f"earlier node, graph input or initializer defines")
+        defined.update(n.output)
+    for o in graph.output:
+        if o.name not in defined:
+            raise OnnxImportError(f"graph output {o.name!r} is never computed")
     taken = {"self", "forward", "training"}
     in_names = [_identifier(n, taken) for n, _, _ in inputs]
 

@@ -183,6 +183,16 @@ def test_external_data_inside_the_folder_loads(tmp_path):
     np.testing.assert_array_equal(tm(mt.tensor(np.ones(4, np.float32))).numpy(), arr + 1)
 
 
+def test_undefined_names_are_refused():
+    m = _model([helper.make_node("Add", ["x", "nowhere"], ["y"], name="add")],
+               [_f32("x", [3])], [_f32("y", [3])])
+    with pytest.raises(mo.OnnxImportError, match="node 'add' reads 'nowhere', which no earlier"):
+        mo.load(m.SerializeToString())
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [3])], [_f32("z", [3])])
+    with pytest.raises(mo.OnnxImportError, match="graph output 'z' is never computed"):
+        mo.load(m.SerializeToString())
+
+
 def test_unsupported_op_names_it_and_its_node():
     m = _model([helper.make_node("Einsum", ["x", "x"], ["y"], name="mix", equation="i,i->")],
                [_f32("x", [3])], [_f32("y", [])])
