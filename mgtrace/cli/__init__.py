@@ -7,6 +7,8 @@
     mgtrace retrace PATH... -o OUT   trace again with this library (or --in-place)
     mgtrace doctor                   versions, build options, supported formats
     mgtrace demo                     the main job: trace, save, reload, check two real models
+    mgtrace export PATH... -o OUT --format onnx   to ONNX, each file checked before it is written
+    mgtrace import MODEL.onnx -o M.tmod           an ONNX model as an archive
 
 Exit status: 0 all good, 1 some file failed (``diff``: the archives differ)
 or an output could not be written while the job ran (the report, stdout),
@@ -24,7 +26,7 @@ import textwrap
 import time
 
 from mgtrace import _json
-from mgtrace.cli import value_json
+from mgtrace.cli import onnx_commands, value_json
 
 __all__ = ["main", "main_exit", "doctor_info", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
            "EXIT_INTERRUPTED"]
@@ -246,6 +248,7 @@ def _parser():
                                    "process and compare with the eager outputs."))
     s.add_argument("--out", metavar="FOLDER", help="where to write the archives (default: a new temporary folder)")
     s.add_argument("--quick", action="store_true", help="small ResNet input (64x64), for a fast check")
+    onnx_commands.add_parsers(sub, _batch_options, _Formatter, _wrap, _EXIT_TEXT)
     return p
 
 
@@ -540,6 +543,9 @@ def _cmd_batch(args, out):
             records = batch.verify(args.paths, **checks, **run)
         elif args.command == "upgrade":
             records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
+        elif args.command == "export":
+            records = onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
+                                           opset=args.opset, rtol=args.rtol, atol=args.atol, **run)
         else:
             records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
                                     inputs=args.inputs, **checks, **run)
@@ -682,7 +688,7 @@ def _cmd_demo(args, out):
 
 _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,
              "upgrade": _cmd_batch, "retrace": _cmd_batch, "doctor": _cmd_doctor,
-             "demo": _cmd_demo}
+             "demo": _cmd_demo, "export": _cmd_batch, "import": onnx_commands.cmd_import}
 
 
 class _OutputError(OSError):

@@ -11,11 +11,13 @@ end-of-trace check against eager and the module state trace_module puts
 back), ``symbolic`` (SymInt, and the state of the running trace),
 ``tracer`` (the hooks that record a real run), ``traced_module``
 (TracedModule, trace_module, flatten), ``edit`` (the recorder
-``graph.insert_exprs`` runs under), ``passes`` (optimize,
-replace_pattern). Two imports stay inside functions, each where a layer
+``graph.insert_exprs`` runs under), ``folder`` (``to_folder``: a
+traced module as a Python package), ``passes`` (optimize,
+replace_pattern). Three imports stay inside functions, each where a layer
 calls back into one below it: ``graph`` -> ``edit`` (an edit block runs a
-Tracer, which builds graphs) and ``codegen`` -> ``traced_module`` (the
-module classes whose members generated code must not shadow).
+Tracer, which builds graphs), ``codegen`` -> ``traced_module`` (the
+module classes whose members generated code must not shadow) and
+``traced_module`` -> ``folder`` (``TracedModule.to_folder``).
 
 DESIGN.md, "Tracing and the graph", has the semantics; they follow
 MegEngine's TracedModule.

@@ -384,6 +384,12 @@ class TracedModule(Module):
         reset_ids(new)
         return new
 
+    def to_folder(self, path, module_name="Net"):
+        """Write this module as a Python package (see :mod:`mgtrace.traced_module.folder`)."""
+        # folder renders TracedModules, so it imports this module: a real cycle
+        from mgtrace.traced_module.folder import to_folder
+        return to_folder(self, path, module_name)
+
     def __deepcopy__(self, memo):
         new = Module.__deepcopy__(self, memo)
         for g in new._graphs:

@@ -149,7 +149,7 @@ def test_no_module_level_import_cycle():
 
 # the layers of mgtrace/traced_module/__init__.py's docstring, lowest first
 LAYERS = ["errors", "pytree", "node", "signature", "expr", "graph", "codegen", "checker",
-          "symbolic", "tracer", "traced_module", "edit", "passes"]
+          "symbolic", "tracer", "traced_module", "edit", "folder", "passes"]
 
 
 def test_modules_import_only_the_layers_below_them():

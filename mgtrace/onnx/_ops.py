@@ -1,0 +1,586 @@
+"""ONNX ops as mgtrace calls: the importer's table (:data:`IMPORTERS`).
+
+A value is an mgtrace Tensor (recorded by the tracer), a NumPy array (a
+constant of the model, computed here at import), or a :class:`Dims` (an
+int64 vector read from shapes: Python ints, symbolic while tracing). Ops
+on constants and Dims compute in Python, so a ``Shape -> Gather -> Concat
+-> Reshape`` chain becomes ``x.reshape(x.shape[0], -1)`` in the trace.
+"""
+import numpy as np
+
+import mgtrace as mt
+import mgtrace.functional as F
+
+__all__ = ["IMPORTERS", "run_node", "Dims"]
+
+_BIG = 2 ** 62
+
+
+class Dims(tuple):
+    """A 1-d int64 value made of shape entries (ints, SymInts while tracing)."""
+
+
+def _err(node, msg):
+    from mgtrace.onnx.importer import OnnxImportError
+    return OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): {msg}")
+
+
+def _attrs(node):
+    from onnx import helper
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _is_t(v):
+    return isinstance(v, mt.Tensor)
+
+
+def _static(v):
+    return v is not None and not _is_t(v)
+
+
+def _ints(node, v, what):
+    """A static or Dims int vector as a tuple of ints / SymInts."""
+    if v is None:
+        return None
+    if isinstance(v, Dims):
+        return tuple(v)
+    if _is_t(v):
+        raise _err(node, f"{what} computed from tensor data at run time has no mgtrace form")
+    return tuple(int(i) for i in np.asarray(v).reshape(-1))
+
+
+def _scalar(v):
+    """A 0-d / 1-element static as a Python number (tensors kept)."""
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return v.reshape(()).item()
+    return v
+
+
+def _np(v):
+    return np.asarray(v) if not isinstance(v, Dims) else v
+
+
+def _dims_or_np(values, fn):
+    """Elementwise arithmetic on Dims / Python numbers / constants."""
+    if any(isinstance(v, Dims) for v in values):
+        n = max(len(v) if isinstance(v, (Dims, np.ndarray)) and np.ndim(v) else 1
+                for v in values)
+        cols = [list(v) if isinstance(v, Dims) else
+                [v.reshape(-1)[0].item()] * n if isinstance(v, np.ndarray) and v.size == 1 else
+                [int(x) for x in v.reshape(-1)] if isinstance(v, np.ndarray) else [v] * n
+                for v in values]
+        cols = [c * n if len(c) == 1 else c for c in cols]
+        return Dims(fn(*xs) for xs in zip(*cols))
+    return fn(*values)
+
+
+def _unary(fn):
+    def run(node, ins, a, opset):
+        return [fn(_as_tensor(ins[0]))]
+    return run
+
+
+def _binary(fn, np_fn=None):
+    def run(node, ins, a, opset):
+        x, y = ins
+        if not _is_t(x) and not _is_t(y):
+            if isinstance(x, Dims) or isinstance(y, Dims) or (np.ndim(x) == 0 and np.ndim(y) == 0
+                                                              and np_fn is None):
+                return [_dims_or_np([x, y], np_fn or fn)]
+            return [(np_fn or fn)(np.asarray(x), np.asarray(y))]
+        return [fn(_operand(x), _operand(y))]
+    return run
+
+
+def _operand(v):
+    if isinstance(v, Dims):
+        return mt.tensor(list(v)) if v else mt.tensor(np.zeros(0, np.int64))
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        return v.item() if v.dtype.kind != "b" else bool(v)
+    if isinstance(v, np.ndarray):
+        return mt.tensor(v)         # a constant operand (the trace keeps it as one)
+    return v
+
+
+def _div(x, y):
+    if _is_t(x) and x.dtype.kind in "iu" or isinstance(x, int) and _is_t(y) and \
+            y.dtype.kind in "iu":
+        q = F.floor_div(F.abs(x), F.abs(y))
+        return q * F.sign(x) * F.sign(y)            # ONNX Div truncates integers
+    return x / y
+
+
+def _np_div(x, y):
+    if np.asarray(x).dtype.kind in "iu":
+        return (np.trunc(np.asarray(x) / np.asarray(y))).astype(np.asarray(x).dtype)
+    return np.asarray(x) / np.asarray(y)
+
+
+def _int_div(x, y):
+    return int(x / y) if not hasattr(x, "__index__") or not hasattr(y, "__index__") \
+        else x // y
+
+
+def _cast(node, ins, a, opset):
+    from onnx import helper
+    dt = np.dtype(helper.tensor_dtype_to_np_dtype(a["to"]))
+    x = ins[0]
+    if isinstance(x, Dims):
+        return [x if dt.kind in "iu" else np.asarray(x, dt)]
+    if not _is_t(x):
+        return [np.asarray(x).astype(dt)]
+    return [x.astype(dt.name)]
+
+
+def _shape(node, ins, a, opset):
+    x = ins[0]
+    s = tuple(x.shape) if _is_t(x) else np.shape(x)
+    start, end = a.get("start", 0), a.get("end", None)
+    return [Dims(s[start:end])]
+
+
+def _gather(node, ins, a, opset):
+    x, idx = ins
+    axis = a.get("axis", 0)
+    if isinstance(x, Dims) and _static(idx):
+        i = np.asarray(idx)
+        if i.ndim == 0:
+            return [x[int(i)]]
+        return [Dims(x[int(k)] for k in i.reshape(-1))]
+    if not _is_t(x) and not _is_t(idx):
+        return [np.take(np.asarray(x), np.asarray(idx), axis=axis)]
+    if _is_t(x):
+        nd = x.ndim
+        axis %= nd
+        if _static(idx) and np.ndim(idx) == 0:
+            return [x[(slice(None),) * axis + (int(np.asarray(idx)),)]]
+        if axis == 0 and x.ndim == 2:
+            return [F.embedding(_as_tensor(idx), x)]
+        return [x[(slice(None),) * axis + (_as_tensor(idx),)]]
+    raise _err(node, "Gather of a constant by a tensor index")
+
+
+def _as_tensor(v):
+    if _is_t(v):
+        return v
+    return mt.tensor(np.asarray(list(v) if isinstance(v, Dims) else v))
+
+
+def _unsqueeze(node, ins, a, opset):
+    x = ins[0]
+    axes = a.get("axes") if opset < 13 else _ints(node, ins[1], "axes")
+    if not _is_t(x):
+        if isinstance(x, Dims) or np.ndim(x) == 0 and not isinstance(x, np.ndarray):
+            if axes in ((0,), (-1,)) and not isinstance(x, Dims):
+                return [Dims([x])]
+        if isinstance(x, Dims):
+            return [np.expand_dims(np.asarray(x, object), axes)]
+        return [np.expand_dims(np.asarray(x), tuple(axes))]
+    nd = x.ndim + len(axes)
+    return [F.expand_dims(x, tuple(sorted(int(i) % nd for i in axes)))]
+
+
+def _squeeze(node, ins, a, opset):
+    x = ins[0]
+    axes = a.get("axes") if opset < 13 else _ints(node, ins[1] if len(ins) > 1 else None,
+                                                  "axes")
+    if isinstance(x, Dims) and len(x) == 1:
+        return [x[0]]
+    if not _is_t(x):
+        return [np.squeeze(np.asarray(x), None if axes is None else tuple(axes))]
+    if axes is None:
+        return [F.squeeze(x)]
+    return [F.squeeze(x, tuple(int(i) % x.ndim for i in axes))]
+
+
+def _concat(node, ins, a, opset):
+    axis = a["axis"]
+    if all(not _is_t(v) for v in ins) and any(isinstance(v, Dims) for v in ins):
+        out = []
+        for v in ins:
+            out += list(v) if isinstance(v, Dims) else [int(i) for i in np.asarray(v).reshape(-1)]
+        return [Dims(out)]
+    if all(not _is_t(v) for v in ins):
+        return [np.concatenate([np.asarray(v) for v in ins], axis)]
+    ts = [_as_tensor(v) for v in ins]
+    dt = np.result_type(*[t.dtype for t in ts])
+    return [F.concat([t if t.dtype == dt else t.astype(dt.name) for t in ts], axis)]
+
+
+def _reshape(node, ins, a, opset):
+    x = ins[0]
+    shape = list(_ints(node, ins[1], "the shape"))
+    if not a.get("allowzero", 0):
+        for i, s in enumerate(shape):
+            if isinstance(s, int) and not hasattr(s, "_sym") and s == 0 and type(s) is int:
+                shape[i] = x.shape[i] if _is_t(x) else np.shape(x)[i]
+    if not _is_t(x):
+        return [np.reshape(np.asarray(x), [int(s) for s in shape])]
+    return [x.reshape(tuple(shape))]
+
+
+def _slice(node, ins, a, opset):
+    x = ins[0]
+    if opset < 10:
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    else:
+        starts, ends = _ints(node, ins[1], "starts"), _ints(node, ins[2], "ends")
+        axes = _ints(node, ins[3], "axes") if len(ins) > 3 else None
+        steps = _ints(node, ins[4], "steps") if len(ins) > 4 else None
+    nd = x.ndim if _is_t(x) else (1 if isinstance(x, Dims) else np.ndim(x))
+    axes = axes if axes is not None else tuple(range(len(starts)))
+    steps = steps if steps is not None else (1,) * len(starts)
+    index = [slice(None)] * nd
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        def clip(v):
+            return None if isinstance(v, int) and type(v) is int and abs(v) >= _BIG else v
+        index[int(ax) % nd] = slice(clip(st), clip(en), int(sp))
+    if isinstance(x, Dims):
+        return [Dims(x[index[0]])]
+    if not _is_t(x):
+        return [np.asarray(x)[tuple(index)]]
+    return [x[tuple(index)]]
+
+
+def _expand(node, ins, a, opset):
+    """ONNX Expand (broadcast both ways): a target dim of 1 keeps x's."""
+    x = ins[0]
+    shape = list(_ints(node, ins[1], "the shape"))
+    xs = list(x.shape) if _is_t(x) else list(np.shape(x))
+    nd = max(len(shape), len(xs))
+    shape = [1] * (nd - len(shape)) + shape
+    xs = [1] * (nd - len(xs)) + xs
+    target = tuple(t if type(s) is int and s == 1 else s for s, t in zip(shape, xs))
+    if not _is_t(x):
+        if all(type(t) is int for t in target):
+            return [np.broadcast_to(np.asarray(x), target).copy()]
+        arr = np.asarray(x)
+        if arr.size == 1:
+            return [F.full(target, arr.reshape(-1)[0].item(), dtype=arr.dtype.name)]
+        x = mt.tensor(arr)
+    return [F.broadcast_to(x, target)]
+
+
+def _reduce(fn_name, np_fn):
+    def run(node, ins, a, opset):
+        x = ins[0]
+        axes = a.get("axes")
+        if len(ins) > 1 and ins[1] is not None:
+            axes = _ints(node, ins[1], "axes")
+        keep = bool(a.get("keepdims", 1))
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = None
+        else:
+            axes = tuple(int(i) for i in axes)
+        if not _is_t(x):
+            return [np_fn(np.asarray(x), axis=axes, keepdims=keep)]
+        if fn_name == "l2":
+            return [F.norm(x, 2, axes, keep)]
+        if fn_name == "l1":
+            return [F.sum(F.abs(x), axes, keep)]
+        return [getattr(F, fn_name)(x, axes, keep)]
+    return run
+
+
+def _arg(fn_name):
+    def run(node, ins, a, opset):
+        y = getattr(F, fn_name)(ins[0], a.get("axis", 0), bool(a.get("keepdims", 1)))
+        return [y.astype("int64")]
+    return run
+
+
+def _softmax(fn):
+    def run(node, ins, a, opset):
+        axis = a.get("axis", -1 if opset >= 13 else 1)
+        if opset < 13 and axis % ins[0].ndim != ins[0].ndim - 1:
+            raise _err(node, "Softmax before opset 13 (2-d coercion) over a non-last axis")
+        return [fn(ins[0], axis)]
+    return run
+
+
+def _pads2(node, pads, n=2):
+    pads = list(pads or [0] * (2 * n))
+    if pads[:n] != pads[n:]:
+        raise _err(node, f"asymmetric pads {pads} have no mgtrace form")
+    return tuple(pads[:n])
+
+
+def _auto_pad(node, a):
+    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        raise _err(node, f"auto_pad={a['auto_pad']!r} has no mgtrace form; export with "
+                         f"explicit pads")
+
+
+def _conv(node, ins, a, opset):
+    _auto_pad(node, a)
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    k = len(w.shape) - 2
+    if k == 1:
+        return [F.conv1d(x, w, b, a.get("strides", [1])[0], _pads2(node, a.get("pads"), 1)[0],
+                         a.get("dilations", [1])[0], a.get("group", 1))]
+    if k != 2:
+        raise _err(node, f"a {k}-d convolution has no mgtrace form")
+    return [F.conv2d(x, w, b, tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads")),
+                     tuple(a.get("dilations", (1, 1))), a.get("group", 1))]
+
+
+def _conv_t(node, ins, a, opset):
+    _auto_pad(node, a)
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    if "output_shape" in a:
+        raise _err(node, "ConvTranspose with output_shape has no mgtrace form")
+    return [F.conv_transpose2d(x, w, b, tuple(a.get("strides", (1, 1))),
+                               _pads2(node, a.get("pads")),
+                               tuple(a.get("output_padding", (0, 0))),
+                               tuple(a.get("dilations", (1, 1))), a.get("group", 1))]
+
+
+def _pool(node, ins, a, opset, avg):
+    _auto_pad(node, a)
+    ks = tuple(a["kernel_shape"])
+    if len(ks) != 2:
+        raise _err(node, f"a {len(ks)}-d pool has no mgtrace form")
+    st, pd = tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads"))
+    ceil = bool(a.get("ceil_mode", 0))
+    if avg:
+        mode = "average" if a.get("count_include_pad", 0) else "average_count_exclude_padding"
+        return [F.avg_pool2d(ins[0], ks, st, pd, mode, ceil)]
+    if len(node.output) > 1 and node.output[1]:
+        raise _err(node, "MaxPool's indices output has no mgtrace form")
+    return [F.max_pool2d(ins[0], ks, st, pd, tuple(a.get("dilations", (1, 1))), ceil)]
+
+
+def _batch_norm(node, ins, a, opset):
+    if a.get("training_mode", 0):
+        raise _err(node, "BatchNormalization in training mode")
+    x, w, b, mean, var = ins[:5]
+    return [F.batch_norm(x, mean, var, w, b, training=False, eps=a.get("epsilon", 1e-5))]
+
+
+def _layer_norm(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    axis = a.get("axis", -1) % x.ndim
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise _err(node, "LayerNormalization's mean / inv_std outputs have no mgtrace form")
+    return [F.layer_norm(x, tuple(w.shape)[-(x.ndim - axis):], w, b, a.get("epsilon", 1e-5))]
+
+
+def _gemm(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    y = F.matmul(x, w, transpose_a=bool(a.get("transA", 0)), transpose_b=bool(a.get("transB", 0)))
+    if a.get("alpha", 1.0) != 1.0:
+        y = y * a["alpha"]
+    if c is not None:
+        beta = a.get("beta", 1.0)
+        y = y + (c if beta == 1.0 else c * beta)
+    return [y]
+
+
+def _clip(node, ins, a, opset):
+    lo = _scalar(ins[1]) if len(ins) > 1 else a.get("min")
+    hi = _scalar(ins[2]) if len(ins) > 2 else a.get("max")
+    return [F.clip(ins[0], lo, hi)]
+
+
+def _pad(node, ins, a, opset):
+    x = ins[0]
+    pads = _ints(node, ins[1], "pads") if opset >= 11 else a["pads"]
+    value = _scalar(ins[2]) if len(ins) > 2 and ins[2] is not None else a.get("value", 0.0)
+    if len(ins) > 3 and ins[3] is not None:
+        raise _err(node, "Pad with axes has no mgtrace form")
+    n = len(pads) // 2
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    width = tuple((pads[i], pads[i + n]) for i in range(n))
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "edge"}.get(mode)
+    if mode is None:
+        raise _err(node, f"Pad mode {a.get('mode')!r} has no mgtrace form")
+    return [F.pad(x, width, mode, value or 0.0)]
+
+
+def _hardsigmoid(node, ins, a, opset):
+    alpha, beta = a.get("alpha", 0.2), a.get("beta", 0.5)
+    if abs(alpha - 1 / 6) < 1e-7 and beta == 0.5:
+        return [F.hardsigmoid(ins[0])]
+    return [F.clip(ins[0] * alpha + beta, 0.0, 1.0)]
+
+
+def _where(node, ins, a, opset):
+    c, x, y = ins
+    if not any(_is_t(v) for v in ins):
+        return [np.where(_np(c), _np(x), _np(y))]
+    return [F.where(_as_tensor(c).astype("bool") if not _is_t(c) else c, _operand(x),
+                    _operand(y))]
+
+
+def _split(node, ins, a, opset):
+    x = ins[0]
+    axis = a.get("axis", 0) % x.ndim
+    sizes = _ints(node, ins[1], "split") if len(ins) > 1 and ins[1] is not None else a.get("split")
+    n = len(node.output)
+    if sizes is None:
+        return list(F.split(x, n, axis))
+    points = list(np.cumsum(sizes)[:-1])
+    return list(F.split(x, [int(p) for p in points], axis))
+
+
+def _range(node, ins, a, opset):
+    start, limit, delta = (_scalar(v) for v in ins)
+    if not any(_is_t(v) for v in (start, limit, delta)):
+        if any(hasattr(v, "__index__") and type(v) is not int for v in (start, limit, delta)):
+            return [F.arange(start, limit, delta)]
+        return [np.arange(start, limit, delta)]
+    raise _err(node, "Range with tensor bounds")
+
+
+def _constant_of_shape(node, ins, a, opset):
+    from onnx import numpy_helper
+    value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    shape = _ints(node, ins[0], "the shape")
+    if all(type(s) is int for s in shape):
+        return [np.full(shape, value.reshape(-1)[0], value.dtype)]
+    return [F.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype.name)]
+
+
+def _constant(node, ins, a, opset):
+    from onnx import numpy_helper
+    if "value" in a:
+        return [numpy_helper.to_array(a["value"])]
+    for k, dt in (("value_float", np.float32), ("value_int", np.int64)):
+        if k in a:
+            return [np.asarray(a[k], dt)]
+    for k, dt in (("value_floats", np.float32), ("value_ints", np.int64)):
+        if k in a:
+            return [np.asarray(a[k], dt)]
+    raise _err(node, f"Constant with {sorted(a)} has no mgtrace form")
+
+
+def _topk(node, ins, a, opset):
+    x = ins[0]
+    k = _scalar(ins[1]) if not isinstance(ins[1], Dims) else ins[1][0]
+    axis = a.get("axis", -1) % x.ndim
+    if axis != x.ndim - 1:
+        raise _err(node, "TopK over an axis other than the last")
+    largest = bool(a.get("largest", 1))
+    vals, idx = F.sort(x, descending=largest)
+    index = (slice(None),) * axis + (slice(0, k),)
+    return [vals[index], idx[index].astype("int64")]
+
+
+def _flatten(node, ins, a, opset):
+    x = ins[0]
+    axis = a.get("axis", 1) % (x.ndim + 1) if x.ndim else 0
+    if axis == 0:
+        return [x.reshape(1, -1)]
+    if axis == 1:
+        return [F.flatten(x, 1)] if x.ndim > 1 else [x.reshape(x.shape[0], 1)]
+    lead = 1
+    for s in x.shape[:axis]:
+        lead = lead * s
+    return [x.reshape(lead, -1)]
+
+
+def _mod(node, ins, a, opset):
+    x, y = ins
+    if a.get("fmod", 0):
+        return [x - F.trunc(x / y) * y if x.dtype.kind == "f" else
+                x - _div(x, y) * y]
+    return [x % y]
+
+
+def _sum_n(fn):
+    def run(node, ins, a, opset):
+        y = _operand(ins[0])
+        for v in ins[1:]:
+            y = fn(y, _operand(v))
+        return [y]
+    return run
+
+
+def _identity(node, ins, a, opset):
+    return [ins[0]] + [None] * (len(node.output) - 1)
+
+
+def _pow(x, y):
+    if _is_t(x) and x.dtype.kind == "f" and not _is_t(y):
+        return x ** y
+    return F.pow(x, y)
+
+
+IMPORTERS = {
+    # elementwise
+    "Add": _binary(lambda x, y: x + y), "Sub": _binary(lambda x, y: x - y),
+    "Mul": _binary(lambda x, y: x * y), "Div": _binary(_div, _np_div),
+    "Pow": _binary(_pow, np.power), "Max": _sum_n(F.maximum), "Min": _sum_n(F.minimum),
+    "Sum": _sum_n(lambda x, y: x + y),
+    "Equal": _binary(F.equal, np.equal), "Less": _binary(F.less, np.less),
+    "LessOrEqual": _binary(F.less_equal, np.less_equal),
+    "Greater": _binary(F.greater, np.greater),
+    "GreaterOrEqual": _binary(F.greater_equal, np.greater_equal),
+    "And": _binary(F.logical_and, np.logical_and), "Or": _binary(F.logical_or, np.logical_or),
+    "Xor": _binary(F.logical_xor, np.logical_xor), "Mod": _mod,
+    "Where": _where,
+    "BitwiseAnd": _binary(lambda x, y: x & y, np.bitwise_and),
+    "BitwiseOr": _binary(lambda x, y: x | y, np.bitwise_or),
+    "BitwiseXor": _binary(lambda x, y: x ^ y, np.bitwise_xor),
+    "BitwiseNot": _unary(lambda x: ~x),
+    **{k: _unary(getattr(F, v)) for k, v in {
+        "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
+        "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Erf": "erf", "Floor": "floor",
+        "Ceil": "ceil", "Round": "round", "Sign": "sign", "Sin": "sin", "Cos": "cos",
+        "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Softplus": "softplus",
+        "HardSwish": "hardswish", "IsNaN": "isnan", "IsInf": "isinf",
+        "Not": "logical_not"}.items()},
+    "Reciprocal": _unary(lambda x: 1.0 / x),
+    "HardSigmoid": _hardsigmoid,
+    "Gelu": lambda node, ins, a, opset: [F.gelu(ins[0], "tanh" if a.get(
+        "approximate", b"none") in (b"tanh", "tanh") else "none")],
+    "LeakyRelu": lambda node, ins, a, opset: [F.leaky_relu(ins[0], a.get("alpha", 0.01))],
+    "Clip": _clip,
+    # shapes and views
+    "Shape": _shape, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
+    "Concat": _concat, "Reshape": _reshape, "Slice": _slice, "Expand": _expand,
+    "Transpose": lambda node, ins, a, opset: [ins[0].transpose(
+        tuple(a["perm"]) if "perm" in a else tuple(reversed(range(ins[0].ndim))))],
+    "Flatten": _flatten, "Cast": _cast, "Identity": _identity, "Dropout": _identity,
+    "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Range": _range,
+    "Split": _split, "Tile": lambda node, ins, a, opset: [F.tile(ins[0], _ints(
+        node, ins[1], "repeats"))],
+    "GatherElements": lambda node, ins, a, opset: [F.gather(ins[0], a.get("axis", 0),
+                                                            ins[1])],
+    "ScatterElements": lambda node, ins, a, opset: [F.scatter(ins[0], a.get("axis", 0),
+                                                              ins[1], ins[2])],
+    # reductions
+    "ReduceSum": _reduce("sum", np.sum), "ReduceMean": _reduce("mean", np.mean),
+    "ReduceMax": _reduce("max", np.max), "ReduceMin": _reduce("min", np.min),
+    "ReduceProd": _reduce("prod", np.prod), "ReduceL2": _reduce("l2", None),
+    "ReduceL1": _reduce("l1", None),
+    "ArgMax": _arg("argmax"), "ArgMin": _arg("argmin"),
+    "Softmax": _softmax(F.softmax), "LogSoftmax": _softmax(F.log_softmax),
+    "CumSum": lambda node, ins, a, opset: [F.cumsum(ins[0], int(_scalar(ins[1])))],
+    "TopK": _topk,
+    # nn
+    "MatMul": lambda node, ins, a, opset: [F.matmul(ins[0], ins[1])],
+    "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_t,
+    "MaxPool": lambda node, ins, a, opset: _pool(node, ins, a, opset, False),
+    "AveragePool": lambda node, ins, a, opset: _pool(node, ins, a, opset, True),
+    "GlobalAveragePool": lambda node, ins, a, opset: [F.adaptive_avg_pool2d(ins[0], 1)],
+    "GlobalMaxPool": lambda node, ins, a, opset: [F.adaptive_max_pool2d(ins[0], 1)],
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "Pad": _pad,
+}
+
+
+def run_node(node, ins, opset):
+    """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
+    a = _attrs(node)
+    try:
+        outs = IMPORTERS[node.op_type](node, ins, a, opset)
+    except (KeyError, IndexError, AttributeError) as err:
+        raise _err(node, f"inputs or attributes this importer cannot read ({err!r})") from None
+    return list(outs) + [None] * (len(node.output) - len(outs))

@@ -1,0 +1,158 @@
+"""export's contract: what it writes, the names it gives, and clear
+ExportErrors (op, node, source line) with nothing written."""
+import io
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="needs onnx (pip install 'mgtrace[onnx]')")
+pytest.importorskip("onnxruntime", reason="needs onnxruntime (pip install 'mgtrace[onnx]')")
+
+import mgtrace as mt  # noqa: E402
+import mgtrace.functional as F  # noqa: E402
+import mgtrace.module as M  # noqa: E402
+import mgtrace.onnx as mo  # noqa: E402
+from mgtrace.onnx.exporter import run_ort  # noqa: E402
+
+
+def _trace(fn, *shapes, dtype=np.float32):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = M.Linear(4, 4)
+
+        def forward(self, x):
+            return fn(self, x)
+    xs = [mt.tensor(np.arange(np.prod(s), dtype=dtype).reshape(s) % 7) for s in shapes]
+    return mt.trace_module(Net().eval(), *xs)
+
+
+def test_export_writes_a_checked_model_with_traced_names(tmp_path):
+    tm = _trace(lambda self, x: F.relu(self.lin(x)).reshape(x.shape[0], 2, 2), (1, 4))
+    path = tmp_path / "m.onnx"
+    model = mo.export(tm, path, input_names=["features"], output_names=["y"],
+                      example_inputs=(np.ones((1, 4), np.float32),))
+    loaded = onnx.load(str(path))
+    onnx.checker.check_model(loaded, full_check=True)
+    assert loaded == model
+    assert [i.name for i in loaded.graph.input] == ["features"]
+    assert [o.name for o in loaded.graph.output] == ["y"]
+    assert {i.name for i in loaded.graph.initializer} >= {"lin.weight", "lin.bias"}
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    want = np.maximum(x @ tm.lin.weight.numpy().T + tm.lin.bias.numpy(), 0).reshape(5, 2, 2)
+    np.testing.assert_allclose(run_ort(loaded, [x])[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_export_to_a_file_object_and_fixed_shapes():
+    tm = _trace(lambda self, x: x * 2, (2, 3))
+    buf = io.BytesIO()
+    model = mo.export(tm, buf, dynamic=False)
+    assert buf.getvalue() == model.SerializeToString()
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 3]
+
+
+def test_unsupported_op_names_op_node_and_line(tmp_path):
+    tm = _trace(lambda self, x: x << 1, (2, 3), dtype=np.int32)     # no signed BitShift
+    path = tmp_path / "m.onnx"
+    with pytest.raises(mo.ExportError) as err:
+        mo.export(tm, path)
+    msg = str(err.value)
+    assert "op 'left_shift' has no ONNX mapping (node Net.[left_shift] at " in msg, msg
+    assert "test_export_errors.py:" in msg, msg
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_module_is_named(tmp_path):
+    @M.register_as_builtin(name="tests.onnx.Scale")
+    class Scale(M.Module):
+        def forward(self, x):
+            return x * 3
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = Scale()
+
+        def forward(self, x):
+            return self.s(x)
+    tm = mt.trace_module(Net(), mt.tensor(np.ones((2, 2), np.float32)))
+    with pytest.raises(mo.ExportError, match=r"module .*Scale has no ONNX mapping"):
+        mo.export(tm, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_old_opset_says_which_op_needs_which(tmp_path):
+    tm = _trace(lambda self, x: x & 6, (2, 3), dtype=np.int32)
+    with pytest.raises(mo.ExportError, match=r"op bitwise_and needs opset 18 .*opset 13"):
+        mo.export(tm, tmp_path / "m.onnx", opset=13)
+    assert list(tmp_path.iterdir()) == []
+    mo.export(tm, tmp_path / "m.onnx", opset=18)
+    assert (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("opset", [12, 10_000])
+def test_opset_outside_the_supported_range(tmp_path, opset):
+    tm = _trace(lambda self, x: x + 1, (2, 3))
+    with pytest.raises(mo.ExportError, match=f"opset {opset} is not supported: mgtrace exports "
+                                             f"opsets 13 to {mo.max_opset()}"):
+        mo.export(tm, tmp_path / "m.onnx", opset=opset)
+
+
+def test_dynamic_value_onnx_cannot_express(tmp_path):
+    tm = _trace(lambda self, x: F.adaptive_avg_pool2d(x, (2, 2)), (1, 2, 4, 4))
+    with pytest.raises(mo.ExportError, match=r"adaptive_avg_pool2d to \(2, 2\) needs window "
+                                             r"sizes computed from the input"):
+        mo.export(tm, tmp_path / "m.onnx")
+    tm = _trace(lambda self, x: F.split(x, x.shape[0], axis=1), (2, 4))
+    with pytest.raises(mo.ExportError, match="split's sections is computed from a shape"):
+        mo.export(tm, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_example_inputs_that_disagree_write_nothing(tmp_path, monkeypatch):
+    tm = _trace(lambda self, x: x * 2, (2, 3))
+    from mgtrace.onnx import exporter as ex
+    monkeypatch.setattr(ex, "run_ort", lambda model, xs: [np.zeros((2, 3), np.float32)])
+    with pytest.raises(mo.ExportError, match="ONNX Runtime's result differs"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.float32),))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_mode_batch_norm_is_refused(tmp_path):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = M.BatchNorm2d(2)
+
+        def forward(self, x):
+            return self.bn(x)
+    tm = mt.trace_module(Net().eval(), mt.tensor(np.ones((1, 2, 3, 3), np.float32)))
+    tm.train()
+    with pytest.raises(mo.ExportError, match="training mode"):
+        mo.export(tm, tmp_path / "m.onnx")
+
+
+def test_not_a_traced_module():
+    with pytest.raises(TypeError, match="export takes a TracedModule"):
+        mo.export(M.Linear(2, 2), io.BytesIO())
+
+
+def test_coverage_table_lists_every_rule():
+    table = mo.coverage()
+    from mgtrace.onnx.mapping import RULES
+    assert table.count("\n") == len(RULES) + 1
+    assert "| op | `conv2d` | Conv | 13 |" in table
+    assert "| op | `bitwise_and` | BitwiseAnd | 18 |" in table
+    assert "| module | `BatchNorm2d` | BatchNormalization |" in table
+
+
+def test_coverage_doc_is_generated_from_the_table():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "scripts" / "onnx_coverage.py"
+    spec = importlib.util.spec_from_file_location("onnx_coverage", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DOC.read_text(encoding="utf-8") == mod.text(), \
+        "docs/onnx_coverage.md is out of date: python scripts/onnx_coverage.py"
