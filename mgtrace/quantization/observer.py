@@ -16,7 +16,7 @@ Histogram included, observes only when enabled. On one process the Sync
 variants are aliases of the plain ones (there is no all-reduce to do).
 
 Per-channel scales (beyond MegEngine, as ONNX's per-axis QuantizeLinear):
-``MinMaxObserver(axis=0)`` keeps ``[C]`` running minima/maxima over every
+``MinMaxObserver(axis=0, channels=C)`` keeps ``[C]`` running minima/maxima over every
 axis but ``axis`` and yields a ``[C]`` scale (and zero point); use it as a
 weight observer (``axis=0`` for Linear and Conv2d weights).
 """
@@ -107,24 +107,43 @@ class MinMaxObserver(Observer):
         dtype: the quantized dtype, as for :class:`Observer`.
         axis: None for one scale per tensor; an int for one scale per index
             of that axis (per-channel; beyond MegEngine).
+        channels: with ``axis``, the size of that axis. Given, the buffers
+            are ``[channels]`` from the start (so a saved state loads into a
+            fresh observer) and an input of another size raises
+            QuantizationError; None, they are scalars until the first input
+            sets the size.
+
+    Raises QuantizationError for a bad mode, ``channels`` without ``axis``, or
+    (in forward) an input whose ``axis`` is out of range or of another size.
     """
 
     def __init__(self, mode=QuantMode.SYMMERTIC, eps=0.00001, dtype="qint8", axis=None,
-                 **kwargs):
+                 channels=None, **kwargs):
         super().__init__(dtype, **kwargs)
         if not isinstance(mode, QuantMode):
             raise QuantizationError(f"mode must be a QuantMode, got {mode!r}")
+        if channels is not None and axis is None:
+            raise QuantizationError("channels= needs axis= (the channel axis)")
         self.mode = mode
         self.scale_limit = float(eps)
         self.axis = axis
-        self.min_val = _f32(np.finfo(np.float32).max)
-        self.max_val = _f32(np.finfo(np.float32).min)
+        self.channels = channels
+        shape = () if channels is None else (int(channels),)
+        self.min_val = _f32(np.full(shape, np.finfo(np.float32).max))
+        self.max_val = _f32(np.full(shape, np.finfo(np.float32).min))
 
     def _reduce(self, x):
         """Per-tensor or per-channel (min, max) of x."""
         if self.axis is None:
             return x.min(), x.max()
+        if not -x.ndim <= self.axis < x.ndim:
+            raise QuantizationError(f"{type(self).__name__}(axis={self.axis}) got an input "
+                                    f"of shape {tuple(x.shape)}")
         axis = self.axis % x.ndim
+        if self.min_val.ndim and x.shape[axis] != self.min_val.shape[0]:
+            raise QuantizationError(
+                f"{type(self).__name__} keeps {self.min_val.shape[0]} channels along axis "
+                f"{self.axis}, got an input of shape {tuple(x.shape)}")
         others = tuple(i for i in range(x.ndim) if i != axis)
         if not others:
             return x, x
@@ -163,8 +182,8 @@ class ExponentialMovingAverageObserver(MinMaxObserver):
     (buffer ``runtime_momentum``)."""
 
     def __init__(self, momentum=0.9, mode=QuantMode.SYMMERTIC, eps=0.00001, dtype="qint8",
-                 axis=None, **kwargs):
-        super().__init__(mode, eps, dtype, axis, **kwargs)
+                 axis=None, channels=None, **kwargs):
+        super().__init__(mode, eps, dtype, axis, channels, **kwargs)
         self.momentum = float(momentum)
         self.runtime_momentum = _f32(0.0)
 

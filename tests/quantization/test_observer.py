@@ -71,6 +71,24 @@ def test_per_channel_weight_scales():
     np.testing.assert_array_equal(np.abs(np.rint(w / s)).max(axis=(1, 2, 3)), np.full(6, 127.0))
 
 
+def test_per_channel_state_loads_and_sizes_are_checked():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((5, 7)).astype(F32)
+    obs = Q.ExponentialMovingAverageObserver(dtype="qint8_narrow", axis=0, channels=5)
+    assert obs.min_val.shape == (5,)
+    obs(t(w))
+    np.testing.assert_array_equal(obs.min_val.numpy(), w.min(axis=1))
+    fresh = Q.ExponentialMovingAverageObserver(dtype="qint8_narrow", axis=0, channels=5)
+    fresh.load_state_dict(obs.state_dict())
+    assert fresh.get_qparams() == obs.get_qparams()
+    with pytest.raises(Q.QuantizationError, match="5 channels"):
+        obs(t(w.T))
+    with pytest.raises(Q.QuantizationError, match="axis=2"):
+        Q.MinMaxObserver(axis=2)(t(w))
+    with pytest.raises(Q.QuantizationError, match="needs axis"):
+        Q.MinMaxObserver(channels=5)
+
+
 def test_ema_first_batch_as_is_then_momentum():
     obs = Q.ExponentialMovingAverageObserver(momentum=0.9)
     obs(t([-1.0, 2.0]))
