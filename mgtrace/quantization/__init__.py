@@ -29,7 +29,8 @@ from mgtrace.quantization.qconfig import (QConfig, calibration_qconfig, easyquan
                                           min_max_fakequant_qconfig, passive_qconfig,
                                           sync_ema_fakequant_qconfig, tqt_qconfig)
 from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
-                                           enable_fake_quant, enable_observer)
+                                           enable_fake_quant, enable_observer,
+                                           propagate_qconfig, quantize_qat, reset_qconfig)
 
 __all__ = [
     "QuantDtypeMeta", "QUANT_DTYPES", "quant_dtype", "QuantMode", "QParams", "LSQParams",
@@ -41,4 +42,5 @@ __all__ = [
     "sync_ema_fakequant_qconfig", "ema_lowbit_fakequant_qconfig", "calibration_qconfig",
     "tqt_qconfig", "passive_qconfig", "easyquant_qconfig",
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
+    "propagate_qconfig", "quantize_qat", "reset_qconfig",
 ]

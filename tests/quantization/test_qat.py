@@ -1,0 +1,137 @@
+"""QAT modules and quantize_qat: weight and activation qparams equal
+MinMax over the float tensors (NumPy), outputs lie on the activation's
+quantization grid within half a step of the float output, switched-off
+fake quantization gives the float model bitwise, and conv+BN folding
+matches the float ConvBn2d in eval and training."""
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.module as M
+import mgtrace.module.qat as QM
+import mgtrace.quantization as Q
+
+F32 = np.float32
+
+
+def t(a):
+    return mt.tensor(np.asarray(a, F32))
+
+
+def ref_fq(x, s, qmin, qmax):
+    return np.clip(np.rint(x / s), qmin, qmax).astype(F32) * s
+
+
+def test_qat_linear_minmax_qparams_and_grid():
+    rng = np.random.default_rng(0)
+    fc = M.Linear(6, 4)
+    x = rng.standard_normal((5, 6)).astype(F32)
+    q = QM.Linear.from_float_module(fc)
+    assert q.weight is fc.weight and q.bias is fc.bias
+    q.set_qconfig(Q.min_max_fakequant_qconfig)
+    y = q(t(x)).numpy()
+    w = fc.weight.numpy()
+    s_w = np.abs(w).max() / F32(127)                        # qint8_narrow
+    assert q.get_weight_qparams().scale.numpy() == s_w
+    y_float = x @ ref_fq(w, s_w, -127, 127).T + fc.bias.numpy()
+    s_a = q.get_activation_qparams().scale.numpy()
+    np.testing.assert_allclose(s_a, np.abs(y_float).max() / 127.5, rtol=1e-6)
+    k = y / s_a
+    np.testing.assert_allclose(k, np.rint(k), atol=1e-3)     # on the grid
+    assert np.all(np.abs(y - y_float) <= s_a / 2 + 1e-5)
+
+
+def test_qat_conv_relu_and_per_channel_weight_observer():
+    from functools import partial
+    rng = np.random.default_rng(1)
+    conv = M.ConvRelu2d(2, 3, 3, padding=1)
+    q = QM.ConvRelu2d.from_float_module(conv)
+    qconfig = Q.QConfig(partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0, channels=3),
+                        partial(Q.MinMaxObserver, dtype="qint8"),
+                        partial(Q.FakeQuantize, dtype="qint8_narrow"),
+                        partial(Q.FakeQuantize, dtype="qint8"))
+    q.set_qconfig(qconfig)
+    x = t(rng.standard_normal((1, 2, 4, 4)))
+    y = q(x).numpy()
+    assert y.min() >= 0
+    w = conv.weight.numpy()
+    np.testing.assert_array_equal(q.get_weight_qparams().scale.numpy(),
+                                  np.abs(w).reshape(3, -1).max(axis=1) / F32(127))
+    Q.disable_fake_quant(q)
+    np.testing.assert_array_equal(q(x).numpy(), conv(x).numpy())
+
+
+def test_quantize_qat_swaps_types_shares_weights_and_loads_float_state():
+    mt.random.seed(3)
+    net = M.Sequential(M.Conv2d(3, 4, 3), M.ReLU(), M.Flatten(), M.Linear(16, 2))
+    float_state = {k: v.numpy().copy() for k, v in net.state_dict().items()}
+    qat = Q.quantize_qat(net, inplace=False)
+    assert [type(m) for m in qat] == [QM.Conv2d, M.ReLU, M.Flatten, QM.Linear]
+    assert type(net[0]) is M.Conv2d                          # not inplace: untouched
+    assert isinstance(qat[3].act_observer, Q.ExponentialMovingAverageObserver)   # default
+    assert "3.act_observer.runtime_momentum" in qat.state_dict()
+    fresh = Q.quantize_qat(M.Sequential(M.Conv2d(3, 4, 3), M.ReLU(), M.Flatten(),
+                                        M.Linear(16, 2)))
+    result = fresh.load_state_dict({k: t(v) for k, v in float_state.items()}, strict=False)
+    assert result.unexpected_keys == [] and all("observer" in k for k in result.missing_keys)
+    np.testing.assert_array_equal(fresh[3].weight.numpy(), float_state["3.weight"])
+    x = t(np.random.default_rng(4).standard_normal((2, 3, 4, 4)))
+    Q.disable_fake_quant(fresh)
+    np.testing.assert_array_equal(fresh(x).numpy(), net(x).numpy())
+    with pytest.raises(Q.QuantizationError, match="QConfig"):
+        Q.quantize_qat(net, qconfig="ema")
+
+
+def test_quantize_disabled_and_calibration_keep_float_outputs():
+    mt.random.seed(5)
+    net = M.Sequential(M.Linear(4, 4), M.Linear(4, 2))
+    net[1].quantize_disabled = True
+    x = t(np.random.default_rng(6).standard_normal((3, 4)))
+    want = net(x).numpy()
+    Q.quantize_qat(net, qconfig=Q.calibration_qconfig)
+    assert type(net[0]) is QM.Linear and type(net[1]) is M.Linear
+    net.eval()
+    Q.enable_observer(net)                  # calibrate in eval mode, MegEngine's way
+    np.testing.assert_array_equal(net(x).numpy(), want)      # no fake quant in calibration
+    assert net[0].act_observer.histogram.numpy().sum() == 12
+    Q.reset_qconfig(net, Q.tqt_qconfig)
+    assert isinstance(net[0].weight_fake_quant, Q.TQT) and net[0].weight_observer is None
+    assert float(net[0].get_weight_qparams().scale.numpy()) == 1.0
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_qat_conv_bn_folding_matches_float_without_fake_quant(relu):
+    mt.random.seed(7)
+    rng = np.random.default_rng(7)
+    make = M.ConvBnRelu2d if relu else M.ConvBn2d
+    ref = make(3, 4, 3, padding=1, groups=1)
+    ref.bn.running_mean = t(rng.standard_normal(4) * 0.1)
+    ref.bn.running_var = t(rng.uniform(0.5, 2.0, 4))
+    ref.bn.weight = M.Parameter(t(rng.uniform(0.5, 1.5, 4)))
+    mirror = make(3, 4, 3, padding=1)
+    mirror.load_state_dict(ref.state_dict())
+    q = Q.quantize_qat(mirror, qconfig=Q.min_max_fakequant_qconfig)
+    assert type(q) is (QM.ConvBnRelu2d if relu else QM.ConvBn2d)
+    Q.disable_fake_quant(q)
+    x = t(rng.standard_normal((2, 3, 5, 5)))
+    for mode in ("eval", "train"):
+        getattr(ref, mode)()
+        getattr(q, mode)()
+        np.testing.assert_allclose(q(x).numpy(), ref(x).numpy(), rtol=1e-4, atol=1e-5)
+    # training updated both BatchNorms' running statistics the same way
+    np.testing.assert_allclose(q.bn.running_mean.numpy(), ref.bn.running_mean.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_qat_conv_bn_fake_quantizes_the_folded_weight():
+    mt.random.seed(8)
+    rng = np.random.default_rng(8)
+    f = M.ConvBn2d(2, 3, 1, bias=False).eval()
+    f.bn.running_var = t(rng.uniform(0.5, 2.0, 3))
+    q = QM.ConvBn2d.from_float_module(f)
+    q.set_qconfig(Q.min_max_fakequant_qconfig)
+    q(t(rng.standard_normal((1, 2, 2, 2))))
+    k = f.bn.weight.numpy() / np.sqrt(f.bn.running_var.numpy() + F32(1e-5))
+    w_fold = f.conv.weight.numpy() * k.reshape(-1, 1, 1, 1)
+    np.testing.assert_allclose(q.get_weight_qparams().scale.numpy(),
+                               np.abs(w_fold).max() / 127, rtol=1e-6)
