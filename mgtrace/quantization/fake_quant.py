@@ -108,7 +108,7 @@ class TQT(_FakeQuantize):
 
     def get_qparams(self):
         return create_qparams(QuantMode.SYMMERTIC, self.dtype,
-                              scale=F.pow(_f32(2.0), self.scale))
+                              scale=2.0 ** self.scale)
 
 
 class LSQ(_FakeQuantize):

@@ -150,16 +150,16 @@ class MinMaxObserver(Observer):
         return F.min(x, axis=others), F.max(x, axis=others)
 
     def _calculate_qparams(self, inp_min_val, inp_max_val):
-        min_val = F.minimum(_f32(0.0), inp_min_val)
-        max_val = F.maximum(_f32(0.0), inp_max_val)
-        eps = _f32(self.scale_limit)
+        min_val = F.minimum(0.0, inp_min_val)
+        max_val = F.maximum(0.0, inp_max_val)
+        eps = self.scale_limit
         if self.mode == QuantMode.SYMMERTIC:
             bound = F.maximum(-min_val, max_val)
-            scale = F.maximum(bound / _f32((self.qmax - self.qmin) / 2), eps)
+            scale = F.maximum(bound / ((self.qmax - self.qmin) / 2), eps)
             zero_point = None
         else:
-            scale = F.maximum((max_val - min_val) / _f32(self.qmax - self.qmin), eps)
-            zero_point = _f32(self.qmin) - F.round(min_val / scale)
+            scale = F.maximum((max_val - min_val) / float(self.qmax - self.qmin), eps)
+            zero_point = float(self.qmin) - F.round(min_val / scale)
         axis = None if self.axis is None or scale.ndim == 0 else self.axis
         return create_qparams(self.mode, self.dtype, scale=scale, zero_point=zero_point,
                               axis=axis)
@@ -194,7 +194,7 @@ class ExponentialMovingAverageObserver(MinMaxObserver):
         if self.enabled:
             lo, hi = self._reduce(x)
             m = self.runtime_momentum
-            one_minus = _f32(1.0) - m
+            one_minus = 1.0 - m
             self.min_val = self.min_val * m + one_minus * lo
             self.max_val = self.max_val * m + one_minus * hi
             self.runtime_momentum = _f32(self.momentum)

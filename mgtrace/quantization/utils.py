@@ -171,7 +171,7 @@ def _fake_quant(x, scale, zero_point, qmin, qmax):
     # the zero point is added even when it is 0: -0.0 + 0.0 is +0.0, so a
     # small negative x dequantizes to +0.0 like the integer 0 it quantizes to
     if zero_point is None:
-        zero_point = _tensor(np.float32(0.0))
+        zero_point = 0.0
     q = F.clip(F.round(x / scale) + zero_point, float(qmin), float(qmax))
     return (q - zero_point) * scale
 
@@ -204,7 +204,7 @@ def fake_quant_tensor(inp, qparams):
 def tqt_forward(qmin, qmax, inp, scale):
     """TQT's forward (arXiv:1903.08066): symmetric fake quantization with the
     power-of-two scale ``2 ** scale`` (``scale`` holds log2 of the step)."""
-    step = F.pow(_as_tensor(2.0), scale)
+    step = 2.0 ** scale
     return _fake_quant(inp, step, None, qmin, qmax)
 
 

@@ -3,6 +3,8 @@ MinMax over the float tensors (NumPy), outputs lie on the activation's
 quantization grid within half a step of the float output, switched-off
 fake quantization gives the float model bitwise, and conv+BN folding
 matches the float ConvBn2d in eval and training."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,18 @@ def test_qat_conv_bn_fake_quantizes_the_folded_weight():
     w_fold = f.conv.weight.numpy() * k.reshape(-1, 1, 1, 1)
     np.testing.assert_allclose(q.get_weight_qparams().scale.numpy(),
                                np.abs(w_fold).max() / 127, rtol=1e-6)
+
+
+def test_traced_qat_model_with_frozen_qparams_equals_eager():
+    mt.random.seed(9)
+    rng = np.random.default_rng(9)
+    net = Q.quantize_qat(M.Sequential(M.ConvBn2d(2, 3, 3), M.ReLU(), M.Flatten(),
+                                      M.Linear(12, 2)), qconfig=Q.min_max_fakequant_qconfig)
+    net(t(rng.standard_normal((2, 2, 4, 4))))
+    Q.disable_observer(net)
+    net.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.TraceWarning)     # qparams kept as constants
+        traced = mt.trace_module(net, t(rng.standard_normal((2, 2, 4, 4))))
+    x = t(rng.standard_normal((3, 2, 4, 4)) * 2)
+    np.testing.assert_array_equal(traced(x).numpy(), net(x).numpy())

@@ -14,10 +14,7 @@ channel and ``w_fold = w * k``.
   a second convolution. MegEngine's exact mode (``approx=False``) is not
   provided.
 """
-import numpy as np
-
 import mgtrace.functional as F
-from mgtrace._core import tensor as _tensor
 from mgtrace.module import fused as _float
 from mgtrace.module.qat.module import QATModule, build_uninitialized
 
@@ -29,12 +26,12 @@ class _ConvBnActivation2d(_float._ConvBnActivation2d, QATModule):
     def _fold(self):
         bn, conv = self.bn, self.conv
         c = bn.num_features
-        ones, zeros = _tensor(np.ones(c, np.float32)), _tensor(np.zeros(c, np.float32))
+        ones, zeros = F.ones((c,)), F.zeros((c,))
         gamma = bn.weight if bn.weight is not None else ones
         beta = bn.bias if bn.bias is not None else zeros
         mean = bn.running_mean if bn.running_mean is not None else zeros
         var = bn.running_var if bn.running_var is not None else ones
-        k = gamma / F.sqrt(var + _tensor(np.float32(bn.eps)))
+        k = gamma / F.sqrt(var + float(bn.eps))
         return k, beta, mean
 
     def calc_conv_bn_qat(self, x):
