@@ -81,9 +81,10 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         module: a Module (the root itself is converted if its type maps).
         inplace: convert ``module`` itself; False converts a deep copy.
         qconfig: a QConfig; default :data:`ema_fakequant_qconfig`.
-        mapping: ``{float type: QAT type}``, exact types; default Linear,
-            Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d to their
-            :mod:`mgtrace.module.qat` versions. A module whose
+        mapping: ``{float type: QAT type}``, exact types, added to (and
+            overriding) the default one: Linear, Conv2d, ConvRelu2d,
+            ConvBn2d, ConvBnRelu2d to their :mod:`mgtrace.module.qat`
+            versions. A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.
 
@@ -94,7 +95,7 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
     from mgtrace.quantization.qconfig import ema_fakequant_qconfig
     qconfig = ema_fakequant_qconfig if qconfig is None else qconfig
     _check_qconfig(qconfig)
-    mapping = _float_to_qat() if mapping is None else dict(mapping)
+    mapping = {**_float_to_qat(), **(mapping or {})}
     if not inplace:
         module = copy.deepcopy(module)
 
@@ -116,8 +117,32 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
 
 def reset_qconfig(module, qconfig, inplace=True):
     """Give the QAT modules of ``module`` fresh observers and fake
-    quantizers from ``qconfig`` (on a deep copy unless ``inplace``);
-    returns the module."""
+    quantizers from ``qconfig`` that start from the current qparams
+    (MegEngine's ``reset_qconfig``): each new one that has ``set_qparams``
+    (TQT, LSQ, PassiveObserver) gets the weight's or activation's QParams
+    the module had before. Works on a deep copy unless ``inplace``; returns
+    the module. Raises QuantizationError for a qconfig that is not a
+    QConfig, or qparams the new quantizer cannot take (TQT: symmetric only).
+    """
+    _check_qconfig(qconfig)
     if not inplace:
         module = copy.deepcopy(module)
-    return propagate_qconfig(module, qconfig)
+
+    def build(factory, qparams):
+        inst = factory() if factory is not None else None
+        if inst is not None and qparams is not None and hasattr(inst, "set_qparams"):
+            inst.set_qparams(qparams)
+        return inst
+
+    for m in list(module.modules()):
+        if not isinstance(m, _qat_base()) or getattr(m, "quantize_disabled", False):
+            continue
+        if m.with_weight:
+            qparams = m.get_weight_qparams()
+            m.weight_observer = build(qconfig.weight_observer, qparams)
+            m.weight_fake_quant = build(qconfig.weight_fake_quant, qparams)
+        if m.with_act:
+            qparams = m.get_activation_qparams()
+            m.act_observer = build(qconfig.act_observer, qparams)
+            m.act_fake_quant = build(qconfig.act_fake_quant, qparams)
+    return module

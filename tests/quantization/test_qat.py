@@ -4,6 +4,7 @@ quantization grid within half a step of the float output, switched-off
 fake quantization gives the float model bitwise, and conv+BN folding
 matches the float ConvBn2d in eval and training."""
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
@@ -44,7 +45,6 @@ def test_qat_linear_minmax_qparams_and_grid():
 
 
 def test_qat_conv_relu_and_per_channel_weight_observer():
-    from functools import partial
     rng = np.random.default_rng(1)
     conv = M.ConvRelu2d(2, 3, 3, padding=1)
     q = QM.ConvRelu2d.from_float_module(conv)
@@ -96,9 +96,41 @@ def test_quantize_disabled_and_calibration_keep_float_outputs():
     Q.enable_observer(net)                  # calibrate in eval mode, MegEngine's way
     np.testing.assert_array_equal(net(x).numpy(), want)      # no fake quant in calibration
     assert net[0].act_observer.histogram.numpy().sum() == 12
-    Q.reset_qconfig(net, Q.tqt_qconfig)
+    hist_scale = net[0].get_activation_qparams().scale.numpy()
+    w_scale = net[0].get_weight_qparams().scale.numpy()
+    Q.reset_qconfig(net, Q.tqt_qconfig)          # TQT starts from the observed qparams
     assert isinstance(net[0].weight_fake_quant, Q.TQT) and net[0].weight_observer is None
-    assert float(net[0].get_weight_qparams().scale.numpy()) == 1.0
+    np.testing.assert_allclose(net[0].get_weight_qparams().scale.numpy(), w_scale, rtol=1e-6)
+    np.testing.assert_allclose(net[0].get_activation_qparams().scale.numpy(), hist_scale,
+                               rtol=1e-6)
+    assert type(net[1]) is M.Linear
+
+
+def test_user_mapping_extends_the_default_and_lsq_reset():
+    class MyConvBnRelu2d(M.ConvBnRelu2d):
+        pass
+
+    class MyQATConvBnRelu2d(QM.ConvBnRelu2d):
+        pass
+    mt.random.seed(10)
+    net = M.Sequential(MyConvBnRelu2d(3, 3, 3, padding=1), M.ConvBn2d(3, 3, 1))
+    qconfig = Q.QConfig(partial(Q.MinMaxObserver, dtype="qint8_narrow"),
+                        partial(Q.MinMaxObserver, dtype="qint8"), None, None)
+    Q.quantize_qat(net, qconfig=qconfig, mapping={MyConvBnRelu2d: MyQATConvBnRelu2d})
+    assert [type(m) for m in net] == [MyQATConvBnRelu2d, QM.ConvBn2d]
+    net.eval()
+    Q.enable_observer(net)
+    net(t(np.random.default_rng(10).random((2, 3, 6, 6))))
+    before = [(m.get_weight_qparams(), m.get_activation_qparams()) for m in net]
+    lsq = Q.QConfig(None, None, partial(Q.LSQ, dtype="qint8_narrow"), partial(Q.LSQ, dtype="qint8"))
+    Q.reset_qconfig(net, lsq)
+    for m, (w, a) in zip(net, before):
+        assert isinstance(m.weight_fake_quant, Q.LSQ) and m.act_observer is None
+        # LSQ's step is |scale - eps| + eps: the observed scale back, to float32 rounding
+        np.testing.assert_allclose(m.get_weight_qparams().scale.numpy(), w.scale.numpy(),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(m.get_activation_qparams().scale.numpy(), a.scale.numpy(),
+                                   rtol=1e-6)
 
 
 @pytest.mark.parametrize("relu", [False, True])
