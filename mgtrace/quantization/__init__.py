@@ -30,7 +30,8 @@ from mgtrace.quantization.qconfig import (QConfig, calibration_qconfig, easyquan
                                           sync_ema_fakequant_qconfig, tqt_qconfig)
 from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
                                            enable_fake_quant, enable_observer,
-                                           propagate_qconfig, quantize_qat, reset_qconfig)
+                                           propagate_qconfig, quantize_qat, reset_qconfig,
+                                           apply_easy_quant)
 
 __all__ = [
     "QuantDtypeMeta", "QUANT_DTYPES", "quant_dtype", "QuantMode", "QParams", "LSQParams",
@@ -42,5 +43,5 @@ __all__ = [
     "sync_ema_fakequant_qconfig", "ema_lowbit_fakequant_qconfig", "calibration_qconfig",
     "tqt_qconfig", "passive_qconfig", "easyquant_qconfig",
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
-    "propagate_qconfig", "quantize_qat", "reset_qconfig",
+    "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant",
 ]

@@ -4,12 +4,14 @@ whole model on or off, and the float -> QAT conversion (MegEngine's
 first needed: :mod:`mgtrace.module.qat` is built on this package."""
 import copy
 
+import numpy as np
+
 from mgtrace.quantization.fake_quant import _FakeQuantize
 from mgtrace.quantization.observer import Observer
 from mgtrace.quantization.utils import QuantizationError
 
 __all__ = ["enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
-           "propagate_qconfig", "quantize_qat", "reset_qconfig"]
+           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant"]
 
 
 def _switch(module, kind, on):
@@ -145,4 +147,82 @@ def reset_qconfig(module, qconfig, inplace=True):
             qparams = m.get_activation_qparams()
             m.act_observer = build(qconfig.act_observer, qparams)
             m.act_fake_quant = build(qconfig.act_fake_quant, qparams)
+    return module
+
+
+def _cosine(a, b):
+    """Mean over the batch (axis 0) of the cosine similarity of the rows."""
+    a = a.reshape(a.shape[0], -1).astype(np.float64)
+    b = b.reshape(b.shape[0], -1).astype(np.float64)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.nanmean(np.sum(a * b, axis=1) / den))
+
+
+def apply_easy_quant(module, data, start=0.8, stop=1.2, num=40):
+    """EasyQuant (arXiv:2006.16669; MegEngine's ``apply_easy_quant``): for
+    every QAT module, try ``num`` scales from ``start`` to ``stop`` times its
+    weight observer's original scale, keep the one whose output is closest
+    (mean cosine similarity over the batch) to the float output; then the
+    same for the activation observers.
+
+    Args:
+        module: a model converted with ``quantize_qat`` whose observers are
+            :class:`PassiveObserver` s holding qparams (``reset_qconfig(model,
+            easyquant_qconfig)`` after calibration does that).
+        data: a batch of inputs ``[N, ...]``, the model's first argument.
+        start, stop, num: the search grid, relative to each original scale.
+
+    Each layer sees the float and the fake-quantized outputs of the layers
+    before it (as MegEngine: the model runs on the batch twice, stacked).
+    Returns module. Raises QuantizationError when a QAT module's observer is
+    not a PassiveObserver with qparams.
+    """
+    from mgtrace.quantization.observer import PassiveObserver
+    import mgtrace.functional as F
+    qat = [m for m in module.modules() if isinstance(m, _qat_base())]
+    for m in qat:
+        for ob in (m.weight_observer, m.act_observer):
+            if ob is not None and not (isinstance(ob, PassiveObserver) and ob.qparams):
+                raise QuantizationError(
+                    f"apply_easy_quant needs PassiveObservers holding qparams, found "
+                    f"{type(ob).__name__}: run reset_qconfig(model, easyquant_qconfig) after "
+                    "calibration first")
+    batch = data.shape[0]
+    both = F.concat([data, data], axis=0)
+
+    def search(mod, args, output, where, handle):
+        handle.remove()                             # the calls below must not recurse
+        float_in = [a[:batch] for a in args]
+        fq_in = [a[batch:] for a in args]
+        mod.set_fake_quant(False)
+        float_out = mod(*float_in)
+        mod.set_fake_quant(True)
+        ob = getattr(mod, where)
+        if ob is None:
+            return None
+        best, best_scale = -np.inf, None
+        reference = float_out.numpy()
+        for scale in np.linspace(start * ob.orig_scale, stop * ob.orig_scale, num):
+            ob.scale = scale
+            sim = _cosine(reference, mod(*fq_in).numpy())
+            if sim > best:
+                best, best_scale = sim, scale
+        ob.scale = best_scale if best_scale is not None else ob.orig_scale
+        return F.concat([float_out, output[batch:]], axis=0)
+
+    for where in ("weight_observer", "act_observer"):
+        handles = []
+        for m in qat:
+            box = []
+            handle = m.register_forward_hook(
+                lambda mod, args, out, where=where, box=box: search(mod, args, out, where,
+                                                                    box[0]))
+            box.append(handle)
+            handles.append(handle)
+        try:
+            module(both)
+        finally:
+            for h in handles:
+                h.remove()
     return module

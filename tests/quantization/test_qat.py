@@ -184,3 +184,36 @@ def test_traced_qat_model_with_frozen_qparams_equals_eager():
         traced = mt.trace_module(net, t(rng.standard_normal((2, 2, 4, 4))))
     x = t(rng.standard_normal((3, 2, 4, 4)) * 2)
     np.testing.assert_array_equal(traced(x).numpy(), net(x).numpy())
+
+
+def test_easy_quant_picks_the_best_scale_on_its_grid():
+    mt.random.seed(11)
+    rng = np.random.default_rng(11)
+    net = M.Sequential(M.Linear(8, 6), M.ReLU(), M.Linear(6, 3))
+    data = t(rng.standard_normal((16, 8)))
+    Q.quantize_qat(net, qconfig=Q.min_max_fakequant_qconfig)
+    Q.disable_fake_quant(net)
+    net(data)                                           # calibrate
+    Q.enable_fake_quant(net)
+    with pytest.raises(Q.QuantizationError, match="easyquant_qconfig"):
+        Q.apply_easy_quant(net, data)
+    Q.reset_qconfig(net, Q.easyquant_qconfig)
+    first = net[0]
+    w_orig = first.weight_observer.orig_scale
+    a_orig = first.act_observer.get_qparams().scale.numpy()
+    Q.apply_easy_quant(net, data, start=0.5, stop=1.5, num=21)
+    grid = np.linspace(0.5 * w_orig, 1.5 * w_orig, 21)
+    chosen = first.weight_observer.scale.numpy()
+    assert np.isclose(grid, chosen, rtol=0, atol=1e-9).any()
+    # NumPy: the cosine of layer 0's output at each grid scale (act at its original scale)
+    x, w, b = data.numpy(), first.weight.numpy(), first.bias.numpy()
+    ref = x @ w.T + b
+
+    def cos(s):
+        y = ref_fq(x @ ref_fq(w, F32(s), -127, 127).T + b, a_orig, -128, 127)
+        return np.mean(np.sum(ref * y, 1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(y, axis=1)))
+    assert cos(chosen) >= max(cos(s) for s in grid) - 1e-6
+    assert cos(chosen) >= cos(w_orig) - 1e-6
+    for m in (net[0], net[2]):
+        for ob in (m.weight_observer, m.act_observer):
+            assert 0.5 * ob.orig_scale - 1e-9 <= ob.scale.numpy() <= 1.5 * ob.orig_scale + 1e-9
