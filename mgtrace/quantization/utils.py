@@ -188,6 +188,10 @@ def fake_quant_tensor(inp, qparams):
     ``(clip(rint(x / s) + zp, qmin, qmax) - zp) * s`` computed in NumPy
     float32 (round half to even, see the module docstring).
 
+    For ``qint32`` the computation is float32 too, so values near its ends
+    are only as exact as float32 (2**31 - 1 is not a float32); it stands for
+    a bias's quantization, not for bitwise int32 work.
+
     Raises QuantizationError when qparams has no scale or no dtype.
     """
     if qparams.scale is None or qparams.dtype_meta is None:

@@ -217,3 +217,17 @@ def test_easy_quant_picks_the_best_scale_on_its_grid():
     for m in (net[0], net[2]):
         for ob in (m.weight_observer, m.act_observer):
             assert 0.5 * ob.orig_scale - 1e-9 <= ob.scale.numpy() <= 1.5 * ob.orig_scale + 1e-9
+
+
+def test_qat_elemwise_fake_quantizes_its_output():
+    rng = np.random.default_rng(12)
+    net = Q.quantize_qat(M.Sequential(M.Elemwise("FUSE_ADD_RELU")),
+                         qconfig=Q.min_max_fakequant_qconfig)
+    e = net[0]
+    assert type(e) is QM.Elemwise and e.weight_observer is None
+    a, b = rng.standard_normal((2, 3, 4)).astype(F32)
+    y = e(t(a), t(b)).numpy()
+    r = np.maximum(a + b, 0)
+    s = r.max() / F32(127.5)
+    assert e.get_activation_qparams().scale.numpy() == s
+    np.testing.assert_array_equal(y, ref_fq(r, s, -128, 127))
