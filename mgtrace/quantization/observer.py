@@ -302,6 +302,9 @@ class HistogramObserver(MinMaxObserver):
         if data.size == 0:
             return x
         lo, hi = float(data.min()), float(data.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise QuantizationError(f"HistogramObserver got non-finite values (min {lo}, "
+                                    f"max {hi}); a histogram needs finite inputs")
         hist = self.histogram.numpy().astype(np.float64)
         old_lo, old_hi = float(self.min_val.numpy()), float(self.max_val.numpy())
         if hist[0] == -1.0:
