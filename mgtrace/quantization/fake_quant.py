@@ -25,6 +25,12 @@ def _f32(value):
     return _tensor(np.asarray(value, dtype=np.float32))
 
 
+def _per_tensor(who, qparams):
+    if getattr(qparams, "axis", None) is not None or qparams.scale.ndim != 0:
+        raise QuantizationError(f"{who} learns one scale per tensor; got per-channel qparams "
+                                f"(axis {qparams.axis}, scale shape {tuple(qparams.scale.shape)})")
+
+
 class _FakeQuantize(Module):
     """Base: ``forward(inp, qparams=None)`` fake-quantizes when ``enabled``,
     else returns ``inp``. Unlike observers, ``train()``/``eval()`` do not
@@ -104,6 +110,7 @@ class TQT(_FakeQuantize):
                                     f"got {qparams.mode}")
         if qparams.scale is None:
             raise QuantizationError("TQT.set_qparams needs qparams with a scale")
+        _per_tensor("TQT", qparams)
         self.scale = Parameter(F.log(qparams.scale) / _f32(math.log(2)))
 
     def get_qparams(self):
@@ -132,6 +139,7 @@ class LSQ(_FakeQuantize):
     def set_qparams(self, qparams):
         if qparams.scale is None:
             raise QuantizationError("LSQ.set_qparams needs qparams with a scale")
+        _per_tensor("LSQ", qparams)
         self.mode = qparams.mode
         if qparams.mode == QuantMode.ASYMMERTIC and qparams.zero_point is not None:
             self.zero_point = _f32(qparams.zero_point.numpy())

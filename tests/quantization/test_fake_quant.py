@@ -144,3 +144,10 @@ def test_quant_dtype_table_is_megengines():
                    "quint8": (0, 255, True), "qint4": (-8, 7, False),
                    "quint4": (0, 15, True), "qint32": (-2 ** 31, 2 ** 31 - 1, False)}
     assert QuantMode.SYMMETRIC is QuantMode.SYMMERTIC
+
+
+def test_tqt_and_lsq_refuse_per_channel_qparams():
+    qp = Q.create_qparams(QuantMode.SYMMERTIC, "qint8_narrow", np.array([0.1, 0.2], F32), axis=0)
+    for make in (Q.TQT, Q.LSQ):
+        with pytest.raises(Q.QuantizationError, match="per tensor"):
+            make("qint8_narrow").set_qparams(qp)

@@ -231,3 +231,14 @@ def test_qat_elemwise_fake_quantizes_its_output():
     s = r.max() / F32(127.5)
     assert e.get_activation_qparams().scale.numpy() == s
     np.testing.assert_array_equal(y, ref_fq(r, s, -128, 127))
+
+
+def test_qat_conv_bn_without_running_stats_uses_batch_statistics_in_eval():
+    mt.random.seed(13)
+    ref = M.ConvBn2d(2, 3, 3, track_running_stats=False).eval()
+    mirror = M.ConvBn2d(2, 3, 3, track_running_stats=False)
+    mirror.load_state_dict(ref.state_dict())
+    q = Q.quantize_qat(mirror, qconfig=Q.min_max_fakequant_qconfig).eval()
+    Q.disable_fake_quant(q)
+    x = t(np.random.default_rng(13).standard_normal((2, 2, 5, 5)) * 3 + 1)
+    np.testing.assert_allclose(q(x).numpy(), ref(x).numpy(), rtol=1e-4, atol=1e-5)

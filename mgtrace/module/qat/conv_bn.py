@@ -38,7 +38,9 @@ class _ConvBnActivation2d(_float._ConvBnActivation2d, QATModule):
         conv = self.conv
         k, beta, mean = self._fold()
         w_qat = self.apply_quant_weight(conv.weight * k.reshape((-1, 1, 1, 1)))
-        batch_stats = self.training and (self.bn.training or not self.bn.track_running_stats)
+        # the BatchNorm normalises with the batch's statistics: in training, or
+        # always when it keeps no running ones
+        batch_stats = self.bn.training or self.bn.running_mean is None
         if batch_stats:
             bias = None
         else:
