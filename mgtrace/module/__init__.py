@@ -29,6 +29,7 @@ from mgtrace.module.builtin import (
     Dropout, Identity)
 from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
                                   fuse_conv_bn_relu_module)
+from mgtrace.module.quant_dequant import DequantStub, QuantStub
 
 __all__ = [
     "Parameter", "Module", "StateDictError", "IncompatibleKeys",
@@ -39,4 +40,5 @@ __all__ = [
     "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "Hardswish", "Hardsigmoid",
     "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Dropout", "Identity",
     "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
+    "QuantStub", "DequantStub",
 ]

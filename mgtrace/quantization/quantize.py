@@ -48,7 +48,8 @@ def _float_to_qat():
     import mgtrace.module as M
     import mgtrace.module.qat as QM
     return {M.Linear: QM.Linear, M.Conv2d: QM.Conv2d, M.ConvRelu2d: QM.ConvRelu2d,
-            M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise}
+            M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
+            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub}
 
 
 def _qat_base():
@@ -85,7 +86,7 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         qconfig: a QConfig; default :data:`ema_fakequant_qconfig`.
         mapping: ``{float type: QAT type}``, exact types, added to (and
             overriding) the default one: Linear, Conv2d, ConvRelu2d,
-            ConvBn2d, ConvBnRelu2d, Elemwise to their :mod:`mgtrace.module.qat`
+            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub to their :mod:`mgtrace.module.qat`
             versions. A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.

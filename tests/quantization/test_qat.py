@@ -242,3 +242,15 @@ def test_qat_conv_bn_without_running_stats_uses_batch_statistics_in_eval():
     Q.disable_fake_quant(q)
     x = t(np.random.default_rng(13).standard_normal((2, 2, 5, 5)) * 3 + 1)
     np.testing.assert_allclose(q(x).numpy(), ref(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_quant_stub_fake_quantizes_the_input_dequant_stub_passes():
+    mt.random.seed(14)
+    net = M.Sequential(M.QuantStub(), M.Linear(4, 2), M.DequantStub())
+    x = np.random.default_rng(14).standard_normal((3, 4)).astype(F32)
+    np.testing.assert_array_equal(net(t(x)).numpy(), net[1](t(x)).numpy())   # float: identity
+    Q.quantize_qat(net, qconfig=Q.min_max_fakequant_qconfig)
+    assert [type(m) for m in net] == [QM.QuantStub, QM.Linear, QM.DequantStub]
+    assert net[2].act_observer is None and net[0].weight_observer is None
+    s = np.abs(x).max() / F32(127.5)
+    np.testing.assert_array_equal(net[0](t(x)).numpy(), ref_fq(x, s, -128, 127))

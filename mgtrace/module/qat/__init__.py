@@ -20,6 +20,7 @@ from mgtrace.module.qat.linear import Linear, LinearRelu
 from mgtrace.module.qat.conv import Conv2d, ConvRelu2d
 from mgtrace.module.qat.conv_bn import ConvBn2d, ConvBnRelu2d
 from mgtrace.module.qat.elemwise import Elemwise
+from mgtrace.module.qat.quant_dequant import DequantStub, QuantStub
 
 __all__ = ["QATModule", "Linear", "LinearRelu", "Conv2d", "ConvRelu2d", "ConvBn2d",
-           "ConvBnRelu2d", "Elemwise"]
+           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub"]
