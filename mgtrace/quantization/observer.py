@@ -222,6 +222,11 @@ class HistogramObserver(MinMaxObserver):
 
     def __init__(self, bins=2048, upsample_rate=128, mode=QuantMode.SYMMERTIC, eps=0.00001,
                  dtype="qint8", **kwargs):
+        if kwargs.get("axis") is not None or kwargs.get("channels") is not None:
+            raise QuantizationError("HistogramObserver is per tensor only: use "
+                                    "MinMaxObserver(axis=..., channels=...) per channel")
+        kwargs.pop("axis", None)
+        kwargs.pop("channels", None)
         super().__init__(mode, eps, dtype, **kwargs)
         self.bins = int(bins)
         self.upsample_rate = int(upsample_rate)

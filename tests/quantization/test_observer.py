@@ -188,3 +188,14 @@ def test_qconfig_presets_are_megengines():
     assert low.act_observer().qmin == -8
     with pytest.raises(Q.QuantizationError, match="factory"):
         Q.QConfig(Q.MinMaxObserver(), None, None, None)
+
+
+def test_histogram_refuses_non_finite_input():
+    obs = Q.HistogramObserver(bins=8)
+    with pytest.raises(Q.QuantizationError, match="non-finite"):
+        obs(mt.tensor(np.array([1.0, np.nan], np.float32)))
+
+
+def test_histogram_is_per_tensor_only():
+    with pytest.raises(Q.QuantizationError, match="per tensor only"):
+        Q.HistogramObserver(axis=0)
