@@ -1,0 +1,26 @@
+"""mgtrace.module.qat: MegEngine's quantization-aware-training modules.
+
+Each is its float module (same constructor, parameters and state_dict keys)
+plus four optional children that a :class:`~mgtrace.quantization.QConfig`
+fills: ``weight_observer``, ``weight_fake_quant``, ``act_observer``,
+``act_fake_quant``. The forward fake-quantizes the weight before the layer
+and the output after it. Build them from float modules with
+``from_float_module`` or, for a whole model,
+:func:`mgtrace.quantization.quantize_qat`. Import this package explicitly
+(``import mgtrace.module.qat as QM``); ``mgtrace.module`` does not.
+
+Departure from MegEngine: its tensors carry qparams, so a QAT layer whose
+input came from another QAT layer also fake-quantizes its bias to qint32
+with scale ``s_in * s_w``; mgtrace's tensors carry none yet, so the bias
+stays float (an error of at most ``s_in * s_w / 2`` per output in MegEngine's
+version).
+"""
+from mgtrace.module.qat.module import QATModule
+from mgtrace.module.qat.linear import Linear, LinearRelu
+from mgtrace.module.qat.conv import Conv2d, ConvRelu2d
+from mgtrace.module.qat.conv_bn import ConvBn2d, ConvBnRelu2d
+from mgtrace.module.qat.elemwise import Elemwise
+from mgtrace.module.qat.quant_dequant import DequantStub, QuantStub
+
+__all__ = ["QATModule", "Linear", "LinearRelu", "Conv2d", "ConvRelu2d", "ConvBn2d",
+           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub"]

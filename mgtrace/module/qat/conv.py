@@ -1,0 +1,33 @@
+"""QAT Conv2d and ConvRelu2d (MegEngine's ``module/qat/conv.py``)."""
+import mgtrace.functional as F
+from mgtrace.module import builtin as _float
+from mgtrace.module.qat.module import QATModule, build_uninitialized
+
+__all__ = ["Conv2d", "ConvRelu2d"]
+
+
+class Conv2d(_float.Conv2d, QATModule):
+    """:class:`mgtrace.module.Conv2d` with a fake-quantized weight and
+    output. Arguments, shapes and parameters as the float Conv2d (any
+    groups, stride, padding, dilation, padding_mode)."""
+
+    def calc_conv_qat(self, x):
+        return F.conv2d(self._padded(x), self.apply_quant_weight(self.weight), self.bias,
+                        self.stride, self._conv_padding(), self.dilation, self.groups)
+
+    def forward(self, x):
+        return self.apply_quant_activation(self.calc_conv_qat(x))
+
+    @classmethod
+    def from_float_module(cls, float_module):
+        qmod = build_uninitialized(cls, **float_module.config())
+        qmod.weight = float_module.weight
+        qmod.bias = float_module.bias
+        return qmod.train(float_module.training)
+
+
+class ConvRelu2d(Conv2d):
+    """``act_fq(relu(conv2d(...)))``, from :class:`mgtrace.module.ConvRelu2d`."""
+
+    def forward(self, x):
+        return self.apply_quant_activation(F.relu(self.calc_conv_qat(x)))

@@ -1,0 +1,32 @@
+"""QAT Linear and LinearRelu (MegEngine's ``module/qat/linear.py``)."""
+import mgtrace.functional as F
+from mgtrace.module import builtin as _float
+from mgtrace.module.qat.module import QATModule, build_uninitialized
+
+__all__ = ["Linear", "LinearRelu"]
+
+
+class Linear(_float.Linear, QATModule):
+    """:class:`mgtrace.module.Linear` with a fake-quantized weight and
+    output: ``act_fq(linear(x, weight_fq(weight), bias))``. Arguments,
+    shapes and parameters as the float Linear."""
+
+    def calc_linear_qat(self, x):
+        return F.linear(x, self.apply_quant_weight(self.weight), self.bias)
+
+    def forward(self, x):
+        return self.apply_quant_activation(self.calc_linear_qat(x))
+
+    @classmethod
+    def from_float_module(cls, float_module):
+        qmod = build_uninitialized(cls, **float_module.config())
+        qmod.weight = float_module.weight
+        qmod.bias = float_module.bias
+        return qmod.train(float_module.training)
+
+
+class LinearRelu(Linear):
+    """``act_fq(relu(linear(...)))``: a QAT Linear followed by ReLU."""
+
+    def forward(self, x):
+        return self.apply_quant_activation(F.relu(self.calc_linear_qat(x)))

@@ -1,0 +1,229 @@
+"""The quantization flow's switches: observers and fake quantizers of a
+whole model on or off, and the float -> QAT conversion (MegEngine's
+``quantization/quantize.py``). The QAT module types are imported when
+first needed: :mod:`mgtrace.module.qat` is built on this package."""
+import copy
+
+import numpy as np
+
+from mgtrace.quantization.fake_quant import _FakeQuantize
+from mgtrace.quantization.observer import Observer
+from mgtrace.quantization.utils import QuantizationError
+
+__all__ = ["enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
+           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant"]
+
+
+def _switch(module, kind, on):
+    for m in module.modules():
+        if isinstance(m, kind):
+            m.enabled = on
+    return module
+
+
+def enable_observer(module):
+    """Enable every :class:`Observer` in ``module`` (itself included);
+    returns module. Holds until the next train()/eval() mode change."""
+    return _switch(module, Observer, True)
+
+
+def disable_observer(module):
+    """Disable every :class:`Observer` in ``module``; returns module."""
+    return _switch(module, Observer, False)
+
+
+def enable_fake_quant(module):
+    """Enable every fake quantizer (FakeQuantize, TQT, LSQ) in ``module``;
+    returns module."""
+    return _switch(module, _FakeQuantize, True)
+
+
+def disable_fake_quant(module):
+    """Disable every fake quantizer in ``module``: they pass inputs
+    through; returns module."""
+    return _switch(module, _FakeQuantize, False)
+
+
+def _float_to_qat():
+    import mgtrace.module as M
+    import mgtrace.module.qat as QM
+    return {M.Linear: QM.Linear, M.Conv2d: QM.Conv2d, M.ConvRelu2d: QM.ConvRelu2d,
+            M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
+            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub}
+
+
+def _qat_base():
+    from mgtrace.module.qat import QATModule
+    return QATModule
+
+
+def _check_qconfig(qconfig):
+    from mgtrace.quantization.qconfig import QConfig
+    if not isinstance(qconfig, QConfig):
+        raise QuantizationError(f"qconfig must be a mgtrace.quantization.QConfig, "
+                                f"got {type(qconfig).__name__}")
+
+
+def propagate_qconfig(module, qconfig):
+    """Call ``set_qconfig(qconfig)`` on every QAT module in ``module``
+    (itself included) whose ``quantize_disabled`` attribute is not true:
+    each gets fresh observers and fake quantizers. Returns module."""
+    _check_qconfig(qconfig)
+    for m in module.modules():
+        if isinstance(m, _qat_base()) and not getattr(m, "quantize_disabled", False):
+            m.set_qconfig(qconfig)
+    return module
+
+
+def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
+    """Replace the float modules of ``module`` that have a QAT version by it
+    (MegEngine's ``quantize_qat``), then give every QAT module the
+    observers and fake quantizers of ``qconfig``.
+
+    Args:
+        module: a Module (the root itself is converted if its type maps).
+        inplace: convert ``module`` itself; False converts a deep copy.
+        qconfig: a QConfig; default :data:`ema_fakequant_qconfig`.
+        mapping: ``{float type: QAT type}``, exact types, added to (and
+            overriding) the default one: Linear, Conv2d, ConvRelu2d,
+            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub to their :mod:`mgtrace.module.qat`
+            versions. A module whose
+            ``quantize_disabled`` attribute is true is left float, with
+            everything inside it.
+
+    The QAT modules share the float modules' parameters (and BatchNorms).
+    Returns the converted module. Raises QuantizationError for a qconfig
+    that is not a QConfig.
+    """
+    from mgtrace.quantization.qconfig import ema_fakequant_qconfig
+    qconfig = ema_fakequant_qconfig if qconfig is None else qconfig
+    _check_qconfig(qconfig)
+    mapping = {**_float_to_qat(), **(mapping or {})}
+    if not inplace:
+        module = copy.deepcopy(module)
+
+    def convert(m):
+        if getattr(m, "quantize_disabled", False) or isinstance(m, _qat_base()):
+            return m
+        target = mapping.get(type(m))
+        if target is not None:
+            return target.from_float_module(m)
+        for name, child in list(m.named_children()):
+            if child is not None:
+                new = convert(child)
+                if new is not child:
+                    setattr(m, name, new)
+        return m
+
+    return propagate_qconfig(convert(module), qconfig)
+
+
+def reset_qconfig(module, qconfig, inplace=True):
+    """Give the QAT modules of ``module`` fresh observers and fake
+    quantizers from ``qconfig`` that start from the current qparams
+    (MegEngine's ``reset_qconfig``): each new one that has ``set_qparams``
+    (TQT, LSQ, PassiveObserver) gets the weight's or activation's QParams
+    the module had before. Works on a deep copy unless ``inplace``; returns
+    the module. Raises QuantizationError for a qconfig that is not a
+    QConfig, or qparams the new quantizer cannot take (TQT: symmetric only).
+    """
+    _check_qconfig(qconfig)
+    if not inplace:
+        module = copy.deepcopy(module)
+
+    def build(factory, qparams):
+        inst = factory() if factory is not None else None
+        if inst is not None and qparams is not None and hasattr(inst, "set_qparams"):
+            inst.set_qparams(qparams)
+        return inst
+
+    for m in list(module.modules()):
+        if not isinstance(m, _qat_base()) or getattr(m, "quantize_disabled", False):
+            continue
+        if m.with_weight:
+            qparams = m.get_weight_qparams()
+            m.weight_observer = build(qconfig.weight_observer, qparams)
+            m.weight_fake_quant = build(qconfig.weight_fake_quant, qparams)
+        if m.with_act:
+            qparams = m.get_activation_qparams()
+            m.act_observer = build(qconfig.act_observer, qparams)
+            m.act_fake_quant = build(qconfig.act_fake_quant, qparams)
+    return module
+
+
+def _cosine(a, b):
+    """Mean over the batch (axis 0) of the cosine similarity of the rows."""
+    a = a.reshape(a.shape[0], -1).astype(np.float64)
+    b = b.reshape(b.shape[0], -1).astype(np.float64)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.nanmean(np.sum(a * b, axis=1) / den))
+
+
+def apply_easy_quant(module, data, start=0.8, stop=1.2, num=40):
+    """EasyQuant (arXiv:2006.16669; MegEngine's ``apply_easy_quant``): for
+    every QAT module, try ``num`` scales from ``start`` to ``stop`` times its
+    weight observer's original scale, keep the one whose output is closest
+    (mean cosine similarity over the batch) to the float output; then the
+    same for the activation observers.
+
+    Args:
+        module: a model converted with ``quantize_qat`` whose observers are
+            :class:`PassiveObserver` s holding qparams (``reset_qconfig(model,
+            easyquant_qconfig)`` after calibration does that).
+        data: a batch of inputs ``[N, ...]``, the model's first argument.
+        start, stop, num: the search grid, relative to each original scale.
+
+    Each layer sees the float and the fake-quantized outputs of the layers
+    before it (as MegEngine: the model runs on the batch twice, stacked).
+    Returns module. Raises QuantizationError when a QAT module's observer is
+    not a PassiveObserver with qparams.
+    """
+    from mgtrace.quantization.observer import PassiveObserver
+    import mgtrace.functional as F
+    qat = [m for m in module.modules() if isinstance(m, _qat_base())]
+    for m in qat:
+        for ob in (m.weight_observer, m.act_observer):
+            if ob is not None and not (isinstance(ob, PassiveObserver) and ob.qparams):
+                raise QuantizationError(
+                    f"apply_easy_quant needs PassiveObservers holding qparams, found "
+                    f"{type(ob).__name__}: run reset_qconfig(model, easyquant_qconfig) after "
+                    "calibration first")
+    batch = data.shape[0]
+    both = F.concat([data, data], axis=0)
+
+    def search(mod, args, output, where, handle):
+        handle.remove()                             # the calls below must not recurse
+        float_in = [a[:batch] for a in args]
+        fq_in = [a[batch:] for a in args]
+        mod.set_fake_quant(False)
+        float_out = mod(*float_in)
+        mod.set_fake_quant(True)
+        ob = getattr(mod, where)
+        if ob is None:
+            return None
+        best, best_scale = -np.inf, None
+        reference = float_out.numpy()
+        for scale in np.linspace(start * ob.orig_scale, stop * ob.orig_scale, num):
+            ob.scale = scale
+            sim = _cosine(reference, mod(*fq_in).numpy())
+            if sim > best:
+                best, best_scale = sim, scale
+        ob.scale = best_scale if best_scale is not None else ob.orig_scale
+        return F.concat([float_out, output[batch:]], axis=0)
+
+    for where in ("weight_observer", "act_observer"):
+        handles = []
+        for m in qat:
+            box = []
+            handle = m.register_forward_hook(
+                lambda mod, args, out, where=where, box=box: search(mod, args, out, where,
+                                                                    box[0]))
+            box.append(handle)
+            handles.append(handle)
+        try:
+            module(both)
+        finally:
+            for h in handles:
+                h.remove()
+    return module
