@@ -478,6 +478,18 @@ def _signature(spec_stub, where):
         return None, None
 
 
+def _tensors(rule, state, prefix, where, out):
+    """The arrays of a builtin module's saved state (and of its parts'),
+    by state_dict key."""
+    for name in rule.tensors:
+        v = state.get(name)
+        if v is not None:
+            out[prefix + name] = _array(v, f"{where}.{name}")
+    for child in rule.children:
+        qualname, cstate = T.module_record(state.get(child), f"{where}.{child}")
+        _tensors(T.module_rule(qualname), cstate, f"{prefix}{child}.", f"{where}.{child}", out)
+
+
 class _Builder:
     """Turns the records of one file into mgtrace modules, each record once
     (a module shared by two attributes stays shared)."""
@@ -491,7 +503,7 @@ class _Builder:
             raise MegEngineFileError(f"{where}: modules nest deeper than {MAX_DEPTH}")
         if id(stub) in self.done:
             return self.done[id(stub)]
-        if _is(stub, _STATE):
+        if _is(stub, _STATE) or _kind(stub) in T.MODULES:
             m = self._builtin(stub, where)
         else:
             m = self._traced(_expect(stub, _TRACED, where), where, depth)
@@ -499,14 +511,7 @@ class _Builder:
         return m
 
     def _builtin(self, stub, where):
-        typ = stub.get("module")
-        state = stub.get("state")
-        if not (isinstance(typ, tuple) and len(typ) == 2 and all(isinstance(t, str)
-                                                                  for t in typ)):
-            raise MegEngineFileError(f"{where}: a module state without its (module, class)")
-        if not isinstance(state, dict):
-            raise MegEngineFileError(f"{where}: a module state that is not a dict")
-        qualname = ".".join(typ)
+        qualname, state = T.module_record(stub, where)
         rule = T.module_rule(qualname)
         where = f"{where} ({qualname})"
         try:
@@ -517,10 +522,7 @@ class _Builder:
             raise MegEngineFileError(f"{where}: its settings do not make an mgtrace "
                                      f"{rule.cls.__name__}: {e}") from None
         tensors = {}
-        for name in rule.tensors:
-            v = state.get(name)
-            if v is not None:
-                tensors[name] = _array(v, f"{where}.{name}")
+        _tensors(rule, state, "", where, tensors)
         try:
             m.load_state_dict(tensors, strict=True, layout="megengine")
         except Exception as e:
@@ -575,7 +577,7 @@ class _Builder:
     def _member(self, value, where, depth):
         """A member of a TracedModule as mgtrace holds it: modules, tensors
         and plain containers of them; None for anything else."""
-        if _is(value, _TRACED, _STATE):
+        if _is(value, _TRACED, _STATE) or _kind(value) in T.MODULES:
             return self.module(value, where, depth + 1)
         if _kind(value) in _TENSORS:
             return _tensor_of(value, where, _kind(value) == "megengine.tensor.Parameter")

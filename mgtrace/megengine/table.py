@@ -17,10 +17,10 @@ import inspect
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.megengine.unpickler import MegEngineFileError
+from mgtrace.megengine.unpickler import MegEngineFileError, Stub, allow_classes, allow_names
 
 __all__ = ["UnsupportedError", "MODULES", "FUNCTIONS", "TENSOR_METHODS", "module_rule",
-           "function_rule"]
+           "module_record", "function_rule"]
 
 
 class UnsupportedError(MegEngineFileError):
@@ -34,12 +34,44 @@ class UnsupportedError(MegEngineFileError):
 
 class ModuleRule:
     """How one MegEngine builtin module class becomes an mgtrace module:
-    ``make(state)`` builds it from MegEngine's saved ``__dict__`` (its
-    tensors are loaded afterwards, in MegEngine's layout); ``tensors`` names
-    the state entries that are its parameters and buffers."""
+    ``make(state, where)`` builds it from MegEngine's saved ``__dict__``
+    (its tensors are loaded afterwards, in MegEngine's layout); ``tensors``
+    names the state entries that are its parameters and buffers, and
+    ``children`` the entries that are modules of its own (a fused module's
+    ``conv`` and ``bn``), whose tensors load under their name."""
 
-    def __init__(self, cls, make, tensors=("weight", "bias")):
-        self.cls, self.make, self.tensors = cls, make, tensors
+    def __init__(self, cls, make, tensors=("weight", "bias"), children=()):
+        self.cls, self.make, self.tensors, self.children = cls, make, tensors, children
+
+
+_STATE = "megengine.traced_module.serialization._ModuleState"
+
+
+def module_record(v, where):
+    """``(qualname, state)`` of a MegEngine builtin module as a file holds
+    it: a ``_ModuleState`` (what a TracedModule saves) or the module object
+    itself (the parts of a fused module)."""
+    if isinstance(v, Stub) and v.kind == _STATE:
+        typ, state = v.get("module"), v.get("state")
+        if not (isinstance(typ, tuple) and len(typ) == 2 and all(isinstance(t, str)
+                                                                  for t in typ)):
+            raise MegEngineFileError(f"{where}: a module state without its (module, class)")
+        qualname = ".".join(typ)
+    elif isinstance(v, Stub) and v.kind in MODULES:
+        qualname, state = v.kind, v.state
+    else:
+        raise MegEngineFileError(f"{where}: expected a MegEngine module, got "
+                                 f"{v.kind if isinstance(v, Stub) else type(v).__name__}")
+    if not isinstance(state, dict):
+        raise MegEngineFileError(f"{where}: a module whose state is not a dict")
+    return qualname, state
+
+
+def _part(s, key, where):
+    """The mgtrace module made from MegEngine module ``s[key]`` (a fused
+    module's part)."""
+    qualname, state = module_record(_need(s, key, where), f"{where}.{key}")
+    return module_rule(qualname).make(state, f"{where}.{key}")
 
 
 def _need(state, key, where):
@@ -99,6 +131,17 @@ def _embedding(s, where):
                        padding_idx=s.get("padding_idx"))
 
 
+def _conv_bn(cls):
+    def make(s, where):
+        conv, bn = _part(s, "conv", where), _part(s, "bn", where)
+        if type(conv) is not M.Conv2d or type(bn) is not M.BatchNorm2d:
+            raise UnsupportedError(f"{where}: a fused module of a {type(conv).__name__} and a "
+                                   f"{type(bn).__name__}")
+        return cls(**conv.config(), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+                   track_running_stats=bn.track_running_stats)
+    return ModuleRule(cls, make, (), ("conv", "bn"))
+
+
 def _stateless(cls):
     return ModuleRule(cls, lambda s, where: cls(), ())
 
@@ -135,6 +178,11 @@ MODULES = {
     _MM + "activation.SiLU": _stateless(M.SiLU),
     _MM + "activation.GELU": _stateless(M.GELU),
     _MM + "identity.Identity": _stateless(M.Identity),
+    _MM + "conv.ConvRelu2d": _conv(M.ConvRelu2d),
+    _MM + "conv_bn.ConvBn2d": _conv_bn(M.ConvBn2d),
+    _MM + "conv_bn.ConvBnRelu2d": _conv_bn(M.ConvBnRelu2d),
+    _MM + "elemwise.Elemwise": ModuleRule(
+        M.Elemwise, lambda s, w: M.Elemwise(_need(s, "method", w)), ()),
 }
 
 
@@ -266,3 +314,7 @@ TENSOR_METHODS = frozenset("""
     reshape flatten transpose astype sum mean max min prod argmax argmin expand_dims
     squeeze broadcast_to
 """.split())
+
+
+allow_classes(MODULES)          # a fused module's parts are pickled as module objects
+allow_names(FUNCTIONS)

@@ -33,7 +33,7 @@ import numpy as np
 from mgtrace.errors import Error
 
 __all__ = ["MegEngineFileError", "ForbiddenGlobalError", "Stub", "Global", "read_pickle",
-           "array_of", "ALLOWED", "MAX_BYTES", "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM",
+           "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES", "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM",
            "MAX_INT"]
 
 MAX_BYTES = 1 << 34          # 16 GiB: a file larger than this is refused before it is read
@@ -313,12 +313,20 @@ ALLOWED = _allowed()
 
 
 def allow_names(qualnames):
-    """Let the reader give out each of ``qualnames`` (MegEngine's module
-    classes and functional functions, from the mapping table) as an inert
-    :class:`Global`."""
+    """Let the reader give out each of ``qualnames`` (MegEngine's functional
+    functions, from the mapping table) as an inert :class:`Global`."""
     for q in qualnames:
         module, _, name = q.rpartition(".")
         ALLOWED.setdefault((module, name), Global(module, name))
+
+
+def allow_classes(qualnames):
+    """Let the reader build objects of each of ``qualnames`` (MegEngine's
+    builtin module classes, from the mapping table: a fused module holds
+    its parts as plain module objects) as inert :class:`Stub` records."""
+    for q in qualnames:
+        module, _, name = q.rpartition(".")
+        ALLOWED.setdefault((module, name), _stub_class(q))
 
 
 class _Unpickler(pickle.Unpickler):

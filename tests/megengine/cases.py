@@ -10,7 +10,7 @@ import mgtrace.functional as F
 import mgtrace.module as M
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-CASES = ["cnn", "containers", "dict_io"]
+CASES = ["cnn", "containers", "dict_io", "fused"]
 
 
 def path(name, ext):
@@ -81,7 +81,22 @@ class DictIO(M.Module):
                 "both": both.reshape(both.shape[0], 2, -1).mean(axis=2)}
 
 
-MODELS = {"cnn": CNN, "containers": Containers, "dict_io": DictIO}
+class Fused(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.cbr = M.ConvBnRelu2d(3, 6, 3, padding=1, groups=3)
+        self.cb = M.ConvBn2d(6, 6, 1, bias=False)
+        self.cr = M.ConvRelu2d(6, 4, 3, stride=2)
+        self.add = M.Elemwise("fuse_add_relu")
+        self.bn1 = M.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = self.cb(self.cbr(x))
+        y = self.cr(self.add(y, F.concat([x, x], axis=1)))
+        return self.bn1(y.mean(axis=(2, 3)))
+
+
+MODELS = {"cnn": CNN, "containers": Containers, "dict_io": DictIO, "fused": Fused}
 
 
 def stored(name):

@@ -14,7 +14,7 @@ import mgtrace.megengine as mge
 from tests.megengine.cases import CASES, assert_matches, flat_outputs, path, stored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRACED_BATCH = {"cnn": 2, "containers": 3, "dict_io": 2}
+TRACED_BATCH = {"cnn": 2, "containers": 3, "dict_io": 2, "fused": 2}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,17 @@ def test_tm_keeps_hierarchy_names_and_symbolic_shapes(loaded):
     assert names["grouped.conv"].groups == 4
     assert "x.shape" in tm.code or "shape" in tm.code          # x.shape[0] stays a read
     assert tm.training is False
+
+
+def test_fused_modules_stay_fused(loaded):
+    """MegEngine's ConvBn2d / ConvBnRelu2d (whose parts the file holds as
+    plain module objects), ConvRelu2d and Elemwise become mgtrace's."""
+    mods = dict(loaded["fused"].named_modules())
+    assert type(mods["cbr"]).__name__ == "ConvBnRelu2d" and mods["cbr"].conv.groups == 3
+    assert type(mods["cb"]).__name__ == "ConvBn2d" and mods["cb"].conv.bias is None
+    assert type(mods["cr"]).__name__ == "ConvRelu2d"
+    assert mods["add"].method == "fuse_add_relu"
+    assert abs(mods["cbr"].bn.momentum - 0.1) < 1e-9        # MegEngine's 0.9, PyTorch's way
 
 
 def test_dict_io_signature_and_keywords(loaded):

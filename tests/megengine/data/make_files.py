@@ -118,9 +118,29 @@ class DictIO(M.Module):
                 "both": both.reshape(both.shape[0], 2, -1).mean(axis=2)}
 
 
+class Fused(M.Module):
+    """MegEngine's fused float modules (ConvBn2d, ConvBnRelu2d with groups,
+    ConvRelu2d, Elemwise) and a BatchNorm1d."""
+
+    def __init__(self):
+        super().__init__()
+        self.cbr = M.ConvBnRelu2d(3, 6, 3, padding=1, groups=3)
+        self.cb = M.ConvBn2d(6, 6, 1, bias=False)
+        self.cr = M.ConvRelu2d(6, 4, 3, stride=2)
+        self.add = M.Elemwise("fuse_add_relu")
+        self.bn1 = M.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = self.cb(self.cbr(x))
+        y = self.cr(self.add(y, F.concat([x, x], axis=1)))
+        return self.bn1(y.mean(axis=(2, 3)))
+
+
 def _inputs(case, batch, rng):
     if case == "cnn":
         return (rng.standard_normal((batch, 3, 8, 8)).astype("float32"),), {}
+    if case == "fused":
+        return (rng.standard_normal((batch, 3, 7, 7)).astype("float32"),), {}
     if case == "containers":
         return (rng.standard_normal((batch, 6)).astype("float32"),
                 rng.standard_normal((batch, 4, 3, 3)).astype("float32")), {}
@@ -129,7 +149,8 @@ def _inputs(case, batch, rng):
         {"temperature": np.float32(0.7)}
 
 
-CASES = {"cnn": (CNN, 2, 5), "containers": (Containers, 3, 1), "dict_io": (DictIO, 2, 4)}
+CASES = {"cnn": (CNN, 2, 5), "containers": (Containers, 3, 1), "dict_io": (DictIO, 2, 4),
+         "fused": (Fused, 2, 3)}
 
 
 def _flat(prefix, value, out):
