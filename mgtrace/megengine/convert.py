@@ -31,6 +31,8 @@ __all__ = ["load", "loads", "convert", "Replay", "MAX_DEPTH", "MAX_EXPRS"]
 
 MAX_DEPTH = 64              # modules in modules, and containers in containers, of one file
 MAX_EXPRS = 1 << 16         # exprs of one graph (mgtrace's own limit)
+MAX_STEPS = 1 << 20         # exprs run while one file is converted (graphs calling graphs
+                            # twice at each of 40 levels would otherwise run 2**40 of them)
 
 _TM = "megengine.traced_module."
 _TRACED = _TM + "traced_module.TracedModule"
@@ -240,7 +242,8 @@ class _Graph:
     ``out_def`` (the call's and the result's trees), inputs and outputs
     (node records) and exprs."""
 
-    def __init__(self, in_stub, graph, out_stub, where):
+    def __init__(self, in_stub, graph, out_stub, where, budget):
+        self.budget = budget        # shared by every graph of one file: [steps left]
         self.where = where = f"{where} graph {graph.get('_qualname')!r}"
         self.in_def = _Def.of(in_stub, where)
         self.out_def = _Def.of(out_stub, where)
@@ -326,6 +329,10 @@ class _Graph:
         for step in self.steps:
             if step is None:
                 continue
+            self.budget[0] -= 1
+            if self.budget[0] < 0:
+                raise MegEngineFileError(f"{_where_of(step)}: more than {MAX_STEPS} exprs run "
+                                         "while converting this file")
             op, e, where, inputs, outputs = step[:5]
             values = [get(n, where) for n in inputs]
             if op == "getattr":
@@ -355,6 +362,10 @@ class _Graph:
             for n, v in zip(outputs, results):
                 env[id(n)] = v
         return [get(n, self.where + " outputs") for n in self.outputs]
+
+
+def _where_of(step):
+    return step[2]
 
 
 def _tensor_module_leaves(d):
@@ -497,6 +508,7 @@ class _Builder:
     def __init__(self, path):
         self.path = path
         self.done = {}
+        self.budget = [MAX_STEPS]
 
     def module(self, stub, where, depth=0):
         if depth > MAX_DEPTH:
@@ -561,7 +573,8 @@ class _Builder:
             if in_stub not in outs:
                 raise MegEngineFileError(f"{where}: a graph without its output tree")
             mge_graphs.append(_Graph(in_stub, _expect(g, _TM + "traced_module.InternalGraph",
-                                                       where), outs[in_stub], where))
+                                                       where), outs[in_stub], where,
+                                     self.budget))
         first = next(iter(graphs.values()), None)
         orig = first.get("_name") if isinstance(first, Stub) else None
         orig = orig if isinstance(orig, str) and orig.isidentifier() else "MegEngineModule"

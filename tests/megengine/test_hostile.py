@@ -203,3 +203,12 @@ def test_real_files_read_into_inert_records_only():
             stack.extend(v)
     assert kinds <= {"builtins", "mgtrace.megengine.stubs", "mgtrace.megengine.unpickler",
                      "numpy"}, kinds
+
+
+def test_graphs_calling_graphs_have_a_budget(monkeypatch):
+    """Graphs that call graphs that call graphs (twice at each level) cannot
+    run for ever: a file's conversion runs at most MAX_STEPS exprs."""
+    from mgtrace.megengine import convert
+    monkeypatch.setattr(convert, "MAX_STEPS", 5)
+    with pytest.raises(mge.MegEngineFileError, match="more than 5 exprs run"):
+        mge.load(path("cnn", ".tm"))
