@@ -56,7 +56,8 @@ _OPCODES = [op.code.encode("latin-1") for op in pickletools.opcodes]
 def seeds():
     """``[(name, bytes)]`` of the test files, sorted by name."""
     out = []
-    for p in sorted(glob.glob(os.path.join(DATA, "*.tm")) + glob.glob(os.path.join(DATA, "*.pkl"))):
+    files = glob.glob(os.path.join(DATA, "*.tm")) + glob.glob(os.path.join(DATA, "*.pkl"))
+    for p in sorted(files):
         with open(p, "rb") as f:
             out.append((os.path.basename(p), f.read()))
     return out

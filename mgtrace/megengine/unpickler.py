@@ -33,8 +33,8 @@ import numpy as np
 from mgtrace.errors import Error
 
 __all__ = ["MegEngineFileError", "ForbiddenGlobalError", "Stub", "Global", "read_pickle",
-           "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES", "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM",
-           "MAX_INT"]
+           "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES", "MAX_OPCODES",
+           "MAX_MEMO", "MAX_NDIM", "MAX_INT"]
 
 MAX_BYTES = 1 << 34          # 16 GiB: a file larger than this is refused before it is read
 MAX_OPCODES = 1 << 22        # opcodes of one pickle (a ResNet-50 .tm has about 60,000)
