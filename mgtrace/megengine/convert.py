@@ -247,8 +247,8 @@ class _Graph:
         self.where = where = f"{where} graph {graph.get('_qualname')!r}"
         self.in_def = _Def.of(in_stub, where)
         self.out_def = _Def.of(out_stub, where)
-        self.inputs = _field(graph, "_inputs", list, where)
-        self.outputs = _field(graph, "_outputs", list, where)
+        self.inputs = _nodes(_field(graph, "_inputs", list, where), where)
+        self.outputs = _nodes(_field(graph, "_outputs", list, where), where)
         self.exprs = _field(graph, "_exprs", list, where)
         if len(self.exprs) > MAX_EXPRS:
             raise MegEngineFileError(f"{where}: more than {MAX_EXPRS} exprs")
@@ -264,8 +264,10 @@ class _Graph:
     def _step(self, e, i):
         where = f"{self.where} expr {i}"
         kind = _kind(e) or type(e).__name__
-        inputs = _field(e, "inputs", list, where)
-        outputs = _field(e, "outputs", list, where)
+        if not isinstance(e, Stub):
+            raise MegEngineFileError(f"{where}: an expr that is a {kind}")
+        inputs = _nodes(_field(e, "inputs", list, where), where)
+        outputs = _nodes(_field(e, "outputs", list, where), where)
         name = kind.rsplit(".", 1)[-1]
         if name == "Input":
             return None
@@ -366,6 +368,18 @@ class _Graph:
 
 def _where_of(step):
     return step[2]
+
+
+_NODES = (_TM + "node.TensorNode", _TM + "node.ModuleNode")
+
+
+def _nodes(values, where):
+    """``values``, checked to be MegEngine node records."""
+    for v in values:
+        if not _is(v, *_NODES):
+            raise MegEngineFileError(f"{where}: a graph node that is a "
+                                     f"{_kind(v) or type(v).__name__}")
+    return values
 
 
 def _tensor_module_leaves(d):
