@@ -707,7 +707,7 @@ def _traced_module(stub, where, example_inputs, example_kwargs):
     example_kwargs = dict(example_kwargs or {})
     with warnings.catch_warnings():
         # MegEngine's tensor constants are kept as constants: that is right here
-        warnings.filterwarnings("ignore", "a tensor made outside the traced calls",
+        warnings.filterwarnings("ignore", ".*a tensor made outside the traced calls",
                                 TraceWarning)
         try:
             tm = mgtrace.trace_module(root, *example_inputs, **example_kwargs)

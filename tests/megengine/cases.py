@@ -74,7 +74,8 @@ class DictIO(M.Module):
 
     def forward(self, batch, *, temperature):
         h = self.norm(F.gelu(self.enc(batch["feat"])))
-        h = h + F.expand_dims(batch["bias"], axis=0)
+        ramp = mt.tensor(np.linspace(0.5, 1.5, 7).astype("float32"))
+        h = h + F.expand_dims(batch["bias"], axis=0) * ramp
         logits = self.cls(h) / temperature
         both = F.concat([logits, F.softmax(logits, axis=1)], axis=1)
         return {"logits": logits, "probs": F.softmax(logits, axis=-1),

@@ -101,7 +101,8 @@ class Containers(M.Module):
 
 class DictIO(M.Module):
     """Dict inputs and outputs, keyword arguments (a keyword input of the
-    traced call, functional keyword arguments), softmax and concat."""
+    traced call, functional keyword arguments), a tensor made in forward (a
+    Constant of the graph), softmax and concat."""
 
     def __init__(self):
         super().__init__()
@@ -111,7 +112,8 @@ class DictIO(M.Module):
 
     def forward(self, batch, *, temperature):
         h = self.norm(F.gelu(self.enc(batch["feat"])))
-        h = h + F.expand_dims(batch["bias"], axis=0)
+        ramp = mge.tensor(np.linspace(0.5, 1.5, 7).astype("float32"))   # a graph Constant
+        h = h + F.expand_dims(batch["bias"], axis=0) * ramp
         logits = self.cls(h) / temperature
         both = F.concat([logits, F.softmax(logits, axis=1)], axis=1)
         return {"logits": logits, "probs": F.softmax(logits, axis=-1),
