@@ -13,7 +13,7 @@ import pytest
 
 import mgtrace as mt
 import mgtrace.megengine as mge
-from tests.megengine.cases import CASES, assert_matches, path, stored
+from .cases import CASES, assert_matches, path, stored
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 import mgtrace
 import mgtrace.megengine as mge
 from mgtrace.megengine import unpickler as U
-from tests.megengine.cases import path
+from .cases import path
 
 
 def su(s):                       # SHORT_BINUNICODE

@@ -9,7 +9,7 @@ import mgtrace as mt
 import mgtrace.megengine as mge
 import mgtrace.module as M
 from mgtrace.module.module import StateDictError
-from tests.megengine.cases import CASES, MODELS, assert_matches, path, stored
+from .cases import CASES, MODELS, assert_matches, path, stored
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -11,7 +11,7 @@ import pytest
 
 import mgtrace as mt
 import mgtrace.megengine as mge
-from tests.megengine.cases import CASES, assert_matches, path, stored
+from .cases import CASES, assert_matches, path, stored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRACED_BATCH = {"cnn": 2, "containers": 3, "dict_io": 2, "fused": 2}
