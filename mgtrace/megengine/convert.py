@@ -622,8 +622,9 @@ def _example_inputs(graph, rng):
         shape, dtype = node.get("_shape"), node.get("_dtype")
         if not (isinstance(shape, tuple) and all(type(n) is int and 0 <= n < 1 << 20
                                                  for n in shape)):
-            raise MegEngineFileError(f"{graph.where}: an input node without a usable shape "
-                                     "(pass example inputs to load)")
+            raise MegEngineFileError(f"{graph.where}: an input node without a usable recorded "
+                                     "shape: give example inputs (load(path, example_inputs=...)"
+                                     ", or mgtrace import-megengine --inputs FILE.py:FUNCTION)")
         dt = dtype.dtype if _kind(dtype) == "numpy.dtype" else np.dtype("float32")
         values.append(mgtrace.tensor(rng.uniform(-1, 1, shape).astype(dt)))
     leaves = iter([None] + values)      # the module leaf (self) comes first
