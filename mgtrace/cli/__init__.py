@@ -5,6 +5,7 @@
     mgtrace diff A B                 what changed between two archives
     mgtrace upgrade PATH... -o OUT   rewrite in the current format (or --in-place)
     mgtrace retrace PATH... -o OUT   trace again with this library (or --in-place)
+    mgtrace import-megengine PATH... -o OUT   MegEngine's .tm / .pkl files as archives
     mgtrace doctor                   versions, build options, supported formats
     mgtrace demo                     the main job: trace, save, reload, check two real models
     mgtrace export PATH... -o OUT --format onnx   to ONNX, each file checked before it is written
@@ -231,6 +232,9 @@ def _parser():
                                    "module gives the old one's outputs, and save it with those "
                                    "inputs as its examples."))
     _batch_options(s, "retrace")
+
+    from mgtrace.cli import import_megengine
+    import_megengine.add_parser(sub, _Formatter, _jobs, _tolerance, _import_option)
 
     s = sub.add_parser("doctor", help="versions, build options and supported formats",
                        formatter_class=_Formatter,
@@ -686,9 +690,15 @@ def _cmd_demo(args, out):
     return demo.main(argv, out)
 
 
+def _cmd_import_megengine(args, out):
+    from mgtrace.cli import import_megengine
+    return import_megengine.run_command(args, out, _Table, _print_records, EXIT_FAILED, EXIT_OK)
+
+
 _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,
              "upgrade": _cmd_batch, "retrace": _cmd_batch, "doctor": _cmd_doctor,
-             "demo": _cmd_demo, "export": _cmd_batch, "import": onnx_commands.cmd_import}
+             "demo": _cmd_demo, "export": _cmd_batch, "import": onnx_commands.cmd_import,
+             "import-megengine": _cmd_import_megengine}
 
 
 class _OutputError(OSError):

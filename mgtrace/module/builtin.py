@@ -333,6 +333,23 @@ class _ConvNd(Module):
     def reset_parameters(self):
         _reset_linear_like(self.weight, self.bias)
 
+    def _megengine_layout(self):
+        """MegEngine's shapes of this module's tensors where they differ
+        (the layout hook of Module.state_dict / load_state_dict): the bias
+        as (1, C_out, 1, ...), a grouped weight with the groups split out,
+        (groups, C_out/groups, C_in/groups, *kernel), or for a transposed
+        conv (groups, C_in/groups, C_out/groups, *kernel); MegEngine's
+        module/conv.py ``_infer_weight_shape`` / ``_infer_bias_shape``."""
+        shapes = {}
+        g = self.groups
+        if g > 1:
+            first, second = ((self.in_channels, self.out_channels) if self._transposed
+                             else (self.out_channels, self.in_channels))
+            shapes["weight"] = ((g, first // g, second // g) + self.kernel_size,)
+        if self.bias is not None:
+            shapes["bias"] = ((1, self.out_channels) + (1,) * self._n,)
+        return shapes
+
     def _common_config(self):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
                 "kernel_size": self.kernel_size, "stride": self.stride,
@@ -515,6 +532,19 @@ class _BatchNorm(Module):
             init.ones_(self.weight)
         if self.bias is not None:
             init.zeros_(self.bias)
+
+    def _megengine_layout(self):
+        """The layout hook (see _ConvNd): MegEngine 1.13's state_dict keeps
+        weight, bias and the running statistics as (C,), as mgtrace does,
+        while its modules and older state dicts hold them as (1, C, 1, 1):
+        either loads; MegEngine has no num_batches_tracked (None)."""
+        c = self.num_features
+        shapes = {name: ((c,), (1, c, 1, 1)) for name in
+                  ("weight", "bias", "running_mean", "running_var")
+                  if getattr(self, name) is not None}
+        if self.num_batches_tracked is not None:
+            shapes["num_batches_tracked"] = None
+        return shapes
 
     def config(self):
         return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum,

@@ -770,7 +770,7 @@ class Module:
             yield b
 
     # ----------------------------------------------------------- state dict
-    def state_dict(self, destination=None, prefix="", keep_vars=False):
+    def state_dict(self, destination=None, prefix="", keep_vars=False, *, layout="mgtrace"):
         """An ordered dict from qualified name to tensor.
 
         Order (PyTorch's): own parameters, own persistent buffers, then each
@@ -781,7 +781,27 @@ class Module:
         Values share memory with the module's tensors (plain Tensor views;
         the Parameter objects themselves with ``keep_vars=True``): copy them
         (``{k: v.numpy() ...}``) to keep a snapshot.
+
+        ``layout="megengine"`` gives MegEngine's shapes instead, so that
+        ``megengine.Module.load_state_dict`` takes the dict (as NumPy
+        arrays): conv and conv-transpose biases (1, C, 1, 1), grouped conv
+        weights (groups, C_out/groups, C_in/groups, kh, kw), and no
+        ``num_batches_tracked`` (see :meth:`load_state_dict`); values are
+        then views of the module's tensors in that shape (Parameters too,
+        with ``keep_vars``: ``Tensor.reshape`` views). Raises ValueError for
+        another layout.
         """
+        if layout != "mgtrace":
+            table = self._layout_table(layout)
+            flat = type(self).state_dict(self, destination, prefix, keep_vars)
+            for key, shapes in table.items():
+                key = prefix + key
+                if key in flat:
+                    if shapes is None:
+                        del flat[key]
+                    else:
+                        flat[key] = flat[key].reshape(shapes[0])
+            return flat
         if destination is None:
             destination = OrderedDict()
         for name, p in self._parameters.items():
@@ -799,7 +819,21 @@ class Module:
                 _structure_state(value, destination, f"{prefix}{name}.", keep_vars)
         return destination
 
-    def load_state_dict(self, state_dict, strict=True):
+    def _layout_table(self, layout):
+        """{state_dict key: MegEngine's accepted shapes (the first is the one
+        written), or None where MegEngine has no such tensor}, from each
+        builtin module's ``_megengine_layout`` hook."""
+        if layout not in ("mgtrace", "megengine"):
+            raise ValueError(f"layout must be 'mgtrace' or 'megengine', got {layout!r}")
+        table = {}
+        if layout == "megengine":
+            for path, m in type(self).named_modules(self, remove_duplicate=False):
+                hook = getattr(type(m), "_megengine_layout", None)
+                for name, shapes in (hook(m) if hook is not None else {}).items():
+                    table[f"{path}.{name}" if path else name] = shapes
+        return table
+
+    def load_state_dict(self, state_dict, strict=True, *, layout="mgtrace"):
         """Copy values from ``state_dict`` into this module's tensors, in place.
 
         Args:
@@ -808,6 +842,16 @@ class Module:
                 takes (a CPU ``torch.Tensor`` works).
             strict: when True, a key the module has and ``state_dict`` lacks
                 (missing) or the reverse (unexpected) is an error.
+            layout: "mgtrace" (the default), or "megengine" for a state dict
+                MegEngine wrote (``megengine.Module.state_dict``, read with
+                :func:`mgtrace.megengine.load`): then each tensor may have
+                MegEngine's shape or mgtrace's (conv biases (1, C, 1, 1);
+                grouped conv weights (groups, C_out/groups, C_in/groups,
+                kh, kw), transposed (groups, C_in/groups, C_out/groups, kh,
+                kw); BatchNorm's tensors (C,) or (1, C, 1, 1)) and is
+                reshaped on load, and a missing ``num_batches_tracked``
+                is not an error (the module keeps its own). The shapes
+                come from each builtin module's ``_megengine_layout``.
 
         Returns:
             ``IncompatibleKeys(missing_keys, unexpected_keys)``: empty lists
@@ -819,7 +863,11 @@ class Module:
             problem is listed, and nothing is copied unless all checks pass.
         """
         own = type(self).state_dict(self, keep_vars=True)
-        missing = [k for k in own if k not in state_dict]
+        table = self._layout_table(layout)
+        if table:
+            state_dict = _from_layout(state_dict, own, table)
+        optional = {k for k, shapes in table.items() if shapes is None}
+        missing = [k for k in own if k not in state_dict and k not in optional]
         unexpected = [k for k in state_dict if k not in own]
         mismatched, plan = [], []
         for key, target in own.items():
@@ -1001,6 +1049,20 @@ class Module:
             return f"{self._get_name()}({extra})"
         body = "\n  ".join(lines)
         return f"{self._get_name()}(\n  {body}\n)"
+
+
+def _from_layout(state_dict, own, table):
+    """``state_dict`` with each value whose shape is one of ``table``'s
+    shapes for its key reshaped to the module's own shape."""
+    out = dict(state_dict)
+    for key, shapes in table.items():
+        value = out.get(key)
+        if shapes is None or value is None or key not in own:
+            continue
+        shape = getattr(value, "shape", None)
+        if shape is not None and tuple(shape) in shapes and tuple(shape) != own[key].shape:
+            out[key] = value.reshape(own[key].shape)
+    return out
 
 
 def _structure_state(value, destination, prefix, keep_vars, depth=0):

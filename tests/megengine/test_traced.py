@@ -1,0 +1,107 @@
+"""MegEngine TracedModules (data/*.tm, written by MegEngine 1.13) load as
+mgtrace TracedModules that give MegEngine's outputs at the traced batch and
+at another, save as .tmod, and reload in a fresh process."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.megengine as mge
+from .cases import CASES, assert_matches, path, stored
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRACED_BATCH = {"cnn": 2, "containers": 3, "dict_io": 2, "fused": 2}
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return {name: mge.load(path(name, ".tm")) for name in CASES}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tm_gives_megengine_outputs_at_both_batches(loaded, name):
+    tm = loaded[name]
+    assert isinstance(tm, mt.TracedModule)
+    runs = stored(name)
+    assert TRACED_BATCH[name] in runs and len(runs) == 2     # traced batch and another
+    for batch, (args, kwargs, want) in runs.items():
+        assert_matches(tm(*args, **kwargs), want)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tm_state_dict_is_megengine_s(loaded, name):
+    """Same names as MegEngine's state dict; values equal in mgtrace's layout."""
+    sd = mge.load(path(name, ".pkl"))
+    own = loaded[name].state_dict(layout="megengine")
+    assert sorted(own) == sorted(sd)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(own[k].numpy(), v.numpy())
+
+
+def test_tm_keeps_hierarchy_names_and_symbolic_shapes(loaded):
+    tm = loaded["cnn"]
+    names = dict(tm.named_modules())
+    assert isinstance(names["stem"], mt.TracedModule)          # MegEngine's submodule graph
+    assert type(names["stem.conv"]).__name__ == "Conv2d"
+    assert names["grouped.conv"].groups == 4
+    assert "x.shape" in tm.code or "shape" in tm.code          # x.shape[0] stays a read
+    assert tm.training is False
+
+
+def test_fused_modules_stay_fused(loaded):
+    """MegEngine's ConvBn2d / ConvBnRelu2d (whose parts the file holds as
+    plain module objects), ConvRelu2d and Elemwise become mgtrace's."""
+    mods = dict(loaded["fused"].named_modules())
+    assert type(mods["cbr"]).__name__ == "ConvBnRelu2d" and mods["cbr"].conv.groups == 3
+    assert type(mods["cb"]).__name__ == "ConvBn2d" and mods["cb"].conv.bias is None
+    assert type(mods["cr"]).__name__ == "ConvRelu2d"
+    assert mods["add"].method == "fuse_add_relu"
+    assert abs(mods["cbr"].bn.momentum - 0.1) < 1e-9        # MegEngine's 0.9, PyTorch's way
+
+
+def test_dict_io_signature_and_keywords(loaded):
+    tm = loaded["dict_io"]
+    args, kwargs, want = stored("dict_io")[4]
+    assert sorted(want) == [".both", ".logits", ".probs"]
+    out = tm(*args, **kwargs)
+    assert isinstance(out, dict) and sorted(out) == ["both", "logits", "probs"]
+    with pytest.raises(TypeError):
+        tm(*args)                                   # temperature is keyword-only and needed
+    assert "a constant recorded by the trace" in tm.code      # MegEngine's graph Constant
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tmod_reloads_in_a_fresh_process(loaded, name, tmp_path):
+    archive = tmp_path / f"{name}.tmod"
+    mt.save(loaded[name], str(archive))
+    runs = stored(name)
+    script = f"""
+import json, sys
+sys.path.insert(0, {ROOT!r})
+import numpy as np, mgtrace as mt
+from tests.megengine.cases import stored, flat_outputs
+tm = mt.load({str(archive)!r})
+out = {{}}
+for b, (args, kwargs, _) in stored({name!r}).items():
+    for k, v in flat_outputs(tm(*args, **kwargs)).items():
+        out[f"{{b}}{{k}}"] = v.tolist()
+print(json.dumps(out))
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    for b, (_, _, want) in runs.items():
+        for k, w in want.items():
+            g = np.asarray(got[f"{b}{k}"], np.float32)
+            assert np.abs(g - w).max() <= 1e-5 * max(np.abs(w).max(), 1e-30), (b, k)
+
+
+def test_example_inputs_given(loaded):
+    args, kwargs, want = stored("cnn")[5]
+    tm = mge.load(path("cnn", ".tm"), example_inputs=args)
+    assert_matches(tm(*args, **kwargs), want)
