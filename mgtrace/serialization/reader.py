@@ -51,6 +51,10 @@ class Archive:
         format_version, min_reader_version: ``(major, minor)`` tuples.
         producer: ``{"library": ..., "version": ...}`` of the writer.
         header: the validated header, values still tagged.
+
+    ``mt.save(archive, f, target_version=archive.format_version)`` writes
+    it again as it was read (examples, metadata and producer kept): the same
+    bytes from an unchanged writer (see :func:`~mgtrace.serialization.save`).
     """
 
     def __init__(self, obj, header, metadata, examples):
