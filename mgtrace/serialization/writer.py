@@ -108,9 +108,9 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             _write(out, header, tensors)
 
 
-def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None, stored=None):
+def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None, kept=None):
     try:
-        return _encode_values(obj, metadata, example_inputs, example_kwargs, target, stored)
+        return _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept)
     except values.UnstorableError as e:    # a TypeError (and mgtrace.Error) saying where
         e.saving = True
         raise
@@ -122,22 +122,25 @@ def _encode_archive(archive, metadata, example_inputs, example_kwargs, target):
         raise TypeError("save(archive, ...) writes the archive's own metadata and examples; "
                         "metadata, example_inputs and example_kwargs must be None (save "
                         "archive.obj to give new ones)")
-    stored = {"producer": archive.producer if target == archive.format_version else None}
+    kept = {"producer": archive.producer if target == archive.format_version else None,
+            "format_version": list(archive.format_version)}
     if archive.example_inputs is not None:
-        stored["examples"] = (archive.example_inputs, archive.example_outputs,
-                              archive.example_kwargs)
-    return _encode(archive.obj, archive.metadata, None, None, target, stored)
+        kept["examples"] = (archive.example_inputs, archive.example_outputs,
+                            archive.example_kwargs)
+    return _encode(archive.obj, archive.metadata, None, None, target, kept)
 
 
-def _encode_values(obj, metadata, example_inputs, example_kwargs, target, stored=None):
-    """``stored``: what save(archive) keeps, ``{"producer": dict or None,
-    "examples": (inputs, outputs, kwargs)}`` (the examples not re-run)."""
+def _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept=None):
+    """``kept``: what save(archive) keeps, ``{"producer": dict or None,
+    "format_version": [major, minor], "examples": (inputs, outputs, kwargs)}``
+    (the examples not re-run; the producer only where the archive is
+    written in its own format version again)."""
     import mgtrace
     ctx = EncodeContext(target)
     root = ctx.value(obj, where="obj")
     examples = None
-    if stored is not None and "examples" in stored:
-        inputs, outputs, kwargs = stored["examples"]
+    if kept is not None and "examples" in kept:
+        inputs, outputs, kwargs = kept["examples"]
         examples = {"inputs": ctx.value(inputs, where="example_inputs"),
                     "outputs": ctx.value(outputs, where="the example outputs")}
         if kwargs:
@@ -168,10 +171,13 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target, stored
         limits.check_table(len(getattr(ctx, table)), table, ValueError)
     ctx._check_build()
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
+    producer = {"library": "mgtrace", "version": mgtrace.__version__}
+    if kept is not None and kept["producer"] is not None and \
+            kept["format_version"] == list(ctx.format_version):
+        producer = kept["producer"]     # the same archive written again
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
-              "producer": (stored or {}).get("producer") or {"library": "mgtrace",
-                                                             "version": mgtrace.__version__},
+              "producer": producer,
               "byteorder": "little", "ops": ctx.ops, "modules": ctx.modules,
               "tensors": None, "data_nbytes": None, "root": root}
     if examples is not None:
