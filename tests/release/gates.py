@@ -127,3 +127,21 @@ def min_reader_problems(ops, covered, released, releases, format_version):
                                    "writer must raise min_reader_version for it "
                                    "(registry.py's since, released_ops/)")
     return out
+
+
+# tensor methods a stored graph may call (traced_codec.TENSOR_METHODS) that
+# neither a trace nor a graph edit ever records (their results are not
+# tensors, or the tracer keeps the tensor as it is): no archive mgtrace
+# writes holds them, so they have no golden case
+NEVER_RECORDED = {"item", "numpy", "tolist", "to"}
+
+
+def tensor_method_problems(methods, covered, how, never=NEVER_RECORDED):
+    """Every tensor method of schema/ops.json but ``never`` is called by some
+    golden archive."""
+    seen = set()
+    for archives in covered.values():
+        for uses in archives.values():
+            seen |= uses["tensor_methods"]
+    return [f"tensor method {m!r} has no golden case: {how}"
+            for m in sorted(set(methods) - seen - set(never))]

@@ -48,6 +48,22 @@ def test_every_function_module_type_and_value_tag_has_a_golden_case(covered):
     assert problems == [], "\n".join(problems)
 
 
+def test_every_tensor_method_a_graph_records_has_a_golden_case(covered):
+    ops = json.loads((R.SCHEMA / "ops.json").read_text())
+    problems = G.tensor_method_problems(ops["tensor_methods"], covered, HOW)
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_methods_without_a_golden_case_are_never_recorded():
+    """NEVER_RECORDED stays true: a graph node has none of these methods
+    (inside insert_exprs they raise), so no graph mgtrace writes calls them."""
+    from mgtrace.traced_module.node import TensorNode
+    assert not any(hasattr(TensorNode, m) for m in G.NEVER_RECORDED)
+    assert G.tensor_method_problems(["__add__", "item", "new_method"], {}, "FIX") == [
+        "tensor method '__add__' has no golden case: FIX",
+        "tensor method 'new_method' has no golden case: FIX"]
+
+
 def test_every_older_version_has_an_upgrader_and_its_test():
     problems = G.upgrader_problems(G.current_ops(), CASES, UPGRADERS)
     assert problems == [], "\n".join(problems)

@@ -34,6 +34,8 @@ ids after edits) and what 1.1 added:
   attention calls, warp_perspective, matinv, ``mgtrace.tensor``) and every
   ``operator`` function of the op table (int arithmetic on shapes as a
   trace records it; the others called through ``tmod.wrap``);
+* ``methods.tmod``: every tensor method a graph records (traced, and by
+  graph edits where a trace records a function instead);
 * ``edited.tmod`` (graph ids), ``flattened.tmod``, ``outputs.tmod`` (graph
   outputs and inputs reset after tracing: what end points select, kept in
   the graph; watch and end points themselves are run state, never stored);
@@ -290,6 +292,71 @@ def _functional():
     return V10._trace(Functional(), *args(2)), args(3)
 
 
+class Methods(M.Module):
+    """Every tensor method a stored graph may call (ops.json's
+    tensor_methods) that mgtrace records (``to``, ``item``, ``numpy`` and
+    ``tolist`` it never does): operators, reflected and in-place operators,
+    __getitem__ / __setitem__ and the named methods, on a float ``x``
+    [2, 3, 4], an int32 ``i`` of small positive values and a bool ``b``."""
+
+    def forward(self, x, i, b):
+        out = {}
+        p = abs(x) + 1.0
+        out["unary"] = (-x, ~b, abs(x))
+        out["binary"] = (x + p, x - p, x * p, x / p, x // p, x % p, p ** x, x @ p.transpose(0, 2, 1),
+                         x < p, x <= p, x > p, x >= p, i == 3, i != 3,
+                         i & 6, i | 8, i ^ 5, i << 2, i >> 1)
+        out["reflected"] = (1.5 + x, 2.0 - x, 3.0 * x, 2.0 / p, 3.0 // p, 3.0 % p, 2.0 ** x,
+                            6 & i, 8 | i, 5 ^ i, 1 << i, 64 >> i)
+        y, j = x * 1.0, i * 1
+        y += p
+        y -= 0.5
+        y *= p
+        y /= p
+        y **= 2.0
+        y //= 0.75
+        y %= 2.0
+        j &= 7
+        j |= 8
+        j ^= 3
+        j <<= 1
+        j >>= 1
+        out["inplace"] = (y, j)
+        z = x * 1.0
+        z[0, 1] = 0.5
+        z[:, :, 2] = p[:, :, 0]
+        out["index"] = (x[0], x[:, 1:, ::2], z)
+        n = x.shape[0]
+        out["methods"] = (b.all(), b.any(axis=1), x.argmax(axis=2), x.argmin(axis=1),
+                          x.astype("float16"), x[:1].broadcast_to((n, 3, 4)),
+                          x.transpose(0, 2, 1).contiguous(), x.copy(), x.expand_dims(1),
+                          x.flatten(1), x.max(axis=1), x.min(axis=2), x.mean(), x.sum(axis=0),
+                          x.prod(axis=2), x.std(axis=1), x.var(axis=2), x.permute(2, 0, 1),
+                          x.reshape(n, 12), x.expand_dims(0).squeeze(0),
+                          x.transpose(1, 0, 2), x.view(n, -1), x.to("cpu"))
+        return tmod.tree_map(F.copy, out, lambda t: isinstance(t, mt.Tensor))
+
+
+def _methods():
+    rng = np.random.default_rng(180)
+
+    def args(batch):
+        return (V10._randn(rng, batch, 3, 4),
+                mt.tensor(rng.integers(1, 5, (batch, 3, 4)).astype(np.int32)),
+                mt.tensor(rng.random((batch, 3, 4)) > 0.5))
+    tm = V10._trace(Methods(), *args(2))
+    # the methods a trace records otherwise (a function, or nothing), as graph edits
+    g = tm.graph
+    x = g.inputs[1]
+    with g.insert_exprs():
+        edits = {"contiguous": x.transpose(0, 2, 1).contiguous().copy(), "copy": x.copy(),
+                 "flatten": x.flatten(1).copy(), "permute": x.permute(2, 0, 1).copy(),
+                 "rmatmul": x.__rmatmul__(x.transpose(0, 2, 1))}   # copies: no views in 1.1
+    g.reset_outputs((g.out_def.unflatten(g.outputs), edits))
+    g.compile().lint()
+    return tm, args(3)
+
+
 # ---------------------------------------------------------------- graph features
 
 class Outputs(M.Module):
@@ -362,6 +429,7 @@ MODELS = {    # name -> (make() -> (traced module, example inputs[, example kwar
                                            "1.1's Elemwise (every mode) and fused convs"),
     "functional_1_1.tmod": (_functional11, "the functions format 1.1 added, int arithmetic "
                                            "on shapes, every operator function"),
+    "methods.tmod": (_methods, "every tensor method a graph may call"),
     "outputs.tmod": (_outputs, "graph outputs reset after tracing (a hidden activation)"),
     "kwargs.tmod": (_kwargs, "traced with keyword arguments, saved with example_kwargs"),
     "resnet18_optimized.tmod": (_optimized(V10._resnet_small),
