@@ -2,7 +2,7 @@
 
 The public API lives here and only here.
 """
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_dtype,
                            cuda_available, dtype_promotion, from_dlpack, get_default_device,

@@ -18,17 +18,20 @@ Order, so that nothing runs before everything is known to be well-formed:
 
 Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
 """
+import contextlib
+
 import msgpack
 
 from mgtrace._core import as_device, cuda_available
-from mgtrace.errors import ArchiveError
+from mgtrace.errors import ArchiveError, VersionError
 from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
 from mgtrace.serialization.context import DecodeContext
 from mgtrace.serialization.layout import PREFIX, parse_prefix
 from mgtrace.serialization import limits
 from mgtrace.serialization.source import open_source
-from mgtrace.serialization.version import FORMAT_NAME, check_readable, fmt, upgrade_header
+from mgtrace.serialization.version import (FORMAT_NAME, check_readable, fmt,
+                                           from_newer_writer, newer_writer_note, upgrade_header)
 
 __all__ = ["load", "load_archive", "read_header", "Archive"]
 
@@ -48,6 +51,10 @@ class Archive:
         format_version, min_reader_version: ``(major, minor)`` tuples.
         producer: ``{"library": ..., "version": ...}`` of the writer.
         header: the validated header, values still tagged.
+
+    ``mt.save(archive, f, target_version=archive.format_version)`` writes
+    it again as it was read (examples, metadata and producer kept): the same
+    bytes from an unchanged writer (see :func:`~mgtrace.serialization.save`).
     """
 
     def __init__(self, obj, header, metadata, examples):
@@ -77,7 +84,11 @@ def _check_header(header, data_nbytes, raw=None):
     if header["format"] != FORMAT_NAME:
         raise ArchiveError(f"header.format: {header['format'][:80]!r} is not {FORMAT_NAME!r}")
     check_readable(header["format_version"], header["min_reader_version"], header["producer"])
-    header = upgrade_header(header)
+    with _newer_writer_noted(header):
+        return _check_readable_header(upgrade_header(header), data_nbytes)
+
+
+def _check_readable_header(header, data_nbytes):
     if header["byteorder"] != "little":
         raise ArchiveError(f"header.byteorder: {header['byteorder'][:20]!r}; this reader "
                            "reads little-endian data only")
@@ -128,8 +139,27 @@ def _guarded(fn, *args):
         raise ArchiveError(f"malformed archive ({type(e).__name__}: {e})") from e
 
 
+@contextlib.contextmanager
+def _newer_writer_noted(header):
+    """A refusal of something this reader does not know (a dtype, a value
+    tag, a function version) in an archive of a newer format or mgtrace
+    gets the archive's format and writer, this reader's formats and what to
+    do appended (the exception itself is re-raised)."""
+    try:
+        yield
+    except (ArchiveError, VersionError) as e:
+        if e.args and isinstance(e.args[0], str) and from_newer_writer(header):
+            e.args = (e.args[0] + newer_writer_note(header),) + e.args[1:]
+        raise
+
+
 def _decode(src, mmap, device, verify, everything):
     header, start = _parse(src, verify)
+    with _newer_writer_noted(header):
+        return _decode_values(header, start, src, mmap, device, verify, everything)
+
+
+def _decode_values(header, start, src, mmap, device, verify, everything):
     ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
     obj = ctx.value(header["root"], where="header.root")
     if not everything:

@@ -21,6 +21,7 @@ refused naming it (:func:`check_target`).
 """
 import functools
 import os
+import re
 
 from mgtrace.errors import ArchiveError, VersionError
 
@@ -85,7 +86,9 @@ def check_readable(format_version, min_reader_version, producer=None):
     """Raise unless this reader may read an archive with these versions.
 
     ``producer`` (the header's ``{"library", "version"}``) names the writer
-    in the messages.
+    in the messages. Each refusal names the archive's format, its writer,
+    the formats this reader reads and what to do (load it with the writer's
+    release or a newer one).
 
     Raises:
         VersionError: newer major, ``min_reader_version`` above
@@ -93,22 +96,83 @@ def check_readable(format_version, min_reader_version, producer=None):
         ArchiveError: ``min_reader_version`` above ``format_version``.
     """
     fv, mv = tuple(format_version), tuple(min_reader_version)
-    ours = f"this reader ({_library_version()}) reads formats up to {fmt(FORMAT_VERSION)}"
     by = f" by {_producer(producer)}" if producer else ""
     if mv > fv:
         raise ArchiveError(f"inconsistent versions: min_reader_version {fmt(mv)} is above "
                            f"format_version {fmt(fv)}")
     if fv[0] > FORMAT_VERSION[0]:       # a new major may change anything: min_reader_version aside
         raise VersionError(f"this archive is format {fmt(fv)} (written{by}), a newer major "
-                           f"version; {ours}: upgrade mgtrace")
+                           f"version; {reader_range()}: {_what_to_do(producer, fv)}")
     if mv > FORMAT_VERSION:
         raise VersionError(f"this archive needs an mgtrace that reads format {fmt(mv)} (it was "
-                           f"written as format {fmt(fv)}{by}); {ours}: upgrade mgtrace")
+                           f"written as format {fmt(fv)}{by}); {reader_range()}: "
+                           f"{_what_to_do(producer, mv)}")
     for major in range(fv[0], FORMAT_VERSION[0]):
         if major not in FORMAT_UPGRADERS:
             raise VersionError(f"archive format {fmt(fv)} (written{by}) is older than "
                                f"{fmt(FORMAT_VERSION)} and there is no upgrader from major "
-                               f"version {major}")
+                               f"version {major}; {reader_range()}")
+
+
+def reader_range():
+    """``"this reader (mgtrace 0.3.0) reads formats 1.0 to 1.2"``."""
+    return f"this reader ({_library_version()}) reads formats 1.0 to {fmt(FORMAT_VERSION)}"
+
+
+def _what_to_do(producer, needed):
+    """The advice for an archive this reader cannot read: the writer's
+    release (or a newer one) reads it, when that is a newer mgtrace, else
+    one that reads format ``needed``; that release can also write it for
+    this reader."""
+    if _newer_mgtrace(producer):
+        where = f"load it with mgtrace >= {producer['version']}"
+    else:
+        where = f"load it with an mgtrace that reads format {fmt(needed)}"
+    return (f"{where}, or have it saved there with target_version="
+            f"({FORMAT_VERSION[0]}, {FORMAT_VERSION[1]}) for this reader")
+
+
+def from_newer_writer(header):
+    """Whether ``header`` (checked by :func:`check_readable`) comes from a
+    newer format minor or a newer mgtrace than this one: what it holds that
+    this reader does not know (a function version, a value tag, a dtype) is
+    then reported with :func:`newer_writer_note`."""
+    return tuple(header["format_version"]) > FORMAT_VERSION or _newer_mgtrace(header["producer"])
+
+
+def _newer_mgtrace(producer):
+    """Whether ``producer`` (file data) names an mgtrace release newer than this one."""
+    if not isinstance(producer, dict) or producer.get("library") != "mgtrace":
+        return False
+    theirs = producer.get("version")
+    theirs = version_key(theirs) if isinstance(theirs, str) and len(theirs) <= 40 else None
+    ours = version_key(_library_version().split()[-1])
+    return theirs is not None and ours is not None and theirs > ours
+
+
+def newer_writer_note(header):
+    """``"; this archive is format 1.3, written by mgtrace 0.4.0; this reader
+    ... : load it with mgtrace >= 0.4.0, ..."``, appended to a message about
+    something of ``header`` this reader does not know."""
+    fv = tuple(header["format_version"])
+    return (f" (this archive is format {fmt(fv)}, written by {_producer(header['producer'])}; "
+            f"{reader_range()}: {_what_to_do(header['producer'], fv)})")
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)(?:\.dev(\d+)|(a|b|rc)(\d+))?")
+_STAGES = {"dev": 0, "a": 1, "b": 2, "rc": 3, None: 4}
+
+
+def version_key(text):
+    """A sort key of an mgtrace release number (PEP 440's ``X.Y.Z``,
+    ``X.Y.Z.devN``, ``X.Y.ZaN``, ``X.Y.ZbN``, ``X.Y.ZrcN``: a dev release
+    before its pre-releases, before the release), or None for another form."""
+    m = _RELEASE.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    major, minor, micro, dev, pre, pre_n = m.groups()
+    stage, n = ("dev", dev) if dev is not None else (pre, pre_n)
+    return int(major), int(minor), int(micro), _STAGES[stage], int(n or 0)
 
 
 def _library_version():

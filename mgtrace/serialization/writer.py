@@ -11,6 +11,7 @@ from mgtrace.serialization import header as H
 from mgtrace.serialization import aliases, limits, tensors as T, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
+from mgtrace.serialization.reader import Archive
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
 from mgtrace.serialization.version import FORMAT_NAME, check_target
 
@@ -79,6 +80,16 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             for tensors that share memory, two of them).
         OSError: the file cannot be written; a path target is then untouched.
 
+    An :class:`~mgtrace.serialization.Archive` (what ``load_archive``
+    returns) is written again as it was read: its object, its stored
+    example inputs, outputs and keyword arguments (the model is not called)
+    and its metadata. Saved at its own format version
+    (``target_version=archive.format_version``), the archive is transcribed:
+    its producer is kept too, so an unchanged writer gives the same bytes
+    (schema/golden's re-save check); saved at another version, it is a new
+    archive written by this mgtrace. ``metadata``, ``example_inputs`` and
+    ``example_kwargs`` must then be None (TypeError otherwise).
+
     >>> import io, mgtrace as mt
     >>> buf = io.BytesIO()
     >>> mt.save({"w": mt.tensor([1.0, 2.0]), "step": 3}, buf)
@@ -86,7 +97,10 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
     {'w': Tensor([1., 2.], dtype=float32, device=cpu:0), 'step': 3}
     """
     target = None if target_version is None else check_target(target_version)
-    header, tensors = _encode(obj, metadata, example_inputs, example_kwargs, target)
+    if isinstance(obj, Archive):
+        header, tensors = _encode_archive(obj, metadata, example_inputs, example_kwargs, target)
+    else:
+        header, tensors = _encode(obj, metadata, example_inputs, example_kwargs, target)
     with open_for_writing(f) as out:
         if isinstance(f, (str, bytes, os.PathLike)):
             _write_one_pass(out, header, tensors)      # our own temporary file: seekable
@@ -94,20 +108,45 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
             _write(out, header, tensors)
 
 
-def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None):
+def _encode(obj, metadata, example_inputs, example_kwargs=None, target=None, kept=None):
     try:
-        return _encode_values(obj, metadata, example_inputs, example_kwargs, target)
+        return _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept)
     except values.UnstorableError as e:    # a TypeError (and mgtrace.Error) saying where
         e.saving = True
         raise
 
 
-def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
+def _encode_archive(archive, metadata, example_inputs, example_kwargs, target):
+    """The header and tensors of ``archive`` written again (see save)."""
+    if metadata is not None or example_inputs is not None or example_kwargs is not None:
+        raise TypeError("save(archive, ...) writes the archive's own metadata and examples; "
+                        "metadata, example_inputs and example_kwargs must be None (save "
+                        "archive.obj to give new ones)")
+    kept = {"producer": archive.producer if target == archive.format_version else None,
+            "format_version": list(archive.format_version)}
+    if archive.example_inputs is not None:
+        kept["examples"] = (archive.example_inputs, archive.example_outputs,
+                            archive.example_kwargs)
+    return _encode(archive.obj, archive.metadata, None, None, target, kept)
+
+
+def _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept=None):
+    """``kept``: what save(archive) keeps, ``{"producer": dict or None,
+    "format_version": [major, minor], "examples": (inputs, outputs, kwargs)}``
+    (the examples not re-run; the producer only where the archive is
+    written in its own format version again)."""
     import mgtrace
     ctx = EncodeContext(target)
     root = ctx.value(obj, where="obj")
     examples = None
-    if example_inputs is not None or example_kwargs is not None:
+    if kept is not None and "examples" in kept:
+        inputs, outputs, kwargs = kept["examples"]
+        examples = {"inputs": ctx.value(inputs, where="example_inputs"),
+                    "outputs": ctx.value(outputs, where="the example outputs")}
+        if kwargs:
+            examples["kwargs"] = {k: ctx.value(v, where=f"example_kwargs[{k!r}]")
+                                  for k, v in kwargs.items()}
+    elif example_inputs is not None or example_kwargs is not None:
         if not isinstance(obj, Module):
             raise TypeError(f"example_inputs needs a Module to call, got a {type(obj).__name__}")
         if example_kwargs is not None and not (isinstance(example_kwargs, dict)
@@ -132,9 +171,13 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target):
         limits.check_table(len(getattr(ctx, table)), table, ValueError)
     ctx._check_build()
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
+    producer = {"library": "mgtrace", "version": mgtrace.__version__}
+    if kept is not None and kept["producer"] is not None and \
+            kept["format_version"] == list(ctx.format_version):
+        producer = kept["producer"]     # the same archive written again
     header = {"format": FORMAT_NAME, "format_version": list(ctx.format_version),
               "min_reader_version": list(ctx.min_reader_version),
-              "producer": {"library": "mgtrace", "version": mgtrace.__version__},
+              "producer": producer,
               "byteorder": "little", "ops": ctx.ops, "modules": ctx.modules,
               "tensors": None, "data_nbytes": None, "root": root}
     if examples is not None:

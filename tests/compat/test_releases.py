@@ -6,12 +6,16 @@
     them in the current format with the same outputs;
 (b) this release saves the same models for the release's format
     (``target_version``) and as it does by default; the earlier release
-    loads both and reproduces the stored outputs.
+    loads both and reproduces the stored outputs;
+(c) the earlier release loads every golden archive of a format it reads
+    (schema/golden/1.1's were written by this code at target 1.1) and
+    reproduces their stored outputs.
 
 Each release is built once from this repository's history (git archive +
 an in-place build, a few minutes; cached, see releases.py).
 """
 import json
+import re
 import subprocess
 import sys
 
@@ -20,6 +24,7 @@ import pytest
 from . import releases as R
 
 ZOO = R.REPO / "tests" / "compat" / "zoo.py"
+GOLDEN_CHECK = R.REPO / "tests" / "compat" / "golden_check.py"
 NAMES = {"resnet18.tmod", "mobilenet_v2.tmod", "minilm_encoder.tmod", "resnet18_edited.tmod"}
 # float32 outputs agree to this fraction of their largest magnitude (the
 # seeded ResNet-18's reach 2e5; a release that picks another conv algorithm
@@ -59,7 +64,9 @@ def test_old_archives_load_here_and_upgrade(release, tmp_path):
     _ok(R.run(where, [ZOO, "save", old], cwd=tmp_path))
     got = _check(R.REPO, old, tmp_path)
     assert {tuple(r["format_version"]) for r in got.values()} == {tuple(rel["format"])}
-    assert {r["metadata"]["writer"] for r in got.values()} == {rel["version"]}
+    # what the release called itself (0.2.0 was built as "0.1.0": releases.json)
+    assert {r["metadata"]["writer"] for r in got.values()} == {
+        rel.get("package_version", rel["version"])}
     new = tmp_path / "upgraded"
     p = R.run(R.REPO, ["-m", "mgtrace", "upgrade", old, "-o", new, "--json"], cwd=tmp_path)
     recs = json.loads(_ok(p).stdout)["records"]
@@ -81,3 +88,16 @@ def test_archives_saved_here_load_in_the_old_release(release, tmp_path, target):
     got = _check(where, new, tmp_path)
     if target == "release format":
         assert {tuple(r["format_version"]) for r in got.values()} == {tuple(rel["format"])}
+
+
+def test_golden_archives_load_in_the_old_release(release, tmp_path):
+    rel, where = release
+    golden = R.REPO / "schema" / "golden"
+    folders = [p for p in sorted(golden.iterdir()) if re.fullmatch(r"\d+\.\d+", p.name)
+               and tuple(map(int, p.name.split("."))) <= tuple(rel["format"])]
+    out = json.loads(_ok(R.run(where, [GOLDEN_CHECK, *folders], cwd=tmp_path)).stdout)
+    assert out["mgtrace"].startswith(str(where)), out["mgtrace"]
+    assert set(out["archives"]) == {f"{f.name}/{p.name}" for f in folders for p in f.glob("*.tmod")}
+    for name, r in out["archives"].items():
+        assert r.get("exact", True), (name, r)
+        assert r.get("ulps", 0.0) * 2.0 ** -23 <= RTOL, (name, r)

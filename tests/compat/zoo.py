@@ -1,7 +1,7 @@
 """The models the cross-release test saves and checks, runnable by any
 release of mgtrace (it uses only the 0.1.0 API):
 
-    python zoo.py save OUT_DIR [--target 1.0]   # save every model with example inputs
+    python zoo.py save OUT_DIR [--target 1.1]   # save every model with example inputs
     python zoo.py check DIR                      # load each archive in DIR, run its stored
                                                  # inputs, print {name: max abs error} as JSON
 
@@ -102,6 +102,9 @@ def check(in_dir):
 
 if __name__ == "__main__":
     if sys.argv[1] == "save":
-        save(sys.argv[2], (1, 0) if sys.argv[3:] == ["--target", "1.0"] else None)
+        target = None
+        if sys.argv[3:4] == ["--target"]:          # --target 1.1: (1, 1)
+            target = tuple(int(v) for v in sys.argv[4].split("."))
+        save(sys.argv[2], target)
     else:
         check(sys.argv[2])

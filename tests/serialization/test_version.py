@@ -55,12 +55,15 @@ BY = f"mgtrace {mt.__version__}"
 
 @pytest.mark.parametrize("fv, mv, message", [
     ([2, 0], [2, 0], f"this archive is format 2.0 \\(written by {BY}\\), a newer major version; "
-                     f"this reader \\({BY}\\) reads formats up to {OURS}: upgrade mgtrace$"),
+                     f"this reader \\({BY}\\) reads formats 1.0 to {OURS}: load it with an "
+                     f"mgtrace that reads format 2.0, or have it saved there with "
+                     f"target_version=\\({OURS.replace('.', ', ')}\\) for this reader$"),
     # a newer major is refused whatever min_reader_version says, and the message
     # never claims the reader lacks a version it has
     ([2, 0], [1, 0], f"this archive is format 2.0 \\(written by {BY}\\), a newer major version"),
     ([1, 7], [1, 3], f"needs an mgtrace that reads format 1.3 \\(it was written as format 1.7 "
-                     f"by {BY}\\); this reader \\({BY}\\) reads formats up to {OURS}: upgrade mgtrace"),
+                     f"by {BY}\\); this reader \\({BY}\\) reads formats 1.0 to {OURS}: load it "
+                     "with an mgtrace that reads format 1.3"),
     ([0, 9], [0, 9], f"format 0.9 \\(written by {BY}\\) is older than {OURS} and there is no "
                      "upgrader from major version 0"),
 ])
