@@ -101,11 +101,171 @@ def _aliased_model():
     return tm, (mt.tensor(rng.standard_normal((5, 4)).astype(np.float32)),)
 
 
+# --- the functions and builtin module types new in 1.2 (issue 36), each used once
+
+_W6 = np.random.default_rng(0).standard_normal((1, 4 * 36 + 24)).astype(np.float32)
+_ONES = lambda *shape: mt.tensor(np.ones(shape, np.float32))   # noqa: E731
+
+# name: (input shapes after the batch axis, the call on them)
+NEW_FUNCTIONS = {
+    "sinh": ([(3,)], lambda x: F.sinh(x)),
+    "cosh": ([(3,)], lambda x: F.cosh(x)),
+    "asinh": ([(3,)], lambda x: F.asinh(x)),
+    "acosh": ([(3,)], lambda x: F.acosh(F.abs(x) + 1)),
+    "atanh": ([(3,)], lambda x: F.atanh(F.tanh(x))),
+    "logaddexp": ([(3,), (3,)], lambda x, y: F.logaddexp(x, y)),
+    "left_shift": ([(3,)], lambda x: F.left_shift(x.astype("int32"), 2)),
+    "right_shift": ([(3,)], lambda x: F.right_shift((x * 100).astype("int32"), 1)),
+    "cross": ([(3,), (3,)], lambda x, y: F.cross(x, y)),
+    "diag": ([(4,)], lambda x: F.diag(x[0], 1) + F.diag(x[:, :1].reshape(-1))[0, 0]),
+    "meshgrid": ([(3,)], lambda x: F.meshgrid(x[0], x[:, 0])),
+    "roll": ([(5,)], lambda x: F.roll(x, (1, -2), (0, 1))),
+    "swapaxes": ([(2, 3)], lambda x: F.swapaxes(x, 0, 2)),
+    "cond_take": ([(3,)], lambda x: F.cond_take(x > 0, x)),
+    "non_zero": ([(3,)], lambda x: F.non_zero(x > 0)),
+    "hswish": ([(3,)], lambda x: F.hswish(x)),
+    "hsigmoid": ([(3,)], lambda x: F.hsigmoid(x)),
+    "prelu": ([(3,)], lambda x: F.prelu(x, 0.3)),
+    "logsigmoid": ([(3,)], lambda x: F.logsigmoid(x)),
+    "logsumexp": ([(3, 2)], lambda x: F.logsumexp(x, (1, 2))),
+    "logsoftmax": ([(3, 2)], lambda x: F.logsoftmax(x, (0, 2))),
+    "indexing_one_hot": ([(4, 3)], lambda x: F.indexing_one_hot(
+        x, F.argmax(x, 1).astype("int32"), 1)),
+    "pixel_shuffle": ([(8, 2, 3)], lambda x: F.pixel_shuffle(x, 2)),
+    "instance_norm": ([(3, 4, 5)], lambda x: F.instance_norm(x, False)),
+    "general_norm": ([(3, 4, 5)], lambda x: F.general_norm(x, (1, 3), False)),
+    "local_response_norm": ([(5, 2, 2)], lambda x: F.local_response_norm(x, 3, 1.0, 0.1, 0.75)),
+    "sync_batch_norm": ([(3, 2, 2)], lambda x: F.sync_batch_norm(
+        x, mt.tensor(np.zeros(3, np.float32)), _ONES(3), eps_mode="max")),
+    "einsum": ([(3, 4), (4, 2)], lambda x, y: F.einsum("bij,bjk->bik", x, y)),
+    "conv3d": ([(2, 4, 4, 3)], lambda x: F.conv3d(x, _ONES(3, 2, 2, 2, 2), padding=1)),
+    "conv_transpose3d": ([(2, 3, 2, 2)], lambda x: F.conv_transpose3d(
+        x, _ONES(2, 3, 2, 2, 2), stride=2)),
+    "local_conv2d": ([(2, 4, 4)], lambda x: F.local_conv2d(x, _ONES(3, 3, 2, 2, 2, 5))),
+    "sliding_window": ([(2, 5, 4)], lambda x: F.sliding_window(x, 2, 1, 2)),
+    "sliding_window_transpose": ([(2, 2, 2, 2, 2)], lambda x: F.sliding_window_transpose(
+        x, 4, 2, 0, 2)),
+    "warp_affine": ([(5, 6, 2)], lambda x: F.warp_affine(x, mt.tensor(np.array(
+        [[[1.0, 0.1, 0.5], [0.0, 0.9, -0.2]]], np.float32)).broadcast_to(
+        (x.shape[0], 2, 3)), (3, 4))),
+    "remap": ([(2, 4, 5), (3, 3, 2)], lambda x, m: F.remap(x, m * 3)),
+    "deformable_conv2d": ([(2, 4, 4), (8, 3, 3), (4, 3, 3)], lambda x, o, m: F.deformable_conv2d(
+        x, _ONES(3, 2, 2, 2), o, m)),
+    "region_restricted_conv": ([(2, 4, 4)], lambda x: F.region_restricted_conv(
+        x, _ONES(2, 1, 2, 2), (x[:, 0] > 0).astype("int32"),
+        (x[:, 0, 1:, 1:] > 0).astype("int32"), groups=2)),
+    "svd": ([(4, 3)], lambda x: F.svd(x)[1]),
+    "deformable_psroi_pooling": ([(2, 5, 6)], lambda x: F.deformable_psroi_pooling(
+        x, mt.tensor([[0.0, 1.0, 0.0, 4.0, 3.0]]), mt.tensor(np.full((1, 2, 2, 2), 0.5, np.float32)),
+        False, 2, 2, 2, 2, 1.0)),
+    "multi_head_attention": ([(4, 6)], lambda x: F.multi_head_attention(
+        x, x, x, 6, 2, 0.0, 0.0, mt.tensor(_W6), qbias=True, kbias=True, vbias=True, obias=True,
+        is_causal=True, training=False)[0]),
+}
+
+
+class NewFunctions(M.Module):
+    """Calls each function of NEW_FUNCTIONS on its own inputs (taken in
+    order from ``xs``); returns {name: output}."""
+
+    def forward(self, *xs):
+        out, i = {}, 0
+        for name in sorted(NEW_FUNCTIONS):
+            shapes, fn = NEW_FUNCTIONS[name]
+            out[name] = fn(*xs[i:i + len(shapes)])
+            i += len(shapes)
+        return out
+
+
+def _new_functions():
+    rng = np.random.default_rng(122)
+    xs = [mt.tensor(rng.standard_normal((2,) + s).astype(np.float32))
+          for name in sorted(NEW_FUNCTIONS) for s in NEW_FUNCTIONS[name][0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(NewFunctions(), *xs)
+    return tm, tuple(xs)
+
+
+# name: (make the module, its input shapes; "int" marks region ids, "rois" boxes)
+NEW_MODULES = {
+    "LeakyReLU": (lambda: M.LeakyReLU(0.2), [(2, 3)]),
+    "PReLU": (lambda: M.PReLU(3, 0.1), [(2, 3, 2)]),
+    "PixelShuffle": (lambda: M.PixelShuffle(2), [(2, 8, 3, 2)]),
+    "AdaptiveMaxPool2d": (lambda: M.AdaptiveMaxPool2d((2, 3)), [(2, 3, 7, 5)]),
+    "Conv3d": (lambda: M.Conv3d(3, 4, 3, padding=1), [(2, 3, 4, 5, 4)]),
+    "ConvTranspose3d": (lambda: M.ConvTranspose3d(3, 2, 3, 2, 1, 1), [(2, 3, 3, 2, 3)]),
+    "RNNCell": (lambda: M.RNNCell(5, 3), [(2, 5)]),
+    "LSTMCell": (lambda: M.LSTMCell(5, 3), [(2, 5)]),
+    "RNN": (lambda: M.RNN(5, 3, 2), [(6, 2, 5)]),
+    "LSTM": (lambda: M.LSTM(5, 4, batch_first=True, bidirectional=True), [(2, 6, 5)]),
+    "Pad": (lambda: M.Pad(((0, 0), (0, 0), (1, 2), (2, 1)), "reflect"), [(2, 3, 4, 5)]),
+    "InstanceNorm": (lambda: M.InstanceNorm(3), [(2, 3, 4, 5)]),
+    "GeneralNorm": (lambda: M.GeneralNorm((3, 5), (1, 3)), [(2, 3, 4, 5)]),
+    "LocalResponseNorm": (lambda: M.LocalResponseNorm(3, alpha=0.1), [(2, 6, 3, 3)]),
+    "SyncBatchNorm": (lambda: M.SyncBatchNorm(3, eps_mode="max").eval(), [(2, 3, 4, 4)]),
+    "LocalConv2d": (lambda: M.LocalConv2d(3, 4, 4, 5, 3, padding=1), [(2, 3, 4, 5)]),
+    "SlidingWindow": (lambda: M.SlidingWindow(2, stride=2), [(2, 2, 5, 4)]),
+    "SlidingWindowTranspose": (lambda: M.SlidingWindowTranspose((4, 4), 2, stride=2),
+                               [(2, 2, 2, 2, 2, 2)]),
+    "MultiHeadAttention": (lambda: M.MultiHeadAttention(6, 2).eval(),
+                           [(2, 4, 6), (2, 5, 6), (2, 5, 6)]),
+    "DeformableConv2d": (lambda: M.DeformableConv2d(2, 3, 3, padding=1),
+                         [(2, 2, 4, 4), (2, 18, 4, 4), (2, 9, 4, 4)]),
+    "RegionRestrictedConv": (lambda: M.RegionRestrictedConv(2, 4, 3, 2, padding=1),
+                             [(2, 2, 4, 4), ("int", 2, 4, 4), ("int", 2, 4, 4)]),
+    "DeformablePSROIPooling": (lambda: M.DeformablePSROIPooling(False, 2, 2, 2, 2, 0.5),
+                               [(2, 3, 5, 6), ("rois", 3, 5), (3, 2, 2, 2)]),
+}
+
+
+class NewModules(M.Module):
+    """Holds one of each NEW_MODULES type (a dict of modules) and calls each
+    on its own inputs; returns {name: output}."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = {name: make() for name, (make, _) in sorted(NEW_MODULES.items())}
+
+    def forward(self, *xs):
+        out, i = {}, 0
+        for name in sorted(NEW_MODULES):
+            n = len(NEW_MODULES[name][1])
+            out[name] = self.layers[name](*xs[i:i + n])
+            i += n
+        return out
+
+
+def _module_input(rng, shape):
+    if shape[0] == "int":
+        return mt.tensor(rng.integers(0, 2, shape[1:]).astype(np.int32))
+    if shape[0] == "rois":     # batch index 0, then a box
+        n = shape[1]
+        return mt.tensor(np.concatenate([np.zeros((n, 1)), rng.uniform(0, 8, (n, 4))],
+                                        1).astype(np.float32))
+    return mt.tensor(rng.standard_normal(shape).astype(np.float32))
+
+
+def _new_modules():
+    mt.random.seed(123)
+    net = NewModules().eval()
+    rng = np.random.default_rng(124)
+    xs = [_module_input(rng, s) for name in sorted(NEW_MODULES) for s in NEW_MODULES[name][1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(net, *xs)
+    return tm, tuple(xs)
+
+
 CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's cases here
     "aliased_values.tmod": lambda: (_aliased_values(),
                                     {"metadata": {"what": "views of one storage"}}),
     "aliased_model.tmod": lambda: _with_examples(
         _aliased_model(), "a buffer and an attribute that are views of Linear weights"),
+    "new_functions.tmod": lambda: _with_examples(
+        _new_functions(), "each function new in 1.2 (issue 36) called once"),
+    "new_modules.tmod": lambda: _with_examples(
+        _new_modules(), "each builtin module type new in 1.2 (issue 36) called once"),
 }
 
 
