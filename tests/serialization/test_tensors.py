@@ -174,3 +174,55 @@ def test_duplicate_tensor_entries_are_an_overlap():
         h["tensors"].append(dict(h["tensors"][0]))
     with pytest.raises(mt.ArchiveError, match=r"tensors\[0\] and header.tensors\[2\] overlap"):
         load_bytes(edit(save_bytes([mt.tensor([1.0]), mt.tensor([2])]), dup))
+
+
+class _Stream:
+    """A file object that can only be read (a pipe): loaded from memory."""
+
+    def __init__(self, data):
+        self._f = io.BytesIO(data)
+
+    def read(self, n=-1):
+        return self._f.read(n)
+
+
+@pytest.mark.parametrize("how", ["path", "file object", "stream", "mmap"])
+@pytest.mark.parametrize("n", [0, 1, (1 << 16) - 3, (1 << 16) + 5, 3 << 16])
+def test_checksums_are_taken_piece_by_piece_as_tensors_are_read(tmp_path, how, n, rng):
+    # a float32 tensor of n elements spans 0 to 3 of the reader's 256 KiB pieces;
+    # every byte counts: flipping the last one (in the last piece) fails the load
+    from mgtrace.serialization import source, tensors
+    a = rng.standard_normal(n).astype(np.float32)
+    data = save_bytes([mt.tensor(a), mt.tensor(np.arange(3, dtype=np.int64))])
+    header, payload = split(data)
+    assert header["tensors"][0]["checksum"] == f"crc32:{zlib.crc32(a.tobytes()):08x}"
+    assert tensors.checksum(a.tobytes()) == f"crc32:{zlib.crc32(a.tobytes()):08x}"
+    path = tmp_path / "t.tmod"
+    path.write_bytes(data)
+    if how == "file object":
+        got = mt.load(io.BytesIO(data))
+    elif how == "stream":
+        got = mt.load(_Stream(data))
+    else:
+        got = mt.load(path, mmap=how == "mmap")
+    assert got[0].numpy().tobytes() == a.tobytes() and got[1].numpy().tolist() == [0, 1, 2]
+    if n:
+        bad = bytearray(data)
+        bad[len(data) - len(payload) + header["tensors"][0]["offset"] + 4 * n - 1] ^= 1
+        path.write_bytes(bytes(bad))
+        for mmap in (False, True):
+            with pytest.raises(mt.ArchiveError, match=r"tensors\[0\]: checksum mismatch"):
+                mt.load(path, mmap=mmap)
+        for f in (io.BytesIO(bytes(bad)), _Stream(bytes(bad))):
+            with pytest.raises(mt.ArchiveError, match=r"tensors\[0\]: checksum mismatch"):
+                mt.load(f)
+    assert source.CHUNK == 1 << 18
+
+
+def test_crc32_is_zlibs_whichever_library_computes_it(rng):
+    from mgtrace.serialization import tensors
+    for n in (0, 1, 63, 64, 4097, 1 << 20):
+        b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert tensors.crc32(b) == zlib.crc32(b)
+        assert tensors.crc32(b[n // 2:], tensors.crc32(b[:n // 2])) == zlib.crc32(b)
+        assert tensors.crc32(memoryview(np.frombuffer(b, np.uint8))) == zlib.crc32(b)
