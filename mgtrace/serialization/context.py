@@ -230,10 +230,9 @@ class DecodeContext:
         header: the validated header (values still tagged).
     """
 
-    def __init__(self, header, source, data_start, *, mmap=False, device=None, verify=True,
-                 run_once=False):
+    def __init__(self, header, source, data_start, *, mmap=False, device=None, verify=True):
         self.header, self.device = header, device
-        self._run_once = run_once
+        self._run_once = False      # reader._load_archive(run_once=True) sets it: see there
         self.format_version = tuple(header["format_version"])
         self._source, self._data_start = source, data_start
         self._mmap, self._verify = mmap and source.can_view, verify

@@ -130,8 +130,8 @@ def _guarded(fn, *args):
 
 def _decode(src, mmap, device, verify, everything, run_once=False):
     header, start = _parse(src, verify)
-    ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify,
-                        run_once=run_once)
+    ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
+    ctx._run_once = run_once
     obj = ctx.value(header["root"], where="header.root")
     if not everything:
         return Archive(obj, header, None, (None, None, {}))

@@ -114,6 +114,27 @@ def test_saved_and_loaded_conv_weights_keep_their_packed_cache(tmp_path, mmap, r
     cnn.clear_weight_cache()
 
 
+def test_a_load_for_one_call_leaves_conv_weights_out_of_the_packed_cache(tmp_path, rng):
+    """What ``mgtrace verify`` loads (mapped, run once) is not packed for
+    the cache; the outputs are the same within float32 rounding (another
+    convolution algorithm)."""
+    import mgtrace.module as M
+    from mgtrace._core import nn as cnn
+    from mgtrace.serialization.reader import _load_archive
+    conv = M.Conv2d(16, 24, 3, padding=1).eval()
+    x = mt.tensor(rng.standard_normal((1, 16, 7, 7)).astype(np.float32))
+    want = conv(x).numpy()
+    mt.save(conv, tmp_path / "c.tmod")
+    cnn.clear_weight_cache()
+    once = _load_archive(tmp_path / "c.tmod", mmap=True, run_once=True).obj
+    assert once.weight.readonly
+    np.testing.assert_allclose(once(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert cnn.weight_cache_info()[0] == 0
+    np.testing.assert_array_equal(mt.load(tmp_path / "c.tmod", mmap=True)(x).numpy(), want)
+    assert cnn.weight_cache_info()[0] == 1
+    cnn.clear_weight_cache()
+
+
 def test_mmap_of_a_file_object_and_of_bytes(tmp_path):
     data = save_bytes(mt.tensor([1.0, 2.0]))
     (tmp_path / "a.tmod").write_bytes(data)
