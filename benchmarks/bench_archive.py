@@ -281,8 +281,8 @@ def _print(rows):
         ratio = "" if r["vs_torch"] is None else f"{r['vs_torch']:.2f}/{r['vs_torch_p50']:.2f}x"
         peak = "" if r["peak"] is None else f"{r['peak'] / mib:.1f}"
         pct = "" if r["peak"] is None else f"{r['peak'] / r['tensor_bytes'] * 100:.0f}%"
-        print(f"{r['op']:32} {r['time'] * 1e3:8.1f} {r['p50'] * 1e3:8.1f} {ratio:>12} {r['size'] / mib:9.1f} "
-              f"{overhead:8.2f}% {peak:>9} {pct:>7}")
+        print(f"{r['op']:32} {r['time'] * 1e3:8.1f} {r['p50'] * 1e3:8.1f} {ratio:>12} "
+              f"{r['size'] / mib:9.1f} {overhead:8.2f}% {peak:>9} {pct:>7}")
 
 
 def main(argv=None):

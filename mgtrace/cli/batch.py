@@ -779,7 +779,7 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
                                            f"{e.strerror or e}") from e
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(len(todo), command, show)
-    if dask or jobs > 1:        # the biggest files first, so that none is left to run alone at the end
+    if dask or jobs > 1:        # the biggest files first: none is left to run alone at the end
         todo = sorted(todo, key=work_size, reverse=True)
     fps = bool(report)
     if dask:
