@@ -1,16 +1,20 @@
 """Archive save/load: mgtrace's .tmod next to torch.save, safetensors and pickle.
 
-    python benchmarks/bench_archive.py            # short: 3 repeats
-    python benchmarks/bench_archive.py --full     # 10 repeats
+    python benchmarks/bench_archive.py            # short: 5 repeats
+    python benchmarks/bench_archive.py --full     # 11 repeats
     python benchmarks/bench_archive.py --models resnet18
 
 For a traced ResNet-18 (random weights, traced at 1x3x64x64) and a traced
 MiniLM-L6 encoder (the all-MiniLM-L6-v2 sizes, random weights, traced at
 2x16 tokens):
 
-* time: best of the repeats, files in a temporary folder (page cache warm);
-  a load is complete when every tensor is in memory (copy) or mapped (mmap),
-  with verify on (CRC-32 of every tensor) or off;
+* time: best and median (p50) of the repeats, the operations of one model
+  interleaved round by round (so a slow phase of the machine hits all of
+  them), files in a temporary folder (page cache warm); a load is complete
+  when every tensor is in memory (copy) or mapped (mmap), with verify on
+  (CRC-32 of every tensor) or off; a save is complete when the file is on
+  disk: mgtrace's save fsyncs, so every peer's save here is followed by an
+  fsync of its file too;
 * file: size on disk, and its overhead above the raw tensor bytes;
 * peak: resident set above the baseline while the operation runs, measured
   in a fresh process (``/proc/self/clear_refs`` resets VmHWM, then VmHWM
@@ -21,8 +25,11 @@ MiniLM-L6 encoder (the all-MiniLM-L6-v2 sizes, random weights, traced at
 Next to them, on the same weights (a state dict with the same names, shapes
 and values): ``torch.save`` / ``torch.load`` (also ``mmap=True``) when torch
 is installed, ``safetensors.numpy`` when safetensors is, and ``pickle``
-(protocol 5) of NumPy arrays. "vs torch" is the time divided by torch's for
-the same kind of operation (save; copying load; mmap load). Not a test:
+(protocol 5) of NumPy arrays; rows of a library not installed are left out
+(the table says which). "vs torch" is the best time divided by torch's best
+for the same kind of operation (save; copying load; mmap load), then the
+same for medians. mgtrace's loads build the whole traced module (graphs and
+modules), torch's and safetensors' only a dict of tensors. Not a test:
 nothing is asserted.
 """
 import argparse
@@ -104,7 +111,15 @@ def _prepare_tmod(path):
 
 def _save_tmod(tm, path):
     import mgtrace as mt
-    mt.save(tm, path + ".out")
+    mt.save(tm, path + ".out")          # atomic: written, fsynced, renamed
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _prepare_state(kind):
@@ -123,6 +138,7 @@ def _prepare_state(kind):
 def _save_torch(state, path):
     import torch
     torch.save(state, path + ".out")
+    _fsync(path + ".out")
 
 
 def _load_torch(mmap):
@@ -135,6 +151,7 @@ def _load_torch(mmap):
 def _save_safetensors(state, path):
     from safetensors.numpy import save_file
     save_file(state, path + ".out")
+    _fsync(path + ".out")
 
 
 def _load_safetensors(_, path):
@@ -145,6 +162,8 @@ def _load_safetensors(_, path):
 def _save_pickle(state, path):
     with open(path + ".out", "wb") as f:
         pickle.dump(state, f, protocol=5)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _load_pickle(_, path):
@@ -162,28 +181,29 @@ OPS = [
     ("mgtrace load (copy, no verify)", "tmod", "load", _none, _tmod_load(False, False)),
     ("mgtrace load (mmap, verify)", "tmod", "mmap", _none, _tmod_load(True, True)),
     ("mgtrace load (mmap, no verify)", "tmod", "mmap", _none, _tmod_load(True, False)),
-    ("torch.save (state dict)", "torch", "save", _prepare_state("torch"), _save_torch),
+    ("torch.save + fsync", "torch", "save", _prepare_state("torch"), _save_torch),
     ("torch.load", "torch", "load", _none, _load_torch(False)),
     ("torch.load (mmap)", "torch", "mmap", _none, _load_torch(True)),
-    ("safetensors save_file", "safetensors", "save", _prepare_state("safetensors"),
+    ("safetensors save_file + fsync", "safetensors", "save", _prepare_state("safetensors"),
      _save_safetensors),
     ("safetensors load_file", "safetensors", "load", _none, _load_safetensors),
-    ("pickle dump (numpy)", "pickle", "save", _prepare_state("pickle"), _save_pickle),
+    ("pickle dump + fsync (numpy)", "pickle", "save", _prepare_state("pickle"), _save_pickle),
     ("pickle load (numpy)", "pickle", "load", _none, _load_pickle),
 ]
 
 
-def _time(op, path, repeats):
-    _, _, _, prepare, run = op
-    state = prepare(path)
-    best = float("inf")
+def _times(ops, paths, repeats):
+    """``{label: [seconds of each call]}``: the ops run in turn, ``repeats`` rounds."""
+    states = {op[0]: op[3](paths[op[1]]) for op in ops}
+    times = {op[0]: [] for op in ops}
     for _ in range(repeats):
-        gc.collect()
-        t = time.perf_counter()
-        out = run(state, path)
-        best = min(best, time.perf_counter() - t)
-        del out
-    return best
+        for label, kind, _, _, run in ops:
+            gc.collect()
+            t = time.perf_counter()
+            out = run(states[label], paths[kind])
+            times[label].append(time.perf_counter() - t)
+            del out
+    return times
 
 
 # ------------------------------------------------------------------ memory
@@ -228,26 +248,28 @@ def _peak(index, path):
 
 def _rows(model, repeats, folder):
     paths, tensor_bytes = _write_files(model, folder)
+    ops = [op for op in OPS if op[1] in paths]
+    times = _times(ops, paths, repeats)
     rows = []
-    for i, op in enumerate(OPS):
+    for op in ops:
         label, kind, what = op[:3]
-        path = paths.get(kind)
-        if path is None:
-            continue
+        path = paths[kind]
+        ts = sorted(times[label])
         rows.append({"model": model, "op": label, "kind": kind, "what": what,
-                     "time": _time(op, path, repeats), "size": os.path.getsize(path),
-                     "peak": _peak(i, path), "tensor_bytes": tensor_bytes})
-    torch_time = {r["what"]: r["time"] for r in rows if r["kind"] == "torch"}
+                     "time": ts[0], "p50": ts[len(ts) // 2], "size": os.path.getsize(path),
+                     "peak": _peak(OPS.index(op), path), "tensor_bytes": tensor_bytes})
+    torch_rows = {r["what"]: r for r in rows if r["kind"] == "torch"}
     for r in rows:
-        ref = torch_time.get(r["what"])
-        r["vs_torch"] = None if ref is None else r["time"] / ref
+        ref = torch_rows.get(r["what"])
+        r["vs_torch"] = None if ref is None else r["time"] / ref["time"]
+        r["vs_torch_p50"] = None if ref is None else r["p50"] / ref["p50"]
     return rows
 
 
 def _print(rows):
     mib = 1 << 20
     model = None
-    head = (f"{'operation':32} {'time ms':>9} {'vs torch':>9} {'file MiB':>9} "
+    head = (f"{'operation':32} {'best ms':>8} {'p50 ms':>8} {'vs torch':>12} {'file MiB':>9} "
             f"{'overhead':>9} {'peak MiB':>9} {'peak %':>7}")
     for r in rows:
         if r["model"] != model:
@@ -256,16 +278,16 @@ def _print(rows):
             print(head)
             print("-" * len(head))
         overhead = (r["size"] - r["tensor_bytes"]) / r["tensor_bytes"] * 100
-        ratio = "" if r["vs_torch"] is None else f"{r['vs_torch']:.2f}x"
+        ratio = "" if r["vs_torch"] is None else f"{r['vs_torch']:.2f}/{r['vs_torch_p50']:.2f}x"
         peak = "" if r["peak"] is None else f"{r['peak'] / mib:.1f}"
         pct = "" if r["peak"] is None else f"{r['peak'] / r['tensor_bytes'] * 100:.0f}%"
-        print(f"{r['op']:32} {r['time'] * 1e3:9.1f} {ratio:>9} {r['size'] / mib:9.1f} "
-              f"{overhead:8.2f}% {peak:>9} {pct:>7}")
+        print(f"{r['op']:32} {r['time'] * 1e3:8.1f} {r['p50'] * 1e3:8.1f} {ratio:>12} "
+              f"{r['size'] / mib:9.1f} {overhead:8.2f}% {peak:>9} {pct:>7}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="10 repeats instead of 3")
+    ap.add_argument("--full", action="store_true", help="11 repeats instead of 5")
     ap.add_argument("--models", default="resnet18,minilm", help="comma-separated: resnet18, minilm")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
@@ -273,7 +295,7 @@ def main(argv=None):
     if args.measure:
         print(json.dumps({"peak": _measure(int(args.measure[0]), args.measure[1])}))
         return
-    repeats = 10 if args.full else 3
+    repeats = 11 if args.full else 5
     missing = [m for m in ("torch", "safetensors") if not _has(m)]
     if missing:
         print(f"(not installed, rows skipped: {', '.join(missing)})")

@@ -232,11 +232,13 @@ class DecodeContext:
 
     def __init__(self, header, source, data_start, *, mmap=False, device=None, verify=True):
         self.header, self.device = header, device
+        self._run_once = False      # reader._load_archive(run_once=True) sets it: see there
         self.format_version = tuple(header["format_version"])
         self._source, self._data_start = source, data_start
         self._mmap, self._verify = mmap and source.can_view, verify
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
+        self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
@@ -313,17 +315,21 @@ class DecodeContext:
             # under a live mmap load is outside what the archive promises)
             buf = self._source.view(start, e["nbytes"])
             t = tensors.tensor_from_array(np.frombuffer(buf, np.uint8).view(dtype).reshape(e["shape"]),
-                                          immutable=True)
-        elif dtype.name != "bfloat16":
-            # read into memory mgtrace owns, so that conv2d may cache the
-            # weights' packed copies (a tensor wrapping NumPy's memory is
-            # one others may write unseen: never cached)
-            t, buf = tensors.fresh_tensor(e["shape"], dtype)
-            self._source.readinto(start, buf)
+                                          immutable=not self._run_once)
         else:
-            buf = tensors.aligned_empty(e["nbytes"])
-            self._source.readinto(start, buf)
-            t = tensors.tensor_from_array(buf.view(dtype).reshape(e["shape"]))
+            if dtype.name != "bfloat16":
+                # read into memory mgtrace owns, so that conv2d may cache the
+                # weights' packed copies (a tensor wrapping NumPy's memory is
+                # one others may write unseen: never cached)
+                t, buf = tensors.fresh_tensor(e["shape"], dtype)
+            else:
+                buf = tensors.aligned_empty(e["nbytes"])
+                t = tensors.tensor_from_array(buf.view(dtype).reshape(e["shape"]))
+            # the checksum of each piece as it is read: the bytes are read from memory once
+            crc = self._source.readinto(start, buf, 0 if self._verify else None)
+            if self._verify:
+                tensors.verify(crc, e, where)
+            return t
         if self._verify:
             tensors.verify(memoryview(buf), e, where)
         return t

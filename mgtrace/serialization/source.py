@@ -1,8 +1,11 @@
 """Where an archive is read from: a path, a file object, or bytes in memory.
 
 A source offers ``size``, ``read(offset, n) -> bytes`` and
-``readinto(offset, array)``, and, when it holds the whole archive as one
-read-only buffer (an mmap, or bytes), ``view(offset, n) -> memoryview``.
+``readinto(offset, array, crc=None)`` (given a running CRC-32, it returns
+that CRC carried over the bytes it copied, computed piece by piece as they
+are copied: the checksum pass and the copy read memory once), and, when it
+holds the whole archive as one read-only buffer (an mmap, or bytes),
+``view(offset, n) -> memoryview``.
 Offsets count from the archive's first byte (a file object's position when
 it was handed over). Reads past the end raise ArchiveError ("truncated").
 """
@@ -14,8 +17,11 @@ from contextlib import contextmanager
 import numpy as np
 
 from mgtrace.errors import ArchiveError
+from mgtrace.serialization.tensors import crc32
 
 __all__ = ["open_source"]
+
+CHUNK = 1 << 18     # bytes copied, then checksummed, at a time (well inside a core's L2)
 
 
 def _truncated(offset, n, size):
@@ -39,17 +45,21 @@ class _FileSource:
             raise _truncated(offset, n, self.size)
         return data
 
-    def readinto(self, offset, arr):
+    def readinto(self, offset, arr, crc=None):
         view = memoryview(arr.reshape(-1).view(np.uint8))
         if offset + len(view) > self.size:
             raise _truncated(offset, len(view), self.size)
         self._f.seek(self._base + offset)
         done = 0
         while done < len(view):
-            got = self._f.readinto(view[done:])
+            end = len(view) if crc is None else min(len(view), done + CHUNK)
+            got = self._f.readinto(view[done:end])
             if not got:
                 raise _truncated(offset, len(view), self.size)
+            if crc is not None:     # while the bytes just read are in cache
+                crc = crc32(view[done:done + got], crc)
             done += got
+        return crc
 
 
 class _BufferSource:
@@ -68,9 +78,16 @@ class _BufferSource:
     def read(self, offset, n):
         return self.view(offset, n).tobytes()
 
-    def readinto(self, offset, arr):
+    def readinto(self, offset, arr, crc=None):
         flat = arr.reshape(-1).view(np.uint8)
-        flat[:] = np.frombuffer(self.view(offset, flat.nbytes), np.uint8)
+        src = np.frombuffer(self.view(offset, flat.nbytes), np.uint8)
+        if crc is None:
+            flat[:] = src
+            return None
+        for i in range(0, len(flat), CHUNK):
+            flat[i:i + CHUNK] = src[i:i + CHUNK]
+            crc = crc32(flat[i:i + CHUNK], crc)
+        return crc
 
 
 def _map(fileno, base):

@@ -43,7 +43,9 @@ ArchiveError before anything runs:
   and distinct names in NFKC form (node names become Python identifiers,
   which Python reads normalized, so they are normalized on load); keywords
   are identifiers; namedtuple names and fields are identifiers;
-* the generated code of every graph is compiled (not run) at load.
+* code is generated for a graph on its first call (and kept), from what
+  these checks passed: a load that only reads weights, or inspects the
+  graph, pays nothing for it.
 
 A namedtuple in a graph's arguments or results cannot be imported by name,
 so loading makes a look-alike class (same name and fields, ``__module__``
@@ -456,15 +458,38 @@ def _build(entry, ctx):
         d[k] = value
     for gi, g in enumerate(entry["graphs"]):
         tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
-    _finish_ids(tm)
+    _number(tm, ctx)
     return tm
 
 
-def _finish_ids(tm):
-    """One IdSource for the graphs of ``tm``'s tree: the stored ids when
-    every graph kept them (counting on from the largest), else a fresh
-    numbering from 0 (what a trace gives; 1.0 archives)."""
-    graphs = [g for m in type(tm).modules(tm) for g in getattr(m, "_graphs", ())]
+def _number(tm, ctx):
+    """Give ``tm``'s tree its ids (:func:`_finish_ids`) once the outermost
+    traced module being built is done: numbering a traced child first and
+    then its parent's whole tree again (which renumbers the child) made a
+    load quadratic in the depth of the tree. Modules built inside another
+    traced module wait in ``ctx.traced_built``; those the outermost one's
+    tree holds are numbered as part of it, any other in the order built,
+    so the ids are those of numbering each module as it is finished."""
+    ctx.traced_built.append(tm)
+    modules = ctx.header["modules"]
+    if any(modules[i]["kind"] == "traced" for i in ctx._building[:-1]):
+        return
+    built, ctx.traced_built = ctx.traced_built, []
+    modules = list(type(tm).modules(tm))
+    inside = {id(m) for m in modules}
+    for m in built[:-1]:
+        if id(m) not in inside:
+            _finish_ids(m)
+    _finish_ids(tm, modules)
+
+
+def _finish_ids(tm, modules=None):
+    """One IdSource for the graphs of ``tm``'s tree (``modules``: its
+    ``modules()``, when known): the stored ids when every graph kept them
+    (counting on from the largest), else a fresh numbering from 0 (what a
+    trace gives; 1.0 archives)."""
+    graphs = [g for m in (type(tm).modules(tm) if modules is None else modules)
+              for g in getattr(m, "_graphs", ())]
     if graphs and all(g.__dict__.get("_stored_ids") for g in graphs):
         exprs = [e for g in graphs for e in g._exprs]
         nodes = [o for e in exprs for o in e.outputs]
@@ -580,10 +605,8 @@ class _GraphReader:
         problems = graph.check(recursive=False)
         if problems:
             _fail(w, "the graph is broken: " + "; ".join(problems[:5]))
-        try:                    # the code it will run: compiled now (and kept), so a load fails, not a call
-            self.tm._function(graph)
-        except (SyntaxError, ValueError, TypeError) as e:
-            _fail(w, f"its generated code does not compile ({type(e).__name__}: {e})")
+        # its code is generated and compiled on the first call (TracedModule._function),
+        # from nodes, names and references all checked above
         return graph
 
     def _ids(self, stored, graph, entries, w):

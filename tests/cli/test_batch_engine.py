@@ -5,6 +5,7 @@ import os
 import pytest
 
 from mgtrace import batch
+from mgtrace.cli import batch as engine
 
 
 def _die_on_crash(path, **options):
@@ -79,3 +80,48 @@ def test_api_checks_outputs_before_running(archives, tmp_path):
     with pytest.raises(ValueError, match="FILE.py:FUNCTION"):
         batch.retrace([archives / "noex"], out=tmp_path / "o", inputs="nocolon")
     assert not (tmp_path / "o").exists()
+
+
+def test_work_size_counts_header_bytes_heavier_than_tensor_bytes(tmp_path):
+    import io
+    import numpy as np
+    import mgtrace as mt
+    from mgtrace.serialization.layout import PREFIX
+    buf = io.BytesIO()
+    mt.save({"w": mt.tensor(np.ones(1000, np.float32))}, buf)
+    data = buf.getvalue()
+    (tmp_path / "a.tmod").write_bytes(data)
+    header_len = PREFIX.unpack(data[:PREFIX.size])[1]
+    assert engine.HEADER_WEIGHT == 256
+    assert engine.work_size(tmp_path / "a.tmod") == len(data) + 255 * header_len
+    (tmp_path / "b.tmod").write_bytes(b"not an archive, just bytes")
+    assert engine.work_size(tmp_path / "b.tmod") == 26
+    (tmp_path / "c.tmod").write_bytes(data[:8] + (10 ** 9).to_bytes(8, "little"))
+    assert engine.work_size(tmp_path / "c.tmod") == 16                 # a header past the end
+    assert engine.work_size(tmp_path / "gone.tmod") == 0
+
+
+@pytest.mark.parametrize("jobs, report", [(1, False), (2, False), (2, True)])
+def test_parallel_jobs_take_the_biggest_files_first(tmp_path, monkeypatch, jobs, report):
+    root = _files(tmp_path / "in", ["bb.tmod", "a.tmod", "dddd.tmod", "ccc.tmod"])
+    order = []
+
+    def local(task, files, options, jobs, imports, fps):
+        order.extend(os.path.basename(f) for f in files)
+        for f in files:
+            yield f, engine._call(task, f, options, imports, fps)
+    monkeypatch.setattr(engine, "_local_results", local)
+    recs = batch.run(_die_on_crash, [root], jobs=jobs, progress=False,
+                     report=tmp_path / "r.json" if report else None)
+    names = ["a.tmod", "bb.tmod", "ccc.tmod", "dddd.tmod"]
+    assert order == (names if jobs == 1 else names[::-1])
+    # records come back in the order collected, each with its time; fingerprints
+    # (a SHA-256 of each file) only when a report keeps them
+    assert [os.path.basename(r.path) for r in recs] == names
+    assert all(r.status == "ok" and r.seconds >= 0 for r in recs)
+    for r in recs:
+        if report:
+            assert r.fingerprints["input"]["size"] == os.path.getsize(r.path)
+            assert len(r.fingerprints["input"]["sha256"]) == 64
+        else:
+            assert r.fingerprints == {}

@@ -114,6 +114,27 @@ def test_saved_and_loaded_conv_weights_keep_their_packed_cache(tmp_path, mmap, r
     cnn.clear_weight_cache()
 
 
+def test_a_load_for_one_call_leaves_conv_weights_out_of_the_packed_cache(tmp_path, rng):
+    """What ``mgtrace verify`` loads (mapped, run once) is not packed for
+    the cache; the outputs are the same within float32 rounding (another
+    convolution algorithm)."""
+    import mgtrace.module as M
+    from mgtrace._core import nn as cnn
+    from mgtrace.serialization.reader import _load_archive
+    conv = M.Conv2d(16, 24, 3, padding=1).eval()
+    x = mt.tensor(rng.standard_normal((1, 16, 7, 7)).astype(np.float32))
+    want = conv(x).numpy()
+    mt.save(conv, tmp_path / "c.tmod")
+    cnn.clear_weight_cache()
+    once = _load_archive(tmp_path / "c.tmod", mmap=True, run_once=True).obj
+    assert once.weight.readonly
+    np.testing.assert_allclose(once(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert cnn.weight_cache_info()[0] == 0
+    np.testing.assert_array_equal(mt.load(tmp_path / "c.tmod", mmap=True)(x).numpy(), want)
+    assert cnn.weight_cache_info()[0] == 1
+    cnn.clear_weight_cache()
+
+
 def test_mmap_of_a_file_object_and_of_bytes(tmp_path):
     data = save_bytes(mt.tensor([1.0, 2.0]))
     (tmp_path / "a.tmod").write_bytes(data)
@@ -174,3 +195,55 @@ def test_duplicate_tensor_entries_are_an_overlap():
         h["tensors"].append(dict(h["tensors"][0]))
     with pytest.raises(mt.ArchiveError, match=r"tensors\[0\] and header.tensors\[2\] overlap"):
         load_bytes(edit(save_bytes([mt.tensor([1.0]), mt.tensor([2])]), dup))
+
+
+class _Stream:
+    """A file object that can only be read (a pipe): loaded from memory."""
+
+    def __init__(self, data):
+        self._f = io.BytesIO(data)
+
+    def read(self, n=-1):
+        return self._f.read(n)
+
+
+@pytest.mark.parametrize("how", ["path", "file object", "stream", "mmap"])
+@pytest.mark.parametrize("n", [0, 1, (1 << 16) - 3, (1 << 16) + 5, 3 << 16])
+def test_checksums_are_taken_piece_by_piece_as_tensors_are_read(tmp_path, how, n, rng):
+    # a float32 tensor of n elements spans 0 to 3 of the reader's 256 KiB pieces;
+    # every byte counts: flipping the last one (in the last piece) fails the load
+    from mgtrace.serialization import source, tensors
+    a = rng.standard_normal(n).astype(np.float32)
+    data = save_bytes([mt.tensor(a), mt.tensor(np.arange(3, dtype=np.int64))])
+    header, payload = split(data)
+    assert header["tensors"][0]["checksum"] == f"crc32:{zlib.crc32(a.tobytes()):08x}"
+    assert tensors.checksum(a.tobytes()) == f"crc32:{zlib.crc32(a.tobytes()):08x}"
+    path = tmp_path / "t.tmod"
+    path.write_bytes(data)
+    if how == "file object":
+        got = mt.load(io.BytesIO(data))
+    elif how == "stream":
+        got = mt.load(_Stream(data))
+    else:
+        got = mt.load(path, mmap=how == "mmap")
+    assert got[0].numpy().tobytes() == a.tobytes() and got[1].numpy().tolist() == [0, 1, 2]
+    if n:
+        bad = bytearray(data)
+        bad[len(data) - len(payload) + header["tensors"][0]["offset"] + 4 * n - 1] ^= 1
+        path.write_bytes(bytes(bad))
+        for mmap in (False, True):
+            with pytest.raises(mt.ArchiveError, match=r"tensors\[0\]: checksum mismatch"):
+                mt.load(path, mmap=mmap)
+        for f in (io.BytesIO(bytes(bad)), _Stream(bytes(bad))):
+            with pytest.raises(mt.ArchiveError, match=r"tensors\[0\]: checksum mismatch"):
+                mt.load(f)
+    assert source.CHUNK == 1 << 18
+
+
+def test_crc32_is_zlibs_whichever_library_computes_it(rng):
+    from mgtrace.serialization import tensors
+    for n in (0, 1, 63, 64, 4097, 1 << 20):
+        b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert tensors.crc32(b) == zlib.crc32(b)
+        assert tensors.crc32(b[n // 2:], tensors.crc32(b[:n // 2])) == zlib.crc32(b)
+        assert tensors.crc32(memoryview(np.frombuffer(b, np.uint8))) == zlib.crc32(b)

@@ -408,3 +408,30 @@ def test_clear_errors_for_text_files_and_folders(tmp_path):
             mt.load(text)
     with pytest.raises(IsADirectoryError, match="it is a folder"):
         mt.save(tm, tmp_path)
+
+
+def _ids(tm):
+    return [(e._id, [o._id for o in e.outputs]) for m in tm.modules()
+            for g in getattr(m, "_graphs", ()) for e in g._exprs]
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_loaded_graphs_compile_on_their_first_call_and_keep_a_traces_ids(mmap, tmp_path):
+    from mgtrace.traced_module.graph import reset_ids
+    tm, (x,), _ = _traced_model("resnet18")
+    path = tmp_path / "r.tmod"
+    mt.save(tm, path)
+    loaded = mt.load(path, mmap=mmap)
+    graphs = [g for m in loaded.modules() for g in getattr(m, "_graphs", ())]
+    assert len(graphs) > 10 and not any("_fn_cache" in g.__dict__ for g in graphs)
+    # numbered once, as a whole tree: what numbering the loaded tree afresh gives,
+    # and one IdSource for every graph
+    got = _ids(loaded)
+    assert len({id(g._ids) for g in graphs}) == 1
+    reset_ids(loaded)
+    assert _ids(loaded) == got and got == _ids(tm)
+    assert_identical(tm(x), loaded(x))
+    assert "_fn_cache" in loaded.graph.__dict__ and "_fn_cache" in loaded.layer1[0].graph.__dict__
+    # a child and its parent in one archive: the child built first (alone), then the parent
+    child, parent = mt.load(io.BytesIO(save_bytes([tm.layer2, tm])))
+    assert child is parent.layer2 and _ids(parent) == _ids(tm)
