@@ -918,8 +918,9 @@ def get_num_threads():
 
 def set_adaptive_threads(on):
     """Whether kernels use fewer threads than :func:`get_num_threads` while
-    other processes keep the cores busy (on by default;
-    ``MGTRACE_ADAPTIVE_THREADS=0`` turns it off at import). A team of
+    other processes keep the cores busy (off by default, so that outputs
+    do not depend on the machine's load; ``MGTRACE_ADAPTIVE_THREADS=1``
+    turns it on at import, mgtrace/_flags.py). A team of
     threads is as slow as its most-descheduled member, so on a busy machine
     fewer threads finish sooner. Returns the previous setting."""
     old = bool(mt_get_adaptive_threads())

@@ -123,7 +123,10 @@ cdef int device_kind(int device) noexcept:
 
 
 cdef int install_backend(int kind, const mt_backend *b) except -1:
-    _BACKENDS[kind] = b if b != NULL or kind != MT_DEV_CPU else &mt_cpu_backend
+    """Make ``b`` the backend of device type ``kind`` (NULL: none; the CPU's
+    stays, as every host tensor's memory is its)."""
+    if _BACKENDS[kind] != &mt_cpu_backend:
+        _BACKENDS[kind] = b
     return 0
 
 
