@@ -77,7 +77,7 @@ def ext(name, sources, blas=False):
 extensions = [
     ext("dtype", ["mgtrace/_core/dtype.pyx"]),
     ext("device", ["mgtrace/_core/device.pyx"]),
-    ext("tensor", ["mgtrace/_core/tensor.pyx", f"{KERNELS}/alloc.c"]),
+    ext("tensor", ["mgtrace/_core/tensor.pyx", f"{KERNELS}/alloc.c", f"{KERNELS}/cpu_backend.c"]),
     ext("dispatch", ["mgtrace/_core/dispatch.pyx", f"{KERNELS}/iter.c", f"{KERNELS}/elementwise.c"]),
     ext("index", ["mgtrace/_core/index.pyx", f"{KERNELS}/index.c"]),
     ext("reduce", ["mgtrace/_core/reduce.pyx", f"{KERNELS}/reduce.c", f"{KERNELS}/sort.c"]),

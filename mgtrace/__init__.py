@@ -6,8 +6,8 @@ __version__ = "0.3.0.dev0"
 
 from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_dtype,
                            cuda_available, dtype_promotion, from_dlpack, get_default_device,
-                           get_device, get_num_threads, set_default_device, set_num_threads,
-                           tensor)
+                           get_device, get_num_threads, has_kernel, set_default_device,
+                           set_num_threads, tensor)
 from mgtrace import functional, module, random  # noqa: E402,F401  (mgtrace.functional as F, mgtrace.module as M)
 from mgtrace.traced_module import TraceError, TracedModule, TraceWarning, trace_module  # noqa: E402
 from mgtrace.errors import ArchiveError, Error  # noqa: E402
@@ -17,7 +17,8 @@ from mgtrace import cuda  # noqa: E402,F401  (mt.cuda.is_available, memory_stats
 
 __all__ = ["__version__", "Device", "DTYPES", "OpDef", "Tensor", "apply", "as_device", "as_dtype",
            "cuda_available", "dtype_promotion", "from_dlpack", "get_default_device",
-           "get_device", "get_num_threads", "set_default_device", "set_num_threads", "tensor",
+           "get_device", "get_num_threads", "has_kernel", "set_default_device", "set_num_threads",
+           "tensor",
            "functional", "module", "random", "serialization", "cuda",
            "TraceError", "TracedModule", "TraceWarning", "trace_module",
            "Error", "ArchiveError", "FORMAT_VERSION", "load", "save"]

@@ -7,7 +7,8 @@ mgtrace raised on purpose), ``mgtrace.ArchiveError``, or plain ``ValueError``.
 """
 import difflib
 
-__all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "DeviceError", "did_you_mean"]
+__all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "DeviceError",
+           "DeviceUnavailable", "NoKernelError", "did_you_mean"]
 
 
 class Error(Exception):
@@ -28,6 +29,24 @@ class DeviceError(Error, RuntimeError):
     or a GPU that cannot be used); the message carries the device's own error
     string, e.g. ``cudaErrorInsufficientDriver: CUDA driver version is
     insufficient for CUDA runtime version``."""
+
+
+class DeviceUnavailable(DeviceError, NotImplementedError):
+    """A device this process cannot use: ``cuda:N`` in a build without the
+    CUDA backend (or whose extension does not load), or past the GPUs the
+    driver shows. Raised by device placement (``Tensor.to``,
+    ``Module.to``, creating a tensor there), ``load(device=...)`` and the
+    CLI's ``--device``, with one wording: the device, why it cannot be used
+    and what to do (``mgtrace doctor``). A NotImplementedError too, as the
+    device's kernels are what is missing (MegEngine's CompNode raises when
+    a device type is not compiled in)."""
+
+
+class NoKernelError(Error, NotImplementedError):
+    """An op has no kernel on a tensor's device for its dtype, and no
+    fallback (op_table.py's ``fallback`` column): ``no kernel for op
+    'conv2d_nchwc' on device cuda:0 with dtype float32``. Passes ask
+    ``mgtrace.has_kernel(op, device, dtype)`` before choosing such an op."""
 
 
 class ArchiveError(Error, ValueError):

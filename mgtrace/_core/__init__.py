@@ -17,8 +17,8 @@ from mgtrace._core.tensor import Tensor, empty_tensor, from_dlpack, share_as, te
 from mgtrace._core import op_table  # noqa: F401  (every op declared once; pure Python)
 from mgtrace._core import dispatch, index, linalg, nn, reduce  # noqa: F401  (modules install Tensor methods and register ops)
 from mgtrace._core import trace_hooks  # noqa: F401
-from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, register_op,
-                                    set_num_threads)
+from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, has_kernel,
+                                    register_op, set_num_threads)
 
 if _flags.NUM_THREADS:
     set_num_threads(_flags.NUM_THREADS)

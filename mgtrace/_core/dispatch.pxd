@@ -25,4 +25,4 @@ cpdef Tensor empty_shape(object shape, int code, int device)
 cdef object binary(int op, object a, object b, object out)
 cdef object unary(int op, object a, object out)
 cdef object ternary(int op, object a, object b, object c)
-cdef int num_threads() noexcept
+cdef int num_threads() noexcept nogil

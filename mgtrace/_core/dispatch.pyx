@@ -28,15 +28,16 @@ from mgtrace._core.kernels cimport (
     mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
     mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
-    mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_DEV_CPU, MT_BK_ENOKERNEL, MT_EW_UNARY,
-    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL)
+    mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_BK_ENOKERNEL, MT_EW_UNARY,
+    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
-    parse_shape, trace_hook, set_trace_hook, device_kind, backend_of, backend_error)
+    parse_shape, trace_hook, set_trace_hook, backend_of, backend_error, cpu_backend, on_host)
+from mgtrace._core.tensor import missing_kernel as _missing_kernel
 from mgtrace._core.dtype cimport (
     ITEMSIZE, CATEGORY, PROMOTE, NP_DTYPES, dtype_code, scalar_code, float_result,
     check_scalar_fits, promote_operands)
-from mgtrace._core.device cimport Device, DEVICES, default_device_id
+from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core import op_table
 import importlib
@@ -54,6 +55,7 @@ cdef extern from "Python.h":
 _tensor_mod = importlib.import_module("mgtrace._core.tensor")
 
 mt_elementwise_init()
+cpu_backend().elementwise = mt_cpu_elementwise     # the CPU backend's elementwise member
 
 # ------------------------------------------------------------------ op table
 
@@ -395,27 +397,26 @@ cdef int run_loop(mt_loop_fn fn, Tensor out, int nin, Operand *ins, const void *
     return 0
 
 
-cdef int run_elementwise(int kind, int op, int dt, int dt2, mt_loop_fn fn, Tensor out, int nin,
+cdef int run_elementwise(int kind, int op, int dt, int dt2, Tensor out, int nin,
                          Operand *ins, const void *aux, int cost) except -1:
-    """An elementwise kernel on out's device: the CPU loop ``fn`` (from the
-    CPU tables), or the device backend's kernel for (kind, op, dtype)."""
+    """The elementwise kernel (kind, op, dtype) of out's device backend over
+    out's shape, inputs broadcast to it (the CPU's: mt_cpu_elementwise, the
+    mt_ops.h loop run by mt_nd_loop; ``cost`` is its threading hint).
+
+    Raises NoKernelError "no kernel for op X on device D with dtype T" when
+    the backend has none; nothing is written then."""
     cdef mt_ew_call c
-    cdef const mt_backend *b
+    cdef const mt_backend *b = backend_of(out._device)
     cdef int rc
-    if device_kind(out._device) == MT_DEV_CPU:
-        run_loop(fn, out, nin, ins, aux, cost)
-        out._st.version += 1     # written (see check_writable)
-        return 0
-    b = backend_of(out._device)
     _geometry(out, nin, ins, &c)
-    c.kind, c.op, c.dtype, c.dtype2, c.aux = kind, op, dt, dt2, aux
+    c.kind, c.op, c.dtype, c.dtype2, c.aux, c.cost = kind, op, dt, dt2, aux, cost
     with nogil:
-        rc = b.elementwise(&c)
+        rc = b.elementwise(&c) if b.elementwise != NULL else MT_BK_ENOKERNEL
     if rc == MT_BK_ENOKERNEL:
         raise missing_kernel(_ew_name(kind, op), out._device, dt)
     if rc != 0:
         raise backend_error(out._device, rc, _ew_name(kind, op))
-    out._st.version += 1
+    out._st.version += 1     # written (see check_writable)
     return 0
 
 
@@ -430,10 +431,6 @@ cdef str _ew_name(int kind, int op):
 
 
 # ------------------------------------------------------------------ helpers
-
-cdef inline bint is_cpu(int device) noexcept:
-    return device_kind(device) == MT_DEV_CPU
-
 
 cdef str dev_name(int device):
     return str(DEVICES[device])
@@ -506,7 +503,7 @@ cdef Tensor cast(Tensor t, int code):
     cdef Tensor out = empty(t._ndim, t._shape, code, t._device)
     cdef Operand o
     operand_of(t, &o)
-    run_elementwise(MT_EW_CAST, 0, t._dtype, code, mt_cast_loops[t._dtype][code], out, 1, &o, NULL, 1)
+    run_elementwise(MT_EW_CAST, 0, t._dtype, code, out, 1, &o, NULL, 1)
     return out
 
 
@@ -562,7 +559,7 @@ cdef int copy_into(Tensor dst, Tensor src) except -1:
     cdef Operand o
     cdef int64_t bshape[16]
     check_writable(dst)
-    if dst._device != src._device and not (is_cpu(dst._device) and is_cpu(src._device)):
+    if dst._device != src._device and not (on_host(dst._device) and on_host(src._device)):
         src = src.to(DEVICES[dst._device])       # one bulk copy, then the strided write
     while src._ndim > dst._ndim and src._shape[0] == 1:   # NumPy drops leading unit axes
         src = src.squeeze(0)
@@ -575,8 +572,7 @@ cdef int copy_into(Tensor dst, Tensor src) except -1:
     if overlaps(dst, src):
         src = src.copy()
         operand_of(src, &o)
-    run_elementwise(MT_EW_CAST, 0, src._dtype, dst._dtype, mt_cast_loops[src._dtype][dst._dtype],
-                    dst, 1, &o, NULL, 1)
+    run_elementwise(MT_EW_CAST, 0, src._dtype, dst._dtype, dst, 1, &o, NULL, 1)
     return 0
 
 
@@ -584,8 +580,7 @@ cdef int fill(Tensor dst, object value) except -1:
     cdef char buf[16]
     check_writable(dst)
     store_scalar(value, dst._dtype, buf)
-    run_elementwise(MT_EW_FILL, 0, dst._dtype, dst._dtype, mt_fill_loops[dst._dtype], dst, 0, NULL,
-                    buf, 1)
+    run_elementwise(MT_EW_FILL, 0, dst._dtype, dst._dtype, dst, 0, NULL, buf, 1)
     return 0
 
 
@@ -658,8 +653,7 @@ cdef int compute_dtype(int rule, int code, str name) except -1:
 
 
 cdef object missing_kernel(str name, int device, int code):
-    return NotImplementedError(f"no kernel for op {name!r} on device {dev_name(device)} "
-                               f"with dtype {DTYPE_NAMES[code]}")
+    return _missing_kernel(name, device, code)
 
 
 cdef object binary(int op, object a, object b, object out):
@@ -673,7 +667,6 @@ cdef object binary(int op, object a, object b, object out):
     cdef Operand ops[2]
     cdef int64_t oshape[16]
     cdef int nd
-    cdef mt_loop_fn fn
     # classify operands
     if isinstance(a, Tensor):
         ta = <Tensor>a
@@ -726,9 +719,6 @@ cdef object binary(int op, object a, object b, object out):
         if tb._dtype != cdt:
             tb = cast(tb, cdt)
         operand_of(tb, &ops[1])
-    fn = mt_binary_loops[op][cdt]
-    if fn == NULL and is_cpu(dev):       # a device backend reports its own gaps
-        raise missing_kernel(mt_binary_names[op].decode(), dev, cdt)
     nd = broadcast_shape(2, ops, oshape)
     if out is None:
         res = empty(nd, oshape, rdt, dev)
@@ -752,7 +742,7 @@ cdef object binary(int op, object a, object b, object out):
                 operand_of(tb, &ops[1])
         else:
             res = empty(nd, oshape, rdt, dev)
-    run_elementwise(MT_EW_BINARY, op, cdt, rdt, fn, res, 2, ops, NULL, 1)
+    run_elementwise(MT_EW_BINARY, op, cdt, rdt, res, 2, ops, NULL, 1)
     if to is not None and res is not to:
         copy_into(to, res)
         return to
@@ -780,8 +770,6 @@ cdef object unary(int op, object a, object out):
     check_bool_op("unary", op, cdt)
     if ta._dtype != cdt:
         ta = cast(ta, cdt)
-    if mt_unary_loops[op][cdt] == NULL and is_cpu(ta._device):
-        raise missing_kernel(name, ta._device, cdt)
     if out is None:
         res = empty(ta._ndim, ta._shape, rdt, ta._device)
     else:
@@ -792,7 +780,7 @@ cdef object unary(int op, object a, object out):
         if not has_shape(to, ta._ndim, ta._shape):
             raise ValueError(f"in-place {name}: shapes differ")
     operand_of(ta, &o)
-    run_elementwise(MT_EW_UNARY, op, cdt, rdt, mt_unary_loops[op][cdt], res, 1, &o, NULL,
+    run_elementwise(MT_EW_UNARY, op, cdt, rdt, res, 1, &o, NULL,
                     4 if rule == MT_RULE_FLOAT else 1)
     if to is not None and res is not to:
         copy_into(to, res)
@@ -835,11 +823,9 @@ cdef object ternary(int op, object a, object b, object c):
             operand_of(t, &ops[i])
         else:
             scalar_operand(x, cdt, bufs[i], &ops[i])
-    if mt_ternary_loops[op][code] == NULL and is_cpu(dev):
-        raise missing_kernel(name, dev, code)
     nd = broadcast_shape(3, ops, oshape)
     res = empty(nd, oshape, code, dev)
-    run_elementwise(MT_EW_TERNARY, op, code, code, mt_ternary_loops[op][code], res, 3, ops, NULL, 2)
+    run_elementwise(MT_EW_TERNARY, op, code, code, res, 3, ops, NULL, 2)
     return res
 
 
@@ -932,8 +918,9 @@ def get_num_threads():
 
 def set_adaptive_threads(on):
     """Whether kernels use fewer threads than :func:`get_num_threads` while
-    other processes keep the cores busy (on by default;
-    ``MGTRACE_ADAPTIVE_THREADS=0`` turns it off at import). A team of
+    other processes keep the cores busy (off by default, so that outputs
+    do not depend on the machine's load; ``MGTRACE_ADAPTIVE_THREADS=1``
+    turns it on at import, mgtrace/_flags.py). A team of
     threads is as slow as its most-descheduled member, so on a busy machine
     fewer threads finish sooner. Returns the previous setting."""
     old = bool(mt_get_adaptive_threads())
@@ -947,6 +934,81 @@ def run_threads():
     return mt_run_threads()
 
 
-cdef int num_threads() noexcept:
+cdef int num_threads() noexcept nogil:
     return mt_run_threads()
 
+
+
+# ------------------------------------------------------------------ kernel queries
+
+def _has_elementwise(str op, int device, int dtype):
+    """Whether ``device`` has the elementwise kernel of op at compute dtype
+    code ``dtype``: the CPU's loop tables are per dtype; another backend's
+    one elementwise member reports a dtype it lacks only when called, so
+    there the answer is whether it has the member. None for another area's
+    op."""
+    cdef const mt_backend *b = backend_of(device)
+    cdef int code
+    if op in UNARY:
+        code = UNARY[op]
+    elif op in BINARY:
+        code = BINARY[op]
+    elif op in TERNARY:
+        code = TERNARY[op]
+    elif op not in ("astype", "concat", "stack"):    # joins copy by casts
+        return None
+    if b.elementwise == NULL:
+        return False
+    if b.elementwise != mt_cpu_elementwise:
+        return True
+    if op in UNARY:
+        return mt_unary_loops[code][dtype] != NULL
+    if op in BINARY:
+        return mt_binary_loops[code][dtype] != NULL
+    if op in TERNARY:
+        return mt_ternary_loops[code][dtype] != NULL
+    return mt_cast_loops[dtype][dtype] != NULL
+
+
+# ops that run no kernel on the device: views, and nonzero (found on the
+# host: the count sizes the result; the device only copies)
+_NO_DEVICE_KERNEL = ("split", "nonzero")
+_KERNEL_AREAS = ("mgtrace._core.dispatch:_has_elementwise", "mgtrace._core.reduce:_has_kernel",
+                 "mgtrace._core.linalg:_has_kernel", "mgtrace._core.index:_has_kernel",
+                 "mgtrace._core.nn:_has_kernel")
+
+
+def has_kernel(op, device=None, dtype="float32"):
+    """Whether ``device`` (None: the default device) has a kernel of its own
+    for core op ``op`` (an op_table name, or ``"layer_norm"`` /
+    ``"bias_act"``) at ``dtype``: what a pass asks before it puts an op on a
+    module's device (the NCHWc passes ask it for ``"conv2d_nchwc"``). An op
+    whose device lacks the kernel raises NoKernelError "no kernel for op X on
+    device D with dtype T", or runs its op-table fallback (attention's).
+
+    Views and other ops that run no kernel (reshape, transpose...) answer
+    True. The CPU answers per dtype from its tables; a backend whose one
+    elementwise member covers every elementwise op (CUDA's) answers for the
+    op, and reports a dtype it lacks when called.
+
+    Raises:
+        KeyError: ``op`` is no core op.
+        DeviceUnavailable: ``device``'s backend cannot be loaded.
+
+    >>> import mgtrace as mt
+    >>> mt.has_kernel("conv2d_nchwc", "cpu", "float32"), mt.has_kernel("conv2d_nchwc", "cpu", "float64")
+    (True, False)
+    """
+    row = op_table.OPS.get(op)
+    if row is None and op not in ("layer_norm", "bias_act"):
+        raise KeyError(f"has_kernel: {op!r} is no core op")
+    cdef int dev = device_id(device)
+    cdef int code = dtype_code(dtype)
+    if row is not None and (row.group in ("view", "identity") or op in _NO_DEVICE_KERNEL):
+        return True
+    for entry in _KERNEL_AREAS:
+        module, name = entry.split(":")
+        answer = getattr(importlib.import_module(module), name)(op, dev, code)
+        if answer is not None:
+            return bool(answer)
+    raise KeyError(f"has_kernel: no kernel area knows op {op!r}")

@@ -13,9 +13,11 @@ from libc.stdlib cimport malloc, free
 
 import numpy as np
 
-from mgtrace._core.kernels cimport MT_MAX_NDIM, MT_DEV_CPU
+from mgtrace._core.kernels cimport MT_MAX_NDIM
 from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, normalize_axis,
-                                    shape_tuple, to_tensor, device_kind, backend_of, backend_error)
+                                    shape_tuple, to_tensor, backend_of, backend_error, cpu_backend,
+                                    on_host)
+from mgtrace._core.tensor import missing_kernel
 from mgtrace._core.dtype cimport CATEGORY, ITEMSIZE, promote_operands
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, check_writable, num_threads
 from mgtrace._core.device cimport DEVICES, default_device_id
@@ -42,15 +44,43 @@ cdef extern from "kernels/index.h" nogil:
 # values; a device backend's take/put then moves the addressed blocks.
 
 cdef Tensor _host(Tensor t):
-    """t itself on a CPU device, else a copy on cpu:0 (index values are read on the host)."""
-    return t if device_kind(t._device) == MT_DEV_CPU else <Tensor>t.to("cpu")
+    """t itself in host memory, else a copy on cpu:0 (index values are read on the host)."""
+    return t if on_host(t._device) else <Tensor>t.to("cpu")
+
+
+cdef int _cpu_take(char *out, const char *src, const int64_t *off, int64_t n, int ndim,
+                   const int64_t *shape, const int64_t *strides, int64_t itemsize) noexcept nogil:
+    mt_take(out, src, off, n, ndim, shape, strides, itemsize, num_threads())
+    return 0
+
+
+cdef int _cpu_put(char *dst, const char *val, const int64_t *off, int64_t n, int ndim,
+                  const int64_t *shape, const int64_t *strides, int64_t itemsize) noexcept nogil:
+    mt_put(dst, val, off, n, ndim, shape, strides, itemsize)
+    return 0
+
+
+# the CPU backend's index member
+cdef mt_index_kernels _CPU
+_CPU.take = _cpu_take
+_CPU.put = _cpu_put
+cpu_backend().index = &_CPU
+
+
+def _has_kernel(str op, int device, int dtype):
+    """Whether ``device``'s index table has the take/put kernels the
+    advanced-indexing ops move their blocks with (any dtype); None for an op
+    of another area (see has_kernel)."""
+    if op not in ("getitem", "setitem", "gather", "scatter", "embedding"):   # (nonzero: on the host)
+        return None
+    cdef const mt_index_kernels *k = <const mt_index_kernels *>backend_of(device).index
+    return k != NULL and k.take != NULL and k.put != NULL
 
 
 cdef const mt_index_kernels *_kernels(str op, Tensor t) except NULL:
     cdef const mt_index_kernels *k = <const mt_index_kernels *>backend_of(t._device).index
     if k == NULL or k.take == NULL or k.put == NULL:
-        raise NotImplementedError(f"no kernel for op {op!r} on device {DEVICES[t._device]} with "
-                                  f"dtype {t.dtype}")
+        raise missing_kernel(op, t._device, t._dtype)
     return k
 
 
@@ -295,17 +325,12 @@ def getitem(x, index):
         rstrides[k] = v._strides[p.rest[k]] * ITEMSIZE[v._dtype]
     out_shape = p.bshape + tuple([rshape[k] for k in range(nr)])
     cdef Tensor out = empty_of(out_shape, v._dtype, v._device)
-    cdef int nt = num_threads(), rc
-    cdef const mt_index_kernels *kern
-    if device_kind(v._device) == MT_DEV_CPU:
-        with nogil:
-            mt_take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype], nt)
-    else:
-        kern = _kernels("getitem", v)
-        with nogil:
-            rc = kern.take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
-        if rc != 0:
-            raise backend_error(v._device, rc, "getitem")
+    cdef int rc
+    cdef const mt_index_kernels *kern = _kernels("getitem", v)
+    with nogil:
+        rc = kern.take(out._data, v._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+    if rc != 0:
+        raise backend_error(v._device, rc, "getitem")
     return _move_block(out, len(p.bshape), p.insert_at)
 
 
@@ -357,17 +382,12 @@ def setitem(x, index, value):
     cdef Tensor val = empty_of(block_first, t._dtype, t._device)
     dst = _move_block(val, nb, p.insert_at)
     copy_(dst, value)
-    cdef const mt_index_kernels *kern
+    cdef const mt_index_kernels *kern = _kernels("setitem", v)
     cdef int rc
-    if device_kind(v._device) == MT_DEV_CPU:
-        with nogil:
-            mt_put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
-    else:
-        kern = _kernels("setitem", v)
-        with nogil:
-            rc = kern.put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
-        if rc != 0:
-            raise backend_error(v._device, rc, "setitem")
+    with nogil:
+        rc = kern.put(v._data, val._data, p.off, p.n, nr, rshape, rstrides, ITEMSIZE[v._dtype])
+    if rc != 0:
+        raise backend_error(v._device, rc, "setitem")
     v._st.version += 1      # written (see dispatch.check_writable)
 
 
@@ -380,7 +400,7 @@ def nonzero(x, as_tuple=False):
     Returns int32 [n, ndim] (MegEngine's index dtype), or with as_tuple a
     tuple of ndim int64 [n] tensors (NumPy's layout)."""
     cdef Tensor t = x if isinstance(x, Tensor) else coerce(x, default_device_id)
-    if device_kind(t._device) != MT_DEV_CPU:     # found on the host, as the count sizes the result
+    if not on_host(t._device):     # found on the host, as the count sizes the result
         res = nonzero(t.to("cpu"), as_tuple)
         return tuple(c.to(t.device) for c in res) if as_tuple else res.to(t.device)
     cdef Tensor b = cast(t, 0)   # bool, contiguous

@@ -70,6 +70,7 @@ cdef extern from "kernels/backend.h" nogil:
         int64_t shape[16]
         int64_t strides[4][16]
         const void *aux
+        int cost
     # the area tables (reduce, linalg, nn, index) are declared by the module
     # that uses them, from their area's header; here they are opaque
     ctypedef struct mt_backend:
@@ -84,3 +85,6 @@ cdef extern from "kernels/backend.h" nogil:
         const void *linalg
         const void *nn
         const void *index
+        int host_memory
+    mt_backend mt_cpu_backend
+    int mt_cpu_elementwise(const mt_ew_call *call) noexcept

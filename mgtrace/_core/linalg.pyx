@@ -9,9 +9,10 @@ loop. The BLAS thread count follows mgtrace.set_num_threads.
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 
-from mgtrace._core.kernels cimport MT_MAX_NDIM, MT_DEV_CPU, MT_BK_ENOKERNEL
-from mgtrace._core.tensor cimport (Tensor, empty, view_of, is_contiguous, shape_tuple, device_kind,
-                                   backend_of, backend_error)
+from mgtrace._core.kernels cimport MT_MAX_NDIM, MT_BK_ENOKERNEL
+from mgtrace._core.tensor cimport (Tensor, empty, view_of, is_contiguous, shape_tuple, backend_of,
+                                   backend_error, cpu_backend)
+from mgtrace._core.tensor import missing_kernel
 from mgtrace._core.dtype cimport CATEGORY, promote_operands
 from mgtrace._core.dispatch cimport cast, coerce, fill, num_threads
 from mgtrace._core.device cimport Device, DEVICES
@@ -28,6 +29,9 @@ cdef extern from "kernels/gemm.h" nogil:
     void mt_gemm_int_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
                            const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
                            int64_t batch, int nt)
+    int mt_cpu_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                          const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                          int64_t batch, int nt)
     void mt_blas_set_threads(int n)
     int mt_blas_get_threads()
     const char *mt_blas_config()
@@ -35,6 +39,16 @@ cdef extern from "kernels/gemm.h" nogil:
         int (*gemm)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
                     int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) noexcept nogil
         int native_half
+        int (*gemm_batch)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                          const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                          int64_t batch, int nt) noexcept nogil
+
+# the CPU backend's linalg member: its offset-list GEMM, no strided one
+cdef mt_linalg_kernels _CPU
+_CPU.gemm = NULL
+_CPU.native_half = 0
+_CPU.gemm_batch = mt_cpu_gemm_batch
+cpu_backend().linalg = &_CPU
 
 cdef int64_t BLAS_MAX = 2147483647
 
@@ -192,9 +206,11 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
         # threading); the output [..., M, N] is that GEMM's [M', N]
         s.M = batch * M
         batch = 1
-    if device_kind(ta._device) != MT_DEV_CPU:
+    cdef const mt_linalg_kernels *k = _kernels(ta._device, cdt)
+    if k.gemm_batch == NULL:
         _device_gemm(ta, tb, out, &s, cdt, nb, oshape, batch)
         return out
+    cdef int rc = 0
     cdef int64_t *offs = <int64_t *>malloc(sizeof(int64_t) * 3 * batch)
     if offs == NULL:
         raise MemoryError()
@@ -213,19 +229,19 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
             offs[batch + i] = ob
             offs[2 * batch + i] = i * M * N
         nt = num_threads()
-        if cdt >= 9 and nt != mt_blas_get_threads():
+        if cdt >= 9 and k.gemm_batch == mt_cpu_gemm_batch and nt != mt_blas_get_threads():
             # OpenBLAS's threads follow the kernels' (adaptive) count: a busy
             # machine gets single-threaded GEMMs, a quiet one threaded again
             mt_blas_set_threads(nt)
         with nogil:
-            if cdt == 9 or cdt == 10:
-                mt_gemm_float_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,
-                                    offs + 2 * batch, batch, nt)
-            else:
-                mt_gemm_int_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,
-                                  offs + 2 * batch, batch, nt)
+            rc = k.gemm_batch(cdt, &s, ta._data, tb._data, out._data, offs, offs + batch,
+                              offs + 2 * batch, batch, nt)
     finally:
         free(offs)
+    if rc == MT_BK_ENOKERNEL:
+        raise missing_kernel("matmul", ta._device, cdt)
+    if rc != 0:
+        raise backend_error(ta._device, rc, "matmul")
     return out
 
 
@@ -233,17 +249,26 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
 
 cdef const mt_linalg_kernels *_kernels(int dev, int cdt) except NULL:
     cdef const mt_linalg_kernels *k = <const mt_linalg_kernels *>backend_of(dev).linalg
-    if k == NULL or k.gemm == NULL:
-        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[dev]} with dtype "
-                                  f"{DTYPE_NAMES[cdt]}")
+    if k == NULL or (k.gemm == NULL and k.gemm_batch == NULL):
+        raise missing_kernel("matmul", dev, cdt)
     return k
+
+
+def _has_kernel(str op, int device, int dtype):
+    """Whether ``device`` has a GEMM for matmul at dtype code ``dtype``
+    (float16/bfloat16 count: without native ones they run in float32);
+    None when op is not matmul (see has_kernel)."""
+    if op != "matmul":
+        return None
+    cdef const mt_linalg_kernels *k = <const mt_linalg_kernels *>backend_of(device).linalg
+    if k == NULL or (k.gemm == NULL and k.gemm_batch == NULL) or dtype == 0:
+        return False
+    return True
 
 
 cdef bint _native_half(int dev) except -1:
     """Whether float16/bfloat16 products run in their own dtype on dev (a
     GPU's tensor cores) instead of float32 as on the CPU."""
-    if device_kind(dev) == MT_DEV_CPU:
-        return False
     return _kernels(dev, 9).native_half != 0
 
 
@@ -306,8 +331,7 @@ cdef int _device_gemm(Tensor ta, Tensor tb, Tensor out, mt_gemm_shape *s, int cd
             if rc != 0:
                 break
     if rc == MT_BK_ENOKERNEL:
-        raise NotImplementedError(f"no kernel for op 'matmul' on device {DEVICES[ta._device]} "
-                                  f"with dtype {DTYPE_NAMES[cdt]}")
+        raise missing_kernel("matmul", ta._device, cdt)
     if rc != 0:
         raise backend_error(ta._device, rc, "matmul")
     return 0

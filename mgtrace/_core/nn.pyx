@@ -36,9 +36,10 @@ import numpy as np
 from collections import OrderedDict
 
 from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
-                                    mt_storage_tracked, MT_DEV_CPU)
+                                    mt_storage_tracked)
 from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, shape_tuple,
-                                   device_kind, backend_of, backend_error)
+                                   backend_of, backend_error, cpu_backend, on_host)
+from mgtrace._core.tensor import missing_kernel
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads
@@ -46,6 +47,7 @@ from mgtrace._core.dispatch import core_op
 from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core import args as A
+from mgtrace._core import fallbacks
 from mgtrace._core.args import MAX_GEOMETRY
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -161,6 +163,33 @@ cdef extern from "kernels/nn.h" nogil:
                         int align_corners, int nt) noexcept nogil
         int (*bias_act)(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act,
                         int nt) noexcept nogil
+        int64_t (*conv_transpose2d_workspace)(int dtype, const mt_conv2d_geom *g, int nt) noexcept nogil
+        int (*conv_transpose2d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                                const mt_conv2d_geom *g, int nt, void *workspace) noexcept nogil
+        int (*pad_index)(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
+                         const int64_t *after, int mode, int64_t itemsize, int nt) noexcept nogil
+        int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y,
+                          int64_t rows, int64_t cols, double eps, int nt) noexcept nogil
+        int64_t (*attention_workspace)(const mt_attn_geom *g, int nt) noexcept nogil
+        int (*attention_f32)(const float *q, const float *k, const float *v, const float *mask,
+                             float *out, const mt_attn_geom *g, int nt, void *workspace) noexcept nogil
+        void (*to_nchwc)(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt) noexcept nogil
+        void (*from_nchwc)(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt) noexcept nogil
+        int (*conv2d_nchwc)(const float *x, int blocked, const float *packed, const float *bias,
+                            float *y, const mt_conv2d_geom *g, int nt, void *workspace) noexcept nogil
+        int (*conv2d_nchwc_pw_dw)(const float *x, const float *pw_packed, const float *pw_bias,
+                                  const float *dw_packed, const float *dw_bias, float *y,
+                                  const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nt,
+                                  void *workspace) noexcept nogil
+        int (*conv2d_nchwc_pw_dw_pw)(const float *x, const float *pw_packed, const float *pw_bias,
+                                     const float *dw_packed, const float *dw_bias,
+                                     const float *pj_packed, const float *pj_bias, float *y,
+                                     const mt_conv2d_geom *pw, const mt_conv2d_geom *dw,
+                                     const mt_conv2d_geom *pj, int nt, void *workspace) noexcept nogil
+        int (*max_pool2d_nchwc)(const float *x, float *y, const mt_pool2d_geom *g, int nt) noexcept nogil
+        int (*conv2d_packed)(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                             const mt_conv2d_geom *g, int algo, int layout, int nt,
+                             void *workspace) noexcept nogil
 
 cdef extern from *:
     """
@@ -235,22 +264,88 @@ _CPU.avg_pool2d = mt_avg_pool2d
 _CPU.adaptive_pool2d = mt_adaptive_pool2d
 _CPU.resize2d = mt_resize2d
 _CPU.bias_act = mt_bias_act
+_CPU.conv_transpose2d_workspace = mt_conv_transpose2d_workspace
+_CPU.conv_transpose2d = mt_conv_transpose2d
+_CPU.pad_index = mt_pad_index
+_CPU.layer_norm = mt_layer_norm
+_CPU.attention_workspace = mt_attention_workspace
+_CPU.attention_f32 = mt_attention_f32
+_CPU.to_nchwc = mt_to_nchwc
+_CPU.from_nchwc = mt_from_nchwc
+_CPU.conv2d_nchwc = mt_conv2d_nchwc
+_CPU.conv2d_nchwc_pw_dw = mt_conv2d_nchwc_pw_dw
+_CPU.conv2d_nchwc_pw_dw_pw = mt_conv2d_nchwc_pw_dw_pw
+_CPU.max_pool2d_nchwc = mt_max_pool2d_nchwc
+_CPU.conv2d_packed = mt_conv2d_packed
+cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
 cdef object _no_kernel(str op, Tensor t):
-    return NotImplementedError(f"no kernel for op {op!r} on device {_dev(t._device)} with dtype "
-                               f"{DTYPE_NAMES[t._dtype]}")
+    return missing_kernel(op, t._device, t._dtype)
 
 
 cdef const mt_nn_kernels *_kernels(str op, Tensor t) except NULL:
-    """The nn kernels of t's device type (a member may still be NULL: check
-    it with _need)."""
-    if device_kind(t._device) == MT_DEV_CPU:
-        return &_CPU
+    """The nn kernels of t's device backend (a member may still be NULL:
+    check it with _need)."""
     cdef const mt_nn_kernels *k = <const mt_nn_kernels *>backend_of(t._device).nn
     if k == NULL:
         raise _no_kernel(op, t)
     return k
+
+
+def _has_kernel(str op, int device, int dtype):
+    """Whether ``device``'s nn table has op's kernel for dtype code ``dtype``
+    (the NCHW16c kernels and fused attention take float32 only, by their
+    signatures; the others any float dtype); None for another area's op
+    (see has_kernel)."""
+    cdef const mt_nn_kernels *k = <const mt_nn_kernels *>backend_of(device).nn
+    cdef bint f32_only = True, present
+    if k == NULL:
+        return False if op in _NN_KERNEL_OPS else None
+    if op in ("conv2d", "conv2d_act"):
+        present, f32_only = k.conv2d != NULL and k.conv2d_workspace != NULL, False
+    elif op == "conv2d_nchwc":
+        present = k.conv2d_nchwc != NULL
+    elif op == "conv2d_nchwc_pw_dw":
+        present = k.conv2d_nchwc_pw_dw != NULL
+    elif op == "conv2d_nchwc_pw_dw_pw":
+        present = k.conv2d_nchwc_pw_dw_pw != NULL
+    elif op == "to_nchwc":
+        present = k.to_nchwc != NULL
+    elif op == "from_nchwc":
+        present = k.from_nchwc != NULL
+    elif op == "max_pool2d_nchwc":
+        present = k.max_pool2d_nchwc != NULL
+    elif op == "attention":
+        present = k.attention_f32 != NULL and k.attention_workspace != NULL
+    elif op == "conv_transpose2d":
+        present, f32_only = k.conv_transpose2d != NULL and k.conv_transpose2d_workspace != NULL, False
+    elif op == "max_pool2d":
+        present, f32_only = k.max_pool2d != NULL, False
+    elif op == "avg_pool2d":
+        present, f32_only = k.avg_pool2d != NULL, False
+    elif op in ("adaptive_avg_pool2d", "adaptive_max_pool2d"):
+        present, f32_only = k.adaptive_pool2d != NULL, False
+    elif op == "interpolate":
+        present, f32_only = k.resize2d != NULL, False
+    elif op == "pad":
+        present, f32_only = k.pad_index != NULL, False
+    elif op == "layer_norm":
+        present, f32_only = k.layer_norm != NULL, False
+    elif op == "bias_act":
+        present, f32_only = k.bias_act != NULL, False
+    else:
+        return None
+    if not present:
+        return False
+    return dtype == MT_FLOAT32 if f32_only else CATEGORY[dtype] == 3
+
+
+_NN_KERNEL_OPS = frozenset({
+    "conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
+    "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d",
+    "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "pad",
+    "layer_norm", "bias_act"})
 
 
 cdef int _need(bint present, str op, Tensor t) except -1:
@@ -259,11 +354,6 @@ cdef int _need(bint present, str op, Tensor t) except -1:
     return 0
 
 
-cdef int _cpu_only(str op, Tensor t) except -1:
-    """For the ops that have CPU kernels only (no entry in mt_nn_kernels)."""
-    if device_kind(t._device) != MT_DEV_CPU:
-        raise _no_kernel(op, t)
-    return 0
 
 
 cdef int _float_code(str op, list ts) except -1:
@@ -399,11 +489,13 @@ cdef Tensor _workspace(str op, int64_t nbytes, int device, object geometry):
 
 
 cdef int _check_rc(str op, int rc, int device=0) except -1:
-    if rc != 0 and device_kind(device) != MT_DEV_CPU:
-        raise backend_error(device, rc, op)
-    if rc == MT_NN_ENOMEM:
+    """MemoryError for a kernel's failed work buffer in host memory, else the
+    backend's error (its own message: a CUDA error string)."""
+    if rc == 0:
+        return 0
+    if rc == MT_NN_ENOMEM and on_host(device):
         raise MemoryError(f"{op}: cannot allocate the kernel's work buffer")
-    return 0
+    raise backend_error(device, rc, op)
 
 
 # ----------------------------------------------------------- packed weights
@@ -630,7 +722,8 @@ def conv2d_act(x, weight, bias=None, residual=None, stride=1, padding=0, dilatio
     >>> conv2d_act(x, mt.tensor(np.ones((1, 1, 1, 1), np.float32)), act="relu").tolist()
     [[[[0.0, 0.0], [0.0, 0.0]]]]
     """
-    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act, residual)
+    return _conv2d(x, weight, bias, stride, padding, dilation, groups, "auto", act, residual,
+                   "conv2d_act")
 
 
 def bias_act_(y, bias, act):
@@ -690,10 +783,11 @@ def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
         ValueError: cols not dividing x's size, weight/bias of another size.
     """
     cdef str op = "layer_norm"
-    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
-            or (<Device>DEVICES[(<Tensor>x)._device]).type != "cpu":
-        raise TypeError(f"{op}: x must be a float32 or float64 CPU Tensor")
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64):
+        raise TypeError(f"{op}: x must be a float32 or float64 Tensor")
     cdef Tensor tx = <Tensor>x, tw = None, tb = None, t
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.layer_norm != NULL, op, tx)
     cdef int64_t n = numel(tx)
     if cols <= 0 or n % cols:
         raise ValueError(f"{op}: {cols} trailing elements do not divide x's {n}")
@@ -713,10 +807,11 @@ def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
     cdef Tensor out = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
     cdef const void *wp = tw._data if tw is not None else NULL
     cdef const void *bp = tb._data if tb is not None else NULL
-    cdef int nt = num_threads()
+    cdef int nt = num_threads(), rc
     if n:
         with nogil:
-            mt_layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
+            rc = kn.layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
+        _check_rc(op, rc, tx._device)
     return out
 
 
@@ -742,8 +837,10 @@ def attention(q, k, v, mask=None, scale=1.0):
         scale: float, multiplies q @ k^T.
 
     Returns:
-        [B, H, Sq, Dv] in the promoted float dtype; float32 runs the fused
-        kernel, other dtypes the ops one after the other (same values).
+        [B, H, Sq, Dv] in the promoted float dtype; float32 runs the
+        device's fused kernel where it has one, other dtypes and devices
+        the op table's fallback (mgtrace._core.fallbacks.attention: the ops
+        one after the other, the same values up to rounding).
 
     Raises:
         ValueError: q, k, v not 4-d, or their shapes do not fit; a mask that
@@ -778,13 +875,11 @@ def attention(q, k, v, mask=None, scale=1.0):
         except ValueError:
             raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not broadcast "
                              f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
-    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) \
-            or device_kind(tq._device) != MT_DEV_CPU:      # the fused kernel is the CPU's
-        from mgtrace._core import linalg, reduce
-        s = linalg.matmul(tq, tk.transpose((0, 1, 3, 2))) * float(scale)
-        if tm is not None:
-            s = s + tm
-        return linalg.matmul(reduce.softmax(s, -1), tv)
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tq._device).nn
+    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) or kn == NULL \
+            or kn.attention_f32 == NULL or kn.attention_workspace == NULL:
+        # no fused kernel for this device or dtype: the op table's fallback
+        return fallbacks.attention(tq, tk, tv, tm, scale)
     tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
     _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2]))
     g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
@@ -796,21 +891,24 @@ def attention(q, k, v, mask=None, scale=1.0):
     oshape[0], oshape[1], oshape[2], oshape[3] = b, h, sq, dv
     out = empty(4, oshape, MT_FLOAT32, tq._device)
     nt = num_threads()
-    cdef Tensor ws = _workspace(op, mt_attention_workspace(&g, nt), tq._device,
+    cdef Tensor ws = _workspace(op, kn.attention_workspace(&g, nt), tq._device,
                                 f"q {tuple(tq.shape)}, k {tuple(tk.shape)}, v {tuple(tv.shape)}")
     cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
     with nogil:
-        rc = mt_attention_f32(<const float *>tq._data, <const float *>tk._data, <const float *>tv._data,
-                              mptr, <float *>out._data, &g, nt, ws._data if ws is not None else NULL)
-    _check_rc(op, rc)
+        rc = kn.attention_f32(<const float *>tq._data, <const float *>tk._data,
+                              <const float *>tv._data, mptr, <float *>out._data, &g, nt,
+                              ws._data if ws is not None else NULL)
+    _check_rc(op, rc, tq._device)
     return out
 
 
-def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none", residual=None):
+def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none", residual=None,
+            str called="conv2d"):
     """conv2d with a chosen algorithm ("auto" or a name of ``CONV_ALGOS``),
     activation (a name of ``ACTIVATIONS``) and residual; tests use it to
     check every kernel path. ValueError when the algorithm does not apply
-    to the geometry."""
+    to the geometry; NoKernelError naming op ``called`` when the device has
+    no conv2d kernel."""
     cdef str op = "conv2d"
     cdef Tensor tx, tw, tb = None, out, tr = None
     cdef int code, work, rc, nt, a
@@ -883,11 +981,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         g.has_res = 1
         g.res_delta = <int64_t>(<intptr_t>tr._data - <intptr_t>out._data)
     nt = num_threads()
-    cdef const mt_nn_kernels *kn = NULL
+    cdef const mt_nn_kernels *kn = _kernels(called, tx)
     cdef void *dwsp = NULL
-    if device_kind(tx._device) != MT_DEV_CPU:     # a device backend's conv2d (the Winograd cache is the CPU's)
-        kn = _kernels(op, tx)
-        _need(kn.conv2d != NULL and kn.conv2d_workspace != NULL, op, tx)
+    _need(kn.conv2d != NULL and kn.conv2d_workspace != NULL, called, tx)
+    if kn.conv2d_packed == NULL:     # a backend without packed weights (the cache below is for them)
         nb = kn.conv2d_workspace(work, &g, a, nt)
         dws = _workspace(op, nb, tx._device, None if nb != MT_NN_EOVERFLOW else
                          f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
@@ -909,19 +1006,19 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
             if mt_conv2d_packs_weights(a):
                 u = _packed_weights(tw_orig, tw, work, &g, a, layout, nt)
     cdef int64_t wsbytes = mt_conv2d_packed_workspace(work, &g, a, layout, nt) if u is not None else \
-        mt_conv2d_workspace(work, &g, a, nt)
+        kn.conv2d_workspace(work, &g, a, nt)
     cdef Tensor ws = _workspace(op, wsbytes, tx._device, None if wsbytes != MT_NN_EOVERFLOW else
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, stride {(sh, sw)}, "
                                 f"padding {(ph, pw)}, dilation {(dh, dw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
         if u is not None:
-            rc = mt_conv2d_packed(work, tx._data, u._data, bptr, out._data, &g, a, layout, nt, wsp)
+            rc = kn.conv2d_packed(work, tx._data, u._data, bptr, out._data, &g, a, layout, nt, wsp)
         else:
-            rc = mt_conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
+            rc = kn.conv2d(work, tx._data, tw._data, bptr, out._data, &g, a, nt, wsp)
     if rc == MT_NN_NONFINITE:
         rc = _conv2d_direct(op, tx, tw, bptr, out, &g, nt)
-    _check_rc(op, rc)
+    _check_rc(op, rc, tx._device)
     return _finish(out, code)
 
 
@@ -944,12 +1041,15 @@ cdef int _conv2d_direct(str op, Tensor tx, Tensor tw, const void *bptr, Tensor o
 # ------------------------------------------------------------------ NCHW16c
 
 cdef Tensor _f32_cpu(str op, str name, object t):
+    """t, contiguous, for an NCHW16c op: a float32 Tensor on a device whose
+    backend has the layout's kernels (TypeError, NoKernelError otherwise)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
     cdef Tensor tt = <Tensor>t
-    if tt._dtype != MT_FLOAT32 or device_kind(tt._device) != MT_DEV_CPU:
-        raise TypeError(f"{op}: {name} must be a float32 CPU tensor, got {DTYPE_NAMES[tt._dtype]} "
+    if tt._dtype != MT_FLOAT32:
+        raise TypeError(f"{op}: {name} must be a float32 tensor, got {DTYPE_NAMES[tt._dtype]} "
                         f"on {_dev(tt._device)}")
+    _need(_kernels(op, tt).to_nchwc != NULL, op, tt)
     return tt if is_contiguous(tt) else <Tensor>tt.contiguous()
 
 
@@ -1124,8 +1224,10 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
     cdef const float *bptr = <const float *>tb._data if tb is not None else NULL
     wsp = ws._data
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.conv2d_nchwc != NULL, op, tx)
     with nogil:
-        rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
+        rc = kn.conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
                              <float *>out._data, &g, nt, wsp)
     if rc == MT_NN_NONFINITE:       # Winograd met NaN, inf or a huge value in x: the direct kernel
         form = mt_conv2d_nchwc_form(&g, blocked, 0)
@@ -1135,9 +1237,9 @@ def conv2d_nchwc(x, weight, bias=None, residual=None, stride=1, padding=0, dilat
                         f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, padding {(g.ph, g.pw)}")
         wsp = ws._data
         with nogil:
-            rc = mt_conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
+            rc = kn.conv2d_nchwc(<const float *>tx._data, form, <const float *>u._data, bptr,
                                  <float *>out._data, &g, nt, wsp)
-    _check_rc(op, rc)
+    _check_rc(op, rc, tx._device)
     return out
 
 
@@ -1218,10 +1320,12 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
                                 f"x {shape_tuple(tx)}, dw_weight {shape_tuple(tw2)}")
     cdef const float *b1 = <const float *>tb._data if tb is not None else NULL
     cdef const float *b2 = <const float *>tb2._data if tb2 is not None else NULL
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.conv2d_nchwc_pw_dw != NULL, op, tx)
     with nogil:
-        rc = mt_conv2d_nchwc_pw_dw(<const float *>tx._data, <const float *>u1._data, b1,
+        rc = kn.conv2d_nchwc_pw_dw(<const float *>tx._data, <const float *>u1._data, b1,
                                    <const float *>u2._data, b2, <float *>out._data, &g1, &g2, nt, ws._data)
-    _check_rc(op, rc)
+    _check_rc(op, rc, tx._device)
     return out
 
 
@@ -1294,11 +1398,13 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     cdef const float *b1 = <const float *>tb._data if tb is not None else NULL
     cdef const float *b2 = <const float *>tb2._data if tb2 is not None else NULL
     cdef const float *b3 = <const float *>tb3._data if tb3 is not None else NULL
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.conv2d_nchwc_pw_dw_pw != NULL, op, tx)
     with nogil:
-        rc = mt_conv2d_nchwc_pw_dw_pw(<const float *>tx._data, <const float *>u1._data, b1,
+        rc = kn.conv2d_nchwc_pw_dw_pw(<const float *>tx._data, <const float *>u1._data, b1,
                                       <const float *>u2._data, b2, <const float *>u3._data, b3,
                                       <float *>out._data, &g1, &g2, &g3, nt, ws._data)
-    _check_rc(op, rc)
+    _check_rc(op, rc, tx._device)
     return out
 
 
@@ -1332,11 +1438,14 @@ cdef Tensor _reorder(Tensor tx, tuple out_shape, int64_t n, int64_t c, int64_t h
         oshape[i] = out_shape[i]
     cdef Tensor out = empty(len(out_shape), oshape, MT_FLOAT32, tx._device)
     cdef int nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels("to_nchwc" if to_blocked else "from_nchwc", tx)
+    _need((kn.to_nchwc if to_blocked else kn.from_nchwc) != NULL,
+          "to_nchwc" if to_blocked else "from_nchwc", tx)
     with nogil:
         if to_blocked:
-            mt_to_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
+            kn.to_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
         else:
-            mt_from_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
+            kn.from_nchwc(<const float *>tx._data, <float *>out._data, n, c, hw, nt)
     return out
 
 
@@ -1476,7 +1585,8 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     cdef int code, work, rc, nt
     cdef mt_conv2d_geom g
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
-    _cpu_only(op, tx)
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.conv_transpose2d != NULL and kn.conv_transpose2d_workspace != NULL, op, tx)
     _check_4d(op, "x", tx, "[N, C, H, W]")
     _check_4d(op, "weight", tw, "[C, O / groups, KH, KW]")
     groups = _groups(op, groups)
@@ -1523,12 +1633,12 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     oshape[0], oshape[1], oshape[2], oshape[3] = n, o, oh, ow
     out = empty(4, oshape, work, tx._device)
     nt = num_threads()
-    cdef Tensor ws = _workspace(op, mt_conv_transpose2d_workspace(work, &g, nt), tx._device,
+    cdef Tensor ws = _workspace(op, kn.conv_transpose2d_workspace(work, &g, nt), tx._device,
                                 f"x {shape_tuple(tx)}, weight {shape_tuple(tw)}, groups {groups}")
     cdef void *wsp = ws._data if ws is not None else NULL
     with nogil:
-        rc = mt_conv_transpose2d(work, tx._data, tw._data, bptr, out._data, &g, nt, wsp)
-    _check_rc(op, rc)
+        rc = kn.conv_transpose2d(work, tx._data, tw._data, bptr, out._data, &g, nt, wsp)
+    _check_rc(op, rc, tx._device)
     return _finish(out, code)
 
 
@@ -1659,9 +1769,11 @@ def max_pool2d_nchwc(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mo
     oshape[0], oshape[1], oshape[2], oshape[3], oshape[4] = n, b, oh, ow, 16
     out = empty(5, oshape, MT_FLOAT32, t._device)
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, t)
+    _need(kn.max_pool2d_nchwc != NULL, op, t)
     with nogil:
-        rc = mt_max_pool2d_nchwc(<const float *>t._data, <float *>out._data, &g, nt)
-    _check_rc(op, rc)
+        rc = kn.max_pool2d_nchwc(<const float *>t._data, <float *>out._data, &g, nt)
+    _check_rc(op, rc, t._device)
     return out
 
 
@@ -1938,13 +2050,14 @@ def pad(x, pad_width, mode="constant", value=0.0):
         if mode == "circular" and numel(out):
             _wrap_edges(out, nd, shape, before, after)
         return out
-    _cpu_only(op, t)
     t = <Tensor>t.contiguous()
     cdef int m = MT_PAD_REFLECT if mode == "reflect" else MT_PAD_REPLICATE
     cdef int64_t isz = ITEMSIZE[t._dtype]
     nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, t)
+    _need(kn.pad_index != NULL, op, t)
     with nogil:
-        rc = mt_pad_index(t._data, out._data, nd, shape, before, after, m, isz, nt)
-    _check_rc(op, rc)
+        rc = kn.pad_index(t._data, out._data, nd, shape, before, after, m, isz, nt)
+    _check_rc(op, rc, t._device)
     return out
 

@@ -6,7 +6,10 @@ stable name (``OpDef.name``, an ``Apply`` expr's op in archives, the key of
 the kernel tables), the group, the tensor inputs, the params recorded with
 the op, the Tensor method or operator that applies it (with its reflected
 and in-place forms), Python's spelling of it (infix symbol, :mod:`operator`
-function) and its version. Everything else derives from these rows:
+function) and its version; where a device may lack the kernel, the composite that
+replaces it (``fallback``: a function of :mod:`mgtrace._core.fallbacks`,
+run where ``has_kernel`` says no; attention's is softmax(q k^T scale +
+mask) v). Everything else derives from these rows:
 registration and the trace hook (``dispatch.core_op``), the tracer's
 method forms, graph nodes' operators and methods, generated code, printed
 names, the archive's allowed methods and core ops (schema/ops.json).
@@ -37,6 +40,7 @@ class Op(NamedTuple):
     symbol: str = None        # Python's spelling: infix, prefix, or ``abs()`` / ``[]``
     pyop: str = None          # the function of Python's operator module
     version: int = 1
+    fallback: str = None      # composite run where a device has no kernel: fallbacks.<name>
 
     @property
     def arity(self):
@@ -133,7 +137,7 @@ _ROWS = [
     Op("max_pool2d_nchwc", "nn", _X, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
     Op("conv_transpose2d", "nn", ("x", "weight", "bias"),
        ("stride", "padding", "output_padding", "dilation", "groups")),
-    Op("attention", "nn", ("q", "k", "v", "mask"), ("scale",)),
+    Op("attention", "nn", ("q", "k", "v", "mask"), ("scale",), fallback="attention"),
     Op("max_pool2d", "nn", _X, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
     Op("avg_pool2d", "nn", _X, ("kernel_size", "stride", "padding", "ceil_mode",
                                 "count_include_pad")),

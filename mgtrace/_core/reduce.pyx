@@ -27,18 +27,20 @@ Result dtypes (MegEngine; DESIGN.md "Tensor core")::
     argmax, argmin, indices      int32 (MegEngine's index dtype)
     any, all                     bool
 
-Kernels come from the table of the input's device type: the CPU's own
-(kernels/reduce.c, sort.c) or a device backend's (kernels/backend.h); an op
-without a kernel there raises NotImplementedError naming op, device and dtype.
+Kernels come from the reduce table of the input's device backend
+(kernels/backend.h; the CPU's is kernels/reduce.c, sort.c, CUDA's
+cuda/reduce.cu); an op without a kernel there raises NoKernelError (a
+NotImplementedError) "no kernel for op X on device D with dtype T".
 """
 import operator
 
 from libc.stdint cimport int64_t
 
 from mgtrace._core.kernels cimport MT_NDTYPES
-from mgtrace._core.tensor cimport (Tensor, empty, view_of, to_tensor, shape_tuple, device_kind,
-                                   backend_of, backend_error)
-from mgtrace._core.kernels cimport MT_DEV_CPU
+from mgtrace._core.tensor cimport (Tensor, empty, view_of, to_tensor, shape_tuple, backend_of,
+                                   backend_error, cpu_backend)
+from mgtrace._core.kernels cimport MT_BK_ENOMEM
+from mgtrace._core.tensor import missing_kernel
 from mgtrace._core.dtype cimport ITEMSIZE, CATEGORY, float_result, scalar_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport coerce, cast, fill, num_threads
@@ -118,9 +120,7 @@ cdef Tensor _input(object x, str op):
 
 
 cdef object _missing(str op, Tensor t):
-    return NotImplementedError(
-        f"no kernel for op {op!r} on device {DEVICES[t._device]} with dtype "
-        f"{DTYPE_NAMES[t._dtype]}; move the tensor with .to('cpu')")
+    return missing_kernel(op, t._device, t._dtype)
 
 
 # ------------------------------------------------------------------ kernel tables by device type
@@ -130,16 +130,36 @@ _CPU.reduce = <void *>mt_reduce_fns
 _CPU.scan = <void *>mt_scan_fns
 _CPU.softmax = <void *>mt_softmax_fns
 _CPU.sort = <void *>mt_sort_fns
+cpu_backend().reduce = &_CPU      # the CPU backend's reduce member
 
 
 cdef const mt_reduce_kernels *_kernels(Tensor t, str op) except NULL:
     """The reduction tables of t's device type."""
-    if device_kind(t._device) == MT_DEV_CPU:
-        return &_CPU
     cdef const mt_reduce_kernels *k = <const mt_reduce_kernels *>backend_of(t._device).reduce
     if k == NULL:
         raise _missing(op, t)
     return k
+
+
+def _has_kernel(str op, int device, int dtype):
+    """Whether ``device``'s reduce table has op's kernel for input dtype code
+    ``dtype``; None when op is not one of this area's (see has_kernel)."""
+    cdef const mt_reduce_kernels *k = <const mt_reduce_kernels *>backend_of(device).reduce
+    cdef const void *table
+    cdef int row = 0
+    if op not in REDUCE and op not in SCAN and op not in SOFTMAX and op not in ("sort", "argsort", "topk"):
+        return None
+    if k == NULL:
+        return False
+    if op in REDUCE:
+        table, row = k.reduce, REDUCE[op]
+    elif op in SCAN:
+        table, row = k.scan, SCAN[op]
+    elif op in SOFTMAX:
+        table, row = k.softmax, SOFTMAX[op]
+    else:
+        table = k.sort
+    return table != NULL and (<const void **>table)[row * MT_NDTYPES + dtype] != NULL
 
 
 cdef int _entry(const void *table, int row, Tensor t, str op) except -1:
@@ -153,7 +173,7 @@ cdef int _entry(const void *table, int row, Tensor t, str op) except -1:
 cdef int _check(int rc, Tensor t, str op) except -1:
     if rc == 0:
         return 0
-    if device_kind(t._device) == MT_DEV_CPU:
+    if rc == MT_BK_ENOMEM:      # the CPU kernels' only failure (-1, their scratch)
         raise MemoryError(f"{op}: cannot allocate scratch memory")
     raise backend_error(t._device, rc, op)
 
@@ -344,8 +364,8 @@ def sum(x, axis=None, keepdims=False):
 
     Raises:
         IndexError: an axis out of range. ValueError: a repeated axis.
-        TypeError: an axis that is not an int. NotImplementedError: a
-        tensor on a non-CPU device.
+        TypeError: an axis that is not an int. NoKernelError: the
+        device has no kernel for the op at this dtype.
 
     >>> import mgtrace as mt; from mgtrace._core import reduce as R
     >>> R.sum(mt.tensor([[1, 2], [3, 4]]), axis=0).tolist()
@@ -578,7 +598,7 @@ def softmax(x, axis=-1):
 
     Raises:
         IndexError: axis out of range. TypeError: axis not an int.
-        NotImplementedError: a non-CPU device.
+        NoKernelError: the device has no kernel for the op at this dtype.
 
     >>> import mgtrace as mt; from mgtrace._core import reduce as R
     >>> [round(v, 4) for v in R.softmax(mt.tensor([0.0, 0.0, 0.0, 0.0])).tolist()]
@@ -636,7 +656,7 @@ def cumsum(x, axis):
 
     Raises:
         IndexError: axis out of range. TypeError: axis not an int.
-        NotImplementedError: a non-CPU device.
+        NoKernelError: the device has no kernel for the op at this dtype.
 
     >>> import mgtrace as mt; from mgtrace._core import reduce as R
     >>> R.cumsum(mt.tensor([[1, 2], [3, 4]]), axis=1).tolist()
@@ -715,8 +735,8 @@ def sort(x, axis=-1, descending=False):
 
     Raises:
         IndexError: axis out of range. TypeError: axis not an int.
-        ValueError: an axis longer than 2**31 - 1. NotImplementedError: a
-        non-CPU device.
+        ValueError: an axis longer than 2**31 - 1. NoKernelError: the
+        device has no kernel for the op at this dtype.
 
     >>> import mgtrace as mt; from mgtrace._core import reduce as R
     >>> v, i = R.sort(mt.tensor([3, 1, 2]))
@@ -760,8 +780,8 @@ def topk(x, k, axis=-1, descending=True, sorted=True):
 
     Raises:
         ValueError: k out of range. IndexError: axis out of range.
-        TypeError: k or axis not an int. NotImplementedError: a non-CPU
-        device.
+        TypeError: k or axis not an int. NoKernelError: the device has
+        no kernel for the op at this dtype.
 
     >>> import mgtrace as mt; from mgtrace._core import reduce as R
     >>> v, i = R.topk(mt.tensor([1, 9, 3, 7]), 2)

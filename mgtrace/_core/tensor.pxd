@@ -38,5 +38,7 @@ cdef int parse_shape(object shape, int64_t *out) except -1
 from mgtrace._core.kernels cimport mt_backend
 cdef int device_kind(int device) noexcept
 cdef const mt_backend *backend_of(int device) except NULL
+cdef mt_backend *cpu_backend() noexcept
+cdef bint on_host(int device) except -1
 cdef object backend_error(int device, int rc, str what)
 cdef int install_backend(int kind, const mt_backend *b) except -1

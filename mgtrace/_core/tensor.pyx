@@ -19,11 +19,11 @@ from mgtrace._core.kernels cimport (
     mt_storage, mt_storage_new_host, mt_storage_wrap, mt_storage_decref,
     mt_host_cache_set_limit, mt_host_cached_bytes, mt_host_cache_clear,
     MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM, mt_backend, MT_BK_ENOMEM, MT_BK_ENOKERNEL,
-    MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D)
+    MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D, mt_cpu_backend)
 from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
 from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
-from mgtrace.errors import DeviceError   # a leaf module: the exception root, no layer above
+from mgtrace.errors import DeviceError, DeviceUnavailable, NoKernelError  # a leaf module: no layer above
 
 cnp.import_array()
 
@@ -79,21 +79,54 @@ def _install_codes(dict binary, dict unary):
 
 # ---------------------------------------------------------------- backends
 
-# One backend per device type (kernels/backend.h). The CPU's kernels are the
-# core's own; the CUDA backend is installed by mgtrace._core._cuda when it is
-# first needed (so `import mgtrace` never touches CUDA).
+# One backend per device type (kernels/backend.h), every op's one path:
+# backend_of(device) -> its area's kernel table -> the kernel. The CPU's,
+# mt_cpu_backend (kernels/cpu_backend.c), is installed here; each core
+# extension fills in its area's CPU table at import (cpu_backend()). The
+# CUDA backend is installed by mgtrace._core._cuda when it is first needed
+# (so `import mgtrace` never touches CUDA).
 cdef const mt_backend *_BACKENDS[2]
 _BACKEND_MODULES = {MT_DEV_CUDA: "mgtrace._core._cuda"}
 _backend_failures = {}   # device kind -> why its backend is missing (for doctor and errors)
+_BACKENDS[MT_DEV_CPU] = &mt_cpu_backend
+
+# per device id (ids are positions in device.DEVICES, never reused): its
+# kind and index, read on every op without touching the Device object
+cdef enum:
+    _NCACHED = 2048              # device.pyx: two types, indices 0..1023
+cdef signed char _KIND[_NCACHED]
+cdef int _INDEX[_NCACHED]
+for _i in range(_NCACHED):
+    _KIND[_i] = -1
+
+
+cdef mt_backend *cpu_backend() noexcept:
+    """The CPU's backend, for the core extensions to install their tables."""
+    return &mt_cpu_backend
+
+
+cdef int _cache_device(int device) noexcept:
+    cdef Device d = <Device>DEVICES[device]
+    cdef int kind = MT_DEV_CUDA if d.type == "cuda" else MT_DEV_CPU
+    if device < _NCACHED:
+        _INDEX[device] = d.index
+        _KIND[device] = kind
+    return kind
 
 
 cdef int device_kind(int device) noexcept:
-    """MT_DEV_CPU or MT_DEV_CUDA for a device id."""
-    return MT_DEV_CUDA if (<Device>DEVICES[device]).type == "cuda" else MT_DEV_CPU
+    """The device type (MT_DEV_CPU, MT_DEV_CUDA) of a device id: the index of
+    its backend, not a branch for ops to take (they go through the backend)."""
+    if device < _NCACHED and _KIND[device] >= 0:
+        return _KIND[device]
+    return _cache_device(device)
 
 
 cdef int install_backend(int kind, const mt_backend *b) except -1:
-    _BACKENDS[kind] = b
+    """Make ``b`` the backend of device type ``kind`` (NULL: none; the CPU's
+    stays, as every host tensor's memory is its)."""
+    if _BACKENDS[kind] != &mt_cpu_backend:
+        _BACKENDS[kind] = b
     return 0
 
 
@@ -101,8 +134,6 @@ def backend_status(kind="cuda"):
     """(loaded, reason): whether the backend of a device type is installed,
     and why not (the import error of its extension)."""
     cdef int k = MT_DEV_CUDA if kind == "cuda" else MT_DEV_CPU
-    if k == MT_DEV_CPU:
-        return True, ""
     if _BACKENDS[k] == NULL and k not in _backend_failures:
         _load_backend(k)
     return _BACKENDS[k] != NULL, _backend_failures.get(k, "")
@@ -118,40 +149,152 @@ cdef int _load_backend(int kind) except -1:
 
 
 cdef const mt_backend *backend_of(int device) except NULL:
-    """The backend of a non-CPU device, made current for ``device``.
+    """The backend of ``device``'s type, made current for ``device``.
 
-    Raises NotImplementedError when its extension is not built or does not load."""
+    Raises DeviceUnavailable when that backend's extension is not built or
+    does not load (the CPU's is always there)."""
     cdef int kind = device_kind(device), rc
-    cdef Device dev = <Device>DEVICES[device]
-    if _BACKENDS[kind] == NULL:
-        if kind == MT_DEV_CPU:
-            raise NotImplementedError("the CPU has no backend table: its kernels are the core's own")
+    cdef const mt_backend *b = _BACKENDS[kind]
+    if b == NULL:
         if kind not in _backend_failures:
             _load_backend(kind)
-        if _BACKENDS[kind] == NULL:
-            why = _backend_failures.get(kind, "its extension did not install a backend")
-            raise NotImplementedError(
-                f"device {dev} needs the CUDA backend, which is not available: {why} "
-                f"(build with MGTRACE_CUDA=1; see `mgtrace doctor`)")
-    rc = _BACKENDS[kind].activate(dev.index)
+        b = _BACKENDS[kind]
+        if b == NULL:
+            raise _unavailable(device)
+    rc = b.activate(_INDEX[device] if device < _NCACHED else (<Device>DEVICES[device]).index)
     if rc != 0:
-        raise backend_error(device, rc, "selecting the device")
-    return _BACKENDS[kind]
+        raise unavailable(DEVICES[device], str(backend_error(device, rc, "selecting the device")))
+    return b
+
+
+cdef extern from "kernels/nn.h":
+    # the members a test stand-in for CUDA leaves empty (CUDA's table has none of them)
+    ctypedef struct mt_nn_kernels:
+        void *conv_transpose2d_workspace
+        void *conv_transpose2d
+        void *pad_index
+        void *layer_norm
+        void *attention_workspace
+        void *attention_f32
+        void *to_nchwc
+        void *from_nchwc
+        void *conv2d_nchwc
+        void *conv2d_nchwc_pw_dw
+        void *conv2d_nchwc_pw_dw_pw
+        void *max_pool2d_nchwc
+        void *conv2d_packed
+
+cdef mt_backend _TEST_BACKEND
+cdef mt_nn_kernels _TEST_NN
+cdef const mt_backend *_TEST_SAVED[2]
+_TEST_KINDS = {"cuda": MT_DEV_CUDA}
+
+
+def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bint cpu_only_nn=True):
+    """Tests only: install as device type ``kind``'s backend a stand-in
+    whose memory is host memory (the CPU's allocator and copies) and whose
+    kernel tables are the CPU's for ``areas`` (of "elementwise", "reduce",
+    "linalg", "nn", "index") and empty for the rest: a second device type
+    without a GPU, to see what every op does where kernels are missing.
+    ``host_memory``: whether it says its memory is the host's (False: it is
+    treated as a GPU's, every crossing a copy); ``cpu_only_nn`` False leaves
+    out of its nn table the entries CUDA's has not (NCHW16c, attention,
+    conv_transpose2d, pad, layer norm, packed weights): a CUDA stand-in.
+    _remove_test_backend puts back what was there."""
+    global _TEST_BACKEND, _TEST_NN
+    cdef int k = _TEST_KINDS[kind]
+    unknown = set(areas) - {"elementwise", "reduce", "linalg", "nn", "index"}
+    if unknown:
+        raise ValueError(f"unknown kernel areas {sorted(unknown)}")
+    _TEST_BACKEND = mt_cpu_backend
+    _TEST_BACKEND.name = b"test"
+    _TEST_BACKEND.elementwise = mt_cpu_backend.elementwise if "elementwise" in areas else NULL
+    _TEST_BACKEND.reduce = mt_cpu_backend.reduce if "reduce" in areas else NULL
+    _TEST_BACKEND.linalg = mt_cpu_backend.linalg if "linalg" in areas else NULL
+    _TEST_BACKEND.nn = mt_cpu_backend.nn if "nn" in areas else NULL
+    if "nn" in areas and not cpu_only_nn:
+        _TEST_NN = (<const mt_nn_kernels *>mt_cpu_backend.nn)[0]
+        _TEST_NN.conv_transpose2d_workspace = _TEST_NN.conv_transpose2d = NULL
+        _TEST_NN.pad_index = _TEST_NN.layer_norm = NULL
+        _TEST_NN.attention_workspace = _TEST_NN.attention_f32 = NULL
+        _TEST_NN.to_nchwc = _TEST_NN.from_nchwc = _TEST_NN.max_pool2d_nchwc = NULL
+        _TEST_NN.conv2d_nchwc = _TEST_NN.conv2d_nchwc_pw_dw = _TEST_NN.conv2d_nchwc_pw_dw_pw = NULL
+        _TEST_NN.conv2d_packed = NULL
+        _TEST_BACKEND.nn = &_TEST_NN
+    _TEST_BACKEND.index = mt_cpu_backend.index if "index" in areas else NULL
+    _TEST_BACKEND.host_memory = host_memory
+    if _BACKENDS[k] != &_TEST_BACKEND:
+        _TEST_SAVED[k] = _BACKENDS[k]
+    _BACKENDS[k] = &_TEST_BACKEND
+
+
+def _remove_test_backend(str kind="cuda"):
+    """Undo _install_test_backend(kind)."""
+    cdef int k = _TEST_KINDS[kind]
+    if _BACKENDS[k] == &_TEST_BACKEND:
+        _BACKENDS[k] = _TEST_SAVED[k]
+        _TEST_SAVED[k] = NULL
+
+
+cdef object _unavailable(int device):
+    why = _backend_failures.get(device_kind(device), "its extension did not install a backend")
+    return unavailable(DEVICES[device], f"this build of mgtrace has no {DEVICES[device].type.upper()} "
+                                        f"backend ({why}); build with MGTRACE_CUDA=1")
+
+
+def require_device(device):
+    """The Device of ``device`` (a Device or name) once its backend is there
+    and the device usable: what placement (``load(device=...)``,
+    ``Module.to``, the CLI's ``--device``) checks before moving anything.
+
+    Raises:
+        ValueError: an unknown device name.
+        DeviceUnavailable: no backend for its type in this build (no CUDA
+            extension, or it does not load), or no such device (a GPU
+            index past those the driver shows).
+    """
+    cdef Device d = device_of(device)
+    backend_of(d._id)
+    return d
+
+
+def unavailable(device, why):
+    """The DeviceUnavailable for ``device`` (its one wording): why it cannot
+    be used, then where to look (``mgtrace doctor``)."""
+    return DeviceUnavailable(f"device {device} is not available: {why} (see `mgtrace doctor`)")
+
+
+def missing_kernel(str op, device, dtype):
+    """The NoKernelError of op ``op`` on ``device`` (a Device, name or id)
+    for ``dtype`` (a name or code): the one text of a missing kernel."""
+    if isinstance(device, int):
+        device = DEVICES[device]
+    if isinstance(dtype, int):
+        dtype = _DTYPE_NAMES[dtype]
+    return NoKernelError(f"no kernel for op {op!r} on device {device} with dtype {dtype}")
+
+
+cdef bint on_host(int device) except -1:
+    """Whether ``device``'s memory is host memory (a pointer this process may
+    read; devices of such a type share one address space)."""
+    return backend_of(device).host_memory != 0
 
 
 cdef object backend_error(int device, int rc, str what):
-    """The exception for a failed backend call: MemoryError when out of device
+    """The exception for a failed backend call: MemoryError when out of
     memory, NotImplementedError for a missing kernel, else DeviceError with
     the backend's own message (the CUDA error string)."""
     cdef int kind = device_kind(device)
+    cdef const mt_backend *b = _BACKENDS[kind]
     msg = ""
-    if _BACKENDS[kind] != NULL and _BACKENDS[kind].last_error != NULL:
-        msg = (<bytes>_BACKENDS[kind].last_error()).decode("utf-8", "replace")
+    if b != NULL and b.last_error != NULL:
+        msg = (<bytes>b.last_error()).decode("utf-8", "replace")
     where = f"{what} on {DEVICES[device]}"
     if rc == MT_BK_ENOMEM:
-        return MemoryError(f"{where}: out of device memory{': ' + msg if msg else ''}")
+        space = "host" if b != NULL and b.host_memory else "device"
+        return MemoryError(f"{where}: out of {space} memory{': ' + msg if msg else ''}")
     if rc == MT_BK_ENOKERNEL:
-        return NotImplementedError(f"{where}: no kernel{': ' + msg if msg else ''}")
+        return NoKernelError(f"{where}: no kernel{': ' + msg if msg else ''}")
     return DeviceError(f"{where} failed: {msg or f'error code {rc}'}")
 
 
@@ -171,11 +314,8 @@ def synchronize(device=None):
     """Wait until every kernel queued on ``device`` (a CUDA device; None: the
     default device) has finished. A no-op on CPU devices."""
     cdef int d = device_id(device)
-    cdef const mt_backend *b
+    cdef const mt_backend *b = backend_of(d)
     cdef int rc
-    if device_kind(d) == MT_DEV_CPU:
-        return
-    b = backend_of(d)
     cdef int index = (<Device>DEVICES[d]).index
     with nogil:
         rc = b.synchronize(index)
@@ -218,16 +358,12 @@ cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device):
     if n > (<int64_t>1 << 62) // ITEMSIZE[dtype]:
         raise MemoryError(f"tensor too large: shape {_shape_str(ndim, shape)} of {_DTYPE_NAMES[dtype]} "
                           f"needs more than 2**62 bytes")
-    cdef const mt_backend *b
-    if device_kind(device) != MT_DEV_CPU:
-        b = backend_of(device)
-        t._st = b.alloc(dev.index, <size_t>(n * ITEMSIZE[dtype]))
-        if t._st == NULL:
-            raise backend_error(device, MT_BK_ENOMEM, f"allocating {n * ITEMSIZE[dtype]} bytes")
-    else:
-        t._st = mt_storage_new_host(<size_t>(n * ITEMSIZE[dtype]))
+    cdef const mt_backend *b = backend_of(device)
+    t._st = b.alloc(dev.index, <size_t>(n * ITEMSIZE[dtype]))
     if t._st == NULL:
-        raise MemoryError(f"cannot allocate {n * ITEMSIZE[dtype]} bytes")
+        if b.host_memory:
+            raise MemoryError(f"cannot allocate {n * ITEMSIZE[dtype]} bytes")
+        raise backend_error(device, MT_BK_ENOMEM, f"allocating {n * ITEMSIZE[dtype]} bytes")
     t._st.device_index = dev.index
     t._data = t._st.ptr
     t._ndim = ndim
@@ -336,10 +472,7 @@ cdef Tensor _from_host_array(cnp.ndarray arr, int dtype, int device):
     for i in range(nd):
         shape[i] = arr.shape[i]
     cdef Tensor t = empty(nd, shape, dtype, device)
-    if device_kind(device) == MT_DEV_CPU:
-        memcpy(t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes)
-    else:
-        _device_copy(device, t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes, MT_COPY_H2D)
+    _device_copy(device, t._data, cnp.PyArray_DATA(arr), <size_t>arr.nbytes, MT_COPY_H2D)
     return t
 
 
@@ -571,9 +704,8 @@ cdef void _release_dlpack_v(mt_storage *st) noexcept with gil:
 cdef object _capsule(Tensor self, max_version, bint readonly):
     """A DLPack capsule of ``self`` (versioned when the consumer asks with
     max_version >= (1, 0)), flagged read-only when ``readonly``."""
-    if device_kind(self._device) != MT_DEV_CPU:
-        # the consumer's stream may not wait for ours: finish our work first
-        synchronize(DEVICES[self._device])
+    # the consumer's stream may not wait for ours: finish our work first
+    synchronize(DEVICES[self._device])
     cdef mt_DLManagedTensor *m
     cdef mt_DLManagedTensorVersioned *mv
     if max_version is not None and max_version[0] >= 1:
@@ -698,7 +830,7 @@ def from_dlpack(x):
         t._shape[i] = dl.shape[i]
         t._strides[i] = dl.strides[i] if dl.strides != NULL else n
         n *= dl.shape[i]
-    cdef int index = (<Device>DEVICES[device]).index if kind != MT_DEV_CPU else 0
+    cdef int index = (<Device>DEVICES[device]).index if kind == MT_DEV_CUDA else 0
     if mv != NULL:
         t._st = mt_storage_wrap(dl.data, <size_t>(n * ITEMSIZE[code]), kind, index,
                                 _release_dlpack_v, <void *>mv)
@@ -745,12 +877,12 @@ cdef Tensor _copy_across(Tensor t, int dev):
     host between two GPUs). The copy to the host waits for t's kernels."""
     cdef int src = t._device
     cdef Tensor c = t.contiguous(), out
-    cdef int sk = device_kind(src), dk = device_kind(dev)
+    cdef bint src_host = on_host(src)
     cdef size_t nbytes = <size_t>(numel(c) * ITEMSIZE[c._dtype])
-    if sk != MT_DEV_CPU and dk != MT_DEV_CPU:
+    if not src_host and not on_host(dev):
         return _copy_across(_copy_across(c, 0), dev)
     out = empty(c._ndim, c._shape, c._dtype, dev)
-    if sk == MT_DEV_CPU:
+    if src_host:
         _device_copy(dev, out._data, c._data, nbytes, MT_COPY_H2D)
     else:
         _device_copy(src, out._data, c._data, nbytes, MT_COPY_D2H)
@@ -895,7 +1027,7 @@ cdef class Tensor:
 
         For zero-copy exchange use DLPack (``np.from_dlpack(t)``)."""
         _frozen(self, "t.numpy()")
-        if DEVICES[self._device].type != "cpu":
+        if not on_host(self._device):
             return self.to("cpu").numpy()
         arr = np.empty(self.shape, dtype=NP_DTYPES[self._dtype])
         if numel(self):
@@ -960,12 +1092,10 @@ cdef class Tensor:
         cdef int dev = device_id(device)
         if dev == self._device:
             return self
-        src = <Device>DEVICES[self._device]
-        dst = <Device>DEVICES[dev]
-        if src.type == "cpu" and dst.type == "cpu":
+        if on_host(self._device) and on_host(dev):     # one address space: a plain copy
             out = self.copy()
             (<Tensor>out)._device = dev
-            (<Tensor>out)._st.device_index = dst.index
+            (<Tensor>out)._st.device_index = (<Device>DEVICES[dev]).index
             return out
         return _copy_across(self, dev)
 

@@ -909,15 +909,16 @@ def _check_writable(folder, what):
 
 def _device_option(device):
     """{"device": name} for a device other than the default CPU, else {} (so
-    reports of CPU runs keep their options); ValueError for a bad name or a
-    CUDA device this machine cannot use."""
+    reports of CPU runs keep their options); ValueError for a bad name,
+    DeviceUnavailable for a device this process cannot use."""
     if device is None:
         return {}
-    from mgtrace import as_device, cuda
-    d = as_device(device)
-    if d.type == "cuda" and not cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device to run on ({cuda.load_error()})")
-    return {"device": str(d)}
+    from mgtrace._core.tensor import require_device
+    from mgtrace.errors import DeviceUnavailable
+    try:
+        return {"device": str(require_device(device))}
+    except DeviceUnavailable as e:
+        raise DeviceUnavailable(f"--device {device}: {e}") from None
 
 
 def verify(paths, *, rtol=1e-5, atol=1e-6, device=None, **run_options):

@@ -373,19 +373,11 @@ def _on(v, device):
     return v
 
 
-def _place(obj, device):
-    """A loaded module moved to ``device`` (load(device=) moves tensors to a
-    GPU; this covers every device, cpu:N included); other objects as they are."""
-    from mgtrace.module import Module
-    if device is not None and isinstance(obj, Module):
-        obj.to(device)
-    return obj
-
-
 def _run_examples(obj, inputs, kwargs=None, device=None):
-    """obj(*inputs, **kwargs) on ``device`` (None: where obj and the inputs are)."""
+    """obj(*inputs, **kwargs), the inputs on ``device`` (None: where they
+    are); obj is already there (load(device=...) placed it)."""
     args = _on(inputs if isinstance(inputs, tuple) else (inputs,), device)
-    return _place(obj, device)(*args, **_on(kwargs or {}, device))
+    return obj(*args, **_on(kwargs or {}, device))
 
 
 def verify_file(path, rtol=1e-5, atol=1e-6, device=None):
@@ -952,7 +944,6 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     newer = _newer_than_us(arc)
     if newer:
         return newer
-    _place(arc.obj, device)
     if not isinstance(arc.obj, Module):      # a state dict or tensors: nothing is wrong with it
         return {"status": "skipped", "reason": f"holds {_what_is(arc.obj)}, not a module: nothing "
                                                "to retrace, left as it is"}

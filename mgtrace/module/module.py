@@ -949,6 +949,8 @@ class Module:
                 neither a device nor a dtype, more than two positional
                 arguments, an unknown keyword, an argument given twice.
             ValueError: an unknown device name.
+            DeviceUnavailable: a device this process cannot use (``cuda:0``
+                without the CUDA build or a GPU); nothing has moved then.
 
         >>> import mgtrace.module as M
         >>> bn = M.BatchNorm2d(4).to("float16")
@@ -956,6 +958,9 @@ class Module:
         ('float16', 'int64')
         """
         device, dtype = self._to_args(args, kwargs)
+        if device is not None:      # refused before anything moves (DeviceUnavailable)
+            from mgtrace._core.tensor import require_device
+            device = require_device(device)
         converted = {}              # id(old tensor) -> new, so shared tensors stay shared
 
         def convert(t, is_param):

@@ -39,7 +39,8 @@ class Parameter(Tensor):
         return f"Parameter({body}, dtype={self.dtype.name}, device={self.device})"
 
     def __deepcopy__(self, memo):
-        # Tensor refuses pickling, so copy.deepcopy needs this to copy a Module
-        new = Parameter(self)
+        # Tensor refuses pickling, so copy.deepcopy needs this to copy a
+        # Module; the copy stays on self's device (a CUDA module's too)
+        new = Parameter(self, device=self.device)
         memo[id(self)] = new
         return new

@@ -205,8 +205,8 @@ def _decode_builtin(entry, ctx):
     if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode
         type(m).train(m, bool(entry["training"]))
     install_state(m, entry["tensors"], ctx, f"{name}(**config)")
-    if ctx.device is not None and ctx.device.type != "cpu":
-        m.to(ctx.device)          # tensors outside the state dict
+    if ctx.device is not None:
+        m.to(ctx.device)          # tensors outside the state dict (those there are: kept)
     return m
 
 

@@ -291,8 +291,8 @@ class DecodeContext:
                 t = aliases.make_view(self.tensor(e["view"]["base"]), e)
             else:
                 t = self.host_tensor(i)
-                if self.device is not None and self.device.type != "cpu":
-                    t = t.to(self.device)
+                if self.device is not None and t.device != self.device:
+                    t = t.to(self.device)       # any device, cpu:1 included
             self._placed[i] = t
         return t
 

@@ -22,7 +22,7 @@ import contextlib
 
 import msgpack
 
-from mgtrace._core import as_device, cuda_available
+from mgtrace._core.tensor import require_device
 from mgtrace.errors import ArchiveError, VersionError
 from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
@@ -176,15 +176,12 @@ def _decode_values(header, start, src, mmap, device, verify, everything, run_onc
 
 
 def _check_device(device):
-    """The load's device, refused up front when this build cannot place
-    tensors there (so a good archive is not reported as a bad one)."""
+    """The load's device, refused up front (DeviceUnavailable) when this
+    process cannot place tensors there, so a good archive is not reported as
+    a bad one."""
     if device is None:
         return None
-    device = as_device(device)
-    if device.type != "cpu" and not cuda_available():
-        raise ValueError(f"cannot load onto {device}: this build of mgtrace has no CUDA backend "
-                         "(see `mgtrace doctor`)")
-    return device
+    return require_device(device)
 
 
 def load_archive(f, *, mmap=False, device=None, verify=True):

@@ -59,7 +59,7 @@ def test_an_unusable_cuda_device_is_a_usage_error(archive, capsys):
     if mt.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert main(["verify", str(archive), "--device", "cuda:0"], out=io.StringIO()) == EXIT_USAGE
-    assert "--device cuda:0: no CUDA device to run on" in capsys.readouterr().err
+    assert "--device cuda:0: device cuda:0 is not available: " in capsys.readouterr().err
 
 
 def test_a_bad_device_name_is_a_usage_error(archive, capsys):

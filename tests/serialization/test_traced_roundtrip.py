@@ -375,7 +375,8 @@ def test_clear_errors_for_common_mistakes(tmp_path):
     with pytest.raises(TypeError, match=r"io.BytesIO\(data\)"):
         mt.load(data)
     if not mt.cuda_available():
-        with pytest.raises(ValueError, match="no CUDA backend"):
+        from mgtrace.errors import DeviceUnavailable
+        with pytest.raises(DeviceUnavailable, match="^device cuda:7 is not available: .*no CUDA backend"):
             mt.load(io.BytesIO(data), device="gpu7")
 
 

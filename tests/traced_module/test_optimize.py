@@ -811,15 +811,57 @@ def test_watch_and_end_points_follow_fused_and_converted_values(rng, point, kind
 
 
 def test_nchwc_in_all_only_where_the_cpu_has_avx512(monkeypatch):
-    monkeypatch.setattr(manager, "_nchwc_pays", lambda: False)
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda device=None: False)
     assert "NCHWc" not in manager._schedule("all", False)
-    monkeypatch.setattr(manager, "_nchwc_pays", lambda: True)
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda device=None: True)
     assert "NCHWc" in manager._schedule("all", False)
     assert "NCHWc" not in manager._schedule("all", True)      # not for a module in training mode
     assert "FusePointwiseDepthwise" in manager._schedule("all", False)
     assert "FusePointwiseDepthwise" not in manager._schedule("all", True)
-    monkeypatch.setattr(manager, "_nchwc_pays", lambda: False)
+    monkeypatch.setattr(manager, "_nchwc_pays", lambda device=None: False)
     assert "FusePointwiseDepthwise" not in manager._schedule("all", False)
+
+
+@pytest.fixture
+def cuda_stand_in():
+    """cuda:0 as a stand-in device: the CPU's kernel tables less the entries
+    CUDA's backend has not (the NCHW16c ones among them), host memory."""
+    import importlib
+    core_tensor = importlib.import_module("mgtrace._core.tensor")
+    core_tensor._install_test_backend("cuda", ("elementwise", "reduce", "linalg", "nn", "index"),
+                                      False, False)
+    yield mt.Device("cuda:0")
+    core_tensor._remove_test_backend("cuda")
+
+
+def test_all_on_a_device_without_nchwc_kernels_keeps_to_its_kernels(rng, monkeypatch,
+                                                                     cuda_stand_in):
+    # the NCHWc decision is the module's device's (has_kernel), not the
+    # host's: a module on a device without the NCHW16c kernels gets none of
+    # them, even where the host's CPU would (AVX-512 said present here)
+    from mgtrace._core import nn as core_nn
+    monkeypatch.setattr(core_nn, "_wide_conv_kernels", lambda: True)
+    import copy
+    x, net = image(rng, (2, 3, 15, 15)), NchwcNet()
+    tm = mt.trace_module(copy.deepcopy(net), x)
+    assert functions(optimize(tm, "all"), F.conv2d_nchwc) > 0      # the CPU module: converted
+    xd = x.to(cuda_stand_in)
+    on_dev = mt.trace_module(net.to(cuda_stand_in), xd)
+    assert not mt.has_kernel("conv2d_nchwc", cuda_stand_in)
+    # (the tracer's placeholders for editing take the default device, not
+    # the node's: tracer.placeholder; set here so the fusions run on it)
+    mt.set_default_device(cuda_stand_in)
+    try:
+        new = optimize(on_dev, "all")
+    finally:
+        mt.set_default_device("cpu")
+    for f in (F.conv2d_nchwc, F.to_nchwc, F.from_nchwc, F.max_pool2d_nchwc,
+              F.conv2d_nchwc_pw_dw, F.conv2d_nchwc_pw_dw_pw):
+        assert functions(new, f) == 0
+    assert functions(new, F.conv2d_act) > 0        # the fusions its device has still run
+    for got, want in zip(new(xd), tm(x)):
+        assert got.device == cuda_stand_in
+        close(got.to("cpu"), want)
 
 
 class Expansion(M.Module):

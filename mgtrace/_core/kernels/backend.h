@@ -1,14 +1,21 @@
 /* A device backend: the allocator, copies and kernel tables of one device
- * type, looked up by device type (tensor.pyx keeps one per type). CPU kernels
- * live in the core's own extensions; the CUDA backend is the optional
- * extension mgtrace._core._cuda (the .cu files in cuda/), which installs one of these.
+ * type, looked up by device type (tensor.pyx keeps one per type); every op
+ * goes backend_of(device) -> its area's table -> the kernel. The CPU is one
+ * of these like any other: tensor.pyx defines mt_cpu_backend's memory
+ * members, and each core extension installs its area's CPU table at import
+ * (dispatch: elementwise, reduce, linalg, nn, index). The CUDA backend is
+ * the optional extension mgtrace._core._cuda (the .cu files in cuda/), which
+ * installs its own when first needed.
  *
  * The kernel entries take the same geometry as the CPU kernels of the same
  * op (reduce.h, nn.h, gemm.h, index.h), so the Cython layer computes it once
  * and only the function it calls depends on the device. Pointers are device
  * pointers except where a comment says "host". A NULL entry means "no kernel
- * for this op on this device": the caller raises NotImplementedError naming
- * op, device and dtype.
+ * for this op on this device": the caller runs the op's declared fallback
+ * (op_table.py's ``fallback`` column) or raises NotImplementedError "no kernel
+ * for op X on device D with dtype T". Members a device may leave NULL
+ * without losing an op (the CPU's packed weights, its offset-list GEMM) are
+ * marked "optional" in their area's header.
  *
  * Return codes: 0, or one of MT_BK_* below; last_error() then describes it
  * (the CUDA error string, for instance).
@@ -41,6 +48,7 @@ typedef struct {
     int64_t shape[MT_MAX_NDIM];
     int64_t strides[4][MT_MAX_NDIM];
     const void *aux;
+    int cost;      /* relative work per element (1: an add), the CPU's threading hint */
 } mt_ew_call;
 
 /* per-area kernel tables, each defined in its area's header (reduce.h,
@@ -67,7 +75,18 @@ typedef struct mt_backend {
     const struct mt_linalg_kernels *linalg;
     const struct mt_nn_kernels *nn;
     const struct mt_index_kernels *index;
+    /* 1 when the device's memory is host memory (the CPU's: a pointer the
+     * host may read, devices of the type share it); 0 for a GPU's */
+    int host_memory;
 } mt_backend;
+
+/* the CPU's backend (cpu_backend.c): mutable, as the core's extensions
+ * install its kernel tables at import */
+extern mt_backend mt_cpu_backend;
+
+/* elementwise on the CPU: the mt_ops.h loop of (kind, op, dtype) run by
+ * mt_nd_loop; MT_BK_ENOKERNEL when the table has none (iter.c) */
+int mt_cpu_elementwise(const mt_ew_call *call);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 /* Batched matrix products over OpenBLAS (scipy-openblas32 symbols). */
 #include "gemm.h"
+#include "backend.h"
 #include <cblas.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -108,4 +109,16 @@ void mt_gemm_int_batch(int dtype, const mt_gemm_shape *s, const char *a, const c
         }
 #undef MT_CASE
     }
+}
+
+int mt_cpu_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                      const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                      int64_t batch, int nt) {
+    if (dtype == MT_FLOAT32 || dtype == MT_FLOAT64)
+        mt_gemm_float_batch(dtype, s, a, b, c, a_off, b_off, c_off, batch, nt);
+    else if (dtype >= MT_INT8 && dtype <= MT_INT64)
+        mt_gemm_int_batch(dtype, s, a, b, c, a_off, b_off, c_off, batch, nt);
+    else
+        return MT_BK_ENOKERNEL;
+    return 0;
 }

@@ -30,6 +30,18 @@ typedef struct mt_linalg_kernels {
     int (*gemm)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
                 int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c);
     int native_half;       /* 1: float16/bfloat16 GEMM in their own dtype */
+    /* optional: a batch at any offsets (element offsets per problem, as
+     * mt_gemm_float_batch; nt: thread budget), used instead of gemm when
+     * present (the CPU's: OpenBLAS, or the integer loops; 0 or MT_BK_*) */
+    int (*gemm_batch)(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                      const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                      int64_t batch, int nt);
 } mt_linalg_kernels;
+
+/* the CPU's gemm_batch: float32/float64 through OpenBLAS, integers through
+ * the int64-accumulating loops; MT_BK_ENOKERNEL for another dtype */
+int mt_cpu_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                      const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
+                      int64_t batch, int nt);
 
 #endif

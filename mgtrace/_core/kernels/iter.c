@@ -1,6 +1,8 @@
 /* The N-d elementwise driver and the thread count shared by all kernels. */
 #define _GNU_SOURCE
 #include "mt_common.h"
+#include "backend.h"
+#include "mt_ops.h"
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -147,4 +149,19 @@ void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *
         int64_t e = c == nchunks - 1 ? total : (total * (c + 1) / nchunks) & ~(int64_t)15;
         if (s < e) nd_range(fn, nargs, base, ndim, shape, strides, aux, s, e);
     }
+}
+
+
+int mt_cpu_elementwise(const mt_ew_call *c) {
+    mt_loop_fn fn;
+    switch (c->kind) {
+    case MT_EW_UNARY: fn = mt_unary_loops[c->op][c->dtype]; break;
+    case MT_EW_BINARY: fn = mt_binary_loops[c->op][c->dtype]; break;
+    case MT_EW_TERNARY: fn = mt_ternary_loops[c->op][c->dtype]; break;
+    case MT_EW_CAST: fn = mt_cast_loops[c->dtype][c->dtype2]; break;
+    default: fn = mt_fill_loops[c->dtype]; break;
+    }
+    if (fn == NULL) return MT_BK_ENOKERNEL;
+    mt_nd_loop(fn, c->nargs, (char **)c->args, c->ndim, c->shape, &c->strides[0][0], c->aux, c->cost);
+    return MT_BK_OK;
 }

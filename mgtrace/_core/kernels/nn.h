@@ -251,6 +251,40 @@ typedef struct mt_nn_kernels {
                     int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
                     int align_corners, int nt);
     int (*bias_act)(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt);
+    /* the CPU's only so far (CUDA leaves them NULL: the op raises, or runs
+     * its op-table fallback); the signatures of the mt_ functions above */
+    int64_t (*conv_transpose2d_workspace)(int dtype, const mt_conv2d_geom *g, int nt);
+    int (*conv_transpose2d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                            const mt_conv2d_geom *g, int nt, void *workspace);
+    int (*pad_index)(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
+                     const int64_t *after, int mode, int64_t itemsize, int nt);
+    int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                      int64_t cols, double eps, int nt);
+    int64_t (*attention_workspace)(const mt_attn_geom *g, int nt);
+    int (*attention_f32)(const float *q, const float *k, const float *v, const float *mask,
+                         float *out, const mt_attn_geom *g, int nt, void *workspace);
+    /* the NCHW16c layout's kernels (its packing helpers, mt_conv2d_nchwc_form
+     * and the workspaces, are host functions of the layout) */
+    void (*to_nchwc)(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt);
+    void (*from_nchwc)(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt);
+    int (*conv2d_nchwc)(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                        const mt_conv2d_geom *g, int nt, void *workspace);
+    int (*conv2d_nchwc_pw_dw)(const float *x, const float *pw_packed, const float *pw_bias,
+                              const float *dw_packed, const float *dw_bias, float *y,
+                              const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nt,
+                              void *workspace);
+    int (*conv2d_nchwc_pw_dw_pw)(const float *x, const float *pw_packed, const float *pw_bias,
+                                 const float *dw_packed, const float *dw_bias, const float *pj_packed,
+                                 const float *pj_bias, float *y, const mt_conv2d_geom *pw,
+                                 const mt_conv2d_geom *dw, const mt_conv2d_geom *pj, int nt,
+                                 void *workspace);
+    int (*max_pool2d_nchwc)(const float *x, float *y, const mt_pool2d_geom *g, int nt);
+    /* optional: conv2d over weights packed once per weight (the CPU's
+     * Winograd/direct/blocked layouts, cached by nn.pyx; the algorithm pick
+     * and packing are mt_conv2d_pick_algo_ex / mt_conv2d_pack_weights). A
+     * device without it runs conv2d. */
+    int (*conv2d_packed)(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                         const mt_conv2d_geom *g, int algo, int layout, int nt, void *workspace);
 } mt_nn_kernels;
 
 #endif

@@ -233,20 +233,38 @@ def registered_passes():
 _NCHWC_PASSES = ("NCHWc", "FusePointwiseDepthwise")
 
 
-def _nchwc_pays():
-    """Whether this CPU runs the NCHW16c kernels vectorised (AVX-512): the
-    NCHWc pass and the fusion after it are in ``"all"`` only then."""
-    from mgtrace._core import nn
-    return nn._wide_conv_kernels()
+def _nchwc_pays(device=None):
+    """Whether ``device`` (the module's; None: the default device) has the
+    NCHW16c kernels (``has_kernel``: CUDA has none) and runs them vectorised
+    (the CPU's need AVX-512): the NCHWc pass and the fusion after it are in
+    ``"all"`` only then."""
+    from mgtrace._core import has_kernel, nn
+    return all(has_kernel(op, device, "float32") for op in _NCHWC_KERNELS) \
+        and nn._wide_conv_kernels()
 
 
-def _schedule(enabled, training):
+# the kernels the NCHWc pass and FusePointwiseDepthwise put in a graph
+_NCHWC_KERNELS = ("to_nchwc", "from_nchwc", "conv2d_nchwc", "max_pool2d_nchwc",
+                  "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw")
+
+
+def _module_device(tm):
+    """The device of a module's first parameter or buffer (None: it has
+    none; ops then run on the default device)."""
+    for t in type(tm).parameters(tm):
+        return t.device
+    for t in type(tm).buffers(tm):
+        return t.device
+    return None
+
+
+def _schedule(enabled, training, device=None):
     """The passes to run, in order, for the ``enabled_pass`` argument."""
     if enabled is None:
         enabled = list(DEFAULT_PASSES)
     elif enabled == "all":
         enabled = [n for n in _ORDER if (not training or _PASSES[n].training_safe)
-                   and (n not in _NCHWC_PASSES or _nchwc_pays())]
+                   and (n not in _NCHWC_PASSES or _nchwc_pays(device))]
     elif isinstance(enabled, str):
         enabled = [enabled]
     else:
@@ -349,8 +367,9 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:
             on a module in training mode (``tm.training``) only those that
             keep training behaviour (BatchNorms, Dropout and weights stay);
-            ``"NCHWc"`` and ``"FusePointwiseDepthwise"`` only on a CPU
-            with AVX-512.
+            ``"NCHWc"`` and ``"FusePointwiseDepthwise"`` only where the
+            module's device (that of its parameters) has their kernels
+            (``mgtrace.has_kernel``), vectorised: a CPU with AVX-512.
             Passes run in the registry's fixed order (see
             :mod:`mgtrace.traced_module.passes.manager`), whatever the order
             of the list; ``BackwardFoldScale`` brings ``FuseConvBn`` along.
@@ -402,7 +421,7 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
     """
     if not isinstance(tm, TracedModule):
         raise TypeError(f"optimize takes a TracedModule, not {type(tm).__name__}")
-    order = _schedule(enabled_pass, tm.training)
+    order = _schedule(enabled_pass, tm.training, _module_device(tm))
     new = tm.flatten() if flatten else copy.deepcopy(tm)
     new.watch_node_value = {}      # values recorded by tm's runs are not the new module's
     report = OptimizeReport()

@@ -1,0 +1,228 @@
+"""The backend seam: every op goes backend_of(device) -> kernel table ->
+kernel, the CPU included. A stand-in second device type (host memory, the
+CPU's tables for the areas asked for, the others empty) shows what each op
+of the op table does on a device without its kernel: it raises the one
+missing-kernel text, runs its declared fallback, or needs no kernel."""
+import importlib
+import re
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+from mgtrace._core import op_table
+from mgtrace.errors import DeviceUnavailable, NoKernelError
+
+core_tensor = importlib.import_module("mgtrace._core.tensor")    # the module, not mt.tensor
+ALL_AREAS = ("elementwise", "reduce", "linalg", "nn", "index")
+MISSING = re.compile(r"^no kernel for op '(\w+)' on device (\S+) with dtype (\w+)$")
+ELEMENTWISE_GROUPS = ("unary", "activation", "predicate", "bitwise", "binary", "compare", "ternary")
+
+
+@pytest.fixture
+def fake_device():
+    """``install(areas)`` makes cuda:0 a stand-in device with the CPU's
+    kernel tables for ``areas`` only; removed after the test."""
+    def install(areas=(), host_memory=False):
+        core_tensor._install_test_backend("cuda", tuple(areas), host_memory)
+        return mt.Device("cuda:0")
+    yield install
+    core_tensor._remove_test_backend("cuda")
+
+
+def _rng():
+    return np.random.default_rng(30)
+
+
+def _f32(*shape):
+    return _rng().standard_normal(shape).astype(np.float32)
+
+
+def _example(name):
+    """(inputs as NumPy values or plain Python, params) of one call of op
+    ``name`` that runs on the CPU."""
+    row = op_table.OPS[name]
+    x = _f32(2, 3)
+    if row.group in ("bitwise",) or name in ("left_shift", "right_shift"):
+        v = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+        return [v] * (row.arity or 1), {}
+    if row.group in ELEMENTWISE_GROUPS:
+        if name == "where":
+            return [x > 0, x, -x], {}
+        pos = np.abs(x) + 0.5 if name in ("log", "log2", "log1p", "sqrt", "rsqrt", "pow") else x
+        if name in ("asin", "acos"):
+            pos = np.clip(x, -0.9, 0.9)
+        if name in ("logical_not", "logical_and", "logical_or", "logical_xor"):
+            pos = x > 0
+        return [pos] * row.arity, {}
+    nchw, w = _f32(1, 3, 6, 6), _f32(4, 3, 3, 3)
+    examples = {
+        "astype": ([x], {"dtype": "float64"}),
+        "reshape": ([x], {"shape": (3, 2)}),
+        "transpose": ([x], {"axes": (1, 0)}),
+        "expand_dims": ([x], {"axis": 0}),
+        "squeeze": ([x[None]], {"axis": 0}),
+        "broadcast_to": ([x], {"shape": (4, 2, 3)}),
+        "var": ([x], {"axis": 1}), "std": ([x], {"axis": 1}),
+        "softmax": ([x], {"axis": 1}), "log_softmax": ([x], {"axis": 1}),
+        "cumsum": ([x], {"axis": 1}), "cumprod": ([x], {"axis": 1}),
+        "sort": ([x], {"axis": 1}), "argsort": ([x], {"axis": 1}),
+        "topk": ([x], {"k": 2, "axis": 1}),
+        "getitem": ([x, np.array([1, 0], np.int32)], {}),
+        "setitem": ([x.copy(), (0, 1), 5.0], {}),
+        "nonzero": ([x > 0], {}),
+        "gather": ([x, np.array([[0, 2, 1], [1, 1, 0]], np.int32)], {"axis": 1}),
+        "scatter": ([x, np.array([[0, 2, 1], [1, 1, 0]], np.int32), _f32(2, 3)], {"axis": 1}),
+        "embedding": ([x, np.array([1, 0, 1], np.int32)], {}),
+        "concat": ([x, x], {"axis": 0}),
+        "stack": ([x, x], {"axis": 0}),
+        "split": ([x], {"nsplits_or_sections": 3, "axis": 1}),
+        "matmul": ([x, _f32(3, 4)], {}),
+        "conv2d": ([nchw, w, None], {"padding": 1}),
+        "conv2d_act": ([nchw, w, _f32(4), None], {"padding": 1, "act": "relu"}),
+        "conv_transpose2d": ([nchw, _f32(3, 2, 3, 3), None], {"stride": 2}),
+        "attention": ([_f32(1, 2, 3, 4), _f32(1, 2, 5, 4), _f32(1, 2, 5, 4), None], {"scale": 0.5}),
+        "max_pool2d": ([nchw], {"kernel_size": 2}),
+        "avg_pool2d": ([nchw], {"kernel_size": 2}),
+        "adaptive_avg_pool2d": ([nchw], {"output_size": 2}),
+        "adaptive_max_pool2d": ([nchw], {"output_size": 2}),
+        "interpolate": ([nchw], {"scale_factor": 2, "mode": "bilinear"}),
+        "pad": ([nchw], {"pad_width": ((0, 0), (0, 0), (1, 1), (2, 0)), "mode": "reflect"}),
+        "to_nchwc": ([nchw], {}),
+        "from_nchwc": ([_f32(1, 1, 6, 6, 16)], {"channels": 3}),
+        "max_pool2d_nchwc": ([_f32(1, 1, 6, 6, 16)], {"kernel_size": 2}),
+    }
+    if row.group == "reduce" and name not in examples:
+        return [x], {"axis": 1}
+    if name.startswith("conv2d_nchwc"):
+        return _nchwc_example(name)
+    return examples[name]
+
+
+def _nchwc_example(name):
+    x = _f32(1, 1, 6, 6, 16)
+    pw, dw, pj = _f32(16, 16, 1, 1), _f32(16, 1, 3, 3), _f32(16, 16, 1, 1)
+    if name == "conv2d_nchwc":
+        return [x, _f32(16, 16, 3, 3), _f32(16), None], {"padding": 1}
+    if name == "conv2d_nchwc_pw_dw":
+        return [x, pw, _f32(16), dw, _f32(16)], {"padding": 1}
+    return [x, pw, _f32(16), dw, _f32(16), pj, _f32(16), None], {"padding": 1}
+
+
+def _on(v, device):
+    if isinstance(v, np.ndarray):
+        return mt.tensor(v, device=device)
+    return v
+
+
+def _run(name, device):
+    inputs, params = _example(name)
+    inputs = [_on(v, device) for v in inputs]
+    if name in ("gather", "scatter"):       # their functions take axis second
+        from mgtrace._core import index
+        return getattr(index, name)(inputs[0], params["axis"], *inputs[1:])
+    out = mt.apply(mt.OpDef(name, params), *inputs)
+    return inputs[0] if name == "setitem" else out      # in place: the written tensor
+
+
+def _values(out):
+    if isinstance(out, (tuple, list)):
+        return [_values(o) for o in out]
+    return out.numpy() if isinstance(out, mt.Tensor) else out
+
+
+def _assert_same(got, want):
+    if isinstance(want, list):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _assert_same(g, w)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_every_op_has_an_example():
+    # the op table is the list: a new op needs an example here too
+    for name in op_table.OPS:
+        inputs, params = _example(name)
+        _run(name, "cpu")       # and it runs on the CPU
+
+
+@pytest.mark.parametrize("name", sorted(op_table.OPS))
+def test_op_on_a_device_without_kernels_raises_the_one_text_or_runs(name, fake_device):
+    """No kernel tables at all: the op raises NoKernelError with the one
+    text (naming the device and a dtype), or runs its fallback / needs no
+    kernel, giving the CPU's values."""
+    want = _values(_run(name, "cpu"))
+    dev = fake_device(())
+    try:
+        got = _run(name, dev)
+    except NoKernelError as e:
+        m = MISSING.match(str(e))
+        assert m, str(e)
+        assert m.group(2) == "cuda:0"
+        assert m.group(3) in mt.DTYPES
+        return
+    # it ran: a view (or an op found on the host), or one with a fallback
+    assert op_table.OPS[name].fallback or mt.has_kernel(name, dev), \
+        f"{name} ran on a device without kernels"
+    fake_device(ALL_AREAS)      # reading a view back copies it: kernels for that
+    _assert_same(_values(got), want)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, r in op_table.OPS.items() if r.group == "nn"))
+def test_nn_op_without_its_kernel_raises_naming_itself_or_runs_its_fallback(name, fake_device):
+    """The other areas present, nn empty (a device like CUDA, without the
+    CPU-only kernels): each nn op names itself, or runs its fallback."""
+    want = _values(_run(name, "cpu"))
+    dev = fake_device(("elementwise", "reduce", "linalg", "index"))
+    if op_table.OPS[name].fallback:
+        _assert_same(_values(_run(name, dev)), want)
+        assert not mt.has_kernel(name, dev, "float32")
+        return
+    with pytest.raises(NoKernelError, match=f"^no kernel for op '{name}' on device cuda:0 with dtype float32$"):
+        _run(name, dev)
+    assert not mt.has_kernel(name, dev, "float32")
+
+
+@pytest.mark.parametrize("name", sorted(op_table.OPS))
+def test_every_op_runs_through_a_second_backend_with_the_cpus_tables(name, fake_device):
+    """With every CPU table installed on cuda:0 (device memory: every
+    crossing a copy), each op gives the CPU's values: the ops reach kernels
+    only through the device's backend."""
+    want = _values(_run(name, "cpu"))
+    dev = fake_device(ALL_AREAS)
+    _assert_same(_values(_run(name, dev)), want)
+
+
+def test_has_kernel_on_the_cpu_answers_per_dtype():
+    assert mt.has_kernel("add", "cpu", "float32")
+    assert mt.has_kernel("conv2d_nchwc", "cpu", "float32")
+    assert not mt.has_kernel("conv2d_nchwc", "cpu", "float64")
+    assert mt.has_kernel("conv2d", "cpu:1", "float64")
+    assert not mt.has_kernel("conv2d", "cpu", "int32")
+    assert mt.has_kernel("matmul", "cpu", "int64")
+    assert not mt.has_kernel("matmul", "cpu", "bool")
+    assert mt.has_kernel("reshape", "cpu", "bool")          # views run no kernel
+    assert mt.has_kernel("sum", "cpu", "int8")
+    with pytest.raises(KeyError, match="no core op"):
+        mt.has_kernel("conv3d", "cpu")
+
+
+def test_has_kernel_follows_the_device_backend(fake_device):
+    dev = fake_device(("elementwise",))
+    assert mt.has_kernel("add", dev, "float32")
+    assert not mt.has_kernel("sum", dev, "float32")
+    assert not mt.has_kernel("matmul", dev, "float32")
+    assert not mt.has_kernel("conv2d", dev, "float32")
+
+
+def test_a_device_type_without_its_backend_is_unavailable():
+    # no CUDA extension here (or no GPU): placement raises DeviceUnavailable,
+    # a DeviceError and a NotImplementedError, with one wording
+    if mt.cuda_available():
+        pytest.skip("a GPU is present")
+    x = mt.tensor([1.0])
+    with pytest.raises(DeviceUnavailable, match=r"^device cuda:0 is not available: .*mgtrace doctor"):
+        x.to("cuda:0")
+    with pytest.raises(NotImplementedError):
+        mt.tensor([1.0], device="cuda:0")
