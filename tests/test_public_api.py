@@ -11,7 +11,8 @@ from pathlib import Path
 
 EXPECT = Path(__file__).resolve().parent / "public_api.txt"
 PACKAGES = ("mgtrace", "mgtrace.functional", "mgtrace.module", "mgtrace.random",
-            "mgtrace.traced_module", "mgtrace.serialization", "mgtrace.batch", "mgtrace.cuda")
+            "mgtrace.traced_module", "mgtrace.serialization", "mgtrace.batch", "mgtrace.cuda",
+            "mgtrace.autodiff", "mgtrace.optimizer")
 
 
 def _sig(obj):

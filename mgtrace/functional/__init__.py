@@ -3,7 +3,7 @@
     import mgtrace.functional as F
     y = F.relu(F.conv2d(x, w, b, padding=1))
 
-Four modules, one concept each:
+Five modules, one concept each:
 
 - :mod:`~mgtrace.functional.math`: elementwise math, comparison and logic,
   reductions, norm, sorting, matmul/dot.
@@ -11,6 +11,8 @@ Four modules, one concept each:
   normalization, activations, softmax, dropout, embedding, pad, interpolate.
 - :mod:`~mgtrace.functional.tensor`: reshaping, joining, indexing, repeat/tile,
   and creation (zeros, ones, full, arange, linspace, eye, ..._like).
+- :mod:`~mgtrace.functional.loss`: MegEngine's losses (cross_entropy,
+  binary_cross_entropy, nll_loss, l1_loss, square_loss/mse_loss, smooth_l1_loss).
 - :mod:`~mgtrace.functional.fused`: a layer and its activation in one kernel
   call (conv2d_act, linear_act), attention, and convolutions in the
   NCHW16c layout (conv2d_nchwc, conv2d_nchwc_pw_dw, conv2d_nchwc_pw_dw_pw,
@@ -25,10 +27,10 @@ Every public name is listed in ``__all__``.
 """
 import importlib as _importlib
 
-from mgtrace.functional import fused, math, nn, tensor  # noqa: F401  (submodules)
+from mgtrace.functional import fused, loss, math, nn, tensor  # noqa: F401  (submodules)
 from mgtrace.functional import _trace
 
-for _m in (math, nn, tensor, fused):       # the tracer records calls of these (see _trace)
+for _m in (math, nn, tensor, fused, loss):       # the tracer records calls of these (see _trace)
     _trace.wrap_public(_m)
 from mgtrace.functional.math import *  # noqa: F401,F403
 from mgtrace.functional.math import __all__ as _math_all
@@ -36,10 +38,12 @@ from mgtrace.functional.nn import *  # noqa: F401,F403
 from mgtrace.functional.nn import __all__ as _nn_all
 from mgtrace.functional.tensor import *  # noqa: F401,F403
 from mgtrace.functional.tensor import __all__ as _tensor_all
+from mgtrace.functional.loss import *  # noqa: F401,F403
+from mgtrace.functional.loss import __all__ as _loss_all
 from mgtrace.functional.fused import (attention, conv2d_act, conv2d_nchwc, conv2d_nchwc_pw_dw,  # noqa: F401
                                       conv2d_nchwc_pw_dw_pw, from_nchwc, linear_act, max_pool2d_nchwc, to_nchwc)
 
-__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all)
+__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all) | set(_loss_all)
                  | {"attention", "conv2d_act", "linear_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
                     "conv2d_nchwc_pw_dw_pw", "max_pool2d_nchwc", "to_nchwc", "from_nchwc"})
 
