@@ -386,6 +386,9 @@ def _matmul_rule(c, g):
         if a.ndim == 1:          # [..., 1, k]: a was shared by every batch
             ga = ga.reshape(-1, a.shape[0]).sum(axis=0)
     if c.needs(1):
+        if b.ndim == 2 and a.ndim > 2:     # a weight shared by a batch: one GEMM over all rows
+            gb = F.matmul(_swap(a.reshape(-1, a.shape[-1])), g.reshape(-1, g.shape[-1]))
+            return ga, gb
         gb = F.matmul(_swap(a2), g2)
         if b.ndim == 1:          # [..., k, 1]
             gb = gb.reshape(-1, b.shape[0]).sum(axis=0)
