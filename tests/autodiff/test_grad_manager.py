@@ -190,3 +190,15 @@ def test_detach_in_a_traced_module_is_a_graph_node(tmp_path):
         gm.backward(back(w).sum())
     np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0])
     np.testing.assert_allclose(back(x).numpy(), [5.0, -5.0])
+
+
+def test_dropout_in_training_scales_the_kept_gradients():
+    mt.random.seed(3)
+    w = mt.tensor(np.ones((50,)))
+    gm = GradManager().attach(w)
+    with gm:
+        y = F.dropout(w, 0.25, training=True)
+        gm.backward(y.sum())
+    kept = y.numpy() != 0
+    assert 0 < kept.sum() < 50
+    np.testing.assert_allclose(w.grad.numpy(), kept / 0.75)
