@@ -23,6 +23,8 @@ it is saved, and a write in place since then makes backward raise
 :class:`~mgtrace.errors.AutodiffError` (PyTorch's version counter; the
 core's per-storage count of in-place writes).
 """
+import weakref
+
 from mgtrace._core import Tensor
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import op_table as _op_table
@@ -30,6 +32,7 @@ from mgtrace._core import trace_hooks as _hooks
 from mgtrace.errors import AutodiffError
 
 _recording = set()     # session tokens of the managers now recording
+_by_storage = {}       # storage id -> {id: weakref} of the tensors recorded in it (views share one)
 _no_grad_depth = 0
 
 
@@ -143,8 +146,10 @@ def record(op, inputs):
             _clear_history(out, f"op {name!r}")
         return res
     rule = RULES.get(name)
-    if out is not None and type(out) is Tensor and out.__dict__.get("_ad_managers"):
-        _clear_history(out, f"op {name!r}")
+    if out is not None and isinstance(out, Tensor):
+        if out.__dict__.get("_ad_managers"):
+            _clear_history(out, f"op {name!r}")
+        _check_no_view_peers(out, name)
     saved_in = None
     if rule is not None and rule.saves_inputs:
         saved_in = []
@@ -177,7 +182,25 @@ def record(op, inputs):
     for i, o in enumerate(outs):
         if isinstance(o, Tensor) and is_float(o):
             o.__dict__["_ad"] = (node, i)
+            _by_storage.setdefault(o._storage_id(), {})[id(o)] = weakref.ref(o)
     return res
+
+
+def _check_no_view_peers(out, name):
+    """An in-place write into ``out`` while another recorded tensor shares
+    its memory (a view of it, or it a view of that one) would change that
+    tensor's values behind its history: refused, never a wrong gradient."""
+    peers = _by_storage.get(out._storage_id())
+    if not peers:
+        return
+    for ref in list(peers.values()):
+        t = ref()
+        if t is not None and t is not out and edge_of(t) is not None:
+            raise AutodiffError(
+                f"op {name!r} writes in place into a tensor of shape {out.shape} that shares "
+                f"memory with another recorded tensor (shape {t.shape}: a view of it, or it a "
+                "view of that one); gradients through the other would miss the write. Write "
+                "out of place (y = x + 1), or copy the view first")
 
 
 class Recorder(_hooks.TraceHook):
@@ -238,6 +261,8 @@ def start(session):
 
 def stop(session):
     _recording.discard(session)
+    if not _recording:
+        _by_storage.clear()
     if not _recording and _hooks.active is RECORDER:
         _hooks._dispatch._install_hook(None, False)
         _hooks.active = None

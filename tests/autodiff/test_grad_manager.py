@@ -200,3 +200,17 @@ def test_dropout_in_training_scales_the_kept_gradients():
     kept = y.numpy() != 0
     assert 0 < kept.sum() < 50
     np.testing.assert_allclose(w.grad.numpy(), kept / 0.75)
+
+
+def test_inplace_write_through_a_view_of_a_recorded_tensor_raises():
+    w = mt.tensor([1.0, 2.0, 3.0])
+    gm = GradManager().attach(w)
+    with gm:
+        h = w * 2.0
+        v = h[0:2]                 # a view of h
+        with pytest.raises(AutodiffError, match="shares memory with another recorded tensor"):
+            v *= 3.0
+        h2 = w * 2.0
+        h2 += 1.0                  # nothing else views h2: fine
+        gm.backward(h2.sum())
+    np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0, 2.0])
