@@ -101,7 +101,8 @@ def _clear_history(t, what):
     optimizer's update runs inside one, and the version count guards
     whatever a pending backward saved of it)."""
     d = t.__dict__
-    if not _no_grad_depth and d.get("_ad_managers") and any(gm._session is not None for gm in d["_ad_managers"]):
+    if not _no_grad_depth and d.get("_ad_managers") and any(
+            gm._session is not None for gm in d["_ad_managers"]):
         raise AutodiffError(
             f"{what} writes in place into a parameter attached to a recording GradManager; "
             "update parameters outside the 'with gm:' block (after gm.backward), or under "
@@ -384,7 +385,8 @@ def _run_rule(node, gouts):
             f"no gradient is defined for op {node.name!r} (a gradient was asked through it); "
             "see mgtrace.autodiff.rules for the ops that have one, or detach() its inputs")
     if node.versions is None:
-        raise AutodiffError(f"op {node.name!r}: its saved tensors were freed by an earlier backward")
+        raise AutodiffError(f"op {node.name!r}: its saved tensors were freed by an earlier "
+                            "backward")
     for t, v in node.versions:
         if t._version != v:
             raise AutodiffError(

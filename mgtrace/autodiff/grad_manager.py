@@ -9,7 +9,6 @@
 from mgtrace._core import Tensor
 from mgtrace._core import tensor as _make_tensor
 from mgtrace.autodiff import _tape
-from mgtrace.errors import AutodiffError
 
 __all__ = ["GradManager"]
 
@@ -141,7 +140,8 @@ class GradManager:
             roots = []
             for t, d in zip(ys, dys):
                 if not isinstance(t, Tensor):
-                    raise TypeError(f"GradManager.backward: y must be Tensors, not {type(t).__name__}")
+                    raise TypeError(f"GradManager.backward: y must be Tensors, not "
+                                    f"{type(t).__name__}")
                 if d is None:
                     d = _ones_like(t)
                 else:

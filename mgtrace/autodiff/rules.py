@@ -119,6 +119,11 @@ def _where_tie(a, b, g, pick):
     return g * (win + eq * 0.5)
 
 
+def _minmax2(c, g, wins):
+    a, b = c.inputs
+    return _where_tie(a, b, g, wins(a, b)), _where_tie(a, b, g, wins(b, a))
+
+
 def _pow_x(c, g):
     x, y = c.inputs[0], c.inputs[1]
     # PyTorch: 0 where y == 0 (x ** 0 is constant), else y * x ** (y - 1)
@@ -148,10 +153,8 @@ def _binary():
             -g * c.inputs[0] / (c.inputs[1] * c.inputs[1]) if c.needs(1) else None)),
         "pow": ("i", lambda c, g: (_pow_x(c, g) if c.needs(0) else None,
                                    _pow_y(c, g) if c.needs(1) else None)),
-        "maximum": ("i", lambda c, g: (_where_tie(c.inputs[0], c.inputs[1], g, c.inputs[0] > c.inputs[1]),
-                                       _where_tie(c.inputs[0], c.inputs[1], g, c.inputs[1] > c.inputs[0]))),
-        "minimum": ("i", lambda c, g: (_where_tie(c.inputs[0], c.inputs[1], g, c.inputs[0] < c.inputs[1]),
-                                       _where_tie(c.inputs[0], c.inputs[1], g, c.inputs[1] < c.inputs[0]))),
+        "maximum": ("i", lambda c, g: _minmax2(c, g, lambda a, b: a > b)),
+        "minimum": ("i", lambda c, g: _minmax2(c, g, lambda a, b: a < b)),
         "atan2": ("i", lambda c, g: _atan2(c.inputs[0], c.inputs[1], g)),
         # floor division is piecewise constant; x mod y = x - floor(x / y) * y
         "floordiv": ("i", lambda c, g: (g * 0, g * 0)),
@@ -262,7 +265,8 @@ def _prod_rule(c, g):
     flat = xt.reshape(tuple(shape[a] for a in rest) + (m,))
     a = flat.numpy().astype(np.float64)
     left = np.cumprod(np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :-1]], -1), -1)
-    right = np.cumprod(np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :0:-1]], -1), -1)[..., ::-1]
+    right = np.cumprod(np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :0:-1]], -1),
+                       -1)[..., ::-1]
     others = F.astype(Tensor(left * right), x.dtype)
     others = others.reshape(xt.shape)
     inv = [0] * x.ndim

@@ -73,7 +73,8 @@ CASES = {
     # casts and views
     # float32 holds x and x +- 1/4 exactly (EPS below): the round trip loses nothing
     "astype": (lambda x: x.astype("float32").astype("float64") * 1.0, [((3, 4), ("grid",))]),
-    "reshape": (lambda x: x.reshape(4, 3) * mt.tensor(np.arange(12.0).reshape(4, 3)), [((3, 4), _u())]),
+    "reshape": (lambda x: x.reshape(4, 3) * mt.tensor(np.arange(12.0).reshape(4, 3)),
+                [((3, 4), _u())]),
     "transpose": (lambda x: x.transpose(2, 0, 1), [((2, 3, 4), _u())]),
     "expand_dims": (lambda x: F.expand_dims(x, (0, 2)), [((3, 4), _u())]),
     "squeeze": (lambda x: F.squeeze(x, 1), [((3, 1, 4), _u())]),
@@ -142,7 +143,8 @@ EXTRA = {   # second cases for shapes the first does not reach
     "conv_transpose2d_groups": (lambda x, w: F.conv_transpose2d(x, w, None, stride=2, groups=2,
                                                                 dilation=2),
                                 [((1, 4, 3, 3), _u()), ((4, 1, 2, 2), _u())]),
-    "max_pool2d_ceil": (lambda x: F.max_pool2d(x, 2, stride=2, ceil_mode=True), [((1, 2, 5, 5), _u())]),
+    "max_pool2d_ceil": (lambda x: F.max_pool2d(x, 2, stride=2, ceil_mode=True),
+                        [((1, 2, 5, 5), _u())]),
     "avg_pool2d_exclude": (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1,
                                                   mode="average_count_exclude_padding"),
                            [((1, 2, 5, 6), _u())]),

@@ -34,8 +34,8 @@ def test_cross_entropy_probabilities_and_nll():
     y = rng.integers(0, 4, size=6)
     p = np.exp(_logsoftmax(x, 1))
     want = -np.log(p[np.arange(6), y]).mean()
-    np.testing.assert_allclose(F.cross_entropy(mt.tensor(p), mt.tensor(y), with_logits=False).item(),
-                               want, rtol=1e-12)
+    np.testing.assert_allclose(
+        F.cross_entropy(mt.tensor(p), mt.tensor(y), with_logits=False).item(), want, rtol=1e-12)
     np.testing.assert_allclose(F.nll_loss(mt.tensor(np.log(p)), mt.tensor(y)).item(), want,
                                rtol=1e-12)
 
@@ -49,8 +49,8 @@ def test_regression_losses():
                                (d * d).sum())
     assert F.mse_loss is F.square_loss
     hub = np.where(np.abs(d) < 0.5, 0.5 * d * d / 0.5, np.abs(d) - 0.25)
-    np.testing.assert_allclose(F.smooth_l1_loss(mt.tensor(a), mt.tensor(b), "none", beta=0.5).numpy(),
-                               hub)
+    np.testing.assert_allclose(
+        F.smooth_l1_loss(mt.tensor(a), mt.tensor(b), "none", beta=0.5).numpy(), hub)
 
 
 def test_binary_cross_entropy():
