@@ -75,7 +75,10 @@ def square_loss(pred, label, reduction="mean"):
     return _reduce("square_loss", d * d, reduction)
 
 
-mse_loss = square_loss
+def mse_loss(pred, label, reduction="mean"):
+    """:func:`square_loss` under PyTorch's name (its own function, so that
+    archives record the name a model called)."""
+    return square_loss(pred, label, reduction)
 
 
 def smooth_l1_loss(pred, label, reduction="mean", beta=1.0):
