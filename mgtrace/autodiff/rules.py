@@ -297,11 +297,12 @@ def _cumsum_rule(c, g):
 # ------------------------------------------------------------- indexing, joining
 def _index_add(shape, dtype, index, g):
     """zeros(shape) with ``g`` added at ``index`` (repeated indices add up:
-    NumPy's ``np.add.at``; host memory)."""
-    acc = np.zeros(shape, dtype=np.float64)
-    idx = _np_index(index)
-    np.add.at(acc, idx, g.numpy().astype(np.float64))
-    return Tensor(acc.astype(dtype))
+    NumPy's ``np.add.at``; host memory), summed in float32 or float64 as
+    ``dtype`` is (float16 and bfloat16 in float32)."""
+    wide = np.float64 if dtype == np.float64 else np.float32
+    acc = np.zeros(shape, dtype=wide)
+    np.add.at(acc, _np_index(index), g.numpy().astype(wide, copy=False))
+    return Tensor(acc if acc.dtype == dtype else acc.astype(dtype))
 
 
 def _np_index(index):
