@@ -8,7 +8,7 @@ mgtrace raised on purpose), ``mgtrace.ArchiveError``, or plain ``ValueError``.
 import difflib
 
 __all__ = ["Error", "ArchiveError", "RegistryError", "VersionError", "DeviceError",
-           "DeviceUnavailable", "NoKernelError", "did_you_mean"]
+           "DeviceUnavailable", "NoKernelError", "AutodiffError", "did_you_mean"]
 
 
 class Error(Exception):
@@ -71,3 +71,9 @@ class VersionError(ArchiveError):
     """An archive needs a newer reader (format, function or module-type
     version), or an old version has no upgrader. The message names both
     versions."""
+
+
+class AutodiffError(Error, RuntimeError):
+    """A gradient cannot be computed: an op with no gradient rule on the
+    path, a tensor saved for backward written in place since, a parameter
+    written in place while a GradManager records it."""

@@ -12,7 +12,8 @@ from pathlib import Path
 EXPECT = Path(__file__).resolve().parent / "public_api.txt"
 PACKAGES = ("mgtrace", "mgtrace.functional", "mgtrace.module", "mgtrace.random",
             "mgtrace.traced_module", "mgtrace.serialization", "mgtrace.batch", "mgtrace.cuda",
-            "mgtrace.onnx", "mgtrace.quantization", "mgtrace.module.qat", "mgtrace.megengine")
+            "mgtrace.onnx", "mgtrace.quantization", "mgtrace.module.qat", "mgtrace.megengine",
+            "mgtrace.autodiff", "mgtrace.optimizer")
 
 
 def _sig(obj):

@@ -161,6 +161,7 @@ ELEMENTWISE = {n: tuple(op.name for op in _ROWS if op.arity == n and op.group in
 # is the identity, spelled as Python's unary plus.
 TENSOR_ONLY_METHODS = {
     "copy": "node", "contiguous": "node", "view": "node", "flatten": "node", "permute": "node",
+    "detach": "node",       # identity in a graph; stops gradients (mgtrace.autodiff)
     "to": "value", "item": "value", "numpy": "value", "tolist": "value", "shape": "value",
 }
 POS = Op("pos", "identity", _X, method="__pos__", symbol="+", pyop="pos")

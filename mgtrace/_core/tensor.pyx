@@ -910,6 +910,9 @@ cdef class Tensor:
     """
     # NumPy defers to our reflected operators: ndarray + Tensor -> Tensor
     __array_ufunc__ = None
+    # autodiff (mgtrace.autodiff): the gradient GradManager.backward
+    # accumulates; an instance attribute once set (MegEngine's Tensor.grad)
+    grad = None
 
     def __cinit__(self):
         self._st = NULL
@@ -1020,6 +1023,19 @@ cdef class Tensor:
 
     def _storage_id(self):
         return <size_t>self._st
+
+    @property
+    def _version(self):
+        """The storage's count of in-place writes (autodiff checks that a
+        tensor saved for backward was not written since)."""
+        return self._st.version
+
+    def detach(self):
+        """A tensor sharing self's memory that no GradManager records
+        (MegEngine's ``Tensor.detach``): gradients do not flow through it."""
+        if _tracing[0]:     # no core op: the hook (tracer or autodiff recorder) decides
+            return _hook.on_method(self, "detach", ())
+        return view_of(self, self._ndim, self._shape, self._strides, 0)
 
     # ---- conversion
     def numpy(self):

@@ -12,6 +12,8 @@ Five modules, one concept each:
 - :mod:`~mgtrace.functional.tensor`: reshaping, joining, indexing, repeat/tile,
   and creation (zeros, ones, full, arange, linspace, eye, ..._like).
 - :mod:`~mgtrace.functional.einstein`: ``einsum``, contracted through the GEMM.
+- :mod:`~mgtrace.functional.loss`: MegEngine's losses (cross_entropy,
+  binary_cross_entropy, nll_loss, l1_loss, square_loss/mse_loss, smooth_l1_loss).
 - :mod:`~mgtrace.functional.fused`: a layer and its activation in one kernel
   call (conv2d_act, linear_act), attention, and convolutions in the
   NCHW16c layout (conv2d_nchwc, conv2d_nchwc_pw_dw, conv2d_nchwc_pw_dw_pw,
@@ -26,10 +28,10 @@ Every public name is listed in ``__all__``.
 """
 import importlib as _importlib
 
-from mgtrace.functional import einstein, fused, math, nn, tensor  # noqa: F401  (submodules)
+from mgtrace.functional import einstein, fused, loss, math, nn, tensor  # noqa: F401  (submodules)
 from mgtrace.functional import _trace
 
-for _m in (math, nn, tensor, fused, einstein):   # the tracer records calls of these (_trace)
+for _m in (math, nn, tensor, fused, einstein, loss):   # the tracer records calls of these (_trace)
     _trace.wrap_public(_m)
 from mgtrace.functional.math import *  # noqa: F401,F403
 from mgtrace.functional.math import __all__ as _math_all
@@ -38,10 +40,12 @@ from mgtrace.functional.nn import __all__ as _nn_all
 from mgtrace.functional.tensor import *  # noqa: F401,F403
 from mgtrace.functional.tensor import __all__ as _tensor_all
 from mgtrace.functional.einstein import einsum  # noqa: F401
+from mgtrace.functional.loss import *  # noqa: F401,F403
+from mgtrace.functional.loss import __all__ as _loss_all
 from mgtrace.functional.fused import (attention, conv2d_act, conv2d_nchwc, conv2d_nchwc_pw_dw,  # noqa: F401
                                       conv2d_nchwc_pw_dw_pw, from_nchwc, linear_act, max_pool2d_nchwc, to_nchwc)
 
-__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all) | {"einsum"}
+__all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all) | set(_loss_all) | {"einsum"}
                  | {"attention", "conv2d_act", "linear_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
                     "conv2d_nchwc_pw_dw_pw", "max_pool2d_nchwc", "to_nchwc", "from_nchwc"})
 

@@ -35,7 +35,7 @@ SKIP = {
     "__len__",
     # metadata, no values (``shape`` is recorded as a shape read: test_trace_shapes.py)
     "shape", "ndim", "size", "dtype", "device", "strides", "itemsize", "nbytes",
-    "is_contiguous", "readonly", "data_ptr", "name",
+    "is_contiguous", "readonly", "data_ptr", "name", "grad",
     # device movers: a graph is traced on one device
     "to",
     # zero-copy exchange: memory, not a computation
@@ -60,6 +60,7 @@ RECIPES = {
     "flatten": lambda x: x.flatten(),
     "permute": lambda x: x.permute(1, 0),
     "copy": lambda x: x.copy(),
+    "detach": lambda x: x.detach(),
     "contiguous": lambda x: x.T.contiguous(),      # a strided input: a real copy
     "T": lambda x: x.T,
     "__copy__": lambda x: copy.copy(x),

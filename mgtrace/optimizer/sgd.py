@@ -1,0 +1,98 @@
+"""SGD, Adam and AdamW (MegEngine's update rules, which are PyTorch's)."""
+from mgtrace.optimizer.optimizer import _REQUIRED, Optimizer, write
+
+__all__ = ["SGD", "Adam", "AdamW"]
+
+
+def _check(name, **kw):
+    for k, v in kw.items():
+        if v < 0:
+            raise ValueError(f"{name}: {k} must be >= 0, got {v}")
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum (MegEngine's ``SGD``)::
+
+        g = grad + weight_decay * p
+        buf = momentum * buf + g                 (buf = g at the first step)
+        p -= lr * (g + momentum * buf if nesterov else buf)
+
+    Args:
+        params: tensors or parameter groups (see :class:`Optimizer`).
+        lr: learning rate (> 0... 0 allowed).
+        momentum, weight_decay: >= 0.
+        nesterov: Nesterov momentum (needs momentum > 0).
+
+    Raises:
+        ValueError: a negative hyperparameter, or nesterov without momentum.
+    """
+
+    def __init__(self, params, lr=_REQUIRED, momentum=0.0, nesterov=False, weight_decay=0.0):
+        if lr is not _REQUIRED:
+            _check("SGD", lr=lr)
+        _check("SGD", momentum=momentum, weight_decay=weight_decay)
+        if nesterov and momentum <= 0:
+            raise ValueError("SGD: nesterov needs momentum > 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
+                                      weight_decay=weight_decay))
+
+    def _update(self, p, g, st, group):
+        if group["weight_decay"]:
+            g = g + p * group["weight_decay"]
+        m = group["momentum"]
+        if m:
+            buf = st.get("momentum_buffer")
+            buf = g.copy() if buf is None else buf * m + g
+            st["momentum_buffer"] = buf
+            g = g + buf * m if group["nesterov"] else buf
+        write(p, p - g * group["lr"])
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba 2015; MegEngine's ``Adam``)::
+
+        g = grad + weight_decay * p                       (L2, in the gradient)
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    Raises:
+        ValueError: a negative hyperparameter, a beta outside [0, 1).
+    """
+    _decoupled = False
+
+    def __init__(self, params, lr=_REQUIRED, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        if lr is not _REQUIRED:
+            _check(type(self).__name__, lr=lr)
+        _check(type(self).__name__, eps=eps, weight_decay=weight_decay)
+        for b in betas:
+            if not 0.0 <= b < 1.0:
+                raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def _update(self, p, g, st, group):
+        b1, b2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        if wd and not self._decoupled:
+            g = g + p * wd
+        step = st.get("step", 0) + 1
+        st["step"] = step
+        m = st.get("exp_avg")
+        v = st.get("exp_avg_sq")
+        m = g * (1 - b1) if m is None else m * b1 + g * (1 - b1)
+        v = g * g * (1 - b2) if v is None else v * b2 + g * g * (1 - b2)
+        st["exp_avg"], st["exp_avg_sq"] = m, v
+        from mgtrace import functional as F
+        upd = (m * (1 / (1 - b1 ** step))) / (F.sqrt(v * (1 / (1 - b2 ** step))) + group["eps"])
+        new = p * (1 - lr * wd) if wd and self._decoupled else p
+        write(p, new - upd * lr)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov and Hutter 2019;
+    MegEngine's ``AdamW``): ``p -= lr * weight_decay * p`` beside the Adam
+    step, not through the gradient. Default weight_decay 0.01."""
+    _decoupled = True
+
+    def __init__(self, params, lr=_REQUIRED, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, lr, betas, eps, weight_decay)

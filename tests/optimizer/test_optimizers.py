@@ -1,0 +1,121 @@
+"""SGD / Adam / AdamW steps against the update formulas written out in
+NumPy (MegEngine's = PyTorch's), clipping, schedules and state_dict."""
+import math
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+from mgtrace import optimizer as optim
+
+
+def _run(opt_cls, kw, steps=3, seed=0):
+    rng = np.random.default_rng(seed)
+    p0 = rng.normal(size=(3, 2))
+    grads = [rng.normal(size=(3, 2)) for _ in range(steps)]
+    p = mt.tensor(p0.astype(np.float64))
+    opt = opt_cls([p], **kw)
+    for g in grads:
+        p.grad = mt.tensor(g)
+        opt.step()
+    return p0, grads, p.numpy(), opt
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.1),
+                                                  (0.9, True, 0.0)])
+def test_sgd(momentum, nesterov, wd):
+    p0, grads, got, _ = _run(optim.SGD, dict(lr=0.1, momentum=momentum, nesterov=nesterov,
+                                             weight_decay=wd))
+    p, buf = p0.copy(), None
+    for g in grads:
+        g = g + wd * p
+        if momentum:
+            buf = g.copy() if buf is None else momentum * buf + g
+            g = g + momentum * buf if nesterov else buf
+        p = p - 0.1 * g
+    np.testing.assert_allclose(got, p, rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls,wd", [(optim.Adam, 0.0), (optim.Adam, 0.1), (optim.AdamW, 0.1)])
+def test_adam(cls, wd):
+    p0, grads, got, _ = _run(cls, dict(lr=0.01, betas=(0.8, 0.9), eps=1e-8, weight_decay=wd))
+    p, m, v = p0.copy(), 0.0, 0.0
+    for t, g in enumerate(grads, 1):
+        if cls is optim.Adam:
+            g = g + wd * p
+        m = 0.8 * m + 0.2 * g
+        v = 0.9 * v + 0.1 * g * g
+        upd = (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.9 ** t)) + 1e-8)
+        if cls is optim.AdamW:
+            p = p * (1 - 0.01 * wd)
+        p = p - 0.01 * upd
+    np.testing.assert_allclose(got, p, rtol=1e-10)
+
+
+def test_state_dict_round_trip_continues_identically():
+    p0, grads, _, opt = _run(optim.Adam, dict(lr=0.01), steps=2)
+    sd = opt.state_dict()
+    q = mt.tensor(np.ones((3, 2)))
+    r = mt.tensor(np.ones((3, 2)))
+    o1, o2 = optim.Adam([q], lr=0.5), optim.Adam([r], lr=0.5)
+    o1.load_state_dict(sd)
+    o2.load_state_dict(optim.Adam([mt.tensor(np.ones((3, 2)))], lr=0.5).state_dict() | sd)
+    for o, t in ((o1, q), (o2, r)):
+        t.grad = mt.tensor(np.full((3, 2), 0.5))
+        o.step()
+    np.testing.assert_allclose(q.numpy(), r.numpy())
+    assert o1.param_groups[0]["lr"] == 0.01
+    with pytest.raises(ValueError, match="buffer"):
+        optim.Adam([mt.tensor(np.ones(4))], lr=0.1).load_state_dict(sd)
+
+
+def test_clear_grad_and_skip_without_grad():
+    p = mt.tensor([1.0])
+    opt = optim.SGD([p], lr=1.0)
+    opt.step()                                 # no grad: unchanged
+    assert p.numpy().tolist() == [1.0]
+    p.grad = mt.tensor([2.0])
+    opt.step().clear_grad()
+    assert p.numpy().tolist() == [-1.0] and p.grad is None
+
+
+def test_clip_grad_norm_and_value():
+    a, b = mt.tensor([3.0, 0.0]), mt.tensor([4.0])
+    a.grad, b.grad = mt.tensor([3.0, 0.0]), mt.tensor([4.0])
+    total = optim.clip_grad_norm([a, b], 1.0)
+    assert total == pytest.approx(5.0)
+    np.testing.assert_allclose(a.grad.numpy(), [0.6, 0.0], rtol=1e-5)
+    np.testing.assert_allclose(b.grad.numpy(), [0.8], rtol=1e-5)
+    optim.clip_grad_value([a, b], -0.7, 0.7)
+    np.testing.assert_allclose(a.grad.numpy(), [0.6, 0.0], rtol=1e-5)
+    np.testing.assert_allclose(b.grad.numpy(), [0.7], rtol=1e-6)
+
+
+def test_schedules():
+    p = mt.tensor([1.0])
+    opt = optim.SGD([p], lr=1.0)
+    s = optim.MultiStepLR(opt, [2, 4], gamma=0.5)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        s.step()
+    assert lrs == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    opt2 = optim.SGD([mt.tensor([1.0])], lr=2.0)
+    c = optim.CosineAnnealingLR(opt2, T_max=4, eta_min=0.0)
+    got = []
+    for _ in range(6):
+        got.append(opt2.param_groups[0]["lr"])
+        c.step()
+    want = [2.0 * (1 + math.cos(math.pi * min(t, 4) / 4)) / 2 for t in range(6)]
+    np.testing.assert_allclose(got, want)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="nesterov"):
+        optim.SGD([mt.tensor([1.0])], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="needs 'lr'"):
+        optim.SGD([mt.tensor([1.0])])
+    with pytest.raises(ValueError, match="no parameters"):
+        optim.Adam([], lr=0.1)
+    with pytest.raises(ValueError, match="betas"):
+        optim.Adam([mt.tensor([1.0])], lr=0.1, betas=(1.0, 0.9))
