@@ -579,8 +579,13 @@ IMPORTERS = {
 def run_node(node, ins, opset):
     """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
     a = _attrs(node)
+    from mgtrace.onnx.importer import OnnxImportError
     try:
         outs = IMPORTERS[node.op_type](node, ins, a, opset)
-    except (KeyError, IndexError, AttributeError) as err:
+    except OnnxImportError:
+        raise
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as err:
+        # a mutated attribute (an int where ints belong, a missing list) or
+        # operands the op refuses: name the node rather than leak a traceback
         raise _err(node, f"inputs or attributes this importer cannot read ({err!r})") from None
     return list(outs) + [None] * (len(node.output) - len(outs))

@@ -205,6 +205,19 @@ def test_unsupported_op_names_it_and_its_node():
         mo.load(m.SerializeToString())
 
 
+def test_mistyped_attribute_and_complex_input_are_import_errors():
+    # a Conv whose 'strides' is an int (not ints), as a flipped byte can make it
+    m = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="c", strides=2)],
+               [_f32("x", [1, 1, 3, 3]), _f32("w", [1, 1, 1, 1])], [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="node 'c' \\(Conv\\): inputs or attributes"):
+        mo.load(m.SerializeToString())
+    # complex64 has a NumPy dtype but no mgtrace tensor dtype
+    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.COMPLEX64, [2])], [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="graph input 'x'.*no mgtrace tensor dtype"):
+        mo.load(m.SerializeToString())
+
+
 def test_load_from_a_file_object_and_gemm():
     rng = np.random.default_rng(3)
     w, c = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal(5).astype(
