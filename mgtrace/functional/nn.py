@@ -1260,8 +1260,11 @@ def logsumexp(inp, axis, keepdims=False):
     if x.dtype.kind not in "fV":
         x = _dispatch.astype(x, "float32")
     axes = _axes(fn, axis, x.ndim)
-    b = _reduce.max(x, axes, True)
-    b = _T["where"](_U["isfinite"](b), b, 0.0) if x.size else b
+    if x.size:
+        b = _reduce.max(x, axes, True)
+        b = _T["where"](_U["isfinite"](b), b, 0.0)
+    else:       # max has no identity; an empty sum is 0, so log(0) = -inf over empty axes
+        b = _reduce.sum(x, axes, True)
     s = _U["log"](_reduce.sum(_U["exp"](_B["sub"](x, b)), axes, True))
     y = _B["add"](s, b)
     return y if keepdims else y.squeeze(axes)

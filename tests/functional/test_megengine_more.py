@@ -137,6 +137,15 @@ def test_logsumexp_edges():
         F.logsumexp(t(x), (0, -2))
 
 
+def test_logsumexp_of_empty_axes_is_minus_inf():
+    # NumPy: log(sum(exp([]))) = log(0) = -inf; the empty line has no max to shift by
+    e = np.zeros((0, 3), np.float32)
+    np.testing.assert_array_equal(F.logsumexp(t(e), 0).numpy(), np.full(3, -np.inf, np.float32))
+    assert F.logsumexp(t(e), 1).shape == (0,)
+    np.testing.assert_array_equal(F.logsumexp(t(e.T), 1, keepdims=True).numpy(),
+                                  np.full((3, 1), -np.inf, np.float32))
+
+
 def test_logsoftmax_against_numpy_and_megengine_example():
     x = np.arange(-5, 5, dtype=np.float32).reshape(2, 5)
     np.testing.assert_allclose(F.logsoftmax(t(x), axis=1).numpy(),
