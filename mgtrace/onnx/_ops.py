@@ -10,6 +10,7 @@ import numpy as np
 
 import mgtrace as mt
 import mgtrace.functional as F
+from mgtrace.traced_module.symbolic import SymInt
 
 __all__ = ["IMPORTERS", "run_node", "Dims"]
 
@@ -127,6 +128,10 @@ def _cast(node, ins, a, opset):
     x = ins[0]
     if isinstance(x, Dims):
         return [x if dt.kind in "iu" else np.asarray(x, dt)]
+    if isinstance(x, SymInt) and dt.kind in "iuf":
+        # a shape entry (Shape -> Gather) cast for arithmetic, as in x * x.shape[0]:
+        # stay symbolic, or the import freezes the traced batch size
+        return [x if dt.kind in "iu" else x * 1.0]
     if not _is_t(x):
         return [np.asarray(x).astype(dt)]
     return [x.astype(dt.name)]
@@ -170,7 +175,8 @@ def _unsqueeze(node, ins, a, opset):
     x = ins[0]
     axes = a.get("axes") if opset < 13 else _ints(node, ins[1], "axes")
     if not _is_t(x):
-        if isinstance(x, Dims) or np.ndim(x) == 0 and not isinstance(x, np.ndarray):
+        # a SymInt first: np.ndim would int() it (a spurious TraceWarning at the load call)
+        if isinstance(x, (Dims, SymInt)) or np.ndim(x) == 0 and not isinstance(x, np.ndarray):
             if axes in ((0,), (-1,)) and not isinstance(x, Dims):
                 return [Dims([x])]
         if isinstance(x, Dims):

@@ -218,6 +218,34 @@ def test_mistyped_attribute_and_complex_input_are_import_errors():
         mo.load(m.SerializeToString())
 
 
+def test_a_shape_entry_cast_to_float_stays_symbolic():
+    # x * x.shape[0] exports as Shape -> Gather -> Cast(float) -> Mul; the
+    # import must not freeze the batch it was traced at (1)
+    class Scale(M.Module):
+        def forward(self, x):
+            return x * x.shape[0]
+
+    tm = mt.trace_module(Scale(), mt.tensor(np.ones((1, 2), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # and no spurious int() TraceWarning
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), x * 3)
+
+
+def test_reshape_by_batch_imports_without_a_trace_warning():
+    class Flat(M.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], -1)
+
+    tm = mt.trace_module(Flat(), mt.tensor(np.ones((1, 2, 3), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), x.reshape(4, 6))
+
+
 def test_load_from_a_file_object_and_gemm():
     rng = np.random.default_rng(3)
     w, c = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal(5).astype(
