@@ -10,7 +10,9 @@ import numpy as np
 
 import mgtrace as mt
 import mgtrace.functional as F
-from mgtrace.traced_module.symbolic import SymInt
+from mgtrace.traced_module.symbolic import SymFloat, SymInt
+
+SymNumber = (SymInt, SymFloat)
 
 __all__ = ["IMPORTERS", "run_node", "Dims"]
 
@@ -77,6 +79,8 @@ def _dims_or_np(values, fn):
 
 def _unary(fn):
     def run(node, ins, a, opset):
+        if isinstance(ins[0], SymNumber) and fn is F.neg:
+            return [-ins[0]]            # -x.shape[0] stays symbolic
         return [fn(_as_tensor(ins[0]))]
     return run
 
@@ -84,6 +88,10 @@ def _unary(fn):
 def _binary(fn, np_fn=None):
     def run(node, ins, a, opset):
         x, y = ins
+        if _symbolic_scalars(x, y) and (np_fn is None or not _int_div_of(x, y, np_fn)):
+            # a shape entry and a number: Python arithmetic, recorded by the trace
+            # (np.ndim / np.asarray would freeze the traced size)
+            return [fn(_operand(x), _operand(y))]
         if not _is_t(x) and not _is_t(y):
             if isinstance(x, Dims) or isinstance(y, Dims) or (np.ndim(x) == 0 and np.ndim(y) == 0
                                                               and np_fn is None):
@@ -91,6 +99,20 @@ def _binary(fn, np_fn=None):
             return [(np_fn or fn)(np.asarray(x), np.asarray(y))]
         return [fn(_operand(x), _operand(y))]
     return run
+
+
+def _symbolic_scalars(x, y):
+    """Neither a tensor nor Dims, and at least one a SymInt/SymFloat."""
+    def scalar(v):
+        return isinstance(v, (int, float, SymNumber)) or isinstance(v, np.ndarray) and v.ndim == 0
+    return (isinstance(x, SymNumber) or isinstance(y, SymNumber)) and scalar(x) and scalar(y)
+
+
+def _int_div_of(x, y, np_fn):
+    """An integer Div (ONNX truncates; Python's // floors): not done symbolically."""
+    def is_int(v):
+        return isinstance(v, int) or isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+    return np_fn is _np_div and is_int(x) and is_int(y)
 
 
 def _operand(v):
@@ -514,6 +536,8 @@ def _identity(node, ins, a, opset):
 
 
 def _pow(x, y):
+    if isinstance(x, SymNumber) and not _is_t(y):
+        return x ** y
     if _is_t(x) and x.dtype.kind == "f" and not _is_t(y):
         return x ** y
     return F.pow(x, y)

@@ -246,6 +246,26 @@ def test_reshape_by_batch_imports_without_a_trace_warning():
     np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), x.reshape(4, 6))
 
 
+@pytest.mark.parametrize("fn, want", [
+    (lambda x: x * (x.shape[0] * 2 + 1), lambda x: x * 7),     # Mul, Add of a shape entry
+    (lambda x: x * (-x.shape[0]), lambda x: x * -3),           # Neg
+    (lambda x: x * (x.shape[0] ** 2), lambda x: x * 9),        # Pow
+    (lambda x: x * (x.shape[1] / 2), lambda x: x * 2.0),       # float Div
+    (lambda x: x[: x.shape[0] - 1 + 1], lambda x: x),          # Sub, Add into a slice
+])
+def test_shape_arithmetic_imports_symbolically(fn, want):
+    class Arith(M.Module):
+        def forward(self, x):
+            return fn(x)
+
+    tm = mt.trace_module(Arith(), mt.tensor(np.ones((1, 2), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no int() of a shape entry at import
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)        # traced at (1, 2)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), want(x))
+
+
 def test_load_from_a_file_object_and_gemm():
     rng = np.random.default_rng(3)
     w, c = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal(5).astype(
