@@ -614,6 +614,10 @@ def run_node(node, ins, opset):
         outs = IMPORTERS[node.op_type](node, ins, a, opset)
     except OnnxImportError:
         raise
+    except (MemoryError, OverflowError) as err:
+        # a ConstantOfShape / Expand / Tile / Pad / Range to an absurd size
+        raise _err(node, f"its output is absurdly large ({type(err).__name__}: "
+                         f"{str(err)[:120]})") from None
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as err:
         # a mutated attribute (an int where ints belong, a missing list) or
         # operands the op refuses: name the node rather than leak a traceback

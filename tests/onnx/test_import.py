@@ -266,6 +266,17 @@ def test_shape_arithmetic_imports_symbolically(fn, want):
     np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), want(x))
 
 
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
+def test_an_op_computing_an_absurd_size_is_an_import_error(op):
+    # 1e15 float32 elements (4 PB): refused by the allocator at once
+    shp = numpy_helper.from_array(np.array([10**5, 10**5, 10**5], np.int64), "shp")
+    ins = ["shp"] if op == "ConstantOfShape" else ["x", "shp"]
+    m = _model([helper.make_node(op, ins, ["y"], name="huge")], [_f32("x", [1])],
+               [_f32("y", None)], [shp])
+    with pytest.raises(mo.OnnxImportError, match="node 'huge' .*absurdly large"):
+        mo.load(m.SerializeToString())
+
+
 def test_load_from_a_file_object_and_gemm():
     rng = np.random.default_rng(3)
     w, c = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal(5).astype(
