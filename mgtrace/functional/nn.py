@@ -948,6 +948,8 @@ def pad(x, pad_width, mode="constant", constant_value=0.0):
     [2, 3, 1, 2, 3, 1]
     """
     fn = "pad"
+    if x is None:       # the core's pad casts None to a Tensor unchecked (reads garbage)
+        raise TypeError(f"{fn}: x must be a tensor, got None")
     (x,) = A.tensors(fn, x=x)
     if not isinstance(mode, str) or mode not in _PAD_MODES:
         raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, _PAD_MODES))}, got {mode!r}")

@@ -481,3 +481,11 @@ def test_svd_edges_and_errors():
         F.svd(t(np.ones(3)))
     with pytest.raises(TypeError, match="svd: inp must be a floating-point tensor"):
         F.svd(t(np.ones((2, 2), np.int32)))
+
+
+def test_pad_of_none_is_a_type_error_not_a_garbage_shape():
+    # the core's pad read None as a Tensor: "an output of shape (2, 140017321408760, ...)"
+    with pytest.raises(TypeError, match="pad: x must be a tensor, got None"):
+        F.pad(None, 1)
+    np.testing.assert_array_equal(F.pad(t(np.array([1, 2], np.int32)), 1).numpy(),
+                                  np.pad(np.array([1, 2], np.int32), 1))
