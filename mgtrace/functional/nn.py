@@ -948,6 +948,8 @@ def pad(x, pad_width, mode="constant", constant_value=0.0):
     [2, 3, 1, 2, 3, 1]
     """
     fn = "pad"
+    if x is None:       # the core's pad casts None to a Tensor unchecked (reads garbage)
+        raise TypeError(f"{fn}: x must be a tensor, got None")
     (x,) = A.tensors(fn, x=x)
     if not isinstance(mode, str) or mode not in _PAD_MODES:
         raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, _PAD_MODES))}, got {mode!r}")
@@ -1260,8 +1262,11 @@ def logsumexp(inp, axis, keepdims=False):
     if x.dtype.kind not in "fV":
         x = _dispatch.astype(x, "float32")
     axes = _axes(fn, axis, x.ndim)
-    b = _reduce.max(x, axes, True)
-    b = _T["where"](_U["isfinite"](b), b, 0.0) if x.size else b
+    if x.size:
+        b = _reduce.max(x, axes, True)
+        b = _T["where"](_U["isfinite"](b), b, 0.0)
+    else:       # max has no identity; an empty sum is 0, so log(0) = -inf over empty axes
+        b = _reduce.sum(x, axes, True)
     s = _U["log"](_reduce.sum(_U["exp"](_B["sub"](x, b)), axes, True))
     y = _B["add"](s, b)
     return y if keepdims else y.squeeze(axes)

@@ -10,6 +10,9 @@ import numpy as np
 
 import mgtrace as mt
 import mgtrace.functional as F
+from mgtrace.traced_module.symbolic import SymFloat, SymInt
+
+SymNumber = (SymInt, SymFloat)
 
 __all__ = ["IMPORTERS", "run_node", "Dims"]
 
@@ -76,6 +79,8 @@ def _dims_or_np(values, fn):
 
 def _unary(fn):
     def run(node, ins, a, opset):
+        if isinstance(ins[0], SymNumber) and fn is F.neg:
+            return [-ins[0]]            # -x.shape[0] stays symbolic
         return [fn(_as_tensor(ins[0]))]
     return run
 
@@ -83,6 +88,10 @@ def _unary(fn):
 def _binary(fn, np_fn=None):
     def run(node, ins, a, opset):
         x, y = ins
+        if _symbolic_scalars(x, y) and (np_fn is None or not _int_div_of(x, y, np_fn)):
+            # a shape entry and a number: Python arithmetic, recorded by the trace
+            # (np.ndim / np.asarray would freeze the traced size)
+            return [fn(_operand(x), _operand(y))]
         if not _is_t(x) and not _is_t(y):
             if isinstance(x, Dims) or isinstance(y, Dims) or (np.ndim(x) == 0 and np.ndim(y) == 0
                                                               and np_fn is None):
@@ -90,6 +99,20 @@ def _binary(fn, np_fn=None):
             return [(np_fn or fn)(np.asarray(x), np.asarray(y))]
         return [fn(_operand(x), _operand(y))]
     return run
+
+
+def _symbolic_scalars(x, y):
+    """Neither a tensor nor Dims, and at least one a SymInt/SymFloat."""
+    def scalar(v):
+        return isinstance(v, (int, float, SymNumber)) or isinstance(v, np.ndarray) and v.ndim == 0
+    return (isinstance(x, SymNumber) or isinstance(y, SymNumber)) and scalar(x) and scalar(y)
+
+
+def _int_div_of(x, y, np_fn):
+    """An integer Div (ONNX truncates; Python's // floors): not done symbolically."""
+    def is_int(v):
+        return isinstance(v, int) or isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+    return np_fn is _np_div and is_int(x) and is_int(y)
 
 
 def _operand(v):
@@ -127,6 +150,10 @@ def _cast(node, ins, a, opset):
     x = ins[0]
     if isinstance(x, Dims):
         return [x if dt.kind in "iu" else np.asarray(x, dt)]
+    if isinstance(x, SymInt) and dt.kind in "iuf":
+        # a shape entry (Shape -> Gather) cast for arithmetic, as in x * x.shape[0]:
+        # stay symbolic, or the import freezes the traced batch size
+        return [x if dt.kind in "iu" else x * 1.0]
     if not _is_t(x):
         return [np.asarray(x).astype(dt)]
     return [x.astype(dt.name)]
@@ -170,7 +197,8 @@ def _unsqueeze(node, ins, a, opset):
     x = ins[0]
     axes = a.get("axes") if opset < 13 else _ints(node, ins[1], "axes")
     if not _is_t(x):
-        if isinstance(x, Dims) or np.ndim(x) == 0 and not isinstance(x, np.ndarray):
+        # a SymInt first: np.ndim would int() it (a spurious TraceWarning at the load call)
+        if isinstance(x, (Dims, SymInt)) or np.ndim(x) == 0 and not isinstance(x, np.ndarray):
             if axes in ((0,), (-1,)) and not isinstance(x, Dims):
                 return [Dims([x])]
         if isinstance(x, Dims):
@@ -508,6 +536,8 @@ def _identity(node, ins, a, opset):
 
 
 def _pow(x, y):
+    if isinstance(x, SymNumber) and not _is_t(y):
+        return x ** y
     if _is_t(x) and x.dtype.kind == "f" and not _is_t(y):
         return x ** y
     return F.pow(x, y)
@@ -579,8 +609,17 @@ IMPORTERS = {
 def run_node(node, ins, opset):
     """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
     a = _attrs(node)
+    from mgtrace.onnx.importer import OnnxImportError
     try:
         outs = IMPORTERS[node.op_type](node, ins, a, opset)
-    except (KeyError, IndexError, AttributeError) as err:
+    except OnnxImportError:
+        raise
+    except (MemoryError, OverflowError) as err:
+        # a ConstantOfShape / Expand / Tile / Pad / Range to an absurd size
+        raise _err(node, f"its output is absurdly large ({type(err).__name__}: "
+                         f"{str(err)[:120]})") from None
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as err:
+        # a mutated attribute (an int where ints belong, a missing list) or
+        # operands the op refuses: name the node rather than leak a traceback
         raise _err(node, f"inputs or attributes this importer cannot read ({err!r})") from None
     return list(outs) + [None] * (len(node.output) - len(outs))

@@ -427,6 +427,28 @@ class _Exporter:
         return res
 
 
+def _check_names(tm, input_names, output_names):
+    """input_names / output_names: strs, at most one per input / output, no
+    name twice (else a name would be dropped or silently renamed)."""
+    seen = set()
+    for arg, names, count in (("input_names", input_names, len(tm.graph.inputs) - 1),
+                              ("output_names", output_names, len(tm.graph.outputs))):
+        if names is None:
+            continue
+        if isinstance(names, str) or not isinstance(names, (list, tuple)):
+            raise TypeError(f"export: {arg} must be a list of str, got {type(names).__name__}")
+        for n in names:
+            if not isinstance(n, str) or not n:
+                raise TypeError(f"export: {arg} holds names (non-empty str), got {n!r}")
+            if n in seen:
+                raise ValueError(f"export: the name {n!r} is given twice in input_names / "
+                                 f"output_names")
+            seen.add(n)
+        if len(names) > count:
+            raise ValueError(f"export: {arg} has {len(names)} names, but the graph has "
+                             f"{count} {arg.split('_')[0]}s")
+
+
 def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True):
     """The checked ModelProto :func:`export` writes (nothing is written)."""
     onnx = _require()
@@ -436,6 +458,7 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
         raise TypeError(f"export takes a TracedModule (mgtrace.trace_module(net, x)), got "
                         f"{type(tm).__name__}")
     opset = _pick_opset(opset)
+    _check_names(tm, input_names, output_names)
     ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names)
     graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]

@@ -82,10 +82,17 @@ _NP = None
 
 def _np_dtype(elem_type, what):
     from onnx import helper
+    import mgtrace as mt
     try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
         raise OnnxImportError(f"{what}: element type {elem_type} has no NumPy dtype") from None
+    try:
+        mt.tensor(np.zeros(0, dt))          # complex, strings: no mgtrace tensor dtype
+    except (TypeError, ValueError):
+        raise OnnxImportError(f"{what}: element type {elem_type} ({dt}) has no mgtrace "
+                              f"tensor dtype") from None
+    return dt
 
 
 def _external(t, folder, what):

@@ -94,6 +94,12 @@ class Observer(Module):
         raise NotImplementedError
 
 
+def _has_values(x):
+    """False for a tensor with a zero-sized axis (nothing to observe: min and
+    max have no identity), as HistogramObserver already skips it."""
+    return all(not (isinstance(d, int) and d == 0) for d in x.shape)
+
+
 class MinMaxObserver(Observer):
     """Records the running minimum and maximum of its inputs (buffers
     ``min_val``, ``max_val``) and derives qparams from them.
@@ -168,7 +174,7 @@ class MinMaxObserver(Observer):
         return self._calculate_qparams(self.min_val, self.max_val)
 
     def forward(self, x):
-        if self.enabled:
+        if self.enabled and _has_values(x):       # an empty batch has no min or max
             lo, hi = self._reduce(x)
             self.min_val = F.minimum(self.min_val, lo)
             self.max_val = F.maximum(self.max_val, hi)
@@ -191,7 +197,7 @@ class ExponentialMovingAverageObserver(MinMaxObserver):
         self.momentum = float(momentum)
 
     def forward(self, x):
-        if self.enabled:
+        if self.enabled and _has_values(x):       # an empty batch moves no average
             lo, hi = self._reduce(x)
             m = self.runtime_momentum
             one_minus = 1.0 - m

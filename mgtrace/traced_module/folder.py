@@ -73,6 +73,9 @@ def member(obj, name):
 '''
 
 
+_RESERVED_STEMS = ("_runtime", "__init__")   # files to_folder writes itself
+
+
 def _ident(name, taken):
     base = re.sub(r"\W", "_", name) or "Module"
     if base[0].isdigit() or keyword.iskeyword(base):
@@ -107,7 +110,7 @@ class _Writer:
             return self.classes[key]
         cls = name or _ident(getattr(tm, "_orig_name", None) or type(tm).__name__, self.taken)
         stem = "_" + re.sub(r"\W", "_", cls).lower()
-        while stem in self.files:
+        while stem in self.files or stem in _RESERVED_STEMS:     # class Runtime: not _runtime.py
             stem += "_"
         self.classes[key] = (cls, stem)
         self.files[stem] = None

@@ -137,6 +137,15 @@ def test_logsumexp_edges():
         F.logsumexp(t(x), (0, -2))
 
 
+def test_logsumexp_of_empty_axes_is_minus_inf():
+    # NumPy: log(sum(exp([]))) = log(0) = -inf; the empty line has no max to shift by
+    e = np.zeros((0, 3), np.float32)
+    np.testing.assert_array_equal(F.logsumexp(t(e), 0).numpy(), np.full(3, -np.inf, np.float32))
+    assert F.logsumexp(t(e), 1).shape == (0,)
+    np.testing.assert_array_equal(F.logsumexp(t(e.T), 1, keepdims=True).numpy(),
+                                  np.full((3, 1), -np.inf, np.float32))
+
+
 def test_logsoftmax_against_numpy_and_megengine_example():
     x = np.arange(-5, 5, dtype=np.float32).reshape(2, 5)
     np.testing.assert_allclose(F.logsoftmax(t(x), axis=1).numpy(),
@@ -472,3 +481,11 @@ def test_svd_edges_and_errors():
         F.svd(t(np.ones(3)))
     with pytest.raises(TypeError, match="svd: inp must be a floating-point tensor"):
         F.svd(t(np.ones((2, 2), np.int32)))
+
+
+def test_pad_of_none_is_a_type_error_not_a_garbage_shape():
+    # the core's pad read None as a Tensor: "an output of shape (2, 140017321408760, ...)"
+    with pytest.raises(TypeError, match="pad: x must be a tensor, got None"):
+        F.pad(None, 1)
+    np.testing.assert_array_equal(F.pad(t(np.array([1, 2], np.int32)), 1).numpy(),
+                                  np.pad(np.array([1, 2], np.int32), 1))

@@ -156,3 +156,21 @@ def test_coverage_doc_is_generated_from_the_table():
     spec.loader.exec_module(mod)
     assert mod.DOC.read_text(encoding="utf-8") == mod.text(), \
         "docs/onnx_coverage.md is out of date: python scripts/onnx_coverage.py"
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    ({"input_names": ["a", "b"]}, ValueError, "input_names has 2 names, but the graph has 1"),
+    ({"input_names": ["a"], "output_names": ["a"]}, ValueError, "the name 'a' is given twice"),
+    ({"input_names": [3]}, TypeError, "input_names holds names \\(non-empty str\\), got 3"),
+    ({"output_names": "y"}, TypeError, "output_names must be a list of str"),
+])
+def test_bad_input_and_output_names_are_refused_and_nothing_is_written(tmp_path, kw, err, msg):
+    tm = _trace(lambda self, x: x * 2.0, (1, 3))
+    path = tmp_path / "m.onnx"
+    with pytest.raises(err, match="export: " + msg):
+        mo.export(tm, str(path), **kw)
+    assert not path.exists()
+    # one name for one input is fine, and the model computes x * 2
+    mo.export(tm, str(path), input_names=["a"], output_names=["b"])
+    got = run_ort(onnx.load(str(path)), [np.array([[1.0, -2.0, 3.5]], np.float32)])
+    np.testing.assert_array_equal(got[0], np.array([[2.0, -4.0, 7.0]], np.float32))

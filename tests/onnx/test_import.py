@@ -205,6 +205,78 @@ def test_unsupported_op_names_it_and_its_node():
         mo.load(m.SerializeToString())
 
 
+def test_mistyped_attribute_and_complex_input_are_import_errors():
+    # a Conv whose 'strides' is an int (not ints), as a flipped byte can make it
+    m = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="c", strides=2)],
+               [_f32("x", [1, 1, 3, 3]), _f32("w", [1, 1, 1, 1])], [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="node 'c' \\(Conv\\): inputs or attributes"):
+        mo.load(m.SerializeToString())
+    # complex64 has a NumPy dtype but no mgtrace tensor dtype
+    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.COMPLEX64, [2])], [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="graph input 'x'.*no mgtrace tensor dtype"):
+        mo.load(m.SerializeToString())
+
+
+def test_a_shape_entry_cast_to_float_stays_symbolic():
+    # x * x.shape[0] exports as Shape -> Gather -> Cast(float) -> Mul; the
+    # import must not freeze the batch it was traced at (1)
+    class Scale(M.Module):
+        def forward(self, x):
+            return x * x.shape[0]
+
+    tm = mt.trace_module(Scale(), mt.tensor(np.ones((1, 2), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # and no spurious int() TraceWarning
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), x * 3)
+
+
+def test_reshape_by_batch_imports_without_a_trace_warning():
+    class Flat(M.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], -1)
+
+    tm = mt.trace_module(Flat(), mt.tensor(np.ones((1, 2, 3), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), x.reshape(4, 6))
+
+
+@pytest.mark.parametrize("fn, want", [
+    (lambda x: x * (x.shape[0] * 2 + 1), lambda x: x * 7),     # Mul, Add of a shape entry
+    (lambda x: x * (-x.shape[0]), lambda x: x * -3),           # Neg
+    (lambda x: x * (x.shape[0] ** 2), lambda x: x * 9),        # Pow
+    (lambda x: x * (x.shape[1] / 2), lambda x: x * 2.0),       # float Div
+    (lambda x: x[: x.shape[0] - 1 + 1], lambda x: x),          # Sub, Add into a slice
+])
+def test_shape_arithmetic_imports_symbolically(fn, want):
+    class Arith(M.Module):
+        def forward(self, x):
+            return fn(x)
+
+    tm = mt.trace_module(Arith(), mt.tensor(np.ones((1, 2), np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no int() of a shape entry at import
+        back = mo.load(build_model(tm).SerializeToString())
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)        # traced at (1, 2)
+    np.testing.assert_array_equal(back(mt.tensor(x)).numpy(), want(x))
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
+def test_an_op_computing_an_absurd_size_is_an_import_error(op):
+    # 1e15 float32 elements (4 PB): refused by the allocator at once
+    shp = numpy_helper.from_array(np.array([10**5, 10**5, 10**5], np.int64), "shp")
+    ins = ["shp"] if op == "ConstantOfShape" else ["x", "shp"]
+    m = _model([helper.make_node(op, ins, ["y"], name="huge")], [_f32("x", [1])],
+               [_f32("y", None)], [shp])
+    with pytest.raises(mo.OnnxImportError, match="node 'huge' .*absurdly large"):
+        mo.load(m.SerializeToString())
+
+
 def test_load_from_a_file_object_and_gemm():
     rng = np.random.default_rng(3)
     w, c = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal(5).astype(

@@ -258,3 +258,11 @@ def test_docstring_examples(name):
     mod = importlib.import_module(f"mgtrace.traced_module.passes.{name}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("bad", [3, 2.5])
+def test_a_non_iterable_enabled_pass_names_the_argument(traced, bad):
+    tm = traced[0]
+    with pytest.raises(TypeError, match="optimize: enabled_pass must be None, 'all', a pass "
+                                        "name or a list of them, got"):
+        optimize(tm, bad)

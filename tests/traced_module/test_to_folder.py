@@ -102,3 +102,25 @@ def test_a_module_with_two_graphs_is_refused(tmp_path):
     tm2._graphs.append(tm2._graphs[0])
     with pytest.raises(GraphError, match="has 2 graphs"):
         tm2.to_folder(tmp_path / "two")
+
+
+@pytest.mark.parametrize("name", ["Runtime", "_Init__"])
+def test_a_class_named_like_the_runtime_or_init_file_keeps_both(tmp_path, name):
+    # class Runtime lowers to stem _runtime: it must not overwrite _runtime.py
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = M.Linear(2, 2)
+
+        def forward(self, x):
+            return F.relu(self.l(x))
+
+    net = Net().eval()
+    x = mt.tensor(np.array([[1.0, -2.0]], np.float32))
+    tm = mt.trace_module(net, x)
+    folder = _fresh(tmp_path, name.lower())
+    tm.to_folder(folder, name)
+    pkg, _ = _import(folder, name)
+    w, b = net.l.weight.numpy(), net.l.bias.numpy()
+    want = np.maximum(np.array([[1.0, -2.0]], np.float32) @ w.T + b, 0)
+    np.testing.assert_allclose(getattr(pkg, name)()(x).numpy(), want, rtol=1e-6)

@@ -268,7 +268,11 @@ def _schedule(enabled, training, device=None):
     elif isinstance(enabled, str):
         enabled = [enabled]
     else:
-        enabled = list(enabled)
+        try:
+            enabled = list(enabled)
+        except TypeError:
+            raise TypeError(f"optimize: enabled_pass must be None, 'all', a pass name or a "
+                            f"list of them, got {type(enabled).__name__}") from None
     for n in enabled:
         if not isinstance(n, str):
             raise TypeError(f"enabled_pass holds pass names (str), got {n!r}")
