@@ -101,7 +101,7 @@ def _aliased_model():
     return tm, (mt.tensor(rng.standard_normal((5, 4)).astype(np.float32)),)
 
 
-# --- the functions and builtin module types new in 1.2 (issue 36), each used once
+# --- the functions and builtin module types new in 1.2 (issues 31, 36), each used once
 
 _W6 = np.random.default_rng(0).standard_normal((1, 4 * 36 + 24)).astype(np.float32)
 _ONES = lambda *shape: mt.tensor(np.ones(shape, np.float32))   # noqa: E731
@@ -161,6 +161,16 @@ NEW_FUNCTIONS = {
     "multi_head_attention": ([(4, 6)], lambda x: F.multi_head_attention(
         x, x, x, 6, 2, 0.0, 0.0, mt.tensor(_W6), qbias=True, kbias=True, vbias=True, obias=True,
         is_causal=True, training=False)[0]),
+    # MegEngine's losses (issue 31); labels derived from the second input
+    "cross_entropy": ([(4,), (4,)], lambda x, y: F.cross_entropy(
+        x, F.argmax(y, 1).astype("int32"), label_smooth=0.1)),
+    "nll_loss": ([(4,), (4,)], lambda x, y: F.nll_loss(
+        F.log_softmax(x, 1), F.argmax(y, 1).astype("int32"), reduction="sum")),
+    "binary_cross_entropy": ([(3,), (3,)], lambda x, y: F.binary_cross_entropy(x, F.sigmoid(y))),
+    "l1_loss": ([(3,), (3,)], lambda x, y: F.l1_loss(x, y.detach(), reduction="none")),
+    "square_loss": ([(3,), (3,)], lambda x, y: F.square_loss(x, y)),
+    "mse_loss": ([(3,), (3,)], lambda x, y: F.mse_loss(x, y, reduction="sum")),
+    "smooth_l1_loss": ([(3,), (3,)], lambda x, y: F.smooth_l1_loss(x, y, beta=0.5)),
 }
 
 
@@ -263,7 +273,7 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
     "aliased_model.tmod": lambda: _with_examples(
         _aliased_model(), "a buffer and an attribute that are views of Linear weights"),
     "new_functions.tmod": lambda: _with_examples(
-        _new_functions(), "each function new in 1.2 (issue 36) called once"),
+        _new_functions(), "each function new in 1.2 (issues 31, 36) called once"),
     "new_modules.tmod": lambda: _with_examples(
         _new_modules(), "each builtin module type new in 1.2 (issue 36) called once"),
 }
