@@ -450,16 +450,10 @@ class Conv2d(_ConvNd):
                         self._conv_padding(), self.dilation, self.groups)
 
 
-@_builtin
-class ConvTranspose2d(_ConvNd):
-    """2-d transposed convolution over x float32 [N, C_in, H, W].
-
-    Args as torch.nn.ConvTranspose2d (same order: ``output_padding`` before
-    ``groups``, ``dilation`` last; ``padding_mode`` only "zeros", as torch's).
-    Parameters ``weight`` [C_in, C_out/groups, KH, KW] (PyTorch's layout),
-    ``bias`` [C_out].
-    """
-    _n = 2
+class _ConvTransposeNd(_ConvNd):
+    """What the transposed convolutions share: torch.nn's argument order
+    (``output_padding`` before ``groups``, ``dilation`` last) and the rule
+    that ``output_padding`` is smaller than ``stride`` or ``dilation``."""
     _transposed = True
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
@@ -468,13 +462,25 @@ class ConvTranspose2d(_ConvNd):
                          groups, bias, output_padding, padding_mode)
         if any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride,
                                                     self.dilation)):
-            raise ValueError(f"ConvTranspose2d: output_padding {self.output_padding} must be "
-                             f"smaller than stride {self.stride} or dilation {self.dilation}")
+            raise ValueError(f"{type(self).__name__}: output_padding {self.output_padding} must "
+                             f"be smaller than stride {self.stride} or dilation {self.dilation}")
 
     def config(self):
         cfg = self._common_config()
         cfg["output_padding"] = self.output_padding
         return cfg
+
+
+@_builtin
+class ConvTranspose2d(_ConvTransposeNd):
+    """2-d transposed convolution over x float32 [N, C_in, H, W].
+
+    Args as torch.nn.ConvTranspose2d (same order: ``output_padding`` before
+    ``groups``, ``dilation`` last; ``padding_mode`` only "zeros", as torch's).
+    Parameters ``weight`` [C_in, C_out/groups, KH, KW] (PyTorch's layout),
+    ``bias`` [C_out].
+    """
+    _n = 2
 
     def forward(self, x):
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding,
@@ -1356,7 +1362,7 @@ class Conv3d(_ConvNd):
 
 
 @_builtin
-class ConvTranspose3d(_ConvNd):
+class ConvTranspose3d(_ConvTransposeNd):
     """3-d transposed convolution over x float32 [N, C_in, D, H, W]
     (MegEngine's ConvTranspose3d; :func:`mgtrace.functional.conv_transpose3d`).
 
@@ -1365,21 +1371,6 @@ class ConvTranspose3d(_ConvNd):
     ``weight`` [C_in, C_out/groups, KD, KH, KW], ``bias`` [C_out].
     """
     _n = 3
-    _transposed = True
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 output_padding=0, groups=1, bias=True, dilation=1, padding_mode="zeros"):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, output_padding, padding_mode)
-        if any(op >= max(s, d) for op, s, d in zip(self.output_padding, self.stride,
-                                                    self.dilation)):
-            raise ValueError(f"ConvTranspose3d: output_padding {self.output_padding} must be "
-                             f"smaller than stride {self.stride} or dilation {self.dilation}")
-
-    def config(self):
-        cfg = self._common_config()
-        cfg["output_padding"] = self.output_padding
-        return cfg
 
     def forward(self, x):
         return F.conv_transpose3d(x, self.weight, self.bias, self.stride, self.padding,
