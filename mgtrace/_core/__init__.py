@@ -20,6 +20,25 @@ from mgtrace._core import trace_hooks  # noqa: F401
 from mgtrace._core.dispatch import (OpDef, apply, get_device, get_num_threads, has_kernel,
                                     register_op, set_num_threads)
 
+
+# apply() calls an op's implementation as impl(*inputs, **params), inputs in
+# the op table's order; gather's and scatter's kernels take axis second (the
+# functional order), so apply(OpDef("gather", {"axis": 1}), x, index) (what a
+# trace records, and what an archive's Apply expr runs) raised "multiple
+# values for axis". apply gets them in the table's order instead.
+def _gather(x, index, axis):
+    return _index_gather(x, axis, index)
+
+
+def _scatter(x, index, src, axis):
+    return _index_scatter(x, axis, index, src)
+
+
+_index_gather, _index_scatter = index.gather, index.scatter
+register_op("gather", _gather)
+register_op("scatter", _scatter)
+del _gather, _scatter
+
 if _flags.NUM_THREADS:
     set_num_threads(_flags.NUM_THREADS)
 dispatch.set_adaptive_threads(_flags.ADAPTIVE_THREADS)

@@ -145,3 +145,16 @@ def tensor_method_problems(methods, covered, how, never=NEVER_RECORDED):
             seen |= uses["tensor_methods"]
     return [f"tensor method {m!r} has no golden case: {how}"
             for m in sorted(set(methods) - seen - set(never))]
+
+
+def core_op_problems(core_ops, covered, how):
+    """Every core op of schema/ops.json is an Apply expr of some golden
+    archive (a traced forward that calls ``mgtrace.apply(OpDef(name, params),
+    *inputs)``)."""
+    seen = set()
+    for archives in covered.values():
+        for uses in archives.values():
+            seen |= uses["core_ops"]
+    return [f"core op {name!r} has no golden case (an Apply expr: a traced forward that calls "
+            f"mgtrace.apply(OpDef({name!r}, params), *inputs)): {how}"
+            for name in sorted(set(core_ops) - seen)]

@@ -54,6 +54,15 @@ def test_every_tensor_method_a_graph_records_has_a_golden_case(covered):
     assert problems == [], "\n".join(problems)
 
 
+def test_every_core_op_has_a_golden_case_as_an_apply_expr(covered):
+    """schema/golden/1.1/core_ops.tmod applies every core op but gather and
+    scatter raw, 1.2/core_ops_index.tmod those two (113 in all)."""
+    ops = json.loads((R.SCHEMA / "ops.json").read_text())
+    problems = G.core_op_problems(ops["core_ops"], covered, HOW)
+    assert problems == [], "\n".join(problems)
+    assert len(ops["core_ops"]) == 113
+
+
 def test_the_methods_without_a_golden_case_are_never_recorded():
     """NEVER_RECORDED stays true: a graph node has none of these methods
     (inside insert_exprs they raise), so no graph mgtrace writes calls them."""
@@ -124,6 +133,23 @@ def test_a_new_function_type_or_tag_without_a_golden_case_fails(covered):
         "function mgtrace.functional.new_op version 1 has no golden case: FIX",
         "builtin module type mgtrace.module.NewModule version 1 has no golden case: FIX",
         "value tag 'qparams' has no golden case: FIX"]
+
+
+def test_a_core_op_without_a_golden_case_fails(covered):
+    ops = json.loads((R.SCHEMA / "ops.json").read_text())
+    dev = ".".join(map(str, mt.FORMAT_VERSION))
+    assert G.core_op_problems(ops["core_ops"] + ["new_op"], covered, HOW) == [
+        "core op 'new_op' has no golden case (an Apply expr: a traced forward that calls "
+        "mgtrace.apply(OpDef('new_op', params), *inputs)): add a case that uses it to "
+        f"schema/golden/{dev}/make_golden.py and run `python schema/golden/{dev}/make_golden.py` "
+        f"(format {dev} is in development: that command rewrites its golden archives and "
+        "manifest.json)"]
+    # an archive gone: its core ops are reported, each by name
+    without = {f: {n: u for n, u in a.items() if n != "core_ops.tmod"} for f, a in covered.items()}
+    problems = G.core_op_problems(ops["core_ops"], without, "FIX")
+    assert len(problems) == 110 and problems[0] == (
+        "core op 'abs' has no golden case (an Apply expr: a traced forward that calls "
+        "mgtrace.apply(OpDef('abs', params), *inputs)): FIX")
 
 
 def test_a_released_format_names_the_command_for_a_new_minor():

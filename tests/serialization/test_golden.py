@@ -222,3 +222,15 @@ def test_golden_archive_saved_again_at_its_version_is_byte_identical(path):
     pytest.fail(f"{path.parent.name}/{path.name} saved again at "
                 f"{'.'.join(map(str, archive.format_version))} differs from the committed "
                 f"file: header fields {keys}, data {'same' if d1 == d2 else 'differs'}")
+
+
+def test_a_gather_or_scatter_apply_expr_needs_a_1_2_reader():
+    """Release 0.2.0's apply() gave gather's and scatter's kernels the index
+    where they take axis: an archive with their Apply exprs is 1.2 and a 1.1
+    target refuses it, naming the op (the other core ops: 1.1/core_ops.tmod)."""
+    path = GOLDEN / "1.2" / "core_ops_index.tmod"
+    _script(path.parent)
+    archive = mt.serialization.load_archive(path)
+    assert archive.format_version == archive.min_reader_version == (1, 2)
+    with pytest.raises(ValueError, match="core op 'gather'.*needs archive format 1.2"):
+        mt.save(archive.obj, io.BytesIO(), target_version=(1, 1))

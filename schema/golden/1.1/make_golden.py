@@ -1,6 +1,6 @@
 """Write the format-1.1 golden compendium (frozen: 1.1 is released, as mgtrace 0.2.0).
 
-    python schema/golden/1.1/make_golden.py [--force]
+    python schema/golden/1.1/make_golden.py [--force | --new]
 
 Written by mgtrace 0.3.0.dev0 at ``target_version=(1, 1)``, once, and then
 never regenerated: tests/serialization/test_golden.py checks each file
@@ -43,8 +43,14 @@ ids after edits) and what 1.1 added:
   ``example_kwargs``;
 * ``resnet18_optimized.tmod``, ``mobilenet_v2_optimized.tmod``,
   ``minilm_optimized.tmod``: the small models after ``optimize()`` with
-  every pass named (so the result does not depend on the CPU).
+  every pass named (so the result does not depend on the CPU);
+* ``core_ops.tmod`` (added after the release by ``--new``, which writes
+  only the cases manifest.json lacks and adds their entries): every core op
+  of the op table but gather and scatter as an Apply expr
+  (``mgtrace.apply(OpDef(name, params), *inputs)``); those two are
+  ../1.2/core_ops_index.tmod's.
 """
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -357,6 +363,154 @@ def _methods():
     return tm, args(3)
 
 
+# ---------------------------------------------------------------- core ops
+
+_POSITIVE = "exp expm1 log log1p log2 sqrt rsqrt acos asin".split()   # on (0, 1)
+
+
+def A(name, *inputs, **params):
+    """``mgtrace.apply(OpDef(name, params), *inputs)``: a raw core op."""
+    return mt.apply(mt.OpDef(name, params), *inputs)
+
+
+class CoreOps(M.Module):
+    """Every core op of the op table (schema/ops.json's core_ops) but gather
+    and scatter (see ../1.2/make_golden.py's CoreIndexOps) applied raw,
+    ``mgtrace.apply(OpDef(name, params), *inputs)``, each with its params in
+    full, on a float ``x`` [N, 3, 4], an image [N, 3, 8, 8] and an
+    int32 ``i`` of small positive values. No core op draws random numbers;
+    the one that writes in place (setitem) writes into a fresh product, never
+    into an input. Traced by :func:`_core_ops` with the Tensor method forms
+    off, so that every op is an Apply expr (the tracer records an op with a
+    method, ``add`` or ``sum``, as that method call otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(190)
+        w = lambda *s: M.Parameter(mt.tensor((0.3 * rng.standard_normal(s)).astype(np.float32)))
+        self.w, self.b = w(16, 3, 3, 3), w(16)
+        self.pw, self.dw, self.proj = w(16, 16, 1, 1), w(16, 1, 3, 3), w(16, 16, 1, 1)
+        self.wt, self.emb = w(3, 4, 3, 3), w(10, 4)
+
+    def forward(self, x, img, i):
+        o = {}
+        u = A("sigmoid", x)            # (0, 1): acos, asin, log, sqrt...
+        p = A("add", A("abs", x), A("abs", x))
+        for n in ("neg abs sign square round floor ceil trunc sin cos tan tanh erf atan relu relu6 "
+                  "sigmoid gelu gelu_tanh silu hardswish hardsigmoid softplus isnan isinf "
+                  "isfinite").split():
+            o[n] = A(n, x)
+        for n in _POSITIVE:
+            o[n] = A(n, u)
+        c = A("gt", x, u)
+        d = A("lt", x, u)
+        o["logical_not"] = A("logical_not", c)
+        o["bitwise_not"] = A("bitwise_not", i)
+        for n in "add sub mul truediv floordiv mod maximum minimum atan2".split():
+            o[n] = A(n, x, A("add", p, u))
+        o["pow"] = A("pow", A("add", p, u), x)
+        for n in "eq ne lt le gt ge".split():
+            o[n] = A(n, x, u)
+        for n in "logical_and logical_or logical_xor".split():
+            o[n] = A(n, c, d)
+        j = A("astype", A("add", A("bitwise_and", i, A("bitwise_or", i, i)), i), dtype="int32")
+        for n in "bitwise_and bitwise_or bitwise_xor left_shift right_shift".split():
+            o[n] = A(n, i, j)
+        o["where"] = A("where", c, x, u)
+        o["clip"] = A("clip", x, A("neg", u), u)
+        o["astype"] = A("astype", x, dtype="float16")
+        o["reshape"] = A("reshape", x, shape=(2, 12))
+        o["transpose"] = A("transpose", x, axes=(2, 0, 1))
+        o["expand_dims"] = A("expand_dims", x, axis=1)
+        o["squeeze"] = A("squeeze", A("expand_dims", x, axis=0), axis=0)
+        o["broadcast_to"] = A("broadcast_to", A("sum", x, axis=0, keepdims=True), shape=(2, 3, 4))
+        for n in "sum mean prod max min argmax argmin".split():
+            o[n] = A(n, x, axis=1, keepdims=False)
+        for n in "any all".split():
+            o[n] = A(n, c, axis=2, keepdims=True)
+        for n in "var std".split():
+            o[n] = A(n, x, axis=2, keepdims=False, ddof=1)
+        for n in "softmax log_softmax cumsum cumprod".split():
+            o[n] = A(n, x, axis=-1)
+        o["sort"] = A("sort", x, axis=-1, descending=True)
+        o["argsort"] = A("argsort", x, axis=1, descending=False)
+        o["topk"] = A("topk", x, k=2, axis=-1, descending=True, sorted=True)
+        o["getitem"] = A("getitem", x, (slice(None), 1, slice(1, None)))
+        y = A("mul", x, 1.0)           # a fresh tensor: setitem writes into it, not into x
+        A("setitem", y, (0, slice(None), 2), A("neg", u)[0, :, 0])
+        o["setitem"] = y
+        o["nonzero"] = A("nonzero", c, as_tuple=False)
+        # gather and scatter: in ../1.2/core_ops_index.tmod (release 0.2.0's apply() gave
+        # their kernels the index where they take axis: no 1.1 reader runs them)
+        o["embedding"] = A("embedding", self.emb, i)
+        o["concat"] = A("concat", x, u, axis=0)
+        o["stack"] = A("stack", x, u, axis=1)
+        o["split"] = A("split", x, nsplits_or_sections=2, axis=2)
+        o["matmul"] = A("matmul", x, A("transpose", u, axes=(0, 2, 1)))
+        o["conv2d"] = A("conv2d", img, self.w, self.b, stride=1, padding=1, dilation=1, groups=1)
+        o["conv2d_act"] = A("conv2d_act", img, self.w, self.b, None, stride=1, padding=1,
+                            dilation=1, groups=1, act="relu")
+        blocked = A("conv2d_nchwc", img, self.w, self.b, None, stride=1, padding=1, dilation=1,
+                    groups=1, act="relu")
+        pooled = A("max_pool2d_nchwc", blocked, kernel_size=2, stride=2, padding=0, dilation=1,
+                   ceil_mode=False)
+        pd = A("conv2d_nchwc_pw_dw", pooled, self.pw, None, self.dw, None, stride=1, padding=1,
+               act="relu6", dw_act="relu6")
+        pdp = A("conv2d_nchwc_pw_dw_pw", pooled, self.pw, None, self.dw, None, self.proj, self.b,
+                pooled, stride=1, padding=1, act="relu6", dw_act="relu6", proj_act="none")
+        o["conv2d_nchwc"] = A("from_nchwc", blocked, channels=16)
+        o["max_pool2d_nchwc"] = A("from_nchwc", pooled, channels=16)
+        o["conv2d_nchwc_pw_dw"] = A("from_nchwc", pd, channels=16)
+        o["conv2d_nchwc_pw_dw_pw"] = A("from_nchwc", pdp, channels=16)
+        o["to_nchwc"] = A("to_nchwc", img)
+        o["conv_transpose2d"] = A("conv_transpose2d", img, self.wt, None, stride=2, padding=1,
+                                  output_padding=1, dilation=1, groups=1)
+        q = A("reshape", x, shape=(2, 1, 3, 4))
+        o["attention"] = A("attention", q, A("mul", q, 0.5), A("add", q, 1.0), None, scale=0.5)
+        o["max_pool2d"] = A("max_pool2d", img, kernel_size=2, stride=2, padding=0, dilation=1,
+                            ceil_mode=False)
+        o["avg_pool2d"] = A("avg_pool2d", img, kernel_size=3, stride=2, padding=1,
+                            ceil_mode=True, count_include_pad=False)
+        o["adaptive_avg_pool2d"] = A("adaptive_avg_pool2d", img, output_size=(3, 2))
+        o["adaptive_max_pool2d"] = A("adaptive_max_pool2d", img, output_size=(2, 3))
+        o["interpolate"] = A("interpolate", img, size=None, scale_factor=2.0, mode="bilinear",
+                             align_corners=False)
+        o["pad"] = A("pad", img, pad_width=((0, 0), (0, 0), (1, 2), (2, 1)), mode="constant",
+                     value=0.5)
+        # copies: a 1.1 archive cannot keep outputs that view an input or each other
+        return tmod.tree_map(F.copy, o, lambda t: isinstance(t, mt.Tensor))
+
+def _core_op_args(rng, batch=2):
+    return (mt.tensor(rng.standard_normal((batch, 3, 4)).astype(np.float32)),
+            mt.tensor(rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)),
+            mt.tensor(rng.integers(1, 5, (batch, 3, 4)).astype(np.int32)))
+
+
+@contextlib.contextmanager
+def _method_forms_off():
+    """The tracer records every core op as an Apply expr, none as a Tensor
+    method call (its method_form says none has one)."""
+    from mgtrace.traced_module import tracer
+    saved = tracer.method_form
+    tracer.method_form = lambda name, inputs, params: None
+    try:
+        yield
+    finally:
+        tracer.method_form = saved
+
+
+def _core_ops():
+    """Added after 1.1's release (issue 37): 1.1's readers know every core op
+    (released_ops/1.1.json's core_ops), so the case is a 1.1 archive; 0.2.0
+    runs each of these (not gather and scatter, whose Apply exprs it fails)."""
+    mt.random.seed(190)
+    rng = np.random.default_rng(191)
+    with _method_forms_off():
+        tm = V10._trace(CoreOps(), *_core_op_args(rng))
+    tm.graph.compile().lint()
+    return tm, _core_op_args(rng)      # fixed shapes (reshape, broadcast_to): batch 2 again
+
+
 # ---------------------------------------------------------------- graph features
 
 class Outputs(M.Module):
@@ -438,6 +592,8 @@ MODELS = {    # name -> (make() -> (traced module, example inputs[, example kwar
                                     "the small MobileNetV2 after optimize() with every pass"),
     "minilm_optimized.tmod": (_optimized(V10._minilm_small),
                               "the small MiniLM after optimize() with every pass"),
+    # added after the release by `make_golden.py --new` (the others stay as written)
+    "core_ops.tmod": (_core_ops, "every core op as an Apply expr (mgtrace.apply(OpDef))"),
 }
 
 
@@ -502,14 +658,40 @@ def check(folder=HERE, version=VERSION):
 
 def main():
     force = "--force" in sys.argv
+    if "--new" in sys.argv:     # write the archives not yet written, add them to the manifest
+        return add_new()
     manifest = {}
     for name, (obj, kwargs) in build().items():
         path = HERE / name
         if path.exists() and not force:
             sys.exit(f"{path} exists; golden archives of a released format are never "
-                     "regenerated")
+                     "regenerated (`--new` writes only the cases added since)")
         print(name, flush=True)
         mt.save(obj, path, target_version=VERSION, **kwargs)
+        manifest[name] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    problems = check()
+    if problems:
+        sys.exit("\n".join(problems))
+
+
+def add_new():
+    """``--new``: write each archive of MODELS that is not in manifest.json
+    yet (a case added after the release, readable by 1.1's readers) and add
+    its entry; every archive written before stays as it is, byte for byte."""
+    manifest = json.loads((HERE / "manifest.json").read_text())
+    for name, (make, what) in MODELS.items():
+        if name in manifest:
+            continue
+        path = HERE / name
+        if path.exists():
+            sys.exit(f"{path} exists but is not in manifest.json")
+        print(name, flush=True)
+        tm, inputs, *kwargs = make()
+        kw = {"example_inputs": inputs, "metadata": {"what": what}}
+        if kwargs:
+            kw["example_kwargs"] = kwargs[0]
+        mt.save(tm, path, target_version=VERSION, **kw)
         manifest[name] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     problems = check()

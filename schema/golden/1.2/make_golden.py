@@ -25,7 +25,9 @@ version), naming what is missing.
   unrelated tensor; ``ALIASES`` lists which pairs share memory;
 * ``aliased_model.tmod``: a traced model whose buffer is a slice of a
   builtin Linear's weight and which reads a transposed view of another
-  Linear's weight, with example inputs and the outputs they gave.
+  Linear's weight, with example inputs and the outputs they gave;
+* ``core_ops_index.tmod``: the core ops gather and scatter as Apply exprs
+  (the other core ops are ../1.1/core_ops.tmod's).
 """
 import hashlib
 import importlib.util
@@ -267,6 +269,31 @@ def _new_modules():
     return tm, tuple(xs)
 
 
+class CoreIndexOps(M.Module):
+    """The core ops gather and scatter applied raw (``mgtrace.apply(OpDef(name,
+    {"axis": 1}), x, index[, src])``, Apply exprs), the two of
+    ../1.1/make_golden.py's CoreOps left out: their kernels take axis second,
+    and until 1.2 apply() passed the index there (mgtrace/_core/__init__.py
+    now gives them the op table's order), so no 1.1 reader runs them."""
+
+    def forward(self, x, src):
+        k = F.argsort(x, axis=1).astype("int32")
+        return {"gather": mt.apply(mt.OpDef("gather", {"axis": 1}), x, k),
+                "scatter": mt.apply(mt.OpDef("scatter", {"axis": 1}), x, k, src)}
+
+
+def _core_index_ops():
+    rng = np.random.default_rng(125)
+
+    def args():
+        return tuple(mt.tensor(rng.standard_normal((2, 3, 4)).astype(np.float32))
+                     for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(CoreIndexOps(), *args())
+    return tm, args()
+
+
 CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's cases here
     "aliased_values.tmod": lambda: (_aliased_values(),
                                     {"metadata": {"what": "views of one storage"}}),
@@ -276,6 +303,8 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
         _new_functions(), "each function new in 1.2 (issues 31, 36) called once"),
     "new_modules.tmod": lambda: _with_examples(
         _new_modules(), "each builtin module type new in 1.2 (issue 36) called once"),
+    "core_ops_index.tmod": lambda: _with_examples(
+        _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37)"),
 }
 
 
