@@ -77,7 +77,12 @@ def square_loss(pred, label, reduction="mean"):
 
 def mse_loss(pred, label, reduction="mean"):
     """:func:`square_loss` under PyTorch's name (its own function, so that
-    archives record the name a model called)."""
+    archives record the name a model called).
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.mse_loss(mt.tensor([1.0, 2.0, 4.0]), mt.tensor([1.0, 3.0, 1.0]), reduction="sum").item()
+    10.0
+    """
     return square_loss(pred, label, reduction)
 
 
