@@ -232,6 +232,8 @@ class _Array(Stub):
             raise MegEngineFileError(f"an array of shape {shape} and dtype {dtype} needs "
                                      f"{count * dtype.itemsize} bytes, the file gives {len(raw)}")
         flat = np.frombuffer(raw, dtype=dtype).copy()
+        if dtype.kind == "b":
+            flat = flat.view(np.uint8) != 0      # a bool byte other than 0 or 1 read as True
         self.array = flat.reshape(shape, order="F" if fortran is True else "C")
         if not self.array.dtype.isnative:
             self.array = self.array.astype(self.array.dtype.newbyteorder("="))
@@ -243,6 +245,8 @@ def _scalar(dtype, raw=None):
     dtype = _check_dtype(dtype, "numpy scalar")
     if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
         raise MegEngineFileError(f"a numpy {dtype} scalar needs {dtype.itemsize} bytes")
+    if dtype.kind == "b":
+        return np.bool_(raw != b"\x00")     # a bool byte other than 0 or 1 read as True
     return np.frombuffer(raw, dtype=dtype)[0]
 
 
