@@ -605,7 +605,9 @@ class _Builder:
         object.__setattr__(m, "_argspec", spec)
         if sig is not None:
             object.__setattr__(m, "_signature", sig)
-        m.train(stub.get("training") is True)
+        # its own flag only: MegEngine keeps one per module, and trace_module gives the
+        # top TracedModule training=True even where every submodule was put in eval mode
+        m.__dict__["training"] = stub.get("training") is True
         return m
 
     def _member(self, value, where, depth):
