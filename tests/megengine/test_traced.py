@@ -118,3 +118,14 @@ def test_eval_before_trace_keeps_submodules_in_eval_mode():
     for b in (2, 5):
         np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_leaky_relu_module_called_twice():
+    # MegEngine's M.LeakyReLU had no entry in the mapping table (UnsupportedError)
+    here = os.path.join(os.path.dirname(__file__), "data", "leaky_twice")
+    d = np.load(here + ".npz")
+    t = mge.load(here + ".tm")
+    assert t.act.negative_slope == pytest.approx(0.1)
+    for b in (2, 5):
+        np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                   rtol=1e-5, atol=1e-6)
