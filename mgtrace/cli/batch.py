@@ -35,10 +35,10 @@ changed or gone, is redone.
 
 Interrupts and crashes
 ----------------------
-Ctrl-C (SIGINT) goes to this process only: pool workers ignore it. On it the
-engine cancels the files not started, stops the running workers (SIGTERM,
-which they turn into an exception so temporary files are removed), writes
-the report and re-raises KeyboardInterrupt. A worker that dies (a crash, or
+Ctrl-C (SIGINT) goes to this process only: pool workers ignore it. On it (or
+on SIGTERM while a pool runs) the engine cancels the files not started, stops
+the running workers (SIGTERM, which they turn into an exception so temporary
+files are removed), writes the report and re-raises KeyboardInterrupt. A worker that dies (a crash, or
 killed for memory) fails the files it may have been running, which are then
 retried one process per file, so one bad archive cannot fail its neighbours.
 
@@ -483,16 +483,21 @@ def _deferred_sigint():
     if threading.current_thread() is not threading.main_thread():
         yield stop                    # no handlers off the main thread: plain behaviour
         return
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started with SIGINT ignored (nohup, a script's background job): keep
-        # it so, as a one-process run does, whatever the number of workers
-        yield stop
-        return
-    old = signal.signal(signal.SIGINT, lambda signum, frame: stop.flag.set())
+    handler = lambda signum, frame: stop.flag.set()      # noqa: E731
+    # started with SIGINT ignored (nohup, a script's background job): keep it
+    # so, as a one-process run does, whatever the number of workers. SIGTERM
+    # (kill, a CI job's timeout) stops the pool as Ctrl-C does: by default it
+    # ended this process alone, and its workers, blocked on their queue, lived on
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mine = [sig for sig, h in old.items()
+            if h is not signal.SIG_IGN and (sig == signal.SIGINT or h is signal.SIG_DFL)]
+    for sig in mine:
+        signal.signal(sig, handler)
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig in mine:
+            signal.signal(sig, old[sig])
 
 
 class _WorkerProcess(multiprocessing.context.SpawnProcess):

@@ -81,8 +81,15 @@ def _array(stub, where):
     return array_of(stub, where)
 
 
+# the NumPy dtypes the reader gives out that mgtrace's tensors have no counterpart for
+_NO_TENSOR_DTYPES = frozenset(["uint32", "uint64"])
+
+
 def _tensor_of(stub, where, parameter):
     a = np.asarray(_array(stub, where), order="C")
+    if a.dtype.name in _NO_TENSOR_DTYPES:
+        raise T.UnsupportedError(f"{where}: an array of dtype {a.dtype.name}, which mgtrace's "
+                                 "tensors do not have")
     return M.Parameter(a) if parameter else mgtrace.tensor(a)
 
 
@@ -598,7 +605,9 @@ class _Builder:
         object.__setattr__(m, "_argspec", spec)
         if sig is not None:
             object.__setattr__(m, "_signature", sig)
-        m.train(stub.get("training") is True)
+        # its own flag only: MegEngine keeps one per module, and trace_module gives the
+        # top TracedModule training=True even where every submodule was put in eval mode
+        m.__dict__["training"] = stub.get("training") is True
         return m
 
     def _member(self, value, where, depth):
@@ -691,7 +700,7 @@ def _state_dict(obj, where):
     for k, v in obj.items():
         if not isinstance(k, str):
             raise MegEngineFileError(f"{where}: a state dict key of type {type(k).__name__}")
-        out[k] = mgtrace.tensor(np.asarray(_array(v, f"{where}[{k!r}]"), order="C"))
+        out[k] = _tensor_of(v, f"{where}[{k!r}]", False)
     return out
 
 

@@ -174,6 +174,8 @@ MODULES = {
     _MM + "activation.Softmax": ModuleRule(
         M.Softmax, lambda s, w: M.Softmax(s.get("axis")), ()),
     _MM + "activation.ReLU": _stateless(M.ReLU),
+    _MM + "activation.LeakyReLU": ModuleRule(
+        M.LeakyReLU, lambda s, w: M.LeakyReLU(s.get("negative_slope", 0.01)), ()),
     _MM + "activation.Sigmoid": _stateless(M.Sigmoid),
     _MM + "activation.SiLU": _stateless(M.SiLU),
     _MM + "activation.GELU": _stateless(M.GELU),

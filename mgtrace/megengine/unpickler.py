@@ -218,24 +218,47 @@ class _Array(Stub):
             raise MegEngineFileError("an array's state is not (version, shape, dtype, "
                                      "is_fortran, data)")
         _, shape, dtype, fortran, raw = state
-        dtype = _check_dtype(dtype, "array")
-        if not (isinstance(shape, tuple) and len(shape) <= MAX_NDIM
-                and all(type(n) is int and 0 <= n <= MAX_ELEMENTS for n in shape)):
-            raise MegEngineFileError(f"an array's shape {str(shape)[:80]} is not a tuple of at "
-                                     f"most {MAX_NDIM} sizes")
-        count = 1
-        for n in shape:
-            count *= n
-        if not isinstance(raw, (bytes, bytearray)):
-            raise MegEngineFileError(f"an array's data is a {type(raw).__name__}, not bytes")
-        if count * dtype.itemsize != len(raw):
-            raise MegEngineFileError(f"an array of shape {shape} and dtype {dtype} needs "
-                                     f"{count * dtype.itemsize} bytes, the file gives {len(raw)}")
-        flat = np.frombuffer(raw, dtype=dtype).copy()
-        self.array = flat.reshape(shape, order="F" if fortran is True else "C")
-        if not self.array.dtype.isnative:
-            self.array = self.array.astype(self.array.dtype.newbyteorder("="))
+        self.array = _array_from(shape, dtype, fortran is True, raw)
         self.state = {}
+
+
+def _array_from(shape, dtype, fortran, raw):
+    """A copy of the bytes ``raw`` as an array of ``shape`` and ``dtype`` (a
+    numpy.dtype record), checked: a numeric dtype, at most MAX_NDIM sizes,
+    exactly the bytes the shape needs."""
+    dtype = _check_dtype(dtype, "array")
+    if not (isinstance(shape, tuple) and len(shape) <= MAX_NDIM
+            and all(type(n) is int and 0 <= n <= MAX_ELEMENTS for n in shape)):
+        raise MegEngineFileError(f"an array's shape {str(shape)[:80]} is not a tuple of at "
+                                 f"most {MAX_NDIM} sizes")
+    count = 1
+    for n in shape:
+        count *= n
+    if not isinstance(raw, (bytes, bytearray)):
+        raise MegEngineFileError(f"an array's data is a {type(raw).__name__}, not bytes")
+    if count * dtype.itemsize != len(raw):
+        raise MegEngineFileError(f"an array of shape {shape} and dtype {dtype} needs "
+                                 f"{count * dtype.itemsize} bytes, the file gives {len(raw)}")
+    flat = np.frombuffer(raw, dtype=dtype).copy()
+    if dtype.kind == "b":
+        flat = flat.view(np.uint8) != 0      # a bool byte other than 0 or 1 read as True
+    array = flat.reshape(shape, order="F" if fortran else "C")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
+
+
+def _frombuffer(buf=None, dtype=None, shape=None, order=None, *rest):
+    """numpy.core.numeric._frombuffer(buffer, dtype, shape, order): how NumPy
+    pickles an array at protocol 5 (``megengine.save(..., pickle_protocol=5)``),
+    the buffer in-band. The same checks as an array's BUILD."""
+    if rest or order not in ("C", "F"):
+        raise MegEngineFileError("numpy _frombuffer called with arguments other than "
+                                 "(buffer, dtype, shape, 'C' or 'F')")
+    self = _Array()
+    self.array = _array_from(shape, dtype, order == "F", buf)
+    self.state = {}
+    return self
 
 
 def _scalar(dtype, raw=None):
@@ -243,6 +266,8 @@ def _scalar(dtype, raw=None):
     dtype = _check_dtype(dtype, "numpy scalar")
     if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
         raise MegEngineFileError(f"a numpy {dtype} scalar needs {dtype.itemsize} bytes")
+    if dtype.kind == "b":
+        return np.bool_(raw != b"\x00")     # a bool byte other than 0 or 1 read as True
     return np.frombuffer(raw, dtype=dtype)[0]
 
 
@@ -301,6 +326,8 @@ def _allowed():
     for np_core in ("numpy.core.multiarray", "numpy._core.multiarray"):
         table[(np_core, "_reconstruct")] = _Array
         table[(np_core, "scalar")] = _scalar
+    for np_numeric in ("numpy.core.numeric", "numpy._core.numeric"):
+        table[(np_numeric, "_frombuffer")] = _frombuffer
     table[("numpy", "dtype")] = _DType
     table[("collections", "OrderedDict")] = _OrderedDict
     table[("collections", "defaultdict")] = _DefaultDict

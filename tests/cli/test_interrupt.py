@@ -128,3 +128,32 @@ def test_a_stop_swallowed_by_a_finalizer_is_delivered_after_the_hook(monkeypatch
         signal.setitimer(signal.ITIMER_REAL, 0)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_sigterm_to_the_parent_stops_its_workers(many, tmp_path):
+    # kill PID (a CI job's timeout) ended the parent alone: its -j 2 workers, blocked on
+    # their queue, lived on for ever; now SIGTERM stops the pool as Ctrl-C does
+    out, rep = tmp_path / "out", tmp_path / "r.json"
+    proc = _start(["retrace", many, "-o", out, "-j", 2, "--report", rep], True)
+    try:
+        _wait_for_outputs(out, 3, proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (stdout, stderr)
+        assert "Traceback" not in stderr, stderr
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            try:
+                os.killpg(proc.pid, 0)          # anything left of the job's process group?
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("worker processes outlived the parent")
+        assert json.loads(rep.read_text())["finished"] is False
+        assert all(n.endswith(".tmod") and not n.startswith(".") for n in os.listdir(out))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

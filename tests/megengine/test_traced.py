@@ -105,3 +105,27 @@ def test_example_inputs_given(loaded):
     args, kwargs, want = stored("cnn")[5]
     tm = mge.load(path("cnn", ".tm"), example_inputs=args)
     assert_matches(tm(*args, **kwargs), want)
+
+
+def test_eval_before_trace_keeps_submodules_in_eval_mode():
+    # MegEngine's trace_module gives the top TracedModule training=True while its
+    # BatchNorm and Dropout stay in eval mode; the converter set the top's flag on the
+    # whole tree, so BatchNorm used batch statistics and Dropout dropped
+    here = os.path.join(os.path.dirname(__file__), "data", "eval_before_trace")
+    d = np.load(here + ".npz")
+    t = mge.load(here + ".tm")
+    assert not t.bn.training and not t.drop.training
+    for b in (2, 5):
+        np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_leaky_relu_module_called_twice():
+    # MegEngine's M.LeakyReLU had no entry in the mapping table (UnsupportedError)
+    here = os.path.join(os.path.dirname(__file__), "data", "leaky_twice")
+    d = np.load(here + ".npz")
+    t = mge.load(here + ".tm")
+    assert t.act.negative_slope == pytest.approx(0.1)
+    for b in (2, 5):
+        np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                   rtol=1e-5, atol=1e-6)
