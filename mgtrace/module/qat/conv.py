@@ -1,7 +1,7 @@
 """QAT Conv2d and ConvRelu2d (MegEngine's ``module/qat/conv.py``)."""
 import mgtrace.functional as F
 from mgtrace.module import builtin as _float
-from mgtrace.module.qat.module import QATModule, build_uninitialized
+from mgtrace.module.qat.module import QATModule, sharing_float_weights
 
 __all__ = ["Conv2d", "ConvRelu2d"]
 
@@ -20,10 +20,7 @@ class Conv2d(_float.Conv2d, QATModule):
 
     @classmethod
     def from_float_module(cls, float_module):
-        qmod = build_uninitialized(cls, **float_module.config())
-        qmod.weight = float_module.weight
-        qmod.bias = float_module.bias
-        return qmod.train(float_module.training)
+        return sharing_float_weights(cls, float_module)
 
 
 class ConvRelu2d(Conv2d):

@@ -1,7 +1,7 @@
 """QAT Linear and LinearRelu (MegEngine's ``module/qat/linear.py``)."""
 import mgtrace.functional as F
 from mgtrace.module import builtin as _float
-from mgtrace.module.qat.module import QATModule, build_uninitialized
+from mgtrace.module.qat.module import QATModule, sharing_float_weights
 
 __all__ = ["Linear", "LinearRelu"]
 
@@ -19,10 +19,7 @@ class Linear(_float.Linear, QATModule):
 
     @classmethod
     def from_float_module(cls, float_module):
-        qmod = build_uninitialized(cls, **float_module.config())
-        qmod.weight = float_module.weight
-        qmod.bias = float_module.bias
-        return qmod.train(float_module.training)
+        return sharing_float_weights(cls, float_module)
 
 
 class LinearRelu(Linear):

@@ -1,7 +1,7 @@
 """QATModule: the base of the QAT modules (MegEngine's ``module/qat/module.py``)."""
 from mgtrace.module.module import Module
 
-__all__ = ["QATModule", "build_uninitialized"]
+__all__ = ["QATModule", "build_uninitialized", "sharing_float_weights"]
 
 
 def build_uninitialized(cls, **config):
@@ -15,6 +15,16 @@ def build_uninitialized(cls, **config):
     finally:
         m.__dict__.pop("reset_parameters", None)
     return m
+
+
+def sharing_float_weights(cls, float_module):
+    """A ``cls`` built from ``float_module``'s config that holds the same
+    weight and bias Parameters (so a float state dict still loads), in the
+    float module's mode: ``from_float_module`` of the weighted QAT modules."""
+    qmod = build_uninitialized(cls, **float_module.config())
+    qmod.weight = float_module.weight
+    qmod.bias = float_module.bias
+    return qmod.train(float_module.training)
 
 
 class QATModule(Module):
