@@ -157,7 +157,8 @@ class Frame:
         p = self.placeholders.get(id(node))
         if p is None:
             if isinstance(node, TensorNode):
-                p = _tensor(np.zeros(node.shape or (), node.dtype or np.float32))
+                p = _tensor(np.zeros(node.shape or (), node.dtype or np.float32), None,
+                            self._device())
             elif isinstance(node, ValueNode):
                 p = SymInt(node.value if node.value is not None else 1)
             else:
@@ -165,6 +166,18 @@ class Frame:
             self.placeholders[id(node)] = p
             self.bind(p, node)
         return p
+
+    def _device(self):
+        """The device of the module whose graph this is (its first parameter
+        or buffer), so that editing a module placed off the default device
+        makes its stand-in values there too; None (the default device) for a
+        module without tensors."""
+        owner = self.tm if self.tm is not None else self.module
+        for kind in ("parameters", "buffers"):
+            walk = getattr(type(owner), kind, None)    # through the class: see Module's shadowing rule
+            for t in (walk(owner) if walk is not None else ()):
+                return t.device
+        return None
 
     def _tensor_source(self, t):
         for owner, name in self.tracer.attr_of(t) or ():

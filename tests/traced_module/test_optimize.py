@@ -848,13 +848,9 @@ def test_all_on_a_device_without_nchwc_kernels_keeps_to_its_kernels(rng, monkeyp
     xd = x.to(cuda_stand_in)
     on_dev = mt.trace_module(net.to(cuda_stand_in), xd)
     assert not mt.has_kernel("conv2d_nchwc", cuda_stand_in)
-    # (the tracer's placeholders for editing take the default device, not
-    # the node's: tracer.placeholder; set here so the fusions run on it)
-    mt.set_default_device(cuda_stand_in)
-    try:
-        new = optimize(on_dev, "all")
-    finally:
-        mt.set_default_device("cpu")
+    # the default device stays the CPU: the editing placeholders follow the
+    # module's device, so the fusions run on it
+    new = optimize(on_dev, "all")
     for f in (F.conv2d_nchwc, F.to_nchwc, F.from_nchwc, F.max_pool2d_nchwc,
               F.conv2d_nchwc_pw_dw, F.conv2d_nchwc_pw_dw_pw):
         assert functions(new, f) == 0
