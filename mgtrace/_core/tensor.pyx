@@ -545,6 +545,8 @@ cdef Tensor to_tensor(object data, object dtype, int device):
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
         if not arr.dtype.isnative:     # '>f4' -> float32: the data is copied anyway
             arr = arr.astype(arr.dtype.newbyteorder("="))
+        elif arr.dtype.kind == "b":    # a bool byte other than 0/1 (a view of raw bytes) is
+            arr = arr.view(np.uint8) != 0    # True, as NumPy reads it: stored as 1
     elif hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         arr = np.from_dlpack(data)
     elif dtype is not None:

@@ -302,3 +302,15 @@ def test_non_native_byte_order_as_a_dtype_names_byte_order_and_fix():
     with pytest.raises(TypeError, match=r"'>f4' \(float32\) is not in native byte order.*"
                                         r"pass 'float32'.*newbyteorder\('='\)"):
         mt.tensor(np.ones(2, "float32")).astype(">f4")
+
+
+def test_bool_bytes_other_than_one_are_stored_as_true():
+    # NumPy reads any nonzero byte of a bool array as True; a view of raw
+    # bytes can hold 5: the tensor must store 1, or integer casts and
+    # comparisons would see the 5 (hand-computed expectation)
+    raw = np.frombuffer(b"\x05\x00\x01\xff", dtype=bool)
+    t = mt.tensor(raw)
+    np.testing.assert_array_equal(t.astype("int32").numpy(), [1, 0, 1, 1])
+    np.testing.assert_array_equal((t == mt.tensor(np.array([True, False, True, True]))).numpy(),
+                                  [True] * 4)
+    np.testing.assert_array_equal(mt.tensor(raw[::2]).astype("int32").numpy(), [1, 1])
