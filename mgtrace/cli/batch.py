@@ -440,13 +440,32 @@ def _unraisable_in_worker(info, _default=sys.unraisablehook):
     _default(info)
 
 
-def _worker_init():
+def _worker_init(parent_pid=None):
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's business
     signal.signal(signal.SIGTERM, _stop_worker)      # how the parent stops a running task
     signal.signal(signal.SIGALRM, _stop_worker)      # a stop delivered again (see the hook)
+    _die_with_parent(parent_pid)
     sys.unraisablehook = _unraisable_in_worker
     from mgtrace import set_num_threads
     set_num_threads(1)              # one kernel thread per worker: the pool already uses the cores
+
+
+def _die_with_parent(parent_pid):
+    """Ask Linux for a SIGTERM when the parent dies, so a parent killed with
+    SIGKILL (which it cannot clean up after) leaves no worker behind: the
+    worker stops as the parent would have stopped it (its task's ``finally``
+    blocks remove temporary files). Elsewhere nothing is asked: the workers
+    then end when their task queue closes."""
+    if not sys.platform.startswith("linux") or parent_pid is None:
+        return
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)      # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:                  # it died before the request: stop now
+        os._exit(128 + signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -518,7 +537,7 @@ class _WorkerContext(multiprocessing.context.SpawnContext):
 def _new_pool(jobs):
     # spawn: no fork after BLAS threads started
     return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(),
-                                  initializer=_worker_init)
+                                  initializer=_worker_init, initargs=(os.getpid(),))
 
 
 def _stop_pool(pool):

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -151,6 +152,34 @@ def test_sigterm_to_the_parent_stops_its_workers(many, tmp_path):
         else:
             raise AssertionError("worker processes outlived the parent")
         assert json.loads(rep.read_text())["finished"] is False
+        assert all(n.endswith(".tmod") and not n.startswith(".") for n in os.listdir(out))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkill_of_the_parent_leaves_no_worker(many, tmp_path):
+    # SIGKILL cannot be caught, so the parent cannot stop its -j 2 workers:
+    # they ask the kernel for a SIGTERM at its death and stop as on Ctrl-C,
+    # removing their temporary files
+    out = tmp_path / "out"
+    proc = _start(["retrace", many, "-o", out, "-j", 2], True)
+    try:
+        _wait_for_outputs(out, 3, proc)
+        proc.kill()
+        proc.wait(timeout=60)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            try:
+                os.killpg(proc.pid, 0)          # anything left of the job's process group?
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("worker processes outlived a killed parent")
         assert all(n.endswith(".tmod") and not n.startswith(".") for n in os.listdir(out))
     finally:
         try:
