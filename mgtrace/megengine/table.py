@@ -176,6 +176,9 @@ MODULES = {
     _MM + "activation.ReLU": _stateless(M.ReLU),
     _MM + "activation.LeakyReLU": ModuleRule(
         M.LeakyReLU, lambda s, w: M.LeakyReLU(s.get("negative_slope", 0.01)), ()),
+    _MM + "activation.PReLU": ModuleRule(
+        M.PReLU, lambda s, w: M.PReLU(s.get("num_parameters", 1), s.get("init", 0.25)),
+        ("weight",)),
     _MM + "activation.Sigmoid": _stateless(M.Sigmoid),
     _MM + "activation.SiLU": _stateless(M.SiLU),
     _MM + "activation.GELU": _stateless(M.GELU),

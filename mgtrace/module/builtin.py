@@ -1061,6 +1061,13 @@ class PReLU(Module):
     def config(self):
         return {"num_parameters": self.num_parameters, "init": self.init}
 
+    def _megengine_layout(self):
+        """MegEngine's shape of the per-channel weight, [1, C, 1, 1] (its
+        module/activation.py; one slope is [1] in both)."""
+        if self.num_parameters > 1:
+            return {"weight": ((1, self.num_parameters, 1, 1),)}
+        return {}
+
     def extra_repr(self):
         return f"num_parameters={self.num_parameters}"
 

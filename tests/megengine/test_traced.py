@@ -11,6 +11,7 @@ import pytest
 
 import mgtrace as mt
 import mgtrace.megengine as mge
+import mgtrace.module as M
 from .cases import CASES, assert_matches, path, stored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -129,3 +130,33 @@ def test_leaky_relu_module_called_twice():
     for b in (2, 5):
         np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_prelu_per_channel_and_single_slope():
+    # MegEngine's M.PReLU had no entry in the mapping table; its per-channel
+    # weight is [1, C, 1, 1] (ours [C]): the .tm, and the state dict through
+    # layout="megengine", give MegEngine's own outputs
+    here = os.path.join(os.path.dirname(__file__), "data", "prelu")
+    d = np.load(here + ".npz")
+    t = mge.load(here + ".tm")
+    assert t.act.num_parameters == 4 and t.act1.num_parameters == 1
+    np.testing.assert_array_equal(t.act.weight.numpy(), np.float32([0.05, 0.2, -0.3, 1.5]))
+    for b in (2, 5):
+        np.testing.assert_allclose(t(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                   rtol=1e-5, atol=1e-6)
+    fresh = _PReLUNet()
+    fresh.load_state_dict(mge.load(here + ".pkl"), layout="megengine")
+    np.testing.assert_allclose(fresh(mt.tensor(d["x5"])).numpy(), d["y5"], rtol=1e-5, atol=1e-6)
+    back = fresh.state_dict(layout="megengine")
+    assert tuple(back["act.weight"].shape) == (1, 4, 1, 1) and tuple(back["act1.weight"].shape) == (1,)
+
+
+class _PReLUNet(M.Module):
+    """make_prelu.py's Net, written against mgtrace."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.act1 = M.Conv2d(3, 4, 3, padding=1), M.PReLU(4), M.PReLU()
+
+    def forward(self, x):
+        return self.act1(self.act(self.conv(x)) - 0.2)
