@@ -890,7 +890,8 @@ class Module:
                 mismatched.append((key, "dtype", target.dtype.name, np.dtype(value.dtype).name))
             else:
                 plan.append((target, value))
-        problems = [f"{key}: {what} mismatch, expected {exp}, got {act}"
+        problems = [f"{key}: {what} mismatch, expected "
+                    f"{_expected_shapes(exp, table.get(key)) if what == 'shape' else exp}, got {act}"
                     for key, what, exp, act in mismatched]
         if strict:
             if missing:
@@ -1054,6 +1055,16 @@ class Module:
             return f"{self._get_name()}({extra})"
         body = "\n  ".join(lines)
         return f"{self._get_name()}(\n  {body}\n)"
+
+
+def _expected_shapes(own_shape, layout_shapes):
+    """The shapes a state dict entry may have, as a mismatch message says
+    them: the module's own, and the layout's where it has others (MegEngine's
+    (1, C, 1, 1) conv bias beside mgtrace's (C,))."""
+    others = [s for s in layout_shapes or () if tuple(s) != own_shape]
+    if not others:
+        return own_shape
+    return " or ".join(str(tuple(s)) for s in others) + f" (this layout), or {own_shape}"
 
 
 def _from_layout(state_dict, own, table):
