@@ -385,6 +385,9 @@ def _scan(data, where):
             if op.name in _MEMO_PUTS and not (isinstance(arg, int) and 0 <= arg <= MAX_MEMO):
                 raise MegEngineFileError(f"{where}: memo index {str(arg)[:30]} at byte {pos} is "
                                          f"over {MAX_MEMO}")
+            if op.name == "FRAME" and arg > len(data) - pos:
+                raise MegEngineFileError(f"{where}: a frame of {arg} bytes at byte {pos}, past "
+                                         f"the end of the {len(data)}-byte pickle")
             if type(arg) is int and abs(arg) >= MAX_INT:
                 raise MegEngineFileError(f"{where}: an int of more than 61 bits at byte {pos} "
                                          "(ints that large collide in dicts; MegEngine's files "

@@ -159,6 +159,11 @@ def test_refusals_say_why():
         mge.loads(P4 + call("numpy", "dtype", su("O"), b"\x89\x88") + b".")
     with pytest.raises(mge.MegEngineFileError, match="an int of more than"):
         mge.loads(P4 + b"}(\x8a\x09" + (2**62).to_bytes(9, "little", signed=True) + b"Nu.")
+    # a FRAME longer than the file: said as such (2**63 - 1 was "an int of more than 61 bits")
+    for n in (2**63 - 1, 10**6):
+        with pytest.raises(mge.MegEngineFileError, match=f"a frame of {n} bytes at byte 2, past "
+                                                         "the end of the 13-byte pickle"):
+            mge.loads(P4 + b"\x95" + n.to_bytes(8, "little") + b"N.")
     with pytest.raises(mge.MegEngineFileError, match="neither a state dict nor a TracedModule"):
         mge.loads(P4 + b"]" * 100 + b"a" * 99 + b".")
     with pytest.raises(mge.MegEngineFileError, match=r"more than \d+ pickle opcodes"):
