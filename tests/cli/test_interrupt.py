@@ -23,6 +23,25 @@ def _start(args, group):
     return start_cli(*args, start_new_session=group)
 
 
+def _assert_group_ends(proc, seconds, why):
+    """Wait until nothing is left of ``proc``'s process group (its workers)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(why)
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _wait_for_outputs(out, n, proc, timeout=60):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -142,22 +161,11 @@ def test_sigterm_to_the_parent_stops_its_workers(many, tmp_path):
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 130, (stdout, stderr)
         assert "Traceback" not in stderr, stderr
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 10:
-            try:
-                os.killpg(proc.pid, 0)          # anything left of the job's process group?
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("worker processes outlived the parent")
+        _assert_group_ends(proc, 10, "worker processes outlived the parent")
         assert json.loads(rep.read_text())["finished"] is False
         assert all(n.endswith(".tmod") and not n.startswith(".") for n in os.listdir(out))
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -171,18 +179,7 @@ def test_sigkill_of_the_parent_leaves_no_worker(many, tmp_path):
         _wait_for_outputs(out, 3, proc)
         proc.kill()
         proc.wait(timeout=60)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            try:
-                os.killpg(proc.pid, 0)          # anything left of the job's process group?
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("worker processes outlived a killed parent")
+        _assert_group_ends(proc, 30, "worker processes outlived a killed parent")
         assert all(n.endswith(".tmod") and not n.startswith(".") for n in os.listdir(out))
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
