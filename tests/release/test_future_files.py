@@ -126,6 +126,13 @@ def test_a_newer_minor_with_unknown_optional_fields_loads_and_keeps_them(archive
     again = load_archive(io.BytesIO(buf.getvalue()))
     assert again.unknown_fields == UNKNOWN and again.producer["version"] == NEWER
     np.testing.assert_array_equal(again.obj(x).numpy(), y)
+    # a newer minor without unknown fields is transcribed the same way
+    plain = _future(data, (MAJOR, MINOR + 1), (1, 1))
+    arc = load_archive(io.BytesIO(plain), mmap=mmap)
+    assert arc.unknown_fields == {"header": {}, "modules": {}, "tensors": {}}
+    buf = io.BytesIO()
+    mt.save(arc, buf, target_version=arc.format_version)
+    assert buf.getvalue() == plain
 
 
 def test_unknown_fields_are_dropped_with_a_warning_at_another_version(archive):
