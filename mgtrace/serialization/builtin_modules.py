@@ -25,14 +25,17 @@ own types) and charged to the load's budget (``DecodeContext.reserve_elements``)
 """
 import math
 import operator
+from collections import namedtuple
 
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module, is_builtin
 from mgtrace.serialization import registry
 from mgtrace.serialization.codecs import register_module_codec
-from mgtrace.serialization.header import V1, Field
+from mgtrace.serialization.header import V1, V1_1, Field
+from mgtrace.serialization.version import fmt
 
-__all__ = ["STATE_ELEMENTS", "BUILTIN_FIELDS", "CONTAINER_FIELDS", "install_state"]
+__all__ = ["STATE_ELEMENTS", "BUILTIN_FIELDS", "CONTAINER_FIELDS", "ADDED_KEYS", "AddedKey",
+           "config_for", "install_state"]
 
 BUILTIN_FIELDS = (
     Field("type", "str", True, V1, 'stable type name, e.g. "mgtrace.module.Conv2d"'),
@@ -120,6 +123,81 @@ def _local_conv(c):
             * (_size(c.get("input_width")) + 2 * _size(pw)))
 
 
+# ------------------------------------------------------------------ config keys by format
+
+AddedKey = namedtuple("AddedKey", "default written_from read_from")
+AddedKey.__doc__ = """A config key a builtin type's ``config()`` gained at the same type
+version: its ``default`` (what the constructor assumes without it), the
+format whose writers always write it (``written_from``) and the oldest
+format all of whose listed releases read it (``read_from``)."""
+
+# Config keys mgtrace's builtin types gained after a format's golden archives
+# were written, at the same type version. Conv1d/Conv2d/ConvTranspose2d's
+# padding_mode and MaxPool2d's return_indices came in after schema/golden/1.0
+# was written (by a commit before release 0.1.0) and before 0.1.0 was tagged:
+# 0.1.0's constructors take them and its config() writes them, so every
+# release reads them, but format 1.0's golden archives lack them, and format
+# 1.1's (release 0.2.0) always hold them. Both are Conv2d version 1 (a type
+# version is frozen with each released format), so the key set is a matter
+# of the format: a writer for a format before ``written_from`` leaves the key
+# out where it holds its default, writes it where it does not and every
+# release of that format reads it, and refuses it below ``read_from``; the
+# reader fills a missing key with its default. This table records history:
+# a key added from now on is a type-version bump with an upgrader
+# (upgraders.py), and tests/release/test_builtin_configs.py fails when a
+# released type's constructor changes without one.
+ADDED_KEYS = {
+    "mgtrace.module.Conv1d": {"padding_mode": AddedKey("zeros", V1_1, V1)},
+    "mgtrace.module.Conv2d": {"padding_mode": AddedKey("zeros", V1_1, V1)},
+    "mgtrace.module.ConvTranspose2d": {"padding_mode": AddedKey("zeros", V1_1, V1)},
+    "mgtrace.module.MaxPool2d": {"return_indices": AddedKey(False, V1_1, V1)},
+}
+
+
+def _is_default(value, default):
+    return type(value) is type(default) and value == default
+
+
+def config_for(name, config, target, path=""):
+    """``config`` (what ``config()`` of builtin type ``name`` returns) as a
+    writer for format ``target`` stores it: each key of :data:`ADDED_KEYS`
+    that the format's writers did not write yet is left out where it holds
+    its default (order kept otherwise).
+
+    Raises:
+        ValueError: a non-default value the target's readers cannot read
+            (the message names the module by its ``path`` and type, the
+            key, the value and both format versions).
+    """
+    added = ADDED_KEYS.get(name)
+    if not added:
+        return config
+    out = {}
+    for key, value in config.items():
+        a = added.get(key)
+        if a is not None and tuple(target) < a.written_from:
+            if _is_default(value, a.default):
+                continue
+            if tuple(target) < a.read_from:
+                module = f"module {path!r} ({name})" if path else name
+                raise ValueError(
+                    f"cannot save {module} for format {fmt(target)}: its config key {key!r} "
+                    f"is {value!r}, which format {fmt(target)}'s readers cannot read (they know "
+                    f"the type without it, as {key}={a.default!r}); it needs format "
+                    f"{fmt(a.read_from)}: raise target_version")
+        out[key] = value
+    return out
+
+
+def _fill_added(name, config):
+    """A stored ``config`` with the :data:`ADDED_KEYS` an older writer left
+    out given their defaults (the key order of ``config()`` is not kept:
+    the constructor takes keywords)."""
+    for key, a in ADDED_KEYS.get(name, {}).items():
+        config.setdefault(key, a.default)
+    return config
+
+
 # ------------------------------------------------------------------ builtin
 
 def _encode_builtin(m, ctx):
@@ -129,6 +207,7 @@ def _encode_builtin(m, ctx):
         raise TypeError(f"{type(m).__qualname__}.config() has non-string keys {bad!r}")
     ctx.builtin_type(m.builtin_name, m.builtin_version)
     ctx.build_elements += STATE_ELEMENTS.get(m.builtin_name, lambda c: 0)(config)  # as load counts
+    config = config_for(m.builtin_name, config, ctx.target_version, ".".join(ctx._stack[1:]))
     return {"type": m.builtin_name, "type_version": m.builtin_version,
             "config": {k: ctx.value(v, where=f"config()[{k!r}]") for k, v in config.items()},
             "tensors": {k: ctx.tensor(t) for k, t in type(m).state_dict(m, keep_vars=True).items()}}
@@ -199,7 +278,7 @@ def _decode_builtin(entry, ctx):
     name = entry["type"]
     cls, upgrade = registry.resolve_module_type(name, entry["type_version"])
     config = {k: ctx.value(v, where=f"config.{k}") for k, v in entry["config"].items()}
-    config = upgrade(config)
+    config = upgrade(_fill_added(name, config))
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
     m = _construct(cls, name, config)
     if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode

@@ -14,7 +14,7 @@ import numpy as np
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import aliases, registry, tensors, values
+from mgtrace.serialization import aliases, registry, tensors, unknown, values
 from mgtrace.serialization.codecs import codec_for_kind, codec_for_module
 from mgtrace.serialization import limits
 from mgtrace.serialization.version import FORMAT_VERSION, fmt, released_names
@@ -80,7 +80,7 @@ class EncodeContext:
     def tensor(self, t):
         """Index of Tensor ``t`` in the tensor table. Views with the same
         storage, offset, shape, strides and dtype share one entry."""
-        key = (t._storage_id(), t.data_ptr, t.shape, t.strides, t.dtype.name, str(t.device))
+        key = unknown.tensor_key(t)
         i = self._tensor_index.get(key)
         if i is None:
             i = self._tensor_index[key] = len(self.tensors)

@@ -9,7 +9,8 @@ entry declared in :data:`ENTRIES`. Module entries add the fields their kind
 declares (see :mod:`mgtrace.serialization.codecs`).
 
 Unknown keys are ignored: a newer minor version may add optional fields
-(version.py). A missing required field or a wrong type raises
+(version.py); those of the header, module and tensor entries are kept for a
+re-save at the archive's own version (unknown.py). A missing required field or a wrong type raises
 :class:`~mgtrace.ArchiveError` naming the path, e.g. ``header.tensors[3].shape``.
 """
 import zlib

@@ -26,6 +26,7 @@ from mgtrace._core.tensor import require_device
 from mgtrace.errors import ArchiveError, VersionError
 from mgtrace.serialization import header as H
 from mgtrace.serialization import tensors as T
+from mgtrace.serialization import unknown
 from mgtrace.serialization.context import DecodeContext
 from mgtrace.serialization.layout import PREFIX, parse_prefix
 from mgtrace.serialization import limits
@@ -51,14 +52,23 @@ class Archive:
         format_version, min_reader_version: ``(major, minor)`` tuples.
         producer: ``{"library": ..., "version": ...}`` of the writer.
         header: the validated header, values still tagged.
+        unknown_fields: the fields of the header, its module entries and its
+            tensor entries that this reader does not know (a newer minor's
+            optional fields): ``{"header": {name: value}, "modules": {index:
+            {name: value}}, "tensors": {index: {name: value}}}``, values as
+            stored; empty maps when there are none (see unknown.py for what
+            a re-save keeps).
 
     ``mt.save(archive, f, target_version=archive.format_version)`` writes
-    it again as it was read (examples, metadata and producer kept): the same
-    bytes from an unchanged writer (see :func:`~mgtrace.serialization.save`).
+    it again as it was read (examples, metadata, producer and unknown
+    fields kept): the same bytes from an unchanged writer (see
+    :func:`~mgtrace.serialization.save`).
     """
 
     def __init__(self, obj, header, metadata, examples):
         self.obj, self.header, self.metadata = obj, header, metadata
+        self._carried = None        # unknown.Carried, set by the load where there are any
+        self.unknown_fields = {"header": {}, "modules": {}, "tensors": {}}
         self.example_inputs, self.example_outputs, self.example_kwargs = examples
         self.format_version = tuple(header["format_version"])
         self.min_reader_version = tuple(header["min_reader_version"])
@@ -172,7 +182,11 @@ def _decode_values(header, start, src, mmap, device, verify, everything, run_onc
         {k: ctx.value(v, where=f"header.examples.kwargs.{k}") for k, v in ex.get("kwargs", {}).items()})
     meta = header.get("metadata")
     meta = None if meta is None else ctx.value(meta, where="header.metadata")
-    return Archive(obj, header, meta, examples)
+    archive = Archive(obj, header, meta, examples)
+    carried = unknown.find(header, ctx._modules, ctx._placed)
+    if carried:
+        archive._carried, archive.unknown_fields = carried, carried.by_place
+    return archive
 
 
 def _check_device(device):

@@ -9,7 +9,9 @@ introduced them). A reader
 * refuses a newer major, or a ``min_reader_version`` above its own version,
   with a message naming both versions;
 * reads a newer minor whose ``min_reader_version`` it meets, ignoring
-  optional fields it does not know (a minor release may only add those);
+  optional fields it does not know (a minor release may only add those)
+  and keeping those of the header, module and tensor entries for a re-save
+  at the archive's own version (unknown.py);
 * reads an older major through :data:`FORMAT_UPGRADERS`, one step per major
   (there is none yet: 1 is the first major).
 

@@ -8,12 +8,12 @@ import os
 
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
-from mgtrace.serialization import aliases, limits, tensors as T, values
+from mgtrace.serialization import aliases, limits, tensors as T, unknown, values
 from mgtrace.serialization.atomic import open_for_writing
 from mgtrace.serialization.context import EncodeContext
 from mgtrace.serialization.reader import Archive
 from mgtrace.serialization.layout import PREFIX, align, data_start, pack_prefix
-from mgtrace.serialization.version import FORMAT_NAME, check_target
+from mgtrace.serialization.version import FORMAT_NAME, FORMAT_VERSION, check_target
 
 __all__ = ["save"]
 
@@ -88,7 +88,12 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
     its producer is kept too, so an unchanged writer gives the same bytes
     (schema/golden's re-save check); saved at another version, it is a new
     archive written by this mgtrace. ``metadata``, ``example_inputs`` and
-    ``example_kwargs`` must then be None (TypeError otherwise).
+    ``example_kwargs`` must then be None (TypeError otherwise). The fields
+    this reader did not know (``archive.unknown_fields``: a newer minor's
+    optional fields in the header, module and tensor entries) are written
+    back where the archive is saved at its own version, which may then be a
+    newer minor of this major; saved at another version they are left out,
+    with a UserWarning naming them (mgtrace/serialization/unknown.py).
 
     >>> import io, mgtrace as mt
     >>> buf = io.BytesIO()
@@ -96,7 +101,11 @@ def save(obj, f, *, metadata=None, example_inputs=None, example_kwargs=None,
     >>> _ = buf.seek(0); mt.load(buf)
     {'w': Tensor([1., 2.], dtype=float32, device=cpu:0), 'step': 3}
     """
-    target = None if target_version is None else check_target(target_version)
+    if isinstance(obj, Archive) and _same(target_version, obj.format_version) and \
+            obj.format_version[0] == FORMAT_VERSION[0]:
+        target = obj.format_version     # a transcription, of a newer minor too (unknown.py)
+    else:
+        target = None if target_version is None else check_target(target_version)
     if isinstance(obj, Archive):
         header, tensors = _encode_archive(obj, metadata, example_inputs, example_kwargs, target)
     else:
@@ -124,6 +133,12 @@ def _encode_archive(archive, metadata, example_inputs, example_kwargs, target):
                         "archive.obj to give new ones)")
     kept = {"producer": archive.producer if target == archive.format_version else None,
             "format_version": list(archive.format_version)}
+    if target == archive.format_version and (archive._carried is not None or
+                                             target > FORMAT_VERSION):
+        kept["carried"] = archive._carried or unknown.Carried({}, {}, {})
+        kept["min_reader_version"] = archive.min_reader_version
+    elif archive._carried is not None:
+        unknown.warn_dropped(archive._carried, archive.format_version, target or FORMAT_VERSION)
     if archive.example_inputs is not None:
         kept["examples"] = (archive.example_inputs, archive.example_outputs,
                             archive.example_kwargs)
@@ -132,11 +147,13 @@ def _encode_archive(archive, metadata, example_inputs, example_kwargs, target):
 
 def _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept=None):
     """``kept``: what save(archive) keeps, ``{"producer": dict or None,
-    "format_version": [major, minor], "examples": (inputs, outputs, kwargs)}``
-    (the examples not re-run; the producer only where the archive is
-    written in its own format version again)."""
+    "format_version": [major, minor], "examples": (inputs, outputs, kwargs),
+    "carried": unknown.Carried, "min_reader_version": (major, minor)}``
+    (the examples not re-run; the producer, and the unknown fields, only
+    where the archive is written in its own format version again)."""
     import mgtrace
-    ctx = EncodeContext(target)
+    carried = None if kept is None else kept.get("carried")
+    ctx = EncodeContext(None if target is None else min(target, FORMAT_VERSION))
     root = ctx.value(obj, where="obj")
     examples = None
     if kept is not None and "examples" in kept:
@@ -170,6 +187,8 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept=N
     for table in ("ops", "modules", "tensors"):       # the reader's bounds, checked first
         limits.check_table(len(getattr(ctx, table)), table, ValueError)
     ctx._check_build()
+    if carried is not None:             # the archive's own format, whatever this writer used
+        ctx.allows(min(target, FORMAT_VERSION))
     sealed = ctx.allows(H.V1_1)         # last: every other feature has been noted
     producer = {"library": "mgtrace", "version": mgtrace.__version__}
     if kept is not None and kept["producer"] is not None and \
@@ -186,6 +205,13 @@ def _encode_values(obj, metadata, example_inputs, example_kwargs, target, kept=N
         header["metadata"] = meta
     if sealed:
         header[H.SEAL] = None       # placeholder; header.pack fills it in, last
+    if carried is not None:
+        header["format_version"] = list(target)
+        header["min_reader_version"] = list(max(ctx.min_reader_version,
+                                                tuple(kept["min_reader_version"])))
+        header["producer"] = kept["producer"]
+        # the tensor entries' fields by index, until the writer makes the table
+        header["tensors"] = unknown.apply(header, ctx, carried)
     return header, ctx.tensors
 
 
@@ -218,6 +244,22 @@ def _traced_keywords(module):
     return out or None
 
 
+def _carry_tensor_fields(table, carried):
+    """``table`` with the unknown fields a transcription carries (``{index:
+    fields}``, or None) added to its entries, after their own."""
+    for j, fields in (carried or {}).items():
+        for k, v in fields.items():
+            table[j].setdefault(k, v)
+    return table
+
+
+def _same(target, version):
+    try:
+        return tuple(int(v) for v in target) == tuple(version)
+    except (TypeError, ValueError):
+        return False
+
+
 def _pack(header):
     return H.pack(header, sealed=H.SEAL in header)
 
@@ -242,7 +284,7 @@ def _write_one_pass(out, header, tensors):
         table.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
                       "nbytes": nbytes, "checksum": T.checksum(b"")})
         end = offset + nbytes
-    header["tensors"], header["data_nbytes"] = table, end
+    header["tensors"], header["data_nbytes"] = _carry_tensor_fields(table, header["tensors"]), end
     packed = _pack(header)
     start = out.tell()
     out.write(pack_prefix(len(packed)))
@@ -272,7 +314,7 @@ def _write(out, header, tensors):
         offset = align(end)
         table.append(T.entry_for(t, offset, T.host_array(t)))
         end = offset + table[-1]["nbytes"]
-    header["tensors"], header["data_nbytes"] = table, end
+    header["tensors"], header["data_nbytes"] = _carry_tensor_fields(table, header["tensors"]), end
     packed = _pack(header)
     out.write(pack_prefix(len(packed)))
     out.write(packed)

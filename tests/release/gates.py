@@ -129,10 +129,18 @@ def min_reader_problems(ops, covered, released, releases, format_version):
     return out
 
 
-# tensor methods a stored graph may call (traced_codec.TENSOR_METHODS) that
-# neither a trace nor a graph edit ever records (their results are not
-# tensors, or the tracer keeps the tensor as it is): no archive mgtrace
-# writes holds them, so they have no golden case
+# Tensor methods a stored graph may call (traced_codec.TENSOR_METHODS) that
+# neither a trace nor a graph edit ever records, so no archive mgtrace writes
+# holds them and they have no golden case (issue 37 decided each):
+# * item, numpy, tolist take a value out of the graph: a trace fixes what
+#   they return as a constant (a TraceWarning names the line), and a graph
+#   node has no such method, so an edit cannot add one;
+# * to(device) of a tensor already there returns it: the trace records
+#   nothing (a move to another device is recorded as the copy it makes,
+#   without the device: a tracer matter, not the archive's).
+# A stored graph that calls one (made by hand or another writer) loads and
+# runs as the eager call does, as in every release since 0.1.0 (their
+# readers took the same allowlist); test_coverage.py shows both.
 NEVER_RECORDED = {"item", "numpy", "tolist", "to"}
 
 

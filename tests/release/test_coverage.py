@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 
+import numpy as np
 import pytest
 
 import mgtrace as mt
@@ -65,9 +66,58 @@ def test_every_core_op_has_a_golden_case_as_an_apply_expr(covered):
 
 def test_the_methods_without_a_golden_case_are_never_recorded():
     """NEVER_RECORDED stays true: a graph node has none of these methods
-    (inside insert_exprs they raise), so no graph mgtrace writes calls them."""
+    (inside insert_exprs they raise), and a trace of a forward that calls
+    each records none of them: item/numpy/tolist become constants (with a
+    TraceWarning each), to() of the device the tensor is on is nothing."""
+    import numpy as np
+    import mgtrace.module as M
     from mgtrace.traced_module.node import TensorNode
     assert not any(hasattr(TensorNode, m) for m in G.NEVER_RECORDED)
+
+    class Net(M.Module):
+        def forward(self, x):
+            s = x.sum().item()
+            n = float(x.numpy()[0, 1]) + x.tolist()[1][0]
+            return x.to(x.device) * s + n
+
+    x = mt.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.warns(mt.TraceWarning) as w:
+        tm = mt.trace_module(Net(), x)
+    assert sorted({str(r.message).split(" ")[0] for r in w}) == ["t.item()", "t.numpy()"]
+    methods = {getattr(e, "method", None) for e in tm.graph.exprs()}
+    assert not methods & G.NEVER_RECORDED, methods
+    # constants fixed at the traced values: 15 and 1 + 3, for any input
+    y = mt.tensor(np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(tm(y).numpy(), np.full((2, 3), 15.0 + 4.0, np.float32))
+
+
+@pytest.mark.parametrize("method, args, want", [
+    ("item", [], 30.0), ("tolist", [], 30.0), ("numpy", [], np.float32(30.0)),
+    ("to", ["cpu"], None)])
+def test_a_stored_graph_that_calls_one_runs_as_eager_code(method, args, want):
+    """A hand-made archive whose graph calls x.sum().METHOD(...) where a
+    trace has x.sum().astype("float32"): it loads and runs as the eager
+    call (a value flows on out of the graph; to() keeps the tensor)."""
+    import io
+    import mgtrace.module as M
+    from serialization.helpers import edit
+
+    class Net(M.Module):
+        def forward(self, x):
+            return x.sum().astype("float32") * 2
+
+    x = mt.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    buf = io.BytesIO()
+    mt.save(mt.trace_module(Net(), x), buf)
+
+    def call(h):
+        [e] = [e for e in h["modules"][0]["graphs"][0]["exprs"] if e.get("method") == "astype"]
+        e["method"], e["args"] = method, {"list": args}
+    got = mt.load(io.BytesIO(edit(buf.getvalue(), call)))(x)
+    if want is None:
+        assert isinstance(got, mt.Tensor) and got.numpy() == np.float32(30.0)
+    else:
+        assert type(got) is type(want) and got == want
     assert G.tensor_method_problems(["__add__", "item", "new_method"], {}, "FIX") == [
         "tensor method '__add__' has no golden case: FIX",
         "tensor method 'new_method' has no golden case: FIX"]

@@ -181,31 +181,13 @@ def test_golden_model_saved_again_loads_and_gives_its_outputs(path):
                   archive.example_outputs)
 
 
-# Config keys that builtin types gained (at the default value shown) after
-# the 1.0 golden archives were written, by a commit before release 0.1.0
-# whose config() lacked them (0.1.0 itself writes them, and reads them);
-# their type version stayed 1 as the constructors took them already. A
-# loaded 1.0 archive saved again at 1.0 has them; nothing else may differ.
-ADDED_AFTER = {"1.0": {"mgtrace.module.Conv1d": {"padding_mode": "zeros"},
-                       "mgtrace.module.Conv2d": {"padding_mode": "zeros"},
-                       "mgtrace.module.ConvTranspose2d": {"padding_mode": "zeros"},
-                       "mgtrace.module.MaxPool2d": {"return_indices": False}}}
-
-
-def _without_added(header, added):
-    """``header`` with the ADDED_AFTER keys dropped where they hold their default."""
-    for m in header["modules"]:
-        for key, default in added.get(m.get("type"), {}).items():
-            if m["config"].get(key, default) == default:
-                m["config"].pop(key, None)
-    return header
-
-
 @pytest.mark.parametrize("path", ARCHIVES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_golden_archive_saved_again_at_its_version_is_byte_identical(path):
     """StableHLO's check: what a reader loads, a writer targeting the same
     version writes again, byte for byte (examples, metadata and the
-    producer kept as stored); for 1.0, up to ADDED_AFTER."""
+    producer kept as stored), for every format: the config keys builtin
+    types gained after 1.0's archives were written are left out again at
+    1.0 (builtin_modules.ADDED_KEYS)."""
     from .helpers import split
     _script(path.parent)
     archive = mt.serialization.load_archive(path)
@@ -215,9 +197,6 @@ def test_golden_archive_saved_again_at_its_version_is_byte_identical(path):
     if again == want:
         return
     (h1, d1), (h2, d2) = split(again), split(want)
-    added = ADDED_AFTER.get(path.parent.name)
-    if added is not None and _without_added(h1, added) == h2 and d1 == d2:
-        return
     keys = [k for k in h2 if h1.get(k) != h2.get(k)] + [k for k in h1 if k not in h2]
     pytest.fail(f"{path.parent.name}/{path.name} saved again at "
                 f"{'.'.join(map(str, archive.format_version))} differs from the committed "
