@@ -109,9 +109,15 @@ def _symbolic_scalars(x, y):
 
 
 def _int_div_of(x, y, np_fn):
-    """An integer Div (ONNX truncates; Python's // floors): not done symbolically."""
+    """An integer Div (ONNX truncates; Python's // floors) of something other
+    than a shape entry by a positive number: not done symbolically. A shape
+    entry (non-negative) by a positive number truncates and floors alike, so
+    ``x[:, :x.shape[1] // 2]`` stays symbolic as ``//``."""
     def is_int(v):
         return isinstance(v, int) or isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+    if np_fn is _np_div and isinstance(x, SymInt) and is_int(y) and not isinstance(y, SymInt) \
+            and int(np.asarray(y)) > 0:
+        return False
     return np_fn is _np_div and is_int(x) and is_int(y)
 
 
@@ -126,6 +132,8 @@ def _operand(v):
 
 
 def _div(x, y):
+    if isinstance(x, SymInt) and not _is_t(y):
+        return x // _operand(y)         # see _int_div_of: a size by a positive number
     if _is_t(x) and x.dtype.kind in "iu" or isinstance(x, int) and _is_t(y) and \
             y.dtype.kind in "iu":
         q = F.floor_div(F.abs(x), F.abs(y))
@@ -156,7 +164,27 @@ def _cast(node, ins, a, opset):
         return [x if dt.kind in "iu" else x * 1.0]
     if not _is_t(x):
         return [np.asarray(x).astype(dt)]
+    if dt == np.uint32:
+        # mgtrace has no uint32: its values (what BitShift reads) held as int64
+        return [x.astype("int64") & 0xFFFFFFFF]
+    if dt == np.uint64:
+        raise _err(node, "a cast to uint64 has no mgtrace form (no uint64 dtype)")
     return [x.astype(dt.name)]
+
+
+def _bitshift(node, ins, a, opset):
+    """BitShift of unsigned values (uint8/uint16, or uint32 held as int64 by
+    Cast): a left shift's bits above the width are dropped by the Cast that
+    reads the result, a right shift of a non-negative value is logical."""
+    x, y = (_as_tensor(v) for v in ins)
+    left = a.get("direction", b"") in (b"LEFT", "LEFT")
+    if x.dtype.kind == "u":         # uint8/uint16: the shifted bits kept to the width
+        bits = x.dtype.itemsize * 8
+        z = x.astype("int64")
+        z = F.left_shift(z, y.astype("int64")) if left else F.right_shift(z, y.astype("int64"))
+        return [(z & ((1 << bits) - 1)).astype(x.dtype.name)]
+    x, y = x.astype("int64"), y.astype("int64")
+    return [F.left_shift(x, y) if left else F.right_shift(x, y)]
 
 
 def _shape(node, ins, a, opset):
@@ -349,6 +377,10 @@ def _conv(node, ins, a, opset):
     if k == 1:
         return [F.conv1d(x, w, b, a.get("strides", [1])[0], _pads2(node, a.get("pads"), 1)[0],
                          a.get("dilations", [1])[0], a.get("group", 1))]
+    if k == 3:
+        return [F.conv3d(x, w, b, tuple(a.get("strides", (1,) * 3)),
+                         _pads2(node, a.get("pads"), 3), tuple(a.get("dilations", (1,) * 3)),
+                         a.get("group", 1))]
     if k != 2:
         raise _err(node, f"a {k}-d convolution has no mgtrace form")
     return [F.conv2d(x, w, b, tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads")),
@@ -361,6 +393,11 @@ def _conv_t(node, ins, a, opset):
     b = ins[2] if len(ins) > 2 else None
     if "output_shape" in a:
         raise _err(node, "ConvTranspose with output_shape has no mgtrace form")
+    if len(w.shape) == 5:
+        return [F.conv_transpose3d(x, w, b, tuple(a.get("strides", (1,) * 3)),
+                                   _pads2(node, a.get("pads"), 3),
+                                   tuple(a.get("output_padding", (0,) * 3)),
+                                   tuple(a.get("dilations", (1,) * 3)), a.get("group", 1))]
     return [F.conv_transpose2d(x, w, b, tuple(a.get("strides", (1, 1))),
                                _pads2(node, a.get("pads")),
                                tuple(a.get("output_padding", (0, 0))),
@@ -430,6 +467,65 @@ def _pad(node, ins, a, opset):
     if mode is None:
         raise _err(node, f"Pad mode {a.get('mode')!r} has no mgtrace form")
     return [F.pad(x, width, mode, value or 0.0)]
+
+
+def _resize(node, ins, a, opset):
+    """Resize of the forms mgtrace's interpolate has: "nearest" with
+    asymmetric coordinates floored, "linear" with half-pixel (or
+    pytorch_half_pixel, the same for outputs above 1) or align_corners
+    coordinates; 4-d, the two last axes only."""
+    def attr(k, d):
+        v = a.get(k, d)
+        return v.decode() if isinstance(v, bytes) else v
+    x = ins[0]
+    if x.ndim != 4:
+        raise _err(node, f"a Resize of a {x.ndim}-d tensor has no mgtrace form")
+    mode, ctm = attr("mode", "nearest"), attr("coordinate_transformation_mode", "half_pixel")
+    if mode == "nearest":
+        if ctm != "asymmetric" or attr("nearest_mode", "round_prefer_floor") != "floor":
+            raise _err(node, f"nearest Resize with {ctm!r} coordinates and nearest_mode "
+                             f"{attr('nearest_mode', 'round_prefer_floor')!r} has no mgtrace "
+                             f"form (asymmetric and floor import)")
+        kw = {"mode": "nearest"}
+    elif mode == "linear":
+        if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            raise _err(node, f"linear Resize with {ctm!r} coordinates has no mgtrace form")
+        kw = {"mode": "bilinear", "align_corners": ctm == "align_corners"}
+    else:
+        raise _err(node, f"Resize mode {mode!r} has no mgtrace form")
+    if a.get("antialias", 0) or attr("keep_aspect_ratio_policy", "stretch") != "stretch" or \
+            a.get("axes") is not None or attr("exclude_outside", 0):
+        raise _err(node, "Resize with antialias, axes, exclude_outside or an aspect-ratio "
+                         "policy has no mgtrace form")
+    scales = ins[2] if len(ins) > 2 else None
+    sizes = ins[3] if len(ins) > 3 else None
+    if sizes is not None and (not isinstance(sizes, np.ndarray) or sizes.size):
+        hw = _ints(node, sizes, "sizes")[2:]
+        return [F.interpolate(x, size=tuple(hw), **kw)]
+    f = [float(v) for v in np.asarray(scales).reshape(-1)]
+    if f[:2] != [1.0, 1.0]:
+        raise _err(node, f"Resize scaling the batch or channel axes ({f}) has no mgtrace form")
+    return [F.interpolate(x, scale_factor=(f[2], f[3]), **kw)]
+
+
+def _depth_to_space(node, ins, a, opset):
+    x = ins[0]
+    r = int(a["blocksize"])
+    mode = a.get("mode", b"DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "CRD":
+        return [F.pixel_shuffle(x, r)]
+    n, c, h, w = x.shape
+    y = x.reshape(n, r, r, c // (r * r), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return [y.reshape(n, c // (r * r), h * r, w * r)]
+
+
+def _lrn(node, ins, a, opset):
+    n = int(a["size"])
+    if n % 2 == 0:
+        raise _err(node, f"LRN of an even size {n} has no mgtrace form (odd sizes import)")
+    return [F.local_response_norm(ins[0], n, a.get("bias", 1.0), a.get("alpha", 1e-4) / n,
+                                  a.get("beta", 0.75))]
 
 
 def _hardsigmoid(node, ins, a, opset):
@@ -516,6 +612,15 @@ def _flatten(node, ins, a, opset):
 
 def _mod(node, ins, a, opset):
     x, y = ins
+    if _symbolic_scalars(x, y):
+        # a shape entry mod a number (x[:, :x.shape[1] % 4]): Python's %, kept
+        # symbolic; ONNX's integer Mod takes the divisor's sign as Python's, and
+        # fmod's truncation agrees with it for the non-negative sizes of shapes
+        return [_operand(x) % _operand(y)]
+    if not _is_t(x) and not _is_t(y):
+        x, y = np.asarray(list(x) if isinstance(x, Dims) else x), \
+            np.asarray(list(y) if isinstance(y, Dims) else y)
+        return [np.fmod(x, y) if a.get("fmod", 0) else np.mod(x, y)]
     if a.get("fmod", 0):
         return [x - F.trunc(x / y) * y if x.dtype.kind == "f" else
                 x - _div(x, y) * y]
@@ -529,6 +634,16 @@ def _sum_n(fn):
             y = fn(y, _operand(v))
         return [y]
     return run
+
+
+def _compress(node, ins, a, opset):
+    x, c = _as_tensor(ins[0]), _as_tensor(ins[1])
+    if "axis" not in a:
+        x = x.reshape(-1)
+    elif a["axis"] % x.ndim != 0 or x.ndim != 1:
+        raise _err(node, "Compress along an axis of a tensor of more than one axis has no "
+                         "mgtrace form (1-d and flattened import)")
+    return [F.cond_take(c.astype("bool"), x)[0]]
 
 
 def _identity(node, ins, a, opset):
@@ -603,6 +718,14 @@ IMPORTERS = {
     "GlobalAveragePool": lambda node, ins, a, opset: [F.adaptive_avg_pool2d(ins[0], 1)],
     "GlobalMaxPool": lambda node, ins, a, opset: [F.adaptive_max_pool2d(ins[0], 1)],
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "Pad": _pad,
+    "Resize": _resize, "DepthToSpace": _depth_to_space, "LRN": _lrn,
+    "InstanceNormalization": lambda node, ins, a, opset: [F.instance_norm(
+        ins[0], True, ins[1], ins[2], a.get("epsilon", 1e-5))],
+    "NonZero": lambda node, ins, a, opset: [F.non_zero(ins[0]).transpose(1, 0).astype("int64")],
+    "BitShift": _bitshift,
+    "Compress": _compress, "Einsum": lambda node, ins, a, opset: [F.einsum(
+        a["equation"].decode() if isinstance(a["equation"], bytes) else a["equation"],
+        *[_as_tensor(v) for v in ins])],
 }
 
 

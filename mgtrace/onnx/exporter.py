@@ -95,11 +95,31 @@ class _Spec:
 
 
 class _Module:
-    """A module reached by GetAttr: the object and its state_dict prefix."""
-    __slots__ = ("obj", "path")
+    """A module reached by GetAttr: the object and its state_dict prefix;
+    ``drop``: a leading attribute name that names no state_dict level (the
+    wrapper of a decomposed builtin module)."""
+    __slots__ = ("obj", "path", "drop")
 
-    def __init__(self, obj, path):
-        self.obj, self.path = obj, path
+    def __init__(self, obj, path, drop=None):
+        self.obj, self.path, self.drop = obj, path, drop
+
+
+class _Body:
+    """The body of an F function or the forward of a builtin module, traced
+    as a module of its own for :meth:`_Exporter.decompose` (built lazily:
+    mgtrace.module is imported by the exporter's caller anyway)."""
+
+    @staticmethod
+    def make(call, m=None):
+        from mgtrace.module import Module
+
+        class Body(Module):
+            def forward(self, *xs):
+                return call(self, xs)
+        body = Body()
+        if m is not None:
+            body.m = m
+        return body
 
 
 def _pyops():
@@ -122,6 +142,7 @@ class _Exporter:
         self.by_method = op_table.by_method()
         self.ops = op_table.OPS
         self.inputs, self.outputs = [], []
+        self.prefix = ""            # qualname of the decomposed call being converted
 
     # ------------------------------------------------------------ values
     def value(self, v):
@@ -216,14 +237,25 @@ class _Exporter:
                 for o, so in zip(e.outputs, sub.outputs):
                     self.env[id(o)] = self.env[id(so)]
                 continue
-            self.bind(e, e.outputs, self.expr(e))
+            result = self.expr(e)
+            if self._writes_in_place(e):
+                # x[index] = value: later reads of x's node see the new value
+                self.env[id(e.args[0])] = result
+                continue
+            self.bind(e, e.outputs, result)
 
     @staticmethod
-    def _scope(e):
+    def _writes_in_place(e):
+        return (e.kind == "call_method" and e.method == "__setitem__" or
+                e.kind == "apply" and getattr(e.op, "name", None) == "setitem" and
+                not e.outputs)
+
+    def _scope(self, e):
         if e.outputs:
-            q = e.outputs[0].qualname or e.outputs[0].name
-            return str(q)
-        return f"expr{e.id}"
+            q = str(e.outputs[0].qualname or e.outputs[0].name)
+        else:
+            q = f"expr{e.id}"
+        return f"{self.prefix}/{q}" if self.prefix else q
 
     def bind(self, e, outs, result):
         if not outs:
@@ -251,7 +283,10 @@ class _Exporter:
             obj = owner.obj
             for part in e.name.split("."):
                 obj = getattr(obj, part)
-            path = f"{owner.path}.{e.name}" if owner.path else e.name
+            name = e.name
+            if owner.drop and name.startswith(owner.drop + "."):
+                name = name[len(owner.drop) + 1:]
+            path = f"{owner.path}.{name}" if owner.path else name
             from mgtrace._core import Tensor
             if isinstance(obj, Tensor):
                 return self.param(obj, path)
@@ -320,8 +355,75 @@ class _Exporter:
         if rule is None:
             from mgtrace.traced_module.expr import function_name
             raise self.unsupported(f"function {function_name(fn)}", e)
+        self.refuse_none(rule, e)
+        if getattr(rule.convert, "decompose", False):
+            self.check_opset(rule, e)
+            inner = getattr(fn, "__wrapped__", fn)
+            return self.decompose(e, lambda body, xs: inner(*_substitute(args, xs),
+                                                            **_substitute(kwargs, xs)),
+                                  (args, kwargs), None)
         a = mapping.bind_function(fn, args, kwargs)
         return self.call_rule(rule, e, a, getattr(rule.convert, "op", name))
+
+    def refuse_none(self, rule, e):
+        """ExportError for a row that says it has no ONNX equivalent."""
+        reason = getattr(rule.convert, "no_onnx", None)
+        if reason:
+            at = f" at {e.source}" if e.source else ""
+            raise ExportError(f"{rule.kind} {rule.name} has no ONNX equivalent: {reason} "
+                              f"(node {self.b.scope}{at})")
+
+    def decompose(self, e, call, structure, root):
+        """Convert a call as the graph of its own body: ``call(body, xs)`` is
+        traced (mgtrace.trace_module) on example tensors shaped and typed
+        like the V leaves of ``structure``, and that graph's exprs are
+        converted here, reading the leaves; ``root`` is the _Module its
+        GetAttrs start from. Shapes stay symbolic (the body's shape reads
+        become Shape nodes of the real values). A body whose trace fixes
+        something that may vary (TraceWarning) is an ExportError, never a
+        model that is right at the traced size only."""
+        import warnings
+        import mgtrace as mt
+        from mgtrace.traced_module.errors import TraceWarning
+        leaves = [self.plain(v) for v in _leaves(structure)]
+        rng = np.random.default_rng(0)
+        xs = []
+        for v in leaves:
+            if v.dtype.kind == "f":
+                data = rng.uniform(0.25, 0.75, v.shape).astype(v.dtype)
+            else:
+                data = np.zeros(v.shape, v.dtype)
+            xs.append(mt.tensor(data))
+        what = f"{e.func.__name__}" if e.kind == "call_function" else self.b.scope
+        scope, source = self.b.scope, self.b.source
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            try:
+                body = _Body.make(lambda body, ts: call(body, iter(ts)),
+                                  None if root is None else root.obj)
+                tm = mt.trace_module(body, *xs)
+            except Exception as err:        # any failure of the user's call: named below
+                raise self.b.error(f"{what}: its composition of core ops could not be traced "
+                                   f"for export ({type(err).__name__}: {err})") from None
+        for w in caught:
+            # a constant the body makes (a grid, a table) is one: every run reuses it rightly
+            if issubclass(w.category, TraceWarning) and "kept as a constant" not in str(
+                    w.message):
+                raise self.b.error(f"{what}: tracing its composition of core ops fixed a value "
+                                   f"that may vary between runs ({w.message}), so no ONNX "
+                                   f"form is exported")
+        sub = tm.graph
+        root = _Module(body, "", None) if root is None else _Module(body, root.path, "m")
+        for n, v in zip(sub.inputs[1:], leaves):
+            self.env[id(n)] = v
+        saved = self.prefix
+        self.prefix = scope
+        try:
+            self.walk(sub, root)
+        finally:
+            self.prefix = saved
+            self.b.scope, self.b.source = scope, source
+        return [self.env.get(id(o)) for o in sub.outputs]
 
     def tensor_call(self, e, args, kwargs):
         data = args[0] if args else kwargs.get("data")
@@ -354,6 +456,13 @@ class _Exporter:
             raise self.unsupported(f"module {type(obj).__module__}.{type(obj).__qualname__}", e)
         args = [self.value(a) for a in e.args[1:]]
         kwargs = self.value(e.kwargs)
+        self.refuse_none(rule, e)
+        if getattr(rule.convert, "decompose", False):
+            self.check_opset(rule, e)
+            return self.decompose(
+                e, lambda body, xs: body.m.forward(*_substitute(args, xs),
+                                                   **_substitute(kwargs, xs)),
+                (args, kwargs), m)
         if kwargs or len(args) != 1:
             raise self.b.error(f"{type(obj).__name__} called with arguments other than one "
                                f"tensor")
@@ -425,6 +534,30 @@ class _Exporter:
             if len(bl) == 1 and None not in bl:
                 return V(res.name, res.dtype, res.shape, blocked=bl.pop())
         return res
+
+
+def _leaves(obj):
+    """The V leaves of nested tuples, lists and dicts, in order."""
+    if isinstance(obj, V):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [v for o in obj for v in _leaves(o)]
+    if isinstance(obj, dict):
+        return [v for o in obj.values() for v in _leaves(o)]
+    return []
+
+
+def _substitute(obj, it):
+    """``obj`` with each V leaf replaced by the next item of ``it``."""
+    if isinstance(obj, V):
+        return next(it)
+    if isinstance(obj, tuple):
+        return tuple(_substitute(o, it) for o in obj)
+    if isinstance(obj, list):
+        return [_substitute(o, it) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(o, it) for k, o in obj.items()}
+    return obj
 
 
 def _check_names(tm, input_names, output_names):

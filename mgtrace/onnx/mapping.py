@@ -99,13 +99,14 @@ _OPS = {
     "to_nchwc": C._blocked, "from_nchwc": C._from_nchwc, "conv2d_nchwc": C._conv2d_nchwc,
     "conv2d_nchwc_pw_dw": C._pw_dw, "conv2d_nchwc_pw_dw_pw": C._pw_dw,
     "max_pool2d_nchwc": C._max_pool2d_nchwc,
+    # compositions (no one-node ONNX form)
+    "atan2": C._atan2, "left_shift": C._shift(True), "right_shift": C._shift(False),
+    "cumprod": C._cumprod, "nonzero": C._nonzero, "setitem": C._setitem,
+    "interpolate": C._interpolate,
 }
 # ops whose ONNX form needs a newer opset than MIN_OPSET
 _SINCE = {"bitwise_and": 18, "bitwise_or": 18, "bitwise_xor": 18,
           "bitwise_not": 18}
-# core ops with no ONNX form: left_shift/right_shift (ONNX BitShift takes
-# unsigned integers only), atan2, cumprod, nonzero (a data-dependent
-# shape), setitem (an in-place write), interpolate.
 ELEMENTWISE_BLOCKED_OK = frozenset(
     {"neg", "abs", "relu", "relu6", "sigmoid", "silu", "hardswish", "gelu", "add", "sub", "mul",
      "maximum", "minimum", "tanh", "hardsigmoid", "gelu_tanh"})
@@ -223,7 +224,7 @@ def _f_adaptive(op):
 def batch_norm_of(b, out, x, mean, var, w, bias, eps):
     dt = C._flt(C._dt(out))
     x = b.cast(x, dt)
-    c = mean.shape[0] if mean.shape else x.shape[1]
+    c = x.shape[1]
     ones = np.ones(c, dt)
     w = _channel(b, w, c, dt) if w is not None else b.const(ones)
     bias = _channel(b, bias, c, dt) if bias is not None else b.const(np.zeros(c, dt))
@@ -480,6 +481,148 @@ def _f_embedding(b, out, a):
 _f_embedding.onnx = ("Gather",)
 
 
+def _f_einsum(b, out, a):
+    dt = C._dt(out)
+    xs = [b.cast(x, dt) for x in a["args"]]
+    eq = b.static(a["equation"], "einsum's equation").replace(" ", "")
+    return b.op("Einsum", xs, dt, out[0].shape, equation=eq)
+
+
+_f_einsum.onnx = ("Einsum",)
+
+
+def _flip_kernel(b, w, k):
+    """The weight with its ``k`` spatial axes reversed (conv_mode="convolution")."""
+    return b.op("Slice", [w, b.ints([-1] * k), b.ints([C.INT64_MIN] * k),
+                          b.ints(range(2, 2 + k)), b.ints([-1] * k)], w.dtype, w.shape)
+
+
+def _triple(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+
+
+def _f_conv3d(b, out, a):
+    dt = C._dt(out)
+    w = b.cast(a["weight"], dt)
+    if a.get("conv_mode", "cross_correlation") == "convolution":
+        w = _flip_kernel(b, w, 3)
+    elif a.get("conv_mode", "cross_correlation") != "cross_correlation":
+        raise b.error(f"conv3d with conv_mode={a['conv_mode']!r} has no ONNX form")
+    p = _triple(a["padding"])
+    ins = [b.cast(a["inp"], dt), w] + ([_channel(b, a["bias"], w.shape[0], dt)]
+                                       if a["bias"] is not None else [])
+    return b.op("Conv", ins, dt, out[0].shape, strides=list(_triple(a["stride"])),
+                pads=list(p) * 2, dilations=list(_triple(a["dilation"])),
+                group=int(a["groups"]), kernel_shape=list(w.shape[2:]))
+
+
+_f_conv3d.onnx = ("Conv",)
+
+
+def _f_conv_transpose3d(b, out, a):
+    dt = C._dt(out)
+    w = b.cast(a["weight"], dt)
+    c_out = w.shape[1] * int(a["groups"])
+    ins = [b.cast(a["inp"], dt), w] + ([_channel(b, a["bias"], c_out, dt)]
+                                       if a["bias"] is not None else [])
+    return b.op("ConvTranspose", ins, dt, out[0].shape, strides=list(_triple(a["stride"])),
+                pads=list(_triple(a["padding"])) * 2, dilations=list(_triple(a["dilation"])),
+                output_padding=list(_triple(a["output_padding"])), group=int(a["groups"]),
+                kernel_shape=list(w.shape[2:]))
+
+
+_f_conv_transpose3d.onnx = ("ConvTranspose",)
+
+
+def _f_instance_norm(b, out, a):
+    dt = C._flt(C._dt(out))
+    x = b.cast(a["inp"], dt)
+    c = x.shape[1]
+    affine = a["affine"]
+    w = _channel(b, a["weight"], c, dt) if affine and a["weight"] is not None \
+        else b.const(np.ones(c, dt))
+    bias = _channel(b, a["bias"], c, dt) if affine and a["bias"] is not None \
+        else b.const(np.zeros(c, dt))
+    if x.ndim < 3:          # [N, C]: one element a channel (normalized to 0)
+        return group_norm_of(b, out, x, c, w, bias, a["eps"])
+    return b.op("InstanceNormalization", [x, w, bias], dt, out[0].shape,
+                epsilon=float(a["eps"]))
+
+
+_f_instance_norm.onnx = ("InstanceNormalization",)
+
+
+def _f_local_response_norm(b, out, a):
+    # MegEngine's x / (k + alpha * sum)^beta; ONNX divides alpha by size
+    dt = C._flt(C._dt(out))
+    n = int(a["kernel_size"])
+    return b.op("LRN", [b.cast(a["inp"], dt)], dt, out[0].shape, size=n,
+                alpha=float(a["alpha"]) * n, beta=float(a["beta"]), bias=float(a["k"]))
+
+
+_f_local_response_norm.onnx = ("LRN",)
+
+
+def _f_pixel_shuffle(b, out, a):
+    """DepthToSpace in CRD order (PyTorch's and MegEngine's channel order);
+    leading axes other than one batch axis are folded into it and back."""
+    x = a["inp"]
+    r = int(a["upscale_factor"])
+    nd = x.ndim
+    c, h, w = (b.dim(x, i) for i in (nd - 3, nd - 2, nd - 1))
+    y = x
+    if nd != 4:
+        y = b.op("Reshape", [x, b.shape_tensor([-1, c, h, w])], x.dtype, (0,) * 4)
+    y = b.op("DepthToSpace", [y], x.dtype, (0,) * 4, blocksize=r, mode="CRD")
+    if nd != 4:
+        lead = [b.dim(x, i) for i in range(nd - 3)]
+        rr = b.const(np.int64(r))
+        y = b.op("Reshape", [y, b.shape_tensor(lead + [
+            b.op("Div", [c, b.const(np.int64(r * r))], np.int64, ()),
+            b.op("Mul", [h, rr], np.int64, ()), b.op("Mul", [w, rr], np.int64, ())])],
+            x.dtype, ())
+    return V(y.name, y.dtype, out[0].shape)
+
+
+_f_pixel_shuffle.onnx = ("DepthToSpace", "Reshape")
+
+
+def _f_cond_take(b, out, a):
+    """MegEngine's cond_take: the elements where mask is true, flattened, and
+    their flat indices (int32): Compress of both flattened."""
+    x, mask = a["x"], a["mask"]
+    flat = b.ints([-1])
+    m = b.op("Reshape", [b.cast(mask, np.bool_), flat], np.bool_, (0,))
+    vals = b.op("Compress", [b.op("Reshape", [x, flat], x.dtype, (0,)), m], x.dtype,
+                out[0].shape, axis=0)
+    n = C.reduce_op(b, "ReduceProd", b.shape_of(x), [0], False, np.int64, ())
+    pos = b.op("Range", [b.const(np.int64(0)), n, b.const(np.int64(1))], np.int64, (0,))
+    idx = b.op("Compress", [pos, m], np.int64, out[-1].shape, axis=0)
+    return [vals, idx]
+
+
+_f_cond_take.onnx = ("Compress", "Range")
+
+
+def _decomposed():
+    """Rows converted as the graph of the function's own body (its
+    composition of core ops, traced at export with symbolic shapes)."""
+    def convert(*args):
+        raise AssertionError("decomposed rows are converted by the exporter")
+    convert.decompose = True
+    convert.onnx = ("(its composition of core ops)",)
+    return convert
+
+
+def _no_onnx(reason):
+    """A row that says why it has no ONNX equivalent (export raises)."""
+    def convert(*args):
+        raise AssertionError("refused by the exporter")
+    convert.no_onnx = reason
+    convert.onnx = ()
+    return convert
+
+
 def _math_functions():
     from mgtrace.functional import math as fm
     rows = {}
@@ -491,6 +634,25 @@ def _math_functions():
 
 
 _AXES = ("axis", "keepdims")
+# F functions exported as their body's composition of core ops
+_DECOMPOSED_FUNCTIONS = (
+    "sinh", "cosh", "asinh", "acosh", "atanh", "logaddexp", "cross", "diag", "meshgrid",
+    "roll", "swapaxes", "hswish", "hsigmoid", "prelu", "logsigmoid", "logsumexp",
+    "logsoftmax", "indexing_one_hot", "general_norm", "topk", "norm", "dot", "repeat",
+    "linspace", "eye", "sync_batch_norm", "multi_head_attention", "l1_loss", "square_loss",
+    "mse_loss", "smooth_l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
+    "sliding_window", "sliding_window_transpose", "warp_affine",
+    "warp_perspective", "remap")
+_NO_ONNX_FUNCTIONS = {
+    "svd": "ONNX has no singular value decomposition",
+    "matinv": "ONNX's default domain has no matrix inverse",
+    "deformable_conv2d": "ONNX's DeformConv (opset 19) has no onnxruntime kernel",
+    "region_restricted_conv": "ONNX has no region-restricted convolution",
+    "deformable_psroi_pooling": "ONNX has no deformable position-sensitive RoI pooling",
+    "local_conv2d": "not exported yet: its composition reads the kernel size from the "
+                    "weight's shape, which the export keeps symbolic, and ONNX windows are "
+                    "fixed attributes",
+}
 _FUNCTIONS = {
     **_math_functions(),
     "clip": _fn("clip", ("x", "lower", "upper")), "where": _fn("where", ("mask", "x", "y")),
@@ -539,6 +701,15 @@ _FUNCTIONS = {
                                  ("stride", "padding", "act", "dw_act", "proj_act")),
     "max_pool2d_nchwc": _fn("max_pool2d_nchwc", ("x",),
                             ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    "left_shift": _fn("left_shift", ("x", "y")), "right_shift": _fn("right_shift", ("x", "y")),
+    "interpolate": _fn("interpolate", ("x",), ("size", "scale_factor", "mode",
+                                               "align_corners")),
+    "non_zero": _fn("nonzero", ("condition",), ("as_tuple",)),
+    "einsum": _f_einsum, "conv3d": _f_conv3d, "conv_transpose3d": _f_conv_transpose3d,
+    "instance_norm": _f_instance_norm, "local_response_norm": _f_local_response_norm,
+    "pixel_shuffle": _f_pixel_shuffle, "cond_take": _f_cond_take,
+    **{n: _decomposed() for n in _DECOMPOSED_FUNCTIONS},
+    **{n: _no_onnx(r) for n, r in _NO_ONNX_FUNCTIONS.items()},
 }
 
 
@@ -626,6 +797,21 @@ _MODULES = {
     "Dropout": _m("dropout", lambda m, p: dict(drop_prob=m.p, training=m.training)),
     "Identity": _m_identity,
     "Flatten": _m("flatten", lambda m, p: dict(start_axis=m.start_dim, end_axis=m.end_dim)),
+    **{n: _decomposed() for n in (
+        "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
+        "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d",
+        "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
+        "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")},
+    "RNN": _no_onnx("not exported yet: its forward unrolls the sequence in Python, so a "
+                    "trace of it holds the traced length (ONNX RNN with the gates mapped "
+                    "is to come)"),
+    "LSTM": _no_onnx("not exported yet: its forward unrolls the sequence in Python, so a "
+                     "trace of it holds the traced length (ONNX LSTM with torch's gate order "
+                     "mapped is to come)"),
+    "LocalConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["local_conv2d"]),
+    "DeformableConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_conv2d"]),
+    "RegionRestrictedConv": _no_onnx(_NO_ONNX_FUNCTIONS["region_restricted_conv"]),
+    "DeformablePSROIPooling": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_psroi_pooling"]),
 }
 
 
@@ -653,6 +839,10 @@ def coverage():
     (scripts/onnx_coverage.py writes it)."""
     lines = ["| kind | mgtrace | ONNX | lowest opset |", "|---|---|---|---|"]
     for r in RULES:
+        reason = getattr(r.convert, "no_onnx", None)
+        if reason:
+            lines.append(f"| {r.kind} | `{r.name}` | no ONNX equivalent: {reason} | - |")
+            continue
         ops = ", ".join(r.onnx) or "(no node: identity or layout)"
         lines.append(f"| {r.kind} | `{r.name}` | {ops} | {r.since} |")
     return "\n".join(lines)

