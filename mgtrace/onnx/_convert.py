@@ -205,17 +205,14 @@ _truediv.onnx = ("Div",)
 
 
 def floor_div(b, x, y, dt, shape):
-    """Python's ``//``: floor of the quotient (ONNX Div truncates integers)."""
+    """Python's ``//``: floor of the quotient. Integers: ``(x - x mod y) / y``,
+    the remainder with the divisor's sign (ONNX Mod, fmod=0, as Python's %)
+    leaving an exact multiple, which ONNX's truncating Div divides exactly;
+    the importer reads it back as ``//`` of sizes, kept symbolic."""
     if dt.kind == "f":
         return b.op("Floor", [b.op("Div", [x, y], dt, shape)], dt, shape)
-    q = b.op("Div", [x, y], dt, shape)
-    r = b.op("Mod", [x, y], dt, shape, fmod=1)
-    zero = _scalar(b, V("", dt, ()), 0)
-    has_rem = b.op("Not", [b.op("Equal", [r, zero], np.bool_, shape)], np.bool_, shape)
-    signs = b.op("Xor", [b.op("Less", [x, zero], np.bool_, shape),
-                         b.op("Less", [y, zero], np.bool_, shape)], np.bool_, shape)
-    fix = b.cast(b.op("And", [has_rem, signs], np.bool_, shape), dt)
-    return b.op("Sub", [q, fix], dt, shape)
+    r = b.op("Mod", [x, y], dt, shape, fmod=0)
+    return b.op("Div", [b.op("Sub", [x, r], dt, shape), y], dt, shape)
 
 
 def _floordiv(b, out, inputs, params):

@@ -6,6 +6,8 @@ int64 vector read from shapes: Python ints, symbolic while tracing). Ops
 on constants and Dims compute in Python, so a ``Shape -> Gather -> Concat
 -> Reshape`` chain becomes ``x.reshape(x.shape[0], -1)`` in the trace.
 """
+import math
+
 import numpy as np
 
 import mgtrace as mt
@@ -369,9 +371,19 @@ def _auto_pad(node, a):
                          f"explicit pads")
 
 
+def _kernel_matches(node, a, w):
+    """ONNX's kernel_shape, where given, must be the weight's spatial shape."""
+    ks = a.get("kernel_shape")
+    have = _known(w.shape[2:])
+    if ks is not None and have is not None and [int(k) for k in ks] != have:
+        raise _err(node, f"kernel_shape {list(ks)} contradicts the weight's spatial shape "
+                         f"{have}")
+
+
 def _conv(node, ins, a, opset):
     _auto_pad(node, a)
     x, w = ins[0], ins[1]
+    _kernel_matches(node, a, w)
     b = ins[2] if len(ins) > 2 else None
     k = len(w.shape) - 2
     if k == 1:
@@ -390,6 +402,7 @@ def _conv(node, ins, a, opset):
 def _conv_t(node, ins, a, opset):
     _auto_pad(node, a)
     x, w = ins[0], ins[1]
+    _kernel_matches(node, a, w)
     b = ins[2] if len(ins) > 2 else None
     if "output_shape" in a:
         raise _err(node, "ConvTranspose with output_shape has no mgtrace form")
@@ -729,10 +742,86 @@ IMPORTERS = {
 }
 
 
+def _known(dims):
+    """``dims`` as Python ints (a SymInt: its value in the import's own
+    trace, which is what would be allocated), None where one is not an int."""
+    from mgtrace.traced_module.symbolic import plain
+    out = []
+    for d in dims:
+        if isinstance(d, SymInt):
+            d = plain(d)
+        if type(d) is not int and not isinstance(d, (np.integer,)):
+            return None
+        out.append(int(d))
+    return out
+
+
+def _shape_in(v):
+    if v is None:
+        return None
+    if isinstance(v, Dims):
+        return [len(v)]
+    return _known(v.shape if _is_t(v) else np.shape(v))
+
+
+def _values(v):
+    """A static or Dims int vector as Python ints, None where not known."""
+    if v is None or _is_t(v):
+        return None
+    if isinstance(v, Dims):
+        return _known(v)
+    return [int(i) for i in np.asarray(v).reshape(-1)] if np.asarray(v).dtype.kind in "iub" \
+        else None
+
+
+def _output_elements(node, ins, a):
+    """The element count of the op's (largest) output where the inputs fix it
+    before it is made (ConstantOfShape, Expand, Tile, Pad, Range, Resize by
+    sizes), else None."""
+    op = node.op_type
+    try:
+        if op == "ConstantOfShape":
+            s = _values(ins[0])
+        elif op == "Expand":
+            x, t = _shape_in(ins[0]), _values(ins[1])
+            if x is None or t is None:
+                return None
+            n = max(len(x), len(t))
+            x, t = [1] * (n - len(x)) + x, [1] * (n - len(t)) + t
+            s = [xd if td == 1 else td for xd, td in zip(x, t)]
+        elif op == "Tile":
+            x, r = _shape_in(ins[0]), _values(ins[1])
+            s = None if x is None or r is None else [d * k for d, k in zip(x, r)]
+        elif op == "Pad" and len(ins) > 1:
+            x, p = _shape_in(ins[0]), _values(ins[1])
+            s = None if x is None or p is None or len(p) != 2 * len(x) else \
+                [d + p[i] + p[i + len(x)] for i, d in enumerate(x)]
+        elif op == "Range":
+            v = [_scalar(i) for i in ins]
+            if not all(isinstance(i, (int, float, np.integer, np.floating)) and
+                       not isinstance(i, SymNumber) for i in v) or not v[2]:
+                return None
+            s = [max(math.ceil((v[1] - v[0]) / v[2]), 0)]
+        elif op == "Resize" and len(ins) > 3:
+            s = _values(ins[3])
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if s is None:
+        return None
+    return math.prod(max(int(d), 0) for d in s)
+
+
 def run_node(node, ins, opset):
     """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
     a = _attrs(node)
-    from mgtrace.onnx.importer import OnnxImportError
+    from mgtrace.onnx.importer import MAX_ELEMENTS, OnnxImportError
+    n = _output_elements(node, ins, a)
+    if n is not None and n > MAX_ELEMENTS:
+        # refused before anything is allocated (a few GB of ConstantOfShape is real memory)
+        raise _err(node, f"its output would hold {n} elements, more than the {MAX_ELEMENTS} "
+                         f"(2^31) an imported value may hold")
     try:
         outs = IMPORTERS[node.op_type](node, ins, a, opset)
     except OnnxImportError:

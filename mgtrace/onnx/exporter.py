@@ -688,12 +688,33 @@ def compare(got, want, what="output"):
     return None
 
 
+def _check_examples(tm, xs):
+    """ExportError unless ``xs`` has one array per graph input, each of that
+    input's dtype and rank (onnxruntime would refuse them with its own
+    InvalidArgument)."""
+    nodes = tm.graph.inputs[1:]
+    if len(xs) != len(nodes):
+        raise ExportError(f"export: example_inputs has {len(xs)} arrays, but the graph has "
+                          f"{len(nodes)} inputs")
+    for i, (x, n) in enumerate(zip(xs, nodes)):
+        want = np.dtype(n.dtype) if n.dtype is not None else None
+        if want is not None and x.dtype != want:
+            raise ExportError(f"export: example input {i} ({n.name!r}) is {x.dtype}, but the "
+                              f"graph was traced with {want} there; pass "
+                              f"x.astype({want.name!r})")
+        if n.shape is not None and x.ndim != len(n.shape):
+            raise ExportError(f"export: example input {i} ({n.name!r}) has {x.ndim} axes, "
+                              f"but the graph was traced with {len(n.shape)} "
+                              f"({tuple(n.shape)})")
+
+
 def check_against(model, tm, example_inputs):
     """Run model in ORT on ``example_inputs`` and compare with tm's outputs;
     ExportError naming the first difference."""
     import mgtrace as mt
     from mgtrace.traced_module.pytree import tree_flatten
     xs = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in example_inputs]
+    _check_examples(tm, xs)
     want = tree_flatten(tm(*[mt.tensor(x) for x in xs]),
                         lambda v: isinstance(v, mt.Tensor))[0]
     got = run_ort(model, xs)

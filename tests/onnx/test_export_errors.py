@@ -185,3 +185,15 @@ def test_bad_input_and_output_names_are_refused_and_nothing_is_written(tmp_path,
     mo.export(tm, str(path), input_names=["a"], output_names=["b"])
     got = run_ort(onnx.load(str(path)), [np.array([[1.0, -2.0, 3.5]], np.float32)])
     np.testing.assert_array_equal(got[0], np.array([[2.0, -4.0, 7.0]], np.float32))
+
+
+def test_example_inputs_of_another_dtype_or_rank_are_export_errors(tmp_path):
+    tm = _trace(lambda self, x: x * 2, (2, 3))
+    with pytest.raises(mo.ExportError, match=r"example input 0 \('x'\) is int32, but the graph "
+                                             r"was traced with float32 there"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.int32),))
+    with pytest.raises(mo.ExportError, match=r"example input 0 \('x'\) has 1 axes"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones(3, np.float32),))
+    with pytest.raises(mo.ExportError, match="example_inputs has 2 arrays, but the graph has 1"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.float32),) * 2)
+    assert list(tmp_path.iterdir()) == []
