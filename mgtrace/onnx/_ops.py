@@ -659,6 +659,86 @@ def _compress(node, ins, a, opset):
     return [F.cond_take(c.astype("bool"), x)[0]]
 
 
+_QRANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+
+
+def _q_params(node, x, scale, zp, a, opset, dequantize=False):
+    """(scale, zero point, output dtype, broadcast shape) of a Quantize /
+    DequantizeLinear: per-tensor (scalar scale) or per-axis (1-d scale along
+    ``axis``); int8 / uint8 zero points only (plain int8/uint8 tensors)."""
+    if a.get("block_size", 0):
+        raise _err(node, "blocked quantization (block_size) has no mgtrace form")
+    zdt = np.dtype(np.uint8) if zp is None else np.dtype(
+        zp.dtype if not _is_t(zp) else zp.dtype)
+    if "output_dtype" in a and a["output_dtype"]:
+        from onnx import helper
+        zdt = np.dtype(helper.tensor_dtype_to_np_dtype(a["output_dtype"]))
+    if zdt not in _QRANGE and not (dequantize and zdt == np.int32):
+        raise _err(node, f"quantization to {zdt} has no mgtrace form (int8 and uint8 import; "
+                         f"int32 too where dequantized: a bias)")
+    sshape = tuple(scale.shape)
+    nd = x.ndim if _is_t(x) else np.ndim(x)
+    if len(sshape) == 0 or sshape == (1,):
+        shape = None
+    elif len(sshape) == 1:
+        axis = a.get("axis", 1) % max(nd, 1)
+        shape = tuple(sshape[0] if i == axis else 1 for i in range(nd))
+    else:
+        raise _err(node, f"a scale of shape {list(sshape)} (blocked) has no mgtrace form")
+    return zdt, shape
+
+
+def _q_operand(v, shape, dt):
+    """A scale / zero point as a tensor (or number) that broadcasts over x."""
+    if v is None:
+        return 0
+    if not _is_t(v):
+        v = np.asarray(v)
+        if shape is None:
+            return v.reshape(-1)[0].item()
+        return mt.tensor(v.astype(dt).reshape(shape))
+    v = v.astype(dt)
+    return v.reshape(shape) if shape is not None else v.reshape(())
+
+
+def _quantize(node, ins, a, opset):
+    """QuantizeLinear: saturate(round(x / scale) + zero_point), rounding half
+    to even (ONNX's rule, mgtrace's round), as core ops on a plain int8 /
+    uint8 tensor."""
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    zdt, shape = _q_params(node, x, scale, zp, a, opset)
+    lo, hi = _QRANGE[zdt]
+    x = _as_tensor(x)
+    y = F.round(x.astype("float32") / _q_operand(scale, shape, "float32"))
+    y = y + _q_operand(zp, shape, "float32")
+    return [F.clip(y, float(lo), float(hi)).astype(zdt.name)]
+
+
+def _dequantize(node, ins, a, opset):
+    """DequantizeLinear: (x - zero_point) * scale, in float32."""
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    if zp is None:
+        zp = np.zeros((), x.dtype if not _is_t(x) else x.dtype)
+    _q_params(node, x, scale, zp, a, opset, dequantize=True)
+    xdt = np.dtype(x.dtype)
+    if xdt not in _QRANGE and xdt != np.int32:
+        raise _err(node, f"dequantization of {xdt} has no mgtrace form (int8, uint8, int32)")
+    sshape = tuple(scale.shape)
+    nd = x.ndim if _is_t(x) else np.ndim(x)
+    shape = None if len(sshape) == 0 or sshape == (1,) else tuple(
+        sshape[0] if i == a.get("axis", 1) % max(nd, 1) else 1 for i in range(nd))
+    if not _is_t(x) and not _is_t(scale) and not _is_t(zp):
+        # a quantized weight: dequantized once, here (a float constant of the model)
+        s = np.asarray(scale, np.float32).reshape(shape or ())
+        z = np.asarray(zp).astype(np.int32).reshape(shape or ())
+        return [((np.asarray(x).astype(np.int32) - z).astype(np.float32) * s)]
+    x = _as_tensor(x).astype("int32")
+    d = (x - _q_operand(zp, shape, "int32")).astype("float32")
+    return [d * _q_operand(scale, shape, "float32")]
+
+
 def _identity(node, ins, a, opset):
     return [ins[0]] + [None] * (len(node.output) - 1)
 
@@ -736,6 +816,7 @@ IMPORTERS = {
         ins[0], True, ins[1], ins[2], a.get("epsilon", 1e-5))],
     "NonZero": lambda node, ins, a, opset: [F.non_zero(ins[0]).transpose(1, 0).astype("int64")],
     "BitShift": _bitshift,
+    "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
     "Compress": _compress, "Einsum": lambda node, ins, a, opset: [F.einsum(
         a["equation"].decode() if isinstance(a["equation"], bytes) else a["equation"],
         *[_as_tensor(v) for v in ins])],
