@@ -96,9 +96,14 @@ def _relu6(b, x, dt):
     return b.op("Clip", [x, _scalar(b, x, 0), _scalar(b, x, 6)], dt, x.shape)
 
 
+MS = "com.microsoft"        # ONNX Runtime's contrib-op domain (export(contrib_ops=True))
+
+
 def _gelu(b, x, dt):
     if b.opset >= 20:
         return b.op("Gelu", [x], dt, x.shape)
+    if b.contrib and dt == _F32:
+        return b.op("Gelu", [x], dt, x.shape, domain=MS)
     half = b.op("Mul", [x, _scalar(b, x, 0.5)], dt, x.shape)
     erf = b.op("Erf", [b.op("Mul", [x, _scalar(b, x, 1 / math.sqrt(2))], dt, x.shape)],
                dt, x.shape)
@@ -108,6 +113,8 @@ def _gelu(b, x, dt):
 def _gelu_tanh(b, x, dt):
     if b.opset >= 20:
         return b.op("Gelu", [x], dt, x.shape, approximate="tanh")
+    if b.contrib and dt == _F32:
+        return b.op("FastGelu", [x], dt, x.shape, domain=MS)
     cube = b.op("Mul", [b.op("Mul", [x, x], dt, x.shape), x], dt, x.shape)
     inner = b.op("Add", [x, b.op("Mul", [cube, _scalar(b, x, 0.044715)], dt, x.shape)],
                  dt, x.shape)
@@ -672,14 +679,36 @@ def _conv2d(b, out, inputs, params):
 _conv2d.onnx = ("Conv",)
 
 
-def _conv2d_act(b, out, inputs, params):
-    x, w, bias, res = inputs
-    dt = _dt(out)
-    y = conv_of(b, x, w, bias, params["stride"], params["padding"], params["dilation"],
-                params["groups"], dt, out[0].shape)
+# activations com.microsoft FusedConv applies itself: (name, activation_params)
+_FUSED_ACTS = {"relu": ("Relu", None), "relu6": ("Clip", [0.0, 6.0]),
+               "sigmoid": ("Sigmoid", None), "tanh": ("Tanh", None),
+               "hardsigmoid": ("HardSigmoid", [1 / 6, 0.5])}
+
+
+def conv_act_of(b, x, w, bias, stride, padding, dilation, groups, dt, shape, act, res=None):
+    """``act(conv(x) + res)``: one com.microsoft FusedConv where the export
+    allows contrib ops and ONNX Runtime's FusedConv has the activation
+    (float32, 2-d), else Conv, Add and the activation's nodes."""
+    if b.contrib and act in _FUSED_ACTS and dt == _F32 and len(w.shape) == 4:
+        name, ps = _FUSED_ACTS[act]
+        ins = [b.cast(x, dt), b.cast(w, dt), b.cast(bias, dt) if bias is not None else None]
+        if res is not None:
+            ins.append(b.cast(res, dt))
+        ph, pw = _pair(padding)
+        return b.op("FusedConv", ins, dt, shape, domain=MS, activation=name,
+                    activation_params=ps, strides=list(_pair(stride)),
+                    pads=[int(ph), int(pw), int(ph), int(pw)], dilations=list(_pair(dilation)),
+                    group=int(groups), kernel_shape=list(w.shape[2:]))
+    y = conv_of(b, x, w, bias, stride, padding, dilation, groups, dt, shape)
     if res is not None:
         y = b.op("Add", [y, b.cast(res, dt)], dt, y.shape)
-    return act_of(b, y, params.get("act", "none"))
+    return act_of(b, y, act)
+
+
+def _conv2d_act(b, out, inputs, params):
+    x, w, bias, res = inputs
+    return conv_act_of(b, x, w, bias, params["stride"], params["padding"], params["dilation"],
+                       params["groups"], _dt(out), out[0].shape, params.get("act", "none"), res)
 
 
 _conv2d_act.onnx = ("Conv", "Add", "Relu", "Clip", "Sigmoid", "HardSwish")
@@ -834,11 +863,9 @@ def _conv2d_nchwc(b, out, inputs, params):
     x, w, bias, res = inputs
     dt = _dt(out)
     o = w.shape[0]
-    y = conv_of(b, _nchw(b, x), w, bias, params["stride"], params["padding"],
-                params["dilation"], params["groups"], dt, ())
-    if res is not None:
-        y = b.op("Add", [y, b.cast(_nchw(b, res), dt)], dt, ())
-    y = act_of(b, y, params.get("act", "none"))
+    y = conv_act_of(b, _nchw(b, x), w, bias, params["stride"], params["padding"],
+                    params["dilation"], params["groups"], dt, (), params.get("act", "none"),
+                    None if res is None else _nchw(b, res))
     return V(y.name, dt, out[0].shape, blocked=o)
 
 
@@ -848,17 +875,13 @@ _conv2d_nchwc.onnx = ("Conv", "Add", "Relu", "Clip")
 def _pw_dw(b, out, inputs, params):
     x, w, bias, dw_w, dw_b = inputs[:5]
     dt = _dt(out)
-    y = act_of(b, conv_of(b, _nchw(b, x), w, bias, 1, 0, 1, 1, dt, ()), params.get("act", "none"))
-    k = dw_w.shape[2]
-    y = conv_of(b, y, dw_w, dw_b, params["stride"], params["padding"], 1, dw_w.shape[0], dt, ())
-    del k
-    y = act_of(b, y, params.get("dw_act", "none"))
+    y = conv_act_of(b, _nchw(b, x), w, bias, 1, 0, 1, 1, dt, (), params.get("act", "none"))
+    y = conv_act_of(b, y, dw_w, dw_b, params["stride"], params["padding"], 1, dw_w.shape[0], dt,
+                    (), params.get("dw_act", "none"))
     if len(inputs) > 5:
         pw_w, pw_b, res = inputs[5:]
-        y = conv_of(b, y, pw_w, pw_b, 1, 0, 1, 1, dt, ())
-        if res is not None:
-            y = b.op("Add", [y, b.cast(_nchw(b, res), dt)], dt, ())
-        y = act_of(b, y, params.get("proj_act", "none"))
+        y = conv_act_of(b, y, pw_w, pw_b, 1, 0, 1, 1, dt, (), params.get("proj_act", "none"),
+                        None if res is None else _nchw(b, res))
         return V(y.name, dt, out[0].shape, blocked=pw_w.shape[0])
     return V(y.name, dt, out[0].shape, blocked=dw_w.shape[0])
 

@@ -132,11 +132,11 @@ _PYOPS = _pyops()
 
 
 class _Exporter:
-    def __init__(self, tm, opset, dynamic, input_names, output_names):
+    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False):
         from mgtrace._core import op_table
         self.tm, self.opset, self.dynamic = tm, opset, dynamic
         self.input_names, self.output_names = input_names, output_names
-        self.b = Builder(opset)
+        self.b = Builder(opset, contrib_ops)
         self.env = {}
         self.params = {}            # id(tensor) -> V
         self.by_method = op_table.by_method()
@@ -188,6 +188,7 @@ class _Exporter:
             self.inputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(np.dtype(n.dtype)), dims))
             self.env[id(n)] = V(name, n.dtype, shape)
+            self.b.shapes[name] = shape
         self.walk(graph, _Module(tm, ""))
         out_nodes = graph.outputs
         names = list(self.output_names or [])
@@ -273,6 +274,7 @@ class _Exporter:
                     r = self.b.cast(r, want)
                 if n.kind == "tensor" and n.shape is not None:
                     r = V(r.name, r.dtype, tuple(n.shape))
+                    self.b.shapes[r.name] = r.shape
             self.env[id(r_node)] = r
 
     # ------------------------------------------------------------- exprs
@@ -582,7 +584,8 @@ def _check_names(tm, input_names, output_names):
                              f"{count} {arg.split('_')[0]}s")
 
 
-def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True):
+def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True,
+                contrib_ops=False):
     """The checked ModelProto :func:`export` writes (nothing is written)."""
     onnx = _require()
     from onnx import helper
@@ -592,11 +595,15 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
                         f"{type(tm).__name__}")
     opset = _pick_opset(opset)
     _check_names(tm, input_names, output_names)
-    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names)
+    if not isinstance(contrib_ops, bool):
+        raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
+    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
     graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]
+    ir = helper.find_min_ir_version_for(opsets)
+    opsets += [helper.make_opsetid(d, 1) for d in sorted(ex.b.domains)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mgtrace",
-                              ir_version=helper.find_min_ir_version_for(opsets))
+                              ir_version=ir)
     import json
     import mgtrace
     model.producer_version = mgtrace.__version__
@@ -612,7 +619,7 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
 
 
 def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
-           example_inputs=None):
+           example_inputs=None, contrib_ops=False):
     """Write TracedModule ``tm`` as an ONNX model to ``f``.
 
     Args:
@@ -631,6 +638,16 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
             model is run in ONNX Runtime on them and compared with
             ``tm(*example_inputs)`` (float outputs within 1e-5 of the
             output's scale, others exactly) before anything is written.
+        contrib_ops: False (the default): standard ONNX ops only, for any
+            runtime. True: where ONNX Runtime has a fused op for what the
+            graph computes, its ``com.microsoft`` form (domain declared in
+            the model's opset imports), which ORT runs faster and other
+            runtimes refuse: FusedConv for a conv with its activation
+            (relu, relu6, sigmoid, tanh, hardsigmoid) and residual
+            (``optimize``'s conv2d_act and NCHW16c convs), Gelu / FastGelu
+            below opset 20 (where standard Gelu exists), and
+            SkipLayerNormalization for a residual Add followed by a layer
+            norm over the last axis of a 3-d float32 value.
 
     Returns:
         The onnx.ModelProto written.
@@ -645,7 +662,7 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
 
     Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``).
     """
-    model = build_model(tm, opset, input_names, output_names, dynamic)
+    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops)
     if example_inputs is not None:
         check_against(model, tm, example_inputs)
     from mgtrace.serialization.atomic import open_for_writing

@@ -244,12 +244,43 @@ def _f_batch_norm(b, out, a):
 _f_batch_norm.onnx = ("BatchNormalization",)
 
 
+def _skip_layer_norm(b, out, x, w, bias, eps):
+    """com.microsoft SkipLayerNormalization in place of ``Add(a, s)`` and the
+    layer norm over the last axis of its sum (a transformer's residual), when
+    the Add made x, both its operands are graph values of x's shape, and no
+    node since reads x: the Add node is dropped and x becomes the fused op's
+    fourth output (the sum), so later readers of x still find it. None
+    where it does not apply."""
+    if not (b.contrib and x.ndim == 3 and x.dtype == np.float32 and w is not None and
+            b.nodes and x.name in b.nodes[-1].output):
+        return None
+    add = b.nodes[-1]
+    if add.op_type != "Add" or add.domain or any(b.shapes.get(i) != x.shape for i in add.input):
+        return None
+    gamma = b.cast(w, x.dtype)
+    beta = b.cast(bias, x.dtype) if bias is not None else None
+    if gamma.ndim != 1 or beta is not None and beta.ndim != 1:
+        return None
+    b.nodes.pop()
+    y = b.fresh(f"{b.scope}/SkipLayerNormalization")
+    b.nodes.append(b._helper.make_node(
+        "SkipLayerNormalization", list(add.input) + [gamma.name] + ([beta.name] if beta else []),
+        [y, "", "", x.name], name=b.fresh(f"{b.scope}/SkipLayerNormalization#node"),
+        domain=C.MS, epsilon=float(eps)))
+    b.domains.add(C.MS)
+    return V(y, x.dtype, out[0].shape)
+
+
 def layer_norm_of(b, out, x, shape, w, bias, eps):
     dt = C._flt(C._dt(out))
     x = b.cast(x, dt)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     k = len(shape)
     axes = list(range(x.ndim - k, x.ndim))
+    if k == 1:
+        fused = _skip_layer_norm(b, out, x, w, bias, eps)
+        if fused is not None:
+            return fused
     if b.opset >= 17:
         w = b.cast(w, dt) if w is not None else b.const(np.ones(shape, dt))
         ins = [x, w] + ([b.cast(bias, dt)] if bias is not None else [])
