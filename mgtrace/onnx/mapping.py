@@ -796,6 +796,68 @@ def _m_softmax(b, out, m, x, param):
 _m_softmax.onnx = ("Softmax",)
 
 
+def _m_recurrent(lstm):
+    """RNN / LSTM as ONNX RNN / LSTM, one node a layer (both directions in
+    it): torch's gate rows (input, forget, cell, output) gathered into ONNX's
+    order (input, output, forget, cell) from the named initializers, the two
+    biases concatenated; ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for
+    the next layer; h_n (and c_n) the layers' final states concatenated.
+    The sequence length stays symbolic (one node runs every step). Called
+    with the input alone (hx None: zero initial states)."""
+    op = "LSTM" if lstm else "RNN"
+
+    def convert(b, out, m, x, param):
+        if getattr(m, "proj_size", 0):
+            raise b.error("LSTM with proj_size has no ONNX form (ONNX LSTM has no projection)")
+        if m.training and m.dropout and m.num_layers > 1:
+            raise b.error(f"{op} in training mode with dropout between layers draws random "
+                          f"numbers; export the module in eval()")
+        dt = C._flt(C._dt(out))
+        x = b.cast(x, dt)
+        if m.batch_first:
+            x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
+        hid, ndir = m.hidden_size, m.num_directions
+        order = [0, 3, 1, 2] if lstm else [0]
+        rows = b.ints(np.concatenate([np.arange(k * hid, (k + 1) * hid) for k in order]))
+        attrs = {"hidden_size": hid, "direction": "bidirectional" if ndir == 2 else "forward"}
+        if not lstm:
+            attrs["activations"] = [m.nonlinearity.capitalize()] * ndir
+
+        def stacked(names):
+            parts = [b.op("Unsqueeze", [b.op("Gather", [b.cast(param(n), dt), rows], dt, (),
+                                             axis=0), b.ints([0])], dt, ()) for n in names]
+            return parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+
+        finals = [[], []]
+        for layer in range(m.num_layers):
+            sfx = m._suffixes(layer)
+            w = stacked([f"weight_ih{s}" for s in sfx])
+            r = stacked([f"weight_hh{s}" for s in sfx])
+            bias = None
+            if m.bias:
+                parts = []
+                for s in sfx:
+                    bi, bh = (b.op("Gather", [b.cast(param(f"{k}{s}"), dt), rows], dt, (), axis=0)
+                              for k in ("bias_ih", "bias_hh"))
+                    parts.append(b.op("Unsqueeze", [b.op("Concat", [bi, bh], dt, (), axis=0),
+                                                    b.ints([0])], dt, ()))
+                bias = parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+            names = b.node(op, [x, w, r, bias], n_out=3 if lstm else 2, **attrs)
+            y = b.op("Transpose", [V(names[0], dt, ())], dt, (), perm=[0, 2, 1, 3])
+            x = b.op("Reshape", [y, b.ints([0, 0, -1])], dt, ())
+            for k, n in enumerate(names[1:]):
+                finals[k].append(V(n, dt, ()))
+        if m.batch_first:
+            x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
+        res = [V(x.name, dt, out[0].shape)]
+        for k, fs in enumerate(finals[:2 if lstm else 1]):
+            v = fs[0] if len(fs) == 1 else b.op("Concat", fs, dt, (), axis=0)
+            res.append(V(v.name, dt, out[1 + k].shape))
+        return res
+    convert.onnx = (op, "Gather", "Concat", "Transpose", "Reshape")
+    return convert
+
+
 def _m_identity(b, out, m, x, param):
     return x
 
@@ -833,12 +895,7 @@ _MODULES = {
         "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d",
         "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
         "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")},
-    "RNN": _no_onnx("not exported yet: its forward unrolls the sequence in Python, so a "
-                    "trace of it holds the traced length (ONNX RNN with the gates mapped "
-                    "is to come)"),
-    "LSTM": _no_onnx("not exported yet: its forward unrolls the sequence in Python, so a "
-                     "trace of it holds the traced length (ONNX LSTM with torch's gate order "
-                     "mapped is to come)"),
+    "RNN": _m_recurrent(False), "LSTM": _m_recurrent(True),
     "LocalConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["local_conv2d"]),
     "DeformableConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_conv2d"]),
     "RegionRestrictedConv": _no_onnx(_NO_ONNX_FUNCTIONS["region_restricted_conv"]),

@@ -427,8 +427,10 @@ def _module_cases():
         "ConvRelu2d": _mod(M.ConvRelu2d(4, 3, 3), x4),
         "ConvBn2d": _mod(M.ConvBn2d(4, 3, 3), x4),
         "ConvBnRelu2d": _mod(M.ConvBnRelu2d(4, 3, 3), x4),
-        "RNN": _mod(M.RNN(4, 5), _f(3, 2, 4)),
-        "LSTM": _mod(M.LSTM(4, 5), _f(3, 2, 4)),
+        "RNN": _mod(M.RNN(4, 5, num_layers=2, nonlinearity="relu", bidirectional=True),
+                    _f(3, 2, 4)),
+        "LSTM": _mod(M.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True),
+                     _f(2, 3, 4)),
     })
     for n in ("ReLU", "ReLU6", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid"):
         c[n] = _mod(getattr(M, n)(), x4 * 4)

@@ -27,7 +27,8 @@ class _Fn(M.Module):
 
 
 def _check(fn, traced, run, opset=None):
-    tm = mt.trace_module(_Fn(fn), *[mt.tensor(x) for x in traced])
+    mod = fn if isinstance(fn, M.Module) else _Fn(fn)
+    tm = mt.trace_module(mod, *[mt.tensor(x) for x in traced])
     model = mo.export(tm, io.BytesIO(), opset=opset)
     got = run_ort(model, run)
     want = tm(*[mt.tensor(x) for x in run])
@@ -96,3 +97,25 @@ def test_cumprod_and_nonzero_at_another_size():
                  traced, run)
     np.testing.assert_array_equal(got[0], np.cumprod(run[0], 1))
     np.testing.assert_array_equal(got[1], np.argwhere(run[0]))
+
+
+@pytest.mark.parametrize("opset", [13, None])
+def test_lstm_and_rnn_at_another_length_and_batch(opset):
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = M.LSTM(4, 6, num_layers=2, bidirectional=True)
+            self.rnn = M.RNN(12, 3, nonlinearity="tanh", batch_first=True)
+
+        def forward(self, x):
+            y, (h, c) = self.lstm(x)
+            z, hr = self.rnn(y.transpose(1, 0, 2))
+            return y, h, c, z, hr
+    net = Net().eval()
+    state = {k: _rng.standard_normal(v.shape).astype(np.float32) * 0.4
+             for k, v in net.state_dict().items()}
+    net.load_state_dict(state)
+    traced = [_rng.standard_normal((3, 2, 4)).astype(np.float32)]
+    run = [_rng.standard_normal((7, 5, 4)).astype(np.float32)]       # T 3 -> 7, N 2 -> 5
+    got = _check(net, traced, run, opset)
+    assert got[0].shape == (7, 5, 12) and got[1].shape == (4, 5, 6) and got[4].shape == (1, 5, 3)
