@@ -739,6 +739,101 @@ def _dequantize(node, ins, a, opset):
     return [d * _q_operand(scale, shape, "float32")]
 
 
+def _zp_shift(v, zp, axis_len=None, axis=None, nd=None):
+    """``v - zp`` in int32 (a per-row / per-channel zero point reshaped to
+    broadcast along ``axis`` of an ``nd``-d value)."""
+    v = _as_tensor(v).astype("int32")
+    if zp is None:
+        return v
+    z = np.asarray(zp) if not _is_t(zp) else zp
+    if not _is_t(z) and z.size == 1:
+        return v - int(z.reshape(-1)[0])
+    z = _as_tensor(z).astype("int32")
+    if axis is not None:
+        z = z.reshape(tuple(-1 if i == axis else 1 for i in range(nd)))
+    return v - z
+
+
+def _int_conv(node, x, w, a):
+    """The int32 sums of an integer convolution, exact: computed in float64
+    (every product and sum of int8/uint8 operands below 2^53) and cast."""
+    _auto_pad(node, a)
+    _kernel_matches(node, a, w)
+    if len(w.shape) != 4:
+        raise _err(node, f"a {len(w.shape) - 2}-d integer convolution has no mgtrace form")
+    y = F.conv2d(x.astype("float64"), w.astype("float64"), None,
+                 tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads")),
+                 tuple(a.get("dilations", (1, 1))), a.get("group", 1))
+    return y.astype("int32")
+
+
+def _int_matmul(x, w):
+    return F.matmul(x, w)           # int32 operands: mgtrace's exact int32 matmul
+
+
+def _requantize(node, acc, scale, y_scale, y_zp, channel_axis, nd):
+    """ONNX Runtime's requantization of int32 sums: times the float32
+    multiplier ``scale / y_scale``, rounded half to even, plus the output zero
+    point, saturated to its type."""
+    zdt = np.dtype(np.uint8) if y_zp is None else np.dtype(y_zp.dtype)
+    if zdt not in _QRANGE:
+        raise _err(node, f"an output of {zdt} has no mgtrace form (int8 and uint8 import)")
+    lo, hi = _QRANGE[zdt]
+    # float32 throughout, in ORT's order: x_scale * w_scale / y_scale
+    m = (scale / _as_tensor(y_scale).astype("float32").reshape(())).reshape(
+        tuple(-1 if i == channel_axis else 1 for i in range(nd)))
+    y = F.round(acc.astype("float32") * m)
+    if y_zp is not None:
+        y = y + float(np.asarray(y_zp).reshape(-1)[0])
+    return F.clip(y, float(lo), float(hi)).astype(zdt.name)
+
+
+def _constant_only(node, v, what):
+    if _is_t(v):
+        raise _err(node, f"{what} computed at run time has no mgtrace form here (a constant "
+                         f"of the model imports)")
+    return v
+
+
+def _scales(xs, ws):
+    """x_scale * w_scale (per tensor or per output channel) as a float32 tensor."""
+    return _as_tensor(xs).astype("float32").reshape(()) * \
+        _as_tensor(ws).astype("float32").reshape(-1)
+
+
+def _conv_integer(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    xz = ins[2] if len(ins) > 2 else None
+    wz = ins[3] if len(ins) > 3 else None
+    return [_int_conv(node, _zp_shift(x, xz), _zp_shift(w, wz, axis=0, nd=4), a)]
+
+
+def _matmul_integer(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    xz = ins[2] if len(ins) > 2 else None
+    wz = ins[3] if len(ins) > 3 else None
+    wt = _as_tensor(w)
+    return [_int_matmul(_zp_shift(x, xz), _zp_shift(wt, wz, axis=wt.ndim - 1, nd=wt.ndim))]
+
+
+def _qlinear_conv(node, ins, a, opset):
+    x, xs, xz, w, ws, wz, ys, yz = ins[:8]
+    bias = ins[8] if len(ins) > 8 else None
+    _constant_only(node, yz, "y_zero_point")
+    acc = _int_conv(node, _zp_shift(x, xz), _zp_shift(w, wz, axis=0, nd=4), a)
+    if bias is not None:
+        acc = acc + _as_tensor(bias).astype("int32").reshape(1, -1, 1, 1)
+    return [_requantize(node, acc, _scales(xs, ws), ys, yz, 1, 4)]
+
+
+def _qlinear_matmul(node, ins, a, opset):
+    x, xs, xz, w, ws, wz, ys, yz = ins[:8]
+    _constant_only(node, yz, "y_zero_point")
+    wt = _as_tensor(w)
+    acc = _int_matmul(_zp_shift(x, xz), _zp_shift(wt, wz, axis=wt.ndim - 1, nd=wt.ndim))
+    return [_requantize(node, acc, _scales(xs, ws), ys, yz, acc.ndim - 1, acc.ndim)]
+
+
 def _identity(node, ins, a, opset):
     return [ins[0]] + [None] * (len(node.output) - 1)
 
@@ -817,6 +912,8 @@ IMPORTERS = {
     "NonZero": lambda node, ins, a, opset: [F.non_zero(ins[0]).transpose(1, 0).astype("int64")],
     "BitShift": _bitshift,
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
+    "ConvInteger": _conv_integer, "MatMulInteger": _matmul_integer,
+    "QLinearConv": _qlinear_conv, "QLinearMatMul": _qlinear_matmul,
     "Compress": _compress, "Einsum": lambda node, ins, a, opset: [F.einsum(
         a["equation"].decode() if isinstance(a["equation"], bytes) else a["equation"],
         *[_as_tensor(v) for v in ins])],

@@ -280,7 +280,8 @@ def test_an_op_computing_an_absurd_size_is_an_import_error(op):
     ins = ["shp"] if op == "ConstantOfShape" else ["x", "shp"]
     m = _model([helper.make_node(op, ins, ["y"], name="huge")], [_f32("x", [1])],
                [_f32("y", None)], [shp])
-    with pytest.raises(mo.OnnxImportError, match="node 'huge' .*(absurdly large|more than the 2147483648)"):
+    with pytest.raises(mo.OnnxImportError,
+                       match="node 'huge' .*(absurdly large|more than the 2147483648)"):
         mo.load(m.SerializeToString())
 
 
@@ -336,7 +337,8 @@ def test_conv_kernel_shape_contradicting_its_weight_is_refused():
     m = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="c", kernel_shape=[5, 5])],
                [_f32("x", [1, 1, 6, 6])], [_f32("y", None)], [w])
     with pytest.raises(mo.OnnxImportError, match=r"node 'c' \(Conv\): kernel_shape \[5, 5\] "
-                                                 r"contradicts the weight's spatial shape \[3, 3\]"):
+                                                 r"contradicts the weight's spatial shape "
+                                                 r"\[3, 3\]"):
         mo.load(m.SerializeToString())
 
 
