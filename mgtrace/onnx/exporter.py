@@ -143,6 +143,7 @@ class _Exporter:
         self.ops = op_table.OPS
         self.inputs, self.outputs = [], []
         self.prefix = ""            # qualname of the decomposed call being converted
+        self.bodies = []            # the traced bodies of decomposed calls
 
     # ------------------------------------------------------------ values
     def value(self, v):
@@ -415,6 +416,7 @@ class _Exporter:
                                    f"that may vary between runs ({w.message}), so no ONNX "
                                    f"form is exported")
         sub = tm.graph
+        self.bodies.append(tm)      # alive while env holds its nodes' ids
         root = _Module(body, "", None) if root is None else _Module(body, root.path, "m")
         for n, v in zip(sub.inputs[1:], leaves):
             self.env[id(n)] = v
