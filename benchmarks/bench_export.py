@@ -21,6 +21,9 @@ Columns (best and median over the rounds, milliseconds):
   loaded) when torch imports; ``-`` otherwise, and for MiniLM (no torch
   reference in the tests). The two files compute the same function with the
   same weights, so their latencies compare the graphs each exporter writes.
+* ``contrib ort``: the same run of ``export(optimize(tm, "all",
+  flatten=True), contrib_ops=True)``'s file: ONNX Runtime's com.microsoft
+  fused ops (FusedConv, SkipLayerNormalization, Gelu) where it has them.
 * ``nodes``: the node count of each file after ONNX Runtime's graph
   optimizations (mgtrace / torch): a figure the machine's load cannot move;
   equal counts (and kinds) mean ORT runs the same kernels for both.
@@ -113,8 +116,8 @@ def main(argv=None):
     tmp = tempfile.mkdtemp()
     print(f"mgtrace {mt.__version__}, onnxruntime {ort.__version__}, opset {mo.max_opset()}, "
           f"{args.rounds} rounds; best / median ms")
-    print(f"{'model':<14}{'export':>16}{'import':>18}{'ort':>16}{'torch ort':>16}"
-          f"{'nodes':>10}")
+    print(f"{'model':<14}{'export':>16}{'import':>18}{'ort':>16}{'contrib ort':>16}"
+          f"{'torch ort':>16}{'nodes':>12}")
     for name, net, inputs in _models():
         tm = mt.trace_module(net, *[mt.tensor(x) for x in inputs])
         path = os.path.join(tmp, f"{name}.onnx")
@@ -124,6 +127,13 @@ def main(argv=None):
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         feeds = {i.name: x for i, x in zip(sess.get_inputs(), inputs)}
         run = _times(lambda: sess.run(None, feeds), args.rounds * 4)
+        cpath = os.path.join(tmp, f"{name}_contrib.onnx")
+        from mgtrace.traced_module.passes import optimize
+        mo.export(optimize(tm, "all", flatten=True), cpath, contrib_ops=True)
+        cs = ort.InferenceSession(cpath, opts, providers=["CPUExecutionProvider"])
+        crun = _times(lambda: cs.run(None, {i.name: x for i, x in zip(cs.get_inputs(),
+                                                                      inputs)}),
+                      args.rounds * 4)
         tpath = _torch_file(name, net, inputs, os.path.join(tmp, f"{name}_torch.onnx"))
         trun, nodes = None, f"{_optimized_nodes(path, opts)} / -"
         if tpath:
@@ -132,10 +142,10 @@ def main(argv=None):
             tfeeds = {i.name: x for i, x in zip(ts.get_inputs(), inputs)}
             trun = _times(lambda: ts.run(None, tfeeds), args.rounds * 4)
         rows.append({"model": name, "export_ms": exp, "import_ms": imp, "ort_ms": run,
-                     "torch_ort_ms": trun, "optimized_nodes": nodes})
+                     "contrib_ort_ms": crun, "torch_ort_ms": trun, "optimized_nodes": nodes})
         cell = lambda v: "-" if v is None else f"{v[0]:.1f} / {v[1]:.1f}"   # noqa: E731
-        print(f"{name:<14}{cell(exp):>16}{cell(imp):>18}{cell(run):>16}{cell(trun):>16}"
-              f"{nodes:>10}", flush=True)
+        print(f"{name:<14}{cell(exp):>16}{cell(imp):>18}{cell(run):>16}{cell(crun):>16}"
+              f"{cell(trun):>16}{nodes:>12}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

@@ -18,9 +18,13 @@ opset the installed `onnx` and `onnxruntime` both support
 (`mgtrace.onnx.max_opset()`). Anything not listed raises
 `mgtrace.onnx.ExportError` naming it, the node and the source line.
 
-Core ops with no ONNX form: `left_shift`, `right_shift` (ONNX `BitShift`
-takes unsigned integers only), `atan2`, `cumprod`, `nonzero`, `setitem`,
-`interpolate`; `adaptive_*_pool2d` export for output size 1 only.
+Every core op exports. Rows whose ONNX column reads "(its composition of core
+ops)" export as the graph of their own body: the function (or the builtin
+module's forward) is traced at export, with symbolic shapes, and each op of
+it converted; a body whose trace fixes something that may vary is refused.
+Rows marked "no ONNX equivalent" raise `ExportError` with that reason.
+`adaptive_*_pool2d` export for output sizes that divide the input (equal
+windows, read at run time) and for (1, 1).
 
 """
 

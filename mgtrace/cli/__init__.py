@@ -549,7 +549,8 @@ def _cmd_batch(args, out):
             records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
         elif args.command == "export":
             records = onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
-                                           opset=args.opset, rtol=args.rtol, atol=args.atol, **run)
+                                           opset=args.opset, rtol=args.rtol, atol=args.atol,
+                                           contrib_ops=args.contrib_ops, **run)
         else:
             records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
                                     inputs=args.inputs, **checks, **run)

@@ -19,7 +19,8 @@ def _onnx_dest(path, out, in_place, roots):
     return os.path.splitext(dest)[0] + ".onnx"
 
 
-def export_file(path, out=None, in_place=False, roots=(), opset=None, rtol=1e-5, atol=1e-6):
+def export_file(path, out=None, in_place=False, roots=(), opset=None, rtol=1e-5, atol=1e-6,
+                contrib_ops=False):
     """Export the TracedModule archived at ``path`` to ONNX (see the module
     docstring for the checks); a JSON-ready result dict."""
     from mgtrace.cli import tasks
@@ -37,7 +38,7 @@ def export_file(path, out=None, in_place=False, roots=(), opset=None, rtol=1e-5,
         return {"status": "failed", "reason": "its examples pass keyword arguments; ONNX inputs "
                                               "are positional"}
     try:
-        model = build_model(arc.obj, opset=opset)
+        model = build_model(arc.obj, opset=opset, contrib_ops=bool(contrib_ops))
     except ExportError as e:
         return {"status": "failed", "reason": f"ExportError: {e}"}
     err = None
@@ -69,10 +70,11 @@ def export_file(path, out=None, in_place=False, roots=(), opset=None, rtol=1e-5,
 
 
 def export(paths, *, out=None, in_place=False, opset=None, rtol=1e-5, atol=1e-6,
-           **run_options):
+           contrib_ops=False, **run_options):
     """Export every archive of ``paths`` to ONNX into folder ``out`` (the
     layout below each input folder kept, ``.tmod`` -> ``.onnx``) or, with
-    ``in_place``, beside each archive. ``run_options`` are those of
+    ``in_place``, beside each archive; ``contrib_ops`` as
+    :func:`mgtrace.onnx.export`'s. ``run_options`` are those of
     :func:`mgtrace.cli.batch.run`.
 
     Raises:
@@ -98,6 +100,8 @@ def export(paths, *, out=None, in_place=False, opset=None, rtol=1e-5, atol=1e-6,
         batch._check_writable(out, f"-o {out}")
     options = {"out": os.fspath(out) if out else None, "in_place": bool(in_place),
                "roots": roots, "opset": opset, "rtol": rtol, "atol": atol}
+    if contrib_ops:         # (absent otherwise: earlier reports resume as before)
+        options["contrib_ops"] = True
     return batch.run(export_file, paths, options=options, command="export",
                      exclude=options["out"], **run_options)
 
@@ -152,6 +156,10 @@ def add_parsers(sub, batch_options, formatter, wrap, exit_text):
     s.add_argument("--opset", type=int, metavar="N",
                    help="the ONNX opset (default: the newest the installed onnx and "
                         "onnxruntime both support; 13 at least)")
+    s.add_argument("--contrib-ops", action="store_true",
+                   help="use ONNX Runtime's com.microsoft fused ops where it has them "
+                        "(FusedConv, SkipLayerNormalization, Gelu): faster in ONNX Runtime, "
+                        "refused by other runtimes")
     s = sub.add_parser(
         "import", help="import an ONNX model as an archive", formatter_class=formatter,
         description=wrap("Read an ONNX model (mgtrace.onnx.load), trace it into a TracedModule "

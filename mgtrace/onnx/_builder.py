@@ -51,10 +51,13 @@ class Builder:
     ``where`` is the expr being converted (its node names and error
     messages); ``opset`` the target opset."""
 
-    def __init__(self, opset):
+    def __init__(self, opset, contrib=False):
         from onnx import helper, numpy_helper
         self._helper, self._numpy_helper = helper, numpy_helper
         self.opset = opset
+        self.contrib = bool(contrib)    # ONNX Runtime's com.microsoft fused ops allowed
+        self.domains = set()            # the non-standard domains the nodes use
+        self.shapes = {}                # value name -> traced shape (graph values only)
         self.nodes = []
         self.initializers = []
         self._names = set()
@@ -83,6 +86,8 @@ class Builder:
         outs = [self.fresh(f"{self.scope}/{op_type}" + (f":{i}" if n_out > 1 else ""))
                 for i in range(n_out)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        if domain:
+            self.domains.add(domain)
         self.nodes.append(self._helper.make_node(
             op_type, [getattr(i, "name", i) if i is not None else "" for i in inputs], outs,
             name=self.fresh(f"{self.scope}/{op_type}#node"), domain=domain or None, **attrs))

@@ -96,9 +96,14 @@ def _relu6(b, x, dt):
     return b.op("Clip", [x, _scalar(b, x, 0), _scalar(b, x, 6)], dt, x.shape)
 
 
+MS = "com.microsoft"        # ONNX Runtime's contrib-op domain (export(contrib_ops=True))
+
+
 def _gelu(b, x, dt):
     if b.opset >= 20:
         return b.op("Gelu", [x], dt, x.shape)
+    if b.contrib and dt == _F32:
+        return b.op("Gelu", [x], dt, x.shape, domain=MS)
     half = b.op("Mul", [x, _scalar(b, x, 0.5)], dt, x.shape)
     erf = b.op("Erf", [b.op("Mul", [x, _scalar(b, x, 1 / math.sqrt(2))], dt, x.shape)],
                dt, x.shape)
@@ -108,6 +113,8 @@ def _gelu(b, x, dt):
 def _gelu_tanh(b, x, dt):
     if b.opset >= 20:
         return b.op("Gelu", [x], dt, x.shape, approximate="tanh")
+    if b.contrib and dt == _F32:
+        return b.op("FastGelu", [x], dt, x.shape, domain=MS)
     cube = b.op("Mul", [b.op("Mul", [x, x], dt, x.shape), x], dt, x.shape)
     inner = b.op("Add", [x, b.op("Mul", [cube, _scalar(b, x, 0.044715)], dt, x.shape)],
                  dt, x.shape)
@@ -205,17 +212,14 @@ _truediv.onnx = ("Div",)
 
 
 def floor_div(b, x, y, dt, shape):
-    """Python's ``//``: floor of the quotient (ONNX Div truncates integers)."""
+    """Python's ``//``: floor of the quotient. Integers: ``(x - x mod y) / y``,
+    the remainder with the divisor's sign (ONNX Mod, fmod=0, as Python's %)
+    leaving an exact multiple, which ONNX's truncating Div divides exactly;
+    the importer reads it back as ``//`` of sizes, kept symbolic."""
     if dt.kind == "f":
         return b.op("Floor", [b.op("Div", [x, y], dt, shape)], dt, shape)
-    q = b.op("Div", [x, y], dt, shape)
-    r = b.op("Mod", [x, y], dt, shape, fmod=1)
-    zero = _scalar(b, V("", dt, ()), 0)
-    has_rem = b.op("Not", [b.op("Equal", [r, zero], np.bool_, shape)], np.bool_, shape)
-    signs = b.op("Xor", [b.op("Less", [x, zero], np.bool_, shape),
-                         b.op("Less", [y, zero], np.bool_, shape)], np.bool_, shape)
-    fix = b.cast(b.op("And", [has_rem, signs], np.bool_, shape), dt)
-    return b.op("Sub", [q, fix], dt, shape)
+    r = b.op("Mod", [x, y], dt, shape, fmod=0)
+    return b.op("Div", [b.op("Sub", [x, r], dt, shape), y], dt, shape)
 
 
 def _floordiv(b, out, inputs, params):
@@ -472,9 +476,10 @@ def getitem_of(b, x, index, out_shape):
         if isinstance(i, slice):
             st, en, sp = i.start, i.stop, i.step
             sp = 1 if sp is None else sp
-            if isinstance(sp, V):
-                raise b.error("a slice step computed at run time")
-            if not (st is None and en is None and sp == 1):
+            if isinstance(sp, V) and (st is None or en is None):
+                # the default start and stop depend on the step's sign
+                raise b.error("a slice step computed at run time with a default start or stop")
+            if isinstance(sp, V) or not (st is None and en is None and sp == 1):
                 starts.append((0 if sp > 0 else INT64_MAX) if st is None else st)
                 ends.append((INT64_MAX if sp > 0 else INT64_MIN) if en is None else en)
                 axes.append(axis)
@@ -674,14 +679,36 @@ def _conv2d(b, out, inputs, params):
 _conv2d.onnx = ("Conv",)
 
 
-def _conv2d_act(b, out, inputs, params):
-    x, w, bias, res = inputs
-    dt = _dt(out)
-    y = conv_of(b, x, w, bias, params["stride"], params["padding"], params["dilation"],
-                params["groups"], dt, out[0].shape)
+# activations com.microsoft FusedConv applies itself: (name, activation_params)
+_FUSED_ACTS = {"relu": ("Relu", None), "relu6": ("Clip", [0.0, 6.0]),
+               "sigmoid": ("Sigmoid", None), "tanh": ("Tanh", None),
+               "hardsigmoid": ("HardSigmoid", [1 / 6, 0.5])}
+
+
+def conv_act_of(b, x, w, bias, stride, padding, dilation, groups, dt, shape, act, res=None):
+    """``act(conv(x) + res)``: one com.microsoft FusedConv where the export
+    allows contrib ops and ONNX Runtime's FusedConv has the activation
+    (float32, 2-d), else Conv, Add and the activation's nodes."""
+    if b.contrib and act in _FUSED_ACTS and dt == _F32 and len(w.shape) == 4:
+        name, ps = _FUSED_ACTS[act]
+        ins = [b.cast(x, dt), b.cast(w, dt), b.cast(bias, dt) if bias is not None else None]
+        if res is not None:
+            ins.append(b.cast(res, dt))
+        ph, pw = _pair(padding)
+        return b.op("FusedConv", ins, dt, shape, domain=MS, activation=name,
+                    activation_params=ps, strides=list(_pair(stride)),
+                    pads=[int(ph), int(pw), int(ph), int(pw)], dilations=list(_pair(dilation)),
+                    group=int(groups), kernel_shape=list(w.shape[2:]))
+    y = conv_of(b, x, w, bias, stride, padding, dilation, groups, dt, shape)
     if res is not None:
         y = b.op("Add", [y, b.cast(res, dt)], dt, y.shape)
-    return act_of(b, y, params.get("act", "none"))
+    return act_of(b, y, act)
+
+
+def _conv2d_act(b, out, inputs, params):
+    x, w, bias, res = inputs
+    return conv_act_of(b, x, w, bias, params["stride"], params["padding"], params["dilation"],
+                       params["groups"], _dt(out), out[0].shape, params.get("act", "none"), res)
 
 
 _conv2d_act.onnx = ("Conv", "Add", "Relu", "Clip", "Sigmoid", "HardSwish")
@@ -730,15 +757,19 @@ _avg_pool2d.onnx = ("AveragePool",)
 
 
 def _adaptive(global_op, name):
+    """Global pooling for output size (1, 1); other sizes that divide the
+    input as :func:`adaptive_of` (Reshape and ReduceMean / ReduceMax)."""
+    reduce = "ReduceMean" if "avg" in name else "ReduceMax"
+
     def conv(b, out, inputs, params):
         x = inputs[0]
+        if name.endswith("avg_pool2d"):
+            x = b.cast(x, _flt(_dt(out)))
         size = _pair(params["output_size"])
         if tuple(size) == (1, 1):
             return b.op(global_op, [x], x.dtype, out[0].shape)
-        raise b.error(f"{name} to {tuple(size)} needs window sizes computed from the input's "
-                      f"spatial size at run time, which ONNX pooling takes as fixed "
-                      f"attributes; only output size (1, 1) (a global pool) exports")
-    conv.onnx = (global_op,)
+        return adaptive_of(b, x, size, reduce, name, out[0].shape)
+    conv.onnx = (global_op, "Reshape", reduce)
     return conv
 
 
@@ -749,7 +780,8 @@ def _attention(b, out, inputs, params):
     kt = b.op("Transpose", [k], dt, k.shape, perm=list(range(k.ndim - 2)) + [k.ndim - 1,
                                                                               k.ndim - 2])
     s = b.op("MatMul", [q, kt], dt, ())
-    s = b.op("Mul", [s, b.const(np.asarray(params.get("scale", 1.0), dt))], dt, ())
+    scale = params.get("scale", 1.0)
+    s = b.op("Mul", [s, b.operand(1.0 if scale is None else scale, dt)], dt, ())
     if mask is not None:
         s = b.op("Add", [s, b.cast(mask, dt)], dt, ())
     p = b.op("Softmax", [s], dt, (0,) * q.ndim, axis=q.ndim - 1)
@@ -831,11 +863,9 @@ def _conv2d_nchwc(b, out, inputs, params):
     x, w, bias, res = inputs
     dt = _dt(out)
     o = w.shape[0]
-    y = conv_of(b, _nchw(b, x), w, bias, params["stride"], params["padding"],
-                params["dilation"], params["groups"], dt, ())
-    if res is not None:
-        y = b.op("Add", [y, b.cast(_nchw(b, res), dt)], dt, ())
-    y = act_of(b, y, params.get("act", "none"))
+    y = conv_act_of(b, _nchw(b, x), w, bias, params["stride"], params["padding"],
+                    params["dilation"], params["groups"], dt, (), params.get("act", "none"),
+                    None if res is None else _nchw(b, res))
     return V(y.name, dt, out[0].shape, blocked=o)
 
 
@@ -845,17 +875,13 @@ _conv2d_nchwc.onnx = ("Conv", "Add", "Relu", "Clip")
 def _pw_dw(b, out, inputs, params):
     x, w, bias, dw_w, dw_b = inputs[:5]
     dt = _dt(out)
-    y = act_of(b, conv_of(b, _nchw(b, x), w, bias, 1, 0, 1, 1, dt, ()), params.get("act", "none"))
-    k = dw_w.shape[2]
-    y = conv_of(b, y, dw_w, dw_b, params["stride"], params["padding"], 1, dw_w.shape[0], dt, ())
-    del k
-    y = act_of(b, y, params.get("dw_act", "none"))
+    y = conv_act_of(b, _nchw(b, x), w, bias, 1, 0, 1, 1, dt, (), params.get("act", "none"))
+    y = conv_act_of(b, y, dw_w, dw_b, params["stride"], params["padding"], 1, dw_w.shape[0], dt,
+                    (), params.get("dw_act", "none"))
     if len(inputs) > 5:
         pw_w, pw_b, res = inputs[5:]
-        y = conv_of(b, y, pw_w, pw_b, 1, 0, 1, 1, dt, ())
-        if res is not None:
-            y = b.op("Add", [y, b.cast(_nchw(b, res), dt)], dt, ())
-        y = act_of(b, y, params.get("proj_act", "none"))
+        y = conv_act_of(b, y, pw_w, pw_b, 1, 0, 1, 1, dt, (), params.get("proj_act", "none"),
+                        None if res is None else _nchw(b, res))
         return V(y.name, dt, out[0].shape, blocked=pw_w.shape[0])
     return V(y.name, dt, out[0].shape, blocked=dw_w.shape[0])
 
@@ -871,3 +897,209 @@ def _max_pool2d_nchwc(b, out, inputs, params):
 
 
 _max_pool2d_nchwc.onnx = ("MaxPool",)
+
+
+# ------------------------------------- ops composed of several ONNX ops
+
+def _signbit(b, v, dt):
+    """v < 0, or v is -0.0 (1 / v is -inf): NumPy's signbit for floats."""
+    zero = b.const(np.asarray(0, dt))
+    neg = b.op("Less", [v, zero], np.bool_, v.shape)
+    inv = b.op("Div", [b.const(np.asarray(1, dt)), v], dt, v.shape)
+    return b.op("Or", [neg, b.op("Less", [inv, zero], np.bool_, v.shape)], np.bool_, v.shape)
+
+
+def _atan2(b, out, inputs, params):
+    """NumPy's arctan2(x, y) (the angle of the point (y, x)): Atan(x / y), then
+    the quadrant: +-pi where y < 0 (or y is -0.0 and x is 0), by x's sign
+    bit; 0 / 0 gives 0 (signed zeros as NumPy's). Infinite operands together
+    (inf / inf) give NaN where NumPy gives a multiple of pi/4."""
+    dt = _flt(_dt(out))
+    x, y = (b.operand(a, dt) for a in inputs)
+    shape = out[0].shape
+    q = b.op("Atan", [b.op("Div", [x, y], dt, shape)], dt, shape)
+    zero = b.const(np.asarray(0, dt))
+    x0 = b.op("Equal", [x, zero], np.bool_, shape)
+    y0 = b.op("Equal", [y, zero], np.bool_, shape)
+    both0 = b.op("And", [x0, y0], np.bool_, shape)
+    q = b.op("Where", [both0, b.op("Mul", [x, zero], dt, shape), q], dt, shape)
+    ylt = b.op("Less", [y, zero], np.bool_, shape)
+    flip = b.op("Or", [ylt, b.op("And", [both0, _signbit(b, y, dt)], np.bool_, shape)],
+                np.bool_, shape)
+    pi = b.op("Where", [_signbit(b, x, dt), b.const(np.asarray(-math.pi, dt)),
+                        b.const(np.asarray(math.pi, dt))], dt, shape)
+    return b.op("Where", [flip, b.op("Add", [q, pi], dt, shape), q], dt, shape)
+
+
+_atan2.onnx = ("Atan", "Div", "Where")
+
+
+def _shift(left):
+    """``x << y`` / ``x >> y`` of integers: ONNX BitShift takes unsigned
+    integers, so the bits are shifted as the unsigned type of the same
+    width; a left shift wraps (two's complement), a right shift of a
+    negative signed value is arithmetic (``~(~x >> y)``), and a shift by the
+    width or more gives 0 (-1 for a negative value shifted right), as
+    mgtrace's kernels."""
+    def conv(b, out, inputs, params):
+        dt = _dt(out)
+        if dt.kind not in "iu":
+            raise b.error(f"{'left' if left else 'right'}_shift of {dt} has no ONNX form "
+                          f"(integers only)")
+        bits = dt.itemsize * 8
+        udt = np.dtype(f"uint{bits}")
+        x, y = (b.cast(b.operand(a, dt), np.int64) for a in inputs)
+        shape = out[0].shape
+        big = b.op("GreaterOrEqual", [y, b.const(np.int64(bits))], np.bool_, shape)
+        yc = b.cast(b.op("Min", [y, b.const(np.int64(bits - 1))], np.int64, shape), udt)
+        signed = dt.kind == "i"
+        neg = b.op("Less", [x, b.const(np.int64(0))], np.bool_, shape) if signed else None
+        if left or not signed:
+            xu = b.cast(b.cast(x, dt), udt)
+            s = b.cast(b.op("BitShift", [xu, yc], udt, shape,
+                            direction="LEFT" if left else "RIGHT"), np.int64)
+            # the wrap to dt's width: back through dt itself
+            s = b.cast(b.cast(b.cast(s, udt), dt), np.int64)
+            r = b.op("Where", [big, b.const(np.int64(0)), s], np.int64, shape)
+        else:
+            m1 = b.const(np.int64(-1))
+            xs = b.op("Where", [neg, b.op("Sub", [m1, x], np.int64, shape), x], np.int64, shape)
+            s = b.cast(b.op("BitShift", [b.cast(xs, udt), yc], udt, shape, direction="RIGHT"),
+                       np.int64)
+            r = b.op("Where", [neg, b.op("Sub", [m1, s], np.int64, shape), s], np.int64, shape)
+        return b.cast(r, dt)
+    conv.onnx = ("BitShift", "Cast", "Where")
+    return conv
+
+
+def _cumprod(b, out, inputs, params):
+    """The running product along ``axis``: the axis moved last, each output
+    position the ReduceProd of the inputs up to it (a [n, n] lower-triangle
+    mask, Where to 1 elsewhere), the axis moved back. O(n^2) elements."""
+    dt = _dt(out)
+    x = b.cast(inputs[0], dt)
+    if x.ndim == 0:
+        return x
+    axis = int(params["axis"]) % x.ndim
+    perm = [i for i in range(x.ndim) if i != axis] + [axis]
+    xt = b.op("Transpose", [x], dt, (), perm=perm) if axis != x.ndim - 1 else x
+    n = b.dim(x, axis)
+    r = b.op("Range", [b.const(np.int64(0)), n, b.const(np.int64(1))], np.int64, (0,))
+    rows = b.op("Unsqueeze", [r, b.ints([1])], np.int64, (0, 1))
+    cols = b.op("Unsqueeze", [r, b.ints([0])], np.int64, (1, 0))
+    mask = b.op("LessOrEqual", [cols, rows], np.bool_, (0, 0))
+    a = b.op("Unsqueeze", [xt, b.ints([x.ndim - 1])], dt, ())
+    a = b.op("Where", [mask, a, b.const(np.asarray(1, dt))], dt, ())
+    y = reduce_op(b, "ReduceProd", a, [x.ndim], False, dt, ())
+    if axis != x.ndim - 1:
+        inv = [perm.index(i) for i in range(x.ndim)]
+        y = b.op("Transpose", [y], dt, (), perm=inv)
+    return V(y.name, dt, out[0].shape)
+
+
+_cumprod.onnx = ("Range", "Where", "ReduceProd", "Transpose")
+
+
+def _nonzero(b, out, inputs, params):
+    """NonZero (int64 [ndim, n]) of the value cast to bool, transposed to
+    mgtrace's [n, ndim] (or its columns, ``as_tuple``)."""
+    x = inputs[0]
+    if x.ndim == 0:
+        raise b.error("nonzero of a 0-d tensor has no ONNX form here")
+    nz = b.op("NonZero", [b.cast(x, np.bool_)], np.int64, (x.ndim, 0))
+    if params.get("as_tuple"):
+        return [b.op("Squeeze", [b.op("Slice", [nz, b.ints([k]), b.ints([k + 1]), b.ints([0])],
+                                      np.int64, (1, 0)), b.ints([0])], np.int64, o.shape)
+                for k, o in zip(range(x.ndim), out)]
+    return b.op("Transpose", [nz], np.int64, out[0].shape, perm=[1, 0])
+
+
+_nonzero.onnx = ("NonZero", "Transpose")
+
+
+def setitem_of(b, x, index, value):
+    """``x[index] = value`` as a new value: the flat positions ``index``
+    selects (the same index applied to a Range shaped like x, so every
+    index getitem exports takes), then ScatterElements of value (broadcast
+    to the selection) into the flattened x."""
+    dt = x.dtype
+    shape = b.shape_of(x)
+    numel = reduce_op(b, "ReduceProd", shape, [0], False, np.int64, ())
+    pos = b.op("Range", [b.const(np.int64(0)), numel, b.const(np.int64(1))], np.int64, (0,))
+    pos = b.op("Reshape", [pos, shape], np.int64, x.shape)
+    sel = getitem_of(b, pos, index, ())
+    sel_shape = b.shape_of(sel)
+    val = b.op("Expand", [b.operand(value, dt), sel_shape], dt, ())
+    flat = b.ints([-1])
+    y = b.op("ScatterElements", [b.op("Reshape", [x, flat], dt, (0,)),
+                                 b.op("Reshape", [sel, flat], np.int64, (0,)),
+                                 b.op("Reshape", [val, flat], dt, (0,))], dt, (0,), axis=0)
+    return b.op("Reshape", [y, shape], dt, x.shape)
+
+
+def _setitem(b, out, inputs, params):
+    return setitem_of(b, inputs[0], inputs[1], inputs[2])
+
+
+_setitem.onnx = ("Range", "Slice", "Gather", "Expand", "ScatterElements", "Reshape")
+
+
+def _interpolate(b, out, inputs, params):
+    """Resize: "nearest" as asymmetric coordinates floored (PyTorch's and
+    mgtrace's source floor(dst * in / out)); "bilinear" as "linear" with
+    half-pixel coordinates, or "align_corners". ``size`` gives the output
+    size (a Sizes input: the batch and channels read at run time),
+    ``scale_factor`` the Scales input (ONNX's output floor(in * scale), the
+    factor mapping coordinates, as mgtrace)."""
+    x = inputs[0]
+    dt = _flt(_dt(out))
+    x = b.cast(x, dt)
+    mode = params.get("mode", "nearest")
+    if mode == "nearest":
+        attrs = dict(mode="nearest", coordinate_transformation_mode="asymmetric",
+                     nearest_mode="floor")
+    elif mode == "bilinear":
+        attrs = dict(mode="linear", coordinate_transformation_mode="align_corners"
+                     if params.get("align_corners") else "half_pixel")
+    else:
+        raise b.error(f"interpolate mode {mode!r} has no ONNX form here")
+    size, factor = params.get("size"), params.get("scale_factor")
+    if size is not None:
+        oh, ow = _pair(size)
+        sizes = b.shape_tensor([b.dim(x, 0), b.dim(x, 1), oh, ow])
+        ins = [x, None, None, sizes]
+    else:
+        fh, fw = (float(f) for f in _pair(b.static(factor, "interpolate's scale_factor")))
+        ins = [x, None, b.const(np.asarray([1, 1, fh, fw], np.float32))]
+    return b.op("Resize", ins, dt, out[0].shape, **attrs)
+
+
+_interpolate.onnx = ("Resize",)
+
+
+def adaptive_of(b, x, size, reduce, name, shape):
+    """Adaptive pooling to ``size`` where the output divides the input:
+    equal windows of in / out (PyTorch's windows then coincide), read at
+    run time: a Reshape to [N, C, oh, H / oh, ow, W / ow] reduced over the
+    window axes. A size that does not divide the traced input is an
+    ExportError (PyTorch's unequal windows have no ONNX pooling form); at
+    run time such a size fails in the Reshape rather than giving other
+    windows."""
+    size = list(_pair(size))
+    h, w = x.shape[2], x.shape[3]
+    dims = []
+    for i, (s, n) in enumerate(zip(size, (h, w))):
+        if s is None:
+            dims.append((b.dim(x, 2 + i), 1))
+            continue
+        s = int(s)
+        if n % s:
+            raise b.error(f"{name} from ({h}, {w}) to {tuple(size)}: the output does not "
+                          f"divide the input, so PyTorch's windows differ in size, which "
+                          f"ONNX pooling cannot express; only sizes that divide the input "
+                          f"(equal windows) or (1, 1) export")
+        dims.append((s, b.op("Div", [b.dim(x, 2 + i), b.const(np.int64(s))], np.int64, ())))
+    (oh, kh), (ow, kw) = dims
+    y = b.op("Reshape", [x, b.shape_tensor([b.dim(x, 0), b.dim(x, 1), oh, kh, ow, kw])],
+             x.dtype, (0,) * 6)
+    return reduce_op(b, reduce, y, [3, 5], False, x.dtype, shape)

@@ -6,6 +6,8 @@ int64 vector read from shapes: Python ints, symbolic while tracing). Ops
 on constants and Dims compute in Python, so a ``Shape -> Gather -> Concat
 -> Reshape`` chain becomes ``x.reshape(x.shape[0], -1)`` in the trace.
 """
+import math
+
 import numpy as np
 
 import mgtrace as mt
@@ -109,9 +111,15 @@ def _symbolic_scalars(x, y):
 
 
 def _int_div_of(x, y, np_fn):
-    """An integer Div (ONNX truncates; Python's // floors): not done symbolically."""
+    """An integer Div (ONNX truncates; Python's // floors) of something other
+    than a shape entry by a positive number: not done symbolically. A shape
+    entry (non-negative) by a positive number truncates and floors alike, so
+    ``x[:, :x.shape[1] // 2]`` stays symbolic as ``//``."""
     def is_int(v):
         return isinstance(v, int) or isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+    if np_fn is _np_div and isinstance(x, SymInt) and is_int(y) and not isinstance(y, SymInt) \
+            and int(np.asarray(y)) > 0:
+        return False
     return np_fn is _np_div and is_int(x) and is_int(y)
 
 
@@ -126,6 +134,8 @@ def _operand(v):
 
 
 def _div(x, y):
+    if isinstance(x, SymInt) and not _is_t(y):
+        return x // _operand(y)         # see _int_div_of: a size by a positive number
     if _is_t(x) and x.dtype.kind in "iu" or isinstance(x, int) and _is_t(y) and \
             y.dtype.kind in "iu":
         q = F.floor_div(F.abs(x), F.abs(y))
@@ -156,7 +166,27 @@ def _cast(node, ins, a, opset):
         return [x if dt.kind in "iu" else x * 1.0]
     if not _is_t(x):
         return [np.asarray(x).astype(dt)]
+    if dt == np.uint32:
+        # mgtrace has no uint32: its values (what BitShift reads) held as int64
+        return [x.astype("int64") & 0xFFFFFFFF]
+    if dt == np.uint64:
+        raise _err(node, "a cast to uint64 has no mgtrace form (no uint64 dtype)")
     return [x.astype(dt.name)]
+
+
+def _bitshift(node, ins, a, opset):
+    """BitShift of unsigned values (uint8/uint16, or uint32 held as int64 by
+    Cast): a left shift's bits above the width are dropped by the Cast that
+    reads the result, a right shift of a non-negative value is logical."""
+    x, y = (_as_tensor(v) for v in ins)
+    left = a.get("direction", b"") in (b"LEFT", "LEFT")
+    if x.dtype.kind == "u":         # uint8/uint16: the shifted bits kept to the width
+        bits = x.dtype.itemsize * 8
+        z = x.astype("int64")
+        z = F.left_shift(z, y.astype("int64")) if left else F.right_shift(z, y.astype("int64"))
+        return [(z & ((1 << bits) - 1)).astype(x.dtype.name)]
+    x, y = x.astype("int64"), y.astype("int64")
+    return [F.left_shift(x, y) if left else F.right_shift(x, y)]
 
 
 def _shape(node, ins, a, opset):
@@ -341,14 +371,28 @@ def _auto_pad(node, a):
                          f"explicit pads")
 
 
+def _kernel_matches(node, a, w):
+    """ONNX's kernel_shape, where given, must be the weight's spatial shape."""
+    ks = a.get("kernel_shape")
+    have = _known(w.shape[2:])
+    if ks is not None and have is not None and [int(k) for k in ks] != have:
+        raise _err(node, f"kernel_shape {list(ks)} contradicts the weight's spatial shape "
+                         f"{have}")
+
+
 def _conv(node, ins, a, opset):
     _auto_pad(node, a)
     x, w = ins[0], ins[1]
+    _kernel_matches(node, a, w)
     b = ins[2] if len(ins) > 2 else None
     k = len(w.shape) - 2
     if k == 1:
         return [F.conv1d(x, w, b, a.get("strides", [1])[0], _pads2(node, a.get("pads"), 1)[0],
                          a.get("dilations", [1])[0], a.get("group", 1))]
+    if k == 3:
+        return [F.conv3d(x, w, b, tuple(a.get("strides", (1,) * 3)),
+                         _pads2(node, a.get("pads"), 3), tuple(a.get("dilations", (1,) * 3)),
+                         a.get("group", 1))]
     if k != 2:
         raise _err(node, f"a {k}-d convolution has no mgtrace form")
     return [F.conv2d(x, w, b, tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads")),
@@ -358,9 +402,15 @@ def _conv(node, ins, a, opset):
 def _conv_t(node, ins, a, opset):
     _auto_pad(node, a)
     x, w = ins[0], ins[1]
+    _kernel_matches(node, a, w)
     b = ins[2] if len(ins) > 2 else None
     if "output_shape" in a:
         raise _err(node, "ConvTranspose with output_shape has no mgtrace form")
+    if len(w.shape) == 5:
+        return [F.conv_transpose3d(x, w, b, tuple(a.get("strides", (1,) * 3)),
+                                   _pads2(node, a.get("pads"), 3),
+                                   tuple(a.get("output_padding", (0,) * 3)),
+                                   tuple(a.get("dilations", (1,) * 3)), a.get("group", 1))]
     return [F.conv_transpose2d(x, w, b, tuple(a.get("strides", (1, 1))),
                                _pads2(node, a.get("pads")),
                                tuple(a.get("output_padding", (0, 0))),
@@ -430,6 +480,65 @@ def _pad(node, ins, a, opset):
     if mode is None:
         raise _err(node, f"Pad mode {a.get('mode')!r} has no mgtrace form")
     return [F.pad(x, width, mode, value or 0.0)]
+
+
+def _resize(node, ins, a, opset):
+    """Resize of the forms mgtrace's interpolate has: "nearest" with
+    asymmetric coordinates floored, "linear" with half-pixel (or
+    pytorch_half_pixel, the same for outputs above 1) or align_corners
+    coordinates; 4-d, the two last axes only."""
+    def attr(k, d):
+        v = a.get(k, d)
+        return v.decode() if isinstance(v, bytes) else v
+    x = ins[0]
+    if x.ndim != 4:
+        raise _err(node, f"a Resize of a {x.ndim}-d tensor has no mgtrace form")
+    mode, ctm = attr("mode", "nearest"), attr("coordinate_transformation_mode", "half_pixel")
+    if mode == "nearest":
+        if ctm != "asymmetric" or attr("nearest_mode", "round_prefer_floor") != "floor":
+            raise _err(node, f"nearest Resize with {ctm!r} coordinates and nearest_mode "
+                             f"{attr('nearest_mode', 'round_prefer_floor')!r} has no mgtrace "
+                             f"form (asymmetric and floor import)")
+        kw = {"mode": "nearest"}
+    elif mode == "linear":
+        if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            raise _err(node, f"linear Resize with {ctm!r} coordinates has no mgtrace form")
+        kw = {"mode": "bilinear", "align_corners": ctm == "align_corners"}
+    else:
+        raise _err(node, f"Resize mode {mode!r} has no mgtrace form")
+    if a.get("antialias", 0) or attr("keep_aspect_ratio_policy", "stretch") != "stretch" or \
+            a.get("axes") is not None or attr("exclude_outside", 0):
+        raise _err(node, "Resize with antialias, axes, exclude_outside or an aspect-ratio "
+                         "policy has no mgtrace form")
+    scales = ins[2] if len(ins) > 2 else None
+    sizes = ins[3] if len(ins) > 3 else None
+    if sizes is not None and (not isinstance(sizes, np.ndarray) or sizes.size):
+        hw = _ints(node, sizes, "sizes")[2:]
+        return [F.interpolate(x, size=tuple(hw), **kw)]
+    f = [float(v) for v in np.asarray(scales).reshape(-1)]
+    if f[:2] != [1.0, 1.0]:
+        raise _err(node, f"Resize scaling the batch or channel axes ({f}) has no mgtrace form")
+    return [F.interpolate(x, scale_factor=(f[2], f[3]), **kw)]
+
+
+def _depth_to_space(node, ins, a, opset):
+    x = ins[0]
+    r = int(a["blocksize"])
+    mode = a.get("mode", b"DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "CRD":
+        return [F.pixel_shuffle(x, r)]
+    n, c, h, w = x.shape
+    y = x.reshape(n, r, r, c // (r * r), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return [y.reshape(n, c // (r * r), h * r, w * r)]
+
+
+def _lrn(node, ins, a, opset):
+    n = int(a["size"])
+    if n % 2 == 0:
+        raise _err(node, f"LRN of an even size {n} has no mgtrace form (odd sizes import)")
+    return [F.local_response_norm(ins[0], n, a.get("bias", 1.0), a.get("alpha", 1e-4) / n,
+                                  a.get("beta", 0.75))]
 
 
 def _hardsigmoid(node, ins, a, opset):
@@ -516,6 +625,15 @@ def _flatten(node, ins, a, opset):
 
 def _mod(node, ins, a, opset):
     x, y = ins
+    if _symbolic_scalars(x, y):
+        # a shape entry mod a number (x[:, :x.shape[1] % 4]): Python's %, kept
+        # symbolic; ONNX's integer Mod takes the divisor's sign as Python's, and
+        # fmod's truncation agrees with it for the non-negative sizes of shapes
+        return [_operand(x) % _operand(y)]
+    if not _is_t(x) and not _is_t(y):
+        x, y = np.asarray(list(x) if isinstance(x, Dims) else x), \
+            np.asarray(list(y) if isinstance(y, Dims) else y)
+        return [np.fmod(x, y) if a.get("fmod", 0) else np.mod(x, y)]
     if a.get("fmod", 0):
         return [x - F.trunc(x / y) * y if x.dtype.kind == "f" else
                 x - _div(x, y) * y]
@@ -529,6 +647,191 @@ def _sum_n(fn):
             y = fn(y, _operand(v))
         return [y]
     return run
+
+
+def _compress(node, ins, a, opset):
+    x, c = _as_tensor(ins[0]), _as_tensor(ins[1])
+    if "axis" not in a:
+        x = x.reshape(-1)
+    elif a["axis"] % x.ndim != 0 or x.ndim != 1:
+        raise _err(node, "Compress along an axis of a tensor of more than one axis has no "
+                         "mgtrace form (1-d and flattened import)")
+    return [F.cond_take(c.astype("bool"), x)[0]]
+
+
+_QRANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+
+
+def _q_params(node, x, scale, zp, a, opset, dequantize=False):
+    """(scale, zero point, output dtype, broadcast shape) of a Quantize /
+    DequantizeLinear: per-tensor (scalar scale) or per-axis (1-d scale along
+    ``axis``); int8 / uint8 zero points only (plain int8/uint8 tensors)."""
+    if a.get("block_size", 0):
+        raise _err(node, "blocked quantization (block_size) has no mgtrace form")
+    zdt = np.dtype(np.uint8) if zp is None else np.dtype(
+        zp.dtype if not _is_t(zp) else zp.dtype)
+    if "output_dtype" in a and a["output_dtype"]:
+        from onnx import helper
+        zdt = np.dtype(helper.tensor_dtype_to_np_dtype(a["output_dtype"]))
+    if zdt not in _QRANGE and not (dequantize and zdt == np.int32):
+        raise _err(node, f"quantization to {zdt} has no mgtrace form (int8 and uint8 import; "
+                         f"int32 too where dequantized: a bias)")
+    sshape = tuple(scale.shape)
+    nd = x.ndim if _is_t(x) else np.ndim(x)
+    if len(sshape) == 0 or sshape == (1,):
+        shape = None
+    elif len(sshape) == 1:
+        axis = a.get("axis", 1) % max(nd, 1)
+        shape = tuple(sshape[0] if i == axis else 1 for i in range(nd))
+    else:
+        raise _err(node, f"a scale of shape {list(sshape)} (blocked) has no mgtrace form")
+    return zdt, shape
+
+
+def _q_operand(v, shape, dt):
+    """A scale / zero point as a tensor (or number) that broadcasts over x."""
+    if v is None:
+        return 0
+    if not _is_t(v):
+        v = np.asarray(v)
+        if shape is None:
+            return v.reshape(-1)[0].item()
+        return mt.tensor(v.astype(dt).reshape(shape))
+    v = v.astype(dt)
+    return v.reshape(shape) if shape is not None else v.reshape(())
+
+
+def _quantize(node, ins, a, opset):
+    """QuantizeLinear: saturate(round(x / scale) + zero_point), rounding half
+    to even (ONNX's rule, mgtrace's round), as core ops on a plain int8 /
+    uint8 tensor."""
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    zdt, shape = _q_params(node, x, scale, zp, a, opset)
+    lo, hi = _QRANGE[zdt]
+    x = _as_tensor(x)
+    y = F.round(x.astype("float32") / _q_operand(scale, shape, "float32"))
+    y = y + _q_operand(zp, shape, "float32")
+    return [F.clip(y, float(lo), float(hi)).astype(zdt.name)]
+
+
+def _dequantize(node, ins, a, opset):
+    """DequantizeLinear: (x - zero_point) * scale, in float32."""
+    x, scale = ins[0], ins[1]
+    zp = ins[2] if len(ins) > 2 else None
+    if zp is None:
+        zp = np.zeros((), x.dtype if not _is_t(x) else x.dtype)
+    _q_params(node, x, scale, zp, a, opset, dequantize=True)
+    xdt = np.dtype(x.dtype)
+    if xdt not in _QRANGE and xdt != np.int32:
+        raise _err(node, f"dequantization of {xdt} has no mgtrace form (int8, uint8, int32)")
+    sshape = tuple(scale.shape)
+    nd = x.ndim if _is_t(x) else np.ndim(x)
+    shape = None if len(sshape) == 0 or sshape == (1,) else tuple(
+        sshape[0] if i == a.get("axis", 1) % max(nd, 1) else 1 for i in range(nd))
+    if not _is_t(x) and not _is_t(scale) and not _is_t(zp):
+        # a quantized weight: dequantized once, here (a float constant of the model)
+        s = np.asarray(scale, np.float32).reshape(shape or ())
+        z = np.asarray(zp).astype(np.int32).reshape(shape or ())
+        return [((np.asarray(x).astype(np.int32) - z).astype(np.float32) * s)]
+    x = _as_tensor(x).astype("int32")
+    d = (x - _q_operand(zp, shape, "int32")).astype("float32")
+    return [d * _q_operand(scale, shape, "float32")]
+
+
+def _zp_shift(v, zp, axis_len=None, axis=None, nd=None):
+    """``v - zp`` in int32 (a per-row / per-channel zero point reshaped to
+    broadcast along ``axis`` of an ``nd``-d value)."""
+    v = _as_tensor(v).astype("int32")
+    if zp is None:
+        return v
+    z = np.asarray(zp) if not _is_t(zp) else zp
+    if not _is_t(z) and z.size == 1:
+        return v - int(z.reshape(-1)[0])
+    z = _as_tensor(z).astype("int32")
+    if axis is not None:
+        z = z.reshape(tuple(-1 if i == axis else 1 for i in range(nd)))
+    return v - z
+
+
+def _int_conv(node, x, w, a):
+    """The int32 sums of an integer convolution, exact: computed in float64
+    (every product and sum of int8/uint8 operands below 2^53) and cast."""
+    _auto_pad(node, a)
+    _kernel_matches(node, a, w)
+    if len(w.shape) != 4:
+        raise _err(node, f"a {len(w.shape) - 2}-d integer convolution has no mgtrace form")
+    y = F.conv2d(x.astype("float64"), w.astype("float64"), None,
+                 tuple(a.get("strides", (1, 1))), _pads2(node, a.get("pads")),
+                 tuple(a.get("dilations", (1, 1))), a.get("group", 1))
+    return y.astype("int32")
+
+
+def _int_matmul(x, w):
+    return F.matmul(x, w)           # int32 operands: mgtrace's exact int32 matmul
+
+
+def _requantize(node, acc, scale, y_scale, y_zp, channel_axis, nd):
+    """ONNX Runtime's requantization of int32 sums: times the float32
+    multiplier ``scale / y_scale``, rounded half to even, plus the output zero
+    point, saturated to its type."""
+    zdt = np.dtype(np.uint8) if y_zp is None else np.dtype(y_zp.dtype)
+    if zdt not in _QRANGE:
+        raise _err(node, f"an output of {zdt} has no mgtrace form (int8 and uint8 import)")
+    lo, hi = _QRANGE[zdt]
+    # float32 throughout, in ORT's order: x_scale * w_scale / y_scale
+    m = (scale / _as_tensor(y_scale).astype("float32").reshape(())).reshape(
+        tuple(-1 if i == channel_axis else 1 for i in range(nd)))
+    y = F.round(acc.astype("float32") * m)
+    if y_zp is not None:
+        y = y + float(np.asarray(y_zp).reshape(-1)[0])
+    return F.clip(y, float(lo), float(hi)).astype(zdt.name)
+
+
+def _constant_only(node, v, what):
+    if _is_t(v):
+        raise _err(node, f"{what} computed at run time has no mgtrace form here (a constant "
+                         f"of the model imports)")
+    return v
+
+
+def _scales(xs, ws):
+    """x_scale * w_scale (per tensor or per output channel) as a float32 tensor."""
+    return _as_tensor(xs).astype("float32").reshape(()) * \
+        _as_tensor(ws).astype("float32").reshape(-1)
+
+
+def _conv_integer(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    xz = ins[2] if len(ins) > 2 else None
+    wz = ins[3] if len(ins) > 3 else None
+    return [_int_conv(node, _zp_shift(x, xz), _zp_shift(w, wz, axis=0, nd=4), a)]
+
+
+def _matmul_integer(node, ins, a, opset):
+    x, w = ins[0], ins[1]
+    xz = ins[2] if len(ins) > 2 else None
+    wz = ins[3] if len(ins) > 3 else None
+    wt = _as_tensor(w)
+    return [_int_matmul(_zp_shift(x, xz), _zp_shift(wt, wz, axis=wt.ndim - 1, nd=wt.ndim))]
+
+
+def _qlinear_conv(node, ins, a, opset):
+    x, xs, xz, w, ws, wz, ys, yz = ins[:8]
+    bias = ins[8] if len(ins) > 8 else None
+    _constant_only(node, yz, "y_zero_point")
+    acc = _int_conv(node, _zp_shift(x, xz), _zp_shift(w, wz, axis=0, nd=4), a)
+    if bias is not None:
+        acc = acc + _as_tensor(bias).astype("int32").reshape(1, -1, 1, 1)
+    return [_requantize(node, acc, _scales(xs, ws), ys, yz, 1, 4)]
+
+
+def _qlinear_matmul(node, ins, a, opset):
+    x, xs, xz, w, ws, wz, ys, yz = ins[:8]
+    _constant_only(node, yz, "y_zero_point")
+    wt = _as_tensor(w)
+    acc = _int_matmul(_zp_shift(x, xz), _zp_shift(wt, wz, axis=wt.ndim - 1, nd=wt.ndim))
+    return [_requantize(node, acc, _scales(xs, ws), ys, yz, acc.ndim - 1, acc.ndim)]
 
 
 def _identity(node, ins, a, opset):
@@ -603,13 +906,100 @@ IMPORTERS = {
     "GlobalAveragePool": lambda node, ins, a, opset: [F.adaptive_avg_pool2d(ins[0], 1)],
     "GlobalMaxPool": lambda node, ins, a, opset: [F.adaptive_max_pool2d(ins[0], 1)],
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "Pad": _pad,
+    "Resize": _resize, "DepthToSpace": _depth_to_space, "LRN": _lrn,
+    "InstanceNormalization": lambda node, ins, a, opset: [F.instance_norm(
+        ins[0], True, ins[1], ins[2], a.get("epsilon", 1e-5))],
+    "NonZero": lambda node, ins, a, opset: [F.non_zero(ins[0]).transpose(1, 0).astype("int64")],
+    "BitShift": _bitshift,
+    "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
+    "ConvInteger": _conv_integer, "MatMulInteger": _matmul_integer,
+    "QLinearConv": _qlinear_conv, "QLinearMatMul": _qlinear_matmul,
+    "Compress": _compress, "Einsum": lambda node, ins, a, opset: [F.einsum(
+        a["equation"].decode() if isinstance(a["equation"], bytes) else a["equation"],
+        *[_as_tensor(v) for v in ins])],
 }
+
+
+def _known(dims):
+    """``dims`` as Python ints (a SymInt: its value in the import's own
+    trace, which is what would be allocated), None where one is not an int."""
+    from mgtrace.traced_module.symbolic import plain
+    out = []
+    for d in dims:
+        if isinstance(d, SymInt):
+            d = plain(d)
+        if type(d) is not int and not isinstance(d, (np.integer,)):
+            return None
+        out.append(int(d))
+    return out
+
+
+def _shape_in(v):
+    if v is None:
+        return None
+    if isinstance(v, Dims):
+        return [len(v)]
+    return _known(v.shape if _is_t(v) else np.shape(v))
+
+
+def _values(v):
+    """A static or Dims int vector as Python ints, None where not known."""
+    if v is None or _is_t(v):
+        return None
+    if isinstance(v, Dims):
+        return _known(v)
+    return [int(i) for i in np.asarray(v).reshape(-1)] if np.asarray(v).dtype.kind in "iub" \
+        else None
+
+
+def _output_elements(node, ins, a):
+    """The element count of the op's (largest) output where the inputs fix it
+    before it is made (ConstantOfShape, Expand, Tile, Pad, Range, Resize by
+    sizes), else None."""
+    op = node.op_type
+    try:
+        if op == "ConstantOfShape":
+            s = _values(ins[0])
+        elif op == "Expand":
+            x, t = _shape_in(ins[0]), _values(ins[1])
+            if x is None or t is None:
+                return None
+            n = max(len(x), len(t))
+            x, t = [1] * (n - len(x)) + x, [1] * (n - len(t)) + t
+            s = [xd if td == 1 else td for xd, td in zip(x, t)]
+        elif op == "Tile":
+            x, r = _shape_in(ins[0]), _values(ins[1])
+            s = None if x is None or r is None else [d * k for d, k in zip(x, r)]
+        elif op == "Pad" and len(ins) > 1:
+            x, p = _shape_in(ins[0]), _values(ins[1])
+            s = None if x is None or p is None or len(p) != 2 * len(x) else \
+                [d + p[i] + p[i + len(x)] for i, d in enumerate(x)]
+        elif op == "Range":
+            v = [_scalar(i) for i in ins]
+            if not all(isinstance(i, (int, float, np.integer, np.floating)) and
+                       not isinstance(i, SymNumber) for i in v) or not v[2]:
+                return None
+            s = [max(math.ceil((v[1] - v[0]) / v[2]), 0)]
+        elif op == "Resize" and len(ins) > 3:
+            s = _values(ins[3])
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if s is None:
+        return None
+    return math.prod(max(int(d), 0) for d in s)
 
 
 def run_node(node, ins, opset):
     """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
     a = _attrs(node)
-    from mgtrace.onnx.importer import OnnxImportError
+    from mgtrace.onnx.importer import MAX_ELEMENTS, OnnxImportError
+    n = _output_elements(node, ins, a)
+    if n is not None and n > MAX_ELEMENTS:
+        # refused before anything is allocated (a few GB of ConstantOfShape is real memory)
+        raise _err(node, f"its output would hold {n} elements, more than the {MAX_ELEMENTS} "
+                         f"(2^31) an imported value may hold")
     try:
         outs = IMPORTERS[node.op_type](node, ins, a, opset)
     except OnnxImportError:

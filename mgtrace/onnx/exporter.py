@@ -95,11 +95,31 @@ class _Spec:
 
 
 class _Module:
-    """A module reached by GetAttr: the object and its state_dict prefix."""
-    __slots__ = ("obj", "path")
+    """A module reached by GetAttr: the object and its state_dict prefix;
+    ``drop``: a leading attribute name that names no state_dict level (the
+    wrapper of a decomposed builtin module)."""
+    __slots__ = ("obj", "path", "drop")
 
-    def __init__(self, obj, path):
-        self.obj, self.path = obj, path
+    def __init__(self, obj, path, drop=None):
+        self.obj, self.path, self.drop = obj, path, drop
+
+
+class _Body:
+    """The body of an F function or the forward of a builtin module, traced
+    as a module of its own for :meth:`_Exporter.decompose` (built lazily:
+    mgtrace.module is imported by the exporter's caller anyway)."""
+
+    @staticmethod
+    def make(call, m=None):
+        from mgtrace.module import Module
+
+        class Body(Module):
+            def forward(self, *xs):
+                return call(self, xs)
+        body = Body()
+        if m is not None:
+            body.m = m
+        return body
 
 
 def _pyops():
@@ -112,16 +132,18 @@ _PYOPS = _pyops()
 
 
 class _Exporter:
-    def __init__(self, tm, opset, dynamic, input_names, output_names):
+    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False):
         from mgtrace._core import op_table
         self.tm, self.opset, self.dynamic = tm, opset, dynamic
         self.input_names, self.output_names = input_names, output_names
-        self.b = Builder(opset)
+        self.b = Builder(opset, contrib_ops)
         self.env = {}
         self.params = {}            # id(tensor) -> V
         self.by_method = op_table.by_method()
         self.ops = op_table.OPS
         self.inputs, self.outputs = [], []
+        self.prefix = ""            # qualname of the decomposed call being converted
+        self.bodies = []            # the traced bodies of decomposed calls
 
     # ------------------------------------------------------------ values
     def value(self, v):
@@ -167,6 +189,7 @@ class _Exporter:
             self.inputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(np.dtype(n.dtype)), dims))
             self.env[id(n)] = V(name, n.dtype, shape)
+            self.b.shapes[name] = shape
         self.walk(graph, _Module(tm, ""))
         out_nodes = graph.outputs
         names = list(self.output_names or [])
@@ -216,14 +239,25 @@ class _Exporter:
                 for o, so in zip(e.outputs, sub.outputs):
                     self.env[id(o)] = self.env[id(so)]
                 continue
-            self.bind(e, e.outputs, self.expr(e))
+            result = self.expr(e)
+            if self._writes_in_place(e):
+                # x[index] = value: later reads of x's node see the new value
+                self.env[id(e.args[0])] = result
+                continue
+            self.bind(e, e.outputs, result)
 
     @staticmethod
-    def _scope(e):
+    def _writes_in_place(e):
+        return (e.kind == "call_method" and e.method == "__setitem__" or
+                e.kind == "apply" and getattr(e.op, "name", None) == "setitem" and
+                not e.outputs)
+
+    def _scope(self, e):
         if e.outputs:
-            q = e.outputs[0].qualname or e.outputs[0].name
-            return str(q)
-        return f"expr{e.id}"
+            q = str(e.outputs[0].qualname or e.outputs[0].name)
+        else:
+            q = f"expr{e.id}"
+        return f"{self.prefix}/{q}" if self.prefix else q
 
     def bind(self, e, outs, result):
         if not outs:
@@ -241,6 +275,7 @@ class _Exporter:
                     r = self.b.cast(r, want)
                 if n.kind == "tensor" and n.shape is not None:
                     r = V(r.name, r.dtype, tuple(n.shape))
+                    self.b.shapes[r.name] = r.shape
             self.env[id(r_node)] = r
 
     # ------------------------------------------------------------- exprs
@@ -251,7 +286,10 @@ class _Exporter:
             obj = owner.obj
             for part in e.name.split("."):
                 obj = getattr(obj, part)
-            path = f"{owner.path}.{e.name}" if owner.path else e.name
+            name = e.name
+            if owner.drop and name.startswith(owner.drop + "."):
+                name = name[len(owner.drop) + 1:]
+            path = f"{owner.path}.{name}" if owner.path else name
             from mgtrace._core import Tensor
             if isinstance(obj, Tensor):
                 return self.param(obj, path)
@@ -320,8 +358,76 @@ class _Exporter:
         if rule is None:
             from mgtrace.traced_module.expr import function_name
             raise self.unsupported(f"function {function_name(fn)}", e)
+        self.refuse_none(rule, e)
+        if getattr(rule.convert, "decompose", False):
+            self.check_opset(rule, e)
+            inner = getattr(fn, "__wrapped__", fn)
+            return self.decompose(e, lambda body, xs: inner(*_substitute(args, xs),
+                                                            **_substitute(kwargs, xs)),
+                                  (args, kwargs), None)
         a = mapping.bind_function(fn, args, kwargs)
         return self.call_rule(rule, e, a, getattr(rule.convert, "op", name))
+
+    def refuse_none(self, rule, e):
+        """ExportError for a row that says it has no ONNX equivalent."""
+        reason = getattr(rule.convert, "no_onnx", None)
+        if reason:
+            at = f" at {e.source}" if e.source else ""
+            raise ExportError(f"{rule.kind} {rule.name} has no ONNX equivalent: {reason} "
+                              f"(node {self.b.scope}{at})")
+
+    def decompose(self, e, call, structure, root):
+        """Convert a call as the graph of its own body: ``call(body, xs)`` is
+        traced (mgtrace.trace_module) on example tensors shaped and typed
+        like the V leaves of ``structure``, and that graph's exprs are
+        converted here, reading the leaves; ``root`` is the _Module its
+        GetAttrs start from. Shapes stay symbolic (the body's shape reads
+        become Shape nodes of the real values). A body whose trace fixes
+        something that may vary (TraceWarning) is an ExportError, never a
+        model that is right at the traced size only."""
+        import warnings
+        import mgtrace as mt
+        from mgtrace.traced_module.errors import TraceWarning
+        leaves = [self.plain(v) for v in _leaves(structure)]
+        rng = np.random.default_rng(0)
+        xs = []
+        for v in leaves:
+            if v.dtype.kind == "f":
+                data = rng.uniform(0.25, 0.75, v.shape).astype(v.dtype)
+            else:
+                data = np.zeros(v.shape, v.dtype)
+            xs.append(mt.tensor(data))
+        what = f"{e.func.__name__}" if e.kind == "call_function" else self.b.scope
+        scope, source = self.b.scope, self.b.source
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            try:
+                body = _Body.make(lambda body, ts: call(body, iter(ts)),
+                                  None if root is None else root.obj)
+                tm = mt.trace_module(body, *xs)
+            except Exception as err:        # any failure of the user's call: named below
+                raise self.b.error(f"{what}: its composition of core ops could not be traced "
+                                   f"for export ({type(err).__name__}: {err})") from None
+        for w in caught:
+            # a constant the body makes (a grid, a table) is one: every run reuses it rightly
+            if issubclass(w.category, TraceWarning) and "kept as a constant" not in str(
+                    w.message):
+                raise self.b.error(f"{what}: tracing its composition of core ops fixed a value "
+                                   f"that may vary between runs ({w.message}), so no ONNX "
+                                   f"form is exported")
+        sub = tm.graph
+        self.bodies.append(tm)      # alive while env holds its nodes' ids
+        root = _Module(body, "", None) if root is None else _Module(body, root.path, "m")
+        for n, v in zip(sub.inputs[1:], leaves):
+            self.env[id(n)] = v
+        saved = self.prefix
+        self.prefix = scope
+        try:
+            self.walk(sub, root)
+        finally:
+            self.prefix = saved
+            self.b.scope, self.b.source = scope, source
+        return [self.env.get(id(o)) for o in sub.outputs]
 
     def tensor_call(self, e, args, kwargs):
         data = args[0] if args else kwargs.get("data")
@@ -354,6 +460,13 @@ class _Exporter:
             raise self.unsupported(f"module {type(obj).__module__}.{type(obj).__qualname__}", e)
         args = [self.value(a) for a in e.args[1:]]
         kwargs = self.value(e.kwargs)
+        self.refuse_none(rule, e)
+        if getattr(rule.convert, "decompose", False):
+            self.check_opset(rule, e)
+            return self.decompose(
+                e, lambda body, xs: body.m.forward(*_substitute(args, xs),
+                                                   **_substitute(kwargs, xs)),
+                (args, kwargs), m)
         if kwargs or len(args) != 1:
             raise self.b.error(f"{type(obj).__name__} called with arguments other than one "
                                f"tensor")
@@ -427,6 +540,30 @@ class _Exporter:
         return res
 
 
+def _leaves(obj):
+    """The V leaves of nested tuples, lists and dicts, in order."""
+    if isinstance(obj, V):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [v for o in obj for v in _leaves(o)]
+    if isinstance(obj, dict):
+        return [v for o in obj.values() for v in _leaves(o)]
+    return []
+
+
+def _substitute(obj, it):
+    """``obj`` with each V leaf replaced by the next item of ``it``."""
+    if isinstance(obj, V):
+        return next(it)
+    if isinstance(obj, tuple):
+        return tuple(_substitute(o, it) for o in obj)
+    if isinstance(obj, list):
+        return [_substitute(o, it) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(o, it) for k, o in obj.items()}
+    return obj
+
+
 def _check_names(tm, input_names, output_names):
     """input_names / output_names: strs, at most one per input / output, no
     name twice (else a name would be dropped or silently renamed)."""
@@ -449,7 +586,8 @@ def _check_names(tm, input_names, output_names):
                              f"{count} {arg.split('_')[0]}s")
 
 
-def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True):
+def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True,
+                contrib_ops=False):
     """The checked ModelProto :func:`export` writes (nothing is written)."""
     onnx = _require()
     from onnx import helper
@@ -459,11 +597,15 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
                         f"{type(tm).__name__}")
     opset = _pick_opset(opset)
     _check_names(tm, input_names, output_names)
-    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names)
+    if not isinstance(contrib_ops, bool):
+        raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
+    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
     graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]
+    ir = helper.find_min_ir_version_for(opsets)
+    opsets += [helper.make_opsetid(d, 1) for d in sorted(ex.b.domains)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mgtrace",
-                              ir_version=helper.find_min_ir_version_for(opsets))
+                              ir_version=ir)
     import json
     import mgtrace
     model.producer_version = mgtrace.__version__
@@ -479,7 +621,7 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
 
 
 def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
-           example_inputs=None):
+           example_inputs=None, contrib_ops=False):
     """Write TracedModule ``tm`` as an ONNX model to ``f``.
 
     Args:
@@ -498,6 +640,16 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
             model is run in ONNX Runtime on them and compared with
             ``tm(*example_inputs)`` (float outputs within 1e-5 of the
             output's scale, others exactly) before anything is written.
+        contrib_ops: False (the default): standard ONNX ops only, for any
+            runtime. True: where ONNX Runtime has a fused op for what the
+            graph computes, its ``com.microsoft`` form (domain declared in
+            the model's opset imports), which ORT runs faster and other
+            runtimes refuse: FusedConv for a conv with its activation
+            (relu, relu6, sigmoid, tanh, hardsigmoid) and residual
+            (``optimize``'s conv2d_act and NCHW16c convs), Gelu / FastGelu
+            below opset 20 (where standard Gelu exists), and
+            SkipLayerNormalization for a residual Add followed by a layer
+            norm over the last axis of a 3-d float32 value.
 
     Returns:
         The onnx.ModelProto written.
@@ -512,7 +664,7 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
 
     Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``).
     """
-    model = build_model(tm, opset, input_names, output_names, dynamic)
+    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops)
     if example_inputs is not None:
         check_against(model, tm, example_inputs)
     from mgtrace.serialization.atomic import open_for_writing
@@ -555,12 +707,33 @@ def compare(got, want, what="output"):
     return None
 
 
+def _check_examples(tm, xs):
+    """ExportError unless ``xs`` has one array per graph input, each of that
+    input's dtype and rank (onnxruntime would refuse them with its own
+    InvalidArgument)."""
+    nodes = tm.graph.inputs[1:]
+    if len(xs) != len(nodes):
+        raise ExportError(f"export: example_inputs has {len(xs)} arrays, but the graph has "
+                          f"{len(nodes)} inputs")
+    for i, (x, n) in enumerate(zip(xs, nodes)):
+        want = np.dtype(n.dtype) if n.dtype is not None else None
+        if want is not None and x.dtype != want:
+            raise ExportError(f"export: example input {i} ({n.name!r}) is {x.dtype}, but the "
+                              f"graph was traced with {want} there; pass "
+                              f"x.astype({want.name!r})")
+        if n.shape is not None and x.ndim != len(n.shape):
+            raise ExportError(f"export: example input {i} ({n.name!r}) has {x.ndim} axes, "
+                              f"but the graph was traced with {len(n.shape)} "
+                              f"({tuple(n.shape)})")
+
+
 def check_against(model, tm, example_inputs):
     """Run model in ORT on ``example_inputs`` and compare with tm's outputs;
     ExportError naming the first difference."""
     import mgtrace as mt
     from mgtrace.traced_module.pytree import tree_flatten
     xs = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in example_inputs]
+    _check_examples(tm, xs)
     want = tree_flatten(tm(*[mt.tensor(x) for x in xs]),
                         lambda v: isinstance(v, mt.Tensor))[0]
     got = run_ort(model, xs)

@@ -216,6 +216,13 @@ def _build(model, folder, example_inputs):
     opsets = {o.domain or "": o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" not in opsets:
         raise OnnxImportError("the model imports no standard ONNX opset")
+    onnx = _onnx()
+    newest = onnx.defs.onnx_opset_version()
+    for domain in ("", "ai.onnx"):
+        v = opsets.get(domain)
+        if v is not None and not 1 <= v <= newest:
+            raise OnnxImportError(f"the model imports ONNX opset {v}, which does not exist "
+                                  f"(the installed onnx knows opsets 1 to {newest})")
     for n in graph.node:
         if n.domain not in ("", "ai.onnx"):
             raise OnnxImportError(f"node {n.name or n.op_type!r}: op {n.domain}.{n.op_type} is "

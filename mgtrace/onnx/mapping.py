@@ -99,13 +99,14 @@ _OPS = {
     "to_nchwc": C._blocked, "from_nchwc": C._from_nchwc, "conv2d_nchwc": C._conv2d_nchwc,
     "conv2d_nchwc_pw_dw": C._pw_dw, "conv2d_nchwc_pw_dw_pw": C._pw_dw,
     "max_pool2d_nchwc": C._max_pool2d_nchwc,
+    # compositions (no one-node ONNX form)
+    "atan2": C._atan2, "left_shift": C._shift(True), "right_shift": C._shift(False),
+    "cumprod": C._cumprod, "nonzero": C._nonzero, "setitem": C._setitem,
+    "interpolate": C._interpolate,
 }
 # ops whose ONNX form needs a newer opset than MIN_OPSET
 _SINCE = {"bitwise_and": 18, "bitwise_or": 18, "bitwise_xor": 18,
           "bitwise_not": 18}
-# core ops with no ONNX form: left_shift/right_shift (ONNX BitShift takes
-# unsigned integers only), atan2, cumprod, nonzero (a data-dependent
-# shape), setitem (an in-place write), interpolate.
 ELEMENTWISE_BLOCKED_OK = frozenset(
     {"neg", "abs", "relu", "relu6", "sigmoid", "silu", "hardswish", "gelu", "add", "sub", "mul",
      "maximum", "minimum", "tanh", "hardsigmoid", "gelu_tanh"})
@@ -223,7 +224,7 @@ def _f_adaptive(op):
 def batch_norm_of(b, out, x, mean, var, w, bias, eps):
     dt = C._flt(C._dt(out))
     x = b.cast(x, dt)
-    c = mean.shape[0] if mean.shape else x.shape[1]
+    c = x.shape[1]
     ones = np.ones(c, dt)
     w = _channel(b, w, c, dt) if w is not None else b.const(ones)
     bias = _channel(b, bias, c, dt) if bias is not None else b.const(np.zeros(c, dt))
@@ -243,12 +244,43 @@ def _f_batch_norm(b, out, a):
 _f_batch_norm.onnx = ("BatchNormalization",)
 
 
+def _skip_layer_norm(b, out, x, w, bias, eps):
+    """com.microsoft SkipLayerNormalization in place of ``Add(a, s)`` and the
+    layer norm over the last axis of its sum (a transformer's residual), when
+    the Add made x, both its operands are graph values of x's shape, and no
+    node since reads x: the Add node is dropped and x becomes the fused op's
+    fourth output (the sum), so later readers of x still find it. None
+    where it does not apply."""
+    if not (b.contrib and x.ndim == 3 and x.dtype == np.float32 and w is not None and
+            b.nodes and x.name in b.nodes[-1].output):
+        return None
+    add = b.nodes[-1]
+    if add.op_type != "Add" or add.domain or any(b.shapes.get(i) != x.shape for i in add.input):
+        return None
+    gamma = b.cast(w, x.dtype)
+    beta = b.cast(bias, x.dtype) if bias is not None else None
+    if gamma.ndim != 1 or beta is not None and beta.ndim != 1:
+        return None
+    b.nodes.pop()
+    y = b.fresh(f"{b.scope}/SkipLayerNormalization")
+    b.nodes.append(b._helper.make_node(
+        "SkipLayerNormalization", list(add.input) + [gamma.name] + ([beta.name] if beta else []),
+        [y, "", "", x.name], name=b.fresh(f"{b.scope}/SkipLayerNormalization#node"),
+        domain=C.MS, epsilon=float(eps)))
+    b.domains.add(C.MS)
+    return V(y, x.dtype, out[0].shape)
+
+
 def layer_norm_of(b, out, x, shape, w, bias, eps):
     dt = C._flt(C._dt(out))
     x = b.cast(x, dt)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     k = len(shape)
     axes = list(range(x.ndim - k, x.ndim))
+    if k == 1:
+        fused = _skip_layer_norm(b, out, x, w, bias, eps)
+        if fused is not None:
+            return fused
     if b.opset >= 17:
         w = b.cast(w, dt) if w is not None else b.const(np.ones(shape, dt))
         ins = [x, w] + ([b.cast(bias, dt)] if bias is not None else [])
@@ -480,6 +512,148 @@ def _f_embedding(b, out, a):
 _f_embedding.onnx = ("Gather",)
 
 
+def _f_einsum(b, out, a):
+    dt = C._dt(out)
+    xs = [b.cast(x, dt) for x in a["args"]]
+    eq = b.static(a["equation"], "einsum's equation").replace(" ", "")
+    return b.op("Einsum", xs, dt, out[0].shape, equation=eq)
+
+
+_f_einsum.onnx = ("Einsum",)
+
+
+def _flip_kernel(b, w, k):
+    """The weight with its ``k`` spatial axes reversed (conv_mode="convolution")."""
+    return b.op("Slice", [w, b.ints([-1] * k), b.ints([C.INT64_MIN] * k),
+                          b.ints(range(2, 2 + k)), b.ints([-1] * k)], w.dtype, w.shape)
+
+
+def _triple(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+
+
+def _f_conv3d(b, out, a):
+    dt = C._dt(out)
+    w = b.cast(a["weight"], dt)
+    if a.get("conv_mode", "cross_correlation") == "convolution":
+        w = _flip_kernel(b, w, 3)
+    elif a.get("conv_mode", "cross_correlation") != "cross_correlation":
+        raise b.error(f"conv3d with conv_mode={a['conv_mode']!r} has no ONNX form")
+    p = _triple(a["padding"])
+    ins = [b.cast(a["inp"], dt), w] + ([_channel(b, a["bias"], w.shape[0], dt)]
+                                       if a["bias"] is not None else [])
+    return b.op("Conv", ins, dt, out[0].shape, strides=list(_triple(a["stride"])),
+                pads=list(p) * 2, dilations=list(_triple(a["dilation"])),
+                group=int(a["groups"]), kernel_shape=list(w.shape[2:]))
+
+
+_f_conv3d.onnx = ("Conv",)
+
+
+def _f_conv_transpose3d(b, out, a):
+    dt = C._dt(out)
+    w = b.cast(a["weight"], dt)
+    c_out = w.shape[1] * int(a["groups"])
+    ins = [b.cast(a["inp"], dt), w] + ([_channel(b, a["bias"], c_out, dt)]
+                                       if a["bias"] is not None else [])
+    return b.op("ConvTranspose", ins, dt, out[0].shape, strides=list(_triple(a["stride"])),
+                pads=list(_triple(a["padding"])) * 2, dilations=list(_triple(a["dilation"])),
+                output_padding=list(_triple(a["output_padding"])), group=int(a["groups"]),
+                kernel_shape=list(w.shape[2:]))
+
+
+_f_conv_transpose3d.onnx = ("ConvTranspose",)
+
+
+def _f_instance_norm(b, out, a):
+    dt = C._flt(C._dt(out))
+    x = b.cast(a["inp"], dt)
+    c = x.shape[1]
+    affine = a["affine"]
+    w = _channel(b, a["weight"], c, dt) if affine and a["weight"] is not None \
+        else b.const(np.ones(c, dt))
+    bias = _channel(b, a["bias"], c, dt) if affine and a["bias"] is not None \
+        else b.const(np.zeros(c, dt))
+    if x.ndim < 3:          # [N, C]: one element a channel (normalized to 0)
+        return group_norm_of(b, out, x, c, w, bias, a["eps"])
+    return b.op("InstanceNormalization", [x, w, bias], dt, out[0].shape,
+                epsilon=float(a["eps"]))
+
+
+_f_instance_norm.onnx = ("InstanceNormalization",)
+
+
+def _f_local_response_norm(b, out, a):
+    # MegEngine's x / (k + alpha * sum)^beta; ONNX divides alpha by size
+    dt = C._flt(C._dt(out))
+    n = int(a["kernel_size"])
+    return b.op("LRN", [b.cast(a["inp"], dt)], dt, out[0].shape, size=n,
+                alpha=float(a["alpha"]) * n, beta=float(a["beta"]), bias=float(a["k"]))
+
+
+_f_local_response_norm.onnx = ("LRN",)
+
+
+def _f_pixel_shuffle(b, out, a):
+    """DepthToSpace in CRD order (PyTorch's and MegEngine's channel order);
+    leading axes other than one batch axis are folded into it and back."""
+    x = a["inp"]
+    r = int(a["upscale_factor"])
+    nd = x.ndim
+    c, h, w = (b.dim(x, i) for i in (nd - 3, nd - 2, nd - 1))
+    y = x
+    if nd != 4:
+        y = b.op("Reshape", [x, b.shape_tensor([-1, c, h, w])], x.dtype, (0,) * 4)
+    y = b.op("DepthToSpace", [y], x.dtype, (0,) * 4, blocksize=r, mode="CRD")
+    if nd != 4:
+        lead = [b.dim(x, i) for i in range(nd - 3)]
+        rr = b.const(np.int64(r))
+        y = b.op("Reshape", [y, b.shape_tensor(lead + [
+            b.op("Div", [c, b.const(np.int64(r * r))], np.int64, ()),
+            b.op("Mul", [h, rr], np.int64, ()), b.op("Mul", [w, rr], np.int64, ())])],
+            x.dtype, ())
+    return V(y.name, y.dtype, out[0].shape)
+
+
+_f_pixel_shuffle.onnx = ("DepthToSpace", "Reshape")
+
+
+def _f_cond_take(b, out, a):
+    """MegEngine's cond_take: the elements where mask is true, flattened, and
+    their flat indices (int32): Compress of both flattened."""
+    x, mask = a["x"], a["mask"]
+    flat = b.ints([-1])
+    m = b.op("Reshape", [b.cast(mask, np.bool_), flat], np.bool_, (0,))
+    vals = b.op("Compress", [b.op("Reshape", [x, flat], x.dtype, (0,)), m], x.dtype,
+                out[0].shape, axis=0)
+    n = C.reduce_op(b, "ReduceProd", b.shape_of(x), [0], False, np.int64, ())
+    pos = b.op("Range", [b.const(np.int64(0)), n, b.const(np.int64(1))], np.int64, (0,))
+    idx = b.op("Compress", [pos, m], np.int64, out[-1].shape, axis=0)
+    return [vals, idx]
+
+
+_f_cond_take.onnx = ("Compress", "Range")
+
+
+def _decomposed():
+    """Rows converted as the graph of the function's own body (its
+    composition of core ops, traced at export with symbolic shapes)."""
+    def convert(*args):
+        raise AssertionError("decomposed rows are converted by the exporter")
+    convert.decompose = True
+    convert.onnx = ("(its composition of core ops)",)
+    return convert
+
+
+def _no_onnx(reason):
+    """A row that says why it has no ONNX equivalent (export raises)."""
+    def convert(*args):
+        raise AssertionError("refused by the exporter")
+    convert.no_onnx = reason
+    convert.onnx = ()
+    return convert
+
+
 def _math_functions():
     from mgtrace.functional import math as fm
     rows = {}
@@ -491,6 +665,25 @@ def _math_functions():
 
 
 _AXES = ("axis", "keepdims")
+# F functions exported as their body's composition of core ops
+_DECOMPOSED_FUNCTIONS = (
+    "sinh", "cosh", "asinh", "acosh", "atanh", "logaddexp", "cross", "diag", "meshgrid",
+    "roll", "swapaxes", "hswish", "hsigmoid", "prelu", "logsigmoid", "logsumexp",
+    "logsoftmax", "indexing_one_hot", "general_norm", "topk", "norm", "dot", "repeat",
+    "linspace", "eye", "sync_batch_norm", "multi_head_attention", "l1_loss", "square_loss",
+    "mse_loss", "smooth_l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
+    "sliding_window", "sliding_window_transpose", "warp_affine",
+    "warp_perspective", "remap")
+_NO_ONNX_FUNCTIONS = {
+    "svd": "ONNX has no singular value decomposition",
+    "matinv": "ONNX's default domain has no matrix inverse",
+    "deformable_conv2d": "ONNX's DeformConv (opset 19) has no onnxruntime kernel",
+    "region_restricted_conv": "ONNX has no region-restricted convolution",
+    "deformable_psroi_pooling": "ONNX has no deformable position-sensitive RoI pooling",
+    "local_conv2d": "not exported yet: its composition reads the kernel size from the "
+                    "weight's shape, which the export keeps symbolic, and ONNX windows are "
+                    "fixed attributes",
+}
 _FUNCTIONS = {
     **_math_functions(),
     "clip": _fn("clip", ("x", "lower", "upper")), "where": _fn("where", ("mask", "x", "y")),
@@ -539,6 +732,15 @@ _FUNCTIONS = {
                                  ("stride", "padding", "act", "dw_act", "proj_act")),
     "max_pool2d_nchwc": _fn("max_pool2d_nchwc", ("x",),
                             ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    "left_shift": _fn("left_shift", ("x", "y")), "right_shift": _fn("right_shift", ("x", "y")),
+    "interpolate": _fn("interpolate", ("x",), ("size", "scale_factor", "mode",
+                                               "align_corners")),
+    "non_zero": _fn("nonzero", ("condition",), ("as_tuple",)),
+    "einsum": _f_einsum, "conv3d": _f_conv3d, "conv_transpose3d": _f_conv_transpose3d,
+    "instance_norm": _f_instance_norm, "local_response_norm": _f_local_response_norm,
+    "pixel_shuffle": _f_pixel_shuffle, "cond_take": _f_cond_take,
+    **{n: _decomposed() for n in _DECOMPOSED_FUNCTIONS},
+    **{n: _no_onnx(r) for n, r in _NO_ONNX_FUNCTIONS.items()},
 }
 
 
@@ -594,6 +796,68 @@ def _m_softmax(b, out, m, x, param):
 _m_softmax.onnx = ("Softmax",)
 
 
+def _m_recurrent(lstm):
+    """RNN / LSTM as ONNX RNN / LSTM, one node a layer (both directions in
+    it): torch's gate rows (input, forget, cell, output) gathered into ONNX's
+    order (input, output, forget, cell) from the named initializers, the two
+    biases concatenated; ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for
+    the next layer; h_n (and c_n) the layers' final states concatenated.
+    The sequence length stays symbolic (one node runs every step). Called
+    with the input alone (hx None: zero initial states)."""
+    op = "LSTM" if lstm else "RNN"
+
+    def convert(b, out, m, x, param):
+        if getattr(m, "proj_size", 0):
+            raise b.error("LSTM with proj_size has no ONNX form (ONNX LSTM has no projection)")
+        if m.training and m.dropout and m.num_layers > 1:
+            raise b.error(f"{op} in training mode with dropout between layers draws random "
+                          f"numbers; export the module in eval()")
+        dt = C._flt(C._dt(out))
+        x = b.cast(x, dt)
+        if m.batch_first:
+            x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
+        hid, ndir = m.hidden_size, m.num_directions
+        order = [0, 3, 1, 2] if lstm else [0]
+        rows = b.ints(np.concatenate([np.arange(k * hid, (k + 1) * hid) for k in order]))
+        attrs = {"hidden_size": hid, "direction": "bidirectional" if ndir == 2 else "forward"}
+        if not lstm:
+            attrs["activations"] = [m.nonlinearity.capitalize()] * ndir
+
+        def stacked(names):
+            parts = [b.op("Unsqueeze", [b.op("Gather", [b.cast(param(n), dt), rows], dt, (),
+                                             axis=0), b.ints([0])], dt, ()) for n in names]
+            return parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+
+        finals = [[], []]
+        for layer in range(m.num_layers):
+            sfx = m._suffixes(layer)
+            w = stacked([f"weight_ih{s}" for s in sfx])
+            r = stacked([f"weight_hh{s}" for s in sfx])
+            bias = None
+            if m.bias:
+                parts = []
+                for s in sfx:
+                    bi, bh = (b.op("Gather", [b.cast(param(f"{k}{s}"), dt), rows], dt, (), axis=0)
+                              for k in ("bias_ih", "bias_hh"))
+                    parts.append(b.op("Unsqueeze", [b.op("Concat", [bi, bh], dt, (), axis=0),
+                                                    b.ints([0])], dt, ()))
+                bias = parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+            names = b.node(op, [x, w, r, bias], n_out=3 if lstm else 2, **attrs)
+            y = b.op("Transpose", [V(names[0], dt, ())], dt, (), perm=[0, 2, 1, 3])
+            x = b.op("Reshape", [y, b.ints([0, 0, -1])], dt, ())
+            for k, n in enumerate(names[1:]):
+                finals[k].append(V(n, dt, ()))
+        if m.batch_first:
+            x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
+        res = [V(x.name, dt, out[0].shape)]
+        for k, fs in enumerate(finals[:2 if lstm else 1]):
+            v = fs[0] if len(fs) == 1 else b.op("Concat", fs, dt, (), axis=0)
+            res.append(V(v.name, dt, out[1 + k].shape))
+        return res
+    convert.onnx = (op, "Gather", "Concat", "Transpose", "Reshape")
+    return convert
+
+
 def _m_identity(b, out, m, x, param):
     return x
 
@@ -626,6 +890,16 @@ _MODULES = {
     "Dropout": _m("dropout", lambda m, p: dict(drop_prob=m.p, training=m.training)),
     "Identity": _m_identity,
     "Flatten": _m("flatten", lambda m, p: dict(start_axis=m.start_dim, end_axis=m.end_dim)),
+    **{n: _decomposed() for n in (
+        "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
+        "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d",
+        "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
+        "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")},
+    "RNN": _m_recurrent(False), "LSTM": _m_recurrent(True),
+    "LocalConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["local_conv2d"]),
+    "DeformableConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_conv2d"]),
+    "RegionRestrictedConv": _no_onnx(_NO_ONNX_FUNCTIONS["region_restricted_conv"]),
+    "DeformablePSROIPooling": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_psroi_pooling"]),
 }
 
 
@@ -653,6 +927,10 @@ def coverage():
     (scripts/onnx_coverage.py writes it)."""
     lines = ["| kind | mgtrace | ONNX | lowest opset |", "|---|---|---|---|"]
     for r in RULES:
+        reason = getattr(r.convert, "no_onnx", None)
+        if reason:
+            lines.append(f"| {r.kind} | `{r.name}` | no ONNX equivalent: {reason} | - |")
+            continue
         ops = ", ".join(r.onnx) or "(no node: identity or layout)"
         lines.append(f"| {r.kind} | `{r.name}` | {ops} | {r.since} |")
     return "\n".join(lines)

@@ -83,3 +83,18 @@ def test_import_of_a_broken_file_writes_nothing(tmp_path):
     rc, text = _run("import", tmp_path / "bad.onnx", "-o", tmp_path / "x.tmod")
     assert rc == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
+
+def test_export_contrib_ops_option(tmp_path):
+    from mgtrace.models import mobilenet_v2
+    from mgtrace.traced_module.passes import optimize
+    rng = np.random.default_rng(31)
+    x = mt.tensor(rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    tm = optimize(mt.trace_module(mobilenet_v2(num_classes=10).eval(), x), "all", flatten=True)
+    mt.save(tm, tmp_path / "m.tmod", example_inputs=(x,))
+    for flag, out in (([], tmp_path / "plain"), (["--contrib-ops"], tmp_path / "fused")):
+        rc, text = _run("export", tmp_path / "m.tmod", "-o", out, "--format", "onnx", *flag)
+        assert rc == 0, text                # checked in ONNX Runtime against the stored outputs
+    fused = onnx.load(str(tmp_path / "fused/m.onnx"))
+    assert any(n.domain == "com.microsoft" and n.op_type == "FusedConv" for n in fused.graph.node)
+    assert not any(n.domain for n in onnx.load(str(tmp_path / "plain/m.onnx")).graph.node)

@@ -162,8 +162,35 @@ def _op_cases():
         "max_pool2d_nchwc": (lambda x: F.from_nchwc(_apply(
             "max_pool2d_nchwc", kernel_size=(3, 3), stride=(2, 2), padding=(1, 1),
             dilation=(1, 1), ceil_mode=False)(F.to_nchwc(x)), 20), [_f(1, 20, 7, 7)]),
+        "atan2": (_apply("atan2"), [np.array([[0.0, 1.0, -1.0, 0.0, -0.0, 2.0, -3.0]] * 2,
+                                             np.float32),
+                                    np.array([[0.0, 0.0, 0.0, -1.0, -1.0, -0.5, 2.5],
+                                              [1.0, -1.0, 2.0, -0.0, 0.0, 3.0, -2.0]],
+                                             np.float32)]),
+        "left_shift": (_apply("left_shift"), [_shifted(), _amounts()]),
+        "right_shift": (_apply("right_shift"), [_shifted(), _amounts()]),
+        "cumprod": (_apply("cumprod", axis=1), [_unit(*S) * 2]),
+        "nonzero": (_apply("nonzero", as_tuple=False), [_i(3, 4, lo=-1, hi=2)]),
+        "setitem": (_setitem_case, [_f(*S), _f(2, 2, 1)]),
+        "interpolate": (_apply("interpolate", size=None, scale_factor=(2.0, 1.5),
+                               mode="bilinear", align_corners=False), [_f(1, 2, 4, 5)]),
     })
     return {("op", k): v for k, v in c.items()}
+
+
+def _shifted():
+    return np.array([[-7, 7, -1, 5, 123456, -123456, 1, -2147483647]] * 2, np.int32)
+
+
+def _amounts():
+    return np.array([[1, 2, 31, 33, 3, 5, 31, 0], [0, 40, 1, 4, 15, 31, 30, 2]], np.int32)
+
+
+def _setitem_case(x, v):
+    y = x * 1.0
+    y[:, 1:3, ::2] = v
+    y[0, 0] = 5.0
+    return y
 
 
 def _fn(name, *args, **kwargs):
@@ -248,6 +275,73 @@ def _function_cases():
         "arange": (lambda x: x + F.arange(x.shape[2], dtype="float32"), [_f(*S)]),
         "attention": (lambda q, k, v: F.attention(q, k, v, scale=0.3),
                       [_f(1, 2, 3, 4), _f(1, 2, 5, 4), _f(1, 2, 5, 4)]),
+        "left_shift": (F.left_shift, [_shifted(), _amounts()]),
+        "right_shift": (F.right_shift, [_shifted(), _amounts()]),
+        "interpolate": (_fn("interpolate", size=(7, 3)), [_f(2, 3, 4, 5)]),
+        "non_zero": (_fn("non_zero", as_tuple=True), [_i(3, 4, lo=-1, hi=2)]),
+        "cond_take": (lambda m, x: F.cond_take(m, x), [_b(3, 4), _f(3, 4)]),
+        "einsum": (lambda a, b: F.einsum("bij,bjk->bik", a, b), [_f(*S), _f(2, 4, 5)]),
+        "conv3d": (lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=1),
+                   [_f(1, 2, 4, 5, 5), _f(3, 2, 3, 3, 3), _f(1, 3, 1, 1, 1)]),
+        "conv_transpose3d": (lambda x, w: F.conv_transpose3d(x, w, stride=2, padding=1),
+                             [_f(1, 2, 3, 3, 3), _f(2, 3, 3, 3, 3)]),
+        "instance_norm": (lambda x, w, b: F.instance_norm(x, True, w, b), [x4, _f(4), _f(4)]),
+        "local_response_norm": (_fn("local_response_norm", 3, 1.5, 0.1, 0.75), [x4]),
+        "pixel_shuffle": (_fn("pixel_shuffle", 2), [_f(2, 3, 8, 2, 3)]),
+        "sinh": (F.sinh, [_f(*S)]), "cosh": (F.cosh, [_f(*S)]), "asinh": (F.asinh, [_f(*S)]),
+        "acosh": (F.acosh, [_pos(*S) + 1]), "atanh": (F.atanh, [_unit(*S)]),
+        "logaddexp": (F.logaddexp, [_f(*S), _f(*S)]),
+        "cross": (F.cross, [_f(4, 3), _f(4, 3)]),
+        "diag": (_fn("diag", 1), [_f(4, 4)]),
+        "meshgrid": (lambda a, b: F.meshgrid(a, b, indexing="ij"), [_f(3), _f(4)]),
+        "roll": (_fn("roll", 2, 1), [_f(*S)]),
+        "swapaxes": (_fn("swapaxes", 0, 2), [_f(*S)]),
+        "hswish": (F.hswish, [_f(*S) * 4]), "hsigmoid": (F.hsigmoid, [_f(*S) * 4]),
+        "prelu": (F.prelu, [_f(*S), _f(1, 3, 1)]),
+        "logsigmoid": (F.logsigmoid, [_f(*S)]),
+        "logsumexp": (_fn("logsumexp", 1), [_f(*S)]),
+        "logsoftmax": (_fn("logsoftmax", 2), [_f(*S)]),
+        "indexing_one_hot": (lambda x, i: F.indexing_one_hot(x, i, 1),
+                             [_f(*S), _i(2, 4, lo=0, hi=3)]),
+        "general_norm": (lambda x, w, b: F.general_norm(x, 1, True, w, b), [_f(*S), _f(3),
+                                                                           _f(3)]),
+        "topk": (lambda x: F.topk(x, 2, descending=True), [_f(*S)]),
+        "norm": (_fn("norm", 2, 1), [_f(*S)]),
+        "dot": (F.dot, [_f(5), _f(5)]),
+        "repeat": (_fn("repeat", 2, 1), [_f(*S)]),
+        "linspace": (lambda x: x + F.linspace(0.0, 1.0, 4), [_f(*S)]),
+        "eye": (lambda x: x + F.eye(3, 4), [_f(*S)]),
+        "sync_batch_norm": (lambda x, m, v, w, b: F.sync_batch_norm(x, m, v, w, b),
+                            [x4, _f(1, 4, 1, 1), _pos(1, 4, 1, 1), _f(1, 4, 1, 1),
+                             _f(1, 4, 1, 1)]),
+        "multi_head_attention": (
+            lambda q, k, v, w: F.multi_head_attention(q, k, v, 8, 2, 0.0, 0.0, w, qbias=True,
+                                                      kbias=True, vbias=True, obias=True,
+                                                      training=False)[0],
+            [_f(3, 2, 8), _f(3, 5, 8), _f(3, 5, 8), _f(1, 4 * 8 * 8 + 4 * 8) * 0.3]),
+        "l1_loss": (F.l1_loss, [_f(*S), _f(*S)]),
+        "square_loss": (F.square_loss, [_f(*S), _f(*S)]),
+        "mse_loss": (_fn("mse_loss", reduction="sum"), [_f(*S), _f(*S)]),
+        "smooth_l1_loss": (F.smooth_l1_loss, [_f(*S), _f(*S)]),
+        "cross_entropy": (F.cross_entropy, [_f(4, 5), _i(4, lo=0, hi=5)]),
+        "nll_loss": (F.nll_loss, [_f(4, 5), _i(4, lo=0, hi=5)]),
+        "binary_cross_entropy": (F.binary_cross_entropy, [_f(*S), _rng.random(S).astype(
+            np.float32)]),
+        "sliding_window": (_fn("sliding_window", 2, 1), [x4]),
+        "sliding_window_transpose": (_fn("sliding_window_transpose", (5, 5), 2),
+                                     [_f(2, 4, 4, 4, 2, 2)]),
+        "warp_affine": (lambda x, m: F.warp_affine(x, m, (4, 5)),
+                        [_f(2, 6, 6, 3), np.array([[[1.0, 0.1, 0.5], [0.05, 0.9, 0.2]]] * 2,
+                                                  np.float32)]),
+        "warp_perspective": (lambda x, m: F.warp_perspective(x, m, (4, 5)),
+                             [x4, np.array([[[1.0, 0.1, 0.5], [0.05, 0.9, 0.2],
+                                             [0.01, 0.02, 1.0]]] * 2, np.float32)]),
+        "remap": (F.remap, [x4, (_rng.random((2, 3, 4, 2)) * 5).astype(np.float32)]),
+        # rows with no ONNX equivalent: the export is refused, naming the row
+        "svd": (lambda x: F.svd(x)[1], [_f(3, 3)]),
+        "matinv": (F.matinv, [np.eye(3, dtype=np.float32) * 2 + _f(3, 3) * 0.1]),
+        "local_conv2d": (lambda x, w: F.local_conv2d(x, w), [_f(2, 4, 5, 5),
+                                                             _f(3, 3, 4, 3, 3, 2) * 0.3]),
     })
     out = {("function", f"F.{k}"): v for k, v in c.items()}
     for name in ("to_nchwc", "from_nchwc", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
@@ -263,6 +357,17 @@ class _Call(M.Module):
 
     def forward(self, x):
         return self.m(x)
+
+
+class _SelfAttention(M.Module):
+    """MultiHeadAttention called as self-attention, its first output."""
+
+    def __init__(self, mha):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, x):
+        return self.mha(x, x, x)[0]
 
 
 def _mod(m, *inputs):
@@ -298,6 +403,35 @@ def _module_cases():
         "Flatten": _mod(M.Flatten(), x4),
         "GELU": _mod(M.GELU(), x4),
     }
+    x5 = _f(1, 2, 4, 4, 4)
+    c.update({
+        "LeakyReLU": _mod(M.LeakyReLU(0.2), x4),
+        "PReLU": _mod(M.PReLU(4), x4),
+        "PixelShuffle": _mod(M.PixelShuffle(2), x4),
+        "Pad": _mod(M.Pad(((0, 0), (0, 0), (1, 2), (2, 1)), "reflect"), x4),
+        "AdaptiveMaxPool2d": _mod(M.AdaptiveMaxPool2d((3, 2)), x4),
+        "InstanceNorm": _mod(M.InstanceNorm(4), x4),
+        "GeneralNorm": _mod(M.GeneralNorm((4,), 1), x4),
+        "LocalResponseNorm": _mod(M.LocalResponseNorm(3, 1.0, 0.01, 0.5), x4),
+        "SyncBatchNorm": _mod(M.SyncBatchNorm(4), x4),
+        "Conv3d": _mod(M.Conv3d(2, 3, 3, padding=1), x5),
+        "ConvTranspose3d": _mod(M.ConvTranspose3d(2, 3, 3, stride=2), x5),
+        "LocalConv2d": _mod(M.LocalConv2d(4, 2, 6, 6, 3), x4),
+        "SlidingWindow": _mod(M.SlidingWindow(3, padding=1), x4),
+        "SlidingWindowTranspose": _mod(M.SlidingWindowTranspose((6, 6), 3), _f(2, 4, 4, 4, 3,
+                                                                                 3)),
+        "RNNCell": _mod(M.RNNCell(4, 5), _f(3, 4)),
+        "LSTMCell": _mod(M.LSTMCell(4, 5), _f(3, 4)),
+        "MultiHeadAttention": _mod(_SelfAttention(M.MultiHeadAttention(8, 2)), _f(3, 2, 8)),
+        "Elemwise": _mod(M.Elemwise("relu"), x4),
+        "ConvRelu2d": _mod(M.ConvRelu2d(4, 3, 3), x4),
+        "ConvBn2d": _mod(M.ConvBn2d(4, 3, 3), x4),
+        "ConvBnRelu2d": _mod(M.ConvBnRelu2d(4, 3, 3), x4),
+        "RNN": _mod(M.RNN(4, 5, num_layers=2, nonlinearity="relu", bidirectional=True),
+                    _f(3, 2, 4)),
+        "LSTM": _mod(M.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True),
+                     _f(2, 3, 4)),
+    })
     for n in ("ReLU", "ReLU6", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid"):
         c[n] = _mod(getattr(M, n)(), x4 * 4)
     return {("module", k): v for k, v in c.items()}

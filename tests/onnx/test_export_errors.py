@@ -53,12 +53,13 @@ def test_export_to_a_file_object_and_fixed_shapes():
 
 
 def test_unsupported_op_names_op_node_and_line(tmp_path):
-    tm = _trace(lambda self, x: x << 1, (2, 3), dtype=np.int32)     # no signed BitShift
+    tm = _trace(lambda self, x: F.matinv(x), (3, 3))     # ONNX has no matrix inverse
     path = tmp_path / "m.onnx"
     with pytest.raises(mo.ExportError) as err:
         mo.export(tm, path)
     msg = str(err.value)
-    assert "op 'left_shift' has no ONNX mapping (node Net.[left_shift] at " in msg, msg
+    assert "function F.matinv has no ONNX equivalent: ONNX's default domain has no matrix " \
+           "inverse (node Net.[matinv] at " in msg, msg
     assert "test_export_errors.py:" in msg, msg
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
@@ -100,14 +101,24 @@ def test_opset_outside_the_supported_range(tmp_path, opset):
 
 
 def test_dynamic_value_onnx_cannot_express(tmp_path):
-    tm = _trace(lambda self, x: F.adaptive_avg_pool2d(x, (2, 2)), (1, 2, 4, 4))
-    with pytest.raises(mo.ExportError, match=r"adaptive_avg_pool2d to \(2, 2\) needs window "
-                                             r"sizes computed from the input"):
+    tm = _trace(lambda self, x: F.adaptive_avg_pool2d(x, (3, 2)), (1, 2, 4, 4))
+    with pytest.raises(mo.ExportError, match=r"adaptive_avg_pool2d from \(4, 4\) to \(3, 2\): "
+                                             r"the output does not divide the input"):
         mo.export(tm, tmp_path / "m.onnx")
     tm = _trace(lambda self, x: F.split(x, x.shape[0], axis=1), (2, 4))
     with pytest.raises(mo.ExportError, match="split's sections is computed from a shape"):
         mo.export(tm, tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_adaptive_pool_to_a_size_that_divides_runs_at_other_sizes():
+    rng = np.random.default_rng(3)
+    tm = _trace(lambda self, x: (F.adaptive_avg_pool2d(x, (2, 3)),
+                                 F.adaptive_max_pool2d(x, (None, 2))), (1, 2, 4, 6))
+    model = mo.export(tm, io.BytesIO())
+    x = rng.standard_normal((3, 2, 8, 12)).astype(np.float32)      # windows 4x4, 8x6 here
+    for got, want in zip(run_ort(model, [x]), tm(mt.tensor(x))):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
 
 
 def test_example_inputs_that_disagree_write_nothing(tmp_path, monkeypatch):
@@ -174,3 +185,15 @@ def test_bad_input_and_output_names_are_refused_and_nothing_is_written(tmp_path,
     mo.export(tm, str(path), input_names=["a"], output_names=["b"])
     got = run_ort(onnx.load(str(path)), [np.array([[1.0, -2.0, 3.5]], np.float32)])
     np.testing.assert_array_equal(got[0], np.array([[2.0, -4.0, 7.0]], np.float32))
+
+
+def test_example_inputs_of_another_dtype_or_rank_are_export_errors(tmp_path):
+    tm = _trace(lambda self, x: x * 2, (2, 3))
+    with pytest.raises(mo.ExportError, match=r"example input 0 \('x'\) is int32, but the graph "
+                                             r"was traced with float32 there"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.int32),))
+    with pytest.raises(mo.ExportError, match=r"example input 0 \('x'\) has 1 axes"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones(3, np.float32),))
+    with pytest.raises(mo.ExportError, match="example_inputs has 2 arrays, but the graph has 1"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.float32),) * 2)
+    assert list(tmp_path.iterdir()) == []

@@ -43,12 +43,17 @@ def _run_case(key, opset):
     return model
 
 
-_KEYS = [(r.kind, r.name) for r in mapping.RULES]
+def _refused(rule):
+    return getattr(rule.convert, "no_onnx", None)
+
+
+_KEYS = [(r.kind, r.name) for r in mapping.RULES if not _refused(r)]
+_REFUSED = [(r.kind, r.name) for r in mapping.RULES if _refused(r) and (r.kind, r.name) in CASES]
 
 
 def test_every_rule_has_a_case():
     assert sorted(set(_KEYS) - set(CASES)) == []
-    assert sorted(set(CASES) - set(_KEYS)) == []
+    assert sorted(set(CASES) - set(_KEYS) - set(_REFUSED)) == []
 
 
 @pytest.mark.parametrize("edge", ["lowest", "highest"])
@@ -58,3 +63,10 @@ def test_rule_exports_and_runs(key, edge):
     opset = rule.since if edge == "lowest" else max_opset()
     model = _run_case(key, opset)
     assert model.opset_import[0].version == opset
+
+
+@pytest.mark.parametrize("key", _REFUSED, ids=[f"{k}:{n}" for k, n in _REFUSED])
+def test_row_without_onnx_equivalent_is_refused(key):
+    from mgtrace.onnx import ExportError
+    with pytest.raises(ExportError, match=f"{key[1]} has no ONNX equivalent: "):
+        _run_case(key, max_opset())
