@@ -1,0 +1,286 @@
+"""Lowering a recording (:mod:`._record`) to a plan's steps and buffers, and
+the memory plan that places the intermediates in one arena.
+
+Every tensor of the recording lives in a *buffer*: a graph input, a
+constant (a storage that existed before the run: parameters, buffers,
+tensors the forward made from constant data), or a storage some call
+produced. A view is a slot in its base's buffer, so reshapes and
+transposes cost nothing at run time.
+
+A core op whose kernel calls were all recorded, each pointer inside a
+buffer the op was handed or produced, becomes those kernel calls (kernel
+steps, replayed from C). Anything else is a Python step that calls the same
+function on views of the plan's buffers: correct, at Python's cost per op.
+A functional or module call is opened into its inside when every tensor the
+inside touched is one the plan knows; otherwise it is one Python step.
+
+Buffers written by kernel steps go to the arena: each is live from the step
+that first writes it to the last step that reads it (or a view of it), and
+the arena places them greedily, largest first, at the lowest 64-byte
+aligned offset that no buffer live at the same time overlaps (the
+"greedy by size" planner of TFLite and ONNX Runtime). Buffers a graph
+output lies in are made fresh on each call instead, so the caller owns
+what it gets back.
+"""
+from mgtrace._core import plan as _cplan
+from mgtrace._core.tensor import Tensor
+from mgtrace._core import op_table
+from mgtrace._core.dispatch import OpDef, apply
+from mgtrace.plan._record import PlanError
+from mgtrace.traced_module.pytree import tree_flatten
+
+ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
+ALIGN = 64
+
+# core-op groups whose implementations call no kernel but the backend's
+# elementwise and GEMM members (the ones the capture records)
+KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicate", "bitwise",
+                           "ternary", "cast", "view", "linalg"})
+
+
+class Buffer:
+    __slots__ = ("kind", "nbytes", "where", "const", "first", "last", "start", "lo")
+
+    def __init__(self, kind, nbytes, start, where=0, const=None):
+        self.kind, self.nbytes, self.start, self.where, self.const = kind, nbytes, start, where, const
+        self.first = self.last = None
+        self.lo = start             # the lowest address a slot of it starts at (origin for INPUT)
+
+
+class Slot:
+    """A tensor in a buffer: byte offset from the buffer's base, dtype code,
+    shape and strides (elements)."""
+    __slots__ = ("buf", "off", "dtype", "shape", "strides")
+
+    def __init__(self, buf, off, dtype, shape, strides):
+        self.buf, self.off, self.dtype, self.shape, self.strides = buf, off, dtype, shape, strides
+
+
+def _is_tensor(v):
+    return isinstance(v, Tensor)
+
+
+class PyStep:
+    """A Python step: ``call(*args, **kwargs)`` with tensor leaves as slots;
+    the result's new buffers bound for the steps after it."""
+    __slots__ = ("call", "treedef", "leaves", "out_bind", "what")
+
+    def __init__(self, call, treedef, leaves, out_bind, what):
+        self.call, self.treedef, self.leaves, self.out_bind, self.what = call, treedef, leaves, out_bind, what
+
+
+class Lowering:
+    def __init__(self, inputs, start_uid):
+        self.buffers = []
+        self.by_uid = {}            # storage uid -> buffer index
+        self.origin = {}            # buffer index -> address its offsets count from
+        self.start_uid = start_uid
+        self.steps = []             # ("kernel", Captured, refs) or ("py", PyStep)
+        self.device = None
+        for i, t in enumerate(inputs):
+            data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
+            if uid in self.by_uid:
+                raise ValueError("plan inputs share memory (the same tensor, or views of one, "
+                                 "passed twice): pass separate tensors")
+            self._add(uid, Buffer(INPUT, nbytes, data, where=i), data)
+            self.device = dev
+
+    def _add(self, uid, buf, origin):
+        self.buffers.append(buf)
+        b = len(self.buffers) - 1
+        self.by_uid[uid] = b
+        self.origin[b] = origin
+        return b
+
+    # ---- slots
+    def slot(self, t, create=False):
+        """The slot of tensor ``t``: None when the plan does not know its
+        memory (``create``: a new buffer for a storage made by this step)."""
+        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _cplan.tensor_info(t)
+        b = self.by_uid.get(uid)
+        if b is None:
+            if uid < self.start_uid:
+                b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=t), st_ptr)
+            elif create:
+                b = self._add(uid, Buffer(DYNAMIC, nbytes, st_ptr), st_ptr)
+                self.new.append(b)
+            else:
+                return None
+        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides)
+
+    def _use(self, b, pos):
+        buf = self.buffers[b]
+        if buf.first is None:
+            buf.first = pos
+        buf.last = pos if buf.last is None else max(buf.last, pos)
+
+    # ---- records
+    def lower(self, rec):
+        """Lowers ``rec``'s children (the top record) into steps."""
+        for child in rec.children:
+            self._lower(child)
+
+    def _snapshot(self):
+        return (len(self.steps), dict(self.by_uid), len(self.buffers))
+
+    def _restore(self, snap):
+        n, by_uid, nb = snap
+        del self.steps[n:]
+        self.by_uid = by_uid
+        del self.buffers[nb:]
+        for b in list(self.origin):
+            if b >= nb:
+                del self.origin[b]
+
+    def _lower(self, rec):
+        if rec.kind == "create":
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(rec.out)
+            if uid not in self.by_uid:
+                self._add(uid, Buffer(CONST, nbytes, st_ptr, const=rec.out), st_ptr)
+            return
+        if rec.kind == "apply":
+            self._check_write(rec)
+            if self._kernel_steps(rec):
+                return
+        if rec.kind in ("function", "module") and rec.children:
+            snap = self._snapshot()
+            try:
+                for child in rec.children:
+                    self._lower(child)
+                leaves, _ = tree_flatten(rec.out, _is_tensor)
+                if all(self.slot(t) is not None for t in leaves if _is_tensor(t)):
+                    return
+            except _Unknown:
+                pass
+            self._restore(snap)
+        self._python_step(rec)
+
+    def _check_write(self, rec):
+        op = rec.target
+        target = op.params.get("out")
+        if target is None and op.name == "setitem" and rec.args:
+            target = rec.args[0]
+        if not _is_tensor(target):
+            return
+        s = self.slot(target)
+        if s is None:
+            raise _Unknown(rec)
+        kind = self.buffers[s.buf].kind
+        if kind in (CONST, INPUT):
+            what = "an input" if kind == INPUT else "a parameter, buffer or constant"
+            raise PlanError(f"{rec.where} writes into {what} (an in-place {op.name}); a plan "
+                            "replays a computation without state: write into a new tensor instead")
+
+    def _inputs_of(self, rec):
+        kwargs = dict(rec.target.params) if rec.kind == "apply" else rec.kwargs
+        return tree_flatten((rec.args, kwargs), _is_tensor)
+
+    def _python_step(self, rec):
+        leaves, treedef = self._inputs_of(rec)
+        slots = []
+        for v in leaves:
+            if _is_tensor(v):
+                s = self.slot(v)
+                if s is None:
+                    raise _Unknown(rec)
+                slots.append(s)
+            else:
+                slots.append(v)
+        self.new = []
+        outs, _ = tree_flatten(rec.out, _is_tensor)
+        out_slots = [self.slot(t, create=True) for t in outs if _is_tensor(t)]
+        new = set(self.new)
+        if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
+            return                  # a view: its slot is all a later step needs
+        bind = [(s.buf, s.off, s.dtype, s.shape, s.strides) for s in out_slots if s.buf in new]
+        seen = set()
+        bind = [b for b in bind if not (b[0] in seen or seen.add(b[0]))]
+        self.steps.append(("py", PyStep(_caller(rec), treedef, slots, bind, rec.where)))
+
+    def _pure_view(self, rec):
+        if rec.kind == "method":
+            return rec.target == "view"
+        return rec.captured == [] and "out" not in rec.target.params and rec.target.name != "setitem"
+
+    def _kernel_steps(self, rec):
+        """Kernel steps for an apply record, or False."""
+        caps = rec.captured
+        if not caps or op_table.OPS[rec.target.name].group not in KERNEL_GROUPS:
+            return False
+        snap = self._snapshot()
+        self.new = []
+        tensors = [v for v in self._inputs_of(rec)[0] if _is_tensor(v)]
+        known = []
+        for t in tensors:
+            s = self.slot(t)
+            if s is None:
+                self._restore(snap)
+                return False
+            known.append(t)
+        outs = [t for t in tree_flatten(rec.out, _is_tensor)[0] if _is_tensor(t)]
+        for t in outs:
+            self.slot(t, create=True)
+            known.append(t)
+        ranges = []
+        for t in known:
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            b = self.by_uid[uid]
+            ranges.append((st_ptr, st_ptr + nbytes, b))
+        steps = []
+        for c in caps:
+            refs = []
+            ext = c.extents()
+            for i, p in enumerate(c.pointers()):
+                if p is None:
+                    refs.append(None)
+                    continue
+                for lo, hi, b in ranges:
+                    if lo <= p < hi and (ext is None or (lo <= p + ext[i][0] and p + ext[i][1] < hi)):
+                        refs.append((b, p - self.origin[b]))
+                        break
+                else:
+                    self._restore(snap)
+                    return False
+            steps.append(("kernel", c, refs))
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        self.steps.extend(steps)
+        return True
+
+
+class _Unknown(Exception):
+    """A record touches memory the plan does not know."""
+
+
+def _caller(rec):
+    if rec.kind == "apply":
+        name = rec.target.name
+        return lambda *a, **k: apply(OpDef(name, k), *a)
+    if rec.kind == "method":
+        name = rec.target
+        return lambda t, *a: getattr(t, name)(*a)
+    if rec.kind == "function":
+        return rec.target
+    module = rec.target
+    return lambda *a, **k: module._call_impl(a, k)
+
+
+def place(buffers):
+    """Arena offsets for the ARENA buffers (greedy by size, see the module
+    docstring); sets each one's ``where`` and returns the arena's size."""
+    placed = []                 # (offset, end, first, last)
+    size = 0
+    order = sorted((b for b in buffers if b.kind == ARENA and b.first is not None),
+                   key=lambda b: (-b.nbytes, b.first))
+    for b in order:
+        need = -(-b.nbytes // ALIGN) * ALIGN
+        clash = sorted((o, e) for o, e, f, l in placed if not (l < b.first or b.last < f))
+        off = 0
+        for o, e in clash:
+            if off + need <= o:
+                break
+            off = max(off, -(-e // ALIGN) * ALIGN)
+        b.where = off
+        placed.append((off, off + need, b.first, b.last))
+        size = max(size, off + need)
+    return size
