@@ -89,7 +89,7 @@ class _Program:
                     if hasattr(s, "buf"):
                         low._use(s.buf, pos)
                 for b in ps.out_bind:
-                    low._use(b[0], pos)
+                    low._use(b[1], pos)
         self.arena_bytes = place(low.buffers)
         ex = _cplan.Executor(len(low.buffers), low.device if low.device is not None else 0)
         for i, b in enumerate(low.buffers):
@@ -114,16 +114,13 @@ class _Program:
         if ps.out_bind:
             leaves = [t for t in tree_flatten(out, lambda v: isinstance(v, Tensor))[0]
                       if isinstance(t, Tensor)]
-            by_buf = {}
-            for t in leaves:
-                info = _cplan.tensor_info(t)
-                by_buf.setdefault(info[1], t)
-            for t in by_buf.values():
-                info = _cplan.tensor_info(t)
-                for buf, off, dtype, shape, strides in ps.out_bind:
-                    if info[0] - info[2] == off and tuple(t.shape) == shape and info[5] == dtype:
-                        run.bind(buf, t)
-                        break
+            for i, buf, off, dtype, shape in ps.out_bind:
+                t = leaves[i] if i < len(leaves) else None
+                info = _cplan.tensor_info(t) if t is not None else None
+                if info is None or info[0] - info[2] != off or info[5] != dtype or tuple(t.shape) != shape:
+                    raise PlanError(f"{ps.what} returned another layout than when the plan was "
+                                    "made; compile the module again")
+                run.bind(buf, t)
 
     def __call__(self, inputs):
         run = self.executor.run(inputs, self._step)

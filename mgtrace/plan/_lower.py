@@ -139,6 +139,7 @@ class Lowering:
                 self._add(uid, Buffer(CONST, nbytes, st_ptr, const=rec.out), st_ptr)
             return
         if rec.kind == "apply":
+            self._check_shape(rec)
             self._check_write(rec)
             if self._kernel_steps(rec):
                 return
@@ -154,6 +155,14 @@ class Lowering:
                 pass
             self._restore(snap)
         self._python_step(rec)
+
+    def _check_shape(self, rec):
+        name = rec.target.name
+        leaves = tree_flatten(rec.args[1:], _is_tensor)[0] if name in ("getitem", "setitem") else ()
+        if name == "nonzero" or any(_is_tensor(v) and v.dtype == "bool" for v in leaves):
+            raise PlanError(f"{rec.where}: the result's shape depends on the input's values "
+                            "(a boolean mask or nonzero); a plan holds fixed shapes: use "
+                            "mgtrace.functional.where, or run the module")
 
     def _check_write(self, rec):
         op = rec.target
@@ -188,13 +197,17 @@ class Lowering:
                 slots.append(v)
         self.new = []
         outs, _ = tree_flatten(rec.out, _is_tensor)
-        out_slots = [self.slot(t, create=True) for t in outs if _is_tensor(t)]
+        outs = [t for t in outs if _is_tensor(t)]
+        out_slots = [self.slot(t, create=True) for t in outs]
         new = set(self.new)
         if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
             return                  # a view: its slot is all a later step needs
-        bind = [(s.buf, s.off, s.dtype, s.shape, s.strides) for s in out_slots if s.buf in new]
-        seen = set()
-        bind = [b for b in bind if not (b[0] in seen or seen.add(b[0]))]
+        # per new buffer: the output leaf that lies in it, and where
+        bind, seen = [], set()
+        for i, s in enumerate(out_slots):
+            if s.buf in new and s.buf not in seen:
+                seen.add(s.buf)
+                bind.append((i, s.buf, s.off, s.dtype, s.shape))
         self.steps.append(("py", PyStep(_caller(rec), treedef, slots, bind, rec.where)))
 
     def _pure_view(self, rec):
