@@ -35,8 +35,23 @@ cdef extern from "kernels/gemm.h" nogil:
                           const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
                           int64_t batch, int nt) noexcept nogil
 
+cdef extern from "kernels/nn.h" nogil:
+    ctypedef struct mt_conv2d_geom:
+        int has_res
+        int64_t res_delta
+    ctypedef struct mt_pool2d_geom:
+        int64_t planes
+    ctypedef struct mt_attn_geom:
+        int64_t b
+    ctypedef struct mt_nn_kernels:
+        int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y,
+                          int64_t rows, int64_t cols, double eps, int nt) noexcept nogil
+
 cdef extern from "kernels/plan.h" nogil:
-    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK
+    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+    enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
+    enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION
+    enum: MT_PLAN_NN_PTRS
     ctypedef int (*mt_ew_kernel)(const mt_ew_call *call) noexcept nogil
     ctypedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a,
                                          const char *b, char *c, const int64_t *a_off,
@@ -57,9 +72,19 @@ cdef extern from "kernels/plan.h" nogil:
         int64_t batch
         int64_t *offs
         mt_gemm_batch_kernel kernel
+    ctypedef struct mt_plan_nn:
+        int which, np, nt
+        void *kernel
+        mt_plan_ref p[12]
+        mt_conv2d_geom g[3]
+        mt_pool2d_geom pool
+        mt_attn_geom attn
+        int64_t i[4]
+        double eps
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
+        mt_plan_nn nn
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -80,6 +105,12 @@ cdef extern from "kernels/plan.h" nogil:
         int64_t batch
         int64_t *offs
         mt_gemm_batch_kernel gemm_kernel
+        mt_plan_nn nn
+    int mt_plan_capture_allocs()
+    void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes)
+    void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *wrapped)
+    void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes) noexcept nogil)
+    mt_storage *mt_plan_capture_alloc(int index, size_t nbytes)
     void mt_plan_capture_begin()
     int mt_plan_capture_count()
     const mt_plan_captured *mt_plan_capture_get(int i)
@@ -104,14 +135,27 @@ cdef enum:
     BUF_OUTPUT = 3    # a fresh storage of ``nbytes`` per call (what the caller gets back)
     BUF_DYNAMIC = 4   # the storage a Python step returned, bound during the run
 
-STEP_EW, STEP_GEMM, STEP_CALLBACK = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK
+STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+# per nn kernel: (index of its output pointer, index of its workspace or -1)
+NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
+            MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
+            MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5)}
+
+
+class Fallback(Exception):
+    """A kernel step asked for the call to be made another way (conv2d's
+    Winograd met a non-finite or huge value: the graph reruns it on a
+    direct kernel); the plan runs the module for this call."""
 
 # ------------------------------------------------------------------ capture
 
 cdef int _installs = 0
 cdef mt_linalg_kernels _wrapped_linalg
 cdef const void *_saved_linalg = NULL
+cdef const void *_saved_nn = NULL
 cdef mt_ew_kernel _saved_ew = NULL
+cdef mt_storage *(*_saved_alloc)(int index, size_t nbytes) noexcept nogil
+cdef char _wrapped_nn[4096]      # a copy of the nn table with the recording members
 
 
 def capture_install():
@@ -136,6 +180,14 @@ def capture_install():
         if lk.gemm != NULL:
             _wrapped_linalg.gemm = mt_plan_capture_gemm
         b.linalg = &_wrapped_linalg
+    global _saved_nn, _saved_alloc
+    _saved_nn = b.nn
+    if b.nn != NULL:
+        mt_plan_set_real_nn(<const mt_nn_kernels *>b.nn, <mt_nn_kernels *>_wrapped_nn)
+        b.nn = <const void *>_wrapped_nn
+    _saved_alloc = b.alloc
+    mt_plan_set_real_alloc(b.alloc)
+    b.alloc = mt_plan_capture_alloc
 
 
 def capture_uninstall():
@@ -147,6 +199,8 @@ def capture_uninstall():
     if _installs == 0:
         b.elementwise = _saved_ew
         b.linalg = _saved_linalg
+        b.nn = _saved_nn
+        b.alloc = _saved_alloc
 
 
 def capture_begin():
@@ -171,8 +225,19 @@ cdef class Captured:
         cdef int a
         if self.c.kind == MT_STEP_GEMM:
             return [<uintptr_t>self.c.a, <uintptr_t>self.c.b, <uintptr_t>self.c.c]
+        if self.c.kind == MT_STEP_NN:
+            return [None if self.c.nn.p[a].off == 0 else <uintptr_t>self.c.nn.p[a].off
+                    for a in range(self.c.nn.np)]
         return [None if a > 0 and self.c.ew.scalar_mask & (1u << (a - 1)) else
                 <uintptr_t>self.c.ew.args[a] for a in range(self.c.ew.nargs)]
+
+    def roles(self):
+        """(index of the output pointer, index of the workspace or -1)."""
+        if self.c.kind == MT_STEP_GEMM:
+            return 2, -1
+        if self.c.kind == MT_STEP_NN:
+            return NN_ROLES[self.c.nn.which]
+        return 0, -1
 
     def extents(self):
         """Per pointer, the byte range [lo, hi) the call may touch relative to
@@ -180,7 +245,7 @@ cdef class Captured:
         cdef int a, d
         cdef int64_t lo, hi, s, isz
         cdef list out = []
-        if self.c.kind == MT_STEP_GEMM:
+        if self.c.kind != MT_STEP_EW:
             return None
         for a in range(self.c.ew.nargs):
             lo = hi = 0
@@ -198,6 +263,19 @@ cdef class Captured:
             return (f"gemm dtype={self.c.dtype} M={self.c.shape.M} N={self.c.shape.N} "
                     f"K={self.c.shape.K} batch={self.c.batch}")
         return f"elementwise kind={self.c.ew.kind} op={self.c.ew.op} dtype={self.c.ew.dtype}"
+
+
+def take_allocs():
+    """[(address, nbytes)] of the storages allocated through the backend
+    since :func:`capture_begin` (call before :func:`take_capture`)."""
+    cdef uintptr_t p
+    cdef int64_t nb
+    cdef int i
+    res = []
+    for i in range(mt_plan_capture_allocs()):
+        mt_plan_capture_alloc_get(i, &p, &nb)
+        res.append((p, nb))
+    return res
 
 
 def take_capture():
@@ -381,6 +459,16 @@ cdef class Executor:
                 raise MemoryError()
             memcpy(s.u.gemm.offs, c.c.offs, sizeof(int64_t) * 3 * c.c.batch)
             return
+        if c.c.kind == MT_STEP_NN:
+            s.kind = MT_STEP_NN
+            s.u.nn = c.c.nn
+            for a in range(MT_PLAN_NN_PTRS):
+                s.u.nn.p[a].buf = -1
+                s.u.nn.p[a].off = 0
+            for a in range(c.c.nn.np):
+                if refs[a] is not None:
+                    s.u.nn.p[a].buf, s.u.nn.p[a].off = refs[a]
+            return
         s.kind = MT_STEP_EW
         s.u.ew.call = c.c.ew
         s.u.ew.kernel = c.c.ew_kernel
@@ -453,5 +541,7 @@ cdef class Executor:
             if r.error is not None:
                 err, r.error = r.error, None
                 raise err
+            if rc > 0:
+                raise Fallback(rc)
             raise RuntimeError(f"plan step {failed}: kernel failed with code {rc}")
         return r

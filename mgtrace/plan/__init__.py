@@ -178,11 +178,14 @@ class Plan:
     def __call__(self, *inputs):
         sig = _signature(inputs)
         prog = self._programs.get(sig)
-        if prog is not None:
-            return prog(inputs)
-        if sig is not None and len(self._programs) < self.cache_size and _on_cpu(inputs):
+        if prog is None and sig is not None and len(self._programs) < self.cache_size \
+                and _on_cpu(inputs):
             prog = self._make(inputs)
-            return prog(inputs)
+        if prog is not None:
+            try:
+                return prog(inputs)
+            except _cplan.Fallback:      # a kernel asked for the graph's own way (see Fallback)
+                pass
         self.misses += 1
         return self.module(*inputs)
 

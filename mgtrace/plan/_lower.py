@@ -36,6 +36,12 @@ ALIGN = 64
 # elementwise and GEMM members (the ones the capture records)
 KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicate", "bitwise",
                            "ternary", "cast", "view", "linalg"})
+# nn ops whose implementations call only the nn members the capture replays
+# (and elementwise copies, packing into conv2d's weight cache)
+KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
+                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention"})
+# functional calls made of one kernel call and no core op
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")})
 
 
 class Buffer:
@@ -143,7 +149,9 @@ class Lowering:
             self._check_write(rec)
             if self._kernel_steps(rec):
                 return
-        if rec.kind in ("function", "module") and rec.children:
+        if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
+            return
+        if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
             try:
                 for child in rec.children:
@@ -216,49 +224,101 @@ class Lowering:
         return rec.captured == [] and "out" not in rec.target.params and rec.target.name != "setitem"
 
     def _kernel_steps(self, rec):
-        """Kernel steps for an apply record, or False."""
+        """Kernel steps for an apply (or kernel-only function) record, or False."""
         caps = rec.captured
-        if not caps or op_table.OPS[rec.target.name].group not in KERNEL_GROUPS:
+        if not caps:
+            return False
+        if rec.kind == "apply":
+            name = rec.target.name
+            if op_table.OPS[name].group not in KERNEL_GROUPS and name not in KERNEL_OPS:
+                return False
+        elif (getattr(rec.target, "__module__", None), getattr(rec.target, "__name__", None)) \
+                not in KERNEL_FUNCTIONS:
             return False
         snap = self._snapshot()
         self.new = []
-        tensors = [v for v in self._inputs_of(rec)[0] if _is_tensor(v)]
         known = []
-        for t in tensors:
-            s = self.slot(t)
-            if s is None:
-                self._restore(snap)
-                return False
-            known.append(t)
-        outs = [t for t in tree_flatten(rec.out, _is_tensor)[0] if _is_tensor(t)]
-        for t in outs:
-            self.slot(t, create=True)
-            known.append(t)
+        for t in self._inputs_of(rec)[0]:
+            if _is_tensor(t):
+                if self.slot(t) is None:
+                    self._restore(snap)
+                    return False
+                known.append(t)
+        for t in tree_flatten(rec.out, _is_tensor)[0]:
+            if _is_tensor(t):
+                self.slot(t, create=True)
+                known.append(t)
         ranges = []
         for t in known:
             data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
-            b = self.by_uid[uid]
-            ranges.append((st_ptr, st_ptr + nbytes, b))
+            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        scratch = {}                 # alloc index -> buffer: memory the op made for itself
         steps = []
         for c in caps:
             refs = []
             ext = c.extents()
+            out_i, ws_i = c.roles()
             for i, p in enumerate(c.pointers()):
                 if p is None:
                     refs.append(None)
                     continue
-                for lo, hi, b in ranges:
-                    if lo <= p < hi and (ext is None or (lo <= p + ext[i][0] and p + ext[i][1] < hi)):
-                        refs.append((b, p - self.origin[b]))
-                        break
+                if i == ws_i:        # a workspace: scratch the op allocated, nothing else
+                    ref = self._scratch_ref(p, rec.allocs, scratch, True)
                 else:
+                    ref = self._known_ref(p, ext[i] if ext else None, ranges, i != out_i)
+                    if ref is None:
+                        ref = self._scratch_ref(p, rec.allocs, scratch, i == out_i)
+                if ref is None:
                     self._restore(snap)
                     return False
+                refs.append(ref)
             steps.append(("kernel", c, refs))
         for b in self.new:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
         return True
+
+    def _known_ref(self, p, ext, ranges, read_only):
+        for lo, hi, b in ranges:
+            if lo <= p < hi and (ext is None or (lo <= p + ext[0] and p + ext[1] < hi)):
+                return (b, p - self.origin[b])
+        packed = _packed_weight(p) if read_only else None
+        if packed is not None:       # conv2d's cached packed weights: held as a constant
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
+            b = self.by_uid.get(uid)
+            if b is None:
+                b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=packed), st_ptr)
+            return (b, p - self.origin[b])
+        return None
+
+    def _scratch_ref(self, p, allocs, scratch, written):
+        """A pointer into memory the op allocated for itself (a kernel's
+        workspace, a temporary): an arena buffer of its own, when this call
+        is the first to use it and writes it, or a later call of the op."""
+        for j, (lo, nbytes) in enumerate(allocs):
+            if lo <= p < lo + nbytes:
+                b = scratch.get(j)
+                if b is None:
+                    if not written:
+                        return None          # read before any replayed call wrote it
+                    self.buffers.append(Buffer(ARENA, nbytes, lo))
+                    b = len(self.buffers) - 1
+                    self.origin[b] = lo
+                    scratch[j] = b
+                return (b, p - lo)
+        return None
+
+
+def _packed_weight(p):
+    """The Tensor of conv2d's weight cache that address ``p`` lies in, or None."""
+    from mgtrace._core import nn as _nn
+    for entry in list(_nn._weight_cache.values()):
+        t = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+        if _is_tensor(t):
+            data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
+            if st_ptr <= p < st_ptr + nbytes:
+                return t
+    return None
 
 
 class _Unknown(Exception):

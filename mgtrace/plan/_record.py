@@ -40,13 +40,16 @@ class Record:
     ``args``/``kwargs`` the call's arguments, ``out`` its result,
     ``captured`` the kernel calls (apply only; None when one could not be
     recorded), ``where`` the module path and call for messages."""
-    __slots__ = ("kind", "target", "args", "kwargs", "out", "captured", "children", "where")
+    __slots__ = ("kind", "target", "args", "kwargs", "out", "captured", "allocs", "children", "where",
+                 "unaccounted")
 
     def __init__(self, kind, target, args, kwargs, where):
         self.kind, self.target, self.args, self.kwargs, self.where = kind, target, args, kwargs, where
         self.out = None
         self.captured = None
+        self.allocs = ()
         self.children = []
+        self.unaccounted = False    # kernels ran inside it outside any child: not to be opened
 
     def __repr__(self):
         return f"Record({self.kind}, {self.name}, at {self.where})"
@@ -82,17 +85,49 @@ class _Recorder(_hooks.TraceHook):
         return f"{path}: {what}"
 
     def _push(self, rec):
+        self._segment()
         self.stack[-1].children.append(rec)
         self.stack.append(rec)
+        _cplan.capture_begin()
+
+    def _pop(self):
+        """Ends the innermost record: a record without children keeps its
+        kernel calls (a function made of kernels alone); one with children
+        that also ran kernels of its own cannot be replaced by them."""
+        rec = self.stack.pop()
+        allocs, captured = _cplan.take_allocs(), _cplan.take_capture()
+        if not rec.children:
+            rec.allocs, rec.captured = allocs, captured
+        elif captured is None or captured:
+            self._unaccounted(rec)
+        _cplan.capture_begin()
+
+    def _segment(self):
+        """The kernel calls made in the innermost record since its last child:
+        any marks it and every record around it."""
+        captured = _cplan.take_capture()
+        if captured is None or captured:
+            self._unaccounted(self.stack[-1])
+
+    def _unaccounted(self, rec):
+        if rec is self.stack[0]:
+            raise PlanError(f"{self.where('forward')}: kernels ran outside any call the plan "
+                            "records (not through a core op, functional or module call)")
+        rec.unaccounted = True
+        for r in self.stack[1:]:
+            r.unaccounted = True
 
     def on_apply(self, op, *inputs):
         rec = Record("apply", op, inputs, {}, self.where(op.name))
+        self._segment()
         self.stack[-1].children.append(rec)
         _cplan.capture_begin()
         try:
             rec.out = _dispatch.apply(op, *inputs)
         finally:
+            rec.allocs = _cplan.take_allocs()
             rec.captured = _cplan.take_capture()
+            _cplan.capture_begin()
         return rec.out
 
     def on_function(self, wrapper, fn, args, kwargs):
@@ -103,11 +138,13 @@ class _Recorder(_hooks.TraceHook):
                             "(state updated by the forward, as training-mode batch_norm does): a plan "
                             "replays a fixed computation; call module.eval() first or run the module")
         rec = Record("function", fn, args, kwargs, self.where(name))
+        # a function that applies no core op (layer_norm's one C pass) is
+        # known by its kernel calls; one that does, by its children's
         self._push(rec)
         try:
             rec.out = fn(*args, **kwargs)
         finally:
-            self.stack.pop()
+            self._pop()
         return rec.out
 
     def on_module_call(self, module, args, kwargs):
@@ -124,7 +161,7 @@ class _Recorder(_hooks.TraceHook):
             try:
                 rec.out = module._call_impl(args, kwargs)
             finally:
-                self.stack.pop()
+                self._pop()
             return rec.out
         finally:
             self.path.pop()
@@ -163,7 +200,9 @@ def record(module, inputs):
     _cplan.capture_install()
     try:
         with _hooks.installed(rec, tracing=True):
+            _cplan.capture_begin()
             out = module._call_impl(tuple(inputs), {})
+            rec._segment()
     finally:
         _cplan.capture_uninstall()
     top = rec.stack[0]

@@ -25,12 +25,17 @@
 #define MT_PLAN_H
 #include "backend.h"
 #include "gemm.h"
+#include "nn.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2 };
+enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3 };
+/* the nn table members a plan replays (MT_STEP_NN's ``which``) */
+enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
+       MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_NKERNELS };
+#define MT_PLAN_NN_PTRS 12
 #define MT_PLAN_MAX_CAPTURE 8
 
 typedef int (*mt_ew_kernel)(const mt_ew_call *call);
@@ -60,9 +65,24 @@ typedef struct {
     mt_gemm_batch_kernel kernel;
 } mt_plan_gemm;
 
+/* one nn-table call: its pointer arguments in the kernel's order, the
+ * residual of each geometry that has one (g[k].res_delta is rebuilt from
+ * it on each run) after them; the workspace is one of the pointers */
+typedef struct {
+    int which, np, nt;
+    void *kernel;
+    mt_plan_ref p[MT_PLAN_NN_PTRS];
+    mt_conv2d_geom g[3];
+    mt_pool2d_geom pool;
+    mt_attn_geom attn;
+    int64_t i[4];
+    double eps;
+} mt_plan_nn;
+
 typedef union {
     mt_plan_ew ew;
     mt_plan_gemm gemm;
+    mt_plan_nn nn;
 } mt_plan_u;
 
 typedef struct mt_plan_step {
@@ -92,7 +112,13 @@ typedef struct {
     int64_t batch;
     int64_t *offs;                    /* malloc'd copy, 3 * batch; freed by mt_plan_capture_end */
     mt_gemm_batch_kernel gemm_kernel;
+    mt_plan_nn nn;                    /* MT_STEP_NN: refs' off holds the raw address, buf -1 */
 } mt_plan_captured;
+
+/* allocations made through the backend while capturing (workspaces and
+ * temporaries of the op): address and size */
+int mt_plan_capture_allocs(void);
+void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes);
 
 void mt_plan_capture_begin(void);
 /* number of calls captured since begin, or -1 when one could not be
@@ -107,6 +133,10 @@ typedef int (*mt_gemm_kernel)(int dtype, const mt_gemm_shape *s, const char *a, 
                               char *c, int64_t batch, int64_t stride_a, int64_t stride_b,
                               int64_t stride_c);
 void mt_plan_set_real_kernels(mt_ew_kernel ew, mt_gemm_batch_kernel gemm_batch, mt_gemm_kernel gemm);
+/* the real nn table and allocator; the wrapped copy of the table to install */
+void mt_plan_set_real_nn(const struct mt_nn_kernels *real, struct mt_nn_kernels *wrapped);
+void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes));
+mt_storage *mt_plan_capture_alloc(int index, size_t nbytes);
 int mt_plan_capture_elementwise(const mt_ew_call *call);
 int mt_plan_capture_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
                                char *c, const int64_t *a_off, const int64_t *b_off,
