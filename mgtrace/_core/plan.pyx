@@ -50,7 +50,7 @@ cdef extern from "kernels/nn.h" nogil:
 cdef extern from "kernels/plan.h" nogil:
     enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
-    enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION
+    enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_PLAN_NN_PTRS
     ctypedef int (*mt_ew_kernel)(const mt_ew_call *call) noexcept nogil
     ctypedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a,
@@ -139,7 +139,7 @@ STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_C
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
-            MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5)}
+            MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1)}
 
 
 class Fallback(Exception):
@@ -262,6 +262,8 @@ cdef class Captured:
         if self.c.kind == MT_STEP_GEMM:
             return (f"gemm dtype={self.c.dtype} M={self.c.shape.M} N={self.c.shape.N} "
                     f"K={self.c.shape.K} batch={self.c.batch}")
+        if self.c.kind == MT_STEP_NN:
+            return f"nn kernel {self.c.nn.which}"
         return f"elementwise kind={self.c.ew.kind} op={self.c.ew.op} dtype={self.c.ew.dtype}"
 
 

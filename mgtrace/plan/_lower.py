@@ -82,20 +82,23 @@ class Lowering:
         self.origin = {}            # buffer index -> address its offsets count from
         self.start_uid = start_uid
         self.steps = []             # ("kernel", Captured, refs) or ("py", PyStep)
+        self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
         for i, t in enumerate(inputs):
             data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
             if uid in self.by_uid:
                 raise ValueError("plan inputs share memory (the same tensor, or views of one, "
                                  "passed twice): pass separate tensors")
-            self._add(uid, Buffer(INPUT, nbytes, data, where=i), data)
+            self._add(uid, Buffer(INPUT, nbytes, data, where=i), data, st_ptr)
             self.device = dev
 
-    def _add(self, uid, buf, origin):
+    def _add(self, uid, buf, origin, lo=None):
         self.buffers.append(buf)
         b = len(self.buffers) - 1
         self.by_uid[uid] = b
         self.origin[b] = origin
+        lo = origin if lo is None else lo
+        self.spans.append((lo, lo + buf.nbytes, b))
         return b
 
     # ---- slots
@@ -134,6 +137,7 @@ class Lowering:
         del self.steps[n:]
         self.by_uid = by_uid
         del self.buffers[nb:]
+        self.spans = [sp for sp in self.spans if sp[2] < nb]
         for b in list(self.origin):
             if b >= nb:
                 del self.origin[b]
@@ -143,6 +147,9 @@ class Lowering:
             data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(rec.out)
             if uid not in self.by_uid:
                 self._add(uid, Buffer(CONST, nbytes, st_ptr, const=rec.out), st_ptr)
+            return
+        if rec.kind == "segment":
+            self._segment_steps(rec)
             return
         if rec.kind == "apply":
             self._check_shape(rec)
@@ -154,6 +161,9 @@ class Lowering:
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
             try:
+                for t in self._inputs_of(rec)[0]:      # its arguments: memory a segment may use
+                    if _is_tensor(t):
+                        self.slot(t)
                 for child in rec.children:
                     self._lower(child)
                 leaves, _ = tree_flatten(rec.out, _is_tensor)
@@ -277,6 +287,32 @@ class Lowering:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
         return True
+
+    def _segment_steps(self, rec):
+        """Kernel steps for kernels a call ran outside its children: every
+        pointer must lie in a buffer the plan already has, and none may
+        write into an input or a constant."""
+        if rec.captured is None:
+            raise _Unknown(rec)
+        steps = []
+        for c in rec.captured:
+            ext = c.extents()
+            out_i, ws_i = c.roles()
+            refs = []
+            for i, p in enumerate(c.pointers()):
+                if p is None:
+                    refs.append(None)
+                    continue
+                ref = None if i == ws_i else self._known_ref(p, ext[i] if ext else None,
+                                                             self.spans, i != out_i)
+                if ref is None:
+                    raise _Unknown(rec)
+                if i == out_i and self.buffers[ref[0]].kind in (CONST, INPUT):
+                    raise PlanError(f"{rec.where} write into a parameter, buffer or input; a "
+                                    "plan replays a computation without state")
+                refs.append(ref)
+            steps.append(("kernel", c, refs))
+        self.steps.extend(steps)
 
     def _known_ref(self, p, ext, ranges, read_only):
         for lo, hi, b in ranges:

@@ -93,29 +93,33 @@ class _Recorder(_hooks.TraceHook):
     def _pop(self):
         """Ends the innermost record: a record without children keeps its
         kernel calls (a function made of kernels alone); one with children
-        that also ran kernels of its own cannot be replaced by them."""
-        rec = self.stack.pop()
-        allocs, captured = _cplan.take_allocs(), _cplan.take_capture()
-        if not rec.children:
-            rec.allocs, rec.captured = allocs, captured
-        elif captured is None or captured:
-            self._unaccounted(rec)
+        keeps those made after its last child as a segment."""
+        rec = self.stack[-1]
+        if rec.children:
+            self._segment()
+            self.stack.pop()
+        else:
+            self.stack.pop()
+            rec.allocs, rec.captured = _cplan.take_allocs(), _cplan.take_capture()
         _cplan.capture_begin()
 
     def _segment(self):
-        """The kernel calls made in the innermost record since its last child:
-        any marks it and every record around it."""
+        """The kernel calls made in the innermost record since its last child
+        (linear_act's bias + activation after its matmul): a "segment"
+        child, replayed where its memory is the plan's; one that could not
+        be recorded marks the records around it (they stay Python steps)."""
+        rec = self.stack[-1]
         captured = _cplan.take_capture()
-        if captured is None or captured:
-            self._unaccounted(self.stack[-1])
-
-    def _unaccounted(self, rec):
-        if rec is self.stack[0]:
-            raise PlanError(f"{self.where('forward')}: kernels ran outside any call the plan "
-                            "records (not through a core op, functional or module call)")
-        rec.unaccounted = True
-        for r in self.stack[1:]:
-            r.unaccounted = True
+        if captured is None:
+            if rec is self.stack[0]:
+                raise PlanError(f"{self.where('forward')}: kernels ran outside any call the plan "
+                                "records (not through a core op, functional or module call)")
+            for r in self.stack[1:]:
+                r.unaccounted = True
+        elif captured:
+            seg = Record("segment", None, (), {}, self.where("kernels"))
+            seg.captured = captured
+            rec.children.append(seg)
 
     def on_apply(self, op, *inputs):
         rec = Record("apply", op, inputs, {}, self.where(op.name))

@@ -76,6 +76,11 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
                  int) = k->kernel;
         return f((int)k->i[0], p[0], p[1], p[2], p[3], k->i[1], k->i[2], k->eps, k->nt);
     }
+    case MT_NN_BIAS_ACT: {
+        /* y (in place), bias */
+        int (*f)(int, void *, int64_t, int64_t, const void *, int, int) = k->kernel;
+        return f((int)k->i[0], p[0], k->i[1], k->i[2], p[1], (int)k->i[3], k->nt);
+    }
     case MT_NN_ATTENTION: {
         /* q, k, v, mask, out, workspace */
         int (*f)(const float *, const float *, const float *, const float *, float *,
@@ -397,7 +402,11 @@ static int cap_resize(int dtype, int mode, const void *x, void *y, int64_t plane
     return real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt);
 }
 static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt) {
-    if (cap_on) poison();
+    mt_plan_nn *k = nn_slot(MT_NN_BIAS_ACT, (void *)real_nn->bias_act, 2, nt);
+    if (k) {
+        put(k, 0, y); put(k, 1, bias);
+        k->i[0] = dtype; k->i[1] = rows; k->i[2] = cols; k->i[3] = act;
+    }
     return real_nn->bias_act(dtype, y, rows, cols, bias, act, nt);
 }
 static int cap_conv_t(int dtype, const void *x, const void *w, const void *b, void *y,
