@@ -142,11 +142,6 @@ NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7,
             MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1)}
 
 
-class Fallback(Exception):
-    """A kernel step asked for the call to be made another way (conv2d's
-    Winograd met a non-finite or huge value: the graph reruns it on a
-    direct kernel); the plan runs the module for this call."""
-
 # ------------------------------------------------------------------ capture
 
 cdef int _installs = 0
@@ -497,7 +492,10 @@ cdef class Executor:
 
     def run(self, tuple inputs, object step_fn):
         """Replays every step for ``inputs`` (checked by the caller's guard);
-        returns the :class:`Run` (its buffers hold the outputs)."""
+        returns the :class:`Run` (its buffers hold the outputs), or None when
+        a kernel returned a positive code: conv2d's Winograd met a
+        non-finite or huge value, which the graph reruns on a direct kernel,
+        so the caller runs the module for this call."""
         cdef Run r = Run.__new__(Run)
         cdef int b, rc = 0
         cdef int64_t failed = -1, n
@@ -544,6 +542,6 @@ cdef class Executor:
                 err, r.error = r.error, None
                 raise err
             if rc > 0:
-                raise Fallback(rc)
+                return None     # a kernel asked for the call to be made another way
             raise RuntimeError(f"plan step {failed}: kernel failed with code {rc}")
         return r

@@ -124,6 +124,8 @@ class _Program:
 
     def __call__(self, inputs):
         run = self.executor.run(inputs, self._step)
+        if run is None:
+            return _RERUN
         leaves = [run.view(*s) if isinstance(s, tuple) else s for s in self.out_slots]
         return self.out_def.unflatten(leaves)
 
@@ -182,16 +184,18 @@ class Plan:
                 and _on_cpu(inputs):
             prog = self._make(inputs)
         if prog is not None:
-            try:
-                return prog(inputs)
-            except _cplan.Fallback:      # a kernel asked for the graph's own way (see Fallback)
-                pass
+            out = prog(inputs)
+            if out is not _RERUN:        # (else a kernel asked for the graph's own way)
+                return out
         self.misses += 1
         return self.module(*inputs)
 
     def __repr__(self):
         return (f"Plan({type(self.module).__name__}, {len(self._programs)} signature(s), "
                 f"cache_size={self.cache_size})")
+
+
+_RERUN = object()
 
 
 def _on_cpu(inputs):
