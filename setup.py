@@ -85,6 +85,8 @@ extensions = [
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c"], blas=True),
+    # inference plans' executor (mgtrace.plan): replays recorded kernel calls
+    ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
 ]
 CUDA_DIR = "mgtrace/_core/cuda"
 CUDA_EXT = "mgtrace._core._cuda"

@@ -17,6 +17,8 @@ thread count:
   folded into the convs, conv/linear + activation fused, Dropout dropped;
   flattened so that MobileNetV2's shortcut adds, one module above their
   conv, fuse into it too);
+- mgtrace plan: ``mgtrace.compile`` of the optimized module at the inputs'
+  shapes (its kernel steps replayed from C, see README "Inference plans");
 - PyTorch eager: the same architecture in torch.nn (ResNet-18 and
   MobileNetV2 from tests/models/torch_reference.py; MiniLM as an
   equivalent BERT encoder written here), under ``torch.inference_mode``;
@@ -30,13 +32,19 @@ interpreter); a column whose library does not import there says so.
 The contention row runs ResNet-18 batch 1 while two other processes spin
 on the cores (pure Python busy loops), for mgtrace optimized and PyTorch.
 
-Latency is the best of the timed calls after warm-up (robust to noise from
-elsewhere on the machine), over ``--rounds`` rounds: each round starts every
+Each cell is ``best/p50/p90`` in ms: the best, median and 90th-percentile
+call of the timed calls after warm-up (the best is robust to noise from
+elsewhere on the machine; p50 is the call a user typically waits for), from
+the round with the best median, over ``--rounds`` rounds: each round starts every
 column's subprocess once, in turn, so that a slow minute on a shared machine
 falls on every library rather than on whichever ran then (one round per
 column moved a ratio by 20-30% between runs here). The machine's load
 average is printed with the table: on a shared machine the numbers are only
-comparable within one run. Not a test: nothing is asserted here.
+comparable within one run. ``--rss`` adds each column's peak resident
+memory (the child's ru_maxrss after its calls, MB) and how much of it the
+forward calls added over the RSS before the first call (``+MB``; torch is
+loaded in the ONNX Runtime child for the export, so compare the ``+``
+figures). Not a test: nothing is asserted here.
 """
 import argparse
 import json
@@ -60,7 +68,7 @@ CASES = [
     ("MobileNetV2 b1", "mobilenet_v2", 1, (3, 224, 224)),
     ("MiniLM 8x128", "minilm", 8, (128,)),
 ]
-MGTRACE_KINDS = ("eager", "traced", "optimized")
+MGTRACE_KINDS = ("eager", "traced", "optimized", "plan")
 PEER_KINDS = ("torch", "onnxruntime")
 
 
@@ -90,8 +98,10 @@ def _build_mgtrace(kind, model, inputs, threads):
     xs = [mt.tensor(a) for a in inputs]
     if kind != "eager":
         net = mt.trace_module(net, *xs)
-        if kind == "optimized":
+        if kind in ("optimized", "plan"):
             net = optimize(net, "all", flatten=True)
+        if kind == "plan":
+            net = mt.compile(net, *xs)
     return lambda: net(*xs)
 
 
@@ -192,6 +202,8 @@ def child(kind, model, batch, shape, threads, warmup, repeats):
     inputs = _inputs(model, batch, shape)
     build = _build_mgtrace if kind in MGTRACE_KINDS else _build_torch
     fn = build(kind, model, inputs, threads)
+    import resource
+    rss_before = _rss_mb()
     for _ in range(warmup):
         fn()
     times = []
@@ -199,7 +211,20 @@ def child(kind, model, batch, shape, threads, warmup, repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    print(json.dumps({"ms": statistics.median(times) * 1e3, "best_ms": min(times) * 1e3}))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    times.sort()
+    print(json.dumps({"ms": statistics.median(times) * 1e3, "best_ms": times[0] * 1e3,
+                      "p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))] * 1e3,
+                      "peak_mb": peak, "forward_mb": max(0.0, peak - rss_before)}))
+
+
+def _rss_mb():
+    """The resident set now, MB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def run_child(python, kind, model, batch, shape, threads, warmup, repeats):
@@ -215,13 +240,14 @@ def run_child(python, kind, model, batch, shape, threads, warmup, repeats):
 
 def interleaved(kinds, run, rounds):
     """{kind: result}: ``run(kind)`` for each kind in turn, ``rounds`` times
-    over; a kind's result is its fastest round (its best and median calls
-    from that round), or its error when every round failed."""
+    over; a kind's result is its round with the lowest median call (its
+    best, median and p90 calls from that round), or its error when every
+    round failed."""
     out = {}
     for _ in range(rounds):
         for k in kinds:
             r = run(k)
-            if k not in out or "error" in out[k] or ("error" not in r and r["best_ms"] < out[k]["best_ms"]):
+            if k not in out or "error" in out[k] or ("error" not in r and r["ms"] < out[k]["ms"]):
                 out[k] = r
     return out
 
@@ -253,12 +279,19 @@ class Busy:
             p.wait()
 
 
-def _cell(r):
+CELL = 18
+
+
+def _cell(r, rss=False):
+    width = CELL + (14 if rss else 0)
     if r is None:
-        return f"{'-':>10s}"
+        return f"{'-':>{width}s}"
     if "error" in r:
-        return f"{'n/a':>10s}"
-    return f"{r['best_ms']:10.1f}"
+        return f"{'n/a':>{width}s}"
+    text = f"{r['best_ms']:.1f}/{r['ms']:.1f}/{r['p90_ms']:.1f}"
+    if rss:
+        text += f" {r['peak_mb']:.0f}+{r['forward_mb']:.0f}MB"
+    return f"{text:>{width}s}"
 
 
 def main():
@@ -268,6 +301,7 @@ def main():
     ap.add_argument("--peer-python", default=sys.executable,
                     help="interpreter with torch and onnxruntime (default: this one)")
     ap.add_argument("--no-contention", action="store_true", help="skip the contention row")
+    ap.add_argument("--rss", action="store_true", help="add peak RSS and the forward's growth of it")
     ap.add_argument("--rounds", type=int, default=None,
                     help="subprocesses a cell, interleaved across the columns (default 2; 3 with --full)")
     ap.add_argument("--only", default="",
@@ -297,8 +331,9 @@ def main():
     for k, why in missing.items():
         if why:
             print(f"# {k}: skipped ({why} in {peer})")
-    print(f"# threads {args.threads}, warm-up {warmup}, best of {repeats} calls x {rounds} rounds "
-          f"(a subprocess a round, columns interleaved); load average before: {os.getloadavg()[0]:.2f}")
+    print(f"# threads {args.threads}, warm-up {warmup}, {repeats} timed calls x {rounds} rounds "
+          f"(a subprocess a round, columns interleaved; cells best/p50/p90 ms of the round with the "
+          f"lowest p50); load average before: {os.getloadavg()[0]:.2f}")
     from mgtrace._core import linalg
     # (an OPENBLAS_CORETYPE in the environment picks mgtrace's GEMM kernels,
     # not the peers': Haswell's AVX2 ones ran sgemm at half the AVX-512 ones'
@@ -306,21 +341,22 @@ def main():
     print(f"# mgtrace's BLAS: {linalg.blas_config()}; OPENBLAS_CORETYPE="
           f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     kinds = list(MGTRACE_KINDS) + [k for k in PEER_KINDS if not missing[k]]
-    labels = {"eager": "mt eager", "traced": "mt traced", "optimized": "mt optim",
+    labels = {"eager": "mt eager", "traced": "mt traced", "optimized": "mt optim", "plan": "mt plan",
               "torch": "torch", "onnxruntime": "onnxrt"}
-    head = f"{'model':16s} |" + "".join(f"{labels[k]:>10s}" for k in kinds) + \
-        f" | {'optim/eager':>11s} {'optim/ort':>9s}"
+    width = CELL + (14 if args.rss else 0)
+    head = f"{'model':16s} |" + "".join(f"{labels[k]:>{width}s}" for k in kinds) + \
+        f" | {'optim/ort':>9s} {'plan/ort p50':>12s} {'p90':>5s}"
     print(head)
     print("-" * len(head))
     for label, model, batch, shape in cases:
         res = interleaved(kinds, lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
                                                     model, batch, shape, args.threads, warmup, repeats),
                           rounds)
-        line = f"{label:16s} |" + "".join(_cell(res[k]) for k in kinds)
-        o, e, x = res["optimized"], res["eager"], res.get("onnxruntime")
-        ratio = lambda a, b: f"{a['best_ms'] / b['best_ms']:.2f}" if a and b and "error" not in a \
+        line = f"{label:16s} |" + "".join(_cell(res[k], args.rss) for k in kinds)
+        o, p, x = res["optimized"], res["plan"], res.get("onnxruntime")
+        ratio = lambda a, b, key: f"{a[key] / b[key]:.2f}" if a and b and "error" not in a \
             and "error" not in b else "-"                              # noqa: E731
-        line += f" | {ratio(o, e):>11s} {ratio(o, x):>9s}"
+        line += f" | {ratio(o, x, 'best_ms'):>9s} {ratio(p, x, 'ms'):>12s} {ratio(p, x, 'p90_ms'):>5s}"
         print(line, flush=True)
         for k in kinds:
             if "error" in res[k]:
@@ -328,13 +364,13 @@ def main():
     if not args.no_contention and CASES[0] in cases:       # (the contention row is ResNet-18 b1's)
         with Busy(2):
             label, model, batch, shape = CASES[0]
-            cont = interleaved(("eager", "optimized") + (("torch",) if not missing["torch"] else ()),
+            cont = interleaved(("eager", "optimized", "plan") + (("torch",) if not missing["torch"] else ()),
                                lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
                                                    model, batch, shape, args.threads, warmup, repeats),
                                rounds)
             load = os.getloadavg()[0]
         line = f"{'R18 b1, 2 busy':16s} |" + "".join(
-            _cell(cont.get(k)) for k in kinds)
+            _cell(cont.get(k), args.rss) for k in kinds)
         print(line + f"   (2 busy processes; load average {load:.2f})", flush=True)
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
 

@@ -15,11 +15,14 @@ from mgtrace.serialization import FORMAT_VERSION, load, save  # noqa: E402
 from mgtrace import serialization  # noqa: E402,F401  (mt.serialization.load_archive, register_function)
 from mgtrace import cuda  # noqa: E402,F401  (mt.cuda.is_available, memory_stats...; loads no CUDA itself)
 from mgtrace import autodiff, optimizer  # noqa: E402,F401  (GradManager; SGD, Adam...)
+from mgtrace import plan  # noqa: E402,F401  (mt.plan.Plan, PlanError)
+from mgtrace.plan import compile  # noqa: E402  (inference plans: mt.compile(tm, *example_inputs))
 
 __all__ = ["__version__", "Device", "DTYPES", "OpDef", "Tensor", "apply", "as_device", "as_dtype",
            "cuda_available", "dtype_promotion", "from_dlpack", "get_default_device",
            "get_device", "get_num_threads", "has_kernel", "set_default_device", "set_num_threads",
            "tensor",
            "functional", "module", "random", "serialization", "cuda", "autodiff", "optimizer",
+           "plan", "compile",
            "TraceError", "TracedModule", "TraceWarning", "trace_module",
            "Error", "ArchiveError", "FORMAT_VERSION", "load", "save"]

@@ -1,0 +1,451 @@
+/* The plan executor and the kernel-call capture (plan.h). */
+#include <stdlib.h>
+#include <string.h>
+#include "plan.h"
+
+static mt_ew_kernel mt_plan_real_elementwise = NULL;
+static mt_gemm_batch_kernel mt_plan_real_gemm_batch = NULL;
+static mt_gemm_kernel mt_plan_real_gemm = NULL;
+
+void mt_plan_set_real_kernels(mt_ew_kernel ew, mt_gemm_batch_kernel gemm_batch, mt_gemm_kernel gemm) {
+    mt_plan_real_elementwise = ew;
+    mt_plan_real_gemm_batch = gemm_batch;
+    mt_plan_real_gemm = gemm;
+}
+
+static inline char *at(char *const *bases, mt_plan_ref r) {
+    return bases[r.buf] + r.off;
+}
+
+static int run_ew(const mt_plan_step *s, char *const *bases) {
+    mt_ew_call c = s->u.ew.call;
+    for (int a = 0; a < c.nargs; a++) {
+        if (s->u.ew.ref[a].buf < 0)
+            c.args[a] = (char *)&s->u.ew.scalar[a];
+        else
+            c.args[a] = at(bases, s->u.ew.ref[a]);
+    }
+    if (c.kind == MT_EW_FILL)
+        c.aux = &s->u.ew.scalar[0];
+    return s->u.ew.kernel(&c);
+}
+
+static int run_nn(const mt_plan_step *s, char *const *bases) {
+    const mt_plan_nn *k = &s->u.nn;
+    void *p[MT_PLAN_NN_PTRS];
+    for (int j = 0; j < MT_PLAN_NN_PTRS; j++)
+        p[j] = k->p[j].buf < 0 ? NULL : at(bases, k->p[j]);
+    mt_conv2d_geom g[3];
+    memcpy(g, k->g, sizeof g);
+    switch (k->which) {
+    case MT_NN_CONV2D_NCHWC: {
+        /* x, packed, bias, y, workspace, residual */
+        if (g[0].has_res) g[0].res_delta = (char *)p[5] - (char *)p[3];
+        int (*f)(const float *, int, const float *, const float *, float *, const mt_conv2d_geom *,
+                 int, void *) = k->kernel;
+        return f(p[0], (int)k->i[0], p[1], p[2], p[3], &g[0], k->nt, p[4]);
+    }
+    case MT_NN_PW_DW: {
+        /* x, pw_packed, pw_bias, dw_packed, dw_bias, y, workspace, residual (dw) */
+        if (g[1].has_res) g[1].res_delta = (char *)p[7] - (char *)p[5];
+        int (*f)(const float *, const float *, const float *, const float *, const float *, float *,
+                 const mt_conv2d_geom *, const mt_conv2d_geom *, int, void *) = k->kernel;
+        return f(p[0], p[1], p[2], p[3], p[4], p[5], &g[0], &g[1], k->nt, p[6]);
+    }
+    case MT_NN_PW_DW_PW: {
+        /* x, pw_packed, pw_bias, dw_packed, dw_bias, pj_packed, pj_bias, y, workspace, residual (pj) */
+        if (g[2].has_res) g[2].res_delta = (char *)p[9] - (char *)p[7];
+        int (*f)(const float *, const float *, const float *, const float *, const float *,
+                 const float *, const float *, float *, const mt_conv2d_geom *,
+                 const mt_conv2d_geom *, const mt_conv2d_geom *, int, void *) = k->kernel;
+        return f(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], &g[0], &g[1], &g[2], k->nt, p[8]);
+    }
+    case MT_NN_MAX_POOL_NCHWC: {
+        int (*f)(const float *, float *, const mt_pool2d_geom *, int) = k->kernel;
+        return f(p[0], p[1], &k->pool, k->nt);
+    }
+    case MT_NN_TO_NCHWC:
+    case MT_NN_FROM_NCHWC: {
+        void (*f)(const float *, float *, int64_t, int64_t, int64_t, int) = k->kernel;
+        f(p[0], p[1], k->i[0], k->i[1], k->i[2], k->nt);
+        return 0;
+    }
+    case MT_NN_LAYER_NORM: {
+        /* x, w, b, y */
+        int (*f)(int, const void *, const void *, const void *, void *, int64_t, int64_t, double,
+                 int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], k->i[1], k->i[2], k->eps, k->nt);
+    }
+    case MT_NN_BIAS_ACT: {
+        /* y (in place), bias */
+        int (*f)(int, void *, int64_t, int64_t, const void *, int, int) = k->kernel;
+        return f((int)k->i[0], p[0], k->i[1], k->i[2], p[1], (int)k->i[3], k->nt);
+    }
+    case MT_NN_ATTENTION: {
+        /* q, k, v, mask, out, workspace */
+        int (*f)(const float *, const float *, const float *, const float *, float *,
+                 const mt_attn_geom *, int, void *) = k->kernel;
+        return f(p[0], p[1], p[2], p[3], p[4], &k->attn, k->nt, p[5]);
+    }
+    }
+    return -1;
+}
+
+static int run_gemm(const mt_plan_step *s, char *const *bases) {
+    const int64_t *o = s->u.gemm.offs;
+    int64_t b = s->u.gemm.batch;
+    return s->u.gemm.kernel(s->u.gemm.dtype, &s->u.gemm.shape, at(bases, s->u.gemm.a),
+                            at(bases, s->u.gemm.b), at(bases, s->u.gemm.c), o, o + b, o + 2 * b,
+                            b, s->u.gemm.nt);
+}
+
+int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
+                mt_plan_callback callback, void *ctx, int64_t *failed) {
+    for (int64_t i = 0; i < n; i++) {
+        const mt_plan_step *s = &steps[i];
+        int rc;
+        switch (s->kind) {
+        case MT_STEP_EW: rc = run_ew(s, bases); break;
+        case MT_STEP_GEMM: rc = run_gemm(s, bases); break;
+        case MT_STEP_NN: rc = run_nn(s, bases); break;
+        default: rc = callback(ctx, s->index) ? -1000 : 0; break;
+        }
+        if (rc != 0) {
+            *failed = i;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* ---- capture ---- */
+static __thread int cap_on = 0;
+static __thread int cap_n = 0;        /* -1: unusable */
+static __thread mt_plan_captured cap[MT_PLAN_MAX_CAPTURE];
+#define MT_PLAN_MAX_ALLOCS 16
+static __thread int alloc_n = 0;
+static __thread uintptr_t alloc_ptr[MT_PLAN_MAX_ALLOCS];
+static __thread int64_t alloc_bytes[MT_PLAN_MAX_ALLOCS];
+
+/* the capture cannot be replayed: free what it holds, keep it marked */
+static void poison(void) {
+    mt_plan_capture_end();
+    cap_on = 1;
+    cap_n = -1;
+}
+
+static mt_plan_captured *next_slot(void) {
+    if (cap_n < 0)
+        return NULL;
+    if (cap_n >= MT_PLAN_MAX_CAPTURE) {
+        poison();
+        return NULL;
+    }
+    mt_plan_captured *c = &cap[cap_n++];
+    memset(c, 0, sizeof *c);
+    return c;
+}
+
+void mt_plan_capture_begin(void) {
+    mt_plan_capture_end();
+    cap_on = 1;
+    cap_n = 0;
+    alloc_n = 0;
+}
+
+int mt_plan_capture_count(void) {
+    return cap_n;
+}
+
+const mt_plan_captured *mt_plan_capture_get(int i) {
+    return (i >= 0 && i < cap_n) ? &cap[i] : NULL;
+}
+
+void mt_plan_capture_end(void) {
+    for (int i = 0; i < cap_n; i++) {
+        free(cap[i].offs);
+        cap[i].offs = NULL;
+    }
+    cap_n = 0;
+    cap_on = 0;
+}
+
+static int64_t itemsize_of(int dtype) {
+    static const int64_t sizes[MT_NDTYPES] = {1, 1, 1, 2, 2, 4, 8, 2, 2, 4, 8};
+    return (dtype >= 0 && dtype < MT_NDTYPES) ? sizes[dtype] : 8;
+}
+
+int mt_plan_capture_elementwise(const mt_ew_call *call) {
+    if (cap_on) {
+        mt_plan_captured *c = next_slot();
+        if (c != NULL) {
+            c->kind = MT_STEP_EW;
+            c->ew = *call;
+            c->ew_kernel = mt_plan_real_elementwise;
+            /* host scalars live on the caller's stack: keep their values
+             * (the compute dtype's width; CAST reads its source dtype) */
+            for (int a = 1; a < call->nargs; a++)
+                if (call->scalar_mask & (1u << (a - 1)))
+                    memcpy(&c->ew_scalar[a], call->args[a], (size_t)itemsize_of(call->dtype));
+            if (call->kind == MT_EW_FILL && call->aux != NULL)
+                memcpy(&c->ew_scalar[0], call->aux, (size_t)itemsize_of(call->dtype2));
+            else if (call->aux != NULL)
+                poison();            /* an op parameter of unknown size: not replayable */
+        }
+    }
+    return mt_plan_real_elementwise(call);
+}
+
+int mt_plan_capture_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
+                               char *c, const int64_t *a_off, const int64_t *b_off,
+                               const int64_t *c_off, int64_t batch, int nt) {
+    if (cap_on) {
+        mt_plan_captured *k = next_slot();
+        if (k != NULL) {
+            k->kind = MT_STEP_GEMM;
+            k->dtype = dtype;
+            k->nt = nt;
+            k->shape = *s;
+            k->a = a;
+            k->b = b;
+            k->c = c;
+            k->batch = batch;
+            k->gemm_kernel = mt_plan_real_gemm_batch;
+            k->offs = malloc(sizeof(int64_t) * 3 * (size_t)(batch > 0 ? batch : 1));
+            if (k->offs == NULL) {
+                poison();
+            } else {
+                for (int64_t i = 0; i < batch; i++) {
+                    k->offs[i] = a_off[i];
+                    k->offs[batch + i] = b_off[i];
+                    k->offs[2 * batch + i] = c_off[i];
+                }
+            }
+        }
+    }
+    return mt_plan_real_gemm_batch(dtype, s, a, b, c, a_off, b_off, c_off, batch, nt);
+}
+
+int mt_plan_capture_gemm(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                         int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+    if (cap_on && cap_n >= 0)
+        poison();                   /* a kernel the plan does not replay */
+    return mt_plan_real_gemm(dtype, s, a, b, c, batch, stride_a, stride_b, stride_c);
+}
+
+/* ---- nn members and the allocator ---- */
+static const mt_nn_kernels *real_nn = NULL;
+static mt_storage *(*real_alloc)(int index, size_t nbytes) = NULL;
+
+int mt_plan_capture_allocs(void) {
+    return alloc_n;
+}
+
+void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes) {
+    *ptr = alloc_ptr[i];
+    *nbytes = alloc_bytes[i];
+}
+
+mt_storage *mt_plan_capture_alloc(int index, size_t nbytes) {
+    mt_storage *st = real_alloc(index, nbytes);
+    if (cap_on && st != NULL && alloc_n < MT_PLAN_MAX_ALLOCS) {
+        alloc_ptr[alloc_n] = (uintptr_t)st->ptr;
+        alloc_bytes[alloc_n] = (int64_t)nbytes;
+        alloc_n++;
+    }
+    return st;
+}
+
+void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes)) {
+    real_alloc = real;
+}
+
+static mt_plan_nn *nn_slot(int which, void *kernel, int np, int nt) {
+    if (!cap_on)
+        return NULL;
+    mt_plan_captured *c = next_slot();
+    if (c == NULL)
+        return NULL;
+    c->kind = MT_STEP_NN;
+    c->nn.which = which;
+    c->nn.kernel = kernel;
+    c->nn.np = np;
+    c->nn.nt = nt;
+    for (int j = 0; j < MT_PLAN_NN_PTRS; j++) {
+        c->nn.p[j].buf = -1;
+        c->nn.p[j].off = 0;
+    }
+    return &c->nn;
+}
+
+static void put(mt_plan_nn *k, int j, const void *p) {
+    k->p[j].off = (int64_t)(uintptr_t)p;
+}
+
+static int cap_conv2d_nchwc(const float *x, int blocked, const float *packed, const float *bias, float *y,
+                            const mt_conv2d_geom *g, int nt, void *ws) {
+    mt_plan_nn *k = nn_slot(MT_NN_CONV2D_NCHWC, (void *)real_nn->conv2d_nchwc, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, packed); put(k, 2, bias); put(k, 3, y); put(k, 4, ws);
+        if (g->has_res) put(k, 5, (const char *)y + g->res_delta);
+        k->g[0] = *g;
+        k->i[0] = blocked;
+    }
+    return real_nn->conv2d_nchwc(x, blocked, packed, bias, y, g, nt, ws);
+}
+
+static int cap_pw_dw(const float *x, const float *pwp, const float *pwb, const float *dwp, const float *dwb,
+                     float *y, const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, int nt, void *ws) {
+    mt_plan_nn *k = nn_slot(MT_NN_PW_DW, (void *)real_nn->conv2d_nchwc_pw_dw, 8, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, pwp); put(k, 2, pwb); put(k, 3, dwp); put(k, 4, dwb); put(k, 5, y);
+        put(k, 6, ws);
+        if (dw->has_res) put(k, 7, (const char *)y + dw->res_delta);
+        if (pw->has_res) poison();     /* an inner residual: not replayed */
+        k->g[0] = *pw;
+        k->g[1] = *dw;
+    }
+    return real_nn->conv2d_nchwc_pw_dw(x, pwp, pwb, dwp, dwb, y, pw, dw, nt, ws);
+}
+
+static int cap_pw_dw_pw(const float *x, const float *pwp, const float *pwb, const float *dwp,
+                        const float *dwb, const float *pjp, const float *pjb, float *y,
+                        const mt_conv2d_geom *pw, const mt_conv2d_geom *dw, const mt_conv2d_geom *pj,
+                        int nt, void *ws) {
+    mt_plan_nn *k = nn_slot(MT_NN_PW_DW_PW, (void *)real_nn->conv2d_nchwc_pw_dw_pw, 10, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, pwp); put(k, 2, pwb); put(k, 3, dwp); put(k, 4, dwb); put(k, 5, pjp);
+        put(k, 6, pjb); put(k, 7, y); put(k, 8, ws);
+        if (pj->has_res) put(k, 9, (const char *)y + pj->res_delta);
+        if (pw->has_res || dw->has_res) poison();
+        k->g[0] = *pw;
+        k->g[1] = *dw;
+        k->g[2] = *pj;
+    }
+    return real_nn->conv2d_nchwc_pw_dw_pw(x, pwp, pwb, dwp, dwb, pjp, pjb, y, pw, dw, pj, nt, ws);
+}
+
+static int cap_max_pool_nchwc(const float *x, float *y, const mt_pool2d_geom *g, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_MAX_POOL_NCHWC, (void *)real_nn->max_pool2d_nchwc, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->pool = *g;
+    }
+    return real_nn->max_pool2d_nchwc(x, y, g, nt);
+}
+
+static void cap_to_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_TO_NCHWC, (void *)real_nn->to_nchwc, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = n; k->i[1] = c; k->i[2] = hw;
+    }
+    real_nn->to_nchwc(x, y, n, c, hw, nt);
+}
+
+static void cap_from_nchwc(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_FROM_NCHWC, (void *)real_nn->from_nchwc, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = n; k->i[1] = c; k->i[2] = hw;
+    }
+    real_nn->from_nchwc(x, y, n, c, hw, nt);
+}
+
+static int cap_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
+                          int64_t cols, double eps, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_LAYER_NORM, (void *)real_nn->layer_norm, 4, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y);
+        k->i[0] = dtype; k->i[1] = rows; k->i[2] = cols;
+        k->eps = eps;
+    }
+    return real_nn->layer_norm(dtype, x, w, b, y, rows, cols, eps, nt);
+}
+
+static int cap_attention(const float *q, const float *kk, const float *v, const float *mask, float *out,
+                         const mt_attn_geom *g, int nt, void *ws) {
+    mt_plan_nn *k = nn_slot(MT_NN_ATTENTION, (void *)real_nn->attention_f32, 6, nt);
+    if (k) {
+        put(k, 0, q); put(k, 1, kk); put(k, 2, v); put(k, 3, mask); put(k, 4, out); put(k, 5, ws);
+        k->attn = *g;
+    }
+    return real_nn->attention_f32(q, kk, v, mask, out, g, nt, ws);
+}
+
+/* poisoning wrappers for the members a plan does not replay: an op that
+ * calls one stays a Python step */
+static int64_t cap_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt) {
+    return real_nn->conv2d_workspace(dtype, g, algo, nt);
+}
+static int cap_conv2d(int dtype, const void *x, const void *w, const void *b, void *y,
+                      const mt_conv2d_geom *g, int algo, int nt, void *ws) {
+    if (cap_on) poison();
+    return real_nn->conv2d(dtype, x, w, b, y, g, algo, nt, ws);
+}
+static int cap_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
+    if (cap_on) poison();
+    return real_nn->max_pool2d(dtype, x, y, g, nt);
+}
+static int cap_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
+    if (cap_on) poison();
+    return real_nn->avg_pool2d(dtype, x, y, g, nt);
+}
+static int cap_adaptive(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
+                        int64_t oh, int64_t ow, int nt) {
+    if (cap_on) poison();
+    return real_nn->adaptive_pool2d(dtype, op, x, y, planes, h, w, oh, ow, nt);
+}
+static int cap_resize(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
+                      int64_t oh, int64_t ow, double sh, double sw, int ac, int nt) {
+    if (cap_on) poison();
+    return real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt);
+}
+static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_BIAS_ACT, (void *)real_nn->bias_act, 2, nt);
+    if (k) {
+        put(k, 0, y); put(k, 1, bias);
+        k->i[0] = dtype; k->i[1] = rows; k->i[2] = cols; k->i[3] = act;
+    }
+    return real_nn->bias_act(dtype, y, rows, cols, bias, act, nt);
+}
+static int cap_conv_t(int dtype, const void *x, const void *w, const void *b, void *y,
+                      const mt_conv2d_geom *g, int nt, void *ws) {
+    if (cap_on) poison();
+    return real_nn->conv_transpose2d(dtype, x, w, b, y, g, nt, ws);
+}
+static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
+                         const int64_t *after, int mode, int64_t itemsize, int nt) {
+    if (cap_on) poison();
+    return real_nn->pad_index(x, y, ndim, shape, before, after, mode, itemsize, nt);
+}
+static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
+                             const mt_conv2d_geom *g, int algo, int layout, int nt, void *ws) {
+    if (cap_on) poison();
+    return real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws);
+}
+
+void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
+    real_nn = real;
+    *w = *real;
+#define WRAP(member, fn) if (real->member != NULL) w->member = fn
+    WRAP(conv2d_nchwc, cap_conv2d_nchwc);
+    WRAP(conv2d_nchwc_pw_dw, cap_pw_dw);
+    WRAP(conv2d_nchwc_pw_dw_pw, cap_pw_dw_pw);
+    WRAP(max_pool2d_nchwc, cap_max_pool_nchwc);
+    WRAP(to_nchwc, cap_to_nchwc);
+    WRAP(from_nchwc, cap_from_nchwc);
+    WRAP(layer_norm, cap_layer_norm);
+    WRAP(attention_f32, cap_attention);
+    WRAP(conv2d_workspace, cap_conv2d_workspace);
+    WRAP(conv2d, cap_conv2d);
+    WRAP(max_pool2d, cap_max_pool2d);
+    WRAP(avg_pool2d, cap_avg_pool2d);
+    WRAP(adaptive_pool2d, cap_adaptive);
+    WRAP(resize2d, cap_resize);
+    WRAP(bias_act, cap_bias_act);
+    WRAP(conv_transpose2d, cap_conv_t);
+    WRAP(pad_index, cap_pad_index);
+    WRAP(conv2d_packed, cap_conv2d_packed);
+#undef WRAP
+}

@@ -1,0 +1,150 @@
+/* Inference plans: a recorded sequence of kernel calls replayed without
+ * Python (mgtrace/plan builds them; plan.pyx owns their memory).
+ *
+ * A step is one backend kernel call as the core made it when the plan was
+ * recorded: the call's arguments copied by value, and each pointer argument
+ * turned into a reference (buffer, byte offset). Buffers are the plan's
+ * memory: its inputs, its constants (parameters), the arena that holds the
+ * intermediates, the outputs made fresh on each call, and the tensors that
+ * Python steps return. ``bases[buf]`` gives each buffer's address for one
+ * run, so the same steps serve every call.
+ *
+ * Kernels are reached through the pointers the backend's tables held when
+ * the step was recorded (backend.h), so a plan calls the very kernels the
+ * graph calls. A step the recorder could not turn into a kernel call runs
+ * through the ``callback`` given to mt_plan_run (a Python step: it takes
+ * the GIL back).
+ *
+ * Capture: while mt_plan_capture_begin() is on in a thread, the wrappers
+ * below (installed in the CPU backend's tables by plan.pyx) record each
+ * elementwise and GEMM call made in that thread before running it; any
+ * other kernel call made through a wrapped member marks the capture
+ * unusable. Other threads pass straight through.
+ */
+#ifndef MT_PLAN_H
+#define MT_PLAN_H
+#include "backend.h"
+#include "gemm.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3 };
+/* the nn table members a plan replays (MT_STEP_NN's ``which``) */
+enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
+       MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_NKERNELS };
+#define MT_PLAN_NN_PTRS 12
+#define MT_PLAN_MAX_CAPTURE 8
+
+typedef int (*mt_ew_kernel)(const mt_ew_call *call);
+typedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
+                                    char *c, const int64_t *a_off, const int64_t *b_off,
+                                    const int64_t *c_off, int64_t batch, int nt);
+
+/* a byte address of one run: bases[buf] + off */
+typedef struct {
+    int32_t buf;      /* -1: none (a scalar held in the step) */
+    int64_t off;
+} mt_plan_ref;
+
+typedef struct {
+    mt_ew_call call;                  /* args[] rewritten from ref[] on each run */
+    mt_plan_ref ref[4];
+    int64_t scalar[4];                /* host scalars (scalar_mask) and FILL's value */
+    mt_ew_kernel kernel;
+} mt_plan_ew;
+
+typedef struct {
+    int dtype, nt;
+    mt_gemm_shape shape;
+    mt_plan_ref a, b, c;
+    int64_t batch;
+    int64_t *offs;                    /* 3 * batch: a, b, c offsets (owned by plan.pyx) */
+    mt_gemm_batch_kernel kernel;
+} mt_plan_gemm;
+
+/* one nn-table call: its pointer arguments in the kernel's order, the
+ * residual of each geometry that has one (g[k].res_delta is rebuilt from
+ * it on each run) after them; the workspace is one of the pointers */
+typedef struct {
+    int which, np, nt;
+    void *kernel;
+    mt_plan_ref p[MT_PLAN_NN_PTRS];
+    mt_conv2d_geom g[3];
+    mt_pool2d_geom pool;
+    mt_attn_geom attn;
+    int64_t i[4];
+    double eps;
+} mt_plan_nn;
+
+typedef union {
+    mt_plan_ew ew;
+    mt_plan_gemm gemm;
+    mt_plan_nn nn;
+} mt_plan_u;
+
+typedef struct mt_plan_step {
+    int kind;
+    int index;                        /* the Python step's number (callback) */
+    mt_plan_u u;
+} mt_plan_step;
+
+/* Runs Python step ``index``; 0 or -1 (the error is Python's to hold). */
+typedef int (*mt_plan_callback)(void *ctx, int index);
+
+/* Runs steps [0, n) in order; 0, or the failing kernel's code (*failed is
+ * then the step's number). Callback failures return -1000. */
+int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
+                mt_plan_callback callback, void *ctx, int64_t *failed);
+
+/* ---- capture (the calling thread only) ---- */
+typedef struct {
+    int kind;                         /* MT_STEP_EW or MT_STEP_GEMM */
+    mt_ew_call ew;
+    int64_t ew_scalar[4];
+    mt_ew_kernel ew_kernel;
+    int dtype, nt;
+    mt_gemm_shape shape;
+    const char *a, *b;
+    char *c;
+    int64_t batch;
+    int64_t *offs;                    /* malloc'd copy, 3 * batch; freed by mt_plan_capture_end */
+    mt_gemm_batch_kernel gemm_kernel;
+    mt_plan_nn nn;                    /* MT_STEP_NN: refs' off holds the raw address, buf -1 */
+} mt_plan_captured;
+
+/* allocations made through the backend while capturing (workspaces and
+ * temporaries of the op): address and size */
+int mt_plan_capture_allocs(void);
+void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes);
+
+void mt_plan_capture_begin(void);
+/* number of calls captured since begin, or -1 when one could not be
+ * captured (another kernel, too many calls, out of memory) */
+int mt_plan_capture_count(void);
+const mt_plan_captured *mt_plan_capture_get(int i);
+void mt_plan_capture_end(void);
+
+/* the real kernels behind the wrappers (plan.pyx sets them before
+ * installing the wrappers; NULL where the backend has none) */
+typedef int (*mt_gemm_kernel)(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
+                              char *c, int64_t batch, int64_t stride_a, int64_t stride_b,
+                              int64_t stride_c);
+void mt_plan_set_real_kernels(mt_ew_kernel ew, mt_gemm_batch_kernel gemm_batch, mt_gemm_kernel gemm);
+/* the real nn table and allocator; the wrapped copy of the table to install */
+void mt_plan_set_real_nn(const struct mt_nn_kernels *real, struct mt_nn_kernels *wrapped);
+void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes));
+mt_storage *mt_plan_capture_alloc(int index, size_t nbytes);
+int mt_plan_capture_elementwise(const mt_ew_call *call);
+int mt_plan_capture_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
+                               char *c, const int64_t *a_off, const int64_t *b_off,
+                               const int64_t *c_off, int64_t batch, int nt);
+int mt_plan_capture_gemm(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
+                         int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

