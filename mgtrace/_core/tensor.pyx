@@ -20,7 +20,7 @@ from mgtrace._core.kernels cimport (
     mt_host_cache_set_limit, mt_host_cached_bytes, mt_host_cache_clear,
     MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM, mt_backend, MT_BK_ENOMEM, MT_BK_ENOKERNEL,
     MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D, mt_cpu_backend)
-from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
+from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code, np_dtype
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
 from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
 from mgtrace.errors import DeviceError, DeviceUnavailable, NoKernelError  # a leaf module: no layer above
@@ -541,7 +541,7 @@ cdef Tensor to_tensor(object data, object dtype, int device):
         return out
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         arr = np.asarray(data)
-        if arr.dtype.kind in "OUSVc" and arr.dtype != NP_DTYPES[8]:
+        if arr.dtype.kind in "OUSVc" and not (arr.dtype.kind == "V" and arr.dtype == np_dtype(8)):
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
         if not arr.dtype.isnative:     # '>f4' -> float32: the data is copied anyway
             arr = arr.astype(arr.dtype.newbyteorder("="))
@@ -552,7 +552,7 @@ cdef Tensor to_tensor(object data, object dtype, int device):
     else:
         arr = _default_array(data)
     code = dtype_code(dtype) if dtype is not None else dtype_code(arr.dtype)
-    arr = np.asarray(arr, dtype=NP_DTYPES[code], order="C")  # keeps 0-d (ascontiguousarray would not)
+    arr = np.asarray(arr, dtype=np_dtype(code), order="C")  # keeps 0-d (ascontiguousarray would not)
     return _from_host_array(arr, code, device)
 
 
@@ -981,7 +981,7 @@ cdef class Tensor:
     @property
     def dtype(self):
         """A NumPy dtype: ``t.dtype == "float32"`` and ``t.dtype == np.float32`` both hold."""
-        return NP_DTYPES[self._dtype]
+        return np_dtype(self._dtype)
 
     @property
     def device(self):
@@ -1045,7 +1045,7 @@ cdef class Tensor:
         _frozen(self, "t.numpy()")
         if not on_host(self._device):
             return self.to("cpu").numpy()
-        arr = np.empty(self.shape, dtype=NP_DTYPES[self._dtype])
+        arr = np.empty(self.shape, dtype=np_dtype(self._dtype))
         if numel(self):
             dst = _wrap_ndarray(arr, self._device)
             _OPS["copy_"](dst, self)
