@@ -8,7 +8,7 @@ broadcast_to) share the storage; strides are counted in elements.
 """
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
@@ -855,6 +855,37 @@ def from_dlpack(x):
     return t
 
 
+# Storages whose end a cache of values derived from them wants to hear of
+# (conv2d's packed weights: see watch_storage), by uid, and the one listener.
+cdef set _watched = set()
+cdef object _on_storage_end = None
+
+
+cdef void _storage_ended(uint64_t uid) noexcept:
+    # (noexcept: an error in the listener is reported as unraisable, as in a __del__)
+    _watched.discard(uid)
+    if _on_storage_end is not None:
+        _on_storage_end(uid)
+
+
+def set_storage_end_listener(listener):
+    """Install ``listener(uid)``, called when the last tensor holding a
+    watched storage (:func:`watch_storage`) is freed, with that storage's
+    uid; None removes it. One listener (conv2d's weight cache); returns
+    the previous one. A storage whose last holder is not a Tensor (a DLPack
+    capsule handed out) ends unheard: the cache's own bound still holds."""
+    global _on_storage_end
+    old, _on_storage_end = _on_storage_end, listener
+    return old
+
+
+def watch_storage(Tensor t):
+    """Report the end of ``t``'s storage to the storage-end listener, once;
+    returns the storage's uid (unique over the process's lifetime)."""
+    _watched.add(t._st.uid)
+    return t._st.uid
+
+
 def mark_immutable(Tensor t):
     """Vouch that nothing writes read-only tensor ``t``'s memory while its
     storage lives (the archive reader's read-only mapping of a file it
@@ -942,6 +973,8 @@ cdef class Tensor:
 
     def __dealloc__(self):
         if self._st != NULL:
+            if self._st.refcount == 1 and _watched and self._st.uid in _watched:
+                _storage_ended(self._st.uid)
             mt_storage_decref(self._st)
             self._st = NULL
 

@@ -130,8 +130,11 @@ def test_a_load_for_one_call_leaves_conv_weights_out_of_the_packed_cache(tmp_pat
     assert once.weight.readonly
     np.testing.assert_allclose(once(x).numpy(), want, rtol=1e-5, atol=1e-5)
     assert cnn.weight_cache_info()[0] == 0
-    np.testing.assert_array_equal(mt.load(tmp_path / "c.tmod", mmap=True)(x).numpy(), want)
+    kept = mt.load(tmp_path / "c.tmod", mmap=True)
+    np.testing.assert_array_equal(kept(x).numpy(), want)
     assert cnn.weight_cache_info()[0] == 1
+    del kept        # the module and its mapped weight go: so does the weight's pack
+    assert cnn.weight_cache_info() == (0, 0)
     cnn.clear_weight_cache()
 
 
