@@ -10,6 +10,7 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy
 
 import numpy as np
@@ -852,6 +853,80 @@ def from_dlpack(x):
     t._ndim = dl.ndim
     t._dtype = code
     t._device = device
+    return t
+
+
+cdef void _release_buffer(mt_storage *st) noexcept with gil:
+    cdef Py_buffer *view = <Py_buffer *>st.ctx
+    PyBuffer_Release(view)
+    free(view)
+
+
+def wrap_buffer(buf, Py_ssize_t offset, shape, dtype, bint immutable=False):
+    """A read-only CPU tensor over bytes of ``buf`` (an mmap, memoryview or
+    bytes: any object with the buffer protocol), without a copy: ``shape``
+    and ``dtype``, C-contiguous, starting ``offset`` bytes in. One call per
+    tensor: the archive reader's path for mmap loads (from_dlpack of a NumPy
+    view cost several Python-level steps a tensor). The tensor holds a
+    buffer export of ``buf`` while its storage lives, so a mapping cannot be
+    closed under it. ``immutable``: the caller vouches that nothing writes
+    that memory while the tensor lives (see :func:`mark_immutable`);
+    otherwise no cache trusts it.
+
+    Raises:
+        TypeError: ``buf`` has no buffer; ``dtype`` is not one of mgtrace's.
+        ValueError: a negative dimension, more than 16 dimensions, bytes
+            past the end of ``buf``, or a start not aligned to the dtype's
+            item size.
+    """
+    cdef int code = dtype_code(dtype)
+    cdef int64_t dims[MT_MAX_NDIM]
+    cdef int ndim = parse_shape(shape, dims), i
+    cdef Py_buffer *view = <Py_buffer *>malloc(sizeof(Py_buffer))
+    if view == NULL:
+        raise MemoryError()
+    try:
+        PyObject_GetBuffer(buf, view, PyBUF_SIMPLE)
+    except BaseException:
+        free(view)
+        raise
+    cdef Py_ssize_t n = ITEMSIZE[code]
+    cdef str bad = None
+    for i in range(ndim):
+        if dims[i] < 0:
+            bad = f"negative dimension in shape {_shape_str(ndim, dims)}"
+        elif dims[i] and n > view.len // dims[i]:
+            bad = f"shape {_shape_str(ndim, dims)} needs more bytes than the buffer has"
+        if bad is not None:
+            break
+        n *= dims[i]
+    if bad is None and (offset < 0 or offset > view.len or n > view.len - offset):
+        bad = f"{n} bytes at offset {offset} run past the buffer's end ({view.len} bytes)"
+    cdef char *ptr = <char *>view.buf + (offset if bad is None else 0)
+    if bad is None and <size_t>ptr % <size_t>ITEMSIZE[code]:
+        bad = f"offset {offset} is not aligned for {_DTYPE_NAMES[code]}"
+    cdef mt_storage *st = NULL
+    if bad is None:
+        st = mt_storage_wrap(ptr, <size_t>n, MT_DEV_CPU, 0, _release_buffer, <void *>view)
+    if st == NULL:
+        PyBuffer_Release(view)
+        free(view)
+        if bad is not None:
+            raise ValueError(f"wrap_buffer: {bad}")
+        raise MemoryError()
+    cdef Tensor t = Tensor.__new__(Tensor)
+    t._st = st
+    st.readonly = 1
+    st.shared = 0 if immutable else 1
+    t._data = ptr
+    t._ndim = ndim
+    t._dtype = code
+    t._device = 0
+    cdef int64_t stride = 1
+    for i in range(ndim - 1, -1, -1):
+        t._shape[i] = dims[i]
+        t._strides[i] = stride
+        stride *= dims[i]
     return t
 
 
