@@ -683,7 +683,9 @@ class _GraphReader:
         if not isinstance(t, dict) or not isinstance(t.get("children"), list):
             _fail(where, "a treedef is a map with children")
         name = t.get("type")
-        aux = self.ctx.value(t.get("aux"), where=f"{where}.aux")
+        aux = t.get("aux")
+        if aux is not None:         # (nil is None: most treedefs have no aux)
+            aux = self.ctx.value(aux, where=f"{where}.aux")
         if name == "namedtuple":
             typ = _namedtuple_type(aux, where)
             aux = None
