@@ -240,6 +240,7 @@ class DecodeContext:
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
         self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
         self.blueprints = {}               # (type, config) -> Blueprint or None (builtin_modules)
+        self.signatures = {}               # stored parameter lists -> Signature (traced_codec)
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]

@@ -121,3 +121,35 @@ def test_a_load_builds_alike_modules_from_one_constructor_call(monkeypatch, rng)
     # copies are separate modules: a change to one is not seen in its twin
     fast.blocks[0][1].eps = 0.5
     assert fast.blocks[1][1].eps == 1e-5
+
+
+class _Pos(M.Module):
+    def forward(self, x, k=0.0):
+        return x * 2 + k
+
+
+class _Neg(M.Module):
+    def forward(self, x, k=-0.0):
+        return x * 2 + k
+
+
+class _ThreeCalls(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = _Pos(), _Pos(), _Neg()
+
+    def forward(self, x):
+        return self.a(x) + self.b(x) + self.c(x)
+
+
+def test_a_load_shares_equal_signatures_only():
+    """Traced modules with equal stored signatures share one (immutable)
+    inspect.Signature; a default of -0.0 is not taken for 0.0."""
+    import math
+    x = mt.tensor(np.array([1.0, -2.0], np.float32))
+    out = load_bytes(save_bytes(mt.trace_module(_ThreeCalls(), x)))
+    sa, sb, sc = (m.__dict__["_signature"] for m in (out.a, out.b, out.c))
+    assert sa is sb and sc is not sa
+    assert math.copysign(1, sa.parameters["k"].default) == 1
+    assert math.copysign(1, sc.parameters["k"].default) == -1
+    assert out(x).numpy().tolist() == [6.0, -12.0]
