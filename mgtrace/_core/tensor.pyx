@@ -13,6 +13,8 @@ from libc.stdlib cimport malloc, free
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy
 
+import sys as _sys
+
 import numpy as np
 cimport numpy as cnp
 
@@ -936,10 +938,15 @@ cdef set _watched = set()
 cdef object _on_storage_end = None
 
 
+cdef object _is_finalizing = _sys.is_finalizing
+
+
 cdef void _storage_ended(uint64_t uid) noexcept:
-    # (noexcept: an error in the listener is reported as unraisable, as in a __del__)
+    # (noexcept: an error in the listener is reported as unraisable, as in a
+    # __del__; not called while the interpreter shuts down, when the
+    # listener's module may be torn down already and no cache matters)
     _watched.discard(uid)
-    if _on_storage_end is not None:
+    if _on_storage_end is not None and not _is_finalizing():
         _on_storage_end(uid)
 
 
