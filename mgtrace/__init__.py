@@ -4,7 +4,7 @@ The public API lives here and only here.
 """
 __version__ = "0.3.0.dev0"
 
-from mgtrace._core import (Device, DTYPES, OpDef, Tensor, apply, as_device, as_dtype,
+from mgtrace._core import (Device, OpDef, Tensor, apply, as_device, as_dtype,
                            cuda_available, dtype_promotion, from_dlpack, get_default_device,
                            get_device, get_num_threads, has_kernel, set_default_device,
                            set_num_threads, tensor)
@@ -26,3 +26,12 @@ __all__ = ["__version__", "Device", "DTYPES", "OpDef", "Tensor", "apply", "as_de
            "plan", "compile",
            "TraceError", "TracedModule", "TraceWarning", "trace_module",
            "Error", "ArchiveError", "FORMAT_VERSION", "load", "save"]
+
+
+def __getattr__(name):
+    # mt.DTYPES is made on first use, so that `import mgtrace` does not import
+    # ml_dtypes (bfloat16's NumPy dtype; see mgtrace._core.dtype)
+    if name == "DTYPES":
+        from mgtrace._core import dtype
+        return dtype.DTYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

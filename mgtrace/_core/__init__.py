@@ -10,7 +10,7 @@ from mgtrace import _flags
 _flags.set_openmp_defaults()
 import scipy_openblas32  # noqa: E402,F401  (loads libscipy_openblas with RTLD_GLOBAL)
 
-from mgtrace._core.dtype import DTYPES, NAMES as DTYPE_NAMES, as_dtype, dtype_promotion
+from mgtrace._core.dtype import NAMES as DTYPE_NAMES, as_dtype, dtype_promotion
 from mgtrace._core.device import (Device, as_device, cuda_available, get_default_device,
                                   set_default_device)
 from mgtrace._core.tensor import Tensor, empty_tensor, from_dlpack, share_as, tensor
@@ -45,3 +45,12 @@ dispatch.set_adaptive_threads(_flags.ADAPTIVE_THREADS)
 from mgtrace._core.tensor import set_host_cache_limit
 
 set_host_cache_limit(_flags.HOST_CACHE_MB << 20)
+
+
+def __getattr__(name):
+    # DTYPES is made on first use: it holds bfloat16, whose NumPy dtype comes
+    # from ml_dtypes, an import that costs half of `import mgtrace` (PEP 562)
+    if name == "DTYPES":
+        from mgtrace._core import dtype
+        return dtype.DTYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@ cdef int ITEMSIZE[11]
 cdef int CATEGORY[11]
 cdef int PROMOTE[11][11]
 cdef list NP_DTYPES
+cdef object np_dtype(int code)
 cdef int dtype_code(object dtype) except -1
 cdef int scalar_code(object value) noexcept
 cdef int promote_operands(tuple operands) except -1

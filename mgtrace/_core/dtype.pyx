@@ -3,6 +3,9 @@
 
 A dtype is a NumPy dtype object (bfloat16 comes from ml_dtypes); inside the
 core it is a small integer code, whose order matches kernels/mt_common.h.
+ml_dtypes is imported on first need only (a bfloat16 tensor, array or dtype
+met or asked for: :func:`np_dtype`), since importing it registers NumPy
+ufuncs and costs about half of ``import mgtrace``.
 
 Promotion (MegEngine's rule, as DESIGN.md states it): every operand has a
 category, float (3) > integer (2) > bool (1). Tensors, NumPy arrays and NumPy
@@ -25,30 +28,60 @@ A Python int that does not fit the chosen integer dtype raises OverflowError
 (NumPy 2 does the same); an in-range one takes the tensor's dtype and the
 arithmetic wraps.
 """
-import numpy as np
-import ml_dtypes
+import sys
 
-from mgtrace._core.kernels cimport MT_NDTYPES
+import numpy as np
+
+from mgtrace._core.kernels cimport MT_NDTYPES, MT_BFLOAT16
 
 NDTYPES = MT_NDTYPES
 NAMES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "int64",
          "float16", "bfloat16", "float32", "float64")
-NP_DTYPES = [np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n in NAMES]
-DTYPES = tuple(NP_DTYPES)
+cdef int BFLOAT16 = MT_BFLOAT16
+# NumPy dtypes by code; bfloat16's (None here) is made by np_dtype on first need
+NP_DTYPES = [None if n == "bfloat16" else np.dtype(n) for n in NAMES]
 
 cdef dict _lookup = {}
-for _code, _dt in enumerate(NP_DTYPES):
+for _code, _name in enumerate(NAMES):
+    _lookup[_name] = _code
+    _dt = NP_DTYPES[_code]
+    if _dt is None:         # bfloat16: 2 bytes, a float
+        ITEMSIZE[_code], CATEGORY[_code] = 2, 3
+        continue
     ITEMSIZE[_code] = _dt.itemsize
-    CATEGORY[_code] = 1 if _code == 0 else (3 if _dt.kind in "fV" else 2)
+    CATEGORY[_code] = 1 if _code == 0 else (3 if _dt.kind == "f" else 2)
     _lookup[_dt] = _code
-    _lookup[NAMES[_code]] = _code
     _lookup[_dt.type] = _code
+
+
+cdef object _load_bfloat16():
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16)
+    _lookup[dt] = BFLOAT16
+    _lookup[dt.type] = BFLOAT16
+    NP_DTYPES[BFLOAT16] = dt
+    return dt
+
+
+cdef object np_dtype(int code):
+    """The NumPy dtype of core code ``code`` (bfloat16's imports ml_dtypes
+    the first time it is needed)."""
+    dt = NP_DTYPES[code]
+    return dt if dt is not None else _load_bfloat16()
+
+
+def __getattr__(name):
+    # DTYPES (every dtype as a NumPy dtype) is made when first asked for, so
+    # that importing the core does not import ml_dtypes (PEP 562)
+    if name == "DTYPES":
+        return tuple([np_dtype(c) for c in range(MT_NDTYPES)])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # NumPy's promote_types within a category; bfloat16 is not in NumPy's table:
 # bfloat16 with float16 needs float32 to hold both, as in JAX and PyTorch.
 for _i in range(MT_NDTYPES):
     for _j in range(MT_NDTYPES):
-        if NAMES[_i] == "bfloat16" or NAMES[_j] == "bfloat16":
+        if _i == BFLOAT16 or _j == BFLOAT16:
             _other = NAMES[_j] if NAMES[_i] == "bfloat16" else NAMES[_i]
             _res = {"bfloat16": "bfloat16", "float16": "float32",
                     "float32": "float32", "float64": "float64"}.get(_other, "bfloat16")
@@ -63,6 +96,12 @@ cdef int dtype_code(object dtype) except -1:
     code = _lookup.get(dtype)
     if code is not None:
         return code
+    if NP_DTYPES[BFLOAT16] is None and "ml_dtypes" in sys.modules:
+        # the caller imported ml_dtypes: its bfloat16 type or dtype may be meant
+        _load_bfloat16()
+        code = _lookup.get(dtype)
+        if code is not None:
+            return code
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -88,7 +127,7 @@ def as_dtype(dtype):
     """Normalise ``dtype`` (name, type or NumPy dtype) to a NumPy dtype.
 
     Raises TypeError for anything that is not one of mgtrace's dtypes."""
-    return NP_DTYPES[dtype_code(dtype)]
+    return np_dtype(dtype_code(dtype))
 
 
 cdef int scalar_code(object value) noexcept:
@@ -116,7 +155,7 @@ cdef int float_result(int code) noexcept:
 
 cdef dict _INT_RANGE = {}
 for _code, _dt in enumerate(NP_DTYPES):
-    if _dt.kind in "iu":
+    if _dt is not None and _dt.kind in "iu":
         _info = np.iinfo(_dt)
         _INT_RANGE[_code] = (int(_info.min), int(_info.max))
 
@@ -197,4 +236,4 @@ def dtype_promotion(*operands):
     >>> mt.dtype_promotion(mt.tensor([1, 2], dtype="int16"), 1.0)
     dtype('float32')
     """
-    return NP_DTYPES[promote_operands(operands)]
+    return np_dtype(promote_operands(operands))

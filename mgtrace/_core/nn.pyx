@@ -39,7 +39,7 @@ from mgtrace._core.kernels cimport (MT_UINT8, MT_FLOAT16, MT_BFLOAT16, MT_FLOAT3
                                     mt_storage_tracked)
 from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous, shape_tuple,
                                    backend_of, backend_error, cpu_backend, on_host)
-from mgtrace._core.tensor import missing_kernel
+from mgtrace._core.tensor import missing_kernel, set_storage_end_listener, watch_storage
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
 from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads
@@ -517,11 +517,26 @@ cdef int _check_rc(str op, int rc, int device=0) except -1:
 # served stale. A storage others may write unseen (memory imported through
 # DLPack, read-only or not, unless the archive reader vouched for its
 # mapping; or exported writable) is never cached.
-# Least recently used entries go first past WEIGHT_CACHE_BYTES.
+# Least recently used entries go first past WEIGHT_CACHE_BYTES; the entries
+# of a weight whose storage is freed go with it (the storage-end listener:
+# a dead weight's pack would otherwise stay until pushed out).
 WEIGHT_CACHE_BYTES = 256 << 20
 # (None for weights a Winograd algorithm must not use: see _wino_unfit)
-_weight_cache = OrderedDict()     # key -> (version, packed weights or None)
+_weight_cache = OrderedDict()     # key -> (version, packed weights or None, storage uid)
 _weight_cache_bytes = 0
+_keys_by_uid = {}                 # storage uid -> its keys in _weight_cache
+
+
+def _weight_storage_ended(uid):
+    """Drops the packed weights of a storage that was just freed."""
+    global _weight_cache_bytes
+    for key in _keys_by_uid.pop(uid, ()):
+        gone = _weight_cache.pop(key, None)
+        if gone is not None:
+            _weight_cache_bytes -= _entry_bytes(gone[1])
+
+
+set_storage_end_listener(_weight_storage_ended)
 
 
 def weight_cache_info():
@@ -533,6 +548,7 @@ def clear_weight_cache():
     """Drops conv2d's cached packed weights (they are rebuilt on use)."""
     global _weight_cache_bytes
     _weight_cache.clear()
+    _keys_by_uid.clear()
     _weight_cache_bytes = 0
 
 
@@ -630,11 +646,22 @@ cdef Tensor _packed_weights(Tensor w_orig, Tensor w, int work, mt_conv2d_geom *g
     old = _weight_cache.pop(key, None)
     if old is not None:
         _weight_cache_bytes -= _entry_bytes(old[1])
-    _weight_cache[key] = (version, u)
+    uid = w_orig._st.uid
+    keys = _keys_by_uid.get(uid)
+    if keys is None:
+        keys = _keys_by_uid[uid] = set()
+        watch_storage(w_orig)
+    keys.add(key)
+    _weight_cache[key] = (version, u, uid)
     _weight_cache_bytes += nbytes
     while _weight_cache_bytes > WEIGHT_CACHE_BYTES:
-        _, (_, gone) = _weight_cache.popitem(last=False)
+        gone_key, (_, gone, gone_uid) = _weight_cache.popitem(last=False)
         _weight_cache_bytes -= _entry_bytes(gone)
+        keys = _keys_by_uid.get(gone_uid)
+        if keys is not None:
+            keys.discard(gone_key)
+            if not keys:
+                del _keys_by_uid[gone_uid]
     return u
 
 

@@ -8,9 +8,12 @@ broadcast_to) share the storage; strides are counted in elements.
 """
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetName
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.string cimport memcpy
+
+import sys as _sys
 
 import numpy as np
 cimport numpy as cnp
@@ -20,7 +23,7 @@ from mgtrace._core.kernels cimport (
     mt_host_cache_set_limit, mt_host_cached_bytes, mt_host_cache_clear,
     MT_DEV_CPU, MT_DEV_CUDA, MT_MAX_NDIM, mt_backend, MT_BK_ENOMEM, MT_BK_ENOKERNEL,
     MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D, mt_cpu_backend)
-from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code
+from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code, np_dtype
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
 from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
 from mgtrace.errors import DeviceError, DeviceUnavailable, NoKernelError  # a leaf module: no layer above
@@ -541,7 +544,7 @@ cdef Tensor to_tensor(object data, object dtype, int device):
         return out
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         arr = np.asarray(data)
-        if arr.dtype.kind in "OUSVc" and arr.dtype != NP_DTYPES[8]:
+        if arr.dtype.kind in "OUSVc" and not (arr.dtype.kind == "V" and arr.dtype == np_dtype(8)):
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
         if not arr.dtype.isnative:     # '>f4' -> float32: the data is copied anyway
             arr = arr.astype(arr.dtype.newbyteorder("="))
@@ -554,7 +557,7 @@ cdef Tensor to_tensor(object data, object dtype, int device):
     else:
         arr = _default_array(data)
     code = dtype_code(dtype) if dtype is not None else dtype_code(arr.dtype)
-    arr = np.asarray(arr, dtype=NP_DTYPES[code], order="C")  # keeps 0-d (ascontiguousarray would not)
+    arr = np.asarray(arr, dtype=np_dtype(code), order="C")  # keeps 0-d (ascontiguousarray would not)
     return _from_host_array(arr, code, device)
 
 
@@ -857,6 +860,116 @@ def from_dlpack(x):
     return t
 
 
+cdef void _release_buffer(mt_storage *st) noexcept with gil:
+    cdef Py_buffer *view = <Py_buffer *>st.ctx
+    PyBuffer_Release(view)
+    free(view)
+
+
+def wrap_buffer(buf, Py_ssize_t offset, shape, dtype, bint immutable=False):
+    """A read-only CPU tensor over bytes of ``buf`` (an mmap, memoryview or
+    bytes: any object with the buffer protocol), without a copy: ``shape``
+    and ``dtype``, C-contiguous, starting ``offset`` bytes in. One call per
+    tensor: the archive reader's path for mmap loads (from_dlpack of a NumPy
+    view cost several Python-level steps a tensor). The tensor holds a
+    buffer export of ``buf`` while its storage lives, so a mapping cannot be
+    closed under it. ``immutable``: the caller vouches that nothing writes
+    that memory while the tensor lives (see :func:`mark_immutable`);
+    otherwise no cache trusts it.
+
+    Raises:
+        TypeError: ``buf`` has no buffer; ``dtype`` is not one of mgtrace's.
+        ValueError: a negative dimension, more than 16 dimensions, bytes
+            past the end of ``buf``, or a start not aligned to the dtype's
+            item size.
+    """
+    cdef int code = dtype_code(dtype)
+    cdef int64_t dims[MT_MAX_NDIM]
+    cdef int ndim = parse_shape(shape, dims), i
+    cdef Py_buffer *view = <Py_buffer *>malloc(sizeof(Py_buffer))
+    if view == NULL:
+        raise MemoryError()
+    try:
+        PyObject_GetBuffer(buf, view, PyBUF_SIMPLE)
+    except BaseException:
+        free(view)
+        raise
+    cdef Py_ssize_t n = ITEMSIZE[code]
+    cdef str bad = None
+    for i in range(ndim):
+        if dims[i] < 0:
+            bad = f"negative dimension in shape {_shape_str(ndim, dims)}"
+        elif dims[i] and n > view.len // dims[i]:
+            bad = f"shape {_shape_str(ndim, dims)} needs more bytes than the buffer has"
+        if bad is not None:
+            break
+        n *= dims[i]
+    if bad is None and (offset < 0 or offset > view.len or n > view.len - offset):
+        bad = f"{n} bytes at offset {offset} run past the buffer's end ({view.len} bytes)"
+    cdef char *ptr = <char *>view.buf + (offset if bad is None else 0)
+    if bad is None and <size_t>ptr % <size_t>ITEMSIZE[code]:
+        bad = f"offset {offset} is not aligned for {_DTYPE_NAMES[code]}"
+    cdef mt_storage *st = NULL
+    if bad is None:
+        st = mt_storage_wrap(ptr, <size_t>n, MT_DEV_CPU, 0, _release_buffer, <void *>view)
+    if st == NULL:
+        PyBuffer_Release(view)
+        free(view)
+        if bad is not None:
+            raise ValueError(f"wrap_buffer: {bad}")
+        raise MemoryError()
+    cdef Tensor t = Tensor.__new__(Tensor)
+    t._st = st
+    st.readonly = 1
+    st.shared = 0 if immutable else 1
+    t._data = ptr
+    t._ndim = ndim
+    t._dtype = code
+    t._device = 0
+    cdef int64_t stride = 1
+    for i in range(ndim - 1, -1, -1):
+        t._shape[i] = dims[i]
+        t._strides[i] = stride
+        stride *= dims[i]
+    return t
+
+
+# Storages whose end a cache of values derived from them wants to hear of
+# (conv2d's packed weights: see watch_storage), by uid, and the one listener.
+cdef set _watched = set()
+cdef object _on_storage_end = None
+
+
+cdef object _is_finalizing = _sys.is_finalizing
+
+
+cdef void _storage_ended(uint64_t uid) noexcept:
+    # (noexcept: an error in the listener is reported as unraisable, as in a
+    # __del__; not called while the interpreter shuts down, when the
+    # listener's module may be torn down already and no cache matters)
+    _watched.discard(uid)
+    if _on_storage_end is not None and not _is_finalizing():
+        _on_storage_end(uid)
+
+
+def set_storage_end_listener(listener):
+    """Install ``listener(uid)``, called when the last tensor holding a
+    watched storage (:func:`watch_storage`) is freed, with that storage's
+    uid; None removes it. One listener (conv2d's weight cache); returns
+    the previous one. A storage whose last holder is not a Tensor (a DLPack
+    capsule handed out) ends unheard: the cache's own bound still holds."""
+    global _on_storage_end
+    old, _on_storage_end = _on_storage_end, listener
+    return old
+
+
+def watch_storage(Tensor t):
+    """Report the end of ``t``'s storage to the storage-end listener, once;
+    returns the storage's uid (unique over the process's lifetime)."""
+    _watched.add(t._st.uid)
+    return t._st.uid
+
+
 def mark_immutable(Tensor t):
     """Vouch that nothing writes read-only tensor ``t``'s memory while its
     storage lives (the archive reader's read-only mapping of a file it
@@ -944,6 +1057,8 @@ cdef class Tensor:
 
     def __dealloc__(self):
         if self._st != NULL:
+            if self._st.refcount == 1 and _watched and self._st.uid in _watched:
+                _storage_ended(self._st.uid)
             mt_storage_decref(self._st)
             self._st = NULL
 
@@ -983,7 +1098,7 @@ cdef class Tensor:
     @property
     def dtype(self):
         """A NumPy dtype: ``t.dtype == "float32"`` and ``t.dtype == np.float32`` both hold."""
-        return NP_DTYPES[self._dtype]
+        return np_dtype(self._dtype)
 
     @property
     def device(self):
@@ -1047,7 +1162,7 @@ cdef class Tensor:
         _frozen(self, "t.numpy()")
         if not on_host(self._device):
             return self.to("cpu").numpy()
-        arr = np.empty(self.shape, dtype=NP_DTYPES[self._dtype])
+        arr = np.empty(self.shape, dtype=np_dtype(self._dtype))
         if numel(self):
             dst = _wrap_ndarray(arr, self._device)
             _OPS["copy_"](dst, self)

@@ -29,6 +29,7 @@ from collections import namedtuple
 
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module, is_builtin
+from mgtrace.module.blueprint import Blueprint, plain_value
 from mgtrace.serialization import registry
 from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, V1_1, Field
@@ -239,21 +240,47 @@ def _construct(cls, name, config):
     return m
 
 
-def install_state(m, indices, ctx, where):
+def _make(cls, name, config, ctx):
+    """``(module, own)``: a module of ``cls`` made with ``config``, and
+    ``{key: shape}`` of its state when it was built from a blueprint (None
+    when constructed). The first module of a type and config in a load is
+    constructed; the others with that type and config are built from its
+    :class:`~mgtrace.module.blueprint.Blueprint`, no initialiser run
+    (mgtrace's own types with plain state only: a user's type may count
+    or register its instances in ``__init__``)."""
+    if not name.startswith("mgtrace.module.") or not all(map(plain_value, config.values())):
+        return _construct(cls, name, config), None
+    key = (cls, repr(config))
+    bp = ctx.blueprints.get(key, False)
+    if bp:
+        return bp.build(), bp.state_shapes
+    m = _construct(cls, name, config)
+    if bp is False and len(ctx.blueprints) < _MAX_BLUEPRINTS:
+        ctx.blueprints[key] = Blueprint.of(m)          # (None: not plain; constructed each time)
+    return m, None
+
+
+_MAX_BLUEPRINTS = 4096       # per load: distinct builtin configs remembered
+
+
+def install_state(m, indices, ctx, where, own=None):
     """Make the archive's tensors (``indices``: state_dict key -> tensor
     index) the tensors of module ``m``: parameters become Parameters sharing
     the tensors' memory (``ctx.parameter``), buffers are the tensors
     themselves. A stored dtype that differs from the module's is kept (e.g.
-    halved weights).
+    halved weights). ``own``: ``{key: shape}`` of ``m``'s state when ``m``
+    was built from a blueprint (its tensors not there yet), else read
+    from ``m``.
 
     Raises:
         ArchiveError: keys missing or unexpected, or a shape that differs
             from the module's (every problem listed).
     """
-    own = type(m).state_dict(m, keep_vars=True)
+    if own is None:
+        own = {k: t.shape for k, t in type(m).state_dict(m, keep_vars=True).items()}
     state = {k: ctx.tensor(i) for k, i in indices.items()}
-    problems = [f"{k}: shape mismatch, the module has {own[k].shape}, the archive "
-                f"{state[k].shape}" for k in own if k in state and own[k].shape != state[k].shape]
+    problems = [f"{k}: shape mismatch, the module has {own[k]}, the archive "
+                f"{state[k].shape}" for k in own if k in state and own[k] != state[k].shape]
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     if missing:
@@ -280,10 +307,10 @@ def _decode_builtin(entry, ctx):
     config = {k: ctx.value(v, where=f"config.{k}") for k, v in entry["config"].items()}
     config = upgrade(_fill_added(name, config))
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")
-    m = _construct(cls, name, config)
+    m, own = _make(cls, name, config, ctx)
     if m._modules:                # parts of a builtin (ConvBn2d's conv and bn) share its mode
         type(m).train(m, bool(entry["training"]))
-    install_state(m, entry["tensors"], ctx, f"{name}(**config)")
+    install_state(m, entry["tensors"], ctx, f"{name}(**config)", own)
     if ctx.device is not None:
         m.to(ctx.device)          # tensors outside the state dict (those there are: kept)
     return m

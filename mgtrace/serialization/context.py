@@ -239,6 +239,8 @@ class DecodeContext:
         self._host, self._placed, self._params, self._modules, self._building = {}, {}, {}, {}, []
         self.namedtuple_types = set()      # (module, qualname, fields) made: bounded per archive
         self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
+        self.blueprints = {}               # (type, config) -> Blueprint or None (builtin_modules)
+        self.signatures = {}               # stored parameter lists -> Signature (traced_codec)
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
@@ -313,9 +315,11 @@ class DecodeContext:
         if self._mmap:
             # (a mapping is read-only and this reader's own: a file changed
             # under a live mmap load is outside what the archive promises)
-            buf = self._source.view(start, e["nbytes"])
-            t = tensors.tensor_from_array(np.frombuffer(buf, np.uint8).view(dtype).reshape(e["shape"]),
-                                          immutable=not self._run_once)
+            t = self._source.wrap(start, e["nbytes"], e["shape"], e["dtype"], not self._run_once)
+            buf = self._source.view(start, e["nbytes"]) if t is None or self._verify else None
+            if t is None:           # bytes not aligned for the dtype (an archive in memory)
+                t = tensors.tensor_from_array(np.frombuffer(buf, np.uint8).view(dtype).reshape(e["shape"]),
+                                              immutable=not self._run_once)
         else:
             if dtype.name != "bfloat16":
                 # read into memory mgtrace owns, so that conv2d may cache the

@@ -5,7 +5,8 @@ A source offers ``size``, ``read(offset, n) -> bytes`` and
 that CRC carried over the bytes it copied, computed piece by piece as they
 are copied: the checksum pass and the copy read memory once), and, when it
 holds the whole archive as one read-only buffer (an mmap, or bytes),
-``view(offset, n) -> memoryview``.
+``view(offset, n) -> memoryview`` and ``wrap(offset, n, shape, dtype,
+immutable) -> Tensor`` (a read-only tensor sharing those bytes).
 Offsets count from the archive's first byte (a file object's position when
 it was handed over). Reads past the end raise ArchiveError ("truncated").
 """
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from mgtrace._core.tensor import wrap_buffer
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.tensors import crc32
 
@@ -74,6 +76,17 @@ class _BufferSource:
         if offset + n > self.size:
             raise _truncated(offset, n, self.size)
         return self._mv[offset:offset + n]
+
+    def wrap(self, offset, n, shape, dtype, immutable):
+        """A read-only tensor of ``shape`` and ``dtype`` over the ``n``
+        bytes at ``offset``, sharing them (``wrap_buffer``: one call, no
+        NumPy view); None where the bytes are not aligned for ``dtype``."""
+        if offset + n > self.size:
+            raise _truncated(offset, n, self.size)
+        try:
+            return wrap_buffer(self._mv, offset, shape, dtype, immutable)
+        except ValueError:
+            return None
 
     def read(self, offset, n):
         return self.view(offset, n).tobytes()

@@ -27,7 +27,7 @@ try:        # ISA-L's CRC-32: the same checksum as zlib's, computed with carry-l
 except ImportError:         # (isal is optional: pip install isal)
     from zlib import crc32
 
-from mgtrace._core import DTYPES, empty_tensor, from_dlpack, share_as
+from mgtrace._core import DTYPE_NAMES, as_dtype, empty_tensor, from_dlpack, share_as
 from mgtrace._core.tensor import mark_immutable, unshared_view
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
@@ -36,7 +36,44 @@ __all__ = ["CHECKSUM", "checksum", "crc32", "crc_text", "host_array", "entry_for
            "array_bytes", "fresh_tensor", "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
 
 CHECKSUM = "crc32"
-DTYPES_BY_NAME = {d.name: d for d in DTYPES}
+
+
+class DtypeTable:
+    """A read-only map of dtype names to NumPy dtypes (``get``, ``[]``,
+    ``in``, iteration over the names), whose bfloat16 entry is made on first
+    use: ``import mgtrace`` does not import ml_dtypes (see mgtrace._core.dtype).
+
+    Args:
+        names: the dtype names, NumPy's or mgtrace's ("bfloat16").
+    """
+
+    def __init__(self, names):
+        self._names = tuple(names)
+        self._made = {n: np.dtype(n) for n in self._names if n != "bfloat16"}
+
+    def get(self, name, default=None):
+        dt = self._made.get(name)
+        if dt is None and name == "bfloat16" and name in self._names:
+            dt = self._made[name] = as_dtype(name)
+        return default if dt is None else dt
+
+    def __getitem__(self, name):
+        dt = self.get(name)
+        if dt is None:
+            raise KeyError(name)
+        return dt
+
+    def __contains__(self, name):
+        return name in self._names
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
+DTYPES_BY_NAME = DtypeTable(DTYPE_NAMES)
 
 
 def array_bytes(arr):

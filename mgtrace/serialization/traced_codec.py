@@ -63,6 +63,7 @@ import numpy as np
 
 from mgtrace._core import Tensor, op_table
 from mgtrace.errors import ArchiveError
+from mgtrace.module.blueprint import plain_value
 from mgtrace.module.module import Module
 from mgtrace.serialization import values
 from mgtrace.serialization.codecs import register_module_codec
@@ -443,7 +444,8 @@ def _build(entry, ctx):
     d["_orig_name"] = entry["name"]
     d["_orig_type"] = None                  # an archive keeps only the class name
     d["_is_top"] = bool(entry["is_top"])
-    d["_signature"] = _decode_signature(ctx.value(entry["signature"], where="signature"))
+    d["_signature"] = _decode_signature(ctx.value(entry["signature"], where="signature"),
+                                        ctx.signatures)
     for k, i in entry["children"]:
         _check_member(tm, k, "children")
         tm._modules[k] = ctx.module(i)
@@ -524,9 +526,33 @@ def _check_member(tm, name, where):
                      f"{type(tm).__name__}.{name}")
 
 
-def _decode_signature(params):
+def _signature_key(params):
+    """A key for a stored parameter list whose defaults are plain values
+    (by type and repr: -0.0 is not 0.0, True is not 1); None for any other
+    list (a bad one fails in _decode_signature)."""
+    try:
+        if not all(plain_value(p.get("default")) for p in params):
+            return None
+        key = tuple((p["name"], p["kind"], "default" in p, type(p.get("default")),
+                     repr(p.get("default"))) for p in params)
+        hash(key)
+        return key
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _decode_signature(params, made=None):
+    """The inspect.Signature of a stored parameter list; ``made``: the ones
+    this load made, by their lists (a Signature is immutable: modules traced
+    alike share one)."""
     if params is None:
         return None
+    key = _signature_key(params) if made is not None else None
+    if key is not None:
+        sig = made.get(key)
+        if sig is None:
+            sig = made[key] = _decode_signature(params)
+        return sig
     try:
         ps = [inspect.Parameter(p["name"], _PARAM_KINDS[p["kind"]],
                                 default=p.get("default", inspect.Parameter.empty))
@@ -683,7 +709,9 @@ class _GraphReader:
         if not isinstance(t, dict) or not isinstance(t.get("children"), list):
             _fail(where, "a treedef is a map with children")
         name = t.get("type")
-        aux = self.ctx.value(t.get("aux"), where=f"{where}.aux")
+        aux = t.get("aux")
+        if aux is not None:         # (nil is None: most treedefs have no aux)
+            aux = self.ctx.value(aux, where=f"{where}.aux")
         if name == "namedtuple":
             typ = _namedtuple_type(aux, where)
             aux = None

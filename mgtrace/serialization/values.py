@@ -24,11 +24,12 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from mgtrace._core import DTYPES, Device, Tensor, as_device
+from mgtrace._core import DTYPE_NAMES, Device, Tensor, as_device
 from mgtrace.errors import ArchiveError, Error
 from mgtrace.module import Module
 from mgtrace.serialization import limits
 from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS
+from mgtrace.serialization.tensors import DtypeTable
 
 __all__ = ["TAGS", "UNTAGGED", "UnstorableError", "encode", "decode", "namedtuple_type"]
 
@@ -61,9 +62,8 @@ TAGS = {
 UNTAGGED = "nil, bool, int in [-2**63, 2**64), float64 (bits kept), str, bin"
 
 _INT_RANGE = (-(1 << 63), 1 << 64)
-DTYPE_NAMES = tuple(d.name for d in DTYPES)
 # NumPy scalar dtypes a value may hold: mgtrace's dtypes plus NumPy's other fixed-size ints
-SCALAR_DTYPES = {d.name: d for d in DTYPES + (np.dtype("uint32"), np.dtype("uint64"))}
+SCALAR_DTYPES = DtypeTable(DTYPE_NAMES + ("uint32", "uint64"))
 _PLAIN = (type(None), bool, str, bytes, float)
 
 

@@ -24,6 +24,7 @@ import linecache
 import math
 import operator
 import re
+import types
 import weakref
 
 import mgtrace.functional as F
@@ -473,6 +474,26 @@ def compile_hoisted(graph):
     return _compile_source(graph, source, glb, (), None), tuple(paths)
 
 
+# forward's code object by generated source, most recently used last: graphs
+# of one structure (MiniLM's six layers; a model loaded again) compile once,
+# each then gets a copy under its own file name (code.replace: no compile)
+_CODE_CACHE_SIZE = 256
+_code_cache = collections.OrderedDict()
+
+
+def _forward_code(source):
+    code = _code_cache.get(source)
+    if code is None:
+        ns = {}
+        exec(compile(source, GENERATED, "exec"), {"__builtins__": builtins}, ns)
+        code = _code_cache[source] = ns["forward"].__code__     # (defines, runs nothing)
+        if len(_code_cache) > _CODE_CACHE_SIZE:
+            _code_cache.popitem(last=False)
+    else:
+        _code_cache.move_to_end(source)
+    return code
+
+
 def _compile_source(graph, source, glb, watch, watch_fn):
     if watch:
         glb["_watch"] = watch_fn
@@ -480,10 +501,9 @@ def _compile_source(graph, source, glb, watch, watch_fn):
     # a loader in the globals lets linecache find the source again after
     # linecache.clearcache() (traceback asks it through lazycache)
     glb["__name__"], glb["__loader__"] = "mgtrace.generated", _Source(source)
-    code = compile(source, filename, "exec")
-    ns = {}
-    exec(code, glb, ns)      # our own generated source; names and values are never spliced in raw
-    fn = ns["forward"]
+    glb.setdefault("__builtins__", builtins)
+    # our own generated source; names and values are never spliced in raw
+    fn = types.FunctionType(_forward_code(source).replace(co_filename=filename), glb, "forward")
     linecache.cache[filename] = (functools.partial(str, source),)   # lazy: lines made on demand
     weakref.finalize(fn, linecache.cache.pop, filename, None)
     return fn

@@ -29,7 +29,7 @@ import sysconfig
 from mgtrace._core import Tensor, op_table, tensor as _core_tensor
 from mgtrace.traced_module.errors import GraphError
 from mgtrace.traced_module.node import ModuleNode, Node
-from mgtrace.traced_module.pytree import tree_flatten, tree_map
+from mgtrace.traced_module.pytree import tree_flatten, tree_leaves, tree_map
 from mgtrace.traced_module.signature import bind_arguments, signature_of
 
 __all__ = ["Expr", "Input", "GetAttr", "CallMethod", "CallFunction", "Constant", "Apply",
@@ -99,7 +99,7 @@ class Expr:
     def _set_args(self, args, kwargs):
         self.args = args
         self.kwargs = kwargs
-        self._inputs = tree_flatten((args, kwargs), is_node)[0]
+        self._inputs = tree_leaves((args, kwargs), is_node)
 
     @property
     def id(self):
@@ -170,7 +170,7 @@ class Expr:
         except TypeError as e:
             raise GraphError(f"set_args_kwargs on {self!r}: {e}") from None
         g = self._top_graph
-        nodes = tree_flatten((args, kwargs), is_node)[0]
+        nodes = tree_leaves((args, kwargs), is_node)
         if g is not None:
             index = {id(e): i for i, e in enumerate(g._exprs)}
             me = index.get(id(self), len(g._exprs))

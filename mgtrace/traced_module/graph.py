@@ -804,6 +804,7 @@ class InternalGraph:
         defined = set()
         names = {}
         input_ids = {id(n) for n in self._inputs}
+        users_of = {}       # id(node) -> ids of the exprs it lists as users (each list read once)
         for e in self._exprs:
             if e.top_graph is not self:
                 add(f"{q}: expr {e!r} says it belongs to another graph")
@@ -812,7 +813,10 @@ class InternalGraph:
             for n in e._inputs:
                 if id(n) not in defined:
                     add(f"{q}: {e!r} reads {n!r} before it is defined (or from another graph)")
-                if not any(u is e for u in n.users):
+                users = users_of.get(id(n))
+                if users is None:
+                    users = users_of[id(n)] = {id(u) for u in n.users}
+                if id(e) not in users:
                     add(f"{q}: {n!r} is read by {e!r} but does not list it as a user")
             for o in e.outputs:
                 if o.graph is not self:
@@ -829,13 +833,16 @@ class InternalGraph:
                 sub = called_graph(e)
                 if sub is not None and id(sub) not in seen:
                     sub._check_into(problems, True, seen)
-        # users are checked once every expr is known (a user may come later)
+        # users are checked once every expr is known (a user may come later);
+        # each expr's inputs as a set, so that a node with many users (or an
+        # expr with many inputs) costs linear time, not quadratic
+        reads = {id(e): {id(i) for i in e._inputs} for e in self._exprs}
         for e in self._exprs:
             for o in e.outputs:
                 for u in o.users:
                     if id(u) not in in_graph:
                         add(f"{q}: {o!r} lists a user that is not in the graph: {u!r}")
-                    elif not any(i is o for i in u._inputs):
+                    elif id(o) not in reads[id(u)]:
                         add(f"{q}: {o!r} lists {u!r} as a user, but it does not read it")
         for n in self._inputs:
             if id(n) not in defined or not isinstance(n.expr, Input):

@@ -303,6 +303,25 @@ def _flatten(obj, is_leaf, leaves):
     return TreeDef(type(obj), aux, [_flatten(k, is_leaf, leaves) for k in kids])
 
 
+def tree_leaves(obj, is_leaf):
+    """The leaves :func:`tree_flatten` gives, in its order, without
+    building the TreeDef (an expr's input nodes: made for every expr a
+    trace or a load creates)."""
+    leaves = []
+    _leaves(obj, is_leaf, leaves)
+    return leaves
+
+
+def _leaves(obj, is_leaf, out):
+    if is_leaf(obj):
+        out.append(obj)
+        return
+    h = _handler(obj)
+    if h is not None:
+        for k in h[0](obj)[0]:
+            _leaves(k, is_leaf, out)
+
+
 def tree_map(fn, obj, is_leaf):
     """``obj`` with every leaf ``v`` for which ``is_leaf(v)`` replaced by ``fn(v)``."""
     leaves, tdef = tree_flatten(obj, is_leaf)

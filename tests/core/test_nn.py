@@ -1128,6 +1128,31 @@ def test_weight_cache_sees_in_place_writes(write, algo):
 
 
 @PACKING
+def test_weight_cache_frees_a_dead_weights_pack(algo):
+    """A weight's packed copy goes when the last tensor holding the weight's
+    storage is freed (it stayed until 256 MiB of newer packs pushed it out);
+    a view of the weight still alive keeps it."""
+    x, wt, b = _wino_case()
+    nn.clear_weight_cache()
+    w = tensor(wt)
+    close(_wino(x, w, b, algo), ref_conv2d(x, wt, b, 1, 1), "float32")
+    entries, nbytes = nn.weight_cache_info()
+    assert entries == 1 and nbytes > 0
+    other = tensor(wt * 2)
+    close(_wino(x, other, b, algo), ref_conv2d(x, wt * 2, b, 1, 1), "float32")
+    assert nn.weight_cache_info() == (2, 2 * nbytes)
+    view = w.reshape(-1)          # another holder of w's storage
+    del w
+    assert nn.weight_cache_info() == (2, 2 * nbytes)
+    del view
+    assert nn.weight_cache_info() == (1, nbytes)     # other's pack is still served
+    close(_wino(x, other, b, algo), ref_conv2d(x, wt * 2, b, 1, 1), "float32")
+    assert nn.weight_cache_info() == (1, nbytes)
+    del other
+    assert nn.weight_cache_info() == (0, 0)
+
+
+@PACKING
 def test_weight_cache_keys_views_and_storages_apart(algo):
     x, wt, b = _wino_case()
     nn.clear_weight_cache()

@@ -130,8 +130,11 @@ def test_a_load_for_one_call_leaves_conv_weights_out_of_the_packed_cache(tmp_pat
     assert once.weight.readonly
     np.testing.assert_allclose(once(x).numpy(), want, rtol=1e-5, atol=1e-5)
     assert cnn.weight_cache_info()[0] == 0
-    np.testing.assert_array_equal(mt.load(tmp_path / "c.tmod", mmap=True)(x).numpy(), want)
+    kept = mt.load(tmp_path / "c.tmod", mmap=True)
+    np.testing.assert_array_equal(kept(x).numpy(), want)
     assert cnn.weight_cache_info()[0] == 1
+    del kept        # the module and its mapped weight go: so does the weight's pack
+    assert cnn.weight_cache_info() == (0, 0)
     cnn.clear_weight_cache()
 
 
@@ -247,3 +250,40 @@ def test_crc32_is_zlibs_whichever_library_computes_it(rng):
         assert tensors.crc32(b) == zlib.crc32(b)
         assert tensors.crc32(b[n // 2:], tensors.crc32(b[:n // 2])) == zlib.crc32(b)
         assert tensors.crc32(memoryview(np.frombuffer(b, np.uint8))) == zlib.crc32(b)
+
+
+def test_wrap_buffer_shares_the_bytes_holds_the_buffer_and_refuses_bad_requests(tmp_path):
+    """The mmap reader's one-call tensor: a read-only view of the bytes at
+    an offset (values as NumPy reads them), the buffer kept alive and
+    exported while the tensor lives, bad requests refused."""
+    import gc
+    import mmap
+    from mgtrace._core.tensor import wrap_buffer
+    want = np.arange(12, dtype=np.float32)
+    t = wrap_buffer(want.tobytes(), 16, (2, 4), "float32")   # the bytes object is the tensor's alone
+    gc.collect()
+    assert t.readonly and t.shape == (2, 4) and t.dtype == np.float32
+    np.testing.assert_array_equal(t.numpy(), want[4:].reshape(2, 4))
+    assert wrap_buffer(b"", 0, (0, 3), "int64").shape == (0, 3)
+    (tmp_path / "f").write_bytes(np.arange(4, dtype=np.int16).tobytes())
+    with open(tmp_path / "f", "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    v = wrap_buffer(m, 2, (3,), "int16")
+    assert v.tolist() == [1, 2, 3]
+    with pytest.raises(BufferError):
+        m.close()                       # the tensor's export keeps the mapping open
+    del v
+    m.close()
+    raw = bytes(64)
+    for args, err, text in [((raw, 60, (2,), "float32"), ValueError, "past the buffer's end"),
+                            ((raw, -4, (1,), "float32"), ValueError, "past the buffer's end"),
+                            ((raw, 0, (4, -1), "float32"), ValueError, "negative dimension"),
+                            ((raw, 0, (1 << 40, 1 << 40), "int8"), ValueError, "more bytes"),
+                            ((raw, 0, (1,) * 17, "int8"), ValueError, "at most 16"),
+                            ((raw, 0, (2,), "complex64"), TypeError, "complex64"),
+                            (([1, 2], 0, (1,), "int8"), TypeError, "bytes-like")]:
+        with pytest.raises(err, match=text):
+            wrap_buffer(*args)
+    if np.frombuffer(raw, np.uint8).ctypes.data % 4 == 0:
+        with pytest.raises(ValueError, match="not aligned"):
+            wrap_buffer(raw, 2, (1,), "float32")

@@ -331,3 +331,42 @@ def test_generated_code_explains_every_name_it_reads():
     for g, w in zip(got[:3] + tuple(got[3]), want[:3] + tuple(want[3])):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
     assert type(got[3]) is Pair
+
+
+class _TwoAlike(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Inner(), Inner()
+
+    def forward(self, x):
+        return self.b(self.a(x)) * 2
+
+
+def test_graphs_of_one_structure_share_one_compile(monkeypatch):
+    """Two submodules traced alike (MiniLM's six layers) get their code from
+    one compile; each function keeps its own file name, globals (its own
+    weights) and source in linecache, and the outputs are right."""
+    import builtins
+    import inspect
+    compiled = []
+
+    def counting(source, *args, **kwargs):
+        compiled.append(source)
+        return builtins.compile(source, *args, **kwargs)
+    monkeypatch.setattr(codegen, "compile", counting, raising=False)
+    codegen._code_cache.clear()
+    x = _rand(2, 3)
+    tm = mt.trace_module(_TwoAlike(), x)
+    compiled.clear()
+    got = tm(x).numpy()
+    net = tm
+    want = np.maximum(x.numpy() @ net.a.fc.weight.numpy().T + net.a.fc.bias.numpy(), 0)
+    want = np.maximum(want @ net.b.fc.weight.numpy().T + net.b.fc.bias.numpy(), 0) * 2
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert tm.a.code == tm.b.code
+    assert len(compiled) == len(set(compiled))       # each distinct source compiled once
+    fa, fb = tm.a._function(tm.a.graph), tm.b._function(tm.b.graph)
+    assert fa.__code__.co_code == fb.__code__.co_code
+    assert fa.__code__.co_filename != fb.__code__.co_filename
+    assert fa.__globals__ is not fb.__globals__
+    assert inspect.getsource(fa) == inspect.getsource(fb) == tm.a.code

@@ -212,3 +212,39 @@ def test_edits_keep_graphs_sound(g, x):
     g.add_output_node(h)
     assert g.check() == []
     assert issubclass(GraphError, ValueError)
+
+
+class _CountingList(list):
+    """A node's users list that counts the passes made over it."""
+    passes = 0
+
+    def __iter__(self):
+        _CountingList.passes += 1
+        return super().__iter__()
+
+
+class _Fan(M.Module):
+    def forward(self, x):
+        out = x * 0
+        for k in range(1, 200):
+            out = out + x * k        # x read by 200 exprs
+        return out
+
+
+def test_check_reads_each_users_list_a_bounded_number_of_times(x):
+    """check() on a node with 200 users passes over its users list at most
+    twice (it went over it once per user: quadratic in the users), and still
+    finds a user missing from it."""
+    g = mt.trace_module(_Fan(), x).graph
+    node = g.inputs[1]
+    assert len(node.users) == 200
+    node.users = _CountingList(node.users)
+    _CountingList.passes = 0
+    assert g.check() == []
+    assert _CountingList.passes <= 2
+    gone = node.users[57]
+    node.users = _CountingList(u for u in node.users if u is not gone)
+    _CountingList.passes = 0
+    problems = g.check()
+    assert _CountingList.passes <= 2
+    assert problems == [f"{g.qualname}: {node!r} is read by {gone!r} but does not list it as a user"]
