@@ -122,7 +122,7 @@ def reset_qconfig(module, qconfig, inplace=True):
     """Give the QAT modules of ``module`` fresh observers and fake
     quantizers from ``qconfig`` that start from the current qparams
     (MegEngine's ``reset_qconfig``): each new one that has ``set_qparams``
-    (TQT, LSQ, PassiveObserver) gets the weight's or activation's QParams
+    (TQT, LSQ, PassiveObserver; not a FakeQuantize) gets the weight's or activation's QParams
     the module had before. Works on a deep copy unless ``inplace``; returns
     the module. Raises QuantizationError for a qconfig that is not a
     QConfig, or qparams the new quantizer cannot take (TQT: symmetric only).
@@ -132,8 +132,12 @@ def reset_qconfig(module, qconfig, inplace=True):
         module = copy.deepcopy(module)
 
     def build(factory, qparams):
+        from mgtrace.quantization.fake_quant import FakeQuantize
         inst = factory() if factory is not None else None
-        if inst is not None and qparams is not None and hasattr(inst, "set_qparams"):
+        # a FakeQuantize takes its observer's qparams on every call (its own,
+        # set_qparams, are a traced model's carrier of a user observer's)
+        if inst is not None and qparams is not None and hasattr(inst, "set_qparams") \
+                and not isinstance(inst, FakeQuantize):
             inst.set_qparams(qparams)
         return inst
 

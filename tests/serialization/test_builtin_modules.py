@@ -33,7 +33,9 @@ EXAMPLES = {
 
 
 def test_every_builtin_type_has_an_example():
-    own = {n.rsplit(".", 1)[1] for n in M.builtin_types() if n.startswith("mgtrace.module.")}
+    # (mgtrace.module.qat's: tests/quantization/test_trace_qat.py)
+    own = {n.rsplit(".", 1)[1] for n in M.builtin_types()
+           if n.startswith("mgtrace.module.") and not n.startswith("mgtrace.module.qat.")}
     assert own == set(EXAMPLES)
 
 
