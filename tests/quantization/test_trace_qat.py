@@ -302,3 +302,14 @@ def test_each_qat_builtin_round_trips_with_its_quantizers(name, tmp_path):
     np.testing.assert_array_equal(back(*args).numpy(), m(*args).numpy())
     with pytest.raises(ValueError, match="mgtrace.module.qat"):
         mt.save(m, tmp_path / "old.tmod", target_version=(1, 1))
+
+
+def test_disable_quantize_keeps_a_subtree_float():
+    net = M.Sequential(M.Linear(4, 4), M.Sequential(M.Linear(4, 2), M.ReLU()))
+    assert net[1].disable_quantize() is net[1]
+    assert net[1][0].quantize_disabled and not getattr(net, "quantize_disabled", False)
+    Q.quantize_qat(net)
+    assert type(net[0]) is QM.Linear and type(net[1][0]) is M.Linear
+    net[1].disable_quantize(False)
+    Q.quantize_qat(net)
+    assert type(net[1][0]) is QM.Linear
