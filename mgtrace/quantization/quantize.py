@@ -49,7 +49,9 @@ def _float_to_qat():
     import mgtrace.module.qat as QM
     return {M.Linear: QM.Linear, M.Conv2d: QM.Conv2d, M.ConvRelu2d: QM.ConvRelu2d,
             M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
-            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub}
+            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub,
+            M.LinearBn1d: QM.LinearBn1d, M.LinearBnRelu1d: QM.LinearBnRelu1d,
+            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation}
 
 
 def _qat_base():
@@ -86,8 +88,9 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         qconfig: a QConfig; default :data:`ema_fakequant_qconfig`.
         mapping: ``{float type: QAT type}``, exact types, added to (and
             overriding) the default one: Linear, Conv2d, ConvRelu2d,
-            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub to their :mod:`mgtrace.module.qat`
-            versions. A module whose
+            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub,
+            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation to their
+            :mod:`mgtrace.module.qat` versions. A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.
 

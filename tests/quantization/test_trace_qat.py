@@ -272,6 +272,11 @@ QAT_EXAMPLES = {
     "Elemwise": lambda: QM.Elemwise.from_float_module(M.Elemwise("fuse_add_relu")),
     "QuantStub": lambda: QM.QuantStub.from_float_module(M.QuantStub()),
     "DequantStub": lambda: QM.DequantStub.from_float_module(M.DequantStub()),
+    "LinearBn1d": lambda: QM.LinearBn1d.from_float_module(M.LinearBn1d(4, 3)),
+    "LinearBnRelu1d": lambda: QM.LinearBnRelu1d.from_float_module(M.LinearBnRelu1d(4, 3)),
+    "Concat": lambda: QM.Concat.from_float_module(M.Concat()),
+    "BatchMatMulActivation": lambda: QM.BatchMatMulActivation.from_float_module(
+        M.BatchMatMulActivation(2, 4, 3)),
 }
 
 
@@ -288,9 +293,10 @@ def test_each_qat_builtin_round_trips_with_its_quantizers(name, tmp_path):
     if m.with_weight:
         m.weight_observer = Q.MinMaxObserver(dtype="qint8_narrow", axis=0)
     rng = np.random.default_rng(5)
-    shape = (2, 4) if "Linear" in name else (2, 2, 5, 5) if "Conv" in name else (2, 3)
+    shape = (2, 4) if "Linear" in name else (2, 2, 5, 5) if "Conv" in name else \
+        (2, 4, 3) if name == "BatchMatMulActivation" else (2, 3)
     x = mt.tensor(rng.standard_normal(shape).astype(np.float32))
-    args = (x, x) if name == "Elemwise" else (x,)
+    args = (x, x) if name == "Elemwise" else ([x, x], 1) if name == "Concat" else (x,)
     m(*args)                                   # observe once (training mode)
     m.eval()
     mt.save(m, tmp_path / "m.tmod")

@@ -29,6 +29,9 @@ EXAMPLES = {
     "SlidingWindowTranspose": (4, 2), "MultiHeadAttention": (4, 2),
     "DeformableConv2d": (2, 4, 3), "RegionRestrictedConv": (2, 2, 3, 2),
     "DeformablePSROIPooling": (True, 2, 2, 2, 2, 1.0),
+    # format 1.2 (issue 32)
+    "LinearBn1d": (4, 3), "LinearBnRelu1d": (4, 3), "BatchMatMulActivation": (2, 4, 3),
+    "Concat": (),
 }
 
 

@@ -27,13 +27,17 @@ from mgtrace.module.qat.conv import Conv2d, ConvRelu2d
 from mgtrace.module.qat.conv_bn import ConvBn2d, ConvBnRelu2d
 from mgtrace.module.qat.elemwise import Elemwise
 from mgtrace.module.qat.quant_dequant import DequantStub, QuantStub
+from mgtrace.module.qat.linear_bn import LinearBn1d, LinearBnRelu1d
+from mgtrace.module.qat.concat import BatchMatMulActivation, Concat
 
 from mgtrace.module.builtin import register_as_builtin as _register
 
 for _cls in (Linear, LinearRelu, Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d, Elemwise,
-             QuantStub, DequantStub):
+             QuantStub, DequantStub, LinearBn1d, LinearBnRelu1d, Concat,
+             BatchMatMulActivation):
     _register(_cls, name=f"mgtrace.module.qat.{_cls.__name__}")
 del _cls
 
 __all__ = ["QATModule", "Linear", "LinearRelu", "Conv2d", "ConvRelu2d", "ConvBn2d",
-           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub"]
+           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub", "LinearBn1d",
+           "LinearBnRelu1d", "Concat", "BatchMatMulActivation"]

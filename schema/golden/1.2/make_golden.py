@@ -230,6 +230,11 @@ NEW_MODULES = {
                              [(2, 2, 4, 4), ("int", 2, 4, 4), ("int", 2, 4, 4)]),
     "DeformablePSROIPooling": (lambda: M.DeformablePSROIPooling(False, 2, 2, 2, 2, 0.5),
                                [(2, 3, 5, 6), ("rois", 3, 5), (3, 2, 2, 2)]),
+    # issue 32 (Concat: in qat_model.tmod, it takes a list)
+    "LinearBn1d": (lambda: M.LinearBn1d(5, 3).eval(), [(2, 5)]),
+    "LinearBnRelu1d": (lambda: M.LinearBnRelu1d(5, 3).eval(), [(2, 5)]),
+    "BatchMatMulActivation": (lambda: M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
+                              [(2, 5, 3)]),
 }
 
 
@@ -324,6 +329,11 @@ def _qat_model():
             self.fc = M.Linear(4 * 5 * 5, 6)
             self.fc_relu = M.Linear(6, 6)
             self.user_fc = M.Linear(6, 3)
+            self.fc_bn = M.LinearBn1d(6, 6)
+            self.fc_bn_relu = M.LinearBnRelu1d(6, 6)
+            self.cat = M.Concat()
+            self.float_cat = M.Concat().disable_quantize()
+            self.bmm = M.BatchMatMulActivation(2, 2, 3, nonlinear_mode="relu")
             self.dequant = M.DequantStub()
             self.observers = [Q.MinMaxObserver(), Q.ExponentialMovingAverageObserver(),
                               Q.HistogramObserver(bins=64)]
@@ -339,7 +349,10 @@ def _qat_model():
             x = self.add(self.conv_bn(x), self.conv_relu(x))
             x = self.conv_plain(x)
             x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
-            return self.dequant(self.user_fc(x))
+            x = self.cat([self.fc_bn(x), self.fc_bn_relu(x)], 1)
+            x = self.float_cat([x, x], 0)
+            x = self.user_fc(x[:, :6])
+            return self.dequant(self.bmm(x.reshape(2, 2, 3)))
 
     mt.random.seed(126)
     rng = np.random.default_rng(127)
