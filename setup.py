@@ -85,6 +85,7 @@ extensions = [
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c"], blas=True),
+    ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qgemm.c"]),
 ]
 CUDA_DIR = "mgtrace/_core/cuda"
 CUDA_EXT = "mgtrace._core._cuda"
