@@ -234,3 +234,57 @@ def apply_easy_quant(module, data, start=0.8, stop=1.2, num=40):
             for h in handles:
                 h.remove()
     return module
+
+
+def _qat_to_quantized():
+    import mgtrace.module.qat as QM
+    import mgtrace.module.quantized as MQ
+    return {QM.QuantStub: MQ.QuantStub, QM.DequantStub: MQ.DequantStub,
+            QM.Linear: MQ.Linear, QM.LinearRelu: MQ.LinearRelu, QM.Conv2d: MQ.Conv2d,
+            QM.ConvRelu2d: MQ.ConvRelu2d, QM.ConvBn2d: MQ.ConvBn2d,
+            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat}
+
+
+def quantize(module, inplace=True, mapping=None):
+    """Replace the QAT modules of ``module`` by their int8 versions in
+    :mod:`mgtrace.module.quantized` (MegEngine's ``quantize``), each built
+    with ``from_qat_module``: weights quantized once with their QAT qparams,
+    BatchNorms folded, outputs with the activation qparams.
+
+    Args:
+        module: a model after :func:`quantize_qat` and calibration (or QAT
+            training); put it in eval mode first for BatchNorm folding.
+        inplace: convert ``module`` itself; False converts a deep copy.
+        mapping: ``{QAT type: quantized type}`` added to the default one
+            (exact types). A QAT module with no quantized version here
+            (LinearBn1d, LinearBnRelu1d, BatchMatMulActivation) or whose
+            ``quantize_disabled`` is true stays as it is.
+
+    Returns the converted module. Raises QuantizationError for a QAT module
+    without weight or activation qparams, or with qparams the int8 kernels
+    do not take (weights qint8/qint8_narrow symmetric; activations per
+    tensor qint8 or quint8).
+    """
+    mapping = {**_qat_to_quantized(), **(mapping or {})}
+    if not inplace:
+        module = copy.deepcopy(module)
+
+    def convert(m):
+        target = mapping.get(type(m))
+        if target is None or getattr(m, "quantize_disabled", False):
+            return None
+        return target.from_qat_module(m).train(False)
+
+    root = convert(module)
+    if root is not None:
+        return root
+    for parent in list(module.modules()):
+        if getattr(parent, "quantize_disabled", False):
+            continue
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            new = convert(child)
+            if new is not None:
+                setattr(parent, name, new)
+    return module

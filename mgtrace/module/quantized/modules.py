@@ -1,0 +1,228 @@
+"""The quantized modules (see the package docstring)."""
+import numpy as np
+
+import mgtrace.functional as F
+from mgtrace._core import tensor as _tensor
+from mgtrace.module.module import Module
+from mgtrace.quantization import int8
+from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, quantize
+from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
+
+__all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
+           "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Elemwise", "Concat"]
+
+
+def _act_qparams(qat):
+    q = qat.get_activation_qparams()
+    if q is None:
+        raise QuantizationError(f"{type(qat).__name__} has no activation qparams (no act "
+                                "observer or fake quantizer): calibrate it before quantize()")
+    if q.dtype_meta.name not in ("qint8", "quint8") or np.ndim(q.scale.numpy()):
+        raise QuantizationError(f"quantized modules output per-tensor qint8 or quint8, got "
+                                f"{q.dtype_meta.name} with scale shape "
+                                f"{tuple(q.scale.shape)}")
+    return q
+
+
+def _zp(q):
+    if q.zero_point is None or q.mode != QuantMode.ASYMMERTIC:
+        return 0
+    return int(np.asarray(q.zero_point.numpy()))
+
+
+def _input(x, who):
+    q = x.__dict__.get("qparams") if isinstance(x, QuantizedTensor) else None
+    if q is None:
+        raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
+                                f"got {getattr(x, 'dtype', type(x).__name__)}")
+    s = np.asarray(q.scale.numpy())
+    if s.ndim:
+        raise QuantizationError(f"{who} takes per-tensor quantized inputs")
+    return np.asarray(x.numpy()), float(s), _zp(q), q.dtype_meta.name
+
+
+class QuantizedModule(Module):
+    """Base of the quantized modules: ``act_qparams`` (the output's
+    QParams) and ``__repr__`` marked ``Quantized.``."""
+
+    def __repr__(self):
+        return "Quantized." + super().__repr__()
+
+    def _output(self, data):
+        return QuantizedTensor.wrap(data, self.act_qparams)
+
+    @property
+    def out_args(self):
+        q = self.act_qparams
+        return float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name
+
+
+class QuantStub(QuantizedModule):
+    """Float32 -> QuantizedTensor with the QAT QuantStub's activation qparams."""
+
+    def __init__(self, act_qparams):
+        super().__init__()
+        self.act_qparams = act_qparams
+
+    def forward(self, x):
+        return quantize(x, self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(_act_qparams(qat))
+
+
+class DequantStub(QuantizedModule):
+    """QuantizedTensor -> float32 Tensor (a float input passes through)."""
+
+    def forward(self, x):
+        return dequantize(x) if isinstance(x, QuantizedTensor) else x
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls()
+
+
+class _Weighted(QuantizedModule):
+    """A weight quantized once (int8 buffer ``weight``, float32 buffer
+    ``weight_scale``: one or one per output channel), a float32 ``bias``
+    (or None), the output's ``act_qparams``."""
+
+    relu = False
+
+    def _setup(self, w_float, w_qparams, bias, act_qparams):
+        if w_qparams is None:
+            raise QuantizationError(f"{type(self).__name__}: the QAT module has no weight "
+                                    "qparams (no weight observer or fake quantizer)")
+        if w_qparams.dtype_meta.name not in ("qint8", "qint8_narrow"):
+            raise QuantizationError(f"int8 weights are qint8 or qint8_narrow, got "
+                                    f"{w_qparams.dtype_meta.name}")
+        if w_qparams.mode == QuantMode.ASYMMERTIC and np.any(w_qparams.zero_point.numpy()):
+            raise QuantizationError("int8 weights are symmetric (zero point 0)")
+        wq = quantize(w_float, create_qparams(QuantMode.SYMMERTIC, w_qparams.dtype_meta,
+                                              w_qparams.scale, None, w_qparams.axis))
+        self.weight = _tensor(np.asarray(wq.numpy()))
+        self.weight_scale = _tensor(np.asarray(w_qparams.scale.numpy(), np.float32))
+        self.bias = None if bias is None else _tensor(np.asarray(bias.numpy(), np.float32))
+        self.act_qparams = act_qparams
+        self._packed = None
+
+    def _packed_weight(self, groups=1):
+        key = (id(self.weight), id(self.weight_scale), id(self.bias))
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, int8.Int8Weight(
+                self.weight.numpy(), self.weight_scale.numpy(),
+                None if self.bias is None else self.bias.numpy(), groups=groups))
+        return self._packed[1]
+
+
+class Linear(_Weighted):
+    """Int8 ``linear``: QuantizedTensor [..., in] -> QuantizedTensor [..., out]."""
+
+    def forward(self, x):
+        data, s, zp, name = _input(x, type(self).__name__)
+        o_s, o_zp, o_dt = self.out_args
+        y = int8.linear(data, s, zp, self._packed_weight(), o_s, o_zp, o_dt, self.relu,
+                        x_dtype=name)
+        return self._output(y)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls()
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat))
+        return m
+
+
+class LinearRelu(Linear):
+    """``relu`` fused into :class:`Linear`'s saturation."""
+    relu = True
+
+
+class Conv2d(_Weighted):
+    """Int8 ``conv2d`` (zeros padding): QuantizedTensor [N, C, H, W] ->
+    QuantizedTensor [N, C_out, OH, OW]; any groups, stride, padding,
+    dilation."""
+
+    def _geometry(self, conv):
+        if getattr(conv, "padding_mode", "zeros") != "zeros":
+            raise QuantizationError(f"quantized Conv2d pads with zeros only, got "
+                                    f"padding_mode={conv.padding_mode!r}")
+        self.stride, self.padding = tuple(conv.stride), tuple(conv.padding)
+        self.dilation, self.groups = tuple(conv.dilation), int(conv.groups)
+
+    def forward(self, x):
+        data, s, zp, name = _input(x, type(self).__name__)
+        o_s, o_zp, o_dt = self.out_args
+        y = int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
+                        self.relu, self.stride, self.padding, self.dilation, x_dtype=name)
+        return self._output(y)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls()
+        m._geometry(qat)
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat))
+        return m
+
+
+class ConvRelu2d(Conv2d):
+    """``relu`` fused into :class:`Conv2d`'s saturation."""
+    relu = True
+
+
+class ConvBn2d(Conv2d):
+    """A QAT ConvBn2d in its eval form: the BatchNorm folded into the weight
+    (``w * k``) and bias (``beta + k * (b - running_mean)``)."""
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls()
+        m._geometry(qat.conv)
+        k, beta, mean = qat._fold()
+        w = qat.conv.weight * k.reshape((-1, 1, 1, 1))
+        b = qat.conv.bias if qat.conv.bias is not None else F.zeros_like(mean)
+        m._setup(w, qat.get_weight_qparams(), beta + k * (b - mean), _act_qparams(qat))
+        return m
+
+
+class ConvBnRelu2d(ConvBn2d):
+    """``relu`` fused into :class:`ConvBn2d`'s saturation."""
+    relu = True
+
+
+class Elemwise(QuantizedModule):
+    """MegEngine's quantized Elemwise: the float method of
+    :class:`mgtrace.module.Elemwise` on the dequantized inputs, the result
+    quantized with ``act_qparams``."""
+
+    def __init__(self, method, act_qparams):
+        super().__init__()
+        from mgtrace.module import Elemwise as FloatElemwise
+        self.float_op = FloatElemwise(method)
+        self.method = self.float_op.method
+        self.act_qparams = act_qparams
+
+    def forward(self, *inps):
+        xs = [dequantize(x) if isinstance(x, QuantizedTensor) else x for x in inps]
+        return quantize(self.float_op(*xs), self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(qat.method, _act_qparams(qat))
+
+
+class Concat(QuantizedModule):
+    """``concat`` of quantized inputs, each requantized to ``act_qparams``
+    (exactly: dequantize in float32, quantize)."""
+
+    def __init__(self, act_qparams):
+        super().__init__()
+        self.act_qparams = act_qparams
+
+    def forward(self, inps, axis=0):
+        xs = [dequantize(x) if isinstance(x, QuantizedTensor) else x for x in inps]
+        return quantize(F.concat(xs, axis), self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(_act_qparams(qat))
