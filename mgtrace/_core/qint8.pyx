@@ -61,7 +61,8 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
          cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out, int64_t ldo_m,
          int64_t ldo_n, int path=0):
     """out[m*ldo_m + n*ldo_n] = clamp(rint((a[m] - a_zp) . w[n] + bias[n]) * mult[n])
-    + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8.
+    + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8;
+    out float32: (acc * mult[n]) unrounded, ReLU when lo is 0.
     Returns the path used: 1 portable, 2 VNNI."""
     if a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
         raise ValueError("gemm: a must be a C-contiguous uint8 [M, K] array")
@@ -78,11 +79,11 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
         if b.dtype != np.int32 or b.shape[0] != N or not b.flags.c_contiguous:
             raise ValueError("gemm: bias must be int32 [N]")
         bp = <const int32_t *>cnp.PyArray_DATA(b)
-    if out.dtype not in (np.int8, np.uint8) or not out.flags.c_contiguous:
-        raise ValueError("gemm: out must be a C-contiguous int8 or uint8 array")
+    if out.dtype not in (np.int8, np.uint8, np.float32) or not out.flags.c_contiguous:
+        raise ValueError("gemm: out must be a C-contiguous int8, uint8 or float32 array")
     if M and N and (M - 1) * ldo_m + (N - 1) * ldo_n >= out.size or ldo_m < 0 or ldo_n < 0:
         raise ValueError("gemm: the output strides reach past out")
-    cdef int out_u8 = out.dtype == np.uint8
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int used
     with nogil:
         used = mt_qgemm_u8s8(M, N, K, <const uint8_t *>cnp.PyArray_DATA(a), K, a_zp,

@@ -13,7 +13,9 @@ with ``rint`` round half to even in float64 (the rule of
 (MegEngine's qint32 bias), per-tensor or per-output-channel weight scales,
 and ReLU as ``qmin = max(qmin, y_zp)``. Weights are signed and symmetric
 (``qint8`` or ``qint8_narrow``); activations ``qint8`` (zero point 0) or
-``quint8`` (any zero point in 0..255).
+``quint8`` (any zero point in 0..255). A layer whose output stays float
+(``out_dtype="float32"``) gets ``acc * x_scale * w_scale`` (bias included),
+in float64 then rounded once to float32.
 
 Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
 NumPy arrays. The quantized tensor type of the core, and modules that use
@@ -115,6 +117,8 @@ class Int8Weight:
             w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
 
     def _epilogue(self, g, x_scale, out_scale):
+        if out_scale is None:       # float32 out
+            out_scale = 1.0
         per = self.shape[0] // self.groups
         sl = slice(g * per, (g + 1) * per)
         ws = self.scale[sl].astype(np.float64)
@@ -127,7 +131,13 @@ class Int8Weight:
         return np.ascontiguousarray(mult), bias
 
 
+class _Float32:
+    name = np_dtype_str = "float32"
+
+
 def _out_range(out_dtype, out_zp, relu):
+    if out_dtype in ("float32", np.float32):
+        return _Float32, (0 if relu else -1), 0
     meta = quant_dtype(out_dtype)
     if meta.name not in ("qint8", "qint8_narrow", "quint8"):
         raise QuantizationError(f"int8 kernels write qint8 or quint8, got {meta.name}")
@@ -145,7 +155,9 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
         x_q, x_scale, x_zp: the quantized input and its qparams; x_dtype
             (default: qint8 for int8 data, quint8 for uint8).
         weight: an :class:`Int8Weight` of shape [N, K].
-        out_scale, out_zp, out_dtype: the output's qparams and dtype.
+        out_scale, out_zp, out_dtype: the output's qparams and dtype;
+            out_dtype "float32" writes the dequantized accumulator
+            ``acc * x_scale * w_scale`` instead (out_scale, out_zp unused).
         relu: fuse ReLU into the saturation.
         path: 0 the best kernel here, 1 the portable one (for tests).
 
@@ -161,7 +173,7 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     a, a_zp = _as_u8(x.reshape(-1, x.shape[-1]), x_zp, meta_in)
     n = weight.shape[0]
     out = np.empty((a.shape[0], n), meta.np_dtype_str)
-    mult, bias = weight._epilogue(0, x_scale, out_scale)
+    mult, bias = weight._epilogue(0, x_scale, None if meta is _Float32 else out_scale)
     packed, wsum = weight.packs[0]
     _kernels().gemm(a, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, out, n, 1, path)
     return out.reshape(x.shape[:-1] + (n,))
@@ -199,7 +211,8 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     a, a_zp = _as_u8(x, x_zp, meta_in)
     out = np.empty((nb, co, oh, ow), meta.np_dtype_str)
     per = co // g
-    epi = [weight._epilogue(gi, x_scale, out_scale) for gi in range(g)]
+    epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
+           for gi in range(g)]
     kern = _kernels()
     p = oh * ow
     for n in range(nb):

@@ -172,3 +172,21 @@ def test_bad_arguments_raise():
         int8.Int8Weight(np.ones((3, 4), np.float32), 0.1)
     with pytest.raises(QuantizationError, match="too large"):
         int8.Int8Weight(np.ones((1, 70000), np.int8), 0.1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("relu", [False, True])
+def test_float32_output_is_the_dequantized_accumulator(path, relu):
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 256, (5, 19)).astype(np.uint8)
+    w = rng.integers(-127, 128, (6, 19)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.01, 6).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    got = int8.linear(x, 0.07, 120, int8.Int8Weight(w, ws, bias), None, out_dtype="float32",
+                      relu=relu, path=path)
+    acc = (x.astype(np.int64) - 120) @ w.astype(np.int64).T + ref_bias(bias, 0.07, ws)
+    want = (acc * (np.float64(np.float32(0.07)) * ws.astype(np.float64)))
+    if relu:
+        want = np.maximum(want, 0)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want.astype(np.float32))

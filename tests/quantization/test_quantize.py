@@ -116,3 +116,24 @@ def test_quantized_tensors_refuse_arithmetic_and_need_qparams():
     lin.set_qconfig(Q.min_max_fakequant_qconfig)
     with pytest.raises(Q.QuantizationError, match="QuantStub"):
         MQ.Linear.from_qat_module(lin)(mt.tensor(np.ones((1, 3), F32)))
+
+
+def test_a_layer_without_activation_qparams_outputs_float():
+    rng = np.random.default_rng(2)
+    fc = QM.Linear.from_float_module(M.Linear(6, 4))
+    fc.set_qconfig(Q.min_max_fakequant_qconfig)
+    fc.act_observer = fc.act_fake_quant = None
+    fc.eval()
+    Q.enable_observer(fc)
+    x = rng.standard_normal((3, 6)).astype(F32)
+    fc(mt.tensor(x))
+    q = MQ.Linear.from_qat_module(fc)
+    assert q.act_qparams is None
+    xq = Q.quantize_tensor(x, dtype="qint8", scale=0.02)
+    y = q(xq)
+    assert not isinstance(y, Q.QuantizedTensor) and y.dtype == np.float32
+    ws = np.float64(F32(fc.get_weight_qparams().scale.numpy()))
+    wq = q.weight.numpy().astype(np.int64)
+    b = np.rint(fc.bias.numpy().astype(np.float64) / (np.float64(F32(0.02)) * ws))
+    acc = xq.numpy().astype(np.int64) @ wq.T + b.astype(np.int64)
+    np.testing.assert_array_equal(y.numpy(), (acc * (np.float64(F32(0.02)) * ws)).astype(F32))

@@ -10,7 +10,9 @@
  * vpdpbusd reads. rint is IEEE round half to even (the default rounding
  * mode), the rule of mgtrace.quantization. ReLU is folded into lo (the
  * caller passes lo = max(qmin, out_zp)). The accumulation is exact while
- * K * 255 * 128 < 2**31 (K < 65793); callers check it.
+ * K * 255 * 128 < 2**31 (K < 65793); callers check it. out_u8 2 writes
+ * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
+ * x_scale * w_scale), for a layer whose output stays float.
  *
  * Two paths with one result: AVX-512 VNNI (vpdpbusd, u8 x s8 -> s32),
  * chosen at run time where the CPU has it, and portable C. No Python here;
@@ -65,10 +67,17 @@ static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
     int64_t acc = (int64_t)dot - (int64_t)g->a_zp * g->wsum[n];
     if (g->bias)
         acc += g->bias[n];
+    int64_t at = m * g->ldo_m + n * g->ldo_n;
+    if (g->out_u8 == 2) {           /* float32 out: the dequantized accumulator */
+        double f = (double)acc * g->mult[n];
+        if (g->lo == 0 && f < 0)    /* ReLU */
+            f = 0;
+        ((float *)g->out)[at] = (float)f;
+        return;
+    }
     double v = rint((double)acc * g->mult[n]) + (double)g->out_zp;
     if (v < g->lo) v = g->lo;
     if (v > g->hi) v = g->hi;
-    int64_t at = m * g->ldo_m + n * g->ldo_n;
     if (g->out_u8)
         ((uint8_t *)g->out)[at] = (uint8_t)(int32_t)v;
     else

@@ -12,8 +12,10 @@ __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu"
            "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Elemwise", "Concat"]
 
 
-def _act_qparams(qat):
+def _act_qparams(qat, required=True):
     q = qat.get_activation_qparams()
+    if q is None and not required:
+        return None
     if q is None:
         raise QuantizationError(f"{type(qat).__name__} has no activation qparams (no act "
                                 "observer or fake quantizer): calibrate it before quantize()")
@@ -49,11 +51,15 @@ class QuantizedModule(Module):
         return "Quantized." + super().__repr__()
 
     def _output(self, data):
+        if self.act_qparams is None:
+            return _tensor(data)
         return QuantizedTensor.wrap(data, self.act_qparams)
 
     @property
     def out_args(self):
         q = self.act_qparams
+        if q is None:               # no activation quantization: float32 out
+            return None, 0, "float32"
         return float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name
 
 
@@ -86,7 +92,9 @@ class DequantStub(QuantizedModule):
 class _Weighted(QuantizedModule):
     """A weight quantized once (int8 buffer ``weight``, float32 buffer
     ``weight_scale``: one or one per output channel), a float32 ``bias``
-    (or None), the output's ``act_qparams``."""
+    (or None), the output's ``act_qparams``: None when the QAT module
+    quantized no activation (no act observer or fake quantizer), and then
+    the output is the float32 accumulator ``acc * x_scale * w_scale``."""
 
     relu = False
 
@@ -129,7 +137,7 @@ class Linear(_Weighted):
     @classmethod
     def from_qat_module(cls, qat):
         m = cls()
-        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat))
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
         return m
 
 
@@ -161,7 +169,7 @@ class Conv2d(_Weighted):
     def from_qat_module(cls, qat):
         m = cls()
         m._geometry(qat)
-        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat))
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
         return m
 
 
@@ -181,7 +189,8 @@ class ConvBn2d(Conv2d):
         k, beta, mean = qat._fold()
         w = qat.conv.weight * k.reshape((-1, 1, 1, 1))
         b = qat.conv.bias if qat.conv.bias is not None else F.zeros_like(mean)
-        m._setup(w, qat.get_weight_qparams(), beta + k * (b - mean), _act_qparams(qat))
+        m._setup(w, qat.get_weight_qparams(), beta + k * (b - mean),
+                 _act_qparams(qat, False))
         return m
 
 
