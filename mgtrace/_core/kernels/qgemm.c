@@ -137,6 +137,54 @@ static void block_vnni(const qgemm_args *g, int64_t m, int64_t nb)
         store(g, m, n0 + j, out[j]);
 }
 
+/* four rows of one packed block: each weight vector loaded once for four
+ * vpdpbusd (the one-row kernel above reloads it per row) */
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
+    const uint8_t *a0 = g->a + m * g->lda, *a1 = a0 + g->lda, *a2 = a1 + g->lda,
+                  *a3 = a2 + g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512(),
+            c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    int64_t kb = 0;
+    for (; kb < KF; kb++) {
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, a0 + kb * QB_K, 4);
+        memcpy(&v1, a1 + kb * QB_K, 4);
+        memcpy(&v2, a2 + kb * QB_K, 4);
+        memcpy(&v3, a3 + kb * QB_K, 4);
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_set1_epi32(v0), wv);
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_set1_epi32(v1), wv);
+        c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
+        c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
+    }
+    if (kb < KB) {              /* the last, partial group of k */
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        size_t left = (size_t)(g->K - kb * QB_K);
+        int32_t v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        memcpy(&v0, a0 + kb * QB_K, left);
+        memcpy(&v1, a1 + kb * QB_K, left);
+        memcpy(&v2, a2 + kb * QB_K, left);
+        memcpy(&v3, a3 + kb * QB_K, left);
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_set1_epi32(v0), wv);
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_set1_epi32(v1), wv);
+        c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
+        c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
+    }
+    int32_t out[4][QB_N];
+    _mm512_storeu_si512(out[0], c0);
+    _mm512_storeu_si512(out[1], c1);
+    _mm512_storeu_si512(out[2], c2);
+    _mm512_storeu_si512(out[3], c3);
+    int64_t n0 = nb * QB_N;
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+            store(g, m + r, n0 + j, out[r][j]);
+}
+
 static int has_vnni(void)
 {
     __builtin_cpu_init();
@@ -160,17 +208,24 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                     out, ldo_m, ldo_n};
     int64_t NB = ceil_div(N, QB_N);
     int vnni = path == 0 && has_vnni();
-    int64_t work = M * NB;
+    int64_t MB = ceil_div(M, 4);        /* units of four rows x one packed block */
+    int64_t work = MB * NB;
 #pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
     for (int64_t i = 0; i < work; i++) {
-        int64_t m = i / NB, nb = i % NB;
+        int64_t m = (i / NB) * 4, nb = i % NB;
+        int64_t rows = M - m < 4 ? M - m : 4;
 #ifdef MT_Q_VNNI
         if (vnni) {
-            block_vnni(&g, m, nb);
+            if (rows == 4)
+                block4_vnni(&g, m, nb);
+            else
+                for (int64_t r = 0; r < rows; r++)
+                    block_vnni(&g, m + r, nb);
             continue;
         }
 #endif
-        block_portable(&g, m, nb);
+        for (int64_t r = 0; r < rows; r++)
+            block_portable(&g, m + r, nb);
     }
     return vnni ? 2 : 1;
 }
