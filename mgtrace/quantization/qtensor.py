@@ -10,7 +10,10 @@ with a :class:`QuantizationError` naming both operands' dtypes: the
 integers alone mean nothing; use :func:`dequantize`, or the modules of
 :mod:`mgtrace.module.quantized`, which compute with int8 kernels. The
 layout methods ``reshape``, ``flatten``, ``transpose`` and indexing keep
-the qparams (per-tensor ones).
+the qparams (per-tensor ones): their results are core Tensors tagged with
+them (:func:`is_quantized`), so that a trace records them as the core ops
+they are; a second layout op on such a result (a plain Tensor) drops
+them.
 
 Here, not in the tensor core: a core dtype with metadata is future work,
 so core ops applied directly (``F.relu(qt)``) see the integers and return a
@@ -22,7 +25,13 @@ from mgtrace._core import Tensor
 from mgtrace.quantization.utils import (QParams, QuantMode, QuantizationError, create_qparams,
                                         quant_dtype)
 
-__all__ = ["QuantizedTensor", "quantize", "dequantize"]
+__all__ = ["QuantizedTensor", "quantize", "dequantize", "is_quantized"]
+
+
+def is_quantized(t):
+    """Whether ``t`` is a Tensor carrying qparams: a QuantizedTensor, or the
+    result of one's ``reshape``/``flatten``/``transpose``/indexing."""
+    return isinstance(t, Tensor) and t.__dict__.get("qparams") is not None
 
 
 def _describe(v):
@@ -77,10 +86,13 @@ class QuantizedTensor(Tensor):
     # layout methods keep the qparams (per-tensor ones: a per-channel axis
     # would move); the integers are only rearranged
     def _same_qparams(self, out, what):
+        # the result is the core's Tensor (the same object a trace records),
+        # tagged with the qparams: is_quantized() and the quantized modules read them
         q = self.__dict__.get("qparams")
         if q is not None and q.axis is not None and np.ndim(q.scale.numpy()):
             raise QuantizationError(f"{what} of a per-channel quantized tensor: dequantize first")
-        return QuantizedTensor.wrap(out, q)
+        out.__dict__["qparams"] = q
+        return out
 
     def reshape(self, *shape):
         return self._same_qparams(Tensor.reshape(self, *shape), "reshape")

@@ -116,6 +116,13 @@ for _name in ("Linear", "Conv2d", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Lin
               "BatchMatMulActivation"):
     STATE_ELEMENTS[f"mgtrace.module.qat.{_name}"] = STATE_ELEMENTS[f"mgtrace.module.{_name}"]
 STATE_ELEMENTS["mgtrace.module.qat.LinearRelu"] = STATE_ELEMENTS["mgtrace.module.Linear"]
+# the int8 modules: an int8 weight, a float32 bias and scales (counted as elements)
+for _name in ("Linear", "LinearRelu"):
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = \
+        lambda c: (_size(c.get("in_features")) + 2) * _size(c.get("out_features"))
+for _name in ("Conv2d", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d"):
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = lambda c: _conv(2)(c) + _size(
+        c.get("out_channels"))
 STATE_ELEMENTS["mgtrace.module.qat.LinearBnRelu1d"] = STATE_ELEMENTS["mgtrace.module.LinearBn1d"]
 del _name
 

@@ -142,9 +142,9 @@ def _plain(v):
 
 def test_constructions_cover_every_builtin():
     assert {c[0] for c in CONSTRUCTIONS} == set(BUILTIN_NAMES)
-    # (mgtrace.module.qat's: tests/quantization/test_trace_qat.py)
+    # (mgtrace.module.qat's and .quantized's: tests/quantization)
     own = {n for n in M.builtin_types()
-           if n.startswith("mgtrace.module.") and not n.startswith("mgtrace.module.qat.")}
+           if n.startswith("mgtrace.module.") and not n.startswith(("mgtrace.module.qat.", "mgtrace.module.quantized."))}
     assert own == {f"mgtrace.module.{n}" for n in BUILTIN_NAMES}
 
 

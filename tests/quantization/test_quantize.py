@@ -110,8 +110,10 @@ def test_quantized_tensors_refuse_arithmetic_and_need_qparams():
     with pytest.raises(Q.QuantizationError, match="QuantizedTensor"):
         Q.dequantize_tensor(mt.tensor(np.ones(3, F32)))
     # layout methods keep the qparams
-    r = qt.reshape(1, 3)[0, 1:]
-    assert isinstance(r, Q.QuantizedTensor) and r.dtype_name == qt.dtype_name
+    r = qt.reshape(1, 3)
+    assert r.__dict__["qparams"] is qt.qparams and r.numpy().tolist() == [[12, 12, 12]]
+    from mgtrace.quantization.qtensor import is_quantized
+    assert is_quantized(r) and not is_quantized(mt.tensor(np.ones(2, F32)))
     lin = QM.Linear.from_float_module(M.Linear(3, 2))
     lin.set_qconfig(Q.min_max_fakequant_qconfig)
     with pytest.raises(Q.QuantizationError, match="QuantStub"):
@@ -137,3 +139,22 @@ def test_a_layer_without_activation_qparams_outputs_float():
     b = np.rint(fc.bias.numpy().astype(np.float64) / (np.float64(F32(0.02)) * ws))
     acc = xq.numpy().astype(np.int64) @ wq.T + b.astype(np.int64)
     np.testing.assert_array_equal(y.numpy(), (acc * (np.float64(F32(0.02)) * ws)).astype(F32))
+
+
+def test_a_quantized_model_traces_saves_and_loads(tmp_path):
+    qat, rng = _calibrated(Q.min_max_fakequant_qconfig, seed=3)
+    qnet = Q.quantize(qat)
+    for name, m in qnet.named_modules():
+        if type(m).__module__.startswith("mgtrace.module.quantized"):
+            assert M.is_builtin(m) and type(m)(**m.config()).config() == m.config(), name
+    x = mt.tensor(rng.standard_normal((2, 3, 8, 8)).astype(F32))
+    want = qnet(x).numpy()
+    tm = mt.trace_module(qnet, x)
+    assert type(tm.fc) is MQ.Linear
+    mt.save(tm, tmp_path / "q.tmod")
+    back = mt.load(tmp_path / "q.tmod")
+    np.testing.assert_array_equal(back(x).numpy(), want)
+    np.testing.assert_array_equal(back.conv.weight.numpy(), qnet.conv.weight.numpy())
+    assert back.conv.weight.dtype == np.int8
+    with pytest.raises(ValueError, match="mgtrace.module.quantized"):
+        mt.save(tm, tmp_path / "old.tmod", target_version=(1, 1))

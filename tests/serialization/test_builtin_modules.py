@@ -36,9 +36,9 @@ EXAMPLES = {
 
 
 def test_every_builtin_type_has_an_example():
-    # (mgtrace.module.qat's: tests/quantization/test_trace_qat.py)
+    # (mgtrace.module.qat's and .quantized's: tests/quantization)
     own = {n.rsplit(".", 1)[1] for n in M.builtin_types()
-           if n.startswith("mgtrace.module.") and not n.startswith("mgtrace.module.qat.")}
+           if n.startswith("mgtrace.module.") and not n.startswith(("mgtrace.module.qat.", "mgtrace.module.quantized."))}
     assert own == set(EXAMPLES)
 
 

@@ -14,13 +14,23 @@ dequantized inputs and requantize (MegEngine's quantized Elemwise does the
 same); activations are qint8 or quint8 per tensor, weights qint8 /
 qint8_narrow per tensor or per output channel.
 
-Not yet: these are not tracer builtins (no archive of a quantized model),
-and ConvTranspose2d, BatchMatMulActivation and the Linear-BN forms have no
+They are builtins (leaves for the tracer) named
+``mgtrace.module.quantized.<Name>``, stored in archives (format 1.2) by
+config (geometry, ``act_qparams`` as ``{dtype, scale, zero_point}``) and
+tensors (the int8 ``weight``, ``weight_scale``, ``bias``). Not yet:
+ConvTranspose2d, BatchMatMulActivation and the Linear-BN forms have no
 quantized version.
 """
 from mgtrace.module.quantized.modules import (Concat, Conv2d, ConvBn2d, ConvBnRelu2d,
                                               ConvRelu2d, DequantStub, Elemwise, Linear,
                                               LinearRelu, QuantizedModule, QuantStub)
+
+from mgtrace.module.builtin import register_as_builtin as _register
+
+for _cls in (QuantStub, DequantStub, Linear, LinearRelu, Conv2d, ConvRelu2d, ConvBn2d,
+             ConvBnRelu2d, Elemwise, Concat):
+    _register(_cls, name=f"mgtrace.module.quantized.{_cls.__name__}")
+del _cls
 
 __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
            "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Elemwise", "Concat"]

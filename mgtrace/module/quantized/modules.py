@@ -5,7 +5,7 @@ import mgtrace.functional as F
 from mgtrace._core import tensor as _tensor
 from mgtrace.module.module import Module
 from mgtrace.quantization import int8
-from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, quantize
+from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, is_quantized, quantize
 from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
 
 __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
@@ -32,8 +32,32 @@ def _zp(q):
     return int(np.asarray(q.zero_point.numpy()))
 
 
+def _act_config(q):
+    """``act_qparams`` as plain values (config()): None or {dtype, scale,
+    zero_point}."""
+    if q is None:
+        return None
+    return {"dtype": q.dtype_meta.name, "scale": float(np.asarray(q.scale.numpy())),
+            "zero_point": _zp(q)}
+
+
+def _act(value):
+    """QParams from a QParams, a config dict or None."""
+    if value is None or not isinstance(value, dict):
+        return value
+    if set(value) != {"dtype", "scale", "zero_point"}:
+        raise QuantizationError(f"act_qparams as a dict needs dtype, scale and zero_point, "
+                                f"got {value!r}")
+    from mgtrace.quantization.utils import quant_dtype
+    meta = quant_dtype(value["dtype"])
+    if meta.is_unsigned:
+        return create_qparams(QuantMode.ASYMMERTIC, meta, value["scale"],
+                              float(value["zero_point"]))
+    return create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
+
+
 def _input(x, who):
-    q = x.__dict__.get("qparams") if isinstance(x, QuantizedTensor) else None
+    q = x.__dict__.get("qparams") if is_quantized(x) else None
     if q is None:
         raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
                                 f"got {getattr(x, 'dtype', type(x).__name__)}")
@@ -64,11 +88,15 @@ class QuantizedModule(Module):
 
 
 class QuantStub(QuantizedModule):
-    """Float32 -> QuantizedTensor with the QAT QuantStub's activation qparams."""
+    """Float32 -> QuantizedTensor with the QAT QuantStub's activation qparams
+    (``act_qparams``: a QParams, or ``{dtype, scale, zero_point}``)."""
 
     def __init__(self, act_qparams):
         super().__init__()
-        self.act_qparams = act_qparams
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, x):
         return quantize(x, self.act_qparams)
@@ -81,8 +109,11 @@ class QuantStub(QuantizedModule):
 class DequantStub(QuantizedModule):
     """QuantizedTensor -> float32 Tensor (a float input passes through)."""
 
+    def config(self):
+        return {}
+
     def forward(self, x):
-        return dequantize(x) if isinstance(x, QuantizedTensor) else x
+        return dequantize(x) if is_quantized(x) else x
 
     @classmethod
     def from_qat_module(cls, qat):
@@ -97,6 +128,20 @@ class _Weighted(QuantizedModule):
     the output is the float32 accumulator ``acc * x_scale * w_scale``."""
 
     relu = False
+
+    def _buffers_for(self, weight_shape, bias, weight_channels, act_qparams):
+        """Zeros of the right shapes (an archive or _setup fills them)."""
+        self.weight = _tensor(np.zeros(weight_shape, np.int8))
+        shape = () if weight_channels is None else (int(weight_channels),)
+        self.weight_scale = _tensor(np.ones(shape, np.float32))
+        self.bias = _tensor(np.zeros(weight_shape[0], np.float32)) if bias else None
+        self.act_qparams = _act(act_qparams)
+        self.__dict__["_packed"] = None
+
+    def _weight_config(self):
+        return {"bias": self.bias is not None,
+                "weight_channels": int(self.weight_scale.shape[0]) if self.weight_scale.ndim
+                else None, "act_qparams": _act_config(self.act_qparams)}
 
     def _setup(self, w_float, w_qparams, bias, act_qparams):
         if w_qparams is None:
@@ -113,19 +158,34 @@ class _Weighted(QuantizedModule):
         self.weight_scale = _tensor(np.asarray(w_qparams.scale.numpy(), np.float32))
         self.bias = None if bias is None else _tensor(np.asarray(bias.numpy(), np.float32))
         self.act_qparams = act_qparams
-        self._packed = None
+        self.__dict__["_packed"] = None
 
     def _packed_weight(self, groups=1):
         key = (id(self.weight), id(self.weight_scale), id(self.bias))
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, int8.Int8Weight(
+        packed = self.__dict__.get("_packed")
+        if packed is None or packed[0] != key:
+            self.__dict__["_packed"] = packed = (key, int8.Int8Weight(
                 self.weight.numpy(), self.weight_scale.numpy(),
                 None if self.bias is None else self.bias.numpy(), groups=groups))
-        return self._packed[1]
+        return packed[1]
 
 
 class Linear(_Weighted):
-    """Int8 ``linear``: QuantizedTensor [..., in] -> QuantizedTensor [..., out]."""
+    """Int8 ``linear``: QuantizedTensor [..., in_features] -> QuantizedTensor
+    [..., out_features] (float32 when ``act_qparams`` is None). Buffers:
+    ``weight`` int8 [out, in], ``weight_scale`` float32 (scalar, or
+    [weight_channels] per output channel), ``bias`` float32 [out]."""
+
+    def __init__(self, in_features, out_features, bias=True, weight_channels=None,
+                 act_qparams=None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self._buffers_for((self.out_features, self.in_features), bias, weight_channels,
+                          act_qparams)
+
+    def config(self):
+        return dict(in_features=self.in_features, out_features=self.out_features,
+                    **self._weight_config())
 
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
@@ -136,7 +196,7 @@ class Linear(_Weighted):
 
     @classmethod
     def from_qat_module(cls, qat):
-        m = cls()
+        m = cls(qat.in_features, qat.out_features, qat.bias is not None)
         m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
         return m
 
@@ -148,15 +208,27 @@ class LinearRelu(Linear):
 
 class Conv2d(_Weighted):
     """Int8 ``conv2d`` (zeros padding): QuantizedTensor [N, C, H, W] ->
-    QuantizedTensor [N, C_out, OH, OW]; any groups, stride, padding,
-    dilation."""
+    QuantizedTensor [N, C_out, OH, OW] (float32 when ``act_qparams`` is
+    None); any groups, stride, padding, dilation. Buffers as
+    :class:`Linear`'s, ``weight`` int8 [C_out, C_in / groups, KH, KW]."""
 
-    def _geometry(self, conv):
-        if getattr(conv, "padding_mode", "zeros") != "zeros":
-            raise QuantizationError(f"quantized Conv2d pads with zeros only, got "
-                                    f"padding_mode={conv.padding_mode!r}")
-        self.stride, self.padding = tuple(conv.stride), tuple(conv.padding)
-        self.dilation, self.groups = tuple(conv.dilation), int(conv.groups)
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, weight_channels=None, act_qparams=None):
+        super().__init__()
+        pair = lambda v: (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))  # noqa: E731
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride = pair(kernel_size), pair(stride)
+        self.padding, self.dilation, self.groups = pair(padding), pair(dilation), int(groups)
+        if self.groups < 1 or self.in_channels % self.groups or self.out_channels % self.groups:
+            raise QuantizationError(f"Conv2d: {in_channels} -> {out_channels} channels do not "
+                                    f"split into {groups} groups")
+        self._buffers_for((self.out_channels, self.in_channels // self.groups)
+                          + self.kernel_size, bias, weight_channels, act_qparams)
+
+    def config(self):
+        return dict(in_channels=self.in_channels, out_channels=self.out_channels,
+                    kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                    dilation=self.dilation, groups=self.groups, **self._weight_config())
 
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
@@ -166,9 +238,16 @@ class Conv2d(_Weighted):
         return self._output(y)
 
     @classmethod
+    def _like(cls, conv):
+        if getattr(conv, "padding_mode", "zeros") != "zeros":
+            raise QuantizationError(f"quantized Conv2d pads with zeros only, got "
+                                    f"padding_mode={conv.padding_mode!r}")
+        return cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                   conv.padding, conv.dilation, conv.groups)
+
+    @classmethod
     def from_qat_module(cls, qat):
-        m = cls()
-        m._geometry(qat)
+        m = cls._like(qat)
         m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
         return m
 
@@ -184,8 +263,7 @@ class ConvBn2d(Conv2d):
 
     @classmethod
     def from_qat_module(cls, qat):
-        m = cls()
-        m._geometry(qat.conv)
+        m = cls._like(qat.conv)
         k, beta, mean = qat._fold()
         w = qat.conv.weight * k.reshape((-1, 1, 1, 1))
         b = qat.conv.bias if qat.conv.bias is not None else F.zeros_like(mean)
@@ -207,12 +285,15 @@ class Elemwise(QuantizedModule):
     def __init__(self, method, act_qparams):
         super().__init__()
         from mgtrace.module import Elemwise as FloatElemwise
-        self.float_op = FloatElemwise(method)
+        self.__dict__["float_op"] = FloatElemwise(method)     # a helper, not a child
         self.method = self.float_op.method
-        self.act_qparams = act_qparams
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"method": self.method, "act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, *inps):
-        xs = [dequantize(x) if isinstance(x, QuantizedTensor) else x for x in inps]
+        xs = [dequantize(x) if is_quantized(x) else x for x in inps]
         return quantize(self.float_op(*xs), self.act_qparams)
 
     @classmethod
@@ -226,10 +307,13 @@ class Concat(QuantizedModule):
 
     def __init__(self, act_qparams):
         super().__init__()
-        self.act_qparams = act_qparams
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, inps, axis=0):
-        xs = [dequantize(x) if isinstance(x, QuantizedTensor) else x for x in inps]
+        xs = [dequantize(x) if is_quantized(x) else x for x in inps]
         return quantize(F.concat(xs, axis), self.act_qparams)
 
     @classmethod

@@ -29,7 +29,9 @@ version), naming what is missing.
 * ``core_ops_index.tmod``: the core ops gather and scatter as Apply exprs
   (the other core ops are ../1.1/core_ops.tmod's);
 * ``qat_model.tmod``: a traced, calibrated QAT model (every QAT builtin,
-  observer and fake quantizer type; a user's QAT subclass and observer).
+  observer and fake quantizer type; a user's QAT subclass and observer);
+* ``quantized_model.tmod``: a traced int8 model (every
+  mgtrace.module.quantized type; int8 weights, qparams in configs).
 """
 import hashlib
 import importlib.util
@@ -385,6 +387,56 @@ def _qat_model():
     return tm, (x(),)
 
 
+def _quantized_model():
+    """The traced QAT model of _qat_model's kind converted by
+    mgtrace.quantization.quantize: every mgtrace.module.quantized type, int8
+    weights, qparams in configs (issue 32)."""
+    import mgtrace.module.qat as QM  # noqa: F401
+    import mgtrace.quantization as Q
+
+    class QuantNet(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant = M.QuantStub()
+            self.conv = M.ConvBnRelu2d(3, 4, 3, padding=1)
+            self.conv_bn = M.ConvBn2d(4, 4, 1)
+            self.dw = M.ConvRelu2d(4, 4, 3, stride=2, padding=1, groups=4)
+            self.pw = M.Conv2d(4, 4, 1)
+            self.add = M.Elemwise("fuse_add_relu")
+            self.cat = M.Concat()
+            self.fc = M.Linear(8 * 3 * 3, 6)
+            self.fc_relu = M.Linear(6, 4)
+            self.fc_float_out = M.Linear(4, 3)
+            self.dequant = M.DequantStub()
+
+        def forward(self, x):
+            x = self.conv_bn(self.conv(self.quant(x)))
+            x = self.dw(x)
+            x = self.cat([self.add(x, self.pw(x)), x], 1)
+            x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
+            return self.dequant(self.fc_float_out(x))
+
+    mt.random.seed(128)
+    rng = np.random.default_rng(129)
+    net = QuantNet()
+    import mgtrace.module.qat as QMod
+    net.fc_relu = QMod.LinearRelu.from_float_module(net.fc_relu)
+    qat = Q.quantize_qat(net)
+    qat.fc_relu.set_qconfig(Q.min_max_fakequant_qconfig)
+    qat.fc_float_out.act_observer = qat.fc_float_out.act_fake_quant = None
+
+    def x():
+        return mt.tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    Q.disable_fake_quant(qat)
+    qat(x())
+    qat.eval()
+    qnet = Q.quantize(qat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(qnet, x())
+    return tm, (x(),)
+
+
 CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's cases here
     "aliased_values.tmod": lambda: (_aliased_values(),
                                     {"metadata": {"what": "views of one storage"}}),
@@ -398,6 +450,8 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
         _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37)"),
     "qat_model.tmod": lambda: _with_examples(
         _qat_model(), "a traced QAT model: QAT modules, observers, fake quantizers (issue 32)"),
+    "quantized_model.tmod": lambda: _with_examples(
+        _quantized_model(), "a traced int8 model: mgtrace.module.quantized (issue 32)"),
 }
 
 
