@@ -87,6 +87,7 @@ extensions = [
                f"{KERNELS}/resize.c"], blas=True),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
+    ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qgemm.c"]),
 ]
 CUDA_DIR = "mgtrace/_core/cuda"
 CUDA_EXT = "mgtrace._core._cuda"

@@ -35,6 +35,8 @@ from mgtrace.module.rnn import LSTM, LSTMCell, RNN, RNNCell
 from mgtrace.module.attention import MultiHeadAttention
 from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
                                   fuse_conv_bn_relu_module)
+from mgtrace.module.fused_linear import (BatchMatMulActivation, Concat, LinearBn1d,
+                                         LinearBnRelu1d)
 from mgtrace.module.quant_dequant import DequantStub, QuantStub
 
 __all__ = [
@@ -50,5 +52,6 @@ __all__ = [
     "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell", "RNN", "LSTM",
     "MultiHeadAttention", "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
     "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
-    "QuantStub", "DequantStub",
+    "QuantStub", "DequantStub", "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation",
+    "Concat",
 ]

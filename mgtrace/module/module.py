@@ -921,6 +921,15 @@ class Module:
         """``train(False)``: dropout off, batch norm uses running statistics."""
         return type(self).train(self, False)
 
+    def disable_quantize(self, value=True):
+        """Set ``quantize_disabled = value`` on self and every descendant
+        (MegEngine's ``Module.disable_quantize``); returns self.
+        :func:`mgtrace.quantization.quantize_qat` leaves such modules float,
+        and the quantization flow functions skip them."""
+        def mark(m):
+            m.quantize_disabled = bool(value)
+        return type(self).apply(self, mark)
+
     def apply(self, fn):
         """Call ``fn(m)`` on every descendant, then on self (children first, as
         PyTorch does); returns self. Typical use: custom initialisation."""

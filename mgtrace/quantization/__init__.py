@@ -3,8 +3,11 @@ calibration tools on float tensors (observers, fake quantization, QConfig
 presets, the flow's switches).
 
 Rounding everywhere is round half to even (NumPy, ONNX QuantizeLinear);
-MegEngine's C++ kernels round half away from zero. Quantized dtypes in the
-tensor core, int8 kernels and quantized archives are not here yet.
+MegEngine's C++ kernels round half away from zero. ``quantize`` turns a
+calibrated QAT model into :mod:`mgtrace.module.quantized` modules running
+the int8 kernels of :mod:`mgtrace.quantization.int8` on
+:class:`QuantizedTensor` s. Quantized dtypes in the tensor core and
+archives of quantized models are not here yet.
 
 >>> import numpy as np, mgtrace as mt
 >>> from mgtrace.quantization import MinMaxObserver, FakeQuantize
@@ -31,7 +34,9 @@ from mgtrace.quantization.qconfig import (QConfig, calibration_qconfig, easyquan
 from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
                                            enable_fake_quant, enable_observer,
                                            propagate_qconfig, quantize_qat, reset_qconfig,
-                                           apply_easy_quant)
+                                           apply_easy_quant, quantize)
+from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize as dequantize_tensor,
+                                          quantize as quantize_tensor)
 
 __all__ = [
     "QuantDtypeMeta", "QUANT_DTYPES", "quant_dtype", "QuantMode", "QParams", "LSQParams",
@@ -43,5 +48,6 @@ __all__ = [
     "sync_ema_fakequant_qconfig", "ema_lowbit_fakequant_qconfig", "calibration_qconfig",
     "tqt_qconfig", "passive_qconfig", "easyquant_qconfig",
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
-    "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant",
+    "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant", "quantize",
+    "QuantizedTensor", "quantize_tensor", "dequantize_tensor",
 ]

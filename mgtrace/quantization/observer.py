@@ -26,6 +26,7 @@ import numpy as np
 
 import mgtrace.functional as F
 from mgtrace._core import tensor as _tensor
+from mgtrace.module.builtin import register_as_builtin
 from mgtrace.module.module import Module
 from mgtrace.quantization.utils import (QParams, QuantMode, QuantizationError,
                                         create_qparams, quant_dtype)
@@ -47,21 +48,38 @@ class Observer(Module):
             ``"quint8"``, ``"qint4"``, ``"quint4"``, ``"qint32"``) or a
             :class:`~mgtrace.quantization.QuantDtypeMeta`.
 
+        enable: start observing (default) or not.
+        enable_mode: the training mode ``enable`` was set in (default True,
+            a new module's mode); ``config()`` records it so that an
+            archive's observer observes, after its training mode is
+            restored, exactly when the saved one did.
+
     Raises QuantizationError for an unknown dtype. ``forward(x)`` returns x
     unchanged; ``get_qparams()`` returns the current :class:`QParams`.
+
+    Every observer is a builtin (a leaf for the tracer), stored in archives
+    by ``config()`` (format 1.2).
     """
 
     def __init__(self, dtype, **kwargs):
         super().__init__()
         kwargs.pop("narrow_range", None)    # MegEngine accepts and ignores it
+        enable = kwargs.pop("enable", True)
+        enable_mode = kwargs.pop("enable_mode", True)
         if kwargs:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(kwargs)}")
         meta = quant_dtype(dtype)
         self.dtype_name = meta.name
         self.qmin = meta.qmin
         self.qmax = meta.qmax
-        self._enabled = True
-        self._mode_at_toggle = True
+        self._enabled = bool(enable)
+        self._mode_at_toggle = bool(enable_mode)
+
+    def config(self):
+        """Constructor arguments (plain values) that rebuild this observer,
+        its enabled state included (see ``enable_mode``)."""
+        return {"dtype": self.dtype_name, "enable": self.enabled,
+                "enable_mode": self.__dict__.get("training", True)}
 
     @property
     def dtype(self):
@@ -100,6 +118,15 @@ def _has_values(x):
     return all(not (isinstance(d, int) and d == 0) for d in x.shape)
 
 
+def _mode(mode):
+    """A QuantMode from a QuantMode or its name (as ``config()`` stores it)."""
+    if isinstance(mode, str) and mode in QuantMode.__members__:
+        return QuantMode[mode]
+    if not isinstance(mode, QuantMode):
+        raise QuantizationError(f"mode must be a QuantMode, got {mode!r}")
+    return mode
+
+
 class MinMaxObserver(Observer):
     """Records the running minimum and maximum of its inputs (buffers
     ``min_val``, ``max_val``) and derives qparams from them.
@@ -126,8 +153,7 @@ class MinMaxObserver(Observer):
     def __init__(self, mode=QuantMode.SYMMERTIC, eps=0.00001, dtype="qint8", axis=None,
                  channels=None, **kwargs):
         super().__init__(dtype, **kwargs)
-        if not isinstance(mode, QuantMode):
-            raise QuantizationError(f"mode must be a QuantMode, got {mode!r}")
+        mode = _mode(mode)
         if channels is not None and axis is None:
             raise QuantizationError("channels= needs axis= (the channel axis)")
         self.mode = mode
@@ -137,6 +163,15 @@ class MinMaxObserver(Observer):
         shape = () if channels is None else (int(channels),)
         self.min_val = _f32(np.full(shape, np.finfo(np.float32).max))
         self.max_val = _f32(np.full(shape, np.finfo(np.float32).min))
+
+    def config(self):
+        cfg = super().config()
+        channels = self.channels
+        if channels is None and self.min_val.ndim:      # sized by its first input
+            channels = int(self.min_val.shape[0])
+        cfg.update(mode=self.mode.name, eps=self.scale_limit, axis=self.axis,
+                   channels=channels)
+        return cfg
 
     def _reduce(self, x):
         """Per-tensor or per-channel (min, max) of x."""
@@ -193,6 +228,9 @@ class ExponentialMovingAverageObserver(MinMaxObserver):
         self.momentum = float(momentum)
         self.runtime_momentum = _f32(0.0)
 
+    def config(self):
+        return dict(super().config(), momentum=self.momentum)
+
     def set_momentum(self, momentum):
         self.momentum = float(momentum)
 
@@ -238,6 +276,11 @@ class HistogramObserver(MinMaxObserver):
         self.upsample_rate = int(upsample_rate)
         self.dst_nbins = self.qmax - self.qmin + 1
         self.histogram = _f32([-1.0] + [0.0] * (self.bins - 1))
+
+    def config(self):
+        cfg = super().config()
+        del cfg["axis"], cfg["channels"]
+        return dict(cfg, bins=self.bins, upsample_rate=self.upsample_rate)
 
     # ---- search
     def _quantization_error(self, hist, bin_width, start, end):
@@ -381,3 +424,10 @@ class PassiveObserver(Observer):
 
 SyncMinMaxObserver = MinMaxObserver
 SyncExponentialMovingAverageObserver = ExponentialMovingAverageObserver
+
+# Builtins (tracer leaves) stored by config() in archives of format 1.2. A
+# PassiveObserver is not one: its qparams are not module state, so a trace
+# keeps them as a FakeQuantize's (see mgtrace.module.qat's trace rule).
+for _cls in (MinMaxObserver, ExponentialMovingAverageObserver, HistogramObserver):
+    register_as_builtin(_cls, name=f"mgtrace.quantization.{_cls.__name__}")
+del _cls

@@ -49,7 +49,9 @@ def _float_to_qat():
     import mgtrace.module.qat as QM
     return {M.Linear: QM.Linear, M.Conv2d: QM.Conv2d, M.ConvRelu2d: QM.ConvRelu2d,
             M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
-            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub}
+            M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub,
+            M.LinearBn1d: QM.LinearBn1d, M.LinearBnRelu1d: QM.LinearBnRelu1d,
+            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation}
 
 
 def _qat_base():
@@ -86,8 +88,9 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         qconfig: a QConfig; default :data:`ema_fakequant_qconfig`.
         mapping: ``{float type: QAT type}``, exact types, added to (and
             overriding) the default one: Linear, Conv2d, ConvRelu2d,
-            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub to their :mod:`mgtrace.module.qat`
-            versions. A module whose
+            ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub,
+            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation to their
+            :mod:`mgtrace.module.qat` versions. A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.
 
@@ -122,7 +125,7 @@ def reset_qconfig(module, qconfig, inplace=True):
     """Give the QAT modules of ``module`` fresh observers and fake
     quantizers from ``qconfig`` that start from the current qparams
     (MegEngine's ``reset_qconfig``): each new one that has ``set_qparams``
-    (TQT, LSQ, PassiveObserver) gets the weight's or activation's QParams
+    (TQT, LSQ, PassiveObserver; not a FakeQuantize) gets the weight's or activation's QParams
     the module had before. Works on a deep copy unless ``inplace``; returns
     the module. Raises QuantizationError for a qconfig that is not a
     QConfig, or qparams the new quantizer cannot take (TQT: symmetric only).
@@ -132,8 +135,12 @@ def reset_qconfig(module, qconfig, inplace=True):
         module = copy.deepcopy(module)
 
     def build(factory, qparams):
+        from mgtrace.quantization.fake_quant import FakeQuantize
         inst = factory() if factory is not None else None
-        if inst is not None and qparams is not None and hasattr(inst, "set_qparams"):
+        # a FakeQuantize takes its observer's qparams on every call (its own,
+        # set_qparams, are a traced model's carrier of a user observer's)
+        if inst is not None and qparams is not None and hasattr(inst, "set_qparams") \
+                and not isinstance(inst, FakeQuantize):
             inst.set_qparams(qparams)
         return inst
 
@@ -226,4 +233,58 @@ def apply_easy_quant(module, data, start=0.8, stop=1.2, num=40):
         finally:
             for h in handles:
                 h.remove()
+    return module
+
+
+def _qat_to_quantized():
+    import mgtrace.module.qat as QM
+    import mgtrace.module.quantized as MQ
+    return {QM.QuantStub: MQ.QuantStub, QM.DequantStub: MQ.DequantStub,
+            QM.Linear: MQ.Linear, QM.LinearRelu: MQ.LinearRelu, QM.Conv2d: MQ.Conv2d,
+            QM.ConvRelu2d: MQ.ConvRelu2d, QM.ConvBn2d: MQ.ConvBn2d,
+            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat}
+
+
+def quantize(module, inplace=True, mapping=None):
+    """Replace the QAT modules of ``module`` by their int8 versions in
+    :mod:`mgtrace.module.quantized` (MegEngine's ``quantize``), each built
+    with ``from_qat_module``: weights quantized once with their QAT qparams,
+    BatchNorms folded, outputs with the activation qparams.
+
+    Args:
+        module: a model after :func:`quantize_qat` and calibration (or QAT
+            training); put it in eval mode first for BatchNorm folding.
+        inplace: convert ``module`` itself; False converts a deep copy.
+        mapping: ``{QAT type: quantized type}`` added to the default one
+            (exact types). A QAT module with no quantized version here
+            (LinearBn1d, LinearBnRelu1d, BatchMatMulActivation) or whose
+            ``quantize_disabled`` is true stays as it is.
+
+    Returns the converted module. Raises QuantizationError for a QAT module
+    without weight or activation qparams, or with qparams the int8 kernels
+    do not take (weights qint8/qint8_narrow symmetric; activations per
+    tensor qint8 or quint8).
+    """
+    mapping = {**_qat_to_quantized(), **(mapping or {})}
+    if not inplace:
+        module = copy.deepcopy(module)
+
+    def convert(m):
+        target = mapping.get(type(m))
+        if target is None or getattr(m, "quantize_disabled", False):
+            return None
+        return target.from_qat_module(m).train(False)
+
+    root = convert(module)
+    if root is not None:
+        return root
+    for parent in list(module.modules()):
+        if getattr(parent, "quantize_disabled", False):
+            continue
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            new = convert(child)
+            if new is not None:
+                setattr(parent, name, new)
     return module

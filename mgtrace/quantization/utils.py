@@ -192,6 +192,10 @@ def fake_quant_tensor(inp, qparams):
     are only as exact as float32 (2**31 - 1 is not a float32); it stands for
     a bias's quantization, not for bitwise int32 work.
 
+    Gradient (under a GradManager): straight through where the rounded
+    value lies in ``[qmin, qmax]``, 0 where it saturates (MegEngine's
+    FakeQuant backward); none for the scale and zero point.
+
     Raises QuantizationError when qparams has no scale or no dtype.
     """
     if qparams.scale is None or qparams.dtype_meta is None:
@@ -202,18 +206,139 @@ def fake_quant_tensor(inp, qparams):
     zp = None
     if qparams.mode in (QuantMode.ASYMMERTIC,) and qparams.zero_point is not None:
         zp = _channel_shape(qparams.zero_point, inp, qparams.axis)
-    return _fake_quant(inp, scale, zp, meta.qmin, meta.qmax)
+    return _FakeQuantSTE(meta.qmin, meta.qmax)(inp, scale, zp)
 
 
 def tqt_forward(qmin, qmax, inp, scale):
     """TQT's forward (arXiv:1903.08066): symmetric fake quantization with the
-    power-of-two scale ``2 ** scale`` (``scale`` holds log2 of the step)."""
-    step = 2.0 ** scale
-    return _fake_quant(inp, step, None, qmin, qmax)
+    power-of-two scale ``2 ** scale`` (``scale`` holds log2 of the step).
+
+    Gradients (MegEngine's TQT backward, under a GradManager): with ``v =
+    x / 2**scale``, ``dx`` passes where ``qmin - 0.5 <= v <= qmax + 0.5``
+    and is 0 outside; ``d scale`` is ``dy * (clip(rint(v)) - v) * 2**scale *
+    ln 2`` inside and ``dy * clip(rint(v)) * 2**scale * ln 2`` outside,
+    summed to ``scale``'s shape."""
+    return _TQT(qmin, qmax)(inp, scale)
 
 
 def lsq_forward(qmin, qmax, inp, step_size, zero_point=None, scale_grad=None):
     """LSQ's forward (arXiv:1902.08153): fake quantization with the learned
     ``step_size`` and ``zero_point``; ``scale_grad`` only scales the step's
-    gradient, so the forward ignores it."""
-    return _fake_quant(inp, step_size, zero_point, qmin, qmax)
+    gradient, so the forward ignores it.
+
+    Gradients: with ``u = x / step + zp``, ``dx`` passes where ``qmin <= u
+    <= qmax``; ``d step`` is ``dy * scale_grad * (rint(u) - u)`` inside and
+    ``dy * scale_grad * (qmin - zp)`` (or ``qmax - zp``) outside, summed to
+    the step's shape: the exact derivative of the forward under the
+    straight-through rounding. MegEngine's kernel uses ``qmin``/``qmax``
+    outside, which differs only for a nonzero zero point. The zero point
+    gets no gradient."""
+    return _LSQ(qmin, qmax)(inp, step_size, zero_point, scale_grad)
+
+
+# ----------------------------------------------------------------- gradients
+# Fake quantization's backward rules, as autodiff Functions: the forward is
+# _fake_quant (so it stays bitwise the quantize-dequantize it always was);
+# rounding passes gradients straight through (STE) inside the range.
+
+def _reduce_to(g, like):
+    """``g`` summed to the shape of ``like`` (a scalar or broadcastable)."""
+    if like.ndim == 0:
+        return g.sum()
+    axes = tuple(i for i in range(g.ndim) if i >= g.ndim - like.ndim
+                 and like.shape[i - (g.ndim - like.ndim)] == 1 and g.shape[i] != 1)
+    lead = tuple(range(g.ndim - like.ndim))
+    if lead:
+        g = g.sum(axis=lead)
+    axes = tuple(a - len(lead) for a in axes)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g
+
+
+def _function_base():
+    from mgtrace.autodiff import Function
+    return Function
+
+
+class _LazyFunction:
+    """A Function subclass made on first use (mgtrace.autodiff imports the
+    core only, but keeping it out of import time keeps the layers plain)."""
+
+    def __init__(self, make):
+        self.make = make
+        self.cls = None
+
+    def __call__(self, *args):
+        if self.cls is None:
+            self.cls = self.make(_function_base())
+        return self.cls(*args)
+
+
+def _make_fake_quant(Function):
+    class FakeQuantSTE(Function):
+        """Fake quantization with observer qparams: ``dx = dy`` where
+        ``qmin <= rint(x / s) + zp <= qmax`` (MegEngine's FakeQuant
+        backward), else 0; no gradient for the scale or zero point."""
+
+        def __init__(self, qmin, qmax):
+            self.qmin, self.qmax = float(qmin), float(qmax)
+
+        def forward(self, x, scale, zero_point):
+            self.x, self.scale, self.zp = x, scale, zero_point
+            return _fake_quant(x, scale, zero_point, self.qmin, self.qmax)
+
+        def backward(self, dy):
+            zp = 0.0 if self.zp is None else self.zp
+            q = F.round(self.x / self.scale) + zp
+            inside = ((q >= self.qmin) & (q <= self.qmax)).astype("float32")
+            return dy * inside, None, None
+    return FakeQuantSTE
+
+
+def _make_tqt(Function):
+    class TQTFunction(Function):
+        def __init__(self, qmin, qmax):
+            self.qmin, self.qmax = float(qmin), float(qmax)
+
+        def forward(self, x, scale):
+            self.x, self.scale = x, scale
+            return _fake_quant(x, 2.0 ** scale, None, self.qmin, self.qmax)
+
+        def backward(self, dy):
+            t = 2.0 ** self.scale
+            v = self.x / t
+            q = F.clip(F.round(v), self.qmin, self.qmax)
+            clipped = ((v < self.qmin - 0.5) | (v > self.qmax + 0.5)).astype("float32")
+            inside = 1.0 - clipped
+            per = dy * (inside * (q - v) + clipped * q) * t * float(np.log(2.0))
+            return dy * inside, _reduce_to(per, self.scale)
+    return TQTFunction
+
+
+def _make_lsq(Function):
+    class LSQFunction(Function):
+        def __init__(self, qmin, qmax):
+            self.qmin, self.qmax = float(qmin), float(qmax)
+
+        def forward(self, x, step, zero_point, grad_scale):
+            self.x, self.step, self.zp, self.gs = x, step, zero_point, grad_scale
+            return _fake_quant(x, step, zero_point, self.qmin, self.qmax)
+
+        def backward(self, dy):
+            zp = 0.0 if self.zp is None else self.zp
+            u = self.x / self.step + zp
+            small = (u < self.qmin).astype("float32")
+            big = (u > self.qmax).astype("float32")
+            inside = 1.0 - small - big
+            d = inside * (F.round(u) - u) + small * (self.qmin - zp) + big * (self.qmax - zp)
+            per = dy * d
+            if self.gs is not None:
+                per = per * self.gs
+            return dy * inside, _reduce_to(per, self.step), None, None
+    return LSQFunction
+
+
+_FakeQuantSTE = _LazyFunction(_make_fake_quant)
+_TQT = _LazyFunction(_make_tqt)
+_LSQ = _LazyFunction(_make_lsq)

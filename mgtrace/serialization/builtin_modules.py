@@ -99,10 +99,36 @@ STATE_ELEMENTS = {
     "mgtrace.module.LSTMCell": lambda c: _recurrent(c, 4),
     "mgtrace.module.RNN": lambda c: _recurrent(c, 1),
     "mgtrace.module.LSTM": lambda c: _recurrent(c, 4),
+    # format 1.2 (issue 32: quantization's fused modules, and the QAT ones)
+    "mgtrace.module.LinearBn1d": lambda c: _linear_bn(c),
+    "mgtrace.module.LinearBnRelu1d": lambda c: _linear_bn(c),
+    "mgtrace.module.BatchMatMulActivation": lambda c: _size(c.get("batch")) * (
+        _size(c.get("in_features")) + 1) * _size(c.get("out_features")),
     "mgtrace.module.MultiHeadAttention": lambda c: (
         (2 * _size(c.get("embed_dim")) + _size(c.get("kdim")) + _size(c.get("vdim")) + 6)
         * _size(c.get("embed_dim"))),
 }
+
+
+def _linear_bn(c):
+    return (_size(c.get("in_features")) + 5) * _size(c.get("out_features")) + 1
+
+
+# a QAT module allocates what its float module does (its observers' few
+# scalars, or a [channels] pair, aside)
+for _name in ("Linear", "Conv2d", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "LinearBn1d",
+              "BatchMatMulActivation"):
+    STATE_ELEMENTS[f"mgtrace.module.qat.{_name}"] = STATE_ELEMENTS[f"mgtrace.module.{_name}"]
+STATE_ELEMENTS["mgtrace.module.qat.LinearRelu"] = STATE_ELEMENTS["mgtrace.module.Linear"]
+# the int8 modules: an int8 weight, a float32 bias and scales (counted as elements)
+for _name in ("Linear", "LinearRelu"):
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = \
+        lambda c: (_size(c.get("in_features")) + 2) * _size(c.get("out_features"))
+for _name in ("Conv2d", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d"):
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = lambda c: _conv(2)(c) + _size(
+        c.get("out_channels"))
+STATE_ELEMENTS["mgtrace.module.qat.LinearBnRelu1d"] = STATE_ELEMENTS["mgtrace.module.LinearBn1d"]
+del _name
 
 
 def _recurrent(c, gates):

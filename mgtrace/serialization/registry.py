@@ -30,6 +30,9 @@ import mgtrace._core as _core
 from mgtrace._core import op_table
 import mgtrace.functional as F
 import mgtrace.module as M
+import mgtrace.module.qat  # noqa: F401  (registers the QAT, observer and fake-quant builtins)
+import mgtrace.quantization  # noqa: F401
+import mgtrace.module.quantized  # noqa: F401  (the int8 builtins)
 from mgtrace.errors import RegistryError, did_you_mean
 from mgtrace.serialization import upgraders as U
 

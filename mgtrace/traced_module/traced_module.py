@@ -122,7 +122,15 @@ class TracedModule(Module):
         d["end_points"] = []
         d["watch_node_value"] = {}
         d["_points_version"] = 0        # bumped by set_watch_points/set_end_points
+        if _is_qat_module(module):
+            d["_is_qat"] = True         # a plain attribute: archives keep it
         return tm
+
+    @property
+    def is_qat(self):
+        """Whether this traced a user's subclass of a QAT module (MegEngine's
+        ``is_qat``): :meth:`flatten` keeps such a module whole."""
+        return self.__dict__.get("_is_qat", False)
 
     def _qualname_base(self):
         return self._qualname
@@ -607,6 +615,44 @@ def _convert(module, path, root_name, converted):
     return tm
 
 
+def _is_qat_module(module):
+    from mgtrace.module.qat.module import QATModule
+    return isinstance(module, QATModule) or (isinstance(module, TracedModule)
+                                             and module.is_qat)
+
+
+def _plain_quant_children(mod):
+    """Before a trace, MegEngine's ``_check_qat_module`` on every QAT module
+    of ``mod`` (see mgtrace.module.qat.module.plain_quant_children): the
+    changes are made on the caller's modules for the trace only (the
+    trace's ModuleState puts them back), or, for a builtin QAT module
+    (shared with the TracedModule), on a copy that takes its place."""
+    from mgtrace.module.qat.module import QATModule, plain_quant_children
+    copies = {}
+
+    def plain(m):
+        if id(m) in copies:
+            return copies[id(m)]
+        changes = plain_quant_children(m)
+        target = m
+        if changes and is_builtin(m):
+            target = type(m).__new__(type(m))
+            target.__dict__.update(m.__dict__)
+            for table in ("_parameters", "_buffers", "_modules"):
+                target.__dict__[table] = dict(m.__dict__[table])
+        for k, v in changes.items():
+            setattr(target, k, v)
+        copies[id(m)] = target
+        return target
+
+    if isinstance(mod, QATModule):
+        plain(mod)
+    for parent in list(type(mod).modules(mod)):
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, QATModule):
+                parent._modules[name] = plain(child)
+
+
 def _structure_shell(value, path, root_name, converted):
     """A TracedSequence (list, tuple) or TracedDict (dict) holding what
     ``value`` holds: modules converted as children, Parameters as
@@ -701,6 +747,7 @@ def trace_module(mod, *args, **kwargs):
     state = _checker.ModuleState(mod)
     inputs = _checker.copy_inputs((args, kwargs)) if check else None
     try:
+        _plain_quant_children(mod)
         converted = {}
         root = _convert(mod, "", root_name, converted)
         root._is_top = True
@@ -869,7 +916,7 @@ def _inline_into(g, prefix, env, flat, self_node, root):
             continue
         sub = called_graph(e)
         callee = env.get(id(e.args[0])) if isinstance(e, CallMethod) else None
-        if sub is not None and isinstance(callee, tuple):
+        if sub is not None and isinstance(callee, tuple) and not callee[1].is_qat:
             path, tm = callee
             args, kwargs = _map_values(e.args[1:], e.kwargs, env)
             canon = bind_arguments(tm._signature, args, kwargs, tm._orig_name)
@@ -892,7 +939,7 @@ def _inline_getattr(e, env, flat, self_node, root):
     path = _join(env[id(e.args[0])][0], e.name)
     out = e.outputs[0]
     target = _getpath(root, path)
-    if isinstance(out, ModuleNode) and isinstance(target, TracedModule):
+    if isinstance(out, ModuleNode) and isinstance(target, TracedModule) and not target.is_qat:
         env[id(out)] = (path, target)
         return
     seen = env.get(("getattr", path))

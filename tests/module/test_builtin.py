@@ -98,11 +98,17 @@ CONSTRUCTIONS = [
     ("DeformableConv2d", (4, 6, 3), {"padding": 1, "groups": 2}),
     ("RegionRestrictedConv", (4, 4, 3), {"groups": 4, "padding": 1}),
     ("DeformablePSROIPooling", (False, 3, 3, 3, 2, 0.5), {"trans_std": 0.2}),
+    # format 1.2 (issue 32: the fused modules quantization maps)
+    ("LinearBn1d", (5, 3), {"momentum": 0.2}),
+    ("LinearBnRelu1d", (5, 3), {"bias": False}),
+    ("BatchMatMulActivation", (2, 5, 3), {"nonlinear_mode": "relu"}),
+    ("Concat", (), {}),
 ]
 NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
-                "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling")
+                "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
+                "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
@@ -113,7 +119,8 @@ BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d",
                  "ConvTranspose3d", "RNNCell", "LSTMCell", "RNN", "LSTM", "Pad", "InstanceNorm",
                  "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                  "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
-                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling"]
+                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
+                 "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat"]
 
 
 def _ids(c):
@@ -135,7 +142,9 @@ def _plain(v):
 
 def test_constructions_cover_every_builtin():
     assert {c[0] for c in CONSTRUCTIONS} == set(BUILTIN_NAMES)
-    own = {n for n in M.builtin_types() if n.startswith("mgtrace.module.")}
+    # (mgtrace.module.qat's and .quantized's: tests/quantization)
+    own = {n for n in M.builtin_types()
+           if n.startswith("mgtrace.module.") and not n.startswith(("mgtrace.module.qat.", "mgtrace.module.quantized."))}
     assert own == {f"mgtrace.module.{n}" for n in BUILTIN_NAMES}
 
 

@@ -14,6 +14,12 @@ input came from another QAT layer also fake-quantizes its bias to qint32
 with scale ``s_in * s_w``; mgtrace's tensors carry none yet, so the bias
 stays float (an error of at most ``s_in * s_w / 2`` per output in MegEngine's
 version).
+
+Every class here is a builtin (a leaf for the tracer) named
+``mgtrace.module.qat.<Name>``, stored in archives (format 1.2) with its
+observers' and fake quantizers' configs (``config()["quant"]``). A user's
+subclass of one is not: it is traced into, as MegEngine's ``is_qat``
+TracedModule, which ``flatten()`` keeps whole.
 """
 from mgtrace.module.qat.module import QATModule
 from mgtrace.module.qat.linear import Linear, LinearRelu
@@ -21,6 +27,17 @@ from mgtrace.module.qat.conv import Conv2d, ConvRelu2d
 from mgtrace.module.qat.conv_bn import ConvBn2d, ConvBnRelu2d
 from mgtrace.module.qat.elemwise import Elemwise
 from mgtrace.module.qat.quant_dequant import DequantStub, QuantStub
+from mgtrace.module.qat.linear_bn import LinearBn1d, LinearBnRelu1d
+from mgtrace.module.qat.concat import BatchMatMulActivation, Concat
+
+from mgtrace.module.builtin import register_as_builtin as _register
+
+for _cls in (Linear, LinearRelu, Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d, Elemwise,
+             QuantStub, DequantStub, LinearBn1d, LinearBnRelu1d, Concat,
+             BatchMatMulActivation):
+    _register(_cls, name=f"mgtrace.module.qat.{_cls.__name__}")
+del _cls
 
 __all__ = ["QATModule", "Linear", "LinearRelu", "Conv2d", "ConvRelu2d", "ConvBn2d",
-           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub"]
+           "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub", "LinearBn1d",
+           "LinearBnRelu1d", "Concat", "BatchMatMulActivation"]

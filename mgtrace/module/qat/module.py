@@ -1,7 +1,44 @@
-"""QATModule: the base of the QAT modules (MegEngine's ``module/qat/module.py``)."""
+"""QATModule: the base of the QAT modules (MegEngine's ``module/qat/module.py``).
+
+mgtrace's QAT modules are builtins (leaves for the tracer, stored in
+archives of format 1.2): ``config()`` is the float module's plus ``quant``,
+which describes the four quantization children (each ``None`` or
+``{"type": builtin name, "config": its config()}``), and every QAT class
+takes that ``quant=`` keyword beside the float module's arguments, so that
+``type(m)(**m.config())`` rebuilds the module with its observers and fake
+quantizers (their tensors come from the state dict). A child that is not a
+builtin (a user's own observer) cannot be described; tracing replaces it
+first (see :func:`plain_quant_children`).
+"""
+import functools
+
+from mgtrace.module.builtin import builtin_type, is_builtin
 from mgtrace.module.module import Module
 
-__all__ = ["QATModule", "build_uninitialized", "sharing_float_weights"]
+__all__ = ["QATModule", "build_uninitialized", "sharing_float_weights", "plain_quant_children"]
+
+QUANT_CHILDREN = ("weight_observer", "weight_fake_quant", "act_observer", "act_fake_quant")
+
+
+def _takes_quant(init):
+    """``init`` that also takes the keyword ``quant`` (children to build)."""
+    @functools.wraps(init)
+    def __init__(self, *args, quant=None, **kwargs):
+        init(self, *args, **kwargs)
+        if quant is not None:
+            self._build_quant_children(quant)
+    __init__._takes_quant = True
+    return __init__
+
+
+def _config_with_quant(config):
+    @functools.wraps(config)
+    def config_with_quant(self):
+        cfg = dict(config(self))
+        cfg["quant"] = self._quant_spec()
+        return cfg
+    config_with_quant._with_quant = True
+    return config_with_quant
 
 
 def build_uninitialized(cls, **config):
@@ -39,6 +76,51 @@ class QATModule(Module):
     with_weight = True
     with_act = True
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls.__init__, "_takes_quant", False):
+            cls.__init__ = _takes_quant(cls.__init__)
+        if hasattr(cls, "config") and not getattr(cls.config, "_with_quant", False):
+            cls.config = _config_with_quant(cls.config)
+
+    def _quant_spec(self):
+        """``config()["quant"]``: each quantization child's builtin type and
+        config, or None. Raises TypeError for a child that is not a builtin."""
+        spec = {}
+        # in the order of the module's children (its state_dict's order)
+        held = [n for n, m in self._modules.items() if m is not None]
+        order = sorted(QUANT_CHILDREN, key=lambda n: (
+            held.index(n) if n in held else len(held), QUANT_CHILDREN.index(n)))
+        for name in order:
+            child = getattr(self, name, None)
+            if child is None:
+                spec[name] = None
+                continue
+            if not is_builtin(child):
+                raise TypeError(
+                    f"{type(self).__name__}.{name} is a {type(child).__qualname__}, not a "
+                    "builtin observer or fake quantizer, so its config cannot be stored; "
+                    "trace the model (mgtrace.trace_module replaces it by a FakeQuantize "
+                    "carrying its qparams)")
+            spec[name] = {"type": child.builtin_name, "config": child.config()}
+        return spec
+
+    def _build_quant_children(self, quant):
+        if not isinstance(quant, dict) or not set(quant) <= set(QUANT_CHILDREN):
+            raise TypeError(f"quant= takes a dict with keys among {QUANT_CHILDREN}, got "
+                            f"{quant!r}")
+        for name, entry in quant.items():
+            if entry is None:
+                setattr(self, name, None)
+                continue
+            if not isinstance(entry, dict) or set(entry) != {"type", "config"}:
+                raise TypeError(f"quant[{name!r}] must be None or a dict with keys type and "
+                                f"config, got {entry!r}")
+            cls = builtin_type(entry["type"])
+            if not name.endswith(("observer", "fake_quant")):
+                raise TypeError(f"quant has an unknown child {name!r}")
+            setattr(self, name, cls(**entry["config"]))
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.weight_observer = None
@@ -48,6 +130,11 @@ class QATModule(Module):
 
     def __repr__(self):
         return "QAT." + super().__repr__()
+
+    def config(self):
+        """The constructor arguments (a QAT class whose float module takes
+        none: the stubs); ``quant`` is added by every QAT class."""
+        return {}
 
     def set_qconfig(self, qconfig):
         """Build fresh observers and fake quantizers from ``qconfig``'s
@@ -75,7 +162,7 @@ class QATModule(Module):
         out = target if observer is None else observer(target)
         if fake_quant is None:
             return out
-        if hasattr(fake_quant, "get_qparams"):       # TQT, LSQ: their own qparams
+        if _learns(fake_quant) or observer is None:    # TQT, LSQ, a carrier: their own
             return fake_quant(out)
         return fake_quant(out, observer.get_qparams() if observer is not None else None)
 
@@ -93,7 +180,9 @@ class QATModule(Module):
     def _qparams(fake_quant, observer):
         for m in (fake_quant, observer):
             if m is not None and hasattr(m, "get_qparams"):
-                return m.get_qparams()
+                q = m.get_qparams()
+                if q is not None:
+                    return q
         return None
 
     def get_weight_qparams(self):
@@ -110,3 +199,52 @@ class QATModule(Module):
         """A QAT module sharing ``float_module``'s parameters (and, for the
         conv+BN modules, its ``conv`` and ``bn``), in its training mode."""
         raise NotImplementedError
+
+
+def _learns(fake_quant):
+    """Whether ``fake_quant`` has qparams of its own (TQT, LSQ, a FakeQuantize
+    after set_qparams) rather than taking its observer's."""
+    return fake_quant is not None and (getattr(fake_quant, "learns_qparams", False) or (
+        hasattr(fake_quant, "get_qparams") and fake_quant.get_qparams() is not None))
+
+
+def _carrier(observer, fake_quant):
+    """A FakeQuantize carrying the current qparams of ``observer`` (or of
+    ``fake_quant``), fake-quantizing when ``fake_quant`` did."""
+    from mgtrace.quantization.fake_quant import FakeQuantize
+    source = observer if observer is not None else fake_quant
+    qparams = source.get_qparams()
+    fq = FakeQuantize(source.dtype, enable=fake_quant is not None and bool(fake_quant.enabled))
+    if qparams is not None:
+        fq.set_qparams(qparams)
+    return fq
+
+
+def plain_quant_children(qat):
+    """What tracing does to a QAT module's quantization children (MegEngine's
+    ``_check_qat_module``), as a dict ``{child name: new child}`` of the
+    changes to make (empty when none are needed).
+
+    A pair (observer, fake quantizer) in which either is not a builtin (a
+    user's own class), or, in a QAT module that is not a builtin itself
+    (a user subclass, traced into), an observer feeding a FakeQuantize (the
+    qparams it hands over are no graph value), becomes ``observer None``
+    and a :class:`~mgtrace.quantization.FakeQuantize` carrying the pair's
+    current qparams (enabled when the fake quantizer was): the traced model
+    then loads without the user's classes and fake-quantizes as the
+    original did at trace time; that pair observes no more."""
+    changes = {}
+    for kind in ("weight", "act"):
+        if not getattr(qat, f"with_{kind}", True):
+            continue
+        obs = getattr(qat, f"{kind}_observer", None)
+        fq = getattr(qat, f"{kind}_fake_quant", None)
+        foreign = any(m is not None and not is_builtin(m) for m in (obs, fq))
+        handover = (obs is not None and fq is not None and not _learns(fq)
+                    and not is_builtin(qat))
+        if foreign or handover:
+            if obs is None and fq is None:
+                continue
+            changes[f"{kind}_observer"] = None
+            changes[f"{kind}_fake_quant"] = _carrier(obs, fq)
+    return changes

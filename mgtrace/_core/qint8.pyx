@@ -1,0 +1,107 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The int8 kernels (kernels/qgemm.c) for mgtrace.quantization.int8: an
+int8 GEMM with int32 accumulation and a fused requantize + bias + ReLU
+epilogue (VNNI where the CPU has it, portable C otherwise) and an im2col
+for int8 convolutions. Arguments are NumPy arrays, checked by the caller
+(mgtrace/quantization/int8.py) for dtype, contiguity and shape; this layer
+checks sizes again so that a bad call raises instead of reading past an
+array."""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    int64_t mt_qgemm_packed_size(int64_t N, int64_t K);
+    void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed, int32_t *wsum);
+    int mt_qgemm_has_vnni(void);
+    int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda,
+                      int32_t a_zp, const int8_t *packed, const int32_t *wsum,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int64_t ldo_m, int64_t ldo_n, int path);
+    void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
+                       int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                       int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols);
+    """
+    int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
+    void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
+                          int32_t *wsum) nogil
+    int mt_qgemm_has_vnni() nogil
+    int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda,
+                      int32_t a_zp, const int8_t *packed, const int32_t *wsum,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int64_t ldo_m, int64_t ldo_n,
+                      int path) nogil
+    void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
+                       int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                       int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols) nogil
+
+
+def has_vnni():
+    """Whether the int8 GEMM runs on AVX-512 VNNI here."""
+    return bool(mt_qgemm_has_vnni())
+
+
+def pack_weight(cnp.ndarray w):
+    """int8 [N, K] C-contiguous -> (packed int8 [size], wsum int32 [N])."""
+    if w.dtype != np.int8 or w.ndim != 2 or not w.flags.c_contiguous:
+        raise ValueError("pack_weight takes a C-contiguous int8 [N, K] array")
+    cdef int64_t N = w.shape[0], K = w.shape[1]
+    cdef cnp.ndarray packed = np.empty(mt_qgemm_packed_size(N, K), np.int8)
+    cdef cnp.ndarray wsum = np.empty(N, np.int32)
+    with nogil:
+        mt_qgemm_pack_s8(N, K, <const int8_t *>cnp.PyArray_DATA(w),
+                         <int8_t *>cnp.PyArray_DATA(packed), <int32_t *>cnp.PyArray_DATA(wsum))
+    return packed, wsum
+
+
+def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object bias,
+         cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out, int64_t ldo_m,
+         int64_t ldo_n, int path=0):
+    """out[m*ldo_m + n*ldo_n] = clamp(rint((a[m] - a_zp) . w[n] + bias[n]) * mult[n])
+    + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8;
+    out float32: (acc * mult[n]) unrounded, ReLU when lo is 0.
+    Returns the path used: 1 portable, 2 VNNI."""
+    if a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
+        raise ValueError("gemm: a must be a C-contiguous uint8 [M, K] array")
+    cdef int64_t M = a.shape[0], K = a.shape[1], N = wsum.shape[0]
+    if packed.dtype != np.int8 or packed.size != mt_qgemm_packed_size(N, K):
+        raise ValueError("gemm: packed weight does not fit [N, K]")
+    if wsum.dtype != np.int32 or mult.dtype != np.float64 or mult.shape[0] != N \
+            or not mult.flags.c_contiguous or not wsum.flags.c_contiguous:
+        raise ValueError("gemm: wsum int32 [N] and mult float64 [N] expected")
+    cdef cnp.ndarray b
+    cdef const int32_t *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.dtype != np.int32 or b.shape[0] != N or not b.flags.c_contiguous:
+            raise ValueError("gemm: bias must be int32 [N]")
+        bp = <const int32_t *>cnp.PyArray_DATA(b)
+    if out.dtype not in (np.int8, np.uint8, np.float32) or not out.flags.c_contiguous:
+        raise ValueError("gemm: out must be a C-contiguous int8, uint8 or float32 array")
+    if M and N and (M - 1) * ldo_m + (N - 1) * ldo_n >= out.size or ldo_m < 0 or ldo_n < 0:
+        raise ValueError("gemm: the output strides reach past out")
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    cdef int used
+    with nogil:
+        used = mt_qgemm_u8s8(M, N, K, <const uint8_t *>cnp.PyArray_DATA(a), K, a_zp,
+                             <const int8_t *>cnp.PyArray_DATA(packed),
+                             <const int32_t *>cnp.PyArray_DATA(wsum), bp,
+                             <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi, out_u8,
+                             cnp.PyArray_DATA(out), ldo_m, ldo_n, path)
+    return used
+
+
+def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+           int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW, int pad):
+    """uint8 [C, H, W] (C-contiguous) -> uint8 [OH * OW, C * KH * KW]."""
+    if x.dtype != np.uint8 or x.ndim != 3 or not x.flags.c_contiguous:
+        raise ValueError("im2col takes a C-contiguous uint8 [C, H, W] array")
+    cdef int64_t C = x.shape[0], H = x.shape[1], W = x.shape[2]
+    cdef cnp.ndarray cols = np.empty((OH * OW, C * KH * KW), np.uint8)
+    with nogil:
+        mt_qim2col_u8(<const uint8_t *>cnp.PyArray_DATA(x), C, H, W, KH, KW, SH, SW, PH, PW,
+                      DH, DW, OH, OW, <uint8_t>pad, <uint8_t *>cnp.PyArray_DATA(cols))
+    return cols

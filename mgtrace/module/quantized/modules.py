@@ -1,0 +1,321 @@
+"""The quantized modules (see the package docstring)."""
+import numpy as np
+
+import mgtrace.functional as F
+from mgtrace._core import tensor as _tensor
+from mgtrace.module.module import Module
+from mgtrace.quantization import int8
+from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, is_quantized, quantize
+from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
+
+__all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
+           "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Elemwise", "Concat"]
+
+
+def _act_qparams(qat, required=True):
+    q = qat.get_activation_qparams()
+    if q is None and not required:
+        return None
+    if q is None:
+        raise QuantizationError(f"{type(qat).__name__} has no activation qparams (no act "
+                                "observer or fake quantizer): calibrate it before quantize()")
+    if q.dtype_meta.name not in ("qint8", "quint8") or np.ndim(q.scale.numpy()):
+        raise QuantizationError(f"quantized modules output per-tensor qint8 or quint8, got "
+                                f"{q.dtype_meta.name} with scale shape "
+                                f"{tuple(q.scale.shape)}")
+    return q
+
+
+def _zp(q):
+    if q.zero_point is None or q.mode != QuantMode.ASYMMERTIC:
+        return 0
+    return int(np.asarray(q.zero_point.numpy()))
+
+
+def _act_config(q):
+    """``act_qparams`` as plain values (config()): None or {dtype, scale,
+    zero_point}."""
+    if q is None:
+        return None
+    return {"dtype": q.dtype_meta.name, "scale": float(np.asarray(q.scale.numpy())),
+            "zero_point": _zp(q)}
+
+
+def _act(value):
+    """QParams from a QParams, a config dict or None."""
+    if value is None or not isinstance(value, dict):
+        return value
+    if set(value) != {"dtype", "scale", "zero_point"}:
+        raise QuantizationError(f"act_qparams as a dict needs dtype, scale and zero_point, "
+                                f"got {value!r}")
+    from mgtrace.quantization.utils import quant_dtype
+    meta = quant_dtype(value["dtype"])
+    if meta.is_unsigned:
+        return create_qparams(QuantMode.ASYMMERTIC, meta, value["scale"],
+                              float(value["zero_point"]))
+    return create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
+
+
+def _input(x, who):
+    q = x.__dict__.get("qparams") if is_quantized(x) else None
+    if q is None:
+        raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
+                                f"got {getattr(x, 'dtype', type(x).__name__)}")
+    s = np.asarray(q.scale.numpy())
+    if s.ndim:
+        raise QuantizationError(f"{who} takes per-tensor quantized inputs")
+    return np.asarray(x.numpy()), float(s), _zp(q), q.dtype_meta.name
+
+
+class QuantizedModule(Module):
+    """Base of the quantized modules: ``act_qparams`` (the output's
+    QParams) and ``__repr__`` marked ``Quantized.``."""
+
+    def __repr__(self):
+        return "Quantized." + super().__repr__()
+
+    def _output(self, data):
+        if self.act_qparams is None:
+            return _tensor(data)
+        return QuantizedTensor.wrap(data, self.act_qparams)
+
+    @property
+    def out_args(self):
+        q = self.act_qparams
+        if q is None:               # no activation quantization: float32 out
+            return None, 0, "float32"
+        return float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name
+
+
+class QuantStub(QuantizedModule):
+    """Float32 -> QuantizedTensor with the QAT QuantStub's activation qparams
+    (``act_qparams``: a QParams, or ``{dtype, scale, zero_point}``)."""
+
+    def __init__(self, act_qparams):
+        super().__init__()
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"act_qparams": _act_config(self.act_qparams)}
+
+    def forward(self, x):
+        return quantize(x, self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(_act_qparams(qat))
+
+
+class DequantStub(QuantizedModule):
+    """QuantizedTensor -> float32 Tensor (a float input passes through)."""
+
+    def config(self):
+        return {}
+
+    def forward(self, x):
+        return dequantize(x) if is_quantized(x) else x
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls()
+
+
+class _Weighted(QuantizedModule):
+    """A weight quantized once (int8 buffer ``weight``, float32 buffer
+    ``weight_scale``: one or one per output channel), a float32 ``bias``
+    (or None), the output's ``act_qparams``: None when the QAT module
+    quantized no activation (no act observer or fake quantizer), and then
+    the output is the float32 accumulator ``acc * x_scale * w_scale``."""
+
+    relu = False
+
+    def _buffers_for(self, weight_shape, bias, weight_channels, act_qparams):
+        """Zeros of the right shapes (an archive or _setup fills them)."""
+        self.weight = _tensor(np.zeros(weight_shape, np.int8))
+        shape = () if weight_channels is None else (int(weight_channels),)
+        self.weight_scale = _tensor(np.ones(shape, np.float32))
+        self.bias = _tensor(np.zeros(weight_shape[0], np.float32)) if bias else None
+        self.act_qparams = _act(act_qparams)
+        self.__dict__["_packed"] = None
+
+    def _weight_config(self):
+        return {"bias": self.bias is not None,
+                "weight_channels": int(self.weight_scale.shape[0]) if self.weight_scale.ndim
+                else None, "act_qparams": _act_config(self.act_qparams)}
+
+    def _setup(self, w_float, w_qparams, bias, act_qparams):
+        if w_qparams is None:
+            raise QuantizationError(f"{type(self).__name__}: the QAT module has no weight "
+                                    "qparams (no weight observer or fake quantizer)")
+        if w_qparams.dtype_meta.name not in ("qint8", "qint8_narrow"):
+            raise QuantizationError(f"int8 weights are qint8 or qint8_narrow, got "
+                                    f"{w_qparams.dtype_meta.name}")
+        if w_qparams.mode == QuantMode.ASYMMERTIC and np.any(w_qparams.zero_point.numpy()):
+            raise QuantizationError("int8 weights are symmetric (zero point 0)")
+        wq = quantize(w_float, create_qparams(QuantMode.SYMMERTIC, w_qparams.dtype_meta,
+                                              w_qparams.scale, None, w_qparams.axis))
+        self.weight = _tensor(np.asarray(wq.numpy()))
+        self.weight_scale = _tensor(np.asarray(w_qparams.scale.numpy(), np.float32))
+        self.bias = None if bias is None else _tensor(np.asarray(bias.numpy(), np.float32))
+        self.act_qparams = act_qparams
+        self.__dict__["_packed"] = None
+
+    def _packed_weight(self, groups=1):
+        key = (id(self.weight), id(self.weight_scale), id(self.bias))
+        packed = self.__dict__.get("_packed")
+        if packed is None or packed[0] != key:
+            self.__dict__["_packed"] = packed = (key, int8.Int8Weight(
+                self.weight.numpy(), self.weight_scale.numpy(),
+                None if self.bias is None else self.bias.numpy(), groups=groups))
+        return packed[1]
+
+
+class Linear(_Weighted):
+    """Int8 ``linear``: QuantizedTensor [..., in_features] -> QuantizedTensor
+    [..., out_features] (float32 when ``act_qparams`` is None). Buffers:
+    ``weight`` int8 [out, in], ``weight_scale`` float32 (scalar, or
+    [weight_channels] per output channel), ``bias`` float32 [out]."""
+
+    def __init__(self, in_features, out_features, bias=True, weight_channels=None,
+                 act_qparams=None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self._buffers_for((self.out_features, self.in_features), bias, weight_channels,
+                          act_qparams)
+
+    def config(self):
+        return dict(in_features=self.in_features, out_features=self.out_features,
+                    **self._weight_config())
+
+    def forward(self, x):
+        data, s, zp, name = _input(x, type(self).__name__)
+        o_s, o_zp, o_dt = self.out_args
+        y = int8.linear(data, s, zp, self._packed_weight(), o_s, o_zp, o_dt, self.relu,
+                        x_dtype=name)
+        return self._output(y)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls(qat.in_features, qat.out_features, qat.bias is not None)
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
+        return m
+
+
+class LinearRelu(Linear):
+    """``relu`` fused into :class:`Linear`'s saturation."""
+    relu = True
+
+
+class Conv2d(_Weighted):
+    """Int8 ``conv2d`` (zeros padding): QuantizedTensor [N, C, H, W] ->
+    QuantizedTensor [N, C_out, OH, OW] (float32 when ``act_qparams`` is
+    None); any groups, stride, padding, dilation. Buffers as
+    :class:`Linear`'s, ``weight`` int8 [C_out, C_in / groups, KH, KW]."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, weight_channels=None, act_qparams=None):
+        super().__init__()
+        pair = lambda v: (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))  # noqa: E731
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride = pair(kernel_size), pair(stride)
+        self.padding, self.dilation, self.groups = pair(padding), pair(dilation), int(groups)
+        if self.groups < 1 or self.in_channels % self.groups or self.out_channels % self.groups:
+            raise QuantizationError(f"Conv2d: {in_channels} -> {out_channels} channels do not "
+                                    f"split into {groups} groups")
+        self._buffers_for((self.out_channels, self.in_channels // self.groups)
+                          + self.kernel_size, bias, weight_channels, act_qparams)
+
+    def config(self):
+        return dict(in_channels=self.in_channels, out_channels=self.out_channels,
+                    kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                    dilation=self.dilation, groups=self.groups, **self._weight_config())
+
+    def forward(self, x):
+        data, s, zp, name = _input(x, type(self).__name__)
+        o_s, o_zp, o_dt = self.out_args
+        y = int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
+                        self.relu, self.stride, self.padding, self.dilation, x_dtype=name)
+        return self._output(y)
+
+    @classmethod
+    def _like(cls, conv):
+        if getattr(conv, "padding_mode", "zeros") != "zeros":
+            raise QuantizationError(f"quantized Conv2d pads with zeros only, got "
+                                    f"padding_mode={conv.padding_mode!r}")
+        return cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                   conv.padding, conv.dilation, conv.groups)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls._like(qat)
+        m._setup(qat.weight, qat.get_weight_qparams(), qat.bias, _act_qparams(qat, False))
+        return m
+
+
+class ConvRelu2d(Conv2d):
+    """``relu`` fused into :class:`Conv2d`'s saturation."""
+    relu = True
+
+
+class ConvBn2d(Conv2d):
+    """A QAT ConvBn2d in its eval form: the BatchNorm folded into the weight
+    (``w * k``) and bias (``beta + k * (b - running_mean)``)."""
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        m = cls._like(qat.conv)
+        k, beta, mean = qat._fold()
+        w = qat.conv.weight * k.reshape((-1, 1, 1, 1))
+        b = qat.conv.bias if qat.conv.bias is not None else F.zeros_like(mean)
+        m._setup(w, qat.get_weight_qparams(), beta + k * (b - mean),
+                 _act_qparams(qat, False))
+        return m
+
+
+class ConvBnRelu2d(ConvBn2d):
+    """``relu`` fused into :class:`ConvBn2d`'s saturation."""
+    relu = True
+
+
+class Elemwise(QuantizedModule):
+    """MegEngine's quantized Elemwise: the float method of
+    :class:`mgtrace.module.Elemwise` on the dequantized inputs, the result
+    quantized with ``act_qparams``."""
+
+    def __init__(self, method, act_qparams):
+        super().__init__()
+        from mgtrace.module import Elemwise as FloatElemwise
+        self.__dict__["float_op"] = FloatElemwise(method)     # a helper, not a child
+        self.method = self.float_op.method
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"method": self.method, "act_qparams": _act_config(self.act_qparams)}
+
+    def forward(self, *inps):
+        xs = [dequantize(x) if is_quantized(x) else x for x in inps]
+        return quantize(self.float_op(*xs), self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(qat.method, _act_qparams(qat))
+
+
+class Concat(QuantizedModule):
+    """``concat`` of quantized inputs, each requantized to ``act_qparams``
+    (exactly: dequantize in float32, quantize)."""
+
+    def __init__(self, act_qparams):
+        super().__init__()
+        self.act_qparams = _act(act_qparams)
+
+    def config(self):
+        return {"act_qparams": _act_config(self.act_qparams)}
+
+    def forward(self, inps, axis=0):
+        xs = [dequantize(x) if is_quantized(x) else x for x in inps]
+        return quantize(F.concat(xs, axis), self.act_qparams)
+
+    @classmethod
+    def from_qat_module(cls, qat):
+        return cls(_act_qparams(qat))

@@ -1,0 +1,227 @@
+"""Int8 inference kernels: linear and conv2d on quantized integers with
+int32 accumulation and a fused requantize + bias + ReLU epilogue
+(``mgtrace._core.qint8``: AVX-512 VNNI ``vpdpbusd`` where the CPU has it,
+portable C otherwise, chosen at run time; both give the same bits).
+
+The arithmetic, exactly (the NumPy reference in the tests is this)::
+
+    acc = sum_k (x_q - x_zp) * w_q   (+ bias_q)                    # integers
+    y_q = clip(rint(acc * (x_scale * w_scale / y_scale)) + y_zp, qmin, qmax)
+
+with ``rint`` round half to even in float64 (the rule of
+:mod:`mgtrace.quantization`), ``bias_q = rint(bias / (x_scale * w_scale))``
+(MegEngine's qint32 bias), per-tensor or per-output-channel weight scales,
+and ReLU as ``qmin = max(qmin, y_zp)``. Weights are signed and symmetric
+(``qint8`` or ``qint8_narrow``); activations ``qint8`` (zero point 0) or
+``quint8`` (any zero point in 0..255). A layer whose output stays float
+(``out_dtype="float32"``) gets ``acc * x_scale * w_scale`` (bias included),
+in float64 then rounded once to float32.
+
+Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
+NumPy arrays. The quantized tensor type of the core, and modules that use
+these kernels (``mgtrace.module.quantized``), are not there yet.
+"""
+import numpy as np
+
+from mgtrace.quantization.utils import QuantizationError, quant_dtype
+
+__all__ = ["has_vnni", "Int8Weight", "quantize_array", "dequantize_array", "linear", "conv2d"]
+
+_MAX_K = 65792          # K * 255 * 128 < 2**31: the int32 dot product is exact
+
+
+def _kernels():
+    from mgtrace._core import qint8
+    return qint8
+
+
+def has_vnni():
+    """Whether the int8 kernels run on AVX-512 VNNI on this CPU."""
+    return _kernels().has_vnni()
+
+
+def _array(x, what):
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def quantize_array(x, scale, zero_point=0, dtype="qint8"):
+    """``clip(rint(x / scale) + zero_point, qmin, qmax)`` in float32 (as
+    fake quantization), stored as the dtype's integers (int8, uint8,
+    int32). ``scale``/``zero_point`` broadcast against x."""
+    meta = quant_dtype(dtype)
+    x = _array(x, "x").astype(np.float32)
+    q = np.clip(np.rint(x / np.float32(scale)) + np.float32(zero_point), meta.qmin, meta.qmax)
+    return q.astype(meta.np_dtype_str)
+
+
+def dequantize_array(q, scale, zero_point=0):
+    """``(q - zero_point) * scale`` in float32."""
+    q = _array(q, "q")
+    return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+
+
+def _as_u8(x, zp, meta):
+    """uint8 bytes and zero point standing for activation ``x`` of ``meta``."""
+    if meta.name == "quint8":
+        if x.dtype != np.uint8:
+            raise QuantizationError(f"a quint8 activation is uint8, got {x.dtype}")
+        return np.ascontiguousarray(x), int(zp)
+    if meta.name in ("qint8", "qint8_narrow"):
+        if x.dtype != np.int8:
+            raise QuantizationError(f"a {meta.name} activation is int8, got {x.dtype}")
+        if zp:
+            raise QuantizationError(f"{meta.name} is symmetric: zero point 0, got {zp}")
+        return (np.ascontiguousarray(x).view(np.uint8) ^ np.uint8(0x80)), 128
+    raise QuantizationError(f"int8 kernels take qint8 or quint8 activations, got {meta.name}")
+
+
+class Int8Weight:
+    """A weight quantized and packed once for the int8 kernels.
+
+    Args:
+        w_q: int8 [N, K] (linear) or [C_out, C_in / groups, KH, KW] (conv2d),
+            symmetric (qint8_narrow recommended: -127..127).
+        scale: float, or float32 [N] per output channel.
+        bias: float32 [N] or None, quantized to int32 at each call's input
+            scale (``rint(bias / (x_scale * scale))``, saturated to int32).
+
+    Raises QuantizationError for a non-int8 weight, a scale of the wrong
+    size or not positive, or K too large for exact int32 accumulation.
+    """
+
+    def __init__(self, w_q, scale, bias=None, groups=1):
+        w = _array(w_q, "w_q")
+        if w.dtype != np.int8 or w.ndim not in (2, 4):
+            raise QuantizationError(f"Int8Weight takes int8 [N, K] or [Co, Ci/g, KH, KW], got "
+                                    f"{w.dtype} {w.shape}")
+        self.shape = w.shape
+        self.groups = int(groups)
+        n = w.shape[0]
+        if n % self.groups:
+            raise QuantizationError(f"{n} output channels do not split into {groups} groups")
+        scale = np.broadcast_to(np.asarray(scale, np.float32), (n,)).copy()
+        if not np.all(scale > 0):
+            raise QuantizationError(f"weight scales must be positive, got {scale}")
+        self.scale = scale
+        self.bias = None if bias is None else np.asarray(_array(bias, "bias"), np.float32)
+        if self.bias is not None and self.bias.shape != (n,):
+            raise QuantizationError(f"bias must be [{n}], got {self.bias.shape}")
+        k = int(np.prod(w.shape[1:]))
+        if k > _MAX_K:
+            raise QuantizationError(f"K={k} is too large for exact int32 accumulation "
+                                    f"(at most {_MAX_K})")
+        per = n // self.groups
+        self.packs = [_kernels().pack_weight(np.ascontiguousarray(
+            w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
+
+    def _epilogue(self, g, x_scale, out_scale):
+        if out_scale is None:       # float32 out
+            out_scale = 1.0
+        per = self.shape[0] // self.groups
+        sl = slice(g * per, (g + 1) * per)
+        ws = self.scale[sl].astype(np.float64)
+        mult = (np.float64(np.float32(x_scale)) * ws) / np.float64(np.float32(out_scale))
+        bias = None
+        if self.bias is not None:
+            b = np.rint(self.bias[sl].astype(np.float64)
+                        / (np.float64(np.float32(x_scale)) * ws))
+            bias = np.clip(b, -(2 ** 31), 2 ** 31 - 1).astype(np.int32)
+        return np.ascontiguousarray(mult), bias
+
+
+class _Float32:
+    name = np_dtype_str = "float32"
+
+
+def _out_range(out_dtype, out_zp, relu):
+    if out_dtype in ("float32", np.float32):
+        return _Float32, (0 if relu else -1), 0
+    meta = quant_dtype(out_dtype)
+    if meta.name not in ("qint8", "qint8_narrow", "quint8"):
+        raise QuantizationError(f"int8 kernels write qint8 or quint8, got {meta.name}")
+    lo = meta.qmin
+    if relu:
+        lo = max(lo, int(out_zp))
+    return meta, lo, meta.qmax
+
+
+def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
+           x_dtype=None, path=0):
+    """Int8 ``linear``: x_q int8/uint8 [..., K] -> out_dtype [..., N].
+
+    Args:
+        x_q, x_scale, x_zp: the quantized input and its qparams; x_dtype
+            (default: qint8 for int8 data, quint8 for uint8).
+        weight: an :class:`Int8Weight` of shape [N, K].
+        out_scale, out_zp, out_dtype: the output's qparams and dtype;
+            out_dtype "float32" writes the dequantized accumulator
+            ``acc * x_scale * w_scale`` instead (out_scale, out_zp unused).
+        relu: fuse ReLU into the saturation.
+        path: 0 the best kernel here, 1 the portable one (for tests).
+
+    Returns a NumPy array. Raises QuantizationError for mismatched shapes or
+    dtypes.
+    """
+    x = _array(x_q, "x_q")
+    meta_in = quant_dtype(x_dtype or ("quint8" if x.dtype == np.uint8 else "qint8"))
+    if weight.groups != 1 or len(weight.shape) != 2 or x.shape[-1:] != weight.shape[1:]:
+        raise QuantizationError(f"linear: input [..., {x.shape[-1:]}] does not fit weight "
+                                f"{weight.shape}")
+    meta, lo, hi = _out_range(out_dtype, out_zp, relu)
+    a, a_zp = _as_u8(x.reshape(-1, x.shape[-1]), x_zp, meta_in)
+    n = weight.shape[0]
+    out = np.empty((a.shape[0], n), meta.np_dtype_str)
+    mult, bias = weight._epilogue(0, x_scale, None if meta is _Float32 else out_scale)
+    packed, wsum = weight.packs[0]
+    _kernels().gemm(a, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, out, n, 1, path)
+    return out.reshape(x.shape[:-1] + (n,))
+
+
+def _pair(v):
+    return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
+
+
+def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
+           stride=1, padding=0, dilation=1, x_dtype=None, path=0):
+    """Int8 ``conv2d`` (NCHW): x_q int8/uint8 [N, C_in, H, W] -> out_dtype
+    [N, C_out, OH, OW]; ``weight`` an :class:`Int8Weight` of shape [C_out,
+    C_in / groups, KH, KW] (its ``groups``: dense, grouped or depthwise).
+    Padding reads the input's zero point (a real 0). Other arguments as
+    :func:`linear`; stride, padding, dilation ints or pairs.
+    """
+    x = _array(x_q, "x_q")
+    meta_in = quant_dtype(x_dtype or ("quint8" if x.dtype == np.uint8 else "qint8"))
+    if x.ndim != 4 or len(weight.shape) != 4:
+        raise QuantizationError(f"conv2d takes x [N, C, H, W] and a 4-d weight, got {x.shape} "
+                                f"and {weight.shape}")
+    co, cig, kh, kw = weight.shape
+    g = weight.groups
+    nb, ci, h, w = x.shape
+    if ci != cig * g:
+        raise QuantizationError(f"conv2d: {ci} input channels, the weight takes {cig} x {g} "
+                                "groups")
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise QuantizationError(f"conv2d: output size {oh}x{ow} is empty")
+    meta, lo, hi = _out_range(out_dtype, out_zp, relu)
+    a, a_zp = _as_u8(x, x_zp, meta_in)
+    out = np.empty((nb, co, oh, ow), meta.np_dtype_str)
+    per = co // g
+    epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
+           for gi in range(g)]
+    kern = _kernels()
+    p = oh * ow
+    for n in range(nb):
+        for gi in range(g):
+            cols = kern.im2col(np.ascontiguousarray(a[n, gi * cig:(gi + 1) * cig]), kh, kw, sh,
+                               sw, ph, pw, dh, dw, oh, ow, a_zp)
+            packed, wsum = weight.packs[gi]
+            mult, bias = epi[gi]
+            view = out[n, gi * per:(gi + 1) * per].reshape(-1)
+            kern.gemm(cols, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, view, 1, p,
+                      path)
+    return out

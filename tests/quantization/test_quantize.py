@@ -1,0 +1,160 @@
+"""quantize(): calibrated QAT models -> mgtrace.module.quantized modules on
+int8 kernels (issue 32, items 1-3). References: the NumPy integer pipeline
+written out, and the QAT model's own fake-quantized outputs."""
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.module as M
+import mgtrace.module.qat as QM
+import mgtrace.module.quantized as MQ
+import mgtrace.quantization as Q
+
+F32 = np.float32
+
+
+class Net(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.conv = M.ConvBnRelu2d(3, 8, 3, padding=1)
+        self.dw = M.ConvRelu2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.pw = M.Conv2d(8, 8, 1)
+        self.add = M.Elemwise("fuse_add_relu")
+        self.cat = M.Concat()
+        self.fc = M.Linear(16 * 4 * 4, 10)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.quant(x)
+        y = self.dw(self.conv(x))
+        y = self.add(y, self.pw(y))
+        y = self.cat([y, y], 1)
+        return self.dequant(self.fc(y.reshape(y.shape[0], -1)))
+
+
+def _calibrated(qconfig, seed=0):
+    mt.random.seed(seed)
+    rng = np.random.default_rng(seed)
+    net = Net()
+    net.train()
+    for _ in range(2):      # BatchNorm statistics
+        net(mt.tensor(rng.standard_normal((4, 3, 8, 8)).astype(F32)))
+    qat = Q.quantize_qat(net, qconfig=qconfig)
+    qat.eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(mt.tensor(rng.standard_normal((16, 3, 8, 8)).astype(F32)))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    return qat, rng
+
+
+@pytest.mark.parametrize("qconfig", ["min_max", "per_channel_quint8"])
+def test_quantized_model_follows_the_qat_model(qconfig):
+    import functools
+    cfg = Q.min_max_fakequant_qconfig if qconfig == "min_max" else Q.QConfig(
+        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
+        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
+                                       dtype="quint8"),
+        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+    qat, rng = _calibrated(cfg)
+    x = mt.tensor(rng.standard_normal((5, 3, 8, 8)).astype(F32))
+    want = qat(x).numpy()
+    qnet = Q.quantize(qat, inplace=False)
+    assert type(qnet.conv) is MQ.ConvBnRelu2d and type(qnet.fc) is MQ.Linear
+    assert type(qnet.quant) is MQ.QuantStub and type(qnet.cat) is MQ.Concat
+    got = qnet(x)
+    assert got.dtype == np.float32
+    s = float(qat.fc.get_activation_qparams().scale.numpy())
+    # the int8 model differs from fake quantization only by its int32 bias and
+    # by rounding once instead of twice: at most a few output quanta
+    assert np.abs(got.numpy() - want).max() <= 4 * s
+    assert (np.abs(got.numpy() - want) <= s * 1.01).mean() > 0.9
+
+
+def test_quantized_linear_is_the_integer_pipeline():
+    rng = np.random.default_rng(1)
+    fc = QM.Linear.from_float_module(M.Linear(6, 4))
+    fc.set_qconfig(Q.min_max_fakequant_qconfig)
+    fc.eval()
+    Q.enable_observer(fc)
+    Q.disable_fake_quant(fc)
+    fc(mt.tensor(rng.standard_normal((8, 6)).astype(F32)))
+    q = MQ.Linear.from_qat_module(fc)
+    xq = Q.quantize_tensor(rng.standard_normal((3, 6)).astype(F32), dtype="qint8", scale=0.02)
+    y = q(xq)
+    assert isinstance(y, Q.QuantizedTensor) and y.qparams.dtype_meta.name == "qint8"
+    w = fc.weight.numpy()
+    ws = F32(fc.get_weight_qparams().scale.numpy())
+    wq = np.clip(np.rint(w / ws), -127, 127).astype(np.int64)
+    np.testing.assert_array_equal(q.weight.numpy(), wq)
+    b = np.rint(fc.bias.numpy().astype(np.float64) / (np.float64(F32(0.02)) * np.float64(ws)))
+    acc = xq.numpy().astype(np.int64) @ wq.T + b.astype(np.int64)
+    os_ = F32(fc.get_activation_qparams().scale.numpy())
+    want = np.clip(np.rint(acc * (np.float64(F32(0.02)) * np.float64(ws) / np.float64(os_))),
+                   -128, 127)
+    np.testing.assert_array_equal(y.numpy(), want.astype(np.int8))
+
+
+def test_quantized_tensors_refuse_arithmetic_and_need_qparams():
+    qt = Q.quantize_tensor(np.ones(3, F32), dtype="quint8", scale=0.5, zero_point=10)
+    assert qt.numpy().tolist() == [12, 12, 12] and qt.dtype == np.uint8
+    np.testing.assert_array_equal(Q.dequantize_tensor(qt).numpy(), np.ones(3, F32))
+    with pytest.raises(Q.QuantizationError, match=r"quint8\(scale=0.5, zero_point=10\) and float32"):
+        qt + mt.tensor(np.ones(3, F32))
+    with pytest.raises(ValueError, match="qint8"):      # QuantizationError is a ValueError
+        _ = 2 * Q.quantize_tensor(np.ones(3, F32), dtype="qint8", scale=0.5)
+    with pytest.raises(Q.QuantizationError, match="QuantizedTensor"):
+        Q.dequantize_tensor(mt.tensor(np.ones(3, F32)))
+    # layout methods keep the qparams
+    r = qt.reshape(1, 3)
+    assert r.__dict__["qparams"] is qt.qparams and r.numpy().tolist() == [[12, 12, 12]]
+    from mgtrace.quantization.qtensor import is_quantized
+    assert is_quantized(r) and not is_quantized(mt.tensor(np.ones(2, F32)))
+    lin = QM.Linear.from_float_module(M.Linear(3, 2))
+    lin.set_qconfig(Q.min_max_fakequant_qconfig)
+    with pytest.raises(Q.QuantizationError, match="QuantStub"):
+        MQ.Linear.from_qat_module(lin)(mt.tensor(np.ones((1, 3), F32)))
+
+
+def test_a_layer_without_activation_qparams_outputs_float():
+    rng = np.random.default_rng(2)
+    fc = QM.Linear.from_float_module(M.Linear(6, 4))
+    fc.set_qconfig(Q.min_max_fakequant_qconfig)
+    fc.act_observer = fc.act_fake_quant = None
+    fc.eval()
+    Q.enable_observer(fc)
+    x = rng.standard_normal((3, 6)).astype(F32)
+    fc(mt.tensor(x))
+    q = MQ.Linear.from_qat_module(fc)
+    assert q.act_qparams is None
+    xq = Q.quantize_tensor(x, dtype="qint8", scale=0.02)
+    y = q(xq)
+    assert not isinstance(y, Q.QuantizedTensor) and y.dtype == np.float32
+    ws = np.float64(F32(fc.get_weight_qparams().scale.numpy()))
+    wq = q.weight.numpy().astype(np.int64)
+    b = np.rint(fc.bias.numpy().astype(np.float64) / (np.float64(F32(0.02)) * ws))
+    acc = xq.numpy().astype(np.int64) @ wq.T + b.astype(np.int64)
+    np.testing.assert_array_equal(y.numpy(), (acc * (np.float64(F32(0.02)) * ws)).astype(F32))
+
+
+def test_a_quantized_model_traces_saves_and_loads(tmp_path):
+    qat, rng = _calibrated(Q.min_max_fakequant_qconfig, seed=3)
+    qnet = Q.quantize(qat)
+    for name, m in qnet.named_modules():
+        if type(m).__module__.startswith("mgtrace.module.quantized"):
+            assert M.is_builtin(m) and type(m)(**m.config()).config() == m.config(), name
+    x = mt.tensor(rng.standard_normal((2, 3, 8, 8)).astype(F32))
+    want = qnet(x).numpy()
+    tm = mt.trace_module(qnet, x)
+    assert type(tm.fc) is MQ.Linear
+    mt.save(tm, tmp_path / "q.tmod")
+    back = mt.load(tmp_path / "q.tmod")
+    np.testing.assert_array_equal(back(x).numpy(), want)
+    np.testing.assert_array_equal(back.conv.weight.numpy(), qnet.conv.weight.numpy())
+    assert back.conv.weight.dtype == np.int8
+    with pytest.raises(ValueError, match="mgtrace.module.quantized"):
+        mt.save(tm, tmp_path / "old.tmod", target_version=(1, 1))
