@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t, uint64_t
 from mgtrace._core.kernels cimport mt_backend
 from mgtrace._core.tensor cimport install_backend
 
-cdef extern from "cuda/api.h" nogil:
+cdef extern from "kernels/cuda/api.h" nogil:
     const mt_backend mtc_backend
     ctypedef struct mtc_stats:
         size_t allocated, cached, peak

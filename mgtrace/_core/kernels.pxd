@@ -1,7 +1,7 @@
 # Declarations of the C kernels (mirrors kernels/*.h). C knows bytes only.
 from libc.stdint cimport int64_t, uint64_t
 
-cdef extern from "kernels/mt_common.h" nogil:
+cdef extern from "kernels/cpu/mt_common.h" nogil:
     enum: MT_MAX_NDIM
     enum:
         MT_BOOL, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
@@ -19,7 +19,7 @@ cdef extern from "kernels/mt_common.h" nogil:
     float mt_bf2f(unsigned short) noexcept
     unsigned short mt_f2bf(float) noexcept
 
-cdef extern from "kernels/mt_ops.h" nogil:
+cdef extern from "kernels/contract/mt_ops.h" nogil:
     enum: MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT
     enum: MT_NUNARY, MT_NBINARY, MT_NTERNARY
     mt_loop_fn mt_unary_loops[][MT_NDTYPES]
@@ -35,7 +35,7 @@ cdef extern from "kernels/mt_ops.h" nogil:
     const int mt_ternary_rules[]
     void mt_elementwise_init() noexcept
 
-cdef extern from "kernels/alloc.h" nogil:
+cdef extern from "kernels/contract/alloc.h" nogil:
     enum: MT_DEV_CPU, MT_DEV_CUDA
     ctypedef struct mt_storage:
         int64_t refcount
@@ -57,7 +57,7 @@ cdef extern from "kernels/alloc.h" nogil:
     void mt_host_cache_clear() noexcept
     void mt_host_cache_set_limit(size_t bytes) noexcept
 
-cdef extern from "kernels/backend.h" nogil:
+cdef extern from "kernels/contract/backend.h" nogil:
     enum: MT_BK_OK, MT_BK_ENOMEM, MT_BK_EDEVICE, MT_BK_ENOKERNEL
     enum: MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D
     enum: MT_EW_UNARY, MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL

@@ -52,7 +52,7 @@ from mgtrace._core.args import MAX_GEOMETRY
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
-cdef extern from "kernels/nn.h" nogil:
+cdef extern from "kernels/cpu/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW, MT_NN_NONFINITE
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,

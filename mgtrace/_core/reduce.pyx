@@ -47,7 +47,7 @@ from mgtrace._core.dispatch cimport coerce, cast, fill, num_threads
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core.dispatch import core_op
 
-cdef extern from "kernels/reduce.h" nogil:
+cdef extern from "kernels/cpu/reduce.h" nogil:
     enum: MT_NREDUCE, MT_NSCAN, MT_NSOFTMAX
     enum: MT_RR_SUM, MT_RR_FLOAT, MT_RR_SAME, MT_RR_INDEX, MT_RR_BOOL
     ctypedef struct mt_reduce_geom:

@@ -167,7 +167,7 @@ cdef const mt_backend *backend_of(int device) except NULL:
     return b
 
 
-cdef extern from "kernels/nn.h":
+cdef extern from "kernels/cpu/nn.h":
     # the members a test stand-in for CUDA leaves empty (CUDA's table has none of them)
     ctypedef struct mt_nn_kernels:
         void *conv_transpose2d_workspace

@@ -15,12 +15,12 @@
 #include <stdint.h>
 #include <type_traits>
 
-#include "../kernels/backend.h"
-#include "../kernels/mt_ops.h"
-#include "../kernels/reduce.h"
-#include "../kernels/gemm.h"
-#include "../kernels/nn.h"
-#include "../kernels/index.h"
+#include "../contract/backend.h"
+#include "../contract/mt_ops.h"
+#include "../cpu/reduce.h"
+#include "../cpu/gemm.h"
+#include "../cpu/nn.h"
+#include "../cpu/index.h"
 
 extern "C" {
 /* memory.cu */
