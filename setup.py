@@ -233,7 +233,8 @@ class ParallelBuildExt(build_ext):
             for src in CUDA_SOURCES[e.name]:
                 obj = os.path.join(self.build_temp, src + ".o")
                 os.makedirs(os.path.dirname(obj), exist_ok=True)
-                jobs.append((src, None, {"obj": obj, "include_dirs": [CONTRACT, KERNELS]}))
+                # the contract alone: a CPU header in a .cu file does not compile
+                jobs.append((src, None, {"obj": obj, "include_dirs": [CONTRACT]}))
                 args[0].append(obj)           # the objects list of link_shared_object
         return jobs
 

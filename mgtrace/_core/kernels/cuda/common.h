@@ -15,12 +15,13 @@
 #include <stdint.h>
 #include <type_traits>
 
-#include "../contract/backend.h"
-#include "../contract/mt_ops.h"
-#include "../cpu/reduce.h"
-#include "../cpu/gemm.h"
-#include "../cpu/nn.h"
-#include "../cpu/index.h"
+/* the contract (kernels/contract/, the only folder on nvcc's include path) */
+#include "backend.h"
+#include "mt_ops.h"
+#include "reduce_kernels.h"
+#include "linalg_kernels.h"
+#include "nn_kernels.h"
+#include "index_kernels.h"
 
 extern "C" {
 /* memory.cu */
