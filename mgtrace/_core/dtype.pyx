@@ -2,7 +2,7 @@
 """dtypes and MegEngine's promotion rule.
 
 A dtype is a NumPy dtype object (bfloat16 comes from ml_dtypes); inside the
-core it is a small integer code, whose order matches kernels/mt_common.h.
+core it is a small integer code, whose order matches kernels/contract/mt_types.h.
 
 Promotion (MegEngine's rule, as DESIGN.md states it): every operand has a
 category, float (3) > integer (2) > bool (1). Tensors, NumPy arrays and NumPy

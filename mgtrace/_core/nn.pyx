@@ -4,7 +4,7 @@
 Each op here owns its API: it checks its arguments (ValueError / TypeError
 with the expected and the actual value), picks the device and the compute
 dtype, makes its inputs contiguous, allocates the result and runs a C kernel
-from ``kernels/{conv,pool,resize}.c`` with the GIL released.
+from ``kernels/cpu/{conv,pool,resize}.c`` (CUDA's: ``kernels/cuda/nn.cu``) with the GIL released.
 
 Rules shared by every op (the same as the rest of the core):
 
