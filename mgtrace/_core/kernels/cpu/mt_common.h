@@ -16,13 +16,9 @@
 typedef void (*mt_loop_fn)(char **args, const int64_t *steps, int64_t n, const void *aux);
 
 /* Hot loops get an AVX2+FMA clone picked at run time on x86-64 (the baseline
- * build must run on any x86-64, as a wheel does). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_CLONES
-#endif
-#define MT_IVDEP _Pragma("GCC ivdep")
+ * build must run on any x86-64, as a wheel does): MT_CLONES and the other
+ * clone macros, the vector types and the CPU probe are mt_simd.h's. */
+#include "mt_simd.h"
 
 /* ---- threading ---- */
 int mt_get_num_threads(void);      /* the configured count */

@@ -22,6 +22,7 @@
 #define MT_NN_H
 #include "mt_common.h"
 #include "nn_kernels.h"   /* contract/: geometries, codes, enums, the table */
+#include "blas_threads.h"
 
 /* 1 when the n values at p (MT_FLOAT32 or MT_FLOAT64) are all below 2^k in
  * magnitude (so finite; k 128 or 1024: the finiteness test) */
@@ -46,9 +47,8 @@ int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *
 int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads);
 int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
                      const mt_attn_geom *g, int nthreads, void *workspace);
-/* OpenBLAS single-threaded while OpenMP threads run their own GEMMs (conv.c) */
-void mt_nn_blas_single_begin(void);
-void mt_nn_blas_single_end(void);
+/* mt_nn_blas_single_begin/end: OpenBLAS single-threaded while OpenMP threads
+ * run their own GEMMs (blas_threads.h) */
 
 /* ---- convolution ---- */
 
@@ -80,9 +80,7 @@ int mt_conv2d_packed(int dtype, const void *x, const void *packed, const void *b
 /* tests: 1 makes DIRECT run its AVX2/baseline micro-kernel even where the
  * CPU has AVX-512 (0: pick by CPU, the default) */
 void mt_conv2d_direct_force_narrow(int on);
-/* 1 when this CPU has the AVX-512 subsets (F, DQ, BW, VL) of x86-64-v4,
- * which the kernels' AVX-512 clones are built for */
-int mt_cpu_avx512(void);
+/* mt_cpu_avx512(): mt_simd.h (cpu_features.c) */
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
 /* Winograd's bound k (see conv.c): its transforms stay finite when every

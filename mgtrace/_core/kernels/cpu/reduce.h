@@ -21,11 +21,7 @@ extern mt_line_fn mt_scan_fns[MT_NSCAN][MT_NDTYPES];
 extern mt_line_fn mt_softmax_fns[MT_NSOFTMAX][MT_NDTYPES];
 extern mt_sort_fn mt_sort_fns[MT_NDTYPES];
 /* ---- shared by reduce.c and sort.c ---- */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_RCLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_RCLONES
-#endif
+/* MT_RCLONES: mt_simd.h's */
 
 /* dtype descriptors: X(code, sfx, storage type, compute type, load, store,
  * kind, lowest, highest, ...). kind: Kb bool, Ki integer, Kf float; lowest and
