@@ -31,7 +31,10 @@ from setuptools.command.build_ext import build_ext
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import setup_cuda  # noqa: E402  (the CUDA switch logic, unit-tested on its own)
 
-KERNELS = "mgtrace/_core/kernels"
+# the kernel tree (see README's layout): contract/ is the device-neutral
+# interface every backend implements, cpu/ and cuda/ the two backends' kernels
+KERNELS = "mgtrace/_core/kernels/cpu"
+CONTRACT = "mgtrace/_core/kernels/contract"
 
 
 def flags():
@@ -50,7 +53,7 @@ def flags():
 
 
 # every extension is rebuilt when one of these changes (setuptools looks at sources only)
-DEPENDS = sorted(glob.glob(f"{KERNELS}/*.h") + glob.glob("mgtrace/_core/*.pxd"))
+DEPENDS = sorted(glob.glob(f"{CONTRACT}/*.h") + glob.glob(f"{KERNELS}/*.h") + glob.glob("mgtrace/_core/*.pxd"))
 # compiled first: together about 2/3 of the compile time (dtype variants made by
 # macros, hot loops with an AVX2 clone); the other files follow, biggest first
 SLOW_FIRST = [f"{KERNELS}/reduce.c", f"{KERNELS}/elementwise.c"]
@@ -58,7 +61,7 @@ SLOW_FIRST = [f"{KERNELS}/reduce.c", f"{KERNELS}/elementwise.c"]
 
 def ext(name, sources, blas=False):
     cflags, ldflags = flags()
-    kw = dict(include_dirs=[np.get_include(), "mgtrace/_core"],
+    kw = dict(include_dirs=[np.get_include(), "mgtrace/_core", CONTRACT, KERNELS],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
               extra_compile_args=cflags, extra_link_args=ldflags, depends=DEPENDS)
     if blas:
@@ -84,12 +87,13 @@ extensions = [
     ext("linalg", ["mgtrace/_core/linalg.pyx", f"{KERNELS}/gemm.c"], blas=True),
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
-               f"{KERNELS}/resize.c"], blas=True),
+               f"{KERNELS}/resize.c", f"{KERNELS}/blas_threads.c", f"{KERNELS}/cpu_features.c"],
+        blas=True),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
     ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qgemm.c"]),
 ]
-CUDA_DIR = "mgtrace/_core/cuda"
+CUDA_DIR = "mgtrace/_core/kernels/cuda"
 CUDA_EXT = "mgtrace._core._cuda"
 CUDA_SOURCES = {}       # extension name -> its .cu files
 # nvcc's slowest (every op x dtype of the elementwise table, per architecture): first of all
@@ -233,7 +237,8 @@ class ParallelBuildExt(build_ext):
             for src in CUDA_SOURCES[e.name]:
                 obj = os.path.join(self.build_temp, src + ".o")
                 os.makedirs(os.path.dirname(obj), exist_ok=True)
-                jobs.append((src, None, {"obj": obj, "include_dirs": ["mgtrace/_core"]}))
+                # the contract alone: a CPU header in a .cu file does not compile
+                jobs.append((src, None, {"obj": obj, "include_dirs": [CONTRACT]}))
                 args[0].append(obj)           # the objects list of link_shared_object
         return jobs
 

@@ -10,7 +10,7 @@ Run time (read when mgtrace is imported):
                          0 (default): always MGTRACE_NUM_THREADS, reproducible
   MGTRACE_HOST_CACHE_MB  bytes of freed large host blocks kept for reuse (default 1024;
                          a request takes the most recently freed one that holds it
-                         with at most twice its size: see kernels/alloc.c)
+                         with at most twice its size: see kernels/cpu/alloc.c)
 
 OpenMP's own (libgomp reads them when it loads, i.e. at mgtrace's first import
 of a compiled module): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set,

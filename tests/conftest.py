@@ -1,3 +1,5 @@
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -109,3 +111,105 @@ def _cuda_skip_reason():
 CUDA_SKIP_REASON = _cuda_skip_reason()
 requires_cuda = pytest.mark.skipif(bool(CUDA_SKIP_REASON), reason=CUDA_SKIP_REASON)
 """tests/cuda marks every test with this: they skip, saying why, without a GPU."""
+
+
+# ---- devices (issue 30): tests/core and tests/functional run once per device ----
+
+def _available_devices():
+    """``"cpu"``, then ``"cuda:0"`` where the CUDA backend is built and sees a GPU."""
+    devices = ["cpu"]
+    if mt.cuda.is_available():
+        devices.append("cuda:0")
+    return devices
+
+
+DEVICES = _available_devices()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cpu_only(reason): checks a CPU-only feature (the NCHW16c layout, weight "
+        "packing, the CPU's conv algorithms); skipped by the device fixture on other devices")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Each available device in turn (see DEVICES), made the default device
+    for the test (so tensors the test makes live there), as an mt.Device.
+
+    A test marked ``cpu_only`` is skipped on other devices with its reason;
+    an op the device has no kernel for (NoKernelError) makes the test a skip
+    naming it there, not a failure (tests/cuda checks which ops CUDA has)."""
+    name = request.param
+    marker = request.node.get_closest_marker("cpu_only")
+    if name != "cpu" and marker is not None:
+        pytest.skip(f"CPU only: {marker.args[0] if marker.args else marker.kwargs.get('reason', '')}")
+    old = mt.get_default_device()
+    mt.set_default_device(name)
+    try:
+        yield mt.Device(name)
+    finally:
+        mt.set_default_device(old)
+
+
+# folders whose every test runs once per device, and the tests there of the
+# CPU's own machinery, by a word of their name: skipped off the CPU
+PER_DEVICE_FOLDERS = ("core", "functional")
+CPU_ONLY = {
+    "nchwc": "the NCHW16c layout is the CPU's",
+    "winograd": "the CPU's Winograd convolutions and their weight cache",
+    "packed": "the CPU's packed weights and planes",
+    "direct": "the CPU's DIRECT convolution",
+    "blocked": "the CPU's BLOCKED convolution",
+    "weight_cache": "the CPU's cache of packed weights",
+    "threads": "the CPU's thread pool",
+    "alloc": "the host allocator",
+}
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _per_device(path):
+    rel = os.path.relpath(str(path), _HERE).split(os.sep)
+    return len(rel) > 1 and rel[0] in PER_DEVICE_FOLDERS
+
+
+def pytest_generate_tests(metafunc):
+    """tests/core and tests/functional: every test takes the ``device``
+    fixture (runs once per device), whether or not it names it."""
+    if not _per_device(metafunc.definition.path):
+        return
+    if "device" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("device")
+    if not any("device" in c.params for c in getattr(metafunc, "_calls", [])):
+        metafunc.parametrize("device", DEVICES, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _each_device(request):
+    """Runs ``device`` for a per-device test that does not name it (its
+    parameter comes from pytest_generate_tests)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "device" in callspec.params and _per_device(request.node.path):
+        request.getfixturevalue("device")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not _per_device(item.path):
+            continue
+        name = f"{item.name.split('[')[0]} {item.module.__name__}"
+        for word, reason in CPU_ONLY.items():
+            if word in name:
+                item.add_marker(pytest.mark.cpu_only(reason))
+                break
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    outcome = yield
+    callspec = getattr(item, "callspec", None)
+    if outcome.excinfo is None or callspec is None or callspec.params.get("device", "cpu") == "cpu":
+        return
+    from mgtrace.errors import NoKernelError
+    if isinstance(outcome.excinfo[1], NoKernelError):
+        outcome.force_exception(pytest.skip.Exception(f"{outcome.excinfo[1]}", _use_item_location=True))

@@ -2,7 +2,7 @@
 """The CUDA backend (optional extension, built with MGTRACE_CUDA=auto|1).
 
 Importing it installs the CUDA device backend into the core (tensor.pyx's
-backend table: allocator, copies, kernel tables, see kernels/backend.h) and
+backend table: allocator, copies, kernel tables, see kernels/contract/backend.h) and
 loads cuBLAS at run time. The core imports it the first time a ``cuda:N``
 device needs memory or kernels; ``mgtrace.cuda`` is its public face.
 """
@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t, uint64_t
 from mgtrace._core.kernels cimport mt_backend
 from mgtrace._core.tensor cimport install_backend
 
-cdef extern from "cuda/api.h" nogil:
+cdef extern from "kernels/cuda/api.h" nogil:
     const mt_backend mtc_backend
     ctypedef struct mtc_stats:
         size_t allocated, cached, peak
@@ -28,7 +28,7 @@ cdef extern from "cuda/api.h" nogil:
     void mtc_set_tf32(int on)
     int mtc_get_tf32()
 
-DEV_CUDA = 1      # MT_DEV_CUDA (kernels/alloc.h)
+DEV_CUDA = 1      # MT_DEV_CUDA (kernels/contract/alloc.h)
 
 
 def _cublas_candidates():

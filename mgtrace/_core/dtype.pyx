@@ -2,7 +2,7 @@
 """dtypes and MegEngine's promotion rule.
 
 A dtype is a NumPy dtype object (bfloat16 comes from ml_dtypes); inside the
-core it is a small integer code, whose order matches kernels/mt_common.h.
+core it is a small integer code, whose order matches kernels/contract/mt_types.h.
 ml_dtypes is imported on first need only (a bfloat16 tensor, array or dtype
 met or asked for: :func:`np_dtype`), since importing it registers NumPy
 ufuncs and costs about half of ``import mgtrace``.

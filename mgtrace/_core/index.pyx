@@ -23,7 +23,7 @@ from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, check_writabl
 from mgtrace._core.device cimport DEVICES, default_device_id
 from mgtrace._core.dispatch import core_op, copy_
 
-cdef extern from "kernels/index.h" nogil:
+cdef extern from "kernels/cpu/index.h" nogil:
     int64_t mt_index_offsets(int64_t n, int nidx, const int64_t *const *idx, const int64_t *dims,
                              const int64_t *strides, int64_t *off, int *bad_axis)
     void mt_take(char *out, const char *src, const int64_t *off, int64_t n, int ndim,

@@ -1,11 +1,18 @@
-# Declarations of the C kernels (mirrors kernels/*.h). C knows bytes only.
+# Declarations of the C kernels (mirrors kernels/contract/*.h and the CPU's
+# kernels/cpu/mt_common.h, elementwise.h). C knows bytes only.
 from libc.stdint cimport int64_t, uint64_t
 
-cdef extern from "kernels/mt_common.h" nogil:
+cdef extern from "kernels/contract/mt_types.h" nogil:
     enum: MT_MAX_NDIM
     enum:
         MT_BOOL, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
         MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64, MT_NDTYPES
+    float mt_h2f(unsigned short) noexcept
+    unsigned short mt_f2h(float) noexcept
+    float mt_bf2f(unsigned short) noexcept
+    unsigned short mt_f2bf(float) noexcept
+
+cdef extern from "kernels/cpu/mt_common.h" nogil:
     ctypedef void (*mt_loop_fn)(char **args, const int64_t *steps, int64_t n, const void *aux) noexcept nogil
     int mt_get_num_threads() noexcept
     void mt_set_num_threads(int n) noexcept
@@ -14,28 +21,26 @@ cdef extern from "kernels/mt_common.h" nogil:
     int mt_get_adaptive_threads() noexcept
     void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,
                     const int64_t *strides, const void *aux, int cost) noexcept
-    float mt_h2f(unsigned short) noexcept
-    unsigned short mt_f2h(float) noexcept
-    float mt_bf2f(unsigned short) noexcept
-    unsigned short mt_f2bf(float) noexcept
 
-cdef extern from "kernels/mt_ops.h" nogil:
+cdef extern from "kernels/contract/mt_ops.h" nogil:
     enum: MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT
     enum: MT_NUNARY, MT_NBINARY, MT_NTERNARY
-    mt_loop_fn mt_unary_loops[][MT_NDTYPES]
-    mt_loop_fn mt_binary_loops[][MT_NDTYPES]
-    mt_loop_fn mt_ternary_loops[][MT_NDTYPES]
-    mt_loop_fn mt_cast_loops[][MT_NDTYPES]
-    mt_loop_fn mt_fill_loops[]
     const char *mt_unary_names[]
     const char *mt_binary_names[]
     const char *mt_ternary_names[]
     const int mt_unary_rules[]
     const int mt_binary_rules[]
     const int mt_ternary_rules[]
+
+cdef extern from "kernels/cpu/elementwise.h" nogil:
+    mt_loop_fn mt_unary_loops[][MT_NDTYPES]
+    mt_loop_fn mt_binary_loops[][MT_NDTYPES]
+    mt_loop_fn mt_ternary_loops[][MT_NDTYPES]
+    mt_loop_fn mt_cast_loops[][MT_NDTYPES]
+    mt_loop_fn mt_fill_loops[]
     void mt_elementwise_init() noexcept
 
-cdef extern from "kernels/alloc.h" nogil:
+cdef extern from "kernels/contract/alloc.h" nogil:
     enum: MT_DEV_CPU, MT_DEV_CUDA
     ctypedef struct mt_storage:
         int64_t refcount
@@ -57,7 +62,7 @@ cdef extern from "kernels/alloc.h" nogil:
     void mt_host_cache_clear() noexcept
     void mt_host_cache_set_limit(size_t bytes) noexcept
 
-cdef extern from "kernels/backend.h" nogil:
+cdef extern from "kernels/contract/backend.h" nogil:
     enum: MT_BK_OK, MT_BK_ENOMEM, MT_BK_EDEVICE, MT_BK_ENOKERNEL
     enum: MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D
     enum: MT_EW_UNARY, MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL

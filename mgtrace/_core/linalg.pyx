@@ -19,7 +19,7 @@ from mgtrace._core.device cimport Device, DEVICES
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core.dispatch import core_op
 
-cdef extern from "kernels/gemm.h" nogil:
+cdef extern from "kernels/cpu/gemm.h" nogil:
     ctypedef struct mt_gemm_shape:
         int64_t M, N, K
         int64_t sam, sak, sbk, sbn, scm, scn

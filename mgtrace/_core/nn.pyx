@@ -4,7 +4,7 @@
 Each op here owns its API: it checks its arguments (ValueError / TypeError
 with the expected and the actual value), picks the device and the compute
 dtype, makes its inputs contiguous, allocates the result and runs a C kernel
-from ``kernels/{conv,pool,resize}.c`` with the GIL released.
+from ``kernels/cpu/{conv,pool,resize}.c`` (CUDA's: ``kernels/cuda/nn.cu``) with the GIL released.
 
 Rules shared by every op (the same as the rest of the core):
 
@@ -52,7 +52,7 @@ from mgtrace._core.args import MAX_GEOMETRY
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
-cdef extern from "kernels/nn.h" nogil:
+cdef extern from "kernels/cpu/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW, MT_NN_NONFINITE
     enum:
         MT_CONV_AUTO, MT_CONV_GEMM1X1, MT_CONV_SHIFTED, MT_CONV_IM2COL, MT_CONV_DEPTHWISE,

@@ -14,7 +14,7 @@ registration and the trace hook (``dispatch.core_op``), the tracer's
 method forms, graph nodes' operators and methods, generated code, printed
 names, the archive's allowed methods and core ops (schema/ops.json).
 
-Elementwise kernels are C: ``kernels/mt_ops.h`` lists them with their
+Elementwise kernels are C: ``kernels/contract/mt_ops.h`` lists them with their
 dtype rules, and tests/core/test_op_table.py checks that it and this table
 name the same ops. Adding an op: its kernel, one row here, the
 ``mgtrace.functional`` wrapper and a test.

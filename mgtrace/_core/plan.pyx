@@ -23,7 +23,7 @@ from mgtrace._core.kernels cimport mt_storage, mt_backend, mt_ew_call, MT_MAX_ND
 from mgtrace._core.tensor cimport Tensor, cpu_backend, empty
 from mgtrace._core.dtype cimport ITEMSIZE
 
-cdef extern from "kernels/gemm.h" nogil:
+cdef extern from "kernels/cpu/gemm.h" nogil:
     ctypedef struct mt_gemm_shape:
         int64_t M, N, K
         int64_t sam, sak, sbk, sbn, scm, scn
@@ -35,7 +35,7 @@ cdef extern from "kernels/gemm.h" nogil:
                           const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
                           int64_t batch, int nt) noexcept nogil
 
-cdef extern from "kernels/nn.h" nogil:
+cdef extern from "kernels/cpu/nn.h" nogil:
     ctypedef struct mt_conv2d_geom:
         int has_res
         int64_t res_delta
@@ -47,7 +47,7 @@ cdef extern from "kernels/nn.h" nogil:
         int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y,
                           int64_t rows, int64_t cols, double eps, int nt) noexcept nogil
 
-cdef extern from "kernels/plan.h" nogil:
+cdef extern from "kernels/cpu/plan.h" nogil:
     enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT

@@ -8,8 +8,8 @@
 
 The Python functions here own the API: they convert and check their
 arguments, choose the result dtype (MegEngine's rules, below), allocate the
-result on the input's device and hand C kernels (kernels/reduce.c,
-kernels/sort.c) a geometry in bytes, with the GIL released.
+result on the input's device and hand C kernels (kernels/cpu/reduce.c,
+kernels/cpu/sort.c) a geometry in bytes, with the GIL released.
 
 Reductions see the input as (kept dims) x (reduced dims): size-1 dims are
 dropped, the dims are ordered by stride (reduced dims keep their order for
@@ -28,8 +28,8 @@ Result dtypes (MegEngine; DESIGN.md "Tensor core")::
     any, all                     bool
 
 Kernels come from the reduce table of the input's device backend
-(kernels/backend.h; the CPU's is kernels/reduce.c, sort.c, CUDA's
-cuda/reduce.cu); an op without a kernel there raises NoKernelError (a
+(kernels/contract/backend.h; the CPU's is kernels/cpu/reduce.c, sort.c, CUDA's
+kernels/cuda/reduce.cu); an op without a kernel there raises NoKernelError (a
 NotImplementedError) "no kernel for op X on device D with dtype T".
 """
 import operator
@@ -47,7 +47,7 @@ from mgtrace._core.dispatch cimport coerce, cast, fill, num_threads
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
 from mgtrace._core.dispatch import core_op
 
-cdef extern from "kernels/reduce.h" nogil:
+cdef extern from "kernels/cpu/reduce.h" nogil:
     enum: MT_NREDUCE, MT_NSCAN, MT_NSOFTMAX
     enum: MT_RR_SUM, MT_RR_FLOAT, MT_RR_SAME, MT_RR_INDEX, MT_RR_BOOL
     ctypedef struct mt_reduce_geom:

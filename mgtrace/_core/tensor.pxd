@@ -33,7 +33,7 @@ cdef Tensor to_tensor(object data, object dtype, int device)
 cdef tuple shape_tuple(Tensor t)
 cdef int parse_shape(object shape, int64_t *out) except -1
 
-# Device backends, one per device type (kernels/backend.h): CPU kernels are
+# Device backends, one per device type (kernels/contract/backend.h): CPU kernels are
 # the core's own; another type's backend is installed by its extension.
 from mgtrace._core.kernels cimport mt_backend
 cdef int device_kind(int device) noexcept

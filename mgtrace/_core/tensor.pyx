@@ -61,7 +61,7 @@ def _install_ops(**ops):
     _OPS.update(ops)
 
 
-# op codes, filled from the C name tables by dispatch (see kernels/mt_ops.h)
+# op codes, filled from the C name tables by dispatch (see kernels/contract/mt_ops.h)
 cdef int B_ADD, B_SUB, B_MUL, B_TRUEDIV, B_FLOORDIV, B_MOD, B_POW
 cdef int B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_AND, B_OR, B_XOR, B_LSHIFT, B_RSHIFT
 cdef int U_NEG, U_ABS, U_INVERT
@@ -82,9 +82,9 @@ def _install_codes(dict binary, dict unary):
 
 # ---------------------------------------------------------------- backends
 
-# One backend per device type (kernels/backend.h), every op's one path:
+# One backend per device type (kernels/contract/backend.h), every op's one path:
 # backend_of(device) -> its area's kernel table -> the kernel. The CPU's,
-# mt_cpu_backend (kernels/cpu_backend.c), is installed here; each core
+# mt_cpu_backend (kernels/cpu/cpu_backend.c), is installed here; each core
 # extension fills in its area's CPU table at import (cpu_backend()). The
 # CUDA backend is installed by mgtrace._core._cuda when it is first needed
 # (so `import mgtrace` never touches CUDA).
@@ -170,7 +170,7 @@ cdef const mt_backend *backend_of(int device) except NULL:
     return b
 
 
-cdef extern from "kernels/nn.h":
+cdef extern from "kernels/cpu/nn.h":
     # the members a test stand-in for CUDA leaves empty (CUDA's table has none of them)
     ctypedef struct mt_nn_kernels:
         void *conv_transpose2d_workspace

@@ -2,7 +2,7 @@
 
 Thin wrappers over the core: the elementwise functions are the ops of the
 core's table (``mgtrace._core.dispatch.unary_ops`` / ``binary_ops`` /
-``ternary_ops``, declared in ``kernels/mt_ops.h``), the rest call
+``ternary_ops``, declared in ``kernels/contract/mt_ops.h``), the rest call
 ``mgtrace._core.reduce`` and ``linalg``. ``norm`` and ``dot`` are
 compositions of core ops.
 

@@ -1,4 +1,4 @@
-"""The host allocator's cache of freed large blocks (kernels/alloc.c): a
+"""The host allocator's cache of freed large blocks (kernels/cpu/alloc.c): a
 request takes the most recently freed block of its class that holds it with
 at most twice its size, and gives the whole block back when freed."""
 import numpy as np

@@ -29,7 +29,7 @@ PROTOCOL = {
 
 def _header_ops():
     """``{arity: {name: rule}}`` from kernels/mt_ops.h's X-macro lists."""
-    text = (CORE / "kernels" / "mt_ops.h").read_text()
+    text = (CORE / "kernels" / "contract" / "mt_ops.h").read_text()
     out = {}
     for arity, macro in ((1, "MT_UNARY_OPS"), (2, "MT_BINARY_OPS"), (3, "MT_TERNARY_OPS")):
         m = re.search(rf"#define {macro}\(X\)(.*?)(?:\n\s*\n|\n#)", text, re.S)

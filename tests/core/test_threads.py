@@ -1,6 +1,6 @@
 """Thread policy under contention: the OpenMP wait policy mgtrace sets
 before libgomp loads, and the adaptive thread count (mgtrace._flags,
-kernels/iter.c)."""
+kernels/cpu/iter.c)."""
 import os
 import subprocess
 import sys

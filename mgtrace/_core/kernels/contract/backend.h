@@ -4,11 +4,12 @@
  * of these like any other: tensor.pyx defines mt_cpu_backend's memory
  * members, and each core extension installs its area's CPU table at import
  * (dispatch: elementwise, reduce, linalg, nn, index). The CUDA backend is
- * the optional extension mgtrace._core._cuda (the .cu files in cuda/), which
+ * the optional extension mgtrace._core._cuda (the .cu files in kernels/cuda/), which
  * installs its own when first needed.
  *
- * The kernel entries take the same geometry as the CPU kernels of the same
- * op (reduce.h, nn.h, gemm.h, index.h), so the Cython layer computes it once
+ * The kernel entries take the geometry of their area's contract header
+ * (reduce_kernels.h, nn_kernels.h, linalg_kernels.h, index_kernels.h), the
+ * CPU kernels' too, so the Cython layer computes it once
  * and only the function it calls depends on the device. Pointers are device
  * pointers except where a comment says "host". A NULL entry means "no kernel
  * for this op on this device": the caller runs the op's declared fallback
@@ -22,7 +23,7 @@
  */
 #ifndef MT_BACKEND_H
 #define MT_BACKEND_H
-#include "mt_common.h"
+#include "mt_types.h"
 #include "alloc.h"
 
 #ifdef __cplusplus
@@ -51,8 +52,9 @@ typedef struct {
     int cost;      /* relative work per element (1: an add), the CPU's threading hint */
 } mt_ew_call;
 
-/* per-area kernel tables, each defined in its area's header (reduce.h,
- * gemm.h, nn.h, index.h) beside the CPU kernels whose signatures it shares */
+/* per-area kernel tables, each defined with its geometry in its area's
+ * contract header (reduce_kernels.h, linalg_kernels.h, nn_kernels.h,
+ * index_kernels.h); the CPU's kernels (kernels/cpu/) share the geometry */
 struct mt_reduce_kernels;
 struct mt_linalg_kernels;
 struct mt_nn_kernels;
@@ -80,12 +82,13 @@ typedef struct mt_backend {
     int host_memory;
 } mt_backend;
 
-/* the CPU's backend (cpu_backend.c): mutable, as the core's extensions
- * install its kernel tables at import */
+/* the CPU's backend (cpu/cpu_backend.c): mutable, as the core's extensions
+ * install its kernel tables at import; declared here because the core
+ * installs it as the default backend (tensor.pyx) */
 extern mt_backend mt_cpu_backend;
 
 /* elementwise on the CPU: the mt_ops.h loop of (kind, op, dtype) run by
- * mt_nd_loop; MT_BK_ENOKERNEL when the table has none (iter.c) */
+ * mt_nd_loop; MT_BK_ENOKERNEL when the table has none (cpu/iter.c) */
 int mt_cpu_elementwise(const mt_ew_call *call);
 
 #ifdef __cplusplus

@@ -1,5 +1,7 @@
-/* The elementwise op set, declared once. Everything else (kernel tables,
- * the Python op table, docs) is generated from these lists.
+/* The elementwise op set, declared once. Everything else (each backend's
+ * kernel table: the CPU's in cpu/elementwise.h, CUDA's in cuda/elementwise.cu;
+ * the Python op table, docs) is generated from these lists. The names and
+ * rules below are defined by the CPU's elementwise.c.
  *
  * Result-dtype rules (applied by dispatch after promotion):
  *   SAME   result has the promoted dtype
@@ -10,7 +12,7 @@
  */
 #ifndef MT_OPS_H
 #define MT_OPS_H
-#include "mt_common.h"
+#include "mt_types.h"
 
 enum mt_rule { MT_RULE_SAME = 0, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT };
 
@@ -52,22 +54,11 @@ enum mt_unary_op { MT_UNARY_OPS(MT_ENUM_U) MT_NUNARY };
 enum mt_binary_op { MT_BINARY_OPS(MT_ENUM_B) MT_NBINARY };
 enum mt_ternary_op { MT_TERNARY_OPS(MT_ENUM_T) MT_NTERNARY };
 
-/* Kernel tables, indexed [op][dtype of the computation]; NULL = unsupported. */
-extern mt_loop_fn mt_unary_loops[MT_NUNARY][MT_NDTYPES];
-extern mt_loop_fn mt_binary_loops[MT_NBINARY][MT_NDTYPES];
-extern mt_loop_fn mt_ternary_loops[MT_NTERNARY][MT_NDTYPES];
-/* cast loops [from][to] */
-extern mt_loop_fn mt_cast_loops[MT_NDTYPES][MT_NDTYPES];
-/* fill loops (out only; aux points at one value of the dtype) */
-extern mt_loop_fn mt_fill_loops[MT_NDTYPES];
-
 extern const char *const mt_unary_names[MT_NUNARY];
 extern const char *const mt_binary_names[MT_NBINARY];
 extern const char *const mt_ternary_names[MT_NTERNARY];
 extern const int mt_unary_rules[MT_NUNARY];
 extern const int mt_binary_rules[MT_NBINARY];
 extern const int mt_ternary_rules[MT_NTERNARY];
-
-void mt_elementwise_init(void);
 
 #endif

@@ -425,6 +425,9 @@ static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const
     return real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws);
 }
 
+/* plan.pyx keeps the wrapped copy in a 4096-byte buffer */
+_Static_assert(sizeof(mt_nn_kernels) <= 4096, "plan.pyx's _wrapped_nn is too small for mt_nn_kernels");
+
 void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
     real_nn = real;
     *w = *real;

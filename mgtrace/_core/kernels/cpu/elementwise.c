@@ -7,7 +7,7 @@
  * path. Integer arithmetic wraps (built with -fwrapv, as NumPy wraps).
  */
 #include <tgmath.h>
-#include "mt_ops.h"
+#include "elementwise.h"
 #include "mt_vmath.h"
 
 

@@ -597,9 +597,7 @@ MT_RDT_ALL(MT_GEN_CUMPROD, 0)
  * float16, bfloat16 and float32 take a vectorised path: pieces of a line
  * (or of MT_RTILE columns) are converted to float32, the max and exp run on
  * 16-byte vectors (mt_expf4 below), the sums in double. float64 uses libm. */
-typedef float mt_v4f __attribute__((vector_size(16)));
-typedef int32_t mt_v4i __attribute__((vector_size(16)));
-typedef uint32_t mt_v4u __attribute__((vector_size(16)));
+/* mt_v4f, mt_v4i, mt_v4u: mt_simd.h's */
 #define MT_BLEND4(m, a, b) ((mt_v4f)(((m) & (mt_v4i)(a)) | (~(m) & (mt_v4i)(b))))
 /* exp of four floats: Cody-Waite reduction by ln 2, Cephes' degree-6
  * polynomial, 2^n through the exponent bits. Relative error < 1 ulp for

@@ -4,7 +4,7 @@
 #define MTC_API_H
 #include <stddef.h>
 #include <stdint.h>
-#include "../kernels/backend.h"
+#include "backend.h"
 
 #ifdef __cplusplus
 extern "C" {

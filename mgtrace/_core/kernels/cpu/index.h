@@ -3,6 +3,7 @@
 #ifndef MT_INDEX_H
 #define MT_INDEX_H
 #include "mt_common.h"
+#include "index_kernels.h"   /* contract/: the table */
 
 /* off[j] = sum_k idx_k[j] * strides[k], negative indices wrapped by dims[k].
  * Index arrays are contiguous int64 of length n. Returns -1 when all are in
@@ -20,13 +21,4 @@ void mt_put(char *dst, const char *val, const int64_t *off, int64_t n, int ndim,
 /* coordinates of the true elements of a contiguous bool array, row-major order */
 int64_t mt_count_nonzero(const uint8_t *src, int64_t n);
 void mt_nonzero(const uint8_t *src, int ndim, const int64_t *shape, int64_t *coords);
-/* this area's kernels on a device backend (backend.h) */
-typedef struct mt_index_kernels {
-    /* as mt_take / mt_put, but ``off`` (n element offsets) is in HOST memory */
-    int (*take)(char *out, const char *src, const int64_t *off, int64_t n, int ndim,
-                const int64_t *shape, const int64_t *strides, int64_t itemsize);
-    int (*put)(char *dst, const char *val, const int64_t *off, int64_t n, int ndim,
-               const int64_t *shape, const int64_t *strides, int64_t itemsize);
-} mt_index_kernels;
-
 #endif

@@ -1,10 +1,22 @@
-/* Shared C declarations for mgtrace's CPU kernels.
+/* The device-neutral vocabulary every backend shares: dtype codes, the
+ * index-space limits, float16/bfloat16 <-> float32 (round to nearest even;
+ * a backend's host side reads Python scalars through them) and small
+ * integer helpers.
+ *
+ * This folder, kernels/contract/, is what the core's Cython layer and the
+ * device backends agree on: the op codes (mt_ops.h), the backend interface
+ * (backend.h), storage (alloc.h) and, per area, the geometry structs and
+ * the kernel table a backend fills (reduce_kernels.h, linalg_kernels.h,
+ * nn_kernels.h, index_kernels.h). Its headers include only each other and
+ * the C library. kernels/cpu/ and kernels/cuda/ both build on it and never
+ * on each other: nvcc compiles the CUDA sources with this folder alone on
+ * the include path (setup.py), so a CPU header there does not compile.
  *
  * C does bytes: nothing here knows about Python objects. Strides passed to
  * kernels are in BYTES (the Cython layer converts from element strides).
  */
-#ifndef MT_COMMON_H
-#define MT_COMMON_H
+#ifndef MT_TYPES_H
+#define MT_TYPES_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,16 +26,12 @@
 #define MT_MAX_NDIM 16
 #define MT_ALIGN 64
 
-/* dtype codes: the order is part of the op tables below, append only. */
+/* dtype codes: the order is part of every kernel table, append only. */
 enum mt_dtype {
     MT_BOOL = 0, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
     MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
     MT_NDTYPES
 };
-
-/* An inner loop over one dimension: args[0] is the output, args[1..] the
- * inputs; steps are byte strides, one per arg; aux carries op parameters. */
-typedef void (*mt_loop_fn)(char **args, const int64_t *steps, int64_t n, const void *aux);
 
 /* ---- float16 / bfloat16 <-> float32, round to nearest even ---- */
 static inline float mt_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -74,29 +82,5 @@ static inline int64_t mt_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* integer division rounding toward -inf / +inf (b > 0) */
 static inline int64_t mt_floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static inline int64_t mt_ceildiv(int64_t a, int64_t b) { return -mt_floordiv(-a, b); }
-
-/* Hot loops get an AVX2+FMA clone picked at run time on x86-64 (the baseline
- * build must run on any x86-64, as a wheel does). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
-#else
-#define MT_CLONES
-#endif
-#define MT_IVDEP _Pragma("GCC ivdep")
-
-/* ---- threading ---- */
-int mt_get_num_threads(void);      /* the configured count */
-void mt_set_num_threads(int n);
-/* What a kernel should use now: the configured count, fewer while other
- * processes keep the cores busy (iter.c); adaptive unless switched off. */
-int mt_run_threads(void);
-void mt_set_adaptive_threads(int on);
-int mt_get_adaptive_threads(void);
-
-/* Runs an N-d elementwise loop: shape has ndim dims (outermost first);
- * strides[a * MT_MAX_NDIM + d] is arg a's byte stride on dim d. The work
- * is split over threads when n_elements * cost exceeds a grain size. */
-void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,
-                const int64_t *strides, const void *aux, int cost);
 
 #endif

@@ -2,7 +2,7 @@
 #define _GNU_SOURCE
 #include "mt_common.h"
 #include "backend.h"
-#include "mt_ops.h"
+#include "elementwise.h"
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -13,7 +13,8 @@
 #endif
 
 static int mt_threads = 0; /* 0: not set yet, use the OpenMP default */
-static int mt_adaptive = 1; /* follow the machine's load (mt_run_threads) */
+static int mt_adaptive = 1; /* follow the machine's load (mt_run_threads); mgtrace._core
+                             * sets it at import, off unless MGTRACE_ADAPTIVE_THREADS=1 */
 
 int mt_get_num_threads(void) {
 #ifdef _OPENMP

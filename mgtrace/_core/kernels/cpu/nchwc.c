@@ -52,15 +52,11 @@
 #define NC_GRAIN 32768  /* multiply-adds below which one thread runs the call */
 
 /* the kernels are built for AVX-512 and for the baseline, picked at load time */
-#if defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define NC_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
-#else
-#define NC_CLONES
-#endif
+#define NC_CLONES MT_V4CLONES    /* mt_simd.h */
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef mt_v16f_u v16;
 
-typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+typedef mt_v16i_u vi16;
 
 static inline v16 ld16(const float *p) { return *(const v16 *)p; }
 

@@ -15,12 +15,13 @@
 #include <stdint.h>
 #include <type_traits>
 
-#include "../kernels/backend.h"
-#include "../kernels/mt_ops.h"
-#include "../kernels/reduce.h"
-#include "../kernels/gemm.h"
-#include "../kernels/nn.h"
-#include "../kernels/index.h"
+/* the contract (kernels/contract/, the only folder on nvcc's include path) */
+#include "backend.h"
+#include "mt_ops.h"
+#include "reduce_kernels.h"
+#include "linalg_kernels.h"
+#include "nn_kernels.h"
+#include "index_kernels.h"
 
 extern "C" {
 /* memory.cu */

@@ -17,15 +17,7 @@
 #define MT_VMATH_H
 #include "mt_common.h"
 
-#define MT_VL 16
-typedef float mt_vf __attribute__((vector_size(4 * MT_VL)));
-typedef int32_t mt_vi __attribute__((vector_size(4 * MT_VL)));
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_VCLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define MT_VCLONES
-#endif
+/* MT_VL, mt_vf, mt_vi and MT_VCLONES: mt_simd.h's */
 #define MT_VINLINE static inline __attribute__((always_inline))
 
 MT_VINLINE mt_vf mt_vsplat(float v) { return (mt_vf){0.f} + v; }

@@ -65,7 +65,7 @@
  * with threaded GEMMs lets each pool's spin-waiting workers steal the core
  * the other needs (libgomp spins ~ms after a region; 5x slower here).
  * For the same reason OpenBLAS's own thread pool is kept idle altogether:
- * mt_nn_blas_threads_init (called once when mgtrace._core.nn is imported)
+ * mt_nn_blas_threads_init (blas_threads.c; called once when mgtrace._core.nn is imported)
  * hands every threaded OpenBLAS call, matmul's included, to a callback that
  * runs its jobs on OpenMP threads, so the process has one pool. Without it,
  * OpenBLAS's workers spin for 2^28 cycles (~70 ms) after each threaded call
@@ -283,16 +283,7 @@ static void dw_fill_map(const mt_conv2d_geom *g, const dw_plan *pl, int32_t *map
  * 8 x 2 vectors of 64 bytes, the narrow one (AVX2 or baseline) 6 x 2 of 32 */
 #define MT_DIRECT_OB_WIDE 8
 #define MT_DIRECT_OB_NARROW 6
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(MT_NO_CLONES)
-#define MT_DIRECT_WIDE_ATTR __attribute__((target("arch=x86-64-v4")))
-int mt_cpu_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
-        && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
-#else
-#define MT_DIRECT_WIDE_ATTR
-int mt_cpu_avx512(void) { return 0; }
-#endif
+#define MT_DIRECT_WIDE_ATTR MT_V4ONLY    /* mt_simd.h; called where mt_cpu_avx512() */
 /* tests: 1 runs DIRECT's narrow kernel even where the CPU has AVX-512 */
 static int direct_narrow_forced = 0;
 void mt_conv2d_direct_force_narrow(int on) { direct_narrow_forced = on != 0; }
@@ -418,87 +409,8 @@ static void plan_blk(const mt_conv2d_geom *g, int64_t isz, int nt, int layout, i
 #undef MT_NN_TEMPLATE
 
 /* ------------------------------------------------------------ threading */
-
-
-/* OpenBLAS's jobs on OpenMP threads. OpenBLAS calls this with all the jobs
- * of one threaded call (numjobs records jobdata_elsize bytes apart) and
- * expects them done on return. The jobs of a level-3 call wait on each
- * other, so they must all run at once: one OpenMP team of numjobs threads,
- * or, where OpenMP cannot promise that team (inside a parallel region,
- * dynamic teams, a thread limit), plain threads for all but the first. */
-typedef struct {
-    openblas_dojob_callback dojob;
-    int index, data;
-    void *job;
-} blas_job;
-
-static void *blas_job_run(void *arg) {
-    blas_job *j = arg;
-    j->dojob(j->index, j->job, j->data);
-    return NULL;
-}
-
-static void blas_run_jobs(int sync, openblas_dojob_callback dojob, int numjobs, size_t jobdata_elsize,
-                          void *jobdata, int dojob_data) {
-    (void)sync;   /* OpenBLAS's exec_blas passes 1: return when all are done */
-    if (numjobs <= 1) {
-        if (numjobs == 1) dojob(0, jobdata, dojob_data);
-        return;
-    }
-#ifdef _OPENMP
-    if (!omp_in_parallel() && !omp_get_dynamic() && numjobs <= omp_get_thread_limit()) {
-        #pragma omp parallel num_threads(numjobs)
-        {
-            const int i = omp_get_thread_num();
-            dojob(i, (char *)jobdata + (size_t)i * jobdata_elsize, dojob_data);
-        }
-        return;
-    }
-#endif
-    blas_job jobs[numjobs];
-    pthread_t tids[numjobs];
-    int started[numjobs];
-    for (int i = 0; i < numjobs; i++) {
-        jobs[i] = (blas_job){dojob, i, dojob_data, (char *)jobdata + (size_t)i * jobdata_elsize};
-        started[i] = i > 0 && pthread_create(&tids[i], NULL, blas_job_run, &jobs[i]) == 0;
-    }
-    /* a job whose thread could not start runs here after job 0 (a level-3
-     * job 0 that waits on it would hang: only when threads run out) */
-    blas_job_run(&jobs[0]);
-    for (int i = 1; i < numjobs; i++) {
-        if (started[i]) pthread_join(tids[i], NULL);
-        else blas_job_run(&jobs[i]);
-    }
-}
-
-void mt_nn_blas_threads_init(void) {
-    scipy_openblas_set_threads_callback_function(blas_run_jobs);
-}
-
-/* OpenBLAS runs single-threaded while any conv's OpenMP region calls it (each
- * OpenMP thread runs its own GEMMs); the first to enter saves the library's
- * thread count, the last to leave restores it. */
-static int blas_users = 0, blas_saved = 1;
-
-static void blas_single_begin(void) {
-    #pragma omp critical(mt_nn_blas_threads)
-    {
-        if (blas_users++ == 0) {
-            blas_saved = scipy_openblas_get_num_threads();
-            if (blas_saved != 1) scipy_openblas_set_num_threads(1);
-        }
-    }
-}
-
-static void blas_single_end(void) {
-    #pragma omp critical(mt_nn_blas_threads)
-    {
-        if (--blas_users == 0 && blas_saved != 1) scipy_openblas_set_num_threads(blas_saved);
-    }
-}
-
-void mt_nn_blas_single_begin(void) { blas_single_begin(); }
-void mt_nn_blas_single_end(void) { blas_single_end(); }
+/* (OpenBLAS on OpenMP's threads, and single-threaded inside a conv's
+ * region: blas_threads.c) */
 
 /* Columns per work item: the cache budget, but small enough for about four
  * items a thread (total * others columns in all), and never below lo. */
@@ -777,7 +689,7 @@ static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, 
     const int64_t pcol = by_rows ? hw : ((hw + parts - 1) / parts + 15) & ~(int64_t)15;
     const int64_t items = slabs * parts;
     const int par = nt > 1 && items > 1;
-    if (par) blas_single_begin();
+    if (par) mt_nn_blas_single_begin();
     #pragma omp parallel for num_threads(nt) schedule(static) if (par)
     for (int64_t it = 0; it < items; it++) {
         const int64_t piece = it % parts, gi = (it / parts) % g->groups, n = it / (parts * g->groups);
@@ -796,7 +708,7 @@ static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, 
             add_bias_rows(dt, yt, hw, rows, cnt, NULL, g);
         }
     }
-    if (par) blas_single_end();
+    if (par) mt_nn_blas_single_end();
     return 0;
 }
 
@@ -883,7 +795,7 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
             for (int64_t k = 0; k < kk; k++)
                 memcpy(wt + ((k * g->o + o) * cg + c) * isz, w + ((o * cg + c) * kk + k) * isz, (size_t)isz);
     const int par = nt > 1;
-    if (par) blas_single_begin();
+    if (par) mt_nn_blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *yb = ybuf + thread_id() * og * cols * isz;
@@ -917,7 +829,7 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
             }
         }
     }
-    if (par) blas_single_end();
+    if (par) mt_nn_blas_single_end();
     return 0;
 }
 
@@ -986,7 +898,7 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
     char *colbuf = direct ? NULL : ws_take(&ws, (int64_t)nt * k * cols * isz);
     char *ybuf = span ? ws_take(&ws, (int64_t)nt * og * cols * isz) : NULL;
     const int par = nt > 1;
-    if (par) blas_single_begin();
+    if (par) mt_nn_blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *col = direct ? NULL : colbuf + thread_id() * k * cols * isz;
@@ -1040,7 +952,7 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
             }
         }
     }
-    if (par) blas_single_end();
+    if (par) mt_nn_blas_single_end();
     return 0;
 }
 
@@ -1175,7 +1087,7 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
      * Winograd's bound: MT_NN_NONFINITE */
     int nonfinite = 0;
     const int bound = mt_wino_bound(dt, g);
-    if (par) blas_single_begin();
+    if (par) mt_nn_blas_single_begin();
     #pragma omp parallel num_threads(nt) if (par)
     {
         char *scratch = scratch_all + thread_id() * pl.scratch;
@@ -1235,7 +1147,7 @@ static int conv_winograd(int dt, int e, const char *x, const char *w, const char
             }
         }
     }
-    if (par) blas_single_end();
+    if (par) mt_nn_blas_single_end();
     return nonfinite ? MT_NN_NONFINITE : 0;
 }
 
@@ -1429,12 +1341,12 @@ int mt_conv_transpose2d(int dtype, const void *x, const void *weight, const void
     const int64_t cols = transpose_cols(g, isz);
     const int nt = transpose_threads(g, nthreads), par = nt > 1;
     char *colbuf = workspace;
-    if (par) blas_single_begin();
+    if (par) mt_nn_blas_single_begin();
     #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (par)
     for (int64_t it = 0; it < items; it++)
         transpose_item(dtype, x, weight, bias, y, g, it / g->groups, it % g->groups,
                        colbuf + thread_id() * m * cols * isz, cols);
-    if (par) blas_single_end();
+    if (par) mt_nn_blas_single_end();
     return 0;
 }
 
