@@ -5,7 +5,9 @@ cdef extern from "kernels/mt_common.h" nogil:
     enum: MT_MAX_NDIM
     enum:
         MT_BOOL, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
-        MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64, MT_NDTYPES
+        MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64, MT_COMPLEX64, MT_COMPLEX128,
+        MT_NDTYPES
+    enum: MT_NREAL_DTYPES
     ctypedef void (*mt_loop_fn)(char **args, const int64_t *steps, int64_t n, const void *aux) noexcept nogil
     int mt_get_num_threads() noexcept
     void mt_set_num_threads(int n) noexcept
@@ -34,6 +36,12 @@ cdef extern from "kernels/mt_ops.h" nogil:
     const int mt_binary_rules[]
     const int mt_ternary_rules[]
     void mt_elementwise_init() noexcept
+
+cdef extern from "kernels/mt_complex.h" nogil:
+    enum: MT_CPART_REAL, MT_CPART_IMAG, MT_CPART_ABS, MT_CPART_ANGLE
+    void mt_complex_init() noexcept
+    mt_loop_fn mt_complex_make_loop(int real_dtype) noexcept
+    mt_loop_fn mt_complex_part_loop(int part, int complex_dtype) noexcept
 
 cdef extern from "kernels/alloc.h" nogil:
     enum: MT_DEV_CPU, MT_DEV_CUDA

@@ -83,6 +83,7 @@ class EncodeContext:
         key = (t._storage_id(), t.data_ptr, t.shape, t.strides, t.dtype.name, str(t.device))
         i = self._tensor_index.get(key)
         if i is None:
+            tensors.require_dtype(self, t.dtype.name, "a tensor")
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i
