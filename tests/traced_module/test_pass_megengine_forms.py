@@ -204,3 +204,28 @@ def test_backward_fold_scale_with_a_shared_intermediate_is_left_alone():
     tm = mt.trace_module(Shared().eval(), x)
     new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
     assert report["BackwardFoldScale"].counts["folds"] == 0
+
+
+class Pooled(M.Module):
+    """conv -> max pool (module) -> avg pool (function) -> [:, :2] -> * s."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.conv = M.Conv2d(3, 4, 3, padding=1)
+        self.pool = M.MaxPool2d(2)
+        self.scale = scale
+
+    def forward(self, x):
+        y = F.avg_pool2d(self.pool(self.conv(x)), 2)
+        return y[:, :2] * self.scale
+
+
+@pytest.mark.parametrize("scale,folds", [(2.5, 1), (-2.0, 0)])
+def test_backward_fold_scale_through_pools_and_indexing(scale, folds):
+    x = _t(2, 3, 8, 8)
+    tm = mt.trace_module(Pooled(scale).eval(), x)
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == folds      # max pool: positive only
+    if folds:
+        np.testing.assert_allclose(new.conv.weight.numpy(), tm.conv.weight.numpy() * scale,
+                                   rtol=1e-6)

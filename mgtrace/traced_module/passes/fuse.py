@@ -17,8 +17,9 @@
   ``c`` folded into the weight and bias. A scalar ``c`` (a number, a
   one-element constant, or an element of a tensor attribute picked by a
   constant index: ``x * self.scale[0]``) also travels further back, as in
-  MegEngine's pass: through ReLUs (c > 0), reshapes and the like, and adds
-  (into both branches; a constant added on the way is multiplied by c),
+  MegEngine's pass: through ReLUs and max pools (c > 0), average pools,
+  reshapes, constant indexing and the like, and adds (into both branches;
+  a constant added on the way is multiplied by c),
   into every Conv2d, Linear or ``F.conv2d`` it reaches; the product goes
   away only when every path ends in such a layer.
 - ``FuseConvAct``: ``act(conv2d(x))`` for act in ReLU, ReLU6, SiLU,
@@ -276,6 +277,11 @@ def _fold_direct(g, e, uses):
 # shape methods and functions; ReLU only for s > 0
 _SHAPE_METHODS = ("reshape", "flatten", "transpose", "permute", "expand_dims", "squeeze")
 _SHAPE_FUNCTIONS = (F.reshape, F.flatten, F.transpose, F.expand_dims, F.squeeze)
+# pools: an average commutes with any scale, a maximum with a positive one
+_POOL_MODULES = {M.AvgPool2d: False, M.AdaptiveAvgPool2d: False, M.MaxPool2d: True,
+                 M.AdaptiveMaxPool2d: True}
+_POOL_FUNCTIONS = ((F.avg_pool2d, False), (F.adaptive_avg_pool2d, False),
+                   (F.max_pool2d, True), (F.adaptive_max_pool2d, True))
 
 
 def _scalar(v):
@@ -361,6 +367,21 @@ def _plan(g, node, s, user, uses, actions):
     act = activation(e)
     if act is not None:
         return act[0] == "relu" and s > 0 and _plan(g, act[1], s, e, uses, actions)
+    if len(e.outputs) != 1:
+        return False
+    pool = module_call(e)
+    if type(pool) in _POOL_MODULES and len(e.args) == 2 and not e.kwargs:
+        return (s > 0 or not _POOL_MODULES[type(pool)]) and \
+            _plan(g, e.args[1], s, e, uses, actions)
+    for fn, positive in _POOL_FUNCTIONS:
+        if is_function(e, fn):
+            args = bound_args(e)
+            first = next(iter(args.values())) if args else None
+            return isinstance(first, TensorNode) and (s > 0 or not positive) and \
+                _plan(g, first, s, e, uses, actions)
+    if isinstance(e, CallMethod) and e.method == "__getitem__" and len(e.args) == 2 \
+            and isinstance(e.args[0], TensorNode) and _static_index(e.args[1]):
+        return _plan(g, e.args[0], s, e, uses, actions)
     if isinstance(e, CallMethod) and e.method in _SHAPE_METHODS and isinstance(e.args[0], TensorNode):
         return _plan(g, e.args[0], s, e, uses, actions)
     if any(is_function(e, fn) for fn in _SHAPE_FUNCTIONS):
