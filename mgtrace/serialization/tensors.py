@@ -32,7 +32,8 @@ from mgtrace._core.tensor import mark_immutable, unshared_view
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
-__all__ = ["CHECKSUM", "DTYPE_SINCE", "require_dtype", "checksum", "crc32", "crc_text", "host_array", "entry_for", "check_table",
+__all__ = ["CHECKSUM", "DTYPE_SINCE", "require_dtype",
+           "checksum", "crc32", "crc_text", "host_array", "entry_for", "check_table",
            "array_bytes", "fresh_tensor", "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
 
 CHECKSUM = "crc32"

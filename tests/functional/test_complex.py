@@ -59,7 +59,8 @@ def test_views_and_layout_ops_move_whole_elements():
 # ---------------------------------------------------------------- F.complex / real / imag / polar
 
 def test_complex_real_imag_against_numpy():
-    re, im = RNG.standard_normal((2, 3)).astype(np.float32), RNG.standard_normal((2, 3)).astype(np.float32)
+    re = RNG.standard_normal((2, 3)).astype(np.float32)
+    im = RNG.standard_normal((2, 3)).astype(np.float32)
     z = F.complex(mt.tensor(re), mt.tensor(im))
     assert z.dtype == np.complex64
     np.testing.assert_array_equal(z.numpy(), re + 1j * im)
@@ -240,3 +241,15 @@ def test_complex_tensors_need_a_1_2_reader(tmp_path):
     buf = io.BytesIO()
     mt.save({"x": mt.tensor([1.0])}, buf)
     assert _header(buf.getvalue())["min_reader_version"] < [1, 2]
+
+
+def test_casts_into_complex_and_between_complex_dtypes():
+    a = cplx((3,), np.complex128)
+    t = mt.tensor(a)
+    np.testing.assert_array_equal(t.astype("complex64").numpy(), a.astype(np.complex64))
+    np.testing.assert_array_equal(t.astype("complex64").astype("complex128").numpy(),
+                                  a.astype(np.complex64).astype(np.complex128))
+    x = np.array([1.5, -2, 0], np.float16)
+    np.testing.assert_array_equal(mt.tensor(x).astype("complex64").numpy(), x.astype(np.complex64))
+    b = np.array([True, False])
+    np.testing.assert_array_equal(mt.tensor(b).astype("complex128").numpy(), b.astype(np.complex128))
