@@ -84,8 +84,12 @@ def as_tensor(fn, name, v, device=None):
         raise TypeError(f"{fn}: {name} cannot be converted to a tensor: {e}") from None
 
 
-def tensors(fn, **named):
-    """The named arguments as Tensors on one device (None stays None).
+def tensors(fn, optional=(), **named):
+    """The named arguments as Tensors on one device.
+
+    ``optional`` names the arguments that may be None (an absent bias); they
+    stay None. Any other None raises ``TypeError("fn: x must be a tensor,
+    got None")``, as every other non-tensor does.
 
     Raises ValueError("ambiguous device: ...") when Tensor arguments sit on
     different devices; arrays go to the Tensors' device."""
@@ -100,7 +104,11 @@ def tensors(fn, **named):
         elif v is not None:
             break
     else:
-        return vals
+        if None not in vals:
+            return vals
+    for k, v in named.items():
+        if v is None and k not in optional:
+            raise TypeError(f"{fn}: {k} must be a tensor, got None")
     dev = get_device(*[v for v in vals if isinstance(v, Tensor)])
     return [None if v is None else as_tensor(fn, k, v, dev) for k, v in named.items()]
 
@@ -188,6 +196,17 @@ def to_bool(fn, name, v):
     if not isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__}")
     return bool(v)
+
+
+def to_flag(fn, name, v):
+    """v as a Python bool where MegEngine takes a flag: a bool, a NumPy bool
+    or an int (``keepdims=1`` runs in MegEngine 1.13); anything else
+    (``"yes"``, None, 1.0) raises TypeError."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, numbers.Integral):
+        return v != 0
+    raise TypeError(f"{fn}: {name} must be a bool, got {type(v).__name__} {v!r}")
 
 
 def probability(fn, name, v):

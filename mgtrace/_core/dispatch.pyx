@@ -29,7 +29,9 @@ from mgtrace._core.kernels cimport (
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
     mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
     mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_BK_ENOKERNEL, MT_EW_UNARY,
-    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise)
+    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise,
+    mt_complex_init, mt_complex_make_loop, mt_complex_part_loop, MT_CPART_REAL, MT_CPART_IMAG,
+    MT_CPART_ABS, MT_CPART_ANGLE)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
     parse_shape, trace_hook, set_trace_hook, backend_of, backend_error, cpu_backend, on_host)
@@ -55,6 +57,7 @@ cdef extern from "Python.h":
 _tensor_mod = importlib.import_module("mgtrace._core.tensor")
 
 mt_elementwise_init()
+mt_complex_init()
 cpu_backend().elementwise = mt_cpu_elementwise     # the CPU backend's elementwise member
 
 # ------------------------------------------------------------------ op table
@@ -67,6 +70,7 @@ RULES = {**{n: _RULE_NAMES[mt_unary_rules[i]] for n, i in UNARY.items()},
          **{n: _RULE_NAMES[mt_binary_rules[i]] for n, i in BINARY.items()},
          **{n: _RULE_NAMES[mt_ternary_rules[i]] for n, i in TERNARY.items()}}
 
+cdef int U_ABS = UNARY["abs"]
 cdef int U_ISNAN = UNARY["isnan"], U_ISINF = UNARY["isinf"], U_ISFINITE = UNARY["isfinite"]
 cdef int T_WHERE = TERNARY["where"]
 
@@ -408,6 +412,9 @@ cdef int run_elementwise(int kind, int op, int dt, int dt2, Tensor out, int nin,
     cdef mt_ew_call c
     cdef const mt_backend *b = backend_of(out._device)
     cdef int rc
+    if kind == MT_EW_CAST and CATEGORY[dt] == 4 and CATEGORY[dt2] != 4:
+        raise TypeError(f"cannot cast {DTYPE_NAMES[dt]} to {DTYPE_NAMES[dt2]}: it would drop the "
+                        f"imaginary part; take F.real, F.imag or F.abs of it instead")
     _geometry(out, nin, ins, &c)
     c.kind, c.op, c.dtype, c.dtype2, c.aux, c.cost = kind, op, dt, dt2, aux, cost
     with nogil:
@@ -440,9 +447,21 @@ cdef int store_scalar(object v, int code, char *buf) except -1:
     """Writes Python scalar v into buf as dtype ``code`` (C conversion)."""
     cdef double d
     cdef int64_t i
+    cdef double complex z
     if code == 0:
         (<uint8_t *>buf)[0] = 1 if v else 0
         return 0
+    if CATEGORY[code] == 4:
+        z = <double complex>complex(v)
+        if code == 11:
+            (<float *>buf)[0] = <float>z.real
+            (<float *>buf)[1] = <float>z.imag
+        else:
+            (<double *>buf)[0] = z.real
+            (<double *>buf)[1] = z.imag
+        return 0
+    if isinstance(v, complex):
+        raise TypeError(f"cannot convert complex {v} to {DTYPE_NAMES[code]}")
     if CATEGORY[code] == 3:
         d = <double>v
         if code == 9:
@@ -625,6 +644,65 @@ def full(shape, value, dtype=None, device=None):
     return t
 
 
+# ------------------------------------------------------------------ complex
+#
+# The loops whose result dtype is not the computation's (kernels/mt_complex.h);
+# the CPU has them, another device's backend does not yet (NoKernelError).
+
+_PARTS = {"real": MT_CPART_REAL, "imag": MT_CPART_IMAG, "abs": MT_CPART_ABS,
+          "angle": MT_CPART_ANGLE}
+
+
+def make_complex(re, im):
+    """The complex tensor ``re + 1j * im`` (new, contiguous).
+
+    ``re`` and ``im`` are Tensors of one dtype, float32 (-> complex64) or
+    float64 (-> complex128), on one device; their shapes broadcast (NumPy).
+    Raises TypeError for other dtypes, ValueError for shapes that do not
+    broadcast or two devices, NoKernelError off the CPU."""
+    if not isinstance(re, Tensor) or not isinstance(im, Tensor):
+        raise TypeError("make_complex: re and im must be Tensors")
+    cdef Tensor a = <Tensor>re, b = <Tensor>im, res
+    if a._dtype != b._dtype or a._dtype not in (9, 10):
+        raise TypeError(f"make_complex: re and im must both be float32 or both float64, got "
+                        f"{DTYPE_NAMES[a._dtype]} and {DTYPE_NAMES[b._dtype]}")
+    if a._device != b._device:
+        raise ValueError(f"ambiguous device: {dev_name(a._device)} vs {dev_name(b._device)}")
+    cdef int code = 11 if a._dtype == 9 else 12
+    cdef mt_loop_fn fn = mt_complex_make_loop(a._dtype) if on_host(a._device) else NULL
+    if fn == NULL:
+        raise missing_kernel("complex", a._device, code)
+    cdef Operand ops[2]
+    cdef int64_t oshape[16]
+    operand_of(a, &ops[0])
+    operand_of(b, &ops[1])
+    cdef int nd = broadcast_shape(2, ops, oshape)
+    res = empty(nd, oshape, code, a._device)
+    run_loop(fn, res, 2, ops, NULL, 1)
+    return res
+
+
+def complex_part(x, part):
+    """A real tensor from complex ``x``: ``part`` is "real", "imag", "abs"
+    (the modulus, C99's cabs: no overflow in between) or "angle" (the
+    argument in (-pi, pi], carg). complex64 gives float32, complex128
+    float64. Raises TypeError for a real ``x``, NoKernelError off the CPU."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"complex_part: expected a Tensor, not {type(x).__name__}")
+    cdef Tensor t = <Tensor>x, res
+    if CATEGORY[t._dtype] != 4:
+        raise TypeError(f"complex_part: expected a complex tensor, got {DTYPE_NAMES[t._dtype]}")
+    cdef int which = _PARTS[part] if isinstance(part, str) else part
+    cdef mt_loop_fn fn = mt_complex_part_loop(which, t._dtype) if on_host(t._device) else NULL
+    if fn == NULL:
+        raise missing_kernel([k for k, v in _PARTS.items() if v == which][0], t._device, t._dtype)
+    cdef Operand o
+    operand_of(t, &o)
+    res = empty(t._ndim, t._shape, 9 if t._dtype == 11 else 10, t._device)
+    run_loop(fn, res, 1, &o, NULL, 2)
+    return res
+
+
 cpdef Tensor empty_shape(object shape, int code, int device):
     cdef int64_t buf[16]
     cdef int nd = parse_shape(shape, buf)
@@ -647,7 +725,7 @@ cdef inline int promote2(int ca, bint sa, int cb, bint sb) noexcept:
 cdef int compute_dtype(int rule, int code, str name) except -1:
     if rule == MT_RULE_FLOAT:
         return float_result(code)
-    if rule == MT_RULE_INT and CATEGORY[code] == 3:
+    if rule == MT_RULE_INT and CATEGORY[code] >= 3:
         raise TypeError(f"{name} needs integer or bool operands, got {DTYPE_NAMES[code]}")
     return code
 
@@ -760,8 +838,10 @@ cdef object unary(int op, object a, object out):
     else:
         ta = to_tensor(a, None, default_device_id) if scalar_code(a) >= 0 else coerce(a, default_device_id)
     name = mt_unary_names[op].decode()
+    if op == U_ABS and CATEGORY[ta._dtype] == 4 and out is None:
+        return complex_part(ta, MT_CPART_ABS)        # |z|: a real result
     cdt = compute_dtype(rule, ta._dtype, name)
-    if rule == MT_RULE_BOOL and CATEGORY[cdt] != 3 and op in (U_ISNAN, U_ISINF, U_ISFINITE):
+    if rule == MT_RULE_BOOL and CATEGORY[cdt] < 3 and op in (U_ISNAN, U_ISINF, U_ISFINITE):
         # integers are never nan or inf
         res = empty(ta._ndim, ta._shape, 0, ta._device)
         fill(res, op == U_ISFINITE)

@@ -1,7 +1,7 @@
 cdef int NDTYPES
-cdef int ITEMSIZE[11]
-cdef int CATEGORY[11]
-cdef int PROMOTE[11][11]
+cdef int ITEMSIZE[13]
+cdef int CATEGORY[13]
+cdef int PROMOTE[13][13]
 cdef list NP_DTYPES
 cdef object np_dtype(int code)
 cdef int dtype_code(object dtype) except -1

@@ -8,9 +8,10 @@ met or asked for: :func:`np_dtype`), since importing it registers NumPy
 ufuncs and costs about half of ``import mgtrace``.
 
 Promotion (MegEngine's rule, as DESIGN.md states it): every operand has a
-category, float (3) > integer (2) > bool (1). Tensors, NumPy arrays and NumPy
-scalars count as *tensors*; Python ``bool``/``int``/``float`` count as
-*scalars* and stand for bool/int32/float32. If the highest scalar category is
+category, complex (4) > float (3) > integer (2) > bool (1). Tensors, NumPy
+arrays and NumPy scalars count as *tensors*; Python ``bool``/``int``/
+``float``/``complex`` count as *scalars* and stand for bool/int32/float32/
+complex64. If the highest scalar category is
 above the highest tensor category, the result is the promotion of the scalars
 of that category; otherwise it is the NumPy ``promote_types`` of the tensors
 of the highest tensor category. Examples (the table tests/core/test_promotion
@@ -23,6 +24,14 @@ checks, and the docs show)::
     uint8 tensor + int8 tensor  -> int16
     bool tensor + bool tensor   -> bool
     bool tensor + 1             -> int32
+    float32 tensor + 1j         -> complex64
+    float64 tensor + complex64 tensor -> complex64
+    complex64 tensor + complex128 tensor -> complex128
+
+Complex (complex64, complex128; MegEngine 1.13 has complex64) is the
+category above float: the rule above applies unchanged, so a complex
+operand wins over every real one and a Python complex stands for complex64
+(MegEngine's only complex dtype) as a Python float stands for float32.
 
 A Python int that does not fit the chosen integer dtype raises OverflowError
 (NumPy 2 does the same); an in-range one takes the tensor's dtype and the
@@ -36,7 +45,7 @@ from mgtrace._core.kernels cimport MT_NDTYPES, MT_BFLOAT16
 
 NDTYPES = MT_NDTYPES
 NAMES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "int64",
-         "float16", "bfloat16", "float32", "float64")
+         "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 cdef int BFLOAT16 = MT_BFLOAT16
 # NumPy dtypes by code; bfloat16's (None here) is made by np_dtype on first need
 NP_DTYPES = [None if n == "bfloat16" else np.dtype(n) for n in NAMES]
@@ -49,7 +58,7 @@ for _code, _name in enumerate(NAMES):
         ITEMSIZE[_code], CATEGORY[_code] = 2, 3
         continue
     ITEMSIZE[_code] = _dt.itemsize
-    CATEGORY[_code] = 1 if _code == 0 else (3 if _dt.kind == "f" else 2)
+    CATEGORY[_code] = 1 if _code == 0 else {"f": 3, "c": 4}.get(_dt.kind, 2)
     _lookup[_dt] = _code
     _lookup[_dt.type] = _code
 
@@ -81,7 +90,10 @@ def __getattr__(name):
 # bfloat16 with float16 needs float32 to hold both, as in JAX and PyTorch.
 for _i in range(MT_NDTYPES):
     for _j in range(MT_NDTYPES):
-        if _i == BFLOAT16 or _j == BFLOAT16:
+        if CATEGORY[_i] != CATEGORY[_j]:
+            # read only within one category (promote_operands); kept sane anyway
+            _res = NAMES[_i] if CATEGORY[_i] > CATEGORY[_j] else NAMES[_j]
+        elif _i == BFLOAT16 or _j == BFLOAT16:
             _other = NAMES[_j] if NAMES[_i] == "bfloat16" else NAMES[_i]
             _res = {"bfloat16": "bfloat16", "float16": "float32",
                     "float32": "float32", "float64": "float64"}.get(_other, "bfloat16")
@@ -145,12 +157,15 @@ cdef int scalar_code(object value) noexcept:
         return 5
     if isinstance(value, float) and not isinstance(value, np.floating):
         return 9
+    if isinstance(value, complex) and not isinstance(value, np.complexfloating):
+        return 11
     return -1
 
 
 cdef int float_result(int code) noexcept:
-    """dtype of a FLOAT-rule op (true division, exp, mean...) on ``code``."""
-    return code if CATEGORY[code] == 3 else 9
+    """dtype of a FLOAT-rule op (true division, exp, mean...) on ``code``:
+    float and complex dtypes keep theirs, integers and bool give float32."""
+    return code if CATEGORY[code] >= 3 else 9
 
 
 cdef dict _INT_RANGE = {}
@@ -189,6 +204,8 @@ cdef int _operand_code(object x, bint *is_scalar) except -1:
                 return 0
             if kind == "f":
                 return 9
+            if kind == "c":
+                return 11
             raise TypeError(f"operand list of {np.asarray(x).dtype} has no mgtrace dtype")
         raise TypeError(f"operand of type {type(x).__name__} has no dtype")
     # an array operand is copied into a tensor (dispatch.coerce), in native byte order

@@ -110,7 +110,7 @@ cdef Tensor _index_tensor(object x, int device):
     cdef Tensor t = x if isinstance(x, Tensor) else to_tensor(np.asarray(x), None, device)
     if isinstance(x, list) and len(x) == 0:
         t = to_tensor(np.zeros(0, np.int64), None, device)
-    if CATEGORY[t._dtype] == 3:
+    if CATEGORY[t._dtype] >= 3:
         raise IndexError(f"tensors used as indices must be of integer or bool type, not {t.dtype}")
     return t
 

@@ -6,7 +6,9 @@ cdef extern from "kernels/contract/mt_types.h" nogil:
     enum: MT_MAX_NDIM
     enum:
         MT_BOOL, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
-        MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64, MT_NDTYPES
+        MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64, MT_COMPLEX64, MT_COMPLEX128,
+        MT_NDTYPES
+    enum: MT_NREAL_DTYPES
     float mt_h2f(unsigned short) noexcept
     unsigned short mt_f2h(float) noexcept
     float mt_bf2f(unsigned short) noexcept
@@ -39,6 +41,12 @@ cdef extern from "kernels/cpu/elementwise.h" nogil:
     mt_loop_fn mt_cast_loops[][MT_NDTYPES]
     mt_loop_fn mt_fill_loops[]
     void mt_elementwise_init() noexcept
+
+cdef extern from "kernels/cpu/mt_complex.h" nogil:
+    enum: MT_CPART_REAL, MT_CPART_IMAG, MT_CPART_ABS, MT_CPART_ANGLE
+    void mt_complex_init() noexcept
+    mt_loop_fn mt_complex_make_loop(int real_dtype) noexcept
+    mt_loop_fn mt_complex_part_loop(int part, int complex_dtype) noexcept
 
 cdef extern from "kernels/contract/alloc.h" nogil:
     enum: MT_DEV_CPU, MT_DEV_CUDA

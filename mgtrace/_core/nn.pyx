@@ -254,6 +254,14 @@ cdef list _operands(str op, tuple xs):
     return out
 
 
+cdef Tensor _operand1(str op, object x):
+    """The one tensor argument x as a Tensor; TypeError for None (a cast of
+    None to Tensor would read garbage memory)."""
+    if x is None:
+        raise TypeError(f"{op}: x must be a tensor, got None")
+    return <Tensor>_operands(op, (x,))[0]
+
+
 # ------------------------------------------------------------------ kernel tables by device type
 
 cdef mt_nn_kernels _CPU
@@ -1672,7 +1680,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
 # ------------------------------------------------------------------ pooling
 
 cdef Tensor _pool_input(str op, x):
-    cdef Tensor t = <Tensor>_operands(op, (x,))[0]
+    cdef Tensor t = _operand1(op, x)
     _float_code(op, [t])
     _check_4d(op, "x", t, "[N, C, H, W]")
     return t
@@ -1897,7 +1905,7 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
             align_corners with nearest, an empty output.
     """
     cdef str op = "interpolate"
-    cdef Tensor t = <Tensor>_operands(op, (x,))[0], out
+    cdef Tensor t = _operand1(op, x), out
     _float_code(op, [t])
     _check_4d(op, "x", t, "[N, C, H, W]")
     if mode not in _INTERP_MODES:
@@ -2044,7 +2052,7 @@ def pad(x, pad_width, mode="constant", value=0.0):
     [3, 1, 2, 3, 1, 2, 3, 1, 2]
     """
     cdef str op = "pad"
-    cdef Tensor t = <Tensor>_operands(op, (x,))[0], out, inner
+    cdef Tensor t = _operand1(op, x), out, inner
     if mode not in _PAD_MODES:
         raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_PAD_MODES)}")
     cdef int nd = t._ndim, d, rc, nt

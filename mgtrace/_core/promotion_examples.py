@@ -34,4 +34,13 @@ EXAMPLES = [
     ("int32", "**", "int32", "float32"),
     ("float16", "**", 2, "float16"),
     ("int32", "==", 1.5, "bool"),
+    # complex, the category above float: a complex operand wins; a Python
+    # complex stands for complex64, MegEngine's complex dtype
+    ("float32", "+", 1j, "complex64"),
+    ("int8", "*", 2j, "complex64"),
+    ("float64", "+", "complex64", "complex64"),
+    ("complex64", "+", "complex128", "complex128"),
+    ("complex64", "*", 2.0, "complex64"),
+    ("complex128", "/", 2, "complex128"),
+    ("complex64", "==", 1.5, "bool"),
 ]

@@ -34,6 +34,8 @@ NotImplementedError) "no kernel for op X on device D with dtype T".
 """
 import operator
 
+import numpy as np
+
 from libc.stdint cimport int64_t
 
 from mgtrace._core.kernels cimport MT_NDTYPES
@@ -273,10 +275,20 @@ cdef int _coalesce(int n, int64_t *shape, int64_t *s1, int64_t *s2, int64_t *s3,
 
 # ------------------------------------------------------------------ reductions
 
+cdef bint _flag(str name, object keepdims) except -1:
+    """keepdims as MegEngine takes it: a bool, NumPy bool or int; TypeError
+    for anything else ("yes", None, 1.0), which bool() would let through."""
+    if isinstance(keepdims, (bool, np.bool_)) or (isinstance(keepdims, int)):
+        return bool(keepdims)
+    if isinstance(keepdims, np.integer):
+        return keepdims != 0
+    raise TypeError(f"{name}: keepdims must be a bool, got {type(keepdims).__name__} {keepdims!r}")
+
+
 cdef Tensor _reduce(int op, str name, object x, object axis, object keepdims, double ddof):
+    cdef bint keep = _flag(name, keepdims)
     cdef Tensor t = _input(x, name)
     cdef bint mask[16]
-    cdef bint keep = bool(keepdims)
     cdef int nd = t._ndim, d, j = 0, ond = 0
     cdef int isz = ITEMSIZE[t._dtype]
     cdef int odt = _out_dtype(mt_reduce_rules[op], t._dtype)

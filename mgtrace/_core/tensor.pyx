@@ -481,18 +481,21 @@ cdef Tensor _from_host_array(cnp.ndarray arr, int dtype, int device):
 
 cdef object _default_array(object data):
     """np.asarray with MegEngine's defaults for Python data: float32 for
-    floats, int32 for ints (OverflowError when a value does not fit)."""
+    floats, int32 for ints (OverflowError when a value does not fit),
+    complex64 for complex numbers."""
     arr = np.asarray(data)
     kind = arr.dtype.kind
     if kind == "f" and arr.dtype != np.float32 and not _has_numpy_leaf(data, np.floating):
         return arr.astype(np.float32)
+    if kind == "c" and arr.dtype != np.complex64 and not _has_numpy_leaf(data, np.complexfloating):
+        return arr.astype(np.complex64)
     if kind in "iu" and arr.dtype != np.int32 and not _has_numpy_leaf(data, np.integer):
         if arr.size and (arr.max() > 2147483647 or arr.min() < -2147483648):
             raise OverflowError(
                 "Python integers out of range for the default dtype int32; "
                 "pass dtype='int64'")
         return arr.astype(np.int32)
-    if kind in "OUSV" or kind == "c":
+    if kind in "OUSV":
         raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
                         f"(NumPy sees dtype {arr.dtype})")
     return arr
@@ -513,9 +516,11 @@ cdef object _checked_array(object data, int code):
             lo, hi = min(vals, default=0), max(vals, default=0)
             raise OverflowError(f"Python integer {hi if hi > 0 else lo} out of bounds for "
                                 f"{_DTYPE_NAMES[code]}")
-    if arr.dtype.kind in "OUSVc":
-        raise TypeError(f"cannot make a tensor from {type(data).__name__} data "
-                        f"(NumPy sees dtype {arr.dtype})")
+    if arr.dtype.kind in "OUSV" or arr.dtype.kind == "c" and CATEGORY[code] != 4:
+        raise TypeError(f"cannot make a {_DTYPE_NAMES[code]} tensor from {type(data).__name__} "
+                        f"data (NumPy sees dtype {arr.dtype})" + (
+                            "; take F.real / F.imag of a complex tensor"
+                            if arr.dtype.kind == "c" else ""))
     if arr.dtype.kind in "iu" and CATEGORY[code] == 2 and arr.size:
         info = np.iinfo(NP_DTYPES[code])
         lo, hi = int(arr.min()), int(arr.max())
@@ -544,8 +549,12 @@ cdef Tensor to_tensor(object data, object dtype, int device):
         return out
     if isinstance(data, np.ndarray) or isinstance(data, np.generic):
         arr = np.asarray(data)
-        if arr.dtype.kind in "OUSVc" and not (arr.dtype.kind == "V" and arr.dtype == np_dtype(8)):
+        if arr.dtype.kind in "OUSV" and not (arr.dtype.kind == "V" and arr.dtype == np_dtype(8)):
             raise TypeError(f"cannot make a tensor from a NumPy array of dtype {arr.dtype}")
+        if arr.dtype.kind == "c" and dtype is not None and CATEGORY[dtype_code(dtype)] != 4:
+            raise TypeError(f"cannot make a {np_dtype(dtype_code(dtype))} tensor from "
+                            f"a {arr.dtype} array: it would drop the imaginary part; take "
+                            f"arr.real / arr.imag first")
         if not arr.dtype.isnative:     # '>f4' -> float32: the data is copied anyway
             arr = arr.astype(arr.dtype.newbyteorder("="))
         elif arr.dtype.kind == "b":    # a bool byte other than 0/1 (a view of raw bytes) is
@@ -639,8 +648,8 @@ cdef extern from *:
         mt_DLTensor dl_tensor
 
 # DLPack dtype codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool
-cdef int _DL_CODE[11]
-_DL_CODE[:] = [6, 0, 1, 0, 1, 0, 0, 2, 4, 2, 2]
+cdef int _DL_CODE[13]
+_DL_CODE[:] = [6, 0, 1, 0, 1, 0, 0, 2, 4, 2, 2, 5, 5]     # DLPack's kDLComplex is 5
 cdef int _DL_CPU = 1, _DL_CUDA = 2
 
 
@@ -1006,7 +1015,7 @@ cdef Tensor _copy_across(Tensor t, int dev):
 
 cdef int _dl_dtype_code(mt_DLTensor *dl) except -1:
     cdef int i, bits = dl.dtype.bits
-    for i in range(11):
+    for i in range(13):
         # code 2 (float) with 16 bits is float16, never bfloat16 (code 4)
         if _DL_CODE[i] == dl.dtype.code and ITEMSIZE[i] * 8 == bits and dl.dtype.lanes == 1:
             return i

@@ -80,7 +80,8 @@ def conv2d_act(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     """
     fn = "conv2d_act"
     _act(fn, act)
-    x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
+    x, weight, bias, residual = A.tensors(fn, optional=('bias', 'residual'),
+        x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
@@ -154,7 +155,8 @@ def conv2d_nchwc(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
             if residual is None and _kernel_takes(x, weight, bias):
                 raise
     _act(fn, act)
-    x, weight, bias, residual = A.tensors(fn, x=x, weight=weight, bias=bias, residual=residual)
+    x, weight, bias, residual = A.tensors(fn, optional=('bias', 'residual'),
+        x=x, weight=weight, bias=bias, residual=residual)
     A.check_ndim(fn, "x", x, (4, 5), "[N, ceil(C/16), H, W, 16] or [N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
     if not _kernel_takes(x, weight, bias, residual):
@@ -243,8 +245,8 @@ def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0,
         except TypeError:
             if _kernel_takes(x, weight, bias, dw_weight, dw_bias):
                 raise
-    x, weight, bias, dw_weight, dw_bias = A.tensors(fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight,
-                                                    dw_bias=dw_bias)
+    x, weight, bias, dw_weight, dw_bias = A.tensors(fn, optional=('bias', 'dw_bias'), x=x, weight=weight,
+                                                    bias=bias, dw_weight=dw_weight, dw_bias=dw_bias)
     if not _kernel_takes(x, weight, bias, dw_weight, dw_bias):
         A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
         y = conv2d_nchwc(x, weight, bias, act=act)
@@ -307,8 +309,9 @@ def conv2d_nchwc_pw_dw_pw(x, weight, bias, dw_weight, dw_bias, proj_weight, proj
     if not (_plain_tensors(x, weight, bias) and _plain_tensors(x, dw_weight, dw_bias)
             and _plain_tensors(x, proj_weight, proj_bias) and (residual is None or isinstance(residual, Tensor))):
         x, weight, bias, dw_weight, dw_bias, proj_weight, proj_bias, residual = A.tensors(
-            fn, x=x, weight=weight, bias=bias, dw_weight=dw_weight, dw_bias=dw_bias, proj_weight=proj_weight,
-            proj_bias=proj_bias, residual=residual)
+            fn, optional=('bias', 'dw_bias', 'proj_bias', 'residual'),
+            x=x, weight=weight, bias=bias, dw_weight=dw_weight, dw_bias=dw_bias,
+            proj_weight=proj_weight, proj_bias=proj_bias, residual=residual)
         A.check_ndim(fn, "weight", weight, 4, "[E, C, 1, 1]")
         A.check_ndim(fn, "dw_weight", dw_weight, 4, "[E, 1, KH, KW]")
         A.check_ndim(fn, "proj_weight", proj_weight, 4, "[O, E, 1, 1]")
@@ -454,7 +457,7 @@ def linear_act(x, weight, bias=None, act="relu"):
     """
     fn = "linear_act"
     _act(fn, act)
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), x=x, weight=weight, bias=bias)
     A.check_ndim(fn, "weight", weight, 2, "[out_features, in_features]")
     dt = x.dtype.name
     if x.ndim == 0 or dt not in ("float32", "float64") or weight.dtype.name != dt or \
@@ -499,7 +502,7 @@ def attention(q, k, v, mask=None, scale=1.0):
     [[[[3.0, 3.0], [3.0, 3.0]]]]
     """
     fn = "attention"
-    q, k, v, mask = A.tensors(fn, q=q, k=k, v=v, mask=mask)
+    q, k, v, mask = A.tensors(fn, optional=('mask',), q=q, k=k, v=v, mask=mask)
     scale = A.to_float(fn, "scale", scale)
     if any(t is not None and t.dtype.kind != "f" for t in (q, k, v, mask)):
         # an integer or bool operand: the sequence's promotion (softmax gives

@@ -1023,3 +1023,122 @@ def svd(inp, full_matrices=False, compute_uv=True):
         uu, vh = v, u.transpose(*perm)
     out = (uu.copy(), s, vh.copy())
     return tuple(_dispatch.astype(t, x.dtype) for t in out)
+
+
+# ------------------------------------------------- complex numbers (MegEngine 1.13's math.py)
+#
+# The core holds complex64 and complex128 (interleaved re, im pairs; NumPy's
+# layout). Elementwise add, sub, mul, truediv, neg, eq, ne and abs take
+# complex operands, with MegEngine's promotion rule (complex is the category
+# above float: a complex operand wins, a Python complex stands for complex64);
+# every other op refuses complex with an error naming op and dtype, and a
+# cast from complex to a real dtype is a TypeError (it would drop the
+# imaginary part).
+
+__all__ += ["complex", "real", "imag", "polar"]
+
+
+def _complex_parts(fn, a_name, a, b_name, b):
+    """a and b as Tensors of one float dtype the core makes complex from:
+    float64 stays (complex128), float32/float16/bfloat16, integers and bool
+    become float32 (complex64: MegEngine's one complex dtype)."""
+    A.check_operand(fn, a_name, a)
+    A.check_operand(fn, b_name, b)
+    A.check_broadcast(fn, **{a_name: a, b_name: b})
+    a, b = A.tensors(fn, **{a_name: a, b_name: b})
+    for name, t in ((a_name, a), (b_name, b)):
+        if t.dtype.kind == "c":
+            raise TypeError(f"{fn}: {name} must be real, got {t.dtype.name}")
+    wide = a.dtype == np.float64 or b.dtype == np.float64
+    dt = "float64" if wide else "float32"
+    return (t if t.dtype == dt else _dispatch.astype(t, dt) for t in (a, b))
+
+
+def complex(real, imag):
+    """The complex tensor ``real + 1j * imag`` (MegEngine's ``complex``).
+
+    Args:
+        real, imag: real Tensors, arrays or numbers; shapes broadcast (NumPy
+            rule; MegEngine 1.13 needs equal shapes).
+
+    Returns:
+        complex64 (MegEngine's dtype) for float32, float16, bfloat16,
+        integer and bool parts; complex128 when either part is float64.
+
+    Raises:
+        TypeError: a part that is complex, or not a tensor, array or number.
+        ValueError: shapes that do not broadcast.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> z = F.complex(mt.tensor([1.0, 2.0]), mt.tensor([3.0, -4.0]))
+    >>> z.dtype, z.numpy().tolist()
+    (dtype('complex64'), [(1+3j), (2-4j)])
+    """
+    re, im = _complex_parts("complex", "real", real, "imag", imag)
+    return _dispatch.make_complex(re, im)
+
+
+def _complex_part(fn, x, part):
+    A.check_operand(fn, "complex", x)
+    (x,) = A.tensors(fn, complex=x)
+    if x.dtype.kind != "c":
+        raise TypeError(f"{fn}: expected a complex tensor, got {x.dtype.name} (MegEngine "
+                        f"1.13 refuses a real one too)")
+    return _dispatch.complex_part(x, part)
+
+
+def real(complex):
+    """The real part of a complex tensor (MegEngine's ``real``).
+
+    Args:
+        complex: complex64 or complex128 Tensor, any shape.
+
+    Returns:
+        A new Tensor of its shape: float32 for complex64, float64 for
+        complex128.
+
+    Raises:
+        TypeError: a real tensor (MegEngine refuses it as well), or not a
+            tensor.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.real(F.complex(mt.tensor([1.0, 2.0]), mt.tensor([3.0, 4.0]))).tolist()
+    [1.0, 2.0]
+    """
+    return _complex_part("real", complex, "real")
+
+
+def imag(complex):
+    """The imaginary part of a complex tensor (MegEngine's ``imag``); shapes,
+    dtypes and errors as :func:`real`.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> F.imag(F.complex(mt.tensor([1.0, 2.0]), mt.tensor([3.0, 4.0]))).tolist()
+    [3.0, 4.0]
+    """
+    return _complex_part("imag", complex, "imag")
+
+
+def polar(abs, angle):
+    """The complex tensor ``abs * (cos(angle) + 1j * sin(angle))``
+    (MegEngine's ``polar``, composed as MegEngine composes it: ``complex(abs
+    * cos(angle), abs * sin(angle))``). ``F.abs`` of the result gives
+    ``|abs|`` back.
+
+    Args:
+        abs, angle: real Tensors, arrays or numbers; shapes broadcast.
+
+    Returns:
+        complex64, or complex128 when either is float64 (as :func:`complex`).
+
+    Raises:
+        TypeError: a complex operand, or one that is not a tensor, array or
+            number. ValueError: shapes that do not broadcast.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> z = F.polar(mt.tensor([2.0]), mt.tensor([0.0]))
+    >>> z.numpy().tolist()
+    [(2+0j)]
+    """
+    r, a = _complex_parts("polar", "abs", abs, "angle", angle)
+    return _dispatch.make_complex(_B["mul"](r, _U["cos"](a)), _B["mul"](r, _U["sin"](a)))

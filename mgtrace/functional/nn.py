@@ -97,7 +97,7 @@ def linear(x, weight, bias=None):
     ...          mt.tensor([0.0, 0.0, 1.0])).tolist()
     [[1.0, 3.0, 5.0]]
     """
-    x, weight, bias = A.tensors("linear", x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors("linear", optional=('bias',), x=x, weight=weight, bias=bias)
     A.check_ndim("linear", "weight", weight, 2, "[out_features, in_features]")
     if x.ndim == 0:
         raise ValueError("linear: x must have at least 1 axis [..., in_features], got a 0-d tensor")
@@ -152,7 +152,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     (1, 3, 4, 4)
     """
     fn = "conv2d"
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), x=x, weight=weight, bias=bias)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[O, C/groups, KH, KW]")
     g = _groups(fn, groups)
@@ -194,7 +194,7 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     [[[1.0, 3.0, 5.0, 7.0]]]
     """
     fn = "conv1d"
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), x=x, weight=weight, bias=bias)
     A.check_ndim(fn, "x", x, 3, "[N, C, L]")
     A.check_ndim(fn, "weight", weight, 3, "[O, C/groups, K]")
     s = A.single(fn, "stride", stride, 1)
@@ -237,7 +237,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     (1, 4, 6, 6)
     """
     fn = "conv_transpose2d"
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), x=x, weight=weight, bias=bias)
     A.check_ndim(fn, "x", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, 4, "[C, O/groups, KH, KW]")
     g = _groups(fn, groups)
@@ -483,7 +483,8 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     fn = "batch_norm"
     given_mean, given_var = running_mean, running_var
     x, running_mean, running_var, weight, bias = A.tensors(
-        fn, x=x, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
+        fn, optional=('running_mean', 'running_var', 'weight', 'bias'),
+        x=x, running_mean=running_mean, running_var=running_var, weight=weight, bias=bias)
     if x.ndim < 2:
         raise ValueError(f"{fn}: x must be [N, C] or [N, C, *spatial], got shape {x.shape}")
     A.check_float(fn, "x", x)
@@ -568,7 +569,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     [-1.0, 1.0]
     """
     fn = "layer_norm"
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('weight', 'bias'), x=x, weight=weight, bias=bias)
     A.check_float(fn, "x", x)
     ns = A.to_shape(fn, "normalized_shape", normalized_shape)
     k = len(ns)
@@ -619,7 +620,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     [-1.0, 1.0, 0.0, 0.0]
     """
     fn = "group_norm"
-    x, weight, bias = A.tensors(fn, x=x, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('weight', 'bias'), x=x, weight=weight, bias=bias)
     if x.ndim < 2:
         raise ValueError(f"{fn}: x must be [N, C, *spatial], got shape {x.shape}")
     A.check_float(fn, "x", x)
@@ -1244,14 +1245,15 @@ def logsumexp(inp, axis, keepdims=False):
     Args:
         inp: Tensor; integers give float32.
         axis: int or sequence of ints (required, as MegEngine's).
-        keepdims: keep the reduced axes with size 1.
+        keepdims: bool (or an int, as MegEngine takes 1): keep the reduced
+            axes with size 1.
 
     Returns:
         float Tensor; -inf over a line of -inf, NaN over a line with NaN.
 
     Raises:
         IndexError: axis out of range. ValueError: repeated or no axes.
-        TypeError: axis not an int.
+        TypeError: axis not an int; keepdims not a bool or int.
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> [round(v, 4) for v in F.logsumexp(mt.tensor([[0.0, 0.0], [1.0, 2.0]]), 1).tolist()]
@@ -1259,6 +1261,7 @@ def logsumexp(inp, axis, keepdims=False):
     """
     fn = "logsumexp"
     (x,) = A.tensors(fn, x=inp)
+    keepdims = A.to_flag(fn, "keepdims", keepdims)
     if x.dtype.kind not in "fV":
         x = _dispatch.astype(x, "float32")
     axes = _axes(fn, axis, x.ndim)
@@ -1316,8 +1319,11 @@ def indexing_one_hot(src, index, axis=1, keepdims=False):
         src's dtype, src's shape without ``axis`` (or with it of size 1).
 
     Raises:
-        ValueError: index of another shape. TypeError: a non-integer index.
-        IndexError: axis out of range, or an index outside ``0..d_axis - 1``.
+        ValueError: index of another shape. TypeError: a non-integer index,
+            keepdims not a bool or int.
+        IndexError: axis out of range, or an index outside ``0..d_axis - 1``
+            (a negative one too: MegEngine 1.13 refuses -1, "bad value in
+            IndexingOneHot index").
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.indexing_one_hot(mt.tensor([[1.0, 2.0], [3.0, 4.0]]), mt.tensor([1, 0])).tolist()
@@ -1326,11 +1332,15 @@ def indexing_one_hot(src, index, axis=1, keepdims=False):
     fn = "indexing_one_hot"
     src, index = A.tensors(fn, src=src, index=index)
     A.check_int_dtype(fn, "index", index)
+    keepdims = A.to_flag(fn, "keepdims", keepdims)
     ax = A.to_axis(fn, "axis", axis, src.ndim)
     want = src.shape[:ax] + src.shape[ax + 1:]
     if index.shape != want:
         raise ValueError(f"{fn}: index must have src's shape without axis {ax}, {want}; got "
                          f"{index.shape}")
+    if index.size and index.dtype.kind == "i" and int(_reduce.min(index).item()) < 0:
+        raise IndexError(f"{fn}: index holds {int(_reduce.min(index).item())}, outside "
+                         f"0..{src.shape[ax] - 1} (negative indices do not count from the end)")
     try:
         y = _index.gather(src, ax, index.expand_dims(ax))
     except IndexError as e:
@@ -1436,7 +1446,7 @@ def general_norm(inp, normalized_axis, affine=True, weight=None, bias=None, eps=
     [[-1.0], [1.0]]
     """
     fn = "general_norm"
-    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('weight', 'bias'), inp=inp, weight=weight, bias=bias)
     A.check_float(fn, "inp", x)
     axes = _axes(fn, normalized_axis, x.ndim)
     if list(axes) != sorted(axes):
@@ -1635,7 +1645,7 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
     """
     fn = "conv3d"
     _check_conv_mode(fn, conv_mode)
-    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), inp=inp, weight=weight, bias=bias)
     A.check_ndim(fn, "inp", x, 5, "[N, C, D, H, W]")
     A.check_ndim(fn, "weight", weight, 5, "[O, C/groups, KD, KH, KW]")
     for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
@@ -1708,7 +1718,7 @@ def conv_transpose3d(inp, weight, bias=None, stride=1, padding=0, output_padding
     (1, 4, 4, 6, 6)
     """
     fn = "conv_transpose3d"
-    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), inp=inp, weight=weight, bias=bias)
     A.check_ndim(fn, "inp", x, 5, "[N, C, D, H, W]")
     A.check_ndim(fn, "weight", weight, 5, "[C, O/groups, KD, KH, KW]")
     for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
@@ -1890,7 +1900,7 @@ def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
     """
     fn = "local_conv2d"
     _check_conv_mode(fn, conv_mode)
-    x, weight, bias = A.tensors(fn, inp=inp, weight=weight, bias=bias)
+    x, weight, bias = A.tensors(fn, optional=('bias',), inp=inp, weight=weight, bias=bias)
     A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
     A.check_ndim(fn, "weight", weight, (6, 7), "[OH, OW, C, KH, KW, O] or "
                                               "[G, OH, OW, C/G, KH, KW, O/G]")
@@ -2093,7 +2103,8 @@ def multi_head_attention(query, key, value, embed_dim, num_heads, attn_drop, out
         raise ValueError(f"{fn}: maybe_cudnn_style_mask and reslink are MegEngine's cuDNN-only "
                          f"options; pass False")
     q, k, v, wb, bias_k, bias_v, kpm, am = A.tensors(
-        fn, query=query, key=key, value=value, io_weight_bias=io_weight_bias, bias_k=bias_k,
+        fn, optional=('bias_k', 'bias_v', 'key_padding_mask', 'attn_mask'),
+        query=query, key=key, value=value, io_weight_bias=io_weight_bias, bias_k=bias_k,
         bias_v=bias_v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
     for name, t in (("query", q), ("key", k), ("value", v), ("io_weight_bias", wb)):
         A.check_float(fn, name, t)
@@ -2295,7 +2306,8 @@ def deformable_conv2d(inp, weight, offset, mask, bias=None, stride=1, padding=0,
     _check_conv_mode(fn, conv_mode)
     if compute_mode not in ("default", "float32"):
         raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
-    x, weight, offset, mask, bias = A.tensors(fn, inp=inp, weight=weight, offset=offset,
+    x, weight, offset, mask, bias = A.tensors(fn, optional=('bias',),
+        inp=inp, weight=weight, offset=offset,
                                               mask=mask, bias=bias)
     A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
     for name, t in (("inp", x), ("weight", weight), ("offset", offset), ("mask", mask),
@@ -2384,7 +2396,8 @@ def region_restricted_conv(inp, weight, rin, rout, bias=None, stride=1, padding=
     _check_conv_mode(fn, conv_mode)
     if compute_mode not in ("default", "float32"):
         raise ValueError(f"{fn}: compute_mode must be 'default' or 'float32', got {compute_mode!r}")
-    x, weight, rin, rout, bias = A.tensors(fn, inp=inp, weight=weight, rin=rin, rout=rout,
+    x, weight, rin, rout, bias = A.tensors(fn, optional=('bias',),
+        inp=inp, weight=weight, rin=rin, rout=rout,
                                            bias=bias)
     A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
     for name, t in (("inp", x), ("weight", weight), ("bias", bias)):
@@ -2459,7 +2472,7 @@ def deformable_psroi_pooling(inp, rois, trans, no_trans, part_size, pooled_h, po
     [[[[3.75]]]]
     """
     fn = "deformable_psroi_pooling"
-    x, rois, trans = A.tensors(fn, inp=inp, rois=rois, trans=trans)
+    x, rois, trans = A.tensors(fn, optional=('trans',), inp=inp, rois=rois, trans=trans)
     A.check_ndim(fn, "inp", x, 4, "[N, C, H, W]")
     for name, t in (("inp", x), ("rois", rois), ("trans", trans)):
         A.check_float(fn, name, t)

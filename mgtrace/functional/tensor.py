@@ -932,6 +932,9 @@ def non_zero(condition, as_tuple=False):
             True: a tuple of ndim int32 Tensors [n] (MegEngine's rows of
             the transposed result).
 
+    A 0-d condition gives [1, 0] when it is nonzero and [0, 0] when not
+    (NumPy's ``argwhere``, ``torch.nonzero``); with ``as_tuple``, ().
+
     Raises:
         TypeError: condition not a Tensor.
 
@@ -942,7 +945,13 @@ def non_zero(condition, as_tuple=False):
     fn = "non_zero"
     if not isinstance(condition, Tensor):
         raise TypeError(f"{fn}: condition must be a Tensor, got {type(condition).__name__}")
-    coords = _index.nonzero(condition)
+    if condition.ndim == 0:
+        # NumPy's argwhere and torch.nonzero: one row of no coordinates for a
+        # nonzero 0-d condition, none for a zero one
+        coords = _dispatch.full((1 if bool(condition) else 0, 0), 0, dtype="int32",
+                                device=condition.device)
+    else:
+        coords = _index.nonzero(condition)
     if as_tuple:
         return tuple(coords[:, k].copy() for k in range(coords.shape[1]))
     return coords

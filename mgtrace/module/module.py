@@ -788,7 +788,9 @@ class Module:
         weights (groups, C_out/groups, C_in/groups, kh, kw), and no
         ``num_batches_tracked`` (see :meth:`load_state_dict`); values are
         then views of the module's tensors in that shape (Parameters too,
-        with ``keep_vars``: ``Tensor.reshape`` views). Raises ValueError for
+        with ``keep_vars``: ``Tensor.reshape`` views). RNN and LSTM give
+        MegEngine's ``_flatten_weights`` and ``cells.*`` entries (new
+        tensors, not views). Raises ValueError for
         another layout.
         """
         if layout != "mgtrace":
@@ -801,6 +803,8 @@ class Module:
                         del flat[key]
                     else:
                         flat[key] = flat[key].reshape(shapes[0])
+            for path, hook in self._layout_hooks(layout, "_to_megengine_state"):
+                flat = hook(flat, prefix + path)
             return flat
         if destination is None:
             destination = OrderedDict()
@@ -818,6 +822,20 @@ class Module:
                     and name not in self._NOT_STATE:
                 _structure_state(value, destination, f"{prefix}{name}.", keep_vars)
         return destination
+
+    def _layout_hooks(self, layout, name):
+        """``(key prefix, bound hook)`` of each builtin module that converts
+        whole groups of keys to or from MegEngine's names (hook ``name``:
+        ``_from_megengine_state(state, prefix) -> state`` /
+        ``_to_megengine_state(state, prefix) -> state``)."""
+        if layout != "megengine":
+            return []
+        out = []
+        for path, m in type(self).named_modules(self, remove_duplicate=False):
+            hook = getattr(type(m), name, None)
+            if hook is not None:
+                out.append((f"{path}." if path else "", hook.__get__(m)))
+        return out
 
     def _layout_table(self, layout):
         """{state_dict key: MegEngine's accepted shapes (the first is the one
@@ -852,6 +870,9 @@ class Module:
                 reshaped on load, and a missing ``num_batches_tracked``
                 is not an error (the module keeps its own). The shapes
                 come from each builtin module's ``_megengine_layout``.
+                RNN and LSTM take MegEngine's one ``_flatten_weights``
+                (split into ``weight_ih_l0``, ...; MegEngine's unused
+                ``cells.*`` entries are dropped).
 
         Returns:
             ``IncompatibleKeys(missing_keys, unexpected_keys)``: empty lists
@@ -864,6 +885,8 @@ class Module:
         """
         own = type(self).state_dict(self, keep_vars=True)
         table = self._layout_table(layout)
+        for path, hook in self._layout_hooks(layout, "_from_megengine_state"):
+            state_dict = hook(state_dict, path)     # keys MegEngine names otherwise (RNN, LSTM)
         if table:
             state_dict = _from_layout(state_dict, own, table)
         optional = {k for k, shapes in table.items() if shapes is None}

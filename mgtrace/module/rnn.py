@@ -18,10 +18,10 @@ import math
 import numpy as np
 
 import mgtrace.functional as F
-from mgtrace._core import args as A
+from mgtrace._core import Tensor, args as A, tensor as mt_tensor
 from mgtrace.module import init
 from mgtrace.module.builtin import _builtin, _empty_param
-from mgtrace.module.module import Module
+from mgtrace.module.module import Module, StateDictError
 
 __all__ = ["RNNCell", "LSTMCell", "RNN", "LSTM"]
 
@@ -306,6 +306,73 @@ class _RNNBase(Module):
 
     def _output(self, y):
         return F.transpose(y, (1, 0, 2)) if self.batch_first else y
+
+    # MegEngine's layout (state_dict / load_state_dict with layout="megengine").
+    # MegEngine 1.13's RNN and LSTM compute with one parameter, _flatten_weights
+    # [gates * hidden, sum of (input width + hidden) + 2 * layers * directions
+    # with bias], whose memory holds, for each layer and direction in order,
+    # weight_ih [G, width], weight_hh [G, hidden], then bias_ih [G], bias_hh
+    # [G] (megdnn reads it so: checked against MegEngine 1.13's outputs). Its
+    # cells.<layer>.<direction>.* parameters are not read by its forward.
+
+    def _megengine_cells(self):
+        """[(suffix, layer, direction, width)] in _flatten_weights' order."""
+        out = self.proj_size or self.hidden_size
+        return [(sfx, layer, d, self.input_size if layer == 0 else out * self.num_directions)
+                for layer in range(self.num_layers) for d, sfx in enumerate(self._suffixes(layer))]
+
+    def _from_megengine_state(self, state, prefix):
+        """``state`` with MegEngine's ``_flatten_weights`` (and its unused
+        ``cells.*``) under ``prefix`` turned into this module's keys; a state
+        without ``_flatten_weights`` is returned as it is.
+
+        Raises:
+            StateDictError (a ValueError): _flatten_weights of another size,
+                or a proj_size module (MegEngine has none)."""
+        key = prefix + "_flatten_weights"
+        if key not in state:
+            return state
+        fn = type(self).__name__
+        if self.proj_size:
+            raise StateDictError(f"{fn}: MegEngine's layout has no proj_size; {key} cannot load")
+        raw = np.asarray(state[key].numpy() if isinstance(state[key], Tensor) else state[key])
+        g, h = self._chunks * self.hidden_size, self.hidden_size
+        sizes = [g * w + g * h + (2 * g if self.bias else 0) for _, _, _, w in self._megengine_cells()]
+        if raw.size != sum(sizes):
+            raise StateDictError(f"{fn}: {key} holds {raw.size} values, this module's weights "
+                                 f"{sum(sizes)} (shape {tuple(raw.shape)})")
+        out = {k: v for k, v in state.items()
+               if k != key and not k.startswith(prefix + "cells.")}
+        raw, off = raw.reshape(-1), 0
+        for sfx, _, _, w in self._megengine_cells():
+            parts = [("weight_ih", (g, w)), ("weight_hh", (g, h))]
+            parts += [("bias_ih", (g,)), ("bias_hh", (g,))] if self.bias else []
+            for name, shape in parts:
+                n = int(np.prod(shape))
+                out[f"{prefix}{name}{sfx}"] = raw[off:off + n].reshape(shape).copy()
+                off += n
+        return out
+
+    def _to_megengine_state(self, state, prefix):
+        """``state`` (this module's keys under ``prefix``) in MegEngine's
+        names: ``_flatten_weights`` and ``cells.<layer>.<direction>.*`` (the
+        same values: MegEngine's strict load wants them); new arrays."""
+        if self.proj_size:
+            raise ValueError(f"{type(self).__name__}: MegEngine's layout has no proj_size")
+        g = self._chunks * self.hidden_size
+        out, raw = dict(state), []
+        for sfx, layer, d, _ in self._megengine_cells():
+            names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if self.bias else [])
+            for name in names:
+                v = out.pop(f"{prefix}{name}{sfx}").numpy()
+                raw.append(v.reshape(-1))
+                out[f"{prefix}cells.{layer}.{d}.{name}"] = mt_tensor(v)
+            if not self.bias:           # MegEngine's cells keep biases even with bias=False
+                for name in ("bias_ih", "bias_hh"):
+                    out[f"{prefix}cells.{layer}.{d}.{name}"] = mt_tensor(np.zeros(g, np.float32))
+        flat = np.concatenate(raw)
+        out[prefix + "_flatten_weights"] = mt_tensor(flat.reshape(g, flat.size // g))
+        return out
 
 
 @_builtin

@@ -83,6 +83,7 @@ class EncodeContext:
         key = unknown.tensor_key(t)
         i = self._tensor_index.get(key)
         if i is None:
+            tensors.require_dtype(self, t.dtype.name, "a tensor")
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i

@@ -32,7 +32,8 @@ from mgtrace._core.tensor import mark_immutable, unshared_view
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization.layout import ALIGN
 
-__all__ = ["CHECKSUM", "checksum", "crc32", "crc_text", "host_array", "entry_for", "check_table",
+__all__ = ["CHECKSUM", "DTYPE_SINCE", "require_dtype",
+           "checksum", "crc32", "crc_text", "host_array", "entry_for", "check_table",
            "array_bytes", "fresh_tensor", "tensor_from_array", "aligned_empty", "verify", "as_parameter"]
 
 CHECKSUM = "crc32"
@@ -74,6 +75,17 @@ class DtypeTable:
 
 
 DTYPES_BY_NAME = DtypeTable(DTYPE_NAMES)
+# dtypes added after format 1.0, with the format that introduced each: a
+# tensor, graph node, dtype value or scalar of one needs a reader of it
+DTYPE_SINCE = {"complex64": (1, 2), "complex128": (1, 2)}
+
+
+def require_dtype(ctx, name, what):
+    """Note on EncodeContext ``ctx`` that ``what`` uses dtype ``name``:
+    raises ValueError naming both when the target version predates it."""
+    since = DTYPE_SINCE.get(name)
+    if since is not None and ctx is not None:
+        ctx.require(since, f"{what} of dtype {name}")
 
 
 def array_bytes(arr):

@@ -70,7 +70,7 @@ from mgtrace.serialization.codecs import register_module_codec
 from mgtrace.serialization.header import V1, Field
 from mgtrace.serialization import limits
 from mgtrace.serialization.limits import MAX_NDIM
-from mgtrace.serialization.tensors import DTYPES_BY_NAME
+from mgtrace.serialization.tensors import DTYPES_BY_NAME, require_dtype
 from mgtrace.traced_module import tracer as _tracer
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         user_frame)
@@ -223,7 +223,7 @@ def _encode_graph(g, ctx):
         ids[id(n)] = len(nodes)
         names.add(limits.node_name(n.name, names, f"cannot save {g._qualname}: node {_short(n.name)}",
                                    ValueError))
-        nodes.append(_encode_node(n, ids[id(n)]))
+        nodes.append(_encode_node(n, ids[id(n)], ctx))
     node_id = lambda v: ids[id(v)] if isinstance(v, Node) else None   # noqa: E731
     out = {"name": g._name, "qualname": g._qualname,
            "inputs": [ids[id(n)] for n in g._inputs], "outputs": [ids[id(n)] for n in g._outputs],
@@ -243,13 +243,14 @@ def _encode_graph(g, ctx):
     return out
 
 
-def _encode_node(n, i):
+def _encode_node(n, i, ctx):
     e = {"id": i, "name": n.name, "kind": n.kind}
     if isinstance(n, TensorNode):
         if n.shape is not None:
             e["shape"] = [int(s) for s in n.shape]
         if n.dtype is not None:
             e["dtype"] = np.dtype(n.dtype).name
+            require_dtype(ctx, e["dtype"], f"graph node {n.name!r}")
     elif isinstance(n, ValueNode) and n.value is not None:
         e["value"] = int(n.value)
     return e

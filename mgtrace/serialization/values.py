@@ -30,6 +30,7 @@ from mgtrace.module import Module
 from mgtrace.serialization import limits
 from mgtrace.serialization.limits import MAX_DEVICE_STR, MAX_INT_DIGITS
 from mgtrace.serialization.tensors import DtypeTable
+from mgtrace.serialization.tensors import require_dtype
 
 __all__ = ["TAGS", "UNTAGGED", "UnstorableError", "encode", "decode", "namedtuple_type"]
 
@@ -48,6 +49,7 @@ TAGS = {
     # numbers msgpack cannot hold exactly
     "int":      Tag("decimal str; an int outside [-2**63, 2**64)", (1, 0)),
     "scalar":   Tag("[dtype name, little-endian bytes]; a NumPy scalar, bit-exact", (1, 0)),
+    "complex":  Tag("[real, imag]; a Python complex, two float64 (bits kept)", (1, 2)),
     # other Python constants
     "slice":    Tag("[start, stop, step]; each a value", (1, 0)),
     "ellipsis": Tag("nil; the Ellipsis object", (1, 0)),
@@ -206,6 +208,7 @@ def _scalar(v, ctx, node_id, depth):
     if name not in SCALAR_DTYPES:
         raise UnstorableError(f"cannot store a NumPy {name} scalar (supported: "
                           f"{', '.join(SCALAR_DTYPES)})")
+    require_dtype(ctx, name, "a NumPy scalar")
     return _tag(ctx, "scalar", [name, v.astype(v.dtype.newbyteorder("<")).tobytes()])
 
 
@@ -216,6 +219,7 @@ def _dtype(v, ctx, node_id, depth):
         name = repr(v)
     if name not in DTYPE_NAMES:
         raise UnstorableError(f"cannot store dtype {name} (mgtrace's dtypes: {', '.join(DTYPE_NAMES)})")
+    require_dtype(ctx, name, "a dtype value")
     return _tag(ctx, "dtype", name)
 
 
@@ -233,6 +237,7 @@ _ENCODERS = {   # exact types
     slice: lambda v, ctx, n, d: _tag(ctx, "slice", [_enc(x, ctx, n, d)
                                                      for x in (v.start, v.stop, v.step)]),
     type(Ellipsis): lambda v, ctx, n, d: _tag(ctx, "ellipsis", None),
+    complex: lambda v, ctx, n, d: _tag(ctx, "complex", [v.real, v.imag]),
     Device: lambda v, ctx, n, d: _tag(ctx, "device", str(v)),
     type: _np_type,
 }
@@ -413,6 +418,13 @@ def _dec_scalar(p, ctx, node, depth, where):
     return np.frombuffer(raw, dt.newbyteorder("<")).astype(dt)[0]
 
 
+def _dec_complex(p, ctx, node, depth, where):
+    parts = _expect(p, list, where, 2)
+    if not all(type(x) in (float, int) for x in parts):
+        _fail(where, f"a complex is two floats, got {_describe(parts)}")
+    return complex(*parts)
+
+
 def _dec_slice(p, ctx, node, depth, where):
     parts = _expect(p, list, where, 3)
     return slice(*(_dec(e, ctx, node, depth, f"{where}[{i}]") for i, e in enumerate(parts)))
@@ -459,6 +471,7 @@ _DECODERS = {
     "namedtuple": _dec_namedtuple,
     "int": _dec_int,
     "scalar": _dec_scalar,
+    "complex": _dec_complex,
     "slice": _dec_slice,
     "ellipsis": _dec_ellipsis,
     "dtype": _dec_dtype,

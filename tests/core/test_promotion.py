@@ -80,4 +80,5 @@ def test_unsupported_operand_types():
     with pytest.raises(TypeError):
         mt.tensor([1.0]) + "abc"
     with pytest.raises(TypeError):
-        mt.tensor([1 + 2j])
+        mt.tensor(["1 + 2j"])
+    assert mt.tensor([1 + 2j]).dtype == "complex64"      # complex data: the complex dtype

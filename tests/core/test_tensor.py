@@ -43,7 +43,7 @@ def test_bad_data_and_dtypes():
     with pytest.raises(TypeError):
         mt.tensor(["a", "b"])
     with pytest.raises(TypeError):
-        mt.tensor([1, 2], dtype="complex64")
+        mt.tensor([1, 2], dtype="complex256")
     with pytest.raises(TypeError):
         mt.tensor([1, 2], dtype="nonsense")
     with pytest.raises(TypeError):

@@ -41,12 +41,7 @@ region_restricted_conv multi_head_attention
 MEGENGINE_FUNCTIONAL = sorted(set(ELEMWISE + MATH + TENSOR + NN + ["einsum"]))
 
 # name -> why mgtrace lacks it (today)
-NOT_YET = {
-    "complex": "the core has no complex dtypes",
-    "real": "the core has no complex dtypes",
-    "imag": "the core has no complex dtypes",
-    "polar": "the core has no complex dtypes",
-}
+NOT_YET = {}
 
 
 def test_the_lists_are_megengine_1_13s():

@@ -64,10 +64,10 @@ def test_tags_are_one_declaration():
     # the closed set of STYLE.md item 2: the encoder, decoder and schema all refer to it
     assert set(values.TAGS) == set(values._DECODERS)
     for tag, decl in values.TAGS.items():
-        assert decl.payload and decl.since == (1, 0), tag
+        assert decl.payload and decl.since == ((1, 2) if tag == "complex" else (1, 0)), tag
 
 
-@pytest.mark.parametrize("bad", [{1, 2}, frozenset(), object(), 1j, np.complex64(1),
+@pytest.mark.parametrize("bad", [{1, 2}, frozenset(), object(), np.clongdouble(1),
                                  np.str_("s"), np.datetime64(1, "D")])
 def test_unstorable_values_raise_type_error_with_path(bad):
     with pytest.raises(TypeError, match=r"value\['k'\]\[1\]: cannot store"):
@@ -76,7 +76,7 @@ def test_unstorable_values_raise_type_error_with_path(bad):
 
 def test_unsupported_dtype_is_refused():
     with pytest.raises(TypeError, match="dtype"):
-        values.encode(np.dtype("complex64"), None)
+        values.encode(np.dtype("clongdouble"), None)
 
 
 def test_reference_cycle_or_too_deep_is_refused_on_save():

@@ -3,11 +3,25 @@
 - ``FuseConvBn`` (MegEngine's): ``bn(conv(x))`` with an inference-mode
   BatchNorm2d becomes ``conv'(x)``, the BatchNorm folded into the conv's
   weight and bias: ``w' = w * s``, ``b' = (b - mean) * s + beta`` with
-  ``s = gamma / sqrt(var + eps)`` per output channel.
+  ``s = gamma / sqrt(var + eps)`` per output channel. The functional forms
+  fold too, as in MegEngine's pass: an ``F.batch_norm(y, mean, var, gamma,
+  beta, training=False)`` of constant statistics (tensor attributes, as a
+  flattened graph reads a user subclass of Conv2d / BatchNorm2d) after an
+  ``F.conv2d`` of a constant weight (or a Conv2d call, or a BatchNorm2d call
+  after an ``F.conv2d``) becomes one ``F.conv2d`` of folded constants; the
+  tensors it read are left as they were (tied weights keep computing with
+  them).
 - ``BackwardFoldScale`` (MegEngine's): ``conv(x) * c`` (or ``linear(x) *
   c``, or either through a ReLU when every ``c > 0``) with a constant ``c``
   that is a scalar or one value per output channel becomes ``conv'(x)``,
-  ``c`` folded into the weight and bias.
+  ``c`` folded into the weight and bias. A scalar ``c`` (a number, a
+  one-element constant, or an element of a tensor attribute picked by a
+  constant index: ``x * self.scale[0]``) also travels further back, as in
+  MegEngine's pass: through ReLUs and max pools (c > 0), average pools,
+  reshapes, constant indexing and the like, and adds (into both branches;
+  a constant added on the way is multiplied by c),
+  into every Conv2d, Linear or ``F.conv2d`` it reaches; the product goes
+  away only when every path ends in such a layer.
 - ``FuseConvAct``: ``act(conv2d(x))`` for act in ReLU, ReLU6, SiLU,
   Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
   runs in the convolution's epilogue), and so does ``act(conv2d(x) + r)``
@@ -59,13 +73,16 @@ import numpy as np
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace._core import tensor
+from mgtrace._core import Tensor, tensor
 from mgtrace.module.parameter import Parameter
 from mgtrace.traced_module.passes.match import (ADD, activation, bound_args, conv_call,
                                                 conv_module, float64, is_function, linear_call,
                                                 module_call, residual_add, scaled_operand,
                                                 side_effect_between, sole_user)
-from mgtrace.traced_module.passes.util import StateUses, graphs_of
+from mgtrace.traced_module.expr import CallMethod
+from mgtrace.traced_module.node import TensorNode
+from mgtrace.traced_module.passes.match import DIV, MUL
+from mgtrace.traced_module.passes.util import StateUses, float_node, graphs_of
 
 __all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
            "fuse_attention"]
@@ -100,16 +117,97 @@ def _channel_scale(c, channels, axis, ndim):
 
 # ------------------------------------------------------------------ FuseConvBn
 
+def _bn_stats(e, uses):
+    """``(input node, mean, var, gamma, beta, eps)`` of an inference batch
+    norm over channel axis 1 that ``e`` computes with constant statistics:
+    a BatchNorm2d call or ``F.batch_norm(..., training=False)`` (gamma and
+    beta None when absent; arrays float64, one value per channel), else
+    None."""
+    bn = module_call(e, M.BatchNorm2d)
+    if bn is not None:
+        vals = (bn.running_mean, bn.running_var, bn.weight, bn.bias)
+        if bn.training or bn.running_mean is None or bn.running_var is None \
+                or len(e.args) != 2 or e.kwargs \
+                or any(t is not None and id(t) in uses.written for t in vals):
+            return None
+        eps = bn.eps
+        y = e.args[1]
+    elif is_function(e, F.batch_norm):
+        a = bound_args(e)
+        if a is None or a["training"] is not False or not isinstance(a["eps"], (int, float)):
+            return None
+        vals = []
+        for name in ("running_mean", "running_var", "weight", "bias"):
+            v = a[name]
+            c = None if v is None else uses.constant(v)
+            if (v is not None and not isinstance(c, Tensor)) or (c is None and name.startswith("r")):
+                return None
+            vals.append(c)
+        eps, y = float(a["eps"]), a["x"]
+    else:
+        return None
+    if not isinstance(y, TensorNode) or len(e.outputs) != 1:
+        return None
+    arrays = [None if v is None else float64(v).reshape(-1) for v in vals]
+    return (y, *arrays, eps)
+
+
+def _fold_conv_bn_call(g, e, uses):
+    """Fold the batch norm ``e`` into the F.conv2d or Conv2d call that
+    produces its input, as one new ``F.conv2d`` of folded constants, when
+    one of them is in functional form; True when the graph changed."""
+    stats = _bn_stats(e, uses)
+    if stats is None:
+        return False
+    y, mean, var, gamma, beta, eps = stats
+    src = y.expr
+    call = conv_call(src) if src is not None else None
+    if call is None or sole_user(y) is not e or side_effect_between(g, src, e):
+        return False
+    x, w, b, stride, padding, dilation, groups = call
+    w = uses.constant(w) if isinstance(w, TensorNode) else w
+    b = uses.constant(b) if isinstance(b, TensorNode) else b
+    if not isinstance(w, Tensor) or (b is not None and not isinstance(b, Tensor)) \
+            or w.ndim != 4 or w.dtype.name not in ("float32", "float64") \
+            or (isinstance(src, CallMethod) and not uses.may_rewrite(conv_module(src))):
+        return False
+    out = w.shape[0]
+    if any(v is not None and v.size != out for v in (mean, var, gamma, beta)) \
+            or (b is not None and b.size != out):
+        return False
+    s = 1.0 / np.sqrt(var + eps) * (gamma if gamma is not None else 1.0)
+    shift = (beta if beta is not None else 0.0) - mean * s
+    bias = (float64(b).reshape(-1) if b is not None else 0.0) * s + shift
+    dt = w.dtype.name
+    new_w = tensor((float64(w) * s.reshape(-1, 1, 1, 1)).astype(dt))
+    new_b = tensor(bias.astype(dt))
+    with g.insert_exprs(e):
+        new = F.conv2d(x, new_w, new_b, stride=stride, padding=padding, dilation=dilation,
+                       groups=groups)
+    g.replace_node({e.outputs[0]: new})
+    return True
+
+
 def fuse_conv_bn(tm):
     """Fold each inference-mode BatchNorm2d that follows a Conv2d into the
     conv (see the module docstring): the conv gets new Parameters, and a
     conv with another reader (a second call, its module or weight read
-    elsewhere, a tensor the forward writes) is skipped. Returns the number
-    of folds."""
+    elsewhere, a tensor the forward writes) is skipped. Functional forms
+    (``F.conv2d``, ``F.batch_norm``: a flattened graph's) become one
+    ``F.conv2d`` of folded constants. Returns the number of folds."""
     uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
+            if e.top_graph is not g:
+                continue
+            if is_function(e, F.batch_norm) or (
+                    module_call(e, M.BatchNorm2d) is not None and e.args[1:]
+                    and getattr(e.args[1], "expr", None) is not None
+                    and is_function(e.args[1].expr, F.conv2d)):
+                if _fold_conv_bn_call(g, e, uses):
+                    done += 1
+                continue
             bn = module_call(e, M.BatchNorm2d)
             if bn is None or bn.training or bn.running_mean is None or bn.running_var is None \
                     or len(e.args) != 2 or e.kwargs:
@@ -136,48 +234,245 @@ def fuse_conv_bn(tm):
 # ------------------------------------------------------------ BackwardFoldScale
 
 
+def _fold_direct(g, e, uses):
+    """``layer(x) * c`` (through one ReLU for c > 0) with c a scalar or one
+    value per output channel: c folded into the Conv2d / Linear module's new
+    Parameters. True when the graph changed."""
+    hit = scaled_operand(e, uses)
+    if hit is None:
+        return False
+    y, c = hit
+    src = y.expr
+    through_relu = None
+    act = activation(src) if src is not None else None
+    if act is not None and act[0] == "relu" and sole_user(y) is e:
+        through_relu, y = src, act[1]
+        src = y.expr
+    mod = module_call(src, M.Conv2d) or module_call(src, M.Linear) if src is not None else None
+    if mod is None or not uses.may_rewrite(mod) or sole_user(y) is not (through_relu or e):
+        return False
+    if isinstance(mod, M.Conv2d) and conv_module(src) is None:
+        return False
+    out = mod.weight.shape[0]
+    if isinstance(mod, M.Linear) and (len(src.args) != 2 or src.kwargs):
+        return False
+    z, layer_out = e.outputs[0], (through_relu or src).outputs[0]
+    if z.shape is None or z.shape != layer_out.shape or z.dtype != layer_out.dtype:
+        return False      # the scale broadcasts or promotes the value
+    ndim = len(z.shape)
+    axis = 1 if isinstance(mod, M.Conv2d) else ndim - 1
+    s = _channel_scale(c, out, axis, ndim)
+    if s is None or (through_relu is not None and not (s > 0).all()):
+        return False
+    w = float64(mod.weight)
+    b = float64(mod.bias) if mod.bias is not None else np.zeros(out)
+    _set_weights(mod, w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s)
+    g.replace_node({e.outputs[0]: (through_relu or src).outputs[0]})
+    return True
+
+
+# ------------------------------------- BackwardFoldScale: through the graph
+
+# ops a scalar scale passes through unchanged (s * f(x) == f(s * x)): the
+# shape methods and functions; ReLU only for s > 0
+_SHAPE_METHODS = ("reshape", "flatten", "transpose", "permute", "expand_dims", "squeeze")
+_SHAPE_FUNCTIONS = (F.reshape, F.flatten, F.transpose, F.expand_dims, F.squeeze)
+# pools: an average commutes with any scale, a maximum with a positive one
+_POOL_MODULES = {M.AvgPool2d: False, M.AdaptiveAvgPool2d: False, M.MaxPool2d: True,
+                 M.AdaptiveMaxPool2d: True}
+_POOL_FUNCTIONS = ((F.avg_pool2d, False), (F.adaptive_avg_pool2d, False),
+                   (F.max_pool2d, True), (F.adaptive_max_pool2d, True))
+
+
+def _scalar(v):
+    """v as a Python float when it is a number or holds one element."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, Tensor) and v.size == 1 and v.dtype.kind == "f":
+        return float(float64(v).reshape(()))
+    if isinstance(v, (np.ndarray, np.generic)) and v.size == 1 and v.dtype.kind == "f":
+        return float(np.asarray(v).reshape(()))
+    return None
+
+
+def _const_scalar(v, uses):
+    """A constant scalar operand: a number, a one-element constant tensor,
+    or an element of a constant tensor picked by a constant index
+    (``self.scale[0]``, as MegEngine models write it); else None."""
+    c = _scalar(uses.constant(v))
+    if c is not None or not isinstance(v, TensorNode):
+        return c
+    e = v.expr
+    if isinstance(e, CallMethod) and e.method == "__getitem__" and len(e.args) == 2 \
+            and not e.kwargs and isinstance(e.args[0], TensorNode):
+        base, index = e.args
+        t = uses.constant(base)
+        if isinstance(t, Tensor) and _static_index(index):
+            try:
+                return _scalar(t.numpy()[index])
+            except (IndexError, TypeError):
+                return None
+    return None
+
+
+def _static_index(index):
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or (isinstance(i, int) and not isinstance(i, bool))
+               or (isinstance(i, slice) and all(p is None or isinstance(p, int)
+                                                for p in (i.start, i.stop, i.step)))
+               for i in items)
+
+
+def _mul_scale(e, uses):
+    """``(node, s)`` when ``e`` is ``node * s`` or ``node / (1 / s)`` with a
+    constant scalar s (:func:`_const_scalar`), else None."""
+    if not (isinstance(e, CallMethod) and e.method in MUL + DIV and len(e.args) == 2
+            and not e.kwargs):
+        return None
+    a, b = e.args
+    pairs = ((a, b),) if e.method in DIV else ((a, b), (b, a))
+    for node, c in pairs:
+        if not isinstance(node, TensorNode) or not float_node(node):
+            continue
+        v = _const_scalar(c, uses)
+        if v is None or (e.method in DIV and v == 0.0):
+            continue
+        return node, (1.0 / v if e.method in DIV else v)
+    return None
+
+
+def _plan(g, node, s, user, uses, actions):
+    """Collect in ``actions`` the rewrites that make ``node`` come out
+    multiplied by scalar ``s`` where it is produced; False (nothing to do)
+    when a branch cannot take the scale."""
+    e = node.expr
+    if sole_user(node) is not user or e is None or e.top_graph is not g or not float_node(node):
+        return False
+    mod = conv_module(e) or (module_call(e, M.Linear) if len(e.args) == 2 and not e.kwargs
+                             else None)
+    if mod is not None:
+        if not uses.may_rewrite(mod) or mod.weight.dtype.name not in ("float32", "float64"):
+            return False
+        actions.append(("module", mod))
+        return True
+    if is_function(e, F.conv2d):
+        call = conv_call(e)
+        w = uses.constant(call[1]) if isinstance(call[1], TensorNode) else None
+        b = call[2]
+        if not isinstance(w, Tensor) or w.dtype.name not in ("float32", "float64") or \
+                (b is not None and not isinstance(uses.constant(b), Tensor)):
+            return False
+        actions.append(("conv", e))
+        return True
+    act = activation(e)
+    if act is not None:
+        return act[0] == "relu" and s > 0 and _plan(g, act[1], s, e, uses, actions)
+    if len(e.outputs) != 1:
+        return False
+    pool = module_call(e)
+    if type(pool) in _POOL_MODULES and len(e.args) == 2 and not e.kwargs:
+        return (s > 0 or not _POOL_MODULES[type(pool)]) and \
+            _plan(g, e.args[1], s, e, uses, actions)
+    for fn, positive in _POOL_FUNCTIONS:
+        if is_function(e, fn):
+            args = bound_args(e)
+            first = next(iter(args.values())) if args else None
+            return isinstance(first, TensorNode) and (s > 0 or not positive) and \
+                _plan(g, first, s, e, uses, actions)
+    if isinstance(e, CallMethod) and e.method == "__getitem__" and len(e.args) == 2 \
+            and isinstance(e.args[0], TensorNode) and _static_index(e.args[1]):
+        return _plan(g, e.args[0], s, e, uses, actions)
+    if isinstance(e, CallMethod) and e.method in _SHAPE_METHODS and isinstance(e.args[0], TensorNode):
+        return _plan(g, e.args[0], s, e, uses, actions)
+    if any(is_function(e, fn) for fn in _SHAPE_FUNCTIONS):
+        args = bound_args(e)
+        first = next(iter(args.values())) if args else None
+        return isinstance(first, TensorNode) and _plan(g, first, s, e, uses, actions)
+    if isinstance(e, CallMethod) and e.method in ADD and len(e.args) == 2 and not e.kwargs:
+        a, b = e.args
+        if a is b:
+            return False
+        ca, cb = (None if not isinstance(x, TensorNode) else uses.constant(x) for x in (a, b))
+        ca = a if isinstance(a, (int, float)) and not isinstance(a, bool) else ca
+        cb = b if isinstance(b, (int, float)) and not isinstance(b, bool) else cb
+        if ca is None and cb is None:            # node + node: both branches
+            return all(isinstance(x, TensorNode) and _plan(g, x, s, e, uses, actions) for x in (a, b))
+        if (ca is None) == (cb is None):
+            return False
+        x = a if ca is None else b
+        if not isinstance(x, TensorNode):
+            return False
+        actions.append(("add", e))
+        return _plan(g, x, s, e, uses, actions)
+    return False
+
+
+def _scaled_conv(g, e, s, uses):
+    """Replace the F.conv2d call ``e`` with one of weight and bias times s."""
+    x, w, b, stride, padding, dilation, groups = conv_call(e)
+    w, b = uses.constant(w), (uses.constant(b) if b is not None else None)
+    dt = w.dtype.name
+    new_w = tensor((float64(w) * s).astype(dt))       # computed outside the recording block
+    new_b = None if b is None else tensor((float64(b) * s).astype(dt))
+    with g.insert_exprs(e):
+        new = F.conv2d(x, new_w, new_b, stride=stride, padding=padding, dilation=dilation,
+                       groups=groups)
+    g.replace_node({e.outputs[0]: new})
+
+
+def _scaled_add(g, e, s, uses):
+    """Replace ``node + c`` (``e``) with ``node + c * s``."""
+    a, b = e.args
+    node, c = (a, b) if isinstance(a, TensorNode) and uses.constant(a) is None else (b, a)
+    v = uses.constant(c) if isinstance(c, TensorNode) else c
+    v = v * s if isinstance(v, (int, float)) else tensor((float64(v) * s).astype(v.dtype.name))
+    with g.insert_exprs(e):
+        new = node + v
+    g.replace_node({e.outputs[0]: new})
+
+
+def _fold_through(g, e, uses):
+    """``f(...) * s`` with a scalar s, where every path back from the product
+    reaches a Conv2d, Linear or F.conv2d through ReLUs (s > 0), shape ops and
+    adds (a constant added on the way is multiplied by s): s goes into
+    those layers and the product goes away. True when the graph changed."""
+    hit = _mul_scale(e, uses)
+    if hit is None:
+        return False
+    y, s = hit
+    z = e.outputs[0]
+    if z.shape is None or z.shape != y.shape or z.dtype != y.dtype:
+        return False
+    actions = []
+    if not _plan(g, y, s, e, uses, actions) or len({id(o) for _, o in actions}) != len(actions):
+        return False
+    for kind, obj in actions:
+        if kind == "module":
+            w = float64(obj.weight)
+            b = float64(obj.bias) if obj.bias is not None else np.zeros(w.shape[0])
+            _set_weights(obj, w * s, b * s)
+        elif kind == "conv":
+            _scaled_conv(g, obj, s, uses)
+        else:
+            _scaled_add(g, obj, s, uses)
+    y, _ = _mul_scale(e, uses)          # the node the product reads now
+    g.replace_node({z: y})
+    return True
+
+
 def backward_fold_scale(tm):
-    """Fold constant scales into the Conv2d or Linear that produces the
-    scaled value (see the module docstring): new Parameters, and only for a
-    layer the fused call alone reads, and a scale the forward does not
-    write. Returns the number of folds."""
+    """Fold constant scales into the Conv2d, Linear or F.conv2d that
+    produces the scaled value (see the module docstring): new Parameters or
+    constants, and only for a layer the fused call alone reads, and a scale
+    the forward does not write. Returns the number of folds."""
     uses = StateUses(tm)
     done = 0
     for g in list(graphs_of(tm)):
         for e in list(g._exprs):
             if e.top_graph is not g or not e.outputs:
                 continue
-            hit = scaled_operand(e, uses)
-            if hit is None:
-                continue
-            y, c = hit
-            src = y.expr
-            through_relu = None
-            act = activation(src) if src is not None else None
-            if act is not None and act[0] == "relu" and sole_user(y) is e:
-                through_relu, y = src, act[1]
-                src = y.expr
-            mod = module_call(src, M.Conv2d) or module_call(src, M.Linear) if src is not None else None
-            if mod is None or not uses.may_rewrite(mod) or sole_user(y) is not (through_relu or e):
-                continue
-            if isinstance(mod, M.Conv2d) and conv_module(src) is None:
-                continue
-            out = mod.weight.shape[0]
-            if isinstance(mod, M.Linear) and (len(src.args) != 2 or src.kwargs):
-                continue
-            z, layer_out = e.outputs[0], (through_relu or src).outputs[0]
-            if z.shape is None or z.shape != layer_out.shape or z.dtype != layer_out.dtype:
-                continue      # the scale broadcasts or promotes the value
-            ndim = len(z.shape)
-            axis = 1 if isinstance(mod, M.Conv2d) else ndim - 1
-            s = _channel_scale(c, out, axis, ndim)
-            if s is None or (through_relu is not None and not (s > 0).all()):
-                continue
-            w = float64(mod.weight)
-            b = float64(mod.bias) if mod.bias is not None else np.zeros(out)
-            _set_weights(mod, w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s)
-            g.replace_node({e.outputs[0]: (through_relu or src).outputs[0]})
-            done += 1
+            if _fold_direct(g, e, uses) or _fold_through(g, e, uses):
+                done += 1
         g.compile()
     return done
 

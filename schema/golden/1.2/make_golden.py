@@ -167,6 +167,11 @@ NEW_FUNCTIONS = {
     "multi_head_attention": ([(4, 6)], lambda x: F.multi_head_attention(
         x, x, x, 6, 2, 0.0, 0.0, mt.tensor(_W6), qbias=True, kbias=True, vbias=True, obias=True,
         is_causal=True, training=False)[0]),
+    # complex numbers (issue 36): complex64 intermediates, real outputs
+    "complex": ([(3,), (3,)], lambda x, y: F.abs(F.complex(x, y) * F.complex(y, x))),
+    "real": ([(3,), (3,)], lambda x, y: F.real(F.complex(x, y) / F.complex(y, 1.0))),
+    "imag": ([(3,), (3,)], lambda x, y: F.imag(F.complex(x, y) - F.complex(y, x) + 1j)),
+    "polar": ([(3,), (3,)], lambda x, y: F.real(F.polar(F.abs(x), y))),
     # MegEngine's losses (issue 31); labels derived from the second input
     "cross_entropy": ([(4,), (4,)], lambda x, y: F.cross_entropy(
         x, F.argmax(y, 1).astype("int32"), label_smooth=0.1)),

@@ -30,8 +30,13 @@
 enum mt_dtype {
     MT_BOOL = 0, MT_INT8, MT_UINT8, MT_INT16, MT_UINT16, MT_INT32, MT_INT64,
     MT_FLOAT16, MT_BFLOAT16, MT_FLOAT32, MT_FLOAT64,
+    MT_COMPLEX64, MT_COMPLEX128,     /* interleaved (re, im) pairs of float32 / float64 */
     MT_NDTYPES
 };
+/* The real dtypes come first: tables generated for "every dtype" by
+ * templates (the CUDA backend's) cover codes below this one; complex
+ * kernels are registered by name (kernels/mt_complex.h). */
+#define MT_NREAL_DTYPES MT_COMPLEX64
 
 /* ---- float16 / bfloat16 <-> float32, round to nearest even ---- */
 static inline float mt_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -361,8 +361,9 @@ template <int S, int D> struct CE { static int run(const mt_ew_call *c) { return
 template <int OP, int D> struct FE { static int run(const mt_ew_call *c) { return fill_entry<D>(c); } };
 
 /* tables [op][dtype], filled at load time by compile-time recursion */
+/* real dtypes only: complex ones have no CUDA kernels yet (NoKernelError) */
 template <template <int, int> class E, int OP, int D = 0> void fill_row(EwFn *row) {
-    if constexpr (D < MT_NDTYPES) {
+    if constexpr (D < MT_NREAL_DTYPES) {
         row[D] = &E<OP, D>::run;
         fill_row<E, OP, D + 1>(row);
     }
@@ -385,7 +386,7 @@ struct Init {
         fill_table<UE, MT_NUNARY>(g_unary);
         fill_table<BE, MT_NBINARY>(g_binary);
         fill_table<TE, MT_NTERNARY>(g_ternary);
-        fill_table<CE, MT_NDTYPES>(g_cast);
+        fill_table<CE, MT_NREAL_DTYPES>(g_cast);
         fill_table<FE, 1>(g_fill);
     }
 } g_init;
@@ -393,7 +394,7 @@ struct Init {
 }  // namespace
 
 extern "C" int mtc_elementwise(const mt_ew_call *c) {
-    if (c->dtype < 0 || c->dtype >= MT_NDTYPES || c->dtype2 < 0 || c->dtype2 >= MT_NDTYPES)
+    if (c->dtype < 0 || c->dtype >= MT_NREAL_DTYPES || c->dtype2 < 0 || c->dtype2 >= MT_NREAL_DTYPES)
         return MT_BK_ENOKERNEL;
     switch (c->kind) {
     case MT_EW_UNARY: return c->op < MT_NUNARY ? g_unary[c->op][c->dtype](c) : MT_BK_ENOKERNEL;
