@@ -84,7 +84,7 @@ extensions = [
     ext("linalg", ["mgtrace/_core/linalg.pyx", f"{KERNELS}/gemm.c"], blas=True),
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
-               f"{KERNELS}/resize.c"], blas=True),
+               f"{KERNELS}/resize.c", f"{KERNELS}/grad.c"], blas=True),
 ]
 CUDA_DIR = "mgtrace/_core/cuda"
 CUDA_EXT = "mgtrace._core._cuda"
