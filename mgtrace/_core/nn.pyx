@@ -165,6 +165,8 @@ cdef extern from "kernels/nn.h" nogil:
                                   const mt_conv2d_geom *g, int nthreads) noexcept
     int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
                      int64_t inner, int nthreads) noexcept
+    int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
+                        int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -221,6 +223,8 @@ cdef extern from "kernels/nn.h" nogil:
                                       const mt_conv2d_geom *g, int nt) noexcept nogil
         int (*index_add)(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n,
                          const void *src, int64_t inner, int nt) noexcept nogil
+        int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
+                            int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -314,6 +318,7 @@ _CPU.adaptive_pool2d_backward = mt_adaptive_pool2d_backward
 _CPU.resize2d_backward = mt_resize2d_backward
 _CPU.conv2d_backward_weight = mt_conv2d_backward_weight
 _CPU.index_add = mt_index_add
+_CPU.act_backward = mt_act_backward
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -2316,3 +2321,36 @@ def index_add(tuple shape, index, src):
         raise IndexError(f"{op}: an index is outside [-{rows}, {rows})")
     _check_rc(op, rc, tsrc._device)
     return _finish(out, code).reshape(shape)
+
+
+def act_backward(str act, x, gy):
+    """The gradient ``gy * act'(x)`` of a fused activation (one of
+    ACTIVATIONS but "none") at its input x, given the output's gradient gy
+    of x's shape: one pass in C (PyTorch's subgradients: relu's 0 at 0,
+    relu6's 0 at 0 and 6, hardswish's (2x + 3) / 6 on [-3, 3]).
+
+    Returns:
+        x's shape, the promoted float dtype of x and gy.
+
+    Raises:
+        ValueError: an unknown act, or shapes that differ.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = act
+    if act not in ACTIVATIONS or act == "none":
+        raise ValueError(f"act_backward: act must be one of {', '.join(a for a in ACTIVATIONS if a != 'none')}, "
+                         f"got {act!r}")
+    tx, tg = _operands(op, (x, gy))
+    cdef int code = _float_code(op, [tx, tg]), work = _work_code(code), rc, nt
+    cdef Tensor ux = _ready(<Tensor>tx, work), ug = _ready(<Tensor>tg, work), out
+    if shape_tuple(ux) != shape_tuple(ug):
+        raise ValueError(f"act_backward: x {shape_tuple(ux)} and gy {shape_tuple(ug)} differ in shape")
+    out = empty(ux._ndim, ux._shape, work, ux._device)
+    cdef int a = ACTIVATIONS[act]
+    cdef int64_t n = numel(ux)
+    nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, ux)
+    _need(kn.act_backward != NULL, op + " backward", ux)
+    with nogil:
+        rc = kn.act_backward(work, a, ux._data, ug._data, out._data, n, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(out, code)

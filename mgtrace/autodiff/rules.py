@@ -77,25 +77,15 @@ _UNARY = {
     "relu6": ("i", lambda c, g: _mask(F.logical_and(_x(c) > 0, _x(c) < 6), g)),
     "sigmoid": ("o", lambda c, g: g * _y(c) * (1 - _y(c))),
     "softplus": ("i", lambda c, g: g * F.sigmoid(_x(c))),
-    "silu": ("i", lambda c, g: _silu_grad(_x(c), g)),
-    "gelu": ("i", lambda c, g: _gelu_grad(_x(c), g)),
+    # one C pass each (nn's act_backward) instead of a chain of elementwise ops
+    "silu": ("i", lambda c, g: _nn.act_backward("silu", _x(c), g)),
+    "gelu": ("i", lambda c, g: _nn.act_backward("gelu", _x(c), g)),
     "gelu_tanh": ("i", lambda c, g: _gelu_tanh_grad(_x(c), g)),
-    "hardswish": ("i", lambda c, g: _hardswish_grad(_x(c), g)),
+    "hardswish": ("i", lambda c, g: _nn.act_backward("hardswish", _x(c), g)),
     "hardsigmoid": ("i", lambda c, g: _mask(F.logical_and(_x(c) > -3, _x(c) < 3), g) / 6),
     # piecewise constant: zero almost everywhere (PyTorch's choice)
     **{n: ("i", lambda c, g: g * 0) for n in ("sign", "round", "floor", "ceil", "trunc")},
 }
-
-
-def _silu_grad(x, g):
-    s = F.sigmoid(x)
-    return g * s * (1 + x * (1 - s))
-
-
-def _gelu_grad(x, g):
-    cdf = (F.erf(x * (1 / math.sqrt(2))) + 1) * 0.5
-    pdf = F.exp(x * x * -0.5) * (1 / math.sqrt(2 * math.pi))
-    return g * (cdf + x * pdf)
 
 
 def _gelu_tanh_grad(x, g):
@@ -104,12 +94,6 @@ def _gelu_tanh_grad(x, g):
     t = F.tanh(inner)
     dinner = (x * x * (3 * 0.044715) + 1) * k
     return g * ((t + 1) * 0.5 + x * 0.5 * (1 - t * t) * dinner)
-
-
-def _hardswish_grad(x, g):
-    # PyTorch: 0 below -3, 1 above 3, (2x + 3) / 6 between (-3 and 3 inclusive)
-    mid = F.logical_and(x >= -3, x <= 3)
-    return _mask(mid, g * (x * 2 + 3) / 6) + _mask(x > 3, g)
 
 
 def _where_tie(a, b, g, pick):
@@ -487,20 +471,11 @@ def _conv2d_rule(c, g):
     return _conv_vjp(x, w, b, g, *_conv_params(c), need=(c.needs(0), c.needs(1), c.needs(2)))
 
 
-class _Act:
-    """The context an activation's rule in _UNARY reads: its input and output."""
-    __slots__ = ("inputs", "outputs")
-
-    def __init__(self, z, y):
-        self.inputs, self.outputs = (z,), (y,)
-
-
 def _act_grad(act, z, g):
     """g through a fused activation at pre-activation z (mt_act's names)."""
     if act in (None, "none"):
         return g
-    with_y = _Act(z, _ACT_FN[act](z))
-    return _UNARY[act][1](with_y, g)
+    return _nn.act_backward(act, z, g)
 
 
 _ACT_FN = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,

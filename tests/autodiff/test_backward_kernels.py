@@ -5,6 +5,7 @@ threaded paths, with ties and NaN where the rule for them matters."""
 import ast
 import inspect
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -158,6 +159,30 @@ def test_index_add_repeats_and_negatives(dtype):
     assert got.dtype == np.dtype(dtype)
     tol = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}[dtype]
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+def _act_prime(act, x):
+    """act'(x) in float64, PyTorch's subgradients at the kinks."""
+    s = 1 / (1 + np.exp(-x))
+    erf = np.vectorize(math.erf)
+    return {"relu": (x > 0) * 1.0, "relu6": ((x > 0) & (x < 6)) * 1.0,
+            "silu": s * (1 + x * (1 - s)), "sigmoid": s * (1 - s),
+            "hardswish": np.where(x < -3, 0.0, np.where(x > 3, 1.0, (2 * x + 3) / 6)),
+            "gelu": 0.5 * (1 + erf(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)}[act]
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6", "silu", "sigmoid", "hardswish", "gelu"])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float64", 1e-14)])
+def test_act_backward(act, dtype, tol):
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.uniform(-8, 8, 40000), [0.0, 6.0, -3.0, 3.0, -0.0]]).astype(dtype)
+    gy = rng.uniform(-1, 1, x.shape).astype(dtype)
+    got = _nn.act_backward(act, mt.tensor(x), mt.tensor(gy)).numpy()
+    assert got.dtype == np.dtype(dtype)
+    want = gy.astype(np.float64) * _act_prime(act, x.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="act must be"):
+        _nn.act_backward("none", mt.tensor(x), mt.tensor(gy))
 
 
 def test_index_add_refuses_out_of_range():

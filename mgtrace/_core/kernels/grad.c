@@ -16,6 +16,7 @@
  *                with the forward's weights. The coordinate tables are the
  *                forward's (resize.c's nearest_index and linear_table,
  *                repeated here: resize.c keeps them static).
+ *   activation   gy * act'(x) for the fused activations (act.c's set).
  *   conv2d dW    per group, dW[og, cg*kh*kw] = dY[og, L] @ cols[cg*kh*kw, L]^T
  *                with cols x's patches (im2col) over a chunk of images and
  *                L their output pixels: one GEMM per group and chunk.
@@ -100,6 +101,13 @@ int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t
         if (idx[k] < 0 || idx[k] >= rows) return MT_NN_EINDEX;
     if (dtype == MT_FLOAT32) index_add_f32(dst, idx, n, src, inner, nthreads);
     else index_add_f64(dst, idx, n, src, inner, nthreads);
+    return 0;
+}
+
+int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads) {
+    if (act <= MT_ACT_NONE || act >= MT_NACTS) return MT_NN_EINDEX;
+    if (dtype == MT_FLOAT32) act_bw_f32(act, x, gy, gx, n, nthreads);
+    else act_bw_f64(act, x, gy, gx, n, nthreads);
     return 0;
 }
 
@@ -321,6 +329,27 @@ static int FN(conv_dw)(const T *x, const T *gy, T *gw, const mt_conv2d_geom *g, 
     free(cols);
     free(dy);
     return 0;
+}
+
+/* gx = gy * act'(x), x the pre-activation (act.c's functions; PyTorch's
+ * subgradients: relu 0 at 0, relu6 0 at 0 and 6, hardswish (2x + 3) / 6 on
+ * [-3, 3]) */
+static void FN(act_bw)(int act, const T *x, const T *gy, T *gx, int64_t n, int nt) {
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n >= MT_NN_GRAIN)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = (double)x[i];
+        double d;
+        switch (act) {
+        case MT_ACT_RELU: d = v > 0; break;
+        case MT_ACT_RELU6: d = v > 0 && v < 6; break;
+        case MT_ACT_SILU: { const double s = 1.0 / (1.0 + exp(-v)); d = s * (1.0 + v * (1.0 - s)); break; }
+        case MT_ACT_HARDSWISH: d = v < -3 ? 0.0 : (v > 3 ? 1.0 : (2.0 * v + 3.0) / 6.0); break;
+        case MT_ACT_SIGMOID: { const double s = 1.0 / (1.0 + exp(-v)); d = s * (1.0 - s); break; }
+        default:   /* MT_ACT_GELU, exact: Phi(x) + x phi(x) */
+            d = 0.5 * (1.0 + erf(v * 0.70710678118654752440)) + v * exp(-0.5 * v * v) * 0.39894228040143267794;
+        }
+        gx[i] = (T)((double)gy[i] * d);
+    }
 }
 
 static void FN(index_add)(T *dst, const int64_t *idx, int64_t n, const T *src, int64_t inner, int nt) {

@@ -259,6 +259,10 @@ int mt_conv2d_backward_weight(int dtype, const void *x, const void *gy, void *gw
 int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
                  int64_t inner, int nthreads);
 
+/* gx [n] = gy * act'(x) for x the pre-activation, act an enum mt_act other
+ * than NONE (MT_NN_EINDEX for another) */
+int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads);
+
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 
@@ -323,6 +327,7 @@ typedef struct mt_nn_kernels {
                                   int nt);
     int (*index_add)(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
                      int64_t inner, int nt);
+    int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nt);
 } mt_nn_kernels;
 
 #endif
