@@ -344,6 +344,10 @@ def _getitem_rule(c, g):
         gx = F.zeros(shape, dtype=dtype)
         gx[index] = g
         return gx
+    rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if isinstance(rows, Tensor) and rows.dtype.kind in "iu" and len(shape) >= 1:
+        # x[ids]: whole rows, added up by row number (no position table)
+        return _nn.index_add(tuple(shape), rows, g.astype(dtype))
     return _scatter_add(shape, dtype, _positions(shape)[index], g)
 
 

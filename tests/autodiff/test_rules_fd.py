@@ -191,6 +191,7 @@ EXTRA = {   # second cases for shapes the first does not reach
     "pad_circular": (lambda x: F.pad(x, ((0, 0), (3, 2)), mode="circular"), [((2, 3), _u())]),
     "getitem_mask": (lambda x: x[mt.tensor([[True, False, True], [False, True, True]])] * 2.0,
                      [((2, 3), _u())]),
+    "getitem_rows": (lambda x: x[mt.tensor([[2, 0], [2, -1]])], [((3, 2, 2), _u())]),
     "getitem_repeat": (lambda x: x[mt.tensor([2, 0, 2, 2]), 1:], [((3, 4), _u())]),
     "embedding_repeat": (lambda w: F.embedding(mt.tensor([3, 3, 1, 0, 3]), w), [((4, 2), _u())]),
     "max_pool2d_dilated": (lambda x: F.max_pool2d(x, (2, 3), stride=(1, 2), padding=(1, 1), dilation=(2, 1)),

@@ -113,6 +113,7 @@ TORCH = {
     "pad_replicate": lambda x: _pad(x, ((1, 0), (2, 3)), "replicate"),
     "pad_circular": lambda x: _pad(x, ((0, 0), (3, 2)), "circular"),
     "getitem_mask": lambda x: x[torch.tensor([[True, False, True], [False, True, True]])] * 2.0,
+    "getitem_rows": lambda x: x[torch.tensor([[2, 0], [2, -1]])],
     "getitem_repeat": lambda x: x[[2, 0, 2, 2], 1:],
     "embedding_repeat": lambda w: tF.embedding(torch.tensor([3, 3, 1, 0, 3]), w),
     "max_pool2d_dilated": lambda x: tF.max_pool2d(x, (2, 3), (1, 2), (1, 1), (2, 1)),
