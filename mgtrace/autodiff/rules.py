@@ -248,8 +248,8 @@ def _prod_rule(c, g):
     m = math.prod(shape[a] for a in ax)
     flat = xt.reshape(tuple(shape[a] for a in rest) + (m,))
     if m == 0:
-        return F.zeros(shape, dtype=x.dtype)
-    one = F.ones(flat.shape[:-1] + (1,), dtype=x.dtype)
+        return F.zeros(shape, dtype=x.dtype, device=x.device)
+    one = F.ones(flat.shape[:-1] + (1,), dtype=x.dtype, device=x.device)
     left = _reduce.cumprod(F.concat([one, flat[..., :-1]], axis=-1), -1)
     right = _reduce.cumprod(F.concat([one, flat[..., :0:-1]], axis=-1), -1)[..., ::-1]
     others = (left * right).reshape(xt.shape)
@@ -289,7 +289,7 @@ def _cumprod_rule(c, g):
         g = g.reshape(-1)
     ax %= max(x.ndim, 1)
     n = x.shape[ax]
-    pos = F.arange(n, dtype="int32").reshape((n,) + (1,) * (x.ndim - 1 - ax))
+    pos = F.arange(n, dtype="int32", device=x.device).reshape((n,) + (1,) * (x.ndim - 1 - ax))
     zero = x == 0
     has = zero.any(axis=ax, keepdims=True)
     z = F.where(has, zero.astype("int32").argmax(axis=ax, keepdims=True).astype("int32"),
@@ -315,7 +315,7 @@ def _sorted_rule(c, gs):
     shape, ax = c.input_shape(0), c.params["axis"]
     if len(shape) == 0:
         return gv.reshape(())
-    pos = F.gather(_positions(shape), ax % len(shape), c.outputs[1].astype("int64"))
+    pos = F.gather(_positions(shape, gv.device), ax % len(shape), c.outputs[1].astype("int64"))
     return _scatter_add(shape, c.input_dtype(0), pos, gv)
 
 
@@ -327,9 +327,9 @@ def _is_basic(index):
                for i in items)
 
 
-def _positions(shape):
-    """Each element's flat position, an int64 tensor of ``shape``."""
-    return F.arange(math.prod(shape), dtype="int64").reshape(shape)
+def _positions(shape, device):
+    """Each element's flat position, an int64 tensor of ``shape`` on ``device``."""
+    return F.arange(math.prod(shape), dtype="int64", device=device).reshape(shape)
 
 
 def _scatter_add(shape, dtype, pos, g):
@@ -341,14 +341,14 @@ def _scatter_add(shape, dtype, pos, g):
 def _getitem_rule(c, g):
     shape, dtype, index = c.input_shape(0), c.input_dtype(0), c.inputs[1]
     if _is_basic(index):          # a view: the gradient written through the same index
-        gx = F.zeros(shape, dtype=dtype)
+        gx = F.zeros(shape, dtype=dtype, device=g.device)
         gx[index] = g
         return gx
     rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
     if isinstance(rows, Tensor) and rows.dtype.kind in "iu" and len(shape) >= 1:
         # x[ids]: whole rows, added up by row number (no position table)
         return _nn.index_add(tuple(shape), rows, g.astype(dtype))
-    return _scatter_add(shape, dtype, _positions(shape)[index], g)
+    return _scatter_add(shape, dtype, _positions(shape, g.device)[index], g)
 
 
 def _setitem_rule(c, g):
@@ -383,20 +383,24 @@ def _stack_rule(c, g):
     return tuple(out)
 
 
+def _device_of(gs):
+    return next(g.device for g in gs if g is not None)
+
+
 def _split_rule(c, gs):
-    parts = [g if g is not None else F.zeros(m[0], dtype=m[1]) for g, m in zip(gs, c.out_meta)]
+    parts = [g if g is not None else F.zeros(m[0], dtype=m[1], device=_device_of(gs)) for g, m in zip(gs, c.out_meta)]
     return F.concat(parts, axis=c.params["axis"])
 
 
 def _gather_rule(c, g):
     x_shape, index, ax = c.input_shape(0), c.inputs[1], c.params["axis"]
-    pos = F.gather(_positions(x_shape), ax, index)
+    pos = F.gather(_positions(x_shape, g.device), ax, index)
     return _scatter_add(x_shape, c.input_dtype(0), pos, g), None
 
 
 def _scatter_rule(c, g):
     index, ax = c.inputs[1], c.params["axis"]
-    gx = F.scatter(g, ax, index, F.zeros(index.shape, dtype=g.dtype)) if c.needs(0) else None
+    gx = F.scatter(g, ax, index, F.zeros(index.shape, dtype=g.dtype, device=g.device)) if c.needs(0) else None
     gs = F.gather(g, ax, index) if c.needs(2) else None
     return gx, None, gs
 
@@ -630,7 +634,7 @@ def _pad_rule(c, g):
         return g[tuple(slice(lo, lo + n) for (lo, _), n in zip(pairs, shape))]
     # reflect / replicate / circular: each output element copies one input
     # element; its gradient goes back there (repeated sources add up)
-    pos = F.pad(_positions(shape), p["pad_width"], mode=p["mode"])
+    pos = F.pad(_positions(shape, g.device), p["pad_width"], mode=p["mode"])
     return _scatter_add(shape, c.input_dtype(0), pos, g)
 
 

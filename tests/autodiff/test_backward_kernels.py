@@ -13,6 +13,7 @@ import pytest
 import mgtrace as mt
 import mgtrace.functional as F
 from mgtrace._core import nn as _nn
+from mgtrace._core import reduce as R
 from mgtrace.autodiff import rules
 
 
@@ -260,3 +261,59 @@ def test_nchwc_rules_match_the_nchw_ops(case):
         ref = lambda x: F.max_pool2d(x, 3, 2, 1)
     for got, want in zip(_grads(fast, arrays), _grads(ref, arrays)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+@pytest.fixture
+def second_device():
+    """cuda:0 as a stand-in device with every CPU kernel table, its memory
+    treated as a GPU's (tests/core/test_backend_seam.py's fake device)."""
+    import importlib
+    core_tensor = importlib.import_module("mgtrace._core.tensor")
+    core_tensor._install_test_backend("cuda", ("elementwise", "reduce", "linalg", "nn", "index"), False)
+    yield mt.Device("cuda:0")
+    core_tensor._remove_test_backend("cuda")
+
+
+def rng_w(shape):
+    return np.random.default_rng(12).uniform(-1, 1, shape)
+
+
+INDEXED = {
+    "embedding": (lambda w, d: F.embedding(mt.tensor([[0, 2, 2], [4, 1, 0]], device=d), w), [((5, 3), None)]),
+    "gather": (lambda x, d: F.gather(x, 1, mt.tensor([[0, 0, 2], [1, 3, 3]], device=d)), [((2, 4), None)]),
+    "getitem": (lambda x, d: x[1:, mt.tensor([0, 2, 0], device=d)], [((3, 4), None)]),
+    "getitem_rows": (lambda x, d: x[mt.tensor([2, 0, 2], device=d)], [((3, 4), None)]),
+    "sort": (lambda x, d: F.sort(x)[0], [((3, 5), None)]),
+    "pad_reflect": (lambda x, d: F.pad(x, ((1, 2), (2, 1)), mode="reflect"), [((4, 5), None)]),
+    "cumprod": (lambda x, d: R.cumprod(x, 1), [((3, 4), None)]),
+}
+
+
+@pytest.mark.parametrize("name", ["max_pool2d", "avg_pool2d", "adaptive_max_pool2d", "adaptive_avg_pool2d",
+                                  "interpolate", "conv2d", "gelu", "prod", "split"] + sorted(INDEXED))
+def test_backward_kernels_run_through_the_devices_table(name, second_device):
+    # the rules reach their kernels through the tensor's device backend, as
+    # forward ops do: on a second device type carrying the CPU's tables the
+    # gradients are the CPU's
+    from mgtrace.autodiff import GradManager
+    from .test_rules_fd import CASES
+    fn, specs = CASES.get(name, (None, None))
+    dev = second_device
+    if name in INDEXED:        # the index on the inputs' device
+        fn, specs = INDEXED[name]
+    rng = np.random.default_rng(11)
+    arrays = [rng.uniform(-2, 2, shape) for shape, _ in specs]
+
+    def grads(device):
+        ts = [mt.tensor(a, device=device) for a in arrays]
+        gm = GradManager().attach(ts)
+        with gm:
+            y = fn(*ts, device) if name in INDEXED else fn(*ts)
+            gm.backward((y * mt.tensor(rng_w(y.shape), device=device)).sum())
+        return [t.grad.numpy() for t in ts], {str(t.grad.device) for t in ts}
+
+    want, _ = grads("cpu")
+    got, where = grads(second_device)
+    assert where == {"cuda:0"}
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
