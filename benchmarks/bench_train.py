@@ -7,6 +7,7 @@ seconds per step (best and median of the timed steps) and peak RSS.
 
     python benchmarks/bench_train.py           # short: ResNet-18 b2 at 64, MiniLM 2 x 32
     python benchmarks/bench_train.py --full    # ResNet-18 b8 at 224, MiniLM 8 x 128
+    python benchmarks/bench_train.py --peer-python /path/to/venv/bin/python   # torch there
 
 PyTorch's column is left empty when torch is not installed. The torch
 models are independent torch.nn definitions of the same architectures
@@ -128,8 +129,8 @@ def child(args):
     print(json.dumps({"best": best, "median": median, "rss_mib": rss}))
 
 
-def measure(lib, model, batch, size, steps, threads):
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, "--model", model,
+def measure(lib, model, batch, size, steps, threads, peer=sys.executable):
+    cmd = [peer if lib == "torch" else sys.executable, os.path.abspath(__file__), "--child", lib, "--model", model,
            "--batch", str(batch), "--size", str(size), "--steps", str(steps),
            "--threads", str(threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD,
@@ -146,6 +147,8 @@ def main():
     p.add_argument("--full", action="store_true", help="ResNet-18 b8 at 224, MiniLM 8 x 128")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 3, --full 5)")
+    p.add_argument("--peer-python", default=sys.executable,
+                   help="the Python that runs PyTorch's column (a venv with torch; default: this one)")
     p.add_argument("--child", choices=["mgtrace", "torch"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -162,7 +165,7 @@ def main():
     for model, batch, size in cases:
         what = f"{model} b{batch} " + (f"{size}x{size}" if model == "resnet18" else f"x {size}")
         for lib in ("mgtrace", "torch"):
-            r = measure(lib, model, batch, size, steps, args.threads)
+            r = measure(lib, model, batch, size, steps, args.threads, args.peer_python)
             if r is None:
                 print(f"{what:<26}{lib:<9}{'(torch not installed)':>33}")
                 continue

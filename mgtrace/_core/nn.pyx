@@ -149,6 +149,25 @@ cdef extern from "kernels/cpu/nn.h" nogil:
     int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                      const int64_t *after, int mode, int64_t itemsize, int nthreads) noexcept
 
+    # backward kernels (grad.c)
+    enum: MT_NN_EINDEX
+    int mt_max_pool2d_backward(int dtype, const void *x, const void *gy, void *gx, const mt_pool2d_geom *g,
+                               int nthreads) noexcept
+    int mt_avg_pool2d_backward(int dtype, const void *gy, void *gx, const mt_pool2d_geom *g,
+                               int nthreads) noexcept
+    int mt_adaptive_pool2d_backward(int dtype, int op, const void *x, const void *gy, void *gx,
+                                    int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                    int nthreads) noexcept
+    int mt_resize2d_backward(int dtype, int mode, const void *gy, void *gx, int64_t planes, int64_t h,
+                             int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
+                             int align_corners, int nthreads) noexcept
+    int mt_conv2d_backward_weight(int dtype, const void *x, const void *gy, void *gw,
+                                  const mt_conv2d_geom *g, int nthreads) noexcept
+    int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
+                     int64_t inner, int nthreads) noexcept
+    int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
+                        int nthreads) noexcept
+
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
         int64_t (*conv2d_workspace)(int dtype, const mt_conv2d_geom *g, int algo, int nt) noexcept nogil
@@ -190,6 +209,22 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*conv2d_packed)(int dtype, const void *x, const void *packed, const void *bias, void *y,
                              const mt_conv2d_geom *g, int algo, int layout, int nt,
                              void *workspace) noexcept nogil
+        int (*max_pool2d_backward)(int dtype, const void *x, const void *gy, void *gx,
+                                   const mt_pool2d_geom *g, int nt) noexcept nogil
+        int (*avg_pool2d_backward)(int dtype, const void *gy, void *gx, const mt_pool2d_geom *g,
+                                   int nt) noexcept nogil
+        int (*adaptive_pool2d_backward)(int dtype, int op, const void *x, const void *gy, void *gx,
+                                        int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                        int nt) noexcept nogil
+        int (*resize2d_backward)(int dtype, int mode, const void *gy, void *gx, int64_t planes, int64_t h,
+                                 int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
+                                 int align_corners, int nt) noexcept nogil
+        int (*conv2d_backward_weight)(int dtype, const void *x, const void *gy, void *gw,
+                                      const mt_conv2d_geom *g, int nt) noexcept nogil
+        int (*index_add)(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n,
+                         const void *src, int64_t inner, int nt) noexcept nogil
+        int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
+                            int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -285,6 +320,13 @@ _CPU.conv2d_nchwc_pw_dw = mt_conv2d_nchwc_pw_dw
 _CPU.conv2d_nchwc_pw_dw_pw = mt_conv2d_nchwc_pw_dw_pw
 _CPU.max_pool2d_nchwc = mt_max_pool2d_nchwc
 _CPU.conv2d_packed = mt_conv2d_packed
+_CPU.max_pool2d_backward = mt_max_pool2d_backward
+_CPU.avg_pool2d_backward = mt_avg_pool2d_backward
+_CPU.adaptive_pool2d_backward = mt_adaptive_pool2d_backward
+_CPU.resize2d_backward = mt_resize2d_backward
+_CPU.conv2d_backward_weight = mt_conv2d_backward_weight
+_CPU.index_add = mt_index_add
+_CPU.act_backward = mt_act_backward
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -2096,3 +2138,254 @@ def pad(x, pad_width, mode="constant", value=0.0):
     _check_rc(op, rc, t._device)
     return out
 
+
+
+# ------------------------------------------------------------------ backward kernels
+# The gradients mgtrace.autodiff.rules asks of the forward ops above, through
+# the device's table like the forwards (a device without the kernel raises
+# NoKernelError). Not ops themselves: a rule's call runs unrecorded. Each
+# takes the forward's own arguments, so that the geometry is the forward's.
+
+cdef tuple _grad_out(str op, Tensor t, object shape, int work):
+    cdef int64_t oshape[4]
+    oshape[0], oshape[1], oshape[2], oshape[3] = shape
+    return empty(4, oshape, work, t._device), num_threads()
+
+
+def pool2d_backward(str kind, x, gy, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                    count_include_pad=True):
+    """The gradient of max_pool2d (kind "max") or avg_pool2d (kind "avg")
+    with respect to its input, given ``gy`` (the output's gradient, [N, C,
+    OH, OW]); the other arguments are the forward's. ``x``: the forward's
+    input for max (each output's gradient goes to its window's first
+    maximum, its first NaN if any: PyTorch's choice); for avg its shape
+    (N, C, H, W) is enough.
+
+    Returns:
+        [N, C, H, W], gy's dtype.
+
+    Raises:
+        ValueError: gy's shape is not the forward's output shape.
+        NoKernelError: the device has no such kernel.
+    """
+    cdef str op = kind + "_pool2d"
+    cdef Tensor t = None, tg = _pool_input(op, gy), out
+    cdef int code = tg._dtype, work = _work_code(code), rc, nt
+    cdef mt_pool2d_geom g
+    if kind == "max":
+        t = <Tensor>_operands(op, (x, tg))[0]
+        n, c, h, w = shape_tuple(t)
+        t = _ready(t, work)
+    else:
+        n, c, h, w = x
+    oh, ow = _pool_geom(op, n * c, h, w, kernel_size, stride, padding, dilation, ceil_mode, &g)
+    g.count_include_pad = count_include_pad
+    if shape_tuple(tg) != (n, c, oh, ow):
+        raise ValueError(f"{op} backward: the gradient has shape {shape_tuple(tg)}, the output {(n, c, oh, ow)}")
+    tg = _ready(tg, work)
+    out, nt = _grad_out(op, tg, (n, c, h, w), work)
+    cdef const mt_nn_kernels *kn = _kernels(op, tg)
+    if kind == "max":
+        _need(kn.max_pool2d_backward != NULL, op + " backward", tg)
+        with nogil:
+            rc = kn.max_pool2d_backward(work, t._data, tg._data, out._data, &g, nt)
+    else:
+        _need(kn.avg_pool2d_backward != NULL, op + " backward", tg)
+        with nogil:
+            rc = kn.avg_pool2d_backward(work, tg._data, out._data, &g, nt)
+    _check_rc(op, rc, tg._device)
+    return _finish(out, code)
+
+
+def adaptive_pool2d_backward(str kind, x, gy):
+    """The gradient of adaptive_{avg,max}_pool2d with respect to its input
+    given gy [N, C, OH, OW] (the output size is gy's). ``x``: the forward's
+    input for max (each window's first maximum, or first NaN, takes its
+    gradient); for avg its shape (N, C, H, W).
+
+    Returns:
+        [N, C, H, W], gy's dtype.
+
+    Raises:
+        ValueError: gy not [N, C, OH, OW] for x's N and C.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = f"adaptive_{kind}_pool2d"
+    cdef Tensor t = None, tg = _pool_input(op, gy), out
+    cdef int code = tg._dtype, work = _work_code(code), rc, nt
+    if kind == "max":
+        t = <Tensor>_operands(op, (x, tg))[0]
+        n, c, h, w = shape_tuple(t)
+        t = _ready(t, work)
+    else:
+        n, c, h, w = x
+    gs = shape_tuple(tg)
+    if gs[:2] != (n, c) or h < 1 or w < 1:
+        raise ValueError(f"{op} backward: the gradient has shape {gs} for input {(n, c, h, w)}")
+    tg = _ready(tg, work)
+    out, nt = _grad_out(op, tg, (n, c, h, w), work)
+    cdef int64_t planes = n * c, ih = h, iw = w, toh = gs[2], tow = gs[3]
+    cdef int k = MT_ADAPTIVE_MAX if kind == "max" else MT_ADAPTIVE_AVG
+    cdef const void *xp = t._data if t is not None else NULL
+    cdef const mt_nn_kernels *kn = _kernels(op, tg)
+    _need(kn.adaptive_pool2d_backward != NULL, op + " backward", tg)
+    with nogil:
+        rc = kn.adaptive_pool2d_backward(work, k, xp, tg._data, out._data, planes, ih, iw, toh, tow, nt)
+    _check_rc(op, rc, tg._device)
+    return _finish(out, code)
+
+
+def interpolate_backward(gy, tuple x_shape, scale_factor=None, mode="nearest", align_corners=None):
+    """The gradient of interpolate with respect to its input of shape
+    ``x_shape`` ([N, C, H, W]) given gy [N, C, OH, OW]; scale_factor, mode
+    and align_corners are the forward's (the output size is gy's). The
+    transpose of the forward's taps: nearest adds each output's gradient to
+    its source pixel, bilinear to its four taps with the same weights.
+
+    Raises:
+        ValueError: unknown mode; gy not 4-D.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = "interpolate"
+    cdef Tensor tg = <Tensor>_operands(op, (gy,))[0], out
+    cdef int code = _float_code(op, [tg]), work = _work_code(code), rc, nt
+    _check_4d(op, "gy", tg, "[N, C, OH, OW]")
+    if mode not in _INTERP_MODES:
+        raise ValueError(f"{op}: unsupported mode {mode!r}; expected one of {', '.join(_INTERP_MODES)}")
+    cdef double fh = 0, fw = 0
+    if scale_factor is not None:
+        fh, fw = (float(scale_factor[0]), float(scale_factor[1])) if isinstance(scale_factor, (tuple, list)) \
+            else (float(scale_factor), float(scale_factor))
+    n, c, h, w = x_shape
+    tg = _ready(tg, work)
+    out, nt = _grad_out(op, tg, (n, c, h, w), work)
+    gs = shape_tuple(tg)
+    cdef int64_t planes = n * c, ih = h, iw = w, toh = gs[2], tow = gs[3]
+    cdef int m = _INTERP_MODES[mode], ac = bool(align_corners)
+    cdef const mt_nn_kernels *kn = _kernels(op, tg)
+    _need(kn.resize2d_backward != NULL, op + " backward", tg)
+    with nogil:
+        rc = kn.resize2d_backward(work, m, tg._data, out._data, planes, ih, iw, toh, tow, fh, fw, ac, nt)
+    _check_rc(op, rc, tg._device)
+    return _finish(out, code)
+
+
+def conv2d_backward_weight(x, gy, tuple w_shape, stride=1, padding=0, dilation=1, int groups=1):
+    """conv2d's gradient with respect to its weight (shape ``w_shape``, [O,
+    C/groups, KH, KW]) given x [N, C, H, W] and the output's gradient gy
+    [N, O, OH, OW]: per group one GEMM of gy by x's patches (im2col) over
+    chunks of images.
+
+    Returns:
+        [O, C/groups, KH, KW], the promoted float dtype of x and gy.
+
+    Raises:
+        ValueError: shapes that do not fit one conv2d geometry.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = "conv2d"
+    tx, tg = _operands(op, (x, gy))
+    cdef int code = _float_code(op, [tx, tg]), work = _work_code(code), rc, nt
+    cdef Tensor ux = _ready(<Tensor>tx, work), ug = _ready(<Tensor>tg, work), out
+    _check_4d(op, "x", ux, "[N, C, H, W]")
+    _check_4d(op, "gy", ug, "[N, O, OH, OW]")
+    n, c, h, w = shape_tuple(ux)
+    o, cg, kh, kw = w_shape
+    sh, sw = _positive(op, "stride", stride)
+    ph, pw = _nonneg(op, "padding", padding)
+    dh, dw = _positive(op, "dilation", dilation)
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if groups < 1 or c != cg * groups or o % groups or shape_tuple(ug) != (n, o, oh, ow):
+        raise ValueError(f"{op} backward: x {(n, c, h, w)}, gradient {shape_tuple(ug)} and weight "
+                         f"{w_shape} (groups {groups}) are not one conv2d's")
+    cdef mt_conv2d_geom g
+    g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.oh, g.ow = n, c, h, w, o, kh, kw, oh, ow
+    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups = sh, sw, ph, pw, dh, dw, groups
+    g.act, g.has_res, g.res_delta = 0, 0, 0
+    out, nt = _grad_out(op, ux, (o, cg, kh, kw), work)
+    cdef const mt_nn_kernels *kn = _kernels(op, ux)
+    _need(kn.conv2d_backward_weight != NULL, op + " backward", ux)
+    with nogil:
+        rc = kn.conv2d_backward_weight(work, ux._data, ug._data, out._data, &g, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(out, code)
+
+
+def index_add(tuple shape, index, src):
+    """zeros(shape) with src's rows added at rows ``index`` of it (repeated
+    rows add up, as NumPy's ``np.add.at(out, index, src)``): the backward of
+    gathers (embedding, take, advanced indexing).
+
+    Args:
+        shape: (rows, *inner) of the result.
+        index: integer tensor of n row numbers (any shape, read flat); negative
+            ones count from the end.
+        src: float tensor of n * prod(inner) elements, read as [n, *inner].
+
+    Returns:
+        float [rows, *inner] in src's dtype.
+
+    Raises:
+        IndexError: a row number outside [-rows, rows).
+        ValueError: src's size is not n * prod(inner).
+        NoKernelError: the device has no such kernel."""
+    cdef str op = "index_add"
+    ti, ts = _operands(op, (index, src))
+    cdef Tensor tidx = <Tensor>ti, tsrc = <Tensor>ts, out
+    if CATEGORY[tidx._dtype] not in (1, 2):
+        raise TypeError(f"{op}: index must be an integer tensor, got {DTYPE_NAMES[tidx._dtype]}")
+    cdef int code = _float_code(op, [tsrc]), work = _work_code(code), rc, nt
+    cdef int64_t rows = shape[0], inner = 1, nidx = numel(tidx)
+    for d in shape[1:]:
+        inner *= d
+    if numel(tsrc) != nidx * inner:
+        raise ValueError(f"{op}: src has {numel(tsrc)} elements, {nidx} rows of {inner} expected")
+    tidx = <Tensor>tidx.astype("int64").reshape(-1)
+    if nidx and rows:
+        tidx = <Tensor>(tidx + (tidx < 0).astype("int64") * rows)
+    tidx = _ready(tidx, tidx._dtype)
+    tsrc = _ready(tsrc, work)
+    cdef int64_t flat[1]
+    flat[0] = rows * inner
+    out = empty(1, flat, work, tsrc._device)
+    fill(out, 0)
+    nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, tsrc)
+    _need(kn.index_add != NULL, op, tsrc)
+    with nogil:
+        rc = kn.index_add(work, out._data, rows, <const int64_t *>tidx._data, nidx, tsrc._data, inner, nt)
+    if rc == MT_NN_EINDEX:
+        raise IndexError(f"{op}: an index is outside [-{rows}, {rows})")
+    _check_rc(op, rc, tsrc._device)
+    return _finish(out, code).reshape(shape)
+
+
+def act_backward(str act, x, gy):
+    """The gradient ``gy * act'(x)`` of a fused activation (one of
+    ACTIVATIONS but "none") at its input x, given the output's gradient gy
+    of x's shape: one pass in C (PyTorch's subgradients: relu's 0 at 0,
+    relu6's 0 at 0 and 6, hardswish's (2x + 3) / 6 on [-3, 3]).
+
+    Returns:
+        x's shape, the promoted float dtype of x and gy.
+
+    Raises:
+        ValueError: an unknown act, or shapes that differ.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = act
+    if act not in ACTIVATIONS or act == "none":
+        raise ValueError(f"act_backward: act must be one of {', '.join(a for a in ACTIVATIONS if a != 'none')}, "
+                         f"got {act!r}")
+    tx, tg = _operands(op, (x, gy))
+    cdef int code = _float_code(op, [tx, tg]), work = _work_code(code), rc, nt
+    cdef Tensor ux = _ready(<Tensor>tx, work), ug = _ready(<Tensor>tg, work), out
+    if shape_tuple(ux) != shape_tuple(ug):
+        raise ValueError(f"act_backward: x {shape_tuple(ux)} and gy {shape_tuple(ug)} differ in shape")
+    out = empty(ux._ndim, ux._shape, work, ux._device)
+    cdef int a = ACTIVATIONS[act]
+    cdef int64_t n = numel(ux)
+    nt = num_threads()
+    cdef const mt_nn_kernels *kn = _kernels(op, ux)
+    _need(kn.act_backward != NULL, op + " backward", ux)
+    with nogil:
+        rc = kn.act_backward(work, a, ux._data, ug._data, out._data, n, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(out, code)

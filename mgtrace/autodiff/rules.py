@@ -26,9 +26,9 @@ reach core code which is no op (``layer_norm``'s fused kernel).
 import math
 from typing import Callable, NamedTuple
 
-import numpy as np
-
 from mgtrace._core import Tensor
+from mgtrace._core import nn as _nn
+from mgtrace._core import reduce as _reduce
 from mgtrace import functional as F
 
 __all__ = ["Rule", "RULES", "NONDIFF", "FUNCTION_RULES"]
@@ -77,25 +77,15 @@ _UNARY = {
     "relu6": ("i", lambda c, g: _mask(F.logical_and(_x(c) > 0, _x(c) < 6), g)),
     "sigmoid": ("o", lambda c, g: g * _y(c) * (1 - _y(c))),
     "softplus": ("i", lambda c, g: g * F.sigmoid(_x(c))),
-    "silu": ("i", lambda c, g: _silu_grad(_x(c), g)),
-    "gelu": ("i", lambda c, g: _gelu_grad(_x(c), g)),
+    # one C pass each (nn's act_backward) instead of a chain of elementwise ops
+    "silu": ("i", lambda c, g: _nn.act_backward("silu", _x(c), g)),
+    "gelu": ("i", lambda c, g: _nn.act_backward("gelu", _x(c), g)),
     "gelu_tanh": ("i", lambda c, g: _gelu_tanh_grad(_x(c), g)),
-    "hardswish": ("i", lambda c, g: _hardswish_grad(_x(c), g)),
+    "hardswish": ("i", lambda c, g: _nn.act_backward("hardswish", _x(c), g)),
     "hardsigmoid": ("i", lambda c, g: _mask(F.logical_and(_x(c) > -3, _x(c) < 3), g) / 6),
     # piecewise constant: zero almost everywhere (PyTorch's choice)
     **{n: ("i", lambda c, g: g * 0) for n in ("sign", "round", "floor", "ceil", "trunc")},
 }
-
-
-def _silu_grad(x, g):
-    s = F.sigmoid(x)
-    return g * s * (1 + x * (1 - s))
-
-
-def _gelu_grad(x, g):
-    cdf = (F.erf(x * (1 / math.sqrt(2))) + 1) * 0.5
-    pdf = F.exp(x * x * -0.5) * (1 / math.sqrt(2 * math.pi))
-    return g * (cdf + x * pdf)
 
 
 def _gelu_tanh_grad(x, g):
@@ -104,12 +94,6 @@ def _gelu_tanh_grad(x, g):
     t = F.tanh(inner)
     dinner = (x * x * (3 * 0.044715) + 1) * k
     return g * ((t + 1) * 0.5 + x * 0.5 * (1 - t * t) * dinner)
-
-
-def _hardswish_grad(x, g):
-    # PyTorch: 0 below -3, 1 above 3, (2x + 3) / 6 between (-3 and 3 inclusive)
-    mid = F.logical_and(x >= -3, x <= 3)
-    return _mask(mid, g * (x * 2 + 3) / 6) + _mask(x > 3, g)
 
 
 def _where_tie(a, b, g, pick):
@@ -263,12 +247,12 @@ def _prod_rule(c, g):
     xt = x.transpose(*perm)
     m = math.prod(shape[a] for a in ax)
     flat = xt.reshape(tuple(shape[a] for a in rest) + (m,))
-    a = flat.numpy().astype(np.float64)
-    left = np.cumprod(np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :-1]], -1), -1)
-    right = np.cumprod(np.concatenate([np.ones(a.shape[:-1] + (1,)), a[..., :0:-1]], -1),
-                       -1)[..., ::-1]
-    others = F.astype(Tensor(left * right), x.dtype)
-    others = others.reshape(xt.shape)
+    if m == 0:
+        return F.zeros(shape, dtype=x.dtype, device=x.device)
+    one = F.ones(flat.shape[:-1] + (1,), dtype=x.dtype, device=x.device)
+    left = _reduce.cumprod(F.concat([one, flat[..., :-1]], axis=-1), -1)
+    right = _reduce.cumprod(F.concat([one, flat[..., :0:-1]], axis=-1), -1)[..., ::-1]
+    others = (left * right).reshape(xt.shape)
     inv = [0] * x.ndim
     for i, p in enumerate(perm):
         inv[p] = i
@@ -294,29 +278,77 @@ def _cumsum_rule(c, g):
     return (g.sum(axis=ax, keepdims=True) - F.cumsum(g, ax) + g).reshape(c.input_shape(0))
 
 
+def _cumprod_rule(c, g):
+    # d y_j / d x_i = prod_{k <= j, k != i} x_k (j >= i), exact with zeros:
+    # before a line's first zero z the terms are y_j / x_i (x_i != 0; for
+    # j >= z both sides are 0); at z, the products of x with x_z set to 1;
+    # after z, 0 (every product holds x_z)
+    x, ax = c.inputs[0], c.params["axis"]
+    if ax is None:
+        x, ax = x.reshape(-1), 0
+        g = g.reshape(-1)
+    ax %= max(x.ndim, 1)
+    n = x.shape[ax]
+    pos = F.arange(n, dtype="int32", device=x.device).reshape((n,) + (1,) * (x.ndim - 1 - ax))
+    zero = x == 0
+    has = zero.any(axis=ax, keepdims=True)
+    z = F.where(has, zero.astype("int32").argmax(axis=ax, keepdims=True).astype("int32"),
+                F.full_like(has.astype("int32"), n))
+    before, at = pos < z, pos == z
+    y = _reduce.cumprod(x, ax)
+    gy = g * y
+    rev = gy.sum(axis=ax, keepdims=True) - F.cumsum(gy, ax) + gy      # sum over j >= i
+    safe = F.where(before, x, F.ones_like(x))
+    gx = _mask(before, rev / safe)
+    ones_at = F.where(at, F.ones_like(x), x)
+    tail = (g * _reduce.cumprod(ones_at, ax) * (pos >= z).astype(g.dtype)).sum(axis=ax, keepdims=True)
+    gx = gx + _mask(at, tail)
+    return gx.reshape(c.input_shape(0))
+
+
+def _sorted_rule(c, gs):
+    """sort and topk: each selected value's gradient goes back to where it
+    came from (the indices output)."""
+    gv = gs[0]
+    if gv is None:
+        return None
+    shape, ax = c.input_shape(0), c.params["axis"]
+    if len(shape) == 0:
+        return gv.reshape(())
+    pos = F.gather(_positions(shape, gv.device), ax % len(shape), c.outputs[1].astype("int64"))
+    return _scatter_add(shape, c.input_dtype(0), pos, gv)
+
+
 # ------------------------------------------------------------- indexing, joining
-def _index_add(shape, dtype, index, g):
-    """zeros(shape) with ``g`` added at ``index`` (repeated indices add up:
-    NumPy's ``np.add.at``; host memory), summed in float32 or float64 as
-    ``dtype`` is (float16 and bfloat16 in float32)."""
-    wide = np.float64 if dtype == np.float64 else np.float32
-    acc = np.zeros(shape, dtype=wide)
-    np.add.at(acc, _np_index(index), g.numpy().astype(wide, copy=False))
-    return Tensor(acc if acc.dtype == dtype else acc.astype(dtype))
+def _is_basic(index):
+    """An index of slices, ints, None and Ellipsis only (no tensor, list or mask)."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) and not isinstance(i, bool)
+               for i in items)
 
 
-def _np_index(index):
-    if isinstance(index, Tensor):
-        return index.numpy()
-    if isinstance(index, tuple):
-        return tuple(_np_index(i) for i in index)
-    if isinstance(index, list):
-        return np.asarray([i.numpy() if isinstance(i, Tensor) else i for i in index])
-    return index
+def _positions(shape, device):
+    """Each element's flat position, an int64 tensor of ``shape`` on ``device``."""
+    return F.arange(math.prod(shape), dtype="int64", device=device).reshape(shape)
+
+
+def _scatter_add(shape, dtype, pos, g):
+    """zeros(shape) with g's elements added at flat positions ``pos`` (g's
+    shape; repeated positions add up): the C index-add kernel."""
+    return _nn.index_add((math.prod(shape),), pos, g.astype(dtype)).reshape(shape)
 
 
 def _getitem_rule(c, g):
-    return _index_add(c.input_shape(0), c.input_dtype(0), c.inputs[1], g)
+    shape, dtype, index = c.input_shape(0), c.input_dtype(0), c.inputs[1]
+    if _is_basic(index):          # a view: the gradient written through the same index
+        gx = F.zeros(shape, dtype=dtype, device=g.device)
+        gx[index] = g
+        return gx
+    rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if isinstance(rows, Tensor) and rows.dtype.kind in "iu" and len(shape) >= 1:
+        # x[ids]: whole rows, added up by row number (no position table)
+        return _nn.index_add(tuple(shape), rows, g.astype(dtype))
+    return _scatter_add(shape, dtype, _positions(shape, g.device)[index], g)
 
 
 def _setitem_rule(c, g):
@@ -351,28 +383,31 @@ def _stack_rule(c, g):
     return tuple(out)
 
 
+def _device_of(gs):
+    return next(g.device for g in gs if g is not None)
+
+
 def _split_rule(c, gs):
-    parts = [g if g is not None else F.zeros(m[0], dtype=m[1]) for g, m in zip(gs, c.out_meta)]
+    parts = [g if g is not None else F.zeros(m[0], dtype=m[1], device=_device_of(gs)) for g, m in zip(gs, c.out_meta)]
     return F.concat(parts, axis=c.params["axis"])
 
 
 def _gather_rule(c, g):
     x_shape, index, ax = c.input_shape(0), c.inputs[1], c.params["axis"]
-    idx = index.numpy()
-    grid = list(np.indices(idx.shape, sparse=True))
-    grid[ax % len(x_shape)] = idx
-    return _index_add(x_shape, c.input_dtype(0), tuple(grid), g), None
+    pos = F.gather(_positions(x_shape, g.device), ax, index)
+    return _scatter_add(x_shape, c.input_dtype(0), pos, g), None
 
 
 def _scatter_rule(c, g):
     index, ax = c.inputs[1], c.params["axis"]
-    gx = F.scatter(g, ax, index, F.zeros(index.shape, dtype=g.dtype)) if c.needs(0) else None
+    gx = F.scatter(g, ax, index, F.zeros(index.shape, dtype=g.dtype, device=g.device)) if c.needs(0) else None
     gs = F.gather(g, ax, index) if c.needs(2) else None
     return gx, None, gs
 
 
 def _embedding_rule(c, g):
-    return _index_add(c.input_shape(0), c.input_dtype(0), c.inputs[1], g), None
+    shape, dtype = c.input_shape(0), c.input_dtype(0)      # weight [V, D]
+    return _nn.index_add(tuple(shape), c.inputs[1], g.astype(dtype)), None
 
 
 # ------------------------------------------------------------- linear algebra
@@ -412,45 +447,138 @@ def _pair(v):
 
 
 def _conv_weight_grad(x, g, w_shape, stride, padding, dilation, groups):
-    """d(conv2d(x, w)) / dw given the output gradient g, per group one GEMM:
-    g [O/G, N*Ho*Wo] times the patches of x [N*Ho*Wo, C/G*kh*kw] (x's
-    patches gathered on the host by a strided view, im2col)."""
-    n, c, h, w = x.shape
-    o, cg, kh, kw = w_shape
-    og = o // groups
-    ho, wo = g.shape[2], g.shape[3]
-    xa = np.ascontiguousarray(x.numpy())
-    if padding[0] or padding[1]:
-        xa = np.pad(xa, ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2))
-    sn, sc, sh, sw = xa.strides
-    cols = np.lib.stride_tricks.as_strided(
-        xa, (n, groups, cg, kh, kw, ho, wo),
-        (sn, sc * cg, sc, sh * dilation[0], sw * dilation[1], sh * stride[0], sw * stride[1]))
-    cols = cols.transpose(1, 2, 3, 4, 0, 5, 6).reshape(groups, cg * kh * kw, n * ho * wo)
-    ga = g.numpy().reshape(n, groups, og, ho * wo).transpose(1, 2, 0, 3).reshape(
-        groups, og, n * ho * wo)
-    gw = F.matmul(Tensor(np.ascontiguousarray(ga)),
-                  Tensor(np.ascontiguousarray(cols)).transpose(0, 2, 1))
-    return gw.reshape(o, cg, kh, kw).astype(x.dtype)
+    """d(conv2d(x, w)) / dw given the output gradient g: the C kernel (per
+    group one GEMM of g by x's patches)."""
+    return _nn.conv2d_backward_weight(x, g, tuple(w_shape), stride, padding, dilation, groups).astype(x.dtype)
 
 
-def _conv2d_rule(c, g):
-    x, w, b = c.inputs
-    s, p, d = _pair(c.params["stride"]), _pair(c.params["padding"]), _pair(c.params["dilation"])
-    groups = c.params["groups"]
+def _conv_vjp(x, w, b, g, s, p, d, groups, need=(True, True, True)):
+    """conv2d(x, w, b)'s gradients (x, w, bias) given the output's gradient g."""
     gx = gw = gb = None
-    if c.needs(0):
+    if need[0]:
         h, wd = x.shape[2], x.shape[3]
         kh, kw = w.shape[2], w.shape[3]
         op = tuple(size - ((n - 1) * st - 2 * pd + dl * (k - 1) + 1)
                    for size, n, st, pd, dl, k in zip((h, wd), g.shape[2:], s, p, d, (kh, kw)))
         gx = F.conv_transpose2d(g, w, None, stride=s, padding=p, output_padding=op,
                                 dilation=d, groups=groups)
-    if c.needs(1):
+    if need[1]:
         gw = _conv_weight_grad(x, g, w.shape, s, p, d, groups)
-    if b is not None and c.needs(2):
+    if b is not None and need[2]:
         gb = g.sum(axis=(0, 2, 3))
     return gx, gw, gb
+
+
+def _conv_params(c):
+    return (_pair(c.params["stride"]), _pair(c.params["padding"]),
+            _pair(c.params.get("dilation", 1)), c.params.get("groups", 1))
+
+
+def _conv2d_rule(c, g):
+    x, w, b = c.inputs
+    return _conv_vjp(x, w, b, g, *_conv_params(c), need=(c.needs(0), c.needs(1), c.needs(2)))
+
+
+def _act_grad(act, z, g):
+    """g through a fused activation at pre-activation z (mt_act's names)."""
+    if act in (None, "none"):
+        return g
+    return _nn.act_backward(act, z, g)
+
+
+_ACT_FN = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,
+           "sigmoid": F.sigmoid, "gelu": F.gelu}
+
+
+def _conv2d_act_rule(c, g):
+    """conv2d_act (what optimize() fuses conv + activation into): the
+    pre-activation recomputed by conv2d, then conv2d's rule."""
+    x, w, b, res = c.inputs
+    s, p, d, groups = _conv_params(c)
+    z = F.conv2d(x, w, b, stride=s, padding=p, dilation=d, groups=groups)
+    if res is not None:
+        z = z + res
+    gz = _act_grad(c.params["act"], z, g)
+    gx, gw, gb = _conv_vjp(x, w, b, gz, s, p, d, groups, (c.needs(0), c.needs(1), c.needs(2)))
+    return gx, gw, gb, (gz if res is not None and c.needs(3) else None)
+
+
+def _blocked(t):
+    return t.ndim == 5
+
+
+def _conv2d_nchwc_rule(c, g):
+    """conv2d_nchwc: conv2d_act in the NCHW16c layout; the gradient is
+    computed in NCHW and put back in each input's layout."""
+    x, w, b, res = c.inputs
+    s, p, d, groups = _conv_params(c)
+    cin = w.shape[1] * groups
+    xn = _nn.from_nchwc(x, cin) if _blocked(x) else x
+    gn = _nn.from_nchwc(g, w.shape[0])
+    z = F.conv2d(xn, w, b, stride=s, padding=p, dilation=d, groups=groups)
+    if res is not None:
+        z = z + _nn.from_nchwc(res, w.shape[0])
+    gz = _act_grad(c.params["act"], z, gn)
+    gx, gw, gb = _conv_vjp(xn, w, b, gz, s, p, d, groups, (c.needs(0), c.needs(1), c.needs(2)))
+    if gx is not None and _blocked(x):
+        gx = _nn.to_nchwc(gx)
+    gres = _nn.to_nchwc(gz) if res is not None and c.needs(3) else None
+    return gx, gw, gb, gres
+
+
+def _pw_dw_chain(c, convs, g):
+    """The NCHW16c chains (pointwise, depthwise[, projection]): each conv
+    recomputed in NCHW from the chain's input, then the gradients back
+    through them in reverse. ``convs``: per conv (weight index, bias index,
+    stride, padding, groups of the weight, act); returns the gradients of
+    c.inputs in order (the residual last when the chain has one)."""
+    x = c.inputs[0]
+    w0 = c.inputs[convs[0][0]]
+    a = _nn.from_nchwc(x, w0.shape[1])
+    saved = []
+    for wi, bi, s, p, grp, act in convs:
+        w, b = c.inputs[wi], c.inputs[bi]
+        z = F.conv2d(a, w, b, stride=s, padding=p, groups=w.shape[0] if grp else 1)
+        saved.append((a, z))
+        a = _ACT_FN[act](z) if act not in (None, "none") else z
+    res = c.inputs[7] if len(c.inputs) > 7 else None
+    if res is not None:      # the projection's residual: act(z + res)
+        a_prev, z = saved[-1]
+        z = z + _nn.from_nchwc(res, c.inputs[convs[-1][0]].shape[0])
+        saved[-1] = (a_prev, z)
+    gout = [None] * len(c.inputs)
+    ga = _nn.from_nchwc(g, c.inputs[convs[-1][0]].shape[0])
+    for (wi, bi, s, p, grp, act), (a_in, z) in zip(reversed(convs), reversed(saved)):
+        w, b = c.inputs[wi], c.inputs[bi]
+        gz = _act_grad(act, z, ga)
+        if res is not None and wi == convs[-1][0]:
+            gout[7] = _nn.to_nchwc(gz) if c.needs(7) else None
+        ga, gout[wi], gout[bi] = _conv_vjp(a_in, w, b, gz, _pair(s), _pair(p), (1, 1),
+                                           w.shape[0] if grp else 1,
+                                           (True, c.needs(wi), b is not None and c.needs(bi)))
+    gout[0] = _nn.to_nchwc(ga) if c.needs(0) else None
+    return tuple(gout)
+
+
+def _pw_dw_rule(c, g):
+    p = c.params
+    return _pw_dw_chain(c, [(1, 2, 1, 0, False, p["act"]),
+                            (3, 4, p["stride"], p["padding"], True, p["dw_act"])], g)
+
+
+def _pw_dw_pw_rule(c, g):
+    p = c.params
+    return _pw_dw_chain(c, [(1, 2, 1, 0, False, p["act"]),
+                            (3, 4, p["stride"], p["padding"], True, p["dw_act"]),
+                            (5, 6, 1, 0, False, p["proj_act"])], g)
+
+
+def _max_pool2d_nchwc_rule(c, g):
+    x, p = c.inputs[0], c.params
+    ch = x.shape[1] * 16
+    gx = _nn.pool2d_backward("max", _nn.from_nchwc(x, ch), _nn.from_nchwc(g, ch), p["kernel_size"],
+                             p["stride"], p["padding"], p["dilation"], p["ceil_mode"])
+    return _nn.to_nchwc(gx)
 
 
 def _conv_transpose2d_rule(c, g):
@@ -471,139 +599,56 @@ def _conv_transpose2d_rule(c, g):
     return gx, gw, gb
 
 
-# ------------------------------------------------------------- pooling (host code)
-def _windows(size, k, s, p, d, n_out):
-    """For each output index and kernel offset, the input index (may be out of range)."""
-    return (np.arange(n_out)[:, None] * s - p + np.arange(k)[None, :] * d)
-
-
-def _max_pool_grad(x, g, ks, st, pd, dl):
-    xa = x.numpy()
-    ga = g.numpy().astype(np.float64)
-    n, ch, h, w = xa.shape
-    oh, ow = ga.shape[2], ga.shape[3]
-    ih = _windows(h, ks[0], st[0], pd[0], dl[0], oh)          # [oh, kh]
-    iw = _windows(w, ks[1], st[1], pd[1], dl[1], ow)          # [ow, kw]
-    vh = (ih >= 0) & (ih < h)
-    vw = (iw >= 0) & (iw < w)
-    vals = xa[:, :, np.clip(ih, 0, h - 1)[:, :, None, None], np.clip(iw, 0, w - 1)[None, None]]
-    valid = vh[:, :, None, None] & vw[None, None]              # [oh, kh, ow, kw]
-    vals = np.where(valid, vals.astype(np.float64), -np.inf)   # [n, c, oh, kh, ow, kw]
-    vals = vals.transpose(0, 1, 2, 4, 3, 5).reshape(n, ch, oh, ow, -1)
-    # the first maximum of each window (PyTorch); NaN wins as in the forward
-    arg = np.where(np.isnan(vals).any(-1), np.isnan(vals).argmax(-1), vals.argmax(-1))
-    kh_i, kw_i = np.divmod(arg, ks[1])
-    rows = ih[np.arange(oh)[None, None, :, None], kh_i]
-    cols = iw[np.arange(ow)[None, None, None, :], kw_i]
-    acc = np.zeros((n, ch, h, w))
-    nn_, cc = np.indices((n, ch), sparse=True)
-    np.add.at(acc, (nn_[..., None, None], cc[..., None, None], rows, cols), ga)
-    return Tensor(acc.astype(x.dtype))
-
-
+# ------------------------------------------------------------- pooling, resampling (C kernels)
 def _max_pool2d_rule(c, g):
-    x = c.inputs[0]
-    ks = _pair(c.params["kernel_size"])
-    st = _pair(c.params["stride"] if c.params["stride"] is not None else ks)
-    return _max_pool_grad(x, g, ks, st, _pair(c.params["padding"]), _pair(c.params["dilation"]))
+    p = c.params
+    return _nn.pool2d_backward("max", c.inputs[0], g, p["kernel_size"], p["stride"], p["padding"],
+                               p["dilation"], p["ceil_mode"])
 
 
 def _avg_pool2d_rule(c, g):
-    shape, dtype = c.input_shape(0), c.input_dtype(0)
-    ks = _pair(c.params["kernel_size"])
-    st = _pair(c.params["stride"] if c.params["stride"] is not None else ks)
-    pd = _pair(c.params["padding"])
-    ga = g.numpy().astype(np.float64)
-    n, ch, h, w = shape
-    oh, ow = ga.shape[2], ga.shape[3]
-    ih = _windows(h, ks[0], st[0], pd[0], 1, oh)
-    iw = _windows(w, ks[1], st[1], pd[1], 1, ow)
-    if c.params["count_include_pad"]:       # the window clipped to the padded input
-        ch_ = ((ih >= -pd[0]) & (ih < h + pd[0])).sum(1)
-        cw_ = ((iw >= -pd[1]) & (iw < w + pd[1])).sum(1)
-    else:                                    # the window clipped to the input
-        ch_ = ((ih >= 0) & (ih < h)).sum(1)
-        cw_ = ((iw >= 0) & (iw < w)).sum(1)
-    div = np.maximum(ch_[:, None] * cw_[None, :], 1)
-    gd = ga / div
-    acc = np.zeros((n, ch, h + 2 * pd[0] + ks[0] * st[0], w + 2 * pd[1] + ks[1] * st[1]))
-    for a in range(ks[0]):
-        for b in range(ks[1]):
-            rows = ih[:, a] + pd[0]
-            cols = iw[:, b] + pd[1]
-            acc[:, :, rows[:, None], cols[None, :]] += gd
-    out = acc[:, :, pd[0]:pd[0] + h, pd[1]:pd[1] + w]
-    return Tensor(np.ascontiguousarray(out).astype(dtype))
-
-
-def _adaptive_bounds(size, n_out):
-    i = np.arange(n_out)
-    return (i * size) // n_out, -((-(i + 1) * size) // n_out)
+    p = c.params
+    return _nn.pool2d_backward("avg", tuple(c.input_shape(0)), g, p["kernel_size"], p["stride"],
+                               p["padding"], 1, p["ceil_mode"], p["count_include_pad"])
 
 
 def _adaptive_rule(kind):
     def rule(c, g):
-        shape, dtype = c.input_shape(0), c.input_dtype(0)
-        n, ch, h, w = shape
-        ga = g.numpy().astype(np.float64)
-        oh, ow = ga.shape[2], ga.shape[3]
-        hs, he = _adaptive_bounds(h, oh)
-        ws, we = _adaptive_bounds(w, ow)
-        acc = np.zeros(shape)
-        xa = c.inputs[0].numpy() if kind == "max" else None
-        for i in range(oh):
-            for j in range(ow):
-                gij = ga[:, :, i, j]
-                if kind == "avg":
-                    area = (he[i] - hs[i]) * (we[j] - ws[j])
-                    acc[:, :, hs[i]:he[i], ws[j]:we[j]] += (gij / area)[:, :, None, None]
-                else:
-                    win = xa[:, :, hs[i]:he[i], ws[j]:we[j]].reshape(n, ch, -1)
-                    a = win.argmax(-1)
-                    r, q = np.divmod(a, we[j] - ws[j])
-                    nn_, cc = np.indices((n, ch))
-                    np.add.at(acc, (nn_, cc, r + hs[i], q + ws[j]), gij)
-        return Tensor(acc.astype(dtype))
+        x = c.inputs[0] if kind == "max" else tuple(c.input_shape(0))
+        return _nn.adaptive_pool2d_backward(kind, x, g)
     return rule
 
 
-# ------------------------------------------------------------- resampling, padding, attention
-def _interp_matrix(c, axis):
-    """The [out, in] weights of interpolate along spatial ``axis`` (2 or 3),
-    read off the op itself: the op is separable and its rows sum to 1, so
-    one-hot rows along a channel axis give them."""
-    n, ch, h, w = c.input_shape(0)
-    size = (h, w)[axis - 2]
-    basis = np.zeros((1, size, h, w))
-    if axis == 2:
-        basis[0, np.arange(size), np.arange(size), :] = 1.0
-    else:
-        basis[0, np.arange(size), :, np.arange(size)] = 1.0
-    p = c.params
-    out = F.interpolate(Tensor(basis), p["size"], p["scale_factor"], p["mode"],
-                        p["align_corners"]).numpy()
-    # out[0, i, oh, ow]: constant along the other axis
-    return out[0, :, :, 0].T if axis == 2 else out[0, :, 0, :].T
-
-
 def _interpolate_rule(c, g):
-    wh = _interp_matrix(c, 2)        # [oh, h]
-    ww = _interp_matrix(c, 3)        # [ow, w]
-    gx = np.einsum("ncij,ih,jw->nchw", g.numpy().astype(np.float64), wh, ww)
-    return Tensor(gx.astype(c.input_dtype(0)))
+    p = c.params
+    gx = _nn.interpolate_backward(g, tuple(c.input_shape(0)), p["scale_factor"], p["mode"],
+                                  p["align_corners"])
+    return gx.astype(c.input_dtype(0))
 
 
 def _pad_rule(c, g):
-    if c.params["mode"] not in ("constant", 0):
-        from mgtrace.errors import AutodiffError
-        raise AutodiffError(f"no gradient is defined for pad mode {c.params['mode']!r} yet "
-                            "(constant padding has one)")
-    shape = c.input_shape(0)
-    pw = np.broadcast_to(np.asarray(c.params["pad_width"], dtype=np.int64).reshape(-1, 2)
-                         if np.ndim(c.params["pad_width"]) else
-                         np.full((1, 2), c.params["pad_width"]), (len(shape), 2))
-    sl = tuple(slice(int(lo), int(lo) + n) for (lo, _), n in zip(pw, shape))
-    return g[sl]
+    shape, p = tuple(c.input_shape(0)), c.params
+    if p["mode"] in ("constant", 0):
+        pw = p["pad_width"]
+        pairs = _pad_pairs(pw, len(shape))
+        return g[tuple(slice(lo, lo + n) for (lo, _), n in zip(pairs, shape))]
+    # reflect / replicate / circular: each output element copies one input
+    # element; its gradient goes back there (repeated sources add up)
+    pos = F.pad(_positions(shape, g.device), p["pad_width"], mode=p["mode"])
+    return _scatter_add(shape, c.input_dtype(0), pos, g)
+
+
+def _pad_pairs(pw, nd):
+    """np.pad's broadcasting of pad_width to nd (before, after) pairs."""
+    if isinstance(pw, Tensor):
+        pw = pw.tolist()
+    if isinstance(pw, int):
+        return [(pw, pw)] * nd
+    pw = list(pw)
+    if len(pw) == 2 and all(isinstance(v, int) for v in pw):
+        return [tuple(pw)] * nd
+    pairs = [tuple(v) if isinstance(v, (tuple, list)) else (v, v) for v in pw]
+    return pairs * nd if len(pairs) == 1 else pairs
 
 
 def _attention_rule(c, g):
@@ -687,6 +732,9 @@ def _build():
         "softmax": Rule(_softmax_rule, False, True),
         "log_softmax": Rule(_log_softmax_rule, False, True),
         "cumsum": Rule(_cumsum_rule),
+        "cumprod": Rule(_cumprod_rule, True),
+        "sort": Rule(_sorted_rule, False, True),
+        "topk": Rule(_sorted_rule, False, True),
         "getitem": Rule(_getitem_rule),
         "setitem": Rule(_setitem_rule),
         "gather": Rule(_gather_rule),
@@ -698,6 +746,13 @@ def _build():
         "matmul": Rule(_matmul_rule, True),
         "conv2d": Rule(_conv2d_rule, True),
         "conv_transpose2d": Rule(_conv_transpose2d_rule, True),
+        "conv2d_act": Rule(_conv2d_act_rule, True),
+        "conv2d_nchwc": Rule(_conv2d_nchwc_rule, True),
+        "conv2d_nchwc_pw_dw": Rule(_pw_dw_rule, True),
+        "conv2d_nchwc_pw_dw_pw": Rule(_pw_dw_pw_rule, True),
+        "to_nchwc": Rule(lambda c, g: _nn.from_nchwc(g, c.input_shape(0)[1])),
+        "from_nchwc": Rule(lambda c, g: _nn.to_nchwc(g)),
+        "max_pool2d_nchwc": Rule(_max_pool2d_nchwc_rule, True),
         "max_pool2d": Rule(_max_pool2d_rule, True),
         "avg_pool2d": Rule(_avg_pool2d_rule),
         "adaptive_avg_pool2d": Rule(_adaptive_rule("avg")),

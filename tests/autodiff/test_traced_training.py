@@ -90,3 +90,39 @@ def test_train_save_load_continue(tmp_path):
             gm2.backward(loss)
         opt2.step().clear_grad()
     assert loss.item() < losses[-1]
+
+
+class FusableNet(M.Module):
+    """conv + relu, conv + residual + silu, attention and linear + gelu:
+    what optimize()'s training-safe fusions rewrite."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = M.Conv2d(2, 8, 3, padding=1)
+        self.c2 = M.Conv2d(8, 8, 3, padding=1)
+        self.qkv = M.Linear(8, 24)
+        self.fc1 = M.Linear(8, 16)
+        self.fc2 = M.Linear(16, 3)
+
+    def forward(self, x):
+        a = F.relu(self.c1(x))
+        b = F.silu(self.c2(a) + a)
+        t = b.reshape(b.shape[0], 8, -1).transpose(0, 2, 1)          # [n, 36, 8] tokens
+        q, k, v = F.split(self.qkv(t).reshape(t.shape[0], 1, t.shape[1], 24), 3, axis=3)
+        s = F.softmax(F.matmul(q, k, transpose_b=True) * 0.35, axis=-1)
+        o = F.matmul(s, v).reshape(t.shape[0], t.shape[1], 8).mean(axis=1)
+        return self.fc2(F.gelu(self.fc1(o)))
+
+
+def test_training_safe_passes_keep_the_gradients():
+    from mgtrace.traced_module import optimize
+    mt.random.seed(2)
+    net = FusableNet()
+    x, y = _data()
+    tm = mt.trace_module(net, x)
+    fast, report = optimize(tm, "all", return_report=True)
+    fused = {n for n, r in report.items() if r.changed}
+    assert {"FuseConvAct", "FuseLinearAct", "FuseAttention"} <= fused, report
+    names = {e.func.__name__ for e in fast.graph._exprs if hasattr(e, "func")}
+    assert {"conv2d_act", "linear_act", "attention"} <= names, names
+    _same(_grads(net, x, y), _grads(fast, x, y))

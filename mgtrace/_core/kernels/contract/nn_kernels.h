@@ -13,6 +13,8 @@
 #define MT_NN_ENOMEM (-1)
 /* returned by the workspace queries when the size does not fit int64 */
 #define MT_NN_EOVERFLOW (-2)
+/* returned by a gather-like kernel (index_add) for an index out of range */
+#define MT_NN_EINDEX (-3)
 /* returned by a transform-based conv (WINOGRAD, WINOGRAD4, the NCHWc
  * Winograd forms) whose input holds a NaN, an infinity or a magnitude past
  * mt_wino_bound: a transform mixes a whole tile's patch into every output
@@ -138,6 +140,21 @@ typedef struct mt_nn_kernels {
      * device without it runs conv2d. */
     int (*conv2d_packed)(int dtype, const void *x, const void *packed, const void *bias, void *y,
                          const mt_conv2d_geom *g, int algo, int layout, int nt, void *workspace);
+    /* backward kernels (the CPU's in cpu/grad.c; CUDA leaves them NULL: the
+     * gradient raises NoKernelError there) */
+    int (*max_pool2d_backward)(int dtype, const void *x, const void *gy, void *gx, const mt_pool2d_geom *g,
+                               int nt);
+    int (*avg_pool2d_backward)(int dtype, const void *gy, void *gx, const mt_pool2d_geom *g, int nt);
+    int (*adaptive_pool2d_backward)(int dtype, int op, const void *x, const void *gy, void *gx, int64_t planes,
+                                    int64_t h, int64_t w, int64_t oh, int64_t ow, int nt);
+    int (*resize2d_backward)(int dtype, int mode, const void *gy, void *gx, int64_t planes, int64_t h,
+                             int64_t w, int64_t oh, int64_t ow, double scale_h, double scale_w,
+                             int align_corners, int nt);
+    int (*conv2d_backward_weight)(int dtype, const void *x, const void *gy, void *gw, const mt_conv2d_geom *g,
+                                  int nt);
+    int (*index_add)(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
+                     int64_t inner, int nt);
+    int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nt);
 } mt_nn_kernels;
 
 #endif

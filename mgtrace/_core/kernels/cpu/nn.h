@@ -165,6 +165,33 @@ int mt_resize2d(int dtype, int mode, const void *x, void *y, int64_t planes, int
 int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                  const int64_t *after, int mode, int64_t itemsize, int nthreads);
 
+/* ---- backward kernels (grad.c): gradients with the forward's geometry ----
+ * gx/gw are outputs (fully written); gy is the output's gradient, x the
+ * forward's input (contiguous, as the forward's). */
+
+/* max pooling: gy [planes, oh, ow] to the window's first maximum (its first
+ * NaN when it holds one) */
+int mt_max_pool2d_backward(int dtype, const void *x, const void *gy, void *gx, const mt_pool2d_geom *g,
+                           int nthreads);
+int mt_avg_pool2d_backward(int dtype, const void *gy, void *gx, const mt_pool2d_geom *g, int nthreads);
+int mt_adaptive_pool2d_backward(int dtype, int op, const void *x, const void *gy, void *gx, int64_t planes,
+                                int64_t h, int64_t w, int64_t oh, int64_t ow, int nthreads);
+int mt_resize2d_backward(int dtype, int mode, const void *gy, void *gx, int64_t planes, int64_t h, int64_t w,
+                         int64_t oh, int64_t ow, double scale_h, double scale_w, int align_corners,
+                         int nthreads);
+/* conv2d's weight gradient gw [o, c/groups, kh, kw] from x [n, c, h, w] and
+ * gy [n, o, oh, ow] (the geometry's epilogue fields are ignored) */
+int mt_conv2d_backward_weight(int dtype, const void *x, const void *gy, void *gw, const mt_conv2d_geom *g,
+                              int nthreads);
+/* dst [rows, inner] += src [n, inner] row k added at row idx[k] (repeated
+ * rows add up); MT_NN_EINDEX, dst untouched, when an index is outside [0, rows) */
+int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
+                 int64_t inner, int nthreads);
+
+/* gx [n] = gy * act'(x) for x the pre-activation, act an enum mt_act other
+ * than NONE (MT_NN_EINDEX for another) */
+int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads);
+
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 

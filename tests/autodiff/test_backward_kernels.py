@@ -1,0 +1,319 @@
+"""The C backward kernels (kernels/grad.c through nn.pyx) against NumPy
+references written independently here (np.add.at over the forward's
+windows), in float32 and float64, on shapes large enough to take the
+threaded paths, with ties and NaN where the rule for them matters."""
+import ast
+import inspect
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+from mgtrace._core import nn as _nn
+from mgtrace._core import reduce as R
+from mgtrace.autodiff import rules
+
+
+def _windows(n_out, k, s, p, d):
+    return np.arange(n_out)[:, None] * s - p + np.arange(k)[None, :] * d
+
+
+def _max_pool_ref(x, gy, k, s, p, d):
+    """gy to each window's first maximum (first NaN), float64."""
+    n, c, h, w = x.shape
+    oh, ow = gy.shape[2:]
+    gx = np.zeros(x.shape)
+    for b, ch, i, j in itertools.product(range(n), range(c), range(oh), range(ow)):
+        best, arg = None, None
+        for a, e in itertools.product(range(k[0]), range(k[1])):
+            r, q = i * s[0] - p[0] + a * d[0], j * s[1] - p[1] + e * d[1]
+            if not (0 <= r < h and 0 <= q < w):
+                continue
+            v = x[b, ch, r, q]
+            if best is None or (not np.isnan(best) and (v > best or np.isnan(v))):
+                best, arg = v, (r, q)
+        gx[b, ch][arg] += gy[b, ch, i, j]
+    return gx
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k,s,p,d,ceil", [((3, 3), (2, 2), (1, 1), (1, 1), False),
+                                           ((2, 3), (1, 2), (1, 0), (2, 1), True)])
+def test_max_pool_backward(dtype, k, s, p, d, ceil):
+    rng = np.random.default_rng(1)
+    x = rng.integers(-3, 3, (2, 3, 9, 8)).astype(dtype)      # many ties
+    x[0, 1, 2, 3] = np.nan
+    y = F.max_pool2d(mt.tensor(x), k, s, p, d, ceil)
+    gy = rng.uniform(-1, 1, y.shape).astype(dtype)
+    got = _nn.pool2d_backward("max", mt.tensor(x), mt.tensor(gy), k, s, p, d, ceil).numpy()
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, _max_pool_ref(x, gy, k, s, p, d), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("include", [True, False])
+def test_avg_pool_backward(include):
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, (2, 2, 7, 6))
+    k, s, p = (3, 2), (2, 2), (1, 1)
+    y = F.avg_pool2d(mt.tensor(x), k, s, p, ceil_mode=True,
+                     mode="average" if include else "average_count_exclude_padding")
+    gy = rng.uniform(-1, 1, y.shape)
+    # the reference: the forward is linear, so its transpose is the Jacobian's
+    jac = np.zeros((y.numpy().size, x.size))
+    for i in range(x.size):
+        e = np.zeros(x.size)
+        e[i] = 1
+        jac[:, i] = F.avg_pool2d(mt.tensor(e.reshape(x.shape)), k, s, p, ceil_mode=True,
+                                 mode="average" if include else
+                                 "average_count_exclude_padding").numpy().ravel()
+    got = _nn.pool2d_backward("avg", x.shape, mt.tensor(gy), k, s, p, 1, True, include).numpy()
+    np.testing.assert_allclose(got.ravel(), gy.ravel() @ jac, rtol=1e-12, atol=1e-12)
+
+
+def test_adaptive_backward():
+    rng = np.random.default_rng(3)
+    x = rng.integers(-2, 2, (2, 3, 7, 5)).astype(np.float64)
+    gy = rng.uniform(-1, 1, (2, 3, 3, 4))
+    ref_max, ref_avg = np.zeros(x.shape), np.zeros(x.shape)
+    for i, j in itertools.product(range(3), range(4)):
+        hs, he = i * 7 // 3, -(-(i + 1) * 7 // 3)
+        ws, we = j * 5 // 4, -(-(j + 1) * 5 // 4)
+        win = x[:, :, hs:he, ws:we].reshape(2, 3, -1)
+        r, q = np.divmod(win.argmax(-1), we - ws)
+        nn_, cc = np.indices((2, 3))
+        np.add.at(ref_max, (nn_, cc, r + hs, q + ws), gy[:, :, i, j])
+        ref_avg[:, :, hs:he, ws:we] += (gy[:, :, i, j] / ((he - hs) * (we - ws)))[:, :, None, None]
+    got = _nn.adaptive_pool2d_backward("max", mt.tensor(x), mt.tensor(gy)).numpy()
+    np.testing.assert_allclose(got, ref_max, rtol=1e-12, atol=1e-12)
+    got = _nn.adaptive_pool2d_backward("avg", x.shape, mt.tensor(gy)).numpy()
+    np.testing.assert_allclose(got, ref_avg, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(size=(5, 9), mode="bilinear", align_corners=False),
+                                dict(size=(2, 3), mode="bilinear", align_corners=True),
+                                dict(scale_factor=1.7, mode="nearest"),
+                                dict(scale_factor=(2, 0.5), mode="bilinear")])
+def test_interpolate_backward(kw):
+    rng = np.random.default_rng(4)
+    shape = (1, 2, 4, 6)
+    y0 = F.interpolate(mt.tensor(np.zeros(shape)), **kw)
+    gy = rng.uniform(-1, 1, y0.shape)
+    jac = np.zeros((gy.size, int(np.prod(shape))))
+    for i in range(jac.shape[1]):
+        e = np.zeros(jac.shape[1])
+        e[i] = 1
+        jac[:, i] = F.interpolate(mt.tensor(e.reshape(shape)), **kw).numpy().ravel()
+    got = _nn.interpolate_backward(mt.tensor(gy), shape, kw.get("scale_factor"), kw["mode"],
+                                   kw.get("align_corners")).numpy()
+    np.testing.assert_allclose(got.ravel(), gy.ravel() @ jac, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("float64", 1e-12)])
+@pytest.mark.parametrize("n,c,o,k,s,p,d,groups", [(3, 4, 6, (3, 2), (2, 1), (1, 2), (1, 2), 2),
+                                                   (2, 3, 3, (3, 3), (1, 1), (1, 1), (1, 1), 3),
+                                                   (2, 8, 5, (1, 1), (1, 1), (0, 0), (1, 1), 1)])
+def test_conv_weight_backward(dtype, tol, n, c, o, k, s, p, d, groups):
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (n, c, 9, 8)).astype(dtype)
+    w_shape = (o, c // groups) + k
+    y = F.conv2d(mt.tensor(x), mt.tensor(np.zeros(w_shape, dtype)), None, s, p, d, groups)
+    gy = rng.uniform(-1, 1, y.shape).astype(dtype)
+    # reference: sum over images and output pixels of gy times the tapped input
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p[0],) * 2, (p[1],) * 2))
+    og, cg = o // groups, c // groups
+    ref = np.zeros(w_shape)
+    oh, ow = y.shape[2:]
+    for a, e in itertools.product(range(k[0]), range(k[1])):
+        patch = xp[:, :, a * d[0]:a * d[0] + s[0] * (oh - 1) + 1:s[0],
+                   e * d[1]:e * d[1] + s[1] * (ow - 1) + 1:s[1]]
+        for gi in range(groups):
+            ref[gi * og:(gi + 1) * og, :, a, e] = np.einsum(
+                "nohw,nchw->oc", gy[:, gi * og:(gi + 1) * og], patch[:, gi * cg:(gi + 1) * cg])
+    got = _nn.conv2d_backward_weight(mt.tensor(x), mt.tensor(gy), w_shape, s, p, d, groups).numpy()
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def test_conv_weight_backward_chunks_images():
+    # 32 MiB of columns a chunk: 40 images of 3*9 x 200*200 float64 take several chunks
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-1, 1, (40, 3, 200, 200))
+    gy = rng.uniform(-1, 1, (40, 2, 200, 200))
+    got = _nn.conv2d_backward_weight(mt.tensor(x), mt.tensor(gy), (2, 3, 3, 3), 1, 1, 1, 1).numpy()
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.stack([np.stack([np.einsum("nohw,nchw->oc", gy, xp[:, :, a:a + 200, e:e + 200])
+                              for e in range(3)], -1) for a in range(3)], -2)
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_index_add_repeats_and_negatives(dtype):
+    rng = np.random.default_rng(7)
+    idx = rng.integers(-10, 10, 500)
+    src = rng.uniform(-1, 1, (500, 130)).astype(dtype)
+    ref = np.zeros((10, 130))
+    np.add.at(ref, idx, src.astype(np.float64))
+    got = _nn.index_add((10, 130), mt.tensor(idx), mt.tensor(src)).numpy()
+    assert got.dtype == np.dtype(dtype)
+    tol = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}[dtype]
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+def _act_prime(act, x):
+    """act'(x) in float64, PyTorch's subgradients at the kinks."""
+    s = 1 / (1 + np.exp(-x))
+    erf = np.vectorize(math.erf)
+    return {"relu": (x > 0) * 1.0, "relu6": ((x > 0) & (x < 6)) * 1.0,
+            "silu": s * (1 + x * (1 - s)), "sigmoid": s * (1 - s),
+            "hardswish": np.where(x < -3, 0.0, np.where(x > 3, 1.0, (2 * x + 3) / 6)),
+            "gelu": 0.5 * (1 + erf(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)}[act]
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6", "silu", "sigmoid", "hardswish", "gelu"])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float64", 1e-14)])
+def test_act_backward(act, dtype, tol):
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.uniform(-8, 8, 40000), [0.0, 6.0, -3.0, 3.0, -0.0]]).astype(dtype)
+    gy = rng.uniform(-1, 1, x.shape).astype(dtype)
+    got = _nn.act_backward(act, mt.tensor(x), mt.tensor(gy)).numpy()
+    assert got.dtype == np.dtype(dtype)
+    want = gy.astype(np.float64) * _act_prime(act, x.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="act must be"):
+        _nn.act_backward("none", mt.tensor(x), mt.tensor(gy))
+
+
+def test_index_add_refuses_out_of_range():
+    with pytest.raises(IndexError, match="outside"):
+        _nn.index_add((4, 2), mt.tensor([0, 4]), mt.tensor(np.ones((2, 2))))
+    with pytest.raises(ValueError, match="elements"):
+        _nn.index_add((4, 2), mt.tensor([0, 1]), mt.tensor(np.ones((3, 2))))
+    with pytest.raises(TypeError, match="integer"):
+        _nn.index_add((4, 2), mt.tensor([0.0, 1.0]), mt.tensor(np.ones((2, 2))))
+
+
+def test_no_rule_runs_numpy():
+    # every rule is core ops and C kernels (through the device's tables): none
+    # imports NumPy or copies a tensor to the host with .numpy()
+    tree = ast.parse(inspect.getsource(rules))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names} | {n.module.split(".")[0] for n in ast.walk(tree)
+                                     if isinstance(n, ast.ImportFrom) and n.module}
+    assert "numpy" not in imported
+    host = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("numpy", "tolist")
+            and not (isinstance(n.value, ast.Name) and n.value.id == "pw")]
+    assert host == []
+
+
+def _grads(fn, arrays):
+    from mgtrace.autodiff import GradManager
+    ts = [mt.tensor(a) for a in arrays]
+    gm = GradManager().attach(ts)
+    with gm:
+        y = fn(*ts)
+        w = mt.tensor(np.random.default_rng(9).uniform(-1, 1, y.shape).astype(np.float32))
+        gm.backward((y * w).sum())
+    return [t.grad.numpy() for t in ts]
+
+
+def _nchw_to_blocked(fn):
+    return lambda x, *rest: fn(F.to_nchwc(x), *rest)
+
+
+@pytest.mark.parametrize("case", ["conv", "conv_plain", "pw_dw", "pw_dw_pw", "pool"])
+def test_nchwc_rules_match_the_nchw_ops(case):
+    # the NCHW16c ops (float32 only, what optimize()'s NCHWc pass emits) give
+    # the gradients their NCHW counterparts give, through the same weights
+    rng = np.random.default_rng(10)
+
+    def u(*shape):
+        return rng.uniform(-1, 1, shape).astype(np.float32)
+
+    x = u(2, 20, 6, 6)
+    if case == "conv":
+        arrays = [x, u(18, 20, 3, 3), u(18), u(2, 18, 6, 6)]
+        fast = lambda x, w, b, r: F.from_nchwc(F.conv2d_nchwc(F.to_nchwc(x), w, b, padding=1, act="silu",
+                                                              residual=F.to_nchwc(r)), 18)
+        ref = lambda x, w, b, r: F.silu(F.conv2d(x, w, b, padding=1) + r)
+    elif case == "conv_plain":
+        arrays = [u(2, 3, 6, 6), u(17, 3, 3, 3), u(17)]
+        fast = lambda x, w, b: F.from_nchwc(F.conv2d_nchwc(x, w, b, stride=2, padding=1, act="relu"), 17)
+        ref = lambda x, w, b: F.relu(F.conv2d(x, w, b, stride=2, padding=1))
+    elif case == "pw_dw":
+        arrays = [x, u(32, 20, 1, 1), u(32), u(32, 1, 3, 3), u(32)]
+        fast = lambda x, w, b, dw, db: F.from_nchwc(F.conv2d_nchwc_pw_dw(
+            F.to_nchwc(x), w, b, dw, db, stride=2, padding=1, act="relu6", dw_act="relu6"), 32)
+        ref = lambda x, w, b, dw, db: F.relu6(F.conv2d(F.relu6(F.conv2d(x, w, b)), dw, db, stride=2,
+                                                       padding=1, groups=32))
+    elif case == "pw_dw_pw":
+        arrays = [x, u(32, 20, 1, 1), u(32), u(32, 1, 3, 3), u(32), u(20, 32, 1, 1), u(20), u(2, 20, 6, 6)]
+        fast = lambda x, w, b, dw, db, pw, pb, r: F.from_nchwc(F.conv2d_nchwc_pw_dw_pw(
+            F.to_nchwc(x), w, b, dw, db, pw, pb, stride=1, padding=1, act="relu6", dw_act="relu6",
+            residual=F.to_nchwc(r)), 20)
+        ref = lambda x, w, b, dw, db, pw, pb, r: F.conv2d(F.relu6(F.conv2d(F.relu6(F.conv2d(x, w, b)), dw, db,
+                                                                            padding=1, groups=32)), pw, pb) + r
+    else:
+        arrays = [x]
+        fast = lambda x: F.from_nchwc(F.max_pool2d_nchwc(F.to_nchwc(x), 3, 2, 1), 20)
+        ref = lambda x: F.max_pool2d(x, 3, 2, 1)
+    for got, want in zip(_grads(fast, arrays), _grads(ref, arrays)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+@pytest.fixture
+def second_device():
+    """cuda:0 as a stand-in device with every CPU kernel table, its memory
+    treated as a GPU's (tests/core/test_backend_seam.py's fake device)."""
+    import importlib
+    core_tensor = importlib.import_module("mgtrace._core.tensor")
+    core_tensor._install_test_backend("cuda", ("elementwise", "reduce", "linalg", "nn", "index"), False)
+    yield mt.Device("cuda:0")
+    core_tensor._remove_test_backend("cuda")
+
+
+def rng_w(shape):
+    return np.random.default_rng(12).uniform(-1, 1, shape)
+
+
+INDEXED = {
+    "embedding": (lambda w, d: F.embedding(mt.tensor([[0, 2, 2], [4, 1, 0]], device=d), w), [((5, 3), None)]),
+    "gather": (lambda x, d: F.gather(x, 1, mt.tensor([[0, 0, 2], [1, 3, 3]], device=d)), [((2, 4), None)]),
+    "getitem": (lambda x, d: x[1:, mt.tensor([0, 2, 0], device=d)], [((3, 4), None)]),
+    "getitem_rows": (lambda x, d: x[mt.tensor([2, 0, 2], device=d)], [((3, 4), None)]),
+    "sort": (lambda x, d: F.sort(x)[0], [((3, 5), None)]),
+    "pad_reflect": (lambda x, d: F.pad(x, ((1, 2), (2, 1)), mode="reflect"), [((4, 5), None)]),
+    "cumprod": (lambda x, d: R.cumprod(x, 1), [((3, 4), None)]),
+}
+
+
+@pytest.mark.parametrize("name", ["max_pool2d", "avg_pool2d", "adaptive_max_pool2d", "adaptive_avg_pool2d",
+                                  "interpolate", "conv2d", "gelu", "prod", "split"] + sorted(INDEXED))
+def test_backward_kernels_run_through_the_devices_table(name, second_device):
+    # the rules reach their kernels through the tensor's device backend, as
+    # forward ops do: on a second device type carrying the CPU's tables the
+    # gradients are the CPU's
+    from mgtrace.autodiff import GradManager
+    from .test_rules_fd import CASES
+    fn, specs = CASES.get(name, (None, None))
+    dev = second_device
+    if name in INDEXED:        # the index on the inputs' device
+        fn, specs = INDEXED[name]
+    rng = np.random.default_rng(11)
+    arrays = [rng.uniform(-2, 2, shape) for shape, _ in specs]
+
+    def grads(device):
+        ts = [mt.tensor(a, device=device) for a in arrays]
+        gm = GradManager().attach(ts)
+        with gm:
+            y = fn(*ts, device) if name in INDEXED else fn(*ts)
+            gm.backward((y * mt.tensor(rng_w(y.shape), device=device)).sum())
+        return [t.grad.numpy() for t in ts], {str(t.grad.device) for t in ts}
+
+    want, _ = grads("cpu")
+    got, where = grads(second_device)
+    assert where == {"cuda:0"}
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
