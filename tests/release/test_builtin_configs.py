@@ -33,11 +33,23 @@ def _stored_keys(header):
 def _written_keys(obj, target):
     """The same, as this writer writes each builtin module of ``obj`` for ``target``."""
     out = {}
-    for _, m in obj.named_modules():
-        if is_builtin(m):
-            keys = tuple(B.config_for(m.builtin_name, m.config(), target))
-            out.setdefault(m.builtin_name, set()).add(keys)
+    for m in _own_entries(obj):
+        keys = tuple(B.config_for(m.builtin_name, m.config(), target))
+        out.setdefault(m.builtin_name, set()).add(keys)
     return out
+
+
+def _own_entries(obj):
+    """The builtin modules of ``obj`` that get an entry of their own: a
+    builtin's own children (a fused LinearBn1d's linear and bn) are part of
+    its entry, not entries."""
+    inside = []                     # paths of the builtins met so far
+    for path, m in obj.named_modules():
+        if any(path.startswith(p + ".") for p in inside):
+            continue
+        if is_builtin(m):
+            inside.append(path)
+            yield m
 
 
 @pytest.fixture(scope="module")

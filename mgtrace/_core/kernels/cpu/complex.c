@@ -8,7 +8,7 @@
  * but for rare ties), of a complex128 by hypot.
  */
 #include <complex.h>
-#include "mt_ops.h"
+#include "elementwise.h"   /* the CPU loop tables it fills */
 #include "mt_complex.h"
 
 /* |z| of a complex64 in double: float parts can neither overflow nor underflow */
