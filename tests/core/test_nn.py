@@ -1295,8 +1295,10 @@ def test_cached_weights_change_the_algorithm(kernels):
         assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1) == uncached
         assert nn.conv2d_algorithm(x.shape, wt.shape, 1, 1, cached=True) == cached
         nn.clear_weight_cache()
-        got = nn._conv2d(tensor(x), tensor(wt), tensor(b), 1, 1, 1, 1, "auto").numpy()
+        weight = tensor(wt)     # alive: the cache drops a pack when its weight's memory goes
+        got = nn._conv2d(tensor(x), weight, tensor(b), 1, 1, 1, 1, "auto").numpy()
         assert nn.weight_cache_info()[0] == 1
+        del weight
         ref = ref_conv2d(x, wt, b, 1, 1)
         # F(4x4) Winograd's transforms scale float32 rounding up: 4608-term
         # sums came within 1.2e-5 of the output's scale, not 1e-5
