@@ -994,6 +994,7 @@ def _output_elements(node, ins, a):
 def run_node(node, ins, opset):
     """The outputs of ONNX ``node`` on ``ins`` (a list, one per output)."""
     a = _attrs(node)
+    from mgtrace.errors import NoKernelError
     from mgtrace.onnx.importer import MAX_ELEMENTS, OnnxImportError
     n = _output_elements(node, ins, a)
     if n is not None and n > MAX_ELEMENTS:
@@ -1008,6 +1009,9 @@ def run_node(node, ins, opset):
         # a ConstantOfShape / Expand / Tile / Pad / Range to an absurd size
         raise _err(node, f"its output is absurdly large ({type(err).__name__}: "
                          f"{str(err)[:120]})") from None
+    except NoKernelError as err:
+        # operands of a dtype the op has no kernel for (a complex input to Relu)
+        raise _err(node, f"operands mgtrace has no kernel for ({err})") from None
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as err:
         # a mutated attribute (an int where ints belong, a missing list) or
         # operands the op refuses: name the node rather than leak a traceback

@@ -218,10 +218,17 @@ def test_mistyped_attribute_and_complex_input_are_import_errors():
                [_f32("x", [1, 1, 3, 3]), _f32("w", [1, 1, 1, 1])], [_f32("y", None)])
     with pytest.raises(mo.OnnxImportError, match="node 'c' \\(Conv\\): inputs or attributes"):
         mo.load(m.SerializeToString())
-    # complex64 has a NumPy dtype but no mgtrace tensor dtype
-    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+    # complex64 is a tensor dtype (format 1.2), but relu has no kernel for it:
+    # the node is named, as for any operands the importer cannot run
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="r")],
                [helper.make_tensor_value_info("x", TensorProto.COMPLEX64, [2])], [_f32("y", None)])
-    with pytest.raises(mo.OnnxImportError, match="graph input 'x'.*no mgtrace tensor dtype"):
+    with pytest.raises(mo.OnnxImportError, match="node 'r'.*no kernel for op 'relu' on device "
+                                                 "cpu:0 with dtype complex64"):
+        mo.load(m.SerializeToString())
+    # a dtype with no mgtrace tensor dtype at all (strings) is refused at the graph input
+    m = _model([helper.make_node("Identity", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.STRING, [2])], [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="graph input 'x'"):
         mo.load(m.SerializeToString())
 
 
