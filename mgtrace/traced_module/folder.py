@@ -9,6 +9,8 @@ graphs' constant tensors, read with ``numpy.load(allow_pickle=False)``).
 Importing it needs NumPy and mgtrace; nothing is traced and no archive is
 read.
 """
+import ast
+import collections
 import keyword
 import os
 import re
@@ -20,7 +22,8 @@ from mgtrace.module import Module, Parameter
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.graph import GraphError
-from mgtrace.traced_module.traced_module import TracedModule
+from mgtrace.traced_module.pytree import LeafDef
+from mgtrace.traced_module.traced_module import TracedModule, _plain_arity
 
 __all__ = ["to_folder"]
 
@@ -203,9 +206,43 @@ class _Writer:
                 raise self.error(f"{tm._qualname}'s code uses {name} = {type(v).__name__} "
                                  f"{v!r:.60}, which to_folder cannot write")
         code = "\n".join(ln for ln in source.splitlines() if not ln.startswith("# "))
+        code = self._with_signature(tm, graphs[0], code)
         if binds:                            # names the code reads, bound in the method
             return self._with_binds(code, binds)
         return code + "\n"
+
+    def _with_signature(self, tm, graph, code):
+        """The generated forward takes one argument per tensor slot of the
+        traced call (``d_a, d_b_0`` for ``forward(self, d)`` called with a
+        dict): where those are not forward's own parameters, the package's
+        forward keeps forward's signature and reads each slot out of its
+        arguments (``d_a, d_b_0 = d['a'], d['b'][0]``), so it is called as
+        the traced module is."""
+        sig = tm._signature
+        if sig is None or _plain_arity(graph._in_def, list(sig.parameters.values())) is not None:
+            return code
+        head, _, rest = code.partition("\n")
+        names = [p.strip() for p in head[head.index("(") + 1:head.rindex(")")].split(",")][1:]
+        reads, fixed = [], []
+        kids = graph._in_def.children
+        params = list(sig.parameters.values())
+        if graph._in_def.type is not tuple or len(kids) != len(params) or not all(
+                _slot_reads(c, p.name, reads, fixed) for c, p in zip(kids, params)):
+            raise self.error(f"{tm._qualname} was traced with arguments of a structure "
+                             f"{graph._in_def!r} that to_folder cannot read in Python")
+        if any(p.default is not p.empty and not _literal(p.default) for p in params):
+            raise self.error(f"{tm._qualname}.forward{sig} has a default that to_folder "
+                             "cannot write")
+        plain = sig.replace(parameters=[p.replace(annotation=p.empty) for p in params],
+                            return_annotation=sig.empty)
+        lines = [f"def forward(self, {str(plain)[1:-1]}):" if params else "def forward(self):"]
+        for src, value in fixed:        # the traced module refuses other values: so does this
+            said = f"{tm._qualname} was traced with {src} == {value!r}, called with "
+            lines += [f"    if {src} != {value!r}:",
+                      f"        raise TypeError({said!r} + repr({src}))"]
+        if names:
+            lines.append(f"    {', '.join(names)}, = {', '.join(reads)},")
+        return "\n".join(lines) + "\n" + rest
 
     @staticmethod
     def _with_binds(code, binds):
@@ -217,10 +254,47 @@ class _Writer:
         return head + "\n" + "\n".join(inner) + "\n" + rest + "\n"
 
 
+def _literal(v):
+    """Whether ``repr(v)`` is Python source that gives ``v`` back (numbers,
+    strings, None and containers of them; not NaN)."""
+    try:
+        back = ast.literal_eval(repr(v))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return type(back) is type(v) and back == v
+
+
+def _slot_reads(tdef, src, out, fixed):
+    """Append to ``out`` the Python source that reads each tensor slot of
+    ``tdef`` out of the value spelled ``src``, and to ``fixed`` ``(source,
+    value)`` for each constant the trace fixed there; False for a structure
+    plain indexing cannot read (a registered custom type, a key with no
+    literal)."""
+    if isinstance(tdef, LeafDef):
+        if tdef.is_slot:
+            out.append(src)
+        elif _literal(tdef.const):
+            fixed.append((src, tdef.const))
+        return True
+    if tdef.type in (dict, collections.OrderedDict):
+        if not all(type(k) in (str, int) for k in tdef.aux):
+            return False
+        subs = [f"{src}[{k!r}]" for k in tdef.aux]
+    elif tdef.type in (tuple, list) or (issubclass(tdef.type, tuple) and
+                                        hasattr(tdef.type, "_fields")):
+        subs = [f"{src}[{i}]" for i in range(len(tdef.children))]
+    else:
+        return False
+    return all(_slot_reads(c, sub, out, fixed) for c, sub in zip(tdef.children, subs))
+
+
 def to_folder(tm, path, module_name="Net"):
     """Write TracedModule ``tm`` as a Python package at ``path`` so that
     ``from <path> import <module_name>`` gives a plain ``mgtrace.module.Module``
     with ``tm``'s weights and outputs (torch.fx's ``GraphModule.to_folder``).
+    Each class's ``forward`` takes the traced forward's arguments (a dict,
+    list, tuple or namedtuple of tensors included) and refuses, with a
+    TypeError, a value other than the one a trace fixed.
 
     Args:
         tm: a TracedModule; each traced module in it must have at most one
@@ -231,7 +305,8 @@ def to_folder(tm, path, module_name="Net"):
     Raises:
         ValueError: ``module_name`` is not an identifier.
         GraphError: a module with several graphs, a child that is neither
-            traced nor builtin, or a constant that cannot be written.
+            traced nor builtin, a constant or a default value that cannot
+            be written, or arguments of a registered custom pytree type.
     """
     if not isinstance(module_name, str) or not module_name.isidentifier() or \
             keyword.iskeyword(module_name):
