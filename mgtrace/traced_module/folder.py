@@ -91,6 +91,14 @@ def _ident(name, taken):
     return out
 
 
+def _number_src(v):
+    """Python source for a constant: its repr, but ``float('nan')`` and
+    ``float('inf')`` where the repr is no source."""
+    if isinstance(v, float) and not np.isfinite(v):
+        return f"float({repr(v)!r})"
+    return repr(v)
+
+
 def _dtype_src(dt):
     return repr(np.dtype(dt).name)
 
@@ -201,7 +209,9 @@ class _Writer:
                              f"from {mod} import {head} as {name}_owner\n{name} = "
                              f"{name}_owner.{rest}")
             elif isinstance(v, (bool, int, float, str, type(None))):
-                binds.append(f"{name} = {v!r}")
+                binds.append(f"{name} = {_number_src(v)}")
+            elif isinstance(v, np.generic) and v.dtype.kind in "biuf":     # np.float32(1.7)
+                binds.append(f"{name} = np.dtype({v.dtype.name!r}).type({_number_src(v.item())})")
             else:
                 raise self.error(f"{tm._qualname}'s code uses {name} = {type(v).__name__} "
                                  f"{v!r:.60}, which to_folder cannot write")

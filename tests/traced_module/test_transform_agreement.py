@@ -183,3 +183,16 @@ def test_a_submodule_called_with_a_dict_and_star_arguments(tmp_path):
     for m in (tm, pkg.Net()):
         with pytest.raises(TypeError, match="k"):
             m.p(x, y, k=2.5, z=z)
+
+
+# ------------------------------------------------- NumPy scalar constants
+class _NumpyScalars(M.Module):
+    def forward(self, x):
+        return (x * np.float32(1.7), x + np.float16(0.1), x.astype("int32") + np.int64(7),
+                x > np.float64(0.2), x * float("inf"), x + np.float32("nan"))
+
+
+def test_numpy_scalar_constants_in_every_variant(tmp_path):
+    """to_folder refused a NumPy scalar the forward captured (GraphError:
+    cannot write np.float32(1.7)); it writes np.dtype('float32').type(...)."""
+    assert_all_agree(_NumpyScalars, lambda: (_r(2, 3),), tmp_path)
