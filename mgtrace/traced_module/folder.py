@@ -73,6 +73,32 @@ def member(obj, name):
         if t is not None and name in t:
             return t[name]
     return getattr(obj, name)
+
+
+def share(root, groups):
+    """Make the tensors that viewed one storage in the traced module views
+    of one storage again (a tied weight, a buffer that is a slice of
+    another): groups of (span key, [(places, shape, strides, offset)]),
+    each place a (module path, name) holding that one tensor."""
+    from mgtrace._core.tensor import share_as, strided_view
+    for key, members in groups:
+        span = constant(key)
+        for places, shape, strides, offset in members:
+            view = None
+            for path, name in places:
+                m = root
+                for part in path.split(".") if path else ():
+                    m = member(m, part)
+                old = member(m, name)
+                if view is None:
+                    view = share_as(strided_view(span, tuple(shape), tuple(strides), offset),
+                                    type(old))
+                d = m.__dict__
+                for table in ("_parameters", "_buffers"):
+                    if name in d.get(table, {}):
+                        d[table][name] = view
+                if name in d:
+                    d[name] = view
 '''
 
 
@@ -99,6 +125,15 @@ def _number_src(v):
     return repr(v)
 
 
+def _contig(shape):
+    """C-contiguous strides, in elements, of ``shape``."""
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
 def _dtype_src(dt):
     return repr(np.dtype(dt).name)
 
@@ -109,11 +144,45 @@ class _Writer:
         self.module_name = module_name
         self.classes = {}           # id(traced module) -> (class name, file stem)
         self.files = {}             # file stem -> source
-        self.taken = {module_name, "constant", "member", "arrays"}
+        self.taken = {module_name, "constant", "member", "arrays", "share"}
         self.constants = {}
+        self.shared = self._shared_storage(root)
 
     def error(self, what):
         return GraphError(f"to_folder: {what}")
+
+    def _shared_storage(self, root):
+        """The groups of tensors of ``root``'s tree (parameters, buffers,
+        tensor attributes) that view one storage, for the runtime's
+        ``share``; their spans go to weights.npz."""
+        from mgtrace._core.tensor import storage_spans
+        places, tensors = {}, []
+        for path, m in root.named_modules(remove_duplicate=False):
+            d = m.__dict__
+            named = list(d.get("_parameters", {}).items()) + list(d.get("_buffers", {}).items())
+            named += [(k, v) for k, v in d.items() if isinstance(v, Tensor) and not
+                      k.startswith("_") and k not in d.get("_parameters", {}) and
+                      k not in d.get("_buffers", {})]
+            for name, t in named:
+                if isinstance(t, Tensor):
+                    if id(t) not in places:
+                        places[id(t)] = []
+                        tensors.append(t)
+                    if (path, name) not in places[id(t)]:
+                        places[id(t)].append((path, name))
+        groups, grouped = [], set()
+        for k, (span, views) in enumerate(storage_spans(tensors)):
+            key = f"__span__/{k}"
+            self.constants[key] = span.numpy()
+            groups.append((key, [(places[id(tensors[i])], tuple(tensors[i].shape),
+                                  tuple(tensors[i].strides), offset) for i, offset in views]))
+            grouped.update(i for i, _ in views)
+        for i, t in enumerate(tensors):     # one tensor at several places (a tied weight)
+            if len(places[id(t)]) > 1 and i not in grouped:
+                key = f"__tied__/{i}"
+                self.constants[key] = t.numpy()
+                groups.append((key, [(places[id(t)], tuple(t.shape), _contig(t.shape), 0)]))
+        return groups
 
     def class_of(self, tm, name=None):
         key = id(tm)
@@ -176,6 +245,9 @@ class _Writer:
             lines.append("        w = arrays()")
             lines.append("        self.load_state_dict({k: w[k] for k in w "
                          "if not k.startswith('__')})")
+            if self.shared:
+                lines.append("        from ._runtime import share")
+                lines.append(f"        share(self, {self.shared!r})")
             lines.append(f"        self.train({bool(tm.training)!r})")
             flags = {n: m.training for n, m in tm.named_modules() if m.training != tm.training}
             if flags:
