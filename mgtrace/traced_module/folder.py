@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from mgtrace._core import Tensor
+from mgtrace._core import Device, Tensor
 from mgtrace.module import Module, Parameter
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module import codegen
@@ -282,6 +282,8 @@ class _Writer:
                              f"{name}_owner.{rest}")
             elif isinstance(v, (bool, int, float, str, type(None))):
                 binds.append(f"{name} = {_number_src(v)}")
+            elif isinstance(v, Device):
+                binds.append(f"{name} = mt.as_device({str(v)!r})")
             elif isinstance(v, np.generic) and v.dtype.kind in "biuf":     # np.float32(1.7)
                 binds.append(f"{name} = np.dtype({v.dtype.name!r}).type({_number_src(v.item())})")
             else:

@@ -1,6 +1,6 @@
 """Every transformation gives the eager answer (the project's first promise):
 trace_module, optimize (default, "all", flattened), save/load (copy and
-mmap), copy.deepcopy and to_folder, each compared with eager on values,
+mmap), copy.deepcopy, flatten() and to_folder, each compared with eager on values,
 dtypes, shapes and devices. One test per construct that once broke
 silently, each with the smallest model that showed it."""
 import collections
@@ -53,6 +53,8 @@ def variants(tm, tmp_path):
         "load_copy": _load(tm),
         "load_mmap": _load_mmap(tm, tmp_path / "m.tmod"),
         "deepcopy": copy.deepcopy(tm),
+        "flatten": tm.flatten(),
+        "flatten_loaded": _load(tm.flatten()),
         "optimized_loaded": _load(optimize(tm, "all", flatten=True)),
         "to_folder": _to_folder(tm, tmp_path),
     }
@@ -244,3 +246,15 @@ def test_tensors_sharing_storage_stay_shared_in_every_variant(make, tmp_path):
     pkg = _to_folder(tm, tmp_path / "again")
     if make is _TiedWritten:
         assert pkg.a.weight is pkg.b.weight
+
+
+class _MadeOnDevices(M.Module):
+    def forward(self, x):
+        return (x + mt.tensor(np.ones(3, np.float32), device="cpu:1").to("cpu:0"),
+                mt.tensor([1.0, 2.0, 3.0], device=x.device) * x)
+
+
+def test_tensors_made_on_a_device_in_every_variant(tmp_path):
+    """A Device the forward passes (device=x.device) is a constant of the
+    trace: to_folder refused it (cannot write Device('cpu:0'))."""
+    assert_all_agree(_MadeOnDevices, lambda: (_r(2, 3),), tmp_path)
