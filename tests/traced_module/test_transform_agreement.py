@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mgtrace as mt
+import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace.traced_module import optimize
 
@@ -258,3 +259,46 @@ def test_tensors_made_on_a_device_in_every_variant(tmp_path):
     """A Device the forward passes (device=x.device) is a constant of the
     trace: to_folder refused it (cannot write Device('cpu:0'))."""
     assert_all_agree(_MadeOnDevices, lambda: (_r(2, 3),), tmp_path)
+
+
+# ---------------------------------------------------- train/eval after trace
+class _ReadsTraining(M.Module):
+    def forward(self, x):
+        if self.training:
+            x = x * 2
+        return F.dropout(x, 0.5, training=self.training)
+
+
+class _DropoutModule(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = M.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x) + 1
+
+
+def test_a_forward_reading_self_training_warns_that_the_trace_fixes_it():
+    """A trace fixes what forward reads of self.training: the traced
+    module's eval()/train() then changed nothing, silently. The trace now
+    says so (TraceWarning naming the class and the value fixed)."""
+    with pytest.warns(mt.TraceWarning, match=r"_ReadsTraining.forward reads self.training .* "
+                                             r"fixes it to False"):
+        tm = mt.trace_module(_ReadsTraining().eval(), _r(4, 5))
+    x = _r(4, 5, seed=1)
+    np.testing.assert_array_equal(tm.train()(x).numpy(), x.numpy())     # as the warning says
+
+
+def test_a_builtin_dropout_follows_the_traced_modules_mode(recwarn):
+    """No warning where the flag is read by a builtin module at run time:
+    its train()/eval() after the trace changes the answer as eager's does."""
+    tm = mt.trace_module(_DropoutModule().eval(), _r(40, 30))
+    assert not [w for w in recwarn if issubclass(w.category, mt.TraceWarning)]
+    x = _r(40, 30, seed=1)
+    np.testing.assert_array_equal(tm(x).numpy(), x.numpy() + 1)
+    eager = _DropoutModule().train()
+    mt.random.seed(3)
+    want = eager(x).numpy()
+    mt.random.seed(3)
+    np.testing.assert_array_equal(tm.train()(x).numpy(), want)
+    assert (want == 1).sum() > 0        # dropped some
