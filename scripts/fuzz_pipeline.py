@@ -15,7 +15,7 @@ parameter written in forward), ``alias`` (a buffer viewing another),
 Python ``container`` s of modules, user ``submodule`` s, ``create`` (tensors
 made in forward), ``shape`` arithmetic, ``index`` (integer and mask indexing),
 ``int`` and ``bool`` values, ``range`` loops over the batch, ``attention``,
-``residual`` adds; and, for the whole case, ``nan`` inputs (NaN, inf, -0.0),
+``residual`` adds, ``device`` moves (an output on cpu:1); and, for the whole case, ``nan`` inputs (NaN, inf, -0.0),
 ``f64`` inputs, ``batch`` (called at another batch than traced),
 ``outputs`` (dict/tuple/list outputs), ``train`` mode, ``odd`` channel
 counts). The module runs
@@ -24,11 +24,11 @@ counts). The module runs
 * and as every VARIANT of its trace (traced; optimize(tm);
   optimize(tm, "all", flatten=True); save/load by copy and by mmap;
   deepcopy(tm); save(target_version=(1, 0)); the optimized module saved and
-  loaded), each derived from the fresh trace and called twice, the same
-  inputs as eager's two calls.
+  loaded; tm.to_folder(...) imported back), each derived from the fresh
+  trace and called twice, the same inputs as eager's two calls.
 
-Every call must equal eager's: the output structure, dtypes and shapes
-exactly; NaN and inf positions exactly; integers and bools exactly; floats
+Every call must equal eager's: the output structure, devices, dtypes and
+shapes exactly; NaN and inf positions exactly; integers and bools exactly; floats
 within TOL[dtype] of the output's scale (its largest finite magnitude;
 float32: 1e-5); and after each call the state (every state_dict tensor both
 hold; a tensor eager changed must still be there) and the inputs (which
@@ -65,7 +65,7 @@ HERE = os.path.abspath(__file__)
 # step families (a step belongs to one) and case-wide features
 STEP_FAMILIES = ("builtin", "ops", "view", "tied", "twice", "inplace", "bufwrite", "paramwrite",
                  "alias", "container", "submodule", "int", "bool", "range", "attention", "residual",
-                 "create", "shape", "index")
+                 "create", "shape", "index", "device")
 CASE_FAMILIES = ("nan", "f64", "batch", "outputs", "train", "odd")
 FAMILIES = STEP_FAMILIES + CASE_FAMILIES
 
@@ -557,6 +557,18 @@ def _residual(g, r):
     return True
 
 
+def _device(g, r):
+    """An extra output on another device (cpu:1: ``h.to('cpu:1')``, which a
+    trace once recorded as the copy it makes, losing the device), and the
+    current value carried there and back."""
+    e = g.name("moved")
+    g.fwd.append(f"{e} = " + _pick(r, 0, ("h.to('cpu:1') * 2.0", "(h + 1.0).to('cpu:1')",
+                                          "h.to('cpu:1').to('cpu:0').to('cpu:1')")))
+    g.fwd.append("h = " + _pick(r, 1, ("h", f"{e}.to('cpu:0') + h", f"h.to('cpu:1').to('cpu:0')")))
+    g.extras.append(e)
+    return True
+
+
 def _concat(g, r):
     if g.width() * 2 > MAX_CHANNELS:
         return False
@@ -755,6 +767,7 @@ STEPS = {
     "shape": ("shape", 2, _shape),
     "index": ("index", 2, _index),
     "cast": ("ops", 1, _cast),
+    "device": ("device", 1, _device),
 }
 
 
@@ -914,6 +927,20 @@ def _load_v10(tm):
     return mt.load(io.BytesIO(_save_bytes(tm, target_version=(1, 0))))
 
 
+def _to_folder(tm):
+    """tm.to_folder(...) imported back: the package's plain Module."""
+    import importlib
+    folder = tempfile.mkdtemp(dir=_tmpdir())
+    name = f"fuzz_pkg_{os.path.basename(folder)}"
+    tm.to_folder(os.path.join(folder, name), "Net")
+    sys.path.insert(0, folder)
+    try:
+        importlib.invalidate_caches()
+        return importlib.import_module(name).Net()
+    finally:
+        sys.path.remove(folder)
+
+
 def _optimize(tm):
     from mgtrace.traced_module import optimize
     return optimize(tm)
@@ -944,6 +971,7 @@ VARIANTS = {
     "optimize_all_flat": _optimize_all,
     "optimize_all_flat_load": _optimize_all_load,
     "optimize_all_flat_v1_0": _optimize_all_v10,     # fused ops are format 1.1: often refused
+    "to_folder": _to_folder,
 }
 
 # (variant, stage, exception type, words its message must hold): a refusal
@@ -952,6 +980,8 @@ REFUSALS = [
     ("load_v1_0", "derive", ValueError, ("1.0",)),
     ("optimize_all_flat_v1_0", "derive", ValueError, ("1.0",)),
     ("load_mmap", "call", ValueError, ("read-only",)),
+    # a traced module holding modules or tensors in list/dict attributes
+    ("to_folder", "derive", ValueError, ("to_folder", "does not write")),
 ]
 
 
@@ -985,7 +1015,7 @@ def _snap(obj):
 def _tree_str(obj):
     import mgtrace as mt
     if isinstance(obj, mt.Tensor):
-        return "T"
+        return f"T@{obj.device}"
     if isinstance(obj, dict):
         return "{" + ",".join(f"{k!r}:{_tree_str(v)}" for k, v in obj.items()) + "}"
     if isinstance(obj, (list, tuple)):

@@ -1230,10 +1230,16 @@ cdef class Tensor:
         return self if is_contiguous(self) else self.copy()
 
     def to(self, device):
-        """A copy on ``device`` (self if it is already there)."""
+        """A copy on ``device`` (self if it is already there).
+
+        While a module is traced a move is one recorded ``to(device)`` call
+        (not the copy it makes, which would lose the device); under a
+        GradManager gradients flow back to self's device."""
         cdef int dev = device_id(device)
         if dev == self._device:
             return self
+        if _tracing[0]:     # no core op: the hook (tracer or autodiff recorder) decides
+            return _hook.on_method(self, "to", (str(DEVICES[dev]),))
         if on_host(self._device) and on_host(dev):     # one address space: a plain copy
             out = self.copy()
             (<Tensor>out)._device = dev

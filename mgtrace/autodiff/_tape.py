@@ -223,19 +223,27 @@ class Recorder(_hooks.TraceHook):
                 return t.detach()
             if method == "view":        # a reshape that never copies
                 return _reshape_like(t, t.view(*args))
+            if method == "to":          # a move: the gradient moves back
+                return _recorded_as(t, t.to(*args), "to", {"device": str(t.device)})
             return getattr(t, method)(*args)
 
 
 def _reshape_like(x, y):
     """Record ``y`` (already computed, a view of ``x``) as ``reshape(x)``."""
+    return _recorded_as(x, y, "reshape", {"shape": y.shape})
+
+
+def _recorded_as(x, y, name, params):
+    """Record ``y`` (already computed from ``x`` by no core op) as the node
+    ``name`` of ``x``, whose rule (RULES[name]) reads only ``params``."""
     e = edge_of(x)
     if e is None or _no_grad_depth:
         return y
     from mgtrace.autodiff.rules import RULES
     node = Node()
-    node.name = "reshape"
-    node.rule = RULES["reshape"]
-    node.params = {"shape": y.shape}
+    node.name = name
+    node.rule = RULES[name]
+    node.params = params
     node.edges = (e,)
     node.in_meta = ((x.shape, x.dtype),)
     node.out_meta = ((y.shape, y.dtype),)

@@ -722,6 +722,8 @@ def _build():
         "expand_dims": Rule(_reshape_rule),
         "squeeze": Rule(_reshape_rule),
         "broadcast_to": Rule(lambda c, g: g),        # the engine sums back to x's shape
+        # Tensor.to(device), no core op: recorded by the tape's on_method
+        "to": Rule(lambda c, g: g.to(c.params["device"])),
         "sum": Rule(_unreduce),
         "mean": Rule(lambda c, g: _unreduce(c, g) * (1.0 / max(_count(c), 1))),
         "prod": Rule(_prod_rule, True),

@@ -9,18 +9,21 @@ graphs' constant tensors, read with ``numpy.load(allow_pickle=False)``).
 Importing it needs NumPy and mgtrace; nothing is traced and no archive is
 read.
 """
+import ast
+import collections
 import keyword
 import os
 import re
 
 import numpy as np
 
-from mgtrace._core import Tensor
+from mgtrace._core import Device, Tensor
 from mgtrace.module import Module, Parameter
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.graph import GraphError
-from mgtrace.traced_module.traced_module import TracedModule
+from mgtrace.traced_module.pytree import LeafDef
+from mgtrace.traced_module.traced_module import TracedModule, _plain_arity
 
 __all__ = ["to_folder"]
 
@@ -70,6 +73,32 @@ def member(obj, name):
         if t is not None and name in t:
             return t[name]
     return getattr(obj, name)
+
+
+def share(root, groups):
+    """Make the tensors that viewed one storage in the traced module views
+    of one storage again (a tied weight, a buffer that is a slice of
+    another): groups of (span key, [(places, shape, strides, offset)]),
+    each place a (module path, name) holding that one tensor."""
+    from mgtrace._core.tensor import share_as, strided_view
+    for key, members in groups:
+        span = constant(key)
+        for places, shape, strides, offset in members:
+            view = None
+            for path, name in places:
+                m = root
+                for part in path.split(".") if path else ():
+                    m = member(m, part)
+                old = member(m, name)
+                if view is None:
+                    view = share_as(strided_view(span, tuple(shape), tuple(strides), offset),
+                                    type(old))
+                d = m.__dict__
+                for table in ("_parameters", "_buffers"):
+                    if name in d.get(table, {}):
+                        d[table][name] = view
+                if name in d:
+                    d[name] = view
 '''
 
 
@@ -88,6 +117,23 @@ def _ident(name, taken):
     return out
 
 
+def _number_src(v):
+    """Python source for a constant: its repr, but ``float('nan')`` and
+    ``float('inf')`` where the repr is no source."""
+    if isinstance(v, float) and not np.isfinite(v):
+        return f"float({repr(v)!r})"
+    return repr(v)
+
+
+def _contig(shape):
+    """C-contiguous strides, in elements, of ``shape``."""
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
 def _dtype_src(dt):
     return repr(np.dtype(dt).name)
 
@@ -98,11 +144,45 @@ class _Writer:
         self.module_name = module_name
         self.classes = {}           # id(traced module) -> (class name, file stem)
         self.files = {}             # file stem -> source
-        self.taken = {module_name, "constant", "member", "arrays"}
+        self.taken = {module_name, "constant", "member", "arrays", "share"}
         self.constants = {}
+        self.shared = self._shared_storage(root)
 
     def error(self, what):
         return GraphError(f"to_folder: {what}")
+
+    def _shared_storage(self, root):
+        """The groups of tensors of ``root``'s tree (parameters, buffers,
+        tensor attributes) that view one storage, for the runtime's
+        ``share``; their spans go to weights.npz."""
+        from mgtrace._core.tensor import storage_spans
+        places, tensors = {}, []
+        for path, m in root.named_modules(remove_duplicate=False):
+            d = m.__dict__
+            named = list(d.get("_parameters", {}).items()) + list(d.get("_buffers", {}).items())
+            named += [(k, v) for k, v in d.items() if isinstance(v, Tensor) and not
+                      k.startswith("_") and k not in d.get("_parameters", {}) and
+                      k not in d.get("_buffers", {})]
+            for name, t in named:
+                if isinstance(t, Tensor):
+                    if id(t) not in places:
+                        places[id(t)] = []
+                        tensors.append(t)
+                    if (path, name) not in places[id(t)]:
+                        places[id(t)].append((path, name))
+        groups, grouped = [], set()
+        for k, (span, views) in enumerate(storage_spans(tensors)):
+            key = f"__span__/{k}"
+            self.constants[key] = span.numpy()
+            groups.append((key, [(places[id(tensors[i])], tuple(tensors[i].shape),
+                                  tuple(tensors[i].strides), offset) for i, offset in views]))
+            grouped.update(i for i, _ in views)
+        for i, t in enumerate(tensors):     # one tensor at several places (a tied weight)
+            if len(places[id(t)]) > 1 and i not in grouped:
+                key = f"__tied__/{i}"
+                self.constants[key] = t.numpy()
+                groups.append((key, [(places[id(t)], tuple(t.shape), _contig(t.shape), 0)]))
+        return groups
 
     def class_of(self, tm, name=None):
         key = id(tm)
@@ -165,6 +245,9 @@ class _Writer:
             lines.append("        w = arrays()")
             lines.append("        self.load_state_dict({k: w[k] for k in w "
                          "if not k.startswith('__')})")
+            if self.shared:
+                lines.append("        from ._runtime import share")
+                lines.append(f"        share(self, {self.shared!r})")
             lines.append(f"        self.train({bool(tm.training)!r})")
             flags = {n: m.training for n, m in tm.named_modules() if m.training != tm.training}
             if flags:
@@ -198,14 +281,52 @@ class _Writer:
                              f"from {mod} import {head} as {name}_owner\n{name} = "
                              f"{name}_owner.{rest}")
             elif isinstance(v, (bool, int, float, str, type(None))):
-                binds.append(f"{name} = {v!r}")
+                binds.append(f"{name} = {_number_src(v)}")
+            elif isinstance(v, Device):
+                binds.append(f"{name} = mt.as_device({str(v)!r})")
+            elif isinstance(v, np.generic) and v.dtype.kind in "biuf":     # np.float32(1.7)
+                binds.append(f"{name} = np.dtype({v.dtype.name!r}).type({_number_src(v.item())})")
             else:
                 raise self.error(f"{tm._qualname}'s code uses {name} = {type(v).__name__} "
                                  f"{v!r:.60}, which to_folder cannot write")
         code = "\n".join(ln for ln in source.splitlines() if not ln.startswith("# "))
+        code = self._with_signature(tm, graphs[0], code)
         if binds:                            # names the code reads, bound in the method
             return self._with_binds(code, binds)
         return code + "\n"
+
+    def _with_signature(self, tm, graph, code):
+        """The generated forward takes one argument per tensor slot of the
+        traced call (``d_a, d_b_0`` for ``forward(self, d)`` called with a
+        dict): where those are not forward's own parameters, the package's
+        forward keeps forward's signature and reads each slot out of its
+        arguments (``d_a, d_b_0 = d['a'], d['b'][0]``), so it is called as
+        the traced module is."""
+        sig = tm._signature
+        if sig is None or _plain_arity(graph._in_def, list(sig.parameters.values())) is not None:
+            return code
+        head, _, rest = code.partition("\n")
+        names = [p.strip() for p in head[head.index("(") + 1:head.rindex(")")].split(",")][1:]
+        reads, fixed = [], []
+        kids = graph._in_def.children
+        params = list(sig.parameters.values())
+        if graph._in_def.type is not tuple or len(kids) != len(params) or not all(
+                _slot_reads(c, p.name, reads, fixed) for c, p in zip(kids, params)):
+            raise self.error(f"{tm._qualname} was traced with arguments of a structure "
+                             f"{graph._in_def!r} that to_folder cannot read in Python")
+        if any(p.default is not p.empty and not _literal(p.default) for p in params):
+            raise self.error(f"{tm._qualname}.forward{sig} has a default that to_folder "
+                             "cannot write")
+        plain = sig.replace(parameters=[p.replace(annotation=p.empty) for p in params],
+                            return_annotation=sig.empty)
+        lines = [f"def forward(self, {str(plain)[1:-1]}):" if params else "def forward(self):"]
+        for src, value in fixed:        # the traced module refuses other values: so does this
+            said = f"{tm._qualname} was traced with {src} == {value!r}, called with "
+            lines += [f"    if {src} != {value!r}:",
+                      f"        raise TypeError({said!r} + repr({src}))"]
+        if names:
+            lines.append(f"    {', '.join(names)}, = {', '.join(reads)},")
+        return "\n".join(lines) + "\n" + rest
 
     @staticmethod
     def _with_binds(code, binds):
@@ -217,10 +338,47 @@ class _Writer:
         return head + "\n" + "\n".join(inner) + "\n" + rest + "\n"
 
 
+def _literal(v):
+    """Whether ``repr(v)`` is Python source that gives ``v`` back (numbers,
+    strings, None and containers of them; not NaN)."""
+    try:
+        back = ast.literal_eval(repr(v))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return type(back) is type(v) and back == v
+
+
+def _slot_reads(tdef, src, out, fixed):
+    """Append to ``out`` the Python source that reads each tensor slot of
+    ``tdef`` out of the value spelled ``src``, and to ``fixed`` ``(source,
+    value)`` for each constant the trace fixed there; False for a structure
+    plain indexing cannot read (a registered custom type, a key with no
+    literal)."""
+    if isinstance(tdef, LeafDef):
+        if tdef.is_slot:
+            out.append(src)
+        elif _literal(tdef.const):
+            fixed.append((src, tdef.const))
+        return True
+    if tdef.type in (dict, collections.OrderedDict):
+        if not all(type(k) in (str, int) for k in tdef.aux):
+            return False
+        subs = [f"{src}[{k!r}]" for k in tdef.aux]
+    elif tdef.type in (tuple, list) or (issubclass(tdef.type, tuple) and
+                                        hasattr(tdef.type, "_fields")):
+        subs = [f"{src}[{i}]" for i in range(len(tdef.children))]
+    else:
+        return False
+    return all(_slot_reads(c, sub, out, fixed) for c, sub in zip(tdef.children, subs))
+
+
 def to_folder(tm, path, module_name="Net"):
     """Write TracedModule ``tm`` as a Python package at ``path`` so that
     ``from <path> import <module_name>`` gives a plain ``mgtrace.module.Module``
     with ``tm``'s weights and outputs (torch.fx's ``GraphModule.to_folder``).
+    Each class's ``forward`` takes the traced forward's arguments (a dict,
+    list, tuple or namedtuple of tensors included) and refuses, with a
+    TypeError, a value other than the one a trace fixed.
 
     Args:
         tm: a TracedModule; each traced module in it must have at most one
@@ -231,7 +389,8 @@ def to_folder(tm, path, module_name="Net"):
     Raises:
         ValueError: ``module_name`` is not an identifier.
         GraphError: a module with several graphs, a child that is neither
-            traced nor builtin, or a constant that cannot be written.
+            traced nor builtin, a constant or a default value that cannot
+            be written, or arguments of a registered custom pytree type.
     """
     if not isinstance(module_name, str) or not module_name.isidentifier() or \
             keyword.iskeyword(module_name):

@@ -248,6 +248,19 @@ class _PathNames:
                              "reads the other; rename one of them")
 
 
+def _reads_training(fn):
+    """Whether ``fn``'s code (nested functions included) reads an attribute
+    named ``training`` (``self.training``): a trace fixes its value."""
+    code = getattr(fn, "__code__", None)
+    todo = [code] if code is not None else []
+    while todo:
+        c = todo.pop()
+        if "training" in c.co_names:
+            return True
+        todo += [k for k in c.co_consts if hasattr(k, "co_names")]
+    return False
+
+
 class Tracer(_hooks.TraceHook):
     """The trace hook, frames, and the module-path bookkeeping of one trace."""
 
@@ -529,6 +542,13 @@ class Tracer(_hooks.TraceHook):
                 else:
                     sub.bind(v, node)
         graph._in_def = arg_def
+        if not state.quiet and _reads_training(type(module).forward):
+            warn_traced(f"{graph.qualname}: {type(module).__qualname__}.forward reads "
+                        f"self.training while tracing: the trace fixes it to "
+                        f"{bool(module.training)}, so train()/eval() of the traced module does "
+                        "not change what this forward computes (builtin modules such as "
+                        "Dropout and BatchNorm follow their own flag); trace it again in the "
+                        "other mode, or move the branch into a builtin module")
         self.frames.append(sub)
         try:
             out = module._call_impl(args, kwargs)

@@ -80,6 +80,8 @@ CASES = {
     "expand_dims": (lambda x: F.expand_dims(x, (0, 2)), [((3, 4), _u())]),
     "squeeze": (lambda x: F.squeeze(x, 1), [((3, 1, 4), _u())]),
     "broadcast_to": (lambda x: F.broadcast_to(x, (2, 3, 4)), [((3, 1), _u())]),
+    # Tensor.to: there and back (each move a recorded node), the gradient on x's device
+    "to": (lambda x: x.to("cpu:1").to("cpu:0") * 2, [((3, 4), _u())]),
     # reductions
     "sum": (lambda x: x.sum(axis=1), [((3, 4, 2), _u())]),
     "mean": (lambda x: x.mean(axis=(0, 2), keepdims=True), [((3, 4, 2), _u())]),

@@ -131,17 +131,16 @@ def min_reader_problems(ops, covered, released, releases, format_version):
 
 # Tensor methods a stored graph may call (traced_codec.TENSOR_METHODS) that
 # neither a trace nor a graph edit ever records, so no archive mgtrace writes
-# holds them and they have no golden case (issue 37 decided each):
-# * item, numpy, tolist take a value out of the graph: a trace fixes what
-#   they return as a constant (a TraceWarning names the line), and a graph
-#   node has no such method, so an edit cannot add one;
-# * to(device) of a tensor already there returns it: the trace records
-#   nothing (a move to another device is recorded as the copy it makes,
-#   without the device: a tracer matter, not the archive's).
-# A stored graph that calls one (made by hand or another writer) loads and
-# runs as the eager call does, as in every release since 0.1.0 (their
-# readers took the same allowlist); test_coverage.py shows both.
-NEVER_RECORDED = {"item", "numpy", "tolist", "to"}
+# holds them and they have no golden case (issue 37 decided each): item,
+# numpy, tolist take a value out of the graph: a trace fixes what they
+# return as a constant (a TraceWarning names the line), and a graph node has
+# no such method, so an edit cannot add one. (to(device) left this set: a
+# move to another device is recorded as ``to`` with the device, and
+# 1.2/core_ops_index.tmod holds one; to() of the tensor's own device records
+# nothing.) A stored graph that calls one (made by hand or another writer)
+# loads and runs as the eager call does, as in every release since 0.1.0
+# (their readers took the same allowlist); test_coverage.py shows both.
+NEVER_RECORDED = {"item", "numpy", "tolist"}
 
 
 def tensor_method_problems(methods, covered, how, never=NEVER_RECORDED):

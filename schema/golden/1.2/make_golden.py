@@ -27,7 +27,8 @@ version), naming what is missing.
   builtin Linear's weight and which reads a transposed view of another
   Linear's weight, with example inputs and the outputs they gave;
 * ``core_ops_index.tmod``: the core ops gather and scatter as Apply exprs
-  (the other core ops are ../1.1/core_ops.tmod's);
+  (the other core ops are ../1.1/core_ops.tmod's), and the tensor method
+  ``to`` (a move to cpu:1 and back), which no other golden archive calls;
 * ``qat_model.tmod``: a traced, calibrated QAT model (every QAT builtin,
   observer and fake quantizer type; a user's QAT subclass and observer);
 * ``quantized_model.tmod``: a traced int8 model (every
@@ -288,12 +289,15 @@ class CoreIndexOps(M.Module):
     {"axis": 1}), x, index[, src])``, Apply exprs), the two of
     ../1.1/make_golden.py's CoreOps left out: their kernels take axis second,
     and until 1.2 apply() passed the index there (mgtrace/_core/__init__.py
-    now gives them the op table's order), so no 1.1 reader runs them."""
+    now gives them the op table's order), so no 1.1 reader runs them. With
+    them the tensor method ``to``: a move to another device (cpu:1) and
+    back, recorded as two CallMethod ``to`` with the device's name."""
 
     def forward(self, x, src):
         k = F.argsort(x, axis=1).astype("int32")
         return {"gather": mt.apply(mt.OpDef("gather", {"axis": 1}), x, k),
-                "scatter": mt.apply(mt.OpDef("scatter", {"axis": 1}), x, k, src)}
+                "scatter": mt.apply(mt.OpDef("scatter", {"axis": 1}), x, k, src),
+                "moved": (src.to("cpu:1") * 2).to("cpu:0")}
 
 
 def _core_index_ops():
@@ -452,7 +456,8 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
     "new_modules.tmod": lambda: _with_examples(
         _new_modules(), "each builtin module type new in 1.2 (issue 36) called once"),
     "core_ops_index.tmod": lambda: _with_examples(
-        _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37)"),
+        _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37), "
+        "and Tensor.to"),
     "qat_model.tmod": lambda: _with_examples(
         _qat_model(), "a traced QAT model: QAT modules, observers, fake quantizers (issue 32)"),
     "quantized_model.tmod": lambda: _with_examples(
