@@ -91,8 +91,33 @@ class ConvRelu2d(Conv2d):
         return F.relu(super().forward(x))
 
 
-class _ConvBnActivation2d(Module):
+class _PartThenBn(Module):
+    """A fused module of one part (its attribute ``_PART``: ``conv`` or
+    ``linear``) followed by BatchNorm ``bn``: the parts' reset, the config
+    (the part's, then bn's settings) and the state effect, shared by the
+    conv and linear forms."""
+    _PART = None
+
+    def reset_parameters(self):
+        getattr(self, self._PART).reset_parameters()
+        self.bn.reset_parameters()
+
+    def config(self):
+        cfg = getattr(self, self._PART).config()
+        cfg.update(eps=self.bn.eps, momentum=self.bn.momentum, affine=self.bn.affine,
+                   track_running_stats=self.bn.track_running_stats)
+        return cfg
+
+    @property
+    def mutates_state(self):
+        """A call in training mode updates bn's running statistics."""
+        return self.bn.training and self.bn.track_running_stats
+
+
+class _ConvBnActivation2d(_PartThenBn):
     """``conv`` (Conv2d) then ``bn`` (BatchNorm2d), MegEngine's layout."""
+    _PART = "conv"
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
                  dilation=1, groups=1, bias=True, padding_mode="zeros", eps=1e-5,
                  momentum=0.1, affine=True, track_running_stats=True):
@@ -104,20 +129,6 @@ class _ConvBnActivation2d(Module):
                           dilation, groups, bias, padding_mode)
         self.bn = build(BatchNorm2d, out_channels, eps, momentum, affine, track_running_stats)
 
-    def reset_parameters(self):
-        self.conv.reset_parameters()
-        self.bn.reset_parameters()
-
-    def config(self):
-        cfg = self.conv.config()
-        cfg.update(eps=self.bn.eps, momentum=self.bn.momentum, affine=self.bn.affine,
-                   track_running_stats=self.bn.track_running_stats)
-        return cfg
-
-    @property
-    def mutates_state(self):
-        """A call in training mode updates bn's running statistics."""
-        return self.bn.training and self.bn.track_running_stats
 
 
 def _initialized(cls, *args):

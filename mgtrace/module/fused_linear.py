@@ -9,14 +9,15 @@ import math
 import mgtrace.functional as F
 from mgtrace.module import init
 from mgtrace.module.builtin import BatchNorm1d, Linear, _builtin, _empty_param
-from mgtrace.module.fused import _initialized, _uninitialized
+from mgtrace.module.fused import _PartThenBn, _initialized, _uninitialized
 from mgtrace.module.module import Module
 
 __all__ = ["LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat"]
 
 
-class _LinearBnActivation1d(Module):
+class _LinearBnActivation1d(_PartThenBn):
     """``linear`` (Linear) then ``bn`` (BatchNorm1d), MegEngine's layout."""
+    _PART = "linear"
 
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1,
                  affine=True, track_running_stats=True):
@@ -24,21 +25,6 @@ class _LinearBnActivation1d(Module):
         build = _uninitialized if "reset_parameters" in self.__dict__ else _initialized
         self.linear = build(Linear, in_features, out_features, bias)
         self.bn = build(BatchNorm1d, out_features, eps, momentum, affine, track_running_stats)
-
-    def reset_parameters(self):
-        self.linear.reset_parameters()
-        self.bn.reset_parameters()
-
-    def config(self):
-        cfg = self.linear.config()
-        cfg.update(eps=self.bn.eps, momentum=self.bn.momentum, affine=self.bn.affine,
-                   track_running_stats=self.bn.track_running_stats)
-        return cfg
-
-    @property
-    def mutates_state(self):
-        """A call in training mode updates bn's running statistics."""
-        return self.bn.training and self.bn.track_running_stats
 
 
 @_builtin
