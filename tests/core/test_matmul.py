@@ -48,6 +48,38 @@ def test_one_row_products_take_the_gemv_path(rng, dtype):
     assert_close(mt.functional.linear(ta[:1], mt.tensor(b.T.copy())), a[:1] @ b, **tol)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batches_of_small_products_split_over_threads(rng, dtype, threads):
+    """A batch of small products (attention's heads: transposed views of
+    [B, S, H, D]) runs as one loop over the batch with single-threaded
+    GEMMs, a batch of few large ones as threaded GEMMs: both agree with
+    NumPy at every thread count, broadcast batch axes and odd batch sizes
+    included, and leave BLAS's thread count as it was."""
+    x = rng.standard_normal((3, 40, 5, 16)).astype(dtype)          # [B, S, H, D]
+    y = rng.standard_normal((3, 40, 5, 16)).astype(dtype)
+    w = rng.standard_normal((5, 16, 24)).astype(dtype)
+    big_a = rng.standard_normal((3, 160, 170)).astype(dtype)
+    big_b = rng.standard_normal((170, 180)).astype(dtype)
+    before = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        blas = mt._core.linalg.get_blas_threads()
+        q = mt.tensor(x).transpose((0, 2, 1, 3))                    # [B, H, S, D] view
+        k = mt.tensor(y).transpose((0, 2, 3, 1))                    # [B, H, D, S] view
+        xq, yk = x.transpose(0, 2, 1, 3), y.transpose(0, 2, 3, 1)
+        assert_close(q @ k, xq @ yk, rtol=1e-5, atol=1e-4)
+        s = (q @ k).numpy()
+        assert_close(mt.tensor(s) @ q, s @ xq, rtol=1e-5, atol=1e-3)
+        assert_close(q @ mt.tensor(w), xq @ w, rtol=1e-5, atol=1e-4)          # batch axes broadcast
+        assert_close(mt.tensor(x[:, :7]) @ mt.tensor(w[:, :, :3]).reshape(1, 5, 16, 3)[:, 1:2],
+                     x[:, :7] @ w[None, 1:2, :, :3], rtol=1e-5, atol=1e-4)
+        assert_close(mt.tensor(big_a) @ mt.tensor(big_b), big_a @ big_b, rtol=1e-4, atol=1e-3)
+        assert mt._core.linalg.get_blas_threads() == blas
+    finally:
+        mt.set_num_threads(before)
+
+
 def test_half_precision_and_promotion(rng):
     a = rng.standard_normal((4, 8)).astype(np.float16)
     b = rng.standard_normal((8, 3)).astype(np.float32)

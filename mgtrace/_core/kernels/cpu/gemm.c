@@ -66,16 +66,42 @@ static void gemm_one(int dtype, const mt_gemm_shape *s, const char *a, const cha
                              0.0, (double *)c, (blasint)ldc);
 }
 
-/* A batch is a loop of BLAS calls, as NumPy's matmul does: OpenBLAS
- * threads each large product itself and runs small ones on one thread.
- * (Parallelising a batch of small products over OpenMP would need OpenBLAS
- * switched to one thread and back around it; on few cores the two pools'
- * spinning threads then cost more than the products.) */
+/* Products at or under this many multiply-adds each run single-threaded
+ * inside the batch's OpenMP loop: OpenBLAS would thread a 128 x 128 x 32
+ * product (an attention head) over all cores, and each such call then
+ * waits at its join for the slowest thread (on a loaded machine, a
+ * descheduled one: a 1 ms product took a second). */
+#define MT_GEMM_SMALL_MNK ((int64_t)1 << 22)
+
+/* A batch runs one of two ways. Few or large products: a loop of BLAS
+ * calls, as NumPy's matmul does, each threaded by OpenBLAS itself (on
+ * OpenMP's threads, blas_threads.c). Many small ones (attention's heads, a
+ * batched matmul's problems): one OpenMP loop over the batch, OpenBLAS
+ * switched to one thread around it, so each thread runs whole products and
+ * the threads meet once, at the loop's end (dynamic schedule: a thread
+ * the machine holds up leaves its share to the others). Each product is computed the
+ * same way either way (one single-threaded GEMM), so the two agree except
+ * where OpenBLAS's threaded split of one product reorders its sums. */
 void mt_gemm_float_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
                          const int64_t *a_off, const int64_t *b_off, const int64_t *c_off,
                          int64_t batch, int nt) {
-    (void)nt;
     const int64_t isz = dtype == MT_FLOAT32 ? 4 : 8;
+    const int64_t mnk = s->M * s->N * s->K;
+    const int by_item = nt > 1 && batch > 1 && (mnk <= MT_GEMM_SMALL_MNK || batch >= 4 * (int64_t)nt);
+#ifdef _OPENMP
+    if (by_item) {
+        const int saved = MT_BLAS(openblas_get_num_threads)();
+        if (saved != 1) MT_BLAS(openblas_set_num_threads)(1);
+        const int team = batch < nt ? (int)batch : nt;
+        #pragma omp parallel for num_threads(team) schedule(dynamic)
+        for (int64_t i = 0; i < batch; i++)
+            gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
+        if (saved != 1) MT_BLAS(openblas_set_num_threads)(saved);
+        return;
+    }
+#else
+    (void)by_item;
+#endif
     for (int64_t i = 0; i < batch; i++)
         gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
 }
