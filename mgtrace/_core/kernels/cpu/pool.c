@@ -21,6 +21,7 @@
 
 #include <stdlib.h>
 #include "nn.h"
+#include "mt_taps.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -262,20 +263,12 @@ static void FN(avg_pool)(const T *x, T *y, const mt_pool2d_geom *g, int nt) {
         const T *xp = x + p * hw;
         T *yp = y + p * ohw;
         for (int64_t oy = 0; oy < g->oh; oy++) {
-            int64_t ys = oy * g->sh - g->ph, ye = mt_min64(ys + g->kh, g->h + g->ph);
-            const int64_t padded_h = ye - ys;
-            ys = mt_max64(ys, 0);
-            ye = mt_min64(ye, g->h);
             for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t xs = ox * g->sw - g->pw, xe = mt_min64(xs + g->kw, g->w + g->pw);
-                const int64_t padded_w = xe - xs;
-                xs = mt_max64(xs, 0);
-                xe = mt_min64(xe, g->w);
+                int64_t ys, ye, xs, xe;
+                const int64_t count = mt_avg_window(g, oy, ox, &ys, &ye, &xs, &xe);
                 T sum = 0;
                 for (int64_t iy = ys; iy < ye; iy++)
                     for (int64_t ix = xs; ix < xe; ix++) sum += xp[iy * g->w + ix];
-                const int64_t count = g->count_include_pad ? padded_h * padded_w
-                                                           : mt_max64(0, ye - ys) * mt_max64(0, xe - xs);
                 yp[oy * g->ow + ox] = count > 0 ? sum / (T)count : (T)0;
             }
         }
@@ -302,9 +295,10 @@ static void FN(adaptive_pool)(int op, const T *x, T *y, int64_t planes, int64_t 
         const T *xp = x + p * hw;
         T *yp = y + p * ohw;
         for (int64_t oy = 0; oy < oh; oy++) {
-            const int64_t ys = oy * h / oh, ye = ((oy + 1) * h + oh - 1) / oh;
+            int64_t ys, ye, xs, xe;
+            mt_adaptive_window(oy, h, oh, &ys, &ye);
             for (int64_t ox = 0; ox < ow; ox++) {
-                const int64_t xs = ox * w / ow, xe = ((ox + 1) * w + ow - 1) / ow;
+                mt_adaptive_window(ox, w, ow, &xs, &xe);
                 T acc;
                 if (op == MT_ADAPTIVE_MAX) {
                     acc = (T)-INFINITY;

@@ -18,18 +18,11 @@
 
 #include <stdlib.h>
 #include "nn.h"
+#include "mt_taps.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-
-static int64_t nearest_index(int64_t dst, int64_t n, int64_t m, double user_scale) {
-    if (m == n) return dst;
-    if (m == 2 * n) return dst >> 1;
-    const float scale = user_scale > 0 ? (float)(1.0 / user_scale) : (float)n / (float)m;
-    const int64_t src = (int64_t)floorf((float)dst * scale);
-    return src < n - 1 ? src : n - 1;
-}
 
 #define MT_NN_TEMPLATE
 #define T float
@@ -124,22 +117,6 @@ int mt_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const i
 #define FN(name) MT_CAT(name, SFX)
 
 /* Bilinear taps along one axis of n -> m: i0, i1 and the weight of i1. */
-static void FN(linear_table)(int64_t n, int64_t m, double user_scale, int align_corners,
-                             int64_t *i0, int64_t *i1, T *f1) {
-    T scale;
-    if (align_corners) scale = m > 1 ? (T)(n - 1) / (T)(m - 1) : (T)0;
-    else scale = user_scale > 0 ? (T)(1.0 / user_scale) : (T)n / (T)m;
-    for (int64_t i = 0; i < m; i++) {
-        T src = align_corners ? scale * (T)i : scale * ((T)i + (T)0.5) - (T)0.5;
-        if (src < 0) src = 0;
-        const int64_t a = (int64_t)src;
-        i0[i] = a;
-        i1[i] = a + (a < n - 1 ? 1 : 0);
-        T f = src - (T)a;
-        f1[i] = f < 0 ? (T)0 : (f > 1 ? (T)1 : f);
-    }
-}
-
 static int FN(resize)(int mode, const T *x, T *y, int64_t planes, int64_t h, int64_t w, int64_t oh,
                       int64_t ow, double scale_h, double scale_w, int align_corners, int nt) {
     const int64_t hw = h * w, ohw = oh * ow;
@@ -149,11 +126,11 @@ static int FN(resize)(int mode, const T *x, T *y, int64_t planes, int64_t h, int
     int64_t *y0 = idx, *y1 = y0 + oh, *x0 = y1 + oh, *x1 = x0 + ow;
     T *fy = wt, *fx = wt + oh;
     if (mode == MT_RESIZE_NEAREST) {
-        for (int64_t i = 0; i < oh; i++) y0[i] = nearest_index(i, h, oh, scale_h);
-        for (int64_t i = 0; i < ow; i++) x0[i] = nearest_index(i, w, ow, scale_w);
+        for (int64_t i = 0; i < oh; i++) y0[i] = mt_nearest_index(i, h, oh, scale_h);
+        for (int64_t i = 0; i < ow; i++) x0[i] = mt_nearest_index(i, w, ow, scale_w);
     } else {
-        FN(linear_table)(h, oh, scale_h, align_corners, y0, y1, fy);
-        FN(linear_table)(w, ow, scale_w, align_corners, x0, x1, fx);
+        FN(mt_linear_table)(h, oh, scale_h, align_corners, y0, y1, fy);
+        FN(mt_linear_table)(w, ow, scale_w, align_corners, x0, x1, fx);
     }
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && planes * ohw >= MT_NN_GRAIN)
     for (int64_t p = 0; p < planes; p++) {
