@@ -167,6 +167,9 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                      int64_t inner, int nthreads) noexcept
     int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
                         int nthreads) noexcept
+    int mt_layer_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx,
+                               void *gw, void *gb, int64_t rows, int64_t cols, double eps,
+                               int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -225,6 +228,9 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                          const void *src, int64_t inner, int nt) noexcept nogil
         int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n,
                             int nt) noexcept nogil
+        int (*layer_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx,
+                                   void *gw, void *gb, int64_t rows, int64_t cols, double eps,
+                                   int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -327,6 +333,7 @@ _CPU.resize2d_backward = mt_resize2d_backward
 _CPU.conv2d_backward_weight = mt_conv2d_backward_weight
 _CPU.index_add = mt_index_add
 _CPU.act_backward = mt_act_backward
+_CPU.layer_norm_backward = mt_layer_norm_backward
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -890,6 +897,75 @@ def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
             rc = kn.layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
         _check_rc(op, rc, tx._device)
     return out
+
+
+def layer_norm_backward_rows(x, weight, gy, int64_t cols, double eps, bint want_weight=True,
+                              bint want_bias=True):
+    """The gradients of :func:`layer_norm_rows` in one C pass over x and gy
+    (mean and variance recomputed from x as the forward computes them).
+
+    Args:
+        x: the forward's float32/float64 CPU Tensor; gy: its output's
+            gradient, x's shape; weight: None or ``cols`` elements of x's
+            dtype; cols: the normalized trailing size; eps: the forward's.
+        want_weight, want_bias: whether to return those gradients.
+
+    Returns:
+        ``(gx, gweight, gbias)``: gx of x's shape and dtype; gweight (when
+        weight is given and wanted) and gbias (when wanted) flat [cols] of
+        x's dtype, summed over the rows; None where not returned.
+
+    Raises:
+        TypeError: x not a float32/float64 Tensor, gy or weight of another
+            dtype or device. ValueError: cols not dividing x's size, gy of
+            another shape, weight of another size.
+        NoKernelError: the device has no such kernel.
+    """
+    cdef str op = "layer_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64):
+        raise TypeError(f"{op} backward: x must be a float32 or float64 Tensor")
+    cdef Tensor tx = <Tensor>x, tw = None, tg
+    if not isinstance(gy, Tensor) or (<Tensor>gy)._dtype != tx._dtype or (<Tensor>gy)._device != tx._device:
+        raise TypeError(f"{op} backward: gy must be a Tensor of x's dtype and device")
+    if shape_tuple(<Tensor>gy) != shape_tuple(tx):
+        raise ValueError(f"{op} backward: gy {shape_tuple(<Tensor>gy)} and x {shape_tuple(tx)} differ in shape")
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.layer_norm_backward != NULL, op + " backward", tx)
+    cdef int64_t n = numel(tx)
+    if cols <= 0 or n % cols:
+        raise ValueError(f"{op} backward: {cols} trailing elements do not divide x's {n}")
+    if weight is not None:
+        if not isinstance(weight, Tensor) or (<Tensor>weight)._dtype != tx._dtype \
+                or (<Tensor>weight)._device != tx._device:
+            raise TypeError(f"{op} backward: weight must be a Tensor of x's dtype and device")
+        if numel(<Tensor>weight) != cols:
+            raise ValueError(f"{op} backward: weight must have {cols} elements, got {numel(<Tensor>weight)}")
+        tw = _ready(<Tensor>weight, tx._dtype)
+    tx = _ready(tx, tx._dtype)
+    tg = _ready(<Tensor>gy, tx._dtype)
+    cdef Tensor gx = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef Tensor gw = None, gb = None
+    cdef int64_t flat[1]
+    flat[0] = cols
+    if want_weight and tw is not None:
+        gw = empty(1, flat, tx._dtype, tx._device)
+    if want_bias:
+        gb = empty(1, flat, tx._dtype, tx._device)
+    cdef const void *wp = tw._data if tw is not None else NULL
+    cdef void *gwp = gw._data if gw is not None else NULL
+    cdef void *gbp = gb._data if gb is not None else NULL
+    cdef int nt = num_threads(), rc = 0
+    if n:
+        with nogil:
+            rc = kn.layer_norm_backward(tx._dtype, tx._data, wp, tg._data, gx._data, gwp, gbp,
+                                        n // cols, cols, eps, nt)
+        _check_rc(op + " backward", rc, tx._device)
+    else:
+        if gw is not None:
+            fill(gw, 0)
+        if gb is not None:
+            fill(gb, 0)
+    return gx, gw, gb
 
 
 cdef Tensor _rows_ready(Tensor t):

@@ -187,6 +187,38 @@ def record(op, inputs):
     return res
 
 
+def record_computed(name, rule, inputs, outputs, params):
+    """Record ``outputs`` (already computed from ``inputs`` by no core op: a
+    fused kernel a functional calls directly) as one node ``name`` whose
+    rule (a :class:`~mgtrace.autodiff.rules.Rule`) reads the saved inputs
+    and ``params``. The saved inputs' versions are noted as record()'s
+    are. Returns ``outputs`` (a Tensor or a tuple), unchanged when no
+    gradient flows."""
+    edges = [edge_of(x) for x in inputs]
+    if _no_grad_depth or not any(edges):
+        return outputs
+    outs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    node = Node()
+    node.name = name
+    node.rule = rule
+    node.params = dict(params)
+    node.edges = tuple(edges)
+    node.in_meta = tuple((x.shape, x.dtype) if isinstance(x, Tensor) else None for x in inputs)
+    node.out_meta = tuple((o.shape, o.dtype) if isinstance(o, Tensor) else None for o in outs)
+    node.inputs = tuple(_alias(x) for x in inputs) if rule.saves_inputs else tuple(
+        None if isinstance(x, Tensor) and is_float(x) else x for x in inputs)
+    node.outputs = tuple(_alias(o) for o in outs) if rule.saves_outputs else None
+    saved = [t for t in (node.inputs or ()) + (node.outputs or ()) if isinstance(t, Tensor)]
+    node.versions = tuple((t, t._version) for t in saved)
+    node.owners = frozenset().union(*[owners_of(e) for e in edges if e is not None])
+    node.pending = set(node.owners)
+    for i, o in enumerate(outs):
+        if isinstance(o, Tensor) and is_float(o):
+            o.__dict__["_ad"] = (node, i)
+            _by_storage.setdefault(o._storage_id(), {})[id(o)] = weakref.ref(o)
+    return outputs
+
+
 def _check_no_view_peers(out, name):
     """An in-place write into ``out`` while another recorded tensor shares
     its memory (a view of it, or it a view of that one) would change that

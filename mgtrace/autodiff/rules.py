@@ -677,20 +677,48 @@ def _bind(fn, args, kwargs):
 
 def _layer_norm_fn(fn, args, kwargs):
     """F.layer_norm's fused C path is no op: under a recording manager it
-    runs as its composite (mean, var, rsqrt: the same formula)."""
+    runs the same C forward and is recorded as one ``layer_norm`` node whose
+    backward is one C pass (nn.layer_norm_backward_rows) where the forward
+    took that path (float32/float64 on the CPU, weight and bias of x's
+    dtype); otherwise it runs as its composite (mean, var, rsqrt: the same
+    formula), each op recorded."""
+    from mgtrace.autodiff import _tape
     a = _bind(fn, args, kwargs)
-    x = a["x"]
-    ns = a["normalized_shape"]
+    x, w, b, ns = a["x"], a["weight"], a["bias"], a["normalized_shape"]
+    if isinstance(x, Tensor) and x.dtype.name in ("float32", "float64") and x.device.type == "cpu" \
+            and all(t is None or (isinstance(t, Tensor) and t.dtype == x.dtype and t.device == x.device)
+                    for t in (w, b)):
+        with _tape.no_grad():
+            y = fn(*args, **kwargs)          # checks the arguments, runs the C kernel
+        cols = math.prod((ns,) if isinstance(ns, int) else tuple(ns))
+        return _tape.record_computed("layer_norm", _LAYER_NORM_RULE, (x, w, b), y,
+                                     {"cols": cols, "eps": float(a["eps"])})
     k = 1 if isinstance(ns, int) else len(tuple(ns))
     axes = tuple(range(x.ndim - k, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
     var = x.var(axis=axes, keepdims=True)
     y = (x - mean) * F.rsqrt(var + a["eps"])
-    if a["weight"] is not None:
-        y = y * a["weight"]
-    if a["bias"] is not None:
-        y = y + a["bias"]
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
     return y
+
+
+def _layer_norm_rule(c, g):
+    x, w, _ = c.inputs
+    if g.dtype != x.dtype:
+        g = g.astype(x.dtype)
+    gx, gw, gb = _nn.layer_norm_backward_rows(x, w, g, c.params["cols"], c.params["eps"],
+                                              c.needs(1), c.needs(2))
+    if gw is not None:
+        gw = gw.reshape(c.input_shape(1))
+    if gb is not None:
+        gb = gb.reshape(c.input_shape(2))
+    return (gx if c.needs(0) else None), gw, gb
+
+
+_LAYER_NORM_RULE = Rule(_layer_norm_rule, True)
 
 
 def _linear_act_fn(fn, args, kwargs):

@@ -137,8 +137,43 @@ def test_conv_weight_backward(dtype, tol, n, c, o, k, s, p, d, groups):
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
+def _conv_dw_ref(x, gy, k, p, groups):
+    # stride 1: sum over images and output pixels of gy times the tapped input, float64
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    o, c, oh, ow = gy.shape[1], x.shape[1], gy.shape[2], gy.shape[3]
+    og, cg = o // groups, c // groups
+    ref = np.zeros((o, cg, k, k))
+    for a, e in itertools.product(range(k), range(k)):
+        for gi in range(groups):
+            ref[gi * og:(gi + 1) * og, :, a, e] = np.einsum(
+                "nohw,nchw->oc", gy[:, gi * og:(gi + 1) * og].astype(np.float64),
+                xp[:, gi * cg:(gi + 1) * cg, a:a + oh, e:e + ow])
+    return ref
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,c,o,h,groups", [(9, 512, 4, 6, 1),     # 7 images a piece, then 2
+                                            (3, 64, 6, 45, 2)])    # two pieces an image, split mid-row
+def test_conv_weight_backward_pieces(n, c, o, h, groups, threads):
+    # the output pixels are cut into pieces of about 4 MiB of columns (at
+    # least 256 columns) shared over threads: whole images grouped, or an
+    # image's pixels split; every cut gives the reference's sums
+    rng = np.random.default_rng(14)
+    x = rng.uniform(-1, 1, (n, c, h, h)).astype(np.float32)
+    gy = rng.uniform(-1, 1, (n, o, h, h)).astype(np.float32)
+    before = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        got = _nn.conv2d_backward_weight(mt.tensor(x), mt.tensor(gy), (o, c // groups, 3, 3), 1, 1, 1,
+                                         groups).numpy()
+    finally:
+        mt.set_num_threads(before)
+    np.testing.assert_allclose(got, _conv_dw_ref(x, gy, 3, 1, groups), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_weight_backward_chunks_images():
-    # 32 MiB of columns a chunk: 40 images of 3*9 x 200*200 float64 take several chunks
+    # 40 images of 3*9 x 200*200 float64: three pieces an image (about 4 MiB
+    # of columns each), cut in the middle of output rows
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (40, 3, 200, 200))
     gy = rng.uniform(-1, 1, (40, 2, 200, 200))
@@ -317,3 +352,84 @@ def test_backward_kernels_run_through_the_devices_table(name, second_device):
     assert where == {"cuda:0"}
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _layer_norm_grads_ref(x, w, gy, eps):
+    """dx, dweight, dbias of layer norm over the last axis, float64, from the
+    formula's pieces (xhat = (x - mean) / sqrt(var + eps), y = xhat w + b)."""
+    x, gy = x.astype(np.float64), gy.astype(np.float64)
+    n = x.shape[-1]
+    mean = x.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
+    xhat = (x - mean) * rstd
+    g = gy * (w.astype(np.float64) if w is not None else 1.0)
+    dxhat_sum = g.sum(-1, keepdims=True)
+    dxhat_xhat = (g * xhat).sum(-1, keepdims=True)
+    dx = rstd * (n * g - dxhat_sum - xhat * dxhat_xhat) / n
+    return dx, (gy * xhat).reshape(-1, n).sum(0), gy.reshape(-1, n).sum(0)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("float64", 1e-12)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_layer_norm_backward(dtype, tol, weighted):
+    # rows enough to take the threaded path (per-thread weight sums added at the end)
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((6, 33, 200)) * 3 + 1).astype(dtype)
+    gy = rng.uniform(-1, 1, x.shape).astype(dtype)
+    w = rng.uniform(0.5, 1.5, 200).astype(dtype) if weighted else None
+    gx, gw, gb = _nn.layer_norm_backward_rows(mt.tensor(x), None if w is None else mt.tensor(w),
+                                              mt.tensor(gy), 200, 1e-5)
+    dx, dw, db = _layer_norm_grads_ref(x, w, gy, 1e-5)
+    assert gx.dtype == dtype and gx.shape == x.shape
+    np.testing.assert_allclose(gx.numpy(), dx, rtol=tol, atol=tol)
+    np.testing.assert_allclose(gb.numpy(), db, rtol=tol, atol=tol * 100)
+    if weighted:
+        np.testing.assert_allclose(gw.numpy(), dw, rtol=tol, atol=tol * 100)
+    else:
+        assert gw is None
+    _, gw, gb = _nn.layer_norm_backward_rows(mt.tensor(x), None if w is None else mt.tensor(w),
+                                             mt.tensor(gy), 200, 1e-5, False, False)
+    assert gw is None and gb is None
+
+
+def test_layer_norm_backward_refuses_bad_operands():
+    x = mt.tensor(np.ones((4, 6), np.float32))
+    with pytest.raises(ValueError, match="differ in shape"):
+        _nn.layer_norm_backward_rows(x, None, mt.tensor(np.ones((4, 5), np.float32)), 6, 1e-5)
+    with pytest.raises(TypeError, match="gy must be"):
+        _nn.layer_norm_backward_rows(x, None, mt.tensor(np.ones((4, 6))), 6, 1e-5)
+    with pytest.raises(ValueError, match="do not divide"):
+        _nn.layer_norm_backward_rows(x, None, x, 5, 1e-5)
+    with pytest.raises(ValueError, match="6 elements"):
+        _nn.layer_norm_backward_rows(x, mt.tensor(np.ones(5, np.float32)), x, 6, 1e-5)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        _nn.layer_norm_backward_rows(mt.tensor(np.ones((4, 6), np.int32)), None, x, 6, 1e-5)
+
+
+def test_layer_norm_is_one_recorded_node_with_its_saved_input_guarded():
+    # under a GradManager F.layer_norm runs its fused forward and records one
+    # node (not the composite's eight); the gradients are the composite's
+    # (the FD and PyTorch cases check the values), and x written in place
+    # after the forward makes backward refuse, as for any saved input
+    from mgtrace.autodiff import GradManager
+    from mgtrace.errors import AutodiffError
+    rng = np.random.default_rng(13)
+    xs = rng.standard_normal((5, 3, 8)).astype(np.float32)
+    x, w, b = mt.tensor(xs), mt.tensor(np.full(8, 1.5, np.float32)), mt.tensor(np.zeros(8, np.float32))
+    gm = GradManager().attach([x, w, b])
+    with gm:
+        y = F.layer_norm(x, 8, w, b)
+        assert y.__dict__["_ad"][0].name == "layer_norm"
+        gm.backward(y.sum())
+    dx, dw, db = _layer_norm_grads_ref(xs, np.full(8, 1.5), np.ones_like(xs), 1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), dx, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), dw, atol=1e-4)
+    np.testing.assert_allclose(b.grad.numpy(), db, atol=1e-5)
+    x2 = mt.tensor(xs)
+    gm2 = GradManager().attach([x2])
+    with gm2:
+        h = x2 * 2.0
+        y = F.layer_norm(h, 8)
+        h[0] = 0.0
+        with pytest.raises(AutodiffError, match="written in place"):
+            gm2.backward(y.sum())

@@ -155,6 +155,11 @@ typedef struct mt_nn_kernels {
     int (*index_add)(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t n, const void *src,
                      int64_t inner, int nt);
     int (*act_backward)(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nt);
+    /* layer norm over rows of cols: gx from x and gy (mean and variance
+     * recomputed as layer_norm's), and the weight's and bias's gradients
+     * summed over the rows where gw / gb are not NULL (w NULL: no weight) */
+    int (*layer_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                               void *gb, int64_t rows, int64_t cols, double eps, int nt);
 } mt_nn_kernels;
 
 #endif

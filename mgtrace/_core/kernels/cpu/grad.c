@@ -14,12 +14,19 @@
  *   resize       the transpose of resize.c's taps: nearest adds each output's
  *                gradient to the source pixel, bilinear to its four taps
  *                with the forward's weights. The coordinate tables are the
- *                forward's (resize.c's nearest_index and linear_table,
- *                repeated here: resize.c keeps them static).
- *   activation   gy * act'(x) for the fused activations (act.c's set).
- *   conv2d dW    per group, dW[og, cg*kh*kw] = dY[og, L] @ cols[cg*kh*kw, L]^T
- *                with cols x's patches (im2col) over a chunk of images and
- *                L their output pixels: one GEMM per group and chunk.
+ *                forward's (mt_taps.h's, which resize.c uses too).
+ *   activation   gy * act'(x) for the fused activations (act.c's set);
+ *                float32 SiLU, sigmoid and GELU on mt_vmath.h's vector exp
+ *                and erf (act.c's forward uses the same), float64 on libm.
+ *   layer norm   per row, mean and 1/std again as norm.c's forward (double
+ *                sums), then gx = rstd (g - mean(g) - xhat mean(g xhat)),
+ *                g = gy w: one pass over x and gy; dweight = sum gy xhat and
+ *                dbias = sum gy over the rows, in double per thread, added
+ *                up at the end in thread order.
+ *   conv2d dW    per group, dW[og, cg*kh*kw] += dY[og, L] @ cols[cg*kh*kw, L]^T
+ *                with cols x's patches (im2col) over a piece of the output
+ *                pixels (L of them): one single-threaded GEMM per group and
+ *                piece, the pieces shared over threads (see conv_dw).
  *
  * Pooling and resize gradients run one N*C plane per OpenMP task, so no two
  * threads add into the same element; index-add splits the inner extent.
@@ -32,21 +39,52 @@
 #include <string.h>
 #include <cblas.h>
 #include "nn.h"
+#include "mt_taps.h"
+#include "blas_threads.h"
+#include "mt_vmath.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* resize.c's nearest_index (PyTorch's shortcuts included) */
-static int64_t grad_nearest_index(int64_t dst, int64_t n, int64_t m, double user_scale) {
-    if (m == n) return dst;
-    if (m == 2 * n) return dst >> 1;
-    const float scale = user_scale > 0 ? (float)(1.0 / user_scale) : (float)n / (float)m;
-    const int64_t src = (int64_t)floorf((float)dst * scale);
-    return src < n - 1 ? src : n - 1;
-}
+/* float32 gx = gy * act'(x) over MT_VL lanes at a time for the activations
+ * whose derivative needs exp or erf (GELU: Phi(x) + x phi(x); SiLU:
+ * s (1 + x (1 - s)); sigmoid: s (1 - s)); the tail through zero-padded
+ * buffers */
+#define MT_GRAD_VACT(NAME, VEXPR)                                              \
+    static MT_VCLONES void NAME(const float *xs, const float *gy, float *gx, int64_t n) { \
+        int64_t i = 0;                                                         \
+        for (; i + MT_VL <= n; i += MT_VL) {                                   \
+            mt_vf x, g; memcpy(&x, xs + i, sizeof x); memcpy(&g, gy + i, sizeof g); \
+            mt_vf v = g * (VEXPR); memcpy(gx + i, &v, sizeof v);               \
+        }                                                                      \
+        if (i < n) {                                                           \
+            float bx[MT_VL] = {0}, bg[MT_VL] = {0};                            \
+            memcpy(bx, xs + i, (size_t)(n - i) * 4); memcpy(bg, gy + i, (size_t)(n - i) * 4); \
+            mt_vf x, g; memcpy(&x, bx, sizeof x); memcpy(&g, bg, sizeof g);    \
+            mt_vf v = g * (VEXPR); memcpy(bx, &v, sizeof v);                   \
+            memcpy(gx + i, bx, (size_t)(n - i) * 4);                           \
+        }                                                                      \
+    }
+MT_GRAD_VACT(gelu_bw_f32, 0.5f * (1.0f + mt_verf(x * 0.70710678118654752440f)) +
+                          x * mt_vexp(-0.5f * x * x) * 0.39894228040143267794f)
+MT_GRAD_VACT(silu_bw_f32, mt_vsigmoid(x) * (1.0f + x * (1.0f - mt_vsigmoid(x))))
+MT_GRAD_VACT(sigmoid_bw_f32, mt_vsigmoid(x) * (1.0f - mt_vsigmoid(x)))
 
-/* conv dW: bytes of im2col columns a chunk of images (at least one image) */
-#define MT_GRAD_COLS_BYTES ((int64_t)32 << 20)
+/* float32 act backward through the vector loops above, a block of elements
+ * per OpenMP task; 0 when act has none (the scalar loop runs) */
+static int act_bw_vec_f32(int act, const float *x, const float *gy, float *gx, int64_t n, int nt) {
+    void (*f)(const float *, const float *, float *, int64_t) =
+        act == MT_ACT_GELU ? gelu_bw_f32 : act == MT_ACT_SILU ? silu_bw_f32 :
+        act == MT_ACT_SIGMOID ? sigmoid_bw_f32 : NULL;
+    if (f == NULL) return 0;
+    const int64_t blk = 16384, nblk = (n + blk - 1) / blk;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nblk > 1 && n >= MT_NN_GRAIN / 8)
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t lo = b * blk, len = mt_min64(n - lo, blk);
+        f(x + lo, gy + lo, gx + lo, len);
+    }
+    return 1;
+}
 
 #define MT_GRAD_TEMPLATE
 #define T float
@@ -106,9 +144,19 @@ int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t
 
 int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads) {
     if (act <= MT_ACT_NONE || act >= MT_NACTS) return MT_NN_EINDEX;
-    if (dtype == MT_FLOAT32) act_bw_f32(act, x, gy, gx, n, nthreads);
-    else act_bw_f64(act, x, gy, gx, n, nthreads);
+    if (dtype == MT_FLOAT32) {
+        if (!act_bw_vec_f32(act, x, gy, gx, n, nthreads)) act_bw_f32(act, x, gy, gx, n, nthreads);
+    } else {
+        act_bw_f64(act, x, gy, gx, n, nthreads);
+    }
     return 0;
+}
+
+int mt_layer_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                           void *gb, int64_t rows, int64_t cols, double eps, int nthreads) {
+    if (rows <= 0 || cols <= 0) return 0;
+    if (dtype == MT_FLOAT32) return layer_norm_bw_f32(x, w, gy, gx, gw, gb, rows, cols, eps, nthreads);
+    return layer_norm_bw_f64(x, w, gy, gx, gw, gb, rows, cols, eps, nthreads);
 }
 
 #else /* ------------------------------------------- MT_GRAD_TEMPLATE: T, SFX */
@@ -152,17 +200,9 @@ static void FN(avg_pool_bw)(const T *gy, T *gx, const mt_pool2d_geom *g, int nt)
         T *dp = gx + p * hw;
         memset(dp, 0, (size_t)hw * sizeof(T));
         for (int64_t oy = 0; oy < g->oh; oy++) {
-            int64_t ys = oy * g->sh - g->ph, ye = mt_min64(ys + g->kh, g->h + g->ph);
-            const int64_t padded_h = ye - ys;
-            ys = mt_max64(ys, 0);
-            ye = mt_min64(ye, g->h);
             for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t xs = ox * g->sw - g->pw, xe = mt_min64(xs + g->kw, g->w + g->pw);
-                const int64_t padded_w = xe - xs;
-                xs = mt_max64(xs, 0);
-                xe = mt_min64(xe, g->w);
-                const int64_t count = g->count_include_pad ? padded_h * padded_w
-                                                           : mt_max64(0, ye - ys) * mt_max64(0, xe - xs);
+                int64_t ys, ye, xs, xe;
+                const int64_t count = mt_avg_window(g, oy, ox, &ys, &ye, &xs, &xe);
                 if (count <= 0) continue;
                 const T d = gp[oy * g->ow + ox] / (T)count;
                 for (int64_t iy = ys; iy < ye; iy++)
@@ -181,9 +221,10 @@ static void FN(adaptive_bw)(int op, const T *x, const T *gy, T *gx, int64_t plan
         T *dp = gx + p * hw;
         memset(dp, 0, (size_t)hw * sizeof(T));
         for (int64_t oy = 0; oy < oh; oy++) {
-            const int64_t ys = oy * h / oh, ye = ((oy + 1) * h + oh - 1) / oh;
+            int64_t ys, ye, xs, xe;
+            mt_adaptive_window(oy, h, oh, &ys, &ye);
             for (int64_t ox = 0; ox < ow; ox++) {
-                const int64_t xs = ox * w / ow, xe = ((ox + 1) * w + ow - 1) / ow;
+                mt_adaptive_window(ox, w, ow, &xs, &xe);
                 const T gv = gp[oy * ow + ox];
                 if (op == MT_ADAPTIVE_MAX) {
                     const T *xp = x + p * hw;
@@ -205,23 +246,6 @@ static void FN(adaptive_bw)(int op, const T *x, const T *gy, T *gx, int64_t plan
     }
 }
 
-/* resize.c's linear_table: bilinear taps along one axis of n -> m */
-static void FN(grad_linear_table)(int64_t n, int64_t m, double user_scale, int align_corners,
-                                  int64_t *i0, int64_t *i1, T *f1) {
-    T scale;
-    if (align_corners) scale = m > 1 ? (T)(n - 1) / (T)(m - 1) : (T)0;
-    else scale = user_scale > 0 ? (T)(1.0 / user_scale) : (T)n / (T)m;
-    for (int64_t i = 0; i < m; i++) {
-        T src = align_corners ? scale * (T)i : scale * ((T)i + (T)0.5) - (T)0.5;
-        if (src < 0) src = 0;
-        const int64_t a = (int64_t)src;
-        i0[i] = a;
-        i1[i] = a + (a < n - 1 ? 1 : 0);
-        T f = src - (T)a;
-        f1[i] = f < 0 ? (T)0 : (f > 1 ? (T)1 : f);
-    }
-}
-
 static int FN(resize_bw)(int mode, const T *gy, T *gx, int64_t planes, int64_t h, int64_t w, int64_t oh,
                          int64_t ow, double scale_h, double scale_w, int align_corners, int nt) {
     const int64_t hw = h * w, ohw = oh * ow;
@@ -231,11 +255,11 @@ static int FN(resize_bw)(int mode, const T *gy, T *gx, int64_t planes, int64_t h
     int64_t *y0 = idx, *y1 = y0 + oh, *x0 = y1 + oh, *x1 = x0 + ow;
     T *fy = wt, *fx = wt + oh;
     if (mode == MT_RESIZE_NEAREST) {
-        for (int64_t i = 0; i < oh; i++) y0[i] = grad_nearest_index(i, h, oh, scale_h);
-        for (int64_t i = 0; i < ow; i++) x0[i] = grad_nearest_index(i, w, ow, scale_w);
+        for (int64_t i = 0; i < oh; i++) y0[i] = mt_nearest_index(i, h, oh, scale_h);
+        for (int64_t i = 0; i < ow; i++) x0[i] = mt_nearest_index(i, w, ow, scale_w);
     } else {
-        FN(grad_linear_table)(h, oh, scale_h, align_corners, y0, y1, fy);
-        FN(grad_linear_table)(w, ow, scale_w, align_corners, x0, x1, fx);
+        FN(mt_linear_table)(h, oh, scale_h, align_corners, y0, y1, fy);
+        FN(mt_linear_table)(w, ow, scale_w, align_corners, x0, x1, fx);
     }
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && planes * ohw >= MT_NN_GRAIN)
     for (int64_t p = 0; p < planes; p++) {
@@ -278,57 +302,126 @@ static void FN(gemm_nt)(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda
                           accumulate ? 1.0 : 0.0, (double *)c, (blasint)ldc);
 }
 
-static int FN(conv_dw)(const T *x, const T *gy, T *gw, const mt_conv2d_geom *g, int nt) {
-    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
-    const int64_t rows = g->c * kk, ohw = g->oh * g->ow, hw = g->h * g->w;
-    if (g->n == 0 || ohw == 0) {
-        memset(gw, 0, (size_t)(g->o * cg * kk) * sizeof(T));
-        return 0;
-    }
-    /* images a chunk: their columns within MT_GRAD_COLS_BYTES */
-    int64_t nc = MT_GRAD_COLS_BYTES / mt_max64(1, rows * ohw * (int64_t)sizeof(T));
-    nc = mt_max64(1, mt_min64(nc, g->n));
-    const int64_t L = nc * ohw;
-    T *cols = malloc(sizeof(T) * (size_t)(rows * L));
-    T *dy = malloc(sizeof(T) * (size_t)(g->o * L));
-    if (!cols || !dy) { free(cols); free(dy); return MT_NN_ENOMEM; }
-    for (int64_t n0 = 0; n0 < g->n; n0 += nc) {
-        const int64_t cnt = mt_min64(nc, g->n - n0), len = cnt * ohw;
-        /* cols[r][i * ohw + q] for r = (c, ki, kj), image n0 + i, output pixel q */
-        #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && rows * len >= MT_NN_GRAIN)
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t ch = r / kk, ki = r % kk / g->kw, kj = r % g->kw;
-            T *dst = cols + r * L;
-            for (int64_t i = 0; i < cnt; i++) {
-                const T *xp = x + ((n0 + i) * g->c + ch) * hw;
-                for (int64_t oy = 0; oy < g->oh; oy++) {
-                    const int64_t iy = oy * g->sh - g->ph + ki * g->dh;
-                    T *d = dst + i * ohw + oy * g->ow;
-                    if (iy < 0 || iy >= g->h) {
-                        memset(d, 0, (size_t)g->ow * sizeof(T));
-                        continue;
-                    }
+/* One piece of conv dW's columns: images [i0, i0 + cnt) whole (cnt > 1), or
+ * output pixels [q0, q1) of image i0 (cnt == 1). cols[r][j] (r = (c, ki,
+ * kj), j the piece's column) gets x's patch values, 0 in the padding. */
+static void FN(dw_im2col)(const T *x, const mt_conv2d_geom *g, int64_t i0, int64_t cnt, int64_t q0,
+                          int64_t q1, T *cols, int64_t ld) {
+    const int64_t kk = g->kh * g->kw, rows = g->c * kk, hw = g->h * g->w;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t ch = r / kk, ki = r % kk / g->kw, kj = r % g->kw;
+        const int64_t x0 = kj * g->dw - g->pw;
+        T *d = cols + r * ld;
+        for (int64_t i = 0; i < cnt; i++) {
+            const T *xp = x + ((i0 + i) * g->c + ch) * hw;
+            int64_t oy = q0 / g->ow, ox = q0 % g->ow;
+            for (int64_t q = q0; q < q1;) {
+                const int64_t run = mt_min64(g->ow - ox, q1 - q);     /* to the row's end */
+                const int64_t iy = oy * g->sh - g->ph + ki * g->dh;
+                if (iy < 0 || iy >= g->h) {
+                    memset(d, 0, (size_t)run * sizeof(T));
+                } else {
                     const T *xr = xp + iy * g->w;
-                    const int64_t x0 = kj * g->dw - g->pw;
-                    for (int64_t ox = 0; ox < g->ow; ox++) {
-                        const int64_t ix = x0 + ox * g->sw;
-                        d[ox] = ix >= 0 && ix < g->w ? xr[ix] : (T)0;
+                    for (int64_t t = 0; t < run; t++) {
+                        const int64_t ix = x0 + (ox + t) * g->sw;
+                        d[t] = ix >= 0 && ix < g->w ? xr[ix] : (T)0;
                     }
                 }
+                d += run;
+                q += run;
+                ox = 0;
+                oy++;
             }
         }
-        /* dy[o][i * ohw + q] */
-        #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && g->o * len >= MT_NN_GRAIN)
-        for (int64_t o = 0; o < g->o; o++)
-            for (int64_t i = 0; i < cnt; i++)
-                memcpy(dy + o * L + i * ohw, gy + ((n0 + i) * g->o + o) * ohw, (size_t)ohw * sizeof(T));
-        for (int64_t grp = 0; grp < g->groups; grp++)
-            FN(gemm_nt)(og, cg * kk, len, dy + grp * og * L, L, cols + grp * cg * kk * L, L, n0 > 0,
-                        gw + grp * og * cg * kk, cg * kk);
     }
-    free(cols);
-    free(dy);
-    return 0;
+}
+
+/* conv2d's weight gradient. The n * oh * ow output pixels (the GEMM's K)
+ * are cut into pieces of about MT_GRAD_PIECE_BYTES of im2col columns (at
+ * least MT_GRAD_PIECE_MIN columns: whole images grouped when an image has
+ * fewer pixels, a range of one image's pixels when it has more). Threads
+ * take whole pieces (static schedule, so the sums' order is fixed for a
+ * thread count), each with its own columns, single-threaded GEMMs and
+ * weight-gradient sum, added up in thread order at the end. OpenBLAS's
+ * own threading of one tall-K GEMM instead met its threads at every K
+ * panel: on a loaded machine each meeting waited for a descheduled thread
+ * (the ResNet-18 stem's gradient took 17x the CPU time on two threads
+ * that it took on one). */
+#define MT_GRAD_PIECE_BYTES ((int64_t)4 << 20)
+#define MT_GRAD_PIECE_MIN 256
+
+static int FN(conv_dw)(const T *x, const T *gy, T *gw, const mt_conv2d_geom *g, int nt) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kh * g->kw;
+    const int64_t rows = g->c * kk, ohw = g->oh * g->ow, wsize = g->o * cg * kk;
+    memset(gw, 0, (size_t)wsize * sizeof(T));
+    if (g->n == 0 || ohw == 0) return 0;
+    int64_t want = mt_max64(MT_GRAD_PIECE_MIN, MT_GRAD_PIECE_BYTES / mt_max64(1, rows * (int64_t)sizeof(T)));
+    /* cnt images a piece, or a piece per span columns of one image */
+    const int64_t cnt = ohw >= want ? 1 : mt_min64(g->n, want / ohw);
+    const int64_t per_image = ohw >= want ? (ohw + want - 1) / want : 1;
+    const int64_t span = (ohw + per_image - 1) / per_image;
+    const int64_t pieces = ohw >= want ? g->n * per_image : (g->n + cnt - 1) / cnt;
+    const int64_t width = ohw >= want ? span : cnt * ohw;          /* most columns in a piece */
+    const int team = (int)mt_max64(1, mt_min64(nt, pieces));
+    T *acc = team > 1 ? calloc((size_t)(team - 1) * (size_t)wsize, sizeof(T)) : NULL;
+    if (team > 1 && acc == NULL) return MT_NN_ENOMEM;
+    int failed = 0;
+    if (team > 1) mt_nn_blas_single_begin();
+    #pragma omp parallel num_threads(team) if (team > 1) reduction(| : failed)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        T *mine = tid == 0 ? gw : acc + (size_t)(tid - 1) * (size_t)wsize;
+        T *cols = malloc(sizeof(T) * (size_t)(rows * width));
+        T *dy = cnt > 1 ? malloc(sizeof(T) * (size_t)(g->o * width)) : NULL;
+        if (cols == NULL || (cnt > 1 && dy == NULL)) failed = 1;
+        #pragma omp for schedule(static)
+        for (int64_t pc = 0; pc < pieces; pc++) {
+            if (failed) continue;
+            int64_t i0, n_img, q0, q1;
+            if (cnt == 1) {
+                i0 = pc / per_image;
+                n_img = 1;
+                q0 = pc % per_image * span;
+                q1 = mt_min64(ohw, q0 + span);
+            } else {
+                i0 = pc * cnt;
+                n_img = mt_min64(cnt, g->n - i0);
+                q0 = 0;
+                q1 = ohw;
+            }
+            const int64_t len = n_img * (q1 - q0);
+            FN(dw_im2col)(x, g, i0, n_img, q0, q1, cols, len);
+            const T *gp;
+            int64_t ldg;
+            if (n_img == 1) {                  /* dy [o, ohw] of the image, read in place */
+                gp = gy + i0 * g->o * ohw + q0;
+                ldg = ohw;
+            } else {                           /* dy[o][i * ohw + q] gathered */
+                for (int64_t o = 0; o < g->o; o++)
+                    for (int64_t i = 0; i < n_img; i++)
+                        memcpy(dy + o * len + i * ohw, gy + ((i0 + i) * g->o + o) * ohw,
+                               (size_t)ohw * sizeof(T));
+                gp = dy;
+                ldg = len;
+            }
+            for (int64_t grp = 0; grp < g->groups; grp++)
+                FN(gemm_nt)(og, cg * kk, len, gp + grp * og * ldg, ldg, cols + grp * cg * kk * len, len, 1,
+                            mine + grp * og * cg * kk, cg * kk);
+        }
+        free(cols);
+        free(dy);
+    }
+    if (team > 1) mt_nn_blas_single_end();
+    if (!failed)
+        for (int t = 1; t < team; t++) {
+            const T *a = acc + (size_t)(t - 1) * (size_t)wsize;
+            for (int64_t j = 0; j < wsize; j++) gw[j] += a[j];
+        }
+    free(acc);
+    return failed ? MT_NN_ENOMEM : 0;
 }
 
 /* gx = gy * act'(x), x the pre-activation (act.c's functions; PyTorch's
@@ -350,6 +443,90 @@ static void FN(act_bw)(int act, const T *x, const T *gy, T *gx, int64_t n, int n
         }
         gx[i] = (T)((double)gy[i] * d);
     }
+}
+
+/* one row's mean and 1/sqrt(var + eps), as norm.c's forward computes them
+ * (double sums over 8 lanes, two passes) */
+static void FN(ln_stats)(const T *x, int64_t n, double eps, double *mean, double *rstd) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)x[i + l];
+    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += (double)x[i];
+    const double m = s / (double)n;
+    for (int l = 0; l < 8; l++) acc[l] = 0;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const double d = (double)x[i + l] - m;
+            acc[l] += d * d;
+        }
+    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) {
+        const double d = (double)x[i] - m;
+        s += d * d;
+    }
+    *mean = m;
+    *rstd = 1.0 / sqrt(s / (double)n + eps);
+}
+
+/* x, gy, gx [rows, cols]; w [cols] or NULL (no weight: g = gy); gw, gb
+ * [cols] or NULL (not wanted). MT_NN_ENOMEM when the per-thread sums
+ * cannot be allocated. */
+static int FN(layer_norm_bw)(const T *x, const T *w, const T *gy, T *gx, T *gw, T *gb, int64_t rows,
+                             int64_t cols, double eps, int nt) {
+    const int par = nt > 1 && rows > 1 && rows * cols >= MT_NN_GRAIN;
+    const int team = par ? (int)mt_min64(nt, rows) : 1;
+    const int sums = gw != NULL || gb != NULL;
+    double *part = NULL;
+    if (sums) {
+        part = calloc((size_t)team * 2 * (size_t)cols, sizeof(double));
+        if (part == NULL) return MT_NN_ENOMEM;
+    }
+    #pragma omp parallel num_threads(team) if (par)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        double *pw = sums ? part + (size_t)tid * 2 * (size_t)cols : NULL, *pb = pw ? pw + cols : NULL;
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const T *xr = x + r * cols, *gr = gy + r * cols;
+            T *dr = gx + r * cols;
+            double mean, rstd;
+            FN(ln_stats)(xr, cols, eps, &mean, &rstd);
+            const T m = (T)mean, rs = (T)rstd;
+            double sg = 0, sgx = 0;
+            for (int64_t j = 0; j < cols; j++) {
+                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+                sg += (double)g;
+                sgx += (double)g * (double)xh;
+                if (pw) {
+                    pw[j] += (double)gr[j] * (double)xh;
+                    pb[j] += (double)gr[j];
+                }
+            }
+            const T a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);
+            for (int64_t j = 0; j < cols; j++) {
+                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+                dr[j] = rs * (g - a - xh * b);
+            }
+        }
+    }
+    if (sums) {
+        for (int64_t j = 0; j < cols; j++) {
+            double sw = 0, sb = 0;
+            for (int t = 0; t < team; t++) {
+                sw += part[(size_t)t * 2 * (size_t)cols + (size_t)j];
+                sb += part[(size_t)t * 2 * (size_t)cols + (size_t)cols + (size_t)j];
+            }
+            if (gw) gw[j] = (T)sw;
+            if (gb) gb[j] = (T)sb;
+        }
+        free(part);
+    }
+    return 0;
 }
 
 static void FN(index_add)(T *dst, const int64_t *idx, int64_t n, const T *src, int64_t inner, int nt) {

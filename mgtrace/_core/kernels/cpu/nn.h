@@ -191,6 +191,12 @@ int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t
 /* gx [n] = gy * act'(x) for x the pre-activation, act an enum mt_act other
  * than NONE (MT_NN_EINDEX for another) */
 int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads);
+/* layer norm's backward over rows of cols (x, gy, gx contiguous [rows,
+ * cols]; mean and variance recomputed from x as mt_layer_norm does): gx;
+ * gw = sum over rows of gy * xhat and gb = sum of gy when not NULL; w NULL
+ * for no weight. 0, or MT_NN_ENOMEM */
+int mt_layer_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                           void *gb, int64_t rows, int64_t cols, double eps, int nthreads);
 
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
