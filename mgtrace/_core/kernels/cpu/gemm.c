@@ -73,9 +73,45 @@ static void gemm_one(int dtype, const mt_gemm_shape *s, const char *a, const cha
  * descheduled one: a 1 ms product took a second). */
 #define MT_GEMM_SMALL_MNK ((int64_t)1 << 22)
 
-/* A batch runs one of two ways. Few or large products: a loop of BLAS
- * calls, as NumPy's matmul does, each threaded by OpenBLAS itself (on
- * OpenMP's threads, blas_threads.c). Many small ones (attention's heads, a
+/* fewest rows (or columns) of C a thread's block of a split product gets */
+#define MT_GEMM_BLOCK_MIN 64
+
+#ifdef _OPENMP
+/* One large product as nt blocks of C's rows (or, for a short and wide C,
+ * its columns), one single-threaded GEMM a thread: the threads meet once,
+ * at the end. OpenBLAS's own threading of one GEMM meets its threads at
+ * every K panel, and on a loaded machine each meeting waits for whichever
+ * thread was descheduled. Each block packs its share of A and all of B
+ * (B once per thread: a small cost next to the product). */
+static void gemm_split(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c, int64_t isz,
+                       int nt) {
+    const int by_rows = s->M >= 2 * MT_GEMM_BLOCK_MIN;
+    const int64_t extent = by_rows ? s->M : s->N;
+    const int team = (int)(extent / MT_GEMM_BLOCK_MIN < nt ? extent / MT_GEMM_BLOCK_MIN : nt);
+    const int saved = MT_BLAS(openblas_get_num_threads)();
+    if (saved != 1) MT_BLAS(openblas_set_num_threads)(1);
+    #pragma omp parallel num_threads(team)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        const int64_t lo = extent * t / n, hi = extent * (t + 1) / n;
+        if (hi > lo) {
+            mt_gemm_shape part = *s;
+            if (by_rows) {
+                part.M = hi - lo;
+                gemm_one(dtype, &part, a + lo * s->sam * isz, b, c + lo * s->scm * isz);
+            } else {
+                part.N = hi - lo;
+                gemm_one(dtype, &part, a, b + lo * s->sbn * isz, c + lo * s->scn * isz);
+            }
+        }
+    }
+    if (saved != 1) MT_BLAS(openblas_set_num_threads)(saved);
+}
+#endif
+
+/* A batch runs one of two ways. Few large products: a loop over them,
+ * each split over the threads by gemm_split (one single-threaded GEMM per
+ * block of C). Many small ones (attention's heads, a
  * batched matmul's problems): one OpenMP loop over the batch, OpenBLAS
  * switched to one thread around it, so each thread runs whole products and
  * the threads meet once, at the loop's end (dynamic schedule: a thread
@@ -97,6 +133,11 @@ void mt_gemm_float_batch(int dtype, const mt_gemm_shape *s, const char *a, const
         for (int64_t i = 0; i < batch; i++)
             gemm_one(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz);
         if (saved != 1) MT_BLAS(openblas_set_num_threads)(saved);
+        return;
+    }
+    if (nt > 1 && mnk > MT_GEMM_SMALL_MNK && (s->M >= 2 * MT_GEMM_BLOCK_MIN || s->N >= 2 * MT_GEMM_BLOCK_MIN)) {
+        for (int64_t i = 0; i < batch; i++)
+            gemm_split(dtype, s, a + a_off[i] * isz, b + b_off[i] * isz, c + c_off[i] * isz, isz, nt);
         return;
     }
 #else
