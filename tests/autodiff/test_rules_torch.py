@@ -59,6 +59,8 @@ TORCH = {
     "reshape": lambda x: x.reshape(4, 3) * torch.arange(12.0, dtype=torch.float64).reshape(4, 3),
     "transpose": lambda x: x.permute(2, 0, 1), "expand_dims": lambda x: x[None, :, None],
     "squeeze": lambda x: x.squeeze(1), "broadcast_to": lambda x: x.expand(2, 3, 4),
+    # mgtrace's case moves to a second CPU device and back; PyTorch has one CPU
+    "to": lambda x: x.to("cpu") * 2,
     "sum": lambda x: x.sum(1), "mean": lambda x: x.mean((0, 2), keepdim=True),
     "prod": lambda x: x.prod(1), "max": lambda x: x.amax(0), "min": lambda x: x.amin(),
     "var": lambda x: x.var(1, correction=1), "std": lambda x: x.std((0, 1), correction=0),
