@@ -205,7 +205,7 @@ def test_has_kernel_on_the_cpu_answers_per_dtype():
     assert mt.has_kernel("reshape", "cpu", "bool")          # views run no kernel
     assert mt.has_kernel("sum", "cpu", "int8")
     with pytest.raises(KeyError, match="no core op"):
-        mt.has_kernel("conv3d", "cpu")
+        mt.has_kernel("conv4d", "cpu")
 
 
 def test_has_kernel_follows_the_device_backend(fake_device):
