@@ -2521,9 +2521,11 @@ cdef Tensor _add_bias5(Tensor out, Tensor tb):
 
 @core_op
 def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """3-D convolution (cross-correlation, as in PyTorch and MegEngine): per
-    image and group, x's patches (vol2col, in tiles of output depth slices)
-    times the weight in one BLAS GEMM (kernels/cpu/conv3d.c).
+    """3-D convolution (cross-correlation, as in PyTorch and MegEngine),
+    kernels/cpu/conv3d.c: at stride 1 with >= 8 input channels a group, one
+    BLAS GEMM per kernel tap over a zero-padded copy of each image; else
+    per image and group x's patches (vol2col, in tiles of output depth
+    slices) times the weight in one GEMM.
 
     Args:
         x: float [N, C, D, H, W].

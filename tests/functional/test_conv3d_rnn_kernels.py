@@ -57,6 +57,9 @@ CONV3D = [
     ((2, 6, 3, 4, 5), (6, 2, 1, 1, 1), 1, 0, 1, 3, True),         # 1x1x1: x read as its own columns
     ((1, 1, 1, 1, 1), (1, 1, 1, 1, 1), 1, 0, 1, 1, False),
     ((3, 2, 4, 4, 4), (3, 2, 3, 3, 3), 2, 1, 1, 1, True),         # stride 2 with padding: edges
+    # stride 1 with >= 8 channels a group: one GEMM per tap over a padded copy
+    ((2, 16, 5, 6, 7), (8, 8, 3, 2, 3), 1, (1, 0, 2), (2, 1, 1), 2, True),
+    ((1, 8, 3, 3, 3), (4, 8, 3, 3, 3), 1, 0, 1, 1, False),        # one output voxel
 ]
 
 

@@ -12,7 +12,10 @@
  *             input positions it was read from (col2vol), the channels split
  *             between threads so no two threads add into one element;
  *   weight    gw[og, r] += gy[og, q] @ cols^T over every tile and image.
- * A 1x1x1 kernel with unit stride and no padding reads x as its own columns.
+ * A 1x1x1 kernel with unit stride and no padding reads x as its own columns;
+ * other stride-1 forwards with enough channels a group skip vol2col: one
+ * GEMM per kernel tap over a zero-padded copy (conv3d_shifted, the 3-d form
+ * of conv.c's SHIFTED).
  * The GEMMs are OpenBLAS's (threaded through blas_threads.c's bridge); the
  * copies run on OpenMP threads.
  */
@@ -28,6 +31,12 @@
 
 /* bytes of vol2col columns one tile may hold (at least one output slice) */
 #define MT_CONV3D_COLS_BYTES ((int64_t)16 << 20)
+
+/* stride-1 convolutions with at least this many input channels a group run
+ * one GEMM per tap over a padded copy (conv3d_shifted); fewer channels make
+ * those GEMMs too thin, and vol2col's one GEMM with KD*KH*KW times the
+ * depth wins */
+#define MT_CONV3D_SHIFTED_MIN_C 8
 
 /* output depth slices per tile */
 static int64_t conv3d_tile(const mt_conv3d_geom *g, int64_t itemsize) {
@@ -160,8 +169,64 @@ static void FN(col2vol)(const T *cols, T *gxg, const mt_conv3d_geom *g, int64_t 
     }
 }
 
+/* stride 1: one GEMM per kernel tap over a zero-padded copy of the image,
+ * the outputs computed on the padded grid (row ends included) and cropped:
+ *   Y'[og, q] += W_tap[og, cg] @ Xp[cg, q + offset(tap)],  q = z*Hp*Wp + y*Wp + x
+ * no vol2col (whose copy is KD*KH*KW times the input) */
+static int FN(conv3d_shifted)(const T *x, const T *w, const T *bias, T *y, const mt_conv3d_geom *g, int nt) {
+    const int64_t cg = g->c / g->groups, og = g->o / g->groups, kk = g->kd * g->kh * g->kw;
+    const int64_t dp = g->d + 2 * g->pd, hp = g->h + 2 * g->ph, wp = g->w + 2 * g->pw;
+    const int64_t plane = hp * wp, vol = dp * plane, ohw = g->oh * g->ow, L = g->od * ohw;
+    const int64_t lq = (g->od - 1) * plane + (g->oh - 1) * wp + g->ow;    /* padded-grid outputs */
+    T *xp = malloc(sizeof(T) * (size_t)(g->c * vol));
+    T *yq = malloc(sizeof(T) * (size_t)(og * lq));
+    T *wt = malloc(sizeof(T) * (size_t)(g->o * cg * kk));   /* [tap][o][c] */
+    if (!xp || !yq || !wt) { free(xp); free(yq); free(wt); return MT_NN_ENOMEM; }
+    for (int64_t t = 0; t < kk; t++)
+        for (int64_t o = 0; o < g->o; o++)
+            for (int64_t c = 0; c < cg; c++)
+                wt[(t * g->o + o) * cg + c] = w[(o * cg + c) * kk + t];
+    memset(xp, 0, sizeof(T) * (size_t)(g->c * vol));
+    for (int64_t n = 0; n < g->n; n++) {
+        const T *xn = x + n * g->c * g->d * g->h * g->w;
+        #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && g->c * vol >= MT_NN_GRAIN)
+        for (int64_t cz = 0; cz < g->c * g->d; cz++) {
+            const int64_t c = cz / g->d, z = cz % g->d;
+            for (int64_t r = 0; r < g->h; r++)
+                memcpy(xp + c * vol + (z + g->pd) * plane + (r + g->ph) * wp + g->pw,
+                       xn + (cz * g->h + r) * g->w, (size_t)g->w * sizeof(T));
+        }
+        for (int64_t grp = 0; grp < g->groups; grp++) {
+            for (int64_t t = 0; t < kk; t++) {
+                const int64_t a = t / (g->kh * g->kw), b = t % (g->kh * g->kw) / g->kw, e = t % g->kw;
+                const int64_t off = a * g->dd * plane + b * g->dh * wp + e * g->dw;
+                FN(c3_gemm)(0, 0, og, lq, cg, wt + (t * g->o + grp * og) * cg, cg,
+                            xp + grp * cg * vol + off, vol, t > 0, yq, lq);
+            }
+            T *yg = y + (n * g->o + grp * og) * L;
+            #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && og * L >= MT_NN_GRAIN)
+            for (int64_t o = 0; o < og; o++) {
+                const T bv = bias ? bias[grp * og + o] : (T)0;
+                for (int64_t z = 0; z < g->od; z++)
+                    for (int64_t r = 0; r < g->oh; r++) {
+                        const T *src = yq + o * lq + z * plane + r * wp;
+                        T *dst = yg + o * L + z * ohw + r * g->ow;
+                        for (int64_t q = 0; q < g->ow; q++) dst[q] = src[q] + bv;
+                    }
+            }
+        }
+    }
+    free(xp);
+    free(yq);
+    free(wt);
+    return 0;
+}
+
 static int FN(conv3d_fwd)(const T *x, const T *w, const T *bias, T *y, const mt_conv3d_geom *g, int nt) {
     const int64_t cg = g->c / g->groups, og = g->o / g->groups, rows = cg * g->kd * g->kh * g->kw;
+    if (g->sd == 1 && g->sh == 1 && g->sw == 1 && cg >= MT_CONV3D_SHIFTED_MIN_C && g->n > 0 &&
+        !conv3d_pointwise(g))
+        return FN(conv3d_shifted)(x, w, bias, y, g, nt);
     const int64_t dhw = g->d * g->h * g->w, ohw = g->oh * g->ow, L = g->od * ohw;
     const int64_t nzt = conv3d_tile(g, sizeof(T));
     const int direct = conv3d_pointwise(g);
