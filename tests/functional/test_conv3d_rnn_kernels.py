@@ -60,6 +60,8 @@ CONV3D = [
     # stride 1 with >= 8 channels a group: one GEMM per tap over a padded copy
     ((2, 16, 5, 6, 7), (8, 8, 3, 2, 3), 1, (1, 0, 2), (2, 1, 1), 2, True),
     ((1, 8, 3, 3, 3), (4, 8, 3, 3, 3), 1, 0, 1, 1, False),        # one output voxel
+    # 32 channels, 2-d slices conv2d runs by Winograd: conv2d per depth tap
+    ((1, 32, 7, 16, 16), (32, 32, 2, 3, 3), 1, 1, 1, 1, True),
 ]
 
 
@@ -71,11 +73,27 @@ def test_conv3d_kernel_against_numpy_and_the_composition(xs, ws, stride, padding
     b = randn(ws[0], dtype=dtype) if bias else None
     got = _nn.conv3d(t(x), t(w), None if b is None else t(b), stride, padding, dilation, groups)
     want = conv3d_ref(x, w, b, stride, padding, dilation, groups)
-    tol = 1e-4 if dtype == np.float32 else 1e-11
+    # conv2d's Winograd (the per-tap path) rounds to ~5e-6 of the largest output
+    tol = (1e-5 if dtype == np.float32 else 1e-13) * max(10.0, float(np.abs(want).max()))
     assert got.shape == want.shape and got.dtype == dtype
     np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
     comp = fallbacks.conv3d(t(x), t(w), None if b is None else t(b), stride, padding, dilation, groups)
     np.testing.assert_allclose(comp.numpy(), want, rtol=tol, atol=tol)
+
+
+def test_conv3d_picks_conv2d_per_tap_where_conv2d_runs_winograd(monkeypatch):
+    calls = []
+    composed = fallbacks.conv3d
+    monkeypatch.setattr(fallbacks, "conv3d", lambda *a: calls.append(1) or composed(*a))
+    # 32 channels, 16x16 slices: conv2d's Winograd per depth tap
+    x, w = randn(1, 32, 7, 16, 16), randn(32, 32, 2, 3, 3)
+    got = _nn.conv3d(t(x), t(w), None, 1, 1)
+    assert len(calls) == 1
+    want = conv3d_ref(x, w, None, 1, 1, 1, 1)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # 16 channels: the GEMM per tap of conv3d.c, though conv2d would run Winograd too
+    _nn.conv3d(t(randn(4, 16, 6, 8, 8)), t(randn(16, 16, 3, 3, 3)), None, 1, 1)
+    assert len(calls) == 1
 
 
 def test_conv3d_in_tiles_of_depth_slices():
