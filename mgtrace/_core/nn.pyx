@@ -2497,19 +2497,41 @@ cdef int _conv3d_geom(str op, mt_conv3d_geom *g, tuple xs, tuple ws, bint transp
     return 0
 
 
-# input channels a group from which a conv3d whose 2-d slices conv2d runs by
-# Winograd is faster as conv2d per depth tap (fallbacks.conv3d): Winograd's
-# fewer multiplications beat one GEMM per tap there (64 channels, 16x28x28:
-# 24 ms of CPU against 39), not with 16 channels (6.5 ms against 4.2)
+# Which forward runs (CPU time, one thread, kernels/cpu/conv3d.c against
+# conv2d per kernel depth tap, fallbacks.conv3d): conv3d.c's GEMM per tap
+# over a padded copy wins at stride 1 with 8 to 31 channels a group (16
+# channels, 16^3: 4.2 ms against 6.5) and for 1x1x1 kernels; conv2d's
+# Winograd wins from 32 channels (64 channels, 16x28x28: 24 ms against 39),
+# and conv2d's algorithms beat vol2col everywhere (strided or with fewer
+# than 8 channels: 1.5 to 5.5 times less CPU)
+_CONV3D_SHIFTED_MIN_C = 8           # conv3d.c's MT_CONV3D_SHIFTED_MIN_C
 _CONV3D_WINOGRAD_MIN_C = 32
+
+
+cdef bint _conv3d_kernel_always = False
+
+
+def _conv3d_force_kernel(bint on):
+    """Tests: every conv3d forward through conv3d.c (vol2col where the
+    policy above would run conv2d per tap), or back to the policy."""
+    global _conv3d_kernel_always
+    _conv3d_kernel_always = on
 
 
 cdef int _conv3d_by_taps(const mt_conv3d_geom *g) except -1:
     """Whether conv3d runs as conv2d per kernel depth tap (conv.c's
-    Winograd on each) rather than conv3d.c's GEMMs."""
-    if g.c // g.groups < _CONV3D_WINOGRAD_MIN_C:
+    algorithms on each) rather than conv3d.c's GEMMs."""
+    cdef int64_t cg = g.c // g.groups
+    if _conv3d_kernel_always:
         return False
-    return conv2d_algorithm((g.n * g.od, g.c, g.h, g.w), (g.o, g.c // g.groups, g.kh, g.kw),
+    if g.kd == 1 and g.kh == 1 and g.kw == 1 and g.sd == 1 and g.sh == 1 and g.sw == 1 and \
+            g.pd == 0 and g.ph == 0 and g.pw == 0:
+        return False                        # one GEMM on x itself
+    if g.sd != 1 or g.sh != 1 or g.sw != 1 or cg < _CONV3D_SHIFTED_MIN_C:
+        return True                         # conv3d.c would take vol2col
+    if cg < _CONV3D_WINOGRAD_MIN_C:
+        return False
+    return conv2d_algorithm((g.n * g.od, g.c, g.h, g.w), (g.o, cg, g.kh, g.kw),
                             (g.sh, g.sw), (g.ph, g.pw), (g.dh, g.dw), g.groups) in ("winograd", "winograd4")
 
 
@@ -2537,13 +2559,13 @@ cdef Tensor _add_bias5(Tensor out, Tensor tb):
 
 @core_op
 def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """3-D convolution (cross-correlation, as in PyTorch and MegEngine),
-    kernels/cpu/conv3d.c: at stride 1 with >= 8 input channels a group, one
-    BLAS GEMM per kernel tap over a zero-padded copy of each image; else
-    per image and group x's patches (vol2col, in tiles of output depth
-    slices) times the weight in one GEMM. With >= 32 channels a group and
-    2-d slices that conv2d runs by Winograd, conv2d per kernel depth tap
-    (mgtrace._core.fallbacks.conv3d) instead: fewer multiplications.
+    """3-D convolution (cross-correlation, as in PyTorch and MegEngine).
+    At stride 1 with 8 or more input channels a group, kernels/cpu/conv3d.c:
+    one BLAS GEMM per kernel tap over a zero-padded copy of each image
+    (a 1x1x1 kernel: one GEMM on x). Elsewhere, and from 32 channels where
+    conv2d takes Winograd for the 2-d slices, conv2d per kernel depth tap
+    (mgtrace._core.fallbacks.conv3d), which measured faster there. The
+    gradients are conv3d.c's (vol2col and GEMMs).
 
     Args:
         x: float [N, C, D, H, W].

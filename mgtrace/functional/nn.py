@@ -1603,10 +1603,11 @@ def _check_conv_mode(fn, conv_mode):
 def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
            conv_mode="cross_correlation"):
     """3-d convolution (cross-correlation; MegEngine's ``conv3d``,
-    PyTorch's ``conv3d``). The core's conv3d kernel (kernels/cpu/conv3d.c:
-    one BLAS GEMM per kernel tap over a padded copy at stride 1, else
-    vol2col and one GEMM per image and group); a device without it
-    runs conv2d per kernel depth tap (mgtrace._core.fallbacks.conv3d).
+    PyTorch's ``conv3d``). The core's conv3d op: at stride 1 with 8 to 31
+    channels a group one BLAS GEMM per kernel tap over a padded copy
+    (kernels/cpu/conv3d.c), elsewhere conv2d per kernel depth tap
+    (mgtrace._core.fallbacks.conv3d; conv2d's Winograd and im2col measured
+    faster there); its gradients are conv3d.c's kernels.
 
     Args:
         inp: float [N, C, D, H, W].

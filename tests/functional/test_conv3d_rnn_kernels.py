@@ -65,10 +65,19 @@ CONV3D = [
 ]
 
 
+@pytest.fixture(params=["policy", "kernel"])
+def conv3d_path(request):
+    """conv3d as its policy picks, and every forward through conv3d.c (its
+    vol2col too, which the policy leaves to conv2d per tap)."""
+    _nn._conv3d_force_kernel(request.param == "kernel")
+    yield request.param
+    _nn._conv3d_force_kernel(False)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("xs, ws, stride, padding, dilation, groups, bias", CONV3D)
 def test_conv3d_kernel_against_numpy_and_the_composition(xs, ws, stride, padding, dilation, groups,
-                                                         bias, dtype):
+                                                         bias, dtype, conv3d_path):
     x, w = randn(*xs, dtype=dtype), randn(*ws, dtype=dtype)
     b = randn(ws[0], dtype=dtype) if bias else None
     got = _nn.conv3d(t(x), t(w), None if b is None else t(b), stride, padding, dilation, groups)
@@ -96,12 +105,14 @@ def test_conv3d_picks_conv2d_per_tap_where_conv2d_runs_winograd(monkeypatch):
     assert len(calls) == 1
 
 
-def test_conv3d_in_tiles_of_depth_slices():
+def test_conv3d_in_tiles_of_depth_slices(conv3d_path):
     # 16 channels x 27 taps x 64 x 64 float64 columns are 14 MiB a depth
-    # slice: each of the 4 output slices is its own tile (16 MiB a tile)
-    x, w = randn(1, 16, 4, 64, 64, dtype=np.float64), randn(2, 16, 3, 3, 3, dtype=np.float64)
-    got = F.conv3d(t(x), t(w), None, 1, 1)
-    np.testing.assert_allclose(got.numpy(), conv3d_ref(x, w, None, 1, 1, 1, 1), rtol=1e-11, atol=1e-11)
+    # slice: each of the 4 output slices is its own vol2col tile (16 MiB a
+    # tile); stride 2 in depth, so that the policy takes conv2d per tap
+    x, w = randn(1, 16, 8, 64, 64, dtype=np.float64), randn(2, 16, 3, 3, 3, dtype=np.float64)
+    got = F.conv3d(t(x), t(w), None, (2, 1, 1), 1)
+    np.testing.assert_allclose(got.numpy(), conv3d_ref(x, w, None, (2, 1, 1), 1, 1, 1), rtol=1e-11,
+                               atol=1e-11)
 
 
 def test_conv3d_half_types_compute_in_float32():
