@@ -71,7 +71,7 @@ def bench_conv3d(repeats):
         x = rng.standard_normal((n, c, d, h, w)).astype(np.float32)
         wt = rng.standard_normal((o, c, k, k, k)).astype(np.float32)
         tx, tw = tensor(x), tensor(wt)
-        fns = {"mgtrace conv3d kernel": lambda: nn.conv3d(tx, tw, None, s, p),
+        fns = {"mgtrace conv3d op": lambda: nn.conv3d(tx, tw, None, s, p),
                "mgtrace conv2d per tap (old)": lambda: fallbacks.conv3d(tx, tw, None, s, p, 1, 1)}
         if torch is not None:
             px, pw = torch.from_numpy(x), torch.from_numpy(wt)
