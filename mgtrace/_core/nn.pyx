@@ -2596,8 +2596,8 @@ def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     cdef mt_conv3d_geom g
     cdef int rc, nt
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
-    cdef const mt_nn_kernels *kn = _kernels(op, <Tensor>tx)
-    if kn.conv3d == NULL:
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of((<Tensor>tx)._device).nn
+    if kn == NULL or kn.conv3d == NULL:          # the op table's fallback
         return fallbacks.conv3d(tx, tw, tb_obj, stride, padding, dilation, groups)
     _conv3d_geom(op, &g, shape_tuple(tx), shape_tuple(tw), False, stride, padding, dilation, groups, 0)
     if _conv3d_by_taps(&g):
@@ -2646,8 +2646,8 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     cdef mt_conv3d_geom g
     cdef int rc, nt
     tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
-    cdef const mt_nn_kernels *kn = _kernels(op, <Tensor>tx)
-    if kn.conv3d_backward_data == NULL:
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of((<Tensor>tx)._device).nn
+    if kn == NULL or kn.conv3d_backward_data == NULL:
         return fallbacks.conv_transpose3d(tx, tw, tb_obj, stride, padding, output_padding, dilation, groups)
     _conv3d_geom(op, &g, shape_tuple(tx), shape_tuple(tw), True, stride, padding, dilation, groups,
                  output_padding)
@@ -2761,8 +2761,8 @@ def lstm_cell(gx, h, c, w_hh, b_hh=None):
     cdef Tensor uc = _ready(<Tensor>ts[2], work), uw = _ready(<Tensor>ts[3], work)
     cdef Tensor ub = _ready(<Tensor>ts[4], work) if ts[4] is not None else None
     cdef const void *bptr = ub._data if ub is not None else NULL
-    cdef const mt_nn_kernels *kn = _kernels(op, ug)
-    if kn.lstm_cell == NULL:
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(ug._device).nn
+    if kn == NULL or kn.lstm_cell == NULL:
         return fallbacks.lstm_cell(ug, uh, uc, uw, ub)
     cdef Tensor ho = empty(2, uc._shape, work, ug._device), co = empty(2, uc._shape, work, ug._device)
     nt = num_threads()
@@ -2810,8 +2810,8 @@ def rnn_cell(gx, h, w_hh, b_hh=None, nonlinearity="tanh"):
     cdef Tensor uw = _ready(<Tensor>ts[2], work)
     cdef Tensor ub = _ready(<Tensor>ts[3], work) if ts[3] is not None else None
     cdef const void *bptr = ub._data if ub is not None else NULL
-    cdef const mt_nn_kernels *kn = _kernels(op, ug)
-    if kn.rnn_cell == NULL:
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(ug._device).nn
+    if kn == NULL or kn.rnn_cell == NULL:
         return fallbacks.rnn_cell(ug, uh, uw, ub, nonlinearity)
     cdef Tensor ho = empty(2, uh._shape, work, ug._device)
     nt = num_threads()
