@@ -89,7 +89,8 @@ extensions = [
     ext("nn", ["mgtrace/_core/nn.pyx", f"{KERNELS}/conv.c", f"{KERNELS}/nchwc.c", f"{KERNELS}/act.c",
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c", f"{KERNELS}/blas_threads.c", f"{KERNELS}/cpu_features.c",
-               f"{KERNELS}/grad.c"],
+               f"{KERNELS}/grad.c", f"{KERNELS}/conv3d.c",
+               f"{KERNELS}/rnn_cell.c"],
         blas=True),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),

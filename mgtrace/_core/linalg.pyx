@@ -95,6 +95,19 @@ cdef bint _rows_fold(Tensor t, int64_t rows) noexcept:
     return True
 
 
+cdef object _complex_matmul(Tensor ta, Tensor tb, int code):
+    """a @ b for complex operands (either promoted to ``code``): four real
+    products, (ar br - ai bi) + i (ar bi + ai br), each a BLAS GEMM."""
+    from mgtrace._core.dispatch import complex_part, make_complex
+    if ta._dtype != code:
+        ta = cast(ta, code)
+    if tb._dtype != code:
+        tb = cast(tb, code)
+    ar, ai = complex_part(ta, "real"), complex_part(ta, "imag")
+    br, bi = complex_part(tb, "real"), complex_part(tb, "imag")
+    return make_complex(matmul(ar, br) - matmul(ai, bi), matmul(ar, bi) + matmul(ai, br))
+
+
 @core_op
 def matmul(a, b):
     """Matrix product with NumPy's matmul semantics.
@@ -107,7 +120,7 @@ def matmul(a, b):
     Returns:
         Tensor [..., M, N], dtype by MegEngine promotion of a and b
         (float16/bfloat16 computed in float32; integers accumulate in int64
-        and wrap on store).
+        and wrap on store; complex64/complex128 as four real products).
 
     Raises:
         ValueError: 0-d operands, K mismatch, batch shapes that do not
@@ -136,6 +149,8 @@ def matmul(a, b):
     code = promote_operands((ta, tb))
     if code == 0:
         raise TypeError("matmul of bool tensors is not supported; cast to an integer or float dtype")
+    if CATEGORY[code] == 4:
+        return _complex_matmul(ta, tb, code)
     cdt = 9 if code in (7, 8) and not _native_half(dev) else code
     if ta._dtype != cdt:
         ta = cast(ta, cdt)

@@ -171,6 +171,26 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                                void *gw, void *gb, int64_t rows, int64_t cols, double eps,
                                int nthreads) noexcept
 
+    # conv3d (conv3d.c)
+    ctypedef struct mt_conv3d_geom:
+        int64_t n, c, d, h, w
+        int64_t o, kd, kh, kw
+        int64_t od, oh, ow
+        int64_t sd, sh, sw, pd, ph, pw, dd, dh, dw
+        int64_t groups
+    int mt_conv3d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                  const mt_conv3d_geom *g, int nthreads) noexcept
+    int mt_conv3d_backward_data(int dtype, const void *gy, const void *weight, void *gx,
+                                const mt_conv3d_geom *g, int nthreads) noexcept
+    int mt_conv3d_backward_weight(int dtype, const void *x, const void *gy, void *gw,
+                                  const mt_conv3d_geom *g, int nthreads) noexcept
+    # one recurrent step (rnn_cell.c)
+    int mt_lstm_cell(int dtype, const void *gx, const void *h, const void *c, const void *w_hh,
+                     const void *b_hh, void *h_out, void *c_out, int64_t n, int64_t hidden,
+                     int64_t h_width, int nthreads) noexcept
+    int mt_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
+                    void *h_out, int64_t n, int64_t hidden, int nthreads) noexcept
+
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
         int64_t (*conv2d_workspace)(int dtype, const mt_conv2d_geom *g, int algo, int nt) noexcept nogil
@@ -231,6 +251,17 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*layer_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx,
                                    void *gw, void *gb, int64_t rows, int64_t cols, double eps,
                                    int nt) noexcept nogil
+        int (*conv3d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                      const mt_conv3d_geom *g, int nt) noexcept nogil
+        int (*conv3d_backward_data)(int dtype, const void *gy, const void *weight, void *gx,
+                                    const mt_conv3d_geom *g, int nt) noexcept nogil
+        int (*conv3d_backward_weight)(int dtype, const void *x, const void *gy, void *gw,
+                                      const mt_conv3d_geom *g, int nt) noexcept nogil
+        int (*lstm_cell)(int dtype, const void *gx, const void *h, const void *c, const void *w_hh,
+                         const void *b_hh, void *h_out, void *c_out, int64_t n, int64_t hidden,
+                         int64_t h_width, int nt) noexcept nogil
+        int (*rnn_cell)(int dtype, int relu, const void *gx, const void *h, const void *w_hh,
+                        const void *b_hh, void *h_out, int64_t n, int64_t hidden, int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -246,7 +277,7 @@ cdef extern from *:
 mt_nn_blas_threads_init()
 
 __all__ = ["conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw", "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-           "adaptive_max_pool2d", "interpolate", "pad"]
+           "adaptive_max_pool2d", "interpolate", "pad", "conv3d", "conv_transpose3d", "lstm_cell", "rnn_cell"]
 
 CONV_ALGOS = {"auto": MT_CONV_AUTO, "gemm1x1": MT_CONV_GEMM1X1, "shifted": MT_CONV_SHIFTED,
               "im2col": MT_CONV_IM2COL, "depthwise": MT_CONV_DEPTHWISE, "winograd": MT_CONV_WINOGRAD,
@@ -334,6 +365,11 @@ _CPU.conv2d_backward_weight = mt_conv2d_backward_weight
 _CPU.index_add = mt_index_add
 _CPU.act_backward = mt_act_backward
 _CPU.layer_norm_backward = mt_layer_norm_backward
+_CPU.conv3d = mt_conv3d
+_CPU.conv3d_backward_data = mt_conv3d_backward_data
+_CPU.conv3d_backward_weight = mt_conv3d_backward_weight
+_CPU.lstm_cell = mt_lstm_cell
+_CPU.rnn_cell = mt_rnn_cell
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -377,6 +413,12 @@ def _has_kernel(str op, int device, int dtype):
         present = k.attention_f32 != NULL and k.attention_workspace != NULL
     elif op == "conv_transpose2d":
         present, f32_only = k.conv_transpose2d != NULL and k.conv_transpose2d_workspace != NULL, False
+    elif op in ("conv3d", "conv_transpose3d"):
+        present, f32_only = (k.conv3d if op == "conv3d" else k.conv3d_backward_data) != NULL, False
+    elif op == "lstm_cell":
+        present, f32_only = k.lstm_cell != NULL, False
+    elif op == "rnn_cell":
+        present, f32_only = k.rnn_cell != NULL, False
     elif op == "max_pool2d":
         present, f32_only = k.max_pool2d != NULL, False
     elif op == "avg_pool2d":
@@ -402,7 +444,8 @@ _NN_KERNEL_OPS = frozenset({
     "conv2d", "conv2d_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
     "to_nchwc", "from_nchwc", "max_pool2d_nchwc", "attention", "conv_transpose2d", "max_pool2d",
     "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "pad",
-    "layer_norm", "bias_act"})
+    "layer_norm", "bias_act", "conv3d", "conv_transpose3d",
+    "lstm_cell", "rnn_cell"})
 
 
 cdef int _need(bint present, str op, Tensor t) except -1:
@@ -2465,3 +2508,390 @@ def act_backward(str act, x, gy):
         rc = kn.act_backward(work, a, ux._data, ug._data, out._data, n, nt)
     _check_rc(op, rc, ux._device)
     return _finish(out, code)
+
+
+# ------------------------------------------------------------------ conv3d (kernels/cpu/conv3d.c)
+
+cdef int _conv3d_geom(str op, mt_conv3d_geom *g, tuple xs, tuple ws, bint transpose, stride, padding,
+                      dilation, groups, output_padding) except -1:
+    """Fills g, the geometry of the conv3d whose input is x [N, C, D, H, W]
+    (conv3d) or whose output is x (transpose: conv_transpose3d's input, its
+    weight [C, O/groups, KD, KH, KW] being that conv3d's [O', C'/groups, ...]);
+    ValueError for shapes or geometry that are not one."""
+    if len(xs) != 5:
+        raise ValueError(f"{op}: expected x of shape [N, C, D, H, W] (5-D), got shape {xs}")
+    if len(ws) != 5:
+        layout = "[C, O/groups, KD, KH, KW]" if transpose else "[O, C/groups, KD, KH, KW]"
+        raise ValueError(f"{op}: expected weight of shape {layout} (5-D), got shape {ws}")
+    gr = _groups(op, groups)
+    s = A.ntuple(op, "stride", stride, 3, 1)
+    p = A.ntuple(op, "padding", padding, 3, 0)
+    dl = A.ntuple(op, "dilation", dilation, 3, 1)
+    k = ws[2:]
+    if min(k) < 1:
+        raise ValueError(f"{op}: kernel size must be positive, got weight shape {ws}")
+    n, c = xs[0], xs[1]
+    if transpose:
+        op_ = A.ntuple(op, "output_padding", output_padding, 3, 0)
+        if any(a >= b and a >= e for a, b, e in zip(op_, s, dl)):
+            raise ValueError(f"{op}: output_padding {op_} must be smaller than either stride {s} "
+                             f"or dilation {dl}")
+        if ws[0] != c:
+            raise ValueError(f"{op}: x has {c} channels but weight.shape[0] is {ws[0]}")
+        if c % gr:
+            raise ValueError(f"{op}: groups={gr} does not divide the {c} input channels")
+        full = tuple((i - 1) * st - 2 * pd + d_ * (kk - 1) + o_ + 1
+                     for i, st, pd, d_, kk, o_ in zip(xs[2:], s, p, dl, k, op_))
+        if min(full) < 1:
+            raise ValueError(f"{op}: padding {p} leaves no output for input {xs[2:]} and kernel {k}: "
+                             f"output would be {full}")
+        # the conv3d whose output x is: input [n, ws[1] * groups, *full], output channels c
+        big, small, ci, co = full, xs[2:], ws[1] * gr, c
+    else:
+        if xs[1] != ws[1] * gr:
+            raise ValueError(f"{op}: x has {c} channels but weight expects {ws[1] * gr} "
+                             f"(weight.shape[1] * groups = {ws[1]} * {gr})")
+        if ws[0] % gr:
+            raise ValueError(f"{op}: groups={gr} must divide the {ws[0]} output channels of weight")
+        small = tuple((i + 2 * pd - d_ * (kk - 1) - 1) // st + 1
+                      for i, st, pd, d_, kk in zip(xs[2:], s, p, dl, k))
+        if min(small) < 1:
+            raise ValueError(f"{op}: the kernel {k} (dilation {dl}) is larger than the padded input "
+                             f"{tuple(i + 2 * pd for i, pd in zip(xs[2:], p))}")
+        big, ci, co = xs[2:], c, ws[0]
+    _check_numel(op, (n, co) + small, f"stride {s} and dilation {dl} on input {xs[2:]}")
+    _check_numel(op, (n, ci) + big, f"stride {s} and dilation {dl} on input {xs[2:]}")
+    _check_blas(op, (ci // gr * k[0] * k[1] * k[2], small[0] * small[1] * small[2],
+                     big[0] * big[1] * big[2]))
+    g.n, g.c, g.d, g.h, g.w = n, ci, big[0], big[1], big[2]
+    g.o, g.kd, g.kh, g.kw = co, k[0], k[1], k[2]
+    g.od, g.oh, g.ow = small
+    g.sd, g.sh, g.sw = s
+    g.pd, g.ph, g.pw = p
+    g.dd, g.dh, g.dw = dl
+    g.groups = gr
+    return 0
+
+
+# Which forward runs (CPU time, one thread, kernels/cpu/conv3d.c against
+# conv2d per kernel depth tap, fallbacks.conv3d): conv3d.c's GEMM per tap
+# over a padded copy wins at stride 1 with 8 to 31 channels a group (16
+# channels, 16^3: 4.2 ms against 6.5) and for 1x1x1 kernels; conv2d's
+# Winograd wins from 32 channels (64 channels, 16x28x28: 24 ms against 39),
+# and conv2d's algorithms beat vol2col everywhere (strided or with fewer
+# than 8 channels: 1.5 to 5.5 times less CPU)
+_CONV3D_SHIFTED_MIN_C = 8           # conv3d.c's MT_CONV3D_SHIFTED_MIN_C
+_CONV3D_WINOGRAD_MIN_C = 32
+
+
+cdef bint _conv3d_kernel_always = False
+
+
+def _conv3d_force_kernel(bint on):
+    """Tests: every conv3d forward through conv3d.c (vol2col where the
+    policy above would run conv2d per tap), or back to the policy."""
+    global _conv3d_kernel_always
+    _conv3d_kernel_always = on
+
+
+cdef int _conv3d_by_taps(const mt_conv3d_geom *g) except -1:
+    """Whether conv3d runs as conv2d per kernel depth tap (conv.c's
+    algorithms on each) rather than conv3d.c's GEMMs."""
+    cdef int64_t cg = g.c // g.groups
+    if _conv3d_kernel_always:
+        return False
+    if g.kd == 1 and g.kh == 1 and g.kw == 1 and g.sd == 1 and g.sh == 1 and g.sw == 1 and \
+            g.pd == 0 and g.ph == 0 and g.pw == 0:
+        return False                        # one GEMM on x itself
+    if g.sd != 1 or g.sh != 1 or g.sw != 1 or cg < _CONV3D_SHIFTED_MIN_C:
+        return True                         # conv3d.c would take vol2col
+    if cg < _CONV3D_WINOGRAD_MIN_C:
+        return False
+    return conv2d_algorithm((g.n * g.od, g.c, g.h, g.w), (g.o, cg, g.kh, g.kw),
+                            (g.sh, g.sw), (g.ph, g.pw), (g.dh, g.dw), g.groups) in ("winograd", "winograd4")
+
+
+cdef Tensor _conv3d_bias(str op, object tb_obj, int64_t o, int work):
+    if tb_obj is None:
+        return None
+    cdef Tensor tb = <Tensor>tb_obj
+    if shape_tuple(tb) != (o,):
+        raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
+    return _ready(tb, work)
+
+
+cdef Tensor _vol_out(int64_t n, int64_t c, int64_t d, int64_t h, int64_t w, int work, int device):
+    cdef int64_t shape[5]
+    shape[0], shape[1], shape[2], shape[3], shape[4] = n, c, d, h, w
+    return empty(5, shape, work, device)
+
+
+cdef Tensor _add_bias5(Tensor out, Tensor tb):
+    """out [N, O, ...] += tb [O] (conv_transpose3d's bias: the data kernel has none)"""
+    if tb is None:
+        return out
+    return <Tensor>(out + tb.reshape((1, tb._shape[0], 1, 1, 1)))
+
+
+@core_op
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """3-D convolution (cross-correlation, as in PyTorch and MegEngine).
+    At stride 1 with 8 or more input channels a group, kernels/cpu/conv3d.c:
+    one BLAS GEMM per kernel tap over a zero-padded copy of each image
+    (a 1x1x1 kernel: one GEMM on x). Elsewhere, and from 32 channels where
+    conv2d takes Winograd for the 2-d slices, conv2d per kernel depth tap
+    (mgtrace._core.fallbacks.conv3d), which measured faster there. The
+    gradients are conv3d.c's (vol2col and GEMMs).
+
+    Args:
+        x: float [N, C, D, H, W].
+        weight: float [O, C / groups, KD, KH, KW].
+        bias: float [O] or None.
+        stride, padding, dilation: int or (d, h, w) triple; stride and
+            dilation >= 1, padding >= 0 (zeros).
+        groups: int >= 1 dividing C and O.
+
+    Returns:
+        [N, O, OD, OH, OW], OD = (D + 2*pd - dd*(KD-1) - 1) // sd + 1 (OH, OW
+        alike), in the promoted float dtype (float16/bfloat16 computed in
+        float32), on the arguments' device.
+
+    Raises:
+        ValueError: wrong ndim, channel/groups/bias mismatch, a kernel larger
+            than the padded input, bad geometry, tensors on different devices.
+        TypeError: integer or bool tensors; non-int geometry.
+        NoKernelError: a device without the kernel (CUDA: run
+            mgtrace._core.fallbacks.conv3d, conv2d per depth tap, instead).
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.ones((1, 1, 3, 3, 3), np.float32))
+    >>> conv3d(x, mt.tensor(np.ones((2, 1, 2, 2, 2), np.float32))).shape
+    (1, 2, 2, 2, 2)
+    """
+    cdef str op = "conv3d"
+    cdef mt_conv3d_geom g
+    cdef int rc, nt
+    tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of((<Tensor>tx)._device).nn
+    if kn == NULL or kn.conv3d == NULL:          # the op table's fallback
+        return fallbacks.conv3d(tx, tw, tb_obj, stride, padding, dilation, groups)
+    _conv3d_geom(op, &g, shape_tuple(tx), shape_tuple(tw), False, stride, padding, dilation, groups, 0)
+    if _conv3d_by_taps(&g):
+        return fallbacks.conv3d(tx, tw, tb_obj, stride, padding, dilation, groups)
+    cdef int work = _work_code(code)
+    cdef Tensor ux = _ready(<Tensor>tx, work), uw = _ready(<Tensor>tw, work)
+    cdef Tensor tb = _conv3d_bias(op, tb_obj, g.o, work)
+    cdef const void *bptr = tb._data if tb is not None else NULL
+    cdef Tensor out = _vol_out(g.n, g.o, g.od, g.oh, g.ow, work, ux._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.conv3d(work, ux._data, uw._data, bptr, out._data, &g, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(out, code)
+
+
+@core_op
+def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    """3-D transposed convolution (conv3d's gradient with respect to its
+    input): per image and group one GEMM of the weight's transpose by x,
+    its columns added back onto the output (col2vol, kernels/cpu/conv3d.c).
+
+    Args:
+        x: float [N, C, D, H, W].
+        weight: float [C, O / groups, KD, KH, KW] (PyTorch's layout).
+        bias: float [O] or None.
+        stride, padding, output_padding, dilation: int or (d, h, w) triple;
+            output_padding smaller than stride or dilation.
+        groups: int >= 1 dividing C.
+
+    Returns:
+        [N, O, OD, OH, OW], OD = (D - 1)*sd - 2*pd + dd*(KD - 1) + opd + 1
+        (OH, OW alike), the promoted float dtype, on the arguments' device.
+
+    Raises:
+        ValueError, TypeError, NoKernelError: as :func:`conv3d` (a device
+        without the kernel runs mgtrace._core.fallbacks.conv_transpose3d).
+
+    >>> import mgtrace as mt
+    >>> x = mt.tensor(np.ones((1, 2, 2, 3, 3), np.float32))
+    >>> w = mt.tensor(np.ones((2, 4, 3, 3, 3), np.float32))
+    >>> conv_transpose3d(x, w, stride=2, padding=1, output_padding=1).shape
+    (1, 4, 4, 6, 6)
+    """
+    cdef str op = "conv_transpose3d"
+    cdef mt_conv3d_geom g
+    cdef int rc, nt
+    tx, tw, tb_obj, code = _conv_operands(op, x, weight, bias)
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of((<Tensor>tx)._device).nn
+    if kn == NULL or kn.conv3d_backward_data == NULL:
+        return fallbacks.conv_transpose3d(tx, tw, tb_obj, stride, padding, output_padding, dilation, groups)
+    _conv3d_geom(op, &g, shape_tuple(tx), shape_tuple(tw), True, stride, padding, dilation, groups,
+                 output_padding)
+    cdef int work = _work_code(code)
+    cdef Tensor ux = _ready(<Tensor>tx, work), uw = _ready(<Tensor>tw, work)
+    cdef Tensor tb = _conv3d_bias(op, tb_obj, g.c, work)
+    cdef Tensor out = _vol_out(g.n, g.c, g.d, g.h, g.w, work, ux._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.conv3d_backward_data(work, ux._data, uw._data, out._data, &g, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(_add_bias5(out, tb), code)
+
+
+def conv3d_backward_weight(x, gy, tuple w_shape, stride=1, padding=0, dilation=1, groups=1):
+    """conv3d's gradient with respect to its weight (shape ``w_shape``, [O,
+    C/groups, KD, KH, KW]) given its input x [N, C, D, H, W] and the output's
+    gradient gy [N, O, OD, OH, OW]: per image and group one GEMM of gy by x's
+    patches. For conv_transpose3d's weight gradient pass its output's gradient
+    as x and its input as gy.
+
+    Returns:
+        float w_shape, the promoted float dtype of x and gy.
+
+    Raises:
+        ValueError: shapes that are not one conv3d's.
+        NoKernelError: the device has no such kernel."""
+    cdef str op = "conv3d"
+    cdef mt_conv3d_geom g
+    cdef int rc, nt
+    tx, tg = _operands(op, (x, gy))
+    cdef int code = _float_code(op, [tx, tg]), work = _work_code(code)
+    cdef Tensor ux = _ready(<Tensor>tx, work), ug = _ready(<Tensor>tg, work), out
+    _conv3d_geom(op, &g, shape_tuple(ux), w_shape, False, stride, padding, dilation, groups, 0)
+    if shape_tuple(ug) != (g.n, g.o, g.od, g.oh, g.ow):
+        raise ValueError(f"{op} backward: x {shape_tuple(ux)}, gradient {shape_tuple(ug)} and weight "
+                         f"{w_shape} (groups {groups}) are not one conv3d's")
+    cdef const mt_nn_kernels *kn = _kernels(op, ux)
+    _need(kn.conv3d_backward_weight != NULL, op + " backward", ux)
+    out = _vol_out(w_shape[0], w_shape[1], w_shape[2], w_shape[3], w_shape[4], work, ux._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.conv3d_backward_weight(work, ux._data, ug._data, out._data, &g, nt)
+    _check_rc(op, rc, ux._device)
+    return _finish(out, code)
+
+
+# ------------------------------------------------------------------ recurrent steps (kernels/cpu/rnn_cell.c)
+
+cdef tuple _cell_operands(str op, list ts, int64_t chunks):
+    """(work dtype code, promoted code, n, hidden, h width) for gx [N, chunks
+    * H], h [N, P], (LSTM: c [N, H]), w_hh [chunks * H, P], b_hh [chunks * H]
+    or None (the last of ts); P = H for an RNN. ValueError for shapes that
+    do not fit."""
+    cdef int code = _float_code(op, ts)
+    cdef Py_ssize_t k = len(ts)
+    h, w_hh, b_hh = ts[1], ts[k - 2], ts[k - 1]
+    if (<Tensor>h)._ndim != 2:
+        raise ValueError(f"{op}: h must be [N, hidden] (2-D), got shape {shape_tuple(h)}")
+    n, p = shape_tuple(h)
+    hid = shape_tuple(ts[2])[1] if chunks == 4 and (<Tensor>ts[2])._ndim == 2 else p
+    want = [("gx", ts[0], (n, chunks * hid)), ("w_hh", w_hh, (chunks * hid, p))]
+    if chunks == 4:
+        want.append(("c", ts[2], (n, hid)))
+    for name, t, shape in want:
+        if shape_tuple(t) != shape:
+            raise ValueError(f"{op}: {name} must have shape {shape} for h of shape {(n, p)} and "
+                             f"hidden size {hid}, got {shape_tuple(t)}")
+    if b_hh is not None and shape_tuple(b_hh) != (chunks * hid,):
+        raise ValueError(f"{op}: b_hh must have shape ({chunks * hid},), got {shape_tuple(b_hh)}")
+    _check_blas(op, (n, chunks * hid, p))
+    return _work_code(code), code, n, hid, p
+
+
+@core_op
+def lstm_cell(gx, h, c, w_hh, b_hh=None):
+    """One LSTM time step, fused: gates = gx + b_hh + h @ w_hh^T (one GEMM),
+    then in one pass (torch.nn's gate order input, forget, cell, output)
+    c' = sigmoid(f) * c + sigmoid(i) * tanh(g), h' = sigmoid(o) * tanh(c')
+    (kernels/cpu/rnn_cell.c). gx is the input's share x @ w_ih^T + b_ih,
+    which mgtrace.module.LSTM computes for every step in one GEMM.
+
+    Args:
+        gx: float [N, 4H]; h: float [N, P] (P = H, or the projection's
+        size: the caller projects h' itself); c: float [N, H]; w_hh: float
+        [4H, P]; b_hh: float [4H] or None.
+
+    Returns:
+        (h', c'): float [N, H] each, in the promoted float dtype
+        (float16/bfloat16 computed in float32).
+
+    Raises:
+        ValueError: shapes that do not fit, tensors on different devices.
+        TypeError: non-float tensors.
+        NoKernelError: a device without the kernel nor matmul, sigmoid and
+            tanh (CUDA runs mgtrace._core.fallbacks.lstm_cell, the same
+            formula in core ops).
+
+    >>> import mgtrace as mt
+    >>> z = mt.tensor(np.zeros((1, 2), np.float32))
+    >>> h, c = lstm_cell(mt.tensor(np.zeros((1, 8), np.float32)), z, z, mt.tensor(np.zeros((8, 2), np.float32)))
+    >>> h.shape, float(c.numpy().sum())
+    ((1, 2), 0.0)
+    """
+    cdef str op = "lstm_cell"
+    ts = _operands(op, (gx, h, c, w_hh, b_hh))
+    cdef int work, code, rc, nt
+    cdef int64_t n, hid, width
+    work, code, n, hid, width = _cell_operands(op, ts, 4)
+    cdef Tensor ug = _ready(<Tensor>ts[0], work), uh = _ready(<Tensor>ts[1], work)
+    cdef Tensor uc = _ready(<Tensor>ts[2], work), uw = _ready(<Tensor>ts[3], work)
+    cdef Tensor ub = _ready(<Tensor>ts[4], work) if ts[4] is not None else None
+    cdef const void *bptr = ub._data if ub is not None else NULL
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(ug._device).nn
+    if kn == NULL or kn.lstm_cell == NULL:
+        return fallbacks.lstm_cell(ug, uh, uc, uw, ub)
+    cdef Tensor ho = empty(2, uc._shape, work, ug._device), co = empty(2, uc._shape, work, ug._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.lstm_cell(work, ug._data, uh._data, uc._data, uw._data, bptr, ho._data, co._data, n, hid,
+                          width, nt)
+    _check_rc(op, rc, ug._device)
+    return _finish(ho, code), _finish(co, code)
+
+
+@core_op
+def rnn_cell(gx, h, w_hh, b_hh=None, nonlinearity="tanh"):
+    """One simple-RNN time step, fused: h' = act(gx + b_hh + h @ w_hh^T)
+    (one GEMM, then the activation in place; kernels/cpu/rnn_cell.c). gx is
+    the input's share x @ w_ih^T + b_ih, which mgtrace.module.RNN computes
+    for every step in one GEMM.
+
+    Args:
+        gx: float [N, H]; h: float [N, H]; w_hh: float [H, H]; b_hh: float
+            [H] or None; nonlinearity: "tanh" or "relu".
+
+    Returns:
+        h': float [N, H], the promoted float dtype.
+
+    Raises:
+        ValueError: shapes that do not fit, another nonlinearity.
+        TypeError: non-float tensors.
+        NoKernelError: a device without the kernel nor matmul and the
+            activation (CUDA runs mgtrace._core.fallbacks.rnn_cell).
+
+    >>> import mgtrace as mt
+    >>> one = mt.tensor(np.ones((1, 1), np.float32))
+    >>> float(rnn_cell(one, one, one, None, "relu").numpy()[0, 0])
+    2.0
+    """
+    cdef str op = "rnn_cell"
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueError(f"{op}: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    ts = _operands(op, (gx, h, w_hh, b_hh))
+    cdef int work, code, rc, nt
+    cdef int relu = nonlinearity == "relu"
+    cdef int64_t n, hid, width
+    work, code, n, hid, width = _cell_operands(op, ts, 1)
+    cdef Tensor ug = _ready(<Tensor>ts[0], work), uh = _ready(<Tensor>ts[1], work)
+    cdef Tensor uw = _ready(<Tensor>ts[2], work)
+    cdef Tensor ub = _ready(<Tensor>ts[3], work) if ts[3] is not None else None
+    cdef const void *bptr = ub._data if ub is not None else NULL
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(ug._device).nn
+    if kn == NULL or kn.rnn_cell == NULL:
+        return fallbacks.rnn_cell(ug, uh, uw, ub, nonlinearity)
+    cdef Tensor ho = empty(2, uh._shape, work, ug._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.rnn_cell(work, relu, ug._data, uh._data, uw._data, bptr, ho._data, n, hid, nt)
+    _check_rc(op, rc, ug._device)
+    return _finish(ho, code)

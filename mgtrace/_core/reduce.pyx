@@ -357,6 +357,14 @@ cdef Tensor _reduce(int op, str name, object x, object axis, object keepdims, do
     return out
 
 
+cdef object _complex_reduce(int op, str name, Tensor x, axis, keepdims):
+    """sum or mean of a complex tensor: its real and imaginary parts (float32
+    for complex64, float64 for complex128) reduced apart, then joined."""
+    from mgtrace._core.dispatch import complex_part, make_complex
+    return make_complex(_reduce(op, name, complex_part(x, "real"), axis, keepdims, 0),
+                        _reduce(op, name, complex_part(x, "imag"), axis, keepdims, 0))
+
+
 @core_op
 def sum(x, axis=None, keepdims=False):
     """Sum of the elements over ``axis``.
@@ -368,8 +376,8 @@ def sum(x, axis=None, keepdims=False):
         keepdims: keep the reduced axes with size 1.
 
     Returns:
-        Tensor: the input's dtype for ints and floats, int32 for bool
-        (MegEngine). Integers are accumulated in int64 and wrap on the way
+        Tensor: the input's dtype for ints, floats and complex (its real
+        and imaginary parts summed apart), int32 for bool (MegEngine). Integers are accumulated in int64 and wrap on the way
         back, as NumPy's ``sum(dtype=int64).astype(dtype)``; float16,
         bfloat16 and float32 are summed in float32 blocks and float64
         (within 1e-7 relative of an exact sum). Sum over no elements is 0.
@@ -383,6 +391,8 @@ def sum(x, axis=None, keepdims=False):
     >>> R.sum(mt.tensor([[1, 2], [3, 4]]), axis=0).tolist()
     [4, 6]
     """
+    if isinstance(x, Tensor) and CATEGORY[(<Tensor>x)._dtype] == 4:
+        return _complex_reduce(R_SUM, "sum", <Tensor>x, axis, keepdims)
     return _reduce(R_SUM, "sum", x, axis, keepdims, 0)
 
 
@@ -414,6 +424,8 @@ def mean(x, axis=None, keepdims=False):
     >>> R.mean(mt.tensor([1, 2, 3, 4])).item()
     2.5
     """
+    if isinstance(x, Tensor) and CATEGORY[(<Tensor>x)._dtype] == 4:
+        return _complex_reduce(R_MEAN, "mean", <Tensor>x, axis, keepdims)
     return _reduce(R_MEAN, "mean", x, axis, keepdims, 0)
 
 

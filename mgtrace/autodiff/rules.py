@@ -599,6 +599,90 @@ def _conv_transpose2d_rule(c, g):
     return gx, gw, gb
 
 
+def _triple(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
+
+
+def _conv3d_params(c):
+    return (_triple(c.params["stride"]), _triple(c.params["padding"]),
+            _triple(c.params["dilation"]), c.params["groups"])
+
+
+def _conv3d_rule(c, g):
+    # conv3d's C kernels: dx is the transposed conv of g (conv_transpose3d,
+    # output_padding restoring x's size), dw one GEMM of g by x's patches
+    x, w, b = c.inputs
+    s, p, d, groups = _conv3d_params(c)
+    gx = gw = gb = None
+    if c.needs(0):
+        op = tuple(size - ((n - 1) * st - 2 * pd + dl * (k - 1) + 1)
+                   for size, n, st, pd, dl, k in zip(x.shape[2:], g.shape[2:], s, p, d, w.shape[2:]))
+        gx = _nn.conv_transpose3d(g, w, None, s, p, op, d, groups)
+    if c.needs(1):
+        gw = _nn.conv3d_backward_weight(x, g, tuple(w.shape), s, p, d, groups).astype(x.dtype)
+    if b is not None and c.needs(2):
+        gb = g.sum(axis=(0, 2, 3, 4))
+    return gx, gw, gb
+
+
+def _conv_transpose3d_rule(c, g):
+    # conv_transpose3d is conv3d's adjoint, as conv_transpose2d is conv2d's
+    x, w, b = c.inputs
+    s, p, d, groups = _conv3d_params(c)
+    gx = gw = gb = None
+    if c.needs(0):
+        gx = _nn.conv3d(g, w, None, s, p, d, groups)
+    if c.needs(1):
+        gw = _nn.conv3d_backward_weight(g, x, tuple(w.shape), s, p, d, groups).astype(x.dtype)
+    if b is not None and c.needs(2):
+        gb = g.sum(axis=(0, 2, 3, 4))
+    return gx, gw, gb
+
+
+# ------------------------------------------------------------- recurrent steps (C kernels)
+def _cell_weight_grads(c, dgates, h, w_hh, first):
+    """The gradients of the gates' GEMM gates = gx + h @ w_hh^T + b_hh,
+    inputs ``first`` (gx), first + 1 (h), w_hh and b_hh next to last and last."""
+    n = len(c.inputs)
+    gh = F.matmul(dgates, w_hh) if c.needs(first + 1) else None
+    gw = F.matmul(dgates, h, transpose_a=True) if c.needs(n - 2) else None
+    gb = dgates.sum(axis=0) if c.inputs[n - 1] is not None and c.needs(n - 1) else None
+    return (dgates if c.needs(first) else None), gh, gw, gb
+
+
+def _lstm_cell_rule(c, gs):
+    # the step recomputed from its inputs (gates, then PyTorch's formulas
+    # for c' = sf c + si tg, h' = so tanh(c'))
+    gx, h, cx, w_hh, b_hh = c.inputs
+    g = gx + F.matmul(h, w_hh, transpose_b=True)
+    if b_hh is not None:
+        g = g + b_hh
+    i, f, gg, o = F.split(g, 4, axis=1)
+    si, sf, tg, so = F.sigmoid(i), F.sigmoid(f), F.tanh(gg), F.sigmoid(o)
+    tc = F.tanh(sf * cx + si * tg)
+    gh_out, gc_out = gs
+    dc = gc_out if gc_out is not None else F.zeros(cx.shape, dtype=cx.dtype, device=cx.device)
+    if gh_out is not None:
+        dc = dc + gh_out * so * (1 - tc * tc)
+        do = gh_out * tc * so * (1 - so)
+    else:
+        do = F.zeros(cx.shape, dtype=cx.dtype, device=cx.device)
+    dgates = F.concat([dc * tg * si * (1 - si), dc * cx * sf * (1 - sf), dc * si * (1 - tg * tg), do],
+                      axis=1)
+    d_gx, d_h, d_w, d_b = _cell_weight_grads(c, dgates, h, w_hh, 0)
+    return d_gx, d_h, (dc * sf if c.needs(2) else None), d_w, d_b
+
+
+def _rnn_cell_rule(c, g):
+    gx, h, w_hh, b_hh = c.inputs
+    y = c.outputs[0]
+    if c.params["nonlinearity"] == "tanh":
+        dpre = g * (1 - y * y)
+    else:
+        dpre = _mask(y > 0, g)
+    return _cell_weight_grads(c, dpre, h, w_hh, 0)
+
+
 # ------------------------------------------------------------- pooling, resampling (C kernels)
 def _max_pool2d_rule(c, g):
     p = c.params
@@ -776,6 +860,10 @@ def _build():
         "matmul": Rule(_matmul_rule, True),
         "conv2d": Rule(_conv2d_rule, True),
         "conv_transpose2d": Rule(_conv_transpose2d_rule, True),
+        "conv3d": Rule(_conv3d_rule, True),
+        "conv_transpose3d": Rule(_conv_transpose3d_rule, True),
+        "lstm_cell": Rule(_lstm_cell_rule, True),
+        "rnn_cell": Rule(_rnn_cell_rule, True, True),
         "conv2d_act": Rule(_conv2d_act_rule, True),
         "conv2d_nchwc": Rule(_conv2d_nchwc_rule, True),
         "conv2d_nchwc_pw_dw": Rule(_pw_dw_rule, True),

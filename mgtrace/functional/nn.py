@@ -1587,9 +1587,8 @@ def sync_batch_norm(inp, running_mean, running_var, weight=None, bias=None, trai
 
 # --------------------------------------------- 3-d and untied convolutions, windows, remap
 #
-# Composed of the core's 2-d convolutions, slices and gathers (no dedicated
-# kernels yet): conv3d runs one conv2d per kernel depth tap over all output
-# depths at once (the depth folded into the batch), so its work is conv2d's.
+# conv3d and conv_transpose3d are the core's ops (kernels/cpu/conv3d.c); the
+# others are composed of the core's 2-d convolutions, slices and gathers.
 
 __all__ += ["conv3d", "conv_transpose3d", "local_conv2d", "sliding_window",
             "sliding_window_transpose", "warp_affine", "remap"]
@@ -1601,24 +1600,14 @@ def _check_conv_mode(fn, conv_mode):
                          f"supports), got {conv_mode!r}")
 
 
-def _fold_depth(x):
-    """[N, C, D, H, W] -> [N * D, C, H, W]."""
-    n, c, d, h, w = x.shape
-    return x.transpose(0, 2, 1, 3, 4).reshape(n * d, c, h, w)
-
-
-def _unfold_depth(y, n, d):
-    """[N * D, O, H, W] -> [N, O, D, H, W]."""
-    _, o, h, w = y.shape
-    return y.reshape(n, d, o, h, w).transpose(0, 2, 1, 3, 4)
-
-
 def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
            conv_mode="cross_correlation"):
     """3-d convolution (cross-correlation; MegEngine's ``conv3d``,
-    PyTorch's ``conv3d``). Composed of the core's conv2d: for each of the KD
-    depth taps, one conv2d over every output depth at once (depth folded
-    into the batch), summed; no dedicated kernel yet.
+    PyTorch's ``conv3d``). The core's conv3d op: at stride 1 with 8 to 31
+    channels a group one BLAS GEMM per kernel tap over a padded copy
+    (kernels/cpu/conv3d.c), elsewhere conv2d per kernel depth tap
+    (mgtrace._core.fallbacks.conv3d; conv2d's Winograd and im2col measured
+    faster there); its gradients are conv3d.c's kernels.
 
     Args:
         inp: float [N, C, D, H, W].
@@ -1667,31 +1656,17 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
     if od < 1:
         raise ValueError(f"{fn}: the kernel depth {kd} (dilation {dd}) is larger than the "
                          f"padded input depth {d + 2 * pd}")
-    if pd:
-        x = _nn.pad(x, ((0, 0), (0, 0), (pd, pd), (0, 0), (0, 0)), "constant", 0.0)
-    out = None
-    for k in range(kd):
-        start = k * dd
-        xs = x[:, :, start:start + (od - 1) * sd + 1:sd]                   # [N, C, OD, H, W]
-        try:
-            y = _nn.conv2d(_fold_depth(xs), weight[:, :, k], None, (sh, sw), (ph, pw),
-                           (dh, dw), g)
-        except ValueError as e:
-            raise ValueError(str(e).replace("conv2d:", f"{fn}:", 1)) from None
-        out = y if out is None else _B["add"](out, y)
-    out = _unfold_depth(out, n, od)
-    if bias is not None:
-        out = _B["add"](out, bias.reshape(1, o, 1, 1, 1))
-    return out
+    return _nn.conv3d(x, weight, bias, (sd, sh, sw), (pd, ph, pw), (dd, dh, dw), g)
 
 
 def conv_transpose3d(inp, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1,
                      groups=1):
     """3-d transposed convolution (the gradient of conv3d with respect to its
-    input; MegEngine's and PyTorch's ``conv_transpose3d``). Composed of the
-    core's conv_transpose2d: one per kernel depth tap over every input depth
-    at once, each result spread to its output depths (stride) and summed;
-    no dedicated kernel yet.
+    input; MegEngine's and PyTorch's ``conv_transpose3d``). The core's
+    kernel: one GEMM of the weight's transpose by x per image and group, the
+    columns added back onto the output (col2vol, kernels/cpu/conv3d.c); a
+    device without it runs conv_transpose2d per kernel depth tap
+    (mgtrace._core.fallbacks.conv_transpose3d).
 
     Args:
         inp: float [N, C, D, H, W].
@@ -1744,24 +1719,8 @@ def conv_transpose3d(inp, weight, bias=None, stride=1, padding=0, output_padding
     od = full - 2 * pd
     if od < 1:
         raise ValueError(f"{fn}: padding {pd} leaves no output depth ({full} - 2 * {pd})")
-    xf = _fold_depth(x)
-    out = None
-    for k in range(kd):
-        y = _nn.conv_transpose2d(xf, weight[:, :, k], None, (sh, sw), (ph, pw), (oph, opw),
-                                 (dh, dw), g)
-        y = _unfold_depth(y, n, d)                                          # [N, O, D, OH, OW]
-        if sd > 1:        # input depth i lands at output depth i * sd: zeros between
-            zeros = _B["mul"](y, 0.0)
-            y = _index.stack([y] + [zeros] * (sd - 1), 3)
-            y = y.reshape(y.shape[:2] + (d * sd,) + y.shape[4:])[:, :, :(d - 1) * sd + 1]
-        before = k * dd
-        after = full - before - y.shape[2]
-        y = _nn.pad(y, ((0, 0), (0, 0), (before, after), (0, 0), (0, 0)), "constant", 0.0)
-        out = y if out is None else _B["add"](out, y)
-    out = out[:, :, pd:pd + od]
-    if bias is not None:
-        out = _B["add"](out, bias.reshape(1, o, 1, 1, 1))
-    return out
+    return _nn.conv_transpose3d(x, weight, bias, (sd, sh, sw), (pd, ph, pw), (opd, oph, opw),
+                                (dd, dh, dw), g)
 
 
 def _window_geometry(fn, x, kernel_size, padding, stride, dilation):

@@ -2,11 +2,12 @@
 names and constructor arguments; torch.nn's parameter names and layouts, so
 PyTorch checkpoints load by key and the results equal torch.nn's).
 
-Each time step is one matmul for all the gates: the input's contribution
-to every step is one GEMM over the whole sequence up front, then each step
-adds ``h @ weight_hh^T`` (all gates in one matmul) and applies the gate
-nonlinearities elementwise. Composed of core ops (matmul, sigmoid, tanh);
-no dedicated kernel yet.
+The input's contribution to every step is one GEMM over the whole
+sequence up front; each time step is then one fused core op
+(``lstm_cell`` / ``rnn_cell``, kernels/cpu/rnn_cell.c): ``h @ weight_hh^T``
+for all the gates in one GEMM, and the gate nonlinearities and state update
+in one pass. A device without those kernels runs the same formula in core
+ops (mgtrace._core.fallbacks).
 
 MegEngine keeps RNN/LSTM weights in one flattened ``_flatten_weights``
 parameter (its cuDNN layout); these keep torch.nn's ``weight_ih_l0``,
@@ -18,7 +19,7 @@ import math
 import numpy as np
 
 import mgtrace.functional as F
-from mgtrace._core import Tensor, args as A, tensor as mt_tensor
+from mgtrace._core import Tensor, args as A, nn as _nn, tensor as mt_tensor
 from mgtrace.module import init
 from mgtrace.module.builtin import _builtin, _empty_param
 from mgtrace.module.module import Module, StateDictError
@@ -42,26 +43,28 @@ def _nonlinearity(fn, v):
     return v
 
 
-def _gates(x_part, h, w_hh, b_hh):
-    """x_part (the input's share, biases included) + h @ w_hh^T (+ b_hh)."""
-    g = F.matmul(h, w_hh, transpose_b=True)
-    g = F.add(g, x_part)
-    return g if b_hh is None else F.add(g, b_hh)
+def _rows(*ts):
+    """1-d states and gate shares (an unbatched cell) as one-row matrices."""
+    return [t if t is None or t.ndim == 2 else t.reshape(1, -1) for t in ts]
 
 
 def _rnn_step(x_part, h, w_hh, b_hh, nonlinearity):
-    g = _gates(x_part, h, w_hh, b_hh)
-    return F.tanh(g) if nonlinearity == "tanh" else F.relu(g)
+    """act(x_part + h @ w_hh^T + b_hh): one fused step (the core's rnn_cell)."""
+    xp, hh = _rows(x_part, h)
+    y = _nn.rnn_cell(xp, hh, w_hh, b_hh, nonlinearity)
+    return y if h.ndim == 2 else y.reshape(-1)
 
 
 def _lstm_step(x_part, h, c, w_hh, b_hh, w_hr, hidden_size):
-    g = _gates(x_part, h, w_hh, b_hh)
-    i, f, gg, o = F.split(g, 4, axis=-1)        # torch.nn's gate order: input, forget, cell, output
-    c = F.add(F.mul(F.sigmoid(f), c), F.mul(F.sigmoid(i), F.tanh(gg)))
-    h = F.mul(F.sigmoid(o), F.tanh(c))
+    """One fused step (the core's lstm_cell: the gates' GEMM, then one pass
+    for torch.nn's i, f, g, o), then the projection h' @ w_hr^T if any."""
+    xp, hh, cc = _rows(x_part, h, c)
+    h2, c2 = _nn.lstm_cell(xp, hh, cc, w_hh, b_hh)
+    if c.ndim == 1:
+        h2, c2 = h2.reshape(-1), c2.reshape(-1)
     if w_hr is not None:
-        h = F.matmul(h, w_hr, transpose_b=True)
-    return h, c
+        h2 = F.matmul(h2, w_hr, transpose_b=True)
+    return h2, c2
 
 
 def _input_part(x, w_ih, b_ih):

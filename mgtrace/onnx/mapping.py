@@ -903,6 +903,74 @@ _MODULES = {
 }
 
 
+# ------------------------------------- core ops with dedicated CPU kernels (issue 36)
+
+def _conv3d_attrs(params, w):
+    return dict(strides=list(_triple(params["stride"])), pads=list(_triple(params["padding"])) * 2,
+                dilations=list(_triple(params["dilation"])), group=int(params["groups"]),
+                kernel_shape=list(w.shape[2:]))
+
+
+def _op_conv3d(b, out, inputs, params):
+    x, w, bias = inputs
+    dt = C._dt(out)
+    ins = [b.cast(x, dt), b.cast(w, dt)] + ([b.cast(bias, dt)] if bias is not None else [])
+    return b.op("Conv", ins, dt, out[0].shape, **_conv3d_attrs(params, w))
+
+
+_op_conv3d.onnx = ("Conv",)
+
+
+def _op_conv_transpose3d(b, out, inputs, params):
+    x, w, bias = inputs
+    dt = C._dt(out)
+    ins = [b.cast(x, dt), b.cast(w, dt)] + ([b.cast(bias, dt)] if bias is not None else [])
+    return b.op("ConvTranspose", ins, dt, out[0].shape, **_conv3d_attrs(params, w),
+                output_padding=list(_triple(params["output_padding"])))
+
+
+_op_conv_transpose3d.onnx = ("ConvTranspose",)
+
+
+def _cell_gates(b, out, inputs, dt):
+    """gx + h @ w_hh^T (+ b_hh): the ONNX nodes of a recurrent step's GEMM"""
+    gx, h, w_hh, b_hh = inputs[0], inputs[1], inputs[-2], inputs[-1]
+    wt = b.op("Transpose", [b.cast(w_hh, dt)], dt, w_hh.shape[::-1], perm=[1, 0])
+    g = b.op("Add", [b.cast(gx, dt), b.op("MatMul", [b.cast(h, dt), wt], dt, gx.shape)], dt, gx.shape)
+    return g if b_hh is None else b.op("Add", [g, b.cast(b_hh, dt)], dt, gx.shape)
+
+
+def _op_lstm_cell(b, out, inputs, params):
+    # ONNX's LSTM runs whole sequences (mgtrace.module.LSTM exports to it);
+    # one step is its formula in elementwise nodes
+    dt = C._dt(out)
+    g = _cell_gates(b, out, inputs, dt)
+    shape = out[0].shape
+    extra = {"num_outputs": 4} if b.opset >= 18 else {}
+    i, f, gg, o = (V(n, dt, shape) for n in b.node("Split", [g], n_out=4, axis=1, **extra))
+    c = b.cast(inputs[2], dt)
+    c2 = b.op("Add", [b.op("Mul", [b.op("Sigmoid", [f], dt, shape), c], dt, shape),
+                      b.op("Mul", [b.op("Sigmoid", [i], dt, shape), b.op("Tanh", [gg], dt, shape)], dt,
+                           shape)], dt, shape)
+    h2 = b.op("Mul", [b.op("Sigmoid", [o], dt, shape), b.op("Tanh", [c2], dt, shape)], dt, shape)
+    return [h2, c2]
+
+
+_op_lstm_cell.onnx = ("Transpose", "MatMul", "Add", "Split", "Sigmoid", "Tanh", "Mul")
+
+
+def _op_rnn_cell(b, out, inputs, params):
+    dt = C._dt(out)
+    act = {"tanh": "Tanh", "relu": "Relu"}[params.get("nonlinearity", "tanh")]
+    return b.op(act, [_cell_gates(b, out, inputs, dt)], dt, out[0].shape)
+
+
+_op_rnn_cell.onnx = ("Transpose", "MatMul", "Add", "Tanh", "Relu")
+
+_OPS.update({"conv3d": _op_conv3d, "conv_transpose3d": _op_conv_transpose3d,
+             "lstm_cell": _op_lstm_cell, "rnn_cell": _op_rnn_cell})
+
+
 def _since(conv, name):
     s = _SINCE.get(name) or _SINCE.get(getattr(conv, "op", None), MIN_OPSET)
     return max(s, MIN_OPSET)

@@ -100,10 +100,14 @@ TRACED_FIELDS = (
 # Tensor methods a stored graph may call (the op table's; schema/ops.json)
 TENSOR_METHODS = op_table.tensor_methods()
 EXPR_KINDS = ("input", "getattr", "call_method", "call_function", "constant", "apply")
-# core ops whose Apply exprs only readers of this format run: release 0.2.0's
-# apply() (format 1.1) gave gather's and scatter's kernels, which take axis
-# second, the op table's order (x, index[, src], axis=...) and failed
-APPLY_SINCE = {"gather": (1, 2), "scatter": (1, 2)}
+# core ops whose Apply exprs only readers of this format run, and why: release
+# 0.2.0's apply() (format 1.1) gave gather's and scatter's kernels, which take
+# axis second, the op table's order (x, index[, src], axis=...) and failed;
+# conv3d, conv_transpose3d, lstm_cell and rnn_cell are core ops since 1.2
+_AXIS_SECOND = "readers before it pass its index where its kernel takes axis"
+_NEW_OP = "readers before it have no such core op"
+APPLY_SINCE = {"gather": ((1, 2), _AXIS_SECOND), "scatter": ((1, 2), _AXIS_SECOND),
+               **{op: ((1, 2), _NEW_OP) for op in ("conv3d", "conv_transpose3d", "lstm_cell", "rnn_cell")}}
 _PARAM_KINDS = {k.name: k for k in (inspect.Parameter.POSITIONAL_ONLY,
                                     inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                     inspect.Parameter.VAR_POSITIONAL,
@@ -283,8 +287,8 @@ def _encode_expr(e, ctx, ids, node_id):
         out["value"] = ctx.value(e.value)
     elif isinstance(e, Apply):
         if e.op in APPLY_SINCE:
-            ctx.require(APPLY_SINCE[e.op], f"an Apply expr of core op {e.op!r} (readers before "
-                        "it pass its index where its kernel takes axis)")
+            since, why = APPLY_SINCE[e.op]
+            ctx.require(since, f"an Apply expr of core op {e.op!r} ({why})")
         out.update(op=e.op, args=val(list(e.args)), params={k: val(v) for k, v in e.kwargs.items()})
     else:
         raise TypeError(f"cannot store expr {e!r}")

@@ -8,6 +8,7 @@ import pytest
 import mgtrace as mt
 import mgtrace.functional as F
 from mgtrace.autodiff import GradManager
+from mgtrace._core import nn as _nn
 from mgtrace._core import reduce as R
 from mgtrace.autodiff.rules import RULES
 
@@ -122,6 +123,15 @@ CASES = {
     "attention": (lambda q, k, v, m: F.attention(q, k, v, m, scale=0.5),
                   [((2, 2, 3, 4), _u()), ((2, 2, 5, 4), _u()), ((2, 2, 5, 4), _u()),
                    ((1, 1, 3, 5), _u())]),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1)),
+               [((2, 2, 5, 5, 4), _u()), ((3, 2, 2, 3, 2), _u()), ((3,), _u())]),
+    "conv_transpose3d": (lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1),
+                         [((1, 3, 2, 3, 2), _u()), ((3, 2, 3, 2, 3), _u()), ((2,), _u())]),
+    # both outputs reach the loss
+    "lstm_cell": (lambda gx, h, c, w, b: F.concat(list(_nn.lstm_cell(gx, h, c, w, b)), axis=1),
+                  [((2, 12), _u()), ((2, 3), _u()), ((2, 3), _u()), ((12, 3), _u()), ((12,), _u())]),
+    "rnn_cell": (lambda gx, h, w, b: _nn.rnn_cell(gx, h, w, b, "tanh"),
+                 [((3, 4), _u()), ((3, 4), _u()), ((4, 4), _u()), ((4,), _u())]),
 }
 
 

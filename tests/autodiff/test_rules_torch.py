@@ -86,6 +86,12 @@ TORCH = {
     "pad": lambda x: _pad(x, ((0, 0), (1, 2), (2, 0)), "constant"),
     "attention": lambda q, k, v, m: tF.scaled_dot_product_attention(q, k, v, m, scale=0.5),
     "conv2d_act": lambda x, w, b, r: tF.silu(tF.conv2d(x, w, b, padding=1) + r),
+    "conv3d": lambda x, w, b: tF.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1)),
+    "conv_transpose3d": lambda x, w, b: tF.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1),
+    # torch's own cells, their input weights the identity (gx is the input's share)
+    "lstm_cell": lambda gx, h, c, w, b: torch.cat(torch.lstm_cell(
+        gx, (h, c), torch.eye(12, dtype=gx.dtype), w, None, b), 1),
+    "rnn_cell": lambda gx, h, w, b: torch.rnn_tanh_cell(gx, h, torch.eye(4, dtype=gx.dtype), w, None, b),
     # EXTRA
     "matmul_vec": torch.matmul, "matmul_vec2": torch.matmul,
     "getitem_basic": lambda x: x[::2, 1], "sum_all": lambda x: x.sum(),

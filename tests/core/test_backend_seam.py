@@ -91,6 +91,10 @@ def _example(name):
         "to_nchwc": ([nchw], {}),
         "from_nchwc": ([_f32(1, 1, 6, 6, 16)], {"channels": 3}),
         "max_pool2d_nchwc": ([_f32(1, 1, 6, 6, 16)], {"kernel_size": 2}),
+        "conv3d": ([_f32(1, 8, 4, 5, 5), _f32(4, 8, 3, 3, 3), None], {"padding": 1}),
+        "conv_transpose3d": ([_f32(1, 3, 3, 3, 3), _f32(3, 2, 2, 2, 2), None], {"stride": 2}),
+        "lstm_cell": ([_f32(2, 12), _f32(2, 3), _f32(2, 3), _f32(12, 3), _f32(12)], {}),
+        "rnn_cell": ([_f32(2, 4), _f32(2, 4), _f32(4, 4), None], {"nonlinearity": "tanh"}),
     }
     if row.group == "reduce" and name not in examples:
         return [x], {"axis": 1}
@@ -169,12 +173,22 @@ def test_op_on_a_device_without_kernels_raises_the_one_text_or_runs(name, fake_d
     _assert_same(_values(got), want)
 
 
+# fallbacks written over other nn ops (CUDA has those: conv3d runs conv2d per depth tap there)
+FALLBACK_NEEDS_NN = {"conv3d": "conv2d", "conv_transpose3d": "conv_transpose2d"}
+
+
 @pytest.mark.parametrize("name", sorted(n for n, r in op_table.OPS.items() if r.group == "nn"))
 def test_nn_op_without_its_kernel_raises_naming_itself_or_runs_its_fallback(name, fake_device):
     """The other areas present, nn empty (a device like CUDA, without the
     CPU-only kernels): each nn op names itself, or runs its fallback."""
     want = _values(_run(name, "cpu"))
     dev = fake_device(("elementwise", "reduce", "linalg", "index"))
+    if name in FALLBACK_NEEDS_NN:       # its composition needs an nn kernel this device lacks too
+        with pytest.raises(NoKernelError, match=f"^no kernel for op '{FALLBACK_NEEDS_NN[name]}' on device "
+                                                "cuda:0 with dtype float32$"):
+            _run(name, dev)
+        assert not mt.has_kernel(name, dev, "float32")
+        return
     if op_table.OPS[name].fallback:
         _assert_same(_values(_run(name, dev)), want)
         assert not mt.has_kernel(name, dev, "float32")
@@ -205,7 +219,7 @@ def test_has_kernel_on_the_cpu_answers_per_dtype():
     assert mt.has_kernel("reshape", "cpu", "bool")          # views run no kernel
     assert mt.has_kernel("sum", "cpu", "int8")
     with pytest.raises(KeyError, match="no core op"):
-        mt.has_kernel("conv3d", "cpu")
+        mt.has_kernel("conv4d", "cpu")
 
 
 def test_has_kernel_follows_the_device_backend(fake_device):

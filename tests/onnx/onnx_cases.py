@@ -174,6 +174,15 @@ def _op_cases():
         "setitem": (_setitem_case, [_f(*S), _f(2, 2, 1)]),
         "interpolate": (_apply("interpolate", size=None, scale_factor=(2.0, 1.5),
                                mode="bilinear", align_corners=False), [_f(1, 2, 4, 5)]),
+        # issue 36's kernels
+        "conv3d": (_apply("conv3d", stride=(1, 2, 1), padding=1, dilation=(2, 1, 1), groups=2),
+                   [_f(1, 4, 6, 5, 4), _f(6, 2, 2, 3, 3), _f(6)]),
+        "conv_transpose3d": (_apply("conv_transpose3d", stride=2, padding=(1, 0, 1),
+                                    output_padding=(1, 0, 1), dilation=1, groups=1),
+                             [_f(1, 4, 3, 2, 3), _f(4, 3, 3, 2, 3), _f(3)]),
+        "lstm_cell": (lambda gx, h, c, w, b: list(_apply("lstm_cell")(gx, h, c, w, b)),
+                      [_f(2, 12), _f(2, 3), _f(2, 3), _f(12, 3), _f(12)]),
+        "rnn_cell": (_apply("rnn_cell", nonlinearity="relu"), [_f(2, 5), _f(2, 5), _f(5, 5), _f(5)]),
     })
     return {("op", k): v for k, v in c.items()}
 

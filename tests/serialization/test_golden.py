@@ -213,3 +213,16 @@ def test_a_gather_or_scatter_apply_expr_needs_a_1_2_reader():
     assert archive.format_version == archive.min_reader_version == (1, 2)
     with pytest.raises(ValueError, match="core op 'gather'.*needs archive format 1.2"):
         mt.save(archive.obj, io.BytesIO(), target_version=(1, 1))
+
+
+def test_an_apply_expr_of_a_core_op_new_in_1_2_needs_a_1_2_reader():
+    """conv3d, conv_transpose3d, lstm_cell and rnn_cell are core ops since 1.2
+    (issue 36's kernels): an archive with their Apply exprs is 1.2 and a 1.1
+    target refuses it, naming the first."""
+    path = GOLDEN / "1.2" / "core_ops_kernels.tmod"
+    _script(path.parent)
+    archive = mt.serialization.load_archive(path)
+    assert archive.format_version == archive.min_reader_version == (1, 2)
+    with pytest.raises(ValueError, match="core op 'conv3d' \\(readers before it have no such core "
+                                         "op\\).*needs archive format 1.2"):
+        mt.save(archive.obj, io.BytesIO(), target_version=(1, 1))

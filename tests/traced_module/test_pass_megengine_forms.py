@@ -229,3 +229,117 @@ def test_backward_fold_scale_through_pools_and_indexing(scale, folds):
     if folds:
         np.testing.assert_allclose(new.conv.weight.numpy(), tm.conv.weight.numpy() * scale,
                                    rtol=1e-6)
+
+
+# ------------------------- BackwardFoldScale: several readers, concat, min/max, neg
+
+class DocExample(M.Module):
+    """MegEngine's BackwardFoldScale docstring: relu(conv) read twice, both
+    readers carrying the one scale that follows."""
+
+    def __init__(self, second=3.0):
+        super().__init__()
+        self.conv = M.Conv2d(3, 4, 3, padding=1)
+        self.second = second
+
+    def forward(self, x):
+        x = F.relu(self.conv(x))
+        x1 = x + 3
+        x2 = x + 4
+        if self.second == 3.0:
+            return (x1 + x2) * 3
+        return x1 * 3 + x2 * self.second
+
+
+def _muls(tm):
+    return [e for e in _exprs(tm) if e.kind == "call_method" and e.method in ("__mul__", "__rmul__")]
+
+
+def test_backward_fold_scale_where_every_reader_carries_the_same_scale():
+    x = _t(2, 3, 5, 5)
+    tm = mt.trace_module(DocExample().eval(), x)
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == 1 and _muls(new) == []
+    np.testing.assert_allclose(new.conv.weight.numpy(), tm.conv.weight.numpy() * 3, rtol=1e-6)
+    # the constants became 9 and 12, as in MegEngine's docstring
+    adds = sorted(float(e.args[1]) for e in _exprs(new) if e.kind == "call_method"
+                  and e.method == "__add__" and isinstance(e.args[1], (int, float)))
+    assert adds == [9.0, 12.0]
+
+
+def test_backward_fold_scale_leaves_readers_with_different_scales():
+    x = _t(2, 3, 5, 5)
+    tm = mt.trace_module(DocExample(second=2.0).eval(), x)
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == 0 and len(_muls(new)) == 2
+
+
+class Concat(M.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.a = M.Conv2d(3, 4, 3, padding=1)
+        self.b = MyConv(3, 2, 1)
+        self.scale = scale
+
+    def forward(self, x):
+        return F.concat([F.relu(self.a(x)), self.b(x)], axis=1) * self.scale
+
+
+@pytest.mark.parametrize("scale,folds", [(1.5, 1), (-1.5, 0)])
+def test_backward_fold_scale_into_every_input_of_a_concat(scale, folds):
+    x = _t(2, 3, 5, 5)
+    tm = mt.trace_module(Concat(scale).eval(), x).flatten()
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == folds      # relu on one input
+    if folds:
+        np.testing.assert_allclose(new.a.weight.numpy(), tm.a.weight.numpy() * scale, rtol=1e-6)
+        assert _muls(new) == []
+
+
+class Reduced(M.Module):
+    def __init__(self, scale, how):
+        super().__init__()
+        self.conv = M.Conv2d(3, 4, 3, padding=1)
+        self.scale, self.how = scale, how
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = F.max(y, axis=1) if self.how == "F.max" else y.min(axis=(2, 3), keepdims=True)
+        return y * self.scale
+
+
+@pytest.mark.parametrize("how", ["F.max", "min"])
+@pytest.mark.parametrize("scale,folds", [(2.0, 1), (-2.0, 0)])
+def test_backward_fold_scale_through_min_and_max_for_a_positive_scale(how, scale, folds):
+    x = _t(2, 3, 5, 5)
+    tm = mt.trace_module(Reduced(scale, how).eval(), x)
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == folds     # a negative one swaps them
+
+
+class Negated(M.Module):
+    def __init__(self, through_relu, then=None):
+        super().__init__()
+        self.conv = M.Conv2d(3, 4, 3, padding=1)
+        self.through_relu, self.then = through_relu, then
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = -F.relu(y) if self.through_relu else F.neg(y)
+        return y if self.then is None else y * self.then
+
+
+@pytest.mark.parametrize("through_relu,then,folds,factor", [
+    (False, None, 1, -1.0),          # F.neg(conv): the weights negated
+    (True, None, 0, None),           # -relu(conv): -1 cannot pass the ReLU
+    (True, -2.5, 1, 2.5),            # (-relu(conv)) * -2.5: the product of both, 2.5, can
+])
+def test_backward_fold_scale_counts_neg_as_a_product(through_relu, then, folds, factor):
+    x = _t(2, 3, 5, 5)
+    tm = mt.trace_module(Negated(through_relu, then).eval(), x)
+    new, report = _check(tm, ["FuseConvBn", "BackwardFoldScale"], x)
+    assert report["BackwardFoldScale"].counts["folds"] == folds
+    if folds:
+        np.testing.assert_allclose(new.conv.weight.numpy(), tm.conv.weight.numpy() * factor, rtol=1e-6)
+        assert _muls(new) == [] and not any(e.kind == "call_method" and e.method == "__neg__"
+                                            for e in _exprs(new))

@@ -17,11 +17,16 @@
   ``c`` folded into the weight and bias. A scalar ``c`` (a number, a
   one-element constant, or an element of a tensor attribute picked by a
   constant index: ``x * self.scale[0]``) also travels further back, as in
-  MegEngine's pass: through ReLUs and max pools (c > 0), average pools,
-  reshapes, constant indexing and the like, and adds (into both branches;
-  a constant added on the way is multiplied by c),
-  into every Conv2d, Linear or ``F.conv2d`` it reaches; the product goes
-  away only when every path ends in such a layer.
+  MegEngine's pass: through ReLUs, max pools and min/max reductions
+  (c > 0), average pools, reshapes, constant indexing and the like, adds
+  (into both branches; a constant added on the way is multiplied by c),
+  concats (into every input), and further products by constants and negs
+  on the way (which go too, their factor taken into c), into every
+  Conv2d, Linear or ``F.conv2d`` it reaches; a value several exprs read
+  takes the scale when all of them carry the same one (MegEngine's rule:
+  ``x1 = r + 3; x2 = r + 4; (x1 + x2) * 3`` scales r, so its conv, by 3).
+  ``-conv(x)`` is a product by -1. The product goes away only when every
+  path ends in such a layer.
 - ``FuseConvAct``: ``act(conv2d(x))`` for act in ReLU, ReLU6, SiLU,
   Hardswish, Sigmoid, GELU becomes one ``F.conv2d_act`` call (the activation
   runs in the convolution's epilogue), and so does ``act(conv2d(x) + r)``
@@ -325,7 +330,12 @@ def _static_index(index):
 
 def _mul_scale(e, uses):
     """``(node, s)`` when ``e`` is ``node * s`` or ``node / (1 / s)`` with a
-    constant scalar s (:func:`_const_scalar`), else None."""
+    constant scalar s (:func:`_const_scalar`), or ``-node`` (s = -1, as
+    MegEngine's pass counts F.neg), else None."""
+    if (isinstance(e, CallMethod) and e.method == "__neg__" and len(e.args) == 1) or \
+            (is_function(e, F.neg) and len(e.args) + len(e.kwargs) == 1):
+        node = e.args[0] if e.args else next(iter(e.kwargs.values()))
+        return (node, -1.0) if isinstance(node, TensorNode) and float_node(node) else None
     if not (isinstance(e, CallMethod) and e.method in MUL + DIV and len(e.args) == 2
             and not e.kwargs):
         return None
@@ -341,20 +351,57 @@ def _mul_scale(e, uses):
     return None
 
 
-def _plan(g, node, s, user, uses, actions):
-    """Collect in ``actions`` the rewrites that make ``node`` come out
-    multiplied by scalar ``s`` where it is produced; False (nothing to do)
-    when a branch cannot take the scale."""
+def _readers_agree(node, s, user, pending):
+    """Several exprs read ``node``: record that ``user`` wants it times s.
+    None when they disagree (or node leaves the graph), False while some
+    reader has not asked yet, True once every reader asked for s (then node
+    itself may be scaled: MegEngine's pass folds where every user carries
+    the same scale)."""
+    if id(node) in node.graph._kept_ids() or not any(u is user for u in node.users):
+        return None
+    entry = pending.setdefault(id(node), [node, s, set()])
+    if entry[1] != s:
+        return None
+    entry[2].add(id(user))
+    return len(entry[2]) == len({id(u) for u in node.users})
+
+
+def _plan(g, node, s, user, uses, actions, pending):
+    """Collect in ``actions`` the rewrites ``(kind, obj, scale)`` that make
+    ``node`` come out multiplied by scalar ``s`` where it is produced; False
+    (nothing to do) when a branch cannot take the scale. A node several
+    exprs read is entered once all of them asked for the same scale
+    (``pending``: id -> [node, scale, ids of the readers that asked])."""
     e = node.expr
-    if sole_user(node) is not user or e is None or e.top_graph is not g or not float_node(node):
+    if e is None or e.top_graph is not g or not float_node(node):
         return False
+    if sole_user(node) is not user:
+        agree = _readers_agree(node, s, user, pending)
+        if not agree:
+            return agree is not None        # False: the others are yet to ask
     mod = conv_module(e) or (module_call(e, M.Linear) if len(e.args) == 2 and not e.kwargs
                              else None)
     if mod is not None:
         if not uses.may_rewrite(mod) or mod.weight.dtype.name not in ("float32", "float64"):
             return False
-        actions.append(("module", mod))
+        actions.append(("module", mod, s))
         return True
+    inner = _mul_scale(e, uses)         # a product (or neg) on the way: it goes, s takes it in
+    if inner is not None and e.outputs[0].shape == inner[0].shape and \
+            e.outputs[0].dtype == inner[0].dtype:
+        actions.append(("drop", e, None))
+        return _plan(g, inner[0], s * inner[1], e, uses, actions, pending)
+    if is_function(e, F.concat):        # every input scaled alike
+        args = bound_args(e)
+        parts = args.get("inps") if args else None
+        return isinstance(parts, (list, tuple)) and len(parts) > 0 and \
+            all(isinstance(x, TensorNode) for x in parts) and \
+            len({id(x) for x in parts}) == len(parts) and \
+            all(_plan(g, x, s, e, uses, actions, pending) for x in parts)
+    if s > 0 and (is_function(e, F.max) or is_function(e, F.min) or (
+            isinstance(e, CallMethod) and e.method in ("max", "min"))):
+        first = e.args[0] if e.args else None      # a positive scale keeps the order
+        return isinstance(first, TensorNode) and _plan(g, first, s, e, uses, actions, pending)
     if is_function(e, F.conv2d):
         call = conv_call(e)
         w = uses.constant(call[1]) if isinstance(call[1], TensorNode) else None
@@ -362,32 +409,32 @@ def _plan(g, node, s, user, uses, actions):
         if not isinstance(w, Tensor) or w.dtype.name not in ("float32", "float64") or \
                 (b is not None and not isinstance(uses.constant(b), Tensor)):
             return False
-        actions.append(("conv", e))
+        actions.append(("conv", e, s))
         return True
     act = activation(e)
     if act is not None:
-        return act[0] == "relu" and s > 0 and _plan(g, act[1], s, e, uses, actions)
+        return act[0] == "relu" and s > 0 and _plan(g, act[1], s, e, uses, actions, pending)
     if len(e.outputs) != 1:
         return False
     pool = module_call(e)
     if type(pool) in _POOL_MODULES and len(e.args) == 2 and not e.kwargs:
         return (s > 0 or not _POOL_MODULES[type(pool)]) and \
-            _plan(g, e.args[1], s, e, uses, actions)
+            _plan(g, e.args[1], s, e, uses, actions, pending)
     for fn, positive in _POOL_FUNCTIONS:
         if is_function(e, fn):
             args = bound_args(e)
             first = next(iter(args.values())) if args else None
             return isinstance(first, TensorNode) and (s > 0 or not positive) and \
-                _plan(g, first, s, e, uses, actions)
+                _plan(g, first, s, e, uses, actions, pending)
     if isinstance(e, CallMethod) and e.method == "__getitem__" and len(e.args) == 2 \
             and isinstance(e.args[0], TensorNode) and _static_index(e.args[1]):
-        return _plan(g, e.args[0], s, e, uses, actions)
+        return _plan(g, e.args[0], s, e, uses, actions, pending)
     if isinstance(e, CallMethod) and e.method in _SHAPE_METHODS and isinstance(e.args[0], TensorNode):
-        return _plan(g, e.args[0], s, e, uses, actions)
+        return _plan(g, e.args[0], s, e, uses, actions, pending)
     if any(is_function(e, fn) for fn in _SHAPE_FUNCTIONS):
         args = bound_args(e)
         first = next(iter(args.values())) if args else None
-        return isinstance(first, TensorNode) and _plan(g, first, s, e, uses, actions)
+        return isinstance(first, TensorNode) and _plan(g, first, s, e, uses, actions, pending)
     if isinstance(e, CallMethod) and e.method in ADD and len(e.args) == 2 and not e.kwargs:
         a, b = e.args
         if a is b:
@@ -396,14 +443,15 @@ def _plan(g, node, s, user, uses, actions):
         ca = a if isinstance(a, (int, float)) and not isinstance(a, bool) else ca
         cb = b if isinstance(b, (int, float)) and not isinstance(b, bool) else cb
         if ca is None and cb is None:            # node + node: both branches
-            return all(isinstance(x, TensorNode) and _plan(g, x, s, e, uses, actions) for x in (a, b))
+            return all(isinstance(x, TensorNode) and _plan(g, x, s, e, uses, actions, pending)
+                       for x in (a, b))
         if (ca is None) == (cb is None):
             return False
         x = a if ca is None else b
         if not isinstance(x, TensorNode):
             return False
-        actions.append(("add", e))
-        return _plan(g, x, s, e, uses, actions)
+        actions.append(("add", e, s))
+        return _plan(g, x, s, e, uses, actions, pending)
     return False
 
 
@@ -443,18 +491,22 @@ def _fold_through(g, e, uses):
     z = e.outputs[0]
     if z.shape is None or z.shape != y.shape or z.dtype != y.dtype:
         return False
-    actions = []
-    if not _plan(g, y, s, e, uses, actions) or len({id(o) for _, o in actions}) != len(actions):
-        return False
-    for kind, obj in actions:
+    actions, pending = [], {}
+    if not _plan(g, y, s, e, uses, actions, pending) or \
+            len({id(o) for _, o, _ in actions}) != len(actions) or \
+            any(len(users) != len({id(u) for u in n.users}) for n, _, users in pending.values()):
+        return False        # a branch that cannot take it, or a reader left out
+    for kind, obj, scale in actions:
         if kind == "module":
             w = float64(obj.weight)
             b = float64(obj.bias) if obj.bias is not None else np.zeros(w.shape[0])
-            _set_weights(obj, w * s, b * s)
+            _set_weights(obj, w * scale, b * scale)
         elif kind == "conv":
-            _scaled_conv(g, obj, s, uses)
-        else:
-            _scaled_add(g, obj, s, uses)
+            _scaled_conv(g, obj, scale, uses)
+        elif kind == "add":
+            _scaled_add(g, obj, scale, uses)
+        else:               # a product or neg on the way: its input stands for it
+            g.replace_node({obj.outputs[0]: _mul_scale(obj, uses)[0]})
     y, _ = _mul_scale(e, uses)          # the node the product reads now
     g.replace_node({z: y})
     return True

@@ -29,6 +29,8 @@ version), naming what is missing.
 * ``core_ops_index.tmod``: the core ops gather and scatter as Apply exprs
   (the other core ops are ../1.1/core_ops.tmod's), and the tensor method
   ``to`` (a move to cpu:1 and back), which no other golden archive calls;
+* ``core_ops_kernels.tmod``: the core ops conv3d, conv_transpose3d,
+  lstm_cell and rnn_cell (issue 36's kernels) as Apply exprs;
 * ``qat_model.tmod``: a traced, calibrated QAT model (every QAT builtin,
   observer and fake quantizer type; a user's QAT subclass and observer);
 * ``quantized_model.tmod``: a traced int8 model (every
@@ -312,6 +314,40 @@ def _core_index_ops():
     return tm, args()
 
 
+class CoreKernelOps(M.Module):
+    """The core ops new in 1.2 (issue 36's dedicated kernels) applied raw,
+    Apply exprs: conv3d, conv_transpose3d, lstm_cell (two outputs) and
+    rnn_cell, with and without their optional bias."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.w3 = mt.tensor(rng.standard_normal((3, 2, 2, 2, 2)).astype(np.float32))
+        self.b3 = mt.tensor(rng.standard_normal(3).astype(np.float32))
+        self.w_hh = mt.tensor(rng.standard_normal((16, 4)).astype(np.float32) * 0.5)
+        self.b_hh = mt.tensor(rng.standard_normal(16).astype(np.float32))
+
+    def forward(self, vol, gx, h):
+        def A(name, *inputs, **params):
+            return mt.apply(mt.OpDef(name, params), *inputs)
+        y = A("conv3d", vol, self.w3, self.b3, stride=1, padding=1, dilation=1, groups=1)
+        back = A("conv_transpose3d", y, self.w3, None, stride=(1, 2, 1), padding=0,
+                 output_padding=(0, 1, 0), dilation=1, groups=1)
+        h2, c2 = A("lstm_cell", gx, h, h * 0.5, self.w_hh, self.b_hh)
+        r = A("rnn_cell", gx[:, :4], h, self.w_hh[:4], None, nonlinearity="relu")
+        return {"conv3d": y, "conv_transpose3d": back, "lstm_h": h2, "lstm_c": c2, "rnn": r}
+
+
+def _core_kernel_ops():
+    rng = np.random.default_rng(136)
+    args = (mt.tensor(rng.standard_normal((1, 2, 3, 4, 3)).astype(np.float32)),
+            mt.tensor(rng.standard_normal((2, 16)).astype(np.float32)),
+            mt.tensor(rng.standard_normal((2, 4)).astype(np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(CoreKernelOps(rng), *args)
+    return tm, args
+
+
 def _qat_model():
     """A traced QAT model (issue 32): every QAT builtin type, each observer
     and fake quantizer type both inside QAT modules (their configs) and
@@ -458,6 +494,9 @@ CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's c
     "core_ops_index.tmod": lambda: _with_examples(
         _core_index_ops(), "the core ops gather and scatter as Apply exprs (issue 37), "
         "and Tensor.to"),
+    "core_ops_kernels.tmod": lambda: _with_examples(
+        _core_kernel_ops(), "the core ops conv3d, conv_transpose3d, lstm_cell and rnn_cell as "
+        "Apply exprs (issue 36)"),
     "qat_model.tmod": lambda: _with_examples(
         _qat_model(), "a traced QAT model: QAT modules, observers, fake quantizers (issue 32)"),
     "quantized_model.tmod": lambda: _with_examples(

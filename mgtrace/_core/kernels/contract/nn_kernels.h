@@ -93,6 +93,18 @@ enum mt_resize_mode { MT_RESIZE_NEAREST = 0, MT_RESIZE_BILINEAR };
 /* pad by index mapping */
 enum mt_pad_mode { MT_PAD_REFLECT = 0, MT_PAD_REPLICATE };
 
+/* Geometry of one conv3d call (NCDHW; cpu/conv3d.c). The transposed
+ * convolution and the gradients use the same geometry, that of the forward
+ * conv3d whose input is x [n, c, d, h, w], weight [o, c/groups, kd, kh, kw]
+ * and output y [n, o, od, oh, ow]. */
+typedef struct {
+    int64_t n, c, d, h, w;
+    int64_t o, kd, kh, kw;
+    int64_t od, oh, ow;
+    int64_t sd, sh, sw, pd, ph, pw, dd, dh, dw;
+    int64_t groups;
+} mt_conv3d_geom;
+
 /* this area's kernels on a device backend (backend.h) */
 typedef struct mt_nn_kernels {
     int64_t (*conv2d_workspace)(int dtype, const mt_conv2d_geom *g, int algo, int nt);
@@ -160,6 +172,26 @@ typedef struct mt_nn_kernels {
      * summed over the rows where gw / gb are not NULL (w NULL: no weight) */
     int (*layer_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
                                void *gb, int64_t rows, int64_t cols, double eps, int nt);
+    /* conv3d (the CPU's in cpu/conv3d.c; CUDA leaves them NULL): y = conv3d(x, weight) + bias
+     * (bias may be NULL); gx = the transpose of conv3d applied to gy (conv_transpose3d's
+     * forward and conv3d's input gradient); gw = conv3d's weight gradient */
+    int (*conv3d)(int dtype, const void *x, const void *weight, const void *bias, void *y,
+                  const mt_conv3d_geom *g, int nt);
+    int (*conv3d_backward_data)(int dtype, const void *gy, const void *weight, void *gx,
+                                const mt_conv3d_geom *g, int nt);
+    int (*conv3d_backward_weight)(int dtype, const void *x, const void *gy, void *gw,
+                                  const mt_conv3d_geom *g, int nt);
+    /* one recurrent time step (the CPU's in cpu/rnn_cell.c; CUDA leaves them NULL): gx [n, G]
+     * the input's precomputed share of the gates (G = 4 * hidden for LSTM, hidden for RNN),
+     * h [n, h_width] (LSTM: h_width < hidden with a projection; RNN: hidden), c [n, hidden],
+     * w_hh [G, h_width], b_hh [G] or NULL; h_out, c_out [n, hidden]; gates = gx + b_hh + h @ w_hh^T,
+     * then LSTM: i, f, g, o = the gates' quarters, c_out = sigmoid(f) c + sigmoid(i) tanh(g),
+     * h_out = sigmoid(o) tanh(c_out); RNN: h_out = tanh(gates), or relu(gates) if relu */
+    int (*lstm_cell)(int dtype, const void *gx, const void *h, const void *c, const void *w_hh,
+                     const void *b_hh, void *h_out, void *c_out, int64_t n, int64_t hidden, int64_t h_width,
+                     int nt);
+    int (*rnn_cell)(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
+                    void *h_out, int64_t n, int64_t hidden, int nt);
 } mt_nn_kernels;
 
 #endif

@@ -5,7 +5,8 @@
  * (re, im) pairs so that a contiguous loop vectorises; division is C99's
  * (scaled: no overflow in between). The modulus of a complex64 is computed
  * in double (no overflow or underflow for float parts, correctly rounded
- * but for rare ties), of a complex128 by hypot.
+ * but for rare ties), of a complex128 by hypot. exp, log and sqrt are
+ * C99's cexp, clog and csqrt (principal branches, NumPy's results).
  */
 #include <complex.h>
 #include "elementwise.h"   /* the CPU loop tables it fills */
@@ -125,6 +126,14 @@ MT_C_UNARY(MT_COMPLEX128, c128_c128, double _Complex, double, cabs, carg, copy, 
 MT_C_UNARY(MT_COMPLEX128, c128_c64, double _Complex, double, cabs, carg, narrow, float _Complex,
            (float _Complex)x)
 
+/* exp, log, sqrt: C99's cexp, clog, csqrt (principal branches, as NumPy) */
+#define MT_C_TRANSCENDENTAL(sfx, CT, RT, F)                                    \
+    MT_C_UNARY(0, sfx, CT, RT, F, F, exp, CT, cexp##F(x))                      \
+    MT_C_UNARY(0, sfx, CT, RT, F, F, log, CT, clog##F(x))                      \
+    MT_C_UNARY(0, sfx, CT, RT, F, F, sqrt, CT, csqrt##F(x))
+MT_C_TRANSCENDENTAL(c64, float _Complex, float, f)
+MT_C_TRANSCENDENTAL(c128, double _Complex, double, )
+
 #define MT_C_REG(code, sfx, CT, RT, ABS, ARG, _)                               \
     mt_binary_loops[MT_B_add][code] = cb_add_##sfx;                            \
     mt_binary_loops[MT_B_sub][code] = cb_sub_##sfx;                            \
@@ -133,6 +142,9 @@ MT_C_UNARY(MT_COMPLEX128, c128_c64, double _Complex, double, cabs, carg, narrow,
     mt_binary_loops[MT_B_eq][code] = cb_eq_##sfx;                              \
     mt_binary_loops[MT_B_ne][code] = cb_ne_##sfx;                              \
     mt_unary_loops[MT_U_neg][code] = cu_neg_##sfx;                             \
+    mt_unary_loops[MT_U_exp][code] = cu_exp_##sfx;                             \
+    mt_unary_loops[MT_U_log][code] = cu_log_##sfx;                             \
+    mt_unary_loops[MT_U_sqrt][code] = cu_sqrt_##sfx;                           \
     mt_fill_loops[code] = cf_fill_##sfx;
 #define MT_C_REG_CAST(scode, ssfx, ST, LOAD, code, sfx) mt_cast_loops[scode][code] = cc_##ssfx##_##sfx;
 #define MT_C_REG_CASTS(code, sfx, CT, RT, ABS, ARG, _) MT_DT_REAL_SRC(MT_C_REG_CAST, code, sfx)

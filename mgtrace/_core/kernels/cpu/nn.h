@@ -198,6 +198,22 @@ int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx,
 int mt_layer_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
                            void *gb, int64_t rows, int64_t cols, double eps, int nthreads);
 
+/* ---- conv3d by vol2col and GEMM (conv3d.c): y [n, o, od, oh, ow] from x [n, c, d, h,
+ * w] and weight [o, c/groups, kd, kh, kw] (+ bias [o] unless NULL); gx [n, c, d, h, w]
+ * from gy (the transpose: conv_transpose3d's forward); gw [o, c/groups, kd, kh, kw] ---- */
+int mt_conv3d(int dtype, const void *x, const void *weight, const void *bias, void *y,
+              const mt_conv3d_geom *g, int nthreads);
+int mt_conv3d_backward_data(int dtype, const void *gy, const void *weight, void *gx,
+                            const mt_conv3d_geom *g, int nthreads);
+int mt_conv3d_backward_weight(int dtype, const void *x, const void *gy, void *gw,
+                              const mt_conv3d_geom *g, int nthreads);
+
+/* ---- one fused LSTM / RNN time step (rnn_cell.c; nn_kernels.h's table members) ---- */
+int mt_lstm_cell(int dtype, const void *gx, const void *h, const void *c, const void *w_hh, const void *b_hh,
+                 void *h_out, void *c_out, int64_t n, int64_t hidden, int64_t h_width, int nthreads);
+int mt_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
+                void *h_out, int64_t n, int64_t hidden, int nthreads);
+
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 
