@@ -47,8 +47,22 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y,
                           int64_t rows, int64_t cols, double eps, int nt) noexcept nogil
 
+cdef extern from "kernels/contract/reduce_kernels.h" nogil:
+    ctypedef struct mt_reduce_geom:
+        int nkeep
+        int64_t kshape[16]
+        int64_t kin[16]
+        int64_t kout[16]
+        int nred
+        int64_t rshape[16]
+        int64_t rin[16]
+    ctypedef int (*mt_reduce_fn)(const char *inp, char *out, const mt_reduce_geom *g,
+                                 int nt) noexcept nogil
+    ctypedef struct mt_reduce_kernels:
+        pass
+
 cdef extern from "kernels/cpu/plan.h" nogil:
-    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_PLAN_NN_PTRS
@@ -81,10 +95,17 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         mt_attn_geom attn
         int64_t i[4]
         double eps
+    ctypedef struct mt_plan_reduce:
+        int nt
+        mt_reduce_fn kernel
+        mt_plan_ref inp "in"
+        mt_plan_ref out
+        mt_reduce_geom g
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
         mt_plan_nn nn
+        mt_plan_reduce red
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -106,9 +127,11 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         int64_t *offs
         mt_gemm_batch_kernel gemm_kernel
         mt_plan_nn nn
+        mt_plan_reduce red
     int mt_plan_capture_allocs()
     void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes)
     void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *wrapped)
+    void mt_plan_set_real_reduce(const mt_reduce_kernels *real, mt_reduce_kernels *wrapped)
     void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes) noexcept nogil)
     mt_storage *mt_plan_capture_alloc(int index, size_t nbytes)
     void mt_plan_capture_begin()
@@ -136,6 +159,7 @@ cdef enum:
     BUF_DYNAMIC = 4   # the storage a Python step returned, bound during the run
 
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+STEP_REDUCE = MT_STEP_REDUCE
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
@@ -151,6 +175,8 @@ cdef const void *_saved_nn = NULL
 cdef mt_ew_kernel _saved_ew = NULL
 cdef mt_storage *(*_saved_alloc)(int index, size_t nbytes) noexcept nogil
 cdef char _wrapped_nn[4096]      # a copy of the nn table with the recording members
+cdef const void *_saved_reduce = NULL
+cdef char _wrapped_reduce[256]   # a copy of the reduce table with recording reductions
 
 
 def capture_install():
@@ -180,6 +206,12 @@ def capture_install():
     if b.nn != NULL:
         mt_plan_set_real_nn(<const mt_nn_kernels *>b.nn, <mt_nn_kernels *>_wrapped_nn)
         b.nn = <const void *>_wrapped_nn
+    global _saved_reduce
+    _saved_reduce = b.reduce
+    if b.reduce != NULL:
+        mt_plan_set_real_reduce(<const mt_reduce_kernels *>b.reduce,
+                                <mt_reduce_kernels *>_wrapped_reduce)
+        b.reduce = <const void *>_wrapped_reduce
     _saved_alloc = b.alloc
     mt_plan_set_real_alloc(b.alloc)
     b.alloc = mt_plan_capture_alloc
@@ -195,6 +227,7 @@ def capture_uninstall():
         b.elementwise = _saved_ew
         b.linalg = _saved_linalg
         b.nn = _saved_nn
+        b.reduce = _saved_reduce
         b.alloc = _saved_alloc
 
 
@@ -223,6 +256,8 @@ cdef class Captured:
         if self.c.kind == MT_STEP_NN:
             return [None if self.c.nn.p[a].off == 0 else <uintptr_t>self.c.nn.p[a].off
                     for a in range(self.c.nn.np)]
+        if self.c.kind == MT_STEP_REDUCE:
+            return [<uintptr_t>self.c.red.inp.off, <uintptr_t>self.c.red.out.off]
         return [None if a > 0 and self.c.ew.scalar_mask & (1u << (a - 1)) else
                 <uintptr_t>self.c.ew.args[a] for a in range(self.c.ew.nargs)]
 
@@ -232,6 +267,8 @@ cdef class Captured:
             return 2, -1
         if self.c.kind == MT_STEP_NN:
             return NN_ROLES[self.c.nn.which]
+        if self.c.kind == MT_STEP_REDUCE:
+            return 1, -1
         return 0, -1
 
     def extents(self):
@@ -240,6 +277,11 @@ cdef class Captured:
         cdef int a, d
         cdef int64_t lo, hi, s, isz
         cdef list out = []
+        cdef const mt_reduce_geom *g
+        if self.c.kind == MT_STEP_REDUCE:
+            g = &self.c.red.g
+            return [_span(g.nkeep, g.kshape, g.kin, g.nred, g.rshape, g.rin),
+                    _span(g.nkeep, g.kshape, g.kout, 0, NULL, NULL)]
         if self.c.kind != MT_STEP_EW:
             return None
         for a in range(self.c.ew.nargs):
@@ -259,7 +301,30 @@ cdef class Captured:
                     f"K={self.c.shape.K} batch={self.c.batch}")
         if self.c.kind == MT_STEP_NN:
             return f"nn kernel {self.c.nn.which}"
+        if self.c.kind == MT_STEP_REDUCE:
+            return f"reduce kept={self.c.red.g.nkeep} reduced={self.c.red.g.nred}"
         return f"elementwise kind={self.c.ew.kind} op={self.c.ew.op} dtype={self.c.ew.dtype}"
+
+
+cdef tuple _span(int n1, const int64_t *shape1, const int64_t *st1, int n2,
+                 const int64_t *shape2, const int64_t *st2):
+    """The byte range [lo, hi] of element starts over two (shape, byte
+    strides) lists, relative to the base address."""
+    cdef int64_t lo = 0, hi = 0, s
+    cdef int d
+    for d in range(n1):
+        s = st1[d] * (shape1[d] - 1)
+        if s < 0:
+            lo += s
+        else:
+            hi += s
+    for d in range(n2):
+        s = st2[d] * (shape2[d] - 1)
+        if s < 0:
+            lo += s
+        else:
+            hi += s
+    return lo, hi
 
 
 def take_allocs():
@@ -455,6 +520,12 @@ cdef class Executor:
                 self.n -= 1
                 raise MemoryError()
             memcpy(s.u.gemm.offs, c.c.offs, sizeof(int64_t) * 3 * c.c.batch)
+            return
+        if c.c.kind == MT_STEP_REDUCE:
+            s.kind = MT_STEP_REDUCE
+            s.u.red = c.c.red
+            s.u.red.inp.buf, s.u.red.inp.off = refs[0]
+            s.u.red.out.buf, s.u.red.out.off = refs[1]
             return
         if c.c.kind == MT_STEP_NN:
             s.kind = MT_STEP_NN

@@ -14,12 +14,12 @@ How a plan is made (``mgtrace.compile``): the module runs once on the
 example inputs while every core op, functional call and module call is
 recorded with the kernel calls the backend received for it
 (:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
-whose kernel calls it can account for (elementwise and GEMM, the backend
-table members the recorder wraps) into kernel steps that C replays with no
-Python in between; views cost nothing; everything else (convolution,
-pooling, normalization, attention today) runs as a Python step that calls
-the same function on views of the plan's memory, so outputs are bitwise
-the graph's. Intermediates written by kernel steps share one arena placed
+whose kernel calls it can account for (elementwise, GEMM, reductions and
+the nn members the recorder wraps: NCHW16c convolutions and fused blocks,
+max pooling, layer norm, attention) into kernel steps that C replays with
+no Python in between; views cost nothing; everything else runs as a Python
+step that calls the same function on views of the plan's memory, so
+outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
 by a liveness-based memory plan; outputs are fresh tensors on every call.
 
 On each call a guard compares every input's dtype, device, shape and

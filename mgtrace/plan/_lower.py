@@ -39,7 +39,10 @@ KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicat
 # nn ops whose implementations call only the nn members the capture replays
 # (and elementwise copies, packing into conv2d's weight cache)
 KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
-                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention"})
+                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention",
+                        # reductions: one reduce-table call (a fill when nothing is reduced)
+                        "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
+                        "any", "all"})
 # functional calls made of one kernel call and no core op
 KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")})
 

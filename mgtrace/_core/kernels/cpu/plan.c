@@ -108,6 +108,10 @@ int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
         case MT_STEP_EW: rc = run_ew(s, bases); break;
         case MT_STEP_GEMM: rc = run_gemm(s, bases); break;
         case MT_STEP_NN: rc = run_nn(s, bases); break;
+        case MT_STEP_REDUCE:
+            rc = s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
+                                 s->u.red.nt);
+            break;
         default: rc = callback(ctx, s->index) ? -1000 : 0; break;
         }
         if (rc != 0) {
@@ -452,3 +456,59 @@ void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
     WRAP(conv2d_packed, cap_conv2d_packed);
 #undef WRAP
 }
+
+/* ---- the reduce table ----
+ * A reduce-table entry is called without its (op, dtype): one wrapper per
+ * entry, each knowing its own, records the call and runs the real one. */
+static mt_reduce_fn real_reduce[MT_NREDUCE][MT_NDTYPES];
+static mt_reduce_fn wrapped_reduce[MT_NREDUCE][MT_NDTYPES];
+
+static int cap_reduce(int op, int dt, const char *in, char *out, const mt_reduce_geom *g, int nt) {
+    if (cap_on) {
+        mt_plan_captured *c = next_slot();
+        if (c != NULL) {
+            c->kind = MT_STEP_REDUCE;
+            c->red.nt = nt;
+            c->red.kernel = real_reduce[op][dt];
+            c->red.in.buf = c->red.out.buf = -1;
+            c->red.in.off = (int64_t)(uintptr_t)in;
+            c->red.out.off = (int64_t)(uintptr_t)out;
+            c->red.g = *g;
+        }
+    }
+    return real_reduce[op][dt](in, out, g, nt);
+}
+
+_Static_assert(MT_NDTYPES == 13, "plan.c's reduce wrappers cover 13 dtype codes");
+#define MT_PLAN_RW(op, dt)                                                                    \
+    static int cap_reduce_##op##_##dt(const char *in, char *out, const mt_reduce_geom *g, int nt) { \
+        return cap_reduce(op, dt, in, out, g, nt);                                          \
+    }
+#define MT_PLAN_RW_OP(op)                                                                     \
+    MT_PLAN_RW(op, 0) MT_PLAN_RW(op, 1) MT_PLAN_RW(op, 2) MT_PLAN_RW(op, 3) MT_PLAN_RW(op, 4) \
+    MT_PLAN_RW(op, 5) MT_PLAN_RW(op, 6) MT_PLAN_RW(op, 7) MT_PLAN_RW(op, 8) MT_PLAN_RW(op, 9) \
+    MT_PLAN_RW(op, 10) MT_PLAN_RW(op, 11) MT_PLAN_RW(op, 12)
+#define MT_PLAN_RROW(op)                                                                      \
+    {cap_reduce_##op##_0, cap_reduce_##op##_1, cap_reduce_##op##_2, cap_reduce_##op##_3,     \
+     cap_reduce_##op##_4, cap_reduce_##op##_5, cap_reduce_##op##_6, cap_reduce_##op##_7,     \
+     cap_reduce_##op##_8, cap_reduce_##op##_9, cap_reduce_##op##_10, cap_reduce_##op##_11,   \
+     cap_reduce_##op##_12},
+#define MT_PLAN_RW_NAMED(name, rule) MT_PLAN_RW_OP(MT_R_##name)
+MT_REDUCE_OPS(MT_PLAN_RW_NAMED)
+#define MT_PLAN_RROW_NAMED(name, rule) MT_PLAN_RROW(MT_R_##name)
+static mt_reduce_fn const cap_reduce_fns[MT_NREDUCE][MT_NDTYPES] = {MT_REDUCE_OPS(MT_PLAN_RROW_NAMED)};
+
+void mt_plan_set_real_reduce(const mt_reduce_kernels *real, mt_reduce_kernels *w) {
+    *w = *real;
+    if (real->reduce == NULL)
+        return;
+    for (int op = 0; op < MT_NREDUCE; op++)
+        for (int dt = 0; dt < MT_NDTYPES; dt++) {
+            real_reduce[op][dt] = real->reduce[op][dt];
+            wrapped_reduce[op][dt] = real->reduce[op][dt] != NULL ? cap_reduce_fns[op][dt] : NULL;
+        }
+    w->reduce = wrapped_reduce;
+}
+
+/* plan.pyx keeps the wrapped reduce table in a 256-byte buffer */
+_Static_assert(sizeof(mt_reduce_kernels) <= 256, "plan.pyx's _wrapped_reduce is too small");

@@ -26,12 +26,13 @@
 #include "backend.h"
 #include "gemm.h"
 #include "nn.h"
+#include "reduce_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3 };
+enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, MT_STEP_REDUCE = 4 };
 /* the nn table members a plan replays (MT_STEP_NN's ``which``) */
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
        MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_NKERNELS };
@@ -79,10 +80,19 @@ typedef struct {
     double eps;
 } mt_plan_nn;
 
+/* one reduce-table call (sum, mean, max, ... over a geometry in bytes) */
+typedef struct {
+    int nt;
+    mt_reduce_fn kernel;
+    mt_plan_ref in, out;
+    mt_reduce_geom g;
+} mt_plan_reduce;
+
 typedef union {
     mt_plan_ew ew;
     mt_plan_gemm gemm;
     mt_plan_nn nn;
+    mt_plan_reduce red;
 } mt_plan_u;
 
 typedef struct mt_plan_step {
@@ -113,6 +123,7 @@ typedef struct {
     int64_t *offs;                    /* malloc'd copy, 3 * batch; freed by mt_plan_capture_end */
     mt_gemm_batch_kernel gemm_kernel;
     mt_plan_nn nn;                    /* MT_STEP_NN: refs' off holds the raw address, buf -1 */
+    mt_plan_reduce red;               /* MT_STEP_REDUCE: likewise */
 } mt_plan_captured;
 
 /* allocations made through the backend while capturing (workspaces and
@@ -137,6 +148,10 @@ void mt_plan_set_real_kernels(mt_ew_kernel ew, mt_gemm_batch_kernel gemm_batch, 
 void mt_plan_set_real_nn(const struct mt_nn_kernels *real, struct mt_nn_kernels *wrapped);
 void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes));
 mt_storage *mt_plan_capture_alloc(int index, size_t nbytes);
+/* the real reduce table; ``wrapped`` becomes a copy whose reductions
+ * record (scans, softmax and sort stay the real ones: the ops that call
+ * them are not replayed) */
+void mt_plan_set_real_reduce(const struct mt_reduce_kernels *real, struct mt_reduce_kernels *wrapped);
 int mt_plan_capture_elementwise(const mt_ew_call *call);
 int mt_plan_capture_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
                                char *c, const int64_t *a_off, const int64_t *b_off,
