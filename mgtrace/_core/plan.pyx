@@ -113,6 +113,8 @@ cdef extern from "kernels/cpu/plan.h" nogil:
     ctypedef int (*mt_plan_callback)(void *ctx, int index) noexcept nogil
     int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                     mt_plan_callback callback, void *ctx, int64_t *failed)
+    int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                          mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns)
     ctypedef struct mt_plan_captured:
         int kind
         mt_ew_call ew
@@ -164,6 +166,10 @@ STEP_REDUCE = MT_STEP_REDUCE
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
             MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1)}
+NN_NAMES = {MT_NN_CONV2D_NCHWC: "conv2d_nchwc", MT_NN_PW_DW: "conv2d_nchwc_pw_dw",
+            MT_NN_PW_DW_PW: "conv2d_nchwc_pw_dw_pw", MT_NN_MAX_POOL_NCHWC: "max_pool2d_nchwc",
+            MT_NN_TO_NCHWC: "to_nchwc", MT_NN_FROM_NCHWC: "from_nchwc",
+            MT_NN_LAYER_NORM: "layer_norm", MT_NN_ATTENTION: "attention", MT_NN_BIAS_ACT: "bias_act"}
 
 
 # ------------------------------------------------------------------ capture
@@ -300,7 +306,7 @@ cdef class Captured:
             return (f"gemm dtype={self.c.dtype} M={self.c.shape.M} N={self.c.shape.N} "
                     f"K={self.c.shape.K} batch={self.c.batch}")
         if self.c.kind == MT_STEP_NN:
-            return f"nn kernel {self.c.nn.which}"
+            return NN_NAMES.get(self.c.nn.which, f"nn kernel {self.c.nn.which}")
         if self.c.kind == MT_STEP_REDUCE:
             return f"reduce kept={self.c.red.g.nkeep} reduced={self.c.red.g.nred}"
         return f"elementwise kind={self.c.ew.kind} op={self.c.ew.op} dtype={self.c.ew.dtype}"
@@ -409,6 +415,7 @@ cdef class Run:
     cdef int device
     cdef object step_fn
     cdef object error
+    cdef public list step_ns     # per step, its wall time in ns (a timed run), else None
 
     def __dealloc__(self):
         free(self.bases)
@@ -561,17 +568,19 @@ cdef class Executor:
                 k += 1
         return k, self.n - k
 
-    def run(self, tuple inputs, object step_fn):
+    def run(self, tuple inputs, object step_fn, bint timed=False):
         """Replays every step for ``inputs`` (checked by the caller's guard);
         returns the :class:`Run` (its buffers hold the outputs), or None when
         a kernel returned a positive code: conv2d's Winograd met a
         non-finite or huge value, which the graph reruns on a direct kernel,
-        so the caller runs the module for this call."""
+        so the caller runs the module for this call. ``timed``: the Run's
+        ``step_ns`` gets each step's wall time in nanoseconds."""
         cdef Run r = Run.__new__(Run)
         cdef int b, rc = 0
         cdef int64_t failed = -1, n
         cdef Tensor arena = None
         cdef Tensor t
+        cdef int64_t *ns = NULL
         r.nbuf = self.nbuf
         r.device = self.device
         r.step_fn = step_fn
@@ -603,9 +612,19 @@ cdef class Executor:
                     t = empty(1, &n, 2, self.device)
                     r.owners[b] = t
                     r.bases[b] = t._st.ptr
-            with nogil:
-                rc = mt_plan_run(self.steps, self.n, r.bases, _callback, <void *>r, &failed)
+            if timed:
+                ns = <int64_t *>calloc(max(self.n, 1), sizeof(int64_t))
+                if ns == NULL:
+                    raise MemoryError()
+                with nogil:
+                    rc = mt_plan_run_timed(self.steps, self.n, r.bases, _callback, <void *>r,
+                                           &failed, ns)
+                r.step_ns = [ns[b] for b in range(self.n)]
+            else:
+                with nogil:
+                    rc = mt_plan_run(self.steps, self.n, r.bases, _callback, <void *>r, &failed)
         finally:
+            free(ns)
             if arena is not None:
                 self.arenas.append(arena)
         if rc != 0:

@@ -84,7 +84,7 @@ class Lowering:
         self.by_uid = {}            # storage uid -> buffer index
         self.origin = {}            # buffer index -> address its offsets count from
         self.start_uid = start_uid
-        self.steps = []             # ("kernel", Captured, refs) or ("py", PyStep)
+        self.steps = []             # ("kernel", Captured, refs, where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
         for i, t in enumerate(inputs):
@@ -285,7 +285,7 @@ class Lowering:
                     self._restore(snap)
                     return False
                 refs.append(ref)
-            steps.append(("kernel", c, refs))
+            steps.append(("kernel", c, refs, rec.where))
         for b in self.new:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
@@ -314,7 +314,7 @@ class Lowering:
                     raise PlanError(f"{rec.where} write into a parameter, buffer or input; a "
                                     "plan replays a computation without state")
                 refs.append(ref)
-            steps.append(("kernel", c, refs))
+            steps.append(("kernel", c, refs, rec.where))
         self.steps.extend(steps)
 
     def _known_ref(self, p, ext, ranges, read_only):

@@ -336,3 +336,37 @@ def test_plan_is_what_compile_returns_and_outputs_are_fresh():
     a_np = a.numpy().copy()
     plan(rand(2, 4, seed=9))
     assert same_bits(a.numpy(), a_np) and same_bits(a.numpy(), b.numpy())
+
+
+class MlpThenEmbedding(M.Module):
+    """Kernel steps (gemm, add, gelu), a reduction, and a Python step (the
+    embedding lookup: its offsets come from the ids' values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = M.Linear(8, 4)
+        self.emb = M.Embedding(10, 4)
+
+    def forward(self, x, ids):
+        return F.gelu(self.fc(x)).mean(0) + self.emb(ids)
+
+
+def test_profile_times_each_step_in_order_and_names_where_it_came_from():
+    x, ids = rand(3, 8), mt.tensor(np.array([1, 7], np.int32))
+    net = MlpThenEmbedding().eval()
+    plan = mt.compile(net, x, ids)
+    stats = plan.stats()
+    steps = plan.profile(x, ids, repeats=3)
+    assert len(steps) == stats["kernel_steps"] + stats["python_steps"]
+    assert [k for k, _, _ in steps].count("python") == stats["python_steps"] == 1
+    assert all(t >= 0 for _, _, t in steps) and sum(t for _, _, t in steps) > 0
+    whats = [w for _, w, _ in steps]
+    assert whats[0].startswith("fc: ") and "gemm" in whats[0] and "M=3 N=4 K=8" in whats[0]
+    assert any(w.startswith("<top>: mean") and "reduce" in w for w in whats)
+    assert any(k == "python" and "embedding" in w for k, w, _ in steps)
+    # profiling runs the plan: its outputs are the module's still
+    assert same_bits(plan(x, ids).numpy(), net(x, ids).numpy())
+    with pytest.raises(KeyError):
+        plan.profile(rand(5, 8), ids)
+    with pytest.raises(ValueError, match="repeats"):
+        plan.profile(x, ids, repeats=0)

@@ -1,6 +1,7 @@
 /* The plan executor and the kernel-call capture (plan.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "plan.h"
 
 static mt_ew_kernel mt_plan_real_elementwise = NULL;
@@ -99,21 +100,45 @@ static int run_gemm(const mt_plan_step *s, char *const *bases) {
                             b, s->u.gemm.nt);
 }
 
+static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_callback callback,
+                           void *ctx) {
+    switch (s->kind) {
+    case MT_STEP_EW: return run_ew(s, bases);
+    case MT_STEP_GEMM: return run_gemm(s, bases);
+    case MT_STEP_NN: return run_nn(s, bases);
+    case MT_STEP_REDUCE:
+        return s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
+                               s->u.red.nt);
+    default: return callback(ctx, s->index) ? -1000 : 0;
+    }
+}
+
 int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                 mt_plan_callback callback, void *ctx, int64_t *failed) {
     for (int64_t i = 0; i < n; i++) {
-        const mt_plan_step *s = &steps[i];
-        int rc;
-        switch (s->kind) {
-        case MT_STEP_EW: rc = run_ew(s, bases); break;
-        case MT_STEP_GEMM: rc = run_gemm(s, bases); break;
-        case MT_STEP_NN: rc = run_nn(s, bases); break;
-        case MT_STEP_REDUCE:
-            rc = s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
-                                 s->u.red.nt);
-            break;
-        default: rc = callback(ctx, s->index) ? -1000 : 0; break;
+        int rc = run_step(&steps[i], bases, callback, ctx);
+        if (rc != 0) {
+            *failed = i;
+            return rc;
         }
+    }
+    return 0;
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                      mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns) {
+    int64_t t0 = now_ns();
+    for (int64_t i = 0; i < n; i++) {
+        int rc = run_step(&steps[i], bases, callback, ctx);
+        int64_t t1 = now_ns();
+        ns[i] = t1 - t0;
+        t0 = t1;
         if (rc != 0) {
             *failed = i;
             return rc;

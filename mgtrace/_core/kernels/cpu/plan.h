@@ -108,6 +108,9 @@ typedef int (*mt_plan_callback)(void *ctx, int index);
  * then the step's number). Callback failures return -1000. */
 int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                 mt_plan_callback callback, void *ctx, int64_t *failed);
+/* mt_plan_run that also writes each step's wall time (ns) into ns[0, n) */
+int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                      mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns);
 
 /* ---- capture (the calling thread only) ---- */
 typedef struct {
