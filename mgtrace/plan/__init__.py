@@ -15,8 +15,8 @@ example inputs while every core op, functional call and module call is
 recorded with the kernel calls the backend received for it
 (:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
 whose kernel calls it can account for (elementwise, GEMM, reductions and
-the nn members the recorder wraps: NCHW16c convolutions and fused blocks,
-max pooling, layer norm, attention) into kernel steps that C replays with
+the nn members the recorder wraps: NCHW and NCHW16c convolutions and fused
+blocks, pooling, resize, layer norm, attention) into kernel steps that C replays with
 no Python in between; views cost nothing; everything else runs as a Python
 step that calls the same function on views of the plan's memory, so
 outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed

@@ -40,6 +40,10 @@ KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicat
 # (and elementwise copies, packing into conv2d's weight cache)
 KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
                         "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention",
+                        # NCHW convolution (direct, im2col, Winograd with cached packed
+                        # weights), pooling and resize: one nn-table call each
+                        "conv2d", "conv2d_act", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+                        "adaptive_max_pool2d", "interpolate",
                         # reductions: one reduce-table call (a fill when nothing is reduced)
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})
@@ -223,6 +227,10 @@ class Lowering:
         new = set(self.new)
         if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
             return                  # a view: its slot is all a later step needs
+        if not new and rec.kind == "function" and not rec.children and rec.captured == [] \
+                and not rec.allocs:
+            return                  # no kernel, no core op, no memory (eval-mode dropout): it
+            #                         returned tensors the plan already has
         # per new buffer: the output leaf that lies in it, and where
         bind, seen = [], set()
         for i, s in enumerate(out_slots):

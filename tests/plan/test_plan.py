@@ -103,6 +103,7 @@ def test_reference_cnns_traced_and_optimized_match_bitwise(name):
     for g in (tm, optimize(tm), fast):
         plan = mt.compile(g, x)
         assert plan.stats()["kernel_steps"] > 0
+        assert plan.stats()["python_steps"] == 0     # NCHW convs and pools too; eval dropout is nothing
         for seed in (1, 2):
             x2 = rand(2, 3, 40, 40, seed=seed)
             assert same_bits(plan(x2).numpy(), g(x2).numpy())
@@ -145,6 +146,53 @@ def test_reductions_are_kernel_steps_and_give_the_graphs_bits_and_numpy_values()
                 np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
             else:
                 np.testing.assert_array_equal(g, r)
+
+
+class ConvsPoolsResize(M.Module):
+    """NCHW conv2d (grouped, dilated, strided, 3x3 stride 1 that may go
+    Winograd with packed weights), every pooling and both resize modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = M.Conv2d(4, 32, 3, padding=1)
+        self.c2 = M.Conv2d(32, 32, 3, padding=2, dilation=2, groups=4)
+        self.c3 = M.Conv2d(32, 16, 3, stride=2, padding=1, bias=False)
+
+    def forward(self, x):
+        h = F.relu(self.c2(F.relu(self.c1(x))))
+        h = self.c3(h)
+        a = F.max_pool2d(h, 3, stride=2, padding=1)
+        b = F.avg_pool2d(h, 2)
+        c = F.adaptive_avg_pool2d(h, (3, 2))
+        d = F.adaptive_max_pool2d(h, 1)
+        e = F.interpolate(b, scale_factor=2, mode="nearest")
+        f = F.interpolate(h, size=(5, 7), mode="bilinear", align_corners=False)
+        return a, b, c, d, e, f, F.adaptive_avg_pool2d(h, 1)
+
+
+def test_nchw_convs_pools_and_resize_are_kernel_steps_with_the_graphs_bits():
+    x = rand(2, 4, 12, 12)
+    tm = mt.trace_module(ConvsPoolsResize().eval(), x)
+    plan = mt.compile(tm, x)
+    assert plan.stats()["python_steps"] == 0
+    kernels = " ".join(w for _, w, _ in plan.profile(x))
+    for name in ("max_pool2d", "avg_pool2d", "adaptive_pool2d", "resize2d"):
+        assert name in kernels
+    assert "conv2d" in kernels
+    for seed in (1, 2):
+        x2 = rand(2, 4, 12, 12, seed=seed)
+        got, want = plan(x2), tm(x2)
+        for a, b in zip(got, want):
+            assert same_bits(a.numpy(), b.numpy())
+    # values against NumPy: a 1x1 adaptive average is the spatial mean;
+    # nearest 2x upsampling repeats each pixel; a 2x2 average pool
+    h = got[1].numpy()
+    np.testing.assert_array_equal(got[4].numpy(), h.repeat(2, axis=2).repeat(2, axis=3))
+    b = got[-1].numpy()
+    hh = tm.c3(F.relu(tm.c2(F.relu(tm.c1(x2))))).numpy()
+    np.testing.assert_allclose(b[..., 0, 0], hh.mean((2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h, hh.reshape(2, 16, 3, 2, 3, 2).mean((3, 5)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[3].numpy()[..., 0, 0], hh.max((2, 3)))
 
 
 def test_nan_and_inf_inputs_give_the_graphs_bits():

@@ -82,6 +82,37 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
         int (*f)(int, void *, int64_t, int64_t, const void *, int, int) = k->kernel;
         return f((int)k->i[0], p[0], k->i[1], k->i[2], p[1], (int)k->i[3], k->nt);
     }
+    case MT_NN_CONV2D: {
+        /* x, weight, bias, y, workspace, residual */
+        if (g[0].has_res) g[0].res_delta = (char *)p[5] - (char *)p[3];
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 int, void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], k->nt, p[4]);
+    }
+    case MT_NN_CONV2D_PACKED: {
+        /* x, packed, bias, y, workspace, residual */
+        if (g[0].has_res) g[0].res_delta = (char *)p[5] - (char *)p[3];
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 int, int, void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], (int)k->i[2], k->nt, p[4]);
+    }
+    case MT_NN_MAX_POOL2D:
+    case MT_NN_AVG_POOL2D: {
+        int (*f)(int, const void *, void *, const mt_pool2d_geom *, int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], &k->pool, k->nt);
+    }
+    case MT_NN_ADAPTIVE_POOL2D: {
+        int (*f)(int, int, const void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, int) =
+            k->kernel;
+        return f((int)k->i[0], (int)k->i[1], p[0], p[1], k->i[2], k->i[3], k->i[4], k->i[5], k->i[6],
+                 k->nt);
+    }
+    case MT_NN_RESIZE2D: {
+        int (*f)(int, int, const void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                 double, int, int) = k->kernel;
+        return f((int)k->i[0], (int)k->i[1], p[0], p[1], k->i[2], k->i[3], k->i[4], k->i[5], k->i[6],
+                 k->f[0], k->f[1], (int)k->i[7], k->nt);
+    }
     case MT_NN_ATTENTION: {
         /* q, k, v, mask, out, workspace */
         int (*f)(const float *, const float *, const float *, const float *, float *,
@@ -402,33 +433,67 @@ static int cap_attention(const float *q, const float *kk, const float *v, const 
     return real_nn->attention_f32(q, kk, v, mask, out, g, nt, ws);
 }
 
-/* poisoning wrappers for the members a plan does not replay: an op that
- * calls one stays a Python step */
+/* NCHW convolution, pooling and resize; conv2d's workspace size passes
+ * through. The members a plan does not replay (conv_transpose2d,
+ * pad_index) poison the capture: an op that calls one stays a Python step */
 static int64_t cap_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt) {
     return real_nn->conv2d_workspace(dtype, g, algo, nt);
 }
+/* a call that failed or asked for another kernel (conv2d's Winograd meeting a
+ * non-finite input reruns on a direct kernel outside the table): not replayed */
+static int checked(int rc) {
+    if (rc != 0 && cap_on) poison();
+    return rc;
+}
 static int cap_conv2d(int dtype, const void *x, const void *w, const void *b, void *y,
                       const mt_conv2d_geom *g, int algo, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv2d(dtype, x, w, b, y, g, algo, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV2D, (void *)real_nn->conv2d, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y); put(k, 4, ws);
+        if (g->has_res) put(k, 5, (const char *)y + g->res_delta);
+        k->g[0] = *g;
+        k->i[0] = dtype; k->i[1] = algo;
+    }
+    return checked(real_nn->conv2d(dtype, x, w, b, y, g, algo, nt, ws));
 }
 static int cap_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
-    if (cap_on) poison();
-    return real_nn->max_pool2d(dtype, x, y, g, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_MAX_POOL2D, (void *)real_nn->max_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->pool = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->max_pool2d(dtype, x, y, g, nt));
 }
 static int cap_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
-    if (cap_on) poison();
-    return real_nn->avg_pool2d(dtype, x, y, g, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_AVG_POOL2D, (void *)real_nn->avg_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->pool = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->avg_pool2d(dtype, x, y, g, nt));
 }
 static int cap_adaptive(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
                         int64_t oh, int64_t ow, int nt) {
-    if (cap_on) poison();
-    return real_nn->adaptive_pool2d(dtype, op, x, y, planes, h, w, oh, ow, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_ADAPTIVE_POOL2D, (void *)real_nn->adaptive_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = dtype; k->i[1] = op; k->i[2] = planes; k->i[3] = h; k->i[4] = w; k->i[5] = oh;
+        k->i[6] = ow;
+    }
+    return checked(real_nn->adaptive_pool2d(dtype, op, x, y, planes, h, w, oh, ow, nt));
 }
 static int cap_resize(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
                       int64_t oh, int64_t ow, double sh, double sw, int ac, int nt) {
-    if (cap_on) poison();
-    return real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_RESIZE2D, (void *)real_nn->resize2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = dtype; k->i[1] = mode; k->i[2] = planes; k->i[3] = h; k->i[4] = w; k->i[5] = oh;
+        k->i[6] = ow; k->i[7] = ac;
+        k->f[0] = sh; k->f[1] = sw;
+    }
+    return checked(real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt));
 }
 static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt) {
     mt_plan_nn *k = nn_slot(MT_NN_BIAS_ACT, (void *)real_nn->bias_act, 2, nt);
@@ -450,8 +515,14 @@ static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape,
 }
 static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
                              const mt_conv2d_geom *g, int algo, int layout, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV2D_PACKED, (void *)real_nn->conv2d_packed, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, packed); put(k, 2, bias); put(k, 3, y); put(k, 4, ws);
+        if (g->has_res) put(k, 5, (const char *)y + g->res_delta);
+        k->g[0] = *g;
+        k->i[0] = dtype; k->i[1] = algo; k->i[2] = layout;
+    }
+    return checked(real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws));
 }
 
 /* plan.pyx keeps the wrapped copy in a 4096-byte buffer */
