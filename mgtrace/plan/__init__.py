@@ -30,6 +30,7 @@ runs the module itself.
 A plan holds the module's tensors as they were compiled: change the module
 (load weights into new tensors, edit the graph), and compile it again.
 """
+import gc
 import threading
 
 from mgtrace._core import plan as _cplan
@@ -169,6 +170,9 @@ class Plan:
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
         prog = _Program(self.module, inputs)
+        # the recording held every intermediate of one forward, in reference
+        # cycles (records and their tensors): give that memory back now
+        gc.collect()
         with self._lock:
             self._programs[sig] = prog
         return prog
