@@ -48,7 +48,10 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})
 # functional calls made of one kernel call and no core op
-KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")})
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")} |
+                             # a new tensor and one fill
+                             {("mgtrace.functional.tensor", f) for f in
+                              ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like")})
 
 
 class Buffer:
