@@ -34,7 +34,7 @@ import gc
 import threading
 
 from mgtrace._core import plan as _cplan
-from mgtrace._core.tensor import Tensor
+from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place)
@@ -171,8 +171,11 @@ class Plan:
                                     "on that device")
         prog = _Program(self.module, inputs)
         # the recording held every intermediate of one forward, in reference
-        # cycles (records and their tensors): give that memory back now
+        # cycles (records and their tensors): give that memory back now, to
+        # the OS too (the host allocator would keep the freed blocks for
+        # reuse; the plan's intermediates live in its one arena)
         gc.collect()
+        empty_host_cache()
         with self._lock:
             self._programs[sig] = prog
         return prog
