@@ -47,10 +47,13 @@ falls on every library rather than on whichever ran then (one round per
 column moved a ratio by 20-30% between runs here). The machine's load
 average is printed with the table: on a shared machine the numbers are only
 comparable within one run. ``--rss`` adds each column's peak resident
-memory (the child's ru_maxrss after its calls, MB: building the model
-included, and for ONNX Runtime without torch, which only the exporting
-process loads) and how much of it the forward calls added over the RSS
-before the first call (``+MB``). ``--kinds`` picks columns. Not a test: nothing is asserted here.
+memory, MB, as ``peak/forward``: the child's ru_maxrss after its calls
+(building the model included: for mgtrace's plan, compile's recording of
+one forward; for ONNX Runtime, session creation without torch, which only
+the exporting process loads), then the forward's own peak (VmHWM reset
+after building, read after the calls: the peak RSS of serving), or
+``peak+growth`` where VmHWM cannot be reset (the growth over the RSS
+before the first call). ``--kinds`` picks columns. Not a test: nothing is asserted here.
 """
 import argparse
 import json
@@ -254,6 +257,8 @@ def child(kind, model, batch, shape, threads, warmup, repeats):
         fn = _build_torch(kind, model, inputs, threads, batch, shape)
     import resource
     rss_before = _rss_mb()
+    build_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    hwm_reset = _reset_peak()       # (ru_maxrss is reset with it)
     for _ in range(warmup):
         fn()
     times = []
@@ -261,11 +266,36 @@ def child(kind, model, batch, shape, threads, warmup, repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = max(build_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     times.sort()
     print(json.dumps({"ms": statistics.median(times) * 1e3, "best_ms": times[0] * 1e3,
                       "p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))] * 1e3,
-                      "peak_mb": peak, "forward_mb": max(0.0, peak - rss_before)}))
+                      "peak_mb": peak, "forward_mb": max(0.0, peak - rss_before),
+                      "forward_peak_mb": _hwm_mb() if hwm_reset else None}))
+
+
+def _reset_peak():
+    """Resets this process's peak RSS (VmHWM) to its RSS now (Linux:
+    ``clear_refs`` 5), so that VmHWM after the calls is the forward's own
+    peak, building the model excluded; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _hwm_mb() is not None
+    except OSError:
+        return False
+
+
+def _hwm_mb():
+    """VmHWM (the peak RSS since the last reset), MB, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _rss_mb():
@@ -340,7 +370,9 @@ def _cell(r, rss=False):
         return f"{'n/a':>{width}s}"
     text = f"{r['best_ms']:.1f}/{r['ms']:.1f}/{r['p90_ms']:.1f}"
     if rss:
-        text += f" {r['peak_mb']:.0f}+{r['forward_mb']:.0f}MB"
+        fwd = r.get("forward_peak_mb")
+        text += f" {r['peak_mb']:.0f}/{fwd:.0f}MB" if fwd is not None else \
+            f" {r['peak_mb']:.0f}+{r['forward_mb']:.0f}MB"
     return f"{text:>{width}s}"
 
 
