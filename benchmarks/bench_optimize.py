@@ -4,6 +4,9 @@ PyTorch eager and ONNX Runtime, plus a row under contention.
     python benchmarks/bench_optimize.py                 # short: a few repeats
     python benchmarks/bench_optimize.py --full          # more repeats
     python benchmarks/bench_optimize.py --peer-python /path/to/venv/bin/python
+    # the speed proof (plan beside ONNX Runtime and PyTorch, RSS, contention):
+    python benchmarks/bench_optimize.py --kinds plan,onnxruntime,torch --rss \
+        --peer-python /path/to/venv/bin/python
 
 Rows: ResNet-18 224x224 at batch 1 and 8, MobileNetV2 224x224 at batch 1,
 the MiniLM-L6 encoder (6 layers, hidden 384, 12 heads) at 8 x 128 tokens,
@@ -13,7 +16,8 @@ thread count:
 
 - mgtrace eager: the mgtrace.models module called directly;
 - mgtrace traced: ``trace_module`` of it;
-- mgtrace optimized: ``optimize(traced, "all", flatten=True)`` (BatchNorms
+- mgtrace optimized: ``optimize(traced, "all", flatten=True)``, saved as a
+  .tmod by a process of its own and loaded by the timed child (BatchNorms
   folded into the convs, conv/linear + activation fused, Dropout dropped;
   flattened so that MobileNetV2's shortcut adds, one module above their
   conv, fuse into it too);
@@ -22,8 +26,10 @@ thread count:
 - PyTorch eager: the same architecture in torch.nn (ResNet-18 and
   MobileNetV2 from tests/models/torch_reference.py; MiniLM as an
   equivalent BERT encoder written here), under ``torch.inference_mode``;
-- ONNX Runtime: that torch module exported with ``torch.onnx.export`` and
-  run by an InferenceSession (all graph optimizations, intra-op threads =
+- ONNX Runtime: that torch module exported with ``torch.onnx.export`` (once
+  per row, by a process of its own: the timed child imports onnxruntime
+  and not torch, as mgtrace's optimized and plan children load their
+  .tmod) and run by an InferenceSession (all graph optimizations, intra-op threads =
   the thread count, one inter-op thread).
 
 PyTorch and ONNX Runtime run in ``--peer-python`` (default: this
@@ -41,10 +47,13 @@ falls on every library rather than on whichever ran then (one round per
 column moved a ratio by 20-30% between runs here). The machine's load
 average is printed with the table: on a shared machine the numbers are only
 comparable within one run. ``--rss`` adds each column's peak resident
-memory (the child's ru_maxrss after its calls, MB) and how much of it the
-forward calls added over the RSS before the first call (``+MB``; torch is
-loaded in the ONNX Runtime child for the export, so compare the ``+``
-figures). Not a test: nothing is asserted here.
+memory, MB, as ``peak/forward``: the child's ru_maxrss after its calls
+(building the model included: for mgtrace's plan, compile's recording of
+one forward; for ONNX Runtime, session creation without torch, which only
+the exporting process loads), then the forward's own peak (VmHWM reset
+after building, read after the calls: the peak RSS of serving), or
+``peak+growth`` where VmHWM cannot be reset (the growth over the RSS
+before the first call). ``--kinds`` picks columns. Not a test: nothing is asserted here.
 """
 import argparse
 import json
@@ -88,20 +97,47 @@ def _inputs(model, batch, shape):
 
 # ------------------------------------------------------------------ builders
 
-def _build_mgtrace(kind, model, inputs, threads):
+def save_optimized(model, batch, shape, path):
+    """Writes the optimized module (see the docstring) to ``path`` as a
+    .tmod, in a process of its own: the timed child loads it, as a
+    deployment would (and as the ONNX Runtime child loads its .onnx)."""
     import mgtrace as mt
     import mgtrace.models as models
     from mgtrace.traced_module import optimize
+    net = models.MiniLM().eval() if model == "minilm" else getattr(models, model)().eval()
+    xs = [mt.tensor(a) for a in _inputs(model, batch, shape)]
+    mt.save(optimize(mt.trace_module(net, *xs), "all", flatten=True), path)
+
+
+def _made_once(what, model, batch, shape, suffix):
+    """The row's file that ``--{what}`` writes, made once per run of the
+    benchmark (in BENCH_OPTIMIZE_DIR) by a process of its own."""
+    folder = os.environ.get("BENCH_OPTIMIZE_DIR") or tempfile.mkdtemp(prefix="bench_optimize_")
+    path = os.path.join(folder, f"{model}_b{batch}_{'x'.join(map(str, shape))}.{suffix}")
+    if not os.path.exists(path):
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--{what}", model, str(batch),
+                               ",".join(map(str, shape)), path], capture_output=True, text=True,
+                              cwd=_checkout.CHILD_CWD)
+        if proc.returncode != 0:
+            lines = (proc.stderr or f"{what} failed").strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"{what} failed")
+    return path
+
+
+def _build_mgtrace(kind, model, inputs, threads, batch, shape):
+    import mgtrace as mt
+    import mgtrace.models as models
     if threads:
         mt.set_num_threads(threads)
-    net = models.MiniLM().eval() if model == "minilm" else getattr(models, model)().eval()
     xs = [mt.tensor(a) for a in inputs]
-    if kind != "eager":
-        net = mt.trace_module(net, *xs)
-        if kind in ("optimized", "plan"):
-            net = optimize(net, "all", flatten=True)
+    if kind in ("optimized", "plan"):
+        net = mt.load(_made_once("save-optimized", model, batch, shape, "tmod"))
         if kind == "plan":
             net = mt.compile(net, *xs)
+        return lambda: net(*xs)
+    net = models.MiniLM().eval() if model == "minilm" else getattr(models, model)().eval()
+    if kind == "traced":
+        net = mt.trace_module(net, *xs)
     return lambda: net(*xs)
 
 
@@ -162,22 +198,19 @@ def _torch_net(torch, model):
     return torch_reference.TORCH_MODELS[model](torch.nn)
 
 
-def _build_torch(kind, model, inputs, threads):
+def _onnx_names(model):
+    return ["input_ids", "attention_mask"] if model == "minilm" else ["x"]
+
+
+def export_onnx(model, batch, shape, path):
+    """Writes the torch model exported to ONNX at ``path`` (run in its own
+    process, so that the ONNX Runtime child never imports torch and its
+    peak RSS is ONNX Runtime's own)."""
     import torch
-    if threads:
-        torch.set_num_threads(threads)
-        torch.set_num_interop_threads(1)
     torch.manual_seed(0)
     net = _torch_net(torch, model).eval()
-    xs = [torch.from_numpy(a) for a in inputs]
-    if kind == "torch":
-        def run():
-            with torch.inference_mode():
-                return net(*xs)
-        return run
-    import onnxruntime as ort
-    path = os.path.join(tempfile.mkdtemp(prefix="bench_optimize_"), f"{model}.onnx")
-    names = ["input_ids", "attention_mask"] if model == "minilm" else ["x"]
+    xs = [torch.from_numpy(a) for a in _inputs(model, batch, shape)]
+    names = _onnx_names(model)
     kw = dict(input_names=names, output_names=["y"], opset_version=17)
     import inspect
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
@@ -185,14 +218,32 @@ def _build_torch(kind, model, inputs, threads):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(net, tuple(xs), path, **kw)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def _build_torch(kind, model, inputs, threads, batch=None, shape=None):
+    if kind == "onnxruntime":
+        import onnxruntime as ort
+        path = _made_once("export", model, batch, shape, "onnx")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        feed = dict(zip(_onnx_names(model), inputs))
+        return lambda: sess.run(None, feed)
+    import torch
     if threads:
-        opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    feed = dict(zip(names, inputs))
-    return lambda: sess.run(None, feed)
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+    torch.manual_seed(0)
+    net = _torch_net(torch, model).eval()
+    xs = [torch.from_numpy(a) for a in inputs]
+
+    def run():
+        with torch.inference_mode():
+            return net(*xs)
+    return run
 
 
 # ------------------------------------------------------------------ children
@@ -200,10 +251,14 @@ def _build_torch(kind, model, inputs, threads):
 def child(kind, model, batch, shape, threads, warmup, repeats):
     """Runs in the subprocess: build, warm up, time; prints one JSON line."""
     inputs = _inputs(model, batch, shape)
-    build = _build_mgtrace if kind in MGTRACE_KINDS else _build_torch
-    fn = build(kind, model, inputs, threads)
+    if kind in MGTRACE_KINDS:
+        fn = _build_mgtrace(kind, model, inputs, threads, batch, shape)
+    else:
+        fn = _build_torch(kind, model, inputs, threads, batch, shape)
     import resource
     rss_before = _rss_mb()
+    build_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    hwm_reset = _reset_peak()       # (ru_maxrss is reset with it)
     for _ in range(warmup):
         fn()
     times = []
@@ -211,11 +266,36 @@ def child(kind, model, batch, shape, threads, warmup, repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = max(build_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     times.sort()
     print(json.dumps({"ms": statistics.median(times) * 1e3, "best_ms": times[0] * 1e3,
                       "p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))] * 1e3,
-                      "peak_mb": peak, "forward_mb": max(0.0, peak - rss_before)}))
+                      "peak_mb": peak, "forward_mb": max(0.0, peak - rss_before),
+                      "forward_peak_mb": _hwm_mb() if hwm_reset else None}))
+
+
+def _reset_peak():
+    """Resets this process's peak RSS (VmHWM) to its RSS now (Linux:
+    ``clear_refs`` 5), so that VmHWM after the calls is the forward's own
+    peak, building the model excluded; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _hwm_mb() is not None
+    except OSError:
+        return False
+
+
+def _hwm_mb():
+    """VmHWM (the peak RSS since the last reset), MB, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _rss_mb():
@@ -290,7 +370,9 @@ def _cell(r, rss=False):
         return f"{'n/a':>{width}s}"
     text = f"{r['best_ms']:.1f}/{r['ms']:.1f}/{r['p90_ms']:.1f}"
     if rss:
-        text += f" {r['peak_mb']:.0f}+{r['forward_mb']:.0f}MB"
+        fwd = r.get("forward_peak_mb")
+        text += f" {r['peak_mb']:.0f}/{fwd:.0f}MB" if fwd is not None else \
+            f" {r['peak_mb']:.0f}+{r['forward_mb']:.0f}MB"
     return f"{text:>{width}s}"
 
 
@@ -307,11 +389,23 @@ def main():
     ap.add_argument("--only", default="",
                     help="comma-separated rows to run, by model (resnet18, mobilenet_v2, minilm) or label "
                          "(\"ResNet-18 b8\"); default all")
+    ap.add_argument("--kinds", default="",
+                    help="comma-separated columns to run (eager, traced, optimized, plan, torch, "
+                         "onnxruntime); default all. The speed proof needs plan,onnxruntime,torch")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "BATCH", "SHAPE"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--export", nargs=4, metavar=("MODEL", "BATCH", "SHAPE", "PATH"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--save-optimized", nargs=4, metavar=("MODEL", "BATCH", "SHAPE", "PATH"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for made, fn in ((args.export, export_onnx), (args.save_optimized, save_optimized)):
+        if made:
+            model, batch, shape, path = made
+            fn(model, int(batch), [int(s) for s in shape.split(",")], path)
+            return
     if args.child:
         kind, model, batch, shape = args.child
         child(kind, model, int(batch), [int(s) for s in shape.split(",")], args.threads,
@@ -341,6 +435,15 @@ def main():
     print(f"# mgtrace's BLAS: {linalg.blas_config()}; OPENBLAS_CORETYPE="
           f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     kinds = list(MGTRACE_KINDS) + [k for k in PEER_KINDS if not missing[k]]
+    chosen = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = [k for k in chosen if k not in MGTRACE_KINDS + PEER_KINDS]
+    if unknown:
+        ap.error(f"--kinds: unknown column(s) {', '.join(unknown)}; columns: "
+                 + ", ".join(MGTRACE_KINDS + PEER_KINDS))
+    if chosen:
+        kinds = [k for k in kinds if k in chosen]
+    # each row's .onnx and optimized .tmod are made once, each by a process of its own
+    os.environ.setdefault("BENCH_OPTIMIZE_DIR", tempfile.mkdtemp(prefix="bench_optimize_"))
     labels = {"eager": "mt eager", "traced": "mt traced", "optimized": "mt optim", "plan": "mt plan",
               "torch": "torch", "onnxruntime": "onnxrt"}
     width = CELL + (14 if args.rss else 0)
@@ -353,7 +456,7 @@ def main():
                                                     model, batch, shape, args.threads, warmup, repeats),
                           rounds)
         line = f"{label:16s} |" + "".join(_cell(res[k], args.rss) for k in kinds)
-        o, p, x = res["optimized"], res["plan"], res.get("onnxruntime")
+        o, p, x = res.get("optimized"), res.get("plan"), res.get("onnxruntime")
         ratio = lambda a, b, key: f"{a[key] / b[key]:.2f}" if a and b and "error" not in a \
             and "error" not in b else "-"                              # noqa: E731
         line += f" | {ratio(o, x, 'best_ms'):>9s} {ratio(p, x, 'ms'):>12s} {ratio(p, x, 'p90_ms'):>5s}"
@@ -364,7 +467,7 @@ def main():
     if not args.no_contention and CASES[0] in cases:       # (the contention row is ResNet-18 b1's)
         with Busy(2):
             label, model, batch, shape = CASES[0]
-            cont = interleaved(("eager", "optimized", "plan") + (("torch",) if not missing["torch"] else ()),
+            cont = interleaved([k for k in ("eager", "optimized", "plan", "torch") if k in kinds],
                                lambda k: run_child(sys.executable if k in MGTRACE_KINDS else peer, k,
                                                    model, batch, shape, args.threads, warmup, repeats),
                                rounds)

@@ -47,10 +47,26 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*layer_norm)(int dtype, const void *x, const void *w, const void *b, void *y,
                           int64_t rows, int64_t cols, double eps, int nt) noexcept nogil
 
+cdef extern from "kernels/contract/reduce_kernels.h" nogil:
+    ctypedef struct mt_reduce_geom:
+        int nkeep
+        int64_t kshape[16]
+        int64_t kin[16]
+        int64_t kout[16]
+        int nred
+        int64_t rshape[16]
+        int64_t rin[16]
+    ctypedef int (*mt_reduce_fn)(const char *inp, char *out, const mt_reduce_geom *g,
+                                 int nt) noexcept nogil
+    ctypedef struct mt_reduce_kernels:
+        pass
+
 cdef extern from "kernels/cpu/plan.h" nogil:
-    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
+    enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
+    enum: MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D
     enum: MT_PLAN_NN_PTRS
     ctypedef int (*mt_ew_kernel)(const mt_ew_call *call) noexcept nogil
     ctypedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a,
@@ -79,12 +95,20 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         mt_conv2d_geom g[3]
         mt_pool2d_geom pool
         mt_attn_geom attn
-        int64_t i[4]
+        int64_t i[8]
         double eps
+        double f[2]
+    ctypedef struct mt_plan_reduce:
+        int nt
+        mt_reduce_fn kernel
+        mt_plan_ref inp "in"
+        mt_plan_ref out
+        mt_reduce_geom g
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
         mt_plan_nn nn
+        mt_plan_reduce red
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -92,6 +116,8 @@ cdef extern from "kernels/cpu/plan.h" nogil:
     ctypedef int (*mt_plan_callback)(void *ctx, int index) noexcept nogil
     int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                     mt_plan_callback callback, void *ctx, int64_t *failed)
+    int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                          mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns)
     ctypedef struct mt_plan_captured:
         int kind
         mt_ew_call ew
@@ -106,9 +132,11 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         int64_t *offs
         mt_gemm_batch_kernel gemm_kernel
         mt_plan_nn nn
+        mt_plan_reduce red
     int mt_plan_capture_allocs()
     void mt_plan_capture_alloc_get(int i, uintptr_t *ptr, int64_t *nbytes)
     void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *wrapped)
+    void mt_plan_set_real_reduce(const mt_reduce_kernels *real, mt_reduce_kernels *wrapped)
     void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes) noexcept nogil)
     mt_storage *mt_plan_capture_alloc(int index, size_t nbytes)
     void mt_plan_capture_begin()
@@ -136,10 +164,20 @@ cdef enum:
     BUF_DYNAMIC = 4   # the storage a Python step returned, bound during the run
 
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+STEP_REDUCE = MT_STEP_REDUCE
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
-            MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1)}
+            MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1),
+            MT_NN_CONV2D: (3, 4), MT_NN_CONV2D_PACKED: (3, 4), MT_NN_MAX_POOL2D: (1, -1),
+            MT_NN_AVG_POOL2D: (1, -1), MT_NN_ADAPTIVE_POOL2D: (1, -1), MT_NN_RESIZE2D: (1, -1)}
+NN_NAMES = {MT_NN_CONV2D_NCHWC: "conv2d_nchwc", MT_NN_PW_DW: "conv2d_nchwc_pw_dw",
+            MT_NN_PW_DW_PW: "conv2d_nchwc_pw_dw_pw", MT_NN_MAX_POOL_NCHWC: "max_pool2d_nchwc",
+            MT_NN_TO_NCHWC: "to_nchwc", MT_NN_FROM_NCHWC: "from_nchwc",
+            MT_NN_LAYER_NORM: "layer_norm", MT_NN_ATTENTION: "attention", MT_NN_BIAS_ACT: "bias_act",
+            MT_NN_CONV2D: "conv2d", MT_NN_CONV2D_PACKED: "conv2d_packed",
+            MT_NN_MAX_POOL2D: "max_pool2d", MT_NN_AVG_POOL2D: "avg_pool2d",
+            MT_NN_ADAPTIVE_POOL2D: "adaptive_pool2d", MT_NN_RESIZE2D: "resize2d"}
 
 
 # ------------------------------------------------------------------ capture
@@ -151,6 +189,8 @@ cdef const void *_saved_nn = NULL
 cdef mt_ew_kernel _saved_ew = NULL
 cdef mt_storage *(*_saved_alloc)(int index, size_t nbytes) noexcept nogil
 cdef char _wrapped_nn[4096]      # a copy of the nn table with the recording members
+cdef const void *_saved_reduce = NULL
+cdef char _wrapped_reduce[256]   # a copy of the reduce table with recording reductions
 
 
 def capture_install():
@@ -180,6 +220,12 @@ def capture_install():
     if b.nn != NULL:
         mt_plan_set_real_nn(<const mt_nn_kernels *>b.nn, <mt_nn_kernels *>_wrapped_nn)
         b.nn = <const void *>_wrapped_nn
+    global _saved_reduce
+    _saved_reduce = b.reduce
+    if b.reduce != NULL:
+        mt_plan_set_real_reduce(<const mt_reduce_kernels *>b.reduce,
+                                <mt_reduce_kernels *>_wrapped_reduce)
+        b.reduce = <const void *>_wrapped_reduce
     _saved_alloc = b.alloc
     mt_plan_set_real_alloc(b.alloc)
     b.alloc = mt_plan_capture_alloc
@@ -195,6 +241,7 @@ def capture_uninstall():
         b.elementwise = _saved_ew
         b.linalg = _saved_linalg
         b.nn = _saved_nn
+        b.reduce = _saved_reduce
         b.alloc = _saved_alloc
 
 
@@ -223,6 +270,8 @@ cdef class Captured:
         if self.c.kind == MT_STEP_NN:
             return [None if self.c.nn.p[a].off == 0 else <uintptr_t>self.c.nn.p[a].off
                     for a in range(self.c.nn.np)]
+        if self.c.kind == MT_STEP_REDUCE:
+            return [<uintptr_t>self.c.red.inp.off, <uintptr_t>self.c.red.out.off]
         return [None if a > 0 and self.c.ew.scalar_mask & (1u << (a - 1)) else
                 <uintptr_t>self.c.ew.args[a] for a in range(self.c.ew.nargs)]
 
@@ -232,6 +281,8 @@ cdef class Captured:
             return 2, -1
         if self.c.kind == MT_STEP_NN:
             return NN_ROLES[self.c.nn.which]
+        if self.c.kind == MT_STEP_REDUCE:
+            return 1, -1
         return 0, -1
 
     def extents(self):
@@ -240,6 +291,11 @@ cdef class Captured:
         cdef int a, d
         cdef int64_t lo, hi, s, isz
         cdef list out = []
+        cdef const mt_reduce_geom *g
+        if self.c.kind == MT_STEP_REDUCE:
+            g = &self.c.red.g
+            return [_span(g.nkeep, g.kshape, g.kin, g.nred, g.rshape, g.rin),
+                    _span(g.nkeep, g.kshape, g.kout, 0, NULL, NULL)]
         if self.c.kind != MT_STEP_EW:
             return None
         for a in range(self.c.ew.nargs):
@@ -258,8 +314,31 @@ cdef class Captured:
             return (f"gemm dtype={self.c.dtype} M={self.c.shape.M} N={self.c.shape.N} "
                     f"K={self.c.shape.K} batch={self.c.batch}")
         if self.c.kind == MT_STEP_NN:
-            return f"nn kernel {self.c.nn.which}"
+            return NN_NAMES.get(self.c.nn.which, f"nn kernel {self.c.nn.which}")
+        if self.c.kind == MT_STEP_REDUCE:
+            return f"reduce kept={self.c.red.g.nkeep} reduced={self.c.red.g.nred}"
         return f"elementwise kind={self.c.ew.kind} op={self.c.ew.op} dtype={self.c.ew.dtype}"
+
+
+cdef tuple _span(int n1, const int64_t *shape1, const int64_t *st1, int n2,
+                 const int64_t *shape2, const int64_t *st2):
+    """The byte range [lo, hi] of element starts over two (shape, byte
+    strides) lists, relative to the base address."""
+    cdef int64_t lo = 0, hi = 0, s
+    cdef int d
+    for d in range(n1):
+        s = st1[d] * (shape1[d] - 1)
+        if s < 0:
+            lo += s
+        else:
+            hi += s
+    for d in range(n2):
+        s = st2[d] * (shape2[d] - 1)
+        if s < 0:
+            lo += s
+        else:
+            hi += s
+    return lo, hi
 
 
 def take_allocs():
@@ -344,6 +423,7 @@ cdef class Run:
     cdef int device
     cdef object step_fn
     cdef object error
+    cdef public list step_ns     # per step, its wall time in ns (a timed run), else None
 
     def __dealloc__(self):
         free(self.bases)
@@ -456,6 +536,12 @@ cdef class Executor:
                 raise MemoryError()
             memcpy(s.u.gemm.offs, c.c.offs, sizeof(int64_t) * 3 * c.c.batch)
             return
+        if c.c.kind == MT_STEP_REDUCE:
+            s.kind = MT_STEP_REDUCE
+            s.u.red = c.c.red
+            s.u.red.inp.buf, s.u.red.inp.off = refs[0]
+            s.u.red.out.buf, s.u.red.out.off = refs[1]
+            return
         if c.c.kind == MT_STEP_NN:
             s.kind = MT_STEP_NN
             s.u.nn = c.c.nn
@@ -490,17 +576,19 @@ cdef class Executor:
                 k += 1
         return k, self.n - k
 
-    def run(self, tuple inputs, object step_fn):
+    def run(self, tuple inputs, object step_fn, bint timed=False):
         """Replays every step for ``inputs`` (checked by the caller's guard);
         returns the :class:`Run` (its buffers hold the outputs), or None when
         a kernel returned a positive code: conv2d's Winograd met a
         non-finite or huge value, which the graph reruns on a direct kernel,
-        so the caller runs the module for this call."""
+        so the caller runs the module for this call. ``timed``: the Run's
+        ``step_ns`` gets each step's wall time in nanoseconds."""
         cdef Run r = Run.__new__(Run)
         cdef int b, rc = 0
         cdef int64_t failed = -1, n
         cdef Tensor arena = None
         cdef Tensor t
+        cdef int64_t *ns = NULL
         r.nbuf = self.nbuf
         r.device = self.device
         r.step_fn = step_fn
@@ -532,9 +620,19 @@ cdef class Executor:
                     t = empty(1, &n, 2, self.device)
                     r.owners[b] = t
                     r.bases[b] = t._st.ptr
-            with nogil:
-                rc = mt_plan_run(self.steps, self.n, r.bases, _callback, <void *>r, &failed)
+            if timed:
+                ns = <int64_t *>calloc(max(self.n, 1), sizeof(int64_t))
+                if ns == NULL:
+                    raise MemoryError()
+                with nogil:
+                    rc = mt_plan_run_timed(self.steps, self.n, r.bases, _callback, <void *>r,
+                                           &failed, ns)
+                r.step_ns = [ns[b] for b in range(self.n)]
+            else:
+                with nogil:
+                    rc = mt_plan_run(self.steps, self.n, r.bases, _callback, <void *>r, &failed)
         finally:
+            free(ns)
             if arena is not None:
                 self.arenas.append(arena)
         if rc != 0:

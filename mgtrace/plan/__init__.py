@@ -14,12 +14,12 @@ How a plan is made (``mgtrace.compile``): the module runs once on the
 example inputs while every core op, functional call and module call is
 recorded with the kernel calls the backend received for it
 (:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
-whose kernel calls it can account for (elementwise and GEMM, the backend
-table members the recorder wraps) into kernel steps that C replays with no
-Python in between; views cost nothing; everything else (convolution,
-pooling, normalization, attention today) runs as a Python step that calls
-the same function on views of the plan's memory, so outputs are bitwise
-the graph's. Intermediates written by kernel steps share one arena placed
+whose kernel calls it can account for (elementwise, GEMM, reductions and
+the nn members the recorder wraps: NCHW and NCHW16c convolutions and fused
+blocks, pooling, resize, layer norm, attention) into kernel steps that C replays with
+no Python in between; views cost nothing; everything else runs as a Python
+step that calls the same function on views of the plan's memory, so
+outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
 by a liveness-based memory plan; outputs are fresh tensors on every call.
 
 On each call a guard compares every input's dtype, device, shape and
@@ -30,10 +30,11 @@ runs the module itself.
 A plan holds the module's tensors as they were compiled: change the module
 (load weights into new tensors, edit the graph), and compile it again.
 """
+import gc
 import threading
 
 from mgtrace._core import plan as _cplan
-from mgtrace._core.tensor import Tensor
+from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place)
@@ -95,12 +96,15 @@ class _Program:
         for i, b in enumerate(low.buffers):
             ex.set_buffer(i, b.kind, b.where, b.nbytes, b.const)
         ex.set_arena(self.arena_bytes)
+        self.step_names = []
         for step in low.steps:
             if step[0] == "kernel":
                 ex.add_captured(step[1], step[2])
+                self.step_names.append(("kernel", f"{step[3]}: {step[1].describe()}"))
             else:
                 ex.add_callback(len(self.pysteps))
                 self.pysteps.append(step[1])
+                self.step_names.append(("python", step[1].what))
         self.executor = ex
         self.kernel_steps, self.python_steps = ex.counts()
         self.buffers = low.buffers
@@ -121,6 +125,12 @@ class _Program:
                     raise PlanError(f"{ps.what} returned another layout than when the plan was "
                                     "made; compile the module again")
                 run.bind(buf, t)
+
+    def profile(self, inputs):
+        run = self.executor.run(inputs, self._step, True)
+        if run is None:
+            return None
+        return [(kind, what, ns * 1e-9) for (kind, what), ns in zip(self.step_names, run.step_ns)]
 
     def __call__(self, inputs):
         run = self.executor.run(inputs, self._step)
@@ -160,6 +170,12 @@ class Plan:
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
         prog = _Program(self.module, inputs)
+        # the recording held every intermediate of one forward, in reference
+        # cycles (records and their tensors): give that memory back now, to
+        # the OS too (the host allocator would keep the freed blocks for
+        # reuse; the plan's intermediates live in its one arena)
+        gc.collect()
+        empty_host_cache()
         with self._lock:
             self._programs[sig] = prog
         return prog
@@ -176,6 +192,34 @@ class Plan:
         prog = self._programs[_signature(inputs)] if inputs else next(iter(self._programs.values()))
         return {"kernel_steps": prog.kernel_steps, "python_steps": prog.python_steps,
                 "arena_bytes": prog.arena_bytes}
+
+    def profile(self, *inputs, repeats=1):
+        """Per step of the plan for ``inputs`` (which must have a plan: the
+        example inputs' signature or one made since), in order: (kind,
+        what, seconds), kind "kernel" or "python", what the module path
+        and call it came from and the kernel, seconds the step's best wall
+        time over ``repeats`` runs (each a full call of the plan; the
+        outputs are dropped).
+
+        Raises:
+            KeyError: no plan for these inputs' signature (call the plan
+                with them once first).
+            ValueError: repeats below 1.
+        """
+        if repeats < 1:
+            raise ValueError(f"profile: repeats must be at least 1, got {repeats}")
+        prog = self._programs.get(_signature(inputs))
+        if prog is None:
+            raise KeyError("profile: the plan has no program for these inputs' dtypes, devices, "
+                           "shapes and strides; call the plan with them once first")
+        best = None
+        for _ in range(repeats):
+            steps = prog.profile(inputs)
+            if steps is None:        # a kernel asked for the graph's way (non-finite input)
+                continue
+            best = steps if best is None else [(k, w, min(t, b[2])) for (k, w, t), b in
+                                                zip(steps, best)]
+        return best or []
 
     def __call__(self, *inputs):
         sig = _signature(inputs)

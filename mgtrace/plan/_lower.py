@@ -39,9 +39,19 @@ KERNEL_GROUPS = frozenset({"unary", "binary", "activation", "compare", "predicat
 # nn ops whose implementations call only the nn members the capture replays
 # (and elementwise copies, packing into conv2d's weight cache)
 KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
-                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention"})
+                        "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "attention",
+                        # NCHW convolution (direct, im2col, Winograd with cached packed
+                        # weights), pooling and resize: one nn-table call each
+                        "conv2d", "conv2d_act", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+                        "adaptive_max_pool2d", "interpolate",
+                        # reductions: one reduce-table call (a fill when nothing is reduced)
+                        "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
+                        "any", "all"})
 # functional calls made of one kernel call and no core op
-KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")})
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")} |
+                             # a new tensor and one fill
+                             {("mgtrace.functional.tensor", f) for f in
+                              ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like")})
 
 
 class Buffer:
@@ -81,7 +91,7 @@ class Lowering:
         self.by_uid = {}            # storage uid -> buffer index
         self.origin = {}            # buffer index -> address its offsets count from
         self.start_uid = start_uid
-        self.steps = []             # ("kernel", Captured, refs) or ("py", PyStep)
+        self.steps = []             # ("kernel", Captured, refs, where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
         for i, t in enumerate(inputs):
@@ -220,6 +230,10 @@ class Lowering:
         new = set(self.new)
         if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
             return                  # a view: its slot is all a later step needs
+        if not new and rec.kind == "function" and not rec.children and rec.captured == [] \
+                and not rec.allocs:
+            return                  # no kernel, no core op, no memory (eval-mode dropout): it
+            #                         returned tensors the plan already has
         # per new buffer: the output leaf that lies in it, and where
         bind, seen = [], set()
         for i, s in enumerate(out_slots):
@@ -282,7 +296,7 @@ class Lowering:
                     self._restore(snap)
                     return False
                 refs.append(ref)
-            steps.append(("kernel", c, refs))
+            steps.append(("kernel", c, refs, rec.where))
         for b in self.new:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
@@ -311,7 +325,7 @@ class Lowering:
                     raise PlanError(f"{rec.where} write into a parameter, buffer or input; a "
                                     "plan replays a computation without state")
                 refs.append(ref)
-            steps.append(("kernel", c, refs))
+            steps.append(("kernel", c, refs, rec.where))
         self.steps.extend(steps)
 
     def _known_ref(self, p, ext, ranges, read_only):

@@ -103,12 +103,96 @@ def test_reference_cnns_traced_and_optimized_match_bitwise(name):
     for g in (tm, optimize(tm), fast):
         plan = mt.compile(g, x)
         assert plan.stats()["kernel_steps"] > 0
+        assert plan.stats()["python_steps"] == 0     # NCHW convs and pools too; eval dropout is nothing
         for seed in (1, 2):
             x2 = rand(2, 3, 40, 40, seed=seed)
             assert same_bits(plan(x2).numpy(), g(x2).numpy())
-    # every conv, pool and layout change of the fast graph is a kernel step:
-    # only the global average pool's mean (a reduction) stays Python
-    assert mt.compile(fast, x).stats()["python_steps"] == 1
+    # every conv, pool, layout change and the head's mean (a reduction) of
+    # the fast graph is a kernel step
+    assert mt.compile(fast, x).stats()["python_steps"] == 0
+
+
+class Reductions(M.Module):
+    """Every reduction of the reduce table, over kept and reduced axes of
+    a strided view, with keepdims."""
+
+    def forward(self, x):
+        t = x.transpose(0, 2, 1)                       # a non-contiguous input
+        outs = [t.sum(1), t.mean((0, 2), keepdims=True), t.prod(2), x.max(1), x.min(),
+                x.argmax(2), x.argmin(0), F.var(x, 1), F.std(x, (1, 2)),
+                (x > 0).any(1), (x > -3).all(2)]
+        return outs + [F.relu(t.mean(1) - 0.1)]       # a reduction feeding a kernel step
+
+
+def test_reductions_are_kernel_steps_and_give_the_graphs_bits_and_numpy_values():
+    x = rand(3, 5, 7)
+    tm = mt.trace_module(Reductions().eval(), x)
+    plan = mt.compile(tm, x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (1, 2):
+        x2 = rand(3, 5, 7, seed=seed)
+        got, want = plan(x2), tm(x2)
+        for a, b in zip(got, want):
+            assert same_bits(a.numpy(), b.numpy())
+        a = x2.numpy()
+        t = a.transpose(0, 2, 1)
+        ref = [t.sum(1), t.mean((0, 2), keepdims=True), t.prod(2), a.max(1), a.min(),
+               a.argmax(2), a.argmin(0), a.var(1), a.std((1, 2)), (a > 0).any(1),
+               (a > -3).all(2), np.maximum(t.mean(1) - 0.1, 0)]
+        for g, r in zip(got, ref):
+            g = g.numpy()
+            assert g.shape == r.shape
+            if g.dtype.kind == "f":
+                np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+            else:
+                np.testing.assert_array_equal(g, r)
+
+
+class ConvsPoolsResize(M.Module):
+    """NCHW conv2d (grouped, dilated, strided, 3x3 stride 1 that may go
+    Winograd with packed weights), every pooling and both resize modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = M.Conv2d(4, 32, 3, padding=1)
+        self.c2 = M.Conv2d(32, 32, 3, padding=2, dilation=2, groups=4)
+        self.c3 = M.Conv2d(32, 16, 3, stride=2, padding=1, bias=False)
+
+    def forward(self, x):
+        h = F.relu(self.c2(F.relu(self.c1(x))))
+        h = self.c3(h)
+        a = F.max_pool2d(h, 3, stride=2, padding=1)
+        b = F.avg_pool2d(h, 2)
+        c = F.adaptive_avg_pool2d(h, (3, 2))
+        d = F.adaptive_max_pool2d(h, 1)
+        e = F.interpolate(b, scale_factor=2, mode="nearest")
+        f = F.interpolate(h, size=(5, 7), mode="bilinear", align_corners=False)
+        return a, b, c, d, e, f, F.adaptive_avg_pool2d(h, 1)
+
+
+def test_nchw_convs_pools_and_resize_are_kernel_steps_with_the_graphs_bits():
+    x = rand(2, 4, 12, 12)
+    tm = mt.trace_module(ConvsPoolsResize().eval(), x)
+    plan = mt.compile(tm, x)
+    assert plan.stats()["python_steps"] == 0
+    kernels = " ".join(w for _, w, _ in plan.profile(x))
+    for name in ("max_pool2d", "avg_pool2d", "adaptive_pool2d", "resize2d"):
+        assert name in kernels
+    assert "conv2d" in kernels
+    for seed in (1, 2):
+        x2 = rand(2, 4, 12, 12, seed=seed)
+        got, want = plan(x2), tm(x2)
+        for a, b in zip(got, want):
+            assert same_bits(a.numpy(), b.numpy())
+    # values against NumPy: a 1x1 adaptive average is the spatial mean;
+    # nearest 2x upsampling repeats each pixel; a 2x2 average pool
+    h = got[1].numpy()
+    np.testing.assert_array_equal(got[4].numpy(), h.repeat(2, axis=2).repeat(2, axis=3))
+    b = got[-1].numpy()
+    hh = tm.c3(F.relu(tm.c2(F.relu(tm.c1(x2))))).numpy()
+    np.testing.assert_allclose(b[..., 0, 0], hh.mean((2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h, hh.reshape(2, 16, 3, 2, 3, 2).mean((3, 5)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[3].numpy()[..., 0, 0], hh.max((2, 3)))
 
 
 def test_nan_and_inf_inputs_give_the_graphs_bits():
@@ -139,9 +223,10 @@ def test_minilm_optimized_matches_bitwise():
     ids, mask = minilm_inputs(["a plan replays kernels", "from C, without Python"])
     tm = optimize(mt.trace_module(net, ids, mask), "all", flatten=True)
     plan = mt.compile(tm, ids, mask)
-    # the 13 layer norms, 6 attentions and 6 linear + GELU epilogues are kernel steps
-    # (26 Python steps without them); embedding lookups, sums and zeros_like stay Python
-    assert plan.stats()["python_steps"] == 7
+    # the 13 layer norms, 6 attentions, 6 linear + GELU epilogues, the
+    # pooling's sums and zeros_like are kernel steps (30 Python steps without
+    # them); the three embedding lookups (offsets from the ids' values) stay Python
+    assert plan.stats()["python_steps"] == 3
     want = tm(ids, mask)
     got = plan(ids, mask)
     for a, b in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
@@ -299,3 +384,57 @@ def test_plan_is_what_compile_returns_and_outputs_are_fresh():
     a_np = a.numpy().copy()
     plan(rand(2, 4, seed=9))
     assert same_bits(a.numpy(), a_np) and same_bits(a.numpy(), b.numpy())
+
+
+class MlpThenEmbedding(M.Module):
+    """Kernel steps (gemm, add, gelu), a reduction, and a Python step (the
+    embedding lookup: its offsets come from the ids' values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = M.Linear(8, 4)
+        self.emb = M.Embedding(10, 4)
+
+    def forward(self, x, ids):
+        return F.gelu(self.fc(x)).mean(0) + self.emb(ids)
+
+
+class Fills(M.Module):
+    def forward(self, x):
+        return (x + F.zeros_like(x), F.ones_like(x, dtype="int32"), F.full_like(x, 2.5) * x,
+                F.zeros((2, 3)), F.full((3,), -1, dtype="int64"))
+
+
+def test_new_filled_tensors_are_kernel_steps_refilled_on_every_call():
+    x = rand(2, 3)
+    plan = mt.compile(Fills().eval(), x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (1, 2):
+        x2 = rand(2, 3, seed=seed)
+        got = [t.numpy() for t in plan(x2)]
+        a = x2.numpy()
+        want = [a + 0, np.ones((2, 3), np.int32), np.float32(2.5) * a, np.zeros((2, 3), np.float32),
+                np.full(3, -1, np.int64)]
+        for g, w in zip(got, want):
+            assert same_bits(g, w)
+
+
+def test_profile_times_each_step_in_order_and_names_where_it_came_from():
+    x, ids = rand(3, 8), mt.tensor(np.array([1, 7], np.int32))
+    net = MlpThenEmbedding().eval()
+    plan = mt.compile(net, x, ids)
+    stats = plan.stats()
+    steps = plan.profile(x, ids, repeats=3)
+    assert len(steps) == stats["kernel_steps"] + stats["python_steps"]
+    assert [k for k, _, _ in steps].count("python") == stats["python_steps"] == 1
+    assert all(t >= 0 for _, _, t in steps) and sum(t for _, _, t in steps) > 0
+    whats = [w for _, w, _ in steps]
+    assert whats[0].startswith("fc: ") and "gemm" in whats[0] and "M=3 N=4 K=8" in whats[0]
+    assert any(w.startswith("<top>: mean") and "reduce" in w for w in whats)
+    assert any(k == "python" and "embedding" in w for k, w, _ in steps)
+    # profiling runs the plan: its outputs are the module's still
+    assert same_bits(plan(x, ids).numpy(), net(x, ids).numpy())
+    with pytest.raises(KeyError):
+        plan.profile(rand(5, 8), ids)
+    with pytest.raises(ValueError, match="repeats"):
+        plan.profile(x, ids, repeats=0)

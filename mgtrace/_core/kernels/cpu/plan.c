@@ -1,6 +1,7 @@
 /* The plan executor and the kernel-call capture (plan.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "plan.h"
 
 static mt_ew_kernel mt_plan_real_elementwise = NULL;
@@ -81,6 +82,37 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
         int (*f)(int, void *, int64_t, int64_t, const void *, int, int) = k->kernel;
         return f((int)k->i[0], p[0], k->i[1], k->i[2], p[1], (int)k->i[3], k->nt);
     }
+    case MT_NN_CONV2D: {
+        /* x, weight, bias, y, workspace, residual */
+        if (g[0].has_res) g[0].res_delta = (char *)p[5] - (char *)p[3];
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 int, void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], k->nt, p[4]);
+    }
+    case MT_NN_CONV2D_PACKED: {
+        /* x, packed, bias, y, workspace, residual */
+        if (g[0].has_res) g[0].res_delta = (char *)p[5] - (char *)p[3];
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 int, int, void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], (int)k->i[2], k->nt, p[4]);
+    }
+    case MT_NN_MAX_POOL2D:
+    case MT_NN_AVG_POOL2D: {
+        int (*f)(int, const void *, void *, const mt_pool2d_geom *, int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], &k->pool, k->nt);
+    }
+    case MT_NN_ADAPTIVE_POOL2D: {
+        int (*f)(int, int, const void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, int) =
+            k->kernel;
+        return f((int)k->i[0], (int)k->i[1], p[0], p[1], k->i[2], k->i[3], k->i[4], k->i[5], k->i[6],
+                 k->nt);
+    }
+    case MT_NN_RESIZE2D: {
+        int (*f)(int, int, const void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                 double, int, int) = k->kernel;
+        return f((int)k->i[0], (int)k->i[1], p[0], p[1], k->i[2], k->i[3], k->i[4], k->i[5], k->i[6],
+                 k->f[0], k->f[1], (int)k->i[7], k->nt);
+    }
     case MT_NN_ATTENTION: {
         /* q, k, v, mask, out, workspace */
         int (*f)(const float *, const float *, const float *, const float *, float *,
@@ -99,17 +131,45 @@ static int run_gemm(const mt_plan_step *s, char *const *bases) {
                             b, s->u.gemm.nt);
 }
 
+static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_callback callback,
+                           void *ctx) {
+    switch (s->kind) {
+    case MT_STEP_EW: return run_ew(s, bases);
+    case MT_STEP_GEMM: return run_gemm(s, bases);
+    case MT_STEP_NN: return run_nn(s, bases);
+    case MT_STEP_REDUCE:
+        return s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
+                               s->u.red.nt);
+    default: return callback(ctx, s->index) ? -1000 : 0;
+    }
+}
+
 int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                 mt_plan_callback callback, void *ctx, int64_t *failed) {
     for (int64_t i = 0; i < n; i++) {
-        const mt_plan_step *s = &steps[i];
-        int rc;
-        switch (s->kind) {
-        case MT_STEP_EW: rc = run_ew(s, bases); break;
-        case MT_STEP_GEMM: rc = run_gemm(s, bases); break;
-        case MT_STEP_NN: rc = run_nn(s, bases); break;
-        default: rc = callback(ctx, s->index) ? -1000 : 0; break;
+        int rc = run_step(&steps[i], bases, callback, ctx);
+        if (rc != 0) {
+            *failed = i;
+            return rc;
         }
+    }
+    return 0;
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                      mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns) {
+    int64_t t0 = now_ns();
+    for (int64_t i = 0; i < n; i++) {
+        int rc = run_step(&steps[i], bases, callback, ctx);
+        int64_t t1 = now_ns();
+        ns[i] = t1 - t0;
+        t0 = t1;
         if (rc != 0) {
             *failed = i;
             return rc;
@@ -373,33 +433,67 @@ static int cap_attention(const float *q, const float *kk, const float *v, const 
     return real_nn->attention_f32(q, kk, v, mask, out, g, nt, ws);
 }
 
-/* poisoning wrappers for the members a plan does not replay: an op that
- * calls one stays a Python step */
+/* NCHW convolution, pooling and resize; conv2d's workspace size passes
+ * through. The members a plan does not replay (conv_transpose2d,
+ * pad_index) poison the capture: an op that calls one stays a Python step */
 static int64_t cap_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt) {
     return real_nn->conv2d_workspace(dtype, g, algo, nt);
 }
+/* a call that failed or asked for another kernel (conv2d's Winograd meeting a
+ * non-finite input reruns on a direct kernel outside the table): not replayed */
+static int checked(int rc) {
+    if (rc != 0 && cap_on) poison();
+    return rc;
+}
 static int cap_conv2d(int dtype, const void *x, const void *w, const void *b, void *y,
                       const mt_conv2d_geom *g, int algo, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv2d(dtype, x, w, b, y, g, algo, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV2D, (void *)real_nn->conv2d, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y); put(k, 4, ws);
+        if (g->has_res) put(k, 5, (const char *)y + g->res_delta);
+        k->g[0] = *g;
+        k->i[0] = dtype; k->i[1] = algo;
+    }
+    return checked(real_nn->conv2d(dtype, x, w, b, y, g, algo, nt, ws));
 }
 static int cap_max_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
-    if (cap_on) poison();
-    return real_nn->max_pool2d(dtype, x, y, g, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_MAX_POOL2D, (void *)real_nn->max_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->pool = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->max_pool2d(dtype, x, y, g, nt));
 }
 static int cap_avg_pool2d(int dtype, const void *x, void *y, const mt_pool2d_geom *g, int nt) {
-    if (cap_on) poison();
-    return real_nn->avg_pool2d(dtype, x, y, g, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_AVG_POOL2D, (void *)real_nn->avg_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->pool = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->avg_pool2d(dtype, x, y, g, nt));
 }
 static int cap_adaptive(int dtype, int op, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
                         int64_t oh, int64_t ow, int nt) {
-    if (cap_on) poison();
-    return real_nn->adaptive_pool2d(dtype, op, x, y, planes, h, w, oh, ow, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_ADAPTIVE_POOL2D, (void *)real_nn->adaptive_pool2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = dtype; k->i[1] = op; k->i[2] = planes; k->i[3] = h; k->i[4] = w; k->i[5] = oh;
+        k->i[6] = ow;
+    }
+    return checked(real_nn->adaptive_pool2d(dtype, op, x, y, planes, h, w, oh, ow, nt));
 }
 static int cap_resize(int dtype, int mode, const void *x, void *y, int64_t planes, int64_t h, int64_t w,
                       int64_t oh, int64_t ow, double sh, double sw, int ac, int nt) {
-    if (cap_on) poison();
-    return real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt);
+    mt_plan_nn *k = nn_slot(MT_NN_RESIZE2D, (void *)real_nn->resize2d, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = dtype; k->i[1] = mode; k->i[2] = planes; k->i[3] = h; k->i[4] = w; k->i[5] = oh;
+        k->i[6] = ow; k->i[7] = ac;
+        k->f[0] = sh; k->f[1] = sw;
+    }
+    return checked(real_nn->resize2d(dtype, mode, x, y, planes, h, w, oh, ow, sh, sw, ac, nt));
 }
 static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias, int act, int nt) {
     mt_plan_nn *k = nn_slot(MT_NN_BIAS_ACT, (void *)real_nn->bias_act, 2, nt);
@@ -421,8 +515,14 @@ static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape,
 }
 static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
                              const mt_conv2d_geom *g, int algo, int layout, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV2D_PACKED, (void *)real_nn->conv2d_packed, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, packed); put(k, 2, bias); put(k, 3, y); put(k, 4, ws);
+        if (g->has_res) put(k, 5, (const char *)y + g->res_delta);
+        k->g[0] = *g;
+        k->i[0] = dtype; k->i[1] = algo; k->i[2] = layout;
+    }
+    return checked(real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws));
 }
 
 /* plan.pyx keeps the wrapped copy in a 4096-byte buffer */
@@ -452,3 +552,59 @@ void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
     WRAP(conv2d_packed, cap_conv2d_packed);
 #undef WRAP
 }
+
+/* ---- the reduce table ----
+ * A reduce-table entry is called without its (op, dtype): one wrapper per
+ * entry, each knowing its own, records the call and runs the real one. */
+static mt_reduce_fn real_reduce[MT_NREDUCE][MT_NDTYPES];
+static mt_reduce_fn wrapped_reduce[MT_NREDUCE][MT_NDTYPES];
+
+static int cap_reduce(int op, int dt, const char *in, char *out, const mt_reduce_geom *g, int nt) {
+    if (cap_on) {
+        mt_plan_captured *c = next_slot();
+        if (c != NULL) {
+            c->kind = MT_STEP_REDUCE;
+            c->red.nt = nt;
+            c->red.kernel = real_reduce[op][dt];
+            c->red.in.buf = c->red.out.buf = -1;
+            c->red.in.off = (int64_t)(uintptr_t)in;
+            c->red.out.off = (int64_t)(uintptr_t)out;
+            c->red.g = *g;
+        }
+    }
+    return real_reduce[op][dt](in, out, g, nt);
+}
+
+_Static_assert(MT_NDTYPES == 13, "plan.c's reduce wrappers cover 13 dtype codes");
+#define MT_PLAN_RW(op, dt)                                                                    \
+    static int cap_reduce_##op##_##dt(const char *in, char *out, const mt_reduce_geom *g, int nt) { \
+        return cap_reduce(op, dt, in, out, g, nt);                                          \
+    }
+#define MT_PLAN_RW_OP(op)                                                                     \
+    MT_PLAN_RW(op, 0) MT_PLAN_RW(op, 1) MT_PLAN_RW(op, 2) MT_PLAN_RW(op, 3) MT_PLAN_RW(op, 4) \
+    MT_PLAN_RW(op, 5) MT_PLAN_RW(op, 6) MT_PLAN_RW(op, 7) MT_PLAN_RW(op, 8) MT_PLAN_RW(op, 9) \
+    MT_PLAN_RW(op, 10) MT_PLAN_RW(op, 11) MT_PLAN_RW(op, 12)
+#define MT_PLAN_RROW(op)                                                                      \
+    {cap_reduce_##op##_0, cap_reduce_##op##_1, cap_reduce_##op##_2, cap_reduce_##op##_3,     \
+     cap_reduce_##op##_4, cap_reduce_##op##_5, cap_reduce_##op##_6, cap_reduce_##op##_7,     \
+     cap_reduce_##op##_8, cap_reduce_##op##_9, cap_reduce_##op##_10, cap_reduce_##op##_11,   \
+     cap_reduce_##op##_12},
+#define MT_PLAN_RW_NAMED(name, rule) MT_PLAN_RW_OP(MT_R_##name)
+MT_REDUCE_OPS(MT_PLAN_RW_NAMED)
+#define MT_PLAN_RROW_NAMED(name, rule) MT_PLAN_RROW(MT_R_##name)
+static mt_reduce_fn const cap_reduce_fns[MT_NREDUCE][MT_NDTYPES] = {MT_REDUCE_OPS(MT_PLAN_RROW_NAMED)};
+
+void mt_plan_set_real_reduce(const mt_reduce_kernels *real, mt_reduce_kernels *w) {
+    *w = *real;
+    if (real->reduce == NULL)
+        return;
+    for (int op = 0; op < MT_NREDUCE; op++)
+        for (int dt = 0; dt < MT_NDTYPES; dt++) {
+            real_reduce[op][dt] = real->reduce[op][dt];
+            wrapped_reduce[op][dt] = real->reduce[op][dt] != NULL ? cap_reduce_fns[op][dt] : NULL;
+        }
+    w->reduce = wrapped_reduce;
+}
+
+/* plan.pyx keeps the wrapped reduce table in a 256-byte buffer */
+_Static_assert(sizeof(mt_reduce_kernels) <= 256, "plan.pyx's _wrapped_reduce is too small");

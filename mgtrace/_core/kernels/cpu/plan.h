@@ -26,15 +26,18 @@
 #include "backend.h"
 #include "gemm.h"
 #include "nn.h"
+#include "reduce_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3 };
+enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, MT_STEP_REDUCE = 4 };
 /* the nn table members a plan replays (MT_STEP_NN's ``which``) */
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
-       MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_NKERNELS };
+       MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_CONV2D,
+       MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D, MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D,
+       MT_NN_NKERNELS };
 #define MT_PLAN_NN_PTRS 12
 #define MT_PLAN_MAX_CAPTURE 8
 
@@ -75,14 +78,24 @@ typedef struct {
     mt_conv2d_geom g[3];
     mt_pool2d_geom pool;
     mt_attn_geom attn;
-    int64_t i[4];
+    int64_t i[8];
     double eps;
+    double f[2];                      /* resize2d's scales */
 } mt_plan_nn;
+
+/* one reduce-table call (sum, mean, max, ... over a geometry in bytes) */
+typedef struct {
+    int nt;
+    mt_reduce_fn kernel;
+    mt_plan_ref in, out;
+    mt_reduce_geom g;
+} mt_plan_reduce;
 
 typedef union {
     mt_plan_ew ew;
     mt_plan_gemm gemm;
     mt_plan_nn nn;
+    mt_plan_reduce red;
 } mt_plan_u;
 
 typedef struct mt_plan_step {
@@ -98,6 +111,9 @@ typedef int (*mt_plan_callback)(void *ctx, int index);
  * then the step's number). Callback failures return -1000. */
 int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
                 mt_plan_callback callback, void *ctx, int64_t *failed);
+/* mt_plan_run that also writes each step's wall time (ns) into ns[0, n) */
+int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
+                      mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns);
 
 /* ---- capture (the calling thread only) ---- */
 typedef struct {
@@ -113,6 +129,7 @@ typedef struct {
     int64_t *offs;                    /* malloc'd copy, 3 * batch; freed by mt_plan_capture_end */
     mt_gemm_batch_kernel gemm_kernel;
     mt_plan_nn nn;                    /* MT_STEP_NN: refs' off holds the raw address, buf -1 */
+    mt_plan_reduce red;               /* MT_STEP_REDUCE: likewise */
 } mt_plan_captured;
 
 /* allocations made through the backend while capturing (workspaces and
@@ -137,6 +154,10 @@ void mt_plan_set_real_kernels(mt_ew_kernel ew, mt_gemm_batch_kernel gemm_batch, 
 void mt_plan_set_real_nn(const struct mt_nn_kernels *real, struct mt_nn_kernels *wrapped);
 void mt_plan_set_real_alloc(mt_storage *(*real)(int index, size_t nbytes));
 mt_storage *mt_plan_capture_alloc(int index, size_t nbytes);
+/* the real reduce table; ``wrapped`` becomes a copy whose reductions
+ * record (scans, softmax and sort stay the real ones: the ops that call
+ * them are not replayed) */
+void mt_plan_set_real_reduce(const struct mt_reduce_kernels *real, struct mt_reduce_kernels *wrapped);
 int mt_plan_capture_elementwise(const mt_ew_call *call);
 int mt_plan_capture_gemm_batch(int dtype, const mt_gemm_shape *s, const char *a, const char *b,
                                char *c, const int64_t *a_off, const int64_t *b_off,

@@ -124,7 +124,7 @@ static MT_RCLONES void NAME##_rows_range(NAME##_t *s, const char *base, const mt
 /* being folded stay in L1 (4 KiB row pieces: whole pages for the         */ \
 /* prefetchers); at least MT_RTILE                                        */ \
 static int NAME##_rows(const char *in, char *out, const mt_reduce_geom *g, int nt, \
-                       int64_t nout, int64_t nr) {                             \
+                       int par, int64_t nout, int64_t nr) {                    \
     const int kl = g->nkeep - 1;                                               \
     const int64_t W = g->kshape[kl], ko = g->kout[kl], isz = (int64_t)sizeof(ST); \
     int64_t tw = (8192 / (int64_t)sizeof(NAME##_t)) & ~(int64_t)15;            \
@@ -140,7 +140,7 @@ static int NAME##_rows(const char *in, char *out, const mt_reduce_geom *g, int n
         const int64_t njobs = units * nc;                                      \
         NAME##_t *parts = (NAME##_t *)malloc(sizeof(NAME##_t) * (size_t)(tw * njobs)); \
         if (!parts) return -1;                                                 \
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")          \
+        _Pragma("omp parallel for num_threads(nt) schedule(static) if(par)")   \
         for (int64_t jb = 0; jb < njobs; jb++) {                               \
             const int64_t u = jb / nc, c = jb % nc;                            \
             const int64_t j0 = (u % ntiles) * tw, w = mt_min64(tw, W - j0);    \
@@ -163,7 +163,7 @@ static int NAME##_rows(const char *in, char *out, const mt_reduce_geom *g, int n
         free(parts);                                                           \
         return 0;                                                              \
     }                                                                          \
-    _Pragma("omp parallel num_threads(nt) if(nt > 1)")                         \
+    _Pragma("omp parallel num_threads(nt) if(par)")                            \
     {                                                                          \
         NAME##_t *s = (NAME##_t *)malloc(sizeof(NAME##_t) * (size_t)tw);       \
         if (!s) {                                                              \
@@ -191,14 +191,16 @@ static int NAME(const char *in, char *out, const mt_reduce_geom *g, int nt) {  \
     for (int d = 0; d < g->nred; d++) nr *= g->rshape[d];                      \
     if (nout == 0 || nr == 0) return 0;                                        \
     if (nt < 1 || nout * nr < MT_RGRAIN) nt = 1;                               \
+    /* nt picks the split (and order), par whether a team runs it */           \
+    const int par = nt > 1 && nout * nr >= MT_RPAR_GRAIN;                      \
     if (g->nkeep > 0 && g->kin[g->nkeep - 1] == isz && g->rin[g->nred - 1] != isz) \
-        return NAME##_rows(in, out, g, nt, nout, nr);                          \
+        return NAME##_rows(in, out, g, nt, par, nout, nr);                     \
     if (nt > 1 && nout < 8 * nt && nr >= 64 * nt) {                            \
         /* few outputs, long reductions: chunks of each, combined in order */ \
         const int64_t nj = nout * nt;                                          \
         NAME##_t *parts = (NAME##_t *)malloc(sizeof(NAME##_t) * (size_t)nj);  \
         if (!parts) return -1;                                                 \
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")          \
+        _Pragma("omp parallel for num_threads(nt) schedule(static) if(par)")   \
         for (int64_t j = 0; j < nj; j++) {                                     \
             const int64_t o = j / nt, c = j % nt;                              \
             /* chunk bounds on 16-element boundaries: whole cache lines */    \
@@ -218,7 +220,7 @@ static int NAME(const char *in, char *out, const mt_reduce_geom *g, int nt) {  \
         free(parts);                                                           \
         return 0;                                                              \
     }                                                                          \
-    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")   \
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(par)")       \
     for (int64_t o = 0; o < nout; o++) {                                       \
         int64_t a, b;                                                          \
         NAME##_t s;                                                            \
@@ -552,12 +554,13 @@ static int NAME(const char *in, char *out, const mt_line_geom *g, int nt) {    \
     for (int d = 0; d < g->nouter; d++) nlines *= g->oshape[d];                \
     if (nlines == 0 || g->len == 0) return 0;                                  \
     if (nt < 1 || nlines * g->len * (COST) < MT_RGRAIN) nt = 1;                \
+    const int par = nt > 1 && nlines * g->len * (COST) >= MT_RPAR_GRAIN;       \
     const int tiled = g->nouter > 0 && g->oin[g->nouter - 1] == isz && g->ain != isz; \
     const int nd = tiled ? g->nouter - 1 : g->nouter;                          \
     const int64_t W = tiled ? g->oshape[nd] : 1;                               \
     const int64_t cin = tiled ? g->oin[nd] : 0, cout = tiled ? g->oout[nd] : 0; \
     const int64_t ntiles = (W + MT_RTILE - 1) / MT_RTILE, units = nlines / W * ntiles; \
-    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")   \
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(par)")       \
     for (int64_t u = 0; u < units; u++) {                                      \
         const int64_t j0 = (u % ntiles) * MT_RTILE, w = mt_min64(MT_RTILE, W - j0); \
         int64_t a, b;                                                          \
