@@ -242,6 +242,11 @@ class DecodeContext:
         self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
         self.blueprints = {}               # (type, config) -> Blueprint or None (builtin_modules)
         self.signatures = {}               # stored parameter lists -> Signature (traced_codec)
+        # a lazy load (mmap, verify off: trusted bytes that stay mapped): traced graphs are
+        # read on first use (traced_codec.LazyGraphs); lazy_graphs lists what waits
+        self.lazy_graphs = [] if self._mmap and not verify else None
+        self.finish_lazy = None            # (guard) -> None: hands lazy_graphs over (traced_codec)
+        self.numbering = []                # id numberings that wait for lazy graphs (traced_codec)
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]

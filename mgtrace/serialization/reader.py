@@ -149,6 +149,11 @@ def _guarded(fn, *args):
         raise ArchiveError(f"malformed archive ({type(e).__name__}: {e})") from e
 
 
+def _noted(header, fn):
+    with _newer_writer_noted(header):
+        return fn()
+
+
 @contextlib.contextmanager
 def _newer_writer_noted(header):
     """A refusal of something this reader does not know (a dtype, a value
@@ -173,6 +178,8 @@ def _decode_values(header, start, src, mmap, device, verify, everything, run_onc
     ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
     ctx._run_once = run_once
     obj = ctx.value(header["root"], where="header.root")
+    if ctx.finish_lazy is not None:     # graphs read on first use, failing as this load would
+        ctx.finish_lazy(lambda fn: _guarded(_noted, header, fn))
     if not everything:
         return Archive(obj, header, None, (None, None, {}))
     ex = header.get("examples")
@@ -245,7 +252,12 @@ def load(f, *, mmap=False, device=None, verify=True):
             default the CPU. Tensors on another device are copies.
         verify: check the header's checksum (format 1.1 on) and each
             tensor's checksum when it is read (on by default; turn off only
-            for trusted files, to keep mmap loads lazy).
+            for trusted files, to keep mmap loads lazy). With ``mmap`` and
+            verify off the load is lazy: the graphs of TracedModules are
+            read when first used (a call, ``.graph``, ``.code``, an edit,
+            ``save``, ``copy.deepcopy``; all of the load's at once), with
+            every check a load makes, so a broken graph raises its
+            ArchiveError there, and again on each later use.
 
     Returns:
         the saved object: Tensors (plain, not Parameters), modules rebuilt

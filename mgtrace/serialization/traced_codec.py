@@ -56,6 +56,7 @@ returns look-alikes.
 import collections
 import inspect
 import keyword
+import threading
 import warnings
 import weakref
 
@@ -77,7 +78,8 @@ from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constan
 from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
-from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
+from mgtrace.traced_module.traced_module import (PENDING_GRAPHS, TracedDict, TracedModule,
+                                                 TracedSequence)
 
 __all__ = ["TRACED_FIELDS", "TENSOR_METHODS"]
 
@@ -345,6 +347,16 @@ def _check(entry, ctx, where):
         _fail(f"{where}.graphs", "not a list")
     if entry.get("reads_as", "sequence") not in _READS_AS:
         _fail(f"{where}.reads_as", f"{entry['reads_as'][:40]!r} is not one of {list(_READS_AS)}")
+    if ctx.lazy_graphs is not None:     # a lazy load checks the graphs when it reads them
+        check_limits(entry, where, ArchiveError, graphs=False)
+        return
+    _check_graphs(entry, ctx, where)
+
+
+def _check_graphs(entry, ctx, where):
+    """:func:`_check`'s part for the graphs: maps, limits, expr kinds,
+    ops and methods."""
+    graphs = entry["graphs"]
     for gi, g in enumerate(graphs):
         if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
             _fail(f"{where}.graphs[{gi}]", "a graph is a map with a list of exprs")
@@ -375,10 +387,11 @@ def _short(v):
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _names_of(entry):
+def _names_of(entry, graphs=True):
     """``(where, name)`` of every name in a traced entry: its own, its
     children's and members', its graphs', their nodes' and exprs' (names
-    become identifiers in generated code and keys of lookups)."""
+    become identifiers in generated code and keys of lookups); ``graphs``
+    False: not the graphs'."""
     yield "", entry.get("name")
     yield "", entry.get("qualname")
     for pair in entry.get("children") or ():
@@ -387,7 +400,7 @@ def _names_of(entry):
         if isinstance(entry.get(table), dict):
             for k in entry[table]:
                 yield f".{table}", k
-    for gi, g in enumerate(entry.get("graphs") or ()):
+    for gi, g in enumerate(entry.get("graphs") or () if graphs else ()):
         if not isinstance(g, dict):
             continue
         yield f".graphs[{gi}]", g.get("name")
@@ -411,15 +424,17 @@ def _member_names(entry):
             yield from entry[table]
 
 
-def check_limits(entry, where, error):
+def check_limits(entry, where, error, graphs=True):
     """The bounds of limits.py on a traced entry (graphs and exprs already
     maps): name lengths, graph sizes, arguments of a call. The reader runs
     it before anything is built (error=ArchiveError), the writer on the
-    entry it made (error=ValueError), so save never writes what load refuses."""
-    for w, name in _names_of(entry):
+    entry it made (error=ValueError), so save never writes what load
+    refuses. ``graphs`` False: the entry's own names only (a lazy load
+    checks its graphs when it reads them)."""
+    for w, name in _names_of(entry, graphs):
         limits.check_name(name, where + w, error)
     limits.member_names(_member_names(entry), where, error)
-    for gi, g in enumerate(entry["graphs"]):
+    for gi, g in enumerate(entry["graphs"] if graphs else ()):
         gw = f"{where}.graphs[{gi}]"
         for key in ("exprs", "nodes"):
             limits.check_graph_size(len(g.get(key) or ()), f"{gw}.{key}", error)
@@ -466,10 +481,77 @@ def _build(entry, ctx):
         if isinstance(value, Module):
             _fail(f"attrs.{k}", "a module is a child, not a plain attribute")
         d[k] = value
-    for gi, g in enumerate(entry["graphs"]):
-        tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+    if ctx.lazy_graphs is None:
+        _read_graphs(tm, entry, ctx)
+    else:                   # read on first use (LazyGraphs)
+        del d["_graphs"]
+        ctx.lazy_graphs.append((tm, entry, ctx._building[-1]))
+        if ctx.finish_lazy is None:
+            ctx.finish_lazy = lambda guard: LazyGraphs(ctx, guard)
     _number(tm, ctx)
     return tm
+
+
+def _read_graphs(tm, entry, ctx):
+    for gi, g in enumerate(entry["graphs"]):
+        tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+
+
+class LazyGraphs:
+    """The graphs of a lazy load (``mmap=True, verify=False``), read on
+    first use: the load builds modules and maps weights, and registers its
+    traced modules in traced_module.PENDING_GRAPHS; the first ``_graphs``
+    lookup on any of them reads every graph of the load, with every check
+    an eager load makes, in the same order (so the same graphs, ids and
+    names), and numbers them as the load would have. A failure is the
+    ArchiveError the load would have raised, raised again on each later
+    lookup. Threads that call a lazily loaded module at once read it once."""
+
+    def __init__(self, ctx, guard):
+        self._ctx, self._guard = ctx, guard
+        self._waiting, ctx.lazy_graphs = ctx.lazy_graphs, None
+        self._lock = threading.Lock()
+        self._error = None
+        for tm, _, _ in self._waiting:
+            PENDING_GRAPHS[tm] = self
+
+    def __call__(self):
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._waiting is None:
+                return
+            waiting = self._waiting
+            for tm, _, _ in waiting:        # as a load has them: empty until read, in build order
+                tm.__dict__["_graphs"] = []
+            try:
+                self._guard(lambda: self._read(waiting))
+            except Exception as e:
+                for tm, _, _ in waiting:
+                    tm.__dict__.pop("_graphs", None)
+                self._error = e
+                raise
+            self._waiting = self._ctx = None      # the header and load state go with it
+            for tm, _, _ in waiting:
+                PENDING_GRAPHS.pop(tm, None)
+
+    def _read(self, waiting):
+        ctx = self._ctx
+        for tm, entry, i in waiting:
+            ctx._building = [i]
+            try:
+                _check_graphs(entry, ctx, f"header.modules[{i}]")
+                _read_graphs(tm, entry, ctx)
+            except ArchiveError as e:
+                if str(e).startswith(("header.", "traced module ")):
+                    raise
+                raise ArchiveError(f"traced module {_short(entry['qualname'])}: {e}") from e
+            except Exception as e:    # as DecodeContext.module reports a codec's failure
+                raise ArchiveError(f"header.modules[{i}]: {type(e).__name__}: {e}") from e
+            finally:
+                ctx._building = []
+        for number in ctx.numbering:
+            number()
 
 
 def _number(tm, ctx):
@@ -487,10 +569,12 @@ def _number(tm, ctx):
     built, ctx.traced_built = ctx.traced_built, []
     modules = list(type(tm).modules(tm))
     inside = {id(m) for m in modules}
-    for m in built[:-1]:
-        if id(m) not in inside:
-            _finish_ids(m)
-    _finish_ids(tm, modules)
+    calls = [(m, None) for m in built[:-1] if id(m) not in inside] + [(tm, modules)]
+    if ctx.lazy_graphs is None:
+        for m, tree in calls:
+            _finish_ids(m, tree)
+    else:                   # once the graphs are read (LazyGraphs)
+        ctx.numbering.extend(lambda m=m, tree=tree: _finish_ids(m, tree) for m, tree in calls)
 
 
 def _finish_ids(tm, modules=None):

@@ -37,6 +37,23 @@ from mgtrace.traced_module.tracer import Tracer
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
+# TracedModules whose graphs are not read yet -> the function that reads them (a lazy
+# archive load: serialization.traced_codec.LazyGraphs, which reads the graphs of the whole
+# load at once and then drops its entries). Such a module has no "_graphs" in its __dict__:
+# its first ``_graphs`` lookup (a call, .graph, .code, an edit, a save, a deepcopy) or any
+# change of an attribute but ``training`` reads them; nothing else pays for the lookup
+PENDING_GRAPHS = weakref.WeakKeyDictionary()
+
+
+def _read_pending_graphs(tm):
+    """Read the graphs of a lazily loaded ``tm`` (and its load's other
+    modules) if they are not read yet; raises what the read raises
+    (ArchiveError), every time it is tried."""
+    if "_graphs" not in tm.__dict__:
+        load = PENDING_GRAPHS.get(tm)
+        if load is not None:
+            load()
+
 
 def _input_leaf(v):
     # a slot holds a tensor, or a number where a traced caller passed a value
@@ -88,8 +105,21 @@ class TracedModule(Module):
     _NOT_STATE = frozenset({"watch_points", "end_points", "watch_node_value"})
 
     def __setattr__(self, name, value):
+        if name != "training":      # the graphs of a lazy load are read against the tree as loaded
+            _read_pending_graphs(self)
         _check_member_form(self, name)
         super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        _read_pending_graphs(self)
+        super().__delattr__(name)
+
+    def __getattr__(self, name):
+        # only reached when normal lookup fails: "_graphs" of a lazy load not read yet
+        if name == "_graphs" and self in PENDING_GRAPHS:
+            _read_pending_graphs(self)
+            return self.__dict__["_graphs"]
+        return Module.__getattr__(self, name)
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -399,6 +429,7 @@ class TracedModule(Module):
         return to_folder(self, path, module_name)
 
     def __deepcopy__(self, memo):
+        _read_pending_graphs(self)
         new = Module.__deepcopy__(self, memo)
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
