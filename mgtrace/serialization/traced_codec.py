@@ -117,13 +117,15 @@ _TREE_BY_NAME = {v: k for k, v in _TREE_TYPES.items()}
 _READS_AS = {"sequence": TracedSequence, "dict": TracedDict}
 # a TracedModule's own bookkeeping (training, watch points...): never stored as attrs
 # (and the cache of the call fast path, made on the first call: TracedModule._plain_table)
-_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__) | {"_plain"}
+_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__) | {"_plain",
+                                                                            PENDING_GRAPHS}
 _KEY_TYPES = (str, int, float, bool, type(None), bytes)
 
 
 # ---------------------------------------------------------------- encode
 def _encode(tm, ctx):
     cls = type(tm)
+    tm._graphs                  # a lazy load's: read now (and its bookkeeping entry gone)
     d = tm.__dict__
     for table in ("_modules", "_parameters", "_buffers"):
         for k in d[table]:
@@ -500,7 +502,7 @@ def _read_graphs(tm, entry, ctx):
 class LazyGraphs:
     """The graphs of a lazy load (``mmap=True, verify=False``), read on
     first use: the load builds modules and maps weights, and registers its
-    traced modules in traced_module.PENDING_GRAPHS; the first ``_graphs``
+    traced modules (traced_module.PENDING_GRAPHS); the first ``_graphs``
     lookup on any of them reads every graph of the load, with every check
     an eager load makes, in the same order (so the same graphs, ids and
     names), and numbers them as the load would have. A failure is the
@@ -513,7 +515,7 @@ class LazyGraphs:
         self._lock = threading.Lock()
         self._error = None
         for tm, _, _ in self._waiting:
-            PENDING_GRAPHS[tm] = self
+            tm.__dict__[PENDING_GRAPHS] = self
 
     def __call__(self):
         with self._lock:
@@ -533,7 +535,7 @@ class LazyGraphs:
                 raise
             self._waiting = self._ctx = None      # the header and load state go with it
             for tm, _, _ in waiting:
-                PENDING_GRAPHS.pop(tm, None)
+                tm.__dict__.pop(PENDING_GRAPHS, None)
 
     def _read(self, waiting):
         ctx = self._ctx

@@ -37,22 +37,23 @@ from mgtrace.traced_module.tracer import Tracer
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
-# TracedModules whose graphs are not read yet -> the function that reads them (a lazy
-# archive load: serialization.traced_codec.LazyGraphs, which reads the graphs of the whole
-# load at once and then drops its entries). Such a module has no "_graphs" in its __dict__:
-# its first ``_graphs`` lookup (a call, .graph, .code, an edit, a save, a deepcopy) or any
-# change of an attribute but ``training`` reads them; nothing else pays for the lookup
-PENDING_GRAPHS = weakref.WeakKeyDictionary()
+# the __dict__ entry of a TracedModule whose graphs are not read yet (a lazy archive load:
+# serialization.traced_codec.LazyGraphs, which reads the graphs of the whole load at once and
+# then removes the entries): the function that reads them. Such a module has no "_graphs" in
+# its __dict__: its first ``_graphs`` lookup (a call, .graph, .code, an edit, a save, a
+# deepcopy) or a change of any attribute but ``training`` reads them; nothing else pays for
+# the lookup. (An entry of the module's own, not a table beside it: the reader holds the
+# load's modules, so a module that is dropped unread is freed with it.)
+PENDING_GRAPHS = "_graphs_pending"
 
 
 def _read_pending_graphs(tm):
     """Read the graphs of a lazily loaded ``tm`` (and its load's other
     modules) if they are not read yet; raises what the read raises
     (ArchiveError), every time it is tried."""
-    if "_graphs" not in tm.__dict__:
-        load = PENDING_GRAPHS.get(tm)
-        if load is not None:
-            load()
+    load = tm.__dict__.get(PENDING_GRAPHS)
+    if load is not None:
+        load()
 
 
 def _input_leaf(v):
@@ -116,7 +117,7 @@ class TracedModule(Module):
 
     def __getattr__(self, name):
         # only reached when normal lookup fails: "_graphs" of a lazy load not read yet
-        if name == "_graphs" and self in PENDING_GRAPHS:
+        if name == "_graphs" and PENDING_GRAPHS in self.__dict__:
             _read_pending_graphs(self)
             return self.__dict__["_graphs"]
         return Module.__getattr__(self, name)
@@ -128,6 +129,8 @@ class TracedModule(Module):
         Module.__init__(tm)
         d = tm.__dict__
         for k, v in module.__dict__.items():
+            if k == PENDING_GRAPHS:
+                continue
             if k in ("_parameters", "_buffers", "_modules"):
                 d[k].update(v)
             elif k == "_non_persistent_buffers":
