@@ -348,6 +348,8 @@ class DecodeContext:
         """The Python value of tagged ``x``; ``node(id) -> object`` resolves
         ``{"node": id}``. ``where`` names ``x`` in messages (inside a module
         entry, relative to it). Raises ArchiveError."""
+        if type(x) in values.SCALARS:       # untagged: itself (no path to spell)
+            return x
         if self._building and not where.startswith("header"):
             where = f"header.modules[{self._building[-1]}].{where}"
         return values.decode(x, self, node, where)

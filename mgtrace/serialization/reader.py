@@ -19,6 +19,7 @@ Order, so that nothing runs before everything is known to be well-formed:
 Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
 """
 import contextlib
+import gc
 
 import msgpack
 
@@ -81,10 +82,17 @@ class Archive:
 
 
 def _unpack(raw):
+    # the header's thousands of maps and lists hold no cycle: no collection while they are
+    # made (each would walk the whole heap's young objects again; msgpack's advice)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:   # msgpack parses bytes only; any failure means a bad header
         raise ArchiveError(f"header: not valid msgpack ({type(e).__name__}: {e})") from e
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _check_header(header, data_nbytes, raw=None):
