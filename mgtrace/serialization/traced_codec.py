@@ -494,9 +494,13 @@ def _build(entry, ctx):
     return tm
 
 
-def _read_graphs(tm, entry, ctx):
+def _read_graphs(tm, entry, ctx, graphs=None):
+    """Read the graphs of ``tm``'s entry into ``graphs`` (default its own
+    list) and return it."""
+    graphs = tm._graphs if graphs is None else graphs
     for gi, g in enumerate(entry["graphs"]):
-        tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+        graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+    return graphs
 
 
 class LazyGraphs:
@@ -507,12 +511,14 @@ class LazyGraphs:
     an eager load makes, in the same order (so the same graphs, ids and
     names), and numbers them as the load would have. A failure is the
     ArchiveError the load would have raised, raised again on each later
-    lookup. Threads that call a lazily loaded module at once read it once."""
+    lookup. The graphs are handed out when all are read: a thread that
+    looks meanwhile waits for them, never sees a half-read list."""
 
     def __init__(self, ctx, guard):
         self._ctx, self._guard = ctx, guard
         self._waiting, ctx.lazy_graphs = ctx.lazy_graphs, None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._reading = False
         self._error = None
         for tm, _, _ in self._waiting:
             tm.__dict__[PENDING_GRAPHS] = self
@@ -521,11 +527,10 @@ class LazyGraphs:
         with self._lock:
             if self._error is not None:
                 raise self._error
-            if self._waiting is None:
+            if self._waiting is None or self._reading:     # read, or being read by this thread
                 return
             waiting = self._waiting
-            for tm, _, _ in waiting:        # as a load has them: empty until read, in build order
-                tm.__dict__["_graphs"] = []
+            self._reading = True
             try:
                 self._guard(lambda: self._read(waiting))
             except Exception as e:
@@ -533,17 +538,20 @@ class LazyGraphs:
                     tm.__dict__.pop("_graphs", None)
                 self._error = e
                 raise
+            finally:
+                self._reading = False
             self._waiting = self._ctx = None      # the header and load state go with it
             for tm, _, _ in waiting:
                 tm.__dict__.pop(PENDING_GRAPHS, None)
 
     def _read(self, waiting):
         ctx = self._ctx
+        read = []
         for tm, entry, i in waiting:
             ctx._building = [i]
             try:
                 _check_graphs(entry, ctx, f"header.modules[{i}]")
-                _read_graphs(tm, entry, ctx)
+                read.append(_read_graphs(tm, entry, ctx, []))
             except ArchiveError as e:
                 if str(e).startswith(("header.", "traced module ")):
                     raise
@@ -552,6 +560,8 @@ class LazyGraphs:
                 raise ArchiveError(f"header.modules[{i}]: {type(e).__name__}: {e}") from e
             finally:
                 ctx._building = []
+        for (tm, _, _), graphs in zip(waiting, read):
+            tm.__dict__["_graphs"] = graphs
         for number in ctx.numbering:
             number()
 

@@ -119,7 +119,9 @@ class TracedModule(Module):
         # only reached when normal lookup fails: "_graphs" of a lazy load not read yet
         if name == "_graphs" and PENDING_GRAPHS in self.__dict__:
             _read_pending_graphs(self)
-            return self.__dict__["_graphs"]
+            graphs = self.__dict__.get("_graphs")
+            if graphs is not None:      # (None: looked up by the read itself, none yet)
+                return graphs
         return Module.__getattr__(self, name)
 
     # ------------------------------------------------------------ creation
