@@ -242,6 +242,7 @@ class DecodeContext:
         self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
         self.blueprints = {}               # (type, config) -> Blueprint or None (builtin_modules)
         self.signatures = {}               # stored parameter lists -> Signature (traced_codec)
+        self.module_types = {}             # (type, version) -> resolved (builtin_modules)
         # a lazy load (mmap, verify off: trusted bytes that stay mapped): traced graphs are
         # read on first use (traced_codec.LazyGraphs); lazy_graphs lists what waits
         self.lazy_graphs = [] if self._mmap and not verify else None

@@ -159,11 +159,22 @@ def check(obj, fields, where="header"):
     if type(obj) is not dict:
         raise ArchiveError(f"{_path(where)}: expected a map, got a {type(obj).__name__}")
     for f in fields:
-        if f.name in obj:
-            _check_type(obj[f.name], f.type, (where, "." + f.name))
-        elif f.required:
-            raise ArchiveError(f"{_path(where)}: the required field {f.name!r} is missing")
+        x = obj.get(f.name, _MISSING)
+        if x is _MISSING:
+            if f.required:
+                raise ArchiveError(f"{_path(where)}: the required field {f.name!r} is missing")
+            continue
+        ok = _PLAIN_TYPES.get(f.type)
+        if ok is None:
+            _check_type(x, f.type, (where, "." + f.name))
+        elif not ok(x):             # (as _check_type would say it)
+            _check_type(x, f.type, (where, "." + f.name))
     return obj
+
+
+_MISSING = object()
+# the predicates of the plain types: checked in place, the rest by _check_type
+_PLAIN_TYPES = {k: v[0] for k, v in TYPES.items() if k not in ENTRIES and not k.startswith("list of ")}
 
 
 # ------------------------------------------------------------------ the seal

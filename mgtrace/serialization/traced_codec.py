@@ -579,14 +579,21 @@ def _number(tm, ctx):
     if any(modules[i]["kind"] == "traced" for i in ctx._building[:-1]):
         return
     built, ctx.traced_built = ctx.traced_built, []
+    if ctx.lazy_graphs is None:
+        _number_built(tm, built)
+    else:                   # once the graphs are read (LazyGraphs)
+        ctx.numbering.append(lambda: _number_built(tm, built))
+
+
+def _number_built(tm, built):
+    """Number ``tm``'s tree, and first each module of ``built`` (traced
+    modules built while ``tm`` was, ``tm`` last) outside it."""
     modules = list(type(tm).modules(tm))
     inside = {id(m) for m in modules}
-    calls = [(m, None) for m in built[:-1] if id(m) not in inside] + [(tm, modules)]
-    if ctx.lazy_graphs is None:
-        for m, tree in calls:
-            _finish_ids(m, tree)
-    else:                   # once the graphs are read (LazyGraphs)
-        ctx.numbering.extend(lambda m=m, tree=tree: _finish_ids(m, tree) for m, tree in calls)
+    for m in built[:-1]:
+        if id(m) not in inside:
+            _finish_ids(m)
+    _finish_ids(tm, modules)
 
 
 def _finish_ids(tm, modules=None):
