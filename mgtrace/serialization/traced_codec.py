@@ -462,8 +462,7 @@ def _build(entry, ctx):
     d["_orig_name"] = entry["name"]
     d["_orig_type"] = None                  # an archive keeps only the class name
     d["_is_top"] = bool(entry["is_top"])
-    d["_signature"] = _decode_signature(ctx.value(entry["signature"], where="signature"),
-                                        ctx.signatures)
+    d["_signature"] = _stored_signature(entry["signature"], ctx)
     for k, i in entry["children"]:
         _check_member(tm, k, "children")
         tm._modules[k] = ctx.module(i)
@@ -628,6 +627,21 @@ def _check_member(tm, name, where):
             or name in tm._parameters or name in tm._buffers:
         _fail(where, f"{_short(name)} clashes with another member or with "
                      f"{type(tm).__name__}.{name}")
+
+
+def _stored_signature(raw, ctx):
+    """The Signature of a stored (tagged) parameter list: decoded once per
+    load for each spelling of plain parameters (modules traced alike store
+    the same list; its repr is the key, as msgpack's lists, maps and
+    scalars spell their values), else every time."""
+    key = repr(raw) if type(raw) is dict else None
+    sig = ctx.signatures.get(key) if key is not None else None
+    if sig is None:
+        params = ctx.value(raw, where="signature")
+        sig = _decode_signature(params, ctx.signatures)
+        if key is not None and params is not None and _signature_key(params) is not None:
+            ctx.signatures[key] = sig
+    return sig
 
 
 def _signature_key(params):
