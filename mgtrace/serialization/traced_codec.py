@@ -45,7 +45,10 @@ ArchiveError before anything runs:
   are identifiers; namedtuple names and fields are identifiers;
 * code is generated for a graph on its first call (and kept), from what
   these checks passed: a load that only reads weights, or inspects the
-  graph, pays nothing for it.
+  graph, pays nothing for it;
+* a lazy load (``mmap=True, verify=False``: trusted bytes) builds modules
+  and maps weights, and reads the graphs, with their part of these checks,
+  on first use (:class:`LazyGraphs`): still before any of their code runs.
 
 A namedtuple in a graph's arguments or results cannot be imported by name,
 so loading makes a look-alike class (same name and fields, ``__module__``
@@ -79,7 +82,7 @@ from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
 from mgtrace.traced_module.traced_module import (PENDING_GRAPHS, TracedDict, TracedModule,
-                                                 TracedSequence)
+                                                 TracedSequence, read_pending_graphs)
 
 __all__ = ["TRACED_FIELDS", "TENSOR_METHODS"]
 
@@ -125,7 +128,7 @@ _KEY_TYPES = (str, int, float, bool, type(None), bytes)
 # ---------------------------------------------------------------- encode
 def _encode(tm, ctx):
     cls = type(tm)
-    tm._graphs                  # a lazy load's: read now (and its bookkeeping entry gone)
+    read_pending_graphs(tm)     # a lazy load's: read now (and its bookkeeping entry gone)
     d = tm.__dict__
     for table in ("_modules", "_parameters", "_buffers"):
         for k in d[table]:

@@ -47,7 +47,7 @@ __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 PENDING_GRAPHS = "_graphs_pending"
 
 
-def _read_pending_graphs(tm):
+def read_pending_graphs(tm):
     """Read the graphs of a lazily loaded ``tm`` (and its load's other
     modules) if they are not read yet; raises what the read raises
     (ArchiveError), every time it is tried."""
@@ -107,18 +107,18 @@ class TracedModule(Module):
 
     def __setattr__(self, name, value):
         if name != "training":      # the graphs of a lazy load are read against the tree as loaded
-            _read_pending_graphs(self)
+            read_pending_graphs(self)
         _check_member_form(self, name)
         super().__setattr__(name, value)
 
     def __delattr__(self, name):
-        _read_pending_graphs(self)
+        read_pending_graphs(self)
         super().__delattr__(name)
 
     def __getattr__(self, name):
         # only reached when normal lookup fails: "_graphs" of a lazy load not read yet
         if name == "_graphs" and PENDING_GRAPHS in self.__dict__:
-            _read_pending_graphs(self)
+            read_pending_graphs(self)
             graphs = self.__dict__.get("_graphs")
             if graphs is not None:      # (None: looked up by the read itself, none yet)
                 return graphs
@@ -434,7 +434,7 @@ class TracedModule(Module):
         return to_folder(self, path, module_name)
 
     def __deepcopy__(self, memo):
-        _read_pending_graphs(self)
+        read_pending_graphs(self)
         new = Module.__deepcopy__(self, memo)
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
