@@ -52,6 +52,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import fnmatch
+import gc
 import hashlib
 import json
 import logging
@@ -448,6 +449,9 @@ def _worker_init(parent_pid=None):
     sys.unraisablehook = _unraisable_in_worker
     from mgtrace import set_num_threads
     set_num_threads(1)              # one kernel thread per worker: the pool already uses the cores
+    import mgtrace.cli.tasks        # noqa: F401  (the commands' tasks: imported once, then...)
+    gc.freeze()     # ...what import made is left out of every later collection, which files'
+    #                 graphs (cycles of nodes and exprs) trigger again and again
 
 
 def _die_with_parent(parent_pid):

@@ -240,8 +240,17 @@ def _encode_builtin(m, ctx):
             "tensors": {k: ctx.tensor(t) for k, t in type(m).state_dict(m, keep_vars=True).items()}}
 
 
+def _resolve(ctx, name, version):
+    """registry.resolve_module_type, once per type and version in a load."""
+    key = (name, version)
+    found = ctx.module_types.get(key)
+    if found is None:
+        found = ctx.module_types[key] = registry.resolve_module_type(name, version)
+    return found
+
+
 def _check_builtin(entry, ctx, where):
-    cls, _ = registry.resolve_module_type(entry["type"], entry["type_version"])
+    cls, _ = _resolve(ctx, entry["type"], entry["type_version"])
     if not is_builtin(cls):
         raise ArchiveError(f"{where}.type: {entry['type']!r} is not a builtin module type")
     for key, i in entry["tensors"].items():
@@ -329,7 +338,7 @@ def install_state(m, indices, ctx, where, own=None):
 
 def _decode_builtin(entry, ctx):
     name = entry["type"]
-    cls, upgrade = registry.resolve_module_type(name, entry["type_version"])
+    cls, upgrade = _resolve(ctx, name, entry["type_version"])
     config = {k: ctx.value(v, where=f"config.{k}") for k, v in entry["config"].items()}
     config = upgrade(_fill_added(name, config))
     ctx.reserve_elements(STATE_ELEMENTS.get(name, lambda c: 0)(config), f"{name}(**config)")

@@ -242,6 +242,12 @@ class DecodeContext:
         self.traced_built = []             # traced modules built, not numbered yet (traced_codec)
         self.blueprints = {}               # (type, config) -> Blueprint or None (builtin_modules)
         self.signatures = {}               # stored parameter lists -> Signature (traced_codec)
+        self.module_types = {}             # (type, version) -> resolved (builtin_modules)
+        # a lazy load (mmap, verify off: trusted bytes that stay mapped): traced graphs are
+        # read on first use (traced_codec.LazyGraphs); lazy_graphs lists what waits
+        self.lazy_graphs = [] if self._mmap and not verify else None
+        self.finish_lazy = None            # (guard) -> None: hands lazy_graphs over (traced_codec)
+        self.numbering = []                # id numberings that wait for lazy graphs (traced_codec)
         stored = sum(math.prod(e["shape"]) for e in header["tensors"] if "view" not in e)
         self._budget = limits.build_budget(stored)
         self._ops = [self._resolve_op(i, e) for i, e in enumerate(header["ops"])]
@@ -343,6 +349,8 @@ class DecodeContext:
         """The Python value of tagged ``x``; ``node(id) -> object`` resolves
         ``{"node": id}``. ``where`` names ``x`` in messages (inside a module
         entry, relative to it). Raises ArchiveError."""
+        if type(x) in values.SCALARS:       # untagged: itself (no path to spell)
+            return x
         if self._building and not where.startswith("header"):
             where = f"header.modules[{self._building[-1]}].{where}"
         return values.decode(x, self, node, where)

@@ -124,18 +124,29 @@ ENTRIES = {
 }
 
 
+def _path(where):
+    """The text of a path made lazily: a str, or ``(parent, ".name")`` /
+    ``(parent, index)`` (the text is needed only for a message, and a header
+    has thousands of fields)."""
+    if type(where) is str:
+        return where
+    parent, part = where
+    return _path(parent) + (part if type(part) is str else f"[{part}]")
+
+
 def _check_type(x, type_name, where):
     if type_name.startswith("list of "):
         entry = type_name[len("list of "):]
         if type(x) is not list:
-            raise ArchiveError(f"{where}: expected a list, got a {type(x).__name__}")
+            raise ArchiveError(f"{_path(where)}: expected a list, got a {type(x).__name__}")
+        fields = ENTRIES[entry]
         for i, item in enumerate(x):
-            check(item, ENTRIES[entry], f"{where}[{i}]")
+            check(item, fields, (where, i))
     elif type_name in ENTRIES:
         check(x, ENTRIES[type_name], where)
     elif not TYPES[type_name][0](x):
         shown = repr(x) if len(repr(x)) < 60 else f"a {type(x).__name__}"
-        raise ArchiveError(f"{where}: expected {TYPES[type_name][1]}, got {shown}")
+        raise ArchiveError(f"{_path(where)}: expected {TYPES[type_name][1]}, got {shown}")
 
 
 def check(obj, fields, where="header"):
@@ -146,13 +157,24 @@ def check(obj, fields, where="header"):
             field has the wrong type; the message names the path.
     """
     if type(obj) is not dict:
-        raise ArchiveError(f"{where}: expected a map, got a {type(obj).__name__}")
+        raise ArchiveError(f"{_path(where)}: expected a map, got a {type(obj).__name__}")
     for f in fields:
-        if f.name in obj:
-            _check_type(obj[f.name], f.type, f"{where}.{f.name}")
-        elif f.required:
-            raise ArchiveError(f"{where}: the required field {f.name!r} is missing")
+        x = obj.get(f.name, _MISSING)
+        if x is _MISSING:
+            if f.required:
+                raise ArchiveError(f"{_path(where)}: the required field {f.name!r} is missing")
+            continue
+        ok = _PLAIN_TYPES.get(f.type)
+        if ok is None:
+            _check_type(x, f.type, (where, "." + f.name))
+        elif not ok(x):             # (as _check_type would say it)
+            _check_type(x, f.type, (where, "." + f.name))
     return obj
+
+
+_MISSING = object()
+# the predicates of the plain types: checked in place, the rest by _check_type
+_PLAIN_TYPES = {k: v[0] for k, v in TYPES.items() if k not in ENTRIES and not k.startswith("list of ")}
 
 
 # ------------------------------------------------------------------ the seal

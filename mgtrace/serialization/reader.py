@@ -19,6 +19,7 @@ Order, so that nothing runs before everything is known to be well-formed:
 Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
 """
 import contextlib
+import gc
 
 import msgpack
 
@@ -81,10 +82,17 @@ class Archive:
 
 
 def _unpack(raw):
+    # the header's thousands of maps and lists hold no cycle: no collection while they are
+    # made (each would walk the whole heap's young objects again; msgpack's advice)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:   # msgpack parses bytes only; any failure means a bad header
         raise ArchiveError(f"header: not valid msgpack ({type(e).__name__}: {e})") from e
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _check_header(header, data_nbytes, raw=None):
@@ -149,6 +157,11 @@ def _guarded(fn, *args):
         raise ArchiveError(f"malformed archive ({type(e).__name__}: {e})") from e
 
 
+def _noted(header, fn):
+    with _newer_writer_noted(header):
+        return fn()
+
+
 @contextlib.contextmanager
 def _newer_writer_noted(header):
     """A refusal of something this reader does not know (a dtype, a value
@@ -173,6 +186,8 @@ def _decode_values(header, start, src, mmap, device, verify, everything, run_onc
     ctx = DecodeContext(header, src, start, mmap=mmap, device=device, verify=verify)
     ctx._run_once = run_once
     obj = ctx.value(header["root"], where="header.root")
+    if ctx.finish_lazy is not None:     # graphs read on first use, failing as this load would
+        ctx.finish_lazy(lambda fn: _guarded(_noted, header, fn))
     if not everything:
         return Archive(obj, header, None, (None, None, {}))
     ex = header.get("examples")
@@ -215,7 +230,7 @@ def _load_archive(f, *, mmap=False, device=None, verify=True, run_once=False):
     of packing weights that are never used again (ResNet-18: 20 ms against
     75 ms for the first call, on this project's 2-core machine)."""
     device = _check_device(device)
-    with open_source(f, mmap) as src:
+    with open_source(f, mmap, populate=verify) as src:
         return _guarded(_decode, src, mmap, device, verify, True, run_once)
 
 
@@ -245,7 +260,12 @@ def load(f, *, mmap=False, device=None, verify=True):
             default the CPU. Tensors on another device are copies.
         verify: check the header's checksum (format 1.1 on) and each
             tensor's checksum when it is read (on by default; turn off only
-            for trusted files, to keep mmap loads lazy).
+            for trusted files, to keep mmap loads lazy). With ``mmap`` and
+            verify off the load is lazy: the graphs of TracedModules are
+            read when first used (a call, ``.graph``, ``.code``, an edit,
+            ``save``, ``copy.deepcopy``; all of the load's at once), with
+            every check a load makes, so a broken graph raises its
+            ArchiveError there, and again on each later use.
 
     Returns:
         the saved object: Tensors (plain, not Parameters), modules rebuilt
@@ -265,5 +285,5 @@ def load(f, *, mmap=False, device=None, verify=True):
         TypeError, ValueError: bad ``f`` or ``device`` arguments.
     """
     device = _check_device(device)
-    with open_source(f, mmap) as src:
+    with open_source(f, mmap, populate=verify) as src:
         return _guarded(_decode, src, mmap, device, verify, False).obj

@@ -45,7 +45,10 @@ ArchiveError before anything runs:
   are identifiers; namedtuple names and fields are identifiers;
 * code is generated for a graph on its first call (and kept), from what
   these checks passed: a load that only reads weights, or inspects the
-  graph, pays nothing for it.
+  graph, pays nothing for it;
+* a lazy load (``mmap=True, verify=False``: trusted bytes) builds modules
+  and maps weights, and reads the graphs, with their part of these checks,
+  on first use (:class:`LazyGraphs`): still before any of their code runs.
 
 A namedtuple in a graph's arguments or results cannot be imported by name,
 so loading makes a look-alike class (same name and fields, ``__module__``
@@ -56,6 +59,7 @@ returns look-alikes.
 import collections
 import inspect
 import keyword
+import threading
 import warnings
 import weakref
 
@@ -77,7 +81,8 @@ from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constan
 from mgtrace.traced_module.graph import IdSource, InternalGraph, reset_ids
 from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode
 from mgtrace.traced_module.pytree import SLOT, LeafDef, TreeDef, _Root
-from mgtrace.traced_module.traced_module import TracedDict, TracedModule, TracedSequence
+from mgtrace.traced_module.traced_module import (PENDING_GRAPHS, TracedDict, TracedModule,
+                                                 TracedSequence, read_pending_graphs)
 
 __all__ = ["TRACED_FIELDS", "TENSOR_METHODS"]
 
@@ -119,13 +124,15 @@ _TREE_BY_NAME = {v: k for k, v in _TREE_TYPES.items()}
 _READS_AS = {"sequence": TracedSequence, "dict": TracedDict}
 # a TracedModule's own bookkeeping (training, watch points...): never stored as attrs
 # (and the cache of the call fast path, made on the first call: TracedModule._plain_table)
-_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__) | {"_plain"}
+_BOOKKEEPING = frozenset(TracedModule._shell(Module(), "Module").__dict__) | {"_plain",
+                                                                            PENDING_GRAPHS}
 _KEY_TYPES = (str, int, float, bool, type(None), bytes)
 
 
 # ---------------------------------------------------------------- encode
 def _encode(tm, ctx):
     cls = type(tm)
+    read_pending_graphs(tm)     # a lazy load's: read now (and its bookkeeping entry gone)
     d = tm.__dict__
     for table in ("_modules", "_parameters", "_buffers"):
         for k in d[table]:
@@ -349,6 +356,16 @@ def _check(entry, ctx, where):
         _fail(f"{where}.graphs", "not a list")
     if entry.get("reads_as", "sequence") not in _READS_AS:
         _fail(f"{where}.reads_as", f"{entry['reads_as'][:40]!r} is not one of {list(_READS_AS)}")
+    if ctx.lazy_graphs is not None:     # a lazy load checks the graphs when it reads them
+        check_limits(entry, where, ArchiveError, graphs=False)
+        return
+    _check_graphs(entry, ctx, where)
+
+
+def _check_graphs(entry, ctx, where):
+    """:func:`_check`'s part for the graphs: maps, limits, expr kinds,
+    ops and methods."""
+    graphs = entry["graphs"]
     for gi, g in enumerate(graphs):
         if not isinstance(g, dict) or not isinstance(g.get("exprs"), list):
             _fail(f"{where}.graphs[{gi}]", "a graph is a map with a list of exprs")
@@ -379,10 +396,11 @@ def _short(v):
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _names_of(entry):
+def _names_of(entry, graphs=True):
     """``(where, name)`` of every name in a traced entry: its own, its
     children's and members', its graphs', their nodes' and exprs' (names
-    become identifiers in generated code and keys of lookups)."""
+    become identifiers in generated code and keys of lookups); ``graphs``
+    False: not the graphs'."""
     yield "", entry.get("name")
     yield "", entry.get("qualname")
     for pair in entry.get("children") or ():
@@ -391,7 +409,7 @@ def _names_of(entry):
         if isinstance(entry.get(table), dict):
             for k in entry[table]:
                 yield f".{table}", k
-    for gi, g in enumerate(entry.get("graphs") or ()):
+    for gi, g in enumerate(entry.get("graphs") or () if graphs else ()):
         if not isinstance(g, dict):
             continue
         yield f".graphs[{gi}]", g.get("name")
@@ -415,15 +433,17 @@ def _member_names(entry):
             yield from entry[table]
 
 
-def check_limits(entry, where, error):
+def check_limits(entry, where, error, graphs=True):
     """The bounds of limits.py on a traced entry (graphs and exprs already
     maps): name lengths, graph sizes, arguments of a call. The reader runs
     it before anything is built (error=ArchiveError), the writer on the
-    entry it made (error=ValueError), so save never writes what load refuses."""
-    for w, name in _names_of(entry):
+    entry it made (error=ValueError), so save never writes what load
+    refuses. ``graphs`` False: the entry's own names only (a lazy load
+    checks its graphs when it reads them)."""
+    for w, name in _names_of(entry, graphs):
         limits.check_name(name, where + w, error)
     limits.member_names(_member_names(entry), where, error)
-    for gi, g in enumerate(entry["graphs"]):
+    for gi, g in enumerate(entry["graphs"] if graphs else ()):
         gw = f"{where}.graphs[{gi}]"
         for key in ("exprs", "nodes"):
             limits.check_graph_size(len(g.get(key) or ()), f"{gw}.{key}", error)
@@ -449,8 +469,7 @@ def _build(entry, ctx):
     d["_orig_name"] = entry["name"]
     d["_orig_type"] = None                  # an archive keeps only the class name
     d["_is_top"] = bool(entry["is_top"])
-    d["_signature"] = _decode_signature(ctx.value(entry["signature"], where="signature"),
-                                        ctx.signatures)
+    d["_signature"] = _stored_signature(entry["signature"], ctx)
     for k, i in entry["children"]:
         _check_member(tm, k, "children")
         tm._modules[k] = ctx.module(i)
@@ -470,10 +489,87 @@ def _build(entry, ctx):
         if isinstance(value, Module):
             _fail(f"attrs.{k}", "a module is a child, not a plain attribute")
         d[k] = value
-    for gi, g in enumerate(entry["graphs"]):
-        tm._graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+    if ctx.lazy_graphs is None:
+        _read_graphs(tm, entry, ctx)
+    else:                   # read on first use (LazyGraphs)
+        del d["_graphs"]
+        ctx.lazy_graphs.append((tm, entry, ctx._building[-1]))
+        if ctx.finish_lazy is None:
+            ctx.finish_lazy = lambda guard: LazyGraphs(ctx, guard)
     _number(tm, ctx)
     return tm
+
+
+def _read_graphs(tm, entry, ctx, graphs=None):
+    """Read the graphs of ``tm``'s entry into ``graphs`` (default its own
+    list) and return it."""
+    graphs = tm._graphs if graphs is None else graphs
+    for gi, g in enumerate(entry["graphs"]):
+        graphs.append(_GraphReader(tm, g, ctx, f"graphs[{gi}]").read())
+    return graphs
+
+
+class LazyGraphs:
+    """The graphs of a lazy load (``mmap=True, verify=False``), read on
+    first use: the load builds modules and maps weights, and registers its
+    traced modules (traced_module.PENDING_GRAPHS); the first ``_graphs``
+    lookup on any of them reads every graph of the load, with every check
+    an eager load makes, in the same order (so the same graphs, ids and
+    names), and numbers them as the load would have. A failure is the
+    ArchiveError the load would have raised, raised again on each later
+    lookup. The graphs are handed out when all are read: a thread that
+    looks meanwhile waits for them, never sees a half-read list."""
+
+    def __init__(self, ctx, guard):
+        self._ctx, self._guard = ctx, guard
+        self._waiting, ctx.lazy_graphs = ctx.lazy_graphs, None
+        self._lock = threading.RLock()
+        self._reading = False
+        self._error = None
+        for tm, _, _ in self._waiting:
+            tm.__dict__[PENDING_GRAPHS] = self
+
+    def __call__(self):
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._waiting is None or self._reading:     # read, or being read by this thread
+                return
+            waiting = self._waiting
+            self._reading = True
+            try:
+                self._guard(lambda: self._read(waiting))
+            except Exception as e:
+                for tm, _, _ in waiting:
+                    tm.__dict__.pop("_graphs", None)
+                self._error = e
+                raise
+            finally:
+                self._reading = False
+            self._waiting = self._ctx = None      # the header and load state go with it
+            for tm, _, _ in waiting:
+                tm.__dict__.pop(PENDING_GRAPHS, None)
+
+    def _read(self, waiting):
+        ctx = self._ctx
+        read = []
+        for tm, entry, i in waiting:
+            ctx._building = [i]
+            try:
+                _check_graphs(entry, ctx, f"header.modules[{i}]")
+                read.append(_read_graphs(tm, entry, ctx, []))
+            except ArchiveError as e:
+                if str(e).startswith(("header.", "traced module ")):
+                    raise
+                raise ArchiveError(f"traced module {_short(entry['qualname'])}: {e}") from e
+            except Exception as e:    # as DecodeContext.module reports a codec's failure
+                raise ArchiveError(f"header.modules[{i}]: {type(e).__name__}: {e}") from e
+            finally:
+                ctx._building = []
+        for (tm, _, _), graphs in zip(waiting, read):
+            tm.__dict__["_graphs"] = graphs
+        for number in ctx.numbering:
+            number()
 
 
 def _number(tm, ctx):
@@ -489,6 +585,15 @@ def _number(tm, ctx):
     if any(modules[i]["kind"] == "traced" for i in ctx._building[:-1]):
         return
     built, ctx.traced_built = ctx.traced_built, []
+    if ctx.lazy_graphs is None:
+        _number_built(tm, built)
+    else:                   # once the graphs are read (LazyGraphs)
+        ctx.numbering.append(lambda: _number_built(tm, built))
+
+
+def _number_built(tm, built):
+    """Number ``tm``'s tree, and first each module of ``built`` (traced
+    modules built while ``tm`` was, ``tm`` last) outside it."""
     modules = list(type(tm).modules(tm))
     inside = {id(m) for m in modules}
     for m in built[:-1]:
@@ -529,6 +634,21 @@ def _check_member(tm, name, where):
             or name in tm._parameters or name in tm._buffers:
         _fail(where, f"{_short(name)} clashes with another member or with "
                      f"{type(tm).__name__}.{name}")
+
+
+def _stored_signature(raw, ctx):
+    """The Signature of a stored (tagged) parameter list: decoded once per
+    load for each spelling of plain parameters (modules traced alike store
+    the same list; its repr is the key, as msgpack's lists, maps and
+    scalars spell their values), else every time."""
+    key = repr(raw) if type(raw) is dict else None
+    sig = ctx.signatures.get(key) if key is not None else None
+    if sig is None:
+        params = ctx.value(raw, where="signature")
+        sig = _decode_signature(params, ctx.signatures)
+        if key is not None and params is not None and _signature_key(params) is not None:
+            ctx.signatures[key] = sig
+    return sig
 
 
 def _signature_key(params):

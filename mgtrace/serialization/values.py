@@ -67,6 +67,7 @@ _INT_RANGE = (-(1 << 63), 1 << 64)
 # NumPy scalar dtypes a value may hold: mgtrace's dtypes plus NumPy's other fixed-size ints
 SCALAR_DTYPES = DtypeTable(DTYPE_NAMES + ("uint32", "uint64"))
 _PLAIN = (type(None), bool, str, bytes, float)
+SCALARS = frozenset(_PLAIN + (int,))       # untagged: decoded as themselves
 
 
 class UnstorableError(Error, TypeError):
@@ -309,8 +310,11 @@ def _index(payload, where):
 
 def _dec_seq(kind):
     def dec(p, ctx, node, depth, where):
-        items = [_dec(e, ctx, node, depth, f"{where}[{i}]")
-                 for i, e in enumerate(_expect(p, list, where))]
+        p = _expect(p, list, where)
+        if depth <= limits.MAX_VALUE_DEPTH and all(type(e) in SCALARS for e in p):
+            items = list(p)         # untagged items are themselves (a kernel size, a shape)
+        else:
+            items = [_dec(e, ctx, node, depth, f"{where}[{i}]") for i, e in enumerate(p)]
         return tuple(items) if kind is tuple else items
     return dec
 

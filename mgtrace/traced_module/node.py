@@ -81,6 +81,9 @@ def python_name(name):
     return unicodedata.normalize("NFKC", name)
 
 
+_SCAN_USERS = 16        # Node._add_user scans a users list shorter than this
+
+
 class Node:
     """A value in an InternalGraph.
 
@@ -160,8 +163,24 @@ class Node:
         self._qualname = value
 
     def _add_user(self, expr):
-        if not any(u is expr for u in self.users):
-            self.users.append(expr)
+        """List ``expr`` as a user unless it is one: a scan of a short list,
+        else a lookup in a set of the users' ids kept beside the list (made
+        again whenever ``users`` is another list or another length than when
+        it was made), so adding n users costs O(n), not O(n**2)."""
+        users = self.users
+        if len(users) < _SCAN_USERS:
+            if not any(u is expr for u in users):
+                users.append(expr)
+            return
+        index = self.__dict__.get("_user_index")
+        if index is None or index[0] is not users or index[1] != len(users):
+            index = [users, len(users), {id(u) for u in users}]
+            self._user_index = index
+        if id(expr) in index[2] and any(u is expr for u in reversed(users)):
+            return              # (an id in the set whose object is gone is checked, not trusted)
+        users.append(expr)
+        index[1] += 1
+        index[2].add(id(expr))
 
     def _remove_user(self, expr):
         self.users = [u for u in self.users if u is not expr]

@@ -37,6 +37,24 @@ from mgtrace.traced_module.tracer import Tracer
 
 __all__ = ["TracedModule", "TracedSequence", "TracedDict", "trace_module"]
 
+# the __dict__ entry of a TracedModule whose graphs are not read yet (a lazy archive load:
+# serialization.traced_codec.LazyGraphs, which reads the graphs of the whole load at once and
+# then removes the entries): the function that reads them. Such a module has no "_graphs" in
+# its __dict__: its first ``_graphs`` lookup (a call, .graph, .code, an edit, a save, a
+# deepcopy) or a change of any attribute but ``training`` reads them; nothing else pays for
+# the lookup. (An entry of the module's own, not a table beside it: the reader holds the
+# load's modules, so a module that is dropped unread is freed with it.)
+PENDING_GRAPHS = "_graphs_pending"
+
+
+def read_pending_graphs(tm):
+    """Read the graphs of a lazily loaded ``tm`` (and its load's other
+    modules) if they are not read yet; raises what the read raises
+    (ArchiveError), every time it is tried."""
+    load = tm.__dict__.get(PENDING_GRAPHS)
+    if load is not None:
+        load()
+
 
 def _input_leaf(v):
     # a slot holds a tensor, or a number where a traced caller passed a value
@@ -88,8 +106,23 @@ class TracedModule(Module):
     _NOT_STATE = frozenset({"watch_points", "end_points", "watch_node_value"})
 
     def __setattr__(self, name, value):
+        if name != "training":      # the graphs of a lazy load are read against the tree as loaded
+            read_pending_graphs(self)
         _check_member_form(self, name)
         super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        read_pending_graphs(self)
+        super().__delattr__(name)
+
+    def __getattr__(self, name):
+        # only reached when normal lookup fails: "_graphs" of a lazy load not read yet
+        if name == "_graphs" and PENDING_GRAPHS in self.__dict__:
+            read_pending_graphs(self)
+            graphs = self.__dict__.get("_graphs")
+            if graphs is not None:      # (None: looked up by the read itself, none yet)
+                return graphs
+        return Module.__getattr__(self, name)
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -98,6 +131,8 @@ class TracedModule(Module):
         Module.__init__(tm)
         d = tm.__dict__
         for k, v in module.__dict__.items():
+            if k == PENDING_GRAPHS:
+                continue
             if k in ("_parameters", "_buffers", "_modules"):
                 d[k].update(v)
             elif k == "_non_persistent_buffers":
@@ -399,6 +434,7 @@ class TracedModule(Module):
         return to_folder(self, path, module_name)
 
     def __deepcopy__(self, memo):
+        read_pending_graphs(self)
         new = Module.__deepcopy__(self, memo)
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
