@@ -5,9 +5,10 @@ state dict (``.pkl``) as an OrderedDict of Tensors in MegEngine's shapes
 (load it with ``module.load_state_dict(sd, layout="megengine")``), a
 TracedModule (``.tm``) as an mgtrace :class:`~mgtrace.TracedModule`.
 
-The files are pickles; they are read by a restricted unpickler
-(:mod:`mgtrace.megengine.unpickler`) that imports and calls nothing the
-file names, and MegEngine's modules and functions are mapped to mgtrace's
+The files are pickles; they are read by mgtrace's own pickle machine
+(:mod:`mgtrace.megengine.unpickler`, over :mod:`mgtrace.megengine.opcodes`;
+Python's :mod:`pickle` is never imported), which imports and calls nothing
+the file names, and MegEngine's modules and functions are mapped to mgtrace's
 through one table (:mod:`mgtrace.megengine.table`). ``mgtrace
 import-megengine`` converts many files to ``.tmod`` archives.
 """
