@@ -110,8 +110,8 @@ def add_parser(sub, formatter, jobs, tolerance, import_option):
                          "130 interrupted",
         description=textwrap.fill(
             "Read each TracedModule (.tm) or state dict (.pkl) that megengine.save wrote, "
-            "without running it (mgtrace's own pickle reader, which imports nothing the file "
-            "names), "
+            "without running it (mgtrace's own reader of the file's opcodes, which loads nothing "
+            "the file names), "
             "convert it to mgtrace's modules and functions, and write OUT/<same path>.tmod, "
             "checked first: a traced module's archive must reproduce its outputs on example "
             "inputs (from the input shapes MegEngine recorded, or --inputs), a state dict's "

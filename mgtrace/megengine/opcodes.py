@@ -2,8 +2,9 @@
 
 mgtrace's own decoder, one table: each opcode's byte, its name (as the
 pickle format documents them, ``Lib/pickletools.py``) and how its argument
-is read. It replaces :mod:`pickletools` (which imports :mod:`pickle`) so
-that nothing of Python's pickle machinery is loaded to read a file.
+is read. It replaces pickletools (which loads Python's pickle module
+itself), so that nothing of Python's pickle machinery is loaded to read a
+file.
 
 :data:`OPCODES` holds the opcodes Python's pickler writes at protocols 2
 to 5 for the values ``megengine.save`` stores (MegEngine 1.13 writes

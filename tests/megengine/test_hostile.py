@@ -10,7 +10,7 @@ import pytest
 
 import mgtrace
 import mgtrace.megengine as mge
-from mgtrace.megengine import unpickler as U
+from mgtrace.megengine import reader as U
 from .cases import path
 
 
@@ -205,7 +205,7 @@ def test_real_files_read_into_inert_records_only():
             stack.extend(v.values())
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
-    assert kinds <= {"builtins", "mgtrace.megengine.stubs", "mgtrace.megengine.unpickler",
+    assert kinds <= {"builtins", "mgtrace.megengine.stubs", "mgtrace.megengine.reader",
                      "numpy"}, kinds
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mgtrace.megengine as mge
-from mgtrace.megengine import unpickler as U
+from mgtrace.megengine import reader as U
 from .cases import assert_matches, path, stored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,11 +1,11 @@
 """A reader of the pickles MegEngine writes (``megengine.save``) that runs
 none of them.
 
-A pickle is a program for a small stack machine: each global it names is
-imported and each REDUCE calls it, so reading one with :mod:`pickle` runs
-whatever the file says. This module is its own machine instead: the
-opcodes are decoded from the bytes by :mod:`mgtrace.megengine.opcodes` (no
-:mod:`pickle` or :mod:`pickletools` is imported) and run by
+A pickle is a program for a small stack machine: Python's unpickler loads
+each global the file names and calls it at each REDUCE, so it runs whatever
+the file says. This module is its own machine instead: the opcodes are
+decoded from the bytes by :mod:`mgtrace.megengine.opcodes` (Python's
+pickle and pickletools modules are never loaded) and run by
 :class:`_Machine`, which resolves a global only against one closed table
 (:data:`ALLOWED`), each name mapped to something of mgtrace's own:
 
@@ -392,7 +392,7 @@ def allow_classes(qualnames):
 
 
 # Python 2's names of the builtins the table holds, as Python 3's pickler
-# writes them at protocol 2 (what ``pickle``'s fix_imports reads back)
+# writes them at protocol 2 (Python's unpickler maps them back likewise)
 _PY2_NAMES = {("__builtin__", "long"): ("builtins", "int"),
               ("__builtin__", "unicode"): ("builtins", "str")}
 
