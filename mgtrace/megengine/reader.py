@@ -660,6 +660,11 @@ class _Machine:
 
 _NOTHING = object()
 _HANDLERS = {name: getattr(_Machine, "_" + name) for name, _ in OPCODES.values()}
+# byte -> (name, handler) of the opcodes without an argument (the loop's fast path)
+_PLAIN = [None] * 256
+for _code, (_name, _read) in OPCODES.items():
+    if _read is None:
+        _PLAIN[_code] = (_name, _HANDLERS[_name])
 
 
 def _name_of(v):
@@ -673,26 +678,33 @@ def _name_of(v):
 def _run(data, where):
     """The value the pickle ``data`` leaves at STOP."""
     machine, pos, count, n = _Machine(data), 0, 0, len(data)
+    plain, handlers = _PLAIN, _HANDLERS
     while machine.result is _NOTHING:
         count += 1
         if count > MAX_OPCODES:
             raise MegEngineFileError(f"{where}: more than {MAX_OPCODES} pickle opcodes")
+        entry = plain[data[pos]] if pos < n else None
+        if entry is not None:               # an opcode without an argument
+            name, handler = entry
+            arg, end = None, pos + 1
+        else:
+            try:
+                name, arg, end = read_opcode(data, pos)
+            except MegEngineFileError as e:
+                raise MegEngineFileError(f"{where}: {e}") from None
+            handler = handlers[name]
+            if name == "FRAME" and arg > n - end:
+                raise MegEngineFileError(f"{where}: a frame of {arg} bytes at byte {pos}, past "
+                                         f"the end of the {n}-byte pickle")
+            if type(arg) is int and abs(arg) >= MAX_INT:
+                raise MegEngineFileError(f"{where}: an int of more than 61 bits at byte {pos} "
+                                         "(ints that large collide in dicts; MegEngine's files "
+                                         "hold none)")
+            if type(arg) is float and MAX_INT <= abs(arg) < float("inf"):
+                raise MegEngineFileError(f"{where}: a float of magnitude 2**61 or more at "
+                                         f"byte {pos} (such floats collide in dicts)")
         try:
-            name, arg, end = read_opcode(data, pos)
-        except MegEngineFileError as e:
-            raise MegEngineFileError(f"{where}: {e}") from None
-        if name == "FRAME" and arg > n - end:
-            raise MegEngineFileError(f"{where}: a frame of {arg} bytes at byte {pos}, past "
-                                     f"the end of the {n}-byte pickle")
-        if type(arg) is int and abs(arg) >= MAX_INT:
-            raise MegEngineFileError(f"{where}: an int of more than 61 bits at byte {pos} "
-                                     "(ints that large collide in dicts; MegEngine's files "
-                                     "hold none)")
-        if type(arg) is float and MAX_INT <= abs(arg) < float("inf"):
-            raise MegEngineFileError(f"{where}: a float of magnitude 2**61 or more at "
-                                     f"byte {pos} (such floats collide in dicts)")
-        try:
-            _HANDLERS[name](machine, arg)
+            handler(machine, arg)
         except MegEngineFileError as e:
             raise type(e)(f"{where}: {e} (opcode {name} at byte {pos})") from None
         except RecursionError:

@@ -65,7 +65,9 @@ def _check_member_form(tm, name):
                                  f"would read one for the other; choose another name")
 
 
-_MODULE_OWN = frozenset(vars(Module()))     # training, quantize_disabled...: not the user's
+# Module's own attributes (training, the tables) and flags its methods set
+# (disable_quantize): not the user's
+_MODULE_OWN = frozenset(vars(Module())) | {"quantize_disabled"}
 
 
 def _warn_if_traced_constant(tm, name, value):
