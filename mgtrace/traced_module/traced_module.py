@@ -235,8 +235,8 @@ class TracedModule(Module):
                 module was traced with and what this call passed
                 (``traced with idx: int32[1, 8]; called with idx: float32[1, 8]``).
         """
-        if self.training and "_inference_only" in self.__dict__:
-            _refuse_training(self)      # put in training mode past train(): parent.train()
+        if "_inference_only" in self.__dict__:
+            _refuse_if_training(self)   # put in training mode past train(): parent.train()
         graph = self._plain_graph(args) if not kwargs else None
         if graph is not None:
             leaves = args
@@ -455,6 +455,13 @@ class TracedModule(Module):
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
         return new
+
+
+def _refuse_if_training(tm):
+    """_refuse_training when ``tm`` is in training mode (a function of its
+    own: forward's code must not read ``training``, see tracer._reads_training)."""
+    if tm.training:
+        _refuse_training(tm)
 
 
 def _refuse_training(tm):

@@ -401,3 +401,15 @@ def test_rebinding_a_traced_plain_attribute_warns_that_it_changes_nothing(recwar
     tm.extra = 1                                        # a new attribute: nothing traced it
     assert not [w for w in recwarn if issubclass(w.category, mt.TraceWarning)]
     np.testing.assert_array_equal(tm(x).numpy(), np.arange(3) * 3 + 2.0 + 10.0)
+
+
+def test_tracing_a_traced_module_again_does_not_warn_about_training(recwarn):
+    """TracedModule.forward's own refusal of an inference-only module in
+    training mode must not read ``training`` in forward's code: the tracer
+    takes such a read for the user's branch and warns on every retrace."""
+    x = _img()
+    tm = mt.trace_module(_ConvBnDrop().eval(), x)
+    for m in (tm, optimize(tm, "all")):
+        again = mt.trace_module(m, x)
+        np.testing.assert_array_equal(again(x).numpy(), m(x).numpy())
+    assert not [w for w in recwarn if "self.training" in str(w.message)]
