@@ -440,8 +440,8 @@ class _Machine:
     :class:`Global` names and arrays only; the only things called are the
     table's record classes and :class:`Builder` functions."""
 
-    def __init__(self, data):
-        self.data, self.stack, self.marks, self.memo = data, [], [], {}
+    def __init__(self):
+        self.stack, self.marks, self.memo = [], [], {}
         self.result, self.protocol = _NOTHING, 2
 
     # -- the stack
@@ -677,7 +677,7 @@ def _name_of(v):
 
 def _run(data, where):
     """The value the pickle ``data`` leaves at STOP."""
-    machine, pos, count, n = _Machine(data), 0, 0, len(data)
+    machine, pos, count, n = _Machine(), 0, 0, len(data)
     plain, handlers = _PLAIN, _HANDLERS
     while machine.result is _NOTHING:
         count += 1
