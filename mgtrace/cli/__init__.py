@@ -522,6 +522,32 @@ def _cmd_batch(args, out):
     files = batch.collect(args.paths, args.pattern)
     if not files:
         raise FileNotFoundError(_nothing_found(args))
+    checks = {"rtol": args.rtol, "atol": args.atol, "device": args.device}
+
+    def run(**opts):
+        if args.command == "verify":
+            return batch.verify(args.paths, **checks, **opts)
+        if args.command == "upgrade":
+            return batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks,
+                                 **opts)
+        if args.command == "export":
+            return onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
+                                        opset=args.opset, rtol=args.rtol, atol=args.atol,
+                                        contrib_ops=args.contrib_ops, **opts)
+        return batch.retrace(args.paths, out=args.out, in_place=args.in_place,
+                             inputs=args.inputs, **checks, **opts)
+    left = (lambda: batch.leftovers(args.paths)) if args.command == "verify" else None
+    return _run_batch(args, out, files, run, left)
+
+
+def _run_batch(args, out, files, run, leftovers=None):
+    """The runner of every batch command (verify, upgrade, retrace, export,
+    import-megengine): checks the run options, calls ``run(**options)``
+    (jobs, dask, report, imports, resume, pattern, progress and the
+    per-file callback) for the records, streams the table of files as they
+    finish (or prints JSON), then the summary; ``leftovers()`` gives the
+    interrupted saves to list. Returns the exit status."""
+    from mgtrace.cli import batch
     if args.dask and args.dask != "local" and args.jobs != 1:
         raise ValueError("-j applies to the local pool and to --dask local; a Dask cluster at an "
                          "address uses the workers it has: drop -j")
@@ -537,28 +563,16 @@ def _cmd_batch(args, out):
         done.append(rec)
         if not args.json:
             table.finished(rec)
-    run = {"jobs": args.jobs, "dask": args.dask, "report": args.report, "imports": args.imports,
-           "resume": not args.no_resume, "pattern": args.pattern,
-           "progress": False if (args.quiet or args.json) else None, "callback": finished}
-    checks = {"rtol": args.rtol, "atol": args.atol, "device": args.device}
     t0 = time.perf_counter()
     try:
-        if args.command == "verify":
-            records = batch.verify(args.paths, **checks, **run)
-        elif args.command == "upgrade":
-            records = batch.upgrade(args.paths, out=args.out, in_place=args.in_place, **checks, **run)
-        elif args.command == "export":
-            records = onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
-                                           opset=args.opset, rtol=args.rtol, atol=args.atol,
-                                           contrib_ops=args.contrib_ops, **run)
-        else:
-            records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
-                                    inputs=args.inputs, **checks, **run)
+        records = run(jobs=args.jobs, dask=args.dask, report=args.report, imports=args.imports,
+                      resume=not args.no_resume, pattern=args.pattern,
+                      progress=False if (args.quiet or args.json) else None, callback=finished)
     except KeyboardInterrupt:
         if args.json and done:      # what finished is printed, marked unfinished
             _print_records(out, args.command, done, finished=False)
         raise
-    left = batch.leftovers(args.paths) if args.command == "verify" else []
+    left = leftovers() if leftovers is not None else []
     if args.json:
         _print_records(out, args.command, records, finished=True, left=left)
     else:
@@ -692,8 +706,13 @@ def _cmd_demo(args, out):
 
 
 def _cmd_import_megengine(args, out):
-    from mgtrace.cli import import_megengine
-    return import_megengine.run_command(args, out, _Table, _print_records, EXIT_FAILED, EXIT_OK)
+    from mgtrace.cli import batch, import_megengine
+    files = batch.collect(args.paths, args.pattern, exclude=args.out)
+    if not files:
+        raise FileNotFoundError(f"no MegEngine files: nothing under {' '.join(args.paths)} "
+                                f"matches --pattern {args.pattern!r}")
+    return _run_batch(args, out, files, lambda **opts: import_megengine.import_megengine(
+        args.paths, out=args.out, inputs=args.inputs, rtol=args.rtol, atol=args.atol, **opts))
 
 
 _COMMANDS = {"inspect": _cmd_inspect, "diff": _cmd_diff, "verify": _cmd_batch,

@@ -12,7 +12,7 @@ which it keeps as its examples; a state dict's must hold the same tensors.
 """
 import os
 
-__all__ = ["import_file", "import_megengine", "add_parser", "run_command"]
+__all__ = ["import_file", "import_megengine", "add_parser"]
 
 _EPILOG = """\
 examples:
@@ -110,7 +110,8 @@ def add_parser(sub, formatter, jobs, tolerance, import_option):
                          "130 interrupted",
         description=textwrap.fill(
             "Read each TracedModule (.tm) or state dict (.pkl) that megengine.save wrote, "
-            "without running it (a restricted unpickler that imports nothing the file names), "
+            "without running it (mgtrace's own reader of the file's opcodes, which loads nothing "
+            "the file names), "
             "convert it to mgtrace's modules and functions, and write OUT/<same path>.tmod, "
             "checked first: a traced module's archive must reproduce its outputs on example "
             "inputs (from the input shapes MegEngine recorded, or --inputs), a state dict's "
@@ -146,43 +147,3 @@ def add_parser(sub, formatter, jobs, tolerance, import_option):
     g.add_argument("-q", "--quiet", action="store_true",
                    help="no progress bar; list only the failed files, then the summary")
     return s
-
-
-def run_command(args, out, table_class, print_records, exit_failed, exit_ok):
-    """Run the parsed ``import-megengine`` command; returns the exit status."""
-    import sys
-    import time
-    from mgtrace.cli import batch
-    files = batch.collect(args.paths, args.pattern, exclude=args.out)
-    if not files:
-        raise FileNotFoundError(f"no MegEngine files: nothing under {' '.join(args.paths)} "
-                                f"matches --pattern {args.pattern!r}")
-    if args.dask and args.dask != "local" and args.jobs != 1:
-        raise ValueError("-j applies to the local pool and to --dask local: drop -j")
-    if args.no_resume and not args.report:
-        raise ValueError("--no-resume only makes sense with --report")
-    bar = not (args.quiet or args.json) and sys.stderr.isatty()
-    table = table_class(out, args.command, args.quiet, min(max(map(len, files)), 48),
-                        stream=not (bar and out.isatty()))
-    done = []
-
-    def finished(rec, i, total):
-        done.append(rec)
-        if not args.json:
-            table.finished(rec)
-    t0 = time.perf_counter()
-    try:
-        records = import_megengine(
-            args.paths, out=args.out, inputs=args.inputs, rtol=args.rtol, atol=args.atol,
-            jobs=args.jobs, dask=args.dask, report=args.report, imports=args.imports,
-            resume=not args.no_resume, pattern=args.pattern,
-            progress=False if (args.quiet or args.json) else None, callback=finished)
-    except KeyboardInterrupt:
-        if args.json and done:
-            print_records(out, args.command, done, finished=False)
-        raise
-    if args.json:
-        print_records(out, args.command, records, finished=True)
-    else:
-        table.end(records, time.perf_counter() - t0, args.report)
-    return exit_failed if batch.summary(records)["failed"] else exit_ok

@@ -5,14 +5,15 @@ state dict (``.pkl``) as an OrderedDict of Tensors in MegEngine's shapes
 (load it with ``module.load_state_dict(sd, layout="megengine")``), a
 TracedModule (``.tm``) as an mgtrace :class:`~mgtrace.TracedModule`.
 
-The files are pickles; they are read by a restricted unpickler
-(:mod:`mgtrace.megengine.unpickler`) that imports and calls nothing the
-file names, and MegEngine's modules and functions are mapped to mgtrace's
+The files are pickles; they are read by mgtrace's own pickle machine
+(:mod:`mgtrace.megengine.reader`, over :mod:`mgtrace.megengine.opcodes`;
+Python's pickle module is never loaded), which loads and calls nothing
+the file names, and MegEngine's modules and functions are mapped to mgtrace's
 through one table (:mod:`mgtrace.megengine.table`). ``mgtrace
 import-megengine`` converts many files to ``.tmod`` archives.
 """
 from mgtrace.megengine.convert import load, loads
 from mgtrace.megengine.table import UnsupportedError
-from mgtrace.megengine.unpickler import ForbiddenGlobalError, MegEngineFileError
+from mgtrace.megengine.reader import ForbiddenGlobalError, MegEngineFileError
 
 __all__ = ["load", "loads", "MegEngineFileError", "ForbiddenGlobalError", "UnsupportedError"]

@@ -1,7 +1,7 @@
 """MegEngine's files as mgtrace objects: a state dict as a dict of Tensors,
 a TracedModule (``.tm``) as an mgtrace TracedModule.
 
-A ``.tm`` holds MegEngine's graphs (:mod:`mgtrace.megengine.unpickler`
+A ``.tm`` holds MegEngine's graphs (:mod:`mgtrace.megengine.reader`
 reads them into inert records). Each MegEngine TracedModule becomes a
 :class:`Replay` module: its builtin modules become mgtrace's (through
 :mod:`mgtrace.megengine.table`), its tensors Parameters and buffers, its
@@ -23,8 +23,8 @@ import mgtrace
 import mgtrace.module as M
 from mgtrace._core import Tensor
 from mgtrace.megengine import table as T
-from mgtrace.megengine.unpickler import (Global, MegEngineFileError, Stub, array_of,
-                                         read_pickle)
+from mgtrace.megengine.reader import (Global, MegEngineFileError, Stub, array_of,
+                                      read_pickle)
 from mgtrace.traced_module.tracer import TraceWarning
 
 __all__ = ["load", "loads", "convert", "Replay", "MAX_DEPTH", "MAX_EXPRS"]
@@ -683,7 +683,7 @@ def load(path, *, example_inputs=None, example_kwargs=None):
 
     Raises:
         ForbiddenGlobalError: the pickle names a global outside the
-            reader's allowlist (see :mod:`mgtrace.megengine.unpickler`).
+            reader's allowlist (see :mod:`mgtrace.megengine.reader`).
         UnsupportedError: a MegEngine module, function, method or op with no
             mgtrace counterpart (:mod:`mgtrace.megengine.table`), named.
         MegEngineFileError: anything else wrong with the file.

@@ -17,7 +17,7 @@ import inspect
 
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.megengine.unpickler import MegEngineFileError, Stub, allow_classes, allow_names
+from mgtrace.megengine.reader import MegEngineFileError, Stub, allow_classes, allow_names
 
 __all__ = ["UnsupportedError", "MODULES", "FUNCTIONS", "TENSOR_METHODS", "module_rule",
            "module_record", "function_rule"]

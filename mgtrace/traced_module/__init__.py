@@ -26,8 +26,9 @@ import sys
 
 from mgtrace.functional._trace import traceable as _traceable
 from mgtrace.traced_module.checker import disable_default_checker, enable_expr_checker
-from mgtrace.traced_module.errors import (GraphError, PassError, PassOrderError, TraceCheckError,
-                                          TraceError, TraceWarning)
+from mgtrace.traced_module.errors import (GraphError, InferenceOnlyError, PassError,
+                                          PassOrderError, TraceCheckError, TraceError,
+                                          TraceWarning)
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, Expr,
                                         GetAttr, Input)
 from mgtrace.traced_module.graph import ExprFilter, InternalGraph, NodeFilter
@@ -45,7 +46,7 @@ __all__ = ["trace_module", "TracedModule", "wrap", "InternalGraph", "GraphError"
            "tree_flatten", "tree_map", "register_supported_type", "SymInt", "TraceError",
            "TraceWarning", "TraceCheckError", "enable_expr_checker", "disable_default_checker",
            "optimize", "register_pass", "registered_passes", "replace_pattern", "Match",
-           "PassResult", "OptimizeReport", "PassError", "PassOrderError"]
+           "PassResult", "OptimizeReport", "PassError", "PassOrderError", "InferenceOnlyError"]
 
 
 def wrap(fn):

@@ -9,7 +9,7 @@ RuntimeError`` a TraceError.
 from mgtrace.errors import Error
 
 __all__ = ["GraphError", "TraceError", "TraceCheckError", "TraceWarning", "PassError",
-           "PassOrderError"]
+           "PassOrderError", "InferenceOnlyError"]
 
 
 class GraphError(Error, ValueError):
@@ -45,3 +45,10 @@ class PassOrderError(Error, ValueError):
     """The passes asked for cannot be ordered: one requires a pass that is
     not registered, or their ``after``/``requires`` constraints form a cycle
     (the message names the passes of the cycle)."""
+
+
+class InferenceOnlyError(Error, RuntimeError):
+    """A TracedModule that :func:`~mgtrace.traced_module.optimize` made for
+    inference from one in eval mode (BatchNorms folded into convs, Dropout
+    dropped) was put in training mode: it would go on computing the eval-mode
+    function. The message names each pass and what it removed."""

@@ -14,6 +14,7 @@ import collections
 import keyword
 import os
 import re
+import sys
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from mgtrace.module import Module, Parameter
 from mgtrace.module.builtin import is_builtin
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.graph import GraphError
-from mgtrace.traced_module.pytree import LeafDef
+from mgtrace.traced_module.pytree import LeafDef, TreeDef, _Root
 from mgtrace.traced_module.traced_module import TracedModule, _plain_arity
 
 __all__ = ["to_folder"]
@@ -73,6 +74,18 @@ def member(obj, name):
         if t is not None and name in t:
             return t[name]
     return getattr(obj, name)
+
+
+class Rebuild:
+    """A traced output structure (tuples, lists, dicts, namedtuples and
+    the constants the trace fixed in them), rebuilt by ``fn`` from the
+    list of its tensors, in the order the generated forward gives them."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def unflatten(self, leaves):
+        return self.fn(list(leaves))
 
 
 def share(root, groups):
@@ -284,6 +297,15 @@ class _Writer:
                 binds.append(f"{name} = {_number_src(v)}")
             elif isinstance(v, Device):
                 binds.append(f"{name} = mt.as_device({str(v)!r})")
+            elif isinstance(v, TreeDef):      # an output structure: a namedtuple, a dict...
+                heads = []
+                src = _rebuild_src(v, [0], heads)
+                if src is None:
+                    raise self.error(f"{tm._qualname} returns {v}, a structure to_folder cannot "
+                                     "write (a registered custom type, a key or a constant "
+                                     "with no Python literal)")
+                binds += heads + ["from ._runtime import Rebuild",
+                                  f"{name} = Rebuild(lambda _leaves: {src})"]
             elif isinstance(v, np.generic) and v.dtype.kind in "biuf":     # np.float32(1.7)
                 binds.append(f"{name} = np.dtype({v.dtype.name!r}).type({_number_src(v.item())})")
             else:
@@ -372,6 +394,48 @@ def _slot_reads(tdef, src, out, fixed):
     return all(_slot_reads(c, sub, out, fixed) for c, sub in zip(tdef.children, subs))
 
 
+def _rebuild_src(tdef, count, heads):
+    """Python source of an expression that builds ``tdef``'s value from the
+    list ``_leaves`` of its slots' values (``count[0]``: the next slot), the
+    imports it needs appended to ``heads``; None for a structure it cannot
+    spell (a registered custom type, a key or constant with no literal)."""
+    if isinstance(tdef, LeafDef):
+        if tdef.is_slot:
+            count[0] += 1
+            return f"_leaves[{count[0] - 1}]"
+        return repr(tdef.const) if _literal(tdef.const) else None
+    kids = [_rebuild_src(c, count, heads) for c in tdef.children]
+    if any(k is None for k in kids):
+        return None
+    t = tdef.type
+    if t is _Root:
+        return kids[0]
+    if t in (dict, collections.OrderedDict):
+        if not all(type(k) in (str, int) for k in tdef.aux):
+            return None
+        pairs = ", ".join(f"{k!r}: {v}" for k, v in zip(tdef.aux, kids))
+        if t is dict:
+            return "{" + pairs + "}"
+        heads.append("import collections as _collections")
+        return f"_collections.OrderedDict({{{pairs}}})"
+    if t is tuple:
+        return "(" + "".join(k + ", " for k in kids) + ")"
+    if t is list:
+        return "[" + ", ".join(kids) + "]"
+    if issubclass(t, tuple) and hasattr(t, "_fields"):
+        alias = _ident("_" + t.__name__, set())
+        owner = sys.modules.get(t.__module__)
+        if getattr(owner, t.__qualname__, None) is not t or "." in t.__qualname__:
+            # not importable by its name (made in a function): the package gets a
+            # namedtuple of the same name and fields
+            heads.append(f"import collections as _collections\n{alias} = _collections."
+                         f"namedtuple({t.__name__!r}, {tuple(t._fields)!r})")
+        else:
+            heads.append(f"from {t.__module__} import {t.__qualname__} as {alias}")
+        return f"{alias}(" + ", ".join(kids) + ")"
+    return None
+
+
 def to_folder(tm, path, module_name="Net"):
     """Write TracedModule ``tm`` as a Python package at ``path`` so that
     ``from <path> import <module_name>`` gives a plain ``mgtrace.module.Module``
@@ -390,7 +454,10 @@ def to_folder(tm, path, module_name="Net"):
         ValueError: ``module_name`` is not an identifier.
         GraphError: a module with several graphs, a child that is neither
             traced nor builtin, a constant or a default value that cannot
-            be written, or arguments of a registered custom pytree type.
+            be written, or arguments or outputs of a registered custom
+            pytree type. (Outputs of tuples, lists, dicts, OrderedDicts and
+            namedtuples are rebuilt; a namedtuple class that cannot be
+            imported by its name becomes one of the same name and fields.)
     """
     if not isinstance(module_name, str) or not module_name.isidentifier() or \
             keyword.iskeyword(module_name):

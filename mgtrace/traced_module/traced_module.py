@@ -11,6 +11,7 @@ import copy
 import inspect
 import operator
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -26,7 +27,7 @@ from mgtrace.module.module import Module, _structure_leaves
 from mgtrace.traced_module import checker as _checker
 from mgtrace.traced_module import codegen
 from mgtrace.traced_module.codegen import member
-from mgtrace.traced_module.errors import GraphError
+from mgtrace.traced_module.errors import GraphError, InferenceOnlyError, TraceWarning
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         called_graph, is_node)
 from mgtrace.traced_module.graph import InternalGraph, reset_ids
@@ -82,6 +83,39 @@ def _check_member_form(tm, name):
                                  f"would read one for the other; choose another name")
 
 
+# Module's own attributes (training, the tables) and flags its methods set
+# (disable_quantize): not the user's
+_MODULE_OWN = frozenset(vars(Module())) | {"quantize_disabled"}
+
+
+def _warn_if_traced_constant(tm, name, value):
+    """TraceWarning when ``tm.name = value`` rebinds a plain attribute (an
+    int, a list...) of the traced module: the trace made what forward read
+    of it a constant of the graph, so the new value changes nothing."""
+    d = tm.__dict__
+    if not isinstance(name, str) or name.startswith("_") or name not in d \
+            or name in _MODULE_OWN or name in tm._NOT_STATE or not d.get("_graphs"):
+        return
+    old = d[name]
+    if old is value or isinstance(old, (Tensor, Module)) or isinstance(value, (Tensor, Module)):
+        return
+    if any(isinstance(e, GetAttr) and e.name.split(".")[0] == name
+           for g in d["_graphs"] for e in g._exprs):
+        return              # a graph reads it at run time
+    where = d.get("_qualname") or type(tm).__name__
+    warnings.warn(TraceWarning(
+        f"{where}.{name} = {_short(value)}: the traced graphs never read this attribute; what "
+        f"forward read of it while tracing ({_short(old)}) is a constant of the graph, so the "
+        "new value changes nothing. Trace the module again with the new value, or keep the "
+        "value in a tensor attribute (a buffer), which the graph reads at every call"),
+        stacklevel=3)
+
+
+def _short(v):
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 class TracedModule(Module):
     """A module whose forward is one or more traced graphs.
 
@@ -109,6 +143,7 @@ class TracedModule(Module):
         if name != "training":      # the graphs of a lazy load are read against the tree as loaded
             read_pending_graphs(self)
         _check_member_form(self, name)
+        _warn_if_traced_constant(self, name, value)
         super().__setattr__(name, value)
 
     def __delattr__(self, name):
@@ -235,6 +270,8 @@ class TracedModule(Module):
                 module was traced with and what this call passed
                 (``traced with idx: int32[1, 8]; called with idx: float32[1, 8]``).
         """
+        if "_inference_only" in self.__dict__:
+            _refuse_if_training(self)   # put in training mode past train(): parent.train()
         graph = self._plain_graph(args) if not kwargs else None
         if graph is not None:
             leaves = args
@@ -427,6 +464,21 @@ class TracedModule(Module):
         reset_ids(new)
         return new
 
+    def train(self, mode=True):
+        """Set ``training`` on self and every descendant; returns self.
+
+        Raises:
+            InferenceOnlyError: ``mode`` is True and this module is what
+                :func:`~mgtrace.traced_module.optimize` made for inference
+                from one in eval mode (it folded BatchNorms, dropped
+                Dropout...): in training mode it would still compute the
+                eval-mode function. The message names each pass and what
+                it removed. (``eval()`` and ``train(False)`` always work.)
+        """
+        if mode is True:
+            _refuse_training(self)
+        return super().train(mode)
+
     def to_folder(self, path, module_name="Net"):
         """Write this module as a Python package (see :mod:`mgtrace.traced_module.folder`)."""
         # folder renders TracedModules, so it imports this module: a real cycle
@@ -439,6 +491,28 @@ class TracedModule(Module):
         for g in new._graphs:
             g.__dict__.pop("_fn_cache", None)
         return new
+
+
+def _refuse_if_training(tm):
+    """_refuse_training when ``tm`` is in training mode (a function of its
+    own: forward's code must not read ``training``, see tracer._reads_training)."""
+    if tm.training:
+        _refuse_training(tm)
+
+
+def _refuse_training(tm):
+    """InferenceOnlyError when ``tm`` is what optimize() made for inference
+    (its ``_inference_only`` record: ``{pass: {what: count}}``)."""
+    record = tm.__dict__.get("_inference_only")
+    if not record:
+        return
+    what = "; ".join(f"{p} removed " + ", ".join(f"{n} {k}{'s' * (n != 1)}" for k, n in gone.items())
+                     for p, gone in record.items())
+    raise InferenceOnlyError(
+        f"{tm._qualname} cannot train: optimize() made it for inference from a module in "
+        f"eval mode ({what}), so in training mode it would still compute the eval-mode "
+        "function. Call train() before optimize(tm, \"all\") (it then runs only the passes "
+        "that keep training behaviour), or train the module before optimizing it.")
 
 
 class _Hoisted:

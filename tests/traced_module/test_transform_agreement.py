@@ -171,6 +171,30 @@ def test_dict_list_and_namedtuple_inputs_in_every_variant(tmp_path):
     assert_all_agree(_DictIn, inputs, tmp_path)
 
 
+class _StructuredOut(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = mt.tensor(np.arange(6, dtype=np.float32).reshape(3, 2) / 10)
+
+    def forward(self, x):
+        y = F.matmul(x, self.w)
+        Local = collections.namedtuple("Local", "u v")        # not importable by its name
+        return NT(y, {"k": [y * 2, 3, None], "od": collections.OrderedDict(z=(y - 1,))}), \
+            Local(1.5, y + 1)
+
+
+def test_namedtuple_and_nested_outputs_in_every_variant(tmp_path):
+    """to_folder refused a namedtuple output ("_tree = TreeDef NT(*, *), which
+    to_folder cannot write"); it now writes the structure (the namedtuple
+    class imported where it can be, else one of the same name and fields),
+    dicts, OrderedDicts, lists and the constants the trace fixed in them."""
+    assert_all_agree(_StructuredOut, lambda: (_r(2, 3),), tmp_path)
+    tm = mt.trace_module(_StructuredOut(), _r(2, 3))
+    got = _to_folder(tm, tmp_path / "again")(_r(2, 3, seed=1))
+    assert type(got[0]) is NT and type(got[1]).__name__ == "Local"
+    assert got[1]._fields == ("u", "v") and got[1].u == 1.5
+
+
 def test_a_submodule_called_with_a_dict_and_star_arguments(tmp_path):
     assert_all_agree(_CallsStar, lambda: (_r(2, 3), _r(3, seed=1), _r(3, seed=2)), tmp_path)
     tm = mt.trace_module(_CallsStar(), _r(2, 3), _r(3, seed=1), _r(3, seed=2))
@@ -302,3 +326,90 @@ def test_a_builtin_dropout_follows_the_traced_modules_mode(recwarn):
     mt.random.seed(3)
     np.testing.assert_array_equal(tm.train()(x).numpy(), want)
     assert (want == 1).sum() > 0        # dropped some
+
+
+# ------------------------------------------------- optimized for inference
+class _ConvBnDrop(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = M.Conv2d(3, 4, 3, padding=1)
+        self.bn = M.BatchNorm2d(4)
+        self.drop = M.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(F.relu(self.bn(self.conv(x))))
+
+
+def _img(seed=0):
+    return mt.tensor(np.random.default_rng(seed).standard_normal((2, 3, 6, 6), np.float32))
+
+
+def test_train_on_an_inference_optimized_module_says_what_was_removed(tmp_path):
+    """optimize(tm, "all") of an eval-mode trace folds the BatchNorm and
+    drops the Dropout; train() on the result kept computing the eval-mode
+    function, silently. It now raises, naming each pass and what it removed,
+    also after a save/load, and where a parent's train() reached it."""
+    tm = mt.trace_module(_ConvBnDrop().eval(), _img())
+    fast = optimize(tm, "all")
+    expected = (r"EliminateIdentity removed 1 Dropout call; FuseConvBn removed 1 BatchNorm2d "
+                r"call\)")
+    with pytest.raises(mt.traced_module.InferenceOnlyError, match=expected):
+        fast.train()
+    assert fast.training is False
+    np.testing.assert_allclose(fast.eval()(_img(1)).numpy(), tm(_img(1)).numpy(), atol=1e-5)
+    with pytest.raises(mt.traced_module.InferenceOnlyError, match=expected):
+        _load(fast).train()
+    parent = M.Sequential(fast).train()                 # Module.train sets the flag directly
+    with pytest.raises(mt.traced_module.InferenceOnlyError, match="cannot train"):
+        parent(_img(1))
+    # optimized in training mode: nothing removed, train() and eval() both work
+    tm.train()
+    kept = optimize(tm, "all")
+    assert kept.train().training and not kept.eval().training
+    # the default pass list (FuseConvBn only) records just what it folded
+    with pytest.raises(mt.traced_module.InferenceOnlyError,
+                       match=r"\(FuseConvBn removed 1 BatchNorm2d call\)"):
+        optimize(tm.eval()).train()
+
+
+class _Scaled(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 3
+        self.offsets = [1.0, 2.0]
+        self.scale = mt.tensor(np.float32(2.0))          # a buffer: read at every call
+
+    def forward(self, x):
+        return x * self.k + self.offsets[1] + self.scale
+
+
+def test_rebinding_a_traced_plain_attribute_warns_that_it_changes_nothing(recwarn):
+    """``tm.k = 5`` after the trace was silently ignored (the graph holds the
+    3 it read). It still computes with 3, and now says so; a tensor
+    attribute is read at every call and changes the answer, silently."""
+    x = mt.tensor(np.arange(3, dtype=np.float32))
+    tm = mt.trace_module(_Scaled(), x)
+    with pytest.warns(mt.TraceWarning, match=r"_Scaled\.k = 5: the traced graphs never read "
+                                             r"this attribute; .* \(3\) is a constant"):
+        tm.k = 5
+    np.testing.assert_array_equal(tm(x).numpy(), np.arange(3) * 3 + 2.0 + 2.0)
+    with pytest.warns(mt.TraceWarning, match=r"_Scaled\.offsets = \[0\.0, 0\.0\]"):
+        tm.offsets = [0.0, 0.0]
+    recwarn.clear()
+    tm.scale = mt.tensor(np.float32(10.0))
+    tm.eval()
+    tm.extra = 1                                        # a new attribute: nothing traced it
+    assert not [w for w in recwarn if issubclass(w.category, mt.TraceWarning)]
+    np.testing.assert_array_equal(tm(x).numpy(), np.arange(3) * 3 + 2.0 + 10.0)
+
+
+def test_tracing_a_traced_module_again_does_not_warn_about_training(recwarn):
+    """TracedModule.forward's own refusal of an inference-only module in
+    training mode must not read ``training`` in forward's code: the tracer
+    takes such a read for the user's branch and warns on every retrace."""
+    x = _img()
+    tm = mt.trace_module(_ConvBnDrop().eval(), x)
+    for m in (tm, optimize(tm, "all")):
+        again = mt.trace_module(m, x)
+        np.testing.assert_array_equal(again(x).numpy(), m(x).numpy())
+    assert not [w for w in recwarn if "self.training" in str(w.message)]

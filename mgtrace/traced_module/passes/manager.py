@@ -53,7 +53,12 @@ import warnings
 
 from mgtrace.errors import did_you_mean
 from mgtrace.traced_module.errors import PassError, PassOrderError
+import mgtrace.functional as F
+from mgtrace.module.builtin import Dropout, _BatchNorm
+from mgtrace.traced_module.expr import CallMethod
+from mgtrace.traced_module.node import ModuleNode
 from mgtrace.traced_module.passes import fold, fuse, layout
+from mgtrace.traced_module.passes.match import is_function
 from mgtrace.traced_module.passes.util import graphs_of
 from mgtrace.traced_module.traced_module import TracedModule
 
@@ -429,6 +434,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
     new = tm.flatten() if flatten else copy.deepcopy(tm)
     new.watch_node_value = {}      # values recorded by tm's runs are not the new module's
     report = OptimizeReport()
+    removed = copy.deepcopy(tm.__dict__.get("_inference_only", {}))
+    calls = _training_calls(new)
     for name in order:
         start = time.perf_counter()
         try:
@@ -438,15 +445,45 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
                             name) from e
         new, changed, counts = _as_result(name, result, new)
         report[name] = PassRecord(name, changed, counts, time.perf_counter() - start)
+        before, calls = calls, _training_calls(new)
+        for what, n in before.items():
+            if n > calls.get(what, 0):
+                gone = removed.setdefault(name, {})
+                gone[what] = gone.get(what, 0) + n - calls.get(what, 0)
     if order:
         # what the passes made unused: folded BatchNorms, replaced calls
         fold.eliminate_dead_code(new)
     _drop_unreachable_graphs(new, {id(g) for g in graphs_of(new)})
     for g in graphs_of(new):
         g.lint()
+    if removed and not new.training:
+        for m in new.modules():     # what train() and a training-mode call refuse
+            if isinstance(m, TracedModule):
+                m.__dict__["_inference_only"] = removed
     if verbose:
         print(report, file=sys.stdout)
     return (new, report) if return_report else new
+
+
+def _training_calls(tm):
+    """``{what: count}`` of the calls in ``tm``'s graphs whose result depends
+    on training mode: of modules that are or hold a BatchNorm or Dropout
+    (``"BatchNorm2d call"``), and of ``F.batch_norm`` / ``F.dropout``."""
+    out = {}
+    for g in graphs_of(tm):
+        for e in g._exprs:
+            what = None
+            if isinstance(e, CallMethod) and e.method == "__call__" and e.args \
+                    and isinstance(e.args[0], ModuleNode):
+                m = e.args[0].owner
+                if not isinstance(m, TracedModule) and any(
+                        isinstance(x, (_BatchNorm, Dropout)) for x in m.modules()):
+                    what = f"{type(m).__name__} call"
+            elif is_function(e, F.batch_norm) or is_function(e, F.dropout):
+                what = f"F.{'batch_norm' if is_function(e, F.batch_norm) else 'dropout'} call"
+            if what is not None:
+                out[what] = out.get(what, 0) + 1
+    return out
 
 
 def _as_result(name, result, tm):

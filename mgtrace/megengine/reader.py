@@ -1,9 +1,13 @@
-"""A restricted reader of the pickles MegEngine writes (``megengine.save``).
+"""A reader of the pickles MegEngine writes (``megengine.save``) that runs
+none of them.
 
-A pickle is a program: each global it names is imported and each REDUCE
-calls it, so reading one with :mod:`pickle` runs whatever the file says.
-This reader runs none of it. Its ``find_class`` gives out only the globals of
-one table (:data:`ALLOWED`), each mapped to something of mgtrace's own:
+A pickle is a program for a small stack machine: Python's unpickler loads
+each global the file names and calls it at each REDUCE, so it runs whatever
+the file says. This module is its own machine instead: the opcodes are
+decoded from the bytes by :mod:`mgtrace.megengine.opcodes` (Python's
+pickle and pickletools modules are never loaded) and run by
+:class:`_Machine`, which resolves a global only against one closed table
+(:data:`ALLOWED`), each name mapped to something of mgtrace's own:
 
 * MegEngine's classes (Tensor, Parameter, the traced-module graph, expr, node,
   pytree and module-state classes) to :class:`Stub` subclasses: inert records
@@ -16,58 +20,44 @@ one table (:data:`ALLOWED`), each mapped to something of mgtrace's own:
   qualified name, op classes) to inert :class:`Global` names.
 
 Any other global is refused with :class:`ForbiddenGlobalError` naming it.
-Before the unpickler runs, the opcode stream is scanned once: its size, the
-number of opcodes and memo indices are bounded (a memo index of 2**32 would
-make the unpickler allocate its memo table to that size), and persistent ids
-and extension codes, which this format never uses, are refused. Whatever the
-unpickler itself raises on a malformed stream becomes
-:class:`MegEngineFileError`.
+REDUCE and NEWOBJ call only the table's record classes and builders, BUILD
+gives state only to records, APPEND(S) and SET(ITEM)S add only to the file's
+own lists and dicts; anything else, and every opcode outside
+:data:`~mgtrace.megengine.opcodes.OPCODES`, is a :class:`MegEngineFileError`
+naming the opcode and its byte offset.
+
+Bounds: the file's size (MAX_BYTES), its opcodes (MAX_OPCODES), memo indices
+(MAX_MEMO), ints and floats (MAX_INT: larger ones collide in dicts) and
+dict keys (MAX_KEY_ITEMS items, so that no key is costly to hash). Each
+opcode makes at most one object, and the bytes of a string or an array are
+those of the file, so memory is linear in the file and time in its opcodes;
+the machine keeps no Python recursion (a deeply nested file is read as one).
 """
 import collections
-import io
-import pickle
-import pickletools
 
 import numpy as np
 
-from mgtrace.errors import Error
+from mgtrace.megengine.errors import ForbiddenGlobalError, MegEngineFileError
+from mgtrace.megengine.opcodes import OPCODES, read_opcode
 
-__all__ = ["MegEngineFileError", "ForbiddenGlobalError", "Stub", "Global", "read_pickle",
-           "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES", "MAX_OPCODES",
-           "MAX_MEMO", "MAX_NDIM", "MAX_INT"]
+__all__ = ["MegEngineFileError", "ForbiddenGlobalError", "Stub", "Global", "Builder",
+           "read_pickle", "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES",
+           "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM", "MAX_INT", "MAX_KEY_ITEMS"]
 
 MAX_BYTES = 1 << 34          # 16 GiB: a file larger than this is refused before it is read
 MAX_OPCODES = 1 << 22        # opcodes of one pickle (a ResNet-50 .tm has about 60,000)
-MAX_MEMO = 1 << 22           # memo index (the unpickler grows its memo table to the index)
+MAX_MEMO = 1 << 22           # memo index
 MAX_NDIM = 16                # dimensions of one array (mgtrace's own limit)
 MAX_ELEMENTS = 1 << 40       # elements of one array (the bytes must be in the file anyway)
 MAX_INT = 1 << 61            # ints and floats of this magnitude hash alike (Python hashes
                              # numbers modulo 2**61 - 1): a dict of many is quadratic to build
+MAX_KEY_ITEMS = 64           # values in one dict key (MegEngine's keys are strs)
 
 # the dtypes an array or scalar may have: plain numbers and bool
 _DTYPE_CODES = {"b1": "bool", "?": "bool", "i1": "int8", "u1": "uint8", "i2": "int16",
                 "u2": "uint16", "i4": "int32", "u4": "uint32", "i8": "int64", "u8": "uint64",
                 "f2": "float16", "f4": "float32", "f8": "float64"}
 _DTYPE_CODES.update({v: v for v in set(_DTYPE_CODES.values())})
-
-# opcodes the format never needs: persistent ids (torch's storages) and the
-# copyreg extension registry
-_REFUSED_OPCODES = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "NEXT_BUFFER",
-                    "READONLY_BUFFER", "INST", "OBJ"}
-_MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
-
-
-class MegEngineFileError(Error, ValueError):
-    """A MegEngine file (a ``.pkl`` state dict or a ``.tm`` traced module)
-    cannot be read or converted: malformed, truncated, over a bound, or
-    holding something with no mgtrace counterpart. The message says what
-    and where."""
-
-
-class ForbiddenGlobalError(MegEngineFileError):
-    """The pickle names a global outside the reader's allowlist (``os.system``,
-    ``builtins.eval``, a class of another library...). Nothing it names is
-    imported or called; the message names the global."""
 
 
 class Global:
@@ -96,6 +86,19 @@ class Global:
 
     def __repr__(self):
         return f"Global({self.qualname})"
+
+
+class Builder(Global):
+    """A name of the table that REDUCE may call: ``build(*args)`` makes the
+    value (a NumPy scalar, an array from a protocol-5 buffer, an
+    OrderedDict...) from plain arguments, checking them. As data it is the
+    :class:`Global` of its name."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, module, name, build):
+        super().__init__(module, name)
+        self.build = build
 
 
 class Stub:
@@ -138,7 +141,13 @@ class Stub:
 
 
 class _OrderedDict(collections.OrderedDict):
-    """collections.OrderedDict with no BUILD (its state is items only)."""
+    """collections.OrderedDict with no BUILD (its state is items only,
+    given by SETITEMS: pickle writes ``OrderedDict()`` then the items)."""
+
+    def __init__(self, *args):
+        if args:
+            raise MegEngineFileError("an OrderedDict made with arguments")
+        super().__init__()
 
     def __setstate__(self, state):
         raise MegEngineFileError("the pickle builds state into an OrderedDict")
@@ -317,25 +326,51 @@ _DATA_GLOBALS = [
 ]
 
 
+def _latin1(text, encoding=None):
+    """_codecs.encode(text, "latin1"): how protocol 2 writes bytes."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise MegEngineFileError("_codecs.encode called with other than (str, 'latin1')")
+    return text.encode("latin-1")
+
+
+def _bytes(*args):
+    """builtins.bytes(): how protocol 2 writes b''."""
+    if args:
+        raise MegEngineFileError("builtins.bytes called with arguments")
+    return b""
+
+
+def _bytearray(raw=b""):
+    """builtins.bytearray(bytes): how protocols 2 to 4 write a bytearray."""
+    if not isinstance(raw, bytes):
+        raise MegEngineFileError("builtins.bytearray called with other than bytes")
+    return bytearray(raw)
+
+
 def _allowed():
     table = {}
     for q in _OBJECT_CLASSES:
         table[tuple(q.rsplit(".", 1))] = _stub_class(q)
     for q in _DATA_GLOBALS:
         table[tuple(q.rsplit(".", 1))] = Global(*q.rsplit(".", 1))
+    builders = {"collections.OrderedDict": _OrderedDict,
+                "collections.defaultdict": _DefaultDict,
+                "builtins.type": _type_of, "builtins.bytes": _bytes,
+                "builtins.bytearray": _bytearray, "_codecs.encode": _latin1}
     for np_core in ("numpy.core.multiarray", "numpy._core.multiarray"):
         table[(np_core, "_reconstruct")] = _Array
-        table[(np_core, "scalar")] = _scalar
+        builders[np_core + ".scalar"] = _scalar
     for np_numeric in ("numpy.core.numeric", "numpy._core.numeric"):
-        table[(np_numeric, "_frombuffer")] = _frombuffer
+        builders[np_numeric + "._frombuffer"] = _frombuffer
     table[("numpy", "dtype")] = _DType
-    table[("collections", "OrderedDict")] = _OrderedDict
-    table[("collections", "defaultdict")] = _DefaultDict
-    table[("builtins", "type")] = _type_of
+    for q, build in builders.items():
+        module, name = q.rsplit(".", 1)
+        table[(module, name)] = Builder(module, name, build)
     return table
 
 
-#: (module, name) -> what ``find_class`` gives for it; everything else is refused.
+#: (module, name) -> what a GLOBAL or STACK_GLOBAL of that name gives (a Stub class,
+#: a Global or a Builder); every other name is refused.
 ALLOWED = _allowed()
 
 
@@ -356,38 +391,311 @@ def allow_classes(qualnames):
         ALLOWED.setdefault((module, name), _stub_class(q))
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        try:
-            return ALLOWED[(module, name)]
-        except (KeyError, TypeError):
-            pass
+# Python 2's names of the builtins the table holds, as Python 3's pickler
+# writes them at protocol 2 (Python's unpickler maps them back likewise)
+_PY2_NAMES = {("__builtin__", "long"): ("builtins", "int"),
+              ("__builtin__", "unicode"): ("builtins", "str")}
+
+
+def _find(module, name, protocol=4):
+    """What the table gives for the global ``module.name``, or
+    ForbiddenGlobalError. Nothing is imported."""
+    if not (isinstance(module, str) and isinstance(name, str)):
+        raise MegEngineFileError("a global named by something other than two strings")
+    if protocol < 3:
+        module, name = _PY2_NAMES.get((module, name), (module, name))
+        module = "builtins" if module == "__builtin__" else module
+    found = ALLOWED.get((module, name))
+    if found is None:
         raise ForbiddenGlobalError(
             f"the pickle names the global {module}.{name}, which is not on the list of "
             "MegEngine and NumPy names this reader knows; it was neither imported nor called")
-
-    def persistent_load(self, pid):
-        raise MegEngineFileError("the pickle uses persistent ids (MegEngine never writes them)")
+    return found
 
 
-def _scan(data, where):
-    """One pass over the opcodes: bounds and refused opcodes, before anything
-    is built."""
-    count = 0
-    try:
-        for op, arg, pos in pickletools.genops(data):
-            count += 1
-            if count > MAX_OPCODES:
-                raise MegEngineFileError(f"{where}: more than {MAX_OPCODES} pickle opcodes")
-            if op.name in _REFUSED_OPCODES:
-                raise MegEngineFileError(f"{where}: opcode {op.name} at byte {pos} (not used "
-                                         "by MegEngine's files) is refused")
-            if op.name in _MEMO_PUTS and not (isinstance(arg, int) and 0 <= arg <= MAX_MEMO):
-                raise MegEngineFileError(f"{where}: memo index {str(arg)[:30]} at byte {pos} is "
-                                         f"over {MAX_MEMO}")
-            if op.name == "FRAME" and arg > len(data) - pos:
+def _is_stub_class(v):
+    return isinstance(v, type) and issubclass(v, Stub)
+
+
+def _check_key(key, where, budget=None):
+    """A dict key or set item the reader accepts: a str, bytes, number, None,
+    a record (hashed by identity) or a tuple of them, at most MAX_KEY_ITEMS
+    in all (a large tuple hashed at every use would make building a dict
+    quadratic)."""
+    budget = budget if budget is not None else [MAX_KEY_ITEMS]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise MegEngineFileError(f"{where}: a key of more than {MAX_KEY_ITEMS} items")
+    if isinstance(key, tuple):
+        for k in key:
+            _check_key(k, where, budget)
+    elif not (key is None or isinstance(key, (str, bytes, int, float, Global, Stub, np.generic))):
+        raise MegEngineFileError(f"{where}: a key of type {type(key).__name__}")
+
+
+class _Machine:
+    """The pickle machine: a stack, its marks and the memo, run one opcode
+    at a time over the bytes by the handlers below (``_NAME`` for opcode
+    NAME). Containers are built of plain values, :class:`Stub` records,
+    :class:`Global` names and arrays only; the only things called are the
+    table's record classes and :class:`Builder` functions."""
+
+    def __init__(self):
+        self.stack, self.marks, self.memo = [], [], {}
+        self.result, self.protocol = _NOTHING, 2
+
+    # -- the stack
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise MegEngineFileError("the stack is empty (above the last MARK)")
+        return self.stack.pop()
+
+    def top(self):
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise MegEngineFileError("the stack is empty (above the last MARK)")
+        return self.stack[-1]
+
+    def pop_mark(self):
+        if not self.marks:
+            raise MegEngineFileError("no MARK to pop to")
+        at = self.marks.pop()
+        items = self.stack[at:]
+        del self.stack[at:]
+        return items
+
+    # -- framing and the end
+    def _PROTO(self, arg):
+        if not 2 <= arg <= 5:
+            raise MegEngineFileError(f"protocol {arg} (the reader reads protocols 2 to 5)")
+        self.protocol = arg
+
+    def _FRAME(self, arg):
+        pass    # frames only group the bytes; their length was checked against the file
+
+    def _STOP(self, arg):
+        self.result = self.pop()
+
+    # -- constants
+    def _NONE(self, arg):
+        self.push(None)
+
+    def _NEWTRUE(self, arg):
+        self.push(True)
+
+    def _NEWFALSE(self, arg):
+        self.push(False)
+
+    def _const(self, arg):
+        self.push(arg)
+
+    _BININT = _BININT1 = _BININT2 = _LONG1 = _LONG4 = _BINFLOAT = _const
+    _SHORT_BINBYTES = _BINBYTES = _BINBYTES8 = _BYTEARRAY8 = _const
+    _SHORT_BINUNICODE = _BINUNICODE = _BINUNICODE8 = _const
+
+    # -- containers
+    def _EMPTY_LIST(self, arg):
+        self.push([])
+
+    def _EMPTY_TUPLE(self, arg):
+        self.push(())
+
+    def _EMPTY_DICT(self, arg):
+        self.push({})
+
+    def _EMPTY_SET(self, arg):
+        self.push(set())
+
+    def _TUPLE(self, arg):
+        self.push(tuple(self.pop_mark()))
+
+    def _tuple_of(self, n):
+        items = [self.pop() for _ in range(n)]
+        self.push(tuple(reversed(items)))
+
+    def _TUPLE1(self, arg):
+        self._tuple_of(1)
+
+    def _TUPLE2(self, arg):
+        self._tuple_of(2)
+
+    def _TUPLE3(self, arg):
+        self._tuple_of(3)
+
+    def _FROZENSET(self, arg):
+        items = self.pop_mark()
+        for k in items:
+            _check_key(k, "a frozenset item")
+        self.push(frozenset(items))
+
+    def _list(self):
+        target = self.top()
+        if type(target) is not list:
+            raise MegEngineFileError(f"appends to a {_name_of(target)}, not a list")
+        return target
+
+    def _APPEND(self, arg):
+        v = self.pop()
+        self._list().append(v)
+
+    def _APPENDS(self, arg):
+        items = self.pop_mark()
+        self._list().extend(items)
+
+    def _ADDITEMS(self, arg):
+        items = self.pop_mark()
+        target = self.top()
+        if type(target) is not set:
+            raise MegEngineFileError(f"adds set items to a {_name_of(target)}, not a set")
+        for k in items:
+            _check_key(k, "a set item")
+        target.update(items)
+
+    def _dict(self, items):
+        target = self.top()
+        if type(target) not in (dict, _OrderedDict, _DefaultDict):
+            raise MegEngineFileError(f"sets items of a {_name_of(target)}, not a dict")
+        if len(items) % 2:
+            raise MegEngineFileError("an odd number of keys and values")
+        for i in range(0, len(items), 2):
+            _check_key(items[i], "a dict key")
+            target[items[i]] = items[i + 1]     # our own dict types: nothing runs
+
+    def _SETITEM(self, arg):
+        value = self.pop()
+        key = self.pop()
+        self._dict([key, value])
+
+    def _SETITEMS(self, arg):
+        self._dict(self.pop_mark())
+
+    # -- the stack, its marks and the memo
+    def _MARK(self, arg):
+        self.marks.append(len(self.stack))
+
+    def _POP(self, arg):
+        if len(self.stack) > (self.marks[-1] if self.marks else 0):
+            self.stack.pop()
+        else:
+            self.pop_mark()
+
+    def _POP_MARK(self, arg):
+        self.pop_mark()
+
+    def _DUP(self, arg):
+        self.push(self.top())
+
+    def _put(self, index):
+        if not 0 <= index <= MAX_MEMO:
+            raise MegEngineFileError(f"memo index {index} is over {MAX_MEMO}")
+        self.memo[index] = self.top()
+
+    def _BINPUT(self, arg):
+        self._put(arg)
+
+    _LONG_BINPUT = _BINPUT
+
+    def _MEMOIZE(self, arg):
+        self._put(len(self.memo))
+
+    def _BINGET(self, arg):
+        if arg not in self.memo:
+            raise MegEngineFileError(f"memo index {arg} was never set")
+        self.push(self.memo[arg])
+
+    _LONG_BINGET = _BINGET
+
+    # -- names and objects
+    def _GLOBAL(self, arg):
+        self.push(_find(*arg, self.protocol))
+
+    def _STACK_GLOBAL(self, arg):
+        name = self.pop()
+        module = self.pop()
+        self.push(_find(module, name, self.protocol))
+
+    def _REDUCE(self, arg):
+        args = self.pop()
+        fn = self.pop()
+        if not isinstance(args, tuple):
+            raise MegEngineFileError(f"REDUCE with arguments in a {_name_of(args)}, not a tuple")
+        if _is_stub_class(fn):
+            self.push(fn(*args))
+        elif isinstance(fn, Builder):
+            self.push(fn.build(*args))
+        else:
+            raise MegEngineFileError(f"REDUCE calls a {_name_of(fn)}; only MegEngine's record "
+                                     "classes and NumPy's builders of the reader's table are "
+                                     "called")
+
+    def _new(self, cls, args, kwargs):
+        if not _is_stub_class(cls):
+            raise MegEngineFileError(f"NEWOBJ of a {_name_of(cls)}; only MegEngine's record "
+                                     "classes of the reader's table are made")
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise MegEngineFileError("NEWOBJ with arguments other than a tuple and a dict")
+        self.push(cls.__new__(cls, *args, **kwargs))
+
+    def _NEWOBJ(self, arg):
+        args = self.pop()
+        cls = self.pop()
+        self._new(cls, args, {})
+
+    def _NEWOBJ_EX(self, arg):
+        kwargs = self.pop()
+        args = self.pop()
+        cls = self.pop()
+        self._new(cls, args, kwargs)
+
+    def _BUILD(self, arg):
+        state = self.pop()
+        target = self.top()
+        if not isinstance(target, (Stub, Global, _OrderedDict, _DefaultDict)):
+            raise MegEngineFileError(f"BUILD on a {_name_of(target)}: only MegEngine's records "
+                                     "take state")
+        target.__setstate__(state)       # a Stub's records it; the others refuse
+
+
+_NOTHING = object()
+_HANDLERS = {name: getattr(_Machine, "_" + name) for name, _ in OPCODES.values()}
+# byte -> (name, handler) of the opcodes without an argument (the loop's fast path)
+_PLAIN = [None] * 256
+for _code, (_name, _read) in OPCODES.items():
+    if _read is None:
+        _PLAIN[_code] = (_name, _HANDLERS[_name])
+
+
+def _name_of(v):
+    if isinstance(v, Global):
+        return v.qualname
+    if isinstance(v, Stub):
+        return v.kind
+    return type(v).__name__
+
+
+def _run(data, where):
+    """The value the pickle ``data`` leaves at STOP."""
+    machine, pos, count, n = _Machine(), 0, 0, len(data)
+    plain, handlers = _PLAIN, _HANDLERS
+    while machine.result is _NOTHING:
+        count += 1
+        if count > MAX_OPCODES:
+            raise MegEngineFileError(f"{where}: more than {MAX_OPCODES} pickle opcodes")
+        entry = plain[data[pos]] if pos < n else None
+        if entry is not None:               # an opcode without an argument
+            name, handler = entry
+            arg, end = None, pos + 1
+        else:
+            try:
+                name, arg, end = read_opcode(data, pos)
+            except MegEngineFileError as e:
+                raise MegEngineFileError(f"{where}: {e}") from None
+            handler = handlers[name]
+            if name == "FRAME" and arg > n - end:
                 raise MegEngineFileError(f"{where}: a frame of {arg} bytes at byte {pos}, past "
-                                         f"the end of the {len(data)}-byte pickle")
+                                         f"the end of the {n}-byte pickle")
             if type(arg) is int and abs(arg) >= MAX_INT:
                 raise MegEngineFileError(f"{where}: an int of more than 61 bits at byte {pos} "
                                          "(ints that large collide in dicts; MegEngine's files "
@@ -395,13 +703,21 @@ def _scan(data, where):
             if type(arg) is float and MAX_INT <= abs(arg) < float("inf"):
                 raise MegEngineFileError(f"{where}: a float of magnitude 2**61 or more at "
                                          f"byte {pos} (such floats collide in dicts)")
-            if op.name == "STOP":
-                return
-    except MegEngineFileError:
-        raise
-    except Exception as e:   # genops: ValueError/EOFError on truncated or unknown opcodes
-        raise MegEngineFileError(f"{where}: not a pickle: {type(e).__name__}: {e}") from None
-    raise MegEngineFileError(f"{where}: not a pickle: no STOP opcode")
+        try:
+            handler(machine, arg)
+        except MegEngineFileError as e:
+            raise type(e)(f"{where}: {e} (opcode {name} at byte {pos})") from None
+        except RecursionError:
+            raise MegEngineFileError(f"{where}: nested too deeply to read (opcode {name} at "
+                                     f"byte {pos})") from None
+        except MemoryError:
+            raise MegEngineFileError(f"{where}: needs more memory than this machine has") \
+                from None
+        except Exception as e:   # e.g. TypeError of a Stub called with bad arguments
+            raise MegEngineFileError(f"{where}: a malformed pickle: {type(e).__name__}: "
+                                     f"{str(e)[:200]} (opcode {name} at byte {pos})") from None
+        pos = end
+    return machine.result
 
 
 def read_pickle(data, where="<bytes>"):
@@ -410,28 +726,14 @@ def read_pickle(data, where="<bytes>"):
 
     Raises:
         ForbiddenGlobalError: a global outside :data:`ALLOWED`.
-        MegEngineFileError: anything else wrong with the bytes.
+        MegEngineFileError: anything else wrong with the bytes, naming the
+            opcode and its byte offset.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"read_pickle takes bytes, got {type(data).__name__}")
     if len(data) > MAX_BYTES:
         raise MegEngineFileError(f"{where}: {len(data)} bytes, more than {MAX_BYTES}")
-    data = bytes(data)
-    _scan(data, where)
-    try:
-        value = _Unpickler(io.BytesIO(data)).load()
-    except ForbiddenGlobalError as e:
-        raise ForbiddenGlobalError(f"{where}: {e}") from None
-    except MegEngineFileError as e:
-        raise MegEngineFileError(f"{where}: {e}") from None
-    except RecursionError:
-        raise MegEngineFileError(f"{where}: nested too deeply to read") from None
-    except MemoryError:
-        raise MegEngineFileError(f"{where}: needs more memory than this machine has") from None
-    except Exception as e:
-        raise MegEngineFileError(f"{where}: a malformed pickle: {type(e).__name__}: "
-                                 f"{str(e)[:200]}") from None
-    return _unwrap(value)
+    return _unwrap(_run(bytes(data), where))
 
 
 def _unwrap(value):
