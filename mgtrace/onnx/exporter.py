@@ -16,6 +16,7 @@ import numpy as np
 
 from mgtrace.onnx import mapping
 from mgtrace.onnx import _convert as C
+from mgtrace.onnx import _quant
 from mgtrace.onnx._builder import Builder, ExportError, V
 
 __all__ = ["export", "max_opset", "ExportError"]
@@ -55,6 +56,64 @@ def _ort_max_opset(top):
             continue
         return opset
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_qdq_opset(top, kind, dtype):
+    """The newest opset up to ``top`` at which the installed onnxruntime runs
+    ``kind`` "q" (QuantizeLinear -> DequantizeLinear -> Reshape on
+    ``dtype``) or "dq" (DequantizeLinear of a ``dtype`` initializer) and gets
+    the right values; None without onnxruntime. ORT 1.32 has no kernels for
+    them at opset 28, and from opset 21 its QDQ propagation rewrites an int8
+    pair before a Reshape into a node it then refuses (output_dtype INT8
+    against a UINT8 zero point)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from onnx import TensorProto, helper, numpy_helper
+    dt = np.dtype(dtype)
+    init = [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+            numpy_helper.from_array(np.array(0, dt), "z"),
+            numpy_helper.from_array(np.array([-1], np.int64), "shape")]
+    if kind == "dq":
+        init.append(numpy_helper.from_array(np.array([4, 6], dt), "c"))
+        nodes = [helper.make_node("DequantizeLinear", ["c", "s", "z"], ["d"]),
+                 helper.make_node("Add", ["x", "d"], ["y"])]
+        x, want = np.zeros(2, np.float32), np.array([2.0, 3.0], np.float32)
+    else:
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                 helper.make_node("Reshape", ["d", "shape"], ["r"]),
+                 helper.make_node("Neg", ["r"], ["y"])]
+        x = np.array([-1.0, 1.0], np.float32)
+        want = np.array([1.0 if dt.kind == "i" else 0.0, -1.0], np.float32)
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    for opset in range(top, 12, -1):
+        ids = [helper.make_opsetid("", opset)]
+        model = helper.make_model(graph, opset_imports=ids,
+                                  ir_version=helper.find_min_ir_version_for(ids))
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                        providers=["CPUExecutionProvider"])
+            if np.array_equal(sess.run(None, {"x": x})[0], want):
+                return opset
+        except Exception:       # onnxruntime's own classes: NOT_IMPLEMENTED, FAIL
+            continue
+    return None
+
+
+def qdq_max_opset(uses):
+    """The newest opset at which the installed onnxruntime runs the QDQ
+    nodes ``uses`` (pairs ("q" or "dq", storage dtype name)); None: no
+    limit, or no onnxruntime."""
+    top = max_opset()
+    caps = [c for c in (_ort_qdq_opset(top, k, d) for k, d in uses) if c]
+    return min(caps) if caps else None
 
 
 def max_opset():
@@ -240,6 +299,10 @@ class _Exporter:
                     self.env[id(o)] = self.env[id(so)]
                 continue
             result = self.expr(e)
+            if isinstance(result, V) and result.q is None and _quant.keeps_qparams(e):
+                src = self.value(e.args[0])
+                if isinstance(src, V) and src.q is not None:
+                    result = V(result.name, result.dtype, result.shape, result.blocked, src.q)
             if self._writes_in_place(e):
                 # x[index] = value: later reads of x's node see the new value
                 self.env[id(e.args[0])] = result
@@ -274,7 +337,7 @@ class _Exporter:
                 if want is not None and r.dtype != want:
                     r = self.b.cast(r, want)
                 if n.kind == "tensor" and n.shape is not None:
-                    r = V(r.name, r.dtype, tuple(n.shape))
+                    r = V(r.name, r.dtype, tuple(n.shape), q=r.q)
                     self.b.shapes[r.name] = r.shape
             self.env[id(r_node)] = r
 
@@ -449,6 +512,10 @@ class _Exporter:
 
     def module(self, e, m):
         obj = m.obj
+        out = _quant.convert_module(self, e, m, [self.value(a) for a in e.args[1:]],
+                                    self.value(e.kwargs), [_Spec(o) for o in e.outputs])
+        if out is not None:
+            return out
         rule = mapping.rule_for("module", type(obj).__name__)
         from mgtrace.module.builtin import builtin_type
         try:
@@ -595,12 +662,24 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
     if not isinstance(tm, TracedModule):
         raise TypeError(f"export takes a TracedModule (mgtrace.trace_module(net, x)), got "
                         f"{type(tm).__name__}")
-    opset = _pick_opset(opset)
+    asked, opset = opset, _pick_opset(opset)
     _check_names(tm, input_names, output_names)
     if not isinstance(contrib_ops, bool):
         raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
     ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
     graph = ex.run()
+    cap = qdq_max_opset(ex.b.qdq) if ex.b.qdq else None
+    if cap is not None and cap < opset:
+        if asked is not None:
+            import onnxruntime
+            raise ExportError(
+                f"export: the quantized graph needs QuantizeLinear/DequantizeLinear on "
+                f"{', '.join(sorted({d for _, d in ex.b.qdq}))}, which the installed "
+                f"onnxruntime {onnxruntime.__version__} runs up to opset {cap} only (opset "
+                f"{opset} asked); pass opset={cap} or leave opset out")
+        opset = cap
+        ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
+        graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]
     ir = helper.find_min_ir_version_for(opsets)
     opsets += [helper.make_opsetid(d, 1) for d in sorted(ex.b.domains)]

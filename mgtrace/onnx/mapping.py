@@ -933,6 +933,13 @@ def coverage():
             continue
         ops = ", ".join(r.onnx) or "(no node: identity or layout)"
         lines.append(f"| {r.kind} | `{r.name}` | {ops} | {r.since} |")
+    from mgtrace.onnx import _quant
+    for prefix, table in _quant.TABLES.items():
+        for name, conv in table.items():
+            short = prefix.rpartition(".")[2]
+            ops = ", ".join(conv.onnx) or "(no node: identity)"
+            lines.append(f"| module | `{short}.{name}` | {ops} (QDQ) | "
+                         f"{MIN_OPSET} |")
     return "\n".join(lines)
 
 

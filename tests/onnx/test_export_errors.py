@@ -152,7 +152,9 @@ def test_not_a_traced_module():
 def test_coverage_table_lists_every_rule():
     table = mo.coverage()
     from mgtrace.onnx.mapping import RULES
-    assert table.count("\n") == len(RULES) + 1
+    from mgtrace.onnx._quant import TABLES
+    assert table.count("\n") == len(RULES) + sum(map(len, TABLES.values())) + 1
+    assert "| module | `quantized.Conv2d` | QuantizeLinear, DequantizeLinear, Conv" in table
     assert "| op | `conv2d` | Conv | 13 |" in table
     assert "| op | `bitwise_and` | BitwiseAnd | 18 |" in table
     assert "| module | `BatchNorm2d` | BatchNormalization |" in table

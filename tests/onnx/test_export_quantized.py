@@ -1,0 +1,168 @@
+"""Quantized (mgtrace.module.quantized) and QAT models exported as QDQ ONNX
+and run in ONNX Runtime at a batch size they were not traced at, against
+mgtrace's own outputs, the difference counted in quanta of the output's
+scale (ORT requantizes in float32, mgtrace's int8 kernels in float64: one
+quantum at most where a value lies within float rounding of a half)."""
+import functools
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx", reason="needs onnx (pip install 'mgtrace[onnx]')")
+pytest.importorskip("onnxruntime", reason="needs onnxruntime (pip install 'mgtrace[onnx]')")
+
+import mgtrace as mt  # noqa: E402
+import mgtrace.module as M  # noqa: E402
+import mgtrace.quantization as Q  # noqa: E402
+from mgtrace.onnx import ExportError  # noqa: E402
+from mgtrace.onnx.exporter import build_model, qdq_max_opset, run_ort  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+F32 = np.float32
+PER_CHANNEL_QUINT8 = Q.QConfig(
+    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
+    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
+                                   dtype="quint8"),
+    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+CONFIGS = {"qint8": Q.min_max_fakequant_qconfig, "per_channel_quint8": PER_CHANNEL_QUINT8}
+
+
+class Net(M.Module):
+    """Every quantized module type: fused conv+bn+relu, depthwise, 1x1,
+    add+relu, concat, a reshape of a quantized tensor, linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.conv = M.ConvBnRelu2d(3, 8, 3, padding=1)
+        self.dw = M.ConvRelu2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.pw = M.Conv2d(8, 8, 1)
+        self.add = M.Elemwise("fuse_add_relu")
+        self.cat = M.Concat()
+        self.fc = M.Linear(16 * 4 * 4, 10)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.quant(x)
+        y = self.dw(self.conv(x))
+        y = self.add(y, self.pw(y))
+        y = self.cat([y, y], 1)
+        return self.dequant(self.fc(y.reshape(y.shape[0], -1)))
+
+
+def _calibrate(qat, x):
+    qat.eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(mt.tensor(x))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    return qat
+
+
+@functools.lru_cache(maxsize=None)
+def _net(config):
+    mt.random.seed(0)
+    rng = np.random.default_rng(0)
+    net = Net()
+    net.train()
+    for _ in range(2):      # BatchNorm statistics
+        net(mt.tensor(rng.standard_normal((4, 3, 8, 8)).astype(F32)))
+    qat = _calibrate(Q.quantize_qat(net, qconfig=CONFIGS[config]),
+                     rng.standard_normal((16, 3, 8, 8)).astype(F32))
+    return qat, Q.quantize(qat, inplace=False)
+
+
+def _scale(m):
+    q = m.act_qparams if hasattr(m, "act_qparams") else m.get_activation_qparams()
+    return float(np.asarray(q.scale.numpy()))
+
+
+def _quanta(net, x_trace, x_run, out_module, opset=None):
+    """Export net traced at x_trace, run x_run in ORT: the largest
+    difference from mgtrace's output in quanta of out_module's output."""
+    tm = mt.trace_module(net, mt.tensor(x_trace))
+    model = build_model(tm, opset=opset)
+    got = run_ort(model, [x_run])[0]
+    want = net(mt.tensor(x_run)).numpy()
+    assert got.shape == want.shape
+    return float(np.abs(got - want).max() / _scale(out_module)), model
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("opset", [13, None])
+def test_quantized_model_runs_in_ort_within_one_quantum(config, opset):
+    qat, qnet = _net(config)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 3, 8, 8)).astype(F32)
+    diff, model = _quanta(qnet, x[:2], x, qnet.fc, opset)
+    assert diff <= 1.0 + 1e-4, diff
+    ops = [n.op_type for n in model.graph.node]
+    # QDQ: no float weights; the input quantized once, the output dequantized once
+    assert ops[0] == "QuantizeLinear" and "DequantizeLinear" in ops
+    assert ops.count("Conv") == 3 and ops.count("Gemm") == 1
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_array_equal(inits["conv.weight"], qnet.conv.weight.numpy())
+    assert inits["conv.weight"].dtype == np.int8
+    bias = inits["conv.bias.int32"]
+    xs, ws = float(qnet.quant.act_qparams.scale.numpy()), qnet.conv.weight_scale.numpy()
+    assert bias.dtype == np.int32
+    np.testing.assert_array_equal(bias, np.rint(qnet.conv.bias.numpy().astype(np.float64) / (
+        np.float64(np.float32(xs)) * ws.astype(np.float64))).astype(np.int32))
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+          and n.input[0] == "conv.weight"][0]
+    axis = [a.i for a in dq.attribute if a.name == "axis"]
+    assert axis == ([0] if ws.ndim else [])
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_qat_model_runs_in_ort_within_one_quantum(config):
+    qat, _ = _net(config)
+    x = np.random.default_rng(2).standard_normal((5, 3, 8, 8)).astype(F32)
+    diff, model = _quanta(qat, x[:2], x, qat.fc)
+    assert diff <= 1.0 + 1e-4, diff
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 7     # quant, conv, dw, pw, add, cat, fc
+    # each fake-quantized weight is int8 in the file (not float)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert inits["conv.conv.weight"].dtype == np.int8 and inits["fc.weight"].dtype == np.int8
+
+
+def test_opset_without_ort_qdq_kernels_is_refused_or_avoided():
+    import onnx
+    _, qnet = _net("qint8")
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(F32)
+    tm = mt.trace_module(qnet, mt.tensor(x))
+    model = build_model(tm)
+    cap = qdq_max_opset({("q", "int8"), ("dq", "int8"), ("dq", "int32")})
+    top = onnx.defs.onnx_opset_version()
+    assert model.opset_import[0].version == min(cap or top, top)
+    if cap is not None and cap < top:
+        from mgtrace.onnx.exporter import max_opset
+        with pytest.raises(ExportError, match=f"pass opset={cap}"):
+            build_model(tm, opset=max_opset())
+
+
+def _wrap(model):
+    """Each Conv2d and Linear between a QuantStub and a DequantStub: int8
+    layers, float BatchNorm, pooling and residual adds."""
+    for parent in list(model.modules()):
+        for name, child in list(parent._modules.items()):
+            if type(child) in (M.Conv2d, M.Linear):
+                setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
+    return model
+
+
+@pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
+def test_quantized_reference_models_run_at_another_batch(model):
+    import mgtrace.models as models
+    mt.random.seed(0)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 3, 48, 48)).astype(F32)
+    qat = _calibrate(Q.quantize_qat(_wrap(getattr(models, model)().eval()),
+                                    qconfig=PER_CHANNEL_QUINT8), x)
+    qnet = Q.quantize(qat, inplace=False)
+    last = qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]
+    diff, _ = _quanta(qnet, x[:1], x, last)
+    assert diff <= 1.0 + 1e-4, diff
