@@ -534,6 +534,11 @@ class _Exporter:
                 e, lambda body, xs: body.m.forward(*_substitute(args, xs),
                                                    **_substitute(kwargs, xs)),
                 (args, kwargs), m)
+        hx = None
+        if getattr(rule.convert, "takes_hx", False) and len(args) + len(kwargs) == 2 and \
+                (len(args) == 2 or "hx" in kwargs):
+            hx = args[1] if len(args) == 2 else kwargs["hx"]
+            args, kwargs = args[:1], {}
         if kwargs or len(args) != 1:
             raise self.b.error(f"{type(obj).__name__} called with arguments other than one "
                                f"tensor")
@@ -542,6 +547,7 @@ class _Exporter:
 
         def param(name):
             return self.param(getattr(obj, name), f"{m.path}.{name}")
+        param.path, param.hx = m.path, hx
         out = [_Spec(o) for o in e.outputs]
         try:
             return rule.convert(self.b, out, obj, x, param)

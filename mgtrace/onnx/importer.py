@@ -211,7 +211,7 @@ def _identifier(name, taken):
 def _build(model, folder, example_inputs):
     import mgtrace as mt
     import mgtrace.module as M
-    from mgtrace.onnx import _ops
+    from mgtrace.onnx import _import_rnn, _ops
     graph = model.graph
     opsets = {o.domain or "": o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" not in opsets:
@@ -227,7 +227,7 @@ def _build(model, folder, example_inputs):
         if n.domain not in ("", "ai.onnx"):
             raise OnnxImportError(f"node {n.name or n.op_type!r}: op {n.domain}.{n.op_type} is "
                                   f"not a standard ONNX op")
-        if n.op_type not in _ops.IMPORTERS:
+        if n.op_type not in _ops.IMPORTERS and n.op_type not in _import_rnn.OPS:
             raise OnnxImportError(f"node {n.name or n.op_type!r}: ONNX op {n.op_type} has no "
                                   f"mgtrace form (importable: mgtrace.onnx.importer.IMPORTERS)")
     total = 0
@@ -251,12 +251,24 @@ def _build(model, folder, example_inputs):
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
     taken = {"self", "forward", "training"}
     in_names = [_identifier(n, taken) for n, _, _ in inputs]
+    # RNN / LSTM nodes become modules holding their weights
+    recurrent = [(i, n) for i, n in enumerate(graph.node) if n.op_type in _import_rnn.OPS]
+    moved = {w for _, n in recurrent for w in _import_rnn.weight_inputs(n)}
+    moved -= {i for n in graph.node if n.op_type not in _import_rnn.OPS for i in n.input}
+    moved -= {o.name for o in graph.output}
 
     class OnnxModel(M.Module):
         def __init__(self):
             super().__init__()
             self._onnx_attrs = {}
+            self._onnx_modules = {}
+            for i, n in recurrent:
+                attr = _identifier(n.name or n.op_type.lower(), taken)
+                setattr(self, attr, _import_rnn.make_module(n, arrays, _ops._attrs(n)))
+                self._onnx_modules[i] = attr
             for name, a in arrays.items():
+                if name in moved:
+                    continue
                 if a.dtype.kind == "f" and a.ndim >= 1 or a.size > 16:
                     attr = _identifier(name, taken)
                     value = M.Parameter(a) if a.dtype.kind == "f" else mt.tensor(a)
@@ -270,9 +282,15 @@ def _build(model, folder, example_inputs):
             for (name, _, _), x in zip(inputs, xs):
                 env[name] = x
             env[""] = None
-            for node in graph.node:
-                outs = _ops.run_node(node, [env[i] for i in node.input], opsets.get(
-                    node.domain or "", opsets.get("ai.onnx")))
+            for k, node in enumerate(graph.node):
+                if k in self._onnx_modules:
+                    outs = _import_rnn.run(getattr(self, self._onnx_modules[k]), node,
+                                           [env.get(i) if i not in moved else None
+                                            for i in node.input])
+                    outs = list(outs) + [None] * (len(node.output) - len(outs))
+                else:
+                    outs = _ops.run_node(node, [env[i] for i in node.input], opsets.get(
+                        node.domain or "", opsets.get("ai.onnx")))
                 for o, v in zip(node.output, outs):
                     env[o] = v
             res = []

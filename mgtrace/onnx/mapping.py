@@ -798,12 +798,14 @@ _m_softmax.onnx = ("Softmax",)
 
 def _m_recurrent(lstm):
     """RNN / LSTM as ONNX RNN / LSTM, one node a layer (both directions in
-    it): torch's gate rows (input, forget, cell, output) gathered into ONNX's
-    order (input, output, forget, cell) from the named initializers, the two
-    biases concatenated; ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for
-    the next layer; h_n (and c_n) the layers' final states concatenated.
-    The sequence length stays symbolic (one node runs every step). Called
-    with the input alone (hx None: zero initial states)."""
+    it): torch's gate rows (input, forget, cell, output) reordered into
+    ONNX's (input, output, forget, cell) and stacked into initializers
+    ``<module>.W_l<k>`` / ``R_l<k>`` / ``B_l<k>`` (the two biases
+    concatenated); ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for the
+    next layer; h_n (and c_n) the layers' final states concatenated. The
+    sequence length stays symbolic (one node runs every step). ``hx`` (RNN:
+    h_0; LSTM: (h_0, c_0), each [layers * D, N, H]) gives each layer its
+    initial_h / initial_c rows; None: zero states."""
     op = "LSTM" if lstm else "RNN"
 
     def convert(b, out, m, x, param):
@@ -814,35 +816,56 @@ def _m_recurrent(lstm):
                           f"numbers; export the module in eval()")
         dt = C._flt(C._dt(out))
         x = b.cast(x, dt)
+        hx = getattr(param, "hx", None)
+        if hx is None:
+            hx = (None, None)
+        elif lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2 or \
+                    not all(isinstance(h, V) for h in hx):
+                raise b.error("LSTM's hx must be a pair of tensors (h_0, c_0)")
+        elif isinstance(hx, V):
+            hx = (hx, None)
+        else:
+            raise b.error("RNN's hx must be a tensor")
         if m.batch_first:
             x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
         hid, ndir = m.hidden_size, m.num_directions
         order = [0, 3, 1, 2] if lstm else [0]
-        rows = b.ints(np.concatenate([np.arange(k * hid, (k + 1) * hid) for k in order]))
         attrs = {"hidden_size": hid, "direction": "bidirectional" if ndir == 2 else "forward"}
         if not lstm:
             attrs["activations"] = [m.nonlinearity.capitalize()] * ndir
 
-        def stacked(names):
-            parts = [b.op("Unsqueeze", [b.op("Gather", [b.cast(param(n), dt), rows], dt, (),
-                                             axis=0), b.ints([0])], dt, ()) for n in names]
-            return parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+        def array(name):
+            a = np.asarray(getattr(m, name).numpy(), np.float32)
+            if lstm:
+                a = np.concatenate([a[k * hid:(k + 1) * hid] for k in order], 0)
+            return a
+
+        def init(kind, layer, parts):
+            # ONNX's stacked, gate-reordered weights: one initializer a layer,
+            # named after the module (``lstm.W_l0``) and precomputed, so an
+            # importer sees constants
+            path = getattr(param, "path", "")
+            name = f"{path}.{kind}_l{layer}" if path else f"{kind}_l{layer}"
+            return b.const(np.stack(parts, 0).astype(dt), name=name)
 
         finals = [[], []]
         for layer in range(m.num_layers):
             sfx = m._suffixes(layer)
-            w = stacked([f"weight_ih{s}" for s in sfx])
-            r = stacked([f"weight_hh{s}" for s in sfx])
+            w = init("W", layer, [array(f"weight_ih{s}") for s in sfx])
+            r = init("R", layer, [array(f"weight_hh{s}") for s in sfx])
             bias = None
             if m.bias:
-                parts = []
-                for s in sfx:
-                    bi, bh = (b.op("Gather", [b.cast(param(f"{k}{s}"), dt), rows], dt, (), axis=0)
-                              for k in ("bias_ih", "bias_hh"))
-                    parts.append(b.op("Unsqueeze", [b.op("Concat", [bi, bh], dt, (), axis=0),
-                                                    b.ints([0])], dt, ()))
-                bias = parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
-            names = b.node(op, [x, w, r, bias], n_out=3 if lstm else 2, **attrs)
+                bias = init("B", layer, [np.concatenate([array(f"bias_ih{s}"),
+                                                          array(f"bias_hh{s}")]) for s in sfx])
+            states = [None, None]
+            for k, h in enumerate(hx):
+                if h is not None:
+                    states[k] = b.op("Slice", [b.cast(h, dt), b.ints([layer * ndir]),
+                                               b.ints([(layer + 1) * ndir]), b.ints([0])],
+                                     dt, ())
+            ins = [x, w, r, bias, None, states[0]] + ([states[1]] if lstm else [])
+            names = b.node(op, ins, n_out=3 if lstm else 2, **attrs)
             y = b.op("Transpose", [V(names[0], dt, ())], dt, (), perm=[0, 2, 1, 3])
             x = b.op("Reshape", [y, b.ints([0, 0, -1])], dt, ())
             for k, n in enumerate(names[1:]):
@@ -854,7 +877,8 @@ def _m_recurrent(lstm):
             v = fs[0] if len(fs) == 1 else b.op("Concat", fs, dt, (), axis=0)
             res.append(V(v.name, dt, out[1 + k].shape))
         return res
-    convert.onnx = (op, "Gather", "Concat", "Transpose", "Reshape")
+    convert.onnx = (op, "Slice", "Concat", "Transpose", "Reshape")
+    convert.takes_hx = True
     return convert
 
 

@@ -1,0 +1,135 @@
+"""ONNX ``RNN`` and ``LSTM`` nodes imported as mgtrace's builtin
+:class:`~mgtrace.module.RNN` / :class:`~mgtrace.module.LSTM` modules (one
+layer a node, both directions), so the imported TracedModule holds a
+recurrent module a user recognises, with torch's parameter names.
+
+Gate order: ONNX stacks an LSTM's gate rows as (input, output, forget,
+cell), mgtrace (as torch) as (input, forget, cell, output); an RNN has one
+gate. ONNX's bias ``B`` is ``[Wb, Rb]`` per direction: ``bias_ih`` and
+``bias_hh``. Initial states ``initial_h`` / ``initial_c`` become ``hx``;
+``layout=1`` (opset 14) is ``batch_first``. ONNX's outputs are rebuilt
+from the module's: ``Y [T, D, N, H]`` from ``output [T, N, D * H]``,
+``Y_h`` / ``Y_c`` are ``h_n`` / ``c_n``.
+
+Not importable (an OnnxImportError naming the node): weights computed at
+run time, ``sequence_lens`` (mgtrace's recurrent modules have no per-sample
+lengths), peepholes, ``clip``, ``input_forget``, ``direction="reverse"``
+alone, and activations other than the defaults (RNN: Tanh or Relu).
+"""
+import numpy as np
+
+OPS = ("RNN", "LSTM")
+
+__all__ = ["OPS", "make_module", "run", "weight_inputs"]
+
+_LSTM_ROWS = (0, 2, 3, 1)       # ONNX (i, o, f, c) blocks in torch's order (i, f, c, o)
+
+
+def _err(node, msg):
+    from mgtrace.onnx._ops import _err as err
+    return err(node, msg)
+
+
+def weight_inputs(node):
+    """Names of the node's W, R and B inputs (moved into the module)."""
+    return [n for n in list(node.input)[1:4] if n]
+
+
+def make_module(node, arrays, attrs):
+    """The RNN / LSTM module for ONNX ``node`` (weights from ``arrays``,
+    the model's initializers by name; ``attrs``: the node's attributes)."""
+    import mgtrace.module as M
+    lstm = node.op_type == "LSTM"
+    ins = list(node.input) + [""] * (8 - len(node.input))
+    for i, what in ((1, "W"), (2, "R")):
+        if ins[i] not in arrays:
+            raise _err(node, f"its {what} is computed at run time; only initializer weights "
+                             f"import as an mgtrace {node.op_type} module")
+    if ins[3] and ins[3] not in arrays:
+        raise _err(node, "its bias B is computed at run time")
+    if ins[4]:
+        raise _err(node, "sequence_lens has no mgtrace form (mgtrace's RNN and LSTM run every "
+                         "sample over the whole sequence)")
+    if lstm and ins[7]:
+        raise _err(node, "LSTM peepholes (input P) have no mgtrace form")
+    if attrs.get("clip") is not None:
+        raise _err(node, "a cell clip has no mgtrace form")
+    if attrs.get("input_forget", 0):
+        raise _err(node, "input_forget=1 (coupled gates) has no mgtrace form")
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    if direction not in ("forward", "bidirectional"):
+        raise _err(node, f"direction={direction!r} has no mgtrace form (forward and "
+                         f"bidirectional import)")
+    d = 2 if direction == "bidirectional" else 1
+    acts = [a.decode() if isinstance(a, bytes) else str(a)
+            for a in attrs.get("activations", [])]
+    nonlinearity = "tanh"
+    if lstm:
+        if acts and [a.lower() for a in acts] != ["sigmoid", "tanh", "tanh"] * d:
+            raise _err(node, f"LSTM activations {acts} have no mgtrace form (Sigmoid, Tanh, "
+                             f"Tanh import)")
+    elif acts:
+        if len(set(a.lower() for a in acts)) != 1 or acts[0].lower() not in ("tanh", "relu"):
+            raise _err(node, f"RNN activations {acts} have no mgtrace form (Tanh or Relu, the "
+                             f"same in both directions)")
+        nonlinearity = acts[0].lower()
+    w, r = arrays[ins[1]], arrays[ins[2]]
+    gates = 4 if lstm else 1
+    if w.ndim != 3 or r.ndim != 3 or w.shape[0] != d or r.shape[0] != d:
+        raise _err(node, f"W {w.shape} and R {r.shape} are not [{d}, gates * H, ...]")
+    hidden = int(attrs.get("hidden_size", r.shape[2]))
+    if w.shape[1] != gates * hidden or r.shape[1:] != (gates * hidden, hidden):
+        raise _err(node, f"W {w.shape} and R {r.shape} do not fit hidden_size {hidden}")
+    bias = arrays.get(ins[3]) if ins[3] else None
+    if bias is not None and bias.shape != (d, 2 * gates * hidden):
+        raise _err(node, f"B {bias.shape} is not [{d}, {2 * gates * hidden}]")
+    if w.dtype.kind != "f":
+        raise _err(node, f"{w.dtype} weights have no mgtrace {node.op_type} form")
+    layout = int(attrs.get("layout", 0))
+    kw = dict(num_layers=1, bias=True, batch_first=layout == 1, bidirectional=d == 2)
+    m = M.LSTM(w.shape[2], hidden, **kw) if lstm else \
+        M.RNN(w.shape[2], hidden, nonlinearity=nonlinearity, **kw)
+
+    def rows(a):
+        if not lstm:
+            return a
+        return np.concatenate([a[k * hidden:(k + 1) * hidden] for k in _LSTM_ROWS], 0)
+    for k, sfx in enumerate(m._suffixes(0)):
+        b = bias[k] if bias is not None else np.zeros(2 * gates * hidden, np.float32)
+        for name, value in (("weight_ih", w[k]), ("weight_hh", r[k]),
+                            ("bias_ih", b[:gates * hidden]), ("bias_hh", b[gates * hidden:])):
+            setattr(m, name + sfx, M.Parameter(np.ascontiguousarray(rows(value), np.float32)))
+    return m.eval()
+
+
+def run(m, node, ins):
+    """ONNX ``node``'s outputs (Y, Y_h[, Y_c]) from module ``m`` on its
+    inputs ``ins`` (X, W, R, B, sequence_lens, initial_h[, initial_c])."""
+    import mgtrace as mt
+    lstm = node.op_type == "LSTM"
+    ins = [mt.tensor(v) if isinstance(v, np.ndarray) else v for v in ins]
+    ins = list(ins) + [None] * (8 - len(ins))
+    x = ins[0]
+    if x.dtype != np.float32:
+        x = x.astype("float32")
+    h0, c0 = ins[5], ins[6] if lstm else None
+    if m.batch_first:           # layout 1: states [N, D, H]
+        h0 = None if h0 is None else h0.transpose(1, 0, 2)
+        c0 = None if c0 is None else c0.transpose(1, 0, 2)
+    hx = None
+    if lstm and (h0 is not None or c0 is not None):
+        import mgtrace.functional as F
+        hx = (h0 if h0 is not None else F.zeros_like(c0),
+              c0 if c0 is not None else F.zeros_like(h0))
+    elif not lstm:
+        hx = h0
+    y, state = m(x, hx) if hx is not None else m(x)
+    finals = list(state) if lstm else [state]
+    d, hid = m.num_directions, m.hidden_size
+    if m.batch_first:           # Y [N, T, D, H], Y_h [N, D, H]
+        y = y.reshape(y.shape[0], y.shape[1], d, hid)
+        finals = [f.transpose(1, 0, 2) for f in finals]
+    else:                       # Y [T, D, N, H]
+        y = y.reshape(y.shape[0], y.shape[1], d, hid).transpose(0, 2, 1, 3)
+    return [y] + finals
