@@ -618,6 +618,53 @@ def _f_pixel_shuffle(b, out, a):
 _f_pixel_shuffle.onnx = ("DepthToSpace", "Reshape")
 
 
+def _f_local_conv2d(b, out, a):
+    """F.local_conv2d as its composition with the windows unrolled: the
+    weight fixes the kernel and the output grid (OH, OW), so each kernel
+    tap is one strided Slice of the padded input; the taps stacked are
+    sliding_window's columns, multiplied by the weight in one batched
+    MatMul over the output positions (as the function computes it)."""
+    x, w, bias = a["inp"], a["weight"], a["bias"]
+    if a.get("conv_mode", "cross_correlation") != "cross_correlation":
+        raise ValueError(f"conv_mode={a['conv_mode']!r}")
+    b.static((a["stride"], a["padding"], a["dilation"]), "local_conv2d's geometry")
+    dt = C._flt(C._dt(out))
+    x = b.cast(x, dt)
+    wt = b.cast(w, dt)
+    if w.ndim == 6:
+        wt = b.op("Unsqueeze", [wt, b.ints([0])], dt, (1,) + tuple(w.shape))
+    g, oh, ow, cg, kh, kw, og = (int(d) for d in wt.shape)
+    (sh, sw), (ph, pw), (dh, dw) = (C._pair(a[k]) for k in ("stride", "padding", "dilation"))
+    xp = b.op("Pad", [x, b.ints([0, 0, ph, pw, 0, 0, ph, pw])], dt, x.shape) \
+        if ph or pw else x
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            t = b.op("Slice", [xp, b.ints([i * dh, j * dw]),
+                               b.ints([i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1]),
+                               b.ints([2, 3]), b.ints([sh, sw])], dt, (0, 0, oh, ow))
+            taps.append(b.op("Unsqueeze", [t, b.ints([4])], dt, (0, 0, oh, ow, 1)))
+    cols = taps[0] if len(taps) == 1 else b.op("Concat", taps, dt, (0, 0, oh, ow, kh * kw),
+                                                axis=4)
+    # [N, G, C/G, OH, OW, K] -> [OH, OW, G, N, C/G, K] -> [OH*OW*G, N, C/G*K]
+    cols = b.op("Reshape", [cols, b.ints([0, g, cg, oh, ow, kh * kw])], dt, (0,) * 6)
+    cols = b.op("Transpose", [cols], dt, (0,) * 6, perm=[3, 4, 1, 0, 2, 5])
+    cols = b.op("Reshape", [cols, b.ints([oh * ow * g, -1, cg * kh * kw])], dt, (0,) * 3)
+    wm = b.op("Transpose", [wt], dt, (0,) * 7, perm=[1, 2, 0, 3, 4, 5, 6])
+    wm = b.op("Reshape", [wm, b.ints([oh * ow * g, cg * kh * kw, og])], dt, (0,) * 3)
+    y = b.op("MatMul", [cols, wm], dt, (0,) * 3)                # [OH*OW*G, N, O/G]
+    y = b.op("Reshape", [y, b.ints([oh, ow, g, -1, og])], dt, (0,) * 5)
+    y = b.op("Transpose", [y], dt, (0,) * 5, perm=[3, 2, 4, 0, 1])
+    y = b.op("Reshape", [y, b.ints([0, g * og, oh, ow])], dt, out[0].shape)
+    if bias is not None:
+        y = b.op("Add", [y, b.op("Reshape", [b.cast(bias, dt), b.ints([1, g * og, 1, 1])], dt,
+                                 (1, g * og, 1, 1))], dt, out[0].shape)
+    return y
+
+
+_f_local_conv2d.onnx = ("Pad", "Slice", "Concat", "Transpose", "Reshape", "MatMul")
+
+
 def _f_cond_take(b, out, a):
     """MegEngine's cond_take: the elements where mask is true, flattened, and
     their flat indices (int32): Compress of both flattened."""
@@ -680,9 +727,6 @@ _NO_ONNX_FUNCTIONS = {
     "deformable_conv2d": "ONNX's DeformConv (opset 19) has no onnxruntime kernel",
     "region_restricted_conv": "ONNX has no region-restricted convolution",
     "deformable_psroi_pooling": "ONNX has no deformable position-sensitive RoI pooling",
-    "local_conv2d": "not exported yet: its composition reads the kernel size from the "
-                    "weight's shape, which the export keeps symbolic, and ONNX windows are "
-                    "fixed attributes",
 }
 _FUNCTIONS = {
     **_math_functions(),
@@ -739,6 +783,7 @@ _FUNCTIONS = {
     "einsum": _f_einsum, "conv3d": _f_conv3d, "conv_transpose3d": _f_conv_transpose3d,
     "instance_norm": _f_instance_norm, "local_response_norm": _f_local_response_norm,
     "pixel_shuffle": _f_pixel_shuffle, "cond_take": _f_cond_take,
+    "local_conv2d": _f_local_conv2d,
     **{n: _decomposed() for n in _DECOMPOSED_FUNCTIONS},
     **{n: _no_onnx(r) for n, r in _NO_ONNX_FUNCTIONS.items()},
 }
@@ -920,7 +965,9 @@ _MODULES = {
         "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
         "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")},
     "RNN": _m_recurrent(False), "LSTM": _m_recurrent(True),
-    "LocalConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["local_conv2d"]),
+    "LocalConv2d": _m("local_conv2d", lambda m, p: dict(
+        weight=p("weight"), bias=None, stride=m.stride, padding=m.padding, dilation=m.dilation),
+        "inp"),
     "DeformableConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_conv2d"]),
     "RegionRestrictedConv": _no_onnx(_NO_ONNX_FUNCTIONS["region_restricted_conv"]),
     "DeformablePSROIPooling": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_psroi_pooling"]),

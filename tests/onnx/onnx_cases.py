@@ -337,11 +337,11 @@ def _function_cases():
                              [x4, np.array([[[1.0, 0.1, 0.5], [0.05, 0.9, 0.2],
                                              [0.01, 0.02, 1.0]]] * 2, np.float32)]),
         "remap": (F.remap, [x4, (_rng.random((2, 3, 4, 2)) * 5).astype(np.float32)]),
+        "local_conv2d": (lambda x, w, bias: F.local_conv2d(x, w, bias, 2, 1),
+                         [_f(2, 4, 5, 5), _f(3, 3, 4, 3, 3, 2) * 0.3, _f(2)]),
         # rows with no ONNX equivalent: the export is refused, naming the row
         "svd": (lambda x: F.svd(x)[1], [_f(3, 3)]),
         "matinv": (F.matinv, [np.eye(3, dtype=np.float32) * 2 + _f(3, 3) * 0.1]),
-        "local_conv2d": (lambda x, w: F.local_conv2d(x, w), [_f(2, 4, 5, 5),
-                                                             _f(3, 3, 4, 3, 3, 2) * 0.3]),
     })
     out = {("function", f"F.{k}"): v for k, v in c.items()}
     for name in ("to_nchwc", "from_nchwc", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
@@ -416,7 +416,7 @@ def _module_cases():
         "SyncBatchNorm": _mod(M.SyncBatchNorm(4), x4),
         "Conv3d": _mod(M.Conv3d(2, 3, 3, padding=1), x5),
         "ConvTranspose3d": _mod(M.ConvTranspose3d(2, 3, 3, stride=2), x5),
-        "LocalConv2d": _mod(M.LocalConv2d(4, 2, 6, 6, 3), x4),
+        "LocalConv2d": _mod(M.LocalConv2d(4, 2, 6, 6, 3, groups=2, padding=1), x4),
         "SlidingWindow": _mod(M.SlidingWindow(3, padding=1), x4),
         "SlidingWindowTranspose": _mod(M.SlidingWindowTranspose((6, 6), 3), _f(2, 4, 4, 4, 3,
                                                                                  3)),
