@@ -205,3 +205,30 @@ def test_quantized_minilm_runs_at_another_batch_and_length():
     want = qnet(mt.tensor(ids), mt.tensor(mask)).numpy()
     msg = compare(got, want)
     assert msg is None, msg
+
+
+def test_activations_quantizeLinear_cannot_hold_are_refused_and_nothing_is_written(tmp_path):
+    """qint4 activations (ema_lowbit_fakequant_qconfig): QuantizeLinear
+    saturates to int8's range, not qint4's; the export names the dtype."""
+    import mgtrace.onnx as mo
+    mt.random.seed(0)
+    rng = np.random.default_rng(8)
+    net = Net().eval()
+    qat = _calibrate(Q.quantize_qat(net, qconfig=Q.ema_lowbit_fakequant_qconfig),
+                     rng.standard_normal((4, 3, 8, 8)).astype(F32))
+    tm = mt.trace_module(qat, mt.tensor(rng.standard_normal((2, 3, 8, 8)).astype(F32)))
+    with pytest.raises(ExportError, match="qint4 has no ONNX QuantizeLinear form"):
+        mo.export(tm, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_quantum_reads_the_last_dequantize():
+    from mgtrace.onnx.exporter import compare, output_quantum
+    _, qnet = _net("qint8")
+    x = np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(F32)
+    model = build_model(mt.trace_module(qnet, mt.tensor(x)))
+    q = output_quantum(model)
+    assert q == _scale(qnet.fc)
+    want = np.array([1.0, 2.0], F32)
+    assert compare(want + F32(q), want, quantum=q) is None
+    assert compare(want + F32(2 * q), want, quantum=q) is not None
