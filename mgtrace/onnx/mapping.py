@@ -854,8 +854,6 @@ def _m_recurrent(lstm):
     op = "LSTM" if lstm else "RNN"
 
     def convert(b, out, m, x, param):
-        if getattr(m, "proj_size", 0):
-            raise b.error("LSTM with proj_size has no ONNX form (ONNX LSTM has no projection)")
         if m.training and m.dropout and m.num_layers > 1:
             raise b.error(f"{op} in training mode with dropout between layers draws random "
                           f"numbers; export the module in eval()")
@@ -895,7 +893,12 @@ def _m_recurrent(lstm):
             return b.const(np.stack(parts, 0).astype(dt), name=name)
 
         finals = [[], []]
-        for layer in range(m.num_layers):
+        layers = range(m.num_layers)
+        if getattr(m, "proj_size", 0):      # ONNX's LSTM has no projection: Scan
+            from mgtrace.onnx._scan_lstm import lstm_proj
+            x, hs, cs = lstm_proj(b, m, x, hx, getattr(param, "path", "") or "lstm", dt)
+            finals, layers = [hs, cs], ()
+        for layer in layers:
             sfx = m._suffixes(layer)
             w = init("W", layer, [array(f"weight_ih{s}") for s in sfx])
             r = init("R", layer, [array(f"weight_hh{s}") for s in sfx])
@@ -922,7 +925,8 @@ def _m_recurrent(lstm):
             v = fs[0] if len(fs) == 1 else b.op("Concat", fs, dt, (), axis=0)
             res.append(V(v.name, dt, out[1 + k].shape))
         return res
-    convert.onnx = (op, "Slice", "Concat", "Transpose", "Reshape")
+    convert.onnx = (op, "Slice", "Concat", "Transpose", "Reshape") + (
+        ("Scan (proj_size)",) if lstm else ())
     convert.takes_hx = True
     return convert
 

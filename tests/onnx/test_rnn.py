@@ -116,3 +116,30 @@ def test_lstm_import_matches_ort():
 def test_lstm_forms_without_an_mgtrace_module_are_refused(attrs, match):
     with pytest.raises(mo.OnnxImportError, match=match):
         mo.load(_lstm_model(**attrs).SerializeToString())
+
+
+@pytest.mark.parametrize("opset", [13, None])
+@pytest.mark.parametrize("kw", [{}, dict(num_layers=2, bidirectional=True, batch_first=True)])
+def test_lstm_with_projection_exports_as_scan(kw, opset):
+    """proj_size: ONNX's LSTM has no projection; each layer and direction is
+    a Scan whose body is one step, run at another batch and length."""
+    mt.random.seed(4)
+    rnn = M.LSTM(5, 7, proj_size=3, **kw).eval()
+    layers = rnn.num_layers * rnn.num_directions
+    rng = np.random.default_rng(6)
+
+    def inputs(n, t, states):
+        x = rng.standard_normal((n, t, 5) if rnn.batch_first else (t, n, 5)).astype(np.float32)
+        return [x] + ([rng.standard_normal((layers, n, 3)).astype(np.float32),
+                       rng.standard_normal((layers, n, 7)).astype(np.float32)] if states else [])
+    for states in (False, True):
+        net = WithState(rnn).eval() if states else M.Sequential(rnn).eval()
+        tm = mt.trace_module(net, *[mt.tensor(a) for a in inputs(2, 3, states)])
+        model = build_model(tm, opset=opset)
+        assert "Scan" in {n.op_type for n in model.graph.node}
+        xs = inputs(4, 6, states)
+        want = _flat(net(*[mt.tensor(a) for a in xs]))
+        got = run_ort(model, xs)
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert compare(g, w, f"output {i}") is None, compare(g, w, f"output {i}")
