@@ -550,7 +550,8 @@ def _cmd_batch(args, out):
         elif args.command == "export":
             records = onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
                                            opset=args.opset, rtol=args.rtol, atol=args.atol,
-                                           contrib_ops=args.contrib_ops, **run)
+                                           contrib_ops=args.contrib_ops,
+                                           quant_format=args.quant_format, **run)
         else:
             records = batch.retrace(args.paths, out=args.out, in_place=args.in_place,
                                     inputs=args.inputs, **checks, **run)

@@ -157,11 +157,9 @@ def _x(ex, args, who):
 
 def _bias_q(b, bias, x_q, w_scale, name):
     """The int32 bias of mgtrace's int8 kernels, dequantized at x_scale * w_scale."""
-    ws = np.broadcast_to(w_scale.astype(np.float64), bias.shape)
     xs = np.float64(np.float32(x_q.scale))
-    bq = np.clip(np.rint(bias.astype(np.float64) / (xs * ws)), -2 ** 31, 2 ** 31 - 1)
-    return _dq_array(b, bq.astype(np.int32), (xs * w_scale.astype(np.float64)).astype(np.float32),
-                     name)
+    return _dq_array(b, _bias_int32(bias, x_q, w_scale),
+                     (xs * w_scale.astype(np.float64)).astype(np.float32), name)
 
 
 def _finish(b, y, out_q, relu, shape):
@@ -172,10 +170,52 @@ def _finish(b, y, out_q, relu, shape):
     return quantize(b, y, out_q, shape)
 
 
+def _qlinear_conv(ex, m, x, w, ws, bias, out_q, shape, **attrs):
+    """QLinearConv of quantized ``x`` (4-d) with int8 weight ``w`` to
+    ``out_q``; ReLU as a Max with the output's zero point (the saturation
+    of mgtrace's kernels: rounding is monotone, so clamping after it is
+    clamping before)."""
+    b = ex.b
+    xs, xz = _scalar(b, x.q)
+    os_, oz = _scalar(b, out_q)
+    wv = b.const(w, name=f"{m.path}.weight")
+    wsv = b.const(np.asarray(ws, np.float32))
+    wz = b.const(np.zeros(np.shape(ws), np.int8))
+    ins = [x, xs, xz, wv, wsv, wz, os_, oz]
+    if bias is not None:
+        bq = _bias_int32(bias, x.q, ws)
+        ins.append(b.const(bq, name=f"{m.path}.bias.int32"))
+    y = b.op("QLinearConv", ins, oz.dtype, shape, kernel_shape=list(w.shape[2:]), **attrs)
+    if m.relu:
+        y = b.op("Max", [y, oz], oz.dtype, shape)
+    y.q = out_q
+    return y
+
+
+def _bias_int32(bias, x_q, w_scale):
+    ws = np.broadcast_to(w_scale.astype(np.float64), bias.shape)
+    xs = np.float64(np.float32(x_q.scale))
+    return np.clip(np.rint(bias.astype(np.float64) / (xs * ws)), -2 ** 31,
+                   2 ** 31 - 1).astype(np.int32)
+
+
 def _q_linear(ex, e, m, args, kwargs, out):
     b = ex.b
     x = _x(ex, args, type(m).__name__)
     w, ws, bias, out_q = weight_of(m)
+    if ex.quant_format == "qoperator" and out_q is not None:
+        # [..., K] -> [M, K, 1, 1] -> QLinearConv 1x1 -> [M, N] -> [..., N]
+        k, n_out = w.shape[1], w.shape[0]
+        x4 = b.op("Reshape", [x, b.ints([-1, k, 1, 1])], x.dtype, (0, k, 1, 1))
+        x4.q = x.q
+        y = _qlinear_conv(ex, m, x4, w.reshape(n_out, k, 1, 1), ws, bias, out_q,
+                          (0, n_out, 1, 1))
+        lead = b.op("Slice", [b.shape_of(x), b.ints([0]), b.ints([-1]), b.ints([0])],
+                    np.int64, (x.ndim - 1,))
+        target = b.op("Concat", [lead, b.ints([n_out])], np.int64, (x.ndim,), axis=0)
+        y2 = b.op("Reshape", [y, target], y.dtype, out[0].shape)
+        y2.q = out_q
+        return y2
     xf = dequantize(b, x)
     wf = _dq_array(b, w, ws, f"{m.path}.weight")
     bf = None if bias is None else _bias_q(b, bias, x.q, ws, f"{m.path}.bias.int32")
@@ -195,6 +235,11 @@ def _q_conv(ex, e, m, args, kwargs, out):
     b = ex.b
     x = _x(ex, args, type(m).__name__)
     w, ws, bias, out_q = weight_of(m)
+    if ex.quant_format == "qoperator" and out_q is not None:
+        (ph, pw) = m.padding
+        return _qlinear_conv(ex, m, x, w, ws, bias, out_q, out[0].shape,
+                             strides=list(m.stride), pads=[ph, pw, ph, pw],
+                             dilations=list(m.dilation), group=m.groups)
     xf = dequantize(b, x)
     wf = _dq_array(b, w, ws, f"{m.path}.weight")
     ins = [xf, wf]

@@ -191,9 +191,11 @@ _PYOPS = _pyops()
 
 
 class _Exporter:
-    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False):
+    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False,
+                 quant_format="qdq"):
         from mgtrace._core import op_table
         self.tm, self.opset, self.dynamic = tm, opset, dynamic
+        self.quant_format = quant_format
         self.input_names, self.output_names = input_names, output_names
         self.b = Builder(opset, contrib_ops)
         self.env = {}
@@ -660,7 +662,7 @@ def _check_names(tm, input_names, output_names):
 
 
 def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True,
-                contrib_ops=False):
+                contrib_ops=False, quant_format="qdq"):
     """The checked ModelProto :func:`export` writes (nothing is written)."""
     onnx = _require()
     from onnx import helper
@@ -672,7 +674,11 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
     _check_names(tm, input_names, output_names)
     if not isinstance(contrib_ops, bool):
         raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
-    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
+    if quant_format not in ("qdq", "qoperator"):
+        raise ValueError(f"export: quant_format must be 'qdq' or 'qoperator', got "
+                         f"{quant_format!r}")
+    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops,
+                   quant_format)
     graph = ex.run()
     cap = qdq_max_opset(ex.b.qdq) if ex.b.qdq else None
     if cap is not None and cap < opset:
@@ -684,7 +690,8 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
                 f"onnxruntime {onnxruntime.__version__} runs up to opset {cap} only (opset "
                 f"{opset} asked); pass opset={cap} or leave opset out")
         opset = cap
-        ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
+        ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops,
+                       quant_format)
         graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]
     ir = helper.find_min_ir_version_for(opsets)
@@ -706,7 +713,7 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
 
 
 def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
-           example_inputs=None, contrib_ops=False):
+           example_inputs=None, contrib_ops=False, quant_format="qdq"):
     """Write TracedModule ``tm`` as an ONNX model to ``f``.
 
     Args:
@@ -735,11 +742,21 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
             below opset 20 (where standard Gelu exists), and
             SkipLayerNormalization for a residual Add followed by a layer
             norm over the last axis of a 3-d float32 value.
+        quant_format: how modules of ``mgtrace.module.quantized`` export:
+            "qdq" (the default): QuantizeLinear / DequantizeLinear around
+            the float ops, the form ONNX Runtime's quantizer writes; or
+            "qoperator": a quantized Conv2d / Linear (and their Relu and
+            BatchNorm-folded forms) whose output is quantized is one
+            QLinearConv on the integers (a Linear as a 1x1 convolution,
+            keeping its int32 bias; fused ReLU as a Max with the output's
+            zero point), other layers as in "qdq". QAT models export as
+            QDQ either way.
 
     Returns:
         The onnx.ModelProto written.
 
     Raises:
+        ValueError: quant_format neither "qdq" nor "qoperator".
         ExportError: an op, function or module with no ONNX mapping (named
             with the node's qualname and source line), an opset outside
             13..max_opset() or too old for an op of the graph, a value ONNX
@@ -749,7 +766,8 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
 
     Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``).
     """
-    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops)
+    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops,
+                        quant_format)
     if example_inputs is not None:
         check_against(model, tm, example_inputs)
     from mgtrace.serialization.atomic import open_for_writing

@@ -115,6 +115,11 @@ def test_export_of_quantized_and_qat_archives(tmp_path):
         mt.save(mt.trace_module(net, x), src / f"{name}.tmod", example_inputs=(x,))
     rc, text = _run("export", src, "-o", tmp_path / "out", "--format", "onnx")
     assert rc == 0, text
+    rc, text = _run("export", src / "q.tmod", "-o", tmp_path / "qop", "--format", "onnx",
+                    "--quant-format", "qoperator")
+    assert rc == 0, text
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "qop" / "q.onnx")).graph.node}
+    assert "QLinearConv" in ops and "Conv" not in ops
     for name, net in (("q", qnet), ("qat", qat)):
         model = onnx.load(str(tmp_path / "out" / f"{name}.onnx"))
         assert "QuantizeLinear" in {n.op_type for n in model.graph.node}

@@ -79,11 +79,11 @@ def _scale(m):
     return float(np.asarray(q.scale.numpy()))
 
 
-def _quanta(net, x_trace, x_run, out_module, opset=None):
+def _quanta(net, x_trace, x_run, out_module, opset=None, quant_format="qdq"):
     """Export net traced at x_trace, run x_run in ORT: the largest
     difference from mgtrace's output in quanta of out_module's output."""
     tm = mt.trace_module(net, mt.tensor(x_trace))
-    model = build_model(tm, opset=opset)
+    model = build_model(tm, opset=opset, quant_format=quant_format)
     got = run_ort(model, [x_run])[0]
     want = net(mt.tensor(x_run)).numpy()
     assert got.shape == want.shape
@@ -154,8 +154,9 @@ def _wrap(model):
     return model
 
 
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
 @pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
-def test_quantized_reference_models_run_at_another_batch(model):
+def test_quantized_reference_models_run_at_another_batch(model, quant_format):
     import mgtrace.models as models
     mt.random.seed(0)
     rng = np.random.default_rng(5)
@@ -164,8 +165,10 @@ def test_quantized_reference_models_run_at_another_batch(model):
                                     qconfig=PER_CHANNEL_QUINT8), x)
     qnet = Q.quantize(qat, inplace=False)
     last = qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]
-    diff, _ = _quanta(qnet, x[:1], x, last)
+    diff, onnx_model = _quanta(qnet, x[:1], x, last, quant_format=quant_format)
     assert diff <= 1.0 + 1e-4, diff
+    ops = {n.op_type for n in onnx_model.graph.node}
+    assert ("QLinearConv" in ops) == (quant_format == "qoperator")
 
 
 def test_quantized_minilm_runs_at_another_batch_and_length():
@@ -232,3 +235,21 @@ def test_output_quantum_reads_the_last_dequantize():
     want = np.array([1.0, 2.0], F32)
     assert compare(want + F32(q), want, quantum=q) is None
     assert compare(want + F32(2 * q), want, quantum=q) is not None
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_qoperator_form_is_qlinearconv_on_the_integers(config):
+    """quant_format="qoperator": every weighted layer one QLinearConv (the
+    Linear as a 1x1 convolution with its int32 bias), no float weights."""
+    _, qnet = _net(config)
+    x = np.random.default_rng(10).standard_normal((5, 3, 8, 8)).astype(F32)
+    diff, model = _quanta(qnet, x[:2], x, qnet.fc, quant_format="qoperator")
+    assert diff <= 1.0 + 1e-4, diff
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QLinearConv") == 4 and "Conv" not in ops and "Gemm" not in ops
+    assert ops.count("Max") == 2                        # the two fused ReLUs
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert inits["fc.weight"].shape == (10, 256, 1, 1) and inits["fc.weight"].dtype == np.int8
+    assert inits["fc.bias.int32"].dtype == np.int32
+    with pytest.raises(ValueError, match="quant_format"):
+        build_model(mt.trace_module(qnet, mt.tensor(x[:2])), quant_format="qlinear")
