@@ -1002,7 +1002,11 @@ def run_node(node, ins, opset):
         raise _err(node, f"its output would hold {n} elements, more than the {MAX_ELEMENTS} "
                          f"(2^31) an imported value may hold")
     try:
-        outs = IMPORTERS[node.op_type](node, ins, a, opset)
+        if node.domain in ("", "ai.onnx"):
+            outs = IMPORTERS[node.op_type](node, ins, a, opset)
+        else:
+            from mgtrace.onnx._import_contrib import CONTRIB
+            outs = CONTRIB[f"{node.domain}.{node.op_type}"](node, ins, a, opset)
     except OnnxImportError:
         raise
     except (MemoryError, OverflowError) as err:

@@ -223,10 +223,14 @@ def _build(model, folder, example_inputs):
         if v is not None and not 1 <= v <= newest:
             raise OnnxImportError(f"the model imports ONNX opset {v}, which does not exist "
                                   f"(the installed onnx knows opsets 1 to {newest})")
+    from mgtrace.onnx._import_contrib import CONTRIB
     for n in graph.node:
         if n.domain not in ("", "ai.onnx"):
+            if f"{n.domain}.{n.op_type}" in CONTRIB:
+                continue
             raise OnnxImportError(f"node {n.name or n.op_type!r}: op {n.domain}.{n.op_type} is "
-                                  f"not a standard ONNX op")
+                                  f"not a standard ONNX op (of ONNX Runtime's contrib ops, "
+                                  f"{', '.join(sorted(CONTRIB))} import)")
         if n.op_type not in _ops.IMPORTERS and n.op_type not in _import_rnn.OPS:
             raise OnnxImportError(f"node {n.name or n.op_type!r}: ONNX op {n.op_type} has no "
                                   f"mgtrace form (importable: mgtrace.onnx.importer.IMPORTERS)")
