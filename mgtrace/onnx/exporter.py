@@ -717,8 +717,9 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
     """Write TracedModule ``tm`` as an ONNX model to ``f``.
 
     Args:
-        tm: a TracedModule (nested or flattened, optimized or not) with one
-            graph; builtin modules in eval mode.
+        tm: a TracedModule (nested or flattened, optimized or not, float,
+            QAT or quantized: see ``quant_format``) with one graph; builtin
+            modules in eval mode.
         f: a path (written atomically: a temporary file renamed into place)
             or a writable binary file.
         opset: the ONNX opset, from 13 to :func:`max_opset` (the default:
@@ -760,11 +761,18 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
         ExportError: an op, function or module with no ONNX mapping (named
             with the node's qualname and source line), an opset outside
             13..max_opset() or too old for an op of the graph, a value ONNX
-            cannot express, or example outputs that differ. Nothing is
-            written.
+            cannot express, or example outputs that differ (a dequantized
+            output may differ by one quantum: ORT requantizes in float32,
+            mgtrace in float64). For quantized graphs also: activations
+            other than per-tensor qint8 / quint8, or an opset above the
+            newest at which the installed onnxruntime runs the graph's
+            QuantizeLinear / DequantizeLinear nodes (onnxruntime 1.32: 27;
+            20 for int8 activations); left out, the opset is chosen below
+            it. Nothing is written.
         ImportError: the onnx package is missing (pip install 'mgtrace[onnx]').
 
-    Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``).
+    Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``);
+    quantized and QAT modules: :mod:`mgtrace.onnx._quant`.
     """
     model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops,
                         quant_format)
