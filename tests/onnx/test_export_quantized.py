@@ -154,9 +154,9 @@ def _wrap(model):
     return model
 
 
-@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
-@pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
-def test_quantized_reference_models_run_at_another_batch(model, quant_format):
+@functools.lru_cache(maxsize=None)
+def _reference(model):
+    """(int8 model, its last layer, calibration batch) of a reference model."""
     import mgtrace.models as models
     mt.random.seed(0)
     rng = np.random.default_rng(5)
@@ -164,7 +164,13 @@ def test_quantized_reference_models_run_at_another_batch(model, quant_format):
     qat = _calibrate(Q.quantize_qat(_wrap(getattr(models, model)().eval()),
                                     qconfig=PER_CHANNEL_QUINT8), x)
     qnet = Q.quantize(qat, inplace=False)
-    last = qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]
+    return qnet, (qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]), x
+
+
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
+@pytest.mark.parametrize("model", ["resnet18", "mobilenet_v2"])
+def test_quantized_reference_models_run_at_another_batch(model, quant_format):
+    qnet, last, x = _reference(model)
     diff, onnx_model = _quanta(qnet, x[:1], x, last, quant_format=quant_format)
     assert diff <= 1.0 + 1e-4, diff
     ops = {n.op_type for n in onnx_model.graph.node}
