@@ -347,11 +347,18 @@ def load(f, example_inputs=None):
 def load_traced(f, example_inputs=None):
     """``(TracedModule, example inputs it was traced with)``: :func:`load`
     and the Tensors it traced at (what ``mgtrace import`` stores)."""
+    import warnings
     import mgtrace as mt
+    from mgtrace.traced_module.errors import TraceWarning
     model, folder = _read(f)
     try:
         mod, examples = _build(model, folder, example_inputs)
-        tm = mt.trace_module(mod, *examples)
+        with warnings.catch_warnings():
+            # the model's own small constants (zero points, axes, int32 biases)
+            # become tensors during the run: constants of the graph, rightly
+            warnings.filterwarnings("ignore", message=r".*is kept as a constant",
+                                    category=TraceWarning)
+            tm = mt.trace_module(mod, *examples)
     except RecursionError:
         raise OnnxImportError("the model nests too deeply to import") from None
     return tm, examples

@@ -259,3 +259,22 @@ def test_qoperator_form_is_qlinearconv_on_the_integers(config):
     assert inits["fc.bias.int32"].dtype == np.int32
     with pytest.raises(ValueError, match="quant_format"):
         build_model(mt.trace_module(qnet, mt.tensor(x[:2])), quant_format="qlinear")
+
+
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
+@pytest.mark.parametrize("kind", ["quantized", "qat"])
+def test_quantized_export_imports_back_within_one_quantum(kind, quant_format):
+    """export -> mgtrace.onnx.load -> run: the QDQ / QLinearConv nodes import
+    as integer ops, and the result is mgtrace's own (one quantum at most),
+    with no trace warning."""
+    import warnings
+    import mgtrace.onnx as mo
+    qat, qnet = _net("per_channel_quint8")
+    net = qnet if kind == "quantized" else qat
+    x = np.random.default_rng(11).standard_normal((5, 3, 8, 8)).astype(F32)
+    model = build_model(mt.trace_module(net, mt.tensor(x[:2])), quant_format=quant_format)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = mo.load(model.SerializeToString())
+    got, want = back(mt.tensor(x)).numpy(), net(mt.tensor(x)).numpy()
+    assert np.abs(got - want).max() <= _scale(net.fc) * (1 + 1e-4)
