@@ -380,6 +380,40 @@ def _qat_conv_bn(relu):
     return convert
 
 
+def _qat_linear_bn(relu):
+    """QAT LinearBn1d / LinearBnRelu1d in eval: the BatchNorm folded as the
+    module folds it (``w * k``, ``beta + k * (b - running_mean)``), the
+    folded weight fake-quantized, Gemm (MatMul for more than 2 axes)."""
+    def convert(ex, e, m, args, kwargs, out):
+        b = ex.b
+        if len(args) != 1 or kwargs or not isinstance(args[0], V):
+            raise b.error(f"QAT {type(m).__name__} called with arguments other than one tensor")
+        bn, lin = m.bn, m.linear
+        if bn.training or bn.running_mean is None:
+            raise b.error(f"QAT {type(m).__name__} normalises with batch statistics (training "
+                          f"mode or no running statistics); export it in eval()")
+        arr = lambda t, fill: np.full(bn.num_features, fill, np.float32) if t is None \
+            else np.asarray(t.numpy(), np.float32)                          # noqa: E731
+        gamma, beta = arr(bn.weight, 1.0), arr(bn.bias, 0.0)
+        mean, var = arr(bn.running_mean, 0.0), arr(bn.running_var, 1.0)
+        k = (gamma / np.sqrt(var + np.float32(bn.eps))).astype(np.float32)
+        w = np.asarray(lin.weight.numpy(), np.float32) * k.reshape(-1, 1)
+        bias = (beta + k * (arr(lin.bias, 0.0) - mean)).astype(np.float32)
+        wf = _qat_weight(ex, m, w, f"{m.path}.linear.weight")
+        bf = b.const(bias, name=f"{m.path}.bias.folded")
+        x = b.cast(ex.plain(args[0]), np.float32)
+        shape = out[0].shape
+        if x.ndim == 2:
+            y = b.op("Gemm", [x, wf, bf], np.float32, shape, transB=1)
+        else:
+            wt = b.op("Transpose", [wf], np.float32, w.shape[::-1], perm=[1, 0])
+            y = b.op("Add", [b.op("MatMul", [x, wt], np.float32, shape), bf], np.float32, shape)
+        if relu:
+            y = b.op("Relu", [y], np.float32, shape)
+        return _act_fq(ex, m, y)
+    return convert
+
+
 def _qat_quant_stub(ex, e, m, args, kwargs, out):
     if len(args) != 1 or not isinstance(args[0], V):
         raise ex.b.error("QAT QuantStub called with arguments other than one tensor")
@@ -412,6 +446,7 @@ _QAT = {
     "ConvBn2d": _qat_conv_bn(False), "ConvBnRelu2d": _qat_conv_bn(True),
     "QuantStub": _qat_quant_stub, "DequantStub": _qat_dequant_stub,
     "Elemwise": _qat_elemwise, "Concat": _qat_concat,
+    "LinearBn1d": _qat_linear_bn(False), "LinearBnRelu1d": _qat_linear_bn(True),
 }
 _QL, _DQL = "QuantizeLinear", "DequantizeLinear"
 for _name, _ops in (("Linear", ("Gemm", "MatMul")), ("LinearRelu", ("Gemm", "MatMul", "Relu")),
@@ -422,6 +457,9 @@ for _name, _ops in (("Linear", ("Gemm", "MatMul")), ("LinearRelu", ("Gemm", "Mat
     _QUANTIZED[_name].onnx = ((_QL,) if _name != "DequantStub" else ()) + (
         (_DQL,) if _name != "QuantStub" else ()) + _ops
     _QAT[_name].onnx = ((_QL, _DQL) if _name != "DequantStub" else ()) + _ops
+for _name, _ops in (("LinearBn1d", ("Gemm", "MatMul")),
+                    ("LinearBnRelu1d", ("Gemm", "MatMul", "Relu"))):
+    _QAT[_name].onnx = (_QL, _DQL) + _ops
 del _name, _ops
 TABLES = {"mgtrace.module.quantized": _QUANTIZED, "mgtrace.module.qat": _QAT}
 """Builtin name prefix -> {class name: convert}: the rows of

@@ -278,3 +278,34 @@ def test_quantized_export_imports_back_within_one_quantum(kind, quant_format):
         back = mo.load(model.SerializeToString())
     got, want = back(mt.tensor(x)).numpy(), net(mt.tensor(x)).numpy()
     assert np.abs(got - want).max() <= _scale(net.fc) * (1 + 1e-4)
+
+
+class LinearBnNet(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.a = M.LinearBnRelu1d(6, 8)
+        self.b = M.LinearBn1d(8, 4)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        return self.dequant(self.b(self.a(self.quant(x))))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_qat_linear_bn_folds_as_the_module_does(config):
+    mt.random.seed(0)
+    rng = np.random.default_rng(12)
+    net = LinearBnNet()
+    net.train()
+    for _ in range(3):          # BatchNorm statistics
+        net(mt.tensor(rng.standard_normal((16, 6)).astype(F32)))
+    qat = _calibrate(Q.quantize_qat(net, qconfig=CONFIGS[config]),
+                     rng.standard_normal((32, 6)).astype(F32))
+    x = rng.standard_normal((7, 6)).astype(F32)
+    diff, model = _quanta(qat, x[:2], x, qat.b)
+    assert diff <= 1.0 + 1e-4, diff
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert inits["a.linear.weight"].dtype == np.int8 and "a.bias.folded" in inits
+    with pytest.raises(ExportError, match="batch statistics"):
+        build_model(mt.trace_module(qat.train(), mt.tensor(x[:2])))
