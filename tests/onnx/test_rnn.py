@@ -143,3 +143,35 @@ def test_lstm_with_projection_exports_as_scan(kw, opset):
         assert [g.shape for g in got] == [w.shape for w in want]
         for i, (g, w) in enumerate(zip(got, want)):
             assert compare(g, w, f"output {i}") is None, compare(g, w, f"output {i}")
+
+
+def test_layout_1_imports_as_batch_first():
+    """layout=1 (opset 14: X [N, T, I], Y [N, T, D, H], states [N, D, H]):
+    the same weights give layout 0's results, transposed (ORT's CPU LSTM
+    has no layout=1 kernel to compare with)."""
+    h = 3
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((2, 4 * h, 2)).astype(np.float32), "W")
+    r = numpy_helper.from_array(rng.standard_normal((2, 4 * h, h)).astype(np.float32), "R")
+
+    def model(layout):
+        x_shape = ["t", "n", 2] if layout == 0 else ["n", "t", 2]
+        s_shape = [2, "n", h] if layout == 0 else ["n", 2, h]
+        node = helper.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["y", "yh", "yc"],
+                                hidden_size=h, direction="bidirectional", layout=layout)
+        ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)] + [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, s_shape) for n in ("h0", "c0")]
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                for n in ("y", "yh", "yc")]
+        graph = helper.make_graph([node], "g", ins, outs, [w, r])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    x = rng.standard_normal((4, 3, 2)).astype(np.float32)            # [T, N, I]
+    h0, c0 = (rng.standard_normal((2, 3, h)).astype(np.float32) for _ in range(2))
+    want = run_ort(model(0), [x, h0, c0])
+    m1 = mo.load(model(1).SerializeToString())
+    assert "LSTM" in {type(m).__name__ for _, m in m1.named_modules()}
+    y, yh, yc = (t.numpy() for t in m1(*[mt.tensor(np.ascontiguousarray(a.transpose(1, 0, 2)))
+                                         for a in (x, h0, c0)]))
+    np.testing.assert_allclose(y, want[0].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(yh, want[1].transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(yc, want[2].transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
