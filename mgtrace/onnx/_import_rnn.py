@@ -11,10 +11,17 @@ gate. ONNX's bias ``B`` is ``[Wb, Rb]`` per direction: ``bias_ih`` and
 from the module's: ``Y [T, D, N, H]`` from ``output [T, N, D * H]``,
 ``Y_h`` / ``Y_c`` are ``h_n`` / ``c_n``.
 
+With ``sequence_lens`` (per-sample lengths, which mgtrace's modules do not
+take) each direction is a forward module of its own (a Sequential of one
+or two), run over the whole sequence: the forward one's steps before a
+sample's length are that sample's, the reverse one reads each sample's
+span reversed in place; Y is zero past the lengths and Y_h is read at each
+sample's last step (see :func:`_run_by_length`).
+
 Not importable (an OnnxImportError naming the node): weights computed at
-run time, ``sequence_lens`` (mgtrace's recurrent modules have no per-sample
-lengths), peepholes, ``clip``, ``input_forget``, ``direction="reverse"``
-alone, and activations other than the defaults (RNN: Tanh or Relu).
+run time, ``Y_c`` together with ``sequence_lens``, peepholes, ``clip``,
+``input_forget``, ``direction="reverse"`` alone, and activations other than
+the defaults (RNN: Tanh or Relu).
 """
 import numpy as np
 
@@ -47,9 +54,10 @@ def make_module(node, arrays, attrs):
                              f"import as an mgtrace {node.op_type} module")
     if ins[3] and ins[3] not in arrays:
         raise _err(node, "its bias B is computed at run time")
-    if ins[4]:
-        raise _err(node, "sequence_lens has no mgtrace form (mgtrace's RNN and LSTM run every "
-                         "sample over the whole sequence)")
+    by_length = bool(ins[4])
+    if by_length and lstm and len(node.output) > 2 and node.output[2]:
+        raise _err(node, "Y_c with sequence_lens has no mgtrace form (the LSTM module gives "
+                         "the cell state after the last step of the whole sequence only)")
     if lstm and ins[7]:
         raise _err(node, "LSTM peepholes (input P) have no mgtrace form")
     if attrs.get("clip") is not None:
@@ -87,20 +95,29 @@ def make_module(node, arrays, attrs):
     if w.dtype.kind != "f":
         raise _err(node, f"{w.dtype} weights have no mgtrace {node.op_type} form")
     layout = int(attrs.get("layout", 0))
-    kw = dict(num_layers=1, bias=True, batch_first=layout == 1, bidirectional=d == 2)
-    m = M.LSTM(w.shape[2], hidden, **kw) if lstm else \
-        M.RNN(w.shape[2], hidden, nonlinearity=nonlinearity, **kw)
+
+    def module(dirs):
+        kw = dict(num_layers=1, bias=True, batch_first=layout == 1 and not by_length,
+                  bidirectional=dirs == 2)
+        return M.LSTM(w.shape[2], hidden, **kw) if lstm else \
+            M.RNN(w.shape[2], hidden, nonlinearity=nonlinearity, **kw)
 
     def rows(a):
         if not lstm:
             return a
         return np.concatenate([a[k * hidden:(k + 1) * hidden] for k in _LSTM_ROWS], 0)
-    for k, sfx in enumerate(m._suffixes(0)):
-        b = bias[k] if bias is not None else np.zeros(2 * gates * hidden, np.float32)
-        for name, value in (("weight_ih", w[k]), ("weight_hh", r[k]),
-                            ("bias_ih", b[:gates * hidden]), ("bias_hh", b[gates * hidden:])):
-            setattr(m, name + sfx, M.Parameter(np.ascontiguousarray(rows(value), np.float32)))
-    return m.eval()
+    def fill(m, ks):
+        for k, sfx in zip(ks, m._suffixes(0)):
+            b = bias[k] if bias is not None else np.zeros(2 * gates * hidden, np.float32)
+            for name, value in (("weight_ih", w[k]), ("weight_hh", r[k]),
+                                ("bias_ih", b[:gates * hidden]),
+                                ("bias_hh", b[gates * hidden:])):
+                setattr(m, name + sfx, M.Parameter(np.ascontiguousarray(rows(value),
+                                                                        np.float32)))
+        return m.eval()
+    if by_length:       # one forward module a direction (the reverse one on reversed spans)
+        return M.Sequential(*[fill(module(1), [k]) for k in range(d)]).eval()
+    return fill(module(d), range(d))
 
 
 def run(m, node, ins):
@@ -110,6 +127,8 @@ def run(m, node, ins):
     lstm = node.op_type == "LSTM"
     ins = [mt.tensor(v) if isinstance(v, np.ndarray) else v for v in ins]
     ins = list(ins) + [None] * (8 - len(ins))
+    if ins[4] is not None:
+        return _run_by_length(m, node, ins, lstm)
     x = ins[0]
     if x.dtype != np.float32:
         x = x.astype("float32")
@@ -133,3 +152,54 @@ def run(m, node, ins):
     else:                       # Y [T, D, N, H]
         y = y.reshape(y.shape[0], y.shape[1], d, hid).transpose(0, 2, 1, 3)
     return [y] + finals
+
+
+def _run_by_length(mods, node, ins, lstm):
+    """RNN / LSTM with ``sequence_lens`` [N]: each direction's module runs the
+    whole sequence; the forward one's steps before a sample's length are
+    that sample's (later steps read padding, and ONNX's Y is 0 there),
+    the reverse one runs each sample's span reversed in place (x[len - 1 -
+    t] for t < len), and Y_h is read at step len - 1. Lengths are at least
+    1 (ONNX Runtime's rule too)."""
+    import mgtrace.functional as F
+    layout = int(_attrs(node).get("layout", 0))
+    x, lens, h0, c0 = ins[0], ins[4], ins[5], ins[6] if lstm else None
+    if x.dtype != np.float32:
+        x = x.astype("float32")
+    if layout == 1:             # time first below
+        x = x.transpose(1, 0, 2)
+        h0 = None if h0 is None else h0.transpose(1, 0, 2)
+        c0 = None if c0 is None else c0.transpose(1, 0, 2)
+    t_len, n = x.shape[0], x.shape[1]
+    lens = lens.astype("int32").reshape(1, n)
+    steps = F.arange(0, t_len, dtype="int32").reshape(t_len, 1)
+    keep = steps < lens                                            # [T, N]
+    rev = F.where(keep, lens - 1 - steps, steps)                   # a span's mirror step
+    last = (lens - 1).reshape(1, n, 1)
+    ys, hs = [], []
+    for k, m in enumerate(mods):
+        hid = m.hidden_size
+        xk = x if k == 0 else F.gather(x, 0, F.broadcast_to(rev.reshape(t_len, n, 1),
+                                                            x.shape))
+        hx = None
+        if h0 is not None or c0 is not None:
+            hk = None if h0 is None else h0[k:k + 1]
+            ck = None if c0 is None else c0[k:k + 1]
+            hx = (hk if hk is not None else F.zeros_like(ck),
+                  ck if ck is not None else F.zeros_like(hk)) if lstm else hk
+        y = m(xk, hx)[0] if hx is not None else m(xk)[0]           # [T, N, H]
+        idx = F.broadcast_to(last, (1, n, hid))
+        hs.append(F.gather(y, 0, idx))                             # [1, N, H]
+        if k == 1:
+            y = F.gather(y, 0, F.broadcast_to(rev.reshape(t_len, n, 1), y.shape))
+        ys.append(y * keep.astype("float32").reshape(t_len, n, 1))
+    y = F.stack(ys, 1)                                             # [T, D, N, H]
+    h = F.concat(hs, 0)                                            # [D, N, H]
+    if layout == 1:
+        return [y.transpose(2, 0, 1, 3), h.transpose(1, 0, 2)]
+    return [y, h]
+
+
+def _attrs(node):
+    from mgtrace.onnx._ops import _attrs as attrs
+    return attrs(node)

@@ -88,10 +88,12 @@ def _lstm_model(**attrs):
     inits = [numpy_helper.from_array(rng.standard_normal((1, 4 * h, 2)).astype(np.float32), "W"),
              numpy_helper.from_array(rng.standard_normal((1, 4 * h, h)).astype(np.float32), "R")]
     ins = ["x", "W", "R"]
+    outs = ["y"]
     if attrs.pop("lens", False):
         inits.append(numpy_helper.from_array(np.array([2], np.int32), "lens"))
         ins += ["", "lens"]
-    node = helper.make_node("LSTM", ins, ["y"], hidden_size=h, **attrs)
+        outs += ["", "yc"]
+    node = helper.make_node("LSTM", ins, outs, hidden_size=h, **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [4, 1, 2])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, None)], inits)
@@ -107,7 +109,7 @@ def test_lstm_import_matches_ort():
 
 
 @pytest.mark.parametrize("attrs, match", [
-    (dict(lens=True), "sequence_lens"),
+    (dict(lens=True), "Y_c with sequence_lens"),
     (dict(direction="reverse"), "direction"),
     (dict(clip=1.0), "clip"),
     (dict(input_forget=1), "input_forget"),
@@ -175,3 +177,43 @@ def test_layout_1_imports_as_batch_first():
     np.testing.assert_allclose(y, want[0].transpose(2, 0, 1, 3), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(yh, want[1].transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(yc, want[2].transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op, direction, states", [
+    ("LSTM", "bidirectional", False), ("LSTM", "forward", True),
+    ("RNN", "bidirectional", True), ("RNN", "forward", False)])
+def test_sequence_lens_import_matches_ort(op, direction, states):
+    """sequence_lens: Y zero past each sample's length, Y_h at its last step,
+    the reverse direction over each sample's own span; ORT's outputs."""
+    h, d = 3, 2 if direction == "bidirectional" else 1
+    g = 4 if op == "LSTM" else 1
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(
+        (rng.standard_normal((d, g * h, 2)) * 0.5).astype(np.float32), "W"),
+        numpy_helper.from_array((rng.standard_normal((d, g * h, h)) * 0.5).astype(np.float32),
+                                "R"),
+        numpy_helper.from_array(rng.standard_normal((d, 2 * g * h)).astype(np.float32), "B")]
+    names = ["x", "W", "R", "B", "lens"] + (["h0"] + (["c0"] if op == "LSTM" else [])
+                                            if states else [])
+    node = helper.make_node(op, names, ["y", "yh"], hidden_size=h, direction=direction)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "n", 2]),
+           helper.make_tensor_value_info("lens", TensorProto.INT32, ["n"])]
+    ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d, "n", h])
+            for n in names[5:]]
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info(
+        n, TensorProto.FLOAT, None) for n in ("y", "yh")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    xs = [rng.standard_normal((5, 3, 2)).astype(np.float32), np.array([5, 2, 3], np.int32)]
+    xs += [rng.standard_normal((d, 3, h)).astype(np.float32) for _ in names[5:]]
+    want = run_ort(model, xs)
+    tm = mo.load(model.SerializeToString(), example_inputs=[
+        x[:, :2] if i == 0 else x[:2] if i == 1 else x[:, :2] for i, x in enumerate(xs)])
+    got = [t.numpy() for t in tm(*[mt.tensor(x) for x in xs])]
+    for gv, wv in zip(got, want):
+        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6)
+    assert op in {type(m).__name__ for _, m in tm.named_modules()}
+    import io
+    buf = io.BytesIO()
+    mt.save(tm, buf)
+    back = mt.load(io.BytesIO(buf.getvalue()))
+    np.testing.assert_array_equal(back(*[mt.tensor(x) for x in xs])[0].numpy(), got[0])
