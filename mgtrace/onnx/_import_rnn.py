@@ -20,8 +20,9 @@ sample's last step (see :func:`_run_by_length`).
 
 Not importable (an OnnxImportError naming the node): weights computed at
 run time, ``Y_c`` together with ``sequence_lens``, peepholes, ``clip``,
-``input_forget``, ``direction="reverse"`` alone, and activations other than
-the defaults (RNN: Tanh or Relu).
+``input_forget``, and activations other than the defaults (RNN: Tanh or
+Relu). ``direction="reverse"`` alone runs as the reverse half of the
+lengths form, every sample the whole sequence.
 """
 import numpy as np
 
@@ -54,8 +55,10 @@ def make_module(node, arrays, attrs):
                              f"import as an mgtrace {node.op_type} module")
     if ins[3] and ins[3] not in arrays:
         raise _err(node, "its bias B is computed at run time")
-    by_length = bool(ins[4])
-    if by_length and lstm and len(node.output) > 2 and node.output[2]:
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    by_length = bool(ins[4]) or direction == "reverse"
+    if ins[4] and lstm and len(node.output) > 2 and node.output[2]:
         raise _err(node, "Y_c with sequence_lens has no mgtrace form (the LSTM module gives "
                          "the cell state after the last step of the whole sequence only)")
     if lstm and ins[7]:
@@ -64,11 +67,8 @@ def make_module(node, arrays, attrs):
         raise _err(node, "a cell clip has no mgtrace form")
     if attrs.get("input_forget", 0):
         raise _err(node, "input_forget=1 (coupled gates) has no mgtrace form")
-    direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
-    if direction not in ("forward", "bidirectional"):
-        raise _err(node, f"direction={direction!r} has no mgtrace form (forward and "
-                         f"bidirectional import)")
+    if direction not in ("forward", "bidirectional", "reverse"):
+        raise _err(node, f"direction={direction!r} is not an ONNX direction")
     d = 2 if direction == "bidirectional" else 1
     acts = [a.decode() if isinstance(a, bytes) else str(a)
             for a in attrs.get("activations", [])]
@@ -127,7 +127,8 @@ def run(m, node, ins):
     lstm = node.op_type == "LSTM"
     ins = [mt.tensor(v) if isinstance(v, np.ndarray) else v for v in ins]
     ins = list(ins) + [None] * (8 - len(ins))
-    if ins[4] is not None:
+    from mgtrace.module import Sequential
+    if isinstance(m, Sequential):           # sequence_lens, or direction="reverse" alone
         return _run_by_length(m, node, ins, lstm)
     x = ins[0]
     if x.dtype != np.float32:
@@ -162,8 +163,13 @@ def _run_by_length(mods, node, ins, lstm):
     t] for t < len), and Y_h is read at step len - 1. Lengths are at least
     1 (ONNX Runtime's rule too)."""
     import mgtrace.functional as F
-    layout = int(_attrs(node).get("layout", 0))
+    attrs = _attrs(node)
+    layout = int(attrs.get("layout", 0))
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    kinds = ["reverse"] if direction == "reverse" else ["forward", "reverse"][:len(mods)]
     x, lens, h0, c0 = ins[0], ins[4], ins[5], ins[6] if lstm else None
+    whole = lens is None        # direction="reverse" alone: every sample is the whole sequence
     if x.dtype != np.float32:
         x = x.astype("float32")
     if layout == 1:             # time first below
@@ -171,33 +177,37 @@ def _run_by_length(mods, node, ins, lstm):
         h0 = None if h0 is None else h0.transpose(1, 0, 2)
         c0 = None if c0 is None else c0.transpose(1, 0, 2)
     t_len, n = x.shape[0], x.shape[1]
-    lens = lens.astype("int32").reshape(1, n)
     steps = F.arange(0, t_len, dtype="int32").reshape(t_len, 1)
+    if whole:
+        lens = F.broadcast_to(steps[-1:] + 1, (1, n))
+    lens = lens.astype("int32").reshape(1, n)
     keep = steps < lens                                            # [T, N]
     rev = F.where(keep, lens - 1 - steps, steps)                   # a span's mirror step
     last = (lens - 1).reshape(1, n, 1)
-    ys, hs = [], []
-    for k, m in enumerate(mods):
+    ys, hs, cs = [], [], []
+    for k, (m, kind) in enumerate(zip(mods, kinds)):
         hid = m.hidden_size
-        xk = x if k == 0 else F.gather(x, 0, F.broadcast_to(rev.reshape(t_len, n, 1),
-                                                            x.shape))
+        xk = x if kind == "forward" else F.gather(x, 0, F.broadcast_to(
+            rev.reshape(t_len, n, 1), x.shape))
         hx = None
         if h0 is not None or c0 is not None:
             hk = None if h0 is None else h0[k:k + 1]
             ck = None if c0 is None else c0[k:k + 1]
             hx = (hk if hk is not None else F.zeros_like(ck),
                   ck if ck is not None else F.zeros_like(hk)) if lstm else hk
-        y = m(xk, hx)[0] if hx is not None else m(xk)[0]           # [T, N, H]
+        y, state = m(xk, hx) if hx is not None else m(xk)          # [T, N, H]
+        if whole and lstm:
+            cs.append(state[1])                                    # after the whole span
         idx = F.broadcast_to(last, (1, n, hid))
         hs.append(F.gather(y, 0, idx))                             # [1, N, H]
-        if k == 1:
+        if kind == "reverse":
             y = F.gather(y, 0, F.broadcast_to(rev.reshape(t_len, n, 1), y.shape))
         ys.append(y * keep.astype("float32").reshape(t_len, n, 1))
     y = F.stack(ys, 1)                                             # [T, D, N, H]
-    h = F.concat(hs, 0)                                            # [D, N, H]
+    finals = [F.concat(hs, 0)] + ([F.concat(cs, 0)] if cs else [])   # [D, N, H]
     if layout == 1:
-        return [y.transpose(2, 0, 1, 3), h.transpose(1, 0, 2)]
-    return [y, h]
+        return [y.transpose(2, 0, 1, 3)] + [f.transpose(1, 0, 2) for f in finals]
+    return [y] + finals
 
 
 def _attrs(node):

@@ -100,17 +100,24 @@ def _lstm_model(**attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-def test_lstm_import_matches_ort():
-    model = _lstm_model()
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+def test_lstm_import_matches_ort(direction):
+    model = _lstm_model(direction=direction)
+    node = model.graph.node[0]
+    node.output.extend(["yh", "yc"])
+    model.graph.output.extend([helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                               for n in ("yh", "yc")])
     x = np.random.default_rng(5).standard_normal((4, 1, 2)).astype(np.float32)
-    want = run_ort(model, [x])[0]
-    got = mo.load(model.SerializeToString())(mt.tensor(x)).numpy()
-    assert compare(got, want) is None, compare(got, want)
+    want = run_ort(model, [x])
+    got = mo.load(model.SerializeToString())(mt.tensor(x))
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        assert compare(g.numpy(), w) is None, compare(g.numpy(), w)
 
 
 @pytest.mark.parametrize("attrs, match", [
     (dict(lens=True), "Y_c with sequence_lens"),
-    (dict(direction="reverse"), "direction"),
+    (dict(direction="sideways"), "direction"),
     (dict(clip=1.0), "clip"),
     (dict(input_forget=1), "input_forget"),
     (dict(activations=["Sigmoid", "Relu", "Tanh"]), "activations"),
