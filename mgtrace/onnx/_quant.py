@@ -414,6 +414,21 @@ def _qat_linear_bn(relu):
     return convert
 
 
+def _qat_batch_matmul(ex, e, m, args, kwargs, out):
+    """QAT BatchMatMulActivation: ``act_fq(act(weight_fq(weight) @ x + bias))``."""
+    b = ex.b
+    if len(args) != 1 or kwargs or not isinstance(args[0], V):
+        raise b.error(f"QAT {type(m).__name__} called with arguments other than one tensor")
+    w = _qat_weight(ex, m, np.asarray(m.weight.numpy(), np.float32), f"{m.path}.weight")
+    shape = out[0].shape
+    y = b.op("MatMul", [w, b.cast(ex.plain(args[0]), np.float32)], np.float32, shape)
+    if m.bias is not None:
+        y = b.op("Add", [y, ex.param(m.bias, f"{m.path}.bias")], np.float32, shape)
+    if m.nonlinear_mode == "relu":
+        y = b.op("Relu", [y], np.float32, shape)
+    return _act_fq(ex, m, y)
+
+
 def _qat_quant_stub(ex, e, m, args, kwargs, out):
     if len(args) != 1 or not isinstance(args[0], V):
         raise ex.b.error("QAT QuantStub called with arguments other than one tensor")
@@ -447,6 +462,7 @@ _QAT = {
     "QuantStub": _qat_quant_stub, "DequantStub": _qat_dequant_stub,
     "Elemwise": _qat_elemwise, "Concat": _qat_concat,
     "LinearBn1d": _qat_linear_bn(False), "LinearBnRelu1d": _qat_linear_bn(True),
+    "BatchMatMulActivation": _qat_batch_matmul,
 }
 _QL, _DQL = "QuantizeLinear", "DequantizeLinear"
 for _name, _ops in (("Linear", ("Gemm", "MatMul")), ("LinearRelu", ("Gemm", "MatMul", "Relu")),
@@ -458,7 +474,8 @@ for _name, _ops in (("Linear", ("Gemm", "MatMul")), ("LinearRelu", ("Gemm", "Mat
         (_DQL,) if _name != "QuantStub" else ()) + _ops
     _QAT[_name].onnx = ((_QL, _DQL) if _name != "DequantStub" else ()) + _ops
 for _name, _ops in (("LinearBn1d", ("Gemm", "MatMul")),
-                    ("LinearBnRelu1d", ("Gemm", "MatMul", "Relu"))):
+                    ("LinearBnRelu1d", ("Gemm", "MatMul", "Relu")),
+                    ("BatchMatMulActivation", ("MatMul", "Add", "Relu"))):
     _QAT[_name].onnx = (_QL, _DQL) + _ops
 del _name, _ops
 TABLES = {"mgtrace.module.quantized": _QUANTIZED, "mgtrace.module.qat": _QAT}

@@ -370,6 +370,17 @@ class _SelfAttention(M.Module):
         return self.mha(x, x, x)[0]
 
 
+class _ConcatSelf(M.Module):
+    """Concat called on [x, x * 2] along the channels."""
+
+    def __init__(self, cat):
+        super().__init__()
+        self.cat = cat
+
+    def forward(self, x):
+        return self.cat([x, x * 2], 1)
+
+
 def _mod(m, *inputs):
     """m (weights and statistics drawn afresh, seeded) called on inputs."""
     state = {}
@@ -427,6 +438,11 @@ def _module_cases():
         "ConvRelu2d": _mod(M.ConvRelu2d(4, 3, 3), x4),
         "ConvBn2d": _mod(M.ConvBn2d(4, 3, 3), x4),
         "ConvBnRelu2d": _mod(M.ConvBnRelu2d(4, 3, 3), x4),
+        "Concat": _mod(_ConcatSelf(M.Concat()), x4),
+        "BatchMatMulActivation": _mod(M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
+                                      _f(2, 5, 3)),
+        "LinearBn1d": _mod(M.LinearBn1d(4, 3), _f(5, 4)),
+        "LinearBnRelu1d": _mod(M.LinearBnRelu1d(4, 3), _f(5, 4)),
         "RNN": _mod(M.RNN(4, 5, num_layers=2, nonlinearity="relu", bidirectional=True),
                     _f(3, 2, 4)),
         "LSTM": _mod(M.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True),

@@ -57,6 +57,8 @@ _MAKERS = {     # row name -> (float module, input shapes, QAT mapping, call)
     "LinearBn1d": (lambda: M.LinearBn1d(6, 5), [(4, 6)], None, None),
     "LinearBnRelu1d": (lambda: M.LinearBnRelu1d(6, 5), [(4, 6)], None, None),
     "Elemwise": (lambda: M.Elemwise("fuse_add_relu"), [(2, 3, 4), (2, 3, 4)], None, None),
+    "BatchMatMulActivation": (lambda: M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
+                              [(2, 5, 3)], None, None),
     "Concat": (lambda: M.Concat(), [(2, 3, 4), (2, 2, 4)], None,
                lambda body, qs: body(qs, 1)),
 }
@@ -73,19 +75,22 @@ def _model(kind, name):
     rng = np.random.default_rng(0)
     net = Row(make(), len(shapes), call)
     net.train()
+
+    def batch(n):               # BatchMatMulActivation's weight fixes the batch
+        return lambda s: s if name == "BatchMatMulActivation" else (n,) + s[1:]
     for _ in range(2):          # BatchNorm statistics
-        net(*[mt.tensor(rng.standard_normal((8,) + s[1:]).astype(F32)) for s in shapes])
+        net(*[mt.tensor(rng.standard_normal(batch(8)(s)).astype(F32)) for s in shapes])
     qat = Q.quantize_qat(net, qconfig=QCONFIG, mapping=mapping).eval()
     Q.enable_observer(qat)
     Q.disable_fake_quant(qat)
-    qat(*[mt.tensor(rng.standard_normal((16,) + s[1:]).astype(F32)) for s in shapes])
+    qat(*[mt.tensor(rng.standard_normal(batch(16)(s)).astype(F32)) for s in shapes])
     Q.disable_observer(qat)
     Q.enable_fake_quant(qat)
     net = qat if kind == "qat" else Q.quantize(qat, inplace=False)
     assert type(net.body).__module__.startswith(f"mgtrace.module.{kind}") or \
         name in ("QuantStub", "DequantStub")
-    xs = [rng.standard_normal((5,) + s[1:]).astype(F32) for s in shapes]
-    return net, xs
+    xs = [rng.standard_normal(batch(5)(s)).astype(F32) for s in shapes]
+    return net, xs, name != "BatchMatMulActivation"
 
 
 def test_every_row_has_a_model():
@@ -95,8 +100,8 @@ def test_every_row_has_a_model():
 @pytest.mark.parametrize("opset", [MIN_OPSET, None])
 @pytest.mark.parametrize("kind, name", ROWS)
 def test_row_runs_in_ort_within_one_quantum(kind, name, opset):
-    net, xs = _model(kind, name)
-    tm = mt.trace_module(net, *[mt.tensor(x[:2]) for x in xs])
+    net, xs, batched = _model(kind, name)
+    tm = mt.trace_module(net, *[mt.tensor(x[:2] if batched else x) for x in xs])
     model = build_model(tm, opset=opset)
     assert "QuantizeLinear" in {n.op_type for n in model.graph.node}
     got = run_ort(model, xs)[0]
