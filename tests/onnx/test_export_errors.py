@@ -199,3 +199,24 @@ def test_example_inputs_of_another_dtype_or_rank_are_export_errors(tmp_path):
     with pytest.raises(mo.ExportError, match="example_inputs has 2 arrays, but the graph has 1"):
         mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.float32),) * 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_builtin_module_has_a_row():
+    """Each builtin module type of mgtrace.module (float, QAT, quantized)
+    has an export row (or a row saying why not): a new builtin without one
+    fails here, not in a user's export. Observers and fake quantizers run
+    inside QAT modules and are read through them."""
+    from mgtrace.module.builtin import builtin_types
+    from mgtrace.onnx import _quant, mapping
+    missing = []
+    for name in builtin_types():
+        prefix, _, cls = name.rpartition(".")
+        if prefix == "mgtrace.module":
+            ok = mapping.rule_for("module", cls) is not None
+        elif prefix in _quant.TABLES:
+            ok = cls in _quant.TABLES[prefix]
+        else:
+            ok = not prefix.startswith("mgtrace.module")
+        if not ok:
+            missing.append(name)
+    assert missing == []
