@@ -984,7 +984,8 @@ def _output_elements(node, ins, a):
             s = _values(ins[3])
         else:
             return None
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, IndexError):
+        # too few inputs or values of the wrong kind: the op's importer names them
         return None
     if s is None:
         return None
