@@ -13,6 +13,7 @@ Weights become parameters (float) or buffers of the module, named by the
 initializer name with every character that cannot be in a Python name
 replaced by ``_`` (``layer1.0.conv1.weight`` -> ``layer1_0_conv1_weight``).
 """
+import contextlib
 import keyword
 import math
 import os
@@ -208,6 +209,21 @@ def _identifier(name, taken):
 
 # ------------------------------------------------------------ the module
 
+@contextlib.contextmanager
+def _naming(node):
+    """Errors of an RNN / LSTM node's module (made from mutated attributes or
+    weights, run on operands of the wrong shape) as OnnxImportError naming the
+    node, as :func:`mgtrace.onnx._ops.run_node` does for the other ops."""
+    try:
+        yield
+    except OnnxImportError:
+        raise
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError,
+            OverflowError, MemoryError) as err:
+        raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): inputs "
+                              f"or attributes this importer cannot read ({err!r})"[:600]) from None
+
+
 def _build(model, folder, example_inputs):
     import mgtrace as mt
     import mgtrace.module as M
@@ -268,7 +284,8 @@ def _build(model, folder, example_inputs):
             self._onnx_modules = {}
             for i, n in recurrent:
                 attr = _identifier(n.name or n.op_type.lower(), taken)
-                setattr(self, attr, _import_rnn.make_module(n, arrays, _ops._attrs(n)))
+                with _naming(n):
+                    setattr(self, attr, _import_rnn.make_module(n, arrays, _ops._attrs(n)))
                 self._onnx_modules[i] = attr
             for name, a in arrays.items():
                 if name in moved:
@@ -288,9 +305,10 @@ def _build(model, folder, example_inputs):
             env[""] = None
             for k, node in enumerate(graph.node):
                 if k in self._onnx_modules:
-                    outs = _import_rnn.run(getattr(self, self._onnx_modules[k]), node,
-                                           [env.get(i) if i not in moved else None
-                                            for i in node.input])
+                    with _naming(node):
+                        outs = _import_rnn.run(getattr(self, self._onnx_modules[k]), node,
+                                               [env.get(i) if i not in moved else None
+                                                for i in node.input])
                     outs = list(outs) + [None] * (len(node.output) - len(outs))
                 else:
                     outs = _ops.run_node(node, [env[i] for i in node.input], opsets.get(
@@ -300,6 +318,9 @@ def _build(model, folder, example_inputs):
             res = []
             for o in graph.output:
                 v = env[o.name]
+                if v is None:
+                    raise OnnxImportError(f"graph output {o.name!r} is never computed (an "
+                                          f"empty name or an optional output left out)")
                 res.append(v if isinstance(v, mt.Tensor) else mt.tensor(np.asarray(v)))
             return res[0] if len(res) == 1 else tuple(res)
 
