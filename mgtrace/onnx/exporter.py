@@ -674,9 +674,13 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
     _check_names(tm, input_names, output_names)
     if not isinstance(contrib_ops, bool):
         raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"export: dynamic must be True or False, got {dynamic!r}")
     if quant_format not in ("qdq", "qoperator"):
-        raise ValueError(f"export: quant_format must be 'qdq' or 'qoperator', got "
-                         f"{quant_format!r}")
+        from mgtrace.errors import did_you_mean
+        hint = did_you_mean(str(quant_format).lower(), ("qdq", "qoperator"))
+        raise ExportError(f"export: quant_format must be 'qdq' or 'qoperator', got "
+                          f"{quant_format!r}.{hint}")
     ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops,
                    quant_format)
     graph = ex.run()
@@ -757,8 +761,9 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
         The onnx.ModelProto written.
 
     Raises:
-        ValueError: quant_format neither "qdq" nor "qoperator".
-        ExportError: an op, function or module with no ONNX mapping (named
+        TypeError: opset not an int, dynamic or contrib_ops not a bool,
+            example_inputs one array rather than a tuple of them.
+        ExportError: quant_format neither "qdq" nor "qoperator"; an op, function or module with no ONNX mapping (named
             with the node's qualname and source line), an opset outside
             13..max_opset() or too old for an op of the graph, a value ONNX
             cannot express, or example outputs that differ (a dequantized
@@ -780,7 +785,7 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
         check_against(model, tm, example_inputs)
     from mgtrace.serialization.atomic import open_for_writing
     data = model.SerializeToString()
-    with open_for_writing(f) as out:
+    with open_for_writing(f, "model.onnx") as out:
         out.write(data)
     return model
 
@@ -866,6 +871,10 @@ def check_against(model, tm, example_inputs):
     ExportError naming the first difference."""
     import mgtrace as mt
     from mgtrace.traced_module.pytree import tree_flatten
+    if isinstance(example_inputs, np.ndarray) or isinstance(example_inputs, mt.Tensor):
+        # iterating one array hands out its rows: "has 3 axes, traced with 4" misled
+        raise TypeError(f"export: example_inputs is a tuple of arrays, one per graph input; "
+                        f"got one {type(example_inputs).__name__}: pass (x,)")
     xs = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in example_inputs]
     _check_examples(tm, xs)
     want = tree_flatten(tm(*[mt.tensor(x) for x in xs]),

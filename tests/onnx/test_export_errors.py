@@ -220,3 +220,33 @@ def test_every_builtin_module_has_a_row():
         if not ok:
             missing.append(name)
     assert missing == []
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    ({"quant_format": "QDQ"}, mo.ExportError, r"got 'QDQ'\. Did you mean 'qdq'"),
+    ({"quant_format": "qoperater"}, mo.ExportError, "Did you mean 'qoperator'"),
+    ({"dynamic": "no"}, TypeError, "dynamic must be True or False, got 'no'"),
+    ({"example_inputs": np.ones((1, 4), np.float32)}, TypeError, r"pass \(x,\)"),
+])
+def test_bad_export_arguments_are_named_and_nothing_is_written(tmp_path, kw, err, msg):
+    # quant_format typos were a bare ValueError without a hint; dynamic="no" was
+    # taken as True; one array as example_inputs was iterated into its rows
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(err, match=msg):
+        mo.export(tm, tmp_path / "m.onnx", **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_to_an_empty_path_or_a_folder_names_it(tmp_path, monkeypatch):
+    # "" renamed the temporary file over the working folder: IsADirectoryError
+    # naming the temporary file
+    monkeypatch.chdir(tmp_path)
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(FileNotFoundError, match="empty path; give a file name such as "
+                                                "model.onnx"):
+        mo.export(tm, "")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError, match="model.onnx"):
+        mo.export(tm, tmp_path / "d")
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+    assert list((tmp_path / "d").iterdir()) == []
