@@ -1010,6 +1010,9 @@ def run_node(node, ins, opset):
             outs = CONTRIB[f"{node.domain}.{node.op_type}"](node, ins, a, opset)
     except OnnxImportError:
         raise
+    except ZeroDivisionError as err:
+        # a Slice / Gather / Split axis taken modulo the rank of a 0-d value
+        raise _err(node, f"inputs or attributes this importer cannot read ({err!r})") from None
     except (MemoryError, OverflowError) as err:
         # a ConstantOfShape / Expand / Tile / Pad / Range to an absurd size
         raise _err(node, f"its output is absurdly large ({type(err).__name__}: "

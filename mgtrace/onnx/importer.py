@@ -30,6 +30,7 @@ from mgtrace.onnx._ops import IMPORTERS  # noqa: E402  (the table, public here)
 MAX_ELEMENTS = 1 << 31          # one initializer or input: at most 2^31 elements
 MAX_BYTES = 1 << 33             # all initializers together: at most 8 GiB
 EXAMPLE_DIM = 1                 # the size a symbolic input dim is traced at
+MAX_EXAMPLE_ELEMENTS = 1 << 26  # an input made up from its declared shape: at most 2^26
 
 
 class OnnxImportError(Error, ValueError):
@@ -191,6 +192,13 @@ def _inputs_of(model, example_inputs):
             shape = tuple(shape)
         if any(s < 0 for s in shape) or math.prod(shape) > MAX_ELEMENTS:
             raise OnnxImportError(f"{what}: shape {shape} is negative or absurdly large")
+        if example_inputs is None and math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+            # the example made up to trace with would be allocated (as float64
+            # random numbers first) and run through the whole graph: 2^31
+            # elements took minutes and 16 GB
+            raise OnnxImportError(f"{what}: declared shape {shape} has {math.prod(shape)} "
+                                  f"elements, more than the {MAX_EXAMPLE_ELEMENTS} (2^26) an "
+                                  f"example input is made up with; pass example_inputs=")
         out.append((vi.name, dt, shape))
     return out
 
@@ -350,7 +358,8 @@ def load(f, example_inputs=None):
         example_inputs: None, or arrays to trace with (one per graph input);
             by default each input is traced at its declared shape, a
             symbolic dim at the size mgtrace's exporter recorded
-            (``mgtrace.example_shapes``) or else 1.
+            (``mgtrace.example_shapes``) or else 1; an input whose declared
+            shape holds more than 2^26 elements needs example_inputs.
 
     Returns:
         A TracedModule whose forward takes the model's inputs in order

@@ -66,3 +66,26 @@ def test_a_graph_output_never_computed_is_an_import_error():
                [_f32("y", None), _f32("", None)])
     with pytest.raises(mo.OnnxImportError, match="graph output '' is never computed"):
         _load(m)
+
+
+def test_an_absurd_declared_input_shape_is_refused_before_making_an_example():
+    # fuzz_onnx 2:609: x declared 1 x (2^31 - 1) was made up as 16 GB of
+    # float64 random numbers and traced (a hang of minutes)
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [1, 2 ** 31 - 1])],
+               [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match=r"graph input 'x'.*pass example_inputs="):
+        _load(m)
+    ok = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", ["N", 4])],
+                [_f32("y", None)])
+    import mgtrace as mt
+    assert _load(ok)(mt.tensor(np.ones((3, 4), np.float32))).shape == (3, 4)
+
+
+def test_slice_of_a_scalar_is_an_import_error():
+    # fuzz_onnx 2:2087: the axis modulo the rank 0 leaked a ZeroDivisionError
+    ints = [numpy_helper.from_array(np.array([0], np.int64), n) for n in ("s", "e")]
+    m = _model([helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
+                helper.make_node("Slice", ["r", "s", "e"], ["y"], name="sl")],
+               [_f32("x", [1, 4])], [_f32("y", None)], ints)
+    with pytest.raises(mo.OnnxImportError, match="'sl'"):
+        _load(m)
