@@ -171,7 +171,20 @@ def _inputs_of(model, example_inputs):
     except ValueError:
         traced = {}
     out = []
-    for i, vi in enumerate(v for v in model.graph.input if v.name not in inits):
+    graph_inputs = [v for v in model.graph.input if v.name not in inits]
+    names = [v.name for v in graph_inputs]
+    for name in names:
+        if names.count(name) > 1:
+            raise OnnxImportError(f"graph input {name!r} is declared twice")
+    if example_inputs is not None:
+        if isinstance(example_inputs, np.ndarray) or not isinstance(example_inputs,
+                                                                    (tuple, list)):
+            raise TypeError(f"load: example_inputs is a tuple of arrays, one per graph input "
+                            f"({len(names)}); got {type(example_inputs).__name__}")
+        if len(example_inputs) != len(names):
+            raise OnnxImportError(f"load: example_inputs has {len(example_inputs)} arrays, but "
+                                  f"the model has {len(names)} inputs ({', '.join(names)})")
+    for i, vi in enumerate(graph_inputs):
         what = f"graph input {vi.name!r}"
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
@@ -179,6 +192,16 @@ def _inputs_of(model, example_inputs):
         dt = _np_dtype(tt.elem_type, what)
         if example_inputs is not None:
             shape = tuple(np.shape(example_inputs[i]))
+            declared = [d.dim_value if d.HasField("dim_value") else None
+                        for d in tt.shape.dim] if tt.HasField("shape") else None
+            if declared is not None and (len(declared) != len(shape) or any(
+                    d is not None and d != s for d, s in zip(declared, shape))):
+                raise OnnxImportError(f"{what}: example input of shape {shape} does not fit "
+                                      f"the declared shape {[d if d is not None else '?' for d in declared]}")
+            try:
+                np.asarray(example_inputs[i]).astype(dt)
+            except (TypeError, ValueError) as err:
+                raise OnnxImportError(f"{what}: example input cannot be {dt} ({err})") from None
         else:
             shape = []
             known = traced.get(vi.name)
@@ -261,6 +284,8 @@ def _build(model, folder, example_inputs):
     total = 0
     arrays = {}
     for t in graph.initializer:
+        if t.name in arrays:
+            raise OnnxImportError(f"initializer {t.name!r} is defined twice")
         a = _array(t, folder, f"initializer {t.name!r}")
         total += a.nbytes
         if total > MAX_BYTES:
@@ -273,6 +298,12 @@ def _build(model, folder, example_inputs):
             if i not in defined:
                 raise OnnxImportError(f"node {n.name or n.op_type!r} reads {i!r}, which no "
                                       f"earlier node, graph input or initializer defines")
+        for o in n.output:
+            # ONNX graphs are SSA: a second definition silently replaced the first
+            if o and o in defined:
+                raise OnnxImportError(f"node {n.name or n.op_type!r} writes {o!r}, which an "
+                                      f"earlier node, a graph input or an initializer "
+                                      f"already defines (each name is defined once)")
         defined.update(n.output)
     for o in graph.output:
         if o.name not in defined:
@@ -368,7 +399,11 @@ def load(f, example_inputs=None):
     Raises:
         OnnxImportError: a malformed file, absurd sizes, external data
             outside the model's folder, or an op mgtrace cannot express
-            (named with its node).
+            (named with its node); a name defined twice (initializers,
+            graph inputs, node outputs: ONNX graphs are SSA); example_inputs
+            of another count than the inputs or not fitting their declared
+            shapes.
+        TypeError: example_inputs not a tuple or list.
         ImportError: the onnx package is missing.
     """
     return load_traced(f, example_inputs)[0]

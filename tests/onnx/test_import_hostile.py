@@ -89,3 +89,36 @@ def test_slice_of_a_scalar_is_an_import_error():
                [_f32("x", [1, 4])], [_f32("y", None)], ints)
     with pytest.raises(mo.OnnxImportError, match="'sl'"):
         _load(m)
+
+
+def test_names_defined_twice_are_import_errors():
+    # a second definition of a name silently replaced the first (ONNX is SSA)
+    inits = [numpy_helper.from_array(np.ones((1, 4), np.float32), "w")]
+    relu_neg = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])]
+    with pytest.raises(mo.OnnxImportError, match="node 'Neg' writes 'y'"):
+        _load(_model(relu_neg, [_f32("x", [1, 4])], [_f32("y", None)]))
+    with pytest.raises(mo.OnnxImportError, match="node 'Relu' writes 'w'"):
+        _load(_model([helper.make_node("Relu", ["x"], ["w"])], [_f32("x", [1, 4])],
+                     [_f32("w", None)], inits))
+    with pytest.raises(mo.OnnxImportError, match="initializer 'w' is defined twice"):
+        _load(_model([helper.make_node("Add", ["x", "w"], ["y"])], [_f32("x", [1, 4])],
+                     [_f32("y", None)], inits * 2))
+    with pytest.raises(mo.OnnxImportError, match="graph input 'x' is declared twice"):
+        _load(_model([helper.make_node("Add", ["x", "x"], ["y"])],
+                     [_f32("x", [1, 4]), _f32("x", [1, 4])], [_f32("y", None)]))
+
+
+def test_example_inputs_must_fit_the_graph_inputs():
+    # () leaked an IndexError; extra arrays and wrong ranks were traced silently
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", ["N", 4])],
+               [_f32("y", None)])
+    one = np.ones((2, 4), np.float32)
+    with pytest.raises(mo.OnnxImportError, match="has 0 arrays, but the model has 1 inputs"):
+        mo.load(m.SerializeToString(), example_inputs=())
+    with pytest.raises(mo.OnnxImportError, match="has 2 arrays"):
+        mo.load(m.SerializeToString(), example_inputs=(one, one))
+    with pytest.raises(mo.OnnxImportError, match=r"shape \(4,\) does not fit .*\['\?', 4\]"):
+        mo.load(m.SerializeToString(), example_inputs=(one[0],))
+    with pytest.raises(TypeError, match="tuple of arrays"):
+        mo.load(m.SerializeToString(), example_inputs=one)
+    assert mo.load(m.SerializeToString(), example_inputs=[one]) is not None
