@@ -309,3 +309,26 @@ def test_qat_linear_bn_folds_as_the_module_does(config):
     assert inits["a.linear.weight"].dtype == np.int8 and "a.bias.folded" in inits
     with pytest.raises(ExportError, match="batch statistics"):
         build_model(mt.trace_module(qat.train(), mt.tensor(x[:2])))
+
+
+def test_a_float_relu_after_a_quantized_conv_is_refused_not_exported_as_int8():
+    # The README's quantize() flow with a separate ReLU: M.ReLU saw the
+    # quantized ConvBn2d's integers and dropped their qparams, DequantStub
+    # passed the plain int8 Tensor on, and the model (and its ONNX export,
+    # with no DequantizeLinear) returned raw int8
+    from mgtrace.quantization.utils import QuantizationError
+    rng = np.random.default_rng(0)
+    x = mt.tensor(rng.standard_normal((1, 3, 6, 6)).astype(np.float32))
+
+    def quantized(*body):
+        qat = Q.quantize_qat(M.Sequential(M.QuantStub(), *body, M.DequantStub()),
+                             qconfig=Q.min_max_fakequant_qconfig)
+        qat(x)
+        return Q.quantize(qat.eval())
+    with pytest.raises(QuantizationError, match="DequantStub got a plain int8 Tensor.*"
+                                                "ConvBnRelu2d"):
+        mt.trace_module(quantized(M.ConvBn2d(3, 4, 3, padding=1), M.ReLU()), x)
+    fused = mt.trace_module(quantized(M.ConvBnRelu2d(3, 4, 3, padding=1)), x)
+    assert fused(x).dtype == np.float32
+    model = build_model(fused)
+    assert model.graph.output[0].type.tensor_type.elem_type == 1      # FLOAT
