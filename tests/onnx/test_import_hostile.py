@@ -122,3 +122,14 @@ def test_example_inputs_must_fit_the_graph_inputs():
     with pytest.raises(TypeError, match="tuple of arrays"):
         mo.load(m.SerializeToString(), example_inputs=one)
     assert mo.load(m.SerializeToString(), example_inputs=[one]) is not None
+
+
+def test_an_onnx_file_given_to_the_archive_reader_says_what_reads_it(tmp_path):
+    # `mgtrace export model.onnx` and mt.load("model.onnx") said only "not an
+    # mgtrace archive: it starts with b'\x08\t...'"
+    import mgtrace as mt
+    path = tmp_path / "m.onnx"
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [1, 4])], [_f32("y", None)])
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(mt.ArchiveError, match="looks like an ONNX model: mgtrace.onnx.load"):
+        mt.load(path)
