@@ -133,3 +133,19 @@ def test_an_onnx_file_given_to_the_archive_reader_says_what_reads_it(tmp_path):
     path.write_bytes(m.SerializeToString())
     with pytest.raises(mt.ArchiveError, match="looks like an ONNX model: mgtrace.onnx.load"):
         mt.load(path)
+
+
+def test_the_fuzzer_first_cases_are_refused_or_load(tmp_path):
+    # scripts/fuzz_onnx.py, in process: 60 fixed cases, none leaking
+    import importlib.util
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_onnx", os.path.join(here, "..", "..", "scripts", "fuzz_onnx.py"))
+    fz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fz)
+    fz._prepare_folder(str(tmp_path))
+    seeds = fz.seeds()
+    leaks = [(i, r) for i in range(60)
+             for r in [fz.run_one(seeds, 0, i, str(tmp_path))] if r[1] == "leak"]
+    assert leaks == []
