@@ -30,6 +30,7 @@ from mgtrace.onnx._ops import IMPORTERS  # noqa: E402  (the table, public here)
 MAX_ELEMENTS = 1 << 31          # one initializer or input: at most 2^31 elements
 MAX_BYTES = 1 << 33             # all initializers together: at most 8 GiB
 EXAMPLE_DIM = 1                 # the size a symbolic input dim is traced at
+MAX_NDIM = 16                   # the tensor core's limit on dimensions
 MAX_EXAMPLE_ELEMENTS = 1 << 26  # an input made up from its declared shape: at most 2^26
 
 
@@ -130,6 +131,9 @@ def _array(t, folder, what):
     dims = list(t.dims)
     if any(d < 0 for d in dims):
         raise OnnxImportError(f"{what}: negative dimension in {dims}")
+    if len(dims) > MAX_NDIM:
+        raise OnnxImportError(f"{what}: {len(dims)} dimensions, more than the {MAX_NDIM} an "
+                              f"mgtrace tensor may have")
     n = math.prod(dims)
     if n > MAX_ELEMENTS:
         raise OnnxImportError(f"{what}: {n} elements (shape {dims}) is more than the "
@@ -213,6 +217,9 @@ def _inputs_of(model, example_inputs):
                 else:
                     shape.append(EXAMPLE_DIM)
             shape = tuple(shape)
+        if len(shape) > MAX_NDIM:
+            raise OnnxImportError(f"{what}: {len(shape)} dimensions, more than the {MAX_NDIM} "
+                                  f"an mgtrace tensor may have")
         if any(s < 0 for s in shape) or math.prod(shape) > MAX_ELEMENTS:
             raise OnnxImportError(f"{what}: shape {shape} is negative or absurdly large")
         if example_inputs is None and math.prod(shape) > MAX_EXAMPLE_ELEMENTS:

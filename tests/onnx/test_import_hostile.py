@@ -149,3 +149,17 @@ def test_the_fuzzer_first_cases_are_refused_or_load(tmp_path):
     leaks = [(i, r) for i in range(60)
              for r in [fz.run_one(seeds, 0, i, str(tmp_path))] if r[1] == "leak"]
     assert leaks == []
+
+
+def test_more_dimensions_than_a_tensor_may_have_is_an_import_error():
+    # fuzz_onnx 5:3542: a 50-d initializer leaked the tensor core's ValueError
+    w = numpy_helper.from_array(np.ones([1] * 50, np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_f32("x", [1])],
+               [_f32("y", None)], [w])
+    with pytest.raises(mo.OnnxImportError, match="initializer 'w': 50 dimensions, more than "
+                                                 "the 16"):
+        _load(m)
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [1] * 17)],
+               [_f32("y", None)])
+    with pytest.raises(mo.OnnxImportError, match="graph input 'x': 17 dimensions"):
+        _load(m)
