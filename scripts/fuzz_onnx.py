@@ -6,7 +6,8 @@
 
 Seeds are small valid models built with onnx.helper (conv / gemm / pooling,
 shape arithmetic with Shape / Gather / Concat / Reshape, a QDQ conv, an
-LSTM, elementwise ops with broadcasting). Each case mutates one seed, by
+LSTM, elementwise ops with broadcasting, a bidirectional RNN with
+sequence_lens, QLinearConv and MatMulInteger). Each case mutates one seed, by
 
 * ``bytes``: flips, sets, inserts, deletes or truncates serialized bytes;
 * ``fields``: one change to the ModelProto (a dim, an attribute's value, an
@@ -121,6 +122,35 @@ def seeds():
          init("en", np.array([3], np.int64)), init("axs", np.array([1], np.int64)),
          init("pads", np.array([0, 1, 0, 1], np.int64)),
          init("shp", np.array([2, 4], np.int64))])))
+    # RNN with sequence_lens and initial_h, bidirectional
+    out.append(("rnn_lens", model(
+        [h.make_node("RNN", ["x", "W", "R", "B", "lens", "h0"], ["Y", "Yh"], hidden_size=H,
+                     direction="bidirectional", name="rnn")],
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 2, I]),
+         h.make_tensor_value_info("lens", T.INT32, [2])],
+        [h.make_tensor_value_info("Y", T.FLOAT, None),
+         h.make_tensor_value_info("Yh", T.FLOAT, None)],
+        [init("W", f32((2, H, I)).astype(np.float32)),
+         init("R", f32((2, H, H)).astype(np.float32)),
+         init("B", np.zeros((2, 2 * H), np.float32)),
+         init("h0", np.zeros((2, 2, H), np.float32))])))
+    # QOperator: QLinearConv, then MatMulInteger
+    out.append(("qoperator", model(
+        [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+         h.make_node("QLinearConv", ["xq", "xs", "xz", "wq", "ws", "wz", "ys", "yz", "bq"],
+                     ["cq"], kernel_shape=[1, 1], name="qconv"),
+         h.make_node("Flatten", ["cq"], ["fq"], axis=1),
+         h.make_node("MatMulInteger", ["fq", "mq", "yz", "mz"], ["acc"], name="mmi"),
+         h.make_node("Cast", ["acc"], ["y"], to=T.FLOAT)],
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, 2, 2])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [init("xs", np.float32(0.1)), init("xz", np.uint8(128)),
+         init("wq", rng.integers(-5, 5, (3, 2, 1, 1)).astype(np.int8)),
+         init("ws", np.full(3, 0.05, np.float32)), init("wz", np.zeros(3, np.int8)),
+         init("ys", np.float32(0.2)), init("yz", np.uint8(128)),
+         init("bq", np.arange(3, dtype=np.int32)),
+         init("mq", rng.integers(-5, 5, (12, 4)).astype(np.int8)),
+         init("mz", np.int8(0))])))
     return out
 
 
