@@ -262,6 +262,11 @@ class _Exporter:
             if v.blocked is not None:
                 v = C.unblock(self.b, v)
             name = self.b.reserve(names[i] if i < len(names) else n.name)
+            if i < len(names) and name != names[i]:
+                # the file's output would be named f"{name}", not what was asked
+                raise ExportError(f"export: output_names[{i}] {names[i]!r} is already the "
+                                  f"name of an initializer or a value of the graph; choose "
+                                  f"another")
             self.b.scope = "output"
             self.b.nodes.append(helper.make_node("Identity", [v.name], [name],
                                                  name=self.b.fresh(f"output/{name}")))
@@ -877,8 +882,13 @@ def check_against(model, tm, example_inputs):
                         f"got one {type(example_inputs).__name__}: pass (x,)")
     xs = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in example_inputs]
     _check_examples(tm, xs)
-    want = tree_flatten(tm(*[mt.tensor(x) for x in xs]),
-                        lambda v: isinstance(v, mt.Tensor))[0]
+    try:
+        out = tm(*[mt.tensor(x) for x in xs])
+    except (ValueError, TypeError, IndexError) as err:
+        # example inputs the model itself refuses (5 features for a Linear(4, _))
+        raise ExportError(f"export: the model does not run on example_inputs "
+                          f"({type(err).__name__}: {str(err)[:300]})") from None
+    want = tree_flatten(out, lambda v: isinstance(v, mt.Tensor))[0]
     got = run_ort(model, xs)
     quantum = output_quantum(model)
     for i, (g, w) in enumerate(zip(got, want)):

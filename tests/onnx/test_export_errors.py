@@ -250,3 +250,19 @@ def test_export_to_an_empty_path_or_a_folder_names_it(tmp_path, monkeypatch):
         mo.export(tm, tmp_path / "d")
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_an_output_name_taken_by_an_initializer_is_refused(tmp_path):
+    # output_names=["lin.weight"] wrote an output named "lin.weight_2"
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(mo.ExportError, match=r"output_names\[0\] 'lin.weight' is already"):
+        mo.export(tm, tmp_path / "m.onnx", output_names=["lin.weight"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_example_inputs_the_model_refuses_are_an_export_error(tmp_path):
+    # the Linear's ValueError about 5 features leaked as a bare ValueError
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(mo.ExportError, match="does not run on example_inputs.*5 features"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((1, 5), np.float32),))
+    assert list(tmp_path.iterdir()) == []
