@@ -31,7 +31,16 @@ def _err(node, msg):
 
 
 def _attrs(node):
-    from onnx import helper
+    from onnx import AttributeProto, TensorProto, helper
+    for a in node.attribute:
+        ts = [a.t] if a.type == AttributeProto.TENSOR else \
+            list(a.tensors) if a.type == AttributeProto.TENSORS else []
+        if any(t.data_location == TensorProto.EXTERNAL for t in ts):
+            # onnx's to_array reads such data relative to the working folder:
+            # a Constant could read any file there, past the folder checks
+            raise _err(node, f"attribute {a.name!r} keeps its tensor's data outside the file "
+                             f"(external data); mgtrace reads external data only for "
+                             f"initializers, from the model's folder")
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 

@@ -163,3 +163,23 @@ def test_more_dimensions_than_a_tensor_may_have_is_an_import_error():
                [_f32("y", None)])
     with pytest.raises(mo.OnnxImportError, match="graph input 'x': 17 dimensions"):
         _load(m)
+
+
+def test_a_constant_with_external_data_is_refused_not_read_from_the_working_folder(
+        tmp_path, monkeypatch):
+    # A Constant node's value tensor with external data was read by onnx's
+    # to_array relative to the working folder: any file there, past the
+    # model-folder checks initializers get
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(b"SECRET-DATA-1234")
+    (tmp_path / "m").mkdir()
+    t = TensorProto()
+    t.name, t.data_type, t.data_location = "v", TensorProto.UINT8, TensorProto.EXTERNAL
+    t.dims.append(16)
+    e = t.external_data.add()
+    e.key, e.value = "location", "secret.bin"
+    m = _model([helper.make_node("Constant", [], ["y"], value=t, name="c")], [],
+               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)])
+    (tmp_path / "m" / "m.onnx").write_bytes(m.SerializeToString())
+    with pytest.raises(mo.OnnxImportError, match="'c'.*attribute 'value'.*external data"):
+        mo.load(str(tmp_path / "m" / "m.onnx"))
