@@ -234,6 +234,8 @@ def _inputs_of(model, example_inputs):
 
 
 def _identifier(name, taken):
+    if isinstance(name, bytes):     # protobuf hands out a string field of bad UTF-8 as bytes
+        name = name.decode("utf-8", "replace")
     base = re.sub(r"\W", "_", name) or "v"
     if base[0].isdigit() or keyword.iskeyword(base):
         base = "v_" + base

@@ -183,3 +183,15 @@ def test_a_constant_with_external_data_is_refused_not_read_from_the_working_fold
     (tmp_path / "m" / "m.onnx").write_bytes(m.SerializeToString())
     with pytest.raises(mo.OnnxImportError, match="'c'.*attribute 'value'.*external data"):
         mo.load(str(tmp_path / "m" / "m.onnx"))
+
+
+def test_a_graph_name_of_invalid_utf8_still_names_the_module():
+    # fuzz_onnx 7:7614: protobuf hands out the bad-UTF-8 name as bytes, and
+    # re.sub on it leaked "cannot use a string pattern on a bytes-like object"
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_f32("x", [1, 4])],
+               [_f32("y", None)])
+    m.graph.name = "GRAPHNAME"
+    data = m.SerializeToString().replace(b"GRAPHNAME", b"GRAPH\xffAME")
+    tm = mo.load(data)
+    import mgtrace as mt
+    assert tm(mt.tensor(np.ones((1, 4), np.float32))).shape == (1, 4)
