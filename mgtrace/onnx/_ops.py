@@ -572,6 +572,13 @@ def _split(node, ins, a, opset):
     n = len(node.output)
     if sizes is None:
         return list(F.split(x, n, axis))
+    dim = x.shape[axis]
+    if len(sizes) != n or any(isinstance(v, int) and v < 0 for v in sizes) or (
+            isinstance(dim, int) and all(isinstance(v, int) for v in sizes) and
+            int(sum(sizes)) != int(dim)):      # SymInts: their traced values
+        # sizes [2^62] on an axis of 2 returned the whole value as the one piece
+        raise _err(node, f"split sizes {list(sizes)} do not cut axis {axis} of size {dim} "
+                         f"into its {n} outputs")
     points = list(np.cumsum(sizes)[:-1])
     return list(F.split(x, [int(p) for p in points], axis))
 
@@ -613,6 +620,11 @@ def _topk(node, ins, a, opset):
     axis = a.get("axis", -1) % x.ndim
     if axis != x.ndim - 1:
         raise _err(node, "TopK over an axis other than the last")
+    dim = x.shape[axis]
+    if isinstance(k, (int, np.integer)):
+        if k < 0 or isinstance(dim, int) and int(k) > int(dim):
+            # ONNX Runtime refuses it; slicing returned the whole axis
+            raise _err(node, f"k = {int(k)} is outside 0..{dim} (the size of axis {axis})")
     largest = bool(a.get("largest", 1))
     vals, idx = F.sort(x, descending=largest)
     index = (slice(None),) * axis + (slice(0, k),)

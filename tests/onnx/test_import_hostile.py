@@ -195,3 +195,23 @@ def test_a_graph_name_of_invalid_utf8_still_names_the_module():
     tm = mo.load(data)
     import mgtrace as mt
     assert tm(mt.tensor(np.ones((1, 4), np.float32))).shape == (1, 4)
+
+
+@pytest.mark.parametrize("sizes", [[2 ** 62], [1, 2], [3, -1]])
+def test_split_sizes_that_do_not_cut_the_axis_are_refused(sizes):
+    # split=[2^62] on an axis of 2 imported as the whole value, where ORT refuses
+    outs = [f"y{i}" for i in range(len(sizes))] if sizes != [1, 2] else ["y0"]
+    m = _model([helper.make_node("Split", ["x", "s"], outs, axis=0, name="sp")],
+               [_f32("x", [2, 3])], [_f32(o, None) for o in outs],
+               [numpy_helper.from_array(np.array(sizes, np.int64), "s")])
+    with pytest.raises(mo.OnnxImportError, match="'sp'.*split sizes"):
+        _load(m)
+
+
+def test_topk_beyond_the_axis_is_refused():
+    # k = 2^40 on 4 values imported as a sort of all of them
+    m = _model([helper.make_node("TopK", ["x", "k"], ["y", "i"], name="tk")],
+               [_f32("x", [1, 4])], [_f32("y", None)],
+               [numpy_helper.from_array(np.array([2 ** 40], np.int64), "k")])
+    with pytest.raises(mo.OnnxImportError, match="'tk'.*k = 1099511627776 is outside 0..4"):
+        _load(m)
