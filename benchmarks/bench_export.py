@@ -4,6 +4,7 @@ latency of mgtrace's export beside that of torch.onnx.export's file.
     python benchmarks/bench_export.py            # short: a few rounds each
     python benchmarks/bench_export.py --rounds 20
     python benchmarks/bench_export.py --json
+    python benchmarks/bench_export.py --quantized   # int8 ResNet-18 / MobileNetV2 rows
 
 Rows: ``resnet18`` (1x3x224x224), ``mobilenet_v2`` (1x3x224x224) and
 ``minilm`` (all-MiniLM-L6-v2, 1x128 tokens: the pretrained weights when the
@@ -27,6 +28,14 @@ Columns (best and median over the rounds, milliseconds):
 * ``nodes``: the node count of each file after ONNX Runtime's graph
   optimizations (mgtrace / torch): a figure the machine's load cannot move;
   equal counts (and kinds) mean ORT runs the same kernels for both.
+
+``--quantized``: ResNet-18 and MobileNetV2 (1x3x224x224) with every Conv2d
+and Linear int8 (QuantStub / DequantStub around each, per-channel
+qint8_narrow weights, quint8 activations calibrated on one random batch,
+``mgtrace.quantization.quantize``): export time of the QDQ file, ORT latency
+of the float model's file beside the QDQ and QOperator (QLinearConv) files
+of the int8 model, and the largest difference of ORT's output from
+mgtrace's in quanta of the last layer's output.
 """
 import argparse
 import json
@@ -109,7 +118,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--quantized", action="store_true",
+                   help="int8 ResNet-18 / MobileNetV2 rows instead (QDQ and QOperator)")
     args = p.parse_args(argv)
+    if args.quantized:
+        return quantized(args)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     rows = []
@@ -146,6 +159,83 @@ def main(argv=None):
         cell = lambda v: "-" if v is None else f"{v[0]:.1f} / {v[1]:.1f}"   # noqa: E731
         print(f"{name:<14}{cell(exp):>16}{cell(imp):>18}{cell(run):>16}{cell(crun):>16}"
               f"{cell(trun):>16}{nodes:>12}", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+def _int8(net, x):
+    """``net`` with each Conv2d / Linear int8 (QuantStub / DequantStub around
+    it), calibrated on ``x``: (quantized model, its last int8 layer)."""
+    import functools
+    import mgtrace as mt
+    import mgtrace.module as M
+    import mgtrace.quantization as Q
+    for parent in list(net.modules()):
+        for name, child in list(parent._modules.items()):
+            if type(child) in (M.Conv2d, M.Linear):
+                setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
+    cfg = Q.QConfig(
+        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
+        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
+                                       dtype="quint8"),
+        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+    qat = Q.quantize_qat(net.eval(), qconfig=cfg).eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(mt.tensor(x))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    qnet = Q.quantize(qat)
+    last = [m for m in qnet.modules() if type(m).__name__ == "Linear"][-1]
+    return qnet, last
+
+
+def quantized(args):
+    import tempfile
+    import onnxruntime as ort
+    import mgtrace as mt
+    import mgtrace.onnx as mo
+    from mgtrace.models import mobilenet_v2, resnet18
+    from mgtrace.onnx.exporter import build_model
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    tmp = tempfile.mkdtemp()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    calib = rng.standard_normal((4, 3, 224, 224)).astype(np.float32)
+    print(f"mgtrace {mt.__version__}, onnxruntime {ort.__version__}, {args.rounds} rounds; "
+          f"best / median ms; quanta: ORT's output against mgtrace's int8 model at batch 2")
+    print(f"{'model':<14}{'export qdq':>16}{'ort float':>16}{'ort qdq':>16}{'ort qop':>16}"
+          f"{'quanta':>8}")
+    rows = []
+    for name, make in (("resnet18", resnet18), ("mobilenet_v2", mobilenet_v2)):
+        mt.random.seed(0)
+        net = make().eval()
+        fpath = os.path.join(tmp, f"{name}.onnx")
+        mo.export(mt.trace_module(net, mt.tensor(x)), fpath)
+        qnet, last = _int8(net, calib)
+        tm = mt.trace_module(qnet, mt.tensor(x))
+        exp = _times(lambda: build_model(tm).SerializeToString(), args.rounds)
+        times, quanta = [], 0.0
+        x2 = calib[:2]
+        want = qnet(mt.tensor(x2)).numpy()
+        scale = float(np.asarray(last.act_qparams.scale.numpy()))
+        for path, fmt in ((fpath, None), (os.path.join(tmp, f"{name}_qdq.onnx"), "qdq"),
+                          (os.path.join(tmp, f"{name}_qop.onnx"), "qoperator")):
+            if fmt:
+                mo.export(tm, path, quant_format=fmt)
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            feeds = {sess.get_inputs()[0].name: x}
+            times.append(_times(lambda: sess.run(None, feeds), args.rounds * 4))
+            if fmt:
+                got = sess.run(None, {sess.get_inputs()[0].name: x2})[0]
+                quanta = max(quanta, float(np.abs(got - want).max()) / scale)
+        rows.append({"model": name, "export_qdq_ms": exp, "ort_float_ms": times[0],
+                     "ort_qdq_ms": times[1], "ort_qoperator_ms": times[2], "quanta": quanta})
+        cell = lambda v: f"{v[0]:.1f} / {v[1]:.1f}"   # noqa: E731
+        print(f"{name:<14}{cell(exp):>16}{cell(times[0]):>16}{cell(times[1]):>16}"
+              f"{cell(times[2]):>16}{quanta:>8.2f}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

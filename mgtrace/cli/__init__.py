@@ -533,7 +533,8 @@ def _cmd_batch(args, out):
         if args.command == "export":
             return onnx_commands.export(args.paths, out=args.out, in_place=args.in_place,
                                         opset=args.opset, rtol=args.rtol, atol=args.atol,
-                                        contrib_ops=args.contrib_ops, **opts)
+                                        contrib_ops=args.contrib_ops,
+                                        quant_format=args.quant_format, **opts)
         return batch.retrace(args.paths, out=args.out, in_place=args.in_place,
                              inputs=args.inputs, **checks, **opts)
     left = (lambda: batch.leftovers(args.paths)) if args.command == "verify" else None

@@ -1,10 +1,12 @@
 """ONNX export of TracedModules (the optional dependency ``onnx``:
 ``pip install 'mgtrace[onnx]'``).
 
-- :func:`export`: a TracedModule to an ONNX model file, checked by
-  ``onnx.checker`` (full check) and shape inference before it is written.
-- :func:`load`: an ONNX model (mgtrace's exports, and the common ops of
-  other exporters) as an editable, saveable TracedModule.
+- :func:`export`: a TracedModule (float, QAT or quantized: QDQ or
+  QOperator) to an ONNX model file, checked by ``onnx.checker`` (full
+  check) and shape inference before it is written.
+- :func:`load`: an ONNX model (mgtrace's exports, the common ops of
+  other exporters, RNN / LSTM as mgtrace's modules, ONNX Runtime's
+  Attention) as an editable, saveable TracedModule.
 - :func:`coverage`: what exports, as a table (op / function / builtin
   module -> ONNX ops, opsets), generated from :mod:`mgtrace.onnx.mapping`.
 - :func:`max_opset`: the default opset (the newest the installed onnx and

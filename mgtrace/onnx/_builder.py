@@ -28,14 +28,17 @@ class ExportError(Error, ValueError):
 class V:
     """One ONNX value: ``name``, ``dtype`` (NumPy), ``shape`` (traced sizes,
     for the rank) and ``blocked``: for an NCHW16c tensor of ``optimize``'s
-    layout pass, the channel count, the value itself being kept in NCHW."""
-    __slots__ = ("name", "dtype", "shape", "blocked")
+    layout pass, the channel count, the value itself being kept in NCHW;
+    ``q``: for the integers of a quantized tensor, their per-tensor
+    quantization (a :class:`mgtrace.onnx._quant.Q`), else None."""
+    __slots__ = ("name", "dtype", "shape", "blocked", "q")
 
-    def __init__(self, name, dtype, shape, blocked=None):
+    def __init__(self, name, dtype, shape, blocked=None, q=None):
         self.name = name
         self.dtype = np.dtype(dtype)
         self.shape = tuple(shape)
         self.blocked = blocked
+        self.q = q
 
     @property
     def ndim(self):
@@ -65,6 +68,7 @@ class Builder:
         self.scope = "graph"        # qualname of the expr being converted
         self.source = None          # its user source line
         self.used_ops = {}          # onnx op type -> first scope that used it
+        self.qdq = set()            # ("q" or "dq", storage dtype name): QDQ pairs, DQ of constants
 
     # ------------------------------------------------------------- names
     def fresh(self, base):

@@ -31,7 +31,16 @@ def _err(node, msg):
 
 
 def _attrs(node):
-    from onnx import helper
+    from onnx import AttributeProto, TensorProto, helper
+    for a in node.attribute:
+        ts = [a.t] if a.type == AttributeProto.TENSOR else \
+            list(a.tensors) if a.type == AttributeProto.TENSORS else []
+        if any(t.data_location == TensorProto.EXTERNAL for t in ts):
+            # onnx's to_array reads such data relative to the working folder:
+            # a Constant could read any file there, past the folder checks
+            raise _err(node, f"attribute {a.name!r} keeps its tensor's data outside the file "
+                             f"(external data); mgtrace reads external data only for "
+                             f"initializers, from the model's folder")
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
@@ -563,6 +572,13 @@ def _split(node, ins, a, opset):
     n = len(node.output)
     if sizes is None:
         return list(F.split(x, n, axis))
+    dim = x.shape[axis]
+    if len(sizes) != n or any(isinstance(v, int) and v < 0 for v in sizes) or (
+            isinstance(dim, int) and all(isinstance(v, int) for v in sizes) and
+            int(sum(sizes)) != int(dim)):      # SymInts: their traced values
+        # sizes [2^62] on an axis of 2 returned the whole value as the one piece
+        raise _err(node, f"split sizes {list(sizes)} do not cut axis {axis} of size {dim} "
+                         f"into its {n} outputs")
     points = list(np.cumsum(sizes)[:-1])
     return list(F.split(x, [int(p) for p in points], axis))
 
@@ -604,6 +620,11 @@ def _topk(node, ins, a, opset):
     axis = a.get("axis", -1) % x.ndim
     if axis != x.ndim - 1:
         raise _err(node, "TopK over an axis other than the last")
+    dim = x.shape[axis]
+    if isinstance(k, (int, np.integer)):
+        if k < 0 or isinstance(dim, int) and int(k) > int(dim):
+            # ONNX Runtime refuses it; slicing returned the whole axis
+            raise _err(node, f"k = {int(k)} is outside 0..{dim} (the size of axis {axis})")
     largest = bool(a.get("largest", 1))
     vals, idx = F.sort(x, descending=largest)
     index = (slice(None),) * axis + (slice(0, k),)
@@ -984,7 +1005,8 @@ def _output_elements(node, ins, a):
             s = _values(ins[3])
         else:
             return None
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, IndexError):
+        # too few inputs or values of the wrong kind: the op's importer names them
         return None
     if s is None:
         return None
@@ -1002,9 +1024,16 @@ def run_node(node, ins, opset):
         raise _err(node, f"its output would hold {n} elements, more than the {MAX_ELEMENTS} "
                          f"(2^31) an imported value may hold")
     try:
-        outs = IMPORTERS[node.op_type](node, ins, a, opset)
+        if node.domain in ("", "ai.onnx"):
+            outs = IMPORTERS[node.op_type](node, ins, a, opset)
+        else:
+            from mgtrace.onnx._import_contrib import CONTRIB
+            outs = CONTRIB[f"{node.domain}.{node.op_type}"](node, ins, a, opset)
     except OnnxImportError:
         raise
+    except ZeroDivisionError as err:
+        # a Slice / Gather / Split axis taken modulo the rank of a 0-d value
+        raise _err(node, f"inputs or attributes this importer cannot read ({err!r})") from None
     except (MemoryError, OverflowError) as err:
         # a ConstantOfShape / Expand / Tile / Pad / Range to an absurd size
         raise _err(node, f"its output is absurdly large ({type(err).__name__}: "

@@ -16,6 +16,7 @@ import numpy as np
 
 from mgtrace.onnx import mapping
 from mgtrace.onnx import _convert as C
+from mgtrace.onnx import _quant
 from mgtrace.onnx._builder import Builder, ExportError, V
 
 __all__ = ["export", "max_opset", "ExportError"]
@@ -55,6 +56,64 @@ def _ort_max_opset(top):
             continue
         return opset
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_qdq_opset(top, kind, dtype):
+    """The newest opset up to ``top`` at which the installed onnxruntime runs
+    ``kind`` "q" (QuantizeLinear -> DequantizeLinear -> Reshape on
+    ``dtype``) or "dq" (DequantizeLinear of a ``dtype`` initializer) and gets
+    the right values; None without onnxruntime. ORT 1.32 has no kernels for
+    them at opset 28, and from opset 21 its QDQ propagation rewrites an int8
+    pair before a Reshape into a node it then refuses (output_dtype INT8
+    against a UINT8 zero point)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from onnx import TensorProto, helper, numpy_helper
+    dt = np.dtype(dtype)
+    init = [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+            numpy_helper.from_array(np.array(0, dt), "z"),
+            numpy_helper.from_array(np.array([-1], np.int64), "shape")]
+    if kind == "dq":
+        init.append(numpy_helper.from_array(np.array([4, 6], dt), "c"))
+        nodes = [helper.make_node("DequantizeLinear", ["c", "s", "z"], ["d"]),
+                 helper.make_node("Add", ["x", "d"], ["y"])]
+        x, want = np.zeros(2, np.float32), np.array([2.0, 3.0], np.float32)
+    else:
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                 helper.make_node("Reshape", ["d", "shape"], ["r"]),
+                 helper.make_node("Neg", ["r"], ["y"])]
+        x = np.array([-1.0, 1.0], np.float32)
+        want = np.array([1.0 if dt.kind == "i" else 0.0, -1.0], np.float32)
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    for opset in range(top, 12, -1):
+        ids = [helper.make_opsetid("", opset)]
+        model = helper.make_model(graph, opset_imports=ids,
+                                  ir_version=helper.find_min_ir_version_for(ids))
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                        providers=["CPUExecutionProvider"])
+            if np.array_equal(sess.run(None, {"x": x})[0], want):
+                return opset
+        except Exception:       # onnxruntime's own classes: NOT_IMPLEMENTED, FAIL
+            continue
+    return None
+
+
+def qdq_max_opset(uses):
+    """The newest opset at which the installed onnxruntime runs the QDQ
+    nodes ``uses`` (pairs ("q" or "dq", storage dtype name)); None: no
+    limit, or no onnxruntime."""
+    top = max_opset()
+    caps = [c for c in (_ort_qdq_opset(top, k, d) for k, d in uses) if c]
+    return min(caps) if caps else None
 
 
 def max_opset():
@@ -132,9 +191,11 @@ _PYOPS = _pyops()
 
 
 class _Exporter:
-    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False):
+    def __init__(self, tm, opset, dynamic, input_names, output_names, contrib_ops=False,
+                 quant_format="qdq"):
         from mgtrace._core import op_table
         self.tm, self.opset, self.dynamic = tm, opset, dynamic
+        self.quant_format = quant_format
         self.input_names, self.output_names = input_names, output_names
         self.b = Builder(opset, contrib_ops)
         self.env = {}
@@ -201,6 +262,11 @@ class _Exporter:
             if v.blocked is not None:
                 v = C.unblock(self.b, v)
             name = self.b.reserve(names[i] if i < len(names) else n.name)
+            if i < len(names) and name != names[i]:
+                # the file's output would be named f"{name}", not what was asked
+                raise ExportError(f"export: output_names[{i}] {names[i]!r} is already the "
+                                  f"name of an initializer or a value of the graph; choose "
+                                  f"another")
             self.b.scope = "output"
             self.b.nodes.append(helper.make_node("Identity", [v.name], [name],
                                                  name=self.b.fresh(f"output/{name}")))
@@ -240,6 +306,10 @@ class _Exporter:
                     self.env[id(o)] = self.env[id(so)]
                 continue
             result = self.expr(e)
+            if isinstance(result, V) and result.q is None and _quant.keeps_qparams(e):
+                src = self.value(e.args[0])
+                if isinstance(src, V) and src.q is not None:
+                    result = V(result.name, result.dtype, result.shape, result.blocked, src.q)
             if self._writes_in_place(e):
                 # x[index] = value: later reads of x's node see the new value
                 self.env[id(e.args[0])] = result
@@ -274,7 +344,7 @@ class _Exporter:
                 if want is not None and r.dtype != want:
                     r = self.b.cast(r, want)
                 if n.kind == "tensor" and n.shape is not None:
-                    r = V(r.name, r.dtype, tuple(n.shape))
+                    r = V(r.name, r.dtype, tuple(n.shape), q=r.q)
                     self.b.shapes[r.name] = r.shape
             self.env[id(r_node)] = r
 
@@ -449,6 +519,10 @@ class _Exporter:
 
     def module(self, e, m):
         obj = m.obj
+        out = _quant.convert_module(self, e, m, [self.value(a) for a in e.args[1:]],
+                                    self.value(e.kwargs), [_Spec(o) for o in e.outputs])
+        if out is not None:
+            return out
         rule = mapping.rule_for("module", type(obj).__name__)
         from mgtrace.module.builtin import builtin_type
         try:
@@ -467,6 +541,11 @@ class _Exporter:
                 e, lambda body, xs: body.m.forward(*_substitute(args, xs),
                                                    **_substitute(kwargs, xs)),
                 (args, kwargs), m)
+        hx = None
+        if getattr(rule.convert, "takes_hx", False) and len(args) + len(kwargs) == 2 and \
+                (len(args) == 2 or "hx" in kwargs):
+            hx = args[1] if len(args) == 2 else kwargs["hx"]
+            args, kwargs = args[:1], {}
         if kwargs or len(args) != 1:
             raise self.b.error(f"{type(obj).__name__} called with arguments other than one "
                                f"tensor")
@@ -475,6 +554,7 @@ class _Exporter:
 
         def param(name):
             return self.param(getattr(obj, name), f"{m.path}.{name}")
+        param.path, param.hx = m.path, hx
         out = [_Spec(o) for o in e.outputs]
         try:
             return rule.convert(self.b, out, obj, x, param)
@@ -587,7 +667,7 @@ def _check_names(tm, input_names, output_names):
 
 
 def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=True,
-                contrib_ops=False):
+                contrib_ops=False, quant_format="qdq"):
     """The checked ModelProto :func:`export` writes (nothing is written)."""
     onnx = _require()
     from onnx import helper
@@ -595,12 +675,33 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
     if not isinstance(tm, TracedModule):
         raise TypeError(f"export takes a TracedModule (mgtrace.trace_module(net, x)), got "
                         f"{type(tm).__name__}")
-    opset = _pick_opset(opset)
+    asked, opset = opset, _pick_opset(opset)
     _check_names(tm, input_names, output_names)
     if not isinstance(contrib_ops, bool):
         raise TypeError(f"export: contrib_ops must be True or False, got {contrib_ops!r}")
-    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops)
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"export: dynamic must be True or False, got {dynamic!r}")
+    if quant_format not in ("qdq", "qoperator"):
+        from mgtrace.errors import did_you_mean
+        hint = did_you_mean(str(quant_format).lower(), ("qdq", "qoperator"))
+        raise ExportError(f"export: quant_format must be 'qdq' or 'qoperator', got "
+                          f"{quant_format!r}.{hint}")
+    ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops,
+                   quant_format)
     graph = ex.run()
+    cap = qdq_max_opset(ex.b.qdq) if ex.b.qdq else None
+    if cap is not None and cap < opset:
+        if asked is not None:
+            import onnxruntime
+            raise ExportError(
+                f"export: the quantized graph needs QuantizeLinear/DequantizeLinear on "
+                f"{', '.join(sorted({d for _, d in ex.b.qdq}))}, which the installed "
+                f"onnxruntime {onnxruntime.__version__} runs up to opset {cap} only (opset "
+                f"{opset} asked); pass opset={cap} or leave opset out")
+        opset = cap
+        ex = _Exporter(tm, opset, bool(dynamic), input_names, output_names, contrib_ops,
+                       quant_format)
+        graph = ex.run()
     opsets = [helper.make_opsetid("", opset)]
     ir = helper.find_min_ir_version_for(opsets)
     opsets += [helper.make_opsetid(d, 1) for d in sorted(ex.b.domains)]
@@ -621,12 +722,13 @@ def build_model(tm, opset=None, input_names=None, output_names=None, dynamic=Tru
 
 
 def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
-           example_inputs=None, contrib_ops=False):
+           example_inputs=None, contrib_ops=False, quant_format="qdq"):
     """Write TracedModule ``tm`` as an ONNX model to ``f``.
 
     Args:
-        tm: a TracedModule (nested or flattened, optimized or not) with one
-            graph; builtin modules in eval mode.
+        tm: a TracedModule (nested or flattened, optimized or not, float,
+            QAT or quantized: see ``quant_format``) with one graph; builtin
+            modules in eval mode.
         f: a path (written atomically: a temporary file renamed into place)
             or a writable binary file.
         opset: the ONNX opset, from 13 to :func:`max_opset` (the default:
@@ -650,26 +752,45 @@ def export(tm, f, opset=None, input_names=None, output_names=None, dynamic=True,
             below opset 20 (where standard Gelu exists), and
             SkipLayerNormalization for a residual Add followed by a layer
             norm over the last axis of a 3-d float32 value.
+        quant_format: how modules of ``mgtrace.module.quantized`` export:
+            "qdq" (the default): QuantizeLinear / DequantizeLinear around
+            the float ops, the form ONNX Runtime's quantizer writes; or
+            "qoperator": a quantized Conv2d / Linear (and their Relu and
+            BatchNorm-folded forms) whose output is quantized is one
+            QLinearConv on the integers (a Linear as a 1x1 convolution,
+            keeping its int32 bias; fused ReLU as a Max with the output's
+            zero point), other layers as in "qdq". QAT models export as
+            QDQ either way.
 
     Returns:
         The onnx.ModelProto written.
 
     Raises:
-        ExportError: an op, function or module with no ONNX mapping (named
+        TypeError: opset not an int, dynamic or contrib_ops not a bool,
+            example_inputs one array rather than a tuple of them.
+        ExportError: quant_format neither "qdq" nor "qoperator"; an op, function or module with no ONNX mapping (named
             with the node's qualname and source line), an opset outside
             13..max_opset() or too old for an op of the graph, a value ONNX
-            cannot express, or example outputs that differ. Nothing is
-            written.
+            cannot express, or example outputs that differ (a dequantized
+            output may differ by one quantum: ORT requantizes in float32,
+            mgtrace in float64). For quantized graphs also: activations
+            other than per-tensor qint8 / quint8, or an opset above the
+            newest at which the installed onnxruntime runs the graph's
+            QuantizeLinear / DequantizeLinear nodes (onnxruntime 1.32: 27;
+            20 for int8 activations); left out, the opset is chosen below
+            it. Nothing is written.
         ImportError: the onnx package is missing (pip install 'mgtrace[onnx]').
 
-    Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``).
+    Mapping: :mod:`mgtrace.onnx.mapping` (``mgtrace.onnx.coverage()``);
+    quantized and QAT modules: :mod:`mgtrace.onnx._quant`.
     """
-    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops)
+    model = build_model(tm, opset, input_names, output_names, dynamic, contrib_ops,
+                        quant_format)
     if example_inputs is not None:
         check_against(model, tm, example_inputs)
     from mgtrace.serialization.atomic import open_for_writing
     data = model.SerializeToString()
-    with open_for_writing(f) as out:
+    with open_for_writing(f, "model.onnx") as out:
         out.write(data)
     return model
 
@@ -685,9 +806,31 @@ def run_ort(model, inputs):
     return sess.run(None, feeds)
 
 
-def compare(got, want, what="output"):
+def output_quantum(model):
+    """The largest quantum (scale) of the graph outputs that are dequantized
+    integers (a DequantizeLinear, through Identity nodes, with a per-tensor
+    scale initializer); 0.0 for a graph with none. ONNX Runtime requantizes
+    in float32 where mgtrace's int8 kernels use float64: such an output may
+    differ from mgtrace's by this much."""
+    from onnx import numpy_helper
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+    quantum = 0.0
+    for out in model.graph.output:
+        n = producer.get(out.name)
+        while n is not None and n.op_type == "Identity":
+            n = producer.get(n.input[0])
+        if n is not None and n.op_type == "DequantizeLinear" and n.input[1] in inits:
+            scale = numpy_helper.to_array(inits[n.input[1]])
+            if scale.size == 1:
+                quantum = max(quantum, float(scale.reshape(())))
+    return quantum
+
+
+def compare(got, want, what="output", quantum=0.0):
     """None if ``got`` matches ``want`` (float within 1e-5 of the largest
-    magnitude of want, others exactly), else a sentence saying how not."""
+    magnitude of want, plus ``quantum``; others exactly), else a sentence
+    saying how not."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"{what}: shape {got.shape} != {want.shape}"
@@ -698,9 +841,10 @@ def compare(got, want, what="output"):
         with np.errstate(invalid="ignore"):
             err = np.abs(got.astype(np.float64) - want.astype(np.float64))
         same_nan = np.isnan(got) == np.isnan(want)
-        if not same_nan.all() or np.nanmax(err, initial=0.0) > 1e-5 * scale:
+        allowed = 1e-5 * scale + quantum * (1 + 1e-5)
+        if not same_nan.all() or np.nanmax(err, initial=0.0) > allowed:
             return f"{what}: max abs difference {np.nanmax(err, initial=0.0):.3g} " \
-                   f"(allowed {1e-5 * scale:.3g})"
+                   f"(allowed {allowed:.3g})"
         return None
     if not np.array_equal(got, want.astype(got.dtype) if want.dtype != got.dtype else want):
         return f"{what}: values differ"
@@ -732,12 +876,22 @@ def check_against(model, tm, example_inputs):
     ExportError naming the first difference."""
     import mgtrace as mt
     from mgtrace.traced_module.pytree import tree_flatten
+    if isinstance(example_inputs, np.ndarray) or isinstance(example_inputs, mt.Tensor):
+        # iterating one array hands out its rows: "has 3 axes, traced with 4" misled
+        raise TypeError(f"export: example_inputs is a tuple of arrays, one per graph input; "
+                        f"got one {type(example_inputs).__name__}: pass (x,)")
     xs = [np.asarray(x.numpy() if hasattr(x, "numpy") else x) for x in example_inputs]
     _check_examples(tm, xs)
-    want = tree_flatten(tm(*[mt.tensor(x) for x in xs]),
-                        lambda v: isinstance(v, mt.Tensor))[0]
+    try:
+        out = tm(*[mt.tensor(x) for x in xs])
+    except (ValueError, TypeError, IndexError) as err:
+        # example inputs the model itself refuses (5 features for a Linear(4, _))
+        raise ExportError(f"export: the model does not run on example_inputs "
+                          f"({type(err).__name__}: {str(err)[:300]})") from None
+    want = tree_flatten(out, lambda v: isinstance(v, mt.Tensor))[0]
     got = run_ort(model, xs)
+    quantum = output_quantum(model)
     for i, (g, w) in enumerate(zip(got, want)):
-        msg = compare(g, w.numpy(), f"output {i}")
+        msg = compare(g, w.numpy(), f"output {i}", quantum)
         if msg:
             raise ExportError(f"export: ONNX Runtime's result differs from mgtrace's: {msg}")

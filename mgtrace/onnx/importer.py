@@ -13,6 +13,7 @@ Weights become parameters (float) or buffers of the module, named by the
 initializer name with every character that cannot be in a Python name
 replaced by ``_`` (``layer1.0.conv1.weight`` -> ``layer1_0_conv1_weight``).
 """
+import contextlib
 import keyword
 import math
 import os
@@ -29,6 +30,8 @@ from mgtrace.onnx._ops import IMPORTERS  # noqa: E402  (the table, public here)
 MAX_ELEMENTS = 1 << 31          # one initializer or input: at most 2^31 elements
 MAX_BYTES = 1 << 33             # all initializers together: at most 8 GiB
 EXAMPLE_DIM = 1                 # the size a symbolic input dim is traced at
+MAX_NDIM = 16                   # the tensor core's limit on dimensions
+MAX_EXAMPLE_ELEMENTS = 1 << 26  # an input made up from its declared shape: at most 2^26
 
 
 class OnnxImportError(Error, ValueError):
@@ -128,6 +131,9 @@ def _array(t, folder, what):
     dims = list(t.dims)
     if any(d < 0 for d in dims):
         raise OnnxImportError(f"{what}: negative dimension in {dims}")
+    if len(dims) > MAX_NDIM:
+        raise OnnxImportError(f"{what}: {len(dims)} dimensions, more than the {MAX_NDIM} an "
+                              f"mgtrace tensor may have")
     n = math.prod(dims)
     if n > MAX_ELEMENTS:
         raise OnnxImportError(f"{what}: {n} elements (shape {dims}) is more than the "
@@ -169,7 +175,20 @@ def _inputs_of(model, example_inputs):
     except ValueError:
         traced = {}
     out = []
-    for i, vi in enumerate(v for v in model.graph.input if v.name not in inits):
+    graph_inputs = [v for v in model.graph.input if v.name not in inits]
+    names = [v.name for v in graph_inputs]
+    for name in names:
+        if names.count(name) > 1:
+            raise OnnxImportError(f"graph input {name!r} is declared twice")
+    if example_inputs is not None:
+        if isinstance(example_inputs, np.ndarray) or not isinstance(example_inputs,
+                                                                    (tuple, list)):
+            raise TypeError(f"load: example_inputs is a tuple of arrays, one per graph input "
+                            f"({len(names)}); got {type(example_inputs).__name__}")
+        if len(example_inputs) != len(names):
+            raise OnnxImportError(f"load: example_inputs has {len(example_inputs)} arrays, but "
+                                  f"the model has {len(names)} inputs ({', '.join(names)})")
+    for i, vi in enumerate(graph_inputs):
         what = f"graph input {vi.name!r}"
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
@@ -177,6 +196,16 @@ def _inputs_of(model, example_inputs):
         dt = _np_dtype(tt.elem_type, what)
         if example_inputs is not None:
             shape = tuple(np.shape(example_inputs[i]))
+            declared = [d.dim_value if d.HasField("dim_value") else None
+                        for d in tt.shape.dim] if tt.HasField("shape") else None
+            if declared is not None and (len(declared) != len(shape) or any(
+                    d is not None and d != s for d, s in zip(declared, shape))):
+                raise OnnxImportError(f"{what}: example input of shape {shape} does not fit "
+                                      f"the declared shape {[d if d is not None else '?' for d in declared]}")
+            try:
+                np.asarray(example_inputs[i]).astype(dt)
+            except (TypeError, ValueError) as err:
+                raise OnnxImportError(f"{what}: example input cannot be {dt} ({err})") from None
         else:
             shape = []
             known = traced.get(vi.name)
@@ -188,13 +217,25 @@ def _inputs_of(model, example_inputs):
                 else:
                     shape.append(EXAMPLE_DIM)
             shape = tuple(shape)
+        if len(shape) > MAX_NDIM:
+            raise OnnxImportError(f"{what}: {len(shape)} dimensions, more than the {MAX_NDIM} "
+                                  f"an mgtrace tensor may have")
         if any(s < 0 for s in shape) or math.prod(shape) > MAX_ELEMENTS:
             raise OnnxImportError(f"{what}: shape {shape} is negative or absurdly large")
+        if example_inputs is None and math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+            # the example made up to trace with would be allocated (as float64
+            # random numbers first) and run through the whole graph: 2^31
+            # elements took minutes and 16 GB
+            raise OnnxImportError(f"{what}: declared shape {shape} has {math.prod(shape)} "
+                                  f"elements, more than the {MAX_EXAMPLE_ELEMENTS} (2^26) an "
+                                  f"example input is made up with; pass example_inputs=")
         out.append((vi.name, dt, shape))
     return out
 
 
 def _identifier(name, taken):
+    if isinstance(name, bytes):     # protobuf hands out a string field of bad UTF-8 as bytes
+        name = name.decode("utf-8", "replace")
     base = re.sub(r"\W", "_", name) or "v"
     if base[0].isdigit() or keyword.iskeyword(base):
         base = "v_" + base
@@ -208,10 +249,25 @@ def _identifier(name, taken):
 
 # ------------------------------------------------------------ the module
 
+@contextlib.contextmanager
+def _naming(node):
+    """Errors of an RNN / LSTM node's module (made from mutated attributes or
+    weights, run on operands of the wrong shape) as OnnxImportError naming the
+    node, as :func:`mgtrace.onnx._ops.run_node` does for the other ops."""
+    try:
+        yield
+    except OnnxImportError:
+        raise
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError,
+            OverflowError, MemoryError) as err:
+        raise OnnxImportError(f"node {node.name or node.op_type!r} ({node.op_type}): inputs "
+                              f"or attributes this importer cannot read ({err!r})"[:600]) from None
+
+
 def _build(model, folder, example_inputs):
     import mgtrace as mt
     import mgtrace.module as M
-    from mgtrace.onnx import _ops
+    from mgtrace.onnx import _import_rnn, _ops
     graph = model.graph
     opsets = {o.domain or "": o.version for o in model.opset_import}
     if "" not in opsets and "ai.onnx" not in opsets:
@@ -223,16 +279,22 @@ def _build(model, folder, example_inputs):
         if v is not None and not 1 <= v <= newest:
             raise OnnxImportError(f"the model imports ONNX opset {v}, which does not exist "
                                   f"(the installed onnx knows opsets 1 to {newest})")
+    from mgtrace.onnx._import_contrib import CONTRIB
     for n in graph.node:
         if n.domain not in ("", "ai.onnx"):
+            if f"{n.domain}.{n.op_type}" in CONTRIB:
+                continue
             raise OnnxImportError(f"node {n.name or n.op_type!r}: op {n.domain}.{n.op_type} is "
-                                  f"not a standard ONNX op")
-        if n.op_type not in _ops.IMPORTERS:
+                                  f"not a standard ONNX op (of ONNX Runtime's contrib ops, "
+                                  f"{', '.join(sorted(CONTRIB))} import)")
+        if n.op_type not in _ops.IMPORTERS and n.op_type not in _import_rnn.OPS:
             raise OnnxImportError(f"node {n.name or n.op_type!r}: ONNX op {n.op_type} has no "
                                   f"mgtrace form (importable: mgtrace.onnx.importer.IMPORTERS)")
     total = 0
     arrays = {}
     for t in graph.initializer:
+        if t.name in arrays:
+            raise OnnxImportError(f"initializer {t.name!r} is defined twice")
         a = _array(t, folder, f"initializer {t.name!r}")
         total += a.nbytes
         if total > MAX_BYTES:
@@ -245,18 +307,37 @@ def _build(model, folder, example_inputs):
             if i not in defined:
                 raise OnnxImportError(f"node {n.name or n.op_type!r} reads {i!r}, which no "
                                       f"earlier node, graph input or initializer defines")
+        for o in n.output:
+            # ONNX graphs are SSA: a second definition silently replaced the first
+            if o and o in defined:
+                raise OnnxImportError(f"node {n.name or n.op_type!r} writes {o!r}, which an "
+                                      f"earlier node, a graph input or an initializer "
+                                      f"already defines (each name is defined once)")
         defined.update(n.output)
     for o in graph.output:
         if o.name not in defined:
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
     taken = {"self", "forward", "training"}
     in_names = [_identifier(n, taken) for n, _, _ in inputs]
+    # RNN / LSTM nodes become modules holding their weights
+    recurrent = [(i, n) for i, n in enumerate(graph.node) if n.op_type in _import_rnn.OPS]
+    moved = {w for _, n in recurrent for w in _import_rnn.weight_inputs(n)}
+    moved -= {i for n in graph.node if n.op_type not in _import_rnn.OPS for i in n.input}
+    moved -= {o.name for o in graph.output}
 
     class OnnxModel(M.Module):
         def __init__(self):
             super().__init__()
             self._onnx_attrs = {}
+            self._onnx_modules = {}
+            for i, n in recurrent:
+                attr = _identifier(n.name or n.op_type.lower(), taken)
+                with _naming(n):
+                    setattr(self, attr, _import_rnn.make_module(n, arrays, _ops._attrs(n)))
+                self._onnx_modules[i] = attr
             for name, a in arrays.items():
+                if name in moved:
+                    continue
                 if a.dtype.kind == "f" and a.ndim >= 1 or a.size > 16:
                     attr = _identifier(name, taken)
                     value = M.Parameter(a) if a.dtype.kind == "f" else mt.tensor(a)
@@ -270,14 +351,24 @@ def _build(model, folder, example_inputs):
             for (name, _, _), x in zip(inputs, xs):
                 env[name] = x
             env[""] = None
-            for node in graph.node:
-                outs = _ops.run_node(node, [env[i] for i in node.input], opsets.get(
-                    node.domain or "", opsets.get("ai.onnx")))
+            for k, node in enumerate(graph.node):
+                if k in self._onnx_modules:
+                    with _naming(node):
+                        outs = _import_rnn.run(getattr(self, self._onnx_modules[k]), node,
+                                               [env.get(i) if i not in moved else None
+                                                for i in node.input])
+                    outs = list(outs) + [None] * (len(node.output) - len(outs))
+                else:
+                    outs = _ops.run_node(node, [env[i] for i in node.input], opsets.get(
+                        node.domain or "", opsets.get("ai.onnx")))
                 for o, v in zip(node.output, outs):
                     env[o] = v
             res = []
             for o in graph.output:
                 v = env[o.name]
+                if v is None:
+                    raise OnnxImportError(f"graph output {o.name!r} is never computed (an "
+                                          f"empty name or an optional output left out)")
                 res.append(v if isinstance(v, mt.Tensor) else mt.tensor(np.asarray(v)))
             return res[0] if len(res) == 1 else tuple(res)
 
@@ -307,7 +398,8 @@ def load(f, example_inputs=None):
         example_inputs: None, or arrays to trace with (one per graph input);
             by default each input is traced at its declared shape, a
             symbolic dim at the size mgtrace's exporter recorded
-            (``mgtrace.example_shapes``) or else 1.
+            (``mgtrace.example_shapes``) or else 1; an input whose declared
+            shape holds more than 2^26 elements needs example_inputs.
 
     Returns:
         A TracedModule whose forward takes the model's inputs in order
@@ -316,7 +408,11 @@ def load(f, example_inputs=None):
     Raises:
         OnnxImportError: a malformed file, absurd sizes, external data
             outside the model's folder, or an op mgtrace cannot express
-            (named with its node).
+            (named with its node); a name defined twice (initializers,
+            graph inputs, node outputs: ONNX graphs are SSA); example_inputs
+            of another count than the inputs or not fitting their declared
+            shapes.
+        TypeError: example_inputs not a tuple or list.
         ImportError: the onnx package is missing.
     """
     return load_traced(f, example_inputs)[0]
@@ -325,11 +421,18 @@ def load(f, example_inputs=None):
 def load_traced(f, example_inputs=None):
     """``(TracedModule, example inputs it was traced with)``: :func:`load`
     and the Tensors it traced at (what ``mgtrace import`` stores)."""
+    import warnings
     import mgtrace as mt
+    from mgtrace.traced_module.errors import TraceWarning
     model, folder = _read(f)
     try:
         mod, examples = _build(model, folder, example_inputs)
-        tm = mt.trace_module(mod, *examples)
+        with warnings.catch_warnings():
+            # the model's own small constants (zero points, axes, int32 biases)
+            # become tensors during the run: constants of the graph, rightly
+            warnings.filterwarnings("ignore", message=r".*is kept as a constant",
+                                    category=TraceWarning)
+            tm = mt.trace_module(mod, *examples)
     except RecursionError:
         raise OnnxImportError("the model nests too deeply to import") from None
     return tm, examples

@@ -618,6 +618,53 @@ def _f_pixel_shuffle(b, out, a):
 _f_pixel_shuffle.onnx = ("DepthToSpace", "Reshape")
 
 
+def _f_local_conv2d(b, out, a):
+    """F.local_conv2d as its composition with the windows unrolled: the
+    weight fixes the kernel and the output grid (OH, OW), so each kernel
+    tap is one strided Slice of the padded input; the taps stacked are
+    sliding_window's columns, multiplied by the weight in one batched
+    MatMul over the output positions (as the function computes it)."""
+    x, w, bias = a["inp"], a["weight"], a["bias"]
+    if a.get("conv_mode", "cross_correlation") != "cross_correlation":
+        raise ValueError(f"conv_mode={a['conv_mode']!r}")
+    b.static((a["stride"], a["padding"], a["dilation"]), "local_conv2d's geometry")
+    dt = C._flt(C._dt(out))
+    x = b.cast(x, dt)
+    wt = b.cast(w, dt)
+    if w.ndim == 6:
+        wt = b.op("Unsqueeze", [wt, b.ints([0])], dt, (1,) + tuple(w.shape))
+    g, oh, ow, cg, kh, kw, og = (int(d) for d in wt.shape)
+    (sh, sw), (ph, pw), (dh, dw) = (C._pair(a[k]) for k in ("stride", "padding", "dilation"))
+    xp = b.op("Pad", [x, b.ints([0, 0, ph, pw, 0, 0, ph, pw])], dt, x.shape) \
+        if ph or pw else x
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            t = b.op("Slice", [xp, b.ints([i * dh, j * dw]),
+                               b.ints([i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1]),
+                               b.ints([2, 3]), b.ints([sh, sw])], dt, (0, 0, oh, ow))
+            taps.append(b.op("Unsqueeze", [t, b.ints([4])], dt, (0, 0, oh, ow, 1)))
+    cols = taps[0] if len(taps) == 1 else b.op("Concat", taps, dt, (0, 0, oh, ow, kh * kw),
+                                                axis=4)
+    # [N, G, C/G, OH, OW, K] -> [OH, OW, G, N, C/G, K] -> [OH*OW*G, N, C/G*K]
+    cols = b.op("Reshape", [cols, b.ints([0, g, cg, oh, ow, kh * kw])], dt, (0,) * 6)
+    cols = b.op("Transpose", [cols], dt, (0,) * 6, perm=[3, 4, 1, 0, 2, 5])
+    cols = b.op("Reshape", [cols, b.ints([oh * ow * g, -1, cg * kh * kw])], dt, (0,) * 3)
+    wm = b.op("Transpose", [wt], dt, (0,) * 7, perm=[1, 2, 0, 3, 4, 5, 6])
+    wm = b.op("Reshape", [wm, b.ints([oh * ow * g, cg * kh * kw, og])], dt, (0,) * 3)
+    y = b.op("MatMul", [cols, wm], dt, (0,) * 3)                # [OH*OW*G, N, O/G]
+    y = b.op("Reshape", [y, b.ints([oh, ow, g, -1, og])], dt, (0,) * 5)
+    y = b.op("Transpose", [y], dt, (0,) * 5, perm=[3, 2, 4, 0, 1])
+    y = b.op("Reshape", [y, b.ints([0, g * og, oh, ow])], dt, out[0].shape)
+    if bias is not None:
+        y = b.op("Add", [y, b.op("Reshape", [b.cast(bias, dt), b.ints([1, g * og, 1, 1])], dt,
+                                 (1, g * og, 1, 1))], dt, out[0].shape)
+    return y
+
+
+_f_local_conv2d.onnx = ("Pad", "Slice", "Concat", "Transpose", "Reshape", "MatMul")
+
+
 def _f_cond_take(b, out, a):
     """MegEngine's cond_take: the elements where mask is true, flattened, and
     their flat indices (int32): Compress of both flattened."""
@@ -680,9 +727,6 @@ _NO_ONNX_FUNCTIONS = {
     "deformable_conv2d": "ONNX's DeformConv (opset 19) has no onnxruntime kernel",
     "region_restricted_conv": "ONNX has no region-restricted convolution",
     "deformable_psroi_pooling": "ONNX has no deformable position-sensitive RoI pooling",
-    "local_conv2d": "not exported yet: its composition reads the kernel size from the "
-                    "weight's shape, which the export keeps symbolic, and ONNX windows are "
-                    "fixed attributes",
 }
 _FUNCTIONS = {
     **_math_functions(),
@@ -739,6 +783,7 @@ _FUNCTIONS = {
     "einsum": _f_einsum, "conv3d": _f_conv3d, "conv_transpose3d": _f_conv_transpose3d,
     "instance_norm": _f_instance_norm, "local_response_norm": _f_local_response_norm,
     "pixel_shuffle": _f_pixel_shuffle, "cond_take": _f_cond_take,
+    "local_conv2d": _f_local_conv2d,
     **{n: _decomposed() for n in _DECOMPOSED_FUNCTIONS},
     **{n: _no_onnx(r) for n, r in _NO_ONNX_FUNCTIONS.items()},
 }
@@ -798,51 +843,77 @@ _m_softmax.onnx = ("Softmax",)
 
 def _m_recurrent(lstm):
     """RNN / LSTM as ONNX RNN / LSTM, one node a layer (both directions in
-    it): torch's gate rows (input, forget, cell, output) gathered into ONNX's
-    order (input, output, forget, cell) from the named initializers, the two
-    biases concatenated; ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for
-    the next layer; h_n (and c_n) the layers' final states concatenated.
-    The sequence length stays symbolic (one node runs every step). Called
-    with the input alone (hx None: zero initial states)."""
+    it): torch's gate rows (input, forget, cell, output) reordered into
+    ONNX's (input, output, forget, cell) and stacked into initializers
+    ``<module>.W_l<k>`` / ``R_l<k>`` / ``B_l<k>`` (the two biases
+    concatenated); ONNX's Y [T, D, N, H] reshaped to [T, N, D * H] for the
+    next layer; h_n (and c_n) the layers' final states concatenated. The
+    sequence length stays symbolic (one node runs every step). ``hx`` (RNN:
+    h_0; LSTM: (h_0, c_0), each [layers * D, N, H]) gives each layer its
+    initial_h / initial_c rows; None: zero states."""
     op = "LSTM" if lstm else "RNN"
 
     def convert(b, out, m, x, param):
-        if getattr(m, "proj_size", 0):
-            raise b.error("LSTM with proj_size has no ONNX form (ONNX LSTM has no projection)")
         if m.training and m.dropout and m.num_layers > 1:
             raise b.error(f"{op} in training mode with dropout between layers draws random "
                           f"numbers; export the module in eval()")
         dt = C._flt(C._dt(out))
         x = b.cast(x, dt)
+        hx = getattr(param, "hx", None)
+        if hx is None:
+            hx = (None, None)
+        elif lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2 or \
+                    not all(isinstance(h, V) for h in hx):
+                raise b.error("LSTM's hx must be a pair of tensors (h_0, c_0)")
+        elif isinstance(hx, V):
+            hx = (hx, None)
+        else:
+            raise b.error("RNN's hx must be a tensor")
         if m.batch_first:
             x = b.op("Transpose", [x], dt, (), perm=[1, 0, 2])
         hid, ndir = m.hidden_size, m.num_directions
         order = [0, 3, 1, 2] if lstm else [0]
-        rows = b.ints(np.concatenate([np.arange(k * hid, (k + 1) * hid) for k in order]))
         attrs = {"hidden_size": hid, "direction": "bidirectional" if ndir == 2 else "forward"}
         if not lstm:
             attrs["activations"] = [m.nonlinearity.capitalize()] * ndir
 
-        def stacked(names):
-            parts = [b.op("Unsqueeze", [b.op("Gather", [b.cast(param(n), dt), rows], dt, (),
-                                             axis=0), b.ints([0])], dt, ()) for n in names]
-            return parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
+        def array(name):
+            a = np.asarray(getattr(m, name).numpy(), np.float32)
+            if lstm:
+                a = np.concatenate([a[k * hid:(k + 1) * hid] for k in order], 0)
+            return a
+
+        def init(kind, layer, parts):
+            # ONNX's stacked, gate-reordered weights: one initializer a layer,
+            # named after the module (``lstm.W_l0``) and precomputed, so an
+            # importer sees constants
+            path = getattr(param, "path", "")
+            name = f"{path}.{kind}_l{layer}" if path else f"{kind}_l{layer}"
+            return b.const(np.stack(parts, 0).astype(dt), name=name)
 
         finals = [[], []]
-        for layer in range(m.num_layers):
+        layers = range(m.num_layers)
+        if getattr(m, "proj_size", 0):      # ONNX's LSTM has no projection: Scan
+            from mgtrace.onnx._scan_lstm import lstm_proj
+            x, hs, cs = lstm_proj(b, m, x, hx, getattr(param, "path", "") or "lstm", dt)
+            finals, layers = [hs, cs], ()
+        for layer in layers:
             sfx = m._suffixes(layer)
-            w = stacked([f"weight_ih{s}" for s in sfx])
-            r = stacked([f"weight_hh{s}" for s in sfx])
+            w = init("W", layer, [array(f"weight_ih{s}") for s in sfx])
+            r = init("R", layer, [array(f"weight_hh{s}") for s in sfx])
             bias = None
             if m.bias:
-                parts = []
-                for s in sfx:
-                    bi, bh = (b.op("Gather", [b.cast(param(f"{k}{s}"), dt), rows], dt, (), axis=0)
-                              for k in ("bias_ih", "bias_hh"))
-                    parts.append(b.op("Unsqueeze", [b.op("Concat", [bi, bh], dt, (), axis=0),
-                                                    b.ints([0])], dt, ()))
-                bias = parts[0] if len(parts) == 1 else b.op("Concat", parts, dt, (), axis=0)
-            names = b.node(op, [x, w, r, bias], n_out=3 if lstm else 2, **attrs)
+                bias = init("B", layer, [np.concatenate([array(f"bias_ih{s}"),
+                                                          array(f"bias_hh{s}")]) for s in sfx])
+            states = [None, None]
+            for k, h in enumerate(hx):
+                if h is not None:
+                    states[k] = b.op("Slice", [b.cast(h, dt), b.ints([layer * ndir]),
+                                               b.ints([(layer + 1) * ndir]), b.ints([0])],
+                                     dt, ())
+            ins = [x, w, r, bias, None, states[0]] + ([states[1]] if lstm else [])
+            names = b.node(op, ins, n_out=3 if lstm else 2, **attrs)
             y = b.op("Transpose", [V(names[0], dt, ())], dt, (), perm=[0, 2, 1, 3])
             x = b.op("Reshape", [y, b.ints([0, 0, -1])], dt, ())
             for k, n in enumerate(names[1:]):
@@ -854,7 +925,9 @@ def _m_recurrent(lstm):
             v = fs[0] if len(fs) == 1 else b.op("Concat", fs, dt, (), axis=0)
             res.append(V(v.name, dt, out[1 + k].shape))
         return res
-    convert.onnx = (op, "Gather", "Concat", "Transpose", "Reshape")
+    convert.onnx = (op, "Slice", "Concat", "Transpose", "Reshape") + (
+        ("Scan (proj_size)",) if lstm else ())
+    convert.takes_hx = True
     return convert
 
 
@@ -894,9 +967,12 @@ _MODULES = {
         "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",
         "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d",
         "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
-        "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d")},
+        "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d",
+        "Concat", "BatchMatMulActivation", "LinearBn1d", "LinearBnRelu1d")},
     "RNN": _m_recurrent(False), "LSTM": _m_recurrent(True),
-    "LocalConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["local_conv2d"]),
+    "LocalConv2d": _m("local_conv2d", lambda m, p: dict(
+        weight=p("weight"), bias=None, stride=m.stride, padding=m.padding, dilation=m.dilation),
+        "inp"),
     "DeformableConv2d": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_conv2d"]),
     "RegionRestrictedConv": _no_onnx(_NO_ONNX_FUNCTIONS["region_restricted_conv"]),
     "DeformablePSROIPooling": _no_onnx(_NO_ONNX_FUNCTIONS["deformable_psroi_pooling"]),
@@ -1001,6 +1077,13 @@ def coverage():
             continue
         ops = ", ".join(r.onnx) or "(no node: identity or layout)"
         lines.append(f"| {r.kind} | `{r.name}` | {ops} | {r.since} |")
+    from mgtrace.onnx import _quant
+    for prefix, table in _quant.TABLES.items():
+        for name, conv in table.items():
+            short = prefix.rpartition(".")[2]
+            ops = ", ".join(conv.onnx) or "(no node: identity)"
+            lines.append(f"| module | `{short}.{name}` | {ops} (QDQ) | "
+                         f"{MIN_OPSET} |")
     return "\n".join(lines)
 
 

@@ -228,7 +228,7 @@ def replacing(path):
 
 
 @contextmanager
-def open_for_writing(f):
+def open_for_writing(f, example_name="model.tmod"):
     """A binary file to write an archive to.
 
     ``f`` is a path (str, bytes or os.PathLike: written atomically, see the
@@ -241,9 +241,14 @@ def open_for_writing(f):
     """
     if isinstance(f, (str, bytes, os.PathLike)):
         path = os.fsdecode(f)
+        if not path:
+            # abspath("") is the working folder: the rename over it failed with
+            # the temporary file's name in the message
+            raise FileNotFoundError(f"cannot save to an empty path; give a file name such as "
+                                    f"{example_name}")
         if os.path.isdir(path):
             raise IsADirectoryError(f"cannot save to {path}: it is a folder; give a file name "
-                                    f"such as {os.path.join(path, 'model.tmod')}")
+                                    f"such as {os.path.join(path, example_name)}")
         with replacing(path) as (out, _):
             yield out
     elif isinstance(f, io.TextIOBase):

@@ -40,6 +40,10 @@ def _guess(head):
         return " (it looks like a pickle, which mgtrace never loads)"
     if head[:2] == b"PK":
         return " (it looks like a zip file, e.g. a torch.save checkpoint)"
+    if len(head) >= 2 and head[0] == 0x08 and 1 <= head[1] <= 15:
+        # ModelProto's field 1, ir_version, is first in what onnx writes
+        return (" (it looks like an ONNX model: mgtrace.onnx.load or `mgtrace import "
+                "model.onnx -o model.tmod` read those)")
     return ""
 
 

@@ -98,3 +98,31 @@ def test_export_contrib_ops_option(tmp_path):
     fused = onnx.load(str(tmp_path / "fused/m.onnx"))
     assert any(n.domain == "com.microsoft" and n.op_type == "FusedConv" for n in fused.graph.node)
     assert not any(n.domain for n in onnx.load(str(tmp_path / "plain/m.onnx")).graph.node)
+
+
+def test_export_of_quantized_and_qat_archives(tmp_path):
+    """Archives of a quantized and a QAT model (with stored examples) export
+    as QDQ files that ONNX Runtime runs to the stored outputs."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "onnx"))
+    from test_export_quantized import _net
+    qat, qnet = _net("per_channel_quint8")
+    x = mt.tensor(np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32))
+    src = tmp_path / "models"
+    src.mkdir()
+    for name, net in (("q", qnet), ("qat", qat)):
+        mt.save(mt.trace_module(net, x), src / f"{name}.tmod", example_inputs=(x,))
+    rc, text = _run("export", src, "-o", tmp_path / "out", "--format", "onnx")
+    assert rc == 0, text
+    rc, text = _run("export", src / "q.tmod", "-o", tmp_path / "qop", "--format", "onnx",
+                    "--quant-format", "qoperator")
+    assert rc == 0, text
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "qop" / "q.onnx")).graph.node}
+    assert "QLinearConv" in ops and "Conv" not in ops
+    for name, net in (("q", qnet), ("qat", qat)):
+        model = onnx.load(str(tmp_path / "out" / f"{name}.onnx"))
+        assert "QuantizeLinear" in {n.op_type for n in model.graph.node}
+        from mgtrace.onnx.exporter import compare, output_quantum
+        got, want = run_ort(model, [x.numpy()])[0], net(x).numpy()
+        assert compare(got, want, quantum=output_quantum(model)) is None      # <= 1 quantum

@@ -346,11 +346,11 @@ def _function_cases():
                              [x4, np.array([[[1.0, 0.1, 0.5], [0.05, 0.9, 0.2],
                                              [0.01, 0.02, 1.0]]] * 2, np.float32)]),
         "remap": (F.remap, [x4, (_rng.random((2, 3, 4, 2)) * 5).astype(np.float32)]),
+        "local_conv2d": (lambda x, w, bias: F.local_conv2d(x, w, bias, 2, 1),
+                         [_f(2, 4, 5, 5), _f(3, 3, 4, 3, 3, 2) * 0.3, _f(2)]),
         # rows with no ONNX equivalent: the export is refused, naming the row
         "svd": (lambda x: F.svd(x)[1], [_f(3, 3)]),
         "matinv": (F.matinv, [np.eye(3, dtype=np.float32) * 2 + _f(3, 3) * 0.1]),
-        "local_conv2d": (lambda x, w: F.local_conv2d(x, w), [_f(2, 4, 5, 5),
-                                                             _f(3, 3, 4, 3, 3, 2) * 0.3]),
     })
     out = {("function", f"F.{k}"): v for k, v in c.items()}
     for name in ("to_nchwc", "from_nchwc", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
@@ -377,6 +377,17 @@ class _SelfAttention(M.Module):
 
     def forward(self, x):
         return self.mha(x, x, x)[0]
+
+
+class _ConcatSelf(M.Module):
+    """Concat called on [x, x * 2] along the channels."""
+
+    def __init__(self, cat):
+        super().__init__()
+        self.cat = cat
+
+    def forward(self, x):
+        return self.cat([x, x * 2], 1)
 
 
 def _mod(m, *inputs):
@@ -425,7 +436,7 @@ def _module_cases():
         "SyncBatchNorm": _mod(M.SyncBatchNorm(4), x4),
         "Conv3d": _mod(M.Conv3d(2, 3, 3, padding=1), x5),
         "ConvTranspose3d": _mod(M.ConvTranspose3d(2, 3, 3, stride=2), x5),
-        "LocalConv2d": _mod(M.LocalConv2d(4, 2, 6, 6, 3), x4),
+        "LocalConv2d": _mod(M.LocalConv2d(4, 2, 6, 6, 3, groups=2, padding=1), x4),
         "SlidingWindow": _mod(M.SlidingWindow(3, padding=1), x4),
         "SlidingWindowTranspose": _mod(M.SlidingWindowTranspose((6, 6), 3), _f(2, 4, 4, 4, 3,
                                                                                  3)),
@@ -436,6 +447,11 @@ def _module_cases():
         "ConvRelu2d": _mod(M.ConvRelu2d(4, 3, 3), x4),
         "ConvBn2d": _mod(M.ConvBn2d(4, 3, 3), x4),
         "ConvBnRelu2d": _mod(M.ConvBnRelu2d(4, 3, 3), x4),
+        "Concat": _mod(_ConcatSelf(M.Concat()), x4),
+        "BatchMatMulActivation": _mod(M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
+                                      _f(2, 5, 3)),
+        "LinearBn1d": _mod(M.LinearBn1d(4, 3), _f(5, 4)),
+        "LinearBnRelu1d": _mod(M.LinearBnRelu1d(4, 3), _f(5, 4)),
         "RNN": _mod(M.RNN(4, 5, num_layers=2, nonlinearity="relu", bidirectional=True),
                     _f(3, 2, 4)),
         "LSTM": _mod(M.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True),

@@ -152,7 +152,9 @@ def test_not_a_traced_module():
 def test_coverage_table_lists_every_rule():
     table = mo.coverage()
     from mgtrace.onnx.mapping import RULES
-    assert table.count("\n") == len(RULES) + 1
+    from mgtrace.onnx._quant import TABLES
+    assert table.count("\n") == len(RULES) + sum(map(len, TABLES.values())) + 1
+    assert "| module | `quantized.Conv2d` | QuantizeLinear, DequantizeLinear, Conv" in table
     assert "| op | `conv2d` | Conv | 13 |" in table
     assert "| op | `bitwise_and` | BitwiseAnd | 18 |" in table
     assert "| module | `BatchNorm2d` | BatchNormalization |" in table
@@ -196,4 +198,71 @@ def test_example_inputs_of_another_dtype_or_rank_are_export_errors(tmp_path):
         mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones(3, np.float32),))
     with pytest.raises(mo.ExportError, match="example_inputs has 2 arrays, but the graph has 1"):
         mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((2, 3), np.float32),) * 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_builtin_module_has_a_row():
+    """Each builtin module type of mgtrace.module (float, QAT, quantized)
+    has an export row (or a row saying why not): a new builtin without one
+    fails here, not in a user's export. Observers and fake quantizers run
+    inside QAT modules and are read through them."""
+    from mgtrace.module.builtin import builtin_types
+    from mgtrace.onnx import _quant, mapping
+    missing = []
+    for name in builtin_types():
+        prefix, _, cls = name.rpartition(".")
+        if prefix == "mgtrace.module":
+            ok = mapping.rule_for("module", cls) is not None
+        elif prefix in _quant.TABLES:
+            ok = cls in _quant.TABLES[prefix]
+        else:
+            ok = not prefix.startswith("mgtrace.module")
+        if not ok:
+            missing.append(name)
+    assert missing == []
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    ({"quant_format": "QDQ"}, mo.ExportError, r"got 'QDQ'\. Did you mean 'qdq'"),
+    ({"quant_format": "qoperater"}, mo.ExportError, "Did you mean 'qoperator'"),
+    ({"dynamic": "no"}, TypeError, "dynamic must be True or False, got 'no'"),
+    ({"example_inputs": np.ones((1, 4), np.float32)}, TypeError, r"pass \(x,\)"),
+])
+def test_bad_export_arguments_are_named_and_nothing_is_written(tmp_path, kw, err, msg):
+    # quant_format typos were a bare ValueError without a hint; dynamic="no" was
+    # taken as True; one array as example_inputs was iterated into its rows
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(err, match=msg):
+        mo.export(tm, tmp_path / "m.onnx", **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_to_an_empty_path_or_a_folder_names_it(tmp_path, monkeypatch):
+    # "" renamed the temporary file over the working folder: IsADirectoryError
+    # naming the temporary file
+    monkeypatch.chdir(tmp_path)
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(FileNotFoundError, match="empty path; give a file name such as "
+                                                "model.onnx"):
+        mo.export(tm, "")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError, match="model.onnx"):
+        mo.export(tm, tmp_path / "d")
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_an_output_name_taken_by_an_initializer_is_refused(tmp_path):
+    # output_names=["lin.weight"] wrote an output named "lin.weight_2"
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(mo.ExportError, match=r"output_names\[0\] 'lin.weight' is already"):
+        mo.export(tm, tmp_path / "m.onnx", output_names=["lin.weight"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_example_inputs_the_model_refuses_are_an_export_error(tmp_path):
+    # the Linear's ValueError about 5 features leaked as a bare ValueError
+    tm = _trace(lambda self, x: self.lin(x), (1, 4))
+    with pytest.raises(mo.ExportError, match="does not run on example_inputs.*5 features"):
+        mo.export(tm, tmp_path / "m.onnx", example_inputs=(np.ones((1, 5), np.float32),))
     assert list(tmp_path.iterdir()) == []

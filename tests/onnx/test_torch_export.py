@@ -43,3 +43,44 @@ def test_torch_export_imports_and_matches_torch(tmp_path, name, make, opset):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1e-4 * scale
     mt.save(tm, tmp_path / f"{name}.tmod")
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_torch_recurrent_export_imports_as_modules_and_matches_torch(tmp_path, kind):
+    """torch.onnx.export of a 2-layer bidirectional batch_first LSTM / RNN
+    with initial states: imported as mgtrace's module, torch's outputs."""
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, kind)(5, 7, num_layers=2, bidirectional=True, batch_first=True)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x, h0, c0=None):
+            return self.rnn(x, (h0, c0) if c0 is not None else h0)
+    net = Net().eval()
+    lstm = kind == "LSTM"
+    rng = np.random.default_rng(1)
+
+    def inputs(n, t):
+        return [rng.standard_normal((n, t, 5)).astype(np.float32)] + [
+            rng.standard_normal((4, n, 7)).astype(np.float32) for _ in range(2 if lstm else 1)]
+    names = ["x", "h0", "c0"][:3 if lstm else 2]
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(net, tuple(torch.from_numpy(a) for a in inputs(2, 3)), str(path),
+                      input_names=names, dynamic_axes={
+                          n: {0: "n", 1: "t"} if n == "x" else {1: "n"} for n in names},
+                      opset_version=14, dynamo=False)
+    tm = mo.load(path)
+    assert kind in {type(m).__name__ for _, m in tm.named_modules()}
+    xs = inputs(3, 6)
+    with torch.no_grad():
+        want = net(*[torch.from_numpy(a) for a in xs])
+    want = [want[0]] + (list(want[1]) if lstm else [want[1]])
+    got = tm(*[mt.tensor(a) for a in xs])
+    got = [got] if isinstance(got, mt.Tensor) else list(got)
+    assert len(got) >= 1
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-5)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)

@@ -107,13 +107,28 @@ class QuantStub(QuantizedModule):
 
 
 class DequantStub(QuantizedModule):
-    """QuantizedTensor -> float32 Tensor (a float input passes through)."""
+    """QuantizedTensor -> float32 Tensor (a float input passes through; a
+    plain int8 / uint8 Tensor is refused: it is a quantized value whose
+    qparams a float module dropped)."""
 
     def config(self):
         return {}
 
     def forward(self, x):
-        return dequantize(x) if is_quantized(x) else x
+        if is_quantized(x):
+            return dequantize(x)
+        dt = getattr(x, "dtype", None)
+        if dt is not None and np.dtype(dt) in (np.int8, np.uint8):
+            # M.ReLU after a quantized ConvBn2d sees the integers and returns
+            # them without qparams: passing them on made the model's output
+            # raw int8 (and its ONNX export an int8 output)
+            raise QuantizationError(
+                f"DequantStub got a plain {np.dtype(dt)} Tensor, not a QuantizedTensor: a "
+                f"float module between the quantized layer and this stub saw its integers "
+                f"and dropped the qparams (a separate ReLU after a quantized Conv2d / "
+                f"ConvBn2d / Linear: use the fused ConvRelu2d / ConvBnRelu2d / LinearRelu "
+                f"before quantize_qat, or put a DequantStub before the float module)")
+        return x
 
     @classmethod
     def from_qat_module(cls, qat):
