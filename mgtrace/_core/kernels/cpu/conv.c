@@ -2,7 +2,9 @@
  * is written here), and direct kernels where a GEMM's packing or its shape
  * loses: depthwise, DIRECT and BLOCKED.
  *
- * conv2d algorithms (enum mt_conv_algo in nn.h; mt_conv2d_pick_algo chooses):
+ * conv2d algorithms (enum mt_conv_algo in the contract's nn_kernels.h), one
+ * file each under conv/; conv/choice.c holds their table (conv_algos) and
+ * the choice among them as one priority list of rules (conv_rules):
  *
  *   GEMM1X1    1x1, stride 1, no padding: y[n] = W [O x C] *
  *              x[n] [C x H*W], GEMMs straight on the input, no copies;
@@ -71,9 +73,6 @@
  * OpenBLAS's workers spin for 2^28 cycles (~70 ms) after each threaded call
  * (one Linear layer, say) and slowed the convolutions that followed 2.4x.
  * Scratch memory is the caller's workspace (mt_conv2d_workspace).
- *
- * Typed helpers are written once below the MT_NN_TEMPLATE line and compiled
- * per dtype by including this file again with T and SFX defined.
  */
 
 #include <pthread.h>

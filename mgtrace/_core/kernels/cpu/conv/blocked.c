@@ -235,4 +235,45 @@ static int blocked_pays(const mt_conv2d_geom *g, int w_cached) {
     return is1x1 && g->ph == 0 && g->pw == 0 && cg >= 512 && ohw <= 196;
 }
 
+/* ---- the algorithm table's members (choice.c) */
+
+static int64_t blk_workspace(int dt, const mt_conv2d_geom *g, int nt) {
+    blk_plan pl;
+    plan_blk(g, dt == MT_FLOAT32 ? 4 : 8, nt, blk_layout(), 1, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int blk_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                   int nt, void *ws) {
+    if (dt == MT_FLOAT32) blocked_f32(x, w, NULL, blk_layout(), bias, y, g, nt, ws);
+    else blocked_f64(x, w, NULL, blk_layout(), bias, y, g, nt, ws);
+    return 0;
+}
+
+static int64_t blk_packed_bytes(int dt, const mt_conv2d_geom *g, int layout) {
+    blk_plan pl;
+    plan_blk(g, dt == MT_FLOAT32 ? 4 : 8, 1, layout, 1, &pl);
+    return ws_report(pl.wpk_bytes);
+}
+
+/* (block rows: BLOCKED's layout is its vector bytes, two vectors a block) */
+static void blk_pack(int dt, const void *w, void *packed, const mt_conv2d_geom *g, int layout, int nt) {
+    const int64_t obk = 2 * layout / (dt == MT_FLOAT32 ? 4 : 8);
+    if (dt == MT_FLOAT32) pack_blocks_f32(w, packed, g, obk, nt);
+    else pack_blocks_f64(w, packed, g, obk, nt);
+}
+
+static int64_t blk_packed_workspace(int dt, const mt_conv2d_geom *g, int layout, int nt) {
+    blk_plan pl;
+    plan_blk(g, dt == MT_FLOAT32 ? 4 : 8, nt, layout, 0, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int blk_run_packed(int dt, const void *x, const void *packed, const void *bias, void *y,
+                          const mt_conv2d_geom *g, int layout, int nt, void *ws) {
+    if (dt == MT_FLOAT32) blocked_f32(x, NULL, packed, layout, bias, y, g, nt, ws);
+    else blocked_f64(x, NULL, packed, layout, bias, y, g, nt, ws);
+    return 0;
+}
+
 #endif

@@ -277,4 +277,21 @@ static void FN(depthwise)(const T *x, const T *w, const T *bias, T *y, const mt_
     }
 }
 
+#elif MT_CONV_PART == MT_CONV_RUN   /* entry points */
+
+/* ---- the algorithm table's members (choice.c) */
+
+static int64_t dw_workspace(int dt, const mt_conv2d_geom *g, int nt) {
+    dw_plan pl;
+    plan_dw(g, dt == MT_FLOAT32 ? 4 : 8, &pl);
+    return pl.packed ? ws_report(ws_add(ws_add(ws_mul(nt, pl.bytes_one), pl.map_bytes), pl.off_bytes)) : 0;
+}
+
+static int dw_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                  int nt, void *ws) {
+    if (dt == MT_FLOAT32) depthwise_f32(x, w, bias, y, g, nt, ws);
+    else depthwise_f64(x, w, bias, y, g, nt, ws);
+    return 0;
+}
+
 #endif

@@ -214,4 +214,45 @@ static void FN(direct)(const T *x, const T *w, const T *wpk_given, int layout, c
 
 int mt_conv2d_direct_algo(const mt_conv2d_geom *g) { return direct_fits(g) ? MT_CONV_DIRECT : MT_CONV_IM2COL; }
 
+/* ---- the algorithm table's members (choice.c); packed: w is NULL and
+ * wpk the weights pack_blocks made in `layout` */
+
+static int64_t direct_workspace(int dt, const mt_conv2d_geom *g, int nt) {
+    direct_plan pl;
+    plan_direct(g, dt == MT_FLOAT32 ? 4 : 8, nt, direct_layout(), 1, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int direct_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                      int nt, void *ws) {
+    if (dt == MT_FLOAT32) direct_f32(x, w, NULL, direct_layout(), bias, y, g, nt, ws);
+    else direct_f64(x, w, NULL, direct_layout(), bias, y, g, nt, ws);
+    return 0;
+}
+
+static int64_t direct_packed_bytes(int dt, const mt_conv2d_geom *g, int layout) {
+    direct_plan pl;
+    plan_direct(g, dt == MT_FLOAT32 ? 4 : 8, 1, layout, 1, &pl);
+    return ws_report(pl.wpk_bytes);
+}
+
+/* (block rows: DIRECT's layout is them) */
+static void direct_pack(int dt, const void *w, void *packed, const mt_conv2d_geom *g, int layout, int nt) {
+    if (dt == MT_FLOAT32) pack_blocks_f32(w, packed, g, layout, nt);
+    else pack_blocks_f64(w, packed, g, layout, nt);
+}
+
+static int64_t direct_packed_workspace(int dt, const mt_conv2d_geom *g, int layout, int nt) {
+    direct_plan pl;
+    plan_direct(g, dt == MT_FLOAT32 ? 4 : 8, nt, layout, 0, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int direct_run_packed(int dt, const void *x, const void *packed, const void *bias, void *y,
+                             const mt_conv2d_geom *g, int layout, int nt, void *ws) {
+    if (dt == MT_FLOAT32) direct_f32(x, NULL, packed, layout, bias, y, g, nt, ws);
+    else direct_f64(x, NULL, packed, layout, bias, y, g, nt, ws);
+    return 0;
+}
+
 #endif

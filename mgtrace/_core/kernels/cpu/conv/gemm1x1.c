@@ -60,4 +60,12 @@ static int conv_gemm1x1(int dt, const char *x, const char *w, const char *bias, 
     return 0;
 }
 
+/* ---- the algorithm table's member (choice.c; no workspace) */
+
+static int gemm1x1_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                       int nt, void *ws) {
+    (void)ws;
+    return conv_gemm1x1(dt, x, w, bias, y, g, nt);
+}
+
 #endif

@@ -179,4 +179,17 @@ static int conv_im2col(int dt, const char *x, const char *w, const char *bias, c
     return 0;
 }
 
+/* ---- the algorithm table's members (choice.c) */
+
+static int64_t im2col_workspace(int dt, const mt_conv2d_geom *g, int nt) {
+    im2col_plan pl;
+    plan_im2col(g, dt == MT_FLOAT32 ? 4 : 8, nt, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int im2col_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                      int nt, void *ws) {
+    return conv_im2col(dt, x, w, bias, y, g, nt, ws);
+}
+
 #endif

@@ -171,4 +171,17 @@ static int conv_shifted(int dt, const char *x, const char *w, const char *bias, 
     return 0;
 }
 
+/* ---- the algorithm table's members (choice.c) */
+
+static int64_t shifted_workspace(int dt, const mt_conv2d_geom *g, int nt) {
+    shifted_plan pl;
+    plan_shifted(g, dt == MT_FLOAT32 ? 4 : 8, nt, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int shifted_run(int dt, const void *x, const void *w, const void *bias, void *y, const mt_conv2d_geom *g,
+                       int nt, void *ws) {
+    return conv_shifted(dt, x, w, bias, y, g, nt, ws);
+}
+
 #endif

@@ -519,4 +519,53 @@ int mt_wino_bound(int dtype, const mt_conv2d_geom *g) {
     return ((dtype == MT_FLOAT32 ? 127 : 1023) - 16 - lg) / 2;
 }
 
+/* ---- the algorithm table's members (choice.c): F(2x2) and F(4x4) share
+ * them, the edge e a parameter; packed: U (the layout argument unused) */
+
+static int64_t wino_workspace(int dt, int e, const mt_conv2d_geom *g, int nt) {
+    wino_plan pl;
+    plan_wino(g, dt == MT_FLOAT32 ? 4 : 8, e, nt, 1, &pl);
+    return ws_report(pl.bytes);
+}
+
+static int64_t wino_packed_bytes(int dt, int e, const mt_conv2d_geom *g) {
+    return ws_report(wino_u_bytes(g, dt == MT_FLOAT32 ? 4 : 8, (e + 2) * (e + 2)));
+}
+
+static int64_t wino_packed_workspace(int dt, int e, const mt_conv2d_geom *g, int nt) {
+    wino_plan pl;
+    plan_wino(g, dt == MT_FLOAT32 ? 4 : 8, e, nt, 0, &pl);
+    return ws_report(pl.bytes);
+}
+
+#define MT_WINO_MEMBERS(E)                                                                          \
+static int64_t wino##E##_workspace(int dt, const mt_conv2d_geom *g, int nt) {                        \
+    return wino_workspace(dt, E, g, nt);                                                            \
+}                                                                                                   \
+static int wino##E##_run(int dt, const void *x, const void *w, const void *bias, void *y,           \
+                         const mt_conv2d_geom *g, int nt, void *ws) {                               \
+    return conv_winograd(dt, E, x, w, NULL, bias, y, g, nt, ws);                                    \
+}                                                                                                   \
+static int64_t wino##E##_packed_bytes(int dt, const mt_conv2d_geom *g, int layout) {                \
+    (void)layout;                                                                                   \
+    return wino_packed_bytes(dt, E, g);                                                             \
+}                                                                                                   \
+static void wino##E##_pack(int dt, const void *w, void *packed, const mt_conv2d_geom *g, int layout, \
+                           int nt) {                                                                \
+    (void)layout;                                                                                   \
+    wino_transform(dt, E, w, packed, g, nt);                                                        \
+}                                                                                                   \
+static int64_t wino##E##_packed_workspace(int dt, const mt_conv2d_geom *g, int layout, int nt) {     \
+    (void)layout;                                                                                   \
+    return wino_packed_workspace(dt, E, g, nt);                                                     \
+}                                                                                                   \
+static int wino##E##_run_packed(int dt, const void *x, const void *packed, const void *bias, void *y, \
+                                const mt_conv2d_geom *g, int layout, int nt, void *ws) {            \
+    (void)layout;                                                                                   \
+    return conv_winograd(dt, E, x, NULL, packed, bias, y, g, nt, ws);                               \
+}
+MT_WINO_MEMBERS(2)
+MT_WINO_MEMBERS(4)
+#undef MT_WINO_MEMBERS
+
 #endif
