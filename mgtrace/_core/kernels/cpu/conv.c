@@ -80,6 +80,7 @@
 #include <cblas.h>
 #include "nn.h"
 #include "mt_vmath.h"   /* MT_VCLONES */
+#include "winograd.h"   /* the transforms, shared with nchwc.c */
 #ifdef _OPENMP
 #include <omp.h>
 #endif

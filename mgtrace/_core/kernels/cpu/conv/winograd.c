@@ -21,64 +21,57 @@ static int wino_applicable(const mt_conv2d_geom *g) {
 #elif MT_CONV_PART == MT_CONV_KERNELS   /* per dtype: T, SFX */
 
 /* WINOGRAD weights of output channel o: u[xi * ux + o * cg + c] =
- * (G g G^T)[xi] for each 3x3 kernel g = w[o][c],
- * G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Blocks of channels at a
- * time, transposed first (kt[j][c] = g[j]), so that every loop runs over
- * contiguous c and each of the 16 planes of u gets whole cache lines (16
- * scattered stores a kernel thrash the cache sets). */
+ * (G g G^T)[xi] for each 3x3 kernel g = w[o][c] (G: winograd.h). Blocks
+ * of channels at a time, transposed first (kt[j][c] = g[j]), so that every
+ * loop runs over contiguous c and each of the 16 planes of u gets whole
+ * cache lines (16 scattered stores a kernel thrash the cache sets). */
 static MT_CLONES void FN(wino_weights)(const T *w, T *u, int64_t ux, int64_t cg, int64_t o) {
-    T kt[9][MT_WINO_CBLK], gg[3][MT_WINO_CBLK];
+    T kt[9][MT_WINO_CBLK], gg[4][3][MT_WINO_CBLK];
     for (int64_t c0 = 0; c0 < cg; c0 += MT_WINO_CBLK) {
         const int64_t nc = mt_min64(MT_WINO_CBLK, cg - c0);
         const T *k = w + (o * cg + c0) * 9;
         for (int64_t c = 0; c < nc; c++)
             for (int j = 0; j < 9; j++) kt[j][c] = k[c * 9 + j];
-        for (int i = 0; i < 4; i++) {   /* row i of G g: gg[j] = (G g)[i][j] */
-            for (int j = 0; j < 3; j++) {
-                const T *restrict k0 = kt[j], *restrict k1 = kt[3 + j], *restrict k2 = kt[6 + j];
-                T *restrict d = gg[j];
-                if (i == 0) for (int64_t c = 0; c < nc; c++) d[c] = k0[c];
-                else if (i == 1) for (int64_t c = 0; c < nc; c++) d[c] = (k0[c] + k1[c] + k2[c]) * (T)0.5;
-                else if (i == 2) for (int64_t c = 0; c < nc; c++) d[c] = (k0[c] - k1[c] + k2[c]) * (T)0.5;
-                else for (int64_t c = 0; c < nc; c++) d[c] = k2[c];
+        for (int j = 0; j < 3; j++) {       /* G g: column j of the kernel */
+            const T *restrict k0 = kt[j], *restrict k1 = kt[3 + j], *restrict k2 = kt[6 + j];
+            T *restrict g0 = gg[0][j], *restrict g1 = gg[1][j], *restrict g2 = gg[2][j], *restrict g3 = gg[3][j];
+            for (int64_t c = 0; c < nc; c++) {
+                T d[4];
+                MT_WINO2_G(k0[c], k1[c], k2[c], d);
+                g0[c] = d[0], g1[c] = d[1], g2[c] = d[2], g3[c] = d[3];
             }
+        }
+        for (int i = 0; i < 4; i++) {        /* (G g) G^T, row i */
+            const T *restrict a0 = gg[i][0], *restrict a1 = gg[i][1], *restrict a2 = gg[i][2];
             T *restrict d0 = u + (i * 4) * ux + o * cg + c0, *restrict d1 = d0 + ux;
             T *restrict d2 = d1 + ux, *restrict d3 = d2 + ux;
-            for (int64_t c = 0; c < nc; c++) {   /* (G g) G^T, row i */
-                const T a0 = gg[0][c], a1 = gg[1][c], a2 = gg[2][c];
-                d0[c] = a0;
-                d1[c] = (a0 + a1 + a2) * (T)0.5;
-                d2[c] = (a0 - a1 + a2) * (T)0.5;
-                d3[c] = a2;
+            for (int64_t c = 0; c < nc; c++) {
+                T d[4];
+                MT_WINO2_G(a0[c], a1[c], a2[c], d);
+                d0[c] = d[0], d1[c] = d[1], d2[c] = d[2], d3[c] = d[3];
             }
         }
     }
 }
 
 /* WINOGRAD input, one row of tiles: v[xi * ldx + tx] = (B^T d B)[xi] for the
- * 4x4 patch d at columns 2tx .. 2tx + 3 of rows r0..r3;
- * B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
+ * 4x4 patch d at columns 2tx .. 2tx + 3 of rows r0..r3 (B^T: winograd.h). */
 static MT_CLONES void FN(wino_input_row)(const T *restrict r0, const T *restrict r1, const T *restrict r2,
                                          const T *restrict r3, T *restrict v, int64_t ldx, int64_t tw) {
     MT_IVDEP
     for (int64_t tx = 0; tx < tw; tx++) {
         const T *a = r0 + 2 * tx, *b = r1 + 2 * tx, *c = r2 + 2 * tx, *d = r3 + 2 * tx;
-        T t0[4], t1[4], t2[4], t3[4];  /* B^T d: rows combined */
+        T t[4][4];   /* B^T d: rows combined, per column j */
         for (int j = 0; j < 4; j++) {
-            t0[j] = a[j] - c[j];
-            t1[j] = b[j] + c[j];
-            t2[j] = c[j] - b[j];
-            t3[j] = b[j] - d[j];
+            T e[4];
+            MT_WINO2_BT(a[j], b[j], c[j], d[j], e);
+            for (int i = 0; i < 4; i++) t[i][j] = e[i];
         }
-        /* (B^T d) B: columns combined */
-        v[0 * ldx + tx] = t0[0] - t0[2]; v[1 * ldx + tx] = t0[1] + t0[2];
-        v[2 * ldx + tx] = t0[2] - t0[1]; v[3 * ldx + tx] = t0[1] - t0[3];
-        v[4 * ldx + tx] = t1[0] - t1[2]; v[5 * ldx + tx] = t1[1] + t1[2];
-        v[6 * ldx + tx] = t1[2] - t1[1]; v[7 * ldx + tx] = t1[1] - t1[3];
-        v[8 * ldx + tx] = t2[0] - t2[2]; v[9 * ldx + tx] = t2[1] + t2[2];
-        v[10 * ldx + tx] = t2[2] - t2[1]; v[11 * ldx + tx] = t2[1] - t2[3];
-        v[12 * ldx + tx] = t3[0] - t3[2]; v[13 * ldx + tx] = t3[1] + t3[2];
-        v[14 * ldx + tx] = t3[2] - t3[1]; v[15 * ldx + tx] = t3[1] - t3[3];
+        for (int i = 0; i < 4; i++) {   /* (B^T d) B: columns combined */
+            T e[4];
+            MT_WINO2_BT(t[i][0], t[i][1], t[i][2], t[i][3], e);
+            for (int j = 0; j < 4; j++) v[(4 * i + j) * ldx + tx] = e[j];
+        }
     }
 }
 
@@ -91,23 +84,26 @@ static void FN(wino_input)(const T *p, T *v, int64_t ldx, int64_t ty, int64_t tw
 }
 
 /* WINOGRAD output, one row of tiles: the 2x2 outputs A^T m A + bias of the
- * first n tiles, m[xi] = m[xi * ldx + tx], A^T = [1 1 1 0; 0 1 -1 -1];
- * rows y0 and y1, columns 2tx and 2tx + 1. */
+ * first n tiles, m[xi] = m[xi * ldx + tx] (A^T: winograd.h); rows y0 and
+ * y1, columns 2tx and 2tx + 1. */
 static MT_CLONES void FN(wino_output_row)(const T *restrict m, int64_t ldx, T *restrict y0, T *restrict y1,
                                           T bv, int64_t n) {
     MT_IVDEP
     for (int64_t tx = 0; tx < n; tx++) {
-        T s0[4], s1[4];  /* A^T m: rows combined */
+        T s[2][4];   /* A^T m: rows combined, per column j */
         for (int j = 0; j < 4; j++) {
-            const T a = m[j * ldx + tx], b = m[(4 + j) * ldx + tx];
-            const T c = m[(8 + j) * ldx + tx], d = m[(12 + j) * ldx + tx];
-            s0[j] = a + b + c;
-            s1[j] = b - c - d;
+            T d[2];
+            MT_WINO2_AT(m[j * ldx + tx], m[(4 + j) * ldx + tx], m[(8 + j) * ldx + tx], m[(12 + j) * ldx + tx], d);
+            s[0][j] = d[0];
+            s[1][j] = d[1];
         }
-        y0[2 * tx] = s0[0] + s0[1] + s0[2] + bv;
-        y0[2 * tx + 1] = s0[1] - s0[2] - s0[3] + bv;
-        y1[2 * tx] = s1[0] + s1[1] + s1[2] + bv;
-        y1[2 * tx + 1] = s1[1] - s1[2] - s1[3] + bv;
+        T d[2];
+        MT_WINO2_AT(s[0][0], s[0][1], s[0][2], s[0][3], d);
+        y0[2 * tx] = d[0] + bv;
+        y0[2 * tx + 1] = d[1] + bv;
+        MT_WINO2_AT(s[1][0], s[1][1], s[1][2], s[1][3], d);
+        y1[2 * tx] = d[0] + bv;
+        y1[2 * tx + 1] = d[1] + bv;
     }
 }
 
@@ -131,27 +127,8 @@ static void FN(wino_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, int
     if (2 * ty + 1 < oh) FN(epilogue)(y1, ow, g);
 }
 
-/* WINOGRAD4, F(4x4, 3x3), with the interpolation points 0, 1, -1, 2, -2 and
- * infinity:
- *   B^T = [4  0 -5  0 1 0;  0 -4 -4  1 1 0;  0  4 -4 -1 1 0;
- *          0 -2 -1  2 1 0;  0  2 -1 -2 1 0;  0  4  0 -5 0 1]
- *   G   = [1/4 0 0;  -1/6 -1/6 -1/6;  -1/6 1/6 -1/6;
- *          1/24 1/12 1/6;  1/24 -1/12 1/6;  0 0 1]
- *   A^T = [1 1 1 1 1 0;  0 1 -1 2 -2 0;  0 1 1 4 4 0;  0 1 -1 8 -8 1]
- * The three apply along rows, then along columns, each as the 1-D
- * transforms below (shared terms first). */
-
-/* the 1-D G: six values from the kernel's three */
-#define MT_WINO4_G(k0, k1, k2, d)                                              \
-    do {                                                                       \
-        const T s02 = (k0) + (k2), q = (k0) * (T)(1.0 / 24) + (k2) * (T)(1.0 / 6); \
-        (d)[0] = (k0) * (T)0.25;                                               \
-        (d)[1] = -(s02 + (k1)) * (T)(1.0 / 6);                                 \
-        (d)[2] = -(s02 - (k1)) * (T)(1.0 / 6);                                 \
-        (d)[3] = q + (k1) * (T)(1.0 / 12);                                     \
-        (d)[4] = q - (k1) * (T)(1.0 / 12);                                     \
-        (d)[5] = (k2);                                                         \
-    } while (0)
+/* WINOGRAD4, F(4x4, 3x3): winograd.h's B^T, G and A^T, each along rows,
+ * then along columns. */
 
 /* WINOGRAD4 weights of output channel o: u[xi * ux + o * cg + c] =
  * (G g G^T)[xi] for each 3x3 kernel g = w[o][c], a block of channels at a
@@ -178,20 +155,6 @@ static MT_CLONES void FN(wino4_weights)(const T *w, T *u, int64_t ux, int64_t cg
     }
 }
 
-/* the 1-D B^T: six values d from six inputs s[0], s[st], ..., s[5 st] */
-#define MT_WINO4_BT(s, st, d)                                                  \
-    do {                                                                       \
-        const T x0 = (s)[0], x1 = (s)[st], x2 = (s)[2 * (st)], x3 = (s)[3 * (st)]; \
-        const T x4 = (s)[4 * (st)], x5 = (s)[5 * (st)];                        \
-        const T p = x4 - 4 * x2, q = 4 * x1 - x3, r = x4 - x2, t = 2 * (x1 - x3); \
-        (d)[0] = 4 * x0 - 5 * x2 + x4;                                         \
-        (d)[1] = p - q;                                                        \
-        (d)[2] = p + q;                                                        \
-        (d)[3] = r - t;                                                        \
-        (d)[4] = r + t;                                                        \
-        (d)[5] = 4 * x1 - 5 * x3 + x5;                                         \
-    } while (0)
-
 /* WINOGRAD4 input, one channel and one row of tiles: v[xi * ldx + tx] =
  * (B^T d B)[xi] for the 6x6 patch d at rows 4ty .. 4ty + 5, columns
  * 4tx .. 4tx + 5 of the padded plane p (rows wp apart; v points at the
@@ -217,17 +180,6 @@ static MT_CLONES void FN(wino4_input)(const T *p, T *v, int64_t ldx, int64_t ty,
         }
     }
 }
-
-/* the 1-D A^T: four values d from six inputs s[0], s[st], ..., s[5 st] */
-#define MT_WINO4_AT(s, st, d)                                                  \
-    do {                                                                       \
-        const T a12 = (s)[st] + (s)[2 * (st)], s12 = (s)[st] - (s)[2 * (st)];  \
-        const T a34 = (s)[3 * (st)] + (s)[4 * (st)], s34 = (s)[3 * (st)] - (s)[4 * (st)]; \
-        (d)[0] = (s)[0] + a12 + a34;                                           \
-        (d)[1] = s12 + 2 * s34;                                                \
-        (d)[2] = a12 + 4 * a34;                                                \
-        (d)[3] = s12 + 8 * s34 + (s)[5 * (st)];                                \
-    } while (0)
 
 /* WINOGRAD4 output, one row of tiles: the 4x4 outputs A^T m A + bv of the
  * first n tiles (m[xi] = m[xi * ldx + tx]) into rows y[0..3], columns
@@ -275,10 +227,6 @@ static void FN(wino4_output)(const T *m, int64_t ldx, T *y, T bv, int64_t ty, in
     }
     for (int i = 0; i < 4 && 4 * ty + i < oh; i++) FN(epilogue)(rows[i], ow, g);
 }
-
-#undef MT_WINO4_G
-#undef MT_WINO4_BT
-#undef MT_WINO4_AT
 
 #elif MT_CONV_PART == MT_CONV_RUN   /* entry points */
 
