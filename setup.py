@@ -59,11 +59,12 @@ DEPENDS = sorted(glob.glob(f"{CONTRACT}/*.h") + glob.glob(f"{KERNELS}/*.h") + gl
 SLOW_FIRST = [f"{KERNELS}/reduce.c", f"{KERNELS}/elementwise.c"]
 
 
-def ext(name, sources, blas=False):
+def ext(name, sources, blas=False, parts=()):
+    """parts: files a source #includes that DEPENDS does not list (conv.c's conv/*)."""
     cflags, ldflags = flags()
     kw = dict(include_dirs=[np.get_include(), "mgtrace/_core", CONTRACT, KERNELS],
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-              extra_compile_args=cflags, extra_link_args=ldflags, depends=DEPENDS)
+              extra_compile_args=cflags, extra_link_args=ldflags, depends=DEPENDS + sorted(parts))
     if blas:
         # Link OpenBLAS from the scipy-openblas32 wheel the way NumPy does: its
         # symbols carry a scipy_ prefix; mgtrace._core imports scipy_openblas32
@@ -91,7 +92,7 @@ extensions = [
                f"{KERNELS}/resize.c", f"{KERNELS}/blas_threads.c", f"{KERNELS}/cpu_features.c",
                f"{KERNELS}/grad.c", f"{KERNELS}/conv3d.c",
                f"{KERNELS}/rnn_cell.c"],
-        blas=True),
+        blas=True, parts=glob.glob(f"{KERNELS}/conv/*")),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
     ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qgemm.c"]),

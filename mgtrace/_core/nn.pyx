@@ -52,6 +52,9 @@ from mgtrace._core.args import MAX_GEOMETRY
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+cdef extern from "kernels/contract/geometry.h" nogil:
+    int64_t mt_window_out(int64_t size, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode) noexcept
+
 cdef extern from "kernels/cpu/nn.h" nogil:
     enum: MT_NN_ENOMEM, MT_NN_EOVERFLOW, MT_NN_NONFINITE
     enum:
@@ -1131,11 +1134,10 @@ def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none"
         tb = <Tensor>tb_obj
         if shape_tuple(tb) != (o,):
             raise ValueError(f"{op}: bias must have shape ({o},), got {shape_tuple(tb)}")
-    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
-    if eh < 0 or ew < 0:
-        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
-                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
-    oh, ow = eh // sh + 1, ew // sw + 1
+    oh = mt_window_out(h, kh, sh, ph, dh, 0)
+    ow = mt_window_out(w, kw, sw, pw, dw, 0)
+    if oh < 1 or ow < 1:
+        raise ValueError(_no_window(op, (kh, kw), (dh, dw), (h, w), (ph, pw)))
     _check_blas(op, ((h + 2 * ph) * (w + 2 * pw), oh * ow, o, c * kh * kw))
     g.n, g.c, g.h, g.w = n, c, h, w
     g.o, g.kh, g.kw, g.oh, g.ow = o, kh, kw, oh, ow
@@ -1288,16 +1290,14 @@ cdef int _nchwc_geom(str op, mt_conv2d_geom *g, int64_t n, int64_t c, int64_t h,
     does. In C ints (Python-int arithmetic here cost a microsecond a conv
     call): the sizes are tensor dimensions (below 2**62) and the pairs at
     most MAX_GEOMETRY, so the padded sizes fit int64, and a kernel's span
-    is computed only once it is known to fit the padded input."""
-    cdef int64_t sh, sw, ph, pw, dh, dw, eh, ew
+    is mt_window_out's, in 128 bits."""
+    cdef int64_t sh, sw, ph, pw, dh, dw
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     dh, dw = _positive(op, "dilation", dilation)
-    if kh - 1 > (h + 2 * ph - 1) // dh or kw - 1 > (w + 2 * pw - 1) // dw:
-        raise ValueError(f"{op}: kernel ({kh}, {kw}) with dilation ({dh}, {dw}) is larger than the "
-                         f"padded input ({h + 2 * ph}, {w + 2 * pw})")
-    eh, ew = h + 2 * ph - dh * (kh - 1) - 1, w + 2 * pw - dw * (kw - 1) - 1
-    cdef int64_t oh = eh // sh + 1, ow = ew // sw + 1
+    cdef int64_t oh = mt_window_out(h, kh, sh, ph, dh, 0), ow = mt_window_out(w, kw, sw, pw, dw, 0)
+    if oh < 1 or ow < 1:
+        raise ValueError(_no_window(op, (kh, kw), (dh, dw), (h, w), (ph, pw)))
     if _over_blas(h + 2 * ph, w + 2 * pw) or _over_blas(oh, ow) or o > _BLAS_INT_MAX or \
             _over_blas(c, kh) or _over_blas(c * kh, kw):      # conv2d's limits
         _check_blas(op, ((h + 2 * ph) * <object>(w + 2 * pw), <object>oh * ow, o, <object>c * kh * kw))
@@ -1697,10 +1697,12 @@ cdef int _shape_geom(mt_conv2d_geom *g, x_shape, weight_shape, stride, padding, 
     g.dh, g.dw = _positive("conv2d", "dilation", dilation)
     g.groups = groups
     g.act, g.has_res, g.res_delta = MT_ACT_NONE, 0, 0
-    g.oh = (h + 2 * g.ph - g.dh * (kh - 1) - 1) // g.sh + 1
-    g.ow = (w + 2 * g.pw - g.dw * (kw - 1) - 1) // g.sw + 1
-    if kh < 1 or kw < 1 or g.oh < 1 or g.ow < 1:
-        raise ValueError(f"conv2d: kernel {(kh, kw)} does not fit the padded input {(h, w)}")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"conv2d: kernel size must be positive, got weight shape {tuple(weight_shape)}")
+    g.oh = mt_window_out(h, kh, g.sh, g.ph, g.dh, 0)
+    g.ow = mt_window_out(w, kw, g.sw, g.pw, g.dw, 0)
+    if g.oh < 1 or g.ow < 1:
+        raise ValueError(_no_window("conv2d", (kh, kw), (g.dh, g.dw), (h, w), (g.ph, g.pw)))
     return 0
 
 
@@ -1847,14 +1849,44 @@ cdef Tensor _pool_input(str op, x):
     return t
 
 
-cdef object _pool_out(object size, object k, object p, object s, object d, bint ceil_mode):
-    """PyTorch's pooling_output_shape: floor (or ceil) division, and in ceil
-    mode the last window must start inside the input or the left padding.
-    (Python ints: a kernel of 2**31 with dilation 2**31 must not wrap.)"""
-    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
-    out = num // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
+cdef str _no_window(str op, tuple k, tuple d, tuple size, tuple p):
+    """The one message for a window with no output (mt_window_out's -1)."""
+    padded = tuple(size[i] + 2 * p[i] for i in range(len(size)))
+    return f"{op}: kernel {k} with dilation {d} is larger than the padded input {padded}"
+
+
+def window_output_size(op, size, kernel, stride, padding, dilation, ceil_mode=False):
+    """The output size of a sliding window (a convolution's kernel or a
+    pooling window) along each axis: ``(size + 2 * padding - dilation *
+    (kernel - 1) - 1) // stride + 1``, rounded up with ``ceil_mode`` as
+    long as the last window starts inside the input or the left padding
+    (PyTorch's ``pooling_output_shape``, MegEngine's pooling). The rule of
+    every conv and pool path, in C (``mt_window_out``, contract/geometry.h).
+
+    Args:
+        op: str, the calling op's name for the error message.
+        size, kernel, stride, padding, dilation: tuples of ints, one per
+            axis, of one length; kernel, stride and dilation >= 1, size and
+            padding >= 0, each below 2**63 (the callers check their ranges).
+        ceil_mode: bool, pooling's ceil_mode.
+
+    Returns:
+        tuple of ints, the output size of each axis (each >= 1).
+
+    Raises:
+        ValueError: "<op>: kernel K with dilation D is larger than the
+            padded input P" when an axis has no output.
+
+    >>> window_output_size("conv2d", (7, 7), (3, 3), (2, 2), (1, 1), (1, 1))
+    (4, 4)
+    >>> window_output_size("max_pool2d", (5,), (2,), (2,), (0,), (1,), ceil_mode=True)
+    (3,)
+    """
+    n = len(size)
+    out = tuple(mt_window_out(size[i], kernel[i], stride[i], padding[i], dilation[i], 1 if ceil_mode else 0)
+                for i in range(n))
+    if min(out, default=1) < 1:
+        raise ValueError(_no_window(op, tuple(kernel), tuple(dilation), tuple(size), tuple(padding)))
     return out
 
 
@@ -1869,11 +1901,10 @@ cdef tuple _pool_geom(str op, int64_t planes, int64_t h, int64_t w, kernel_size,
     dh, dw = _positive(op, "dilation", dilation)
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"{op}: padding {(ph, pw)} must be at most half the kernel size {(kh, kw)}")
-    oh = _pool_out(h, kh, ph, sh, dh, ceil_mode)
-    ow = _pool_out(w, kw, pw, sw, dw, ceil_mode)
+    oh = mt_window_out(h, kh, sh, ph, dh, ceil_mode)
+    ow = mt_window_out(w, kw, sw, pw, dw, ceil_mode)
     if oh < 1 or ow < 1:
-        raise ValueError(f"{op}: kernel {(kh, kw)} with dilation {(dh, dw)} and padding {(ph, pw)} is "
-                         f"larger than the input ({h}, {w}): output would be ({oh}, {ow})")
+        raise ValueError(_no_window(op, (kh, kw), (dh, dw), (h, w), (ph, pw)))
     g.planes, g.h, g.w, g.oh, g.ow = planes, h, w, oh, ow
     g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw = kh, kw, sh, sw, ph, pw, dh, dw
     return oh, ow
@@ -2410,8 +2441,7 @@ def conv2d_backward_weight(x, gy, tuple w_shape, stride=1, padding=0, dilation=1
     sh, sw = _positive(op, "stride", stride)
     ph, pw = _nonneg(op, "padding", padding)
     dh, dw = _positive(op, "dilation", dilation)
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = window_output_size(op, (h, w), (kh, kw), (sh, sw), (ph, pw), (dh, dw))
     if groups < 1 or c != cg * groups or o % groups or shape_tuple(ug) != (n, o, oh, ow):
         raise ValueError(f"{op} backward: x {(n, c, h, w)}, gradient {shape_tuple(ug)} and weight "
                          f"{w_shape} (groups {groups}) are not one conv2d's")
@@ -2553,11 +2583,7 @@ cdef int _conv3d_geom(str op, mt_conv3d_geom *g, tuple xs, tuple ws, bint transp
                              f"(weight.shape[1] * groups = {ws[1]} * {gr})")
         if ws[0] % gr:
             raise ValueError(f"{op}: groups={gr} must divide the {ws[0]} output channels of weight")
-        small = tuple((i + 2 * pd - d_ * (kk - 1) - 1) // st + 1
-                      for i, st, pd, d_, kk in zip(xs[2:], s, p, dl, k))
-        if min(small) < 1:
-            raise ValueError(f"{op}: the kernel {k} (dilation {dl}) is larger than the padded input "
-                             f"{tuple(i + 2 * pd for i, pd in zip(xs[2:], p))}")
+        small = window_output_size(op, tuple(xs[2:]), tuple(k), tuple(s), tuple(p), tuple(dl))
         big, ci, co = xs[2:], c, ws[0]
     _check_numel(op, (n, co) + small, f"stride {s} and dilation {dl} on input {xs[2:]}")
     _check_numel(op, (n, ci) + big, f"stride {s} and dilation {dl} on input {xs[2:]}")

@@ -186,6 +186,13 @@ cdef extern from "kernels/cpu/nn.h":
         void *conv2d_nchwc_pw_dw_pw
         void *max_pool2d_nchwc
         void *conv2d_packed
+        void *max_pool2d_backward
+        void *avg_pool2d_backward
+        void *adaptive_pool2d_backward
+        void *resize2d_backward
+        void *conv2d_backward_weight
+        void *index_add
+        void *act_backward
 
 cdef mt_backend _TEST_BACKEND
 cdef mt_nn_kernels _TEST_NN
@@ -202,7 +209,10 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
     ``host_memory``: whether it says its memory is the host's (False: it is
     treated as a GPU's, every crossing a copy); ``cpu_only_nn`` False leaves
     out of its nn table the entries CUDA's has not (NCHW16c, attention,
-    conv_transpose2d, pad, layer norm, packed weights): a CUDA stand-in.
+    conv_transpose2d, pad, layer norm, packed weights, and the backward
+    kernels: pooling, resize, conv2d's weight gradient, index_add, the
+    activations'): a CUDA stand-in, where a gradient meets NoKernelError
+    as on CUDA.
     _remove_test_backend puts back what was there."""
     global _TEST_BACKEND, _TEST_NN
     cdef int k = _TEST_KINDS[kind]
@@ -223,6 +233,9 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
         _TEST_NN.to_nchwc = _TEST_NN.from_nchwc = _TEST_NN.max_pool2d_nchwc = NULL
         _TEST_NN.conv2d_nchwc = _TEST_NN.conv2d_nchwc_pw_dw = _TEST_NN.conv2d_nchwc_pw_dw_pw = NULL
         _TEST_NN.conv2d_packed = NULL
+        _TEST_NN.max_pool2d_backward = _TEST_NN.avg_pool2d_backward = NULL
+        _TEST_NN.adaptive_pool2d_backward = _TEST_NN.resize2d_backward = NULL
+        _TEST_NN.conv2d_backward_weight = _TEST_NN.index_add = _TEST_NN.act_backward = NULL
         _TEST_BACKEND.nn = &_TEST_NN
     _TEST_BACKEND.index = mt_cpu_backend.index if "index" in areas else NULL
     _TEST_BACKEND.host_memory = host_memory

@@ -187,16 +187,17 @@ def _nchwc_out_shape(x, weight, stride, padding, dilation):
     """conv2d_nchwc's output shape for well-formed arguments (the kernel
     checks them)."""
     fn = "conv2d_nchwc"
-    oh, ow = _out_hw(x, weight, A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0),
+    oh, ow = _out_hw(fn, x, weight, A.pair(fn, "stride", stride, 1), A.pair(fn, "padding", padding, 0),
                      A.pair(fn, "dilation", dilation, 1))
     return (x.shape[0], -(-weight.shape[0] // 16), oh, ow, 16)
 
 
-def _out_hw(x, weight, stride, padding, dilation):
+def _out_hw(fn, x, weight, stride, padding, dilation):
     """A conv2d's output height and width, from (h, w) pairs of its
-    stride, padding and dilation."""
-    span = [dilation[i] * (weight.shape[2 + i] - 1) + 1 for i in range(2)]
-    return tuple((x.shape[2 + i] + 2 * padding[i] - span[i]) // stride[i] + 1 for i in range(2))
+    stride, padding and dilation (the kernels' rule, window_output_size:
+    ValueError naming ``fn`` when the kernel is larger than the padded
+    input)."""
+    return _nn.window_output_size(fn, tuple(x.shape[2:4]), tuple(weight.shape[2:4]), stride, padding, dilation)
 
 
 def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0, act="none",
@@ -427,7 +428,7 @@ def _epilogue_residual(x, weight, stride, padding, dilation, residual):
     the conv's output shape (else the caller adds it as ``+`` does)."""
     if residual.dtype.kind != "f":
         return False
-    out = (x.shape[0], weight.shape[0]) + _out_hw(x, weight, stride, padding, dilation)
+    out = (x.shape[0], weight.shape[0]) + _out_hw("conv2d_act", x, weight, stride, padding, dilation)
     return tuple(residual.shape) == out
 
 

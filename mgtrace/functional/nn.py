@@ -1652,10 +1652,9 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
         raise ValueError(f"{fn}: inp has {c} channels but weight expects {cg * g} "
                          f"(weight.shape[1] * groups = {cg} * {g})")
     bias = _conv_bias(fn, bias, o)
-    od = (d + 2 * pd - dd * (kd - 1) - 1) // sd + 1
-    if od < 1:
-        raise ValueError(f"{fn}: the kernel depth {kd} (dilation {dd}) is larger than the "
-                         f"padded input depth {d + 2 * pd}")
+    # the one output-size rule (and "larger than the padded input" message) of every conv/pool
+    _nn.window_output_size(fn, tuple(x.shape[2:]), tuple(weight.shape[2:]), (sd, sh, sw), (pd, ph, pw),
+                           (dd, dh, dw))
     return _nn.conv3d(x, weight, bias, (sd, sh, sw), (pd, ph, pw), (dd, dh, dw), g)
 
 
@@ -1733,11 +1732,10 @@ def _window_geometry(fn, x, kernel_size, padding, stride, dilation):
 
 
 def _windows_out(fn, size, k, p, s, d):
-    out = tuple((size[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2))
-    if min(out) < 1:
-        raise ValueError(f"{fn}: the window {k} (dilation {d}) is larger than the padded input "
-                         f"{tuple(size[i] + 2 * p[i] for i in range(2))}")
-    return out
+    """The output (height, width) of fn's sliding windows: the kernels'
+    rule (window_output_size), its ValueError when a window is larger
+    than the padded input."""
+    return _nn.window_output_size(fn, tuple(size), tuple(k), tuple(s), tuple(p), tuple(d))
 
 
 def sliding_window(inp, kernel_size, padding=0, stride=1, dilation=1):

@@ -240,3 +240,41 @@ def test_a_device_type_without_its_backend_is_unavailable():
         x.to("cuda:0")
     with pytest.raises(NotImplementedError):
         mt.tensor([1.0], device="cuda:0")
+
+
+# one call of each op whose gradient has a backward kernel (the nn table's
+# backward members): on a CUDA stand-in, which has none of them as CUDA
+# has none, the gradient raises the one missing-kernel text naming
+# "<op> backward", and the forward still runs
+BACKWARD = {
+    "max_pool2d": (lambda x: mt.functional.max_pool2d(x, 2), [(1, 2, 4, 4)]),
+    "avg_pool2d": (lambda x: mt.functional.avg_pool2d(x, 2), [(1, 2, 4, 4)]),
+    "adaptive_avg_pool2d": (lambda x: mt.functional.adaptive_avg_pool2d(x, (2, 2)), [(1, 2, 5, 5)]),
+    "adaptive_max_pool2d": (lambda x: mt.functional.adaptive_max_pool2d(x, (2, 2)), [(1, 2, 5, 5)]),
+    "interpolate": (lambda x: mt.functional.interpolate(x, scale_factor=2, mode="bilinear"), [(1, 2, 3, 3)]),
+    "conv2d": (lambda x, w: mt.functional.conv2d(x, w), [(1, 2, 5, 5), (3, 2, 3, 3)]),
+    "gelu": (lambda x: mt.functional.gelu(x), [(2, 3)]),
+}
+
+
+MISSING_BACKWARD = re.compile(r"^no kernel for op '([\w ]+)' on device cuda:0 with dtype float32$")
+# the first missing kernel where it is not "<op> backward": conv2d's input
+# gradient is a conv_transpose2d, a CPU-only forward kernel
+NEEDS = {"conv2d": "conv_transpose2d"}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD))
+def test_a_gradient_without_its_backward_kernel_raises_the_one_text(name, fake_device):
+    from mgtrace.autodiff import GradManager
+    fn, shapes = BACKWARD[name]
+    core_tensor._install_test_backend("cuda", ALL_AREAS, False, False)    # CUDA's tables: no backward members
+    dev = mt.Device("cuda:0")
+    ts = [mt.tensor(_rng().standard_normal(s).astype(np.float32), device=dev) for s in shapes]
+    gm = GradManager().attach(ts)
+    with gm:
+        y = fn(*ts)
+        assert str(y.device) == "cuda:0"
+        with pytest.raises(NoKernelError) as e:
+            gm.backward(y.sum())
+    m = MISSING_BACKWARD.match(str(e.value))
+    assert m and m.group(1) == NEEDS.get(name, name + " backward"), str(e.value)

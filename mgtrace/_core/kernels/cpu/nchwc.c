@@ -40,6 +40,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "nn.h"
+#include "winograd.h"   /* the transforms, shared with conv/winograd.c */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -638,13 +639,6 @@ static int64_t nw_packed_bytes(const mt_conv2d_geom *g, int64_t e) {
            * (int64_t)sizeof(float);
 }
 
-/* G of F(e x e, 3x3), e + 2 rows: F(2x2), and F(4x4) with the points 0,
- * 1, -1, 2, -2 and infinity */
-static const double NW_G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
-static const double NW_G4[6][3] = {
-    {0.25, 0, 0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-    {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
-
 /* d = c[0] x0 + c[1] x1 + c[2] x2 in each of the 32 lanes, leaving out the
  * terms whose coefficient is 0: an infinite weight then stays out of the
  * points it has no part in (0 * inf is NaN) */
@@ -676,7 +670,7 @@ static inline __attribute__((always_inline)) void nw_combine(const double *c, co
 static NC_CLONES void nw_pack_block(const float *w, float *up, const mt_conv2d_geom *g, int64_t e, int64_t o0,
                                     int64_t c0, int64_t plane) {
     const int64_t a = e + 2, no = mt_min64(NC_PAIR, g->o - o0), nc = mt_min64(NC, g->c - c0);
-    const double (*G)[3] = e == 2 ? NW_G2 : NW_G4;
+    const double (*G)[3] = e == 2 ? MT_WINO_G2 : MT_WINO_G4;   /* winograd.h */
     double k[9][NC_PAIR], gk[3][NC_PAIR], t[NC_PAIR];
     for (int64_t l = 0; l < nc; l++) {
         for (int64_t j = 0; j < NC_PAIR; j++)
@@ -729,26 +723,6 @@ static inline __attribute__((always_inline)) void nw_patch(const float *restrict
         }
 }
 
-/* the 1-D B^T: F(2x2): [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; F(4x4):
- * [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0;
- *  0 2 -1 -2 1 0; 0 4 0 -5 0 1] (shared terms first) */
-static inline __attribute__((always_inline)) void nw_bt2(v16 x0, v16 x1, v16 x2, v16 x3, v16 *d) {
-    d[0] = x0 - x2;
-    d[1] = x1 + x2;
-    d[2] = x2 - x1;
-    d[3] = x1 - x3;
-}
-static inline __attribute__((always_inline)) void nw_bt4(const v16 *x, int st, v16 *d) {
-    const v16 x0 = x[0], x1 = x[st], x2 = x[2 * st], x3 = x[3 * st], x4 = x[4 * st], x5 = x[5 * st];
-    const v16 p = x4 - 4 * x2, q = 4 * x1 - x3, r = x4 - x2, t = 2 * (x1 - x3);
-    d[0] = 4 * x0 - 5 * x2 + x4;
-    d[1] = p - q;
-    d[2] = p + q;
-    d[3] = r - t;
-    d[4] = r + t;
-    d[5] = 4 * x1 - 5 * x3 + x5;
-}
-
 /* V of the tiles of tile row ty, input block plane xb: B^T d B of each
  * tile's patch; v: point 0's first tile of the row, points vp apart. */
 static NC_CLONES void nw_input_row(const float *restrict xb, float *restrict v, const mt_conv2d_geom *g,
@@ -761,23 +735,23 @@ static NC_CLONES void nw_input_row(const float *restrict xb, float *restrict v, 
         if (e == 2) {
             for (int j = 0; j < 4; j++) {        /* B^T d: along the columns */
                 v16 c[4];
-                nw_bt2(d[0][j], d[1][j], d[2][j], d[3][j], c);
+                MT_WINO2_BT(d[0][j], d[1][j], d[2][j], d[3][j], c);
                 for (int i = 0; i < 4; i++) t[i][j] = c[i];
             }
             for (int i = 0; i < 4; i++) {        /* (B^T d) B: along the rows */
                 v16 r[4];
-                nw_bt2(t[i][0], t[i][1], t[i][2], t[i][3], r);
+                MT_WINO2_BT(t[i][0], t[i][1], t[i][2], t[i][3], r);
                 for (int j = 0; j < 4; j++) *(v16 *)(vt + (4 * i + j) * vp) = r[j];
             }
         } else {
             for (int j = 0; j < 6; j++) {
                 v16 c[6];
-                nw_bt4(&d[0][j], 6, c);
+                MT_WINO4_BT(&d[0][j], 6, c);
                 for (int i = 0; i < 6; i++) t[i][j] = c[i];
             }
             for (int i = 0; i < 6; i++) {
                 v16 r[6];
-                nw_bt4(t[i], 1, r);
+                MT_WINO4_BT(t[i], 1, r);
                 for (int j = 0; j < 6; j++) *(v16 *)(vt + (6 * i + j) * vp) = r[j];
             }
         }
@@ -794,20 +768,10 @@ static inline void nw_store(float *yp, v16 a, v16 b, int64_t rd, vi16 keep, int 
     if (nc_act_after(act)) mt_act_f32(yp, NC, act);
 }
 
-/* the 1-D A^T: F(2x2): [1 1 1 0; 0 1 -1 -1]; F(4x4): [1 1 1 1 1 0;
- * 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1] */
+/* the 1-D A^T of F(e x e) (winograd.h) on s[0], s[st], ... */
 static inline __attribute__((always_inline)) void nw_at(int64_t e, const v16 *s, int st, v16 *d) {
-    if (e == 2) {
-        d[0] = s[0] + s[st] + s[2 * st];
-        d[1] = s[st] - s[2 * st] - s[3 * st];
-        return;
-    }
-    const v16 a12 = s[st] + s[2 * st], s12 = s[st] - s[2 * st];
-    const v16 a34 = s[3 * st] + s[4 * st], s34 = s[3 * st] - s[4 * st];
-    d[0] = s[0] + a12 + a34;
-    d[1] = s12 + 2 * s34;
-    d[2] = a12 + 4 * a34;
-    d[3] = s12 + 8 * s34 + s[5 * st];
+    if (e == 2) MT_WINO2_AT(s[0], s[st], s[2 * st], s[3 * st], d);
+    else MT_WINO4_AT(s, st, d);
 }
 
 /* The outputs of tiles [0, n) of M (block stride ms floats, point stride
