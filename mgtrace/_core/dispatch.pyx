@@ -734,7 +734,29 @@ cdef object missing_kernel(str name, int device, int code):
     return _missing_kernel(name, device, code)
 
 
+cdef inline bint _quantized(object t) noexcept:
+    # a quantized tensor carries its quantized dtype (tensor.pyx)
+    return isinstance(t, Tensor) and (<Tensor>t)._qdtype is not None
+
+
+cdef int refuse_quantized(str name, tuple operands) except -1:
+    """QuantizationError naming every operand's dtype: the integers of a
+    quantized tensor mean nothing to an elementwise op (MegEngine would
+    compute on them; mgtrace refuses, as issue 32 asks)."""
+    from mgtrace.quantization.utils import QuantizationError    # only quantization makes one
+    from mgtrace._core.dtype import qdtype_str
+    names = [qdtype_str(x.dtype) if isinstance(x, Tensor) else
+             (qdtype_str(x.dtype) if hasattr(x, "dtype") else type(x).__name__)
+             for x in operands]
+    raise QuantizationError(
+        f"{name}: cannot compute on {' and '.join(names)}: quantized tensors take part in "
+        "no arithmetic; dequantize first (F.dequantize(x), x.astype('float32')) or use "
+        "the modules of mgtrace.module.quantized")
+
+
 cdef object binary(int op, object a, object b, object out):
+    if _quantized(a) or _quantized(b) or _quantized(out):
+        refuse_quantized(mt_binary_names[op].decode(), (a, b))
     if _tracing:
         return traced_into(mt_binary_names[op].decode(), (a, b), out)
     cdef Tensor ta = None, tb = None, to = None, res
@@ -828,6 +850,8 @@ cdef object binary(int op, object a, object b, object out):
 
 
 cdef object unary(int op, object a, object out):
+    if _quantized(a) or _quantized(out):
+        refuse_quantized(mt_unary_names[op].decode(), (a,))
     if _tracing:
         return traced_into(mt_unary_names[op].decode(), (a,), out)
     cdef Tensor ta, res, to = None
@@ -870,6 +894,8 @@ cdef object unary(int op, object a, object out):
 
 cdef object ternary(int op, object a, object b, object c):
     cdef str name = mt_ternary_names[op].decode()
+    if _quantized(a) or _quantized(b) or _quantized(c):
+        refuse_quantized(name, (a, b, c))
     if _tracing:
         return traced(name, (a, b, c), {})
     cdef list ts = [a, b, c]

@@ -5,7 +5,8 @@ import mgtrace.functional as F
 from mgtrace._core import tensor as _tensor
 from mgtrace.module.module import Module
 from mgtrace.quantization import int8
-from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, is_quantized, quantize
+from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize, is_quantized, qparams_of,
+                                          quantize)
 from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
 
 __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
@@ -57,7 +58,7 @@ def _act(value):
 
 
 def _input(x, who):
-    q = x.__dict__.get("qparams") if is_quantized(x) else None
+    q = qparams_of(x) if is_quantized(x) else None
     if q is None:
         raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
                                 f"got {getattr(x, 'dtype', type(x).__name__)}")
