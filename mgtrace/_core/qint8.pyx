@@ -9,6 +9,7 @@ array."""
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
+from mgtrace._core.tensor cimport Tensor, is_contiguous, numel, on_host
 
 cnp.import_array()
 
@@ -24,6 +25,10 @@ cdef extern from *:
     void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols);
+    void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                         int kind, void *out, int path);
+    void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
+                           float *out);
     """
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
@@ -37,6 +42,57 @@ cdef extern from *:
     void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols) nogil
+    void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                         int kind, void *out, int path) nogil
+    void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
+                           float *out) nogil
+
+
+# core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
+cdef int _kind(Tensor t) except -2:
+    if t._dtype == 1:
+        return 0
+    if t._dtype == 2:
+        return 1
+    if t._dtype == 5:
+        return 2
+    raise ValueError("quantized storage is int8, uint8 or int32")
+
+
+cdef int _check(Tensor t, str what) except -1:
+    if not on_host(t._device) or not is_contiguous(t):
+        raise ValueError(f"{what} must be a contiguous CPU tensor")
+    return 0
+
+
+def quantize_into(Tensor x, Tensor out, float scale, float zero_point, float qmin, float qmax,
+                  int path=0):
+    """out[i] = clamp(rint(x[i] / scale) + zero_point, qmin, qmax) for
+    float32 x and int8/uint8/int32 out (contiguous CPU tensors of one size),
+    in float32 as NumPy computes it, round half to even; NaN gives qmin.
+    path 0: AVX-512 where the CPU has it; 1: portable C (same bits)."""
+    _check(x, "x")
+    _check(out, "out")
+    if x._dtype != 9 or numel(x) != numel(out):
+        raise ValueError("quantize_into takes float32 x and out of the same size")
+    cdef int kind = _kind(out)
+    cdef int64_t n = numel(x)
+    with nogil:
+        mt_quantize_f32(<const float *>x._data, n, scale, zero_point, qmin, qmax, kind,
+                        <void *>out._data, path)
+
+
+def dequantize_into(Tensor q, Tensor out, float scale, float zero_point):
+    """out[i] = (q[i] - zero_point) * scale in float32 for int8/uint8/int32 q
+    and float32 out (contiguous CPU tensors of one size)."""
+    _check(q, "q")
+    _check(out, "out")
+    if out._dtype != 9 or numel(q) != numel(out):
+        raise ValueError("dequantize_into takes float32 out of q's size")
+    cdef int kind = _kind(q)
+    cdef int64_t n = numel(q)
+    with nogil:
+        mt_dequantize_f32(<const void *>q._data, kind, n, scale, zero_point, <float *>out._data)
 
 
 def has_vnni():

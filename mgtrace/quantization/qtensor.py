@@ -167,6 +167,11 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     if qparams.scale is None or meta is None:
         raise QuantizationError(f"quantize needs qparams with a scale and a dtype, got "
                                 f"{qparams!r}")
+    dt = _qd.dtype_of_qparams(qparams)
+    if dt is not None:          # per-tensor: the core dtype and its C kernel
+        t = _qd.quantize(x, dt, out=QuantizedTensor)
+        t.__dict__["qparams"] = qparams
+        return t
     v = np.asarray(x.numpy() if isinstance(x, Tensor) else x, np.float32)
     s = np.asarray(qparams.scale.numpy(), np.float32)
     z = np.float32(0) if qparams.zero_point is None or qparams.mode != QuantMode.ASYMMERTIC \

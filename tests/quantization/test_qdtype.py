@@ -244,3 +244,36 @@ def test_a_trace_records_quantize_and_keeps_the_dtype(tmp_path):
     y2, r2 = mt.load(tmp_path / "t.tmod")(x2)
     assert Q.same_dtype(r2.dtype, r.dtype)
     np.testing.assert_array_equal(y2.numpy(), y.numpy())
+
+
+@pytest.mark.parametrize("path", [0, 1], ids=["best", "portable"])
+@pytest.mark.parametrize("name, scale, zp", [("qint8", 0.037, 0), ("quint8", 0.011, 131),
+                                             ("quint8", 1e-3, 0), ("qint32", 1e-3, 0),
+                                             ("qint4", 0.3, 0), ("quint4", 0.3, 15)])
+def test_the_c_kernels_match_numpy_bit_for_bit(name, scale, zp, path):
+    from mgtrace._core import qint8 as K
+    meta = Q.QUANT_DTYPES[name]
+    rng = np.random.default_rng(7)
+    n = 70001                      # two chunks and a tail of 1 past the 16-lane loop
+    x = (rng.standard_normal(n) * 3).astype(F32)
+    x[:64] = (np.arange(64, dtype=F32) - 32) * F32(0.5) * F32(scale)     # exact .5 ties
+    x[64:68] = [1e30, -1e30, 0.0, -0.0]
+    out = mt.tensor(np.zeros(n, meta.np_dtype_str))
+    K.quantize_into(mt.tensor(x), out, F32(scale), F32(zp), meta.qmin, meta.qmax, path)
+    np.testing.assert_array_equal(out.numpy(), _ref(x, scale, zp, meta.qmin, meta.qmax,
+                                                    meta.np_dtype_str))
+    back = mt.tensor(np.zeros(n, F32))
+    K.dequantize_into(out, back, F32(scale), F32(zp))
+    np.testing.assert_array_equal(back.numpy(),
+                                  (out.numpy().astype(F32) - F32(zp)) * F32(scale))
+
+
+def test_the_c_kernels_refuse_bad_tensors():
+    from mgtrace._core import qint8 as K
+    x = mt.tensor(np.zeros((2, 3), F32))
+    with pytest.raises(ValueError):
+        K.quantize_into(x, mt.tensor(np.zeros(5, np.int8)), 1.0, 0.0, -128, 127)
+    with pytest.raises(ValueError):
+        K.quantize_into(x, mt.tensor(np.zeros(6, np.int16)), 1.0, 0.0, -128, 127)
+    with pytest.raises(ValueError):
+        K.quantize_into(x.T, mt.tensor(np.zeros(6, np.int8)), 1.0, 0.0, -128, 127)

@@ -252,3 +252,111 @@ void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH
                 }
         }
 }
+
+/* ---- quantize / dequantize (mgtrace.quantization.qdtype): the package's
+ * one rule, in float32 as NumPy computes it,
+ *   q = clamp(rint(x / scale) + zp, lo, hi)     y = (q - zp) * scale
+ * rint under the default rounding mode (round half to even). A NaN
+ * saturates to lo. kind: 0 int8, 1 uint8, 2 int32 (clamped in double: the
+ * int32 ends are no float32). */
+static inline float q_clamp(float v, float lo, float hi)
+{
+    if (!(v >= lo)) v = lo;         /* NaN too */
+    if (v > hi) v = hi;
+    return v;
+}
+
+static void quantize_portable(const float *x, int64_t n, float scale, float zp, float lo,
+                              float hi, int kind, void *out)
+{
+    if (kind == 2) {
+        for (int64_t i = 0; i < n; i++) {
+            double v = (double)(rintf(x[i] / scale) + zp);
+            if (!(v >= -2147483648.0)) v = -2147483648.0;
+            if (v > 2147483647.0) v = 2147483647.0;
+            ((int32_t *)out)[i] = (int32_t)v;
+        }
+    } else if (kind == 1) {
+        for (int64_t i = 0; i < n; i++)
+            ((uint8_t *)out)[i] = (uint8_t)(int32_t)q_clamp(rintf(x[i] / scale) + zp, lo, hi);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            ((int8_t *)out)[i] = (int8_t)(int32_t)q_clamp(rintf(x[i] / scale) + zp, lo, hi);
+    }
+}
+
+#ifdef MT_Q_VNNI
+__attribute__((target("avx512f")))
+static void quantize_avx512(const float *x, int64_t n, float scale, float zp, float lo,
+                            float hi, int kind, void *out)
+{
+    __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zp);
+    __m512 l = _mm512_set1_ps(lo), h = _mm512_set1_ps(hi);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), s);
+        v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT |
+                                               _MM_FROUND_NO_EXC), z);
+        v = _mm512_min_ps(_mm512_max_ps(v, l), h);      /* max(NaN, l) is l */
+        __m512i q = _mm512_cvtps_epi32(v);              /* exact: integers in range */
+        if (kind == 1)
+            _mm_storeu_si128((__m128i *)((uint8_t *)out + i), _mm512_cvtepi32_epi8(q));
+        else
+            _mm_storeu_si128((__m128i *)((int8_t *)out + i), _mm512_cvtepi32_epi8(q));
+    }
+    if (i < n)
+        quantize_portable(x + i, n - i, scale, zp, lo, hi, kind,
+                          (kind == 1 ? (void *)((uint8_t *)out + i) : (void *)((int8_t *)out + i)));
+}
+
+static int has_avx512f(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+#endif
+
+#define Q_CHUNK 65536
+
+/* path: 0 best, 1 portable. */
+void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                     int kind, void *out, int path)
+{
+    int wide = 0;
+#ifdef MT_Q_VNNI
+    wide = path == 0 && kind != 2 && has_avx512f();
+#endif
+    size_t isz = kind == 2 ? 4 : 1;
+    int64_t chunks = (n + Q_CHUNK - 1) / Q_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t at = c * Q_CHUNK, len = n - at < Q_CHUNK ? n - at : Q_CHUNK;
+        void *o = (char *)out + at * isz;
+#ifdef MT_Q_VNNI
+        if (wide) {
+            quantize_avx512(x + at, len, scale, zp, lo, hi, kind, o);
+            continue;
+        }
+#endif
+        quantize_portable(x + at, len, scale, zp, lo, hi, kind, o);
+    }
+    (void)wide;
+}
+
+void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp, float *out)
+{
+    int64_t chunks = (n + Q_CHUNK - 1) / Q_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t at = c * Q_CHUNK, end = n - at < Q_CHUNK ? n : at + Q_CHUNK;
+        if (kind == 2)
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const int32_t *)q)[i] - zp) * scale;
+        else if (kind == 1)
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const uint8_t *)q)[i] - zp) * scale;
+        else
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const int8_t *)q)[i] - zp) * scale;
+    }
+}
