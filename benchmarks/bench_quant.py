@@ -14,7 +14,9 @@ installed).
 * mgtrace int8: every Linear and Conv2d run by mgtrace's int8 kernels
   (QuantStub -> int8 layer with float32 output, per-channel qint8_narrow
   weights, quint8 inputs calibrated with MinMax on two batches), the rest
-  (BatchNorm, activations, attention, pooling) in float, eager.
+  (BatchNorm, activations, attention, pooling) in float; traced and
+  optimized as the float column is (``optimize(..., "all", flatten=True)``:
+  the float parts get the float fusions, the quantized modules stay whole).
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -150,7 +152,13 @@ def child(lib, name, batch, repeats, threads):
                               flatten=True)
             run = lambda v: tm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         elif lib == "mgtrace-int8":
+            import warnings
+            from mgtrace.traced_module import optimize
             qm = _int8_model(model, calib)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
+                              flatten=True)
             run = lambda v: qm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         else:
             run = _ort_int8(model, calib, xs, threads, folder)

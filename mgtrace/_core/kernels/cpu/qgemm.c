@@ -20,6 +20,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
@@ -59,6 +60,7 @@ typedef struct {
     const int8_t *packed; const int32_t *wsum; const int32_t *bias; const double *mult;
     int32_t out_zp, lo, hi; int out_u8;
     void *out; int64_t ldo_m, ldo_n;
+    const double *corr;     /* a_zp * wsum[n] - bias[n], exact in double (VNNI epilogue) */
 } qgemm_args;
 
 static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
@@ -137,9 +139,91 @@ static void block_vnni(const qgemm_args *g, int64_t m, int64_t nb)
         store(g, m, n0 + j, out[j]);
 }
 
+/* the epilogue of 16 channels n0.. of row m at once, where they are all
+ * there and the output row is contiguous: the same double arithmetic as
+ * store() (acc = dot - corr[n] is exact in double: |acc| < 2**53), so the
+ * same bits. */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
+{
+    if (n0 + QB_N > g->N || g->ldo_n != 1 || !g->corr) {
+        int32_t v[QB_N];
+        _mm512_storeu_si512(v, dot);
+        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+            store(g, m, n0 + j, v[j]);
+        return;
+    }
+    __m512d d[2];
+    d[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(dot));
+    d[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1));
+    int64_t at = m * g->ldo_m + n0;
+    for (int h = 0; h < 2; h++) {
+        __m512d acc = _mm512_sub_pd(d[h], _mm512_loadu_pd(g->corr + n0 + 8 * h));
+        __m512d v = _mm512_mul_pd(acc, _mm512_loadu_pd(g->mult + n0 + 8 * h));
+        if (g->out_u8 == 2) {
+            if (g->lo == 0)
+                v = _mm512_max_pd(v, _mm512_setzero_pd());
+            _mm256_storeu_ps((float *)g->out + at + 8 * h, _mm512_cvtpd_ps(v));
+            continue;
+        }
+        v = _mm512_add_pd(_mm512_roundscale_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          _mm512_set1_pd((double)g->out_zp));
+        v = _mm512_min_pd(_mm512_max_pd(v, _mm512_set1_pd((double)g->lo)),
+                          _mm512_set1_pd((double)g->hi));
+        __m256i q = _mm512_cvtpd_epi32(v);
+        __m128i b = _mm256_cvtepi32_epi8(q);
+        _mm_storel_epi64((__m128i *)((char *)g->out + at + 8 * h), b);
+    }
+}
+
+/* four rows of two packed blocks (32 channels): eight accumulators, each
+ * weight vector loaded once for four vpdpbusd */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+static void block4x2_vnni(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
+    const uint8_t *a0 = g->a + m * g->lda, *a1 = a0 + g->lda, *a2 = a1 + g->lda,
+                  *a3 = a2 + g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    const int8_t *w2 = w + KB * QB_N * QB_K;
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512(),
+            c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    __m512i e0 = _mm512_setzero_si512(), e1 = _mm512_setzero_si512(),
+            e2 = _mm512_setzero_si512(), e3 = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < KB; kb++) {
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        __m512i wv2 = _mm512_loadu_si512(w2 + kb * QB_N * QB_K);
+        int32_t v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        size_t take = kb < KF ? 4 : (size_t)(g->K - kb * QB_K);
+        memcpy(&v0, a0 + kb * QB_K, take);
+        memcpy(&v1, a1 + kb * QB_K, take);
+        memcpy(&v2, a2 + kb * QB_K, take);
+        memcpy(&v3, a3 + kb * QB_K, take);
+        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
+                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
+        c0 = _mm512_dpbusd_epi32(c0, b0, wv);
+        c1 = _mm512_dpbusd_epi32(c1, b1, wv);
+        c2 = _mm512_dpbusd_epi32(c2, b2, wv);
+        c3 = _mm512_dpbusd_epi32(c3, b3, wv);
+        e0 = _mm512_dpbusd_epi32(e0, b0, wv2);
+        e1 = _mm512_dpbusd_epi32(e1, b1, wv2);
+        e2 = _mm512_dpbusd_epi32(e2, b2, wv2);
+        e3 = _mm512_dpbusd_epi32(e3, b3, wv2);
+    }
+    int64_t n0 = nb * QB_N, n1 = n0 + QB_N;
+    store16(g, m, n0, c0);
+    store16(g, m + 1, n0, c1);
+    store16(g, m + 2, n0, c2);
+    store16(g, m + 3, n0, c3);
+    store16(g, m, n1, e0);
+    store16(g, m + 1, n1, e1);
+    store16(g, m + 2, n1, e2);
+    store16(g, m + 3, n1, e3);
+}
+
 /* four rows of one packed block: each weight vector loaded once for four
  * vpdpbusd (the one-row kernel above reloads it per row) */
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
 {
     int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
@@ -174,22 +258,18 @@ static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
         c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
         c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
     }
-    int32_t out[4][QB_N];
-    _mm512_storeu_si512(out[0], c0);
-    _mm512_storeu_si512(out[1], c1);
-    _mm512_storeu_si512(out[2], c2);
-    _mm512_storeu_si512(out[3], c3);
     int64_t n0 = nb * QB_N;
-    for (int r = 0; r < 4; r++)
-        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
-            store(g, m + r, n0 + j, out[r][j]);
+    store16(g, m, n0, c0);
+    store16(g, m + 1, n0, c1);
+    store16(g, m + 2, n0, c2);
+    store16(g, m + 3, n0, c3);
 }
 
 static int has_vnni(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni");
+        && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 #else
 static int has_vnni(void) { return 0; }
@@ -205,28 +285,42 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                   void *out, int64_t ldo_m, int64_t ldo_n, int path)
 {
     qgemm_args g = {M, N, K, a, lda, a_zp, packed, wsum, bias, mult, out_zp, lo, hi, out_u8,
-                    out, ldo_m, ldo_n};
+                    out, ldo_m, ldo_n, NULL};
     int64_t NB = ceil_div(N, QB_N);
     int vnni = path == 0 && has_vnni();
-    int64_t MB = ceil_div(M, 4);        /* units of four rows x one packed block */
-    int64_t work = MB * NB;
+    double *corr = NULL;
+    if (vnni && N > 0 && (corr = malloc((size_t)N * sizeof(double))) != NULL) {
+        for (int64_t n = 0; n < N; n++)
+            corr[n] = (double)((int64_t)a_zp * wsum[n] - (bias ? (int64_t)bias[n] : 0));
+        g.corr = corr;
+    }
+    int64_t MB = ceil_div(M, 4);        /* units of four rows x two packed blocks */
+    int64_t NP = ceil_div(NB, 2);
+    int64_t work = MB * NP;
 #pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
     for (int64_t i = 0; i < work; i++) {
-        int64_t m = (i / NB) * 4, nb = i % NB;
+        int64_t m = (i / NP) * 4, nb0 = (i % NP) * 2;
         int64_t rows = M - m < 4 ? M - m : 4;
+        for (int64_t nb = nb0; nb < nb0 + 2 && nb < NB; nb++) {
 #ifdef MT_Q_VNNI
-        if (vnni) {
-            if (rows == 4)
-                block4_vnni(&g, m, nb);
-            else
-                for (int64_t r = 0; r < rows; r++)
-                    block_vnni(&g, m + r, nb);
-            continue;
-        }
+            if (vnni) {
+                if (rows == 4 && nb == nb0 && nb + 1 < NB) {
+                    block4x2_vnni(&g, m, nb);
+                    break;
+                }
+                if (rows == 4)
+                    block4_vnni(&g, m, nb);
+                else
+                    for (int64_t r = 0; r < rows; r++)
+                        block_vnni(&g, m + r, nb);
+                continue;
+            }
 #endif
-        for (int64_t r = 0; r < rows; r++)
-            block_portable(&g, m + r, nb);
+            for (int64_t r = 0; r < rows; r++)
+                block_portable(&g, m + r, nb);
+        }
     }
+    free(corr);
     return vnni ? 2 : 1;
 }
 
