@@ -29,6 +29,11 @@ cdef extern from *:
                          int kind, void *out, int path);
     void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
                            float *out);
+    void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                         int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                         int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
     """
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
@@ -46,6 +51,11 @@ cdef extern from *:
                          int kind, void *out, int path) nogil
     void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
                            float *out) nogil
+    void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                         int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                         int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -161,3 +171,39 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
         mt_qim2col_u8(<const uint8_t *>cnp.PyArray_DATA(x), C, H, W, KH, KW, SH, SW, PH, PW,
                       DH, DW, OH, OW, <uint8_t>pad, <uint8_t *>cnp.PyArray_DATA(cols))
     return cols
+
+
+def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64_t SH,
+           int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, object bias,
+           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out):
+    """Depthwise int8 conv2d: x uint8 [N, C, H, W], w int8 [C, KH * KW], out
+    [N, C, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
+    epilogue (bias int32 [C] or None, mult float64 [C])."""
+    if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
+    cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    if w.dtype != np.int8 or w.ndim != 2 or w.shape[0] != C or w.shape[1] != KH * KW \
+            or not w.flags.c_contiguous:
+        raise ValueError("dwconv: w must be int8 [C, KH * KW]")
+    if mult.dtype != np.float64 or mult.shape[0] != C or not mult.flags.c_contiguous:
+        raise ValueError("dwconv: mult must be float64 [C]")
+    cdef cnp.ndarray b
+    cdef const int32_t *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.dtype != np.int32 or b.shape[0] != C or not b.flags.c_contiguous:
+            raise ValueError("dwconv: bias must be int32 [C]")
+        bp = <const int32_t *>cnp.PyArray_DATA(b)
+    if out.ndim != 4 or out.shape[0] != NB or out.shape[1] != C or not out.flags.c_contiguous \
+            or out.dtype not in (np.int8, np.uint8, np.float32):
+        raise ValueError("dwconv: out must be C-contiguous [N, C, OH, OW] int8/uint8/float32")
+    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    if OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
+            or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
+        raise ValueError("dwconv: out's spatial size does not fit the geometry")
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    with nogil:
+        mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
+                        <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,
+                        OH, OW, bp, <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
+                        out_u8, cnp.PyArray_DATA(out))

@@ -113,14 +113,18 @@ class Int8Weight:
             raise QuantizationError(f"K={k} is too large for exact int32 accumulation "
                                     f"(at most {_MAX_K})")
         per = n // self.groups
-        self.packs = [_kernels().pack_weight(np.ascontiguousarray(
+        # depthwise (one input channel per group, one filter each): the direct kernel
+        self.depthwise = w.ndim == 4 and per == 1 and w.shape[1] == 1
+        self.raw = np.ascontiguousarray(w.reshape(n, k)) if self.depthwise else None
+        self.packs = [] if self.depthwise else [_kernels().pack_weight(np.ascontiguousarray(
             w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
 
     def _epilogue(self, g, x_scale, out_scale):
+        """(mult, bias) of group ``g``'s output channels (None: all channels)."""
         if out_scale is None:       # float32 out
             out_scale = 1.0
         per = self.shape[0] // self.groups
-        sl = slice(g * per, (g + 1) * per)
+        sl = slice(None) if g is None else slice(g * per, (g + 1) * per)
         ws = self.scale[sl].astype(np.float64)
         mult = (np.float64(np.float32(x_scale)) * ws) / np.float64(np.float32(out_scale))
         bias = None
@@ -214,6 +218,11 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
     a, a_zp = _as_u8(x, x_zp, meta_in)
     out = alloc((nb, co, oh, ow), meta.np_dtype_str)
+    if weight.depthwise:
+        mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
+        _kernels().dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw,
+                          dh, dw, bias, mult, int(out_zp), lo, hi, out)
+        return out
     per = co // g
     epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
            for gi in range(g)]

@@ -66,7 +66,9 @@ typedef struct {
 static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
 {
     /* int64: a zero-point correction and a bias near the int32 ends stay exact */
-    int64_t acc = (int64_t)dot - (int64_t)g->a_zp * g->wsum[n];
+    int64_t acc = (int64_t)dot;
+    if (g->wsum)                    /* NULL: dot already counts the zero point (dwconv) */
+        acc -= (int64_t)g->a_zp * g->wsum[n];
     if (g->bias)
         acc += g->bias[n];
     int64_t at = m * g->ldo_m + n * g->ldo_n;
@@ -146,7 +148,7 @@ static void block_vnni(const qgemm_args *g, int64_t m, int64_t nb)
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
 {
-    if (n0 + QB_N > g->N || g->ldo_n != 1 || !g->corr) {
+    if (n0 + QB_N > g->N || !g->corr) {
         int32_t v[QB_N];
         _mm512_storeu_si512(v, dot);
         for (int j = 0; j < QB_N && n0 + j < g->N; j++)
@@ -156,23 +158,39 @@ static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
     __m512d d[2];
     d[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(dot));
     d[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1));
-    int64_t at = m * g->ldo_m + n0;
+    int64_t at = m * g->ldo_m + n0 * g->ldo_n;
+    int strided = g->ldo_n != 1;    /* conv2d's [C_out, pixels] output: lane by lane */
     for (int h = 0; h < 2; h++) {
         __m512d acc = _mm512_sub_pd(d[h], _mm512_loadu_pd(g->corr + n0 + 8 * h));
         __m512d v = _mm512_mul_pd(acc, _mm512_loadu_pd(g->mult + n0 + 8 * h));
+        int64_t o = at + 8 * h * g->ldo_n;
         if (g->out_u8 == 2) {
             if (g->lo == 0)
                 v = _mm512_max_pd(v, _mm512_setzero_pd());
-            _mm256_storeu_ps((float *)g->out + at + 8 * h, _mm512_cvtpd_ps(v));
+            __m256 f = _mm512_cvtpd_ps(v);
+            if (strided) {
+                float t[8];
+                _mm256_storeu_ps(t, f);
+                for (int j = 0; j < 8; j++)
+                    ((float *)g->out)[o + j * g->ldo_n] = t[j];
+            } else {
+                _mm256_storeu_ps((float *)g->out + o, f);
+            }
             continue;
         }
         v = _mm512_add_pd(_mm512_roundscale_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                           _mm512_set1_pd((double)g->out_zp));
         v = _mm512_min_pd(_mm512_max_pd(v, _mm512_set1_pd((double)g->lo)),
                           _mm512_set1_pd((double)g->hi));
-        __m256i q = _mm512_cvtpd_epi32(v);
-        __m128i b = _mm256_cvtepi32_epi8(q);
-        _mm_storel_epi64((__m128i *)((char *)g->out + at + 8 * h), b);
+        __m128i b = _mm256_cvtepi32_epi8(_mm512_cvtpd_epi32(v));
+        if (strided) {
+            char t[16];
+            _mm_storeu_si128((__m128i *)t, b);
+            for (int j = 0; j < 8; j++)
+                ((char *)g->out)[o + j * g->ldo_n] = t[j];
+        } else {
+            _mm_storel_epi64((__m128i *)((char *)g->out + o), b);
+        }
     }
 }
 
@@ -452,5 +470,56 @@ void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp
         else
             for (int64_t i = at; i < end; i++)
                 out[i] = ((float)((const int8_t *)q)[i] - zp) * scale;
+    }
+}
+
+/* ---- depthwise int8 convolution (groups == channels, one filter each):
+ * direct, no im2col, the GEMM's arithmetic per output element:
+ *   acc = sum_{i,j} (x[c, h, w] - a_zp) * w[c, i, j] + bias[c]   (outside
+ *   the image x is a_zp, so the term is 0), then store()'s requantization.
+ * x: uint8 [N, C, H, W]; out [N, C, OH, OW] of out_u8's kind. */
+void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                     int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                     int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                     int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                     int32_t lo, int32_t hi, int out_u8, void *out)
+{
+    int64_t planes = NB * C;
+#pragma omp parallel for schedule(static) if (planes * OH * OW * KH * KW > (1 << 16))
+    for (int64_t p = 0; p < planes; p++) {
+        int64_t c = p % C;
+        const uint8_t *xp = x + p * H * W;
+        const int8_t *wc = w + c * KH * KW;
+        /* one output row at a time through a qgemm_args view of the plane:
+         * store() indexes out[m * ldo_m + n * ldo_n] with m the pixel, n = c */
+        qgemm_args g = {0};
+        g.a_zp = a_zp;
+        g.wsum = NULL;
+        g.bias = bias;
+        g.mult = mult;
+        g.out_zp = out_zp;
+        g.lo = lo;
+        g.hi = hi;
+        g.out_u8 = out_u8;
+        g.N = C;
+        size_t isz = out_u8 == 2 ? 4 : 1;
+        g.out = (char *)out + (size_t)((p - c) * OH * OW) * isz;   /* image p / C */
+        g.ldo_m = 1;
+        g.ldo_n = OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int32_t acc = 0;
+                for (int64_t i = 0; i < KH; i++) {
+                    int64_t h = oh * SH - PH + i * DH;
+                    if (h < 0 || h >= H)
+                        continue;
+                    for (int64_t j = 0; j < KW; j++) {
+                        int64_t ww = ow * SW - PW + j * DW;
+                        if (ww >= 0 && ww < W)
+                            acc += ((int32_t)xp[h * W + ww] - a_zp) * (int32_t)wc[i * KW + j];
+                    }
+                }
+                store(&g, oh * OW + ow, c, acc);
+            }
     }
 }
