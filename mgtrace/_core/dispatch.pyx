@@ -146,6 +146,12 @@ def apply(op, *inputs):
     """
     if not isinstance(op, OpDef):
         raise TypeError(f"apply() takes an OpDef, not {type(op).__name__}")
+    for x in inputs:            # apply() runs a core op's implementation: the same check
+        if isinstance(x, Tensor) and (<Tensor>x)._qdtype is not None:
+            c = _CORE_OPS.get(op.name)
+            if c is not None and (<CoreOp>c)._qmode:
+                _quantized_core_op(<CoreOp>c, dict(zip(c.op.inputs, inputs), **op.params))
+            break
     if _tracing:
         return traced(op.name, inputs, op.params)
     impl = _IMPLS.get(op.name)
@@ -226,6 +232,7 @@ cdef class CoreOp:
     cdef bytes _name
     cdef bytes _doc
     cdef PyMethodDef _def
+    cdef int _qmode             # quantized operands: 0 pass, 1 refuse, 2 setitem's rule
 
     cdef dict _bind(self, tuple args, dict kwargs):
         """The arguments by parameter name, defaults filled in (what
@@ -267,7 +274,16 @@ cdef class CoreOp:
 cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames):
     cdef CoreOp c = <CoreOp>self
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n
+    if c._qmode:                # a quantized tensor among the arguments? (a slot read each)
+        n = nargs + (len(<tuple><object>kwnames) if kwnames != NULL else 0)
+        for i in range(n):
+            if isinstance(<object>args[i], Tensor) and (<Tensor><object>args[i])._qdtype is not None:
+                a = dict(zip(c._names, [<object>args[i] for i in range(nargs)]))
+                if kwnames != NULL:
+                    a.update(zip(<tuple><object>kwnames, [<object>args[i] for i in range(nargs, n)]))
+                _quantized_core_op(c, a)
+                break
     if not _tracing:
         return PyObject_Vectorcall(c.impl, args, <size_t>nargs, kwnames)
     kwargs = {}
@@ -276,6 +292,34 @@ cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
         for i in range(len(names)):
             kwargs[names[i]] = <object>args[nargs + i]
     return c.trace(tuple([<object>args[i] for i in range(nargs)]), kwargs)
+
+
+# core ops that move a quantized tensor's integers without computing on them
+# (their callers keep its quantized dtype); every other core op refuses one
+_QUANTIZED_PASS = frozenset(["getitem", "concat", "split"])
+_CORE_OPS = {}      # name -> CoreOp, for apply()'s check
+
+
+cdef int _quantized_core_op(CoreOp c, dict a) except -1:
+    """A quantized tensor reached core op ``c``: QuantizationError naming the
+    op and its tensor operands' dtypes (as elementwise ops do), except
+    setitem's value of the target's own quantized dtype, written as is."""
+    name = c._name.decode()
+    if c._qmode == 2:
+        x, value = a.get("x"), a.get("value")
+        if isinstance(x, Tensor) and isinstance(value, Tensor):
+            from mgtrace.quantization.qdtype import same_dtype
+            if (<Tensor>x)._qdtype is not None and same_dtype(x.dtype, value.dtype):
+                return 0
+        from mgtrace.quantization.utils import QuantizationError
+        from mgtrace._core.dtype import qdtype_str
+        vname = qdtype_str(value.dtype) if isinstance(value, Tensor) else type(value).__name__
+        raise QuantizationError(
+            f"setitem: cannot write {vname} into {qdtype_str(x.dtype)}: a quantized tensor "
+            "takes a value of its own quantized dtype only (quantize it first: "
+            "value.astype(x.dtype)); a float tensor takes no quantized value (dequantize it "
+            "first: F.dequantize(value))")
+    refuse_quantized(name, tuple([t for t in a.values() if isinstance(t, Tensor)]))
 
 
 def core_op(fn):
@@ -304,12 +348,14 @@ def core_op(fn):
     c._name = name.encode()
     # "name(sig)\n--\n\n" makes inspect.signature() work on the builtin
     c._doc = f"{name}({text})\n--\n\n{fn.__doc__ or ''}".encode()
+    c._qmode = 0 if name in _QUANTIZED_PASS else 2 if name == "setitem" else 1
     c._def.ml_name = c._name
     c._def.ml_meth = <void *>_core_op_call
     c._def.ml_flags = METH_FASTCALL | METH_KEYWORDS
     c._def.ml_doc = c._doc
     f = PyCFunction_NewEx(&c._def, c, fn.__module__)
     register_op(name, fn)
+    _CORE_OPS[name] = c
     _tensor_mod._install_ops(**{name: f})
     return f
 

@@ -286,6 +286,8 @@ def stack(inps, axis=0, device=None):
             raise ValueError(f"{fn}: inps[{i}] has shape {t.shape} but inps[0] has {ts[0].shape}; "
                              f"stack needs one shape")
     ax = A.to_axis(fn, "axis", axis, ts[0].ndim + 1)
+    if any(t._qdtype is not None for t in ts):     # concat keeps (and checks) the quantized dtype
+        return concat([t.expand_dims(ax) for t in ts], ax, device)
     y = _index.concat([t.expand_dims(ax) for t in ts], ax)
     return y if device is None else y.to(device)
 
