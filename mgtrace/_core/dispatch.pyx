@@ -668,6 +668,8 @@ def copy_(dst, src):
 def cast_(x, code):
     if not isinstance(x, Tensor):
         raise TypeError(f"expected a Tensor, not {type(x).__name__}")
+    if (<Tensor>x)._qdtype is not None and code != (<Tensor>x)._dtype:    # copy() keeps the dtype
+        refuse_quantized("astype", (x,))    # the integers as numbers (the ops' int -> float32)
     if _tracing:
         return traced_args("astype", (x, DTYPE_NAMES[code]))
     return cast(<Tensor>x, code)

@@ -17,8 +17,9 @@ is the quantized one: the core keeps that dtype through every layout op
 (reshape, flatten, transpose, expand_dims, squeeze, broadcast_to, indexing,
 copy, to; ``F.concat`` of inputs of one quantized dtype) and refuses
 elementwise arithmetic on it with a :class:`QuantizationError` naming the
-dtypes. Other core ops that compute (matmul, conv, reductions) are not
-guarded: they see the integers. Convert with ``x.astype(dtype)``,
+dtypes, as every other core op that computes does (matmul, conv, pooling,
+reductions, sort, gather, a cast to another dtype; setitem takes a value of
+the tensor's own quantized dtype only). Convert with ``x.astype(dtype)``,
 :func:`quantize` / :func:`dequantize` (also ``mgtrace.functional``'s
 ``quantize``/``dequantize``), or run it through
 :mod:`mgtrace.module.quantized`.

@@ -60,6 +60,8 @@ OPS = [
     ("indexing_one_hot", lambda: F.indexing_one_hot(_q((2, 8)), IDX(), 1), "gather"),
     ("gather", lambda: F.gather(_q((2, 8)), 1, mt.tensor(np.zeros((2, 1), np.int32))), "gather"),
     ("embedding", lambda: F.nn.embedding(IDX(), _q((4, 8))), "embedding"),
+    ("norm (int -> float32 cast)", lambda: F.norm(_q()), "astype"),
+    ("logsumexp (int -> float32 cast)", lambda: F.logsumexp(_q(), 1), "astype"),
     ("setitem float value", lambda: _q().__setitem__(0, _f((4, 6, 6))), "setitem"),
     ("setitem scalar", lambda: _q().__setitem__((0, 0), 1.5), "setitem"),
     ("setitem other qdtype", lambda: _q().__setitem__(0, _f((4, 6, 6)).astype(Q.qint8(0.1))),
