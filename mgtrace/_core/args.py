@@ -125,8 +125,21 @@ def check_ndim(fn, name, t, ndims, layout):
         raise ValueError(f"{fn}: {name} must be {want} {layout}, got shape {t.shape}")
 
 
+def refuse_quantized(fn, *ts):
+    """QuantizationError naming ``fn`` and the tensors' dtypes (dispatch's
+    message for core ops, here for the Python checks that run before them)."""
+    from mgtrace.quantization.utils import QuantizationError
+    from mgtrace._core.dtype import qdtype_str
+    raise QuantizationError(
+        f"{fn}: cannot compute on {' and '.join(qdtype_str(t.dtype) for t in ts)}: quantized "
+        "tensors take part in no arithmetic; dequantize first (F.dequantize(x), "
+        "x.astype('float32')) or use the modules of mgtrace.module.quantized")
+
+
 def check_float(fn, name, t):
     if t.dtype.kind not in "fV":
+        if getattr(t, "_qdtype", None) is not None:     # the error path only
+            refuse_quantized(fn, t)
         raise TypeError(f"{fn}: {name} must be a floating-point tensor, got {t.dtype.name}; "
                         f"convert it with .astype('float32')")
 

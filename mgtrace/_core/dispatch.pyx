@@ -146,6 +146,12 @@ def apply(op, *inputs):
     """
     if not isinstance(op, OpDef):
         raise TypeError(f"apply() takes an OpDef, not {type(op).__name__}")
+    for x in inputs:            # apply() runs a core op's implementation: the same check
+        if isinstance(x, Tensor) and (<Tensor>x)._qdtype is not None:
+            c = _CORE_OPS.get(op.name)
+            if c is not None and (<CoreOp>c)._qmode:
+                _quantized_core_op(<CoreOp>c, dict(zip(c.op.inputs, inputs), **op.params))
+            break
     if _tracing:
         return traced(op.name, inputs, op.params)
     impl = _IMPLS.get(op.name)
@@ -226,6 +232,7 @@ cdef class CoreOp:
     cdef bytes _name
     cdef bytes _doc
     cdef PyMethodDef _def
+    cdef int _qmode             # quantized operands: 0 pass, 1 refuse, 2 setitem's rule
 
     cdef dict _bind(self, tuple args, dict kwargs):
         """The arguments by parameter name, defaults filled in (what
@@ -267,7 +274,16 @@ cdef class CoreOp:
 cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames):
     cdef CoreOp c = <CoreOp>self
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n
+    if c._qmode:                # a quantized tensor among the arguments? (a slot read each)
+        n = nargs + (len(<tuple><object>kwnames) if kwnames != NULL else 0)
+        for i in range(n):
+            if isinstance(<object>args[i], Tensor) and (<Tensor><object>args[i])._qdtype is not None:
+                a = dict(zip(c._names, [<object>args[i] for i in range(nargs)]))
+                if kwnames != NULL:
+                    a.update(zip(<tuple><object>kwnames, [<object>args[i] for i in range(nargs, n)]))
+                _quantized_core_op(c, a)
+                break
     if not _tracing:
         return PyObject_Vectorcall(c.impl, args, <size_t>nargs, kwnames)
     kwargs = {}
@@ -276,6 +292,34 @@ cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
         for i in range(len(names)):
             kwargs[names[i]] = <object>args[nargs + i]
     return c.trace(tuple([<object>args[i] for i in range(nargs)]), kwargs)
+
+
+# core ops that move a quantized tensor's integers without computing on them
+# (their callers keep its quantized dtype); every other core op refuses one
+_QUANTIZED_PASS = frozenset(["getitem", "concat", "split"])
+_CORE_OPS = {}      # name -> CoreOp, for apply()'s check
+
+
+cdef int _quantized_core_op(CoreOp c, dict a) except -1:
+    """A quantized tensor reached core op ``c``: QuantizationError naming the
+    op and its tensor operands' dtypes (as elementwise ops do), except
+    setitem's value of the target's own quantized dtype, written as is."""
+    name = c._name.decode()
+    if c._qmode == 2:
+        x, value = a.get("x"), a.get("value")
+        if isinstance(x, Tensor) and isinstance(value, Tensor):
+            from mgtrace.quantization.qdtype import same_dtype
+            if (<Tensor>x)._qdtype is not None and same_dtype(x.dtype, value.dtype):
+                return 0
+        from mgtrace.quantization.utils import QuantizationError
+        from mgtrace._core.dtype import qdtype_str
+        vname = qdtype_str(value.dtype) if isinstance(value, Tensor) else type(value).__name__
+        raise QuantizationError(
+            f"setitem: cannot write {vname} into {qdtype_str(x.dtype)}: a quantized tensor "
+            "takes a value of its own quantized dtype only (quantize it first: "
+            "value.astype(x.dtype)); a float tensor takes no quantized value (dequantize it "
+            "first: F.dequantize(value))")
+    refuse_quantized(name, tuple([t for t in a.values() if isinstance(t, Tensor)]))
 
 
 def core_op(fn):
@@ -304,12 +348,14 @@ def core_op(fn):
     c._name = name.encode()
     # "name(sig)\n--\n\n" makes inspect.signature() work on the builtin
     c._doc = f"{name}({text})\n--\n\n{fn.__doc__ or ''}".encode()
+    c._qmode = 0 if name in _QUANTIZED_PASS else 2 if name == "setitem" else 1
     c._def.ml_name = c._name
     c._def.ml_meth = <void *>_core_op_call
     c._def.ml_flags = METH_FASTCALL | METH_KEYWORDS
     c._def.ml_doc = c._doc
     f = PyCFunction_NewEx(&c._def, c, fn.__module__)
     register_op(name, fn)
+    _CORE_OPS[name] = c
     _tensor_mod._install_ops(**{name: f})
     return f
 
@@ -622,6 +668,8 @@ def copy_(dst, src):
 def cast_(x, code):
     if not isinstance(x, Tensor):
         raise TypeError(f"expected a Tensor, not {type(x).__name__}")
+    if (<Tensor>x)._qdtype is not None and code != (<Tensor>x)._dtype:    # copy() keeps the dtype
+        refuse_quantized("astype", (x,))    # the integers as numbers (the ops' int -> float32)
     if _tracing:
         return traced_args("astype", (x, DTYPE_NAMES[code]))
     return cast(<Tensor>x, code)
@@ -734,7 +782,29 @@ cdef object missing_kernel(str name, int device, int code):
     return _missing_kernel(name, device, code)
 
 
+cdef inline bint _quantized(object t) noexcept:
+    # a quantized tensor carries its quantized dtype (tensor.pyx)
+    return isinstance(t, Tensor) and (<Tensor>t)._qdtype is not None
+
+
+cdef int refuse_quantized(str name, tuple operands) except -1:
+    """QuantizationError naming every operand's dtype: the integers of a
+    quantized tensor mean nothing to an elementwise op (MegEngine would
+    compute on them; mgtrace refuses, as issue 32 asks)."""
+    from mgtrace.quantization.utils import QuantizationError    # only quantization makes one
+    from mgtrace._core.dtype import qdtype_str
+    names = [qdtype_str(x.dtype) if isinstance(x, Tensor) else
+             (qdtype_str(x.dtype) if hasattr(x, "dtype") else type(x).__name__)
+             for x in operands]
+    raise QuantizationError(
+        f"{name}: cannot compute on {' and '.join(names)}: quantized tensors take part in "
+        "no arithmetic; dequantize first (F.dequantize(x), x.astype('float32')) or use "
+        "the modules of mgtrace.module.quantized")
+
+
 cdef object binary(int op, object a, object b, object out):
+    if _quantized(a) or _quantized(b) or _quantized(out):
+        refuse_quantized(mt_binary_names[op].decode(), (a, b))
     if _tracing:
         return traced_into(mt_binary_names[op].decode(), (a, b), out)
     cdef Tensor ta = None, tb = None, to = None, res
@@ -828,6 +898,8 @@ cdef object binary(int op, object a, object b, object out):
 
 
 cdef object unary(int op, object a, object out):
+    if _quantized(a) or _quantized(out):
+        refuse_quantized(mt_unary_names[op].decode(), (a,))
     if _tracing:
         return traced_into(mt_unary_names[op].decode(), (a,), out)
     cdef Tensor ta, res, to = None
@@ -870,6 +942,8 @@ cdef object unary(int op, object a, object out):
 
 cdef object ternary(int op, object a, object b, object c):
     cdef str name = mt_ternary_names[op].decode()
+    if _quantized(a) or _quantized(b) or _quantized(c):
+        refuse_quantized(name, (a, b, c))
     if _tracing:
         return traced(name, (a, b, c), {})
     cdef list ts = [a, b, c]

@@ -254,3 +254,34 @@ def dtype_promotion(*operands):
     dtype('float32')
     """
     return np_dtype(promote_operands(operands))
+
+
+# MegEngine's C names of the quantized dtypes -> mgtrace's (and MegEngine's
+# Python) names; qint8_narrow shares QuantizedS8 and is told apart by the
+# "mgtrace" entry of the metadata (mgtrace.quantization.qdtype makes them)
+_QUANTIZED_NAMES = {"QuantizedS8": "qint8", "Quantized8Asymm": "quint8",
+                    "QuantizedS32": "qint32", "QuantizedS4": "qint4",
+                    "Quantized4Asymm": "quint4"}
+
+
+def qdtype_name(dtype):
+    """The quantized dtype name (``"qint8"``, ``"qint8_narrow"``,
+    ``"quint8"``, ``"qint32"``, ``"qint4"``, ``"quint4"``) of a NumPy dtype
+    carrying MegEngine's ``{"mgb_dtype": {...}}`` metadata, else None."""
+    meta = getattr(dtype, "metadata", None)
+    if meta is None or "mgb_dtype" not in meta:
+        return None
+    return meta.get("mgtrace") or _QUANTIZED_NAMES.get(meta["mgb_dtype"].get("name"))
+
+
+def qdtype_str(dtype):
+    """``"qint8(scale=0.1)"``, ``"quint8(scale=0.1, zero_point=128)"`` for a
+    quantized dtype; the plain name (``"float32"``) for any other."""
+    name = qdtype_name(dtype)
+    if name is None:
+        return np.dtype(dtype).name if dtype is not None else "None"
+    m = dtype.metadata["mgb_dtype"]
+    text = f"{name}(scale={str(np.float32(m['scale']))}"
+    if "zero_point" in m:
+        text += f", zero_point={m['zero_point']}"
+    return text + ")"

@@ -9,6 +9,7 @@ array."""
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
+from mgtrace._core.tensor cimport Tensor, is_contiguous, numel, on_host
 
 cnp.import_array()
 
@@ -24,6 +25,15 @@ cdef extern from *:
     void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols);
+    void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                         int kind, void *out, int path);
+    void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
+                           float *out);
+    void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                         int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                         int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
     """
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
@@ -37,6 +47,62 @@ cdef extern from *:
     void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols) nogil
+    void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                         int kind, void *out, int path) nogil
+    void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp,
+                           float *out) nogil
+    void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                         int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                         int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out) nogil
+
+
+# core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
+cdef int _kind(Tensor t) except -2:
+    if t._dtype == 1:
+        return 0
+    if t._dtype == 2:
+        return 1
+    if t._dtype == 5:
+        return 2
+    raise ValueError("quantized storage is int8, uint8 or int32")
+
+
+cdef int _check(Tensor t, str what) except -1:
+    if not on_host(t._device) or not is_contiguous(t):
+        raise ValueError(f"{what} must be a contiguous CPU tensor")
+    return 0
+
+
+def quantize_into(Tensor x, Tensor out, float scale, float zero_point, float qmin, float qmax,
+                  int path=0):
+    """out[i] = clamp(rint(x[i] / scale) + zero_point, qmin, qmax) for
+    float32 x and int8/uint8/int32 out (contiguous CPU tensors of one size),
+    in float32 as NumPy computes it, round half to even; NaN gives qmin.
+    path 0: AVX-512 where the CPU has it; 1: portable C (same bits)."""
+    _check(x, "x")
+    _check(out, "out")
+    if x._dtype != 9 or numel(x) != numel(out):
+        raise ValueError("quantize_into takes float32 x and out of the same size")
+    cdef int kind = _kind(out)
+    cdef int64_t n = numel(x)
+    with nogil:
+        mt_quantize_f32(<const float *>x._data, n, scale, zero_point, qmin, qmax, kind,
+                        <void *>out._data, path)
+
+
+def dequantize_into(Tensor q, Tensor out, float scale, float zero_point):
+    """out[i] = (q[i] - zero_point) * scale in float32 for int8/uint8/int32 q
+    and float32 out (contiguous CPU tensors of one size)."""
+    _check(q, "q")
+    _check(out, "out")
+    if out._dtype != 9 or numel(q) != numel(out):
+        raise ValueError("dequantize_into takes float32 out of q's size")
+    cdef int kind = _kind(q)
+    cdef int64_t n = numel(q)
+    with nogil:
+        mt_dequantize_f32(<const void *>q._data, kind, n, scale, zero_point, <float *>out._data)
 
 
 def has_vnni():
@@ -105,3 +171,39 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
         mt_qim2col_u8(<const uint8_t *>cnp.PyArray_DATA(x), C, H, W, KH, KW, SH, SW, PH, PW,
                       DH, DW, OH, OW, <uint8_t>pad, <uint8_t *>cnp.PyArray_DATA(cols))
     return cols
+
+
+def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64_t SH,
+           int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, object bias,
+           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out):
+    """Depthwise int8 conv2d: x uint8 [N, C, H, W], w int8 [C, KH * KW], out
+    [N, C, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
+    epilogue (bias int32 [C] or None, mult float64 [C])."""
+    if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
+    cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    if w.dtype != np.int8 or w.ndim != 2 or w.shape[0] != C or w.shape[1] != KH * KW \
+            or not w.flags.c_contiguous:
+        raise ValueError("dwconv: w must be int8 [C, KH * KW]")
+    if mult.dtype != np.float64 or mult.shape[0] != C or not mult.flags.c_contiguous:
+        raise ValueError("dwconv: mult must be float64 [C]")
+    cdef cnp.ndarray b
+    cdef const int32_t *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.dtype != np.int32 or b.shape[0] != C or not b.flags.c_contiguous:
+            raise ValueError("dwconv: bias must be int32 [C]")
+        bp = <const int32_t *>cnp.PyArray_DATA(b)
+    if out.ndim != 4 or out.shape[0] != NB or out.shape[1] != C or not out.flags.c_contiguous \
+            or out.dtype not in (np.int8, np.uint8, np.float32):
+        raise ValueError("dwconv: out must be C-contiguous [N, C, OH, OW] int8/uint8/float32")
+    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    if OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
+            or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
+        raise ValueError("dwconv: out's spatial size does not fit the geometry")
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    with nogil:
+        mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
+                        <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,
+                        OH, OW, bp, <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
+                        out_u8, cnp.PyArray_DATA(out))

@@ -12,6 +12,7 @@ cdef class Tensor:
     cdef int64_t _strides[16] # in elements
     cdef dict __dict__
     cdef object __weakref__
+    cdef public object _qdtype  # a quantized dtype (mgtrace.quantization.qdtype) or None
 
 # Hot-path entry points that dispatch.pyx installs (tensor.pyx cannot
 # cimport dispatch: dispatch cimports tensor).

@@ -25,7 +25,7 @@ from mgtrace._core.kernels cimport (
     MT_COPY_H2D, MT_COPY_D2H, MT_COPY_D2D, mt_cpu_backend)
 from mgtrace._core.dtype cimport NP_DTYPES, ITEMSIZE, CATEGORY, dtype_code, np_dtype
 from mgtrace._core.device cimport Device, DEVICES, default_device_id, device_id, device_of
-from mgtrace._core.dtype import NAMES as _DTYPE_NAMES
+from mgtrace._core.dtype import NAMES as _DTYPE_NAMES, qdtype_str as _qdtype_str
 from mgtrace.errors import DeviceError, DeviceUnavailable, NoKernelError  # a leaf module: no layer above
 
 cnp.import_array()
@@ -410,7 +410,36 @@ cdef Tensor view_of(Tensor base, int ndim, const int64_t *shape, const int64_t *
     for i in range(ndim):
         t._shape[i] = shape[i]
         t._strides[i] = strides[i]
+    t._qdtype = base._qdtype
     return t
+
+
+# ---- quantized dtypes (mgtrace.quantization.qdtype): a quantized tensor is
+# one of the storage dtype (int8, uint8, int32) whose ``_qdtype`` is its
+# quantized dtype (a NumPy dtype with MegEngine's metadata: scale, zero
+# point), None for every other tensor. Every view, copy and move of one
+# keeps it, here; elementwise ops refuse it (dispatch).
+
+cdef inline object qdtype_of(Tensor t):
+    """t's quantized dtype, or None."""
+    return t._qdtype
+
+
+cdef object keep_qdtype(Tensor src, object out):
+    """``out`` (a Tensor made from src's integers), given src's quantized dtype."""
+    if src._qdtype is not None and isinstance(out, Tensor) and (<Tensor>out)._dtype == src._dtype:
+        (<Tensor>out)._qdtype = src._qdtype
+    return out
+
+
+cdef object _quantized_astype(Tensor t, object dtype):
+    from mgtrace.quantization import qdtype
+    return qdtype.astype(t, dtype)
+
+
+cdef bint _is_qdtype(object dtype):
+    meta = getattr(dtype, "metadata", None)
+    return meta is not None and "mgb_dtype" in meta
 
 
 cdef int64_t numel(Tensor t) noexcept:
@@ -1119,7 +1148,12 @@ cdef class Tensor:
 
     @property
     def dtype(self):
-        """A NumPy dtype: ``t.dtype == "float32"`` and ``t.dtype == np.float32`` both hold."""
+        """A NumPy dtype: ``t.dtype == "float32"`` and ``t.dtype == np.float32`` both hold.
+        A quantized tensor's is its storage dtype (int8, uint8, int32) carrying
+        the scale and zero point as MegEngine's metadata (``dtype.metadata
+        ["mgb_dtype"]``, see :mod:`mgtrace.quantization.qdtype`)."""
+        if self._qdtype is not None:
+            return self._qdtype
         return np_dtype(self._dtype)
 
     @property
@@ -1231,12 +1265,18 @@ cdef class Tensor:
 
     def astype(self, dtype):
         """A copy converted to ``dtype`` (C casts: floats truncate toward zero
-        into ints, anything nonzero is True). Returns self's copy if equal."""
+        into ints, anything nonzero is True). Returns self's copy if equal.
+
+        A quantized dtype (``mgtrace.quantization.qint8(0.1)``...) as
+        ``dtype``, or a quantized self, quantizes, dequantizes or requantizes
+        (:func:`mgtrace.quantization.qdtype.astype`)."""
+        if self._qdtype is not None or _is_qdtype(dtype):
+            return _quantized_astype(self, dtype)
         return _OPS["cast"](self, dtype_code(dtype))
 
     def copy(self):
-        """A contiguous copy with its own storage."""
-        return _OPS["cast"](self, self._dtype)
+        """A contiguous copy with its own storage (a quantized dtype kept)."""
+        return keep_qdtype(self, _OPS["cast"](self, self._dtype))
 
     def contiguous(self):
         """self when already contiguous, else a contiguous copy."""
@@ -1252,13 +1292,13 @@ cdef class Tensor:
         if dev == self._device:
             return self
         if _tracing[0]:     # no core op: the hook (tracer or autodiff recorder) decides
-            return _hook.on_method(self, "to", (str(DEVICES[dev]),))
+            return keep_qdtype(self, _hook.on_method(self, "to", (str(DEVICES[dev]),)))
         if on_host(self._device) and on_host(dev):     # one address space: a plain copy
             out = self.copy()
             (<Tensor>out)._device = dev
             (<Tensor>out)._st.device_index = (<Device>DEVICES[dev]).index
             return out
-        return _copy_across(self, dev)
+        return keep_qdtype(self, _copy_across(self, dev))
 
     # ---- views
     def reshape(self, *shape):
@@ -1414,6 +1454,8 @@ cdef class Tensor:
 
     # ---- indexing
     def __getitem__(self, index):
+        if self._qdtype is not None:
+            return keep_qdtype(self, _OPS["getitem"](self, index))
         return _OPS["getitem"](self, index)
 
     def __setitem__(self, index, value):
@@ -1452,7 +1494,9 @@ cdef class Tensor:
         if self._dtype == 8:
             arr = arr.astype(np.float32)
         body = np.array2string(arr, separator=", ", prefix="Tensor(", threshold=1000)
-        return f"Tensor({body}, dtype={_DTYPE_NAMES[self._dtype]}, device={DEVICES[self._device]})"
+        q = qdtype_of(self)
+        name = _DTYPE_NAMES[self._dtype] if q is None else _qdtype_str(q)
+        return f"Tensor({body}, dtype={name}, device={DEVICES[self._device]})"
 
     def _head_values(self, int k):
         """The first k elements in C order as a NumPy array (no full copy)."""
@@ -1615,6 +1659,7 @@ cdef Tensor _copy_as(Tensor t, type cls):
     for i in range(c._ndim):
         out._shape[i] = c._shape[i]
         out._strides[i] = c._strides[i]
+    keep_qdtype(t, out)
     return out
 
 
@@ -1638,6 +1683,7 @@ cdef Tensor _share_as(Tensor t, type cls):
     for i in range(t._ndim):
         out._shape[i] = t._shape[i]
         out._strides[i] = t._strides[i]
+    keep_qdtype(t, out)
     return out
 
 

@@ -228,11 +228,14 @@ def concat(inps, axis=0, device=None):
         device: move the result there (None: the inputs' device).
 
     Returns:
-        dtype by MegEngine promotion of the inputs.
+        dtype by MegEngine promotion of the inputs; inputs of one quantized
+        dtype (same scale and zero point) keep it.
 
     Raises:
         ValueError: empty inps, shapes that differ outside axis, devices
             that differ. IndexError: axis out of range.
+        QuantizationError: quantized inputs of different quantized dtypes,
+            or mixed with unquantized ones (requantize them first).
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.concat([mt.tensor([1, 2]), mt.tensor([3.5])]).tolist()
@@ -248,6 +251,12 @@ def concat(inps, axis=0, device=None):
         if t.ndim != nd or t.shape[:ax] + t.shape[ax + 1:] != ts[0].shape[:ax] + ts[0].shape[ax + 1:]:
             raise ValueError(f"{fn}: inps[{i}] has shape {t.shape}, which differs from inps[0]'s "
                              f"{ts[0].shape} outside axis {ax}")
+    if any(t._qdtype is not None for t in ts):
+        from mgtrace.quantization.qdtype import common_dtype
+        qdt = common_dtype(fn, ts)      # inputs of one quantized dtype, else QuantizationError
+        y = _index.concat(ts, ax)
+        y._qdtype = qdt
+        return y if device is None else y.to(device)
     y = _index.concat(ts, ax)
     return y if device is None else y.to(device)
 
@@ -277,6 +286,8 @@ def stack(inps, axis=0, device=None):
             raise ValueError(f"{fn}: inps[{i}] has shape {t.shape} but inps[0] has {ts[0].shape}; "
                              f"stack needs one shape")
     ax = A.to_axis(fn, "axis", axis, ts[0].ndim + 1)
+    if any(t._qdtype is not None for t in ts):     # concat keeps (and checks) the quantized dtype
+        return concat([t.expand_dims(ax) for t in ts], ax, device)
     y = _index.concat([t.expand_dims(ax) for t in ts], ax)
     return y if device is None else y.to(device)
 
@@ -507,7 +518,65 @@ def astype(x, dtype):
     """
     fn = "astype"
     x = _x(fn, x)
+    if x._qdtype is not None or "mgb_dtype" in (getattr(dtype, "metadata", None) or {}):
+        return x.astype(dtype)      # quantize, dequantize or requantize (Tensor.astype)
     return _dispatch.astype(x, A.to_dtype(fn, "dtype", dtype))
+
+
+__all__ += ["quantize", "dequantize"]
+
+
+def quantize(x, dtype):
+    """``x`` quantized to ``dtype``, a quantized dtype made by
+    ``mgtrace.quantization.qint8(scale)``, ``quint8(scale, zero_point)``,
+    ``qint8_narrow``, ``qint32``, ``qint4`` or ``quint4`` (MegEngine spells
+    this ``x.astype(dtype)``, which works too).
+
+    ``q = clip(rint(x / scale) + zero_point, qmin, qmax)`` in float32, round
+    half to even (NumPy, ONNX QuantizeLinear; MegEngine's kernels round
+    half away from zero). A quantized ``x`` is requantized.
+
+    Args:
+        x: Tensor of a real dtype (cast to float32), any shape.
+        dtype: a quantized dtype.
+
+    Returns:
+        A Tensor of x's shape whose ``dtype`` is ``dtype`` (stored as int8,
+        uint8 or int32): layout ops keep it, arithmetic on it raises
+        QuantizationError.
+
+    Raises:
+        QuantizationError: dtype is not a quantized dtype.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> from mgtrace.quantization import quint8
+    >>> F.quantize(mt.tensor([0.25, -1.0, 9.0]), quint8(0.5, 10)).numpy().tolist()
+    [10, 8, 28]
+    """
+    from mgtrace.quantization import qdtype
+    return qdtype.quantize(_x("quantize", x), dtype)
+
+
+def dequantize(x):
+    """The float32 values ``(q - zero_point) * scale`` of quantized ``x``
+    (MegEngine's ``x.astype("float32")``).
+
+    Args:
+        x: a Tensor of a quantized dtype (:func:`quantize`).
+
+    Returns:
+        A float32 Tensor of x's shape.
+
+    Raises:
+        QuantizationError: x is not quantized.
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> from mgtrace.quantization import qint8
+    >>> F.dequantize(F.quantize(mt.tensor([0.26, -1.0]), qint8(0.1))).numpy().tolist()
+    [0.30000001192092896, -1.0]
+    """
+    from mgtrace.quantization import qdtype
+    return qdtype.dequantize(_x("dequantize", x))
 
 
 # ------------------------------------------------------------------ creation

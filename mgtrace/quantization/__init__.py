@@ -5,9 +5,12 @@ presets, the flow's switches).
 Rounding everywhere is round half to even (NumPy, ONNX QuantizeLinear);
 MegEngine's C++ kernels round half away from zero. ``quantize`` turns a
 calibrated QAT model into :mod:`mgtrace.module.quantized` modules running
-the int8 kernels of :mod:`mgtrace.quantization.int8` on
-:class:`QuantizedTensor` s. Quantized dtypes in the tensor core and
-archives of quantized models are not here yet.
+the int8 kernels of :mod:`mgtrace.quantization.int8` on quantized
+tensors. Quantized dtypes (:func:`qint8`, :func:`quint8`, ...;
+:mod:`mgtrace.quantization.qdtype`) are MegEngine's: NumPy dtypes of the
+storage type with the scale and zero point as metadata; the core keeps them
+through layout ops, ``astype`` converts to and from them, archives store
+them (format 1.2).
 
 >>> import numpy as np, mgtrace as mt
 >>> from mgtrace.quantization import MinMaxObserver, FakeQuantize
@@ -37,6 +40,9 @@ from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
                                            apply_easy_quant, quantize)
 from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize as dequantize_tensor,
                                           quantize as quantize_tensor)
+from mgtrace.quantization.qdtype import (create_quantized_dtype, get_scale, get_zero_point,
+                                         int_repr, is_quantize, qint4, qint8, qint8_narrow,
+                                         qint32, quint4, quint8)
 
 __all__ = [
     "QuantDtypeMeta", "QUANT_DTYPES", "quant_dtype", "QuantMode", "QParams", "LSQParams",
@@ -50,4 +56,6 @@ __all__ = [
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
     "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant", "quantize",
     "QuantizedTensor", "quantize_tensor", "dequantize_tensor",
+    "create_quantized_dtype", "qint8", "qint8_narrow", "quint8", "qint32", "qint4", "quint4",
+    "is_quantize", "get_scale", "get_zero_point", "int_repr",
 ]

@@ -113,14 +113,18 @@ class Int8Weight:
             raise QuantizationError(f"K={k} is too large for exact int32 accumulation "
                                     f"(at most {_MAX_K})")
         per = n // self.groups
-        self.packs = [_kernels().pack_weight(np.ascontiguousarray(
+        # depthwise (one input channel per group, one filter each): the direct kernel
+        self.depthwise = w.ndim == 4 and per == 1 and w.shape[1] == 1
+        self.raw = np.ascontiguousarray(w.reshape(n, k)) if self.depthwise else None
+        self.packs = [] if self.depthwise else [_kernels().pack_weight(np.ascontiguousarray(
             w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
 
     def _epilogue(self, g, x_scale, out_scale):
+        """(mult, bias) of group ``g``'s output channels (None: all channels)."""
         if out_scale is None:       # float32 out
             out_scale = 1.0
         per = self.shape[0] // self.groups
-        sl = slice(g * per, (g + 1) * per)
+        sl = slice(None) if g is None else slice(g * per, (g + 1) * per)
         ws = self.scale[sl].astype(np.float64)
         mult = (np.float64(np.float32(x_scale)) * ws) / np.float64(np.float32(out_scale))
         bias = None
@@ -148,7 +152,7 @@ def _out_range(out_dtype, out_zp, relu):
 
 
 def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
-           x_dtype=None, path=0):
+           x_dtype=None, path=0, alloc=np.empty):
     """Int8 ``linear``: x_q int8/uint8 [..., K] -> out_dtype [..., N].
 
     Args:
@@ -160,6 +164,9 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
             ``acc * x_scale * w_scale`` instead (out_scale, out_zp unused).
         relu: fuse ReLU into the saturation.
         path: 0 the best kernel here, 1 the portable one (for tests).
+        alloc: ``alloc(shape, dtype)`` gives the C-contiguous NumPy array
+            the result is written into (default ``numpy.empty``; the
+            quantized modules pass one over a new core Tensor's memory).
 
     Returns a NumPy array. Raises QuantizationError for mismatched shapes or
     dtypes.
@@ -172,11 +179,12 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
     a, a_zp = _as_u8(x.reshape(-1, x.shape[-1]), x_zp, meta_in)
     n = weight.shape[0]
-    out = np.empty((a.shape[0], n), meta.np_dtype_str)
+    out = alloc(x.shape[:-1] + (n,), meta.np_dtype_str)
     mult, bias = weight._epilogue(0, x_scale, None if meta is _Float32 else out_scale)
     packed, wsum = weight.packs[0]
-    _kernels().gemm(a, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, out, n, 1, path)
-    return out.reshape(x.shape[:-1] + (n,))
+    _kernels().gemm(a, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi,
+                    out.reshape(a.shape[0], n), n, 1, path)
+    return out
 
 
 def _pair(v):
@@ -184,7 +192,7 @@ def _pair(v):
 
 
 def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
-           stride=1, padding=0, dilation=1, x_dtype=None, path=0):
+           stride=1, padding=0, dilation=1, x_dtype=None, path=0, alloc=np.empty):
     """Int8 ``conv2d`` (NCHW): x_q int8/uint8 [N, C_in, H, W] -> out_dtype
     [N, C_out, OH, OW]; ``weight`` an :class:`Int8Weight` of shape [C_out,
     C_in / groups, KH, KW] (its ``groups``: dense, grouped or depthwise).
@@ -209,7 +217,12 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
         raise QuantizationError(f"conv2d: output size {oh}x{ow} is empty")
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
     a, a_zp = _as_u8(x, x_zp, meta_in)
-    out = np.empty((nb, co, oh, ow), meta.np_dtype_str)
+    out = alloc((nb, co, oh, ow), meta.np_dtype_str)
+    if weight.depthwise:
+        mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
+        _kernels().dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw,
+                          dh, dw, bias, mult, int(out_zp), lo, hi, out)
+        return out
     per = co // g
     epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
            for gi in range(g)]

@@ -1,44 +1,57 @@
 """Quantized tensors: integer tensors that carry their quantization
 parameters, as MegEngine's quantized dtypes carry scale and zero point.
 
-A :class:`QuantizedTensor` is an mgtrace Tensor of the storage dtype
-(int8 for ``qint8``/``qint8_narrow``/``qint4``, uint8 for ``quint8``/
-``quint4``, int32 for ``qint32``) with ``qparams`` (a :class:`QParams`:
-dtype, mode, scale and, for unsigned dtypes, zero point). Signed means
-symmetric, unsigned asymmetric, as MegEngine. Arithmetic on one is refused
-with a :class:`QuantizationError` naming both operands' dtypes: the
-integers alone mean nothing; use :func:`dequantize`, or the modules of
-:mod:`mgtrace.module.quantized`, which compute with int8 kernels. The
-layout methods ``reshape``, ``flatten``, ``transpose`` and indexing keep
-the qparams (per-tensor ones): their results are core Tensors tagged with
-them (:func:`is_quantized`), so that a trace records them as the core ops
-they are; a second layout op on such a result (a plain Tensor) drops
-them.
-
-Here, not in the tensor core: a core dtype with metadata is future work,
-so core ops applied directly (``F.relu(qt)``) see the integers and return a
-plain Tensor.
+A per-tensor quantized tensor is a core Tensor whose ``dtype`` is a
+quantized dtype (:mod:`mgtrace.quantization.qdtype`): the core keeps it
+through layout ops and refuses elementwise arithmetic on it. A
+:class:`QuantizedTensor` is such a tensor made by :func:`quantize` or
+``QuantizedTensor.wrap``, with ``qparams`` (a :class:`QParams`: dtype,
+mode, scale and, for unsigned dtypes, zero point) as well; it may also hold
+per-channel qparams (a weight's, along ``qparams.axis``), which no dtype
+carries: such a tensor's ``dtype`` is its plain storage dtype, and its
+layout methods and arithmetic raise :class:`QuantizationError`.
+:func:`qparams_of` reads the qparams of either kind. Signed means
+symmetric, unsigned asymmetric, as MegEngine.
 """
 import numpy as np
 
 from mgtrace._core import Tensor
-from mgtrace.quantization.utils import (QParams, QuantMode, QuantizationError, create_qparams,
-                                        quant_dtype)
+from mgtrace.quantization import qdtype as _qd
+from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams, quant_dtype
 
-__all__ = ["QuantizedTensor", "quantize", "dequantize", "is_quantized"]
+__all__ = ["QuantizedTensor", "quantize", "dequantize", "is_quantized", "qparams_of"]
+
+
+def _per_channel(t):
+    return t.__dict__.get("qparams") if t._qdtype is None else None
 
 
 def is_quantized(t):
-    """Whether ``t`` is a Tensor carrying qparams: a QuantizedTensor, or the
-    result of one's ``reshape``/``flatten``/``transpose``/indexing."""
-    return isinstance(t, Tensor) and t.__dict__.get("qparams") is not None
+    """Whether ``t`` is a quantized Tensor: its dtype is a quantized dtype
+    (any view or copy of a QuantizedTensor too), or it is a QuantizedTensor
+    with per-channel qparams."""
+    return isinstance(t, Tensor) and (t._qdtype is not None or _per_channel(t) is not None)
+
+
+def qparams_of(t):
+    """The QParams of quantized tensor ``t`` (from its dtype, or a
+    per-channel QuantizedTensor's ``qparams``). Raises QuantizationError
+    for any other value."""
+    if isinstance(t, Tensor):
+        if t._qdtype is not None:
+            q = t.__dict__.get("qparams")
+            return q if q is not None else _qd.qparams_of_dtype(t._qdtype)
+        q = _per_channel(t)
+        if q is not None:
+            return q
+    raise QuantizationError(f"expected a quantized tensor, got {_describe(t)}")
 
 
 def _describe(v):
     if isinstance(v, QuantizedTensor):
         return v.dtype_name
     dt = getattr(v, "dtype", None)
-    return str(dt) if dt is not None else type(v).__name__
+    return _qd.qdtype_str(dt) if dt is not None else type(v).__name__
 
 
 class QuantizedTensor(Tensor):
@@ -61,11 +74,16 @@ class QuantizedTensor(Tensor):
                                     f"{data.dtype}")
         t = cls(np.ascontiguousarray(data))
         t.__dict__["qparams"] = qparams
+        dt = _qd.dtype_of_qparams(qparams)
+        if dt is not None:
+            t._qdtype = dt
         return t
 
     @property
     def dtype_name(self):
         """``"qint8(scale=0.05)"``, ``"quint8(scale=0.1, zero_point=128)"``."""
+        if self._qdtype is not None:
+            return _qd.qdtype_str(self._qdtype)
         q = self.__dict__.get("qparams")
         if q is None:
             return "quantized (no qparams)"
@@ -83,28 +101,28 @@ class QuantizedTensor(Tensor):
     def __repr__(self):
         return f"QuantizedTensor({self.numpy()!r}, dtype={self.dtype_name})"
 
-    # layout methods keep the qparams (per-tensor ones: a per-channel axis
-    # would move); the integers are only rearranged
-    def _same_qparams(self, out, what):
-        # the result is the core's Tensor (the same object a trace records),
-        # tagged with the qparams: is_quantized() and the quantized modules read them
-        q = self.__dict__.get("qparams")
-        if q is not None and q.axis is not None and np.ndim(q.scale.numpy()):
+    # layout methods: the core keeps a per-tensor dtype (the result is the
+    # core's Tensor, the object a trace records); per-channel qparams have
+    # an axis that would move, so those refuse
+    def _layout(self, what):
+        if self._qdtype is None and self.__dict__.get("qparams") is not None:
             raise QuantizationError(f"{what} of a per-channel quantized tensor: dequantize first")
-        out.__dict__["qparams"] = q
-        return out
 
     def reshape(self, *shape):
-        return self._same_qparams(Tensor.reshape(self, *shape), "reshape")
+        self._layout("reshape")
+        return Tensor.reshape(self, *shape)
 
     def flatten(self, start_axis=0, end_axis=-1):
-        return self._same_qparams(Tensor.flatten(self, start_axis, end_axis), "flatten")
+        self._layout("flatten")
+        return Tensor.flatten(self, start_axis, end_axis)
 
     def transpose(self, *axes):
-        return self._same_qparams(Tensor.transpose(self, *axes), "transpose")
+        self._layout("transpose")
+        return Tensor.transpose(self, *axes)
 
     def __getitem__(self, index):
-        return self._same_qparams(Tensor.__getitem__(self, index), "indexing")
+        self._layout("indexing")
+        return Tensor.__getitem__(self, index)
 
     def _refuse(self, other, op):
         raise QuantizationError(
@@ -149,6 +167,11 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     if qparams.scale is None or meta is None:
         raise QuantizationError(f"quantize needs qparams with a scale and a dtype, got "
                                 f"{qparams!r}")
+    dt = _qd.dtype_of_qparams(qparams)
+    if dt is not None:          # per-tensor: the core dtype and its C kernel
+        t = _qd.quantize(x, dt, out=QuantizedTensor)
+        t.__dict__["qparams"] = qparams
+        return t
     v = np.asarray(x.numpy() if isinstance(x, Tensor) else x, np.float32)
     s = np.asarray(qparams.scale.numpy(), np.float32)
     z = np.float32(0) if qparams.zero_point is None or qparams.mode != QuantMode.ASYMMERTIC \
@@ -164,12 +187,14 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
 
 def dequantize(qt):
     """The float32 Tensor ``(q - zero_point) * scale`` of a QuantizedTensor
-    (MegEngine's ``astype("float32")``). Raises QuantizationError for a
-    tensor without qparams."""
+    or of any quantized tensor (MegEngine's ``astype("float32")``). Raises
+    QuantizationError for a tensor that is not quantized."""
     from mgtrace._core import tensor as _tensor
-    q = qt.__dict__.get("qparams") if isinstance(qt, Tensor) else None
-    if q is None:
+    if not is_quantized(qt):
         raise QuantizationError(f"dequantize takes a QuantizedTensor, got {_describe(qt)}")
+    if qt._qdtype is not None:
+        return _qd.dequantize(qt)
+    q = qparams_of(qt)
     v = Tensor.numpy(qt).astype(np.float32)
     s = np.asarray(q.scale.numpy(), np.float32)
     z = np.float32(0) if q.zero_point is None or q.mode != QuantMode.ASYMMERTIC \

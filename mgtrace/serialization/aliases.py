@@ -73,9 +73,14 @@ def view_entry(v):
     """The tensor-table entry of :class:`View` ``v`` (no data of its own)."""
     from mgtrace.serialization.tensors import checksum
     t = v.tensor
-    return {"dtype": t.dtype.name, "shape": list(t.shape), "offset": 0, "nbytes": 0,
-            "checksum": checksum(b""),
-            "view": {"base": v.base, "offset": v.offset, "strides": list(t.strides)}}
+    from mgtrace.serialization.tensors import quant_entry
+    e = {"dtype": t.dtype.name, "shape": list(t.shape), "offset": 0, "nbytes": 0,
+         "checksum": checksum(b""),
+         "view": {"base": v.base, "offset": v.offset, "strides": list(t.strides)}}
+    q = quant_entry(t)
+    if q is not None:
+        e["quant"] = q
+    return e
 
 
 def check_view(e, entries, where):

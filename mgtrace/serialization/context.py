@@ -11,6 +11,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from mgtrace._core.dtype import qdtype_str
 from mgtrace.errors import ArchiveError
 from mgtrace.module import Module
 from mgtrace.serialization import header as H
@@ -84,6 +85,8 @@ class EncodeContext:
         i = self._tensor_index.get(key)
         if i is None:
             tensors.require_dtype(self, t.dtype.name, "a tensor")
+            if t._qdtype is not None:
+                self.require((1, 2), f"a quantized tensor ({qdtype_str(t._qdtype)})")
             i = self._tensor_index[key] = len(self.tensors)
             self.tensors.append(t)
         return i
@@ -286,6 +289,8 @@ class DecodeContext:
                 t = aliases.make_view(self.host_tensor(e["view"]["base"]), e)
             else:
                 t = self._read_tensor(i, e)
+            if "quant" in e or t._qdtype is not None:
+                t = tensors.mark_quantized(t, e, f"header.tensors[{i}]")
             self._host[i] = t
         return t
 
@@ -298,6 +303,8 @@ class DecodeContext:
             e = self.header["tensors"][i]
             if "view" in e:
                 t = aliases.make_view(self.tensor(e["view"]["base"]), e)
+                if "quant" in e or t._qdtype is not None:
+                    t = tensors.mark_quantized(t, e, f"header.tensors[{i}]")
             else:
                 t = self.host_tensor(i)
                 if self.device is not None and t.device != self.device:

@@ -51,6 +51,8 @@ TYPES = {
     "strides": (lambda x: type(x) is list and len(x) <= MAX_NDIM and all(
         type(s) is int and -(1 << 63) <= s < (1 << 63) for s in x),
         f"list of at most {MAX_NDIM} integers (64-bit, any sign)"),
+    "float": (lambda x: type(x) is float, "floating-point number"),
+    "int": (lambda x: type(x) is int and -(1 << 63) <= x < (1 << 63), "integer (64-bit)"),
     "value": (lambda x: True, "a tagged value (see tags)"),
     "values by name": (lambda x: _str_keys(x, lambda v: True),
                        "map from string (a parameter name) to a tagged value"),
@@ -106,6 +108,14 @@ ENTRIES = {
         Field("view", "view", False, V1_2,
               "a view of another entry's memory (storage aliasing): the entry holds no data "
               "(offset and nbytes 0); see aliases.py"),
+        Field("quant", "quant", False, V1_2,
+              "the quantized dtype of a quantized tensor (dtype is its storage: int8, uint8, "
+              "int32); an archive with one needs a reader of format 1.2"),
+    ),
+    "quant": (
+        Field("dtype", "str", True, V1_2, 'qint8, qint8_narrow, quint8, qint32, qint4 or quint4'),
+        Field("scale", "float", True, V1_2, "the scale, a positive float32 value"),
+        Field("zero_point", "int", True, V1_2, "the zero point (0 for the signed dtypes)"),
     ),
     "view": (
         Field("base", "uint", True, V1_2, "index of the stored tensor whose memory it views"),

@@ -125,8 +125,42 @@ def host_array(t):
 
 def entry_for(t, offset, arr):
     """The table entry of tensor ``t`` whose data ``arr`` goes at ``offset``."""
-    return {"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
-            "nbytes": arr.nbytes, "checksum": checksum(array_bytes(arr))}
+    e = {"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
+         "nbytes": arr.nbytes, "checksum": checksum(array_bytes(arr))}
+    q = quant_entry(t)
+    if q is not None:
+        e["quant"] = q
+    return e
+
+
+def quant_entry(t):
+    """The ``quant`` field of quantized tensor ``t``'s entry (format 1.2), or
+    None for any other tensor."""
+    q = t._qdtype
+    if q is None:
+        return None
+    from mgtrace.quantization import qdtype
+    return {"dtype": qdtype.quantized_meta(q).name, "scale": float(qdtype.get_scale(q)),
+            "zero_point": qdtype.get_zero_point(q)}
+
+
+def mark_quantized(t, e, where):
+    """``t`` (loaded from entry ``e``) with the quantized dtype its ``quant``
+    field names, or none when the entry has none (a view of a quantized
+    base may be stored plain). Raises ArchiveError for a bad field."""
+    f = e.get("quant")
+    if f is None:
+        if t._qdtype is not None:
+            t = share_as(t, type(t))
+            t._qdtype = None
+        return t
+    from mgtrace.quantization import qdtype
+    from mgtrace.quantization.utils import QuantizationError
+    try:
+        dt = qdtype.create_quantized_dtype(f["dtype"], f["scale"], f["zero_point"])
+        return qdtype.tag(t, dt)
+    except QuantizationError as err:
+        raise ArchiveError(f"{where}.quant: {err}") from None
 
 
 # ------------------------------------------------------------------ reading

@@ -27,6 +27,7 @@ are ignored on load and not kept.
 """
 import warnings
 
+from mgtrace._core.dtype import qdtype_str
 from mgtrace.serialization import header as H
 from mgtrace.serialization.codecs import codec_for_kind
 
@@ -40,7 +41,8 @@ _MODULE = frozenset(f.name for f in H.ENTRIES["module"])
 def tensor_key(t):
     """What identifies a tensor-table entry (EncodeContext.tensor's key):
     the same memory, shape, strides, dtype and device."""
-    return (t._storage_id(), t.data_ptr, t.shape, t.strides, t.dtype.name, str(t.device))
+    return (t._storage_id(), t.data_ptr, t.shape, t.strides, t.dtype.name, str(t.device),
+            None if t._qdtype is None else qdtype_str(t._qdtype))
 
 
 class Carried:

@@ -25,6 +25,7 @@ from collections import OrderedDict, namedtuple
 import numpy as np
 
 from mgtrace._core import DTYPE_NAMES, Device, Tensor, as_device
+from mgtrace._core.dtype import qdtype_name
 from mgtrace.errors import ArchiveError, Error
 from mgtrace.module import Module
 from mgtrace.serialization import limits
@@ -55,6 +56,8 @@ TAGS = {
     "ellipsis": Tag("nil; the Ellipsis object", (1, 0)),
     # mgtrace values
     "dtype":    Tag("dtype name, one of mgtrace.DTYPES", (1, 0)),
+    "qdtype":   Tag("[name, scale, zero_point]; a quantized dtype (qint8, qint8_narrow, "
+                    "quint8, qint32, qint4, quint4; mgtrace.quantization.qdtype)", (1, 2)),
     "device":   Tag('device str, e.g. "cpu:0"', (1, 0)),
     # references into the header's tables
     "tensor":   Tag("index into header.tensors", (1, 0)),
@@ -214,6 +217,10 @@ def _scalar(v, ctx, node_id, depth):
 
 
 def _dtype(v, ctx, node_id, depth):
+    if qdtype_name(v) is not None:      # a quantized dtype: its scale and zero point too
+        from mgtrace.quantization import qdtype
+        return _tag(ctx, "qdtype", [qdtype.quantized_meta(v).name, float(qdtype.get_scale(v)),
+                                    qdtype.get_zero_point(v)])
     try:
         name = np.dtype(v).name
     except TypeError:
@@ -446,6 +453,18 @@ def _dec_dtype(p, ctx, node, depth, where):
     return SCALAR_DTYPES[p]
 
 
+def _dec_qdtype(p, ctx, node, depth, where):
+    if type(p) is not list or len(p) != 3 or type(p[0]) is not str \
+            or type(p[1]) is not float or type(p[2]) is not int:
+        _fail(where, f"expected [name, scale, zero_point], got {_describe(p)}")
+    from mgtrace.quantization import qdtype
+    from mgtrace.quantization.utils import QuantizationError
+    try:
+        return qdtype.create_quantized_dtype(p[0], p[1], p[2])
+    except QuantizationError as e:
+        _fail(where, str(e))
+
+
 def _dec_device(p, ctx, node, depth, where):
     if type(p) is not str or len(p) > MAX_DEVICE_STR:
         _fail(where, f"expected a device string, got {_describe(p)}")
@@ -479,6 +498,7 @@ _DECODERS = {
     "slice": _dec_slice,
     "ellipsis": _dec_ellipsis,
     "dtype": _dec_dtype,
+    "qdtype": _dec_qdtype,
     "device": _dec_device,
     "tensor": lambda p, ctx, node, depth, where: _ref(ctx, "tensor", p, where),
     "module": lambda p, ctx, node, depth, where: _ref(ctx, "module", p, where),

@@ -283,6 +283,9 @@ def _write_one_pass(out, header, tensors):
         nbytes = T.host_array(t).nbytes
         table.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
                       "nbytes": nbytes, "checksum": T.checksum(b"")})
+        q = T.quant_entry(t)
+        if q is not None:
+            table[-1]["quant"] = q
         end = offset + nbytes
     header["tensors"], header["data_nbytes"] = _carry_tensor_fields(table, header["tensors"]), end
     packed = _pack(header)

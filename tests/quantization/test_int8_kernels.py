@@ -190,3 +190,60 @@ def test_float32_output_is_the_dequantized_accumulator(path, relu):
         want = np.maximum(want, 0)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out", ["qint8", "quint8", "float32"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_blocked_kernel_and_vector_epilogue_match_numpy(path, out, relu):
+    # M = 9 (two blocks of four rows and one row), N = 83 (five and a bit
+    # blocks of 16 channels: pairs, a lone block, a partial one), K = 70
+    rng = np.random.default_rng(21)
+    x = rng.integers(0, 256, (9, 70)).astype(np.uint8)
+    w = rng.integers(-127, 128, (83, 70)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.01, 83).astype(np.float32)
+    bias = (rng.standard_normal(83) * 3).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias)
+    out_zp = 0 if out == "qint8" else 90
+    got = int8.linear(x, 0.03, 111, weight, 0.05, out_zp if out != "float32" else 0, out,
+                      relu, x_dtype="quint8", path=path)
+    if out == "float32":
+        acc = (x.astype(np.int64) - 111) @ w.astype(np.int64).T + ref_bias(bias, 0.03, ws)
+        want = acc * (np.float64(np.float32(0.03)) * ws.astype(np.float64))
+        want = (np.maximum(want, 0) if relu else want).astype(np.float32)
+    else:
+        want = ref_linear(x, 111, w, ws, bias, 0.03, 0.05, out_zp,
+                          np.int8 if out == "qint8" else np.uint8, relu)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["dense", "depthwise"])
+@pytest.mark.parametrize("out", ["quint8", "float32"])
+def test_larger_convs_match_numpy(kind, out, path):
+    # 40 output channels: full 16-channel blocks through the vector epilogue
+    # with the [C_out, pixels] (strided) output; the depthwise one is large
+    # enough for OpenMP's split (2 x 48 planes) and runs the direct kernel
+    rng = np.random.default_rng(31)
+    if kind == "dense":
+        xs, co, g, stride = (2, 12, 9, 9), 40, 1, (1, 1)
+    else:
+        xs, co, g, stride = (2, 48, 20, 20), 48, 48, (2, 2)
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (co, xs[1] // g, 3, 3)).astype(np.int8)
+    ws = rng.uniform(0.002, 0.02, co).astype(np.float32)
+    bias = (rng.standard_normal(co) * 4).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=g)
+    assert weight.depthwise == (kind == "depthwise")
+    relu = out == "quint8"
+    got = int8.conv2d(x, 0.03, 37, weight, 0.05 if out == "quint8" else None, 128 * relu, out,
+                      relu, stride, (1, 1), (1, 1), path=path)
+    acc = ref_conv(x, 37, w, g, stride, (1, 1), (1, 1))
+    acc += ref_bias(bias, 0.03, ws)[None, :, None, None]
+    if out == "float32":
+        want = (acc * (np.float64(np.float32(0.03)) * ws.astype(np.float64))[None, :, None, None]
+                ).astype(np.float32)
+    else:
+        mult = np.float64(np.float32(0.03)) * ws.astype(np.float64) / np.float64(np.float32(0.05))
+        want = ref_requant(acc, mult[None, :, None, None], 128, 128, 255, np.uint8)
+    np.testing.assert_array_equal(got, want)

@@ -2,10 +2,13 @@
 import numpy as np
 
 import mgtrace.functional as F
-from mgtrace._core import tensor as _tensor
+from mgtrace._core import Tensor, empty_tensor, tensor as _tensor
+from mgtrace._core.tensor import unshared_view
 from mgtrace.module.module import Module
 from mgtrace.quantization import int8
-from mgtrace.quantization.qtensor import QuantizedTensor, dequantize, is_quantized, quantize
+from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize, is_quantized, qparams_of,
+                                          quantize)
+from mgtrace.quantization.qdtype import dtype_of_qparams
 from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
 
 __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
@@ -57,14 +60,22 @@ def _act(value):
 
 
 def _input(x, who):
-    q = x.__dict__.get("qparams") if is_quantized(x) else None
+    q = qparams_of(x) if is_quantized(x) else None
     if q is None:
         raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
                                 f"got {getattr(x, 'dtype', type(x).__name__)}")
     s = np.asarray(q.scale.numpy())
     if s.ndim:
         raise QuantizationError(f"{who} takes per-tensor quantized inputs")
-    return np.asarray(x.numpy()), float(s), _zp(q), q.dtype_meta.name
+    return _host_view(x), float(s), _zp(q), q.dtype_meta.name
+
+
+def _host_view(x):
+    """x's integers as a NumPy array, without a copy where x is a contiguous
+    CPU tensor."""
+    if x.device.type == "cpu" and x.is_contiguous:
+        return unshared_view(x)
+    return np.asarray(Tensor.numpy(x))
 
 
 class QuantizedModule(Module):
@@ -74,10 +85,29 @@ class QuantizedModule(Module):
     def __repr__(self):
         return "Quantized." + super().__repr__()
 
-    def _output(self, data):
-        if self.act_qparams is None:
-            return _tensor(data)
-        return QuantizedTensor.wrap(data, self.act_qparams)
+    def _new_output(self):
+        """``(holder, alloc)``: ``alloc(shape, dtype)`` makes the result
+        tensor (a QuantizedTensor of ``act_qparams``, or a float32 Tensor)
+        and hands the kernel a NumPy view of its memory; ``holder[0]`` is
+        then the tensor."""
+        holder = []
+        q = self.act_qparams
+
+        def alloc(shape, dtype):
+            t = empty_tensor(shape, dtype, cls=Tensor if q is None else QuantizedTensor)
+            if q is not None:
+                t.__dict__["qparams"] = q
+                t._qdtype = self._act_dtype()
+            holder.append(t)
+            return unshared_view(t, True)
+        return holder, alloc
+
+    def _act_dtype(self):
+        q = self.act_qparams
+        key = self.__dict__.get("_act_dtype_key")
+        if key is None or key[0] is not q:
+            self.__dict__["_act_dtype_key"] = key = (q, dtype_of_qparams(q))
+        return key[1]
 
     @property
     def out_args(self):
@@ -205,9 +235,10 @@ class Linear(_Weighted):
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
         o_s, o_zp, o_dt = self.out_args
-        y = int8.linear(data, s, zp, self._packed_weight(), o_s, o_zp, o_dt, self.relu,
-                        x_dtype=name)
-        return self._output(y)
+        holder, alloc = self._new_output()
+        int8.linear(data, s, zp, self._packed_weight(), o_s, o_zp, o_dt, self.relu,
+                    x_dtype=name, alloc=alloc)
+        return holder[0]
 
     @classmethod
     def from_qat_module(cls, qat):
@@ -248,9 +279,11 @@ class Conv2d(_Weighted):
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
         o_s, o_zp, o_dt = self.out_args
-        y = int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
-                        self.relu, self.stride, self.padding, self.dilation, x_dtype=name)
-        return self._output(y)
+        holder, alloc = self._new_output()
+        int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
+                    self.relu, self.stride, self.padding, self.dilation, x_dtype=name,
+                    alloc=alloc)
+        return holder[0]
 
     @classmethod
     def _like(cls, conv):

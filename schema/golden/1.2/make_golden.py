@@ -31,6 +31,9 @@ version), naming what is missing.
   ``to`` (a move to cpu:1 and back), which no other golden archive calls;
 * ``core_ops_kernels.tmod``: the core ops conv3d, conv_transpose3d,
   lstm_cell and rnn_cell (issue 36's kernels) as Apply exprs;
+* ``quantized_values.tmod``: a tensor of each quantized dtype (``quant``
+  fields of the tensor table), a transposed view of one, and a quantized
+  dtype as a value (the ``qdtype`` tag);
 * ``qat_model.tmod``: a traced, calibrated QAT model (every QAT builtin,
   observer and fake quantizer type; a user's QAT subclass and observer);
 * ``quantized_model.tmod``: a traced int8 model (every
@@ -70,9 +73,54 @@ def _values():
             "row": np.broadcast_to(b[2], (3, 6)), "other": np.array([0.5, -0.25], np.float32)}
 
 
+def _quantized_expected():
+    b = _base()
+
+    def q(name, scale, zp, lo, hi, storage):
+        ints = np.clip((np.rint(b / np.float32(scale)) + np.float32(zp)).astype(np.float64),
+                       lo, hi).astype(storage)
+        text = f"{name}(scale={str(np.float32(scale))}" + (
+            f", zero_point={zp})" if name.startswith("qu") else ")")
+        return (text, ints)
+    s8 = q("qint8", 0.05, 0, -128, 127, "int8")
+    u8 = q("quint8", 0.02, 100, 0, 255, "uint8")
+    return {"qint8": s8, "qint8_t": (s8[0], s8[1].T), "qint8_narrow": q(
+        "qint8_narrow", 0.01, 0, -127, 127, "int8"), "quint8": u8,
+        "qint32": q("qint32", 1e-4, 0, -2 ** 31, 2 ** 31 - 1, "int32"),
+        "qint4": q("qint4", 0.25, 0, -8, 7, "int8"), "quint4": q("quint4", 0.25, 7, 0, 15, "uint8"),
+        "dtype": u8[0]}
+
+
 def expected(name):
-    """The value ``name`` holds, as NumPy arrays where it holds tensors."""
-    return {"aliased_values.tmod": _values}[name]()
+    """The value ``name`` holds, as NumPy arrays where it holds tensors
+    (through :func:`describe`)."""
+    return {"aliased_values.tmod": _values, "quantized_values.tmod": _quantized_expected}[name]()
+
+
+def describe(obj):
+    """``obj`` with each quantized tensor as ``(dtype text, its integers)``
+    and each quantized dtype as its text (NumPy's dtype ``==`` ignores the
+    scale); anything else as it is."""
+    from mgtrace._core.dtype import qdtype_name, qdtype_str
+    if isinstance(obj, dict):
+        return {k: describe(v) for k, v in obj.items()}
+    if isinstance(obj, mt.Tensor) and qdtype_name(obj.dtype) is not None:
+        return (qdtype_str(obj.dtype), _qd().int_repr(obj))
+    if isinstance(obj, np.dtype) and qdtype_name(obj) is not None:
+        return qdtype_str(obj)
+    return obj
+
+
+def _quantized_values():
+    """One tensor of each quantized dtype, a transposed view of one (a
+    view entry with its own quant field) and a quantized dtype as a value."""
+    Q = _qd()
+    b = mt.tensor(_base())
+    q = b.astype(Q.qint8(0.05))
+    return {"qint8": q, "qint8_t": q.T, "qint8_narrow": b.astype(Q.qint8_narrow(0.01)),
+            "quint8": b.astype(Q.quint8(0.02, 100)), "qint32": b.astype(Q.qint32(1e-4)),
+            "qint4": b.astype(Q.qint4(0.25)), "quint4": b.astype(Q.quint4(0.25, 7)),
+            "dtype": Q.quint8(0.02, 100)}
 
 
 def _aliased_values():
@@ -134,7 +182,15 @@ NEW_FUNCTIONS = {
     "square_loss": ([(3,), (3,)], lambda x, y: F.square_loss(x, y)),
     "mse_loss": ([(3,), (3,)], lambda x, y: F.mse_loss(x, y, reduction="sum")),
     "smooth_l1_loss": ([(3,), (3,)], lambda x, y: F.smooth_l1_loss(x, y, beta=0.5)),
+    # quantized dtypes (issue 32): a quint8 output, and a round trip through qint8
+    "quantize": ([(3,)], lambda x: F.quantize(x, _qd().quint8(0.05, 10))),
+    "dequantize": ([(3,)], lambda x: F.dequantize(F.quantize(x, _qd().qint8(0.1)))),
 }
+
+
+def _qd():
+    from mgtrace.quantization import qdtype
+    return qdtype
 
 
 class NewFunctions(M.Module):
@@ -434,6 +490,9 @@ def _quantized_model():
 CASES = {    # name -> (make() -> (object, save keyword arguments)); add 1.2's cases here
     "aliased_values.tmod": lambda: (_aliased_values(),
                                     {"metadata": {"what": "views of one storage"}}),
+    "quantized_values.tmod": lambda: (_quantized_values(), {
+        "metadata": {"what": "quantized tensors of each dtype (tensor quant fields), a "
+                             "quantized view, a quantized dtype value (issue 32)"}}),
     "aliased_model.tmod": lambda: _with_examples(
         _aliased_model(), "a buffer and an attribute that are views of Linear weights"),
     "new_functions.tmod": lambda: _with_examples(

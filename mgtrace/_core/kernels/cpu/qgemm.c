@@ -20,6 +20,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
@@ -59,12 +60,15 @@ typedef struct {
     const int8_t *packed; const int32_t *wsum; const int32_t *bias; const double *mult;
     int32_t out_zp, lo, hi; int out_u8;
     void *out; int64_t ldo_m, ldo_n;
+    const double *corr;     /* a_zp * wsum[n] - bias[n], exact in double (VNNI epilogue) */
 } qgemm_args;
 
 static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
 {
     /* int64: a zero-point correction and a bias near the int32 ends stay exact */
-    int64_t acc = (int64_t)dot - (int64_t)g->a_zp * g->wsum[n];
+    int64_t acc = (int64_t)dot;
+    if (g->wsum)                    /* NULL: dot already counts the zero point (dwconv) */
+        acc -= (int64_t)g->a_zp * g->wsum[n];
     if (g->bias)
         acc += g->bias[n];
     int64_t at = m * g->ldo_m + n * g->ldo_n;
@@ -137,9 +141,107 @@ static void block_vnni(const qgemm_args *g, int64_t m, int64_t nb)
         store(g, m, n0 + j, out[j]);
 }
 
+/* the epilogue of 16 channels n0.. of row m at once, where they are all
+ * there and the output row is contiguous: the same double arithmetic as
+ * store() (acc = dot - corr[n] is exact in double: |acc| < 2**53), so the
+ * same bits. */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
+{
+    if (n0 + QB_N > g->N || !g->corr) {
+        int32_t v[QB_N];
+        _mm512_storeu_si512(v, dot);
+        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+            store(g, m, n0 + j, v[j]);
+        return;
+    }
+    __m512d d[2];
+    d[0] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(dot));
+    d[1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1));
+    int64_t at = m * g->ldo_m + n0 * g->ldo_n;
+    int strided = g->ldo_n != 1;    /* conv2d's [C_out, pixels] output: lane by lane */
+    for (int h = 0; h < 2; h++) {
+        __m512d acc = _mm512_sub_pd(d[h], _mm512_loadu_pd(g->corr + n0 + 8 * h));
+        __m512d v = _mm512_mul_pd(acc, _mm512_loadu_pd(g->mult + n0 + 8 * h));
+        int64_t o = at + 8 * h * g->ldo_n;
+        if (g->out_u8 == 2) {
+            if (g->lo == 0)
+                v = _mm512_max_pd(v, _mm512_setzero_pd());
+            __m256 f = _mm512_cvtpd_ps(v);
+            if (strided) {
+                float t[8];
+                _mm256_storeu_ps(t, f);
+                for (int j = 0; j < 8; j++)
+                    ((float *)g->out)[o + j * g->ldo_n] = t[j];
+            } else {
+                _mm256_storeu_ps((float *)g->out + o, f);
+            }
+            continue;
+        }
+        v = _mm512_add_pd(_mm512_roundscale_pd(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                          _mm512_set1_pd((double)g->out_zp));
+        v = _mm512_min_pd(_mm512_max_pd(v, _mm512_set1_pd((double)g->lo)),
+                          _mm512_set1_pd((double)g->hi));
+        __m128i b = _mm256_cvtepi32_epi8(_mm512_cvtpd_epi32(v));
+        if (strided) {
+            char t[16];
+            _mm_storeu_si128((__m128i *)t, b);
+            for (int j = 0; j < 8; j++)
+                ((char *)g->out)[o + j * g->ldo_n] = t[j];
+        } else {
+            _mm_storel_epi64((__m128i *)((char *)g->out + o), b);
+        }
+    }
+}
+
+/* four rows of two packed blocks (32 channels): eight accumulators, each
+ * weight vector loaded once for four vpdpbusd */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+static void block4x2_vnni(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
+    const uint8_t *a0 = g->a + m * g->lda, *a1 = a0 + g->lda, *a2 = a1 + g->lda,
+                  *a3 = a2 + g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    const int8_t *w2 = w + KB * QB_N * QB_K;
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512(),
+            c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+    __m512i e0 = _mm512_setzero_si512(), e1 = _mm512_setzero_si512(),
+            e2 = _mm512_setzero_si512(), e3 = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < KB; kb++) {
+        __m512i wv = _mm512_loadu_si512(w + kb * QB_N * QB_K);
+        __m512i wv2 = _mm512_loadu_si512(w2 + kb * QB_N * QB_K);
+        int32_t v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        size_t take = kb < KF ? 4 : (size_t)(g->K - kb * QB_K);
+        memcpy(&v0, a0 + kb * QB_K, take);
+        memcpy(&v1, a1 + kb * QB_K, take);
+        memcpy(&v2, a2 + kb * QB_K, take);
+        memcpy(&v3, a3 + kb * QB_K, take);
+        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
+                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
+        c0 = _mm512_dpbusd_epi32(c0, b0, wv);
+        c1 = _mm512_dpbusd_epi32(c1, b1, wv);
+        c2 = _mm512_dpbusd_epi32(c2, b2, wv);
+        c3 = _mm512_dpbusd_epi32(c3, b3, wv);
+        e0 = _mm512_dpbusd_epi32(e0, b0, wv2);
+        e1 = _mm512_dpbusd_epi32(e1, b1, wv2);
+        e2 = _mm512_dpbusd_epi32(e2, b2, wv2);
+        e3 = _mm512_dpbusd_epi32(e3, b3, wv2);
+    }
+    int64_t n0 = nb * QB_N, n1 = n0 + QB_N;
+    store16(g, m, n0, c0);
+    store16(g, m + 1, n0, c1);
+    store16(g, m + 2, n0, c2);
+    store16(g, m + 3, n0, c3);
+    store16(g, m, n1, e0);
+    store16(g, m + 1, n1, e1);
+    store16(g, m + 2, n1, e2);
+    store16(g, m + 3, n1, e3);
+}
+
 /* four rows of one packed block: each weight vector loaded once for four
  * vpdpbusd (the one-row kernel above reloads it per row) */
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
 static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
 {
     int64_t KB = ceil_div(g->K, QB_K), KF = g->K / QB_K;
@@ -174,22 +276,18 @@ static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
         c2 = _mm512_dpbusd_epi32(c2, _mm512_set1_epi32(v2), wv);
         c3 = _mm512_dpbusd_epi32(c3, _mm512_set1_epi32(v3), wv);
     }
-    int32_t out[4][QB_N];
-    _mm512_storeu_si512(out[0], c0);
-    _mm512_storeu_si512(out[1], c1);
-    _mm512_storeu_si512(out[2], c2);
-    _mm512_storeu_si512(out[3], c3);
     int64_t n0 = nb * QB_N;
-    for (int r = 0; r < 4; r++)
-        for (int j = 0; j < QB_N && n0 + j < g->N; j++)
-            store(g, m + r, n0 + j, out[r][j]);
+    store16(g, m, n0, c0);
+    store16(g, m + 1, n0, c1);
+    store16(g, m + 2, n0, c2);
+    store16(g, m + 3, n0, c3);
 }
 
 static int has_vnni(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni");
+        && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 #else
 static int has_vnni(void) { return 0; }
@@ -205,28 +303,42 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                   void *out, int64_t ldo_m, int64_t ldo_n, int path)
 {
     qgemm_args g = {M, N, K, a, lda, a_zp, packed, wsum, bias, mult, out_zp, lo, hi, out_u8,
-                    out, ldo_m, ldo_n};
+                    out, ldo_m, ldo_n, NULL};
     int64_t NB = ceil_div(N, QB_N);
     int vnni = path == 0 && has_vnni();
-    int64_t MB = ceil_div(M, 4);        /* units of four rows x one packed block */
-    int64_t work = MB * NB;
+    double *corr = NULL;
+    if (vnni && N > 0 && (corr = malloc((size_t)N * sizeof(double))) != NULL) {
+        for (int64_t n = 0; n < N; n++)
+            corr[n] = (double)((int64_t)a_zp * wsum[n] - (bias ? (int64_t)bias[n] : 0));
+        g.corr = corr;
+    }
+    int64_t MB = ceil_div(M, 4);        /* units of four rows x two packed blocks */
+    int64_t NP = ceil_div(NB, 2);
+    int64_t work = MB * NP;
 #pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
     for (int64_t i = 0; i < work; i++) {
-        int64_t m = (i / NB) * 4, nb = i % NB;
+        int64_t m = (i / NP) * 4, nb0 = (i % NP) * 2;
         int64_t rows = M - m < 4 ? M - m : 4;
+        for (int64_t nb = nb0; nb < nb0 + 2 && nb < NB; nb++) {
 #ifdef MT_Q_VNNI
-        if (vnni) {
-            if (rows == 4)
-                block4_vnni(&g, m, nb);
-            else
-                for (int64_t r = 0; r < rows; r++)
-                    block_vnni(&g, m + r, nb);
-            continue;
-        }
+            if (vnni) {
+                if (rows == 4 && nb == nb0 && nb + 1 < NB) {
+                    block4x2_vnni(&g, m, nb);
+                    break;
+                }
+                if (rows == 4)
+                    block4_vnni(&g, m, nb);
+                else
+                    for (int64_t r = 0; r < rows; r++)
+                        block_vnni(&g, m + r, nb);
+                continue;
+            }
 #endif
-        for (int64_t r = 0; r < rows; r++)
-            block_portable(&g, m + r, nb);
+            for (int64_t r = 0; r < rows; r++)
+                block_portable(&g, m + r, nb);
+        }
     }
+    free(corr);
     return vnni ? 2 : 1;
 }
 
@@ -251,4 +363,163 @@ void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH
                     }
                 }
         }
+}
+
+/* ---- quantize / dequantize (mgtrace.quantization.qdtype): the package's
+ * one rule, in float32 as NumPy computes it,
+ *   q = clamp(rint(x / scale) + zp, lo, hi)     y = (q - zp) * scale
+ * rint under the default rounding mode (round half to even). A NaN
+ * saturates to lo. kind: 0 int8, 1 uint8, 2 int32 (clamped in double: the
+ * int32 ends are no float32). */
+static inline float q_clamp(float v, float lo, float hi)
+{
+    if (!(v >= lo)) v = lo;         /* NaN too */
+    if (v > hi) v = hi;
+    return v;
+}
+
+static void quantize_portable(const float *x, int64_t n, float scale, float zp, float lo,
+                              float hi, int kind, void *out)
+{
+    if (kind == 2) {
+        for (int64_t i = 0; i < n; i++) {
+            double v = (double)(rintf(x[i] / scale) + zp);
+            if (!(v >= -2147483648.0)) v = -2147483648.0;
+            if (v > 2147483647.0) v = 2147483647.0;
+            ((int32_t *)out)[i] = (int32_t)v;
+        }
+    } else if (kind == 1) {
+        for (int64_t i = 0; i < n; i++)
+            ((uint8_t *)out)[i] = (uint8_t)(int32_t)q_clamp(rintf(x[i] / scale) + zp, lo, hi);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            ((int8_t *)out)[i] = (int8_t)(int32_t)q_clamp(rintf(x[i] / scale) + zp, lo, hi);
+    }
+}
+
+#ifdef MT_Q_VNNI
+__attribute__((target("avx512f")))
+static void quantize_avx512(const float *x, int64_t n, float scale, float zp, float lo,
+                            float hi, int kind, void *out)
+{
+    __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zp);
+    __m512 l = _mm512_set1_ps(lo), h = _mm512_set1_ps(hi);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), s);
+        v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT |
+                                               _MM_FROUND_NO_EXC), z);
+        v = _mm512_min_ps(_mm512_max_ps(v, l), h);      /* max(NaN, l) is l */
+        __m512i q = _mm512_cvtps_epi32(v);              /* exact: integers in range */
+        if (kind == 1)
+            _mm_storeu_si128((__m128i *)((uint8_t *)out + i), _mm512_cvtepi32_epi8(q));
+        else
+            _mm_storeu_si128((__m128i *)((int8_t *)out + i), _mm512_cvtepi32_epi8(q));
+    }
+    if (i < n)
+        quantize_portable(x + i, n - i, scale, zp, lo, hi, kind,
+                          (kind == 1 ? (void *)((uint8_t *)out + i) : (void *)((int8_t *)out + i)));
+}
+
+static int has_avx512f(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+#endif
+
+#define Q_CHUNK 65536
+
+/* path: 0 best, 1 portable. */
+void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
+                     int kind, void *out, int path)
+{
+    int wide = 0;
+#ifdef MT_Q_VNNI
+    wide = path == 0 && kind != 2 && has_avx512f();
+#endif
+    size_t isz = kind == 2 ? 4 : 1;
+    int64_t chunks = (n + Q_CHUNK - 1) / Q_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t at = c * Q_CHUNK, len = n - at < Q_CHUNK ? n - at : Q_CHUNK;
+        void *o = (char *)out + at * isz;
+#ifdef MT_Q_VNNI
+        if (wide) {
+            quantize_avx512(x + at, len, scale, zp, lo, hi, kind, o);
+            continue;
+        }
+#endif
+        quantize_portable(x + at, len, scale, zp, lo, hi, kind, o);
+    }
+    (void)wide;
+}
+
+void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp, float *out)
+{
+    int64_t chunks = (n + Q_CHUNK - 1) / Q_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t at = c * Q_CHUNK, end = n - at < Q_CHUNK ? n : at + Q_CHUNK;
+        if (kind == 2)
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const int32_t *)q)[i] - zp) * scale;
+        else if (kind == 1)
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const uint8_t *)q)[i] - zp) * scale;
+        else
+            for (int64_t i = at; i < end; i++)
+                out[i] = ((float)((const int8_t *)q)[i] - zp) * scale;
+    }
+}
+
+/* ---- depthwise int8 convolution (groups == channels, one filter each):
+ * direct, no im2col, the GEMM's arithmetic per output element:
+ *   acc = sum_{i,j} (x[c, h, w] - a_zp) * w[c, i, j] + bias[c]   (outside
+ *   the image x is a_zp, so the term is 0), then store()'s requantization.
+ * x: uint8 [N, C, H, W]; out [N, C, OH, OW] of out_u8's kind. */
+void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                     int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                     int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                     int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                     int32_t lo, int32_t hi, int out_u8, void *out)
+{
+    int64_t planes = NB * C;
+#pragma omp parallel for schedule(static) if (planes * OH * OW * KH * KW > (1 << 16))
+    for (int64_t p = 0; p < planes; p++) {
+        int64_t c = p % C;
+        const uint8_t *xp = x + p * H * W;
+        const int8_t *wc = w + c * KH * KW;
+        /* one output row at a time through a qgemm_args view of the plane:
+         * store() indexes out[m * ldo_m + n * ldo_n] with m the pixel, n = c */
+        qgemm_args g = {0};
+        g.a_zp = a_zp;
+        g.wsum = NULL;
+        g.bias = bias;
+        g.mult = mult;
+        g.out_zp = out_zp;
+        g.lo = lo;
+        g.hi = hi;
+        g.out_u8 = out_u8;
+        g.N = C;
+        size_t isz = out_u8 == 2 ? 4 : 1;
+        g.out = (char *)out + (size_t)((p - c) * OH * OW) * isz;   /* image p / C */
+        g.ldo_m = 1;
+        g.ldo_n = OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int32_t acc = 0;
+                for (int64_t i = 0; i < KH; i++) {
+                    int64_t h = oh * SH - PH + i * DH;
+                    if (h < 0 || h >= H)
+                        continue;
+                    for (int64_t j = 0; j < KW; j++) {
+                        int64_t ww = ow * SW - PW + j * DW;
+                        if (ww >= 0 && ww < W)
+                            acc += ((int32_t)xp[h * W + ww] - a_zp) * (int32_t)wc[i * KW + j];
+                    }
+                }
+                store(&g, oh * OW + ow, c, acc);
+            }
+    }
 }
