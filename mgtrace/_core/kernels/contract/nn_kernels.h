@@ -44,7 +44,7 @@ typedef struct {
     float scale;
 } mt_attn_geom;
 
-/* How conv2d computes; AUTO lets the device pick (the CPU: by shape, cpu/conv.c). */
+/* How conv2d computes; AUTO lets the device pick (the CPU: by shape, the priority list in cpu/conv/choice.c). */
 enum mt_conv_algo {
     MT_CONV_AUTO = 0,
     MT_CONV_GEMM1X1,    /* 1x1, stride 1, no padding: one GEMM per image, no copies */

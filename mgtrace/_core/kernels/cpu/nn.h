@@ -83,7 +83,7 @@ void mt_conv2d_direct_force_narrow(int on);
 /* mt_cpu_avx512(): mt_simd.h (cpu_features.c) */
 /* The algorithm MT_CONV_AUTO picks for this geometry. */
 int mt_conv2d_pick_algo(const mt_conv2d_geom *g);
-/* Winograd's bound k (see conv.c): its transforms stay finite when every
+/* Winograd's bound k (see cpu/conv/winograd.c): its transforms stay finite when every
  * |x| and every |w| is below 2^k (float32: 55 with one input channel a
  * group, 53 with 16, 51 with 512). Weights packed for a Winograd algorithm
  * or NCHWc form must be within it: the caller checks them with
