@@ -197,7 +197,7 @@ def _out_hw(fn, x, weight, stride, padding, dilation):
     stride, padding and dilation (the kernels' rule, window_output_size:
     ValueError naming ``fn`` when the kernel is larger than the padded
     input)."""
-    return _nn.window_output_size(fn, tuple(x.shape[2:4]), tuple(weight.shape[2:4]), stride, padding, dilation)
+    return _fnn._windows_out(fn, tuple(x.shape[2:4]), tuple(weight.shape[2:4]), padding, stride, dilation)
 
 
 def conv2d_nchwc_pw_dw(x, weight, bias, dw_weight, dw_bias, stride=1, padding=0, act="none",

@@ -1732,10 +1732,19 @@ def _window_geometry(fn, x, kernel_size, padding, stride, dilation):
 
 
 def _windows_out(fn, size, k, p, s, d):
-    """The output (height, width) of fn's sliding windows: the kernels'
-    rule (window_output_size), its ValueError when a window is larger
-    than the padded input."""
-    return _nn.window_output_size(fn, tuple(size), tuple(k), tuple(s), tuple(p), tuple(d))
+    """The output size of fn's sliding windows along each axis of ``size``:
+    the kernels' rule (window_output_size), its ValueError when a window
+    is larger than the padded input.
+
+    A symbolic size (a SymInt, while tracing with symbolic shapes) gets
+    the same rule written on it, so that the graph stays general: the C
+    rule alone would turn it into the traced value (the ONNX exporter's
+    re-trace of SlidingWindow then fixed the window grid)."""
+    out = _nn.window_output_size(fn, tuple(int(v) for v in size), tuple(k), tuple(s), tuple(p), tuple(d))
+    if all(type(v) is int for v in size):
+        return out
+    return tuple(v if type(n) is int else (n + 2 * pi - di * (ki - 1) - 1) // si + 1
+                 for v, n, ki, si, pi, di in zip(out, size, k, s, p, d))
 
 
 def sliding_window(inp, kernel_size, padding=0, stride=1, dilation=1):
