@@ -222,6 +222,7 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
     _TEST_BACKEND = mt_cpu_backend
     _TEST_BACKEND.name = b"test"
     _TEST_BACKEND.elementwise = mt_cpu_backend.elementwise if "elementwise" in areas else NULL
+    _TEST_BACKEND.has_elementwise = mt_cpu_backend.has_elementwise if "elementwise" in areas else NULL
     _TEST_BACKEND.reduce = mt_cpu_backend.reduce if "reduce" in areas else NULL
     _TEST_BACKEND.linalg = mt_cpu_backend.linalg if "linalg" in areas else NULL
     _TEST_BACKEND.nn = mt_cpu_backend.nn if "nn" in areas else NULL

@@ -230,6 +230,26 @@ def test_has_kernel_follows_the_device_backend(fake_device):
     assert not mt.has_kernel("conv2d", dev, "float32")
 
 
+ELEMENTWISE_OPS = sorted(n for n, r in op_table.OPS.items() if r.group in ELEMENTWISE_GROUPS) + ["astype"]
+DTYPE_NAMES = [str(d) for d in mt.DTYPES]
+
+
+def test_has_kernel_answers_elementwise_per_dtype_from_the_devices_table(fake_device):
+    """A second backend's elementwise ops answer per dtype from its
+    has_elementwise member (CUDA's reads its per (op, dtype) table): the
+    stand-in has the CPU's loops, so every (op, dtype) answer is the
+    CPU's, missing dtypes included."""
+    dev = fake_device(("elementwise",))
+    answers = {(op, dt): mt.has_kernel(op, dev, dt) for op in ELEMENTWISE_OPS for dt in DTYPE_NAMES}
+    assert answers == {(op, dt): mt.has_kernel(op, "cpu", dt) for op in ELEMENTWISE_OPS for dt in DTYPE_NAMES}
+    assert answers["add", "float32"] and answers["exp", "float64"] and answers["bitwise_and", "int32"]
+    assert not answers["exp", "int32"]           # exp computes in a float dtype: no integer loop
+    assert not answers["bitwise_and", "float32"]
+    assert not answers["sin", "bool"]
+    fake_device(())                              # no elementwise member: no dtype
+    assert not any(mt.has_kernel(op, dev, "float32") for op in ELEMENTWISE_OPS)
+
+
 def test_a_device_type_without_its_backend_is_unavailable():
     # no CUDA extension here (or no GPU): placement raises DeviceUnavailable,
     # a DeviceError and a NotImplementedError, with one wording
