@@ -29,7 +29,7 @@ from mgtrace._core.kernels cimport (
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
     mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
     mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_BK_ENOKERNEL, MT_EW_UNARY,
-    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise,
+    MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise, mt_cpu_has_elementwise,
     mt_complex_init, mt_complex_make_loop, mt_complex_part_loop, MT_CPART_REAL, MT_CPART_IMAG,
     MT_CPART_ABS, MT_CPART_ANGLE)
 from mgtrace._core.tensor cimport (
@@ -59,6 +59,7 @@ _tensor_mod = importlib.import_module("mgtrace._core.tensor")
 mt_elementwise_init()
 mt_complex_init()
 cpu_backend().elementwise = mt_cpu_elementwise     # the CPU backend's elementwise member
+cpu_backend().has_elementwise = mt_cpu_has_elementwise     # and what it has, per dtype
 
 # ------------------------------------------------------------------ op table
 
@@ -1097,31 +1098,27 @@ cdef int num_threads() noexcept nogil:
 
 def _has_elementwise(str op, int device, int dtype):
     """Whether ``device`` has the elementwise kernel of op at compute dtype
-    code ``dtype``: the CPU's loop tables are per dtype; another backend's
-    one elementwise member reports a dtype it lacks only when called, so
-    there the answer is whether it has the member. None for another area's
-    op."""
+    code ``dtype``, from its backend's ``has_elementwise`` member (the CPU's
+    loop tables, CUDA's per (op, dtype) table); a backend without that
+    member reports a dtype it lacks only when called, so there the answer
+    is whether it has the elementwise member. None for another area's op."""
     cdef const mt_backend *b = backend_of(device)
-    cdef int code
+    cdef int kind, code = 0
     if op in UNARY:
-        code = UNARY[op]
+        kind, code = MT_EW_UNARY, UNARY[op]
     elif op in BINARY:
-        code = BINARY[op]
+        kind, code = MT_EW_BINARY, BINARY[op]
     elif op in TERNARY:
-        code = TERNARY[op]
-    elif op not in ("astype", "concat", "stack"):    # joins copy by casts
+        kind, code = MT_EW_TERNARY, TERNARY[op]
+    elif op in ("astype", "concat", "stack"):    # joins copy by casts
+        kind = MT_EW_CAST
+    else:
         return None
     if b.elementwise == NULL:
         return False
-    if b.elementwise != mt_cpu_elementwise:
+    if b.has_elementwise == NULL:
         return True
-    if op in UNARY:
-        return mt_unary_loops[code][dtype] != NULL
-    if op in BINARY:
-        return mt_binary_loops[code][dtype] != NULL
-    if op in TERNARY:
-        return mt_ternary_loops[code][dtype] != NULL
-    return mt_cast_loops[dtype][dtype] != NULL
+    return b.has_elementwise(kind, code, dtype, dtype) != 0
 
 
 # ops that run no kernel on the device: views, and nonzero (found on the
@@ -1141,9 +1138,9 @@ def has_kernel(op, device=None, dtype="float32"):
     device D with dtype T", or runs its op-table fallback (attention's).
 
     Views and other ops that run no kernel (reshape, transpose...) answer
-    True. The CPU answers per dtype from its tables; a backend whose one
-    elementwise member covers every elementwise op (CUDA's) answers for the
-    op, and reports a dtype it lacks when called.
+    True. Every area answers per dtype from the device's kernel tables
+    (elementwise ops from the backend's ``has_elementwise``: the CPU's
+    loops, CUDA's per (op, dtype) table).
 
     Raises:
         KeyError: ``op`` is no core op.

@@ -99,5 +99,7 @@ cdef extern from "kernels/contract/backend.h" nogil:
         const void *nn
         const void *index
         int host_memory
+        int (*has_elementwise)(int kind, int op, int dtype, int dtype2) noexcept nogil
     mt_backend mt_cpu_backend
     int mt_cpu_elementwise(const mt_ew_call *call) noexcept
+    int mt_cpu_has_elementwise(int kind, int op, int dtype, int dtype2) noexcept nogil

@@ -11,7 +11,7 @@ from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_Is
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 import sys as _sys
 
@@ -171,28 +171,16 @@ cdef const mt_backend *backend_of(int device) except NULL:
 
 
 cdef extern from "kernels/cpu/nn.h":
-    # the members a test stand-in for CUDA leaves empty (CUDA's table has none of them)
+    # the members CUDA's nn table has (kernels/cuda/nn.cu's mtc_nn_kernels):
+    # a test stand-in for CUDA copies these from the CPU's, the rest NULL
     ctypedef struct mt_nn_kernels:
-        void *conv_transpose2d_workspace
-        void *conv_transpose2d
-        void *pad_index
-        void *layer_norm
-        void *attention_workspace
-        void *attention_f32
-        void *to_nchwc
-        void *from_nchwc
-        void *conv2d_nchwc
-        void *conv2d_nchwc_pw_dw
-        void *conv2d_nchwc_pw_dw_pw
-        void *max_pool2d_nchwc
-        void *conv2d_packed
-        void *max_pool2d_backward
-        void *avg_pool2d_backward
-        void *adaptive_pool2d_backward
-        void *resize2d_backward
-        void *conv2d_backward_weight
-        void *index_add
-        void *act_backward
+        void *conv2d_workspace
+        void *conv2d
+        void *max_pool2d
+        void *avg_pool2d
+        void *adaptive_pool2d
+        void *resize2d
+        void *bias_act
 
 cdef mt_backend _TEST_BACKEND
 cdef mt_nn_kernels _TEST_NN
@@ -207,35 +195,35 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
     "linalg", "nn", "index") and empty for the rest: a second device type
     without a GPU, to see what every op does where kernels are missing.
     ``host_memory``: whether it says its memory is the host's (False: it is
-    treated as a GPU's, every crossing a copy); ``cpu_only_nn`` False leaves
-    out of its nn table the entries CUDA's has not (NCHW16c, attention,
-    conv_transpose2d, pad, layer norm, packed weights, and the backward
-    kernels: pooling, resize, conv2d's weight gradient, index_add, the
-    activations'): a CUDA stand-in, where a gradient meets NoKernelError
-    as on CUDA.
+    treated as a GPU's, every crossing a copy); ``cpu_only_nn`` False gives
+    it an nn table of only the members CUDA's has (conv2d, pooling, resize,
+    bias_act): no NCHW16c, attention, conv_transpose2d, pad, layer norm,
+    packed weights, conv3d, recurrent cells or backward kernels, a CUDA
+    stand-in where an op or gradient meets NoKernelError as on CUDA.
     _remove_test_backend puts back what was there."""
     global _TEST_BACKEND, _TEST_NN
     cdef int k = _TEST_KINDS[kind]
+    cdef const mt_nn_kernels *cpu_nn
     unknown = set(areas) - {"elementwise", "reduce", "linalg", "nn", "index"}
     if unknown:
         raise ValueError(f"unknown kernel areas {sorted(unknown)}")
     _TEST_BACKEND = mt_cpu_backend
     _TEST_BACKEND.name = b"test"
     _TEST_BACKEND.elementwise = mt_cpu_backend.elementwise if "elementwise" in areas else NULL
+    _TEST_BACKEND.has_elementwise = mt_cpu_backend.has_elementwise if "elementwise" in areas else NULL
     _TEST_BACKEND.reduce = mt_cpu_backend.reduce if "reduce" in areas else NULL
     _TEST_BACKEND.linalg = mt_cpu_backend.linalg if "linalg" in areas else NULL
     _TEST_BACKEND.nn = mt_cpu_backend.nn if "nn" in areas else NULL
     if "nn" in areas and not cpu_only_nn:
-        _TEST_NN = (<const mt_nn_kernels *>mt_cpu_backend.nn)[0]
-        _TEST_NN.conv_transpose2d_workspace = _TEST_NN.conv_transpose2d = NULL
-        _TEST_NN.pad_index = _TEST_NN.layer_norm = NULL
-        _TEST_NN.attention_workspace = _TEST_NN.attention_f32 = NULL
-        _TEST_NN.to_nchwc = _TEST_NN.from_nchwc = _TEST_NN.max_pool2d_nchwc = NULL
-        _TEST_NN.conv2d_nchwc = _TEST_NN.conv2d_nchwc_pw_dw = _TEST_NN.conv2d_nchwc_pw_dw_pw = NULL
-        _TEST_NN.conv2d_packed = NULL
-        _TEST_NN.max_pool2d_backward = _TEST_NN.avg_pool2d_backward = NULL
-        _TEST_NN.adaptive_pool2d_backward = _TEST_NN.resize2d_backward = NULL
-        _TEST_NN.conv2d_backward_weight = _TEST_NN.index_add = _TEST_NN.act_backward = NULL
+        cpu_nn = <const mt_nn_kernels *>mt_cpu_backend.nn
+        memset(&_TEST_NN, 0, sizeof(mt_nn_kernels))
+        _TEST_NN.conv2d_workspace = cpu_nn.conv2d_workspace
+        _TEST_NN.conv2d = cpu_nn.conv2d
+        _TEST_NN.max_pool2d = cpu_nn.max_pool2d
+        _TEST_NN.avg_pool2d = cpu_nn.avg_pool2d
+        _TEST_NN.adaptive_pool2d = cpu_nn.adaptive_pool2d
+        _TEST_NN.resize2d = cpu_nn.resize2d
+        _TEST_NN.bias_act = cpu_nn.bias_act
         _TEST_BACKEND.nn = &_TEST_NN
     _TEST_BACKEND.index = mt_cpu_backend.index if "index" in areas else NULL
     _TEST_BACKEND.host_memory = host_memory

@@ -5,11 +5,13 @@ of the op table does on a device without its kernel: it raises the one
 missing-kernel text, runs its declared fallback, or needs no kernel."""
 import importlib
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mgtrace as mt
+import mgtrace.functional as F
 from mgtrace._core import op_table
 from mgtrace.errors import DeviceUnavailable, NoKernelError
 
@@ -230,6 +232,26 @@ def test_has_kernel_follows_the_device_backend(fake_device):
     assert not mt.has_kernel("conv2d", dev, "float32")
 
 
+ELEMENTWISE_OPS = sorted(n for n, r in op_table.OPS.items() if r.group in ELEMENTWISE_GROUPS) + ["astype"]
+DTYPE_NAMES = [str(d) for d in mt.DTYPES]
+
+
+def test_has_kernel_answers_elementwise_per_dtype_from_the_devices_table(fake_device):
+    """A second backend's elementwise ops answer per dtype from its
+    has_elementwise member (CUDA's reads its per (op, dtype) table): the
+    stand-in has the CPU's loops, so every (op, dtype) answer is the
+    CPU's, missing dtypes included."""
+    dev = fake_device(("elementwise",))
+    answers = {(op, dt): mt.has_kernel(op, dev, dt) for op in ELEMENTWISE_OPS for dt in DTYPE_NAMES}
+    assert answers == {(op, dt): mt.has_kernel(op, "cpu", dt) for op in ELEMENTWISE_OPS for dt in DTYPE_NAMES}
+    assert answers["add", "float32"] and answers["exp", "float64"] and answers["bitwise_and", "int32"]
+    assert not answers["exp", "int32"]           # exp computes in a float dtype: no integer loop
+    assert not answers["bitwise_and", "float32"]
+    assert not answers["sin", "bool"]
+    fake_device(())                              # no elementwise member: no dtype
+    assert not any(mt.has_kernel(op, dev, "float32") for op in ELEMENTWISE_OPS)
+
+
 def test_a_device_type_without_its_backend_is_unavailable():
     # no CUDA extension here (or no GPU): placement raises DeviceUnavailable,
     # a DeviceError and a NotImplementedError, with one wording
@@ -242,39 +264,82 @@ def test_a_device_type_without_its_backend_is_unavailable():
         mt.tensor([1.0], device="cuda:0")
 
 
-# one call of each op whose gradient has a backward kernel (the nn table's
-# backward members): on a CUDA stand-in, which has none of them as CUDA
-# has none, the gradient raises the one missing-kernel text naming
-# "<op> backward", and the forward still runs
+NN_HEADER = Path(mt.__file__).parent / "_core" / "kernels" / "contract" / "nn_kernels.h"
+
+
+def _backward_members():
+    """The nn table's backward members, read from its contract header: the
+    members named *_backward, and index_add (the gradient of gathers)."""
+    text = NN_HEADER.read_text()
+    body = text[text.rindex("typedef struct", 0, text.index("} mt_nn_kernels;")):text.index("} mt_nn_kernels;")]
+    members = re.findall(r"\(\*(\w+)\)\(", body)
+    return sorted(m for m in members if "backward" in m or m == "index_add")
+
+
+# one call per backward member of the nn table (example name: (the members
+# its gradient uses, the call, input shapes)); on a CUDA stand-in (the nn
+# table CUDA has, no backward member), the gradient raises the one
+# missing-kernel text, or its forward ran a fallback whose gradient needs
+# none and gives the CPU's
 BACKWARD = {
-    "max_pool2d": (lambda x: mt.functional.max_pool2d(x, 2), [(1, 2, 4, 4)]),
-    "avg_pool2d": (lambda x: mt.functional.avg_pool2d(x, 2), [(1, 2, 4, 4)]),
-    "adaptive_avg_pool2d": (lambda x: mt.functional.adaptive_avg_pool2d(x, (2, 2)), [(1, 2, 5, 5)]),
-    "adaptive_max_pool2d": (lambda x: mt.functional.adaptive_max_pool2d(x, (2, 2)), [(1, 2, 5, 5)]),
-    "interpolate": (lambda x: mt.functional.interpolate(x, scale_factor=2, mode="bilinear"), [(1, 2, 3, 3)]),
-    "conv2d": (lambda x, w: mt.functional.conv2d(x, w), [(1, 2, 5, 5), (3, 2, 3, 3)]),
-    "gelu": (lambda x: mt.functional.gelu(x), [(2, 3)]),
+    "max_pool2d": (("max_pool2d_backward",), lambda x: F.max_pool2d(x, 2), [(1, 2, 4, 4)]),
+    "avg_pool2d": (("avg_pool2d_backward",), lambda x: F.avg_pool2d(x, 2), [(1, 2, 4, 4)]),
+    "adaptive_avg_pool2d": (("adaptive_pool2d_backward",), lambda x: F.adaptive_avg_pool2d(x, (2, 2)),
+                            [(1, 2, 5, 5)]),
+    "adaptive_max_pool2d": (("adaptive_pool2d_backward",), lambda x: F.adaptive_max_pool2d(x, (2, 2)),
+                            [(1, 2, 5, 5)]),
+    "interpolate": (("resize2d_backward",), lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+                    [(1, 2, 3, 3)]),
+    "conv2d": (("conv2d_backward_weight",), lambda x, w: F.conv2d(x, w), [(1, 2, 5, 5), (3, 2, 3, 3)]),
+    "gelu": (("act_backward",), lambda x: F.gelu(x), [(2, 3)]),
+    "embedding": (("index_add",), lambda w: F.embedding(mt.tensor([[0, 2, 2], [4, 1, 0]], device=w.device), w),
+                  [(5, 3)]),
+    "layer_norm": (("layer_norm_backward",), lambda x, w, b: F.layer_norm(x, (4,), w, b), [(3, 4), (4,), (4,)]),
+    "conv3d": (("conv3d_backward_data", "conv3d_backward_weight"), lambda x, w: F.conv3d(x, w),
+               [(1, 2, 3, 4, 4), (3, 2, 2, 2, 2)]),
 }
-
-
+# what each raises on the stand-in: the first kernel it lacks (None: it ran
+# a fallback and its gradient needs no backward kernel)
+MISSING_FIRST = {
+    "max_pool2d": "max_pool2d backward", "avg_pool2d": "avg_pool2d backward",
+    "adaptive_avg_pool2d": "adaptive_avg_pool2d backward", "adaptive_max_pool2d": "adaptive_max_pool2d backward",
+    "interpolate": "interpolate backward", "gelu": "gelu backward", "embedding": "index_add",
+    "conv2d": "conv_transpose2d",           # conv2d's input gradient is a CPU-only forward kernel
+    "conv3d": "conv_transpose2d",           # its fallback (conv2d per depth tap) has conv2d's gradient
+    "layer_norm": None,                     # its fallback composes reductions and elementwise ops
+}
 MISSING_BACKWARD = re.compile(r"^no kernel for op '([\w ]+)' on device cuda:0 with dtype float32$")
-# the first missing kernel where it is not "<op> backward": conv2d's input
-# gradient is a conv_transpose2d, a CPU-only forward kernel
-NEEDS = {"conv2d": "conv_transpose2d"}
+
+
+def test_every_backward_member_of_the_nn_table_has_an_example():
+    members = _backward_members()
+    assert "act_backward" in members and "index_add" in members      # the header was read
+    assert sorted({m for used, _, _ in BACKWARD.values() for m in used}) == members
+
+
+def _gradients(name, device):
+    from mgtrace.autodiff import GradManager
+    _, fn, shapes = BACKWARD[name]
+    ts = [mt.tensor(np.random.default_rng(30 + i).standard_normal(s).astype(np.float32), device=device)
+          for i, s in enumerate(shapes)]
+    gm = GradManager().attach(ts)
+    with gm:
+        y = fn(*ts)
+        assert str(y.device) == str(mt.Device(device))
+        gm.backward((y * y).sum())
+    return [t.grad for t in ts]
 
 
 @pytest.mark.parametrize("name", sorted(BACKWARD))
 def test_a_gradient_without_its_backward_kernel_raises_the_one_text(name, fake_device):
-    from mgtrace.autodiff import GradManager
-    fn, shapes = BACKWARD[name]
-    core_tensor._install_test_backend("cuda", ALL_AREAS, False, False)    # CUDA's tables: no backward members
-    dev = mt.Device("cuda:0")
-    ts = [mt.tensor(_rng().standard_normal(s).astype(np.float32), device=dev) for s in shapes]
-    gm = GradManager().attach(ts)
-    with gm:
-        y = fn(*ts)
-        assert str(y.device) == "cuda:0"
-        with pytest.raises(NoKernelError) as e:
-            gm.backward(y.sum())
+    want = [g.numpy() for g in _gradients(name, "cpu")]
+    core_tensor._install_test_backend("cuda", ALL_AREAS, False, False)    # CUDA's nn table: no backward members
+    if MISSING_FIRST.get(name) is None:
+        got = _gradients(name, "cuda:0")
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.to("cpu").numpy(), w, rtol=1e-4, atol=1e-5)
+        return
+    with pytest.raises(NoKernelError) as e:
+        _gradients(name, "cuda:0")
     m = MISSING_BACKWARD.match(str(e.value))
-    assert m and m.group(1) == NEEDS.get(name, name + " backward"), str(e.value)
+    assert m and m.group(1) == MISSING_FIRST[name], str(e.value)

@@ -108,6 +108,16 @@ def test_missing_kernel_names_op_device_and_dtype():
         cuda(np.ones(3, np.int8)) + cuda(np.ones(3, np.int8))
 
 
+def test_has_kernel_answers_per_dtype_from_cudas_elementwise_table():
+    # the (op, dtype) entries of kernels/cuda/elementwise.cu's table: int8
+    # has no kernels (the CPU's has), exp only floats, bitwise ops no floats
+    assert mt.has_kernel("add", "cpu", "int8") and not mt.has_kernel("add", "cuda:0", "int8")
+    assert mt.has_kernel("add", "cuda:0", "int32") and mt.has_kernel("add", "cuda:0", "bool")
+    assert mt.has_kernel("exp", "cuda:0", "float16") and not mt.has_kernel("exp", "cuda:0", "int32")
+    assert not mt.has_kernel("bitwise_and", "cuda:0", "float32")
+    assert mt.has_kernel("astype", "cuda:0", "bfloat16") and not mt.has_kernel("astype", "cuda:0", "complex64")
+
+
 def test_dlpack_exports_cuda_memory_and_imports_it_back():
     t = cuda(np.arange(6, dtype=np.float32).reshape(2, 3))
     assert t.__dlpack_device__() == (2, 0)

@@ -80,6 +80,12 @@ typedef struct mt_backend {
     /* 1 when the device's memory is host memory (the CPU's: a pointer the
      * host may read, devices of the type share it); 0 for a GPU's */
     int host_memory;
+    /* optional: 1 when ``elementwise`` has the kernel of (kind, op, dtype,
+     * dtype2) as an mt_ew_call names them, 0 when it would return
+     * MT_BK_ENOKERNEL: what has_kernel(op, device, dtype) answers from.
+     * NULL: has_kernel answers True for every dtype of an op the
+     * elementwise member exists for */
+    int (*has_elementwise)(int kind, int op, int dtype, int dtype2);
 } mt_backend;
 
 /* the CPU's backend (cpu/cpu_backend.c): mutable, as the core's extensions
@@ -90,6 +96,8 @@ extern mt_backend mt_cpu_backend;
 /* elementwise on the CPU: the mt_ops.h loop of (kind, op, dtype) run by
  * mt_nd_loop; MT_BK_ENOKERNEL when the table has none (cpu/iter.c) */
 int mt_cpu_elementwise(const mt_ew_call *call);
+/* its has_elementwise member: whether the loop tables hold the loop */
+int mt_cpu_has_elementwise(int kind, int op, int dtype, int dtype2);
 
 #ifdef __cplusplus
 }

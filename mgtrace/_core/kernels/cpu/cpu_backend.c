@@ -34,4 +34,5 @@ mt_backend mt_cpu_backend = {
     "cpu", cpu_activate, cpu_alloc, cpu_copy, cpu_synchronize, cpu_last_error,
     NULL, NULL, NULL, NULL, NULL,     /* the kernel tables: installed at import */
     1,                                /* host memory */
+    NULL,                             /* has_elementwise: installed with elementwise */
 };

@@ -153,15 +153,25 @@ void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *
 }
 
 
-int mt_cpu_elementwise(const mt_ew_call *c) {
-    mt_loop_fn fn;
-    switch (c->kind) {
-    case MT_EW_UNARY: fn = mt_unary_loops[c->op][c->dtype]; break;
-    case MT_EW_BINARY: fn = mt_binary_loops[c->op][c->dtype]; break;
-    case MT_EW_TERNARY: fn = mt_ternary_loops[c->op][c->dtype]; break;
-    case MT_EW_CAST: fn = mt_cast_loops[c->dtype][c->dtype2]; break;
-    default: fn = mt_fill_loops[c->dtype]; break;
+/* the loop of (kind, op, dtype, dtype2); NULL when the tables have none */
+static mt_loop_fn cpu_loop(int kind, int op, int dtype, int dtype2) {
+    if (dtype < 0 || dtype >= MT_NDTYPES || dtype2 < 0 || dtype2 >= MT_NDTYPES || op < 0) return NULL;
+    switch (kind) {
+    case MT_EW_UNARY: return op < MT_NUNARY ? mt_unary_loops[op][dtype] : NULL;
+    case MT_EW_BINARY: return op < MT_NBINARY ? mt_binary_loops[op][dtype] : NULL;
+    case MT_EW_TERNARY: return op < MT_NTERNARY ? mt_ternary_loops[op][dtype] : NULL;
+    case MT_EW_CAST: return mt_cast_loops[dtype][dtype2];
+    case MT_EW_FILL: return mt_fill_loops[dtype];
     }
+    return NULL;
+}
+
+int mt_cpu_has_elementwise(int kind, int op, int dtype, int dtype2) {
+    return cpu_loop(kind, op, dtype, dtype2) != NULL;
+}
+
+int mt_cpu_elementwise(const mt_ew_call *c) {
+    mt_loop_fn fn = cpu_loop(c->kind, c->op, c->dtype, c->dtype2);
     if (fn == NULL) return MT_BK_ENOKERNEL;
     mt_nd_loop(fn, c->nargs, (char **)c->args, c->ndim, c->shape, &c->strides[0][0], c->aux, c->cost);
     return MT_BK_OK;

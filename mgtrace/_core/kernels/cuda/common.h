@@ -36,6 +36,7 @@ void mtc_scratch_free(void *ptr, size_t nbytes);
 int mtc_gemm(int dtype, const mt_gemm_shape *s, const char *a, const char *b, char *c,
              int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c);
 int mtc_elementwise(const mt_ew_call *c);
+int mtc_has_elementwise(int kind, int op, int dtype, int dtype2);
 extern const mt_backend mtc_backend;        /* memory.cu: what _cuda.pyx installs */
 extern const mt_reduce_kernels mtc_reduce_kernels;
 extern const mt_linalg_kernels mtc_linalg_kernels;

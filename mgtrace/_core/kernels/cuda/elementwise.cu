@@ -354,17 +354,36 @@ template <int D> int fill_entry(const mt_ew_call *c) {
     return mtc_check_launch("fill kernel launch");
 }
 
-template <int OP, int D> struct UE { static int run(const mt_ew_call *c) { return unary_entry<OP, D>(c); } };
-template <int OP, int D> struct BE { static int run(const mt_ew_call *c) { return binary_entry<OP, D>(c); } };
-template <int OP, int D> struct TE { static int run(const mt_ew_call *c) { return ternary_entry<OP, D>(c); } };
-template <int S, int D> struct CE { static int run(const mt_ew_call *c) { return cast_entry<S, D>(c); } };
-template <int OP, int D> struct FE { static int run(const mt_ew_call *c) { return fill_entry<D>(c); } };
+/* has: whether the entry runs a kernel (the conditions of the entries
+ * above); the tables hold NULL where it does not, so has_elementwise reads
+ * the same table the calls go through */
+template <int OP, int D> struct UE {
+    static constexpr bool has = (U<OP>::kinds_ & kind_of<D>()) != 0;
+    static int run(const mt_ew_call *c) { return unary_entry<OP, D>(c); }
+};
+template <int OP, int D> struct BE {
+    static constexpr bool has = (B<OP>::kinds_ & kind_of<D>()) != 0;
+    static int run(const mt_ew_call *c) { return binary_entry<OP, D>(c); }
+};
+template <int OP, int D> struct TE {
+    static constexpr bool has = (OP == MT_T_where && kind_of<D>() != 0) ||
+                                (OP == MT_T_clip && (kind_of<D>() & (KF | KI)) != 0);
+    static int run(const mt_ew_call *c) { return ternary_entry<OP, D>(c); }
+};
+template <int S, int D> struct CE {
+    static constexpr bool has = true;
+    static int run(const mt_ew_call *c) { return cast_entry<S, D>(c); }
+};
+template <int OP, int D> struct FE {
+    static constexpr bool has = true;
+    static int run(const mt_ew_call *c) { return fill_entry<D>(c); }
+};
 
 /* tables [op][dtype], filled at load time by compile-time recursion */
 /* real dtypes only: complex ones have no CUDA kernels yet (NoKernelError) */
 template <template <int, int> class E, int OP, int D = 0> void fill_row(EwFn *row) {
     if constexpr (D < MT_NREAL_DTYPES) {
-        row[D] = &E<OP, D>::run;
+        row[D] = E<OP, D>::has ? &E<OP, D>::run : nullptr;
         fill_row<E, OP, D + 1>(row);
     }
 }
@@ -391,17 +410,27 @@ struct Init {
     }
 } g_init;
 
+/* the table entry of (kind, op, dtype, dtype2); NULL when there is none */
+EwFn entry_of(int kind, int op, int dtype, int dtype2) {
+    if (dtype < 0 || dtype >= MT_NREAL_DTYPES || dtype2 < 0 || dtype2 >= MT_NREAL_DTYPES || op < 0)
+        return nullptr;
+    switch (kind) {
+    case MT_EW_UNARY: return op < MT_NUNARY ? g_unary[op][dtype] : nullptr;
+    case MT_EW_BINARY: return op < MT_NBINARY ? g_binary[op][dtype] : nullptr;
+    case MT_EW_TERNARY: return op < MT_NTERNARY ? g_ternary[op][dtype] : nullptr;
+    case MT_EW_CAST: return g_cast[dtype][dtype2];
+    case MT_EW_FILL: return g_fill[0][dtype];
+    }
+    return nullptr;
+}
+
 }  // namespace
 
+extern "C" int mtc_has_elementwise(int kind, int op, int dtype, int dtype2) {
+    return entry_of(kind, op, dtype, dtype2) != nullptr;
+}
+
 extern "C" int mtc_elementwise(const mt_ew_call *c) {
-    if (c->dtype < 0 || c->dtype >= MT_NREAL_DTYPES || c->dtype2 < 0 || c->dtype2 >= MT_NREAL_DTYPES)
-        return MT_BK_ENOKERNEL;
-    switch (c->kind) {
-    case MT_EW_UNARY: return c->op < MT_NUNARY ? g_unary[c->op][c->dtype](c) : MT_BK_ENOKERNEL;
-    case MT_EW_BINARY: return c->op < MT_NBINARY ? g_binary[c->op][c->dtype](c) : MT_BK_ENOKERNEL;
-    case MT_EW_TERNARY: return c->op < MT_NTERNARY ? g_ternary[c->op][c->dtype](c) : MT_BK_ENOKERNEL;
-    case MT_EW_CAST: return g_cast[c->dtype][c->dtype2](c);
-    case MT_EW_FILL: return g_fill[0][c->dtype](c);
-    }
-    return MT_BK_ENOKERNEL;
+    EwFn fn = entry_of(c->kind, c->op, c->dtype, c->dtype2);
+    return fn ? fn(c) : MT_BK_ENOKERNEL;
 }

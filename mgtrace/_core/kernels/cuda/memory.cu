@@ -251,6 +251,8 @@ void mtc_reset_peak(int index) {
 const mt_backend mtc_backend = {
     "cuda", activate, alloc, copy, synchronize, last_error, mtc_elementwise,
     &mtc_reduce_kernels, &mtc_linalg_kernels, &mtc_nn_kernels, &mtc_index_kernels,
+    0,                       /* device memory */
+    mtc_has_elementwise,
 };
 
 }  // extern "C"
