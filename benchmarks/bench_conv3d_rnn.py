@@ -3,8 +3,9 @@ conv3d (kernels/cpu/conv3d.c) against its composition of conv2d per depth
 tap (mgtrace._core.fallbacks.conv3d, what F.conv3d ran before), and an
 LSTM / RNN forward with the fused step (kernels/cpu/rnn_cell.c) against the
 same module stepping through the core-op composition
-(mgtrace._core.fallbacks.lstm_cell / rnn_cell); PyTorch beside them where
-importable.
+(mgtrace._core.fallbacks.lstm_cell / rnn_cell), and instance_norm on
+layer_norm's C rows against the mean/var composition it ran before;
+PyTorch beside them where importable.
 
     python benchmarks/bench_conv3d_rnn.py              # one thread
     python benchmarks/bench_conv3d_rnn.py --threads 2 --repeats 20
@@ -117,6 +118,29 @@ def bench_recurrent(repeats):
             _report(f"{kind} T={t} N={n} I={i} H={h} layers={layers}", _time(fns, repeats))
 
 
+NORMS = [(8, 64, 56, 56), (1, 256, 14, 14)]
+
+
+def bench_norms(repeats):
+    import mgtrace.functional as F
+    from mgtrace._core import reduce as R
+
+    def composed(x):          # what F.instance_norm ran before
+        xg = x.reshape(x.shape[0], x.shape[1], -1)
+        return ((xg - R.mean(xg, 2, True)) * F.rsqrt(R.var(xg, 2, True) + 1e-5)).reshape(x.shape)
+
+    rng = np.random.default_rng(2)
+    for shape in NORMS:
+        x = rng.standard_normal(shape).astype(np.float32)
+        tx = tensor(x)
+        fns = {"mgtrace instance_norm": lambda: F.instance_norm(tx, False),
+               "mgtrace composed (old)": lambda: composed(tx)}
+        if torch is not None:
+            px = torch.from_numpy(x)
+            fns["torch instance_norm"] = lambda: torch.nn.functional.instance_norm(px)
+        _report(f"instance_norm x {shape} float32", _time(fns, repeats))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -131,6 +155,7 @@ def main():
         print(f"torch {torch.__version__}, {a.threads} thread(s)")
     bench_conv3d(a.repeats)
     bench_recurrent(a.repeats)
+    bench_norms(a.repeats)
 
 
 if __name__ == "__main__":
