@@ -1,6 +1,8 @@
 """Issue 36's dedicated kernels against what they replace, side by side:
 conv3d (kernels/cpu/conv3d.c) against its composition of conv2d per depth
-tap (mgtrace._core.fallbacks.conv3d, what F.conv3d ran before), and an
+tap (mgtrace._core.fallbacks.conv3d, what F.conv3d ran before), the same
+for conv_transpose3d (the op's choice, col2vol forced, conv_transpose2d per
+depth tap), and an
 LSTM / RNN forward with the fused step (kernels/cpu/rnn_cell.c) against the
 same module stepping through the core-op composition
 (mgtrace._core.fallbacks.lstm_cell / rnn_cell), and instance_norm on
@@ -81,6 +83,31 @@ def bench_conv3d(repeats):
                 _time(fns, repeats))
 
 
+def bench_conv_transpose3d(repeats):
+    rng = np.random.default_rng(3)
+    for n, c, d, h, w, o, k, s, p in CONV3D:
+        x = rng.standard_normal((n, c, d, h, w)).astype(np.float32)
+        wt = rng.standard_normal((c, o, k, k, k)).astype(np.float32)
+        tx, tw, op = tensor(x), tensor(wt), s - 1
+
+        def col2vol():
+            nn._conv3d_force_kernel(True)
+            try:
+                nn.conv_transpose3d(tx, tw, None, s, p, op)
+            finally:
+                nn._conv3d_force_kernel(False)
+
+        fns = {"mgtrace conv_transpose3d op": lambda: nn.conv_transpose3d(tx, tw, None, s, p, op),
+               "mgtrace col2vol kernel": col2vol,
+               "mgtrace per depth tap": lambda: fallbacks.conv_transpose3d(tx, tw, None, s, p, op, 1, 1)}
+        if torch is not None:
+            px, pw = torch.from_numpy(x), torch.from_numpy(wt)
+            fns["torch conv_transpose3d"] = lambda: torch.nn.functional.conv_transpose3d(
+                px, pw, None, s, p, op)
+        _report(f"conv_transpose3d x {(n, c, d, h, w)} weight {(c, o, k, k, k)} stride {s} "
+                f"padding {p}", _time(fns, repeats))
+
+
 class _Composed:
     """The module's step helpers switched to the core-op composition."""
 
@@ -154,6 +181,7 @@ def main():
         torch.set_num_threads(a.threads)
         print(f"torch {torch.__version__}, {a.threads} thread(s)")
     bench_conv3d(a.repeats)
+    bench_conv_transpose3d(a.repeats)
     bench_recurrent(a.repeats)
     bench_norms(a.repeats)
 
