@@ -6,7 +6,8 @@ depth tap), and an
 LSTM / RNN forward with the fused step (kernels/cpu/rnn_cell.c) against the
 same module stepping through the core-op composition
 (mgtrace._core.fallbacks.lstm_cell / rnn_cell), and instance_norm on
-layer_norm's C rows against the mean/var composition it ran before;
+layer_norm's C rows and local_response_norm's C pass (kernels/cpu/lrn.c)
+against the compositions they ran before;
 PyTorch beside them where importable.
 
     python benchmarks/bench_conv3d_rnn.py              # one thread
@@ -146,6 +147,7 @@ def bench_recurrent(repeats):
 
 
 NORMS = [(8, 64, 56, 56), (1, 256, 14, 14)]
+LRN = [(1, 96, 55, 55), (1, 256, 27, 27)]          # AlexNet's two
 
 
 def bench_norms(repeats):
@@ -166,6 +168,17 @@ def bench_norms(repeats):
             px = torch.from_numpy(x)
             fns["torch instance_norm"] = lambda: torch.nn.functional.instance_norm(px)
         _report(f"instance_norm x {shape} float32", _time(fns, repeats))
+    from mgtrace.functional import nn as fnn
+    for shape in LRN:
+        x = rng.standard_normal(shape).astype(np.float32)
+        tx = tensor(x)
+        fns = {"mgtrace local_response_norm": lambda: F.local_response_norm(tx, 5, 2.0, 1e-4, 0.75),
+               "mgtrace composed (old)": lambda: fnn._lrn_composed(tx, 5, 2.0, 1e-4, 0.75)}
+        if torch is not None:
+            px = torch.from_numpy(x)       # PyTorch divides alpha by the size
+            fns["torch local_response_norm"] = lambda: torch.nn.functional.local_response_norm(
+                px, 5, 5e-4, 0.75, 2.0)
+        _report(f"local_response_norm x {shape} float32, size 5", _time(fns, repeats))
 
 
 def main():
