@@ -1166,7 +1166,10 @@ def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode="replicate",
 
 # --------------------------------------------- more of MegEngine 1.13's nn functions
 #
-# Composed of core ops (no dedicated kernels yet), each docstring says of which.
+# Composed of core ops, each docstring says of which: elementwise chains
+# and reductions whose passes each run a C kernel already, or layout changes
+# (one copy, no arithmetic). instance_norm (layer_norm's C rows, through
+# group_norm) and local_response_norm (kernels/cpu/lrn.c) have kernels.
 
 __all__ += ["hswish", "hsigmoid", "prelu", "logsigmoid", "logsumexp", "logsoftmax",
             "indexing_one_hot", "pixel_shuffle", "instance_norm", "general_norm",
@@ -1362,7 +1365,7 @@ def pixel_shuffle(inp, upscale_factor):
     """Rearrange [..., C * r * r, H, W] into [..., C, H * r, W * r]
     (MegEngine's and PyTorch's ``pixel_shuffle``): out[..., c, h*r + i,
     w*r + j] = inp[..., c*r*r + i*r + j, h, w]; a reshape, a transpose and a
-    reshape.
+    reshape (a layout change: one strided copy, nothing a kernel would save).
 
     Args:
         inp: Tensor with at least 3 axes, any dtype.
@@ -1434,7 +1437,9 @@ def instance_norm(inp, affine, weight=None, bias=None, eps=1e-5):
 def general_norm(inp, normalized_axis, affine=True, weight=None, bias=None, eps=1e-5):
     """Normalization over any axes (MegEngine's ``general_norm``):
     ``(x - mean) / sqrt(var + eps) * weight + bias``, mean and biased
-    variance over ``normalized_axis``; composed of core reductions.
+    variance over ``normalized_axis``; composed of core reductions (any
+    set of axes, which layer_norm's row kernel cannot take without a
+    transposing copy; the mean and var reductions are C kernels already).
 
     Args:
         inp: float Tensor.
