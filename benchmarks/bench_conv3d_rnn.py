@@ -1,10 +1,14 @@
 """Issue 36's dedicated kernels against what they replace, side by side:
 conv3d (kernels/cpu/conv3d.c) against its composition of conv2d per depth
-tap (mgtrace._core.fallbacks.conv3d, what F.conv3d ran before), and an
+tap (mgtrace._core.fallbacks.conv3d, what F.conv3d ran before), the same
+for conv_transpose3d (the op's choice, col2vol forced, conv_transpose2d per
+depth tap), and an
 LSTM / RNN forward with the fused step (kernels/cpu/rnn_cell.c) against the
 same module stepping through the core-op composition
-(mgtrace._core.fallbacks.lstm_cell / rnn_cell); PyTorch beside them where
-importable.
+(mgtrace._core.fallbacks.lstm_cell / rnn_cell), and instance_norm on
+layer_norm's C rows and local_response_norm's C pass (kernels/cpu/lrn.c)
+against the compositions they ran before;
+PyTorch beside them where importable.
 
     python benchmarks/bench_conv3d_rnn.py              # one thread
     python benchmarks/bench_conv3d_rnn.py --threads 2 --repeats 20
@@ -80,6 +84,31 @@ def bench_conv3d(repeats):
                 _time(fns, repeats))
 
 
+def bench_conv_transpose3d(repeats):
+    rng = np.random.default_rng(3)
+    for n, c, d, h, w, o, k, s, p in CONV3D:
+        x = rng.standard_normal((n, c, d, h, w)).astype(np.float32)
+        wt = rng.standard_normal((c, o, k, k, k)).astype(np.float32)
+        tx, tw, op = tensor(x), tensor(wt), s - 1
+
+        def col2vol():
+            nn._conv3d_force_kernel(True)
+            try:
+                nn.conv_transpose3d(tx, tw, None, s, p, op)
+            finally:
+                nn._conv3d_force_kernel(False)
+
+        fns = {"mgtrace conv_transpose3d op": lambda: nn.conv_transpose3d(tx, tw, None, s, p, op),
+               "mgtrace col2vol kernel": col2vol,
+               "mgtrace per depth tap": lambda: fallbacks.conv_transpose3d(tx, tw, None, s, p, op, 1, 1)}
+        if torch is not None:
+            px, pw = torch.from_numpy(x), torch.from_numpy(wt)
+            fns["torch conv_transpose3d"] = lambda: torch.nn.functional.conv_transpose3d(
+                px, pw, None, s, p, op)
+        _report(f"conv_transpose3d x {(n, c, d, h, w)} weight {(c, o, k, k, k)} stride {s} "
+                f"padding {p}", _time(fns, repeats))
+
+
 class _Composed:
     """The module's step helpers switched to the core-op composition."""
 
@@ -117,6 +146,41 @@ def bench_recurrent(repeats):
             _report(f"{kind} T={t} N={n} I={i} H={h} layers={layers}", _time(fns, repeats))
 
 
+NORMS = [(8, 64, 56, 56), (1, 256, 14, 14)]
+LRN = [(1, 96, 55, 55), (1, 256, 27, 27)]          # AlexNet's two
+
+
+def bench_norms(repeats):
+    import mgtrace.functional as F
+    from mgtrace._core import reduce as R
+
+    def composed(x):          # what F.instance_norm ran before
+        xg = x.reshape(x.shape[0], x.shape[1], -1)
+        return ((xg - R.mean(xg, 2, True)) * F.rsqrt(R.var(xg, 2, True) + 1e-5)).reshape(x.shape)
+
+    rng = np.random.default_rng(2)
+    for shape in NORMS:
+        x = rng.standard_normal(shape).astype(np.float32)
+        tx = tensor(x)
+        fns = {"mgtrace instance_norm": lambda: F.instance_norm(tx, False),
+               "mgtrace composed (old)": lambda: composed(tx)}
+        if torch is not None:
+            px = torch.from_numpy(x)
+            fns["torch instance_norm"] = lambda: torch.nn.functional.instance_norm(px)
+        _report(f"instance_norm x {shape} float32", _time(fns, repeats))
+    from mgtrace.functional import nn as fnn
+    for shape in LRN:
+        x = rng.standard_normal(shape).astype(np.float32)
+        tx = tensor(x)
+        fns = {"mgtrace local_response_norm": lambda: F.local_response_norm(tx, 5, 2.0, 1e-4, 0.75),
+               "mgtrace composed (old)": lambda: fnn._lrn_composed(tx, 5, 2.0, 1e-4, 0.75)}
+        if torch is not None:
+            px = torch.from_numpy(x)       # PyTorch divides alpha by the size
+            fns["torch local_response_norm"] = lambda: torch.nn.functional.local_response_norm(
+                px, 5, 5e-4, 0.75, 2.0)
+        _report(f"local_response_norm x {shape} float32, size 5", _time(fns, repeats))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -130,7 +194,9 @@ def main():
         torch.set_num_threads(a.threads)
         print(f"torch {torch.__version__}, {a.threads} thread(s)")
     bench_conv3d(a.repeats)
+    bench_conv_transpose3d(a.repeats)
     bench_recurrent(a.repeats)
+    bench_norms(a.repeats)
 
 
 if __name__ == "__main__":

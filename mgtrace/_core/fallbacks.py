@@ -102,6 +102,22 @@ def conv_transpose3d(x, weight, bias, stride, padding, output_padding, dilation,
     return out if bias is None else out + bias.reshape((1, o, 1, 1, 1))
 
 
+def transpose3d_as_conv3d(x, weight, bias, padding, groups):
+    """conv_transpose3d at stride 1 and dilation 1 (no output_padding then)
+    as the conv3d it equals: the weight [C, O/groups, KD, KH, KW] regrouped
+    to [O, C/groups, ...] and flipped along the three kernel axes, padding
+    K - 1 - p per axis (each p <= K - 1, checked by the caller). Not a
+    device fallback: nn.conv_transpose3d's choice on the CPU, where conv3d's
+    own policy (GEMM per tap, or conv2d's Winograd per depth tap) measured
+    about twice as fast as the col2vol kernel at stride 1."""
+    from mgtrace._core import nn
+    c, og, kd, kh, kw = weight.shape
+    w = weight.reshape((groups, c // groups, og, kd, kh, kw)).transpose((0, 2, 1, 3, 4, 5))
+    w = w.reshape((groups * og, c // groups, kd, kh, kw))[:, :, ::-1, ::-1, ::-1]
+    pd, ph, pw = padding
+    return nn.conv3d(x, w, bias, 1, (kd - 1 - pd, kh - 1 - ph, kw - 1 - pw), 1, groups)
+
+
 def _cell_gates(gx, h, w_hh, b_hh):
     from mgtrace._core import linalg
     g = gx + linalg.matmul(h, w_hh.transpose((1, 0)))

@@ -193,6 +193,9 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                      int64_t h_width, int nthreads) noexcept
     int mt_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
                     void *h_out, int64_t n, int64_t hidden, int nthreads) noexcept
+    # local response normalization (lrn.c)
+    int mt_lrn(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
+               double k, double alpha, double beta, int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -265,6 +268,8 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                          int64_t h_width, int nt) noexcept nogil
         int (*rnn_cell)(int dtype, int relu, const void *gx, const void *h, const void *w_hh,
                         const void *b_hh, void *h_out, int64_t n, int64_t hidden, int nt) noexcept nogil
+        int (*lrn)(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner,
+                   int64_t n, double k, double alpha, double beta, int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -373,6 +378,7 @@ _CPU.conv3d_backward_data = mt_conv3d_backward_data
 _CPU.conv3d_backward_weight = mt_conv3d_backward_weight
 _CPU.lstm_cell = mt_lstm_cell
 _CPU.rnn_cell = mt_rnn_cell
+_CPU.lrn = mt_lrn
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -897,6 +903,42 @@ def bias_act_(y, bias, act):
         rc = kn.bias_act(ty._dtype, ty._data, rows, cols, bptr, a, nt)
     _check_rc(op, rc, ty._device)
     return y
+
+
+def lrn_rows(x, int64_t n, double k, double alpha, double beta):
+    """Local response normalization across channels of a float32/float64
+    Tensor ``x`` [N, C, *spatial] in one C pass (kernels/cpu/lrn.c):
+    ``x * (k + alpha * s) ** -beta``, s the sum of x**2 over the ``n``
+    channels centred on each (zeros past the ends), in double. What
+    ``F.local_response_norm``'s fast path passes (it checks the
+    arguments). Returns a new contiguous Tensor of x's shape and dtype, or
+    None where x's device has no such kernel (CUDA: the caller composes).
+
+    Raises:
+        TypeError: x not a float32/float64 Tensor of 2 or more axes.
+        ValueError: n not odd and positive.
+    """
+    cdef str op = "local_response_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) or \
+            (<Tensor>x)._ndim < 2:
+        raise TypeError(f"{op}: x must be a float32 or float64 Tensor [N, C, *spatial]")
+    if n < 1 or n % 2 == 0:
+        raise ValueError(f"{op}: kernel_size must be odd and positive, got {n}")
+    cdef Tensor tx = <Tensor>x
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tx._device).nn
+    if kn == NULL or kn.lrn == NULL:
+        return None
+    tx = _ready(tx, tx._dtype)
+    cdef Tensor out = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef int64_t outer = tx._shape[0], c = tx._shape[1], inner = 1, total = numel(tx)
+    cdef int i, rc, nt = num_threads()
+    for i in range(2, tx._ndim):
+        inner *= tx._shape[i]
+    if total:
+        with nogil:
+            rc = kn.lrn(tx._dtype, tx._data, out._data, outer, c, inner, n, k, alpha, beta, nt)
+        _check_rc(op, rc, tx._device)
+    return out
 
 
 def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
@@ -2637,6 +2679,23 @@ cdef int _conv3d_by_taps(const mt_conv3d_geom *g) except -1:
                             (g.sh, g.sw), (g.ph, g.pw), (g.dh, g.dw), g.groups) in ("winograd", "winograd4")
 
 
+cdef bint _transpose3d_as_conv3d(const mt_conv3d_geom *g):
+    """Whether conv_transpose3d runs as the conv3d it equals (flipped,
+    regrouped weight; fallbacks.transpose3d_as_conv3d) rather than
+    conv3d.c's col2vol: at stride 1 and dilation 1, padding within the
+    kernel, and a kernel larger than 1x1x1 (that one is a single GEMM
+    either way). Conv3d's policy then measured about half the CPU time
+    (16 channels, 8x16x16, 3x3x3: 0.91 ms against 3.8; 64 channels,
+    16x28x28: 15.4 against 34; benchmarks/bench_conv3d_rnn.py)."""
+    if _conv3d_kernel_always:
+        return False
+    if g.sd != 1 or g.sh != 1 or g.sw != 1 or g.dd != 1 or g.dh != 1 or g.dw != 1:
+        return False
+    if g.kd == 1 and g.kh == 1 and g.kw == 1:
+        return False
+    return g.pd <= g.kd - 1 and g.ph <= g.kh - 1 and g.pw <= g.kw - 1
+
+
 cdef Tensor _conv3d_bias(str op, object tb_obj, int64_t o, int work):
     if tb_obj is None:
         return None
@@ -2721,6 +2780,10 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     """3-D transposed convolution (conv3d's gradient with respect to its
     input): per image and group one GEMM of the weight's transpose by x,
     its columns added back onto the output (col2vol, kernels/cpu/conv3d.c).
+    At stride 1 and dilation 1 with padding below the kernel size (and a
+    kernel larger than 1x1x1) it runs as the conv3d it equals instead (the
+    weight regrouped to [O, C/groups, ...] and flipped, padding K - 1 - p),
+    which :func:`conv3d`'s policy computes in about half the time.
 
     Args:
         x: float [N, C, D, H, W].
@@ -2753,6 +2816,8 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
         return fallbacks.conv_transpose3d(tx, tw, tb_obj, stride, padding, output_padding, dilation, groups)
     _conv3d_geom(op, &g, shape_tuple(tx), shape_tuple(tw), True, stride, padding, dilation, groups,
                  output_padding)
+    if _transpose3d_as_conv3d(&g):
+        return fallbacks.transpose3d_as_conv3d(tx, tw, tb_obj, (g.pd, g.ph, g.pw), g.groups)
     cdef int work = _work_code(code)
     cdef Tensor ux = _ready(<Tensor>tx, work), uw = _ready(<Tensor>tw, work)
     cdef Tensor tb = _conv3d_bias(op, tb_obj, g.c, work)

@@ -805,6 +805,19 @@ def _layer_norm_rule(c, g):
 _LAYER_NORM_RULE = Rule(_layer_norm_rule, True)
 
 
+def _local_response_norm_fn(fn, args, kwargs):
+    """F.local_response_norm's C pass (kernels/cpu/lrn.c) is no op: under a
+    recording manager it runs as its composite (square, pad, shifted sums,
+    pow, div), each op recorded."""
+    from mgtrace.autodiff import _tape
+    from mgtrace.functional import nn as _fnn
+    with _tape.no_grad():
+        fn(*args, **kwargs)              # checks the arguments as the call would
+    a = _bind(fn, args, kwargs)
+    return _fnn._lrn_composed(a["inp"], int(a["kernel_size"]), float(a["k"]), float(a["alpha"]),
+                              float(a["beta"]))
+
+
 def _linear_act_fn(fn, args, kwargs):
     """F.linear_act's fused bias-and-activation kernel is no op: recorded
     as F.linear followed by the activation."""
@@ -883,4 +896,5 @@ def _build():
 
 
 RULES = _build()
-FUNCTION_RULES = {"layer_norm": _layer_norm_fn, "linear_act": _linear_act_fn}
+FUNCTION_RULES = {"layer_norm": _layer_norm_fn, "linear_act": _linear_act_fn,
+                  "local_response_norm": _local_response_norm_fn}

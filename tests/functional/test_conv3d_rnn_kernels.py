@@ -163,6 +163,41 @@ def test_conv_transpose3d_kernel_against_numpy(xs, ws, stride, padding, output_p
     np.testing.assert_allclose(comp.numpy(), want, rtol=1e-11, atol=1e-11)
 
 
+# stride 1, dilation 1: run as the conv3d they equal (flipped, regrouped weight)
+CONV_T3D_AS_CONV = [((2, 4, 3, 5, 4), (4, 3, 3, 3, 3), 1, True),
+                    ((1, 6, 4, 3, 5), (6, 2, 2, 3, 2), (0, 1, 1), False),   # groups 2 below
+                    ((1, 16, 3, 6, 6), (16, 8, 3, 3, 3), (2, 0, 1), True)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs, ws, padding, bias", CONV_T3D_AS_CONV)
+def test_conv_transpose3d_at_stride_1_runs_as_conv3d(monkeypatch, xs, ws, padding, bias, dtype):
+    groups = 2 if xs[1] == 6 else 1
+    x, w = randn(*xs, dtype=np.float64), randn(*ws, dtype=np.float64)
+    b = randn(ws[1] * groups, dtype=np.float64) if bias else None
+    args = (1, padding, 0, 1, groups)
+    want = conv_transpose3d_ref(x, w, b, *args)
+    tb = None if b is None else t(b.astype(dtype))
+    calls = []
+    as_conv = fallbacks.transpose3d_as_conv3d
+    monkeypatch.setattr(fallbacks, "transpose3d_as_conv3d", lambda *a: calls.append(1) or as_conv(*a))
+    got = _nn.conv_transpose3d(t(x.astype(dtype)), t(w.astype(dtype)), tb, *args)
+    assert calls == [1] and got.dtype == dtype and got.shape == want.shape
+    tol = 1e-11 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
+    _nn._conv3d_force_kernel(True)        # the col2vol kernel on the same call
+    try:
+        kern = _nn.conv_transpose3d(t(x.astype(dtype)), t(w.astype(dtype)), tb, *args)
+    finally:
+        _nn._conv3d_force_kernel(False)
+    assert calls == [1]
+    np.testing.assert_allclose(kern.numpy(), got.numpy(), rtol=tol, atol=tol * np.abs(want).max())
+    # strided, dilated, or padded past the kernel: the kernel, not conv3d
+    _nn.conv_transpose3d(t(x), t(w), None, 2, padding, 1, 1, groups)
+    _nn.conv_transpose3d(t(x), t(w), None, 1, padding, 0, 2, groups)
+    assert calls == [1]
+
+
 def test_conv3d_core_op_errors():
     x = t(randn(1, 2, 3, 3, 3))
     with pytest.raises(ValueError, match=r"conv3d: expected x of shape \[N, C, D, H, W\]"):

@@ -192,6 +192,12 @@ typedef struct mt_nn_kernels {
                      int nt);
     int (*rnn_cell)(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
                     void *h_out, int64_t n, int64_t hidden, int nt);
+    /* local response normalization across channels (the CPU's in cpu/lrn.c; CUDA leaves it
+     * NULL and F.local_response_norm composes core ops): x, y [outer, c, inner] contiguous,
+     * y = x * (k + alpha * sum of x^2 over the n channels centred on each (n odd, zeros past
+     * the ends))^-beta */
+    int (*lrn)(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
+               double k, double alpha, double beta, int nt);
 } mt_nn_kernels;
 
 #endif

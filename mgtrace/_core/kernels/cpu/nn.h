@@ -214,6 +214,10 @@ int mt_lstm_cell(int dtype, const void *gx, const void *h, const void *c, const 
 int mt_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *w_hh, const void *b_hh,
                 void *h_out, int64_t n, int64_t hidden, int nthreads);
 
+/* ---- local response normalization across channels (lrn.c; nn_kernels.h's table member) ---- */
+int mt_lrn(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
+           double k, double alpha, double beta, int nthreads);
+
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 
