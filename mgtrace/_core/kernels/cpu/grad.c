@@ -40,6 +40,7 @@
 #include <cblas.h>
 #include "nn.h"
 #include "mt_taps.h"
+#include "mt_moments.h"
 #include "blas_threads.h"
 #include "mt_vmath.h"
 #ifdef _OPENMP
@@ -445,31 +446,6 @@ static void FN(act_bw)(int act, const T *x, const T *gy, T *gx, int64_t n, int n
     }
 }
 
-/* one row's mean and 1/sqrt(var + eps), as norm.c's forward computes them
- * (double sums over 8 lanes, two passes) */
-static void FN(ln_stats)(const T *x, int64_t n, double eps, double *mean, double *rstd) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)x[i + l];
-    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) s += (double)x[i];
-    const double m = s / (double)n;
-    for (int l = 0; l < 8; l++) acc[l] = 0;
-    for (i = 0; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) {
-            const double d = (double)x[i + l] - m;
-            acc[l] += d * d;
-        }
-    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        const double d = (double)x[i] - m;
-        s += d * d;
-    }
-    *mean = m;
-    *rstd = 1.0 / sqrt(s / (double)n + eps);
-}
-
 /* x, gy, gx [rows, cols]; w [cols] or NULL (no weight: g = gy); gw, gb
  * [cols] or NULL (not wanted). MT_NN_ENOMEM when the per-thread sums
  * cannot be allocated. */
@@ -495,7 +471,7 @@ static int FN(layer_norm_bw)(const T *x, const T *w, const T *gy, T *gx, T *gw, 
             const T *xr = x + r * cols, *gr = gy + r * cols;
             T *dr = gx + r * cols;
             double mean, rstd;
-            FN(ln_stats)(xr, cols, eps, &mean, &rstd);
+            FN(mt_row_moments)(xr, cols, eps, &mean, &rstd);   /* the forward's statistics */
             const T m = (T)mean, rs = (T)rstd;
             double sg = 0, sgx = 0;
             for (int64_t j = 0; j < cols; j++) {

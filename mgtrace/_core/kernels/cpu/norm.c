@@ -12,6 +12,7 @@
  * over threads when there is enough work.
  */
 #include "nn.h"
+#include "mt_moments.h"
 
 #ifndef MT_NN_TEMPLATE
 
@@ -48,25 +49,10 @@ int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *
 static MT_CLONES void FN(layer_norm_row)(const T *restrict x, const void *wv, const void *bv, T *restrict y,
                                          int64_t n, double eps) {
     const T *restrict w = wv, *restrict b = bv;
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)x[i + l];
-    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) s += (double)x[i];
-    const double mean = n > 0 ? s / (double)n : 0.0;
-    for (int l = 0; l < 8; l++) acc[l] = 0;
-    for (i = 0; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) {
-            const double d = (double)x[i + l] - mean;
-            acc[l] += d * d;
-        }
-    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        const double d = (double)x[i] - mean;
-        s += d * d;
-    }
-    const T m = (T)mean, rs = (T)(1.0 / sqrt(s / (double)n + eps));
+    double mean, rstd;
+    FN(mt_row_moments)(x, n, eps, &mean, &rstd);
+    int64_t i;
+    const T m = (T)mean, rs = (T)rstd;
     if (w && b) for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs * w[i] + b[i];
     else if (w) for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs * w[i];
     else if (b) for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs + b[i];
