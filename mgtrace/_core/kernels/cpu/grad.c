@@ -250,18 +250,12 @@ static void FN(adaptive_bw)(int op, const T *x, const T *gy, T *gx, int64_t plan
 static int FN(resize_bw)(int mode, const T *gy, T *gx, int64_t planes, int64_t h, int64_t w, int64_t oh,
                          int64_t ow, double scale_h, double scale_w, int align_corners, int nt) {
     const int64_t hw = h * w, ohw = oh * ow;
-    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(2 * (oh + ow) + 1));
-    T *wt = malloc(sizeof(T) * (size_t)(oh + ow + 1));
-    if (!idx || !wt) { free(idx); free(wt); return MT_NN_ENOMEM; }
-    int64_t *y0 = idx, *y1 = y0 + oh, *x0 = y1 + oh, *x1 = x0 + ow;
-    T *fy = wt, *fx = wt + oh;
-    if (mode == MT_RESIZE_NEAREST) {
-        for (int64_t i = 0; i < oh; i++) y0[i] = mt_nearest_index(i, h, oh, scale_h);
-        for (int64_t i = 0; i < ow; i++) x0[i] = mt_nearest_index(i, w, ow, scale_w);
-    } else {
-        FN(mt_linear_table)(h, oh, scale_h, align_corners, y0, y1, fy);
-        FN(mt_linear_table)(w, ow, scale_w, align_corners, x0, x1, fx);
-    }
+    int64_t *idx;
+    T *wt;
+    if (FN(mt_resize_taps)(mode, h, w, oh, ow, scale_h, scale_w, align_corners, &idx, &wt))
+        return MT_NN_ENOMEM;
+    const int64_t *y0 = idx, *y1 = y0 + oh, *x0 = y1 + oh, *x1 = x0 + ow;
+    const T *fy = wt, *fx = wt + oh;
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && planes * ohw >= MT_NN_GRAIN)
     for (int64_t p = 0; p < planes; p++) {
         const T *gp = gy + p * ohw;

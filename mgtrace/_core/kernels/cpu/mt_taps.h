@@ -4,6 +4,7 @@
 #ifndef MT_TAPS_H
 #define MT_TAPS_H
 #include <math.h>
+#include <stdlib.h>
 #include "nn.h"
 
 /* avg pooling: output (oy, ox)'s window clipped to the input, rows
@@ -63,5 +64,31 @@ static inline int64_t mt_nearest_index(int64_t dst, int64_t n, int64_t m, double
 MT_LINEAR_TABLE(float, f32)
 MT_LINEAR_TABLE(double, f64)
 #undef MT_LINEAR_TABLE
+
+/* The taps of a resize from h x w to oh x ow, for its forward (resize.c)
+ * and backward (grad.c): *idx holds y0[oh], y1[oh], x0[ow], x1[ow] (nearest:
+ * y0 and x0 only) and *wt the weights fy[oh], fx[ow] of y1 and x1 (linear).
+ * Both malloc'd (the caller frees them); -1 when memory is short, with
+ * nothing left allocated. */
+#define MT_RESIZE_TAPS(T, SFX)                                                  \
+    static inline int mt_resize_taps_##SFX(int mode, int64_t h, int64_t w, int64_t oh, int64_t ow, \
+                                           double scale_h, double scale_w, int align_corners, \
+                                           int64_t **idx, T **wt) {             \
+        *idx = malloc(sizeof(int64_t) * (size_t)(2 * (oh + ow) + 1));           \
+        *wt = malloc(sizeof(T) * (size_t)(oh + ow + 1));                        \
+        if (!*idx || !*wt) { free(*idx); free(*wt); *idx = NULL; *wt = NULL; return -1; } \
+        int64_t *y0 = *idx, *y1 = y0 + oh, *x0 = y1 + oh, *x1 = x0 + ow;        \
+        if (mode == MT_RESIZE_NEAREST) {                                        \
+            for (int64_t i = 0; i < oh; i++) y0[i] = mt_nearest_index(i, h, oh, scale_h); \
+            for (int64_t i = 0; i < ow; i++) x0[i] = mt_nearest_index(i, w, ow, scale_w); \
+        } else {                                                                \
+            mt_linear_table_##SFX(h, oh, scale_h, align_corners, y0, y1, *wt);  \
+            mt_linear_table_##SFX(w, ow, scale_w, align_corners, x0, x1, *wt + oh); \
+        }                                                                       \
+        return 0;                                                               \
+    }
+MT_RESIZE_TAPS(float, f32)
+MT_RESIZE_TAPS(double, f64)
+#undef MT_RESIZE_TAPS
 
 #endif

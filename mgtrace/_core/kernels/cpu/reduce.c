@@ -55,6 +55,30 @@
 
 /* =================================================================== drivers */
 
+/* The reduced dims are walked as an odometer over flat index k: idx[] the
+ * digits, p the byte address. mt_red_seek places them at flat index start;
+ * mt_red_carry moves them from the end of one innermost run to the start of
+ * the next. Shared by every driver's range folds. */
+static inline const char *mt_red_seek(const mt_reduce_geom *g, const char *base, int64_t start,
+                                      int64_t *idx) {
+    const char *p = base;
+    for (int d = g->nred - 1; d >= 0; d--) {
+        idx[d] = start % g->rshape[d]; start /= g->rshape[d]; p += idx[d] * g->rin[d];
+    }
+    return p;
+}
+
+static inline const char *mt_red_carry(const mt_reduce_geom *g, const char *p, int64_t *idx) {
+    const int last = g->nred - 1;
+    p -= idx[last] * g->rin[last]; idx[last] = 0;
+    for (int d = last - 1; d >= 0; d--) {
+        idx[d]++; p += g->rin[d];
+        if (idx[d] < g->rshape[d]) break;
+        p -= g->rshape[d] * g->rin[d]; idx[d] = 0;
+    }
+    return p;
+}
+
 /* Given NAME_t, NAME_init/step/runc/comb/store, generates NAME(): the
  * mt_reduce_fn for one (op, dtype). */
 #define MT_REDUCE_DRIVER(NAME, ST, LOAD)                                       \
@@ -70,11 +94,8 @@ static void NAME##_range(NAME##_t *s, const char *base, const mt_reduce_geom *g,
         else for (int64_t i = start; i < end; i++, p += st) NAME##_step(s, LOAD(*(const ST *)p), i); \
         return;                                                                \
     }                                                                          \
-    int64_t idx[MT_MAX_NDIM], rem = start;                                     \
-    const char *p = base;                                                      \
-    for (int d = last; d >= 0; d--) {                                          \
-        idx[d] = rem % g->rshape[d]; rem /= g->rshape[d]; p += idx[d] * g->rin[d]; \
-    }                                                                          \
+    int64_t idx[MT_MAX_NDIM];                                                  \
+    const char *p = mt_red_seek(g, base, start, idx);                          \
     int64_t pos = start;                                                       \
     while (pos < end) {                                                        \
         int64_t run = mt_min64(inner - idx[last], end - pos);                  \
@@ -82,12 +103,7 @@ static void NAME##_range(NAME##_t *s, const char *base, const mt_reduce_geom *g,
         else for (int64_t i = 0; i < run; i++) NAME##_step(s, LOAD(*(const ST *)(p + i * st)), pos + i); \
         pos += run;                                                            \
         if (pos >= end) break;                                                 \
-        p -= idx[last] * st; idx[last] = 0;                                    \
-        for (int d = last - 1; d >= 0; d--) {                                  \
-            idx[d]++; p += g->rin[d];                                          \
-            if (idx[d] < g->rshape[d]) break;                                  \
-            p -= g->rshape[d] * g->rin[d]; idx[d] = 0;                         \
-        }                                                                      \
+        p = mt_red_carry(g, p, idx);                                           \
     }                                                                          \
 }                                                                              \
 /* fold rows [start, end) of the reduced dims into w column states, eight */ \
@@ -96,11 +112,8 @@ static MT_RCLONES void NAME##_rows_range(NAME##_t *s, const char *base, const mt
                                          int64_t w, int64_t start, int64_t end) { \
     const int last = g->nred - 1;                                              \
     const int64_t inner = g->rshape[last], st = g->rin[last];                  \
-    int64_t idx[MT_MAX_NDIM], rem = start;                                     \
-    const char *p = base;                                                      \
-    for (int d = last; d >= 0; d--) {                                          \
-        idx[d] = rem % g->rshape[d]; rem /= g->rshape[d]; p += idx[d] * g->rin[d]; \
-    }                                                                          \
+    int64_t idx[MT_MAX_NDIM];                                                  \
+    const char *p = mt_red_seek(g, base, start, idx);                          \
     int64_t k = start;                                                         \
     while (k < end) {                                                          \
         const int64_t run = mt_min64(inner - idx[last], end - k);              \
@@ -112,12 +125,7 @@ static MT_RCLONES void NAME##_rows_range(NAME##_t *s, const char *base, const mt
         }                                                                      \
         k += run;                                                              \
         if (k >= end) break;                                                   \
-        p -= idx[last] * st; idx[last] = 0;                                    \
-        for (int d = last - 1; d >= 0; d--) {                                  \
-            idx[d]++; p += g->rin[d];                                          \
-            if (idx[d] < g->rshape[d]) break;                                  \
-            p -= g->rshape[d] * g->rin[d]; idx[d] = 0;                         \
-        }                                                                      \
+        p = mt_red_carry(g, p, idx);                                           \
     }                                                                          \
 }                                                                              \
 /* columns of a tile: states for about 8 KiB, so they and the eight rows  */ \
