@@ -112,12 +112,17 @@ class Expr:
 
     def replace_input(self, old, new):
         """Make the expr read ``new`` wherever it read ``old``."""
-        swap = lambda v: new if v is old else v          # noqa: E731
-        args, kwargs = tree_map(swap, (self.args, self.kwargs), is_node)
-        self._set_args(args, kwargs)
+        self._swap_input(old, new)
         if self._top_graph is not None:
             old._remove_user(self)
             new._add_user(self)
+
+    def _swap_input(self, old, new):
+        """The arguments part of :meth:`replace_input`, with the users lists
+        left to the caller (a graph moving many users at once)."""
+        swap = lambda v: new if v is old else v          # noqa: E731
+        args, kwargs = tree_map(swap, (self.args, self.kwargs), is_node)
+        self._set_args(args, kwargs)
 
     @property
     def top_graph(self):

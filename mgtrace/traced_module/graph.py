@@ -61,7 +61,7 @@ from mgtrace.functional._trace import mutated_arguments
 from mgtrace.traced_module.errors import GraphError
 from mgtrace.traced_module.expr import (CallFunction, CallMethod, Constant, GetAttr,
                                         Input, called_graph, is_node)
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, python_name
+from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, python_name, unlink_users
 from mgtrace.traced_module.pytree import LeafDef, SLOT, TreeDef, tree_flatten
 
 __all__ = ["InternalGraph", "GraphError", "NodeFilter", "ExprFilter"]
@@ -403,15 +403,15 @@ class InternalGraph:
         finally:
             if not ok:              # undo a block that raised
                 old = {id(e) for e in before_exprs}
-                for e in self._exprs:
-                    if id(e) not in old:
-                        for n in e._inputs:
-                            n._remove_user(e)
+                unlink_users([e for e in self._exprs if id(e) not in old])
                 self._exprs = before_exprs
                 self._names = before_names
             self._touch()
 
     def _index_of(self, expr, what):
+        if isinstance(expr, Node):      # a common slip: the node, not the expr that makes it
+            raise GraphError(f"{what}: expected an expr, got the node {expr!r}; pass "
+                             f"its defining expr ({expr.name}.expr)")
         for i, e in enumerate(self._exprs):
             if e is expr:
                 return i
@@ -495,8 +495,7 @@ class InternalGraph:
             if id(new.expr) not in index:
                 raise GraphError(f"replace_node: {new!r} has no defining expr in {self._qualname}")
             at_new = index[id(new.expr)]
-            for e in [u for u in old.users if index[id(u)] > at_new]:
-                e.replace_input(old, new)
+            _move_users(old, new, [u for u in old.users if index[id(u)] > at_new])
             self._outputs = [new if o is old else o for o in self._outputs]
             self._replace_points(old, new)
         self._touch()
@@ -552,10 +551,9 @@ class InternalGraph:
     def _drop_dead(self):
         """Remove the exprs :meth:`compile` removes (no lint)."""
         _, kept = self._live()
+        unlink_users([e for e in self._exprs if id(e) not in kept])
         for e in self._exprs:
             if id(e) not in kept:
-                for n in e._inputs:
-                    n._remove_user(e)
                 for o in e.outputs:
                     if self._names.get(o._name) is o:
                         del self._names[o._name]
@@ -706,8 +704,7 @@ class InternalGraph:
         dropped = [n for n in current if not any(n is m for m in nodes)]
         self._check_dropped(dropped, cuts)
         for old, new in cuts:             # the users of the cut node read the new input
-            for e in list(old.users):
-                e.replace_input(old, new)
+            _move_users(old, new, list(old.users))
             self._outputs = [new if o is old else o for o in self._outputs]
             self._replace_points(old, new)
         if cuts or any(n.users for n in dropped):
@@ -923,6 +920,17 @@ def _writes_graph_values(e):
     except (TypeError, ValueError):
         return True
     return any(tree_flatten(bound.get(n), is_node)[0] for n in names)
+
+
+def _move_users(old, new, exprs):
+    """Make every expr of ``exprs`` (users of ``old``) read ``new`` instead:
+    :meth:`Expr.replace_input` for each, with ``old``'s users list rewritten
+    once rather than once per expr."""
+    for e in exprs:
+        e._swap_input(old, new)
+    old._remove_users({id(e) for e in exprs})
+    for e in exprs:
+        new._add_user(e)
 
 
 def _graph_label(g):

@@ -185,11 +185,26 @@ class Node:
     def _remove_user(self, expr):
         self.users = [u for u in self.users if u is not expr]
 
+    def _remove_users(self, ids):
+        """Unlist every user whose ``id()`` is in the set ``ids``, in one
+        pass: removing k users one call at a time would walk the list k times
+        (quadratic when a node loses thousands of users at once)."""
+        self.users = [u for u in self.users if id(u) not in ids]
+
     def __repr__(self):
         return f"%{self._id}:{self._name}"
 
     def __str__(self):
         return str(self._name)
+
+
+def unlink_users(exprs):
+    """Take ``exprs`` (being removed from a graph) off the users list of
+    every node they read: one pass per node, however many of them it loses."""
+    gone = {id(e) for e in exprs}
+    nodes = {id(n): n for e in exprs for n in e._inputs}
+    for n in nodes.values():
+        n._remove_users(gone)
 
 
 # ----------------------------------------------- recording while editing

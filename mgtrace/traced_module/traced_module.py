@@ -31,7 +31,8 @@ from mgtrace.traced_module.errors import GraphError, InferenceOnlyError, TraceWa
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr, Input,
                                         called_graph, is_node)
 from mgtrace.traced_module.graph import InternalGraph, reset_ids
-from mgtrace.traced_module.node import ModuleNode, Node, TensorNode, ValueNode, python_name
+from mgtrace.traced_module.node import (ModuleNode, Node, TensorNode, ValueNode, python_name,
+                                        unlink_users)
 from mgtrace.traced_module.pytree import LeafDef, TreeMismatch, tree_flatten, tree_map
 from mgtrace.traced_module.signature import bind_arguments, signature_of, type_name
 from mgtrace.traced_module.tracer import Tracer
@@ -957,19 +958,23 @@ def _refuse_arrays(canon, sig):
 def _drop_unused_shapes(g):
     """Shape reads, and int arithmetic on them, whose results were never used
     leave no trace (walked backwards, so a chain of unused steps goes too)."""
-    keep = []
+    keep, dropped = [], []
+    lost = {}               # id(node) -> how many of its users were dropped so far
     outputs = {id(o) for o in g._outputs}
     for e in reversed(g._exprs):
-        unused = e.outputs and not any(o.users or id(o) in outputs for o in e.outputs)
+        unused = e.outputs and not any(len(o.users) > lost.get(id(o), 0) or id(o) in outputs
+                                       for o in e.outputs)
         shape_math = (isinstance(e, CallMethod) and e.method == "shape") or (
             isinstance(e, CallFunction) and all(isinstance(o, ValueNode) for o in e.outputs))
         if unused and shape_math:
-            for n in set(e._inputs):
-                n._remove_user(e)
+            dropped.append(e)
+            for nid in {id(n) for n in e._inputs}:
+                lost[nid] = lost.get(nid, 0) + 1
             for o in e.outputs:
                 g._names.pop(o.name, None)
         else:
             keep.append(e)
+    unlink_users(dropped)   # once at the end: a node read by thousands of them is walked once
     g._exprs = keep[::-1]
 
 
