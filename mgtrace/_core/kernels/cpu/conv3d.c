@@ -222,6 +222,21 @@ static int FN(conv3d_shifted)(const T *x, const T *w, const T *bias, T *y, const
     return 0;
 }
 
+/* the columns one GEMM reads for output depths z0 .. z0+nz-1 of one group's
+ * input xg: a pointwise conv reads the input's own slices (leading dimension
+ * d*h*w), any other gets vol2col's copy in cols (leading dimension nz*oh*ow) */
+static const T *FN(chunk_cols)(const T *xg, T *cols, const mt_conv3d_geom *g, int64_t z0, int64_t nz,
+                               int direct, int nt, int64_t *ldb) {
+    const int64_t ohw = g->oh * g->ow;
+    if (direct) {
+        *ldb = g->d * g->h * g->w;
+        return xg + z0 * ohw;
+    }
+    FN(vol2col)(xg, cols, g, z0, nz, nt);
+    *ldb = nz * ohw;
+    return cols;
+}
+
 static int FN(conv3d_fwd)(const T *x, const T *w, const T *bias, T *y, const mt_conv3d_geom *g, int nt) {
     const int64_t cg = g->c / g->groups, og = g->o / g->groups, rows = cg * g->kd * g->kh * g->kw;
     if (g->sd == 1 && g->sh == 1 && g->sw == 1 && cg >= MT_CONV3D_SHIFTED_MIN_C && g->n > 0 &&
@@ -241,16 +256,8 @@ static int FN(conv3d_fwd)(const T *x, const T *w, const T *bias, T *y, const mt_
             T *yg = y + (n * g->o + grp * og) * L;
             for (int64_t z0 = 0; z0 < g->od; z0 += nzt) {
                 const int64_t nz = mt_min64(nzt, g->od - z0), len = nz * ohw;
-                const T *b;
                 int64_t ldb;
-                if (direct) {
-                    b = xg + z0 * ohw;
-                    ldb = dhw;
-                } else {
-                    FN(vol2col)(xg, cols, g, z0, nz, nt);
-                    b = cols;
-                    ldb = len;
-                }
+                const T *b = FN(chunk_cols)(xg, cols, g, z0, nz, direct, nt, &ldb);
                 FN(c3_gemm)(0, 0, og, len, rows, w + grp * og * rows, rows, b, ldb, 0, yg + z0 * ohw, L);
             }
         }
@@ -309,16 +316,8 @@ static int FN(conv3d_bwd_weight)(const T *x, const T *gy, T *gw, const mt_conv3d
             const T *gyg = gy + (n * g->o + grp * og) * L;
             for (int64_t z0 = 0; z0 < g->od; z0 += nzt) {
                 const int64_t nz = mt_min64(nzt, g->od - z0), len = nz * ohw;
-                const T *b;
                 int64_t ldb;
-                if (direct) {
-                    b = xg + z0 * ohw;
-                    ldb = dhw;
-                } else {
-                    FN(vol2col)(xg, cols, g, z0, nz, nt);
-                    b = cols;
-                    ldb = len;
-                }
+                const T *b = FN(chunk_cols)(xg, cols, g, z0, nz, direct, nt, &ldb);
                 FN(c3_gemm)(0, 1, og, rows, len, gyg + z0 * ohw, L, b, ldb, 1, gw + grp * og * rows, rows);
             }
         }
