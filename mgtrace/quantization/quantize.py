@@ -51,7 +51,10 @@ def _float_to_qat():
             M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
             M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub,
             M.LinearBn1d: QM.LinearBn1d, M.LinearBnRelu1d: QM.LinearBnRelu1d,
-            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation}
+            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation,
+            M.ConvTranspose2d: QM.ConvTranspose2d, M.ConvTransposeRelu2d: QM.ConvTransposeRelu2d,
+            M.ConvTransposeBn2d: QM.ConvTransposeBn2d,
+            M.ConvTransposeBnRelu2d: QM.ConvTransposeBnRelu2d}
 
 
 def _qat_base():
@@ -89,8 +92,10 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         mapping: ``{float type: QAT type}``, exact types, added to (and
             overriding) the default one: Linear, Conv2d, ConvRelu2d,
             ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub,
-            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation to their
-            :mod:`mgtrace.module.qat` versions. A module whose
+            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation,
+            ConvTranspose2d, ConvTransposeRelu2d, ConvTransposeBn2d,
+            ConvTransposeBnRelu2d to their :mod:`mgtrace.module.qat`
+            versions (MegEngine's mapping). A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.
 
@@ -242,7 +247,13 @@ def _qat_to_quantized():
     return {QM.QuantStub: MQ.QuantStub, QM.DequantStub: MQ.DequantStub,
             QM.Linear: MQ.Linear, QM.LinearRelu: MQ.LinearRelu, QM.Conv2d: MQ.Conv2d,
             QM.ConvRelu2d: MQ.ConvRelu2d, QM.ConvBn2d: MQ.ConvBn2d,
-            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat}
+            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat,
+            QM.ConvTranspose2d: MQ.ConvTranspose2d,
+            QM.ConvTransposeRelu2d: MQ.ConvTransposeRelu2d,
+            QM.ConvTransposeBn2d: MQ.ConvTransposeBn2d,
+            QM.ConvTransposeBnRelu2d: MQ.ConvTransposeBnRelu2d,
+            QM.LinearBn1d: MQ.LinearBn1d, QM.LinearBnRelu1d: MQ.LinearBnRelu1d,
+            QM.BatchMatMulActivation: MQ.BatchMatMulActivation}
 
 
 def quantize(module, inplace=True, mapping=None):
@@ -256,9 +267,9 @@ def quantize(module, inplace=True, mapping=None):
             training); put it in eval mode first for BatchNorm folding.
         inplace: convert ``module`` itself; False converts a deep copy.
         mapping: ``{QAT type: quantized type}`` added to the default one
-            (exact types). A QAT module with no quantized version here
-            (LinearBn1d, LinearBnRelu1d, BatchMatMulActivation) or whose
-            ``quantize_disabled`` is true stays as it is.
+            (exact types). A QAT module with no quantized version here (a
+            user's own) or whose ``quantize_disabled`` is true stays as it
+            is.
 
     Returns the converted module. Raises QuantizationError for a QAT module
     without weight or activation qparams, or with qparams the int8 kernels

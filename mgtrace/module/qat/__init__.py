@@ -29,15 +29,19 @@ from mgtrace.module.qat.elemwise import Elemwise
 from mgtrace.module.qat.quant_dequant import DequantStub, QuantStub
 from mgtrace.module.qat.linear_bn import LinearBn1d, LinearBnRelu1d
 from mgtrace.module.qat.concat import BatchMatMulActivation, Concat
+from mgtrace.module.qat.conv_transpose import (ConvTranspose2d, ConvTransposeBn2d,
+                                               ConvTransposeBnRelu2d, ConvTransposeRelu2d)
 
 from mgtrace.module.builtin import register_as_builtin as _register
 
 for _cls in (Linear, LinearRelu, Conv2d, ConvRelu2d, ConvBn2d, ConvBnRelu2d, Elemwise,
              QuantStub, DequantStub, LinearBn1d, LinearBnRelu1d, Concat,
-             BatchMatMulActivation):
+             BatchMatMulActivation, ConvTranspose2d, ConvTransposeRelu2d, ConvTransposeBn2d,
+             ConvTransposeBnRelu2d):
     _register(_cls, name=f"mgtrace.module.qat.{_cls.__name__}")
 del _cls
 
 __all__ = ["QATModule", "Linear", "LinearRelu", "Conv2d", "ConvRelu2d", "ConvBn2d",
            "ConvBnRelu2d", "Elemwise", "QuantStub", "DequantStub", "LinearBn1d",
-           "LinearBnRelu1d", "Concat", "BatchMatMulActivation"]
+           "LinearBnRelu1d", "Concat", "BatchMatMulActivation", "ConvTranspose2d",
+           "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d"]
