@@ -313,11 +313,40 @@ def _act_fq(ex, m, y):
     """The QAT module's output fake quantization (none when disabled)."""
     if not _fq_enabled(m.act_fake_quant):
         return y
-    q = qparams(m.get_activation_qparams(), f"{type(m).__name__}'s output")
+    qp = m.get_activation_qparams()
+    q = qparams(qp, f"{type(m).__name__}'s output")
     if q is None:
         raise ex.b.error(f"QAT {type(m).__name__} fake-quantizes its output without qparams "
                          f"(calibrate it first)")
-    return _fake_quant(ex.b, y, q)
+    out = _fake_quant(ex.b, y, q)
+    _fq_outputs(ex.b)[out.name] = qp       # what the eager output carries (_mark)
+    return out
+
+
+def _fq_outputs(b):
+    """{value name: QParams} of the QAT fake quantizers' outputs in ``b``'s
+    graph (MegEngine's ``Tensor.qparams``, mgtrace's ``_fq_qparams``)."""
+    d = getattr(b, "_qat_fq_outputs", None)
+    if d is None:
+        d = b._qat_fq_outputs = {}
+    return d
+
+
+def _qat_bias(ex, m, x, bias, w_ndim, channel_axis=0):
+    """The QAT module's bias (a float32 array or None) as it computes it:
+    fake-quantized to qint32 at ``s_in * s_w`` where its input ``x`` is a
+    QAT fake quantizer's output (:meth:`QATModule.apply_quant_bias`'s rule,
+    ``bias_qparams``), else as it is."""
+    from mgtrace._core import tensor as _tensor
+    from mgtrace.module.qat.module import bias_qparams
+    from mgtrace.quantization.utils import fake_quant_tensor
+    if bias is None or not (_fq_enabled(m.act_fake_quant) and _fq_enabled(m.weight_fake_quant)):
+        return bias
+    bq = bias_qparams(_fq_outputs(ex.b).get(x.name), m.get_weight_qparams(), bias.shape,
+                      w_ndim, channel_axis)
+    if bq is None:
+        return bias
+    return np.asarray(fake_quant_tensor(_tensor(bias), bq).numpy(), np.float32)
 
 
 def _qat_weight(ex, m, w, path, axes=(0,)):
@@ -347,6 +376,11 @@ def _qat_float(rule_name, relu=False):
             t = getattr(m, name)
             if name == "weight":
                 return _qat_weight(ex, m, np.asarray(t.numpy()), f"{m.path}.weight")
+            if name == "bias" and t is not None:
+                arr = np.asarray(t.numpy(), np.float32)
+                bq = _qat_bias(ex, m, x, arr, m.weight.ndim)
+                if bq is not arr:
+                    return b.const(bq, name=f"{m.path}.bias.qint32")
             return ex.param(t, f"{m.path}.{name}")
         y = mapping.rule_for("module", rule_name).convert(b, out, m, x, param)
         if relu:
@@ -373,6 +407,7 @@ def _qat_conv_bn(relu):
         bias = (beta + k * (cb - mean)).astype(np.float32)
         wf = _qat_weight(ex, m, w, f"{m.path}.conv.weight")
         x = b.cast(ex.plain(args[0]), np.float32)
+        bias = _qat_bias(ex, m, x, bias, 4)
         (ph, pw), shape = conv.padding, out[0].shape
         y = b.op("Conv", [x, wf, b.const(bias, name=f"{m.path}.bias.folded")],
                  np.float32, shape, kernel_shape=list(w.shape[2:]), strides=list(conv.stride),
@@ -403,8 +438,8 @@ def _qat_linear_bn(relu):
         w = np.asarray(lin.weight.numpy(), np.float32) * k.reshape(-1, 1)
         bias = (beta + k * (arr(lin.bias, 0.0) - mean)).astype(np.float32)
         wf = _qat_weight(ex, m, w, f"{m.path}.linear.weight")
-        bf = b.const(bias, name=f"{m.path}.bias.folded")
         x = b.cast(ex.plain(args[0]), np.float32)
+        bf = b.const(_qat_bias(ex, m, x, bias, 2), name=f"{m.path}.bias.folded")
         shape = out[0].shape
         if x.ndim == 2:
             y = b.op("Gemm", [x, wf, bf], np.float32, shape, transB=1)
@@ -424,9 +459,12 @@ def _qat_batch_matmul(ex, e, m, args, kwargs, out):
         raise b.error(f"QAT {type(m).__name__} called with arguments other than one tensor")
     w = _qat_weight(ex, m, np.asarray(m.weight.numpy(), np.float32), f"{m.path}.weight")
     shape = out[0].shape
-    y = b.op("MatMul", [w, b.cast(ex.plain(args[0]), np.float32)], np.float32, shape)
+    x = b.cast(ex.plain(args[0]), np.float32)
+    y = b.op("MatMul", [w, x], np.float32, shape)
     if m.bias is not None:
-        y = b.op("Add", [y, ex.param(m.bias, f"{m.path}.bias")], np.float32, shape)
+        bias = np.asarray(m.bias.numpy(), np.float32)
+        y = b.op("Add", [y, b.const(_qat_bias(ex, m, x, bias, 3, None), name=f"{m.path}.bias")],
+                 np.float32, shape)
     if m.nonlinear_mode == "relu":
         y = b.op("Relu", [y], np.float32, shape)
     return _act_fq(ex, m, y)
@@ -456,7 +494,9 @@ def _qat_conv_transpose(relu):
         x = b.cast(_one_tensor(ex, m, args, kwargs), np.float32)
         w = _qat_weight(ex, m, np.asarray(m.weight.numpy(), np.float32), f"{m.path}.weight",
                         axes=(0, 1))
-        bias = None if m.bias is None else ex.param(m.bias, f"{m.path}.bias")
+        bias = None if m.bias is None else b.const(
+            _qat_bias(ex, m, x, np.asarray(m.bias.numpy(), np.float32), 4, 1),
+            name=f"{m.path}.bias")
         y = _conv_transpose(b, m, x, w, bias, out[0].shape)
         if relu:
             y = b.op("Relu", [y], np.float32, y.shape)
@@ -480,6 +520,7 @@ def _qat_conv_transpose_bn(relu):
         cb = np.zeros_like(mean) if ct.bias is None else np.asarray(ct.bias.numpy())
         bias = (beta + k * (cb - mean)).astype(np.float32)
         wf = _qat_weight(ex, m, w, f"{m.path}.conv_transpose2d.weight", axes=(0, 1))
+        bias = _qat_bias(ex, m, x, bias, 4, 1)
         y = _conv_transpose(b, ct, x, wf, b.const(bias, name=f"{m.path}.bias.folded"),
                             out[0].shape)
         if relu:

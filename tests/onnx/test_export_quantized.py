@@ -332,3 +332,40 @@ def test_a_float_relu_after_a_quantized_conv_is_refused_not_exported_as_int8():
     assert fused(x).dtype == np.float32
     model = build_model(fused)
     assert model.graph.output[0].type.tensor_type.elem_type == 1      # FLOAT
+
+
+@pytest.mark.parametrize("body", ["linear", "conv_transpose_bn"])
+def test_qat_export_carries_the_qint32_bias(body):
+    """A QAT layer fed by a QAT QuantStub fake-quantizes its bias to qint32
+    (MegEngine's fake_quant_bias): the exported bias is that array, and ORT
+    gives the QAT model's output within one quantum."""
+    mt.random.seed(3)
+    rng = np.random.default_rng(3)
+    if body == "linear":
+        layer, shape = M.Linear(8, 5), (6, 8)
+    else:
+        layer, shape = M.ConvTransposeBn2d(3, 4, 3, stride=2), (2, 3, 4, 4)
+    net = M.Sequential(M.QuantStub(), layer, M.DequantStub())
+    qat = Q.quantize_qat(net, qconfig=Q.min_max_fakequant_qconfig)
+    _calibrate(qat, rng.standard_normal(shape).astype(F32))
+    x = rng.standard_normal(shape).astype(F32)
+    lin = qat[1]
+    inp = qat[0](mt.tensor(x))
+    if body == "linear":
+        bias, w = lin.bias, lin.apply_quant_weight(lin.weight)
+        b_qat = lin.apply_quant_bias(bias, inp, w).numpy()
+        name = "1.bias.qint32"
+    else:
+        k, beta, mean = lin._fold()
+        bias = beta + k * (lin.conv_transpose2d.bias - mean)
+        w = lin.apply_quant_weight(lin.folded_weight(k))
+        b_qat = lin.apply_quant_bias(bias, inp, w, 1).numpy()
+        name = "1.bias.folded"
+    assert not np.array_equal(b_qat, bias.numpy())
+    tm = mt.trace_module(qat, mt.tensor(x))
+    model = build_model(tm)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_array_equal(inits[name], b_qat)
+    want = qat(mt.tensor(x)).numpy()
+    quantum = float(lin.get_activation_qparams().scale.numpy())
+    assert np.abs(run_ort(model, [x])[0] - want).max() <= quantum * (1 + 1e-4)

@@ -393,3 +393,83 @@ def test_quantize_refuses_unusable_weight_qparams():
     m = MQ.ConvTranspose2d(4, 6, 3)
     with pytest.raises(QuantizationError, match="QuantStub"):
         m(mt.tensor(np.zeros((1, 4, 3, 3), F32)))
+
+
+# ------------------------------------------------------- qint32 bias (QAT)
+def _stub_linear(weight, bias, x, qconfig=Q.min_max_fakequant_qconfig):
+    net = M.Sequential(M.QuantStub(), M.Linear(weight.shape[1], weight.shape[0])).eval()
+    net[1].weight[...] = weight
+    net[1].bias[...] = bias
+    qat = Q.quantize_qat(net, qconfig=qconfig)
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(mt.tensor(x))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    return qat
+
+
+def test_qat_bias_is_fake_quantized_to_qint32_as_megengines():
+    d = _npz()
+    qat = _stub_linear(d["qat_bias/weight"], d["qat_bias/bias"], d["qat_bias/x"])
+    x = mt.tensor(d["qat_bias/x"])
+    lin = qat[1]
+    inp = qat[0](x)
+    w_qat = lin.apply_quant_weight(lin.weight)
+    b_qat = lin.apply_quant_bias(lin.bias, inp, w_qat).numpy()
+    np.testing.assert_allclose(b_qat, d["qat_bias/b_qat"], rtol=0, atol=1e-7)
+    # NumPy: rint(b / s) * s at s = s_in * s_w, float32
+    s = F32(lin.get_weight_qparams().scale.numpy()) * F32(
+        qat[0].get_activation_qparams().scale.numpy())
+    want = np.rint(d["qat_bias/bias"] / s) * s
+    np.testing.assert_array_equal(b_qat, want.astype(F32))
+    assert not np.array_equal(b_qat, d["qat_bias/bias"])
+    quantum = float(lin.get_activation_qparams().scale.numpy())
+    y = qat(x).numpy()
+    assert np.abs(y - d["qat_bias/y"]).max() <= quantum * 1.0001
+    # traced (the QAT modules are leaves): the same values, bitwise
+    np.testing.assert_array_equal(mt.trace_module(qat, x)(x).numpy(), y)
+
+
+def test_qat_bias_stays_float_without_an_fq_input():
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((5, 8)).astype(F32)
+    b = (0.05 * rng.standard_normal(5)).astype(F32)
+    x = rng.standard_normal((6, 8)).astype(F32)
+    qat = _stub_linear(w, b, x)
+    lin, bias = qat[1], qat[1].bias
+    inp = qat[0](mt.tensor(x))
+    w_qat = lin.apply_quant_weight(lin.weight)
+    assert not np.array_equal(lin.apply_quant_bias(bias, inp, w_qat).numpy(), b)
+    # a float input, a reshaped one (the qparams are dropped, as MegEngine's)
+    for other in (mt.tensor(x), inp.reshape(6, 8)):
+        np.testing.assert_array_equal(lin.apply_quant_bias(bias, other, w_qat).numpy(), b)
+    # the activation fake quantizer off
+    Q.disable_fake_quant(qat)
+    Q.enable_fake_quant(qat[0])
+    np.testing.assert_array_equal(lin.apply_quant_bias(bias, qat[0](mt.tensor(x)), w_qat), b)
+    # an asymmetric (quint8) input
+    qat = _stub_linear(w, b, x, PER_CHANNEL_AXIS0)
+    inp = qat[0](mt.tensor(x))
+    np.testing.assert_array_equal(
+        qat[1].apply_quant_bias(qat[1].bias, inp, qat[1].apply_quant_weight(qat[1].weight)), b)
+
+
+def test_qat_bias_per_channel_weight_scales():
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((5, 8)).astype(F32) * np.arange(1, 6, dtype=F32)[:, None]
+    b = (0.05 * rng.standard_normal(5)).astype(F32)
+    x = rng.standard_normal((6, 8)).astype(F32)
+    cfg = Q.QConfig(
+        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
+        act_observer=Q.min_max_fakequant_qconfig.act_observer,
+        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
+        act_fake_quant=Q.min_max_fakequant_qconfig.act_fake_quant)
+    qat = _stub_linear(w, b, x, cfg)
+    lin = qat[1]
+    inp = qat[0](mt.tensor(x))
+    got = lin.apply_quant_bias(lin.bias, inp, lin.apply_quant_weight(lin.weight)).numpy()
+    s = np.asarray(lin.get_weight_qparams().scale.numpy(), F32) * F32(
+        qat[0].get_activation_qparams().scale.numpy())
+    assert s.shape == (5,)
+    np.testing.assert_array_equal(got, (np.rint(b / s) * s).astype(F32))

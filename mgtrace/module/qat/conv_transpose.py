@@ -39,7 +39,8 @@ class ConvTranspose2d(_builtin_float.ConvTranspose2d, QATModule):
     Arguments, shapes and parameters as the float module."""
 
     def calc_conv_transpose2d_qat(self, x):
-        return F.conv_transpose2d(x, self.apply_quant_weight(self.weight), self.bias,
+        w_qat = self.apply_quant_weight(self.weight)
+        return F.conv_transpose2d(x, w_qat, self.apply_quant_bias(self.bias, x, w_qat, 1),
                                   self.stride, self.padding, self.output_padding,
                                   self.dilation, self.groups)
 
@@ -85,7 +86,7 @@ class _ConvTransposeBnActivation2d(_float._ConvTransposeBnActivation2d, QATModul
         bias = None
         if not batch_stats:
             b = ct.bias if ct.bias is not None else F.zeros_like(mean)
-            bias = beta + k * (b - mean)
+            bias = self.apply_quant_bias(beta + k * (b - mean), x, w_qat, 1)
         y = F.conv_transpose2d(x, w_qat, bias, ct.stride, ct.padding, ct.output_padding,
                                ct.dilation, ct.groups)
         if not batch_stats:

@@ -17,6 +17,9 @@ mgtrace's modules and compares.
   converted by ``quantize_qat`` (min-max), calibrated on the input and
   converted by ``quantize``; the output and its scale. MegEngine's quantized
   transposed convolution takes no bias, so that case has none.
+* ``qat_bias``: QAT QuantStub -> QAT Linear (min-max, observed once): the
+  qint32 fake-quantized bias MegEngine's ``fake_quant_bias`` gives for the
+  stub's output and the fake-quantized weight, and the model's output.
 """
 import os
 
@@ -131,6 +134,25 @@ def main():
         out[f"{name}/x"] = x
         out[f"{name}/y"] = qnet(mge.tensor(x)).numpy()
         out[f"{name}/y_scale"] = y_scale
+    # the qint32 bias of a QAT Linear fed by a QAT QuantStub (fake_quant_bias)
+    from megengine.quantization.utils import fake_quant_bias
+    stub, lin = M.QuantStub(), M.Linear(8, 5)
+    lw = (0.5 * rng.standard_normal((5, 8))).astype(np.float32)
+    lb = (0.05 * rng.standard_normal(5)).astype(np.float32)
+    _set(lin.weight, lw)
+    _set(lin.bias, lb)
+    net = M.Sequential(stub, lin)
+    net.eval()
+    qat = quantize_qat(net, qconfig=min_max_fakequant_qconfig)
+    x = (2 * rng.standard_normal((6, 8))).astype(np.float32)
+    enable_observer(qat)
+    qat(mge.tensor(x))
+    disable_observer(qat)
+    inp = qat[0](mge.tensor(x))
+    w_qat = qat[1].apply_quant_weight(qat[1].weight)
+    out.update({"qat_bias/x": x, "qat_bias/weight": lw, "qat_bias/bias": lb,
+                "qat_bias/b_qat": fake_quant_bias(qat[1].bias, inp, w_qat).numpy(),
+                "qat_bias/y": qat(mge.tensor(x)).numpy()})
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "megengine_conv_transpose.npz")
     np.savez_compressed(path, **out)
