@@ -18,14 +18,10 @@ import mgtrace.quantization as Q  # noqa: E402
 from mgtrace.onnx import MIN_OPSET  # noqa: E402
 from mgtrace.onnx._quant import TABLES  # noqa: E402
 from mgtrace.onnx.exporter import build_model, run_ort  # noqa: E402
+from _quant_models import PER_CHANNEL_QUINT8  # noqa: E402
 
 F32 = np.float32
-QCONFIG = Q.QConfig(
-    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                   dtype="quint8"),
-    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+QCONFIG = PER_CHANNEL_QUINT8
 
 
 class Row(M.Module):

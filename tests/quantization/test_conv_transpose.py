@@ -19,6 +19,7 @@ import mgtrace.module.quantized as MQ
 import mgtrace.quantization as Q
 from mgtrace.quantization.qtensor import QuantizedTensor
 from mgtrace.quantization.utils import QuantizationError, QuantMode, create_qparams
+from _quant_models import PER_CHANNEL_QUINT8, calibrate
 
 F32 = np.float32
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
@@ -265,27 +266,18 @@ def _calibrated(float_body, shapes, qconfig, seed=0):
     net.train()
     for _ in range(2):
         net(mt.tensor(rng.standard_normal(shapes).astype(F32)))
-    qat = Q.quantize_qat(net, qconfig=qconfig).eval()
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    qat(mt.tensor(rng.standard_normal(shapes).astype(F32)))
-    Q.disable_observer(qat)
-    Q.enable_fake_quant(qat)
+    qat = calibrate(Q.quantize_qat(net, qconfig=qconfig),
+                    rng.standard_normal(shapes).astype(F32))
     return qat, mt.tensor(rng.standard_normal(shapes).astype(F32))
 
 
 PER_CHANNEL_AXIS1 = Q.QConfig(
     weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=1),
-    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                   dtype="quint8"),
-    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+    act_observer=PER_CHANNEL_QUINT8.act_observer,
+    weight_fake_quant=PER_CHANNEL_QUINT8.weight_fake_quant,
+    act_fake_quant=PER_CHANNEL_QUINT8.act_fake_quant)
 
-PER_CHANNEL_AXIS0 = Q.QConfig(
-    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-    act_observer=PER_CHANNEL_AXIS1.act_observer,
-    weight_fake_quant=PER_CHANNEL_AXIS1.weight_fake_quant,
-    act_fake_quant=PER_CHANNEL_AXIS1.act_fake_quant)
+PER_CHANNEL_AXIS0 = PER_CHANNEL_QUINT8
 
 _FLOAT = {
     "ConvTranspose2d": (lambda: M.ConvTranspose2d(3, 4, 3, stride=2, padding=1),
