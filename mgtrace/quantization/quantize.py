@@ -11,7 +11,8 @@ from mgtrace.quantization.observer import Observer
 from mgtrace.quantization.utils import QuantizationError
 
 __all__ = ["enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
-           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant"]
+           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant",
+           "quantize_layers"]
 
 
 def _switch(module, kind, on):
@@ -299,3 +300,60 @@ def quantize(module, inplace=True, mapping=None):
             if new is not None:
                 setattr(parent, name, new)
     return module
+
+
+def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=False):
+    """Post-training int8 quantization of chosen layers, each on its own:
+    every module of ``types`` in ``model`` becomes ``Sequential(QuantStub,
+    layer, DequantStub)``, so the rest of the model stays float; the
+    model is converted by :func:`quantize_qat`, calibrated by
+    ``calibrate(qat)`` in eval mode (observers on, fake quantization off)
+    and converted by :func:`quantize`. What the MiniLM figures (int8
+    linears), the int8 benchmarks and their ONNX exports run.
+
+    Args:
+        model: a float Module, changed in place (its layers are wrapped).
+        calibrate: a callable given the QAT model; it runs it on the
+            calibration data (e.g. ``lambda m: m(ids, mask)``).
+        types: the exact layer types to quantize; default (M.Linear,
+            M.Conv2d).
+        qconfig: default :data:`per_channel_quint8_qconfig`.
+        float_outputs: the layers keep float32 outputs (their accumulator
+            times ``x_scale * w_scale``, as ONNX's MatMulInteger / ConvInteger),
+            no output quantization: BERT's outlier features lose less.
+
+    Returns the quantized model (``model`` itself, or, when ``model`` is
+    one of ``types``, a new Sequential of it between stubs). Raises
+    QuantizationError as :func:`quantize` does.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.module as M
+    >>> import mgtrace.quantization as Q
+    >>> net = M.Sequential(M.Linear(4, 3), M.ReLU())
+    >>> x = mt.tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    >>> q = Q.quantize_layers(net, lambda m: m(x), float_outputs=True)
+    >>> type(q[0][1]).__module__, q(x).dtype == np.float32
+    ('mgtrace.module.quantized.modules', True)
+    """
+    import mgtrace.module as M
+    types = tuple(types) if types is not None else (M.Linear, M.Conv2d)
+    if type(model) in types:
+        model = M.Sequential(M.QuantStub(), model, M.DequantStub())
+    else:
+        for parent in list(model.modules()):
+            for name, child in list(parent._modules.items()):
+                if type(child) in types:
+                    setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
+    from mgtrace.quantization.qconfig import per_channel_quint8_qconfig
+    qat = quantize_qat(model, qconfig=qconfig or per_channel_quint8_qconfig)
+    if float_outputs:
+        for m in qat.modules():
+            if isinstance(m, _qat_base()) and m.with_weight:
+                m.act_observer = m.act_fake_quant = None
+    qat.eval()
+    enable_observer(qat)
+    disable_fake_quant(qat)
+    calibrate(qat)
+    disable_observer(qat)
+    enable_fake_quant(qat)
+    return quantize(qat)
+
