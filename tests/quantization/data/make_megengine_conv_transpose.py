@@ -17,6 +17,8 @@ mgtrace's modules and compares.
   converted by ``quantize_qat`` (min-max), calibrated on the input and
   converted by ``quantize``; the output and its scale. MegEngine's quantized
   transposed convolution takes no bias, so that case has none.
+* ``quantized_bmm``: the same for BatchMatMulActivation (no bias; identity:
+  MegEngine's from_float_module drops nonlinear_mode).
 * ``qat_bias``: QAT QuantStub -> QAT Linear (min-max, observed once): the
   qint32 fake-quantized bias MegEngine's ``fake_quant_bias`` gives for the
   stub's output and the fake-quantized weight, and the model's output.
@@ -153,6 +155,21 @@ def main():
     out.update({"qat_bias/x": x, "qat_bias/weight": lw, "qat_bias/bias": lb,
                 "qat_bias/b_qat": fake_quant_bias(qat[1].bias, inp, w_qat).numpy(),
                 "qat_bias/y": qat(mge.tensor(x)).numpy()})
+    # quantized BatchMatMulActivation (no bias: MegEngine's quantized version adds
+    # it per output feature, its float one along the last axis)
+    bmm = M.BatchMatMulActivation(2, 5, 3, bias=False)   # (its QAT version drops ReLU)
+    bw = (0.5 * rng.standard_normal((2, 3, 5))).astype(np.float32)
+    _set(bmm.weight, bw)
+    net = Wrap(bmm)
+    net.eval()
+    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    qat = quantize_qat(net, qconfig=min_max_fakequant_qconfig)
+    _calibrate(qat, mge.tensor(x))
+    y_scale = np.float32(qat.body.act_observer.get_qparams().scale.numpy())
+    qnet = quantize(qat)
+    qnet.eval()
+    out.update({"quantized_bmm/weight": bw, "quantized_bmm/x": x,
+                "quantized_bmm/y": qnet(mge.tensor(x)).numpy(), "quantized_bmm/y_scale": y_scale})
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "megengine_conv_transpose.npz")
     np.savez_compressed(path, **out)
