@@ -16,7 +16,18 @@ import mgtrace.functional as F
 from mgtrace.module.builtin import BatchNorm2d, ConvTranspose2d, _builtin
 from mgtrace.module.fused import _PartThenBn, _initialized, _uninitialized
 
-__all__ = ["ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d"]
+__all__ = ["ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d",
+           "fold_transposed_weight"]
+
+
+def fold_transposed_weight(weight, k, groups):
+    """``weight`` [C_in, C_out/groups, KH, KW] times ``k`` [C_out] along its
+    output channels (group g's C_out/groups channels are k's g-th block)."""
+    c_in, per, kh, kw = weight.shape
+    if groups == 1:
+        return weight * k.reshape((1, -1, 1, 1))
+    w = weight.reshape((groups, c_in // groups, per, kh, kw))
+    return (w * k.reshape((groups, 1, per, 1, 1))).reshape((c_in, per, kh, kw))
 
 
 @_builtin

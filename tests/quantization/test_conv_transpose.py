@@ -468,3 +468,38 @@ def test_qat_bias_per_channel_weight_scales():
         qat[0].get_activation_qparams().scale.numpy())
     assert s.shape == (5,)
     np.testing.assert_array_equal(got, (np.rint(b / s) * s).astype(F32))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("relu", [False, True])
+def test_fuse_conv_bn_relu_module_takes_a_conv_transpose(groups, relu):
+    """MegEngine's bn_fusion for ConvTranspose2d: eval folds the BatchNorm
+    into the weight's output channels (NumPy reference), training keeps it."""
+    mt.random.seed(5)
+    rng = np.random.default_rng(5)
+    ct = M.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=groups)
+    bn = M.BatchNorm2d(6)
+    bn.running_mean[...] = rng.standard_normal(6).astype(F32)
+    bn.running_var[...] = (0.5 + rng.random(6)).astype(F32)
+    bn.weight[...] = rng.standard_normal(6).astype(F32)
+    bn.bias[...] = rng.standard_normal(6).astype(F32)
+    x = rng.standard_normal((2, 4, 3, 3)).astype(F32)
+    fused = M.fuse_conv_bn_relu_module(ct.eval(), bn.eval(), M.ReLU() if relu else None)
+    assert type(fused) is (M.ConvTransposeRelu2d if relu else M.ConvTranspose2d)
+    k = bn.weight.numpy() / np.sqrt(bn.running_var.numpy() + 1e-5)
+    w = ct.weight.numpy().astype(np.float64)
+    want_w = (w.reshape(groups, 4 // groups, 6 // groups, 3, 3)
+              * k.reshape(groups, 1, 6 // groups, 1, 1)).reshape(w.shape)
+    np.testing.assert_allclose(fused.weight.numpy(), want_w, rtol=1e-6)
+    want = np_conv_transpose(x.astype(np.float64), w, (2, 2), (1, 1), (1, 1), groups=groups)
+    want = (want + ct.bias.numpy().reshape(-1, 1, 1) - bn.running_mean.numpy().reshape(-1, 1, 1)) \
+        * k.reshape(-1, 1, 1) + bn.bias.numpy().reshape(-1, 1, 1)
+    if relu:
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(fused(mt.tensor(x)).numpy(), want, rtol=1e-4, atol=1e-5)
+    trained = M.fuse_conv_bn_relu_module(ct.train(), bn.train(), M.ReLU() if relu else None)
+    assert type(trained) is (M.ConvTransposeBnRelu2d if relu else M.ConvTransposeBn2d)
+    assert trained.bn is not bn and trained.training
+    np.testing.assert_array_equal(trained.conv_transpose2d.weight.numpy(), ct.weight.numpy())
+    with pytest.raises(TypeError, match="Conv2d or ConvTranspose2d"):
+        M.fuse_conv_bn_relu_module(M.Linear(2, 2), bn)

@@ -17,20 +17,11 @@ output channels; the int8 version needs groups=1 for it).
 import mgtrace.functional as F
 from mgtrace.module import builtin as _builtin_float
 from mgtrace.module import fused_conv_transpose as _float
+from mgtrace.module.fused_conv_transpose import fold_transposed_weight
 from mgtrace.module.qat.module import QATModule, build_uninitialized, sharing_float_weights
 
 __all__ = ["ConvTranspose2d", "ConvTransposeRelu2d", "ConvTransposeBn2d",
-           "ConvTransposeBnRelu2d", "fold_transposed_weight"]
-
-
-def fold_transposed_weight(weight, k, groups):
-    """``weight`` [C_in, C_out/groups, KH, KW] times ``k`` [C_out] along its
-    output channels (group g's C_out/groups channels are k's g-th block)."""
-    c_in, per, kh, kw = weight.shape
-    if groups == 1:
-        return weight * k.reshape((1, -1, 1, 1))
-    w = weight.reshape((groups, c_in // groups, per, kh, kw))
-    return (w * k.reshape((groups, 1, per, 1, 1))).reshape((c_in, per, kh, kw))
+           "ConvTransposeBnRelu2d"]
 
 
 class ConvTranspose2d(_builtin_float.ConvTranspose2d, QATModule):
