@@ -325,3 +325,53 @@ def test_qat_export_carries_the_qint32_bias(body):
     want = qat(mt.tensor(x)).numpy()
     quantum = float(lin.get_activation_qparams().scale.numpy())
     assert np.abs(run_ort(model, [x])[0] - want).max() <= quantum * (1 + 1e-4)
+
+
+class DeconvNet(M.Module):
+    """The quantized forms without int8 kernels: transposed convolutions
+    (per-channel weights along axis 1) and a batched matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.up = M.ConvTransposeBnRelu2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+        self.ct = M.ConvTranspose2d(4, 2, 1)
+        self.bmm = M.BatchMatMulActivation(2, 16, 8, nonlinear_mode="relu")
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        y = self.ct(self.up(self.quant(x)))          # [2, 2, 8, 8]
+        return self.dequant(self.bmm(y.reshape(2, 16, 8)))
+
+
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
+def test_quantized_conv_transpose_and_batch_matmul_export_and_import_back(quant_format):
+    import warnings
+    import mgtrace.onnx as mo
+    mt.random.seed(8)
+    rng = np.random.default_rng(8)
+    net = DeconvNet()
+    net.train()
+    net(mt.tensor(rng.standard_normal((2, 3, 4, 4)).astype(F32)))
+    cfg = Q.QConfig(weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow",
+                                                      axis=1),
+                    act_observer=PER_CHANNEL_QUINT8.act_observer,
+                    weight_fake_quant=PER_CHANNEL_QUINT8.weight_fake_quant,
+                    act_fake_quant=PER_CHANNEL_QUINT8.act_fake_quant)
+    qat = Q.quantize_qat(net, qconfig=cfg)
+    qat.bmm.set_qconfig(Q.min_max_fakequant_qconfig)      # per-tensor weights
+    calibrate(qat, rng.standard_normal((2, 3, 4, 4)).astype(F32))
+    qnet = Q.quantize(qat, inplace=False)
+    assert qnet.up.weight_scale.shape == (4,)
+    x = rng.standard_normal((2, 3, 4, 4)).astype(F32)
+    tm = mt.trace_module(qnet, mt.tensor(x))
+    model = build_model(tm, quant_format=quant_format)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("ConvTranspose") == 2 and "MatMul" in ops
+    want = qnet(mt.tensor(x)).numpy()
+    quantum = _scale(qnet.bmm)
+    assert np.abs(run_ort(model, [x])[0] - want).max() <= quantum * (1 + 1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = mo.load(model.SerializeToString())
+    assert np.abs(back(mt.tensor(x)).numpy() - want).max() <= quantum * (1 + 1e-4)

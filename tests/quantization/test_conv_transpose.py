@@ -503,3 +503,36 @@ def test_fuse_conv_bn_relu_module_takes_a_conv_transpose(groups, relu):
     np.testing.assert_array_equal(trained.conv_transpose2d.weight.numpy(), ct.weight.numpy())
     with pytest.raises(TypeError, match="Conv2d or ConvTranspose2d"):
         M.fuse_conv_bn_relu_module(M.Linear(2, 2), bn)
+
+
+def test_new_builtins_need_format_1_2_and_round_trip(tmp_path):
+    """The float fused and quantized types added here are format 1.2 builtins:
+    saved alone they load back equal; target_version (1, 1) refuses them."""
+    mt.random.seed(9)
+    x = mt.tensor(np.random.default_rng(9).standard_normal((2, 4, 3, 3)).astype(F32))
+    path = str(tmp_path / "m.tmod")
+    for m in (M.ConvTransposeRelu2d(4, 3, 2, stride=2), M.ConvTransposeBn2d(4, 3, 3).eval(),
+              M.ConvTransposeBnRelu2d(4, 6, 3, groups=2).eval()):
+        mt.save(m, path)
+        back = mt.load(path)
+        assert type(back) is type(m) and back.config() == m.config()
+        np.testing.assert_array_equal(back(x).numpy(), m(x).numpy())
+        with pytest.raises(ValueError, match=type(m).__name__):
+            mt.save(m, str(tmp_path / "old.tmod"), target_version=(1, 1))
+    q = MQ.ConvTransposeRelu2d(4, 3, 3, act_qparams=act("quint8", 0.1, 7))
+    q.weight = mt.tensor(np.random.default_rng(9).integers(-127, 128, (4, 3, 3, 3))
+                         .astype(np.int8))
+    xq = qtensor(np.random.default_rng(10).integers(-128, 128, (2, 4, 3, 3)).astype(np.int8),
+                 "qint8", 0.05)
+    for m in (q, MQ.LinearBnRelu1d(4, 3, act_qparams=act("qint8", 0.2)),
+              MQ.BatchMatMulActivation(2, 4, 3, act_qparams=act("qint8", 0.2))):
+        mt.save(m, path)
+        back = mt.load(path)
+        assert type(back) is type(m) and back.config() == m.config()
+        with pytest.raises(ValueError, match=type(m).__name__):
+            mt.save(m, str(tmp_path / "old.tmod"), target_version=(1, 1))
+    np.testing.assert_array_equal(np.asarray(mt.Tensor.numpy(mt.load(path)(
+        qtensor(np.ones((2, 4, 3), np.int8), "qint8", 0.1)))), np.zeros((2, 3, 3), np.int8))
+    mt.save(q, path)
+    np.testing.assert_array_equal(np.asarray(mt.Tensor.numpy(mt.load(path)(xq))),
+                                  np.asarray(mt.Tensor.numpy(q(xq))))
