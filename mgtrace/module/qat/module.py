@@ -267,9 +267,8 @@ def _mark(t, fake_quant, observer):
     """Record on ``t`` (a fake quantizer's output) where the QParams it was
     fake-quantized with come from, as MegEngine's ``Tensor.qparams`` (a
     separate attribute: ``qparams`` on a Tensor means a per-channel
-    QuantizedTensor). The modules, not the values, so that a traced user
-    QAT subclass reads them from their parameters and buffers in its graph
-    (a value computed inside another module's call would be a constant)."""
+    QuantizedTensor). The modules, not the values: the next layer reads
+    the qparams only when it fake-quantizes a bias (:func:`_marked`)."""
     if isinstance(getattr(t, "__dict__", None), dict):
         t.__dict__[_MARK] = (fake_quant, observer)
 
