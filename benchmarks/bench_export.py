@@ -166,27 +166,9 @@ def main(argv=None):
 def _int8(net, x):
     """``net`` with each Conv2d / Linear int8 (QuantStub / DequantStub around
     it), calibrated on ``x``: (quantized model, its last int8 layer)."""
-    import functools
     import mgtrace as mt
-    import mgtrace.module as M
     import mgtrace.quantization as Q
-    for parent in list(net.modules()):
-        for name, child in list(parent._modules.items()):
-            if type(child) in (M.Conv2d, M.Linear):
-                setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
-    cfg = Q.QConfig(
-        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                       dtype="quint8"),
-        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
-    qat = Q.quantize_qat(net.eval(), qconfig=cfg).eval()
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    qat(mt.tensor(x))
-    Q.disable_observer(qat)
-    Q.enable_fake_quant(qat)
-    qnet = Q.quantize(qat)
+    qnet = Q.quantize_layers(net.eval(), lambda qat: qat(mt.tensor(x)))
     last = [m for m in qnet.modules() if type(m).__name__ == "Linear"][-1]
     return qnet, last
 

@@ -95,32 +95,14 @@ def _fold_bn(model, example):
 
 
 def _int8_model(model, calib):
-    import functools
     import mgtrace as mt
-    import mgtrace.module as M
     import mgtrace.quantization as Q
-    model = _fold_bn(model, calib[0])
-    for parent in list(model.modules()):
-        for n, c in list(parent._modules.items()):
-            if type(c) in (M.Linear, M.Conv2d):
-                setattr(parent, n, M.Sequential(M.QuantStub(), c, M.DequantStub()))
-    cfg = Q.QConfig(
-        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                       dtype="quint8"),
-        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
-    qat = Q.quantize_qat(model, qconfig=cfg)
-    for m in qat.modules():
-        if type(m).__name__ in ("Linear", "Conv2d") and hasattr(m, "act_observer"):
-            m.act_observer = m.act_fake_quant = None       # float32 outputs
-    qat.eval()
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    for xs in calib:
-        qat(*[mt.tensor(x) for x in xs])
-    Q.disable_observer(qat)
-    return Q.quantize(qat)
+
+    def run(qat):
+        for xs in calib:
+            qat(*[mt.tensor(x) for x in xs])
+    # every Linear and Conv2d int8 with float32 outputs
+    return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True)
 
 
 def _ort_int8(model, calib, example, threads, folder):

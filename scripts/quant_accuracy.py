@@ -17,7 +17,6 @@ then QAT fine-tuning of the calibrated model (2 epochs, SGD through the
 fake quantizers' straight-through gradient) and quantized again. Prints the
 held-out accuracy of each. Seeded: the same numbers every run.
 """
-import functools
 import pathlib
 import sys
 
@@ -30,21 +29,7 @@ import mgtrace.functional as F  # noqa: E402
 import mgtrace.module as M  # noqa: E402
 import mgtrace.quantization as Q  # noqa: E402
 
-QCONFIG = Q.QConfig(
-    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                   dtype="quint8"),
-    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
-
-
-def wrap_linears(model):
-    """Every M.Linear becomes Sequential(QuantStub, Linear, DequantStub)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent._modules.items()):
-            if type(child) is M.Linear:
-                setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
-    return model
+QCONFIG = Q.per_channel_quint8_qconfig
 
 
 def calibrate(qat, run):
@@ -78,14 +63,10 @@ def minilm(float_out=True):
     evaluate, calib = sentences()
     ids, mask = ml.minilm_inputs(evaluate, tok)
     ref = model(ids, mask).numpy()
-    qat = Q.quantize_qat(wrap_linears(model), qconfig=QCONFIG)
-    if float_out:       # int8 GEMMs whose outputs stay float (as ONNX's MatMulInteger)
-        for m in qat.modules():
-            if type(m).__name__ == "Linear" and hasattr(m, "act_observer"):
-                m.act_observer = m.act_fake_quant = None
     cids, cmask = ml.minilm_inputs(calib, tok)
-    calibrate(qat, lambda m: m(cids, cmask))
-    qnet = Q.quantize(qat)
+    # int8 GEMMs whose outputs stay float with float_out (as ONNX's MatMulInteger)
+    qnet = Q.quantize_layers(model, lambda m: m(cids, cmask), types=(M.Linear,),
+                             float_outputs=float_out)
     got = qnet(ids, mask).numpy()
     cos = np.sum(ref * got, 1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
     n = sum(1 for m in qnet.modules() if type(m).__name__ == "Linear"

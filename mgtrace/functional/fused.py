@@ -390,7 +390,8 @@ def to_nchwc(x):
     Raises:
         ValueError: x not 4-D. A dtype or device the kernel does not take
         (it takes float32 CPU tensors) is blocked by a pad and views, in x's
-        dtype.
+        dtype; a quantized dtype is kept, the channels past C holding its
+        zero point (a real 0).
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> F.to_nchwc(mt.tensor(np.ones((2, 20, 3, 3), np.float32))).shape
@@ -410,7 +411,8 @@ def from_nchwc(x, channels):
     Raises:
         ValueError: x not [N, B, H, W, 16]; channels not in
             (16 * (B - 1), 16 * B]. (Any dtype and device: float32 CPU
-            tensors take the kernel, others views, in x's dtype.)
+            tensors take the kernel, others views, in x's dtype, a
+            quantized one included.)
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1))
@@ -555,10 +557,18 @@ def _blocked_channels(fn, x, channels):
 
 def _to_blocks(x, fill=0.0):
     """:func:`to_nchwc` by views and a pad, for any dtype and device (the
-    channels past C hold ``fill``)."""
+    channels past C hold ``fill``; for a tensor of a quantized dtype, the
+    integers of ``fill`` in that dtype, its zero point for 0)."""
     n, c, h, w = x.shape
     b = -(-c // 16)
-    if b * 16 != c:
+    if b * 16 != c and x._qdtype is not None:
+        # pad computes, and refuses a quantized dtype: concatenate the fill instead
+        # (concat keeps the one quantized dtype of its inputs)
+        from mgtrace.functional.tensor import concat
+        pad = A.as_tensor("to_nchwc", "fill", np.full((n, b * 16 - c, h, w), fill, np.float32),
+                          x.device)
+        x = concat([x, pad.astype(x.dtype)], 1)
+    elif b * 16 != c:
         x = _fnn.pad(x, ((0, 0), (0, b * 16 - c), (0, 0), (0, 0)), constant_value=fill)
     return x.reshape(n, b, 16, h, w).transpose(0, 1, 3, 4, 2)
 

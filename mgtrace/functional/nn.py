@@ -869,8 +869,10 @@ def one_hot(x, num_classes):
         [..., num_classes] in x's dtype (MegEngine; int32 for lists).
 
     Raises:
-        TypeError: a non-integer x. ValueError: num_classes out of range, a
-            value of x outside [0, num_classes), a result past 2**62 elements.
+        TypeError: a non-integer x. QuantizationError: x of a quantized
+            dtype (its integers are no class indices; as every computing op).
+        ValueError: num_classes out of range, a value of x outside [0,
+            num_classes), a result past 2**62 elements.
 
     >>> import mgtrace as mt, mgtrace.functional as F
     >>> F.one_hot(mt.tensor([1, 0]), 3).tolist()
@@ -878,6 +880,8 @@ def one_hot(x, num_classes):
     """
     fn = "one_hot"
     (x,) = A.tensors(fn, x=x)
+    if x._qdtype is not None:       # before the range check reads its integers as classes
+        A.refuse_quantized(fn, x)
     A.check_int_dtype(fn, "x", x)
     n = A.to_size(fn, "num_classes", num_classes, 1)
     if x.size:   # a check on the values, not part of the computation (no core ops)

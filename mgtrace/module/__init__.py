@@ -37,6 +37,8 @@ from mgtrace.module.fused import (ConvBn2d, ConvBnRelu2d, ConvRelu2d, Elemwise,
                                   fuse_conv_bn_relu_module)
 from mgtrace.module.fused_linear import (BatchMatMulActivation, Concat, LinearBn1d,
                                          LinearBnRelu1d)
+from mgtrace.module.fused_conv_transpose import (ConvTransposeBn2d, ConvTransposeBnRelu2d,
+                                                 ConvTransposeRelu2d)
 from mgtrace.module.quant_dequant import DequantStub, QuantStub
 
 __all__ = [
@@ -53,5 +55,5 @@ __all__ = [
     "MultiHeadAttention", "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
     "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "fuse_conv_bn_relu_module",
     "QuantStub", "DequantStub", "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation",
-    "Concat",
+    "Concat", "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d",
 ]

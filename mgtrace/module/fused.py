@@ -176,11 +176,14 @@ def fuse_conv_bn_relu_module(conv, bn=None, relu=None):
         w' = w * gamma / sqrt(var + eps)        (per output channel)
         b' = beta + (b - mean) * gamma / sqrt(var + eps)
 
-    giving a Conv2d (or ConvRelu2d with ``relu``) with a bias.
+    giving a Conv2d (or ConvRelu2d with ``relu``) with a bias. A
+    ConvTranspose2d (as MegEngine's) gives ConvTransposeBn2d /
+    ConvTransposeBnRelu2d, or a folded ConvTranspose2d / ConvTransposeRelu2d,
+    its weight [C_in, C_out/groups, KH, KW] scaled along the output channels.
 
     Args:
-        conv: a Conv2d. bn: a BatchNorm2d over its output channels, or
-            None. relu: a ReLU, or None.
+        conv: a Conv2d or ConvTranspose2d. bn: a BatchNorm2d over its output
+            channels, or None. relu: a ReLU, or None.
 
     Returns:
         the new module (the inputs are not changed), in conv's mode.
@@ -190,9 +193,12 @@ def fuse_conv_bn_relu_module(conv, bn=None, relu=None):
         ValueError: conv and bn in different modes, or bn.num_features !=
             conv.out_channels; nothing to fuse (bn and relu both None).
     """
+    from mgtrace.module import fused_conv_transpose as _ct
     fn = "fuse_conv_bn_relu_module"
-    if type(conv) is not Conv2d:
-        raise TypeError(f"{fn}: conv must be an mgtrace.module.Conv2d, got {type(conv).__name__}")
+    transposed = type(conv) is _ct.ConvTranspose2d
+    if type(conv) is not Conv2d and not transposed:
+        raise TypeError(f"{fn}: conv must be an mgtrace.module.Conv2d or ConvTranspose2d, got "
+                        f"{type(conv).__name__}")
     if bn is not None and not isinstance(bn, BatchNorm2d):
         raise TypeError(f"{fn}: bn must be a BatchNorm2d or None, got {type(bn).__name__}")
     if relu is not None and not isinstance(relu, ReLU):
@@ -206,30 +212,41 @@ def fuse_conv_bn_relu_module(conv, bn=None, relu=None):
         if bn.num_features != conv.out_channels:
             raise ValueError(f"{fn}: bn has {bn.num_features} features but conv has "
                              f"{conv.out_channels} output channels")
+    if transposed:
+        with_bn = _ct.ConvTransposeBnRelu2d if relu is not None else _ct.ConvTransposeBn2d
+        folded = _ct.ConvTransposeRelu2d if relu is not None else _ct.ConvTranspose2d
+    else:
+        with_bn = ConvBnRelu2d if relu is not None else ConvBn2d
+        folded = ConvRelu2d if relu is not None else Conv2d
     if bn is not None and conv.training:
-        fused = (ConvBnRelu2d if relu is not None else ConvBn2d)(**cfg)
-        fused.conv.load_state_dict(conv.state_dict())
+        fused = with_bn(**cfg)
+        getattr(fused, with_bn._PART).load_state_dict(conv.state_dict())
         fused.bn = copy.deepcopy(bn)
     else:
         weight, bias = conv.weight, conv.bias
         if bn is not None:
-            weight, bias = _fold(conv, bn)
+            weight, bias = _fold(conv, bn, transposed)
             cfg["bias"] = True
-        fused = (ConvRelu2d if relu is not None else Conv2d)(**cfg)
+        fused = folded(**cfg)
         fused.weight = Parameter(weight)
         if bias is not None:
             fused.bias = Parameter(bias)
     return fused.train(conv.training)
 
 
-def _fold(conv, bn):
-    """conv's weight and bias with bn (eval mode) folded in."""
+def _fold(conv, bn, transposed=False):
+    """conv's weight and bias with bn (eval mode) folded in (a transposed
+    convolution's weight along its output channels, axis 1 of each group)."""
     c = conv.out_channels
     mean = bn.running_mean if bn.running_mean is not None else F.zeros((c,))
     var = bn.running_var if bn.running_var is not None else F.ones((c,))
     gamma = bn.weight if bn.weight is not None else F.ones((c,))
     beta = bn.bias if bn.bias is not None else F.zeros((c,))
     scale = F.div(gamma, F.sqrt(F.add(var, bn.eps)))
-    weight = F.mul(conv.weight, scale.reshape(c, 1, 1, 1))
+    if transposed:
+        from mgtrace.module.fused_conv_transpose import fold_transposed_weight
+        weight = fold_transposed_weight(conv.weight, scale, conv.groups)
+    else:
+        weight = F.mul(conv.weight, scale.reshape(c, 1, 1, 1))
     bias = conv.bias if conv.bias is not None else F.zeros((c,))
     return weight, F.add(beta, F.mul(F.sub(bias, mean), scale))

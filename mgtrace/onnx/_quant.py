@@ -123,9 +123,10 @@ def _fake_quant(b, x, q):
     return dequantize(b, quantize(b, x, q, x.shape))
 
 
-def _weight_quantized(b, w, qp, name, what):
+def _weight_quantized(b, w, qp, name, what, axes=(0,)):
     """Weight ``w`` (float array) fake-quantized by QParams ``qp``: its
-    integers as an initializer, dequantized in the graph."""
+    integers as an initializer, dequantized in the graph (per-channel
+    scales along one of ``axes``)."""
     from mgtrace.onnx._builder import ExportError
     scale, zp, dname, qmin, qmax, axis = qparams(qp, what, per_tensor=False)
     if np.any(zp):
@@ -133,14 +134,15 @@ def _weight_quantized(b, w, qp, name, what):
                           f"initializer form here")
     if qmin < -128 or qmax > 127:
         raise ExportError(f"{what}: {dname} weights do not fit int8")
-    s = scale
+    s, axis = scale, 0 if axis is None else axis % w.ndim
     if scale.ndim:
-        if axis is None or (axis % w.ndim) != 0:
+        if axis not in axes:
             raise ExportError(f"{what}: per-channel weight scales along axis {axis}; QDQ "
-                              f"export takes them along the output channels (axis 0)")
-        s = scale.reshape((-1,) + (1,) * (w.ndim - 1))
+                              f"export takes them along the output channels (axis "
+                              f"{' or '.join(map(str, axes))})")
+        s = scale.reshape((1,) * axis + (-1,) + (1,) * (w.ndim - 1 - axis))
     q = np.clip(np.rint(w.astype(np.float32) / s), qmin, qmax).astype(np.int8)
-    return _dq_array(b, q, scale, name)
+    return _dq_array(b, q, scale, name, axis)
 
 
 # ------------------------------------------------------- quantized modules
@@ -311,15 +313,45 @@ def _act_fq(ex, m, y):
     """The QAT module's output fake quantization (none when disabled)."""
     if not _fq_enabled(m.act_fake_quant):
         return y
-    q = qparams(m.get_activation_qparams(), f"{type(m).__name__}'s output")
+    qp = m.get_activation_qparams()
+    q = qparams(qp, f"{type(m).__name__}'s output")
     if q is None:
         raise ex.b.error(f"QAT {type(m).__name__} fake-quantizes its output without qparams "
                          f"(calibrate it first)")
-    return _fake_quant(ex.b, y, q)
+    out = _fake_quant(ex.b, y, q)
+    _fq_outputs(ex.b)[out.name] = qp       # what the eager output carries (_mark)
+    return out
 
 
-def _qat_weight(ex, m, w, path):
-    """The QAT module's weight ``w`` (a float array) as it fake-quantizes it."""
+def _fq_outputs(b):
+    """{value name: QParams} of the QAT fake quantizers' outputs in ``b``'s
+    graph (MegEngine's ``Tensor.qparams``, mgtrace's ``_fq_qparams``)."""
+    d = getattr(b, "_qat_fq_outputs", None)
+    if d is None:
+        d = b._qat_fq_outputs = {}
+    return d
+
+
+def _qat_bias(ex, m, x, bias, w_ndim, channel_axis=0):
+    """The QAT module's bias (a float32 array or None) as it computes it:
+    fake-quantized to qint32 at ``s_in * s_w`` where its input ``x`` is a
+    QAT fake quantizer's output (:meth:`QATModule.apply_quant_bias`'s rule,
+    ``bias_qparams``), else as it is."""
+    from mgtrace._core import tensor as _tensor
+    from mgtrace.module.qat.module import bias_qparams
+    from mgtrace.quantization.utils import fake_quant_tensor
+    if bias is None or not (_fq_enabled(m.act_fake_quant) and _fq_enabled(m.weight_fake_quant)):
+        return bias
+    bq = bias_qparams(_fq_outputs(ex.b).get(x.name), m.get_weight_qparams(), bias.shape,
+                      w_ndim, channel_axis)
+    if bq is None:
+        return bias
+    return np.asarray(fake_quant_tensor(_tensor(bias), bq).numpy(), np.float32)
+
+
+def _qat_weight(ex, m, w, path, axes=(0,)):
+    """The QAT module's weight ``w`` (a float array) as it fake-quantizes it
+    (per-channel scales along one of ``axes``)."""
     b = ex.b
     if not _fq_enabled(m.weight_fake_quant):
         return b.const(w.astype(np.float32), name=path)
@@ -327,7 +359,7 @@ def _qat_weight(ex, m, w, path):
     if qp is None:
         raise b.error(f"QAT {type(m).__name__} fake-quantizes its weight without qparams "
                       f"(calibrate it first)")
-    return _weight_quantized(b, w, qp, path, f"QAT {type(m).__name__}'s weight")
+    return _weight_quantized(b, w, qp, path, f"QAT {type(m).__name__}'s weight", axes)
 
 
 def _qat_float(rule_name, relu=False):
@@ -344,6 +376,11 @@ def _qat_float(rule_name, relu=False):
             t = getattr(m, name)
             if name == "weight":
                 return _qat_weight(ex, m, np.asarray(t.numpy()), f"{m.path}.weight")
+            if name == "bias" and t is not None:
+                arr = np.asarray(t.numpy(), np.float32)
+                bq = _qat_bias(ex, m, x, arr, m.weight.ndim)
+                if bq is not arr:
+                    return b.const(bq, name=f"{m.path}.bias.qint32")
             return ex.param(t, f"{m.path}.{name}")
         y = mapping.rule_for("module", rule_name).convert(b, out, m, x, param)
         if relu:
@@ -370,6 +407,7 @@ def _qat_conv_bn(relu):
         bias = (beta + k * (cb - mean)).astype(np.float32)
         wf = _qat_weight(ex, m, w, f"{m.path}.conv.weight")
         x = b.cast(ex.plain(args[0]), np.float32)
+        bias = _qat_bias(ex, m, x, bias, 4)
         (ph, pw), shape = conv.padding, out[0].shape
         y = b.op("Conv", [x, wf, b.const(bias, name=f"{m.path}.bias.folded")],
                  np.float32, shape, kernel_shape=list(w.shape[2:]), strides=list(conv.stride),
@@ -400,8 +438,8 @@ def _qat_linear_bn(relu):
         w = np.asarray(lin.weight.numpy(), np.float32) * k.reshape(-1, 1)
         bias = (beta + k * (arr(lin.bias, 0.0) - mean)).astype(np.float32)
         wf = _qat_weight(ex, m, w, f"{m.path}.linear.weight")
-        bf = b.const(bias, name=f"{m.path}.bias.folded")
         x = b.cast(ex.plain(args[0]), np.float32)
+        bf = b.const(_qat_bias(ex, m, x, bias, 2), name=f"{m.path}.bias.folded")
         shape = out[0].shape
         if x.ndim == 2:
             y = b.op("Gemm", [x, wf, bf], np.float32, shape, transB=1)
@@ -421,12 +459,103 @@ def _qat_batch_matmul(ex, e, m, args, kwargs, out):
         raise b.error(f"QAT {type(m).__name__} called with arguments other than one tensor")
     w = _qat_weight(ex, m, np.asarray(m.weight.numpy(), np.float32), f"{m.path}.weight")
     shape = out[0].shape
-    y = b.op("MatMul", [w, b.cast(ex.plain(args[0]), np.float32)], np.float32, shape)
+    x = b.cast(ex.plain(args[0]), np.float32)
+    y = b.op("MatMul", [w, x], np.float32, shape)
     if m.bias is not None:
-        y = b.op("Add", [y, ex.param(m.bias, f"{m.path}.bias")], np.float32, shape)
+        bias = np.asarray(m.bias.numpy(), np.float32)
+        y = b.op("Add", [y, b.const(_qat_bias(ex, m, x, bias, 3, None), name=f"{m.path}.bias")],
+                 np.float32, shape)
     if m.nonlinear_mode == "relu":
         y = b.op("Relu", [y], np.float32, shape)
     return _act_fq(ex, m, y)
+
+
+def _one_tensor(ex, m, args, kwargs, kind="QAT"):
+    if len(args) != 1 or kwargs or not isinstance(args[0], V):
+        raise ex.b.error(f"{kind} {type(m).__name__} called with arguments other than one tensor")
+    return ex.plain(args[0])
+
+
+def _conv_transpose(b, m, x, w, bias, shape):
+    """ConvTranspose of float ``x`` with weight V ``w`` (its array shape
+    ``m``'s [C_in, C_out/groups, KH, KW]) and bias V or None."""
+    (ph, pw) = m.padding
+    return b.op("ConvTranspose", [x, w] + ([bias] if bias is not None else []), np.float32,
+                shape, kernel_shape=list(m.kernel_size), strides=list(m.stride),
+                pads=[ph, pw, ph, pw], dilations=list(m.dilation),
+                output_padding=list(m.output_padding), group=m.groups)
+
+
+def _qat_conv_transpose(relu):
+    """QAT ConvTranspose2d / ConvTransposeRelu2d: ConvTranspose on the
+    fake-quantized weight (per-channel scales along axis 0 or 1)."""
+    def convert(ex, e, m, args, kwargs, out):
+        b = ex.b
+        x = b.cast(_one_tensor(ex, m, args, kwargs), np.float32)
+        w = _qat_weight(ex, m, np.asarray(m.weight.numpy(), np.float32), f"{m.path}.weight",
+                        axes=(0, 1))
+        bias = None if m.bias is None else b.const(
+            _qat_bias(ex, m, x, np.asarray(m.bias.numpy(), np.float32), 4, 1),
+            name=f"{m.path}.bias")
+        y = _conv_transpose(b, m, x, w, bias, out[0].shape)
+        if relu:
+            y = b.op("Relu", [y], np.float32, y.shape)
+        return _act_fq(ex, m, y)
+    return convert
+
+
+def _qat_conv_transpose_bn(relu):
+    """QAT ConvTransposeBn2d / ConvTransposeBnRelu2d in eval: the BatchNorm
+    folded as the module folds it, the folded weight fake-quantized."""
+    def convert(ex, e, m, args, kwargs, out):
+        b = ex.b
+        x = b.cast(_one_tensor(ex, m, args, kwargs), np.float32)
+        if m.bn.training or m.bn.running_mean is None:
+            raise b.error(f"QAT {type(m).__name__} normalises with batch statistics (training "
+                          f"mode or no running statistics); export it in eval()")
+        ct = m.conv_transpose2d
+        k, beta, mean = m._fold()
+        w = np.asarray(m.folded_weight(k).numpy(), np.float32)
+        k, beta, mean = (np.asarray(t.numpy(), np.float32) for t in (k, beta, mean))
+        cb = np.zeros_like(mean) if ct.bias is None else np.asarray(ct.bias.numpy())
+        bias = (beta + k * (cb - mean)).astype(np.float32)
+        wf = _qat_weight(ex, m, w, f"{m.path}.conv_transpose2d.weight", axes=(0, 1))
+        bias = _qat_bias(ex, m, x, bias, 4, 1)
+        y = _conv_transpose(b, ct, x, wf, b.const(bias, name=f"{m.path}.bias.folded"),
+                            out[0].shape)
+        if relu:
+            y = b.op("Relu", [y], np.float32, y.shape)
+        return _act_fq(ex, m, y)
+    return convert
+
+
+def _q_conv_transpose(ex, e, m, args, kwargs, out):
+    """Quantized ConvTranspose2d (and its Relu / Bn forms): QDQ around a
+    float ConvTranspose (ONNX has no QLinearConvTranspose: the QOperator
+    format uses this form too)."""
+    b = ex.b
+    x = _x(ex, args, type(m).__name__)
+    w, ws, bias, out_q = weight_of(m)
+    xf = dequantize(b, x)
+    wf = _dq_array(b, w, ws, f"{m.path}.weight", axis=1)
+    bf = None if bias is None else _bias_q(b, bias, x.q, ws, f"{m.path}.bias.int32")
+    shape = out[0].shape
+    return _finish(b, _conv_transpose(b, m, xf, wf, bf, shape), out_q, m.relu, shape)
+
+
+def _q_batch_matmul(ex, e, m, args, kwargs, out):
+    """Quantized BatchMatMulActivation: QDQ around MatMul(weight, x), the
+    int32 bias (along the last axis) and Relu."""
+    b = ex.b
+    x = _x(ex, args, type(m).__name__)
+    w, ws, bias, out_q = weight_of(m)
+    shape = out[0].shape
+    y = b.op("MatMul", [_dq_array(b, w, ws, f"{m.path}.weight"), dequantize(b, x)], np.float32,
+             shape)
+    if bias is not None:
+        y = b.op("Add", [y, _bias_q(b, bias, x.q, ws, f"{m.path}.bias.int32")], np.float32,
+                 shape)
+    return _finish(b, y, out_q, m.relu, shape)
 
 
 def _qat_quant_stub(ex, e, m, args, kwargs, out):
@@ -454,6 +583,10 @@ _QUANTIZED = {
     "Linear": _q_linear, "LinearRelu": _q_linear, "Conv2d": _q_conv, "ConvRelu2d": _q_conv,
     "ConvBn2d": _q_conv, "ConvBnRelu2d": _q_conv, "QuantStub": _q_quant_stub,
     "DequantStub": _q_dequant_stub, "Elemwise": _q_elemwise, "Concat": _q_concat,
+    "ConvTranspose2d": _q_conv_transpose, "ConvTransposeRelu2d": _q_conv_transpose,
+    "ConvTransposeBn2d": _q_conv_transpose, "ConvTransposeBnRelu2d": _q_conv_transpose,
+    "LinearBn1d": _q_linear, "LinearBnRelu1d": _q_linear,
+    "BatchMatMulActivation": _q_batch_matmul,
 }
 _QAT = {
     "Linear": _qat_float("Linear"), "LinearRelu": _qat_float("Linear", True),
@@ -463,6 +596,9 @@ _QAT = {
     "Elemwise": _qat_elemwise, "Concat": _qat_concat,
     "LinearBn1d": _qat_linear_bn(False), "LinearBnRelu1d": _qat_linear_bn(True),
     "BatchMatMulActivation": _qat_batch_matmul,
+    "ConvTranspose2d": _qat_conv_transpose(False), "ConvTransposeRelu2d": _qat_conv_transpose(True),
+    "ConvTransposeBn2d": _qat_conv_transpose_bn(False),
+    "ConvTransposeBnRelu2d": _qat_conv_transpose_bn(True),
 }
 _QL, _DQL = "QuantizeLinear", "DequantizeLinear"
 for _name, _ops in (("Linear", ("Gemm", "MatMul")), ("LinearRelu", ("Gemm", "MatMul", "Relu")),
@@ -477,6 +613,14 @@ for _name, _ops in (("LinearBn1d", ("Gemm", "MatMul")),
                     ("LinearBnRelu1d", ("Gemm", "MatMul", "Relu")),
                     ("BatchMatMulActivation", ("MatMul", "Add", "Relu"))):
     _QAT[_name].onnx = (_QL, _DQL) + _ops
+for _name, _ops in (("ConvTranspose2d", ("ConvTranspose",)),
+                    ("ConvTransposeRelu2d", ("ConvTranspose", "Relu")),
+                    ("ConvTransposeBn2d", ("ConvTranspose",)),
+                    ("ConvTransposeBnRelu2d", ("ConvTranspose", "Relu"))):
+    _QAT[_name].onnx = (_QL, _DQL) + _ops
+# the quantized rows shared by several names list every op any of them writes
+_q_conv_transpose.onnx = (_QL, _DQL, "ConvTranspose", "Relu")
+_q_batch_matmul.onnx = (_QL, _DQL, "MatMul", "Add", "Relu")
 del _name, _ops
 TABLES = {"mgtrace.module.quantized": _QUANTIZED, "mgtrace.module.qat": _QAT}
 """Builtin name prefix -> {class name: convert}: the rows of

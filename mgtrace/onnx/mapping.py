@@ -968,7 +968,8 @@ _MODULES = {
         "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "Conv3d", "ConvTranspose3d",
         "SlidingWindow", "SlidingWindowTranspose", "RNNCell", "LSTMCell",
         "MultiHeadAttention", "Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d",
-        "Concat", "BatchMatMulActivation", "LinearBn1d", "LinearBnRelu1d")},
+        "Concat", "BatchMatMulActivation", "LinearBn1d", "LinearBnRelu1d",
+        "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d")},
     "RNN": _m_recurrent(False), "LSTM": _m_recurrent(True),
     "LocalConv2d": _m("local_conv2d", lambda m, p: dict(
         weight=p("weight"), bias=None, stride=m.stride, padding=m.padding, dilation=m.dilation),

@@ -33,11 +33,12 @@ from mgtrace.quantization.fake_quant import LSQ, TQT, FakeQuantize
 from mgtrace.quantization.qconfig import (QConfig, calibration_qconfig, easyquant_qconfig,
                                           ema_fakequant_qconfig, ema_lowbit_fakequant_qconfig,
                                           min_max_fakequant_qconfig, passive_qconfig,
-                                          sync_ema_fakequant_qconfig, tqt_qconfig)
+                                          per_channel_quint8_qconfig, sync_ema_fakequant_qconfig,
+                                          tqt_qconfig)
 from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
                                            enable_fake_quant, enable_observer,
                                            propagate_qconfig, quantize_qat, reset_qconfig,
-                                           apply_easy_quant, quantize)
+                                           apply_easy_quant, quantize, quantize_layers)
 from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize as dequantize_tensor,
                                           quantize as quantize_tensor)
 from mgtrace.quantization.qdtype import (create_quantized_dtype, get_scale, get_zero_point,
@@ -52,9 +53,10 @@ __all__ = [
     "FakeQuantize", "TQT", "LSQ",
     "QConfig", "min_max_fakequant_qconfig", "ema_fakequant_qconfig",
     "sync_ema_fakequant_qconfig", "ema_lowbit_fakequant_qconfig", "calibration_qconfig",
-    "tqt_qconfig", "passive_qconfig", "easyquant_qconfig",
+    "tqt_qconfig", "passive_qconfig", "easyquant_qconfig", "per_channel_quint8_qconfig",
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
     "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant", "quantize",
+    "quantize_layers",
     "QuantizedTensor", "quantize_tensor", "dequantize_tensor",
     "create_quantized_dtype", "qint8", "qint8_narrow", "quint8", "qint32", "qint4", "quint4",
     "is_quantize", "get_scale", "get_zero_point", "int_repr",

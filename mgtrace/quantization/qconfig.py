@@ -11,11 +11,11 @@ from mgtrace.quantization.observer import (ExponentialMovingAverageObserver,
                                            HistogramObserver, MinMaxObserver, PassiveObserver,
                                            SyncExponentialMovingAverageObserver,
                                            SyncMinMaxObserver)
-from mgtrace.quantization.utils import QuantizationError
+from mgtrace.quantization.utils import QuantMode, QuantizationError
 
 __all__ = ["QConfig", "min_max_fakequant_qconfig", "ema_fakequant_qconfig",
            "sync_ema_fakequant_qconfig", "ema_lowbit_fakequant_qconfig", "calibration_qconfig",
-           "tqt_qconfig", "passive_qconfig", "easyquant_qconfig"]
+           "tqt_qconfig", "passive_qconfig", "easyquant_qconfig", "per_channel_quint8_qconfig"]
 
 
 class QConfig(collections.namedtuple(
@@ -69,3 +69,11 @@ calibration_qconfig = _fq("qint8_narrow", "qint8", MinMaxObserver, HistogramObse
 tqt_qconfig = _fq("qint8_narrow", "qint8", None, None, TQT)
 passive_qconfig = _fq("qint8_narrow", "qint8", PassiveObserver, PassiveObserver)
 easyquant_qconfig = passive_qconfig
+#: beyond MegEngine: per-output-channel qint8_narrow weights (MinMax, ``axis=0``)
+#: and asymmetric quint8 activations (MinMax), ONNX Runtime's static int8 form;
+#: the default of :func:`mgtrace.quantization.quantize_layers`
+per_channel_quint8_qconfig = QConfig(
+    weight_observer=partial(MinMaxObserver, dtype="qint8_narrow", axis=0),
+    act_observer=partial(MinMaxObserver, mode=QuantMode.ASYMMERTIC, dtype="quint8"),
+    weight_fake_quant=partial(FakeQuantize, dtype="qint8_narrow"),
+    act_fake_quant=partial(FakeQuantize, dtype="quint8"))

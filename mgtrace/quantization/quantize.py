@@ -11,7 +11,8 @@ from mgtrace.quantization.observer import Observer
 from mgtrace.quantization.utils import QuantizationError
 
 __all__ = ["enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
-           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant"]
+           "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant",
+           "quantize_layers"]
 
 
 def _switch(module, kind, on):
@@ -51,7 +52,10 @@ def _float_to_qat():
             M.ConvBn2d: QM.ConvBn2d, M.ConvBnRelu2d: QM.ConvBnRelu2d, M.Elemwise: QM.Elemwise,
             M.QuantStub: QM.QuantStub, M.DequantStub: QM.DequantStub,
             M.LinearBn1d: QM.LinearBn1d, M.LinearBnRelu1d: QM.LinearBnRelu1d,
-            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation}
+            M.Concat: QM.Concat, M.BatchMatMulActivation: QM.BatchMatMulActivation,
+            M.ConvTranspose2d: QM.ConvTranspose2d, M.ConvTransposeRelu2d: QM.ConvTransposeRelu2d,
+            M.ConvTransposeBn2d: QM.ConvTransposeBn2d,
+            M.ConvTransposeBnRelu2d: QM.ConvTransposeBnRelu2d}
 
 
 def _qat_base():
@@ -89,8 +93,10 @@ def quantize_qat(module, inplace=True, qconfig=None, mapping=None):
         mapping: ``{float type: QAT type}``, exact types, added to (and
             overriding) the default one: Linear, Conv2d, ConvRelu2d,
             ConvBn2d, ConvBnRelu2d, Elemwise, QuantStub, DequantStub,
-            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation to their
-            :mod:`mgtrace.module.qat` versions. A module whose
+            LinearBn1d, LinearBnRelu1d, Concat, BatchMatMulActivation,
+            ConvTranspose2d, ConvTransposeRelu2d, ConvTransposeBn2d,
+            ConvTransposeBnRelu2d to their :mod:`mgtrace.module.qat`
+            versions (MegEngine's mapping). A module whose
             ``quantize_disabled`` attribute is true is left float, with
             everything inside it.
 
@@ -242,7 +248,13 @@ def _qat_to_quantized():
     return {QM.QuantStub: MQ.QuantStub, QM.DequantStub: MQ.DequantStub,
             QM.Linear: MQ.Linear, QM.LinearRelu: MQ.LinearRelu, QM.Conv2d: MQ.Conv2d,
             QM.ConvRelu2d: MQ.ConvRelu2d, QM.ConvBn2d: MQ.ConvBn2d,
-            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat}
+            QM.ConvBnRelu2d: MQ.ConvBnRelu2d, QM.Elemwise: MQ.Elemwise, QM.Concat: MQ.Concat,
+            QM.ConvTranspose2d: MQ.ConvTranspose2d,
+            QM.ConvTransposeRelu2d: MQ.ConvTransposeRelu2d,
+            QM.ConvTransposeBn2d: MQ.ConvTransposeBn2d,
+            QM.ConvTransposeBnRelu2d: MQ.ConvTransposeBnRelu2d,
+            QM.LinearBn1d: MQ.LinearBn1d, QM.LinearBnRelu1d: MQ.LinearBnRelu1d,
+            QM.BatchMatMulActivation: MQ.BatchMatMulActivation}
 
 
 def quantize(module, inplace=True, mapping=None):
@@ -256,9 +268,9 @@ def quantize(module, inplace=True, mapping=None):
             training); put it in eval mode first for BatchNorm folding.
         inplace: convert ``module`` itself; False converts a deep copy.
         mapping: ``{QAT type: quantized type}`` added to the default one
-            (exact types). A QAT module with no quantized version here
-            (LinearBn1d, LinearBnRelu1d, BatchMatMulActivation) or whose
-            ``quantize_disabled`` is true stays as it is.
+            (exact types). A QAT module with no quantized version here (a
+            user's own) or whose ``quantize_disabled`` is true stays as it
+            is.
 
     Returns the converted module. Raises QuantizationError for a QAT module
     without weight or activation qparams, or with qparams the int8 kernels
@@ -288,3 +300,60 @@ def quantize(module, inplace=True, mapping=None):
             if new is not None:
                 setattr(parent, name, new)
     return module
+
+
+def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=False):
+    """Post-training int8 quantization of chosen layers, each on its own:
+    every module of ``types`` in ``model`` becomes ``Sequential(QuantStub,
+    layer, DequantStub)``, so the rest of the model stays float; the
+    model is converted by :func:`quantize_qat`, calibrated by
+    ``calibrate(qat)`` in eval mode (observers on, fake quantization off)
+    and converted by :func:`quantize`. What the MiniLM figures (int8
+    linears), the int8 benchmarks and their ONNX exports run.
+
+    Args:
+        model: a float Module, changed in place (its layers are wrapped).
+        calibrate: a callable given the QAT model; it runs it on the
+            calibration data (e.g. ``lambda m: m(ids, mask)``).
+        types: the exact layer types to quantize; default (M.Linear,
+            M.Conv2d).
+        qconfig: default :data:`per_channel_quint8_qconfig`.
+        float_outputs: the layers keep float32 outputs (their accumulator
+            times ``x_scale * w_scale``, as ONNX's MatMulInteger / ConvInteger),
+            no output quantization: BERT's outlier features lose less.
+
+    Returns the quantized model (``model`` itself, or, when ``model`` is
+    one of ``types``, a new Sequential of it between stubs). Raises
+    QuantizationError as :func:`quantize` does.
+
+    >>> import numpy as np, mgtrace as mt, mgtrace.module as M
+    >>> import mgtrace.quantization as Q
+    >>> net = M.Sequential(M.Linear(4, 3), M.ReLU())
+    >>> x = mt.tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    >>> q = Q.quantize_layers(net, lambda m: m(x), float_outputs=True)
+    >>> type(q[0][1]).__module__, q(x).dtype == np.float32
+    ('mgtrace.module.quantized.modules', True)
+    """
+    import mgtrace.module as M
+    types = tuple(types) if types is not None else (M.Linear, M.Conv2d)
+    if type(model) in types:
+        model = M.Sequential(M.QuantStub(), model, M.DequantStub())
+    else:
+        for parent in list(model.modules()):
+            for name, child in list(parent._modules.items()):
+                if type(child) in types:
+                    setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
+    from mgtrace.quantization.qconfig import per_channel_quint8_qconfig
+    qat = quantize_qat(model, qconfig=qconfig or per_channel_quint8_qconfig)
+    if float_outputs:
+        for m in qat.modules():
+            if isinstance(m, _qat_base()) and m.with_weight:
+                m.act_observer = m.act_fake_quant = None
+    qat.eval()
+    enable_observer(qat)
+    disable_fake_quant(qat)
+    calibrate(qat)
+    disable_observer(qat)
+    enable_fake_quant(qat)
+    return quantize(qat)
+

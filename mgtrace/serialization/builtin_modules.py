@@ -128,6 +128,19 @@ for _name in ("Conv2d", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d"):
     STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = lambda c: _conv(2)(c) + _size(
         c.get("out_channels"))
 STATE_ELEMENTS["mgtrace.module.qat.LinearBnRelu1d"] = STATE_ELEMENTS["mgtrace.module.LinearBn1d"]
+# transposed convolutions (and their fused forms), Linear-BN and batched matmul
+for _name in ("ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d"):
+    STATE_ELEMENTS[f"mgtrace.module.{_name}"] = STATE_ELEMENTS["mgtrace.module.ConvBn2d"]
+for _name in ("ConvTranspose2d", "ConvTransposeRelu2d", "ConvTransposeBn2d",
+              "ConvTransposeBnRelu2d"):
+    STATE_ELEMENTS[f"mgtrace.module.qat.{_name}"] = STATE_ELEMENTS["mgtrace.module.ConvBn2d"]
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = lambda c: _conv(2)(c) + _size(
+        c.get("out_channels"))
+for _name in ("LinearBn1d", "LinearBnRelu1d"):
+    STATE_ELEMENTS[f"mgtrace.module.quantized.{_name}"] = \
+        STATE_ELEMENTS["mgtrace.module.quantized.Linear"]
+STATE_ELEMENTS["mgtrace.module.quantized.BatchMatMulActivation"] = \
+    STATE_ELEMENTS["mgtrace.module.BatchMatMulActivation"]
 del _name
 
 

@@ -103,12 +103,17 @@ CONSTRUCTIONS = [
     ("LinearBnRelu1d", (5, 3), {"bias": False}),
     ("BatchMatMulActivation", (2, 5, 3), {"nonlinear_mode": "relu"}),
     ("Concat", (), {}),
+    # format 1.2 (issue 32: the fused transposed convolutions)
+    ("ConvTransposeRelu2d", (4, 6, 3), {"stride": 2, "output_padding": 1}),
+    ("ConvTransposeBn2d", (4, 6, 3), {"groups": 2, "momentum": 0.2}),
+    ("ConvTransposeBnRelu2d", (4, 6, 3), {"padding": 1, "bias": False}),
 ]
 NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
-                "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat")
+                "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat",
+                "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
@@ -120,7 +125,8 @@ BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d",
                  "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                  "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
                  "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
-                 "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat"]
+                 "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat",
+                 "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d"]
 
 
 def _ids(c):

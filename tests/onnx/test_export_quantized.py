@@ -17,60 +17,16 @@ import mgtrace.quantization as Q  # noqa: E402
 from mgtrace.onnx import ExportError  # noqa: E402
 from mgtrace.onnx.exporter import build_model, qdq_max_opset, run_ort  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
+from _quant_models import (PER_CHANNEL_QUINT8, QuantNet, calibrate,  # noqa: E402
+                           calibrated_quant_net)
 
 F32 = np.float32
-PER_CHANNEL_QUINT8 = Q.QConfig(
-    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                   dtype="quint8"),
-    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
 CONFIGS = {"qint8": Q.min_max_fakequant_qconfig, "per_channel_quint8": PER_CHANNEL_QUINT8}
-
-
-class Net(M.Module):
-    """Every quantized module type: fused conv+bn+relu, depthwise, 1x1,
-    add+relu, concat, a reshape of a quantized tensor, linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.quant = M.QuantStub()
-        self.conv = M.ConvBnRelu2d(3, 8, 3, padding=1)
-        self.dw = M.ConvRelu2d(8, 8, 3, stride=2, padding=1, groups=8)
-        self.pw = M.Conv2d(8, 8, 1)
-        self.add = M.Elemwise("fuse_add_relu")
-        self.cat = M.Concat()
-        self.fc = M.Linear(16 * 4 * 4, 10)
-        self.dequant = M.DequantStub()
-
-    def forward(self, x):
-        x = self.quant(x)
-        y = self.dw(self.conv(x))
-        y = self.add(y, self.pw(y))
-        y = self.cat([y, y], 1)
-        return self.dequant(self.fc(y.reshape(y.shape[0], -1)))
-
-
-def _calibrate(qat, x):
-    qat.eval()
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    qat(mt.tensor(x))
-    Q.disable_observer(qat)
-    Q.enable_fake_quant(qat)
-    return qat
 
 
 @functools.lru_cache(maxsize=None)
 def _net(config):
-    mt.random.seed(0)
-    rng = np.random.default_rng(0)
-    net = Net()
-    net.train()
-    for _ in range(2):      # BatchNorm statistics
-        net(mt.tensor(rng.standard_normal((4, 3, 8, 8)).astype(F32)))
-    qat = _calibrate(Q.quantize_qat(net, qconfig=CONFIGS[config]),
-                     rng.standard_normal((16, 3, 8, 8)).astype(F32))
+    qat, _ = calibrated_quant_net(CONFIGS[config])
     return qat, Q.quantize(qat, inplace=False)
 
 
@@ -161,7 +117,7 @@ def _reference(model):
     mt.random.seed(0)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 3, 48, 48)).astype(F32)
-    qat = _calibrate(Q.quantize_qat(_wrap(getattr(models, model)().eval()),
+    qat = calibrate(Q.quantize_qat(_wrap(getattr(models, model)().eval()),
                                     qconfig=PER_CHANNEL_QUINT8), x)
     qnet = Q.quantize(qat, inplace=False)
     return qnet, (qnet.fc[1] if model == "resnet18" else qnet.classifier[1][1]), x
@@ -222,8 +178,8 @@ def test_activations_quantizeLinear_cannot_hold_are_refused_and_nothing_is_writt
     import mgtrace.onnx as mo
     mt.random.seed(0)
     rng = np.random.default_rng(8)
-    net = Net().eval()
-    qat = _calibrate(Q.quantize_qat(net, qconfig=Q.ema_lowbit_fakequant_qconfig),
+    net = QuantNet().eval()
+    qat = calibrate(Q.quantize_qat(net, qconfig=Q.ema_lowbit_fakequant_qconfig),
                      rng.standard_normal((4, 3, 8, 8)).astype(F32))
     tm = mt.trace_module(qat, mt.tensor(rng.standard_normal((2, 3, 8, 8)).astype(F32)))
     with pytest.raises(ExportError, match="qint4 has no ONNX QuantizeLinear form"):
@@ -300,7 +256,7 @@ def test_qat_linear_bn_folds_as_the_module_does(config):
     net.train()
     for _ in range(3):          # BatchNorm statistics
         net(mt.tensor(rng.standard_normal((16, 6)).astype(F32)))
-    qat = _calibrate(Q.quantize_qat(net, qconfig=CONFIGS[config]),
+    qat = calibrate(Q.quantize_qat(net, qconfig=CONFIGS[config]),
                      rng.standard_normal((32, 6)).astype(F32))
     x = rng.standard_normal((7, 6)).astype(F32)
     diff, model = _quanta(qat, x[:2], x, qat.b)
@@ -332,3 +288,90 @@ def test_a_float_relu_after_a_quantized_conv_is_refused_not_exported_as_int8():
     assert fused(x).dtype == np.float32
     model = build_model(fused)
     assert model.graph.output[0].type.tensor_type.elem_type == 1      # FLOAT
+
+
+@pytest.mark.parametrize("body", ["linear", "conv_transpose_bn"])
+def test_qat_export_carries_the_qint32_bias(body):
+    """A QAT layer fed by a QAT QuantStub fake-quantizes its bias to qint32
+    (MegEngine's fake_quant_bias): the exported bias is that array, and ORT
+    gives the QAT model's output within one quantum."""
+    mt.random.seed(3)
+    rng = np.random.default_rng(3)
+    if body == "linear":
+        layer, shape = M.Linear(8, 5), (6, 8)
+    else:
+        layer, shape = M.ConvTransposeBn2d(3, 4, 3, stride=2), (2, 3, 4, 4)
+    net = M.Sequential(M.QuantStub(), layer, M.DequantStub())
+    qat = Q.quantize_qat(net, qconfig=Q.min_max_fakequant_qconfig)
+    calibrate(qat, rng.standard_normal(shape).astype(F32))
+    x = rng.standard_normal(shape).astype(F32)
+    lin = qat[1]
+    inp = qat[0](mt.tensor(x))
+    if body == "linear":
+        bias, w = lin.bias, lin.apply_quant_weight(lin.weight)
+        b_qat = lin.apply_quant_bias(bias, inp, w).numpy()
+        name = "1.bias.qint32"
+    else:
+        k, beta, mean = lin._fold()
+        bias = beta + k * (lin.conv_transpose2d.bias - mean)
+        w = lin.apply_quant_weight(lin.folded_weight(k))
+        b_qat = lin.apply_quant_bias(bias, inp, w, 1).numpy()
+        name = "1.bias.folded"
+    assert not np.array_equal(b_qat, bias.numpy())
+    tm = mt.trace_module(qat, mt.tensor(x))
+    model = build_model(tm)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_array_equal(inits[name], b_qat)
+    want = qat(mt.tensor(x)).numpy()
+    quantum = float(lin.get_activation_qparams().scale.numpy())
+    assert np.abs(run_ort(model, [x])[0] - want).max() <= quantum * (1 + 1e-4)
+
+
+class DeconvNet(M.Module):
+    """The quantized forms without int8 kernels: transposed convolutions
+    (per-channel weights along axis 1) and a batched matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.up = M.ConvTransposeBnRelu2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+        self.ct = M.ConvTranspose2d(4, 2, 1)
+        self.bmm = M.BatchMatMulActivation(2, 16, 8, nonlinear_mode="relu")
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        y = self.ct(self.up(self.quant(x)))          # [2, 2, 8, 8]
+        return self.dequant(self.bmm(y.reshape(2, 16, 8)))
+
+
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
+def test_quantized_conv_transpose_and_batch_matmul_export_and_import_back(quant_format):
+    import warnings
+    import mgtrace.onnx as mo
+    mt.random.seed(8)
+    rng = np.random.default_rng(8)
+    net = DeconvNet()
+    net.train()
+    net(mt.tensor(rng.standard_normal((2, 3, 4, 4)).astype(F32)))
+    cfg = Q.QConfig(weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow",
+                                                      axis=1),
+                    act_observer=PER_CHANNEL_QUINT8.act_observer,
+                    weight_fake_quant=PER_CHANNEL_QUINT8.weight_fake_quant,
+                    act_fake_quant=PER_CHANNEL_QUINT8.act_fake_quant)
+    qat = Q.quantize_qat(net, qconfig=cfg)
+    qat.bmm.set_qconfig(Q.min_max_fakequant_qconfig)      # per-tensor weights
+    calibrate(qat, rng.standard_normal((2, 3, 4, 4)).astype(F32))
+    qnet = Q.quantize(qat, inplace=False)
+    assert qnet.up.weight_scale.shape == (4,)
+    x = rng.standard_normal((2, 3, 4, 4)).astype(F32)
+    tm = mt.trace_module(qnet, mt.tensor(x))
+    model = build_model(tm, quant_format=quant_format)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("ConvTranspose") == 2 and "MatMul" in ops
+    want = qnet(mt.tensor(x)).numpy()
+    quantum = _scale(qnet.bmm)
+    assert np.abs(run_ort(model, [x])[0] - want).max() <= quantum * (1 + 1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = mo.load(model.SerializeToString())
+    assert np.abs(back(mt.tensor(x)).numpy() - want).max() <= quantum * (1 + 1e-4)

@@ -18,14 +18,10 @@ import mgtrace.quantization as Q  # noqa: E402
 from mgtrace.onnx import MIN_OPSET  # noqa: E402
 from mgtrace.onnx._quant import TABLES  # noqa: E402
 from mgtrace.onnx.exporter import build_model, run_ort  # noqa: E402
+from _quant_models import PER_CHANNEL_QUINT8  # noqa: E402
 
 F32 = np.float32
-QCONFIG = Q.QConfig(
-    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-    act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                   dtype="quint8"),
-    weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-    act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
+QCONFIG = PER_CHANNEL_QUINT8
 
 
 class Row(M.Module):
@@ -62,7 +58,29 @@ _MAKERS = {     # row name -> (float module, input shapes, QAT mapping, call)
     "Concat": (lambda: M.Concat(), [(2, 3, 4), (2, 2, 4)], None,
                lambda body, qs: body(qs, 1)),
 }
+_DECONV = dict(in_channels=3, out_channels=4, kernel_size=3, stride=2, padding=1,
+               output_padding=1)
+_MAKERS.update({
+    "ConvTranspose2d": (lambda: M.ConvTranspose2d(**_DECONV), [(2, 3, 5, 5)], None, None),
+    "ConvTransposeRelu2d": (lambda: M.ConvTransposeRelu2d(**_DECONV), [(2, 3, 5, 5)], None,
+                            None),
+    "ConvTransposeBn2d": (lambda: M.ConvTransposeBn2d(**_DECONV), [(2, 3, 5, 5)], None, None),
+    "ConvTransposeBnRelu2d": (lambda: M.ConvTransposeBnRelu2d(4, 6, 3, groups=2),
+                              [(2, 4, 4, 4)], None, None),
+})
 _MAKERS["QuantStub"] = _MAKERS["DequantStub"] = _MAKERS["Linear"]
+# a transposed convolution's output channels are its weight's axis 1 (per-channel
+# scales need groups=1 in the int8 version: the grouped row is per tensor)
+_QCONFIGS = {name: Q.QConfig(
+    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=1),
+    act_observer=QCONFIG.act_observer, weight_fake_quant=QCONFIG.weight_fake_quant,
+    act_fake_quant=QCONFIG.act_fake_quant)
+    for name in ("ConvTranspose2d", "ConvTransposeRelu2d", "ConvTransposeBn2d")}
+_QCONFIGS["ConvTransposeBnRelu2d"] = Q.QConfig(
+    weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow"),
+    act_observer=QCONFIG.act_observer, weight_fake_quant=QCONFIG.weight_fake_quant,
+    act_fake_quant=QCONFIG.act_fake_quant)
+_QCONFIGS["BatchMatMulActivation"] = _QCONFIGS["ConvTransposeBnRelu2d"]
 
 ROWS = [(prefix.rpartition(".")[2], name) for prefix, table in TABLES.items()
         for name in table]
@@ -80,7 +98,10 @@ def _model(kind, name):
         return lambda s: s if name == "BatchMatMulActivation" else (n,) + s[1:]
     for _ in range(2):          # BatchNorm statistics
         net(*[mt.tensor(rng.standard_normal(batch(8)(s)).astype(F32)) for s in shapes])
-    qat = Q.quantize_qat(net, qconfig=QCONFIG, mapping=mapping).eval()
+    # (QAT BatchMatMulActivation keeps per-channel weights: only its int8 form refuses them)
+    cfg = QCONFIG if (kind, name) == ("qat", "BatchMatMulActivation") else \
+        _QCONFIGS.get(name, QCONFIG)
+    qat = Q.quantize_qat(net, qconfig=cfg, mapping=mapping).eval()
     Q.enable_observer(qat)
     Q.disable_fake_quant(qat)
     qat(*[mt.tensor(rng.standard_normal(batch(16)(s)).astype(F32)) for s in shapes])

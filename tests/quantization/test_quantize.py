@@ -10,57 +10,15 @@ import mgtrace.module as M
 import mgtrace.module.qat as QM
 import mgtrace.module.quantized as MQ
 import mgtrace.quantization as Q
+from _quant_models import PER_CHANNEL_QUINT8, calibrated_quant_net
 
 F32 = np.float32
 
 
-class Net(M.Module):
-    def __init__(self):
-        super().__init__()
-        self.quant = M.QuantStub()
-        self.conv = M.ConvBnRelu2d(3, 8, 3, padding=1)
-        self.dw = M.ConvRelu2d(8, 8, 3, stride=2, padding=1, groups=8)
-        self.pw = M.Conv2d(8, 8, 1)
-        self.add = M.Elemwise("fuse_add_relu")
-        self.cat = M.Concat()
-        self.fc = M.Linear(16 * 4 * 4, 10)
-        self.dequant = M.DequantStub()
-
-    def forward(self, x):
-        x = self.quant(x)
-        y = self.dw(self.conv(x))
-        y = self.add(y, self.pw(y))
-        y = self.cat([y, y], 1)
-        return self.dequant(self.fc(y.reshape(y.shape[0], -1)))
-
-
-def _calibrated(qconfig, seed=0):
-    mt.random.seed(seed)
-    rng = np.random.default_rng(seed)
-    net = Net()
-    net.train()
-    for _ in range(2):      # BatchNorm statistics
-        net(mt.tensor(rng.standard_normal((4, 3, 8, 8)).astype(F32)))
-    qat = Q.quantize_qat(net, qconfig=qconfig)
-    qat.eval()
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    qat(mt.tensor(rng.standard_normal((16, 3, 8, 8)).astype(F32)))
-    Q.disable_observer(qat)
-    Q.enable_fake_quant(qat)
-    return qat, rng
-
-
 @pytest.mark.parametrize("qconfig", ["min_max", "per_channel_quint8"])
 def test_quantized_model_follows_the_qat_model(qconfig):
-    import functools
-    cfg = Q.min_max_fakequant_qconfig if qconfig == "min_max" else Q.QConfig(
-        weight_observer=functools.partial(Q.MinMaxObserver, dtype="qint8_narrow", axis=0),
-        act_observer=functools.partial(Q.MinMaxObserver, mode=Q.QuantMode.ASYMMERTIC,
-                                       dtype="quint8"),
-        weight_fake_quant=functools.partial(Q.FakeQuantize, dtype="qint8_narrow"),
-        act_fake_quant=functools.partial(Q.FakeQuantize, dtype="quint8"))
-    qat, rng = _calibrated(cfg)
+    cfg = Q.min_max_fakequant_qconfig if qconfig == "min_max" else PER_CHANNEL_QUINT8
+    qat, rng = calibrated_quant_net(cfg)
     x = mt.tensor(rng.standard_normal((5, 3, 8, 8)).astype(F32))
     want = qat(x).numpy()
     qnet = Q.quantize(qat, inplace=False)
@@ -142,7 +100,7 @@ def test_a_layer_without_activation_qparams_outputs_float():
 
 
 def test_a_quantized_model_traces_saves_and_loads(tmp_path):
-    qat, rng = _calibrated(Q.min_max_fakequant_qconfig, seed=3)
+    qat, rng = calibrated_quant_net(Q.min_max_fakequant_qconfig, seed=3)
     qnet = Q.quantize(qat)
     for name, m in qnet.named_modules():
         if type(m).__module__.startswith("mgtrace.module.quantized"):
@@ -158,3 +116,39 @@ def test_a_quantized_model_traces_saves_and_loads(tmp_path):
     assert back.conv.weight.dtype == np.int8
     with pytest.raises(ValueError, match="mgtrace.module.quantized"):
         mt.save(tm, tmp_path / "old.tmod", target_version=(1, 1))
+
+
+@pytest.mark.parametrize("float_outputs", [False, True])
+def test_quantize_layers_is_the_stubbed_pipeline_written_out(float_outputs):
+    """quantize_layers (what scripts/quant_accuracy.py and the int8 benchmarks
+    run) equals wrapping each layer in stubs, quantize_qat with the
+    per-channel quint8 preset, calibrating and quantize, bitwise."""
+    def build():
+        mt.random.seed(4)
+        return M.Sequential(M.Conv2d(3, 4, 3, padding=1), M.ReLU(), M.Flatten(),
+                            M.Linear(4 * 5 * 5, 6), M.Tanh())
+    rng = np.random.default_rng(4)
+    calib = mt.tensor(rng.standard_normal((8, 3, 5, 5)).astype(F32))
+    x = mt.tensor(rng.standard_normal((3, 3, 5, 5)).astype(F32))
+    got = Q.quantize_layers(build(), lambda m: m(calib), float_outputs=float_outputs)
+    assert [type(m) for m in got[0]] == [MQ.QuantStub, MQ.Conv2d, MQ.DequantStub]
+    assert type(got[3][1]) is MQ.Linear and type(got[1]) is M.ReLU
+    assert (got[3][1].act_qparams is None) == float_outputs
+
+    net = build()
+    for i in (0, 3):
+        net[i] = M.Sequential(M.QuantStub(), net[i], M.DequantStub())
+    qat = Q.quantize_qat(net, qconfig=Q.per_channel_quint8_qconfig)
+    if float_outputs:
+        qat[0][1].act_observer = qat[0][1].act_fake_quant = None
+        qat[3][1].act_observer = qat[3][1].act_fake_quant = None
+    qat.eval()
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(calib)
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    want = Q.quantize(qat)(x).numpy()
+    np.testing.assert_array_equal(got(x).numpy(), want)
+    assert Q.quantize_layers(M.Linear(4, 2), lambda m: m(mt.tensor(np.ones((1, 4), F32))),
+                             types=(M.Linear,))[0].__class__ is MQ.QuantStub

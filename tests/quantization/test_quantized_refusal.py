@@ -67,6 +67,8 @@ OPS = [
     ("setitem other qdtype", lambda: _q().__setitem__(0, _f((4, 6, 6)).astype(Q.qint8(0.1))),
      "setitem"),
     ("setitem into float", lambda: _f().__setitem__(0, _q((4, 6, 6))), "setitem"),
+    # its integers (here up to 20) are no class indices: refused before its range check
+    ("one_hot", lambda: F.one_hot(_q((8,)), 3), "one_hot"),
 ]
 
 
@@ -94,6 +96,20 @@ def test_layout_ops_still_keep_the_qdtype():
         assert Q.same_dtype(y.dtype, QD)
     np.testing.assert_array_equal(F.dequantize(F.stack([q, q], 1)).numpy(),
                                   np.stack([F.dequantize(q).numpy()] * 2, 1))
+
+
+@pytest.mark.parametrize("qd, fill", [(QD, 0), (Q.quint8(0.05, 200), 200)])
+def test_nchwc_blocking_keeps_the_qdtype_and_pads_with_the_zero_point(qd, fill):
+    q = mt.tensor(np.linspace(-3, 3, 2 * 20 * 9, dtype=F32).reshape(2, 20, 3, 3)).astype(qd)
+    b = F.to_nchwc(q)
+    assert Q.same_dtype(b.dtype, qd) and b.shape == (2, 2, 3, 3, 16)
+    ints, bi = Q.int_repr(q).numpy(), Q.int_repr(b).numpy()
+    want = np.full((2, 32, 3, 3), fill, ints.dtype)          # NumPy's blocking
+    want[:, :20] = ints
+    np.testing.assert_array_equal(bi, want.reshape(2, 2, 16, 3, 3).transpose(0, 1, 3, 4, 2))
+    back = F.from_nchwc(b, 20)
+    assert Q.same_dtype(back.dtype, qd)
+    np.testing.assert_array_equal(Q.int_repr(back).numpy(), ints)
 
 
 def test_float_ops_unchanged():

@@ -277,6 +277,14 @@ QAT_EXAMPLES = {
     "Concat": lambda: QM.Concat.from_float_module(M.Concat()),
     "BatchMatMulActivation": lambda: QM.BatchMatMulActivation.from_float_module(
         M.BatchMatMulActivation(2, 4, 3)),
+    "ConvTranspose2d": lambda: QM.ConvTranspose2d.from_float_module(
+        M.ConvTranspose2d(2, 4, 3, stride=2)),
+    "ConvTransposeRelu2d": lambda: QM.ConvTransposeRelu2d.from_float_module(
+        M.ConvTransposeRelu2d(2, 4, 3)),
+    "ConvTransposeBn2d": lambda: QM.ConvTransposeBn2d.from_float_module(
+        M.ConvTransposeBn2d(2, 4, 3, groups=2)),
+    "ConvTransposeBnRelu2d": lambda: QM.ConvTransposeBnRelu2d.from_float_module(
+        M.ConvTransposeBnRelu2d(2, 4, 3, padding=1)),
 }
 
 

@@ -32,6 +32,8 @@ EXAMPLES = {
     # format 1.2 (issue 32)
     "LinearBn1d": (4, 3), "LinearBnRelu1d": (4, 3), "BatchMatMulActivation": (2, 4, 3),
     "Concat": (),
+    "ConvTransposeRelu2d": (3, 4, 3), "ConvTransposeBn2d": (3, 4, 3),
+    "ConvTransposeBnRelu2d": (4, 6, 3, 2, 1, 1, 2),
 }
 
 

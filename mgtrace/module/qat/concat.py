@@ -26,8 +26,9 @@ class BatchMatMulActivation(_float.BatchMatMulActivation, QATModule):
     ``nonlinear_mode`` is kept; MegEngine's ``from_float_module`` drops it)."""
 
     def forward(self, x):
+        w_qat = self.apply_quant_weight(self.weight)
         return self.apply_quant_activation(
-            self._calc_linear(x, self.apply_quant_weight(self.weight), self.bias))
+            self._calc_linear(x, w_qat, self.apply_quant_bias(self.bias, x, w_qat, None)))
 
     @classmethod
     def from_float_module(cls, float_module):

@@ -8,11 +8,13 @@ __all__ = ["Conv2d", "ConvRelu2d"]
 
 class Conv2d(_float.Conv2d, QATModule):
     """:class:`mgtrace.module.Conv2d` with a fake-quantized weight and
-    output. Arguments, shapes and parameters as the float Conv2d (any
-    groups, stride, padding, dilation, padding_mode)."""
+    output (and the bias to qint32, :meth:`QATModule.apply_quant_bias`).
+    Arguments, shapes and parameters as the float Conv2d (any groups,
+    stride, padding, dilation, padding_mode)."""
 
     def calc_conv_qat(self, x):
-        return F.conv2d(self._padded(x), self.apply_quant_weight(self.weight), self.bias,
+        w_qat = self.apply_quant_weight(self.weight)
+        return F.conv2d(self._padded(x), w_qat, self.apply_quant_bias(self.bias, x, w_qat),
                         self.stride, self._conv_padding(), self.dilation, self.groups)
 
     def forward(self, x):

@@ -45,7 +45,7 @@ class _ConvBnActivation2d(_float._ConvBnActivation2d, QATModule):
             bias = None
         else:
             b = conv.bias if conv.bias is not None else F.zeros_like(mean)
-            bias = beta + k * (b - mean)
+            bias = self.apply_quant_bias(beta + k * (b - mean), x, w_qat)
         y = F.conv2d(conv._padded(x), w_qat, bias, conv.stride, conv._conv_padding(),
                      conv.dilation, conv.groups)
         if not batch_stats:

@@ -8,11 +8,13 @@ __all__ = ["Linear", "LinearRelu"]
 
 class Linear(_float.Linear, QATModule):
     """:class:`mgtrace.module.Linear` with a fake-quantized weight and
-    output: ``act_fq(linear(x, weight_fq(weight), bias))``. Arguments,
-    shapes and parameters as the float Linear."""
+    output: ``act_fq(linear(x, weight_fq(weight), bias_fq(bias)))``, the
+    bias fake-quantized to qint32 as :meth:`QATModule.apply_quant_bias`
+    says. Arguments, shapes and parameters as the float Linear."""
 
     def calc_linear_qat(self, x):
-        return F.linear(x, self.apply_quant_weight(self.weight), self.bias)
+        w_qat = self.apply_quant_weight(self.weight)
+        return F.linear(x, w_qat, self.apply_quant_bias(self.bias, x, w_qat))
 
     def forward(self, x):
         return self.apply_quant_activation(self.calc_linear_qat(x))

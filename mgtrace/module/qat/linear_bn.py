@@ -29,7 +29,7 @@ class _LinearBnActivation1d(_float._LinearBnActivation1d, QATModule):
         batch_stats = bn.training or bn.running_mean is None
         if not batch_stats:
             b = linear.bias if linear.bias is not None else F.zeros_like(mean)
-            return F.linear(x, w_qat, beta + k * (b - mean))
+            return F.linear(x, w_qat, self.apply_quant_bias(beta + k * (b - mean), x, w_qat))
         y = F.linear(x, w_qat) / k
         if linear.bias is not None:
             y = y + linear.bias

@@ -14,8 +14,10 @@ import functools
 
 from mgtrace.module.builtin import builtin_type, is_builtin
 from mgtrace.module.module import Module
+from mgtrace.quantization.utils import QuantMode, create_qparams, fake_quant_tensor
 
-__all__ = ["QATModule", "build_uninitialized", "sharing_float_weights", "plain_quant_children"]
+__all__ = ["QATModule", "build_uninitialized", "sharing_float_weights", "plain_quant_children",
+           "bias_qparams"]
 
 QUANT_CHILDREN = ("weight_observer", "weight_fake_quant", "act_observer", "act_fake_quant")
 
@@ -163,8 +165,39 @@ class QATModule(Module):
         if fake_quant is None:
             return out
         if _learns(fake_quant) or observer is None:    # TQT, LSQ, a carrier: their own
-            return fake_quant(out)
-        return fake_quant(out, observer.get_qparams() if observer is not None else None)
+            y = fake_quant(out)
+        else:
+            y = fake_quant(out, observer.get_qparams())
+        if y is not out and _enabled(fake_quant):
+            _mark(y, fake_quant, observer)
+        return y
+
+    def apply_quant_bias(self, bias, inp, w_qat, channel_axis=0):
+        """``bias`` fake-quantized to qint32 at ``scale = s_in * s_w``
+        (MegEngine's ``QATModule.apply_quant_bias`` / ``fake_quant_bias``),
+        the bias an int8 layer adds to its int32 accumulator.
+
+        It applies when both this module's activation and weight fake
+        quantizers are enabled and ``inp`` and ``w_qat`` are the outputs of
+        enabled fake quantizers of symmetric 8-bit dtypes (qint8,
+        qint8_narrow; ``inp`` per tensor): a QAT layer fed by another QAT
+        layer or a QuantStub, as MegEngine's tensors carry their qparams.
+        Per-channel weight scales along ``channel_axis`` (the output
+        channels: 0 for Linear and Conv2d, 1 for ConvTranspose2d's weight)
+        give one bias scale per channel; along another axis, or with any
+        other input (a float tensor, a quint8 one, a reshaped one: MegEngine
+        drops the qparams there too), ``bias`` is returned as it is.
+
+        A user's subclass of a QAT module (traced into, not a builtin) keeps
+        its bias float, traced or not: its input's qparams belong to another
+        module's call, no value of its graph (departure from MegEngine)."""
+        if bias is None or not (_enabled(self.act_fake_quant)
+                                and _enabled(self.weight_fake_quant)):
+            return bias
+        if type(self).__dict__.get("builtin_name") is None:
+            return bias
+        bq = bias_qparams(_marked(inp), _marked(w_qat), bias.shape, w_qat.ndim, channel_axis)
+        return bias if bq is None else fake_quant_tensor(bias, bq)
 
     def apply_quant_weight(self, target):
         """``target`` through the weight observer, then fake-quantized."""
@@ -199,6 +232,61 @@ class QATModule(Module):
         """A QAT module sharing ``float_module``'s parameters (and, for the
         conv+BN modules, its ``conv`` and ``bn``), in its training mode."""
         raise NotImplementedError
+
+
+def bias_qparams(iq, wq, bias_shape, w_ndim, channel_axis=0):
+    """The qint32 QParams of a bias (scale ``s_in * s_w``, per channel along
+    the bias's axis 0 for per-channel weights) for input qparams ``iq`` and
+    weight qparams ``wq`` of a ``w_ndim``-d weight whose output channels
+    are ``channel_axis`` (None: per-tensor weights only); None where
+    :meth:`QATModule.apply_quant_bias` keeps the bias float (either None,
+    not both symmetric 8-bit, a per-channel input, weight scales along
+    another axis). The ONNX exporter reads the same rule."""
+    if iq is None or wq is None or iq.scale is None or wq.scale is None:
+        return None
+    if iq.mode != QuantMode.SYMMERTIC or wq.mode != iq.mode:
+        return None
+    if iq.dtype_meta is None or wq.dtype_meta is None or \
+            iq.dtype_meta.np_dtype_str != "int8" or wq.dtype_meta.np_dtype_str != "int8":
+        return None
+    if iq.scale.ndim:
+        return None
+    axis = None
+    if wq.scale.ndim:
+        if channel_axis is None or wq.axis is None or wq.axis % w_ndim != channel_axis or \
+                len(bias_shape) != 1 or wq.scale.shape[0] != bias_shape[0]:
+            return None
+        axis = 0
+    return create_qparams(QuantMode.SYMMERTIC, "qint32", scale=iq.scale * wq.scale, axis=axis)
+
+
+_MARK = "_fq_qparams"
+
+
+def _mark(t, fake_quant, observer):
+    """Record on ``t`` (a fake quantizer's output) where the QParams it was
+    fake-quantized with come from, as MegEngine's ``Tensor.qparams`` (a
+    separate attribute: ``qparams`` on a Tensor means a per-channel
+    QuantizedTensor). The modules, not the values: the next layer reads
+    the qparams only when it fake-quantizes a bias (:func:`_marked`)."""
+    if isinstance(getattr(t, "__dict__", None), dict):
+        t.__dict__[_MARK] = (fake_quant, observer)
+
+
+def _marked(t):
+    """The QParams recorded by :func:`_mark` on ``t``, or None."""
+    d = getattr(t, "__dict__", None)
+    source = d.get(_MARK) if isinstance(d, dict) else None
+    if source is None:
+        return None
+    fake_quant, observer = source
+    if _learns(fake_quant) or observer is None:
+        return fake_quant.get_qparams() if hasattr(fake_quant, "get_qparams") else None
+    return observer.get_qparams()
+
+
+def _enabled(fake_quant):
+    return fake_quant is not None and bool(getattr(fake_quant, "enabled", False))
 
 
 def _learns(fake_quant):

@@ -250,6 +250,11 @@ NEW_MODULES = {
     "LinearBnRelu1d": (lambda: M.LinearBnRelu1d(5, 3).eval(), [(2, 5)]),
     "BatchMatMulActivation": (lambda: M.BatchMatMulActivation(2, 5, 3, nonlinear_mode="relu"),
                               [(2, 5, 3)]),
+    "ConvTransposeRelu2d": (lambda: M.ConvTransposeRelu2d(3, 4, 3, stride=2, padding=1,
+                                                          output_padding=1), [(2, 3, 4, 4)]),
+    "ConvTransposeBn2d": (lambda: M.ConvTransposeBn2d(3, 4, 3, groups=1).eval(), [(2, 3, 4, 4)]),
+    "ConvTransposeBnRelu2d": (lambda: M.ConvTransposeBnRelu2d(4, 2, 2, stride=2,
+                                                              groups=2).eval(), [(2, 4, 3, 3)]),
 }
 
 
@@ -377,6 +382,10 @@ def _qat_model():
             self.conv_bn = M.ConvBn2d(4, 4, 1)
             self.conv_relu = M.ConvRelu2d(4, 4, 3, padding=1, groups=2)
             self.conv_plain = M.Conv2d(4, 4, 1)
+            self.deconv = M.ConvTransposeBnRelu2d(4, 4, 3, padding=1)
+            self.deconv_bn = M.ConvTransposeBn2d(4, 4, 3, padding=1, groups=2)
+            self.deconv_relu = M.ConvTransposeRelu2d(4, 4, 1)
+            self.deconv_plain = M.ConvTranspose2d(4, 4, 3, padding=1)
             self.add = M.Elemwise("FUSE_ADD_RELU")
             self.fc = M.Linear(4 * 5 * 5, 6)
             self.fc_relu = M.Linear(6, 6)
@@ -400,6 +409,7 @@ def _qat_model():
             x = self.conv(x)
             x = self.add(self.conv_bn(x), self.conv_relu(x))
             x = self.conv_plain(x)
+            x = self.deconv_plain(self.deconv_relu(self.deconv_bn(self.deconv(x))))
             x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
             x = self.cat([self.fc_bn(x), self.fc_bn_relu(x)], 1)
             x = self.float_cat([x, x], 0)
@@ -457,13 +467,23 @@ def _quantized_model():
             self.fc = M.Linear(8 * 3 * 3, 6)
             self.fc_relu = M.Linear(6, 4)
             self.fc_float_out = M.Linear(4, 3)
+            self.deconv = M.ConvTransposeBnRelu2d(4, 4, 3, padding=1)
+            self.deconv_bn = M.ConvTransposeBn2d(4, 4, 1, groups=2)
+            self.deconv_relu = M.ConvTransposeRelu2d(4, 4, 3, padding=1)
+            self.deconv_plain = M.ConvTranspose2d(4, 4, 1, bias=False)
+            self.fc_bn = M.LinearBn1d(4, 4)
+            self.fc_bn_relu = M.LinearBnRelu1d(4, 4)
+            self.bmm = M.BatchMatMulActivation(2, 2, 2, nonlinear_mode="relu")
             self.dequant = M.DequantStub()
 
         def forward(self, x):
             x = self.conv_bn(self.conv(self.quant(x)))
             x = self.dw(x)
+            x = self.deconv_plain(self.deconv_relu(self.deconv_bn(self.deconv(x))))
             x = self.cat([self.add(x, self.pw(x)), x], 1)
             x = self.fc_relu(self.fc(x.reshape(x.shape[0], -1)))
+            x = self.fc_bn_relu(self.fc_bn(x))
+            x = self.bmm(x.reshape(2, 2, 2)).reshape(2, 4)
             return self.dequant(self.fc_float_out(x))
 
     mt.random.seed(128)
