@@ -34,6 +34,17 @@ cdef extern from *:
                          int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                          int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                          int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
+    int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                            int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
+    int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                      int32_t a_zp, const int8_t *wrows, const int32_t *wsum, int64_t Co,
+                      int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int path);
     """
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
@@ -56,6 +67,18 @@ cdef extern from *:
                          int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                          int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                          int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out) nogil
+    int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                            int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
+                            void *out) nogil
+    int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                      int32_t a_zp, const int8_t *wrows, const int32_t *wsum, int64_t Co,
+                      int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int path) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -175,10 +198,13 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
 
 def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64_t SH,
            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, object bias,
-           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out):
+           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out, int path=0):
     """Depthwise int8 conv2d: x uint8 [N, C, H, W], w int8 [C, KH * KW], out
     [N, C, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
-    epilogue (bias int32 [C] or None, mult float64 [C])."""
+    epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the AVX-512
+    kernel (qconv.c) where the CPU has it and the horizontal stride is 1 or
+    2, else the scalar one; path 1: the scalar one. Returns the path used
+    (1 scalar, 2 AVX-512); both give the same bits."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -202,8 +228,75 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
             or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
         raise ValueError("dwconv: out's spatial size does not fit the geometry")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    cdef int done = 0
+    with nogil:
+        if path == 0:
+            done = mt_qdwconv_vec_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W,
+                                       a_zp, <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH,
+                                       SW, PH, PW, DH, DW, OH, OW, bp,
+                                       <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
+                                       out_u8, cnp.PyArray_DATA(out))
+    if done:
+        return 2
     with nogil:
         mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
                         <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,
                         OH, OW, bp, <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
                         out_u8, cnp.PyArray_DATA(out))
+    return 1
+
+
+def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t groups,
+         int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+         int64_t DW, object bias, cnp.ndarray mult, int out_zp, int lo, int hi,
+         cnp.ndarray out, int path=0):
+    """Dense or grouped int8 conv2d (qconv.c), NCHW: x uint8 [N, C, H, W],
+    wrows int8 [C_out, ceil(C / groups * KH * KW / 4) * 4] (each output
+    channel's filter flattened, zeros after), wsum int32 [C_out] its sums,
+    out [N, C_out, OH, OW] int8, uint8 or float32 (C-contiguous), with
+    gemm()'s epilogue (bias int32 [C_out] or None, mult float64 [C_out]).
+    path 0: VNNI where the CPU has it; 1: portable C (same bits). Returns
+    the path used (1 portable, 2 VNNI)."""
+    if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("conv: x must be a C-contiguous uint8 [N, C, H, W] array")
+    cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    if groups < 1 or C % groups:
+        raise ValueError("conv: the input channels do not split into the groups")
+    cdef int64_t Co = wrows.shape[0] if wrows.ndim == 2 else -1
+    cdef int64_t K = C // groups * KH * KW
+    if wrows.dtype != np.int8 or wrows.ndim != 2 or wrows.shape[1] != (K + 3) // 4 * 4 \
+            or Co % groups or not wrows.flags.c_contiguous:
+        raise ValueError("conv: wrows must be int8 [C_out, ceil(K / 4) * 4]")
+    if wsum.dtype != np.int32 or wsum.ndim != 1 or wsum.shape[0] != Co \
+            or not wsum.flags.c_contiguous:
+        raise ValueError("conv: wsum must be int32 [C_out]")
+    if mult.dtype != np.float64 or mult.ndim != 1 or mult.shape[0] != Co \
+            or not mult.flags.c_contiguous:
+        raise ValueError("conv: mult must be float64 [C_out]")
+    cdef cnp.ndarray b
+    cdef const int32_t *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.dtype != np.int32 or b.ndim != 1 or b.shape[0] != Co or not b.flags.c_contiguous:
+            raise ValueError("conv: bias must be int32 [C_out]")
+        bp = <const int32_t *>cnp.PyArray_DATA(b)
+    if out.ndim != 4 or out.shape[0] != NB or out.shape[1] != Co or not out.flags.c_contiguous \
+            or out.dtype not in (np.int8, np.uint8, np.float32):
+        raise ValueError("conv: out must be C-contiguous [N, C_out, OH, OW] int8/uint8/float32")
+    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    if KH < 1 or KW < 1 or SH < 1 or SW < 1 or DH < 1 or DW < 1 or PH < 0 or PW < 0 \
+            or OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
+            or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
+        raise ValueError("conv: out's spatial size does not fit the geometry")
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    cdef int used
+    with nogil:
+        used = mt_qconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
+                             <const int8_t *>cnp.PyArray_DATA(wrows),
+                             <const int32_t *>cnp.PyArray_DATA(wsum), Co, groups, KH, KW, SH,
+                             SW, PH, PW, DH, DW, OH, OW, bp,
+                             <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi, out_u8,
+                             cnp.PyArray_DATA(out), path)
+    if used == 0:
+        raise MemoryError("conv: out of memory for the int8 convolution's buffers")
+    return used

@@ -116,13 +116,30 @@ class Int8Weight:
         # depthwise (one input channel per group, one filter each): the direct kernel
         self.depthwise = w.ndim == 4 and per == 1 and w.shape[1] == 1
         self.raw = np.ascontiguousarray(w.reshape(n, k)) if self.depthwise else None
-        self.packs = [] if self.depthwise else [_kernels().pack_weight(np.ascontiguousarray(
-            w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
+        self.packs, self.rows, self.wsum = [], None, None
+        if w.ndim == 2:         # linear: the GEMM's blocks of 16 channels
+            self.packs = [_kernels().pack_weight(np.ascontiguousarray(w))]
+        elif not self.depthwise:
+            # conv2d (qconv.c): each channel's filter a row, k rounded up to 4
+            self.rows = np.zeros((n, -(-k // 4) * 4), np.int8)
+            self.rows[:, :k] = w.reshape(n, k)
+            self.wsum = w.reshape(n, k).sum(axis=1, dtype=np.int32)
+        self._epilogues = {}
 
     def _epilogue(self, g, x_scale, out_scale):
-        """(mult, bias) of group ``g``'s output channels (None: all channels)."""
+        """(mult, bias) of group ``g``'s output channels (None: all channels),
+        kept for the next call with the same scales."""
         if out_scale is None:       # float32 out
             out_scale = 1.0
+        key = (g, float(x_scale), float(out_scale))
+        hit = self._epilogues.get(key)
+        if hit is None:
+            if len(self._epilogues) > 16:
+                self._epilogues.clear()
+            hit = self._epilogues[key] = self._epilogue_of(g, x_scale, out_scale)
+        return hit
+
+    def _epilogue_of(self, g, x_scale, out_scale):
         per = self.shape[0] // self.groups
         sl = slice(None) if g is None else slice(g * per, (g + 1) * per)
         ws = self.scale[sl].astype(np.float64)
@@ -218,23 +235,12 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
     a, a_zp = _as_u8(x, x_zp, meta_in)
     out = alloc((nb, co, oh, ow), meta.np_dtype_str)
-    if weight.depthwise:
-        mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
-        _kernels().dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw,
-                          dh, dw, bias, mult, int(out_zp), lo, hi, out)
-        return out
-    per = co // g
-    epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
-           for gi in range(g)]
+    mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
     kern = _kernels()
-    p = oh * ow
-    for n in range(nb):
-        for gi in range(g):
-            cols = kern.im2col(np.ascontiguousarray(a[n, gi * cig:(gi + 1) * cig]), kh, kw, sh,
-                               sw, ph, pw, dh, dw, oh, ow, a_zp)
-            packed, wsum = weight.packs[gi]
-            mult, bias = epi[gi]
-            view = out[n, gi * per:(gi + 1) * per].reshape(-1)
-            kern.gemm(cols, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, view, 1, p,
-                      path)
+    if weight.depthwise:
+        kern.dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw,
+                    bias, mult, int(out_zp), lo, hi, out, path)
+    else:
+        kern.conv(np.ascontiguousarray(a), a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw,
+                  ph, pw, dh, dw, bias, mult, int(out_zp), lo, hi, out, path)
     return out

@@ -1,0 +1,418 @@
+/* Int8 convolutions on NCHW planes with the output pixels in the vector
+ * lanes (issue 32): an NCHW output row of one channel is contiguous, so the
+ * requantize epilogue runs 16 pixels of one channel at once (one mult, one
+ * correction) and stores them with one masked store.
+ *
+ *   dense / grouped: per (image, group) the input is laid out as
+ *     rows [K, P] (K = C/groups * KH * KW, P = OH * OW; a 1x1 stride-1
+ *     unpadded conv reads the input planes themselves, other shapes an
+ *     im2col into rows), then packed [P / 16][K / 4][16 pixels][4 k], the
+ *     u8 operand vpdpbusd reads; each weight row (int8 [C_out][K rounded up
+ *     to 4], zeros past K) is broadcast four k at a time. Tiles of 4 output
+ *     channels x 32 pixels (eight accumulators); threads over tiles,
+ *     pixels outer so a packed panel stays in L1 while the channels pass.
+ *   depthwise: each plane copied once into a buffer padded with the zero
+ *     point, then 16 output pixels per vector: x widened to int32 lanes,
+ *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
+ *     take qgemm.c's scalar kernel).
+ *
+ * The arithmetic is qgemm.c's store(), bit for bit:
+ *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
+ *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
+ *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
+ * where dot = sum x * w over the padded input (padding is a_zp, whose
+ * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
+ * portable C otherwise or when asked (path 1); the integers and the double
+ * arithmetic are the same on both, so the bits are.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
+#include <immintrin.h>
+#define MT_QC_VNNI 1
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+int mt_qgemm_has_vnni(void);    /* qgemm.c */
+
+#define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* one output element: qgemm.c's store() */
+static inline void put1(void *out, int64_t at, int out_u8, double acc, double mult,
+                        int32_t out_zp, int32_t lo, int32_t hi)
+{
+    if (out_u8 == 2) {
+        double f = acc * mult;
+        if (lo == 0 && f < 0)
+            f = 0;
+        ((float *)out)[at] = (float)f;
+        return;
+    }
+    double v = rint(acc * mult) + (double)out_zp;
+    if (v < lo) v = lo;
+    if (v > hi) v = hi;
+    if (out_u8)
+        ((uint8_t *)out)[at] = (uint8_t)(int32_t)v;
+    else
+        ((int8_t *)out)[at] = (int8_t)(int32_t)v;
+}
+
+#ifdef MT_QC_VNNI
+/* n (<= 16) consecutive outputs out[at..] of one channel from the int32
+ * dots in `dot`: put1's arithmetic eight lanes of double at a time */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult,
+                  int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+{
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512d c = _mm512_set1_pd(corr), k = _mm512_set1_pd(mult);
+    __m512d d0 = _mm512_mul_pd(_mm512_sub_pd(
+        _mm512_cvtepi32_pd(_mm512_castsi512_si256(dot)), c), k);
+    __m512d d1 = _mm512_mul_pd(_mm512_sub_pd(
+        _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1)), c), k);
+    if (out_u8 == 2) {
+        if (lo == 0) {
+            d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
+            d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+        }
+        __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
+            _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+        _mm512_mask_storeu_ps((float *)out + at, m, f);
+        return;
+    }
+    __m512d z = _mm512_set1_pd((double)out_zp), l = _mm512_set1_pd((double)lo),
+            h = _mm512_set1_pd((double)hi);
+    d0 = _mm512_add_pd(_mm512_roundscale_pd(d0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d1 = _mm512_add_pd(_mm512_roundscale_pd(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d0 = _mm512_min_pd(_mm512_max_pd(d0, l), h);
+    d1 = _mm512_min_pd(_mm512_max_pd(d1, l), h);
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtpd_epi32(d0)),
+                                   _mm512_cvtpd_epi32(d1), 1);
+    /* in range after the clamp: the low byte is the int8 or uint8 value */
+    _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
+}
+#endif
+
+/* ---- dense / grouped ---------------------------------------------------- */
+
+/* x: uint8 [C, H, W] (one image, one group's channels) -> rows [C*KH*KW, OH*OW],
+ * the input's zero point outside the image */
+static void im2col_rows(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
+                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *rows)
+{
+    int64_t K = C * KH * KW;
+#pragma omp parallel for schedule(static) if (K * OH * OW > (1 << 16))
+    for (int64_t k = 0; k < K; k++) {
+        int64_t c = k / (KH * KW), i = (k / KW) % KH, j = k % KW;
+        uint8_t *row = rows + k * OH * OW;
+        const uint8_t *xc = x + c * H * W;
+        int64_t off = j * DW - PW;          /* input column of output column 0 */
+        int64_t ow0 = off >= 0 ? 0 : cdiv(-off, SW);
+        int64_t ow1 = W - 1 - off < 0 ? 0 : (W - 1 - off) / SW + 1;
+        if (ow1 > OW) ow1 = OW;
+        if (ow0 > ow1) ow0 = ow1;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t h = oh * SH - PH + i * DH;
+            uint8_t *r = row + oh * OW;
+            if (h < 0 || h >= H) {
+                memset(r, pad, (size_t)OW);
+                continue;
+            }
+            memset(r, pad, (size_t)ow0);
+            memset(r + ow1, pad, (size_t)(OW - ow1));
+            const uint8_t *s = xc + h * W + off;
+            if (SW == 1)
+                memcpy(r + ow0, s + ow0, (size_t)(ow1 - ow0));
+            else
+                for (int64_t ow = ow0; ow < ow1; ow++)
+                    r[ow] = s[ow * SW];
+        }
+    }
+}
+
+/* rows [K, P] (row stride ld) -> packed [PB][KQ][16][4], zeros past K and P */
+static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
+                      int64_t PB, uint8_t *packed)
+{
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
+        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+        for (int64_t kq = 0; kq < KQ; kq++) {
+            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
+            const uint8_t *s = rows + kq * 4 * ld + p0;
+#if defined(__SSE2__)
+            if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
+                __m128i r0 = _mm_loadu_si128((const __m128i *)s);
+                __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
+                __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
+                __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
+                __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+                __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+                continue;
+            }
+#endif
+            for (int64_t t = 0; t < QC_P; t++)
+                for (int64_t r = 0; r < 4; r++)
+                    d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
+        }
+    }
+}
+
+typedef struct {
+    const uint8_t *packed;      /* [PB][KQ][16][4] */
+    int64_t KQ, PB, P;
+    const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
+    void *const *out;           /* 4 output rows (NULL: no such channel) */
+    const double *corr, *mult;  /* 4 each */
+    int out_u8;
+    int32_t out_zp, lo, hi;
+} qc_tile;
+
+/* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
+static void tile_portable(const qc_tile *t, int64_t pb)
+{
+    for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
+        const uint8_t *x = t->packed + b * t->KQ * (QC_P * 4);
+        int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
+        for (int r = 0; r < 4; r++) {
+            if (!t->out[r])
+                continue;
+            int32_t acc[QC_P] = {0};
+            for (int64_t kq = 0; kq < t->KQ; kq++) {
+                const uint8_t *xk = x + kq * (QC_P * 4);
+                const int8_t *wk = t->w[r] + kq * 4;
+                for (int p = 0; p < QC_P; p++)
+                    for (int i = 0; i < 4; i++)
+                        acc[p] += (int32_t)xk[p * 4 + i] * (int32_t)wk[i];
+            }
+            for (int64_t p = 0; p < np; p++)
+                put1(t->out[r], p0 + p, t->out_u8, (double)acc[p] - t->corr[r], t->mult[r],
+                     t->out_zp, t->lo, t->hi);
+        }
+    }
+}
+
+#ifdef MT_QC_VNNI
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void tile_vnni(const qc_tile *t, int64_t pb)
+{
+    int64_t KQ = t->KQ;
+    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    int two = pb + 1 < t->PB;
+    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
+    __m512i c00 = _mm512_setzero_si512(), c01 = _mm512_setzero_si512(),
+            c10 = _mm512_setzero_si512(), c11 = _mm512_setzero_si512(),
+            c20 = _mm512_setzero_si512(), c21 = _mm512_setzero_si512(),
+            c30 = _mm512_setzero_si512(), c31 = _mm512_setzero_si512();
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
+        __m512i a1 = _mm512_loadu_si512(x1 + kq * (QC_P * 4));
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, w0 + kq * 4, 4);
+        memcpy(&v1, w1 + kq * 4, 4);
+        memcpy(&v2, w2 + kq * 4, 4);
+        memcpy(&v3, w3 + kq * 4, 4);
+        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
+                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
+        c00 = _mm512_dpbusd_epi32(c00, a0, b0);
+        c01 = _mm512_dpbusd_epi32(c01, a1, b0);
+        c10 = _mm512_dpbusd_epi32(c10, a0, b1);
+        c11 = _mm512_dpbusd_epi32(c11, a1, b1);
+        c20 = _mm512_dpbusd_epi32(c20, a0, b2);
+        c21 = _mm512_dpbusd_epi32(c21, a1, b2);
+        c30 = _mm512_dpbusd_epi32(c30, a0, b3);
+        c31 = _mm512_dpbusd_epi32(c31, a1, b3);
+    }
+    __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+    for (int b = 0; b < 1 + two; b++) {
+        int64_t p0 = (pb + b) * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < 4; r++)
+            if (t->out[r])
+                put16(t->out[r], p0, n, acc[r][b], t->corr[r], t->mult[r], t->out_u8,
+                      t->out_zp, t->lo, t->hi);
+    }
+}
+#endif
+
+/* Dense or grouped int8 conv2d, NCHW.
+ *   x: uint8 [NB, C, H, W]; wrows: int8 [Co][KQ * 4] (KQ = ceil(C/G*KH*KW / 4),
+ *   zeros past K), wsum[Co] its row sums; bias int32 [Co] or NULL; mult
+ *   double [Co]; out [NB, Co, OH, OW] int8 (out_u8 0), uint8 (1) or float32 (2).
+ * Returns the path used (1 portable, 2 VNNI), or 0 when out of memory. */
+int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                  const int8_t *wrows, const int32_t *wsum, int64_t Co, int64_t G, int64_t KH,
+                  int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                  int64_t DW, int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                  int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out, int path)
+{
+    int64_t Cg = C / G, Cog = Co / G, K = Cg * KH * KW, KQ = cdiv(K, 4), P = OH * OW;
+    int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
+    int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int vnni = 0;
+#ifdef MT_QC_VNNI
+    vnni = path == 0 && mt_qgemm_has_vnni();
+#endif
+    (void)path;
+    uint8_t *rows = direct ? NULL : malloc((size_t)(K * P));
+    uint8_t *packed = malloc((size_t)(PB * KQ * QC_P * 4));
+    int8_t *zero = calloc((size_t)KQ * 4, 1);
+    double *corr = malloc((size_t)Co * sizeof(double));
+    if ((!direct && !rows) || !packed || !zero || !corr) {
+        free(rows); free(packed); free(zero); free(corr);
+        return 0;
+    }
+    for (int64_t c = 0; c < Co; c++)
+        corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
+    for (int64_t n = 0; n < NB; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *src = x + (n * C + g * Cg) * H * W;
+            if (!direct)
+                im2col_rows(src, Cg, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
+                            (uint8_t)a_zp, rows);
+            pack_rows(direct ? src : rows, P, K, P, KQ, PB, packed);
+            int64_t work = PP * CB;
+#pragma omp parallel for schedule(static) if (work > 1 && Cog * P * K > (1 << 16))
+            for (int64_t i = 0; i < work; i++) {
+                int64_t pb = (i / CB) * 2, c0 = g * Cog + (i % CB) * 4;
+                const int8_t *w[4];
+                void *o[4];
+                double cr[4], mu[4];
+                for (int r = 0; r < 4; r++) {
+                    int64_t c = c0 + r;
+                    int in = c < (g + 1) * Cog;
+                    w[r] = in ? wrows + c * KQ * 4 : zero;
+                    o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
+                    cr[r] = in ? corr[c] : 0;
+                    mu[r] = in ? mult[c] : 0;
+                }
+                qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
+#ifdef MT_QC_VNNI
+                if (vnni) {
+                    tile_vnni(&t, pb);
+                    continue;
+                }
+#endif
+                tile_portable(&t, pb);
+            }
+        }
+    free(rows);
+    free(packed);
+    free(zero);
+    free(corr);
+    return vnni ? 2 : 1;
+}
+
+/* ---- depthwise ---------------------------------------------------------- */
+
+#ifdef MT_QC_VNNI
+/* one plane: xp the plane padded with a_zp ([HP][WP], WP leaves room for
+ * the last vector's reads), w its KH * KW taps */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
+                            int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                            int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    __m512i taps[64];
+    int64_t T = KH * KW;
+    int few = T <= 64;
+    if (few)
+        for (int64_t t = 0; t < T; t++)
+            taps[t] = _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[t]);
+    __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += QC_P) {
+            __m512i acc = _mm512_setzero_si512();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t j = 0; j < KW; j++) {
+                    const uint8_t *s = row + j * DW;
+                    __m512i xv;
+                    if (SW == 1)
+                        xv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s));
+                    else        /* stride 2: the even bytes of 32 */
+                        xv = _mm512_and_si512(_mm512_cvtepu8_epi16(
+                            _mm256_loadu_si256((const __m256i *)s)), lo16);
+                    __m512i tap = few ? taps[i * KW + j]
+                                      : _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[i * KW + j]);
+                    /* lanes x | 0 << 16 and w | 0 << 16: vpmaddwd gives x * w */
+                    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(xv, tap));
+                }
+            }
+            int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+#endif
+
+/* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
+ * with the vector kernel: strides 1 and 2 across, any other geometry.
+ * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]).
+ * Returns 1 when done, 0 when this kernel does not apply (no AVX-512 here,
+ * another horizontal stride, out of memory): the caller runs the scalar one. */
+int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                        int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                        int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                        int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                        int32_t lo, int32_t hi, int out_u8, void *out)
+{
+#ifdef MT_QC_VNNI
+    if (!mt_qgemm_has_vnni() || (SW != 1 && SW != 2))
+        return 0;
+    int64_t HP = H + 2 * PH;
+    /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW, 32
+     * bytes at a time for stride 2 */
+    int64_t WP = W + 2 * PW, need = cdiv(OW, QC_P) * QC_P * SW + (KW - 1) * DW + 32;
+    if (WP < need)
+        WP = need;
+    int64_t planes = NB * C;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int failed = 0;
+#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    {
+        uint8_t *buf = malloc((size_t)(HP * WP));
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            int64_t c = p % C;
+            const uint8_t *xs = x + p * H * W;
+            memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
+            for (int64_t h = 0; h < H; h++)
+                memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
+            int32_t ws = 0;
+            for (int64_t t = 0; t < KH * KW; t++)
+                ws += w[c * KH * KW + t];
+            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            dw_plane_avx512(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
+                            mult[c], out_u8, out_zp, lo, hi,
+                            (char *)out + (size_t)(p * OH * OW) * isz);
+        }
+        free(buf);
+    }
+    return !failed;
+#else
+    (void)x; (void)NB; (void)C; (void)H; (void)W; (void)a_zp; (void)w; (void)KH; (void)KW;
+    (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)OH; (void)OW;
+    (void)bias; (void)mult; (void)out_zp; (void)lo; (void)hi; (void)out_u8; (void)out;
+    return 0;
+#endif
+}
