@@ -39,9 +39,10 @@ cdef extern from *:
                             int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                             int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                             int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
+    int mt_qconv_has_amx(void);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
-                      int32_t a_zp, const int8_t *wrows, const int32_t *wsum, int64_t Co,
-                      int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
+                      int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
                       int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
                       const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
                       int32_t hi, int out_u8, void *out, int path);
@@ -74,11 +75,12 @@ cdef extern from *:
                             int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
                             void *out) nogil
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
-                      int32_t a_zp, const int8_t *wrows, const int32_t *wsum, int64_t Co,
-                      int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
+                      int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
                       int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
                       const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
                       int32_t hi, int out_u8, void *out, int path) nogil
+    int mt_qconv_has_amx() nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -246,30 +248,37 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
     return 1
 
 
+def has_amx():
+    """Whether dense int8 convs run on AMX here (the CPU has AMX-INT8 and
+    Linux lets this process use the tile state)."""
+    return bool(mt_qconv_has_amx())
+
+
 def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t groups,
          int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
          int64_t DW, object bias, cnp.ndarray mult, int out_zp, int lo, int hi,
          cnp.ndarray out, int path=0):
     """Dense or grouped int8 conv2d (qconv.c), NCHW: x uint8 [N, C, H, W],
-    wrows int8 [C_out, ceil(C / groups * KH * KW / 4) * 4] (each output
-    channel's filter flattened, zeros after), wsum int32 [C_out] its sums,
-    out [N, C_out, OH, OW] int8, uint8 or float32 (C-contiguous), with
-    gemm()'s epilogue (bias int32 [C_out] or None, mult float64 [C_out]).
-    path 0: VNNI where the CPU has it; 1: portable C (same bits). Returns
-    the path used (1 portable, 2 VNNI)."""
+    wrows int8 [C_out + 31, ceil(K / 64) * 64] (K = C / groups * KH * KW:
+    each output channel's filter flattened, zeros after it and in the 31
+    rows after the last channel), wsum int32 [C_out] the filters' sums, out
+    [N, C_out, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
+    epilogue (bias int32 [C_out] or None, mult float64 [C_out]).
+    path 0: the best here (AMX, VNNI, portable C); 1 portable C; 2 VNNI;
+    3 AMX (each where available, else the next below); all give the same
+    bits. Returns the path used (1 portable, 2 VNNI, 3 AMX)."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("conv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     if groups < 1 or C % groups:
         raise ValueError("conv: the input channels do not split into the groups")
-    cdef int64_t Co = wrows.shape[0] if wrows.ndim == 2 else -1
+    cdef int64_t Co = wsum.shape[0] if wsum.ndim == 1 else -1
     cdef int64_t K = C // groups * KH * KW
-    if wrows.dtype != np.int8 or wrows.ndim != 2 or wrows.shape[1] != (K + 3) // 4 * 4 \
-            or Co % groups or not wrows.flags.c_contiguous:
-        raise ValueError("conv: wrows must be int8 [C_out, ceil(K / 4) * 4]")
-    if wsum.dtype != np.int32 or wsum.ndim != 1 or wsum.shape[0] != Co \
-            or not wsum.flags.c_contiguous:
-        raise ValueError("conv: wsum must be int32 [C_out]")
+    if wsum.dtype != np.int32 or Co < 1 or Co % groups or not wsum.flags.c_contiguous:
+        raise ValueError("conv: wsum must be int32 [C_out], C_out a multiple of groups")
+    if wrows.dtype != np.int8 or wrows.ndim != 2 or wrows.shape[0] != Co + 31 \
+            or wrows.shape[1] != (K + 63) // 64 * 64 or not wrows.flags.c_contiguous:
+        raise ValueError("conv: wrows must be int8 [C_out + 31, ceil(K / 64) * 64]")
     if mult.dtype != np.float64 or mult.ndim != 1 or mult.shape[0] != Co \
             or not mult.flags.c_contiguous:
         raise ValueError("conv: mult must be float64 [C_out]")
@@ -283,7 +292,7 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
     if out.ndim != 4 or out.shape[0] != NB or out.shape[1] != Co or not out.flags.c_contiguous \
             or out.dtype not in (np.int8, np.uint8, np.float32):
         raise ValueError("conv: out must be C-contiguous [N, C_out, OH, OW] int8/uint8/float32")
-    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    cdef int64_t OH = out.shape[2], OW = out.shape[3], lw = wrows.shape[1]
     if KH < 1 or KW < 1 or SH < 1 or SW < 1 or DH < 1 or DW < 1 or PH < 0 or PW < 0 \
             or OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
             or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
@@ -292,7 +301,7 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
     cdef int used
     with nogil:
         used = mt_qconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
-                             <const int8_t *>cnp.PyArray_DATA(wrows),
+                             <const int8_t *>cnp.PyArray_DATA(wrows), lw,
                              <const int32_t *>cnp.PyArray_DATA(wsum), Co, groups, KH, KW, SH,
                              SW, PH, PW, DH, DW, OH, OW, bp,
                              <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi, out_u8,

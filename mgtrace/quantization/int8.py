@@ -120,9 +120,10 @@ class Int8Weight:
         if w.ndim == 2:         # linear: the GEMM's blocks of 16 channels
             self.packs = [_kernels().pack_weight(np.ascontiguousarray(w))]
         elif not self.depthwise:
-            # conv2d (qconv.c): each channel's filter a row, k rounded up to 4
-            self.rows = np.zeros((n, -(-k // 4) * 4), np.int8)
-            self.rows[:, :k] = w.reshape(n, k)
+            # conv2d (qconv.c): each channel's filter a row, k rounded up to
+            # 64 and 31 zero rows after (AMX reads 32 rows x 64 k at a time)
+            self.rows = np.zeros((n + 31, -(-k // 64) * 64), np.int8)
+            self.rows[:n, :k] = w.reshape(n, k)
             self.wsum = w.reshape(n, k).sum(axis=1, dtype=np.int32)
         self._epilogues = {}
 

@@ -23,7 +23,12 @@
  * where dot = sum x * w over the padded input (padding is a_zp, whose
  * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
  * portable C otherwise or when asked (path 1); the integers and the double
- * arithmetic are the same on both, so the bits are.
+ * arithmetic are the same on both, so the bits are. Where the CPU has AMX
+ * (Sapphire Rapids and later) and Linux grants the tile state, dense convs
+ * run on it instead: tdpbsud with the weight rows as the signed A tile
+ * (16 channels x 64 k) and the packed input as the unsigned B tile (16 k/4
+ * rows x 16 pixels x 4), 32 channels x 32 pixels per step, the same
+ * integers into the same epilogue.
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +41,12 @@
 #endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(MT_QC_VNNI) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MT_QC_AMX 1
 #endif
 
 int mt_qgemm_has_vnni(void);    /* qgemm.c */
@@ -249,13 +260,127 @@ static void tile_vnni(const qc_tile *t, int64_t pb)
 }
 #endif
 
+#ifdef MT_QC_AMX
+/* 1 where the CPU has AMX-INT8 and the kernel lets this process use the
+ * tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked once) */
+static int amx_state = -1;
+
+static int amx_ok(void)
+{
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s >= 0)
+        return s;
+    unsigned a, b, c, d;
+    int ok = 0;
+    if (mt_qgemm_has_vnni() && __get_cpuid_count(7, 0, &a, &b, &c, &d)
+            && (d & (1u << 24)) && (d & (1u << 25)))
+        ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    __atomic_store_n(&amx_state, ok, __ATOMIC_RELEASE);
+    return ok;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* every tile 16 rows x 64 bytes: C 0-3 (int32 16 x 16), A 4-5, B 6-7. A
+ * file-scope constant: GCC 12 drops the stores into a local configuration,
+ * not seeing that ldtilecfg reads them. */
+static const amx_config amx_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+__attribute__((target("amx-tile,amx-int8")))
+static void amx_begin(void) { _tile_loadconfig(&amx_cfg); }
+
+__attribute__((target("amx-tile,amx-int8")))
+static void amx_end(void) { _tile_release(); }
+
+/* 32 channels (weight rows w, row stride lw; rows past the array's
+ * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, int nrows,
+                     void *const *out, const double *corr, const double *mult)
+{
+    int64_t KQ = t->KQ;         /* a multiple of 16 here */
+    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    int two = pb + 1 < t->PB;
+    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const int8_t *w1 = w + 16 * lw;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kq = 0; kq < KQ; kq += 16) {
+        _tile_loadd(4, w + kq * 4, lw);
+        _tile_loadd(5, w1 + kq * 4, lw);
+        _tile_loadd(6, x0 + kq * (QC_P * 4), QC_P * 4);
+        _tile_loadd(7, x1 + kq * (QC_P * 4), QC_P * 4);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+    }
+    int32_t acc[4][256] __attribute__((aligned(64)));
+    _tile_stored(0, acc[0], 64);
+    _tile_stored(1, acc[1], 64);
+    _tile_stored(2, acc[2], 64);
+    _tile_stored(3, acc[3], 64);
+    for (int b = 0; b < 1 + two; b++) {
+        int64_t p0 = (pb + b) * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < nrows; r++)
+            put16(out[r], p0, n, _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16),
+                  corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+    }
+}
+#endif
+
+/* 1 where mt_qconv_u8s8's path 0 runs on AMX here */
+int mt_qconv_has_amx(void)
+{
+#ifdef MT_QC_AMX
+    return amx_ok();
+#else
+    return 0;
+#endif
+}
+
+/* The calling thread's scratch of at least n bytes, kept for its next
+ * call: a fresh malloc of a few MB per conv is mmap'd and page-faulted
+ * again each time, which cost more than the packing itself. Grows, never
+ * shrinks; NULL when out of memory. */
+static __thread uint8_t *scratch_at;
+static __thread size_t scratch_cap;
+
+static uint8_t *scratch(size_t n)
+{
+    if (n > scratch_cap) {
+        free(scratch_at);
+        scratch_cap = 0;
+        scratch_at = malloc(n);
+        if (!scratch_at)
+            return NULL;
+        scratch_cap = n;
+    }
+    return scratch_at;
+}
+
 /* Dense or grouped int8 conv2d, NCHW.
- *   x: uint8 [NB, C, H, W]; wrows: int8 [Co][KQ * 4] (KQ = ceil(C/G*KH*KW / 4),
- *   zeros past K), wsum[Co] its row sums; bias int32 [Co] or NULL; mult
- *   double [Co]; out [NB, Co, OH, OW] int8 (out_u8 0), uint8 (1) or float32 (2).
- * Returns the path used (1 portable, 2 VNNI), or 0 when out of memory. */
+ *   x: uint8 [NB, C, H, W]; wrows: int8 [Co + 31][lw] (lw = K = C/G*KH*KW
+ *   rounded up to 64; zeros past K and in the 31 rows after the last
+ *   channel), wsum[Co] the row sums; bias int32 [Co] or NULL; mult double
+ *   [Co]; out [NB, Co, OH, OW] int8 (out_u8 0), uint8 (1) or float32 (2).
+ * path: 0 the best here (AMX, VNNI, portable C), 1 portable C, 2 VNNI, 3 AMX
+ * (each where available, else the next below). Returns the path used (1
+ * portable, 2 VNNI, 3 AMX), or 0 when out of memory. */
 int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
-                  const int8_t *wrows, const int32_t *wsum, int64_t Co, int64_t G, int64_t KH,
+                  const int8_t *wrows, int64_t lw, const int32_t *wsum, int64_t Co, int64_t G,
+                  int64_t KH,
                   int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                   int64_t DW, int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                   int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out, int path)
@@ -264,19 +389,31 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
     int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int vnni = 0;
+    int vnni = 0, amx = 0;
 #ifdef MT_QC_VNNI
-    vnni = path == 0 && mt_qgemm_has_vnni();
+    vnni = path != 1 && mt_qgemm_has_vnni();
 #endif
-    (void)path;
-    uint8_t *rows = direct ? NULL : malloc((size_t)(K * P));
-    uint8_t *packed = malloc((size_t)(PB * KQ * QC_P * 4));
+#ifdef MT_QC_AMX
+    /* under 64 k a tile step is mostly zeros: VNNI is faster there */
+    amx = (path == 3 || (path == 0 && K >= 64)) && amx_ok();
+#endif
+    if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
+        KQ = cdiv(K, 64) * 16;
+    size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
+    uint8_t *packed = scratch(packed_size + (direct ? 0 : (size_t)(K * P)));
+    uint8_t *rows = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
-    if ((!direct && !rows) || !packed || !zero || !corr) {
-        free(rows); free(packed); free(zero); free(corr);
+    if (!packed || !zero || !corr) {
+        free(zero);
+        free(corr);
         return 0;
     }
+    /* tiles in the order that reads the larger operand once: pixels outer
+     * (a packed panel stays in cache while the channels pass), or channels
+     * outer where the group's weights outweigh its packed input (deep
+     * layers of few pixels) */
+    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     for (int64_t c = 0; c < Co; c++)
         corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
     for (int64_t n = 0; n < NB; n++)
@@ -286,17 +423,41 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 im2col_rows(src, Cg, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
                             (uint8_t)a_zp, rows);
             pack_rows(direct ? src : rows, P, K, P, KQ, PB, packed);
+#ifdef MT_QC_AMX
+            if (amx) {
+                int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
+#pragma omp parallel if (work > 1 && Cog * P * K > (1 << 18))
+                {
+                    amx_begin();
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < work; i++) {
+                        int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
+                        int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB32) * 32;
+                        int nrows = (int)((g + 1) * Cog - c0 < 32 ? (g + 1) * Cog - c0 : 32);
+                        void *o[32];
+                        for (int r = 0; r < nrows; r++)
+                            o[r] = (char *)out + (size_t)((n * Co + c0 + r) * P) * isz;
+                        qc_tile t = {packed, KQ, PB, P, NULL, NULL, NULL, NULL, out_u8, out_zp,
+                                     lo, hi};
+                        tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
+                    }
+                    amx_end();
+                }
+                continue;
+            }
+#endif
             int64_t work = PP * CB;
 #pragma omp parallel for schedule(static) if (work > 1 && Cog * P * K > (1 << 16))
             for (int64_t i = 0; i < work; i++) {
-                int64_t pb = (i / CB) * 2, c0 = g * Cog + (i % CB) * 4;
+                int64_t pb = (wmajor ? i % PP : i / CB) * 2;
+                int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
                 const int8_t *w[4];
                 void *o[4];
                 double cr[4], mu[4];
                 for (int r = 0; r < 4; r++) {
                     int64_t c = c0 + r;
                     int in = c < (g + 1) * Cog;
-                    w[r] = in ? wrows + c * KQ * 4 : zero;
+                    w[r] = in ? wrows + c * lw : zero;
                     o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
                     cr[r] = in ? corr[c] : 0;
                     mu[r] = in ? mult[c] : 0;
@@ -311,11 +472,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 tile_portable(&t, pb);
             }
         }
-    free(rows);
-    free(packed);
     free(zero);
     free(corr);
-    return vnni ? 2 : 1;
+    return amx ? 3 : vnni ? 2 : 1;
 }
 
 /* ---- depthwise ---------------------------------------------------------- */
