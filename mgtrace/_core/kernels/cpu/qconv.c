@@ -6,11 +6,12 @@
  *   dense / grouped: per (image, group) the input is laid out as
  *     rows [K, P] (K = C/groups * KH * KW, P = OH * OW; a 1x1 stride-1
  *     unpadded conv reads the input planes themselves, other shapes an
- *     im2col into rows), then packed [P / 16][K / 4][16 pixels][4 k], the
- *     u8 operand vpdpbusd reads; each weight row (int8 [C_out][K rounded up
- *     to 4], zeros past K) is broadcast four k at a time. Tiles of 4 output
- *     channels x 32 pixels (eight accumulators); threads over tiles,
- *     pixels outer so a packed panel stays in L1 while the channels pass.
+ *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
+ *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
+ *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
+ *     Tiles of 4 output channels x 32 pixels (eight accumulators); threads
+ *     over tiles, pixels outer so a packed panel stays in L1 while the
+ *     channels pass (channels outer where the weights are the larger).
  *   depthwise: each plane copied once into a buffer padded with the zero
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
@@ -114,38 +115,76 @@ static void put16(void *out, int64_t at, int n, __m512i dot, double corr, double
 
 /* ---- dense / grouped ---------------------------------------------------- */
 
-/* x: uint8 [C, H, W] (one image, one group's channels) -> rows [C*KH*KW, OH*OW],
- * the input's zero point outside the image */
-static void im2col_rows(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH,
-                        int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
-                        int64_t DW, int64_t OH, int64_t OW, uint8_t pad, uint8_t *rows)
+/* x: uint8 [C, H, W] (one image, one group's channels) -> xp [C][HP][WP],
+ * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW) */
+static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t PH,
+                       int64_t PW, uint8_t pad, uint8_t *xp)
 {
-    int64_t K = C * KH * KW;
-#pragma omp parallel for schedule(static) if (K * OH * OW > (1 << 16))
-    for (int64_t k = 0; k < K; k++) {
-        int64_t c = k / (KH * KW), i = (k / KW) % KH, j = k % KW;
-        uint8_t *row = rows + k * OH * OW;
-        const uint8_t *xc = x + c * H * W;
-        int64_t off = j * DW - PW;          /* input column of output column 0 */
-        int64_t ow0 = off >= 0 ? 0 : cdiv(-off, SW);
-        int64_t ow1 = W - 1 - off < 0 ? 0 : (W - 1 - off) / SW + 1;
-        if (ow1 > OW) ow1 = OW;
-        if (ow0 > ow1) ow0 = ow1;
-        for (int64_t oh = 0; oh < OH; oh++) {
-            int64_t h = oh * SH - PH + i * DH;
-            uint8_t *r = row + oh * OW;
-            if (h < 0 || h >= H) {
-                memset(r, pad, (size_t)OW);
+    int64_t HP = H + 2 * PH, WP = W + 2 * PW;
+#pragma omp parallel for schedule(static) if (C * HP * WP > (1 << 18))
+    for (int64_t c = 0; c < C; c++) {
+        uint8_t *d = xp + c * HP * WP;
+        memset(d, pad, (size_t)(PH * WP));
+        for (int64_t h = 0; h < H; h++) {
+            uint8_t *r = d + (PH + h) * WP;
+            memset(r, pad, (size_t)PW);
+            memcpy(r + PW, x + (c * H + h) * W, (size_t)W);
+            memset(r + PW + W, pad, (size_t)PW);
+        }
+        memset(d + (PH + H) * WP, pad, (size_t)(PH * WP));
+    }
+}
+
+/* the im2col of the padded planes xp straight into packed [PB][KQ][16][4]
+ * (zeros past K and P): k = (c, i, j) reads xp at koff[k] = c HP WP + i DH WP
+ * + j DW, output pixel (oh, ow) adds oh SH WP + ow SW. Sixteen pixels of
+ * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
+ * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
+ * blocks across two output rows or other strides gather byte by byte. */
+static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
+                        uint8_t *packed)
+{
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
+        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+        int64_t poff[QC_P];
+        for (int64_t t = 0; t < QC_P; t++) {
+            int64_t p = p0 + (t < np ? t : 0);
+            poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+        }
+        int row = np == QC_P && p0 % OW + QC_P <= OW;      /* one output row */
+        for (int64_t kq = 0; kq < KQ; kq++) {
+            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
+#if defined(__SSE2__)
+            if (row && (SW == 1 || SW == 2) && kq * 4 + 4 <= K) {
+                __m128i r[4];
+                for (int q = 0; q < 4; q++) {
+                    const uint8_t *s = xp + koff[kq * 4 + q] + poff[0];
+                    if (SW == 1) {
+                        r[q] = _mm_loadu_si128((const __m128i *)s);
+                    } else {
+                        __m128i m = _mm_set1_epi16(0xFF);
+                        r[q] = _mm_packus_epi16(
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    }
+                }
+                __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
+                __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
+                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
                 continue;
             }
-            memset(r, pad, (size_t)ow0);
-            memset(r + ow1, pad, (size_t)(OW - ow1));
-            const uint8_t *s = xc + h * W + off;
-            if (SW == 1)
-                memcpy(r + ow0, s + ow0, (size_t)(ow1 - ow0));
-            else
-                for (int64_t ow = ow0; ow < ow1; ow++)
-                    r[ow] = s[ow * SW];
+#endif
+            for (int q = 0; q < 4; q++) {
+                int64_t k = kq * 4 + q;
+                const uint8_t *s = k < K ? xp + koff[k] : NULL;
+                for (int64_t t = 0; t < QC_P; t++)
+                    d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+            }
         }
     }
 }
@@ -399,16 +438,22 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #endif
     if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
         KQ = cdiv(K, 64) * 16;
+    int64_t HP = H + 2 * PH, WP = W + 2 * PW;
     size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
-    uint8_t *packed = scratch(packed_size + (direct ? 0 : (size_t)(K * P)));
-    uint8_t *rows = direct || !packed ? NULL : packed + packed_size;
+    /* the padded planes, 64 bytes of slack for the last 32-byte loads */
+    uint8_t *packed = scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
+    uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
-    if (!packed || !zero || !corr) {
+    int64_t *koff = malloc((size_t)K * sizeof(int64_t));
+    if (!packed || !zero || !corr || !koff) {
         free(zero);
         free(corr);
+        free(koff);
         return 0;
     }
+    for (int64_t k = 0; k < K; k++)
+        koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
     /* tiles in the order that reads the larger operand once: pixels outer
      * (a packed panel stays in cache while the channels pass), or channels
      * outer where the group's weights outweigh its packed input (deep
@@ -419,10 +464,13 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     for (int64_t n = 0; n < NB; n++)
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *src = x + (n * C + g * Cg) * H * W;
-            if (!direct)
-                im2col_rows(src, Cg, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW,
-                            (uint8_t)a_zp, rows);
-            pack_rows(direct ? src : rows, P, K, P, KQ, PB, packed);
+            if (direct) {
+                pack_rows(src, P, K, P, KQ, PB, packed);
+            } else {
+                pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
+                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+            }
 #ifdef MT_QC_AMX
             if (amx) {
                 int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
@@ -474,6 +522,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         }
     free(zero);
     free(corr);
+    free(koff);
     return amx ? 3 : vnni ? 2 : 1;
 }
 
