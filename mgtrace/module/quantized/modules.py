@@ -59,15 +59,25 @@ def _act(value):
     return create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
 
 
+# the last input's (qparams, (scale, zero point, dtype name)), one tuple
+# read at once (threads): consecutive layers mostly read one value's qparams
+_LAST_INPUT = [(None, None)]
+
+
 def _input(x, who):
     q = qparams_of(x) if is_quantized(x) else None
     if q is None:
         raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
                                 f"got {getattr(x, 'dtype', type(x).__name__)}")
+    last = _LAST_INPUT[0]
+    if last[0] is q:
+        return (_host_view(x),) + last[1]
     s = np.asarray(q.scale.numpy())
     if s.ndim:
         raise QuantizationError(f"{who} takes per-tensor quantized inputs")
-    return _host_view(x), float(s), _zp(q), q.dtype_meta.name
+    parsed = (float(s), _zp(q), q.dtype_meta.name)
+    _LAST_INPUT[0] = (q, parsed)
+    return (_host_view(x),) + parsed
 
 
 def _host_view(x):
@@ -111,10 +121,16 @@ class QuantizedModule(Module):
 
     @property
     def out_args(self):
+        """(scale, zero point, dtype name) of the output; kept while
+        ``act_qparams`` stays the same object."""
         q = self.act_qparams
         if q is None:               # no activation quantization: float32 out
             return None, 0, "float32"
-        return float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name
+        key = self.__dict__.get("_out_args")
+        if key is None or key[0] is not q:
+            self.__dict__["_out_args"] = key = (
+                q, (float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name))
+        return key[1]
 
 
 class QuantStub(QuantizedModule):
