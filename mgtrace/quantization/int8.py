@@ -206,6 +206,8 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
 
 
 def _pair(v):
+    if isinstance(v, int):
+        return v, v
     return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
 
 
@@ -238,10 +240,10 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     out = alloc((nb, co, oh, ow), meta.np_dtype_str)
     mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
     kern = _kernels()
-    if weight.depthwise:
-        kern.dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw,
+    if weight.depthwise:         # a: C-contiguous (_as_u8)
+        kern.dwconv(a, a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw,
                     bias, mult, int(out_zp), lo, hi, out, path)
     else:
-        kern.conv(np.ascontiguousarray(a), a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw,
+        kern.conv(a, a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw,
                   ph, pw, dh, dw, bias, mult, int(out_zp), lo, hi, out, path)
     return out
