@@ -38,7 +38,8 @@ cdef extern from *:
                             int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
                             int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                             int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
-                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
+                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out,
+                            int path);
     int mt_qconv_has_amx(void);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
@@ -73,7 +74,7 @@ cdef extern from *:
                             int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                             int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                             int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
-                            void *out) nogil
+                            void *out, int path) nogil
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
                       int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
@@ -203,10 +204,12 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
            cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out, int path=0):
     """Depthwise int8 conv2d: x uint8 [N, C, H, W], w int8 [C, KH * KW], out
     [N, C, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
-    epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the AVX-512
-    kernel (qconv.c) where the CPU has it and the horizontal stride is 1 or
-    2, else the scalar one; path 1: the scalar one. Returns the path used
-    (1 scalar, 2 AVX-512); both give the same bits."""
+    epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the best
+    kernel here: qconv.c's AVX-512 VBMI + VNNI one, or its vpmaddwd one (AVX-512
+    VNNI CPUs without VBMI), for horizontal strides 1 and 2; else the scalar
+    one (qgemm.c); 1: the scalar one; 2: the vpmaddwd one (where it applies).
+    Returns the kernel used (1 scalar, 2 vpmaddwd, 3 VBMI); all give the
+    same bits."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -232,14 +235,14 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int done = 0
     with nogil:
-        if path == 0:
+        if path != 1:
             done = mt_qdwconv_vec_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W,
                                        a_zp, <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH,
                                        SW, PH, PW, DH, DW, OH, OW, bp,
                                        <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
-                                       out_u8, cnp.PyArray_DATA(out))
+                                       out_u8, cnp.PyArray_DATA(out), path)
     if done:
-        return 2
+        return done
     with nogil:
         mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
                         <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,

@@ -16,6 +16,17 @@ from .test_int8_kernels import ref_bias, ref_conv, ref_requant
 # path asked -> path that runs it (1 portable, 2 VNNI, 3 AMX)
 AVAILABLE = [1] + ([2] if int8.has_vnni() else []) + ([3] if qint8.has_amx() else [])
 
+
+def _cpu_flag(name):
+    try:
+        with open("/proc/cpuinfo") as f:
+            return name in f.read().split()
+    except OSError:
+        return False
+
+
+VBMI = _cpu_flag("avx512vbmi")
+
 SHAPES = {  # name: (x shape, Co, KH, KW, groups, stride, padding, dilation)
     "k_past_64": ((1, 9, 11, 13), 37, 3, 3, 1, (1, 1), (1, 1), (1, 1)),      # K = 81
     "pointwise_direct": ((2, 70, 6, 7), 45, 1, 1, 1, (1, 1), (0, 0), (1, 1)),
@@ -84,6 +95,8 @@ DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
     "s2": ((2, 24, 23, 21), 3, 3, (2, 2), (1, 1), (1, 1)),
     "s2_5x5_dilated": ((1, 18, 20, 40), 5, 5, (2, 2), (4, 2), (2, 1)),
     "s1_rect_unpadded": ((1, 7, 9, 50), 1, 4, (3, 1), (0, 0), (1, 3)),
+    "s1_7x7": ((1, 6, 15, 37), 7, 7, (1, 1), (3, 3), (1, 1)),                # 2 chunks of 4 taps
+    "s2_wide_dilation": ((1, 4, 9, 60), 2, 3, (1, 2), (1, 12), (1, 12)),     # 15*2 + 3*12 >= 64
     "s3_scalar": ((1, 5, 13, 13), 3, 3, (3, 3), (1, 1), (1, 1)),
 }
 
@@ -105,15 +118,20 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
     relu = out != "qint8"
     want = _reference(x, 250, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
                       out_zp, relu)
-    for path in (0, 1):
+    for path in (0, 1, 2, 3):
         got = int8.conv2d(x, 0.04, 250, weight, None if out == "float32" else 0.07, out_zp,
                           out, relu, stride, padding, dilation, x_dtype="quint8", path=path)
         np.testing.assert_array_equal(got, want)
-    # the kernel that ran: the vector one for strides 1 and 2 where the CPU has AVX-512
-    o = np.empty(want.shape, want.dtype)
+    # the kernel that ran, each forced: vector ones for strides 1 and 2 where the
+    # CPU has AVX-512 VNNI (3: vpermb + vpdpbusd where it also has VBMI)
     mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
-    lo = (0 if relu else -1) if out == "float32" else (out_zp if relu else np.iinfo(o.dtype).min)
-    used = qint8.dwconv(x, 250, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult, out_zp,
-                        lo, np.iinfo(o.dtype).max if out != "float32" else 0, o)
-    assert used == (2 if int8.has_vnni() and stride[1] in (1, 2) else 1)
-    np.testing.assert_array_equal(o, want)
+    for path in (0, 1, 2):
+        o = np.empty(want.shape, want.dtype)
+        lo = ((0 if relu else -1) if out == "float32"
+              else (out_zp if relu else np.iinfo(o.dtype).min))
+        used = qint8.dwconv(x, 250, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult,
+                            out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
+        vector = int8.has_vnni() and stride[1] in (1, 2)
+        vbmi = VBMI and 15 * stride[1] + 3 * dilation[1] < 64
+        assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
+        np.testing.assert_array_equal(o, want)

@@ -569,24 +569,68 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
 }
 #endif
 
+/* one plane with VNNI and VBMI: each int32 lane (output pixel t) gathers
+ * its four input bytes t SW + q DW (q = 0..3) of a kernel row from one
+ * 64-byte load by vpermb, and vpdpbusd adds their products with four taps
+ * (zeros past KW): one permute and one dot per 4 taps, where the vpmaddwd
+ * kernel spends a load, a multiply and an add per tap. For SW <= 2 and
+ * 15 SW + 3 DW < 64; taps: [KH][ceil(KW / 4)] int32, 4 weights each. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t KH,
+                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                          int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    int64_t KC = cdiv(KW, 4);
+    uint8_t ix[64];
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++)
+            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    __m512i idx = _mm512_loadu_si512(ix);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += QC_P) {
+            __m512i acc = _mm512_setzero_si512();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t c = 0; c < KC; c++) {
+                    __m512i v = _mm512_loadu_si512(row + c * 4 * DW);
+                    acc = _mm512_dpbusd_epi32(acc, _mm512_permutexvar_epi8(idx, v),
+                                              _mm512_set1_epi32(taps[i * KC + c]));
+                }
+            }
+            int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+
+static int has_vbmi(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+}
+
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
- * with the vector kernel: strides 1 and 2 across, any other geometry.
- * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]).
- * Returns 1 when done, 0 when this kernel does not apply (no AVX-512 here,
- * another horizontal stride, out of memory): the caller runs the scalar one. */
+ * with the vector kernels: strides 1 and 2 across, any other geometry.
+ * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]); path 2
+ * keeps to the vpmaddwd kernel, other paths take the VBMI one where it
+ * applies. Returns the kernel used (2 vpmaddwd, 3 VBMI), 0 when neither
+ * applies (no AVX-512 VNNI here, another horizontal stride, out of
+ * memory): the caller runs the scalar one. */
 int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
                         int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
-                        int32_t lo, int32_t hi, int out_u8, void *out)
+                        int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
 #ifdef MT_QC_VNNI
     if (!mt_qgemm_has_vnni() || (SW != 1 && SW != 2))
         return 0;
     int64_t HP = H + 2 * PH;
-    /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW, 32
-     * bytes at a time for stride 2 */
-    int64_t WP = W + 2 * PW, need = cdiv(OW, QC_P) * QC_P * SW + (KW - 1) * DW + 32;
+    int vbmi = path != 2 && has_vbmi() && 15 * SW + 3 * DW < 64 && KH * cdiv(KW, 4) <= 256;
+    int64_t KC = cdiv(KW, 4);
+    /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW,
+     * 32 bytes at a time for stride 2, or 64 from each 4-tap chunk (vbmi) */
+    int64_t WP = W + 2 * PW, need = cdiv(OW, QC_P) * QC_P * SW + KC * 4 * DW + 64;
     if (WP < need)
         WP = need;
     int64_t planes = NB * C;
@@ -610,17 +654,31 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
             for (int64_t t = 0; t < KH * KW; t++)
                 ws += w[c * KH * KW + t];
             double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            if (vbmi) {
+                int32_t taps[256];
+                for (int64_t i = 0; i < KH; i++)
+                    for (int64_t k = 0; k < KC; k++) {
+                        uint8_t b[4] = {0, 0, 0, 0};
+                        for (int q = 0; q < 4 && k * 4 + q < KW; q++)
+                            b[q] = (uint8_t)w[c * KH * KW + i * KW + k * 4 + q];
+                        memcpy(&taps[i * KC + k], b, 4);
+                    }
+                dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
+                              out_u8, out_zp, lo, hi, (char *)out + (size_t)(p * OH * OW) * isz);
+                continue;
+            }
             dw_plane_avx512(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
                             mult[c], out_u8, out_zp, lo, hi,
                             (char *)out + (size_t)(p * OH * OW) * isz);
         }
         free(buf);
     }
-    return !failed;
+    return failed ? 0 : vbmi ? 3 : 2;
 #else
     (void)x; (void)NB; (void)C; (void)H; (void)W; (void)a_zp; (void)w; (void)KH; (void)KW;
     (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)OH; (void)OW;
     (void)bias; (void)mult; (void)out_zp; (void)lo; (void)hi; (void)out_u8; (void)out;
+    (void)path;
     return 0;
 #endif
 }
