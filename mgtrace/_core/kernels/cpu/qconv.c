@@ -647,9 +647,15 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                 continue;
             int64_t c = p % C;
             const uint8_t *xs = x + p * H * W;
-            memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
-            for (int64_t h = 0; h < H; h++)
-                memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
+            /* the border only: the image rows are written over */
+            memset(buf, (int)(uint8_t)a_zp, (size_t)(PH * WP));
+            for (int64_t h = 0; h < H; h++) {
+                uint8_t *r = buf + (h + PH) * WP;
+                memset(r, (int)(uint8_t)a_zp, (size_t)PW);
+                memcpy(r + PW, xs + h * W, (size_t)W);
+                memset(r + PW + W, (int)(uint8_t)a_zp, (size_t)(WP - PW - W));
+            }
+            memset(buf + (PH + H) * WP, (int)(uint8_t)a_zp, (size_t)((HP - PH - H) * WP));
             int32_t ws = 0;
             for (int64_t t = 0; t < KH * KW; t++)
                 ws += w[c * KH * KW + t];
