@@ -1,7 +1,8 @@
 """Int8 inference kernels: linear and conv2d on quantized integers with
 int32 accumulation and a fused requantize + bias + ReLU epilogue
 (``mgtrace._core.qint8``: AVX-512 VNNI ``vpdpbusd`` where the CPU has it,
-portable C otherwise, chosen at run time; both give the same bits).
+AMX ``tdpbsud`` for dense convs where it has that too, portable C otherwise,
+chosen at run time; all give the same bits).
 
 The arithmetic, exactly (the NumPy reference in the tests is this)::
 
@@ -18,8 +19,8 @@ and ReLU as ``qmin = max(qmin, y_zp)``. Weights are signed and symmetric
 in float64 then rounded once to float32.
 
 Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
-NumPy arrays. The quantized tensor type of the core, and modules that use
-these kernels (``mgtrace.module.quantized``), are not there yet.
+NumPy arrays. The quantized modules (``mgtrace.module.quantized``) run
+these kernels on QuantizedTensors.
 """
 import numpy as np
 
@@ -217,7 +218,11 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     [N, C_out, OH, OW]; ``weight`` an :class:`Int8Weight` of shape [C_out,
     C_in / groups, KH, KW] (its ``groups``: dense, grouped or depthwise).
     Padding reads the input's zero point (a real 0). Other arguments as
-    :func:`linear`; stride, padding, dilation ints or pairs.
+    :func:`linear`; stride, padding, dilation ints or pairs. ``path``: 0
+    the best kernel here, 1 the portable C ones, 2 AVX-512 VNNI (depthwise:
+    its vpmaddwd kernel), 3 AMX (depthwise: vpermb + vpdpbusd, VBMI), each
+    where the CPU has it, else the next below; every path gives the same
+    bits (kernels/cpu/qconv.c).
     """
     x = _array(x_q, "x_q")
     meta_in = quant_dtype(x_dtype or ("quint8" if x.dtype == np.uint8 else "qint8"))
