@@ -225,13 +225,53 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     bits (kernels/cpu/qconv.c).
     """
     x = _array(x_q, "x_q")
-    meta_in = quant_dtype(x_dtype or ("quint8" if x.dtype == np.uint8 else "qint8"))
-    if x.ndim != 4 or len(weight.shape) != 4:
-        raise QuantizationError(f"conv2d takes x [N, C, H, W] and a 4-d weight, got {x.shape} "
-                                f"and {weight.shape}")
+    plan = _conv2d_plan(x.shape, x.dtype, x_scale, x_zp, weight, out_scale, out_zp, out_dtype,
+                       relu, stride, padding, dilation, x_dtype, path)
+    out = alloc(plan.out_shape, plan.out_dtype)
+    plan(x, out)
+    return out
+
+
+class _ConvPlan:
+    """One int8 conv2d's checked arguments (:func:`_conv2d_plan`)."""
+
+    def __init__(self, kern_args, depthwise, signed, out_shape, out_dtype, x_shape, x_dtype):
+        self.kern = _kernels().dwconv if depthwise else _kernels().conv
+        self.args = kern_args
+        self.signed = signed
+        self.out_shape, self.out_dtype = out_shape, out_dtype
+        self.x_shape, self.x_dtype = x_shape, x_dtype
+
+    def __call__(self, x, out):
+        """Run on x (int8/uint8 of the planned shape) into out (a C-contiguous
+        array of ``out_shape`` and ``out_dtype``)."""
+        if x.shape != self.x_shape or x.dtype != self.x_dtype:
+            raise QuantizationError(f"conv2d planned for {self.x_dtype} {self.x_shape}, got "
+                                    f"{x.dtype} {x.shape}")
+        a = np.ascontiguousarray(x)
+        if self.signed:         # the same integers as uint8 with the zero point 128
+            a = a.view(np.uint8) ^ np.uint8(0x80)
+        a0, rest = self.args[0], self.args[1:]
+        self.kern(a, a0, *rest[:-1], out, rest[-1])
+
+
+def _conv2d_plan(x_shape, x_np_dtype, x_scale, x_zp, weight, out_scale, out_zp=0,
+                out_dtype="qint8", relu=False, stride=1, padding=0, dilation=1, x_dtype=None,
+                path=0):
+    """:func:`conv2d`'s checks and epilogue constants done once for inputs of
+    ``x_shape`` and NumPy dtype ``x_np_dtype`` (int8 or uint8): returns a
+    callable ``plan(x_q, out)`` running the conv on such an input into a
+    C-contiguous ``out`` of ``plan.out_shape`` / ``plan.out_dtype`` (the
+    quantized modules keep one per input). Raises QuantizationError as
+    :func:`conv2d` does."""
+    x_np_dtype = np.dtype(x_np_dtype)
+    meta_in = quant_dtype(x_dtype or ("quint8" if x_np_dtype == np.uint8 else "qint8"))
+    if len(x_shape) != 4 or len(weight.shape) != 4:
+        raise QuantizationError(f"conv2d takes x [N, C, H, W] and a 4-d weight, got "
+                                f"{tuple(x_shape)} and {weight.shape}")
     co, cig, kh, kw = weight.shape
     g = weight.groups
-    nb, ci, h, w = x.shape
+    nb, ci, h, w = x_shape
     if ci != cig * g:
         raise QuantizationError(f"conv2d: {ci} input channels, the weight takes {cig} x {g} "
                                 "groups")
@@ -241,14 +281,14 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     if oh <= 0 or ow <= 0:
         raise QuantizationError(f"conv2d: output size {oh}x{ow} is empty")
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
-    a, a_zp = _as_u8(x, x_zp, meta_in)
-    out = alloc((nb, co, oh, ow), meta.np_dtype_str)
+    # _as_u8's checks on an empty array of the input's dtype
+    _, a_zp = _as_u8(np.empty(0, x_np_dtype), x_zp, meta_in)
     mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
-    kern = _kernels()
-    if weight.depthwise:         # a: C-contiguous (_as_u8)
-        kern.dwconv(a, a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw,
-                    bias, mult, int(out_zp), lo, hi, out, path)
+    if weight.depthwise:
+        args = (a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw, bias, mult, int(out_zp), lo,
+                hi, path)
     else:
-        kern.conv(a, a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw,
-                  ph, pw, dh, dw, bias, mult, int(out_zp), lo, hi, out, path)
-    return out
+        args = (a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw, ph, pw, dh, dw, bias, mult,
+                int(out_zp), lo, hi, path)
+    return _ConvPlan(args, weight.depthwise, meta_in.name != "quint8", (nb, co, oh, ow),
+                     meta.np_dtype_str, tuple(x_shape), x_np_dtype)

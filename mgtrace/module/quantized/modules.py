@@ -294,11 +294,21 @@ class Conv2d(_Weighted):
 
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
-        o_s, o_zp, o_dt = self.out_args
+        weight = self._packed_weight(self.groups)
+        # the checked call for this input (int8._conv2d_plan), kept while the
+        # input's shape and qparams, the weight, act_qparams and relu stay
+        key = (data.shape, data.dtype, s, zp, name, self.relu, self.stride, self.padding,
+               self.dilation)
+        held = self.__dict__.get("_plan")
+        if held is None or held[0] != key or held[1] is not weight or \
+                held[2] is not self.act_qparams:
+            o_s, o_zp, o_dt = self.out_args
+            plan = int8._conv2d_plan(data.shape, data.dtype, s, zp, weight, o_s, o_zp, o_dt,
+                                    self.relu, self.stride, self.padding, self.dilation, name)
+            self.__dict__["_plan"] = held = (key, weight, self.act_qparams, plan)
+        plan = held[3]
         holder, alloc = self._new_output()
-        int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
-                    self.relu, self.stride, self.padding, self.dilation, x_dtype=name,
-                    alloc=alloc)
+        plan(data, alloc(plan.out_shape, plan.out_dtype))
         return holder[0]
 
     @classmethod
