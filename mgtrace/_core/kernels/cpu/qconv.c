@@ -603,6 +603,31 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
         }
 }
 
+/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
+ * fills and masked copies (a small plane's rows are a few bytes: libc's
+ * memset / memcpy calls per row cost more than the kernel) */
+__attribute__((target("avx512f,avx512bw")))
+static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
+                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
+{
+    __m512i z = _mm512_set1_epi8((char)zp);
+    for (int64_t r = 0; r < HP; r++) {
+        uint8_t *d = buf + r * WP;
+        for (int64_t at = 0; at < WP; at += 64) {
+            int64_t n = WP - at < 64 ? WP - at : 64;
+            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
+        }
+        int64_t h = r - PH;
+        if (h < 0 || h >= H)
+            continue;
+        for (int64_t at = 0; at < W; at += 64) {
+            int64_t n = W - at < 64 ? W - at : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
+        }
+    }
+}
+
 static int has_vbmi(void)
 {
     __builtin_cpu_init();
@@ -647,15 +672,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                 continue;
             int64_t c = p % C;
             const uint8_t *xs = x + p * H * W;
-            /* the border only: the image rows are written over */
-            memset(buf, (int)(uint8_t)a_zp, (size_t)(PH * WP));
-            for (int64_t h = 0; h < H; h++) {
-                uint8_t *r = buf + (h + PH) * WP;
-                memset(r, (int)(uint8_t)a_zp, (size_t)PW);
-                memcpy(r + PW, xs + h * W, (size_t)W);
-                memset(r + PW + W, (int)(uint8_t)a_zp, (size_t)(WP - PW - W));
-            }
-            memset(buf + (PH + H) * WP, (int)(uint8_t)a_zp, (size_t)((HP - PH - H) * WP));
+            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
             int32_t ws = 0;
             for (int64_t t = 0; t < KH * KW; t++)
                 ws += w[c * KH * KW + t];
