@@ -80,8 +80,9 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
 /* n (<= 16) consecutive outputs out[at..] of one channel from the int32
  * dots in `dot`: put1's arithmetic eight lanes of double at a time */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-static void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult,
-                  int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+static inline __attribute__((always_inline))
+void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, int out_u8,
+           int32_t out_zp, int32_t lo, int32_t hi)
 {
     __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
     __m512d c = _mm512_set1_pd(corr), k = _mm512_set1_pd(mult);
