@@ -8,6 +8,7 @@ from mgtrace.module.module import Module
 from mgtrace.quantization import int8
 from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize, is_quantized, qparams_of,
                                           quantize)
+from mgtrace.quantization import qdtype as _qdtype
 from mgtrace.quantization.qdtype import dtype_of_qparams
 from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
 
@@ -145,7 +146,13 @@ class QuantStub(QuantizedModule):
         return {"act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, x):
-        return quantize(x, self.act_qparams)
+        dt = self._act_dtype() if type(x) is Tensor else None
+        if dt is None:
+            return quantize(x, self.act_qparams)
+        # quantize()'s per-tensor path with the core dtype kept (_act_dtype)
+        t = _qdtype.quantize(x, dt, out=QuantizedTensor)
+        t.__dict__["qparams"] = self.act_qparams
+        return t
 
     @classmethod
     def from_qat_module(cls, qat):
