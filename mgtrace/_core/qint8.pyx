@@ -41,6 +41,9 @@ cdef extern from *:
                             int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out,
                             int path);
     int mt_qconv_has_amx(void);
+    int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
+                   float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
+                   void *out, int ok, int path);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
                       int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
@@ -82,6 +85,9 @@ cdef extern from *:
                       const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
                       int32_t hi, int out_u8, void *out, int path) nogil
     int mt_qconv_has_amx() nogil
+    int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
+                   float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
+                   void *out, int ok, int path) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -311,4 +317,31 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
                              cnp.PyArray_DATA(out), path)
     if used == 0:
         raise MemoryError("conv: out of memory for the int8 convolution's buffers")
+    return used
+
+
+def add_into(Tensor a, Tensor b, Tensor out, float a_scale, float a_zp, float b_scale,
+             float b_zp, float out_scale, float out_zp, float qmin, float qmax, bint relu,
+             int path=0):
+    """out[i] = clamp(rint(v / out_scale) + out_zp, qmin, qmax) with v =
+    (a[i] - a_zp) * a_scale + (b[i] - b_zp) * b_scale (then max(v, 0) for
+    relu), every step in float32 as the quantized Elemwise's dequantize /
+    add / quantize passes compute it (qelemwise.c). a, b, out: contiguous
+    CPU tensors of int8 or uint8 storage and one size. path 0: AVX-512
+    where the CPU has it; 1: portable C (same bits). Returns the path used
+    (1 portable, 2 AVX-512)."""
+    _check(a, "a")
+    _check(b, "b")
+    _check(out, "out")
+    if numel(a) != numel(out) or numel(b) != numel(out):
+        raise ValueError("add_into takes a, b and out of one size")
+    cdef int ak = _kind(a), bk = _kind(b), ok = _kind(out)
+    if ak == 2 or bk == 2 or ok == 2:
+        raise ValueError("add_into takes int8 or uint8 storage")
+    cdef int64_t n = numel(out)
+    cdef int used
+    with nogil:
+        used = mt_qadd_u8(<const void *>a._data, ak, a_scale, a_zp, <const void *>b._data, bk,
+                          b_scale, b_zp, n, out_scale, out_zp, qmin, qmax, relu,
+                          <void *>out._data, ok, path)
     return used

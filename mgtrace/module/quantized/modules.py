@@ -358,6 +358,15 @@ class ConvBnRelu2d(ConvBn2d):
     relu = True
 
 
+# the Elemwise methods that run on the integers: method -> fused ReLU
+_INT_ADD = {"add": False, "fuse_add_relu": True}
+
+
+def _qint8():
+    from mgtrace._core import qint8
+    return qint8
+
+
 class Elemwise(QuantizedModule):
     """MegEngine's quantized Elemwise: the float method of
     :class:`mgtrace.module.Elemwise` on the dequantized inputs, the result
@@ -374,8 +383,40 @@ class Elemwise(QuantizedModule):
         return {"method": self.method, "act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, *inps):
+        relu = _INT_ADD.get(self.method.lower())
+        if relu is not None and len(inps) == 2:
+            out = self._add_on_integers(inps[0], inps[1], relu)
+            if out is not None:
+                return out
         xs = [dequantize(x) if is_quantized(x) else x for x in inps]
         return quantize(self.float_op(*xs), self.act_qparams)
+
+    def _add_on_integers(self, a, b, relu):
+        """``add`` / ``fuse_add_relu`` of two per-tensor quantized CPU
+        tensors of one shape in one C pass (qelemwise.c), the same bits as
+        the dequantize / add / quantize passes; None where that does not
+        apply (broadcasting, per-channel qparams, another device, 4-bit or
+        int32 storage), and the float path runs."""
+        out_dt = self._act_dtype() if self.act_qparams is not None else None
+        if out_dt is None or not isinstance(a, Tensor) or not isinstance(b, Tensor):
+            return None
+        if a.shape != b.shape or a.device.type != "cpu" or b.device.type != "cpu" or \
+                not a.is_contiguous or not b.is_contiguous:
+            return None
+        da, db = a._qdtype, b._qdtype
+        if da is None or db is None:
+            return None
+        metas = [_qdtype.quantized_meta(d) for d in (da, db, out_dt)]
+        if any(m.np_dtype_str not in ("int8", "uint8") for m in metas):
+            return None
+        holder, alloc = self._new_output()
+        alloc(tuple(a.shape), metas[2].np_dtype_str)
+        _qint8().add_into(a, b, holder[0], _qdtype.get_scale(da),
+                          float(_qdtype.get_zero_point(da)), _qdtype.get_scale(db),
+                          float(_qdtype.get_zero_point(db)), _qdtype.get_scale(out_dt),
+                          float(_qdtype.get_zero_point(out_dt)), float(metas[2].qmin),
+                          float(metas[2].qmax), relu)
+        return holder[0]
 
     @classmethod
     def from_qat_module(cls, qat):
