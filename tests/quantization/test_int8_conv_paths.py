@@ -34,6 +34,10 @@ SHAPES = {  # name: (x shape, Co, KH, KW, groups, stride, padding, dilation)
     "wide_stem": ((1, 3, 30, 30), 20, 7, 7, 1, (2, 2), (3, 3), (1, 1)),      # K = 147
     "grouped_dilated": ((1, 40, 12, 12), 36, 3, 3, 4, (1, 2), (2, 1), (2, 1)),
     "deep_few_pixels": ((1, 80, 3, 3), 70, 3, 3, 1, (1, 1), (1, 1), (1, 1)),  # K = 720
+    # 16-pixel blocks over 2-4 output rows (7 and 14 wide, stride 1 and 2)
+    "rows_of_7": ((2, 20, 9, 7), 40, 3, 3, 1, (1, 1), (1, 1), (1, 1)),
+    "rows_of_14_strided": ((1, 24, 30, 28), 33, 3, 3, 1, (2, 2), (1, 1), (1, 1)),
+    "rows_of_5": ((1, 16, 11, 5), 8, 3, 3, 1, (1, 1), (1, 1), (1, 1)),       # over 4: per byte
 }
 
 

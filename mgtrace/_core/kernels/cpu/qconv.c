@@ -154,22 +154,59 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
             int64_t p = p0 + (t < np ? t : 0);
             poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
         }
-        int row = np == QC_P && p0 % OW + QC_P <= OW;      /* one output row */
+        /* the block's runs of pixels within one output row: lane t of run u
+         * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
+         * vector path (a 16-pixel block over rows of 7 or more) */
+        int64_t soff[4];
+        int runs = 0, t0[5];
+        if (np == QC_P)
+            for (int64_t t = 0; t < QC_P && runs <= 4; t++)
+                if (t == 0 || poff[t] != poff[t - 1] + SW) {
+                    if (runs < 4) {
+                        t0[runs] = (int)t;
+                        soff[runs] = poff[t] - t * SW;
+                    }
+                    runs++;
+                }
+        int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
+#if defined(__SSE2__)
+        __m128i lanes[4];           /* each run's lanes */
+        if (vec && runs > 1) {
+            t0[runs] = QC_P;
+            __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            for (int u = 0; u < runs; u++)
+                lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
+                                         _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
+        }
+#endif
         for (int64_t kq = 0; kq < KQ; kq++) {
             uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
 #if defined(__SSE2__)
-            if (row && (SW == 1 || SW == 2) && kq * 4 + 4 <= K) {
-                __m128i r[4];
+            if (vec && kq * 4 + 4 <= K) {
+                __m128i r[4], m = _mm_set1_epi16(0xFF);
                 for (int q = 0; q < 4; q++) {
-                    const uint8_t *s = xp + koff[kq * 4 + q] + poff[0];
-                    if (SW == 1) {
-                        r[q] = _mm_loadu_si128((const __m128i *)s);
-                    } else {
-                        __m128i m = _mm_set1_epi16(0xFF);
-                        r[q] = _mm_packus_epi16(
-                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
-                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    const uint8_t *base = xp + koff[kq * 4 + q];
+                    if (runs == 1) {
+                        const uint8_t *s = base + soff[0];
+                        r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                            : _mm_packus_epi16(
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                        continue;
                     }
+                    /* reads before a run's first lane land in the row above or
+                     * in the packed buffer before xp (inside the scratch) and
+                     * are masked away */
+                    __m128i acc = _mm_setzero_si128();
+                    for (int u = 0; u < runs; u++) {
+                        const uint8_t *s = base + soff[u];
+                        __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                            : _mm_packus_epi16(
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                        acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
+                    }
+                    r[q] = acc;
                 }
                 __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
                 __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
