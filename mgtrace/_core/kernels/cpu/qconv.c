@@ -605,7 +605,6 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
             put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
 }
-#endif
 
 /* one plane with VNNI and VBMI: each int32 lane (output pixel t) gathers
  * its four input bytes t SW + q DW (q = 0..3) of a kernel row from one
@@ -671,6 +670,8 @@ static int has_vbmi(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vbmi");
 }
+
+#endif
 
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
  * with the vector kernels: strides 1 and 2 across, any other geometry.
