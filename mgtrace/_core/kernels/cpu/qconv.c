@@ -117,13 +117,12 @@ void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, 
 /* ---- dense / grouped ---------------------------------------------------- */
 
 /* x: uint8 [C, H, W] (one image, one group's channels) -> xp [C][HP][WP],
- * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW);
- * shares the planes among the threads of the enclosing parallel region */
+ * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW) */
 static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t PH,
                        int64_t PW, uint8_t pad, uint8_t *xp)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-#pragma omp for schedule(static)
+#pragma omp parallel for schedule(static) if (C * HP * WP > (1 << 18))
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
         memset(d, pad, (size_t)(PH * WP));
@@ -137,17 +136,18 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
     }
 }
 
-/* the im2col of the padded planes xp straight into blocks pb0..pb1 - 1 of packed [PB][KQ][16][4]
+/* the im2col of the padded planes xp straight into packed [PB][KQ][16][4]
  * (zeros past K and P): k = (c, i, j) reads xp at koff[k] = c HP WP + i DH WP
  * + j DW, output pixel (oh, ow) adds oh SH WP + ow SW. Sixteen pixels of
  * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
  * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
  * blocks across two output rows or other strides gather byte by byte. */
 static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
-                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t pb0,
-                        int64_t pb1, uint8_t *packed)
+                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
+                        uint8_t *packed)
 {
-    for (int64_t pb = pb0; pb < pb1; pb++) {
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         int64_t poff[QC_P];
         for (int64_t t = 0; t < QC_P; t++) {
@@ -227,12 +227,12 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
     }
 }
 
-/* rows [K, P] (row stride ld) -> blocks pb0..pb1 - 1 of packed [PB][KQ][16][4],
- * zeros past K and P */
+/* rows [K, P] (row stride ld) -> packed [PB][KQ][16][4], zeros past K and P */
 static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
-                      int64_t pb0, int64_t pb1, uint8_t *packed)
+                      int64_t PB, uint8_t *packed)
 {
-    for (int64_t pb = pb0; pb < pb1; pb++) {
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         for (int64_t kq = 0; kq < KQ; kq++) {
             uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
@@ -417,64 +417,6 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
 }
 #endif
 
-/* one call's fixed arguments, for conv_tile */
-typedef struct {
-    const uint8_t *packed;
-    int64_t KQ, PB, P;
-    const int8_t *wrows;
-    int64_t lw;
-    const int8_t *zero;
-    const double *corr, *mult;
-    void *out;
-    size_t isz;
-    int out_u8;
-    int32_t out_zp, lo, hi;
-    int64_t Co, Cog;
-    int vnni, amx;
-} qc_conv;
-
-/* the tile of image n, group g, pixel blocks pb and pb + 1, channel block
- * cb of the group (32 channels on AMX, 4 otherwise) */
-static void conv_tile(const qc_conv *cv, int64_t n, int64_t g, int64_t pb, int64_t cb)
-{
-    int64_t Cog = cv->Cog, end = (g + 1) * Cog;
-#ifdef MT_QC_AMX
-    if (cv->amx) {
-        int64_t c0 = g * Cog + cb * 32;
-        int nrows = (int)(end - c0 < 32 ? end - c0 : 32);
-        void *o[32];
-        for (int r = 0; r < nrows; r++)
-            o[r] = (char *)cv->out + (size_t)((n * cv->Co + c0 + r) * cv->P) * cv->isz;
-        qc_tile t = {cv->packed, cv->KQ, cv->PB, cv->P, NULL, NULL, NULL, NULL, cv->out_u8,
-                     cv->out_zp, cv->lo, cv->hi};
-        tile_amx(&t, cv->wrows + c0 * cv->lw, cv->lw, pb, nrows, o, cv->corr + c0,
-                 cv->mult + c0);
-        return;
-    }
-#endif
-    int64_t c0 = g * Cog + cb * 4;
-    const int8_t *w[4];
-    void *o[4];
-    double cr[4], mu[4];
-    for (int r = 0; r < 4; r++) {
-        int64_t c = c0 + r;
-        int in = c < end;
-        w[r] = in ? cv->wrows + c * cv->lw : cv->zero;
-        o[r] = in ? (char *)cv->out + (size_t)((n * cv->Co + c) * cv->P) * cv->isz : NULL;
-        cr[r] = in ? cv->corr[c] : 0;
-        mu[r] = in ? cv->mult[c] : 0;
-    }
-    qc_tile t = {cv->packed, cv->KQ, cv->PB, cv->P, w, o, cr, mu, cv->out_u8, cv->out_zp,
-                 cv->lo, cv->hi};
-#ifdef MT_QC_VNNI
-    if (cv->vnni) {
-        tile_vnni(&t, pb);
-        return;
-    }
-#endif
-    tile_portable(&t, pb);
-}
-
 /* 1 where mt_qconv_u8s8's path 0 runs on AMX here */
 int mt_qconv_has_amx(void)
 {
@@ -557,55 +499,65 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     for (int64_t c = 0; c < Co; c++)
         corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
-    if (!direct)
-        memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
-    qc_conv cv = {packed, KQ, PB, P, wrows, lw, zero, corr, mult, out, isz, out_u8, out_zp,
-                  lo, hi, Co, Cog, vnni, amx};
-    int64_t CBt = amx ? cdiv(Cog, 32) : CB;        /* channel blocks of one tile */
-    /* one parallel region per call: each thread packs the pixel pairs it
-     * then multiplies (no barrier between), or, channels outer, all pack
-     * and then all multiply */
-#pragma omp parallel if (NB * Co * P * K > (1 << 18) && (PP > 1 || CBt > 1))
-    {
-#ifdef MT_QC_AMX
-        if (amx)
-            amx_begin();
-#endif
-        for (int64_t n = 0; n < NB; n++)
-            for (int64_t g = 0; g < G; g++) {
-                const uint8_t *src = x + (n * C + g * Cg) * H * W;
-                if (!direct)
-                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);   /* barrier */
-                if (!wmajor) {
-#pragma omp for schedule(static)
-                    for (int64_t pp = 0; pp < PP; pp++) {
-                        int64_t pb = pp * 2, pe = pb + 2 < PB ? pb + 2 : PB;
-                        if (direct)
-                            pack_rows(src, P, K, P, KQ, pb, pe, packed);
-                        else
-                            pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, pb, pe, packed);
-                        for (int64_t cb = 0; cb < CBt; cb++)
-                            conv_tile(&cv, n, g, pb, cb);
-                    }
-                } else {
-#pragma omp for schedule(static)
-                    for (int64_t pb = 0; pb < PB; pb++) {
-                        if (direct)
-                            pack_rows(src, P, K, P, KQ, pb, pb + 1, packed);
-                        else
-                            pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, pb, pb + 1,
-                                        packed);
-                    }
-#pragma omp for schedule(static)
-                    for (int64_t i = 0; i < PP * CBt; i++)
-                        conv_tile(&cv, n, g, (i % PP) * 2, i / PP);
-                }
+    for (int64_t n = 0; n < NB; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *src = x + (n * C + g * Cg) * H * W;
+            if (direct) {
+                pack_rows(src, P, K, P, KQ, PB, packed);
+            } else {
+                pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
+                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
             }
 #ifdef MT_QC_AMX
-        if (amx)
-            amx_end();
+            if (amx) {
+                int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
+#pragma omp parallel if (work > 1 && Cog * P * K > (1 << 18))
+                {
+                    amx_begin();
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < work; i++) {
+                        int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
+                        int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB32) * 32;
+                        int nrows = (int)((g + 1) * Cog - c0 < 32 ? (g + 1) * Cog - c0 : 32);
+                        void *o[32];
+                        for (int r = 0; r < nrows; r++)
+                            o[r] = (char *)out + (size_t)((n * Co + c0 + r) * P) * isz;
+                        qc_tile t = {packed, KQ, PB, P, NULL, NULL, NULL, NULL, out_u8, out_zp,
+                                     lo, hi};
+                        tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
+                    }
+                    amx_end();
+                }
+                continue;
+            }
 #endif
-    }
+            int64_t work = PP * CB;
+#pragma omp parallel for schedule(static) if (work > 1 && Cog * P * K > (1 << 16))
+            for (int64_t i = 0; i < work; i++) {
+                int64_t pb = (wmajor ? i % PP : i / CB) * 2;
+                int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
+                const int8_t *w[4];
+                void *o[4];
+                double cr[4], mu[4];
+                for (int r = 0; r < 4; r++) {
+                    int64_t c = c0 + r;
+                    int in = c < (g + 1) * Cog;
+                    w[r] = in ? wrows + c * lw : zero;
+                    o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
+                    cr[r] = in ? corr[c] : 0;
+                    mu[r] = in ? mult[c] : 0;
+                }
+                qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
+#ifdef MT_QC_VNNI
+                if (vnni) {
+                    tile_vnni(&t, pb);
+                    continue;
+                }
+#endif
+                tile_portable(&t, pb);
+            }
+        }
     free(zero);
     free(corr);
     free(koff);
