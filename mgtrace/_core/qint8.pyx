@@ -273,9 +273,10 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
     rows after the last channel), wsum int32 [C_out] the filters' sums, out
     [N, C_out, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
     epilogue (bias int32 [C_out] or None, mult float64 [C_out]).
-    path 0: the best here (AMX, VNNI, portable C); 1 portable C; 2 VNNI;
-    3 AMX (each where available, else the next below); all give the same
-    bits. Returns the path used (1 portable, 2 VNNI, 3 AMX)."""
+    path 0: the best here (AMX, VNNI, AVX2, portable C); 1 portable C; 2
+    VNNI; 3 AMX; 4 AVX2 (each where available, else the next in that
+    order); all give the same bits. Returns the path used (1 portable, 2
+    VNNI, 3 AMX, 4 AVX2)."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("conv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]

@@ -1,5 +1,5 @@
 """The int8 conv kernels of cpu/qconv.c on each path forced (issue 32): the
-portable C one, AVX-512 VNNI and AMX where this CPU has them, bitwise equal
+portable C one, AVX2, AVX-512 VNNI and AMX where this CPU has them, bitwise equal
 to each other and to the NumPy integer reference, on the shapes that reach
 each kernel's edges: K past a 64-k tile step and not a multiple of 4,
 channel counts not a multiple of 4 or 32, pixel counts not a multiple of
@@ -67,7 +67,7 @@ def _reference(x, x_zp, w, ws, bias, g, stride, padding, dilation, x_scale, out,
     return ref_requant(acc, mult[None, :, None, None], out_zp, lo, info.max, dt)
 
 
-@pytest.mark.parametrize("path", [1, 2, 3])
+@pytest.mark.parametrize("path", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", sorted(SHAPES))
 @pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
 def test_each_path_matches_numpy(name, path, out):
@@ -83,7 +83,7 @@ def test_each_path_matches_numpy(name, path, out):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("path", [1, 2, 3])
+@pytest.mark.parametrize("path", [1, 2, 3, 4])
 def test_the_path_used_is_the_one_asked_where_available(path):
     x, w, ws, bias, g, stride, padding, dilation = _case("k_past_64", 0)
     weight = int8.Int8Weight(w, ws, bias, groups=g)
@@ -91,7 +91,10 @@ def test_the_path_used_is_the_one_asked_where_available(path):
     mult, b = weight._epilogue(None, 0.04, 0.07)
     used = qint8.conv(x, 3, weight.rows, weight.wsum, 1, 3, 3, 1, 1, 1, 1, 1, 1, b, mult, 0, 0,
                       255, out, path)
-    assert used == max(p for p in AVAILABLE if p <= path)
+    if path == 4:               # AVX2 (vpmaddwd) where the CPU has it, else portable C
+        assert used == (4 if _cpu_flag("avx2") else 1)
+    else:
+        assert used == max(p for p in AVAILABLE if p <= path)
 
 
 DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)

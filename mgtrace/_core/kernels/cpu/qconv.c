@@ -23,8 +23,9 @@
  *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
  * where dot = sum x * w over the padded input (padding is a_zp, whose
  * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
+ * AVX2 (the bytes widened to int16, vpmaddwd) where it has only that,
  * portable C otherwise or when asked (path 1); the integers and the double
- * arithmetic are the same on both, so the bits are. Where the CPU has AMX
+ * arithmetic are the same on all, so the bits are. Where the CPU has AMX
  * (Sapphire Rapids and later) and Linux grants the tile state, dense convs
  * run on it instead: tdpbsud with the weight rows as the signed A tile
  * (16 channels x 64 k) and the packed input as the unsigned B tile (16 k/4
@@ -294,6 +295,95 @@ static void tile_portable(const qc_tile *t, int64_t pb)
 }
 
 #ifdef MT_QC_VNNI
+/* n (<= 8) consecutive outputs out[at..] of one channel from 8 int32 dots:
+ * put1's double arithmetic four lanes at a time (AVX2) */
+__attribute__((target("avx2")))
+static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, double mult,
+                      int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+{
+    __m256d c = _mm256_set1_pd(corr), k = _mm256_set1_pd(mult);
+    __m256d d0 = _mm256_mul_pd(_mm256_sub_pd(
+        _mm256_cvtepi32_pd(_mm256_castsi256_si128(dot)), c), k);
+    __m256d d1 = _mm256_mul_pd(_mm256_sub_pd(
+        _mm256_cvtepi32_pd(_mm256_extracti128_si256(dot, 1)), c), k);
+    if (out_u8 == 2) {
+        if (lo == 0) {
+            d0 = _mm256_max_pd(d0, _mm256_setzero_pd());
+            d1 = _mm256_max_pd(d1, _mm256_setzero_pd());
+        }
+        float f[8];
+        _mm_storeu_ps(f, _mm256_cvtpd_ps(d0));
+        _mm_storeu_ps(f + 4, _mm256_cvtpd_ps(d1));
+        memcpy((float *)out + at, f, (size_t)n * sizeof(float));
+        return;
+    }
+    __m256d z = _mm256_set1_pd((double)out_zp), l = _mm256_set1_pd((double)lo),
+            h = _mm256_set1_pd((double)hi);
+    d0 = _mm256_add_pd(_mm256_round_pd(d0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d1 = _mm256_add_pd(_mm256_round_pd(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d0 = _mm256_min_pd(_mm256_max_pd(d0, l), h);
+    d1 = _mm256_min_pd(_mm256_max_pd(d1, l), h);
+    int32_t v[8];
+    _mm_storeu_si128((__m128i *)v, _mm256_cvtpd_epi32(d0));
+    _mm_storeu_si128((__m128i *)(v + 4), _mm256_cvtpd_epi32(d1));
+    for (int i = 0; i < n; i++) {       /* in range after the clamp */
+        if (out_u8)
+            ((uint8_t *)out)[at + i] = (uint8_t)v[i];
+        else
+            ((int8_t *)out)[at + i] = (int8_t)v[i];
+    }
+}
+
+/* 4 channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
+ * AVX-512 VNNI): the packed bytes widened to int16 and vpmaddwd against the
+ * channel's four taps as int16 (exact: vpmaddubsw would saturate), each
+ * pixel's two partial sums added at the end */
+__attribute__((target("avx2")))
+static void tile_avx2(const qc_tile *t, int64_t pb)
+{
+    int64_t KQ = t->KQ;
+    for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
+        const uint8_t *x = t->packed + b * KQ * (QC_P * 4);
+        int64_t p0 = b * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < 4; r++) {
+            if (!t->out[r])
+                continue;
+            __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256(),
+                    a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
+            for (int64_t kq = 0; kq < KQ; kq++) {
+                const int8_t *wk = t->w[r] + kq * 4;
+                __m256i wv = _mm256_setr_epi16(wk[0], wk[1], wk[2], wk[3], wk[0], wk[1], wk[2],
+                                               wk[3], wk[0], wk[1], wk[2], wk[3], wk[0], wk[1],
+                                               wk[2], wk[3]);
+                const uint8_t *xk = x + kq * (QC_P * 4);
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)xk)), wv));
+                a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 16))), wv));
+                a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 32))), wv));
+                a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 48))), wv));
+            }
+            /* lanes (pixel, half): hadd pairs them, the permute restores the order */
+            __m256i lo8 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a0, a1), 0xD8);
+            __m256i hi8 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a2, a3), 0xD8);
+            put8_avx2(t->out[r], p0, n < 8 ? n : 8, lo8, t->corr[r], t->mult[r], t->out_u8,
+                      t->out_zp, t->lo, t->hi);
+            if (n > 8)
+                put8_avx2(t->out[r], p0 + 8, n - 8, hi8, t->corr[r], t->mult[r], t->out_u8,
+                          t->out_zp, t->lo, t->hi);
+        }
+    }
+}
+
+static int has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 static void tile_vnni(const qc_tile *t, int64_t pb)
 {
@@ -452,9 +542,10 @@ static uint8_t *scratch(size_t n)
  *   rounded up to 64; zeros past K and in the 31 rows after the last
  *   channel), wsum[Co] the row sums; bias int32 [Co] or NULL; mult double
  *   [Co]; out [NB, Co, OH, OW] int8 (out_u8 0), uint8 (1) or float32 (2).
- * path: 0 the best here (AMX, VNNI, portable C), 1 portable C, 2 VNNI, 3 AMX
- * (each where available, else the next below). Returns the path used (1
- * portable, 2 VNNI, 3 AMX), or 0 when out of memory. */
+ * path: 0 the best here (AMX, VNNI, AVX2, portable C), 1 portable C, 2 VNNI,
+ * 3 AMX, 4 AVX2 (each where available, else the next in that order).
+ * Returns the path used (1 portable, 2 VNNI, 3 AMX, 4 AVX2), or 0 when out
+ * of memory. */
 int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                   const int8_t *wrows, int64_t lw, const int32_t *wsum, int64_t Co, int64_t G,
                   int64_t KH,
@@ -466,9 +557,10 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
     int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int vnni = 0, amx = 0;
+    int vnni = 0, amx = 0, avx2 = 0;
 #ifdef MT_QC_VNNI
-    vnni = path != 1 && mt_qgemm_has_vnni();
+    vnni = path != 1 && path != 4 && mt_qgemm_has_vnni();
+    avx2 = !vnni && path != 1 && has_avx2();
 #endif
 #ifdef MT_QC_AMX
     /* under 64 k a tile step is mostly zeros: VNNI is faster there */
@@ -554,6 +646,10 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                     tile_vnni(&t, pb);
                     continue;
                 }
+                if (avx2) {
+                    tile_avx2(&t, pb);
+                    continue;
+                }
 #endif
                 tile_portable(&t, pb);
             }
@@ -561,7 +657,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     free(zero);
     free(corr);
     free(koff);
-    return amx ? 3 : vnni ? 2 : 1;
+    return amx ? 3 : vnni ? 2 : avx2 ? 4 : 1;
 }
 
 /* ---- depthwise ---------------------------------------------------------- */
