@@ -125,14 +125,14 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
     relu = out != "qint8"
     want = _reference(x, 250, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
                       out_zp, relu)
-    for path in (0, 1, 2, 3):
+    for path in (0, 1, 2, 3, 4):
         got = int8.conv2d(x, 0.04, 250, weight, None if out == "float32" else 0.07, out_zp,
                           out, relu, stride, padding, dilation, x_dtype="quint8", path=path)
         np.testing.assert_array_equal(got, want)
     # the kernel that ran, each forced: vector ones for strides 1 and 2 where the
-    # CPU has AVX-512 VNNI (3: vpermb + vpdpbusd where it also has VBMI)
+    # CPU has AVX-512 VNNI (3: vpermb + vpdpbusd where it also has VBMI), or AVX2 (4)
     mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
-    for path in (0, 1, 2):
+    for path in (0, 1, 2, 4):
         o = np.empty(want.shape, want.dtype)
         lo = ((0 if relu else -1) if out == "float32"
               else (out_zp if relu else np.iinfo(o.dtype).min))
@@ -140,5 +140,8 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
                             out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
         vector = int8.has_vnni() and stride[1] in (1, 2)
         vbmi = VBMI and 15 * stride[1] + 3 * dilation[1] < 64
-        assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
+        if path == 4:           # the AVX2 kernel
+            assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
+        else:
+            assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)

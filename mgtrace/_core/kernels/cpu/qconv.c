@@ -767,15 +767,88 @@ static int has_vbmi(void)
     return __builtin_cpu_supports("avx512vbmi");
 }
 
+/* one plane with AVX2 alone: 8 output pixels per vector, x widened to
+ * int32 lanes (stride 2: the even bytes of 16), vpmaddwd against the
+ * broadcast tap as dw_plane_avx512 does */
+__attribute__((target("avx2")))
+static void dw_plane_avx2(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
+                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                          int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += 8) {
+            __m256i acc = _mm256_setzero_si256();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t j = 0; j < KW; j++) {
+                    const uint8_t *s = row + j * DW;
+                    __m256i xv;
+                    if (SW == 1)
+                        xv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s));
+                    else
+                        xv = _mm256_and_si256(_mm256_cvtepu8_epi16(
+                            _mm_loadu_si128((const __m128i *)s)), lo16);
+                    __m256i tap = _mm256_set1_epi32((int32_t)(uint16_t)(int16_t)w[i * KW + j]);
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(xv, tap));
+                }
+            }
+            int n = (int)(OW - ow < 8 ? OW - ow : 8);
+            put8_avx2(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+
+/* the AVX2 depthwise: planes padded with memset / memcpy (no AVX-512 here) */
+static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                       int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                       int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                       int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                       int32_t lo, int32_t hi, int out_u8, void *out)
+{
+    int64_t HP = H + 2 * PH;
+    int64_t WP = W + 2 * PW, need = cdiv(OW, 8) * 8 * SW + (KW - 1) * DW + 16;
+    if (WP < need)
+        WP = need;
+    int64_t planes = NB * C;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int failed = 0;
+#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    {
+        uint8_t *buf = malloc((size_t)(HP * WP));
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            int64_t c = p % C;
+            const uint8_t *xs = x + p * H * W;
+            memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
+            for (int64_t h = 0; h < H; h++)
+                memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
+            int32_t ws = 0;
+            for (int64_t t = 0; t < KH * KW; t++)
+                ws += w[c * KH * KW + t];
+            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            dw_plane_avx2(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
+                          mult[c], out_u8, out_zp, lo, hi,
+                          (char *)out + (size_t)(p * OH * OW) * isz);
+        }
+        free(buf);
+    }
+    return failed ? 0 : 4;
+}
 #endif
 
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
  * with the vector kernels: strides 1 and 2 across, any other geometry.
  * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]); path 2
- * keeps to the vpmaddwd kernel, other paths take the VBMI one where it
- * applies. Returns the kernel used (2 vpmaddwd, 3 VBMI), 0 when neither
- * applies (no AVX-512 VNNI here, another horizontal stride, out of
- * memory): the caller runs the scalar one. */
+ * keeps to the AVX-512 vpmaddwd kernel, 4 to the AVX2 one (which CPUs
+ * without AVX-512 VNNI run), other paths take the VBMI one where it
+ * applies. Returns the kernel used (2 vpmaddwd, 3 VBMI, 4 AVX2), 0 when
+ * none applies (no AVX2, another horizontal stride, out of memory): the
+ * caller runs the scalar one. */
 int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                         int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
@@ -783,8 +856,12 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
 #ifdef MT_QC_VNNI
-    if (!mt_qgemm_has_vnni() || (SW != 1 && SW != 2))
+    if (SW != 1 && SW != 2)
         return 0;
+    if (path == 4 || !mt_qgemm_has_vnni())
+        return has_avx2() ? dwconv_avx2(x, NB, C, H, W, a_zp, w, KH, KW, SH, SW, PH, PW, DH,
+                                        DW, OH, OW, bias, mult, out_zp, lo, hi, out_u8, out)
+                          : 0;
     int64_t HP = H + 2 * PH;
     int vbmi = path != 2 && has_vbmi() && 15 * SW + 3 * DW < 64 && KH * cdiv(KW, 4) <= 256;
     int64_t KC = cdiv(KW, 4);
