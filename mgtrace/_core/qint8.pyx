@@ -34,6 +34,22 @@ cdef extern from *:
                          int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                          int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                          int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out);
+    int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                            int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out,
+                            int path);
+    int mt_qconv_has_amx(void);
+    int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
+                   float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
+                   void *out, int ok, int path);
+    int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                      int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
+                      int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int path);
     """
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K) nogil
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
@@ -56,6 +72,22 @@ cdef extern from *:
                          int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
                          int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
                          int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out) nogil
+    int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                            int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                            int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
+                            void *out, int path) nogil
+    int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                      int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
+                      int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+                      int64_t PW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
+                      const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
+                      int32_t hi, int out_u8, void *out, int path) nogil
+    int mt_qconv_has_amx() nogil
+    int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
+                   float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
+                   void *out, int ok, int path) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -175,10 +207,16 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
 
 def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64_t SH,
            int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, object bias,
-           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out):
+           cnp.ndarray mult, int out_zp, int lo, int hi, cnp.ndarray out, int path=0):
     """Depthwise int8 conv2d: x uint8 [N, C, H, W], w int8 [C, KH * KW], out
     [N, C, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
-    epilogue (bias int32 [C] or None, mult float64 [C])."""
+    epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the best
+    kernel here: qconv.c's AVX-512 VBMI + VNNI one, or its vpmaddwd one (AVX-512
+    VNNI CPUs without VBMI), for horizontal strides 1 and 2; else the scalar
+    one (qgemm.c); 1: the scalar one; 2: the vpmaddwd one (where it applies);
+    4: the AVX2 one (which CPUs without AVX-512 VNNI run). Returns the
+    kernel used (1 scalar, 2 vpmaddwd, 3 VBMI, 4 AVX2); all give the same
+    bits."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -202,8 +240,110 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
             or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
         raise ValueError("dwconv: out's spatial size does not fit the geometry")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    cdef int done = 0
+    with nogil:
+        if path != 1:
+            done = mt_qdwconv_vec_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W,
+                                       a_zp, <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH,
+                                       SW, PH, PW, DH, DW, OH, OW, bp,
+                                       <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
+                                       out_u8, cnp.PyArray_DATA(out), path)
+    if done:
+        return done
     with nogil:
         mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
                         <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,
                         OH, OW, bp, <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi,
                         out_u8, cnp.PyArray_DATA(out))
+    return 1
+
+
+def has_amx():
+    """Whether dense int8 convs run on AMX here (the CPU has AMX-INT8 and
+    Linux lets this process use the tile state)."""
+    return bool(mt_qconv_has_amx())
+
+
+def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t groups,
+         int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+         int64_t DW, object bias, cnp.ndarray mult, int out_zp, int lo, int hi,
+         cnp.ndarray out, int path=0):
+    """Dense or grouped int8 conv2d (qconv.c), NCHW: x uint8 [N, C, H, W],
+    wrows int8 [C_out + 31, ceil(K / 64) * 64] (K = C / groups * KH * KW:
+    each output channel's filter flattened, zeros after it and in the 31
+    rows after the last channel), wsum int32 [C_out] the filters' sums, out
+    [N, C_out, OH, OW] int8, uint8 or float32 (C-contiguous), with gemm()'s
+    epilogue (bias int32 [C_out] or None, mult float64 [C_out]).
+    path 0: the best here (AMX, VNNI, AVX2, portable C); 1 portable C; 2
+    VNNI; 3 AMX; 4 AVX2 (each where available, else the next in that
+    order); all give the same bits. Returns the path used (1 portable, 2
+    VNNI, 3 AMX, 4 AVX2)."""
+    if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("conv: x must be a C-contiguous uint8 [N, C, H, W] array")
+    cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    if groups < 1 or C % groups:
+        raise ValueError("conv: the input channels do not split into the groups")
+    cdef int64_t Co = wsum.shape[0] if wsum.ndim == 1 else -1
+    cdef int64_t K = C // groups * KH * KW
+    if wsum.dtype != np.int32 or Co < 1 or Co % groups or not wsum.flags.c_contiguous:
+        raise ValueError("conv: wsum must be int32 [C_out], C_out a multiple of groups")
+    if wrows.dtype != np.int8 or wrows.ndim != 2 or wrows.shape[0] != Co + 31 \
+            or wrows.shape[1] != (K + 63) // 64 * 64 or not wrows.flags.c_contiguous:
+        raise ValueError("conv: wrows must be int8 [C_out + 31, ceil(K / 64) * 64]")
+    if mult.dtype != np.float64 or mult.ndim != 1 or mult.shape[0] != Co \
+            or not mult.flags.c_contiguous:
+        raise ValueError("conv: mult must be float64 [C_out]")
+    cdef cnp.ndarray b
+    cdef const int32_t *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.dtype != np.int32 or b.ndim != 1 or b.shape[0] != Co or not b.flags.c_contiguous:
+            raise ValueError("conv: bias must be int32 [C_out]")
+        bp = <const int32_t *>cnp.PyArray_DATA(b)
+    if out.ndim != 4 or out.shape[0] != NB or out.shape[1] != Co or not out.flags.c_contiguous \
+            or out.dtype not in (np.int8, np.uint8, np.float32):
+        raise ValueError("conv: out must be C-contiguous [N, C_out, OH, OW] int8/uint8/float32")
+    cdef int64_t OH = out.shape[2], OW = out.shape[3], lw = wrows.shape[1]
+    if KH < 1 or KW < 1 or SH < 1 or SW < 1 or DH < 1 or DW < 1 or PH < 0 or PW < 0 \
+            or OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
+            or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
+        raise ValueError("conv: out's spatial size does not fit the geometry")
+    cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
+    cdef int used
+    with nogil:
+        used = mt_qconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
+                             <const int8_t *>cnp.PyArray_DATA(wrows), lw,
+                             <const int32_t *>cnp.PyArray_DATA(wsum), Co, groups, KH, KW, SH,
+                             SW, PH, PW, DH, DW, OH, OW, bp,
+                             <const double *>cnp.PyArray_DATA(mult), out_zp, lo, hi, out_u8,
+                             cnp.PyArray_DATA(out), path)
+    if used == 0:
+        raise MemoryError("conv: out of memory for the int8 convolution's buffers")
+    return used
+
+
+def add_into(Tensor a, Tensor b, Tensor out, float a_scale, float a_zp, float b_scale,
+             float b_zp, float out_scale, float out_zp, float qmin, float qmax, bint relu,
+             int path=0):
+    """out[i] = clamp(rint(v / out_scale) + out_zp, qmin, qmax) with v =
+    (a[i] - a_zp) * a_scale + (b[i] - b_zp) * b_scale (then max(v, 0) for
+    relu), every step in float32 as the quantized Elemwise's dequantize /
+    add / quantize passes compute it (qelemwise.c). a, b, out: contiguous
+    CPU tensors of int8 or uint8 storage and one size. path 0: AVX-512
+    where the CPU has it; 1: portable C (same bits). Returns the path used
+    (1 portable, 2 AVX-512)."""
+    _check(a, "a")
+    _check(b, "b")
+    _check(out, "out")
+    if numel(a) != numel(out) or numel(b) != numel(out):
+        raise ValueError("add_into takes a, b and out of one size")
+    cdef int ak = _kind(a), bk = _kind(b), ok = _kind(out)
+    if ak == 2 or bk == 2 or ok == 2:
+        raise ValueError("add_into takes int8 or uint8 storage")
+    cdef int64_t n = numel(out)
+    cdef int used
+    with nogil:
+        used = mt_qadd_u8(<const void *>a._data, ak, a_scale, a_zp, <const void *>b._data, bk,
+                          b_scale, b_zp, n, out_scale, out_zp, qmin, qmax, relu,
+                          <void *>out._data, ok, path)
+    return used

@@ -1,7 +1,8 @@
 """Int8 inference kernels: linear and conv2d on quantized integers with
 int32 accumulation and a fused requantize + bias + ReLU epilogue
 (``mgtrace._core.qint8``: AVX-512 VNNI ``vpdpbusd`` where the CPU has it,
-portable C otherwise, chosen at run time; both give the same bits).
+AMX ``tdpbsud`` for dense convs where it has that too, portable C otherwise,
+chosen at run time; all give the same bits).
 
 The arithmetic, exactly (the NumPy reference in the tests is this)::
 
@@ -18,8 +19,8 @@ and ReLU as ``qmin = max(qmin, y_zp)``. Weights are signed and symmetric
 in float64 then rounded once to float32.
 
 Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
-NumPy arrays. The quantized tensor type of the core, and modules that use
-these kernels (``mgtrace.module.quantized``), are not there yet.
+NumPy arrays. The quantized modules (``mgtrace.module.quantized``) run
+these kernels on QuantizedTensors.
 """
 import numpy as np
 
@@ -116,13 +117,31 @@ class Int8Weight:
         # depthwise (one input channel per group, one filter each): the direct kernel
         self.depthwise = w.ndim == 4 and per == 1 and w.shape[1] == 1
         self.raw = np.ascontiguousarray(w.reshape(n, k)) if self.depthwise else None
-        self.packs = [] if self.depthwise else [_kernels().pack_weight(np.ascontiguousarray(
-            w[g * per:(g + 1) * per].reshape(per, k))) for g in range(self.groups)]
+        self.packs, self.rows, self.wsum = [], None, None
+        if w.ndim == 2:         # linear: the GEMM's blocks of 16 channels
+            self.packs = [_kernels().pack_weight(np.ascontiguousarray(w))]
+        elif not self.depthwise:
+            # conv2d (qconv.c): each channel's filter a row, k rounded up to
+            # 64 and 31 zero rows after (AMX reads 32 rows x 64 k at a time)
+            self.rows = np.zeros((n + 31, -(-k // 64) * 64), np.int8)
+            self.rows[:n, :k] = w.reshape(n, k)
+            self.wsum = w.reshape(n, k).sum(axis=1, dtype=np.int32)
+        self._epilogues = {}
 
     def _epilogue(self, g, x_scale, out_scale):
-        """(mult, bias) of group ``g``'s output channels (None: all channels)."""
+        """(mult, bias) of group ``g``'s output channels (None: all channels),
+        kept for the next call with the same scales."""
         if out_scale is None:       # float32 out
             out_scale = 1.0
+        key = (g, float(x_scale), float(out_scale))
+        hit = self._epilogues.get(key)
+        if hit is None:
+            if len(self._epilogues) > 16:
+                self._epilogues.clear()
+            hit = self._epilogues[key] = self._epilogue_of(g, x_scale, out_scale)
+        return hit
+
+    def _epilogue_of(self, g, x_scale, out_scale):
         per = self.shape[0] // self.groups
         sl = slice(None) if g is None else slice(g * per, (g + 1) * per)
         ws = self.scale[sl].astype(np.float64)
@@ -188,6 +207,8 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
 
 
 def _pair(v):
+    if isinstance(v, int):
+        return v, v
     return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
 
 
@@ -197,16 +218,60 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     [N, C_out, OH, OW]; ``weight`` an :class:`Int8Weight` of shape [C_out,
     C_in / groups, KH, KW] (its ``groups``: dense, grouped or depthwise).
     Padding reads the input's zero point (a real 0). Other arguments as
-    :func:`linear`; stride, padding, dilation ints or pairs.
+    :func:`linear`; stride, padding, dilation ints or pairs. ``path``: 0
+    the best kernel here, 1 the portable C ones, 2 AVX-512 VNNI (depthwise:
+    its vpmaddwd kernel), 3 AMX (depthwise: vpermb + vpdpbusd, VBMI), 4
+    AVX2 for dense convs, each where the CPU has it, else the next best;
+    every path gives the same bits (kernels/cpu/qconv.c).
     """
     x = _array(x_q, "x_q")
-    meta_in = quant_dtype(x_dtype or ("quint8" if x.dtype == np.uint8 else "qint8"))
-    if x.ndim != 4 or len(weight.shape) != 4:
-        raise QuantizationError(f"conv2d takes x [N, C, H, W] and a 4-d weight, got {x.shape} "
-                                f"and {weight.shape}")
+    plan = _conv2d_plan(x.shape, x.dtype, x_scale, x_zp, weight, out_scale, out_zp, out_dtype,
+                       relu, stride, padding, dilation, x_dtype, path)
+    out = alloc(plan.out_shape, plan.out_dtype)
+    plan(x, out)
+    return out
+
+
+class _ConvPlan:
+    """One int8 conv2d's checked arguments (:func:`_conv2d_plan`)."""
+
+    def __init__(self, kern_args, depthwise, signed, out_shape, out_dtype, x_shape, x_dtype):
+        self.kern = _kernels().dwconv if depthwise else _kernels().conv
+        self.args = kern_args
+        self.signed = signed
+        self.out_shape, self.out_dtype = out_shape, out_dtype
+        self.x_shape, self.x_dtype = x_shape, x_dtype
+
+    def __call__(self, x, out):
+        """Run on x (int8/uint8 of the planned shape) into out (a C-contiguous
+        array of ``out_shape`` and ``out_dtype``)."""
+        if x.shape != self.x_shape or x.dtype != self.x_dtype:
+            raise QuantizationError(f"conv2d planned for {self.x_dtype} {self.x_shape}, got "
+                                    f"{x.dtype} {x.shape}")
+        a = np.ascontiguousarray(x)
+        if self.signed:         # the same integers as uint8 with the zero point 128
+            a = a.view(np.uint8) ^ np.uint8(0x80)
+        a0, rest = self.args[0], self.args[1:]
+        self.kern(a, a0, *rest[:-1], out, rest[-1])
+
+
+def _conv2d_plan(x_shape, x_np_dtype, x_scale, x_zp, weight, out_scale, out_zp=0,
+                out_dtype="qint8", relu=False, stride=1, padding=0, dilation=1, x_dtype=None,
+                path=0):
+    """:func:`conv2d`'s checks and epilogue constants done once for inputs of
+    ``x_shape`` and NumPy dtype ``x_np_dtype`` (int8 or uint8): returns a
+    callable ``plan(x_q, out)`` running the conv on such an input into a
+    C-contiguous ``out`` of ``plan.out_shape`` / ``plan.out_dtype`` (the
+    quantized modules keep one per input). Raises QuantizationError as
+    :func:`conv2d` does."""
+    x_np_dtype = np.dtype(x_np_dtype)
+    meta_in = quant_dtype(x_dtype or ("quint8" if x_np_dtype == np.uint8 else "qint8"))
+    if len(x_shape) != 4 or len(weight.shape) != 4:
+        raise QuantizationError(f"conv2d takes x [N, C, H, W] and a 4-d weight, got "
+                                f"{tuple(x_shape)} and {weight.shape}")
     co, cig, kh, kw = weight.shape
     g = weight.groups
-    nb, ci, h, w = x.shape
+    nb, ci, h, w = x_shape
     if ci != cig * g:
         raise QuantizationError(f"conv2d: {ci} input channels, the weight takes {cig} x {g} "
                                 "groups")
@@ -216,25 +281,14 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     if oh <= 0 or ow <= 0:
         raise QuantizationError(f"conv2d: output size {oh}x{ow} is empty")
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
-    a, a_zp = _as_u8(x, x_zp, meta_in)
-    out = alloc((nb, co, oh, ow), meta.np_dtype_str)
+    # _as_u8's checks on an empty array of the input's dtype
+    _, a_zp = _as_u8(np.empty(0, x_np_dtype), x_zp, meta_in)
+    mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
     if weight.depthwise:
-        mult, bias = weight._epilogue(None, x_scale, None if meta is _Float32 else out_scale)
-        _kernels().dwconv(np.ascontiguousarray(a), a_zp, weight.raw, kh, kw, sh, sw, ph, pw,
-                          dh, dw, bias, mult, int(out_zp), lo, hi, out)
-        return out
-    per = co // g
-    epi = [weight._epilogue(gi, x_scale, None if meta is _Float32 else out_scale)
-           for gi in range(g)]
-    kern = _kernels()
-    p = oh * ow
-    for n in range(nb):
-        for gi in range(g):
-            cols = kern.im2col(np.ascontiguousarray(a[n, gi * cig:(gi + 1) * cig]), kh, kw, sh,
-                               sw, ph, pw, dh, dw, oh, ow, a_zp)
-            packed, wsum = weight.packs[gi]
-            mult, bias = epi[gi]
-            view = out[n, gi * per:(gi + 1) * per].reshape(-1)
-            kern.gemm(cols, a_zp, packed, wsum, bias, mult, int(out_zp), lo, hi, view, 1, p,
-                      path)
-    return out
+        args = (a_zp, weight.raw, kh, kw, sh, sw, ph, pw, dh, dw, bias, mult, int(out_zp), lo,
+                hi, path)
+    else:
+        args = (a_zp, weight.rows, weight.wsum, g, kh, kw, sh, sw, ph, pw, dh, dw, bias, mult,
+                int(out_zp), lo, hi, path)
+    return _ConvPlan(args, weight.depthwise, meta_in.name != "quint8", (nb, co, oh, ow),
+                     meta.np_dtype_str, tuple(x_shape), x_np_dtype)

@@ -8,6 +8,7 @@ from mgtrace.module.module import Module
 from mgtrace.quantization import int8
 from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize, is_quantized, qparams_of,
                                           quantize)
+from mgtrace.quantization import qdtype as _qdtype
 from mgtrace.quantization.qdtype import dtype_of_qparams
 from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
 
@@ -59,15 +60,25 @@ def _act(value):
     return create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
 
 
+# the last input's (qparams, (scale, zero point, dtype name)), one tuple
+# read at once (threads): consecutive layers mostly read one value's qparams
+_LAST_INPUT = [(None, None)]
+
+
 def _input(x, who):
     q = qparams_of(x) if is_quantized(x) else None
     if q is None:
         raise QuantizationError(f"{who} takes a QuantizedTensor (put a QuantStub before it), "
                                 f"got {getattr(x, 'dtype', type(x).__name__)}")
+    last = _LAST_INPUT[0]
+    if last[0] is q:
+        return (_host_view(x),) + last[1]
     s = np.asarray(q.scale.numpy())
     if s.ndim:
         raise QuantizationError(f"{who} takes per-tensor quantized inputs")
-    return _host_view(x), float(s), _zp(q), q.dtype_meta.name
+    parsed = (float(s), _zp(q), q.dtype_meta.name)
+    _LAST_INPUT[0] = (q, parsed)
+    return (_host_view(x),) + parsed
 
 
 def _host_view(x):
@@ -111,10 +122,16 @@ class QuantizedModule(Module):
 
     @property
     def out_args(self):
+        """(scale, zero point, dtype name) of the output; kept while
+        ``act_qparams`` stays the same object."""
         q = self.act_qparams
         if q is None:               # no activation quantization: float32 out
             return None, 0, "float32"
-        return float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name
+        key = self.__dict__.get("_out_args")
+        if key is None or key[0] is not q:
+            self.__dict__["_out_args"] = key = (
+                q, (float(np.asarray(q.scale.numpy())), _zp(q), q.dtype_meta.name))
+        return key[1]
 
 
 class QuantStub(QuantizedModule):
@@ -129,7 +146,13 @@ class QuantStub(QuantizedModule):
         return {"act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, x):
-        return quantize(x, self.act_qparams)
+        dt = self._act_dtype() if type(x) is Tensor else None
+        if dt is None:
+            return quantize(x, self.act_qparams)
+        # quantize()'s per-tensor path with the core dtype kept (_act_dtype)
+        t = _qdtype.quantize(x, dt, out=QuantizedTensor)
+        t.__dict__["qparams"] = self.act_qparams
+        return t
 
     @classmethod
     def from_qat_module(cls, qat):
@@ -278,11 +301,21 @@ class Conv2d(_Weighted):
 
     def forward(self, x):
         data, s, zp, name = _input(x, type(self).__name__)
-        o_s, o_zp, o_dt = self.out_args
+        weight = self._packed_weight(self.groups)
+        # the checked call for this input (int8._conv2d_plan), kept while the
+        # input's shape and qparams, the weight, act_qparams and relu stay
+        key = (data.shape, data.dtype, s, zp, name, self.relu, self.stride, self.padding,
+               self.dilation)
+        held = self.__dict__.get("_plan")
+        if held is None or held[0] != key or held[1] is not weight or \
+                held[2] is not self.act_qparams:
+            o_s, o_zp, o_dt = self.out_args
+            plan = int8._conv2d_plan(data.shape, data.dtype, s, zp, weight, o_s, o_zp, o_dt,
+                                    self.relu, self.stride, self.padding, self.dilation, name)
+            self.__dict__["_plan"] = held = (key, weight, self.act_qparams, plan)
+        plan = held[3]
         holder, alloc = self._new_output()
-        int8.conv2d(data, s, zp, self._packed_weight(self.groups), o_s, o_zp, o_dt,
-                    self.relu, self.stride, self.padding, self.dilation, x_dtype=name,
-                    alloc=alloc)
+        plan(data, alloc(plan.out_shape, plan.out_dtype))
         return holder[0]
 
     @classmethod
@@ -325,6 +358,15 @@ class ConvBnRelu2d(ConvBn2d):
     relu = True
 
 
+# the Elemwise methods that run on the integers: method -> fused ReLU
+_INT_ADD = {"add": False, "fuse_add_relu": True}
+
+
+def _qint8():
+    from mgtrace._core import qint8
+    return qint8
+
+
 class Elemwise(QuantizedModule):
     """MegEngine's quantized Elemwise: the float method of
     :class:`mgtrace.module.Elemwise` on the dequantized inputs, the result
@@ -341,8 +383,40 @@ class Elemwise(QuantizedModule):
         return {"method": self.method, "act_qparams": _act_config(self.act_qparams)}
 
     def forward(self, *inps):
+        relu = _INT_ADD.get(self.method.lower())
+        if relu is not None and len(inps) == 2:
+            out = self._add_on_integers(inps[0], inps[1], relu)
+            if out is not None:
+                return out
         xs = [dequantize(x) if is_quantized(x) else x for x in inps]
         return quantize(self.float_op(*xs), self.act_qparams)
+
+    def _add_on_integers(self, a, b, relu):
+        """``add`` / ``fuse_add_relu`` of two per-tensor quantized CPU
+        tensors of one shape in one C pass (qelemwise.c), the same bits as
+        the dequantize / add / quantize passes; None where that does not
+        apply (broadcasting, per-channel qparams, another device, 4-bit or
+        int32 storage), and the float path runs."""
+        out_dt = self._act_dtype() if self.act_qparams is not None else None
+        if out_dt is None or not isinstance(a, Tensor) or not isinstance(b, Tensor):
+            return None
+        if a.shape != b.shape or a.device.type != "cpu" or b.device.type != "cpu" or \
+                not a.is_contiguous or not b.is_contiguous:
+            return None
+        da, db = a._qdtype, b._qdtype
+        if da is None or db is None:
+            return None
+        metas = [_qdtype.quantized_meta(d) for d in (da, db, out_dt)]
+        if any(m.np_dtype_str not in ("int8", "uint8") for m in metas):
+            return None
+        holder, alloc = self._new_output()
+        alloc(tuple(a.shape), metas[2].np_dtype_str)
+        _qint8().add_into(a, b, holder[0], _qdtype.get_scale(da),
+                          float(_qdtype.get_zero_point(da)), _qdtype.get_scale(db),
+                          float(_qdtype.get_zero_point(db)), _qdtype.get_scale(out_dt),
+                          float(_qdtype.get_zero_point(out_dt)), float(metas[2].qmin),
+                          float(metas[2].qmax), relu)
+        return holder[0]
 
     @classmethod
     def from_qat_module(cls, qat):

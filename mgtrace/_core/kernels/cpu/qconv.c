@@ -1,0 +1,919 @@
+/* Int8 convolutions on NCHW planes with the output pixels in the vector
+ * lanes (issue 32): an NCHW output row of one channel is contiguous, so the
+ * requantize epilogue runs 16 pixels of one channel at once (one mult, one
+ * correction) and stores them with one masked store.
+ *
+ *   dense / grouped: per (image, group) the input is laid out as
+ *     rows [K, P] (K = C/groups * KH * KW, P = OH * OW; a 1x1 stride-1
+ *     unpadded conv reads the input planes themselves, other shapes an
+ *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
+ *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
+ *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
+ *     Tiles of 4 output channels x 32 pixels (eight accumulators); threads
+ *     over tiles, pixels outer so a packed panel stays in L1 while the
+ *     channels pass (channels outer where the weights are the larger).
+ *   depthwise: each plane copied once into a buffer padded with the zero
+ *     point, then 16 output pixels per vector: x widened to int32 lanes,
+ *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
+ *     take qgemm.c's scalar kernel).
+ *
+ * The arithmetic is qgemm.c's store(), bit for bit:
+ *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
+ *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
+ *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
+ * where dot = sum x * w over the padded input (padding is a_zp, whose
+ * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
+ * AVX2 (the bytes widened to int16, vpmaddwd) where it has only that,
+ * portable C otherwise or when asked (path 1); the integers and the double
+ * arithmetic are the same on all, so the bits are. Where the CPU has AMX
+ * (Sapphire Rapids and later) and Linux grants the tile state, dense convs
+ * run on it instead: tdpbsud with the weight rows as the signed A tile
+ * (16 channels x 64 k) and the packed input as the unsigned B tile (16 k/4
+ * rows x 16 pixels x 4), 32 channels x 32 pixels per step, the same
+ * integers into the same epilogue.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
+#include <immintrin.h>
+#define MT_QC_VNNI 1
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(MT_QC_VNNI) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MT_QC_AMX 1
+#endif
+
+int mt_qgemm_has_vnni(void);    /* qgemm.c */
+
+#define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* one output element: qgemm.c's store() */
+static inline void put1(void *out, int64_t at, int out_u8, double acc, double mult,
+                        int32_t out_zp, int32_t lo, int32_t hi)
+{
+    if (out_u8 == 2) {
+        double f = acc * mult;
+        if (lo == 0 && f < 0)
+            f = 0;
+        ((float *)out)[at] = (float)f;
+        return;
+    }
+    double v = rint(acc * mult) + (double)out_zp;
+    if (v < lo) v = lo;
+    if (v > hi) v = hi;
+    if (out_u8)
+        ((uint8_t *)out)[at] = (uint8_t)(int32_t)v;
+    else
+        ((int8_t *)out)[at] = (int8_t)(int32_t)v;
+}
+
+#ifdef MT_QC_VNNI
+/* n (<= 16) consecutive outputs out[at..] of one channel from the int32
+ * dots in `dot`: put1's arithmetic eight lanes of double at a time */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static inline __attribute__((always_inline))
+void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, int out_u8,
+           int32_t out_zp, int32_t lo, int32_t hi)
+{
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512d c = _mm512_set1_pd(corr), k = _mm512_set1_pd(mult);
+    __m512d d0 = _mm512_mul_pd(_mm512_sub_pd(
+        _mm512_cvtepi32_pd(_mm512_castsi512_si256(dot)), c), k);
+    __m512d d1 = _mm512_mul_pd(_mm512_sub_pd(
+        _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1)), c), k);
+    if (out_u8 == 2) {
+        if (lo == 0) {
+            d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
+            d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+        }
+        __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
+            _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+        _mm512_mask_storeu_ps((float *)out + at, m, f);
+        return;
+    }
+    __m512d z = _mm512_set1_pd((double)out_zp), l = _mm512_set1_pd((double)lo),
+            h = _mm512_set1_pd((double)hi);
+    d0 = _mm512_add_pd(_mm512_roundscale_pd(d0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d1 = _mm512_add_pd(_mm512_roundscale_pd(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d0 = _mm512_min_pd(_mm512_max_pd(d0, l), h);
+    d1 = _mm512_min_pd(_mm512_max_pd(d1, l), h);
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtpd_epi32(d0)),
+                                   _mm512_cvtpd_epi32(d1), 1);
+    /* in range after the clamp: the low byte is the int8 or uint8 value */
+    _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
+}
+#endif
+
+/* ---- dense / grouped ---------------------------------------------------- */
+
+/* x: uint8 [C, H, W] (one image, one group's channels) -> xp [C][HP][WP],
+ * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW) */
+static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t PH,
+                       int64_t PW, uint8_t pad, uint8_t *xp)
+{
+    int64_t HP = H + 2 * PH, WP = W + 2 * PW;
+#pragma omp parallel for schedule(static) if (C * HP * WP > (1 << 18))
+    for (int64_t c = 0; c < C; c++) {
+        uint8_t *d = xp + c * HP * WP;
+        memset(d, pad, (size_t)(PH * WP));
+        for (int64_t h = 0; h < H; h++) {
+            uint8_t *r = d + (PH + h) * WP;
+            memset(r, pad, (size_t)PW);
+            memcpy(r + PW, x + (c * H + h) * W, (size_t)W);
+            memset(r + PW + W, pad, (size_t)PW);
+        }
+        memset(d + (PH + H) * WP, pad, (size_t)(PH * WP));
+    }
+}
+
+/* the im2col of the padded planes xp straight into packed [PB][KQ][16][4]
+ * (zeros past K and P): k = (c, i, j) reads xp at koff[k] = c HP WP + i DH WP
+ * + j DW, output pixel (oh, ow) adds oh SH WP + ow SW. Sixteen pixels of
+ * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
+ * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
+ * blocks across two output rows or other strides gather byte by byte. */
+static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
+                        uint8_t *packed)
+{
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
+        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+        int64_t poff[QC_P];
+        for (int64_t t = 0; t < QC_P; t++) {
+            int64_t p = p0 + (t < np ? t : 0);
+            poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+        }
+        /* the block's runs of pixels within one output row: lane t of run u
+         * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
+         * vector path (a 16-pixel block over rows of 7 or more) */
+        int64_t soff[4];
+        int runs = 0, t0[5];
+        if (np == QC_P)
+            for (int64_t t = 0; t < QC_P && runs <= 4; t++)
+                if (t == 0 || poff[t] != poff[t - 1] + SW) {
+                    if (runs < 4) {
+                        t0[runs] = (int)t;
+                        soff[runs] = poff[t] - t * SW;
+                    }
+                    runs++;
+                }
+        int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
+#if defined(__SSE2__)
+        __m128i lanes[4];           /* each run's lanes */
+        if (vec && runs > 1) {
+            t0[runs] = QC_P;
+            __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            for (int u = 0; u < runs; u++)
+                lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
+                                         _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
+        }
+#endif
+        for (int64_t kq = 0; kq < KQ; kq++) {
+            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
+#if defined(__SSE2__)
+            if (vec && kq * 4 + 4 <= K) {
+                __m128i r[4], m = _mm_set1_epi16(0xFF);
+                for (int q = 0; q < 4; q++) {
+                    const uint8_t *base = xp + koff[kq * 4 + q];
+                    if (runs == 1) {
+                        const uint8_t *s = base + soff[0];
+                        r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                            : _mm_packus_epi16(
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                        continue;
+                    }
+                    /* reads before a run's first lane land in the row above or
+                     * in the packed buffer before xp (inside the scratch) and
+                     * are masked away */
+                    __m128i acc = _mm_setzero_si128();
+                    for (int u = 0; u < runs; u++) {
+                        const uint8_t *s = base + soff[u];
+                        __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                            : _mm_packus_epi16(
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                        acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
+                    }
+                    r[q] = acc;
+                }
+                __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
+                __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
+                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+                continue;
+            }
+#endif
+            for (int q = 0; q < 4; q++) {
+                int64_t k = kq * 4 + q;
+                const uint8_t *s = k < K ? xp + koff[k] : NULL;
+                for (int64_t t = 0; t < QC_P; t++)
+                    d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+            }
+        }
+    }
+}
+
+/* rows [K, P] (row stride ld) -> packed [PB][KQ][16][4], zeros past K and P */
+static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
+                      int64_t PB, uint8_t *packed)
+{
+#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    for (int64_t pb = 0; pb < PB; pb++) {
+        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+        for (int64_t kq = 0; kq < KQ; kq++) {
+            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
+            const uint8_t *s = rows + kq * 4 * ld + p0;
+#if defined(__SSE2__)
+            if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
+                __m128i r0 = _mm_loadu_si128((const __m128i *)s);
+                __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
+                __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
+                __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
+                __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+                __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+                continue;
+            }
+#endif
+            for (int64_t t = 0; t < QC_P; t++)
+                for (int64_t r = 0; r < 4; r++)
+                    d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
+        }
+    }
+}
+
+typedef struct {
+    const uint8_t *packed;      /* [PB][KQ][16][4] */
+    int64_t KQ, PB, P;
+    const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
+    void *const *out;           /* 4 output rows (NULL: no such channel) */
+    const double *corr, *mult;  /* 4 each */
+    int out_u8;
+    int32_t out_zp, lo, hi;
+} qc_tile;
+
+/* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
+static void tile_portable(const qc_tile *t, int64_t pb)
+{
+    for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
+        const uint8_t *x = t->packed + b * t->KQ * (QC_P * 4);
+        int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
+        for (int r = 0; r < 4; r++) {
+            if (!t->out[r])
+                continue;
+            int32_t acc[QC_P] = {0};
+            for (int64_t kq = 0; kq < t->KQ; kq++) {
+                const uint8_t *xk = x + kq * (QC_P * 4);
+                const int8_t *wk = t->w[r] + kq * 4;
+                for (int p = 0; p < QC_P; p++)
+                    for (int i = 0; i < 4; i++)
+                        acc[p] += (int32_t)xk[p * 4 + i] * (int32_t)wk[i];
+            }
+            for (int64_t p = 0; p < np; p++)
+                put1(t->out[r], p0 + p, t->out_u8, (double)acc[p] - t->corr[r], t->mult[r],
+                     t->out_zp, t->lo, t->hi);
+        }
+    }
+}
+
+#ifdef MT_QC_VNNI
+/* n (<= 8) consecutive outputs out[at..] of one channel from 8 int32 dots:
+ * put1's double arithmetic four lanes at a time (AVX2) */
+__attribute__((target("avx2")))
+static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, double mult,
+                      int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+{
+    __m256d c = _mm256_set1_pd(corr), k = _mm256_set1_pd(mult);
+    __m256d d0 = _mm256_mul_pd(_mm256_sub_pd(
+        _mm256_cvtepi32_pd(_mm256_castsi256_si128(dot)), c), k);
+    __m256d d1 = _mm256_mul_pd(_mm256_sub_pd(
+        _mm256_cvtepi32_pd(_mm256_extracti128_si256(dot, 1)), c), k);
+    if (out_u8 == 2) {
+        if (lo == 0) {
+            d0 = _mm256_max_pd(d0, _mm256_setzero_pd());
+            d1 = _mm256_max_pd(d1, _mm256_setzero_pd());
+        }
+        float f[8];
+        _mm_storeu_ps(f, _mm256_cvtpd_ps(d0));
+        _mm_storeu_ps(f + 4, _mm256_cvtpd_ps(d1));
+        memcpy((float *)out + at, f, (size_t)n * sizeof(float));
+        return;
+    }
+    __m256d z = _mm256_set1_pd((double)out_zp), l = _mm256_set1_pd((double)lo),
+            h = _mm256_set1_pd((double)hi);
+    d0 = _mm256_add_pd(_mm256_round_pd(d0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d1 = _mm256_add_pd(_mm256_round_pd(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    d0 = _mm256_min_pd(_mm256_max_pd(d0, l), h);
+    d1 = _mm256_min_pd(_mm256_max_pd(d1, l), h);
+    int32_t v[8];
+    _mm_storeu_si128((__m128i *)v, _mm256_cvtpd_epi32(d0));
+    _mm_storeu_si128((__m128i *)(v + 4), _mm256_cvtpd_epi32(d1));
+    for (int i = 0; i < n; i++) {       /* in range after the clamp */
+        if (out_u8)
+            ((uint8_t *)out)[at + i] = (uint8_t)v[i];
+        else
+            ((int8_t *)out)[at + i] = (int8_t)v[i];
+    }
+}
+
+/* 4 channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
+ * AVX-512 VNNI): the packed bytes widened to int16 and vpmaddwd against the
+ * channel's four taps as int16 (exact: vpmaddubsw would saturate), each
+ * pixel's two partial sums added at the end */
+__attribute__((target("avx2")))
+static void tile_avx2(const qc_tile *t, int64_t pb)
+{
+    int64_t KQ = t->KQ;
+    for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
+        const uint8_t *x = t->packed + b * KQ * (QC_P * 4);
+        int64_t p0 = b * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < 4; r++) {
+            if (!t->out[r])
+                continue;
+            __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256(),
+                    a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
+            for (int64_t kq = 0; kq < KQ; kq++) {
+                const int8_t *wk = t->w[r] + kq * 4;
+                __m256i wv = _mm256_setr_epi16(wk[0], wk[1], wk[2], wk[3], wk[0], wk[1], wk[2],
+                                               wk[3], wk[0], wk[1], wk[2], wk[3], wk[0], wk[1],
+                                               wk[2], wk[3]);
+                const uint8_t *xk = x + kq * (QC_P * 4);
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)xk)), wv));
+                a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 16))), wv));
+                a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 32))), wv));
+                a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(xk + 48))), wv));
+            }
+            /* lanes (pixel, half): hadd pairs them, the permute restores the order */
+            __m256i lo8 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a0, a1), 0xD8);
+            __m256i hi8 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a2, a3), 0xD8);
+            put8_avx2(t->out[r], p0, n < 8 ? n : 8, lo8, t->corr[r], t->mult[r], t->out_u8,
+                      t->out_zp, t->lo, t->hi);
+            if (n > 8)
+                put8_avx2(t->out[r], p0 + 8, n - 8, hi8, t->corr[r], t->mult[r], t->out_u8,
+                          t->out_zp, t->lo, t->hi);
+        }
+    }
+}
+
+static int has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void tile_vnni(const qc_tile *t, int64_t pb)
+{
+    int64_t KQ = t->KQ;
+    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    int two = pb + 1 < t->PB;
+    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
+    __m512i c00 = _mm512_setzero_si512(), c01 = _mm512_setzero_si512(),
+            c10 = _mm512_setzero_si512(), c11 = _mm512_setzero_si512(),
+            c20 = _mm512_setzero_si512(), c21 = _mm512_setzero_si512(),
+            c30 = _mm512_setzero_si512(), c31 = _mm512_setzero_si512();
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
+        __m512i a1 = _mm512_loadu_si512(x1 + kq * (QC_P * 4));
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, w0 + kq * 4, 4);
+        memcpy(&v1, w1 + kq * 4, 4);
+        memcpy(&v2, w2 + kq * 4, 4);
+        memcpy(&v3, w3 + kq * 4, 4);
+        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
+                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
+        c00 = _mm512_dpbusd_epi32(c00, a0, b0);
+        c01 = _mm512_dpbusd_epi32(c01, a1, b0);
+        c10 = _mm512_dpbusd_epi32(c10, a0, b1);
+        c11 = _mm512_dpbusd_epi32(c11, a1, b1);
+        c20 = _mm512_dpbusd_epi32(c20, a0, b2);
+        c21 = _mm512_dpbusd_epi32(c21, a1, b2);
+        c30 = _mm512_dpbusd_epi32(c30, a0, b3);
+        c31 = _mm512_dpbusd_epi32(c31, a1, b3);
+    }
+    __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+    for (int b = 0; b < 1 + two; b++) {
+        int64_t p0 = (pb + b) * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < 4; r++)
+            if (t->out[r])
+                put16(t->out[r], p0, n, acc[r][b], t->corr[r], t->mult[r], t->out_u8,
+                      t->out_zp, t->lo, t->hi);
+    }
+}
+#endif
+
+#ifdef MT_QC_AMX
+/* 1 where the CPU has AMX-INT8 and the kernel lets this process use the
+ * tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked once) */
+static int amx_state = -1;
+
+static int amx_ok(void)
+{
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s >= 0)
+        return s;
+    unsigned a, b, c, d;
+    int ok = 0;
+    if (mt_qgemm_has_vnni() && __get_cpuid_count(7, 0, &a, &b, &c, &d)
+            && (d & (1u << 24)) && (d & (1u << 25)))
+        ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    __atomic_store_n(&amx_state, ok, __ATOMIC_RELEASE);
+    return ok;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* every tile 16 rows x 64 bytes: C 0-3 (int32 16 x 16), A 4-5, B 6-7. A
+ * file-scope constant: GCC 12 drops the stores into a local configuration,
+ * not seeing that ldtilecfg reads them. */
+static const amx_config amx_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+__attribute__((target("amx-tile,amx-int8")))
+static void amx_begin(void) { _tile_loadconfig(&amx_cfg); }
+
+__attribute__((target("amx-tile,amx-int8")))
+static void amx_end(void) { _tile_release(); }
+
+/* 32 channels (weight rows w, row stride lw; rows past the array's
+ * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, int nrows,
+                     void *const *out, const double *corr, const double *mult)
+{
+    int64_t KQ = t->KQ;         /* a multiple of 16 here */
+    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    int two = pb + 1 < t->PB;
+    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const int8_t *w1 = w + 16 * lw;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kq = 0; kq < KQ; kq += 16) {
+        _tile_loadd(4, w + kq * 4, lw);
+        _tile_loadd(5, w1 + kq * 4, lw);
+        _tile_loadd(6, x0 + kq * (QC_P * 4), QC_P * 4);
+        _tile_loadd(7, x1 + kq * (QC_P * 4), QC_P * 4);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+    }
+    int32_t acc[4][256] __attribute__((aligned(64)));
+    _tile_stored(0, acc[0], 64);
+    _tile_stored(1, acc[1], 64);
+    _tile_stored(2, acc[2], 64);
+    _tile_stored(3, acc[3], 64);
+    for (int b = 0; b < 1 + two; b++) {
+        int64_t p0 = (pb + b) * QC_P;
+        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+        for (int r = 0; r < nrows; r++)
+            put16(out[r], p0, n, _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16),
+                  corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+    }
+}
+#endif
+
+/* 1 where mt_qconv_u8s8's path 0 runs on AMX here */
+int mt_qconv_has_amx(void)
+{
+#ifdef MT_QC_AMX
+    return amx_ok();
+#else
+    return 0;
+#endif
+}
+
+/* The calling thread's scratch of at least n bytes, kept for its next
+ * call: a fresh malloc of a few MB per conv is mmap'd and page-faulted
+ * again each time, which cost more than the packing itself. Grows, never
+ * shrinks; NULL when out of memory. */
+static __thread uint8_t *scratch_at;
+static __thread size_t scratch_cap;
+
+static uint8_t *scratch(size_t n)
+{
+    if (n > scratch_cap) {
+        free(scratch_at);
+        scratch_cap = 0;
+        scratch_at = malloc(n);
+        if (!scratch_at)
+            return NULL;
+        scratch_cap = n;
+    }
+    return scratch_at;
+}
+
+/* Dense or grouped int8 conv2d, NCHW.
+ *   x: uint8 [NB, C, H, W]; wrows: int8 [Co + 31][lw] (lw = K = C/G*KH*KW
+ *   rounded up to 64; zeros past K and in the 31 rows after the last
+ *   channel), wsum[Co] the row sums; bias int32 [Co] or NULL; mult double
+ *   [Co]; out [NB, Co, OH, OW] int8 (out_u8 0), uint8 (1) or float32 (2).
+ * path: 0 the best here (AMX, VNNI, AVX2, portable C), 1 portable C, 2 VNNI,
+ * 3 AMX, 4 AVX2 (each where available, else the next in that order).
+ * Returns the path used (1 portable, 2 VNNI, 3 AMX, 4 AVX2), or 0 when out
+ * of memory. */
+int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                  const int8_t *wrows, int64_t lw, const int32_t *wsum, int64_t Co, int64_t G,
+                  int64_t KH,
+                  int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                  int64_t DW, int64_t OH, int64_t OW, const int32_t *bias, const double *mult,
+                  int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out, int path)
+{
+    int64_t Cg = C / G, Cog = Co / G, K = Cg * KH * KW, KQ = cdiv(K, 4), P = OH * OW;
+    int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
+    int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int vnni = 0, amx = 0, avx2 = 0;
+#ifdef MT_QC_VNNI
+    vnni = path != 1 && path != 4 && mt_qgemm_has_vnni();
+    avx2 = !vnni && path != 1 && has_avx2();
+#endif
+#ifdef MT_QC_AMX
+    /* under 64 k a tile step is mostly zeros: VNNI is faster there */
+    amx = (path == 3 || (path == 0 && K >= 64)) && amx_ok();
+#endif
+    if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
+        KQ = cdiv(K, 64) * 16;
+    int64_t HP = H + 2 * PH, WP = W + 2 * PW;
+    size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
+    /* the padded planes, 64 bytes of slack for the last 32-byte loads */
+    uint8_t *packed = scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
+    uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
+    int8_t *zero = calloc((size_t)KQ * 4, 1);
+    double *corr = malloc((size_t)Co * sizeof(double));
+    int64_t *koff = malloc((size_t)K * sizeof(int64_t));
+    if (!packed || !zero || !corr || !koff) {
+        free(zero);
+        free(corr);
+        free(koff);
+        return 0;
+    }
+    for (int64_t k = 0; k < K; k++)
+        koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
+    /* tiles in the order that reads the larger operand once: pixels outer
+     * (a packed panel stays in cache while the channels pass), or channels
+     * outer where the group's weights outweigh its packed input (deep
+     * layers of few pixels) */
+    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
+    for (int64_t c = 0; c < Co; c++)
+        corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
+    for (int64_t n = 0; n < NB; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *src = x + (n * C + g * Cg) * H * W;
+            if (direct) {
+                pack_rows(src, P, K, P, KQ, PB, packed);
+            } else {
+                pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
+                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+            }
+#ifdef MT_QC_AMX
+            if (amx) {
+                int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
+#pragma omp parallel if (work > 1 && Cog * P * K > (1 << 18))
+                {
+                    amx_begin();
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < work; i++) {
+                        int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
+                        int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB32) * 32;
+                        int nrows = (int)((g + 1) * Cog - c0 < 32 ? (g + 1) * Cog - c0 : 32);
+                        void *o[32];
+                        for (int r = 0; r < nrows; r++)
+                            o[r] = (char *)out + (size_t)((n * Co + c0 + r) * P) * isz;
+                        qc_tile t = {packed, KQ, PB, P, NULL, NULL, NULL, NULL, out_u8, out_zp,
+                                     lo, hi};
+                        tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
+                    }
+                    amx_end();
+                }
+                continue;
+            }
+#endif
+            int64_t work = PP * CB;
+#pragma omp parallel for schedule(static) if (work > 1 && Cog * P * K > (1 << 16))
+            for (int64_t i = 0; i < work; i++) {
+                int64_t pb = (wmajor ? i % PP : i / CB) * 2;
+                int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
+                const int8_t *w[4];
+                void *o[4];
+                double cr[4], mu[4];
+                for (int r = 0; r < 4; r++) {
+                    int64_t c = c0 + r;
+                    int in = c < (g + 1) * Cog;
+                    w[r] = in ? wrows + c * lw : zero;
+                    o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
+                    cr[r] = in ? corr[c] : 0;
+                    mu[r] = in ? mult[c] : 0;
+                }
+                qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
+#ifdef MT_QC_VNNI
+                if (vnni) {
+                    tile_vnni(&t, pb);
+                    continue;
+                }
+                if (avx2) {
+                    tile_avx2(&t, pb);
+                    continue;
+                }
+#endif
+                tile_portable(&t, pb);
+            }
+        }
+    free(zero);
+    free(corr);
+    free(koff);
+    return amx ? 3 : vnni ? 2 : avx2 ? 4 : 1;
+}
+
+/* ---- depthwise ---------------------------------------------------------- */
+
+#ifdef MT_QC_VNNI
+/* one plane: xp the plane padded with a_zp ([HP][WP], WP leaves room for
+ * the last vector's reads), w its KH * KW taps */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
+                            int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                            int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                            int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    __m512i taps[64];
+    int64_t T = KH * KW;
+    int few = T <= 64;
+    if (few)
+        for (int64_t t = 0; t < T; t++)
+            taps[t] = _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[t]);
+    __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += QC_P) {
+            __m512i acc = _mm512_setzero_si512();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t j = 0; j < KW; j++) {
+                    const uint8_t *s = row + j * DW;
+                    __m512i xv;
+                    if (SW == 1)
+                        xv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s));
+                    else        /* stride 2: the even bytes of 32 */
+                        xv = _mm512_and_si512(_mm512_cvtepu8_epi16(
+                            _mm256_loadu_si256((const __m256i *)s)), lo16);
+                    __m512i tap = few ? taps[i * KW + j]
+                                      : _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[i * KW + j]);
+                    /* lanes x | 0 << 16 and w | 0 << 16: vpmaddwd gives x * w */
+                    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(xv, tap));
+                }
+            }
+            int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+
+/* one plane with VNNI and VBMI: each int32 lane (output pixel t) gathers
+ * its four input bytes t SW + q DW (q = 0..3) of a kernel row from one
+ * 64-byte load by vpermb, and vpdpbusd adds their products with four taps
+ * (zeros past KW): one permute and one dot per 4 taps, where the vpmaddwd
+ * kernel spends a load, a multiply and an add per tap. For SW <= 2 and
+ * 15 SW + 3 DW < 64; taps: [KH][ceil(KW / 4)] int32, 4 weights each. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t KH,
+                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                          int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    int64_t KC = cdiv(KW, 4);
+    uint8_t ix[64];
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++)
+            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    __m512i idx = _mm512_loadu_si512(ix);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += QC_P) {
+            __m512i acc = _mm512_setzero_si512();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t c = 0; c < KC; c++) {
+                    __m512i v = _mm512_loadu_si512(row + c * 4 * DW);
+                    acc = _mm512_dpbusd_epi32(acc, _mm512_permutexvar_epi8(idx, v),
+                                              _mm512_set1_epi32(taps[i * KC + c]));
+                }
+            }
+            int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+
+/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
+ * fills and masked copies (a small plane's rows are a few bytes: libc's
+ * memset / memcpy calls per row cost more than the kernel) */
+__attribute__((target("avx512f,avx512bw")))
+static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
+                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
+{
+    __m512i z = _mm512_set1_epi8((char)zp);
+    for (int64_t r = 0; r < HP; r++) {
+        uint8_t *d = buf + r * WP;
+        for (int64_t at = 0; at < WP; at += 64) {
+            int64_t n = WP - at < 64 ? WP - at : 64;
+            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
+        }
+        int64_t h = r - PH;
+        if (h < 0 || h >= H)
+            continue;
+        for (int64_t at = 0; at < W; at += 64) {
+            int64_t n = W - at < 64 ? W - at : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
+        }
+    }
+}
+
+static int has_vbmi(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+}
+
+/* one plane with AVX2 alone: 8 output pixels per vector, x widened to
+ * int32 lanes (stride 2: the even bytes of 16), vpmaddwd against the
+ * broadcast tap as dw_plane_avx512 does */
+__attribute__((target("avx2")))
+static void dw_plane_avx2(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
+                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                          int64_t OH, int64_t OW, double corr, double mult, int out_u8,
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+{
+    __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow += 8) {
+            __m256i acc = _mm256_setzero_si256();
+            for (int64_t i = 0; i < KH; i++) {
+                const uint8_t *row = xp + (oh * SH + i * DH) * WP + ow * SW;
+                for (int64_t j = 0; j < KW; j++) {
+                    const uint8_t *s = row + j * DW;
+                    __m256i xv;
+                    if (SW == 1)
+                        xv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s));
+                    else
+                        xv = _mm256_and_si256(_mm256_cvtepu8_epi16(
+                            _mm_loadu_si128((const __m128i *)s)), lo16);
+                    __m256i tap = _mm256_set1_epi32((int32_t)(uint16_t)(int16_t)w[i * KW + j]);
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(xv, tap));
+                }
+            }
+            int n = (int)(OW - ow < 8 ? OW - ow : 8);
+            put8_avx2(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+}
+
+/* the AVX2 depthwise: planes padded with memset / memcpy (no AVX-512 here) */
+static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                       int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                       int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                       int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                       int32_t lo, int32_t hi, int out_u8, void *out)
+{
+    int64_t HP = H + 2 * PH;
+    int64_t WP = W + 2 * PW, need = cdiv(OW, 8) * 8 * SW + (KW - 1) * DW + 16;
+    if (WP < need)
+        WP = need;
+    int64_t planes = NB * C;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int failed = 0;
+#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    {
+        uint8_t *buf = malloc((size_t)(HP * WP));
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            int64_t c = p % C;
+            const uint8_t *xs = x + p * H * W;
+            memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
+            for (int64_t h = 0; h < H; h++)
+                memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
+            int32_t ws = 0;
+            for (int64_t t = 0; t < KH * KW; t++)
+                ws += w[c * KH * KW + t];
+            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            dw_plane_avx2(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
+                          mult[c], out_u8, out_zp, lo, hi,
+                          (char *)out + (size_t)(p * OH * OW) * isz);
+        }
+        free(buf);
+    }
+    return failed ? 0 : 4;
+}
+#endif
+
+/* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
+ * with the vector kernels: strides 1 and 2 across, any other geometry.
+ * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]); path 2
+ * keeps to the AVX-512 vpmaddwd kernel, 4 to the AVX2 one (which CPUs
+ * without AVX-512 VNNI run), other paths take the VBMI one where it
+ * applies. Returns the kernel used (2 vpmaddwd, 3 VBMI, 4 AVX2), 0 when
+ * none applies (no AVX2, another horizontal stride, out of memory): the
+ * caller runs the scalar one. */
+int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                        int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                        int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                        int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                        int32_t lo, int32_t hi, int out_u8, void *out, int path)
+{
+#ifdef MT_QC_VNNI
+    if (SW != 1 && SW != 2)
+        return 0;
+    if (path == 4 || !mt_qgemm_has_vnni())
+        return has_avx2() ? dwconv_avx2(x, NB, C, H, W, a_zp, w, KH, KW, SH, SW, PH, PW, DH,
+                                        DW, OH, OW, bias, mult, out_zp, lo, hi, out_u8, out)
+                          : 0;
+    int64_t HP = H + 2 * PH;
+    int vbmi = path != 2 && has_vbmi() && 15 * SW + 3 * DW < 64 && KH * cdiv(KW, 4) <= 256;
+    int64_t KC = cdiv(KW, 4);
+    /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW,
+     * 32 bytes at a time for stride 2, or 64 from each 4-tap chunk (vbmi) */
+    int64_t WP = W + 2 * PW, need = cdiv(OW, QC_P) * QC_P * SW + KC * 4 * DW + 64;
+    if (WP < need)
+        WP = need;
+    int64_t planes = NB * C;
+    size_t isz = out_u8 == 2 ? 4 : 1;
+    int failed = 0;
+#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    {
+        uint8_t *buf = malloc((size_t)(HP * WP));
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            int64_t c = p % C;
+            const uint8_t *xs = x + p * H * W;
+            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
+            int32_t ws = 0;
+            for (int64_t t = 0; t < KH * KW; t++)
+                ws += w[c * KH * KW + t];
+            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            if (vbmi) {
+                int32_t taps[256];
+                for (int64_t i = 0; i < KH; i++)
+                    for (int64_t k = 0; k < KC; k++) {
+                        uint8_t b[4] = {0, 0, 0, 0};
+                        for (int q = 0; q < 4 && k * 4 + q < KW; q++)
+                            b[q] = (uint8_t)w[c * KH * KW + i * KW + k * 4 + q];
+                        memcpy(&taps[i * KC + k], b, 4);
+                    }
+                dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
+                              out_u8, out_zp, lo, hi, (char *)out + (size_t)(p * OH * OW) * isz);
+                continue;
+            }
+            dw_plane_avx512(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
+                            mult[c], out_u8, out_zp, lo, hi,
+                            (char *)out + (size_t)(p * OH * OW) * isz);
+        }
+        free(buf);
+    }
+    return failed ? 0 : vbmi ? 3 : 2;
+#else
+    (void)x; (void)NB; (void)C; (void)H; (void)W; (void)a_zp; (void)w; (void)KH; (void)KW;
+    (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)OH; (void)OW;
+    (void)bias; (void)mult; (void)out_zp; (void)lo; (void)hi; (void)out_u8; (void)out;
+    (void)path;
+    return 0;
+#endif
+}

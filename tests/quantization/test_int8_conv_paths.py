@@ -1,0 +1,147 @@
+"""The int8 conv kernels of cpu/qconv.c on each path forced (issue 32): the
+portable C one, AVX2, AVX-512 VNNI and AMX where this CPU has them, bitwise equal
+to each other and to the NumPy integer reference, on the shapes that reach
+each kernel's edges: K past a 64-k tile step and not a multiple of 4,
+channel counts not a multiple of 4 or 32, pixel counts not a multiple of
+16 or 32, groups, the 1x1 stride-1 direct read, strided and dilated
+im2col, depthwise strides 1, 2 and 3 (3: the scalar kernel)."""
+import numpy as np
+import pytest
+
+from mgtrace._core import qint8
+from mgtrace.quantization import int8
+
+from .test_int8_kernels import ref_bias, ref_conv, ref_requant
+
+# path asked -> path that runs it (1 portable, 2 VNNI, 3 AMX)
+AVAILABLE = [1] + ([2] if int8.has_vnni() else []) + ([3] if qint8.has_amx() else [])
+
+
+def _cpu_flag(name):
+    try:
+        with open("/proc/cpuinfo") as f:
+            return name in f.read().split()
+    except OSError:
+        return False
+
+
+VBMI = _cpu_flag("avx512vbmi")
+
+SHAPES = {  # name: (x shape, Co, KH, KW, groups, stride, padding, dilation)
+    "k_past_64": ((1, 9, 11, 13), 37, 3, 3, 1, (1, 1), (1, 1), (1, 1)),      # K = 81
+    "pointwise_direct": ((2, 70, 6, 7), 45, 1, 1, 1, (1, 1), (0, 0), (1, 1)),
+    "pointwise_strided": ((1, 66, 9, 9), 33, 1, 1, 1, (2, 2), (0, 0), (1, 1)),
+    "wide_stem": ((1, 3, 30, 30), 20, 7, 7, 1, (2, 2), (3, 3), (1, 1)),      # K = 147
+    "grouped_dilated": ((1, 40, 12, 12), 36, 3, 3, 4, (1, 2), (2, 1), (2, 1)),
+    "deep_few_pixels": ((1, 80, 3, 3), 70, 3, 3, 1, (1, 1), (1, 1), (1, 1)),  # K = 720
+    # 16-pixel blocks over 2-4 output rows (7 and 14 wide, stride 1 and 2)
+    "rows_of_7": ((2, 20, 9, 7), 40, 3, 3, 1, (1, 1), (1, 1), (1, 1)),
+    "rows_of_14_strided": ((1, 24, 30, 28), 33, 3, 3, 1, (2, 2), (1, 1), (1, 1)),
+    "rows_of_5": ((1, 16, 11, 5), 8, 3, 3, 1, (1, 1), (1, 1), (1, 1)),       # over 4: per byte
+}
+
+
+def _case(name, seed):
+    xs, co, kh, kw, g, stride, padding, dilation = SHAPES[name]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (co, xs[1] // g, kh, kw)).astype(np.int8)
+    w[0] = 127                  # a row of extremes: the largest |dot| the data allows
+    ws = rng.uniform(0.002, 0.02, co).astype(np.float32)
+    bias = (rng.standard_normal(co) * 5).astype(np.float32)
+    return x, w, ws, bias, g, stride, padding, dilation
+
+
+def _reference(x, x_zp, w, ws, bias, g, stride, padding, dilation, x_scale, out, out_scale,
+               out_zp, relu):
+    acc = ref_conv(x, x_zp, w, g, stride, padding, dilation)
+    acc += ref_bias(bias, x_scale, ws)[None, :, None, None]
+    if out == "float32":
+        f = acc * (np.float64(np.float32(x_scale)) * ws.astype(np.float64))[None, :, None, None]
+        return (np.maximum(f, 0) if relu else f).astype(np.float32)
+    mult = np.float64(np.float32(x_scale)) * ws.astype(np.float64) / \
+        np.float64(np.float32(out_scale))
+    dt = np.int8 if out == "qint8" else np.uint8
+    info = np.iinfo(dt)
+    lo = max(info.min, out_zp) if relu else info.min
+    return ref_requant(acc, mult[None, :, None, None], out_zp, lo, info.max, dt)
+
+
+@pytest.mark.parametrize("path", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
+def test_each_path_matches_numpy(name, path, out):
+    x, w, ws, bias, g, stride, padding, dilation = _case(name, sorted(SHAPES).index(name))
+    weight = int8.Int8Weight(w, ws, bias, groups=g)
+    out_zp = {"quint8": 131, "qint8": -5, "float32": 0}[out]
+    relu = name in ("k_past_64", "grouped_dilated")
+    x_zp = 0 if name == "wide_stem" else 255 if name == "deep_few_pixels" else 97
+    got = int8.conv2d(x, 0.04, x_zp, weight, None if out == "float32" else 0.07, out_zp, out,
+                      relu, stride, padding, dilation, x_dtype="quint8", path=path)
+    want = _reference(x, x_zp, w, ws, bias, g, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("path", [1, 2, 3, 4])
+def test_the_path_used_is_the_one_asked_where_available(path):
+    x, w, ws, bias, g, stride, padding, dilation = _case("k_past_64", 0)
+    weight = int8.Int8Weight(w, ws, bias, groups=g)
+    out = np.empty((1, 37, 11, 13), np.uint8)
+    mult, b = weight._epilogue(None, 0.04, 0.07)
+    used = qint8.conv(x, 3, weight.rows, weight.wsum, 1, 3, 3, 1, 1, 1, 1, 1, 1, b, mult, 0, 0,
+                      255, out, path)
+    if path == 4:               # AVX2 (vpmaddwd) where the CPU has it, else portable C
+        assert used == (4 if _cpu_flag("avx2") else 1)
+    else:
+        assert used == max(p for p in AVAILABLE if p <= path)
+
+
+DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
+    "s1": ((1, 19, 17, 35), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "s2": ((2, 24, 23, 21), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "s2_5x5_dilated": ((1, 18, 20, 40), 5, 5, (2, 2), (4, 2), (2, 1)),
+    "s1_rect_unpadded": ((1, 7, 9, 50), 1, 4, (3, 1), (0, 0), (1, 3)),
+    "s1_7x7": ((1, 6, 15, 37), 7, 7, (1, 1), (3, 3), (1, 1)),                # 2 chunks of 4 taps
+    "s2_wide_dilation": ((1, 4, 9, 60), 2, 3, (1, 2), (1, 12), (1, 12)),     # 15*2 + 3*12 >= 64
+    "s3_scalar": ((1, 5, 13, 13), 3, 3, (3, 3), (1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPTHWISE))
+@pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
+def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
+    xs, kh, kw, stride, padding, dilation = DEPTHWISE[name]
+    rng = np.random.default_rng(40 + sorted(DEPTHWISE).index(name))
+    c = xs[1]
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
+    w[0] = -127
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    bias = (rng.standard_normal(c) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=c)
+    assert weight.depthwise
+    out_zp = {"quint8": 0, "qint8": 3, "float32": 0}[out]
+    relu = out != "qint8"
+    want = _reference(x, 250, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    for path in (0, 1, 2, 3, 4):
+        got = int8.conv2d(x, 0.04, 250, weight, None if out == "float32" else 0.07, out_zp,
+                          out, relu, stride, padding, dilation, x_dtype="quint8", path=path)
+        np.testing.assert_array_equal(got, want)
+    # the kernel that ran, each forced: vector ones for strides 1 and 2 where the
+    # CPU has AVX-512 VNNI (3: vpermb + vpdpbusd where it also has VBMI), or AVX2 (4)
+    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    for path in (0, 1, 2, 4):
+        o = np.empty(want.shape, want.dtype)
+        lo = ((0 if relu else -1) if out == "float32"
+              else (out_zp if relu else np.iinfo(o.dtype).min))
+        used = qint8.dwconv(x, 250, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult,
+                            out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
+        vector = int8.has_vnni() and stride[1] in (1, 2)
+        vbmi = VBMI and 15 * stride[1] + 3 * dilation[1] < 64
+        if path == 4:           # the AVX2 kernel
+            assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
+        else:
+            assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
+        np.testing.assert_array_equal(o, want)
