@@ -62,7 +62,7 @@ cdef extern from "kernels/contract/reduce_kernels.h" nogil:
         pass
 
 cdef extern from "kernels/cpu/plan.h" nogil:
-    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE
+    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE, MT_STEP_GATHER
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
@@ -104,11 +104,16 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         mt_plan_ref inp "in"
         mt_plan_ref out
         mt_reduce_geom g
+    ctypedef struct mt_plan_gather:
+        mt_plan_ref idx, src, out
+        int isz, is_signed
+        int64_t n, rows, row_bytes, src_stride
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
         mt_plan_nn nn
         mt_plan_reduce red
+        mt_plan_gather gather
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -165,6 +170,7 @@ cdef enum:
 
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
 STEP_REDUCE = MT_STEP_REDUCE
+STEP_GATHER = MT_STEP_GATHER
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
@@ -562,6 +568,29 @@ cdef class Executor:
         for a in range(c.c.ew.nargs):
             if refs[a] is not None:
                 s.u.ew.ref[a].buf, s.u.ew.ref[a].off = refs[a]
+
+    def add_gather(self, tuple idx, tuple src, tuple out, int isz, bint is_signed, int64_t n,
+                   int64_t rows, int64_t row_bytes, int64_t src_stride):
+        """A gather step (plan.h's mt_plan_gather: an embedding lookup):
+        ``out`` row i (``row_bytes``, rows contiguous) = ``src`` row
+        idx[i], ``src_stride`` bytes between source rows, ``n`` contiguous
+        integer indices of ``isz`` bytes; idx, src, out are (buffer, byte
+        offset). An index outside -rows..rows-1 makes :meth:`run` return
+        None (the caller runs the module, which raises)."""
+        cdef mt_plan_step *s
+        if isz not in (1, 2, 4, 8):
+            raise ValueError(f"add_gather: index itemsize {isz}")
+        s = self._new_step()
+        s.kind = MT_STEP_GATHER
+        s.u.gather.idx.buf, s.u.gather.idx.off = idx
+        s.u.gather.src.buf, s.u.gather.src.off = src
+        s.u.gather.out.buf, s.u.gather.out.off = out
+        s.u.gather.isz = isz
+        s.u.gather.is_signed = is_signed
+        s.u.gather.n = n
+        s.u.gather.rows = rows
+        s.u.gather.row_bytes = row_bytes
+        s.u.gather.src_stride = src_stride
 
     def add_callback(self, int index):
         cdef mt_plan_step *s = self._new_step()

@@ -17,7 +17,9 @@ recorded with the kernel calls the backend received for it
 whose kernel calls it can account for (elementwise, GEMM, reductions and
 the nn members the recorder wraps: NCHW and NCHW16c convolutions and fused
 blocks, pooling, resize, layer norm, attention) into kernel steps that C replays with
-no Python in between; views cost nothing; everything else runs as a Python
+no Python in between; an embedding lookup (getitem by offsets computed from
+the indices' values, which no recorded call can replay) becomes a gather
+step that reads the indices on each call; views cost nothing; everything else runs as a Python
 step that calls the same function on views of the plan's memory, so
 outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
 by a liveness-based memory plan; outputs are fresh tensors on every call.
@@ -80,7 +82,7 @@ class _Program:
         self.example_out = out
         self.pysteps = []
         for pos, step in enumerate(low.steps):
-            if step[0] == "kernel":
+            if step[0] in ("kernel", "gather"):
                 for r in step[2]:
                     if r is not None:
                         low._use(r[0], pos)
@@ -101,6 +103,11 @@ class _Program:
             if step[0] == "kernel":
                 ex.add_captured(step[1], step[2])
                 self.step_names.append(("kernel", f"{step[3]}: {step[1].describe()}"))
+            elif step[0] == "gather":
+                isz, signed, n, rows, row_bytes, src_stride = step[1]
+                ex.add_gather(*step[2], isz, signed, n, rows, row_bytes, src_stride)
+                self.step_names.append(("kernel", f"{step[3]}: gather n={n} rows={rows} "
+                                                  f"row_bytes={row_bytes}"))
             else:
                 ex.add_callback(len(self.pysteps))
                 self.pysteps.append(step[1])

@@ -22,6 +22,8 @@ aligned offset that no buffer live at the same time overlaps (the
 output lies in are made fresh on each call instead, so the caller owns
 what it gets back.
 """
+import inspect
+
 from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
@@ -47,6 +49,13 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         # reductions: one reduce-table call (a fill when nothing is reduced)
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})
+# functional calls that are a gather of rows by integer indices (a "gather"
+# step, plan.h's mt_plan_gather): the core runs them as getitem, whose
+# offsets come from the index values, so no recorded kernel call replays them
+GATHER_FUNCTIONS = frozenset({("mgtrace.functional.nn", "embedding")})
+# index dtypes a gather step reads: (bytes, signed)
+_GATHER_INDEX = {"int8": (1, True), "uint8": (1, False), "int16": (2, True), "uint16": (2, False),
+                 "int32": (4, True), "uint32": (4, False), "int64": (8, True), "uint64": (8, False)}
 # functional calls made of one kernel call and no core op
 KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")} |
                              # a new tensor and one fill
@@ -91,7 +100,8 @@ class Lowering:
         self.by_uid = {}            # storage uid -> buffer index
         self.origin = {}            # buffer index -> address its offsets count from
         self.start_uid = start_uid
-        self.steps = []             # ("kernel", Captured, refs, where) or ("py", PyStep)
+        self.steps = []             # ("kernel", Captured, refs, where), ("gather", args, refs,
+        #                             where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
         for i, t in enumerate(inputs):
@@ -167,6 +177,8 @@ class Lowering:
             if self._kernel_steps(rec):
                 return
         if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
+            return
+        if rec.kind == "function" and _target_name(rec) in GATHER_FUNCTIONS and self._gather_step(rec):
             return
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
@@ -302,6 +314,43 @@ class Lowering:
         self.steps.extend(steps)
         return True
 
+    def _gather_step(self, rec):
+        """A gather step for an embedding lookup (``GATHER_FUNCTIONS``), or
+        False (then the caller makes it a Python step): the indices a
+        contiguous integer tensor the plan knows, the weight 2-d with
+        contiguous rows, the result a new contiguous tensor."""
+        try:
+            bound = inspect.signature(rec.target).bind(*rec.args, **rec.kwargs).arguments
+        except (TypeError, ValueError):
+            return False
+        ids, weight, out = bound.get("input"), bound.get("weight"), rec.out
+        if not (_is_tensor(ids) and _is_tensor(weight) and _is_tensor(out)):
+            return False
+        index = _GATHER_INDEX.get(str(ids.dtype))
+        if index is None or weight.ndim != 2 or out.dtype != weight.dtype:
+            return False
+        rows, dim = weight.shape
+        if tuple(out.shape) != tuple(ids.shape) + (dim,):
+            return False
+        snap = self._snapshot()
+        self.new = []
+        si, sw = self.slot(ids), self.slot(weight)
+        so = self.slot(out, create=True) if si is not None and sw is not None else None
+        if so is None or so.buf not in self.new or not _contiguous(si.shape, si.strides) \
+                or not _contiguous(so.shape, so.strides) or (dim > 1 and sw.strides[1] != 1):
+            self._restore(snap)
+            return False
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        isz = weight.itemsize
+        n = 1
+        for d in ids.shape:
+            n *= d
+        args = (index[0], index[1], n, rows, dim * isz, sw.strides[0] * isz)
+        self.steps.append(("gather", args, [(si.buf, si.off), (sw.buf, sw.off), (so.buf, so.off)],
+                           rec.where))
+        return True
+
     def _segment_steps(self, rec):
         """Kernel steps for kernels a call ran outside its children: every
         pointer must lie in a buffer the plan already has, and none may
@@ -357,6 +406,20 @@ class Lowering:
                     scratch[j] = b
                 return (b, p - lo)
         return None
+
+
+def _target_name(rec):
+    return getattr(rec.target, "__module__", None), getattr(rec.target, "__name__", None)
+
+
+def _contiguous(shape, strides):
+    """Whether (shape, strides in elements) is C order without gaps."""
+    expect = 1
+    for d, st in zip(reversed(shape), reversed(strides)):
+        if d != 1 and st != expect:
+            return False
+        expect *= d
+    return True
 
 
 def _packed_weight(p):

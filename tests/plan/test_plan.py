@@ -225,12 +225,74 @@ def test_minilm_optimized_matches_bitwise():
     plan = mt.compile(tm, ids, mask)
     # the 13 layer norms, 6 attentions, 6 linear + GELU epilogues, the
     # pooling's sums and zeros_like are kernel steps (30 Python steps without
-    # them); the three embedding lookups (offsets from the ids' values) stay Python
-    assert plan.stats()["python_steps"] == 3
+    # them), and so are the three embedding lookups (gather steps)
+    assert plan.stats()["python_steps"] == 0
     want = tm(ids, mask)
     got = plan(ids, mask)
     for a, b in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
         assert same_bits(a.numpy(), b.numpy())
+
+
+class Lookup(M.Module):
+    """Two embedding lookups (a table and a second one by a slice of a
+    constant index buffer, as BERT's positions) and an op on their sum."""
+
+    def __init__(self, rows=7, dim=5):
+        super().__init__()
+        self.table = M.Embedding(rows, dim)
+        self.pos = M.Embedding(4, dim)
+        self.register_buffer("pos_ids", mt.tensor(np.arange(4, dtype=np.int64)[None]))
+
+    def forward(self, ids):
+        return F.relu(self.table(ids) + self.pos(self.pos_ids[:, :ids.shape[1]]))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "int16"])
+def test_embedding_lookups_are_gather_steps_bitwise_the_graph(dtype):
+    net = Lookup().eval()
+    ids = mt.tensor(np.array([[1, 6, 0], [3, 3, 2]], dtype=dtype))
+    tm = mt.trace_module(net, ids)
+    plan = mt.compile(tm, ids)
+    assert plan.stats()["python_steps"] == 0
+    assert sum("gather" in what for _, what, _ in plan.profile(ids)) == 2
+    w, p = net.table.weight.numpy(), net.pos.weight.numpy()
+    for seed in range(3):
+        a = np.random.default_rng(seed).integers(0, 7, (2, 3)).astype(dtype)
+        got = plan(mt.tensor(a)).numpy()
+        assert same_bits(got, tm(mt.tensor(a)).numpy())
+        assert same_bits(got, np.maximum(w[a] + p[np.arange(3)][None], 0))    # NumPy's rows
+    assert plan.misses == 0
+
+
+def test_embedding_gather_negative_indices_count_from_the_end_out_of_range_raises():
+    net = Lookup().eval()
+    ids = mt.tensor(np.array([[1, 2, 3]], np.int32))
+    plan = mt.compile(mt.trace_module(net, ids), ids)
+    neg = mt.tensor(np.array([[-1, -7, 0]], np.int32))        # rows 6, 0, 0 (getitem's rule)
+    assert same_bits(plan(neg).numpy(), net(neg).numpy())
+    assert plan.misses == 0
+    for bad in (7, -8):
+        # the gather step stops and the call runs the module, whose lookup raises
+        with pytest.raises(IndexError, match="outside 0..6"):
+            plan(mt.tensor(np.array([[1, bad, 2]], np.int32)))
+    assert plan.misses == 2
+    assert same_bits(plan(ids).numpy(), net(ids).numpy())    # and the plan runs on after
+
+
+def test_embedding_with_strided_indices_or_weight_stays_correct_as_a_python_step():
+    """A lookup whose indices or weight rows are not contiguous is not a
+    gather step: the Python step gives the graph's result."""
+    w = mt.tensor(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32))
+
+    class T(M.Module):
+        def forward(self, ids):
+            return F.embedding(F.transpose(ids, (1, 0)), F.transpose(w, (1, 0))[:, :3]) * 2.0
+
+    ids = mt.tensor(np.array([[0, 1], [3, 2], [1, 1]], np.int64))
+    plan = mt.compile(T().eval(), ids)
+    assert plan.stats()["python_steps"] == 1
+    want = w.numpy().T[:, :3][ids.numpy().T] * 2.0
+    assert same_bits(plan(ids).numpy(), want.astype(np.float32))
 
 
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
@@ -387,8 +449,8 @@ def test_plan_is_what_compile_returns_and_outputs_are_fresh():
 
 
 class MlpThenEmbedding(M.Module):
-    """Kernel steps (gemm, add, gelu), a reduction, and a Python step (the
-    embedding lookup: its offsets come from the ids' values)."""
+    """Kernel steps (gemm, add, gelu), a reduction, a gather (the embedding
+    lookup) and a Python step (cumsum, which the plan does not replay)."""
 
     def __init__(self):
         super().__init__()
@@ -396,7 +458,7 @@ class MlpThenEmbedding(M.Module):
         self.emb = M.Embedding(10, 4)
 
     def forward(self, x, ids):
-        return F.gelu(self.fc(x)).mean(0) + self.emb(ids)
+        return F.cumsum(F.gelu(self.fc(x)).mean(0) + self.emb(ids), 1)
 
 
 class Fills(M.Module):
@@ -431,7 +493,8 @@ def test_profile_times_each_step_in_order_and_names_where_it_came_from():
     whats = [w for _, w, _ in steps]
     assert whats[0].startswith("fc: ") and "gemm" in whats[0] and "M=3 N=4 K=8" in whats[0]
     assert any(w.startswith("<top>: mean") and "reduce" in w for w in whats)
-    assert any(k == "python" and "embedding" in w for k, w, _ in steps)
+    assert any(k == "kernel" and w.startswith("emb: embedding: gather n=2 rows=10") for k, w, _ in steps)
+    assert any(k == "python" and "cumsum" in w for k, w, _ in steps)
     # profiling runs the plan: its outputs are the module's still
     assert same_bits(plan(x, ids).numpy(), net(x, ids).numpy())
     with pytest.raises(KeyError):

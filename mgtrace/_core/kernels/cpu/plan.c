@@ -131,6 +131,28 @@ static int run_gemm(const mt_plan_step *s, char *const *bases) {
                             b, s->u.gemm.nt);
 }
 
+static int run_gather(const mt_plan_gather *g, char *const *bases) {
+    const char *ix = at(bases, g->idx), *src = at(bases, g->src);
+    char *out = at(bases, g->out);
+    for (int64_t i = 0; i < g->n; i++) {
+        int64_t r;
+        switch (g->isz) {
+        case 1: r = g->is_signed ? (int64_t)((const int8_t *)ix)[i] : (int64_t)((const uint8_t *)ix)[i]; break;
+        case 2: r = g->is_signed ? (int64_t)((const int16_t *)ix)[i] : (int64_t)((const uint16_t *)ix)[i]; break;
+        case 4: r = g->is_signed ? (int64_t)((const int32_t *)ix)[i] : (int64_t)((const uint32_t *)ix)[i]; break;
+        default: {
+            const int64_t v = ((const int64_t *)ix)[i];
+            if (!g->is_signed && v < 0) return 1;        /* a uint64 index beyond int64 */
+            r = v;
+        }
+        }
+        if (r < 0) r += g->rows;
+        if (r < 0 || r >= g->rows) return 1;
+        memcpy(out + i * g->row_bytes, src + r * g->src_stride, (size_t)g->row_bytes);
+    }
+    return 0;
+}
+
 static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_callback callback,
                            void *ctx) {
     switch (s->kind) {
@@ -140,6 +162,7 @@ static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_ca
     case MT_STEP_REDUCE:
         return s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
                                s->u.red.nt);
+    case MT_STEP_GATHER: return run_gather(&s->u.gather, bases);
     default: return callback(ctx, s->index) ? -1000 : 0;
     }
 }
