@@ -61,8 +61,8 @@ class _Program:
 
     def __init__(self, module, inputs):
         start = _cplan.next_uid()
-        top, out = record(module, inputs)
-        low = Lowering(inputs, start)
+        top, out, packed = record(module, inputs, start)
+        low = Lowering(inputs, start, packed)
         try:
             low.lower(top)
         except _Unknown as e:
@@ -177,10 +177,10 @@ class Plan:
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
         prog = _Program(self.module, inputs)
-        # the recording held every intermediate of one forward, in reference
-        # cycles (records and their tensors): give that memory back now, to
-        # the OS too (the host allocator would keep the freed blocks for
-        # reuse; the plan's intermediates live in its one arena)
+        # the recording freed the forward's intermediates as it went (its
+        # records hold TensorMeta); give the blocks the host allocator kept
+        # for reuse back to the OS (the plan's intermediates live in its one
+        # arena)
         gc.collect()
         empty_host_cache()
         with self._lock:

@@ -28,7 +28,7 @@ from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError
+from mgtrace.plan._record import PlanError, TensorMeta
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -82,7 +82,12 @@ class Slot:
 
 
 def _is_tensor(v):
-    return isinstance(v, Tensor)
+    return isinstance(v, (Tensor, TensorMeta))
+
+
+def _info(t):
+    """``tensor_info`` of a Tensor or a recorded :class:`TensorMeta`."""
+    return t.info if isinstance(t, TensorMeta) else _cplan.tensor_info(t)
 
 
 class PyStep:
@@ -95,7 +100,8 @@ class PyStep:
 
 
 class Lowering:
-    def __init__(self, inputs, start_uid):
+    def __init__(self, inputs, start_uid, packed=()):
+        self.packed = list(packed)  # conv2d's packed weights the recording saw (see _record)
         self.buffers = []
         self.by_uid = {}            # storage uid -> buffer index
         self.origin = {}            # buffer index -> address its offsets count from
@@ -125,7 +131,7 @@ class Lowering:
     def slot(self, t, create=False):
         """The slot of tensor ``t``: None when the plan does not know its
         memory (``create``: a new buffer for a storage made by this step)."""
-        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _cplan.tensor_info(t)
+        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _info(t)
         b = self.by_uid.get(uid)
         if b is None:
             if uid < self.start_uid:
@@ -286,7 +292,7 @@ class Lowering:
                 known.append(t)
         ranges = []
         for t in known:
-            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            data, _, st_ptr, nbytes, uid, *_ = _info(t)
             ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
         scratch = {}                 # alloc index -> buffer: memory the op made for itself
         steps = []
@@ -378,10 +384,15 @@ class Lowering:
         self.steps.extend(steps)
 
     def _known_ref(self, p, ext, ranges, read_only):
-        for lo, hi, b in ranges:
-            if lo <= p < hi and (ext is None or (lo <= p + ext[0] and p + ext[1] < hi)):
-                return (b, p - self.origin[b])
-        packed = _packed_weight(p) if read_only else None
+        # newest first: the recording frees its intermediates as it goes
+        # (TensorMeta), so an address may have served a storage that was
+        # freed before; the newest one holding it is the one alive now
+        for lo, hi, b in reversed(ranges):
+            if lo <= p < hi:
+                if ext is None or (lo <= p + ext[0] and p + ext[1] < hi):
+                    return (b, p - self.origin[b])
+                break
+        packed = _packed_weight(p, self.packed) if read_only else None
         if packed is not None:       # conv2d's cached packed weights: held as a constant
             data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
             b = self.by_uid.get(uid)
@@ -422,15 +433,13 @@ def _contiguous(shape, strides):
     return True
 
 
-def _packed_weight(p):
-    """The Tensor of conv2d's weight cache that address ``p`` lies in, or None."""
-    from mgtrace._core import nn as _nn
-    for entry in list(_nn._weight_cache.values()):
-        t = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
-        if _is_tensor(t):
-            data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
-            if st_ptr <= p < st_ptr + nbytes:
-                return t
+def _packed_weight(p, packed):
+    """The Tensor of conv2d's packed weights (``packed``: those the
+    recording held) that address ``p`` lies in, or None."""
+    for t in packed:
+        data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
+        if st_ptr <= p < st_ptr + nbytes:
+            return t
     return None
 
 

@@ -295,6 +295,61 @@ def test_embedding_with_strided_indices_or_weight_stays_correct_as_a_python_step
     assert same_bits(plan(ids).numpy(), want.astype(np.float32))
 
 
+def test_recording_holds_no_intermediate_tensor():
+    """Compile's peak memory is one forward's: the records keep TensorMeta
+    for every tensor the run made (constants it created excepted), so the
+    intermediates are freed as the recorded run goes."""
+    from mgtrace._core import plan as cplan
+    from mgtrace.plan._record import TensorMeta, record
+    from mgtrace.traced_module.pytree import tree_flatten
+    net = M.Sequential(M.Linear(8, 16), M.GELU(), M.Linear(16, 4)).eval()
+    x = rand(3, 8)
+    tm = mt.trace_module(net, x)
+    start = cplan.next_uid()
+    top, out, _ = record(tm, (x,), start)
+    metas, stack = 0, [top]
+    while stack:
+        rec = stack.pop()
+        stack.extend(rec.children)
+        if rec.kind == "create" or rec is top:
+            continue
+        for v in tree_flatten((rec.args, rec.kwargs, rec.out),
+                              lambda v: isinstance(v, (mt.Tensor, TensorMeta)))[0]:
+            if isinstance(v, mt.Tensor):
+                assert cplan.tensor_info(v)[4] < start, rec     # an input or a parameter
+            metas += isinstance(v, TensorMeta)
+    assert metas >= 8         # two matmuls, two bias adds, a gelu: their inputs and outputs
+
+
+def test_weights_computed_in_the_forward_keep_their_own_packed_copy():
+    """Two convolutions whose weights the forward computes: the first
+    weight is freed during the recording, and with it its packed copy in
+    conv2d's cache, whose address the second conv's packed copy may take;
+    each kernel step must still read its own."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = M.Conv2d(17, 17, 3, padding=1), M.Conv2d(17, 17, 3, padding=1)
+
+        def forward(self, x):
+            h = F.conv2d(x, self.c1.weight * 0.5, self.c1.bias, padding=1)
+            return F.conv2d(h, self.c2.weight.transpose(1, 0, 2, 3), None, padding=1)
+
+    net = Net().eval()
+    x = rand(1, 17, 5, 8)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (0, 1):
+        x = rand(1, 17, 5, 8, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+    w1 = net.c1.weight.numpy() * np.float32(0.5)
+    h = F.conv2d(x, mt.tensor(w1), net.c1.bias, padding=1)
+    want = F.conv2d(h, mt.tensor(np.ascontiguousarray(net.c2.weight.numpy().transpose(1, 0, 2, 3))),
+                    None, padding=1).numpy()
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
     net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
     x = rand(2, 4)
