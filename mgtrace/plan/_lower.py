@@ -45,7 +45,7 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         # NCHW convolution (direct, im2col, Winograd with cached packed
                         # weights), pooling and resize: one nn-table call each
                         "conv2d", "conv2d_act", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-                        "adaptive_max_pool2d", "interpolate",
+                        "adaptive_max_pool2d", "interpolate", "conv_transpose2d",
                         # reductions: one reduce-table call (a fill when nothing is reduced)
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})

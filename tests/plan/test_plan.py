@@ -350,6 +350,49 @@ def test_weights_computed_in_the_forward_keep_their_own_packed_copy():
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _np_conv_transpose2d(x, w, b, stride, padding, output_padding, dilation, groups):
+    n, c, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = stride, padding, output_padding, dilation
+    full = np.zeros((n, og * groups, (h - 1) * sh + dh * (kh - 1) + 1 + oph,
+                     (wd - 1) * sw + dw * (kw - 1) + 1 + opw), np.float64)
+    cg = c // groups
+    for gi in range(groups):
+        for ci in range(cg):
+            for a in range(kh):
+                for bb in range(kw):
+                    contrib = np.einsum("nij,o->noij", x[:, gi * cg + ci].astype(np.float64),
+                                        w[gi * cg + ci, :, a, bb].astype(np.float64))
+                    full[:, gi * og:(gi + 1) * og, a * dh:a * dh + (h - 1) * sh + 1:sh,
+                         bb * dw:bb * dw + (wd - 1) * sw + 1:sw] += contrib
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    y = full[:, :, ph:ph + oh, pw:pw + ow]
+    return y + (b.reshape(1, -1, 1, 1) if b is not None else 0)
+
+
+@pytest.mark.parametrize("kw", [dict(stride=2, padding=1, output_padding=1), dict(stride=1, bias=False),
+                                dict(stride=(2, 1), groups=2, dilation=2)])
+def test_conv_transpose2d_is_a_kernel_step_bitwise_the_graph(kw):
+    net = M.Sequential(M.ConvTranspose2d(4, 6, 3, **kw)).eval()
+    x = rand(2, 4, 5, 6)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    assert [w for _, w, _ in plan.profile(x)] == ["0: conv_transpose2d: conv_transpose2d"]
+    m = net[0]
+    for seed in (1, 2):
+        x = rand(2, 4, 5, 6, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+        pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)
+        want = _np_conv_transpose2d(x.numpy(), m.weight.numpy(),
+                                    None if m.bias is None else m.bias.numpy(),
+                                    pair(kw.get("stride", 1)), pair(kw.get("padding", 0)),
+                                    pair(kw.get("output_padding", 0)), pair(kw.get("dilation", 1)),
+                                    kw.get("groups", 1))
+        assert got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
     net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
     x = rand(2, 4)

@@ -96,6 +96,12 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
                  int, int, void *) = k->kernel;
         return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], (int)k->i[2], k->nt, p[4]);
     }
+    case MT_NN_CONV_TRANSPOSE2D: {
+        /* x, weight, bias, y, workspace */
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], k->nt, p[4]);
+    }
     case MT_NN_MAX_POOL2D:
     case MT_NN_AVG_POOL2D: {
         int (*f)(int, const void *, void *, const mt_pool2d_geom *, int) = k->kernel;
@@ -528,8 +534,13 @@ static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const vo
 }
 static int cap_conv_t(int dtype, const void *x, const void *w, const void *b, void *y,
                       const mt_conv2d_geom *g, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv_transpose2d(dtype, x, w, b, y, g, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV_TRANSPOSE2D, (void *)real_nn->conv_transpose2d, 5, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y); put(k, 4, ws);
+        k->g[0] = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->conv_transpose2d(dtype, x, w, b, y, g, nt, ws));
 }
 static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                          const int64_t *after, int mode, int64_t itemsize, int nt) {
