@@ -16,7 +16,8 @@ recorded with the kernel calls the backend received for it
 (:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
 whose kernel calls it can account for (elementwise, GEMM, reductions and
 the nn members the recorder wraps: NCHW and NCHW16c convolutions and fused
-blocks, conv_transpose2d, pooling, resize, layer norm, attention) into kernel steps that C replays with
+blocks, conv_transpose2d, conv3d, recurrent cells, pooling, resize, layer
+norm, local response norm, attention) into kernel steps that C replays with
 no Python in between; an embedding lookup (getitem by offsets computed from
 the indices' values, which no recorded call can replay) becomes a gather
 step that reads the indices on each call; views cost nothing; everything else runs as a Python

@@ -46,6 +46,9 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         # weights), pooling and resize: one nn-table call each
                         "conv2d", "conv2d_act", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
                         "adaptive_max_pool2d", "interpolate", "conv_transpose2d",
+                        # one conv3d or recurrent-cell call (conv3d's per-depth-tap
+                        # conv2d policy records those conv2d calls instead)
+                        "conv3d", "lstm_cell", "rnn_cell",
                         # reductions: one reduce-table call (a fill when nothing is reduced)
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})
@@ -57,7 +60,8 @@ GATHER_FUNCTIONS = frozenset({("mgtrace.functional.nn", "embedding")})
 _GATHER_INDEX = {"int8": (1, True), "uint8": (1, False), "int16": (2, True), "uint16": (2, False),
                  "int32": (4, True), "uint32": (4, False), "int64": (8, True), "uint64": (8, False)}
 # functional calls made of one kernel call and no core op
-KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")} |
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm"),
+                              ("mgtrace.functional.nn", "local_response_norm")} |
                              # a new tensor and one fill
                              {("mgtrace.functional.tensor", f) for f in
                               ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like")})

@@ -393,6 +393,68 @@ def test_conv_transpose2d_is_a_kernel_step_bitwise_the_graph(kw):
         assert got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+class LrnConv3d(M.Module):
+    """conv3d (a 1x1x1 GEMM and a 3x3x3 over 16 channels: conv3d.c's
+    kernel; a 3-channel 3x3x3 runs as conv2d per depth tap, composed) and
+    local_response_norm over its channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = M.Conv3d(16, 8, 1), M.Conv3d(8, 16, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return F.local_response_norm(y.reshape(1, 16, -1), kernel_size=5, k=2.0, alpha=1e-3,
+                                     beta=0.75)
+
+
+def test_conv3d_and_lrn_are_kernel_steps_bitwise_the_graph():
+    net = LrnConv3d().eval()
+    x = rand(1, 16, 4, 5, 6)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    whats = [w.split(": ", 1)[1] for _, w, _ in plan.profile(x)]
+    assert plan.stats()["python_steps"] == 0 and whats == ["conv3d: conv3d"] * 2 + [
+        "local_response_norm: lrn"]
+    for seed in (1, 2):
+        x = rand(1, 16, 4, 5, 6, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+    # NumPy: the 1x1x1 conv is a channel product; the window sum of squares
+    xa = np.einsum("oc,ncdhw->nodhw", net.a.weight.numpy()[:, :, 0, 0, 0], x.numpy()) \
+        + net.a.bias.numpy().reshape(1, -1, 1, 1, 1)
+    assert np.allclose(net.a(x).numpy(), xa, rtol=1e-4, atol=1e-5)
+    y = net.b(net.a(x)).numpy().reshape(16, -1).astype(np.float64)
+    sq = np.pad(y * y, ((2, 2), (0, 0)))
+    win = sum(sq[i:i + 16] for i in range(5))
+    assert np.allclose(got.reshape(16, -1), y * (2.0 + 1e-3 * win) ** -0.75, rtol=1e-5, atol=1e-6)
+
+
+def test_recurrent_cells_are_kernel_steps_bitwise_the_graph():
+    x = rand(2, 3)
+    for cell in (M.LSTMCell(3, 5), M.RNNCell(3, 5)):
+        net = M.Sequential(cell).eval()
+        plan = mt.compile(mt.trace_module(net, x), x)
+        whats = [w.split(": ", 1)[1] for _, w, _ in plan.profile(x)]
+        assert plan.stats()["python_steps"] == 0
+        assert whats[-1] == ("lstm_cell: lstm_cell" if isinstance(cell, M.LSTMCell)
+                             else "rnn_cell: rnn_cell")
+        for seed in (1, 2):
+            x2 = rand(2, 3, seed=seed)
+            got, want = plan(x2), net(x2)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            assert all(same_bits(a.numpy(), b.numpy()) for a, b in zip(got, want))
+        gates = (x2.numpy() @ cell.weight_ih.numpy().T + cell.bias_ih.numpy()
+                 + cell.bias_hh.numpy()).astype(np.float64)    # h = c = 0
+        if isinstance(cell, M.LSTMCell):
+            sig = lambda v: 1 / (1 + np.exp(-v))
+            i, f, g, o = np.split(gates, 4, axis=1)
+            c = sig(i) * np.tanh(g)
+            assert np.allclose(got[0].numpy(), sig(o) * np.tanh(c), atol=1e-5)
+            assert np.allclose(got[1].numpy(), c, atol=1e-5)
+        else:
+            assert np.allclose(got[0].numpy(), np.tanh(gates), atol=1e-5)
+
+
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
     net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
     x = rand(2, 4)

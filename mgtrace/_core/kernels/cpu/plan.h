@@ -38,7 +38,8 @@ enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, M
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
        MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_CONV2D,
        MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D, MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D,
-       MT_NN_CONV_TRANSPOSE2D, MT_NN_NKERNELS };
+       MT_NN_CONV_TRANSPOSE2D, MT_NN_CONV3D, MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN,
+       MT_NN_NKERNELS };
 #define MT_PLAN_NN_PTRS 12
 #define MT_PLAN_MAX_CAPTURE 8
 
@@ -80,8 +81,9 @@ typedef struct {
     mt_pool2d_geom pool;
     mt_attn_geom attn;
     int64_t i[8];
-    double eps;
-    double f[2];                      /* resize2d's scales */
+    double eps;                       /* layer norm's eps; lrn's k */
+    double f[2];                      /* resize2d's scales; lrn's alpha, beta */
+    mt_conv3d_geom g3;                /* conv3d's */
 } mt_plan_nn;
 
 /* one reduce-table call (sum, mean, max, ... over a geometry in bytes) */
