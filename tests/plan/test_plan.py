@@ -455,6 +455,48 @@ def test_recurrent_cells_are_kernel_steps_bitwise_the_graph():
             assert np.allclose(got[0].numpy(), np.tanh(gates), atol=1e-5)
 
 
+class Joins(M.Module):
+    def forward(self, x, i):
+        parts = [x, x * 2.0, F.transpose(x, (0, 2, 1)).reshape(2, 4, 3)]
+        many = F.concat([x + float(k) for k in range(12)], axis=2)   # more than a capture holds
+        return F.concat(parts, axis=1), F.stack([x, i], 0), many
+
+
+def test_concat_and_stack_are_copy_steps_bitwise_numpy():
+    x, i = rand(2, 4, 3), mt.tensor(np.arange(24, dtype=np.int32).reshape(2, 4, 3))
+    net = Joins().eval()
+    plan = mt.compile(mt.trace_module(net, x, i), x, i)
+    steps = plan.profile(x, i)
+    assert [w.split(": ")[1] for k, w, _ in steps if k == "python"] == ["concat"]   # the 12 parts
+    # three copies, then stack's (a concat of the parts): a copy and an int32 -> float32 cast
+    assert sum(k == "kernel" and ": concat: " in w for k, w, _ in steps) == 5
+    for seed in (1, 2):
+        x = rand(2, 4, 3, seed=seed)
+        got, want = plan(x, i), net(x, i)
+        assert all(same_bits(a.numpy(), b.numpy()) for a, b in zip(got, want))
+        a = x.numpy()
+        assert same_bits(got[0].numpy(), np.concatenate([a, a * np.float32(2),
+                                                         a.transpose(0, 2, 1).reshape(2, 4, 3)], 1))
+        assert same_bits(got[1].numpy(), np.stack([a, i.numpy().astype(np.float32)]))
+
+
+def test_stacked_lstm_is_kernel_steps_only():
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = M.LSTM(3, 5, num_layers=2, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    net, x = Net().eval(), rand(2, 4, 3)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (1, 2):
+        x = rand(2, 4, 3, seed=seed)
+        assert same_bits(plan(x).numpy(), net(x).numpy())
+
+
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
     net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
     x = rand(2, 4)
