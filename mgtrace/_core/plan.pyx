@@ -62,11 +62,12 @@ cdef extern from "kernels/contract/reduce_kernels.h" nogil:
         pass
 
 cdef extern from "kernels/cpu/plan.h" nogil:
-    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE
+    enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE, MT_STEP_GATHER
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
-    enum: MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D
+    enum: MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D, MT_NN_CONV_TRANSPOSE2D, MT_NN_CONV3D
+    enum: MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN
     enum: MT_PLAN_NN_PTRS
     ctypedef int (*mt_ew_kernel)(const mt_ew_call *call) noexcept nogil
     ctypedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a,
@@ -104,11 +105,16 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         mt_plan_ref inp "in"
         mt_plan_ref out
         mt_reduce_geom g
+    ctypedef struct mt_plan_gather:
+        mt_plan_ref idx, src, out
+        int isz, is_signed
+        int64_t n, rows, row_bytes, src_stride
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
         mt_plan_nn nn
         mt_plan_reduce red
+        mt_plan_gather gather
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -165,19 +171,25 @@ cdef enum:
 
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
 STEP_REDUCE = MT_STEP_REDUCE
+STEP_GATHER = MT_STEP_GATHER
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
             MT_NN_LAYER_NORM: (3, -1), MT_NN_ATTENTION: (4, 5), MT_NN_BIAS_ACT: (0, -1),
             MT_NN_CONV2D: (3, 4), MT_NN_CONV2D_PACKED: (3, 4), MT_NN_MAX_POOL2D: (1, -1),
-            MT_NN_AVG_POOL2D: (1, -1), MT_NN_ADAPTIVE_POOL2D: (1, -1), MT_NN_RESIZE2D: (1, -1)}
+            MT_NN_AVG_POOL2D: (1, -1), MT_NN_ADAPTIVE_POOL2D: (1, -1), MT_NN_RESIZE2D: (1, -1),
+            MT_NN_CONV_TRANSPOSE2D: (3, 4), MT_NN_CONV3D: (3, -1),
+            # lstm_cell writes h_out (5) and c_out (6), both outputs of its op
+            MT_NN_LSTM_CELL: (5, -1), MT_NN_RNN_CELL: (4, -1), MT_NN_LRN: (1, -1)}
 NN_NAMES = {MT_NN_CONV2D_NCHWC: "conv2d_nchwc", MT_NN_PW_DW: "conv2d_nchwc_pw_dw",
             MT_NN_PW_DW_PW: "conv2d_nchwc_pw_dw_pw", MT_NN_MAX_POOL_NCHWC: "max_pool2d_nchwc",
             MT_NN_TO_NCHWC: "to_nchwc", MT_NN_FROM_NCHWC: "from_nchwc",
             MT_NN_LAYER_NORM: "layer_norm", MT_NN_ATTENTION: "attention", MT_NN_BIAS_ACT: "bias_act",
             MT_NN_CONV2D: "conv2d", MT_NN_CONV2D_PACKED: "conv2d_packed",
             MT_NN_MAX_POOL2D: "max_pool2d", MT_NN_AVG_POOL2D: "avg_pool2d",
-            MT_NN_ADAPTIVE_POOL2D: "adaptive_pool2d", MT_NN_RESIZE2D: "resize2d"}
+            MT_NN_ADAPTIVE_POOL2D: "adaptive_pool2d", MT_NN_RESIZE2D: "resize2d",
+            MT_NN_CONV_TRANSPOSE2D: "conv_transpose2d", MT_NN_CONV3D: "conv3d",
+            MT_NN_LSTM_CELL: "lstm_cell", MT_NN_RNN_CELL: "rnn_cell", MT_NN_LRN: "lrn"}
 
 
 # ------------------------------------------------------------------ capture
@@ -562,6 +574,29 @@ cdef class Executor:
         for a in range(c.c.ew.nargs):
             if refs[a] is not None:
                 s.u.ew.ref[a].buf, s.u.ew.ref[a].off = refs[a]
+
+    def add_gather(self, tuple idx, tuple src, tuple out, int isz, bint is_signed, int64_t n,
+                   int64_t rows, int64_t row_bytes, int64_t src_stride):
+        """A gather step (plan.h's mt_plan_gather: an embedding lookup):
+        ``out`` row i (``row_bytes``, rows contiguous) = ``src`` row
+        idx[i], ``src_stride`` bytes between source rows, ``n`` contiguous
+        integer indices of ``isz`` bytes; idx, src, out are (buffer, byte
+        offset). An index outside -rows..rows-1 makes :meth:`run` return
+        None (the caller runs the module, which raises)."""
+        cdef mt_plan_step *s
+        if isz not in (1, 2, 4, 8):
+            raise ValueError(f"add_gather: index itemsize {isz}")
+        s = self._new_step()
+        s.kind = MT_STEP_GATHER
+        s.u.gather.idx.buf, s.u.gather.idx.off = idx
+        s.u.gather.src.buf, s.u.gather.src.off = src
+        s.u.gather.out.buf, s.u.gather.out.off = out
+        s.u.gather.isz = isz
+        s.u.gather.is_signed = is_signed
+        s.u.gather.n = n
+        s.u.gather.rows = rows
+        s.u.gather.row_bytes = row_bytes
+        s.u.gather.src_stride = src_stride
 
     def add_callback(self, int index):
         cdef mt_plan_step *s = self._new_step()

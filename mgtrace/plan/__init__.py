@@ -16,8 +16,11 @@ recorded with the kernel calls the backend received for it
 (:mod:`._record`). Lowering (:mod:`._lower`) turns each recorded core op
 whose kernel calls it can account for (elementwise, GEMM, reductions and
 the nn members the recorder wraps: NCHW and NCHW16c convolutions and fused
-blocks, pooling, resize, layer norm, attention) into kernel steps that C replays with
-no Python in between; views cost nothing; everything else runs as a Python
+blocks, conv_transpose2d, conv3d, recurrent cells, pooling, resize, layer
+norm, local response norm, attention) into kernel steps that C replays with
+no Python in between; an embedding lookup (getitem by offsets computed from
+the indices' values, which no recorded call can replay) becomes a gather
+step that reads the indices on each call; views cost nothing; everything else runs as a Python
 step that calls the same function on views of the plan's memory, so
 outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
 by a liveness-based memory plan; outputs are fresh tensors on every call.
@@ -59,8 +62,8 @@ class _Program:
 
     def __init__(self, module, inputs):
         start = _cplan.next_uid()
-        top, out = record(module, inputs)
-        low = Lowering(inputs, start)
+        top, out, packed = record(module, inputs, start)
+        low = Lowering(inputs, start, packed)
         try:
             low.lower(top)
         except _Unknown as e:
@@ -80,7 +83,7 @@ class _Program:
         self.example_out = out
         self.pysteps = []
         for pos, step in enumerate(low.steps):
-            if step[0] == "kernel":
+            if step[0] in ("kernel", "gather"):
                 for r in step[2]:
                     if r is not None:
                         low._use(r[0], pos)
@@ -101,6 +104,11 @@ class _Program:
             if step[0] == "kernel":
                 ex.add_captured(step[1], step[2])
                 self.step_names.append(("kernel", f"{step[3]}: {step[1].describe()}"))
+            elif step[0] == "gather":
+                isz, signed, n, rows, row_bytes, src_stride = step[1]
+                ex.add_gather(*step[2], isz, signed, n, rows, row_bytes, src_stride)
+                self.step_names.append(("kernel", f"{step[3]}: gather n={n} rows={rows} "
+                                                  f"row_bytes={row_bytes}"))
             else:
                 ex.add_callback(len(self.pysteps))
                 self.pysteps.append(step[1])
@@ -170,10 +178,10 @@ class Plan:
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
         prog = _Program(self.module, inputs)
-        # the recording held every intermediate of one forward, in reference
-        # cycles (records and their tensors): give that memory back now, to
-        # the OS too (the host allocator would keep the freed blocks for
-        # reuse; the plan's intermediates live in its one arena)
+        # the recording freed the forward's intermediates as it went (its
+        # records hold TensorMeta); give the blocks the host allocator kept
+        # for reuse back to the OS (the plan's intermediates live in its one
+        # arena)
         gc.collect()
         empty_host_cache()
         with self._lock:

@@ -22,11 +22,13 @@ aligned offset that no buffer live at the same time overlaps (the
 output lies in are made fresh on each call instead, so the caller owns
 what it gets back.
 """
+import inspect
+
 from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError
+from mgtrace.plan._record import PlanError, TensorMeta
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -43,12 +45,27 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         # NCHW convolution (direct, im2col, Winograd with cached packed
                         # weights), pooling and resize: one nn-table call each
                         "conv2d", "conv2d_act", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-                        "adaptive_max_pool2d", "interpolate",
+                        "adaptive_max_pool2d", "interpolate", "conv_transpose2d",
+                        # one conv3d or recurrent-cell call (conv3d's per-depth-tap
+                        # conv2d policy records those conv2d calls instead)
+                        "conv3d", "lstm_cell", "rnn_cell",
+                        # one copy (a cast where dtypes differ) into the result per part
+                        # (more parts than the capture holds: the capture is unusable and
+                        # the op a Python step)
+                        "concat", "stack",
                         # reductions: one reduce-table call (a fill when nothing is reduced)
                         "sum", "prod", "mean", "var", "std", "max", "min", "argmax", "argmin",
                         "any", "all"})
+# functional calls that are a gather of rows by integer indices (a "gather"
+# step, plan.h's mt_plan_gather): the core runs them as getitem, whose
+# offsets come from the index values, so no recorded kernel call replays them
+GATHER_FUNCTIONS = frozenset({("mgtrace.functional.nn", "embedding")})
+# index dtypes a gather step reads: (bytes, signed)
+_GATHER_INDEX = {"int8": (1, True), "uint8": (1, False), "int16": (2, True), "uint16": (2, False),
+                 "int32": (4, True), "uint32": (4, False), "int64": (8, True), "uint64": (8, False)}
 # functional calls made of one kernel call and no core op
-KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm")} |
+KERNEL_FUNCTIONS = frozenset({("mgtrace.functional.nn", "layer_norm"),
+                              ("mgtrace.functional.nn", "local_response_norm")} |
                              # a new tensor and one fill
                              {("mgtrace.functional.tensor", f) for f in
                               ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like")})
@@ -73,7 +90,12 @@ class Slot:
 
 
 def _is_tensor(v):
-    return isinstance(v, Tensor)
+    return isinstance(v, (Tensor, TensorMeta))
+
+
+def _info(t):
+    """``tensor_info`` of a Tensor or a recorded :class:`TensorMeta`."""
+    return t.info if isinstance(t, TensorMeta) else _cplan.tensor_info(t)
 
 
 class PyStep:
@@ -86,12 +108,14 @@ class PyStep:
 
 
 class Lowering:
-    def __init__(self, inputs, start_uid):
+    def __init__(self, inputs, start_uid, packed=()):
+        self.packed = list(packed)  # conv2d's packed weights the recording saw (see _record)
         self.buffers = []
         self.by_uid = {}            # storage uid -> buffer index
         self.origin = {}            # buffer index -> address its offsets count from
         self.start_uid = start_uid
-        self.steps = []             # ("kernel", Captured, refs, where) or ("py", PyStep)
+        self.steps = []             # ("kernel", Captured, refs, where), ("gather", args, refs,
+        #                             where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
         for i, t in enumerate(inputs):
@@ -115,7 +139,7 @@ class Lowering:
     def slot(self, t, create=False):
         """The slot of tensor ``t``: None when the plan does not know its
         memory (``create``: a new buffer for a storage made by this step)."""
-        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _cplan.tensor_info(t)
+        data, _, st_ptr, nbytes, uid, dtype, dev, strides = _info(t)
         b = self.by_uid.get(uid)
         if b is None:
             if uid < self.start_uid:
@@ -167,6 +191,8 @@ class Lowering:
             if self._kernel_steps(rec):
                 return
         if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
+            return
+        if rec.kind == "function" and _target_name(rec) in GATHER_FUNCTIONS and self._gather_step(rec):
             return
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
@@ -274,7 +300,7 @@ class Lowering:
                 known.append(t)
         ranges = []
         for t in known:
-            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            data, _, st_ptr, nbytes, uid, *_ = _info(t)
             ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
         scratch = {}                 # alloc index -> buffer: memory the op made for itself
         steps = []
@@ -300,6 +326,43 @@ class Lowering:
         for b in self.new:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
+        return True
+
+    def _gather_step(self, rec):
+        """A gather step for an embedding lookup (``GATHER_FUNCTIONS``), or
+        False (then the caller makes it a Python step): the indices a
+        contiguous integer tensor the plan knows, the weight 2-d with
+        contiguous rows, the result a new contiguous tensor."""
+        try:
+            bound = inspect.signature(rec.target).bind(*rec.args, **rec.kwargs).arguments
+        except (TypeError, ValueError):
+            return False
+        ids, weight, out = bound.get("input"), bound.get("weight"), rec.out
+        if not (_is_tensor(ids) and _is_tensor(weight) and _is_tensor(out)):
+            return False
+        index = _GATHER_INDEX.get(str(ids.dtype))
+        if index is None or weight.ndim != 2 or out.dtype != weight.dtype:
+            return False
+        rows, dim = weight.shape
+        if tuple(out.shape) != tuple(ids.shape) + (dim,):
+            return False
+        snap = self._snapshot()
+        self.new = []
+        si, sw = self.slot(ids), self.slot(weight)
+        so = self.slot(out, create=True) if si is not None and sw is not None else None
+        if so is None or so.buf not in self.new or not _contiguous(si.shape, si.strides) \
+                or not _contiguous(so.shape, so.strides) or (dim > 1 and sw.strides[1] != 1):
+            self._restore(snap)
+            return False
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        isz = weight.itemsize
+        n = 1
+        for d in ids.shape:
+            n *= d
+        args = (index[0], index[1], n, rows, dim * isz, sw.strides[0] * isz)
+        self.steps.append(("gather", args, [(si.buf, si.off), (sw.buf, sw.off), (so.buf, so.off)],
+                           rec.where))
         return True
 
     def _segment_steps(self, rec):
@@ -329,10 +392,15 @@ class Lowering:
         self.steps.extend(steps)
 
     def _known_ref(self, p, ext, ranges, read_only):
-        for lo, hi, b in ranges:
-            if lo <= p < hi and (ext is None or (lo <= p + ext[0] and p + ext[1] < hi)):
-                return (b, p - self.origin[b])
-        packed = _packed_weight(p) if read_only else None
+        # newest first: the recording frees its intermediates as it goes
+        # (TensorMeta), so an address may have served a storage that was
+        # freed before; the newest one holding it is the one alive now
+        for lo, hi, b in reversed(ranges):
+            if lo <= p < hi:
+                if ext is None or (lo <= p + ext[0] and p + ext[1] < hi):
+                    return (b, p - self.origin[b])
+                break
+        packed = _packed_weight(p, self.packed) if read_only else None
         if packed is not None:       # conv2d's cached packed weights: held as a constant
             data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
             b = self.by_uid.get(uid)
@@ -359,15 +427,27 @@ class Lowering:
         return None
 
 
-def _packed_weight(p):
-    """The Tensor of conv2d's weight cache that address ``p`` lies in, or None."""
-    from mgtrace._core import nn as _nn
-    for entry in list(_nn._weight_cache.values()):
-        t = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
-        if _is_tensor(t):
-            data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
-            if st_ptr <= p < st_ptr + nbytes:
-                return t
+def _target_name(rec):
+    return getattr(rec.target, "__module__", None), getattr(rec.target, "__name__", None)
+
+
+def _contiguous(shape, strides):
+    """Whether (shape, strides in elements) is C order without gaps."""
+    expect = 1
+    for d, st in zip(reversed(shape), reversed(strides)):
+        if d != 1 and st != expect:
+            return False
+        expect *= d
+    return True
+
+
+def _packed_weight(p, packed):
+    """The Tensor of conv2d's packed weights (``packed``: those the
+    recording held) that address ``p`` lies in, or None."""
+    for t in packed:
+        data, _, st_ptr, nbytes, *_ = _cplan.tensor_info(t)
+        if st_ptr <= p < st_ptr + nbytes:
+            return t
     return None
 
 

@@ -19,8 +19,9 @@ from mgtrace._core import trace_hooks as _hooks
 from mgtrace._core.tensor import Tensor
 from mgtrace.errors import Error
 from mgtrace.functional._trace import mutated_arguments
+from mgtrace.traced_module.pytree import tree_flatten
 
-__all__ = ["PlanError", "Record", "record"]
+__all__ = ["PlanError", "Record", "TensorMeta", "record"]
 
 
 class PlanError(Error, ValueError):
@@ -28,6 +29,39 @@ class PlanError(Error, ValueError):
     path or function that prevents it and why (training-mode BatchNorm, a
     write into a buffer, a data-dependent value, watch or end points). Run
     the module itself instead, or change what the message names."""
+
+
+class TensorMeta:
+    """A tensor made during the recording, as lowering reads it: its
+    ``tensor_info`` (addresses, storage uid, dtype code, strides), shape,
+    dtype, ndim and itemsize. Records hold these instead of the tensors, so
+    the forward's intermediates are freed as the recorded run goes, as they
+    would be outside it: compiling peaks at one forward's memory, not at all
+    of its intermediates at once. A freed storage's addresses may then serve
+    a later one; storages are told apart by uid, and an address by the
+    newest storage that held it (:meth:`Lowering._known_ref`)."""
+    __slots__ = ("info", "shape", "dtype", "ndim", "itemsize")
+
+    def __init__(self, t, info):
+        self.info, self.shape, self.dtype, self.ndim, self.itemsize = (
+            info, tuple(t.shape), t.dtype, t.ndim, t.itemsize)
+
+    def __repr__(self):
+        return f"TensorMeta({self.shape}, {self.dtype})"
+
+
+def _strip(obj, start_uid):
+    """``obj`` with each tensor whose storage the recording made (uid from
+    ``start_uid`` on) replaced by its :class:`TensorMeta`; older storages
+    (inputs, parameters, buffers) stay tensors, which the plan holds."""
+    leaves, tdef = tree_flatten(obj, lambda v: isinstance(v, Tensor))
+    if not leaves:
+        return obj
+    metas = []
+    for t in leaves:
+        info = _cplan.tensor_info(t)
+        metas.append(TensorMeta(t, info) if info[4] >= start_uid else t)
+    return tdef.unflatten(metas)
 
 
 class Record:
@@ -75,10 +109,27 @@ def _has_tensor(obj):
 
 
 class _Recorder(_hooks.TraceHook):
-    def __init__(self, names):
+    def __init__(self, names, start_uid):
         self.names = names           # id(module) -> its path in the compiled module
+        self.start_uid = start_uid   # storages from this uid on are the recording's own
+        # conv2d's packed weights that recorded calls read, by storage uid:
+        # held, as the plan holds them, since the cache drops an entry when
+        # its weight is freed (a weight computed in the forward is freed
+        # during the recording) and another could then take its address
+        self.packed = {}
         self.stack = [Record("module", None, (), {}, "")]
         self.path = []
+
+    def _hold_packed(self, captured):
+        """After ``captured`` calls ran: hold the packed weights now in
+        conv2d's cache when one of them was an nn call (which may read them)."""
+        if not captured or all(c.kind != _cplan.STEP_NN for c in captured):
+            return
+        from mgtrace._core import nn as _nn
+        for entry in list(_nn._weight_cache.values()):
+            t = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+            if isinstance(t, Tensor):
+                self.packed.setdefault(_cplan.tensor_info(t)[4], t)
 
     def where(self, what):
         path = ".".join(p for p in self.path if p) or "<top>"
@@ -101,6 +152,7 @@ class _Recorder(_hooks.TraceHook):
         else:
             self.stack.pop()
             rec.allocs, rec.captured = _cplan.take_allocs(), _cplan.take_capture()
+            self._hold_packed(rec.captured)
         _cplan.capture_begin()
 
     def _segment(self):
@@ -117,22 +169,25 @@ class _Recorder(_hooks.TraceHook):
             for r in self.stack[1:]:
                 r.unaccounted = True
         elif captured:
+            self._hold_packed(captured)
             seg = Record("segment", None, (), {}, self.where("kernels"))
             seg.captured = captured
             rec.children.append(seg)
 
     def on_apply(self, op, *inputs):
-        rec = Record("apply", op, inputs, {}, self.where(op.name))
+        rec = Record("apply", op, _strip(inputs, self.start_uid), {}, self.where(op.name))
         self._segment()
         self.stack[-1].children.append(rec)
         _cplan.capture_begin()
         try:
-            rec.out = _dispatch.apply(op, *inputs)
+            out = _dispatch.apply(op, *inputs)
         finally:
             rec.allocs = _cplan.take_allocs()
             rec.captured = _cplan.take_capture()
             _cplan.capture_begin()
-        return rec.out
+        self._hold_packed(rec.captured)
+        rec.out = _strip(out, self.start_uid)
+        return out
 
     def on_function(self, wrapper, fn, args, kwargs):
         name = getattr(fn, "__name__", str(fn))
@@ -141,15 +196,17 @@ class _Recorder(_hooks.TraceHook):
             raise PlanError(f"{self.where(name)} writes into its argument(s) {', '.join(written)} "
                             "(state updated by the forward, as training-mode batch_norm does): a plan "
                             "replays a fixed computation; call module.eval() first or run the module")
-        rec = Record("function", fn, args, kwargs, self.where(name))
+        rec = Record("function", fn, _strip(args, self.start_uid), _strip(kwargs, self.start_uid),
+                     self.where(name))
         # a function that applies no core op (layer_norm's one C pass) is
         # known by its kernel calls; one that does, by its children's
         self._push(rec)
         try:
-            rec.out = fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         finally:
             self._pop()
-        return rec.out
+        rec.out = _strip(out, self.start_uid)
+        return out
 
     def on_module_call(self, module, args, kwargs):
         name = self.names.get(id(module), type(module).__name__)
@@ -160,22 +217,26 @@ class _Recorder(_hooks.TraceHook):
                 raise PlanError(f"{what} is in training mode (it updates its running statistics or "
                                 "draws random numbers on every call): call .eval() on the module "
                                 "before compiling it")
-            rec = Record("module", module, args, kwargs, what)
+            rec = Record("module", module, _strip(args, self.start_uid),
+                         _strip(kwargs, self.start_uid), what)
             self._push(rec)
             try:
-                rec.out = module._call_impl(args, kwargs)
+                out = module._call_impl(args, kwargs)
             finally:
                 self._pop()
-            return rec.out
+            rec.out = _strip(out, self.start_uid)
+            return out
         finally:
             self.path.pop()
 
     def on_method(self, t, method, args):
-        rec = Record("method", method, (t,) + tuple(args), {}, self.where(f"Tensor.{method}"))
+        rec = Record("method", method, _strip((t,) + tuple(args), self.start_uid), {},
+                     self.where(f"Tensor.{method}"))
         self.stack[-1].children.append(rec)
         with _hooks.installed(self, tracing=False):
-            rec.out = getattr(t, method)(*args)
-        return rec.out
+            out = getattr(t, method)(*args)
+        rec.out = _strip(out, self.start_uid)
+        return out
 
     def on_create(self, target, data, dtype, device):
         if _has_tensor(data):
@@ -196,11 +257,13 @@ class _Recorder(_hooks.TraceHook):
                         "(a data-dependent value); a plan replays one fixed computation")
 
 
-def record(module, inputs):
-    """Runs ``module(*inputs)`` once, recording it; returns (top record, outputs)."""
+def record(module, inputs, start_uid):
+    """Runs ``module(*inputs)`` once, recording it; returns (top record,
+    outputs, the packed conv2d weights recorded calls may read). Tensors whose storage uid is ``start_uid`` or later (made by
+    the run) are held as :class:`TensorMeta` in the records."""
     names = {id(m): n for n, m in module.named_modules()}
     names[id(module)] = ""
-    rec = _Recorder(names)
+    rec = _Recorder(names, start_uid)
     _cplan.capture_install()
     try:
         with _hooks.installed(rec, tracing=True):
@@ -211,4 +274,4 @@ def record(module, inputs):
         _cplan.capture_uninstall()
     top = rec.stack[0]
     top.out = out
-    return top, out
+    return top, out, list(rec.packed.values())

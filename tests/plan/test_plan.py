@@ -225,12 +225,276 @@ def test_minilm_optimized_matches_bitwise():
     plan = mt.compile(tm, ids, mask)
     # the 13 layer norms, 6 attentions, 6 linear + GELU epilogues, the
     # pooling's sums and zeros_like are kernel steps (30 Python steps without
-    # them); the three embedding lookups (offsets from the ids' values) stay Python
-    assert plan.stats()["python_steps"] == 3
+    # them), and so are the three embedding lookups (gather steps)
+    assert plan.stats()["python_steps"] == 0
     want = tm(ids, mask)
     got = plan(ids, mask)
     for a, b in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
         assert same_bits(a.numpy(), b.numpy())
+
+
+class Lookup(M.Module):
+    """Two embedding lookups (a table and a second one by a slice of a
+    constant index buffer, as BERT's positions) and an op on their sum."""
+
+    def __init__(self, rows=7, dim=5):
+        super().__init__()
+        self.table = M.Embedding(rows, dim)
+        self.pos = M.Embedding(4, dim)
+        self.register_buffer("pos_ids", mt.tensor(np.arange(4, dtype=np.int64)[None]))
+
+    def forward(self, ids):
+        return F.relu(self.table(ids) + self.pos(self.pos_ids[:, :ids.shape[1]]))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "int16"])
+def test_embedding_lookups_are_gather_steps_bitwise_the_graph(dtype):
+    net = Lookup().eval()
+    ids = mt.tensor(np.array([[1, 6, 0], [3, 3, 2]], dtype=dtype))
+    tm = mt.trace_module(net, ids)
+    plan = mt.compile(tm, ids)
+    assert plan.stats()["python_steps"] == 0
+    assert sum("gather" in what for _, what, _ in plan.profile(ids)) == 2
+    w, p = net.table.weight.numpy(), net.pos.weight.numpy()
+    for seed in range(3):
+        a = np.random.default_rng(seed).integers(0, 7, (2, 3)).astype(dtype)
+        got = plan(mt.tensor(a)).numpy()
+        assert same_bits(got, tm(mt.tensor(a)).numpy())
+        assert same_bits(got, np.maximum(w[a] + p[np.arange(3)][None], 0))    # NumPy's rows
+    assert plan.misses == 0
+
+
+def test_embedding_gather_negative_indices_count_from_the_end_out_of_range_raises():
+    net = Lookup().eval()
+    ids = mt.tensor(np.array([[1, 2, 3]], np.int32))
+    plan = mt.compile(mt.trace_module(net, ids), ids)
+    neg = mt.tensor(np.array([[-1, -7, 0]], np.int32))        # rows 6, 0, 0 (getitem's rule)
+    assert same_bits(plan(neg).numpy(), net(neg).numpy())
+    assert plan.misses == 0
+    for bad in (7, -8):
+        # the gather step stops and the call runs the module, whose lookup raises
+        with pytest.raises(IndexError, match="outside 0..6"):
+            plan(mt.tensor(np.array([[1, bad, 2]], np.int32)))
+    assert plan.misses == 2
+    assert same_bits(plan(ids).numpy(), net(ids).numpy())    # and the plan runs on after
+
+
+def test_embedding_with_strided_indices_or_weight_stays_correct_as_a_python_step():
+    """A lookup whose indices or weight rows are not contiguous is not a
+    gather step: the Python step gives the graph's result."""
+    w = mt.tensor(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32))
+
+    class T(M.Module):
+        def forward(self, ids):
+            return F.embedding(F.transpose(ids, (1, 0)), F.transpose(w, (1, 0))[:, :3]) * 2.0
+
+    ids = mt.tensor(np.array([[0, 1], [3, 2], [1, 1]], np.int64))
+    plan = mt.compile(T().eval(), ids)
+    assert plan.stats()["python_steps"] == 1
+    want = w.numpy().T[:, :3][ids.numpy().T] * 2.0
+    assert same_bits(plan(ids).numpy(), want.astype(np.float32))
+
+
+def test_recording_holds_no_intermediate_tensor():
+    """Compile's peak memory is one forward's: the records keep TensorMeta
+    for every tensor the run made (constants it created excepted), so the
+    intermediates are freed as the recorded run goes."""
+    from mgtrace._core import plan as cplan
+    from mgtrace.plan._record import TensorMeta, record
+    from mgtrace.traced_module.pytree import tree_flatten
+    net = M.Sequential(M.Linear(8, 16), M.GELU(), M.Linear(16, 4)).eval()
+    x = rand(3, 8)
+    tm = mt.trace_module(net, x)
+    start = cplan.next_uid()
+    top, out, _ = record(tm, (x,), start)
+    metas, stack = 0, [top]
+    while stack:
+        rec = stack.pop()
+        stack.extend(rec.children)
+        if rec.kind == "create" or rec is top:
+            continue
+        for v in tree_flatten((rec.args, rec.kwargs, rec.out),
+                              lambda v: isinstance(v, (mt.Tensor, TensorMeta)))[0]:
+            if isinstance(v, mt.Tensor):
+                assert cplan.tensor_info(v)[4] < start, rec     # an input or a parameter
+            metas += isinstance(v, TensorMeta)
+    assert metas >= 8         # two matmuls, two bias adds, a gelu: their inputs and outputs
+
+
+def test_weights_computed_in_the_forward_keep_their_own_packed_copy():
+    """Two convolutions whose weights the forward computes: the first
+    weight is freed during the recording, and with it its packed copy in
+    conv2d's cache, whose address the second conv's packed copy may take;
+    each kernel step must still read its own."""
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = M.Conv2d(17, 17, 3, padding=1), M.Conv2d(17, 17, 3, padding=1)
+
+        def forward(self, x):
+            h = F.conv2d(x, self.c1.weight * 0.5, self.c1.bias, padding=1)
+            return F.conv2d(h, self.c2.weight.transpose(1, 0, 2, 3), None, padding=1)
+
+    net = Net().eval()
+    x = rand(1, 17, 5, 8)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (0, 1):
+        x = rand(1, 17, 5, 8, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+    w1 = net.c1.weight.numpy() * np.float32(0.5)
+    h = F.conv2d(x, mt.tensor(w1), net.c1.bias, padding=1)
+    want = F.conv2d(h, mt.tensor(np.ascontiguousarray(net.c2.weight.numpy().transpose(1, 0, 2, 3))),
+                    None, padding=1).numpy()
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _np_conv_transpose2d(x, w, b, stride, padding, output_padding, dilation, groups):
+    n, c, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = stride, padding, output_padding, dilation
+    full = np.zeros((n, og * groups, (h - 1) * sh + dh * (kh - 1) + 1 + oph,
+                     (wd - 1) * sw + dw * (kw - 1) + 1 + opw), np.float64)
+    cg = c // groups
+    for gi in range(groups):
+        for ci in range(cg):
+            for a in range(kh):
+                for bb in range(kw):
+                    contrib = np.einsum("nij,o->noij", x[:, gi * cg + ci].astype(np.float64),
+                                        w[gi * cg + ci, :, a, bb].astype(np.float64))
+                    full[:, gi * og:(gi + 1) * og, a * dh:a * dh + (h - 1) * sh + 1:sh,
+                         bb * dw:bb * dw + (wd - 1) * sw + 1:sw] += contrib
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    y = full[:, :, ph:ph + oh, pw:pw + ow]
+    return y + (b.reshape(1, -1, 1, 1) if b is not None else 0)
+
+
+@pytest.mark.parametrize("kw", [dict(stride=2, padding=1, output_padding=1), dict(stride=1, bias=False),
+                                dict(stride=(2, 1), groups=2, dilation=2)])
+def test_conv_transpose2d_is_a_kernel_step_bitwise_the_graph(kw):
+    net = M.Sequential(M.ConvTranspose2d(4, 6, 3, **kw)).eval()
+    x = rand(2, 4, 5, 6)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    assert [w for _, w, _ in plan.profile(x)] == ["0: conv_transpose2d: conv_transpose2d"]
+    m = net[0]
+    for seed in (1, 2):
+        x = rand(2, 4, 5, 6, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+        pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)
+        want = _np_conv_transpose2d(x.numpy(), m.weight.numpy(),
+                                    None if m.bias is None else m.bias.numpy(),
+                                    pair(kw.get("stride", 1)), pair(kw.get("padding", 0)),
+                                    pair(kw.get("output_padding", 0)), pair(kw.get("dilation", 1)),
+                                    kw.get("groups", 1))
+        assert got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class LrnConv3d(M.Module):
+    """conv3d (a 1x1x1 GEMM and a 3x3x3 over 16 channels: conv3d.c's
+    kernel; a 3-channel 3x3x3 runs as conv2d per depth tap, composed) and
+    local_response_norm over its channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = M.Conv3d(16, 8, 1), M.Conv3d(8, 16, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        return F.local_response_norm(y.reshape(1, 16, -1), kernel_size=5, k=2.0, alpha=1e-3,
+                                     beta=0.75)
+
+
+def test_conv3d_and_lrn_are_kernel_steps_bitwise_the_graph():
+    net = LrnConv3d().eval()
+    x = rand(1, 16, 4, 5, 6)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    whats = [w.split(": ", 1)[1] for _, w, _ in plan.profile(x)]
+    assert plan.stats()["python_steps"] == 0 and whats == ["conv3d: conv3d"] * 2 + [
+        "local_response_norm: lrn"]
+    for seed in (1, 2):
+        x = rand(1, 16, 4, 5, 6, seed=seed)
+        got = plan(x).numpy()
+        assert same_bits(got, net(x).numpy())
+    # NumPy: the 1x1x1 conv is a channel product; the window sum of squares
+    xa = np.einsum("oc,ncdhw->nodhw", net.a.weight.numpy()[:, :, 0, 0, 0], x.numpy()) \
+        + net.a.bias.numpy().reshape(1, -1, 1, 1, 1)
+    assert np.allclose(net.a(x).numpy(), xa, rtol=1e-4, atol=1e-5)
+    y = net.b(net.a(x)).numpy().reshape(16, -1).astype(np.float64)
+    sq = np.pad(y * y, ((2, 2), (0, 0)))
+    win = sum(sq[i:i + 16] for i in range(5))
+    assert np.allclose(got.reshape(16, -1), y * (2.0 + 1e-3 * win) ** -0.75, rtol=1e-5, atol=1e-6)
+
+
+def test_recurrent_cells_are_kernel_steps_bitwise_the_graph():
+    x = rand(2, 3)
+    for cell in (M.LSTMCell(3, 5), M.RNNCell(3, 5)):
+        net = M.Sequential(cell).eval()
+        plan = mt.compile(mt.trace_module(net, x), x)
+        whats = [w.split(": ", 1)[1] for _, w, _ in plan.profile(x)]
+        assert plan.stats()["python_steps"] == 0
+        assert whats[-1] == ("lstm_cell: lstm_cell" if isinstance(cell, M.LSTMCell)
+                             else "rnn_cell: rnn_cell")
+        for seed in (1, 2):
+            x2 = rand(2, 3, seed=seed)
+            got, want = plan(x2), net(x2)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            assert all(same_bits(a.numpy(), b.numpy()) for a, b in zip(got, want))
+        gates = (x2.numpy() @ cell.weight_ih.numpy().T + cell.bias_ih.numpy()
+                 + cell.bias_hh.numpy()).astype(np.float64)    # h = c = 0
+        if isinstance(cell, M.LSTMCell):
+            sig = lambda v: 1 / (1 + np.exp(-v))
+            i, f, g, o = np.split(gates, 4, axis=1)
+            c = sig(i) * np.tanh(g)
+            assert np.allclose(got[0].numpy(), sig(o) * np.tanh(c), atol=1e-5)
+            assert np.allclose(got[1].numpy(), c, atol=1e-5)
+        else:
+            assert np.allclose(got[0].numpy(), np.tanh(gates), atol=1e-5)
+
+
+class Joins(M.Module):
+    def forward(self, x, i):
+        parts = [x, x * 2.0, F.transpose(x, (0, 2, 1)).reshape(2, 4, 3)]
+        many = F.concat([x + float(k) for k in range(12)], axis=2)   # more than a capture holds
+        return F.concat(parts, axis=1), F.stack([x, i], 0), many
+
+
+def test_concat_and_stack_are_copy_steps_bitwise_numpy():
+    x, i = rand(2, 4, 3), mt.tensor(np.arange(24, dtype=np.int32).reshape(2, 4, 3))
+    net = Joins().eval()
+    plan = mt.compile(mt.trace_module(net, x, i), x, i)
+    steps = plan.profile(x, i)
+    assert [w.split(": ")[1] for k, w, _ in steps if k == "python"] == ["concat"]   # the 12 parts
+    # three copies, then stack's (a concat of the parts): a copy and an int32 -> float32 cast
+    assert sum(k == "kernel" and ": concat: " in w for k, w, _ in steps) == 5
+    for seed in (1, 2):
+        x = rand(2, 4, 3, seed=seed)
+        got, want = plan(x, i), net(x, i)
+        assert all(same_bits(a.numpy(), b.numpy()) for a, b in zip(got, want))
+        a = x.numpy()
+        assert same_bits(got[0].numpy(), np.concatenate([a, a * np.float32(2),
+                                                         a.transpose(0, 2, 1).reshape(2, 4, 3)], 1))
+        assert same_bits(got[1].numpy(), np.stack([a, i.numpy().astype(np.float32)]))
+
+
+def test_stacked_lstm_is_kernel_steps_only():
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = M.LSTM(3, 5, num_layers=2, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    net, x = Net().eval(), rand(2, 4, 3)
+    plan = mt.compile(mt.trace_module(net, x), x)
+    assert plan.stats()["python_steps"] == 0
+    for seed in (1, 2):
+        x = rand(2, 4, 3, seed=seed)
+        assert same_bits(plan(x).numpy(), net(x).numpy())
 
 
 def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
@@ -387,8 +651,8 @@ def test_plan_is_what_compile_returns_and_outputs_are_fresh():
 
 
 class MlpThenEmbedding(M.Module):
-    """Kernel steps (gemm, add, gelu), a reduction, and a Python step (the
-    embedding lookup: its offsets come from the ids' values)."""
+    """Kernel steps (gemm, add, gelu), a reduction, a gather (the embedding
+    lookup) and a Python step (cumsum, which the plan does not replay)."""
 
     def __init__(self):
         super().__init__()
@@ -396,7 +660,7 @@ class MlpThenEmbedding(M.Module):
         self.emb = M.Embedding(10, 4)
 
     def forward(self, x, ids):
-        return F.gelu(self.fc(x)).mean(0) + self.emb(ids)
+        return F.cumsum(F.gelu(self.fc(x)).mean(0) + self.emb(ids), 1)
 
 
 class Fills(M.Module):
@@ -431,7 +695,8 @@ def test_profile_times_each_step_in_order_and_names_where_it_came_from():
     whats = [w for _, w, _ in steps]
     assert whats[0].startswith("fc: ") and "gemm" in whats[0] and "M=3 N=4 K=8" in whats[0]
     assert any(w.startswith("<top>: mean") and "reduce" in w for w in whats)
-    assert any(k == "python" and "embedding" in w for k, w, _ in steps)
+    assert any(k == "kernel" and w.startswith("emb: embedding: gather n=2 rows=10") for k, w, _ in steps)
+    assert any(k == "python" and "cumsum" in w for k, w, _ in steps)
     # profiling runs the plan: its outputs are the module's still
     assert same_bits(plan(x, ids).numpy(), net(x, ids).numpy())
     with pytest.raises(KeyError):

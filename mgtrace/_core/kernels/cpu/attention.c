@@ -25,37 +25,45 @@ int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) {
 }
 
 /* One row of scores: += mask row (may be NULL, its step ms3 may be 0), then
- * softmax in place. The max, the NaN check and the double sum run in 8
- * lanes so that they vectorise (a plain loop with a branch, or one double
- * accumulator, stays scalar): a NaN in the row makes the lanes' x * 0 sums
- * NaN, and then m = NaN as before. MT_VCLONES (with the AVX-512 clone), as
- * attn_exp_f32: a clone calls its callee's clone of the same target, and
- * the AVX2 one of the 16-lane exp is several times slower. */
+ * softmax in place. The max and the NaN check run over MT_VL-lane vectors
+ * and the double sum over 8 double lanes, written as GCC vector extensions:
+ * written as 8 scalar lanes, GCC kept the max loop scalar (vmaxss, a
+ * quarter of the attention kernel's time in MiniLM). The arithmetic is the
+ * scalar loop's: the max is exact whatever the lane order (NaN lanes never
+ * win a > compare; +0 and -0 give the same x - m and exp), a NaN in the row
+ * makes the lanes' x * 0 sums NaN and then m = NaN, and lane l of the sum
+ * adds row[l], row[l + 8], row[l + 16], ... in that order, as before.
+ * MT_VCLONES (with the AVX-512 clone), as attn_exp_f32: a clone calls its
+ * callee's clone of the same target, and the AVX2 one of the 16-lane exp is
+ * several times slower. */
+typedef double attn_v8d __attribute__((vector_size(64)));
+typedef float attn_v8f __attribute__((vector_size(32)));
+
 static MT_VCLONES void softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3, int64_t n) {
     if (mrow) {
         if (ms3 == 1) for (int64_t j = 0; j < n; j++) row[j] += mrow[j];
         else for (int64_t j = 0; j < n; j++) row[j] += mrow[j * ms3];
     }
-    float mx[8], poison[8];
-    for (int l = 0; l < 8; l++) { mx[l] = -INFINITY; poison[l] = 0; }
+    mt_vf mx = mt_vsplat(-INFINITY), poison = mt_vsplat(0.f);
     int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) {
-            const float v = row[j + l];
-            mx[l] = v > mx[l] ? v : mx[l];
-            poison[l] += v * 0.0f;   /* NaN for a NaN (or an infinity: then the exact check below) */
-        }
+    for (; j + MT_VL <= n; j += MT_VL) {
+        mt_vf x; memcpy(&x, row + j, sizeof x);
+        mx = mt_vsel(x > mx, x, mx);
+        poison += x * 0.0f;        /* NaN for a NaN (or an infinity: then the exact check below) */
+    }
     float m = -INFINITY, pz = 0;
-    for (int l = 0; l < 8; l++) { m = mx[l] > m ? mx[l] : m; pz += poison[l]; }
+    for (int l = 0; l < MT_VL; l++) { m = mx[l] > m ? mx[l] : m; pz += poison[l]; }
     for (; j < n; j++) { m = row[j] > m ? row[j] : m; pz += row[j] * 0.0f; }
     if (pz != pz)
         for (int64_t i = 0; i < n; i++) if (row[i] != row[i]) { m = NAN; break; }
     for (int64_t i = 0; i < n; i++) row[i] -= m;
     attn_exp_f32(row, row, n);
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    attn_v8d acc = {0, 0, 0, 0, 0, 0, 0, 0};
     j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) acc[l] += row[j + l];
+    for (; j + 8 <= n; j += 8) {
+        attn_v8f x; memcpy(&x, row + j, sizeof x);
+        acc += __builtin_convertvector(x, attn_v8d);
+    }
     double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; j < n; j++) s += row[j];
     const float inv = (float)(1.0 / s);

@@ -96,6 +96,38 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
                  int, int, void *) = k->kernel;
         return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], (int)k->i[1], (int)k->i[2], k->nt, p[4]);
     }
+    case MT_NN_CONV3D: {
+        /* x, weight, bias, y */
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv3d_geom *, int) =
+            k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &k->g3, k->nt);
+    }
+    case MT_NN_LSTM_CELL: {
+        /* gx, h, c, w_hh, b_hh, h_out, c_out */
+        int (*f)(int, const void *, const void *, const void *, const void *, const void *, void *,
+                 void *, int64_t, int64_t, int64_t, int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], p[4], p[5], p[6], k->i[1], k->i[2], k->i[3],
+                 k->nt);
+    }
+    case MT_NN_RNN_CELL: {
+        /* gx, h, w_hh, b_hh, h_out */
+        int (*f)(int, int, const void *, const void *, const void *, const void *, void *, int64_t,
+                 int64_t, int) = k->kernel;
+        return f((int)k->i[0], (int)k->i[1], p[0], p[1], p[2], p[3], p[4], k->i[2], k->i[3], k->nt);
+    }
+    case MT_NN_LRN: {
+        /* x, y */
+        int (*f)(int, const void *, void *, int64_t, int64_t, int64_t, int64_t, double, double,
+                 double, int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], k->i[1], k->i[2], k->i[3], k->i[4], k->eps, k->f[0],
+                 k->f[1], k->nt);
+    }
+    case MT_NN_CONV_TRANSPOSE2D: {
+        /* x, weight, bias, y, workspace */
+        int (*f)(int, const void *, const void *, const void *, void *, const mt_conv2d_geom *, int,
+                 void *) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], &g[0], k->nt, p[4]);
+    }
     case MT_NN_MAX_POOL2D:
     case MT_NN_AVG_POOL2D: {
         int (*f)(int, const void *, void *, const mt_pool2d_geom *, int) = k->kernel;
@@ -131,6 +163,28 @@ static int run_gemm(const mt_plan_step *s, char *const *bases) {
                             b, s->u.gemm.nt);
 }
 
+static int run_gather(const mt_plan_gather *g, char *const *bases) {
+    const char *ix = at(bases, g->idx), *src = at(bases, g->src);
+    char *out = at(bases, g->out);
+    for (int64_t i = 0; i < g->n; i++) {
+        int64_t r;
+        switch (g->isz) {
+        case 1: r = g->is_signed ? (int64_t)((const int8_t *)ix)[i] : (int64_t)((const uint8_t *)ix)[i]; break;
+        case 2: r = g->is_signed ? (int64_t)((const int16_t *)ix)[i] : (int64_t)((const uint16_t *)ix)[i]; break;
+        case 4: r = g->is_signed ? (int64_t)((const int32_t *)ix)[i] : (int64_t)((const uint32_t *)ix)[i]; break;
+        default: {
+            const int64_t v = ((const int64_t *)ix)[i];
+            if (!g->is_signed && v < 0) return 1;        /* a uint64 index beyond int64 */
+            r = v;
+        }
+        }
+        if (r < 0) r += g->rows;
+        if (r < 0 || r >= g->rows) return 1;
+        memcpy(out + i * g->row_bytes, src + r * g->src_stride, (size_t)g->row_bytes);
+    }
+    return 0;
+}
+
 static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_callback callback,
                            void *ctx) {
     switch (s->kind) {
@@ -140,6 +194,7 @@ static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_ca
     case MT_STEP_REDUCE:
         return s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
                                s->u.red.nt);
+    case MT_STEP_GATHER: return run_gather(&s->u.gather, bases);
     default: return callback(ctx, s->index) ? -1000 : 0;
     }
 }
@@ -505,8 +560,13 @@ static int cap_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const vo
 }
 static int cap_conv_t(int dtype, const void *x, const void *w, const void *b, void *y,
                       const mt_conv2d_geom *g, int nt, void *ws) {
-    if (cap_on) poison();
-    return real_nn->conv_transpose2d(dtype, x, w, b, y, g, nt, ws);
+    mt_plan_nn *k = nn_slot(MT_NN_CONV_TRANSPOSE2D, (void *)real_nn->conv_transpose2d, 5, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y); put(k, 4, ws);
+        k->g[0] = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->conv_transpose2d(dtype, x, w, b, y, g, nt, ws));
 }
 static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                          const int64_t *after, int mode, int64_t itemsize, int nt) {
@@ -523,6 +583,47 @@ static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const
         k->i[0] = dtype; k->i[1] = algo; k->i[2] = layout;
     }
     return checked(real_nn->conv2d_packed(dtype, x, packed, bias, y, g, algo, layout, nt, ws));
+}
+
+static int cap_conv3d(int dtype, const void *x, const void *w, const void *b, void *y,
+                      const mt_conv3d_geom *g, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_CONV3D, (void *)real_nn->conv3d, 4, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, w); put(k, 2, b); put(k, 3, y);
+        k->g3 = *g;
+        k->i[0] = dtype;
+    }
+    return checked(real_nn->conv3d(dtype, x, w, b, y, g, nt));
+}
+static int cap_lstm_cell(int dtype, const void *gx, const void *h, const void *c, const void *w_hh,
+                         const void *b_hh, void *h_out, void *c_out, int64_t n, int64_t hidden,
+                         int64_t h_width, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_LSTM_CELL, (void *)real_nn->lstm_cell, 7, nt);
+    if (k) {
+        put(k, 0, gx); put(k, 1, h); put(k, 2, c); put(k, 3, w_hh); put(k, 4, b_hh);
+        put(k, 5, h_out); put(k, 6, c_out);
+        k->i[0] = dtype; k->i[1] = n; k->i[2] = hidden; k->i[3] = h_width;
+    }
+    return checked(real_nn->lstm_cell(dtype, gx, h, c, w_hh, b_hh, h_out, c_out, n, hidden, h_width, nt));
+}
+static int cap_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *w_hh,
+                        const void *b_hh, void *h_out, int64_t n, int64_t hidden, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_RNN_CELL, (void *)real_nn->rnn_cell, 5, nt);
+    if (k) {
+        put(k, 0, gx); put(k, 1, h); put(k, 2, w_hh); put(k, 3, b_hh); put(k, 4, h_out);
+        k->i[0] = dtype; k->i[1] = relu; k->i[2] = n; k->i[3] = hidden;
+    }
+    return checked(real_nn->rnn_cell(dtype, relu, gx, h, w_hh, b_hh, h_out, n, hidden, nt));
+}
+static int cap_lrn(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner,
+                   int64_t n, double kk, double alpha, double beta, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_LRN, (void *)real_nn->lrn, 2, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, y);
+        k->i[0] = dtype; k->i[1] = outer; k->i[2] = c; k->i[3] = inner; k->i[4] = n;
+        k->eps = kk; k->f[0] = alpha; k->f[1] = beta;
+    }
+    return checked(real_nn->lrn(dtype, x, y, outer, c, inner, n, kk, alpha, beta, nt));
 }
 
 /* plan.pyx keeps the wrapped copy in a 4096-byte buffer */
@@ -550,6 +651,10 @@ void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
     WRAP(conv_transpose2d, cap_conv_t);
     WRAP(pad_index, cap_pad_index);
     WRAP(conv2d_packed, cap_conv2d_packed);
+    WRAP(conv3d, cap_conv3d);
+    WRAP(lstm_cell, cap_lstm_cell);
+    WRAP(rnn_cell, cap_rnn_cell);
+    WRAP(lrn, cap_lrn);
 #undef WRAP
 }
 

@@ -32,11 +32,13 @@
 extern "C" {
 #endif
 
-enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, MT_STEP_REDUCE = 4 };
+enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, MT_STEP_REDUCE = 4,
+       MT_STEP_GATHER = 5 };
 /* the nn table members a plan replays (MT_STEP_NN's ``which``) */
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
        MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_CONV2D,
        MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D, MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D,
+       MT_NN_CONV_TRANSPOSE2D, MT_NN_CONV3D, MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN,
        MT_NN_NKERNELS };
 #define MT_PLAN_NN_PTRS 12
 #define MT_PLAN_MAX_CAPTURE 8
@@ -79,8 +81,9 @@ typedef struct {
     mt_pool2d_geom pool;
     mt_attn_geom attn;
     int64_t i[8];
-    double eps;
-    double f[2];                      /* resize2d's scales */
+    double eps;                       /* layer norm's eps; lrn's k */
+    double f[2];                      /* resize2d's scales; lrn's alpha, beta */
+    mt_conv3d_geom g3;                /* conv3d's */
 } mt_plan_nn;
 
 /* one reduce-table call (sum, mean, max, ... over a geometry in bytes) */
@@ -91,11 +94,27 @@ typedef struct {
     mt_reduce_geom g;
 } mt_plan_reduce;
 
+/* Rows of a source picked by integer indices (an embedding lookup, which
+ * the core runs as getitem: offsets computed from the index values on the
+ * host, then the index table's take, so no recorded call can replay it).
+ * Output row i (row_bytes, rows contiguous) = source row idx[i], the
+ * indices n contiguous integers of isz bytes (signed or not), a negative
+ * index counting from the end as NumPy's (and getitem's) do. An index
+ * outside -rows..rows-1 returns 1: the call then runs the graph, whose
+ * getitem raises the IndexError. */
+typedef struct {
+    mt_plan_ref idx, src, out;
+    int isz, is_signed;
+    int64_t n, rows, row_bytes;
+    int64_t src_stride;               /* bytes from one source row to the next */
+} mt_plan_gather;
+
 typedef union {
     mt_plan_ew ew;
     mt_plan_gemm gemm;
     mt_plan_nn nn;
     mt_plan_reduce red;
+    mt_plan_gather gather;
 } mt_plan_u;
 
 typedef struct mt_plan_step {
