@@ -871,10 +871,11 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
 #ifdef _OPENMP
-        float *m = mws + (int64_t)omp_get_thread_num() * pl.np * 2 * pl.group * NC;
+        const int me = omp_get_thread_num(), team = omp_get_num_threads();
 #else
-        float *m = mws;
+        const int me = 0, team = 1;
 #endif
+        float *m = mws + (int64_t)me * pl.np * 2 * pl.group * NC;
         for (int64_t r = 0; r < g->n * rounds_img; r++) {
             const int64_t n = r / rounds_img, ty0 = (r % rounds_img) * pl.rows;
             const int64_t nrows = mt_min64(pl.rows, pl.th - ty0), tiles = nrows * pl.tw;
@@ -908,20 +909,31 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
             if (nt > 1 && want > ngroup) ngroup = want < most ? want : most;
             const int64_t gsize = (tiles + ngroup - 1) / ngroup;
             ngroup = (tiles + gsize - 1) / gsize;
+            /* U is read once a call, a slab (point, unit) at a time: each
+             * slab's calls prefetch the next slab the thread reads (the
+             * next point's, or the first of its next task), as the direct
+             * convs do their next unit's weights (nc_prefetch_step) */
+            const int64_t ntask = pl.units * ngroup, per = ntask / team, extra = ntask % team;
+            const int64_t t1 = me * per + (me < extra ? me : extra) + per + (me < extra);
             #pragma omp for schedule(static) nowait
-            for (int64_t task = 0; task < pl.units * ngroup; task++) {
+            for (int64_t task = 0; task < ntask; task++) {
                 const int64_t un = task / ngroup, g0 = (task % ngroup) * gsize, gn = mt_min64(gsize, tiles - g0);
                 const int nv = 2 * un + 1 < pl.nob ? 2 : 1;
-                const int64_t ms = gn * NC;
+                const int64_t ms = gn * NC, ncall = (gn + NC_R - 1) / NC_R;   /* nc_tile's tiles */
                 const nc_dense_fn *dk = nc_dense_kernels[1][nv - 1][0];
                 static const int64_t zero_off[1] = {0};
                 for (int64_t p = 0; p < pl.np; p++) {
                     const float *vpnt = v + p * vp + g0 * NC, *up = u + (p * pl.units + un) * slab;
                     float *mp = m + p * 2 * ms;
+                    const float *next = p + 1 < pl.np ? up + pl.units * slab
+                                        : task + 1 < t1 ? u + (task + 1) / ngroup * slab : NULL;
+                    const int64_t share = next ? nc_prefetch_step(slab * (int64_t)sizeof(float) / ncall, pl.ncb) : 0;
+                    const char *pf = (const char *)next;
                     for (int64_t t = 0; t < gn;) {
                         const int64_t rr = nc_tile(gn - t, NC_R);
                         dk[rr - 1](vpnt + t * NC, vcb, pl.ncb, zero_off, zero_off, 1, up, NC * NC_PAIR, NC,
-                                   zero, mp + t * NC, ms, 0, MT_ACT_NONE, 0, 0, NULL, 0);
+                                   zero, mp + t * NC, ms, 0, MT_ACT_NONE, 0, 0, pf, share);
+                        pf += share * pl.ncb;
                         t += rr;
                     }
                 }
