@@ -21,7 +21,7 @@ child process of its own (no thread pool of one spinning beside the
 other's), ``--calls`` whole forwards after warm-up; each layer's best and
 median over them, in us. A row is one mgtrace step; the ORT time beside it
 is the sum of the ORT nodes holding the same convolutions (matched by weight
-shape and order: ORT's fused Conv+Add+Relu is one node, mgtrace's
+shape, channels padded to 16, and order: ORT's fused Conv+Add+Relu is one node, mgtrace's
 pointwise-depthwise-projection blocks are one step for three ORT nodes);
 steps without a convolution (pooling, the classifier) are matched by kind.
 At 1 thread the best of many calls is the steadiest figure on a shared
@@ -167,6 +167,13 @@ def _run_child(what, model, batch, threads, calls):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _wkey(w):
+    """A weight shape as both sides see it: ORT's NCHWc convs report their
+    channels padded to the block (24 -> 32) where a block is read."""
+    o, c = w[0], w[1]
+    return (-(-o // 16) * 16, -(-c // 16) * 16 if c > 4 else c) + tuple(w[2:])
+
+
 def _stats(ts):
     return min(ts) * 1e6, float(np.median(ts)) * 1e6
 
@@ -177,7 +184,7 @@ def vs_ort(model, batch, threads, calls):
     by_weight = {}
     for n in nodes:
         if n[2] is not None:
-            by_weight.setdefault(tuple(n[2]), []).append(n)
+            by_weight.setdefault(_wkey(n[2]), []).append(n)
     used = set()
     print(f"\n{model} batch {batch}, {threads} thread(s), {calls} calls; us, best / median")
     print(f"{'mgtrace step':>34} {'weights':>20} | {'mgtrace':>15} | {'ORT':>15} {'nodes':>5} | {'best':>5}")
@@ -185,7 +192,7 @@ def vs_ort(model, batch, threads, calls):
     for label, fn, weights, ts in steps:
         mine = []
         for w in weights:
-            cand = by_weight.get(tuple(w), [])
+            cand = by_weight.get(_wkey(w), [])
             if cand:
                 mine.append(cand.pop(0))
         if not weights:
@@ -212,7 +219,8 @@ def vs_ort(model, batch, threads, calls):
             to = np.array(n[3])
             tot_o += to
             bo, mo = _stats(to)
-            print(f"{'(ORT only) ' + n[1]:>34} {'':>20} | {'':>15} | {bo:7.0f} {mo:7.0f} {1:>5} |")
+            wtxt = "x".join(map(str, n[2] or ()))
+            print(f"{'(ORT only) ' + n[1]:>34} {wtxt:>20} | {'':>15} | {bo:7.0f} {mo:7.0f} {1:>5} |")
     bm, mm = _stats(tot_m)
     bo, mo = _stats(tot_o)
     print(f"{'sum of steps':>34} {'':>20} | {bm:7.0f} {mm:7.0f} | {bo:7.0f} {mo:7.0f} {'':>5} | {bm / bo:5.2f}")

@@ -534,11 +534,13 @@ static void nc_run(const nc_call *c) {
      * and the OpenMP rule: equal contiguous ranges, the first tasks % team
      * threads one more); with units outer, each task of a unit prefetches
      * its share of the weights of the thread's next unit (the first one
-     * again for the next image) */
+     * again for the next image); with rows outer, each task the whole of
+     * its next task's unit (a 1x1 conv on a flat 7x7 plane: one task a
+     * unit, each unit's weights read once) */
     const int64_t per = c->tasks / team, extra = c->tasks % team;
     const int64_t t0 = me * per + (me < extra ? me : extra), t1 = t0 + per + (me < extra);
     const int64_t wbytes = c->wunit * (int64_t)sizeof(float);
-    const int pf_on = c->units_outer && t1 > t0;
+    const int pf_on = !c->dw && t1 > t0;
     for (int64_t n = 0; n < g->n; n++) {
         if (c->xp) {
             if (n > 0) {
@@ -555,8 +557,14 @@ static void nc_run(const nc_call *c) {
             const int64_t c1 = mt_min64(q->ow, c0 + c->chunk);
             const char *pf = NULL;
             int64_t pfbytes = 0;
-            if (pf_on) {
-                int64_t next = u + 1 <= (t1 - 1) / c->rows ? u + 1 : n + 1 < g->n ? t0 / c->rows : u;
+            if (pf_on && !c->units_outer) {
+                const int64_t nx = task + 1 < t1 ? task + 1 : n + 1 < g->n ? t0 : task;
+                if (nx % c->units != u) {
+                    pf = (const char *)(c->packed + nx % c->units * c->wunit);
+                    pfbytes = wbytes;
+                }
+            } else if (pf_on) {
+                const int64_t next = u + 1 <= (t1 - 1) / c->rows ? u + 1 : n + 1 < g->n ? t0 / c->rows : u;
                 if (next != u) {
                     const int64_t lo = row * wbytes / c->rows, hi = (row + 1) * wbytes / c->rows;
                     pf = (const char *)(c->packed + next * c->wunit) + lo;
@@ -1103,10 +1111,17 @@ static void pwdw_run(const pwdw_call *c) {
     const mt_conv2d_geom *pw = c->pw, *dw = c->dw;
     const int64_t kk = c->kk, nob = c->nob, units = c->units;
 #ifdef _OPENMP
-    char *mine = c->scratch + (int64_t)omp_get_thread_num() * c->per;
+    const int me = omp_get_thread_num(), team = omp_get_num_threads();
 #else
-    char *mine = c->scratch;
+    const int me = 0, team = 1;
 #endif
+    char *mine = c->scratch + (int64_t)me * c->per;
+    /* this thread's tasks [t0, t1) (schedule(static), as nc_run): each
+     * task prefetches the pointwise weights of its next task's unit, read
+     * once a call (units are the inner index) */
+    const int64_t per = c->tasks / team, extra = c->tasks % team;
+    const int64_t t0 = me * per + (me < extra ? me : extra), t1 = t0 + per + (me < extra);
+    const int64_t slab = c->ncb * NC * NC_PAIR;
     float *ring = (float *)mine;
     int64_t *tl = (int64_t *)(mine + c->ring_f * (int64_t)sizeof(float)), *tags = tl + 4 * kk;
     memset(ring, 0, (size_t)c->ring_f * sizeof(float));     /* the pad columns, never written */
@@ -1118,6 +1133,8 @@ static void pwdw_run(const pwdw_call *c) {
             const int nv = 2 * u + 1 < nob ? 2 : 1;
             const int ptail = 2 * u + nv - 1 == nob - 1 ? c->tail : 0;
             const float *xn = c->x + n * c->ncb * c->cbs;
+            const int64_t nx = task + 1 < t1 ? task + 1 : n + 1 < pw->n ? t0 : task;
+            const char *pf = nx % units != u ? (const char *)(c->pw_packed + nx % units * slab) : NULL;
             for (int64_t s = 0; s < dw->kh; s++) tags[s] = -1;
             for (int64_t oy = oy0; oy < oy1; oy++) {
                 const int64_t iy0 = oy * dw->sh - dw->ph;
@@ -1127,7 +1144,8 @@ static void pwdw_run(const pwdw_call *c) {
                     if (iy < 0 || iy >= pw->h || tags[slot] == iy) continue;
                     nc_row(&c->qp, 0, nv, ptail, xn + iy * pw->w * NC, c->pw_packed + u * c->ncb * NC * NC_PAIR,
                            c->b1 + u * NC_PAIR, ring + slot * c->rs + c->rp * NC, 0, 0, pw->w, tl, pw->act, 0,
-                           NULL, 0);
+                           pf, pf ? slab * (int64_t)sizeof(float) : 0);
+                    pf = NULL;
                     tags[slot] = iy;
                 }
                 const int64_t ntap = pwdw_row_taps(&c->q, oy, tl, tl + kk);
