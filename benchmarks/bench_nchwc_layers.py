@@ -25,7 +25,10 @@ shape, channels padded to 16, and order: ORT's fused Conv+Add+Relu is one node, 
 pointwise-depthwise-projection blocks are one step for three ORT nodes);
 steps without a convolution (pooling, the classifier) are matched by kind.
 At 1 thread the best of many calls is the steadiest figure on a shared
-machine; the ratio column is mgtrace / ORT of the best.
+machine; the ratio column is mgtrace / ORT of the best. Below the layers:
+the sum of the steps in each call (its best and median call), and the sum
+of the layers' bests (the steadier total where other processes interrupt
+some calls).
 
     python benchmarks/bench_nchwc_layers.py --vs-ort resnet18 --threads 1
     python benchmarks/bench_nchwc_layers.py --vs-ort mobilenet_v2 --threads 1 --threads 2
@@ -189,6 +192,7 @@ def vs_ort(model, batch, threads, calls):
     print(f"\n{model} batch {batch}, {threads} thread(s), {calls} calls; us, best / median")
     print(f"{'mgtrace step':>34} {'weights':>20} | {'mgtrace':>15} | {'ORT':>15} {'nodes':>5} | {'best':>5}")
     tot_m, tot_o = np.zeros(calls), np.zeros(calls)
+    best_m = best_o = 0.0
     for label, fn, weights, ts in steps:
         mine = []
         for w in weights:
@@ -205,11 +209,13 @@ def vs_ort(model, batch, threads, calls):
         ts = np.array(ts)
         tot_m += ts
         bm, mm = _stats(ts)
+        best_m += bm
         wtxt = "x".join(map(str, weights[0])) if weights else ""
         if mine:
             to = np.sum([n[3] for n in mine], axis=0)
             tot_o += to
             bo, mo = _stats(to)
+            best_o += bo
             print(f"{label[:34]:>34} {wtxt:>20} | {bm:7.0f} {mm:7.0f} | {bo:7.0f} {mo:7.0f} {len(mine):>5} | "
                   f"{bm / bo:5.2f}")
         else:
@@ -219,11 +225,14 @@ def vs_ort(model, batch, threads, calls):
             to = np.array(n[3])
             tot_o += to
             bo, mo = _stats(to)
+            best_o += bo
             wtxt = "x".join(map(str, n[2] or ()))
             print(f"{'(ORT only) ' + n[1]:>34} {wtxt:>20} | {'':>15} | {bo:7.0f} {mo:7.0f} {1:>5} |")
     bm, mm = _stats(tot_m)
     bo, mo = _stats(tot_o)
-    print(f"{'sum of steps':>34} {'':>20} | {bm:7.0f} {mm:7.0f} | {bo:7.0f} {mo:7.0f} {'':>5} | {bm / bo:5.2f}")
+    print(f"{'steps a call':>34} {'':>20} | {bm:7.0f} {mm:7.0f} | {bo:7.0f} {mo:7.0f} {'':>5} | {bm / bo:5.2f}")
+    print(f"{'sum of the bests':>34} {'':>20} | {best_m:7.0f} {'':>7} | {best_o:7.0f} {'':>7} {'':>5} | "
+          f"{best_m / best_o:5.2f}")
 
 
 def main():
