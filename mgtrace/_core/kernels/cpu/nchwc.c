@@ -448,12 +448,23 @@ int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthr
     return bias_bytes(g) + pad + taps;
 }
 
-/* image n's channel block (channel for NCHW) cb into the padded copy */
+/* image n's channel block (channel for NCHW) cb into the padded copy,
+ * its border zeroed: by the tasks of the copy, on every thread, rather
+ * than a memset of the whole copy before the parallel region (serial time
+ * in every padded call, 0.6-0.9 MB for ResNet-18's stem and its first
+ * stride-2 conv) */
 static void pad_block(const float *x, float *xp, const mt_conv2d_geom *g, const nc_geom *q, int64_t n, int64_t cb) {
-    const int64_t rowf = g->w * q->lanes, src_plane = g->h * rowf;
+    const int64_t rowf = g->w * q->lanes, src_plane = g->h * rowf, prow = q->w * q->lanes, side = g->pw * q->lanes;
     const float *s = x + (n * q->ncb + cb) * src_plane;
-    float *d = xp + cb * q->cbs + (g->ph * q->w + g->pw) * q->lanes;
-    for (int64_t r = 0; r < g->h; r++) memcpy(d + r * q->w * q->lanes, s + r * rowf, (size_t)rowf * sizeof(float));
+    float *plane = xp + cb * q->cbs;
+    memset(plane, 0, (size_t)(g->ph * prow) * sizeof(float));
+    for (int64_t r = 0; r < g->h; r++) {
+        float *d = plane + (g->ph + r) * prow;
+        memset(d, 0, (size_t)side * sizeof(float));
+        memcpy(d + side, s + r * rowf, (size_t)rowf * sizeof(float));
+        memset(d + side + rowf, 0, (size_t)(prow - side - rowf) * sizeof(float));
+    }
+    memset(plane + (g->ph + g->h) * prow, 0, (size_t)((q->h - g->ph - g->h) * prow) * sizeof(float));
 }
 
 /* A direct conv call's plan (nc_plan_call), run by each thread of a
@@ -492,7 +503,6 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     for (int64_t i = 0; i < c->units * c->width; i++) bp[i] = bias && i < g->o ? bias[i] : 0.0f;
     c->bp = bp;
     c->xp = c->pbytes ? (float *)((char *)workspace + bias_bytes(g)) : NULL;
-    if (c->xp) memset(c->xp, 0, (size_t)c->pbytes);      /* the padding, once for every image */
     c->tls = (int64_t *)((char *)workspace + bias_bytes(g) + c->pbytes);
     /* rows split in chunks of columns: at most NC_CHUNK wide, and enough
      * tasks (8 a thread) that a static split is even: a 784-pixel plane of
