@@ -1641,6 +1641,33 @@ def test_conv2d_nchwc_threads_and_weight_cache_agree():
     nn.clear_weight_cache()
 
 
+@pytest.mark.parametrize("n, c, o, hw, k, s", [
+    (1, 64, 160, 7, 3, 1), (3, 64, 160, 7, 3, 1),       # units of the 7x7 layers: two rows a task
+    (2, 48, 96, 14, 1, 2), (3, 32, 80, 6, 3, 2),        # a 1x1 downsample; 3 units over 2 threads
+    (2, 40, 112, 5, 3, 1)])
+def test_conv2d_nchwc_weight_prefetch_across_units_threads_and_images(n, c, o, hw, k, s):
+    """Layers whose weights outweigh their input run a unit (pair of output
+    blocks) at a time, each of its tasks prefetching part of the thread's
+    next unit, the first one again for the next image: 1 and 2 threads
+    (units split between them mid-way) give the same bits and NumPy's
+    values, the residual and activation included."""
+    x, wt, b = rand(n, c, hw, hw), rand(o, c, k, k), rand(o)
+    ref = ref_conv2d(x, wt, b, s, k // 2, 1)
+    r = rand(*ref.shape)
+    want = np.maximum(ref + r, 0)
+    before = dispatch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2):
+            dispatch.set_num_threads(t)
+            outs.append(nn.conv2d_nchwc(tensor(blocked(x)), tensor(wt), tensor(b), tensor(blocked(r)),
+                                        s, k // 2, 1, 1, "relu"))
+    finally:
+        dispatch.set_num_threads(before)
+    np.testing.assert_array_equal(outs[0].numpy(), outs[1].numpy())
+    np.testing.assert_allclose(nn.from_nchwc(outs[0], o).numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("c, h, w, k, s, p, d, ceil", [
     (64, 20, 20, 3, 2, 1, 1, False), (17, 9, 7, 3, 2, 1, 1, True), (20, 8, 8, 2, 2, 0, 1, False),
     (5, 10, 9, 3, 1, 1, 2, False), (33, 5, 6, 5, 1, 2, 1, False),
