@@ -268,3 +268,20 @@ def test_sgd_step_counts_as_a_write():
         assert w._version > v
         with pytest.raises(AutodiffError, match="written in place"):
             gm.backward(y)
+
+
+# ------------------------------------------------------------------ conv2d's input gradient
+@pytest.mark.parametrize("c,o,k,p,groups", [(3, 5, (3, 3), (1, 1), 1), (4, 6, (3, 3), (0, 2), 2),
+                                            (6, 6, (3, 3), (1, 1), 6), (2, 3, (5, 3), (2, 0), 1),
+                                            (4, 4, (1, 1), (0, 0), 1)])
+def test_conv_input_gradient_at_stride_1_is_the_transposed_conv(c, o, k, p, groups):
+    # at stride 1 the rule runs the input gradient as conv2d with the
+    # adjoint weight; it equals conv_transpose2d of the output gradient
+    from mgtrace.autodiff import rules
+    rng = np.random.default_rng(11)
+    x = mt.tensor(rng.standard_normal((2, c, 7, 8)))
+    w = mt.tensor(rng.standard_normal((o, c // groups) + k))
+    g = mt.tensor(rng.standard_normal(F.conv2d(x, w, padding=p, groups=groups).shape))
+    gx, _, _ = rules._conv_vjp(x, w, None, g, (1, 1), p, (1, 1), groups, (True, False, False))
+    want = F.conv_transpose2d(g, w, None, stride=1, padding=p, groups=groups)
+    np.testing.assert_allclose(gx.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)

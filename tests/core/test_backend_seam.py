@@ -306,7 +306,7 @@ MISSING_FIRST = {
     "max_pool2d": "max_pool2d backward", "avg_pool2d": "avg_pool2d backward",
     "adaptive_avg_pool2d": "adaptive_avg_pool2d backward", "adaptive_max_pool2d": "adaptive_max_pool2d backward",
     "interpolate": "interpolate backward", "gelu": "gelu backward", "embedding": "index_add",
-    "conv2d": "conv_transpose2d",           # conv2d's input gradient is a CPU-only forward kernel
+    "conv2d": "conv2d backward",            # its input gradient (stride 1) is a forward conv2d: the weight's
     "conv3d": "conv_transpose2d",           # its fallback (conv2d per depth tap) has conv2d's gradient
     "layer_norm": None,                     # its fallback composes reductions and elementwise ops
     "batch_norm": None,                     # so does batch norm's
