@@ -285,3 +285,16 @@ def test_conv_input_gradient_at_stride_1_is_the_transposed_conv(c, o, k, p, grou
     gx, _, _ = rules._conv_vjp(x, w, None, g, (1, 1), p, (1, 1), groups, (True, False, False))
     want = F.conv_transpose2d(g, w, None, stride=1, padding=p, groups=groups)
     np.testing.assert_allclose(gx.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu_backward_edges(dtype):
+    # PyTorch's subgradients: 0 at 0 (and at 6 for relu6), 1 at +inf for relu,
+    # 0 at NaN; gy * 0 kept (an infinite gy at a zero slope gives NaN)
+    x = np.array([-1, 0, 1e-30, 1, np.inf, np.nan, 5, 6, 7, -np.inf, 2, -2], dtype)
+    gy = np.array([1, 1, 1, 1, 1, 1, np.inf, 1, 1, 1, 3, np.inf], dtype)
+    with np.errstate(invalid="ignore"):
+        relu = gy * (x > 0)
+        relu6 = gy * ((x > 0) & (x < 6))
+        np.testing.assert_array_equal(_nn.act_backward("relu", mt.tensor(x), mt.tensor(gy)).numpy(), relu)
+        np.testing.assert_array_equal(_nn.act_backward("relu6", mt.tensor(x), mt.tensor(gy)).numpy(), relu6)
