@@ -8,6 +8,7 @@ seconds per step (best and median of the timed steps) and peak RSS.
     python benchmarks/bench_train.py           # short: ResNet-18 b2 at 64, MiniLM 2 x 32
     python benchmarks/bench_train.py --full    # ResNet-18 b8 at 224, MiniLM 8 x 128
     python benchmarks/bench_train.py --peer-python /path/to/venv/bin/python   # torch there
+    python benchmarks/bench_train.py --full --profile --steps 2   # per-op CPU s, 1 thread
 
 PyTorch's column is left empty when torch is not installed. The torch
 models are independent torch.nn definitions of the same architectures
@@ -40,13 +41,11 @@ def _steps(step, n):
     return min(times), statistics.median(times)
 
 
-def run_mgtrace(model, batch, size, steps, threads):
+def build_mgtrace(model, batch, size):
+    """The seeded model and batch: ``(loss_fn, parameters)``."""
     import mgtrace as mt
     import mgtrace.functional as F
-    from mgtrace.autodiff import GradManager
     from mgtrace.models import MiniLM, resnet18
-    from mgtrace.optimizer import SGD
-    mt.set_num_threads(threads)
     mt.random.seed(0)
     rng = np.random.default_rng(0)
     if model == "resnet18":
@@ -63,7 +62,15 @@ def run_mgtrace(model, batch, size, steps, threads):
 
         def loss_fn():
             return net.hidden_states(ids, mask).mean()
-    params = list(net.parameters())
+    return loss_fn, list(net.parameters())
+
+
+def run_mgtrace(model, batch, size, steps, threads):
+    import mgtrace as mt
+    from mgtrace.autodiff import GradManager
+    from mgtrace.optimizer import SGD
+    mt.set_num_threads(threads)
+    loss_fn, params = build_mgtrace(model, batch, size)
     gm = GradManager().attach(params)
     opt = SGD(params, lr=1e-3, momentum=0.9)
 
@@ -93,9 +100,8 @@ def _torch_minilm(torch, vocab=30522, hidden=384, layers=6, heads=12, ff=1536):
     return Encoder()
 
 
-def run_torch(model, batch, size, steps, threads):
+def build_torch(model, batch, size):
     import torch
-    torch.set_num_threads(threads)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     if model == "resnet18":
@@ -113,7 +119,14 @@ def run_torch(model, batch, size, steps, threads):
 
         def loss_fn():
             return net(ids).mean()
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    return loss_fn, list(net.parameters())
+
+
+def run_torch(model, batch, size, steps, threads):
+    import torch
+    torch.set_num_threads(threads)
+    loss_fn, params = build_torch(model, batch, size)
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
 
     def step():
         loss_fn().backward()
@@ -123,16 +136,24 @@ def run_torch(model, batch, size, steps, threads):
 
 
 def child(args):
+    if args.profile:
+        import _train_profile as tp
+        if args.child == "mgtrace":
+            r = tp.profile_mgtrace(lambda: build_mgtrace(args.model, args.batch, args.size), args.steps)
+        else:
+            r = tp.profile_torch(lambda: build_torch(args.model, args.batch, args.size), args.steps)
+        print(json.dumps(r))
+        return
     fn = run_mgtrace if args.child == "mgtrace" else run_torch
     best, median = fn(args.model, args.batch, args.size, args.steps, args.threads)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # KiB -> MiB
     print(json.dumps({"best": best, "median": median, "rss_mib": rss}))
 
 
-def measure(lib, model, batch, size, steps, threads, peer=sys.executable):
+def measure(lib, model, batch, size, steps, threads, peer=sys.executable, profile=False):
     cmd = [peer if lib == "torch" else sys.executable, os.path.abspath(__file__), "--child", lib, "--model", model,
            "--batch", str(batch), "--size", str(size), "--steps", str(steps),
-           "--threads", str(threads)]
+           "--threads", str(threads)] + (["--profile"] if profile else [])
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=_checkout.CHILD_CWD,
                        env=_checkout.child_env())
     if p.returncode != 0:
@@ -142,6 +163,18 @@ def measure(lib, model, batch, size, steps, threads, peer=sys.executable):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def profile(cases, steps, peer):
+    """``--profile``: each model's per-category table (CPU s per step, one thread)."""
+    import _train_profile as tp
+    for model, batch, size in cases:
+        what = f"{model} b{batch} " + (f"{size}x{size}" if model == "resnet18" else f"x {size}")
+        print(f"{what}: CPU seconds per step at 1 thread (time.process_time), mean of {steps} "
+              "steps after one warm-up")
+        mg = measure("mgtrace", model, batch, size, steps, 1, peer, profile=True)
+        th = measure("torch", model, batch, size, steps, 1, peer, profile=True)
+        tp.table(mg, th)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="ResNet-18 b8 at 224, MiniLM 8 x 128")
@@ -149,6 +182,9 @@ def main():
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 3, --full 5)")
     p.add_argument("--peer-python", default=sys.executable,
                    help="the Python that runs PyTorch's column (a venv with torch; default: this one)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-op CPU seconds at one thread, mgtrace beside torch (see _train_profile.py)")
+    p.add_argument("--models", default="resnet18,minilm", help="which models (comma separated)")
     p.add_argument("--child", choices=["mgtrace", "torch"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -162,6 +198,9 @@ def main():
     print(f"one training step (forward, backward, SGD), {args.threads} threads, "
           f"{steps} timed steps after one warm-up")
     print(f"{'model':<26}{'library':<9}{'best s':>9}{'median s':>10}{'peak RSS MiB':>14}")
+    cases = [c for c in cases if c[0] in args.models.split(",")]
+    if args.profile:
+        return profile(cases, steps, args.peer_python)
     for model, batch, size in cases:
         what = f"{model} b{batch} " + (f"{size}x{size}" if model == "resnet18" else f"x {size}")
         for lib in ("mgtrace", "torch"):

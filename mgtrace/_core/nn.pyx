@@ -42,7 +42,7 @@ from mgtrace._core.tensor cimport (Tensor, empty, view_of, numel, is_contiguous,
 from mgtrace._core.tensor import missing_kernel, set_storage_end_listener, watch_storage
 from mgtrace._core.dtype cimport CATEGORY, PROMOTE, ITEMSIZE
 from mgtrace._core.device cimport Device, DEVICES, default_device_id
-from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads
+from mgtrace._core.dispatch cimport cast, coerce, copy_into, fill, num_threads, check_writable
 from mgtrace._core.dispatch import core_op
 from mgtrace._core.tensor import MAX_NUMEL
 from mgtrace._core.dtype import NAMES as DTYPE_NAMES
@@ -196,6 +196,15 @@ cdef extern from "kernels/cpu/nn.h" nogil:
     # local response normalization (lrn.c)
     int mt_lrn(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
                double k, double alpha, double beta, int nthreads) noexcept
+    # training kernels (train.c)
+    int mt_batch_norm_train(int dtype, const void *x, const void *w, const void *b, void *y, void *mean,
+                            void *var, int64_t outer, int64_t c, int64_t inner, double eps,
+                            int nthreads) noexcept
+    int mt_batch_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                               void *gb, int64_t outer, int64_t c, int64_t inner, double eps,
+                               int nthreads) noexcept
+    int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                    double weight_decay, int nesterov, int first, int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -270,6 +279,15 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                         const void *b_hh, void *h_out, int64_t n, int64_t hidden, int nt) noexcept nogil
         int (*lrn)(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner,
                    int64_t n, double k, double alpha, double beta, int nt) noexcept nogil
+        int (*batch_norm_train)(int dtype, const void *x, const void *w, const void *b, void *y,
+                                void *mean, void *var, int64_t outer, int64_t c, int64_t inner,
+                                double eps, int nt) noexcept nogil
+        int (*batch_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx,
+                                   void *gw, void *gb, int64_t outer, int64_t c, int64_t inner,
+                                   double eps, int nt) noexcept nogil
+        int (*sgd_step)(int dtype, void *p, const void *g, void *buf, int64_t n, double lr,
+                        double momentum, double weight_decay, int nesterov, int first,
+                        int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -379,6 +397,9 @@ _CPU.conv3d_backward_weight = mt_conv3d_backward_weight
 _CPU.lstm_cell = mt_lstm_cell
 _CPU.rnn_cell = mt_rnn_cell
 _CPU.lrn = mt_lrn
+_CPU.batch_norm_train = mt_batch_norm_train
+_CPU.batch_norm_backward = mt_batch_norm_backward
+_CPU.sgd_step = mt_sgd_step
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -939,6 +960,205 @@ def lrn_rows(x, int64_t n, double k, double alpha, double beta):
             rc = kn.lrn(tx._dtype, tx._data, out._data, outer, c, inner, n, k, alpha, beta, nt)
         _check_rc(op, rc, tx._device)
     return out
+
+
+cdef tuple _bn_geometry(str op, Tensor tx):
+    """(outer, c, inner) of x [N, C, *spatial] read as [outer, c, inner]."""
+    cdef int64_t inner = 1
+    cdef int i
+    for i in range(2, tx._ndim):
+        inner *= tx._shape[i]
+    return tx._shape[0], tx._shape[1], inner
+
+
+cdef Tensor _bn_channel_param(str op, str name, object v, Tensor tx):
+    """A per-channel weight/bias of C elements, x's dtype and device, ready for C (None: None)."""
+    if v is None:
+        return None
+    if not isinstance(v, Tensor) or (<Tensor>v)._dtype != tx._dtype or (<Tensor>v)._device != tx._device:
+        raise TypeError(f"{op}: {name} must be a Tensor of x's dtype and device")
+    if numel(<Tensor>v) != tx._shape[1]:
+        raise ValueError(f"{op}: {name} must have {tx._shape[1]} elements (x's channels), got "
+                         f"{numel(<Tensor>v)}")
+    return _ready(<Tensor>v, tx._dtype)
+
+
+def has_batch_norm_train(x):
+    """Whether Tensor ``x``'s device has batch norm's training kernels, the
+    forward and its backward (the CPU's; CUDA's table leaves them NULL)."""
+    if not isinstance(x, Tensor):
+        return False
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of((<Tensor>x)._device).nn
+    return kn != NULL and kn.batch_norm_train != NULL and kn.batch_norm_backward != NULL
+
+
+def batch_norm_train(x, weight, bias, double eps):
+    """Batch normalization in training of a float32/float64 Tensor ``x``
+    [N, C, *spatial] in one C pass per channel (kernels/cpu/train.c):
+    ``(x - mean) / sqrt(var + eps) * weight + bias`` with the batch's mean
+    and biased var per channel (over N and the spatial axes, in double).
+    What ``F.batch_norm``'s training path passes (it checks the arguments).
+
+    Args:
+        x: float32/float64 [N, C, *spatial]; weight, bias: None or C
+            elements of x's dtype and device; eps: added to the variance.
+
+    Returns:
+        ``(y, mean, var)``: y a new contiguous Tensor of x's shape and
+        dtype, mean and the biased var [C] of x's dtype; or None where x's
+        device has no such kernel (CUDA: the caller composes core ops).
+
+    Raises:
+        TypeError: x not a float32/float64 Tensor of 2 or more axes,
+            weight/bias of another dtype or device.
+        ValueError: weight/bias not of C elements.
+    """
+    cdef str op = "batch_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) or \
+            (<Tensor>x)._ndim < 2:
+        raise TypeError(f"{op}: x must be a float32 or float64 Tensor [N, C, *spatial]")
+    cdef Tensor tx = <Tensor>x
+    cdef Tensor tw = _bn_channel_param(op, "weight", weight, tx)
+    cdef Tensor tb = _bn_channel_param(op, "bias", bias, tx)
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tx._device).nn
+    if kn == NULL or kn.batch_norm_train == NULL:
+        return None
+    tx = _ready(tx, tx._dtype)
+    cdef int64_t outer, c, inner
+    outer, c, inner = _bn_geometry(op, tx)
+    cdef Tensor y = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef int64_t flat[1]
+    flat[0] = c
+    cdef Tensor mean = empty(1, flat, tx._dtype, tx._device), var = empty(1, flat, tx._dtype, tx._device)
+    cdef const void *wp = tw._data if tw is not None else NULL
+    cdef const void *bp = tb._data if tb is not None else NULL
+    cdef int nt = num_threads(), rc
+    if outer * c * inner:
+        with nogil:
+            rc = kn.batch_norm_train(tx._dtype, tx._data, wp, bp, y._data, mean._data, var._data,
+                                     outer, c, inner, eps, nt)
+        _check_rc(op, rc, tx._device)
+    else:
+        fill(mean, float("nan"))
+        fill(var, float("nan"))
+    return y, mean, var
+
+
+def batch_norm_backward(x, weight, gy, double eps, bint want_x=True, bint want_weight=True,
+                        bint want_bias=True):
+    """The gradients of :func:`batch_norm_train` in one C pass per channel
+    (the batch statistics recomputed from x as the forward computes them;
+    PyTorch's formula ``gx = w rstd (gy - mean(gy) - xhat mean(gy xhat))``).
+
+    Args:
+        x: the forward's float32/float64 Tensor [N, C, *spatial]; gy: its
+            output's gradient, x's shape, dtype and device; weight: None
+            or C elements of x's dtype; eps: the forward's.
+        want_x, want_weight, want_bias: which gradients to return.
+
+    Returns:
+        ``(gx, gweight, gbias)``: gx of x's shape and dtype, gweight
+        ``sum(gy xhat)`` and gbias ``sum(gy)`` flat [C] of x's dtype; None
+        where not wanted (gweight also when weight is None).
+
+    Raises:
+        TypeError: x not a float32/float64 Tensor of 2 or more axes, gy or
+            weight of another dtype or device. ValueError: gy of another
+            shape, weight not of C elements.
+        NoKernelError: x's device has no such kernel.
+    """
+    cdef str op = "batch_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) or \
+            (<Tensor>x)._ndim < 2:
+        raise TypeError(f"{op} backward: x must be a float32 or float64 Tensor [N, C, *spatial]")
+    cdef Tensor tx = <Tensor>x, tg
+    if not isinstance(gy, Tensor) or (<Tensor>gy)._dtype != tx._dtype or (<Tensor>gy)._device != tx._device:
+        raise TypeError(f"{op} backward: gy must be a Tensor of x's dtype and device")
+    if shape_tuple(<Tensor>gy) != shape_tuple(tx):
+        raise ValueError(f"{op} backward: gy {shape_tuple(<Tensor>gy)} and x {shape_tuple(tx)} differ in shape")
+    cdef Tensor tw = _bn_channel_param(op + " backward", "weight", weight, tx)
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.batch_norm_backward != NULL, op + " backward", tx)
+    tx = _ready(tx, tx._dtype)
+    tg = _ready(<Tensor>gy, tx._dtype)
+    cdef int64_t outer, c, inner
+    outer, c, inner = _bn_geometry(op, tx)
+    cdef Tensor gx = empty(tx._ndim, tx._shape, tx._dtype, tx._device) if want_x else None
+    cdef Tensor gw = None, gb = None
+    cdef int64_t flat[1]
+    flat[0] = c
+    if want_weight and tw is not None:
+        gw = empty(1, flat, tx._dtype, tx._device)
+    if want_bias:
+        gb = empty(1, flat, tx._dtype, tx._device)
+    cdef const void *wp = tw._data if tw is not None else NULL
+    cdef void *gxp = gx._data if gx is not None else NULL
+    cdef void *gwp = gw._data if gw is not None else NULL
+    cdef void *gbp = gb._data if gb is not None else NULL
+    cdef int nt = num_threads(), rc = 0
+    if outer * inner and c:
+        with nogil:
+            rc = kn.batch_norm_backward(tx._dtype, tx._data, wp, tg._data, gxp, gwp, gbp,
+                                        outer, c, inner, eps, nt)
+        _check_rc(op + " backward", rc, tx._device)
+    else:
+        for t in (gw, gb):
+            if t is not None:
+                fill(t, 0)
+    return gx, gw, gb
+
+
+def sgd_step(p, g, buf, double lr, double momentum, double weight_decay, bint nesterov, bint first):
+    """One SGD update of parameter ``p`` in place, in one C pass over p, its
+    gradient g and its momentum buffer (kernels/cpu/train.c), in p's dtype:
+    ``g' = g + weight_decay p``; ``buf = momentum buf + g'`` (``buf = g'``
+    when ``first``); ``p -= lr (g' + momentum buf if nesterov else buf)``;
+    ``buf`` None: no momentum, ``p -= lr g'``. What
+    :class:`mgtrace.optimizer.SGD` runs where it can.
+
+    Returns:
+        True when done; False (nothing written) where the kernel does not
+        apply: p or buf not contiguous float32/float64 Tensors of one dtype
+        and device, g of another shape, dtype or device, or a device
+        without the kernel. The caller then runs the tensor formula.
+
+    Raises:
+        ValueError: p or buf read-only (as any in-place write).
+    """
+    if not isinstance(p, Tensor) or not isinstance(g, Tensor):
+        return False
+    cdef Tensor tp = <Tensor>p, tg = <Tensor>g, tb = None
+    if tp._dtype not in (MT_FLOAT32, MT_FLOAT64) or not is_contiguous(tp) or tg._dtype != tp._dtype \
+            or tg._device != tp._device or shape_tuple(tg) != shape_tuple(tp):
+        return False
+    if buf is not None:
+        if not isinstance(buf, Tensor):
+            return False
+        tb = <Tensor>buf
+        if tb._dtype != tp._dtype or tb._device != tp._device or not is_contiguous(tb) \
+                or shape_tuple(tb) != shape_tuple(tp) or tb._st == tp._st:
+            return False
+    cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tp._device).nn
+    if kn == NULL or kn.sgd_step == NULL:
+        return False
+    if tg._st == tp._st or (tb is not None and tg._st == tb._st):
+        tg = tg.copy()                   # the gradient aliases what is written
+    tg = _ready(tg, tp._dtype)
+    check_writable(tp)
+    if tb is not None:
+        check_writable(tb)
+    cdef int64_t n = numel(tp)
+    cdef void *bp = tb._data if tb is not None else NULL
+    cdef int nt = num_threads(), rc = 0
+    if n:
+        with nogil:
+            rc = kn.sgd_step(tp._dtype, tp._data, tg._data, bp, n, lr, momentum, weight_decay,
+                             nesterov, first, nt)
+        _check_rc("SGD", rc, tp._device)
+    tp._st.version += 1                  # written (see dispatch.check_writable)
+    if tb is not None:
+        tb._st.version += 1
+    return True
 
 
 def layer_norm_rows(x, weight, bias, int64_t cols, double eps):

@@ -509,6 +509,12 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
         if n <= 1:
             raise ValueError(f"{fn}: training needs more than 1 value per channel, got x of shape "
                              f"{x.shape}")
+        fused = _batch_norm_fused(x, w, b, eps) if inplace else None
+        if fused is not None:       # one C pass per channel: y and the batch statistics
+            y, mean, var = fused
+            mean, var = mean.reshape(shape), var.reshape(shape)
+            return _batch_norm_running(fn, y, mean, var, rm, rv, given_mean, given_var, c, n,
+                                       momentum, inplace)
         mean = _reduce.mean(x, axes, True)
         var = _reduce.var(x, axes, True)
     # per-channel scale and shift first, then two passes over x (PyTorch's
@@ -522,6 +528,22 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None, t
     y = _B["add"](_B["mul"](x, scale), shift)
     if not training:
         return y
+    return _batch_norm_running(fn, y, mean, var, rm, rv, given_mean, given_var, c, n, momentum, inplace)
+
+
+def _batch_norm_fused(x, w, b, eps):
+    """Training batch norm's C kernel (kernels/cpu/train.c): ``(y, mean,
+    var)`` for float32/float64 x with weight/bias (flat [C]) of x's dtype and
+    device, or None where it does not apply (other dtypes, a device without
+    the kernel): the caller composes core ops."""
+    if x.dtype not in _LN_FAST or any(t is not None and (t.dtype != x.dtype or t.device != x.device)
+                                      for t in (w, b)):
+        return None
+    return _nn.batch_norm_train(x, w, b, eps)
+
+
+def _batch_norm_running(fn, y, mean, var, rm, rv, given_mean, given_var, c, n, momentum, inplace):
+    """Training batch norm's running-statistics update (see batch_norm)."""
     new_mean = new_var = None
     if rm is not None:
         new_mean = _B["add"](_B["mul"](rm, momentum), _B["mul"](mean.reshape(c), 1.0 - momentum))

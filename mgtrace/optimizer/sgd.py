@@ -1,4 +1,6 @@
 """SGD, Adam and AdamW (MegEngine's update rules, which are PyTorch's)."""
+from mgtrace import functional as _F
+from mgtrace._core import nn as _nn
 from mgtrace.optimizer.optimizer import _REQUIRED, Optimizer, write
 
 __all__ = ["SGD", "Adam", "AdamW"]
@@ -37,11 +39,21 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay))
 
     def _update(self, p, g, st, group):
-        if group["weight_decay"]:
-            g = g + p * group["weight_decay"]
-        m = group["momentum"]
+        m, wd = group["momentum"], group["weight_decay"]
+        buf = st.get("momentum_buffer") if m else None
+        first = bool(m) and buf is None
+        if first:
+            buf = _F.zeros_like(p)
+        # one C pass over p, g and the buffer (kernels/cpu/train.c), where it applies
+        if _nn.sgd_step(p, g, buf, float(group["lr"]), float(m), float(wd), bool(group["nesterov"]), first):
+            if m:
+                st["momentum_buffer"] = buf
+            return
+        if first:
+            buf = None
+        if wd:
+            g = g + p * wd
         if m:
-            buf = st.get("momentum_buffer")
             buf = g.copy() if buf is None else buf * m + g
             st["momentum_buffer"] = buf
             g = g + buf * m if group["nesterov"] else buf

@@ -295,6 +295,8 @@ BACKWARD = {
     "embedding": (("index_add",), lambda w: F.embedding(mt.tensor([[0, 2, 2], [4, 1, 0]], device=w.device), w),
                   [(5, 3)]),
     "layer_norm": (("layer_norm_backward",), lambda x, w, b: F.layer_norm(x, (4,), w, b), [(3, 4), (4,), (4,)]),
+    "batch_norm": (("batch_norm_backward",), lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                   [(2, 3, 4, 4), (3,), (3,)]),
     "conv3d": (("conv3d_backward_data", "conv3d_backward_weight"), lambda x, w: F.conv3d(x, w),
                [(1, 2, 3, 4, 4), (3, 2, 2, 2, 2)]),
 }
@@ -304,9 +306,10 @@ MISSING_FIRST = {
     "max_pool2d": "max_pool2d backward", "avg_pool2d": "avg_pool2d backward",
     "adaptive_avg_pool2d": "adaptive_avg_pool2d backward", "adaptive_max_pool2d": "adaptive_max_pool2d backward",
     "interpolate": "interpolate backward", "gelu": "gelu backward", "embedding": "index_add",
-    "conv2d": "conv_transpose2d",           # conv2d's input gradient is a CPU-only forward kernel
+    "conv2d": "conv2d backward",            # its input gradient (stride 1) is a forward conv2d: the weight's
     "conv3d": "conv_transpose2d",           # its fallback (conv2d per depth tap) has conv2d's gradient
     "layer_norm": None,                     # its fallback composes reductions and elementwise ops
+    "batch_norm": None,                     # so does batch norm's
 }
 MISSING_BACKWARD = re.compile(r"^no kernel for op '([\w ]+)' on device cuda:0 with dtype float32$")
 

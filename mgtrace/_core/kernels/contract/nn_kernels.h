@@ -198,6 +198,20 @@ typedef struct mt_nn_kernels {
      * the ends))^-beta */
     int (*lrn)(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
                double k, double alpha, double beta, int nt);
+    /* training kernels (the CPU's in cpu/train.c; CUDA leaves them NULL and the callers compose
+     * core ops). Batch norm in training: x, y, gy, gx [outer, c, inner] contiguous; the batch's
+     * mean and biased var per channel over outer and inner (written to mean / var [c], x's dtype,
+     * when not NULL); y = (x - mean) / sqrt(var + eps) * w + b (w, b [c] or NULL); the backward
+     * recomputes the statistics from x and writes gx, and gw = sum(gy xhat), gb = sum(gy) [c]
+     * where not NULL. SGD: one parameter p [n] updated in place from its gradient g:
+     * g' = g + weight_decay p; buf = momentum buf + g' (buf = g' when first; buf NULL: no
+     * momentum); p -= lr (nesterov ? g' + momentum buf : buf), or lr g' without momentum */
+    int (*batch_norm_train)(int dtype, const void *x, const void *w, const void *b, void *y, void *mean,
+                            void *var, int64_t outer, int64_t c, int64_t inner, double eps, int nt);
+    int (*batch_norm_backward)(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                               void *gb, int64_t outer, int64_t c, int64_t inner, double eps, int nt);
+    int (*sgd_step)(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                    double weight_decay, int nesterov, int first, int nt);
 } mt_nn_kernels;
 
 #endif

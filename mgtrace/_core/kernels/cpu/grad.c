@@ -145,6 +145,11 @@ int mt_index_add(int dtype, void *dst, int64_t rows, const int64_t *idx, int64_t
 
 int mt_act_backward(int dtype, int act, const void *x, const void *gy, void *gx, int64_t n, int nthreads) {
     if (act <= MT_ACT_NONE || act >= MT_NACTS) return MT_NN_EINDEX;
+    if (act == MT_ACT_RELU || act == MT_ACT_RELU6) {
+        if (dtype == MT_FLOAT32) relu_bw_f32(act == MT_ACT_RELU6, x, gy, gx, n, nthreads);
+        else relu_bw_f64(act == MT_ACT_RELU6, x, gy, gx, n, nthreads);
+        return 0;
+    }
     if (dtype == MT_FLOAT32) {
         if (!act_bw_vec_f32(act, x, gy, gx, n, nthreads)) act_bw_f32(act, x, gy, gx, n, nthreads);
     } else {
@@ -177,6 +182,26 @@ static void FN(max_pool_bw)(const T *x, const T *gy, T *gx, const mt_pool2d_geom
                 const int64_t x0 = ox * g->sw - g->pw;
                 int64_t arg = -1;
                 T m = 0;
+                if (y0 >= 0 && y0 + (g->kh - 1) * g->dh < g->h && x0 >= 0 && x0 + (g->kw - 1) * g->dw < g->w) {
+                    /* the window inside the plane: no bounds tests; the same choice (the
+                     * first maximum, the first NaN). GCC still branches on the comparison
+                     * (random data mispredicts it): the next step is a vector loop over
+                     * neighbouring outputs, or the forward's argmax saved */
+                    arg = y0 * g->w + x0;
+                    m = xp[arg];
+                    for (int64_t kh = 0; kh < g->kh; kh++) {
+                        const int64_t row = (y0 + kh * g->dh) * g->w + x0;
+                        for (int64_t kw = kh == 0; kw < g->kw; kw++) {
+                            const int64_t at = row + kw * g->dw;
+                            const T v = xp[at];
+                            const int take = (v > m) | ((v != v) & (m == m));
+                            m = take ? v : m;
+                            arg = take ? at : arg;
+                        }
+                    }
+                    dp[arg] += gp[oy * g->ow + ox];
+                    continue;
+                }
                 for (int64_t kh = 0; kh < g->kh; kh++) {
                     const int64_t iy = y0 + kh * g->dh;
                     if (iy < 0 || iy >= g->h) continue;
@@ -417,6 +442,22 @@ static int FN(conv_dw)(const T *x, const T *gy, T *gw, const mt_conv2d_geom *g, 
         }
     free(acc);
     return failed ? MT_NN_ENOMEM : 0;
+}
+
+/* relu's and relu6's gx = gy * (0 < x < top), top 6 or none, the product kept (gy * 0 is NaN
+ * for an infinite gy, as the scalar loop's). The two comparisons make GCC vectorise the loop:
+ * gy * (x > 0) alone becomes a branch, which random signs mispredict half the time (5x the CPU
+ * time). Without a top, top is NaN: !(x >= NaN) always holds */
+static MT_CLONES void FN(relu_bw)(int six, const void *xv, const void *gyv, void *gxv, int64_t n, int nt) {
+    const T *restrict x = xv, *restrict gy = gyv;
+    T *restrict gx = gxv;
+    const T top = six ? (T)6 : (T)NAN;
+    const int64_t blk = 16384, nblk = (n + blk - 1) / blk;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nblk > 1 && n >= MT_NN_GRAIN)
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t lo = b * blk, hi = mt_min64(n, lo + blk);
+        for (int64_t i = lo; i < hi; i++) gx[i] = gy[i] * (T)((x[i] > 0) & !(x[i] >= top));
+    }
 }
 
 /* gx = gy * act'(x), x the pre-activation (act.c's functions; PyTorch's

@@ -218,6 +218,15 @@ int mt_rnn_cell(int dtype, int relu, const void *gx, const void *h, const void *
 int mt_lrn(int dtype, const void *x, void *y, int64_t outer, int64_t c, int64_t inner, int64_t n,
            double k, double alpha, double beta, int nthreads);
 
+/* ---- training kernels (train.c; nn_kernels.h's table members, which say what they compute):
+ * batch norm in training over [outer, c, inner] and its backward, the SGD step ---- */
+int mt_batch_norm_train(int dtype, const void *x, const void *w, const void *b, void *y, void *mean, void *var,
+                        int64_t outer, int64_t c, int64_t inner, double eps, int nthreads);
+int mt_batch_norm_backward(int dtype, const void *x, const void *w, const void *gy, void *gx, void *gw,
+                           void *gb, int64_t outer, int64_t c, int64_t inner, double eps, int nthreads);
+int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                double weight_decay, int nesterov, int first, int nthreads);
+
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
 
