@@ -504,9 +504,22 @@ def _compile_source(graph, source, glb, watch, watch_fn):
     glb.setdefault("__builtins__", builtins)
     # our own generated source; names and values are never spliced in raw
     fn = types.FunctionType(_forward_code(source).replace(co_filename=filename), glb, "forward")
+    _prune_linecache()
     linecache.cache[filename] = (functools.partial(str, source),)   # lazy: lines made on demand
-    weakref.finalize(fn, linecache.cache.pop, filename, None)
+    weakref.finalize(fn, _dead_files.append, filename)
     return fn
+
+
+# File names of collected generated functions, whose linecache entries go at
+# the next compile. Not at collection: a collection can run inside linecache's
+# own loop over its keys (checkcache lists them, then reads each), which then
+# fails with KeyError on the name removed under it (doctest and pdb hit it).
+_dead_files = collections.deque()
+
+
+def _prune_linecache():
+    while _dead_files:
+        linecache.cache.pop(_dead_files.popleft(), None)
 
 
 class _Source:
