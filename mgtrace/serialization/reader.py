@@ -178,6 +178,8 @@ def _newer_writer_noted(header):
 
 def _decode(src, mmap, device, verify, everything, run_once=False):
     header, start = _parse(src, verify)
+    if mmap and verify:     # every checksum will be read: map the data at once, now that
+        src.populate(start)  # the header is known good
     with _newer_writer_noted(header):
         return _decode_values(header, start, src, mmap, device, verify, everything, run_once)
 
@@ -230,7 +232,7 @@ def _load_archive(f, *, mmap=False, device=None, verify=True, run_once=False):
     of packing weights that are never used again (ResNet-18: 20 ms against
     75 ms for the first call, on this project's 2-core machine)."""
     device = _check_device(device)
-    with open_source(f, mmap, populate=verify) as src:
+    with open_source(f, mmap) as src:
         return _guarded(_decode, src, mmap, device, verify, True, run_once)
 
 
@@ -285,5 +287,5 @@ def load(f, *, mmap=False, device=None, verify=True):
         TypeError, ValueError: bad ``f`` or ``device`` arguments.
     """
     device = _check_device(device)
-    with open_source(f, mmap, populate=verify) as src:
+    with open_source(f, mmap) as src:
         return _guarded(_decode, src, mmap, device, verify, False).obj

@@ -1,0 +1,72 @@
+"""Files that are not what their name says, and files changed under a load:
+a verified mmap load reads no tensor byte before the header passed its
+checks (gigabytes of zeros named .tmod are refused at once), and a lazy
+load whose file was truncated or rewritten before first use says so with an
+ArchiveError at first use instead of dying of SIGBUS."""
+import os
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+from mgtrace.errors import ArchiveError
+from mgtrace.serialization import source
+
+from .helpers import edit, save_bytes
+
+
+@pytest.fixture
+def populated(monkeypatch):
+    """The offsets each mapped source was asked to read in at once."""
+    calls = []
+    real = source._BufferSource.populate
+
+    def spy(self, offset):
+        calls.append(offset)
+        return real(self, offset)
+    monkeypatch.setattr(source._BufferSource, "populate", spy)
+    return calls
+
+
+def _tensors(n=3):
+    rng = np.random.RandomState(0)
+    return {f"w{i}": mt.tensor(rng.randn(64, 64).astype("float32")) for i in range(n)}
+
+
+def test_a_verified_mmap_load_reads_the_data_in_after_the_header(tmp_path, populated):
+    obj = _tensors()
+    path = tmp_path / "a.tmod"
+    path.write_bytes(b"junk" + save_bytes(obj))     # an archive inside a bigger file
+    with open(path, "rb") as f:
+        f.seek(4)
+        got = mt.load(f, mmap=True)
+    for k, t in obj.items():
+        np.testing.assert_array_equal(got[k].numpy(), t.numpy())
+    assert len(populated) == 1 and populated[0] % 64 == 0 and populated[0] > 16
+    for kwargs in ({"mmap": True, "verify": False}, {}):  # trusted: nothing read ahead; copy:
+        with open(path, "rb") as f:                       # nothing mapped
+            f.seek(4)
+            mt.load(f, **kwargs)
+    assert len(populated) == 1
+
+
+def test_zeros_named_tmod_are_refused_without_reading_them(tmp_path, populated):
+    # 1 GiB of sparse zeros (no disk used): before the fix the verified mmap load mapped
+    # every page first (MAP_POPULATE), seconds and a GiB of page cache per file
+    path = tmp_path / "zeros.tmod"
+    with open(path, "wb") as f:
+        f.truncate(1 << 30)
+    for mmap in (True, False):
+        with pytest.raises(ArchiveError, match="not an mgtrace archive"):
+            mt.load(path, mmap=mmap)
+    assert populated == []
+
+
+def test_a_corrupted_header_is_refused_before_the_data_is_read(tmp_path, populated):
+    data = bytearray(save_bytes(_tensors()))
+    data[40] ^= 0xFF                                # a byte of the header, under its seal
+    path = tmp_path / "bad.tmod"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match="checksum"):
+        mt.load(path, mmap=True)
+    assert populated == []
