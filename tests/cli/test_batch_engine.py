@@ -49,6 +49,23 @@ def test_a_dying_worker_fails_only_its_file(tmp_path):
     assert data["finished"] and data["summary"] == {"ok": 6, "failed": 1, "total": 7}
 
 
+def test_a_dying_worker_sends_only_started_files_to_run_alone(tmp_path, monkeypatch):
+    # the crash is the biggest file, so it starts first: before, every file not yet returned
+    # when its worker died (all 30 here) was retried in a process of its own, one spawn each
+    root = _files(tmp_path, [f"f{i}.tmod" for i in range(30)] + ["crash_first_biggest.tmod"])
+    pools = []
+    real = engine._new_pool
+    monkeypatch.setattr(engine, "_new_pool", lambda jobs, *a: pools.append(jobs) or real(jobs, *a))
+    recs = batch.run(_die_on_crash, [root], jobs=2, progress=False)
+    by = {os.path.basename(r.path): r for r in recs}
+    assert "worker process died" in by["crash_first_biggest.tmod"].reason
+    assert all(by[f"f{i}.tmod"].status == "ok" for i in range(30)), by
+    assert len(recs) == 31
+    # the crash's pool, a fresh pool for the queued files, and at most the two files the
+    # broken pool had started, each alone
+    assert pools[:2] == [2, 2] and pools[2:] in ([1], [1, 1]), pools
+
+
 def test_report_paths_resolve_from_the_jobs_folder(tmp_path, monkeypatch):
     root = _files(tmp_path, ["a.tmod", "b.tmod"])
     monkeypatch.chdir(root)
