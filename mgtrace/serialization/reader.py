@@ -267,7 +267,11 @@ def load(f, *, mmap=False, device=None, verify=True):
             read when first used (a call, ``.graph``, ``.code``, an edit,
             ``save``, ``copy.deepcopy``; all of the load's at once), with
             every check a load makes, so a broken graph raises its
-            ArchiveError there, and again on each later use.
+            ArchiveError there, and again on each later use; so does a
+            file truncated or written over since the load (a mapped page
+            past a truncated file's end kills the process with SIGBUS
+            when read, whatever reads it: this is checked at first use
+            only, so do not truncate a mapped file).
 
     Returns:
         the saved object: Tensors (plain, not Parameters), modules rebuilt

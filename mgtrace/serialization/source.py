@@ -20,6 +20,7 @@ import numpy as np
 
 from mgtrace._core.tensor import wrap_buffer
 from mgtrace.errors import ArchiveError
+from mgtrace.serialization.layout import PREFIX
 from mgtrace.serialization.tensors import crc32
 
 __all__ = ["open_source"]
@@ -73,6 +74,37 @@ class _BufferSource:
         self._mv = memoryview(buf).toreadonly()[base:]
         self.size = len(self._mv)
         self._map, self._base = (buf, base) if isinstance(buf, _mmap.mmap) else (None, 0)
+
+    def stamp(self):
+        """A token of what the mapped file holds now (its size, and the
+        prefix and the last bytes of its header: a sealed header ends in its
+        checksum), for :meth:`changed`; None for bytes in memory."""
+        if self._map is None:
+            return None
+        try:
+            size = self._map.size()
+        except (OSError, ValueError):     # closed, or no descriptor to ask (Windows' tagname)
+            return None
+        if size < len(self._map):
+            return size, None
+        head = bytes(self._mv[:PREFIX.size])
+        end = PREFIX.size + PREFIX.unpack(head)[1]
+        return size, head + bytes(self._mv[max(PREFIX.size, end - 64):end])
+
+    def changed(self, stamp):
+        """Why the mapped file no longer holds the archive ``stamp``
+        (:meth:`stamp`) was taken of, or None. Truncated under the mapping,
+        a page past the new end would kill the process (SIGBUS) when read;
+        rewritten in place, the mapping shows the new bytes."""
+        if stamp is None:
+            return None
+        now = self.stamp()
+        if now is None or now == stamp:
+            return None
+        if now[0] < len(self._map):
+            return (f"the file was truncated to {now[0]} bytes; the archive took "
+                    f"{len(self._map) - self._base} of its {len(self._map)}")
+        return "the file was rewritten in place (its header is not the one loaded)"
 
     def populate(self, offset):
         """Read the mapped bytes from ``offset`` to the end in at once and map

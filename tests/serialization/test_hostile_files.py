@@ -12,7 +12,8 @@ import mgtrace as mt
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization import source
 
-from .helpers import edit, save_bytes
+from .helpers import save_bytes
+from .traced_nets import assert_identical, every_expr_inputs, every_expr_net, trace_quiet
 
 
 @pytest.fixture
@@ -70,3 +71,45 @@ def test_a_corrupted_header_is_refused_before_the_data_is_read(tmp_path, populat
     with pytest.raises(ArchiveError, match="checksum"):
         mt.load(path, mmap=True)
     assert populated == []
+
+
+@pytest.fixture(scope="module")
+def traced():
+    tm = trace_quiet(every_expr_net(), *every_expr_inputs(2))
+    return tm, save_bytes(tm)
+
+
+def test_a_lazy_load_survives_its_file_deleted_or_replaced_by_rename(traced, tmp_path):
+    tm, data = traced
+    x = every_expr_inputs(3, seed=1)
+    for how in ("delete", "rename"):
+        path = tmp_path / f"{how}.tmod"
+        path.write_bytes(data)
+        lazy = mt.load(path, mmap=True, verify=False)
+        os.unlink(path)
+        if how == "rename":        # what mt.save and mgtrace upgrade --in-place do
+            (tmp_path / "new.tmod").write_bytes(save_bytes(_tensors()))
+            os.replace(tmp_path / "new.tmod", path)
+        assert_identical(lazy(*x), tm(*x))        # the mapping keeps the bytes it mapped
+
+
+@pytest.mark.parametrize("how", ["truncated", "emptied", "rewritten"])
+def test_a_lazy_load_whose_file_changed_under_it_fails_at_first_use(traced, tmp_path, how):
+    # the graphs' first use read the new bytes: a truncated file killed the process with
+    # SIGBUS at the first call (mapped pages past the end), a rewritten one ran another
+    # archive's weights under this one's graphs
+    _, data = traced
+    path = tmp_path / "a.tmod"
+    path.write_bytes(data)
+    lazy = mt.load(path, mmap=True, verify=False)
+    if how == "rewritten":                          # cp other.tmod a.tmod: the same inode
+        with open(path, "r+b") as f:
+            f.write(save_bytes(_tensors(8)))
+    else:
+        os.truncate(path, 0 if how == "emptied" else len(data) // 2)
+    what = "rewritten in place" if how == "rewritten" else "truncated to"
+    for _ in range(2):                              # and again on each later use
+        with pytest.raises(ArchiveError, match=f"changed after the lazy load.*{what}"):
+            lazy.code
+    with pytest.raises(ArchiveError, match="changed after the lazy load"):
+        lazy(*every_expr_inputs(2))
