@@ -159,6 +159,9 @@ def collect(paths, pattern="*.tmod", exclude=None):
 
     Raises:
         FileNotFoundError: a path does not exist.
+        PermissionError, OSError: a folder cannot be listed (os.walk's
+            default skips it without a word, and a job over the rest would
+            report everything good).
     """
     out, seen = [], set()
     skip = os.path.realpath(exclude) if exclude else None
@@ -166,7 +169,7 @@ def collect(paths, pattern="*.tmod", exclude=None):
         p = os.fspath(p)
         if os.path.isdir(p):
             found = []
-            for root, dirs, files in os.walk(p):
+            for root, dirs, files in os.walk(p, onerror=_unlistable):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".")
                                  and os.path.realpath(os.path.join(root, d)) != skip)
                 found += [os.path.join(root, f) for f in files
@@ -183,6 +186,12 @@ def collect(paths, pattern="*.tmod", exclude=None):
                 seen.add(key)
                 out.append(f)
     return out
+
+
+def _unlistable(e):
+    raise type(e)(e.errno, f"cannot search the folder {e.filename} for archives: "
+                           f"{e.strerror or e}; give this user access to it, or leave it "
+                           "out of the paths") from e
 
 
 HEADER_WEIGHT = 256    # a header byte costs about this many tensor bytes of work (see work_size)

@@ -35,6 +35,26 @@ def test_collect(tmp_path):
         batch.collect([root / "nope"])
 
 
+def test_a_folder_that_cannot_be_listed_stops_the_job(tmp_path, monkeypatch, capsys):
+    # os.walk skips a folder it cannot list without a word: verify then checked the rest and
+    # said all was good (exit 0) while it never looked inside (chmod 000 folders; faked here,
+    # as tests may run as root, whom permissions do not stop)
+    root = _files(tmp_path, ["a.tmod", "locked/b.tmod"])
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.path.basename(os.fspath(path)) == "locked":
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(PermissionError, match="cannot search the folder .*locked for archives"):
+        batch.collect([root])
+    from mgtrace.cli import EXIT_USAGE, main
+    assert main(["verify", str(root)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "locked for archives: Permission denied" in err and "Traceback" not in err
+
+
 def test_a_dying_worker_fails_only_its_file(tmp_path):
     root = _files(tmp_path, [f"f{i}.tmod" for i in range(6)] + ["crash.tmod"])
     seen = []
