@@ -52,6 +52,7 @@ Python API (what the command runs), public as :mod:`mgtrace.batch`::
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import errno
 import fnmatch
 import gc
 import hashlib
@@ -61,6 +62,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -124,11 +126,34 @@ def _sha256(path):
     return h.hexdigest()
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+            (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _special_file(path):
+    """What ``path`` is when it is neither a regular file nor a folder (``"a
+    named pipe"``, ``"a socket"``, ``"a character device"``, ``"a block
+    device"``), else None (None too when it cannot be looked at). A batch
+    job never opens such a file: opening a named pipe waits for a writer,
+    for ever (a FIFO named x.tmod in a folder hung ``mgtrace verify``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), None)
+
+
+def _not_a_file(path, what):
+    return f"{path} is {what}, not a file: archives are read from files"
+
+
 def fingerprint(path):
     """``{"size", "mtime_ns", "inode", "sha256"}`` of file ``path``, or None
-    when it cannot be read."""
+    when it cannot be read (or is not a file: see :func:`_special_file`)."""
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
                 "sha256": _sha256(path)}
     except OSError:
@@ -142,7 +167,8 @@ def unchanged(path, fp):
     if not isinstance(fp, dict):
         return False
     try:
-        if os.stat(path).st_size != fp.get("size"):
+        st = os.stat(path)
+        if st.st_size != fp.get("size") or not stat.S_ISREG(st.st_mode):
             return False
         return _sha256(path) == fp.get("sha256")
     except OSError:
@@ -207,6 +233,8 @@ def work_size(path):
     size. Parallel jobs start with the biggest, so that no large file is
     left to run alone while the other workers idle."""
     from mgtrace.serialization.layout import MAGIC, PREFIX
+    if _special_file(path) is not None:
+        return 0
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -370,6 +398,9 @@ def _call(task, path, options, imports=(), fingerprints=True):
     take the input's and output's (a SHA-256 of each: what a report keeps
     to resume; a job without a report skips reading every file once more)."""
     global _IN_TASK
+    what = _special_file(path)
+    if what is not None:
+        return _failed(_not_a_file(path, what))
     t0 = time.perf_counter()
     # before the task: a file changed meanwhile is redone next time
     before = fingerprint(path) if fingerprints else None
@@ -816,6 +847,7 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         RuntimeError: ``dask`` given without dask.distributed installed, or
             the scheduler cannot be reached.
         ReportError: the report could not be written while the job ran.
+        BlockingIOError: another job is using the report (POSIX).
         KeyboardInterrupt: Ctrl-C; the report holds the files finished.
 
     With ``jobs > 1`` workers are started with ``spawn``: a script calling
@@ -829,6 +861,60 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         raise FileNotFoundError(f"--report {report}: its folder does not exist")
     if report:
         _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
+    with _report_lock(report):
+        return _run(task, paths, options, jobs, dask, report, resume, pattern, progress,
+                    callback, command, exclude, imports)
+
+
+@contextlib.contextmanager
+def _report_lock(report):
+    """Hold ``report``'s lock (an flock on ``.NAME.lock`` beside it, removed
+    after) for a job, so a second job given the same report refuses to
+    start: each rewrote the report with its own records, and the one that
+    finished last erased the other's (a cron job overlapping the one
+    before it). POSIX only; elsewhere nothing is locked.
+
+    Raises:
+        BlockingIOError: another live job holds the lock (its pid named).
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if not report or fcntl is None:
+        yield
+        return
+    folder, name = os.path.split(os.path.abspath(report))
+    path = os.path.join(folder, f".{name}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BlockingIOError(errno.EWOULDBLOCK, f"the report {report} is in use by another "
+                                  f"mgtrace job (pid {pid}): wait for it to end, or give this "
+                                  "job another --report") from None
+        try:             # the lock file a job that just ended removed: lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)      # while still locked: a job waiting on this file retries
+        os.close(fd)
+
+
+def _run(task, paths, options, jobs, dask, report, resume, pattern, progress, callback, command,
+         exclude, imports):
     files = collect(paths, pattern, exclude)
     imports = tuple(os.fspath(i) for i in (imports or ()))
     from mgtrace.cli.tasks import load_user_code
