@@ -127,11 +127,31 @@ def _parse(src, verify=True):
     padding = src.read(PREFIX.size + hlen, start - PREFIX.size - hlen)
     if padding.strip(b"\0"):
         raise ArchiveError("the padding after the header is not zeros (corrupted file)")
+    _check_header_start(src, hlen)
     raw = src.read(PREFIX.size, hlen)
     if verify:              # the seal first: a corrupted header is reported as corrupted
         H.check_raw_seal(raw)
     header = _unpack(raw)
     return _check_header(header, src.size - start, raw if verify else None), start
+
+
+_MAP_START = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}     # msgpack's fixmap, map 16, map 32
+_LOOK_FIRST = 1 << 20       # header bytes above which the first byte is looked at first
+
+
+def _check_header_start(src, hlen):
+    """Refuse a header of more than :data:`_LOOK_FIRST` bytes that does not
+    start as a map (a header is one) and carries no seal (which would judge
+    it), before it is read: a prefix that claims gigabytes of header (zeros
+    in a sparse file) took 30 s and 6 GB of memory to be refused as bad
+    msgpack."""
+    if hlen <= _LOOK_FIRST:
+        return
+    first = src.read(PREFIX.size, 1)[0]
+    if first in _MAP_START or H.seal_in(src.read(PREFIX.size + hlen - H.SEAL_TAIL, H.SEAL_TAIL)):
+        return
+    raise ArchiveError(f"header: not valid msgpack: the prefix says {hlen} bytes of header, which "
+                       f"would be a map, and they start with byte 0x{first:02x}")
 
 
 def read_header(f, *, verify=True):

@@ -1,8 +1,10 @@
 """Files that are not what their name says, and files changed under a load:
 a verified mmap load reads no tensor byte before the header passed its
-checks (gigabytes of zeros named .tmod are refused at once), and a lazy
+checks (gigabytes of zeros named .tmod are refused at once, and so is a
+prefix that claims a gigabyte of header that cannot be one), and a lazy
 load whose file was truncated or rewritten before first use says so with an
 ArchiveError at first use instead of dying of SIGBUS."""
+import io
 import os
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import mgtrace as mt
 from mgtrace.errors import ArchiveError
 from mgtrace.serialization import source
+from mgtrace.serialization.layout import MAGIC
 
 from .helpers import save_bytes
 from .traced_nets import assert_identical, every_expr_inputs, every_expr_net, trace_quiet
@@ -113,3 +116,37 @@ def test_a_lazy_load_whose_file_changed_under_it_fails_at_first_use(traced, tmp_
             lazy.code
     with pytest.raises(ArchiveError, match="changed after the lazy load"):
         lazy(*every_expr_inputs(2))
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The sizes of every read a source was asked for."""
+    sizes = []
+    for cls in (source._FileSource, source._BufferSource):
+        def spy(self, offset, n, _real=cls.read):
+            sizes.append(n)
+            return _real(self, offset, n)
+        monkeypatch.setattr(cls, "read", spy)
+    return sizes
+
+
+def test_a_prefix_claiming_a_gigabyte_header_of_zeros_is_refused_unread(tmp_path, reads):
+    # a valid magic, then "1 GiB of header" that is sparse zeros: the whole header was read
+    # (copied, then parsed as msgpack) to be refused: a 2 GiB one took 30 s and 6 GB of memory
+    path = tmp_path / "claims.tmod"
+    with open(path, "wb") as f:
+        f.write(MAGIC + (1 << 30).to_bytes(8, "little"))
+        f.truncate(16 + (1 << 30) + 64)
+    for kwargs in ({}, {"mmap": True}, {"mmap": True, "verify": False}):
+        with pytest.raises(ArchiveError, match="not valid msgpack: the prefix says 1073741824 "
+                                               "bytes of header.*start with byte 0x00"):
+            mt.load(path, **kwargs)
+    assert reads and max(reads) < 1 << 10
+
+
+def test_a_big_sealed_header_with_its_first_byte_corrupted_is_still_a_checksum_mismatch(tmp_path):
+    # the look at the first byte leaves a sealed header to its seal: corrupted, not malformed
+    data = bytearray(save_bytes(_tensors(1), metadata={"blob": "x" * (2 << 20)}))
+    data[16] = 0x00
+    with pytest.raises(ArchiveError, match="header checksum mismatch"):
+        mt.load(io.BytesIO(bytes(data)))
