@@ -861,6 +861,10 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         raise FileNotFoundError(f"--report {report}: its folder does not exist")
     if report:
         _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
+        what = _special_file(report)     # a named pipe would be waited on for ever
+        if what is not None:
+            raise ValueError(f"--report {report} is {what}, not a file: give a file's path "
+                             "(it is written, then read to resume)")
     with _report_lock(report):
         return _run(task, paths, options, jobs, dask, report, resume, pattern, progress,
                     callback, command, exclude, imports)

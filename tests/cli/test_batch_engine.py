@@ -85,6 +85,8 @@ def test_a_named_pipe_among_archives_fails_without_being_opened(tmp_path, capsys
         recs = batch.run(_read_all, [root], report=tmp_path / "r.json", progress=False)
         from mgtrace.cli import EXIT_FAILED, main
         assert main(["inspect", str(fifo)]) == EXIT_FAILED
+        with pytest.raises(ValueError, match="--report .*p.tmod is a named pipe, not a file"):
+            batch.run(_read_all, [root / "a.tmod"], report=fifo, progress=False)
     finally:
         stop.set()
         t.join()
