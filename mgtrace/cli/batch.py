@@ -592,6 +592,7 @@ def _new_pool(jobs, marks=None):
 # fails only the files that were running, not those still queued
 _QUEUED, _STARTED, _ENDED = 0, 1, 2
 _MARKS = None           # in a pool worker: the job's marks
+_IDLE_DEATHS = 2        # pools in a row that broke before any file started or returned
 
 
 def _marked_call(i, task, path, options, imports, fps):
@@ -642,12 +643,14 @@ def _pool_results(task, files, options, jobs, imports, fps):
     A worker that dies breaks the pool, and every file not yet returned
     with it: those a worker had started (the dead one's, and the others'
     the pool stopped) are retried one process each, at the end; those still
-    queued, or done but not yet returned, go to a fresh pool. (Retrying
-    every unreturned file alone made one crash early in a job of thousands
-    of files start a process per file, 100 times slower.)"""
+    queued, or done but not yet returned, go to a fresh pool. A pool that
+    broke before any file started or returned (a worker killed as it
+    started up) is started again, all of it; a second time, its files run
+    alone. (Retrying every unreturned file alone made one crash early in a
+    job of thousands of files start a process per file, 100 times slower.)"""
     order = {f: i for i, f in enumerate(files)}
     marks = multiprocessing.get_context("spawn").RawArray("b", len(files))
-    todo, alone = list(files), []
+    todo, alone, idle_deaths = list(files), [], 0
     while todo:
         lost = []
         for f in todo:
@@ -658,7 +661,10 @@ def _pool_results(task, files, options, jobs, imports, fps):
             else:
                 yield f, res
         started = [f for f in lost if marks[order[f]] == _STARTED]
-        if started or len(lost) == len(todo):   # a round that got nowhere: all of it alone
+        # a pool that broke with no file started and none returned (a worker killed while
+        # it started up) is tried again once; twice, its files run alone
+        idle_deaths = idle_deaths + 1 if lost and not started and len(lost) == len(todo) else 0
+        if started or idle_deaths >= _IDLE_DEATHS:
             moved = set(started or lost)
             alone += [f for f in lost if f in moved]
             lost = [f for f in lost if f not in moved]

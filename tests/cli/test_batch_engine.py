@@ -1,6 +1,7 @@
 """mgtrace.batch as a Python API: collecting files, the report, workers that die."""
 import json
 import os
+import signal
 import threading
 
 import pytest
@@ -34,6 +35,26 @@ def test_collect(tmp_path):
     assert [os.path.basename(f) for f in batch.collect([root], "*.txt")] == ["b.txt"]
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
         batch.collect([root / "nope"])
+
+
+def test_a_worker_killed_as_it_starts_fails_no_file_and_isolates_none(tmp_path, monkeypatch):
+    # killed before it ran anything (its parent kills it the moment it is started, long
+    # before a new interpreter could run a task): no file was started, none returned, so
+    # the pool is tried again, all of it; this ran every file in a process of its own
+    root = _files(tmp_path, [f"f{i}.tmod" for i in range(30)])
+    pools, killed = [], []
+    real_pool, real_start = engine._new_pool, engine._WorkerProcess.start
+    monkeypatch.setattr(engine, "_new_pool", lambda jobs, *a: pools.append(jobs) or real_pool(jobs, *a))
+
+    def start(self):
+        real_start(self)
+        if not killed:
+            killed.append(self.pid)
+            os.kill(self.pid, signal.SIGKILL)
+    monkeypatch.setattr(engine._WorkerProcess, "start", start)
+    recs = batch.run(_die_on_crash, [root], jobs=2, progress=False)
+    assert killed and [r.status for r in recs] == ["ok"] * 30
+    assert pools == [2, 2], pools
 
 
 def test_a_folder_that_cannot_be_listed_stops_the_job(tmp_path, monkeypatch, capsys):
