@@ -681,8 +681,13 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
     pool = _new_pool(min(jobs, len(files)), marks)
     with _deferred_sigint() as stop:
         try:
-            futs = {pool.submit(_marked_call, order[f], task, f, options, imports, fps): f
-                    for f in files}
+            futs = {}
+            for f in files:     # a worker that dies meanwhile breaks submit too: it raises
+                try:            # BrokenProcessPool, or, starting a worker while the pool is
+                    #             torn down, OSError or ValueError (closed handles)
+                    futs[pool.submit(_marked_call, order[f], task, f, options, imports, fps)] = f
+                except (cf.process.BrokenProcessPool, OSError, ValueError):
+                    break
             pending = set(futs)
             while pending:
                 stop.check()
@@ -699,6 +704,8 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
                                       f"{type(e).__name__}: {e}")
                     yield f, res
                     stop.check()
+            for f in files[len(futs):]:     # never submitted: the pool broke first
+                yield f, None
         except BaseException:               # Ctrl-C, or the caller stopped listening
             _stop_pool(pool)
             raise
