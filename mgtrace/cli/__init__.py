@@ -448,6 +448,11 @@ def _cmd_inspect(args, out):
     if not files:
         raise FileNotFoundError(_nothing_found(args))
     for f in files:
+        what = batch._special_file(f)     # a named pipe would be waited on for ever
+        if what is not None:
+            results.append({"path": f, "error": batch._not_a_file(f, what)})
+            status = EXIT_FAILED
+            continue
         try:
             results.append(tasks.inspect_file(f, graph=args.graph))
         except (ArchiveError, OSError) as e:

@@ -39,8 +39,9 @@ Ctrl-C (SIGINT) goes to this process only: pool workers ignore it. On it (or
 on SIGTERM while a pool runs) the engine cancels the files not started, stops
 the running workers (SIGTERM, which they turn into an exception so temporary
 files are removed), writes the report and re-raises KeyboardInterrupt. A worker that dies (a crash, or
-killed for memory) fails the files it may have been running, which are then
-retried one process per file, so one bad archive cannot fail its neighbours.
+killed for memory) breaks the pool: the files its workers had started are
+retried one process per file (one bad archive cannot fail its neighbours),
+those still queued go on in a fresh pool.
 
 Python API (what the command runs), public as :mod:`mgtrace.batch`::
 
@@ -51,6 +52,7 @@ Python API (what the command runs), public as :mod:`mgtrace.batch`::
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import errno
 import fnmatch
 import gc
 import hashlib
@@ -60,6 +62,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -123,11 +126,34 @@ def _sha256(path):
     return h.hexdigest()
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+            (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _special_file(path):
+    """What ``path`` is when it is neither a regular file nor a folder (``"a
+    named pipe"``, ``"a socket"``, ``"a character device"``, ``"a block
+    device"``), else None (None too when it cannot be looked at). A batch
+    job never opens such a file: opening a named pipe waits for a writer,
+    for ever (a FIFO named x.tmod in a folder hung ``mgtrace verify``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), None)
+
+
+def _not_a_file(path, what):
+    return f"{path} is {what}, not a file: archives are read from files"
+
+
 def fingerprint(path):
     """``{"size", "mtime_ns", "inode", "sha256"}`` of file ``path``, or None
-    when it cannot be read."""
+    when it cannot be read (or is not a file: see :func:`_special_file`)."""
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
                 "sha256": _sha256(path)}
     except OSError:
@@ -141,7 +167,8 @@ def unchanged(path, fp):
     if not isinstance(fp, dict):
         return False
     try:
-        if os.stat(path).st_size != fp.get("size"):
+        st = os.stat(path)
+        if st.st_size != fp.get("size") or not stat.S_ISREG(st.st_mode):
             return False
         return _sha256(path) == fp.get("sha256")
     except OSError:
@@ -158,6 +185,9 @@ def collect(paths, pattern="*.tmod", exclude=None):
 
     Raises:
         FileNotFoundError: a path does not exist.
+        PermissionError, OSError: a folder cannot be listed (os.walk's
+            default skips it without a word, and a job over the rest would
+            report everything good).
     """
     out, seen = [], set()
     skip = os.path.realpath(exclude) if exclude else None
@@ -165,7 +195,7 @@ def collect(paths, pattern="*.tmod", exclude=None):
         p = os.fspath(p)
         if os.path.isdir(p):
             found = []
-            for root, dirs, files in os.walk(p):
+            for root, dirs, files in os.walk(p, onerror=_unlistable):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".")
                                  and os.path.realpath(os.path.join(root, d)) != skip)
                 found += [os.path.join(root, f) for f in files
@@ -184,6 +214,12 @@ def collect(paths, pattern="*.tmod", exclude=None):
     return out
 
 
+def _unlistable(e):
+    raise type(e)(e.errno, f"cannot search the folder {e.filename} for archives: "
+                           f"{e.strerror or e}; give this user access to it, or leave it "
+                           "out of the paths") from e
+
+
 HEADER_WEIGHT = 256    # a header byte costs about this many tensor bytes of work (see work_size)
 
 
@@ -197,6 +233,8 @@ def work_size(path):
     size. Parallel jobs start with the biggest, so that no large file is
     left to run alone while the other workers idle."""
     from mgtrace.serialization.layout import MAGIC, PREFIX
+    if _special_file(path) is not None:
+        return 0
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -360,6 +398,9 @@ def _call(task, path, options, imports=(), fingerprints=True):
     take the input's and output's (a SHA-256 of each: what a report keeps
     to resume; a job without a report skips reading every file once more)."""
     global _IN_TASK
+    what = _special_file(path)
+    if what is not None:
+        return _failed(_not_a_file(path, what))
     t0 = time.perf_counter()
     # before the task: a file changed meanwhile is redone next time
     before = fingerprint(path) if fingerprints else None
@@ -441,7 +482,9 @@ def _unraisable_in_worker(info, _default=sys.unraisablehook):
     _default(info)
 
 
-def _worker_init(parent_pid=None):
+def _worker_init(parent_pid=None, marks=None):
+    global _MARKS
+    _MARKS = marks
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's business
     signal.signal(signal.SIGTERM, _stop_worker)      # how the parent stops a running task
     signal.signal(signal.SIGALRM, _stop_worker)      # a stop delivered again (see the hook)
@@ -538,10 +581,27 @@ class _WorkerContext(multiprocessing.context.SpawnContext):
     Process = _WorkerProcess
 
 
-def _new_pool(jobs):
+def _new_pool(jobs, marks=None):
     # spawn: no fork after BLAS threads started
     return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(),
-                                  initializer=_worker_init, initargs=(os.getpid(),))
+                                  initializer=_worker_init, initargs=(os.getpid(), marks))
+
+
+# a pool's files, by their place in the job: what a worker did with each (a byte per file in
+# memory the workers share, written without a lock: one writer per byte), so a worker's death
+# fails only the files that were running, not those still queued
+_QUEUED, _STARTED, _ENDED = 0, 1, 2
+_MARKS = None           # in a pool worker: the job's marks
+_IDLE_DEATHS = 2        # pools in a row that broke before any file started or returned
+
+
+def _marked_call(i, task, path, options, imports, fps):
+    """:func:`_call` in a pool worker, marking file ``i`` started, then ended."""
+    _MARKS[i] = _STARTED
+    try:
+        return _call(task, path, options, imports, fps)
+    finally:
+        _MARKS[i] = _ENDED
 
 
 def _stop_pool(pool):
@@ -579,12 +639,55 @@ _DIED = ("the worker process died while running this file (a crash, or killed fo
 
 def _pool_results(task, files, options, jobs, imports, fps):
     """``(file, result)`` as files finish in a pool of ``jobs`` processes.
-    Files a dying worker took down with it are retried one process each."""
-    pool = _new_pool(jobs)
-    lost = []
+
+    A worker that dies breaks the pool, and every file not yet returned
+    with it: those a worker had started (the dead one's, and the others'
+    the pool stopped) are retried one process each, at the end; those still
+    queued, or done but not yet returned, go to a fresh pool. A pool that
+    broke before any file started or returned (a worker killed as it
+    started up) is started again, all of it; a second time, its files run
+    alone. (Retrying every unreturned file alone made one crash early in a
+    job of thousands of files start a process per file, 100 times slower.)"""
+    order = {f: i for i, f in enumerate(files)}
+    marks = multiprocessing.get_context("spawn").RawArray("b", len(files))
+    todo, alone, idle_deaths = list(files), [], 0
+    while todo:
+        lost = []
+        for f in todo:
+            marks[order[f]] = _QUEUED
+        for f, res in _pool_round(task, todo, options, jobs, imports, fps, marks, order):
+            if res is None:
+                lost.append(f)
+            else:
+                yield f, res
+        started = [f for f in lost if marks[order[f]] == _STARTED]
+        # a pool that broke with no file started and none returned (a worker killed while
+        # it started up) is tried again once; twice, its files run alone
+        idle_deaths = idle_deaths + 1 if lost and not started and len(lost) == len(todo) else 0
+        if started or idle_deaths >= _IDLE_DEATHS:
+            moved = set(started or lost)
+            alone += [f for f in lost if f in moved]
+            lost = [f for f in lost if f not in moved]
+        todo = lost
+    if alone:
+        yield from _isolated_results(task, sorted(alone, key=order.get), options, jobs, imports,
+                                     fps)
+
+
+def _pool_round(task, files, options, jobs, imports, fps, marks, order):
+    """``(file, result)`` as files finish in one pool; result None for a
+    file the pool broke before it returned (see ``marks`` for how far it
+    got)."""
+    pool = _new_pool(min(jobs, len(files)), marks)
     with _deferred_sigint() as stop:
         try:
-            futs = {pool.submit(_call, task, f, options, imports, fps): f for f in files}
+            futs = {}
+            for f in files:     # a worker that dies meanwhile breaks submit too: it raises
+                try:            # BrokenProcessPool, or, starting a worker while the pool is
+                    #             torn down, OSError or ValueError (closed handles)
+                    futs[pool.submit(_marked_call, order[f], task, f, options, imports, fps)] = f
+                except (cf.process.BrokenProcessPool, OSError, ValueError):
+                    break
             pending = set(futs)
             while pending:
                 stop.check()
@@ -595,21 +698,18 @@ def _pool_results(task, files, options, jobs, imports, fps):
                     try:
                         res = fut.result()
                     except cf.process.BrokenProcessPool:
-                        lost.append(f)
-                        continue
+                        res = None
                     except Exception as e:      # e.g. a result that cannot be pickled
                         res = _failed(f"the worker could not return a result: "
                                       f"{type(e).__name__}: {e}")
                     yield f, res
                     stop.check()
+            for f in files[len(futs):]:     # never submitted: the pool broke first
+                yield f, None
         except BaseException:               # Ctrl-C, or the caller stopped listening
             _stop_pool(pool)
             raise
         pool.shutdown(wait=True)
-    if lost:
-        order = {f: i for i, f in enumerate(files)}
-        yield from _isolated_results(task, sorted(lost, key=order.get), options, jobs, imports,
-                                     fps)
 
 
 def _isolated_results(task, files, options, jobs, imports, fps):
@@ -760,6 +860,7 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         RuntimeError: ``dask`` given without dask.distributed installed, or
             the scheduler cannot be reached.
         ReportError: the report could not be written while the job ran.
+        BlockingIOError: another job is using the report (POSIX).
         KeyboardInterrupt: Ctrl-C; the report holds the files finished.
 
     With ``jobs > 1`` workers are started with ``spawn``: a script calling
@@ -773,6 +874,64 @@ def run(task, paths, *, options=None, jobs=1, dask=None, report=None, resume=Tru
         raise FileNotFoundError(f"--report {report}: its folder does not exist")
     if report:
         _check_writable(os.path.dirname(os.path.abspath(report)), f"--report {report}: its folder")
+        what = _special_file(report)     # a named pipe would be waited on for ever
+        if what is not None:
+            raise ValueError(f"--report {report} is {what}, not a file: give a file's path "
+                             "(it is written, then read to resume)")
+    with _report_lock(report):
+        return _run(task, paths, options, jobs, dask, report, resume, pattern, progress,
+                    callback, command, exclude, imports)
+
+
+@contextlib.contextmanager
+def _report_lock(report):
+    """Hold ``report``'s lock (an flock on ``.NAME.lock`` beside it, removed
+    after) for a job, so a second job given the same report refuses to
+    start: each rewrote the report with its own records, and the one that
+    finished last erased the other's (a cron job overlapping the one
+    before it). POSIX only; elsewhere nothing is locked.
+
+    Raises:
+        BlockingIOError: another live job holds the lock (its pid named).
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if not report or fcntl is None:
+        yield
+        return
+    folder, name = os.path.split(os.path.abspath(report))
+    path = os.path.join(folder, f".{name}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BlockingIOError(errno.EWOULDBLOCK, f"the report {report} is in use by another "
+                                  f"mgtrace job (pid {pid}): wait for it to end, or give this "
+                                  "job another --report") from None
+        try:             # the lock file a job that just ended removed: lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)      # while still locked: a job waiting on this file retries
+        os.close(fd)
+
+
+def _run(task, paths, options, jobs, dask, report, resume, pattern, progress, callback, command,
+         exclude, imports):
     files = collect(paths, pattern, exclude)
     imports = tuple(os.fspath(i) for i in (imports or ()))
     from mgtrace.cli.tasks import load_user_code

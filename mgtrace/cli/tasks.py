@@ -736,14 +736,27 @@ class _Rejected(Exception):
         self.err, self.reason = err, reason
 
 
-def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None, device=None):
+def _file_state(path):
+    """What says that file ``path`` was rewritten: (device, inode, size, mtime)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:       # removed
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None, device=None,
+                   read_as=None):
     """Save to a temporary file beside ``dest`` (see
     :func:`mgtrace.serialization.atomic.replacing`), reload it, check its
     examples against ``want`` (or, without examples, its tensors against
     ``obj``'s), then rename it over ``dest`` (through a symbolic link, which
     stays); returns ``(max error, reason)``, reason empty on success. The
     new file gets the permissions of the file it replaces (else the
-    umask's); the temporary file is removed on any failure, Ctrl-C included."""
+    umask's); the temporary file is removed on any failure, Ctrl-C included.
+    ``read_as``: ``dest``'s :func:`_file_state` when the job read it (in
+    place); a ``dest`` another process rewrote since is left as that process
+    wrote it (renaming over it would put the old model back)."""
     from mgtrace.serialization import save
     from mgtrace.serialization.atomic import replacing
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
@@ -753,7 +766,12 @@ def _write_checked(obj, dest, metadata, inputs, want, rtol, atol, kwargs=None, d
                 save(obj, out, metadata=metadata, example_inputs=inputs,
                      example_kwargs=kwargs or None)
                 out.flush()
-                return _check_written(tmp, obj, inputs, want, rtol, atol, device), ""
+                err = _check_written(tmp, obj, inputs, want, rtol, atol, device)
+                if read_as is not None and _file_state(dest) != read_as:
+                    raise _Rejected(None, "the archive was rewritten by another process while "
+                                          "this job rewrote it: it is left as that process wrote "
+                                          "it; run the job again to rewrite the new one")
+                return err, ""
             except Exception as e:  # say the file asked for, not the temporary one beside it
                 raise _naming(e, tmp, dest) from None
     except _Rejected as r:
@@ -817,6 +835,7 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6,
     from mgtrace.serialization import load_archive
     from mgtrace.serialization.version import is_current
     dest = destination(path, out, in_place, roots)
+    read_as = _file_state(path) if in_place else None
     arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
@@ -826,7 +845,7 @@ def upgrade_file(path, out=None, in_place=False, roots=(), rtol=1e-5, atol=1e-6,
         return {"status": "ok", "reason": "", "from": old, "output": dest, "note": "already current"}
     err, reason = _write_checked(arc.obj, dest, arc.metadata, arc.example_inputs,
                                  arc.example_outputs, rtol, atol, kwargs=arc.example_kwargs,
-                                 device=device)
+                                 device=device, read_as=read_as)
     if reason:
         return {"status": "failed", "reason": reason, "from": old}
     return {"status": "ok", "reason": "", "from": old, "output": dest, "max_abs_error": err}
@@ -940,6 +959,7 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     from mgtrace.serialization import load_archive
     from mgtrace.module import Module
     dest = destination(path, out, in_place, roots)
+    read_as = _file_state(path) if in_place else None
     arc = load_archive(path, device=device)
     newer = _newer_than_us(arc)
     if newer:
@@ -968,7 +988,7 @@ def retrace_file(path, out=None, in_place=False, roots=(), inputs=None, rtol=1e-
     if not ok:
         return {"status": "failed", "reason": f"the re-traced module differs: {reason}"}
     err, reason = _write_checked(new, dest, arc.metadata, args, want, rtol, atol, kwargs=kwargs,
-                                 device=device)
+                                 device=device, read_as=read_as)
     if reason:
         return {"status": "failed", "reason": reason}
     return {"status": "ok", "reason": "", "output": dest, "inputs": source, "max_abs_error": err}

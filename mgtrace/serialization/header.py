@@ -229,14 +229,28 @@ def check_raw_seal(raw):
         ArchiveError: "header checksum mismatch".
     """
     raw = memoryview(raw)
-    tail, key = bytes(raw[-_SEAL_LEN:]), bytes(raw[-_SEAL_LEN - len(_SEAL_KEY):-_SEAL_LEN])
-    prefix = msgpack.packb(_seal_value(0))[:-8]           # the str header and "crc32:"
-    if len(raw) < _SEAL_LEN + len(_SEAL_KEY) or key != _SEAL_KEY or \
-            not tail.startswith(prefix) or not set(tail[len(prefix):]) <= _HEX:
+    value = seal_in(raw[-SEAL_TAIL:])
+    if value is None:
         return
-    value, got = tail[1:].decode(), _seal_value(zlib.crc32(raw[:-_SEAL_LEN]))
+    got = _seal_value(zlib.crc32(raw[:-_SEAL_LEN]))
     if got != value:
         raise _mismatch(value, got)
+
+
+SEAL_TAIL = _SEAL_LEN + len(_SEAL_KEY)     # what a sealed header ends in: the seal's key, value
+
+
+def seal_in(tail):
+    """The seal value (``"crc32:..."``) that header bytes ending in ``tail``
+    (their last :data:`SEAL_TAIL` bytes) carry, or None when they end in
+    none (a 1.0 header, a corrupted seal, not a header)."""
+    tail = bytes(tail)
+    key, value = tail[:-_SEAL_LEN], tail[-_SEAL_LEN:]
+    prefix = msgpack.packb(_seal_value(0))[:-8]           # the str header and "crc32:"
+    if len(tail) != SEAL_TAIL or key != _SEAL_KEY or not value.startswith(prefix) or \
+            not set(value[len(prefix):]) <= _HEX:
+        return None
+    return value[1:].decode()
 
 
 def check_seal(raw, header):

@@ -13,12 +13,14 @@ it was handed over). Reads past the end raise ArchiveError ("truncated").
 import io
 import mmap as _mmap
 import os
+import sys
 from contextlib import contextmanager
 
 import numpy as np
 
 from mgtrace._core.tensor import wrap_buffer
 from mgtrace.errors import ArchiveError
+from mgtrace.serialization.layout import PREFIX
 from mgtrace.serialization.tensors import crc32
 
 __all__ = ["open_source"]
@@ -71,6 +73,55 @@ class _BufferSource:
     def __init__(self, buf, base=0):
         self._mv = memoryview(buf).toreadonly()[base:]
         self.size = len(self._mv)
+        self._map, self._base = (buf, base) if isinstance(buf, _mmap.mmap) else (None, 0)
+
+    def stamp(self):
+        """A token of what the mapped file holds now (its size, and the
+        prefix and the last bytes of its header: a sealed header ends in its
+        checksum), for :meth:`changed`; None for bytes in memory."""
+        if self._map is None:
+            return None
+        try:
+            size = self._map.size()
+        except (OSError, ValueError):     # closed, or no descriptor to ask (Windows' tagname)
+            return None
+        if size < len(self._map):
+            return size, None
+        head = bytes(self._mv[:PREFIX.size])
+        end = PREFIX.size + PREFIX.unpack(head)[1]
+        return size, head + bytes(self._mv[max(PREFIX.size, end - 64):end])
+
+    def changed(self, stamp):
+        """Why the mapped file no longer holds the archive ``stamp``
+        (:meth:`stamp`) was taken of, or None. Truncated under the mapping,
+        a page past the new end would kill the process (SIGBUS) when read;
+        rewritten in place, the mapping shows the new bytes."""
+        if stamp is None:
+            return None
+        now = self.stamp()
+        if now is None or now == stamp:
+            return None
+        if now[0] < len(self._map):
+            return (f"the file was truncated to {now[0]} bytes; the archive took "
+                    f"{len(self._map) - self._base} of its {len(self._map)}")
+        return "the file was rewritten in place (its header is not the one loaded)"
+
+    def populate(self, offset):
+        """Read the mapped bytes from ``offset`` to the end in at once and map
+        them (Linux's MADV_POPULATE_READ, else a read-ahead hint): for a load
+        that reads every byte anyway (verify), one call instead of a page
+        fault per 4 KiB page. Called once the header passed its checks, so a
+        file that is not an archive (gigabytes of zeros named .tmod) or has
+        a corrupted header is refused without reading the rest of it."""
+        if self._map is None or offset >= self.size:
+            return
+        start = (self._base + offset) // _PAGE * _PAGE
+        for advice in _POPULATE:
+            try:
+                self._map.madvise(advice, start, len(self._map) - start)
+                return
+            except (OSError, ValueError):   # an older kernel: the next advice
+                continue
 
     def view(self, offset, n):
         if offset + n > self.size:
@@ -103,32 +154,31 @@ class _BufferSource:
         return crc
 
 
-# mapping every page at once (Linux): for a load that reads every byte anyway (verify), one
-# call instead of a page fault per 4 KiB page
-_POPULATE = getattr(_mmap, "MAP_POPULATE", 0)
+# mapping every page of the tensor data at once, for a load that reads every byte anyway
+# (verify): Linux's MADV_POPULATE_READ (22, since 5.14; Python 3.11 does not name it), else
+# MADV_WILLNEED (the pages are read ahead, then faulted in one at a time)
+_POPULATE = tuple(a for a in ((22 if sys.platform.startswith("linux") else None),
+                              getattr(_mmap, "MADV_WILLNEED", None)) if a is not None)
+_PAGE = _mmap.PAGESIZE
 
 
-def _map(fileno, base, populate=False):
+def _map(fileno, base):
     size = os.fstat(fileno).st_size
     if size == 0:
         return _BufferSource(b"")
-    if populate and _POPULATE:
-        m = _mmap.mmap(fileno, 0, flags=_mmap.MAP_SHARED | _POPULATE, prot=_mmap.PROT_READ)
-    else:
-        m = _mmap.mmap(fileno, 0, access=_mmap.ACCESS_READ)
-    return _BufferSource(m, min(base, size))
+    return _BufferSource(_mmap.mmap(fileno, 0, access=_mmap.ACCESS_READ), min(base, size))
 
 
 @contextmanager
-def open_source(f, mmap, populate=False):
+def open_source(f, mmap):
     """A source for ``f`` (a path or a readable binary file object).
 
     With ``mmap`` a path or a real file is memory-mapped (read-only); a file
     object without a file descriptor, or a pipe, is read into memory once.
     Without it, files are read piece by piece. A path is opened and closed
-    here; a file object is left open. ``populate``: the load will read
-    every byte (it verifies checksums), so the mapping is filled at once
-    (Linux's MAP_POPULATE) rather than a page fault at a time.
+    here; a file object is left open. A mapped source's ``populate(offset)``
+    reads its bytes from ``offset`` in at once (a load that verifies every
+    checksum calls it once the header passed its checks).
 
     Raises:
         TypeError: ``f`` is neither a path nor a readable file object.
@@ -140,7 +190,7 @@ def open_source(f, mmap, populate=False):
     if isinstance(f, (str, bytes, os.PathLike)):
         with open(f, "rb") as fh:
             if mmap:
-                yield _map(fh.fileno(), 0, populate)
+                yield _map(fh.fileno(), 0)
             else:
                 yield _FileSource(fh, 0, os.fstat(fh.fileno()).st_size)
         return
@@ -148,15 +198,15 @@ def open_source(f, mmap, populate=False):
         raise TypeError("load reads binary data: open the file with mode 'rb', not 'r'")
     if not hasattr(f, "read"):
         raise TypeError(f"load takes a path or a binary file object, got {type(f).__name__}")
-    yield _source_of_file(f, mmap, populate)
+    yield _source_of_file(f, mmap)
 
 
-def _source_of_file(f, mmap, populate):
+def _source_of_file(f, mmap):
     seekable = getattr(f, "seekable", lambda: False)()
     base = f.tell() if seekable else 0
     if mmap and seekable:
         try:
-            return _map(f.fileno(), base, populate)
+            return _map(f.fileno(), base)
         except (io.UnsupportedOperation, AttributeError, OSError):
             pass                      # BytesIO and the like: read it into memory below
     if seekable and not mmap:

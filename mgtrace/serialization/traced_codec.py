@@ -522,6 +522,7 @@ class LazyGraphs:
 
     def __init__(self, ctx, guard):
         self._ctx, self._guard = ctx, guard
+        self._stamp = ctx._source.stamp()     # what the mapped file holds (see _read)
         self._waiting, ctx.lazy_graphs = ctx.lazy_graphs, None
         self._lock = threading.RLock()
         self._reading = False
@@ -552,6 +553,14 @@ class LazyGraphs:
 
     def _read(self, waiting):
         ctx = self._ctx
+        # the graphs' tensors are views of the mapping: a file truncated since the load would
+        # kill the process (SIGBUS) at the first read of a page past its new end
+        changed = ctx._source.changed(self._stamp)
+        if changed is not None:
+            raise ArchiveError(f"the archive changed after the lazy load (mmap=True, verify="
+                               f"False) mapped it: {changed}. Load it again; replace an archive "
+                               "another process maps by saving to a new file and renaming it "
+                               "(mt.save does), never by writing over it")
         read = []
         for tm, entry, i in waiting:
             ctx._building = [i]

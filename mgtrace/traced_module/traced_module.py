@@ -486,6 +486,14 @@ class TracedModule(Module):
         from mgtrace.traced_module.folder import to_folder
         return to_folder(self, path, module_name)
 
+    def __copy__(self):
+        # a lazy load's graphs first: a shallow copy of a module not read yet had its
+        # bookkeeping entry but was no module of the load, so its graphs were never read
+        read_pending_graphs(self)
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __deepcopy__(self, memo):
         read_pending_graphs(self)
         new = Module.__deepcopy__(self, memo)

@@ -434,3 +434,33 @@ def test_outputs_compare_relative_to_their_scale():
     # an infinite rtol passes an all-zero output (inf * 0 is no NaN here)
     zeros = mt.tensor(np.zeros(3, np.float32))
     assert compare_outputs(zeros, zeros, rtol=float("inf"))[0]
+
+
+@pytest.mark.parametrize("command", ["upgrade", "retrace"])
+@pytest.mark.parametrize("how", ["rewritten", "replaced", "removed"])
+def test_in_place_leaves_a_file_another_process_rewrote_meanwhile(tree, monkeypatch, command, how):
+    # the job read net1, wrote and checked the new archive, then renamed it over net1: a
+    # model another process saved there meanwhile was replaced by the old one, upgraded
+    from mgtrace.cli import tasks
+    path = tree / "good/net1.tmod"                       # format 1.0: both commands rewrite it
+    theirs = (tree / "good/net0.tmod").read_bytes()
+    real = tasks._check_written
+
+    def meanwhile(*args, **kwargs):
+        if how == "rewritten":                           # written over in place
+            path.write_bytes(theirs)
+        elif how == "replaced":                          # saved by mt.save: a rename
+            (tree / "good/other").write_bytes(theirs)
+            os.replace(tree / "good/other", path)
+        else:
+            path.unlink()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(tasks, "_check_written", meanwhile)
+    task = tasks.upgrade_file if command == "upgrade" else tasks.retrace_file
+    res = task(str(path), in_place=True)
+    assert res["status"] == "failed" and "rewritten by another process" in res["reason"], res
+    if how == "removed":
+        assert not path.exists()
+    else:
+        assert path.read_bytes() == theirs
+    assert [f for f in os.listdir(tree / "good") if f.startswith(".")] == []   # no temporary

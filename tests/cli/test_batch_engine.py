@@ -1,6 +1,8 @@
 """mgtrace.batch as a Python API: collecting files, the report, workers that die."""
 import json
 import os
+import signal
+import threading
 
 import pytest
 
@@ -35,6 +37,87 @@ def test_collect(tmp_path):
         batch.collect([root / "nope"])
 
 
+def test_a_worker_killed_as_it_starts_fails_no_file_and_isolates_none(tmp_path, monkeypatch):
+    # killed before it ran anything (its parent kills it the moment it is started, long
+    # before a new interpreter could run a task): no file was started, none returned, so
+    # the pool is tried again, all of it; this ran every file in a process of its own
+    root = _files(tmp_path, [f"f{i}.tmod" for i in range(30)])
+    pools, killed = [], []
+    real_pool, real_start = engine._new_pool, engine._WorkerProcess.start
+    monkeypatch.setattr(engine, "_new_pool", lambda jobs, *a: pools.append(jobs) or real_pool(jobs, *a))
+
+    def start(self):
+        real_start(self)
+        if not killed:
+            killed.append(self.pid)
+            os.kill(self.pid, signal.SIGKILL)
+    monkeypatch.setattr(engine._WorkerProcess, "start", start)
+    recs = batch.run(_die_on_crash, [root], jobs=2, progress=False)
+    assert killed and [r.status for r in recs] == ["ok"] * 30
+    assert pools == [2, 2], pools
+
+
+def test_a_folder_that_cannot_be_listed_stops_the_job(tmp_path, monkeypatch, capsys):
+    # os.walk skips a folder it cannot list without a word: verify then checked the rest and
+    # said all was good (exit 0) while it never looked inside (chmod 000 folders; faked here,
+    # as tests may run as root, whom permissions do not stop)
+    root = _files(tmp_path, ["a.tmod", "locked/b.tmod"])
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.path.basename(os.fspath(path)) == "locked":
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(PermissionError, match="cannot search the folder .*locked for archives"):
+        batch.collect([root])
+    from mgtrace.cli import EXIT_USAGE, main
+    assert main(["verify", str(root)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "locked for archives: Permission denied" in err and "Traceback" not in err
+
+
+def _read_all(path, **options):
+    with open(path, "rb") as f:
+        return {"status": "ok", "reason": "", "size": len(f.read())}
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_among_archives_fails_without_being_opened(tmp_path, capsys):
+    # opening a FIFO for reading waits for a writer: a FIFO named p.tmod in a folder hung
+    # mgtrace verify (-j 1 in the task, -j 2 already in work_size) and inspect for ever.
+    # Here a watchdog plays the writer whenever someone waits on the pipe, so a regression
+    # ends (a record that is not the refusal) instead of hanging
+    root = _files(tmp_path, ["a.tmod"])
+    fifo = root / "p.tmod"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))     # a reader waits: EOF
+            except OSError:
+                stop.wait(0.01)
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        assert engine.work_size(str(fifo)) == 0 and batch.fingerprint(fifo) is None
+        recs = batch.run(_read_all, [root], report=tmp_path / "r.json", progress=False)
+        from mgtrace.cli import EXIT_FAILED, main
+        assert main(["inspect", str(fifo)]) == EXIT_FAILED
+        with pytest.raises(ValueError, match="--report .*p.tmod is a named pipe, not a file"):
+            batch.run(_read_all, [root / "a.tmod"], report=fifo, progress=False)
+    finally:
+        stop.set()
+        t.join()
+    by = {os.path.basename(r.path): r for r in recs}
+    assert by["a.tmod"].status == "ok" and by["a.tmod"].details["size"] == 6
+    assert by["p.tmod"].status == "failed"
+    assert by["p.tmod"].reason == f"{fifo} is a named pipe, not a file: archives are read from files"
+    assert "p.tmod is a named pipe" in capsys.readouterr().out
+
+
 def test_a_dying_worker_fails_only_its_file(tmp_path):
     root = _files(tmp_path, [f"f{i}.tmod" for i in range(6)] + ["crash.tmod"])
     seen = []
@@ -47,6 +130,49 @@ def test_a_dying_worker_fails_only_its_file(tmp_path):
     assert sorted(seen) == list(range(1, 8))
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["finished"] and data["summary"] == {"ok": 6, "failed": 1, "total": 7}
+
+
+def test_a_dying_worker_sends_only_started_files_to_run_alone(tmp_path, monkeypatch):
+    # the crash is the biggest file, so it starts first: before, every file not yet returned
+    # when its worker died (all 30 here) was retried in a process of its own, one spawn each
+    root = _files(tmp_path, [f"f{i}.tmod" for i in range(30)] + ["crash_first_biggest.tmod"])
+    pools = []
+    real = engine._new_pool
+    monkeypatch.setattr(engine, "_new_pool", lambda jobs, *a: pools.append(jobs) or real(jobs, *a))
+    recs = batch.run(_die_on_crash, [root], jobs=2, progress=False)
+    by = {os.path.basename(r.path): r for r in recs}
+    assert "worker process died" in by["crash_first_biggest.tmod"].reason
+    assert all(by[f"f{i}.tmod"].status == "ok" for i in range(30)), by
+    assert len(recs) == 31
+    # the crash's pool, a fresh pool for the queued files, and at most the two files the
+    # broken pool had started, each alone
+    assert pools[:2] == [2, 2] and pools[2:] in ([1], [1, 1]), pools
+
+
+def test_a_report_in_use_by_another_job_is_refused(tmp_path, capsys):
+    # two jobs given one report each rewrote it with their own records: the one that ended
+    # last erased the other's (an upgrade's "from format 1.0" became "left as it is")
+    root = _files(tmp_path, ["a.tmod", "b.tmod"])
+    report = tmp_path / "r.json"
+    second = []
+
+    def during_the_first(rec, done, total):
+        if done == 1:
+            with pytest.raises(BlockingIOError, match=f"in use by another mgtrace job "
+                                                      f"\\(pid {os.getpid()}\\)"):
+                batch.run(_die_on_crash, [root], report=report, progress=False)
+            from mgtrace.cli import main
+            second.append(main(["verify", str(root), "--report", str(report)]))
+    recs = batch.run(_die_on_crash, [root], report=report, progress=False,
+                     callback=during_the_first)
+    from mgtrace.cli import EXIT_USAGE
+    assert second == [EXIT_USAGE] and "in use by another mgtrace job" in capsys.readouterr().err
+    assert [r.status for r in recs] == ["ok", "ok"]
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []     # the lock is gone
+    data = json.loads(report.read_text())
+    assert data["finished"] and data["summary"] == {"ok": 2, "failed": 0, "total": 2}
+    recs = batch.run(_die_on_crash, [root], report=report, progress=False)  # free again
+    assert [r.status for r in recs] == ["skipped", "skipped"]
 
 
 def test_report_paths_resolve_from_the_jobs_folder(tmp_path, monkeypatch):

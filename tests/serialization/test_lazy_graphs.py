@@ -67,13 +67,17 @@ def test_lazy_graphs_equal_eager_ones(archive):
     assert lazy.graph._ids.next_node == n_eager > 0
 
 
-@pytest.mark.parametrize("first_use", ["deepcopy", "save", "setattr", "graph", "submodule_call"])
+@pytest.mark.parametrize("first_use", ["deepcopy", "copy", "save", "setattr", "graph",
+                                       "submodule_call"])
 def test_every_first_use_reads_the_graphs(archive, first_use):
     tm, data = archive
     lazy = load_bytes(data, mmap=True, verify=False)
     x = every_expr_inputs(2, seed=2)
     if first_use == "deepcopy":
         out = copy.deepcopy(lazy)
+    elif first_use == "copy":                     # a shallow copy before first use: its
+        out = copy.copy(lazy)                     # call failed, "no attribute '_graphs'"
+        assert out is not lazy and out._graphs is lazy._graphs
     elif first_use == "save":
         out = load_bytes(save_bytes(lazy))
         assert save_bytes(lazy) == save_bytes(load_bytes(data))
