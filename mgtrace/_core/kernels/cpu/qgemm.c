@@ -28,6 +28,35 @@
 #define MT_Q_VNNI 1
 #endif
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Thread teams of the int8 kernels (qgemm.c, qconv.c). A parallel region
+ * pays where each thread gets at least MT_Q_GRAIN units (multiply-adds, or
+ * bytes packed): about 5-10 us of VNNI work, against a fork and a barrier
+ * that cost a few us on an idle machine and a time slice where another
+ * process holds a core (MobileNetV2 runs ~100 int8 layers per forward,
+ * many of them far below that: a 7x7 depthwise layer is 0.4 M). The most
+ * threads is mgtrace's count for the next kernel (mgtrace._core.qint8 sets
+ * it before each call from dispatch's num_threads(): set_num_threads, and
+ * fewer under load where adaptive threads are on), else OpenMP's default. */
+#define MT_Q_GRAIN (1 << 19)
+static int q_threads = 0;
+
+void mt_q_set_threads(int n) { q_threads = n; }
+
+int mt_q_team(int64_t work)
+{
+#ifdef _OPENMP
+    int64_t n = q_threads > 0 ? q_threads : omp_get_max_threads();
+#else
+    int64_t n = 1;
+#endif
+    int64_t most = work / MT_Q_GRAIN;
+    return (int)(most < 1 ? 1 : most < n ? most : n);
+}
+
 #define QB_N 16     /* output channels per packed block */
 #define QB_K 4      /* k per packed group (one int32 lane of vpdpbusd) */
 
@@ -315,7 +344,8 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
     int64_t MB = ceil_div(M, 4);        /* units of four rows x two packed blocks */
     int64_t NP = ceil_div(NB, 2);
     int64_t work = MB * NP;
-#pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
+    int nt = mt_q_team(M * N * K);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && work > 1)
     for (int64_t i = 0; i < work; i++) {
         int64_t m = (i / NP) * 4, nb0 = (i % NP) * 2;
         int64_t rows = M - m < 4 ? M - m : 4;
@@ -349,7 +379,8 @@ void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH
                    int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols)
 {
     int64_t KC = C * KH * KW;
-#pragma omp parallel for schedule(static) if (OH * OW * KC > (1 << 16))
+    int nt = mt_q_team(OH * OW * KC);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
             uint8_t *row = cols + (oh * OW + ow) * KC;
@@ -485,7 +516,8 @@ void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t
                      int32_t lo, int32_t hi, int out_u8, void *out)
 {
     int64_t planes = NB * C;
-#pragma omp parallel for schedule(static) if (planes * OH * OW * KH * KW > (1 << 16))
+    int nt = mt_q_team(planes * OH * OW * KH * KW);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t p = 0; p < planes; p++) {
         int64_t c = p % C;
         const uint8_t *xp = x + p * H * W;
