@@ -14,8 +14,9 @@
  * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
  * x_scale * w_scale), for a layer whose output stays float.
  *
- * Two paths with one result: AVX-512 VNNI (vpdpbusd, u8 x s8 -> s32),
- * chosen at run time where the CPU has it, and portable C. No Python here;
+ * Three paths with one result, chosen at run time: AVX-512 VNNI
+ * (vpdpbusd, u8 x s8 -> s32) where the CPU has it, else AVX2 (vpmaddwd on
+ * the bytes widened to int16), else portable C. No Python here;
  * the Cython wrapper (qint8.pyx) owns the arrays and the checks.
  */
 #include <math.h>
@@ -312,6 +313,50 @@ static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
     store16(g, m + 3, n0, c3);
 }
 
+/* one packed block of 16 channels for row m on AVX2 without VNNI: the four
+ * bytes of a and each channel's four taps widened to int16 and multiplied
+ * by vpmaddwd (exact: |a w| <= 255 * 128, where vpmaddubsw's int16 pair
+ * sums would saturate), lane l of accumulator q holding half of channel
+ * 4 q + l / 2's dot product; the halves summed and stored as the portable
+ * path does (the same integers, the same epilogue) */
+__attribute__((target("avx2")))
+static void block_avx2(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K);
+    const uint8_t *a = g->a + m * g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t kb = 0; kb < KB; kb++) {
+        int32_t v = 0;
+        int64_t left = g->K - kb * QB_K;
+        memcpy(&v, a + kb * QB_K, (size_t)(left < QB_K ? left : QB_K));
+        __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(v));   /* a0..a3, four times */
+        const int8_t *wk = w + kb * QB_N * QB_K;
+        c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)wk))));
+        c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 16)))));
+        c2 = _mm256_add_epi32(c2, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 32)))));
+        c3 = _mm256_add_epi32(c3, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 48)))));
+    }
+    int32_t half[2 * QB_N];
+    _mm256_storeu_si256((__m256i *)half, c0);
+    _mm256_storeu_si256((__m256i *)(half + 8), c1);
+    _mm256_storeu_si256((__m256i *)(half + 16), c2);
+    _mm256_storeu_si256((__m256i *)(half + 24), c3);
+    int64_t n0 = nb * QB_N;
+    for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+        store(g, m, n0 + j, half[2 * j] + half[2 * j + 1]);
+}
+
+static int has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+
 static int has_vnni(void)
 {
     __builtin_cpu_init();
@@ -320,12 +365,14 @@ static int has_vnni(void)
 }
 #else
 static int has_vnni(void) { return 0; }
+static int has_avx2(void) { return 0; }
 #endif
 
 /* 1 when the VNNI path is available on this CPU (and built). */
 int mt_qgemm_has_vnni(void) { return has_vnni(); }
 
-/* path: 0 = best available, 1 = portable C. Returns the path used (1 portable, 2 VNNI). */
+/* path: 0 = best available, 1 = portable C, 4 = AVX2 (where the CPU has it,
+ * else portable). Returns the path used (1 portable, 2 VNNI, 4 AVX2). */
 int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda, int32_t a_zp,
                   const int8_t *packed, const int32_t *wsum, const int32_t *bias,
                   const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
@@ -335,6 +382,7 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                     out, ldo_m, ldo_n, NULL};
     int64_t NB = ceil_div(N, QB_N);
     int vnni = path == 0 && has_vnni();
+    int avx2 = !vnni && (path == 0 || path == 4) && has_avx2();
     double *corr = NULL;
     if (vnni && N > 0 && (corr = malloc((size_t)N * sizeof(double))) != NULL) {
         for (int64_t n = 0; n < N; n++)
@@ -363,13 +411,18 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                         block_vnni(&g, m + r, nb);
                 continue;
             }
+            if (avx2) {
+                for (int64_t r = 0; r < rows; r++)
+                    block_avx2(&g, m + r, nb);
+                continue;
+            }
 #endif
             for (int64_t r = 0; r < rows; r++)
                 block_portable(&g, m + r, nb);
         }
     }
     free(corr);
-    return vnni ? 2 : 1;
+    return vnni ? 2 : avx2 ? 4 : 1;
 }
 
 /* x: uint8 [C, H, W] (one image, the channels of one group) -> cols
