@@ -221,3 +221,21 @@ def test_a_module_called_twice_stays(relu_first):
         tm = mt.trace_module(q, calib)
     _, report = optimize(tm, "FuseQuantStub", flatten=True, return_report=True)
     assert report["FuseQuantStub"].counts == {"fusions": 0}
+
+
+def test_fused_graph_exports_to_onnx():
+    ort = pytest.importorskip("onnxruntime")
+    from mgtrace.onnx import export
+    tm, x = _quantized()
+    fused = optimize(tm, "all", flatten=True)
+    # the fused layers' outputs are the stubs' integers in the graph too
+    dtypes = [e.outputs[0].dtype for e in fused.graph._exprs
+              if e.kind == "call_method" and e.method == "__call__"
+              and isinstance(e.args[0].owner, (MQ.Conv2d, MQ.Linear))]
+    assert dtypes == [np.uint8] * 3 + [np.float32, np.uint8, np.float32]
+    f = io.BytesIO()
+    export(fused, f, opset=17)
+    sess = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    want = fused(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -101,6 +101,7 @@ def fuse_quant_stub(tm):
             layer.act_qparams = q
             if act is not None:
                 layer.__class__ = _RELU_FORM[type(layer)]
+            y.dtype = e.outputs[0].dtype        # the stub's int8 / uint8 (ONNX export reads it)
             g.replace_node({e.outputs[0]: y})
             changed = True
             done += 1
