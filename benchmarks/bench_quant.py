@@ -228,6 +228,10 @@ def layers(name, batch, repeats):
           f"{statistics.median(totals):.1f} median per forward")
     for key, v in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {key:<32}{calls[key] // repeats:>5} calls {v / repeats * 1e3:9.2f} ms")
+    # what no module call holds: the graph's functional calls (the float
+    # residual adds, pooling, flatten) and the interpreter between calls
+    rest = statistics.mean(totals) - sum(spent.values()) / repeats * 1e3
+    print(f"  {'(outside module calls)':<32}{'':>5}       {rest:9.2f} ms")
 
 
 def _vnni():
