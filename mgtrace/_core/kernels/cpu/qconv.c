@@ -16,6 +16,9 @@
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
  *     take qgemm.c's scalar kernel).
+ *   threads: each parallel region takes mt_q_team(work) threads (qgemm.c):
+ *     one per 2^19 multiply-adds or packed bytes, at most mgtrace's count
+ *     for the call; a layer below that runs on the calling thread.
  *
  * The arithmetic is qgemm.c's store(), bit for bit:
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
