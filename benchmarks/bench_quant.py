@@ -21,11 +21,11 @@ installed).
   weights, quint8 inputs calibrated with MinMax on two batches), the rest
   (BatchNorm, activations, attention, pooling) in float; traced and
   optimized as the float column is (``optimize(..., "all", flatten=True)``:
-  the float parts get the float fusions, the quantized modules stay whole),
-  then a conv whose output reaches another's QuantStub through a ReLU or
-  ReLU6 alone writes that quint8 itself (``_chain_int8``): activations stay
-  int8 from conv to conv, the float round trip stays only around residual
-  adds and pooling.
+  the float parts get the float fusions, the quantized modules stay whole,
+  and ``FuseQuantStub`` makes a conv whose output reaches another's
+  QuantStub through a ReLU or ReLU6 alone write that quint8 itself):
+  activations stay int8 from conv to conv, the float round trip stays only
+  around residual adds and pooling.
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -110,64 +110,6 @@ def _int8_model(model, calib):
     return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True)
 
 
-def _chain_int8(tm):
-    """Keep activations int8 from one quantized conv to the next: where a
-    flattened graph reads ``QuantStub(act(DequantStub(conv(x))))`` (act a
-    ReLU, a ReLU6 or none, every value read by the next expr alone), the conv
-    writes the QuantStub's quint8 qparams itself, ReLU fused into its
-    saturation, and the three calls go. A ReLU6 fuses only where its clip is
-    the saturation already (``rint(6 / scale) + zero_point >= 255``: the
-    range MinMax observed after a ReLU6 ends at 6 or below), so the graph
-    computes what its float activations and QuantStubs did up to the one
-    rounding the requantization saves (``rint(acc * m)`` for
-    ``rint(float32(acc * x_scale * w_scale) / scale)``). Returns the number
-    of convs chained."""
-    import numpy as np
-    import mgtrace.module.quantized as Q
-    from mgtrace.traced_module.passes.match import activation, module_call, sole_user
-    from mgtrace.traced_module.passes.util import call_counts, graphs_of
-    relu_of = {Q.Conv2d: Q.ConvRelu2d, Q.ConvBn2d: Q.ConvBnRelu2d,
-               Q.ConvRelu2d: Q.ConvRelu2d, Q.ConvBnRelu2d: Q.ConvBnRelu2d}
-    counts = call_counts(tm)
-    done = 0
-    for g in list(graphs_of(tm)):
-        for e in list(g._exprs):
-            stub = module_call(e, Q.QuantStub)
-            if stub is None or len(e.args) != 2 or e.kwargs:
-                continue
-            q = stub.act_qparams
-            if q.dtype_meta.name != "quint8":
-                continue
-            x, act = e.args[1], None
-            if x.expr is None or sole_user(x) is not e:
-                continue
-            hit = activation(x.expr)
-            if hit is not None:
-                act, x = hit[0], hit[1]
-                if act not in ("relu", "relu6") or x.expr is None or \
-                        sole_user(x) is not e.args[1].expr:
-                    continue
-            deq = module_call(x.expr, Q.DequantStub) if x.expr is not None else None
-            if deq is None or sole_user(x) is None:
-                continue
-            y = x.expr.args[1]
-            conv = module_call(y.expr, None) if y.expr is not None else None
-            if type(conv) not in relu_of or conv.act_qparams is not None or \
-                    sole_user(y) is not x.expr or counts.get(id(conv), 0) != 1:
-                continue
-            scale = np.float32(np.asarray(q.scale.numpy()))
-            zp = int(np.asarray(q.zero_point.numpy())) if q.zero_point is not None else 0
-            if act == "relu6" and np.rint(np.float32(6) / scale) + zp < 255:
-                continue
-            conv.act_qparams = q
-            if act is not None:
-                conv.__class__ = relu_of[type(conv)]
-            g.replace_node({e.outputs[0]: y})
-            done += 1
-        g.compile()
-    return done
-
-
 def _ort_int8(model, calib, example, threads, folder):
     import warnings
     import mgtrace as mt
@@ -221,7 +163,6 @@ def child(lib, name, batch, repeats, threads):
                 warnings.simplefilter("ignore")
                 qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
                               flatten=True)
-            _chain_int8(qm)
             run = lambda v: qm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         else:
             run = _ort_int8(model, calib, xs, threads, folder)
@@ -251,8 +192,9 @@ def layers(name, batch, repeats):
     xs = [mt.tensor(x) for x in _inputs(name, batch, 0)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qm = optimize(mt.trace_module(_int8_model(model, calib), *xs), "all", flatten=True)
-    chained = _chain_int8(qm)
+        qm, report = optimize(mt.trace_module(_int8_model(model, calib), *xs), "all",
+                              flatten=True, return_report=True)
+    chained = report["FuseQuantStub"].counts["fusions"]
     spent, calls = collections.defaultdict(float), collections.Counter()
 
     def timed(m, key):
@@ -281,10 +223,15 @@ def layers(name, batch, repeats):
         t = time.process_time()
         qm(*xs).numpy()
         totals.append((time.process_time() - t) * 1e3)
-    print(f"{name} b{batch} int8 ({chained} convs chained): CPU {min(totals):.1f} ms min, "
+    print(f"{name} b{batch} int8 ({chained} layers fused with their QuantStub): "
+          f"CPU {min(totals):.1f} ms min, "
           f"{statistics.median(totals):.1f} median per forward")
     for key, v in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {key:<32}{calls[key] // repeats:>5} calls {v / repeats * 1e3:9.2f} ms")
+    # what no module call holds: the graph's functional calls (the float
+    # residual adds, pooling, flatten) and the interpreter between calls
+    rest = statistics.mean(totals) - sum(spent.values()) / repeats * 1e3
+    print(f"  {'(outside module calls)':<32}{'':>5}       {rest:9.2f} ms")
 
 
 def _vnni():

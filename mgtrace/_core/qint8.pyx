@@ -10,6 +10,9 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
 from mgtrace._core.tensor cimport Tensor, is_contiguous, numel, on_host
+# each kernel call first sets its most threads (mt_q_set_threads) to what the
+# float kernels get: set_num_threads, fewer under load with adaptive threads
+from mgtrace._core.dispatch cimport num_threads
 
 cnp.import_array()
 
@@ -18,6 +21,7 @@ cdef extern from *:
     int64_t mt_qgemm_packed_size(int64_t N, int64_t K);
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed, int32_t *wsum);
     int mt_qgemm_has_vnni(void);
+    void mt_q_set_threads(int n);
     int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda,
                       int32_t a_zp, const int8_t *packed, const int32_t *wsum,
                       const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
@@ -55,6 +59,7 @@ cdef extern from *:
     void mt_qgemm_pack_s8(int64_t N, int64_t K, const int8_t *w, int8_t *packed,
                           int32_t *wsum) nogil
     int mt_qgemm_has_vnni() nogil
+    void mt_q_set_threads(int n) nogil
     int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda,
                       int32_t a_zp, const int8_t *packed, const int32_t *wsum,
                       const int32_t *bias, const double *mult, int32_t out_zp, int32_t lo,
@@ -119,6 +124,7 @@ def quantize_into(Tensor x, Tensor out, float scale, float zero_point, float qmi
         raise ValueError("quantize_into takes float32 x and out of the same size")
     cdef int kind = _kind(out)
     cdef int64_t n = numel(x)
+    mt_q_set_threads(num_threads())
     with nogil:
         mt_quantize_f32(<const float *>x._data, n, scale, zero_point, qmin, qmax, kind,
                         <void *>out._data, path)
@@ -133,6 +139,7 @@ def dequantize_into(Tensor q, Tensor out, float scale, float zero_point):
         raise ValueError("dequantize_into takes float32 out of q's size")
     cdef int kind = _kind(q)
     cdef int64_t n = numel(q)
+    mt_q_set_threads(num_threads())
     with nogil:
         mt_dequantize_f32(<const void *>q._data, kind, n, scale, zero_point, <float *>out._data)
 
@@ -149,6 +156,7 @@ def pack_weight(cnp.ndarray w):
     cdef int64_t N = w.shape[0], K = w.shape[1]
     cdef cnp.ndarray packed = np.empty(mt_qgemm_packed_size(N, K), np.int8)
     cdef cnp.ndarray wsum = np.empty(N, np.int32)
+    mt_q_set_threads(num_threads())
     with nogil:
         mt_qgemm_pack_s8(N, K, <const int8_t *>cnp.PyArray_DATA(w),
                          <int8_t *>cnp.PyArray_DATA(packed), <int32_t *>cnp.PyArray_DATA(wsum))
@@ -160,8 +168,9 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
          int64_t ldo_n, int path=0):
     """out[m*ldo_m + n*ldo_n] = clamp(rint((a[m] - a_zp) . w[n] + bias[n]) * mult[n])
     + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8;
-    out float32: (acc * mult[n]) unrounded, ReLU when lo is 0.
-    Returns the path used: 1 portable, 2 VNNI."""
+    out float32: (acc * mult[n]) unrounded, ReLU when lo is 0. path 0: the
+    best here; 1: portable C; 4: AVX2 where the CPU has it (same bits).
+    Returns the path used: 1 portable, 2 VNNI, 4 AVX2."""
     if a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
         raise ValueError("gemm: a must be a C-contiguous uint8 [M, K] array")
     cdef int64_t M = a.shape[0], K = a.shape[1], N = wsum.shape[0]
@@ -183,6 +192,7 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
         raise ValueError("gemm: the output strides reach past out")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int used
+    mt_q_set_threads(num_threads())
     with nogil:
         used = mt_qgemm_u8s8(M, N, K, <const uint8_t *>cnp.PyArray_DATA(a), K, a_zp,
                              <const int8_t *>cnp.PyArray_DATA(packed),
@@ -199,6 +209,7 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
         raise ValueError("im2col takes a C-contiguous uint8 [C, H, W] array")
     cdef int64_t C = x.shape[0], H = x.shape[1], W = x.shape[2]
     cdef cnp.ndarray cols = np.empty((OH * OW, C * KH * KW), np.uint8)
+    mt_q_set_threads(num_threads())
     with nogil:
         mt_qim2col_u8(<const uint8_t *>cnp.PyArray_DATA(x), C, H, W, KH, KW, SH, SW, PH, PW,
                       DH, DW, OH, OW, <uint8_t>pad, <uint8_t *>cnp.PyArray_DATA(cols))
@@ -241,6 +252,7 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
         raise ValueError("dwconv: out's spatial size does not fit the geometry")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int done = 0
+    mt_q_set_threads(num_threads())
     with nogil:
         if path != 1:
             done = mt_qdwconv_vec_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W,
@@ -250,6 +262,7 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
                                        out_u8, cnp.PyArray_DATA(out), path)
     if done:
         return done
+    mt_q_set_threads(num_threads())
     with nogil:
         mt_qdwconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
                         <const int8_t *>cnp.PyArray_DATA(w), KH, KW, SH, SW, PH, PW, DH, DW,
@@ -310,6 +323,7 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
         raise ValueError("conv: out's spatial size does not fit the geometry")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int used
+    mt_q_set_threads(num_threads())
     with nogil:
         used = mt_qconv_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W, a_zp,
                              <const int8_t *>cnp.PyArray_DATA(wrows), lw,
@@ -342,6 +356,7 @@ def add_into(Tensor a, Tensor b, Tensor out, float a_scale, float a_zp, float b_
         raise ValueError("add_into takes int8 or uint8 storage")
     cdef int64_t n = numel(out)
     cdef int used
+    mt_q_set_threads(num_threads())
     with nogil:
         used = mt_qadd_u8(<const void *>a._data, ak, a_scale, a_zp, <const void *>b._data, bk,
                           b_scale, b_zp, n, out_scale, out_zp, qmin, qmax, relu,

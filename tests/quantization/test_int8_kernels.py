@@ -222,8 +222,9 @@ def test_blocked_kernel_and_vector_epilogue_match_numpy(path, out, relu):
 @pytest.mark.parametrize("out", ["quint8", "float32"])
 def test_larger_convs_match_numpy(kind, out, path):
     # 40 output channels: full 16-channel blocks through the vector epilogue
-    # with the [C_out, pixels] (strided) output; the depthwise one is large
-    # enough for OpenMP's split (2 x 48 planes) and runs the direct kernel
+    # with the [C_out, pixels] (strided) output; the depthwise one runs the
+    # direct kernel on 2 x 48 planes (the split over threads:
+    # test_int8_threads.py)
     rng = np.random.default_rng(31)
     if kind == "dense":
         xs, co, g, stride = (2, 12, 9, 9), 40, 1, (1, 1)

@@ -38,6 +38,9 @@ NCHWc                   chains of float32 convs in the NCHW16c layout (ours;
 FusePointwiseDepthwise  a pointwise conv2d_nchwc and the depthwise one reading
                         its output in one kernel, and the 1x1 projection after
                         them (ours; in ``"all"`` with NCHWc)
+FuseQuantStub           a quantized conv / linear with float output, the ReLU
+                        or ReLU6 and the QuantStub after it in one int8 layer
+                        writing the stub's quantized output (ours; ``int8.py``)
 EliminateDeadCode       drop unused exprs and submodules (ours)
 ======================  ========================================================
 
@@ -57,7 +60,7 @@ import mgtrace.functional as F
 from mgtrace.module.builtin import Dropout, _BatchNorm
 from mgtrace.traced_module.expr import CallMethod
 from mgtrace.traced_module.node import ModuleNode
-from mgtrace.traced_module.passes import fold, fuse, layout
+from mgtrace.traced_module.passes import fold, fuse, int8, layout
 from mgtrace.traced_module.passes.match import is_function
 from mgtrace.traced_module.passes.util import graphs_of
 from mgtrace.traced_module.traced_module import TracedModule
@@ -217,6 +220,9 @@ _builtin("NCHWc", _counted(layout.convert_to_nchwc, "convs"), False,
          after=("FuseConvBn", "BackwardFoldScale", "FuseConvAct"))
 _builtin("FusePointwiseDepthwise", _counted(layout.fuse_pointwise_depthwise, "fusions"), False,
          after=("NCHWc",))
+# a quantized graph's own: its layers, stubs and ReLUs are no float pass's
+_builtin("FuseQuantStub", _counted(int8.fuse_quant_stub, "fusions"), False,
+         after=("EliminateIdentity",))
 _builtin("EliminateDeadCode", _counted(fold.eliminate_dead_code, "exprs removed"), True,
          after=tuple(_PASSES))
 
@@ -370,7 +376,8 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
             ``"FuseConvBn"``, ``"FuseAddMul"``, ``"BackwardFoldScale"``;
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
             ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseAttention"``,
-            ``"NCHWc"``, ``"FusePointwiseDepthwise"``, ``"EliminateDeadCode"``;
+            ``"NCHWc"``, ``"FusePointwiseDepthwise"``, ``"FuseQuantStub"``,
+            ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:

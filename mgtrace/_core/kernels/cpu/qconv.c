@@ -16,6 +16,9 @@
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
  *     take qgemm.c's scalar kernel).
+ *   threads: each parallel region takes mt_q_team(work) threads (qgemm.c):
+ *     one per 2^19 multiply-adds or packed bytes, at most mgtrace's count
+ *     for the call; a layer below that runs on the calling thread.
  *
  * The arithmetic is qgemm.c's store(), bit for bit:
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
@@ -52,6 +55,7 @@
 #endif
 
 int mt_qgemm_has_vnni(void);    /* qgemm.c */
+int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
 
@@ -123,7 +127,8 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
                        int64_t PW, uint8_t pad, uint8_t *xp)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-#pragma omp parallel for schedule(static) if (C * HP * WP > (1 << 18))
+    int nt = mt_q_team(C * HP * WP);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
         memset(d, pad, (size_t)(PH * WP));
@@ -147,7 +152,8 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
                         int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
                         uint8_t *packed)
 {
-#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    int nt = mt_q_team(K * P);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         int64_t poff[QC_P];
@@ -232,7 +238,8 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
 static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                       int64_t PB, uint8_t *packed)
 {
-#pragma omp parallel for schedule(static) if (K * P > (1 << 16))
+    int nt = mt_q_team(K * P);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         for (int64_t kq = 0; kq < KQ; kq++) {
@@ -604,7 +611,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #ifdef MT_QC_AMX
             if (amx) {
                 int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
-#pragma omp parallel if (work > 1 && Cog * P * K > (1 << 18))
+                int nt = mt_q_team(Cog * P * K);
+#pragma omp parallel num_threads(nt) if (work > 1 && nt > 1)
                 {
                     amx_begin();
 #pragma omp for schedule(static)
@@ -625,7 +633,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             }
 #endif
             int64_t work = PP * CB;
-#pragma omp parallel for schedule(static) if (work > 1 && Cog * P * K > (1 << 16))
+            int nt = mt_q_team(Cog * P * K);
+#pragma omp parallel for schedule(static) num_threads(nt) if (work > 1 && nt > 1)
             for (int64_t i = 0; i < work; i++) {
                 int64_t pb = (wmajor ? i % PP : i / CB) * 2;
                 int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
@@ -812,8 +821,8 @@ static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64
         WP = need;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int failed = 0;
-#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         uint8_t *buf = malloc((size_t)(HP * WP));
         if (!buf)
@@ -872,8 +881,8 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         WP = need;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int failed = 0;
-#pragma omp parallel reduction(|:failed) if (planes * OH * OW * KH * KW > (1 << 16))
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         uint8_t *buf = malloc((size_t)(HP * WP));
         if (!buf)

@@ -14,8 +14,9 @@
  * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
  * x_scale * w_scale), for a layer whose output stays float.
  *
- * Two paths with one result: AVX-512 VNNI (vpdpbusd, u8 x s8 -> s32),
- * chosen at run time where the CPU has it, and portable C. No Python here;
+ * Three paths with one result, chosen at run time: AVX-512 VNNI
+ * (vpdpbusd, u8 x s8 -> s32) where the CPU has it, else AVX2 (vpmaddwd on
+ * the bytes widened to int16), else portable C. No Python here;
  * the Cython wrapper (qint8.pyx) owns the arrays and the checks.
  */
 #include <math.h>
@@ -27,6 +28,35 @@
 #include <immintrin.h>
 #define MT_Q_VNNI 1
 #endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Thread teams of the int8 kernels (qgemm.c, qconv.c). A parallel region
+ * pays where each thread gets at least MT_Q_GRAIN units (multiply-adds, or
+ * bytes packed): about 5-10 us of VNNI work, against a fork and a barrier
+ * that cost a few us on an idle machine and a time slice where another
+ * process holds a core (MobileNetV2 runs ~100 int8 layers per forward,
+ * many of them far below that: a 7x7 depthwise layer is 0.4 M). The most
+ * threads is mgtrace's count for the next kernel (mgtrace._core.qint8 sets
+ * it before each call from dispatch's num_threads(): set_num_threads, and
+ * fewer under load where adaptive threads are on), else OpenMP's default. */
+#define MT_Q_GRAIN (1 << 19)
+static int q_threads = 0;
+
+void mt_q_set_threads(int n) { q_threads = n; }
+
+int mt_q_team(int64_t work)
+{
+#ifdef _OPENMP
+    int64_t n = q_threads > 0 ? q_threads : omp_get_max_threads();
+#else
+    int64_t n = 1;
+#endif
+    int64_t most = work / MT_Q_GRAIN;
+    return (int)(most < 1 ? 1 : most < n ? most : n);
+}
 
 #define QB_N 16     /* output channels per packed block */
 #define QB_K 4      /* k per packed group (one int32 lane of vpdpbusd) */
@@ -283,6 +313,50 @@ static void block4_vnni(const qgemm_args *g, int64_t m, int64_t nb)
     store16(g, m + 3, n0, c3);
 }
 
+/* one packed block of 16 channels for row m on AVX2 without VNNI: the four
+ * bytes of a and each channel's four taps widened to int16 and multiplied
+ * by vpmaddwd (exact: |a w| <= 255 * 128, where vpmaddubsw's int16 pair
+ * sums would saturate), lane l of accumulator q holding half of channel
+ * 4 q + l / 2's dot product; the halves summed and stored as the portable
+ * path does (the same integers, the same epilogue) */
+__attribute__((target("avx2")))
+static void block_avx2(const qgemm_args *g, int64_t m, int64_t nb)
+{
+    int64_t KB = ceil_div(g->K, QB_K);
+    const uint8_t *a = g->a + m * g->lda;
+    const int8_t *w = g->packed + nb * KB * QB_N * QB_K;
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t kb = 0; kb < KB; kb++) {
+        int32_t v = 0;
+        int64_t left = g->K - kb * QB_K;
+        memcpy(&v, a + kb * QB_K, (size_t)(left < QB_K ? left : QB_K));
+        __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(v));   /* a0..a3, four times */
+        const int8_t *wk = w + kb * QB_N * QB_K;
+        c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)wk))));
+        c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 16)))));
+        c2 = _mm256_add_epi32(c2, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 32)))));
+        c3 = _mm256_add_epi32(c3, _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(
+                 _mm_loadu_si128((const __m128i *)(wk + 48)))));
+    }
+    int32_t half[2 * QB_N];
+    _mm256_storeu_si256((__m256i *)half, c0);
+    _mm256_storeu_si256((__m256i *)(half + 8), c1);
+    _mm256_storeu_si256((__m256i *)(half + 16), c2);
+    _mm256_storeu_si256((__m256i *)(half + 24), c3);
+    int64_t n0 = nb * QB_N;
+    for (int j = 0; j < QB_N && n0 + j < g->N; j++)
+        store(g, m, n0 + j, half[2 * j] + half[2 * j + 1]);
+}
+
+static int has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+
 static int has_vnni(void)
 {
     __builtin_cpu_init();
@@ -291,12 +365,14 @@ static int has_vnni(void)
 }
 #else
 static int has_vnni(void) { return 0; }
+static int has_avx2(void) { return 0; }
 #endif
 
 /* 1 when the VNNI path is available on this CPU (and built). */
 int mt_qgemm_has_vnni(void) { return has_vnni(); }
 
-/* path: 0 = best available, 1 = portable C. Returns the path used (1 portable, 2 VNNI). */
+/* path: 0 = best available, 1 = portable C, 4 = AVX2 (where the CPU has it,
+ * else portable). Returns the path used (1 portable, 2 VNNI, 4 AVX2). */
 int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda, int32_t a_zp,
                   const int8_t *packed, const int32_t *wsum, const int32_t *bias,
                   const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
@@ -306,6 +382,7 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                     out, ldo_m, ldo_n, NULL};
     int64_t NB = ceil_div(N, QB_N);
     int vnni = path == 0 && has_vnni();
+    int avx2 = !vnni && (path == 0 || path == 4) && has_avx2();
     double *corr = NULL;
     if (vnni && N > 0 && (corr = malloc((size_t)N * sizeof(double))) != NULL) {
         for (int64_t n = 0; n < N; n++)
@@ -315,7 +392,8 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
     int64_t MB = ceil_div(M, 4);        /* units of four rows x two packed blocks */
     int64_t NP = ceil_div(NB, 2);
     int64_t work = MB * NP;
-#pragma omp parallel for schedule(static) if (M * N * K > (1 << 16))
+    int nt = mt_q_team(M * N * K);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && work > 1)
     for (int64_t i = 0; i < work; i++) {
         int64_t m = (i / NP) * 4, nb0 = (i % NP) * 2;
         int64_t rows = M - m < 4 ? M - m : 4;
@@ -333,13 +411,18 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
                         block_vnni(&g, m + r, nb);
                 continue;
             }
+            if (avx2) {
+                for (int64_t r = 0; r < rows; r++)
+                    block_avx2(&g, m + r, nb);
+                continue;
+            }
 #endif
             for (int64_t r = 0; r < rows; r++)
                 block_portable(&g, m + r, nb);
         }
     }
     free(corr);
-    return vnni ? 2 : 1;
+    return vnni ? 2 : avx2 ? 4 : 1;
 }
 
 /* x: uint8 [C, H, W] (one image, the channels of one group) -> cols
@@ -349,7 +432,8 @@ void mt_qim2col_u8(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t KH
                    int64_t OH, int64_t OW, uint8_t pad, uint8_t *cols)
 {
     int64_t KC = C * KH * KW;
-#pragma omp parallel for schedule(static) if (OH * OW * KC > (1 << 16))
+    int nt = mt_q_team(OH * OW * KC);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
             uint8_t *row = cols + (oh * OW + ow) * KC;
@@ -485,7 +569,8 @@ void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t
                      int32_t lo, int32_t hi, int out_u8, void *out)
 {
     int64_t planes = NB * C;
-#pragma omp parallel for schedule(static) if (planes * OH * OW * KH * KW > (1 << 16))
+    int nt = mt_q_team(planes * OH * OW * KH * KW);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t p = 0; p < planes; p++) {
         int64_t c = p % C;
         const uint8_t *xp = x + p * H * W;

@@ -1,0 +1,110 @@
+"""Int8-specific fusions of quantized graphs (``mgtrace.module.quantized``).
+
+- ``FuseQuantStub``: a quantized Conv2d or Linear whose output stays float
+  (no ``act_qparams``: :func:`mgtrace.quantization.quantize_layers` with
+  ``float_outputs=True``, or a QAT layer without an activation observer),
+  followed by a DequantStub, a ReLU or ReLU6 or nothing, and a QuantStub,
+  becomes that layer writing the QuantStub's quantized output itself, the
+  ReLU fused into its saturation (the layer's ``*Relu*`` form)::
+
+      QuantStub(relu(DequantStub(conv(x))))   ->   ConvRelu2d'(x)
+
+  Activations then stay int8 from one layer to the next: no float32
+  tensor, no dequantize / quantize pass between them. The fused layer
+  computes ``clip(rint(acc * (x_scale * w_scale / y_scale)) + y_zp)``
+  (:mod:`mgtrace.quantization.int8`) where the unfused graph computed
+  ``clip(rint(float32(acc * x_scale * w_scale + bias) / y_scale) + y_zp)``:
+  one rounding to float32 fewer (and the bias as MegEngine's qint32
+  ``rint(bias / (x_scale * w_scale))``), so an output integer differs from
+  the unfused graph's by at most one (a value within a float32 rounding of
+  a .5 tie); most are equal. A ReLU6 fuses only where its clip at 6 is
+  the output's saturation already (``rint(6 / y_scale) + y_zp >= qmax``,
+  as when the stub's observer saw the ReLU6's outputs); elsewhere the
+  pattern stays.
+
+The layer, the stubs and the activation must each be read by the next
+call alone, and the layer module called once in the whole module (its
+class and ``act_qparams`` change). Patterns spanning traced submodules
+need ``optimize(..., flatten=True)``.
+"""
+import numpy as np
+
+import mgtrace.module.quantized as MQ
+from mgtrace.traced_module.passes.match import activation, module_call, sole_user
+from mgtrace.traced_module.passes.util import call_counts, graphs_of
+
+__all__ = ["fuse_quant_stub"]
+
+# a float-output layer -> its form with the ReLU in the saturation
+_RELU_FORM = {MQ.Conv2d: MQ.ConvRelu2d, MQ.ConvRelu2d: MQ.ConvRelu2d,
+              MQ.ConvBn2d: MQ.ConvBnRelu2d, MQ.ConvBnRelu2d: MQ.ConvBnRelu2d,
+              MQ.Linear: MQ.LinearRelu, MQ.LinearRelu: MQ.LinearRelu}
+_QMAX = {"qint8": 127, "quint8": 255}
+
+
+def _stub_qparams(stub):
+    """``(qparams, scale, zero point, qmax)`` of a QuantStub whose output the
+    int8 layers can write (per-tensor qint8 or quint8), else None."""
+    q = stub.act_qparams
+    if q is None or q.dtype_meta.name not in _QMAX:
+        return None
+    scale = np.asarray(q.scale.numpy())
+    if scale.ndim:
+        return None
+    zp = 0 if q.zero_point is None else int(np.asarray(q.zero_point.numpy()))
+    return q, np.float32(scale), zp, _QMAX[q.dtype_meta.name]
+
+
+def _match(e, counts):
+    """``(layer, act, layer output node, qparams)`` when ``e`` is a
+    QuantStub call ending the pattern, else None."""
+    stub = module_call(e, MQ.QuantStub)
+    if stub is None or len(e.args) != 2 or e.kwargs:
+        return None
+    target = _stub_qparams(stub)
+    x, act = e.args[1], None
+    if target is None or x.expr is None or sole_user(x) is not e:
+        return None
+    hit = activation(x.expr)
+    if hit is not None:
+        act, inner = hit
+        if act not in ("relu", "relu6") or inner.expr is None or sole_user(inner) is not x.expr:
+            return None
+        x = inner
+    if module_call(x.expr, MQ.DequantStub) is None or len(x.expr.args) != 2:
+        return None
+    y = x.expr.args[1]
+    layer = module_call(y.expr) if y.expr is not None else None
+    if type(layer) not in _RELU_FORM or layer.act_qparams is not None or \
+            sole_user(y) is not x.expr or counts.get(id(layer), 0) != 1:
+        return None
+    q, scale, zp, qmax = target
+    if act == "relu6" and np.rint(np.float32(6) / scale) + zp < qmax:
+        return None
+    return layer, act, y, q
+
+
+def fuse_quant_stub(tm):
+    """The quantized layers with float outputs that feed a QuantStub
+    (through a DequantStub and a ReLU / ReLU6 or nothing) write its
+    quantized output themselves (see the module docstring); returns the
+    number of fusions."""
+    counts = call_counts(tm)
+    done = 0
+    for g in list(graphs_of(tm)):
+        changed = False
+        for e in list(g._exprs):
+            hit = _match(e, counts)
+            if hit is None:
+                continue
+            layer, act, y, q = hit
+            layer.act_qparams = q
+            if act is not None:
+                layer.__class__ = _RELU_FORM[type(layer)]
+            y.dtype = e.outputs[0].dtype        # the stub's int8 / uint8 (ONNX export reads it)
+            g.replace_node({e.outputs[0]: y})
+            changed = True
+            done += 1
+        if changed:
+            g.compile()
+    return done
