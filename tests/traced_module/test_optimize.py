@@ -509,6 +509,21 @@ def test_fuse_linear_add_norm_bitwise_the_unfused_graph(rng):
         x = mt.tensor(np.random.default_rng(seed).standard_normal((2, 5, 8)).astype("float32"))
         assert new(x).numpy().tobytes() == tm(x).numpy().tobytes()
     new.graph.lint()
+    # FuseLinearAct first (its act="none" form of the dense layers), then this pass
+    first = optimize(tm, ["EliminateIdentity", "FuseLinearAct"])
+    assert functions(first, F.linear_act) == 2
+    again = optimize(first, "FuseLinearAddNorm")
+    assert functions(again, F.linear_add_layer_norm) == 2 and functions(again, F.linear_act) == 0
+    assert again(x).numpy().tobytes() == tm(x).numpy().tobytes()
+
+
+def test_fuse_linear_act_adds_a_plain_linears_bias_in_place_with_the_same_bits(rng):
+    net = M.Sequential(M.Linear(8, 16), M.Linear(16, 4, bias=False)).eval()
+    x = mt.tensor(rng.standard_normal((2, 5, 8)).astype("float32"))
+    tm = mt.trace_module(net, x)
+    new = optimized(tm, "FuseLinearAct", x)
+    assert functions(new, F.linear_act) == 1 and calls(new, M.Linear) == 1     # no bias: left
+    assert new(x).numpy().tobytes() == tm(x).numpy().tobytes()
 
 
 def test_fuse_linear_add_norm_leaves_a_sum_read_elsewhere_or_a_norm_over_two_axes(rng):

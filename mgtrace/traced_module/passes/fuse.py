@@ -34,7 +34,9 @@
   block's shortcut, added in the epilogue too); ``conv2d(x) + r`` without
   an activation (MobileNetV2's linear bottleneck) becomes a ``conv2d_act``
   with ``act="none"``.
-- ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
+- ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call,
+  and so does a linear layer with a bias and no activation (``act="none"``:
+  the bias added in place into the GEMM's output).
 - ``FuseLinearAddNorm``: ``layer_norm(linear(x) + r)`` over the last axis
   (a LayerNorm module or ``F.layer_norm``), with ``r`` a tensor of the
   linear output's shape and dtype, becomes one ``F.linear_add_layer_norm``
@@ -593,9 +595,25 @@ def fuse_conv_act(tm):
 
 
 def fuse_linear_act(tm):
-    """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``;
-    returns the number of fusions."""
-    return _fuse_act(tm, linear_call, F.linear_act, "linear")
+    """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``, and
+    a linear layer with a bias and no activation to ``act="none"`` (the bias
+    added in place into the GEMM's output, not into a new tensor: BERT's
+    query, key and value layers); returns the number of fusions."""
+    done = _fuse_act(tm, linear_call, F.linear_act, "linear")
+    for g in list(graphs_of(tm)):
+        n = 0
+        for e in list(g._exprs):
+            call = linear_call(e) if e.top_graph is g and len(e.outputs) == 1 else None
+            if call is None or call[2] is None:
+                continue
+            with g.insert_exprs(e):
+                new = F.linear_act(*call, act="none")
+            g.replace_node({e.outputs[0]: new})
+            n += 1
+        if n:
+            g.compile()
+        done += n
+    return done
 
 
 # -------------------------------------------------------- FuseLinearAddNorm
@@ -623,6 +641,18 @@ def _last_axis_layer_norm(e):
     return x, w, b, float(eps)
 
 
+def _linear_no_act(e):
+    """``(x, weight, bias)`` of a linear layer (linear_call's), or of an
+    ``F.linear_act`` call with ``act="none"`` (FuseLinearAct's form of
+    one), else None."""
+    call = linear_call(e)
+    if call is None and is_function(e, F.linear_act):
+        a = bound_args(e)
+        if a is not None and a["act"] == "none":
+            call = (a["x"], a["weight"], a["bias"])
+    return call
+
+
 def fuse_linear_add_norm(tm):
     """``layer_norm(linear(x) + r)`` to ``F.linear_add_layer_norm(x, weight,
     bias, r, ln_weight, ln_bias, eps)``; returns the number of fusions."""
@@ -635,7 +665,7 @@ def fuse_linear_add_norm(tm):
             s, ln_w, ln_b, eps = hit
             if s.expr is None or sole_user(s) is not e:
                 continue
-            add = residual_add(s, linear_call)
+            add = residual_add(s, _linear_no_act)
             if add is None or side_effect_between(g, add[2], e):
                 continue
             (x, w, b), r = add[0], add[1]
