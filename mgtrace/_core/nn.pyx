@@ -128,6 +128,9 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         float scale
     int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
                       int64_t cols, double eps, int nthreads) noexcept
+    int mt_add_layer_norm(int dtype, const void *x, const void *x_bias, const void *residual,
+                          const void *w, const void *b, void *y, int64_t rows, int64_t cols, double eps,
+                          int nthreads) noexcept
     int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) noexcept
     int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask,
                          float *out, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
@@ -288,6 +291,9 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*sgd_step)(int dtype, void *p, const void *g, void *buf, int64_t n, double lr,
                         double momentum, double weight_decay, int nesterov, int first,
                         int nt) noexcept nogil
+        int (*add_layer_norm)(int dtype, const void *x, const void *x_bias, const void *residual,
+                              const void *w, const void *b, void *y, int64_t rows, int64_t cols,
+                              double eps, int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -400,6 +406,7 @@ _CPU.lrn = mt_lrn
 _CPU.batch_norm_train = mt_batch_norm_train
 _CPU.batch_norm_backward = mt_batch_norm_backward
 _CPU.sgd_step = mt_sgd_step
+_CPU.add_layer_norm = mt_add_layer_norm
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -1204,6 +1211,78 @@ def layer_norm_rows(x, weight, bias, int64_t cols, double eps):
         with nogil:
             rc = kn.layer_norm(tx._dtype, tx._data, wp, bp, out._data, n // cols, cols, eps, nt)
         _check_rc(op, rc, tx._device)
+    return out
+
+
+def add_layer_norm_rows(x, x_bias, residual, weight, bias, double eps, bint into_x=False):
+    """``layer_norm((x + x_bias) + residual)`` over x's last axis in one C
+    pass per row (kernels/cpu/norm.c): the additions a linear layer's bias
+    and a residual add make, in that order and in x's dtype, then the
+    layer norm as :func:`layer_norm_rows` computes it (mean and variance in
+    double), so the result equals those three calls one after the other
+    bit for bit. ``x``: a float32/float64 CPU Tensor [..., cols];
+    ``residual``: None or a Tensor of x's shape; ``x_bias``, ``weight``,
+    ``bias``: None or Tensors of ``cols`` elements; all of x's dtype and
+    device (what ``F.linear_add_layer_norm``'s fast path passes; it checks
+    the shapes). Returns a new contiguous Tensor of x's shape, or, with
+    ``into_x``, x itself written in place when x is contiguous (a fresh
+    matmul result nothing else reads: a plan then replays the pass in the
+    memory it already holds).
+
+    Raises:
+        TypeError: x not a float32/float64 Tensor, another operand of
+            another dtype or device.
+        ValueError: a residual of another shape, a vector of another size.
+        NoKernelError: x's device has no add_layer_norm kernel.
+    """
+    cdef str op = "add_layer_norm"
+    if not isinstance(x, Tensor) or (<Tensor>x)._dtype not in (MT_FLOAT32, MT_FLOAT64) \
+            or (<Tensor>x)._ndim == 0:
+        raise TypeError(f"{op}: x must be a float32 or float64 Tensor of at least one axis")
+    cdef Tensor tx = <Tensor>x, tr = None, t
+    cdef const mt_nn_kernels *kn = _kernels(op, tx)
+    _need(kn.add_layer_norm != NULL, op, tx)
+    cdef int64_t cols = tx._shape[tx._ndim - 1], n = numel(tx)
+    cdef const void *ptr[3]
+    for i, (name, v) in enumerate((("x_bias", x_bias), ("weight", weight), ("bias", bias))):
+        ptr[i] = NULL
+        if v is None:
+            continue
+        if not isinstance(v, Tensor) or (<Tensor>v)._dtype != tx._dtype or (<Tensor>v)._device != tx._device:
+            raise TypeError(f"{op}: {name} must be a Tensor of x's dtype and device")
+        if numel(<Tensor>v) != cols:
+            raise ValueError(f"{op}: {name} must have {cols} elements (x's last axis), got {numel(<Tensor>v)}")
+        t = _ready(<Tensor>v, tx._dtype)
+        ptr[i] = t._data
+        if i == 0:
+            x_bias = t                       # held for the call
+        elif i == 1:
+            weight = t
+        else:
+            bias = t
+    if residual is not None:
+        if not isinstance(residual, Tensor) or (<Tensor>residual)._dtype != tx._dtype \
+                or (<Tensor>residual)._device != tx._device:
+            raise TypeError(f"{op}: residual must be a Tensor of x's dtype and device")
+        if shape_tuple(<Tensor>residual) != shape_tuple(tx):
+            raise ValueError(f"{op}: residual of shape {shape_tuple(<Tensor>residual)} differs from x's "
+                             f"{shape_tuple(tx)}")
+        tr = _ready(<Tensor>residual, tx._dtype)
+    cdef Tensor out
+    if into_x and is_contiguous(tx):
+        out = tx
+    else:
+        tx = _ready(tx, tx._dtype)
+        out = empty(tx._ndim, tx._shape, tx._dtype, tx._device)
+    cdef const void *rp = tr._data if tr is not None else NULL
+    cdef int nt = num_threads(), rc
+    if n and cols:
+        with nogil:
+            rc = kn.add_layer_norm(tx._dtype, tx._data, ptr[0], rp, ptr[1], ptr[2], out._data, n // cols,
+                                   cols, eps, nt)
+        _check_rc(op, rc, tx._device)
+    if out is tx:
+        tx._st.version += 1              # written (see dispatch.check_writable)
     return out
 
 

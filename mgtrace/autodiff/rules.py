@@ -891,6 +891,15 @@ def _linear_act_fn(fn, args, kwargs):
     return fused._apply_act(F.linear(a["x"], a["weight"], a["bias"]), a["act"])
 
 
+def _linear_add_layer_norm_fn(fn, args, kwargs):
+    """F.linear_add_layer_norm's fused kernel is no op: recorded as its
+    sequence (F.linear, +, F.layer_norm)."""
+    from mgtrace.functional import fused
+    a = _bind(fn, args, kwargs)
+    return fused._linear_add_layer_norm_unfused(a["x"], a["weight"], a["bias"], a["residual"],
+                                                a["ln_weight"], a["ln_bias"], float(a["eps"]))
+
+
 NONDIFF = frozenset([
     "isnan", "isinf", "isfinite", "logical_not", "bitwise_not",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
@@ -962,4 +971,5 @@ def _build():
 
 RULES = _build()
 FUNCTION_RULES = {"layer_norm": _layer_norm_fn, "batch_norm": _batch_norm_fn, "linear_act": _linear_act_fn,
-                  "local_response_norm": _local_response_norm_fn}
+                  "local_response_norm": _local_response_norm_fn,
+                  "linear_add_layer_norm": _linear_add_layer_norm_fn}

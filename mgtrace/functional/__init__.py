@@ -43,10 +43,11 @@ from mgtrace.functional.einstein import einsum  # noqa: F401
 from mgtrace.functional.loss import *  # noqa: F401,F403
 from mgtrace.functional.loss import __all__ as _loss_all
 from mgtrace.functional.fused import (attention, conv2d_act, conv2d_nchwc, conv2d_nchwc_pw_dw,  # noqa: F401
-                                      conv2d_nchwc_pw_dw_pw, from_nchwc, linear_act, max_pool2d_nchwc, to_nchwc)
+                                      conv2d_nchwc_pw_dw_pw, from_nchwc, linear_act, linear_add_layer_norm,
+                                      max_pool2d_nchwc, to_nchwc)
 
 __all__ = sorted(set(_math_all) | set(_nn_all) | set(_tensor_all) | set(_loss_all) | {"einsum"}
-                 | {"attention", "conv2d_act", "linear_act", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
+                 | {"attention", "conv2d_act", "linear_act", "linear_add_layer_norm", "conv2d_nchwc", "conv2d_nchwc_pw_dw",
                     "conv2d_nchwc_pw_dw_pw", "max_pool2d_nchwc", "to_nchwc", "from_nchwc"})
 
 

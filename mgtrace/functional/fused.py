@@ -27,7 +27,7 @@ from mgtrace._core import nn as _nn
 from mgtrace._core import args as A
 from mgtrace.functional import nn as _fnn
 
-__all__ = ["conv2d_act", "linear_act", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
+__all__ = ["conv2d_act", "linear_act", "linear_add_layer_norm", "attention", "conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_dw_pw",
            "max_pool2d_nchwc", "to_nchwc", "from_nchwc", "ACTIVATIONS"]
 
 ACTIVATIONS = tuple(_nn.ACTIVATIONS)
@@ -473,6 +473,66 @@ def linear_act(x, weight, bias=None, act="relu"):
         raise ValueError(f"{fn}: bias must have shape ({weight.shape[0]},), got {bias.shape}")
     y = _linalg.matmul(x, weight.transpose(1, 0))
     return _nn.bias_act_(y, bias, act)
+
+
+def linear_add_layer_norm(x, weight, bias, residual, ln_weight=None, ln_bias=None, eps=1e-5):
+    """``layer_norm(linear(x, weight, bias) + residual)`` over the last axis:
+    one GEMM, then the bias, the residual add and the layer norm in one pass
+    over each output row while it is in cache (a post-LayerNorm transformer
+    block's tail, BERT's ``LayerNorm(dense(h) + input)``; what
+    ``optimize()``'s FuseLinearAddNorm puts in place of that sequence).
+
+    Args:
+        x: float [..., in_features].
+        weight: [out_features, in_features]; bias: [out_features] or None.
+        residual: a tensor added to the linear layer's output as ``+`` does
+            (broadcasting and promotion included).
+        ln_weight, ln_bias: [out_features] or None (LayerNorm's affine).
+        eps: added to the variance.
+
+    Returns:
+        [..., out_features] (the broadcast shape of the linear output and
+        the residual), the promoted float dtype. Float32 and float64 CPU
+        operands of one dtype, with a residual of the linear output's shape,
+        take the fused kernel, whose additions are those of ``F.linear``
+        and ``+`` in the same order and whose layer norm is
+        ``F.layer_norm``'s: the result equals the unfused sequence bit for
+        bit. Others run that sequence.
+
+    Raises:
+        ValueError: shapes that do not fit (as :func:`mgtrace.functional.linear`,
+            ``+`` and :func:`mgtrace.functional.layer_norm` raise).
+        TypeError: an integer x (as ``F.layer_norm``).
+
+    >>> import mgtrace as mt, mgtrace.functional as F
+    >>> y = F.linear_add_layer_norm(mt.tensor([[1.0, 0.0]]), mt.tensor([[1.0, 0.0], [0.0, 1.0]]),
+    ...                             mt.tensor([0.0, 1.0]), mt.tensor([[0.0, 2.0]]))
+    >>> [round(v, 3) for v in y.tolist()[0]]
+    [-1.0, 1.0]
+    """
+    fn = "linear_add_layer_norm"
+    x, weight, bias, residual, ln_weight, ln_bias = A.tensors(
+        fn, optional=('bias', 'ln_weight', 'ln_bias'), x=x, weight=weight, bias=bias, residual=residual,
+        ln_weight=ln_weight, ln_bias=ln_bias)
+    A.check_ndim(fn, "weight", weight, 2, "[out_features, in_features]")
+    eps = A.to_float(fn, "eps", eps)
+    dt = x.dtype.name
+    ops = (x, weight, bias, residual, ln_weight, ln_bias)
+    out_shape = tuple(x.shape[:-1]) + (weight.shape[0],) if x.ndim else None
+    if x.ndim == 0 or dt not in ("float32", "float64") or x.device.type != "cpu" or \
+            any(t is not None and (t.dtype.name != dt or t.device != x.device) for t in ops) or \
+            tuple(residual.shape) != out_shape or x.shape[-1] != weight.shape[1] or \
+            any(t is not None and tuple(t.shape) != (weight.shape[0],) for t in (bias, ln_weight, ln_bias)):
+        return _linear_add_layer_norm_unfused(x, weight, bias, residual, ln_weight, ln_bias, eps)
+    h = _linalg.matmul(x, weight.transpose(1, 0))
+    return _nn.add_layer_norm_rows(h, bias, residual, ln_weight, ln_bias, eps, into_x=True)
+
+
+def _linear_add_layer_norm_unfused(x, weight, bias, residual, ln_weight, ln_bias, eps):
+    """linear_add_layer_norm's sequence, one call after the other (its
+    reference, its autodiff record and its path for other operands)."""
+    s = _fnn.linear(x, weight, bias) + residual
+    return _fnn.layer_norm(s, s.shape[-1] if s.ndim else (), ln_weight, ln_bias, eps)
 
 
 def attention(q, k, v, mask=None, scale=1.0):

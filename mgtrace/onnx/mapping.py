@@ -15,6 +15,7 @@ newer opset has a one-node form (Gelu at 20, LayerNormalization at 17)
 the converter takes it, and the decomposition below it.
 """
 import inspect
+from types import SimpleNamespace
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -154,6 +155,21 @@ def _f_linear_act(b, out, a):
 
 
 _f_linear_act.onnx = _f_linear.onnx + ("Relu",)
+
+
+def _f_linear_add_layer_norm(b, out, a):
+    """Decomposed: the linear layer (Gemm or MatMul + Add), the residual's
+    Add, and the layer norm over the last axis (SkipLayerNormalization
+    where the contrib ops are on, as for the unfused sequence)."""
+    x, w = a["x"], a["weight"]
+    lin = [SimpleNamespace(shape=tuple(x.shape[:-1]) + (w.shape[0],), dtype=out[0].dtype)]
+    y = _f_linear(b, lin, a)
+    dt = C._dt(out)
+    y = b.op("Add", [y, b.cast(a["residual"], dt)], dt, out[0].shape)
+    return layer_norm_of(b, out, y, (out[0].shape[-1],), a["ln_weight"], a["ln_bias"], a["eps"])
+
+
+_f_linear_add_layer_norm.onnx = _f_linear.onnx + ("LayerNormalization", "ReduceMean")
 
 
 def _channel(b, v, c, dt):
@@ -738,6 +754,7 @@ _FUNCTIONS = {
     "sort": _fn("sort", ("x",), ("descending", "axis")),
     "argsort": _fn("argsort", ("x",), ("descending", "axis")),
     "matmul": _f_matmul, "linear": _f_linear, "linear_act": _f_linear_act,
+    "linear_add_layer_norm": _f_linear_add_layer_norm,
     "conv1d": _f_conv1d, "conv2d": _f_conv2d, "conv2d_act": _f_conv2d_act,
     "conv_transpose2d": _fn("conv_transpose2d", ("x", "weight", "bias"),
                             ("stride", "padding", "output_padding", "dilation", "groups")),

@@ -107,6 +107,7 @@ TORCH = {
     "batch_norm_train": lambda x, w, b: tF.batch_norm(x, None, None, w, b, training=True),
     "group_norm": lambda x, w, b: tF.group_norm(x, 2, w, b),
     "linear_act": lambda x, w, b: tF.gelu(tF.linear(x, w, b)),
+    "linear_add_layer_norm": lambda x, w, b, r, g: tF.layer_norm(tF.linear(x, w, b) + r, (5,), g, b * 0.5),
     "dropout_eval": lambda x: x,
     "cross_entropy": lambda x: tF.cross_entropy(x, torch.tensor([0, 2, 1]), label_smoothing=0.1),
     "smooth_l1_loss": lambda x: tF.smooth_l1_loss(x, torch.zeros(3, 4, dtype=torch.float64), reduction="sum"),

@@ -306,3 +306,60 @@ def test_layer_norm_mixed_dtypes_take_the_composed_path(rng):
     c = rng.standard_normal((2, 5)).astype(np.float32)
     c[1] = 7.0                                            # a constant row: var 0, output 0
     np.testing.assert_allclose(F.layer_norm(mt.tensor(c), 5).numpy()[1], 0.0, atol=1e-6)
+
+
+# ------------------------------------------------------- linear_add_layer_norm
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(8, 13, 24), (37,), (3, 1), (0, 5)], ids=str)
+def test_linear_add_layer_norm_is_the_unfused_sequence_bitwise_and_matches_numpy(rng, dtype, shape):
+    """The fused bias + residual + layer norm pass gives the bits of
+    F.linear, + and F.layer_norm one after the other (same additions, same
+    moments), with and without each vector, at 1 and 2 threads, and the
+    NumPy float64 value within rounding."""
+    from mgtrace.functional.fused import _linear_add_layer_norm_unfused
+    k, n = 7, shape[-1]
+    x = rng.standard_normal(shape[:-1] + (k,)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    r = (rng.standard_normal(shape) * 2).astype(dtype)
+    vb, g, b = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == "float32" else dict(rtol=1e-11, atol=1e-11)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            for vb_, g_, b_ in ((vb, g, b), (None, None, None), (vb, None, b), (None, g, None)):
+                t = [None if v is None else mt.tensor(v) for v in (x, w, vb_, r, g_, b_)]
+                got = F.linear_add_layer_norm(*t, eps=1e-6)
+                want = _linear_add_layer_norm_unfused(*t, 1e-6)
+                assert got.dtype == dtype and got.shape == shape
+                assert got.numpy().tobytes() == want.numpy().tobytes()
+                s = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if vb_ is None else vb_) + r
+                np.testing.assert_allclose(got.numpy(), _layer_norm_ref(s, 1, g_, b_, 1e-6), **tol)
+    finally:
+        mt.set_num_threads(before)
+
+
+def test_linear_add_layer_norm_other_operands_run_the_sequence(rng):
+    """A residual that broadcasts, a strided one, mixed dtypes: the unfused
+    sequence's values (and its promotion); bad shapes raise its errors."""
+    x = rng.standard_normal((2, 3, 4)).astype("float32")
+    w = rng.standard_normal((5, 4)).astype("float32")
+    r = rng.standard_normal((1, 1, 5)).astype("float32")
+    s = x.astype(np.float64) @ w.T + r
+    got = F.linear_add_layer_norm(mt.tensor(x), mt.tensor(w), None, mt.tensor(r))
+    np.testing.assert_allclose(got.numpy(), _layer_norm_ref(s, 1, None, None, 1e-5), rtol=2e-5, atol=2e-5)
+    rs = np.ascontiguousarray(rng.standard_normal((2, 5, 3)).astype("float32"))
+    strided = mt.tensor(rs).transpose(0, 2, 1)
+    got = F.linear_add_layer_norm(mt.tensor(x), mt.tensor(w), None, strided)
+    want = _layer_norm_ref(x.astype(np.float64) @ w.T + rs.transpose(0, 2, 1), 1, None, None, 1e-5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5)
+    got = F.linear_add_layer_norm(mt.tensor(x), mt.tensor(w.astype("float64")), None, mt.tensor(r))
+    assert got.dtype == np.float64
+    with pytest.raises(ValueError, match="features"):
+        F.linear_add_layer_norm(mt.tensor(x), mt.tensor(w[:, :3]), None, mt.tensor(r))
+    with pytest.raises(ValueError):
+        F.linear_add_layer_norm(mt.tensor(x), mt.tensor(w), None, mt.tensor(r[..., :2]))
+    with pytest.raises(TypeError):
+        F.linear_add_layer_norm(mt.tensor(x.astype("int32")), mt.tensor(w.astype("int32")), None,
+                                mt.tensor(r.astype("int32")))

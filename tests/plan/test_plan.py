@@ -214,6 +214,33 @@ def test_nan_and_inf_inputs_give_the_graphs_bits():
     assert same_bits(plan(x).numpy(), fast(x).numpy())
 
 
+def test_linear_add_layer_norm_is_a_kernel_step_after_its_gemm():
+    """F.linear_add_layer_norm (FuseLinearAddNorm's call): its matmul and
+    then the bias + residual + layer norm pass, both kernel steps, the
+    graph's bits, NumPy's values."""
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((6, 6)).astype(np.float32), np.linspace(-1, 1, 6).astype(np.float32)
+    g = np.linspace(0.5, 2, 6).astype(np.float32)
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b, self.g = M.Parameter(w), M.Parameter(b), M.Parameter(g)
+
+        def forward(self, x):
+            return F.linear_add_layer_norm(x, self.w, self.b, x, self.g, None, eps=1e-12)
+
+    net = Net().eval()
+    x = rand(2, 5, 6)
+    plan = mt.compile(net, x)
+    assert plan.stats() == {"kernel_steps": 2, "python_steps": 0, "arena_bytes": plan.stats()["arena_bytes"]}
+    x2 = rand(2, 5, 6, seed=9)
+    assert same_bits(plan(x2).numpy(), net(x2).numpy())
+    s = x2.numpy().astype(np.float64) @ w.T + b + x2.numpy()
+    ref = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-12) * g
+    assert np.allclose(plan(x2).numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_minilm_optimized_matches_bitwise():
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
@@ -223,7 +250,7 @@ def test_minilm_optimized_matches_bitwise():
     ids, mask = minilm_inputs(["a plan replays kernels", "from C, without Python"])
     tm = optimize(mt.trace_module(net, ids, mask), "all", flatten=True)
     plan = mt.compile(tm, ids, mask)
-    # the 13 layer norms, 6 attentions, 6 linear + GELU epilogues, the
+    # the layer norms (12 with their bias and residual add), 6 attentions, the linear epilogues, the
     # pooling's sums and zeros_like are kernel steps (30 Python steps without
     # them), and so are the three embedding lookups (gather steps)
     assert plan.stats()["python_steps"] == 0

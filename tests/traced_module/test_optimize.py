@@ -480,6 +480,68 @@ def test_fuse_linear_act(rng):
     assert functions(new, F.linear_act) == 2 and calls(new, M.Linear) == 0
 
 
+# ---------------------------------------------------------- FuseLinearAddNorm
+
+class PostNorm(M.Module):
+    """BERT's residual tail, twice: ``LayerNorm(dropout(dense(x)) + x)`` with
+    modules, then ``F.layer_norm(F.linear(h) + h)`` with functions."""
+
+    def __init__(self, d=8, eps=1e-12):
+        super().__init__()
+        self.dense, self.drop, self.norm = M.Linear(d, d), M.Dropout(0.1), M.LayerNorm(d, eps=eps)
+        self.w2 = M.Parameter(np.random.default_rng(5).standard_normal((d, d)).astype("float32"))
+        self.b2 = M.Parameter(np.linspace(-1, 1, d).astype("float32"))
+        self.g2 = M.Parameter(np.linspace(0.5, 1.5, d).astype("float32"))
+
+    def forward(self, x):
+        h = self.norm(self.drop(self.dense(x)) + x)
+        return F.layer_norm(h + F.linear(h, self.w2, self.b2), 8, self.g2, None, eps=1e-5)
+
+
+def test_fuse_linear_add_norm_bitwise_the_unfused_graph(rng):
+    net = PostNorm().eval()
+    x = mt.tensor(rng.standard_normal((2, 5, 8)).astype("float32"))
+    tm = mt.trace_module(net, x)
+    new, report = optimize(tm, ["EliminateIdentity", "FuseLinearAddNorm"], return_report=True)
+    assert report["FuseLinearAddNorm"].counts == {"fusions": 2}
+    assert functions(new, F.linear_add_layer_norm) == 2 and calls(new, M.LayerNorm) == 0
+    for seed in range(2):
+        x = mt.tensor(np.random.default_rng(seed).standard_normal((2, 5, 8)).astype("float32"))
+        assert new(x).numpy().tobytes() == tm(x).numpy().tobytes()
+    new.graph.lint()
+    # FuseLinearAct first (its act="none" form of the dense layers), then this pass
+    first = optimize(tm, ["EliminateIdentity", "FuseLinearAct"])
+    assert functions(first, F.linear_act) == 2
+    again = optimize(first, "FuseLinearAddNorm")
+    assert functions(again, F.linear_add_layer_norm) == 2 and functions(again, F.linear_act) == 0
+    assert again(x).numpy().tobytes() == tm(x).numpy().tobytes()
+
+
+def test_fuse_linear_act_adds_a_plain_linears_bias_in_place_with_the_same_bits(rng):
+    net = M.Sequential(M.Linear(8, 16), M.Linear(16, 4, bias=False)).eval()
+    x = mt.tensor(rng.standard_normal((2, 5, 8)).astype("float32"))
+    tm = mt.trace_module(net, x)
+    new = optimized(tm, "FuseLinearAct", x)
+    assert functions(new, F.linear_act) == 1 and calls(new, M.Linear) == 1     # no bias: left
+    assert new(x).numpy().tobytes() == tm(x).numpy().tobytes()
+
+
+def test_fuse_linear_add_norm_leaves_a_sum_read_elsewhere_or_a_norm_over_two_axes(rng):
+    class Kept(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm, self.norm2 = M.Linear(4, 4), M.LayerNorm(4), M.LayerNorm((3, 4))
+
+        def forward(self, x):
+            s = self.fc(x) + x
+            t = self.fc(x) + x
+            return self.norm(s) + s + self.norm2(t)     # s read twice; t normalized over 2 axes
+
+    x = mt.tensor(rng.standard_normal((2, 3, 4)).astype("float32"))
+    new = optimized(mt.trace_module(Kept().eval(), x), "FuseLinearAddNorm", x)
+    assert functions(new, F.linear_add_layer_norm) == 0
+
+
 # -------------------------------------------------------------- FuseAttention
 
 class Attention(M.Module):
@@ -1045,8 +1107,9 @@ def test_models_optimized_save_load_flatten_retrace(zoo, tmp_path):
     ops = {o["name"] for o in archive.header["ops"]}
     assert ops & {"mgtrace.functional.conv2d_act", "mgtrace.functional.linear_act",
                   "mgtrace.functional.conv2d_nchwc"}
-    # the fused calls are format 1.1 ops: a 1.0 reader would not know them
-    assert archive.min_reader_version == (1, 1)
+    # the fused calls are format 1.1 ops: a 1.0 reader would not know them;
+    # MiniLM's linear_add_layer_norm (its residual tails) is a 1.2 one
+    assert archive.min_reader_version == ((1, 2) if name == "minilm" else (1, 1))
     with pytest.raises(ValueError, match=r"functional.(conv2d_act|linear_act|attention|conv2d_nchwc)"
                                          r".* is new since"):
         mt.save(new, tmp_path / "old.tmod", target_version=(1, 0))

@@ -11,7 +11,7 @@
 
 The passes themselves: ``fold.py`` (FoldConstant, EliminateIdentity,
 FuseAddMul, EliminateDeadCode), ``fuse.py`` (FuseConvBn,
-BackwardFoldScale, FuseConvAct, FuseLinearAct, FuseAttention),
+BackwardFoldScale, FuseConvAct, FuseLinearAct, FuseLinearAddNorm, FuseAttention),
 ``layout.py`` (NCHWc, FusePointwiseDepthwise), ``int8.py`` (FuseQuantStub,
 on quantized graphs); ``match.py`` the matchers
 they share (a module or function call, an activation, a conv or linear

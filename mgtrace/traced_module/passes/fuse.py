@@ -34,7 +34,14 @@
   block's shortcut, added in the epilogue too); ``conv2d(x) + r`` without
   an activation (MobileNetV2's linear bottleneck) becomes a ``conv2d_act``
   with ``act="none"``.
-- ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call.
+- ``FuseLinearAct``: ``act(linear(x))`` becomes one ``F.linear_act`` call,
+  and so does a linear layer with a bias and no activation (``act="none"``:
+  the bias added in place into the GEMM's output).
+- ``FuseLinearAddNorm``: ``layer_norm(linear(x) + r)`` over the last axis
+  (a LayerNorm module or ``F.layer_norm``), with ``r`` a tensor of the
+  linear output's shape and dtype, becomes one ``F.linear_add_layer_norm``
+  call (BERT's post-LayerNorm residual: the bias, the add and the layer
+  norm in one pass over the GEMM's output).
 - ``FuseAttention``: ``softmax(matmul(q, k, transpose_b=True) * scale +
   mask, axis=-1)`` followed by ``matmul(..., v)`` (the scale and the mask
   optional) on float32 [B, H, S, D] tensors becomes one ``F.attention``
@@ -90,7 +97,7 @@ from mgtrace.traced_module.passes.match import DIV, MUL
 from mgtrace.traced_module.passes.util import StateUses, float_node, graphs_of
 
 __all__ = ["fuse_conv_bn", "backward_fold_scale", "fuse_conv_act", "fuse_linear_act",
-           "fuse_attention"]
+           "fuse_linear_add_norm", "fuse_attention"]
 
 
 
@@ -588,9 +595,87 @@ def fuse_conv_act(tm):
 
 
 def fuse_linear_act(tm):
-    """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``;
-    returns the number of fusions."""
-    return _fuse_act(tm, linear_call, F.linear_act, "linear")
+    """``act(linear(x))`` to ``F.linear_act(x, weight, bias, act=...)``, and
+    a linear layer with a bias and no activation to ``act="none"`` (the bias
+    added in place into the GEMM's output, not into a new tensor: BERT's
+    query, key and value layers); returns the number of fusions."""
+    done = _fuse_act(tm, linear_call, F.linear_act, "linear")
+    for g in list(graphs_of(tm)):
+        n = 0
+        for e in list(g._exprs):
+            call = linear_call(e) if e.top_graph is g and len(e.outputs) == 1 else None
+            if call is None or call[2] is None:
+                continue
+            with g.insert_exprs(e):
+                new = F.linear_act(*call, act="none")
+            g.replace_node({e.outputs[0]: new})
+            n += 1
+        if n:
+            g.compile()
+        done += n
+    return done
+
+
+# -------------------------------------------------------- FuseLinearAddNorm
+
+def _last_axis_layer_norm(e):
+    """``(input node, weight, bias, eps)`` when ``e`` is a layer norm over
+    its input's last axis alone (a LayerNorm module call or F.layer_norm),
+    else None."""
+    m = module_call(e, M.LayerNorm)
+    if m is not None:
+        if len(e.args) != 2 or e.kwargs:
+            return None
+        x, shape, w, b, eps = e.args[1], m.normalized_shape, m.weight, m.bias, m.eps
+    elif is_function(e, F.layer_norm):
+        a = bound_args(e)
+        if a is None:
+            return None
+        x, shape, w, b, eps = a["x"], a["normalized_shape"], a["weight"], a["bias"], a["eps"]
+    else:
+        return None
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if getattr(x, "kind", None) != "tensor" or x.shape is None or len(x.shape) == 0 or \
+            len(shape) != 1 or shape[0] != x.shape[-1] or not isinstance(eps, (int, float)):
+        return None
+    return x, w, b, float(eps)
+
+
+def _linear_no_act(e):
+    """``(x, weight, bias)`` of a linear layer (linear_call's), or of an
+    ``F.linear_act`` call with ``act="none"`` (FuseLinearAct's form of
+    one), else None."""
+    call = linear_call(e)
+    if call is None and is_function(e, F.linear_act):
+        a = bound_args(e)
+        if a is not None and a["act"] == "none":
+            call = (a["x"], a["weight"], a["bias"])
+    return call
+
+
+def fuse_linear_add_norm(tm):
+    """``layer_norm(linear(x) + r)`` to ``F.linear_add_layer_norm(x, weight,
+    bias, r, ln_weight, ln_bias, eps)``; returns the number of fusions."""
+    done = 0
+    for g in list(graphs_of(tm)):
+        for e in list(g._exprs):
+            hit = _last_axis_layer_norm(e) if e.top_graph is g and len(e.outputs) == 1 else None
+            if hit is None:
+                continue
+            s, ln_w, ln_b, eps = hit
+            if s.expr is None or sole_user(s) is not e:
+                continue
+            add = residual_add(s, _linear_no_act)
+            if add is None or side_effect_between(g, add[2], e):
+                continue
+            (x, w, b), r = add[0], add[1]
+            with g.insert_exprs(e):
+                new = F.linear_add_layer_norm(x, w, b, r, ln_w, ln_b, eps=eps)
+            g.replace_node({e.outputs[0]: new})
+            done += 1
+        if done:
+            g.compile()
+    return done
 
 
 # ------------------------------------------------------------ FuseAttention

@@ -30,7 +30,10 @@ BackwardFoldScale       fold a constant scale into the Conv2d/Linear before it,
                         FuseConvBn)
 FuseConvAct             conv2d + ReLU/ReLU6/SiLU/Hardswish/Sigmoid/GELU in one
                         kernel (ours)
-FuseLinearAct           linear + activation in one kernel (ours)
+FuseLinearAddNorm       layer_norm(linear(x) + residual): the bias, the add and
+                        the layer norm in one pass (ours)
+FuseLinearAct           linear + activation in one kernel, a linear's bias added
+                        in place (ours)
 FuseAttention           softmax(q k^T * scale + mask) v in one kernel (ours)
 NCHWc                   chains of float32 convs in the NCHW16c layout (ours;
                         ``"all"`` runs it on CPUs with AVX-512, where its
@@ -210,8 +213,12 @@ _builtin("BackwardFoldScale", _backward_fold_scale, False,
 # the fusions read the layers' final weights: BatchNorms and scales folded first
 _builtin("FuseConvAct", _counted(fuse.fuse_conv_act, "fusions"), True,
          after=("EliminateIdentity", "FuseConvBn", "BackwardFoldScale"))
-_builtin("FuseLinearAct", _counted(fuse.fuse_linear_act, "fusions"), True,
+# after EliminateIdentity: an inference Dropout sits between BERT's dense and its add
+_builtin("FuseLinearAddNorm", _counted(fuse.fuse_linear_add_norm, "fusions"), True,
          after=("EliminateIdentity", "BackwardFoldScale"))
+# after FuseLinearAddNorm, which takes the linear layers of the residual tails
+_builtin("FuseLinearAct", _counted(fuse.fuse_linear_act, "fusions"), True,
+         after=("EliminateIdentity", "BackwardFoldScale", "FuseLinearAddNorm"))
 _builtin("FuseAttention", _counted(fuse.fuse_attention, "fusions"), True,
          after=("EliminateIdentity", "FuseAddMul"))
 # NCHWc converts the fused conv2d_act calls too; the pointwise/depthwise fusion
@@ -375,9 +382,9 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
         enabled_pass: pass names to run (a list, or one name): MegEngine's
             ``"FuseConvBn"``, ``"FuseAddMul"``, ``"BackwardFoldScale"``;
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
-            ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseAttention"``,
-            ``"NCHWc"``, ``"FusePointwiseDepthwise"``, ``"FuseQuantStub"``,
-            ``"EliminateDeadCode"``;
+            ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseLinearAddNorm"``,
+            ``"FuseAttention"``, ``"NCHWc"``, ``"FusePointwiseDepthwise"``,
+            ``"FuseQuantStub"``, ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:

@@ -12,7 +12,7 @@ graph without changing it.
 - :func:`side_effect_between` (an in-place write between two exprs, which a
   fusion would move the layer across).
 
-FuseConvBn, BackwardFoldScale, FuseConvAct, FuseLinearAct, FuseAttention
+FuseConvBn, BackwardFoldScale, FuseConvAct, FuseLinearAct, FuseLinearAddNorm, FuseAttention
 (``fuse.py``), FuseAddMul, EliminateIdentity (``fold.py``), NCHWc and
 FusePointwiseDepthwise (``layout.py``) and the state bookkeeping in
 ``util.py`` use them. Why these are hand-written matchers and not

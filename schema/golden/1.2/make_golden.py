@@ -182,6 +182,9 @@ NEW_FUNCTIONS = {
     "square_loss": ([(3,), (3,)], lambda x, y: F.square_loss(x, y)),
     "mse_loss": ([(3,), (3,)], lambda x, y: F.mse_loss(x, y, reduction="sum")),
     "smooth_l1_loss": ([(3,), (3,)], lambda x, y: F.smooth_l1_loss(x, y, beta=0.5)),
+    # inference plans (issue 34): a transformer block's tail, its weights from the inputs
+    "linear_add_layer_norm": ([(3,), (3,)], lambda x, y: F.linear_add_layer_norm(
+        x, F.stack([y[0], x[0], y[1] + x[1]]), y[0] * 0.5, x + y, ln_weight=y[1], ln_bias=x[0], eps=1e-6)),
     # quantized dtypes (issue 32): a quint8 output, and a round trip through qint8
     "quantize": ([(3,)], lambda x: F.quantize(x, _qd().quint8(0.05, 10))),
     "dequantize": ([(3,)], lambda x: F.dequantize(F.quantize(x, _qd().qint8(0.1)))),

@@ -212,6 +212,13 @@ typedef struct mt_nn_kernels {
                                void *gb, int64_t outer, int64_t c, int64_t inner, double eps, int nt);
     int (*sgd_step)(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
                     double weight_decay, int nesterov, int first, int nt);
+    /* a residual block's tail in one pass (the CPU's in cpu/norm.c; CUDA leaves it NULL and
+     * F.linear_add_layer_norm composes core ops): x, residual, y [rows, cols] contiguous, x_bias,
+     * w, b [cols] or NULL; s = (x + x_bias) + residual in x's dtype (the additions a linear
+     * layer's bias and a residual add make, in that order), then y = layer_norm(s) as
+     * layer_norm computes it. y may be x or residual (each row is read before it is written) */
+    int (*add_layer_norm)(int dtype, const void *x, const void *x_bias, const void *residual, const void *w,
+                          const void *b, void *y, int64_t rows, int64_t cols, double eps, int nt);
 } mt_nn_kernels;
 
 #endif

@@ -41,6 +41,10 @@ int mt_bias_act(int dtype, void *y, int64_t rows, int64_t cols, const void *bias
  * over each row (biased var); w and b [cols] or NULL. */
 int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows, int64_t cols,
                   double eps, int nthreads);
+/* y[r] = layer_norm((x[r] + x_bias) + residual[r]) (nn_kernels.h's add_layer_norm: x_bias
+ * and residual may be NULL; y may be x or residual) */
+int mt_add_layer_norm(int dtype, const void *x, const void *x_bias, const void *residual, const void *w,
+                      const void *b, void *y, int64_t rows, int64_t cols, double eps, int nthreads);
 
 /* ---- fused attention (attention.c) ---- */
 

@@ -42,6 +42,23 @@ int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *
     return 0;
 }
 
+int mt_add_layer_norm(int dtype, const void *x, const void *x_bias, const void *residual, const void *w,
+                      const void *b, void *y, int64_t rows, int64_t cols, double eps, int nthreads) {
+    const int par = nthreads > 1 && rows > 1 && rows * cols >= MT_NN_GRAIN;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (par)
+    for (int64_t r = 0; r < rows; r++) {
+        if (dtype == MT_FLOAT32)
+            add_layer_norm_row_f32((const float *)x + r * cols, x_bias,
+                                   residual ? (const float *)residual + r * cols : NULL, w, b,
+                                   (float *)y + r * cols, cols, eps);
+        else
+            add_layer_norm_row_f64((const double *)x + r * cols, x_bias,
+                                   residual ? (const double *)residual + r * cols : NULL, w, b,
+                                   (double *)y + r * cols, cols, eps);
+    }
+    return 0;
+}
+
 #else /* ------------------------------------------- MT_NN_TEMPLATE: T, SFX */
 
 #define FN(name) MT_CAT(name, SFX)
@@ -57,6 +74,26 @@ static MT_CLONES void FN(layer_norm_row)(const T *restrict x, const void *wv, co
     else if (w) for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs * w[i];
     else if (b) for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs + b[i];
     else for (i = 0; i < n; i++) y[i] = (x[i] - m) * rs;
+}
+
+/* one row of mt_add_layer_norm: the sums into y (x and r may be y: no
+ * restrict), then layer_norm_row's normalization of y in place, the same
+ * arithmetic as the additions and the layer norm one after the other */
+static MT_CLONES void FN(add_layer_norm_row)(const T *x, const void *xbv, const T *r, const void *wv,
+                                             const void *bv, T *y, int64_t n, double eps) {
+    const T *restrict xb = xbv, *restrict w = wv, *restrict b = bv;
+    int64_t i;
+    if (xb && r) for (i = 0; i < n; i++) y[i] = (x[i] + xb[i]) + r[i];
+    else if (xb) for (i = 0; i < n; i++) y[i] = x[i] + xb[i];
+    else if (r) for (i = 0; i < n; i++) y[i] = x[i] + r[i];
+    else if (y != x) for (i = 0; i < n; i++) y[i] = x[i];
+    double mean, rstd;
+    FN(mt_row_moments)(y, n, eps, &mean, &rstd);
+    const T m = (T)mean, rs = (T)rstd;
+    if (w && b) for (i = 0; i < n; i++) y[i] = (y[i] - m) * rs * w[i] + b[i];
+    else if (w) for (i = 0; i < n; i++) y[i] = (y[i] - m) * rs * w[i];
+    else if (b) for (i = 0; i < n; i++) y[i] = (y[i] - m) * rs + b[i];
+    else for (i = 0; i < n; i++) y[i] = (y[i] - m) * rs;
 }
 
 #undef FN

@@ -77,6 +77,12 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
                  int) = k->kernel;
         return f((int)k->i[0], p[0], p[1], p[2], p[3], k->i[1], k->i[2], k->eps, k->nt);
     }
+    case MT_NN_ADD_LAYER_NORM: {
+        /* x, x_bias, residual, w, b, y */
+        int (*f)(int, const void *, const void *, const void *, const void *, const void *, void *,
+                 int64_t, int64_t, double, int) = k->kernel;
+        return f((int)k->i[0], p[0], p[1], p[2], p[3], p[4], p[5], k->i[1], k->i[2], k->eps, k->nt);
+    }
     case MT_NN_BIAS_ACT: {
         /* y (in place), bias */
         int (*f)(int, void *, int64_t, int64_t, const void *, int, int) = k->kernel;
@@ -478,6 +484,17 @@ static int cap_layer_norm(int dtype, const void *x, const void *w, const void *b
     return real_nn->layer_norm(dtype, x, w, b, y, rows, cols, eps, nt);
 }
 
+static int cap_add_layer_norm(int dtype, const void *x, const void *xb, const void *r, const void *w,
+                              const void *b, void *y, int64_t rows, int64_t cols, double eps, int nt) {
+    mt_plan_nn *k = nn_slot(MT_NN_ADD_LAYER_NORM, (void *)real_nn->add_layer_norm, 6, nt);
+    if (k) {
+        put(k, 0, x); put(k, 1, xb); put(k, 2, r); put(k, 3, w); put(k, 4, b); put(k, 5, y);
+        k->i[0] = dtype; k->i[1] = rows; k->i[2] = cols;
+        k->eps = eps;
+    }
+    return real_nn->add_layer_norm(dtype, x, xb, r, w, b, y, rows, cols, eps, nt);
+}
+
 static int cap_attention(const float *q, const float *kk, const float *v, const float *mask, float *out,
                          const mt_attn_geom *g, int nt, void *ws) {
     mt_plan_nn *k = nn_slot(MT_NN_ATTENTION, (void *)real_nn->attention_f32, 6, nt);
@@ -655,6 +672,7 @@ void mt_plan_set_real_nn(const mt_nn_kernels *real, mt_nn_kernels *w) {
     WRAP(lstm_cell, cap_lstm_cell);
     WRAP(rnn_cell, cap_rnn_cell);
     WRAP(lrn, cap_lrn);
+    WRAP(add_layer_norm, cap_add_layer_norm);
 #undef WRAP
 }
 
