@@ -92,9 +92,10 @@ static int act_bw_vec_f32(int act, const float *x, const float *gy, float *gx, i
  * MT_VL outputs at a time, each lane keeping its window's maximum and where
  * it is, taps in row-major order with max_pool_one's rule (the first
  * maximum; a NaN wins and the first NaN stays), so no branch on the data.
- * Stride 2's vector loads span 2 MT_VL values, which must stay inside the
- * plane (hw values): a block whose last tap would read past it is left to
- * the scalar loop. Then each output's gradient is added at its argmax
+ * At stride 2 a block's lanes reach 2 (MT_VL - 1) values past each tap; a
+ * block that would come within 2 MT_VL values of the plane's end (hw
+ * values) is left to the scalar loop, a margin for a wider vector load of
+ * the strided reads (the loop itself reads nothing outside the windows). Then each output's gradient is added at its argmax
  * in output order. Returns the first output not done. */
 static inline __attribute__((always_inline)) int64_t
 max_pool_row_body(const float *xp, const float *gr, float *dp, const mt_pool2d_geom *g, int64_t y0, int64_t ox,
