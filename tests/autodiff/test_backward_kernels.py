@@ -53,6 +53,29 @@ def test_max_pool_backward(dtype, k, s, p, d, ceil):
     np.testing.assert_allclose(got, _max_pool_ref(x, gy, k, s, p, d), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("k,s,p,d", [((3, 3), (2, 2), (1, 1), (1, 1)), ((3, 2), (1, 1), (1, 0), (1, 2)),
+                                     ((2, 2), (2, 2), (0, 0), (1, 1))])
+def test_max_pool_backward_wide_rows(k, s, p, d):
+    # rows of 20 to 68 outputs: float32's vector path (16 outputs at a time,
+    # the scalar loop for the edges and the rest of the row; at stride 2 the
+    # last rows of a plane, whose vector loads would read past it, are
+    # scalar too) gives the reference's choice on ties and NaN, bitwise
+    rng = np.random.default_rng(21)
+    x = rng.integers(-2, 3, (2, 3, 7, 69)).astype(np.float32)
+    x[0, 0, 1, 20] = x[1, 2, 4, 33] = x[1, 2, 4, 34] = x[0, 1, 6, 60] = np.nan
+    y = F.max_pool2d(mt.tensor(x), k, s, p, d)
+    gy = rng.uniform(-1, 1, y.shape).astype(np.float32)
+    got = _nn.pool2d_backward("max", mt.tensor(x), mt.tensor(gy), k, s, p, d).numpy()
+    # one output's gradient per input element in each window here except
+    # where windows overlap: the reference adds in float64, so compare to
+    # float32 rounding
+    np.testing.assert_allclose(got, _max_pool_ref(x, gy, k, s, p, d), rtol=1e-6, atol=1e-6)
+    g2 = rng.uniform(-1, 1, (2, 3) + tuple(y.shape[2:]))
+    np.testing.assert_array_equal(
+        _nn.pool2d_backward("max", mt.tensor(x.astype(np.float64)), mt.tensor(g2), k, s, p, d).numpy() != 0,
+        _nn.pool2d_backward("max", mt.tensor(x), mt.tensor(g2.astype(np.float32)), k, s, p, d).numpy() != 0)
+
+
 @pytest.mark.parametrize("include", [True, False])
 def test_avg_pool_backward(include):
     rng = np.random.default_rng(2)
@@ -114,7 +137,10 @@ def test_interpolate_backward(kw):
 @pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("float64", 1e-12)])
 @pytest.mark.parametrize("n,c,o,k,s,p,d,groups", [(3, 4, 6, (3, 2), (2, 1), (1, 2), (1, 2), 2),
                                                    (2, 3, 3, (3, 3), (1, 1), (1, 1), (1, 1), 3),
-                                                   (2, 8, 5, (1, 1), (1, 1), (0, 0), (1, 1), 1)])
+                                                   (2, 8, 5, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+                                                   # im2col's runs: zeros, a strided copy, zeros
+                                                   (2, 4, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+                                                   (2, 3, 2, (2, 3), (1, 3), (0, 4), (1, 2), 1)])
 def test_conv_weight_backward(dtype, tol, n, c, o, k, s, p, d, groups):
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, (n, c, 9, 8)).astype(dtype)

@@ -43,6 +43,9 @@
 #include "mt_moments.h"
 #include "blas_threads.h"
 #include "mt_vmath.h"
+#if MT_ISA_CLONES
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -85,6 +88,100 @@ static int act_bw_vec_f32(int act, const float *x, const float *gy, float *gx, i
         f(x + lo, gy + lo, gx + lo, len);
     }
     return 1;
+}
+
+/* max-pool backward over one output row's outputs [ox, oxb), whose windows
+ * lie inside the input (y0 the window's top row), at stride S (1 or 2):
+ * MT_VL outputs at a time, each lane keeping its window's maximum and where
+ * it is, taps in row-major order with max_pool_one's rule (the first
+ * maximum; a NaN wins and the first NaN stays). At stride 2 a block that
+ * would come within 2 MT_VL values of the plane's end (hw values) is left
+ * to the scalar loop, as max_pool_row_avx512 must (this loop itself reads
+ * nothing outside the windows), so both leave the same outputs. Then each
+ * output's gradient is added at its argmax in output order. Returns the
+ * first output not done. */
+static inline __attribute__((always_inline)) int64_t
+max_pool_row_body(const float *xp, const float *gr, float *dp, const mt_pool2d_geom *g, int64_t y0, int64_t ox,
+                  int64_t oxb, int64_t hw, const int S) {
+    const int64_t span = (g->kh - 1) * g->dh * g->w + (g->kw - 1) * g->dw;   /* last tap - first */
+    for (; ox + MT_VL <= oxb; ox += MT_VL) {
+        const int64_t first = y0 * g->w + ox * S - g->pw;
+        if (S == 2 && first + span + 2 * MT_VL > hw) break;
+        float m[MT_VL];
+        int32_t arg[MT_VL];
+        for (int l = 0; l < MT_VL; l++) {
+            m[l] = xp[first + l * S];
+            arg[l] = (int32_t)first + l * S;
+        }
+        for (int64_t kh = 0; kh < g->kh; kh++) {
+            const int64_t row = first + kh * g->dh * g->w;
+            for (int64_t kw = kh == 0; kw < g->kw; kw++) {
+                const int64_t at = row + kw * g->dw;
+                const float *xa = xp + at;
+                /* GCC unrolls this lane loop into scalar code (it still branches):
+                 * the AVX-512 version below is the fast one, this the portable form */
+                for (int l = 0; l < MT_VL; l++) {
+                    const float v = xa[l * S];
+                    const int take = (v > m[l]) | ((v != v) & (m[l] == m[l]));
+                    m[l] = take ? v : m[l];
+                    arg[l] = take ? (int32_t)at + l * S : arg[l];
+                }
+            }
+        }
+        for (int l = 0; l < MT_VL; l++) dp[arg[l]] += gr[ox + l];
+    }
+    return ox;
+}
+
+#if MT_ISA_CLONES
+/* max_pool_row_body in AVX-512 (where mt_cpu_avx512()): GCC does not
+ * vectorise the body's lane loop (it unrolls it into scalar branches), so
+ * here the lanes are one register, the choice a compare mask (a greater
+ * value, or a NaN over a number: max_pool_one's rule) and the stride-2
+ * taps two loads de-interleaved by a permute, which read up to 2 MT_VL - 1
+ * values past a tap: a block that would read past the plane is left to the
+ * scalar loop */
+static MT_V4ONLY int64_t max_pool_row_avx512(const float *xp, const float *gr, float *dp, const mt_pool2d_geom *g,
+                                             int64_t y0, int64_t ox, int64_t oxb, int64_t hw, int S) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i lane = S == 1 ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) : even;
+    const int64_t span = (g->kh - 1) * g->dh * g->w + (g->kw - 1) * g->dw;   /* last tap - first */
+    for (; ox + MT_VL <= oxb; ox += MT_VL) {
+        const int64_t first = y0 * g->w + ox * S - g->pw;
+        if (S == 2 && first + span + 2 * MT_VL > hw) break;
+        __m512 m = S == 1 ? _mm512_loadu_ps(xp + first)
+                          : _mm512_permutex2var_ps(_mm512_loadu_ps(xp + first), even,
+                                                   _mm512_loadu_ps(xp + first + MT_VL));
+        __m512i arg = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first), lane);
+        for (int64_t kh = 0; kh < g->kh; kh++) {
+            const int64_t row = first + kh * g->dh * g->w;
+            for (int64_t kw = kh == 0; kw < g->kw; kw++) {
+                const int64_t at = row + kw * g->dw;
+                const __m512 v = S == 1 ? _mm512_loadu_ps(xp + at)
+                                        : _mm512_permutex2var_ps(_mm512_loadu_ps(xp + at), even,
+                                                                 _mm512_loadu_ps(xp + at + MT_VL));
+                const __mmask16 take = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) |
+                                       (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q));
+                m = _mm512_mask_mov_ps(m, take, v);
+                arg = _mm512_mask_mov_epi32(arg, take, _mm512_add_epi32(_mm512_set1_epi32((int32_t)at), lane));
+            }
+        }
+        int32_t where[MT_VL];
+        _mm512_storeu_si512(where, arg);
+        for (int l = 0; l < MT_VL; l++) dp[where[l]] += gr[ox + l];
+    }
+    return ox;
+}
+#endif
+
+static MT_VCLONES int64_t max_pool_row_s1(const float *xp, const float *gr, float *dp, const mt_pool2d_geom *g,
+                                          int64_t y0, int64_t ox, int64_t oxb, int64_t hw) {
+    return max_pool_row_body(xp, gr, dp, g, y0, ox, oxb, hw, 1);
+}
+
+static MT_VCLONES int64_t max_pool_row_s2(const float *xp, const float *gr, float *dp, const mt_pool2d_geom *g,
+                                          int64_t y0, int64_t ox, int64_t oxb, int64_t hw) {
+    return max_pool_row_body(xp, gr, dp, g, y0, ox, oxb, hw, 2);
 }
 
 #define MT_GRAD_TEMPLATE
@@ -169,8 +266,52 @@ int mt_layer_norm_backward(int dtype, const void *x, const void *w, const void *
 
 #define FN(name) MT_CAT(name, SFX)
 
+/* one output's gradient to its window's first maximum (first NaN) */
+static inline void FN(max_pool_one)(const T *xp, T gv, T *dp, const mt_pool2d_geom *g, int64_t y0, int64_t x0) {
+    int64_t arg = -1;
+    T m = 0;
+    if (y0 >= 0 && y0 + (g->kh - 1) * g->dh < g->h && x0 >= 0 && x0 + (g->kw - 1) * g->dw < g->w) {
+        /* the window inside the plane: no bounds tests; the same choice (the first
+         * maximum, the first NaN). GCC still branches on the comparison (random data
+         * mispredicts it): float32 rows at stride 1 or 2 go through max_pool_row_avx512 or _s1/_s2 */
+        arg = y0 * g->w + x0;
+        m = xp[arg];
+        for (int64_t kh = 0; kh < g->kh; kh++) {
+            const int64_t row = (y0 + kh * g->dh) * g->w + x0;
+            for (int64_t kw = kh == 0; kw < g->kw; kw++) {
+                const int64_t at = row + kw * g->dw;
+                const T v = xp[at];
+                const int take = (v > m) | ((v != v) & (m == m));
+                m = take ? v : m;
+                arg = take ? at : arg;
+            }
+        }
+        dp[arg] += gv;
+        return;
+    }
+    for (int64_t kh = 0; kh < g->kh; kh++) {
+        const int64_t iy = y0 + kh * g->dh;
+        if (iy < 0 || iy >= g->h) continue;
+        for (int64_t kw = 0; kw < g->kw; kw++) {
+            const int64_t ix = x0 + kw * g->dw;
+            if (ix < 0 || ix >= g->w) continue;
+            const T v = xp[iy * g->w + ix];
+            if (arg < 0 || (m == m && (v > m || v != v))) { m = v; arg = iy * g->w + ix; }
+        }
+    }
+    if (arg >= 0) dp[arg] += gv;
+}
+
 static void FN(max_pool_bw)(const T *x, const T *gy, T *gx, const mt_pool2d_geom *g, int nt) {
     const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
+    /* outputs [oxa, oxb) of a row have their windows inside the input's columns */
+    const int64_t oxa = mt_min64(g->ow, (g->pw + g->sw - 1) / g->sw);
+    const int64_t last = g->w - 1 + g->pw - (g->kw - 1) * g->dw;      /* x0 + pw of the last one */
+    const int64_t oxb = last < 0 ? oxa : mt_max64(oxa, mt_min64(g->ow, last / g->sw + 1));
+    const int vec = sizeof(T) == 4 && hw <= INT32_MAX && oxb - oxa >= MT_VL && (g->sw == 1 || g->sw == 2);
+#if MT_ISA_CLONES
+    const int wide = vec && mt_cpu_avx512();
+#endif
     #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && g->planes * ohw * g->kh * g->kw >= MT_NN_GRAIN)
     for (int64_t p = 0; p < g->planes; p++) {
         const T *xp = x + p * hw, *gp = gy + p * ohw;
@@ -178,41 +319,23 @@ static void FN(max_pool_bw)(const T *x, const T *gy, T *gx, const mt_pool2d_geom
         memset(dp, 0, (size_t)hw * sizeof(T));
         for (int64_t oy = 0; oy < g->oh; oy++) {
             const int64_t y0 = oy * g->sh - g->ph;
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                const int64_t x0 = ox * g->sw - g->pw;
-                int64_t arg = -1;
-                T m = 0;
-                if (y0 >= 0 && y0 + (g->kh - 1) * g->dh < g->h && x0 >= 0 && x0 + (g->kw - 1) * g->dw < g->w) {
-                    /* the window inside the plane: no bounds tests; the same choice (the
-                     * first maximum, the first NaN). GCC still branches on the comparison
-                     * (random data mispredicts it): the next step is a vector loop over
-                     * neighbouring outputs, or the forward's argmax saved */
-                    arg = y0 * g->w + x0;
-                    m = xp[arg];
-                    for (int64_t kh = 0; kh < g->kh; kh++) {
-                        const int64_t row = (y0 + kh * g->dh) * g->w + x0;
-                        for (int64_t kw = kh == 0; kw < g->kw; kw++) {
-                            const int64_t at = row + kw * g->dw;
-                            const T v = xp[at];
-                            const int take = (v > m) | ((v != v) & (m == m));
-                            m = take ? v : m;
-                            arg = take ? at : arg;
-                        }
-                    }
-                    dp[arg] += gp[oy * g->ow + ox];
-                    continue;
+            const int rows_in = y0 >= 0 && y0 + (g->kh - 1) * g->dh < g->h;
+            for (int64_t ox = 0; ox < g->ow;) {
+                if (vec && rows_in && ox == oxa) {
+                    /* the interior, MT_VL outputs at a time; the same choices and the
+                     * same order of the additions as max_pool_one */
+                    const float *xf = (const float *)xp, *gf = (const float *)gp + oy * g->ow;
+#if MT_ISA_CLONES
+                    if (wide)
+                        ox = max_pool_row_avx512(xf, gf, (float *)dp, g, y0, oxa, oxb, hw, (int)g->sw);
+                    else
+#endif
+                        ox = (g->sw == 1 ? max_pool_row_s1 : max_pool_row_s2)(xf, gf, (float *)dp, g, y0, oxa,
+                                                                               oxb, hw);
+                    if (ox > oxa) continue;
                 }
-                for (int64_t kh = 0; kh < g->kh; kh++) {
-                    const int64_t iy = y0 + kh * g->dh;
-                    if (iy < 0 || iy >= g->h) continue;
-                    for (int64_t kw = 0; kw < g->kw; kw++) {
-                        const int64_t ix = x0 + kw * g->dw;
-                        if (ix < 0 || ix >= g->w) continue;
-                        const T v = xp[iy * g->w + ix];
-                        if (arg < 0 || (m == m && (v > m || v != v))) { m = v; arg = iy * g->w + ix; }
-                    }
-                }
-                if (arg >= 0) dp[arg] += gp[oy * g->ow + ox];
+                FN(max_pool_one)(xp, gp[oy * g->ow + ox], dp, g, y0, ox * g->sw - g->pw);
+                ox++;
             }
         }
     }
@@ -341,11 +464,21 @@ static void FN(dw_im2col)(const T *x, const mt_conv2d_geom *g, int64_t i0, int64
                 if (iy < 0 || iy >= g->h) {
                     memset(d, 0, (size_t)run * sizeof(T));
                 } else {
+                    /* columns [ox, ox + run): zeros left of the input, a copy (strided
+                     * at stride > 1) of the row, zeros right of it; no test per element */
                     const T *xr = xp + iy * g->w;
-                    for (int64_t t = 0; t < run; t++) {
-                        const int64_t ix = x0 + (ox + t) * g->sw;
-                        d[t] = ix >= 0 && ix < g->w ? xr[ix] : (T)0;
+                    int64_t lo = x0 >= 0 ? 0 : (-x0 + g->sw - 1) / g->sw;           /* first ix >= 0 */
+                    int64_t hi = x0 < g->w ? (g->w - 1 - x0) / g->sw + 1 : 0;        /* first ix >= w */
+                    lo = mt_min64(mt_max64(lo - ox, 0), run);
+                    hi = mt_min64(mt_max64(hi - ox, lo), run);
+                    if (lo > 0) memset(d, 0, (size_t)lo * sizeof(T));
+                    if (hi > lo) {
+                        const T *src = xr + x0 + (ox + lo) * g->sw;
+                        if (g->sw == 1) memcpy(d + lo, src, (size_t)(hi - lo) * sizeof(T));
+                        else
+                            for (int64_t t = lo; t < hi; t++) d[t] = src[(t - lo) * g->sw];
                     }
+                    if (hi < run) memset(d + hi, 0, (size_t)(run - hi) * sizeof(T));
                 }
                 d += run;
                 q += run;
