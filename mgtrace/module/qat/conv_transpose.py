@@ -18,6 +18,7 @@ import mgtrace.functional as F
 from mgtrace.module import builtin as _builtin_float
 from mgtrace.module import fused_conv_transpose as _float
 from mgtrace.module.fused_conv_transpose import fold_transposed_weight
+from mgtrace.module.qat.conv_bn import approx_bn_forward, fold_bn
 from mgtrace.module.qat.module import QATModule, build_uninitialized, sharing_float_weights
 
 __all__ = ["ConvTranspose2d", "ConvTransposeRelu2d", "ConvTransposeBn2d",
@@ -54,15 +55,8 @@ class ConvTransposeRelu2d(ConvTranspose2d):
 class _ConvTransposeBnActivation2d(_float._ConvTransposeBnActivation2d, QATModule):
 
     def _fold(self):
-        """``(k, beta, running_mean)`` [C_out] each (ones / zeros where the
-        BatchNorm has no affine parameters or running statistics)."""
-        bn = self.bn
-        c = bn.num_features
-        gamma = bn.weight if bn.weight is not None else F.ones((c,))
-        beta = bn.bias if bn.bias is not None else F.zeros((c,))
-        mean = bn.running_mean if bn.running_mean is not None else F.zeros((c,))
-        var = bn.running_var if bn.running_var is not None else F.ones((c,))
-        return gamma / F.sqrt(var + float(bn.eps)), beta, mean
+        """``(k, beta, running_mean)`` [C_out] each (see :func:`fold_bn`)."""
+        return fold_bn(self.bn)
 
     def folded_weight(self, k):
         """The weight with ``k`` folded in (before fake quantization)."""
@@ -73,19 +67,8 @@ class _ConvTransposeBnActivation2d(_float._ConvTransposeBnActivation2d, QATModul
         ct = self.conv_transpose2d
         k, beta, mean = self._fold()
         w_qat = self.apply_quant_weight(self.folded_weight(k))
-        batch_stats = self.bn.training or self.bn.running_mean is None
-        bias = None
-        if not batch_stats:
-            b = ct.bias if ct.bias is not None else F.zeros_like(mean)
-            bias = self.apply_quant_bias(beta + k * (b - mean), x, w_qat, 1)
-        y = F.conv_transpose2d(x, w_qat, bias, ct.stride, ct.padding, ct.output_padding,
-                               ct.dilation, ct.groups)
-        if not batch_stats:
-            return y
-        y = y / k.reshape((1, -1, 1, 1))
-        if ct.bias is not None:
-            y = y + ct.bias.reshape((1, -1, 1, 1))
-        return self.bn(y)
+        return approx_bn_forward(self, ct, x, w_qat, (k, beta, mean), lambda w, bias: F.conv_transpose2d(
+            x, w, bias, ct.stride, ct.padding, ct.output_padding, ct.dilation, ct.groups), 1)
 
     @classmethod
     def from_float_module(cls, float_module):

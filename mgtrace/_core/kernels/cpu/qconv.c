@@ -808,6 +808,17 @@ static void dw_plane_avx2(const uint8_t *xp, int64_t WP, const int8_t *w, int64_
         }
 }
 
+/* what a depthwise channel's accumulator lacks before requantizing: the
+ * input zero point times the sum of its n taps, less its bias, so that
+ * requantize((acc - corr) * mult) is the integer result */
+static inline double dw_corr(const int8_t *w, int64_t n, int32_t a_zp, int32_t bias)
+{
+    int32_t ws = 0;
+    for (int64_t t = 0; t < n; t++)
+        ws += w[t];
+    return (double)((int64_t)a_zp * ws - (int64_t)bias);
+}
+
 /* the AVX2 depthwise: planes padded with memset / memcpy (no AVX-512 here) */
 static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                        int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
@@ -836,10 +847,7 @@ static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64
             memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
             for (int64_t h = 0; h < H; h++)
                 memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
-            int32_t ws = 0;
-            for (int64_t t = 0; t < KH * KW; t++)
-                ws += w[c * KH * KW + t];
-            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            double corr = dw_corr(w + c * KH * KW, KH * KW, a_zp, bias ? bias[c] : 0);
             dw_plane_avx2(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
                           mult[c], out_u8, out_zp, lo, hi,
                           (char *)out + (size_t)(p * OH * OW) * isz);
@@ -894,10 +902,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
             int64_t c = p % C;
             const uint8_t *xs = x + p * H * W;
             pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
-            int32_t ws = 0;
-            for (int64_t t = 0; t < KH * KW; t++)
-                ws += w[c * KH * KW + t];
-            double corr = (double)((int64_t)a_zp * ws - (bias ? (int64_t)bias[c] : 0));
+            double corr = dw_corr(w + c * KH * KW, KH * KW, a_zp, bias ? bias[c] : 0);
             if (vbmi) {
                 int32_t taps[256];
                 for (int64_t i = 0; i < KH; i++)
