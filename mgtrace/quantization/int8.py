@@ -278,6 +278,11 @@ def _conv2d_plan(x_shape, x_np_dtype, x_scale, x_zp, weight, out_scale, out_zp=0
         raise QuantizationError(f"conv2d: {ci} input channels, the weight takes {cig} x {g} "
                                 "groups")
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    # the kernels index the padded planes with these: a negative padding
+    # wrote outside the depthwise kernels' buffers (heap corruption)
+    if min(sh, sw, dh, dw, kh, kw) < 1 or min(ph, pw) < 0:
+        raise QuantizationError(f"conv2d: stride {(sh, sw)}, dilation {(dh, dw)} and kernel "
+                                f"{(kh, kw)} must be >= 1 and padding {(ph, pw)} >= 0")
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
