@@ -195,7 +195,7 @@ cdef Tensor _matmul2(Tensor ta, Tensor tb, int cdt):
         db = tb._shape[kb] if kb >= 0 else 1
         if da != db and da != 1 and db != 1:
             raise ValueError(f"matmul: batch shapes do not broadcast: {shape_tuple(ta)} @ {shape_tuple(tb)}")
-        oshape[d] = max(da, db)
+        oshape[d] = db if da == 1 else da      # NumPy's rule: a 0 against a 1 is 0
         sa[d] = ta._strides[ka] if ka >= 0 and da != 1 else 0
         sb[d] = tb._strides[kb] if kb >= 0 and db != 1 else 0
     oshape[nb] = M
