@@ -635,8 +635,10 @@ cdef class Executor:
             raise MemoryError()
         if self.arenas:
             arena = self.arenas.pop()
-        elif self.arena_bytes:
-            n = self.arena_bytes
+        else:
+            # one byte where every intermediate is empty: their views still
+            # point into an arena (a None one was dereferenced: a segfault)
+            n = max(self.arena_bytes, 1)
             arena = empty(1, &n, 2, self.device)
         try:
             for b in range(self.nbuf):
