@@ -22,6 +22,8 @@ Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
 NumPy arrays. The quantized modules (``mgtrace.module.quantized``) run
 these kernels on QuantizedTensors.
 """
+import math
+
 import numpy as np
 
 from mgtrace.quantization.utils import QuantizationError, quant_dtype
@@ -198,7 +200,7 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
         raise QuantizationError(f"linear: input [..., {x.shape[-1:]}] does not fit weight "
                                 f"{weight.shape}")
     meta, lo, hi = _out_range(out_dtype, out_zp, relu)
-    a, a_zp = _as_u8(x.reshape(-1, x.shape[-1]), x_zp, meta_in)
+    a, a_zp = _as_u8(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), x_zp, meta_in)
     n = weight.shape[0]
     out = alloc(x.shape[:-1] + (n,), meta.np_dtype_str)
     mult, bias = weight._epilogue(0, x_scale, None if meta is _Float32 else out_scale)

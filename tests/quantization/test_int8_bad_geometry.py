@@ -63,3 +63,15 @@ def test_odd_geometry_values(case):
     rq = dequantize(quantize(r, m.act_qparams)).numpy()
     assert y.shape == rq.shape
     assert np.abs(y - rq).max() <= 0.05 * 1.001
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 0), (5, 3, 0)])
+@pytest.mark.parametrize("path", [0, 1])
+def test_linear_no_input_features(shape, path):
+    """K = 0 (reshape(-1, 0) raised NumPy's ValueError): the output is the
+    bias alone, requantized: rint(b / 0.05) + 128."""
+    from mgtrace.quantization import int8
+    w = int8.Int8Weight(np.zeros((3, 0), np.int8), 0.5, np.array([1, 2, -3], F32))
+    y = int8.linear(np.zeros(shape, np.uint8), 0.1, 128, w, 0.05, 128, "quint8", path=path)
+    np.testing.assert_array_equal(y, np.broadcast_to(np.array([148, 168, 68], np.uint8),
+                                                     shape[:-1] + (3,)))
