@@ -8,7 +8,7 @@ __all__ = ["SGD", "Adam", "AdamW"]
 
 def _check(name, **kw):
     for k, v in kw.items():
-        if v < 0:
+        if not v >= 0:         # NaN too (MegEngine asserts lr >= 0.0)
             raise ValueError(f"{name}: {k} must be >= 0, got {v}")
 
 

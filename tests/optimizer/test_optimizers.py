@@ -119,3 +119,13 @@ def test_bad_arguments():
         optim.Adam([], lr=0.1)
     with pytest.raises(ValueError, match="betas"):
         optim.Adam([mt.tensor([1.0])], lr=0.1, betas=(1.0, 0.9))
+
+
+@pytest.mark.parametrize("kw", [dict(lr=float("nan")), dict(lr=0.1, momentum=float("nan")),
+                                dict(lr=0.1, weight_decay=float("nan"))])
+def test_sgd_refuses_nan_hyperparameters(kw):
+    """A NaN learning rate passed the ``v < 0`` check and turned every
+    parameter into NaN at the first step."""
+    p = mt.tensor(np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="must be >= 0, got nan"):
+        optim.SGD([p], **kw)
