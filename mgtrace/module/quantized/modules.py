@@ -229,9 +229,14 @@ class _Weighted(QuantizedModule):
         self.__dict__["_packed"] = None
 
     def _packed_weight(self, groups=1):
-        key = (id(self.weight), id(self.weight_scale), id(self.bias))
+        # the tensors themselves (an id of a freed weight was reused by the
+        # next one assigned: stale packed weights) and their storages' write
+        # counts (an in-place write, m.weight[...] = v, was not seen)
+        ts = (self.weight, self.weight_scale, self.bias)
+        key = ts + tuple(None if t is None else t._version for t in ts)
         packed = self.__dict__.get("_packed")
-        if packed is None or packed[0] != key:
+        if packed is None or any(a is not b for a, b in zip(packed[0][:3], ts)) or \
+                packed[0][3:] != key[3:]:
             self.__dict__["_packed"] = packed = (key, int8.Int8Weight(
                 self.weight.numpy(), self.weight_scale.numpy(),
                 None if self.bias is None else self.bias.numpy(), groups=groups))
