@@ -75,3 +75,28 @@ def test_linear_no_input_features(shape, path):
     y = int8.linear(np.zeros(shape, np.uint8), 0.1, 128, w, 0.05, 128, "quint8", path=path)
     np.testing.assert_array_equal(y, np.broadcast_to(np.array([148, 168, 68], np.uint8),
                                                      shape[:-1] + (3,)))
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_batch_matmul_bias_axis_refused(k):
+    """The quantized BatchMatMulActivation adds its bias along K (the float
+    module's rule): another K raised NumPy's broadcast ValueError."""
+    m = QM.BatchMatMulActivation(2, 4, 3, act_qparams=create_qparams(
+        QuantMode.ASYMMERTIC, "quint8", mt.tensor(F32(0.05)), mt.tensor(F32(128))))
+    with pytest.raises(QuantizationError, match="K must be 3 or 1"):
+        m(_qin((2, 4, k)))
+
+
+def test_batch_matmul_bias_along_k():
+    """K == out_features: the bias along the last axis, bitwise the integer
+    reference."""
+    m = QM.BatchMatMulActivation(2, 4, 3, act_qparams=None)
+    rng = np.random.default_rng(0)
+    m.weight = mt.tensor(rng.integers(-127, 128, (2, 3, 4)).astype(np.int8))
+    m.weight_scale = mt.tensor(F32(0.01))
+    m.bias = mt.tensor(np.array([1.0, -2.0, 0.5], F32))
+    xq = _qin((2, 4, 3))
+    acc = np.matmul(m.weight.numpy().astype(np.int64), xq.numpy().astype(np.int64) - 128)
+    s = np.float64(F32(0.02)) * np.float64(F32(0.01))
+    acc = acc + np.rint(m.bias.numpy().astype(np.float64) / s)
+    np.testing.assert_allclose(m(xq).numpy(), acc * s, rtol=1e-6)

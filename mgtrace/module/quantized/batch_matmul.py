@@ -36,7 +36,8 @@ class BatchMatMulActivation(_Weighted):
     into the saturation).
 
     Raises QuantizationError for another nonlinear_mode, an input of
-    another shape, or (``from_qat_module``) per-channel weight qparams.
+    another shape (or, with a bias, K other than out_features or 1), or
+    (``from_qat_module``) per-channel weight qparams.
     """
 
     def __init__(self, batch, in_features, out_features, bias=True, nonlinear_mode="identity",
@@ -70,6 +71,11 @@ class BatchMatMulActivation(_Weighted):
         if data.ndim != 3 or data.shape[:2] != (self.batch, self.in_features):
             raise QuantizationError(f"BatchMatMulActivation takes [{self.batch}, "
                                     f"{self.in_features}, K], got {tuple(data.shape)}")
+        if self.bias is not None and data.shape[2] not in (self.out_features, 1):
+            # NumPy's broadcast error otherwise (the bias runs along K)
+            raise QuantizationError(f"BatchMatMulActivation adds its [{self.out_features}] bias "
+                                    f"along the last axis (as the float module), so K must be "
+                                    f"{self.out_features} or 1, got {tuple(data.shape)}")
         w = np.asarray(self.weight.numpy()).astype(np.int64)
         acc = np.matmul(w, data.astype(np.int64) - zp)
         ws = np.asarray(self.weight_scale.numpy(), np.float32)
