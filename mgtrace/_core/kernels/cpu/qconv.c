@@ -819,43 +819,6 @@ static inline double dw_corr(const int8_t *w, int64_t n, int32_t a_zp, int32_t b
     return (double)((int64_t)a_zp * ws - (int64_t)bias);
 }
 
-/* the AVX2 depthwise: planes padded with memset / memcpy (no AVX-512 here) */
-static int dwconv_avx2(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
-                       int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
-                       int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
-                       int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
-                       int32_t lo, int32_t hi, int out_u8, void *out)
-{
-    int64_t HP = H + 2 * PH;
-    int64_t WP = W + 2 * PW, need = cdiv(OW, 8) * 8 * SW + (KW - 1) * DW + 16;
-    if (WP < need)
-        WP = need;
-    int64_t planes = NB * C;
-    size_t isz = out_u8 == 2 ? 4 : 1;
-    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
-#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
-    {
-        uint8_t *buf = malloc((size_t)(HP * WP));
-        if (!buf)
-            failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < planes; p++) {
-            if (!buf)
-                continue;
-            int64_t c = p % C;
-            const uint8_t *xs = x + p * H * W;
-            memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
-            for (int64_t h = 0; h < H; h++)
-                memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
-            double corr = dw_corr(w + c * KH * KW, KH * KW, a_zp, bias ? bias[c] : 0);
-            dw_plane_avx2(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
-                          mult[c], out_u8, out_zp, lo, hi,
-                          (char *)out + (size_t)(p * OH * OW) * isz);
-        }
-        free(buf);
-    }
-    return failed ? 0 : 4;
-}
 #endif
 
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
@@ -875,16 +838,19 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
 #ifdef MT_QC_VNNI
     if (SW != 1 && SW != 2)
         return 0;
-    if (path == 4 || !mt_qgemm_has_vnni())
-        return has_avx2() ? dwconv_avx2(x, NB, C, H, W, a_zp, w, KH, KW, SH, SW, PH, PW, DH,
-                                        DW, OH, OW, bias, mult, out_zp, lo, hi, out_u8, out)
-                          : 0;
-    int64_t HP = H + 2 * PH;
-    int vbmi = path != 2 && has_vbmi() && 15 * SW + 3 * DW < 64 && KH * cdiv(KW, 4) <= 256;
-    int64_t KC = cdiv(KW, 4);
-    /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW,
-     * 32 bytes at a time for stride 2, or 64 from each 4-tap chunk (vbmi) */
-    int64_t WP = W + 2 * PW, need = cdiv(OW, QC_P) * QC_P * SW + KC * 4 * DW + 64;
+    int64_t HP = H + 2 * PH, KC = cdiv(KW, 4), WP = W + 2 * PW, need;
+    int kind;                   /* the kernel: 2 vpmaddwd, 3 VBMI, 4 AVX2 */
+    if (path == 4 || !mt_qgemm_has_vnni()) {
+        if (!has_avx2())
+            return 0;
+        kind = 4;               /* planes padded with memset / memcpy (no AVX-512 here) */
+        need = cdiv(OW, 8) * 8 * SW + (KW - 1) * DW + 16;
+    } else {
+        kind = path != 2 && has_vbmi() && 15 * SW + 3 * DW < 64 && KH * KC <= 256 ? 3 : 2;
+        /* the last vector reads up to (ceil(OW/16)*16 - 1) * SW + (KW - 1) * DW,
+         * 32 bytes at a time for stride 2, or 64 from each 4-tap chunk (vbmi) */
+        need = cdiv(OW, QC_P) * QC_P * SW + KC * 4 * DW + 64;
+    }
     if (WP < need)
         WP = need;
     int64_t planes = NB * C;
@@ -901,28 +867,37 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                 continue;
             int64_t c = p % C;
             const uint8_t *xs = x + p * H * W;
+            const int8_t *wc = w + c * KH * KW;
+            void *op = (char *)out + (size_t)(p * OH * OW) * isz;
+            double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
+            if (kind == 4) {
+                memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(buf + (h + PH) * WP + PW, xs + h * W, (size_t)W);
+                dw_plane_avx2(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
+                              out_zp, lo, hi, op);
+                continue;
+            }
             pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
-            double corr = dw_corr(w + c * KH * KW, KH * KW, a_zp, bias ? bias[c] : 0);
-            if (vbmi) {
+            if (kind == 3) {
                 int32_t taps[256];
                 for (int64_t i = 0; i < KH; i++)
                     for (int64_t k = 0; k < KC; k++) {
                         uint8_t b[4] = {0, 0, 0, 0};
                         for (int q = 0; q < 4 && k * 4 + q < KW; q++)
-                            b[q] = (uint8_t)w[c * KH * KW + i * KW + k * 4 + q];
+                            b[q] = (uint8_t)wc[i * KW + k * 4 + q];
                         memcpy(&taps[i * KC + k], b, 4);
                     }
                 dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                              out_u8, out_zp, lo, hi, (char *)out + (size_t)(p * OH * OW) * isz);
+                              out_u8, out_zp, lo, hi, op);
                 continue;
             }
-            dw_plane_avx512(buf, WP, w + c * KH * KW, KH, KW, SH, SW, DH, DW, OH, OW, corr,
-                            mult[c], out_u8, out_zp, lo, hi,
-                            (char *)out + (size_t)(p * OH * OW) * isz);
+            dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
+                            out_zp, lo, hi, op);
         }
         free(buf);
     }
-    return failed ? 0 : vbmi ? 3 : 2;
+    return failed ? 0 : kind;
 #else
     (void)x; (void)NB; (void)C; (void)H; (void)W; (void)a_zp; (void)w; (void)KH; (void)KW;
     (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)OH; (void)OW;
