@@ -144,9 +144,10 @@ def test_a_dying_worker_sends_only_started_files_to_run_alone(tmp_path, monkeypa
     assert "worker process died" in by["crash_first_biggest.tmod"].reason
     assert all(by[f"f{i}.tmod"].status == "ok" for i in range(30)), by
     assert len(recs) == 31
-    # the crash's pool, a fresh pool for the queued files, and at most the two files the
-    # broken pool had started, each alone
-    assert pools[:2] == [2, 2] and pools[2:] in ([1], [1, 1]), pools
+    # the crash's pool, a fresh pool for the files still queued (min(2, how many): the other
+    # worker may have run all but one, or all, meanwhile), and at most the two files the
+    # broken pool had started, each alone: a handful of pools, not one per file
+    assert pools[0] == 2 and all(p in (1, 2) for p in pools[1:]) and 2 <= len(pools) <= 4, pools
 
 
 def test_a_report_in_use_by_another_job_is_refused(tmp_path, capsys):
