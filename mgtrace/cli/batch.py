@@ -616,10 +616,11 @@ def _stop_pool(pool):
     procs = list((getattr(pool, "_processes", None) or {}).values())
     manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
+    live = {}
     for p in procs:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):        # a process already reaped and closed
             p.terminate()
-    live = {p.sentinel: p for p in procs}
+            live[p.sentinel] = p
     deadline = time.monotonic() + _STOP_GRACE_S
     while live and time.monotonic() < deadline:
         for s in multiprocessing.connection.wait(list(live), timeout=deadline - time.monotonic()):
@@ -679,6 +680,7 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
     file the pool broke before it returned (see ``marks`` for how far it
     got)."""
     pool = _new_pool(min(jobs, len(files)), marks)
+    broken = False
     with _deferred_sigint() as stop:
         try:
             futs = {}
@@ -687,6 +689,7 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
                     #             torn down, OSError or ValueError (closed handles)
                     futs[pool.submit(_marked_call, order[f], task, f, options, imports, fps)] = f
                 except (cf.process.BrokenProcessPool, OSError, ValueError):
+                    broken = True
                     break
             pending = set(futs)
             while pending:
@@ -698,7 +701,7 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
                     try:
                         res = fut.result()
                     except cf.process.BrokenProcessPool:
-                        res = None
+                        res, broken = None, True
                     except Exception as e:      # e.g. a result that cannot be pickled
                         res = _failed(f"the worker could not return a result: "
                                       f"{type(e).__name__}: {e}")
@@ -709,7 +712,14 @@ def _pool_round(task, files, options, jobs, imports, fps, marks, order):
         except BaseException:               # Ctrl-C, or the caller stopped listening
             _stop_pool(pool)
             raise
-        pool.shutdown(wait=True)
+        if broken:
+            # not shutdown(wait=True): a worker that submit started while the pool's manager
+            # thread was already tearing the broken pool down (a death early in the job) was
+            # never sent SIGTERM, and the manager waits for it to exit for ever, which an
+            # idle worker never does (CPython 3.11's concurrent.futures); stop them all here
+            _stop_pool(pool)
+        else:
+            pool.shutdown(wait=True)
 
 
 def _isolated_results(task, files, options, jobs, imports, fps):
