@@ -18,6 +18,7 @@ The folder (built once per session, copied per test that writes):
     bad/mismatch.tmod                stored outputs off by 1e-3 (relative): fails the default
                                      tolerance, passes --rtol 1e-2
 """
+import contextlib
 import hashlib
 import os
 import re
@@ -25,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -230,3 +232,49 @@ def records(report):
 
 
 ns = types.SimpleNamespace
+
+
+def _children():
+    """{pid: command line} of this process's live (not zombie) children, from /proc."""
+    me, found = os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if int(ppid) == me and state != "Z":
+            found[int(entry)] = cmd
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind():
+    """Every pool worker and command a test started has ended when it ends.
+
+    A worker left alive (as a pool that broke early once left one, which
+    its manager thread then waited on for ever, hanging the whole run) fails
+    the test that left it, and is killed so later tests do not inherit it.
+    Processes that outlive tests by design do not count: multiprocessing's
+    resource tracker (started at a session's first shared array, kept to its
+    end) and whatever was running before the test."""
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 10.0          # stopped workers may still be exiting
+    def left_now():
+        return {p: c for p, c in _children().items()
+                if p not in before and "multiprocessing.resource_tracker" not in c}
+    while (left := left_now()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left running by the test (killed now): {left}"
