@@ -4,7 +4,7 @@ import numpy as np
 
 from mgtrace._core import Tensor
 from mgtrace._core import tensor as _make_tensor
-from mgtrace.autodiff import no_grad
+from mgtrace.autodiff import _tape, no_grad
 
 __all__ = ["Optimizer"]
 
@@ -20,8 +20,10 @@ class Optimizer:
 
     Raises:
         TypeError: a parameter that is not a Tensor.
-        ValueError: no parameters; a parameter in two groups; a group
-            without a required hyperparameter.
+        ValueError: no parameters; a parameter that is not floating-point
+            (its update would be truncated; GradManager.attach refuses it
+            too); a parameter in two groups; a group without a required
+            hyperparameter.
     """
 
     def __init__(self, params, defaults):
@@ -48,6 +50,9 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameters are Tensors, not "
                                 f"{type(p).__name__}")
+            if not _tape.is_float(p):     # an update would be truncated to the integers
+                raise ValueError(f"{type(self).__name__}: only floating-point tensors can be "
+                                 f"optimized, got a {p.dtype} tensor of shape {p.shape}")
             if id(p) in seen:
                 raise ValueError(f"{type(self).__name__}: a parameter (shape {p.shape}) appears in "
                                  "more than one group")

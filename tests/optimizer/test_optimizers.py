@@ -129,3 +129,23 @@ def test_sgd_refuses_nan_hyperparameters(kw):
     p = mt.tensor(np.ones(3, np.float32))
     with pytest.raises(ValueError, match="must be >= 0, got nan"):
         optim.SGD([p], **kw)
+
+
+@pytest.mark.parametrize("cls", [optim.SGD, optim.Adam, optim.AdamW])
+@pytest.mark.parametrize("dtype", ["int32", "int8", "bool"])
+def test_integer_parameters_are_refused(cls, dtype):
+    """SGD on an int32 tensor truncated each update to the integers
+    ([1, 2, 3] - 0.5 * 1 gave [0, 1, 2]) without a word; GradManager.attach
+    refuses such tensors, and so does every optimizer now."""
+    p = mt.tensor(np.array([1, 2, 3]).astype(dtype))
+    with pytest.raises(ValueError, match=f"only floating-point tensors can be optimized, got a "
+                                         f"{dtype} tensor of shape \\(3,\\)"):
+        cls([p], lr=0.5)
+    assert p.numpy().tolist() == np.array([1, 2, 3]).astype(dtype).tolist()
+
+
+def test_float16_parameters_are_optimized():
+    p = mt.tensor(np.array([1.0, 2.0], np.float16))
+    p.grad = mt.tensor(np.array([1.0, 1.0], np.float16))
+    optim.SGD([p], lr=0.5).step()
+    np.testing.assert_array_equal(p.numpy(), np.array([0.5, 1.5], np.float16))
