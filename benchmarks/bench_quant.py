@@ -23,9 +23,13 @@ installed).
   optimized as the float column is (``optimize(..., "all", flatten=True)``:
   the float parts get the float fusions, the quantized modules stay whole,
   and ``FuseQuantStub`` makes a conv whose output reaches another's
-  QuantStub through a ReLU or ReLU6 alone write that quint8 itself):
-  activations stay int8 from conv to conv, the float round trip stays only
-  around residual adds and pooling.
+  QuantStub through a ReLU or ReLU6 alone write that quint8 itself). In
+  the CNN rows the residual adds (``x + y``, ``relu(x + y)``) are int8
+  Elemwise adds too (``quantize_layers(..., adds=True)``, calibrated as the
+  layers are), and ``EliminateRequantize`` drops the DequantStub /
+  QuantStub pairs around them: activations stay int8 from conv to conv
+  through the shortcuts; the float round trip stays only around pooling
+  and the classifier.
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -99,15 +103,16 @@ def _fold_bn(model, example):
     return tm
 
 
-def _int8_model(model, calib):
+def _int8_model(model, calib, cnn=True):
     import mgtrace as mt
     import mgtrace.quantization as Q
 
     def run(qat):
         for xs in calib:
             qat(*[mt.tensor(x) for x in xs])
-    # every Linear and Conv2d int8 with float32 outputs
-    return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True)
+    # every Linear and Conv2d int8 with float32 outputs; a CNN's residual adds
+    # int8 Elemwise adds (MiniLM's feed LayerNorms: they stay float)
+    return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True, adds=cnn)
 
 
 def _ort_int8(model, calib, example, threads, folder):
@@ -158,7 +163,7 @@ def child(lib, name, batch, repeats, threads):
         elif lib == "mgtrace-int8":
             import warnings
             from mgtrace.traced_module import optimize
-            qm = _int8_model(model, calib)
+            qm = _int8_model(model, calib, name != "minilm")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
@@ -192,8 +197,8 @@ def layers(name, batch, repeats):
     xs = [mt.tensor(x) for x in _inputs(name, batch, 0)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qm, report = optimize(mt.trace_module(_int8_model(model, calib), *xs), "all",
-                              flatten=True, return_report=True)
+        qm, report = optimize(mt.trace_module(_int8_model(model, calib, name != "minilm"), *xs),
+                              "all", flatten=True, return_report=True)
     chained = report["FuseQuantStub"].counts["fusions"]
     spent, calls = collections.defaultdict(float), collections.Counter()
 

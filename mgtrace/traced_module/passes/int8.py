@@ -22,10 +22,23 @@
   as when the stub's observer saw the ReLU6's outputs); elsewhere the
   pattern stays.
 
-The layer, the stubs and the activation must each be read by the next
-call alone, and the layer module called once in the whole module (its
-class and ``act_qparams`` change). Patterns spanning traced submodules
-need ``optimize(..., flatten=True)``.
+The layer, its DequantStub and the activation must each be read by the
+next call alone, and the layer module called once in the whole module (its
+class and ``act_qparams`` change). The value before the QuantStub may be
+read by several QuantStubs of equal qparams (a residual block's input: its
+first conv's stub and the shortcut add's, :func:`mgtrace.quantization.quantize_adds`):
+all of them then read the layer's output.
+
+- ``EliminateRequantize``: ``QuantStub(DequantStub(z))`` where ``z`` is
+  written by a quantized module whose ``act_qparams`` are the stub's (per
+  tensor qint8 / quint8, equal dtype, scale and zero point) is ``z``
+  itself: ``rint((q - zp) * s / s) + zp`` is ``q`` for every int8 / uint8
+  ``q`` (the float32 product and quotient are within a few ulps of the
+  integer ``q - zp``, far from a .5 tie), so the pair goes, bitwise. With
+  the int8 Elemwise adds, the sum flows into the next block's conv and
+  shortcut as int8. Other readers of the DequantStub keep it.
+
+Patterns spanning traced submodules need ``optimize(..., flatten=True)``.
 """
 import numpy as np
 
@@ -33,7 +46,7 @@ import mgtrace.module.quantized as MQ
 from mgtrace.traced_module.passes.match import activation, module_call, sole_user
 from mgtrace.traced_module.passes.util import call_counts, graphs_of
 
-__all__ = ["fuse_quant_stub"]
+__all__ = ["fuse_quant_stub", "eliminate_requantize"]
 
 # a float-output layer -> its form with the ReLU in the saturation
 _RELU_FORM = {MQ.Conv2d: MQ.ConvRelu2d, MQ.ConvRelu2d: MQ.ConvRelu2d,
@@ -55,15 +68,50 @@ def _stub_qparams(stub):
     return q, np.float32(scale), zp, _QMAX[q.dtype_meta.name]
 
 
-def _match(e, counts):
-    """``(layer, act, layer output node, qparams)`` when ``e`` is a
-    QuantStub call ending the pattern, else None."""
+def _same_qparams(a, b):
+    """Whether two per-tensor QParams quantize alike (dtype, scale, zero point)."""
+    if a is b:
+        return True
+    if a is None or b is None or a.dtype_meta.name != b.dtype_meta.name:
+        return False
+    za = None if a.zero_point is None else np.asarray(a.zero_point.numpy())
+    zb = None if b.zero_point is None else np.asarray(b.zero_point.numpy())
+    return np.array_equal(np.asarray(a.scale.numpy()), np.asarray(b.scale.numpy())) and \
+        (za is None) == (zb is None) and (za is None or np.array_equal(za, zb))
+
+
+def _stub_call(e):
+    """The QuantStub ``e`` calls on one tensor, else None."""
     stub = module_call(e, MQ.QuantStub)
     if stub is None or len(e.args) != 2 or e.kwargs:
         return None
+    return stub
+
+
+def _stub_readers(x, q):
+    """The QuantStub calls reading node ``x``, when only such calls read it
+    and all quantize with ``q``; else None."""
+    if not x.users or id(x) in x.graph._kept_ids():
+        return None
+    for u in x.users:
+        stub = _stub_call(u)
+        if stub is None or u.args[1] is not x or not _same_qparams(stub.act_qparams, q):
+            return None
+    return list(x.users)
+
+
+def _match(e, counts):
+    """``(layer, act, layer output node, qparams, stub calls)`` when ``e``
+    is a QuantStub call ending the pattern, else None."""
+    stub = _stub_call(e)
+    if stub is None:
+        return None
     target = _stub_qparams(stub)
     x, act = e.args[1], None
-    if target is None or x.expr is None or sole_user(x) is not e:
+    if target is None or x.expr is None:
+        return None
+    stubs = _stub_readers(x, stub.act_qparams)
+    if stubs is None:
         return None
     hit = activation(x.expr)
     if hit is not None:
@@ -81,7 +129,7 @@ def _match(e, counts):
     q, scale, zp, qmax = target
     if act == "relu6" and np.rint(np.float32(6) / scale) + zp < qmax:
         return None
-    return layer, act, y, q
+    return layer, act, y, q, stubs
 
 
 def fuse_quant_stub(tm):
@@ -97,12 +145,50 @@ def fuse_quant_stub(tm):
             hit = _match(e, counts)
             if hit is None:
                 continue
-            layer, act, y, q = hit
+            layer, act, y, q, stubs = hit
             layer.act_qparams = q
             if act is not None:
                 layer.__class__ = _RELU_FORM[type(layer)]
             y.dtype = e.outputs[0].dtype        # the stub's int8 / uint8 (ONNX export reads it)
-            g.replace_node({e.outputs[0]: y})
+            g.replace_node({s.outputs[0]: y for s in stubs})
+            changed = True
+            done += 1
+        if changed:
+            g.compile()
+    return done
+
+
+def _quantized_by(z):
+    """The act_qparams of the quantized module writing node ``z``, else None."""
+    m = module_call(z.expr) if z.expr is not None else None
+    if not isinstance(m, MQ.QuantizedModule) or getattr(m, "act_qparams", None) is None:
+        return None
+    return m.act_qparams if _stub_qparams(m) is not None else None
+
+
+def eliminate_requantize(tm):
+    """Each ``QuantStub(DequantStub(z))`` whose stub quantizes as the
+    module writing ``z`` does is ``z`` (see the module docstring); returns
+    the number of stubs dropped."""
+    done = 0
+    for g in list(graphs_of(tm)):
+        changed = False
+        for e in list(g._exprs):
+            stub = _stub_call(e)
+            x = e.args[1] if stub is not None else None
+            if x is None or getattr(x, "kind", None) != "tensor" or x.expr is None:
+                continue
+            if module_call(x.expr, MQ.DequantStub) is None or len(x.expr.args) != 2 \
+                    or x.expr.kwargs:
+                continue
+            z = x.expr.args[1]
+            if getattr(z, "kind", None) != "tensor":
+                continue
+            q = _quantized_by(z)
+            if q is None or not _same_qparams(q, stub.act_qparams):
+                continue
+            z.dtype = e.outputs[0].dtype
+            g.replace_node({e.outputs[0]: z})
             changed = True
             done += 1
         if changed:
