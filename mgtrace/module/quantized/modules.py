@@ -231,9 +231,10 @@ class _Weighted(QuantizedModule):
     def _packed_weight(self, groups=1):
         # the tensors themselves (an id of a freed weight was reused by the
         # next one assigned: stale packed weights) and their storages' write
-        # counts (an in-place write, m.weight[...] = v, was not seen)
+        # counts (an in-place write, m.weight[...] = v, was not seen), and the
+        # groups the weight is packed for (a later m.groups change was not seen)
         ts = (self.weight, self.weight_scale, self.bias)
-        key = ts + tuple(None if t is None else t._version for t in ts)
+        key = ts + tuple(None if t is None else t._version for t in ts) + (int(groups),)
         packed = self.__dict__.get("_packed")
         if packed is None or any(a is not b for a, b in zip(packed[0][:3], ts)) or \
                 packed[0][3:] != key[3:]:
