@@ -527,7 +527,9 @@ int mt_qconv_has_amx(void)
 /* The calling thread's scratch of at least n bytes, kept for its next
  * call: a fresh malloc of a few MB per conv is mmap'd and page-faulted
  * again each time, which cost more than the packing itself. Grows, never
- * shrinks; NULL when out of memory. */
+ * shrinks; NULL when out of memory. The one policy of both drivers: the
+ * dense conv's packed input (the calling thread's) and the depthwise
+ * conv's padded plane (each team thread's own). */
 static __thread uint8_t *scratch_at;
 static __thread size_t scratch_cap;
 
@@ -858,7 +860,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        uint8_t *buf = malloc((size_t)(HP * WP));
+        uint8_t *buf = scratch((size_t)(HP * WP));     /* this thread's, kept */
         if (!buf)
             failed = 1;
 #pragma omp for schedule(static)
@@ -895,7 +897,6 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
                             out_zp, lo, hi, op);
         }
-        free(buf);
     }
     return failed ? 0 : kind;
 #else
