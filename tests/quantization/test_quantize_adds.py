@@ -221,3 +221,17 @@ def test_optimized_graph_saves_loads_and_runs_the_same_bits():
     assert len(_calls(back, MQ.Elemwise)) == 3 and len(_calls(back, MQ.QuantStub)) == 1
     for g, w in zip(back(x), want):
         np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_optimized_graph_exports_to_onnx():
+    ort = pytest.importorskip("onnxruntime")
+    from mgtrace.onnx import export
+    tm, x = _quantized_traced()
+    fused = optimize(tm, "all", flatten=True)
+    f = io.BytesIO()
+    export(fused, f, opset=17)
+    sess = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    for g, w in zip(got, fused(x)):
+        w = w.numpy()
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * np.abs(w).max())

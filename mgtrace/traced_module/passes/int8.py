@@ -9,6 +9,14 @@
 
       QuantStub(relu(DequantStub(conv(x))))   ->   ConvRelu2d'(x)
 
+  A max pool may sit between the activation (or the DequantStub) and the
+  QuantStub (ResNet's stem: ``maxpool(relu(bn(conv(x))))``): the layer then
+  writes the stub's integers and the pool runs on them
+  (``F.max_pool2d`` of a quantized tensor, qparams kept), exactly the
+  float pool quantized, since quantizing is monotone::
+
+      QuantStub(maxpool(relu(DequantStub(conv(x)))))   ->   maxpool(ConvRelu2d'(x))
+
   Activations then stay int8 from one layer to the next: no float32
   tensor, no dequantize / quantize pass between them. The fused layer
   computes ``clip(rint(acc * (x_scale * w_scale / y_scale)) + y_zp)``
@@ -42,8 +50,11 @@ Patterns spanning traced submodules need ``optimize(..., flatten=True)``.
 """
 import numpy as np
 
+import mgtrace.functional as F
+import mgtrace.module as M
 import mgtrace.module.quantized as MQ
-from mgtrace.traced_module.passes.match import activation, module_call, sole_user
+from mgtrace.traced_module.passes.match import (activation, bound_args, is_function, module_call,
+                                                sole_user)
 from mgtrace.traced_module.passes.util import call_counts, graphs_of
 
 __all__ = ["fuse_quant_stub", "eliminate_requantize"]
@@ -113,6 +124,11 @@ def _match(e, counts):
     stubs = _stub_readers(x, stub.act_qparams)
     if stubs is None:
         return None
+    pooled, pool_in = None, _max_pool_input(x.expr)
+    if pool_in is not None:
+        if pool_in.expr is None or sole_user(pool_in) is not x.expr:
+            return None
+        pooled, x = x, pool_in
     hit = activation(x.expr)
     if hit is not None:
         act, inner = hit
@@ -129,7 +145,25 @@ def _match(e, counts):
     q, scale, zp, qmax = target
     if act == "relu6" and np.rint(np.float32(6) / scale) + zp < qmax:
         return None
-    return layer, act, y, q, stubs
+    return layer, act, y, q, stubs, (pooled, pool_in) if pooled is not None else None
+
+
+def _max_pool_input(e):
+    """The tensor node a max pool expr (``M.MaxPool2d`` call or
+    ``F.max_pool2d``, values only) reads, else None."""
+    m = module_call(e, M.MaxPool2d)
+    if m is not None:
+        if len(e.args) != 2 or e.kwargs or m.return_indices:
+            return None
+        x = e.args[1]
+    elif is_function(e, F.max_pool2d):
+        args = bound_args(e)
+        if args is None or args.get("return_indices") is not False:
+            return None
+        x = args["x"]
+    else:
+        return None
+    return x if getattr(x, "kind", None) == "tensor" else None
 
 
 def fuse_quant_stub(tm):
@@ -145,12 +179,18 @@ def fuse_quant_stub(tm):
             hit = _match(e, counts)
             if hit is None:
                 continue
-            layer, act, y, q, stubs = hit
+            layer, act, y, q, stubs, pool = hit
             layer.act_qparams = q
             if act is not None:
                 layer.__class__ = _RELU_FORM[type(layer)]
             y.dtype = e.outputs[0].dtype        # the stub's int8 / uint8 (ONNX export reads it)
-            g.replace_node({s.outputs[0]: y for s in stubs})
+            if pool is None:
+                g.replace_node({s.outputs[0]: y for s in stubs})
+            else:                               # the pool reads the integers, the stubs' readers it
+                pooled, pool_in = pool
+                pooled.dtype = y.dtype
+                g.replace_node({pool_in: y})
+                g.replace_node({s.outputs[0]: pooled for s in stubs})
             changed = True
             done += 1
         if changed:
