@@ -188,8 +188,9 @@ def test_eliminate_requantize_alone_is_bitwise():
     tm, x = _quantized_traced()
     flat = optimize(tm, [], flatten=True)
     dropped, report = optimize(flat, "EliminateRequantize", return_report=True)
-    # y and z read by the next conv's and add's stubs, w by head's
-    assert report["EliminateRequantize"].counts == {"dropped": 5}
+    # y and z read by the next conv's and add's stubs, w by head's; and the
+    # stem's float output quantized once for c1 and the first add
+    assert report["EliminateRequantize"].counts == {"dropped": 6}
     for g, w in zip(dropped(x), flat(x)):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
@@ -203,7 +204,7 @@ def test_a_stub_with_other_qparams_stays():
                                       float(q.scale.numpy()) * 2, float(q.zero_point.numpy()))
     want = [t.numpy() for t in flat(x)]
     dropped, report = optimize(flat, "EliminateRequantize", return_report=True)
-    assert report["EliminateRequantize"].counts == {"dropped": 4}
+    assert report["EliminateRequantize"].counts == {"dropped": 5}
     assert any(e.args[0].owner is dropped.qadd1_q1 for e in _calls(dropped, MQ.QuantStub))
     for g, w in zip(dropped(x), want):
         np.testing.assert_array_equal(g.numpy(), w)
@@ -235,3 +236,34 @@ def test_optimized_graph_exports_to_onnx():
     for g, w in zip(got, fused(x)):
         w = w.numpy()
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * np.abs(w).max())
+
+
+def test_equal_stubs_of_one_value_quantize_it_once():
+    class QKV(M.Module):            # BERT's query, key and value read one hidden state
+        def __init__(self):
+            super().__init__()
+            self.norm = M.LayerNorm(8)
+            self.q, self.k, self.v = M.Linear(8, 8), M.Linear(8, 8), M.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.norm(x)
+            return self.q(h) * self.k(h) + self.v(h)
+
+    mt.random.seed(4)
+    x = mt.tensor(np.random.default_rng(6).standard_normal((3, 5, 8)).astype(F32))
+    q = Q.quantize_layers(QKV().eval(), lambda m: m(x), float_outputs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(q, x)
+    flat = optimize(tm, [], flatten=True)
+    assert len(_calls(flat, MQ.QuantStub)) == 3
+    once, report = optimize(flat, "EliminateRequantize", return_report=True)
+    assert report["EliminateRequantize"].counts == {"dropped": 2}
+    assert len(_calls(once, MQ.QuantStub)) == 1
+    np.testing.assert_array_equal(once(x).numpy(), flat(x).numpy())
+    # a stub of other qparams quantizes on its own
+    flat.v[0].act_qparams = create_qparams(QuantMode.ASYMMERTIC, quant_dtype("quint8"), 0.5, 7.0)
+    want = flat(x).numpy()
+    once, report = optimize(flat, "EliminateRequantize", return_report=True)
+    assert report["EliminateRequantize"].counts == {"dropped": 1}
+    np.testing.assert_array_equal(once(x).numpy(), want)

@@ -44,7 +44,10 @@ all of them then read the layer's output.
   ``q`` (the float32 product and quotient are within a few ulps of the
   integer ``q - zp``, far from a .5 tie), so the pair goes, bitwise. With
   the int8 Elemwise adds, the sum flows into the next block's conv and
-  shortcut as int8. Other readers of the DequantStub keep it.
+  shortcut as int8. Other readers of the DequantStub keep it. And
+  QuantStubs of equal qparams reading one value (BERT's query, key and
+  value layers read one hidden state; a residual block's first conv and
+  shortcut) quantize it once: the later ones read the first's output.
 
 Patterns spanning traced submodules need ``optimize(..., flatten=True)``.
 """
@@ -208,29 +211,46 @@ def _quantized_by(z):
 
 def eliminate_requantize(tm):
     """Each ``QuantStub(DequantStub(z))`` whose stub quantizes as the
-    module writing ``z`` does is ``z`` (see the module docstring); returns
-    the number of stubs dropped."""
+    module writing ``z`` does is ``z``, and a QuantStub quantizing a value
+    an earlier stub of equal qparams quantized is that stub's output (see
+    the module docstring); returns the number of stubs dropped."""
     done = 0
     for g in list(graphs_of(tm)):
-        changed = False
+        changed, quantized = False, {}      # id(node) -> [(qparams, its integers' node)]
         for e in list(g._exprs):
             stub = _stub_call(e)
             x = e.args[1] if stub is not None else None
-            if x is None or getattr(x, "kind", None) != "tensor" or x.expr is None:
+            if x is None or getattr(x, "kind", None) != "tensor":
                 continue
-            if module_call(x.expr, MQ.DequantStub) is None or len(x.expr.args) != 2 \
-                    or x.expr.kwargs:
+            q = stub.act_qparams
+            same = quantized.setdefault(id(x), [])
+            # the integers z a DequantStub read, when z has the stub's qparams;
+            # else those an earlier stub of equal qparams made of x
+            new = _requantized(x, q)
+            if new is None:
+                new = next((n for p, n in same if _same_qparams(p, q)), None)
+            if new is None:
+                same.append((q, e.outputs[0]))
                 continue
-            z = x.expr.args[1]
-            if getattr(z, "kind", None) != "tensor":
-                continue
-            q = _quantized_by(z)
-            if q is None or not _same_qparams(q, stub.act_qparams):
-                continue
-            z.dtype = e.outputs[0].dtype
-            g.replace_node({e.outputs[0]: z})
+            new.dtype = e.outputs[0].dtype
+            g.replace_node({e.outputs[0]: new})
+            if not any(_same_qparams(p, q) for p, _ in same):
+                same.append((q, new))
             changed = True
             done += 1
         if changed:
             g.compile()
     return done
+
+
+def _requantized(x, q):
+    """Node z when ``x`` is ``DequantStub(z)`` and the module writing z
+    quantizes with ``q``, else None."""
+    if x.expr is None or module_call(x.expr, MQ.DequantStub) is None or \
+            len(x.expr.args) != 2 or x.expr.kwargs:
+        return None
+    z = x.expr.args[1]
+    if getattr(z, "kind", None) != "tensor":
+        return None
+    zq = _quantized_by(z)
+    return z if zq is not None and _same_qparams(zq, q) else None
