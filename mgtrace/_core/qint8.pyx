@@ -175,8 +175,10 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
     """out[m*ldo_m + n*ldo_n] = clamp(rint((a[m] - a_zp) . w[n] + bias[n]) * mult[n])
     + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8;
     out float32: (acc * mult[n]) unrounded, ReLU when lo is 0. path 0: the
-    best here; 1: portable C; 4: AVX2 where the CPU has it (same bits).
-    Returns the path used: 1 portable, 2 VNNI, 4 AVX2."""
+    best here; 1: portable C; 2: VNNI; 3: AMX (whole blocks of 16 rows
+    where K is a multiple of 64, the other rows on VNNI); 4: AVX2; each
+    where the CPU has it, else the next best (same bits). Returns the path
+    used: 1 portable, 2 VNNI, 3 AMX, 4 AVX2."""
     if a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
         raise ValueError("gemm: a must be a C-contiguous uint8 [M, K] array")
     cdef int64_t M = a.shape[0], K = a.shape[1], N = wsum.shape[0]

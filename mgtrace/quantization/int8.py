@@ -185,9 +185,10 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
             out_dtype "float32" writes the dequantized accumulator
             ``acc * x_scale * w_scale`` instead (out_scale, out_zp unused).
         relu: fuse ReLU into the saturation.
-        path: 0 the best kernel here (AVX-512 VNNI, else AVX2, else
-            portable C), 1 the portable one, 4 the AVX2 one where the CPU
-            has it (for tests; every path gives the same bits).
+        path: 0 the best kernel here (AMX for the whole blocks of 16 rows
+            where K is a multiple of 64, else AVX-512 VNNI, else AVX2, else
+            portable C), 1 the portable one, 2 VNNI, 3 AMX, 4 AVX2, each
+            where the CPU has it (for tests; every path gives the same bits).
         alloc: ``alloc(shape, dtype)`` gives the C-contiguous NumPy array
             the result is written into (default ``numpy.empty``; the
             quantized modules pass one over a new core Tensor's memory).
