@@ -145,3 +145,46 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)
+
+
+EPILOGUES = [   # (out dtype, x_scale, w_scale, out scale, out zp, relu): the vector epilogue's clamp
+    ("quint8", 1.0, 1.0, 2.0, 0, False),        # mult 0.5: every odd sum a .5 tie
+    ("quint8", 1.0, 1.0, 2.0, 255, True),       # zero point at the top, ReLU clamps at 255
+    ("qint8", 1.0, 1.0, 2.0, -128, False),
+    ("qint8", 1.0, 1.0, 2.0, 127, True),
+    ("quint8", 0.04, 0.01, 1e-6, 131, False),   # a tiny scale: both ends saturate
+    ("qint8", 0.04, 0.01, 1e-6, 3, True),
+]
+
+
+@pytest.mark.parametrize("path", [1, 2, 3, 4])
+@pytest.mark.parametrize("depthwise", [False, True])
+@pytest.mark.parametrize("case", range(len(EPILOGUES)))
+def test_epilogue_ties_and_saturation(case, depthwise, path):
+    out, xs, wsc, out_scale, out_zp, relu = EPILOGUES[case]
+    rng = np.random.default_rng(90 + case)
+    c = 18
+    g = c if depthwise else 1
+    if out_scale == 2.0:        # small sums around the zero point: the ties show
+        x = (100 + rng.integers(-3, 4, (1, c, 9, 21))).astype(np.uint8)
+        w = rng.integers(-1, 2, (c, c // g, 3, 3)).astype(np.int8)
+    else:
+        x = rng.integers(0, 256, (1, c, 9, 21)).astype(np.uint8)
+        w = rng.integers(-127, 128, (c, c // g, 3, 3)).astype(np.int8)
+    ws = np.full(c, wsc, np.float32)
+    weight = int8.Int8Weight(w, ws, None, groups=g)
+    got = int8.conv2d(x, xs, 100, weight, out_scale, out_zp, out, relu, 1, 1,
+                      x_dtype="quint8", path=path)
+    acc = ref_conv(x, 100, w, g, (1, 1), (1, 1), (1, 1))
+    mult = np.float64(np.float32(xs)) * ws.astype(np.float64) / np.float64(np.float32(out_scale))
+    dt = np.int8 if out == "qint8" else np.uint8
+    info = np.iinfo(dt)
+    want = ref_requant(acc, mult[None, :, None, None], out_zp,
+                       max(info.min, out_zp) if relu else info.min, info.max, dt)
+    if out_scale < 1e-3 and not relu:                           # both ends reached
+        assert {info.min, info.max} <= set(np.unique(want).tolist())
+    elif not relu:              # not all one value (a ReLU at the top zero point is)
+        assert len(np.unique(want)) > 2
+    if out_scale == 2.0:
+        assert np.any(acc % 2 == 1)                             # .5 ties among them
+    np.testing.assert_array_equal(got, want)

@@ -106,14 +106,20 @@ void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, 
         _mm512_mask_storeu_ps((float *)out + at, m, f);
         return;
     }
-    __m512d z = _mm512_set1_pd((double)out_zp), l = _mm512_set1_pd((double)lo),
-            h = _mm512_set1_pd((double)hi);
-    d0 = _mm512_add_pd(_mm512_roundscale_pd(d0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
-    d1 = _mm512_add_pd(_mm512_roundscale_pd(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+    /* clamp(rint(v) + zp, lo, hi) is rint(clamp(v, lo - zp, hi - zp)) + zp:
+     * rint is monotone and the bounds are integers. The clamp first lets the
+     * conversion round (to nearest even, whatever MXCSR says) and the zero
+     * point be one integer add: two operations fewer than rounding, adding
+     * and clamping in double, the same integers. */
+    __m512d l = _mm512_set1_pd((double)lo - (double)out_zp),
+            h = _mm512_set1_pd((double)hi - (double)out_zp);
     d0 = _mm512_min_pd(_mm512_max_pd(d0, l), h);
     d1 = _mm512_min_pd(_mm512_max_pd(d1, l), h);
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtpd_epi32(d0)),
-                                   _mm512_cvtpd_epi32(d1), 1);
+    __m512i v = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm512_cvt_roundpd_epi32(d0, _MM_FROUND_TO_NEAREST_INT |
+                                                             _MM_FROUND_NO_EXC)),
+        _mm512_cvt_roundpd_epi32(d1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 1);
+    v = _mm512_add_epi32(v, _mm512_set1_epi32(out_zp));
     /* in range after the clamp: the low byte is the int8 or uint8 value */
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
