@@ -389,5 +389,7 @@ def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_m
         t._qdtype = x._qdtype
         holder.append(t)
         return unshared_view(t, True)
-    max_pool2d(x.numpy(), kernel_size, stride, padding, dilation, ceil_mode, alloc=alloc)
+    # the integers in place (Tensor.numpy copies them)
+    data = unshared_view(x) if x.is_contiguous else np.asarray(x.numpy())
+    max_pool2d(data, kernel_size, stride, padding, dilation, ceil_mode, alloc=alloc)
     return holder[0]

@@ -179,3 +179,13 @@ def test_fused_stem_exports_to_onnx():
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     want = fused(x).numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_strided_quantized_view_pools_its_values():
+    q = _qp("quint8", 0.03, 131)
+    xf = (np.random.default_rng(8).standard_normal((2, 3, 9, 10)) * 3).astype(F32)
+    x = quantize(mt.tensor(xf), q).transpose(0, 1, 3, 2)      # a view, not contiguous
+    assert is_quantized(x) and not x.is_contiguous
+    got = F.max_pool2d(x, 3, 2, 1)
+    want = quantize(F.max_pool2d(dequantize(x), 3, 2, 1), q)
+    np.testing.assert_array_equal(np.asarray(got.numpy()), np.asarray(want.numpy()))
