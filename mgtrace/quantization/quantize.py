@@ -351,6 +351,11 @@ def quantize_adds(tm):
     conv to conv. Broadcasting adds, other dtypes and in-place ``+=`` stay
     as they are.
 
+    The float QuantStub / DequantStub are no builtin modules, so the
+    rewritten float model saves only once converted (:func:`quantize_qat`,
+    :func:`quantize`) or traced again (``mgtrace.trace_module``): ``save``
+    refuses it with a TypeError saying so.
+
     Returns the number of adds rewritten.
     """
     import mgtrace.module as M

@@ -267,3 +267,19 @@ def test_equal_stubs_of_one_value_quantize_it_once():
     once, report = optimize(flat, "EliminateRequantize", return_report=True)
     assert report["EliminateRequantize"].counts == {"dropped": 1}
     np.testing.assert_array_equal(once(x).numpy(), want)
+
+
+def test_the_rewritten_float_model_saves_once_traced_again():
+    tm = _traced()
+    Q.quantize_adds(tm)
+    x = mt.tensor(_data(1))
+    with pytest.raises(TypeError, match="trace"):
+        mt.save(tm, io.BytesIO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = mt.trace_module(tm, x)
+    f = io.BytesIO()
+    mt.save(again, f)
+    f.seek(0)
+    for g, w in zip(mt.load(f)(x), tm(x)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
