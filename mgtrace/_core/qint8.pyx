@@ -48,6 +48,9 @@ cdef extern from *:
     int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
                    float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
                    void *out, int ok, int path);
+    int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
+                         int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
+                         int64_t DH, int64_t DW, int64_t OH, int64_t OW, uint8_t *out);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
                       int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
@@ -93,6 +96,9 @@ cdef extern from *:
     int mt_qadd_u8(const void *a, int ak, float as_, float az, const void *b, int bk, float bs,
                    float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
                    void *out, int ok, int path) nogil
+    int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
+                         int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
+                         int64_t DH, int64_t DW, int64_t OH, int64_t OW, uint8_t *out) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -169,8 +175,10 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
     """out[m*ldo_m + n*ldo_n] = clamp(rint((a[m] - a_zp) . w[n] + bias[n]) * mult[n])
     + out_zp, lo, hi) for a uint8 [M, K] (C-contiguous), out int8 or uint8;
     out float32: (acc * mult[n]) unrounded, ReLU when lo is 0. path 0: the
-    best here; 1: portable C; 4: AVX2 where the CPU has it (same bits).
-    Returns the path used: 1 portable, 2 VNNI, 4 AVX2."""
+    best here; 1: portable C; 2: VNNI; 3: AMX (whole blocks of 16 rows
+    where K is a multiple of 64, the other rows on VNNI); 4: AVX2; each
+    where the CPU has it, else the next best (same bits). Returns the path
+    used: 1 portable, 2 VNNI, 3 AMX, 4 AVX2."""
     if a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
         raise ValueError("gemm: a must be a C-contiguous uint8 [M, K] array")
     cdef int64_t M = a.shape[0], K = a.shape[1], N = wsum.shape[0]
@@ -224,10 +232,13 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
     epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the best
     kernel here: qconv.c's AVX-512 VBMI + VNNI one, or its vpmaddwd one (AVX-512
     VNNI CPUs without VBMI), for horizontal strides 1 and 2; else the scalar
-    one (qgemm.c); 1: the scalar one; 2: the vpmaddwd one (where it applies);
-    4: the AVX2 one (which CPUs without AVX-512 VNNI run). Returns the
-    kernel used (1 scalar, 2 vpmaddwd, 3 VBMI, 4 AVX2); all give the same
-    bits."""
+    one (qgemm.c); outputs at most 8 wide with C a multiple of 16 and
+    horizontal dilation 1: the channel-blocked one (16 channels in the
+    lanes); 1: the scalar one; 2: the vpmaddwd one (where it applies);
+    4: the AVX2 one (which CPUs without AVX-512 VNNI run); 5: the
+    channel-blocked one (where it applies). Returns the kernel used (1
+    scalar, 2 vpmaddwd, 3 VBMI, 4 AVX2, 5 channel-blocked); all give the
+    same bits."""
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")
     cdef int64_t NB = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -362,3 +373,28 @@ def add_into(Tensor a, Tensor b, Tensor out, float a_scale, float a_zp, float b_
                           b_scale, b_zp, n, out_scale, out_zp, qmin, qmax, relu,
                           <void *>out._data, ok, path)
     return used
+
+
+def maxpool(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
+            int64_t PW, int64_t DH, int64_t DW, cnp.ndarray out):
+    """Max pooling of uint8 [N, C, H, W] into uint8 [N, C, OH, OW] (both
+    C-contiguous; qpool.c), geometry checked by the caller (padding at most
+    half the kernel)."""
+    if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("maxpool takes a C-contiguous uint8 [N, C, H, W] array")
+    if out.dtype != np.uint8 or out.ndim != 4 or not out.flags.c_contiguous or \
+            out.shape[0] != x.shape[0] or out.shape[1] != x.shape[1]:
+        raise ValueError("maxpool writes a C-contiguous uint8 [N, C, OH, OW] array")
+    if min(KH, KW, SH, SW, DH, DW) < 1 or min(PH, PW) < 0 or 2 * PH > KH or 2 * PW > KW:
+        raise ValueError("maxpool: kernel, stride, dilation >= 1 and padding in [0, kernel / 2]")
+    cdef int64_t planes = x.shape[0] * x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    if OH < 1 or OW < 1 or (OH - 1) * SH - PH >= H or (OW - 1) * SW - PW >= W:
+        raise ValueError("maxpool: a window starts past the input")
+    cdef int ok
+    mt_q_set_threads(num_threads())
+    with nogil:
+        ok = mt_qmaxpool2d_u8(<const uint8_t *>cnp.PyArray_DATA(x), planes, H, W, KH, KW, SH,
+                              SW, PH, PW, DH, DW, OH, OW, <uint8_t *>cnp.PyArray_DATA(out))
+    if not ok:
+        raise MemoryError("maxpool: out of memory for the int8 max pool's buffers")

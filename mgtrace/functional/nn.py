@@ -295,9 +295,18 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         maxima the first in the window's row-major order, and a NaN if the
         window holds one (the first).
 
+    A per-tensor quantized x (int8 / uint8 storage, a QuantStub's or an int8
+    layer's output) pools its integers, as MegEngine pools a quantized
+    tensor: the result keeps x's dtype, scale and zero point, bitwise the
+    float pool of the dequantized values quantized again (quantizing is
+    monotone; :func:`mgtrace.quantization.int8.max_pool2d`); CPU only, no
+    ``return_indices``.
+
     Raises:
         ValueError: x not 4-d, bad geometry, an empty output.
         TypeError: an integer x, a non-bool return_indices.
+        QuantizationError: (a ValueError) a quantized x with bad geometry, on
+            another device, or with ``return_indices``.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
@@ -307,6 +316,9 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     [[[[5, 7], [13, 15]]]]
     """
     fn = "max_pool2d"
+    if isinstance(x, Tensor) and x._qdtype is not None and return_indices is False:
+        from mgtrace.quantization.int8 import max_pool2d_tensor
+        return max_pool2d_tensor(x, kernel_size, stride, padding, dilation, bool(ceil_mode))
     x = _pool_input(fn, x)
     return_indices = A.to_bool(fn, "return_indices", return_indices)
     k, s = _pool_window(fn, kernel_size, stride)

@@ -663,9 +663,30 @@ _LAYOUT = frozenset({"reshape", "flatten", "transpose", "__getitem__", "getitem"
 
 def keeps_qparams(e):
     """Whether expr ``e`` rearranges a quantized tensor's integers keeping
-    its qparams (QuantizedTensor's reshape, flatten, transpose, indexing)."""
+    its qparams (QuantizedTensor's reshape, flatten, transpose, indexing),
+    or max-pools them (``F.max_pool2d`` / ``M.MaxPool2d`` of a quantized
+    tensor: its integers' max, the same qparams; ONNX's MaxPool takes int8
+    and uint8): then :func:`qparams_source` is the tensor it reads."""
     if e.kind == "call_method":
-        return e.method in _LAYOUT
+        return e.method in _LAYOUT or _max_pool_source(e) is not None
     if e.kind == "apply":
         return getattr(e.op, "name", None) in _LAYOUT
-    return False
+    return _max_pool_source(e) is not None
+
+
+def _max_pool_source(e):
+    import mgtrace.functional as F
+    import mgtrace.module as M
+    from mgtrace.traced_module.passes.match import is_function, module_call
+    if module_call(e, M.MaxPool2d) is not None and len(e.args) == 2:
+        return e.args[1]
+    if is_function(e, F.max_pool2d) and e.args:
+        return e.args[0]
+    return None
+
+
+def qparams_source(e):
+    """The node whose qparams the result of expr ``e`` keeps (where
+    :func:`keeps_qparams`): the max pool's input, else ``e.args[0]``."""
+    src = _max_pool_source(e)
+    return e.args[0] if src is None else src

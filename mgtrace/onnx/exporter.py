@@ -307,7 +307,7 @@ class _Exporter:
                 continue
             result = self.expr(e)
             if isinstance(result, V) and result.q is None and _quant.keeps_qparams(e):
-                src = self.value(e.args[0])
+                src = self.value(_quant.qparams_source(e))
                 if isinstance(src, V) and src.q is not None:
                     result = V(result.name, result.dtype, result.shape, result.blocked, src.q)
             if self._writes_in_place(e):

@@ -38,7 +38,8 @@ from mgtrace.quantization.qconfig import (QConfig, calibration_qconfig, easyquan
 from mgtrace.quantization.quantize import (disable_fake_quant, disable_observer,
                                            enable_fake_quant, enable_observer,
                                            propagate_qconfig, quantize_qat, reset_qconfig,
-                                           apply_easy_quant, quantize, quantize_layers)
+                                           apply_easy_quant, quantize, quantize_layers,
+                                           quantize_adds)
 from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize as dequantize_tensor,
                                           quantize as quantize_tensor)
 from mgtrace.quantization.qdtype import (create_quantized_dtype, get_scale, get_zero_point,
@@ -56,7 +57,7 @@ __all__ = [
     "tqt_qconfig", "passive_qconfig", "easyquant_qconfig", "per_channel_quint8_qconfig",
     "enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
     "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant", "quantize",
-    "quantize_layers",
+    "quantize_layers", "quantize_adds",
     "QuantizedTensor", "quantize_tensor", "dequantize_tensor",
     "create_quantized_dtype", "qint8", "qint8_narrow", "quint8", "qint32", "qint4", "quint4",
     "is_quantize", "get_scale", "get_zero_point", "int_repr",

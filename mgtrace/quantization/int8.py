@@ -28,7 +28,8 @@ import numpy as np
 
 from mgtrace.quantization.utils import QuantizationError, quant_dtype
 
-__all__ = ["has_vnni", "Int8Weight", "quantize_array", "dequantize_array", "linear", "conv2d"]
+__all__ = ["has_vnni", "Int8Weight", "quantize_array", "dequantize_array", "linear", "conv2d",
+           "max_pool2d"]
 
 _MAX_K = 65792          # K * 255 * 128 < 2**31: the int32 dot product is exact
 
@@ -184,9 +185,10 @@ def linear(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
             out_dtype "float32" writes the dequantized accumulator
             ``acc * x_scale * w_scale`` instead (out_scale, out_zp unused).
         relu: fuse ReLU into the saturation.
-        path: 0 the best kernel here (AVX-512 VNNI, else AVX2, else
-            portable C), 1 the portable one, 4 the AVX2 one where the CPU
-            has it (for tests; every path gives the same bits).
+        path: 0 the best kernel here (AMX for the whole blocks of 16 rows
+            where K is a multiple of 64, else AVX-512 VNNI, else AVX2, else
+            portable C), 1 the portable one, 2 VNNI, 3 AMX, 4 AVX2, each
+            where the CPU has it (for tests; every path gives the same bits).
         alloc: ``alloc(shape, dtype)`` gives the C-contiguous NumPy array
             the result is written into (default ``numpy.empty``; the
             quantized modules pass one over a new core Tensor's memory).
@@ -225,8 +227,10 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     :func:`linear`; stride, padding, dilation ints or pairs. ``path``: 0
     the best kernel here, 1 the portable C ones, 2 AVX-512 VNNI (depthwise:
     its vpmaddwd kernel), 3 AMX (depthwise: vpermb + vpdpbusd, VBMI), 4
-    AVX2 for dense convs, each where the CPU has it, else the next best;
-    every path gives the same bits (kernels/cpu/qconv.c).
+    AVX2 for dense convs, 5 (depthwise) 16 channels in the lanes (channel
+    counts a multiple of 16, what path 0 runs where outputs are at most 8
+    wide), each where the CPU has it, else the next best; every path gives
+    the same bits (kernels/cpu/qconv.c).
     """
     x = _array(x_q, "x_q")
     plan = _conv2d_plan(x.shape, x.dtype, x_scale, x_zp, weight, out_scale, out_zp, out_dtype,
@@ -301,3 +305,91 @@ def _conv2d_plan(x_shape, x_np_dtype, x_scale, x_zp, weight, out_scale, out_zp=0
                 int(out_zp), lo, hi, path)
     return _ConvPlan(args, weight.depthwise, meta_in.name != "quint8", (nb, co, oh, ow),
                      meta.np_dtype_str, tuple(x_shape), x_np_dtype)
+
+
+def _pool_size(n, k, s, p, d, ceil_mode):
+    """F.max_pool2d's output size along one axis (PyTorch's rule)."""
+    span = n + 2 * p - d * (k - 1) - 1
+    o = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (o - 1) * s >= n + p:     # the last window starts past the input
+        o -= 1
+    return o
+
+
+def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, path=0,
+               alloc=np.empty):
+    """Max pooling of quantized integers: x_q int8 / uint8 [N, C, H, W] ->
+    the same dtype [N, C, OH, OW], F.max_pool2d's geometry (``stride``
+    None: the kernel's; padding at most half the kernel, never winning;
+    ``ceil_mode``). Quantizing is monotone, so this is the max pool of the
+    dequantized values quantized again with the same qparams, bit for bit:
+    a quantized tensor's max pool keeps its scale and zero point (as
+    MegEngine's max pooling of a quantized tensor does). ``path`` 0: the
+    C kernel (kernels/cpu/qpool.c; int8 runs as uint8 with the sign bit
+    flipped, which keeps the order); 1: NumPy (for tests, the same bits).
+    Raises QuantizationError for another dtype, rank or geometry."""
+    x = _array(x_q, "x_q")
+    if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
+        raise QuantizationError(f"max_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
+                                f"{x.shape}")
+    (kh, kw) = _pair(kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
+    (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
+        raise QuantizationError(f"max_pool2d: kernel {(kh, kw)}, stride {(sh, sw)} and "
+                                f"dilation {(dh, dw)} must be >= 1, padding {(ph, pw)} in "
+                                f"[0, kernel / 2]")
+    n, c, h, w = x.shape
+    oh, ow = (_pool_size(h, kh, sh, ph, dh, ceil_mode), _pool_size(w, kw, sw, pw, dw, ceil_mode))
+    if oh < 1 or ow < 1:
+        raise QuantizationError(f"max_pool2d: output size {oh}x{ow} of a {h}x{w} input is empty")
+    out = alloc((n, c, oh, ow), x.dtype)
+    if n * c == 0:
+        return out
+    if path == 1:
+        lo = np.iinfo(x.dtype).min
+        xp = np.full((n, c, h + 2 * ph + sh * oh + dh * kh, w + 2 * pw + sw * ow + dw * kw), lo,
+                     x.dtype)
+        xp[:, :, ph:ph + h, pw:pw + w] = x
+        best = np.full((n, c, oh, ow), lo, x.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                tap = xp[:, :, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw]
+                best = np.maximum(best, tap)
+        out[...] = best
+        return out
+    signed = x.dtype == np.int8
+    a = np.ascontiguousarray(x)
+    if signed:
+        a = a.view(np.uint8) ^ np.uint8(0x80)
+    o = out if not signed else np.empty((n, c, oh, ow), np.uint8)
+    _kernels().maxpool(a, kh, kw, sh, sw, ph, pw, dh, dw, o)
+    if signed:
+        np.bitwise_xor(o, np.uint8(0x80), out=out.view(np.uint8))
+    return out
+
+
+def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """:func:`max_pool2d` of a per-tensor quantized CPU Tensor (int8 / uint8
+    storage): a QuantizedTensor of x's dtype and qparams. What
+    ``F.max_pool2d`` runs for such an input."""
+    from mgtrace._core import empty_tensor
+    from mgtrace._core.tensor import unshared_view
+    from mgtrace.quantization.qtensor import QuantizedTensor
+    if x.device.type != "cpu":
+        raise QuantizationError(f"max_pool2d of a quantized tensor runs on the CPU, got "
+                                f"{x.device}")
+    holder = []
+
+    def alloc(shape, dtype):
+        t = empty_tensor(shape, np.dtype(dtype).name, cls=QuantizedTensor)
+        q = x.__dict__.get("qparams")
+        if q is not None:
+            t.__dict__["qparams"] = q
+        t._qdtype = x._qdtype
+        holder.append(t)
+        return unshared_view(t, True)
+    # the integers in place (Tensor.numpy copies them)
+    data = unshared_view(x) if x.is_contiguous else np.asarray(x.numpy())
+    max_pool2d(data, kernel_size, stride, padding, dilation, ceil_mode, alloc=alloc)
+    return holder[0]

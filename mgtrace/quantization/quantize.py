@@ -12,7 +12,7 @@ from mgtrace.quantization.utils import QuantizationError
 
 __all__ = ["enable_observer", "disable_observer", "enable_fake_quant", "disable_fake_quant",
            "propagate_qconfig", "quantize_qat", "reset_qconfig", "apply_easy_quant",
-           "quantize_layers"]
+           "quantize_layers", "quantize_adds"]
 
 
 def _switch(module, kind, on):
@@ -302,7 +302,101 @@ def quantize(module, inplace=True, mapping=None):
     return module
 
 
-def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=False):
+def _add_operands(e):
+    """``(a, b)`` when expr ``e`` adds two float32 tensor nodes of its
+    output's shape (``a + b``, ``F.add(a, b)``): what the int8 add kernel
+    takes; else None."""
+    import mgtrace.functional as F
+    from mgtrace.traced_module.passes.match import ADD, bound_args, is_function
+    if e.kind == "call_method" and e.method in ADD and len(e.args) == 2 and not e.kwargs:
+        a, b = e.args
+    elif is_function(e, F.add):
+        args = bound_args(e)
+        if args is None or len(args) != 2:
+            return None
+        a, b = args.values()
+    else:
+        return None
+    y = e.outputs[0] if len(e.outputs) == 1 else None
+    for n in (a, b, y):
+        if getattr(n, "kind", None) != "tensor" or n.dtype != np.float32 or n.shape != y.shape:
+            return None
+    return a, b
+
+
+def _free_name(owner, base):
+    i = 0
+    while hasattr(owner, f"{base}{i}"):
+        i += 1
+    return f"{base}{i}"
+
+
+def quantize_adds(tm):
+    """Rewrite the tensor additions of a TracedModule's graphs for int8:
+    each ``a + b`` (or ``F.add(a, b)``) of two float32 tensors of one shape
+    becomes ``DequantStub(Elemwise("add")(QuantStub(a), QuantStub(b)))``,
+    and ``relu(a + b)`` (the add read by the ReLU alone, module or function
+    form) ``Elemwise("fuse_add_relu")`` the same way: float modules that
+    :func:`quantize_qat` turns into MegEngine's QAT Elemwise (an activation
+    observer on the sum) and :func:`quantize` into the int8 add of
+    :mod:`mgtrace.module.quantized` (qelemwise.c). The new modules are
+    attributes of the graph's owner, ``qadd<i>`` (the Elemwise),
+    ``qadd<i>_q0`` / ``qadd<i>_q1`` (the stubs of its operands) and
+    ``qadd<i>_dq``.
+
+    What :func:`quantize_layers` does with ``adds=True``; after it,
+    ``optimize``'s FuseQuantStub and EliminateRequantize make the layers
+    before an add write its int8 operands and the layers after it read
+    its int8 sum, so a residual CNN (ResNet, MobileNetV2) runs int8 from
+    conv to conv. Broadcasting adds, other dtypes and in-place ``+=`` stay
+    as they are.
+
+    The float QuantStub / DequantStub are no builtin modules, so the
+    rewritten float model saves only once converted (:func:`quantize_qat`,
+    :func:`quantize`) or traced again (``mgtrace.trace_module``): ``save``
+    refuses it with a TypeError saying so.
+
+    Returns the number of adds rewritten.
+    """
+    import mgtrace.module as M
+    from mgtrace.traced_module.passes.match import activation, sole_user
+    from mgtrace.traced_module.passes.util import graphs_of
+    done = 0
+    for g in list(graphs_of(tm)):
+        owner, changed = g.owner, False
+        for e in list(g._exprs):
+            ops = _add_operands(e)
+            if ops is None:
+                continue
+            y, last, method = e.outputs[0], e, "add"
+            user = sole_user(y)
+            hit = activation(user) if user is not None else None
+            if hit is not None and hit[0] == "relu" and hit[1] is y:
+                last, method = user, "fuse_add_relu"
+            name = _free_name(owner, "qadd")
+            # the stubs are called as builtin Identities and then swapped in (as
+            # quantize_layers swaps its Sequentials in): the float stubs are no
+            # builtins, and a call inserted would trace into them
+            for suffix in ("_q0", "_q1", "_dq"):
+                setattr(owner, name + suffix, M.Identity())
+            setattr(owner, name, M.Elemwise(method))
+            with g.insert_exprs(last):
+                qa = getattr(owner, name + "_q0")(ops[0])
+                qb = getattr(owner, name + "_q1")(ops[1])
+                new = getattr(owner, name + "_dq")(getattr(owner, name)(qa, qb))
+            g.replace_node({last.outputs[0]: new})
+            for suffix, stub in (("_q0", M.QuantStub()), ("_q1", M.QuantStub()),
+                                 ("_dq", M.DequantStub())):
+                setattr(owner, name + suffix, stub)
+            changed = True
+            done += 1
+        if changed:
+            g.compile()
+    return done
+
+
+def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=False,
+                    adds=False):
     """Post-training int8 quantization of chosen layers, each on its own:
     every module of ``types`` in ``model`` becomes ``Sequential(QuantStub,
     layer, DequantStub)``, so the rest of the model stays float; the
@@ -321,6 +415,13 @@ def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=Fa
         float_outputs: the layers keep float32 outputs (their accumulator
             times ``x_scale * w_scale``, as ONNX's MatMulInteger / ConvInteger),
             no output quantization: BERT's outlier features lose less.
+        adds: ``model`` being a TracedModule, its float32 tensor additions
+            (and ReLUs of them) become int8 Elemwise adds first
+            (:func:`quantize_adds`): with ``optimize(..., flatten=True)``
+            after, a residual CNN's activations stay int8 through its
+            shortcuts. Off by default: a transformer's residual adds feed
+            LayerNorms, which run in float (MiniLM would only lose
+            accuracy). TypeError for a model that is no TracedModule.
 
     Returns the quantized model (``model`` itself, or, when ``model`` is
     one of ``types``, a new Sequential of it between stubs). Raises
@@ -335,7 +436,13 @@ def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=Fa
     ('mgtrace.module.quantized.modules', True)
     """
     import mgtrace.module as M
+    from mgtrace.traced_module.traced_module import TracedModule
     types = tuple(types) if types is not None else (M.Linear, M.Conv2d)
+    if adds:
+        if not isinstance(model, TracedModule):
+            raise TypeError(f"quantize_layers(adds=True) rewrites a TracedModule's graph; got "
+                            f"{type(model).__name__} (trace it with mgtrace.trace_module first)")
+        quantize_adds(model)
     if type(model) in types:
         model = M.Sequential(M.QuantStub(), model, M.DequantStub())
     else:

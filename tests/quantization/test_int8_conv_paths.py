@@ -145,3 +145,89 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)
+
+
+EPILOGUES = [   # (out dtype, x_scale, w_scale, out scale, out zp, relu): the vector epilogue's clamp
+    ("quint8", 1.0, 1.0, 2.0, 0, False),        # mult 0.5: every odd sum a .5 tie
+    ("quint8", 1.0, 1.0, 2.0, 255, True),       # zero point at the top, ReLU clamps at 255
+    ("qint8", 1.0, 1.0, 2.0, -128, False),
+    ("qint8", 1.0, 1.0, 2.0, 127, True),
+    ("quint8", 0.04, 0.01, 1e-6, 131, False),   # a tiny scale: both ends saturate
+    ("qint8", 0.04, 0.01, 1e-6, 3, True),
+]
+
+
+@pytest.mark.parametrize("path", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("depthwise", [False, True])
+@pytest.mark.parametrize("case", range(len(EPILOGUES)))
+def test_epilogue_ties_and_saturation(case, depthwise, path):
+    out, xs, wsc, out_scale, out_zp, relu = EPILOGUES[case]
+    rng = np.random.default_rng(90 + case)
+    c = 32
+    g = c if depthwise else 1
+    if out_scale == 2.0:        # small sums around the zero point: the ties show
+        x = (100 + rng.integers(-3, 4, (1, c, 9, 21))).astype(np.uint8)
+        w = rng.integers(-1, 2, (c, c // g, 3, 3)).astype(np.int8)
+    else:
+        x = rng.integers(0, 256, (1, c, 9, 21)).astype(np.uint8)
+        w = rng.integers(-127, 128, (c, c // g, 3, 3)).astype(np.int8)
+    ws = np.full(c, wsc, np.float32)
+    weight = int8.Int8Weight(w, ws, None, groups=g)
+    got = int8.conv2d(x, xs, 100, weight, out_scale, out_zp, out, relu, 1, 1,
+                      x_dtype="quint8", path=path)
+    acc = ref_conv(x, 100, w, g, (1, 1), (1, 1), (1, 1))
+    mult = np.float64(np.float32(xs)) * ws.astype(np.float64) / np.float64(np.float32(out_scale))
+    dt = np.int8 if out == "qint8" else np.uint8
+    info = np.iinfo(dt)
+    want = ref_requant(acc, mult[None, :, None, None], out_zp,
+                       max(info.min, out_zp) if relu else info.min, info.max, dt)
+    if out_scale < 1e-3 and not relu:                           # both ends reached
+        assert {info.min, info.max} <= set(np.unique(want).tolist())
+    elif not relu:              # not all one value (a ReLU at the top zero point is)
+        assert len(np.unique(want)) > 2
+    if out_scale == 2.0:
+        assert np.any(acc % 2 == 1)                             # .5 ties among them
+    np.testing.assert_array_equal(got, want)
+
+
+BLOCKED = {     # the channel-blocked depthwise kernel's shapes: (x shape, KH, KW, stride, padding, dilation)
+    "7x7_s1": ((2, 32, 7, 7), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "14_to_7_s2": ((1, 16, 14, 14), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "5x5_rect": ((1, 48, 5, 9), 5, 5, (1, 1), (2, 2), (1, 1)),
+    "taps_past_4_dilated_rows": ((1, 16, 9, 6), 2, 7, (2, 1), (1, 3), (2, 1)),
+    "stride_3_unpadded": ((1, 32, 12, 11), 4, 4, (1, 3), (0, 0), (1, 1)),
+    "wide_rows_forced": ((1, 16, 6, 21), 3, 3, (1, 1), (1, 1), (1, 1)),   # path 0: per plane
+    "19_channels": ((1, 19, 7, 7), 3, 3, (1, 1), (1, 1), (1, 1)),         # not 16s: per plane
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+@pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
+def test_channel_blocked_depthwise_matches_numpy(name, out):
+    xs, kh, kw, stride, padding, dilation = BLOCKED[name]
+    rng = np.random.default_rng(80 + sorted(BLOCKED).index(name))
+    c = xs[1]
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
+    w[1] = 127
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    bias = (rng.standard_normal(c) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=c)
+    out_zp = {"quint8": 17, "qint8": -3, "float32": 0}[out]
+    relu = out != "qint8"
+    want = _reference(x, 61, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    blocks = int8.has_vnni() and c % 16 == 0
+    ow = want.shape[3]
+    for path, kernel in ((5, 5 if blocks else None), (0, 5 if blocks and ow <= 8 else None)):
+        o = np.empty(want.shape, want.dtype)
+        lo = ((0 if relu else -1) if out == "float32"
+              else (out_zp if relu else np.iinfo(o.dtype).min))
+        used = qint8.dwconv(x, 61, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult,
+                            out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
+        assert (used == 5) == (kernel == 5)
+        np.testing.assert_array_equal(o, want)
+        got = int8.conv2d(x, 0.04, 61, weight, None if out == "float32" else 0.07, out_zp, out,
+                          relu, stride, padding, dilation, x_dtype="quint8", path=path)
+        np.testing.assert_array_equal(got, want)

@@ -24,10 +24,14 @@ def _has_avx2():
 # (M, K, N, x zero point, out dtype, relu)
 CASES = [(1, 3, 5, 0, "quint8", False), (9, 70, 83, 255, "quint8", True),
          (6, 129, 16, 128, "qint8", False), (5, 64, 33, 7, "float32", False),
-         (3, 33, 40, 200, "float32", True)]
+         (3, 33, 40, 200, "float32", True),
+         # AMX's: whole 16-row blocks of K a multiple of 64, odd blocks of
+         # rows and of 16 channels, rows after the blocks on VNNI
+         (37, 128, 40, 200, "quint8", True), (48, 64, 33, 0, "float32", False),
+         (16, 192, 16, 255, "qint8", False), (80, 384, 100, 131, "float32", True)]
 
 
-@pytest.mark.parametrize("path", [1, 4, 0])
+@pytest.mark.parametrize("path", [1, 4, 2, 3, 0])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_each_gemm_path_matches_numpy(case, path):
     M, K, N, x_zp, out, relu = CASES[case]
@@ -62,3 +66,20 @@ def test_the_gemm_path_used_is_the_one_asked_where_available(path):
     out = np.empty((4, 16), np.uint8)
     used = qint8.gemm(x, 3, packed, wsum, None, np.full(16, 0.2), 0, 0, 255, out, 16, 1, path)
     assert used == (4 if path == 4 and _has_avx2() else 1)
+
+
+def test_amx_takes_the_whole_row_blocks_where_the_cpu_has_it():
+    rng = np.random.default_rng(71)
+    w = rng.integers(-127, 128, (16, 64)).astype(np.int8)
+    weight = int8.Int8Weight(w, np.full(16, 0.01, np.float32), None)
+    packed, wsum = weight.packs[0]
+    for m, want_amx in ((32, True), (15, False)):         # 15 rows: no whole block
+        x = rng.integers(0, 256, (m, 64)).astype(np.uint8)
+        out = np.empty((m, 16), np.uint8)
+        used = qint8.gemm(x, 3, packed, wsum, None, np.full(16, 0.2), 0, 0, 255, out, 16, 1, 3)
+        vnni = qint8.has_vnni()
+        amx = vnni and want_amx and qint8.has_amx()
+        assert used == (3 if amx else 2 if vnni else 1)
+        np.testing.assert_array_equal(
+            out, np.clip(np.rint(((x.astype(np.int64) - 3) @ w.astype(np.int64).T) * 0.2),
+                         0, 255).astype(np.uint8))

@@ -72,3 +72,24 @@ def test_cached_call_follows_weight_qparams_relu_and_input():
     assert np.asarray(xs.numpy()).dtype == np.int8
     np.testing.assert_array_equal(np.asarray(m(xs).numpy()),
                                   _want(np.asarray(xs.numpy()), 0, 0.03, w2, 0.01, 0.2, 3, True))
+
+
+def test_packed_weight_follows_a_groups_change():
+    # the same int8 [4, 2, 3, 3] weight read as 2 groups of a 4-channel
+    # input, then as one group of a 2-channel input, then 2 groups again: the
+    # packed copy follows m.groups (it was keyed by the tensors alone)
+    rng = np.random.default_rng(9)
+    m = MQ.Conv2d(4, 4, 3, padding=1, groups=2, bias=False,
+                  act_qparams=_qp("quint8", 0.05, 120))
+    w = rng.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
+    m.weight, m.weight_scale = mt.tensor(w), mt.tensor(np.float32(0.01))
+    qa = _qp("quint8", 0.04, 131)
+    for groups in (2, 1, 2):
+        m.groups, m.in_channels = groups, 2 * groups
+        xa = quantize(mt.tensor(rng.standard_normal((1, 2 * groups, 6, 5)).astype(np.float32)), qa)
+        xq = np.asarray(xa.numpy()).astype(np.int64)
+        acc = ref_conv(xq, 131, w, groups, (1, 1), (1, 1), (1, 1))
+        mult = np.float64(np.float32(0.04)) * np.float64(np.float32(0.01)) / \
+            np.float64(np.float32(0.05))
+        want = ref_requant(acc, mult, 120, 0, 255, np.uint8)
+        np.testing.assert_array_equal(np.asarray(m(xa).numpy()), want)

@@ -231,12 +231,13 @@ class _Weighted(QuantizedModule):
     def _packed_weight(self, groups=1):
         # the tensors themselves (an id of a freed weight was reused by the
         # next one assigned: stale packed weights) and their storages' write
-        # counts (an in-place write, m.weight[...] = v, was not seen)
-        ts = (self.weight, self.weight_scale, self.bias)
-        key = ts + tuple(None if t is None else t._version for t in ts)
+        # counts (an in-place write, m.weight[...] = v, was not seen), and the
+        # groups the weight is packed for (a later m.groups change was not seen)
+        w, s, b = self.weight, self.weight_scale, self.bias
+        key = (w, s, b, w._version, s._version, None if b is None else b._version, int(groups))
         packed = self.__dict__.get("_packed")
-        if packed is None or any(a is not b for a, b in zip(packed[0][:3], ts)) or \
-                packed[0][3:] != key[3:]:
+        if packed is None or packed[0][0] is not w or packed[0][1] is not s or \
+                packed[0][2] is not b or packed[0][3:] != key[3:]:
             self.__dict__["_packed"] = packed = (key, int8.Int8Weight(
                 self.weight.numpy(), self.weight_scale.numpy(),
                 None if self.bias is None else self.bias.numpy(), groups=groups))

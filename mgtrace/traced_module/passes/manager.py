@@ -44,6 +44,8 @@ FusePointwiseDepthwise  a pointwise conv2d_nchwc and the depthwise one reading
 FuseQuantStub           a quantized conv / linear with float output, the ReLU
                         or ReLU6 and the QuantStub after it in one int8 layer
                         writing the stub's quantized output (ours; ``int8.py``)
+EliminateRequantize     QuantStub(DequantStub(z)) with z's own qparams is z: int8
+                        flows through quantized adds (ours; ``int8.py``)
 EliminateDeadCode       drop unused exprs and submodules (ours)
 ======================  ========================================================
 
@@ -230,6 +232,8 @@ _builtin("FusePointwiseDepthwise", _counted(layout.fuse_pointwise_depthwise, "fu
 # a quantized graph's own: its layers, stubs and ReLUs are no float pass's
 _builtin("FuseQuantStub", _counted(int8.fuse_quant_stub, "fusions"), False,
          after=("EliminateIdentity",))
+_builtin("EliminateRequantize", _counted(int8.eliminate_requantize, "dropped"), False,
+         after=("FuseQuantStub",))
 _builtin("EliminateDeadCode", _counted(fold.eliminate_dead_code, "exprs removed"), True,
          after=tuple(_PASSES))
 
@@ -384,7 +388,7 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
             mgtrace's ``"FoldConstant"``, ``"EliminateIdentity"``,
             ``"FuseConvAct"``, ``"FuseLinearAct"``, ``"FuseLinearAddNorm"``,
             ``"FuseAttention"``, ``"NCHWc"``, ``"FusePointwiseDepthwise"``,
-            ``"FuseQuantStub"``, ``"EliminateDeadCode"``;
+            ``"FuseQuantStub"``, ``"EliminateRequantize"``, ``"EliminateDeadCode"``;
             or any name given to :func:`register_pass`. ``None`` (the
             default) runs MegEngine's default, ``["FuseConvBn"]``.
             ``"all"`` runs every mgtrace pass that is safe for ``tm``'s mode:

@@ -368,11 +368,77 @@ static int has_vnni(void) { return 0; }
 static int has_avx2(void) { return 0; }
 #endif
 
+#if defined(MT_Q_VNNI) && defined(__linux__)
+#define MT_Q_AMX 1
+int mt_qconv_has_amx(void);     /* qconv.c: AMX-INT8 here and the tile state granted */
+
+/* every tile 16 rows x 64 bytes: C 0-3 (int32 16 x 16), A 4-5, B 6-7 (as qconv.c's) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} qg_amx_config;
+
+static const qg_amx_config qg_amx_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* rows m0.. and m0 + 16.. (where two) x packed blocks nb, nb + 1 (where
+ * two) on AMX: tdpbusd with 16 rows of a (u8, 64 k each, read in place at
+ * stride lda) as the A tile and 16 k/4 rows of a packed block (its layout is
+ * the B tile's: 16 channels x 4 k per 64-byte row) as B. The int32 dots are
+ * the VNNI kernels' (exact sums), then the same store16 epilogue: the same
+ * bits. K is a multiple of 64 here. */
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vnni,avx512vl")))
+static void block_amx(const qgemm_args *g, int64_t m0, int two_rows, int64_t nb, int two_cols)
+{
+    int64_t KB = g->K / QB_K;
+    const uint8_t *a0 = g->a + m0 * g->lda, *a1 = two_rows ? a0 + 16 * g->lda : a0;
+    const int8_t *w0 = g->packed + nb * KB * QB_N * QB_K;
+    const int8_t *w1 = two_cols ? w0 + KB * QB_N * QB_K : w0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = 0; k < g->K; k += 64) {
+        _tile_loadd(4, a0 + k, g->lda);
+        _tile_loadd(5, a1 + k, g->lda);
+        _tile_loadd(6, w0 + (k / 4) * 64, 64);
+        _tile_loadd(7, w1 + (k / 4) * 64, 64);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    int32_t acc[4][256] __attribute__((aligned(64)));
+    _tile_stored(0, acc[0], 64);
+    _tile_stored(1, acc[1], 64);
+    _tile_stored(2, acc[2], 64);
+    _tile_stored(3, acc[3], 64);
+    for (int r = 0; r < 1 + two_rows; r++)
+        for (int c = 0; c < 1 + two_cols; c++)
+            for (int i = 0; i < 16; i++)
+                store16(g, m0 + 16 * r + i, (nb + c) * QB_N,
+                        _mm512_load_si512(acc[r * 2 + c] + i * 16));
+}
+
+__attribute__((target("amx-tile,amx-int8")))
+static void qg_amx_begin(void) { _tile_loadconfig(&qg_amx_cfg); }
+
+__attribute__((target("amx-tile,amx-int8")))
+static void qg_amx_end(void) { _tile_release(); }
+#endif
+
 /* 1 when the VNNI path is available on this CPU (and built). */
 int mt_qgemm_has_vnni(void) { return has_vnni(); }
 
-/* path: 0 = best available, 1 = portable C, 4 = AVX2 (where the CPU has it,
- * else portable). Returns the path used (1 portable, 2 VNNI, 4 AVX2). */
+/* path: 0 = best available, 1 = portable C, 2 = VNNI, 3 = AMX, 4 = AVX2
+ * (where the CPU has it, else the next best: AMX, VNNI, AVX2, portable).
+ * AMX takes the whole blocks of 16 rows when K is a multiple of 64 (the
+ * rows after them run on VNNI). Returns the path used (1 portable, 2 VNNI,
+ * 3 AMX, 4 AVX2). */
 int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda, int32_t a_zp,
                   const int8_t *packed, const int32_t *wsum, const int32_t *bias,
                   const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
@@ -381,21 +447,44 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
     qgemm_args g = {M, N, K, a, lda, a_zp, packed, wsum, bias, mult, out_zp, lo, hi, out_u8,
                     out, ldo_m, ldo_n, NULL};
     int64_t NB = ceil_div(N, QB_N);
-    int vnni = path == 0 && has_vnni();
+    int vnni = (path == 0 || path == 2 || path == 3) && has_vnni();
     int avx2 = !vnni && (path == 0 || path == 4) && has_avx2();
+    int amx = 0;
+#ifdef MT_Q_AMX
+    /* 64 k per tile step, 16 rows per tile: smaller layers stay on VNNI */
+    amx = vnni && (path == 0 || path == 3) && K % 64 == 0 && M >= 16 && mt_qconv_has_amx();
+#endif
     double *corr = NULL;
     if (vnni && N > 0 && (corr = malloc((size_t)N * sizeof(double))) != NULL) {
         for (int64_t n = 0; n < N; n++)
             corr[n] = (double)((int64_t)a_zp * wsum[n] - (bias ? (int64_t)bias[n] : 0));
         g.corr = corr;
     }
-    int64_t MB = ceil_div(M, 4);        /* units of four rows x two packed blocks */
+    int nt = mt_q_team(M * N * K);
+    int64_t m_amx = 0;              /* the rows AMX takes: whole blocks of 16 */
+#ifdef MT_Q_AMX
+    if (amx) {
+        int64_t MB16 = M / 16, MP = ceil_div(MB16, 2), NP2 = ceil_div(NB, 2);
+        int64_t units = MP * NP2;
+        m_amx = MB16 * 16;
+#pragma omp parallel num_threads(nt) if (nt > 1 && units > 1)
+        {
+            qg_amx_begin();
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < units; i++) {
+                int64_t mp = i / NP2, nb = (i % NP2) * 2;
+                block_amx(&g, mp * 32, mp * 2 + 1 < MB16, nb, nb + 1 < NB);
+            }
+            qg_amx_end();
+        }
+    }
+#endif
+    int64_t MB = ceil_div(M - m_amx, 4);    /* units of four rows x two packed blocks */
     int64_t NP = ceil_div(NB, 2);
     int64_t work = MB * NP;
-    int nt = mt_q_team(M * N * K);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && work > 1)
     for (int64_t i = 0; i < work; i++) {
-        int64_t m = (i / NP) * 4, nb0 = (i % NP) * 2;
+        int64_t m = m_amx + (i / NP) * 4, nb0 = (i % NP) * 2;
         int64_t rows = M - m < 4 ? M - m : 4;
         for (int64_t nb = nb0; nb < nb0 + 2 && nb < NB; nb++) {
 #ifdef MT_Q_VNNI
@@ -422,7 +511,7 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
         }
     }
     free(corr);
-    return vnni ? 2 : avx2 ? 4 : 1;
+    return amx ? 3 : vnni ? 2 : avx2 ? 4 : 1;
 }
 
 /* x: uint8 [C, H, W] (one image, the channels of one group) -> cols

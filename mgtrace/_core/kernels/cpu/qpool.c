@@ -1,0 +1,116 @@
+/* Int8 max pooling on the integers (issue 32): a quantized tensor's max
+ * pool is its integers' max pool, the qparams kept, because quantizing is
+ * monotone (q = clamp(rint(v / s) + zp) never orders two values the other
+ * way), so this is bitwise dequantize / float max_pool2d / quantize with
+ * the same qparams, at a quarter of the memory traffic and no conversions.
+ *
+ * uint8 [planes][H][W] -> uint8 [planes][OH][OW] (an int8 tensor is run as
+ * uint8 with its sign bit flipped, x ^ 0x80, which keeps the order; the
+ * caller flips in and out). Geometry as F.max_pool2d: window rows
+ * oy * SH - PH + kh * DH, columns likewise; positions outside the input
+ * never win. The caller has checked it (pad at most half the kernel, every
+ * window holds an input element), so padding with 0, the smallest uint8,
+ * is the same as leaving those positions out.
+ *
+ * Each plane is copied into a zero-padded buffer split into its SH * SW
+ * stride phases (as pool.c does for floats), so every tap (kh, kw) is one
+ * unit-stride max over "wide" output rows of wq bytes: the compiler's
+ * vectorised loop, 64 bytes per instruction with AVX-512. Planes run on
+ * mt_q_team(work) threads (qgemm.c), each with its own buffer, kept for its
+ * next call as qconv.c's scratch is.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int mt_q_team(int64_t work);    /* qgemm.c */
+
+static __thread uint8_t *pool_at;
+static __thread size_t pool_cap;
+
+static uint8_t *pool_scratch(size_t n)
+{
+    if (n > pool_cap) {
+        free(pool_at);
+        pool_cap = 0;
+        pool_at = malloc(n);
+        if (!pool_at)
+            return NULL;
+        pool_cap = n;
+    }
+    return pool_at;
+}
+
+/* Returns 1, or 0 when out of memory (out is then not written whole). */
+int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
+                     int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                     int64_t DW, int64_t OH, int64_t OW, uint8_t *out)
+{
+    /* tap (kh, kw) reads phase ((kh*DH) % SH, (kw*DW) % SW) at row oy +
+     * (kh*DH) / SH and column ox + (kw*DW) / SW */
+    int64_t ry = (KH - 1) * DH / SH, rx = (KW - 1) * DW / SW;
+    int64_t hq = OH + ry, wq = OW + rx;
+    size_t phase = (size_t)(hq * wq);
+    /* the phases, then the wide rows; the last tap of a wide row reads up to
+     * rx bytes past its phase (columns past OW, dropped): wq bytes of slack */
+    size_t need = (size_t)(SH * SW) * phase + (size_t)wq + (size_t)(OH * wq);
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+        uint8_t *buf = pool_scratch(need);
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            const uint8_t *xs = x + p * H * W;
+            uint8_t *wide = buf + (size_t)(SH * SW) * phase + (size_t)wq;
+            memset(buf, 0, need);
+            /* padded row r = h + PH goes to phase row r / SH of phase r % SH;
+             * rows and columns past what a window reads are not copied */
+            for (int64_t h = 0; h < H; h++) {
+                int64_t r = h + PH, qy = r / SH;
+                if (qy >= hq)
+                    break;
+                uint8_t *prow = buf + (size_t)((r % SH) * SW) * phase + (size_t)(qy * wq);
+                const uint8_t *xr = xs + h * W;
+                if (SW == 1) {
+                    int64_t n = W < wq - PW ? W : wq - PW;
+                    if (n > 0)
+                        memcpy(prow + PW, xr, (size_t)n);
+                    continue;
+                }
+                /* column phase b holds padded columns qx * SW + b, input
+                 * column qx * SW + b - PW: the qx in [lo, hi) inside the row */
+                for (int64_t b = 0; b < SW; b++) {
+                    int64_t lo = b >= PW ? 0 : (PW - b + SW - 1) / SW;
+                    int64_t hi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
+                    if (hi > wq)
+                        hi = wq;
+                    uint8_t *pb = prow + (size_t)b * phase;
+                    const uint8_t *xb = xr + b - PW;
+                    if (SW == 2)        /* a constant stride: a vectorised deinterleave */
+                        for (int64_t qx = lo; qx < hi; qx++)
+                            pb[qx] = xb[qx * 2];
+                    else
+                        for (int64_t qx = lo; qx < hi; qx++)
+                            pb[qx] = xb[qx * SW];
+                }
+            }
+            int64_t n = OH * wq;
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    int64_t a = kh * DH, b = kw * DW;
+                    const uint8_t *src = buf + (size_t)((a % SH) * SW + b % SW) * phase
+                                         + (size_t)((a / SH) * wq + b / SW);
+                    for (int64_t i = 0; i < n; i++)
+                        wide[i] = src[i] > wide[i] ? src[i] : wide[i];
+                }
+            uint8_t *o = out + p * OH * OW;
+            for (int64_t oy = 0; oy < OH; oy++)
+                memcpy(o + oy * OW, wide + oy * wq, (size_t)OW);
+        }
+    }
+    return !failed;
+}
