@@ -274,12 +274,32 @@ def _prod_rule(c, g):
 def _softmax_rule(c, g):
     y = c.outputs[0]
     ax = c.params["axis"]
+    if _rows_along(y, ax):
+        try:            # one C pass per row (nn's softmax_backward)
+            return _nn.softmax_backward(y, g, ax)
+        except NoKernelError:
+            pass
     return y * (g - (g * y).sum(axis=ax, keepdims=True))
 
 
 def _log_softmax_rule(c, g):
+    y = c.outputs[0]
     ax = c.params["axis"]
-    return g - F.exp(c.outputs[0]) * g.sum(axis=ax, keepdims=True)
+    if _rows_along(y, ax):
+        try:
+            return _nn.softmax_backward(y, g, ax, log=True)
+        except NoKernelError:
+            pass
+    return g - F.exp(y) * g.sum(axis=ax, keepdims=True)
+
+
+def _rows_along(y, ax):
+    """Whether softmax's axis ``ax`` of y is its last of size > 1 (so y's
+    lines are rows of a contiguous copy: nn.softmax_backward's case); an
+    axis elsewhere (over channels of NCHW) composes core ops."""
+    if ax is None or y.ndim == 0 or not -y.ndim <= ax < y.ndim:
+        return False
+    return all(d == 1 for d in y.shape[ax % y.ndim + 1:])
 
 
 def _cumsum_rule(c, g):
