@@ -163,6 +163,31 @@ def test_conv_weight_backward(dtype, tol, n, c, o, k, s, p, d, groups):
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("float64", 1e-10)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_weight_backward_stride_2_rows(dtype, tol, threads):
+    # ResNet's stem (7x7, stride 2, padding 3) on rows wide enough that
+    # im2col's stride-2 copy runs whole vectors, with the padding's zeros
+    # at both ends of each row
+    rng = np.random.default_rng(17)
+    x = rng.uniform(-1, 1, (2, 3, 40, 70)).astype(dtype)
+    w_shape = (5, 3, 7, 7)
+    y = F.conv2d(mt.tensor(x), mt.tensor(np.zeros(w_shape, dtype)), None, 2, 3)
+    gy = rng.uniform(-1, 1, y.shape).astype(dtype)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
+    oh, ow = y.shape[2:]
+    ref = np.zeros(w_shape)
+    for a, e in itertools.product(range(7), range(7)):
+        ref[:, :, a, e] = np.einsum("nohw,nchw->oc", gy, xp[:, :, a:a + 2 * (oh - 1) + 1:2, e:e + 2 * (ow - 1) + 1:2])
+    before = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        got = _nn.conv2d_backward_weight(mt.tensor(x), mt.tensor(gy), w_shape, 2, 3, 1, 1).numpy()
+    finally:
+        mt.set_num_threads(before)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
 def _conv_dw_ref(x, gy, k, p, groups):
     # stride 1: sum over images and output pixels of gy times the tapped input, float64
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
@@ -179,9 +204,9 @@ def _conv_dw_ref(x, gy, k, p, groups):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,c,o,h,groups", [(9, 512, 4, 6, 1),     # 7 images a piece, then 2
-                                            (3, 64, 6, 45, 2)])    # two pieces an image, split mid-row
+                                            (3, 64, 6, 47, 2)])    # five pieces an image, split mid-row
 def test_conv_weight_backward_pieces(n, c, o, h, groups, threads):
-    # the output pixels are cut into pieces of about 4 MiB of columns (at
+    # the output pixels are cut into pieces of about 1 MiB of columns (at
     # least 256 columns) shared over threads: whole images grouped, or an
     # image's pixels split; every cut gives the reference's sums
     rng = np.random.default_rng(14)
@@ -198,7 +223,7 @@ def test_conv_weight_backward_pieces(n, c, o, h, groups, threads):
 
 
 def test_conv_weight_backward_chunks_images():
-    # 40 images of 3*9 x 200*200 float64: three pieces an image (about 4 MiB
+    # 40 images of 3*9 x 200*200 float64: nine pieces an image (about 1 MiB
     # of columns each), cut in the middle of output rows
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (40, 3, 200, 200))
