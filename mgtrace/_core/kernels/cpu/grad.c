@@ -624,6 +624,45 @@ static void FN(act_bw)(int act, const T *x, const T *gy, T *gx, int64_t n, int n
     }
 }
 
+/* one row of layer norm's backward: gx's row, and gy xhat and gy added
+ * into the thread's weight and bias sums (pw, pb; NULL: not wanted). The
+ * row's two sums in 8 fixed double lanes (one order in every ISA clone),
+ * each loop a single kind of work so that the clones vectorise it (one
+ * loop of both sums and the column sums ran scalar) */
+static MT_CLONES void FN(layer_norm_bw_row)(const T *restrict xr, const T *restrict w, const T *restrict gr,
+                                            T *restrict dr, double *restrict pw, double *restrict pb,
+                                            int64_t cols, double eps) {
+    double mean, rstd;
+    FN(mt_row_moments)(xr, cols, eps, &mean, &rstd);   /* the forward's statistics */
+    const T m = (T)mean, rs = (T)rstd;
+    double ag[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sg = 0, sgx = 0;
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const T xh = (xr[j + l] - m) * rs, g = w ? gr[j + l] * w[j + l] : gr[j + l];
+            ag[l] += (double)g;
+            ax[l] += (double)g * (double)xh;
+        }
+    for (; j < cols; j++) {
+        const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+        sg += (double)g;
+        sgx += (double)g * (double)xh;
+    }
+    sg += ((ag[0] + ag[4]) + (ag[1] + ag[5])) + ((ag[2] + ag[6]) + (ag[3] + ag[7]));
+    sgx += ((ax[0] + ax[4]) + (ax[1] + ax[5])) + ((ax[2] + ax[6]) + (ax[3] + ax[7]));
+    if (pw)
+        for (j = 0; j < cols; j++) {
+            const T xh = (xr[j] - m) * rs;
+            pw[j] += (double)gr[j] * (double)xh;
+            pb[j] += (double)gr[j];
+        }
+    const T a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);
+    for (j = 0; j < cols; j++) {
+        const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+        dr[j] = rs * (g - a - xh * b);
+    }
+}
+
 /* x, gy, gx [rows, cols]; w [cols] or NULL (no weight: g = gy); gw, gb
  * [cols] or NULL (not wanted). MT_NN_ENOMEM when the per-thread sums
  * cannot be allocated. */
@@ -645,28 +684,8 @@ static int FN(layer_norm_bw)(const T *x, const T *w, const T *gy, T *gx, T *gw, 
 #endif
         double *pw = sums ? part + (size_t)tid * 2 * (size_t)cols : NULL, *pb = pw ? pw + cols : NULL;
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const T *xr = x + r * cols, *gr = gy + r * cols;
-            T *dr = gx + r * cols;
-            double mean, rstd;
-            FN(mt_row_moments)(xr, cols, eps, &mean, &rstd);   /* the forward's statistics */
-            const T m = (T)mean, rs = (T)rstd;
-            double sg = 0, sgx = 0;
-            for (int64_t j = 0; j < cols; j++) {
-                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
-                sg += (double)g;
-                sgx += (double)g * (double)xh;
-                if (pw) {
-                    pw[j] += (double)gr[j] * (double)xh;
-                    pb[j] += (double)gr[j];
-                }
-            }
-            const T a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);
-            for (int64_t j = 0; j < cols; j++) {
-                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
-                dr[j] = rs * (g - a - xh * b);
-            }
-        }
+        for (int64_t r = 0; r < rows; r++)
+            FN(layer_norm_bw_row)(x + r * cols, w, gy + r * cols, gx + r * cols, pw, pb, cols, eps);
     }
     if (sums) {
         for (int64_t j = 0; j < cols; j++) {
