@@ -458,13 +458,26 @@ def _matmul_rule(c, g):
         if a.ndim == 1:          # [..., 1, k]: a was shared by every batch
             ga = ga.reshape(-1, a.shape[0]).sum(axis=0)
     if c.needs(1):
-        if b.ndim == 2 and a.ndim > 2:     # a weight shared by a batch: one GEMM over all rows
-            gb = F.matmul(_swap(a.reshape(-1, a.shape[-1])), g.reshape(-1, g.shape[-1]))
-            return ga, gb
+        if b.ndim == 2 and a.ndim >= 2:    # a weight shared by a batch: one GEMM over all rows
+            a_rows, g_rows = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
+            if _transposed(b):
+                # F.linear's weight.T: the weight's gradient g^T a [N, K] made
+                # contiguous by the GEMM itself, returned as the view b's
+                # gradient is ([K, N]); transpose's rule views it back. The
+                # gradient of a^T g would reach the weight transposed, and
+                # SGD's one-pass step copied it contiguous first
+                return ga, _swap(F.matmul(_swap(g_rows), a_rows))
+            return ga, F.matmul(_swap(a_rows), g_rows)
         gb = F.matmul(_swap(a2), g2)
         if b.ndim == 1:          # [..., k, 1]
             gb = gb.reshape(-1, b.shape[0]).sum(axis=0)
     return ga, gb
+
+
+def _transposed(t):
+    """Whether 2-d t is the transpose of a contiguous tensor (column-major,
+    as F.linear's ``weight.T``)."""
+    return t.ndim == 2 and t.shape[0] > 1 and t.shape[1] > 1 and t.strides == (1, t.shape[0])
 
 
 def _swap(t):
