@@ -445,6 +445,12 @@ def _embedding_rule(c, g):
 # ------------------------------------------------------------- linear algebra
 def _matmul_rule(c, g):
     a, b = c.inputs
+    if b.ndim == 2 and a.ndim > 2 and not g.is_contiguous:
+        # a weight shared by a batch: both GEMMs below fold the batch into
+        # rows, which a strided gradient (attention's key projection gets
+        # its heads' gradient transposed back) cannot; one copy instead of
+        # a GEMM per batch item for a's gradient and a reshape's copy for b's
+        g = g.contiguous()
     a2 = a.reshape(1, -1) if a.ndim == 1 else a
     b2 = b.reshape(-1, 1) if b.ndim == 1 else b
     g2 = g

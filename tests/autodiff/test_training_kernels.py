@@ -316,3 +316,17 @@ def test_linear_weight_gradient_is_one_contiguous_gemm(x_shape):
     np.testing.assert_allclose(w.grad.numpy(), g2.T @ x2, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(x.grad.numpy(), (g2 @ ws).reshape(x_shape), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(b.grad.numpy(), g2.sum(0), rtol=1e-12, atol=1e-12)
+
+
+def test_linear_gradients_from_a_strided_output_gradient():
+    # the output used through a transpose (attention's heads): the gradient
+    # reaching the linear layer is strided, made contiguous once for both GEMMs
+    rng = np.random.default_rng(22)
+    xs, ws, gs = rng.standard_normal((2, 5, 6)), rng.standard_normal((6, 6)), rng.standard_normal((2, 6, 5))
+    x, w = mt.tensor(xs), mt.tensor(ws)
+    gm = GradManager().attach([x, w])
+    with gm:
+        gm.backward((F.linear(x, w).transpose(0, 2, 1) * mt.tensor(gs)).sum())
+    g2 = gs.transpose(0, 2, 1).reshape(-1, 6)
+    np.testing.assert_allclose(w.grad.numpy(), g2.T @ xs.reshape(-1, 6), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), (g2 @ ws).reshape(2, 5, 6), rtol=1e-12, atol=1e-12)
