@@ -115,8 +115,9 @@ class Profile:
 
 
 # ------------------------------------------------------------------ mgtrace
-def profile_mgtrace(build, steps):
-    """``build()`` -> (loss_fn, params); returns Profile.result()."""
+def profile_mgtrace(build, steps, warmup=2):
+    """``build()`` -> (loss_fn, params); ``warmup`` untimed steps, then
+    ``steps`` profiled ones; returns Profile.result()."""
     import mgtrace as mt
     from mgtrace.autodiff import GradManager, _tape
     from mgtrace.optimizer import SGD
@@ -214,7 +215,8 @@ def profile_mgtrace(build, steps):
 
     from mgtrace.autodiff import rules
     orig_dw = rules._conv_weight_grad
-    step(None)                                  # warm-up
+    for _ in range(warmup):
+        step(None)
     rules._conv_weight_grad = split_out(orig_dw, "conv2d (dw)")
     rec.on_apply, rec.on_function = on_apply, on_function
     _tape._run_rule, _tape._accumulate, _tape._fit = run_rule, accumulate, fit
@@ -230,7 +232,7 @@ def profile_mgtrace(build, steps):
 
 
 # ------------------------------------------------------------------ torch
-def profile_torch(build, steps):
+def profile_torch(build, steps, warmup=2):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     torch.set_num_threads(1)
@@ -267,7 +269,8 @@ def profile_torch(build, steps):
                 p.add("sgd update", _CT() - t0)
             p.run_phase("optimizer", upd)
 
-    step(None)
+    for _ in range(warmup):
+        step(None)
     for _ in range(steps):
         step(prof)
     return prof.result(steps)

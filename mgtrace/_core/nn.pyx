@@ -208,6 +208,8 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                                int nthreads) noexcept
     int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
                     double weight_decay, int nesterov, int first, int nthreads) noexcept
+    int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *gy, void *gx,
+                            int64_t rows, int64_t cols, int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -294,6 +296,8 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int (*add_layer_norm)(int dtype, const void *x, const void *x_bias, const void *residual,
                               const void *w, const void *b, void *y, int64_t rows, int64_t cols,
                               double eps, int nt) noexcept nogil
+        int (*softmax_backward)(int dtype, int log_softmax, const void *y, const void *gy, void *gx,
+                                int64_t rows, int64_t cols, int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -407,6 +411,7 @@ _CPU.batch_norm_train = mt_batch_norm_train
 _CPU.batch_norm_backward = mt_batch_norm_backward
 _CPU.sgd_step = mt_sgd_step
 _CPU.add_layer_norm = mt_add_layer_norm
+_CPU.softmax_backward = mt_softmax_backward
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -2878,6 +2883,51 @@ def act_backward(str act, x, gy):
     with nogil:
         rc = kn.act_backward(work, a, ux._data, ug._data, out._data, n, nt)
     _check_rc(op, rc, ux._device)
+    return _finish(out, code)
+
+
+def softmax_backward(y, gy, int axis, bint log=False):
+    """The gradient of softmax (log False) or log_softmax (log True) at its
+    input, given its output ``y`` and the output's gradient ``gy`` (y's
+    shape), along ``axis``: one pass in C per row (PyTorch's formulas:
+    softmax ``y * (gy - sum(gy * y))``, log_softmax ``gy - exp(y) *
+    sum(gy)``, the sums along the axis in double). The axis must be the
+    last one that is not of size 1 (rows of y are the softmax's lines).
+
+    Returns:
+        y's shape, the promoted float dtype of y and gy (float16 and
+        bfloat16 computed in float32).
+
+    Raises:
+        ValueError: shapes that differ, an axis out of range, or one that
+            is not the last of size > 1.
+        TypeError: integer or bool tensors.
+        NoKernelError: the device has no such kernel (CUDA: the rule
+            composes core ops)."""
+    cdef str op = "log_softmax" if log else "softmax"
+    ty, tg = _operands(op, (y, gy))
+    cdef int code = _float_code(op, [ty, tg]), work = _work_code(code), rc, nt
+    cdef Tensor uy = <Tensor>ty, ug = <Tensor>tg, out
+    if shape_tuple(uy) != shape_tuple(ug):
+        raise ValueError(f"{op} backward: y {shape_tuple(uy)} and gy {shape_tuple(ug)} differ in shape")
+    cdef int nd = uy._ndim, d
+    if nd == 0 or not -nd <= axis < nd:
+        raise ValueError(f"{op} backward: axis {axis} is out of range for a {nd}-d tensor")
+    if axis < 0:
+        axis += nd
+    for d in range(axis + 1, nd):
+        if uy._shape[d] != 1:
+            raise ValueError(f"{op} backward: axis {axis} of {shape_tuple(uy)} is not the last axis "
+                             "of size > 1 (move it last first)")
+    cdef const mt_nn_kernels *kn = _kernels(op, uy)
+    _need(kn.softmax_backward != NULL, op + " backward", uy)
+    uy, ug = _ready(uy, work), _ready(ug, work)
+    cdef int64_t cols = uy._shape[axis], rows = numel(uy) // cols if cols else 0
+    out = empty(uy._ndim, uy._shape, work, uy._device)
+    nt = num_threads()
+    with nogil:
+        rc = kn.softmax_backward(work, log, uy._data, ug._data, out._data, rows, cols, nt)
+    _check_rc(op, rc, uy._device)
     return _finish(out, code)
 
 

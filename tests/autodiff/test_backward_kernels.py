@@ -163,6 +163,31 @@ def test_conv_weight_backward(dtype, tol, n, c, o, k, s, p, d, groups):
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("float64", 1e-10)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_weight_backward_stride_2_rows(dtype, tol, threads):
+    # ResNet's stem (7x7, stride 2, padding 3) on rows wide enough that
+    # im2col's stride-2 copy runs whole vectors, with the padding's zeros
+    # at both ends of each row
+    rng = np.random.default_rng(17)
+    x = rng.uniform(-1, 1, (2, 3, 40, 70)).astype(dtype)
+    w_shape = (5, 3, 7, 7)
+    y = F.conv2d(mt.tensor(x), mt.tensor(np.zeros(w_shape, dtype)), None, 2, 3)
+    gy = rng.uniform(-1, 1, y.shape).astype(dtype)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
+    oh, ow = y.shape[2:]
+    ref = np.zeros(w_shape)
+    for a, e in itertools.product(range(7), range(7)):
+        ref[:, :, a, e] = np.einsum("nohw,nchw->oc", gy, xp[:, :, a:a + 2 * (oh - 1) + 1:2, e:e + 2 * (ow - 1) + 1:2])
+    before = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        got = _nn.conv2d_backward_weight(mt.tensor(x), mt.tensor(gy), w_shape, 2, 3, 1, 1).numpy()
+    finally:
+        mt.set_num_threads(before)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
 def _conv_dw_ref(x, gy, k, p, groups):
     # stride 1: sum over images and output pixels of gy times the tapped input, float64
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
@@ -179,9 +204,9 @@ def _conv_dw_ref(x, gy, k, p, groups):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,c,o,h,groups", [(9, 512, 4, 6, 1),     # 7 images a piece, then 2
-                                            (3, 64, 6, 45, 2)])    # two pieces an image, split mid-row
+                                            (3, 64, 6, 47, 2)])    # five pieces an image, split mid-row
 def test_conv_weight_backward_pieces(n, c, o, h, groups, threads):
-    # the output pixels are cut into pieces of about 4 MiB of columns (at
+    # the output pixels are cut into pieces of about 1 MiB of columns (at
     # least 256 columns) shared over threads: whole images grouped, or an
     # image's pixels split; every cut gives the reference's sums
     rng = np.random.default_rng(14)
@@ -198,7 +223,7 @@ def test_conv_weight_backward_pieces(n, c, o, h, groups, threads):
 
 
 def test_conv_weight_backward_chunks_images():
-    # 40 images of 3*9 x 200*200 float64: three pieces an image (about 4 MiB
+    # 40 images of 3*9 x 200*200 float64: nine pieces an image (about 1 MiB
     # of columns each), cut in the middle of output rows
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (40, 3, 200, 200))
@@ -459,3 +484,91 @@ def test_layer_norm_is_one_recorded_node_with_its_saved_input_guarded():
         h[0] = 0.0
         with pytest.raises(AutodiffError, match="written in place"):
             gm2.backward(y.sum())
+
+
+def _softmax_grads_ref(x, gy, axis):
+    """softmax's and log_softmax's input gradients, float64, from the
+    Jacobian written out per line: d softmax_i / d x_j = y_i (delta_ij - y_j),
+    d log_softmax_i / d x_j = delta_ij - y_j."""
+    x, gy = np.moveaxis(x.astype(np.float64), axis, -1), np.moveaxis(gy.astype(np.float64), axis, -1)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    y = e / e.sum(-1, keepdims=True)
+    eye = np.eye(x.shape[-1])
+    jac = y[..., :, None] * (eye - y[..., None, :])              # [..., i, j]
+    gx = np.einsum("...i,...ij->...j", gy, jac)
+    lgx = np.einsum("...i,...ij->...j", gy, eye - y[..., None, :])
+    return np.moveaxis(gx, -1, axis), np.moveaxis(lgx, -1, axis), np.moveaxis(y, -1, axis)
+
+
+# (shape, axis): rows of one to 300 columns; the last two take the threaded path
+SOFTMAX_CASES = [((7,), 0), ((3, 5), -1), ((4, 6, 1), 1), ((2, 1, 33), 2), ((96, 128), -1),
+                 ((8, 12, 40, 70), -1), ((300, 301), 1)]
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("float64", 1e-13)])
+@pytest.mark.parametrize("shape,axis", SOFTMAX_CASES)
+def test_softmax_backward_kernel(dtype, tol, shape, axis):
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    gy = rng.uniform(-1, 1, shape).astype(dtype)
+    gx_ref, lgx_ref, y = _softmax_grads_ref(x, gy, axis)
+    with_threads = mt.get_num_threads()
+    for nt in (1, 2):
+        mt.set_num_threads(nt)
+        try:
+            gx = _nn.softmax_backward(mt.tensor(y.astype(dtype)), mt.tensor(gy), axis)
+            lgx = _nn.softmax_backward(mt.tensor(np.log(y).astype(dtype)), mt.tensor(gy), axis, log=True)
+        finally:
+            mt.set_num_threads(with_threads)
+        assert gx.dtype == dtype and gx.shape == shape and lgx.dtype == dtype
+        np.testing.assert_allclose(gx.numpy(), gx_ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(lgx.numpy(), lgx_ref, rtol=tol, atol=tol * 4)
+
+
+def test_softmax_backward_kernel_reads_views_and_promotes():
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((6, 9))
+    gy = rng.uniform(-1, 1, (9, 6))
+    gx_ref, lgx_ref, y = _softmax_grads_ref(x, gy.T, 1)
+    # a transposed gy (copied contiguous), y float32 beside gy float64: float64 out
+    gx = _nn.softmax_backward(mt.tensor(y.astype(np.float32)), mt.tensor(gy).transpose(1, 0), -1)
+    assert gx.dtype == "float64"
+    np.testing.assert_allclose(gx.numpy(), gx_ref, atol=1e-7)
+    # float16 computed in float32, rounded back
+    h = _nn.softmax_backward(mt.tensor(np.log(y).astype(np.float16)), mt.tensor(gy.T.astype(np.float16)), 1,
+                             log=True)
+    assert h.dtype == "float16"
+    np.testing.assert_allclose(h.numpy().astype(np.float64), lgx_ref, atol=3e-3)
+    e = _nn.softmax_backward(mt.tensor(np.zeros((0, 4), np.float32)), mt.tensor(np.zeros((0, 4), np.float32)), 1)
+    assert e.shape == (0, 4)
+
+
+def test_softmax_backward_refuses_bad_operands():
+    y = mt.tensor(np.full((4, 6), 1 / 6, np.float32))
+    with pytest.raises(ValueError, match="differ in shape"):
+        _nn.softmax_backward(y, mt.tensor(np.ones((4, 5), np.float32)), 1)
+    with pytest.raises(ValueError, match="not the last axis"):
+        _nn.softmax_backward(y, y, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        _nn.softmax_backward(y, y, 2)
+    with pytest.raises(TypeError, match="floating-point"):
+        _nn.softmax_backward(mt.tensor(np.ones((4, 6), np.int32)), y, 1)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,axis", [((3, 4, 5), -1), ((3, 4, 5), 1), ((2, 5, 1), 1)])
+def test_softmax_rules_match_the_jacobian_on_and_off_the_kernel(fn, shape, axis):
+    # the last axis (or one followed by size-1 axes) takes the kernel; an
+    # inner axis (axis 1 of [3, 4, 5]) the composed rule: both give the
+    # Jacobian's product
+    from mgtrace.autodiff import GradManager
+    rng = np.random.default_rng(16)
+    xs = rng.standard_normal(shape)
+    w = rng.uniform(-1, 1, shape)
+    x = mt.tensor(xs)
+    gm = GradManager().attach([x])
+    with gm:
+        y = getattr(F, fn)(x, axis=axis)
+        gm.backward((y * mt.tensor(w)).sum())
+    gx_ref, lgx_ref, _ = _softmax_grads_ref(xs, w, axis)
+    np.testing.assert_allclose(x.grad.numpy(), gx_ref if fn == "softmax" else lgx_ref, atol=1e-12)

@@ -298,3 +298,35 @@ def test_relu_backward_edges(dtype):
         relu6 = gy * ((x > 0) & (x < 6))
         np.testing.assert_array_equal(_nn.act_backward("relu", mt.tensor(x), mt.tensor(gy)).numpy(), relu)
         np.testing.assert_array_equal(_nn.act_backward("relu6", mt.tensor(x), mt.tensor(gy)).numpy(), relu6)
+
+
+@pytest.mark.parametrize("x_shape", [(4, 3, 5), (6, 5)])
+def test_linear_weight_gradient_is_one_contiguous_gemm(x_shape):
+    # F.linear's y = x @ weight.T: the weight's gradient g^T x over all rows
+    # comes out of one GEMM already [out, in] contiguous (SGD's one-pass
+    # step then reads it as it is), with the NumPy product's values
+    rng = np.random.default_rng(21)
+    xs, ws, gs = rng.standard_normal(x_shape), rng.standard_normal((7, 5)), rng.standard_normal(x_shape[:-1] + (7,))
+    x, w, b = mt.tensor(xs), mt.tensor(ws), mt.tensor(np.zeros(7))
+    gm = GradManager().attach([x, w, b])
+    with gm:
+        gm.backward((F.linear(x, w, b) * mt.tensor(gs)).sum())
+    g2, x2 = gs.reshape(-1, 7), xs.reshape(-1, 5)
+    assert w.grad.shape == (7, 5) and w.grad.strides == (5, 1)
+    np.testing.assert_allclose(w.grad.numpy(), g2.T @ x2, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), (g2 @ ws).reshape(x_shape), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(b.grad.numpy(), g2.sum(0), rtol=1e-12, atol=1e-12)
+
+
+def test_linear_gradients_from_a_strided_output_gradient():
+    # the output used through a transpose (attention's heads): the gradient
+    # reaching the linear layer is strided, made contiguous once for both GEMMs
+    rng = np.random.default_rng(22)
+    xs, ws, gs = rng.standard_normal((2, 5, 6)), rng.standard_normal((6, 6)), rng.standard_normal((2, 6, 5))
+    x, w = mt.tensor(xs), mt.tensor(ws)
+    gm = GradManager().attach([x, w])
+    with gm:
+        gm.backward((F.linear(x, w).transpose(0, 2, 1) * mt.tensor(gs)).sum())
+    g2 = gs.transpose(0, 2, 1).reshape(-1, 6)
+    np.testing.assert_allclose(w.grad.numpy(), g2.T @ xs.reshape(-1, 6), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), (g2 @ ws).reshape(2, 5, 6), rtol=1e-12, atol=1e-12)

@@ -83,3 +83,15 @@ def test_a_cache_limit_past_64_bits_of_bytes_names_the_variable(monkeypatch):
     monkeypatch.setenv("MGTRACE_HOST_CACHE_MB", str(1 << 44))
     with pytest.raises(ValueError, match="MGTRACE_HOST_CACHE_MB must be <="):
         _flags._int("MGTRACE_HOST_CACHE_MB", 1024, _flags.HOST_CACHE_MB_MAX)
+
+
+def test_more_than_64_freed_blocks_are_all_kept():
+    # a training step frees ~120 large blocks before the next forward wants
+    # them back: the byte limit, not a count of slots, bounds the cache
+    blocks = [block(MB + 64 * 1024, float(i)) for i in range(200)]
+    ptrs = {b.data_ptr for b in blocks}
+    del blocks
+    assert cached() == 200 * (MB + 64 * 1024)
+    again = [block(MB + 64 * 1024) for _ in range(200)]
+    assert {b.data_ptr for b in again} == ptrs
+    assert cached() == 0

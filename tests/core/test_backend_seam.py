@@ -299,6 +299,8 @@ BACKWARD = {
                    [(2, 3, 4, 4), (3,), (3,)]),
     "conv3d": (("conv3d_backward_data", "conv3d_backward_weight"), lambda x, w: F.conv3d(x, w),
                [(1, 2, 3, 4, 4), (3, 2, 2, 2, 2)]),
+    "softmax": (("softmax_backward",), lambda x: F.softmax(x, axis=-1), [(3, 5)]),
+    "log_softmax": (("softmax_backward",), lambda x: F.log_softmax(x, axis=-1), [(3, 5)]),
 }
 # what each raises on the stand-in: the first kernel it lacks (None: it ran
 # a fallback and its gradient needs no backward kernel)
@@ -310,6 +312,8 @@ MISSING_FIRST = {
     "conv3d": "conv_transpose2d",           # its fallback (conv2d per depth tap) has conv2d's gradient
     "layer_norm": None,                     # its fallback composes reductions and elementwise ops
     "batch_norm": None,                     # so does batch norm's
+    "softmax": None,                        # its rule composes core ops without the kernel
+    "log_softmax": None,
 }
 MISSING_BACKWARD = re.compile(r"^no kernel for op '([\w ]+)' on device cuda:0 with dtype float32$")
 

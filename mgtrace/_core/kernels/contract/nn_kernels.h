@@ -219,6 +219,12 @@ typedef struct mt_nn_kernels {
      * layer_norm computes it. y may be x or residual (each row is read before it is written) */
     int (*add_layer_norm)(int dtype, const void *x, const void *x_bias, const void *residual, const void *w,
                           const void *b, void *y, int64_t rows, int64_t cols, double eps, int nt);
+    /* softmax's (log_softmax 0) or log_softmax's (1) input gradient over rows of cols (the
+     * softmax axis last; the CPU's in cpu/train.c, CUDA leaves it NULL and the gradient rule
+     * composes core ops): y, gy, gx [rows, cols] contiguous, y the forward's output;
+     * softmax: gx = y (gy - sum(gy y)), log_softmax: gx = gy - exp(y) sum(gy), per row */
+    int (*softmax_backward)(int dtype, int log_softmax, const void *y, const void *gy, void *gx, int64_t rows,
+                            int64_t cols, int nt);
 } mt_nn_kernels;
 
 #endif

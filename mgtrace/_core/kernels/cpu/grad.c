@@ -445,6 +445,11 @@ static void FN(gemm_nt)(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda
                           accumulate ? 1.0 : 0.0, (double *)c, (blasint)ldc);
 }
 
+/* d[t] = src[2 t], t < n (im2col's row at stride 2, vectorised in the clones) */
+static MT_CLONES void FN(copy_stride2)(T *restrict d, const T *restrict src, int64_t n) {
+    for (int64_t t = 0; t < n; t++) d[t] = src[2 * t];
+}
+
 /* One piece of conv dW's columns: images [i0, i0 + cnt) whole (cnt > 1), or
  * output pixels [q0, q1) of image i0 (cnt == 1). cols[r][j] (r = (c, ki,
  * kj), j the piece's column) gets x's patch values, 0 in the padding. */
@@ -475,6 +480,7 @@ static void FN(dw_im2col)(const T *x, const mt_conv2d_geom *g, int64_t i0, int64
                     if (hi > lo) {
                         const T *src = xr + x0 + (ox + lo) * g->sw;
                         if (g->sw == 1) memcpy(d + lo, src, (size_t)(hi - lo) * sizeof(T));
+                        else if (g->sw == 2) FN(copy_stride2)(d + lo, src, hi - lo);
                         else
                             for (int64_t t = lo; t < hi; t++) d[t] = src[(t - lo) * g->sw];
                     }
@@ -499,8 +505,12 @@ static void FN(dw_im2col)(const T *x, const mt_conv2d_geom *g, int64_t i0, int64
  * own threading of one tall-K GEMM instead met its threads at every K
  * panel: on a loaded machine each meeting waited for a descheduled thread
  * (the ResNet-18 stem's gradient took 17x the CPU time on two threads
- * that it took on one). */
-#define MT_GRAD_PIECE_BYTES ((int64_t)4 << 20)
+ * that it took on one). A piece's columns stay in the L2 cache between
+ * im2col writing them and the GEMM reading them: with 4 MiB pieces they
+ * went out to memory and back (ResNet-18's weight gradients at batch 8,
+ * one thread: 276 ms with 4 MiB pieces and a scalar stride-2 copy, 239
+ * ms with 1 MiB and copy_stride2; 248 ms with 512 KiB). */
+#define MT_GRAD_PIECE_BYTES ((int64_t)1 << 20)
 #define MT_GRAD_PIECE_MIN 256
 
 static int FN(conv_dw)(const T *x, const T *gy, T *gw, const mt_conv2d_geom *g, int nt) {
@@ -614,6 +624,45 @@ static void FN(act_bw)(int act, const T *x, const T *gy, T *gx, int64_t n, int n
     }
 }
 
+/* one row of layer norm's backward: gx's row, and gy xhat and gy added
+ * into the thread's weight and bias sums (pw, pb; NULL: not wanted). The
+ * row's two sums in 8 fixed double lanes (one order in every ISA clone),
+ * each loop a single kind of work so that the clones vectorise it (one
+ * loop of both sums and the column sums ran scalar) */
+static MT_CLONES void FN(layer_norm_bw_row)(const T *restrict xr, const T *restrict w, const T *restrict gr,
+                                            T *restrict dr, double *restrict pw, double *restrict pb,
+                                            int64_t cols, double eps) {
+    double mean, rstd;
+    FN(mt_row_moments)(xr, cols, eps, &mean, &rstd);   /* the forward's statistics */
+    const T m = (T)mean, rs = (T)rstd;
+    double ag[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ax[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sg = 0, sgx = 0;
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const T xh = (xr[j + l] - m) * rs, g = w ? gr[j + l] * w[j + l] : gr[j + l];
+            ag[l] += (double)g;
+            ax[l] += (double)g * (double)xh;
+        }
+    for (; j < cols; j++) {
+        const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+        sg += (double)g;
+        sgx += (double)g * (double)xh;
+    }
+    sg += ((ag[0] + ag[4]) + (ag[1] + ag[5])) + ((ag[2] + ag[6]) + (ag[3] + ag[7]));
+    sgx += ((ax[0] + ax[4]) + (ax[1] + ax[5])) + ((ax[2] + ax[6]) + (ax[3] + ax[7]));
+    if (pw)
+        for (j = 0; j < cols; j++) {
+            const T xh = (xr[j] - m) * rs;
+            pw[j] += (double)gr[j] * (double)xh;
+            pb[j] += (double)gr[j];
+        }
+    const T a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);
+    for (j = 0; j < cols; j++) {
+        const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
+        dr[j] = rs * (g - a - xh * b);
+    }
+}
+
 /* x, gy, gx [rows, cols]; w [cols] or NULL (no weight: g = gy); gw, gb
  * [cols] or NULL (not wanted). MT_NN_ENOMEM when the per-thread sums
  * cannot be allocated. */
@@ -635,28 +684,8 @@ static int FN(layer_norm_bw)(const T *x, const T *w, const T *gy, T *gx, T *gw, 
 #endif
         double *pw = sums ? part + (size_t)tid * 2 * (size_t)cols : NULL, *pb = pw ? pw + cols : NULL;
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const T *xr = x + r * cols, *gr = gy + r * cols;
-            T *dr = gx + r * cols;
-            double mean, rstd;
-            FN(mt_row_moments)(xr, cols, eps, &mean, &rstd);   /* the forward's statistics */
-            const T m = (T)mean, rs = (T)rstd;
-            double sg = 0, sgx = 0;
-            for (int64_t j = 0; j < cols; j++) {
-                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
-                sg += (double)g;
-                sgx += (double)g * (double)xh;
-                if (pw) {
-                    pw[j] += (double)gr[j] * (double)xh;
-                    pb[j] += (double)gr[j];
-                }
-            }
-            const T a = (T)(sg / (double)cols), b = (T)(sgx / (double)cols);
-            for (int64_t j = 0; j < cols; j++) {
-                const T xh = (xr[j] - m) * rs, g = w ? gr[j] * w[j] : gr[j];
-                dr[j] = rs * (g - a - xh * b);
-            }
-        }
+        for (int64_t r = 0; r < rows; r++)
+            FN(layer_norm_bw_row)(x + r * cols, w, gy + r * cols, gx + r * cols, pw, pb, cols, eps);
     }
     if (sums) {
         for (int64_t j = 0; j < cols; j++) {

@@ -230,6 +230,8 @@ int mt_batch_norm_backward(int dtype, const void *x, const void *w, const void *
                            void *gb, int64_t outer, int64_t c, int64_t inner, double eps, int nthreads);
 int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
                 double weight_decay, int nesterov, int first, int nthreads);
+int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *gy, void *gx, int64_t rows,
+                        int64_t cols, int nthreads);
 
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768

@@ -693,12 +693,21 @@ static void l_smaxf_##sfx(const char *p, char *q, const mt_line_geom *g, int64_t
             const float c = r_ext_max_f32(l_load_##sfx(buf, p + b0 * ain, ain, n), n); \
             if (c > m || c != c) m = c;                                        \
         }                                                                      \
+        /* float32 softmax into a contiguous line keeps exp(x - m) there and  \
+         * scales it in place (the same values as computing it twice) */      \
+        const int keep = !logsm && code == MT_FLOAT32 && aout == 4;           \
         for (int64_t b0 = 0; b0 < L; b0 += MT_SBUF) {                          \
             const int64_t n = mt_min64(MT_SBUF, L - b0);                       \
-            mt_exp_sub(e, l_load_##sfx(buf, p + b0 * ain, ain, n), NULL, m, n); \
-            s += mt_sum_f32_f64(e, n);                                         \
+            float *dst = keep ? (float *)(q + b0 * aout) : e;                  \
+            mt_exp_sub(dst, l_load_##sfx(buf, p + b0 * ain, ain, n), NULL, m, n); \
+            s += mt_sum_f32_f64(dst, n);                                       \
         }                                                                      \
         const float fin = logsm ? (float)log(s) : (float)(1.0 / s);            \
+        if (keep) {                                                            \
+            float *o = (float *)q;                                             \
+            for (int64_t i = 0; i < L; i++) o[i] *= fin;                       \
+            return;                                                            \
+        }                                                                      \
         for (int64_t b0 = 0; b0 < L; b0 += MT_SBUF) {                          \
             const int64_t n = mt_min64(MT_SBUF, L - b0);                       \
             const float *x = l_load_##sfx(buf, p + b0 * ain, ain, n);          \

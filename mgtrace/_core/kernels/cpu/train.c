@@ -20,11 +20,52 @@
  * tensor formula (g' = g + wd p; buf = m buf + g'; p = p - lr step).
  * Channels (and SGD's elements) are shared over threads when there is
  * enough work.
+ *
+ * Softmax's and log_softmax's input gradients, one pass over each row of
+ * the softmax axis (the composed rule made four: a product, a sum, a
+ * difference and another product, each writing a fresh tensor):
+ *
+ *     softmax:      gx = y (gy - sum(gy y))       (y the softmax's output)
+ *     log_softmax:  gx = gy - exp(y) sum(gy)      (y the log_softmax's output)
+ *
+ * The row's sum in double (8 fixed lanes, one order in every ISA clone);
+ * float32's exp is mt_vmath.h's (1 ulp), float64's libm's.
  */
 #include "nn.h"
 #include "mt_simd.h"
+#include "mt_vmath.h"
+#include <math.h>
+#include <string.h>
 
 #ifndef MT_TRAIN_TEMPLATE
+
+/* gx = gy - exp(y) s over n float32s (log_softmax's row) */
+static MT_VCLONES void log_softmax_tail_f32(const float *y, const float *gy, float *gx, float s, int64_t n) {
+    const mt_vf sv = mt_vsplat(s);
+    int64_t i = 0;
+    for (; i + MT_VL <= n; i += MT_VL) {
+        mt_vf a, g;
+        memcpy(&a, y + i, sizeof a);
+        memcpy(&g, gy + i, sizeof g);
+        const mt_vf v = g - mt_vexp(a) * sv;
+        memcpy(gx + i, &v, sizeof v);
+    }
+    if (i < n) {
+        float ab[MT_VL] = {0}, gb[MT_VL] = {0};
+        memcpy(ab, y + i, (size_t)(n - i) * 4);
+        memcpy(gb, gy + i, (size_t)(n - i) * 4);
+        mt_vf a, g;
+        memcpy(&a, ab, sizeof a);
+        memcpy(&g, gb, sizeof g);
+        const mt_vf v = g - mt_vexp(a) * sv;
+        memcpy(ab, &v, sizeof v);
+        memcpy(gx + i, ab, (size_t)(n - i) * 4);
+    }
+}
+
+static void log_softmax_tail_f64(const double *y, const double *gy, double *gx, double s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gx[i] = gy[i] - exp(y[i]) * s;
+}
 
 #define MT_TRAIN_TEMPLATE
 #define T float
@@ -87,6 +128,34 @@ int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double 
         else
             sgd_f64((double *)p + lo, (const double *)g + lo, buf ? (double *)buf + lo : NULL, len, lr,
                     momentum, weight_decay, nesterov, first);
+    }
+    return 0;
+}
+
+/* rows per softmax-backward job: enough rows that a job is a few L2-sized
+ * chunks of y, gy and gx */
+static int64_t smax_rows_per_job(int64_t cols) {
+    const int64_t r = MT_SGD_CHUNK / (cols > 0 ? cols : 1);
+    return r > 0 ? r : 1;
+}
+
+int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *gy, void *gx, int64_t rows,
+                        int64_t cols, int nthreads) {
+    if (dtype != MT_FLOAT32 && dtype != MT_FLOAT64)
+        return MT_NN_EINDEX;                      /* the wrapper passes float32/float64 only */
+    if (rows <= 0 || cols <= 0)
+        return 0;
+    const int64_t per = smax_rows_per_job(cols), jobs = (rows + per - 1) / per;
+    const int par = nthreads > 1 && jobs > 1 && rows * cols >= MT_NN_GRAIN;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (par)
+    for (int64_t j = 0; j < jobs; j++) {
+        const int64_t r0 = j * per, r1 = r0 + per < rows ? r0 + per : rows;
+        if (dtype == MT_FLOAT32)
+            softmax_rows_backward_f32((const float *)y, (const float *)gy, (float *)gx, r0, r1, cols,
+                                      log_softmax);
+        else
+            softmax_rows_backward_f64((const double *)y, (const double *)gy, (double *)gx, r0, r1, cols,
+                                      log_softmax);
     }
     return 0;
 }
@@ -211,6 +280,32 @@ static MT_CLONES void FN(sgd)(T *restrict p, const T *restrict g, T *restrict bu
     }
 }
 #pragma GCC pop_options
+
+/* rows [r0, r1) of softmax's (or log_softmax's) input gradient, [rows, cols] contiguous */
+static MT_CLONES void FN(softmax_rows_backward)(const T *y, const T *gy, T *gx, int64_t r0, int64_t r1,
+                                               int64_t cols, int log_softmax) {
+    for (int64_t r = r0; r < r1; r++) {
+        const T *restrict yr = y + r * cols, *restrict gr = gy + r * cols;
+        T *restrict out = gx + r * cols;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0.0;
+        int64_t i = 0;
+        if (log_softmax) {                                    /* sum(gy) */
+            for (; i + 8 <= cols; i += 8)
+                for (int l = 0; l < 8; l++) acc[l] += (double)gr[i + l];
+            for (; i < cols; i++) s += (double)gr[i];
+        } else {                                              /* sum(gy y) */
+            for (; i + 8 <= cols; i += 8)
+                for (int l = 0; l < 8; l++) acc[l] += (double)gr[i + l] * (double)yr[i + l];
+            for (; i < cols; i++) s += (double)gr[i] * (double)yr[i];
+        }
+        s += ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        const T st = (T)s;
+        if (log_softmax)
+            FN(log_softmax_tail)(yr, gr, out, st, cols);
+        else
+            for (int64_t k = 0; k < cols; k++) out[k] = yr[k] * (gr[k] - st);
+    }
+}
 
 #undef FN
 #endif
