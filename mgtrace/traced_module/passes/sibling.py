@@ -26,19 +26,21 @@ all or none) are constants (parameters or buffers read by the graph, or
 Constant exprs) of that dtype on the CPU with the same input features and
 a multiple of 16 output features each, and with no side effect between
 the first and the last of them. The stacked weight
-and bias are new Constant exprs of the graph (the module keeps the
-originals; EliminateDeadCode drops the exprs that read them): for
-inference, as the other weight-rewriting passes, so not training-safe.
+and bias are new parameters of the graph's owner (``<name>_stacked_weight``,
+``_bias``; the module keeps the originals, EliminateDeadCode drops the
+exprs that read them): for inference, as the other weight-rewriting
+passes, so not training-safe.
 """
 import numpy as np
 
 import mgtrace.functional as F
 import mgtrace.module as M
+from mgtrace.module.parameter import Parameter
 from mgtrace._core import Tensor, tensor
 from mgtrace.traced_module.node import TensorNode
 from mgtrace.traced_module.passes.match import (bound_args, is_function, module_call,
                                                 side_effect_between)
-from mgtrace.traced_module.passes.util import const_value, graphs_of, insert_constant
+from mgtrace.traced_module.passes.util import const_value, graphs_of
 
 __all__ = ["fuse_sibling_linear"]
 
@@ -97,12 +99,19 @@ def _fuse_group(g, members):
     first, x = members[0][0], members[0][1]
     act = _linear(first)[3]
     ws = [m[2].numpy() for m in members]
-    name = f"{first.outputs[0].name}_stacked"
-    wn = insert_constant(g, first, tensor(np.ascontiguousarray(np.concatenate(ws))), name + "_weight")
+    owner, base = g.owner, f"{first.outputs[0].name}_stacked"
+    name, i = base, 1
+    while hasattr(owner, name + "_weight") or hasattr(owner, name + "_bias"):
+        name, i = f"{base}_{i}", i + 1
+    # parameters of the graph's owner, read by the graph as its others are
+    # (a re-trace of the optimized module sees them as state, not as
+    # tensors made outside its calls)
+    wn = Parameter(tensor(np.ascontiguousarray(np.concatenate(ws))))
+    setattr(owner, name + "_weight", wn)
     bn = None
     if members[0][3] is not None:
-        bn = insert_constant(g, first, tensor(np.concatenate([m[3].numpy() for m in members])),
-                             name + "_bias")
+        bn = Parameter(tensor(np.concatenate([m[3].numpy() for m in members])))
+        setattr(owner, name + "_bias", bn)
     lead = (slice(None),) * (len(x.shape) - 1)
     with g.insert_exprs(first):
         y = F.linear_act(x, wn, bn, act=act)
