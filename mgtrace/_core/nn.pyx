@@ -126,6 +126,7 @@ cdef extern from "kernels/cpu/nn.h" nogil:
         int64_t vs[4]
         int64_t ms[4]
         float scale
+        int64_t os[3]
     int mt_layer_norm(int dtype, const void *x, const void *w, const void *b, void *y, int64_t rows,
                       int64_t cols, double eps, int nthreads) noexcept
     int mt_add_layer_norm(int dtype, const void *x, const void *x_bias, const void *residual,
@@ -1432,9 +1433,14 @@ def attention(q, k, v, mask=None, scale=1.0):
         g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
         g.ms[i] = tm._strides[i] if tm is not None else 0
     g.scale = float(scale)
+    # out is written heads-inner, [b, sq, h, dv] in memory, and returned as
+    # the [b, h, sq, dv] view: a model's merge of the heads after it
+    # (transpose(0, 2, 1, 3), reshape to [b, sq, h * dv]) is then a view,
+    # not a copy; the same values either way
     cdef int64_t oshape[4]
-    oshape[0], oshape[1], oshape[2], oshape[3] = b, h, sq, dv
+    oshape[0], oshape[1], oshape[2], oshape[3] = b, sq, h, dv
     out = empty(4, oshape, MT_FLOAT32, tq._device)
+    g.os[0], g.os[1], g.os[2] = sq * h * dv, dv, h * dv
     nt = num_threads()
     cdef Tensor ws = _workspace(op, kn.attention_workspace(&g, nt), tq._device,
                                 f"q {tuple(tq.shape)}, k {tuple(tk.shape)}, v {tuple(tv.shape)}")
@@ -1444,7 +1450,7 @@ def attention(q, k, v, mask=None, scale=1.0):
                               <const float *>tv._data, mptr, <float *>out._data, &g, nt,
                               ws._data if ws is not None else NULL)
     _check_rc(op, rc, tq._device)
-    return out
+    return out.transpose(0, 2, 1, 3)
 
 
 def _conv2d(x, weight, bias, stride, padding, dilation, groups, algo, act="none", residual=None,

@@ -67,7 +67,7 @@ cdef extern from "kernels/cpu/plan.h" nogil:
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
     enum: MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D, MT_NN_CONV_TRANSPOSE2D, MT_NN_CONV3D
-    enum: MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN, MT_NN_ADD_LAYER_NORM
+    enum: MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN, MT_NN_ADD_LAYER_NORM, MT_NN_PAD_INDEX
     enum: MT_PLAN_NN_PTRS
     ctypedef int (*mt_ew_kernel)(const mt_ew_call *call) noexcept nogil
     ctypedef int (*mt_gemm_batch_kernel)(int dtype, const mt_gemm_shape *s, const char *a,
@@ -181,7 +181,7 @@ NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7,
             MT_NN_CONV_TRANSPOSE2D: (3, 4), MT_NN_CONV3D: (3, -1),
             # lstm_cell writes h_out (5) and c_out (6), both outputs of its op
             MT_NN_LSTM_CELL: (5, -1), MT_NN_RNN_CELL: (4, -1), MT_NN_LRN: (1, -1),
-            MT_NN_ADD_LAYER_NORM: (5, -1)}
+            MT_NN_ADD_LAYER_NORM: (5, -1), MT_NN_PAD_INDEX: (1, -1)}
 NN_NAMES = {MT_NN_CONV2D_NCHWC: "conv2d_nchwc", MT_NN_PW_DW: "conv2d_nchwc_pw_dw",
             MT_NN_PW_DW_PW: "conv2d_nchwc_pw_dw_pw", MT_NN_MAX_POOL_NCHWC: "max_pool2d_nchwc",
             MT_NN_TO_NCHWC: "to_nchwc", MT_NN_FROM_NCHWC: "from_nchwc",
@@ -191,7 +191,7 @@ NN_NAMES = {MT_NN_CONV2D_NCHWC: "conv2d_nchwc", MT_NN_PW_DW: "conv2d_nchwc_pw_dw
             MT_NN_ADAPTIVE_POOL2D: "adaptive_pool2d", MT_NN_RESIZE2D: "resize2d",
             MT_NN_CONV_TRANSPOSE2D: "conv_transpose2d", MT_NN_CONV3D: "conv3d",
             MT_NN_LSTM_CELL: "lstm_cell", MT_NN_RNN_CELL: "rnn_cell", MT_NN_LRN: "lrn",
-            MT_NN_ADD_LAYER_NORM: "add_layer_norm"}
+            MT_NN_ADD_LAYER_NORM: "add_layer_norm", MT_NN_PAD_INDEX: "pad"}
 
 
 # ------------------------------------------------------------------ capture

@@ -552,6 +552,9 @@ def attention(q, k, v, mask=None, scale=1.0):
         [B, H, Sq, Dv], the promoted float dtype; equal to the sequence
         ``F.softmax(F.matmul(q, k, transpose_b=True) * scale + mask, -1) @ v``
         (float32 takes the fused kernel, other dtypes run that sequence).
+        The fused kernel's result is a view of [B, Sq, H, Dv] memory (the
+        heads inner), so ``F.transpose(out, (0, 2, 1, 3))`` reshaped to
+        [B, Sq, H * Dv], a transformer's merge of the heads, copies nothing.
 
     Raises:
         ValueError: q, k, v not 4-d or of shapes that do not fit; a mask

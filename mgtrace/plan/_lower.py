@@ -49,6 +49,9 @@ KERNEL_OPS = frozenset({"conv2d_nchwc", "conv2d_nchwc_pw_dw", "conv2d_nchwc_pw_d
                         # one conv3d or recurrent-cell call (conv3d's per-depth-tap
                         # conv2d policy records those conv2d calls instead)
                         "conv3d", "lstm_cell", "rnn_cell",
+                        # reflect / replicate: one pad_index call; constant / circular:
+                        # a fill and copies into the new tensor
+                        "pad",
                         # one copy (a cast where dtypes differ) into the result per part
                         # (more parts than the capture holds: the capture is unusable and
                         # the op a Python step)

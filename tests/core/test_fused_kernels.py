@@ -216,6 +216,27 @@ def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
     np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
 
 
+def test_attention_writes_heads_inner_so_merging_the_heads_is_a_view(rng):
+    """The [B, H, S, Dv] result is a view of [B, S, H, Dv] memory: BERT's
+    transpose and reshape to [B, S, H * Dv] after it copy nothing, and each
+    (batch, head) pair holds the bits a call of that pair alone gives."""
+    from mgtrace._core import plan as _cplan
+    q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 9, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 9, 6)).astype(np.float32)
+    out = F.attention(mt.tensor(q), mt.tensor(k), mt.tensor(v), scale=0.5)
+    assert out.shape == (2, 3, 5, 6)
+    merged = F.reshape(F.transpose(out, (0, 2, 1, 3)), (2, 5, 18))
+    assert _cplan.tensor_info(merged)[0] == _cplan.tensor_info(out)[0]        # the same memory
+    np.testing.assert_array_equal(merged.numpy(), out.numpy().transpose(0, 2, 1, 3).reshape(2, 5, 18))
+    np.testing.assert_allclose(out.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-5, atol=1e-6)
+    for b in range(2):
+        for h in range(3):
+            one = F.attention(mt.tensor(q[b:b + 1, h:h + 1]), mt.tensor(k[b:b + 1, h:h + 1]),
+                              mt.tensor(v[b:b + 1, h:h + 1]), scale=0.5)
+            assert one.numpy().tobytes() == out.numpy()[b, h].tobytes()
+
+
 def test_attention_softmax_lanes_and_special_rows(rng):
     """The softmax's 8-lane max and sums over rows longer than the lanes
     (37 keys: lanes and a tail), with a NaN in one row (that row's outputs

@@ -1894,3 +1894,26 @@ def test_conv2d_nchwc_unused_channels_stay_zero_after_an_infinite_input():
 def test_nchwc_bad_arguments_raise(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+@pytest.mark.parametrize("geom", [(1, 16, 64, 40, 40, 1), (2, 24, 70, 30, 22, 1), (1, 64, 64, 56, 56, 1)])
+@pytest.mark.parametrize("winograd", [2, 4])
+def test_conv2d_nchwc_winograd_same_bits_on_any_thread_count(geom, winograd):
+    """Where V outweighs U (few channels, many tiles: ResNet's 64-channel
+    layers), the threads take the tiles' groups in turn rather than the
+    output block pairs; each tile's arithmetic is the same, so 1, 2 and 3
+    threads give the same bits, and the NumPy reference within rounding."""
+    n, c, o, h, w, p = geom
+    x, wt, b = rand(n, c, h, w), rand(o, c, 3, 3), rand(o)
+    ref = ref_conv2d(x, wt, b, 1, p, 1)
+    before = nn._set_nchwc_winograd(winograd)
+    try:
+        ys = [y.numpy() for y in _on_threads(lambda: nn.conv2d_nchwc(tensor(blocked(x)), tensor(wt), tensor(b),
+                                                                     None, 1, p, 1, 1, "relu"))]
+    finally:
+        nn._set_nchwc_winograd(before)
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y, ys[0])
+    got = nn.from_nchwc(tensor(ys[0]), o).numpy()
+    np.testing.assert_allclose(got, np.maximum(ref, 0), rtol=1e-5,
+                               atol=(5e-6 if winograd == 4 else 2e-6) * np.abs(ref).max())

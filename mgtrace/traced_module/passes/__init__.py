@@ -12,7 +12,8 @@
 The passes themselves: ``fold.py`` (FoldConstant, EliminateIdentity,
 FuseAddMul, EliminateDeadCode), ``fuse.py`` (FuseConvBn,
 BackwardFoldScale, FuseConvAct, FuseLinearAct, FuseLinearAddNorm, FuseAttention),
-``layout.py`` (NCHWc, FusePointwiseDepthwise), ``int8.py`` (FuseQuantStub,
+``sibling.py`` (FuseSiblingLinear), ``layout.py`` (NCHWc,
+FusePointwiseDepthwise), ``int8.py`` (FuseQuantStub,
 on quantized graphs); ``match.py`` the matchers
 they share (a module or function call, an activation, a conv or linear
 layer, a residual add); ``util.py`` the rest of what they share (walking a

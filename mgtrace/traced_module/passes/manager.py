@@ -34,6 +34,9 @@ FuseLinearAddNorm       layer_norm(linear(x) + residual): the bias, the add and
                         the layer norm in one pass (ours)
 FuseLinearAct           linear + activation in one kernel, a linear's bias added
                         in place (ours)
+FuseSiblingLinear       linear layers reading one input as one GEMM over their
+                        stacked weights, a column slice each (BERT's query, key
+                        and value; ours)
 FuseAttention           softmax(q k^T * scale + mask) v in one kernel (ours)
 NCHWc                   chains of float32 convs in the NCHW16c layout (ours;
                         ``"all"`` runs it on CPUs with AVX-512, where its
@@ -65,7 +68,7 @@ import mgtrace.functional as F
 from mgtrace.module.builtin import Dropout, _BatchNorm
 from mgtrace.traced_module.expr import CallMethod
 from mgtrace.traced_module.node import ModuleNode
-from mgtrace.traced_module.passes import fold, fuse, int8, layout
+from mgtrace.traced_module.passes import fold, fuse, int8, layout, sibling
 from mgtrace.traced_module.passes.match import is_function
 from mgtrace.traced_module.passes.util import graphs_of
 from mgtrace.traced_module.traced_module import TracedModule
@@ -221,6 +224,10 @@ _builtin("FuseLinearAddNorm", _counted(fuse.fuse_linear_add_norm, "fusions"), Tr
 # after FuseLinearAddNorm, which takes the linear layers of the residual tails
 _builtin("FuseLinearAct", _counted(fuse.fuse_linear_act, "fusions"), True,
          after=("EliminateIdentity", "BackwardFoldScale", "FuseLinearAddNorm"))
+# after the linear fusions, whose act="none" form of BERT's query, key and
+# value it stacks; inference only (the stacked weight is a new constant)
+_builtin("FuseSiblingLinear", _counted(sibling.fuse_sibling_linear, "fusions"), False,
+         after=("EliminateIdentity", "BackwardFoldScale", "FuseLinearAddNorm", "FuseLinearAct"))
 _builtin("FuseAttention", _counted(fuse.fuse_attention, "fusions"), True,
          after=("EliminateIdentity", "FuseAddMul"))
 # NCHWc converts the fused conv2d_act calls too; the pointwise/depthwise fusion

@@ -34,14 +34,18 @@ enum mt_act {
     MT_ACT_SIGMOID, MT_ACT_GELU, MT_NACTS
 };
 
-/* out [b, h, sq, dv] (contiguous) = softmax(q k^T * scale + mask) v with
+/* out [b, h, sq, dv] = softmax(q k^T * scale + mask) v with
  * q [b, h, sq, d], k [b, h, sk, d], v [b, h, sk, dv], mask broadcast to
  * [b, h, sq, sk]: element strides per axis (0 on broadcast axes); q, k and v
- * need a unit last stride and a row stride >= their last extent. */
+ * need a unit last stride and a row stride >= their last extent. out's
+ * element strides along b, h and sq are os (its last axis unit, rows at
+ * least dv apart); os all 0: contiguous (as before os was added: a device
+ * that ignores it must see it 0). */
 typedef struct {
     int64_t b, h, sq, sk, d, dv;
     int64_t qs[4], ks[4], vs[4], ms[4];
     float scale;
+    int64_t os[3];
 } mt_attn_geom;
 
 /* How conv2d computes; AUTO lets the device pick (the CPU: by shape, the priority list in cpu/conv/choice.c). */

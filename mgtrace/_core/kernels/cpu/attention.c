@@ -76,14 +76,16 @@ static void attention_pair(const float *q, const float *k, const float *v, const
     const float *qp = q + bi * g->qs[0] + hi * g->qs[1];
     const float *kp = k + bi * g->ks[0] + hi * g->ks[1];
     const float *vp = v + bi * g->vs[0] + hi * g->vs[1];
-    float *op = out + p * g->sq * g->dv;
+    const int dense = g->os[0] == 0 && g->os[1] == 0 && g->os[2] == 0;
+    float *op = dense ? out + p * g->sq * g->dv : out + bi * g->os[0] + hi * g->os[1];
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g->sq, (blasint)g->sk, (blasint)g->d,
                       g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, s, (blasint)g->sk);
     const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
     for (int64_t i = 0; i < g->sq; i++)
         softmax_row(s + i * g->sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], g->sk);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)g->sq, (blasint)g->dv, (blasint)g->sk,
-                      1.0f, s, (blasint)g->sk, vp, (blasint)g->vs[2], 0.0f, op, (blasint)g->dv);
+                      1.0f, s, (blasint)g->sk, vp, (blasint)g->vs[2], 0.0f, op,
+                      (blasint)(dense ? g->dv : g->os[2]));
 }
 
 int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,

@@ -151,6 +151,12 @@ static int run_nn(const mt_plan_step *s, char *const *bases) {
         return f((int)k->i[0], (int)k->i[1], p[0], p[1], k->i[2], k->i[3], k->i[4], k->i[5], k->i[6],
                  k->f[0], k->f[1], (int)k->i[7], k->nt);
     }
+    case MT_NN_PAD_INDEX: {
+        /* x, y */
+        int (*f)(const void *, void *, int, const int64_t *, const int64_t *, const int64_t *, int,
+                 int64_t, int) = k->kernel;
+        return f(p[0], p[1], (int)k->i[0], k->pad[0], k->pad[1], k->pad[2], (int)k->i[1], k->i[2], k->nt);
+    }
     case MT_NN_ATTENTION: {
         /* q, k, v, mask, out, workspace */
         int (*f)(const float *, const float *, const float *, const float *, float *,
@@ -506,8 +512,8 @@ static int cap_attention(const float *q, const float *kk, const float *v, const 
 }
 
 /* NCHW convolution, pooling and resize; conv2d's workspace size passes
- * through. The members a plan does not replay (conv_transpose2d,
- * pad_index) poison the capture: an op that calls one stays a Python step */
+ * through. A member a plan does not replay poisons the capture: an op
+ * that calls one stays a Python step */
 static int64_t cap_conv2d_workspace(int dtype, const mt_conv2d_geom *g, int algo, int nt) {
     return real_nn->conv2d_workspace(dtype, g, algo, nt);
 }
@@ -587,8 +593,19 @@ static int cap_conv_t(int dtype, const void *x, const void *w, const void *b, vo
 }
 static int cap_pad_index(const void *x, void *y, int ndim, const int64_t *shape, const int64_t *before,
                          const int64_t *after, int mode, int64_t itemsize, int nt) {
-    if (cap_on) poison();
-    return real_nn->pad_index(x, y, ndim, shape, before, after, mode, itemsize, nt);
+    if (cap_on && (ndim < 0 || ndim > MT_PLAN_PAD_DIMS)) {
+        poison();                   /* more axes than a step holds: a Python step */
+    } else {
+        mt_plan_nn *k = nn_slot(MT_NN_PAD_INDEX, (void *)real_nn->pad_index, 2, nt);
+        if (k) {
+            put(k, 0, x); put(k, 1, y);
+            k->i[0] = ndim; k->i[1] = mode; k->i[2] = itemsize;
+            for (int d = 0; d < ndim; d++) {
+                k->pad[0][d] = shape[d]; k->pad[1][d] = before[d]; k->pad[2][d] = after[d];
+            }
+        }
+    }
+    return checked(real_nn->pad_index(x, y, ndim, shape, before, after, mode, itemsize, nt));
 }
 static int cap_conv2d_packed(int dtype, const void *x, const void *packed, const void *bias, void *y,
                              const mt_conv2d_geom *g, int algo, int layout, int nt, void *ws) {

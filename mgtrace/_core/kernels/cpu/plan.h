@@ -39,8 +39,9 @@ enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
        MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_CONV2D,
        MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D, MT_NN_ADAPTIVE_POOL2D, MT_NN_RESIZE2D,
        MT_NN_CONV_TRANSPOSE2D, MT_NN_CONV3D, MT_NN_LSTM_CELL, MT_NN_RNN_CELL, MT_NN_LRN,
-       MT_NN_ADD_LAYER_NORM, MT_NN_NKERNELS };
+       MT_NN_ADD_LAYER_NORM, MT_NN_PAD_INDEX, MT_NN_NKERNELS };
 #define MT_PLAN_NN_PTRS 12
+#define MT_PLAN_PAD_DIMS 16           /* axes a recorded pad_index call may have (nn.pyx's pad: 16) */
 #define MT_PLAN_MAX_CAPTURE 8
 
 typedef int (*mt_ew_kernel)(const mt_ew_call *call);
@@ -84,6 +85,7 @@ typedef struct {
     double eps;                       /* layer norm's eps; lrn's k */
     double f[2];                      /* resize2d's scales; lrn's alpha, beta */
     mt_conv3d_geom g3;                /* conv3d's */
+    int64_t pad[3][MT_PLAN_PAD_DIMS]; /* pad_index's shape, before, after */
 } mt_plan_nn;
 
 /* one reduce-table call (sum, mean, max, ... over a geometry in bytes) */
