@@ -114,3 +114,104 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
     }
     return !failed;
 }
+
+/* Int8 average pooling on the integers (issue 32; MegEngine pools a
+ * quantized tensor to the same dtype, scale and zero point). Output
+ * (oy, ox) of a plane sums the integers of rows [ys[oy], ye[oy]) and
+ * columns [xs[ox], xe[ox]) of the input (the window clipped to it) minus
+ * the zero point once per element, which is the sum of the real values
+ * over the scale (a padded position holds the real 0: it adds nothing),
+ * and divides by dy[oy] * dx[ox] (the caller's divisor: the clipped
+ * window's size, or the padded one's for MegEngine's "average" mode),
+ * rounding the exact quotient half to even, the project's one rule:
+ *
+ *     out = clamp(round_half_even((sum(q) - zp * n) / (dy * dx)) + zp, lo, hi)
+ *
+ * A zero divisor (a window wholly in the padding) writes zp, the float
+ * pool's 0. Sums are int64, so no window is too large. Each output row
+ * sums its window's rows column by column (unit stride, vectorised), then
+ * takes each window's columns as a difference of prefix sums. x is int8
+ * (is_s8) or uint8, [planes][H][W]; out the same type [planes][OH][OW].
+ * Planes run on mt_q_team threads, each with a buffer of 2 W + 1 int64.
+ * Returns 1, or 0 when out of memory. */
+static __thread int64_t *avg_at;
+static __thread size_t avg_cap;
+
+static int64_t *avg_scratch(size_t n)
+{
+    if (n > avg_cap) {
+        free(avg_at);
+        avg_cap = 0;
+        avg_at = malloc(n * sizeof(int64_t));
+        if (!avg_at)
+            return NULL;
+        avg_cap = n;
+    }
+    return avg_at;
+}
+
+static inline int64_t div_half_even(int64_t n, int64_t d)
+{
+    int64_t q = n / d, r = n % d;          /* C truncates: make it floor */
+    if (r < 0) {
+        q -= 1;
+        r += d;
+    }
+    if (2 * r > d || (2 * r == d && (q & 1)))
+        q += 1;
+    return q;
+}
+
+int mt_qavgpool2d(const void *x, int is_s8, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                  int64_t OW, const int64_t *ys, const int64_t *ye, const int64_t *dy,
+                  const int64_t *xs, const int64_t *xe, const int64_t *dx, int32_t zp,
+                  int32_t lo, int32_t hi, void *out)
+{
+    int64_t work = 0;
+    for (int64_t oy = 0; oy < OH; oy++)
+        work += (ye[oy] - ys[oy]) * W + OW;
+    int failed = 0, nt = mt_q_team(planes * work);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+        int64_t *col = avg_scratch((size_t)(2 * W + 1));
+        if (!col)
+            failed = 1;
+        int64_t *pre = col ? col + W : NULL;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!col)
+                continue;
+            for (int64_t oy = 0; oy < OH; oy++) {
+                for (int64_t w = 0; w < W; w++)
+                    col[w] = 0;
+                for (int64_t h = ys[oy]; h < ye[oy]; h++) {
+                    if (is_s8) {
+                        const int8_t *r = (const int8_t *)x + (p * H + h) * W;
+                        for (int64_t w = 0; w < W; w++)
+                            col[w] += r[w];
+                    } else {
+                        const uint8_t *r = (const uint8_t *)x + (p * H + h) * W;
+                        for (int64_t w = 0; w < W; w++)
+                            col[w] += r[w];
+                    }
+                }
+                pre[0] = 0;
+                for (int64_t w = 0; w < W; w++)
+                    pre[w + 1] = pre[w] + col[w];
+                int64_t rows = ye[oy] - ys[oy];
+                for (int64_t ox = 0; ox < OW; ox++) {
+                    int64_t n = rows * (xe[ox] - xs[ox]), d = dy[oy] * dx[ox];
+                    int64_t v = zp;
+                    if (d > 0)
+                        v += div_half_even(pre[xe[ox]] - pre[xs[ox]] - (int64_t)zp * n, d);
+                    v = v < lo ? lo : v > hi ? hi : v;
+                    if (is_s8)
+                        ((int8_t *)out)[(p * OH + oy) * OW + ox] = (int8_t)v;
+                    else
+                        ((uint8_t *)out)[(p * OH + oy) * OW + ox] = (uint8_t)v;
+                }
+            }
+        }
+    }
+    return !failed;
+}
