@@ -55,6 +55,9 @@ cdef extern from *:
                       int64_t OH, int64_t OW, const int64_t *ys, const int64_t *ye,
                       const int64_t *dy, const int64_t *xs, const int64_t *xe,
                       const int64_t *dx, int32_t zp, int32_t lo, int32_t hi, void *out);
+    void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const float *scales,
+                       const float *zps, const int64_t *inner, int64_t outer, float os,
+                       float oz, float lo, float hi, int ok, uint8_t *tables, void *out);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
                       int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
@@ -107,6 +110,9 @@ cdef extern from *:
                       int64_t OH, int64_t OW, const int64_t *ys, const int64_t *ye,
                       const int64_t *dy, const int64_t *xs, const int64_t *xe,
                       const int64_t *dx, int32_t zp, int32_t lo, int32_t hi, void *out) nogil
+    void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const float *scales,
+                       const float *zps, const int64_t *inner, int64_t outer, float os,
+                       float oz, float lo, float hi, int ok, uint8_t *tables, void *out) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -453,3 +459,42 @@ def avgpool(cnp.ndarray x, cnp.ndarray ys, cnp.ndarray ye, cnp.ndarray dy, cnp.n
                            cnp.PyArray_DATA(out))
     if not ok:
         raise MemoryError("avgpool: out of memory for the int8 average pool's buffers")
+
+
+def concat_into(list xs, list scales, list zps, int64_t outer, Tensor out, float out_scale,
+                float out_zp, float qmin, float qmax):
+    """Concatenate int8 / uint8 CPU tensors ``xs`` into ``out`` (qelemwise.c),
+    each requantized to (out_scale, out_zp) as the dequantize / quantize
+    passes compute it in float32: ``clamp(rint(((q - zp) * scale) /
+    out_scale) + out_zp, qmin, qmax)``. Each x is contiguous and read as
+    [outer, numel / outer]; out is contiguous [outer, sum of those]."""
+    cdef int n = len(xs), j
+    if n < 1 or len(scales) != n or len(zps) != n or outer < 1:
+        raise ValueError("concat_into takes one scale and zero point per input, outer >= 1")
+    _check(out, "out")
+    cdef int ok = _kind(out)
+    if ok == 2:
+        raise ValueError("concat_into writes int8 or uint8 storage")
+    cdef cnp.ndarray ptrs = np.empty(n, np.uintp), kinds = np.empty(n, np.intc)
+    cdef cnp.ndarray sc = np.asarray(scales, np.float32), zp = np.asarray(zps, np.float32)
+    cdef cnp.ndarray inner = np.empty(n, np.int64), tables = np.empty(257 * n, np.uint8)
+    cdef Tensor x
+    cdef int64_t total = 0
+    for j in range(n):
+        x = xs[j]
+        _check(x, "x")
+        kinds[j] = _kind(x)
+        if kinds[j] == 2 or numel(x) % outer:
+            raise ValueError("concat_into takes int8 or uint8 inputs of whole rows")
+        ptrs[j] = <size_t>x._data
+        inner[j] = numel(x) // outer
+        total += inner[j]
+    if total * outer != numel(out):
+        raise ValueError("concat_into: out holds not the inputs' elements")
+    mt_q_set_threads(num_threads())
+    with nogil:
+        mt_qconcat_u8(n, <const void *const *>cnp.PyArray_DATA(ptrs),
+                      <const int *>cnp.PyArray_DATA(kinds), <const float *>cnp.PyArray_DATA(sc),
+                      <const float *>cnp.PyArray_DATA(zp), <const int64_t *>cnp.PyArray_DATA(inner),
+                      outer, out_scale, out_zp, qmin, qmax, ok,
+                      <uint8_t *>cnp.PyArray_DATA(tables), <void *>out._data)
