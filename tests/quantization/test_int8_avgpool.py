@@ -175,3 +175,31 @@ def test_bad_input_is_refused_by_name():
         int8.adaptive_avg_pool2d(x, 0)
     with pytest.raises(QuantizationError, match="mode"):
         F.avg_pool2d(_qt(np.zeros((1, 1, 4, 4), F32), "qint8", 0.1, 0), 2, mode="median")
+
+
+@pytest.mark.parametrize("qconfig", ["min_max_fakequant_qconfig", "per_channel_quint8_qconfig"])
+def test_a_model_written_with_stubs_pools_globally_on_the_integers(qconfig):
+    """QuantStub, ConvBnRelu2d, a global average pool, DequantStub
+    (MegEngine's way) quantized: the pool reads the conv's int8 output
+    and averages its integers (qint8 with MinMax, quint8 per channel)."""
+    import mgtrace.quantization as Q
+    mt.random.seed(3)
+    rng = np.random.default_rng(3)
+    net = Q.quantize_qat(M.Sequential(M.QuantStub(), M.ConvBnRelu2d(3, 8, 3, padding=1),
+                                      M.AdaptiveAvgPool2d(1), M.DequantStub()),
+                         qconfig=getattr(Q, qconfig))
+    net(mt.tensor(rng.random((4, 3, 8, 8)).astype(F32)))
+    net = Q.quantize(net.eval())
+    x = mt.tensor(rng.random((2, 3, 8, 8)).astype(F32))
+    conv_out = net[1](net[0](x))
+    assert is_quantized(conv_out)
+    ints = np.asarray(conv_out.numpy())
+    zp = qparams_of(conv_out).zero_point
+    zp = 0 if zp is None else int(np.asarray(zp.numpy()))
+    assert ints.dtype == (np.uint8 if "quint8" in qconfig else np.int8)
+    pooled = net[2](conv_out)
+    np.testing.assert_array_equal(np.asarray(pooled.numpy()),
+                                  int8.adaptive_avg_pool2d(ints, 1, zp, path=1))
+    y = net(x)
+    assert y.dtype == np.float32 and y.shape == (2, 8, 1, 1)
+    np.testing.assert_array_equal(y.numpy(), dequantize(pooled).numpy())
