@@ -203,3 +203,17 @@ def test_a_model_written_with_stubs_pools_globally_on_the_integers(qconfig):
     y = net(x)
     assert y.dtype == np.float32 and y.shape == (2, 8, 1, 1)
     np.testing.assert_array_equal(y.numpy(), dequantize(pooled).numpy())
+
+
+def test_megengine_differs_only_where_a_tie_rounds_away_from_zero():
+    # MegEngine 1.13's F.avg_pool2d(t, (1, 2), (1, 2)) and F.adaptive_avg_pool2d(t,
+    # (1, 1)) of these qint8(0.5) integers, recorded from its CPU build
+    # (/work/venvs/mge310): it keeps the dtype and rounds half away from zero
+    x = np.array([0, 1, 1, 2, -1, 0, -2, -1, -3, 0, 126, 127, 5, 6, 100, 100],
+                 np.int8).reshape(1, 1, 1, 16)
+    megengine = np.array([1, 2, -1, -2, -2, 127, 6, 100])
+    got = int8.avg_pool2d(x, (1, 2)).reshape(-1)
+    ties_away = [0, 2, 5]          # 0.5, -0.5, 126.5: half to even gives 0, 0, 126
+    np.testing.assert_array_equal(np.delete(got, ties_away), np.delete(megengine, ties_away))
+    np.testing.assert_array_equal(got[ties_away], [0, 0, 126])
+    assert int8.adaptive_avg_pool2d(x, 1).item() == 29         # MegEngine's 29 (461 / 16)
