@@ -22,6 +22,7 @@ Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
 NumPy arrays. The quantized modules (``mgtrace.module.quantized``) run
 these kernels on QuantizedTensors.
 """
+import functools
 import math
 
 import numpy as np
@@ -380,23 +381,31 @@ def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_m
 _AVG_MODES = ("average_count_exclude_padding", "average")
 
 
+def _frozen(*arrays):
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+@functools.lru_cache(maxsize=128)
 def _avg_windows(n, k, s, p, o, include_pad):
     """avg_pool2d's windows along one axis (pool.c's rule): int64 starts,
-    ends (clipped to the input) and divisors, each [o]."""
+    ends (clipped to the input) and divisors, each [o] (read-only, cached)."""
     i = np.arange(o, dtype=np.int64)
     w0 = i * s - p
     w1 = np.minimum(w0 + k, n + p)
     start = np.minimum(np.maximum(w0, 0), n)
     end = np.maximum(np.minimum(w1, n), start)
-    return start, end, (w1 - w0) if include_pad else end - start
+    return _frozen(start, end, (w1 - w0) if include_pad else end - start)
 
 
+@functools.lru_cache(maxsize=128)
 def _adaptive_windows(n, m):
     """adaptive pooling's windows along one axis: [floor(i n / m),
-    ceil((i + 1) n / m)), their sizes the divisors."""
+    ceil((i + 1) n / m)), their sizes the divisors (read-only, cached)."""
     i = np.arange(m, dtype=np.int64)
     start, end = i * n // m, -(-(i + 1) * n // m)
-    return start, end, end - start
+    return _frozen(start, end, end - start)
 
 
 def _avg_pool(fn, x, rows, cols, zero_point, path, alloc):
@@ -510,9 +519,8 @@ def adaptive_avg_pool2d_tensor(x, oshp):
 
 
 def _zero_point(x):
-    from mgtrace.quantization.qtensor import qparams_of
-    zp = qparams_of(x).zero_point
-    return 0 if zp is None else int(np.asarray(zp.numpy()).reshape(-1)[0])
+    from mgtrace.quantization import qdtype
+    return int(qdtype.get_zero_point(x._qdtype))
 
 
 def _pooled_tensor(x, fn, run):

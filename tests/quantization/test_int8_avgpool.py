@@ -217,3 +217,14 @@ def test_megengine_differs_only_where_a_tie_rounds_away_from_zero():
     np.testing.assert_array_equal(np.delete(got, ties_away), np.delete(megengine, ties_away))
     np.testing.assert_array_equal(got[ties_away], [0, 0, 126])
     assert int8.adaptive_avg_pool2d(x, 1).item() == 29         # MegEngine's 29 (461 / 16)
+
+
+def test_a_plane_too_large_for_int32_sums():
+    # 4200 x 2048 uint8 of mostly 255 sum past 2**31: the kernel sums in int64
+    x = np.full((1, 1, 4200, 2048), 255, np.uint8)
+    x[0, 0, ::97, ::89] = 0
+    assert x.astype(np.int64).sum() > 2 ** 31
+    for oshp in (1, (2, 1)):
+        rows = _adaptive_axis(4200, 1 if oshp == 1 else 2)
+        np.testing.assert_array_equal(int8.adaptive_avg_pool2d(x, oshp, 5),
+                                      _reference(x, 5, rows, _adaptive_axis(2048, 1)))
