@@ -228,3 +228,27 @@ def test_a_plane_too_large_for_int32_sums():
         rows = _adaptive_axis(4200, 1 if oshp == 1 else 2)
         np.testing.assert_array_equal(int8.adaptive_avg_pool2d(x, oshp, 5),
                                       _reference(x, 5, rows, _adaptive_axis(2048, 1)))
+
+
+def test_onnx_export_refuses_an_average_pool_of_a_quantized_tensor(tmp_path):
+    # ONNX's float AveragePool between DequantizeLinear and QuantizeLinear
+    # rounds some ties otherwise: the exporter names the fix, writes nothing
+    pytest.importorskip("onnx")
+    import warnings
+    import mgtrace.onnx
+    import mgtrace.quantization as Q
+    mt.random.seed(4)
+    rng = np.random.default_rng(4)
+    net = Q.quantize_qat(M.Sequential(M.QuantStub(), M.ConvBnRelu2d(3, 4, 3, padding=1),
+                                      M.AdaptiveAvgPool2d(1), M.DequantStub()),
+                         qconfig=Q.per_channel_quint8_qconfig)
+    net(mt.tensor(rng.random((2, 3, 6, 6)).astype(F32)))
+    net = Q.quantize(net.eval())
+    x = mt.tensor(rng.random((1, 3, 6, 6)).astype(F32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(net, x)
+    path = tmp_path / "pool.onnx"
+    with pytest.raises(mgtrace.onnx.ExportError, match="DequantStub before the pool"):
+        mgtrace.onnx.export(tm, str(path), example_inputs=(x,))
+    assert not path.exists()
