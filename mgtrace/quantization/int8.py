@@ -457,7 +457,11 @@ def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exc
     dequantized values then quantized can differ by one step where float
     rounding moves a tie. ``path`` 0: the C kernel (kernels/cpu/qpool.c);
     1: NumPy (for tests, the same bits). Raises QuantizationError for
-    another dtype, rank, mode or geometry."""
+    another dtype, rank, mode or geometry.
+
+    >>> avg_pool2d(np.array([[[[0, 1, 1, 2, -3, 0]]]], np.int8), (1, 2)).tolist()
+    [[[[0, 2, -2]]]]
+    """
     x = _array(x_q, "x_q")
     if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
         raise QuantizationError(f"avg_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
