@@ -203,6 +203,16 @@ def test_a_model_written_with_stubs_pools_globally_on_the_integers(qconfig):
     y = net(x)
     assert y.dtype == np.float32 and y.shape == (2, 8, 1, 1)
     np.testing.assert_array_equal(y.numpy(), dequantize(pooled).numpy())
+    # traced, saved and loaded, it pools the same integers
+    import io
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = mt.trace_module(net, x)
+    f = io.BytesIO()
+    mt.save(tm, f)
+    f.seek(0)
+    np.testing.assert_array_equal(mt.load(f)(x).numpy(), y.numpy())
 
 
 def test_megengine_differs_only_where_a_tie_rounds_away_from_zero():
