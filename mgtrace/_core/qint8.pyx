@@ -51,6 +51,13 @@ cdef extern from *:
     int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
                          int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
                          int64_t DH, int64_t DW, int64_t OH, int64_t OW, uint8_t *out);
+    int mt_qavgpool2d(const void *x, int is_s8, int64_t planes, int64_t H, int64_t W,
+                      int64_t OH, int64_t OW, const int64_t *ys, const int64_t *ye,
+                      const int64_t *dy, const int64_t *xs, const int64_t *xe,
+                      const int64_t *dx, int32_t zp, int32_t lo, int32_t hi, void *out);
+    void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const float *scales,
+                       const float *zps, const int64_t *inner, int64_t outer, float os,
+                       float oz, float lo, float hi, int ok, uint8_t *tables, void *out);
     int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const int8_t *wrows, int64_t lw, const int32_t *wsum,
                       int64_t Co, int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH,
@@ -99,6 +106,13 @@ cdef extern from *:
     int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
                          int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
                          int64_t DH, int64_t DW, int64_t OH, int64_t OW, uint8_t *out) nogil
+    int mt_qavgpool2d(const void *x, int is_s8, int64_t planes, int64_t H, int64_t W,
+                      int64_t OH, int64_t OW, const int64_t *ys, const int64_t *ye,
+                      const int64_t *dy, const int64_t *xs, const int64_t *xe,
+                      const int64_t *dx, int32_t zp, int32_t lo, int32_t hi, void *out) nogil
+    void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const float *scales,
+                       const float *zps, const int64_t *inner, int64_t outer, float os,
+                       float oz, float lo, float hi, int ok, uint8_t *tables, void *out) nogil
 
 
 # core dtype codes (dtype.pyx's NAMES): int8 1, uint8 2, int32 5, float32 9
@@ -398,3 +412,89 @@ def maxpool(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64
                               SW, PH, PW, DH, DW, OH, OW, <uint8_t *>cnp.PyArray_DATA(out))
     if not ok:
         raise MemoryError("maxpool: out of memory for the int8 max pool's buffers")
+
+
+def _windows(cnp.ndarray s, cnp.ndarray e, cnp.ndarray d, int64_t n, int64_t m, str axis):
+    if s.dtype != np.int64 or e.dtype != np.int64 or d.dtype != np.int64 or \
+            s.ndim != 1 or e.ndim != 1 or d.ndim != 1 or not s.flags.c_contiguous or \
+            not e.flags.c_contiguous or not d.flags.c_contiguous or \
+            s.shape[0] != m or e.shape[0] != m or d.shape[0] != m:
+        raise ValueError(f"avgpool: the {axis} windows must be three C-contiguous int64 "
+                         f"arrays of the output's size {m}")
+    if m and (s.min() < 0 or e.max() > n or (e < s).any() or d.min() < 0 or
+              (d > (1 << 31)).any()):
+        raise ValueError(f"avgpool: a {axis} window lies outside the input's {n} or has a "
+                         "negative or too large divisor")
+
+
+def avgpool(cnp.ndarray x, cnp.ndarray ys, cnp.ndarray ye, cnp.ndarray dy, cnp.ndarray xs,
+            cnp.ndarray xe, cnp.ndarray dx, int32_t zp, int32_t lo, int32_t hi,
+            cnp.ndarray out):
+    """Average pooling of int8 / uint8 [N, C, H, W] into the same dtype [N, C,
+    OH, OW] (both C-contiguous; qpool.c): output (oy, ox) is
+    ``clamp(round_half_even((sum(q) - zp * n) / (dy[oy] * dx[ox])) + zp,
+    lo, hi)`` over rows [ys[oy], ye[oy]) and columns [xs[ox], xe[ox]) (n
+    elements); zp for a zero divisor. The windows are int64 [OH] / [OW]."""
+    if x.dtype not in (np.int8, np.uint8) or x.ndim != 4 or not x.flags.c_contiguous:
+        raise ValueError("avgpool takes a C-contiguous int8 / uint8 [N, C, H, W] array")
+    if out.dtype != x.dtype or out.ndim != 4 or not out.flags.c_contiguous or \
+            out.shape[0] != x.shape[0] or out.shape[1] != x.shape[1]:
+        raise ValueError("avgpool writes a C-contiguous [N, C, OH, OW] array of x's dtype")
+    cdef int64_t planes = x.shape[0] * x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef int64_t OH = out.shape[2], OW = out.shape[3]
+    _windows(ys, ye, dy, H, OH, "row")
+    _windows(xs, xe, dx, W, OW, "column")
+    cdef int ok, s8 = x.dtype == np.int8
+    if planes == 0 or OH == 0 or OW == 0:
+        return
+    mt_q_set_threads(num_threads())
+    with nogil:
+        ok = mt_qavgpool2d(cnp.PyArray_DATA(x), s8, planes, H, W, OH, OW,
+                           <const int64_t *>cnp.PyArray_DATA(ys),
+                           <const int64_t *>cnp.PyArray_DATA(ye),
+                           <const int64_t *>cnp.PyArray_DATA(dy),
+                           <const int64_t *>cnp.PyArray_DATA(xs),
+                           <const int64_t *>cnp.PyArray_DATA(xe),
+                           <const int64_t *>cnp.PyArray_DATA(dx), zp, lo, hi,
+                           cnp.PyArray_DATA(out))
+    if not ok:
+        raise MemoryError("avgpool: out of memory for the int8 average pool's buffers")
+
+
+def concat_into(list xs, list scales, list zps, int64_t outer, Tensor out, float out_scale,
+                float out_zp, float qmin, float qmax):
+    """Concatenate int8 / uint8 CPU tensors ``xs`` into ``out`` (qelemwise.c),
+    each requantized to (out_scale, out_zp) as the dequantize / quantize
+    passes compute it in float32: ``clamp(rint(((q - zp) * scale) /
+    out_scale) + out_zp, qmin, qmax)``. Each x is contiguous and read as
+    [outer, numel / outer]; out is contiguous [outer, sum of those]."""
+    cdef int n = len(xs), j
+    if n < 1 or len(scales) != n or len(zps) != n or outer < 1:
+        raise ValueError("concat_into takes one scale and zero point per input, outer >= 1")
+    _check(out, "out")
+    cdef int ok = _kind(out)
+    if ok == 2:
+        raise ValueError("concat_into writes int8 or uint8 storage")
+    cdef cnp.ndarray ptrs = np.empty(n, np.uintp), kinds = np.empty(n, np.intc)
+    cdef cnp.ndarray sc = np.asarray(scales, np.float32), zp = np.asarray(zps, np.float32)
+    cdef cnp.ndarray inner = np.empty(n, np.int64), tables = np.empty(257 * n, np.uint8)
+    cdef Tensor x
+    cdef int64_t total = 0
+    for j in range(n):
+        x = xs[j]
+        _check(x, "x")
+        kinds[j] = _kind(x)
+        if kinds[j] == 2 or numel(x) % outer:
+            raise ValueError("concat_into takes int8 or uint8 inputs of whole rows")
+        ptrs[j] = <size_t>x._data
+        inner[j] = numel(x) // outer
+        total += inner[j]
+    if total * outer != numel(out):
+        raise ValueError("concat_into: out holds not the inputs' elements")
+    mt_q_set_threads(num_threads())
+    with nogil:
+        mt_qconcat_u8(n, <const void *const *>cnp.PyArray_DATA(ptrs),
+                      <const int *>cnp.PyArray_DATA(kinds), <const float *>cnp.PyArray_DATA(sc),
+                      <const float *>cnp.PyArray_DATA(zp), <const int64_t *>cnp.PyArray_DATA(inner),
+                      outer, out_scale, out_zp, qmin, qmax, ok,
+                      <uint8_t *>cnp.PyArray_DATA(tables), <void *>out._data)

@@ -379,9 +379,17 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, mode="average_count_exclu
     Returns:
         [N, C, OH, OW] in x's dtype.
 
+    A per-tensor quantized x (int8 / uint8 storage) pools its integers, as
+    MegEngine pools a quantized tensor: the result keeps x's dtype, scale
+    and zero point; each output is the window's integer sum less the zero
+    point per element, divided exactly and rounded half to even, plus the
+    zero point (:func:`mgtrace.quantization.int8.avg_pool2d`); CPU only.
+
     Raises:
         ValueError: x not 4-d, unknown mode, bad geometry.
         TypeError: an integer x.
+        QuantizationError: (a ValueError) a quantized x with bad geometry or
+            mode, or on another device.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
@@ -389,6 +397,9 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, mode="average_count_exclu
     [[[[2.5, 4.5], [10.5, 12.5]]]]
     """
     fn = "avg_pool2d"
+    if isinstance(x, Tensor) and x._qdtype is not None:
+        from mgtrace.quantization.int8 import avg_pool2d_tensor
+        return avg_pool2d_tensor(x, kernel_size, stride, padding, mode, bool(ceil_mode))
     x = _pool_input(fn, x)
     if mode not in _AVG_MODES:
         raise ValueError(f"{fn}: mode must be one of {', '.join(map(repr, _AVG_MODES))}, got {mode!r}")
@@ -415,8 +426,13 @@ def adaptive_avg_pool2d(x, oshp):
     Returns:
         [N, C, oh, ow] in x's dtype.
 
+    A per-tensor quantized x (int8 / uint8 storage) pools its integers as
+    :func:`avg_pool2d` does (the result keeps x's dtype, scale and zero
+    point; :func:`mgtrace.quantization.int8.adaptive_avg_pool2d`); CPU only.
+
     Raises:
         ValueError: x not 4-d, oshp not positive. TypeError: integer x.
+        QuantizationError: (a ValueError) a quantized x on another device.
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
     >>> x = mt.tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
@@ -424,6 +440,9 @@ def adaptive_avg_pool2d(x, oshp):
     [[[[7.5]]]]
     """
     fn = "adaptive_avg_pool2d"
+    if isinstance(x, Tensor) and x._qdtype is not None:
+        from mgtrace.quantization.int8 import adaptive_avg_pool2d_tensor
+        return adaptive_avg_pool2d_tensor(x, _oshp(fn, oshp))
     return _nn.adaptive_avg_pool2d(_pool_input(fn, x), _oshp(fn, oshp))
 
 

@@ -183,6 +183,8 @@ MODULES = {
     _MM + "activation.SiLU": _stateless(M.SiLU),
     _MM + "activation.GELU": _stateless(M.GELU),
     _MM + "identity.Identity": _stateless(M.Identity),
+    _MM + "quant_dequant.QuantStub": _stateless(M.QuantStub),
+    _MM + "quant_dequant.DequantStub": _stateless(M.DequantStub),
     _MM + "conv.ConvRelu2d": _conv(M.ConvRelu2d),
     _MM + "conv_bn.ConvBn2d": _conv_bn(M.ConvBn2d),
     _MM + "conv_bn.ConvBnRelu2d": _conv_bn(M.ConvBnRelu2d),

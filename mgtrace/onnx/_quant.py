@@ -685,6 +685,24 @@ def _max_pool_source(e):
     return None
 
 
+def avg_pool_source(e):
+    """The tensor node an average pool expr (``F.avg_pool2d``,
+    ``F.adaptive_avg_pool2d``, ``M.AvgPool2d``, ``M.AdaptiveAvgPool2d``)
+    reads, else None: of a quantized tensor it averages the integers,
+    rounding the exact mean half to even, which ONNX's float AveragePool
+    between a DequantizeLinear and a QuantizeLinear does not reproduce
+    (float rounding moves some ties), so the exporter refuses it."""
+    import mgtrace.functional as F
+    import mgtrace.module as M
+    from mgtrace.traced_module.passes.match import is_function, module_call
+    for cls in (M.AvgPool2d, M.AdaptiveAvgPool2d):
+        if module_call(e, cls) is not None and len(e.args) == 2:
+            return e.args[1]
+    if (is_function(e, F.avg_pool2d) or is_function(e, F.adaptive_avg_pool2d)) and e.args:
+        return e.args[0]
+    return None
+
+
 def qparams_source(e):
     """The node whose qparams the result of expr ``e`` keeps (where
     :func:`keeps_qparams`): the max pool's input, else ``e.args[0]``."""

@@ -305,6 +305,11 @@ class _Exporter:
                 for o, so in zip(e.outputs, sub.outputs):
                     self.env[id(o)] = self.env[id(so)]
                 continue
+            pooled = _quant.avg_pool_source(e)
+            if pooled is not None and getattr(self.value(pooled), "q", None) is not None:
+                raise self.b.error("an average pool of a quantized tensor (int8 on its "
+                                   "integers, the exact mean rounded half to even) has no "
+                                   "exact ONNX form; put the DequantStub before the pool")
             result = self.expr(e)
             if isinstance(result, V) and result.q is None and _quant.keeps_qparams(e):
                 src = self.value(_quant.qparams_source(e))

@@ -979,6 +979,7 @@ _MODULES = {
     "AdaptiveAvgPool2d": _m("adaptive_avg_pool2d", lambda m, p: dict(oshp=m.output_size)),
     "Dropout": _m("dropout", lambda m, p: dict(drop_prob=m.p, training=m.training)),
     "Identity": _m_identity,
+    "QuantStub": _m_identity, "DequantStub": _m_identity,   # the float stubs
     "Flatten": _m("flatten", lambda m, p: dict(start_axis=m.start_dim, end_axis=m.end_dim)),
     **{n: _decomposed() for n in (
         "LeakyReLU", "PReLU", "PixelShuffle", "Pad", "AdaptiveMaxPool2d", "InstanceNorm",

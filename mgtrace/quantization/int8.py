@@ -22,6 +22,7 @@ Arguments are NumPy arrays or mgtrace Tensors of int8/uint8; results are
 NumPy arrays. The quantized modules (``mgtrace.module.quantized``) run
 these kernels on QuantizedTensors.
 """
+import functools
 import math
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from mgtrace.quantization.utils import QuantizationError, quant_dtype
 
 __all__ = ["has_vnni", "Int8Weight", "quantize_array", "dequantize_array", "linear", "conv2d",
-           "max_pool2d"]
+           "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
 
 _MAX_K = 65792          # K * 255 * 128 < 2**31: the int32 dot product is exact
 
@@ -373,11 +374,167 @@ def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_m
     """:func:`max_pool2d` of a per-tensor quantized CPU Tensor (int8 / uint8
     storage): a QuantizedTensor of x's dtype and qparams. What
     ``F.max_pool2d`` runs for such an input."""
+    return _pooled_tensor(x, "max_pool2d", lambda data, alloc: max_pool2d(
+        data, kernel_size, stride, padding, dilation, ceil_mode, alloc=alloc))
+
+
+_AVG_MODES = ("average_count_exclude_padding", "average")
+
+
+def _frozen(*arrays):
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+@functools.lru_cache(maxsize=128)
+def _avg_windows(n, k, s, p, o, include_pad):
+    """avg_pool2d's windows along one axis (pool.c's rule): int64 starts,
+    ends (clipped to the input) and divisors, each [o] (read-only, cached)."""
+    i = np.arange(o, dtype=np.int64)
+    w0 = i * s - p
+    w1 = np.minimum(w0 + k, n + p)
+    start = np.minimum(np.maximum(w0, 0), n)
+    end = np.maximum(np.minimum(w1, n), start)
+    return _frozen(start, end, (w1 - w0) if include_pad else end - start)
+
+
+@functools.lru_cache(maxsize=128)
+def _adaptive_windows(n, m):
+    """adaptive pooling's windows along one axis: [floor(i n / m),
+    ceil((i + 1) n / m)), their sizes the divisors (read-only, cached)."""
+    i = np.arange(m, dtype=np.int64)
+    start, end = i * n // m, -(-(i + 1) * n // m)
+    return _frozen(start, end, end - start)
+
+
+def _avg_pool(fn, x, rows, cols, zero_point, path, alloc):
+    """Average of int8 / uint8 x [N, C, H, W] over the windows ``rows`` and
+    ``cols`` ((start, end, divisor) per axis): see :func:`avg_pool2d`."""
+    zp = int(zero_point)
+    info = np.iinfo(x.dtype)
+    if not info.min <= zp <= info.max:
+        raise QuantizationError(f"{fn}: zero point {zp} outside {x.dtype}'s range")
+    n, c = x.shape[:2]
+    out = alloc((n, c, len(rows[0]), len(cols[0])), x.dtype)
+    if out.size == 0:
+        return out
+    if path == 1:
+        q = x.astype(np.int64) - zp
+        for a, (ys, ye, dy) in enumerate(zip(*rows)):
+            for b, (xs, xe, dx) in enumerate(zip(*cols)):
+                total = q[:, :, ys:ye, xs:xe].sum(axis=(2, 3))
+                d = int(dy * dx)
+                if d == 0:
+                    v = np.zeros_like(total)
+                else:
+                    v, r = np.divmod(total, d)           # floor; r in [0, d)
+                    v = v + ((2 * r > d) | ((2 * r == d) & (v % 2 == 1)))
+                out[:, :, a, b] = np.clip(v + zp, info.min, info.max)
+        return out
+    _kernels().avgpool(np.ascontiguousarray(x), *rows, *cols, zp, int(info.min), int(info.max),
+                       out)
+    return out
+
+
+def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exclude_padding",
+               ceil_mode=False, zero_point=0, path=0, alloc=np.empty):
+    """Average pooling of quantized integers: x_q int8 / uint8 [N, C, H, W]
+    with ``zero_point`` -> the same dtype [N, C, OH, OW] with the same
+    scale and zero point (MegEngine's quantized pooling keeps the dtype).
+    Geometry and ``mode`` as F.avg_pool2d ("average_count_exclude_padding",
+    MegEngine's default: divide by the input elements in the window;
+    "average": by the window, padding included, the padding the real 0).
+
+    Each output is the window's sum in integers, exactly::
+
+        y_q = round_half_even((sum(x_q) - zero_point * n) / divisor) + zero_point
+
+    (n the input elements in the window; a zero divisor gives zero_point),
+    the exact mean of the dequantized values quantized again with the same
+    qparams under the one rounding rule of :mod:`mgtrace.quantization`
+    (MegEngine's kernels round half away from zero). A float pool of the
+    dequantized values then quantized can differ by one step where float
+    rounding moves a tie. ``path`` 0: the C kernel (kernels/cpu/qpool.c);
+    1: NumPy (for tests, the same bits). Raises QuantizationError for
+    another dtype, rank, mode or geometry.
+
+    >>> avg_pool2d(np.array([[[[0, 1, 1, 2, -3, 0]]]], np.int8), (1, 2)).tolist()
+    [[[[0, 2, -2]]]]
+    """
+    x = _array(x_q, "x_q")
+    if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
+        raise QuantizationError(f"avg_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
+                                f"{x.shape}")
+    if mode not in _AVG_MODES:
+        raise QuantizationError(f"avg_pool2d: mode must be one of {_AVG_MODES}, got {mode!r}")
+    (kh, kw) = _pair(kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
+    (ph, pw) = _pair(padding)
+    if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
+        raise QuantizationError(f"avg_pool2d: kernel {(kh, kw)} and stride {(sh, sw)} must be "
+                                f">= 1, padding {(ph, pw)} in [0, kernel / 2]")
+    h, w = x.shape[2:]
+    oh, ow = (_pool_size(h, kh, sh, ph, 1, ceil_mode), _pool_size(w, kw, sw, pw, 1, ceil_mode))
+    if oh < 1 or ow < 1:
+        raise QuantizationError(f"avg_pool2d: output size {oh}x{ow} of a {h}x{w} input is empty")
+    include = mode == "average"
+    return _avg_pool("avg_pool2d", x, _avg_windows(h, kh, sh, ph, oh, include),
+                     _avg_windows(w, kw, sw, pw, ow, include), zero_point, path, alloc)
+
+
+def adaptive_avg_pool2d(x_q, oshp, zero_point=0, path=0, alloc=np.empty):
+    """Adaptive average pooling of quantized integers (F.adaptive_avg_pool2d's
+    windows: output i of m along an axis of n averages [floor(i n / m),
+    ceil((i + 1) n / m)); ``oshp`` an int or (oh, ow), None keeping an
+    axis), rounded as :func:`avg_pool2d`; ``oshp`` 1 is the global average
+    pool. Raises QuantizationError for another dtype or rank, an empty
+    input plane or a size below 1."""
+    x = _array(x_q, "x_q")
+    if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
+        raise QuantizationError(f"adaptive_avg_pool2d takes int8 / uint8 [N, C, H, W], got "
+                                f"{x.dtype} {x.shape}")
+    h, w = x.shape[2:]
+    oh, ow = (oshp, oshp) if not isinstance(oshp, (tuple, list)) else tuple(oshp)
+    oh, ow = h if oh is None else oh, w if ow is None else ow
+    if h < 1 or w < 1 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in (oh, ow)):
+        raise QuantizationError(f"adaptive_avg_pool2d: output size {oshp!r} must be >= 1 and "
+                                f"the input plane {h}x{w} non-empty")
+    return _avg_pool("adaptive_avg_pool2d", x, _adaptive_windows(h, int(oh)),
+                     _adaptive_windows(w, int(ow)), zero_point, path, alloc)
+
+
+def avg_pool2d_tensor(x, kernel_size, stride=None, padding=0,
+                      mode="average_count_exclude_padding", ceil_mode=False):
+    """:func:`avg_pool2d` of a per-tensor quantized CPU Tensor: a
+    QuantizedTensor of x's dtype and qparams. What ``F.avg_pool2d`` runs for
+    such an input."""
+    zp = _zero_point(x)
+    return _pooled_tensor(x, "avg_pool2d", lambda data, alloc: avg_pool2d(
+        data, kernel_size, stride, padding, mode, ceil_mode, zp, alloc=alloc))
+
+
+def adaptive_avg_pool2d_tensor(x, oshp):
+    """:func:`adaptive_avg_pool2d` of a per-tensor quantized CPU Tensor, as
+    :func:`avg_pool2d_tensor`. What ``F.adaptive_avg_pool2d`` runs."""
+    zp = _zero_point(x)
+    return _pooled_tensor(x, "adaptive_avg_pool2d", lambda data, alloc: adaptive_avg_pool2d(
+        data, oshp, zp, alloc=alloc))
+
+
+def _zero_point(x):
+    from mgtrace.quantization import qdtype
+    return int(qdtype.get_zero_point(x._qdtype))
+
+
+def _pooled_tensor(x, fn, run):
+    """``run(integers, alloc)`` on per-tensor quantized CPU Tensor x, its
+    result a QuantizedTensor of x's dtype and qparams."""
     from mgtrace._core import empty_tensor
     from mgtrace._core.tensor import unshared_view
     from mgtrace.quantization.qtensor import QuantizedTensor
     if x.device.type != "cpu":
-        raise QuantizationError(f"max_pool2d of a quantized tensor runs on the CPU, got "
+        raise QuantizationError(f"{fn} of a quantized tensor runs on the CPU, got "
                                 f"{x.device}")
     holder = []
 
@@ -391,5 +548,5 @@ def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_m
         return unshared_view(t, True)
     # the integers in place (Tensor.numpy copies them)
     data = unshared_view(x) if x.is_contiguous else np.asarray(x.numpy())
-    max_pool2d(data, kernel_size, stride, padding, dilation, ceil_mode, alloc=alloc)
+    run(data, alloc)
     return holder[0]

@@ -351,10 +351,8 @@ def quantize_adds(tm):
     conv to conv. Broadcasting adds, other dtypes and in-place ``+=`` stay
     as they are.
 
-    The float QuantStub / DequantStub are no builtin modules, so the
-    rewritten float model saves only once converted (:func:`quantize_qat`,
-    :func:`quantize`) or traced again (``mgtrace.trace_module``): ``save``
-    refuses it with a TypeError saying so.
+    The float QuantStub / DequantStub are builtins (format 1.2), so the
+    rewritten float model saves, loads and runs as it is.
 
     Returns the number of adds rewritten.
     """
@@ -374,20 +372,15 @@ def quantize_adds(tm):
             if hit is not None and hit[0] == "relu" and hit[1] is y:
                 last, method = user, "fuse_add_relu"
             name = _free_name(owner, "qadd")
-            # the stubs are called as builtin Identities and then swapped in (as
-            # quantize_layers swaps its Sequentials in): the float stubs are no
-            # builtins, and a call inserted would trace into them
-            for suffix in ("_q0", "_q1", "_dq"):
-                setattr(owner, name + suffix, M.Identity())
+            for suffix, stub in (("_q0", M.QuantStub()), ("_q1", M.QuantStub()),
+                                 ("_dq", M.DequantStub())):
+                setattr(owner, name + suffix, stub)
             setattr(owner, name, M.Elemwise(method))
             with g.insert_exprs(last):
                 qa = getattr(owner, name + "_q0")(ops[0])
                 qb = getattr(owner, name + "_q1")(ops[1])
                 new = getattr(owner, name + "_dq")(getattr(owner, name)(qa, qb))
             g.replace_node({last.outputs[0]: new})
-            for suffix, stub in (("_q0", M.QuantStub()), ("_q1", M.QuantStub()),
-                                 ("_dq", M.DequantStub())):
-                setattr(owner, name + suffix, stub)
             changed = True
             done += 1
         if changed:

@@ -107,13 +107,17 @@ CONSTRUCTIONS = [
     ("ConvTransposeRelu2d", (4, 6, 3), {"stride": 2, "output_padding": 1}),
     ("ConvTransposeBn2d", (4, 6, 3), {"groups": 2, "momentum": 0.2}),
     ("ConvTransposeBnRelu2d", (4, 6, 3), {"padding": 1, "bias": False}),
+    # format 1.2 (issue 32: the float stubs, identities)
+    ("QuantStub", (), {}),
+    ("DequantStub", (), {}),
 ]
 NOT_IN_TORCH = ("Elemwise", "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Pad", "InstanceNorm",
                 "GeneralNorm", "LocalResponseNorm", "SyncBatchNorm", "LocalConv2d",
                 "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
                 "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
                 "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat",
-                "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d")
+                "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d",
+                "QuantStub", "DequantStub")
 
 BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d",
                  "LayerNorm", "GroupNorm", "Embedding", "ReLU", "ReLU6", "GELU", "SiLU",
@@ -126,7 +130,8 @@ BUILTIN_NAMES = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d",
                  "SlidingWindow", "SlidingWindowTranspose", "MultiHeadAttention",
                  "DeformableConv2d", "RegionRestrictedConv", "DeformablePSROIPooling",
                  "LinearBn1d", "LinearBnRelu1d", "BatchMatMulActivation", "Concat",
-                 "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d"]
+                 "ConvTransposeRelu2d", "ConvTransposeBn2d", "ConvTransposeBnRelu2d",
+                 "QuantStub", "DequantStub"]
 
 
 def _ids(c):

@@ -423,6 +423,7 @@ def _module_cases():
         "AdaptiveAvgPool2d": _mod(M.AdaptiveAvgPool2d(1), x4),
         "Dropout": _mod(M.Dropout(0.3), x4),
         "Identity": _mod(M.Identity(), x4),
+        "QuantStub": _mod(M.QuantStub(), x4), "DequantStub": _mod(M.DequantStub(), x4),
         "Flatten": _mod(M.Flatten(), x4),
         "GELU": _mod(M.GELU(), x4),
     }

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["mgtrace.quantization", "mgtrace.quantization.qconfig"]
+MODULES = ["mgtrace.quantization", "mgtrace.quantization.qconfig", "mgtrace.quantization.int8"]
 
 
 @pytest.mark.parametrize("name", MODULES)

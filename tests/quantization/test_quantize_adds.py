@@ -269,17 +269,55 @@ def test_equal_stubs_of_one_value_quantize_it_once():
     np.testing.assert_array_equal(once(x).numpy(), want)
 
 
-def test_the_rewritten_float_model_saves_once_traced_again():
+def test_the_rewritten_float_model_saves_loads_and_runs_as_it_is(tmp_path):
+    """The float stubs are builtins (format 1.2): the rewritten model saves
+    without tracing again, and loaded it calls the same stubs and gives the
+    traced model's values, which are the eager float model's."""
     tm = _traced()
-    Q.quantize_adds(tm)
     x = mt.tensor(_data(1))
-    with pytest.raises(TypeError, match="trace"):
-        mt.save(tm, io.BytesIO())
+    eager = [t.numpy() for t in _float()(x)]
+    Q.quantize_adds(tm)
+    traced = [t.numpy() for t in tm(x)]
+    path = str(tmp_path / "adds.tmod")
+    mt.save(tm, path)
+    back = mt.load(path)
+    assert [type(getattr(back, f"qadd0_{s}")) for s in ("q0", "q1", "dq")] == [
+        M.QuantStub, M.QuantStub, M.DequantStub]
+    assert len(_calls(back, M.QuantStub)) == 6 and len(_calls(back, M.DequantStub)) == 3
+    for got, t, e in zip(back(x), traced, eager):
+        np.testing.assert_array_equal(t, e)
+        np.testing.assert_array_equal(got.numpy(), t)
+    with pytest.raises(ValueError, match="QuantStub"):
+        mt.save(tm, str(tmp_path / "old.tmod"), target_version=(1, 1))
+
+
+def test_a_float_model_written_with_stubs_traces_saves_and_quantizes(tmp_path):
+    """MegEngine's way: a user's float model with QuantStub / DequantStub
+    traces to calls of them, saves and loads (traced == eager == loaded),
+    and the loaded model quantizes as the eager one, bit for bit."""
+    x = mt.tensor(_data(5))
+    eager = _float(EagerRes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        again = mt.trace_module(tm, x)
+        tm = mt.trace_module(eager, x)
+    assert len(_calls(tm, M.QuantStub)) == 6 and len(_calls(tm, M.DequantStub)) == 3
+    path = str(tmp_path / "stubs.tmod")
+    mt.save(tm, path)
+    back = mt.load(path)
+    for got, t, e in zip(back(x), tm(x), eager(x)):
+        np.testing.assert_array_equal(t.numpy(), e.numpy())
+        np.testing.assert_array_equal(got.numpy(), t.numpy())
+    q_loaded = Q.quantize_layers(back, _calibrate, float_outputs=True)
+    q_eager = Q.quantize_layers(_float(EagerRes), _calibrate, float_outputs=True)
+    assert type(q_loaded.q00) is MQ.QuantStub and type(q_loaded.add1) is MQ.Elemwise
+    assert q_loaded.q10.act_qparams == q_eager.q10.act_qparams
+    for got, want in zip(q_loaded(x), q_eager(x)):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_a_model_without_stubs_is_still_written_as_format_1_1():
+    from mgtrace.serialization import load_archive
     f = io.BytesIO()
-    mt.save(again, f)
+    mt.save(_traced(), f)
     f.seek(0)
-    for g, w in zip(mt.load(f)(x), tm(x)):
-        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert tuple(load_archive(f).format_version) <= (1, 1)

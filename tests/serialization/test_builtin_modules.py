@@ -34,6 +34,7 @@ EXAMPLES = {
     "Concat": (),
     "ConvTransposeRelu2d": (3, 4, 3), "ConvTransposeBn2d": (3, 4, 3),
     "ConvTransposeBnRelu2d": (4, 6, 3, 2, 1, 1, 2),
+    "QuantStub": (), "DequantStub": (),
 }
 
 

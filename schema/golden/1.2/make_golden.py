@@ -258,6 +258,8 @@ NEW_MODULES = {
     "ConvTransposeBn2d": (lambda: M.ConvTransposeBn2d(3, 4, 3, groups=1).eval(), [(2, 3, 4, 4)]),
     "ConvTransposeBnRelu2d": (lambda: M.ConvTransposeBnRelu2d(4, 2, 2, stride=2,
                                                               groups=2).eval(), [(2, 4, 3, 3)]),
+    "QuantStub": (M.QuantStub, [(2, 3)]),
+    "DequantStub": (M.DequantStub, [(2, 3)]),
 }
 
 

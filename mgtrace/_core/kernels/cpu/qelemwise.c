@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
 #include <immintrin.h>
@@ -120,4 +121,63 @@ int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk,
         add_portable(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
     }
     return wide ? 2 : 1;
+}
+
+/* Quantized concat on the integers (MegEngine's quantized Concat): each
+ * input requantized to the output's qparams, the arithmetic of the float
+ * path (dequantize, concat, quantize) bit for bit in float32:
+ *
+ *   y = clamp(rintf((((float)q - zp) * scale) / out_scale) + out_zp, lo, hi)
+ *
+ * An int8 / uint8 input has 256 values, so each input's map is a table of
+ * 256 bytes built with that arithmetic, and the copy is a lookup per byte
+ * (a plain memcpy where the table is the identity: equal qparams).
+ *
+ * Input j is [outer][inner[j]] (its concat axis and the axes after it, C
+ * order), of kind kinds[j] (0 int8, 1 uint8); out is [outer][sum inner]
+ * of kind ok. tables: the caller's 257 * n_in bytes. Rows run on OpenMP
+ * threads when there are many. */
+NO_CONTRACT
+static int requant_table(int kind, float s, float zp, float os, float oz, float lo, float hi,
+                         uint8_t *table)
+{
+    int identity = 1;
+    for (int b = 0; b < 256; b++) {
+        float q = kind == 1 ? (float)b : (float)(int8_t)(uint8_t)b;
+        float v = rintf(((q - zp) * s) / os) + oz;
+        if (!(v >= lo)) v = lo;
+        if (v > hi) v = hi;
+        table[b] = (uint8_t)(int32_t)v;     /* an int8 result: its two's complement byte */
+        identity &= table[b] == b;
+    }
+    return identity;
+}
+
+void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const float *scales,
+                   const float *zps, const int64_t *inner, int64_t outer, float os, float oz,
+                   float lo, float hi, int ok, uint8_t *tables, void *out)
+{
+    int64_t total = 0;
+    for (int j = 0; j < n_in; j++) {
+        total += inner[j];
+        /* a table's first byte marks the identity map: 1 copies, else looks up;
+         * the map itself follows it */
+        uint8_t *t = tables + (size_t)j * 257;
+        t[0] = (uint8_t)requant_table(kinds[j], scales[j], zps[j], os, oz, lo, hi, t + 1);
+    }
+    (void)ok;       /* the tables hold the output's bytes, of either kind */
+#pragma omp parallel for schedule(static) if (outer > 1 && outer * total >= (1 << 16))
+    for (int64_t o = 0; o < outer; o++) {
+        uint8_t *dst = (uint8_t *)out + o * total;
+        for (int j = 0; j < n_in; j++) {
+            const uint8_t *src = (const uint8_t *)xs[j] + o * inner[j];
+            const uint8_t *t = tables + (size_t)j * 257;
+            if (t[0])
+                memcpy(dst, src, (size_t)inner[j]);
+            else
+                for (int64_t k = 0; k < inner[j]; k++)
+                    dst[k] = t[1 + src[k]];
+            dst += inner[j];
+        }
+    }
 }

@@ -114,3 +114,133 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
     }
     return !failed;
 }
+
+/* Int8 average pooling on the integers (issue 32; MegEngine pools a
+ * quantized tensor to the same dtype, scale and zero point). Output
+ * (oy, ox) of a plane sums the integers of rows [ys[oy], ye[oy]) and
+ * columns [xs[ox], xe[ox]) of the input (the window clipped to it) minus
+ * the zero point once per element, which is the sum of the real values
+ * over the scale (a padded position holds the real 0: it adds nothing),
+ * and divides by dy[oy] * dx[ox] (the caller's divisor: the clipped
+ * window's size, or the padded one's for MegEngine's "average" mode),
+ * rounding the exact quotient half to even, the project's one rule:
+ *
+ *     out = clamp(round_half_even((sum(q) - zp * n) / (dy * dx)) + zp, lo, hi)
+ *
+ * The quotient is rint((double)num / d): both below 2**53, the division
+ * is correctly rounded, so a tie k + 1/2 comes out exact and rint (round
+ * half to even, the default mode) takes it to even, and a quotient that
+ * is no tie lies at least 1 / (2d) from one, far more than the division's
+ * error. A zero divisor (a window wholly in the padding) writes zp, the
+ * float pool's 0.
+ *
+ * Each output row sums its window's rows column by column (unit stride,
+ * vectorised), then takes each window's columns as a difference of prefix
+ * sums; a global pool (one window over the whole plane) sums the plane in
+ * one pass. Sums are int32 where a plane's sum fits (H * W < 2**23), int64
+ * otherwise. x is int8 (is_s8) or uint8, [planes][H][W]; out the same
+ * type [planes][OH][OW]. Planes run on mt_q_team threads, each with a
+ * buffer of 2 W + 1 int64. Returns 1, or 0 when out of memory. */
+#include <math.h>
+
+static __thread int64_t *avg_at;
+static __thread size_t avg_cap;
+
+static int64_t *avg_scratch(size_t n)
+{
+    if (n > avg_cap) {
+        free(avg_at);
+        avg_cap = 0;
+        avg_at = malloc(n * sizeof(int64_t));
+        if (!avg_at)
+            return NULL;
+        avg_cap = n;
+    }
+    return avg_at;
+}
+
+static inline int64_t avg_store(int64_t sum, int64_t n, int64_t d, int32_t zp, int32_t lo,
+                                int32_t hi)
+{
+    int64_t v = zp;
+    if (d > 0)
+        v += (int64_t)rint((double)(sum - (int64_t)zp * n) / (double)d);
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* one plane; ACC the column sums' type, IN the input's */
+#define AVG_PLANE(NAME, IN, ACC)                                                            \
+static void NAME(const IN *xs, int64_t H, int64_t W, int64_t OH, int64_t OW,               \
+                 const int64_t *ys, const int64_t *ye, const int64_t *dy, const int64_t *xs0, \
+                 const int64_t *xe, const int64_t *dx, int32_t zp, int32_t lo, int32_t hi,  \
+                 ACC *col, int64_t *pre, IN *o)                                             \
+{                                                                                           \
+    if (OH == 1 && OW == 1 && ys[0] == 0 && ye[0] == H && xs0[0] == 0 && xe[0] == W) {      \
+        ACC sum = 0;                                                                        \
+        for (int64_t i = 0; i < H * W; i++)                                                 \
+            sum += xs[i];                                                                   \
+        o[0] = (IN)avg_store(sum, H * W, dy[0] * dx[0], zp, lo, hi);                        \
+        return;                                                                             \
+    }                                                                                       \
+    for (int64_t oy = 0; oy < OH; oy++) {                                                   \
+        for (int64_t w = 0; w < W; w++)                                                     \
+            col[w] = 0;                                                                     \
+        for (int64_t h = ys[oy]; h < ye[oy]; h++) {                                         \
+            const IN *r = xs + h * W;                                                       \
+            for (int64_t w = 0; w < W; w++)                                                 \
+                col[w] += r[w];                                                             \
+        }                                                                                   \
+        pre[0] = 0;                                                                         \
+        for (int64_t w = 0; w < W; w++)                                                     \
+            pre[w + 1] = pre[w] + col[w];                                                   \
+        int64_t rows = ye[oy] - ys[oy];                                                     \
+        for (int64_t ox = 0; ox < OW; ox++)                                                 \
+            o[oy * OW + ox] = (IN)avg_store(pre[xe[ox]] - pre[xs0[ox]],                     \
+                                            rows * (xe[ox] - xs0[ox]), dy[oy] * dx[ox], zp, \
+                                            lo, hi);                                        \
+    }                                                                                       \
+}
+
+AVG_PLANE(avg_plane_s8_32, int8_t, int32_t)
+AVG_PLANE(avg_plane_u8_32, uint8_t, int32_t)
+AVG_PLANE(avg_plane_s8_64, int8_t, int64_t)
+AVG_PLANE(avg_plane_u8_64, uint8_t, int64_t)
+
+int mt_qavgpool2d(const void *x, int is_s8, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                  int64_t OW, const int64_t *ys, const int64_t *ye, const int64_t *dy,
+                  const int64_t *xs, const int64_t *xe, const int64_t *dx, int32_t zp,
+                  int32_t lo, int32_t hi, void *out)
+{
+    int64_t work = 0;
+    for (int64_t oy = 0; oy < OH; oy++)
+        work += (ye[oy] - ys[oy]) * W + OW;
+    int narrow = H * W < ((int64_t)1 << 23);   /* 255 * H * W < 2**31 */
+    int failed = 0, nt = mt_q_team(planes * work);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+        /* W int64 column sums (or 2 W int32), then W + 1 prefix sums */
+        int64_t *buf = avg_scratch((size_t)(2 * W + 1));
+        if (!buf)
+            failed = 1;
+        int64_t *pre = buf ? buf + W : NULL;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; p++) {
+            if (!buf)
+                continue;
+            size_t in = (size_t)(p * H * W), at = (size_t)(p * OH * OW);
+            if (is_s8 && narrow)
+                avg_plane_s8_32((const int8_t *)x + in, H, W, OH, OW, ys, ye, dy, xs, xe, dx,
+                                zp, lo, hi, (int32_t *)buf, pre, (int8_t *)out + at);
+            else if (is_s8)
+                avg_plane_s8_64((const int8_t *)x + in, H, W, OH, OW, ys, ye, dy, xs, xe, dx,
+                                zp, lo, hi, buf, pre, (int8_t *)out + at);
+            else if (narrow)
+                avg_plane_u8_32((const uint8_t *)x + in, H, W, OH, OW, ys, ye, dy, xs, xe, dx,
+                                zp, lo, hi, (int32_t *)buf, pre, (uint8_t *)out + at);
+            else
+                avg_plane_u8_64((const uint8_t *)x + in, H, W, OH, OW, ys, ye, dy, xs, xe, dx,
+                                zp, lo, hi, buf, pre, (uint8_t *)out + at);
+        }
+    }
+    return !failed;
+}
