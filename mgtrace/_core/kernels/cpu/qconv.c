@@ -535,11 +535,11 @@ int mt_qconv_has_amx(void)
  * again each time, which cost more than the packing itself. Grows, never
  * shrinks; NULL when out of memory. The one policy of both drivers: the
  * dense conv's packed input (the calling thread's) and the depthwise
- * conv's padded plane (each team thread's own). */
+ * conv's padded plane (each team thread's own), and qpool.c's pools. */
 static __thread uint8_t *scratch_at;
 static __thread size_t scratch_cap;
 
-static uint8_t *scratch(size_t n)
+uint8_t *mt_q_scratch(size_t n)     /* also qpool.c's (one call at a time per thread) */
 {
     if (n > scratch_cap) {
         free(scratch_at);
@@ -586,7 +586,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
     size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
     /* the padded planes, 64 bytes of slack for the last 32-byte loads */
-    uint8_t *packed = scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
+    uint8_t *packed = mt_q_scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
@@ -960,7 +960,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1 && blocks > 1)
         {
-            uint8_t *buf = scratch(need);
+            uint8_t *buf = mt_q_scratch(need);
             double cr[16], mu[16];
             if (!buf)
                 failed = 1;
@@ -1005,7 +1005,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        uint8_t *buf = scratch((size_t)(HP * WP));     /* this thread's, kept */
+        uint8_t *buf = mt_q_scratch((size_t)(HP * WP));     /* this thread's, kept */
         if (!buf)
             failed = 1;
 #pragma omp for schedule(static)

@@ -17,29 +17,14 @@
  * unit-stride max over "wide" output rows of wq bytes: the compiler's
  * vectorised loop, 64 bytes per instruction with AVX-512. Planes run on
  * mt_q_team(work) threads (qgemm.c), each with its own buffer, kept for its
- * next call as qconv.c's scratch is.
+ * next call: qconv.c's mt_q_scratch, the one per-thread buffer of the int8 kernels.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 int mt_q_team(int64_t work);    /* qgemm.c */
-
-static __thread uint8_t *pool_at;
-static __thread size_t pool_cap;
-
-static uint8_t *pool_scratch(size_t n)
-{
-    if (n > pool_cap) {
-        free(pool_at);
-        pool_cap = 0;
-        pool_at = malloc(n);
-        if (!pool_at)
-            return NULL;
-        pool_cap = n;
-    }
-    return pool_at;
-}
+uint8_t *mt_q_scratch(size_t n);     /* qconv.c: the calling thread's buffer, kept */
 
 /* Returns 1, or 0 when out of memory (out is then not written whole). */
 int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int64_t KH,
@@ -57,7 +42,7 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        uint8_t *buf = pool_scratch(need);
+        uint8_t *buf = mt_q_scratch(need);
         if (!buf)
             failed = 1;
 #pragma omp for schedule(static)
@@ -143,22 +128,6 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
  * buffer of 2 W + 1 int64. Returns 1, or 0 when out of memory. */
 #include <math.h>
 
-static __thread int64_t *avg_at;
-static __thread size_t avg_cap;
-
-static int64_t *avg_scratch(size_t n)
-{
-    if (n > avg_cap) {
-        free(avg_at);
-        avg_cap = 0;
-        avg_at = malloc(n * sizeof(int64_t));
-        if (!avg_at)
-            return NULL;
-        avg_cap = n;
-    }
-    return avg_at;
-}
-
 static inline int64_t avg_store(int64_t sum, int64_t n, int64_t d, int32_t zp, int32_t lo,
                                 int32_t hi)
 {
@@ -219,7 +188,7 @@ int mt_qavgpool2d(const void *x, int is_s8, int64_t planes, int64_t H, int64_t W
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         /* W int64 column sums (or 2 W int32), then W + 1 prefix sums */
-        int64_t *buf = avg_scratch((size_t)(2 * W + 1));
+        int64_t *buf = (int64_t *)mt_q_scratch((size_t)(2 * W + 1) * sizeof(int64_t));
         if (!buf)
             failed = 1;
         int64_t *pre = buf ? buf + W : NULL;
