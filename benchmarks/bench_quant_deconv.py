@@ -16,20 +16,10 @@ import argparse
 import os
 import subprocess
 import sys
-import time
+
+from _timing import best_and_median_ms
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _times(f, n=15):
-    import numpy as np
-    f()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return min(ts), float(np.median(ts))
 
 
 def _input():
@@ -46,10 +36,10 @@ def run_mgtrace():
     mt.random.seed(0)
     x = mt.tensor(_input())
     net = M.Sequential(M.ConvTranspose2d(64, 32, 4, stride=2, padding=1, bias=False)).eval()
-    print("mgtrace float32    best %.2f ms, median %.2f ms" % _times(lambda: net(x)))
+    print("mgtrace float32    best %.2f ms, median %.2f ms" % best_and_median_ms(lambda: net(x), 15))
     q = Q.quantize_layers(net, lambda m: m(x), types=(M.ConvTranspose2d,),
                           qconfig=Q.min_max_fakequant_qconfig)
-    print("mgtrace int8       best %.2f ms, median %.2f ms" % _times(lambda: q(x)))
+    print("mgtrace int8       best %.2f ms, median %.2f ms" % best_and_median_ms(lambda: q(x), 15))
 
 
 def run_megengine():
@@ -70,7 +60,7 @@ def run_megengine():
     net = Net()
     net.eval()
     x = mge.tensor(_input())
-    print("megengine float32  best %.2f ms, median %.2f ms" % _times(lambda: net.ct(x).numpy()))
+    print("megengine float32  best %.2f ms, median %.2f ms" % best_and_median_ms(lambda: net.ct(x).numpy(), 15))
     qat = quantize_qat(net, qconfig=min_max_fakequant_qconfig)
     enable_observer(qat)
     disable_fake_quant(qat)
@@ -79,7 +69,7 @@ def run_megengine():
     enable_fake_quant(qat)
     q = quantize(qat)
     q.eval()
-    print("megengine int8     best %.2f ms, median %.2f ms" % _times(lambda: q(x).numpy()))
+    print("megengine int8     best %.2f ms, median %.2f ms" % best_and_median_ms(lambda: q(x).numpy(), 15))
 
 
 def main():

@@ -15,20 +15,10 @@ warm-up call.
 import argparse
 import os
 import sys
-import time
+
+from _timing import best_and_median_ms
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _times(f, n=25):
-    import numpy as np
-    f()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return min(ts), float(np.median(ts))
 
 
 def main():
@@ -59,17 +49,17 @@ def main():
          lambda t: F.avg_pool2d(t, 3, 2, 1)),
     ]:
         x, q = pair(shape)
-        rows.append((name, "float32", _times(lambda: call(x))))
-        rows.append((name, "int8", _times(lambda: call(q))))
+        rows.append((name, "float32", best_and_median_ms(lambda: call(x), 25)))
+        rows.append((name, "int8", best_and_median_ms(lambda: call(q), 25)))
     a = quantize(mt.tensor(rng.standard_normal((8, 64, 28, 28)).astype(np.float32)),
                  qp(0.03, 120))
     b = quantize(mt.tensor(rng.standard_normal((8, 64, 28, 28)).astype(np.float32)),
                  qp(0.05, 128))
     m = MQ.Concat(qp(0.04, 125))
     name = "Concat 2 x 8x64x28x28 quint8"
-    rows.append((name, "float passes", _times(lambda: quantize(
-        F.concat([dequantize(a), dequantize(b)], 1), m.act_qparams))))
-    rows.append((name, "int8 C pass", _times(lambda: m([a, b], 1))))
+    rows.append((name, "float passes", best_and_median_ms(lambda: quantize(
+        F.concat([dequantize(a), dequantize(b)], 1), m.act_qparams), 25)))
+    rows.append((name, "int8 C pass", best_and_median_ms(lambda: m([a, b], 1), 25)))
     print(f"threads {args.threads}; ms, best / median of 25")
     for name, what, (best, med) in rows:
         print(f"{name:34s} {what:13s} {best:8.3f} {med:8.3f}")
