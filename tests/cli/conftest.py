@@ -268,7 +268,7 @@ def _no_process_left_behind():
         return
     before = set(_children())
     yield
-    deadline = time.monotonic() + 10.0          # stopped workers may still be exiting
+    deadline = time.monotonic() + 30.0          # stopped workers may still be exiting (a slow CI)
     def left_now():
         return {p: c for p, c in _children().items()
                 if p not in before and "multiprocessing.resource_tracker" not in c}
