@@ -219,6 +219,24 @@ def _pair(v):
     return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
 
 
+_GEOMETRY_MAX = 2 ** 31 - 1
+
+
+def _geometry(fn, name, v):
+    """A pooling's int or (h, w) argument as a pair of Python ints, as the
+    float pools take it: integers (not bool, not float; a TypeError) at most
+    2**31 - 1 (a QuantizationError; the kernels' buffers are sized from
+    them, and a float x refuses the same values)."""
+    vals = (v, v) if np.ndim(v) == 0 else tuple(v)
+    if len(vals) != 2 or not all(isinstance(a, (int, np.integer)) and
+                                 not isinstance(a, (bool, np.bool_)) for a in vals):
+        raise TypeError(f"{fn}: {name} must be an int or a pair of ints, got {v!r}")
+    if max(vals) > _GEOMETRY_MAX:
+        raise QuantizationError(f"{fn}: {name} must be at most {_GEOMETRY_MAX} (2**31 - 1), "
+                                f"got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
 def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
            stride=1, padding=0, dilation=1, x_dtype=None, path=0, alloc=np.empty):
     """Int8 ``conv2d`` (NCHW): x_q int8/uint8 [N, C_in, H, W] -> out_dtype
@@ -333,9 +351,10 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
         raise QuantizationError(f"max_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
                                 f"{x.shape}")
-    (kh, kw) = _pair(kernel_size)
-    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
-    (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
+    fn = "max_pool2d"
+    (kh, kw) = _geometry(fn, "kernel_size", kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _geometry(fn, "stride", stride)
+    (ph, pw), (dh, dw) = _geometry(fn, "padding", padding), _geometry(fn, "dilation", dilation)
     if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
         raise QuantizationError(f"max_pool2d: kernel {(kh, kw)}, stride {(sh, sw)} and "
                                 f"dilation {(dh, dw)} must be >= 1, padding {(ph, pw)} in "
@@ -364,6 +383,10 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     if signed:
         a = a.view(np.uint8) ^ np.uint8(0x80)
     o = out if not signed else np.empty((n, c, oh, ow), np.uint8)
+    # one window along an axis: its stride moves nothing, and qpool.c lays
+    # the input out in stride-phases (sh * sw of them: a stride of 2**32
+    # overflowed that count and wrote past its buffer)
+    sh, sw = (1 if oh == 1 else sh), (1 if ow == 1 else sw)
     _kernels().maxpool(a, kh, kw, sh, sw, ph, pw, dh, dw, o)
     if signed:
         np.bitwise_xor(o, np.uint8(0x80), out=out.view(np.uint8))
@@ -468,9 +491,10 @@ def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exc
                                 f"{x.shape}")
     if mode not in _AVG_MODES:
         raise QuantizationError(f"avg_pool2d: mode must be one of {_AVG_MODES}, got {mode!r}")
-    (kh, kw) = _pair(kernel_size)
-    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
-    (ph, pw) = _pair(padding)
+    fn = "avg_pool2d"
+    (kh, kw) = _geometry(fn, "kernel_size", kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _geometry(fn, "stride", stride)
+    (ph, pw) = _geometry(fn, "padding", padding)
     if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
         raise QuantizationError(f"avg_pool2d: kernel {(kh, kw)} and stride {(sh, sw)} must be "
                                 f">= 1, padding {(ph, pw)} in [0, kernel / 2]")

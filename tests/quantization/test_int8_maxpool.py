@@ -189,3 +189,37 @@ def test_a_strided_quantized_view_pools_its_values():
     got = F.max_pool2d(x, 3, 2, 1)
     want = quantize(F.max_pool2d(dequantize(x), 3, 2, 1), q)
     np.testing.assert_array_equal(np.asarray(got.numpy()), np.asarray(want.numpy()))
+
+
+@pytest.mark.parametrize("stride", [(2 ** 31 - 1, 2 ** 31 - 1), (1, 2 ** 31 - 1), (2 ** 30, 1)])
+def test_a_huge_stride_pools_its_one_window(stride):
+    # one window along an axis: qpool.c laid the input out in sh * sw
+    # stride-phases, sized from the strides (2**31 - 1: out of memory; 2**32
+    # overflowed the count and wrote past the buffer, or looped for ever)
+    rng = np.random.default_rng(21)
+    x = rng.integers(-128, 128, (2, 3, 5, 6)).astype(np.int8)
+    got = int8.max_pool2d(x, (3, 2), stride, (1, 1), ceil_mode=True)
+    ref = F.max_pool2d(mt.tensor(x.astype(F32)), (3, 2), stride, (1, 1), ceil_mode=True).numpy()
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref.astype(np.int8))
+    np.testing.assert_array_equal(got, _numpy_pool(x, (3, 2), stride, (1, 1), (1, 1),
+                                                   *got.shape[2:]))
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_quantized_pools_refuse_the_float_pools_bad_geometry(pool):
+    # as a float x: ints at most 2**31 - 1 (a stride of 2**32 crashed the
+    # max pool; a kernel of 2**70 leaked the core's OverflowError; 2.5 and
+    # True pooled as 2 and 1)
+    x = quantize(mt.tensor(np.ones((1, 1, 5, 6), F32)), _qp("qint8", 0.1))
+    f = F.max_pool2d if pool == "max" else F.avg_pool2d
+    for kwargs in ({"kernel_size": 2, "stride": (2 ** 32, 2 ** 32)},
+                   {"kernel_size": 3, "stride": 2 ** 63 - 1},
+                   {"kernel_size": 2 ** 70, "padding": 2 ** 69}):
+        with pytest.raises(ValueError, match="at most 2147483647"):
+            f(mt.tensor(np.ones((1, 1, 5, 6), F32)), **kwargs)
+        with pytest.raises(QuantizationError, match="at most 2147483647"):
+            f(x, **kwargs)
+    for bad in (2.5, True, (2, 2, 2)):
+        with pytest.raises(TypeError, match="kernel_size"):
+            f(x, bad)
