@@ -387,10 +387,30 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     # the input out in stride-phases (sh * sw of them: a stride of 2**32
     # overflowed that count and wrote past its buffer)
     sh, sw = (1 if oh == 1 else sh), (1 if ow == 1 else sw)
+    kh, ph = _taps_on_input(h, kh, sh, ph, dh, oh)
+    kw, pw = _taps_on_input(w, kw, sw, pw, dw, ow)
     _kernels().maxpool(a, kh, kw, sh, sw, ph, pw, dh, dw, o)
     if signed:
         np.bitwise_xor(o, np.uint8(0x80), out=out.view(np.uint8))
     return out
+
+
+def _taps_on_input(n, k, s, p, d, o):
+    """(kernel, padding) along one axis of a max pool without the taps that
+    read the padding in every window: qpool.c walks every tap of the kernel
+    over every output, so a kernel of 2**20 with padding 2**19 (legal, as
+    the float pool's) over 5 inputs ran for minutes. Tap t of window i reads
+    input i * s + t * d - p: taps before the last window's first input and
+    past the first window's last input only ever read padding, which never
+    wins. The same outputs; the geometry unchanged where the trimmed one
+    would break qpool.c's rules (padding in [0, kernel / 2], every window
+    starting before the input's end)."""
+    t0 = max(0, -(-(p - (o - 1) * s) // d))
+    t1 = min(k, (p + n - 1) // d + 1)
+    k2, p2 = t1 - t0, p - t0 * d
+    if k2 < 1 or p2 < 0 or 2 * p2 > k2 or (o - 1) * s - p2 >= n:
+        return k, p
+    return k2, p2
 
 
 def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
