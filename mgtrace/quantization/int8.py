@@ -454,8 +454,14 @@ def _adaptive_windows(n, m):
 def _avg_pool(fn, x, rows, cols, zero_point, path, alloc):
     """Average of int8 / uint8 x [N, C, H, W] over the windows ``rows`` and
     ``cols`` ((start, end, divisor) per axis): see :func:`avg_pool2d`."""
-    zp = int(zero_point)
     info = np.iinfo(x.dtype)
+    # an integer (a QParams' float32 zero point holds one); "3", 1.5 and
+    # None were read by int() as 3, 1 and a raw TypeError
+    if isinstance(zero_point, (bool, np.bool_)) or not isinstance(
+            zero_point, (int, float, np.integer, np.floating)) or \
+            not float(zero_point).is_integer():
+        raise QuantizationError(f"{fn}: zero point must be an integer, got {zero_point!r}")
+    zp = int(zero_point)
     if not info.min <= zp <= info.max:
         raise QuantizationError(f"{fn}: zero point {zp} outside {x.dtype}'s range")
     n, c = x.shape[:2]
