@@ -346,7 +346,9 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     MegEngine's max pooling of a quantized tensor does). ``path`` 0: the
     C kernel (kernels/cpu/qpool.c; int8 runs as uint8 with the sign bit
     flipped, which keeps the order); 1: NumPy (for tests, the same bits).
-    Raises QuantizationError for another dtype, rank or geometry."""
+    Raises QuantizationError for another dtype, rank or geometry (values
+    above 2**31 - 1 included, as a float x's pool), TypeError for geometry
+    that is no int or pair of ints."""
     x = _array(x_q, "x_q")
     if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
         raise QuantizationError(f"max_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
@@ -506,7 +508,9 @@ def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exc
     dequantized values then quantized can differ by one step where float
     rounding moves a tie. ``path`` 0: the C kernel (kernels/cpu/qpool.c);
     1: NumPy (for tests, the same bits). Raises QuantizationError for
-    another dtype, rank, mode or geometry.
+    another dtype, rank, mode, geometry (values above 2**31 - 1 included)
+    or a zero point that is no integer in the dtype's range, TypeError for
+    geometry that is no int or pair of ints.
 
     >>> avg_pool2d(np.array([[[[0, 1, 1, 2, -3, 0]]]], np.int8), (1, 2)).tolist()
     [[[[0, 2, -2]]]]
