@@ -219,6 +219,24 @@ def _pair(v):
     return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
 
 
+_GEOMETRY_MAX = 2 ** 31 - 1
+
+
+def _geometry(fn, name, v):
+    """A pooling's int or (h, w) argument as a pair of Python ints, as the
+    float pools take it: integers (not bool, not float; a TypeError) at most
+    2**31 - 1 (a QuantizationError; the kernels' buffers are sized from
+    them, and a float x refuses the same values)."""
+    vals = (v, v) if np.ndim(v) == 0 else tuple(v)
+    if len(vals) != 2 or not all(isinstance(a, (int, np.integer)) and
+                                 not isinstance(a, (bool, np.bool_)) for a in vals):
+        raise TypeError(f"{fn}: {name} must be an int or a pair of ints, got {v!r}")
+    if max(vals) > _GEOMETRY_MAX:
+        raise QuantizationError(f"{fn}: {name} must be at most {_GEOMETRY_MAX} (2**31 - 1), "
+                                f"got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
 def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", relu=False,
            stride=1, padding=0, dilation=1, x_dtype=None, path=0, alloc=np.empty):
     """Int8 ``conv2d`` (NCHW): x_q int8/uint8 [N, C_in, H, W] -> out_dtype
@@ -328,14 +346,17 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     MegEngine's max pooling of a quantized tensor does). ``path`` 0: the
     C kernel (kernels/cpu/qpool.c; int8 runs as uint8 with the sign bit
     flipped, which keeps the order); 1: NumPy (for tests, the same bits).
-    Raises QuantizationError for another dtype, rank or geometry."""
+    Raises QuantizationError for another dtype, rank or geometry (values
+    above 2**31 - 1 included, as a float x's pool), TypeError for geometry
+    that is no int or pair of ints."""
     x = _array(x_q, "x_q")
     if x.dtype not in (np.int8, np.uint8) or x.ndim != 4:
         raise QuantizationError(f"max_pool2d takes int8 / uint8 [N, C, H, W], got {x.dtype} "
                                 f"{x.shape}")
-    (kh, kw) = _pair(kernel_size)
-    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
-    (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
+    fn = "max_pool2d"
+    (kh, kw) = _geometry(fn, "kernel_size", kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _geometry(fn, "stride", stride)
+    (ph, pw), (dh, dw) = _geometry(fn, "padding", padding), _geometry(fn, "dilation", dilation)
     if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
         raise QuantizationError(f"max_pool2d: kernel {(kh, kw)}, stride {(sh, sw)} and "
                                 f"dilation {(dh, dw)} must be >= 1, padding {(ph, pw)} in "
@@ -364,10 +385,34 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     if signed:
         a = a.view(np.uint8) ^ np.uint8(0x80)
     o = out if not signed else np.empty((n, c, oh, ow), np.uint8)
+    # one window along an axis: its stride moves nothing, and qpool.c lays
+    # the input out in stride-phases (sh * sw of them: a stride of 2**32
+    # overflowed that count and wrote past its buffer)
+    sh, sw = (1 if oh == 1 else sh), (1 if ow == 1 else sw)
+    kh, ph = _taps_on_input(h, kh, sh, ph, dh, oh)
+    kw, pw = _taps_on_input(w, kw, sw, pw, dw, ow)
     _kernels().maxpool(a, kh, kw, sh, sw, ph, pw, dh, dw, o)
     if signed:
         np.bitwise_xor(o, np.uint8(0x80), out=out.view(np.uint8))
     return out
+
+
+def _taps_on_input(n, k, s, p, d, o):
+    """(kernel, padding) along one axis of a max pool without the taps that
+    read the padding in every window: qpool.c walks every tap of the kernel
+    over every output, so a kernel of 2**20 with padding 2**19 (legal, as
+    the float pool's) over 5 inputs ran for minutes. Tap t of window i reads
+    input i * s + t * d - p: taps before the last window's first input and
+    past the first window's last input only ever read padding, which never
+    wins. The same outputs; the geometry unchanged where the trimmed one
+    would break qpool.c's rules (padding in [0, kernel / 2], every window
+    starting before the input's end)."""
+    t0 = max(0, -(-(p - (o - 1) * s) // d))
+    t1 = min(k, (p + n - 1) // d + 1)
+    k2, p2 = t1 - t0, p - t0 * d
+    if k2 < 1 or p2 < 0 or 2 * p2 > k2 or (o - 1) * s - p2 >= n:
+        return k, p
+    return k2, p2
 
 
 def max_pool2d_tensor(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
@@ -411,8 +456,14 @@ def _adaptive_windows(n, m):
 def _avg_pool(fn, x, rows, cols, zero_point, path, alloc):
     """Average of int8 / uint8 x [N, C, H, W] over the windows ``rows`` and
     ``cols`` ((start, end, divisor) per axis): see :func:`avg_pool2d`."""
-    zp = int(zero_point)
     info = np.iinfo(x.dtype)
+    # an integer (a QParams' float32 zero point holds one); "3", 1.5 and
+    # None were read by int() as 3, 1 and a raw TypeError
+    if isinstance(zero_point, (bool, np.bool_)) or not isinstance(
+            zero_point, (int, float, np.integer, np.floating)) or \
+            not float(zero_point).is_integer():
+        raise QuantizationError(f"{fn}: zero point must be an integer, got {zero_point!r}")
+    zp = int(zero_point)
     if not info.min <= zp <= info.max:
         raise QuantizationError(f"{fn}: zero point {zp} outside {x.dtype}'s range")
     n, c = x.shape[:2]
@@ -457,7 +508,9 @@ def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exc
     dequantized values then quantized can differ by one step where float
     rounding moves a tie. ``path`` 0: the C kernel (kernels/cpu/qpool.c);
     1: NumPy (for tests, the same bits). Raises QuantizationError for
-    another dtype, rank, mode or geometry.
+    another dtype, rank, mode, geometry (values above 2**31 - 1 included)
+    or a zero point that is no integer in the dtype's range, TypeError for
+    geometry that is no int or pair of ints.
 
     >>> avg_pool2d(np.array([[[[0, 1, 1, 2, -3, 0]]]], np.int8), (1, 2)).tolist()
     [[[[0, 2, -2]]]]
@@ -468,9 +521,10 @@ def avg_pool2d(x_q, kernel_size, stride=None, padding=0, mode="average_count_exc
                                 f"{x.shape}")
     if mode not in _AVG_MODES:
         raise QuantizationError(f"avg_pool2d: mode must be one of {_AVG_MODES}, got {mode!r}")
-    (kh, kw) = _pair(kernel_size)
-    (sh, sw) = (kh, kw) if stride is None else _pair(stride)
-    (ph, pw) = _pair(padding)
+    fn = "avg_pool2d"
+    (kh, kw) = _geometry(fn, "kernel_size", kernel_size)
+    (sh, sw) = (kh, kw) if stride is None else _geometry(fn, "stride", stride)
+    (ph, pw) = _geometry(fn, "padding", padding)
     if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0 or 2 * ph > kh or 2 * pw > kw:
         raise QuantizationError(f"avg_pool2d: kernel {(kh, kw)} and stride {(sh, sw)} must be "
                                 f">= 1, padding {(ph, pw)} in [0, kernel / 2]")

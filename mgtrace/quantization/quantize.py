@@ -354,11 +354,16 @@ def quantize_adds(tm):
     The float QuantStub / DequantStub are builtins (format 1.2), so the
     rewritten float model saves, loads and runs as it is.
 
-    Returns the number of adds rewritten.
+    Returns the number of adds rewritten. Raises TypeError for ``tm`` not a
+    TracedModule (trace it first: ``mgtrace.trace_module``).
     """
     import mgtrace.module as M
     from mgtrace.traced_module.passes.match import activation, sole_user
     from mgtrace.traced_module.passes.util import graphs_of
+    from mgtrace.traced_module.traced_module import TracedModule
+    if not isinstance(tm, TracedModule):
+        raise TypeError(f"quantize_adds rewrites a TracedModule's graph; got "
+                        f"{type(tm).__name__} (trace it first: mgtrace.trace_module)")
     done = 0
     for g in list(graphs_of(tm)):
         owner, changed = g.owner, False

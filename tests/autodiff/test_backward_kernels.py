@@ -572,3 +572,23 @@ def test_softmax_rules_match_the_jacobian_on_and_off_the_kernel(fn, shape, axis)
         gm.backward((y * mt.tensor(w)).sum())
     gx_ref, lgx_ref, _ = _softmax_grads_ref(xs, w, axis)
     np.testing.assert_allclose(x.grad.numpy(), gx_ref if fn == "softmax" else lgx_ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dy_dtype", [np.int32, np.bool_])
+def test_softmax_rules_take_an_integer_output_gradient(fn, dy_dtype):
+    # backward(y, dy) with an integer or bool dy: the composed rule promoted
+    # it; the kernel refused it ("softmax: expected floating-point tensors")
+    from mgtrace.autodiff import GradManager
+    rng = np.random.default_rng(31)
+    x_np = rng.standard_normal((3, 5))
+    dy = (rng.integers(-3, 4, (3, 5)) if dy_dtype is np.int32
+          else rng.integers(0, 2, (3, 5))).astype(dy_dtype)
+    gx_ref, lgx_ref, _ = _softmax_grads_ref(x_np, dy.astype(np.float64), 1)
+    x = mt.tensor(x_np.astype(np.float32))
+    gm = GradManager().attach([x])
+    with gm:
+        gm.backward(getattr(F, fn)(x, axis=1), mt.tensor(dy))
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad.numpy(), gx_ref if fn == "softmax" else lgx_ref,
+                               rtol=1e-5, atol=1e-6)

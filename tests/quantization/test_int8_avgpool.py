@@ -262,3 +262,20 @@ def test_onnx_export_refuses_an_average_pool_of_a_quantized_tensor(tmp_path):
     with pytest.raises(mgtrace.onnx.ExportError, match="DequantStub before the pool"):
         mgtrace.onnx.export(tm, str(path), example_inputs=(x,))
     assert not path.exists()
+
+
+@pytest.mark.parametrize("zp", [float("nan"), 1.5, "3", None, True, float("inf")])
+def test_a_zero_point_that_is_no_integer_is_refused(zp):
+    # int() read "3" as 3 and 1.5 as 1; NaN and None leaked its ValueError /
+    # TypeError
+    x = np.full((1, 1, 2, 2), 9, np.uint8)
+    for pool in (lambda: int8.avg_pool2d(x, 2, zero_point=zp),
+                 lambda: int8.adaptive_avg_pool2d(x, 1, zero_point=zp)):
+        with pytest.raises(QuantizationError, match="zero point must be an integer"):
+            pool()
+
+
+def test_an_integral_float_zero_point_is_its_integer():
+    x = np.array([[[[9, 10], [12, 200]]]], np.uint8)
+    for zp in (7.0, np.float32(7), np.int64(7)):
+        assert int8.avg_pool2d(x, 2, zero_point=zp).tolist() == [[[[58]]]]   # 231 / 4 - 7 * 0

@@ -189,3 +189,87 @@ def test_a_strided_quantized_view_pools_its_values():
     got = F.max_pool2d(x, 3, 2, 1)
     want = quantize(F.max_pool2d(dequantize(x), 3, 2, 1), q)
     np.testing.assert_array_equal(np.asarray(got.numpy()), np.asarray(want.numpy()))
+
+
+@pytest.mark.parametrize("stride", [(2 ** 31 - 1, 2 ** 31 - 1), (1, 2 ** 31 - 1), (2 ** 30, 1)])
+def test_a_huge_stride_pools_its_one_window(stride):
+    # one window along an axis: qpool.c laid the input out in sh * sw
+    # stride-phases, sized from the strides (2**31 - 1: out of memory; 2**32
+    # overflowed the count and wrote past the buffer, or looped for ever)
+    rng = np.random.default_rng(21)
+    x = rng.integers(-128, 128, (2, 3, 5, 6)).astype(np.int8)
+    got = int8.max_pool2d(x, (3, 2), stride, (1, 1), ceil_mode=True)
+    ref = F.max_pool2d(mt.tensor(x.astype(F32)), (3, 2), stride, (1, 1), ceil_mode=True).numpy()
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref.astype(np.int8))
+    np.testing.assert_array_equal(got, _numpy_pool(x, (3, 2), stride, (1, 1), (1, 1),
+                                                   *got.shape[2:]))
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_quantized_pools_refuse_the_float_pools_bad_geometry(pool):
+    # as a float x: ints at most 2**31 - 1 (a stride of 2**32 crashed the
+    # max pool; a kernel of 2**70 leaked the core's OverflowError; 2.5 and
+    # True pooled as 2 and 1)
+    x = quantize(mt.tensor(np.ones((1, 1, 5, 6), F32)), _qp("qint8", 0.1))
+    f = F.max_pool2d if pool == "max" else F.avg_pool2d
+    for kwargs in ({"kernel_size": 2, "stride": (2 ** 32, 2 ** 32)},
+                   {"kernel_size": 3, "stride": 2 ** 63 - 1},
+                   {"kernel_size": 2 ** 70, "padding": 2 ** 69}):
+        with pytest.raises(ValueError, match="at most 2147483647"):
+            f(mt.tensor(np.ones((1, 1, 5, 6), F32)), **kwargs)
+        with pytest.raises(QuantizationError, match="at most 2147483647"):
+            f(x, **kwargs)
+    for bad in (2.5, True, (2, 2, 2)):
+        with pytest.raises(TypeError, match="kernel_size"):
+            f(x, bad)
+
+
+def test_a_kernel_far_wider_than_its_input_pools_only_the_taps_on_it():
+    # kernel 2**20 + 1, padding 2**19 over 6 columns (the float pool's legal
+    # geometry): qpool.c walked every tap over every output, for minutes;
+    # the taps that only ever read padding are left out (int8._taps_on_input)
+    rng = np.random.default_rng(22)
+    x = rng.integers(-128, 128, (2, 3, 5, 6)).astype(np.int8)
+    for k, s, p in (((1, 2 ** 20 + 1), (1, 1), (0, 2 ** 19)),
+                    ((2 ** 20, 3), (2 ** 19, 2), (2 ** 19, 1))):
+        got = int8.max_pool2d(x, k, s, p)
+        ref = F.max_pool2d(mt.tensor(x.astype(F32)), k, s, p).numpy()
+        assert got.shape == ref.shape
+        np.testing.assert_array_equal(got, ref.astype(np.int8))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_trimmed_taps_keep_every_window_max(dtype):
+    # kernels, paddings and dilations wide against 1-3 rows, where the taps
+    # in the padding of every window are trimmed: the NumPy window max (a
+    # window that dilation takes past every input: the dtype's minimum, the
+    # float pool's -inf quantized)
+    rng = np.random.default_rng(23)
+    info = np.iinfo(dtype)
+    checked = 0
+    for _ in range(600):
+        h, w = (int(v) for v in rng.integers(1, 4, 2))
+        k = tuple(int(v) for v in rng.integers(1, 10, 2))
+        s = tuple(int(v) for v in rng.integers(1, 4, 2))
+        d = tuple(int(v) for v in rng.integers(1, 4, 2))
+        p = tuple(int(rng.integers(0, v // 2 + 1)) for v in k)
+        ceil = bool(rng.integers(2))
+        try:
+            want = F.max_pool2d(mt.tensor(np.zeros((1, 1, h, w), F32)), k, s, p, d, ceil)
+        except ValueError:
+            continue                            # an empty output
+        x = rng.integers(info.min, int(info.max) + 1, (1, 2, h, w)).astype(dtype)
+        got = int8.max_pool2d(x, k, s, p, d, ceil)
+        assert got.shape[2:] == want.shape[2:]
+        ref = np.full(got.shape, info.min, dtype)
+        for i in range(got.shape[2]):
+            for j in range(got.shape[3]):
+                for a in range(k[0]):
+                    for b in range(k[1]):
+                        r, c = i * s[0] - p[0] + a * d[0], j * s[1] - p[1] + b * d[1]
+                        if 0 <= r < h and 0 <= c < w:
+                            ref[:, :, i, j] = np.maximum(ref[:, :, i, j], x[:, :, r, c])
+        np.testing.assert_array_equal(got, ref)
+        checked += 1
+    assert checked > 40

@@ -321,3 +321,10 @@ def test_a_model_without_stubs_is_still_written_as_format_1_1():
     mt.save(_traced(), f)
     f.seek(0)
     assert tuple(load_archive(f).format_version) <= (1, 1)
+
+
+@pytest.mark.parametrize("model", [M.Linear(2, 2), None])
+def test_quantize_adds_refuses_a_model_that_is_no_traced_module(model):
+    # it leaked AttributeError: '... object has no attribute _graphs'
+    with pytest.raises(TypeError, match="trace_module"):
+        Q.quantize_adds(model)
