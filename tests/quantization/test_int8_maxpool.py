@@ -273,3 +273,14 @@ def test_trimmed_taps_keep_every_window_max(dtype):
         np.testing.assert_array_equal(got, ref)
         checked += 1
     assert checked > 40
+
+
+def test_the_kernel_takes_any_stride_along_an_axis_of_one_window():
+    # called directly (the functional layer refuses strides past 2**31 - 1 first), a stride
+    # of 2**32 made qpool.c's SH * SW overflow and its copy write past the buffer (a crash):
+    # one window along an axis never uses its stride
+    from mgtrace._core import qint8
+    x = np.arange(2 * 3 * 5 * 6, dtype=np.uint8).reshape(2, 3, 5, 6)
+    out = np.zeros((2, 3, 1, 1), np.uint8)
+    qint8.maxpool(x, 2, 2, 2 ** 32, 2 ** 32, 0, 0, 1, 1, out)
+    np.testing.assert_array_equal(out[:, :, 0, 0], x[:, :, :2, :2].max(axis=(2, 3)))

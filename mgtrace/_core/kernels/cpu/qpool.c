@@ -31,14 +31,26 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
                      int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
                      int64_t DW, int64_t OH, int64_t OW, uint8_t *out)
 {
+    /* one window along an axis never uses its stride, which may then be any
+     * size (2**32 made SH * SW overflow and the copy write past the buffer) */
+    if (OH == 1)
+        SH = 1;
+    if (OW == 1)
+        SW = 1;
     /* tap (kh, kw) reads phase ((kh*DH) % SH, (kw*DW) % SW) at row oy +
      * (kh*DH) / SH and column ox + (kw*DW) / SW */
     int64_t ry = (KH - 1) * DH / SH, rx = (KW - 1) * DW / SW;
     int64_t hq = OH + ry, wq = OW + rx;
-    size_t phase = (size_t)(hq * wq);
     /* the phases, then the wide rows; the last tap of a wide row reads up to
-     * rx bytes past its phase (columns past OW, dropped): wq bytes of slack */
-    size_t need = (size_t)(SH * SW) * phase + (size_t)wq + (size_t)(OH * wq);
+     * rx bytes past its phase (columns past OW, dropped): wq bytes of slack.
+     * Geometry no buffer can hold is refused as out of memory */
+    int64_t phase, phases, all, wide_rows, need_;
+    if (__builtin_mul_overflow(hq, wq, &phase) || __builtin_mul_overflow(SH, SW, &phases)
+            || __builtin_mul_overflow(phases, phase, &all)
+            || __builtin_mul_overflow(OH, wq, &wide_rows)
+            || __builtin_add_overflow(all, wq + wide_rows, &need_))
+        return 0;
+    size_t need = (size_t)need_;
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
@@ -50,7 +62,7 @@ int mt_qmaxpool2d_u8(const uint8_t *x, int64_t planes, int64_t H, int64_t W, int
             if (!buf)
                 continue;
             const uint8_t *xs = x + p * H * W;
-            uint8_t *wide = buf + (size_t)(SH * SW) * phase + (size_t)wq;
+            uint8_t *wide = buf + (size_t)all + (size_t)wq;
             memset(buf, 0, need);
             /* padded row r = h + PH goes to phase row r / SH of phase r % SH;
              * rows and columns past what a window reads are not copied */
