@@ -474,11 +474,13 @@ static const amx_config amx_cfg = {
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
+/* a thread's tiles configured as above (every int8 AMX kernel's: qgemm.c's
+ * too), then released when its blocks are done */
 __attribute__((target("amx-tile,amx-int8")))
-static void amx_begin(void) { _tile_loadconfig(&amx_cfg); }
+void mt_q_amx_begin(void) { _tile_loadconfig(&amx_cfg); }
 
 __attribute__((target("amx-tile,amx-int8")))
-static void amx_end(void) { _tile_release(); }
+void mt_q_amx_end(void) { _tile_release(); }
 
 /* 32 channels (weight rows w, row stride lw; rows past the array's
  * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
@@ -622,7 +624,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 int nt = mt_q_team(Cog * P * K);
 #pragma omp parallel num_threads(nt) if (work > 1 && nt > 1)
                 {
-                    amx_begin();
+                    mt_q_amx_begin();
 #pragma omp for schedule(static)
                     for (int64_t i = 0; i < work; i++) {
                         int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
@@ -635,7 +637,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                                      lo, hi};
                         tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
                     }
-                    amx_end();
+                    mt_q_amx_end();
                 }
                 continue;
             }

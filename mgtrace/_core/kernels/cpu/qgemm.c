@@ -372,18 +372,10 @@ static int has_avx2(void) { return 0; }
 #define MT_Q_AMX 1
 int mt_qconv_has_amx(void);     /* qconv.c: AMX-INT8 here and the tile state granted */
 
-/* every tile 16 rows x 64 bytes: C 0-3 (int32 16 x 16), A 4-5, B 6-7 (as qconv.c's) */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} qg_amx_config;
-
-static const qg_amx_config qg_amx_cfg = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
+/* the tiles as qconv.c configures them: C 0-3 (int32 16 x 16), A 4-5, B 6-7,
+ * every one 16 rows x 64 bytes */
+void mt_q_amx_begin(void);      /* qconv.c */
+void mt_q_amx_end(void);
 
 /* rows m0.. and m0 + 16.. (where two) x packed blocks nb, nb + 1 (where
  * two) on AMX: tdpbusd with 16 rows of a (u8, 64 k each, read in place at
@@ -424,11 +416,6 @@ static void block_amx(const qgemm_args *g, int64_t m0, int two_rows, int64_t nb,
                         _mm512_load_si512(acc[r * 2 + c] + i * 16));
 }
 
-__attribute__((target("amx-tile,amx-int8")))
-static void qg_amx_begin(void) { _tile_loadconfig(&qg_amx_cfg); }
-
-__attribute__((target("amx-tile,amx-int8")))
-static void qg_amx_end(void) { _tile_release(); }
 #endif
 
 /* 1 when the VNNI path is available on this CPU (and built). */
@@ -469,13 +456,13 @@ int mt_qgemm_u8s8(int64_t M, int64_t N, int64_t K, const uint8_t *a, int64_t lda
         m_amx = MB16 * 16;
 #pragma omp parallel num_threads(nt) if (nt > 1 && units > 1)
         {
-            qg_amx_begin();
+            mt_q_amx_begin();
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < units; i++) {
                 int64_t mp = i / NP2, nb = (i % NP2) * 2;
                 block_amx(&g, mp * 32, mp * 2 + 1 < MB16, nb, nb + 1 < NB);
             }
-            qg_amx_end();
+            mt_q_amx_end();
         }
     }
 #endif
