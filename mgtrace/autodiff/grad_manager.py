@@ -117,6 +117,7 @@ class GradManager:
                 just release).
             dy: the gradient of each y (default: ones of y's shape, so a
                 scalar loss gives its plain gradient); same structure as y.
+                An integer or bool dy (array or Tensor) is taken in y's dtype.
 
         Raises:
             RuntimeError: not recording.
@@ -146,6 +147,9 @@ class GradManager:
                     d = _ones_like(t)
                 else:
                     d = d if isinstance(d, Tensor) else _make_tensor(d, t.dtype)
+                    if d.dtype.kind in "biu" and _tape.is_float(t):
+                        d = d.astype(t.dtype)     # as a list or array dy is taken: every
+                        #                           gradient rule then sees y's dtype
                     if tuple(d.shape) != tuple(t.shape):
                         raise ValueError(f"GradManager.backward: dy has shape {tuple(d.shape)}, "
                                          f"y has {tuple(t.shape)}")

@@ -274,7 +274,7 @@ def _prod_rule(c, g):
 def _softmax_rule(c, g):
     y = c.outputs[0]
     ax = c.params["axis"]
-    if _rows_along(y, ax) and _float_grad(g):
+    if _rows_along(y, ax):
         try:            # one C pass per row (nn's softmax_backward)
             return _nn.softmax_backward(y, g, ax)
         except NoKernelError:
@@ -285,19 +285,12 @@ def _softmax_rule(c, g):
 def _log_softmax_rule(c, g):
     y = c.outputs[0]
     ax = c.params["axis"]
-    if _rows_along(y, ax) and _float_grad(g):
+    if _rows_along(y, ax):
         try:
             return _nn.softmax_backward(y, g, ax, log=True)
         except NoKernelError:
             pass
     return g - F.exp(y) * g.sum(axis=ax, keepdims=True)
-
-
-def _float_grad(g):
-    """Whether the output gradient is floating-point, as the kernel takes
-    it; an integer ``dy`` given to ``backward`` composes core ops, which
-    promote it (the kernel refused it with a TypeError naming softmax)."""
-    return g.dtype.kind not in "biu"
 
 
 def _rows_along(y, ax):

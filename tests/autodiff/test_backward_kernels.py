@@ -592,3 +592,19 @@ def test_softmax_rules_take_an_integer_output_gradient(fn, dy_dtype):
     assert x.grad.dtype == np.float32
     np.testing.assert_allclose(x.grad.numpy(), gx_ref if fn == "softmax" else lgx_ref,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dy_dtype", [np.int32, np.bool_])
+def test_an_integer_output_gradient_is_taken_in_ys_dtype(dy_dtype):
+    # GradManager.backward casts an integer or bool dy Tensor to y's dtype, as it does a
+    # list or array: relu's rule (and conv's, the pools') refused it with a TypeError
+    from mgtrace.autodiff import GradManager
+    rng = np.random.default_rng(32)
+    x_np = rng.standard_normal((4, 6)).astype(np.float32)
+    dy = rng.integers(0, 2 if dy_dtype is np.bool_ else 5, (4, 6)).astype(dy_dtype)
+    x = mt.tensor(x_np)
+    gm = GradManager().attach([x])
+    with gm:
+        gm.backward(F.relu(x), mt.tensor(dy))
+    assert x.grad.dtype == np.float32
+    np.testing.assert_array_equal(x.grad.numpy(), np.where(x_np > 0, dy.astype(np.float32), 0))
