@@ -234,6 +234,28 @@ class ExponentialMovingAverageObserver(MinMaxObserver):
     def set_momentum(self, momentum):
         self.momentum = float(momentum)
 
+    def _from_megengine_state(self, state, prefix):
+        """MegEngine's state dict holds the momentum as a tensor, mgtrace's
+        observer as a setting: a ``momentum`` entry equal to it (in float32)
+        is dropped (load_state_dict(layout="megengine")'s hook); another
+        value raises StateDictError (a ValueError) naming set_momentum."""
+        key = prefix + "momentum"
+        if key not in state:
+            return state
+        v = state[key]
+        v = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+        if v.size != 1 or np.float32(v.reshape(())) != np.float32(self.momentum):
+            from mgtrace.module.module import StateDictError
+            raise StateDictError(f"{key}: momentum {v.reshape(-1)[:2].tolist()} in the state "
+                                 f"dict, {self.momentum} here (set it with set_momentum)",
+                                 [], [], [(key, "value", self.momentum, v.tolist())])
+        return {k: x for k, x in state.items() if k != key}
+
+    def _to_megengine_state(self, state, prefix):
+        """``state`` with MegEngine's ``momentum`` tensor added."""
+        state[prefix + "momentum"] = _f32(self.momentum)
+        return state
+
     def forward(self, x):
         if self.enabled and _has_values(x):       # an empty batch moves no average
             lo, hi = self._reduce(x)
