@@ -23,8 +23,10 @@ import mgtrace
 import mgtrace.module as M
 from mgtrace._core import Tensor
 from mgtrace.megengine import table as T
-from mgtrace.megengine.reader import (Global, MegEngineFileError, Stub, array_of,
-                                      read_pickle)
+from mgtrace._core.dtype import qdtype_name
+from mgtrace.megengine.reader import Global, MegEngineFileError, Stub, read_pickle
+from mgtrace.quantization import QuantizationError, create_quantized_dtype, quant_dtype
+from mgtrace.quantization.qdtype import tag
 from mgtrace.traced_module.tracer import TraceWarning
 
 __all__ = ["load", "loads", "convert", "Replay", "MAX_DEPTH", "MAX_EXPRS"]
@@ -71,26 +73,39 @@ def _field(stub, key, types, where):
 
 def _array(stub, where):
     """The array of a MegEngine Tensor/Parameter record (its first argument)."""
-    if isinstance(stub, Stub) and stub.kind in _TENSORS:
-        if stub.get("qparams") is not None:
-            raise T.UnsupportedError(f"{where}: a quantized tensor (qparams); MegEngine's "
-                                     "quantized models are not supported yet")
-        if not stub.args:
-            raise MegEngineFileError(f"{where}: a Tensor without data")
-        return array_of(stub.args[0], where)
-    return array_of(stub, where)
+    return T.tensor_array(stub, where)
 
 
 # the NumPy dtypes the reader gives out that mgtrace's tensors have no counterpart for
 _NO_TENSOR_DTYPES = frozenset(["uint32", "uint64"])
+_QUANTIZED_NAMES = {"QuantizedS8": "qint8", "Quantized8Asymm": "quint8",
+                    "QuantizedS32": "qint32", "QuantizedS4": "qint4",
+                    "Quantized4Asymm": "quint4"}
 
 
 def _tensor_of(stub, where, parameter):
+    """An mgtrace Tensor (or Parameter) of a MegEngine Tensor record or array;
+    a quantized one (MegEngine's dtype metadata: qint8, quint8, qint32,
+    qint4, quint4, with its scale and zero point) has mgtrace's quantized
+    dtype of the same name, scale and zero point (QuantizedS8 reads as
+    qint8: MegEngine's dtype does not say qint8_narrow)."""
     a = np.asarray(_array(stub, where), order="C")
     if a.dtype.name in _NO_TENSOR_DTYPES:
         raise T.UnsupportedError(f"{where}: an array of dtype {a.dtype.name}, which mgtrace's "
                                  "tensors do not have")
-    return M.Parameter(a) if parameter else mgtrace.tensor(a)
+    mgb = (a.dtype.metadata or {}).get("mgb_dtype")
+    if mgb is None:
+        return M.Parameter(a) if parameter else mgtrace.tensor(a)
+    try:
+        dtype = create_quantized_dtype(_QUANTIZED_NAMES[mgb["name"]], mgb["scale"],
+                                       mgb.get("zero_point"))
+    except QuantizationError as e:
+        raise MegEngineFileError(f"{where}: {e}") from None
+    values = a.view(np.dtype(a.dtype.str))          # the integers, without the metadata
+    if values.size and (values.min() < quant_dtype(qdtype_name(dtype)).qmin
+                        or values.max() > quant_dtype(qdtype_name(dtype)).qmax):
+        raise MegEngineFileError(f"{where}: values outside the range of {mgb['name']}")
+    return tag(mgtrace.tensor(values), dtype)
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -518,6 +533,8 @@ def _tensors(rule, state, prefix, where, out):
         if v is not None:
             out[prefix + name] = _array(v, f"{where}.{name}")
     for child in rule.children:
+        if state.get(child) is None:
+            continue        # a QAT module without that observer or fake quantizer
         qualname, cstate = T.module_record(state.get(child), f"{where}.{child}")
         _tensors(T.module_rule(qualname), cstate, f"{prefix}{child}.", f"{where}.{child}", out)
 
@@ -555,12 +572,13 @@ class _Builder:
             raise MegEngineFileError(f"{where}: its settings do not make an mgtrace "
                                      f"{rule.cls.__name__}: {e}") from None
         tensors = {}
-        _tensors(rule, state, "", where, tensors)
-        try:
-            m.load_state_dict(tensors, strict=True, layout="megengine")
-        except Exception as e:
-            raise MegEngineFileError(f"{where}: its tensors do not fit mgtrace's "
-                                     f"{rule.cls.__name__}: {e}") from None
+        if not rule.own_tensors:
+            _tensors(rule, state, "", where, tensors)
+            try:
+                m.load_state_dict(tensors, strict=True, layout="megengine")
+            except Exception as e:
+                raise MegEngineFileError(f"{where}: its tensors do not fit mgtrace's "
+                                         f"{rule.cls.__name__}: {e}") from None
         m.train(state.get("training") is True)
         return m
 

@@ -198,7 +198,56 @@ class _DType(Stub):
                                      "plain numeric dtype")
         if state[1] in "<>" and self.dtype.itemsize > 1:
             self.dtype = self.dtype.newbyteorder(state[1])
+        if len(state) == 9 and state[8] is not None:       # version 4: the metadata
+            self.dtype = np.dtype(self.dtype, metadata=_quantized_metadata(state[8],
+                                                                           self.dtype))
+        elif len(state) > 8:
+            raise MegEngineFileError(f"numpy.dtype state of {len(state)} items")
         self.state = {}
+
+
+#: MegEngine's quantized dtypes as its NumPy dtypes name them in their
+#: metadata (``{"mgb_dtype": {"name": ..., "scale": ..., "zero_point": ...}}``,
+#: megengine/core/tensor/dtype.py): C name -> (storage dtype, zero point?)
+QUANTIZED_CNAMES = {"QuantizedS8": ("int8", False), "Quantized8Asymm": ("uint8", True),
+                    "QuantizedS32": ("int32", False), "QuantizedS4": ("int8", False),
+                    "Quantized4Asymm": ("uint8", True)}
+
+
+def _quantized_metadata(meta, storage):
+    """The metadata of a MegEngine quantized dtype, checked as data: one key
+    ``mgb_dtype`` whose dict has a C name of :data:`QUANTIZED_CNAMES` that
+    ``storage`` stores, a finite positive float scale and (for the
+    asymmetric ones only) an int zero point. A copy of plain values."""
+    if not (type(meta) is dict and set(meta) == {"mgb_dtype"}
+            and type(meta["mgb_dtype"]) is dict):
+        raise MegEngineFileError(f"numpy.dtype metadata {str(meta)[:80]} is not MegEngine's "
+                                 "{'mgb_dtype': {...}} of a quantized dtype")
+    mgb = meta["mgb_dtype"]
+    name = mgb.get("name")
+    if not isinstance(name, str) or name not in QUANTIZED_CNAMES:
+        raise MegEngineFileError(f"quantized dtype {str(name)[:40]!r} is not one of "
+                                 f"{', '.join(QUANTIZED_CNAMES)}")
+    store, asymmetric = QUANTIZED_CNAMES[name]
+    if storage != np.dtype(store):
+        raise MegEngineFileError(f"quantized dtype {name} stored as {storage}, not {store}")
+    keys = {"name", "scale", "zero_point"} if asymmetric else {"name", "scale"}
+    if set(mgb) != keys:
+        raise MegEngineFileError(f"quantized dtype {name} with the fields {sorted(mgb)}, not "
+                                 f"{sorted(keys)}")
+    scale = mgb["scale"]
+    if type(scale) not in (float, int) or not (0 < scale < float("inf")):
+        raise MegEngineFileError(f"quantized dtype {name}: scale {scale!r} is not a finite "
+                                 "positive number")
+    out = {"name": name, "scale": float(scale)}
+    if asymmetric:
+        zp = mgb["zero_point"]
+        info = np.iinfo(store)
+        if type(zp) is not int or not info.min <= zp <= info.max:
+            raise MegEngineFileError(f"quantized dtype {name}: zero point {zp!r} is not an "
+                                     f"int in {info.min}..{info.max}")
+        out["zero_point"] = zp
+    return {"mgb_dtype": out}
 
 
 def _check_dtype(d, where):
@@ -311,6 +360,9 @@ _OBJECT_CLASSES = [
     "megengine.traced_module.pytree.TreeDef", "megengine.traced_module.pytree.LeafDef",
     "megengine.traced_module.pytree.ArgsIndex",
     "inspect.FullArgSpec",
+    # the quantization records of QAT modules, observers and graph nodes
+    "megengine.core.tensor.dtype.QuantDtypeMeta", "megengine.quantization.utils.QuantMode",
+    "megengine.quantization.utils.QParams", "megengine.quantization.utils.LSQParams",
 ]
 
 # types and functions a file names as data only

@@ -15,12 +15,18 @@ nothing a file names is looked up anywhere else.
 """
 import inspect
 
+import numpy as np
+
 import mgtrace.functional as F
 import mgtrace.module as M
-from mgtrace.megengine.reader import MegEngineFileError, Stub, allow_classes, allow_names
+import mgtrace.module.qat as _QAT
+import mgtrace.module.quantized as _QM
+import mgtrace.quantization as _Q
+from mgtrace.megengine.reader import (MegEngineFileError, Stub, allow_classes, allow_names,
+                                      array_of)
 
 __all__ = ["UnsupportedError", "MODULES", "FUNCTIONS", "TENSOR_METHODS", "module_rule",
-           "module_record", "function_rule"]
+           "module_record", "function_rule", "tensor_array"]
 
 
 class UnsupportedError(MegEngineFileError):
@@ -38,10 +44,13 @@ class ModuleRule:
     (its tensors are loaded afterwards, in MegEngine's layout); ``tensors``
     names the state entries that are its parameters and buffers, and
     ``children`` the entries that are modules of its own (a fused module's
-    ``conv`` and ``bn``), whose tensors load under their name."""
+    ``conv`` and ``bn``, a QAT module's observers; None where absent), whose
+    tensors load under their name. With ``own_tensors`` (the quantized
+    modules), ``make`` gives the module its tensors itself."""
 
-    def __init__(self, cls, make, tensors=("weight", "bias"), children=()):
+    def __init__(self, cls, make, tensors=("weight", "bias"), children=(), own_tensors=False):
         self.cls, self.make, self.tensors, self.children = cls, make, tensors, children
+        self.own_tensors = own_tensors
 
 
 _STATE = "megengine.traced_module.serialization._ModuleState"
@@ -65,6 +74,35 @@ def module_record(v, where):
     if not isinstance(state, dict):
         raise MegEngineFileError(f"{where}: a module whose state is not a dict")
     return qualname, state
+
+
+_QMETA = "megengine.core.tensor.dtype.QuantDtypeMeta"
+_QMODE = "megengine.quantization.utils.QuantMode"
+_QPARAMS = ("megengine.quantization.utils.QParams", "megengine.quantization.utils.LSQParams")
+_TENSOR_KINDS = ("megengine.tensor.Tensor", "megengine.tensor.Parameter")
+
+
+def tensor_array(stub, where):
+    """The array of a MegEngine Tensor / Parameter record (its first
+    argument; a quantized one's dtype carries MegEngine's metadata). The
+    ``qparams`` MegEngine keeps on a fake-quantized float tensor are
+    metadata of the value that made it and are dropped; anything else in a
+    tensor's state is an error."""
+    if isinstance(stub, Stub) and stub.kind in _TENSOR_KINDS:
+        state = stub.state or {}
+        if set(state) - {"qparams"}:
+            raise MegEngineFileError(f"{where}: a Tensor with the state {sorted(state)}")
+        q = state.get("qparams")
+        if q is not None and not (isinstance(q, Stub) and q.kind in _QPARAMS):
+            raise MegEngineFileError(f"{where}: a Tensor whose qparams are a "
+                                     f"{getattr(q, 'kind', type(q).__name__)}")
+        if not stub.args:
+            raise MegEngineFileError(f"{where}: a Tensor without data")
+        return array_of(stub.args[0], where)
+    return array_of(stub, where)
+
+
+_tensor_array = tensor_array
 
 
 def _part(s, key, where):
@@ -146,12 +184,17 @@ def _stateless(cls):
     return ModuleRule(cls, lambda s, where: cls(), ())
 
 
+def _linear(cls):
+    return ModuleRule(cls, lambda s, w: cls(_need(s, "in_features", w),
+                                            _need(s, "out_features", w),
+                                            bias=s.get("bias") is not None))
+
+
 _MM = "megengine.module."
 
 #: MegEngine builtin module class -> ModuleRule
 MODULES = {
-    _MM + "linear.Linear": ModuleRule(M.Linear, lambda s, w: M.Linear(
-        _need(s, "in_features", w), _need(s, "out_features", w), bias=s.get("bias") is not None)),
+    _MM + "linear.Linear": _linear(M.Linear),
     _MM + "conv.Conv1d": _conv(M.Conv1d),
     _MM + "conv.Conv2d": _conv(M.Conv2d),
     _MM + "conv.ConvTranspose2d": _conv(M.ConvTranspose2d),
@@ -191,6 +234,260 @@ MODULES = {
     _MM + "elemwise.Elemwise": ModuleRule(
         M.Elemwise, lambda s, w: M.Elemwise(_need(s, "method", w)), ()),
 }
+
+
+# ------------------------------------------------------------ quantization
+# MegEngine's observers and fake quantizers (megengine.quantization), QAT
+# modules (megengine.module.qat) and quantized modules
+# (megengine.module.quantized), each to mgtrace's class of the same name.
+# A QAT module's state is its float module's plus the four quantization
+# children (each a module object, or None); a quantized module's is its
+# settings, its int8 ``weight`` (the scale in the weight's dtype), a float
+# ``bias`` and ``output_dtype``, a quantized dtype (or None: float out).
+
+def _meta_name(v, where):
+    """The quantized dtype name of MegEngine's QuantDtypeMeta record ``v``
+    (``QuantDtypeMeta(name, cname, np_dtype, qmin, qmax, is_unsigned)``),
+    checked against mgtrace's table of the same dtypes."""
+    args = v.args if isinstance(v, Stub) and v.kind == _QMETA else None
+    if not (isinstance(args, tuple) and len(args) == 6 and isinstance(args[0], str)):
+        raise MegEngineFileError(f"{where}: a quantized dtype that is not a QuantDtypeMeta "
+                                 "(name, cname, np_dtype, qmin, qmax, is_unsigned)")
+    meta = _Q.QUANT_DTYPES.get(args[0])
+    if meta is None or tuple(args[1:]) != (meta.cname, meta.np_dtype_str, meta.qmin,
+                                           meta.qmax, meta.is_unsigned):
+        raise UnsupportedError(f"{where}: quantized dtype {str(args)[:120]} is not one of "
+                               f"mgtrace's ({', '.join(_Q.QUANT_DTYPES)})")
+    return meta.name
+
+
+def _quant_mode(v, where, default=None):
+    """QuantMode of MegEngine's QuantMode record (``QuantMode(1)``: symmetric,
+    ``QuantMode(2)``: asymmetric)."""
+    if v is None and default is not None:
+        return default
+    if not (isinstance(v, Stub) and v.kind == _QMODE and v.args in ((1,), (2,))):
+        raise MegEngineFileError(f"{where}: a mode that is not QuantMode(1) or QuantMode(2)")
+    return _Q.QuantMode(v.args[0])
+
+
+def _scalar_of(v, where):
+    """A Python float from a MegEngine Tensor record of one value (an
+    observer's momentum) or a plain number."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, Stub) and v.kind in _TENSOR_KINDS and v.args:
+        a = array_of(v.args[0], where)
+        if a.size == 1 and a.dtype.kind == "f":
+            return float(a.reshape(()))
+    raise MegEngineFileError(f"{where}: expected one float")
+
+
+def _flag(s, key, where, default=True):
+    v = s.get(key, default)
+    if type(v) is not bool:
+        raise MegEngineFileError(f"{where}: {key} is a {type(v).__name__}, not a bool")
+    return v
+
+
+def _observer(cls, extra=()):
+    def make(s, where):
+        kw = dict(dtype=_meta_name(_need(s, "dtype", where), f"{where}.dtype"),
+                  enable=_flag(s, "enabled", where),
+                  enable_mode=_flag(s, "training", where))
+        if cls is not _Q.PassiveObserver:
+            eps = s.get("scale_limit", 1e-5)
+            if type(eps) not in (int, float) or not eps >= 0:
+                raise MegEngineFileError(f"{where}: scale_limit {eps!r} is not a number >= 0")
+            kw.update(mode=_quant_mode(s.get("mode"), f"{where}.mode"), eps=float(eps))
+        if "momentum" in extra:
+            kw["momentum"] = _scalar_of(_need(s, "momentum", where), f"{where}.momentum")
+        if "bins" in extra:
+            for k in ("bins", "upsample_rate"):
+                if type(s.get(k)) is not int or not 0 < s[k] <= 1 << 20:
+                    raise MegEngineFileError(f"{where}: {k} {s.get(k)!r} is not an int in "
+                                             "1..2**20")
+                kw[k] = s[k]
+        return cls(**kw)
+    tensors = {(): ("min_val", "max_val"), ("momentum",): ("min_val", "max_val",
+                                                           "runtime_momentum"),
+               ("bins",): ("min_val", "max_val", "histogram")}[tuple(extra)]
+    return ModuleRule(cls, make, tensors)
+
+
+def _fake_quant(cls, tensors=()):
+    def make(s, where):
+        kw = dict(dtype=_meta_name(_need(s, "dtype", where), f"{where}.dtype"),
+                  enable=_flag(s, "enabled", where))
+        if cls is _Q.LSQ:
+            kw["eps"] = _scalar_of(_need(s, "eps", where), f"{where}.eps")
+            mode = s.get("mode")
+            kw["mode"] = None if mode is None else _quant_mode(mode, f"{where}.mode")
+        return cls(**kw)
+    return ModuleRule(cls, make, tensors)
+
+
+_QUANT_CHILDREN = ("weight_observer", "weight_fake_quant", "act_observer", "act_fake_quant")
+_QUANTIZERS = (_Q.Observer, _Q.FakeQuantize, _Q.TQT, _Q.LSQ)
+
+
+def _qat(rule, cls):
+    """The rule of a QAT module: ``rule`` (its float module's, building
+    ``cls``) and the quantization children MegEngine saved (None, or an
+    observer or fake quantizer of :data:`MODULES`)."""
+    def make(s, where):
+        m = rule.make(s, where)
+        for name in _QUANT_CHILDREN:
+            v = s.get(name)
+            if v is None or not getattr(m, "with_" + name.split("_")[0], True):
+                if v is not None:
+                    raise MegEngineFileError(f"{where}: a {cls.__name__} has no {name}")
+                setattr(m, name, None)
+                continue
+            qualname, state = module_record(v, f"{where}.{name}")
+            child = module_rule(qualname).make(state, f"{where}.{name}")
+            if not isinstance(child, _QUANTIZERS):
+                raise MegEngineFileError(f"{where}.{name} is a {qualname}, not an observer or "
+                                         "fake quantizer")
+            setattr(m, name, child)
+        return m
+    return ModuleRule(cls, make, rule.tensors, rule.children + _QUANT_CHILDREN)
+
+
+def _output_qparams(s, where):
+    """``act_qparams`` (mgtrace's config form) of a quantized module's
+    ``output_dtype``: None (float out), or qint8 / quint8 with its scale and
+    zero point."""
+    d = s.get("output_dtype")
+    if d is None:
+        return None
+    meta = getattr(d, "dtype", None)
+    meta = getattr(meta, "metadata", None) if isinstance(d, Stub) else None
+    mgb = meta.get("mgb_dtype") if meta else None
+    if mgb is None:
+        raise UnsupportedError(f"{where}: output_dtype {getattr(d, 'dtype', d)!r} is not a "
+                               "quantized dtype")
+    name = {"QuantizedS8": "qint8", "Quantized8Asymm": "quint8"}.get(mgb["name"])
+    if name is None:
+        raise UnsupportedError(f"{where}: quantized modules output qint8 or quint8, not "
+                               f"{mgb['name']}")
+    return {"dtype": name, "scale": mgb["scale"], "zero_point": mgb.get("zero_point", 0)}
+
+
+def _int8_weight(s, key, shape, where):
+    """A quantized module's int8 weight (array) and its scale (float32),
+    reshaped to ``shape`` (a grouped conv's weight comes with its groups
+    split out)."""
+    a = _tensor_array(_need(s, key, where), f"{where}.{key}")
+    mgb = (a.dtype.metadata or {}).get("mgb_dtype")
+    if mgb is None or mgb["name"] != "QuantizedS8":
+        raise UnsupportedError(f"{where}: a {a.dtype} weight; quantized modules take qint8 "
+                               "weights (QuantizedS8)")
+    if int(np.prod(a.shape)) != int(np.prod(shape)):
+        raise MegEngineFileError(f"{where}: weight of shape {a.shape}, expected {shape}")
+    return np.ascontiguousarray(a).view(np.int8).reshape(shape), np.float32(mgb["scale"])
+
+
+def _float_bias(s, n, where):
+    """A quantized module's bias as float32 [n]: MegEngine 1.13 keeps it
+    float ((1, C, 1, 1) for a conv); one stored as qint32 is dequantized."""
+    v = s.get("bias")
+    if v is None:
+        return None
+    a = _tensor_array(v, f"{where}.bias")
+    mgb = (a.dtype.metadata or {}).get("mgb_dtype")
+    if mgb is not None:
+        if mgb["name"] != "QuantizedS32":
+            raise UnsupportedError(f"{where}: a bias of {mgb['name']}, not qint32 or float")
+        a = a.view(np.int32).astype(np.float64) * mgb["scale"]
+    if a.dtype.kind != "f" or a.size != n:
+        raise MegEngineFileError(f"{where}: bias of {a.dtype} {a.shape}, expected {n} floats")
+    return np.asarray(a, np.float32).reshape(n)
+
+
+def _fill(m, weight, scale, bias):
+    import mgtrace
+    m.weight = mgtrace.tensor(weight)
+    m.weight_scale = mgtrace.tensor(scale)
+    m.bias = None if bias is None else mgtrace.tensor(bias)
+    return m
+
+
+def _quantized_conv(cls):
+    def make(s, where):
+        _only(s, "conv_mode", ("cross_correlation", "CROSS_CORRELATION"), where,
+              "cross_correlation")
+        _only(s, "padding_mode", ("zeros",), where, "zeros")
+        m = cls(_need(s, "in_channels", where), _need(s, "out_channels", where),
+                _need(s, "kernel_size", where), s.get("stride", 1), s.get("padding", 0),
+                s.get("dilation", 1), s.get("groups", 1), bias=s.get("bias") is not None,
+                act_qparams=_output_qparams(s, where))
+        w, scale = _int8_weight(s, "weight", tuple(m.weight.shape), where)
+        return _fill(m, w, scale, _float_bias(s, m.out_channels, where))
+    return ModuleRule(cls, make, (), own_tensors=True)
+
+
+def _quantized_linear(cls):
+    def make(s, where):
+        w = _tensor_array(_need(s, "weight", where), f"{where}.weight")
+        if w.ndim != 2:
+            raise MegEngineFileError(f"{where}: a Linear weight of shape {w.shape}")
+        m = cls(w.shape[1], w.shape[0], bias=s.get("bias") is not None,
+                act_qparams=_output_qparams(s, where))
+        w, scale = _int8_weight(s, "weight", w.shape, where)
+        return _fill(m, w, scale, _float_bias(s, m.out_features, where))
+    return ModuleRule(cls, make, (), own_tensors=True)
+
+
+def _quantized_elemwise(s, where):
+    method = _need(s, "method", where)
+    if not (isinstance(method, str) and method.startswith("q")):
+        raise MegEngineFileError(f"{where}: quantized Elemwise method {method!r} (MegEngine "
+                                 "writes 'q' + the float method)")
+    return _QM.Elemwise(method[1:], _output_qparams(s, where))
+
+
+_MQ, _MQT = "megengine.quantization.", "megengine.module.qat."
+_MQZ = "megengine.module.quantized."
+
+MODULES.update({
+    _MQ + "observer.MinMaxObserver": _observer(_Q.MinMaxObserver),
+    _MQ + "observer.SyncMinMaxObserver": _observer(_Q.SyncMinMaxObserver),
+    _MQ + "observer.ExponentialMovingAverageObserver": _observer(
+        _Q.ExponentialMovingAverageObserver, ("momentum",)),
+    _MQ + "observer.SyncExponentialMovingAverageObserver": _observer(
+        _Q.SyncExponentialMovingAverageObserver, ("momentum",)),
+    _MQ + "observer.HistogramObserver": _observer(_Q.HistogramObserver, ("bins",)),
+    _MQ + "fake_quant.FakeQuantize": _fake_quant(_Q.FakeQuantize),
+    _MQ + "fake_quant.TQT": _fake_quant(_Q.TQT, ("scale",)),
+    _MQ + "fake_quant.LSQ": _fake_quant(_Q.LSQ, ("eps", "step_size", "zero_point",
+                                                 "grad_scale")),
+    _MQT + "quant_dequant.QuantStub": _qat(_stateless(_QAT.QuantStub), _QAT.QuantStub),
+    _MQT + "quant_dequant.DequantStub": _qat(_stateless(_QAT.DequantStub), _QAT.DequantStub),
+    _MQT + "conv.Conv2d": _qat(_conv(_QAT.Conv2d), _QAT.Conv2d),
+    _MQT + "conv.ConvRelu2d": _qat(_conv(_QAT.ConvRelu2d), _QAT.ConvRelu2d),
+    _MQT + "conv_bn.ConvBn2d": _qat(_conv_bn(_QAT.ConvBn2d), _QAT.ConvBn2d),
+    _MQT + "conv_bn.ConvBnRelu2d": _qat(_conv_bn(_QAT.ConvBnRelu2d), _QAT.ConvBnRelu2d),
+    _MQT + "linear.Linear": _qat(_linear(_QAT.Linear), _QAT.Linear),
+    _MQT + "linear.LinearRelu": _qat(_linear(_QAT.LinearRelu), _QAT.LinearRelu),
+    _MQT + "elemwise.Elemwise": _qat(ModuleRule(_QAT.Elemwise, lambda s, w: _QAT.Elemwise(
+        _need(s, "method", w)), ()), _QAT.Elemwise),
+    _MQT + "concat.Concat": _qat(_stateless(_QAT.Concat), _QAT.Concat),
+    _MQZ + "quant_dequant.QuantStub": ModuleRule(_QM.QuantStub, lambda s, w: _QM.QuantStub(
+        _output_qparams(s, w)), (), own_tensors=True),
+    _MQZ + "quant_dequant.DequantStub": ModuleRule(_QM.DequantStub,
+                                                   lambda s, w: _QM.DequantStub(), ()),
+    _MQZ + "conv.Conv2d": _quantized_conv(_QM.Conv2d),
+    _MQZ + "conv.ConvRelu2d": _quantized_conv(_QM.ConvRelu2d),
+    _MQZ + "conv_bn.ConvBn2d": _quantized_conv(_QM.ConvBn2d),
+    _MQZ + "conv_bn.ConvBnRelu2d": _quantized_conv(_QM.ConvBnRelu2d),
+    _MQZ + "linear.Linear": _quantized_linear(_QM.Linear),
+    _MQZ + "linear.LinearRelu": _quantized_linear(_QM.LinearRelu),
+    _MQZ + "elemwise.Elemwise": ModuleRule(_QM.Elemwise, _quantized_elemwise, (),
+                                           own_tensors=True),
+    _MQZ + "concat.Concat": ModuleRule(_QM.Concat, lambda s, w: _QM.Concat(
+        _output_qparams(s, w)), (), own_tensors=True),
+})
 
 
 def module_rule(qualname):

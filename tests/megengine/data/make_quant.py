@@ -1,0 +1,86 @@
+"""Writes the quantization files with MegEngine 1.13 (see make_files.py for
+the venv): a small CNN written MegEngine's way for quantization (QuantStub,
+ConvBnRelu2d, Conv2d, an Elemwise add, a symbolic reshape, LinearRelu,
+Linear, DequantStub), made QAT with ``quantize_qat``, calibrated on three
+seeded batches in train mode, then traced at batch 2 in eval mode:
+
+* ``qat_ema.tm/.pkl/.npz``: the default ``ema_fakequant_qconfig``;
+* ``qat_minmax.tm/.pkl/.npz``: a per-tensor min-max QConfig with
+  asymmetric quint8 activations (zero points) and qint8_narrow weights;
+* ``quantized.tm/.pkl/.npz``: ``quantize`` of the ema model (int8 weights
+  with their scale in the dtype, float biases, quantized output dtypes).
+
+Each ``.npz`` holds ``x2``/``x5`` (inputs at batch 2 and 5) and MegEngine's
+outputs ``y2``/``y5``; the ``.pkl`` is ``megengine.save(model.state_dict())``.
+"""
+import os
+from functools import partial
+
+import numpy as np
+
+import megengine as mge
+import megengine.module as M
+import megengine.traced_module as tm
+from megengine.quantization import (FakeQuantize, MinMaxObserver, QConfig, QuantMode,
+                                    ema_fakequant_qconfig, quantize, quantize_qat)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Net(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.block = M.ConvBnRelu2d(3, 8, 3, padding=1)
+        self.conv = M.Conv2d(8, 8, 3, padding=1)
+        self.add = M.Elemwise("add")
+        self.fc1 = M.LinearRelu(8 * 4 * 4, 16)
+        self.fc2 = M.Linear(16, 5)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.block(self.quant(x))
+        x = self.add(x, self.conv(x))
+        x = x.reshape(x.shape[0], -1)
+        return self.dequant(self.fc2(self.fc1(x)))
+
+
+minmax_quint8_qconfig = QConfig(
+    weight_observer=partial(MinMaxObserver, dtype="qint8_narrow"),
+    act_observer=partial(MinMaxObserver, dtype="quint8", mode=QuantMode.ASYMMERTIC),
+    weight_fake_quant=partial(FakeQuantize, dtype="qint8_narrow"),
+    act_fake_quant=partial(FakeQuantize, dtype="quint8"))
+
+
+def _save(name, model, x2, x5):
+    traced = tm.trace_module(model, mge.Tensor(x2))
+    traced.eval()
+    y2, y5 = model(mge.Tensor(x2)).numpy(), model(mge.Tensor(x5)).numpy()
+    assert np.array_equal(traced(mge.Tensor(x2)).numpy(), y2), name
+    mge.save(traced, os.path.join(HERE, name + ".tm"))
+    mge.save(model.state_dict(), os.path.join(HERE, name + ".pkl"))
+    np.savez(os.path.join(HERE, name + ".npz"), x2=x2, x5=x5, y2=y2, y5=y5)
+    print(name, y2.shape)
+
+
+def make(name, qconfig, seed):
+    np.random.seed(seed)
+    rng = np.random.RandomState(seed)
+    net = Net()
+    qat = quantize_qat(net, qconfig=qconfig)
+    qat.train()
+    for _ in range(3):
+        qat(mge.Tensor(rng.uniform(-1, 1, (4, 3, 4, 4)).astype("float32")))
+    qat.eval()
+    x2 = rng.uniform(-1, 1, (2, 3, 4, 4)).astype("float32")
+    x5 = rng.uniform(-1, 1, (5, 3, 4, 4)).astype("float32")
+    _save(name, qat, x2, x5)
+    return qat, x2, x5
+
+
+if __name__ == "__main__":
+    make("qat_minmax", minmax_quint8_qconfig, 1)
+    qat, x2, x5 = make("qat_ema", ema_fakequant_qconfig, 0)
+    q = quantize(qat, inplace=False)
+    q.eval()
+    _save("quantized", q, x2, x5)

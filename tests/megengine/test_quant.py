@@ -1,0 +1,332 @@
+"""MegEngine's quantization files (data/make_quant.py, MegEngine 1.13): a
+QAT model (default ema_fakequant_qconfig, and min-max with quint8
+activations), the int8 model ``quantize`` made of it, and their state
+dicts, read by mgtrace.megengine: the right mgtrace classes with
+MegEngine's state, MegEngine's recorded outputs, .tmod round trips."""
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.megengine as mge
+import mgtrace.module as M
+import mgtrace.module.qat as QAT
+import mgtrace.module.quantized as QM
+import mgtrace.quantization as Q
+from mgtrace._core.dtype import qdtype_name
+from mgtrace.serialization.reader import read_header
+from .cases import path
+
+QAT_CASES = ["qat_ema", "qat_minmax"]
+
+
+def stored(name):
+    return np.load(path(name, ".npz"))
+
+
+def out_scale(tm):
+    """The scale of the model's last quantized activation (fc2's output):
+    one quantum of the output."""
+    q = tm.fc2.act_qparams if isinstance(tm.fc2, QM.Linear) else \
+        tm.fc2.get_activation_qparams()
+    return float(np.asarray(q.scale.numpy()))
+
+
+def assert_within_one_quantum(got, want, scale):
+    # MegEngine's fake quant and int8 kernels round ties half away from zero, mgtrace's
+    # half to even: an output may differ by one quantum (none does in these files)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= scale * 1.0001, (np.abs(got - want).max(), scale)
+
+
+@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+def test_outputs_match_megengine_at_two_batches(name):
+    tm = mge.load(path(name, ".tm"))
+    d = stored(name)
+    for b in (2, 5):        # traced at batch 2; x.shape[0] stayed symbolic
+        assert_within_one_quantum(tm(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                  out_scale(tm))
+
+
+def test_qat_modules_observers_and_fake_quants_are_mgtrace_s():
+    tm = mge.load(path("qat_ema", ".tm"))
+    want = {"quant": QAT.QuantStub, "block": QAT.ConvBnRelu2d, "conv": QAT.Conv2d,
+            "add": QAT.Elemwise, "fc1": QAT.LinearRelu, "fc2": QAT.Linear,
+            "dequant": QAT.DequantStub}
+    for name, cls in want.items():
+        assert type(getattr(tm, name)) is cls, name
+    # ema_fakequant_qconfig: MinMax qint8_narrow weights, EMA qint8 activations
+    assert type(tm.block.weight_observer) is Q.MinMaxObserver
+    assert tm.block.weight_observer.dtype_name == "qint8_narrow"
+    assert type(tm.block.act_observer) is Q.ExponentialMovingAverageObserver
+    assert tm.block.act_observer.momentum == pytest.approx(0.9)
+    assert type(tm.block.act_fake_quant) is Q.FakeQuantize
+    assert tm.dequant.act_observer is None and tm.quant.weight_observer is None
+    # eval mode as saved: observers off, fake quantization on; train() observes again
+    assert not tm.block.act_observer.enabled and tm.block.act_fake_quant.enabled
+    assert tm.block.act_observer.train().enabled
+
+
+@pytest.mark.parametrize("name", QAT_CASES)
+def test_observer_state_is_megengine_s(name):
+    """Each observer's min/max is the value of MegEngine's own state dict
+    (the .pkl), and its qparams follow from it by MegEngine's formulas."""
+    tm = mge.load(path(name, ".tm"))
+    sd = {k: v.numpy() for k, v in mge.load(path(name, ".pkl")).items()}
+    checked = 0
+    for prefix in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        m = getattr(tm, prefix)
+        for kind in ("weight", "act"):
+            obs = getattr(m, f"{kind}_observer")
+            if obs is None:
+                continue
+            lo = sd[f"{prefix}.{kind}_observer.min_val"]
+            hi = sd[f"{prefix}.{kind}_observer.max_val"]
+            assert obs.min_val.numpy() == lo and obs.max_val.numpy() == hi
+            q = obs.get_qparams()
+            lo32, hi32 = np.float32(min(lo, 0)), np.float32(max(hi, 0))
+            if obs.mode == Q.QuantMode.SYMMERTIC:
+                scale = max(max(-lo32, hi32) / np.float32((obs.qmax - obs.qmin) / 2), 1e-5)
+                assert q.zero_point is None
+            else:
+                scale = max((hi32 - lo32) / np.float32(obs.qmax - obs.qmin), 1e-5)
+                assert q.zero_point.numpy() == obs.qmin - np.rint(lo32 / np.float32(scale))
+            np.testing.assert_allclose(q.scale.numpy(), scale, rtol=1e-6)
+            checked += 1
+    assert checked == 10
+
+
+def test_minmax_file_has_asymmetric_quint8_activations():
+    tm = mge.load(path("qat_minmax", ".tm"))
+    obs = tm.quant.act_observer
+    assert type(obs) is Q.MinMaxObserver and obs.dtype_name == "quint8"
+    assert obs.mode == Q.QuantMode.ASYMMERTIC
+    zp = float(obs.get_qparams().zero_point.numpy())
+    assert 0 < zp < 255 and zp == int(zp)        # the input spans both signs
+
+
+def test_quantized_modules_hold_megengine_s_integers():
+    tm = mge.load(path("quantized", ".tm"))
+    want = {"quant": QM.QuantStub, "block": QM.ConvBnRelu2d, "conv": QM.Conv2d,
+            "add": QM.Elemwise, "fc1": QM.LinearRelu, "fc2": QM.Linear,
+            "dequant": QM.DequantStub}
+    for name, cls in want.items():
+        assert type(getattr(tm, name)) is cls, name
+    sd = mge.load(path("quantized", ".pkl"))
+    for name in ("block", "conv", "fc1", "fc2"):
+        m, w = getattr(tm, name), sd[f"{name}.weight"]
+        assert qdtype_name(w.dtype) == "qint8"
+        assert np.array_equal(m.weight.numpy(), np.asarray(w.numpy()).view(np.int8))
+        assert m.weight_scale.numpy() == np.float32(w.dtype.metadata["mgb_dtype"]["scale"])
+        assert np.array_equal(m.bias.numpy(), sd[f"{name}.bias"].numpy().reshape(-1))
+    assert tm.add.method == "add"      # MegEngine's "qadd"
+    # the output dtypes are the QAT model's activation qparams
+    qat = mge.load(path("qat_ema", ".tm"))
+    for name in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        a = getattr(qat, name).get_activation_qparams()
+        assert getattr(tm, name).act_qparams.scale.numpy() == np.float32(a.scale.numpy()), name
+
+
+def test_quantized_model_runs_on_integers():
+    tm = mge.load(path("quantized", ".tm"))
+    x = mt.tensor(stored("quantized")["x2"])
+    h = tm.quant(x)
+    assert qdtype_name(h.dtype) == "qint8"
+    assert qdtype_name(tm.block(h).dtype) == "qint8"
+    # and gives what the QAT model it came from gives, within one quantum
+    qat = mge.load(path("qat_ema", ".tm"))
+    assert_within_one_quantum(tm(x).numpy(), qat(x).numpy(), out_scale(tm))
+
+
+@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+def test_tmod_round_trip(name, tmp_path):
+    tm = mge.load(path(name, ".tm"))
+    p = tmp_path / f"{name}.tmod"
+    mt.save(tm, p)
+    with open(p, "rb") as f:
+        header = read_header(f)
+    assert header["format_version"] == [1, 2]      # quantized dtypes, qparams, QAT modules
+    back = mt.load(p)
+    for b in (2, 5):
+        x = mt.tensor(stored(name)[f"x{b}"])
+        assert np.array_equal(back(x).numpy(), tm(x).numpy())
+    assert [type(m) for m in back.modules()] == [type(m) for m in tm.modules()]
+
+
+class Net(M.Module):
+    """The float model of make_quant.py, mgtrace's modules (mgtrace has no
+    float LinearRelu: fc1 becomes QAT.LinearRelu after quantize_qat)."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.block = M.ConvBnRelu2d(3, 8, 3, padding=1)
+        self.conv = M.Conv2d(8, 8, 3, padding=1)
+        self.add = M.Elemwise("add")
+        self.fc1 = M.Linear(8 * 4 * 4, 16)
+        self.fc2 = M.Linear(16, 5)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.block(self.quant(x))
+        x = self.add(x, self.conv(x))
+        x = x.reshape(x.shape[0], -1)
+        return self.dequant(self.fc2(self.fc1(x)))
+
+
+def _qat_net(qconfig):
+    net = Q.quantize_qat(Net(), qconfig=qconfig)
+    net.fc1 = QAT.LinearRelu(8 * 4 * 4, 16)
+    net.fc1.set_qconfig(qconfig)
+    return net
+
+
+def test_qat_state_dict_loads_strictly_into_mgtrace_s_qat_model():
+    sd = mge.load(path("qat_ema", ".pkl"))
+    net = _qat_net(Q.ema_fakequant_qconfig)
+    net.load_state_dict(sd, layout="megengine")       # strict: every key, momentum too
+    net.eval()
+    d = stored("qat_ema")
+    assert_within_one_quantum(net(mt.tensor(d["x5"])).numpy(), d["y5"], out_scale(net))
+    # and back: MegEngine's keys, the EMA momentum as its tensor
+    back = net.state_dict(layout="megengine")
+    assert set(back) == set(sd)
+    assert back["quant.act_observer.momentum"].numpy() == np.float32(0.9)
+
+
+def test_qat_state_dict_momentum_other_than_the_observer_s_is_refused():
+    sd = dict(mge.load(path("qat_ema", ".pkl")))
+    sd["add.act_observer.momentum"] = mt.tensor(np.float32(0.5))
+    net = _qat_net(Q.ema_fakequant_qconfig)
+    with pytest.raises(ValueError, match="set_momentum"):
+        net.load_state_dict(sd, layout="megengine")
+
+
+def test_quantized_state_dict_gives_quantized_tensors():
+    sd = mge.load(path("quantized", ".pkl"))
+    w = sd["fc2.weight"]
+    assert qdtype_name(w.dtype) == "qint8" and tuple(w.shape) == (5, 16)
+    real = F.dequantize(w).numpy()
+    np.testing.assert_array_equal(real, np.asarray(w.numpy(), np.float32)
+                                  * np.float32(Q.get_scale(w.dtype)))
+    assert sd["fc2.bias"].dtype == np.float32
+
+
+def _array_pickle(dtype, values=(1, 2, 3)):
+    return pickle.dumps({"w": np.array(values, dtype=dtype)}, protocol=4)
+
+
+def _qdtype(base, **mgb):
+    return np.dtype(base, metadata={"mgb_dtype": mgb})
+
+
+@pytest.mark.parametrize("dtype,zp", [(Q.qint8(0.25), 0), (Q.quint8(0.5, 7), 7),
+                                      (Q.qint32(1e-3), 0)])
+def test_quantized_arrays_of_every_dtype_read(dtype, zp):
+    sd = mge.loads(pickle.dumps({"w": np.array([1, 2, 3], dtype=dtype)}, protocol=4))
+    w = sd["w"]
+    assert qdtype_name(w.dtype) == qdtype_name(dtype)
+    assert Q.get_scale(w.dtype) == Q.get_scale(dtype) and Q.get_zero_point(w.dtype) == zp
+    np.testing.assert_array_equal(F.dequantize(w).numpy(),
+                                  (np.array([1, 2, 3], np.float32) - zp)
+                                  * np.float32(Q.get_scale(dtype)))
+
+
+@pytest.mark.parametrize("dtype,match", [
+    (_qdtype("int8", name="QuantizedS8", scale=float("nan")), "finite positive"),
+    (_qdtype("int8", name="QuantizedS8", scale=float("inf")), "finite positive"),
+    (_qdtype("int8", name="QuantizedS8", scale=-0.5), "finite positive"),
+    (_qdtype("int8", name="QuantizedS8", scale="0.5"), "finite positive"),
+    (_qdtype("int8", name="QuantizedS8", scale=True), "finite positive"),
+    (_qdtype("int8", name="QuantizedS16", scale=0.5), "QuantizedS16"),
+    (_qdtype("int8", name=["QuantizedS8"], scale=0.5), "not one of"),
+    (_qdtype("uint8", name="QuantizedS8", scale=0.5), "stored as uint8"),
+    (_qdtype("uint8", name="Quantized8Asymm", scale=0.5), "fields"),
+    (_qdtype("uint8", name="Quantized8Asymm", scale=0.5, zero_point=300), "zero point"),
+    (_qdtype("uint8", name="Quantized8Asymm", scale=0.5, zero_point=1.5), "zero point"),
+    (_qdtype("int8", name="QuantizedS8", scale=0.5, zero_point=0), "fields"),
+    (np.dtype("int8", metadata={"mgb_dtype": {"name": "QuantizedS8", "scale": 0.5},
+                                "x": 1}), "metadata"),
+    (np.dtype("int8", metadata={"other": 1}), "metadata"),
+])
+def test_bad_quantized_dtype_metadata_is_refused(dtype, match):
+    with pytest.raises(mge.MegEngineFileError, match=match):
+        mge.loads(_array_pickle(dtype))
+
+
+def test_qint4_values_out_of_range_are_refused():
+    dtype = _qdtype("int8", name="QuantizedS4", scale=0.5)
+    with pytest.raises(mge.MegEngineFileError, match="outside the range of QuantizedS4"):
+        mge.loads(_array_pickle(dtype, (1, 9)))
+
+
+def test_a_tensor_whose_qparams_are_no_qparams_is_refused():
+    # MegEngine pickles a fake-quantized float tensor's qparams in its state
+    # ({'qparams': QParams}); anything else there is refused
+    from mgtrace.megengine.reader import ALLOWED
+    import mgtrace.megengine.table as T
+    tensor_cls = ALLOWED[("megengine.tensor", "Tensor")]
+    stub = tensor_cls(np.zeros(2, np.float32))
+    stub.state = {"qparams": "x"}
+    with pytest.raises(mge.MegEngineFileError, match="qparams are a str"):
+        T.tensor_array(stub, "w")
+    stub.state = {"qparams": None, "data": 1}
+    with pytest.raises(mge.MegEngineFileError, match="state"):
+        T.tensor_array(stub, "w")
+    stub.state = {"qparams": ALLOWED[("megengine.quantization.utils", "QParams")]()}
+    assert T.tensor_array(stub, "w").tolist() == [0.0, 0.0]
+
+
+def _replace_once(data, old, new):
+    assert data.count(old) >= 1, old
+    return data.replace(old, new, 1)
+
+
+def test_bad_quantization_records_in_a_traced_module_are_refused():
+    qat = open(path("qat_ema", ".tm"), "rb").read()
+    q = open(path("quantized", ".tm"), "rb").read()
+    cases = [
+        # a dtype name outside the closed set, in the metadata of a weight and an output
+        (q, b"\x8c\x0bQuantizedS8", b"\x8c\x0bQuantizedX8", mge.MegEngineFileError,
+         "QuantizedX8"),
+        # an observer class MegEngine has and mgtrace maps nowhere (same length name)
+        (qat, b"\x8c\x0eMinMaxObserver", b"\x8c\x0ePassivObserver", mge.ForbiddenGlobalError,
+         "PassivObserver"),
+        # QuantDtypeMeta of a name mgtrace lacks
+        (qat, b"\x8c\x0cqint8_narrow", b"\x8c\x0cqint9_narrow", mge.UnsupportedError,
+         "qint9_narrow"),
+        # the quantized Elemwise's method without MegEngine's "q"
+        (q, b"\x8c\x04qadd", b"\x8c\x04xadd", mge.MegEngineFileError, "xadd"),
+    ]
+    for data, old, new, err, match in cases:
+        with pytest.raises(err, match=match):
+            mge.loads(_replace_once(data, old, new))
+
+
+def test_nan_scale_in_a_traced_module_is_refused():
+    q = open(path("quantized", ".tm"), "rb").read()
+    at = q.index(b"\x8c\x05scale")
+    g = q.index(b"G", at)
+    assert g - at <= 9
+    bad = q[:g + 1] + np.array([np.nan], ">f8").tobytes() + q[g + 9:]
+    with pytest.raises(mge.MegEngineFileError, match="finite positive"):
+        mge.loads(bad)
+
+
+@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+def test_truncated_and_bit_flipped_files_fail_cleanly(name):
+    data = open(path(name, ".tm"), "rb").read()
+    rng = np.random.RandomState(0)
+    for cut in sorted(rng.choice(len(data) - 1, 12, replace=False)):
+        with pytest.raises(mge.MegEngineFileError):
+            mge.loads(data[:cut])
+    for _ in range(12):
+        b = bytearray(data)
+        b[rng.randint(len(b))] ^= 1 << rng.randint(8)
+        try:
+            mge.loads(bytes(b))
+        except mt.Error:
+            pass                # refused with mgtrace's errors only; or still a valid file
