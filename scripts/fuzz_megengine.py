@@ -13,6 +13,8 @@ and state dicts). Each case mutates one seed, by
   name the reader refuses (``os``, ``system``, ``eval``, ``__import__``...)
   or a MegEngine name with no mgtrace counterpart;
 * ``int``: replaces one small int (memo indices, shapes, axes, counts);
+* ``float``: replaces one float (a quantized dtype's scale, an observer's
+  eps) by NaN, an infinity, 0, a negative or a huge one;
 * ``splice``: inserts a run of bytes of another seed,
 
 then loads the result with ``mgtrace.megengine.loads`` and, when that gives
@@ -32,6 +34,7 @@ import json
 import os
 import pickletools
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,13 +46,19 @@ REPO = os.path.dirname(HERE)
 DATA = os.path.join(REPO, "tests", "megengine", "data")
 if REPO not in sys.path:            # this checkout's mgtrace, installed or not
     sys.path.insert(0, REPO)
-KINDS = ("bytes", "opcode", "string", "int", "splice")
+KINDS = ("bytes", "opcode", "string", "int", "float", "splice")
 SLOW_S = 5.0
 HOSTILE_NAMES = ["os", "system", "posix", "builtins", "eval", "exec", "__import__", "getattr",
                  "subprocess", "Popen", "__reduce__", "__setstate__", "__class__", "__globals__",
                  "numpy", "load", "pickle", "loads", "Tensor.__class__", "O", "V8", "f4", "<",
                  "megengine.module.rnn", "LSTM", "megengine.functional.nn", "deformable_conv2d",
-                 "__call__", "__setitem__", "numpy.core.multiarray", "_reconstruct", "scalar"]
+                 "__call__", "__setitem__", "numpy.core.multiarray", "_reconstruct", "scalar",
+                 # the quantization records: dtype metadata, observers, QAT and quantized modules
+                 "mgb_dtype", "name", "scale", "zero_point", "QuantizedS8", "QuantizedS16",
+                 "Quantized8Asymm", "QuantizedS32", "qint8", "quint8", "qint16",
+                 "PassiveObserver", "megengine.quantization.observer", "QuantMode",
+                 "QuantDtypeMeta", "QParams", "output_dtype", "qadd", "add", "momentum",
+                 "megengine.module.quantized.conv", "megengine.module.qat.linear"]
 _OPCODES = [op.code.encode("latin-1") for op in pickletools.opcodes]
 
 
@@ -109,6 +118,14 @@ def mutate(data, kind, rnd, others):
             width = {"BININT1": 1, "BINPUT": 1, "BINGET": 1, "BININT2": 2, "BININT": 4}[op.name]
             value = rnd.choice([0, 1, 2, 7, 255, rnd.randrange(1 << (8 * width))])
             b[pos + 1:pos + 1 + width] = value.to_bytes(width, "little")
+            return bytes(b)
+    if kind == "float":
+        floats = [p for op, a, p in ops if op.name == "BINFLOAT"]
+        if floats:
+            pos = rnd.choice(floats)
+            value = rnd.choice([float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 1e300,
+                                5e-324, rnd.uniform(-2, 2)])
+            b[pos + 1:pos + 9] = struct.pack(">d", value)
             return bytes(b)
     # splice (and the fallback of the kinds above)
     src = rnd.choice(others)
