@@ -20,7 +20,7 @@ from mgtrace._core.dtype import qdtype_name
 from mgtrace.serialization.reader import read_header
 from .cases import path
 
-QAT_CASES = ["qat_ema", "qat_minmax"]
+QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
 
 
 def stored(name):
@@ -70,7 +70,7 @@ def test_qat_modules_observers_and_fake_quants_are_mgtrace_s():
     assert tm.block.act_observer.train().enabled
 
 
-@pytest.mark.parametrize("name", QAT_CASES)
+@pytest.mark.parametrize("name", ["qat_ema", "qat_minmax"])
 def test_observer_state_is_megengine_s(name):
     """Each observer's min/max is the value of MegEngine's own state dict
     (the .pkl), and its qparams follow from it by MegEngine's formulas."""
@@ -97,6 +97,34 @@ def test_observer_state_is_megengine_s(name):
             np.testing.assert_allclose(q.scale.numpy(), scale, rtol=1e-6)
             checked += 1
     assert checked == 10
+
+
+@pytest.mark.parametrize("name,cls,tensors", [
+    ("qat_tqt", Q.TQT, ("scale",)),
+    ("qat_lsq", Q.LSQ, ("step_size", "zero_point", "eps", "grad_scale"))])
+def test_learned_scale_fake_quants_are_megengine_s(name, cls, tensors):
+    """After MegEngine's reset_qconfig to TQT / LSQ (no observers), each
+    fake quantizer is mgtrace's, with MegEngine's learned tensors, and
+    gives the qparams the EMA model's observers gave (its initial scale)."""
+    tm, ema = mge.load(path(name, ".tm")), mge.load(path("qat_ema", ".tm"))
+    sd = {k: v.numpy() for k, v in mge.load(path(name, ".pkl")).items()}
+    for prefix in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        m = getattr(tm, prefix)
+        for kind in ("weight", "act"):
+            fq = getattr(m, f"{kind}_fake_quant")
+            if fq is None:
+                continue
+            assert type(fq) is cls and getattr(m, f"{kind}_observer") is None
+            for t in tensors:
+                assert np.array_equal(getattr(fq, t).numpy(),
+                                      sd[f"{prefix}.{kind}_fake_quant.{t}"]), (prefix, t)
+            source = getattr(ema, prefix)
+            want = source.get_weight_qparams() if kind == "weight" else \
+                source.get_activation_qparams()
+            np.testing.assert_allclose(fq.get_qparams().scale.numpy(), want.scale.numpy(),
+                                       rtol=1e-5)
+    assert isinstance(tm.fc2.act_fake_quant.scale if cls is Q.TQT else
+                      tm.fc2.act_fake_quant.step_size, M.Parameter)
 
 
 def test_minmax_file_has_asymmetric_quint8_activations():
@@ -330,3 +358,26 @@ def test_truncated_and_bit_flipped_files_fail_cleanly(name):
             mge.loads(bytes(b))
         except mt.Error:
             pass                # refused with mgtrace's errors only; or still a valid file
+
+
+def test_import_megengine_command_converts_them(tmp_path):
+    import shutil
+    from .test_cli import cli
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for name in QAT_CASES + ["quantized"]:
+        shutil.copy(path(name, ".tm"), src)
+    shutil.copy(path("quantized", ".pkl"), src / "int8_weights.pkl")
+    p = cli("import-megengine", src, "-o", out, "--pattern", "*")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in QAT_CASES + ["quantized"]:
+        tm = mt.load(str(out / f"{name}.tmod"))
+        d = stored(name)
+        assert_within_one_quantum(tm(mt.tensor(d["x5"])).numpy(), d["y5"], out_scale(tm))
+    sd = mt.load(str(out / "int8_weights.tmod"))
+    want = mge.load(path("quantized", ".pkl"))
+    assert sorted(sd) == sorted(want)
+    for k in want:
+        assert qdtype_name(sd[k].dtype) == qdtype_name(want[k].dtype)
+        np.testing.assert_array_equal(sd[k].numpy(), want[k].numpy())
+    assert Q.get_scale(sd["fc1.weight"].dtype) == Q.get_scale(want["fc1.weight"].dtype)

@@ -8,7 +8,10 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``qat_minmax.tm/.pkl/.npz``: a per-tensor min-max QConfig with
   asymmetric quint8 activations (zero points) and qint8_narrow weights;
 * ``quantized.tm/.pkl/.npz``: ``quantize`` of the ema model (int8 weights
-  with their scale in the dtype, float biases, quantized output dtypes).
+  with their scale in the dtype, float biases, quantized output dtypes);
+* ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
+  ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
+  from the calibrated qparams, no observers).
 
 Each ``.npz`` holds ``x2``/``x5`` (inputs at batch 2 and 5) and MegEngine's
 outputs ``y2``/``y5``; the ``.pkl`` is ``megengine.save(model.state_dict())``.
@@ -21,8 +24,9 @@ import numpy as np
 import megengine as mge
 import megengine.module as M
 import megengine.traced_module as tm
-from megengine.quantization import (FakeQuantize, MinMaxObserver, QConfig, QuantMode,
-                                    ema_fakequant_qconfig, quantize, quantize_qat)
+from megengine.quantization import (LSQ, FakeQuantize, MinMaxObserver, QConfig, QuantMode,
+                                    ema_fakequant_qconfig, quantize, quantize_qat,
+                                    reset_qconfig, tqt_qconfig)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +55,10 @@ minmax_quint8_qconfig = QConfig(
     weight_fake_quant=partial(FakeQuantize, dtype="qint8_narrow"),
     act_fake_quant=partial(FakeQuantize, dtype="quint8"))
 
+lsq_qconfig = QConfig(weight_observer=None, act_observer=None,
+                      weight_fake_quant=partial(LSQ, dtype="qint8_narrow"),
+                      act_fake_quant=partial(LSQ, dtype="qint8"))
+
 
 def _save(name, model, x2, x5):
     traced = tm.trace_module(model, mge.Tensor(x2))
@@ -65,6 +73,7 @@ def _save(name, model, x2, x5):
 
 def make(name, qconfig, seed):
     np.random.seed(seed)
+    mge.random.seed(seed)          # the modules initialise from MegEngine's generator
     rng = np.random.RandomState(seed)
     net = Net()
     qat = quantize_qat(net, qconfig=qconfig)
@@ -84,3 +93,7 @@ if __name__ == "__main__":
     q = quantize(qat, inplace=False)
     q.eval()
     _save("quantized", q, x2, x5)
+    for name, qconfig in (("qat_tqt", tqt_qconfig), ("qat_lsq", lsq_qconfig)):
+        learned = reset_qconfig(qat, qconfig, inplace=False)
+        learned.eval()
+        _save(name, learned, x2, x5)
