@@ -381,3 +381,22 @@ def test_import_megengine_command_converts_them(tmp_path):
         assert qdtype_name(sd[k].dtype) == qdtype_name(want[k].dtype)
         np.testing.assert_array_equal(sd[k].numpy(), want[k].numpy())
     assert Q.get_scale(sd["fc1.weight"].dtype) == Q.get_scale(want["fc1.weight"].dtype)
+
+
+def test_quantized_dtypes_as_graph_constants(tmp_path):
+    """qconst.tm (make_qconst.py): astype to qint8 / quint8 dtypes given as
+    call arguments, and a qint8 tensor made in forward (a graph Constant);
+    inputs away from rounding ties, so the outputs are MegEngine's exactly."""
+    tm = mge.load(path("qconst", ".tm"))
+    consts = [e for e in tm.graph.exprs() if type(e).__name__ == "Constant"]
+    assert len(consts) == 1
+    c = consts[0].value
+    assert qdtype_name(c.dtype) == "qint8" and Q.get_scale(c.dtype) == 0.25
+    assert c.numpy().tolist() == [3, -7, 12, 0]
+    d = stored("qconst")
+    mt.save(tm, tmp_path / "q.tmod")
+    back = mt.load(tmp_path / "q.tmod")
+    for b in (2, 5):
+        x = mt.tensor(d[f"x{b}"])
+        np.testing.assert_array_equal(tm(x).numpy(), d[f"y{b}"])
+        np.testing.assert_array_equal(back(x).numpy(), d[f"y{b}"])
