@@ -500,6 +500,9 @@ def _signature(spec_stub, where):
     if not _is(spec_stub, "inspect.FullArgSpec") or len(spec_stub.args) != 7:
         return None, None
     args, varargs, varkw, defaults, kwonly, kwdefaults, _ = spec_stub.args
+    if not (isinstance(args or [], list) and isinstance(kwonly or [], list)
+            and isinstance(defaults or (), tuple) and isinstance(kwdefaults or {}, dict)):
+        return None, None       # (a bool there was iterated: a bare TypeError)
     names = [a for a in (args or [])[1:]]
     everything = names + list(kwonly or []) + [v for v in (varargs, varkw) if v]
     if not all(isinstance(n, str) and n.isidentifier() and not keyword.iskeyword(n)

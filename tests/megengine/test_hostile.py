@@ -229,3 +229,18 @@ def test_graphs_calling_graphs_have_a_budget(monkeypatch):
     monkeypatch.setattr(convert, "MAX_STEPS", 5)
     with pytest.raises(mge.MegEngineFileError, match="more than 5 exprs run"):
         mge.load(path("cnn", ".tm"))
+
+
+@pytest.mark.parametrize("field,value", [(0, True), (4, True), (3, [1]), (5, 7), (0, "self")])
+def test_a_malformed_argspec_is_ignored_not_a_type_error(field, value):
+    """MegEngine's FullArgSpec record of a TracedModule's forward, with a
+    field of another type (the fuzzer's case: kwonlyargs True raised a bare
+    TypeError): the signature is left unknown, as for any other malformed
+    argspec."""
+    from mgtrace.megengine import convert
+    spec_cls = U.ALLOWED[("inspect", "FullArgSpec")]
+    fields = [["self", "x"], None, None, None, [], None, {}]
+    fields[field] = value
+    assert convert._signature(spec_cls(*fields), "w") == (None, None)
+    good = convert._signature(spec_cls(["self", "x"], None, None, None, [], None, {}), "w")
+    assert str(good[0]) == "(x)"
