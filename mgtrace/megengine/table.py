@@ -135,7 +135,7 @@ def _conv(cls):
                   kernel_size=_need(s, "kernel_size", where), stride=s.get("stride", 1),
                   padding=s.get("padding", 0), dilation=s.get("dilation", 1),
                   groups=s.get("groups", 1), bias=s.get("bias") is not None)
-        if cls is M.ConvTranspose2d:
+        if issubclass(cls, M.ConvTranspose2d):
             kw["output_padding"] = s.get("output_padding", 0)
         else:
             kw["padding_mode"] = _only(s, "padding_mode", ("zeros", "reflect", "replicate"),
@@ -169,15 +169,27 @@ def _embedding(s, where):
                        padding_idx=s.get("padding_idx"))
 
 
-def _conv_bn(cls):
+def _conv_bn(cls, key="conv", layer=M.Conv2d, norm=M.BatchNorm2d):
+    """A fused module of parts ``key`` (a ``layer``) and ``bn`` (a ``norm``):
+    ConvBn2d's conv, ConvTransposeBn2d's conv_transpose2d, LinearBn1d's
+    linear."""
     def make(s, where):
-        conv, bn = _part(s, "conv", where), _part(s, "bn", where)
-        if type(conv) is not M.Conv2d or type(bn) is not M.BatchNorm2d:
-            raise UnsupportedError(f"{where}: a fused module of a {type(conv).__name__} and a "
+        part, bn = _part(s, key, where), _part(s, "bn", where)
+        if type(part) is not layer or type(bn) is not norm:
+            raise UnsupportedError(f"{where}: a fused module of a {type(part).__name__} and a "
                                    f"{type(bn).__name__}")
-        return cls(**conv.config(), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+        return cls(**part.config(), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
                    track_running_stats=bn.track_running_stats)
-    return ModuleRule(cls, make, (), ("conv", "bn"))
+    return ModuleRule(cls, make, (), (key, "bn"))
+
+
+def _batch_matmul(cls):
+    def make(s, where):
+        mode = _only(s, "nonlinear_mode", ("identity", "relu"), where, "identity")
+        return cls(_need(s, "batch", where), _need(s, "in_features", where),
+                   _need(s, "out_features", where), bias=s.get("bias") is not None,
+                   nonlinear_mode=mode)
+    return ModuleRule(cls, make)
 
 
 def _stateless(cls):
@@ -233,6 +245,8 @@ MODULES = {
     _MM + "conv_bn.ConvBnRelu2d": _conv_bn(M.ConvBnRelu2d),
     _MM + "elemwise.Elemwise": ModuleRule(
         M.Elemwise, lambda s, w: M.Elemwise(_need(s, "method", w)), ()),
+    _MM + "batch_matmul_activation.BatchMatMulActivation": _batch_matmul(
+        M.BatchMatMulActivation),
 }
 
 
@@ -338,10 +352,10 @@ def _qat(rule, cls):
     def make(s, where):
         m = rule.make(s, where)
         for name in _QUANT_CHILDREN:
+            # (a child the module never uses, as a Concat's weight observer, is kept too,
+            # as MegEngine keeps it: its state dict has its tensors)
             v = s.get(name)
-            if v is None or not getattr(m, "with_" + name.split("_")[0], True):
-                if v is not None:
-                    raise MegEngineFileError(f"{where}: a {cls.__name__} has no {name}")
+            if v is None:
                 setattr(m, name, None)
                 continue
             qualname, state = module_record(v, f"{where}.{name}")
@@ -418,13 +432,37 @@ def _quantized_conv(cls):
         _only(s, "conv_mode", ("cross_correlation", "CROSS_CORRELATION"), where,
               "cross_correlation")
         _only(s, "padding_mode", ("zeros",), where, "zeros")
+        kw = dict(stride=s.get("stride", 1), padding=s.get("padding", 0),
+                  dilation=s.get("dilation", 1), groups=s.get("groups", 1),
+                  bias=s.get("bias") is not None, act_qparams=_output_qparams(s, where))
+        if issubclass(cls, _QM.ConvTranspose2d):
+            kw["output_padding"] = s.get("output_padding", 0)
         m = cls(_need(s, "in_channels", where), _need(s, "out_channels", where),
-                _need(s, "kernel_size", where), s.get("stride", 1), s.get("padding", 0),
-                s.get("dilation", 1), s.get("groups", 1), bias=s.get("bias") is not None,
-                act_qparams=_output_qparams(s, where))
+                _need(s, "kernel_size", where), **kw)
+        # a grouped weight comes with its groups split out (MegEngine's layout): the
+        # same values in the same order
         w, scale = _int8_weight(s, "weight", tuple(m.weight.shape), where)
         return _fill(m, w, scale, _float_bias(s, m.out_channels, where))
     return ModuleRule(cls, make, (), own_tensors=True)
+
+
+def _quantized_batch_matmul(s, where):
+    """MegEngine's quantized BatchMatMulActivation: weight (batch, out, in,
+    1, 1), a bias (1, out, 1, 1) that it adds along axis 1 where its float
+    and QAT modules, and mgtrace's, add theirs along the last axis: only a
+    zero bias (what quantize makes of a module without one) means the
+    same in both."""
+    mode = _only(s, "nonlinear_mode", ("identity", "relu"), where, "identity")
+    m = _QM.BatchMatMulActivation(_need(s, "batch", where), _need(s, "in_features", where),
+                                  _need(s, "out_features", where), bias=False,
+                                  nonlinear_mode=mode, act_qparams=_output_qparams(s, where))
+    w, scale = _int8_weight(s, "weight", tuple(m.weight.shape), where)
+    bias = _float_bias(s, m.out_features, where)
+    if bias is not None and np.any(bias):
+        raise UnsupportedError(f"{where}: MegEngine's quantized BatchMatMulActivation adds its "
+                               "bias along axis 1, mgtrace's (as the float module) along the "
+                               "last axis: a nonzero bias has no mgtrace counterpart")
+    return _fill(m, w, scale, None)
 
 
 def _quantized_linear(cls):
@@ -473,6 +511,18 @@ MODULES.update({
     _MQT + "elemwise.Elemwise": _qat(ModuleRule(_QAT.Elemwise, lambda s, w: _QAT.Elemwise(
         _need(s, "method", w)), ()), _QAT.Elemwise),
     _MQT + "concat.Concat": _qat(_stateless(_QAT.Concat), _QAT.Concat),
+    _MQT + "conv.ConvTranspose2d": _qat(_conv(_QAT.ConvTranspose2d), _QAT.ConvTranspose2d),
+    _MQT + "conv.ConvTransposeRelu2d": _qat(_conv(_QAT.ConvTransposeRelu2d),
+                                            _QAT.ConvTransposeRelu2d),
+    **{_MQT + "conv_transpose_bn." + c.__name__: _qat(_conv_bn(
+        c, "conv_transpose2d", M.ConvTranspose2d), c)
+       for c in (_QAT.ConvTransposeBn2d, _QAT.ConvTransposeBnRelu2d)},
+    # MegEngine's LinearBn1d also keeps a bias of its own that it never uses (zeros)
+    **{_MQT + "linear_bn." + c.__name__: _qat(_conv_bn(c, "linear", M.Linear,
+                                                         M.BatchNorm1d), c)
+       for c in (_QAT.LinearBn1d, _QAT.LinearBnRelu1d)},
+    _MQT + "batch_matmul_activation.BatchMatMulActivation": _qat(
+        _batch_matmul(_QAT.BatchMatMulActivation), _QAT.BatchMatMulActivation),
     _MQZ + "quant_dequant.QuantStub": ModuleRule(_QM.QuantStub, lambda s, w: _QM.QuantStub(
         _output_qparams(s, w)), (), own_tensors=True),
     _MQZ + "quant_dequant.DequantStub": ModuleRule(_QM.DequantStub,
@@ -483,6 +533,15 @@ MODULES.update({
     _MQZ + "conv_bn.ConvBnRelu2d": _quantized_conv(_QM.ConvBnRelu2d),
     _MQZ + "linear.Linear": _quantized_linear(_QM.Linear),
     _MQZ + "linear.LinearRelu": _quantized_linear(_QM.LinearRelu),
+    _MQZ + "conv.ConvTranspose2d": _quantized_conv(_QM.ConvTranspose2d),
+    _MQZ + "conv.ConvTransposeRelu2d": _quantized_conv(_QM.ConvTransposeRelu2d),
+    _MQZ + "conv_transpose_bn.ConvTransposeBn2d": _quantized_conv(_QM.ConvTransposeBn2d),
+    _MQZ + "conv_transpose_bn.ConvTransposeBnRelu2d": _quantized_conv(
+        _QM.ConvTransposeBnRelu2d),
+    _MQZ + "linear_bn.LinearBn1d": _quantized_linear(_QM.LinearBn1d),
+    _MQZ + "linear_bn.LinearBnRelu1d": _quantized_linear(_QM.LinearBnRelu1d),
+    _MQZ + "batch_matmul_activation.BatchMatMulActivation": ModuleRule(
+        _QM.BatchMatMulActivation, _quantized_batch_matmul, (), own_tensors=True),
     _MQZ + "elemwise.Elemwise": ModuleRule(_QM.Elemwise, _quantized_elemwise, (),
                                            own_tensors=True),
     _MQZ + "concat.Concat": ModuleRule(_QM.Concat, lambda s, w: _QM.Concat(

@@ -21,17 +21,22 @@ from mgtrace.serialization.reader import read_header
 from .cases import path
 
 QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
+# each file's last quantized layer (before its DequantStub)
+LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2",
+        "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
+        "qat_transposed": "fc"}
+ALL = sorted(LAST)
 
 
 def stored(name):
     return np.load(path(name, ".npz"))
 
 
-def out_scale(tm):
-    """The scale of the model's last quantized activation (fc2's output):
-    one quantum of the output."""
-    q = tm.fc2.act_qparams if isinstance(tm.fc2, QM.Linear) else \
-        tm.fc2.get_activation_qparams()
+def out_scale(tm, last="fc2"):
+    """The scale of the model's last quantized activation: one quantum of
+    the output."""
+    m = getattr(tm, last)
+    q = m.act_qparams if isinstance(m, QM.QuantizedModule) else m.get_activation_qparams()
     return float(np.asarray(q.scale.numpy()))
 
 
@@ -42,13 +47,65 @@ def assert_within_one_quantum(got, want, scale):
     assert np.abs(got - want).max() <= scale * 1.0001, (np.abs(got - want).max(), scale)
 
 
-@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+@pytest.mark.parametrize("name", ALL)
 def test_outputs_match_megengine_at_two_batches(name):
     tm = mge.load(path(name, ".tm"))
     d = stored(name)
     for b in (2, 5):        # traced at batch 2; x.shape[0] stayed symbolic
         assert_within_one_quantum(tm(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
-                                  out_scale(tm))
+                                  out_scale(tm, LAST[name]))
+
+
+@pytest.mark.parametrize("name,classes", [
+    ("qat_more", {"up": QAT.ConvTranspose2d, "conv": QAT.ConvRelu2d, "cat": QAT.Concat,
+                  "fc": QAT.LinearBnRelu1d, "bmm": QAT.BatchMatMulActivation}),
+    ("quantized_more", {"up": QM.ConvTranspose2d, "conv": QM.ConvRelu2d, "cat": QM.Concat,
+                        "fc": QM.LinearBnRelu1d, "bmm": QM.BatchMatMulActivation}),
+    ("qat_transposed", {"up": QAT.ConvTransposeBn2d, "up2": QAT.ConvTransposeBnRelu2d,
+                        "up3": QAT.ConvTransposeRelu2d, "fc": QAT.LinearBn1d})])
+def test_the_other_qat_and_quantized_modules_are_mgtrace_s(name, classes):
+    tm = mge.load(path(name, ".tm"))
+    for attr, cls in classes.items():
+        assert type(getattr(tm, attr)) is cls, attr
+    sd = {k: v.numpy() for k, v in mge.load(path(name, ".pkl")).items()}
+    if name == "quantized_more":
+        # grouped / transposed / batched int8 weights: MegEngine's integers, its layout
+        # flattened in order; the batched matmul's (batch, out, in, 1, 1) weight
+        for attr in ("up", "conv", "fc", "bmm"):
+            w = getattr(tm, attr).weight.numpy()
+            assert np.array_equal(w.reshape(-1), sd[f"{attr}.weight"].view(np.int8).reshape(-1))
+        assert tm.bmm.bias is None and not np.any(sd["bmm.bias"])
+    elif name == "qat_transposed":
+        assert tm.up3.groups == 2
+        np.testing.assert_array_equal(tm.up3.weight.numpy().reshape(-1),
+                                      sd["up3.weight"].reshape(-1))
+        np.testing.assert_array_equal(tm.up.conv_transpose2d.weight.numpy(),
+                                      sd["up.conv_transpose2d.weight"])
+        np.testing.assert_array_equal(tm.fc.bn.running_var.numpy(), sd["fc.bn.running_var"])
+    else:
+        np.testing.assert_array_equal(tm.bmm.weight.numpy(), sd["bmm.weight"])
+        # MegEngine keeps a weight observer on its Concat that it never uses: so does this
+        assert tm.cat.weight_observer is not None
+
+
+def test_a_nonzero_quantized_batch_matmul_bias_is_refused():
+    """MegEngine's quantized BatchMatMulActivation adds its bias along axis
+    1, the float and QAT ones (and mgtrace's) along the last axis."""
+    from mgtrace.megengine import table as T
+    rule = T.MODULES["megengine.module.quantized.batch_matmul_activation."
+                     "BatchMatMulActivation"]
+    tm = mge.load(path("quantized_more", ".tm"))
+    from mgtrace.megengine.reader import ALLOWED
+    P = ALLOWED[("megengine.tensor", "Parameter")]
+    w = np.zeros((2, 4, 3, 1, 1), dtype=Q.qint8(0.5))
+    state = {"batch": 2, "in_features": 3, "out_features": 4, "nonlinear_mode": "identity",
+             "weight": P(w), "bias": P(np.ones((1, 4, 1, 1), np.float32)),
+             "output_dtype": None}
+    with pytest.raises(mge.UnsupportedError, match="along axis 1"):
+        rule.make(state, "bmm")
+    state["bias"] = P(np.zeros((1, 4, 1, 1), np.float32))
+    assert rule.make(state, "bmm").bias is None
+    assert tm.bmm.nonlinear_mode == "identity"
 
 
 def test_qat_modules_observers_and_fake_quants_are_mgtrace_s():
@@ -169,7 +226,7 @@ def test_quantized_model_runs_on_integers():
     assert_within_one_quantum(tm(x).numpy(), qat(x).numpy(), out_scale(tm))
 
 
-@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+@pytest.mark.parametrize("name", ALL)
 def test_tmod_round_trip(name, tmp_path):
     tm = mge.load(path(name, ".tm"))
     p = tmp_path / f"{name}.tmod"
@@ -344,7 +401,7 @@ def test_nan_scale_in_a_traced_module_is_refused():
         mge.loads(bad)
 
 
-@pytest.mark.parametrize("name", QAT_CASES + ["quantized"])
+@pytest.mark.parametrize("name", ALL)
 def test_truncated_and_bit_flipped_files_fail_cleanly(name):
     data = open(path(name, ".tm"), "rb").read()
     rng = np.random.RandomState(0)

@@ -11,7 +11,13 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
   with their scale in the dtype, float biases, quantized output dtypes);
 * ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
   ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
-  from the calibrated qparams, no observers).
+  from the calibrated qparams, no observers);
+* ``qat_more`` / ``quantized_more``: the other modules MegEngine 1.13 can
+  quantize (Net2: ConvTranspose2d without bias, ConvRelu2d, Concat,
+  LinearBnRelu1d, BatchMatMulActivation), ema QConfig;
+* ``qat_transposed``: the QAT forms MegEngine 1.13 cannot quantize
+  (Net3: ConvTransposeBn2d, ConvTransposeBnRelu2d, ConvTransposeRelu2d with
+  biases: its quantized transposed conv refuses a bias; LinearBn1d).
 
 Each ``.npz`` holds ``x2``/``x5`` (inputs at batch 2 and 5) and MegEngine's
 outputs ``y2``/``y5``; the ``.pkl`` is ``megengine.save(model.state_dict())``.
@@ -49,6 +55,40 @@ class Net(M.Module):
         return self.dequant(self.fc2(self.fc1(x)))
 
 
+class Net2(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.up = M.ConvTranspose2d(3, 4, 2, stride=2, bias=False)
+        self.conv = M.ConvRelu2d(4, 4, 3, padding=1)
+        self.cat = M.Concat()
+        self.fc = M.LinearBnRelu1d(8 * 8 * 8, 6)
+        self.bmm = M.BatchMatMulActivation(2, 3, 4, bias=False)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.up(self.quant(x))
+        x = self.cat([x, self.conv(x)], 1)
+        x = self.fc(x.reshape(x.shape[0], -1))
+        y = self.bmm(x.transpose(1, 0).reshape(2, 3, -1))
+        return self.dequant(y.reshape(8, -1).transpose(1, 0))
+
+
+class Net3(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.up = M.ConvTransposeBn2d(3, 4, 2, stride=2)
+        self.up2 = M.ConvTransposeBnRelu2d(4, 4, 3, padding=1)
+        self.up3 = M.ConvTransposeRelu2d(4, 2, 3, padding=1, groups=2)
+        self.fc = M.LinearBn1d(2 * 8 * 8, 5)
+        self.dequant = M.DequantStub()
+
+    def forward(self, x):
+        x = self.up3(self.up2(self.up(self.quant(x))))
+        return self.dequant(self.fc(x.reshape(x.shape[0], -1)))
+
+
 minmax_quint8_qconfig = QConfig(
     weight_observer=partial(MinMaxObserver, dtype="qint8_narrow"),
     act_observer=partial(MinMaxObserver, dtype="quint8", mode=QuantMode.ASYMMERTIC),
@@ -71,11 +111,11 @@ def _save(name, model, x2, x5):
     print(name, y2.shape)
 
 
-def make(name, qconfig, seed):
+def make(name, qconfig, seed, cls=Net):
     np.random.seed(seed)
     mge.random.seed(seed)          # the modules initialise from MegEngine's generator
     rng = np.random.RandomState(seed)
-    net = Net()
+    net = cls()
     qat = quantize_qat(net, qconfig=qconfig)
     qat.train()
     for _ in range(3):
@@ -97,3 +137,8 @@ if __name__ == "__main__":
         learned = reset_qconfig(qat, qconfig, inplace=False)
         learned.eval()
         _save(name, learned, x2, x5)
+    qat, x2, x5 = make("qat_more", ema_fakequant_qconfig, 2, Net2)
+    q = quantize(qat, inplace=False)
+    q.eval()
+    _save("quantized_more", q, x2, x5)
+    make("qat_transposed", ema_fakequant_qconfig, 3, Net3)
