@@ -329,6 +329,47 @@ def _observer(cls, extra=()):
     return ModuleRule(cls, make, tensors)
 
 
+def _qparams_of(v, where, meta_name):
+    """mgtrace QParams of MegEngine's QParams record (state: mode,
+    dtype_meta, scale, zero_point), for an observer of dtype ``meta_name``."""
+    if not (isinstance(v, Stub) and v.kind == _QPARAMS[0] and isinstance(v.state, dict)):
+        raise MegEngineFileError(f"{where}: qparams that are not a QParams record")
+    mode = _quant_mode(v.state.get("mode"), f"{where}.mode")
+    meta = v.state.get("dtype_meta")
+    if meta is not None and _meta_name(meta, f"{where}.dtype_meta") != meta_name:
+        raise MegEngineFileError(f"{where}: qparams for another dtype than {meta_name}")
+    scale = tensor_array(v.state.get("scale"), f"{where}.scale")
+    zp = v.state.get("zero_point")
+    zp = None if zp is None else tensor_array(zp, f"{where}.zero_point")
+    if scale.dtype.kind != "f" or scale.size != 1 or not np.all(
+            np.isfinite(scale) & (scale > 0)):
+        raise MegEngineFileError(f"{where}: a scale that is not one finite positive float")
+    if zp is not None and (zp.size != 1 or zp.dtype.kind not in "fiu"
+                           or not np.all(np.isfinite(zp))):
+        raise MegEngineFileError(f"{where}: a zero point that is not one number")
+    return _Q.create_qparams(mode, meta_name, scale=np.float32(scale.reshape(())),
+                             zero_point=None if zp is None else np.float32(zp.reshape(())))
+
+
+def _passive(s, where):
+    """MegEngine's PassiveObserver (EasyQuant's): the qparams it holds (and
+    the scale they started from) are its state; not a builtin, so a trace
+    keeps them as a FakeQuantize's, as for any observer mgtrace does not
+    store."""
+    name = _meta_name(_need(s, "dtype", where), f"{where}.dtype")
+    m = _Q.PassiveObserver(name, enable=_flag(s, "enabled", where),
+                           enable_mode=_flag(s, "training", where))
+    if s.get("qparams") is not None:
+        m.set_qparams(_qparams_of(s["qparams"], f"{where}.qparams", name))
+        orig = s.get("orig_scale")
+        if orig is not None:
+            orig = np.asarray(array_of(orig, f"{where}.orig_scale"), np.float32)
+            if orig.size != 1:
+                raise MegEngineFileError(f"{where}: orig_scale of {orig.size} values")
+            m.orig_scale = orig.reshape(())
+    return m
+
+
 def _fake_quant(cls, tensors=()):
     def make(s, where):
         kw = dict(dtype=_meta_name(_need(s, "dtype", where), f"{where}.dtype"),
@@ -496,6 +537,7 @@ MODULES.update({
     _MQ + "observer.SyncExponentialMovingAverageObserver": _observer(
         _Q.SyncExponentialMovingAverageObserver, ("momentum",)),
     _MQ + "observer.HistogramObserver": _observer(_Q.HistogramObserver, ("bins",)),
+    _MQ + "observer.PassiveObserver": ModuleRule(_Q.PassiveObserver, _passive, ()),
     _MQ + "fake_quant.FakeQuantize": _fake_quant(_Q.FakeQuantize),
     _MQ + "fake_quant.TQT": _fake_quant(_Q.TQT, ("scale",)),
     _MQ + "fake_quant.LSQ": _fake_quant(_Q.LSQ, ("eps", "step_size", "zero_point",

@@ -23,6 +23,7 @@ from .cases import path
 QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
 # each file's last quantized layer (before its DequantStub)
 LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2",
+        "qat_passive": "fc2",
         "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
         "qat_transposed": "fc"}
 ALL = sorted(LAST)
@@ -182,6 +183,28 @@ def test_learned_scale_fake_quants_are_megengine_s(name, cls, tensors):
                                        rtol=1e-5)
     assert isinstance(tm.fc2.act_fake_quant.scale if cls is Q.TQT else
                       tm.fc2.act_fake_quant.step_size, M.Parameter)
+
+
+def test_passive_observers_come_over_as_the_fake_quantizers_a_trace_makes():
+    """EasyQuant's PassiveObserver holds qparams, not state mgtrace stores:
+    as when mgtrace traces one, each pair becomes a FakeQuantize carrying
+    them (here the ema model's, and one scale set by hand to 1.25 times)."""
+    tm, ema = mge.load(path("qat_passive", ".tm")), mge.load(path("qat_ema", ".tm"))
+    for prefix in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        m, e = getattr(tm, prefix), getattr(ema, prefix)
+        assert m.act_observer is None and type(m.act_fake_quant) is Q.FakeQuantize
+        want = np.float32(e.get_activation_qparams().scale.numpy())
+        if prefix == "conv":
+            want = np.float32(want * np.float32(1.25))
+        np.testing.assert_allclose(m.get_activation_qparams().scale.numpy(), want, rtol=1e-6)
+    # the rule itself builds mgtrace's PassiveObserver with those qparams
+    from mgtrace.megengine import table as T
+    from mgtrace.megengine.reader import read_pickle
+    root = read_pickle(open(path("qat_passive", ".tm"), "rb").read())
+    _, state = T.module_record(root.state["conv"], "conv")
+    obs = T.module_rule(state["act_observer"].kind).make(state["act_observer"].state, "obs")
+    assert type(obs) is Q.PassiveObserver
+    np.testing.assert_allclose(obs.scale.numpy(), obs.orig_scale * np.float32(1.25), rtol=1e-6)
 
 
 def test_minmax_file_has_asymmetric_quint8_activations():

@@ -12,6 +12,9 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
   ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
   from the calibrated qparams, no observers);
+* ``qat_passive``: the ema model after ``reset_qconfig`` to
+  ``passive_qconfig`` (EasyQuant's PassiveObservers holding its qparams),
+  then one scale changed by hand as EasyQuant's search would;
 * ``qat_more`` / ``quantized_more``: the other modules MegEngine 1.13 can
   quantize (Net2: ConvTranspose2d without bias, ConvRelu2d, Concat,
   LinearBnRelu1d, BatchMatMulActivation), ema QConfig;
@@ -32,7 +35,7 @@ import megengine.module as M
 import megengine.traced_module as tm
 from megengine.quantization import (LSQ, FakeQuantize, MinMaxObserver, QConfig, QuantMode,
                                     ema_fakequant_qconfig, quantize, quantize_qat,
-                                    reset_qconfig, tqt_qconfig)
+                                    passive_qconfig, reset_qconfig, tqt_qconfig)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -133,9 +136,12 @@ if __name__ == "__main__":
     q = quantize(qat, inplace=False)
     q.eval()
     _save("quantized", q, x2, x5)
-    for name, qconfig in (("qat_tqt", tqt_qconfig), ("qat_lsq", lsq_qconfig)):
+    for name, qconfig in (("qat_tqt", tqt_qconfig), ("qat_lsq", lsq_qconfig),
+                          ("qat_passive", passive_qconfig)):
         learned = reset_qconfig(qat, qconfig, inplace=False)
         learned.eval()
+        if name == "qat_passive":
+            learned.conv.act_observer.scale = learned.conv.act_observer.scale.numpy() * 1.25
         _save(name, learned, x2, x5)
     qat, x2, x5 = make("qat_more", ema_fakequant_qconfig, 2, Net2)
     q = quantize(qat, inplace=False)
