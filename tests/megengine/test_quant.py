@@ -23,10 +23,10 @@ from .cases import path
 QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
 # each file's last quantized layer (before its DequantStub)
 LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2",
-        "qat_passive": "fc2",
+        "qat_passive": "fc2", "quantized_calibrated": "fc2",
         "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
         "qat_transposed": "fc"}
-ALL = sorted(LAST)
+ALL = sorted(LAST) + ["calibrated"]
 
 
 def stored(name):
@@ -53,8 +53,40 @@ def test_outputs_match_megengine_at_two_batches(name):
     tm = mge.load(path(name, ".tm"))
     d = stored(name)
     for b in (2, 5):        # traced at batch 2; x.shape[0] stayed symbolic
-        assert_within_one_quantum(tm(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
-                                  out_scale(tm, LAST[name]))
+        got = tm(mt.tensor(d[f"x{b}"])).numpy()
+        if name == "calibrated":        # observers only: a float model
+            np.testing.assert_allclose(got, d[f"y{b}"], rtol=1e-5, atol=1e-6)
+        else:
+            assert_within_one_quantum(got, d[f"y{b}"], out_scale(tm, LAST[name]))
+
+
+@pytest.mark.parametrize("qat,quantized", [("qat_ema", "quantized"),
+                                           ("calibrated", "quantized_calibrated"),
+                                           ("qat_more", "quantized_more")])
+def test_mgtrace_quantize_of_a_megengine_qat_model_gives_megengine_s_int8_model(qat, quantized):
+    """mgtrace.quantization.quantize of the loaded QAT / calibrated model
+    (MegEngine's PTQ and QAT paths) computes what MegEngine's own quantize
+    made of it, within one quantum (equal here)."""
+    q = Q.quantize(mge.load(path(qat, ".tm")), inplace=False)
+    d = stored(quantized)
+    for b in (2, 5):
+        assert_within_one_quantum(q(mt.tensor(d[f"x{b}"])).numpy(), d[f"y{b}"],
+                                  out_scale(q, LAST[quantized]))
+
+
+def test_histogram_observer_state_gives_megengine_s_calibrated_scales():
+    """calibration_qconfig's HistogramObservers as MegEngine left them: their
+    qparams (mgtrace's non-linear search over MegEngine's histogram) are the
+    scales MegEngine's quantize wrote into the int8 model's output dtypes."""
+    calib, q = mge.load(path("calibrated", ".tm")), mge.load(path("quantized_calibrated", ".tm"))
+    sd = {k: v.numpy() for k, v in mge.load(path("calibrated", ".pkl")).items()}
+    for name in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        obs = getattr(calib, name).act_observer
+        assert type(obs) is Q.HistogramObserver and obs.bins == 2048
+        np.testing.assert_array_equal(obs.histogram.numpy(), sd[f"{name}.act_observer.histogram"])
+        assert getattr(calib, name).act_fake_quant is None
+        np.testing.assert_allclose(obs.get_qparams().scale.numpy(),
+                                   getattr(q, name).act_qparams.scale.numpy(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name,classes", [

@@ -12,6 +12,9 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
   ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
   from the calibrated qparams, no observers);
+* ``calibrated`` / ``quantized_calibrated``: post-training calibration,
+  ``calibration_qconfig`` (MinMax weights, HistogramObserver activations,
+  no fake quantization), then ``quantize``;
 * ``qat_passive``: the ema model after ``reset_qconfig`` to
   ``passive_qconfig`` (EasyQuant's PassiveObservers holding its qparams),
   then one scale changed by hand as EasyQuant's search would;
@@ -35,7 +38,8 @@ import megengine.module as M
 import megengine.traced_module as tm
 from megengine.quantization import (LSQ, FakeQuantize, MinMaxObserver, QConfig, QuantMode,
                                     ema_fakequant_qconfig, quantize, quantize_qat,
-                                    passive_qconfig, reset_qconfig, tqt_qconfig)
+                                    calibration_qconfig, passive_qconfig, reset_qconfig,
+                                    tqt_qconfig)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -148,3 +152,7 @@ if __name__ == "__main__":
     q.eval()
     _save("quantized_more", q, x2, x5)
     make("qat_transposed", ema_fakequant_qconfig, 3, Net3)
+    calib, x2, x5 = make("calibrated", calibration_qconfig, 4)
+    q = quantize(calib, inplace=False)
+    q.eval()
+    _save("quantized_calibrated", q, x2, x5)
