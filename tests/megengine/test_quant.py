@@ -512,3 +512,129 @@ def test_quantized_dtypes_as_graph_constants(tmp_path):
         x = mt.tensor(d[f"x{b}"])
         np.testing.assert_array_equal(tm(x).numpy(), d[f"y{b}"])
         np.testing.assert_array_equal(back(x).numpy(), d[f"y{b}"])
+
+
+def test_a_loaded_qat_model_fine_tunes():
+    """MegEngine's QAT model, loaded, trains on in mgtrace: train() turns its
+    observers back on (MegEngine's rule), gradients reach the float weights
+    through the fake quantizers (straight through), and SGD lowers a loss."""
+    from mgtrace.autodiff import GradManager
+    from mgtrace.optimizer import SGD
+    tm = mge.load(path("qat_ema", ".tm"))
+    tm.train()
+    rng = np.random.RandomState(0)
+    x = mt.tensor(rng.uniform(-1, 1, (8, 3, 4, 4)).astype("float32"))
+    target = mt.tensor(rng.uniform(-0.5, 0.5, (8, 5)).astype("float32"))
+    params = list(tm.parameters())
+    gm, opt = GradManager().attach(params), SGD(params, lr=0.1)
+    seen = tm.block.act_observer.max_val.numpy().copy()
+    w0 = tm.block.conv.weight.numpy().copy()
+    losses = []
+    for _ in range(5):
+        with gm:
+            loss = ((tm(x) - target) ** 2).mean()
+            gm.backward(loss)
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(loss.numpy()))
+    assert losses[-1] < losses[0] / 2, losses
+    assert not np.array_equal(tm.block.conv.weight.numpy(), w0)
+    assert tm.block.act_observer.max_val.numpy() != seen        # observing again
+
+
+def _dtype_record(code, mgb=None):
+    from mgtrace.megengine.reader import ALLOWED
+    d = ALLOWED[("numpy", "dtype")](code, False, True)
+    state = (3, "<", None, None, None, -1, -1, 0)
+    d.__setstate__(state if mgb is None else (4, "<", None, None, None, -1, -1, 0,
+                                               {"mgb_dtype": mgb}))
+    return d
+
+
+def _tensor_record(array, kind="Parameter"):
+    from mgtrace.megengine.reader import ALLOWED
+    t = ALLOWED[("megengine.tensor", kind)](array)
+    t.state = {}
+    return t
+
+
+def _set(module, key, value):
+    def edit(root):
+        root.state[module].get("state")[key] = value(root) if callable(value) else value
+    return edit
+
+
+def _set_child(module, child, key, value):
+    def edit(root):
+        rec = root.state[module].get("state")[child]
+        rec.state[key] = value(rec) if callable(value) else value
+    return edit
+
+
+def _mode_3(rec):
+    rec.state["mode"].args = (3,)
+    return rec.state["mode"]
+
+
+def _meta_other_range(rec):
+    rec.state["dtype"].args = ("qint8", "QuantizedS8", "int8", -100, 127, False)
+    return rec.state["dtype"]
+
+
+BAD_STATES = [
+    ("qat_ema", _set_child("block", "act_observer", "enabled", "yes"), mge.MegEngineFileError,
+     "enabled is a str"),
+    ("qat_ema", _set_child("block", "act_observer", "momentum", "0.9"),
+     mge.MegEngineFileError, "expected one float"),
+    ("qat_ema", _set_child("block", "act_observer", "momentum",
+                           _tensor_record(np.ones(3, np.float32), "Tensor")),
+     mge.MegEngineFileError, "expected one float"),
+    ("qat_ema", _set_child("block", "act_observer", "mode", _mode_3), mge.MegEngineFileError,
+     "QuantMode"),
+    ("qat_ema", _set_child("block", "act_observer", "dtype", _meta_other_range),
+     mge.UnsupportedError, "is not one of mgtrace's"),
+    ("qat_ema", _set_child("block", "act_observer", "scale_limit", float("nan")),
+     mge.MegEngineFileError, "scale_limit"),
+    ("qat_ema", _set_child("block", "act_observer", "min_val",
+                           _tensor_record(np.zeros(3, np.float32), "Tensor")),
+     mge.MegEngineFileError, "tensors do not fit"),
+    ("qat_ema", _set("block", "act_observer", lambda root: root.state["block"].get(
+        "state")["conv"]), mge.MegEngineFileError, "not an observer or fake quantizer"),
+    ("calibrated", _set_child("block", "act_observer", "bins", 10 ** 9),
+     mge.MegEngineFileError, "bins"),
+    ("quantized", _set("fc2", "output_dtype", _dtype_record("f4")), mge.UnsupportedError,
+     "not a quantized dtype"),
+    ("quantized", _set("fc2", "output_dtype", _dtype_record("i4", {"name": "QuantizedS32",
+                                                                   "scale": 0.5})),
+     mge.UnsupportedError, "qint8 or quint8"),
+    ("quantized", _set("fc2", "weight", _tensor_record(np.zeros((5, 16), np.float32))),
+     mge.UnsupportedError, "qint8 weights"),
+    ("quantized", _set("fc2", "bias", _tensor_record(np.zeros(4, np.float32))),
+     mge.MegEngineFileError, "expected 5 floats"),
+    ("quantized", _set("fc2", "bias", _tensor_record(np.zeros(5, Q.qint8(0.5)))),
+     mge.UnsupportedError, "not qint32 or float"),
+    ("quantized", _set("block", "padding_mode", "reflect"), mge.UnsupportedError,
+     "padding_mode"),
+    ("quantized", _set("add", "method", 7), mge.MegEngineFileError, "method"),
+]
+
+
+@pytest.mark.parametrize("name,edit,err,match", BAD_STATES,
+                         ids=[f"{c[0]}-{c[3]}" for c in BAD_STATES])
+def test_bad_quantization_state_is_refused_with_the_reason(name, edit, err, match):
+    from mgtrace.megengine import convert
+    from mgtrace.megengine.reader import read_pickle
+    root = read_pickle(open(path(name, ".tm"), "rb").read())
+    edit(root)
+    with pytest.raises(err, match=match):
+        convert._traced_module(root, name, None, None)
+
+
+def test_qint32_bias_is_dequantized():
+    from mgtrace.megengine import convert
+    from mgtrace.megengine.reader import read_pickle
+    root = read_pickle(open(path("quantized", ".tm"), "rb").read())
+    bias = np.array([3, -1, 0, 7, 2], dtype=Q.qint32(0.125))
+    _set("fc2", "bias", _tensor_record(bias))(root)
+    tm = convert._traced_module(root, "q", None, None)[0]
+    assert tm.fc2.bias.numpy().tolist() == [0.375, -0.125, 0.0, 0.875, 0.25]
