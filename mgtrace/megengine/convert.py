@@ -698,7 +698,10 @@ def load(path, *, example_inputs=None, example_kwargs=None):
     Returns:
         For a state dict, an OrderedDict of name -> Tensor in MegEngine's
         shapes (load it with ``module.load_state_dict(sd,
-        layout="megengine")``). For a ``.tm``, an eval-mode (or train-mode,
+        layout="megengine")``); a quantized array (an int8 weight of
+        MegEngine's quantized model) is a Tensor of mgtrace's quantized
+        dtype of the same name, scale and zero point (QuantizedS8 reads as
+        qint8: MegEngine's dtype does not say qint8_narrow). For a ``.tm``, an eval-mode (or train-mode,
         as saved) :class:`mgtrace.TracedModule` whose submodules, names and
         state_dict keys are MegEngine's.
 
@@ -707,7 +710,9 @@ def load(path, *, example_inputs=None, example_kwargs=None):
             reader's allowlist (see :mod:`mgtrace.megengine.reader`).
         UnsupportedError: a MegEngine module, function, method or op with no
             mgtrace counterpart (:mod:`mgtrace.megengine.table`), named.
-        MegEngineFileError: anything else wrong with the file.
+        MegEngineFileError: anything else wrong with the file (a quantized
+            dtype's metadata outside MegEngine's closed set, a scale that is
+            not finite and positive, integers outside the dtype's range...).
         OSError: the file cannot be read.
     """
     with open(path, "rb") as f:

@@ -4,7 +4,10 @@ Three closed sets, each keyed by MegEngine's qualified name:
 
 * :data:`MODULES`: builtin module classes (``megengine.module.conv.Conv2d``)
   -> how to build the mgtrace module from the state MegEngine saved (the
-  module's ``__dict__``);
+  module's ``__dict__``); also the QAT and quantized modules
+  (``megengine.module.qat.*``, ``megengine.module.quantized.*``) and the
+  observers and fake quantizers (``megengine.quantization.*``), which a QAT
+  module holds as children;
 * :data:`FUNCTIONS`: functional functions (``megengine.functional.nn.relu``)
   -> the mgtrace function and how MegEngine's parameters map onto it;
 * :data:`TENSOR_METHODS`: Tensor method names (``reshape``, ``__add__``)
