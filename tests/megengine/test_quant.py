@@ -23,7 +23,7 @@ from .cases import path
 QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
 # each file's last quantized layer (before its DequantStub)
 LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2",
-        "qat_passive": "fc2", "quantized_calibrated": "fc2",
+        "qat_passive": "fc2", "quantized_calibrated": "fc2", "qat_lowbit": "fc2",
         "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
         "qat_transposed": "fc"}
 ALL = sorted(LAST) + ["calibrated"]
@@ -237,6 +237,18 @@ def test_passive_observers_come_over_as_the_fake_quantizers_a_trace_makes():
     obs = T.module_rule(state["act_observer"].kind).make(state["act_observer"].state, "obs")
     assert type(obs) is Q.PassiveObserver
     np.testing.assert_allclose(obs.scale.numpy(), obs.orig_scale * np.float32(1.25), rtol=1e-6)
+
+
+def test_lowbit_file_is_qint4_throughout():
+    tm = mge.load(path("qat_lowbit", ".tm"))
+    for name in ("block", "conv", "fc1", "fc2"):
+        m = getattr(tm, name)
+        for child in (m.weight_observer, m.weight_fake_quant, m.act_observer,
+                      m.act_fake_quant):
+            assert child.dtype_name == "qint4" and (child.qmin, child.qmax) == (-8, 7)
+    # the output takes at most 16 values per tensor: it went through qint4 fake quants
+    y = tm(mt.tensor(stored("qat_lowbit")["x5"])).numpy()
+    assert len(np.unique(y)) <= 16
 
 
 def test_minmax_file_has_asymmetric_quint8_activations():

@@ -12,6 +12,8 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
   ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
   from the calibrated qparams, no observers);
+* ``qat_lowbit``: ``ema_lowbit_fakequant_qconfig`` (qint4 weights and
+  activations);
 * ``calibrated`` / ``quantized_calibrated``: post-training calibration,
   ``calibration_qconfig`` (MinMax weights, HistogramObserver activations,
   no fake quantization), then ``quantize``;
@@ -38,8 +40,8 @@ import megengine.module as M
 import megengine.traced_module as tm
 from megengine.quantization import (LSQ, FakeQuantize, MinMaxObserver, QConfig, QuantMode,
                                     ema_fakequant_qconfig, quantize, quantize_qat,
-                                    calibration_qconfig, passive_qconfig, reset_qconfig,
-                                    tqt_qconfig)
+                                    calibration_qconfig, ema_lowbit_fakequant_qconfig,
+                                    passive_qconfig, reset_qconfig, tqt_qconfig)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,6 +154,7 @@ if __name__ == "__main__":
     q.eval()
     _save("quantized_more", q, x2, x5)
     make("qat_transposed", ema_fakequant_qconfig, 3, Net3)
+    make("qat_lowbit", ema_lowbit_fakequant_qconfig, 5)
     calib, x2, x5 = make("calibrated", calibration_qconfig, 4)
     q = quantize(calib, inplace=False)
     q.eval()
