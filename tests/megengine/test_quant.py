@@ -650,3 +650,36 @@ def test_qint32_bias_is_dequantized():
     _set("fc2", "bias", _tensor_record(bias))(root)
     tm = convert._traced_module(root, "q", None, None)[0]
     assert tm.fc2.bias.numpy().tolist() == [0.375, -0.125, 0.0, 0.875, 0.25]
+
+
+@pytest.mark.parametrize("name", ALL + ["qconst"])
+def test_files_read_into_inert_records_and_import_nothing(name):
+    """The quantization files are read into the reader's records, plain
+    values and NumPy arrays only (a quantized dtype is a NumPy dtype with
+    metadata), and loading them imports nothing MegEngine's."""
+    import sys
+    from mgtrace.megengine import reader as U
+    obj = U.read_pickle(open(path(name, ".tm"), "rb").read())
+    seen, stack, kinds = set(), [obj], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        kinds.add(type(v).__module__)
+        if isinstance(v, U.Stub):
+            stack.extend(v.args)
+            state = v.state
+            stack.extend(state.values() if isinstance(state, dict) else
+                         state if isinstance(state, tuple) else [])
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    assert kinds <= {"builtins", "mgtrace.megengine.stubs", "mgtrace.megengine.reader",
+                     "numpy"}, kinds
+    mge.load(path(name, ".tm"))
+    # (this test folder is itself imported as the package "megengine")
+    assert not {"megengine.core", "megengine.module", "megengine.quantization",
+                "megengine.tensor"} & set(sys.modules)
