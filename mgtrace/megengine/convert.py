@@ -83,6 +83,16 @@ _QUANTIZED_NAMES = {"QuantizedS8": "qint8", "Quantized8Asymm": "quint8",
                     "Quantized4Asymm": "quint4"}
 
 
+def _quantized_dtype(mgb, where):
+    """mgtrace's quantized dtype of MegEngine's ``mgb_dtype`` metadata (the
+    reader checked its fields)."""
+    try:
+        return create_quantized_dtype(_QUANTIZED_NAMES[mgb["name"]], mgb["scale"],
+                                      mgb.get("zero_point"))
+    except QuantizationError as e:
+        raise MegEngineFileError(f"{where}: {e}") from None
+
+
 def _tensor_of(stub, where, parameter):
     """An mgtrace Tensor (or Parameter) of a MegEngine Tensor record or array;
     a quantized one (MegEngine's dtype metadata: qint8, quint8, qint32,
@@ -96,11 +106,7 @@ def _tensor_of(stub, where, parameter):
     mgb = (a.dtype.metadata or {}).get("mgb_dtype")
     if mgb is None:
         return M.Parameter(a) if parameter else mgtrace.tensor(a)
-    try:
-        dtype = create_quantized_dtype(_QUANTIZED_NAMES[mgb["name"]], mgb["scale"],
-                                       mgb.get("zero_point"))
-    except QuantizationError as e:
-        raise MegEngineFileError(f"{where}: {e}") from None
+    dtype = _quantized_dtype(mgb, where)
     values = a.view(np.dtype(a.dtype.str))          # the integers, without the metadata
     if values.size and (values.min() < quant_dtype(qdtype_name(dtype)).qmin
                         or values.max() > quant_dtype(qdtype_name(dtype)).qmax):
@@ -656,7 +662,12 @@ def _example_inputs(graph, rng):
                                      "shape: give example inputs (load(path, example_inputs=...)"
                                      ", or mgtrace import-megengine --inputs FILE.py:FUNCTION)")
         dt = dtype.dtype if _kind(dtype) == "numpy.dtype" else np.dtype("float32")
-        values.append(mgtrace.tensor(rng.uniform(-1, 1, shape).astype(dt)))
+        mgb = (dt.metadata or {}).get("mgb_dtype")
+        if mgb is not None:     # a quantized input (an int8 model without a QuantStub)
+            real = mgtrace.tensor(rng.uniform(-1, 1, shape).astype(np.float32))
+            values.append(real.astype(_quantized_dtype(mgb, graph.where)))
+        else:
+            values.append(mgtrace.tensor(rng.uniform(-1, 1, shape).astype(dt)))
     leaves = iter([None] + values)      # the module leaf (self) comes first
     (args, kwargs) = graph.in_def.unflatten(leaves)
     return tuple(args[1:]), dict(kwargs)

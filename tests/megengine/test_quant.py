@@ -683,3 +683,20 @@ def test_files_read_into_inert_records_and_import_nothing(name):
     # (this test folder is itself imported as the package "megengine")
     assert not {"megengine.core", "megengine.module", "megengine.quantization",
                 "megengine.tensor"} & set(sys.modules)
+
+
+def test_an_int8_model_taking_a_quantized_input_loads_and_runs(tmp_path):
+    """int8_body.tm: MegEngine's int8 block, conv and add traced alone on a
+    qint8 input (no QuantStub): the example inputs are made in the recorded
+    quantized dtype, and the outputs on MegEngine's inputs are its own."""
+    tm = mge.load(path("int8_body", ".tm"))
+    d = stored("int8_body")
+    dt = Q.qint8(d["in_scale"])
+    scale = float(np.asarray(tm.add.act_qparams.scale.numpy()))
+    mt.save(tm, tmp_path / "b.tmod")
+    back = mt.load(tmp_path / "b.tmod")
+    for b in (2, 5):
+        for model in (tm, back):
+            y = model(mt.tensor(d[f"x{b}"]).astype(dt))
+            assert qdtype_name(y.dtype) == "qint8"
+            assert_within_one_quantum(F.dequantize(y).numpy(), d[f"y{b}"], scale)

@@ -9,6 +9,10 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
   asymmetric quint8 activations (zero points) and qint8_narrow weights;
 * ``quantized.tm/.pkl/.npz``: ``quantize`` of the ema model (int8 weights
   with their scale in the dtype, float biases, quantized output dtypes);
+* ``int8_body.tm/.npz``: the int8 model's block, conv and add traced
+  alone, taking a qint8 tensor (no QuantStub): ``x2``/``x5`` are the float
+  inputs quantized to ``in_dtype``'s scale (``in_scale``), ``y2``/``y5`` the
+  dequantized outputs;
 * ``qat_tqt.tm/.pkl/.npz`` and ``qat_lsq.tm/.pkl/.npz``: the ema model after
   ``reset_qconfig`` to ``tqt_qconfig`` / an LSQ QConfig (learned scales set
   from the calibrated qparams, no observers);
@@ -109,6 +113,29 @@ lsq_qconfig = QConfig(weight_observer=None, act_observer=None,
                       act_fake_quant=partial(LSQ, dtype="qint8"))
 
 
+class Int8Body(M.Module):
+    def __init__(self, q):
+        super().__init__()
+        self.block, self.conv, self.add = q.block, q.conv, q.add
+
+    def forward(self, x):
+        x = self.block(x)
+        return self.add(x, self.conv(x))
+
+
+def _save_int8_body(q, x2, x5):
+    body = Int8Body(q)
+    body.eval()
+    dt = q.quant.output_dtype
+    traced = tm.trace_module(body, mge.Tensor(x2).astype(dt))
+    traced.eval()
+    ys = [traced(mge.Tensor(x).astype(dt)).astype("float32").numpy() for x in (x2, x5)]
+    mge.save(traced, os.path.join(HERE, "int8_body.tm"))
+    np.savez(os.path.join(HERE, "int8_body.npz"), x2=x2, x5=x5, y2=ys[0], y5=ys[1],
+             in_scale=np.float32(dt.metadata["mgb_dtype"]["scale"]))
+    print("int8_body", ys[0].shape)
+
+
 def _save(name, model, x2, x5):
     traced = tm.trace_module(model, mge.Tensor(x2))
     traced.eval()
@@ -142,6 +169,7 @@ if __name__ == "__main__":
     q = quantize(qat, inplace=False)
     q.eval()
     _save("quantized", q, x2, x5)
+    _save_int8_body(q, x2, x5)
     for name, qconfig in (("qat_tqt", tqt_qconfig), ("qat_lsq", lsq_qconfig),
                           ("qat_passive", passive_qconfig)):
         learned = reset_qconfig(qat, qconfig, inplace=False)
