@@ -25,6 +25,7 @@ import mgtrace.module as M
 import mgtrace.module.qat as _QAT
 import mgtrace.module.quantized as _QM
 import mgtrace.quantization as _Q
+from mgtrace._core import tensor as _tensor
 from mgtrace.megengine.reader import (MegEngineFileError, Stub, allow_classes, allow_names,
                                       array_of)
 
@@ -419,12 +420,12 @@ def _output_qparams(s, where):
     d = s.get("output_dtype")
     if d is None:
         return None
-    meta = getattr(d, "dtype", None)
-    meta = getattr(meta, "metadata", None) if isinstance(d, Stub) else None
-    mgb = meta.get("mgb_dtype") if meta else None
+    dtype = d.dtype if isinstance(d, Stub) and d.kind == "numpy.dtype" else None
+    mgb = (dtype.metadata or {}).get("mgb_dtype") if dtype is not None else None
     if mgb is None:
-        raise UnsupportedError(f"{where}: output_dtype {getattr(d, 'dtype', d)!r} is not a "
-                               "quantized dtype")
+        got = dtype if dtype is not None else getattr(d, "kind", type(d).__name__)
+        raise UnsupportedError(f"{where}: output_dtype {str(got)[:60]} is not a quantized "
+                               "dtype")
     name = {"QuantizedS8": "qint8", "Quantized8Asymm": "quint8"}.get(mgb["name"])
     if name is None:
         raise UnsupportedError(f"{where}: quantized modules output qint8 or quint8, not "
@@ -464,10 +465,11 @@ def _float_bias(s, n, where):
 
 
 def _fill(m, weight, scale, bias):
-    import mgtrace
-    m.weight = mgtrace.tensor(weight)
-    m.weight_scale = mgtrace.tensor(scale)
-    m.bias = None if bias is None else mgtrace.tensor(bias)
+    """Quantized module ``m`` with MegEngine's int8 ``weight`` (in m's
+    shape), its ``weight_scale`` and float ``bias`` (or None)."""
+    m.weight = _tensor(weight)
+    m.weight_scale = _tensor(scale)
+    m.bias = None if bias is None else _tensor(bias)
     return m
 
 
