@@ -290,15 +290,18 @@ def _quant_mode(v, where, default=None):
 
 
 def _scalar_of(v, where):
-    """A Python float from a MegEngine Tensor record of one value (an
-    observer's momentum) or a plain number."""
+    """A finite Python float from a MegEngine Tensor record of one value (an
+    observer's momentum, LSQ's eps) or a plain number."""
+    value = None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, Stub) and v.kind in _TENSOR_KINDS and v.args:
+        value = float(v)
+    elif isinstance(v, Stub) and v.kind in _TENSOR_KINDS and v.args:
         a = array_of(v.args[0], where)
         if a.size == 1 and a.dtype.kind == "f":
-            return float(a.reshape(()))
-    raise MegEngineFileError(f"{where}: expected one float")
+            value = float(a.reshape(()))
+    if value is None or not np.isfinite(value):
+        raise MegEngineFileError(f"{where}: expected one finite float")
+    return value
 
 
 def _flag(s, key, where, default=True):
