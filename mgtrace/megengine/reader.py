@@ -198,11 +198,11 @@ class _DType(Stub):
                                      "plain numeric dtype")
         if state[1] in "<>" and self.dtype.itemsize > 1:
             self.dtype = self.dtype.newbyteorder(state[1])
+        if len(state) > 9:
+            raise MegEngineFileError(f"numpy.dtype state of {len(state)} items")
         if len(state) == 9 and state[8] is not None:       # version 4: the metadata
             self.dtype = np.dtype(self.dtype, metadata=_quantized_metadata(state[8],
                                                                            self.dtype))
-        elif len(state) > 8:
-            raise MegEngineFileError(f"numpy.dtype state of {len(state)} items")
         self.state = {}
 
 
