@@ -705,3 +705,23 @@ def test_an_int8_model_taking_a_quantized_input_loads_and_runs(tmp_path):
             y = model(mt.tensor(d[f"x{b}"]).astype(dt))
             assert qdtype_name(y.dtype) == "qint8"
             assert_within_one_quantum(F.dequantize(y).numpy(), d[f"y{b}"], scale)
+
+
+@pytest.mark.parametrize("suffix", [".p2.tm", ".p5.tm"])
+def test_int8_model_at_protocols_2_and_5(suffix):
+    tm = mge.load(path("quantized", suffix))
+    d = stored("quantized")
+    np.testing.assert_array_equal(tm(mt.tensor(d["x5"])).numpy(),
+                                  mge.load(path("quantized", ".tm"))(mt.tensor(d["x5"])).numpy())
+
+
+def test_int8_state_dict_at_protocol_5_equals_protocol_4():
+    # protocol 5 pickles each array through numpy's _frombuffer, the quantized dtype with
+    # its metadata as an argument
+    want, got = mge.load(path("quantized", ".pkl")), mge.load(path("quantized", ".p5.pkl"))
+    assert list(got) == list(want)
+    for k in want:
+        assert qdtype_name(got[k].dtype) == qdtype_name(want[k].dtype)
+        if qdtype_name(want[k].dtype):
+            assert Q.get_scale(got[k].dtype) == Q.get_scale(want[k].dtype)
+        np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())

@@ -21,6 +21,9 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``calibrated`` / ``quantized_calibrated``: post-training calibration,
   ``calibration_qconfig`` (MinMax weights, HistogramObserver activations,
   no fake quantization), then ``quantize``;
+* ``quantized.p2.tm``, ``quantized.p5.tm``, ``quantized.p5.pkl``: the int8
+  model and its state dict saved again with ``pickle_protocol`` 2 and 5
+  (protocol 5 pickles the quantized arrays through NumPy's ``_frombuffer``);
 * ``qat_passive``: the ema model after ``reset_qconfig`` to
   ``passive_qconfig`` (EasyQuant's PassiveObservers holding its qparams),
   then one scale changed by hand as EasyQuant's search would;
@@ -182,6 +185,12 @@ if __name__ == "__main__":
     q.eval()
     _save("quantized_more", q, x2, x5)
     make("qat_transposed", ema_fakequant_qconfig, 3, Net3)
+    traced = mge.load(os.path.join(HERE, "quantized.tm"))
+    for protocol in (2, 5):
+        mge.save(traced, os.path.join(HERE, f"quantized.p{protocol}.tm"),
+                 pickle_protocol=protocol)
+    mge.save(mge.load(os.path.join(HERE, "quantized.pkl")),
+             os.path.join(HERE, "quantized.p5.pkl"), pickle_protocol=5)
     make("qat_lowbit", ema_lowbit_fakequant_qconfig, 5)
     calib, x2, x5 = make("calibrated", calibration_qconfig, 4)
     q = quantize(calib, inplace=False)
