@@ -537,10 +537,14 @@ def _signature(spec_stub, where):
 def _tensors(rule, state, prefix, where, out):
     """The arrays of a builtin module's saved state (and of its parts'),
     by state_dict key."""
-    for name in rule.tensors:
-        v = state.get(name)
-        if v is not None:
-            out[prefix + name] = _array(v, f"{where}.{name}")
+    if callable(rule.tensors):
+        for name, a in rule.tensors(state, where).items():
+            out[prefix + name] = a
+    else:
+        for name in rule.tensors:
+            v = state.get(name)
+            if v is not None:
+                out[prefix + name] = _array(v, f"{where}.{name}")
     for child in rule.children:
         if state.get(child) is None:
             continue        # a QAT module without that observer or fake quantizer

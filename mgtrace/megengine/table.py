@@ -46,7 +46,8 @@ class ModuleRule:
     """How one MegEngine builtin module class becomes an mgtrace module:
     ``make(state, where)`` builds it from MegEngine's saved ``__dict__``
     (its tensors are loaded afterwards, in MegEngine's layout); ``tensors``
-    names the state entries that are its parameters and buffers, and
+    names the state entries that are its parameters and buffers (or is a
+    function ``(state, where) -> {name: array}`` making them), and
     ``children`` the entries that are modules of its own (a fused module's
     ``conv`` and ``bn``, a QAT module's observers; None where absent), whose
     tensors load under their name. With ``own_tensors`` (the quantized
@@ -377,6 +378,26 @@ def _passive(s, where):
     return m
 
 
+def _carrier(s, where):
+    """MegEngine's traced-module FakeQuantize (what its trace puts where a
+    QAT module had a user's observer or fake quantizer): mgtrace's
+    FakeQuantize carrying the same qparams (what mgtrace's trace puts
+    there)."""
+    name = _meta_name(_need(s, "dtype", where), f"{where}.dtype")
+    m = _Q.FakeQuantize(name, enable=_flag(s, "enabled", where))
+    if s.get("qparams") is not None:
+        m.set_qparams(_qparams_of(s["qparams"], f"{where}.qparams", name))
+    return m
+
+
+def _carrier_tensors(s, where):
+    """The carrier's buffers as set_qparams makes them (the rule's tensors)."""
+    if s.get("qparams") is None:
+        return {}
+    m = _carrier(s, where)
+    return {"scale": m.scale.numpy(), "zero_point": m.zero_point.numpy()}
+
+
 def _fake_quant(cls, tensors=()):
     def make(s, where):
         kw = dict(dtype=_meta_name(_need(s, "dtype", where), f"{where}.dtype"),
@@ -547,6 +568,8 @@ MODULES.update({
     _MQ + "observer.HistogramObserver": _observer(_Q.HistogramObserver, ("bins",)),
     _MQ + "observer.PassiveObserver": ModuleRule(_Q.PassiveObserver, _passive, ()),
     _MQ + "fake_quant.FakeQuantize": _fake_quant(_Q.FakeQuantize),
+    "megengine.traced_module.fake_quant.FakeQuantize": ModuleRule(_Q.FakeQuantize, _carrier,
+                                                                  _carrier_tensors),
     _MQ + "fake_quant.TQT": _fake_quant(_Q.TQT, ("scale",)),
     _MQ + "fake_quant.LSQ": _fake_quant(_Q.LSQ, ("eps", "step_size", "zero_point",
                                                  "grad_scale")),

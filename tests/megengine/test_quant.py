@@ -24,6 +24,7 @@ QAT_CASES = ["qat_ema", "qat_minmax", "qat_tqt", "qat_lsq"]
 # each file's last quantized layer (before its DequantStub)
 LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2",
         "qat_passive": "fc2", "quantized_calibrated": "fc2", "qat_lowbit": "fc2",
+        "qat_user_observer": "fc2",
         "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
         "qat_transposed": "fc"}
 ALL = sorted(LAST) + ["calibrated"]
@@ -237,6 +238,21 @@ def test_passive_observers_come_over_as_the_fake_quantizers_a_trace_makes():
     obs = T.module_rule(state["act_observer"].kind).make(state["act_observer"].state, "obs")
     assert type(obs) is Q.PassiveObserver
     np.testing.assert_allclose(obs.scale.numpy(), obs.orig_scale * np.float32(1.25), rtol=1e-6)
+
+
+def test_a_user_observer_traced_by_megengine_comes_over_as_a_carrying_fake_quantize():
+    """MegEngine's trace replaces a user's observer by its traced-module
+    FakeQuantize carrying the qparams (as mgtrace's trace does): it loads as
+    mgtrace's FakeQuantize with those qparams, the user's observers' scales
+    as make_quant.py recorded them before the trace."""
+    tm = mge.load(path("qat_user_observer", ".tm"))
+    d = stored("qat_user_observer")
+    for prefix in ("quant", "block", "conv", "add", "fc1", "fc2"):
+        m = getattr(tm, prefix)
+        assert m.act_observer is None and type(m.act_fake_quant) is Q.FakeQuantize
+        assert m.act_fake_quant.enabled
+        assert m.get_activation_qparams().scale.numpy() == d[f"scale.{prefix}"]
+    assert type(tm.block.weight_observer) is Q.MinMaxObserver        # a builtin: kept
 
 
 def test_lowbit_file_is_qint4_throughout():

@@ -24,6 +24,9 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``quantized.p2.tm``, ``quantized.p5.tm``, ``quantized.p5.pkl``: the int8
   model and its state dict saved again with ``pickle_protocol`` 2 and 5
   (protocol 5 pickles the quantized arrays through NumPy's ``_frombuffer``);
+* ``qat_user_observer``: activations observed by a user's MinMaxObserver
+  subclass: MegEngine's trace replaces each such pair by its traced-module
+  FakeQuantize carrying the qparams (``megengine.traced_module.fake_quant``);
 * ``qat_passive``: the ema model after ``reset_qconfig`` to
   ``passive_qconfig`` (EasyQuant's PassiveObservers holding its qparams),
   then one scale changed by hand as EasyQuant's search would;
@@ -111,6 +114,16 @@ minmax_quint8_qconfig = QConfig(
     weight_fake_quant=partial(FakeQuantize, dtype="qint8_narrow"),
     act_fake_quant=partial(FakeQuantize, dtype="quint8"))
 
+class UserObserver(MinMaxObserver):
+    """A user's observer: not a MegEngine builtin."""
+
+
+user_observer_qconfig = QConfig(
+    weight_observer=partial(MinMaxObserver, dtype="qint8_narrow"),
+    act_observer=partial(UserObserver, dtype="qint8"),
+    weight_fake_quant=partial(FakeQuantize, dtype="qint8_narrow"),
+    act_fake_quant=partial(FakeQuantize, dtype="qint8"))
+
 lsq_qconfig = QConfig(weight_observer=None, act_observer=None,
                       weight_fake_quant=partial(LSQ, dtype="qint8_narrow"),
                       act_fake_quant=partial(LSQ, dtype="qint8"))
@@ -139,14 +152,14 @@ def _save_int8_body(q, x2, x5):
     print("int8_body", ys[0].shape)
 
 
-def _save(name, model, x2, x5):
+def _save(name, model, x2, x5, **extra):
     traced = tm.trace_module(model, mge.Tensor(x2))
     traced.eval()
     y2, y5 = model(mge.Tensor(x2)).numpy(), model(mge.Tensor(x5)).numpy()
     assert np.array_equal(traced(mge.Tensor(x2)).numpy(), y2), name
     mge.save(traced, os.path.join(HERE, name + ".tm"))
     mge.save(model.state_dict(), os.path.join(HERE, name + ".pkl"))
-    np.savez(os.path.join(HERE, name + ".npz"), x2=x2, x5=x5, y2=y2, y5=y5)
+    np.savez(os.path.join(HERE, name + ".npz"), x2=x2, x5=x5, y2=y2, y5=y5, **extra)
     print(name, y2.shape)
 
 
@@ -162,7 +175,12 @@ def make(name, qconfig, seed, cls=Net):
     qat.eval()
     x2 = rng.uniform(-1, 1, (2, 3, 4, 4)).astype("float32")
     x5 = rng.uniform(-1, 1, (5, 3, 4, 4)).astype("float32")
-    _save(name, qat, x2, x5)
+    extra = {}
+    if qconfig is user_observer_qconfig:
+        # the user observers' scales (the trace takes them out of the model)
+        extra = {f"scale.{n}": m.act_observer.get_qparams().scale.numpy()
+                 for n, m in qat.named_children() if getattr(m, "act_observer", None)}
+    _save(name, qat, x2, x5, **extra)
     return qat, x2, x5
 
 
@@ -192,6 +210,7 @@ if __name__ == "__main__":
     mge.save(mge.load(os.path.join(HERE, "quantized.pkl")),
              os.path.join(HERE, "quantized.p5.pkl"), pickle_protocol=5)
     make("qat_lowbit", ema_lowbit_fakequant_qconfig, 5)
+    make("qat_user_observer", user_observer_qconfig, 6)
     calib, x2, x5 = make("calibrated", calibration_qconfig, 4)
     q = quantize(calib, inplace=False)
     q.eval()
