@@ -741,3 +741,13 @@ def test_int8_state_dict_at_protocol_5_equals_protocol_4():
         if qdtype_name(want[k].dtype):
             assert Q.get_scale(got[k].dtype) == Q.get_scale(want[k].dtype)
         np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
+
+
+def test_a_user_subclass_of_a_qat_module_is_refused_by_name():
+    """user_qat.tm (make_user_qat.py): MegEngine traced into a user's
+    subclass of its QAT Linear, recording a raw FakeQuant op (the bias's
+    fake quantization) that mgtrace does not map yet: refused, named,
+    nothing imported or called."""
+    with pytest.raises(mge.ForbiddenGlobalError,
+                       match="megengine.core._imperative_rt.ops.FakeQuant"):
+        mge.load(path("user_qat", ".tm"))
