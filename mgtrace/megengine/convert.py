@@ -336,10 +336,15 @@ class _Graph:
             state = e.get("opdef_state")
             op = state.get("opdef_type") if isinstance(state, dict) else None
             opname = op.qualname if isinstance(op, Global) else repr(op)
+            if opname == "megengine.core._imperative_rt.ops.FakeQuant" and \
+                    len(inputs) == 3 and len(outputs) == 1:
+                return ("fake_quant", e, where, inputs, outputs,
+                        T.fake_quant_range(state, where))
             if opname != "megengine.core._imperative_rt.ops.GetVarShape" \
                     or len(inputs) != 1 or len(outputs) != 1:
                 raise T.UnsupportedError(f"{where}: MegEngine op {opname} has no mgtrace "
-                                         "counterpart (only GetVarShape, a shape read)")
+                                         "counterpart (only GetVarShape, a shape read, and "
+                                         "FakeQuant)")
             axis = state.get("axis", 7)
             if type(axis) is not int:
                 raise MegEngineFileError(f"{where}: GetVarShape axis {axis!r}")
@@ -372,6 +377,8 @@ class _Graph:
             elif op == "shape":
                 shape = tuple(values[0].shape)
                 results = [shape if step[5] >= len(shape) or step[5] >= 7 else shape[step[5]]]
+            elif op == "fake_quant":
+                results = [T.fake_quant_op(*values, step[5], where)]
             else:
                 arg_def, consts, target = step[5:]
                 for idx, v in consts:
@@ -617,6 +624,8 @@ class _Builder:
         if not graphs and members and (any(k.isdigit() for k in members) or all(
                 isinstance(v, M.Module) for v in members.values())):
             return members            # a dict container (MegEngine keeps no graph for one)
+        if stub.get("is_qat") is True:
+            _carry_qparams(members)
         for key, value in members.items():
             setattr(m, key, value)
         m.__dict__["_megengine_members"] = frozenset(members)
@@ -652,6 +661,20 @@ class _Builder:
             items = [self._member(v, f"{where}.{i}", depth + 1) for i, v in enumerate(value)]
             return type(value)(items) if items and all(i is not None for i in items) else None
         return None
+
+
+def _carry_qparams(members):
+    """A user's QAT module (MegEngine traced into it: ``is_qat``): each
+    (observer, fake quantizer) pair becomes observer None and a
+    FakeQuantize carrying the pair's qparams, what mgtrace's trace does to
+    such a module (:func:`mgtrace.module.qat.module.plain_quant_children`):
+    the qparams an observer hands its fake quantizer are no graph value."""
+    from mgtrace.module.qat.module import _carrier, _learns
+    for kind in ("weight", "act"):
+        obs, fq = members.get(f"{kind}_observer"), members.get(f"{kind}_fake_quant")
+        if isinstance(obs, M.Module) and isinstance(fq, M.Module) and not _learns(fq):
+            members[f"{kind}_observer"] = None
+            members[f"{kind}_fake_quant"] = _carrier(obs, fq)
 
 
 def _example_inputs(graph, rng):

@@ -373,6 +373,7 @@ _DATA_GLOBALS = [
     "megengine.module.module.Module", "megengine.traced_module.node.Node",
     "megengine.traced_module.node.NodeMixin", "megengine.core._imperative_rt.core2.Tensor",
     "megengine.core._imperative_rt.OpDef", "megengine.core._imperative_rt.ops.GetVarShape",
+    "megengine.core._imperative_rt.ops.FakeQuant",
     "megengine.core._wrap.Device", "numpy.ndarray", "numpy.dtype", "numpy.number",
     "numpy.bool_",
 ] + [f"numpy.dtypes.{n}DType" for n in (  # NumPy >= 1.25's dtype classes, a pytree leaf's

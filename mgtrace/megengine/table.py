@@ -622,6 +622,49 @@ MODULES.update({
 })
 
 
+def fake_quant_range(state, where):
+    """The quantized dtype name of MegEngine's ``FakeQuant`` op state
+    (``qmin``, ``qmax``): the one of mgtrace's with that range (qint32 for a
+    bias, qint8...); UnsupportedError for another range."""
+    lo, hi = state.get("qmin"), state.get("qmax")
+    if type(lo) is not int or type(hi) is not int:
+        raise MegEngineFileError(f"{where}: FakeQuant without int qmin / qmax")
+    for name, meta in _Q.QUANT_DTYPES.items():
+        if (meta.qmin, meta.qmax) == (lo, hi):
+            return name
+    raise UnsupportedError(f"{where}: FakeQuant to {lo}..{hi}, the range of no quantized dtype "
+                           "mgtrace has")
+
+
+def fake_quant_op(x, scale, zero_point, name, where):
+    """MegEngine's ``FakeQuant`` op (what its trace records where a user's
+    QAT module fake-quantizes its bias): ``x`` fake-quantized with the
+    tensors ``scale`` and ``zero_point`` into dtype ``name``'s range
+    (rounding ties to even: mgtrace's rule)."""
+    for v, what in ((x, "input"), (scale, "scale"), (zero_point, "zero point")):
+        if not hasattr(v, "numpy"):
+            raise MegEngineFileError(f"{where}: FakeQuant's {what} is a {type(v).__name__}")
+    zp = np.asarray(zero_point.numpy())
+    meta = _Q.QUANT_DTYPES[name]
+    mode = _Q.QuantMode.ASYMMERTIC if meta.is_unsigned or np.any(zp) else _Q.QuantMode.SYMMERTIC
+    q = _Q.create_qparams(mode, meta, scale=scale,
+                          zero_point=zero_point if mode == _Q.QuantMode.ASYMMERTIC else None)
+    return _Q.fake_quant_tensor(x, q)
+
+
+def apply_fakequant_with_observer(module, target, fake_quant, observer):
+    """MegEngine's ``QATModule._apply_fakequant_with_observer`` as its trace
+    records it in a user's QAT module: ``target`` through ``observer`` (or
+    not), then ``fake_quant``. The converter gives such a module carrying
+    fake quantizers (observer None), as mgtrace's trace does."""
+    out = target if observer is None else observer(target)
+    if fake_quant is None:
+        return out
+    if observer is None or getattr(fake_quant, "learns_qparams", False):
+        return fake_quant(out)
+    return fake_quant(out, observer.get_qparams())
+
+
 def module_rule(qualname):
     """The ModuleRule of MegEngine class ``qualname``, or UnsupportedError."""
     rule = MODULES.get(qualname)
@@ -728,6 +771,11 @@ FUNCTIONS = {
     _FM + "matmul": FunctionRule(F.matmul, "inp1 inp2 transpose_a transpose_b compute_mode",
                                  rename={"inp1": "a", "inp2": "b"}, dropped=("compute_mode",)),
 }
+
+
+# a user's QAT module (traced into) calls its QAT base class's helper
+FUNCTIONS["megengine.module.qat.module.QATModule._apply_fakequant_with_observer"] = FunctionRule(
+    apply_fakequant_with_observer, "module target fake_quant observer")
 
 
 def function_rule(qualname):

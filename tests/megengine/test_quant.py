@@ -743,11 +743,36 @@ def test_int8_state_dict_at_protocol_5_equals_protocol_4():
         np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
 
 
-def test_a_user_subclass_of_a_qat_module_is_refused_by_name():
+def test_a_user_subclass_of_a_qat_module_loads(tmp_path):
     """user_qat.tm (make_user_qat.py): MegEngine traced into a user's
-    subclass of its QAT Linear, recording a raw FakeQuant op (the bias's
-    fake quantization) that mgtrace does not map yet: refused, named,
-    nothing imported or called."""
-    with pytest.raises(mge.ForbiddenGlobalError,
-                       match="megengine.core._imperative_rt.ops.FakeQuant"):
-        mge.load(path("user_qat", ".tm"))
+    subclass of its QAT Linear, recording its QATModule's
+    _apply_fakequant_with_observer calls and the bias's fake quantization
+    as a raw FakeQuant op (qint32's range, constant scale and zero point).
+    It loads as a TracedModule whose observer pairs carry their qparams (as
+    mgtrace's trace makes of such a module), with MegEngine's output."""
+    tm = mge.load(path("user_qat", ".tm"))
+    d = stored("user_qat")
+    fc = tm.fc
+    assert fc.weight_observer is None and type(fc.act_fake_quant) is Q.FakeQuantize
+    assert fc.act_fake_quant.get_qparams() is not None
+    scale = float(np.asarray(fc.act_fake_quant.get_qparams().scale.numpy())) * 2   # (x 2)
+    assert_within_one_quantum(tm(mt.tensor(d["x"])).numpy(), d["y"], scale)
+    mt.save(tm, tmp_path / "u.tmod")
+    np.testing.assert_array_equal(mt.load(tmp_path / "u.tmod")(mt.tensor(d["x"])).numpy(),
+                                  tm(mt.tensor(d["x"])).numpy())
+
+
+def test_megengine_fake_quant_op_ranges():
+    from mgtrace.megengine import table as T
+    assert T.fake_quant_range({"qmin": -2 ** 31, "qmax": 2 ** 31 - 1}, "w") == "qint32"
+    assert T.fake_quant_range({"qmin": 0, "qmax": 255}, "w") == "quint8"
+    with pytest.raises(mge.UnsupportedError, match="-3..3"):
+        T.fake_quant_range({"qmin": -3, "qmax": 3}, "w")
+    with pytest.raises(mge.MegEngineFileError, match="qmin"):
+        T.fake_quant_range({"qmin": "0", "qmax": 255}, "w")
+    x = mt.tensor(np.float32([0.26, -1.0, 3.0]))
+    y = T.fake_quant_op(x, mt.tensor(np.float32(0.5)), mt.tensor(np.float32(0)), "qint8", "w")
+    assert y.numpy().tolist() == [0.5, -1.0, 3.0]
+    y = T.fake_quant_op(x, mt.tensor(np.float32(0.5)), mt.tensor(np.float32(250)), "quint8",
+                        "w")
+    assert y.numpy().tolist() == [0.5, -1.0, 2.5]          # 250 + 6 saturates at 255

@@ -2,8 +2,7 @@
 venv): a QAT model whose Linear is a user's subclass of MegEngine's QAT
 Linear. MegEngine's trace goes into it (it is no builtin) and records its
 module's ``_apply_fakequant_with_observer`` calls and the bias's fake
-quantization as a raw ``FakeQuant`` op with constant scale and zero point;
-mgtrace does not map those yet (the test checks the refusal names it).
+quantization as a raw ``FakeQuant`` op with constant scale and zero point.
 ``x``/``y``: an input at batch 2 and MegEngine's output."""
 import os
 
