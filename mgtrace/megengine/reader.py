@@ -13,7 +13,10 @@ pickle and pickletools modules are never loaded) and run by
   pytree and module-state classes) to :class:`Stub` subclasses: inert records
   of the arguments and the state the file gives them;
 * NumPy's array, scalar and dtype reconstruction to builders that accept
-  plain numeric dtypes only and copy exactly the bytes the file holds;
+  plain numeric dtypes only (and MegEngine's quantized ones: a plain
+  integer dtype whose metadata, checked as data, is one of
+  :data:`QUANTIZED_CNAMES` with its scale and zero point) and copy exactly
+  the bytes the file holds;
 * ``collections.OrderedDict`` / ``defaultdict`` to plain dict subclasses;
 * types and functions the file uses as data (``builtins.tuple`` in a pytree
   definition, MegEngine's builtin module classes and functional functions by
@@ -42,7 +45,8 @@ from mgtrace.megengine.opcodes import OPCODES, read_opcode
 
 __all__ = ["MegEngineFileError", "ForbiddenGlobalError", "Stub", "Global", "Builder",
            "read_pickle", "array_of", "allow_names", "allow_classes", "ALLOWED", "MAX_BYTES",
-           "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM", "MAX_INT", "MAX_KEY_ITEMS"]
+           "MAX_OPCODES", "MAX_MEMO", "MAX_NDIM", "MAX_INT", "MAX_KEY_ITEMS",
+           "QUANTIZED_CNAMES"]
 
 MAX_BYTES = 1 << 34          # 16 GiB: a file larger than this is refused before it is read
 MAX_OPCODES = 1 << 22        # opcodes of one pickle (a ResNet-50 .tm has about 60,000)
