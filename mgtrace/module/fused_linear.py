@@ -6,6 +6,8 @@ maps each to its :mod:`mgtrace.module.qat` version. Builtins of format 1.2.
 """
 import math
 
+import numpy as np
+
 import mgtrace.functional as F
 from mgtrace.module import init
 from mgtrace.module.builtin import BatchNorm1d, Linear, _builtin, _empty_param
@@ -25,6 +27,29 @@ class _LinearBnActivation1d(_PartThenBn):
         build = _uninitialized if "reset_parameters" in self.__dict__ else _initialized
         self.linear = build(Linear, in_features, out_features, bias)
         self.bn = build(BatchNorm1d, out_features, eps, momentum, affine, track_running_stats)
+
+    def _from_megengine_state(self, state, prefix):
+        """MegEngine's LinearBn1d keeps a ``bias`` of its own (zeros, beside
+        ``linear.bias``) that its forward never reads: load_state_dict(
+        layout="megengine") drops a zero one; another value raises
+        StateDictError (a ValueError)."""
+        key = prefix + "bias"
+        if key not in state:
+            return state
+        v = state[key]
+        v = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+        if v.shape != (self.linear.out_features,) or np.any(v):
+            from mgtrace.module.module import StateDictError
+            raise StateDictError(f"{key}: MegEngine's unused LinearBn1d bias is zeros of shape "
+                                 f"({self.linear.out_features},), got {v.shape} "
+                                 f"{v.reshape(-1)[:3].tolist()}", [], [key])
+        return {k: x for k, x in state.items() if k != key}
+
+    def _to_megengine_state(self, state, prefix):
+        """``state`` with MegEngine's zero ``bias`` (where the Linear has one)."""
+        if self.linear.bias is not None:
+            state[prefix + "bias"] = F.zeros((self.linear.out_features,))
+        return state
 
 
 @_builtin

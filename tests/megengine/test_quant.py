@@ -776,3 +776,21 @@ def test_megengine_fake_quant_op_ranges():
     y = T.fake_quant_op(x, mt.tensor(np.float32(0.5)), mt.tensor(np.float32(250)), "quint8",
                         "w")
     assert y.numpy().tolist() == [0.5, -1.0, 2.5]          # 250 + 6 saturates at 255
+
+
+def test_linear_bn_state_dict_loads_strictly_and_back():
+    """MegEngine's LinearBn1d keeps an unused zero ``bias`` of its own beside
+    linear.bias: layout="megengine" takes it (zeros only) and gives it back."""
+    sd = mge.load(path("qat_transposed", ".pkl"))
+    sub = {k[3:]: v for k, v in sd.items() if k.startswith("fc.")}
+    assert not np.any(sub["bias"].numpy())
+    m = QAT.LinearBn1d(128, 5)
+    m.set_qconfig(Q.ema_fakequant_qconfig)
+    m.load_state_dict(sub, layout="megengine")                     # strict
+    assert set(m.state_dict(layout="megengine")) == set(sub)
+    np.testing.assert_array_equal(m.linear.weight.numpy(), sub["linear.weight"].numpy())
+    bad = dict(sub, bias=mt.tensor(np.ones(5, np.float32)))
+    with pytest.raises(ValueError, match="unused LinearBn1d bias"):
+        m.load_state_dict(bad, layout="megengine")
+    float_m = M.LinearBn1d(3, 2, bias=False)
+    assert "bias" not in float_m.state_dict(layout="megengine")
