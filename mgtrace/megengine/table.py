@@ -252,6 +252,13 @@ MODULES = {
         M.Elemwise, lambda s, w: M.Elemwise(_need(s, "method", w)), ()),
     _MM + "batch_matmul_activation.BatchMatMulActivation": _batch_matmul(
         M.BatchMatMulActivation),
+    _MM + "conv.ConvTransposeRelu2d": _conv(M.ConvTransposeRelu2d),
+    **{_MM + "conv_transpose_bn." + c.__name__: _conv_bn(c, "conv_transpose2d",
+                                                         M.ConvTranspose2d)
+       for c in (M.ConvTransposeBn2d, M.ConvTransposeBnRelu2d)},
+    **{_MM + "linear_bn." + c.__name__: _conv_bn(c, "linear", M.Linear, M.BatchNorm1d)
+       for c in (M.LinearBn1d, M.LinearBnRelu1d)},
+    _MM + "concat.Concat": _stateless(M.Concat),
 }
 
 

@@ -27,7 +27,8 @@ LAST = {"qat_ema": "fc2", "qat_minmax": "fc2", "qat_tqt": "fc2", "qat_lsq": "fc2
         "qat_user_observer": "fc2",
         "quantized": "fc2", "qat_more": "bmm", "quantized_more": "bmm",
         "qat_transposed": "fc"}
-ALL = sorted(LAST) + ["calibrated"]
+FLOAT = ["calibrated", "float_more", "float_transposed"]      # no fake quantization
+ALL = sorted(LAST) + FLOAT
 
 
 def stored(name):
@@ -55,7 +56,7 @@ def test_outputs_match_megengine_at_two_batches(name):
     d = stored(name)
     for b in (2, 5):        # traced at batch 2; x.shape[0] stayed symbolic
         got = tm(mt.tensor(d[f"x{b}"])).numpy()
-        if name == "calibrated":        # observers only: a float model
+        if name in FLOAT:
             np.testing.assert_allclose(got, d[f"y{b}"], rtol=1e-5, atol=1e-6)
         else:
             assert_within_one_quantum(got, d[f"y{b}"], out_scale(tm, LAST[name]))
@@ -120,6 +121,27 @@ def test_the_other_qat_and_quantized_modules_are_mgtrace_s(name, classes):
         np.testing.assert_array_equal(tm.bmm.weight.numpy(), sd["bmm.weight"])
         # MegEngine keeps a weight observer on its Concat that it never uses: so does this
         assert tm.cat.weight_observer is not None
+
+
+@pytest.mark.parametrize("name,classes", [
+    ("float_more", {"up": M.ConvTranspose2d, "conv": M.ConvRelu2d, "cat": M.Concat,
+                    "fc": M.LinearBnRelu1d, "bmm": M.BatchMatMulActivation}),
+    ("float_transposed", {"up": M.ConvTransposeBn2d, "up2": M.ConvTransposeBnRelu2d,
+                          "up3": M.ConvTransposeRelu2d, "fc": M.LinearBn1d})])
+def test_the_fused_float_modules_quantization_starts_from(name, classes):
+    """MegEngine's fused float modules (the ones quantize_qat maps) load as
+    mgtrace's, with MegEngine's BatchNorm statistics; mgtrace's quantize_qat
+    then makes each the QAT module MegEngine's would."""
+    tm = mge.load(path(name, ".tm"))
+    for attr, cls in classes.items():
+        assert type(getattr(tm, attr)) is cls, attr
+    sd = {k: v.numpy() for k, v in mge.load(path(name, ".pkl")).items()}
+    np.testing.assert_array_equal(tm.fc.bn.running_mean.numpy(), sd["fc.bn.running_mean"])
+    qat = Q.quantize_qat(tm, qconfig=Q.ema_fakequant_qconfig, inplace=False)
+    qat_classes = {"float_more": {"fc": QAT.LinearBnRelu1d, "bmm": QAT.BatchMatMulActivation},
+                   "float_transposed": {"up": QAT.ConvTransposeBn2d, "fc": QAT.LinearBn1d}}
+    for attr, cls in qat_classes[name].items():
+        assert type(getattr(qat, attr)) is cls, attr
 
 
 def test_a_nonzero_quantized_batch_matmul_bias_is_refused():

@@ -33,6 +33,9 @@ seeded batches in train mode, then traced at batch 2 in eval mode:
 * ``qat_more`` / ``quantized_more``: the other modules MegEngine 1.13 can
   quantize (Net2: ConvTranspose2d without bias, ConvRelu2d, Concat,
   LinearBnRelu1d, BatchMatMulActivation), ema QConfig;
+* ``float_more`` / ``float_transposed``: Net2 / Net3 as float models (their
+  BatchNorms' statistics from three batches in train mode), the fused float
+  modules quantization starts from;
 * ``qat_transposed``: the QAT forms MegEngine 1.13 cannot quantize
   (Net3: ConvTransposeBn2d, ConvTransposeBnRelu2d, ConvTransposeRelu2d with
   biases: its quantized transposed conv refuses a bias; LinearBn1d).
@@ -163,6 +166,20 @@ def _save(name, model, x2, x5, **extra):
     print(name, y2.shape)
 
 
+def make_float(name, cls, seed):
+    np.random.seed(seed)
+    mge.random.seed(seed)
+    rng = np.random.RandomState(seed)
+    net = cls()
+    net.train()
+    for _ in range(3):
+        net(mge.Tensor(rng.uniform(-1, 1, (4, 3, 4, 4)).astype("float32")))
+    net.eval()
+    x2 = rng.uniform(-1, 1, (2, 3, 4, 4)).astype("float32")
+    x5 = rng.uniform(-1, 1, (5, 3, 4, 4)).astype("float32")
+    _save(name, net, x2, x5)
+
+
 def make(name, qconfig, seed, cls=Net):
     np.random.seed(seed)
     mge.random.seed(seed)          # the modules initialise from MegEngine's generator
@@ -209,6 +226,8 @@ if __name__ == "__main__":
                  pickle_protocol=protocol)
     mge.save(mge.load(os.path.join(HERE, "quantized.pkl")),
              os.path.join(HERE, "quantized.p5.pkl"), pickle_protocol=5)
+    make_float("float_more", Net2, 7)
+    make_float("float_transposed", Net3, 8)
     make("qat_lowbit", ema_lowbit_fakequant_qconfig, 5)
     make("qat_user_observer", user_observer_qconfig, 6)
     calib, x2, x5 = make("calibrated", calibration_qconfig, 4)
