@@ -739,8 +739,9 @@ def load(path, *, example_inputs=None, example_kwargs=None):
         layout="megengine")``); a quantized array (an int8 weight of
         MegEngine's quantized model) is a Tensor of mgtrace's quantized
         dtype of the same name, scale and zero point (QuantizedS8 reads as
-        qint8: MegEngine's dtype does not say qint8_narrow). For a ``.tm``, an eval-mode (or train-mode,
-        as saved) :class:`mgtrace.TracedModule` whose submodules, names and
+        qint8: MegEngine's dtype does not say qint8_narrow). For a
+        ``.tm``, an eval-mode (or train-mode, as saved)
+        :class:`mgtrace.TracedModule` whose submodules, names and
         state_dict keys are MegEngine's.
 
     Raises:

@@ -380,9 +380,10 @@ _DATA_GLOBALS = [
     "megengine.core._imperative_rt.ops.FakeQuant",
     "megengine.core._wrap.Device", "numpy.ndarray", "numpy.dtype", "numpy.number",
     "numpy.bool_",
-] + [f"numpy.dtypes.{n}DType" for n in (  # NumPy >= 1.25's dtype classes, a pytree leaf's
-    "Bool", "Int8", "UInt8", "Int16", "UInt16", "Int32", "UInt32", "Int64",  # type when
-    "UInt64", "Float16", "Float32", "Float64")]                               # a dtype is an argument
+] + [f"numpy.dtypes.{n}DType" for n in (
+    # NumPy >= 1.25's dtype classes: a pytree leaf's type where a dtype is an argument
+    "Bool", "Int8", "UInt8", "Int16", "UInt16", "Int32", "UInt32", "Int64", "UInt64",
+    "Float16", "Float32", "Float64")]
 
 
 def _latin1(text, encoding=None):

@@ -3,7 +3,6 @@ QAT model (default ema_fakequant_qconfig, and min-max with quint8
 activations), the int8 model ``quantize`` made of it, and their state
 dicts, read by mgtrace.megengine: the right mgtrace classes with
 MegEngine's state, MegEngine's recorded outputs, .tmod round trips."""
-import os
 import pickle
 
 import numpy as np
