@@ -591,6 +591,10 @@ class _Builder:
         except (TypeError, ValueError) as e:
             raise MegEngineFileError(f"{where}: its settings do not make an mgtrace "
                                      f"{rule.cls.__name__}: {e}") from None
+        except MemoryError:
+            raise MegEngineFileError(f"{where}: its settings make an mgtrace "
+                                     f"{rule.cls.__name__} larger than this machine's memory "
+                                     "(sizes that do not fit the file's tensors?)") from None
         tensors = {}
         if not rule.own_tensors:
             _tensors(rule, state, "", where, tensors)

@@ -117,6 +117,20 @@ def _part(s, key, where):
     return module_rule(qualname).make(state, f"{where}.{key}")
 
 
+def _new(cls, *args, **kwargs):
+    """``cls(*args, **kwargs)`` without its parameters' initialisation: the
+    file's tensors replace them at once, and sizes that do not fit the
+    file's tensors cost no time or touched memory before load_state_dict
+    says so (a file cannot make the converter fill gigabytes)."""
+    m = cls.__new__(cls)
+    m.__dict__["reset_parameters"] = lambda: None
+    try:
+        cls.__init__(m, *args, **kwargs)
+    finally:
+        m.__dict__.pop("reset_parameters", None)
+    return m
+
+
 def _need(state, key, where):
     if key not in state:
         raise MegEngineFileError(f"{where}: the saved module has no {key!r}")
@@ -145,14 +159,14 @@ def _conv(cls):
         else:
             kw["padding_mode"] = _only(s, "padding_mode", ("zeros", "reflect", "replicate"),
                                        where, "zeros")
-        return cls(**kw)
+        return _new(cls, **kw)
     return ModuleRule(cls, make)
 
 
 def _batch_norm(cls):
     def make(s, where):
         momentum = s.get("momentum", 0.9)
-        return cls(_need(s, "num_features", where), eps=s.get("eps", 1e-5),
+        return _new(cls, _need(s, "num_features", where), eps=s.get("eps", 1e-5),
                    # MegEngine's momentum weighs the old running value: PyTorch's is 1 - it
                    momentum=None if momentum is None else 1.0 - momentum,
                    affine=s.get("affine", True),
@@ -170,8 +184,8 @@ def _avg_pool(s, where):
 def _embedding(s, where):
     if s.get("max_norm") is not None:
         raise UnsupportedError(f"{where}: Embedding(max_norm=...) has no mgtrace counterpart")
-    return M.Embedding(_need(s, "num_embeddings", where), _need(s, "embedding_dim", where),
-                       padding_idx=s.get("padding_idx"))
+    return _new(M.Embedding, _need(s, "num_embeddings", where),
+                _need(s, "embedding_dim", where), padding_idx=s.get("padding_idx"))
 
 
 def _conv_bn(cls, key="conv", layer=M.Conv2d, norm=M.BatchNorm2d):
@@ -183,7 +197,7 @@ def _conv_bn(cls, key="conv", layer=M.Conv2d, norm=M.BatchNorm2d):
         if type(part) is not layer or type(bn) is not norm:
             raise UnsupportedError(f"{where}: a fused module of a {type(part).__name__} and a "
                                    f"{type(bn).__name__}")
-        return cls(**part.config(), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+        return _new(cls, **part.config(), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
                    track_running_stats=bn.track_running_stats)
     return ModuleRule(cls, make, (), (key, "bn"))
 
@@ -191,7 +205,7 @@ def _conv_bn(cls, key="conv", layer=M.Conv2d, norm=M.BatchNorm2d):
 def _batch_matmul(cls):
     def make(s, where):
         mode = _only(s, "nonlinear_mode", ("identity", "relu"), where, "identity")
-        return cls(_need(s, "batch", where), _need(s, "in_features", where),
+        return _new(cls, _need(s, "batch", where), _need(s, "in_features", where),
                    _need(s, "out_features", where), bias=s.get("bias") is not None,
                    nonlinear_mode=mode)
     return ModuleRule(cls, make)
@@ -202,9 +216,9 @@ def _stateless(cls):
 
 
 def _linear(cls):
-    return ModuleRule(cls, lambda s, w: cls(_need(s, "in_features", w),
-                                            _need(s, "out_features", w),
-                                            bias=s.get("bias") is not None))
+    return ModuleRule(cls, lambda s, w: _new(cls, _need(s, "in_features", w),
+                                             _need(s, "out_features", w),
+                                             bias=s.get("bias") is not None))
 
 
 _MM = "megengine.module."
@@ -217,10 +231,10 @@ MODULES = {
     _MM + "conv.ConvTranspose2d": _conv(M.ConvTranspose2d),
     _MM + "batchnorm.BatchNorm1d": _batch_norm(M.BatchNorm1d),
     _MM + "batchnorm.BatchNorm2d": _batch_norm(M.BatchNorm2d),
-    _MM + "normalization.LayerNorm": ModuleRule(M.LayerNorm, lambda s, w: M.LayerNorm(
+    _MM + "normalization.LayerNorm": ModuleRule(M.LayerNorm, lambda s, w: _new(M.LayerNorm,
         tuple(_need(s, "normalized_shape", w)), eps=s.get("eps", 1e-5),
         elementwise_affine=s.get("affine", True))),
-    _MM + "normalization.GroupNorm": ModuleRule(M.GroupNorm, lambda s, w: M.GroupNorm(
+    _MM + "normalization.GroupNorm": ModuleRule(M.GroupNorm, lambda s, w: _new(M.GroupNorm,
         _need(s, "num_groups", w), _need(s, "num_channels", w), eps=s.get("eps", 1e-5),
         affine=s.get("affine", True))),
     _MM + "embedding.Embedding": ModuleRule(M.Embedding, _embedding, ("weight",)),
@@ -237,7 +251,7 @@ MODULES = {
     _MM + "activation.LeakyReLU": ModuleRule(
         M.LeakyReLU, lambda s, w: M.LeakyReLU(s.get("negative_slope", 0.01)), ()),
     _MM + "activation.PReLU": ModuleRule(
-        M.PReLU, lambda s, w: M.PReLU(s.get("num_parameters", 1), s.get("init", 0.25)),
+        M.PReLU, lambda s, w: _new(M.PReLU, s.get("num_parameters", 1), s.get("init", 0.25)),
         ("weight",)),
     _MM + "activation.Sigmoid": _stateless(M.Sigmoid),
     _MM + "activation.SiLU": _stateless(M.SiLU),
@@ -495,6 +509,25 @@ def _float_bias(s, n, where):
     return np.asarray(a, np.float32).reshape(n)
 
 
+def _fits(s, where, *sizes, groups=1):
+    """Whether the sizes a quantized module's settings give its weight
+    (each an int, or a sequence of ints: a kernel size; divided by
+    ``groups``) multiply to the size of the weight the file holds: checked
+    before the module (and its zero weight) is made."""
+    n = 1
+    for v in sizes:
+        for d in (v if isinstance(v, (tuple, list)) else (v,)):
+            if type(d) is not int or d < 1:
+                raise MegEngineFileError(f"{where}: a size {d!r} that is not a positive int")
+            n *= d
+    if type(groups) is not int or groups < 1 or n % groups:
+        raise MegEngineFileError(f"{where}: groups {groups!r}")
+    w = _tensor_array(_need(s, "weight", where), f"{where}.weight")
+    if n // groups != w.size:
+        raise MegEngineFileError(f"{where}: its settings give a weight of {n // groups} "
+                                 f"values, the file's has {w.size}")
+
+
 def _fill(m, weight, scale, bias):
     """Quantized module ``m`` with MegEngine's int8 ``weight`` (in m's
     shape), its ``weight_scale`` and float ``bias`` (or None)."""
@@ -514,8 +547,11 @@ def _quantized_conv(cls):
                   bias=s.get("bias") is not None, act_qparams=_output_qparams(s, where))
         if issubclass(cls, _QM.ConvTranspose2d):
             kw["output_padding"] = s.get("output_padding", 0)
-        m = cls(_need(s, "in_channels", where), _need(s, "out_channels", where),
-                _need(s, "kernel_size", where), **kw)
+        cin, cout, k = (_need(s, "in_channels", where), _need(s, "out_channels", where),
+                        _need(s, "kernel_size", where))
+        _fits(s, where, cin, cout, k, k if isinstance(k, int) else 1,
+              groups=kw["groups"])
+        m = cls(cin, cout, k, **kw)
         # a grouped weight comes with its groups split out (MegEngine's layout): the
         # same values in the same order
         w, scale = _int8_weight(s, "weight", tuple(m.weight.shape), where)
@@ -530,6 +566,8 @@ def _quantized_batch_matmul(s, where):
     zero bias (what quantize makes of a module without one) means the
     same in both."""
     mode = _only(s, "nonlinear_mode", ("identity", "relu"), where, "identity")
+    _fits(s, where, _need(s, "batch", where), _need(s, "in_features", where),
+          _need(s, "out_features", where))
     m = _QM.BatchMatMulActivation(_need(s, "batch", where), _need(s, "in_features", where),
                                   _need(s, "out_features", where), bias=False,
                                   nonlinear_mode=mode, act_qparams=_output_qparams(s, where))

@@ -815,3 +815,25 @@ def test_linear_bn_state_dict_loads_strictly_and_back():
         m.load_state_dict(bad, layout="megengine")
     float_m = M.LinearBn1d(3, 2, bias=False)
     assert "bias" not in float_m.state_dict(layout="megengine")
+
+
+@pytest.mark.parametrize("name,module", [("cnn", "fc1"), ("qat_ema", "conv"),
+                                         ("qat_ema", "fc1"), ("quantized", "conv"),
+                                         ("quantized_more", "bmm")])
+@pytest.mark.parametrize("size", [20000, 10 ** 6])
+def test_sizes_that_do_not_fit_the_file_s_tensors_are_refused_at_once(name, module, size):
+    """A module's channel / feature counts raised far past its tensors' (14
+    GB of weight at 20000, terabytes at 10**6): refused as a bad file, the
+    module never filled (its parameters are made uninitialised and the
+    file's tensors checked against them; a quantized module's weight size
+    is checked first) nor an allocation's MemoryError leaked."""
+    from mgtrace.megengine import convert
+    from mgtrace.megengine.reader import read_pickle
+    root = read_pickle(open(path(name, ".tm"), "rb").read())
+    state = root.state[module]
+    state = state.get("state") if isinstance(state.get("state"), dict) else state.state
+    for key in ("in_channels", "out_channels", "in_features", "out_features", "batch"):
+        if key in state:
+            state[key] = size
+    with pytest.raises(mge.MegEngineFileError):
+        convert._traced_module(root, name, None, None)
