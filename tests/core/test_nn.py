@@ -1475,6 +1475,47 @@ def test_conv2d_nchwc_dense_against_numpy(geom, layout):
         assert not y.numpy()[:, -1, :, :, (o - 1) % 16 + 1:].any()
 
 
+NCHWC_IN_PLACE = [  # (C, O, H, W, kernel, stride, (ph, pw)): padded, output rows wider than 7
+    (16, 40, 40, 37, 3, 2, (1, 1)),     # ResNet's stride-2 3x3: one border column, two bands of rows
+    (3, 20, 33, 40, 7, 2, (3, 3)),      # its stem on NCHW: two border columns left, one right
+    (20, 33, 30, 20, 3, 1, (2, 1)),     # two border rows top and bottom, O % 16 a partial block
+    (17, 32, 19, 31, 5, 3, (4, 2)),     # stride 3, a row of taps wholly in the padding
+    (16, 16, 3, 12, 3, 1, (1, 1)),      # one interior row
+    (16, 16, 12, 9, 3, 1, (0, 5)),      # padding wider than the kernel: no interior column
+]
+
+
+@pytest.mark.parametrize("geom", NCHWC_IN_PLACE)
+def test_conv2d_nchwc_padded_in_place_equals_the_conv_of_the_padded_input(geom):
+    """A dense conv with padding and rows wider than 7 reads its input in
+    place, the border columns in tiles down the column (nchwc.c's
+    nc_apart): bit for bit the conv with no padding of the input padded by
+    NumPy (the taps left out add zeros), on 1, 2 and 3 threads, and the
+    NumPy reference's values, with a residual and activations in registers
+    (ReLU, ReLU6) and after the store (sigmoid)."""
+    c, o, h, w, k, s, p = geom
+    # (a generator of its own: the module's RNG stream, which the tests
+    # after this one draw from, stays as it was)
+    g = np.random.default_rng(34)
+    x, wt, b = (g.standard_normal(shape).astype(np.float32) for shape in ((2, c, h, w), (o, c, k, k), (o,)))
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    layout = (lambda a: a) if c == 3 else blocked
+    ref = ref_conv2d(x, wt, b, s, p, 1)
+    r = g.standard_normal(ref.shape).astype(np.float32)
+    for act, res in (("relu", None), ("relu6", r), ("sigmoid", r)):
+        rt = None if res is None else tensor(blocked(res))
+        want = REF_ACTS[act](ref + (0 if res is None else r))
+        ys = _on_threads(lambda: nn.conv2d_nchwc(tensor(layout(x)), tensor(wt), tensor(b), rt, s, p, 1, 1,
+                                                 act).numpy())
+        y0 = nn.conv2d_nchwc(tensor(layout(xp)), tensor(wt), tensor(b), rt, s, 0, 1, 1, act).numpy()
+        for y in ys:
+            np.testing.assert_array_equal(y, y0)
+        np.testing.assert_allclose(nn.from_nchwc(tensor(ys[0]), o).numpy(), want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(ref).max())
+        tail = ys[0][:, -1, :, :, (o - 1) % 16 + 1:]
+        np.testing.assert_array_equal(tail, REF_ACTS[act](np.zeros_like(tail)))
+
+
 NCHWC_WINOGRAD = [  # (N, C, O, H, W, padding): 3x3, stride 1
     (1, 16, 32, 14, 14, 1), (2, 40, 17, 11, 8, 1), (3, 33, 48, 7, 7, 1), (1, 70, 35, 13, 9, 1),
     (2, 17, 16, 5, 6, 0), (1, 24, 40, 3, 3, 0), (1, 20, 20, 9, 4, 2), (2, 3, 5, 6, 6, 1),
