@@ -17,7 +17,8 @@ import numpy as np
 
 from mgtrace._core import Tensor
 from mgtrace.quantization import qdtype as _qd
-from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams, quant_dtype
+from mgtrace.quantization.utils import (QuantMode, QuantizationError, check_qparams_values,
+                                        create_qparams, quant_dtype)
 
 __all__ = ["QuantizedTensor", "quantize", "dequantize", "is_quantized", "qparams_of"]
 
@@ -156,7 +157,9 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
             give ``dtype``, ``scale`` (and ``zero_point`` for unsigned).
 
     Returns a :class:`QuantizedTensor`. Raises QuantizationError for a
-    missing scale or an unknown dtype.
+    missing scale, an unknown dtype, a scale that is not positive and
+    finite, or a zero point that is no integer in ``[qmin, qmax]`` (NaN and
+    inf included, per channel too).
     """
     if qparams is None:
         meta = quant_dtype(dtype if dtype is not None else "qint8")
@@ -167,6 +170,7 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     if qparams.scale is None or meta is None:
         raise QuantizationError(f"quantize needs qparams with a scale and a dtype, got "
                                 f"{qparams!r}")
+    check_qparams_values(qparams)
     dt = _qd.dtype_of_qparams(qparams)
     if dt is not None:          # per-tensor: the core dtype and its C kernel
         t = _qd.quantize(x, dt, out=QuantizedTensor)

@@ -1,0 +1,70 @@
+"""NaN / inf scales and zero points, and non-finite weights, are refused
+with a QuantizationError naming what is wrong, wherever they enter: a
+quantized dtype, quantize_tensor (per tensor and per channel), a quantized
+module's act_qparams, and quantize() of a calibrated QAT model. They leaked
+"cannot convert float NaN to integer", or quantized NaN weights to
+arbitrary integers without a word."""
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.module.quantized as MQ
+import mgtrace.quantization as Q
+from _quant_models import PER_CHANNEL_QUINT8, calibrated_quant_net
+
+F32 = np.float32
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("zp", [NAN, INF, -INF])
+def test_a_non_finite_zero_point_is_refused(zp):
+    with pytest.raises(Q.QuantizationError, match=r"quint8: zero_point must be an integer"):
+        Q.quantize_tensor(np.ones(3, F32), dtype="quint8", scale=0.5, zero_point=zp)
+    with pytest.raises(ValueError, match=r"zero_point must be an integer in 0\.\.255"):
+        Q.create_quantized_dtype("quint8", 0.5, zp)
+    with pytest.raises(Q.QuantizationError, match="zero_point"):
+        MQ.QuantStub(act_qparams={"dtype": "quint8", "scale": 0.1, "zero_point": zp})
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, 0.0, -1.0])
+def test_a_per_channel_scale_must_be_positive_and_finite(bad):
+    q = Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", scale=np.array([0.1, bad], F32),
+                         axis=0)
+    with pytest.raises(Q.QuantizationError, match=r"qint8: scale must be positive and finite"):
+        Q.quantize_tensor(np.ones((2, 3), F32), q)
+    # the good channel alone still quantizes: 1 / 0.1 = 10
+    good = Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", scale=np.array([0.1, 0.5], F32),
+                            axis=0)
+    assert Q.quantize_tensor(np.ones((2, 3), F32), good).numpy().tolist() == \
+        [[10, 10, 10], [2, 2, 2]]
+
+
+def test_a_per_channel_zero_point_must_be_a_finite_integer_in_range():
+    for zp in ([3.0, NAN], [3.0, 2.5], [3.0, 300.0]):
+        q = Q.create_qparams(Q.QuantMode.ASYMMERTIC, "quint8", scale=np.array([0.1, 0.5], F32),
+                             zero_point=np.array(zp, F32), axis=0)
+        with pytest.raises(Q.QuantizationError, match="zero_point must be an integer in 0..255"):
+            Q.quantize_tensor(np.ones((2, 3), F32), q)
+
+
+@pytest.mark.parametrize("cfg", ["min_max", "per_channel_quint8"])
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_quantize_refuses_a_non_finite_activation_range(cfg, bad):
+    qat, _ = calibrated_quant_net(Q.min_max_fakequant_qconfig if cfg == "min_max"
+                                  else PER_CHANNEL_QUINT8)
+    ob = qat.fc.act_observer
+    ob.max_val = mt.tensor(np.full(ob.max_val.shape, bad, F32))
+    # refused when converting, naming the layer, not at the first forward
+    with pytest.raises(Q.QuantizationError, match=r"Linear's activation qparams: .*scale must be "
+                                                  r"positive and finite"):
+        Q.quantize(qat, inplace=False)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_quantize_refuses_non_finite_weights(bad):
+    qat, _ = calibrated_quant_net(PER_CHANNEL_QUINT8)
+    w = qat.fc.weight.numpy().copy()
+    w[1, 2] = bad
+    qat.fc.weight[...] = w
+    with pytest.raises(Q.QuantizationError, match=r"Linear: the weight has 1 non-finite value"):
+        Q.quantize(qat, inplace=False)
