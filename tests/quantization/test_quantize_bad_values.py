@@ -68,3 +68,25 @@ def test_quantize_refuses_non_finite_weights(bad):
     qat.fc.weight[...] = w
     with pytest.raises(Q.QuantizationError, match=r"Linear: the weight has 1 non-finite value"):
         Q.quantize(qat, inplace=False)
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"dtype": "quint8", "scale": [0.1, 0.2], "zero_point": 3},
+     r"act_qparams: the scale is one number \(per tensor\), got shape \(2,\)"),
+    ({"dtype": "quint8", "scale": 0.1, "zero_point": [3, 4]},
+     r"act_qparams: the zero_point is one number \(per tensor\), got shape \(2,\)"),
+    ({"dtype": "qint8", "scale": 0.1, "zero_point": 5},
+     r"act_qparams: qint8 is symmetric: zero_point 0, got 5"),
+    ({"dtype": "quint8", "scale": "0.1", "zero_point": 3},
+     r"act_qparams: the scale is one number \(per tensor\), got '0.1'")])
+def test_a_quantized_modules_act_qparams_dict_is_one_scale_and_zero_point(cfg, match):
+    """A list scale failed at the first forward with NumPy's broadcast error
+    and at save with "only 0-dimensional arrays can be converted"; a signed
+    dtype's zero point 5 was dropped without a word (the stub quantized
+    with 0)."""
+    with pytest.raises(Q.QuantizationError, match=match):
+        MQ.QuantStub(cfg)
+    # the valid ones quantize as given: quint8 at 0.1 with zero point 3
+    y = MQ.QuantStub({"dtype": "quint8", "scale": 0.1, "zero_point": 3})(
+        mt.tensor(np.float32([-0.3, 0.0, 1.0])))
+    assert y.numpy().tolist() == [0, 3, 13]

@@ -61,6 +61,15 @@ def _act(value):
                                 f"got {value!r}")
     from mgtrace.quantization.utils import quant_dtype
     meta = quant_dtype(value["dtype"])
+    for key in ("scale", "zero_point"):
+        v = value[key]
+        if isinstance(v, (str, bytes, bool)) or np.ndim(v) != 0:
+            raise QuantizationError(
+                f"act_qparams: the {key} is one number (per tensor), got "
+                + (f"shape {np.shape(v)}" if np.ndim(v) else repr(v)))
+    if not meta.is_unsigned and value["zero_point"] != 0:    # was dropped silently
+        raise QuantizationError(f"act_qparams: {meta.name} is symmetric: zero_point 0, got "
+                                f"{value['zero_point']!r}")
     if meta.is_unsigned:
         q = create_qparams(QuantMode.ASYMMERTIC, meta, value["scale"], float(value["zero_point"]))
     else:
