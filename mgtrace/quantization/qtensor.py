@@ -180,6 +180,7 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     s = np.asarray(qparams.scale.numpy(), np.float32)
     z = np.float32(0) if qparams.zero_point is None or qparams.mode != QuantMode.ASYMMERTIC \
         else np.asarray(qparams.zero_point.numpy(), np.float32)
+    _check_channels(qparams, v.shape, s, z)
     if qparams.axis is not None and s.ndim:
         shape = [1] * v.ndim
         shape[qparams.axis % v.ndim] = s.size
@@ -187,6 +188,24 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
         z = z.reshape(shape) if np.ndim(z) else z
     q = np.clip(np.rint(v / s) + z, meta.qmin, meta.qmax).astype(meta.np_dtype_str)
     return QuantizedTensor.wrap(q, qparams)
+
+
+def _check_channels(qparams, shape, s, z):
+    """Per-channel scales: one [C] vector along an int ``axis`` of x whose
+    size is C (a wrong count leaked NumPy's broadcast error; axis 5 of a
+    2-d x was read as axis 1)."""
+    axis, nd = qparams.axis, len(shape)
+    if s.ndim == 0 and np.ndim(z) == 0:
+        return
+    if axis is None or isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
+            or not -nd <= axis < nd:
+        raise QuantizationError(f"per-channel qparams need an int axis of x (ndim {nd}), got "
+                                f"axis {axis!r}")
+    c = shape[axis % nd]
+    for what, v in (("scale", s), ("zero_point", z)):
+        if np.ndim(v) and (np.ndim(v) != 1 or np.size(v) != c):
+            raise QuantizationError(f"per-channel {what} of shape {np.shape(v)} along axis "
+                                    f"{axis} of x {tuple(shape)}: want ({c},)")
 
 
 def dequantize(qt):

@@ -90,3 +90,23 @@ def test_a_quantized_modules_act_qparams_dict_is_one_scale_and_zero_point(cfg, m
     y = MQ.QuantStub({"dtype": "quint8", "scale": 0.1, "zero_point": 3})(
         mt.tensor(np.float32([-0.3, 0.0, 1.0])))
     assert y.numpy().tolist() == [0, 3, 13]
+
+
+@pytest.mark.parametrize("scale, axis, match", [
+    ([0.1, 0.2, 0.3], 0, r"per-channel scale of shape \(3,\) along axis 0 of x \(2, 3\): want \(2,\)"),
+    ([0.1, 0.2], 5, r"need an int axis of x \(ndim 2\), got axis 5"),
+    ([0.1, 0.2], -3, r"got axis -3"),
+    ([0.1, 0.2], None, r"got axis None"),
+    ([0.1, 0.2], 1.0, r"got axis 1.0"),
+    ([[0.1, 0.2]], 0, r"per-channel scale of shape \(1, 2\)"),
+    ([], 0, r"per-channel scale of shape \(0,\)")])
+def test_per_channel_scales_must_fit_their_axis(scale, axis, match):
+    """A wrong count leaked NumPy's broadcast error, a float axis a list
+    TypeError, and axis 5 of a 2-d x was read as axis 1 (5 % 2) without a
+    word."""
+    q = Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", scale=np.array(scale, F32), axis=axis)
+    with pytest.raises(Q.QuantizationError, match=match):
+        Q.quantize_tensor(np.ones((2, 3), F32), q)
+    # the same scales along a fitting axis: 1 / 0.1 = 10, 1 / 0.2 = 5
+    ok = Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", scale=np.array([0.1, 0.2], F32), axis=-2)
+    assert Q.quantize_tensor(np.ones((2, 3), F32), ok).numpy().tolist() == [[10] * 3, [5] * 3]
