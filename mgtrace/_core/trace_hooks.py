@@ -17,11 +17,21 @@ however the block ends. ``installed(hook, tracing=False)`` keeps the hook
 for functions and modules but runs core ops untraced (the tracer's own
 bookkeeping); ``installed(None)`` runs real code with every hook off.
 """
+import threading
+
 from mgtrace._core import dispatch as _dispatch
 
 __all__ = ["TraceHook", "active", "installed"]
 
 active = None     # the installed hook object, or None
+
+# The hook and the switch are the process's, not a thread's: while one
+# thread traces (trace_module, a plan recording a new input signature),
+# another thread's trace saw its ops and unset its hook (two threads calling
+# a plan with new shapes failed with "'NoneType' object has no attribute
+# 'buf'"). A thread holds this from its outermost installed() to the end of
+# it, so traces and recordings run one at a time; nested blocks re-enter.
+one_trace = threading.RLock()
 
 
 class TraceHook:
@@ -96,13 +106,21 @@ class installed:
 
     def __enter__(self):
         global active
-        self.saved = active, _dispatch.is_tracing_module()
-        _dispatch._install_hook(self.hook, self.tracing)
+        one_trace.acquire()
+        try:
+            self.saved = active, _dispatch.is_tracing_module()
+            _dispatch._install_hook(self.hook, self.tracing)
+        except BaseException:
+            one_trace.release()
+            raise
         active = self.hook
         return self.hook
 
     def __exit__(self, *exc):
         global active
         active, was = self.saved
-        _dispatch._install_hook(active, was)
+        try:
+            _dispatch._install_hook(active, was)
+        finally:
+            one_trace.release()
         return False

@@ -273,7 +273,7 @@ def _prod_rule(c, g):
 
 def _softmax_rule(c, g):
     y = c.outputs[0]
-    ax = c.params["axis"]
+    ax = c.params["axis"] if y.ndim else None      # a 0-d y: over its one element
     if _rows_along(y, ax):
         try:            # one C pass per row (nn's softmax_backward)
             return _nn.softmax_backward(y, g, ax)
@@ -284,7 +284,7 @@ def _softmax_rule(c, g):
 
 def _log_softmax_rule(c, g):
     y = c.outputs[0]
-    ax = c.params["axis"]
+    ax = c.params["axis"] if y.ndim else None
     if _rows_along(y, ax):
         try:
             return _nn.softmax_backward(y, g, ax, log=True)

@@ -63,7 +63,12 @@ class Optimizer:
         for k, v in g.items():
             if v is _REQUIRED:
                 raise ValueError(f"{type(self).__name__}: parameter group needs {k!r}")
+        self._check_group(g)        # a group's own lr, momentum... as the constructor's
         self.param_groups.append(g)
+
+    def _check_group(self, group):
+        """Raise for a hyperparameter of ``group`` the update cannot take
+        (each optimizer's own rules); the base class takes any."""
 
     def step(self):
         """One update of every parameter that has a gradient. Returns self."""

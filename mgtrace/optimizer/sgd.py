@@ -1,4 +1,7 @@
 """SGD, Adam and AdamW (MegEngine's update rules, which are PyTorch's)."""
+import math
+import numbers
+
 from mgtrace import functional as _F
 from mgtrace._core import nn as _nn
 from mgtrace.optimizer.optimizer import _REQUIRED, Optimizer, write
@@ -8,8 +11,21 @@ __all__ = ["SGD", "Adam", "AdamW"]
 
 def _check(name, **kw):
     for k, v in kw.items():
+        if v is _REQUIRED:
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}: {k} must be a real number, got {v!r}")
         if not v >= 0:         # NaN too (MegEngine asserts lr >= 0.0)
             raise ValueError(f"{name}: {k} must be >= 0, got {v}")
+        if v == math.inf:      # one step makes every parameter inf or NaN
+            raise ValueError(f"{name}: {k} must be finite, got {v}")
+
+
+def _check_betas(name, betas):
+    ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(
+        isinstance(b, numbers.Real) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)
+    if not ok:
+        raise ValueError(f"{name}: betas must be a pair of numbers in [0, 1), got {betas!r}")
 
 
 class SGD(Optimizer):
@@ -25,18 +41,24 @@ class SGD(Optimizer):
         momentum, weight_decay: >= 0.
         nesterov: Nesterov momentum (needs momentum > 0).
 
-    Raises:
-        ValueError: a negative hyperparameter, or nesterov without momentum.
+    Raises (for the arguments and for each parameter group's own values):
+        TypeError: a hyperparameter that is no real number (a string,
+            None, a bool).
+        ValueError: a negative, NaN or infinite hyperparameter, or nesterov
+            without momentum.
     """
 
     def __init__(self, params, lr=_REQUIRED, momentum=0.0, nesterov=False, weight_decay=0.0):
-        if lr is not _REQUIRED:
-            _check("SGD", lr=lr)
-        _check("SGD", momentum=momentum, weight_decay=weight_decay)
-        if nesterov and momentum <= 0:
-            raise ValueError("SGD: nesterov needs momentum > 0")
+        self._check_group(dict(lr=lr, momentum=momentum, nesterov=nesterov,
+                               weight_decay=weight_decay))
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
+
+    def _check_group(self, group):
+        _check("SGD", lr=group["lr"], momentum=group["momentum"],
+               weight_decay=group["weight_decay"])
+        if group["nesterov"] and group["momentum"] <= 0:
+            raise ValueError("SGD: nesterov needs momentum > 0")
 
     def _update(self, p, g, st, group):
         m, wd = group["momentum"], group["weight_decay"]
@@ -67,20 +89,23 @@ class Adam(Optimizer):
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
         p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 
-    Raises:
-        ValueError: a negative hyperparameter, a beta outside [0, 1).
+    Raises (for the arguments and for each parameter group's own values):
+        TypeError: a hyperparameter that is no real number (a string,
+            None, a bool).
+        ValueError: a negative, NaN or infinite hyperparameter; betas not a
+            pair of numbers in [0, 1).
     """
     _decoupled = False
 
     def __init__(self, params, lr=_REQUIRED, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        if lr is not _REQUIRED:
-            _check(type(self).__name__, lr=lr)
-        _check(type(self).__name__, eps=eps, weight_decay=weight_decay)
-        for b in betas:
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
+        self._check_group(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
+
+    def _check_group(self, group):
+        name = type(self).__name__
+        _check(name, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
+        _check_betas(name, group["betas"])
 
     def _update(self, p, g, st, group):
         b1, b2 = group["betas"]

@@ -272,6 +272,10 @@ def _l2(begin, end, density):
     return density * (end ** 3 - begin ** 3) / 3
 
 
+# the most fine bins HistogramObserver._resample lays out (float64: 128 MiB)
+_FINE_MAX = 1 << 24
+
+
 class HistogramObserver(MinMaxObserver):
     """A :class:`MinMaxObserver` that keeps a running histogram of its inputs
     (buffer ``histogram``, ``bins`` bins over ``[min_val, max_val]``) and
@@ -365,6 +369,15 @@ class HistogramObserver(MinMaxObserver):
         down = int(np.ceil((new_hi - new_lo) / (self.bins * fine_w)))
         pad = down * self.bins * fine_w - (new_hi - new_lo)
         new_lo, new_hi = new_lo - pad / 2, new_hi + pad / 2
+        if self.bins * down > _FINE_MAX:
+            # a range grown by orders of magnitude (1 then 3e38): the fine
+            # grid would not fit in memory (NumPy's "Maximum allowed
+            # dimension exceeded"); spread each old bin over the new bins
+            # it overlaps instead, the same uniform density
+            cdf = np.concatenate([[0.0], np.cumsum(old, dtype=np.float64)])
+            mass = np.interp(np.linspace(new_lo, new_hi, self.bins + 1),
+                             np.linspace(old_lo, old_hi, self.bins + 1), cdf)
+            return np.diff(mass), new_lo, new_hi
         offset = int(np.round((old_lo - new_lo) / fine_w))
         fine = np.zeros(self.bins * down)
         fine[offset:offset + self.bins * up] = np.repeat(old, up) / up

@@ -69,7 +69,8 @@ def create_quantized_dtype(dtype_meta, scale, zero_point=None):
             raise QuantizationError(f"{meta.name} is asymmetric: give a zero_point "
                                     f"({meta.qmin}..{meta.qmax})")
         z = _number(zero_point, "zero_point")
-        if z != int(z) or not meta.qmin <= z <= meta.qmax:
+        # NaN / inf first: int() of them leaked a bare ValueError / OverflowError
+        if not np.isfinite(z) or z != int(z) or not meta.qmin <= z <= meta.qmax:
             raise QuantizationError(f"{meta.name}: zero_point must be an integer in "
                                     f"{meta.qmin}..{meta.qmax}, got {zero_point!r}")
         mgb["zero_point"] = int(z)

@@ -17,7 +17,8 @@ import numpy as np
 
 from mgtrace._core import Tensor
 from mgtrace.quantization import qdtype as _qd
-from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams, quant_dtype
+from mgtrace.quantization.utils import (QuantMode, QuantizationError, check_qparams_values,
+                                        create_qparams, quant_dtype)
 
 __all__ = ["QuantizedTensor", "quantize", "dequantize", "is_quantized", "qparams_of"]
 
@@ -156,7 +157,9 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
             give ``dtype``, ``scale`` (and ``zero_point`` for unsigned).
 
     Returns a :class:`QuantizedTensor`. Raises QuantizationError for a
-    missing scale or an unknown dtype.
+    missing scale, an unknown dtype, a scale that is not positive and
+    finite, or a zero point that is no integer in ``[qmin, qmax]`` (NaN and
+    inf included, per channel too).
     """
     if qparams is None:
         meta = quant_dtype(dtype if dtype is not None else "qint8")
@@ -167,6 +170,7 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     if qparams.scale is None or meta is None:
         raise QuantizationError(f"quantize needs qparams with a scale and a dtype, got "
                                 f"{qparams!r}")
+    check_qparams_values(qparams)
     dt = _qd.dtype_of_qparams(qparams)
     if dt is not None:          # per-tensor: the core dtype and its C kernel
         t = _qd.quantize(x, dt, out=QuantizedTensor)
@@ -176,6 +180,7 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
     s = np.asarray(qparams.scale.numpy(), np.float32)
     z = np.float32(0) if qparams.zero_point is None or qparams.mode != QuantMode.ASYMMERTIC \
         else np.asarray(qparams.zero_point.numpy(), np.float32)
+    _check_channels(qparams, v.shape, s, z)
     if qparams.axis is not None and s.ndim:
         shape = [1] * v.ndim
         shape[qparams.axis % v.ndim] = s.size
@@ -183,6 +188,24 @@ def quantize(x, qparams=None, *, dtype=None, scale=None, zero_point=None):
         z = z.reshape(shape) if np.ndim(z) else z
     q = np.clip(np.rint(v / s) + z, meta.qmin, meta.qmax).astype(meta.np_dtype_str)
     return QuantizedTensor.wrap(q, qparams)
+
+
+def _check_channels(qparams, shape, s, z):
+    """Per-channel scales: one [C] vector along an int ``axis`` of x whose
+    size is C (a wrong count leaked NumPy's broadcast error; axis 5 of a
+    2-d x was read as axis 1)."""
+    axis, nd = qparams.axis, len(shape)
+    if s.ndim == 0 and np.ndim(z) == 0:
+        return
+    if axis is None or isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) \
+            or not -nd <= axis < nd:
+        raise QuantizationError(f"per-channel qparams need an int axis of x (ndim {nd}), got "
+                                f"axis {axis!r}")
+    c = shape[axis % nd]
+    for what, v in (("scale", s), ("zero_point", z)):
+        if np.ndim(v) and (np.ndim(v) != 1 or np.size(v) != c):
+            raise QuantizationError(f"per-channel {what} of shape {np.shape(v)} along axis "
+                                    f"{axis} of x {tuple(shape)}: want ({c},)")
 
 
 def dequantize(qt):

@@ -408,7 +408,8 @@ def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=Fa
         calibrate: a callable given the QAT model; it runs it on the
             calibration data (e.g. ``lambda m: m(ids, mask)``).
         types: the exact layer types to quantize; default (M.Linear,
-            M.Conv2d).
+            M.Conv2d). The model's layers of other types stay float (its
+            own stubs, Elemwise and Concat modules are converted).
         qconfig: default :data:`per_channel_quint8_qconfig`.
         float_outputs: the layers keep float32 outputs (their accumulator
             times ``x_scale * w_scale``, as ONNX's MatMulInteger / ConvInteger),
@@ -436,6 +437,14 @@ def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=Fa
     import mgtrace.module as M
     from mgtrace.traced_module.traced_module import TracedModule
     types = tuple(types) if types is not None else (M.Linear, M.Conv2d)
+    # the model's own layers of other types stay float: quantize_qat would
+    # convert them too (types=(Conv2d,) turned a Linear int8 with no
+    # QuantStub before it, which then refused its float input); stubs,
+    # Elemwise and Concat, which a model places itself, MegEngine's way,
+    # are converted as before
+    kept = (M.QuantStub, M.DequantStub, M.Elemwise, M.Concat)
+    others = [m for m in model.modules() if type(m) not in types and type(m) not in kept
+              and type(m) in _float_to_qat() and not getattr(m, "quantize_disabled", False)]
     if adds:
         if not isinstance(model, TracedModule):
             raise TypeError(f"quantize_layers(adds=True) rewrites a TracedModule's graph; got "
@@ -449,7 +458,13 @@ def quantize_layers(model, calibrate, types=None, qconfig=None, float_outputs=Fa
                 if type(child) in types:
                     setattr(parent, name, M.Sequential(M.QuantStub(), child, M.DequantStub()))
     from mgtrace.quantization.qconfig import per_channel_quint8_qconfig
-    qat = quantize_qat(model, qconfig=qconfig or per_channel_quint8_qconfig)
+    for m in others:
+        m.quantize_disabled = True
+    try:
+        qat = quantize_qat(model, qconfig=qconfig or per_channel_quint8_qconfig)
+    finally:
+        for m in others:
+            del m.quantize_disabled
     if float_outputs:
         for m in qat.modules():
             if isinstance(m, _qat_base()) and m.with_weight:

@@ -91,6 +91,30 @@ def _as_tensor(value):
     return _tensor(np.asarray(value, dtype=np.float32))
 
 
+def check_qparams_values(qparams, what=None):
+    """Raise QuantizationError unless every scale of ``qparams`` is
+    positive and finite and, for an asymmetric one, every zero point an
+    integer in the dtype's ``[qmin, qmax]`` (per tensor or per channel).
+    ``what`` (``"Linear's activation qparams"``) starts the message."""
+    meta = qparams.dtype_meta
+    head = f"{what}: {meta.name}" if what else meta.name
+    s = np.asarray(qparams.scale.numpy() if hasattr(qparams.scale, "numpy")
+                   else qparams.scale, np.float64)
+    if not np.all(np.isfinite(s) & (s > 0)):
+        shown = s.item() if s.size == 1 else s[~(np.isfinite(s) & (s > 0))].tolist()
+        raise QuantizationError(f"{head}: scale must be positive and finite, got {shown}")
+    if qparams.mode != QuantMode.ASYMMERTIC or qparams.zero_point is None:
+        return
+    z = np.asarray(qparams.zero_point.numpy() if hasattr(qparams.zero_point, "numpy")
+                   else qparams.zero_point, np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(z) & (z == np.rint(z)) & (z >= meta.qmin) & (z <= meta.qmax)
+    if not np.all(ok):
+        shown = z.item() if z.size == 1 else z[~ok].tolist()
+        raise QuantizationError(f"{head}: zero_point must be an integer in "
+                                f"{meta.qmin}..{meta.qmax}, got {shown}")
+
+
 def _same(a, b):
     if a is None or b is None:
         return a is b

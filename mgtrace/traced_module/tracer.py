@@ -322,14 +322,18 @@ class Tracer(_hooks.TraceHook):
     # ------------------------------------------------------------- hooks on
     @contextlib.contextmanager
     def active(self):
-        if state.tracer is not None:
-            raise TraceError("trace_module is already running (nested traces are not supported)")
-        state.tracer = self
-        try:
-            with _hooks.installed(self), warning_range():
-                yield self
-        finally:
-            state.tracer = None
+        # a trace in another thread is waited for (the hook is the
+        # process's); one in this thread is a nested trace
+        with _hooks.one_trace:
+            if state.tracer is not None:
+                raise TraceError("trace_module is already running (nested traces are not "
+                                 "supported)")
+            state.tracer = self
+            try:
+                with _hooks.installed(self), warning_range():
+                    yield self
+            finally:
+                state.tracer = None
 
     @contextlib.contextmanager
     def suspended(self):

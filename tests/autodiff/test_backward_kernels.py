@@ -608,3 +608,19 @@ def test_an_integer_output_gradient_is_taken_in_ys_dtype(dy_dtype):
         gm.backward(F.relu(x), mt.tensor(dy))
     assert x.grad.dtype == np.float32
     np.testing.assert_array_equal(x.grad.numpy(), np.where(x_np > 0, dy.astype(np.float32), 0))
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [0, -1, None])
+def test_softmax_rules_of_a_0d_tensor_give_zero(fn, axis):
+    # the forward takes a 0-d x (over its one element: softmax 1, log_softmax
+    # 0, as MegEngine); its backward summed over axis 0 of the 0-d gradient
+    # ("sum: axis 0 is out of bounds"). Both outputs are constants: d/dx = 0
+    from mgtrace.autodiff import GradManager
+    x = mt.tensor(np.float32(2.5))
+    gm = GradManager().attach([x])
+    with gm:
+        y = getattr(F, fn)(x, axis=axis)
+        gm.backward(y * 3)
+    assert y.item() == (1.0 if fn == "softmax" else 0.0)
+    assert x.grad.shape == () and x.grad.item() == 0.0

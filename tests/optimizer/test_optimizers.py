@@ -149,3 +149,48 @@ def test_float16_parameters_are_optimized():
     p.grad = mt.tensor(np.array([1.0, 1.0], np.float16))
     optim.SGD([p], lr=0.5).step()
     np.testing.assert_array_equal(p.numpy(), np.array([0.5, 1.5], np.float16))
+
+
+@pytest.mark.parametrize("cls", [optim.SGD, optim.Adam, optim.AdamW])
+@pytest.mark.parametrize("key, value, err, match", [
+    ("lr", -1.0, ValueError, "lr must be >= 0, got -1.0"),
+    ("lr", "0.1", TypeError, "lr must be a real number, got '0.1'"),
+    ("lr", None, TypeError, "lr must be a real number, got None"),
+    ("lr", True, TypeError, "lr must be a real number, got True"),
+    ("lr", float("inf"), ValueError, "lr must be finite, got inf"),
+    ("weight_decay", float("inf"), ValueError, "weight_decay must be finite, got inf"),
+    ("weight_decay", -0.5, ValueError, "weight_decay must be >= 0, got -0.5")])
+def test_hyperparameters_are_checked_in_the_constructor_and_in_each_group(cls, key, value, err,
+                                                                          match):
+    """A group's own hyperparameters were not checked at all ({"lr": -1}
+    trained uphill, {"lr": "x"} failed at the first step with float()'s
+    message), and the constructor let inf (every parameter inf or NaN after
+    one step) and strings or None (a raw '>=' TypeError) through."""
+    p, q = mt.tensor(np.ones(3, np.float32)), mt.tensor(np.ones(2, np.float32))
+    kw = {"lr": 0.1, key: value}
+    with pytest.raises(err, match=f"{cls.__name__}: {match}"):
+        cls([p], **kw)
+    with pytest.raises(err, match=f"{cls.__name__}: {match}"):
+        cls([{"params": [p]}, {"params": [q], **kw}], lr=0.1)
+    opt = cls([p], lr=0.1)
+    with pytest.raises(err, match=match):
+        opt.add_param_group({"params": [q], **kw})
+    assert len(opt.param_groups) == 1
+
+
+def test_group_momentum_and_betas_are_checked():
+    p = mt.tensor(np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="SGD: momentum must be >= 0, got -2"):
+        optim.SGD([{"params": [p], "momentum": -2}], lr=1.0)
+    with pytest.raises(ValueError, match="SGD: nesterov needs momentum > 0"):
+        optim.SGD([{"params": [p], "nesterov": True}], lr=1.0)
+    for betas in [(0.9,), (0.9, 0.99, 0.9), 0.9, (0.9, float("nan"))]:
+        with pytest.raises((TypeError, ValueError), match=r"Adam: betas must be a pair of "
+                                                          r"numbers in \[0, 1\)"):
+            optim.Adam([{"params": [p], "betas": betas}], lr=0.1)
+        with pytest.raises((TypeError, ValueError), match=r"Adam: betas must be a pair"):
+            optim.Adam([p], lr=0.1, betas=betas)
+    # a valid group's values stay as given, and step uses them: p -= lr * g
+    p.grad = mt.tensor(np.full(3, 2.0, np.float32))
+    optim.SGD([{"params": [p], "lr": 0.25}], lr=1.0).step()
+    assert p.numpy().tolist() == [0.5, 0.5, 0.5]

@@ -199,3 +199,40 @@ def test_histogram_refuses_non_finite_input():
 def test_histogram_is_per_tensor_only():
     with pytest.raises(Q.QuantizationError, match="per tensor only"):
         Q.HistogramObserver(axis=0)
+
+
+def test_histogram_takes_a_range_grown_by_orders_of_magnitude():
+    """[-0.5, 0.5] then [-3e38, 3e38]: resampling the old counts laid out a
+    fine grid of 2048 * 2**128 bins (NumPy's 'Maximum allowed dimension
+    exceeded'); the old counts now go to the new bins they overlap."""
+    obs = Q.HistogramObserver(bins=8)
+    obs(t(np.array([0.5, -0.5, 0.25], F32)))
+    obs(t(np.array([3e38, -3e38], F32)))
+    h = obs.histogram.numpy().astype(np.float64)
+    # 8 bins over [-3e38, 3e38]: the old three values near 0 fall on the
+    # edge between bins 3 and 4 (split by their overlap); the new ones in 0 and 7
+    assert h.sum() == 5 and h[0] == 1 and h[7] == 1 and h[3] + h[4] == 3
+    assert h[1] == h[2] == h[5] == h[6] == 0
+    s = float(obs.get_qparams().scale.numpy())
+    assert np.isfinite(s) and s > 0
+
+
+def test_histogram_resampling_by_overlap_matches_the_fine_grid(monkeypatch):
+    # the overlap spread (used past the fine grid's memory bound) and the
+    # fine grid give the same counts within the grid's rounding
+    from mgtrace.quantization import observer
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(3000).astype(F32), rng.standard_normal(3000).astype(F32) * 5
+    grid, spread = Q.HistogramObserver(bins=64), Q.HistogramObserver(bins=64)
+    for x in (a, b):
+        grid(t(x))
+    monkeypatch.setattr(observer, "_FINE_MAX", 0)
+    for x in (a, b):
+        spread(t(x))
+    g, s = grid.histogram.numpy().astype(np.float64), spread.histogram.numpy().astype(np.float64)
+    assert g.sum() == 6000 and abs(s.sum() - 6000) < 1e-3     # fractional counts in float32
+    # the grid rounds the old range's place to its fine bins (an old bin's
+    # count / upsample_rate each): at any edge, the two differ by less than
+    # the largest fine bin
+    first = np.histogram(a.astype(np.float64), 64, (a.min(), a.max()))[0]
+    assert np.abs(np.cumsum(g) - np.cumsum(s)).max() < first.max() / grid.upsample_rate

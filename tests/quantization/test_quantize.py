@@ -152,3 +152,21 @@ def test_quantize_layers_is_the_stubbed_pipeline_written_out(float_outputs):
     np.testing.assert_array_equal(got(x).numpy(), want)
     assert Q.quantize_layers(M.Linear(4, 2), lambda m: m(mt.tensor(np.ones((1, 4), F32))),
                              types=(M.Linear,))[0].__class__ is MQ.QuantStub
+
+
+def test_quantize_layers_leaves_the_other_layer_types_float():
+    """types=(Conv2d,) made the Linear int8 too (quantize_qat converts every
+    type it maps), with no QuantStub before it: the model then refused its
+    own float input ('Linear takes a QuantizedTensor')."""
+    mt.random.seed(5)
+    net = M.Sequential(M.Conv2d(3, 4, 3), M.Flatten(), M.Linear(4 * 4 * 4, 2)).eval()
+    w = net[2].weight.numpy().copy()
+    x = mt.tensor(np.random.default_rng(5).standard_normal((2, 3, 6, 6)).astype(F32))
+    q = Q.quantize_layers(net, lambda m: m(x), types=(M.Conv2d,))
+    assert type(q[0][1]) is MQ.Conv2d and type(q[2]) is M.Linear
+    assert not hasattr(q[2], "quantize_disabled")
+    np.testing.assert_array_equal(q[2].weight.numpy(), w)
+    # the float Linear reads the int8 conv's dequantized output, bitwise
+    h = q[1](q[0](x)).numpy()
+    want = h @ w.T + net[2].bias.numpy()
+    np.testing.assert_allclose(q(x).numpy(), want, rtol=1e-6, atol=1e-6)

@@ -10,7 +10,8 @@ from mgtrace.quantization.qtensor import (QuantizedTensor, dequantize, is_quanti
                                           quantize)
 from mgtrace.quantization import qdtype as _qdtype
 from mgtrace.quantization.qdtype import dtype_of_qparams
-from mgtrace.quantization.utils import QuantMode, QuantizationError, create_qparams
+from mgtrace.quantization.utils import (QuantMode, QuantizationError, check_qparams_values,
+                                        create_qparams)
 
 __all__ = ["QuantizedModule", "QuantStub", "DequantStub", "Linear", "LinearRelu", "Conv2d",
            "ConvRelu2d", "ConvBn2d", "ConvBnRelu2d", "Elemwise", "Concat"]
@@ -27,6 +28,9 @@ def _act_qparams(qat, required=True):
         raise QuantizationError(f"quantized modules output per-tensor qint8 or quint8, got "
                                 f"{q.dtype_meta.name} with scale shape "
                                 f"{tuple(q.scale.shape)}")
+    # a NaN / inf range (a NaN seen in calibration) is refused here, naming
+    # the layer, not at the first forward
+    check_qparams_values(q, f"{type(qat).__name__}'s activation qparams")
     return q
 
 
@@ -47,17 +51,31 @@ def _act_config(q):
 
 def _act(value):
     """QParams from a QParams, a config dict or None."""
-    if value is None or not isinstance(value, dict):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        check_qparams_values(value, "act_qparams")
         return value
     if set(value) != {"dtype", "scale", "zero_point"}:
         raise QuantizationError(f"act_qparams as a dict needs dtype, scale and zero_point, "
                                 f"got {value!r}")
     from mgtrace.quantization.utils import quant_dtype
     meta = quant_dtype(value["dtype"])
+    for key in ("scale", "zero_point"):
+        v = value[key]
+        if isinstance(v, (str, bytes, bool)) or np.ndim(v) != 0:
+            raise QuantizationError(
+                f"act_qparams: the {key} is one number (per tensor), got "
+                + (f"shape {np.shape(v)}" if np.ndim(v) else repr(v)))
+    if not meta.is_unsigned and value["zero_point"] != 0:    # was dropped silently
+        raise QuantizationError(f"act_qparams: {meta.name} is symmetric: zero_point 0, got "
+                                f"{value['zero_point']!r}")
     if meta.is_unsigned:
-        return create_qparams(QuantMode.ASYMMERTIC, meta, value["scale"],
-                              float(value["zero_point"]))
-    return create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
+        q = create_qparams(QuantMode.ASYMMERTIC, meta, value["scale"], float(value["zero_point"]))
+    else:
+        q = create_qparams(QuantMode.SYMMERTIC, meta, value["scale"])
+    check_qparams_values(q, "act_qparams")
+    return q
 
 
 # the last input's (qparams, (scale, zero point, dtype name)), one tuple
@@ -220,6 +238,12 @@ class _Weighted(QuantizedModule):
                                     f"{w_qparams.dtype_meta.name}")
         if w_qparams.mode == QuantMode.ASYMMERTIC and np.any(w_qparams.zero_point.numpy()):
             raise QuantizationError("int8 weights are symmetric (zero point 0)")
+        check_qparams_values(w_qparams, f"{type(self).__name__}'s weight qparams")
+        w = np.asarray(w_float.numpy() if isinstance(w_float, Tensor) else w_float)
+        bad = int(np.size(w) - np.count_nonzero(np.isfinite(w)))
+        if bad:     # NaN / inf quantized to arbitrary integers without a word
+            raise QuantizationError(f"{type(self).__name__}: the weight has {bad} non-finite "
+                                    f"value(s) (NaN or inf); it cannot be quantized")
         wq = quantize(w_float, create_qparams(QuantMode.SYMMERTIC, w_qparams.dtype_meta,
                                               w_qparams.scale, None, w_qparams.axis))
         self.weight = _tensor(np.asarray(wq.numpy()))

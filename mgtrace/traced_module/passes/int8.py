@@ -48,6 +48,8 @@ all of them then read the layer's output.
   QuantStubs of equal qparams reading one value (BERT's query, key and
   value layers read one hidden state; a residual block's first conv and
   shortcut) quantize it once: the later ones read the first's output.
+  Neither happens across an expr with a side effect (``x[0] = v``, an
+  in-place op on a view): a stub after one quantizes its input anew.
 
 Patterns spanning traced submodules need ``optimize(..., flatten=True)``.
 """
@@ -56,8 +58,9 @@ import numpy as np
 import mgtrace.functional as F
 import mgtrace.module as M
 import mgtrace.module.quantized as MQ
+from mgtrace.traced_module.graph import has_side_effect
 from mgtrace.traced_module.passes.match import (activation, bound_args, is_function, module_call,
-                                                sole_user)
+                                                side_effect_between, sole_user)
 from mgtrace.traced_module.passes.util import call_counts, graphs_of
 
 __all__ = ["fuse_quant_stub", "eliminate_requantize"]
@@ -218,15 +221,22 @@ def eliminate_requantize(tm):
     for g in list(graphs_of(tm)):
         changed, quantized = False, {}      # id(node) -> [(qparams, its integers' node)]
         for e in list(g._exprs):
+            if has_side_effect(e):
+                # an in-place write (x[0] = 5, a view's *= 2) may change any
+                # value quantized so far: a later stub quantizes it anew
+                quantized.clear()
             stub = _stub_call(e)
             x = e.args[1] if stub is not None else None
             if x is None or getattr(x, "kind", None) != "tensor":
                 continue
             q = stub.act_qparams
             same = quantized.setdefault(id(x), [])
-            # the integers z a DequantStub read, when z has the stub's qparams;
-            # else those an earlier stub of equal qparams made of x
+            # the integers z a DequantStub read, when z has the stub's qparams
+            # and nothing wrote in place since; else those an earlier stub of
+            # equal qparams made of x
             new = _requantized(x, q)
+            if new is not None and side_effect_between(g, x.expr, e):
+                new = None
             if new is None:
                 new = next((n for p, n in same if _same_qparams(p, q)), None)
             if new is None:
