@@ -16,9 +16,10 @@
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
  *     take qgemm.c's scalar kernel).
- *   threads: each parallel region takes mt_q_team(work) threads (qgemm.c):
- *     one per 2^19 multiply-adds or packed bytes, at most mgtrace's count
- *     for the call; a layer below that runs on the calling thread.
+ *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
+ *     at most mgtrace's count for the call; a layer below that runs on the
+ *     calling thread. A dense conv opens one parallel region per call
+ *     (padding, packing and tiles are worksharing loops of it).
  *
  * The arithmetic is qgemm.c's store(), bit for bit:
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
@@ -133,8 +134,7 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
                        int64_t PW, uint8_t pad, uint8_t *xp)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-    int nt = mt_q_team(C * HP * WP);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
         memset(d, pad, (size_t)(PH * WP));
@@ -158,8 +158,7 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
                         int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
                         uint8_t *packed)
 {
-    int nt = mt_q_team(K * P);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp for schedule(static)
     for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         int64_t poff[QC_P];
@@ -244,8 +243,7 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
 static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                       int64_t PB, uint8_t *packed)
 {
-    int nt = mt_q_team(K * P);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp for schedule(static)
     for (int64_t pb = 0; pb < PB; pb++) {
         int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
         for (int64_t kq = 0; kq < KQ; kq++) {
@@ -608,23 +606,34 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     for (int64_t c = 0; c < Co; c++)
         corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
-    for (int64_t n = 0; n < NB; n++)
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *src = x + (n * C + g * Cg) * H * W;
-            if (direct) {
-                pack_rows(src, P, K, P, KQ, PB, packed);
-            } else {
-                pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-                memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
-                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
-            }
+    if (!direct)                /* the slack after the planes, read and masked by the packing */
+        memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
+    /* One team for the whole call, each (image, group) in three worksharing
+     * loops of it: pad, pack (over pixel blocks), then the tiles; the loops'
+     * barriers order them. Opening a region per step (as before) woke the
+     * team three times per image and packed on one thread below
+     * MT_Q_GRAIN bytes: ResNet-18's 28x28 and smaller layers gained 1.25-1.45x
+     * from a second thread. The team size follows the call's multiply-adds
+     * (per image and group the packing is a small share of them). */
+    int nt = mt_q_team(NB * G * Cog * P * K);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
 #ifdef MT_QC_AMX
-            if (amx) {
-                int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
-                int nt = mt_q_team(Cog * P * K);
-#pragma omp parallel num_threads(nt) if (work > 1 && nt > 1)
-                {
-                    mt_q_amx_begin();
+        if (amx)
+            mt_q_amx_begin();
+#endif
+        for (int64_t n = 0; n < NB; n++)
+            for (int64_t g = 0; g < G; g++) {
+                const uint8_t *src = x + (n * C + g * Cg) * H * W;
+                if (direct) {
+                    pack_rows(src, P, K, P, KQ, PB, packed);
+                } else {
+                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+                }
+#ifdef MT_QC_AMX
+                if (amx) {
+                    int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
 #pragma omp for schedule(static)
                     for (int64_t i = 0; i < work; i++) {
                         int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
@@ -637,42 +646,44 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                                      lo, hi};
                         tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
                     }
-                    mt_q_amx_end();
+                    continue;
                 }
-                continue;
-            }
 #endif
-            int64_t work = PP * CB;
-            int nt = mt_q_team(Cog * P * K);
-#pragma omp parallel for schedule(static) num_threads(nt) if (work > 1 && nt > 1)
-            for (int64_t i = 0; i < work; i++) {
-                int64_t pb = (wmajor ? i % PP : i / CB) * 2;
-                int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
-                const int8_t *w[4];
-                void *o[4];
-                double cr[4], mu[4];
-                for (int r = 0; r < 4; r++) {
-                    int64_t c = c0 + r;
-                    int in = c < (g + 1) * Cog;
-                    w[r] = in ? wrows + c * lw : zero;
-                    o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
-                    cr[r] = in ? corr[c] : 0;
-                    mu[r] = in ? mult[c] : 0;
-                }
-                qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
+                int64_t work = PP * CB;
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < work; i++) {
+                    int64_t pb = (wmajor ? i % PP : i / CB) * 2;
+                    int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
+                    const int8_t *w[4];
+                    void *o[4];
+                    double cr[4], mu[4];
+                    for (int r = 0; r < 4; r++) {
+                        int64_t c = c0 + r;
+                        int in = c < (g + 1) * Cog;
+                        w[r] = in ? wrows + c * lw : zero;
+                        o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
+                        cr[r] = in ? corr[c] : 0;
+                        mu[r] = in ? mult[c] : 0;
+                    }
+                    qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
 #ifdef MT_QC_VNNI
-                if (vnni) {
-                    tile_vnni(&t, pb);
-                    continue;
-                }
-                if (avx2) {
-                    tile_avx2(&t, pb);
-                    continue;
-                }
+                    if (vnni) {
+                        tile_vnni(&t, pb);
+                        continue;
+                    }
+                    if (avx2) {
+                        tile_avx2(&t, pb);
+                        continue;
+                    }
 #endif
-                tile_portable(&t, pb);
+                    tile_portable(&t, pb);
+                }
             }
-        }
+#ifdef MT_QC_AMX
+        if (amx)
+            mt_q_amx_end();
+#endif
+    }
     free(zero);
     free(corr);
     free(koff);
