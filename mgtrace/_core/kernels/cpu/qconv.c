@@ -59,6 +59,11 @@ int mt_qgemm_has_vnni(void);    /* qgemm.c */
 int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+/* a depthwise multiply-add against the grain's (mt_q_team): these kernels
+ * run 8-20 G of them a second, the dense ones' tiles 100-300 G, so a dense
+ * grain of depthwise work is about eight times as long (MobileNetV2's 14x14
+ * and 7x7 depthwise layers, 0.4-1 M, ran on one thread for 65-105 us) */
+#define QC_DW_COST 8
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -970,7 +975,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         int64_t blocks = NB * (C / 16);
         size_t need = dw_block16_size(H, W, PH, PW, OH, OW);
         size_t isz = out_u8 == 2 ? 4 : 1;
-        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW);
+        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1 && blocks > 1)
         {
             uint8_t *buf = mt_q_scratch(need);
@@ -1015,7 +1020,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         WP = need;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         uint8_t *buf = mt_q_scratch((size_t)(HP * WP));     /* this thread's, kept */
