@@ -159,138 +159,155 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
  * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
  * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
  * blocks across two output rows or other strides gather byte by byte. */
+static void pack_im2col_block(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                              int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                              int64_t pb, uint8_t *dst)
+{
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    int64_t poff[QC_P];
+    for (int64_t t = 0; t < QC_P; t++) {
+        int64_t p = p0 + (t < np ? t : 0);
+        poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+    }
+    /* the block's runs of pixels within one output row: lane t of run u
+     * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
+     * vector path (a 16-pixel block over rows of 7 or more) */
+    int64_t soff[4];
+    int runs = 0, t0[5];
+    if (np == QC_P)
+        for (int64_t t = 0; t < QC_P && runs <= 4; t++)
+            if (t == 0 || poff[t] != poff[t - 1] + SW) {
+                if (runs < 4) {
+                    t0[runs] = (int)t;
+                    soff[runs] = poff[t] - t * SW;
+                }
+                runs++;
+            }
+    int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
+#if defined(__SSE2__)
+    __m128i lanes[4];           /* each run's lanes */
+    if (vec && runs > 1) {
+        t0[runs] = QC_P;
+        __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (int u = 0; u < runs; u++)
+            lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
+                                     _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
+    }
+#endif
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        uint8_t *d = dst + kq * (QC_P * 4);
+#if defined(__SSE2__)
+        if (vec && kq * 4 + 4 <= K) {
+            __m128i r[4], m = _mm_set1_epi16(0xFF);
+            for (int q = 0; q < 4; q++) {
+                const uint8_t *base = xp + koff[kq * 4 + q];
+                if (runs == 1) {
+                    const uint8_t *s = base + soff[0];
+                    r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                        : _mm_packus_epi16(
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    continue;
+                }
+                /* reads before a run's first lane land in the row above or
+                 * in the packed buffer before xp (inside the scratch) and
+                 * are masked away */
+                __m128i acc = _mm_setzero_si128();
+                for (int u = 0; u < runs; u++) {
+                    const uint8_t *s = base + soff[u];
+                    __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                        : _mm_packus_epi16(
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
+                }
+                r[q] = acc;
+            }
+            __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
+            __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
+            _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+            _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+            continue;
+        }
+#endif
+        for (int q = 0; q < 4; q++) {
+            int64_t k = kq * 4 + q;
+            const uint8_t *s = k < K ? xp + koff[k] : NULL;
+            for (int64_t t = 0; t < QC_P; t++)
+                d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+        }
+    }
+}
+
+/* the im2col's pixel blocks, as worksharing loop of the caller's region */
 static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
                         int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
                         uint8_t *packed)
 {
 #pragma omp for schedule(static)
-    for (int64_t pb = 0; pb < PB; pb++) {
-        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
-        int64_t poff[QC_P];
-        for (int64_t t = 0; t < QC_P; t++) {
-            int64_t p = p0 + (t < np ? t : 0);
-            poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
-        }
-        /* the block's runs of pixels within one output row: lane t of run u
-         * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
-         * vector path (a 16-pixel block over rows of 7 or more) */
-        int64_t soff[4];
-        int runs = 0, t0[5];
-        if (np == QC_P)
-            for (int64_t t = 0; t < QC_P && runs <= 4; t++)
-                if (t == 0 || poff[t] != poff[t - 1] + SW) {
-                    if (runs < 4) {
-                        t0[runs] = (int)t;
-                        soff[runs] = poff[t] - t * SW;
-                    }
-                    runs++;
-                }
-        int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
+    for (int64_t pb = 0; pb < PB; pb++)
+        pack_im2col_block(xp, koff, K, OW, SH, SW, WP, P, KQ, pb,
+                          packed + pb * KQ * (QC_P * 4));
+}
+
+/* rows [K, P] (row stride ld) -> pixel block pb: dst [KQ][16][4], zeros past
+ * K and P */
+static void pack_rows_block(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
+                            int64_t pb, uint8_t *dst)
+{
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        uint8_t *d = dst + kq * (QC_P * 4);
+        const uint8_t *s = rows + kq * 4 * ld + p0;
 #if defined(__SSE2__)
-        __m128i lanes[4];           /* each run's lanes */
-        if (vec && runs > 1) {
-            t0[runs] = QC_P;
-            __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            for (int u = 0; u < runs; u++)
-                lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
-                                         _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
+        if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
+            __m128i r0 = _mm_loadu_si128((const __m128i *)s);
+            __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
+            __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
+            __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
+            __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+            __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+            _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+            _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+            continue;
         }
 #endif
-        for (int64_t kq = 0; kq < KQ; kq++) {
-            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
-#if defined(__SSE2__)
-            if (vec && kq * 4 + 4 <= K) {
-                __m128i r[4], m = _mm_set1_epi16(0xFF);
-                for (int q = 0; q < 4; q++) {
-                    const uint8_t *base = xp + koff[kq * 4 + q];
-                    if (runs == 1) {
-                        const uint8_t *s = base + soff[0];
-                        r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
-                            : _mm_packus_epi16(
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
-                        continue;
-                    }
-                    /* reads before a run's first lane land in the row above or
-                     * in the packed buffer before xp (inside the scratch) and
-                     * are masked away */
-                    __m128i acc = _mm_setzero_si128();
-                    for (int u = 0; u < runs; u++) {
-                        const uint8_t *s = base + soff[u];
-                        __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
-                            : _mm_packus_epi16(
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
-                        acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
-                    }
-                    r[q] = acc;
-                }
-                __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
-                __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
-                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
-                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
-                continue;
-            }
-#endif
-            for (int q = 0; q < 4; q++) {
-                int64_t k = kq * 4 + q;
-                const uint8_t *s = k < K ? xp + koff[k] : NULL;
-                for (int64_t t = 0; t < QC_P; t++)
-                    d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
-            }
-        }
+        for (int64_t t = 0; t < QC_P; t++)
+            for (int64_t r = 0; r < 4; r++)
+                d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
     }
 }
 
-/* rows [K, P] (row stride ld) -> packed [PB][KQ][16][4], zeros past K and P */
+/* rows [K, P] -> packed [PB][KQ][16][4], as worksharing loop of the
+ * caller's region */
 static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                       int64_t PB, uint8_t *packed)
 {
 #pragma omp for schedule(static)
-    for (int64_t pb = 0; pb < PB; pb++) {
-        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
-        for (int64_t kq = 0; kq < KQ; kq++) {
-            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
-            const uint8_t *s = rows + kq * 4 * ld + p0;
-#if defined(__SSE2__)
-            if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
-                __m128i r0 = _mm_loadu_si128((const __m128i *)s);
-                __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
-                __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
-                __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
-                __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
-                __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
-                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
-                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
-                continue;
-            }
-#endif
-            for (int64_t t = 0; t < QC_P; t++)
-                for (int64_t r = 0; r < 4; r++)
-                    d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
-        }
-    }
+    for (int64_t pb = 0; pb < PB; pb++)
+        pack_rows_block(rows, ld, K, P, KQ, pb, packed + pb * KQ * (QC_P * 4));
 }
 
 typedef struct {
-    const uint8_t *packed;      /* [PB][KQ][16][4] */
+    const uint8_t *packed;      /* [PB - pb0][KQ][16][4] */
     int64_t KQ, PB, P;
     const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
     void *const *out;           /* 4 output rows (NULL: no such channel) */
     const double *corr, *mult;  /* 4 each */
     int out_u8;
     int32_t out_zp, lo, hi;
+    int64_t pb0;                /* the block packed holds first (0: all of them) */
 } qc_tile;
 
 /* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
 static void tile_portable(const qc_tile *t, int64_t pb)
 {
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
-        const uint8_t *x = t->packed + b * t->KQ * (QC_P * 4);
+        const uint8_t *x = t->packed + (b - t->pb0) * t->KQ * (QC_P * 4);
         int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
         for (int r = 0; r < 4; r++) {
             if (!t->out[r])
@@ -359,7 +376,7 @@ static void tile_avx2(const qc_tile *t, int64_t pb)
 {
     int64_t KQ = t->KQ;
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
-        const uint8_t *x = t->packed + b * KQ * (QC_P * 4);
+        const uint8_t *x = t->packed + (b - t->pb0) * KQ * (QC_P * 4);
         int64_t p0 = b * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
         for (int r = 0; r < 4; r++) {
@@ -404,7 +421,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 static void tile_vnni(const qc_tile *t, int64_t pb)
 {
     int64_t KQ = t->KQ;
-    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
     int two = pb + 1 < t->PB;
     const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
     const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
@@ -492,7 +509,7 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
                      void *const *out, const double *corr, const double *mult)
 {
     int64_t KQ = t->KQ;         /* a multiple of 16 here */
-    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
     int two = pb + 1 < t->PB;
     const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
     const int8_t *w1 = w + 16 * lw;
@@ -557,6 +574,87 @@ uint8_t *mt_q_scratch(size_t n)     /* also qpool.c's (one call at a time per th
     return scratch_at;
 }
 
+/* The calling thread's panel of two packed pixel blocks, kept for its
+ * next call as mt_q_scratch (a second buffer: the dense driver's packed
+ * input and padded planes are the calling thread's scratch) */
+static __thread uint8_t *panel_at;
+static __thread size_t panel_cap;
+
+static uint8_t *q_panel(size_t n)
+{
+    if (n > panel_cap) {
+        free(panel_at);
+        panel_cap = 0;
+        panel_at = malloc(n);
+        if (!panel_at)
+            return NULL;
+        panel_cap = n;
+    }
+    return panel_at;
+}
+
+/* one dense conv call's constants, as its tiles read them */
+typedef struct {
+    const int8_t *wrows;
+    int64_t lw;
+    const int8_t *zero;
+    const double *corr, *mult;
+    void *out;
+    size_t isz;
+    int64_t Co, Cog, P, PB, KQ;
+    int out_u8;
+    int32_t out_zp, lo, hi;
+    int vnni, avx2, amx;
+} qc_call;
+
+/* image n, group g: channel tile cb (32 channels on AMX, else 4) x pixel
+ * blocks pb, pb + 1, from packed (whose first block is pb0) */
+static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
+                     int64_t n, int64_t g, int64_t cb)
+{
+    int64_t Cog = cl->Cog, P = cl->P;
+    int64_t end = (g + 1) * Cog;
+#ifdef MT_QC_AMX
+    if (cl->amx) {
+        int64_t c0 = g * Cog + cb * 32;
+        int nrows = (int)(end - c0 < 32 ? end - c0 : 32);
+        void *o[32];
+        for (int r = 0; r < nrows; r++)
+            o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
+        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, cl->out_u8, cl->out_zp,
+                     cl->lo, cl->hi, pb0};
+        tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
+                 cl->mult + c0);
+        return;
+    }
+#endif
+    int64_t c0 = g * Cog + cb * 4;
+    const int8_t *w[4];
+    void *o[4];
+    double cr[4], mu[4];
+    for (int r = 0; r < 4; r++) {
+        int64_t c = c0 + r;
+        int in = c < end;
+        w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
+        o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
+        cr[r] = in ? cl->corr[c] : 0;
+        mu[r] = in ? cl->mult[c] : 0;
+    }
+    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->out_u8, cl->out_zp, cl->lo,
+                 cl->hi, pb0};
+#ifdef MT_QC_VNNI
+    if (cl->vnni) {
+        tile_vnni(&t, pb);
+        return;
+    }
+    if (cl->avx2) {
+        tile_avx2(&t, pb);
+        return;
+    }
+#endif
+    tile_portable(&t, pb);
+}
+
 /* Dense or grouped int8 conv2d, NCHW.
  *   x: uint8 [NB, C, H, W]; wrows: int8 [Co + 31][lw] (lw = K = C/G*KH*KW
  *   rounded up to 64; zeros past K and in the 31 rows after the last
@@ -574,7 +672,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                   int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
     int64_t Cg = C / G, Cog = Co / G, K = Cg * KH * KW, KQ = cdiv(K, 4), P = OH * OW;
-    int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
+    int64_t PB = cdiv(P, QC_P), PP = cdiv(PB, 2);
     int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int vnni = 0, amx = 0, avx2 = 0;
@@ -589,8 +687,26 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
         KQ = cdiv(K, 64) * 16;
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-    size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
-    /* the padded planes, 64 bytes of slack for the last 32-byte loads */
+    /* tiles in the order that reads the larger operand once: pixels outer,
+     * or channels outer where the group's weights outweigh its packed input
+     * (deep layers of few pixels). Pixels outer, each thread packs a pair
+     * of pixel blocks into its own panel (in L1) just before every channel
+     * passes over it: the im2col never goes to memory and back (a 56x56 3x3
+     * layer's is 1.8 MB), and no barrier waits between packing and tiles.
+     * Channels outer, the whole input is packed first (every channel block
+     * reads all of it). */
+    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
+    /* pairs of pixel blocks per panel: as many as fit 32 KB, up to 4 (a
+     * shallow layer's pair is a few KB: tiles loading a panel just stored
+     * wait on the stores, and each channel tile's weights serve them all) */
+    int64_t PPC = 32768 / (2 * KQ * QC_P * 4);
+    PPC = PPC < 1 ? 1 : PPC > 4 ? 4 : PPC;
+    size_t panel_size = (size_t)(PPC * 2 * KQ * QC_P * 4);
+    /* the calling thread's scratch: the packed input (channels outer; 64
+     * bytes pixels outer), then the padded planes and 64 bytes of slack for
+     * the last 32-byte loads. The packing's masked loads may read up to 30
+     * bytes before the planes: the packed input or those 64 bytes hold them. */
+    size_t packed_size = wmajor ? (size_t)(PB * KQ * QC_P * 4) : 64;
     uint8_t *packed = mt_q_scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
@@ -604,90 +720,73 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     }
     for (int64_t k = 0; k < K; k++)
         koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
-    /* tiles in the order that reads the larger operand once: pixels outer
-     * (a packed panel stays in cache while the channels pass), or channels
-     * outer where the group's weights outweigh its packed input (deep
-     * layers of few pixels) */
-    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     for (int64_t c = 0; c < Co; c++)
         corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
     if (!direct)                /* the slack after the planes, read and masked by the packing */
         memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
-    /* One team for the whole call, each (image, group) in three worksharing
-     * loops of it: pad, pack (over pixel blocks), then the tiles; the loops'
-     * barriers order them. Opening a region per step (as before) woke the
-     * team three times per image and packed on one thread below
-     * MT_Q_GRAIN bytes: ResNet-18's 28x28 and smaller layers gained 1.25-1.45x
-     * from a second thread. The team size follows the call's multiply-adds
-     * (per image and group the packing is a small share of them). */
-    int nt = mt_q_team(NB * G * Cog * P * K);
-#pragma omp parallel num_threads(nt) if (nt > 1)
+    /* One team for the whole call, each (image, group) in worksharing loops
+     * of it (padding; packing; tiles), whose barriers order them. Opening a
+     * region per step (as before) woke the team three times per image and
+     * packed on one thread below MT_Q_GRAIN bytes: ResNet-18's 28x28 and
+     * smaller layers gained 1.25-1.45x from a second thread. The team size
+     * follows the call's multiply-adds. */
+    int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
+        uint8_t *panel = wmajor ? NULL : q_panel(panel_size);
+        if (!wmajor && !panel)
+            failed = 1;
 #ifdef MT_QC_AMX
         if (amx)
             mt_q_amx_begin();
 #endif
+        qc_call cl = {wrows, lw, zero, corr, mult, out, isz, Co, Cog, P, PB, KQ, out_u8, out_zp,
+                      lo, hi, vnni, avx2, amx};
+        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, 4);     /* channel tiles */
         for (int64_t n = 0; n < NB; n++)
             for (int64_t g = 0; g < G; g++) {
                 const uint8_t *src = x + (n * C + g * Cg) * H * W;
-                if (direct) {
-                    pack_rows(src, P, K, P, KQ, PB, packed);
-                } else {
+                if (!direct)
                     pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
-                }
-#ifdef MT_QC_AMX
-                if (amx) {
-                    int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
+                if (!wmajor) {
 #pragma omp for schedule(static)
-                    for (int64_t i = 0; i < work; i++) {
-                        int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
-                        int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB32) * 32;
-                        int nrows = (int)((g + 1) * Cog - c0 < 32 ? (g + 1) * Cog - c0 : 32);
-                        void *o[32];
-                        for (int r = 0; r < nrows; r++)
-                            o[r] = (char *)out + (size_t)((n * Co + c0 + r) * P) * isz;
-                        qc_tile t = {packed, KQ, PB, P, NULL, NULL, NULL, NULL, out_u8, out_zp,
-                                     lo, hi};
-                        tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
+                    for (int64_t ch = 0; ch < cdiv(PP, PPC); ch++) {
+                        if (!panel)
+                            continue;
+                        int64_t lo_b = ch * PPC * 2;
+                        int64_t hi_b = lo_b + PPC * 2 < PB ? lo_b + PPC * 2 : PB;
+                        for (int64_t b = lo_b; b < hi_b; b++) {
+                            uint8_t *d = panel + (b - lo_b) * KQ * (QC_P * 4);
+                            if (direct)
+                                pack_rows_block(src, P, K, P, KQ, b, d);
+                            else
+                                pack_im2col_block(xpad, koff, K, OW, SH, SW, WP, P, KQ, b, d);
+                        }
+                        for (int64_t cb = 0; cb < CBT; cb++)
+                            for (int64_t pb = lo_b; pb < hi_b; pb += 2)
+                                run_tile(&cl, panel, lo_b, pb, n, g, cb);
                     }
                     continue;
                 }
-#endif
-                int64_t work = PP * CB;
+                if (direct)
+                    pack_rows(src, P, K, P, KQ, PB, packed);
+                else
+                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+                int64_t work = PP * CBT;
 #pragma omp for schedule(static)
-                for (int64_t i = 0; i < work; i++) {
-                    int64_t pb = (wmajor ? i % PP : i / CB) * 2;
-                    int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
-                    const int8_t *w[4];
-                    void *o[4];
-                    double cr[4], mu[4];
-                    for (int r = 0; r < 4; r++) {
-                        int64_t c = c0 + r;
-                        int in = c < (g + 1) * Cog;
-                        w[r] = in ? wrows + c * lw : zero;
-                        o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
-                        cr[r] = in ? corr[c] : 0;
-                        mu[r] = in ? mult[c] : 0;
-                    }
-                    qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
-#ifdef MT_QC_VNNI
-                    if (vnni) {
-                        tile_vnni(&t, pb);
-                        continue;
-                    }
-                    if (avx2) {
-                        tile_avx2(&t, pb);
-                        continue;
-                    }
-#endif
-                    tile_portable(&t, pb);
-                }
+                for (int64_t i = 0; i < work; i++)
+                    run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
             }
 #ifdef MT_QC_AMX
         if (amx)
             mt_q_amx_end();
 #endif
+    }
+    if (failed) {
+        free(zero);
+        free(corr);
+        free(koff);
+        return 0;
     }
     free(zero);
     free(corr);
