@@ -1,8 +1,13 @@
 """The int8 convs' thread teams (kernels/cpu/qconv.c): a dense conv runs
 its padding, packing and tiles as worksharing loops of one parallel region
-per call (over every image and group), and the depthwise kernels count a
-multiply-add as eight of the grain. Whatever the split, at 1, 2 and 3
-threads and on every path, each output is the NumPy integer reference's."""
+per call (over every image and group), each thread packing its own panels
+of pixels where they are enough for the team (else the whole input first,
+tiles split over pixels and channels, or channels outer where the weights
+outweigh the input), and the depthwise kernels count a multiply-add as
+eight of the grain. Whatever the split, at 1, 2 and 3 threads and on every
+path, each output is the NumPy integer reference's: the cases take each
+split (the 30x30 and 5x5 ones panels per thread at 1 thread, the 30x30 one
+at 3 too)."""
 import numpy as np
 import pytest
 
@@ -35,6 +40,7 @@ def _ref(x, x_zp, w, ws, bias, groups, stride, padding, out_dtype):
 CONVS = {"batched 3x3 stride 2": ((3, 24, 20, 20), 40, 3, 1, 2, 1),
          "grouped 1x1": ((2, 64, 28, 28), 96, 1, 2, 1, 0),
          "5x5 odd pixels": ((1, 16, 23, 19), 36, 5, 1, 1, 2),
+         "3x3 30x30": ((1, 64, 30, 30), 32, 3, 1, 1, 1),
          "depthwise 14x14": ((2, 64, 14, 14), 64, 3, 64, 1, 1),
          "depthwise 7x7": ((4, 160, 7, 7), 160, 3, 160, 1, 1)}
 

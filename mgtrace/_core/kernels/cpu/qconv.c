@@ -694,7 +694,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * passes over it: the im2col never goes to memory and back (a 56x56 3x3
      * layer's is 1.8 MB), and no barrier waits between packing and tiles.
      * Channels outer, the whole input is packed first (every channel block
-     * reads all of it). */
+     * reads all of it); so too where the panels are under four a thread
+     * (their whole blocks would split the pixels unevenly: the tiles of all
+     * the input split channels too). */
     int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     /* pairs of pixel blocks per panel: as many as fit 32 KB, up to 4 (a
      * shallow layer's pair is a few KB: tiles loading a panel just stored
@@ -702,11 +704,15 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int64_t PPC = 32768 / (2 * KQ * QC_P * 4);
     PPC = PPC < 1 ? 1 : PPC > 4 ? 4 : PPC;
     size_t panel_size = (size_t)(PPC * 2 * KQ * QC_P * 4);
+    /* one team for the whole call (below): its size follows the call's
+     * multiply-adds */
+    int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
+    int fused = !wmajor && cdiv(PP, PPC) >= 4 * nt;
     /* the calling thread's scratch: the packed input (channels outer; 64
-     * bytes pixels outer), then the padded planes and 64 bytes of slack for
+     * bytes where fused), then the padded planes and 64 bytes of slack for
      * the last 32-byte loads. The packing's masked loads may read up to 30
      * bytes before the planes: the packed input or those 64 bytes hold them. */
-    size_t packed_size = wmajor ? (size_t)(PB * KQ * QC_P * 4) : 64;
+    size_t packed_size = fused ? 64 : (size_t)(PB * KQ * QC_P * 4);
     uint8_t *packed = mt_q_scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
@@ -728,13 +734,11 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * of it (padding; packing; tiles), whose barriers order them. Opening a
      * region per step (as before) woke the team three times per image and
      * packed on one thread below MT_Q_GRAIN bytes: ResNet-18's 28x28 and
-     * smaller layers gained 1.25-1.45x from a second thread. The team size
-     * follows the call's multiply-adds. */
-    int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
+     * smaller layers gained 1.25-1.45x from a second thread. */
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        uint8_t *panel = wmajor ? NULL : q_panel(panel_size);
-        if (!wmajor && !panel)
+        uint8_t *panel = fused ? q_panel(panel_size) : NULL;
+        if (fused && !panel)
             failed = 1;
 #ifdef MT_QC_AMX
         if (amx)
@@ -748,7 +752,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 const uint8_t *src = x + (n * C + g * Cg) * H * W;
                 if (!direct)
                     pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-                if (!wmajor) {
+                if (fused) {
 #pragma omp for schedule(static)
                     for (int64_t ch = 0; ch < cdiv(PP, PPC); ch++) {
                         if (!panel)
@@ -775,7 +779,10 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 int64_t work = PP * CBT;
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < work; i++)
-                    run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
+                    if (wmajor)
+                        run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
+                    else
+                        run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
             }
 #ifdef MT_QC_AMX
         if (amx)
