@@ -2,12 +2,13 @@
 its padding, packing and tiles as worksharing loops of one parallel region
 per call (over every image and group), each thread packing its own panels
 of pixels where they are enough for the team (else the whole input first,
+by the calling thread before the team starts where one image's is small,
 tiles split over pixels and channels, or channels outer where the weights
 outweigh the input), and the depthwise kernels count a multiply-add as
 eight of the grain. Whatever the split, at 1, 2 and 3 threads and on every
 path, each output is the NumPy integer reference's: the cases take each
 split (the 30x30 and 5x5 ones panels per thread at 1 thread, the 30x30 one
-at 3 too)."""
+at 3 too, the 5x5 one packed before the team at 2 and 3)."""
 import numpy as np
 import pytest
 
