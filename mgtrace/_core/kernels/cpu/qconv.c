@@ -159,9 +159,9 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
  * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
  * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
  * blocks across two output rows or other strides gather byte by byte. */
-static void pack_im2col_block(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
-                              int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
-                              int64_t pb, uint8_t *dst)
+static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                            int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                            int64_t pb, uint8_t *dst)
 {
     int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
     int64_t poff[QC_P];
@@ -241,15 +241,121 @@ static void pack_im2col_block(const uint8_t *xp, const int64_t *koff, int64_t K,
     }
 }
 
+#ifdef MT_QC_VNNI
+/* pack_im2col_sse's block with AVX-512 VBMI: each k's 16 pixels are one
+ * 16-byte load (stride 1) or the even bytes of one 32-byte load (stride 2),
+ * a block over several output rows a masked load per run (no bytes read
+ * outside the runs), and the 4 x 16 transpose of four k is one vpermb
+ * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
+ * store, where SSE2 spends up to 32 operations. The same bytes. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                             int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                             int64_t pb, uint8_t *dst)
+{
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    int64_t poff[QC_P], soff[QC_P];
+    __mmask32 mk[QC_P];         /* each run's lanes: bit t (stride 1) or 2t (stride 2) */
+    int runs = 0;
+    for (int64_t t = 0; t < QC_P; t++) {
+        int64_t p = p0 + (t < np ? t : 0);
+        poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+    }
+    for (int64_t t = 0; t < np; t++) {
+        if (t == 0 || poff[t] != poff[t - 1] + SW) {
+            soff[runs] = poff[t] - t * SW;
+            mk[runs++] = 0;
+        }
+        mk[runs - 1] |= (__mmask32)1 << (t * SW);
+    }
+    uint8_t ix[64];
+    for (int t = 0; t < QC_P; t++)
+        for (int q = 0; q < 4; q++)     /* stride 1: row q at bytes 16q; 2: at 32q */
+            ix[t * 4 + q] = (uint8_t)(SW == 1 ? q * 16 + t : q * 32 + 2 * t);
+    __m512i idx = _mm512_loadu_si512(ix);
+    int64_t full = K / 4 < KQ ? K / 4 : KQ;     /* kq with all four k real */
+    for (int64_t kq = 0; kq < full; kq++) {
+        __m256i r[4];
+        for (int q = 0; q < 4; q++) {
+            const uint8_t *base = xp + koff[kq * 4 + q];
+            __m256i v = _mm256_setzero_si256();
+            for (int u = 0; u < runs; u++)
+                v = SW == 1
+                    ? _mm256_castsi128_si256(_mm_mask_loadu_epi8(_mm256_castsi256_si128(v),
+                                                                 (__mmask16)mk[u],
+                                                                 base + soff[u]))
+                    : _mm256_mask_loadu_epi8(v, mk[u], base + soff[u]);
+            r[q] = v;
+        }
+        __m512i out;
+        if (SW == 1)
+            out = _mm512_permutexvar_epi8(idx, _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_inserti128_si256(r[0], _mm256_castsi256_si128(r[1]), 1)),
+                _mm256_inserti128_si256(r[2], _mm256_castsi256_si128(r[3]), 1), 1));
+        else
+            out = _mm512_permutex2var_epi8(
+                _mm512_inserti64x4(_mm512_castsi256_si512(r[0]), r[1], 1), idx,
+                _mm512_inserti64x4(_mm512_castsi256_si512(r[2]), r[3], 1));
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), out);
+    }
+    for (int64_t kq = full; kq < KQ; kq++) {    /* past K: zeros */
+        uint8_t *d = dst + kq * (QC_P * 4);
+        for (int q = 0; q < 4; q++) {
+            int64_t k = kq * 4 + q;
+            const uint8_t *s = k < K ? xp + koff[k] : NULL;
+            for (int64_t t = 0; t < QC_P; t++)
+                d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+        }
+    }
+}
+
+#endif
+
+/* 1 where pack_im2col_vbmi runs here */
+static int pack_vbmi_ok(void)
+{
+#ifdef MT_QC_VNNI
+    static int state = -1;
+    int v = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl");
+        __atomic_store_n(&state, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+/* one pixel block pb of the im2col of the padded planes xp into dst
+ * [KQ][16][4]: the VBMI kernel for strides 1 and 2 where vbmi (the
+ * caller's pack_vbmi_ok(), 0 on the portable and AVX2 paths), else SSE2 /
+ * bytewise */
+static void pack_im2col_block(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                              int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                              int64_t pb, uint8_t *dst, int vbmi)
+{
+#ifdef MT_QC_VNNI
+    if (vbmi && (SW == 1 || SW == 2)) {
+        pack_im2col_vbmi(xp, koff, K, OW, SH, SW, WP, P, KQ, pb, dst);
+        return;
+    }
+#endif
+    (void)vbmi;
+    pack_im2col_sse(xp, koff, K, OW, SH, SW, WP, P, KQ, pb, dst);
+}
+
 /* the im2col's pixel blocks, as worksharing loop of the caller's region */
 static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
                         int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
-                        uint8_t *packed)
+                        uint8_t *packed, int vbmi)
 {
 #pragma omp for schedule(static)
     for (int64_t pb = 0; pb < PB; pb++)
         pack_im2col_block(xp, koff, K, OW, SH, SW, WP, P, KQ, pb,
-                          packed + pb * KQ * (QC_P * 4));
+                          packed + pb * KQ * (QC_P * 4), vbmi);
 }
 
 /* rows [K, P] (row stride ld) -> pixel block pb: dst [KQ][16][4], zeros past
@@ -686,6 +792,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #endif
     if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
         KQ = cdiv(K, 64) * 16;
+    int vbmi = path != 1 && path != 4 && pack_vbmi_ok();     /* the packing's kernel */
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
     /* tiles in the order that reads the larger operand once: pixels outer,
      * or channels outer where the group's weights outweigh its packed input
@@ -742,7 +849,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             pack_rows(x, P, K, P, KQ, PB, packed);
         } else {
             pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-            pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+            pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
         }
     }
     /* One team for the whole call, each (image, group) in worksharing loops
@@ -779,7 +886,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                             if (direct)
                                 pack_rows_block(src, P, K, P, KQ, b, d);
                             else
-                                pack_im2col_block(xpad, koff, K, OW, SH, SW, WP, P, KQ, b, d);
+                                pack_im2col_block(xpad, koff, K, OW, SH, SW, WP, P, KQ, b, d,
+                                                  vbmi);
                         }
                         for (int64_t cb = 0; cb < CBT; cb++)
                             for (int64_t pb = lo_b; pb < hi_b; pb += 2)
@@ -790,7 +898,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                 if (!early && direct)
                     pack_rows(src, P, K, P, KQ, PB, packed);
                 else if (!early)
-                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
+                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
                 int64_t work = PP * CBT;
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < work; i++)
