@@ -9,9 +9,12 @@
  *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
  *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
  *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
- *     Tiles of 4 output channels x 32 pixels (eight accumulators); threads
- *     over tiles, pixels outer so a packed panel stays in L1 while the
- *     channels pass (channels outer where the weights are the larger).
+ *     Tiles of 4 output channels x 32 pixels (eight accumulators); pixels
+ *     outer, each thread packing its own panels of up to 8 pixel blocks
+ *     (at most 32 KB, in L1) just before every channel passes over them;
+ *     channels outer where the weights are the larger (the input packed
+ *     whole first, tiles split over the team). The im2col takes AVX-512
+ *     VBMI where the CPU has it (one vpermb per 4 x 16 transpose).
  *   depthwise: each plane copied once into a buffer padded with the zero
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
