@@ -847,12 +847,17 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * 28x28 and smaller 1x1 layers took 0.25 ms at two threads for one
      * meeting and 0.47 for two, at load 6) */
     int early = !fused && NB * G == 1 && PB * KQ * QC_P * 4 < ((int64_t)1 << 19);
-    if (early) {                /* the worksharing loops outside a region: this thread's */
-        if (direct) {
-            pack_rows(x, P, K, P, KQ, PB, packed);
-        } else {
-            pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-            pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
+    if (early) {
+        /* a team of one: its worksharing loops are this thread's alone even
+         * where the caller runs inside another parallel region */
+#pragma omp parallel num_threads(1)
+        {
+            if (direct) {
+                pack_rows(x, P, K, P, KQ, PB, packed);
+            } else {
+                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
+            }
         }
     }
     /* One team for the whole call, each (image, group) in worksharing loops
