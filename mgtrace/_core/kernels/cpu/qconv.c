@@ -277,7 +277,30 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
             ix[t * 4 + q] = (uint8_t)(SW == 1 ? q * 16 + t : q * 32 + 2 * t);
     __m512i idx = _mm512_loadu_si512(ix);
     int64_t full = K / 4 < KQ ? K / 4 : KQ;     /* kq with all four k real */
-    for (int64_t kq = 0; kq < full; kq++) {
+    int64_t kq = 0;
+    if (runs == 1 && np == QC_P && SW == 1)     /* one output row: plain loads */
+        for (; kq < full; kq++) {
+            const uint8_t *s0 = xp + soff[0];
+            const int64_t *ko = koff + kq * 4;
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(s0 + ko[0])));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[1])), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[2])), 2);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[3])), 3);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
+        }
+    else if (runs == 1 && np == QC_P)
+        for (; kq < full; kq++) {
+            const uint8_t *s0 = xp + soff[0];
+            const int64_t *ko = koff + kq * 4;
+            __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[1])), 1);
+            __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
+        }
+    for (; kq < full; kq++) {
         __m256i r[4];
         for (int q = 0; q < 4; q++) {
             const uint8_t *base = xp + koff[kq * 4 + q];
@@ -301,7 +324,7 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
                 _mm512_inserti64x4(_mm512_castsi256_si512(r[2]), r[3], 1));
         _mm512_storeu_si512(dst + kq * (QC_P * 4), out);
     }
-    for (int64_t kq = full; kq < KQ; kq++) {    /* past K: zeros */
+    for (; kq < KQ; kq++) {     /* past K: zeros */
         uint8_t *d = dst + kq * (QC_P * 4);
         for (int q = 0; q < 4; q++) {
             int64_t k = kq * 4 + q;
