@@ -300,29 +300,33 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
         }
+    /* blocks over several output rows: per run one masked 64-byte load per
+     * k, placed at row q's bytes (its mask shifted there, the address back
+     * by as much: masked-off bytes are never read), into one or two vectors */
+    __mmask64 mq[QC_P][4];
+    for (int u = 0; u < runs; u++)
+        for (int q = 0; q < 4; q++)
+            mq[u][q] = (__mmask64)mk[u] << (SW == 1 ? 16 * q : 32 * (q % 2));
     for (; kq < full; kq++) {
-        __m256i r[4];
-        for (int q = 0; q < 4; q++) {
-            const uint8_t *base = xp + koff[kq * 4 + q];
-            __m256i v = _mm256_setzero_si256();
-            for (int u = 0; u < runs; u++)
-                v = SW == 1
-                    ? _mm256_castsi128_si256(_mm_mask_loadu_epi8(_mm256_castsi256_si128(v),
-                                                                 (__mmask16)mk[u],
-                                                                 base + soff[u]))
-                    : _mm256_mask_loadu_epi8(v, mk[u], base + soff[u]);
-            r[q] = v;
+        const int64_t *ko = koff + kq * 4;
+        __m512i va = _mm512_setzero_si512(), vb = _mm512_setzero_si512();
+        for (int u = 0; u < runs; u++) {
+            const uint8_t *s0 = xp + soff[u];
+            if (SW == 1) {
+                va = _mm512_mask_loadu_epi8(va, mq[u][0], s0 + ko[0]);
+                va = _mm512_mask_loadu_epi8(va, mq[u][1], s0 + ko[1] - 16);
+                va = _mm512_mask_loadu_epi8(va, mq[u][2], s0 + ko[2] - 32);
+                va = _mm512_mask_loadu_epi8(va, mq[u][3], s0 + ko[3] - 48);
+            } else {
+                va = _mm512_mask_loadu_epi8(va, mq[u][0], s0 + ko[0]);
+                va = _mm512_mask_loadu_epi8(va, mq[u][1], s0 + ko[1] - 32);
+                vb = _mm512_mask_loadu_epi8(vb, mq[u][2], s0 + ko[2]);
+                vb = _mm512_mask_loadu_epi8(vb, mq[u][3], s0 + ko[3] - 32);
+            }
         }
-        __m512i out;
-        if (SW == 1)
-            out = _mm512_permutexvar_epi8(idx, _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_inserti128_si256(r[0], _mm256_castsi256_si128(r[1]), 1)),
-                _mm256_inserti128_si256(r[2], _mm256_castsi256_si128(r[3]), 1), 1));
-        else
-            out = _mm512_permutex2var_epi8(
-                _mm512_inserti64x4(_mm512_castsi256_si512(r[0]), r[1], 1), idx,
-                _mm512_inserti64x4(_mm512_castsi256_si512(r[2]), r[3], 1));
-        _mm512_storeu_si512(dst + kq * (QC_P * 4), out);
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), SW == 1
+                            ? _mm512_permutexvar_epi8(idx, va)
+                            : _mm512_permutex2var_epi8(va, idx, vb));
     }
     for (; kq < KQ; kq++) {     /* past K: zeros */
         uint8_t *d = dst + kq * (QC_P * 4);
