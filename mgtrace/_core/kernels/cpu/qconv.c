@@ -697,12 +697,23 @@ int mt_qconv_has_amx(void)
 static __thread uint8_t *scratch_at;
 static __thread size_t scratch_cap;
 
+/* n bytes (rounded up to 64) at a 64-byte boundary, for free(): the packed
+ * input's 64-byte rows are what the tile loads read, one cache line each
+ * only when aligned (malloc's 16 split each in two) */
+static uint8_t *q_alloc64(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (n + 63) & ~(size_t)63))
+        return NULL;
+    return p;
+}
+
 uint8_t *mt_q_scratch(size_t n)     /* also qpool.c's (one call at a time per thread) */
 {
     if (n > scratch_cap) {
         free(scratch_at);
         scratch_cap = 0;
-        scratch_at = malloc(n);
+        scratch_at = q_alloc64(n);
         if (!scratch_at)
             return NULL;
         scratch_cap = n;
@@ -721,7 +732,7 @@ static uint8_t *q_panel(size_t n)
     if (n > panel_cap) {
         free(panel_at);
         panel_cap = 0;
-        panel_at = malloc(n);
+        panel_at = q_alloc64(n);
         if (!panel_at)
             return NULL;
         panel_cap = n;
