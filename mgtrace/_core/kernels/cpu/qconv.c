@@ -837,10 +837,11 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
     /* tiles in the order that reads the larger operand once: pixels outer,
      * or channels outer where the group's weights outweigh its packed input
-     * (deep layers of few pixels). Pixels outer, each thread packs a pair
-     * of pixel blocks into its own panel (in L1) just before every channel
-     * passes over it: the im2col never goes to memory and back (a 56x56 3x3
-     * layer's is 1.8 MB), and no barrier waits between packing and tiles.
+     * (deep layers of few pixels). Pixels outer, each thread packs up to
+     * four pairs of pixel blocks into its own panel (in L1) just before
+     * every channel passes over them: the im2col never goes to memory and
+     * back (a 56x56 3x3 layer's is 1.8 MB), and no barrier waits between
+     * packing and tiles.
      * Channels outer, the whole input is packed first (every channel block
      * reads all of it); so too where the panels are under four a thread
      * (their whole blocks would split the pixels unevenly: the tiles of all
@@ -899,8 +900,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         }
     }
     /* One team for the whole call, each (image, group) in worksharing loops
-     * of it (padding; packing; tiles), whose barriers order them. Opening a
-     * region per step (as before) woke the team three times per image and
+     * of it (padding; packing; tiles), whose barriers order them. A region
+     * per step (as the kernel had) woke the team three times per image and
      * packed on one thread below MT_Q_GRAIN bytes: ResNet-18's 28x28 and
      * smaller layers gained 1.25-1.45x from a second thread. */
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
