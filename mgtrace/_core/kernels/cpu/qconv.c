@@ -1294,6 +1294,8 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     }
     if (WP < need)
         WP = need;
+    if (kind != 4)              /* each padded row from a cache line's start */
+        WP = cdiv(WP, 64) * 64;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
