@@ -51,6 +51,23 @@ def _array(x, what):
     return np.asarray(x)
 
 
+def _zeros64(shape):
+    """A C-contiguous int8 array of zeros of ``shape`` at a 64-byte boundary."""
+    size = math.prod(shape)
+    raw = np.zeros(size + 64, np.int8)
+    at = -raw.ctypes.data % 64
+    return raw[at:at + size].reshape(shape)
+
+
+def _aligned64(a):
+    """``a`` (C-contiguous int8), or a copy of it at a 64-byte boundary."""
+    if a.ctypes.data % 64 == 0:
+        return a
+    out = _zeros64(a.shape)
+    out[...] = a
+    return out
+
+
 def quantize_array(x, scale, zero_point=0, dtype="qint8"):
     """``clip(rint(x / scale) + zero_point, qmin, qmax)`` in float32 (as
     fake quantization), stored as the dtype's integers (int8, uint8,
@@ -123,11 +140,18 @@ class Int8Weight:
         self.raw = np.ascontiguousarray(w.reshape(n, k)) if self.depthwise else None
         self.packs, self.rows, self.wsum = [], None, None
         if w.ndim == 2:         # linear: the GEMM's blocks of 16 channels
-            self.packs = [_kernels().pack_weight(np.ascontiguousarray(w))]
+            # at a 64-byte boundary: AMX loads the packed blocks 64 bytes a
+            # row, one cache line each only when aligned (MiniLM's shapes,
+            # one thread: 0.30 -> 0.22 ms for 1024 x 384 x 384)
+            packed, wsum = _kernels().pack_weight(np.ascontiguousarray(w))
+            self.packs = [(_aligned64(packed), wsum)]
         elif not self.depthwise:
             # conv2d (qconv.c): each channel's filter a row, k rounded up to
-            # 64 and 31 zero rows after (AMX reads 32 rows x 64 k at a time)
-            self.rows = np.zeros((n + 31, -(-k // 64) * 64), np.int8)
+            # 64 and 31 zero rows after (AMX reads 32 rows x 64 k at a time),
+            # at a 64-byte boundary so that each 64-k step of a row is one
+            # cache line (NumPy's 16-byte alignment split every one in two:
+            # ResNet-18's int8 convs took 10% longer)
+            self.rows = _zeros64((n + 31, -(-k // 64) * 64))
             self.rows[:n, :k] = w.reshape(n, k)
             self.wsum = w.reshape(n, k).sum(axis=1, dtype=np.int32)
         self._epilogues = {}

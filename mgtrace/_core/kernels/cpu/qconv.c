@@ -9,16 +9,20 @@
  *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
  *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
  *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
- *     Tiles of 4 output channels x 32 pixels (eight accumulators); threads
- *     over tiles, pixels outer so a packed panel stays in L1 while the
- *     channels pass (channels outer where the weights are the larger).
+ *     Tiles of 4 output channels x 32 pixels (eight accumulators); pixels
+ *     outer, each thread packing its own panels of up to 8 pixel blocks
+ *     (at most 32 KB, in L1) just before every channel passes over them;
+ *     channels outer where the weights are the larger (the input packed
+ *     whole first, tiles split over the team). The im2col takes AVX-512
+ *     VBMI where the CPU has it (one vpermb per 4 x 16 transpose).
  *   depthwise: each plane copied once into a buffer padded with the zero
  *     point, then 16 output pixels per vector: x widened to int32 lanes,
  *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
  *     take qgemm.c's scalar kernel).
- *   threads: each parallel region takes mt_q_team(work) threads (qgemm.c):
- *     one per 2^19 multiply-adds or packed bytes, at most mgtrace's count
- *     for the call; a layer below that runs on the calling thread.
+ *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
+ *     at most mgtrace's count for the call; a layer below that runs on the
+ *     calling thread. A dense conv opens one parallel region per call
+ *     (padding, packing and tiles are worksharing loops of it).
  *
  * The arithmetic is qgemm.c's store(), bit for bit:
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
@@ -58,6 +62,11 @@ int mt_qgemm_has_vnni(void);    /* qgemm.c */
 int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+/* a depthwise multiply-add against the grain's (mt_q_team): these kernels
+ * run 8-20 G of them a second, the dense ones' tiles 100-300 G, so a dense
+ * grain of depthwise work is about eight times as long (MobileNetV2's 14x14
+ * and 7x7 depthwise layers, 0.4-1 M, ran on one thread for 65-105 us) */
+#define QC_DW_COST 8
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -133,8 +142,7 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
                        int64_t PW, uint8_t pad, uint8_t *xp)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-    int nt = mt_q_team(C * HP * WP);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
         memset(d, pad, (size_t)(PH * WP));
@@ -154,140 +162,288 @@ static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_
  * one output row are 16 bytes of one row of xp (stride 1) or the even bytes
  * of 32 (stride 2): four such loads and a 4 x 16 transpose per 64 bytes;
  * blocks across two output rows or other strides gather byte by byte. */
-static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
-                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
-                        uint8_t *packed)
+static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                            int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                            int64_t pb, uint8_t *dst)
 {
-    int nt = mt_q_team(K * P);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t pb = 0; pb < PB; pb++) {
-        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
-        int64_t poff[QC_P];
-        for (int64_t t = 0; t < QC_P; t++) {
-            int64_t p = p0 + (t < np ? t : 0);
-            poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
-        }
-        /* the block's runs of pixels within one output row: lane t of run u
-         * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
-         * vector path (a 16-pixel block over rows of 7 or more) */
-        int64_t soff[4];
-        int runs = 0, t0[5];
-        if (np == QC_P)
-            for (int64_t t = 0; t < QC_P && runs <= 4; t++)
-                if (t == 0 || poff[t] != poff[t - 1] + SW) {
-                    if (runs < 4) {
-                        t0[runs] = (int)t;
-                        soff[runs] = poff[t] - t * SW;
-                    }
-                    runs++;
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    int64_t poff[QC_P];
+    for (int64_t t = 0; t < QC_P; t++) {
+        int64_t p = p0 + (t < np ? t : 0);
+        poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+    }
+    /* the block's runs of pixels within one output row: lane t of run u
+     * reads soff[u] + t SW (t0[u] <= t < t0[u + 1]); up to 4 runs take the
+     * vector path (a 16-pixel block over rows of 7 or more) */
+    int64_t soff[4];
+    int runs = 0, t0[5];
+    if (np == QC_P)
+        for (int64_t t = 0; t < QC_P && runs <= 4; t++)
+            if (t == 0 || poff[t] != poff[t - 1] + SW) {
+                if (runs < 4) {
+                    t0[runs] = (int)t;
+                    soff[runs] = poff[t] - t * SW;
                 }
-        int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
-#if defined(__SSE2__)
-        __m128i lanes[4];           /* each run's lanes */
-        if (vec && runs > 1) {
-            t0[runs] = QC_P;
-            __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            for (int u = 0; u < runs; u++)
-                lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
-                                         _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
-        }
-#endif
-        for (int64_t kq = 0; kq < KQ; kq++) {
-            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
-#if defined(__SSE2__)
-            if (vec && kq * 4 + 4 <= K) {
-                __m128i r[4], m = _mm_set1_epi16(0xFF);
-                for (int q = 0; q < 4; q++) {
-                    const uint8_t *base = xp + koff[kq * 4 + q];
-                    if (runs == 1) {
-                        const uint8_t *s = base + soff[0];
-                        r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
-                            : _mm_packus_epi16(
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
-                        continue;
-                    }
-                    /* reads before a run's first lane land in the row above or
-                     * in the packed buffer before xp (inside the scratch) and
-                     * are masked away */
-                    __m128i acc = _mm_setzero_si128();
-                    for (int u = 0; u < runs; u++) {
-                        const uint8_t *s = base + soff[u];
-                        __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
-                            : _mm_packus_epi16(
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
-                                _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
-                        acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
-                    }
-                    r[q] = acc;
-                }
-                __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
-                __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
-                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
-                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
-                continue;
+                runs++;
             }
+    int vec = runs >= 1 && runs <= 4 && (SW == 1 || SW == 2);
+#if defined(__SSE2__)
+    __m128i lanes[4];           /* each run's lanes */
+    if (vec && runs > 1) {
+        t0[runs] = QC_P;
+        __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (int u = 0; u < runs; u++)
+            lanes[u] = _mm_and_si128(_mm_cmpgt_epi8(lane, _mm_set1_epi8((char)(t0[u] - 1))),
+                                     _mm_cmplt_epi8(lane, _mm_set1_epi8((char)t0[u + 1])));
+    }
 #endif
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        uint8_t *d = dst + kq * (QC_P * 4);
+#if defined(__SSE2__)
+        if (vec && kq * 4 + 4 <= K) {
+            __m128i r[4], m = _mm_set1_epi16(0xFF);
             for (int q = 0; q < 4; q++) {
-                int64_t k = kq * 4 + q;
-                const uint8_t *s = k < K ? xp + koff[k] : NULL;
-                for (int64_t t = 0; t < QC_P; t++)
-                    d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+                const uint8_t *base = xp + koff[kq * 4 + q];
+                if (runs == 1) {
+                    const uint8_t *s = base + soff[0];
+                    r[q] = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                        : _mm_packus_epi16(
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    continue;
+                }
+                /* reads before a run's first lane land in the row above or
+                 * in the packed buffer before xp (inside the scratch) and
+                 * are masked away */
+                __m128i acc = _mm_setzero_si128();
+                for (int u = 0; u < runs; u++) {
+                    const uint8_t *s = base + soff[u];
+                    __m128i v = SW == 1 ? _mm_loadu_si128((const __m128i *)s)
+                        : _mm_packus_epi16(
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)s), m),
+                            _mm_and_si128(_mm_loadu_si128((const __m128i *)(s + 16)), m));
+                    acc = _mm_or_si128(acc, _mm_and_si128(lanes[u], v));
+                }
+                r[q] = acc;
             }
+            __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
+            __m128i c = _mm_unpacklo_epi8(r[2], r[3]), e = _mm_unpackhi_epi8(r[2], r[3]);
+            _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+            _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+            continue;
+        }
+#endif
+        for (int q = 0; q < 4; q++) {
+            int64_t k = kq * 4 + q;
+            const uint8_t *s = k < K ? xp + koff[k] : NULL;
+            for (int64_t t = 0; t < QC_P; t++)
+                d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
         }
     }
 }
 
-/* rows [K, P] (row stride ld) -> packed [PB][KQ][16][4], zeros past K and P */
+#ifdef MT_QC_VNNI
+/* pack_im2col_sse's block with AVX-512 VBMI: each k's 16 pixels are one
+ * 16-byte load (stride 1) or the even bytes of one 32-byte load (stride 2),
+ * a block over several output rows a masked load per run (no bytes read
+ * outside the runs), and the 4 x 16 transpose of four k is one vpermb
+ * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
+ * store, where SSE2 spends up to 32 operations. The same bytes. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                             int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                             int64_t pb, uint8_t *dst)
+{
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    int64_t poff[QC_P], soff[QC_P];
+    __mmask32 mk[QC_P];         /* each run's lanes: bit t (stride 1) or 2t (stride 2) */
+    int runs = 0;
+    for (int64_t t = 0; t < QC_P; t++) {
+        int64_t p = p0 + (t < np ? t : 0);
+        poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+    }
+    for (int64_t t = 0; t < np; t++) {
+        if (t == 0 || poff[t] != poff[t - 1] + SW) {
+            soff[runs] = poff[t] - t * SW;
+            mk[runs++] = 0;
+        }
+        mk[runs - 1] |= (__mmask32)1 << (t * SW);
+    }
+    uint8_t ix[64];
+    for (int t = 0; t < QC_P; t++)
+        for (int q = 0; q < 4; q++)     /* stride 1: row q at bytes 16q; 2: at 32q */
+            ix[t * 4 + q] = (uint8_t)(SW == 1 ? q * 16 + t : q * 32 + 2 * t);
+    __m512i idx = _mm512_loadu_si512(ix);
+    int64_t full = K / 4 < KQ ? K / 4 : KQ;     /* kq with all four k real */
+    int64_t kq = 0;
+    if (runs == 1 && np == QC_P && SW == 1)     /* one output row: plain loads */
+        for (; kq < full; kq++) {
+            const uint8_t *s0 = xp + soff[0];
+            const int64_t *ko = koff + kq * 4;
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(s0 + ko[0])));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[1])), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[2])), 2);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[3])), 3);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
+        }
+    else if (runs == 1 && np == QC_P)
+        for (; kq < full; kq++) {
+            const uint8_t *s0 = xp + soff[0];
+            const int64_t *ko = koff + kq * 4;
+            __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[1])), 1);
+            __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
+        }
+    /* blocks over several output rows: per run one masked 64-byte load per
+     * k, placed at row q's bytes (its mask shifted there, the address back
+     * by as much: masked-off bytes are never read), into one or two vectors */
+    __mmask64 mq[QC_P][4];
+    for (int u = 0; u < runs; u++)
+        for (int q = 0; q < 4; q++)
+            mq[u][q] = (__mmask64)mk[u] << (SW == 1 ? 16 * q : 32 * (q % 2));
+    for (; kq < full; kq++) {
+        const int64_t *ko = koff + kq * 4;
+        __m512i va = _mm512_setzero_si512(), vb = _mm512_setzero_si512();
+        for (int u = 0; u < runs; u++) {
+            const uint8_t *s0 = xp + soff[u];
+            if (SW == 1) {
+                va = _mm512_mask_loadu_epi8(va, mq[u][0], s0 + ko[0]);
+                va = _mm512_mask_loadu_epi8(va, mq[u][1], s0 + ko[1] - 16);
+                va = _mm512_mask_loadu_epi8(va, mq[u][2], s0 + ko[2] - 32);
+                va = _mm512_mask_loadu_epi8(va, mq[u][3], s0 + ko[3] - 48);
+            } else {
+                va = _mm512_mask_loadu_epi8(va, mq[u][0], s0 + ko[0]);
+                va = _mm512_mask_loadu_epi8(va, mq[u][1], s0 + ko[1] - 32);
+                vb = _mm512_mask_loadu_epi8(vb, mq[u][2], s0 + ko[2]);
+                vb = _mm512_mask_loadu_epi8(vb, mq[u][3], s0 + ko[3] - 32);
+            }
+        }
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), SW == 1
+                            ? _mm512_permutexvar_epi8(idx, va)
+                            : _mm512_permutex2var_epi8(va, idx, vb));
+    }
+    for (; kq < KQ; kq++) {     /* past K: zeros */
+        uint8_t *d = dst + kq * (QC_P * 4);
+        for (int q = 0; q < 4; q++) {
+            int64_t k = kq * 4 + q;
+            const uint8_t *s = k < K ? xp + koff[k] : NULL;
+            for (int64_t t = 0; t < QC_P; t++)
+                d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+        }
+    }
+}
+
+#endif
+
+/* 1 where pack_im2col_vbmi runs here */
+static int pack_vbmi_ok(void)
+{
+#ifdef MT_QC_VNNI
+    static int state = -1;
+    int v = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl");
+        __atomic_store_n(&state, v, __ATOMIC_RELAXED);
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+/* one pixel block pb of the im2col of the padded planes xp into dst
+ * [KQ][16][4]: the VBMI kernel for strides 1 and 2 where vbmi (the
+ * caller's pack_vbmi_ok(), 0 on the portable and AVX2 paths), else SSE2 /
+ * bytewise */
+static void pack_im2col_block(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                              int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
+                              int64_t pb, uint8_t *dst, int vbmi)
+{
+#ifdef MT_QC_VNNI
+    if (vbmi && (SW == 1 || SW == 2)) {
+        pack_im2col_vbmi(xp, koff, K, OW, SH, SW, WP, P, KQ, pb, dst);
+        return;
+    }
+#endif
+    (void)vbmi;
+    pack_im2col_sse(xp, koff, K, OW, SH, SW, WP, P, KQ, pb, dst);
+}
+
+/* the im2col's pixel blocks, as worksharing loop of the caller's region */
+static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
+                        int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ, int64_t PB,
+                        uint8_t *packed, int vbmi)
+{
+#pragma omp for schedule(static)
+    for (int64_t pb = 0; pb < PB; pb++)
+        pack_im2col_block(xp, koff, K, OW, SH, SW, WP, P, KQ, pb,
+                          packed + pb * KQ * (QC_P * 4), vbmi);
+}
+
+/* rows [K, P] (row stride ld) -> pixel block pb: dst [KQ][16][4], zeros past
+ * K and P */
+static void pack_rows_block(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
+                            int64_t pb, uint8_t *dst)
+{
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        uint8_t *d = dst + kq * (QC_P * 4);
+        const uint8_t *s = rows + kq * 4 * ld + p0;
+#if defined(__SSE2__)
+        if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
+            __m128i r0 = _mm_loadu_si128((const __m128i *)s);
+            __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
+            __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
+            __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
+            __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+            __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+            _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
+            _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
+            _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
+            continue;
+        }
+#endif
+        for (int64_t t = 0; t < QC_P; t++)
+            for (int64_t r = 0; r < 4; r++)
+                d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
+    }
+}
+
+/* rows [K, P] -> packed [PB][KQ][16][4], as worksharing loop of the
+ * caller's region */
 static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                       int64_t PB, uint8_t *packed)
 {
-    int nt = mt_q_team(K * P);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t pb = 0; pb < PB; pb++) {
-        int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
-        for (int64_t kq = 0; kq < KQ; kq++) {
-            uint8_t *d = packed + (pb * KQ + kq) * (QC_P * 4);
-            const uint8_t *s = rows + kq * 4 * ld + p0;
-#if defined(__SSE2__)
-            if (np == QC_P && kq * 4 + 4 <= K) {    /* a 4 x 16 byte transpose */
-                __m128i r0 = _mm_loadu_si128((const __m128i *)s);
-                __m128i r1 = _mm_loadu_si128((const __m128i *)(s + ld));
-                __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * ld));
-                __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * ld));
-                __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
-                __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
-                _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(a, c));
-                _mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(b, e));
-                _mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(b, e));
-                continue;
-            }
-#endif
-            for (int64_t t = 0; t < QC_P; t++)
-                for (int64_t r = 0; r < 4; r++)
-                    d[t * 4 + r] = (t < np && kq * 4 + r < K) ? s[r * ld + t] : 0;
-        }
-    }
+#pragma omp for schedule(static)
+    for (int64_t pb = 0; pb < PB; pb++)
+        pack_rows_block(rows, ld, K, P, KQ, pb, packed + pb * KQ * (QC_P * 4));
 }
 
 typedef struct {
-    const uint8_t *packed;      /* [PB][KQ][16][4] */
+    const uint8_t *packed;      /* [PB - pb0][KQ][16][4] */
     int64_t KQ, PB, P;
     const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
     void *const *out;           /* 4 output rows (NULL: no such channel) */
     const double *corr, *mult;  /* 4 each */
     int out_u8;
     int32_t out_zp, lo, hi;
+    int64_t pb0;                /* the block packed holds first (0: all of them) */
 } qc_tile;
 
 /* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
 static void tile_portable(const qc_tile *t, int64_t pb)
 {
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
-        const uint8_t *x = t->packed + b * t->KQ * (QC_P * 4);
+        const uint8_t *x = t->packed + (b - t->pb0) * t->KQ * (QC_P * 4);
         int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
         for (int r = 0; r < 4; r++) {
             if (!t->out[r])
@@ -356,7 +512,7 @@ static void tile_avx2(const qc_tile *t, int64_t pb)
 {
     int64_t KQ = t->KQ;
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
-        const uint8_t *x = t->packed + b * KQ * (QC_P * 4);
+        const uint8_t *x = t->packed + (b - t->pb0) * KQ * (QC_P * 4);
         int64_t p0 = b * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
         for (int r = 0; r < 4; r++) {
@@ -401,7 +557,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 static void tile_vnni(const qc_tile *t, int64_t pb)
 {
     int64_t KQ = t->KQ;
-    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
     int two = pb + 1 < t->PB;
     const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
     const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
@@ -489,7 +645,7 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
                      void *const *out, const double *corr, const double *mult)
 {
     int64_t KQ = t->KQ;         /* a multiple of 16 here */
-    const uint8_t *x0 = t->packed + pb * KQ * (QC_P * 4);
+    const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
     int two = pb + 1 < t->PB;
     const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
     const int8_t *w1 = w + 16 * lw;
@@ -541,17 +697,109 @@ int mt_qconv_has_amx(void)
 static __thread uint8_t *scratch_at;
 static __thread size_t scratch_cap;
 
+/* n bytes (rounded up to 64) at a 64-byte boundary, for free(): the packed
+ * input's 64-byte rows are what the tile loads read, one cache line each
+ * only when aligned (malloc's 16 split each in two) */
+static uint8_t *q_alloc64(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (n + 63) & ~(size_t)63))
+        return NULL;
+    return p;
+}
+
 uint8_t *mt_q_scratch(size_t n)     /* also qpool.c's (one call at a time per thread) */
 {
     if (n > scratch_cap) {
         free(scratch_at);
         scratch_cap = 0;
-        scratch_at = malloc(n);
+        scratch_at = q_alloc64(n);
         if (!scratch_at)
             return NULL;
         scratch_cap = n;
     }
     return scratch_at;
+}
+
+/* The calling thread's panel of two packed pixel blocks, kept for its
+ * next call as mt_q_scratch (a second buffer: the dense driver's packed
+ * input and padded planes are the calling thread's scratch) */
+static __thread uint8_t *panel_at;
+static __thread size_t panel_cap;
+
+static uint8_t *q_panel(size_t n)
+{
+    if (n > panel_cap) {
+        free(panel_at);
+        panel_cap = 0;
+        panel_at = q_alloc64(n);
+        if (!panel_at)
+            return NULL;
+        panel_cap = n;
+    }
+    return panel_at;
+}
+
+/* one dense conv call's constants, as its tiles read them */
+typedef struct {
+    const int8_t *wrows;
+    int64_t lw;
+    const int8_t *zero;
+    const double *corr, *mult;
+    void *out;
+    size_t isz;
+    int64_t Co, Cog, P, PB, KQ;
+    int out_u8;
+    int32_t out_zp, lo, hi;
+    int vnni, avx2, amx;
+} qc_call;
+
+/* image n, group g: channel tile cb (32 channels on AMX, else 4) x pixel
+ * blocks pb, pb + 1, from packed (whose first block is pb0) */
+static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
+                     int64_t n, int64_t g, int64_t cb)
+{
+    int64_t Cog = cl->Cog, P = cl->P;
+    int64_t end = (g + 1) * Cog;
+#ifdef MT_QC_AMX
+    if (cl->amx) {
+        int64_t c0 = g * Cog + cb * 32;
+        int nrows = (int)(end - c0 < 32 ? end - c0 : 32);
+        void *o[32];
+        for (int r = 0; r < nrows; r++)
+            o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
+        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, cl->out_u8, cl->out_zp,
+                     cl->lo, cl->hi, pb0};
+        tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
+                 cl->mult + c0);
+        return;
+    }
+#endif
+    int64_t c0 = g * Cog + cb * 4;
+    const int8_t *w[4];
+    void *o[4];
+    double cr[4], mu[4];
+    for (int r = 0; r < 4; r++) {
+        int64_t c = c0 + r;
+        int in = c < end;
+        w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
+        o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
+        cr[r] = in ? cl->corr[c] : 0;
+        mu[r] = in ? cl->mult[c] : 0;
+    }
+    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->out_u8, cl->out_zp, cl->lo,
+                 cl->hi, pb0};
+#ifdef MT_QC_VNNI
+    if (cl->vnni) {
+        tile_vnni(&t, pb);
+        return;
+    }
+    if (cl->avx2) {
+        tile_avx2(&t, pb);
+        return;
+    }
+#endif
+    tile_portable(&t, pb);
 }
 
 /* Dense or grouped int8 conv2d, NCHW.
@@ -571,7 +819,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                   int32_t out_zp, int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
     int64_t Cg = C / G, Cog = Co / G, K = Cg * KH * KW, KQ = cdiv(K, 4), P = OH * OW;
-    int64_t PB = cdiv(P, QC_P), CB = cdiv(Cog, 4), PP = cdiv(PB, 2);
+    int64_t PB = cdiv(P, QC_P), PP = cdiv(PB, 2);
     int direct = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int vnni = 0, amx = 0, avx2 = 0;
@@ -585,9 +833,35 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #endif
     if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
         KQ = cdiv(K, 64) * 16;
+    int vbmi = path != 1 && path != 4 && pack_vbmi_ok();     /* the packing's kernel */
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
-    size_t packed_size = (size_t)(PB * KQ * QC_P * 4);
-    /* the padded planes, 64 bytes of slack for the last 32-byte loads */
+    /* tiles in the order that reads the larger operand once: pixels outer,
+     * or channels outer where the group's weights outweigh its packed input
+     * (deep layers of few pixels). Pixels outer, each thread packs up to
+     * four pairs of pixel blocks into its own panel (in L1) just before
+     * every channel passes over them: the im2col never goes to memory and
+     * back (a 56x56 3x3 layer's is 1.8 MB), and no barrier waits between
+     * packing and tiles.
+     * Channels outer, the whole input is packed first (every channel block
+     * reads all of it); so too where the panels are under four a thread
+     * (their whole blocks would split the pixels unevenly: the tiles of all
+     * the input split channels too). */
+    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
+    /* pairs of pixel blocks per panel: as many as fit 32 KB, up to 4 (a
+     * shallow layer's pair is a few KB: tiles loading a panel just stored
+     * wait on the stores, and each channel tile's weights serve them all) */
+    int64_t PPC = 32768 / (2 * KQ * QC_P * 4);
+    PPC = PPC < 1 ? 1 : PPC > 4 ? 4 : PPC;
+    size_t panel_size = (size_t)(PPC * 2 * KQ * QC_P * 4);
+    /* one team for the whole call (below): its size follows the call's
+     * multiply-adds */
+    int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
+    int fused = !wmajor && cdiv(PP, PPC) >= 4 * nt;
+    /* the calling thread's scratch: the packed input (channels outer; 64
+     * bytes where fused), then the padded planes and 64 bytes of slack for
+     * the last 32-byte loads. The packing's masked loads may read up to 30
+     * bytes before the planes: the packed input or those 64 bytes hold them. */
+    size_t packed_size = fused ? 64 : (size_t)(PB * KQ * QC_P * 4);
     uint8_t *packed = mt_q_scratch(packed_size + (direct ? 0 : (size_t)(Cg * HP * WP + 64)));
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
@@ -601,78 +875,96 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     }
     for (int64_t k = 0; k < K; k++)
         koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
-    /* tiles in the order that reads the larger operand once: pixels outer
-     * (a packed panel stays in cache while the channels pass), or channels
-     * outer where the group's weights outweigh its packed input (deep
-     * layers of few pixels) */
-    int wmajor = Cog * lw > PB * KQ * QC_P * 4;
     for (int64_t c = 0; c < Co; c++)
         corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
-    for (int64_t n = 0; n < NB; n++)
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *src = x + (n * C + g * Cg) * H * W;
+    if (!direct)                /* the slack after the planes, read and masked by the packing */
+        memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
+    /* one image's small input (packed under 2^19 bytes, a few us) is padded
+     * and packed by the calling thread before the team starts, so the team
+     * meets once, at its end: on a loaded machine each meeting waits out
+     * the time slice of a thread another process displaced (MobileNetV2's
+     * 28x28 and smaller 1x1 layers took 0.25 ms at two threads for one
+     * meeting and 0.47 for two, at load 6) */
+    int early = !fused && NB * G == 1 && PB * KQ * QC_P * 4 < ((int64_t)1 << 19);
+    if (early) {
+        /* a team of one: its worksharing loops are this thread's alone even
+         * where the caller runs inside another parallel region */
+#pragma omp parallel num_threads(1)
+        {
             if (direct) {
-                pack_rows(src, P, K, P, KQ, PB, packed);
+                pack_rows(x, P, K, P, KQ, PB, packed);
             } else {
-                pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
-                memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
-                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed);
-            }
-#ifdef MT_QC_AMX
-            if (amx) {
-                int64_t CB32 = cdiv(Cog, 32), work = PP * CB32;
-                int nt = mt_q_team(Cog * P * K);
-#pragma omp parallel num_threads(nt) if (work > 1 && nt > 1)
-                {
-                    mt_q_amx_begin();
-#pragma omp for schedule(static)
-                    for (int64_t i = 0; i < work; i++) {
-                        int64_t pb = (wmajor ? i % PP : i / CB32) * 2;
-                        int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB32) * 32;
-                        int nrows = (int)((g + 1) * Cog - c0 < 32 ? (g + 1) * Cog - c0 : 32);
-                        void *o[32];
-                        for (int r = 0; r < nrows; r++)
-                            o[r] = (char *)out + (size_t)((n * Co + c0 + r) * P) * isz;
-                        qc_tile t = {packed, KQ, PB, P, NULL, NULL, NULL, NULL, out_u8, out_zp,
-                                     lo, hi};
-                        tile_amx(&t, wrows + c0 * lw, lw, pb, nrows, o, corr + c0, mult + c0);
-                    }
-                    mt_q_amx_end();
-                }
-                continue;
-            }
-#endif
-            int64_t work = PP * CB;
-            int nt = mt_q_team(Cog * P * K);
-#pragma omp parallel for schedule(static) num_threads(nt) if (work > 1 && nt > 1)
-            for (int64_t i = 0; i < work; i++) {
-                int64_t pb = (wmajor ? i % PP : i / CB) * 2;
-                int64_t c0 = g * Cog + (wmajor ? i / PP : i % CB) * 4;
-                const int8_t *w[4];
-                void *o[4];
-                double cr[4], mu[4];
-                for (int r = 0; r < 4; r++) {
-                    int64_t c = c0 + r;
-                    int in = c < (g + 1) * Cog;
-                    w[r] = in ? wrows + c * lw : zero;
-                    o[r] = in ? (char *)out + (size_t)((n * Co + c) * P) * isz : NULL;
-                    cr[r] = in ? corr[c] : 0;
-                    mu[r] = in ? mult[c] : 0;
-                }
-                qc_tile t = {packed, KQ, PB, P, w, o, cr, mu, out_u8, out_zp, lo, hi};
-#ifdef MT_QC_VNNI
-                if (vnni) {
-                    tile_vnni(&t, pb);
-                    continue;
-                }
-                if (avx2) {
-                    tile_avx2(&t, pb);
-                    continue;
-                }
-#endif
-                tile_portable(&t, pb);
+                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
             }
         }
+    }
+    /* One team for the whole call, each (image, group) in worksharing loops
+     * of it (padding; packing; tiles), whose barriers order them. A region
+     * per step (as the kernel had) woke the team three times per image and
+     * packed on one thread below MT_Q_GRAIN bytes: ResNet-18's 28x28 and
+     * smaller layers gained 1.25-1.45x from a second thread. */
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+        uint8_t *panel = fused ? q_panel(panel_size) : NULL;
+        if (fused && !panel)
+            failed = 1;
+#ifdef MT_QC_AMX
+        if (amx)
+            mt_q_amx_begin();
+#endif
+        qc_call cl = {wrows, lw, zero, corr, mult, out, isz, Co, Cog, P, PB, KQ, out_u8, out_zp,
+                      lo, hi, vnni, avx2, amx};
+        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, 4);     /* channel tiles */
+        for (int64_t n = 0; n < NB; n++)
+            for (int64_t g = 0; g < G; g++) {
+                const uint8_t *src = x + (n * C + g * Cg) * H * W;
+                if (!direct && !early)
+                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                if (fused) {
+#pragma omp for schedule(static)
+                    for (int64_t ch = 0; ch < cdiv(PP, PPC); ch++) {
+                        if (!panel)
+                            continue;
+                        int64_t lo_b = ch * PPC * 2;
+                        int64_t hi_b = lo_b + PPC * 2 < PB ? lo_b + PPC * 2 : PB;
+                        for (int64_t b = lo_b; b < hi_b; b++) {
+                            uint8_t *d = panel + (b - lo_b) * KQ * (QC_P * 4);
+                            if (direct)
+                                pack_rows_block(src, P, K, P, KQ, b, d);
+                            else
+                                pack_im2col_block(xpad, koff, K, OW, SH, SW, WP, P, KQ, b, d,
+                                                  vbmi);
+                        }
+                        for (int64_t cb = 0; cb < CBT; cb++)
+                            for (int64_t pb = lo_b; pb < hi_b; pb += 2)
+                                run_tile(&cl, panel, lo_b, pb, n, g, cb);
+                    }
+                    continue;
+                }
+                if (!early && direct)
+                    pack_rows(src, P, K, P, KQ, PB, packed);
+                else if (!early)
+                    pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
+                int64_t work = PP * CBT;
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < work; i++)
+                    if (wmajor)
+                        run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
+                    else
+                        run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
+            }
+#ifdef MT_QC_AMX
+        if (amx)
+            mt_q_amx_end();
+#endif
+    }
+    if (failed) {
+        free(zero);
+        free(corr);
+        free(koff);
+        return 0;
+    }
     free(zero);
     free(corr);
     free(koff);
@@ -959,7 +1251,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         int64_t blocks = NB * (C / 16);
         size_t need = dw_block16_size(H, W, PH, PW, OH, OW);
         size_t isz = out_u8 == 2 ? 4 : 1;
-        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW);
+        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1 && blocks > 1)
         {
             uint8_t *buf = mt_q_scratch(need);
@@ -1002,9 +1294,11 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     }
     if (WP < need)
         WP = need;
+    if (kind != 4)              /* each padded row from a cache line's start */
+        WP = cdiv(WP, 64) * 64;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW);
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         uint8_t *buf = mt_q_scratch((size_t)(HP * WP));     /* this thread's, kept */
