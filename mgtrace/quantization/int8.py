@@ -587,9 +587,13 @@ def _pooled_tensor(x, fn, run):
     from mgtrace._core import empty_tensor
     from mgtrace._core.tensor import unshared_view
     from mgtrace.quantization.qtensor import QuantizedTensor
-    if x.device.type != "cpu":
-        raise QuantizationError(f"{fn} of a quantized tensor runs on the CPU, got "
-                                f"{x.device}")
+    device = x.device
+    # the device's int8 table (NoKernelError naming fn and the device without one)
+    from mgtrace.quantization import qdtype
+    _kernels().require(fn, device, qdtype.quantized_meta(x._qdtype).name
+                       if x._qdtype is not None else x.dtype.name)
+    if device.type != "cpu":
+        x = x.to("cpu")
     holder = []
 
     def alloc(shape, dtype):
@@ -603,4 +607,4 @@ def _pooled_tensor(x, fn, run):
     # the integers in place (Tensor.numpy copies them)
     data = unshared_view(x) if x.is_contiguous else np.asarray(x.numpy())
     run(data, alloc)
-    return holder[0]
+    return holder[0] if device.type == "cpu" else holder[0].to(device)
