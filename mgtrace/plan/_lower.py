@@ -28,7 +28,7 @@ from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError, TensorMeta
+from mgtrace.plan._record import PlanError, TensorMeta, quant_tag
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -86,10 +86,11 @@ class Buffer:
 class Slot:
     """A tensor in a buffer: byte offset from the buffer's base, dtype code,
     shape and strides (elements)."""
-    __slots__ = ("buf", "off", "dtype", "shape", "strides")
+    __slots__ = ("buf", "off", "dtype", "shape", "strides", "quant")
 
-    def __init__(self, buf, off, dtype, shape, strides):
+    def __init__(self, buf, off, dtype, shape, strides, quant=None):
         self.buf, self.off, self.dtype, self.shape, self.strides = buf, off, dtype, shape, strides
+        self.quant = quant          # a quantized tensor's (dtype, qparams): _record.quant_tag
 
 
 def _is_tensor(v):
@@ -152,7 +153,8 @@ class Lowering:
                 self.new.append(b)
             else:
                 return None
-        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides)
+        quant = t.quant if isinstance(t, TensorMeta) else quant_tag(t)
+        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides, quant)
 
     def _use(self, b, pos):
         buf = self.buffers[b]

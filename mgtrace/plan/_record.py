@@ -12,6 +12,14 @@ training-mode BatchNorm and Dropout, calls that write into their arguments
 (MegEngine's BatchNorm running statistics), and data-dependent values
 (``bool(t)``, ``t.item()``, ``t.numpy()``: the next call could branch
 elsewhere).
+
+The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`)
+are recorded whole, without their inside: they read their qparams and
+weights into Python and call the int8 kernels on NumPy views, which the
+recorder cannot follow, so each is a Python step that calls the module on
+the plan's memory (the same kernels, the same bits). A quantized tensor
+keeps its dtype and qparams in its record (:attr:`TensorMeta.quant`), so
+the step's arguments and the plan's outputs are quantized as they were.
 """
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import plan as _cplan
@@ -40,14 +48,38 @@ class TensorMeta:
     of its intermediates at once. A freed storage's addresses may then serve
     a later one; storages are told apart by uid, and an address by the
     newest storage that held it (:meth:`Lowering._known_ref`)."""
-    __slots__ = ("info", "shape", "dtype", "ndim", "itemsize")
+    __slots__ = ("info", "shape", "dtype", "ndim", "itemsize", "quant")
 
     def __init__(self, t, info):
         self.info, self.shape, self.dtype, self.ndim, self.itemsize = (
             info, tuple(t.shape), t.dtype, t.ndim, t.itemsize)
+        self.quant = quant_tag(t)
 
     def __repr__(self):
         return f"TensorMeta({self.shape}, {self.dtype})"
+
+
+def quant_tag(t):
+    """(quantized dtype, qparams) of a quantized tensor ``t`` (either may be
+    None: per-channel qparams have no dtype), None for any other tensor."""
+    qp = t.__dict__.get("qparams")
+    return None if t._qdtype is None and qp is None else (t._qdtype, qp)
+
+
+def retag(t, quant):
+    """``t`` (a plan's view) quantized as :func:`quant_tag` recorded it."""
+    if quant is not None:
+        t._qdtype = quant[0]
+        if quant[1] is not None:
+            t.__dict__["qparams"] = quant[1]
+    return t
+
+
+def _opaque(module):
+    """Whether ``module`` is recorded whole, as one Python step: an int8
+    layer (see the module docstring)."""
+    from mgtrace.module.quantized import QuantizedModule
+    return isinstance(module, QuantizedModule)
 
 
 def _strip(obj, start_uid):
@@ -221,7 +253,11 @@ class _Recorder(_hooks.TraceHook):
                          _strip(kwargs, self.start_uid), what)
             self._push(rec)
             try:
-                out = module._call_impl(args, kwargs)
+                if _opaque(module):
+                    with _hooks.installed(None):
+                        out = module._call_impl(args, kwargs)
+                else:
+                    out = module._call_impl(args, kwargs)
             finally:
                 self._pop()
             rec.out = _strip(out, self.start_uid)

@@ -1,0 +1,217 @@
+"""Plans of quantized models (issue 32, mgtrace.compile after
+mgtrace.quantization.quantize): small ResNet-18-, MobileNetV2- and
+MiniLM-like graphs made with the quantize flow (QAT modules, calibration,
+quantize), as modules and traced, compile; each int8 layer is a Python step
+that calls the layer on the plan's memory and the float parts are kernel
+steps, so the plan's outputs are the graph's bit for bit, for inputs other
+than the example too, and in two threads at once. A plan whose output is
+still quantized returns it with its dtype and qparams."""
+import threading
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.module as M
+import mgtrace.quantization as Q
+from mgtrace.quantization.qtensor import dequantize, is_quantized, qparams_of
+from mgtrace.traced_module import trace_module
+
+
+def same_bits(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def rand(*shape, seed=0):
+    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+class BasicBlock(M.Module):
+    """ResNet's basic block, MegEngine's way: fused ConvBn(Relu), the
+    shortcut an Elemwise add fused with its ReLU."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = M.ConvBnRelu2d(cin, cout, 3, stride, 1, bias=False)
+        self.conv2 = M.ConvBn2d(cout, cout, 3, 1, 1, bias=False)
+        self.down = M.ConvBn2d(cin, cout, 1, stride, bias=False) if stride != 1 or cin != cout \
+            else None
+        self.add = M.Elemwise("fuse_add_relu")
+
+    def forward(self, x):
+        short = x if self.down is None else self.down(x)
+        return self.add(self.conv2(self.conv1(x)), short)
+
+
+class ResNetLike(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.stem = M.ConvBnRelu2d(3, 8, 3, 2, 1, bias=False)
+        self.pool = M.MaxPool2d(3, 2, 1)
+        self.layer1, self.layer2 = BasicBlock(8, 8, 1), BasicBlock(8, 16, 2)
+        self.gap = M.AdaptiveAvgPool2d(1)
+        self.fc = M.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.layer2(self.layer1(self.pool(self.stem(self.quant(x)))))
+        return self.dequant(self.fc(F.flatten(self.gap(x), 1)))
+
+
+class InvertedResidual(M.Module):
+    def __init__(self, c, hidden, stride):
+        super().__init__()
+        self.expand = M.ConvBnRelu2d(c, hidden, 1, bias=False)
+        self.dw = M.ConvBnRelu2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False)
+        self.project = M.ConvBn2d(hidden, c, 1, bias=False)
+        self.add = M.Elemwise("add") if stride == 1 else None
+
+    def forward(self, x):
+        y = self.project(self.dw(self.expand(x)))
+        return y if self.add is None else self.add(x, y)
+
+
+class MobileNetV2Like(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.stem = M.ConvBnRelu2d(3, 8, 3, 2, 1, bias=False)
+        self.b1, self.b2 = InvertedResidual(8, 24, 1), InvertedResidual(8, 24, 2)
+        self.head = M.ConvBnRelu2d(8, 32, 1, bias=False)
+
+    def forward(self, x):
+        x = self.dequant(self.head(self.b2(self.b1(self.stem(self.quant(x))))))
+        return F.mean(x, axis=(2, 3))
+
+
+class MiniLMLike(M.Module):
+    """One encoder layer: int8 projections between stubs, float attention,
+    layer norms and residuals (as quantize_layers leaves a transformer)."""
+
+    def __init__(self, d=16, ff=32):
+        super().__init__()
+        self.d = d
+        self.q_in, self.dq_qkv = M.QuantStub(), M.DequantStub()
+        self.qkv = M.Linear(d, 3 * d)
+        self.q_ff, self.dq_ff = M.QuantStub(), M.DequantStub()
+        self.ff1, self.ff2 = M.Linear(d, ff), M.Linear(ff, d)
+        self.ln1, self.ln2 = M.LayerNorm(d), M.LayerNorm(d)
+
+    def forward(self, x):
+        # (x * 1.0: the stubs' inputs are not the residuals' tensors, which
+        # trace_module would otherwise take for the float stub's output)
+        qkv = self.dq_qkv(self.qkv(self.q_in(x * 1.0)))
+        q, k, v = qkv[..., :self.d], qkv[..., self.d:2 * self.d], qkv[..., 2 * self.d:]
+        att = F.softmax(F.matmul(q, k.transpose(0, 2, 1)) / 4.0, axis=-1)
+        x = self.ln1(x + F.matmul(att, v))
+        return self.ln2(x + self.dq_ff(self.ff2(self.ff1(self.q_ff(x * 1.0)))))
+
+
+MODELS = {"resnet18_like": (ResNetLike, (2, 3, 16, 16)),
+          "mobilenet_v2_like": (MobileNetV2Like, (1, 3, 16, 16)),
+          "minilm_like": (MiniLMLike, (2, 8, 16))}
+
+
+def _quantized(name, traced):
+    cls, shape = MODELS[name]
+    mt.random.seed(32)
+    net = cls()
+    net.train()
+    for s in (7, 8):                       # BatchNorm statistics of something
+        net(rand(*shape, seed=s))
+    net.eval()
+    if traced:
+        net = trace_module(net, rand(*shape, seed=1))
+    qat = Q.quantize_qat(net, qconfig=Q.calibration_qconfig)
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    for s in (1, 2):
+        qat(rand(*shape, seed=s))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    return Q.quantize(qat), shape
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["module", "traced"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced):
+    qm, shape = _quantized(name, traced)
+    x = rand(*shape, seed=3)
+    plan = mt.compile(qm, x)
+    stats = plan.stats()
+    assert stats["python_steps"] >= 1       # the int8 layers
+    for seed in (3, 4, 5):                  # the example and other inputs
+        x = rand(*shape, seed=seed)
+        want, got = qm(x), plan(x)
+        assert not is_quantized(got)
+        assert same_bits(got.numpy(), want.numpy()), (name, seed)
+    assert plan.misses == 0
+
+
+def test_the_float_parts_of_a_quantized_transformer_are_kernel_steps():
+    qm, shape = _quantized("minilm_like", False)
+    plan = mt.compile(qm, rand(*shape))
+    steps = plan.profile(rand(*shape))
+    # the 3 int8 Linear layers and 4 stubs are Python steps (softmax of the
+    # strided slices too, as in a float plan); matmuls, adds, layer norms: C
+    python = [w for k, w, _ in steps if k == "python" and "softmax" not in w]
+    assert python == ["q_in: QuantStub", "qkv: Linear", "dq_qkv: DequantStub",
+                      "q_ff: QuantStub", "ff1: Linear", "ff2: Linear", "dq_ff: DequantStub"]
+    kernels = [w for k, w, _ in steps if k == "kernel"]
+    assert sum("matmul: gemm" in w for w in kernels) == 2
+    assert sum("layer_norm" in w for w in kernels) == 2
+
+
+class Body(M.Module):
+    """Ends on a quantized tensor: no DequantStub."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = M.QuantStub()
+        self.conv = M.ConvRelu2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(self.quant(x))
+
+
+def test_a_quantized_output_keeps_its_dtype_and_qparams():
+    mt.random.seed(3)
+    qat = Q.quantize_qat(Body().eval(), qconfig=Q.calibration_qconfig)
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    qat(rand(1, 3, 6, 6, seed=1))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    qm = Q.quantize(qat)
+    x = rand(1, 3, 6, 6, seed=2)
+    want, got = qm(x), mt.compile(qm, x)(x)
+    assert is_quantized(got) and got.dtype == want.dtype
+    assert qparams_of(got) is qparams_of(want)
+    assert same_bits(got.numpy(), want.numpy())
+    assert same_bits(dequantize(got).numpy(), dequantize(want).numpy())
+
+
+def test_two_threads_run_one_quantized_plan_concurrently():
+    qm, shape = _quantized("resnet18_like", False)
+    plan = mt.compile(qm, rand(*shape))
+    xs = [rand(*shape, seed=10 + k) for k in range(4)]
+    want = [qm(x).numpy() for x in xs]
+    errors, got = [], {}
+
+    def worker(k):
+        try:
+            for _ in range(5):
+                for i in range(k, len(xs), 2):
+                    got.setdefault(i, []).append(plan(xs[i]).numpy())
+        except BaseException as e:           # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, outs in got.items():
+        assert len(outs) == 5 and all(same_bits(o, want[i]) for o in outs)
