@@ -6,6 +6,8 @@ for int8 convolutions. Arguments are NumPy arrays, checked by the caller
 (mgtrace/quantization/int8.py) for dtype, contiguity and shape; this layer
 checks sizes again so that a bad call raises instead of reading past an
 array."""
+import threading
+
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, uint8_t, int32_t, int64_t
@@ -101,6 +103,57 @@ cdef const mt_quant_kernels *_table(str op, int device, object dtype) except NUL
     return k
 
 
+# ---- recording (mgtrace.plan): while on, each kernel call this thread makes
+# is noted as (call, pointers, integers, floats, threads) in plan.c's
+# run_quant order, each pointer (address, bytes, role, owner) with role "r"
+# (data read), "w" (data written) or "c" (a constant the call reads: packed
+# weights, multipliers, windows; owner the NumPy array), None for NULL. A
+# call that cannot be replayed (concat's pointer table, im2col) spoils it.
+cdef object _REC = None
+cdef object _REC_THREAD = None
+cdef bint _REC_SPOILED = False
+
+
+def record_begin():
+    """Note this thread's kernel calls from now (see record_end)."""
+    global _REC, _REC_THREAD, _REC_SPOILED
+    _REC, _REC_THREAD, _REC_SPOILED = [], threading.get_ident(), False
+
+
+def record_end():
+    """The calls noted since record_begin, or None when one of them cannot
+    be replayed from its arguments."""
+    global _REC, _REC_THREAD
+    calls = None if _REC_SPOILED else _REC
+    _REC, _REC_THREAD = None, None
+    return calls
+
+
+cdef inline bint _recording() noexcept:
+    return _REC is not None and threading.get_ident() == _REC_THREAD
+
+
+cdef int _note(str call, tuple ptrs, tuple ints, tuple floats) except -1:
+    if _recording():
+        _REC.append((call, ptrs, ints, floats, num_threads()))
+    return 0
+
+
+cdef int _spoil() except -1:
+    global _REC_SPOILED
+    if _recording():
+        _REC_SPOILED = True
+    return 0
+
+
+cdef tuple _arr(cnp.ndarray a, str role):
+    return (<size_t>cnp.PyArray_DATA(a), a.nbytes, role, a)
+
+
+cdef tuple _ten(Tensor t, int64_t nbytes, str role):
+    return (<size_t>t._data, nbytes, role, t)
+
+
 def has_table(device=None):
     """Whether ``device`` (default: the CPU) has int8 kernels: its backend's
     quant table (kernels/contract/quant_kernels.h; CUDA has none)."""
@@ -143,6 +196,8 @@ def quantize_into(Tensor x, Tensor out, float scale, float zero_point, float qmi
         raise ValueError("quantize_into takes float32 x and out of the same size")
     cdef int kind = _kind(out)
     cdef int64_t n = numel(x)
+    _note("quantize", (_ten(x, n * 4, "r"), _ten(out, n * (4 if kind == 2 else 1), "w")),
+          (n, kind, path), (scale, zero_point, qmin, qmax))
     with nogil:
         k.quantize_f32(<const float *>x._data, n, scale, zero_point, qmin, qmax, kind,
                        <void *>out._data, path)
@@ -158,6 +213,8 @@ def dequantize_into(Tensor q, Tensor out, float scale, float zero_point):
         raise ValueError("dequantize_into takes float32 out of q's size")
     cdef int kind = _kind(q)
     cdef int64_t n = numel(q)
+    _note("dequantize", (_ten(q, n * (4 if kind == 2 else 1), "r"), _ten(out, n * 4, "w")),
+          (kind, n), (scale, zero_point))
     with nogil:
         k.dequantize_f32(<const void *>q._data, kind, n, scale, zero_point, <float *>out._data)
 
@@ -217,6 +274,9 @@ def gemm(cnp.ndarray a, int a_zp, cnp.ndarray packed, cnp.ndarray wsum, object b
         raise ValueError("gemm: the output strides reach past out")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int used
+    _note("gemm", (_arr(a, "r"), _arr(packed, "c"), _arr(wsum, "c"),
+                   None if bias is None else _arr(b, "c"), _arr(mult, "c"), _arr(out, "w")),
+          (M, N, K, K, a_zp, out_zp, lo, hi, out_u8, ldo_m, ldo_n, path), ())
     with nogil:
         used = k.gemm_u8s8(M, N, K, <const uint8_t *>cnp.PyArray_DATA(a), K, a_zp,
                            <const int8_t *>cnp.PyArray_DATA(packed),
@@ -234,6 +294,7 @@ def im2col(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_
         raise ValueError("im2col takes a C-contiguous uint8 [C, H, W] array")
     cdef int64_t C = x.shape[0], H = x.shape[1], W = x.shape[2]
     cdef cnp.ndarray cols = np.empty((OH * OW, C * KH * KW), np.uint8)
+    _spoil()              # its result is a NumPy array the plan does not hold
     with nogil:
         k.im2col_u8(<const uint8_t *>cnp.PyArray_DATA(x), C, H, W, KH, KW, SH, SW, PH, PW,
                     DH, DW, OH, OW, <uint8_t>pad, <uint8_t *>cnp.PyArray_DATA(cols))
@@ -281,6 +342,10 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
         raise ValueError("dwconv: out's spatial size does not fit the geometry")
     cdef int out_u8 = 2 if out.dtype == np.float32 else int(out.dtype == np.uint8)
     cdef int done = 0
+    _note("dwconv", (_arr(x, "r"), _arr(w, "c"), None if bias is None else _arr(b, "c"),
+                     _arr(mult, "c"), _arr(out, "w")),
+          (NB, C, H, W, a_zp, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, out_zp, lo, hi, out_u8,
+           path), ())
     with nogil:
         if path != 1:
             done = k.dwconv_vec_u8s8(<const uint8_t *>cnp.PyArray_DATA(x), NB, C, H, W,
@@ -347,6 +412,10 @@ def conv(cnp.ndarray x, int a_zp, cnp.ndarray wrows, cnp.ndarray wsum, int64_t g
             or out.dtype not in (np.int8, np.uint8, np.float32):
         raise ValueError("conv: out must be C-contiguous [N, C_out, OH, OW] int8/uint8/float32")
     cdef int64_t OH = out.shape[2], OW = out.shape[3], lw = wrows.shape[1]
+    _note("conv", (_arr(x, "r"), _arr(wrows, "c"), _arr(wsum, "c"),
+                   None if bias is None else _arr(b, "c"), _arr(mult, "c"), _arr(out, "w")),
+          (NB, C, H, W, a_zp, lw, Co, groups, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, out_zp,
+           lo, hi, 2 if out.dtype == np.float32 else int(out.dtype == np.uint8), path), ())
     if KH < 1 or KW < 1 or SH < 1 or SW < 1 or DH < 1 or DW < 1 or PH < 0 or PW < 0 \
             or OH <= 0 or OW <= 0 or OH != (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1 \
             or OW != (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1:
@@ -386,6 +455,9 @@ def add_into(Tensor a, Tensor b, Tensor out, float a_scale, float a_zp, float b_
         raise ValueError("add_into takes int8 or uint8 storage")
     cdef int64_t n = numel(out)
     cdef int used
+    _note("add", (_ten(a, n, "r"), _ten(b, n, "r"), _ten(out, n, "w")),
+          (ak, bk, n, relu, ok, path),
+          (a_scale, a_zp, b_scale, b_zp, out_scale, out_zp, qmin, qmax))
     with nogil:
         used = k.add_u8(<const void *>a._data, ak, a_scale, a_zp, <const void *>b._data, bk,
                         b_scale, b_zp, n, out_scale, out_zp, qmin, qmax, relu,
@@ -411,6 +483,8 @@ def maxpool(cnp.ndarray x, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64
     if OH < 1 or OW < 1 or (OH - 1) * SH - PH >= H or (OW - 1) * SW - PW >= W:
         raise ValueError("maxpool: a window starts past the input")
     cdef int ok
+    _note("maxpool", (_arr(x, "r"), _arr(out, "w")),
+          (planes, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW), ())
     with nogil:
         ok = k.maxpool2d_u8(<const uint8_t *>cnp.PyArray_DATA(x), planes, H, W, KH, KW, SH,
                             SW, PH, PW, DH, DW, OH, OW, <uint8_t *>cnp.PyArray_DATA(out))
@@ -453,6 +527,9 @@ def avgpool(cnp.ndarray x, cnp.ndarray ys, cnp.ndarray ye, cnp.ndarray dy, cnp.n
     cdef int ok, s8 = x.dtype == np.int8
     if planes == 0 or OH == 0 or OW == 0:
         return
+    _note("avgpool", (_arr(x, "r"), _arr(ys, "c"), _arr(ye, "c"), _arr(dy, "c"), _arr(xs, "c"),
+                      _arr(xe, "c"), _arr(dx, "c"), _arr(out, "w")),
+          (s8, planes, H, W, OH, OW, zp, lo, hi), ())
     with nogil:
         ok = k.avgpool2d(cnp.PyArray_DATA(x), s8, planes, H, W, OH, OW,
                          <const int64_t *>cnp.PyArray_DATA(ys),
@@ -497,6 +574,7 @@ def concat_into(list xs, list scales, list zps, int64_t outer, Tensor out, float
         total += inner[j]
     if total * outer != numel(out):
         raise ValueError("concat_into: out holds not the inputs' elements")
+    _spoil()              # a table of the inputs' addresses: no pointer arguments to follow
     with nogil:
         k.concat_u8(n, <const void *const *>cnp.PyArray_DATA(ptrs),
                     <const int *>cnp.PyArray_DATA(kinds), <const float *>cnp.PyArray_DATA(sc),

@@ -83,7 +83,7 @@ class _Program:
         self.example_out = out
         self.pysteps = []
         for pos, step in enumerate(low.steps):
-            if step[0] in ("kernel", "gather"):
+            if step[0] in ("kernel", "gather", "quant"):
                 for r in step[2]:
                     if r is not None:
                         low._use(r[0], pos)
@@ -104,6 +104,10 @@ class _Program:
             if step[0] == "kernel":
                 ex.add_captured(step[1], step[2])
                 self.step_names.append(("kernel", f"{step[3]}: {step[1].describe()}"))
+            elif step[0] == "quant":
+                call, nt, ints, floats = step[1]
+                ex.add_quant(_cplan.Q_CALLS[call], nt, step[2], ints, floats)
+                self.step_names.append(("kernel", f"{step[3]}: int8 {call}"))
             elif step[0] == "gather":
                 isz, signed, n, rows, row_bytes, src_stride = step[1]
                 ex.add_gather(*step[2], isz, signed, n, rows, row_bytes, src_stride)

@@ -24,6 +24,8 @@ what it gets back.
 """
 import inspect
 
+import numpy as np
+
 from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
@@ -122,6 +124,7 @@ class Lowering:
         #                             where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
+        self.quant_consts = {}      # id(NumPy array) -> (array, ref): int8 layers' constants
         for i, t in enumerate(inputs):
             data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
             if uid in self.by_uid:
@@ -198,6 +201,8 @@ class Lowering:
         if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
             return
         if rec.kind == "function" and _target_name(rec) in GATHER_FUNCTIONS and self._gather_step(rec):
+            return
+        if rec.kind == "module" and rec.quant and self._quant_steps(rec):
             return
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
@@ -332,6 +337,67 @@ class Lowering:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
         return True
+
+    def _quant_steps(self, rec):
+        """Kernel steps for an int8 layer's recorded kernel calls
+        (``rec.quant``), or False (then it is a Python step): each data
+        pointer inside the layer's inputs or outputs, each output written
+        whole by the calls, the constants (packed weights, multipliers,
+        pooling windows) copied into plan constants."""
+        snap = self._snapshot()
+        self.new = []
+        known = []
+        for t in self._inputs_of(rec)[0]:
+            if _is_tensor(t):
+                if self.slot(t) is None:
+                    self._restore(snap)
+                    return False
+                known.append(t)
+        for t in tree_flatten(rec.out, _is_tensor)[0]:
+            if _is_tensor(t):
+                self.slot(t, create=True)
+                known.append(t)
+        ranges = []
+        for t in known:
+            data, _, st_ptr, nbytes, uid, *_ = _info(t)
+            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        steps, written = [], {}
+        for call, ptrs, ints, floats, nt in rec.quant:
+            refs = []
+            for p in ptrs:
+                if p is None:
+                    refs.append(None)
+                    continue
+                addr, nbytes, role, owner = p
+                if role == "c":
+                    refs.append(self._const_ref(owner))
+                    continue
+                ref = self._known_ref(addr, (0, max(nbytes, 1) - 1), ranges, role == "r")
+                if ref is None or role == "w" and ref[0] not in self.new:
+                    self._restore(snap)
+                    return False
+                if role == "w":
+                    written[ref[0]] = written.get(ref[0], 0) + nbytes
+                refs.append(ref)
+            steps.append(("quant", (call, nt, ints, floats), refs, rec.where))
+        if any(written.get(b, 0) < self.buffers[b].nbytes for b in self.new):
+            self._restore(snap)          # an output the calls did not write (whole)
+            return False
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        self.steps.extend(steps)
+        return True
+
+    def _const_ref(self, array):
+        """A plan constant holding a copy of NumPy ``array`` (an int8 layer's
+        packed weight, multipliers...), one per array."""
+        held = self.quant_consts.get(id(array))
+        if held is None:
+            t = Tensor(np.ascontiguousarray(array))
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=t), st_ptr)
+            held = self.quant_consts[id(array)] = (array, (b, data - st_ptr))
+        return held[1]
 
     def _gather_step(self, rec):
         """A gather step for an embedding lookup (``GATHER_FUNCTIONS``), or

@@ -15,8 +15,12 @@ elsewhere).
 
 The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`)
 are recorded whole, without their inside: they read their qparams and
-weights into Python and call the int8 kernels on NumPy views, which the
-recorder cannot follow, so each is a Python step that calls the module on
+weights into Python and call the int8 kernels on NumPy views. What the
+layer ran is known from the int8 kernel calls it made
+(:func:`mgtrace._core.qint8.record_begin`, ``Record.quant``): lowering
+replays them as kernel steps where every pointer they were given lies in
+the layer's input or output or is a constant of the layer (packed
+weights, multipliers), else the layer is a Python step that calls it on
 the plan's memory (the same kernels, the same bits). A quantized tensor
 keeps its dtype and qparams in its record (:attr:`TensorMeta.quant`), so
 the step's arguments and the plan's outputs are quantized as they were.
@@ -107,7 +111,7 @@ class Record:
     ``captured`` the kernel calls (apply only; None when one could not be
     recorded), ``where`` the module path and call for messages."""
     __slots__ = ("kind", "target", "args", "kwargs", "out", "captured", "allocs", "children", "where",
-                 "unaccounted")
+                 "unaccounted", "quant")
 
     def __init__(self, kind, target, args, kwargs, where):
         self.kind, self.target, self.args, self.kwargs, self.where = kind, target, args, kwargs, where
@@ -116,6 +120,7 @@ class Record:
         self.allocs = ()
         self.children = []
         self.unaccounted = False    # kernels ran inside it outside any child: not to be opened
+        self.quant = None           # an int8 layer's kernel calls (qint8.record_end), if any
 
     def __repr__(self):
         return f"Record({self.kind}, {self.name}, at {self.where})"
@@ -254,8 +259,13 @@ class _Recorder(_hooks.TraceHook):
             self._push(rec)
             try:
                 if _opaque(module):
-                    with _hooks.installed(None):
-                        out = module._call_impl(args, kwargs)
+                    from mgtrace._core import qint8
+                    qint8.record_begin()
+                    try:
+                        with _hooks.installed(None):
+                            out = module._call_impl(args, kwargs)
+                    finally:
+                        rec.quant = qint8.record_end()
                 else:
                     out = module._call_impl(args, kwargs)
             finally:

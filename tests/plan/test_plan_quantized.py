@@ -1,11 +1,15 @@
 """Plans of quantized models (issue 32, mgtrace.compile after
 mgtrace.quantization.quantize): small ResNet-18-, MobileNetV2- and
 MiniLM-like graphs made with the quantize flow (QAT modules, calibration,
-quantize), as modules and traced, compile; each int8 layer is a Python step
-that calls the layer on the plan's memory and the float parts are kernel
-steps, so the plan's outputs are the graph's bit for bit, for inputs other
-than the example too, and in two threads at once. A plan whose output is
-still quantized returns it with its dtype and qparams."""
+quantize), as modules and traced, with quint8 activations (per-channel
+weights) and with qint8 ones, compile. An int8 layer whose kernel calls
+read its input and write its output in place (quint8 activations) is
+replayed as int8 kernel steps, with its packed weights and multipliers as
+plan constants; one that makes a temporary (a qint8 activation's bytes
+moved to uint8) is a Python step calling the layer; the float parts are
+kernel steps. Either way the plan's outputs are the graph's bit for bit,
+for inputs other than the example too, and in two threads at once. A plan
+whose output is still quantized returns it with its dtype and qparams."""
 import threading
 
 import numpy as np
@@ -114,7 +118,10 @@ MODELS = {"resnet18_like": (ResNetLike, (2, 3, 16, 16)),
           "minilm_like": (MiniLMLike, (2, 8, 16))}
 
 
-def _quantized(name, traced):
+QCONFIGS = {"quint8": Q.per_channel_quint8_qconfig, "qint8": Q.calibration_qconfig}
+
+
+def _quantized(name, traced, act="quint8"):
     cls, shape = MODELS[name]
     mt.random.seed(32)
     net = cls()
@@ -124,7 +131,7 @@ def _quantized(name, traced):
     net.eval()
     if traced:
         net = trace_module(net, rand(*shape, seed=1))
-    qat = Q.quantize_qat(net, qconfig=Q.calibration_qconfig)
+    qat = Q.quantize_qat(net, qconfig=QCONFIGS[act])
     Q.enable_observer(qat)
     Q.disable_fake_quant(qat)
     for s in (1, 2):
@@ -134,14 +141,20 @@ def _quantized(name, traced):
     return Q.quantize(qat), shape
 
 
+@pytest.mark.parametrize("act", sorted(QCONFIGS))
 @pytest.mark.parametrize("traced", [False, True], ids=["module", "traced"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced):
-    qm, shape = _quantized(name, traced)
+def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced, act):
+    qm, shape = _quantized(name, traced, act)
     x = rand(*shape, seed=3)
     plan = mt.compile(qm, x)
-    stats = plan.stats()
-    assert stats["python_steps"] >= 1       # the int8 layers
+    steps = plan.profile(x)
+    int8_steps = [w for k, w, _ in steps if k == "kernel" and ": int8 " in w]
+    if act == "quint8":                     # the layers' GEMMs and convs are int8 kernel steps
+        assert any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm")) for w in int8_steps)
+    else:                                   # a qint8 input's uint8 copy: the layers are Python
+        assert not any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm"))
+                       for w in int8_steps)
     for seed in (3, 4, 5):                  # the example and other inputs
         x = rand(*shape, seed=seed)
         want, got = qm(x), plan(x)
@@ -150,15 +163,17 @@ def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced):
     assert plan.misses == 0
 
 
-def test_the_float_parts_of_a_quantized_transformer_are_kernel_steps():
+def test_a_quint8_transformer_is_kernel_steps_but_its_softmax():
     qm, shape = _quantized("minilm_like", False)
     plan = mt.compile(qm, rand(*shape))
     steps = plan.profile(rand(*shape))
-    # the 3 int8 Linear layers and 4 stubs are Python steps (softmax of the
-    # strided slices too, as in a float plan); matmuls, adds, layer norms: C
-    python = [w for k, w, _ in steps if k == "python" and "softmax" not in w]
-    assert python == ["q_in: QuantStub", "qkv: Linear", "dq_qkv: DequantStub",
-                      "q_ff: QuantStub", "ff1: Linear", "ff2: Linear", "dq_ff: DequantStub"]
+    # the softmax of strided slices is a Python step as in a float plan;
+    # the stubs and the 3 int8 Linear layers are int8 kernel steps
+    assert [w for k, w, _ in steps if k == "python"] == ["<top>: softmax"]
+    assert [w for k, w, _ in steps if ": int8 " in w] == [
+        "q_in: QuantStub: int8 quantize", "qkv: Linear: int8 gemm",
+        "dq_qkv: DequantStub: int8 dequantize", "q_ff: QuantStub: int8 quantize",
+        "ff1: Linear: int8 gemm", "ff2: Linear: int8 gemm", "dq_ff: DequantStub: int8 dequantize"]
     kernels = [w for k, w, _ in steps if k == "kernel"]
     assert sum("matmul: gemm" in w for w in kernels) == 2
     assert sum("layer_norm" in w for w in kernels) == 2
@@ -193,8 +208,9 @@ def test_a_quantized_output_keeps_its_dtype_and_qparams():
     assert same_bits(dequantize(got).numpy(), dequantize(want).numpy())
 
 
-def test_two_threads_run_one_quantized_plan_concurrently():
-    qm, shape = _quantized("resnet18_like", False)
+@pytest.mark.parametrize("act", sorted(QCONFIGS))
+def test_two_threads_run_one_quantized_plan_concurrently(act):
+    qm, shape = _quantized("resnet18_like", False, act)
     plan = mt.compile(qm, rand(*shape))
     xs = [rand(*shape, seed=10 + k) for k in range(4)]
     want = [qm(x).numpy() for x in xs]
