@@ -202,7 +202,7 @@ class Lowering:
             return
         if rec.kind == "function" and _target_name(rec) in GATHER_FUNCTIONS and self._gather_step(rec):
             return
-        if rec.kind == "module" and rec.quant and self._quant_steps(rec):
+        if rec.quant and self._quant_steps(rec):
             return
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
@@ -266,10 +266,11 @@ class Lowering:
         new = set(self.new)
         if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
             return                  # a view: its slot is all a later step needs
-        if not new and rec.kind == "function" and not rec.children and rec.captured == [] \
-                and not rec.allocs:
-            return                  # no kernel, no core op, no memory (eval-mode dropout): it
-            #                         returned tensors the plan already has
+        if not new and (rec.kind == "function" or rec.quant is not None) and not rec.children \
+                and rec.captured == [] and not rec.allocs:
+            return                  # no kernel, no core op, no memory (eval-mode dropout, a
+            #                         DequantStub of a float tensor): it returned tensors the
+            #                         plan already has
         # per new buffer: the output leaf that lies in it, and where
         bind, seen = [], set()
         for i, s in enumerate(out_slots):

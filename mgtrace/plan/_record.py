@@ -13,8 +13,8 @@ training-mode BatchNorm and Dropout, calls that write into their arguments
 (``bool(t)``, ``t.item()``, ``t.numpy()``: the next call could branch
 elsewhere).
 
-The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`)
-are recorded whole, without their inside: they read their qparams and
+The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`),
+and the pooling functionals called on a quantized tensor, are recorded whole, without their inside: they read their qparams and
 weights into Python and call the int8 kernels on NumPy views. What the
 layer ran is known from the int8 kernel calls it made
 (:func:`mgtrace._core.qint8.record_begin`, ``Record.quant``): lowering
@@ -84,6 +84,31 @@ def _opaque(module):
     layer (see the module docstring)."""
     from mgtrace.module.quantized import QuantizedModule
     return isinstance(module, QuantizedModule)
+
+
+# functionals that run int8 kernels on a quantized tensor (int8.py's pools),
+# recorded whole as the int8 layers are
+_INT8_FUNCTIONS = frozenset({"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"})
+
+
+def _int8_call(name, args, kwargs):
+    """Whether functional ``name`` called with these arguments runs int8
+    kernels: one of _INT8_FUNCTIONS on a quantized tensor."""
+    if name not in _INT8_FUNCTIONS:
+        return False
+    leaves, _ = tree_flatten((args, kwargs), lambda v: isinstance(v, Tensor))
+    return any(isinstance(t, Tensor) and quant_tag(t) is not None for t in leaves)
+
+
+def _run_opaque(rec, call):
+    """``call()`` without hooks, ``rec.quant`` the int8 kernel calls it made."""
+    from mgtrace._core import qint8
+    qint8.record_begin()
+    try:
+        with _hooks.installed(None):
+            return call()
+    finally:
+        rec.quant = qint8.record_end()
 
 
 def _strip(obj, start_uid):
@@ -239,7 +264,10 @@ class _Recorder(_hooks.TraceHook):
         # known by its kernel calls; one that does, by its children's
         self._push(rec)
         try:
-            out = fn(*args, **kwargs)
+            if _int8_call(name, args, kwargs):
+                out = _run_opaque(rec, lambda: fn(*args, **kwargs))
+            else:
+                out = fn(*args, **kwargs)
         finally:
             self._pop()
         rec.out = _strip(out, self.start_uid)
@@ -259,13 +287,7 @@ class _Recorder(_hooks.TraceHook):
             self._push(rec)
             try:
                 if _opaque(module):
-                    from mgtrace._core import qint8
-                    qint8.record_begin()
-                    try:
-                        with _hooks.installed(None):
-                            out = module._call_impl(args, kwargs)
-                    finally:
-                        rec.quant = qint8.record_end()
+                    out = _run_opaque(rec, lambda: module._call_impl(args, kwargs))
                 else:
                     out = module._call_impl(args, kwargs)
             finally:

@@ -150,8 +150,10 @@ def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced, 
     plan = mt.compile(qm, x)
     steps = plan.profile(x)
     int8_steps = [w for k, w, _ in steps if k == "kernel" and ": int8 " in w]
-    if act == "quint8":                     # the layers' GEMMs and convs are int8 kernel steps
+    if act == "quint8":                     # every layer and pool an int8 kernel step
         assert any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm")) for w in int8_steps)
+        if name != "minilm_like":
+            assert plan.stats()["python_steps"] == 0, steps
     else:                                   # a qint8 input's uint8 copy: the layers are Python
         assert not any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm"))
                        for w in int8_steps)
