@@ -6,6 +6,7 @@ device type with the CPU's other tables) refuses a quantized op with the
 one missing-kernel text naming the op and the device. The same stand-in
 given the CPU's quant table pools the same integers as the CPU."""
 import importlib
+import threading
 
 import numpy as np
 import pytest
@@ -109,3 +110,26 @@ def test_the_cuda_backend_has_no_quant_table():
     except DeviceUnavailable as e:
         pytest.skip(f"no CUDA device: {e}")
     assert not has
+
+
+def test_recording_notes_this_threads_calls_and_spoils_on_concat():
+    a = mt.tensor(np.arange(6, dtype=np.uint8))
+    out = mt.tensor(np.zeros(6, np.uint8))
+
+    def add():
+        qint8.add_into(a, a, out, 0.5, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 255.0, False)
+    qint8.record_begin()
+    add()
+    other = threading.Thread(target=add)        # another thread's call is not noted
+    other.start()
+    other.join()
+    calls = qint8.record_end()
+    assert len(calls) == 1
+    name, ptrs, ints, floats, nt = calls[0]
+    assert name == "add" and [p[2] for p in ptrs] == ["r", "r", "w"]
+    assert ints[2] == 6 and floats == (0.5, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 255.0) and nt >= 1
+    assert qint8.record_end() is None          # off again
+    qint8.record_begin()
+    qint8.concat_into([a, a], [0.5, 0.5], [0.0, 0.0], 1, mt.tensor(np.zeros(12, np.uint8)),
+                      1.0, 0.0, 0.0, 255.0)
+    assert qint8.record_end() is None          # a call that cannot be replayed
