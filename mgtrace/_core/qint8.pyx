@@ -76,6 +76,7 @@ cdef extern from "quant_kernels.h":
                           const float *scales, const float *zps, const int64_t *inner,
                           int64_t outer, float os, float oz, float lo, float hi, int ok,
                           uint8_t *tables, void *out) noexcept nogil
+        void (*flip_s8)(const int8_t *x, int64_t n, uint8_t *out) noexcept nogil
 
 cdef extern from *:
     """
@@ -217,6 +218,22 @@ def dequantize_into(Tensor q, Tensor out, float scale, float zero_point):
           (kind, n), (scale, zero_point))
     with nogil:
         k.dequantize_f32(<const void *>q._data, kind, n, scale, zero_point, <float *>out._data)
+
+
+def flip_into(cnp.ndarray x, cnp.ndarray out, device=None):
+    """out = x ^ 0x80 for int8 x and uint8 out (C-contiguous, one size): a
+    signed activation's integers as the uint8 bytes the kernels take (its
+    zero point then + 128)."""
+    cdef const mt_quant_kernels *k = _table("quantize", _device(device), "qint8")
+    if x.dtype != np.int8 or out.dtype != np.uint8 or x.size != out.size or \
+            not x.flags.c_contiguous or not out.flags.c_contiguous:
+        raise ValueError("flip_into takes C-contiguous int8 x and uint8 out of one size")
+    cdef int64_t n = x.size
+    if n == 0:
+        return
+    _note("flip", (_arr(x, "r"), _arr(out, "w")), (n,), ())
+    with nogil:
+        k.flip_s8(<const int8_t *>cnp.PyArray_DATA(x), n, <uint8_t *>cnp.PyArray_DATA(out))
 
 
 def has_vnni():

@@ -342,9 +342,11 @@ class Lowering:
     def _quant_steps(self, rec):
         """Kernel steps for an int8 layer's recorded kernel calls
         (``rec.quant``), or False (then it is a Python step): each data
-        pointer inside the layer's inputs or outputs, each output written
-        whole by the calls, the constants (packed weights, multipliers,
-        pooling windows) copied into plan constants."""
+        pointer inside the layer's inputs or outputs or in a temporary a
+        call before wrote (a signed input's flipped bytes: an arena buffer
+        of its own), each output written whole by the calls, the constants
+        (packed weights, multipliers, pooling windows) copied into plan
+        constants."""
         snap = self._snapshot()
         self.new = []
         known = []
@@ -374,6 +376,14 @@ class Lowering:
                     refs.append(self._const_ref(owner))
                     continue
                 ref = self._known_ref(addr, (0, max(nbytes, 1) - 1), ranges, role == "r")
+                if ref is None and role == "w" and nbytes > 0:
+                    # a temporary of the layer's (NumPy memory): arena, from this call on
+                    self.buffers.append(Buffer(ARENA, nbytes, addr))
+                    b = len(self.buffers) - 1
+                    self.origin[b] = addr
+                    self.new.append(b)
+                    ranges.append((addr, addr + nbytes, b))
+                    ref = (b, 0)
                 if ref is None or role == "w" and ref[0] not in self.new:
                     self._restore(snap)
                     return False

@@ -2,14 +2,13 @@
 mgtrace.quantization.quantize): small ResNet-18-, MobileNetV2- and
 MiniLM-like graphs made with the quantize flow (QAT modules, calibration,
 quantize), as modules and traced, with quint8 activations (per-channel
-weights) and with qint8 ones, compile. An int8 layer whose kernel calls
-read its input and write its output in place (quint8 activations) is
-replayed as int8 kernel steps, with its packed weights and multipliers as
-plan constants; one that makes a temporary (a qint8 activation's bytes
-moved to uint8) is a Python step calling the layer; the float parts are
-kernel steps. Either way the plan's outputs are the graph's bit for bit,
-for inputs other than the example too, and in two threads at once. A plan
-whose output is still quantized returns it with its dtype and qparams."""
+weights) and with qint8 ones, compile. An int8 layer is replayed as the
+int8 kernel calls it made, with its packed weights and multipliers as plan
+constants and a qint8 input's flipped uint8 bytes in the arena (an int8
+Concat stays a Python step calling the layer); the float parts are kernel
+steps. The plan's outputs are the graph's bit for bit, for inputs other
+than the example too, and in two threads at once. A plan whose output is
+still quantized returns it with its dtype and qparams."""
 import threading
 
 import numpy as np
@@ -150,13 +149,12 @@ def test_a_quantized_model_compiles_and_matches_the_graph_bitwise(name, traced, 
     plan = mt.compile(qm, x)
     steps = plan.profile(x)
     int8_steps = [w for k, w, _ in steps if k == "kernel" and ": int8 " in w]
-    if act == "quint8":                     # every layer and pool an int8 kernel step
-        assert any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm")) for w in int8_steps)
-        if name != "minilm_like":
-            assert plan.stats()["python_steps"] == 0, steps
-    else:                                   # a qint8 input's uint8 copy: the layers are Python
-        assert not any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm"))
-                       for w in int8_steps)
+    # every layer and pool an int8 kernel step (MiniLM's softmax: Python, as in float)
+    assert any(w.endswith(("int8 conv", "int8 dwconv", "int8 gemm")) for w in int8_steps)
+    if name != "minilm_like":
+        assert plan.stats()["python_steps"] == 0, steps
+    # a qint8 (signed) input reaches the u8 x s8 kernels through a byte flip
+    assert any(w.endswith("int8 flip") for w in int8_steps) == (act == "qint8")
     for seed in (3, 4, 5):                  # the example and other inputs
         x = rand(*shape, seed=seed)
         want, got = qm(x), plan(x)

@@ -95,6 +95,9 @@ typedef struct mt_quant_kernels {
     void (*concat_u8)(int n_in, const void *const *xs, const int *kinds, const float *scales,
                       const float *zps, const int64_t *inner, int64_t outer, float os,
                       float oz, float lo, float hi, int ok, uint8_t *tables, void *out);
+    /* out[i] = x[i] ^ 0x80: int8 integers as the uint8 bytes the kernels
+     * take (with the zero point + 128) */
+    void (*flip_s8)(const int8_t *x, int64_t n, uint8_t *out);
 } mt_quant_kernels;
 
 #endif

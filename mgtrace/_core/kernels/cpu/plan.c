@@ -260,6 +260,9 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
                             (const int64_t *)p[4], (const int64_t *)p[5], (const int64_t *)p[6],
                             (int32_t)i[6], (int32_t)i[7], (int32_t)i[8], p[7])
                ? 0 : MT_BK_ENOMEM;
+    case MT_Q_FLIP:      /* x out; n */
+        k->flip_s8((const int8_t *)p[0], i[0], (uint8_t *)p[1]);
+        return 0;
     default: return MT_BK_ENOKERNEL;
     }
 }
