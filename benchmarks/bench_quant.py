@@ -33,10 +33,9 @@ installed).
   through the shortcuts; the float round trip stays only around pooling
   and the classifier.
 * mgtrace float plan / int8 plan: the same two modules compiled by
-  ``mgtrace.compile`` (inference plans). The float plan is all kernel
-  steps; in the int8 plan each int8 layer is still a Python step (the int8
-  kernels are not recorded as kernel steps yet), so compare int8 plan with
-  float plan for plan against plan, int8 with float for graph against graph.
+  ``mgtrace.compile`` (inference plans: the recorded kernel calls replayed
+  from C, the int8 layers' too), so int8 plan against float plan compares
+  plan to plan, as int8 against float compares graph to graph.
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the

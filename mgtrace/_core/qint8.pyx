@@ -5,7 +5,10 @@ epilogue (VNNI where the CPU has it, portable C otherwise) and an im2col
 for int8 convolutions. Arguments are NumPy arrays, checked by the caller
 (mgtrace/quantization/int8.py) for dtype, contiguity and shape; this layer
 checks sizes again so that a bad call raises instead of reading past an
-array."""
+array. Every kernel is reached through the backend table of its data's
+device (contract/quant_kernels.h; the CPU's for NumPy arrays), and while
+mgtrace.plan records a layer (record_begin / record_end) each call is
+noted with its arguments for the plan to replay."""
 import threading
 
 import numpy as np
