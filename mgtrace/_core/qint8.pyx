@@ -111,7 +111,8 @@ cdef const mt_quant_kernels *_table(str op, int device, object dtype) except NUL
 # is noted as (call, pointers, integers, floats, threads) in plan.c's
 # run_quant order, each pointer (address, bytes, role, owner) with role "r"
 # (data read), "w" (data written) or "c" (a constant the call reads: packed
-# weights, multipliers, windows; owner the NumPy array), None for NULL. A
+# weights, multipliers, windows), None for NULL; owner the array or Tensor,
+# kept by record_end for the constants only. A
 # call that cannot be replayed (concat's pointer table, im2col) spoils it.
 cdef object _REC = None
 cdef object _REC_THREAD = None
@@ -130,7 +131,12 @@ def record_end():
     global _REC, _REC_THREAD
     calls = None if _REC_SPOILED else _REC
     _REC, _REC_THREAD = None, None
-    return calls
+    if calls is None:
+        return None
+    # the data pointers' owners were held while recording (no address of
+    # them served another array meanwhile); from now on only the constants'
+    return [(call, tuple(p if p is None or p[2] == "c" else p[:3] + (None,) for p in ptrs),
+             ints, floats, nt) for call, ptrs, ints, floats, nt in calls]
 
 
 cdef inline bint _recording() noexcept:
