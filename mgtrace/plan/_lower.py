@@ -183,6 +183,8 @@ class Lowering:
         for b in list(self.origin):
             if b >= nb:
                 del self.origin[b]
+        # int8 constants whose buffer went with the steps undone
+        self.quant_consts = {k: v for k, v in self.quant_consts.items() if v[1][0] < nb}
 
     def _lower(self, rec):
         if rec.kind == "create":

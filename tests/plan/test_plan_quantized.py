@@ -267,3 +267,19 @@ def test_an_int8_concat_is_a_python_step_between_kernel_steps():
     for seed in (2, 3):
         x = rand(1, 3, 6, 6, seed=seed)
         assert same_bits(plan(x).numpy(), qm(x).numpy())
+
+
+def test_undoing_steps_forgets_the_int8_constants_they_made():
+    from mgtrace._core import plan as cplan
+    from mgtrace.plan._lower import Lowering
+    low = Lowering([rand(2)], cplan.next_uid())
+    kept = np.arange(4, dtype=np.int8)
+    ref = low._const_ref(kept)
+    snap = low._snapshot()
+    w = np.ones(3, np.float64)
+    low._const_ref(w)
+    low._restore(snap)                   # a layer after them fell back: its buffers are gone
+    assert set(low.quant_consts) == {id(kept)} and low._const_ref(kept) == ref
+    again = low._const_ref(w)            # made anew, at a buffer that exists
+    assert again[0] < len(low.buffers)
+    assert low.buffers[again[0]].const.numpy().tolist() == [1.0, 1.0, 1.0]
