@@ -133,3 +133,13 @@ def test_recording_notes_this_threads_calls_and_spoils_on_concat():
     qint8.concat_into([a, a], [0.5, 0.5], [0.0, 0.0], 1, mt.tensor(np.zeros(12, np.uint8)),
                       1.0, 0.0, 0.0, 255.0)
     assert qint8.record_end() is None          # a call that cannot be replayed
+
+
+def test_flip_moves_int8_integers_to_the_kernels_uint8_bytes():
+    x = np.arange(-128, 128, dtype=np.int8)
+    out = np.empty(256, np.uint8)
+    qint8.flip_into(x, out)
+    np.testing.assert_array_equal(out.astype(np.int64), x.astype(np.int64) + 128)
+    qint8.flip_into(np.empty(0, np.int8), np.empty(0, np.uint8))       # nothing to do
+    with pytest.raises(ValueError, match="flip_into takes"):
+        qint8.flip_into(x, np.empty(255, np.uint8))
