@@ -23,6 +23,10 @@ from mgtrace._core.dispatch cimport num_threads
 
 cnp.import_array()
 
+# the most inputs a plan's int8 concat step takes (its recording spoils beyond)
+cdef extern from "plan.h":
+    enum: MT_PLAN_Q_CONCAT_INPUTS
+
 cdef extern from "quant_kernels.h":
     ctypedef struct mt_quant_kernels:
         int (*has_vnni)() noexcept nogil
@@ -113,7 +117,8 @@ cdef const mt_quant_kernels *_table(str op, int device, object dtype) except NUL
 # (data read), "w" (data written) or "c" (a constant the call reads: packed
 # weights, multipliers, windows), None for NULL; owner the array or Tensor,
 # kept by record_end for the constants only. A
-# call that cannot be replayed (concat's pointer table, im2col) spoils it.
+# call that cannot be replayed (im2col, a concat of more than
+# MT_PLAN_Q_CONCAT_INPUTS inputs) spoils it.
 cdef object _REC = None
 cdef object _REC_THREAD = None
 cdef bint _REC_SPOILED = False
@@ -600,7 +605,13 @@ def concat_into(list xs, list scales, list zps, int64_t outer, Tensor out, float
         total += inner[j]
     if total * outer != numel(out):
         raise ValueError("concat_into: out holds not the inputs' elements")
-    _spoil()              # a table of the inputs' addresses: no pointer arguments to follow
+    if n > MT_PLAN_Q_CONCAT_INPUTS:
+        _spoil()          # more inputs than a plan's concat step takes
+    else:
+        _note("concat", (_ten(out, numel(out), "w"), _arr(kinds, "c"), _arr(sc, "c"),
+                         _arr(zp, "c"), _arr(inner, "c"), _arr(tables, "w"))
+              + tuple(_ten(xs[j], numel(xs[j]), "r") for j in range(n)),
+              (n, outer, ok), (out_scale, out_zp, qmin, qmax))
     with nogil:
         k.concat_u8(n, <const void *const *>cnp.PyArray_DATA(ptrs),
                     <const int *>cnp.PyArray_DATA(kinds), <const float *>cnp.PyArray_DATA(sc),

@@ -345,8 +345,8 @@ class Lowering:
         """Kernel steps for an int8 layer's recorded kernel calls
         (``rec.quant``), or False (then it is a Python step): each data
         pointer inside the layer's inputs or outputs or in a temporary a
-        call before wrote (a signed input's flipped bytes: an arena buffer
-        of its own), each output written whole by the calls, the constants
+        call wrote (a signed input's flipped bytes, a Concat's requantizing
+        tables: an arena buffer of its own), each output written whole by the calls, the constants
         (packed weights, multipliers, pooling windows) copied into plan
         constants."""
         snap = self._snapshot()

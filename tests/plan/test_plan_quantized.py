@@ -4,9 +4,8 @@ MiniLM-like graphs made with the quantize flow (QAT modules, calibration,
 quantize), as modules and traced, with quint8 activations (per-channel
 weights) and with qint8 ones, compile. An int8 layer is replayed as the
 int8 kernel calls it made, with its packed weights and multipliers as plan
-constants and a qint8 input's flipped uint8 bytes in the arena (an int8
-Concat stays a Python step calling the layer); the float parts are kernel
-steps. The plan's outputs are the graph's bit for bit, for inputs other
+constants and a qint8 input's flipped uint8 bytes and an int8 Concat's
+requantizing tables in the arena; the float parts are kernel steps. The plan's outputs are the graph's bit for bit, for inputs other
 than the example too, and in two threads at once. A plan whose output is
 still quantized returns it with its dtype and qparams."""
 import threading
@@ -247,25 +246,56 @@ class Branches(M.Module):
         return self.dequant(self.cat([self.a(x), self.b(x)], 1))
 
 
-def test_an_int8_concat_is_a_python_step_between_kernel_steps():
-    mt.random.seed(4)
-    qat = Q.quantize_qat(Branches().eval(), qconfig=Q.per_channel_quint8_qconfig)
+def _quantized_branches(qconfig, seed, net=None, shape=(1, 3, 6, 6)):
+    mt.random.seed(seed)
+    qat = Q.quantize_qat((net or Branches()).eval(), qconfig=qconfig)
     Q.enable_observer(qat)
     Q.disable_fake_quant(qat)
-    qat(rand(1, 3, 6, 6, seed=1))
+    qat(rand(*shape, seed=1))
     Q.disable_observer(qat)
     Q.enable_fake_quant(qat)
-    qm = Q.quantize(qat)
+    return Q.quantize(qat)
+
+
+@pytest.mark.parametrize("act", ["quint8", "qint8"])
+def test_an_int8_concat_is_a_kernel_step(act):
+    qm = _quantized_branches(QCONFIGS[act], 4)
     x = rand(1, 3, 6, 6, seed=2)
     plan = mt.compile(qm, x)
     steps = plan.profile(x)
-    # concat_into hands its kernel a table of the inputs' addresses: not replayable
-    assert [w for k, w, _ in steps if k == "python"] == ["cat: Concat"]
-    assert [w for k, w, _ in steps if k == "kernel"] == [
-        "quant: QuantStub: int8 quantize", "a: ConvRelu2d: int8 conv", "b: ConvRelu2d: int8 conv",
-        "dequant: DequantStub: int8 dequantize"]
+    assert [w for k, w, _ in steps if k == "python"] == []
+    kernels = [w for k, w, _ in steps if k == "kernel"]
+    assert kernels[-2:] == ["cat: Concat: int8 concat", "dequant: DequantStub: int8 dequantize"]
+    assert kernels.count("a: ConvRelu2d: int8 conv") == 1
     for seed in (2, 3):
         x = rand(1, 3, 6, 6, seed=seed)
+        assert same_bits(plan(x).numpy(), qm(x).numpy())
+
+
+class ManyBranches(M.Module):
+    """``n`` int8 1x1 convs concatenated by one int8 Concat."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.n = n
+        for j in range(n):
+            setattr(self, f"conv{j}", M.Conv2d(3, 2, 1))
+        self.cat = M.Concat()
+
+    def forward(self, x):
+        x = self.quant(x)
+        return self.dequant(self.cat([getattr(self, f"conv{j}")(x) for j in range(self.n)], 1))
+
+
+@pytest.mark.parametrize("n,python", [(10, []), (11, ["cat: Concat"])])
+def test_an_int8_concat_of_more_inputs_than_a_step_takes_is_a_python_step(n, python):
+    qm = _quantized_branches(Q.per_channel_quint8_qconfig, 5, ManyBranches(n), (1, 3, 4, 4))
+    x = rand(1, 3, 4, 4, seed=2)
+    plan = mt.compile(qm, x)
+    assert [w for k, w, _ in plan.profile(x) if k == "python"] == python
+    for seed in (2, 3):
+        x = rand(1, 3, 4, 4, seed=seed)
         assert same_bits(plan(x).numpy(), qm(x).numpy())
 
 

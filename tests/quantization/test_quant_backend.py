@@ -112,7 +112,7 @@ def test_the_cuda_backend_has_no_quant_table():
     assert not has
 
 
-def test_recording_notes_this_threads_calls_and_spoils_on_concat():
+def test_recording_notes_this_threads_calls_and_concat_up_to_a_steps_inputs():
     a = mt.tensor(np.arange(6, dtype=np.uint8))
     out = mt.tensor(np.zeros(6, np.uint8))
 
@@ -130,9 +130,19 @@ def test_recording_notes_this_threads_calls_and_spoils_on_concat():
     assert ints[2] == 6 and floats == (0.5, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 255.0) and nt >= 1
     assert qint8.record_end() is None          # off again
     qint8.record_begin()
-    qint8.concat_into([a, a], [0.5, 0.5], [0.0, 0.0], 1, mt.tensor(np.zeros(12, np.uint8)),
+    cat = mt.tensor(np.zeros(12, np.uint8))
+    qint8.concat_into([a, a], [0.5, 0.5], [0.0, 0.0], 1, cat, 1.0, 0.0, 0.0, 255.0)
+    (name, ptrs, ints, floats, nt), = qint8.record_end()
+    # out, kinds, scales, zero points, inner sizes, the requantizing tables, the inputs
+    assert name == "concat" and [p[2] for p in ptrs] == ["w", "c", "c", "c", "c", "w", "r", "r"]
+    assert [p[1] for p in ptrs] == [12, 8, 8, 8, 16, 2 * 257, 6, 6]     # bytes
+    assert ints == (2, 1, 1) and floats == (1.0, 0.0, 0.0, 255.0)
+    half = np.rint(np.arange(6, dtype=np.float32) * np.float32(0.5)).astype(np.uint8)
+    np.testing.assert_array_equal(cat.numpy(), np.concatenate([half, half]))
+    qint8.record_begin()                       # more inputs than a plan's step takes
+    qint8.concat_into([a] * 11, [0.5] * 11, [0.0] * 11, 1, mt.tensor(np.zeros(66, np.uint8)),
                       1.0, 0.0, 0.0, 255.0)
-    assert qint8.record_end() is None          # a call that cannot be replayed
+    assert qint8.record_end() is None
 
 
 def test_flip_moves_int8_integers_to_the_kernels_uint8_bytes():

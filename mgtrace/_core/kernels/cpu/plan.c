@@ -260,6 +260,18 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
                             (const int64_t *)p[4], (const int64_t *)p[5], (const int64_t *)p[6],
                             (int32_t)i[6], (int32_t)i[7], (int32_t)i[8], p[7])
                ? 0 : MT_BK_ENOMEM;
+    case MT_Q_CONCAT: {  /* out kinds scales zps inner tables x0 x1 ...; n_in outer ok; os oz lo hi */
+        const void *xs[MT_PLAN_Q_CONCAT_INPUTS];
+        int n_in = (int)i[0];
+        if (n_in < 1 || n_in > MT_PLAN_Q_CONCAT_INPUTS)
+            return MT_BK_ENOKERNEL;
+        for (int j = 0; j < n_in; j++)
+            xs[j] = p[6 + j];
+        k->concat_u8(n_in, xs, (const int *)p[1], (const float *)p[2], (const float *)p[3],
+                     (const int64_t *)p[4], i[1], (float)f[0], (float)f[1], (float)f[2],
+                     (float)f[3], (int)i[2], (uint8_t *)p[5], p[0]);
+        return 0;
+    }
     case MT_Q_FLIP:      /* x out; n */
         k->flip_s8((const int8_t *)p[0], i[0], (uint8_t *)p[1]);
         return 0;
