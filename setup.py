@@ -95,8 +95,8 @@ extensions = [
         blas=True, parts=glob.glob(f"{KERNELS}/conv/*")),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
-    ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qgemm.c", f"{KERNELS}/qconv.c",
-                    f"{KERNELS}/qelemwise.c", f"{KERNELS}/qpool.c"]),
+    ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qtable.c", f"{KERNELS}/qgemm.c",
+                  f"{KERNELS}/qconv.c", f"{KERNELS}/qelemwise.c", f"{KERNELS}/qpool.c"]),
 ]
 CUDA_DIR = "mgtrace/_core/kernels/cuda"
 CUDA_EXT = "mgtrace._core._cuda"

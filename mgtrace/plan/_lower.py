@@ -24,11 +24,13 @@ what it gets back.
 """
 import inspect
 
+import numpy as np
+
 from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError, TensorMeta
+from mgtrace.plan._record import PlanError, TensorMeta, quant_tag
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -86,10 +88,11 @@ class Buffer:
 class Slot:
     """A tensor in a buffer: byte offset from the buffer's base, dtype code,
     shape and strides (elements)."""
-    __slots__ = ("buf", "off", "dtype", "shape", "strides")
+    __slots__ = ("buf", "off", "dtype", "shape", "strides", "quant")
 
-    def __init__(self, buf, off, dtype, shape, strides):
+    def __init__(self, buf, off, dtype, shape, strides, quant=None):
         self.buf, self.off, self.dtype, self.shape, self.strides = buf, off, dtype, shape, strides
+        self.quant = quant          # a quantized tensor's (dtype, qparams): _record.quant_tag
 
 
 def _is_tensor(v):
@@ -121,6 +124,7 @@ class Lowering:
         #                             where) or ("py", PyStep)
         self.spans = []             # (lo, hi, buffer): the memory of every buffer
         self.device = None
+        self.quant_consts = {}      # id(NumPy array) -> (array, ref): int8 layers' constants
         for i, t in enumerate(inputs):
             data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
             if uid in self.by_uid:
@@ -152,7 +156,8 @@ class Lowering:
                 self.new.append(b)
             else:
                 return None
-        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides)
+        quant = t.quant if isinstance(t, TensorMeta) else quant_tag(t)
+        return Slot(b, data - self.origin[b], dtype, tuple(t.shape), strides, quant)
 
     def _use(self, b, pos):
         buf = self.buffers[b]
@@ -178,6 +183,8 @@ class Lowering:
         for b in list(self.origin):
             if b >= nb:
                 del self.origin[b]
+        # int8 constants whose buffer went with the steps undone
+        self.quant_consts = {k: v for k, v in self.quant_consts.items() if v[1][0] < nb}
 
     def _lower(self, rec):
         if rec.kind == "create":
@@ -196,6 +203,8 @@ class Lowering:
         if rec.kind == "function" and not rec.children and self._kernel_steps(rec):
             return
         if rec.kind == "function" and _target_name(rec) in GATHER_FUNCTIONS and self._gather_step(rec):
+            return
+        if rec.quant and self._quant_steps(rec):
             return
         if rec.kind in ("function", "module") and rec.children and not rec.unaccounted:
             snap = self._snapshot()
@@ -259,10 +268,11 @@ class Lowering:
         new = set(self.new)
         if not new and rec.kind in ("apply", "method") and self._pure_view(rec):
             return                  # a view: its slot is all a later step needs
-        if not new and rec.kind == "function" and not rec.children and rec.captured == [] \
-                and not rec.allocs:
-            return                  # no kernel, no core op, no memory (eval-mode dropout): it
-            #                         returned tensors the plan already has
+        if not new and (rec.kind == "function" or rec.quant is not None) and not rec.children \
+                and rec.captured == [] and not rec.allocs:
+            return                  # no kernel, no core op, no memory (eval-mode dropout, a
+            #                         DequantStub of a float tensor): it returned tensors the
+            #                         plan already has
         # per new buffer: the output leaf that lies in it, and where
         bind, seen = [], set()
         for i, s in enumerate(out_slots):
@@ -330,6 +340,77 @@ class Lowering:
             self.buffers[b].kind = ARENA
         self.steps.extend(steps)
         return True
+
+    def _quant_steps(self, rec):
+        """Kernel steps for an int8 layer's recorded kernel calls
+        (``rec.quant``), or False (then it is a Python step): each data
+        pointer inside the layer's inputs or outputs or in a temporary a
+        call wrote (a signed input's flipped bytes, a Concat's requantizing
+        tables: an arena buffer of its own), each output written whole by the calls, the constants
+        (packed weights, multipliers, pooling windows) copied into plan
+        constants."""
+        snap = self._snapshot()
+        self.new = []
+        known = []
+        for t in self._inputs_of(rec)[0]:
+            if _is_tensor(t):
+                if self.slot(t) is None:
+                    self._restore(snap)
+                    return False
+                known.append(t)
+        for t in tree_flatten(rec.out, _is_tensor)[0]:
+            if _is_tensor(t):
+                self.slot(t, create=True)
+                known.append(t)
+        ranges = []
+        for t in known:
+            data, _, st_ptr, nbytes, uid, *_ = _info(t)
+            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        steps, written = [], {}
+        for call, ptrs, ints, floats, nt in rec.quant:
+            refs = []
+            for p in ptrs:
+                if p is None:
+                    refs.append(None)
+                    continue
+                addr, nbytes, role, owner = p
+                if role == "c":
+                    refs.append(self._const_ref(owner))
+                    continue
+                ref = self._known_ref(addr, (0, max(nbytes, 1) - 1), ranges, role == "r")
+                if ref is None and role == "w" and nbytes > 0:
+                    # a temporary of the layer's (NumPy memory): arena, from this call on
+                    self.buffers.append(Buffer(ARENA, nbytes, addr))
+                    b = len(self.buffers) - 1
+                    self.origin[b] = addr
+                    self.new.append(b)
+                    ranges.append((addr, addr + nbytes, b))
+                    ref = (b, 0)
+                if ref is None or role == "w" and ref[0] not in self.new:
+                    self._restore(snap)
+                    return False
+                if role == "w":
+                    written[ref[0]] = written.get(ref[0], 0) + nbytes
+                refs.append(ref)
+            steps.append(("quant", (call, nt, ints, floats), refs, rec.where))
+        if any(written.get(b, 0) < self.buffers[b].nbytes for b in self.new):
+            self._restore(snap)          # an output the calls did not write (whole)
+            return False
+        for b in self.new:
+            self.buffers[b].kind = ARENA
+        self.steps.extend(steps)
+        return True
+
+    def _const_ref(self, array):
+        """A plan constant holding a copy of NumPy ``array`` (an int8 layer's
+        packed weight, multipliers...), one per array."""
+        held = self.quant_consts.get(id(array))
+        if held is None:
+            t = Tensor(np.ascontiguousarray(array))
+            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(t)
+            b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=t), st_ptr)
+            held = self.quant_consts[id(array)] = (array, (b, data - st_ptr))
+        return held[1]
 
     def _gather_step(self, rec):
         """A gather step for an embedding lookup (``GATHER_FUNCTIONS``), or

@@ -12,6 +12,18 @@ training-mode BatchNorm and Dropout, calls that write into their arguments
 (MegEngine's BatchNorm running statistics), and data-dependent values
 (``bool(t)``, ``t.item()``, ``t.numpy()``: the next call could branch
 elsewhere).
+
+The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`),
+and the pooling functionals called on a quantized tensor, are recorded whole, without their inside: they read their qparams and
+weights into Python and call the int8 kernels on NumPy views. What the
+layer ran is known from the int8 kernel calls it made
+(:func:`mgtrace._core.qint8.record_begin`, ``Record.quant``): lowering
+replays them as kernel steps where every pointer they were given lies in
+the layer's input or output or is a constant of the layer (packed
+weights, multipliers), else the layer is a Python step that calls it on
+the plan's memory (the same kernels, the same bits). A quantized tensor
+keeps its dtype and qparams in its record (:attr:`TensorMeta.quant`), so
+the step's arguments and the plan's outputs are quantized as they were.
 """
 from mgtrace._core import dispatch as _dispatch
 from mgtrace._core import plan as _cplan
@@ -40,14 +52,63 @@ class TensorMeta:
     of its intermediates at once. A freed storage's addresses may then serve
     a later one; storages are told apart by uid, and an address by the
     newest storage that held it (:meth:`Lowering._known_ref`)."""
-    __slots__ = ("info", "shape", "dtype", "ndim", "itemsize")
+    __slots__ = ("info", "shape", "dtype", "ndim", "itemsize", "quant")
 
     def __init__(self, t, info):
         self.info, self.shape, self.dtype, self.ndim, self.itemsize = (
             info, tuple(t.shape), t.dtype, t.ndim, t.itemsize)
+        self.quant = quant_tag(t)
 
     def __repr__(self):
         return f"TensorMeta({self.shape}, {self.dtype})"
+
+
+def quant_tag(t):
+    """(quantized dtype, qparams) of a quantized tensor ``t`` (either may be
+    None: per-channel qparams have no dtype), None for any other tensor."""
+    qp = t.__dict__.get("qparams")
+    return None if t._qdtype is None and qp is None else (t._qdtype, qp)
+
+
+def retag(t, quant):
+    """``t`` (a plan's view) quantized as :func:`quant_tag` recorded it."""
+    if quant is not None:
+        t._qdtype = quant[0]
+        if quant[1] is not None:
+            t.__dict__["qparams"] = quant[1]
+    return t
+
+
+def _opaque(module):
+    """Whether ``module`` is recorded whole, as one Python step: an int8
+    layer (see the module docstring)."""
+    from mgtrace.module.quantized import QuantizedModule
+    return isinstance(module, QuantizedModule)
+
+
+# functionals that run int8 kernels on a quantized tensor (int8.py's pools),
+# recorded whole as the int8 layers are
+_INT8_FUNCTIONS = frozenset({"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"})
+
+
+def _int8_call(name, args, kwargs):
+    """Whether functional ``name`` called with these arguments runs int8
+    kernels: one of _INT8_FUNCTIONS on a quantized tensor."""
+    if name not in _INT8_FUNCTIONS:
+        return False
+    leaves, _ = tree_flatten((args, kwargs), lambda v: isinstance(v, Tensor))
+    return any(isinstance(t, Tensor) and quant_tag(t) is not None for t in leaves)
+
+
+def _run_opaque(rec, call):
+    """``call()`` without hooks, ``rec.quant`` the int8 kernel calls it made."""
+    from mgtrace._core import qint8
+    qint8.record_begin()
+    try:
+        with _hooks.installed(None):
+            return call()
+    finally:
+        rec.quant = qint8.record_end()
 
 
 def _strip(obj, start_uid):
@@ -75,7 +136,7 @@ class Record:
     ``captured`` the kernel calls (apply only; None when one could not be
     recorded), ``where`` the module path and call for messages."""
     __slots__ = ("kind", "target", "args", "kwargs", "out", "captured", "allocs", "children", "where",
-                 "unaccounted")
+                 "unaccounted", "quant")
 
     def __init__(self, kind, target, args, kwargs, where):
         self.kind, self.target, self.args, self.kwargs, self.where = kind, target, args, kwargs, where
@@ -84,6 +145,7 @@ class Record:
         self.allocs = ()
         self.children = []
         self.unaccounted = False    # kernels ran inside it outside any child: not to be opened
+        self.quant = None           # an int8 layer's kernel calls (qint8.record_end), if any
 
     def __repr__(self):
         return f"Record({self.kind}, {self.name}, at {self.where})"
@@ -202,7 +264,10 @@ class _Recorder(_hooks.TraceHook):
         # known by its kernel calls; one that does, by its children's
         self._push(rec)
         try:
-            out = fn(*args, **kwargs)
+            if _int8_call(name, args, kwargs):
+                out = _run_opaque(rec, lambda: fn(*args, **kwargs))
+            else:
+                out = fn(*args, **kwargs)
         finally:
             self._pop()
         rec.out = _strip(out, self.start_uid)
@@ -221,7 +286,10 @@ class _Recorder(_hooks.TraceHook):
                          _strip(kwargs, self.start_uid), what)
             self._push(rec)
             try:
-                out = module._call_impl(args, kwargs)
+                if _opaque(module):
+                    out = _run_opaque(rec, lambda: module._call_impl(args, kwargs))
+                else:
+                    out = module._call_impl(args, kwargs)
             finally:
                 self._pop()
             rec.out = _strip(out, self.start_uid)

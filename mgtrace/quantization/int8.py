@@ -84,6 +84,15 @@ def dequantize_array(q, scale, zero_point=0):
     return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
 
 
+def _flipped(x):
+    """int8 ``x``'s integers as uint8 bytes, x ^ 0x80 (the kernels' u8 input,
+    zero point + 128), by the quant table's flip (a plan replays it)."""
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape, np.uint8)
+    _kernels().flip_into(x, out)
+    return out
+
+
 def _as_u8(x, zp, meta):
     """uint8 bytes and zero point standing for activation ``x`` of ``meta``."""
     if meta.name == "quint8":
@@ -95,7 +104,7 @@ def _as_u8(x, zp, meta):
             raise QuantizationError(f"a {meta.name} activation is int8, got {x.dtype}")
         if zp:
             raise QuantizationError(f"{meta.name} is symmetric: zero point 0, got {zp}")
-        return (np.ascontiguousarray(x).view(np.uint8) ^ np.uint8(0x80)), 128
+        return _flipped(x), 128
     raise QuantizationError(f"int8 kernels take qint8 or quint8 activations, got {meta.name}")
 
 
@@ -299,9 +308,8 @@ class _ConvPlan:
         if x.shape != self.x_shape or x.dtype != self.x_dtype:
             raise QuantizationError(f"conv2d planned for {self.x_dtype} {self.x_shape}, got "
                                     f"{x.dtype} {x.shape}")
-        a = np.ascontiguousarray(x)
-        if self.signed:         # the same integers as uint8 with the zero point 128
-            a = a.view(np.uint8) ^ np.uint8(0x80)
+        # a signed x: the same integers as uint8 with the zero point 128
+        a = _flipped(x) if self.signed else np.ascontiguousarray(x)
         a0, rest = self.args[0], self.args[1:]
         self.kern(a, a0, *rest[:-1], out, rest[-1])
 
@@ -405,9 +413,7 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
         out[...] = best
         return out
     signed = x.dtype == np.int8
-    a = np.ascontiguousarray(x)
-    if signed:
-        a = a.view(np.uint8) ^ np.uint8(0x80)
+    a = _flipped(x) if signed else np.ascontiguousarray(x)
     o = out if not signed else np.empty((n, c, oh, ow), np.uint8)
     # one window along an axis: its stride moves nothing, and qpool.c lays
     # the input out in stride-phases (sh * sw of them: a stride of 2**32
@@ -416,8 +422,8 @@ def max_pool2d(x_q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
     kh, ph = _taps_on_input(h, kh, sh, ph, dh, oh)
     kw, pw = _taps_on_input(w, kw, sw, pw, dw, ow)
     _kernels().maxpool(a, kh, kw, sh, sw, ph, pw, dh, dw, o)
-    if signed:
-        np.bitwise_xor(o, np.uint8(0x80), out=out.view(np.uint8))
+    if signed:                  # back to int8: the same byte flip
+        _kernels().flip_into(o.view(np.int8), out.view(np.uint8))
     return out
 
 
@@ -611,9 +617,13 @@ def _pooled_tensor(x, fn, run):
     from mgtrace._core import empty_tensor
     from mgtrace._core.tensor import unshared_view
     from mgtrace.quantization.qtensor import QuantizedTensor
-    if x.device.type != "cpu":
-        raise QuantizationError(f"{fn} of a quantized tensor runs on the CPU, got "
-                                f"{x.device}")
+    device = x.device
+    # the device's int8 table (NoKernelError naming fn and the device without one)
+    from mgtrace.quantization import qdtype
+    _kernels().require(fn, device, qdtype.quantized_meta(x._qdtype).name
+                       if x._qdtype is not None else x.dtype.name)
+    if device.type != "cpu":
+        x = x.to("cpu")
     holder = []
 
     def alloc(shape, dtype):
@@ -627,4 +637,4 @@ def _pooled_tensor(x, fn, run):
     # the integers in place (Tensor.numpy copies them)
     data = unshared_view(x) if x.is_contiguous else np.asarray(x.numpy())
     run(data, alloc)
-    return holder[0]
+    return holder[0] if device.type == "cpu" else holder[0].to(device)

@@ -3,7 +3,7 @@
  * goes backend_of(device) -> its area's table -> the kernel. The CPU is one
  * of these like any other: tensor.pyx defines mt_cpu_backend's memory
  * members, and each core extension installs its area's CPU table at import
- * (dispatch: elementwise, reduce, linalg, nn, index). The CUDA backend is
+ * (dispatch: elementwise, reduce, linalg, nn, index; qint8: quant). The CUDA backend is
  * the optional extension mgtrace._core._cuda (the .cu files in kernels/cuda/), which
  * installs its own when first needed.
  *
@@ -59,6 +59,7 @@ struct mt_reduce_kernels;
 struct mt_linalg_kernels;
 struct mt_nn_kernels;
 struct mt_index_kernels;
+struct mt_quant_kernels;      /* quant_kernels.h */
 
 typedef struct mt_backend {
     const char *name;
@@ -86,6 +87,9 @@ typedef struct mt_backend {
      * NULL: has_kernel answers True for every dtype of an op the
      * elementwise member exists for */
     int (*has_elementwise)(int kind, int op, int dtype, int dtype2);
+    /* the int8 kernels of mgtrace.quantization (quant_kernels.h); NULL on a
+     * device without them: its quantized ops raise NoKernelError */
+    const struct mt_quant_kernels *quant;
 } mt_backend;
 
 /* the CPU's backend (cpu/cpu_backend.c): mutable, as the core's extensions

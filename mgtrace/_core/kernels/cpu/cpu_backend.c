@@ -1,7 +1,8 @@
 /* mt_cpu_backend: the CPU as a backend like any other (backend.h). Its
  * memory members are host memory (alloc.c's allocator, memcpy); its kernel
  * tables are filled at import by the extensions that hold the CPU kernels:
- * dispatch (elementwise: mt_cpu_elementwise), reduce, linalg, nn, index. */
+ * dispatch (elementwise: mt_cpu_elementwise), reduce, linalg, nn, index,
+ * qint8 (quant: qtable.c's mt_cpu_quant_kernels). */
 #include <string.h>
 #include "backend.h"
 
@@ -35,4 +36,5 @@ mt_backend mt_cpu_backend = {
     NULL, NULL, NULL, NULL, NULL,     /* the kernel tables: installed at import */
     1,                                /* host memory */
     NULL,                             /* has_elementwise: installed with elementwise */
+    NULL,                             /* quant: installed by qint8 at import */
 };

@@ -197,6 +197,88 @@ static int run_gather(const mt_plan_gather *g, char *const *bases) {
     return 0;
 }
 
+/* an int8 kernel call (mt_plan_quant); the argument layout is qint8.pyx's
+ * record of the call */
+static int run_quant(const mt_plan_quant *q, char *const *bases) {
+    const mt_quant_kernels *k = q->k;
+    const int64_t *i = q->i;
+    const double *f = q->f;
+    char *p[MT_PLAN_Q_PTRS];
+    for (int j = 0; j < MT_PLAN_Q_PTRS; j++)
+        p[j] = q->p[j].buf < 0 ? NULL : at(bases, q->p[j]);
+    k->set_threads(q->nt);
+    switch (q->which) {
+    case MT_Q_GEMM:      /* a packed wsum bias mult out; M N K lda a_zp out_zp lo hi out_u8 ldo_m ldo_n path */
+        k->gemm_u8s8(i[0], i[1], i[2], (const uint8_t *)p[0], i[3], (int32_t)i[4],
+                     (const int8_t *)p[1], (const int32_t *)p[2], (const int32_t *)p[3],
+                     (const double *)p[4], (int32_t)i[5], (int32_t)i[6], (int32_t)i[7],
+                     (int)i[8], p[5], i[9], i[10], (int)i[11]);
+        return 0;
+    case MT_Q_CONV:      /* x wrows wsum bias mult out; NB C H W a_zp lw Co G KH KW SH SW PH PW
+                          * DH DW OH OW out_zp lo hi out_u8 path */
+        return k->conv_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4],
+                            (const int8_t *)p[1], i[5], (const int32_t *)p[2], i[6], i[7], i[8],
+                            i[9], i[10], i[11], i[12], i[13], i[14], i[15], i[16], i[17],
+                            (const int32_t *)p[3], (const double *)p[4], (int32_t)i[18],
+                            (int32_t)i[19], (int32_t)i[20], (int)i[21], p[5], (int)i[22])
+               ? 0 : MT_BK_ENOMEM;
+    case MT_Q_DWCONV: {  /* x w bias mult out; NB C H W a_zp KH KW SH SW PH PW DH DW OH OW
+                          * out_zp lo hi out_u8 path: the vector kernel, else the general one */
+        int done = 0;
+        if (i[19] != 1)
+            done = k->dwconv_vec_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3],
+                                      (int32_t)i[4], (const int8_t *)p[1], i[5], i[6], i[7], i[8],
+                                      i[9], i[10], i[11], i[12], i[13], i[14],
+                                      (const int32_t *)p[2], (const double *)p[3], (int32_t)i[15],
+                                      (int32_t)i[16], (int32_t)i[17], (int)i[18], p[4], (int)i[19]);
+        if (!done)
+            k->dwconv_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4],
+                           (const int8_t *)p[1], i[5], i[6], i[7], i[8], i[9], i[10], i[11],
+                           i[12], i[13], i[14], (const int32_t *)p[2], (const double *)p[3],
+                           (int32_t)i[15], (int32_t)i[16], (int32_t)i[17], (int)i[18], p[4]);
+        return 0;
+    }
+    case MT_Q_QUANTIZE:  /* x out; n kind path; scale zp lo hi */
+        k->quantize_f32((const float *)p[0], i[0], (float)f[0], (float)f[1], (float)f[2],
+                        (float)f[3], (int)i[1], p[1], (int)i[2]);
+        return 0;
+    case MT_Q_DEQUANTIZE:    /* q out; kind n; scale zp */
+        k->dequantize_f32(p[0], (int)i[0], i[1], (float)f[0], (float)f[1], (float *)p[1]);
+        return 0;
+    case MT_Q_ADD:       /* a b out; ak bk n relu ok path; as az bs bz os oz lo hi */
+        k->add_u8(p[0], (int)i[0], (float)f[0], (float)f[1], p[1], (int)i[1], (float)f[2],
+                  (float)f[3], i[2], (float)f[4], (float)f[5], (float)f[6], (float)f[7],
+                  (int)i[3], p[2], (int)i[4], (int)i[5]);
+        return 0;
+    case MT_Q_MAXPOOL:   /* x out; planes H W KH KW SH SW PH PW DH DW OH OW */
+        return k->maxpool2d_u8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], i[4], i[5], i[6],
+                               i[7], i[8], i[9], i[10], i[11], i[12], (uint8_t *)p[1])
+               ? 0 : MT_BK_ENOMEM;
+    case MT_Q_AVGPOOL:   /* x ys ye dy xs xe dx out; is_s8 planes H W OH OW zp lo hi */
+        return k->avgpool2d(p[0], (int)i[0], i[1], i[2], i[3], i[4], i[5],
+                            (const int64_t *)p[1], (const int64_t *)p[2], (const int64_t *)p[3],
+                            (const int64_t *)p[4], (const int64_t *)p[5], (const int64_t *)p[6],
+                            (int32_t)i[6], (int32_t)i[7], (int32_t)i[8], p[7])
+               ? 0 : MT_BK_ENOMEM;
+    case MT_Q_CONCAT: {  /* out kinds scales zps inner tables x0 x1 ...; n_in outer ok; os oz lo hi */
+        const void *xs[MT_PLAN_Q_CONCAT_INPUTS];
+        int n_in = (int)i[0];
+        if (n_in < 1 || n_in > MT_PLAN_Q_CONCAT_INPUTS)
+            return MT_BK_ENOKERNEL;
+        for (int j = 0; j < n_in; j++)
+            xs[j] = p[6 + j];
+        k->concat_u8(n_in, xs, (const int *)p[1], (const float *)p[2], (const float *)p[3],
+                     (const int64_t *)p[4], i[1], (float)f[0], (float)f[1], (float)f[2],
+                     (float)f[3], (int)i[2], (uint8_t *)p[5], p[0]);
+        return 0;
+    }
+    case MT_Q_FLIP:      /* x out; n */
+        k->flip_s8((const int8_t *)p[0], i[0], (uint8_t *)p[1]);
+        return 0;
+    default: return MT_BK_ENOKERNEL;
+    }
+}
+
 static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_callback callback,
                            void *ctx) {
     switch (s->kind) {
@@ -207,6 +289,7 @@ static inline int run_step(const mt_plan_step *s, char *const *bases, mt_plan_ca
         return s->u.red.kernel(at(bases, s->u.red.in), at(bases, s->u.red.out), &s->u.red.g,
                                s->u.red.nt);
     case MT_STEP_GATHER: return run_gather(&s->u.gather, bases);
+    case MT_STEP_QUANT: return run_quant(&s->u.quant, bases);
     default: return callback(ctx, s->index) ? -1000 : 0;
     }
 }

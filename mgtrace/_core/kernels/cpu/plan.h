@@ -27,13 +27,24 @@
 #include "gemm.h"
 #include "nn.h"
 #include "reduce_kernels.h"
+#include "quant_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, MT_STEP_REDUCE = 4,
-       MT_STEP_GATHER = 5 };
+       MT_STEP_GATHER = 5, MT_STEP_QUANT = 6 };
+/* the quant table calls a plan replays (MT_STEP_QUANT's ``which``); their
+ * arguments in mt_plan_quant, in the member's order (plan.c's run_quant) */
+enum { MT_Q_GEMM = 0, MT_Q_CONV, MT_Q_DWCONV, MT_Q_QUANTIZE, MT_Q_DEQUANTIZE, MT_Q_ADD,
+       MT_Q_MAXPOOL, MT_Q_AVGPOOL, MT_Q_FLIP, MT_Q_CONCAT, MT_Q_NKERNELS };
+#define MT_PLAN_Q_PTRS 16
+/* concat's inputs in one step: the pointers less its 6 others (qint8.pyx
+ * spoils the recording of a concat with more) */
+#define MT_PLAN_Q_CONCAT_INPUTS (MT_PLAN_Q_PTRS - 6)
+#define MT_PLAN_Q_INTS 24
+#define MT_PLAN_Q_FLOATS 8
 /* the nn table members a plan replays (MT_STEP_NN's ``which``) */
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,
        MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT, MT_NN_CONV2D,
@@ -111,12 +122,24 @@ typedef struct {
     int64_t src_stride;               /* bytes from one source row to the next */
 } mt_plan_gather;
 
+/* one int8 kernel call through a quant table (quant_kernels.h), recorded
+ * by mgtrace._core.qint8: its pointer arguments (buf -1: NULL), integer
+ * and float arguments in the member's order, and its thread count */
+typedef struct {
+    int which, nt;
+    const struct mt_quant_kernels *k;
+    mt_plan_ref p[MT_PLAN_Q_PTRS];
+    int64_t i[MT_PLAN_Q_INTS];
+    double f[MT_PLAN_Q_FLOATS];
+} mt_plan_quant;
+
 typedef union {
     mt_plan_ew ew;
     mt_plan_gemm gemm;
     mt_plan_nn nn;
     mt_plan_reduce red;
     mt_plan_gather gather;
+    mt_plan_quant quant;
 } mt_plan_u;
 
 typedef struct mt_plan_step {

@@ -253,6 +253,7 @@ const mt_backend mtc_backend = {
     &mtc_reduce_kernels, &mtc_linalg_kernels, &mtc_nn_kernels, &mtc_index_kernels,
     0,                       /* device memory */
     mtc_has_elementwise,
+    nullptr,                 /* quant: no int8 kernels on CUDA */
 };
 
 }  // extern "C"
