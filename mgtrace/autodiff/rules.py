@@ -808,6 +808,18 @@ def _pad_pairs(pw, nd):
 def _attention_rule(c, g):
     q, k, v, mask = c.inputs
     scale = c.params["scale"]
+    if all(t is None or t.dtype.name == "float32" for t in (q, k, v, mask, g)):
+        # one C pass per (batch, head) pair, the probabilities recomputed
+        # (nn.attention_backward); the gradients are views of heads-inner
+        # memory, so a model's split of the heads (reshape, transpose)
+        # gives them back to its projections without a copy
+        need_mask = mask is not None and c.needs(3)
+        try:
+            gq, gk, gv, gs = _nn.attention_backward(q, k, v, mask, g, scale, need_mask)
+        except NoKernelError:
+            pass
+        else:
+            return gq, gk, gv, gs
     s = F.matmul(q, _swap(k)) * scale
     if mask is not None:
         s = s + mask

@@ -105,9 +105,18 @@ class BertSelfAttention(M.Module):
 
     def forward(self, h, mask_bias):
         q, k, v = self._heads(self.query(h)), self._heads(self.key(h)), self._heads(self.value(h))
-        scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.attention_head_size))
-        probs = self.dropout(F.softmax(scores + mask_bias, axis=-1))
-        ctx = F.transpose(F.matmul(probs, v), (0, 2, 1, 3))         # [B, S, heads, head]
+        scale = 1.0 / math.sqrt(self.attention_head_size)
+        if self.training and self.dropout.p == 0:
+            # training without dropout on the probabilities: the fused op,
+            # whose gradient is one C pass per (batch, head) pair (the
+            # sequence below records six ops and keeps the probabilities);
+            # inference keeps the sequence (optimize()'s FuseAttention
+            # fuses it there), dropout on the probabilities needs it
+            ctx = F.transpose(F.attention(q, k, v, mask_bias, scale), (0, 2, 1, 3))
+        else:
+            scores = F.matmul(q, k, transpose_b=True) * scale
+            probs = self.dropout(F.softmax(scores + mask_bias, axis=-1))
+            ctx = F.transpose(F.matmul(probs, v), (0, 2, 1, 3))     # [B, S, heads, head]
         b, s = ctx.shape[:2]
         return F.reshape(ctx, (b, s, self.num_attention_heads * self.attention_head_size))
 
