@@ -137,36 +137,62 @@ def test_grad_manager_uses_kernel_and_matches_float64():
     _close(grads["float32"][3], want[3].sum(axis=(1, 2), keepdims=True))
 
 
-def test_minilm_training_gradients_equal_composed():
-    # MiniLM in training mode without dropout runs F.attention (its C
-    # backward); in eval mode the composed sequence: the same parameter
-    # gradients within float32 rounding
-    rng = np.random.default_rng(5)
+def _composed_attention(q, k, v, mask=None, scale=1.0):
+    s = F.matmul(q, k, transpose_b=True) * scale
+    return F.matmul(F.softmax(s if mask is None else s + mask, axis=-1), v)
+
+
+def _minilm_grads(net, ids, am, w, pooled=False):
+    params = dict(net.named_parameters())
+    for p in params.values():
+        p.grad = None
+    gm = GradManager().attach(list(params.values()))
+    with gm:
+        h = net(ids, am) if pooled else net.hidden_states(ids, am)
+        gm.backward((h * w).sum())
+    return {n: p.grad.numpy().copy() for n, p in params.items()}
+
+
+def _small_minilm(rng):
+    mt.random.seed(0)
     net = MiniLM(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=16, dropout=0.0)
+                 intermediate_size=64, max_position_embeddings=16, dropout=0.0).train()
     ids = mt.tensor(rng.integers(1, 50, (2, 9)).astype(np.int32))
     am = np.ones((2, 9), np.int32)
     am[0, 6:] = 0
     w = mt.tensor(rng.uniform(-1, 1, (2, 9, 32)).astype(np.float32))
-    params = dict(net.named_parameters())
-    grads = {}
-    for mode in ("train", "eval"):
-        getattr(net, mode)()
-        for p in params.values():
-            p.grad = None
-        gm = GradManager().attach(list(params.values()))
-        with gm:
-            h = net.hidden_states(ids, mt.tensor(am))
-            gm.backward((h * w).sum())
-        grads[mode] = {n: p.grad.numpy().copy() for n, p in params.items()}
-    top = max(np.abs(g).max() for g in grads["eval"].values())
-    for n in params:
-        want = grads["eval"][n]
-        np.testing.assert_allclose(grads["train"][n], want, rtol=0,
-                                   atol=1e-5 * max(np.abs(want).max(), 1e-3 * top), err_msg=n)
+    return net, ids, mt.tensor(am), w
 
 
-def test_minilm_train_mode_uses_fused_attention_only_without_dropout(monkeypatch):
+def test_minilm_without_dropout_gradients_equal_composed(monkeypatch):
+    # MiniLM without attention dropout runs F.attention (its C backward);
+    # the reference is the same model with F.attention replaced by the
+    # composed sequence: the same parameter gradients within float32 rounding
+    net, ids, am, w = _small_minilm(np.random.default_rng(5))
+    got = _minilm_grads(net, ids, am, w)
+    monkeypatch.setattr(F, "attention", _composed_attention)
+    want = _minilm_grads(net, ids, am, w)
+    top = max(np.abs(g).max() for g in want.values())
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=0,
+                                   atol=1e-5 * max(np.abs(want[n]).max(), 1e-3 * top), err_msg=n)
+
+
+def test_traced_minilm_trains_with_fused_attention():
+    # traced without dropout: the attention nodes in the graph, and the
+    # traced module's gradients equal the eager module's
+    net, ids, am, _ = _small_minilm(np.random.default_rng(8))
+    w = mt.tensor(np.random.default_rng(9).uniform(-1, 1, (2, 32)).astype(np.float32))
+    want = _minilm_grads(net, ids, am, w, pooled=True)     # the sentence embeddings (forward)
+    tm = mt.trace_module(net, ids, am)
+    assert tm.graph.get_function_by_type(F.attention).as_count() == 2
+    got = _minilm_grads(tm, ids, am, w, pooled=True)
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=0, atol=1e-6 * max(np.abs(want[n]).max(), 1e-6),
+                                   err_msg=n)
+
+
+def test_minilm_uses_fused_attention_only_without_dropout(monkeypatch):
     from mgtrace.models.minilm import BertSelfAttention
     calls = []
     real = F.attention
@@ -174,10 +200,11 @@ def test_minilm_train_mode_uses_fused_attention_only_without_dropout(monkeypatch
     x = mt.tensor(np.random.default_rng(6).standard_normal((1, 4, 8)).astype(np.float32))
     bias = mt.tensor(np.zeros((1, 1, 1, 4), np.float32))
     BertSelfAttention(8, 2, 0.0).train()(x, bias)
-    assert len(calls) == 1
     BertSelfAttention(8, 2, 0.0).eval()(x, bias)
+    assert len(calls) == 2
     BertSelfAttention(8, 2, 0.1).train()(x, bias)
-    assert len(calls) == 1
+    BertSelfAttention(8, 2, 0.1).eval()(x, bias)
+    assert len(calls) == 2
 
 
 def test_torch_gradients():
