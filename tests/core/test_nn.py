@@ -1904,7 +1904,10 @@ def test_conv2d_nchwc_winograd_same_bits_on_any_thread_count(geom, winograd):
     output block pairs; each tile's arithmetic is the same, so 1, 2 and 3
     threads give the same bits, and the NumPy reference within rounding."""
     n, c, o, h, w, p = geom
-    x, wt, b = rand(n, c, h, w), rand(o, c, 3, 3), rand(o)
+    # its own generator: the draws (and so the rounding error) do not depend
+    # on which tests ran before it
+    g = np.random.default_rng(sum(geom) * 10 + winograd)
+    x, wt, b = (g.standard_normal(s, dtype=np.float32) for s in ((n, c, h, w), (o, c, 3, 3), (o,)))
     ref = ref_conv2d(x, wt, b, 1, p, 1)
     before = nn._set_nchwc_winograd(winograd)
     try:
@@ -1915,5 +1918,6 @@ def test_conv2d_nchwc_winograd_same_bits_on_any_thread_count(geom, winograd):
     for y in ys[1:]:
         np.testing.assert_array_equal(y, ys[0])
     got = nn.from_nchwc(tensor(ys[0]), o).numpy()
+    # F(4x4, 3x3) rounds more: nchwc.c bounds it by 1.5e-5 of the output's scale
     np.testing.assert_allclose(got, np.maximum(ref, 0), rtol=1e-5,
-                               atol=(5e-6 if winograd == 4 else 2e-6) * np.abs(ref).max())
+                               atol=(1.5e-5 if winograd == 4 else 2e-6) * np.abs(ref).max())
