@@ -102,10 +102,80 @@ def test_kernel_refusals():
     q = mt.tensor(np.ones((1, 1, 2, 3), np.float32))
     with pytest.raises(TypeError, match="float32"):
         _nn.attention_backward(q.astype("float64"), q, q, None, q, 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        _nn.attention_train(q.astype("float64"), q, q, None, 1.0)
     with pytest.raises(ValueError, match="gy of shape"):
         _nn.attention_backward(q, q, q, None, mt.tensor(np.ones((1, 1, 2, 4), np.float32)), 1.0)
     with pytest.raises(ValueError, match="does not broadcast"):
         _nn.attention_backward(q, q, q, mt.tensor(np.ones((3,), np.float32)), q, 1.0)
+
+
+def test_training_forward_and_saved_probabilities():
+    rng = np.random.default_rng(11)
+    q, k, v, mask, gy = _operands(rng)
+    args64 = [a.astype(np.float64) for a in (q, k, v, mask)]
+    out, probs = _nn.attention_train(mt.tensor(q), mt.tensor(k), mt.tensor(v), mt.tensor(mask), 0.5)
+    want_out, want_p = _forward64(*args64, 0.5)
+    _close(out.numpy(), want_out)
+    _close(probs.numpy(), want_p)
+    assert probs.shape == (2, 3, 5, 7)
+    # the backward reading them equals the one recomputing them
+    ops = [mt.tensor(a) for a in (q, k, v, mask, gy)]
+    saved = _nn.attention_backward(*ops, 0.5, need_mask=True, probs=probs)
+    again = _nn.attention_backward(*ops, 0.5, need_mask=True)
+    want = _backward64(*args64, gy.astype(np.float64), 0.5)
+    for a, b, w in zip(saved, again, want):
+        _close(a.numpy(), w)
+        _close(b.numpy(), w)
+    with pytest.raises(ValueError, match="probs must be"):
+        _nn.attention_backward(*ops, 0.5, probs=probs[:, :, :4])
+
+
+def test_core_op_under_grad_manager_recomputes():
+    # the core op (multi_head_attention's call) records no probabilities:
+    # its backward recomputes them, the same gradients
+    rng = np.random.default_rng(12)
+    q, k, v, mask, gy = _operands(rng)
+    ts = [mt.tensor(a) for a in (q, k, v)]
+    gm = GradManager().attach(ts)
+    with gm:
+        out = _nn.attention(*ts, mt.tensor(mask), 0.5)
+        node = out.__dict__["_ad"][0]
+        assert "probs" not in node.params
+        gm.backward(out, mt.tensor(gy))
+    want = _backward64(*(a.astype(np.float64) for a in (q, k, v, mask, gy)), 0.5)
+    for t, w in zip(ts, want):
+        _close(t.grad.numpy(), w)
+
+
+def test_functional_keeps_probabilities_until_backward():
+    rng = np.random.default_rng(13)
+    q, k, v, mask, gy = _operands(rng)
+    ts = [mt.tensor(a) for a in (q, k, v)]
+    gm = GradManager().attach(ts)
+    with gm:
+        out = F.attention(*ts, mt.tensor(mask), scale=0.5)
+        node = out.__dict__["_ad"][0]
+        assert node.params["probs"].shape == (2, 3, 5, 7)
+        gm.backward(out, mt.tensor(gy))
+    assert "probs" not in node.params          # freed once used
+    want = _backward64(*(a.astype(np.float64) for a in (q, k, v, mask, gy)), 0.5)
+    for t, w in zip(ts, want):
+        _close(t.grad.numpy(), w)
+
+
+def test_functional_without_gradient_records_nothing():
+    # operands no gradient flows through: F.attention's own forward, no
+    # node and no probabilities kept
+    rng = np.random.default_rng(14)
+    q, k, v, mask, _ = _operands(rng)
+    w = mt.tensor(np.ones(1, np.float32))
+    gm = GradManager().attach([w])
+    with gm:
+        out = F.attention(mt.tensor(q), mt.tensor(k), mt.tensor(v), mt.tensor(mask), scale=0.5)
+    assert "_ad" not in out.__dict__
+    want, _ = _forward64(*(a.astype(np.float64) for a in (q, k, v, mask)), 0.5)
+    _close(out.numpy(), want)
 
 
 def test_no_keys_gives_zero_gradients():

@@ -235,11 +235,15 @@ typedef struct mt_nn_kernels {
      * writes gq [b, h, sq, d], gk [b, h, sk, d], gv [b, h, sk, dv] heads-inner ([b, s, h, d] in
      * memory, as the forward's out) and, when gs is not NULL, the scores' gradient gs
      * [b, h, sq, sk] contiguous (the mask's, before reduction to its shape); the probabilities
-     * are recomputed from q, k and mask */
+     * are probs [b, h, sq, sk] contiguous as attention_train_f32 wrote them, or, probs NULL,
+     * recomputed from q, k and mask. attention_train_f32: the forward (out heads-inner, its os
+     * ignored) that also writes the probabilities to probs for the backward */
     int64_t (*attention_backward_workspace)(const mt_attn_geom *g, int nt);
     int (*attention_backward_f32)(const float *q, const float *k, const float *v, const float *mask,
-                                  const float *gy, float *gq, float *gk, float *gv, float *gs,
-                                  const mt_attn_geom *g, int nt, void *workspace);
+                                  const float *probs, const float *gy, float *gq, float *gk, float *gv,
+                                  float *gs, const mt_attn_geom *g, int nt, void *workspace);
+    int (*attention_train_f32)(const float *q, const float *k, const float *v, const float *mask, float *out,
+                               float *probs, const mt_attn_geom *g, int nt);
 } mt_nn_kernels;
 
 #endif

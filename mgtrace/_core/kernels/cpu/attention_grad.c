@@ -2,10 +2,12 @@
  * training), one (batch, head) pair at a time, as the forward in
  * attention.c.
  *
- * The probabilities are recomputed from q, k and the mask rather than saved
- * by the forward: one more small GEMM per pair, and no [B, H, Sq, Sk]
- * tensor kept alive per layer between the passes (MiniLM 8 x 128: 6 MiB a
- * layer). With s = scale q k^T + mask and p = softmax(s) per row:
+ * The probabilities come from the training forward here
+ * (mt_attention_train_f32, the forward that also writes them: MiniLM
+ * 8 x 128 keeps 6 MiB a layer until its backward) or, given none, are
+ * recomputed from q, k and the mask (one more GEMM per pair, the q k^T of
+ * [Sq, Sk] from K = d, the slowest of the six at MiniLM's head size 32).
+ * With s = scale q k^T + mask and p = softmax(s) per row:
  *     gv = p^T gy,  gp = gy v^T,  gs = p (gp - sum_j(gp p)),
  *     gq = scale gs k,  gk = scale gs^T q,  gmask = gs
  * (PyTorch's softmax backward; the row sum in double). Per pair the
@@ -83,9 +85,43 @@ static MT_VCLONES void grad_softmax_back_row(const float *restrict p, float *res
     for (j = 0; j < n; j++) gp[j] = p[j] * (gp[j] - df);
 }
 
+/* the training forward of one pair: probs [sq, sk] dense, out heads-inner ([b, sq, h, dv] memory) */
+static void attention_train_pair(const float *q, const float *k, const float *v, const float *mask, float *out,
+                                 float *probs, const mt_attn_geom *g, int64_t p) {
+    const int64_t bi = p / g->h, hi = p % g->h, sq = g->sq, sk = g->sk, dv = g->dv;
+    const float *qp = q + bi * g->qs[0] + hi * g->qs[1];
+    const float *kp = k + bi * g->ks[0] + hi * g->ks[1];
+    const float *vp = v + bi * g->vs[0] + hi * g->vs[1];
+    float *pb = probs + p * sq * sk;
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)sq, (blasint)sk, (blasint)g->d,
+                      g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, pb, (blasint)sk);
+    const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
+    for (int64_t i = 0; i < sq; i++)
+        grad_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)sq, (blasint)dv, (blasint)sk,
+                      1.0f, pb, (blasint)sk, vp, (blasint)g->vs[2], 0.0f,
+                      out + bi * sq * g->h * dv + hi * dv, (blasint)(g->h * dv));
+}
+
+int mt_attention_train_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                           float *probs, const mt_attn_geom *g, int nthreads) {
+    const int64_t pairs = g->b * g->h;
+    if (pairs == 0 || g->sq == 0) return 0;
+    if (g->sk == 0) {           /* no keys: out = (an empty softmax) @ v, zero, as the sequence's matmul */
+        memset(out, 0, (size_t)(g->b * g->sq * g->h * g->dv) * sizeof(float));
+        return 0;
+    }
+    const int nt = nthreads > 1 && pairs > 1 ? (int)mt_min64(nthreads, pairs) : 1;
+    if (nt > 1) mt_nn_blas_single_begin();
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+    for (int64_t p = 0; p < pairs; p++) attention_train_pair(q, k, v, mask, out, probs, g, p);
+    if (nt > 1) mt_nn_blas_single_end();
+    return 0;
+}
+
 static void attention_backward_pair(const float *q, const float *k, const float *v, const float *mask,
-                                    const float *gy, float *gq, float *gk, float *gv, float *gs,
-                                    const mt_attn_geom *g, int64_t p, float *pb, float *gb) {
+                                    const float *probs, const float *gy, float *gq, float *gk, float *gv,
+                                    float *gs, const mt_attn_geom *g, int64_t p, float *pb, float *gb) {
     const int64_t bi = p / g->h, hi = p % g->h, sq = g->sq, sk = g->sk, d = g->d, dv = g->dv, h = g->h;
     const float *qp = q + bi * g->qs[0] + hi * g->qs[1];
     const float *kp = k + bi * g->ks[0] + hi * g->ks[1];
@@ -98,11 +134,15 @@ static void attention_backward_pair(const float *q, const float *k, const float 
     float *gkp = gk + bi * sk * h * d + hi * d;
     float *gvp = gv + bi * sk * h * dv + hi * dv;
     float *gsp = gs ? gs + p * sq * sk : gb;
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)sq, (blasint)sk, (blasint)d,
-                      g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, pb, (blasint)sk);
-    const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
-    for (int64_t i = 0; i < sq; i++)
-        grad_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
+    if (probs) {
+        pb = (float *)(probs + p * sq * sk);       /* read only below */
+    } else {
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)sq, (blasint)sk, (blasint)d,
+                          g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, pb, (blasint)sk);
+        const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
+        for (int64_t i = 0; i < sq; i++)
+            grad_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
+    }
     /* gv = p^T gy */
     scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)sk, (blasint)dv, (blasint)sq,
                       1.0f, pb, (blasint)sk, gyp, gys, 0.0f, gvp, (blasint)(h * dv));
@@ -118,7 +158,7 @@ static void attention_backward_pair(const float *q, const float *k, const float 
 }
 
 int mt_attention_backward_f32(const float *q, const float *k, const float *v, const float *mask,
-                              const float *gy, float *gq, float *gk, float *gv, float *gs,
+                              const float *probs, const float *gy, float *gq, float *gk, float *gv, float *gs,
                               const mt_attn_geom *g, int nthreads, void *workspace) {
     const int64_t pairs = g->b * g->h;
     if (pairs == 0) return 0;
@@ -140,7 +180,7 @@ int mt_attention_backward_f32(const float *q, const float *k, const float *v, co
 #else
         float *pb = ws;
 #endif
-        attention_backward_pair(q, k, v, mask, gy, gq, gk, gv, gs, g, p, pb, pb + g->sq * g->sk);
+        attention_backward_pair(q, k, v, mask, probs, gy, gq, gk, gv, gs, g, p, pb, pb + g->sq * g->sk);
     }
     if (nt > 1) mt_nn_blas_single_end();
     return 0;

@@ -235,8 +235,10 @@ int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *g
 /* fused attention's backward (attention_grad.c; nn_kernels.h's table member says what it computes) */
 int64_t mt_attention_backward_workspace(const mt_attn_geom *g, int nthreads);
 int mt_attention_backward_f32(const float *q, const float *k, const float *v, const float *mask,
-                              const float *gy, float *gq, float *gk, float *gv, float *gs,
+                              const float *probs, const float *gy, float *gq, float *gk, float *gv, float *gs,
                               const mt_attn_geom *g, int nthreads, void *workspace);
+int mt_attention_train_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                           float *probs, const mt_attn_geom *g, int nthreads);
 
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
