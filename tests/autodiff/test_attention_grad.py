@@ -131,6 +131,27 @@ def test_training_forward_and_saved_probabilities():
         _nn.attention_backward(*ops, 0.5, probs=probs[:, :, :4])
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_training_forward_and_saved_backward_on_any_thread_count(threads):
+    # one pair per thread or several, and more threads than pairs (b * h = 2)
+    rng = np.random.default_rng(15)
+    q, k, v, mask, gy = _operands(rng, b=2, h=1, sq=9, sk=11)
+    args64 = [a.astype(np.float64) for a in (q, k, v, mask)]
+    before = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        out, probs = _nn.attention_train(mt.tensor(q), mt.tensor(k), mt.tensor(v), mt.tensor(mask), 0.25)
+        grads = _nn.attention_backward(*(mt.tensor(a) for a in (q, k, v, mask, gy)), 0.25, need_mask=True,
+                                       probs=probs)
+    finally:
+        mt.set_num_threads(before)
+    want_out, want_p = _forward64(*args64, 0.25)
+    _close(out.numpy(), want_out)
+    _close(probs.numpy(), want_p)
+    for a, w in zip(grads, _backward64(*args64, gy.astype(np.float64), 0.25)):
+        _close(a.numpy(), w)
+
+
 def test_core_op_under_grad_manager_recomputes():
     # the core op (multi_head_attention's call) records no probabilities:
     # its backward recomputes them, the same gradients
