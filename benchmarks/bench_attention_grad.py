@@ -34,7 +34,7 @@ def main():
     shape = (a.batch, a.heads, a.seq, a.dim)
     q, k, v, g = (mt.tensor(rng.standard_normal(shape).astype(np.float32)) for _ in range(4))
     mask = mt.tensor(np.zeros((a.batch, 1, 1, a.seq), np.float32))
-    scale = 1 / np.sqrt(a.dim)
+    scale = 1 / a.dim ** 0.5       # a Python float: a NumPy float64 would promote the sequence to float64
 
     def sequence(q, k, v, m, s):
         return F.matmul(F.dropout(F.softmax(F.matmul(q, k, transpose_b=True) * s + m, axis=-1), 0.0), v)
