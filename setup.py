@@ -91,7 +91,8 @@ extensions = [
                f"{KERNELS}/attention.c", f"{KERNELS}/norm.c", f"{KERNELS}/pool.c",
                f"{KERNELS}/resize.c", f"{KERNELS}/blas_threads.c", f"{KERNELS}/cpu_features.c",
                f"{KERNELS}/grad.c", f"{KERNELS}/conv3d.c",
-               f"{KERNELS}/rnn_cell.c", f"{KERNELS}/lrn.c", f"{KERNELS}/train.c"],
+               f"{KERNELS}/rnn_cell.c", f"{KERNELS}/lrn.c", f"{KERNELS}/train.c",
+               f"{KERNELS}/attention_grad.c"],
         blas=True, parts=glob.glob(f"{KERNELS}/conv/*")),
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),

@@ -211,6 +211,12 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                     double weight_decay, int nesterov, int first, int nthreads) noexcept
     int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *gy, void *gx,
                             int64_t rows, int64_t cols, int nthreads) noexcept
+    int64_t mt_attention_backward_workspace(const mt_attn_geom *g, int nthreads) noexcept
+    int mt_attention_backward_f32(const float *q, const float *k, const float *v, const float *mask,
+                                  const float *probs, const float *gy, float *gq, float *gk, float *gv,
+                                  float *gs, const mt_attn_geom *g, int nthreads, void *workspace) noexcept
+    int mt_attention_train_f32(const float *q, const float *k, const float *v, const float *mask,
+                               float *out, float *probs, const mt_attn_geom *g, int nthreads) noexcept
 
     # this area's kernels on a device type (the CPU's below, a backend's from backend.h)
     ctypedef struct mt_nn_kernels:
@@ -299,6 +305,12 @@ cdef extern from "kernels/cpu/nn.h" nogil:
                               double eps, int nt) noexcept nogil
         int (*softmax_backward)(int dtype, int log_softmax, const void *y, const void *gy, void *gx,
                                 int64_t rows, int64_t cols, int nt) noexcept nogil
+        int64_t (*attention_backward_workspace)(const mt_attn_geom *g, int nt) noexcept nogil
+        int (*attention_backward_f32)(const float *q, const float *k, const float *v, const float *mask,
+                                      const float *probs, const float *gy, float *gq, float *gk, float *gv,
+                                      float *gs, const mt_attn_geom *g, int nt, void *workspace) noexcept nogil
+        int (*attention_train_f32)(const float *q, const float *k, const float *v, const float *mask,
+                                   float *out, float *probs, const mt_attn_geom *g, int nt) noexcept nogil
 
 cdef extern from *:
     """
@@ -413,6 +425,9 @@ _CPU.batch_norm_backward = mt_batch_norm_backward
 _CPU.sgd_step = mt_sgd_step
 _CPU.add_layer_norm = mt_add_layer_norm
 _CPU.softmax_backward = mt_softmax_backward
+_CPU.attention_backward_workspace = mt_attention_backward_workspace
+_CPU.attention_backward_f32 = mt_attention_backward_f32
+_CPU.attention_train_f32 = mt_attention_train_f32
 cpu_backend().nn = &_CPU          # the CPU backend's nn member
 
 
@@ -2935,6 +2950,155 @@ def softmax_backward(y, gy, int axis, bint log=False):
         rc = kn.softmax_backward(work, log, uy._data, ug._data, out._data, rows, cols, nt)
     _check_rc(op, rc, uy._device)
     return _finish(out, code)
+
+
+cdef tuple _attention_grad_operands(str op, tuple ts, mt_attn_geom *g, double scale):
+    """attention_train's / attention_backward's checks: q, k, v float32 of
+    shapes that fit, the mask broadcast to the scores; fills g (its os
+    left 0) and returns (q, k, v, mask) ready for BLAS."""
+    cdef Tensor tq, tk, tv, tm = None
+    cdef int i
+    for t in ts:
+        if t is not None and (<Tensor>t)._dtype != MT_FLOAT32:
+            raise TypeError(f"{op}: float32 operands only, got {(<Tensor>t).dtype}")
+    tq, tk, tv = ts[0], ts[1], ts[2]
+    for name, t in (("q", tq), ("k", tk), ("v", tv)):
+        if (<Tensor>t)._ndim != 4:
+            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
+                             f"{shape_tuple(<Tensor>t)}")
+    b, h, sq, d = shape_tuple(tq)
+    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
+        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
+                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
+    sk, dv = tk._shape[2], tv._shape[3]
+    if ts[3] is not None:
+        try:
+            tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
+        except ValueError:
+            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not "
+                             f"broadcast to the scores {(b, h, sq, sk)}") from None
+    tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
+    _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2], sq * sk))
+    g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
+    for i in range(4):
+        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
+        g.ms[i] = tm._strides[i] if tm is not None else 0
+    g.os[0] = g.os[1] = g.os[2] = 0
+    g.scale = scale
+    return tq, tk, tv, tm
+
+
+def attention_train(q, k, v, mask, scale):
+    """``attention(q, k, v, mask, scale)`` as a GradManager records it: the
+    output and the probabilities ``softmax(q @ k^T * scale + mask)``, which
+    attention_backward then reads instead of recomputing them (one C pass
+    per (batch, head) pair, cpu/attention_grad.c).
+
+    Args:
+        q, k, v, mask, scale: as attention's (float32; mask None or
+            broadcastable to [B, H, Sq, Sk]).
+
+    Returns:
+        (out, probs): out [B, H, Sq, Dv] (a view of heads-inner memory, as
+        attention's), probs [B, H, Sq, Sk] contiguous.
+
+    Raises:
+        ValueError: shapes that do not fit (as attention's).
+        TypeError: operands that are not float32.
+        NoKernelError: the device has no such kernel (CUDA: the rule
+            composes core ops)."""
+    cdef str op = "attention"
+    cdef Tensor tq, tk, tv, tm, out, probs
+    cdef mt_attn_geom g
+    cdef int rc, nt
+    ts = _operands(op, (q, k, v, mask))
+    tq, tk, tv, tm = _attention_grad_operands(op, tuple(ts), &g, A.to_float(op, "scale", scale))
+    cdef const mt_nn_kernels *kn = _kernels(op, tq)
+    _need(kn.attention_train_f32 != NULL, op + " (training forward)", tq)
+    cdef int64_t shp[4]
+    shp[0], shp[1], shp[2], shp[3] = g.b, g.sq, g.h, g.dv
+    out = empty(4, shp, MT_FLOAT32, tq._device)
+    shp[1], shp[2], shp[3] = g.h, g.sq, g.sk
+    probs = empty(4, shp, MT_FLOAT32, tq._device)
+    cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
+    nt = num_threads()
+    with nogil:
+        rc = kn.attention_train_f32(<const float *>tq._data, <const float *>tk._data, <const float *>tv._data,
+                                    mptr, <float *>out._data, <float *>probs._data, &g, nt)
+    _check_rc(op, rc, tq._device)
+    return out.transpose(0, 2, 1, 3), probs
+
+
+def attention_backward(q, k, v, mask, gy, scale, bint need_mask=False, probs=None):
+    """The gradients of ``attention(q, k, v, mask, scale)`` given its
+    output's gradient ``gy``, in one C pass per (batch, head) pair (the
+    formulas in cpu/attention_grad.c, PyTorch's for matmul and softmax).
+
+    Args:
+        q, k, v, mask, scale: the forward's operands (float32; mask None or
+            broadcastable to [B, H, Sq, Sk]).
+        gy: float32 [B, H, Sq, Dv], any strides.
+        need_mask: also return the scores' gradient (the mask's before it
+            is summed to the mask's shape).
+        probs: None (the probabilities recomputed from q, k and the mask)
+            or attention_train's probabilities for these operands.
+
+    Returns:
+        (gq, gk, gv, gs): q's, k's and v's shapes (views of heads-inner
+        memory, as the forward's output), gs [B, H, Sq, Sk] or None.
+
+    Raises:
+        ValueError: shapes that do not fit (as attention's), gy not of the
+            output's shape, probs not contiguous float32 [B, H, Sq, Sk].
+        TypeError: operands that are not float32.
+        NoKernelError: the device has no such kernel (CUDA: the rule
+            composes core ops)."""
+    cdef str op = "attention backward"
+    cdef Tensor tq, tk, tv, tm, tg, tp = None, gq, gk, gv, gs = None
+    cdef mt_attn_geom g
+    cdef int i, rc, nt
+    ts = _operands(op, (q, k, v, mask, gy))
+    tq, tk, tv, tm = _attention_grad_operands(op, tuple(ts), &g, float(scale))
+    tg = ts[4]
+    if tg._dtype != MT_FLOAT32:
+        raise TypeError(f"{op}: float32 operands only, got {tg.dtype}")
+    if shape_tuple(tg) != (g.b, g.h, g.sq, g.dv):
+        raise ValueError(f"{op}: gy of shape {shape_tuple(tg)}, want the output's {(g.b, g.h, g.sq, g.dv)}")
+    if probs is not None:
+        tp = _operands(op, (probs,))[0]
+        if tp._dtype != MT_FLOAT32 or shape_tuple(tp) != (g.b, g.h, g.sq, g.sk) or not is_contiguous(tp) \
+                or tp._device != tq._device:
+            raise ValueError(f"{op}: probs must be contiguous float32 {(g.b, g.h, g.sq, g.sk)} on q's "
+                             f"device, got {tp.dtype} {shape_tuple(tp)}")
+    cdef const mt_nn_kernels *kn = _kernels(op, tq)
+    _need(kn.attention_backward_f32 != NULL and kn.attention_backward_workspace != NULL, op, tq)
+    tg = _rows_ready(tg)
+    _check_blas(op, (tg._strides[2],))
+    for i in range(3):
+        g.os[i] = tg._strides[i]        # os[2] >= 1 after _rows_ready: never read as dense
+    cdef int64_t shp[4]
+    shp[0], shp[1], shp[2], shp[3] = g.b, g.sq, g.h, g.d
+    gq = empty(4, shp, MT_FLOAT32, tq._device)
+    shp[1] = g.sk
+    gk = empty(4, shp, MT_FLOAT32, tq._device)
+    shp[3] = g.dv
+    gv = empty(4, shp, MT_FLOAT32, tq._device)
+    if need_mask:
+        shp[1], shp[2], shp[3] = g.h, g.sq, g.sk
+        gs = empty(4, shp, MT_FLOAT32, tq._device)
+    nt = num_threads()
+    cdef Tensor ws = _workspace(op, kn.attention_backward_workspace(&g, nt), tq._device,
+                                f"q {tuple(tq.shape)}, k {tuple(tk.shape)}, v {tuple(tv.shape)}")
+    cdef const float *mptr = <const float *>tm._data if tm is not None else NULL
+    cdef const float *pptr = <const float *>tp._data if tp is not None else NULL
+    cdef float *gsptr = <float *>gs._data if gs is not None else NULL
+    with nogil:
+        rc = kn.attention_backward_f32(<const float *>tq._data, <const float *>tk._data,
+                                       <const float *>tv._data, mptr, pptr, <const float *>tg._data,
+                                       <float *>gq._data, <float *>gk._data, <float *>gv._data, gsptr,
+                                       &g, nt, ws._data if ws is not None else NULL)
+    _check_rc(op, rc, tq._device)
+    return gq.transpose(0, 2, 1, 3), gk.transpose(0, 2, 1, 3), gv.transpose(0, 2, 1, 3), gs
 
 
 # ------------------------------------------------------------------ conv3d (kernels/cpu/conv3d.c)

@@ -808,6 +808,22 @@ def _pad_pairs(pw, nd):
 def _attention_rule(c, g):
     q, k, v, mask = c.inputs
     scale = c.params["scale"]
+    if all(t is None or t.dtype.name == "float32" for t in (q, k, v, mask, g)):
+        # one C pass per (batch, head) pair, the probabilities recomputed
+        # (nn.attention_backward); the gradients are views of heads-inner
+        # memory, so a model's split of the heads (reshape, transpose)
+        # gives them back to its projections without a copy
+        need_mask = mask is not None and c.needs(3)
+        # F.attention under a recording manager saved the probabilities
+        # (attention_train); the core op's node (multi_head_attention's)
+        # has them recomputed. Taken out of the node: freed once used
+        probs = c.params.pop("probs", None)
+        try:
+            gq, gk, gv, gs = _nn.attention_backward(q, k, v, mask, g, scale, need_mask, probs)
+        except NoKernelError:
+            pass
+        else:
+            return gq, gk, gv, gs
     s = F.matmul(q, _swap(k)) * scale
     if mask is not None:
         s = s + mask
@@ -925,6 +941,31 @@ def _local_response_norm_fn(fn, args, kwargs):
                               float(a["beta"]))
 
 
+def _attention_fn(fn, args, kwargs):
+    """F.attention under a recording manager: float32 CPU operands run the
+    training forward (nn.attention_train: the output and the probabilities,
+    which the node keeps for its backward instead of recomputing them, one
+    [B, H, Sq, Sk] tensor until then), recorded as one ``attention`` node;
+    other operands, and operands no gradient flows through (no
+    probabilities worth keeping), as F.attention records them (the core
+    op, or the sequence for integer ones)."""
+    from mgtrace.autodiff import _tape
+    a = _bind(fn, args, kwargs)
+    q, k, v, mask = a["q"], a["k"], a["v"], a["mask"]
+    if all(isinstance(t, Tensor) and t.dtype.name == "float32" and t.device.type == "cpu"
+           for t in (q, k, v)) and (mask is None or (isinstance(mask, Tensor) and mask.dtype.name == "float32"
+                                                      and mask.device.type == "cpu")) \
+            and isinstance(a["scale"], (int, float)) and not isinstance(a["scale"], bool) \
+            and not _tape._no_grad_depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
+        try:
+            y, probs = _nn.attention_train(q, k, v, mask, float(a["scale"]))
+        except NoKernelError:
+            return fn(*args, **kwargs)
+        return _tape.record_computed("attention", RULES["attention"], (q, k, v, mask), y,
+                                     {"scale": float(a["scale"]), "probs": probs})
+    return fn(*args, **kwargs)
+
+
 def _linear_act_fn(fn, args, kwargs):
     """F.linear_act's fused bias-and-activation kernel is no op: recorded
     as F.linear followed by the activation."""
@@ -1012,6 +1053,6 @@ def _build():
 
 
 RULES = _build()
-FUNCTION_RULES = {"layer_norm": _layer_norm_fn, "batch_norm": _batch_norm_fn, "linear_act": _linear_act_fn,
-                  "local_response_norm": _local_response_norm_fn,
+FUNCTION_RULES = {"attention": _attention_fn, "layer_norm": _layer_norm_fn, "batch_norm": _batch_norm_fn,
+                  "linear_act": _linear_act_fn, "local_response_norm": _local_response_norm_fn,
                   "linear_add_layer_norm": _linear_add_layer_norm_fn}

@@ -105,9 +105,19 @@ class BertSelfAttention(M.Module):
 
     def forward(self, h, mask_bias):
         q, k, v = self._heads(self.query(h)), self._heads(self.key(h)), self._heads(self.value(h))
-        scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.attention_head_size))
-        probs = self.dropout(F.softmax(scores + mask_bias, axis=-1))
-        ctx = F.transpose(F.matmul(probs, v), (0, 2, 1, 3))         # [B, S, heads, head]
+        scale = 1.0 / math.sqrt(self.attention_head_size)
+        if self.dropout.p == 0:
+            # no dropout on the probabilities: the fused op (the same values
+            # up to float32 rounding), whose gradient is one C pass per
+            # (batch, head) pair where the sequence below records six ops
+            # and keeps the probabilities; the sequence stays for dropout
+            # (decided by p, not by self.training, so that a traced module
+            # computes the same in train() and eval())
+            ctx = F.transpose(F.attention(q, k, v, mask_bias, scale), (0, 2, 1, 3))
+        else:
+            scores = F.matmul(q, k, transpose_b=True) * scale
+            probs = self.dropout(F.softmax(scores + mask_bias, axis=-1))
+            ctx = F.transpose(F.matmul(probs, v), (0, 2, 1, 3))     # [B, S, heads, head]
         b, s = ctx.shape[:2]
         return F.reshape(ctx, (b, s, self.num_attention_heads * self.attention_head_size))
 

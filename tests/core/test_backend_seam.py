@@ -301,6 +301,8 @@ BACKWARD = {
                [(1, 2, 3, 4, 4), (3, 2, 2, 2, 2)]),
     "softmax": (("softmax_backward",), lambda x: F.softmax(x, axis=-1), [(3, 5)]),
     "log_softmax": (("softmax_backward",), lambda x: F.log_softmax(x, axis=-1), [(3, 5)]),
+    "attention": (("attention_backward_f32", "attention_backward_workspace"),
+                  lambda q, k, v: F.attention(q, k, v, scale=0.5), [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)]),
 }
 # what each raises on the stand-in: the first kernel it lacks (None: it ran
 # a fallback and its gradient needs no backward kernel)
@@ -314,6 +316,7 @@ MISSING_FIRST = {
     "batch_norm": None,                     # so does batch norm's
     "softmax": None,                        # its rule composes core ops without the kernel
     "log_softmax": None,
+    "attention": None,                      # its rule composes core ops (F.attention's node is the core op's)
 }
 MISSING_BACKWARD = re.compile(r"^no kernel for op '([\w ]+)' on device cuda:0 with dtype float32$")
 
@@ -322,6 +325,21 @@ def test_every_backward_member_of_the_nn_table_has_an_example():
     members = _backward_members()
     assert "act_backward" in members and "index_add" in members      # the header was read
     assert sorted({m for used, _, _ in BACKWARD.values() for m in used}) == members
+
+
+def test_attention_grad_kernels_missing_raise_the_one_text(fake_device):
+    # CUDA's nn table leaves the training forward and the backward NULL:
+    # called directly, each raises the one missing-kernel text (the rule
+    # and F.attention under a GradManager then compose core ops, above)
+    from mgtrace._core import nn as core_nn
+    core_tensor._install_test_backend("cuda", ALL_AREAS, False, False)
+    q, k = (mt.tensor(_f32(1, 2, 3, 4), device="cuda:0") for _ in range(2))
+    with pytest.raises(NoKernelError, match=re.escape(
+            "no kernel for op 'attention (training forward)' on device cuda:0 with dtype float32")):
+        core_nn.attention_train(q, k, k, None, 0.5)
+    with pytest.raises(NoKernelError, match=re.escape(
+            "no kernel for op 'attention backward' on device cuda:0 with dtype float32")):
+        core_nn.attention_backward(q, k, k, None, q, 0.5)
 
 
 def _gradients(name, device):

@@ -229,6 +229,21 @@ typedef struct mt_nn_kernels {
      * softmax: gx = y (gy - sum(gy y)), log_softmax: gx = gy - exp(y) sum(gy), per row */
     int (*softmax_backward)(int dtype, int log_softmax, const void *y, const void *gy, void *gx, int64_t rows,
                             int64_t cols, int nt);
+    /* attention_f32's gradients (the CPU's in cpu/attention_grad.c; CUDA leaves them NULL and the
+     * gradient rule composes core ops): q, k, v, mask and g->scale as the forward's geometry
+     * says, gy [b, h, sq, dv] with element strides g->os along b, h, sq (all 0: contiguous);
+     * writes gq [b, h, sq, d], gk [b, h, sk, d], gv [b, h, sk, dv] heads-inner ([b, s, h, d] in
+     * memory, as the forward's out) and, when gs is not NULL, the scores' gradient gs
+     * [b, h, sq, sk] contiguous (the mask's, before reduction to its shape); the probabilities
+     * are probs [b, h, sq, sk] contiguous as attention_train_f32 wrote them, or, probs NULL,
+     * recomputed from q, k and mask. attention_train_f32: the forward (out heads-inner, its os
+     * ignored) that also writes the probabilities to probs for the backward */
+    int64_t (*attention_backward_workspace)(const mt_attn_geom *g, int nt);
+    int (*attention_backward_f32)(const float *q, const float *k, const float *v, const float *mask,
+                                  const float *probs, const float *gy, float *gq, float *gk, float *gv,
+                                  float *gs, const mt_attn_geom *g, int nt, void *workspace);
+    int (*attention_train_f32)(const float *q, const float *k, const float *v, const float *mask, float *out,
+                               float *probs, const mt_attn_geom *g, int nt);
 } mt_nn_kernels;
 
 #endif

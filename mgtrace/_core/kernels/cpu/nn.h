@@ -232,6 +232,13 @@ int mt_sgd_step(int dtype, void *p, const void *g, void *buf, int64_t n, double 
                 double weight_decay, int nesterov, int first, int nthreads);
 int mt_softmax_backward(int dtype, int log_softmax, const void *y, const void *gy, void *gx, int64_t rows,
                         int64_t cols, int nthreads);
+/* fused attention's backward (attention_grad.c; nn_kernels.h's table member says what it computes) */
+int64_t mt_attention_backward_workspace(const mt_attn_geom *g, int nthreads);
+int mt_attention_backward_f32(const float *q, const float *k, const float *v, const float *mask,
+                              const float *probs, const float *gy, float *gq, float *gk, float *gv, float *gs,
+                              const mt_attn_geom *g, int nthreads, void *workspace);
+int mt_attention_train_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
+                           float *probs, const mt_attn_geom *g, int nthreads);
 
 /* below this many elements of work an nn loop stays on one thread */
 #define MT_NN_GRAIN 32768
