@@ -299,22 +299,10 @@ class Lowering:
                 not in KERNEL_FUNCTIONS:
             return False
         snap = self._snapshot()
-        self.new = []
-        known = []
-        for t in self._inputs_of(rec)[0]:
-            if _is_tensor(t):
-                if self.slot(t) is None:
-                    self._restore(snap)
-                    return False
-                known.append(t)
-        for t in tree_flatten(rec.out, _is_tensor)[0]:
-            if _is_tensor(t):
-                self.slot(t, create=True)
-                known.append(t)
-        ranges = []
-        for t in known:
-            data, _, st_ptr, nbytes, uid, *_ = _info(t)
-            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        ranges = self._storage_ranges(rec)
+        if ranges is None:
+            self._restore(snap)
+            return False
         scratch = {}                 # alloc index -> buffer: memory the op made for itself
         steps = []
         for c in caps:
@@ -341,6 +329,28 @@ class Lowering:
         self.steps.extend(steps)
         return True
 
+    def _storage_ranges(self, rec):
+        """``(start, end, slot)`` of the storage of each tensor ``rec``
+        reads or writes, its outputs given slots here; None when an input
+        has no slot (the caller restores its snapshot). Starts the list of
+        buffers this step makes (``self.new``)."""
+        self.new = []
+        known = []
+        for t in self._inputs_of(rec)[0]:
+            if _is_tensor(t):
+                if self.slot(t) is None:
+                    return None
+                known.append(t)
+        for t in tree_flatten(rec.out, _is_tensor)[0]:
+            if _is_tensor(t):
+                self.slot(t, create=True)
+                known.append(t)
+        ranges = []
+        for t in known:
+            _, _, st_ptr, nbytes, uid, *_ = _info(t)
+            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        return ranges
+
     def _quant_steps(self, rec):
         """Kernel steps for an int8 layer's recorded kernel calls
         (``rec.quant``), or False (then it is a Python step): each data
@@ -350,22 +360,10 @@ class Lowering:
         (packed weights, multipliers, pooling windows) copied into plan
         constants."""
         snap = self._snapshot()
-        self.new = []
-        known = []
-        for t in self._inputs_of(rec)[0]:
-            if _is_tensor(t):
-                if self.slot(t) is None:
-                    self._restore(snap)
-                    return False
-                known.append(t)
-        for t in tree_flatten(rec.out, _is_tensor)[0]:
-            if _is_tensor(t):
-                self.slot(t, create=True)
-                known.append(t)
-        ranges = []
-        for t in known:
-            data, _, st_ptr, nbytes, uid, *_ = _info(t)
-            ranges.append((st_ptr, st_ptr + nbytes, self.by_uid[uid]))
+        ranges = self._storage_ranges(rec)
+        if ranges is None:
+            self._restore(snap)
+            return False
         steps, written = [], {}
         for call, ptrs, ints, floats, nt in rec.quant:
             refs = []

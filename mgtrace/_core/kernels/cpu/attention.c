@@ -39,7 +39,8 @@ int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) {
 typedef double attn_v8d __attribute__((vector_size(64)));
 typedef float attn_v8f __attribute__((vector_size(32)));
 
-static MT_VCLONES void softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3, int64_t n) {
+MT_VCLONES void mt_attention_softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3,
+                                         int64_t n) {
     if (mrow) {
         if (ms3 == 1) for (int64_t j = 0; j < n; j++) row[j] += mrow[j];
         else for (int64_t j = 0; j < n; j++) row[j] += mrow[j * ms3];
@@ -82,7 +83,7 @@ static void attention_pair(const float *q, const float *k, const float *v, const
                       g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, s, (blasint)g->sk);
     const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
     for (int64_t i = 0; i < g->sq; i++)
-        softmax_row(s + i * g->sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], g->sk);
+        mt_attention_softmax_row(s + i * g->sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], g->sk);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)g->sq, (blasint)g->dv, (blasint)g->sk,
                       1.0f, s, (blasint)g->sk, vp, (blasint)g->vs[2], 0.0f, op,
                       (blasint)(dense ? g->dv : g->os[2]));

@@ -13,8 +13,8 @@
  * (PyTorch's softmax backward; the row sum in double). Per pair the
  * [Sq, Sk] buffers stay in the thread's cache between the five GEMMs, and
  * the pairs are shared over OpenMP threads running single-threaded BLAS.
- * The softmax is the forward's: the row's max subtracted, exp in float32
- * (mt_vmath.h), the sum in double, a NaN in the row makes it NaN.
+ * The softmax is the forward's own function (attention.c's
+ * mt_attention_softmax_row), so the recomputed probabilities are its bits.
  */
 #include <cblas.h>
 #include "nn.h"
@@ -23,52 +23,18 @@
 #include <omp.h>
 #endif
 
-MT_VMAP_LOOP(attn_grad_exp_f32, mt_vexp(x))
-
 int64_t mt_attention_backward_workspace(const mt_attn_geom *g, int nthreads) {
     return (int64_t)(nthreads < 1 ? 1 : nthreads) * 2 * g->sq * g->sk * 4;
 }
 
-/* The max and the NaN check over MT_VL-lane vectors, the double sums over 8
- * double lanes (GCC vector extensions): written as scalar loops GCC keeps
- * them scalar (a compare-select max; a double sum it may not reorder), and
- * those two loops took over a third of the kernel's time. */
+/* The softmax backward's double row sum over 8 double lanes (GCC vector
+ * extensions): written as a scalar loop GCC keeps it scalar (a double sum
+ * it may not reorder), as the forward's softmax sum in attention.c. */
 typedef double ag_v8d __attribute__((vector_size(64)));
 typedef float ag_v8f __attribute__((vector_size(32)));
 
 static inline double ag_hsum(ag_v8d a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-}
-
-static MT_VCLONES void grad_softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3,
-                                        int64_t n) {
-    if (mrow) {
-        if (ms3 == 1) for (int64_t j = 0; j < n; j++) row[j] += mrow[j];
-        else for (int64_t j = 0; j < n; j++) row[j] += mrow[j * ms3];
-    }
-    mt_vf mx = mt_vsplat(-INFINITY), poison = mt_vsplat(0.f);
-    int64_t j = 0;
-    for (; j + MT_VL <= n; j += MT_VL) {
-        mt_vf x; memcpy(&x, row + j, sizeof x);
-        mx = mt_vsel(x > mx, x, mx);
-        poison += x * 0.0f;        /* NaN for a NaN (or an infinity: then the exact check below) */
-    }
-    float m = -INFINITY, pz = 0;
-    for (int l = 0; l < MT_VL; l++) { m = mx[l] > m ? mx[l] : m; pz += poison[l]; }
-    for (; j < n; j++) { m = row[j] > m ? row[j] : m; pz += row[j] * 0.0f; }
-    if (pz != pz)
-        for (int64_t i = 0; i < n; i++) if (row[i] != row[i]) { m = NAN; break; }
-    for (int64_t i = 0; i < n; i++) row[i] -= m;
-    attn_grad_exp_f32(row, row, n);
-    ag_v8d acc = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (j = 0; j + 8 <= n; j += 8) {
-        ag_v8f x; memcpy(&x, row + j, sizeof x);
-        acc += __builtin_convertvector(x, ag_v8d);
-    }
-    double s = ag_hsum(acc);
-    for (; j < n; j++) s += row[j];
-    const float inv = (float)(1.0 / s);
-    for (int64_t i = 0; i < n; i++) row[i] *= inv;
 }
 
 /* gs = p (gp - sum(gp p)) in place over gp, one row of n */
@@ -97,7 +63,7 @@ static void attention_train_pair(const float *q, const float *k, const float *v,
                       g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, pb, (blasint)sk);
     const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
     for (int64_t i = 0; i < sq; i++)
-        grad_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
+        mt_attention_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)sq, (blasint)dv, (blasint)sk,
                       1.0f, pb, (blasint)sk, vp, (blasint)g->vs[2], 0.0f,
                       out + bi * sq * g->h * dv + hi * dv, (blasint)(g->h * dv));
@@ -141,7 +107,7 @@ static void attention_backward_pair(const float *q, const float *k, const float 
                           g->scale, qp, (blasint)g->qs[2], kp, (blasint)g->ks[2], 0.0f, pb, (blasint)sk);
         const float *mp = mask ? mask + bi * g->ms[0] + hi * g->ms[1] : NULL;
         for (int64_t i = 0; i < sq; i++)
-            grad_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
+            mt_attention_softmax_row(pb + i * sk, mp ? mp + i * g->ms[2] : NULL, g->ms[3], sk);
     }
     /* gv = p^T gy */
     scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)sk, (blasint)dv, (blasint)sq,

@@ -51,6 +51,10 @@ int mt_add_layer_norm(int dtype, const void *x, const void *x_bias, const void *
 int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads);
 int mt_attention_f32(const float *q, const float *k, const float *v, const float *mask, float *out,
                      const mt_attn_geom *g, int nthreads, void *workspace);
+/* one row of scores in place: + the mask row (element stride ms3, or none),
+ * softmax (row max subtracted, float32 exp, double sum); shared with the
+ * backward (attention_grad.c) so both see the same probabilities */
+void mt_attention_softmax_row(float *row, const float *mrow, int64_t ms3, int64_t n);
 /* mt_nn_blas_single_begin/end: OpenBLAS single-threaded while OpenMP threads
  * run their own GEMMs (blas_threads.h) */
 
