@@ -1385,6 +1385,30 @@ cdef Tensor _rows_ready(Tensor t):
     return <Tensor>t.contiguous()
 
 
+cdef tuple _attention_shapes(str op, Tensor tq, Tensor tk, Tensor tv, object mask):
+    """The sizes (B, H, Sq, Sk, D, Dv) of q [B, H, Sq, D], k [B, H, Sk, D]
+    and v [B, H, Sk, Dv], and the mask broadcast to the scores
+    [B, H, Sq, Sk] (None for none). Raises ValueError naming the shapes
+    when they do not fit."""
+    cdef Tensor tm = None
+    for name, t in (("q", tq), ("k", tk), ("v", tv)):
+        if t._ndim != 4:
+            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
+                             f"{shape_tuple(t)}")
+    b, h, sq, d = shape_tuple(tq)
+    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
+        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
+                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
+    sk, dv = tk._shape[2], tv._shape[3]
+    if mask is not None:
+        try:
+            tm = <Tensor>(<Tensor>mask).broadcast_to((b, h, sq, sk))
+        except ValueError:
+            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>mask)} does not broadcast "
+                             f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
+    return (b, h, sq, sk, d, dv), tm
+
+
 @core_op
 def attention(q, k, v, mask=None, scale=1.0):
     """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``
@@ -1420,22 +1444,8 @@ def attention(q, k, v, mask=None, scale=1.0):
     ts = _operands(op, (q, k, v, mask))
     code = _float_code(op, ts)
     tq, tk, tv = ts[0], ts[1], ts[2]
-    for name, t in (("q", tq), ("k", tk), ("v", tv)):
-        if (<Tensor>t)._ndim != 4:
-            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
-                             f"{shape_tuple(<Tensor>t)}")
-    b, h, sq, d = shape_tuple(tq)
-    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
-        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
-                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
-    sk, dv = tk._shape[2], tv._shape[3]
+    (b, h, sq, sk, d, dv), tm = _attention_shapes(op, tq, tk, tv, ts[3])
     scale = A.to_float(op, "scale", scale)
-    if ts[3] is not None:
-        try:
-            tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
-        except ValueError:
-            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not broadcast "
-                             f"to the scores [B, H, Sq, Sk] = {(b, h, sq, sk)}") from None
     cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tq._device).nn
     if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) or kn == NULL \
             or kn.attention_f32 == NULL or kn.attention_workspace == NULL:
@@ -2962,21 +2972,7 @@ cdef tuple _attention_grad_operands(str op, tuple ts, mt_attn_geom *g, double sc
         if t is not None and (<Tensor>t)._dtype != MT_FLOAT32:
             raise TypeError(f"{op}: float32 operands only, got {(<Tensor>t).dtype}")
     tq, tk, tv = ts[0], ts[1], ts[2]
-    for name, t in (("q", tq), ("k", tk), ("v", tv)):
-        if (<Tensor>t)._ndim != 4:
-            raise ValueError(f"{op}: expected {name} of shape [B, H, S, D] (4-D), got shape "
-                             f"{shape_tuple(<Tensor>t)}")
-    b, h, sq, d = shape_tuple(tq)
-    if shape_tuple(tk)[:2] != (b, h) or shape_tuple(tk)[3] != d or shape_tuple(tv)[:3] != shape_tuple(tk)[:3]:
-        raise ValueError(f"{op}: shapes do not fit: q {shape_tuple(tq)}, k {shape_tuple(tk)}, "
-                         f"v {shape_tuple(tv)} (want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv])")
-    sk, dv = tk._shape[2], tv._shape[3]
-    if ts[3] is not None:
-        try:
-            tm = <Tensor>(<Tensor>ts[3]).broadcast_to((b, h, sq, sk))
-        except ValueError:
-            raise ValueError(f"{op}: mask of shape {shape_tuple(<Tensor>ts[3])} does not "
-                             f"broadcast to the scores {(b, h, sq, sk)}") from None
+    (b, h, sq, sk, d, dv), tm = _attention_shapes(op, tq, tk, tv, ts[3])
     tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
     _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2], sq * sk))
     g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
