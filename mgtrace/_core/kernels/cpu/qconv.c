@@ -708,17 +708,24 @@ static uint8_t *q_alloc64(size_t n)
     return p;
 }
 
+/* *at, grown to n bytes (64-byte aligned) where it holds fewer: the old
+ * contents are dropped, as each caller rewrites what it reads */
+static uint8_t *q_grow(uint8_t **at, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        free(*at);
+        *cap = 0;
+        *at = q_alloc64(n);
+        if (!*at)
+            return NULL;
+        *cap = n;
+    }
+    return *at;
+}
+
 uint8_t *mt_q_scratch(size_t n)     /* also qpool.c's (one call at a time per thread) */
 {
-    if (n > scratch_cap) {
-        free(scratch_at);
-        scratch_cap = 0;
-        scratch_at = q_alloc64(n);
-        if (!scratch_at)
-            return NULL;
-        scratch_cap = n;
-    }
-    return scratch_at;
+    return q_grow(&scratch_at, &scratch_cap, n);
 }
 
 /* The calling thread's panel of two packed pixel blocks, kept for its
@@ -729,15 +736,7 @@ static __thread size_t panel_cap;
 
 static uint8_t *q_panel(size_t n)
 {
-    if (n > panel_cap) {
-        free(panel_at);
-        panel_cap = 0;
-        panel_at = q_alloc64(n);
-        if (!panel_at)
-            return NULL;
-        panel_cap = n;
-    }
-    return panel_at;
+    return q_grow(&panel_at, &panel_cap, n);
 }
 
 /* one dense conv call's constants, as its tiles read them */
