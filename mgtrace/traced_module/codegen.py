@@ -27,8 +27,11 @@ import re
 import types
 import weakref
 
+import numpy as np
+
 import mgtrace.functional as F
 from mgtrace._core import OpDef, Tensor, apply, op_table
+from mgtrace._core.dtype import qdtype_name, qdtype_str
 from mgtrace.traced_module.expr import (Apply, CallFunction, CallMethod, Constant, GetAttr,
                                         Input)
 from mgtrace.traced_module.graph import has_side_effect
@@ -423,11 +426,13 @@ def _bound_names(glb):
 
 def _describe(v):
     if isinstance(v, Tensor):
-        return f"Tensor {v.dtype.name}{list(v.shape)} (a constant recorded by the trace)"
+        return f"Tensor {qdtype_str(v.dtype)}{list(v.shape)} (a constant recorded by the trace)"
     if isinstance(v, TreeDef):
         return f"rebuilds a {getattr(v.type, '__qualname__', v.type)} from its leaves"
     if callable(v) and isinstance(getattr(v, "__qualname__", None), str):
         return f"{getattr(v, '__module__', None) or '?'}.{v.__qualname__}"
+    if isinstance(v, np.dtype) and qdtype_name(v) is not None:      # repr() shows a quantized dtype as its storage dtype
+        return qdtype_str(v)
     return repr(v)
 
 

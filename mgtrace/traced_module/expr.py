@@ -26,7 +26,10 @@ import os
 import sys
 import sysconfig
 
+import numpy as np
+
 from mgtrace._core import Tensor, op_table, tensor as _core_tensor
+from mgtrace._core.dtype import qdtype_name, qdtype_str
 from mgtrace.traced_module.errors import GraphError
 from mgtrace.traced_module.node import ModuleNode, Node
 from mgtrace.traced_module.pytree import tree_flatten, tree_leaves, tree_map
@@ -277,6 +280,8 @@ def _fmt(v):
     if isinstance(v, slice):
         parts = ("" if p is None else _fmt(p) for p in (v.start, v.stop, v.step))
         return ":".join(parts).rstrip(":") or ":"
+    if isinstance(v, np.dtype) and qdtype_name(v) is not None:      # a quantized dtype: its name, scale and zero point
+        return qdtype_str(v)
     return repr(v)
 
 

@@ -391,3 +391,20 @@ def test_collecting_generated_code_leaves_linecache_alone_until_the_next_compile
     other(_rand(1, 3))                      # the next compile takes it out
     assert name not in linecache.cache
     assert other._function(other.graph).__code__.co_filename in linecache.cache
+
+
+def test_a_quantized_dtype_argument_prints_with_its_scale_and_zero_point():
+    """repr() of a quantized dtype is its storage dtype (dtype('uint8')):
+    the graph and the generated code's comments hid which quantization an
+    expr applies. The values still run: quantize(1.0) at scale 0.1 and zero
+    point 3 is 13, (2.0) 23."""
+    from mgtrace.quantization import qdtype
+
+    class Quant(M.Module):
+        def forward(self, x):
+            return F.quantize(x, qdtype.quint8(0.1, 3))
+
+    tm = mt.trace_module(Quant(), mt.tensor(np.float32([1.0, 2.0])))
+    assert "F.quantize(%1:x, quint8(scale=0.1, zero_point=3))" in str(tm.graph)
+    assert "= quint8(scale=0.1, zero_point=3)\n" in tm.code
+    assert tm(mt.tensor(np.float32([1.0, 2.0]))).numpy().tolist() == [13, 23]
