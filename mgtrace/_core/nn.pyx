@@ -1447,8 +1447,12 @@ def attention(q, k, v, mask=None, scale=1.0):
     (b, h, sq, sk, d, dv), tm = _attention_shapes(op, tq, tk, tv, ts[3])
     scale = A.to_float(op, "scale", scale)
     cdef const mt_nn_kernels *kn = <const mt_nn_kernels *>backend_of(tq._device).nn
-    if code != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) or kn == NULL \
-            or kn.attention_f32 == NULL or kn.attention_workspace == NULL:
+    # each operand float32, not only their promotion: a float16 q, k or v
+    # beside float32 ones promotes to float32 and was read as float32 bytes
+    # (wrong numbers, past the end of its buffer)
+    if code != MT_FLOAT32 or tq._dtype != MT_FLOAT32 or tk._dtype != MT_FLOAT32 \
+            or tv._dtype != MT_FLOAT32 or (tm is not None and tm._dtype != MT_FLOAT32) \
+            or kn == NULL or kn.attention_f32 == NULL or kn.attention_workspace == NULL:
         # no fused kernel for this device or dtype: the op table's fallback
         return fallbacks.attention(tq, tk, tv, tm, scale)
     tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)

@@ -2,6 +2,8 @@
 import math
 import numbers
 
+import numpy as np
+
 from mgtrace import functional as _F
 from mgtrace._core import nn as _nn
 from mgtrace.optimizer.optimizer import _REQUIRED, Optimizer, write
@@ -9,8 +11,20 @@ from mgtrace.optimizer.optimizer import _REQUIRED, Optimizer, write
 __all__ = ["SGD", "Adam", "AdamW"]
 
 
-def _check(name, **kw):
-    for k, v in kw.items():
+def _plain(v):
+    """A 0-d NumPy array of numbers as its Python number (torch takes one as
+    a hyperparameter, and ``float(v)`` would: refusing it was a false
+    positive); anything else as it is."""
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
+        return v.item()
+    return v
+
+
+def _check(name, group, *keys):
+    """Check ``group[k]`` for each of ``keys``; a 0-d array is stored as its
+    Python number."""
+    for k in keys:
+        v = _plain(group[k])
         if v is _REQUIRED:
             continue
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
@@ -19,13 +33,22 @@ def _check(name, **kw):
             raise ValueError(f"{name}: {k} must be >= 0, got {v}")
         if v == math.inf:      # one step makes every parameter inf or NaN
             raise ValueError(f"{name}: {k} must be finite, got {v}")
+        group[k] = v
 
 
-def _check_betas(name, betas):
-    ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(
+def _check_betas(name, group):
+    """``group["betas"]``: two numbers in [0, 1) (a tuple, a list or a NumPy
+    array of two, as torch takes), stored as a tuple."""
+    betas = group["betas"]
+    if isinstance(betas, np.ndarray) and betas.shape == (2,) and betas.dtype.kind in "iuf":
+        betas = tuple(betas.tolist())
+    elif isinstance(betas, (tuple, list)):
+        betas = tuple(_plain(b) for b in betas)
+    ok = isinstance(betas, tuple) and len(betas) == 2 and all(
         isinstance(b, numbers.Real) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)
     if not ok:
-        raise ValueError(f"{name}: betas must be a pair of numbers in [0, 1), got {betas!r}")
+        raise ValueError(f"{name}: betas must be a pair of numbers in [0, 1), got {group['betas']!r}")
+    group["betas"] = betas
 
 
 class SGD(Optimizer):
@@ -55,8 +78,7 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay))
 
     def _check_group(self, group):
-        _check("SGD", lr=group["lr"], momentum=group["momentum"],
-               weight_decay=group["weight_decay"])
+        _check("SGD", group, "lr", "momentum", "weight_decay")
         if group["nesterov"] and group["momentum"] <= 0:
             raise ValueError("SGD: nesterov needs momentum > 0")
 
@@ -104,8 +126,8 @@ class Adam(Optimizer):
 
     def _check_group(self, group):
         name = type(self).__name__
-        _check(name, lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"])
-        _check_betas(name, group["betas"])
+        _check(name, group, "lr", "eps", "weight_decay")
+        _check_betas(name, group)
 
     def _update(self, p, g, st, group):
         b1, b2 = group["betas"]

@@ -36,15 +36,29 @@ A plan holds the module's tensors as they were compiled: change the module
 import gc
 import threading
 
+import numpy as np
+
 from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place)
-from mgtrace.plan._record import PlanError, record, retag
+from mgtrace.plan._record import PlanError, quant_tag, record, retag
 from mgtrace.traced_module.pytree import tree_flatten
 
 __all__ = ["Plan", "PlanError", "compile"]
+
+
+def _quant_key(t):
+    """A quantized input's quantized dtype, scale, zero point and axis (the
+    int8 steps' multipliers and the byte flip were made for them), None for
+    any other tensor."""
+    if quant_tag(t) is None:
+        return None
+    from mgtrace.quantization.qtensor import qparams_of
+    q = qparams_of(t)
+    zp = None if q.zero_point is None else np.asarray(q.zero_point.numpy(), np.float64).tobytes()
+    return (q.dtype_meta.name, np.asarray(q.scale.numpy(), np.float64).tobytes(), zp, q.axis)
 
 
 def _signature(inputs):
@@ -53,7 +67,8 @@ def _signature(inputs):
         if not isinstance(t, Tensor):
             return None
         _, _, _, _, _, dtype, dev, strides = _cplan.tensor_info(t)
-        sig.append((dtype, dev, tuple(t.shape), strides))
+        qkey = _quant_key(t)
+        sig.append((dtype if qkey is None else (dtype, qkey), dev, tuple(t.shape), strides))
     return tuple(sig)
 
 
@@ -196,7 +211,9 @@ class Plan:
     @property
     def signatures(self):
         """The input signatures that have a plan: per input (dtype code,
-        device id, shape, strides)."""
+        device id, shape, strides); a quantized input's dtype code is paired
+        with its qparams (dtype name, scale, zero point, axis), so an input
+        quantized with other qparams gets a plan of its own."""
         return list(self._programs)
 
     def stats(self, *inputs):

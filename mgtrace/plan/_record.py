@@ -336,7 +336,10 @@ def record(module, inputs, start_uid):
     try:
         with _hooks.installed(rec, tracing=True):
             _cplan.capture_begin()
-            out = module._call_impl(tuple(inputs), {})
+            if _opaque(module):     # an int8 layer compiled alone: recorded whole, as inside a model
+                out = rec.on_module_call(module, tuple(inputs), {})
+            else:
+                out = module._call_impl(tuple(inputs), {})
             rec._segment()
     finally:
         _cplan.capture_uninstall()

@@ -216,6 +216,23 @@ def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
     np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
 
 
+@pytest.mark.parametrize("half", ["q", "k", "v"])
+def test_attention_of_a_float16_operand_beside_float32_ones(rng, half):
+    # they promote to float32, which took the fused kernel: the float16
+    # operand's bytes were read as float32 (wrong numbers, errors of 0.2 to
+    # 9, and reads past the end of its buffer); it runs the fallback now
+    ops = {"q": rng.standard_normal((1, 2, 3, 4)), "k": rng.standard_normal((1, 2, 5, 4)),
+           "v": rng.standard_normal((1, 2, 5, 6))}
+    ops = {n: a.astype(np.float16 if n == half else np.float32) for n, a in ops.items()}
+    mask = rng.standard_normal((3, 5)).astype(np.float32)
+    for m in (None, mask):
+        got = F.attention(*(mt.tensor(ops[n]) for n in "qkv"),
+                          None if m is None else mt.tensor(m), scale=0.5)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got.numpy(), _attention_ref(ops["q"], ops["k"], ops["v"], m, 0.5),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_attention_writes_heads_inner_so_merging_the_heads_is_a_view(rng):
     """The [B, H, S, Dv] result is a view of [B, S, H, Dv] memory: BERT's
     transpose and reshape to [B, S, H * Dv] after it copy nothing, and each

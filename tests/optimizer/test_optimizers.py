@@ -194,3 +194,29 @@ def test_group_momentum_and_betas_are_checked():
     p.grad = mt.tensor(np.full(3, 2.0, np.float32))
     optim.SGD([{"params": [p], "lr": 0.25}], lr=1.0).step()
     assert p.numpy().tolist() == [0.5, 0.5, 0.5]
+
+
+def test_zero_d_arrays_and_numpy_betas_are_hyperparameters():
+    # np.array(0.1) as lr and np.array([0.9, 0.999]) as betas (torch takes
+    # both) were refused as "not a real number" / "not a pair"; they are
+    # the numbers they hold, in the constructor and in a group
+    p = mt.tensor(np.array([1.0, -2.0], np.float32))
+    opt = optim.SGD([p], lr=np.array(0.5), momentum=np.array(0.0))
+    p.grad = mt.tensor(np.array([0.5, 1.0], np.float32))
+    opt.step()
+    assert p.numpy().tolist() == [0.75, -2.5]             # p - 0.5 * g
+    assert type(opt.param_groups[0]["lr"]) is float
+    q = mt.tensor(np.array([1.0], np.float32))
+    adam = optim.Adam([q], lr=0.1, betas=np.array([0.9, 0.999]))
+    adam.add_param_group({"params": [mt.tensor(np.array([2.0], np.float32))],
+                          "betas": [np.array(0.5), np.float32(0.25)], "lr": np.array(1)})
+    assert adam.param_groups[0]["betas"] == (0.9, 0.999)
+    assert adam.param_groups[1]["betas"] == (0.5, 0.25) and adam.param_groups[1]["lr"] == 1
+    q.grad = mt.tensor(np.array([3.0], np.float32))
+    adam.step()
+    # Adam's first step moves by lr * g / (|g| + eps): 1 - 0.1
+    assert abs(q.numpy()[0] - 0.9) < 1e-6
+    with pytest.raises(ValueError, match="betas"):
+        optim.Adam([q], lr=0.1, betas=np.array([0.9, 0.999, 0.5]))
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        optim.SGD([q], lr=np.array([0.1]))

@@ -18,6 +18,7 @@ import mgtrace.functional as F
 import mgtrace.module as M
 import mgtrace.quantization as Q
 from mgtrace.quantization.qtensor import dequantize, is_quantized, qparams_of
+from mgtrace.quantization.qtensor import quantize as quantize_tensor
 from mgtrace.traced_module import trace_module
 
 
@@ -313,3 +314,38 @@ def test_undoing_steps_forgets_the_int8_constants_they_made():
     again = low._const_ref(w)            # made anew, at a buffer that exists
     assert again[0] < len(low.buffers)
     assert low.buffers[again[0]].const.numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("act", ["quint8", "qint8"])
+def test_an_int8_layer_compiles_alone_on_a_quantized_input(act):
+    # the compiled module itself an int8 layer: recorded whole, as inside a
+    # model (it read its input's scale into Python: a PlanError)
+    qm = _quantized_branches(QCONFIGS[act], 4)
+    xq = qm.quant(rand(1, 3, 6, 6, seed=2))
+    plan = mt.compile(qm.a, xq)
+    assert plan.stats()["python_steps"] == 0
+    got, want = plan(xq), qm.a(xq)
+    assert is_quantized(got) and same_bits(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("act", ["quint8", "qint8"])
+@pytest.mark.parametrize("alone", [False, True], ids=["in_sequential", "alone"])
+def test_an_input_quantized_with_other_qparams_gets_a_plan_of_its_own(act, alone):
+    # the int8 steps' multipliers were made for the example's scale; an
+    # input of the same dtype, shape and strides at twice the scale was
+    # replayed with them (silently wrong numbers)
+    qm = _quantized_branches(QCONFIGS[act], 4)
+    net = qm.a if alone else M.Sequential(qm.a)
+    x = rand(1, 3, 6, 6, seed=2)
+    xq = qm.quant(x)
+    qp = qparams_of(xq)
+    zp = None if qp.zero_point is None else float(qp.zero_point.numpy())
+    x2 = quantize_tensor(x, dtype=qp.dtype_meta.name, scale=2 * float(qp.scale.numpy()),
+                         zero_point=zp)
+    plan = mt.compile(net, xq)
+    want = qm.a(x2)
+    got = plan(x2)
+    assert same_bits(got.numpy(), want.numpy())
+    assert same_bits(dequantize(got).numpy(), dequantize(want).numpy())
+    assert len(plan.signatures) == 2 and plan.misses == 0
+    assert same_bits(plan(xq).numpy(), qm.a(xq).numpy())      # the first plan still serves xq
