@@ -86,6 +86,8 @@ def _number(v, what):
     if isinstance(v, Tensor):
         v = v.numpy()
     a = np.asarray(v)
+    if a.dtype == np.bool_:
+        raise QuantizationError(f"a quantized dtype's {what} is a number, got {v!r}")
     if a.size != 1:
         raise QuantizationError(f"a quantized dtype's {what} is one number (per-tensor), got "
                                 f"shape {a.shape}")

@@ -83,11 +83,13 @@ class QuantMode(enum.Enum):
     ASYMMETRIC = 2
 
 
-def _as_tensor(value):
+def _as_tensor(value, what):
     if value is None:
         return None
     if hasattr(value, "numpy") and hasattr(value, "dtype"):
         return value
+    if np.asarray(value).dtype == np.bool_:     # float32(True) would quietly be 1.0
+        raise QuantizationError(f"qparams: {what} must be a number, got {value!r}")
     return _tensor(np.asarray(value, dtype=np.float32))
 
 
@@ -178,7 +180,7 @@ def create_qparams(mode=QuantMode.SYMMERTIC, dtype_meta=None, scale=None, zero_p
         raise QuantizationError(f"mode must be a QuantMode, got {mode!r}")
     if dtype_meta is not None:
         dtype_meta = quant_dtype(dtype_meta)
-    return QParams(mode, dtype_meta, _as_tensor(scale), _as_tensor(zero_point), axis)
+    return QParams(mode, dtype_meta, _as_tensor(scale, "scale"), _as_tensor(zero_point, "zero_point"), axis)
 
 
 def _channel_shape(param, x, axis):

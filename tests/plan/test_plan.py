@@ -543,6 +543,37 @@ def test_guard_miss_replans_up_to_cache_size_then_runs_the_module():
     assert same_bits(plan(x64).numpy(), tm(x64).numpy()) and plan.misses == 3
 
 
+
+def test_two_threads_with_new_signatures_never_overfill_the_cache(monkeypatch):
+    """Both threads pass __call__'s cache check before either plan is made
+    (a barrier holds them there): the cache took one plan past cache_size.
+    Now the one past it serves its call without being kept; both results
+    are the module's."""
+    import mgtrace.plan as mplan
+    net = M.Sequential(M.Linear(4, 3), M.ReLU()).eval()
+    tm = mt.trace_module(net, rand(2, 4))
+    plan = mt.compile(tm, rand(2, 4), cache_size=2)
+    barrier, real = threading.Barrier(2, timeout=60), mplan._Program
+
+    def program(module, inputs):
+        barrier.wait()
+        return real(module, inputs)
+
+    monkeypatch.setattr(mplan, "_Program", program)
+    xs, out = [rand(5, 4, seed=3), rand(7, 4, seed=4)], [None, None]
+
+    def run(i):
+        out[i] = plan(xs[i]).numpy()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(plan.signatures) == 2
+    for x, y in zip(xs, out):
+        assert same_bits(y, tm(x).numpy())
+
 def test_plan_survives_save_and_load_of_its_module(tmp_path):
     from mgtrace import models
     net = models.resnet18(num_classes=10).eval()

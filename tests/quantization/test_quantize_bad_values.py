@@ -110,3 +110,17 @@ def test_per_channel_scales_must_fit_their_axis(scale, axis, match):
     # the same scales along a fitting axis: 1 / 0.1 = 10, 1 / 0.2 = 5
     ok = Q.create_qparams(Q.QuantMode.SYMMERTIC, "qint8", scale=np.array([0.1, 0.2], F32), axis=-2)
     assert Q.quantize_tensor(np.ones((2, 3), F32), ok).numpy().tolist() == [[10] * 3, [5] * 3]
+
+
+@pytest.mark.parametrize("kw", [{"scale": True}, {"scale": np.bool_(True)},
+                                {"scale": 0.1, "zero_point": True}])
+def test_a_bool_is_not_a_scale_or_zero_point(kw):
+    """float32(True) is 1.0: quantize(x, scale=True) quantized at scale 1
+    without a word. Refused in quantize and in create_quantized_dtype; the
+    number itself still works (2.0 at scale 1 is 2)."""
+    with pytest.raises(Q.QuantizationError, match="must be a number|is a number"):
+        Q.quantize_tensor(np.float32([2.0]), dtype="quint8", **{"zero_point": 0, **kw})
+    with pytest.raises(Q.QuantizationError, match="is a number"):
+        Q.create_quantized_dtype("quint8", kw["scale"], kw.get("zero_point", 0))
+    assert Q.quantize_tensor(np.float32([2.0]), dtype="quint8", scale=1.0,
+                             zero_point=0).numpy().tolist() == [2]
