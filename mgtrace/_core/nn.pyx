@@ -1409,6 +1409,19 @@ cdef tuple _attention_shapes(str op, Tensor tq, Tensor tk, Tensor tv, object mas
     return (b, h, sq, sk, d, dv), tm
 
 
+cdef void _fill_attn_geom(mt_attn_geom *g, tuple dims, Tensor tq, Tensor tk, Tensor tv, Tensor tm,
+                          double scale):
+    """g's sizes (B, H, Sq, Sk, D, Dv), the operands' strides (the mask's 0
+    for none) and scale; the output strides 0 (the caller's to set)."""
+    cdef int i
+    g.b, g.h, g.sq, g.sk, g.d, g.dv = dims
+    for i in range(4):
+        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
+        g.ms[i] = tm._strides[i] if tm is not None else 0
+    g.os[0] = g.os[1] = g.os[2] = 0
+    g.scale = scale
+
+
 @core_op
 def attention(q, k, v, mask=None, scale=1.0):
     """Scaled dot-product attention: ``softmax(q @ k^T * scale + mask) @ v``
@@ -1457,11 +1470,7 @@ def attention(q, k, v, mask=None, scale=1.0):
         return fallbacks.attention(tq, tk, tv, tm, scale)
     tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
     _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2]))
-    g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
-    for i in range(4):
-        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
-        g.ms[i] = tm._strides[i] if tm is not None else 0
-    g.scale = float(scale)
+    _fill_attn_geom(&g, (b, h, sq, sk, d, dv), tq, tk, tv, tm, float(scale))
     # out is written heads-inner, [b, sq, h, dv] in memory, and returned as
     # the [b, h, sq, dv] view: a model's merge of the heads after it
     # (transpose(0, 2, 1, 3), reshape to [b, sq, h * dv]) is then a view,
@@ -2979,12 +2988,7 @@ cdef tuple _attention_grad_operands(str op, tuple ts, mt_attn_geom *g, double sc
     (b, h, sq, sk, d, dv), tm = _attention_shapes(op, tq, tk, tv, ts[3])
     tq, tk, tv = _rows_ready(tq), _rows_ready(tk), _rows_ready(tv)
     _check_blas(op, (sq, sk, d, dv, tq._strides[2], tk._strides[2], tv._strides[2], sq * sk))
-    g.b, g.h, g.sq, g.sk, g.d, g.dv = b, h, sq, sk, d, dv
-    for i in range(4):
-        g.qs[i], g.ks[i], g.vs[i] = tq._strides[i], tk._strides[i], tv._strides[i]
-        g.ms[i] = tm._strides[i] if tm is not None else 0
-    g.os[0] = g.os[1] = g.os[2] = 0
-    g.scale = scale
+    _fill_attn_geom(g, (b, h, sq, sk, d, dv), tq, tk, tv, tm, scale)
     return tq, tk, tv, tm
 
 

@@ -72,10 +72,9 @@ class SGD(Optimizer):
     """
 
     def __init__(self, params, lr=_REQUIRED, momentum=0.0, nesterov=False, weight_decay=0.0):
-        self._check_group(dict(lr=lr, momentum=momentum, nesterov=nesterov,
-                               weight_decay=weight_decay))
-        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
-                                      weight_decay=weight_decay))
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        self._check_group(defaults)         # checked and normalised before any group
+        super().__init__(params, defaults)
 
     def _check_group(self, group):
         _check("SGD", group, "lr", "momentum", "weight_decay")
@@ -120,9 +119,9 @@ class Adam(Optimizer):
     _decoupled = False
 
     def __init__(self, params, lr=_REQUIRED, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        self._check_group(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self._check_group(defaults)         # betas stored as a tuple
+        super().__init__(params, defaults)
 
     def _check_group(self, group):
         name = type(self).__name__
