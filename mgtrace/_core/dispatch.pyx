@@ -27,7 +27,7 @@ from mgtrace._core.kernels cimport (
     mt_ternary_loops, mt_cast_loops, mt_fill_loops, mt_unary_names, mt_binary_names,
     mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
-    mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
+    mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_pin_run_threads, mt_set_adaptive_threads,
     mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_BK_ENOKERNEL, MT_EW_UNARY,
     MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise, mt_cpu_has_elementwise,
     mt_complex_init, mt_complex_make_loop, mt_complex_part_loop, MT_CPART_REAL, MT_CPART_IMAG,
@@ -1101,6 +1101,16 @@ def run_threads():
     """Threads the next kernel would use (the adaptive count, for tests and
     benchmarks)."""
     return mt_run_threads()
+
+
+def _pin_run_threads(int n):
+    """Kernels run in the calling thread use exactly ``n`` threads (0:
+    unpin, back to :func:`run_threads`' rule) until pinned again; other
+    threads are not affected. Returns the previous pin (0 for none). For
+    :mod:`mgtrace.plan`, which records a program at the count it replays at."""
+    if n < 0:
+        raise ValueError(f"a pinned thread count is >= 0, got {n}")
+    return mt_pin_run_threads(min(n, 1024))
 
 
 cdef int num_threads() noexcept nogil:
