@@ -203,6 +203,24 @@ def to_float(fn, name, v, finite=False):
     return f
 
 
+def to_float_scalar(fn, name, v, finite=False):
+    """v as a Python float, read once: a real number (as :func:`to_float`),
+    or a 0-d NumPy array or 0-d Tensor of an integer or float dtype (a scale
+    computed with NumPy or mgtrace). The bool dtype, complex and other
+    dtypes raise TypeError; an array or Tensor that is not 0-d, ValueError
+    naming its shape; ``finite=True``: ValueError for inf and nan."""
+    if isinstance(v, (np.ndarray, Tensor)):
+        if v.ndim != 0:
+            raise ValueError(f"{fn}: {name} must be a number or a 0-d array or Tensor, got "
+                             f"a {type(v).__name__} of shape {tuple(v.shape)}")
+        dt = v.dtype
+        if not (dt.kind in "iuf" or dt.name == "bfloat16") or getattr(v, "_qdtype", None) is not None:
+            raise TypeError(f"{fn}: {name} must be a real number, got a 0-d {type(v).__name__} "
+                            f"of dtype {dt.name}")
+        v = float(v.item())
+    return to_float(fn, name, v, finite)
+
+
 def to_bool(fn, name, v):
     """v as a Python bool: a bool or a NumPy bool only (1 and "yes" are refused:
     TypeError)."""

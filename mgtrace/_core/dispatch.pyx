@@ -27,14 +27,14 @@ from mgtrace._core.kernels cimport (
     mt_ternary_loops, mt_cast_loops, mt_fill_loops, mt_unary_names, mt_binary_names,
     mt_ternary_names, mt_unary_rules, mt_binary_rules, mt_ternary_rules, MT_NUNARY, MT_NBINARY,
     MT_NTERNARY, MT_RULE_SAME, MT_RULE_FLOAT, MT_RULE_BOOL, MT_RULE_INT, mt_f2h, mt_f2bf,
-    mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_set_adaptive_threads,
+    mt_get_num_threads, mt_set_num_threads, mt_run_threads, mt_pin_run_threads, mt_set_adaptive_threads,
     mt_get_adaptive_threads, mt_ew_call, mt_backend, MT_BK_ENOKERNEL, MT_EW_UNARY,
     MT_EW_BINARY, MT_EW_TERNARY, MT_EW_CAST, MT_EW_FILL, mt_cpu_elementwise, mt_cpu_has_elementwise,
     mt_complex_init, mt_complex_make_loop, mt_complex_part_loop, MT_CPART_REAL, MT_CPART_IMAG,
     MT_CPART_ABS, MT_CPART_ANGLE)
 from mgtrace._core.tensor cimport (
     Tensor, empty, view_of, numel, is_contiguous, install_dispatch, to_tensor, shape_tuple,
-    parse_shape, trace_hook, set_trace_hook, backend_of, backend_error, cpu_backend, on_host)
+    parse_shape, trace_hook, set_trace_hook, traced_here, PyThread_get_thread_ident, backend_of, backend_error, cpu_backend, on_host)
 from mgtrace._core.tensor import missing_kernel as _missing_kernel
 from mgtrace._core.dtype cimport (
     ITEMSIZE, CATEGORY, PROMOTE, NP_DTYPES, dtype_code, scalar_code, float_result,
@@ -95,7 +95,9 @@ cdef inline void check_bool_op(str kind, int op, int code) except *:
 
 # ------------------------------------------------------------------ tracing
 
-cdef bint _tracing = False     # the module-tracing switch: one check per op when off
+# the module-tracing switch: the id of the thread tracing, 0 when none (one
+# check per op when off; another thread's ops run eagerly, see traced_here)
+cdef unsigned long _tracing = 0
 _IMPLS = {}   # op name -> callable(*inputs, **params)
 _ARITY = {}   # op name -> number of inputs, where fixed
 _SEQUENCE = set()   # ops whose inputs are one sequence argument (concat, stack)
@@ -153,7 +155,7 @@ def apply(op, *inputs):
             if c is not None and (<CoreOp>c)._qmode:
                 _quantized_core_op(<CoreOp>c, dict(zip(c.op.inputs, inputs), **op.params))
             break
-    if _tracing:
+    if traced_here(_tracing):
         return traced(op.name, inputs, op.params)
     impl = _IMPLS.get(op.name)
     if impl is None:
@@ -169,11 +171,12 @@ def apply(op, *inputs):
 cdef object traced(str name, tuple inputs, dict params):
     """Hands one op to the trace hook with tracing switched off meanwhile."""
     global _tracing
-    _tracing = False
+    cdef unsigned long owner = _tracing
+    _tracing = 0
     try:
         return trace_hook().on_apply(OpDef(name, params), *inputs)
     finally:
-        _tracing = True
+        _tracing = owner
 
 
 cdef object traced_args(str name, tuple args):
@@ -193,22 +196,33 @@ cdef object traced_into(str name, tuple inputs, object out):
     return traced(name, inputs, {"out": out})
 
 
-def _install_hook(hook, bint tracing):
+def _install_hook(hook, tracing):
     """Make ``hook`` the trace hook and set the switch (for
-    :func:`mgtrace._core.trace_hooks.installed`, the one writer)."""
+    :func:`mgtrace._core.trace_hooks.installed`, the one writer).
+    ``tracing``: False (off), True (on for the calling thread) or a thread
+    id as :func:`_tracing_thread` returned it (putting a saved state back)."""
     global _tracing
     if tracing and hook is None:
         raise RuntimeError("module tracing needs a trace hook (see mgtrace._core.trace_hooks)")
     set_trace_hook(hook)
-    _tracing = tracing
+    if tracing is True:
+        _tracing = PyThread_get_thread_ident()
+    else:
+        _tracing = <unsigned long>tracing if tracing else 0
+
+
+def _tracing_thread():
+    """The id of the thread whose ops are traced, 0 when none."""
+    return _tracing
 
 
 def is_tracing_module():
-    return _tracing
+    """Whether the calling thread's core ops go to the trace hook."""
+    return traced_here(_tracing)
 
 
 cpdef bint tracing_active():
-    return _tracing
+    return traced_here(_tracing)
 
 
 def _freeze(v):
@@ -285,7 +299,7 @@ cdef object _core_op_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
                     a.update(zip(<tuple><object>kwnames, [<object>args[i] for i in range(nargs, n)]))
                 _quantized_core_op(c, a)
                 break
-    if not _tracing:
+    if not traced_here(_tracing):
         return PyObject_Vectorcall(c.impl, args, <size_t>nargs, kwnames)
     kwargs = {}
     if kwnames != NULL:
@@ -671,7 +685,7 @@ def cast_(x, code):
         raise TypeError(f"expected a Tensor, not {type(x).__name__}")
     if (<Tensor>x)._qdtype is not None and code != (<Tensor>x)._dtype:    # copy() keeps the dtype
         refuse_quantized("astype", (x,))    # the integers as numbers (the ops' int -> float32)
-    if _tracing:
+    if traced_here(_tracing):
         return traced_args("astype", (x, DTYPE_NAMES[code]))
     return cast(<Tensor>x, code)
 
@@ -806,7 +820,7 @@ cdef int refuse_quantized(str name, tuple operands) except -1:
 cdef object binary(int op, object a, object b, object out):
     if _quantized(a) or _quantized(b) or _quantized(out):
         refuse_quantized(mt_binary_names[op].decode(), (a, b))
-    if _tracing:
+    if traced_here(_tracing):
         return traced_into(mt_binary_names[op].decode(), (a, b), out)
     cdef Tensor ta = None, tb = None, to = None, res
     cdef int ca, cb, dev, code, cdt, rdt, rule = mt_binary_rules[op]
@@ -901,7 +915,7 @@ cdef object binary(int op, object a, object b, object out):
 cdef object unary(int op, object a, object out):
     if _quantized(a) or _quantized(out):
         refuse_quantized(mt_unary_names[op].decode(), (a,))
-    if _tracing:
+    if traced_here(_tracing):
         return traced_into(mt_unary_names[op].decode(), (a,), out)
     cdef Tensor ta, res, to = None
     cdef int rule = mt_unary_rules[op], cdt, rdt
@@ -945,7 +959,7 @@ cdef object ternary(int op, object a, object b, object c):
     cdef str name = mt_ternary_names[op].decode()
     if _quantized(a) or _quantized(b) or _quantized(c):
         refuse_quantized(name, (a, b, c))
-    if _tracing:
+    if traced_here(_tracing):
         return traced(name, (a, b, c), {})
     cdef list ts = [a, b, c]
     cdef Tensor t, res
@@ -1087,6 +1101,16 @@ def run_threads():
     """Threads the next kernel would use (the adaptive count, for tests and
     benchmarks)."""
     return mt_run_threads()
+
+
+def _pin_run_threads(int n):
+    """Kernels run in the calling thread use exactly ``n`` threads (0:
+    unpin, back to :func:`run_threads`' rule) until pinned again; other
+    threads are not affected. Returns the previous pin (0 for none). For
+    :mod:`mgtrace.plan`, which records a program at the count it replays at."""
+    if n < 0:
+        raise ValueError(f"a pinned thread count is >= 0, got {n}")
+    return mt_pin_run_threads(min(n, 1024))
 
 
 cdef int num_threads() noexcept nogil:

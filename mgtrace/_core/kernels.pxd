@@ -19,6 +19,7 @@ cdef extern from "kernels/cpu/mt_common.h" nogil:
     int mt_get_num_threads() noexcept
     void mt_set_num_threads(int n) noexcept
     int mt_run_threads() noexcept
+    int mt_pin_run_threads(int n) noexcept
     void mt_set_adaptive_threads(int on) noexcept
     int mt_get_adaptive_threads() noexcept
     void mt_nd_loop(mt_loop_fn fn, int nargs, char **base, int ndim, const int64_t *shape,

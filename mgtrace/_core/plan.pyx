@@ -659,6 +659,27 @@ cdef class Executor:
                 k += 1
         return k, self.n - k
 
+    def step_threads(self):
+        """Per step, the thread count its kernel is called with (recorded
+        with the call), or None where the kernel picks its own when it runs
+        (elementwise, gather, Python steps)."""
+        cdef int64_t i
+        cdef int kind
+        out = []
+        for i in range(self.n):
+            kind = self.steps[i].kind
+            if kind == MT_STEP_GEMM:
+                out.append(self.steps[i].u.gemm.nt)
+            elif kind == MT_STEP_NN:
+                out.append(self.steps[i].u.nn.nt)
+            elif kind == MT_STEP_REDUCE:
+                out.append(self.steps[i].u.red.nt)
+            elif kind == MT_STEP_QUANT:
+                out.append(self.steps[i].u.quant.nt)
+            else:
+                out.append(None)
+        return out
+
     def run(self, tuple inputs, object step_fn, bint timed=False):
         """Replays every step for ``inputs`` (checked by the caller's guard);
         returns the :class:`Run` (its buffers hold the outputs), or None when

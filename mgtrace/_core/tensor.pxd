@@ -19,10 +19,19 @@ cdef class Tensor:
 ctypedef object (*binary_fn)(int op, object a, object b, object out)
 ctypedef object (*unary_fn)(int op, object a, object out)
 ctypedef object (*traced_fn)(str name, tuple args)     # inputs, then params (op table order)
-cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept
+cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, unsigned long *tracing) noexcept
 # the one trace hook object (see mgtrace._core.trace_hooks); read only while tracing is on
 cdef object trace_hook()
 cdef void set_trace_hook(object hook) noexcept
+
+# The module-tracing switch is the id of the thread that turned it on (0:
+# off): tracing belongs to that thread, and every other thread's ops run
+# eagerly, unrecorded. Off, a check is one load and compare, as a flag was.
+cdef extern from "pythread.h":
+    unsigned long PyThread_get_thread_ident() nogil
+
+cdef inline bint traced_here(unsigned long owner) noexcept:
+    return owner != 0 and owner == PyThread_get_thread_ident()
 
 cdef Tensor empty(int ndim, const int64_t *shape, int dtype, int device)
 cdef Tensor empty_like_shape(tuple shape, int dtype, int device)

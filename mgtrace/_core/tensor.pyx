@@ -33,8 +33,8 @@ cnp.import_array()
 cdef binary_fn _binary = NULL
 cdef unary_fn _unary = NULL
 cdef traced_fn _traced = NULL
-cdef bint _no_tracing = False
-cdef bint *_tracing = &_no_tracing   # dispatch's module-tracing switch
+cdef unsigned long _no_tracing = 0
+cdef unsigned long *_tracing = &_no_tracing   # dispatch's module-tracing switch (see traced_here)
 cdef object _hook = None            # the trace hook object, set with the switch by dispatch
 _OPS = {}   # Python-level ops installed by the other core modules (copy, getitem, reductions...)
 
@@ -48,7 +48,7 @@ cdef void set_trace_hook(object hook) noexcept:
     _hook = hook
 
 
-cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, bint *tracing) noexcept:
+cdef void install_dispatch(binary_fn b, unary_fn u, traced_fn t, unsigned long *tracing) noexcept:
     global _binary, _unary, _traced, _tracing
     _binary = b
     _unary = u
@@ -622,7 +622,7 @@ def tensor(data, dtype=None, device=None):
     >>> tensor([1.0]).dtype
     dtype('float32')
     """
-    if _tracing[0]:                 # a module is traced: the tracer records the creation
+    if traced_here(_tracing[0]):                 # a module is traced: the tracer records the creation
         return _hook.on_create(None, data, dtype, device)
     return to_tensor(data, dtype, device_id(device))
 
@@ -1080,7 +1080,7 @@ cdef class Tensor:
     def __init__(self, data=None, dtype=None, device=None):
         if data is None:
             data = []
-        if _tracing[0] and self._st == NULL:
+        if traced_here(_tracing[0]) and self._st == NULL:
             _hook.on_create(self, data, dtype, device)   # records it, then runs this again
             return
         cdef Tensor src = to_tensor(data, dtype, device_id(device))
@@ -1114,14 +1114,14 @@ cdef class Tensor:
         if value is not None and not isinstance(value, str):
             raise TypeError(f"a tensor name is a str or None, not {type(value).__name__}")
         setattr(self, "_name", value)
-        if _tracing[0] and value:
+        if traced_here(_tracing[0]) and value:
             _hook.on_name(self, value)
 
     @property
     def shape(self):
         """Dimensions, a tuple of ints (while a module is traced, ints that
         remember where they came from, so shape arithmetic is recorded)."""
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _hook.on_shape(self)
         return tuple([self._shape[i] for i in range(self._ndim)])
 
@@ -1195,7 +1195,7 @@ cdef class Tensor:
     def detach(self):
         """A tensor sharing self's memory that no GradManager records
         (MegEngine's ``Tensor.detach``): gradients do not flow through it."""
-        if _tracing[0]:     # no core op: the hook (tracer or autodiff recorder) decides
+        if traced_here(_tracing[0]):     # no core op: the hook (tracer or autodiff recorder) decides
             return _hook.on_method(self, "detach", ())
         return view_of(self, self._ndim, self._shape, self._strides, 0)
 
@@ -1280,7 +1280,7 @@ cdef class Tensor:
         cdef int dev = device_id(device)
         if dev == self._device:
             return self
-        if _tracing[0]:     # no core op: the hook (tracer or autodiff recorder) decides
+        if traced_here(_tracing[0]):     # no core op: the hook (tracer or autodiff recorder) decides
             return keep_qdtype(self, _hook.on_method(self, "to", (str(DEVICES[dev]),)))
         if on_host(self._device) and on_host(dev):     # one address space: a plain copy
             out = self.copy()
@@ -1299,7 +1299,7 @@ cdef class Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) and not (
                 isinstance(shape[0], Tensor) and (<Tensor>shape[0])._ndim == 0):
             shape = shape[0]
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _traced("reshape", (self, shape))
         cdef int64_t new[16]
         cdef int64_t strides[16]
@@ -1315,7 +1315,7 @@ cdef class Tensor:
         result always reach self."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        if _tracing[0]:     # no core op: the tracer records the method itself
+        if traced_here(_tracing[0]):     # no core op: the tracer records the method itself
             return _hook.on_method(self, "view", (shape,))
         cdef int64_t new[16]
         cdef int64_t strides[16]
@@ -1342,7 +1342,7 @@ cdef class Tensor:
         """Permute the axes (reverse them when none are given). A view."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _traced("transpose", (self, axes))
         cdef int nd = self._ndim, i, a
         if not axes:
@@ -1366,7 +1366,7 @@ cdef class Tensor:
 
     def expand_dims(self, axis):
         """Insert size-1 axes at ``axis`` (int or sequence, positions in the result)."""
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _traced("expand_dims", (self, axis))
         axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         cdef int nd = self._ndim + len(axes), i, j = 0
@@ -1392,7 +1392,7 @@ cdef class Tensor:
 
         Raises ValueError when a named axis is not of size 1."""
         cdef int i, nd = 0
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _traced("squeeze", (self, axis))
         if axis is None:
             drop = {i for i in range(self._ndim) if self._shape[i] == 1}
@@ -1419,7 +1419,7 @@ cdef class Tensor:
 
         Raises ValueError when the shapes do not broadcast or the element
         count overflows int64."""
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _traced("broadcast_to", (self, shape))
         cdef int64_t shp[16]
         cdef int64_t st[16]
@@ -1448,7 +1448,7 @@ cdef class Tensor:
         return _OPS["getitem"](self, index)
 
     def __setitem__(self, index, value):
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             _traced("setitem", (self, index, value))
             return
         _OPS["setitem"](self, index, value)
@@ -1499,7 +1499,7 @@ cdef class Tensor:
         if numel(self) != 1:
             raise ValueError(f"the truth value of a tensor with {numel(self)} elements is "
                              "ambiguous; use .any() or .all()")
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             _hook.on_bool(self)
         return bool(self.item())
 
@@ -1520,7 +1520,7 @@ cdef class Tensor:
     def __copy__(self):
         """A new tensor of the same class with its own copy of the data
         (while a module is traced: a recorded ``copy()``, a plain Tensor)."""
-        if _tracing[0]:
+        if traced_here(_tracing[0]):
             return _hook.on_method(self, "copy", ())
         return _copy_as(self, type(self))
 
@@ -1655,7 +1655,7 @@ cdef Tensor _copy_as(Tensor t, type cls):
 cdef inline void _frozen(Tensor t, str what) except *:
     """While a module is traced: tell the tracer that a value is leaving the
     graph (item(), numpy(), len()...), so it can warn that the trace fixes it."""
-    if _tracing[0]:
+    if traced_here(_tracing[0]):
         _hook.on_frozen(t, what)
 
 

@@ -16,21 +16,41 @@ nobody traces:
 however the block ends. ``installed(hook, tracing=False)`` keeps the hook
 for functions and modules but runs core ops untraced (the tracer's own
 bookkeeping); ``installed(None)`` runs real code with every hook off.
+
+A hook belongs to the thread that installed it (:data:`owner`): while one
+thread traces, another thread's ops, functions and module calls run
+eagerly, unrecorded, as if nothing were installed (a data-loader thread, a
+server's other requests). Readers test ``active is not None and owner ==
+get_ident()``, or call :func:`current`.
 """
 import threading
 
 from mgtrace._core import dispatch as _dispatch
 
-__all__ = ["TraceHook", "active", "installed"]
+__all__ = ["TraceHook", "active", "current", "installed", "owner"]
 
 active = None     # the installed hook object, or None
+owner = 0         # the id of the thread that installed it (threading.get_ident()), 0 for none
+get_ident = threading.get_ident
 
-# The hook and the switch are the process's, not a thread's: while one
-# thread traces (trace_module, a plan recording a new input signature),
-# another thread's trace saw its ops and unset its hook (two threads calling
-# a plan with new shapes failed with "'NoneType' object has no attribute
-# 'buf'"). A thread holds this from its outermost installed() to the end of
-# it, so traces and recordings run one at a time; nested blocks re-enter.
+
+def current():
+    """The hook installed by the calling thread, or None (a hook another
+    thread installed is not this thread's)."""
+    hook = active
+    if hook is None or owner != get_ident():
+        return None
+    return hook
+
+# There is one hook and one switch in the process, owned by one thread at a
+# time: two threads tracing at once (trace_module, a plan recording a new
+# input signature) unset each other's hook (two threads calling a plan with
+# new shapes failed with "'NoneType' object has no attribute 'buf'"). A
+# thread holds this from its outermost installed() to the end of it, so
+# traces and recordings run one at a time: a second thread's trace waits
+# for the first to end, then makes its own; nested blocks re-enter.
+# installed(None) in a thread that owns no hook changes nothing and takes
+# no lock (its ops already run eagerly).
 one_trace = threading.RLock()
 
 
@@ -105,22 +125,31 @@ class installed:
         self.tracing = hook is not None if tracing is None else tracing
 
     def __enter__(self):
-        global active
+        global active, owner
+        if self.hook is None and not self.tracing and (active is None or owner != get_ident()):
+            self.saved = None           # nothing of this thread's to switch off
+            return None
         one_trace.acquire()
         try:
-            self.saved = active, _dispatch.is_tracing_module()
+            self.saved = active, owner, _dispatch._tracing_thread()
             _dispatch._install_hook(self.hook, self.tracing)
         except BaseException:
             one_trace.release()
             raise
+        # owner before active: another thread that sees the new hook sees its owner
+        owner = get_ident() if self.hook is not None else 0
         active = self.hook
         return self.hook
 
     def __exit__(self, *exc):
-        global active
-        active, was = self.saved
+        global active, owner
+        if self.saved is None:
+            return False
+        hook, who, switch = self.saved
         try:
-            _dispatch._install_hook(active, was)
+            _dispatch._install_hook(hook, switch)
         finally:
+            active = hook               # active before owner (see __enter__)
+            owner = who
             one_trace.release()
         return False

@@ -5,7 +5,9 @@ Recording rides on the core's one hook (:mod:`mgtrace._core.trace_hooks`):
 while any :class:`~mgtrace.autodiff.GradManager` records, :class:`Recorder`
 is the installed hook, so every core op reaches :meth:`Recorder.on_apply`
 (dispatch's tracing switch: the same single flag check per op as module
-tracing, and nothing at all when nobody records). An op whose inputs
+tracing, and nothing at all when nobody records). The hook is the
+thread's that started recording: ops other threads run meanwhile are not
+recorded (as a module trace sees only its own thread). An op whose inputs
 carry gradients gets a :class:`Node`; its outputs point back at it through
 their ``_ad`` attribute (``(node, output index)``).
 
@@ -295,8 +297,9 @@ def start(session):
     """A manager begins recording: the recorder becomes the hook (unless a
     module tracer is running: its trace then is not recorded)."""
     _recording.add(session)
-    if _hooks.active is None:
+    if _hooks.active is None:       # records the ops of the thread that starts it
         _hooks._dispatch._install_hook(RECORDER, True)
+        _hooks.owner = _hooks.get_ident()
         _hooks.active = RECORDER
 
 
@@ -307,6 +310,7 @@ def stop(session):
     if not _recording and _hooks.active is RECORDER:
         _hooks._dispatch._install_hook(None, False)
         _hooks.active = None
+        _hooks.owner = 0
 
 
 class no_grad:

@@ -950,19 +950,20 @@ def _attention_fn(fn, args, kwargs):
     probabilities worth keeping), as F.attention records them (the core
     op, or the sequence for integer ones)."""
     from mgtrace.autodiff import _tape
+    from mgtrace.functional.fused import _attention_scale
     a = _bind(fn, args, kwargs)
     q, k, v, mask = a["q"], a["k"], a["v"], a["mask"]
+    scale = _attention_scale(a["scale"])     # a number or a 0-d array or Tensor, read once
     if all(isinstance(t, Tensor) and t.dtype.name == "float32" and t.device.type == "cpu"
            for t in (q, k, v)) and (mask is None or (isinstance(mask, Tensor) and mask.dtype.name == "float32"
                                                       and mask.device.type == "cpu")) \
-            and isinstance(a["scale"], (int, float)) and not isinstance(a["scale"], bool) \
             and not _tape._no_grad_depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
         try:
-            y, probs = _nn.attention_train(q, k, v, mask, float(a["scale"]))
+            y, probs = _nn.attention_train(q, k, v, mask, scale)
         except NoKernelError:
             return fn(*args, **kwargs)
         return _tape.record_computed("attention", RULES["attention"], (q, k, v, mask), y,
-                                     {"scale": float(a["scale"]), "probs": probs})
+                                     {"scale": scale, "probs": probs})
     return fn(*args, **kwargs)
 
 

@@ -3,7 +3,7 @@
 Every public function of :mod:`mgtrace.functional` is wrapped once, when
 the package is imported, by :func:`traceable`. Eagerly the wrapper only
 checks one global (:data:`mgtrace._core.trace_hooks.active`) and calls the
-function. While :func:`mgtrace.trace_module` runs, it hands the call to the
+function (also while another thread traces: a hook is its thread's). While :func:`mgtrace.trace_module` runs, it hands the call to the
 tracer's ``on_function(wrapper, fn, args, kwargs)``, which records one
 ``CallFunction`` expr and runs ``fn`` itself. Wrapping happens here,
 below the tracer, so code that did ``from mgtrace.functional import relu``
@@ -19,6 +19,8 @@ import functools
 import inspect
 
 from mgtrace._core import trace_hooks as _hooks
+
+_get_ident = _hooks.get_ident
 
 _WRAPPED = {}   # id(fn) -> wrapper, so a function re-exported elsewhere wraps once
 
@@ -38,7 +40,7 @@ def traceable(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         hook = _hooks.active
-        if hook is None:
+        if hook is None or _hooks.owner != _get_ident():     # another thread's trace is not ours
             return fn(*args, **kwargs)
         return hook.on_function(wrapper, fn, args, kwargs)
 

@@ -535,6 +535,12 @@ def _linear_add_layer_norm_unfused(x, weight, bias, residual, ln_weight, ln_bias
     return _fnn.layer_norm(s, s.shape[-1] if s.ndim else (), ln_weight, ln_bias, eps)
 
 
+def _attention_scale(scale):
+    """:func:`attention`'s ``scale`` as a Python float (its checks and
+    errors; also what the autodiff rule reads)."""
+    return A.to_float_scalar("attention", "scale", scale, finite=True)
+
+
 def attention(q, k, v, mask=None, scale=1.0):
     """``softmax(q @ k^T * scale + mask, axis=-1) @ v`` in one kernel call:
     per (batch, head) pair, with the scores kept in cache and the pairs
@@ -546,7 +552,12 @@ def attention(q, k, v, mask=None, scale=1.0):
         mask: None, or a float tensor broadcastable to [B, H, Sq, Sk],
             added to the scaled scores (e.g. a large negative number on
             padded keys).
-        scale: a float multiplying ``q @ k^T`` (often 1 / sqrt(D)).
+        scale: a finite real number multiplying ``q @ k^T`` (often
+            1 / sqrt(D)): a Python int or float, a NumPy scalar, or a 0-d
+            NumPy array or 0-d Tensor (read once per call, as a Python
+            float: a traced graph reads a Tensor scale afresh on each call;
+            ``mgtrace.compile`` refuses one, as it does any value read into
+            Python; give a plan a number).
 
     Returns:
         [B, H, Sq, Dv], the promoted float dtype; equal to the sequence
@@ -559,7 +570,10 @@ def attention(q, k, v, mask=None, scale=1.0):
     Raises:
         ValueError: q, k, v not 4-d or of shapes that do not fit; a mask
             that does not broadcast to the scores.
-        TypeError: scale not a number. Integer or bool operands run the
+        ValueError: scale inf or nan, or an array or Tensor that is not
+            0-d.
+        TypeError: scale not a real number (a bool, a str, a 0-d array of
+            bool or complex dtype). Integer or bool operands run the
             sequence (its promotion: softmax gives float32; its errors).
 
     >>> import numpy as np, mgtrace as mt, mgtrace.functional as F
@@ -569,7 +583,7 @@ def attention(q, k, v, mask=None, scale=1.0):
     """
     fn = "attention"
     q, k, v, mask = A.tensors(fn, optional=('mask',), q=q, k=k, v=v, mask=mask)
-    scale = A.to_float(fn, "scale", scale)
+    scale = _attention_scale(scale)
     if any(t is not None and t.dtype.kind != "f" for t in (q, k, v, mask)):
         # an integer or bool operand: the sequence's promotion (softmax gives
         # float32) and its errors, as the unfused graph

@@ -391,7 +391,7 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         hook = _hooks.active
-        if hook is not None:                # a module is being traced: the tracer runs the call
+        if hook is not None and _hooks.owner == _hooks.get_ident():   # this thread traces: the tracer runs it
             return hook.on_module_call(self, args, kwargs)
         return self._call_impl(args, kwargs)
 

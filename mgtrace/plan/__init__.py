@@ -30,6 +30,16 @@ strides with the plan's; a call that differs gets its own plan (up to
 ``cache_size`` signatures, made on first use) or, once the cache is full,
 runs the module itself.
 
+Threads: a program is recorded at one thread count, the count the module's
+kernels would use at that moment (:func:`mgtrace.set_num_threads`, fewer
+under load with :func:`mgtrace.set_adaptive_threads`), and its kernel steps
+are replayed with that count only: a call at another count runs a program
+recorded at the new count (made on first use, from the same cache), so a
+plan follows the current setting as the module does, and its outputs stay
+the module's bitwise at the same count. Several kernels size their
+workspace and split their work by the count they are given, so a program is
+never run at a count it was not recorded at.
+
 A plan holds the module's tensors as they were compiled: change the module
 (load weights into new tensors, edit the graph), and compile it again.
 """
@@ -39,6 +49,7 @@ import threading
 import numpy as np
 
 from mgtrace._core import plan as _cplan
+from mgtrace._core.dispatch import _pin_run_threads, run_threads as _run_threads
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
@@ -73,11 +84,17 @@ def _signature(inputs):
 
 
 class _Program:
-    """One plan at one input signature: the executor and the Python steps."""
+    """One plan at one input signature and thread count: the executor and
+    the Python steps."""
 
-    def __init__(self, module, inputs):
+    def __init__(self, module, inputs, threads):
+        self.threads = threads
         start = _cplan.next_uid()
-        top, out, packed = record(module, inputs, start)
+        pinned = _pin_run_threads(threads)      # every kernel recorded at this count
+        try:
+            top, out, packed = record(module, inputs, start)
+        finally:
+            _pin_run_threads(pinned)
         low = Lowering(inputs, start, packed)
         try:
             low.lower(top)
@@ -185,9 +202,9 @@ class Plan:
         self._lock = threading.Lock()
         self.misses = 0          # calls run by the module itself (cache full, or not tensors)
         _check_module(module)
-        self._make(tuple(example_inputs))
+        self._make(tuple(example_inputs), _run_threads())
 
-    def _make(self, inputs):
+    def _make(self, inputs, threads):
         sig = _signature(inputs)
         if sig is None:
             raise TypeError("compile: example inputs must be Tensors, got "
@@ -197,7 +214,7 @@ class Plan:
                 raise NoKernelError(f"compile: plans run on the CPU only so far (inputs on "
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
-        prog = _Program(self.module, inputs)
+        prog = _Program(self.module, inputs, threads)
         # the recording freed the forward's intermediates as it went (its
         # records hold TensorMeta); give the blocks the host allocator kept
         # for reuse back to the OS (the plan's intermediates live in its one
@@ -208,11 +225,11 @@ class Plan:
             # two threads with new signatures can both pass __call__'s
             # cache check: the cache still holds at most cache_size plans
             # (a plan made past it serves its one call)
-            have = self._programs.get(sig)
+            have = self._programs.get((sig, threads))
             if have is not None:
                 return have
             if len(self._programs) < self.cache_size:
-                self._programs[sig] = prog
+                self._programs[sig, threads] = prog
         return prog
 
     @property
@@ -220,15 +237,37 @@ class Plan:
         """The input signatures that have a plan: per input (dtype code,
         device id, shape, strides); a quantized input's dtype code is paired
         with its qparams (dtype name, scale, zero point, axis), so an input
-        quantized with other qparams gets a plan of its own."""
-        return list(self._programs)
+        quantized with other qparams gets a plan of its own. (A signature
+        with programs at several thread counts is listed once.)"""
+        return list(dict.fromkeys(sig for sig, _ in self._programs))
+
+    def _program(self, inputs):
+        """The program a call with ``inputs`` would run now, else None."""
+        return self._programs.get((_signature(inputs), _run_threads()))
 
     def stats(self, *inputs):
         """{"kernel_steps", "python_steps", "arena_bytes"} of the plan for
-        ``inputs`` (default: the first one made)."""
-        prog = self._programs[_signature(inputs)] if inputs else next(iter(self._programs.values()))
+        ``inputs`` at the current thread count (default: the first one made)."""
+        prog = self._programs[_signature(inputs), _run_threads()] if inputs \
+            else next(iter(self._programs.values()))
         return {"kernel_steps": prog.kernel_steps, "python_steps": prog.python_steps,
                 "arena_bytes": prog.arena_bytes}
+
+    def step_threads(self, *inputs):
+        """The thread count each step of the program for ``inputs`` at the
+        current count (:func:`mgtrace._core.dispatch.run_threads`) calls its
+        kernel with, read from the executor; None for a step whose kernel
+        picks its count when it runs (elementwise, gather, Python steps).
+
+        Raises:
+            KeyError: no program for these inputs at this thread count
+                (call the plan with them once first).
+        """
+        prog = self._program(inputs)
+        if prog is None:
+            raise KeyError("step_threads: the plan has no program for these inputs at "
+                           f"{_run_threads()} thread(s); call the plan with them once first")
+        return prog.executor.step_threads()
 
     def profile(self, *inputs, repeats=1):
         """Per step of the plan for ``inputs`` (which must have a plan: the
@@ -245,10 +284,11 @@ class Plan:
         """
         if repeats < 1:
             raise ValueError(f"profile: repeats must be at least 1, got {repeats}")
-        prog = self._programs.get(_signature(inputs))
+        prog = self._program(inputs)
         if prog is None:
             raise KeyError("profile: the plan has no program for these inputs' dtypes, devices, "
-                           "shapes and strides; call the plan with them once first")
+                           "shapes and strides at this thread count; call the plan with them "
+                           "once first")
         best = None
         for _ in range(repeats):
             steps = prog.profile(inputs)
@@ -260,10 +300,11 @@ class Plan:
 
     def __call__(self, *inputs):
         sig = _signature(inputs)
-        prog = self._programs.get(sig)
+        threads = _run_threads()         # what the module's kernels would get now
+        prog = self._programs.get((sig, threads))
         if prog is None and sig is not None and len(self._programs) < self.cache_size \
                 and _on_cpu(inputs):
-            prog = self._make(inputs)
+            prog = self._make(inputs, threads)
         if prog is not None:
             out = prog(inputs)
             if out is not _RERUN:        # (else a kernel asked for the graph's own way)
@@ -300,12 +341,22 @@ def compile(module, *example_inputs, cache_size=4):
         module: the module to run, in eval mode.
         *example_inputs: Tensors (CPU) with the shapes, dtypes and strides
             the plan is for; the module runs once on them.
-        cache_size: input signatures that get their own plan, made on the
-            first call with them; other calls run the module.
+        cache_size: programs kept, one per input signature and thread
+            count, each made on the first call that needs it; other calls
+            run the module.
 
     Returns:
         A :class:`Plan`: ``plan(*inputs)`` gives what ``module(*inputs)``
-        gives, bitwise (the same kernels run).
+        gives, bitwise (the same kernels run, with the same thread counts).
+
+    Threads: each call uses the thread count the module would use now
+    (``mgtrace.set_num_threads``, and fewer under load with
+    ``set_adaptive_threads``), not the count at compile time: a program is
+    recorded at one count and its kernels replayed with that count, and a
+    call at another count runs (or first records) the program for that
+    count, in the same bounded cache. A server that compiles and then calls
+    ``set_num_threads(1)`` gets one-thread kernels on its next call, after
+    one recording. ``plan.step_threads(*inputs)`` lists each step's count.
 
     Raises:
         PlanError (a ValueError): the module cannot be a plan; the message

@@ -198,6 +198,7 @@ def _seal_value(crc):
 
 
 _SEAL_LEN = len(msgpack.packb(_seal_value(0)))
+SEAL_LEN = _SEAL_LEN       # bytes of the packed seal value, the last of a sealed header
 _SEAL_KEY = msgpack.packb(SEAL)
 _HEX = frozenset(b"0123456789abcdef")
 
@@ -219,25 +220,52 @@ def _mismatch(value, got):
                         f"{got} (the header is corrupted)")
 
 
+SEAL_TAIL = _SEAL_LEN + len(_SEAL_KEY)     # what a sealed header ends in: the seal's key, value
+
+
+class SealBytes:
+    """What the seal checks read of a header's bytes: their last
+    :data:`SEAL_TAIL` bytes (``tail``) and the CRC-32 of all but the last
+    ``_SEAL_LEN`` (``crc_of()``, computed on first use, then kept), so that
+    a large header can be checked piece by piece without being held whole.
+    ``SealBytes.of(raw)`` for bytes in memory."""
+    __slots__ = ("tail", "_crc_of", "_crc")
+
+    def __init__(self, tail, crc_of):
+        self.tail, self._crc_of, self._crc = bytes(tail), crc_of, None
+
+    @classmethod
+    def of(cls, raw):
+        mv = memoryview(raw)
+        return cls(mv[-SEAL_TAIL:], lambda: zlib.crc32(mv[:-_SEAL_LEN]))
+
+    def crc(self):
+        if self._crc is None:
+            self._crc = self._crc_of()
+        return self._crc
+
+
+def _seal_bytes(raw):
+    return raw if isinstance(raw, SealBytes) else SealBytes.of(raw)
+
+
 def check_raw_seal(raw):
-    """Check the seal of header bytes ``raw`` before they are parsed, so that
-    a corrupted header is reported as such (not as bad msgpack or a missing
-    field). Bytes that do not end in a seal's key and value (a 1.0 header,
-    or a corrupted seal) pass: :func:`check_seal` judges them once parsed.
+    """Check the seal of header bytes ``raw`` (bytes, a memoryview, or a
+    :class:`SealBytes`) before they are parsed, so that a corrupted header
+    is reported as such (not as bad msgpack or a missing field). Bytes that
+    do not end in a seal's key and value (a 1.0 header, or a corrupted
+    seal) pass: :func:`check_seal` judges them once parsed.
 
     Raises:
         ArchiveError: "header checksum mismatch".
     """
-    raw = memoryview(raw)
-    value = seal_in(raw[-SEAL_TAIL:])
+    raw = _seal_bytes(raw)
+    value = seal_in(raw.tail)
     if value is None:
         return
-    got = _seal_value(zlib.crc32(raw[:-_SEAL_LEN]))
+    got = _seal_value(raw.crc())
     if got != value:
         raise _mismatch(value, got)
-
-
-SEAL_TAIL = _SEAL_LEN + len(_SEAL_KEY)     # what a sealed header ends in: the seal's key, value
 
 
 def seal_in(tail):
@@ -254,7 +282,8 @@ def seal_in(tail):
 
 
 def check_seal(raw, header):
-    """Check the header's seal against its bytes ``raw``.
+    """Check the header's seal against its bytes ``raw`` (bytes, a
+    memoryview, or a :class:`SealBytes`).
 
     From format 1.1 on a header must be sealed; a 1.0 header may not be.
 
@@ -271,8 +300,9 @@ def check_seal(raw, header):
     if next(reversed(header)) != SEAL:
         raise ArchiveError(f"header.{SEAL}: not the header's last field (corrupted header)")
     tail = msgpack.packb(value)
-    if len(tail) != _SEAL_LEN or not bytes(raw[-_SEAL_LEN:]) == tail:
+    raw = _seal_bytes(raw)
+    if len(tail) != _SEAL_LEN or not raw.tail[-_SEAL_LEN:] == tail:
         raise ArchiveError(f"header.{SEAL}: {value[:40]!r} is not \"crc32:\" and 8 hex digits")
-    got = _seal_value(zlib.crc32(memoryview(raw)[:-_SEAL_LEN]))
+    got = _seal_value(raw.crc())
     if got != value:
         raise _mismatch(value, got)

@@ -20,6 +20,7 @@ Every failure is an :class:`~mgtrace.ArchiveError` with the reason.
 """
 import contextlib
 import gc
+import zlib
 
 import msgpack
 
@@ -81,18 +82,74 @@ class Archive:
                 f"{len(self.header['tensors'])} tensors, {len(self.header['modules'])} modules>")
 
 
+_PIECE = 1 << 20     # header bytes above which the header is read and parsed piece by piece
+
+
 def _unpack(raw):
+    """The header object: ``raw`` its bytes, or a :class:`_Pieces` of a
+    large one."""
     # the header's thousands of maps and lists hold no cycle: no collection while they are
     # made (each would walk the whole heap's young objects again; msgpack's advice)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        if not isinstance(raw, _Pieces):
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        return _unpack_pieces(raw)
+    except ArchiveError:
+        raise
     except Exception as e:   # msgpack parses bytes only; any failure means a bad header
         raise ArchiveError(f"header: not valid msgpack ({type(e).__name__}: {e})") from e
     finally:
         if collecting:
             gc.enable()
+
+
+class _Pieces:
+    """The ``n`` header bytes at ``offset`` of ``src``, read :data:`_PIECE`
+    bytes at a time (msgpack's Unpacker reads them; the seal's CRC is
+    summed over them): a large header is never held whole beside what is
+    parsed from it."""
+    __slots__ = ("src", "offset", "n", "pos")
+
+    def __init__(self, src, offset, n):
+        self.src, self.offset, self.n, self.pos = src, offset, n, 0
+
+    def read(self, k):
+        k = max(0, min(k, self.n - self.pos))
+        piece = self.src.read(self.offset + self.pos, k) if k else b""
+        self.pos += k
+        return piece
+
+    def crc(self, n):
+        """CRC-32 of the first ``n`` bytes."""
+        c = 0
+        for at in range(0, n, _PIECE):
+            c = zlib.crc32(self.src.read(self.offset + at, min(_PIECE, n - at)), c)
+        return c
+
+    def seal_bytes(self):
+        k = min(self.n, H.SEAL_TAIL)
+        return H.SealBytes(self.src.read(self.offset + self.n - k, k),
+                           lambda: self.crc(max(0, self.n - H.SEAL_LEN)))
+
+
+def _unpack_pieces(pieces):
+    """The one msgpack object of a large header, parsed piece by piece;
+    bytes after it are refused without a copy. (unpackb of the whole
+    header copied everything after the first object into its ExtraData
+    error: a prefix claiming 256 MB of header, an empty map and zeros cost
+    another 256 MB before the refusal, 3x with mmap, which copied the
+    header out of the mapping first.) A container's or string's declared
+    length is bounded by the header's, which the prefix check bounded by
+    the file's size."""
+    u = msgpack.Unpacker(pieces, raw=False, strict_map_key=True, use_list=True,
+                         max_buffer_size=pieces.n, read_size=_PIECE)
+    obj = u.unpack()
+    if u.tell() != pieces.n:
+        raise ArchiveError(f"header: not valid msgpack: its map ends after {u.tell()} of the "
+                           f"{pieces.n} bytes the prefix gives it")
+    return obj
 
 
 def _check_header(header, data_nbytes, raw=None):
@@ -128,11 +185,16 @@ def _parse(src, verify=True):
     if padding.strip(b"\0"):
         raise ArchiveError("the padding after the header is not zeros (corrupted file)")
     _check_header_start(src, hlen)
-    raw = src.read(PREFIX.size, hlen)
+    if hlen > _PIECE:
+        raw = _Pieces(src, PREFIX.size, hlen)
+        seal = raw.seal_bytes()
+    else:           # a view of a mapped file, else one read
+        raw = src.view(PREFIX.size, hlen) if src.can_view else src.read(PREFIX.size, hlen)
+        seal = H.SealBytes.of(raw)
     if verify:              # the seal first: a corrupted header is reported as corrupted
-        H.check_raw_seal(raw)
+        H.check_raw_seal(seal)
     header = _unpack(raw)
-    return _check_header(header, src.size - start, raw if verify else None), start
+    return _check_header(header, src.size - start, seal if verify else None), start
 
 
 _MAP_START = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}     # msgpack's fixmap, map 16, map 32

@@ -348,7 +348,7 @@ class TracedModule(Module):
         reused until a module's tables change (``STATE_EPOCH``): a
         MobileNetV2 forward reads some 600 attributes, 0.4 ms of lookups."""
         fn = self._function(graph)
-        if _hooks.active is None and not _module_hooks:
+        if _hooks.current() is None and not _module_hooks:
             hoisted = graph.__dict__["_fn_cache"][3]
             if hoisted is not None:
                 values = hoisted.values_for(self)

@@ -555,9 +555,9 @@ def test_two_threads_with_new_signatures_never_overfill_the_cache(monkeypatch):
     plan = mt.compile(tm, rand(2, 4), cache_size=2)
     barrier, real = threading.Barrier(2, timeout=60), mplan._Program
 
-    def program(module, inputs):
+    def program(module, inputs, threads):
         barrier.wait()
-        return real(module, inputs)
+        return real(module, inputs, threads)
 
     monkeypatch.setattr(mplan, "_Program", program)
     xs, out = [rand(5, 4, seed=3), rand(7, 4, seed=4)], [None, None]

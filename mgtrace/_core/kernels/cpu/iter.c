@@ -32,6 +32,14 @@ void mt_set_num_threads(int n) {
 }
 
 void mt_set_adaptive_threads(int on) { mt_adaptive = on != 0; }
+
+static __thread int mt_pinned = 0; /* mt_pin_run_threads: this thread's count, 0 for none */
+
+int mt_pin_run_threads(int n) {
+    const int old = mt_pinned;
+    mt_pinned = n > 0 ? n : 0;
+    return old;
+}
 int mt_get_adaptive_threads(void) { return mt_adaptive; }
 
 /* Runnable threads on the machine right now: the numerator of the fourth
@@ -67,6 +75,7 @@ static int cpus_allowed(void) {
 int mt_run_threads(void) {
     static int ncpu = 0, cached = 0;
     static int64_t next_ns = 0;
+    if (mt_pinned > 0) return mt_pinned;
     const int n = mt_get_num_threads();
     if (n <= 1 || !mt_adaptive) return n;
     struct timespec ts;

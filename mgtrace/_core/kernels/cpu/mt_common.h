@@ -27,6 +27,10 @@ void mt_set_num_threads(int n);
  * processes keep the cores busy (iter.c) when adaptive threads are on: off
  * unless MGTRACE_ADAPTIVE_THREADS=1 (mgtrace._core sets it at import). */
 int mt_run_threads(void);
+/* Pin the calling thread's count: mt_run_threads returns n (> 0) in this
+ * thread until pinned again with 0 (a plan records its kernels at the
+ * count it will replay them at). Returns the previous pin. */
+int mt_pin_run_threads(int n);
 void mt_set_adaptive_threads(int on);
 int mt_get_adaptive_threads(void);
 

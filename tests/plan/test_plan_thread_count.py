@@ -1,0 +1,115 @@
+"""A plan follows the thread count of the moment, as the module does. It
+used to replay every kernel step with the count recorded at compile time:
+a server that compiled and then called set_num_threads(1) still ran teams
+of the old count. Now each program is recorded at one count and replayed at
+that count only; a call at another count runs (or first records) the
+program for that count, from the same bounded cache. Observed through
+plan.step_threads (the counts in the executor's steps) and the outputs,
+which are the module's bitwise at the same count."""
+import threading
+
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.functional as F
+import mgtrace.module as M
+from mgtrace._core import dispatch
+
+
+def same_bits(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+class Net(M.Module):
+    """A conv (nn step), pooling, layer norm, a reduction and a GEMM."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = M.Conv2d(3, 8, 3, padding=1)
+        self.ln = M.LayerNorm(8)
+        self.fc = M.Linear(8, 5)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x)).mean(axis=(2, 3))
+        return self.fc(self.ln(y)), y.sum(axis=1)
+
+
+@pytest.fixture
+def threads():
+    """Sets the count for the test (adaptive threads off: the count is the
+    setting), puts the process's setting back after."""
+    old, adaptive = mt.get_num_threads(), dispatch.set_adaptive_threads(False)
+    yield mt.set_num_threads
+    mt.set_num_threads(old)
+    dispatch.set_adaptive_threads(adaptive)
+
+
+def _setup():
+    mt.random.seed(0)
+    net = Net().eval()
+    x = mt.tensor(np.random.default_rng(0).standard_normal((2, 3, 12, 12)).astype(np.float32))
+    return mt.trace_module(net, x), x
+
+
+def _counts(plan, x):
+    return {n for n in plan.step_threads(x) if n is not None}
+
+
+def _check(plan, tm, x):
+    got, want = plan(x), tm(x)
+    for g, w in zip(got, want):
+        assert same_bits(g.numpy(), w.numpy())
+
+
+def test_set_num_threads_after_compile_reaches_the_plans_kernels(threads):
+    tm, x = _setup()
+    threads(2)
+    plan = mt.compile(tm, x)
+    assert _counts(plan, x) == {2}
+    assert sum(n is not None for n in plan.step_threads(x)) >= 3     # conv, layer norm, GEMM, ...
+    threads(1)                      # a server with one thread per worker process
+    _check(plan, tm, x)
+    assert _counts(plan, x) == {1}  # was {2}: the compile-time teams
+    assert plan.misses == 0 and len(plan.signatures) == 1
+    threads(2)                      # back: the program recorded at 2 again, no new recording
+    _check(plan, tm, x)
+    assert _counts(plan, x) == {2} and len(plan._programs) == 2
+
+
+def test_a_count_above_the_compile_time_one_records_a_program_at_it(threads):
+    tm, x = _setup()
+    threads(1)
+    plan = mt.compile(tm, x)
+    assert _counts(plan, x) == {1}
+    threads(2)
+    _check(plan, tm, x)
+    assert _counts(plan, x) == {2} and plan.misses == 0
+
+
+def test_a_full_cache_runs_the_module_at_the_new_count(threads):
+    tm, x = _setup()
+    threads(2)
+    plan = mt.compile(tm, x, cache_size=1)
+    threads(1)
+    _check(plan, tm, x)             # no room for a program at 1: the module ran
+    assert plan.misses == 1 and len(plan._programs) == 1
+    with pytest.raises(KeyError, match="1 thread"):
+        plan.step_threads(x)
+
+
+def test_a_pinned_count_is_the_calling_threads_only(threads):
+    threads(2)
+    seen = []
+    old = dispatch._pin_run_threads(1)
+    try:
+        assert dispatch.run_threads() == 1
+        t = threading.Thread(target=lambda: seen.append(dispatch.run_threads()))
+        t.start()
+        t.join()
+    finally:
+        dispatch._pin_run_threads(old)
+    assert seen == [2] and dispatch.run_threads() == 2
+    with pytest.raises(ValueError, match=">= 0"):
+        dispatch._pin_run_threads(-1)
