@@ -9,7 +9,9 @@
  *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
  *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
  *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
- *     Tiles of 4 output channels x 32 pixels (eight accumulators); pixels
+ *     Tiles of 8 output channels (4 for a group's last four or fewer) x
+ *     32 pixels (16 accumulators; 16 pixels for an odd last block), and a
+ *     last block of a few pixels under deep K by row dots instead; pixels
  *     outer, each thread packing its own panels of up to 8 pixel blocks
  *     (at most 32 KB, in L1) just before every channel passes over them;
  *     channels outer where the weights are the larger (the input packed
@@ -62,6 +64,7 @@ int mt_qgemm_has_vnni(void);    /* qgemm.c */
 int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+#define QC_R 8                  /* output channels per tile (AMX aside) */
 /* a depthwise multiply-add against the grain's (mt_q_team): these kernels
  * run 8-20 G of them a second, the dense ones' tiles 100-300 G, so a dense
  * grain of depthwise work is about eight times as long (MobileNetV2's 14x14
@@ -431,21 +434,21 @@ static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int
 typedef struct {
     const uint8_t *packed;      /* [PB - pb0][KQ][16][4] */
     int64_t KQ, PB, P;
-    const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
-    void *const *out;           /* 4 output rows (NULL: no such channel) */
-    const double *corr, *mult;  /* 4 each */
+    const int8_t *const *w;     /* QC_R weight rows ([KQ * 4] each) */
+    void *const *out;           /* QC_R output rows (NULL: no such channel) */
+    const double *corr, *mult;  /* QC_R each */
     int out_u8;
     int32_t out_zp, lo, hi;
     int64_t pb0;                /* the block packed holds first (0: all of them) */
 } qc_tile;
 
-/* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
+/* QC_R channels x pixel blocks pb, pb + 1 (where < PB): portable C */
 static void tile_portable(const qc_tile *t, int64_t pb)
 {
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
         const uint8_t *x = t->packed + (b - t->pb0) * t->KQ * (QC_P * 4);
         int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < QC_R; r++) {
             if (!t->out[r])
                 continue;
             int32_t acc[QC_P] = {0};
@@ -503,7 +506,7 @@ static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, do
     }
 }
 
-/* 4 channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
+/* QC_R channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
  * AVX-512 VNNI): the packed bytes widened to int16 and vpmaddwd against the
  * channel's four taps as int16 (exact: vpmaddubsw would saturate), each
  * pixel's two partial sums added at the end */
@@ -515,7 +518,7 @@ static void tile_avx2(const qc_tile *t, int64_t pb)
         const uint8_t *x = t->packed + (b - t->pb0) * KQ * (QC_P * 4);
         int64_t p0 = b * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < QC_R; r++) {
             if (!t->out[r])
                 continue;
             __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256(),
@@ -553,46 +556,89 @@ static int has_avx2(void)
     return __builtin_cpu_supports("avx2");
 }
 
+/* R (4 or 8) channels x B (1 or 2) pixel blocks pb, pb + 1: per 4 k B
+ * 64-byte loads of packed pixels, R broadcast weights and B R vpdpbusd into
+ * B R accumulators. Eight channels halve the pixel loads per vpdpbusd
+ * against four; a tile of four serves a group's last channels where four
+ * or fewer remain, and a tile of one block the odd last block (a pair
+ * there computed the block twice). The accumulators are named variables (an array of them indexed
+ * in the epilogue made GCC copy all sixteen through the stack each step). */
+#define QC_DOT(r)                                                   \
+    do {                                                            \
+        int32_t v_;                                                 \
+        memcpy(&v_, w##r + kq * 4, 4);                              \
+        __m512i b_ = _mm512_set1_epi32(v_);                         \
+        c##r##0 = _mm512_dpbusd_epi32(c##r##0, a0, b_);             \
+        if (B > 1)                                                  \
+            c##r##1 = _mm512_dpbusd_epi32(c##r##1, a1, b_);         \
+    } while (0)
+#define QC_PUT(r)                                                   \
+    do {                                                            \
+        if (t->out[r]) {                                            \
+            put16(t->out[r], p0, n0, c##r##0, t->corr[r], t->mult[r], t->out_u8, \
+                  t->out_zp, t->lo, t->hi);                         \
+            if (B > 1)                                              \
+                put16(t->out[r], p0 + QC_P, n1, c##r##1, t->corr[r], t->mult[r], \
+                      t->out_u8, t->out_zp, t->lo, t->hi);          \
+        }                                                           \
+    } while (0)
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-static void tile_vnni(const qc_tile *t, int64_t pb)
+static inline __attribute__((always_inline))
+void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 {
     int64_t KQ = t->KQ;
     const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
-    int two = pb + 1 < t->PB;
-    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const uint8_t *x1 = x0 + KQ * (QC_P * 4);     /* read where B is 2 */
     const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
-    __m512i c00 = _mm512_setzero_si512(), c01 = _mm512_setzero_si512(),
-            c10 = _mm512_setzero_si512(), c11 = _mm512_setzero_si512(),
-            c20 = _mm512_setzero_si512(), c21 = _mm512_setzero_si512(),
-            c30 = _mm512_setzero_si512(), c31 = _mm512_setzero_si512();
+    const int8_t *w4 = t->w[R > 4 ? 4 : 0], *w5 = t->w[R > 4 ? 5 : 0],
+                 *w6 = t->w[R > 4 ? 6 : 0], *w7 = t->w[R > 4 ? 7 : 0];
+    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00,
+            c60 = c00, c61 = c00, c70 = c00, c71 = c00;
     for (int64_t kq = 0; kq < KQ; kq++) {
         __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
-        __m512i a1 = _mm512_loadu_si512(x1 + kq * (QC_P * 4));
-        int32_t v0, v1, v2, v3;
-        memcpy(&v0, w0 + kq * 4, 4);
-        memcpy(&v1, w1 + kq * 4, 4);
-        memcpy(&v2, w2 + kq * 4, 4);
-        memcpy(&v3, w3 + kq * 4, 4);
-        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
-                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
-        c00 = _mm512_dpbusd_epi32(c00, a0, b0);
-        c01 = _mm512_dpbusd_epi32(c01, a1, b0);
-        c10 = _mm512_dpbusd_epi32(c10, a0, b1);
-        c11 = _mm512_dpbusd_epi32(c11, a1, b1);
-        c20 = _mm512_dpbusd_epi32(c20, a0, b2);
-        c21 = _mm512_dpbusd_epi32(c21, a1, b2);
-        c30 = _mm512_dpbusd_epi32(c30, a0, b3);
-        c31 = _mm512_dpbusd_epi32(c31, a1, b3);
+        __m512i a1 = B > 1 ? _mm512_loadu_si512(x1 + kq * (QC_P * 4)) : a0;
+        QC_DOT(0);
+        QC_DOT(1);
+        QC_DOT(2);
+        QC_DOT(3);
+        if (R > 4) {
+            QC_DOT(4);
+            QC_DOT(5);
+            QC_DOT(6);
+            QC_DOT(7);
+        }
     }
-    __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
-    for (int b = 0; b < 1 + two; b++) {
-        int64_t p0 = (pb + b) * QC_P;
-        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < 4; r++)
-            if (t->out[r])
-                put16(t->out[r], p0, n, acc[r][b], t->corr[r], t->mult[r], t->out_u8,
-                      t->out_zp, t->lo, t->hi);
+    int64_t p0 = pb * QC_P;
+    int n0 = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+    int n1 = (int)(t->P - p0 - QC_P < QC_P ? t->P - p0 - QC_P : QC_P);
+    QC_PUT(0);
+    QC_PUT(1);
+    QC_PUT(2);
+    QC_PUT(3);
+    if (R > 4) {
+        QC_PUT(4);
+        QC_PUT(5);
+        QC_PUT(6);
+        QC_PUT(7);
     }
+}
+#undef QC_DOT
+#undef QC_PUT
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void tile_vnni(const qc_tile *t, int64_t pb)
+{
+    int two = pb + 1 < t->PB;
+    if (t->out[4] && two)
+        tile_vnni_rows(t, pb, 8, 2);
+    else if (t->out[4])
+        tile_vnni_rows(t, pb, 8, 1);
+    else if (two)
+        tile_vnni_rows(t, pb, 4, 2);
+    else
+        tile_vnni_rows(t, pb, 4, 1);
 }
 #endif
 
@@ -753,7 +799,46 @@ typedef struct {
     int vnni, avx2, amx;
 } qc_call;
 
-/* image n, group g: channel tile cb (32 channels on AMX, else 4) x pixel
+#define QC_REM 8                /* the most pixels rem_vnni takes */
+
+#ifdef MT_QC_VNNI
+/* The last rem (< 16) pixels of image n, group g, channels [c0, c1), from
+ * their packed block blk ([KQ][16][4], pixels p0 + t in lanes t < rem):
+ * each pixel's column gathered into cols ([rem][lw], zeros past KQ * 4),
+ * then per channel 64 k per vpdpbusd against its weight row and a sum of
+ * the lanes, the epilogue put1's. A tile spends KQ vpdpbusd per channel
+ * on a block, whatever its pixels: a 7x7 output (3 blocks and 1 pixel)
+ * paid a fourth block for its last pixel, which takes KQ / 16 here. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void rem_vnni(const qc_call *cl, const uint8_t *blk, int rem, uint8_t *cols, int gather,
+                     int64_t n, int64_t c0, int64_t c1, int64_t p0)
+{
+    int64_t KQ = cl->KQ, lw = cl->lw;
+    if (gather) {
+        memset(cols, 0, (size_t)(rem * lw));
+        for (int r = 0; r < rem; r++)
+            for (int64_t kq = 0; kq < KQ; kq++)
+                memcpy(cols + r * lw + kq * 4, blk + kq * (QC_P * 4) + r * 4, 4);
+    }
+    for (int64_t c = c0; c < c1; c++) {
+        const int8_t *w = cl->wrows + c * lw;
+        __m512i acc[QC_REM];
+        for (int r = 0; r < rem; r++)
+            acc[r] = _mm512_setzero_si512();
+        for (int64_t k = 0; k < lw; k += 64) {
+            __m512i wv = _mm512_loadu_si512(w + k);
+            for (int r = 0; r < rem; r++)
+                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_loadu_si512(cols + r * lw + k), wv);
+        }
+        void *o = (char *)cl->out + (size_t)((n * cl->Co + c) * cl->P) * cl->isz;
+        for (int r = 0; r < rem; r++)
+            put1(o, p0 + r, cl->out_u8, (double)_mm512_reduce_add_epi32(acc[r]) - cl->corr[c],
+                 cl->mult[c], cl->out_zp, cl->lo, cl->hi);
+    }
+}
+#endif
+
+/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
  * blocks pb, pb + 1, from packed (whose first block is pb0) */
 static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
                      int64_t n, int64_t g, int64_t cb)
@@ -774,11 +859,11 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
         return;
     }
 #endif
-    int64_t c0 = g * Cog + cb * 4;
-    const int8_t *w[4];
-    void *o[4];
-    double cr[4], mu[4];
-    for (int r = 0; r < 4; r++) {
+    int64_t c0 = g * Cog + cb * QC_R;
+    const int8_t *w[QC_R];
+    void *o[QC_R];
+    double cr[QC_R], mu[QC_R];
+    for (int r = 0; r < QC_R; r++) {
         int64_t c = c0 + r;
         int in = c < end;
         w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
@@ -856,6 +941,13 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * multiply-adds */
     int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
     int fused = !wmajor && cdiv(PP, PPC) >= 4 * nt;
+    /* a last block of a few pixels by rem_vnni where its row dots (rem
+     * KQ / 16 vpdpbusd a channel, and the sums) cost under half the
+     * block's tile (KQ): the tiles then cover the first PBT blocks */
+    int rem = (int)(P % QC_P);
+    int remrows = vnni && !amx && !fused && rem > 0 && rem <= QC_REM &&
+        2 * rem * (KQ / 16 + 16) < KQ;
+    int64_t PBT = remrows ? PB - 1 : PB, PPT = cdiv(PBT, 2);
     /* the calling thread's scratch: the packed input (channels outer; 64
      * bytes where fused), then the padded planes and 64 bytes of slack for
      * the last 32-byte loads. The packing's masked loads may read up to 30
@@ -912,9 +1004,13 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         if (amx)
             mt_q_amx_begin();
 #endif
-        qc_call cl = {wrows, lw, zero, corr, mult, out, isz, Co, Cog, P, PB, KQ, out_u8, out_zp,
+        qc_call cl = {wrows, lw, zero, corr, mult, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
                       lo, hi, vnni, avx2, amx};
-        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, 4);     /* channel tiles */
+        uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
+        int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
+        if (remrows && !cols)
+            failed = 1;
+        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, QC_R);  /* channel tiles */
         for (int64_t n = 0; n < NB; n++)
             for (int64_t g = 0; g < G; g++) {
                 const uint8_t *src = x + (n * C + g * Cg) * H * W;
@@ -945,13 +1041,31 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                     pack_rows(src, P, K, P, KQ, PB, packed);
                 else if (!early)
                     pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
-                int64_t work = PP * CBT;
-#pragma omp for schedule(static)
+                int64_t work = PPT * CBT;
+#pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < work; i++)
                     if (wmajor)
-                        run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
+                        run_tile(&cl, packed, 0, (i % PPT) * 2, n, g, i / PPT);
                     else
                         run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
+#ifdef MT_QC_VNNI
+                if (remrows) {
+                    /* 16 channels a step: the team's last barrier orders it */
+#pragma omp for schedule(static)
+                    for (int64_t cs = 0; cs < cdiv(Cog, 16); cs++) {
+                        if (!cols)
+                            continue;
+                        int64_t c0 = g * Cog + cs * 16;
+                        int64_t c1 = c0 + 16 < (g + 1) * Cog ? c0 + 16 : (g + 1) * Cog;
+                        rem_vnni(&cl, packed + PBT * KQ * (QC_P * 4), rem, cols,
+                                 gathered != n * G + g, n, c0, c1, PBT * QC_P);
+                        gathered = n * G + g;
+                    }
+                }
+#endif
+                if (!remrows) {
+#pragma omp barrier
+                }
             }
 #ifdef MT_QC_AMX
         if (amx)
