@@ -285,9 +285,10 @@ static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, i
 
 #ifdef MT_QC_VNNI
 /* pack_im2col_sse's block with AVX-512 VBMI: each k's 16 pixels are one
- * 16-byte load (stride 1) or the even bytes of one 32-byte load (stride 2),
- * a block over several output rows a masked load per run (no bytes read
- * outside the runs), and the 4 x 16 transpose of four k is one vpermb
+ * 16-byte load (stride 1) or one 32-byte load where they lie within 32
+ * bytes (stride 2 in one row, stride 1 over rows whose padding gaps are
+ * small), other blocks over several output rows a masked load per run (no
+ * bytes read outside the runs), and the 4 x 16 transpose of four k is one vpermb
  * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
  * store, where SSE2 spends up to 32 operations. The same bytes. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
@@ -327,9 +328,19 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
             v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[3])), 3);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
         }
-    else if (runs == 1 && np == QC_P)
+    else if (np == QC_P && poff[QC_P - 1] - poff[0] < 32) {
+        /* the block's 16 pixels inside 32 bytes from its first: one
+         * 32-byte load per k and one vpermt2b whose index picks each
+         * pixel's byte (stride 2 in one row: the even bytes; stride 1 over
+         * 2 or 3 output rows: the bytes across each row's gap of padding,
+         * where the masked loads below spend 8 or 12 loads per 4 k) */
+        uint8_t iw[64];
+        for (int t = 0; t < QC_P; t++)
+            for (int q = 0; q < 4; q++)
+                iw[t * 4 + q] = (uint8_t)(q * 32 + (poff[t] - poff[0]));
+        idx = _mm512_loadu_si512(iw);
         for (; kq < full; kq++) {
-            const uint8_t *s0 = xp + soff[0];
+            const uint8_t *s0 = xp + poff[0];
             const int64_t *ko = koff + kq * 4;
             __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[0]))),
@@ -339,7 +350,8 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
         }
-    /* blocks over several output rows: per run one masked 64-byte load per
+    }
+    /* other blocks over several output rows: per run one masked 64-byte load per
      * k, placed at row q's bytes (its mask shifted there, the address back
      * by as much: masked-off bytes are never read), into one or two vectors */
     __mmask64 mq[QC_P][4];
