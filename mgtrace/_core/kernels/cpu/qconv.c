@@ -908,20 +908,43 @@ static void rem_vnni(const qc_call *cl, const uint8_t *blk, int rem, uint8_t *co
             for (int64_t kq = 0; kq < KQ; kq++)
                 memcpy(cols + r * lw + kq * 4, blk + kq * (QC_P * 4) + r * 4, 4);
     }
-    for (int64_t c = c0; c < c1; c++) {
-        const int8_t *w = cl->wrows + c * lw;
-        __m512i acc[QC_REM];
-        for (int r = 0; r < rem; r++)
-            acc[r] = _mm512_setzero_si512();
-        for (int64_t k = 0; k < lw; k += 64) {
-            __m512i wv = _mm512_loadu_si512(w + k);
-            for (int r = 0; r < rem; r++)
-                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_loadu_si512(cols + r * lw + k), wv);
+    /* four channels at a time: four independent vpdpbusd chains (one per
+     * row; a chain per pixel alone waited on its own latency, ~5 cycles a
+     * step, where the last pixel of a 7x7 layer is a single chain), the
+     * four rows (4 lw bytes) in L1 across the pixels */
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) {
+        const int8_t *w0 = cl->wrows + c * lw, *w1 = w0 + lw, *w2 = w1 + lw, *w3 = w2 + lw;
+        for (int r = 0; r < rem; r++) {
+            const uint8_t *x = cols + r * lw;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < lw; k += 64) {
+                __m512i xv = _mm512_loadu_si512(x + k);
+                a0 = _mm512_dpbusd_epi32(a0, xv, _mm512_loadu_si512(w0 + k));
+                a1 = _mm512_dpbusd_epi32(a1, xv, _mm512_loadu_si512(w1 + k));
+                a2 = _mm512_dpbusd_epi32(a2, xv, _mm512_loadu_si512(w2 + k));
+                a3 = _mm512_dpbusd_epi32(a3, xv, _mm512_loadu_si512(w3 + k));
+            }
+            int32_t d[4] = {_mm512_reduce_add_epi32(a0), _mm512_reduce_add_epi32(a1),
+                            _mm512_reduce_add_epi32(a2), _mm512_reduce_add_epi32(a3)};
+            for (int j = 0; j < 4; j++) {
+                void *o = (char *)cl->out + (size_t)((n * cl->Co + c + j) * cl->P) * cl->isz;
+                put1(o, p0 + r, cl->out_u8, (double)d[j] - cl->corr[c + j], cl->mult[c + j],
+                     cl->out_zp, cl->lo, cl->hi);
+            }
         }
+    }
+    for (; c < c1; c++) {       /* a group's last channels past a multiple of four */
+        const int8_t *w = cl->wrows + c * lw;
         void *o = (char *)cl->out + (size_t)((n * cl->Co + c) * cl->P) * cl->isz;
-        for (int r = 0; r < rem; r++)
-            put1(o, p0 + r, cl->out_u8, (double)_mm512_reduce_add_epi32(acc[r]) - cl->corr[c],
+        for (int r = 0; r < rem; r++) {
+            __m512i a = _mm512_setzero_si512();
+            for (int64_t k = 0; k < lw; k += 64)
+                a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(cols + r * lw + k),
+                                        _mm512_loadu_si512(w + k));
+            put1(o, p0 + r, cl->out_u8, (double)_mm512_reduce_add_epi32(a) - cl->corr[c],
                  cl->mult[c], cl->out_zp, cl->lo, cl->hi);
+        }
     }
 }
 #endif
