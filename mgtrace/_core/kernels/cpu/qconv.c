@@ -296,7 +296,8 @@ static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, i
 /* pack_im2col_sse's block with AVX-512 VBMI: each k's 16 pixels are one
  * 16-byte load (stride 1) or one 32-byte load where they lie within 32
  * bytes (stride 2 in one row, stride 1 over rows whose padding gaps are
- * small), other blocks over several output rows a masked load per run (no
+ * small), two such loads where they lie in two runs of 32 bytes each
+ * (stride 2 over two rows), other blocks a masked load per run (no
  * bytes read outside the runs), and the 4 x 16 transpose of four k is one vpermb
  * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
  * store, where SSE2 spends up to 32 operations. The same bytes. */
@@ -320,6 +321,10 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
         }
         mk[runs - 1] |= (__mmask32)1 << (t * SW);
     }
+    int64_t mk1_t0 = 0;         /* the first lane of the second run */
+    if (runs >= 2)
+        while (!(mk[1] >> (mk1_t0 * SW) & 1))
+            mk1_t0++;
     uint8_t ix[64];
     for (int t = 0; t < QC_P; t++)
         for (int q = 0; q < 4; q++)     /* stride 1: row q at bytes 16q; 2: at 32q */
@@ -358,6 +363,41 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[2]))),
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
+        }
+    } else if (np == QC_P && runs == 2 && poff[QC_P - 1] - poff[mk1_t0] < 32 &&
+               poff[mk1_t0 - 1] - poff[0] < 32) {
+        /* two runs, each within 32 bytes of its first pixel (stride 2 over
+         * two output rows, whose gap is a whole row): per pair of k one
+         * 32-byte load per run and k, two vpermt2b (k0 k1, k2 k3) whose
+         * index takes each pixel from its run's window, and one blend:
+         * plain loads, where the masked ones below (8 per 4 k) cost more
+         * on Zen 4 than the loads and two permutes */
+        int64_t t1 = mk1_t0, o1 = poff[t1];
+        uint8_t iw[64];
+        for (int t = 0; t < QC_P; t++)
+            for (int q = 0; q < 4; q++)
+                iw[t * 4 + q] = (uint8_t)((t < t1 ? poff[t] - poff[0] : 64 + poff[t] - o1) +
+                                          (q % 2) * 32);
+        idx = _mm512_loadu_si512(iw);
+        const __mmask64 hi2 = 0xCCCCCCCCCCCCCCCCull;     /* bytes q = 2, 3 of each pixel */
+        for (; kq < full; kq++) {
+            const uint8_t *sa = xp + poff[0], *sb = xp + o1;
+            const int64_t *ko = koff + kq * 4;
+            __m512i a01 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sa + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(sa + ko[1])), 1);
+            __m512i b01 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sb + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(sb + ko[1])), 1);
+            __m512i a23 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sa + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(sa + ko[3])), 1);
+            __m512i b23 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sb + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(sb + ko[3])), 1);
+            __m512i lo = _mm512_permutex2var_epi8(a01, idx, b01);
+            __m512i hi = _mm512_permutex2var_epi8(a23, idx, b23);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_mask_mov_epi8(lo, hi2, hi));
         }
     }
     /* other blocks over several output rows: per run one masked 64-byte load per
