@@ -93,6 +93,18 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
         ((int8_t *)out)[at] = (int8_t)(int32_t)v;
 }
 
+/* 1 where put16i's bounds hold for a channel of correction corr and
+ * multiplier mult whose dots all lie within dmax of 0 (K 255 128 for K
+ * products of a u8 and an s8): dot - corr fits int32, and (dot - corr)
+ * mult and the zero point after it stay inside the int32 the conversion
+ * and the clamp take (a margin for the bound's own rounding; NaN fails) */
+static inline int put16i_ok(double dmax, double corr, double mult, int out_u8, int32_t out_zp)
+{
+    double span = dmax + fabs(corr);
+    return span < 2147483647.0 - 1024 &&
+           (out_u8 == 2 || span * fabs(mult) + fabs((double)out_zp) < 2147483647.0 - 1024);
+}
+
 #ifdef MT_QC_VNNI
 /* n (<= 16) consecutive outputs out[at..] of one channel from the int32
  * dots in `dot`: put1's arithmetic eight lanes of double at a time */
@@ -1121,18 +1133,11 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     }
     for (int64_t k = 0; k < K; k++)
         koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
-    /* put16i's bounds: every dot is within K 255 128 of 0 (u8 x s8 per k),
-     * so dot - corr fits int32, and (dot - corr) mult and the zero point
-     * after it stay inside the int32 the conversion and the clamp take
-     * (with a margin for the bound's own rounding; NaN fails it) */
-    int icorr_ok = 1;
-    double dmax = (double)K * 255 * 128;
+    int icorr_ok = 1;           /* put16i's bounds, for every channel */
     for (int64_t c = 0; c < Co; c++) {
         int64_t cv = (int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0);
         corr[c] = (double)cv;
-        double span = dmax + fabs((double)cv);
-        if (!(span < 2147483647.0 - 1024 &&
-              (out_u8 == 2 || span * fabs(mult[c]) + fabs((double)out_zp) < 2147483647.0 - 1024)))
+        if (!put16i_ok((double)K * 255 * 128, corr[c], mult[c], out_u8, out_zp))
             icorr_ok = 0;
         icorr[c] = icorr_ok ? (int32_t)cv : 0;
     }
@@ -1262,7 +1267,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl")))
 static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
                             int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
                             int64_t OH, int64_t OW, double corr, double mult, int out_u8,
-                            int32_t out_zp, int32_t lo, int32_t hi, void *out)
+                            int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                            int iep)
 {
     __m512i taps[64];
     int64_t T = KH * KW;
@@ -1270,6 +1276,9 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
     if (few)
         for (int64_t t = 0; t < T; t++)
             taps[t] = _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[t]);
+    /* put16i's constants where iep (the caller's put16i_ok for this channel) */
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
     __m512i lo16 = _mm512_set1_epi32(0xFFFF);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1291,7 +1300,11 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
                 }
             }
             int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
-            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+            if (iep)
+                put16i(out, oh * OW + ow, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1),
+                       acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
 }
 
@@ -1305,13 +1318,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t KH,
                           int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
                           int64_t OH, int64_t OW, double corr, double mult, int out_u8,
-                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                          int iep)
 {
     int64_t KC = cdiv(KW, 4);
     uint8_t ix[64];
     for (int t = 0; t < 16; t++)
         for (int q = 0; q < 4; q++)
             ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    /* put16i's constants where iep (the caller's put16i_ok for this channel) */
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
     __m512i idx = _mm512_loadu_si512(ix);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1325,7 +1342,11 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
                 }
             }
             int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
-            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+            if (iep)
+                put16i(out, oh * OW + ow, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1),
+                       acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
 }
 
@@ -1595,6 +1616,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
             const int8_t *wc = w + c * KH * KW;
             void *op = (char *)out + (size_t)(p * OH * OW) * isz;
             double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
+            int iep = put16i_ok((double)(KH * KW) * 255 * 128, corr, mult[c], out_u8, out_zp);
             if (kind == 4) {
                 memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
                 for (int64_t h = 0; h < H; h++)
@@ -1614,11 +1636,11 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         memcpy(&taps[i * KC + k], b, 4);
                     }
                 dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                              out_u8, out_zp, lo, hi, op);
+                              out_u8, out_zp, lo, hi, op, iep);
                 continue;
             }
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
-                            out_zp, lo, hi, op);
+                            out_zp, lo, hi, op, iep);
         }
     }
     return failed ? 0 : kind;
