@@ -196,15 +196,53 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
 
 /* ---- dense / grouped ---------------------------------------------------- */
 
+#ifdef MT_QC_VNNI
+/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
+ * fills and masked copies (a small plane's rows are a few bytes: libc's
+ * memset / memcpy calls per row cost more than the kernel). The depthwise
+ * kernels' and, where the CPU has AVX-512 BW (pad_planes' avx512), the
+ * dense convs': three libc calls a row cost ResNet-18's 3x3 layers 10 us
+ * each (2-5%), on the calling thread alone where it packs before the team */
+__attribute__((target("avx512f,avx512bw")))
+static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
+                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
+{
+    __m512i z = _mm512_set1_epi8((char)zp);
+    for (int64_t r = 0; r < HP; r++) {
+        uint8_t *d = buf + r * WP;
+        for (int64_t at = 0; at < WP; at += 64) {
+            int64_t n = WP - at < 64 ? WP - at : 64;
+            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
+        }
+        int64_t h = r - PH;
+        if (h < 0 || h >= H)
+            continue;
+        for (int64_t at = 0; at < W; at += 64) {
+            int64_t n = W - at < 64 ? W - at : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
+        }
+    }
+}
+#endif
+
 /* x: uint8 [C, H, W] (one image, one group's channels) -> xp [C][HP][WP],
- * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW) */
+ * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW);
+ * avx512: the caller's pack_vbmi_ok() (AVX-512 BW), pad_plane_avx512 per plane */
 static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t PH,
-                       int64_t PW, uint8_t pad, uint8_t *xp)
+                       int64_t PW, uint8_t pad, uint8_t *xp, int avx512)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
+#ifdef MT_QC_VNNI
+        if (avx512) {           /* the depthwise kernels' padding: no libc call per row */
+            pad_plane_avx512(d, x + c * H * W, H, W, PH, PW, HP, WP, pad);
+            continue;
+        }
+#endif
+        (void)avx512;
         memset(d, pad, (size_t)(PH * WP));
         for (int64_t h = 0; h < H; h++) {
             uint8_t *r = d + (PH + h) * WP;
@@ -1158,7 +1196,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             if (direct) {
                 pack_rows(x, P, K, P, KQ, PB, packed);
             } else {
-                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad, vbmi);
                 pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
             }
         }
@@ -1188,7 +1226,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             for (int64_t g = 0; g < G; g++) {
                 const uint8_t *src = x + (n * C + g * Cg) * H * W;
                 if (!direct && !early)
-                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad, vbmi);
                 if (fused) {
 #pragma omp for schedule(static)
                     for (int64_t ch = 0; ch < cdiv(PP, PPC); ch++) {
@@ -1348,31 +1386,6 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
             else
                 put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
-}
-
-/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
- * fills and masked copies (a small plane's rows are a few bytes: libc's
- * memset / memcpy calls per row cost more than the kernel) */
-__attribute__((target("avx512f,avx512bw")))
-static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
-                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
-{
-    __m512i z = _mm512_set1_epi8((char)zp);
-    for (int64_t r = 0; r < HP; r++) {
-        uint8_t *d = buf + r * WP;
-        for (int64_t at = 0; at < WP; at += 64) {
-            int64_t n = WP - at < 64 ? WP - at : 64;
-            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
-        }
-        int64_t h = r - PH;
-        if (h < 0 || h >= H)
-            continue;
-        for (int64_t at = 0; at < W; at += 64) {
-            int64_t n = W - at < 64 ? W - at : 64;
-            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
-            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
-        }
-    }
 }
 
 static int has_vbmi(void)
