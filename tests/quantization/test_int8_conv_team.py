@@ -49,6 +49,7 @@ CONVS = {"batched 3x3 stride 2": ((3, 24, 20, 20), 40, 3, 1, 2, 1),
          "7x7 deep, 1 pixel past 3 blocks": ((1, 128, 7, 7), 40, 3, 1, 1, 1),
          "14x14 grouped, 4 pixels past 12 blocks": ((2, 256, 14, 14), 36, 3, 2, 1, 1),
          "6x6 stride 2, 4 pixels past 2 blocks": ((1, 160, 12, 12), 48, 3, 1, 2, 1),
+         "2x2, 4 pixels and no whole block": ((1, 160, 2, 2), 280, 3, 1, 1, 1),
          "depthwise 14x14": ((2, 64, 14, 14), 64, 3, 64, 1, 1),
          "depthwise 7x7": ((4, 160, 7, 7), 160, 3, 160, 1, 1)}
 
