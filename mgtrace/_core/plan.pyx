@@ -22,8 +22,6 @@ from libc.string cimport memcpy, memset
 from mgtrace._core.kernels cimport mt_storage, mt_backend, mt_ew_call, MT_MAX_NDIM
 from mgtrace._core.tensor cimport Tensor, cpu_backend, empty
 from mgtrace._core.dtype cimport ITEMSIZE
-# the int8 steps run with mgtrace's thread count of the moment (plan.h)
-from mgtrace._core.dispatch cimport num_threads
 
 cdef extern from "kernels/cpu/gemm.h" nogil:
     ctypedef struct mt_gemm_shape:
@@ -136,7 +134,6 @@ cdef extern from "kernels/cpu/plan.h" nogil:
                     mt_plan_callback callback, void *ctx, int64_t *failed)
     int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
                           mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns)
-    void mt_plan_set_quant_threads(int n)
     ctypedef struct mt_plan_captured:
         int kind
         mt_ew_call ew
@@ -708,7 +705,6 @@ cdef class Executor:
                     t = empty(1, &n, 2, self.device)
                     r.owners[b] = t
                     r.bases[b] = t._st.ptr
-            mt_plan_set_quant_threads(num_threads())
             if timed:
                 ns = <int64_t *>calloc(max(self.n, 1), sizeof(int64_t))
                 if ns == NULL:

@@ -92,19 +92,6 @@ cdef extern from *:
     const mt_quant_kernels mt_cpu_quant_kernels
 
 
-cdef extern from *:
-    """
-    int mt_q_get_threads(void);
-    """
-    int mt_q_get_threads() noexcept nogil
-
-
-def _threads():
-    """The most threads the int8 kernels take now: the count the last
-    kernel call (or plan step) set, 0 for OpenMP's default. For tests."""
-    return mt_q_get_threads()
-
-
 # the CPU backend's quant member: every call below goes through the table
 # of its data's device (backend.h), the CPU's for NumPy arrays
 cpu_backend().quant = &mt_cpu_quant_kernels

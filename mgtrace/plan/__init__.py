@@ -32,12 +32,6 @@ runs the module itself.
 
 A plan holds the module's tensors as they were compiled: change the module
 (load weights into new tensors, edit the graph), and compile it again.
-
-Threads: a kernel step runs with the thread count its call was recorded
-with (a float kernel may choose its split or workspace by it), except the
-int8 steps, which take ``mgtrace.set_num_threads``'s count when the plan
-runs (their kernels give the same bits at any count), so an int8 model
-compiled at one thread runs at two after ``set_num_threads(2)``.
 """
 import gc
 import threading

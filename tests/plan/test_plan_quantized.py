@@ -233,30 +233,6 @@ def test_two_threads_run_one_quantized_plan_concurrently(act):
         assert len(outs) == 5 and all(same_bits(o, want[i]) for o in outs)
 
 
-def test_int8_steps_take_the_thread_count_set_when_the_plan_runs():
-    """A plan replays its int8 steps with mgtrace's thread count when it
-    runs, not the one it was compiled at: set_num_threads after compiling
-    reaches them (it did not: compiled at 1 thread, ResNet-18 b1 int8 ran at
-    1 thread after set_num_threads(2)). Their bits are the same at each."""
-    from mgtrace._core import qint8
-    qm, shape = _quantized("resnet18_like", False)
-    x = rand(*shape, seed=3)
-    want = qm(x).numpy()
-    old = mt.get_num_threads()
-    try:
-        for compiled, runs in ((1, (2, 3)), (3, (1, 2))):
-            mt.set_num_threads(compiled)
-            plan = mt.compile(qm, x)
-            assert qint8._threads() == compiled
-            for n in runs:
-                mt.set_num_threads(n)
-                got = plan(x).numpy()
-                assert qint8._threads() == n, (compiled, n)
-                assert same_bits(got, want)
-    finally:
-        mt.set_num_threads(old)
-
-
 class Branches(M.Module):
     """Two int8 convs concatenated by an int8 Concat."""
 

@@ -197,10 +197,6 @@ static int run_gather(const mt_plan_gather *g, char *const *bases) {
     return 0;
 }
 
-static int quant_threads = 0;    /* mt_plan_set_quant_threads' */
-
-void mt_plan_set_quant_threads(int n) { __atomic_store_n(&quant_threads, n, __ATOMIC_RELAXED); }
-
 /* an int8 kernel call (mt_plan_quant); the argument layout is qint8.pyx's
  * record of the call */
 static int run_quant(const mt_plan_quant *q, char *const *bases) {
@@ -210,8 +206,7 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
     char *p[MT_PLAN_Q_PTRS];
     for (int j = 0; j < MT_PLAN_Q_PTRS; j++)
         p[j] = q->p[j].buf < 0 ? NULL : at(bases, q->p[j]);
-    int nt = __atomic_load_n(&quant_threads, __ATOMIC_RELAXED);
-    k->set_threads(nt > 0 ? nt : q->nt);
+    k->set_threads(q->nt);
     switch (q->which) {
     case MT_Q_GEMM:      /* a packed wsum bias mult out; M N K lda a_zp out_zp lo hi out_u8 ldo_m ldo_n path */
         k->gemm_u8s8(i[0], i[1], i[2], (const uint8_t *)p[0], i[3], (int32_t)i[4],

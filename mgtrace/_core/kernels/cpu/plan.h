@@ -159,14 +159,6 @@ int mt_plan_run(const mt_plan_step *steps, int64_t n, char *const *bases,
 int mt_plan_run_timed(const mt_plan_step *steps, int64_t n, char *const *bases,
                       mt_plan_callback callback, void *ctx, int64_t *failed, int64_t *ns);
 
-/* The thread count the int8 steps (MT_STEP_QUANT) run with from the next
- * step on: plan.pyx sets it before each run to mgtrace's count then
- * (set_num_threads, fewer under adaptive threads), so a plan follows
- * set_num_threads after it was compiled, as its graph does. Their kernels
- * give the same bits at any count and size nothing by it; the other steps
- * keep the count they were recorded with. 0: the recorded count. */
-void mt_plan_set_quant_threads(int n);
-
 /* ---- capture (the calling thread only) ---- */
 typedef struct {
     int kind;                         /* MT_STEP_EW or MT_STEP_GEMM */

@@ -46,7 +46,6 @@
 static int q_threads = 0;
 
 void mt_q_set_threads(int n) { q_threads = n; }
-int mt_q_get_threads(void) { return q_threads; }     /* for tests (qint8._threads) */
 
 int mt_q_team(int64_t work)
 {
