@@ -11,9 +11,19 @@ speedup 1 -> 2 threads of the wall clock. CPU time at 1 thread holds on a
 loaded machine; the 2-thread wall clock moves with other work (compare rows
 of one run). The last lines sum the convs and say the same of the whole
 forward (the model's own call: kernels plus the Python between them).
+Each row's header gives the load average before and after it.
 Not a test: nothing is asserted.
+
+Where other processes keep both cores busy, a team of two waits for its
+descheduled member at every barrier and the 2-thread column can show no
+speedup or a slowdown for every layer, whatever its shape (on this 2-core
+machine beside two other processes' test runs, ResNet-18 b1: 1 -> 2
+threads 0.1-0.5x; the same script under ``chrt -f 10``, 1.3-1.9x; and
+of two SCHED_FIFO runs of one build, one gave 0.9-1.4x, the other
+1.6-1.9x). Read that column from a quiet machine.
 """
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -73,8 +83,16 @@ def _times(fn, repeats, clock):
     return out
 
 
+def _load():
+    try:
+        return "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "unknown"
+
+
 def run(name, batch, repeats, top, path=None):
     import mgtrace as mt
+    load_before = _load()
     qm, xs = _int8(name, batch)
     convs = _record(qm, xs)
     if path is not None:        # every conv forced onto one kernel path (int8.conv2d's)
@@ -97,7 +115,8 @@ def run(name, batch, repeats, top, path=None):
     mt.set_num_threads(2)
     whole[2] = _times(lambda: qm(*xs).numpy(), repeats, time.perf_counter)
     print(f"{name} b{batch}: {len(rows)} int8 convs, ms (min of {repeats}); "
-          f"cpu1 = CPU time at 1 thread, wallN = wall clock at N threads")
+          f"cpu1 = CPU time at 1 thread, wallN = wall clock at N threads; "
+          f"load average {load_before} before, {_load()} after")
     print(f"  {'conv':<30}{'cpu1':>8}{'wall1':>8}{'wall2':>8}{'1->2':>7}")
     shown = sorted(rows, key=lambda r: -r["wall1"])[:top] if top else rows
     for r in shown:

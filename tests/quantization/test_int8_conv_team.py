@@ -8,7 +8,8 @@ outweigh the input), and the depthwise kernels count a multiply-add as
 eight of the grain. Whatever the split, at 1, 2 and 3 threads and on every
 path, each output is the NumPy integer reference's: the cases take each
 split (the 30x30 and 5x5 ones panels per thread at 1 thread, the 30x30 one
-at 3 too, the 5x5 one packed before the team at 2 and 3)."""
+at 3 too, the 5x5 one packed before the team at 2 and 3; the deep ones a
+last block of a few pixels by row dots, over 16-channel steps)."""
 import numpy as np
 import pytest
 
@@ -42,6 +43,13 @@ CONVS = {"batched 3x3 stride 2": ((3, 24, 20, 20), 40, 3, 1, 2, 1),
          "grouped 1x1": ((2, 64, 28, 28), 96, 1, 2, 1, 0),
          "5x5 odd pixels": ((1, 16, 23, 19), 36, 5, 1, 1, 2),
          "3x3 30x30": ((1, 64, 30, 30), 32, 3, 1, 1, 1),
+         # a last block of 1 or 4 pixels under deep K: its outputs by row
+         # dots (the 14x14 one at 2 and 3 threads; at 1 it packs panels);
+         # 40 and 18 channels a group: tiles of 4 and 16-channel steps cut
+         "7x7 deep, 1 pixel past 3 blocks": ((1, 128, 7, 7), 40, 3, 1, 1, 1),
+         "14x14 grouped, 4 pixels past 12 blocks": ((2, 256, 14, 14), 36, 3, 2, 1, 1),
+         "6x6 stride 2, 4 pixels past 2 blocks": ((1, 160, 12, 12), 48, 3, 1, 2, 1),
+         "2x2, 4 pixels and no whole block": ((1, 160, 2, 2), 280, 3, 1, 1, 1),
          "depthwise 14x14": ((2, 64, 14, 14), 64, 3, 64, 1, 1),
          "depthwise 7x7": ((4, 160, 7, 7), 160, 3, 160, 1, 1)}
 

@@ -9,7 +9,9 @@
  *     im2col from planes padded with the zero point), packed [P / 16][K / 4]
  *     [16 pixels][4 k], the u8 operand vpdpbusd reads; each weight row
  *     (int8, K rounded up to 64 with zeros) is broadcast four k at a time.
- *     Tiles of 4 output channels x 32 pixels (eight accumulators); pixels
+ *     Tiles of 8 output channels (4 for a group's last four or fewer) x
+ *     32 pixels (16 accumulators; 16 pixels for an odd last block), and a
+ *     last block of a few pixels under deep K by row dots instead; pixels
  *     outer, each thread packing its own panels of up to 8 pixel blocks
  *     (at most 32 KB, in L1) just before every channel passes over them;
  *     channels outer where the weights are the larger (the input packed
@@ -62,6 +64,7 @@ int mt_qgemm_has_vnni(void);    /* qgemm.c */
 int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
+#define QC_R 8                  /* output channels per tile (AMX aside) */
 /* a depthwise multiply-add against the grain's (mt_q_team): these kernels
  * run 8-20 G of them a second, the dense ones' tiles 100-300 G, so a dense
  * grain of depthwise work is about eight times as long (MobileNetV2's 14x14
@@ -88,6 +91,18 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
         ((uint8_t *)out)[at] = (uint8_t)(int32_t)v;
     else
         ((int8_t *)out)[at] = (int8_t)(int32_t)v;
+}
+
+/* 1 where put16i's bounds hold for a channel of correction corr and
+ * multiplier mult whose dots all lie within dmax of 0 (K 255 128 for K
+ * products of a u8 and an s8): dot - corr fits int32, and (dot - corr)
+ * mult and the zero point after it stay inside the int32 the conversion
+ * and the clamp take (a margin for the bound's own rounding; NaN fails) */
+static inline int put16i_ok(double dmax, double corr, double mult, int out_u8, int32_t out_zp)
+{
+    double span = dmax + fabs(corr);
+    return span < 2147483647.0 - 1024 &&
+           (out_u8 == 2 || span * fabs(mult) + fabs((double)out_zp) < 2147483647.0 - 1024);
 }
 
 #ifdef MT_QC_VNNI
@@ -132,19 +147,102 @@ void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, 
     /* in range after the clamp: the low byte is the int8 or uint8 value */
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
+
+/* put16's outputs where the caller has checked that no int32 overflows
+ * (mt_qconv_u8s8: |dot - corr| and |(dot - corr) * mult| + |out_zp| under
+ * 2^31 for every dot the layer can reach): dot - corr subtracted once in
+ * int32 (16 lanes) instead of twice in double, rint(v) converted first and
+ * then clamped with the zero point in int32 (v is in range, so the
+ * conversion is rint's integer): clamp(rint(v) + zp, lo, hi) as defined,
+ * three operations on 16 lanes where put16 spends six on 8. The same
+ * bits; zp, lo, hi broadcast by the caller once per tile. */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static inline __attribute__((always_inline))
+void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, double mult,
+            int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv)
+{
+    __m512i a = _mm512_sub_epi32(dot, _mm512_set1_epi32(corr));
+    __m512d k = _mm512_set1_pd(mult);
+    __m512d d0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), k);
+    __m512d d1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), k);
+    if (out_u8 == 2) {
+        if (lo == 0) {
+            d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
+            d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+        }
+        __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
+            _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+        _mm512_mask_storeu_ps((float *)out + at, m, f);
+        return;
+    }
+    /* rint by the sum with 1.5 2^52 (rounded to nearest even whatever
+     * MXCSR says): its ulp is 1 for |v| < 2^51, so the sum is 1.5 2^52 +
+     * rint(v) exactly (the constant's mantissa even: the same ties), and
+     * its low 32 bits are rint(v) as int32 for |v| < 2^31; one permute
+     * gathers the 16 of them, where two conversions and an insert cost
+     * ~13% more of the epilogue (3.31 -> 2.87 ns per 16 outputs) */
+    const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+    __m512i e0 = _mm512_castpd_si512(_mm512_add_round_pd(d0, magic, _MM_FROUND_TO_NEAREST_INT |
+                                                                    _MM_FROUND_NO_EXC));
+    __m512i e1 = _mm512_castpd_si512(_mm512_add_round_pd(d1, magic, _MM_FROUND_TO_NEAREST_INT |
+                                                                    _MM_FROUND_NO_EXC));
+    __m512i v = _mm512_permutex2var_epi32(
+        e0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), e1);
+    v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zpv), lov), hiv);
+    _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
+}
 #endif
 
 /* ---- dense / grouped ---------------------------------------------------- */
 
+#ifdef MT_QC_VNNI
+/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
+ * fills and masked copies (a small plane's rows are a few bytes: libc's
+ * memset / memcpy calls per row cost more than the kernel). The depthwise
+ * kernels' and, where the CPU has AVX-512 BW (pad_planes' avx512), the
+ * dense convs': three libc calls a row cost ResNet-18's 3x3 layers 10 us
+ * each (2-5%), on the calling thread alone where it packs before the team */
+__attribute__((target("avx512f,avx512bw")))
+static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
+                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
+{
+    __m512i z = _mm512_set1_epi8((char)zp);
+    for (int64_t r = 0; r < HP; r++) {
+        uint8_t *d = buf + r * WP;
+        for (int64_t at = 0; at < WP; at += 64) {
+            int64_t n = WP - at < 64 ? WP - at : 64;
+            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
+        }
+        int64_t h = r - PH;
+        if (h < 0 || h >= H)
+            continue;
+        for (int64_t at = 0; at < W; at += 64) {
+            int64_t n = W - at < 64 ? W - at : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
+        }
+    }
+}
+#endif
+
 /* x: uint8 [C, H, W] (one image, one group's channels) -> xp [C][HP][WP],
- * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW) */
+ * the image inside a border of the zero point (HP = H + 2 PH, WP = W + 2 PW);
+ * avx512: the caller's pack_vbmi_ok() (AVX-512 BW), pad_plane_avx512 per plane */
 static void pad_planes(const uint8_t *x, int64_t C, int64_t H, int64_t W, int64_t PH,
-                       int64_t PW, uint8_t pad, uint8_t *xp)
+                       int64_t PW, uint8_t pad, uint8_t *xp, int avx512)
 {
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < C; c++) {
         uint8_t *d = xp + c * HP * WP;
+#ifdef MT_QC_VNNI
+        if (avx512) {           /* the depthwise kernels' padding: no libc call per row */
+            pad_plane_avx512(d, x + c * H * W, H, W, PH, PW, HP, WP, pad);
+            continue;
+        }
+#endif
+        (void)avx512;
         memset(d, pad, (size_t)(PH * WP));
         for (int64_t h = 0; h < H; h++) {
             uint8_t *r = d + (PH + h) * WP;
@@ -246,9 +344,11 @@ static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, i
 
 #ifdef MT_QC_VNNI
 /* pack_im2col_sse's block with AVX-512 VBMI: each k's 16 pixels are one
- * 16-byte load (stride 1) or the even bytes of one 32-byte load (stride 2),
- * a block over several output rows a masked load per run (no bytes read
- * outside the runs), and the 4 x 16 transpose of four k is one vpermb
+ * 16-byte load (stride 1) or one 32-byte load where they lie within 32
+ * bytes (stride 2 in one row, stride 1 over rows whose padding gaps are
+ * small), two such loads where they lie in two runs of 32 bytes each
+ * (stride 2 over two rows), other blocks a masked load per run (no
+ * bytes read outside the runs), and the 4 x 16 transpose of four k is one vpermb
  * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
  * store, where SSE2 spends up to 32 operations. The same bytes. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
@@ -271,6 +371,10 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
         }
         mk[runs - 1] |= (__mmask32)1 << (t * SW);
     }
+    int64_t mk1_t0 = 0;         /* the first lane of the second run */
+    if (runs >= 2)
+        while (!(mk[1] >> (mk1_t0 * SW) & 1))
+            mk1_t0++;
     uint8_t ix[64];
     for (int t = 0; t < QC_P; t++)
         for (int q = 0; q < 4; q++)     /* stride 1: row q at bytes 16q; 2: at 32q */
@@ -288,9 +392,19 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
             v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(s0 + ko[3])), 3);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
         }
-    else if (runs == 1 && np == QC_P)
+    else if (np == QC_P && poff[QC_P - 1] - poff[0] < 32) {
+        /* the block's 16 pixels inside 32 bytes from its first: one
+         * 32-byte load per k and one vpermt2b whose index picks each
+         * pixel's byte (stride 2 in one row: the even bytes; stride 1 over
+         * 2 or 3 output rows: the bytes across each row's gap of padding,
+         * where the masked loads below spend 8 or 12 loads per 4 k) */
+        uint8_t iw[64];
+        for (int t = 0; t < QC_P; t++)
+            for (int q = 0; q < 4; q++)
+                iw[t * 4 + q] = (uint8_t)(q * 32 + (poff[t] - poff[0]));
+        idx = _mm512_loadu_si512(iw);
         for (; kq < full; kq++) {
-            const uint8_t *s0 = xp + soff[0];
+            const uint8_t *s0 = xp + poff[0];
             const int64_t *ko = koff + kq * 4;
             __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[0]))),
@@ -300,7 +414,43 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
                 _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
         }
-    /* blocks over several output rows: per run one masked 64-byte load per
+    } else if (np == QC_P && runs == 2 && poff[QC_P - 1] - poff[mk1_t0] < 32 &&
+               poff[mk1_t0 - 1] - poff[0] < 32) {
+        /* two runs, each within 32 bytes of its first pixel (stride 2 over
+         * two output rows, whose gap is a whole row): per pair of k one
+         * 32-byte load per run and k, two vpermt2b (k0 k1, k2 k3) whose
+         * index takes each pixel from its run's window, and one blend:
+         * plain loads, where the masked ones below (8 per 4 k) cost more
+         * on Zen 4 than the loads and two permutes */
+        int64_t t1 = mk1_t0, o1 = poff[t1];
+        uint8_t iw[64];
+        for (int t = 0; t < QC_P; t++)
+            for (int q = 0; q < 4; q++)
+                iw[t * 4 + q] = (uint8_t)((t < t1 ? poff[t] - poff[0] : 64 + poff[t] - o1) +
+                                          (q % 2) * 32);
+        idx = _mm512_loadu_si512(iw);
+        const __mmask64 hi2 = 0xCCCCCCCCCCCCCCCCull;     /* bytes q = 2, 3 of each pixel */
+        for (; kq < full; kq++) {
+            const uint8_t *sa = xp + poff[0], *sb = xp + o1;
+            const int64_t *ko = koff + kq * 4;
+            __m512i a01 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sa + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(sa + ko[1])), 1);
+            __m512i b01 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sb + ko[0]))),
+                _mm256_loadu_si256((const __m256i *)(sb + ko[1])), 1);
+            __m512i a23 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sa + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(sa + ko[3])), 1);
+            __m512i b23 = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(sb + ko[2]))),
+                _mm256_loadu_si256((const __m256i *)(sb + ko[3])), 1);
+            __m512i lo = _mm512_permutex2var_epi8(a01, idx, b01);
+            __m512i hi = _mm512_permutex2var_epi8(a23, idx, b23);
+            _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_mask_mov_epi8(lo, hi2, hi));
+        }
+    }
+    /* other blocks over several output rows: per run one masked 64-byte load per
      * k, placed at row q's bytes (its mask shifted there, the address back
      * by as much: masked-off bytes are never read), into one or two vectors */
     __mmask64 mq[QC_P][4];
@@ -431,21 +581,22 @@ static void pack_rows(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int
 typedef struct {
     const uint8_t *packed;      /* [PB - pb0][KQ][16][4] */
     int64_t KQ, PB, P;
-    const int8_t *const *w;     /* 4 weight rows ([KQ * 4] each) */
-    void *const *out;           /* 4 output rows (NULL: no such channel) */
-    const double *corr, *mult;  /* 4 each */
+    const int8_t *const *w;     /* QC_R weight rows ([KQ * 4] each) */
+    void *const *out;           /* QC_R output rows (NULL: no such channel) */
+    const double *corr, *mult;  /* QC_R each */
+    const int32_t *icorr;       /* QC_R: corr as int32 where put16i's bounds hold, else NULL */
     int out_u8;
     int32_t out_zp, lo, hi;
     int64_t pb0;                /* the block packed holds first (0: all of them) */
 } qc_tile;
 
-/* 4 channels x pixel blocks pb, pb + 1 (where < PB): portable C */
+/* QC_R channels x pixel blocks pb, pb + 1 (where < PB): portable C */
 static void tile_portable(const qc_tile *t, int64_t pb)
 {
     for (int64_t b = pb; b < pb + 2 && b < t->PB; b++) {
         const uint8_t *x = t->packed + (b - t->pb0) * t->KQ * (QC_P * 4);
         int64_t p0 = b * QC_P, np = t->P - p0 < QC_P ? t->P - p0 : QC_P;
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < QC_R; r++) {
             if (!t->out[r])
                 continue;
             int32_t acc[QC_P] = {0};
@@ -503,7 +654,7 @@ static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, do
     }
 }
 
-/* 4 channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
+/* QC_R channels x pixel blocks pb, pb + 1 with AVX2 alone (CPUs without
  * AVX-512 VNNI): the packed bytes widened to int16 and vpmaddwd against the
  * channel's four taps as int16 (exact: vpmaddubsw would saturate), each
  * pixel's two partial sums added at the end */
@@ -515,7 +666,7 @@ static void tile_avx2(const qc_tile *t, int64_t pb)
         const uint8_t *x = t->packed + (b - t->pb0) * KQ * (QC_P * 4);
         int64_t p0 = b * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < QC_R; r++) {
             if (!t->out[r])
                 continue;
             __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256(),
@@ -553,46 +704,118 @@ static int has_avx2(void)
     return __builtin_cpu_supports("avx2");
 }
 
+/* R (4 or 8) channels x B (1 or 2) pixel blocks pb, pb + 1: per 4 k B
+ * 64-byte loads of packed pixels, R broadcast weights and B R vpdpbusd into
+ * B R accumulators. Eight channels halve the pixel loads per vpdpbusd
+ * against four; a tile of four serves a group's last channels where four
+ * or fewer remain, and a tile of one block the odd last block (a pair
+ * there computed the block twice). The accumulators are named variables (an array of them indexed
+ * in the epilogue made GCC copy all sixteen through the stack each step). */
+#define QC_DOT(r)                                                   \
+    do {                                                            \
+        int32_t v_;                                                 \
+        memcpy(&v_, w##r + kq * 4, 4);                              \
+        __m512i b_ = _mm512_set1_epi32(v_);                         \
+        c##r##0 = _mm512_dpbusd_epi32(c##r##0, a0, b_);             \
+        if (B > 1)                                                  \
+            c##r##1 = _mm512_dpbusd_epi32(c##r##1, a1, b_);         \
+    } while (0)
+#define QC_PUT(r)                                                   \
+    do {                                                            \
+        if (t->out[r]) {                                            \
+            put16(t->out[r], p0, n0, c##r##0, t->corr[r], t->mult[r], t->out_u8, \
+                  t->out_zp, t->lo, t->hi);                         \
+            if (B > 1)                                              \
+                put16(t->out[r], p0 + QC_P, n1, c##r##1, t->corr[r], t->mult[r], \
+                      t->out_u8, t->out_zp, t->lo, t->hi);          \
+        }                                                           \
+    } while (0)
+
+#define QC_PUTI(r)                                                  \
+    do {                                                            \
+        if (t->out[r]) {                                            \
+            put16i(t->out[r], p0, m0, c##r##0, t->icorr[r], t->mult[r], t->out_u8, \
+                   t->lo, zpv, lov, hiv);                           \
+            if (B > 1)                                              \
+                put16i(t->out[r], p0 + QC_P, m1, c##r##1, t->icorr[r], t->mult[r], \
+                       t->out_u8, t->lo, zpv, lov, hiv);            \
+        }                                                           \
+    } while (0)
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-static void tile_vnni(const qc_tile *t, int64_t pb)
+static inline __attribute__((always_inline))
+void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 {
     int64_t KQ = t->KQ;
     const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
-    int two = pb + 1 < t->PB;
-    const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
+    const uint8_t *x1 = x0 + KQ * (QC_P * 4);     /* read where B is 2 */
     const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
-    __m512i c00 = _mm512_setzero_si512(), c01 = _mm512_setzero_si512(),
-            c10 = _mm512_setzero_si512(), c11 = _mm512_setzero_si512(),
-            c20 = _mm512_setzero_si512(), c21 = _mm512_setzero_si512(),
-            c30 = _mm512_setzero_si512(), c31 = _mm512_setzero_si512();
+    const int8_t *w4 = t->w[R > 4 ? 4 : 0], *w5 = t->w[R > 4 ? 5 : 0],
+                 *w6 = t->w[R > 4 ? 6 : 0], *w7 = t->w[R > 4 ? 7 : 0];
+    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
+            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00,
+            c60 = c00, c61 = c00, c70 = c00, c71 = c00;
     for (int64_t kq = 0; kq < KQ; kq++) {
         __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
-        __m512i a1 = _mm512_loadu_si512(x1 + kq * (QC_P * 4));
-        int32_t v0, v1, v2, v3;
-        memcpy(&v0, w0 + kq * 4, 4);
-        memcpy(&v1, w1 + kq * 4, 4);
-        memcpy(&v2, w2 + kq * 4, 4);
-        memcpy(&v3, w3 + kq * 4, 4);
-        __m512i b0 = _mm512_set1_epi32(v0), b1 = _mm512_set1_epi32(v1),
-                b2 = _mm512_set1_epi32(v2), b3 = _mm512_set1_epi32(v3);
-        c00 = _mm512_dpbusd_epi32(c00, a0, b0);
-        c01 = _mm512_dpbusd_epi32(c01, a1, b0);
-        c10 = _mm512_dpbusd_epi32(c10, a0, b1);
-        c11 = _mm512_dpbusd_epi32(c11, a1, b1);
-        c20 = _mm512_dpbusd_epi32(c20, a0, b2);
-        c21 = _mm512_dpbusd_epi32(c21, a1, b2);
-        c30 = _mm512_dpbusd_epi32(c30, a0, b3);
-        c31 = _mm512_dpbusd_epi32(c31, a1, b3);
+        __m512i a1 = B > 1 ? _mm512_loadu_si512(x1 + kq * (QC_P * 4)) : a0;
+        QC_DOT(0);
+        QC_DOT(1);
+        QC_DOT(2);
+        QC_DOT(3);
+        if (R > 4) {
+            QC_DOT(4);
+            QC_DOT(5);
+            QC_DOT(6);
+            QC_DOT(7);
+        }
     }
-    __m512i acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
-    for (int b = 0; b < 1 + two; b++) {
-        int64_t p0 = (pb + b) * QC_P;
-        int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < 4; r++)
-            if (t->out[r])
-                put16(t->out[r], p0, n, acc[r][b], t->corr[r], t->mult[r], t->out_u8,
-                      t->out_zp, t->lo, t->hi);
+    int64_t p0 = pb * QC_P;
+    int n0 = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
+    int n1 = (int)(t->P - p0 - QC_P < QC_P ? t->P - p0 - QC_P : QC_P);
+    if (t->icorr) {
+        __mmask16 m0 = n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n0) - 1);
+        __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n1 > 0 ? n1 : 0)) - 1);
+        __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
+                hiv = _mm512_set1_epi32(t->hi);
+        QC_PUTI(0);
+        QC_PUTI(1);
+        QC_PUTI(2);
+        QC_PUTI(3);
+        if (R > 4) {
+            QC_PUTI(4);
+            QC_PUTI(5);
+            QC_PUTI(6);
+            QC_PUTI(7);
+        }
+        return;
     }
+    QC_PUT(0);
+    QC_PUT(1);
+    QC_PUT(2);
+    QC_PUT(3);
+    if (R > 4) {
+        QC_PUT(4);
+        QC_PUT(5);
+        QC_PUT(6);
+        QC_PUT(7);
+    }
+}
+#undef QC_DOT
+#undef QC_PUT
+#undef QC_PUTI
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void tile_vnni(const qc_tile *t, int64_t pb)
+{
+    int two = pb + 1 < t->PB;
+    if (t->out[4] && two)
+        tile_vnni_rows(t, pb, 8, 2);
+    else if (t->out[4])
+        tile_vnni_rows(t, pb, 8, 1);
+    else if (two)
+        tile_vnni_rows(t, pb, 4, 2);
+    else
+        tile_vnni_rows(t, pb, 4, 1);
 }
 #endif
 
@@ -745,6 +968,7 @@ typedef struct {
     int64_t lw;
     const int8_t *zero;
     const double *corr, *mult;
+    const int32_t *icorr;       /* corr as int32 where put16i's bounds hold, else NULL */
     void *out;
     size_t isz;
     int64_t Co, Cog, P, PB, KQ;
@@ -753,7 +977,69 @@ typedef struct {
     int vnni, avx2, amx;
 } qc_call;
 
-/* image n, group g: channel tile cb (32 channels on AMX, else 4) x pixel
+#define QC_REM 8                /* the most pixels rem_vnni takes */
+
+#ifdef MT_QC_VNNI
+/* The last rem (< 16) pixels of image n, group g, channels [c0, c1), from
+ * their packed block blk ([KQ][16][4], pixels p0 + t in lanes t < rem):
+ * each pixel's column gathered into cols ([rem][lw], zeros past KQ * 4),
+ * then per channel 64 k per vpdpbusd against its weight row and a sum of
+ * the lanes, the epilogue put1's. A tile spends KQ vpdpbusd per channel
+ * on a block, whatever its pixels: a 7x7 output (3 blocks and 1 pixel)
+ * paid a fourth block for its last pixel, which takes KQ / 16 here. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void rem_vnni(const qc_call *cl, const uint8_t *blk, int rem, uint8_t *cols, int gather,
+                     int64_t n, int64_t c0, int64_t c1, int64_t p0)
+{
+    int64_t KQ = cl->KQ, lw = cl->lw;
+    if (gather) {
+        memset(cols, 0, (size_t)(rem * lw));
+        for (int r = 0; r < rem; r++)
+            for (int64_t kq = 0; kq < KQ; kq++)
+                memcpy(cols + r * lw + kq * 4, blk + kq * (QC_P * 4) + r * 4, 4);
+    }
+    /* four channels at a time: four independent vpdpbusd chains (one per
+     * row; a chain per pixel alone waited on its own latency, ~5 cycles a
+     * step, where the last pixel of a 7x7 layer is a single chain), the
+     * four rows (4 lw bytes) in L1 across the pixels */
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) {
+        const int8_t *w0 = cl->wrows + c * lw, *w1 = w0 + lw, *w2 = w1 + lw, *w3 = w2 + lw;
+        for (int r = 0; r < rem; r++) {
+            const uint8_t *x = cols + r * lw;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t k = 0; k < lw; k += 64) {
+                __m512i xv = _mm512_loadu_si512(x + k);
+                a0 = _mm512_dpbusd_epi32(a0, xv, _mm512_loadu_si512(w0 + k));
+                a1 = _mm512_dpbusd_epi32(a1, xv, _mm512_loadu_si512(w1 + k));
+                a2 = _mm512_dpbusd_epi32(a2, xv, _mm512_loadu_si512(w2 + k));
+                a3 = _mm512_dpbusd_epi32(a3, xv, _mm512_loadu_si512(w3 + k));
+            }
+            int32_t d[4] = {_mm512_reduce_add_epi32(a0), _mm512_reduce_add_epi32(a1),
+                            _mm512_reduce_add_epi32(a2), _mm512_reduce_add_epi32(a3)};
+            for (int j = 0; j < 4; j++) {
+                void *o = (char *)cl->out + (size_t)((n * cl->Co + c + j) * cl->P) * cl->isz;
+                put1(o, p0 + r, cl->out_u8, (double)d[j] - cl->corr[c + j], cl->mult[c + j],
+                     cl->out_zp, cl->lo, cl->hi);
+            }
+        }
+    }
+    for (; c < c1; c++) {       /* a group's last channels past a multiple of four */
+        const int8_t *w = cl->wrows + c * lw;
+        void *o = (char *)cl->out + (size_t)((n * cl->Co + c) * cl->P) * cl->isz;
+        for (int r = 0; r < rem; r++) {
+            __m512i a = _mm512_setzero_si512();
+            for (int64_t k = 0; k < lw; k += 64)
+                a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(cols + r * lw + k),
+                                        _mm512_loadu_si512(w + k));
+            put1(o, p0 + r, cl->out_u8, (double)_mm512_reduce_add_epi32(a) - cl->corr[c],
+                 cl->mult[c], cl->out_zp, cl->lo, cl->hi);
+        }
+    }
+}
+#endif
+
+/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
  * blocks pb, pb + 1, from packed (whose first block is pb0) */
 static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
                      int64_t n, int64_t g, int64_t cb)
@@ -767,27 +1053,29 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
         void *o[32];
         for (int r = 0; r < nrows; r++)
             o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
-        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, cl->out_u8, cl->out_zp,
-                     cl->lo, cl->hi, pb0};
+        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, NULL, cl->out_u8,
+                     cl->out_zp, cl->lo, cl->hi, pb0};
         tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
                  cl->mult + c0);
         return;
     }
 #endif
-    int64_t c0 = g * Cog + cb * 4;
-    const int8_t *w[4];
-    void *o[4];
-    double cr[4], mu[4];
-    for (int r = 0; r < 4; r++) {
+    int64_t c0 = g * Cog + cb * QC_R;
+    const int8_t *w[QC_R];
+    void *o[QC_R];
+    double cr[QC_R], mu[QC_R];
+    int32_t ic[QC_R];
+    for (int r = 0; r < QC_R; r++) {
         int64_t c = c0 + r;
         int in = c < end;
         w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
         o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
         cr[r] = in ? cl->corr[c] : 0;
         mu[r] = in ? cl->mult[c] : 0;
+        ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
     }
-    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->out_u8, cl->out_zp, cl->lo,
-                 cl->hi, pb0};
+    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->icorr ? ic : NULL, cl->out_u8,
+                 cl->out_zp, cl->lo, cl->hi, pb0};
 #ifdef MT_QC_VNNI
     if (cl->vnni) {
         tile_vnni(&t, pb);
@@ -856,6 +1144,13 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * multiply-adds */
     int failed = 0, nt = mt_q_team(NB * G * Cog * P * K);
     int fused = !wmajor && cdiv(PP, PPC) >= 4 * nt;
+    /* a last block of a few pixels by rem_vnni where its row dots (rem
+     * KQ / 16 vpdpbusd a channel, and the sums) cost under half the
+     * block's tile (KQ): the tiles then cover the first PBT blocks */
+    int rem = (int)(P % QC_P);
+    int remrows = vnni && !amx && !fused && rem > 0 && rem <= QC_REM &&
+        2 * rem * (KQ / 16 + 16) < KQ;
+    int64_t PBT = remrows ? PB - 1 : PB, PPT = cdiv(PBT, 2);
     /* the calling thread's scratch: the packed input (channels outer; 64
      * bytes where fused), then the padded planes and 64 bytes of slack for
      * the last 32-byte loads. The packing's masked loads may read up to 30
@@ -865,17 +1160,25 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
+    int32_t *icorr = malloc((size_t)Co * sizeof(int32_t));
     int64_t *koff = malloc((size_t)K * sizeof(int64_t));
-    if (!packed || !zero || !corr || !koff) {
+    if (!packed || !zero || !corr || !icorr || !koff) {
         free(zero);
         free(corr);
+        free(icorr);
         free(koff);
         return 0;
     }
     for (int64_t k = 0; k < K; k++)
         koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
-    for (int64_t c = 0; c < Co; c++)
-        corr[c] = (double)((int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0));
+    int icorr_ok = 1;           /* put16i's bounds, for every channel */
+    for (int64_t c = 0; c < Co; c++) {
+        int64_t cv = (int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0);
+        corr[c] = (double)cv;
+        if (!put16i_ok((double)K * 255 * 128, corr[c], mult[c], out_u8, out_zp))
+            icorr_ok = 0;
+        icorr[c] = icorr_ok ? (int32_t)cv : 0;
+    }
     if (!direct)                /* the slack after the planes, read and masked by the packing */
         memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
     /* one image's small input (packed under 2^19 bytes, a few us) is padded
@@ -893,7 +1196,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             if (direct) {
                 pack_rows(x, P, K, P, KQ, PB, packed);
             } else {
-                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                pad_planes(x, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad, vbmi);
                 pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
             }
         }
@@ -912,14 +1215,18 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         if (amx)
             mt_q_amx_begin();
 #endif
-        qc_call cl = {wrows, lw, zero, corr, mult, out, isz, Co, Cog, P, PB, KQ, out_u8, out_zp,
+        qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
                       lo, hi, vnni, avx2, amx};
-        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, 4);     /* channel tiles */
+        uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
+        int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
+        if (remrows && !cols)
+            failed = 1;
+        int64_t CBT = amx ? cdiv(Cog, 32) : cdiv(Cog, QC_R);  /* channel tiles */
         for (int64_t n = 0; n < NB; n++)
             for (int64_t g = 0; g < G; g++) {
                 const uint8_t *src = x + (n * C + g * Cg) * H * W;
                 if (!direct && !early)
-                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad);
+                    pad_planes(src, Cg, H, W, PH, PW, (uint8_t)a_zp, xpad, vbmi);
                 if (fused) {
 #pragma omp for schedule(static)
                     for (int64_t ch = 0; ch < cdiv(PP, PPC); ch++) {
@@ -945,19 +1252,38 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                     pack_rows(src, P, K, P, KQ, PB, packed);
                 else if (!early)
                     pack_im2col(xpad, koff, K, OW, SH, SW, WP, P, KQ, PB, packed, vbmi);
-                int64_t work = PP * CBT;
-#pragma omp for schedule(static)
+                int64_t work = PPT * CBT;
+#pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < work; i++)
                     if (wmajor)
-                        run_tile(&cl, packed, 0, (i % PP) * 2, n, g, i / PP);
+                        run_tile(&cl, packed, 0, (i % PPT) * 2, n, g, i / PPT);
                     else
                         run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
+#ifdef MT_QC_VNNI
+                if (remrows) {
+                    /* 16 channels a step: the team's last barrier orders it */
+#pragma omp for schedule(static)
+                    for (int64_t cs = 0; cs < cdiv(Cog, 16); cs++) {
+                        if (!cols)
+                            continue;
+                        int64_t c0 = g * Cog + cs * 16;
+                        int64_t c1 = c0 + 16 < (g + 1) * Cog ? c0 + 16 : (g + 1) * Cog;
+                        rem_vnni(&cl, packed + PBT * KQ * (QC_P * 4), rem, cols,
+                                 gathered != n * G + g, n, c0, c1, PBT * QC_P);
+                        gathered = n * G + g;
+                    }
+                }
+#endif
+                if (!remrows) {
+#pragma omp barrier
+                }
             }
 #ifdef MT_QC_AMX
         if (amx)
             mt_q_amx_end();
 #endif
     }
+    free(icorr);
     if (failed) {
         free(zero);
         free(corr);
@@ -979,7 +1305,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl")))
 static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int64_t KH,
                             int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
                             int64_t OH, int64_t OW, double corr, double mult, int out_u8,
-                            int32_t out_zp, int32_t lo, int32_t hi, void *out)
+                            int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                            int iep)
 {
     __m512i taps[64];
     int64_t T = KH * KW;
@@ -987,6 +1314,9 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
     if (few)
         for (int64_t t = 0; t < T; t++)
             taps[t] = _mm512_set1_epi32((int32_t)(uint16_t)(int16_t)w[t]);
+    /* put16i's constants where iep (the caller's put16i_ok for this channel) */
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
     __m512i lo16 = _mm512_set1_epi32(0xFFFF);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1008,7 +1338,11 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
                 }
             }
             int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
-            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+            if (iep)
+                put16i(out, oh * OW + ow, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1),
+                       acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
 }
 
@@ -1022,13 +1356,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t KH,
                           int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
                           int64_t OH, int64_t OW, double corr, double mult, int out_u8,
-                          int32_t out_zp, int32_t lo, int32_t hi, void *out)
+                          int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                          int iep)
 {
     int64_t KC = cdiv(KW, 4);
     uint8_t ix[64];
     for (int t = 0; t < 16; t++)
         for (int q = 0; q < 4; q++)
             ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    /* put16i's constants where iep (the caller's put16i_ok for this channel) */
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
     __m512i idx = _mm512_loadu_si512(ix);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1042,33 +1380,12 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
                 }
             }
             int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
-            put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+            if (iep)
+                put16i(out, oh * OW + ow, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1),
+                       acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
-}
-
-/* the plane xs [H][W] into buf [HP][WP] inside a border of zp: 64-byte
- * fills and masked copies (a small plane's rows are a few bytes: libc's
- * memset / memcpy calls per row cost more than the kernel) */
-__attribute__((target("avx512f,avx512bw")))
-static void pad_plane_avx512(uint8_t *buf, const uint8_t *xs, int64_t H, int64_t W, int64_t PH,
-                             int64_t PW, int64_t HP, int64_t WP, uint8_t zp)
-{
-    __m512i z = _mm512_set1_epi8((char)zp);
-    for (int64_t r = 0; r < HP; r++) {
-        uint8_t *d = buf + r * WP;
-        for (int64_t at = 0; at < WP; at += 64) {
-            int64_t n = WP - at < 64 ? WP - at : 64;
-            _mm512_mask_storeu_epi8(d + at, n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1), z);
-        }
-        int64_t h = r - PH;
-        if (h < 0 || h >= H)
-            continue;
-        for (int64_t at = 0; at < W; at += 64) {
-            int64_t n = W - at < 64 ? W - at : 64;
-            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
-            _mm512_mask_storeu_epi8(d + PW + at, m, _mm512_maskz_loadu_epi8(m, xs + h * W + at));
-        }
-    }
 }
 
 static int has_vbmi(void)
@@ -1312,6 +1629,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
             const int8_t *wc = w + c * KH * KW;
             void *op = (char *)out + (size_t)(p * OH * OW) * isz;
             double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
+            int iep = put16i_ok((double)(KH * KW) * 255 * 128, corr, mult[c], out_u8, out_zp);
             if (kind == 4) {
                 memset(buf, (int)(uint8_t)a_zp, (size_t)(HP * WP));
                 for (int64_t h = 0; h < H; h++)
@@ -1331,11 +1649,11 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         memcpy(&taps[i * KC + k], b, 4);
                     }
                 dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                              out_u8, out_zp, lo, hi, op);
+                              out_u8, out_zp, lo, hi, op, iep);
                 continue;
             }
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
-                            out_zp, lo, hi, op);
+                            out_zp, lo, hi, op, iep);
         }
     }
     return failed ? 0 : kind;
