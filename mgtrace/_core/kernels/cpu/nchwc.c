@@ -628,6 +628,10 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     int64_t nchunk = (q->ow + NC_CHUNK - 1) / NC_CHUNK;
     const int64_t even = (8 * nt + c->units * trows - 1) / (c->units * trows), most = (q->ow + NC_R - 1) / NC_R;
     if (nt > 1 && even > nchunk) nchunk = even < most ? even : most;
+    /* and a multiple of the threads where chunks of a tile or more allow:
+     * a 56x56 plane's 17 chunks of one unit went 9 to one thread, 8 to
+     * the other (MobileNetV2's projection to 24 channels) */
+    while (nt > 1 && c->units * trows * nchunk % nt && nchunk < most) nchunk++;
     c->nchunk = nchunk;
     c->chunk = (q->ow + nchunk - 1) / nchunk;
     c->rows = trows * nchunk;
@@ -1259,8 +1263,13 @@ static void pwdw_plan_call(pwdw_call *c, const float *x, const float *pw_packed,
     /* enough tasks for the threads to share; each range of rows recomputes
      * the kh - sh pointwise rows its first output row shares with the last */
     int64_t nchunk = nt > 1 ? (4 * nt + c->units - 1) / c->units : 1;
+    /* a multiple of the threads where the rows allow: 3 units (96
+     * channels) in 3 ranges made 9 tasks, 5 for one thread and 4 for the
+     * other (MobileNetV2's first expansion, its largest step) */
+    while (nt > 1 && c->units * nchunk % nt && nchunk < dw->oh) nchunk++;
     if (nchunk > dw->oh) nchunk = dw->oh;
     c->rows = (dw->oh + nchunk - 1) / nchunk;
+    nchunk = (dw->oh + c->rows - 1) / c->rows;      /* (ranges of c->rows: none empty) */
     c->tasks = c->units * nchunk;
     c->tail = pw->o % NC ? (int)(pw->o % NC) : 0;
 }
