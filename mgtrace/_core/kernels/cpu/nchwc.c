@@ -202,13 +202,13 @@ static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, co
     for (int64_t cb = 0; cb < ncb; cb++) {                                    \
         const float *xc = x + cb * cbs;                                       \
         const float *wc = w + cb * wcbs;                                      \
-        const int lc = cb + 1 < ncb ? L : (int)ll;                            \
+        const int64_t lc = cb + 1 < ncb ? L : ll;   /* (int64: an int index cost a sign extension a step) */ \
         for (int64_t t = 0; t < ntap; t++) {                                  \
             const float *xt = xc + toff[t];                                   \
             const float *wt = wc + tidx[t] * (L * NC_PAIR);                   \
             for (int64_t k = 0; k < pfl; k += 64) __builtin_prefetch(pf + k, 0, 2); \
             pf += pfl;                                                        \
-            for (int i = 0; i < lc; i++) {                                    \
+            for (int64_t i = 0; i < lc; i++) {                                \
                 const v16 w0 = ld16(wt + i * NC_PAIR);                        \
                 const T1 w1 = NV > 1 ? *(const T1 *)(wt + i * NC_PAIR + NC) : (T1){0}; \
                 const float *xi = xt + i;                                     \
