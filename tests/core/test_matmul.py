@@ -48,6 +48,32 @@ def test_one_row_products_take_the_gemv_path(rng, dtype):
     assert_close(mt.functional.linear(ta[:1], mt.tensor(b.T.copy())), a[:1] @ b, **tol)
 
 
+@pytest.mark.parametrize("n, k", [(1000, 1280), (70, 40), (9, 17), (2, 1), (123, 16)])
+def test_one_row_float32_products_by_rows_of_the_weight_against_numpy(rng, n, k):
+    """Float32 one-row products whose B is a row-major weight's transpose
+    (F.linear at batch 1) run as dot products, 8 weight rows at a time (and
+    split over the threads by whole rows): against float64 NumPy for row
+    counts not a multiple of 8 and K not a multiple of 16, with a weight
+    whose rows are strided (a slice of a wider one), and bitwise equal on
+    1-3 threads."""
+    a = rng.standard_normal((4, k)).astype(np.float32)
+    wide = rng.standard_normal((n, k + 5)).astype(np.float32)
+    w = wide[:, 2:k + 2]
+    want = a[:1].astype(np.float64) @ w.T.astype(np.float64)
+    tw = mt.tensor(wide)[:, 2:k + 2]
+    before = mt.get_num_threads()
+    try:
+        got = []
+        for t in (1, 2, 3):
+            mt.set_num_threads(t)
+            got.append(mt.functional.linear(mt.tensor(a[:1]), tw).numpy())
+    finally:
+        mt.set_num_threads(before)
+    for g in got:
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(g, got[0])
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_batches_of_small_products_split_over_threads(rng, dtype, threads):

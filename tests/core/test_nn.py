@@ -1475,6 +1475,43 @@ def test_conv2d_nchwc_dense_against_numpy(geom, layout):
         assert not y.numpy()[:, -1, :, :, (o - 1) % 16 + 1:].any()
 
 
+NCHWC_PARTIAL = [  # (C, O, H, W, kernel, padding): channels that fill part of their last block
+    (24, 24, 9, 11, 1, 0),      # MobileNetV2's projection to 24: a block and a half in and out
+    (40, 17, 7, 7, 1, 0),       # one lane of the second output block
+    (8, 25, 6, 5, 1, 0),        # 9 lanes: past half a block, the two-block kernel
+    (24, 40, 5, 6, 1, 0),       # the half block alone in its pair: the one-block kernel
+    (17, 24, 15, 15, 3, 1),     # padded 3x3: interior tiles and border columns
+]
+
+
+@pytest.mark.parametrize("geom", NCHWC_PARTIAL)
+def test_conv2d_nchwc_partial_blocks_against_numpy_and_the_zero_padded_channels(geom):
+    """The dense kernels sum the last input block's channels only (not the
+    zero lanes past C) and compute an output block of 8 or fewer channels
+    as half a block: against NumPy, and bitwise equal on every thread count
+    to the same conv with C and O padded to whole blocks by zero channels,
+    which the full-block kernels compute."""
+    c, o, h, w, k, p = geom
+    cp, op = -(-c // 16) * 16, -(-o // 16) * 16
+    x, wt, b = rand(2, c, h, w), rand(o, c, k, k), rand(o)
+    ref = ref_conv2d(x, wt, b, 1, p)
+    r = rand(*ref.shape)
+    xp, wp, bp, rp = (np.zeros((2, cp, h, w), np.float32), np.zeros((op, cp, k, k), np.float32),
+                      np.zeros(op, np.float32), np.zeros((2, op) + ref.shape[2:], np.float32))
+    xp[:, :c], wp[:o, :c], bp[:o], rp[:, :o] = x, wt, b, r
+    for act, res in (("relu6", r), ("none", None)):
+        want = REF_ACTS[act](ref + (0 if res is None else r))
+        ys = _on_threads(lambda: nn.conv2d_nchwc(tensor(blocked(x)), tensor(wt), tensor(b),
+                                                 None if res is None else tensor(blocked(res)), 1, p, 1, 1, act))
+        whole = nn.conv2d_nchwc(tensor(blocked(xp)), tensor(wp), tensor(bp),
+                                None if res is None else tensor(blocked(rp)), 1, p, 1, 1, act).numpy()
+        for y in ys:
+            np.testing.assert_allclose(nn.from_nchwc(y, o).numpy(), want, rtol=1e-5,
+                                       atol=1e-5 * np.abs(ref).max())
+            np.testing.assert_array_equal(y.numpy(), whole)
+            assert not y.numpy()[:, -1, :, :, (o - 1) % 16 + 1:].any()
+
+
 NCHWC_IN_PLACE = [  # (C, O, H, W, kernel, stride, (ph, pw)): padded, output rows wider than 7
     (16, 40, 40, 37, 3, 2, (1, 1)),     # ResNet's stride-2 3x3: one border column, two bands of rows
     (3, 20, 33, 40, 7, 2, (3, 3)),      # its stem on NCHW: two border columns left, one right

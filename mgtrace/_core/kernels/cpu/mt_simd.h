@@ -46,6 +46,9 @@ typedef int32_t mt_vi __attribute__((vector_size(4 * MT_VL)));
 /* the same, loaded and stored at any float's alignment (nchwc.c) */
 typedef float mt_v16f_u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t mt_v16i_u __attribute__((vector_size(64), aligned(4)));
+/* their low half: 8 lanes (nchwc.c's half-block tiles) */
+typedef float mt_v8f_u __attribute__((vector_size(32), aligned(4)));
+typedef int32_t mt_v8i_u __attribute__((vector_size(32), aligned(4)));
 /* 4 lanes of 16 bytes (reduce.c's softmax) */
 typedef float mt_v4f __attribute__((vector_size(16)));
 typedef int32_t mt_v4i __attribute__((vector_size(16)));

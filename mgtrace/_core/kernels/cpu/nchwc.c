@@ -12,7 +12,9 @@
  *              (2R FMAs for R + 2 loads). The input is NCHW16c, or
  *              plain NCHW (a model's first conv, 3 channels: blocking them
  *              would pad to 16). Weights packed [pair][input block][tap]
- *              [lane][32].
+ *              [lane][32]. The last input block sums its channels' lanes
+ *              only; a second output block of 8 or fewer channels is
+ *              half a block (8-lane multiply-adds) on a stride-1 row.
  *   depthwise  (groups = C = O) up to 8 output pixels of a block in
  *              registers; a tap is one vector load and one FMA a pixel.
  *              Weights packed [block][tap][16].
@@ -60,20 +62,25 @@
 typedef mt_v16f_u v16;
 
 typedef mt_v16i_u vi16;
+typedef mt_v8f_u v8;
+typedef mt_v8i_u vi8;
 
 static inline v16 ld16(const float *p) { return *(const v16 *)p; }
 
 /* ReLU and ReLU6 in registers, as act.c computes them (a NaN stays NaN);
- * the other activations run over the stored tile (1: they did) */
-static inline v16 nc_act(v16 a, int act) {
-    if (act == MT_ACT_RELU || act == MT_ACT_RELU6) a = (v16)((vi16)a & ~(a < (v16){0}));
-    if (act == MT_ACT_RELU6) {
-        const v16 six = (v16){0} + 6.0f;
-        const vi16 big = a > six;
-        a = (v16)(((vi16)a & ~big) | ((vi16)six & big));
-    }
+ * the other activations run over the stored tile (1: they did). One body
+ * for 16 and 8 lanes (nc_act8: half-block tiles). */
+#define NC_ACT_BODY(V, VI)                                                     \
+    if (act == MT_ACT_RELU || act == MT_ACT_RELU6) a = (V)((VI)a & ~(a < (V){0})); \
+    if (act == MT_ACT_RELU6) {                                                \
+        const V six = (V){0} + 6.0f;                                          \
+        const VI big = a > six;                                               \
+        a = (V)(((VI)a & ~big) | ((VI)six & big));                            \
+    }                                                                         \
     return a;
-}
+static inline v16 nc_act(v16 a, int act) { NC_ACT_BODY(v16, vi16) }
+static inline v8 nc_act8(v8 a, int act) { NC_ACT_BODY(v8, vi8) }
+#define NC_ACT_T(a, act) _Generic((a), v8: nc_act8, default: nc_act)(a, act)
 static inline int nc_act_after(int act) { return act != MT_ACT_NONE && act != MT_ACT_RELU && act != MT_ACT_RELU6; }
 
 int64_t mt_nchwc_blocks(int64_t channels) { return (channels + NC - 1) / NC; }
@@ -87,6 +94,7 @@ typedef struct {
     int64_t h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
     int64_t lanes;      /* 16: NCHW16c input; 1: NCHW input */
     int64_t ncb;        /* input blocks (channels for NCHW input) */
+    int64_t ll;         /* lanes of the last input block that hold channels (1 for NCHW) */
     int64_t cbs;        /* floats from one input block (channel) to the next */
     int64_t nob;        /* output blocks */
     int64_t ys;         /* floats from one output block to the next */
@@ -103,6 +111,7 @@ static void nc_plan(const mt_conv2d_geom *g, int blocked, int flat_ok, nc_geom *
     q->ph = g->ph; q->pw = g->pw; q->dh = g->dh; q->dw = g->dw;
     q->lanes = blocked ? NC : 1;
     q->ncb = blocked ? mt_nchwc_blocks(g->c) : g->c;
+    q->ll = blocked && g->c % NC ? g->c % NC : q->lanes;
     q->cbs = g->h * g->w * q->lanes;
     q->nob = mt_nchwc_blocks(g->o);
     q->ys = g->oh * g->ow * NC;
@@ -147,48 +156,61 @@ static inline int64_t nc_origin(const nc_geom *q, int64_t oy, int64_t ox) {
 /* ------------------------------------------------------- micro-kernels */
 
 /* Dense: R pixels (SW: a compile-time column stride, 0 for the runtime st)
- * times NV output blocks. x: the first pixel's tap-(0, 0) input; weights
+ * times NV output blocks (3: a block and the first half of the next, T1
+ * the second accumulators' type). x: the first pixel's tap-(0, 0) input; weights
  * w + cb * wcbs + tidx[t] * L * 32 + lane * 32; y: block 0's output of the
  * first pixel, block 1 ys floats on; rd: the residual's byte offset from
  * y (0: none). Accumulators start as the bias. (Named variables rather
- * than arrays: GCC keeps them in registers.)
+ * than arrays: GCC keeps them in registers.) The last input block sums
+ * its first ll lanes only: the others are the zeros past C (a 24-channel
+ * input is a block and a half, and the half's zero lanes were a quarter
+ * of the work).
  * Two rows (R1 < R): pixels R1.. are a second row's, their input xr and
  * their output yr floats after the first row's: a 7-pixel row (7x7
  * planes) then fills the registers as a 14-pixel one does, and each
  * weight loaded serves twice the pixels.
+ * Half a block (NV 3, output channels 16k + 1..8): the second block's
+ * accumulators are 8 lanes, an AVX-512 machine's 256-bit multiply-adds,
+ * which Zen 4 issues at twice the rate of its 512-bit ones (two 256-bit
+ * halves each); lanes 8..15 are stored as the zeros they are. Each lane's
+ * sum is the two-block kernel's, in the same order.
  * Prefetch: each (input block, tap) step also asks for pfl bytes from pf
  * on into L2 (pfl 0: none), the next unit's weights (nc_prefetch_step). */
-#define NC_ACC(r) v16 a0_##r = b0, a1_##r = b1;
+#define NC_ACC(r) v16 a0_##r = b0; t1v a1_##r = b1;
 #define NC_X(r) (r < R1 ? xi[r * ST] : xi[xr + (r - R1) * ST])
 #define NC_Y(r) (r < R1 ? y + r * NC : y + yr + (r - R1) * NC)
-#define NC_FMA(r) if (R > r) { const float s = NC_X(r); a0_##r += s * w0; if (NV == 2) a1_##r += s * w1; }
+#define NC_FMA(r) if (R > r) { const float s = NC_X(r); a0_##r += s * w0; if (NV > 1) a1_##r += s * w1; }
 #define NC_OUT(r) if (R > r) {                                                 \
     float *yo = NC_Y(r);                                                      \
     if (rd) { a0_##r += ld16((const float *)((const char *)yo + rd));         \
-              if (NV == 2) a1_##r += ld16((const float *)((const char *)(yo + ys) + rd)); } \
+              if (NV > 1) a1_##r += *(const t1v *)((const char *)(yo + ys) + rd); } \
     *(v16 *)yo = nc_act(a0_##r, act);                                         \
-    if (NV == 2) *(v16 *)(yo + ys) = nc_act(a1_##r, act); }
+    if (NV > 1) *(t1v *)(yo + ys) = NC_ACT_T(a1_##r, act);                     \
+    if (NV == 3) *(t1v *)(yo + ys + NC / 2) = (t1v){0}; }
 #define NC_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13)
-#define NC_DENSE(NAME, RR, R1R, NVV, LL, SW)                                   \
+#define NC_DENSE_T(NAME, RR, R1R, NVV, LL, SW, T1)                             \
 static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, const int64_t *restrict toff, \
                            const int64_t *restrict tidx, int64_t ntap, const float *restrict w, int64_t wcbs, \
                            int64_t st, const float *restrict bias, float *restrict y, int64_t ys, int64_t rd, \
-                           int act, int64_t xr, int64_t yr, const char *pf, int64_t pfl) { \
+                           int act, int64_t xr, int64_t yr, const char *pf, int64_t pfl, int64_t ll) { \
     enum { R = RR, R1 = R1R, NV = NVV, L = LL };                              \
+    typedef T1 t1v;                                                           \
     const int64_t ST = SW ? SW * L : st;                                      \
-    const v16 b0 = ld16(bias), b1 = NV == 2 ? ld16(bias + NC) : (v16){0};     \
+    const v16 b0 = ld16(bias);                                                \
+    const T1 b1 = NV > 1 ? *(const T1 *)(bias + NC) : (T1){0};                \
     NC_ALL(NC_ACC)                                                            \
     for (int64_t cb = 0; cb < ncb; cb++) {                                    \
         const float *xc = x + cb * cbs;                                       \
         const float *wc = w + cb * wcbs;                                      \
+        const int64_t lc = cb + 1 < ncb ? L : ll;   /* (int64: an int index cost a sign extension a step) */ \
         for (int64_t t = 0; t < ntap; t++) {                                  \
             const float *xt = xc + toff[t];                                   \
             const float *wt = wc + tidx[t] * (L * NC_PAIR);                   \
             for (int64_t k = 0; k < pfl; k += 64) __builtin_prefetch(pf + k, 0, 2); \
             pf += pfl;                                                        \
-            for (int i = 0; i < L; i++) {                                     \
+            for (int64_t i = 0; i < lc; i++) {                                \
                 const v16 w0 = ld16(wt + i * NC_PAIR);                        \
-                const v16 w1 = NV == 2 ? ld16(wt + i * NC_PAIR + NC) : (v16){0}; \
+                const T1 w1 = NV > 1 ? *(const T1 *)(wt + i * NC_PAIR + NC) : (T1){0}; \
                 const float *xi = xt + i;                                     \
                 NC_ALL(NC_FMA)                                                \
             }                                                                 \
@@ -196,13 +218,16 @@ static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, co
     }                                                                         \
     NC_ALL(NC_OUT)                                                            \
 }
-#define NC_SET(TAG, NV, L, SW)                                                \
-    NC_DENSE(TAG##_1, 1, 1, NV, L, SW) NC_DENSE(TAG##_2, 2, 2, NV, L, SW) NC_DENSE(TAG##_3, 3, 3, NV, L, SW) \
-    NC_DENSE(TAG##_4, 4, 4, NV, L, SW) NC_DENSE(TAG##_5, 5, 5, NV, L, SW) NC_DENSE(TAG##_6, 6, 6, NV, L, SW) \
-    NC_DENSE(TAG##_7, 7, 7, NV, L, SW) NC_DENSE(TAG##_8, 8, 8, NV, L, SW) NC_DENSE(TAG##_9, 9, 9, NV, L, SW) \
-    NC_DENSE(TAG##_10, 10, 10, NV, L, SW) NC_DENSE(TAG##_11, 11, 11, NV, L, SW) \
-    NC_DENSE(TAG##_12, 12, 12, NV, L, SW) NC_DENSE(TAG##_13, 13, 13, NV, L, SW) \
-    NC_DENSE(TAG##_14, 14, 14, NV, L, SW)
+#define NC_DENSE(NAME, RR, R1R, NVV, LL, SW) NC_DENSE_T(NAME, RR, R1R, NVV, LL, SW, v16)
+#define NC_SET_T(TAG, NV, L, SW, T1)                                          \
+    NC_DENSE_T(TAG##_1, 1, 1, NV, L, SW, T1) NC_DENSE_T(TAG##_2, 2, 2, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_3, 3, 3, NV, L, SW, T1) NC_DENSE_T(TAG##_4, 4, 4, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_5, 5, 5, NV, L, SW, T1) NC_DENSE_T(TAG##_6, 6, 6, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_7, 7, 7, NV, L, SW, T1) NC_DENSE_T(TAG##_8, 8, 8, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_9, 9, 9, NV, L, SW, T1) NC_DENSE_T(TAG##_10, 10, 10, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_11, 11, 11, NV, L, SW, T1) NC_DENSE_T(TAG##_12, 12, 12, NV, L, SW, T1) \
+    NC_DENSE_T(TAG##_13, 13, 13, NV, L, SW, T1) NC_DENSE_T(TAG##_14, 14, 14, NV, L, SW, T1)
+#define NC_SET(TAG, NV, L, SW) NC_SET_T(TAG, NV, L, SW, v16)
 /* two rows of 1..7 pixels (NCHW16c input only: the NCHW convs are stems on large planes) */
 #define NC_SET2(TAG, NV, SW)                                                  \
     NC_DENSE(TAG##_1, 2, 1, NV, NC, SW) NC_DENSE(TAG##_2, 4, 2, NV, NC, SW) NC_DENSE(TAG##_3, 6, 3, NV, NC, SW) \
@@ -215,11 +240,15 @@ NC_SET(nc_p1s1, 1, 1, 1) NC_SET(nc_p1s2, 1, 1, 2) NC_SET(nc_p1ss, 1, 1, 0)
 NC_SET(nc_p2s1, 2, 1, 1) NC_SET(nc_p2s2, 2, 1, 2) NC_SET(nc_p2ss, 2, 1, 0)
 NC_SET2(nc_r1s1, 1, 1) NC_SET2(nc_r1s2, 1, 2) NC_SET2(nc_r1ss, 1, 0)
 NC_SET2(nc_r2s1, 2, 1) NC_SET2(nc_r2s2, 2, 2) NC_SET2(nc_r2ss, 2, 0)
+/* a block and a half: NCHW16c input, stride 1 (a 1x1 conv's flat plane:
+ * MobileNetV2's projections to 24 channels); other strides run the
+ * two-block kernels */
+NC_SET_T(nc_h2s1, 3, NC, 1, v8)
 
 typedef void (*nc_dense_fn)(const float *restrict, int64_t, int64_t, const int64_t *restrict,
                             const int64_t *restrict, int64_t, const float *restrict, int64_t, int64_t,
                             const float *restrict, float *restrict, int64_t, int64_t, int, int64_t, int64_t,
-                            const char *, int64_t);
+                            const char *, int64_t, int64_t);
 
 /* The prefetch a micro-kernel call makes when it is to bring `bytes` from
  * p into L2 over its steps (input blocks times taps): bytes a step, whole
@@ -248,6 +277,8 @@ static const nc_dense_fn nc_dense2_kernels[2][3][NC_R2] = {
     {NC_TABLE2(nc_r1s1), NC_TABLE2(nc_r1s2), NC_TABLE2(nc_r1ss)},
     {NC_TABLE2(nc_r2s1), NC_TABLE2(nc_r2s2), NC_TABLE2(nc_r2ss)},
 };
+/* a block and a half (NV 3), NCHW16c input, stride 1: [R - 1] */
+static const nc_dense_fn nc_half_kernels[NC_R] = NC_TABLE(nc_h2s1);
 
 /* Depthwise: R pixels of one block; a tap is a vector load of the input
  * and a multiply-add with the tap's weight vector w + tidx[t] * 16. */
@@ -380,7 +411,9 @@ static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, c
     bnd = mt_max64(a, mt_min64(bnd, c1));
     const int si = q->sw == 1 ? 0 : q->sw == 2 ? 1 : 2;
     const int64_t st = q->sw * q->lanes, wcbs = q->kk * q->lanes * NC_PAIR;
-    const nc_dense_fn *dk = nc_dense_kernels[q->lanes == NC][nv - 1][si];
+    /* a block and a half where the second block's channels are 8 or fewer */
+    const nc_dense_fn *dk = nv == 2 && tail && tail <= NC / 2 && si == 0 && q->lanes == NC ? nc_half_kernels
+                            : nc_dense_kernels[q->lanes == NC][nv - 1][si];
     const nc_dw_fn *wk = nc_dw_kernels[si];
     float *yrow = y + oy * q->ow * NC;
     const int64_t ntap = nc_taps(q, oy, -1, toff, tidx);
@@ -405,7 +438,7 @@ static void nc_row(const nc_geom *q, int dw, int nv, int tail, const float *x, c
         if (dw) wk[r - 1](xp, off, idx, n, w, st, b, yp, rd, act);
         else {      /* (the prefetch in the first call: a row's calls share the weights) */
             dk[r - 1](xp, q->cbs, q->ncb, off, idx, n, w, wcbs, st, b, yp, q->ys, rd, act, 0, 0, pf,
-                      nc_prefetch_step(pfbytes, q->ncb * n));
+                      nc_prefetch_step(pfbytes, q->ncb * n), q->ll);
             pfbytes = 0;
         }
         nc_finish(yp, dw ? 1 : nv, q->ys, r, tail, act);
@@ -425,7 +458,7 @@ static void nc_rows2(const nc_geom *q, int nv, int tail, const float *x, const f
     float *yp = y + oy * q->ow * NC;
     nc_dense2_kernels[nv - 1][si][q->ow - 1](x + nc_origin(q, oy, 0), q->cbs, q->ncb, toff, tidx, ntap, w, wcbs,
                                              st, b, yp, q->ys, rd, act, q->sh * q->w * q->lanes, q->ow * NC,
-                                             pf, nc_prefetch_step(pfbytes, q->ncb * ntap));
+                                             pf, nc_prefetch_step(pfbytes, q->ncb * ntap), q->ll);
     nc_finish(yp, nv, q->ys, 2 * q->ow, tail, act);
 }
 
@@ -483,7 +516,7 @@ static NC_CLONES void nc_border_cols(const nc_geom *q, int nv, int tail, const f
     const int64_t wcbs = q->kk * q->lanes * NC_PAIR, st = q->sh * q->w * q->lanes;
     nc_dense_kernels[q->lanes == NC][nv - 1][2][r - 1](x + nc_origin(q, oy0, ox), q->cbs, q->ncb, eoff, eidx, n,
                                                         w, wcbs, st, b, scratch, NC_R * NC, 0, MT_ACT_NONE, 0, 0,
-                                                        NULL, 0);
+                                                        NULL, 0, q->ll);
     for (int64_t i = 0; i < r; i++) {
         float *yo = y + ((oy0 + i) * q->ow + ox) * NC;
         for (int v = 0; v < nv; v++) {
@@ -595,6 +628,10 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     int64_t nchunk = (q->ow + NC_CHUNK - 1) / NC_CHUNK;
     const int64_t even = (8 * nt + c->units * trows - 1) / (c->units * trows), most = (q->ow + NC_R - 1) / NC_R;
     if (nt > 1 && even > nchunk) nchunk = even < most ? even : most;
+    /* and a multiple of the threads where chunks of a tile or more allow:
+     * a 56x56 plane's 17 chunks of one unit went 9 to one thread, 8 to
+     * the other (MobileNetV2's projection to 24 channels) */
+    while (nt > 1 && c->units * trows * nchunk % nt && nchunk < most) nchunk++;
     c->nchunk = nchunk;
     c->chunk = (q->ow + nchunk - 1) / nchunk;
     c->rows = trows * nchunk;
@@ -1067,7 +1104,7 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
                     for (int64_t t = 0; t < gn;) {
                         const int64_t rr = nc_tile(gn - t, NC_R);
                         dk[rr - 1](vpnt + t * NC, vcb, pl.ncb, zero_off, zero_off, 1, up, NC * NC_PAIR, NC,
-                                   zero, mp + t * NC, ms, 0, MT_ACT_NONE, 0, 0, pf, share);
+                                   zero, mp + t * NC, ms, 0, MT_ACT_NONE, 0, 0, pf, share, NC);
                         pf += share * pl.ncb;
                         t += rr;
                     }
@@ -1226,8 +1263,13 @@ static void pwdw_plan_call(pwdw_call *c, const float *x, const float *pw_packed,
     /* enough tasks for the threads to share; each range of rows recomputes
      * the kh - sh pointwise rows its first output row shares with the last */
     int64_t nchunk = nt > 1 ? (4 * nt + c->units - 1) / c->units : 1;
+    /* a multiple of the threads where the rows allow: 3 units (96
+     * channels) in 3 ranges made 9 tasks, 5 for one thread and 4 for the
+     * other (MobileNetV2's first expansion, its largest step) */
+    while (nt > 1 && c->units * nchunk % nt && nchunk < dw->oh) nchunk++;
     if (nchunk > dw->oh) nchunk = dw->oh;
     c->rows = (dw->oh + nchunk - 1) / nchunk;
+    nchunk = (dw->oh + c->rows - 1) / c->rows;      /* (ranges of c->rows: none empty) */
     c->tasks = c->units * nchunk;
     c->tail = pw->o % NC ? (int)(pw->o % NC) : 0;
 }
