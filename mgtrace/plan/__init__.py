@@ -247,9 +247,16 @@ class Plan:
 
     def stats(self, *inputs):
         """{"kernel_steps", "python_steps", "arena_bytes"} of the plan for
-        ``inputs`` at the current thread count (default: the first one made)."""
-        prog = self._programs[_signature(inputs), _run_threads()] if inputs \
-            else next(iter(self._programs.values()))
+        ``inputs`` at the current thread count (default: the first one made).
+
+        Raises:
+            KeyError: no program for these inputs at this thread count
+                (call the plan with them once first).
+        """
+        prog = self._program(inputs) if inputs else next(iter(self._programs.values()))
+        if prog is None:
+            raise KeyError("stats: the plan has no program for these inputs at "
+                           f"{_run_threads()} thread(s); call the plan with them once first")
         return {"kernel_steps": prog.kernel_steps, "python_steps": prog.python_steps,
                 "arena_bytes": prog.arena_bytes}
 

@@ -113,3 +113,20 @@ def test_a_pinned_count_is_the_calling_threads_only(threads):
     assert seen == [2] and dispatch.run_threads() == 2
     with pytest.raises(ValueError, match=">= 0"):
         dispatch._pin_run_threads(-1)
+
+
+def test_stats_at_a_count_with_no_program_names_the_count(threads):
+    """stats(x) at a count with no program raised a bare KeyError of the
+    cache's internal key ((signature...), 1); it now says what profile and
+    step_threads say. Without inputs it still gives the first program's."""
+    tm, x = _setup()
+    threads(2)
+    plan = mt.compile(tm, x)
+    first = plan.stats()
+    threads(1)
+    for method in (plan.stats, plan.step_threads, plan.profile):
+        with pytest.raises(KeyError, match="no program for these inputs at 1 thread|at this thread count"):
+            method(x)
+    assert plan.stats() == first
+    _check(plan, tm, x)             # records the program at 1
+    assert plan.stats(x)["kernel_steps"] == first["kernel_steps"]
