@@ -83,21 +83,29 @@ class GradManager:
         return self._session is not None
 
     def record(self):
-        """Start recording.
+        """Start recording the calling thread's ops. Recordings and traces
+        take turns across threads: while another thread records or traces,
+        this waits for it to end (their ops would not be this thread's).
 
         Raises:
             RuntimeError: already recording.
         """
         if self._session is not None:
             raise RuntimeError("GradManager.record: already recording")
-        self._session = _tape.Session(self)
-        _tape.start(self._session)
+        session = _tape.Session(self)
+        _tape.start(session)
+        self._session = session
 
     def release(self):
-        """Stop recording and forget what was recorded (a no-op when not recording)."""
+        """Stop recording and forget what was recorded (a no-op when not
+        recording), in the thread that called :meth:`record`.
+
+        Raises:
+            RuntimeError: called from another thread.
+        """
         if self._session is not None:
-            s, self._session = self._session, None
-            _tape.stop(s)
+            _tape.stop(self._session)       # (raises, still recording, from another thread)
+            self._session = None
 
     def __enter__(self):
         self.record()

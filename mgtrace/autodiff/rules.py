@@ -957,7 +957,7 @@ def _attention_fn(fn, args, kwargs):
     if all(isinstance(t, Tensor) and t.dtype.name == "float32" and t.device.type == "cpu"
            for t in (q, k, v)) and (mask is None or (isinstance(mask, Tensor) and mask.dtype.name == "float32"
                                                       and mask.device.type == "cpu")) \
-            and not _tape._no_grad_depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
+            and not _tape._no_grad.depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
         try:
             y, probs = _nn.attention_train(q, k, v, mask, scale)
         except NoKernelError:
