@@ -333,6 +333,14 @@ def start(session):
         raise
 
 
+def check_thread(session, what):
+    """Raise RuntimeError unless the calling thread started ``session``."""
+    if session.thread != _hooks.get_ident():
+        raise RuntimeError(f"GradManager.{what}: the recording was started in another thread "
+                           f"(id {session.thread}); call release() or backward() in the thread "
+                           "that called record()")
+
+
 def stop(session):
     """A manager stops recording, in the thread that started it.
 
@@ -340,10 +348,7 @@ def stop(session):
         RuntimeError: called from another thread (the recording's turn
             belongs to the thread that started it).
     """
-    if session.thread != _hooks.get_ident():
-        raise RuntimeError("GradManager.release: the recording was started in another thread "
-                           f"(id {session.thread}); call release() or backward() in the thread "
-                           "that called record()")
+    check_thread(session, "release")
     _recording.discard(session)
     try:
         if not _recording:

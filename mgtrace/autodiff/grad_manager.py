@@ -128,7 +128,8 @@ class GradManager:
                 An integer or bool dy (array or Tensor) is taken in y's dtype.
 
         Raises:
-            RuntimeError: not recording.
+            RuntimeError: not recording, or called from another thread than
+                :meth:`record` (nothing is computed; still recording).
             ValueError: dy's shape differs from y's.
             AutodiffError: an op on the way has no gradient rule, or a tensor
                 saved for backward was written in place since.
@@ -136,6 +137,7 @@ class GradManager:
         if self._session is None:
             raise RuntimeError("GradManager.backward: no recording in progress "
                                "(call it inside 'with gm:' or after gm.record())")
+        _tape.check_thread(self._session, "backward")
         try:
             if y is None:
                 return

@@ -114,23 +114,25 @@ def test_a_trace_begun_inside_another_threads_recording_leaves_no_hook():
     assert "_ad" not in y.__dict__
 
 
-def test_release_from_another_thread_is_refused_and_keeps_recording():
+def test_release_or_backward_from_another_thread_is_refused_and_keeps_recording():
     m = M.Linear(4, 1)
     gm = GradManager().attach(m.parameters())
     gm.record()
     errors = []
 
     def other():
-        try:
-            gm.release()
-        except RuntimeError as e:
-            errors.append(str(e))
+        for call in (gm.release, lambda: gm.backward(m(mt.tensor(XS)).sum())):
+            try:
+                call()
+            except RuntimeError as e:
+                errors.append(str(e))
 
     t = threading.Thread(target=other)
     t.start()
     t.join(30)
-    assert errors and "thread that called record()" in errors[0]
-    assert gm.is_recording
+    assert len(errors) == 2 and all("thread that called record()" in e for e in errors)
+    assert "GradManager.release" in errors[0] and "GradManager.backward" in errors[1]
+    assert gm.is_recording and m.weight.grad is None      # backward computed nothing
     gm.backward(m(mt.tensor(XS)).sum())
     np.testing.assert_array_equal(m.weight.grad.numpy(), XS.sum(0, keepdims=True))
     assert not gm.is_recording
