@@ -25,6 +25,7 @@ it is saved, and a write in place since then makes backward raise
 :class:`~mgtrace.errors.AutodiffError` (PyTorch's version counter; the
 core's per-storage count of in-place writes).
 """
+import threading
 import weakref
 
 from mgtrace._core import Tensor
@@ -35,15 +36,24 @@ from mgtrace.errors import AutodiffError
 
 _recording = set()     # session tokens of the managers now recording
 _by_storage = {}       # storage id -> {id: weakref} of the tensors recorded in it (views share one)
-_no_grad_depth = 0
+
+
+class _NoGrad(threading.local):
+    depth = 0          # this thread's open no_grad blocks
+
+
+_no_grad = _NoGrad()   # per thread: another thread's optimizer step (no_grad) left this
+                       # thread's recording unrecorded while it ran
 
 
 class Session:
-    """One ``record()`` of one manager (identity only)."""
-    __slots__ = ("manager", "__weakref__")
+    """One ``record()`` of one manager (identity, and the thread that
+    started it)."""
+    __slots__ = ("manager", "thread", "__weakref__")
 
     def __init__(self, manager):
         self.manager = manager
+        self.thread = 0
 
 
 class Node:
@@ -103,7 +113,7 @@ def _clear_history(t, what):
     optimizer's update runs inside one, and the version count guards
     whatever a pending backward saved of it)."""
     d = t.__dict__
-    if not _no_grad_depth and d.get("_ad_managers") and any(
+    if not _no_grad.depth and d.get("_ad_managers") and any(
             gm._session is not None for gm in d["_ad_managers"]):
         raise AutodiffError(
             f"{what} writes in place into a parameter attached to a recording GradManager; "
@@ -143,7 +153,7 @@ def record(op, inputs):
     if name == "setitem":
         out = inputs[0]
     edges = [edge_of(x) for x in inputs]
-    if _no_grad_depth or not any(edges) or name in NONDIFF:
+    if _no_grad.depth or not any(edges) or name in NONDIFF:
         res = _run(op, inputs)
         if out is not None:
             _clear_history(out, f"op {name!r}")
@@ -197,7 +207,7 @@ def record_computed(name, rule, inputs, outputs, params):
     are. Returns ``outputs`` (a Tensor or a tuple), unchanged when no
     gradient flows."""
     edges = [edge_of(x) for x in inputs]
-    if _no_grad_depth or not any(edges):
+    if _no_grad.depth or not any(edges):
         return outputs
     outs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
     node = Node()
@@ -271,7 +281,7 @@ def _recorded_as(x, y, name, params):
     """Record ``y`` (already computed from ``x`` by no core op) as the node
     ``name`` of ``x``, whose rule (RULES[name]) reads only ``params``."""
     e = edge_of(x)
-    if e is None or _no_grad_depth:
+    if e is None or _no_grad.depth:
         return y
     from mgtrace.autodiff.rules import RULES
     node = Node()
@@ -295,22 +305,60 @@ RECORDER = Recorder()
 
 def start(session):
     """A manager begins recording: the recorder becomes the hook (unless a
-    module tracer is running: its trace then is not recorded)."""
-    _recording.add(session)
-    if _hooks.active is None:       # records the ops of the thread that starts it
-        _hooks._dispatch._install_hook(RECORDER, True)
-        _hooks.owner = _hooks.get_ident()
-        _hooks.active = RECORDER
+    module tracer is running: its trace then is not recorded).
+
+    The hook and the core's switch are one thread's at a time
+    (:mod:`mgtrace._core.trace_hooks`), so recordings take turns with
+    traces and with other threads' recordings as traces do with each other:
+    the thread holds ``trace_hooks.one_trace`` from ``record()`` to
+    ``release()`` (re-entered by its own nested managers and traces), and
+    another thread's ``record()``, ``trace_module`` or plan recording waits
+    for it. (Without the turn, a second thread's manager saw the first's
+    hook installed and recorded nothing: its parameters got no gradient,
+    without a word; and a trace that began inside another thread's
+    recording put the recorder back after it had stopped, left installed
+    for good.) Eager ops of other threads run meanwhile, unrecorded.
+    """
+    _hooks.one_trace.acquire()
+    try:
+        session.thread = _hooks.get_ident()
+        _recording.add(session)
+        if _hooks.active is None:       # records the ops of the thread that starts it
+            _hooks._dispatch._install_hook(RECORDER, True)
+            _hooks.owner = _hooks.get_ident()
+            _hooks.active = RECORDER
+    except BaseException:
+        _recording.discard(session)
+        _hooks.one_trace.release()
+        raise
+
+
+def check_thread(session, what):
+    """Raise RuntimeError unless the calling thread started ``session``."""
+    if session.thread != _hooks.get_ident():
+        raise RuntimeError(f"GradManager.{what}: the recording was started in another thread "
+                           f"(id {session.thread}); call release() or backward() in the thread "
+                           "that called record()")
 
 
 def stop(session):
+    """A manager stops recording, in the thread that started it.
+
+    Raises:
+        RuntimeError: called from another thread (the recording's turn
+            belongs to the thread that started it).
+    """
+    check_thread(session, "release")
     _recording.discard(session)
-    if not _recording:
-        _by_storage.clear()
-    if not _recording and _hooks.active is RECORDER:
-        _hooks._dispatch._install_hook(None, False)
-        _hooks.active = None
-        _hooks.owner = 0
+    try:
+        if not _recording:
+            _by_storage.clear()
+        if not _recording and _hooks.active is RECORDER:
+            _hooks._dispatch._install_hook(None, False)
+            _hooks.active = None
+            _hooks.owner = 0
+    finally:
+        _hooks.one_trace.release()
 
 
 class no_grad:
@@ -319,13 +367,11 @@ class no_grad:
     an optimizer's update)."""
 
     def __enter__(self):
-        global _no_grad_depth
-        _no_grad_depth += 1
+        _no_grad.depth += 1
         return self
 
     def __exit__(self, *exc):
-        global _no_grad_depth
-        _no_grad_depth -= 1
+        _no_grad.depth -= 1
         return False
 
 

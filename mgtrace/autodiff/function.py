@@ -42,7 +42,7 @@ class Function:
         edges = [_tape.edge_of(x) for x in inputs]
         with _tape.no_grad():
             res = self.forward(*inputs)
-        if _tape._no_grad_depth or not any(edges):
+        if _tape._no_grad.depth or not any(edges):
             return res
         outs = tuple(res) if isinstance(res, (tuple, list)) else (res,)
         node = _tape.Node()

@@ -83,21 +83,29 @@ class GradManager:
         return self._session is not None
 
     def record(self):
-        """Start recording.
+        """Start recording the calling thread's ops. Recordings and traces
+        take turns across threads: while another thread records or traces,
+        this waits for it to end (their ops would not be this thread's).
 
         Raises:
             RuntimeError: already recording.
         """
         if self._session is not None:
             raise RuntimeError("GradManager.record: already recording")
-        self._session = _tape.Session(self)
-        _tape.start(self._session)
+        session = _tape.Session(self)
+        _tape.start(session)
+        self._session = session
 
     def release(self):
-        """Stop recording and forget what was recorded (a no-op when not recording)."""
+        """Stop recording and forget what was recorded (a no-op when not
+        recording), in the thread that called :meth:`record`.
+
+        Raises:
+            RuntimeError: called from another thread.
+        """
         if self._session is not None:
-            s, self._session = self._session, None
-            _tape.stop(s)
+            _tape.stop(self._session)       # (raises, still recording, from another thread)
+            self._session = None
 
     def __enter__(self):
         self.record()
@@ -120,7 +128,8 @@ class GradManager:
                 An integer or bool dy (array or Tensor) is taken in y's dtype.
 
         Raises:
-            RuntimeError: not recording.
+            RuntimeError: not recording, or called from another thread than
+                :meth:`record` (nothing is computed; still recording).
             ValueError: dy's shape differs from y's.
             AutodiffError: an op on the way has no gradient rule, or a tensor
                 saved for backward was written in place since.
@@ -128,6 +137,7 @@ class GradManager:
         if self._session is None:
             raise RuntimeError("GradManager.backward: no recording in progress "
                                "(call it inside 'with gm:' or after gm.record())")
+        _tape.check_thread(self._session, "backward")
         try:
             if y is None:
                 return

@@ -30,7 +30,7 @@ from mgtrace._core import Tensor
 from mgtrace._core import nn as _nn
 from mgtrace._core import reduce as _reduce
 from mgtrace import functional as F
-from mgtrace.errors import NoKernelError
+from mgtrace.errors import AutodiffError, NoKernelError
 
 __all__ = ["Rule", "RULES", "NONDIFF", "FUNCTION_RULES"]
 
@@ -953,11 +953,17 @@ def _attention_fn(fn, args, kwargs):
     from mgtrace.functional.fused import _attention_scale
     a = _bind(fn, args, kwargs)
     q, k, v, mask = a["q"], a["k"], a["v"], a["mask"]
+    if not _tape._no_grad.depth and _tape.edge_of(a["scale"]) is not None:
+        # read as a number below: a gradient for it would be dropped without a word
+        raise AutodiffError(
+            "attention: scale is a Tensor a recording GradManager tracks (attached, or computed "
+            "from one), but attention reads it as a number and gives it no gradient; to learn "
+            "it, scale q instead (F.attention(q * s, k, v)), or pass s.detach() for a constant")
     scale = _attention_scale(a["scale"])     # a number or a 0-d array or Tensor, read once
     if all(isinstance(t, Tensor) and t.dtype.name == "float32" and t.device.type == "cpu"
            for t in (q, k, v)) and (mask is None or (isinstance(mask, Tensor) and mask.dtype.name == "float32"
                                                       and mask.device.type == "cpu")) \
-            and not _tape._no_grad_depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
+            and not _tape._no_grad.depth and any(_tape.edge_of(t) for t in (q, k, v, mask)):
         try:
             y, probs = _nn.attention_train(q, k, v, mask, scale)
         except NoKernelError:

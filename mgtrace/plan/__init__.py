@@ -40,6 +40,19 @@ the module's bitwise at the same count. Several kernels size their
 workspace and split their work by the count they are given, so a program is
 never run at a count it was not recorded at.
 
+Adaptive threads (:func:`mgtrace.set_adaptive_threads`) lower the count
+with the load, call by call: a plan keeps, per signature, the program at
+the configured count (:func:`mgtrace.get_num_threads`) and at most one
+program at a lowered count. A call at a lowered count ``c`` runs that one
+if it was recorded at ``c`` or fewer threads (fewer threads than the load
+allows never wait for a descheduled one), else records one at ``c`` in its
+place. So a load that moves between counts records at most a few programs
+(each lower than the last) and never fills the cache, where every count
+having its own program filled it in a few calls and then ran the module,
+eagerly, on every call at a count without one. Outputs under adaptive
+threads are the module's at the count of the program that ran
+(:meth:`Plan.step_threads`).
+
 A plan holds the module's tensors as they were compiled: change the module
 (load weights into new tensors, edit the graph), and compile it again.
 """
@@ -49,7 +62,8 @@ import threading
 import numpy as np
 
 from mgtrace._core import plan as _cplan
-from mgtrace._core.dispatch import _pin_run_threads, run_threads as _run_threads
+from mgtrace._core.dispatch import _pin_run_threads, get_num_threads as _num_threads, \
+    run_threads as _run_threads
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
@@ -204,7 +218,10 @@ class Plan:
         _check_module(module)
         self._make(tuple(example_inputs), _run_threads())
 
-    def _make(self, inputs, threads):
+    def _make(self, inputs, threads, replaces=None):
+        """Record the program for ``inputs`` at ``threads`` and keep it if
+        the cache has room; ``replaces``: the key of a program it takes the
+        place of (the signature's lowered-count one)."""
         sig = _signature(inputs)
         if sig is None:
             raise TypeError("compile: example inputs must be Tensors, got "
@@ -228,6 +245,8 @@ class Plan:
             have = self._programs.get((sig, threads))
             if have is not None:
                 return have
+            if replaces is not None:
+                self._programs.pop(replaces, None)
             if len(self._programs) < self.cache_size:
                 self._programs[sig, threads] = prog
         return prog
@@ -243,13 +262,34 @@ class Plan:
 
     def _program(self, inputs):
         """The program a call with ``inputs`` would run now, else None."""
-        return self._programs.get((_signature(inputs), _run_threads()))
+        sig, threads = _signature(inputs), _run_threads()
+        prog = self._programs.get((sig, threads))
+        if prog is None and threads < _num_threads():
+            prog = self._lowered(sig, threads)[0]
+        return prog
+
+    def _lowered(self, sig, threads):
+        """(program, key) of ``sig``'s program at a count below the
+        configured one, the program None unless it runs at ``threads`` or
+        fewer; (None, None) when the signature has none."""
+        top = _num_threads()
+        for key, prog in list(self._programs.items()):
+            if key[0] == sig and key[1] < top:
+                return (prog if key[1] <= threads else None), key
+        return None, None
 
     def stats(self, *inputs):
         """{"kernel_steps", "python_steps", "arena_bytes"} of the plan for
-        ``inputs`` at the current thread count (default: the first one made)."""
-        prog = self._programs[_signature(inputs), _run_threads()] if inputs \
-            else next(iter(self._programs.values()))
+        ``inputs`` at the current thread count (default: the first one made).
+
+        Raises:
+            KeyError: no program for these inputs at this thread count
+                (call the plan with them once first).
+        """
+        prog = self._program(inputs) if inputs else next(iter(self._programs.values()))
+        if prog is None:
+            raise KeyError("stats: the plan has no program for these inputs at "
+                           f"{_run_threads()} thread(s); call the plan with them once first")
         return {"kernel_steps": prog.kernel_steps, "python_steps": prog.python_steps,
                 "arena_bytes": prog.arena_bytes}
 
@@ -302,9 +342,12 @@ class Plan:
         sig = _signature(inputs)
         threads = _run_threads()         # what the module's kernels would get now
         prog = self._programs.get((sig, threads))
-        if prog is None and sig is not None and len(self._programs) < self.cache_size \
-                and _on_cpu(inputs):
-            prog = self._make(inputs, threads)
+        if prog is None and sig is not None and _on_cpu(inputs):
+            replaces = None
+            if threads < _num_threads():     # adaptive threads lowered it: one such program
+                prog, replaces = self._lowered(sig, threads)
+            if prog is None and (replaces is not None or len(self._programs) < self.cache_size):
+                prog = self._make(inputs, threads, replaces)
         if prog is not None:
             out = prog(inputs)
             if out is not _RERUN:        # (else a kernel asked for the graph's own way)
@@ -356,7 +399,9 @@ def compile(module, *example_inputs, cache_size=4):
     call at another count runs (or first records) the program for that
     count, in the same bounded cache. A server that compiles and then calls
     ``set_num_threads(1)`` gets one-thread kernels on its next call, after
-    one recording. ``plan.step_threads(*inputs)`` lists each step's count.
+    one recording. Under adaptive threads a signature keeps one program
+    below the configured count, run at any lowered count at least its own
+    (the module docstring says how it is chosen). ``plan.step_threads(*inputs)`` lists each step's count.
 
     Raises:
         PlanError (a ValueError): the module cannot be a plan; the message

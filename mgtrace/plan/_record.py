@@ -160,20 +160,25 @@ class Record:
         return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
 
 
-def _has_tensor(obj):
+def _has_tensor(obj, varies):
+    """Whether ``obj`` holds a tensor for which ``varies(t)`` is true."""
     if isinstance(obj, Tensor):
-        return True
+        return varies(obj)
     if isinstance(obj, (list, tuple)):
-        return any(_has_tensor(v) for v in obj)
+        return any(_has_tensor(v, varies) for v in obj)
     if isinstance(obj, dict):
-        return any(_has_tensor(v) for v in obj.values())
+        return any(_has_tensor(v, varies) for v in obj.values())
     return False
 
 
 class _Recorder(_hooks.TraceHook):
-    def __init__(self, names, start_uid):
+    def __init__(self, names, start_uid, inputs=()):
         self.names = names           # id(module) -> its path in the compiled module
         self.start_uid = start_uid   # storages from this uid on are the recording's own
+        # the inputs' storages: a tensor made from one of them (or from the
+        # recording's own) changes with the inputs
+        self.input_uids = frozenset(_cplan.tensor_info(t)[4] for t in inputs
+                                    if isinstance(t, Tensor))
         # conv2d's packed weights that recorded calls read, by storage uid:
         # held, as the plan holds them, since the cache drops an entry when
         # its weight is freed (a weight computed in the forward is freed
@@ -306,10 +311,26 @@ class _Recorder(_hooks.TraceHook):
         rec.out = _strip(out, self.start_uid)
         return out
 
+    def _varies(self, t):
+        uid = _cplan.tensor_info(t)[4]
+        return uid >= self.start_uid or uid in self.input_uids
+
     def on_create(self, target, data, dtype, device):
-        if _has_tensor(data):
+        # a tensor made from a constant (a traced graph's Constant, a
+        # parameter) is fixed as the numbers it is made from are; one made
+        # from the inputs or from what the forward computed is not
+        if _has_tensor(data, self._varies):
             raise PlanError(f"{self.where('mgtrace.tensor')} builds a tensor from tensor values: "
                             "its contents depend on the inputs, which a plan cannot replay")
+        if isinstance(data, Tensor) and data.device.type == "cpu" and data.dtype.kind in "biuf":
+            # a traced graph's Constant (mgtrace.tensor(const)): made from its
+            # numbers on the host, as from an array (the copy kernel a Tensor
+            # source runs would be recorded as a write into the constant)
+            self._segment()             # kernels before it stay the forward's
+            with _hooks.installed(self, tracing=False):
+                data = data.numpy().copy()
+            _cplan.take_capture()       # the read of the constant is no step of the plan
+            _cplan.capture_begin()
         out = super().on_create(target, data, dtype, device)
         rec = Record("create", None, (), {}, self.where("mgtrace.tensor"))
         rec.out = out
@@ -331,7 +352,7 @@ def record(module, inputs, start_uid):
     the run) are held as :class:`TensorMeta` in the records."""
     names = {id(m): n for n, m in module.named_modules()}
     names[id(module)] = ""
-    rec = _Recorder(names, start_uid)
+    rec = _Recorder(names, start_uid, inputs)
     _cplan.capture_install()
     try:
         with _hooks.installed(rec, tracing=True):

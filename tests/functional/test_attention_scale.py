@@ -129,3 +129,34 @@ def test_a_traced_buffer_scale_is_read_on_each_call():
     np.testing.assert_allclose(tm(*ts).numpy(), _ref(q, k, v, None, 0.5), rtol=1e-5, atol=1e-6)
     tm.s[...] = 0.25
     np.testing.assert_allclose(tm(*ts).numpy(), _ref(q, k, v, None, 0.25), rtol=1e-5, atol=1e-6)
+
+
+def test_a_scale_tensor_that_wants_a_gradient_is_refused_not_dropped():
+    """A learnable temperature: a 0-d Tensor attached to the manager. The
+    scale is read as a number, so its gradient was dropped without a word
+    (s.grad stayed None while q got one); now AutodiffError says how to
+    learn it. Scaling q instead gives s its gradient, which equals the
+    finite difference of the loss in s."""
+    from mgtrace.errors import AutodiffError
+    q, k, v, _ = _operands(7)
+    s = mt.tensor(np.float32(0.5))
+    tq = mt.tensor(q)
+    gm = GradManager().attach([s, tq])
+    with pytest.raises(AutodiffError, match="scale q instead"):
+        with gm:
+            F.attention(tq, mt.tensor(k), mt.tensor(v), scale=s)
+    with gm:                        # detached: a constant, as a float
+        out = F.attention(tq, mt.tensor(k), mt.tensor(v), scale=s.detach())
+        gm.backward(out.sum())
+    np.testing.assert_allclose(out.numpy(), _ref(q, k, v, None, 0.5), rtol=1e-5, atol=1e-6)
+    assert tq.grad is not None and s.grad is None
+    gy = np.random.default_rng(8).standard_normal(out.shape).astype(np.float32)
+    with gm:                        # the suggested form: the gradient reaches s
+        out = F.attention(tq * s, mt.tensor(k), mt.tensor(v))
+        gm.backward((out * mt.tensor(gy)).sum())
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+
+    def loss(sc):
+        return float((_ref(q64, k64, v64, None, sc) * gy).sum())
+    fd = (loss(0.5 + 1e-4) - loss(0.5 - 1e-4)) / 2e-4
+    np.testing.assert_allclose(float(s.grad.numpy()), fd, rtol=2e-3, atol=1e-4)
