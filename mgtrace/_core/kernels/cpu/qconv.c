@@ -351,6 +351,14 @@ static void pack_im2col_sse(const uint8_t *xp, const int64_t *koff, int64_t K, i
  * bytes read outside the runs), and the 4 x 16 transpose of four k is one vpermb
  * (stride 2: one vpermt2b that also drops the odd bytes) and one 64-byte
  * store, where SSE2 spends up to 32 operations. The same bytes. */
+/* 32 bytes from p in the low half, 32 from q in the high half */
+__attribute__((target("avx512f")))
+static inline __m512i load2x32(const uint8_t *p, const uint8_t *q)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                              _mm256_loadu_si256((const __m256i *)q), 1);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
 static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, int64_t OW,
                              int64_t SH, int64_t SW, int64_t WP, int64_t P, int64_t KQ,
@@ -406,12 +414,8 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
         for (; kq < full; kq++) {
             const uint8_t *s0 = xp + poff[0];
             const int64_t *ko = koff + kq * 4;
-            __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(s0 + ko[0]))),
-                _mm256_loadu_si256((const __m256i *)(s0 + ko[1])), 1);
-            __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(s0 + ko[2]))),
-                _mm256_loadu_si256((const __m256i *)(s0 + ko[3])), 1);
+            __m512i a = load2x32(s0 + ko[0], s0 + ko[1]);
+            __m512i b = load2x32(s0 + ko[2], s0 + ko[3]);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutex2var_epi8(a, idx, b));
         }
     } else if (np == QC_P && runs == 2 && poff[QC_P - 1] - poff[mk1_t0] < 32 &&
@@ -433,18 +437,10 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
         for (; kq < full; kq++) {
             const uint8_t *sa = xp + poff[0], *sb = xp + o1;
             const int64_t *ko = koff + kq * 4;
-            __m512i a01 = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(sa + ko[0]))),
-                _mm256_loadu_si256((const __m256i *)(sa + ko[1])), 1);
-            __m512i b01 = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(sb + ko[0]))),
-                _mm256_loadu_si256((const __m256i *)(sb + ko[1])), 1);
-            __m512i a23 = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(sa + ko[2]))),
-                _mm256_loadu_si256((const __m256i *)(sa + ko[3])), 1);
-            __m512i b23 = _mm512_inserti64x4(_mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(sb + ko[2]))),
-                _mm256_loadu_si256((const __m256i *)(sb + ko[3])), 1);
+            __m512i a01 = load2x32(sa + ko[0], sa + ko[1]);
+            __m512i b01 = load2x32(sb + ko[0], sb + ko[1]);
+            __m512i a23 = load2x32(sa + ko[2], sa + ko[3]);
+            __m512i b23 = load2x32(sb + ko[2], sb + ko[3]);
             __m512i lo = _mm512_permutex2var_epi8(a01, idx, b01);
             __m512i hi = _mm512_permutex2var_epi8(a23, idx, b23);
             _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_mask_mov_epi8(lo, hi2, hi));
