@@ -14,7 +14,8 @@ the forward if every multiply-add ran inside the best large float32 GEMM
 this machine's OpenBLAS does (NumPy's, 2048 x 2048 x 2048, best of a few,
 at ``--threads``) and everything else were free. Then the same at the
 row's own GEMM shapes where Linear layers hold most of its operations
-(MiniLM: M = batch x tokens), which run below the large-square rate.
+(MiniLM: M = batch x tokens), timed on one thread and divided by
+``--threads`` (a perfect split: NumPy's BLAS threads these shapes badly).
 Convolutions can go below the floor (Winograd trades multiplies for
 additions: mgtrace's 3x3 convs and ONNX Runtime's do); matrix products
 cannot.
@@ -130,7 +131,9 @@ def main():
         floor = flops / rate / 1e6
         line = f"{label:16s} {flops / 1e9:7.2f} {floor:9.1f}"
         mostly_linear = sum(shapes.values()) >= flops / 2     # (a CNN's classifier: no)
-        line += f" {shape_rate(shapes, a.threads):9.1f}" if mostly_linear else f" {'-':>9s}"
+        # one thread's rate over the threads: NumPy's BLAS splits a 1024-row
+        # product over 2 threads poorly (slower than the whole forward of a plan)
+        line += f" {shape_rate(shapes, 1) / a.threads:9.1f}" if mostly_linear else f" {'-':>9s}"
         if ort:
             target = 0.8 * ort[i]
             line += f" {ort[i]:8.1f} {target:7.1f} {100 * floor / target:6.0f}%"
