@@ -106,6 +106,22 @@ static inline int put16i_ok(double dmax, double corr, double mult, int out_u8, i
 }
 
 #ifdef MT_QC_VNNI
+/* the float32 outputs (out_u8 2) of put16 and put16i: acc * mult for 16
+ * lanes as two halves of doubles, ReLU where lo is 0, masked store */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static inline __attribute__((always_inline))
+void put16_f32(void *out, int64_t at, __mmask16 m, __m512d d0, __m512d d1, int32_t lo)
+{
+    if (lo == 0) {
+        d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
+        d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+    }
+    __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
+        _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+    _mm512_mask_storeu_ps((float *)out + at, m, f);
+}
+
 /* n (<= 16) consecutive outputs out[at..] of one channel from the int32
  * dots in `dot`: put1's arithmetic eight lanes of double at a time */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
@@ -120,14 +136,7 @@ void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, 
     __m512d d1 = _mm512_mul_pd(_mm512_sub_pd(
         _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1)), c), k);
     if (out_u8 == 2) {
-        if (lo == 0) {
-            d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
-            d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
-        }
-        __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
-            _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
-        _mm512_mask_storeu_ps((float *)out + at, m, f);
+        put16_f32(out, at, m, d0, d1, lo);
         return;
     }
     /* clamp(rint(v) + zp, lo, hi) is rint(clamp(v, lo - zp, hi - zp)) + zp:
@@ -166,14 +175,7 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
     __m512d d0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), k);
     __m512d d1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), k);
     if (out_u8 == 2) {
-        if (lo == 0) {
-            d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
-            d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
-        }
-        __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
-            _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
-        _mm512_mask_storeu_ps((float *)out + at, m, f);
+        put16_f32(out, at, m, d0, d1, lo);
         return;
     }
     /* rint by the sum with 1.5 2^52 (rounded to nearest even whatever
