@@ -551,7 +551,14 @@ def attention(q, k, v, mask=None, scale=1.0):
         q: float [B, H, Sq, D]; k: [B, H, Sk, D]; v: [B, H, Sk, Dv].
         mask: None, or a float tensor broadcastable to [B, H, Sq, Sk],
             added to the scaled scores (e.g. a large negative number on
-            padded keys).
+            padded keys). With a mask the same for every query ([B, 1, 1,
+            Sk] or [B, H, 1, Sk]), the float32 kernel leaves out the keys
+            at the end of a row whose mask lies 2^100 or more below the
+            row's largest (a padding mask of ``finfo(float32).min`` or
+            -inf), when their probabilities are exactly 0 and leaving
+            them out changes no bit of the result (scores below 2^96,
+            their v finite; else it computes every key): padded tokens
+            then cost nothing.
         scale: a finite real number multiplying ``q @ k^T`` (often
             1 / sqrt(D)): a Python int or float, a NumPy scalar, or a 0-d
             NumPy array or 0-d Tensor (read once per call, as a Python
