@@ -97,6 +97,35 @@ def test_the_path_used_is_the_one_asked_where_available(path):
         assert used == max(p for p in AVAILABLE if p <= path)
 
 
+def _flat_kernel(hw, kh, kw, stride, padding, dilation, forced=False):
+    """Whether path 0 (forced: path 6) runs qconv.c's flat-pixel depthwise
+    kernel here: AVX-512 VNNI and VBMI, outputs not a multiple of 16 wide
+    (unless forced), at most 512 vectors x chunks of 4 taps, and each
+    chunk's input bytes within 127 of each other."""
+    if not (int8.has_vnni() and VBMI):
+        return False
+    (h, w), (sh, sw), (ph, pw), (dh, dw) = hw, stride, padding, dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if ow % 16 == 0 and not forced:
+        return False
+    nv, kc = -(-oh * ow // 16), -(-kw // 4)
+    if nv * kh * kc > 512:
+        return False
+    for i in range(kh):
+        for c in range(kc):
+            for v in range(nv):
+                q = np.arange(v * 16, min(v * 16 + 16, oh * ow))[:, None]
+                j = c * 4 + np.arange(4)[None, :]
+                ih = (q // ow) * sh + i * dh - ph
+                iw = (q % ow) * sw + j * dw - pw
+                ok = (ih >= 0) & (ih < h) & (iw >= 0) & (iw < w) & (j < kw)
+                at = (ih * w + iw)[ok]
+                if at.size and at.max() - at.min() >= 127:
+                    return False
+    return True
+
+
 DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
     "s1": ((1, 19, 17, 35), 3, 3, (1, 1), (1, 1), (1, 1)),
     "s2": ((2, 24, 23, 21), 3, 3, (2, 2), (1, 1), (1, 1)),
@@ -142,6 +171,8 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         vbmi = VBMI and 15 * stride[1] + 3 * dilation[1] < 64
         if path == 4:           # the AVX2 kernel
             assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
+        elif path == 0 and _flat_kernel(x.shape[2:], kh, kw, stride, padding, dilation):
+            assert used == 6    # rows not a multiple of 16 wide: the flat-pixel kernel
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)
@@ -225,14 +256,73 @@ def test_channel_blocked_depthwise_matches_numpy(name, out):
     mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
     blocks = int8.has_vnni() and c % 16 == 0
     ow = want.shape[3]
-    for path, kernel in ((5, 5 if blocks else None), (0, 5 if blocks and ow <= 8 else None)):
+    flat = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation)
+    for path, kernel in ((5, 5 if blocks else None),
+                         (0, 6 if flat else 5 if blocks and ow <= 8 else None)):
         o = np.empty(want.shape, want.dtype)
         lo = ((0 if relu else -1) if out == "float32"
               else (out_zp if relu else np.iinfo(o.dtype).min))
         used = qint8.dwconv(x, 61, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult,
                             out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
-        assert (used == 5) == (kernel == 5)
+        assert (used == 5) == (kernel == 5) and (used == 6) == (kernel == 6)
         np.testing.assert_array_equal(o, want)
         got = int8.conv2d(x, 0.04, 61, weight, None if out == "float32" else 0.07, out_zp, out,
                           relu, stride, padding, dilation, x_dtype="quint8", path=path)
         np.testing.assert_array_equal(got, want)
+
+
+FLAT = {    # the flat-pixel depthwise kernel's windows: (x shape, KH, KW, stride, padding, dilation)
+    "plane_in_one_window_7x7": ((2, 21, 7, 7), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "plane_in_one_window_s2": ((1, 5, 9, 13), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "window_per_vector_14x14": ((1, 19, 14, 14), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "window_per_vector_28_odd": ((1, 3, 27, 29), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "window_per_vector_28_s2": ((2, 6, 28, 28), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "window_per_vector_taps_past_4": ((1, 4, 12, 20), 5, 7, (1, 2), (2, 3), (1, 1)),
+    "window_per_chunk_56_s2": ((2, 3, 12, 56), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "dilated_unpadded": ((1, 7, 13, 11), 2, 3, (1, 1), (0, 0), (2, 2)),
+    "one_pixel": ((3, 9, 1, 1), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "all_padding_chunks": ((1, 5, 2, 3), 3, 5, (1, 1), (3, 4), (1, 1)),
+    "stride_3": ((1, 8, 17, 19), 3, 3, (3, 3), (1, 1), (1, 1)),
+    "spans_past_127": ((1, 4, 20, 100), 3, 3, (2, 2), (1, 1), (1, 1)),     # per-row kernels
+    "rows_of_16_forced": ((1, 6, 16, 16), 3, 3, (1, 1), (1, 1), (1, 1)),  # path 0: per row
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAT))
+@pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
+def test_flat_depthwise_matches_numpy(name, out):
+    """Path 6 (and path 0 where it takes it) against the reference at 1, 2
+    and 3 threads: windows per plane, per vector and per chunk, padding
+    chunks, several chunks of 4 taps, and geometries it refuses."""
+    import mgtrace as mt
+    xs, kh, kw, stride, padding, dilation = FLAT[name]
+    rng = np.random.default_rng(60 + sorted(FLAT).index(name))
+    c = xs[1]
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
+    w[0] = 127
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    bias = (rng.standard_normal(c) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=c)
+    out_zp = {"quint8": 9, "qint8": -5, "float32": 0}[out]
+    relu = out != "qint8"
+    want = _reference(x, 77, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    lo = ((0 if relu else -1) if out == "float32" else (out_zp if relu else np.iinfo(want.dtype).min))
+    hi = np.iinfo(want.dtype).max if out != "float32" else 0
+    forced = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation, forced=True)
+    best = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation)
+    assert forced == (name != "spans_past_127" or not VBMI) or not int8.has_vnni()
+    old = mt.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            mt.set_num_threads(n)
+            for path, flat in ((6, forced), (0, best)):
+                o = np.empty(want.shape, want.dtype)
+                used = qint8.dwconv(x, 77, weight.raw, kh, kw, *stride, *padding, *dilation, b,
+                                    mult, out_zp, lo, hi, o, path)
+                assert (used == 6) == flat, (path, used)
+                np.testing.assert_array_equal(o, want, err_msg=f"path {path}, {n} threads")
+    finally:
+        mt.set_num_threads(old)

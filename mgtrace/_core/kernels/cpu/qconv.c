@@ -18,9 +18,12 @@
  *     whole first, tiles split over the team). The im2col takes AVX-512
  *     VBMI where the CPU has it (one vpermb per 4 x 16 transpose).
  *   depthwise: each plane copied once into a buffer padded with the zero
- *     point, then 16 output pixels per vector: x widened to int32 lanes,
- *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
- *     take qgemm.c's scalar kernel).
+ *     point, then 16 output pixels of a row per vector: x widened to int32
+ *     lanes, vpmaddwd against the broadcast tap, or vpermb + vpdpbusd
+ *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel);
+ *     small planes whose rows are not a multiple of 16 wide take 16 pixels
+ *     a vector across row ends instead, gathered from the unpadded plane
+ *     by indices built once per geometry (dw_plane_flat).
  *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
  *     at most mgtrace's count for the call; a layer below that runs on the
  *     calling thread. A dense conv opens one parallel region per call
@@ -1542,6 +1545,200 @@ static size_t dw_block16_size(int64_t H, int64_t W, int64_t PH, int64_t PW, int6
 }
 #endif
 
+#ifdef MT_QC_VNNI
+/* Flat-pixel depthwise (path 6): a plane's OH * OW outputs taken 16 at a
+ * time in their NCHW order, across row ends, so a 7x7 plane is 4 vectors
+ * (the per-row kernels spend 7 on it, 16 lanes each for 7 pixels) and a
+ * 14x14 one 13 (not 14). Each vector's chunk (kh, kc) gathers its lanes'
+ * four input bytes t SW + q DW from a window of 127 bytes of the unpadded
+ * plane (two loads, masked to the plane) by one vpermt2b, padding read
+ * from byte 127 (the zero point), then one vpdpbusd with four taps. The
+ * gather indices depend on the geometry alone: built once per geometry
+ * (dwf_get) and kept, so a call spends nothing per plane on padding.
+ * Windows: one per plane where the plane fits in 127 bytes (7x7: loaded
+ * once), else one per vector where its chunks all fit (14x14 s1, 28x28
+ * s1), else one per chunk; a geometry where a chunk's bytes span more
+ * than 127 takes the per-row kernels. */
+/* 1 where path 0 takes the flat kernel for outputs OW wide: rows that
+ * leave lanes of the per-row kernels idle */
+static int dwf_pays(int64_t OW) { return OW % 16 != 0; }
+
+#define DWF_MAXC 512            /* the most vectors x chunks a geometry keeps */
+
+typedef struct {
+    int64_t key[10];            /* H W KH KW SH SW PH PW DH DW; key[0] 0: empty */
+    int64_t NV, NC, mode;       /* vectors, chunks per vector; windows: 0 plane, 1 vector, 2 chunk */
+    int64_t *base;              /* [windows] the window's first byte in the plane */
+    uint64_t *lm;               /* [windows][2] its two loads' masks (byte 127 never loaded) */
+    uint8_t *idx;               /* [NV][NC][64] vpermt2b indices, 127 for padding */
+} dwf_table;
+
+static __thread dwf_table dwf_cache[4];
+static __thread int dwf_next;
+
+/* the vpermt2b indices of vector v's chunk (kh, kc) relative to its
+ * window's first byte b (into ix [64]); returns the chunk's lowest and
+ * highest plane offsets through lo / hi (hi < 0: all padding) */
+static void dwf_chunk(const int64_t *g, int64_t OW, int64_t P, int64_t v, int64_t kh,
+                      int64_t kc, int64_t b, uint8_t *ix, int64_t *lo, int64_t *hi)
+{
+    int64_t H = g[0], W = g[1], KW = g[3], SH = g[4], SW = g[5], PH = g[6], PW = g[7],
+            DH = g[8], DW = g[9];
+    *lo = INT64_MAX;
+    *hi = -1;
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++) {
+            int64_t p = v * 16 + t, kw = kc * 4 + q, at = -1;
+            if (p < P && kw < KW) {
+                int64_t ih = (p / OW) * SH + kh * DH - PH, iw = (p % OW) * SW + kw * DW - PW;
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                    at = ih * W + iw;
+            }
+            if (at >= 0) {
+                *lo = at < *lo ? at : *lo;
+                *hi = at > *hi ? at : *hi;
+            }
+            if (ix)
+                ix[t * 4 + q] = (uint8_t)(at < 0 ? 127 : at - b);
+        }
+}
+
+/* the two load masks of a window from byte b of a plane of n bytes */
+static void dwf_masks(int64_t b, int64_t n, uint64_t *lm)
+{
+    for (int h = 0; h < 2; h++) {
+        int64_t k = n - b - 64 * h;          /* plane bytes from this load's start */
+        int64_t lim = h ? 63 : 64;           /* byte 127 stays the zero point */
+        k = k < 0 ? 0 : k > lim ? lim : k;
+        lm[h] = k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1);
+    }
+}
+
+/* the table of geometry g (outputs OH x OW), built where absent; NULL
+ * where a chunk spans more than 127 bytes, there are more than DWF_MAXC
+ * chunks or memory ran out */
+static const dwf_table *dwf_get(const int64_t *g, int64_t OH, int64_t OW)
+{
+    for (int i = 0; i < 4; i++)
+        if (dwf_cache[i].key[0] && !memcmp(dwf_cache[i].key, g, sizeof dwf_cache[i].key))
+            return dwf_cache[i].idx ? &dwf_cache[i] : NULL;
+    int64_t P = OH * OW, NV = cdiv(P, 16), KC = cdiv(g[3], 4), NC = g[2] * KC, HW = g[0] * g[1];
+    dwf_table *t = &dwf_cache[dwf_next];
+    dwf_next = (dwf_next + 1) % 4;
+    free(t->base);
+    free(t->lm);
+    free(t->idx);
+    memset(t, 0, sizeof *t);
+    memcpy(t->key, g, sizeof t->key);   /* remembered also where it fails: NULL at once */
+    if (NV * NC > DWF_MAXC)
+        return NULL;
+    /* the widest span decides the windows */
+    int64_t mode = HW <= 127 ? 0 : 1;
+    for (int64_t v = 0; v < NV && mode < 3; v++) {
+        int64_t vlo = INT64_MAX, vhi = -1;
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, 0, NULL, &lo, &hi);
+            if (hi >= 0 && hi - lo >= 127)
+                mode = 3;
+            if (hi >= 0) {
+                vlo = lo < vlo ? lo : vlo;
+                vhi = hi > vhi ? hi : vhi;
+            }
+        }
+        if (mode == 1 && vhi >= 0 && vhi - vlo >= 127)
+            mode = 2;
+    }
+    if (mode == 3)
+        return NULL;
+    int64_t nw = mode == 0 ? 1 : mode == 1 ? NV : NV * NC;
+    t->base = malloc((size_t)nw * sizeof *t->base);
+    t->lm = malloc((size_t)nw * 2 * sizeof *t->lm);
+    t->idx = q_alloc64((size_t)(NV * NC * 64));
+    if (!t->base || !t->lm || !t->idx) {
+        free(t->base);
+        free(t->lm);
+        free(t->idx);
+        t->base = NULL;
+        t->lm = NULL;
+        t->idx = NULL;
+        return NULL;
+    }
+    for (int64_t v = 0; v < NV; v++) {
+        int64_t vlo = INT64_MAX;
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, 0, NULL, &lo, &hi);
+            if (hi >= 0 && lo < vlo)
+                vlo = lo;
+            if (mode == 2)
+                t->base[v * NC + c] = hi >= 0 ? lo : 0;
+        }
+        if (mode == 1)
+            t->base[v] = vlo == INT64_MAX ? 0 : vlo;
+    }
+    if (mode == 0)
+        t->base[0] = 0;
+    for (int64_t v = 0; v < NV; v++)
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi, w = mode == 0 ? 0 : mode == 1 ? v : v * NC + c;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, t->base[w], t->idx + (v * NC + c) * 64, &lo,
+                      &hi);
+        }
+    for (int64_t w = 0; w < nw; w++)
+        dwf_masks(t->base[w], HW, t->lm + 2 * w);
+    t->NV = NV;
+    t->NC = NC;
+    t->mode = mode;
+    return t;
+}
+
+/* one plane xs [H][W] (unpadded) by table t: taps [NC] int32 (4 weights
+ * each, zeros past KW), outputs out [OH * OW] */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t P,
+                          uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
+                          int32_t lo, int32_t hi, void *out, int iep)
+{
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
+    /* byte 63 of the high load: the zero point the padding indices read */
+    __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
+    int64_t NC = t->NC, mode = t->mode;
+    __m512i wl = _mm512_setzero_si512(), wh = wl;
+    if (mode == 0) {
+        wl = _mm512_maskz_loadu_epi8(t->lm[0], xs);
+        wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[1], xs + 64), top);
+    }
+    for (int64_t v = 0; v < t->NV; v++) {
+        if (mode == 1) {
+            const uint8_t *b = xs + t->base[v];
+            wl = _mm512_maskz_loadu_epi8(t->lm[2 * v], b);
+            wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * v + 1], b + 64), top);
+        }
+        __m512i acc = _mm512_setzero_si512();
+        const uint8_t *ix = t->idx + v * NC * 64;
+        for (int64_t c = 0; c < NC; c++) {
+            if (mode == 2) {
+                int64_t w = v * NC + c;
+                const uint8_t *b = xs + t->base[w];
+                wl = _mm512_maskz_loadu_epi8(t->lm[2 * w], b);
+                wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * w + 1], b + 64), top);
+            }
+            __m512i g = _mm512_permutex2var_epi8(wl, _mm512_load_si512(ix + c * 64), wh);
+            acc = _mm512_dpbusd_epi32(acc, g, _mm512_set1_epi32(taps[c]));
+        }
+        int64_t at = v * 16;
+        int n = (int)(P - at < 16 ? P - at : 16);
+        if (iep)
+            put16i(out, at, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), acc,
+                   (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+        else
+            put16(out, at, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+    }
+}
+#endif
+
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
  * with the vector kernels: strides 1 and 2 across, any other geometry.
  * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]); path 2
@@ -1557,6 +1754,33 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
 #ifdef MT_QC_VNNI
+    /* flat pixels (path 6 asks for it) */
+    if ((path == 6 || (path == 0 && dwf_pays(OW))) && mt_qgemm_has_vnni() && has_vbmi()) {
+        int64_t g[10] = {H, W, KH, KW, SH, SW, PH, PW, DH, DW};
+        const dwf_table *t = dwf_get(g, OH, OW);
+        if (t) {
+            int64_t planes = NB * C, NC = t->NC, KC = cdiv(KW, 4), P = OH * OW;
+            size_t isz = out_u8 == 2 ? 4 : 1;
+            int nt = mt_q_team(planes * P * KH * KW * QC_DW_COST);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+            for (int64_t p = 0; p < planes; p++) {
+                int64_t c = p % C;
+                const int8_t *wc = w + c * KH * KW;
+                int32_t taps[DWF_MAXC];
+                for (int64_t k = 0; k < NC; k++) {
+                    uint8_t b[4] = {0, 0, 0, 0};
+                    for (int q = 0; q < 4 && (k % KC) * 4 + q < KW; q++)
+                        b[q] = (uint8_t)wc[(k / KC) * KW + (k % KC) * 4 + q];
+                    memcpy(&taps[k], b, 4);
+                }
+                double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
+                int iep = put16i_ok((double)(KH * KW) * 255 * 128, corr, mult[c], out_u8, out_zp);
+                dw_plane_flat(x + p * H * W, t, taps, P, (uint8_t)a_zp, corr, mult[c], out_u8,
+                              out_zp, lo, hi, (char *)out + (size_t)(p * P) * isz, iep);
+            }
+            return 6;
+        }
+    }
     /* 16 channels at a time where a plane's rows are short (path 5 asks for it):
      * MobileNetV2's 7-wide layers, 960 x 7 x 7: 123 -> 72 us on one thread; at
      * 14 wide the per-plane kernels are as fast */
