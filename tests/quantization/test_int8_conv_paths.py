@@ -99,15 +99,15 @@ def test_the_path_used_is_the_one_asked_where_available(path):
 
 def _flat_kernel(hw, kh, kw, stride, padding, dilation, forced=False):
     """Whether path 0 (forced: path 6) runs qconv.c's flat-pixel depthwise
-    kernel here: AVX-512 VNNI and VBMI, outputs not a multiple of 16 wide
-    (unless forced), at most 512 vectors x chunks of 4 taps, and each
-    chunk's input bytes within 127 of each other."""
+    kernel here: AVX-512 VNNI and VBMI, outputs under 16 wide (unless
+    forced), at most 512 vectors x chunks of 4 taps, and each chunk's
+    input bytes within 127 of each other."""
     if not (int8.has_vnni() and VBMI):
         return False
     (h, w), (sh, sw), (ph, pw), (dh, dw) = hw, stride, padding, dilation
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if ow % 16 == 0 and not forced:
+    if ow >= 16 and not forced:
         return False
     nv, kc = -(-oh * ow // 16), -(-kw // 4)
     if nv * kh * kc > 512:
@@ -134,6 +134,13 @@ DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
     "s1_7x7": ((1, 6, 15, 37), 7, 7, (1, 1), (3, 3), (1, 1)),                # 2 chunks of 4 taps
     "s2_wide_dilation": ((1, 4, 9, 60), 2, 3, (1, 2), (1, 12), (1, 12)),     # 15*2 + 3*12 >= 64
     "s3_scalar": ((1, 5, 13, 13), 3, 3, (3, 3), (1, 1), (1, 1)),
+    # three kernel rows of at most 4 taps, no vertical dilation: each input
+    # row gathered once for the output rows that read it (dw_plane_vbmi3),
+    # strips of 16 with a partial last one, odd heights
+    "rows3_s1_two_strips": ((2, 6, 11, 37), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "rows3_s2_odd_height": ((1, 5, 15, 70), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "rows3_4_taps_dilated": ((1, 4, 9, 45), 3, 4, (1, 1), (0, 3), (1, 2)),
+    "rows3_s2_rows_s1_cols": ((1, 3, 12, 33), 3, 2, (2, 1), (2, 0), (1, 1)),
 }
 
 
@@ -172,7 +179,7 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         if path == 4:           # the AVX2 kernel
             assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
         elif path == 0 and _flat_kernel(x.shape[2:], kh, kw, stride, padding, dilation):
-            assert used == 6    # rows not a multiple of 16 wide: the flat-pixel kernel
+            assert used == 6    # rows under 16 wide: the flat-pixel kernel
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)
@@ -326,3 +333,47 @@ def test_flat_depthwise_matches_numpy(name, out):
                 np.testing.assert_array_equal(o, want, err_msg=f"path {path}, {n} threads")
     finally:
         mt.set_num_threads(old)
+
+
+# multipliers whose products lie within 2^-40 of the .5 ties (0.5 and 1.5 in
+# float32): the float32 epilogue (put16q) must hand such vectors to the
+# double one, else it rounds the ties to even where the double product is
+# past them; 1/3: ordinary values, few ties
+NEAR_TIES = [0.5 + 2.0 ** -40, 0.5 - 2.0 ** -40, 1.5 + 2.0 ** -38, 1 / 3]
+
+
+@pytest.mark.parametrize("mult", NEAR_TIES)
+@pytest.mark.parametrize("out", ["quint8", "qint8"])
+@pytest.mark.parametrize("kind", ["depthwise_rows", "depthwise_flat", "dense_vnni", "dense_amx"])
+def test_float_epilogue_near_ties_match_double(kind, out, mult):
+    """The int8 / uint8 epilogue through float32 (qconv.c's put16q) against
+    the double reference on products a hair from .5 ties, both signs, with a
+    zero point and with and without a ReLU clamp."""
+    rng = np.random.default_rng(5)
+    dw = kind.startswith("depthwise")
+    c, co = (16, 16) if dw else (24, 40)
+    h, wd = (9, 40) if kind == "depthwise_rows" else (7, 7) if dw else (6, 23)
+    # small sums around the zero point: every odd one a tie at 0.5
+    x = (120 + rng.integers(-4, 5, (1, c, h, wd))).astype(np.uint8)
+    w = rng.integers(-2, 3, (co, 1 if dw else c, 3, 3)).astype(np.int8)
+    acc = ref_conv(x, 120, w, c if dw else 1, (1, 1), (1, 1), (1, 1))
+    dt = np.uint8 if out == "quint8" else np.int8
+    info = np.iinfo(dt)
+    out_zp = 100 if out == "quint8" else -3
+    m = np.full(co, mult)
+    for lo in (info.min, out_zp):           # no clamp, ReLU
+        want = ref_requant(acc, m[None, :, None, None], out_zp, lo, info.max, dt)
+        o = np.empty(want.shape, dt)
+        if dw:
+            used = qint8.dwconv(x, 120, w.reshape(co, 9), 3, 3, 1, 1, 1, 1, 1, 1, None, m,
+                                out_zp, lo, info.max, o, 0)
+            assert not VBMI or used == (3 if kind == "depthwise_rows" else 6)
+        else:
+            weight = int8.Int8Weight(w, np.ones(co, np.float32), None)
+            path = 2 if kind == "dense_vnni" else 3
+            used = qint8.conv(x, 120, weight.rows, weight.wsum, 1, 3, 3, 1, 1, 1, 1, 1, 1, None,
+                              m, out_zp, lo, info.max, o, path)
+            assert used == max(p for p in AVAILABLE if p <= path)
+        np.testing.assert_array_equal(o, want)
+        if mult != 1 / 3:
+            assert np.any(acc % 2 == 1)     # the ties are there

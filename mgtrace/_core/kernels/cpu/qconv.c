@@ -20,10 +20,12 @@
  *   depthwise: each plane copied once into a buffer padded with the zero
  *     point, then 16 output pixels of a row per vector: x widened to int32
  *     lanes, vpmaddwd against the broadcast tap, or vpermb + vpdpbusd
- *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel);
- *     small planes whose rows are not a multiple of 16 wide take 16 pixels
- *     a vector across row ends instead, gathered from the unpadded plane
- *     by indices built once per geometry (dw_plane_flat).
+ *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel;
+ *     3 x 4 taps or fewer: each input row gathered once for the three
+ *     output rows that read it, dw_plane_vbmi3); planes whose rows are
+ *     under 16 wide take 16 pixels a vector across row ends instead,
+ *     gathered from the unpadded plane by indices built once per geometry
+ *     (dw_plane_flat).
  *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
  *     at most mgtrace's count for the call; a layer below that runs on the
  *     calling thread. A dense conv opens one parallel region per call
@@ -106,6 +108,28 @@ static inline int put16i_ok(double dmax, double corr, double mult, int out_u8, i
     double span = dmax + fabs(corr);
     return span < 2147483647.0 - 1024 &&
            (out_u8 == 2 || span * fabs(mult) + fabs((double)out_zp) < 2147483647.0 - 1024);
+}
+
+/* 1 where put16q may take the float32 route for a channel of multiplier
+ * mult (int8 / uint8 outputs, put16i_ok already holding): mult and
+ * float(mult) normal and moderate, the zero point and the bounds within
+ * 256 of 0 (so that a value past 1024 in magnitude saturates both ways) */
+static inline int put16q_ok(double mult, int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+{
+    double m = fabs(mult);
+    return out_u8 != 2 && m >= 1e-30 && m <= 1e30 && abs(out_zp) <= 256 && abs(lo) <= 256 &&
+           abs(hi) <= 256;
+}
+
+/* 1 where put16q runs here (AVX-512 DQ's vreduceps; every VNNI CPU has it) */
+static int has_dq(void)
+{
+#ifdef MT_QC_VNNI
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
 }
 
 #ifdef MT_QC_VNNI
@@ -195,6 +219,41 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
     __m512i v = _mm512_permutex2var_epi32(
         e0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), e1);
     v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zpv), lov), hiv);
+    _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
+}
+
+/* put16i's int8 / uint8 outputs through float32 where that is exact: u =
+ * fma(float(dot - corr), float(mult), zp) rounded once, clamped to [lo, hi]
+ * and converted to the nearest integer. Against put16i's double
+ * (dot - corr) mult: for |(dot - corr) mult| <= 1024 the two differ by at
+ * most 1024 (2 2^-24 + 2^-48) + 1280 2^-24 + 1024 2^-53 < 2.0e-4 (the
+ * conversion of dot - corr and of mult, the fma's one rounding, the double
+ * product's), so where u lies at least 2^-11 from every half-integer both
+ * round to the same integer and clamp alike; beyond 1024 both saturate at
+ * the same end (|zp|, |lo|, |hi| <= 256: put16q_ok). A vector with a lane
+ * of the clamped u within 2^-11 of a half-integer (clamped lanes are
+ * integers: never) is redone by put16i: about one vector in 60 of random
+ * values, every one of exact ties. Three to five operations of 512 bits fewer
+ * than put16i's (no double halves, no permute, the zero point in the fma). Needs AVX-512 DQ (vreduceps). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, float multf,
+            double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
+            __m512 zpf, __m512 lof, __m512 hif)
+{
+    __m512i a = _mm512_sub_epi32(dot, _mm512_set1_epi32(corr));
+    __m512 u = _mm512_fmadd_round_ps(
+        _mm512_cvt_roundepi32_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_set1_ps(multf), zpf, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    u = _mm512_min_ps(_mm512_max_ps(u, lof), hif);
+    /* u - rint(u), within 2^-11 of +-0.5: too near a tie to trust */
+    __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f),
+                                                 _CMP_GT_OQ) != 0, 0)) {
+        put16i(out, at, m, dot, corr, mult, out_u8, lo, zpv, lov, hiv);
+        return;
+    }
+    __m512i v = _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
 #endif
@@ -589,6 +648,7 @@ typedef struct {
     int out_u8;
     int32_t out_zp, lo, hi;
     int64_t pb0;                /* the block packed holds first (0: all of them) */
+    int qf;                     /* put16q for every channel (icorr too) */
 } qc_tile;
 
 /* QC_R channels x pixel blocks pb, pb + 1 (where < PB): portable C */
@@ -732,6 +792,18 @@ static int has_avx2(void)
         }                                                           \
     } while (0)
 
+#define QC_PUTQ(r)                                                  \
+    do {                                                            \
+        if (t->out[r]) {                                            \
+            float f_ = (float)t->mult[r];                           \
+            put16q(t->out[r], p0, m0, c##r##0, t->icorr[r], f_, t->mult[r], t->out_u8, \
+                   t->lo, zpv, lov, hiv, zpf, lof, hif);            \
+            if (B > 1)                                              \
+                put16q(t->out[r], p0 + QC_P, m1, c##r##1, t->icorr[r], f_, t->mult[r], \
+                       t->out_u8, t->lo, zpv, lov, hiv, zpf, lof, hif); \
+        }                                                           \
+    } while (0)
+
 #define QC_PUTI(r)                                                  \
     do {                                                            \
         if (t->out[r]) {                                            \
@@ -743,7 +815,7 @@ static int has_avx2(void)
         }                                                           \
     } while (0)
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 static inline __attribute__((always_inline))
 void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 {
@@ -778,6 +850,21 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
         __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n1 > 0 ? n1 : 0)) - 1);
         __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
                 hiv = _mm512_set1_epi32(t->hi);
+        if (t->qf) {
+            __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
+                   hif = _mm512_set1_ps((float)t->hi);
+            QC_PUTQ(0);
+            QC_PUTQ(1);
+            QC_PUTQ(2);
+            QC_PUTQ(3);
+            if (R > 4) {
+                QC_PUTQ(4);
+                QC_PUTQ(5);
+                QC_PUTQ(6);
+                QC_PUTQ(7);
+            }
+            return;
+        }
         QC_PUTI(0);
         QC_PUTI(1);
         QC_PUTI(2);
@@ -804,8 +891,9 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 #undef QC_DOT
 #undef QC_PUT
 #undef QC_PUTI
+#undef QC_PUTQ
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 static void tile_vnni(const qc_tile *t, int64_t pb)
 {
     int two = pb + 1 < t->PB;
@@ -864,7 +952,7 @@ void mt_q_amx_end(void) { _tile_release(); }
 
 /* 32 channels (weight rows w, row stride lw; rows past the array's
  * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq")))
 static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, int nrows,
                      void *const *out, const double *corr, const double *mult)
 {
@@ -892,12 +980,24 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
     _tile_stored(1, acc[1], 64);
     _tile_stored(2, acc[2], 64);
     _tile_stored(3, acc[3], 64);
+    __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
+            hiv = _mm512_set1_epi32(t->hi);
+    __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
+           hif = _mm512_set1_ps((float)t->hi);
     for (int b = 0; b < 1 + two; b++) {
         int64_t p0 = (pb + b) * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < nrows; r++)
-            put16(out[r], p0, n, _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16),
-                  corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        for (int r = 0; r < nrows; r++) {
+            __m512i d = _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16);
+            if (t->qf)
+                put16q(out[r], p0, m, d, t->icorr[r], (float)mult[r], mult[r], t->out_u8, t->lo,
+                       zpv, lov, hiv, zpf, lof, hif);
+            else if (t->icorr)
+                put16i(out[r], p0, m, d, t->icorr[r], mult[r], t->out_u8, t->lo, zpv, lov, hiv);
+            else
+                put16(out[r], p0, n, d, corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+        }
     }
 }
 #endif
@@ -976,6 +1076,7 @@ typedef struct {
     int out_u8;
     int32_t out_zp, lo, hi;
     int vnni, avx2, amx;
+    int qf;                     /* put16q for every channel (icorr too) */
 } qc_call;
 
 #define QC_REM 8                /* the most pixels rem_vnni takes */
@@ -1054,8 +1155,9 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
         void *o[32];
         for (int r = 0; r < nrows; r++)
             o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
-        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, NULL, cl->out_u8,
-                     cl->out_zp, cl->lo, cl->hi, pb0};
+        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL,
+                     cl->icorr ? cl->icorr + c0 : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi,
+                     pb0, cl->qf};
         tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
                  cl->mult + c0);
         return;
@@ -1076,7 +1178,7 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
         ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
     }
     qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->icorr ? ic : NULL, cl->out_u8,
-                 cl->out_zp, cl->lo, cl->hi, pb0};
+                 cl->out_zp, cl->lo, cl->hi, pb0, cl->qf};
 #ifdef MT_QC_VNNI
     if (cl->vnni) {
         tile_vnni(&t, pb);
@@ -1180,6 +1282,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             icorr_ok = 0;
         icorr[c] = icorr_ok ? (int32_t)cv : 0;
     }
+    int qf = icorr_ok && has_dq();      /* put16q's bounds, for every channel */
+    for (int64_t c = 0; c < Co && qf; c++)
+        qf = put16q_ok(mult[c], out_u8, out_zp, lo, hi);
     if (!direct)                /* the slack after the planes, read and masked by the packing */
         memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
     /* one image's small input (packed under 2^19 bytes, a few us) is padded
@@ -1217,7 +1322,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             mt_q_amx_begin();
 #endif
         qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
-                      lo, hi, vnni, avx2, amx};
+                      lo, hi, vnni, avx2, amx, qf};
         uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
         int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
         if (remrows && !cols)
@@ -1387,6 +1492,65 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
             else
                 put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
+}
+
+/* dw_plane_vbmi for 3 x KW taps (KW <= 4), vertical stride SH 1 or 2 and
+ * no vertical dilation, the kernel rows that MobileNetV2's 112 and 56 wide
+ * layers take: down a strip of 16 outputs, each input row loaded and
+ * permuted once for the (up to) three output rows that read it, where
+ * dw_plane_vbmi gathers each row three times; the epilogue put16q's where
+ * qf. taps: the three rows' 4 weights each. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
+static void dw_plane_vbmi3(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t SH,
+                           int64_t SW, int64_t DW, int64_t OH, int64_t OW, double corr,
+                           double mult, int out_u8, int32_t out_zp, int32_t lo, int32_t hi,
+                           void *out, int iep, int qf)
+{
+    uint8_t ix[64];
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++)
+            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    __m512i idx = _mm512_loadu_si512(ix);
+    __m512i t0 = _mm512_set1_epi32(taps[0]), t1 = _mm512_set1_epi32(taps[1]),
+            t2 = _mm512_set1_epi32(taps[2]);
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
+    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
+           hif = _mm512_set1_ps((float)hi);
+    float multf = (float)mult;
+    for (int64_t ow = 0; ow < OW; ow += QC_P) {
+        const uint8_t *col = xp + ow * SW;
+        int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        /* the gathered input rows oh SH and oh SH + 1 */
+        __m512i r0 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col));
+        __m512i r1 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + WP));
+        for (int64_t oh = 0; oh < OH; oh++) {
+            __m512i r2;
+            if (SH == 1) {
+                r2 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (oh + 2) * WP));
+            } else {
+                r1 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (2 * oh + 1) * WP));
+                r2 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (2 * oh + 2) * WP));
+            }
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), r0, t0), r1, t1), r2, t2);
+            if (SH == 1) {
+                r0 = r1;
+                r1 = r2;
+            } else {
+                r0 = r2;
+            }
+            if (qf)
+                put16q(out, oh * OW + ow, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv,
+                       lov, hiv, zpf, lof, hif);
+            else if (iep)
+                put16i(out, oh * OW + ow, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov,
+                       hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+    }
 }
 
 static int has_vbmi(void)
@@ -1559,9 +1723,12 @@ static size_t dw_block16_size(int64_t H, int64_t W, int64_t PH, int64_t PW, int6
  * once), else one per vector where its chunks all fit (14x14 s1, 28x28
  * s1), else one per chunk; a geometry where a chunk's bytes span more
  * than 127 takes the per-row kernels. */
-/* 1 where path 0 takes the flat kernel for outputs OW wide: rows that
- * leave lanes of the per-row kernels idle */
-static int dwf_pays(int64_t OW) { return OW % 16 != 0; }
+/* 1 where path 0 takes the flat kernel for outputs OW wide: rows shorter
+ * than a vector, where the per-row kernels leave lanes idle (one thread,
+ * MobileNetV2: 14x14x384 68 -> 38 us, 7x7x960 71 -> 35, 14 -> 7 stride 2
+ * 57 -> 24); at 28 wide dw_plane_vbmi3 is as fast or faster (28x28x192
+ * 55-62 us against 63, 56 -> 28 stride 2 58-63 against 73) */
+static int dwf_pays(int64_t OW) { return OW < 16; }
 
 #define DWF_MAXC 512            /* the most vectors x chunks a geometry keeps */
 
@@ -1695,13 +1862,17 @@ static const dwf_table *dwf_get(const int64_t *g, int64_t OH, int64_t OW)
 
 /* one plane xs [H][W] (unpadded) by table t: taps [NC] int32 (4 weights
  * each, zeros past KW), outputs out [OH * OW] */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t P,
                           uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
                           int32_t lo, int32_t hi, void *out, int iep)
 {
     __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
             hiv = _mm512_set1_epi32(hi);
+    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
+           hif = _mm512_set1_ps((float)hi);
+    int qf = iep && put16q_ok(mult, out_u8, out_zp, lo, hi) && has_dq();
+    float multf = (float)mult;
     /* byte 63 of the high load: the zero point the padding indices read */
     __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
     int64_t NC = t->NC, mode = t->mode;
@@ -1730,9 +1901,12 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
         }
         int64_t at = v * 16;
         int n = (int)(P - at < 16 ? P - at : 16);
-        if (iep)
-            put16i(out, at, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1), acc,
-                   (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        if (qf)
+            put16q(out, at, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv, lov, hiv, zpf,
+                   lof, hif);
+        else if (iep)
+            put16i(out, at, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
         else
             put16(out, at, n, acc, corr, mult, out_u8, out_zp, lo, hi);
     }
@@ -1836,6 +2010,8 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         WP = cdiv(WP, 64) * 64;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
+    /* dw_plane_vbmi3's geometry; put16q where the CPU has AVX-512 DQ */
+    int three = KH == 3 && KC == 1 && DH == 1 && (SH == 1 || SH == 2), qdq = has_dq();
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
@@ -1870,8 +2046,13 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                             b[q] = (uint8_t)wc[i * KW + k * 4 + q];
                         memcpy(&taps[i * KC + k], b, 4);
                     }
-                dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                              out_u8, out_zp, lo, hi, op, iep);
+                if (three)
+                    dw_plane_vbmi3(buf, WP, taps, SH, SW, DW, OH, OW, corr, mult[c], out_u8,
+                                   out_zp, lo, hi, op, iep,
+                                   iep && qdq && put16q_ok(mult[c], out_u8, out_zp, lo, hi));
+                else
+                    dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
+                                  out_u8, out_zp, lo, hi, op, iep);
                 continue;
             }
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
