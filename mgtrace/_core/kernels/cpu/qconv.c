@@ -223,7 +223,9 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
 }
 
 /* put16i's int8 / uint8 outputs through float32 where that is exact: u =
- * fma(float(dot - corr), float(mult), zp) rounded once, clamped to [lo, hi]
+ * fma(float(dot - corr), float(mult), zp) rounded once (multf: float(mult)
+ * in every lane, broadcast by the caller from memory: a load, where a
+ * conversion and a broadcast per call took a vector port), clamped to [lo, hi]
  * and converted to the nearest integer. Against put16i's double
  * (dot - corr) mult: for |(dot - corr) mult| <= 1024 the two differ by at
  * most 1024 (2 2^-24 + 2^-48) + 1280 2^-24 + 1024 2^-53 < 2.0e-4 (the
@@ -237,14 +239,14 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
  * than put16i's (no double halves, no permute, the zero point in the fma). Needs AVX-512 DQ (vreduceps). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 static inline __attribute__((always_inline))
-void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, float multf,
+void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m512 multf,
             double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
             __m512 zpf, __m512 lof, __m512 hif)
 {
     __m512i a = _mm512_sub_epi32(dot, _mm512_set1_epi32(corr));
     __m512 u = _mm512_fmadd_round_ps(
         _mm512_cvt_roundepi32_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-        _mm512_set1_ps(multf), zpf, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        multf, zpf, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     u = _mm512_min_ps(_mm512_max_ps(u, lof), hif);
     /* u - rint(u), within 2^-11 of +-0.5: too near a tie to trust */
     __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -649,6 +651,7 @@ typedef struct {
     int32_t out_zp, lo, hi;
     int64_t pb0;                /* the block packed holds first (0: all of them) */
     int qf;                     /* put16q for every channel (icorr too) */
+    const float *fmult;         /* QC_R: float(mult) where qf */
 } qc_tile;
 
 /* QC_R channels x pixel blocks pb, pb + 1 (where < PB): portable C */
@@ -795,7 +798,7 @@ static int has_avx2(void)
 #define QC_PUTQ(r)                                                  \
     do {                                                            \
         if (t->out[r]) {                                            \
-            float f_ = (float)t->mult[r];                           \
+            __m512 f_ = _mm512_set1_ps(t->fmult[r]);                \
             put16q(t->out[r], p0, m0, c##r##0, t->icorr[r], f_, t->mult[r], t->out_u8, \
                    t->lo, zpv, lov, hiv, zpf, lof, hif);            \
             if (B > 1)                                              \
@@ -991,8 +994,8 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
         for (int r = 0; r < nrows; r++) {
             __m512i d = _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16);
             if (t->qf)
-                put16q(out[r], p0, m, d, t->icorr[r], (float)mult[r], mult[r], t->out_u8, t->lo,
-                       zpv, lov, hiv, zpf, lof, hif);
+                put16q(out[r], p0, m, d, t->icorr[r], _mm512_set1_ps(t->fmult[r]), mult[r],
+                       t->out_u8, t->lo, zpv, lov, hiv, zpf, lof, hif);
             else if (t->icorr)
                 put16i(out[r], p0, m, d, t->icorr[r], mult[r], t->out_u8, t->lo, zpv, lov, hiv);
             else
@@ -1077,6 +1080,7 @@ typedef struct {
     int32_t out_zp, lo, hi;
     int vnni, avx2, amx;
     int qf;                     /* put16q for every channel (icorr too) */
+    const float *fmult;         /* [Co] float(mult) where qf */
 } qc_call;
 
 #define QC_REM 8                /* the most pixels rem_vnni takes */
@@ -1157,7 +1161,7 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
             o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
         qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL,
                      cl->icorr ? cl->icorr + c0 : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi,
-                     pb0, cl->qf};
+                     pb0, cl->qf, cl->qf ? cl->fmult + c0 : NULL};
         tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
                  cl->mult + c0);
         return;
@@ -1167,6 +1171,7 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
     const int8_t *w[QC_R];
     void *o[QC_R];
     double cr[QC_R], mu[QC_R];
+    float fm[QC_R];
     int32_t ic[QC_R];
     for (int r = 0; r < QC_R; r++) {
         int64_t c = c0 + r;
@@ -1176,9 +1181,10 @@ static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int6
         cr[r] = in ? cl->corr[c] : 0;
         mu[r] = in ? cl->mult[c] : 0;
         ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
+        fm[r] = in && cl->qf ? cl->fmult[c] : 0;
     }
     qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->icorr ? ic : NULL, cl->out_u8,
-                 cl->out_zp, cl->lo, cl->hi, pb0, cl->qf};
+                 cl->out_zp, cl->lo, cl->hi, pb0, cl->qf, fm};
 #ifdef MT_QC_VNNI
     if (cl->vnni) {
         tile_vnni(&t, pb);
@@ -1263,7 +1269,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
-    int32_t *icorr = malloc((size_t)Co * sizeof(int32_t));
+    int32_t *icorr = malloc((size_t)Co * (sizeof(int32_t) + sizeof(float)));
+    float *fmult = icorr ? (float *)(icorr + Co) : NULL;    /* put16q's multipliers */
     int64_t *koff = malloc((size_t)K * sizeof(int64_t));
     if (!packed || !zero || !corr || !icorr || !koff) {
         free(zero);
@@ -1283,8 +1290,10 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         icorr[c] = icorr_ok ? (int32_t)cv : 0;
     }
     int qf = icorr_ok && has_dq();      /* put16q's bounds, for every channel */
-    for (int64_t c = 0; c < Co && qf; c++)
+    for (int64_t c = 0; c < Co && qf; c++) {
         qf = put16q_ok(mult[c], out_u8, out_zp, lo, hi);
+        fmult[c] = (float)mult[c];
+    }
     if (!direct)                /* the slack after the planes, read and masked by the packing */
         memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
     /* one image's small input (packed under 2^19 bytes, a few us) is padded
@@ -1322,7 +1331,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             mt_q_amx_begin();
 #endif
         qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
-                      lo, hi, vnni, avx2, amx, qf};
+                      lo, hi, vnni, avx2, amx, qf, fmult};
         uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
         int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
         if (remrows && !cols)
@@ -1517,7 +1526,7 @@ static void dw_plane_vbmi3(const uint8_t *xp, int64_t WP, const int32_t *taps, i
             hiv = _mm512_set1_epi32(hi);
     __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
            hif = _mm512_set1_ps((float)hi);
-    float multf = (float)mult;
+    __m512 multf = _mm512_set1_ps((float)mult);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
         const uint8_t *col = xp + ow * SW;
         int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
@@ -1872,7 +1881,7 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
     __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
            hif = _mm512_set1_ps((float)hi);
     int qf = iep && put16q_ok(mult, out_u8, out_zp, lo, hi) && has_dq();
-    float multf = (float)mult;
+    __m512 multf = _mm512_set1_ps((float)mult);
     /* byte 63 of the high load: the zero point the padding indices read */
     __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
     int64_t NC = t->NC, mode = t->mode;
