@@ -341,8 +341,8 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
     epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the best
     kernel here: qconv.c's AVX-512 VBMI + VNNI one, or its vpmaddwd one (AVX-512
     VNNI CPUs without VBMI), for horizontal strides 1 and 2; else the scalar
-    one (qgemm.c); outputs under 16 wide whose planes are small
-    enough (VBMI + VNNI): the flat-pixel one; else outputs at most 8
+    one (qgemm.c); outputs at most 8 wide (under 16
+    where the three-row one does not apply) whose planes are small enough (VBMI + VNNI): the flat-pixel one; else outputs at most 8
     wide with C a multiple of 16 and horizontal dilation 1: the
     channel-blocked one (16 channels in the lanes); 1: the scalar one; 2:
     the vpmaddwd one (where it applies); 4: the AVX2 one (which CPUs

@@ -99,15 +99,18 @@ def test_the_path_used_is_the_one_asked_where_available(path):
 
 def _flat_kernel(hw, kh, kw, stride, padding, dilation, forced=False):
     """Whether path 0 (forced: path 6) runs qconv.c's flat-pixel depthwise
-    kernel here: AVX-512 VNNI and VBMI, outputs under 16 wide (unless
-    forced), at most 512 vectors x chunks of 4 taps, and each chunk's
-    input bytes within 127 of each other."""
+    kernel here: AVX-512 VNNI and VBMI, outputs at most 8 wide, or under 16
+    where the three-row kernel does not apply (unless forced), at most 512
+    vectors x chunks of 4 taps, and each chunk's input bytes within 127 of
+    each other."""
     if not (int8.has_vnni() and VBMI):
         return False
     (h, w), (sh, sw), (ph, pw), (dh, dw) = hw, stride, padding, dilation
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    if ow >= 16 and not forced:
+    three = kh == 3 and kw <= 4 and dh == 1 and sh in (1, 2) and sw in (1, 2) and \
+        15 * sw + 3 * dw < 64
+    if not (ow <= 8 or (not three and ow < 16)) and not forced:
         return False
     nv, kc = -(-oh * ow // 16), -(-kw // 4)
     if nv * kh * kc > 512:
@@ -179,7 +182,7 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         if path == 4:           # the AVX2 kernel
             assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
         elif path == 0 and _flat_kernel(x.shape[2:], kh, kw, stride, padding, dilation):
-            assert used == 6    # rows under 16 wide: the flat-pixel kernel
+            assert used == 6    # short rows: the flat-pixel kernel
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)

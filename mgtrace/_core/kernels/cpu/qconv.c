@@ -22,8 +22,9 @@
  *     lanes, vpmaddwd against the broadcast tap, or vpermb + vpdpbusd
  *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel;
  *     3 x 4 taps or fewer: each input row gathered once for the three
- *     output rows that read it, dw_plane_vbmi3); planes whose rows are
- *     under 16 wide take 16 pixels a vector across row ends instead,
+ *     output rows that read it, from the unpadded plane, dw_plane_vbmi3);
+ *     planes whose rows are at most 8 wide take 16 pixels a vector across
+ *     row ends instead,
  *     gathered from the unpadded plane by indices built once per geometry
  *     (dw_plane_flat).
  *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
@@ -1507,13 +1508,18 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
  * no vertical dilation, the kernel rows that MobileNetV2's 112 and 56 wide
  * layers take: down a strip of 16 outputs, each input row loaded and
  * permuted once for the (up to) three output rows that read it, where
- * dw_plane_vbmi gathers each row three times; the epilogue put16q's where
- * qf. taps: the three rows' 4 weights each. */
+ * dw_plane_vbmi gathers each row three times. It reads the unpadded plane
+ * xs [H][W]: a strip's 64-byte window masked to the plane's columns
+ * (the zero point merged in where it is padding, one mask per strip) and
+ * rows above or below the plane the zero point, so no padded copy is
+ * written (pad_plane_avx512 was 4% of MobileNetV2's int8 forward). The
+ * epilogue put16q's where qf. taps: the three rows' 4 weights each. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
-static void dw_plane_vbmi3(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t SH,
-                           int64_t SW, int64_t DW, int64_t OH, int64_t OW, double corr,
-                           double mult, int out_u8, int32_t out_zp, int32_t lo, int32_t hi,
-                           void *out, int iep, int qf)
+static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, int64_t PW,
+                           uint8_t a_zp, const int32_t *taps, int64_t SH, int64_t SW,
+                           int64_t DW, int64_t OH, int64_t OW, double corr, double mult,
+                           int out_u8, int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                           int iep, int qf)
 {
     uint8_t ix[64];
     for (int t = 0; t < 16; t++)
@@ -1526,21 +1532,29 @@ static void dw_plane_vbmi3(const uint8_t *xp, int64_t WP, const int32_t *taps, i
             hiv = _mm512_set1_epi32(hi);
     __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
            hif = _mm512_set1_ps((float)hi);
+    __m512i pad = _mm512_set1_epi8((char)a_zp);     /* a row of padding, gathered */
     __m512 multf = _mm512_set1_ps((float)mult);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
-        const uint8_t *col = xp + ow * SW;
+        int64_t w0 = ow * SW - PW;      /* the window's first column */
+        /* the window's bytes inside the plane's columns [0, W) */
+        int64_t a = w0 < 0 ? -w0 : 0, b = W - w0 < 64 ? W - w0 : 64;
+        __mmask64 cm = b <= a ? 0 : (b - a == 64 ? ~(__mmask64)0
+                                                 : (((__mmask64)1 << (b - a)) - 1) << a);
+        const uint8_t *col = xs + w0;
+#define QC_ROW(ih) ((ih) < 0 || (ih) >= H ? pad : _mm512_permutexvar_epi8(                  \
+            idx, _mm512_mask_loadu_epi8(pad, cm, col + (ih) * W)))
         int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
         __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-        /* the gathered input rows oh SH and oh SH + 1 */
-        __m512i r0 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col));
-        __m512i r1 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + WP));
+        /* the gathered input rows oh SH - PH and oh SH - PH + 1 */
+        __m512i r0 = QC_ROW(-PH), r1 = QC_ROW(1 - PH);
         for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t ih = oh * SH - PH;
             __m512i r2;
             if (SH == 1) {
-                r2 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (oh + 2) * WP));
+                r2 = QC_ROW(ih + 2);
             } else {
-                r1 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (2 * oh + 1) * WP));
-                r2 = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(col + (2 * oh + 2) * WP));
+                r1 = QC_ROW(ih + 1);
+                r2 = QC_ROW(ih + 2);
             }
             __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), r0, t0), r1, t1), r2, t2);
@@ -1559,6 +1573,7 @@ static void dw_plane_vbmi3(const uint8_t *xp, int64_t WP, const int32_t *taps, i
             else
                 put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
+#undef QC_ROW
     }
 }
 
@@ -1732,12 +1747,12 @@ static size_t dw_block16_size(int64_t H, int64_t W, int64_t PH, int64_t PW, int6
  * once), else one per vector where its chunks all fit (14x14 s1, 28x28
  * s1), else one per chunk; a geometry where a chunk's bytes span more
  * than 127 takes the per-row kernels. */
-/* 1 where path 0 takes the flat kernel for outputs OW wide: rows shorter
- * than a vector, where the per-row kernels leave lanes idle (one thread,
- * MobileNetV2: 14x14x384 68 -> 38 us, 7x7x960 71 -> 35, 14 -> 7 stride 2
- * 57 -> 24); at 28 wide dw_plane_vbmi3 is as fast or faster (28x28x192
- * 55-62 us against 63, 56 -> 28 stride 2 58-63 against 73) */
-static int dwf_pays(int64_t OW) { return OW < 16; }
+/* 1 where path 0 takes the flat kernel for outputs OW wide: rows of at
+ * most half a vector, or under a vector where dw_plane_vbmi3 does not
+ * apply (three: its geometry). One thread, MobileNetV2: 7x7x960 47 -> 34
+ * us, 14 -> 7 stride 2 30 -> 23; at 14 wide dw_plane_vbmi3 is faster
+ * (14x14x384 28 against 35 us, 28 -> 14 stride 2 16 against 19) */
+static int dwf_pays(int64_t OW, int three) { return OW <= 8 || (!three && OW < 16); }
 
 #define DWF_MAXC 512            /* the most vectors x chunks a geometry keeps */
 
@@ -1938,7 +1953,10 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
 {
 #ifdef MT_QC_VNNI
     /* flat pixels (path 6 asks for it) */
-    if ((path == 6 || (path == 0 && dwf_pays(OW))) && mt_qgemm_has_vnni() && has_vbmi()) {
+    /* dw_plane_vbmi3's geometry (kind 3, three rows of at most 4 taps) */
+    int three = KH == 3 && KW <= 4 && DH == 1 && (SH == 1 || SH == 2) && (SW == 1 || SW == 2) &&
+                15 * SW + 3 * DW < 64;
+    if ((path == 6 || (path == 0 && dwf_pays(OW, three))) && mt_qgemm_has_vnni() && has_vbmi()) {
         int64_t g[10] = {H, W, KH, KW, SH, SW, PH, PW, DH, DW};
         const dwf_table *t = dwf_get(g, OH, OW);
         if (t) {
@@ -2019,8 +2037,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         WP = cdiv(WP, 64) * 64;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
-    /* dw_plane_vbmi3's geometry; put16q where the CPU has AVX-512 DQ */
-    int three = KH == 3 && KC == 1 && DH == 1 && (SH == 1 || SH == 2), qdq = has_dq();
+    int qdq = has_dq();         /* put16q where the CPU has AVX-512 DQ */
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
@@ -2045,7 +2062,6 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                               out_zp, lo, hi, op);
                 continue;
             }
-            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
             if (kind == 3) {
                 int32_t taps[256];
                 for (int64_t i = 0; i < KH; i++)
@@ -2055,15 +2071,18 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                             b[q] = (uint8_t)wc[i * KW + k * 4 + q];
                         memcpy(&taps[i * KC + k], b, 4);
                     }
-                if (three)
-                    dw_plane_vbmi3(buf, WP, taps, SH, SW, DW, OH, OW, corr, mult[c], out_u8,
-                                   out_zp, lo, hi, op, iep,
+                if (three) {    /* reads the plane itself: no padded copy */
+                    dw_plane_vbmi3(xs, H, W, PH, PW, (uint8_t)a_zp, taps, SH, SW, DW, OH, OW,
+                                   corr, mult[c], out_u8, out_zp, lo, hi, op, iep,
                                    iep && qdq && put16q_ok(mult[c], out_u8, out_zp, lo, hi));
-                else
-                    dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                                  out_u8, out_zp, lo, hi, op, iep);
+                    continue;
+                }
+                pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
+                dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
+                              out_u8, out_zp, lo, hi, op, iep);
                 continue;
             }
+            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
                             out_zp, lo, hi, op, iep);
         }
