@@ -1175,57 +1175,89 @@ static void rem_vnni(const qc_call *cl, const uint8_t *blk, int rem, uint8_t *co
 }
 #endif
 
-/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
- * blocks pb, pb + 1, from packed (whose first block is pb0) */
-static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
-                     int64_t n, int64_t g, int64_t cb)
+/* a thread's channel tile: its qc_tile and the per-channel arrays that
+ * tile points into, built for (n, g, cb) once and kept while consecutive
+ * run_tile calls stay on that tile (a panel's pixel blocks, or the
+ * weight-major loop's): the build is eight channels of branches and
+ * loads, and at K 16 (MobileNetV2's 112x112 expand conv) a tile's dots
+ * are four steps, so rebuilding it per call took 15% of that layer */
+typedef struct {
+    int64_t n, g, cb;           /* the tile held (n -1: none yet) */
+    qc_tile t;
+    const int8_t *w[QC_R];
+    void *o[32];                /* QC_R, or 32 on AMX */
+    double cr[QC_R], mu[QC_R];
+    float fm[QC_R];
+    int32_t ic[QC_R];
+    int nrows;                  /* AMX: the tile's channels */
+} qc_tset;
+
+/* ts holding image n, group g, channel tile cb */
+static void tile_set(const qc_call *cl, qc_tset *ts, int64_t n, int64_t g, int64_t cb)
 {
-    int64_t Cog = cl->Cog, P = cl->P;
-    int64_t end = (g + 1) * Cog;
-#ifdef MT_QC_AMX
+    if (ts->n == n && ts->g == g && ts->cb == cb)
+        return;
+    ts->n = n;
+    ts->g = g;
+    ts->cb = cb;
+    int64_t Cog = cl->Cog, P = cl->P, end = (g + 1) * Cog;
     if (cl->amx) {
         int64_t c0 = g * Cog + cb * 32;
-        int nrows = (int)(end - c0 < 32 ? end - c0 : 32);
-        void *o[32];
-        for (int r = 0; r < nrows; r++)
-            o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
-        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL,
+        ts->nrows = (int)(end - c0 < 32 ? end - c0 : 32);
+        for (int r = 0; r < ts->nrows; r++)
+            ts->o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
+        qc_tile t = {NULL, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL,
                      cl->icorr ? cl->icorr + c0 : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi,
-                     pb0, cl->qf, cl->qf ? cl->fmult + c0 : NULL};
-        tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
+                     0, cl->qf, cl->qf ? cl->fmult + c0 : NULL};
+        ts->t = t;
+        return;
+    }
+    int64_t c0 = g * Cog + cb * QC_R;
+    for (int r = 0; r < QC_R; r++) {
+        int64_t c = c0 + r;
+        int in = c < end;
+        ts->w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
+        ts->o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
+        ts->cr[r] = in ? cl->corr[c] : 0;
+        ts->mu[r] = in ? cl->mult[c] : 0;
+        ts->ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
+        ts->fm[r] = in && cl->qf ? cl->fmult[c] : 0;
+    }
+    qc_tile t = {NULL, cl->KQ, cl->PB, P, ts->w, ts->o, ts->cr, ts->mu,
+                 cl->icorr ? ts->ic : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi, 0, cl->qf,
+                 ts->fm};
+    ts->t = t;
+}
+
+/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
+ * blocks pb, pb + 1, from packed (whose first block is pb0); ts: the
+ * calling thread's tile, rebuilt where it holds another */
+static void run_tile(const qc_call *cl, qc_tset *ts, const uint8_t *packed, int64_t pb0,
+                     int64_t pb, int64_t n, int64_t g, int64_t cb)
+{
+    tile_set(cl, ts, n, g, cb);
+    qc_tile *t = &ts->t;
+    t->packed = packed;
+    t->pb0 = pb0;
+#ifdef MT_QC_AMX
+    if (cl->amx) {
+        int64_t c0 = g * cl->Cog + cb * 32;
+        tile_amx(t, cl->wrows + c0 * cl->lw, cl->lw, pb, ts->nrows, ts->o, cl->corr + c0,
                  cl->mult + c0);
         return;
     }
 #endif
-    int64_t c0 = g * Cog + cb * QC_R;
-    const int8_t *w[QC_R];
-    void *o[QC_R];
-    double cr[QC_R], mu[QC_R];
-    float fm[QC_R];
-    int32_t ic[QC_R];
-    for (int r = 0; r < QC_R; r++) {
-        int64_t c = c0 + r;
-        int in = c < end;
-        w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
-        o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
-        cr[r] = in ? cl->corr[c] : 0;
-        mu[r] = in ? cl->mult[c] : 0;
-        ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
-        fm[r] = in && cl->qf ? cl->fmult[c] : 0;
-    }
-    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->icorr ? ic : NULL, cl->out_u8,
-                 cl->out_zp, cl->lo, cl->hi, pb0, cl->qf, fm};
 #ifdef MT_QC_VNNI
     if (cl->vnni) {
-        tile_vnni(&t, pb);
+        tile_vnni(t, pb);
         return;
     }
     if (cl->avx2) {
-        tile_avx2(&t, pb);
+        tile_avx2(t, pb);
         return;
     }
 #endif
-    tile_portable(&t, pb);
+    tile_portable(t, pb);
 }
 
 /* Dense or grouped int8 conv2d, NCHW.
@@ -1366,6 +1398,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #endif
         qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
                       lo, hi, vnni, avx2, amx, qf, fmult};
+        qc_tset ts;             /* this thread's channel tile */
+        ts.n = -1;
         uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
         int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
         if (remrows && !cols)
@@ -1393,7 +1427,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                         }
                         for (int64_t cb = 0; cb < CBT; cb++)
                             for (int64_t pb = lo_b; pb < hi_b; pb += 2)
-                                run_tile(&cl, panel, lo_b, pb, n, g, cb);
+                                run_tile(&cl, &ts, panel, lo_b, pb, n, g, cb);
                     }
                     continue;
                 }
@@ -1405,9 +1439,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < work; i++)
                     if (wmajor)
-                        run_tile(&cl, packed, 0, (i % PPT) * 2, n, g, i / PPT);
+                        run_tile(&cl, &ts, packed, 0, (i % PPT) * 2, n, g, i / PPT);
                     else
-                        run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
+                        run_tile(&cl, &ts, packed, 0, (i / CBT) * 2, n, g, i % CBT);
 #ifdef MT_QC_VNNI
                 if (remrows) {
                     /* 16 channels a step: the team's last barrier orders it */
