@@ -602,27 +602,31 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
 }
 
 #ifdef MT_QC_VNNI
-/* pack_rows_block's whole 4 x 16 groups with AVX-512 VBMI: the four rows'
- * 16 bytes in the four 128-bit lanes of one vector, one vpermb to [16][4],
- * one store (the SSE2 transpose: six unpacks and four stores; the packing
- * was 4% of MobileNetV2's int8 forward); returns the first kq not done */
-__attribute__((target("avx512f,avx512bw,avx512vbmi")))
-static int64_t pack_rows_block_vbmi(const uint8_t *s, int64_t ld, int64_t kqs, uint8_t *dst)
+/* pack_rows_block with AVX-512 VBMI: the four rows' 16 bytes (np of them,
+ * masked; rows past K zeros) in the four 128-bit lanes of one vector, one
+ * vpermb to [16][4], one store, where the SSE2 transpose spent six unpacks
+ * and four stores and a partial block (a 7x7 layer's last pixel under K
+ * 960) went byte by byte: the packing was 4% of MobileNetV2's int8
+ * forward */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+static void pack_rows_block_vbmi(const uint8_t *s, int64_t ld, int64_t K, int64_t KQ, int64_t np,
+                                 uint8_t *dst)
 {
     uint8_t ix[64];
     for (int t = 0; t < 16; t++)
         for (int r = 0; r < 4; r++)
             ix[t * 4 + r] = (uint8_t)(r * 16 + t);
     __m512i idx = _mm512_loadu_si512(ix);
-    for (int64_t kq = 0; kq < kqs; kq++) {
+    __mmask16 m = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
+    for (int64_t kq = 0; kq < KQ; kq++) {
         const uint8_t *r = s + kq * 4 * ld;
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)r));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + ld)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 2 * ld)), 2);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r + 3 * ld)), 3);
+        int64_t nr = K - kq * 4;        /* rows left: 4 but in the last group */
+        __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(m, r));
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 1 ? m : 0, r + ld), 1);
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 2 ? m : 0, r + 2 * ld), 2);
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 3 ? m : 0, r + 3 * ld), 3);
         _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
     }
-    return kqs;
 }
 #endif
 
@@ -631,12 +635,14 @@ static int64_t pack_rows_block_vbmi(const uint8_t *s, int64_t ld, int64_t kqs, u
 static void pack_rows_block(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                             int64_t pb, uint8_t *dst)
 {
-    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P, kq0 = 0;
+    int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
 #ifdef MT_QC_VNNI
-    if (np == QC_P && pack_vbmi_ok())   /* the groups of 4 whole rows */
-        kq0 = pack_rows_block_vbmi(rows + p0, ld, K / 4, dst);
+    if (pack_vbmi_ok()) {
+        pack_rows_block_vbmi(rows + p0, ld, K, KQ, np, dst);
+        return;
+    }
 #endif
-    for (int64_t kq = kq0; kq < KQ; kq++) {
+    for (int64_t kq = 0; kq < KQ; kq++) {
         uint8_t *d = dst + kq * (QC_P * 4);
         const uint8_t *s = rows + kq * 4 * ld + p0;
 #if defined(__SSE2__)
