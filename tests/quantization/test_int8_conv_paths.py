@@ -380,3 +380,62 @@ def test_float_epilogue_near_ties_match_double(kind, out, mult):
         np.testing.assert_array_equal(o, want)
         if mult != 1 / 3:
             assert np.any(acc % 2 == 1)     # the ties are there
+
+
+def _guarded(a, after=True):
+    """A copy of the C-contiguous array a whose last byte ends a page and
+    whose next page is unreadable (after), or whose first byte starts a page
+    after an unreadable one: a kernel that reads a byte past (before) the
+    array faults. Returns (copy, keep-alive)."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    n = a.nbytes
+    size = (n + page - 1) // page * page
+    buf = mmap.mmap(-1, size + 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(ctypes.c_void_p(base), page, 0) == 0                 # before
+    assert libc.mprotect(ctypes.c_void_p(base + page + size), page, 0) == 0   # after
+    start = page + (size - n if after else 0)
+    g = np.frombuffer(buf, np.uint8, n, start).view(a.dtype).reshape(a.shape)
+    g[...] = a
+    return g, buf
+
+
+GUARDED = [  # (x shape, Co, K, groups, stride, padding): every conv kernel at the array's ends
+    ((1, 70, 7, 7), 45, 1, 1, 1, 0),        # 1x1 direct: K 70, a partial pixel block
+    ((1, 96, 7, 7), 96, 1, 1, 1, 0),        # 1x1 direct on AMX: K past the 64-k tile
+    ((1, 3, 37, 37), 16, 3, 1, 2, 1),       # im2col, K 27
+    ((1, 32, 7, 7), 32, 3, 32, 1, 1),       # depthwise flat
+    ((1, 16, 14, 14), 16, 3, 16, 2, 1),     # depthwise flat, stride 2
+    ((1, 8, 20, 40), 8, 3, 8, 1, 1),        # depthwise three-row
+    ((1, 8, 21, 35), 8, 3, 8, 2, 1),        # depthwise three-row, stride 2
+]
+
+
+@pytest.mark.parametrize("after", [True, False])
+@pytest.mark.parametrize("case", range(len(GUARDED)))
+def test_conv_reads_nothing_outside_the_input(case, after):
+    """Each conv path with its input against an unreadable page (after its
+    last byte, or before its first): masked loads only, no byte outside
+    (the 1x1 packing once read the rows past K that the AMX tiles' 64-k
+    steps count: a crash at 2 threads in MobileNetV2)."""
+    xs, co, k, g, s, p = GUARDED[case]
+    rng = np.random.default_rng(30 + case)
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (co, xs[1] // g, k, k)).astype(np.int8)
+    ws = rng.uniform(0.002, 0.02, co).astype(np.float32)
+    bias = (rng.standard_normal(co) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=g)
+    want = _reference(x, 9, w, ws, bias, g, (s, s), (p, p), (1, 1), 0.04, "quint8", 0.07, 3,
+                      True)
+    gx, keep = _guarded(x, after)
+    paths = (0, 3, 5, 6) if g > 1 else (0, 2, 3)
+    for path in paths:
+        got = int8.conv2d(gx, 0.04, 9, weight, 0.07, 3, "quint8", True, s, p, 1,
+                          x_dtype="quint8", path=path)
+        np.testing.assert_array_equal(got, want, err_msg=f"path {path}")
+    del gx
+    keep.close()

@@ -637,8 +637,10 @@ static void pack_rows_block_vbmi(const uint8_t *s, int64_t ld, int64_t K, int64_
     __mmask16 m = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
     for (int64_t kq = 0; kq < KQ; kq++) {
         const uint8_t *r = s + kq * 4 * ld;
-        int64_t nr = K - kq * 4;        /* rows left: 4 but in the last group */
-        __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(m, r));
+        /* rows left: 4 but in the last group, none past it (KQ runs to the
+         * AMX tiles' multiple of 16 groups: no byte of those rows is read) */
+        int64_t nr = K - kq * 4;
+        __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(nr > 0 ? m : 0, r));
         v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 1 ? m : 0, r + ld), 1);
         v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 2 ? m : 0, r + 2 * ld), 2);
         v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 3 ? m : 0, r + 3 * ld), 3);
