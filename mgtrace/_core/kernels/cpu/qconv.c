@@ -1977,17 +1977,17 @@ static const dwf_table *dwf_get(const int64_t *g, int64_t OH, int64_t OW)
 }
 
 /* one plane xs [H][W] (unpadded) by table t: taps [NC] int32 (4 weights
- * each, zeros past KW), outputs out [OH * OW] */
+ * each, zeros past KW), outputs out [OH * OW]; qdq: the caller's has_dq() */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t P,
                           uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
-                          int32_t lo, int32_t hi, void *out, int iep)
+                          int32_t lo, int32_t hi, void *out, int iep, int qdq)
 {
     __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
             hiv = _mm512_set1_epi32(hi);
     __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
            hif = _mm512_set1_ps((float)hi);
-    int qf = iep && put16q_ok(mult, out_u8, out_zp, lo, hi) && has_dq();
+    int qf = iep && qdq && put16q_ok(mult, out_u8, out_zp, lo, hi);
     __m512 multf = _mm512_set1_ps((float)mult);
     /* byte 63 of the high load: the zero point the padding indices read */
     __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
@@ -2052,24 +2052,26 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         int64_t g[10] = {H, W, KH, KW, SH, SW, PH, PW, DH, DW};
         const dwf_table *t = dwf_get(g, OH, OW);
         if (t) {
-            int64_t planes = NB * C, NC = t->NC, KC = cdiv(KW, 4), P = OH * OW;
+            int64_t planes = NB * C, KC = cdiv(KW, 4), P = OH * OW;
             size_t isz = out_u8 == 2 ? 4 : 1;
-            int nt = mt_q_team(planes * P * KH * KW * QC_DW_COST);
+            int nt = mt_q_team(planes * P * KH * KW * QC_DW_COST), qdq = has_dq();
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
             for (int64_t p = 0; p < planes; p++) {
                 int64_t c = p % C;
                 const int8_t *wc = w + c * KH * KW;
                 int32_t taps[DWF_MAXC];
-                for (int64_t k = 0; k < NC; k++) {
-                    uint8_t b[4] = {0, 0, 0, 0};
-                    for (int q = 0; q < 4 && (k % KC) * 4 + q < KW; q++)
-                        b[q] = (uint8_t)wc[(k / KC) * KW + (k % KC) * 4 + q];
-                    memcpy(&taps[k], b, 4);
-                }
+                /* the chunks' taps by nested loops (no division per chunk) */
+                for (int64_t i = 0, k = 0; i < KH; i++)
+                    for (int64_t kc = 0; kc < KC; kc++, k++) {
+                        uint8_t b[4] = {0, 0, 0, 0};
+                        for (int q = 0; q < 4 && kc * 4 + q < KW; q++)
+                            b[q] = (uint8_t)wc[i * KW + kc * 4 + q];
+                        memcpy(&taps[k], b, 4);
+                    }
                 double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
                 int iep = put16i_ok((double)(KH * KW) * 255 * 128, corr, mult[c], out_u8, out_zp);
                 dw_plane_flat(x + p * H * W, t, taps, P, (uint8_t)a_zp, corr, mult[c], out_u8,
-                              out_zp, lo, hi, (char *)out + (size_t)(p * P) * isz, iep);
+                              out_zp, lo, hi, (char *)out + (size_t)(p * P) * isz, iep, qdq);
             }
             return 6;
         }
