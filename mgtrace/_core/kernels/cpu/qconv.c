@@ -17,16 +17,15 @@
  *     channels outer where the weights are the larger (the input packed
  *     whole first, tiles split over the team). The im2col takes AVX-512
  *     VBMI where the CPU has it (one vpermb per 4 x 16 transpose).
- *   depthwise: each plane copied once into a buffer padded with the zero
- *     point, then 16 output pixels of a row per vector: x widened to int32
+ *   depthwise: 16 output pixels of a row per vector from the plane
+ *     copied into a buffer padded with the zero point: x widened to int32
  *     lanes, vpmaddwd against the broadcast tap, or vpermb + vpdpbusd
- *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel;
- *     3 x 4 taps or fewer: each input row gathered once for the three
- *     output rows that read it, from the unpadded plane, dw_plane_vbmi3);
- *     planes whose rows are at most 8 wide take 16 pixels a vector across
- *     row ends instead,
- *     gathered from the unpadded plane by indices built once per geometry
- *     (dw_plane_flat).
+ *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel);
+ *     3 x 4 taps or fewer: dw_plane_vbmi3, each input row gathered once
+ *     for the three output rows that read it, straight from the unpadded
+ *     plane; planes whose rows are at most 8 wide: dw_plane_flat, 16
+ *     pixels a vector across row ends, gathered from the unpadded plane by
+ *     indices built once per geometry.
  *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
  *     at most mgtrace's count for the call; a layer below that runs on the
  *     calling thread. A dense conv opens one parallel region per call
@@ -37,7 +36,9 @@
  *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
  *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
  * where dot = sum x * w over the padded input (padding is a_zp, whose
- * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
+ * terms the correction removes). The int8 / uint8 outputs take one float32
+ * fma where that provably rounds alike (put16q), the double arithmetic for
+ * a vector with a value too near a .5 tie. Paths: AVX-512 VNNI where the CPU has it,
  * AVX2 (the bytes widened to int16, vpmaddwd) where it has only that,
  * portable C otherwise or when asked (path 1); the integers and the double
  * arithmetic are the same on all, so the bits are. Where the CPU has AMX
