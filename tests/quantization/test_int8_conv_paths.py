@@ -97,6 +97,38 @@ def test_the_path_used_is_the_one_asked_where_available(path):
         assert used == max(p for p in AVAILABLE if p <= path)
 
 
+def _flat_kernel(hw, kh, kw, stride, padding, dilation, forced=False):
+    """Whether path 0 (forced: path 6) runs qconv.c's flat-pixel depthwise
+    kernel here: AVX-512 VNNI and VBMI, outputs at most 8 wide, or under 16
+    where the three-row kernel does not apply (unless forced), at most 512
+    vectors x chunks of 4 taps, and each chunk's input bytes within 127 of
+    each other."""
+    if not (int8.has_vnni() and VBMI):
+        return False
+    (h, w), (sh, sw), (ph, pw), (dh, dw) = hw, stride, padding, dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    three = kh == 3 and kw <= 4 and dh == 1 and sh in (1, 2) and sw in (1, 2) and \
+        15 * sw + 3 * dw < 64
+    if not (ow <= 8 or (not three and ow < 16)) and not forced:
+        return False
+    nv, kc = -(-oh * ow // 16), -(-kw // 4)
+    if nv * kh * kc > 512:
+        return False
+    for i in range(kh):
+        for c in range(kc):
+            for v in range(nv):
+                q = np.arange(v * 16, min(v * 16 + 16, oh * ow))[:, None]
+                j = c * 4 + np.arange(4)[None, :]
+                ih = (q // ow) * sh + i * dh - ph
+                iw = (q % ow) * sw + j * dw - pw
+                ok = (ih >= 0) & (ih < h) & (iw >= 0) & (iw < w) & (j < kw)
+                at = (ih * w + iw)[ok]
+                if at.size and at.max() - at.min() >= 127:
+                    return False
+    return True
+
+
 DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
     "s1": ((1, 19, 17, 35), 3, 3, (1, 1), (1, 1), (1, 1)),
     "s2": ((2, 24, 23, 21), 3, 3, (2, 2), (1, 1), (1, 1)),
@@ -105,6 +137,13 @@ DEPTHWISE = {   # name: (x shape, KH, KW, stride, padding, dilation)
     "s1_7x7": ((1, 6, 15, 37), 7, 7, (1, 1), (3, 3), (1, 1)),                # 2 chunks of 4 taps
     "s2_wide_dilation": ((1, 4, 9, 60), 2, 3, (1, 2), (1, 12), (1, 12)),     # 15*2 + 3*12 >= 64
     "s3_scalar": ((1, 5, 13, 13), 3, 3, (3, 3), (1, 1), (1, 1)),
+    # three kernel rows of at most 4 taps, no vertical dilation: each input
+    # row gathered once for the output rows that read it (dw_plane_vbmi3),
+    # strips of 16 with a partial last one, odd heights
+    "rows3_s1_two_strips": ((2, 6, 11, 37), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "rows3_s2_odd_height": ((1, 5, 15, 70), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "rows3_4_taps_dilated": ((1, 4, 9, 45), 3, 4, (1, 1), (0, 3), (1, 2)),
+    "rows3_s2_rows_s1_cols": ((1, 3, 12, 33), 3, 2, (2, 1), (2, 0), (1, 1)),
 }
 
 
@@ -142,6 +181,8 @@ def test_depthwise_vector_and_scalar_kernels_match_numpy(name, out):
         vbmi = VBMI and 15 * stride[1] + 3 * dilation[1] < 64
         if path == 4:           # the AVX2 kernel
             assert used == (4 if _cpu_flag("avx2") and stride[1] in (1, 2) else 1)
+        elif path == 0 and _flat_kernel(x.shape[2:], kh, kw, stride, padding, dilation):
+            assert used == 6    # short rows: the flat-pixel kernel
         else:
             assert used == (1 if path == 1 or not vector else 2 if path == 2 or not vbmi else 3)
         np.testing.assert_array_equal(o, want)
@@ -225,14 +266,176 @@ def test_channel_blocked_depthwise_matches_numpy(name, out):
     mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
     blocks = int8.has_vnni() and c % 16 == 0
     ow = want.shape[3]
-    for path, kernel in ((5, 5 if blocks else None), (0, 5 if blocks and ow <= 8 else None)):
+    flat = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation)
+    for path, kernel in ((5, 5 if blocks else None),
+                         (0, 6 if flat else 5 if blocks and ow <= 8 else None)):
         o = np.empty(want.shape, want.dtype)
         lo = ((0 if relu else -1) if out == "float32"
               else (out_zp if relu else np.iinfo(o.dtype).min))
         used = qint8.dwconv(x, 61, weight.raw, kh, kw, *stride, *padding, *dilation, b, mult,
                             out_zp, lo, np.iinfo(o.dtype).max if out != "float32" else 0, o, path)
-        assert (used == 5) == (kernel == 5)
+        assert (used == 5) == (kernel == 5) and (used == 6) == (kernel == 6)
         np.testing.assert_array_equal(o, want)
         got = int8.conv2d(x, 0.04, 61, weight, None if out == "float32" else 0.07, out_zp, out,
                           relu, stride, padding, dilation, x_dtype="quint8", path=path)
         np.testing.assert_array_equal(got, want)
+
+
+FLAT = {    # the flat-pixel depthwise kernel's windows: (x shape, KH, KW, stride, padding, dilation)
+    "plane_in_one_window_7x7": ((2, 21, 7, 7), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "plane_in_one_window_s2": ((1, 5, 9, 13), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "window_per_vector_14x14": ((1, 19, 14, 14), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "window_per_vector_28_odd": ((1, 3, 27, 29), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "window_per_vector_28_s2": ((2, 6, 28, 28), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "window_per_vector_taps_past_4": ((1, 4, 12, 20), 5, 7, (1, 2), (2, 3), (1, 1)),
+    "window_per_chunk_56_s2": ((2, 3, 12, 56), 3, 3, (2, 2), (1, 1), (1, 1)),
+    "dilated_unpadded": ((1, 7, 13, 11), 2, 3, (1, 1), (0, 0), (2, 2)),
+    "one_pixel": ((3, 9, 1, 1), 3, 3, (1, 1), (1, 1), (1, 1)),
+    "all_padding_chunks": ((1, 5, 2, 3), 3, 5, (1, 1), (3, 4), (1, 1)),
+    "stride_3": ((1, 8, 17, 19), 3, 3, (3, 3), (1, 1), (1, 1)),
+    "spans_past_127": ((1, 4, 20, 100), 3, 3, (2, 2), (1, 1), (1, 1)),     # per-row kernels
+    "rows_of_16_forced": ((1, 6, 16, 16), 3, 3, (1, 1), (1, 1), (1, 1)),  # path 0: per row
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAT))
+@pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
+def test_flat_depthwise_matches_numpy(name, out):
+    """Path 6 (and path 0 where it takes it) against the reference at 1, 2
+    and 3 threads: windows per plane, per vector and per chunk, padding
+    chunks, several chunks of 4 taps, and geometries it refuses."""
+    import mgtrace as mt
+    xs, kh, kw, stride, padding, dilation = FLAT[name]
+    rng = np.random.default_rng(60 + sorted(FLAT).index(name))
+    c = xs[1]
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
+    w[0] = 127
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    bias = (rng.standard_normal(c) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=c)
+    out_zp = {"quint8": 9, "qint8": -5, "float32": 0}[out]
+    relu = out != "qint8"
+    want = _reference(x, 77, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    lo = ((0 if relu else -1) if out == "float32" else (out_zp if relu else np.iinfo(want.dtype).min))
+    hi = np.iinfo(want.dtype).max if out != "float32" else 0
+    forced = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation, forced=True)
+    best = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation)
+    assert forced == (name != "spans_past_127" or not VBMI) or not int8.has_vnni()
+    old = mt.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            mt.set_num_threads(n)
+            for path, flat in ((6, forced), (0, best)):
+                o = np.empty(want.shape, want.dtype)
+                used = qint8.dwconv(x, 77, weight.raw, kh, kw, *stride, *padding, *dilation, b,
+                                    mult, out_zp, lo, hi, o, path)
+                assert (used == 6) == flat, (path, used)
+                np.testing.assert_array_equal(o, want, err_msg=f"path {path}, {n} threads")
+    finally:
+        mt.set_num_threads(old)
+
+
+# multipliers whose products lie within 2^-40 of the .5 ties (0.5 and 1.5 in
+# float32): the float32 epilogue (put16q) must hand such vectors to the
+# double one, else it rounds the ties to even where the double product is
+# past them; 1/3: ordinary values, few ties
+NEAR_TIES = [0.5 + 2.0 ** -40, 0.5 - 2.0 ** -40, 1.5 + 2.0 ** -38, 1 / 3]
+
+
+@pytest.mark.parametrize("mult", NEAR_TIES)
+@pytest.mark.parametrize("out", ["quint8", "qint8"])
+@pytest.mark.parametrize("kind", ["depthwise_rows", "depthwise_flat", "dense_vnni", "dense_amx"])
+def test_float_epilogue_near_ties_match_double(kind, out, mult):
+    """The int8 / uint8 epilogue through float32 (qconv.c's put16q) against
+    the double reference on products a hair from .5 ties, both signs, with a
+    zero point and with and without a ReLU clamp."""
+    rng = np.random.default_rng(5)
+    dw = kind.startswith("depthwise")
+    c, co = (16, 16) if dw else (24, 40)
+    h, wd = (9, 40) if kind == "depthwise_rows" else (7, 7) if dw else (6, 23)
+    # small sums around the zero point: every odd one a tie at 0.5
+    x = (120 + rng.integers(-4, 5, (1, c, h, wd))).astype(np.uint8)
+    w = rng.integers(-2, 3, (co, 1 if dw else c, 3, 3)).astype(np.int8)
+    acc = ref_conv(x, 120, w, c if dw else 1, (1, 1), (1, 1), (1, 1))
+    dt = np.uint8 if out == "quint8" else np.int8
+    info = np.iinfo(dt)
+    out_zp = 100 if out == "quint8" else -3
+    m = np.full(co, mult)
+    for lo in (info.min, out_zp):           # no clamp, ReLU
+        want = ref_requant(acc, m[None, :, None, None], out_zp, lo, info.max, dt)
+        o = np.empty(want.shape, dt)
+        if dw:
+            used = qint8.dwconv(x, 120, w.reshape(co, 9), 3, 3, 1, 1, 1, 1, 1, 1, None, m,
+                                out_zp, lo, info.max, o, 0)
+            assert not VBMI or used == (3 if kind == "depthwise_rows" else 6)
+        else:
+            weight = int8.Int8Weight(w, np.ones(co, np.float32), None)
+            path = 2 if kind == "dense_vnni" else 3
+            used = qint8.conv(x, 120, weight.rows, weight.wsum, 1, 3, 3, 1, 1, 1, 1, 1, 1, None,
+                              m, out_zp, lo, info.max, o, path)
+            assert used == max(p for p in AVAILABLE if p <= path)
+        np.testing.assert_array_equal(o, want)
+        if mult != 1 / 3:
+            assert np.any(acc % 2 == 1)     # the ties are there
+
+
+def _guarded(a, after=True):
+    """A copy of the C-contiguous array a whose last byte ends a page and
+    whose next page is unreadable (after), or whose first byte starts a page
+    after an unreadable one: a kernel that reads a byte past (before) the
+    array faults. Returns (copy, keep-alive)."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    n = a.nbytes
+    size = (n + page - 1) // page * page
+    buf = mmap.mmap(-1, size + 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(ctypes.c_void_p(base), page, 0) == 0                 # before
+    assert libc.mprotect(ctypes.c_void_p(base + page + size), page, 0) == 0   # after
+    start = page + (size - n if after else 0)
+    g = np.frombuffer(buf, np.uint8, n, start).view(a.dtype).reshape(a.shape)
+    g[...] = a
+    return g, buf
+
+
+GUARDED = [  # (x shape, Co, K, groups, stride, padding): every conv kernel at the array's ends
+    ((1, 70, 7, 7), 45, 1, 1, 1, 0),        # 1x1 direct: K 70, a partial pixel block
+    ((1, 96, 7, 7), 96, 1, 1, 1, 0),        # 1x1 direct on AMX: K past the 64-k tile
+    ((1, 3, 37, 37), 16, 3, 1, 2, 1),       # im2col, K 27
+    ((1, 32, 7, 7), 32, 3, 32, 1, 1),       # depthwise flat
+    ((1, 16, 14, 14), 16, 3, 16, 2, 1),     # depthwise flat, stride 2
+    ((1, 8, 20, 40), 8, 3, 8, 1, 1),        # depthwise three-row
+    ((1, 8, 21, 35), 8, 3, 8, 2, 1),        # depthwise three-row, stride 2
+]
+
+
+@pytest.mark.parametrize("after", [True, False])
+@pytest.mark.parametrize("case", range(len(GUARDED)))
+def test_conv_reads_nothing_outside_the_input(case, after):
+    """Each conv path with its input against an unreadable page (after its
+    last byte, or before its first): masked loads only, no byte outside
+    (the 1x1 packing once read the rows past K that the AMX tiles' 64-k
+    steps count: a crash at 2 threads in MobileNetV2)."""
+    xs, co, k, g, s, p = GUARDED[case]
+    rng = np.random.default_rng(30 + case)
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (co, xs[1] // g, k, k)).astype(np.int8)
+    ws = rng.uniform(0.002, 0.02, co).astype(np.float32)
+    bias = (rng.standard_normal(co) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=g)
+    want = _reference(x, 9, w, ws, bias, g, (s, s), (p, p), (1, 1), 0.04, "quint8", 0.07, 3,
+                      True)
+    gx, keep = _guarded(x, after)
+    paths = (0, 3, 5, 6) if g > 1 else (0, 2, 3)
+    for path in paths:
+        got = int8.conv2d(gx, 0.04, 9, weight, 0.07, 3, "quint8", True, s, p, 1,
+                          x_dtype="quint8", path=path)
+        np.testing.assert_array_equal(got, want, err_msg=f"path {path}")
+    del gx
+    keep.close()

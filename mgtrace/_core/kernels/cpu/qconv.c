@@ -17,10 +17,15 @@
  *     channels outer where the weights are the larger (the input packed
  *     whole first, tiles split over the team). The im2col takes AVX-512
  *     VBMI where the CPU has it (one vpermb per 4 x 16 transpose).
- *   depthwise: each plane copied once into a buffer padded with the zero
- *     point, then 16 output pixels per vector: x widened to int32 lanes,
- *     vpmaddwd against the broadcast tap (stride 1 and 2; other strides
- *     take qgemm.c's scalar kernel).
+ *   depthwise: 16 output pixels of a row per vector from the plane
+ *     copied into a buffer padded with the zero point: x widened to int32
+ *     lanes, vpmaddwd against the broadcast tap, or vpermb + vpdpbusd
+ *     (VBMI; stride 1 and 2; other strides take qgemm.c's scalar kernel);
+ *     3 x 4 taps or fewer: dw_plane_vbmi3, each input row gathered once
+ *     for the three output rows that read it, straight from the unpadded
+ *     plane; planes whose rows are at most 8 wide: dw_plane_flat, 16
+ *     pixels a vector across row ends, gathered from the unpadded plane by
+ *     indices built once per geometry.
  *   threads: mt_q_team(work) threads (qgemm.c): one per 2^19 multiply-adds,
  *     at most mgtrace's count for the call; a layer below that runs on the
  *     calling thread. A dense conv opens one parallel region per call
@@ -31,7 +36,9 @@
  *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
  *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
  * where dot = sum x * w over the padded input (padding is a_zp, whose
- * terms the correction removes). Paths: AVX-512 VNNI where the CPU has it,
+ * terms the correction removes). The int8 / uint8 outputs take one float32
+ * fma where that provably rounds alike (put16q), the double arithmetic for
+ * a vector with a value too near a .5 tie. Paths: AVX-512 VNNI where the CPU has it,
  * AVX2 (the bytes widened to int16, vpmaddwd) where it has only that,
  * portable C otherwise or when asked (path 1); the integers and the double
  * arithmetic are the same on all, so the bits are. Where the CPU has AMX
@@ -103,6 +110,28 @@ static inline int put16i_ok(double dmax, double corr, double mult, int out_u8, i
     double span = dmax + fabs(corr);
     return span < 2147483647.0 - 1024 &&
            (out_u8 == 2 || span * fabs(mult) + fabs((double)out_zp) < 2147483647.0 - 1024);
+}
+
+/* 1 where put16q may take the float32 route for a channel of multiplier
+ * mult (int8 / uint8 outputs, put16i_ok already holding): mult and
+ * float(mult) normal and moderate, the zero point and the bounds within
+ * 256 of 0 (so that a value past 1024 in magnitude saturates both ways) */
+static inline int put16q_ok(double mult, int out_u8, int32_t out_zp, int32_t lo, int32_t hi)
+{
+    double m = fabs(mult);
+    return out_u8 != 2 && m >= 1e-30 && m <= 1e30 && abs(out_zp) <= 256 && abs(lo) <= 256 &&
+           abs(hi) <= 256;
+}
+
+/* 1 where put16q runs here (AVX-512 DQ's vreduceps; every VNNI CPU has it) */
+static int has_dq(void)
+{
+#ifdef MT_QC_VNNI
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
 }
 
 #ifdef MT_QC_VNNI
@@ -192,6 +221,43 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
     __m512i v = _mm512_permutex2var_epi32(
         e0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), e1);
     v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zpv), lov), hiv);
+    _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
+}
+
+/* put16i's int8 / uint8 outputs through float32 where that is exact: u =
+ * fma(float(dot - corr), float(mult), zp) rounded once (multf: float(mult)
+ * in every lane, broadcast by the caller from memory: a load, where a
+ * conversion and a broadcast per call took a vector port), clamped to [lo, hi]
+ * and converted to the nearest integer. Against put16i's double
+ * (dot - corr) mult: for |(dot - corr) mult| <= 1024 the two differ by at
+ * most 1024 (2 2^-24 + 2^-48) + 1280 2^-24 + 1024 2^-53 < 2.0e-4 (the
+ * conversion of dot - corr and of mult, the fma's one rounding, the double
+ * product's), so where u lies at least 2^-11 from every half-integer both
+ * round to the same integer and clamp alike; beyond 1024 both saturate at
+ * the same end (|zp|, |lo|, |hi| <= 256: put16q_ok). A vector with a lane
+ * of the clamped u within 2^-11 of a half-integer (clamped lanes are
+ * integers: never) is redone by put16i: about one vector in 60 of random
+ * values, every one of exact ties. Three to five operations of 512 bits fewer
+ * than put16i's (no double halves, no permute, the zero point in the fma). Needs AVX-512 DQ (vreduceps). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m512 multf,
+            double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
+            __m512 zpf, __m512 lof, __m512 hif)
+{
+    __m512i a = _mm512_sub_epi32(dot, _mm512_set1_epi32(corr));
+    __m512 u = _mm512_fmadd_round_ps(
+        _mm512_cvt_roundepi32_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        multf, zpf, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    u = _mm512_min_ps(_mm512_max_ps(u, lof), hif);
+    /* u - rint(u), within 2^-11 of +-0.5: too near a tie to trust */
+    __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f),
+                                                 _CMP_GT_OQ) != 0, 0)) {
+        put16i(out, at, m, dot, corr, mult, out_u8, lo, zpv, lov, hiv);
+        return;
+    }
+    __m512i v = _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
 #endif
@@ -370,9 +436,14 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
     int64_t poff[QC_P], soff[QC_P];
     __mmask32 mk[QC_P];         /* each run's lanes: bit t (stride 1) or 2t (stride 2) */
     int runs = 0;
-    for (int64_t t = 0; t < QC_P; t++) {
-        int64_t p = p0 + (t < np ? t : 0);
-        poff[t] = (p / OW) * SH * WP + (p % OW) * SW;
+    /* one division per block, where two per pixel were 20-40% of the stem
+     * conv's packing (3 -> 32, stride 2, 112x112 outputs) */
+    for (int64_t t = 0, oh = p0 / OW, ow = p0 % OW; t < QC_P; t++) {
+        poff[t] = t < np ? oh * SH * WP + ow * SW : poff[0];
+        if (++ow == OW) {
+            ow = 0;
+            oh++;
+        }
     }
     for (int64_t t = 0; t < np; t++) {
         if (t == 0 || poff[t] != poff[t - 1] + SW) {
@@ -389,7 +460,7 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
     for (int t = 0; t < QC_P; t++)
         for (int q = 0; q < 4; q++)     /* stride 1: row q at bytes 16q; 2: at 32q */
             ix[t * 4 + q] = (uint8_t)(SW == 1 ? q * 16 + t : q * 32 + 2 * t);
-    __m512i idx = _mm512_loadu_si512(ix);
+    __m512i idx = _mm512_loadu_si512(ix), idx0 = idx;
     int64_t full = K / 4 < KQ ? K / 4 : KQ;     /* kq with all four k real */
     int64_t kq = 0;
     if (runs == 1 && np == QC_P && SW == 1)     /* one output row: plain loads */
@@ -473,18 +544,30 @@ static void pack_im2col_vbmi(const uint8_t *xp, const int64_t *koff, int64_t K, 
             }
         }
         _mm512_storeu_si512(dst + kq * (QC_P * 4), SW == 1
-                            ? _mm512_permutexvar_epi8(idx, va)
-                            : _mm512_permutex2var_epi8(va, idx, vb));
+                            ? _mm512_permutexvar_epi8(idx0, va)
+                            : _mm512_permutex2var_epi8(va, idx0, vb));
     }
-    for (; kq < KQ; kq++) {     /* past K: zeros */
-        uint8_t *d = dst + kq * (QC_P * 4);
-        for (int q = 0; q < 4; q++) {
-            int64_t k = kq * 4 + q;
-            const uint8_t *s = k < K ? xp + koff[k] : NULL;
-            for (int64_t t = 0; t < QC_P; t++)
-                d[t * 4 + q] = s && t < np ? s[poff[t]] : 0;
+    if (kq < KQ && kq * 4 < K) {    /* the last k (fewer than 4) as above, zeros past K */
+        const int64_t *ko = koff + kq * 4;
+        int64_t nq = K - kq * 4;
+        __m512i va = _mm512_setzero_si512(), vb = _mm512_setzero_si512();
+        for (int u = 0; u < runs; u++) {
+            const uint8_t *s0 = xp + soff[u];
+            for (int q = 0; q < nq; q++) {
+                int64_t back = SW == 1 ? 16 * q : 32 * (q % 2);
+                if (SW == 1 || q < 2)
+                    va = _mm512_mask_loadu_epi8(va, mq[u][q], s0 + ko[q] - back);
+                else
+                    vb = _mm512_mask_loadu_epi8(vb, mq[u][q], s0 + ko[q] - back);
+            }
         }
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), SW == 1
+                            ? _mm512_permutexvar_epi8(idx0, va)
+                            : _mm512_permutex2var_epi8(va, idx0, vb));
+        kq++;
     }
+    for (; kq < KQ; kq++)       /* past K: zeros */
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_setzero_si512());
 }
 
 #endif
@@ -536,12 +619,49 @@ static void pack_im2col(const uint8_t *xp, const int64_t *koff, int64_t K, int64
                           packed + pb * KQ * (QC_P * 4), vbmi);
 }
 
+#ifdef MT_QC_VNNI
+/* pack_rows_block with AVX-512 VBMI: the four rows' 16 bytes (np of them,
+ * masked; rows past K zeros) in the four 128-bit lanes of one vector, one
+ * vpermb to [16][4], one store, where the SSE2 transpose spent six unpacks
+ * and four stores and a partial block (a 7x7 layer's last pixel under K
+ * 960) went byte by byte: the packing was 4% of MobileNetV2's int8
+ * forward */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi")))
+static void pack_rows_block_vbmi(const uint8_t *s, int64_t ld, int64_t K, int64_t KQ, int64_t np,
+                                 uint8_t *dst)
+{
+    uint8_t ix[64];
+    for (int t = 0; t < 16; t++)
+        for (int r = 0; r < 4; r++)
+            ix[t * 4 + r] = (uint8_t)(r * 16 + t);
+    __m512i idx = _mm512_loadu_si512(ix);
+    __mmask16 m = np >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << np) - 1);
+    for (int64_t kq = 0; kq < KQ; kq++) {
+        const uint8_t *r = s + kq * 4 * ld;
+        /* rows left: 4 but in the last group, none past it (KQ runs to the
+         * AMX tiles' multiple of 16 groups: no byte of those rows is read) */
+        int64_t nr = K - kq * 4;
+        __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(nr > 0 ? m : 0, r));
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 1 ? m : 0, r + ld), 1);
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 2 ? m : 0, r + 2 * ld), 2);
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(nr > 3 ? m : 0, r + 3 * ld), 3);
+        _mm512_storeu_si512(dst + kq * (QC_P * 4), _mm512_permutexvar_epi8(idx, v));
+    }
+}
+#endif
+
 /* rows [K, P] (row stride ld) -> pixel block pb: dst [KQ][16][4], zeros past
  * K and P */
 static void pack_rows_block(const uint8_t *rows, int64_t ld, int64_t K, int64_t P, int64_t KQ,
                             int64_t pb, uint8_t *dst)
 {
     int64_t p0 = pb * QC_P, np = P - p0 < QC_P ? P - p0 : QC_P;
+#ifdef MT_QC_VNNI
+    if (pack_vbmi_ok()) {
+        pack_rows_block_vbmi(rows + p0, ld, K, KQ, np, dst);
+        return;
+    }
+#endif
     for (int64_t kq = 0; kq < KQ; kq++) {
         uint8_t *d = dst + kq * (QC_P * 4);
         const uint8_t *s = rows + kq * 4 * ld + p0;
@@ -586,6 +706,8 @@ typedef struct {
     int out_u8;
     int32_t out_zp, lo, hi;
     int64_t pb0;                /* the block packed holds first (0: all of them) */
+    int qf;                     /* put16q for every channel (icorr too) */
+    const float *fmult;         /* QC_R: float(mult) where qf */
 } qc_tile;
 
 /* QC_R channels x pixel blocks pb, pb + 1 (where < PB): portable C */
@@ -729,6 +851,18 @@ static int has_avx2(void)
         }                                                           \
     } while (0)
 
+#define QC_PUTQ(r)                                                  \
+    do {                                                            \
+        if (t->out[r]) {                                            \
+            __m512 f_ = _mm512_set1_ps(t->fmult[r]);                \
+            put16q(t->out[r], p0, m0, c##r##0, t->icorr[r], f_, t->mult[r], t->out_u8, \
+                   t->lo, zpv, lov, hiv, zpf, lof, hif);            \
+            if (B > 1)                                              \
+                put16q(t->out[r], p0 + QC_P, m1, c##r##1, t->icorr[r], f_, t->mult[r], \
+                       t->out_u8, t->lo, zpv, lov, hiv, zpf, lof, hif); \
+        }                                                           \
+    } while (0)
+
 #define QC_PUTI(r)                                                  \
     do {                                                            \
         if (t->out[r]) {                                            \
@@ -740,7 +874,7 @@ static int has_avx2(void)
         }                                                           \
     } while (0)
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 static inline __attribute__((always_inline))
 void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 {
@@ -775,6 +909,21 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
         __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n1 > 0 ? n1 : 0)) - 1);
         __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
                 hiv = _mm512_set1_epi32(t->hi);
+        if (t->qf) {
+            __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
+                   hif = _mm512_set1_ps((float)t->hi);
+            QC_PUTQ(0);
+            QC_PUTQ(1);
+            QC_PUTQ(2);
+            QC_PUTQ(3);
+            if (R > 4) {
+                QC_PUTQ(4);
+                QC_PUTQ(5);
+                QC_PUTQ(6);
+                QC_PUTQ(7);
+            }
+            return;
+        }
         QC_PUTI(0);
         QC_PUTI(1);
         QC_PUTI(2);
@@ -801,8 +950,9 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
 #undef QC_DOT
 #undef QC_PUT
 #undef QC_PUTI
+#undef QC_PUTQ
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 static void tile_vnni(const qc_tile *t, int64_t pb)
 {
     int two = pb + 1 < t->PB;
@@ -861,7 +1011,7 @@ void mt_q_amx_end(void) { _tile_release(); }
 
 /* 32 channels (weight rows w, row stride lw; rows past the array's
  * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq")))
 static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, int nrows,
                      void *const *out, const double *corr, const double *mult)
 {
@@ -889,12 +1039,24 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
     _tile_stored(1, acc[1], 64);
     _tile_stored(2, acc[2], 64);
     _tile_stored(3, acc[3], 64);
+    __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
+            hiv = _mm512_set1_epi32(t->hi);
+    __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
+           hif = _mm512_set1_ps((float)t->hi);
     for (int b = 0; b < 1 + two; b++) {
         int64_t p0 = (pb + b) * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        for (int r = 0; r < nrows; r++)
-            put16(out[r], p0, n, _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16),
-                  corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        for (int r = 0; r < nrows; r++) {
+            __m512i d = _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16);
+            if (t->qf)
+                put16q(out[r], p0, m, d, t->icorr[r], _mm512_set1_ps(t->fmult[r]), mult[r],
+                       t->out_u8, t->lo, zpv, lov, hiv, zpf, lof, hif);
+            else if (t->icorr)
+                put16i(out[r], p0, m, d, t->icorr[r], mult[r], t->out_u8, t->lo, zpv, lov, hiv);
+            else
+                put16(out[r], p0, n, d, corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
+        }
     }
 }
 #endif
@@ -973,6 +1135,8 @@ typedef struct {
     int out_u8;
     int32_t out_zp, lo, hi;
     int vnni, avx2, amx;
+    int qf;                     /* put16q for every channel (icorr too) */
+    const float *fmult;         /* [Co] float(mult) where qf */
 } qc_call;
 
 #define QC_REM 8                /* the most pixels rem_vnni takes */
@@ -1037,54 +1201,89 @@ static void rem_vnni(const qc_call *cl, const uint8_t *blk, int rem, uint8_t *co
 }
 #endif
 
-/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
- * blocks pb, pb + 1, from packed (whose first block is pb0) */
-static void run_tile(const qc_call *cl, const uint8_t *packed, int64_t pb0, int64_t pb,
-                     int64_t n, int64_t g, int64_t cb)
+/* a thread's channel tile: its qc_tile and the per-channel arrays that
+ * tile points into, built for (n, g, cb) once and kept while consecutive
+ * run_tile calls stay on that tile (a panel's pixel blocks, or the
+ * weight-major loop's): the build is eight channels of branches and
+ * loads, and at K 16 (MobileNetV2's 112x112 expand conv) a tile's dots
+ * are four steps, so rebuilding it per call took 15% of that layer */
+typedef struct {
+    int64_t n, g, cb;           /* the tile held (n -1: none yet) */
+    qc_tile t;
+    const int8_t *w[QC_R];
+    void *o[32];                /* QC_R, or 32 on AMX */
+    double cr[QC_R], mu[QC_R];
+    float fm[QC_R];
+    int32_t ic[QC_R];
+    int nrows;                  /* AMX: the tile's channels */
+} qc_tset;
+
+/* ts holding image n, group g, channel tile cb */
+static void tile_set(const qc_call *cl, qc_tset *ts, int64_t n, int64_t g, int64_t cb)
 {
-    int64_t Cog = cl->Cog, P = cl->P;
-    int64_t end = (g + 1) * Cog;
-#ifdef MT_QC_AMX
+    if (ts->n == n && ts->g == g && ts->cb == cb)
+        return;
+    ts->n = n;
+    ts->g = g;
+    ts->cb = cb;
+    int64_t Cog = cl->Cog, P = cl->P, end = (g + 1) * Cog;
     if (cl->amx) {
         int64_t c0 = g * Cog + cb * 32;
-        int nrows = (int)(end - c0 < 32 ? end - c0 : 32);
-        void *o[32];
-        for (int r = 0; r < nrows; r++)
-            o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
-        qc_tile t = {packed, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL, NULL, cl->out_u8,
-                     cl->out_zp, cl->lo, cl->hi, pb0};
-        tile_amx(&t, cl->wrows + c0 * cl->lw, cl->lw, pb, nrows, o, cl->corr + c0,
+        ts->nrows = (int)(end - c0 < 32 ? end - c0 : 32);
+        for (int r = 0; r < ts->nrows; r++)
+            ts->o[r] = (char *)cl->out + (size_t)((n * cl->Co + c0 + r) * P) * cl->isz;
+        qc_tile t = {NULL, cl->KQ, cl->PB, P, NULL, NULL, NULL, NULL,
+                     cl->icorr ? cl->icorr + c0 : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi,
+                     0, cl->qf, cl->qf ? cl->fmult + c0 : NULL};
+        ts->t = t;
+        return;
+    }
+    int64_t c0 = g * Cog + cb * QC_R;
+    for (int r = 0; r < QC_R; r++) {
+        int64_t c = c0 + r;
+        int in = c < end;
+        ts->w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
+        ts->o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
+        ts->cr[r] = in ? cl->corr[c] : 0;
+        ts->mu[r] = in ? cl->mult[c] : 0;
+        ts->ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
+        ts->fm[r] = in && cl->qf ? cl->fmult[c] : 0;
+    }
+    qc_tile t = {NULL, cl->KQ, cl->PB, P, ts->w, ts->o, ts->cr, ts->mu,
+                 cl->icorr ? ts->ic : NULL, cl->out_u8, cl->out_zp, cl->lo, cl->hi, 0, cl->qf,
+                 ts->fm};
+    ts->t = t;
+}
+
+/* image n, group g: channel tile cb (32 channels on AMX, else QC_R) x pixel
+ * blocks pb, pb + 1, from packed (whose first block is pb0); ts: the
+ * calling thread's tile, rebuilt where it holds another */
+static void run_tile(const qc_call *cl, qc_tset *ts, const uint8_t *packed, int64_t pb0,
+                     int64_t pb, int64_t n, int64_t g, int64_t cb)
+{
+    tile_set(cl, ts, n, g, cb);
+    qc_tile *t = &ts->t;
+    t->packed = packed;
+    t->pb0 = pb0;
+#ifdef MT_QC_AMX
+    if (cl->amx) {
+        int64_t c0 = g * cl->Cog + cb * 32;
+        tile_amx(t, cl->wrows + c0 * cl->lw, cl->lw, pb, ts->nrows, ts->o, cl->corr + c0,
                  cl->mult + c0);
         return;
     }
 #endif
-    int64_t c0 = g * Cog + cb * QC_R;
-    const int8_t *w[QC_R];
-    void *o[QC_R];
-    double cr[QC_R], mu[QC_R];
-    int32_t ic[QC_R];
-    for (int r = 0; r < QC_R; r++) {
-        int64_t c = c0 + r;
-        int in = c < end;
-        w[r] = in ? cl->wrows + c * cl->lw : cl->zero;
-        o[r] = in ? (char *)cl->out + (size_t)((n * cl->Co + c) * P) * cl->isz : NULL;
-        cr[r] = in ? cl->corr[c] : 0;
-        mu[r] = in ? cl->mult[c] : 0;
-        ic[r] = in && cl->icorr ? cl->icorr[c] : 0;
-    }
-    qc_tile t = {packed, cl->KQ, cl->PB, P, w, o, cr, mu, cl->icorr ? ic : NULL, cl->out_u8,
-                 cl->out_zp, cl->lo, cl->hi, pb0};
 #ifdef MT_QC_VNNI
     if (cl->vnni) {
-        tile_vnni(&t, pb);
+        tile_vnni(t, pb);
         return;
     }
     if (cl->avx2) {
-        tile_avx2(&t, pb);
+        tile_avx2(t, pb);
         return;
     }
 #endif
-    tile_portable(&t, pb);
+    tile_portable(t, pb);
 }
 
 /* Dense or grouped int8 conv2d, NCHW.
@@ -1158,7 +1357,8 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     uint8_t *xpad = direct || !packed ? NULL : packed + packed_size;
     int8_t *zero = calloc((size_t)KQ * 4, 1);
     double *corr = malloc((size_t)Co * sizeof(double));
-    int32_t *icorr = malloc((size_t)Co * sizeof(int32_t));
+    int32_t *icorr = malloc((size_t)Co * (sizeof(int32_t) + sizeof(float)));
+    float *fmult = icorr ? (float *)(icorr + Co) : NULL;    /* put16q's multipliers */
     int64_t *koff = malloc((size_t)K * sizeof(int64_t));
     if (!packed || !zero || !corr || !icorr || !koff) {
         free(zero);
@@ -1167,8 +1367,12 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         free(koff);
         return 0;
     }
-    for (int64_t k = 0; k < K; k++)
-        koff[k] = (k / (KH * KW)) * HP * WP + ((k / KW) % KH) * DH * WP + (k % KW) * DW;
+    /* the im2col's offsets (a direct read has none): nested loops, where three
+     * divisions per k were 3% of MobileNetV2's int8 forward (K up to 960) */
+    for (int64_t k = 0, c = 0; !direct && c < Cg; c++)
+        for (int64_t i = 0; i < KH; i++)
+            for (int64_t j = 0; j < KW; j++)
+                koff[k++] = c * HP * WP + i * DH * WP + j * DW;
     int icorr_ok = 1;           /* put16i's bounds, for every channel */
     for (int64_t c = 0; c < Co; c++) {
         int64_t cv = (int64_t)a_zp * wsum[c] - (bias ? (int64_t)bias[c] : 0);
@@ -1176,6 +1380,11 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
         if (!put16i_ok((double)K * 255 * 128, corr[c], mult[c], out_u8, out_zp))
             icorr_ok = 0;
         icorr[c] = icorr_ok ? (int32_t)cv : 0;
+    }
+    int qf = icorr_ok && has_dq();      /* put16q's bounds, for every channel */
+    for (int64_t c = 0; c < Co && qf; c++) {
+        qf = put16q_ok(mult[c], out_u8, out_zp, lo, hi);
+        fmult[c] = (float)mult[c];
     }
     if (!direct)                /* the slack after the planes, read and masked by the packing */
         memset(xpad + Cg * HP * WP, (uint8_t)a_zp, 64);
@@ -1214,7 +1423,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             mt_q_amx_begin();
 #endif
         qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
-                      lo, hi, vnni, avx2, amx};
+                      lo, hi, vnni, avx2, amx, qf, fmult};
+        qc_tset ts;             /* this thread's channel tile */
+        ts.n = -1;
         uint8_t *cols = remrows ? q_panel((size_t)(rem * lw)) : NULL;
         int64_t gathered = -1;  /* the (image, group) whose columns cols holds */
         if (remrows && !cols)
@@ -1242,7 +1453,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                         }
                         for (int64_t cb = 0; cb < CBT; cb++)
                             for (int64_t pb = lo_b; pb < hi_b; pb += 2)
-                                run_tile(&cl, panel, lo_b, pb, n, g, cb);
+                                run_tile(&cl, &ts, panel, lo_b, pb, n, g, cb);
                     }
                     continue;
                 }
@@ -1254,9 +1465,9 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
 #pragma omp for schedule(static) nowait
                 for (int64_t i = 0; i < work; i++)
                     if (wmajor)
-                        run_tile(&cl, packed, 0, (i % PPT) * 2, n, g, i / PPT);
+                        run_tile(&cl, &ts, packed, 0, (i % PPT) * 2, n, g, i / PPT);
                     else
-                        run_tile(&cl, packed, 0, (i / CBT) * 2, n, g, i % CBT);
+                        run_tile(&cl, &ts, packed, 0, (i / CBT) * 2, n, g, i % CBT);
 #ifdef MT_QC_VNNI
                 if (remrows) {
                     /* 16 channels a step: the team's last barrier orders it */
@@ -1384,6 +1595,79 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
             else
                 put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
         }
+}
+
+/* dw_plane_vbmi for 3 x KW taps (KW <= 4), vertical stride SH 1 or 2 and
+ * no vertical dilation, the kernel rows that MobileNetV2's 112 and 56 wide
+ * layers take: down a strip of 16 outputs, each input row loaded and
+ * permuted once for the (up to) three output rows that read it, where
+ * dw_plane_vbmi gathers each row three times. It reads the unpadded plane
+ * xs [H][W]: a strip's 64-byte window masked to the plane's columns
+ * (the zero point merged in where it is padding, one mask per strip) and
+ * rows above or below the plane the zero point, so no padded copy is
+ * written (pad_plane_avx512 was 4% of MobileNetV2's int8 forward). The
+ * epilogue put16q's where qf. taps: the three rows' 4 weights each. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
+static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, int64_t PW,
+                           uint8_t a_zp, const int32_t *taps, int64_t SH, int64_t SW,
+                           int64_t DW, int64_t OH, int64_t OW, double corr, double mult,
+                           int out_u8, int32_t out_zp, int32_t lo, int32_t hi, void *out,
+                           int iep, int qf)
+{
+    uint8_t ix[64];
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++)
+            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+    __m512i idx = _mm512_loadu_si512(ix);
+    __m512i t0 = _mm512_set1_epi32(taps[0]), t1 = _mm512_set1_epi32(taps[1]),
+            t2 = _mm512_set1_epi32(taps[2]);
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
+    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
+           hif = _mm512_set1_ps((float)hi);
+    __m512i pad = _mm512_set1_epi8((char)a_zp);     /* a row of padding, gathered */
+    __m512 multf = _mm512_set1_ps((float)mult);
+    for (int64_t ow = 0; ow < OW; ow += QC_P) {
+        int64_t w0 = ow * SW - PW;      /* the window's first column */
+        /* the window's bytes inside the plane's columns [0, W) */
+        int64_t a = w0 < 0 ? -w0 : 0, b = W - w0 < 64 ? W - w0 : 64;
+        __mmask64 cm = b <= a ? 0 : (b - a == 64 ? ~(__mmask64)0
+                                                 : (((__mmask64)1 << (b - a)) - 1) << a);
+        const uint8_t *col = xs + w0;
+#define QC_ROW(ih) ((ih) < 0 || (ih) >= H ? pad : _mm512_permutexvar_epi8(                  \
+            idx, _mm512_mask_loadu_epi8(pad, cm, col + (ih) * W)))
+        int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        /* the gathered input rows oh SH - PH and oh SH - PH + 1 */
+        __m512i r0 = QC_ROW(-PH), r1 = QC_ROW(1 - PH);
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t ih = oh * SH - PH;
+            __m512i r2;
+            if (SH == 1) {
+                r2 = QC_ROW(ih + 2);
+            } else {
+                r1 = QC_ROW(ih + 1);
+                r2 = QC_ROW(ih + 2);
+            }
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), r0, t0), r1, t1), r2, t2);
+            if (SH == 1) {
+                r0 = r1;
+                r1 = r2;
+            } else {
+                r0 = r2;
+            }
+            if (qf)
+                put16q(out, oh * OW + ow, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv,
+                       lov, hiv, zpf, lof, hif);
+            else if (iep)
+                put16i(out, oh * OW + ow, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov,
+                       hiv);
+            else
+                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        }
+#undef QC_ROW
+    }
 }
 
 static int has_vbmi(void)
@@ -1542,6 +1826,210 @@ static size_t dw_block16_size(int64_t H, int64_t W, int64_t PH, int64_t PW, int6
 }
 #endif
 
+#ifdef MT_QC_VNNI
+/* Flat-pixel depthwise (path 6): a plane's OH * OW outputs taken 16 at a
+ * time in their NCHW order, across row ends, so a 7x7 plane is 4 vectors
+ * (the per-row kernels spend 7 on it, 16 lanes each for 7 pixels) and a
+ * 14x14 one 13 (not 14). Each vector's chunk (kh, kc) gathers its lanes'
+ * four input bytes t SW + q DW from a window of 127 bytes of the unpadded
+ * plane (two loads, masked to the plane) by one vpermt2b, padding read
+ * from byte 127 (the zero point), then one vpdpbusd with four taps. The
+ * gather indices depend on the geometry alone: built once per geometry
+ * (dwf_get) and kept, so a call spends nothing per plane on padding.
+ * Windows: one per plane where the plane fits in 127 bytes (7x7: loaded
+ * once), else one per vector where its chunks all fit (14x14 s1, 28x28
+ * s1), else one per chunk; a geometry where a chunk's bytes span more
+ * than 127 takes the per-row kernels. */
+/* 1 where path 0 takes the flat kernel for outputs OW wide: rows of at
+ * most half a vector, or under a vector where dw_plane_vbmi3 does not
+ * apply (three: its geometry). One thread, MobileNetV2: 7x7x960 47 -> 34
+ * us, 14 -> 7 stride 2 30 -> 23; at 14 wide dw_plane_vbmi3 is faster
+ * (14x14x384 28 against 35 us, 28 -> 14 stride 2 16 against 19) */
+static int dwf_pays(int64_t OW, int three) { return OW <= 8 || (!three && OW < 16); }
+
+#define DWF_MAXC 512            /* the most vectors x chunks a geometry keeps */
+
+typedef struct {
+    int64_t key[10];            /* H W KH KW SH SW PH PW DH DW; key[0] 0: empty */
+    int64_t NV, NC, mode;       /* vectors, chunks per vector; windows: 0 plane, 1 vector, 2 chunk */
+    int64_t *base;              /* [windows] the window's first byte in the plane */
+    uint64_t *lm;               /* [windows][2] its two loads' masks (byte 127 never loaded) */
+    uint8_t *idx;               /* [NV][NC][64] vpermt2b indices, 127 for padding */
+} dwf_table;
+
+static __thread dwf_table dwf_cache[4];
+static __thread int dwf_next;
+
+/* the vpermt2b indices of vector v's chunk (kh, kc) relative to its
+ * window's first byte b (into ix [64]); returns the chunk's lowest and
+ * highest plane offsets through lo / hi (hi < 0: all padding) */
+static void dwf_chunk(const int64_t *g, int64_t OW, int64_t P, int64_t v, int64_t kh,
+                      int64_t kc, int64_t b, uint8_t *ix, int64_t *lo, int64_t *hi)
+{
+    int64_t H = g[0], W = g[1], KW = g[3], SH = g[4], SW = g[5], PH = g[6], PW = g[7],
+            DH = g[8], DW = g[9];
+    *lo = INT64_MAX;
+    *hi = -1;
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++) {
+            int64_t p = v * 16 + t, kw = kc * 4 + q, at = -1;
+            if (p < P && kw < KW) {
+                int64_t ih = (p / OW) * SH + kh * DH - PH, iw = (p % OW) * SW + kw * DW - PW;
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                    at = ih * W + iw;
+            }
+            if (at >= 0) {
+                *lo = at < *lo ? at : *lo;
+                *hi = at > *hi ? at : *hi;
+            }
+            if (ix)
+                ix[t * 4 + q] = (uint8_t)(at < 0 ? 127 : at - b);
+        }
+}
+
+/* the two load masks of a window from byte b of a plane of n bytes */
+static void dwf_masks(int64_t b, int64_t n, uint64_t *lm)
+{
+    for (int h = 0; h < 2; h++) {
+        int64_t k = n - b - 64 * h;          /* plane bytes from this load's start */
+        int64_t lim = h ? 63 : 64;           /* byte 127 stays the zero point */
+        k = k < 0 ? 0 : k > lim ? lim : k;
+        lm[h] = k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1);
+    }
+}
+
+/* the table of geometry g (outputs OH x OW), built where absent; NULL
+ * where a chunk spans more than 127 bytes, there are more than DWF_MAXC
+ * chunks or memory ran out */
+static const dwf_table *dwf_get(const int64_t *g, int64_t OH, int64_t OW)
+{
+    for (int i = 0; i < 4; i++)
+        if (dwf_cache[i].key[0] && !memcmp(dwf_cache[i].key, g, sizeof dwf_cache[i].key))
+            return dwf_cache[i].idx ? &dwf_cache[i] : NULL;
+    int64_t P = OH * OW, NV = cdiv(P, 16), KC = cdiv(g[3], 4), NC = g[2] * KC, HW = g[0] * g[1];
+    dwf_table *t = &dwf_cache[dwf_next];
+    dwf_next = (dwf_next + 1) % 4;
+    free(t->base);
+    free(t->lm);
+    free(t->idx);
+    memset(t, 0, sizeof *t);
+    memcpy(t->key, g, sizeof t->key);   /* remembered also where it fails: NULL at once */
+    if (NV * NC > DWF_MAXC)
+        return NULL;
+    /* the widest span decides the windows */
+    int64_t mode = HW <= 127 ? 0 : 1;
+    for (int64_t v = 0; v < NV && mode < 3; v++) {
+        int64_t vlo = INT64_MAX, vhi = -1;
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, 0, NULL, &lo, &hi);
+            if (hi >= 0 && hi - lo >= 127)
+                mode = 3;
+            if (hi >= 0) {
+                vlo = lo < vlo ? lo : vlo;
+                vhi = hi > vhi ? hi : vhi;
+            }
+        }
+        if (mode == 1 && vhi >= 0 && vhi - vlo >= 127)
+            mode = 2;
+    }
+    if (mode == 3)
+        return NULL;
+    int64_t nw = mode == 0 ? 1 : mode == 1 ? NV : NV * NC;
+    t->base = malloc((size_t)nw * sizeof *t->base);
+    t->lm = malloc((size_t)nw * 2 * sizeof *t->lm);
+    t->idx = q_alloc64((size_t)(NV * NC * 64));
+    if (!t->base || !t->lm || !t->idx) {
+        free(t->base);
+        free(t->lm);
+        free(t->idx);
+        t->base = NULL;
+        t->lm = NULL;
+        t->idx = NULL;
+        return NULL;
+    }
+    for (int64_t v = 0; v < NV; v++) {
+        int64_t vlo = INT64_MAX;
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, 0, NULL, &lo, &hi);
+            if (hi >= 0 && lo < vlo)
+                vlo = lo;
+            if (mode == 2)
+                t->base[v * NC + c] = hi >= 0 ? lo : 0;
+        }
+        if (mode == 1)
+            t->base[v] = vlo == INT64_MAX ? 0 : vlo;
+    }
+    if (mode == 0)
+        t->base[0] = 0;
+    for (int64_t v = 0; v < NV; v++)
+        for (int64_t c = 0; c < NC; c++) {
+            int64_t lo, hi, w = mode == 0 ? 0 : mode == 1 ? v : v * NC + c;
+            dwf_chunk(g, OW, P, v, c / KC, c % KC, t->base[w], t->idx + (v * NC + c) * 64, &lo,
+                      &hi);
+        }
+    for (int64_t w = 0; w < nw; w++)
+        dwf_masks(t->base[w], HW, t->lm + 2 * w);
+    t->NV = NV;
+    t->NC = NC;
+    t->mode = mode;
+    return t;
+}
+
+/* one plane xs [H][W] (unpadded) by table t: taps [NC] int32 (4 weights
+ * each, zeros past KW), outputs out [OH * OW]; qdq: the caller's has_dq() */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
+static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t P,
+                          uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
+                          int32_t lo, int32_t hi, void *out, int iep, int qdq)
+{
+    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
+            hiv = _mm512_set1_epi32(hi);
+    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
+           hif = _mm512_set1_ps((float)hi);
+    int qf = iep && qdq && put16q_ok(mult, out_u8, out_zp, lo, hi);
+    __m512 multf = _mm512_set1_ps((float)mult);
+    /* byte 63 of the high load: the zero point the padding indices read */
+    __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
+    int64_t NC = t->NC, mode = t->mode;
+    __m512i wl = _mm512_setzero_si512(), wh = wl;
+    if (mode == 0) {
+        wl = _mm512_maskz_loadu_epi8(t->lm[0], xs);
+        wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[1], xs + 64), top);
+    }
+    for (int64_t v = 0; v < t->NV; v++) {
+        if (mode == 1) {
+            const uint8_t *b = xs + t->base[v];
+            wl = _mm512_maskz_loadu_epi8(t->lm[2 * v], b);
+            wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * v + 1], b + 64), top);
+        }
+        __m512i acc = _mm512_setzero_si512();
+        const uint8_t *ix = t->idx + v * NC * 64;
+        for (int64_t c = 0; c < NC; c++) {
+            if (mode == 2) {
+                int64_t w = v * NC + c;
+                const uint8_t *b = xs + t->base[w];
+                wl = _mm512_maskz_loadu_epi8(t->lm[2 * w], b);
+                wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * w + 1], b + 64), top);
+            }
+            __m512i g = _mm512_permutex2var_epi8(wl, _mm512_load_si512(ix + c * 64), wh);
+            acc = _mm512_dpbusd_epi32(acc, g, _mm512_set1_epi32(taps[c]));
+        }
+        int64_t at = v * 16;
+        int n = (int)(P - at < 16 ? P - at : 16);
+        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        if (qf)
+            put16q(out, at, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv, lov, hiv, zpf,
+                   lof, hif);
+        else if (iep)
+            put16i(out, at, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
+        else
+            put16(out, at, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+    }
+}
+#endif
+
 /* Depthwise int8 conv2d (one input channel and one filter per group), NCHW,
  * with the vector kernels: strides 1 and 2 across, any other geometry.
  * Arguments as qgemm.c's mt_qdwconv_u8s8 (w int8 [C][KH * KW]); path 2
@@ -1557,6 +2045,38 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         int32_t lo, int32_t hi, int out_u8, void *out, int path)
 {
 #ifdef MT_QC_VNNI
+    /* flat pixels (path 6 asks for it) */
+    /* dw_plane_vbmi3's geometry (kind 3, three rows of at most 4 taps) */
+    int three = KH == 3 && KW <= 4 && DH == 1 && (SH == 1 || SH == 2) && (SW == 1 || SW == 2) &&
+                15 * SW + 3 * DW < 64;
+    if ((path == 6 || (path == 0 && dwf_pays(OW, three))) && mt_qgemm_has_vnni() && has_vbmi()) {
+        int64_t g[10] = {H, W, KH, KW, SH, SW, PH, PW, DH, DW};
+        const dwf_table *t = dwf_get(g, OH, OW);
+        if (t) {
+            int64_t planes = NB * C, KC = cdiv(KW, 4), P = OH * OW;
+            size_t isz = out_u8 == 2 ? 4 : 1;
+            int nt = mt_q_team(planes * P * KH * KW * QC_DW_COST), qdq = has_dq();
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+            for (int64_t p = 0; p < planes; p++) {
+                int64_t c = p % C;
+                const int8_t *wc = w + c * KH * KW;
+                int32_t taps[DWF_MAXC];
+                /* the chunks' taps by nested loops (no division per chunk) */
+                for (int64_t i = 0, k = 0; i < KH; i++)
+                    for (int64_t kc = 0; kc < KC; kc++, k++) {
+                        uint8_t b[4] = {0, 0, 0, 0};
+                        for (int q = 0; q < 4 && kc * 4 + q < KW; q++)
+                            b[q] = (uint8_t)wc[i * KW + kc * 4 + q];
+                        memcpy(&taps[k], b, 4);
+                    }
+                double corr = dw_corr(wc, KH * KW, a_zp, bias ? bias[c] : 0);
+                int iep = put16i_ok((double)(KH * KW) * 255 * 128, corr, mult[c], out_u8, out_zp);
+                dw_plane_flat(x + p * H * W, t, taps, P, (uint8_t)a_zp, corr, mult[c], out_u8,
+                              out_zp, lo, hi, (char *)out + (size_t)(p * P) * isz, iep, qdq);
+            }
+            return 6;
+        }
+    }
     /* 16 channels at a time where a plane's rows are short (path 5 asks for it):
      * MobileNetV2's 7-wide layers, 960 x 7 x 7: 123 -> 72 us on one thread; at
      * 14 wide the per-plane kernels are as fast */
@@ -1612,6 +2132,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         WP = cdiv(WP, 64) * 64;
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
+    int qdq = has_dq();         /* put16q where the CPU has AVX-512 DQ */
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
@@ -1636,7 +2157,6 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                               out_zp, lo, hi, op);
                 continue;
             }
-            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
             if (kind == 3) {
                 int32_t taps[256];
                 for (int64_t i = 0; i < KH; i++)
@@ -1646,10 +2166,18 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                             b[q] = (uint8_t)wc[i * KW + k * 4 + q];
                         memcpy(&taps[i * KC + k], b, 4);
                     }
+                if (three) {    /* reads the plane itself: no padded copy */
+                    dw_plane_vbmi3(xs, H, W, PH, PW, (uint8_t)a_zp, taps, SH, SW, DW, OH, OW,
+                                   corr, mult[c], out_u8, out_zp, lo, hi, op, iep,
+                                   iep && qdq && put16q_ok(mult[c], out_u8, out_zp, lo, hi));
+                    continue;
+                }
+                pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
                 dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
                               out_u8, out_zp, lo, hi, op, iep);
                 continue;
             }
+            pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
             dw_plane_avx512(buf, WP, wc, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c], out_u8,
                             out_zp, lo, hi, op, iep);
         }
