@@ -202,7 +202,10 @@ static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, co
     for (int64_t cb = 0; cb < ncb; cb++) {                                    \
         const float *xc = x + cb * cbs;                                       \
         const float *wc = w + cb * wcbs;                                      \
-        const int64_t lc = cb + 1 < ncb ? L : ll;   /* (int64: an int index cost a sign extension a step) */ \
+        /* (int64: an int index cost a sign extension a step; L 1: no lane  \
+         * loop, which GCC unrolled with the broadcasts kept across its      \
+         * steps, spilled) */                                                 \
+        const int64_t lc = L == 1 ? 1 : cb + 1 < ncb ? L : ll;               \
         for (int64_t t = 0; t < ntap; t++) {                                  \
             const float *xt = xc + toff[t];                                   \
             const float *wt = wc + tidx[t] * (L * NC_PAIR);                   \
@@ -658,6 +661,54 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     c->rd = g->has_res ? g->res_delta : 0;
 }
 
+/* The multiply-adds of task `task` (nc_run's numbering), in units of one
+ * output block's pixel tap: a row task's pixels (its interior ones where
+ * the border columns are tasks of their own) times its row's taps, or a
+ * border column band's pixels times the column's taps. */
+static int64_t nc_task_cost(const nc_call *c, int64_t task, int64_t *tl) {
+    const nc_geom *q = &c->q;
+    int64_t *toff = tl, *tidx = tl + q->kk;
+    if (task >= c->rtasks) {
+        const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
+        const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
+        const int64_t oy0 = c->ra + band * c->bsize, r = mt_min64(c->bsize, c->rb - oy0);
+        const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
+        return nv * r * nc_taps(q, oy0, nc_border_col(q, col), toff, tidx);
+    }
+    const int64_t u = c->units_outer ? task / c->rows : task % c->units;
+    const int64_t row = c->units_outer ? task % c->rows : task / c->units;
+    const int64_t oy = row / c->nchunk, c0 = (row % c->nchunk) * c->chunk, c1 = mt_min64(q->ow, c0 + c->chunk);
+    int64_t a = c0, b = c1;
+    if (oy >= c->ra && oy < c->rb) {      /* the border columns are the border tasks' */
+        nc_interior(q, &a, &b);
+        a = mt_max64(c0, mt_min64(a, c1));
+        b = mt_max64(a, mt_min64(b, c1));
+    }
+    const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
+    return nv * (b - a) * nc_taps(q, oy, -1, toff, tidx);
+}
+
+/* Thread me's tasks [*t0, *t1) of a team: contiguous ranges as
+ * schedule(static) deals them (equal counts, the first tasks % team
+ * threads one more), or, where the border columns are tasks of their own
+ * (nc_apart), ranges of equal cost (nc_task_cost): a border band is a
+ * sixth to a tenth of a row task, and equal counts gave ResNet-18's stem
+ * 59% of the work on one thread of two. */
+static void nc_split(const nc_call *c, int me, int team, int64_t *tl, int64_t *t0, int64_t *t1) {
+    const int64_t per = c->tasks / team, extra = c->tasks % team;
+    *t0 = me * per + (me < extra ? me : extra);
+    *t1 = *t0 + per + (me < extra);
+    if (team == 1 || c->tasks == c->rtasks) return;
+    int64_t total = 0;
+    for (int64_t t = 0; t < c->tasks; t++) total += nc_task_cost(c, t, tl);
+    /* the first task whose costs before it reach k / team of the total */
+    int64_t sum = 0, t = 0;
+    while (t < c->tasks && sum * team < total * me) sum += nc_task_cost(c, t++, tl);
+    *t0 = t;
+    while (t < c->tasks && sum * team < total * (me + 1)) sum += nc_task_cost(c, t++, tl);
+    *t1 = me + 1 == team ? c->tasks : t;
+}
+
 /* A direct conv's tasks, run by every thread of the enclosing parallel
  * region (its work-sharing loops are orphaned). One barrier a call where
  * there is no padded copy (the region's end, or the caller's): each
@@ -672,15 +723,15 @@ static void nc_run(const nc_call *c) {
     const int me = 0, team = 1;
 #endif
     int64_t *tl = c->tls + (int64_t)me * 4 * q->kk;
-    /* this thread's tasks [t0, t1), as schedule(static) deals them (libgomp
-     * and the OpenMP rule: equal contiguous ranges, the first tasks % team
-     * threads one more); with units outer, each task of a unit prefetches
+    /* this thread's tasks [t0, tend) (nc_split), t1 the end of its row
+     * tasks; with units outer, each task of a unit prefetches
      * its share of the weights of the thread's next unit (the first one
      * again for the next image); with rows outer, each task the whole of
      * its next task's unit (a 1x1 conv on a flat 7x7 plane: one task a
      * unit, each unit's weights read once) */
-    const int64_t per = c->tasks / team, extra = c->tasks % team;
-    const int64_t t0 = me * per + (me < extra ? me : extra), t1 = mt_min64(c->rtasks, t0 + per + (me < extra));
+    int64_t t0, tend;
+    nc_split(c, me, team, tl, &t0, &tend);
+    const int64_t t1 = mt_min64(c->rtasks, tend);
     const int64_t wbytes = c->wunit * (int64_t)sizeof(float);
     const int pf_on = !c->dw && t1 > t0;
     float *scratch = c->scratch ? (float *)((char *)c->scratch + me * NC_SCRATCH) : NULL;
@@ -692,8 +743,7 @@ static void nc_run(const nc_call *c) {
             #pragma omp for schedule(static)
             for (int64_t cb = 0; cb < q->ncb; cb++) pad_block(c->x, c->xp, g, q, n, cb);
         }
-        #pragma omp for schedule(static) nowait
-        for (int64_t task = 0; task < c->tasks; task++) {
+        for (int64_t task = t0; task < tend; task++) {
             if (task >= c->rtasks) {      /* nc_apart: a band of a border column */
                 const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
                 const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
