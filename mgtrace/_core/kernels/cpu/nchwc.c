@@ -590,12 +590,38 @@ typedef struct {
     const mt_conv2d_geom *g;
     nc_geom q;
     int dw, two, units_outer;
+    int64_t bands;                /* units outer: the rows in this many bands, each band's units in turn */
     int64_t pbytes, units, width, nchunk, chunk, rows, tasks, wunit, rd;
     /* nc_apart: the tasks of rows [0, rtasks), then those of the border
      * columns (unit, column, band of rows); interior rows [ra, rb) in
      * bands of bsize, nband of them, nbc border columns */
     int64_t rtasks, ra, rb, bsize, nband, nbc;
 } nc_call;
+
+/* Units outer on several threads (nc_plan_call), each thread read the
+ * whole image once a unit, half of it from the other core on a 2-core
+ * Intel Xeon (Sapphire Rapids class): ResNet-18's layer2.0.conv1 (3x3
+ * stride 2, 64 channels of 56x56: 0.8 MB of input, 0.3 MB of weights)
+ * took 400 us at batch 1 on 2 threads where rows outer took 325 (and 650
+ * on 1 thread against units outer's 610). Banded, each thread takes a
+ * band of the rows and runs its units in turn over it: 340 us, 2960
+ * against 3400 at batch 8. Where the weights outweigh the input it
+ * costs: each thread then reads every unit's weights (layer4's 3x3
+ * convs, 9.4 MB: 770 -> 880 us), so bands only where the input is the
+ * larger; and not on NCHW input: the stem (0.6 MB of input) ran no
+ * faster in bands, and the max pool after it, whose threads take whole
+ * blocks, took 80 us instead of 62. Measured on Intel only; Zen 4 keeps
+ * the order it was tuned with. mt_nchwc_set_bands: -1 (default) as the CPU says, 0 never, 1
+ * wherever the bytes say (tests). */
+static int nc_bands_mode = -1;
+
+int mt_nchwc_set_bands(int mode) {
+    const int old = nc_bands_mode;
+    nc_bands_mode = mode < 0 ? -1 : mode > 0;
+    return old;
+}
+
+static int nc_bands_on(void) { return nc_bands_mode >= 0 ? nc_bands_mode : mt_cpu_intel(); }
 
 /* the threads a direct conv call uses */
 static int nc_threads(const mt_conv2d_geom *g, int nthreads) {
@@ -657,8 +683,27 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     /* each task order reads one operand again per step of the other:
      * units outer re-reads the input once a unit, rows outer the weights once a row */
     c->units_outer = !c->dw && c->units * xbytes < c->rows * wbytes;
+    c->bands = c->units_outer && nt > 1 && q->lanes == NC && xbytes >= wbytes && nc_bands_on()
+               ? mt_min64(nt, c->rows) : 1;
     c->wunit = c->dw ? q->kk * NC : q->ncb * q->kk * q->lanes * NC_PAIR;
     c->rd = g->has_res ? g->res_delta : 0;
+}
+
+/* Row task `task`'s unit and row (of c->rows), and the rows [*lo, *hi)
+ * of its band: rows outer, task = row * units + unit; units outer, the
+ * rows in c->bands contiguous bands, task = the band's first task + unit *
+ * the band's rows + its row in the band. */
+static void nc_task_ur(const nc_call *c, int64_t task, int64_t *u, int64_t *row, int64_t *lo, int64_t *hi) {
+    if (!c->units_outer) {
+        *u = task % c->units; *row = task / c->units;
+        *lo = 0; *hi = c->rows;
+        return;
+    }
+    int64_t b = 0;
+    while (b + 1 < c->bands && task >= c->units * (c->rows * (b + 1) / c->bands)) b++;
+    *lo = c->rows * b / c->bands; *hi = c->rows * (b + 1) / c->bands;
+    const int64_t k = task - c->units * *lo;
+    *u = k / (*hi - *lo); *row = *lo + k % (*hi - *lo);
 }
 
 /* The multiply-adds of task `task` (nc_run's numbering), in units of one
@@ -675,8 +720,8 @@ static int64_t nc_task_cost(const nc_call *c, int64_t task, int64_t *tl) {
         const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
         return nv * r * nc_taps(q, oy0, nc_border_col(q, col), toff, tidx);
     }
-    const int64_t u = c->units_outer ? task / c->rows : task % c->units;
-    const int64_t row = c->units_outer ? task % c->rows : task / c->units;
+    int64_t u, row, blo, bhi;
+    nc_task_ur(c, task, &u, &row, &blo, &bhi);
     const int64_t oy = row / c->nchunk, c0 = (row % c->nchunk) * c->chunk, c1 = mt_min64(q->ow, c0 + c->chunk);
     int64_t a = c0, b = c1;
     if (oy >= c->ra && oy < c->rb) {      /* the border columns are the border tasks' */
@@ -734,6 +779,11 @@ static void nc_run(const nc_call *c) {
     const int64_t t1 = mt_min64(c->rtasks, tend);
     const int64_t wbytes = c->wunit * (int64_t)sizeof(float);
     const int pf_on = !c->dw && t1 > t0;
+    int64_t ufirst = 0, ulast = 0, ig0, ig1, ig2;     /* units outer: the units of this thread's first and last tasks */
+    if (pf_on && c->units_outer) {
+        nc_task_ur(c, t0, &ufirst, &ig0, &ig1, &ig2);
+        nc_task_ur(c, t1 - 1, &ulast, &ig0, &ig1, &ig2);
+    }
     float *scratch = c->scratch ? (float *)((char *)c->scratch + me * NC_SCRATCH) : NULL;
     for (int64_t n = 0; n < g->n; n++) {
         if (c->xp) {
@@ -755,8 +805,8 @@ static void nc_run(const nc_call *c) {
                                nc_border_col(q, col), r, tl, scratch, g->act, c->rd);
                 continue;
             }
-            const int64_t u = c->units_outer ? task / c->rows : task % c->units;
-            const int64_t row = c->units_outer ? task % c->rows : task / c->units;
+            int64_t u, row, blo, bhi;
+            nc_task_ur(c, task, &u, &row, &blo, &bhi);
             const int64_t oy = row / c->nchunk * (c->two ? 2 : 1), c0 = (row % c->nchunk) * c->chunk;
             const int64_t c1 = mt_min64(q->ow, c0 + c->chunk);
             const char *pf = NULL;
@@ -768,9 +818,9 @@ static void nc_run(const nc_call *c) {
                     pfbytes = wbytes;
                 }
             } else if (pf_on) {
-                const int64_t next = u + 1 <= (t1 - 1) / c->rows ? u + 1 : n + 1 < g->n ? t0 / c->rows : u;
+                const int64_t next = u + 1 <= ulast ? u + 1 : n + 1 < g->n ? ufirst : u;
                 if (next != u) {
-                    const int64_t lo = row * wbytes / c->rows, hi = (row + 1) * wbytes / c->rows;
+                    const int64_t lo = (row - blo) * wbytes / (bhi - blo), hi = (row - blo + 1) * wbytes / (bhi - blo);
                     pf = (const char *)(c->packed + next * c->wunit) + lo;
                     pfbytes = hi - lo;
                 }
