@@ -598,8 +598,8 @@ typedef struct {
     int64_t rtasks, ra, rb, bsize, nband, nbc;
 } nc_call;
 
-/* Units outer on several threads (nc_plan_call), each thread read the
- * whole image once a unit, half of it from the other core on a 2-core
+/* Row bands. With units outer on several threads (nc_plan_call), each
+ * thread read the whole image once a unit, half of it from the other core on a 2-core
  * Intel Xeon (Sapphire Rapids class): ResNet-18's layer2.0.conv1 (3x3
  * stride 2, 64 channels of 56x56: 0.8 MB of input, 0.3 MB of weights)
  * took 400 us at batch 1 on 2 threads where rows outer took 325 (and 650
@@ -611,8 +611,8 @@ typedef struct {
  * larger; and not on NCHW input: the stem (0.6 MB of input) ran no
  * faster in bands, and the max pool after it, whose threads take whole
  * blocks, took 80 us instead of 62. Measured on Intel only; Zen 4 keeps
- * the order it was tuned with. mt_nchwc_set_bands: -1 (default) as the CPU says, 0 never, 1
- * wherever the bytes say (tests). */
+ * the order it was tuned with. mt_nchwc_set_bands (tests): -1 (default)
+ * as the CPU says, 0 never, 1 wherever the bytes say. */
 static int nc_bands_mode = -1;
 
 int mt_nchwc_set_bands(int mode) {
