@@ -94,6 +94,7 @@ cdef extern from "kernels/cpu/nn.h" nogil:
     enum mt_nchwc_form:
         MT_NCHWC_PLAIN, MT_NCHWC_BLOCKED, MT_NCHWC_WINOGRAD, MT_NCHWC_WINOGRAD4
     int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) noexcept
+    int mt_nchwc_set_bands(int mode) noexcept
     int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked) noexcept
     void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked) noexcept
     int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads) noexcept
@@ -763,6 +764,20 @@ def _set_nchwc_winograd(mode):
     old = next(k for k, v in _WINOGRAD_MODES.items() if v == _nchwc_winograd)
     _nchwc_winograd = _WINOGRAD_MODES[mode]
     return old
+
+
+def _set_nchwc_bands(mode):
+    """Sets how a direct conv2d_nchwc on several threads orders its tasks
+    where each thread would otherwise read the whole input once per pair of
+    output blocks: None (as the CPU says: row bands on Intel), False (never
+    in bands) or True (in bands wherever the input outweighs the weights);
+    returns the previous setting. For tests and benchmarks: the bits are
+    the same either way."""
+    modes = {None: -1, False: 0, True: 1}
+    if mode not in modes:
+        raise ValueError(f"_set_nchwc_bands: mode must be None, False or True, got {mode!r}")
+    old = mt_nchwc_set_bands(modes[mode])
+    return {-1: None, 0: False, 1: True}[old]
 
 
 cdef inline int64_t _entry_bytes(object u):

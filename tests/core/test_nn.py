@@ -1553,6 +1553,49 @@ def test_conv2d_nchwc_padded_in_place_equals_the_conv_of_the_padded_input(geom):
         np.testing.assert_array_equal(tail, REF_ACTS[act](np.zeros_like(tail)))
 
 
+NCHWC_BANDS = [  # (N, C, O, H, W, kernel, stride, padding): the input outweighs the weights, units outer
+    (1, 16, 64, 40, 40, 3, 2, 1),       # ResNet's layer2.0.conv1 in small: border columns of their own
+    (3, 17, 40, 23, 29, 3, 2, 0),       # three images, no padding, a partial block in and out
+    (2, 16, 48, 5, 120, 3, 1, 1),       # 5 rows in 2 chunks: bands of 3 and 4 rows on 3 threads
+]
+
+
+@pytest.mark.parametrize("geom", NCHWC_BANDS)
+def test_conv2d_nchwc_row_bands_against_numpy_and_the_unbanded_order(geom):
+    """Where each thread would read the whole input once per pair of
+    output blocks, a direct conv on several threads may give each thread a
+    band of the rows, its units in turn over it (nchwc.c's bands, on by
+    default on Intel; NCHW16c input only): bit for bit the order without
+    bands on 1, 2 and 3 threads, with a residual and ReLU6, and NumPy's
+    values."""
+    n, c, o, h, w, k, s, p = geom
+    g = np.random.default_rng(35)
+    x, wt, b = (g.standard_normal(shape).astype(np.float32) for shape in ((n, c, h, w), (o, c, k, k), (o,)))
+    ref = ref_conv2d(x, wt, b, s, p)
+    r = g.standard_normal(ref.shape).astype(np.float32)
+    want = REF_ACTS["relu6"](ref + r)
+    xin = tensor(blocked(x))
+    before_w, before_b = nn._set_nchwc_winograd(False), nn._set_nchwc_bands(False)
+    try:
+        def conv():
+            return nn.conv2d_nchwc(xin, tensor(wt), tensor(b), tensor(blocked(r)), s, p, 1, 1, "relu6").numpy()
+        plain = _on_threads(conv)
+        nn._set_nchwc_bands(True)
+        banded = _on_threads(conv)
+    finally:
+        nn._set_nchwc_winograd(before_w)
+        nn._set_nchwc_bands(before_b)
+    for y in plain[1:] + banded:
+        np.testing.assert_array_equal(y, plain[0])
+    np.testing.assert_allclose(nn.from_nchwc(tensor(banded[1]), o).numpy(), want, rtol=1e-5,
+                               atol=1e-5 * np.abs(ref).max())
+
+
+def test_set_nchwc_bands_refuses_other_modes():
+    with pytest.raises(ValueError, match="None, False or True"):
+        nn._set_nchwc_bands(2)
+
+
 NCHWC_WINOGRAD = [  # (N, C, O, H, W, padding): 3x3, stride 1
     (1, 16, 32, 14, 14, 1), (2, 40, 17, 11, 8, 1), (3, 33, 48, 7, 7, 1), (1, 70, 35, 13, 9, 1),
     (2, 17, 16, 5, 6, 0), (1, 24, 40, 3, 3, 0), (1, 20, 20, 9, 4, 2), (2, 3, 5, 6, 6, 1),

@@ -58,5 +58,9 @@ typedef uint32_t mt_v4u __attribute__((vector_size(16)));
  * which the kernels' v4 clones are built for; 0 where there are no clones
  * (cpu_features.c) */
 int mt_cpu_avx512(void);
+/* 1 on an Intel CPU (for the few choices measured to differ from AMD's
+ * Zen 4, where the kernels were tuned: nchwc.c's row bands), 0 elsewhere
+ * and where there are no clones */
+int mt_cpu_intel(void);
 
 #endif

@@ -202,7 +202,10 @@ static NC_CLONES void NAME(const float *restrict x, int64_t cbs, int64_t ncb, co
     for (int64_t cb = 0; cb < ncb; cb++) {                                    \
         const float *xc = x + cb * cbs;                                       \
         const float *wc = w + cb * wcbs;                                      \
-        const int64_t lc = cb + 1 < ncb ? L : ll;   /* (int64: an int index cost a sign extension a step) */ \
+        /* (int64: an int index cost a sign extension a step; L 1: no lane  \
+         * loop, which GCC unrolled with the broadcasts kept across its      \
+         * steps, spilled) */                                                 \
+        const int64_t lc = L == 1 ? 1 : cb + 1 < ncb ? L : ll;               \
         for (int64_t t = 0; t < ntap; t++) {                                  \
             const float *xt = xc + toff[t];                                   \
             const float *wt = wc + tidx[t] * (L * NC_PAIR);                   \
@@ -587,12 +590,38 @@ typedef struct {
     const mt_conv2d_geom *g;
     nc_geom q;
     int dw, two, units_outer;
+    int64_t bands;                /* units outer: the rows in this many bands, each band's units in turn */
     int64_t pbytes, units, width, nchunk, chunk, rows, tasks, wunit, rd;
     /* nc_apart: the tasks of rows [0, rtasks), then those of the border
      * columns (unit, column, band of rows); interior rows [ra, rb) in
      * bands of bsize, nband of them, nbc border columns */
     int64_t rtasks, ra, rb, bsize, nband, nbc;
 } nc_call;
+
+/* Row bands. With units outer on several threads (nc_plan_call), each
+ * thread read the whole image once a unit, half of it from the other core on a 2-core
+ * Intel Xeon (Sapphire Rapids class): ResNet-18's layer2.0.conv1 (3x3
+ * stride 2, 64 channels of 56x56: 0.8 MB of input, 0.3 MB of weights)
+ * took 400 us at batch 1 on 2 threads where rows outer took 325 (and 650
+ * on 1 thread against units outer's 610). Banded, each thread takes a
+ * band of the rows and runs its units in turn over it: 340 us, 2960
+ * against 3400 at batch 8. Where the weights outweigh the input it
+ * costs: each thread then reads every unit's weights (layer4's 3x3
+ * convs, 9.4 MB: 770 -> 880 us), so bands only where the input is the
+ * larger; and not on NCHW input: the stem (0.6 MB of input) ran no
+ * faster in bands, and the max pool after it, whose threads take whole
+ * blocks, took 80 us instead of 62. Measured on Intel only; Zen 4 keeps
+ * the order it was tuned with. mt_nchwc_set_bands (tests): -1 (default)
+ * as the CPU says, 0 never, 1 wherever the bytes say. */
+static int nc_bands_mode = -1;
+
+int mt_nchwc_set_bands(int mode) {
+    const int old = nc_bands_mode;
+    nc_bands_mode = mode < 0 ? -1 : mode > 0;
+    return old;
+}
+
+static int nc_bands_on(void) { return nc_bands_mode >= 0 ? nc_bands_mode : mt_cpu_intel(); }
 
 /* the threads a direct conv call uses */
 static int nc_threads(const mt_conv2d_geom *g, int nthreads) {
@@ -654,8 +683,75 @@ static void nc_plan_call(nc_call *c, const float *x, int blocked, const float *p
     /* each task order reads one operand again per step of the other:
      * units outer re-reads the input once a unit, rows outer the weights once a row */
     c->units_outer = !c->dw && c->units * xbytes < c->rows * wbytes;
+    c->bands = c->units_outer && nt > 1 && q->lanes == NC && xbytes >= wbytes && nc_bands_on()
+               ? mt_min64(nt, c->rows) : 1;
     c->wunit = c->dw ? q->kk * NC : q->ncb * q->kk * q->lanes * NC_PAIR;
     c->rd = g->has_res ? g->res_delta : 0;
+}
+
+/* Row task `task`'s unit and row (of c->rows), and the rows [*lo, *hi)
+ * of its band: rows outer, task = row * units + unit; units outer, the
+ * rows in c->bands contiguous bands, task = the band's first task + unit *
+ * the band's rows + its row in the band. */
+static void nc_task_ur(const nc_call *c, int64_t task, int64_t *u, int64_t *row, int64_t *lo, int64_t *hi) {
+    if (!c->units_outer) {
+        *u = task % c->units; *row = task / c->units;
+        *lo = 0; *hi = c->rows;
+        return;
+    }
+    int64_t b = 0;
+    while (b + 1 < c->bands && task >= c->units * (c->rows * (b + 1) / c->bands)) b++;
+    *lo = c->rows * b / c->bands; *hi = c->rows * (b + 1) / c->bands;
+    const int64_t k = task - c->units * *lo;
+    *u = k / (*hi - *lo); *row = *lo + k % (*hi - *lo);
+}
+
+/* The multiply-adds of task `task` (nc_run's numbering), in units of one
+ * output block's pixel tap: a row task's pixels (its interior ones where
+ * the border columns are tasks of their own) times its row's taps, or a
+ * border column band's pixels times the column's taps. */
+static int64_t nc_task_cost(const nc_call *c, int64_t task, int64_t *tl) {
+    const nc_geom *q = &c->q;
+    int64_t *toff = tl, *tidx = tl + q->kk;
+    if (task >= c->rtasks) {
+        const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
+        const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
+        const int64_t oy0 = c->ra + band * c->bsize, r = mt_min64(c->bsize, c->rb - oy0);
+        const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
+        return nv * r * nc_taps(q, oy0, nc_border_col(q, col), toff, tidx);
+    }
+    int64_t u, row, blo, bhi;
+    nc_task_ur(c, task, &u, &row, &blo, &bhi);
+    const int64_t oy = row / c->nchunk, c0 = (row % c->nchunk) * c->chunk, c1 = mt_min64(q->ow, c0 + c->chunk);
+    int64_t a = c0, b = c1;
+    if (oy >= c->ra && oy < c->rb) {      /* the border columns are the border tasks' */
+        nc_interior(q, &a, &b);
+        a = mt_max64(c0, mt_min64(a, c1));
+        b = mt_max64(a, mt_min64(b, c1));
+    }
+    const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
+    return nv * (b - a) * nc_taps(q, oy, -1, toff, tidx);
+}
+
+/* Thread me's tasks [*t0, *t1) of a team: contiguous ranges as
+ * schedule(static) deals them (equal counts, the first tasks % team
+ * threads one more), or, where the border columns are tasks of their own
+ * (nc_apart), ranges of equal cost (nc_task_cost): a border band is a
+ * sixth to a tenth of a row task, and equal counts gave ResNet-18's stem
+ * 59% of the work on one thread of two. */
+static void nc_split(const nc_call *c, int me, int team, int64_t *tl, int64_t *t0, int64_t *t1) {
+    const int64_t per = c->tasks / team, extra = c->tasks % team;
+    *t0 = me * per + (me < extra ? me : extra);
+    *t1 = *t0 + per + (me < extra);
+    if (team == 1 || c->tasks == c->rtasks) return;
+    int64_t total = 0;
+    for (int64_t t = 0; t < c->tasks; t++) total += nc_task_cost(c, t, tl);
+    /* the first task whose costs before it reach k / team of the total */
+    int64_t sum = 0, t = 0;
+    while (t < c->tasks && sum * team < total * me) sum += nc_task_cost(c, t++, tl);
+    *t0 = t;
+    while (t < c->tasks && sum * team < total * (me + 1)) sum += nc_task_cost(c, t++, tl);
+    *t1 = me + 1 == team ? c->tasks : t;
 }
 
 /* A direct conv's tasks, run by every thread of the enclosing parallel
@@ -672,17 +768,22 @@ static void nc_run(const nc_call *c) {
     const int me = 0, team = 1;
 #endif
     int64_t *tl = c->tls + (int64_t)me * 4 * q->kk;
-    /* this thread's tasks [t0, t1), as schedule(static) deals them (libgomp
-     * and the OpenMP rule: equal contiguous ranges, the first tasks % team
-     * threads one more); with units outer, each task of a unit prefetches
+    /* this thread's tasks [t0, tend) (nc_split), t1 the end of its row
+     * tasks; with units outer, each task of a unit prefetches
      * its share of the weights of the thread's next unit (the first one
      * again for the next image); with rows outer, each task the whole of
      * its next task's unit (a 1x1 conv on a flat 7x7 plane: one task a
      * unit, each unit's weights read once) */
-    const int64_t per = c->tasks / team, extra = c->tasks % team;
-    const int64_t t0 = me * per + (me < extra ? me : extra), t1 = mt_min64(c->rtasks, t0 + per + (me < extra));
+    int64_t t0, tend;
+    nc_split(c, me, team, tl, &t0, &tend);
+    const int64_t t1 = mt_min64(c->rtasks, tend);
     const int64_t wbytes = c->wunit * (int64_t)sizeof(float);
     const int pf_on = !c->dw && t1 > t0;
+    int64_t ufirst = 0, ulast = 0, ig0, ig1, ig2;     /* units outer: the units of this thread's first and last tasks */
+    if (pf_on && c->units_outer) {
+        nc_task_ur(c, t0, &ufirst, &ig0, &ig1, &ig2);
+        nc_task_ur(c, t1 - 1, &ulast, &ig0, &ig1, &ig2);
+    }
     float *scratch = c->scratch ? (float *)((char *)c->scratch + me * NC_SCRATCH) : NULL;
     for (int64_t n = 0; n < g->n; n++) {
         if (c->xp) {
@@ -692,8 +793,7 @@ static void nc_run(const nc_call *c) {
             #pragma omp for schedule(static)
             for (int64_t cb = 0; cb < q->ncb; cb++) pad_block(c->x, c->xp, g, q, n, cb);
         }
-        #pragma omp for schedule(static) nowait
-        for (int64_t task = 0; task < c->tasks; task++) {
+        for (int64_t task = t0; task < tend; task++) {
             if (task >= c->rtasks) {      /* nc_apart: a band of a border column */
                 const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
                 const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
@@ -705,8 +805,8 @@ static void nc_run(const nc_call *c) {
                                nc_border_col(q, col), r, tl, scratch, g->act, c->rd);
                 continue;
             }
-            const int64_t u = c->units_outer ? task / c->rows : task % c->units;
-            const int64_t row = c->units_outer ? task % c->rows : task / c->units;
+            int64_t u, row, blo, bhi;
+            nc_task_ur(c, task, &u, &row, &blo, &bhi);
             const int64_t oy = row / c->nchunk * (c->two ? 2 : 1), c0 = (row % c->nchunk) * c->chunk;
             const int64_t c1 = mt_min64(q->ow, c0 + c->chunk);
             const char *pf = NULL;
@@ -718,9 +818,9 @@ static void nc_run(const nc_call *c) {
                     pfbytes = wbytes;
                 }
             } else if (pf_on) {
-                const int64_t next = u + 1 <= (t1 - 1) / c->rows ? u + 1 : n + 1 < g->n ? t0 / c->rows : u;
+                const int64_t next = u + 1 <= ulast ? u + 1 : n + 1 < g->n ? ufirst : u;
                 if (next != u) {
-                    const int64_t lo = row * wbytes / c->rows, hi = (row + 1) * wbytes / c->rows;
+                    const int64_t lo = (row - blo) * wbytes / (bhi - blo), hi = (row - blo + 1) * wbytes / (bhi - blo);
                     pf = (const char *)(c->packed + next * c->wunit) + lo;
                     pfbytes = hi - lo;
                 }

@@ -118,6 +118,10 @@ int64_t mt_nchwc_blocks(int64_t channels);
  * (F(4x4, 3x3)) where they pay (winograd -1), or that one wherever it
  * applies (winograd 1: F(2x2), 2: F(4x4)), or never (0) */
 int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd);
+/* how a direct NCHW16c conv orders its tasks over the threads: -1 as the
+ * CPU says, 0 never in row bands, 1 wherever the bytes say (nchwc.c);
+ * returns the previous mode. For tests. */
+int mt_nchwc_set_bands(int mode);
 int64_t mt_conv2d_nchwc_packed_bytes(const mt_conv2d_geom *g, int blocked);
 void mt_conv2d_nchwc_pack(const float *w, float *packed, const mt_conv2d_geom *g, int blocked);
 int64_t mt_conv2d_nchwc_workspace(const mt_conv2d_geom *g, int blocked, int nthreads);
