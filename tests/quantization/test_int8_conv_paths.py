@@ -247,23 +247,37 @@ BLOCKED = {     # the channel-blocked depthwise kernel's shapes: (x shape, KH, K
 }
 
 
+def _depthwise_case(geometry, out, seed, x_zp, saturated, out_zps):
+    """A random uint8 input (zero point ``x_zp``, scale 0.04), int8
+    depthwise weights with channel ``saturated`` all 127, per-channel
+    scales and a bias, and the NumPy reference for output dtype ``out``
+    (scale 0.07, zero point from ``out_zps``, ReLU unless qint8): x, the
+    Int8Weight, want, the epilogue's multipliers and bias, out_zp, relu."""
+    xs, kh, kw, stride, padding, dilation = geometry
+    rng = np.random.default_rng(seed)
+    c = xs[1]
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
+    w[saturated] = 127
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    bias = (rng.standard_normal(c) * 5).astype(np.float32)
+    weight = int8.Int8Weight(w, ws, bias, groups=c)
+    out_zp = out_zps.get(out, 0)
+    relu = out != "qint8"
+    want = _reference(x, x_zp, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
+                      out_zp, relu)
+    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    return x, weight, want, mult, b, out_zp, relu
+
+
 @pytest.mark.parametrize("name", sorted(BLOCKED))
 @pytest.mark.parametrize("out", ["quint8", "qint8", "float32"])
 def test_channel_blocked_depthwise_matches_numpy(name, out):
     xs, kh, kw, stride, padding, dilation = BLOCKED[name]
-    rng = np.random.default_rng(80 + sorted(BLOCKED).index(name))
     c = xs[1]
-    x = rng.integers(0, 256, xs).astype(np.uint8)
-    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
-    w[1] = 127
-    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
-    bias = (rng.standard_normal(c) * 5).astype(np.float32)
-    weight = int8.Int8Weight(w, ws, bias, groups=c)
-    out_zp = {"quint8": 17, "qint8": -3, "float32": 0}[out]
-    relu = out != "qint8"
-    want = _reference(x, 61, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
-                      out_zp, relu)
-    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    x, weight, want, mult, b, out_zp, relu = _depthwise_case(
+        BLOCKED[name], out, seed=80 + sorted(BLOCKED).index(name), x_zp=61, saturated=1,
+        out_zps={"quint8": 17, "qint8": -3})
     blocks = int8.has_vnni() and c % 16 == 0
     ow = want.shape[3]
     flat = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation)
@@ -306,19 +320,10 @@ def test_flat_depthwise_matches_numpy(name, out):
     chunks, several chunks of 4 taps, and geometries it refuses."""
     import mgtrace as mt
     xs, kh, kw, stride, padding, dilation = FLAT[name]
-    rng = np.random.default_rng(60 + sorted(FLAT).index(name))
     c = xs[1]
-    x = rng.integers(0, 256, xs).astype(np.uint8)
-    w = rng.integers(-127, 128, (c, 1, kh, kw)).astype(np.int8)
-    w[0] = 127
-    ws = rng.uniform(0.002, 0.02, c).astype(np.float32)
-    bias = (rng.standard_normal(c) * 5).astype(np.float32)
-    weight = int8.Int8Weight(w, ws, bias, groups=c)
-    out_zp = {"quint8": 9, "qint8": -5, "float32": 0}[out]
-    relu = out != "qint8"
-    want = _reference(x, 77, w, ws, bias, c, stride, padding, dilation, 0.04, out, 0.07,
-                      out_zp, relu)
-    mult, b = weight._epilogue(None, 0.04, None if out == "float32" else 0.07)
+    x, weight, want, mult, b, out_zp, relu = _depthwise_case(
+        FLAT[name], out, seed=60 + sorted(FLAT).index(name), x_zp=77, saturated=0,
+        out_zps={"quint8": 9, "qint8": -5})
     lo = ((0 if relu else -1) if out == "float32" else (out_zp if relu else np.iinfo(want.dtype).min))
     hi = np.iinfo(want.dtype).max if out != "float32" else 0
     forced = _flat_kernel(xs[2:], kh, kw, stride, padding, dilation, forced=True)
