@@ -706,6 +706,17 @@ static void nc_task_ur(const nc_call *c, int64_t task, int64_t *u, int64_t *row,
     *u = k / (*hi - *lo); *row = *lo + k % (*hi - *lo);
 }
 
+/* Border task `task` (from c->rtasks on, nc_apart): its unit, its border
+ * column's index (nc_border_col) and its band of rows [*oy0, *oy0 + *r). */
+static void nc_border_task(const nc_call *c, int64_t task, int64_t *u, int64_t *col, int64_t *oy0,
+                           int64_t *r) {
+    const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
+    *u = bt / per_unit;
+    *col = bt % per_unit / c->nband;
+    *oy0 = c->ra + bt % c->nband * c->bsize;
+    *r = mt_min64(c->bsize, c->rb - *oy0);
+}
+
 /* The multiply-adds of task `task` (nc_run's numbering), in units of one
  * output block's pixel tap: a row task's pixels (its interior ones where
  * the border columns are tasks of their own) times its row's taps, or a
@@ -714,9 +725,8 @@ static int64_t nc_task_cost(const nc_call *c, int64_t task, int64_t *tl) {
     const nc_geom *q = &c->q;
     int64_t *toff = tl, *tidx = tl + q->kk;
     if (task >= c->rtasks) {
-        const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
-        const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
-        const int64_t oy0 = c->ra + band * c->bsize, r = mt_min64(c->bsize, c->rb - oy0);
+        int64_t u, col, oy0, r;
+        nc_border_task(c, task, &u, &col, &oy0, &r);
         const int64_t nv = 2 * u + 1 < q->nob ? 2 : 1;
         return nv * r * nc_taps(q, oy0, nc_border_col(q, col), toff, tidx);
     }
@@ -795,9 +805,8 @@ static void nc_run(const nc_call *c) {
         }
         for (int64_t task = t0; task < tend; task++) {
             if (task >= c->rtasks) {      /* nc_apart: a band of a border column */
-                const int64_t bt = task - c->rtasks, per_unit = c->nbc * c->nband;
-                const int64_t u = bt / per_unit, col = bt % per_unit / c->nband, band = bt % c->nband;
-                const int64_t oy0 = c->ra + band * c->bsize, r = mt_min64(c->bsize, c->rb - oy0);
+                int64_t u, col, oy0, r;
+                nc_border_task(c, task, &u, &col, &oy0, &r);
                 const int nv = 2 * u + 1 < q->nob ? 2 : 1;
                 const int tail = g->o % NC && 2 * u + nv - 1 == q->nob - 1 ? (int)(g->o % NC) : 0;
                 nc_border_cols(q, nv, tail, c->x + n * q->ncb * q->cbs, c->packed + u * c->wunit,

@@ -840,6 +840,12 @@ static int has_avx2(void)
         if (B > 1)                                                  \
             c##r##1 = _mm512_dpbusd_epi32(c##r##1, a1, b_);         \
     } while (0)
+/* a tile's R (4 or 8) rows of outputs: QC_DOT or one of the stores below, for each */
+#define QC_ROWS(PUT)                                                \
+    do {                                                            \
+        PUT(0); PUT(1); PUT(2); PUT(3);                             \
+        if (R > 4) { PUT(4); PUT(5); PUT(6); PUT(7); }              \
+    } while (0)
 #define QC_PUT(r)                                                   \
     do {                                                            \
         if (t->out[r]) {                                            \
@@ -890,16 +896,7 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
     for (int64_t kq = 0; kq < KQ; kq++) {
         __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
         __m512i a1 = B > 1 ? _mm512_loadu_si512(x1 + kq * (QC_P * 4)) : a0;
-        QC_DOT(0);
-        QC_DOT(1);
-        QC_DOT(2);
-        QC_DOT(3);
-        if (R > 4) {
-            QC_DOT(4);
-            QC_DOT(5);
-            QC_DOT(6);
-            QC_DOT(7);
-        }
+        QC_ROWS(QC_DOT);
     }
     int64_t p0 = pb * QC_P;
     int n0 = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
@@ -912,42 +909,16 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
         if (t->qf) {
             __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
                    hif = _mm512_set1_ps((float)t->hi);
-            QC_PUTQ(0);
-            QC_PUTQ(1);
-            QC_PUTQ(2);
-            QC_PUTQ(3);
-            if (R > 4) {
-                QC_PUTQ(4);
-                QC_PUTQ(5);
-                QC_PUTQ(6);
-                QC_PUTQ(7);
-            }
+            QC_ROWS(QC_PUTQ);
             return;
         }
-        QC_PUTI(0);
-        QC_PUTI(1);
-        QC_PUTI(2);
-        QC_PUTI(3);
-        if (R > 4) {
-            QC_PUTI(4);
-            QC_PUTI(5);
-            QC_PUTI(6);
-            QC_PUTI(7);
-        }
+        QC_ROWS(QC_PUTI);
         return;
     }
-    QC_PUT(0);
-    QC_PUT(1);
-    QC_PUT(2);
-    QC_PUT(3);
-    if (R > 4) {
-        QC_PUT(4);
-        QC_PUT(5);
-        QC_PUT(6);
-        QC_PUT(7);
-    }
+    QC_ROWS(QC_PUT);
 }
 #undef QC_DOT
+#undef QC_ROWS
 #undef QC_PUT
 #undef QC_PUTI
 #undef QC_PUTQ
