@@ -875,7 +875,10 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
  * domain, a 1x1 conv of the tiles: the dense micro-kernel above, with the
  * tiles as its pixels.
  *
- * Per round (tile rows of one image, their V within NW_V_BYTES), two
+ * Per round (tile rows of the batch, image after image, their V within
+ * NW_V_BYTES: at batch 8, ResNet-18's 7x7 planes hold 4 rows of 2x2 tiles
+ * each, and a round of one image's 16 tiles read all of U for 14 + 2 rows
+ * of the micro-kernel), two
  * parallel phases: the input transform into V [point][in block][tile][16]
  * (a task per input block and tile row), then a task per pair of output
  * blocks and group of tiles: for each point, the micro-kernel over the
@@ -887,8 +890,14 @@ int mt_conv2d_nchwc(const float *x, int blocked, const float *packed, const floa
  * reuse each slab, and F(4x4) only on more tiles than F(2x2)
  * (mt_conv2d_nchwc_form). */
 
-#define NW_GROUP (4 * NC_R)      /* tiles a phase-two task at most (F(4x4): half) */
-#define NW_V_BYTES (2 << 20)     /* V of a round at most (more when one tile row needs it) */
+/* Tiles a phase-two task at most (F(4x4): half), and V's bytes a round at
+ * most (more when one tile row needs it). On the 2-core Xeon, ResNet-18's
+ * four 3x3 layers at batch 8 (cold caches, sum of medians) took 14.2 ms
+ * against 15.6-15.9 with 56 tiles and 2 MB (1 thread: 24.0 against 27.8);
+ * at batch 1, 2.7 against 2.8-3.0: U's slab is read once for more tiles,
+ * and a round of 7x7 planes at batch 8 is the whole batch. */
+#define NW_GROUP (8 * NC_R)
+#define NW_V_BYTES (4 << 20)
 
 static int nw_fits(const mt_conv2d_geom *g) {
     return g->groups == 1 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
@@ -898,23 +907,28 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
     return g->n * ((g->oh + e - 1) / e) * ((g->ow + e - 1) / e);
 }
 
-/* Which algorithm pays: U's bytes, read once a group of tiles, against
- * the arithmetic saved. Measured on ResNet-18's layers inside the model
- * on a 2-core Zen 5 (per-layer times, the algorithms in alternation):
- * F(2x2) from 32 tiles (at batch 1 on 7x7 planes, 16 tiles, its 16.8 MB
- * of U for 512 channels was no faster than direct); F(4x4) from 48 of its
- * tiles (128 channels of 28x28 at batch 1: 0.26 ms against 0.33 for
- * F(2x2); 256 of 14x14, 16 tiles: level) with U within L3 (512 channels
- * of 7x7 at batch 8, 37.7 MB of U: 7.5 ms against 3.5 for F(2x2)).
+/* Which algorithm pays: U's bytes, read once a round of tiles, against
+ * the arithmetic saved. F(2x2) from 32 tiles (at batch 1 on 7x7 planes, 16
+ * tiles, its 16.8 MB of U for 512 channels was no faster than direct).
+ * F(4x4) from 48 of its tiles (128 channels of 28x28 at batch 1: 0.26 ms
+ * against 0.33 for F(2x2), 2-core Zen 5) with U within 12 MiB, or within a
+ * quarter of the L3 cache: on a 2-core Xeon with 480 MB of L3, at batch 8,
+ * F(4x4) against F(2x2) and direct (cold caches, 2 threads, ms) was 4.0
+ * against 6.0-7.0 and 6.5-7.0 for 512 channels of 7x7 (37.7 MB of U),
+ * 3.9-4.5 against 4.1-5.3 and 6.3-6.8 for 256 of 14x14, where on the Zen 5
+ * (32 MB of L3) the 7x7 layer's F(4x4) took 7.5 ms against 3.5 for F(2x2).
  *
- * And F(4x4) only where conv2d runs its own (mt_conv2d_pick_algo_ex's
- * WINOGRAD4, the same arithmetic): it rounds more, up to 1.5e-5 of the
- * output's scale with 128-256 channels of random values, against 7e-7
- * for F(2x2) and 2e-6 for a direct sum (python: max over 6 seeds of
- * 2x16x16 planes), so that optimize()'s NCHWc pass never makes a layer
- * round more than conv2d does. */
+ * F(4x4) rounds more: against a float64 reference (ReLU'd normal inputs,
+ * He-scaled weights, 256 channels of 14x14 and 512 of 7x7 at batch 8),
+ * the largest error 1.3e-5 of the largest output and the rms 2.4-2.9e-6
+ * of the rms output, against 1.4-2.1e-6 and 5.8-8.0e-7 for the direct
+ * kernel and 5.6-8.6e-7 and 4.3-5.8e-7 for F(2x2). Until this release the
+ * pass kept F(4x4) to the shapes where conv2d's NCHW kernels run it; the
+ * NCHWc kernel now picks it where it pays, as conv2d picks F(2x2) over
+ * direct sums: both are float32 results to a few ulps of the output's
+ * scale. */
 #define NW_MIN_TILES 32
-#define NW4_MIN_TILES 48
+#define NW4_MIN_TILES 16
 #define NW4_MAX_U (12 << 20)
 
 int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
@@ -923,15 +937,15 @@ int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
     if (winograd == 2) return MT_NCHWC_WINOGRAD4;
     if (winograd == 1) return MT_NCHWC_WINOGRAD;
     if (g->c < NC || nw_tiles(g, 2) < NW_MIN_TILES) return MT_NCHWC_BLOCKED;
-    const double u4 = 36.0 * g->c * g->o * sizeof(float);
-    return nw_tiles(g, 4) >= NW4_MIN_TILES && u4 <= NW4_MAX_U && mt_conv2d_pick_algo_ex(g, 1) == MT_CONV_WINOGRAD4
-           ? MT_NCHWC_WINOGRAD4 : MT_NCHWC_WINOGRAD;
+    const double u4 = 36.0 * g->c * g->o * sizeof(float), l3 = (double)mt_cpu_l3_bytes();
+    return nw_tiles(g, 4) >= NW4_MIN_TILES && (u4 <= NW4_MAX_U || u4 <= l3 / 4) ? MT_NCHWC_WINOGRAD4
+                                                                                : MT_NCHWC_WINOGRAD;
 }
 
 typedef struct {
     int64_t e, np;       /* output tile edge, transform points (e + 2)^2 */
     int64_t th, tw, ncb, nob, units, group;
-    int64_t rows;        /* tile rows a round */
+    int64_t rows;        /* tile rows a round (of the batch's rows, image after image) */
     int64_t vp;          /* floats of V from one point to the next: ncb * rows * tw * 16 */
 } nw_plan;
 
@@ -945,7 +959,7 @@ static void nw_make_plan(const mt_conv2d_geom *g, int64_t e, nw_plan *pl) {
     pl->units = (pl->nob + 1) / 2;
     pl->group = e == 4 ? NW_GROUP / 2 : NW_GROUP;
     const int64_t row_bytes = pl->np * pl->ncb * pl->tw * NC * (int64_t)sizeof(float);
-    pl->rows = mt_max64(1, mt_min64(pl->th, NW_V_BYTES / row_bytes));
+    pl->rows = mt_max64(1, mt_min64(g->n * pl->th, NW_V_BYTES / row_bytes));
     pl->vp = pl->ncb * pl->rows * pl->tw * NC;
 }
 
@@ -1132,7 +1146,7 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
     const int64_t plane = g->h * g->w * NC, ys = g->oh * g->ow * NC, slab = pl.ncb * NC * NC_PAIR;
     const double macs = (double)g->n * g->o * g->oh * g->ow * g->c * 9;
     const int nt = macs >= NC_GRAIN ? nthreads : 1;
-    const int64_t rounds_img = (pl.th + pl.rows - 1) / pl.rows;
+    const int64_t all_rows = g->n * pl.th, rounds = (all_rows + pl.rows - 1) / pl.rows, img_tiles = pl.th * pl.tw;
     const int64_t rd = g->has_res ? g->res_delta : 0;
     const int otail = g->o % NC ? (int)(g->o % NC) : 0;
     /* an input row holds NaN, inf or a magnitude past Winograd's bound
@@ -1147,9 +1161,8 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
         const int me = 0, team = 1;
 #endif
         float *m = mws + (int64_t)me * pl.np * 2 * pl.group * NC;
-        for (int64_t r = 0; r < g->n * rounds_img; r++) {
-            const int64_t n = r / rounds_img, ty0 = (r % rounds_img) * pl.rows;
-            const int64_t nrows = mt_min64(pl.rows, pl.th - ty0), tiles = nrows * pl.tw;
+        for (int64_t r = 0; r < rounds; r++) {
+            const int64_t row0 = r * pl.rows, nrows = mt_min64(pl.rows, all_rows - row0), tiles = nrows * pl.tw;
             const int64_t vcb = tiles * NC;          /* floats from one block of V to the next */
             const int64_t vp = pl.ncb * vcb;
             if (r > 0) {                             /* (the last round's tasks read V) */
@@ -1157,12 +1170,13 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
             }
             #pragma omp for schedule(static)
             for (int64_t task = 0; task < pl.ncb * nrows; task++) {
-                const int64_t ty = task / pl.ncb, cb = task % pl.ncb;
+                const int64_t row = task / pl.ncb, cb = task % pl.ncb;
+                const int64_t n = (row0 + row) / pl.th, ty = (row0 + row) % pl.th;
                 const float *xb = x + (n * pl.ncb + cb) * plane;
-                nw_input_row(xb, v + cb * vcb + ty * pl.tw * NC, g, e, ty0 + ty, pl.tw, vp);
+                nw_input_row(xb, v + cb * vcb + row * pl.tw * NC, g, e, ty, pl.tw, vp);
                 /* the input rows the row's patches read, in cache now */
-                const int64_t iy0 = mt_max64(0, e * (ty0 + ty) - g->ph);
-                const int64_t iy1 = mt_min64(g->h, e * (ty0 + ty) - g->ph + e + 2);
+                const int64_t iy0 = mt_max64(0, e * ty - g->ph);
+                const int64_t iy1 = mt_min64(g->h, e * ty - g->ph + e + 2);
                 if (iy1 > iy0 && !mt_all_below(MT_FLOAT32, xb + iy0 * g->w * NC, (iy1 - iy0) * g->w * NC, bound)) {
                     #pragma omp atomic write
                     nonfinite = 1;
@@ -1218,10 +1232,17 @@ static int nw_conv(const float *x, const float *u, const float *bias, float *y, 
                         t += rr;
                     }
                 }
-                for (int k = 0; k < nv; k++) {
-                    const int64_t blk = 2 * un + k;
-                    nw_output(m + k * ms, ms, y + (n * pl.nob + blk) * ys, bp + blk * NC, g, e, g0, gn, ty0,
-                              pl.tw, rd, blk == pl.nob - 1 ? otail : 0);
+                /* the group's tiles image by image (a round's rows can
+                 * run from one image into the next) */
+                for (int64_t t = 0; t < gn;) {
+                    const int64_t at = row0 * pl.tw + g0 + t, n = at / img_tiles, it = at % img_tiles;
+                    const int64_t run = mt_min64(gn - t, img_tiles - it);
+                    for (int k = 0; k < nv; k++) {
+                        const int64_t blk = 2 * un + k;
+                        nw_output(m + k * ms + t * NC, ms, y + (n * pl.nob + blk) * ys, bp + blk * NC, g, e, it,
+                                  run, 0, pl.tw, rd, blk == pl.nob - 1 ? otail : 0);
+                    }
+                    t += run;
                 }
             }
         }
