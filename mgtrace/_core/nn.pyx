@@ -317,11 +317,8 @@ cdef extern from *:
     """
     /* conv.c: route OpenBLAS's threaded calls to OpenMP threads */
     void mt_nn_blas_threads_init(void);
-    /* cpu_features.c */
-    int64_t mt_cpu_l3_bytes(void);
     """
     void mt_nn_blas_threads_init() noexcept nogil
-    int64_t mt_cpu_l3_bytes() noexcept nogil
 
 # One thread pool for the process: OpenBLAS's threaded calls (matmul's as
 # well as any other) run their jobs on OpenMP threads from here on, so that
@@ -781,13 +778,6 @@ def _set_nchwc_bands(mode):
         raise ValueError(f"_set_nchwc_bands: mode must be None, False or True, got {mode!r}")
     old = mt_nchwc_set_bands(modes[mode])
     return {-1: None, 0: False, 1: True}[old]
-
-
-def _cpu_l3_bytes():
-    """The L3 cache's bytes as the C library reports them (0 where it does
-    not): conv2d_nchwc takes F(4x4) on larger transformed weights where
-    they fit a quarter of it (see conv2d_nchwc_algorithm)."""
-    return mt_cpu_l3_bytes()
 
 
 cdef inline int64_t _entry_bytes(object u):
@@ -2149,9 +2139,9 @@ def conv2d_nchwc_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=
     NCHW shape ``x_shape``: for a dense 3x3 conv, stride 1, no dilation,
     with 16 or more input channels and 32 or more 2x2 output tiles in the
     batch, "winograd4" (F(4x4, 3x3): with 16 or more 4x4 tiles and its
-    transformed weights, 36 floats a kernel, within 12 MiB or a quarter of
-    the L3 cache; it rounds more than F(2x2): an rms error about 3e-6 of
-    the rms output against 5e-7, measured with 256-512 channels) or
+    transformed weights, 36 floats a kernel, within 12 MiB; it rounds more
+    than F(2x2): an rms error about 3e-6 of the rms output against 5e-7,
+    measured with 256-512 channels) or
     "winograd" (F(2x2, 3x3)); otherwise "depthwise" or "direct".
 
     >>> conv2d_nchwc_algorithm((1, 128, 14, 14), (128, 128, 3, 3), padding=1)

@@ -1639,7 +1639,7 @@ def test_conv2d_nchwc_algorithm_picks_winograd_where_the_tiles_are_many():
     """Winograd's U is 16/9 (F(2x2)) or 4 (F(4x4)) times the weight's
     bytes: at batch 1 on 7x7 planes (16 tiles) it streams more weight than
     it saves arithmetic; F(4x4) needs 16 of its tiles, and its U within 12
-    MiB or a quarter of the L3 cache."""
+    MiB (the memory a plan holds)."""
     assert nn.conv2d_nchwc_algorithm((1, 256, 12, 12), (256, 256, 3, 3), padding=1) == "winograd"   # 9 4x4 tiles
     assert nn.conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"  # 16
     assert nn.conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1) == "winograd4"
@@ -1647,10 +1647,9 @@ def test_conv2d_nchwc_algorithm_picks_winograd_where_the_tiles_are_many():
     assert nn.conv2d_nchwc_algorithm((8, 0, 28, 28), (128, 0, 3, 3), padding=1) == "direct"
     assert nn.conv2d_nchwc_algorithm((1, 512, 7, 7), (512, 512, 3, 3), padding=1) == "direct"
     assert nn.conv2d_nchwc_algorithm((2, 512, 7, 7), (512, 512, 3, 3), padding=1) == "winograd"  # 8 4x4 tiles
-    # 32 4x4 tiles, U of 36 MiB
-    big_l3 = 36 * 512 * 512 * 4 <= nn._cpu_l3_bytes() / 4
-    assert nn.conv2d_nchwc_algorithm((8, 512, 7, 7), (512, 512, 3, 3), padding=1) == \
-        ("winograd4" if big_l3 else "winograd")
+    # 32 4x4 tiles, but U of 36 MiB
+    assert nn.conv2d_nchwc_algorithm((8, 512, 7, 7), (512, 512, 3, 3), padding=1) == "winograd"
+    assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"
     assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 2, 1) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 256, 14, 14), (256, 256, 3, 3), 1, 2, 2) == "direct"
     assert nn.conv2d_nchwc_algorithm((8, 8, 14, 14), (8, 8, 3, 3), padding=1) == "direct"

@@ -1,6 +1,5 @@
 /* The CPU probe the kernels ask before calling a v4-only kernel (see
  * mt_simd.h); the clones' own dispatch is the loader's. */
-#include <unistd.h>
 #include "mt_simd.h"
 
 #if MT_ISA_CLONES
@@ -13,16 +12,3 @@ int mt_cpu_intel(void) { return __builtin_cpu_is("intel"); }
 int mt_cpu_avx512(void) { return 0; }
 int mt_cpu_intel(void) { return 0; }
 #endif
-
-int64_t mt_cpu_l3_bytes(void) {
-#ifdef _SC_LEVEL3_CACHE_SIZE
-    static int64_t bytes = -1;   /* (a race writes the same value) */
-    if (bytes < 0) {
-        const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
-        bytes = b > 0 ? (int64_t)b : 0;
-    }
-    return bytes;
-#else
-    return 0;
-#endif
-}

@@ -62,8 +62,5 @@ int mt_cpu_avx512(void);
  * Zen 4, where the kernels were tuned: nchwc.c's row bands), 0 elsewhere
  * and where there are no clones */
 int mt_cpu_intel(void);
-/* the last-level (L3) cache's bytes as the C library reports them
- * (sysconf), 0 where it does not */
-int64_t mt_cpu_l3_bytes(void);
 
 #endif

@@ -910,13 +910,14 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
 /* Which algorithm pays: U's bytes, read once a round of tiles, against
  * the arithmetic saved. F(2x2) from 32 tiles (at batch 1 on 7x7 planes, 16
  * tiles, its 16.8 MB of U for 512 channels was no faster than direct).
- * F(4x4) from 48 of its tiles (128 channels of 28x28 at batch 1: 0.26 ms
- * against 0.33 for F(2x2), 2-core Zen 5) with U within 12 MiB, or within a
- * quarter of the L3 cache: on a 2-core Xeon with 480 MB of L3, at batch 8,
- * F(4x4) against F(2x2) and direct (cold caches, 2 threads, ms) was 4.0
- * against 6.0-7.0 and 6.5-7.0 for 512 channels of 7x7 (37.7 MB of U),
- * 3.9-4.5 against 4.1-5.3 and 6.3-6.8 for 256 of 14x14, where on the Zen 5
- * (32 MB of L3) the 7x7 layer's F(4x4) took 7.5 ms against 3.5 for F(2x2).
+ * F(4x4) from 16 of its tiles (2-core Xeon, 2 threads, cold caches: 256
+ * channels of 14x14 at batch 1, 0.63 ms against 0.67 for F(2x2); at batch
+ * 8, 3.9-4.5 against 4.1-5.3) with U within 12 MiB. Larger U is often
+ * faster still (512 channels of 7x7 at batch 8: 4.0 ms against 6.0-7.0 for
+ * F(2x2), 6.5-7.0 direct), but each such layer holds 37.7 MB of U against
+ * 16.8 for F(2x2): ResNet-18's plan at batch 8 peaked at 313 MB of RSS
+ * against ONNX Runtime's 264 (244 with the cap), and on a Zen 5 with 32
+ * MB of L3 the layer's F(4x4) took 7.5 ms against 3.5 for F(2x2).
  *
  * F(4x4) rounds more: against a float64 reference (ReLU'd normal inputs,
  * He-scaled weights, 256 channels of 14x14 and 512 of 7x7 at batch 8),
@@ -937,9 +938,8 @@ int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
     if (winograd == 2) return MT_NCHWC_WINOGRAD4;
     if (winograd == 1) return MT_NCHWC_WINOGRAD;
     if (g->c < NC || nw_tiles(g, 2) < NW_MIN_TILES) return MT_NCHWC_BLOCKED;
-    const double u4 = 36.0 * g->c * g->o * sizeof(float), l3 = (double)mt_cpu_l3_bytes();
-    return nw_tiles(g, 4) >= NW4_MIN_TILES && (u4 <= NW4_MAX_U || u4 <= l3 / 4) ? MT_NCHWC_WINOGRAD4
-                                                                                : MT_NCHWC_WINOGRAD;
+    const double u4 = 36.0 * g->c * g->o * sizeof(float);
+    return nw_tiles(g, 4) >= NW4_MIN_TILES && u4 <= NW4_MAX_U ? MT_NCHWC_WINOGRAD4 : MT_NCHWC_WINOGRAD;
 }
 
 typedef struct {
