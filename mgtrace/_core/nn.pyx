@@ -2140,8 +2140,9 @@ def conv2d_nchwc_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=
     with 16 or more input channels and 32 or more 2x2 output tiles in the
     batch, "winograd4" (F(4x4, 3x3): with 16 or more 4x4 tiles and its
     transformed weights, 36 floats a kernel, within 12 MiB; it rounds more
-    than F(2x2): an rms error about 3e-6 of the rms output against 5e-7,
-    measured with 256-512 channels) or
+    than F(2x2): an rms error about 3e-6 of the rms output against 5e-7
+    with 256-512 channels, the largest up to 3e-5 of the largest output
+    over random shapes against 2e-6) or
     "winograd" (F(2x2, 3x3)); otherwise "depthwise" or "direct".
 
     >>> conv2d_nchwc_algorithm((1, 128, 14, 14), (128, 128, 3, 3), padding=1)

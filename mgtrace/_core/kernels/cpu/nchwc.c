@@ -923,7 +923,9 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
  * He-scaled weights, 256 channels of 14x14 and 512 of 7x7 at batch 8),
  * the largest error 1.3e-5 of the largest output and the rms 2.4-2.9e-6
  * of the rms output, against 1.4-2.1e-6 and 5.8-8.0e-7 for the direct
- * kernel and 5.6-8.6e-7 and 4.3-5.8e-7 for F(2x2). Until this release the
+ * kernel and 5.6-8.6e-7 and 4.3-5.8e-7 for F(2x2); over 9,632 random
+ * shapes (1-1024 channels, batch 1-9) the largest was 3.2e-5 of the
+ * largest output, against 1.6e-6 for F(2x2). Until this release the
  * pass kept F(4x4) to the shapes where conv2d's NCHW kernels run it; the
  * NCHWc kernel now picks it where it pays, as conv2d picks F(2x2) over
  * direct sums: both are float32 results to a few ulps of the output's
