@@ -2138,16 +2138,14 @@ def conv2d_nchwc_algorithm(x_shape, weight_shape, stride=1, padding=0, dilation=
     """The algorithm :func:`conv2d_nchwc` picks for an NCHW16c input of the
     NCHW shape ``x_shape``: for a dense 3x3 conv, stride 1, no dilation,
     with 16 or more input channels and 32 or more 2x2 output tiles in the
-    batch, "winograd4" (F(4x4, 3x3): with 16 or more 4x4 tiles and its
+    batch, "winograd4" (F(4x4, 3x3): with 48 or more 4x4 tiles and its
     transformed weights, 36 floats a kernel, within 12 MiB; it rounds more
     than F(2x2): an rms error about 3e-6 of the rms output against 5e-7
     with 256-512 channels, the largest up to 3e-5 of the largest output
     over random shapes against 2e-6) or
     "winograd" (F(2x2, 3x3)); otherwise "depthwise" or "direct".
 
-    >>> conv2d_nchwc_algorithm((1, 128, 14, 14), (128, 128, 3, 3), padding=1)
-    'winograd4'
-    >>> conv2d_nchwc_algorithm((1, 128, 12, 12), (128, 128, 3, 3), padding=1)
+    >>> conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1)
     'winograd'
     >>> conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1)
     'winograd4'

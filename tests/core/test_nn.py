@@ -1638,10 +1638,10 @@ def test_conv2d_nchwc_winograd_against_numpy(geom, winograd):
 def test_conv2d_nchwc_algorithm_picks_winograd_where_the_tiles_are_many():
     """Winograd's U is 16/9 (F(2x2)) or 4 (F(4x4)) times the weight's
     bytes: at batch 1 on 7x7 planes (16 tiles) it streams more weight than
-    it saves arithmetic; F(4x4) needs 16 of its tiles, and its U within 12
+    it saves arithmetic; F(4x4) needs 48 of its tiles, and its U within 12
     MiB (the memory a plan holds)."""
-    assert nn.conv2d_nchwc_algorithm((1, 256, 12, 12), (256, 256, 3, 3), padding=1) == "winograd"   # 9 4x4 tiles
-    assert nn.conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"  # 16
+    assert nn.conv2d_nchwc_algorithm((1, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd"   # 16 4x4 tiles
+    assert nn.conv2d_nchwc_algorithm((3, 256, 14, 14), (256, 256, 3, 3), padding=1) == "winograd4"  # 48
     assert nn.conv2d_nchwc_algorithm((1, 64, 56, 56), (64, 64, 3, 3), padding=1) == "winograd4"
     assert nn.conv2d_nchwc_algorithm((1, 128, 28, 28), (128, 128, 3, 3), padding=1) == "winograd4"
     assert nn.conv2d_nchwc_algorithm((8, 0, 28, 28), (128, 0, 3, 3), padding=1) == "direct"

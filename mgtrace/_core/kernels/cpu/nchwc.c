@@ -910,9 +910,12 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
 /* Which algorithm pays: U's bytes, read once a round of tiles, against
  * the arithmetic saved. F(2x2) from 32 tiles (at batch 1 on 7x7 planes, 16
  * tiles, its 16.8 MB of U for 512 channels was no faster than direct).
- * F(4x4) from 16 of its tiles (2-core Xeon, 2 threads, cold caches: 256
- * channels of 14x14 at batch 1, 0.63 ms against 0.67 for F(2x2); at batch
- * 8, 3.9-4.5 against 4.1-5.3) with U within 12 MiB. Larger U is often
+ * F(4x4) from 48 of its tiles (128 channels of 28x28 at batch 1: 0.26 ms
+ * against 0.33 for F(2x2) on a 2-core Zen 5, level inside ResNet-18's plan
+ * on a 2-core Xeon; 256 of 14x14 at batch 8, 2 threads, cold caches: 3.9-4.5
+ * against 4.1-5.3; at batch 1, 16 tiles, 0.63 against 0.67 alone but the
+ * plan's p50 9.0-9.3 ms against 8.8-9.1 with F(2x2)) with U within 12
+ * MiB. Larger U is often
  * faster still (512 channels of 7x7 at batch 8: 4.0 ms against 6.0-7.0 for
  * F(2x2), 6.5-7.0 direct), but each such layer holds 37.7 MB of U against
  * 16.8 for F(2x2): ResNet-18's plan at batch 8 peaked at 313 MB of RSS
@@ -931,7 +934,7 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
  * direct sums: both are float32 results to a few ulps of the output's
  * scale. */
 #define NW_MIN_TILES 32
-#define NW4_MIN_TILES 16
+#define NW4_MIN_TILES 48
 #define NW4_MAX_U (12 << 20)
 
 int mt_conv2d_nchwc_form(const mt_conv2d_geom *g, int blocked, int winograd) {
