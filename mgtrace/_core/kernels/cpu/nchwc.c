@@ -915,12 +915,12 @@ static int64_t nw_tiles(const mt_conv2d_geom *g, int64_t e) {
  * on a 2-core Xeon; 256 of 14x14 at batch 8, 2 threads, cold caches: 3.9-4.5
  * against 4.1-5.3; at batch 1, 16 tiles, 0.63 against 0.67 alone but the
  * plan's p50 9.0-9.3 ms against 8.8-9.1 with F(2x2)) with U within 12
- * MiB. Larger U is often
- * faster still (512 channels of 7x7 at batch 8: 4.0 ms against 6.0-7.0 for
- * F(2x2), 6.5-7.0 direct), but each such layer holds 37.7 MB of U against
- * 16.8 for F(2x2): ResNet-18's plan at batch 8 peaked at 313 MB of RSS
- * against ONNX Runtime's 264 (244 with the cap), and on a Zen 5 with 32
- * MB of L3 the layer's F(4x4) took 7.5 ms against 3.5 for F(2x2).
+ * MiB. Larger U is often faster still (512 channels of 7x7 at batch 8: 4.0
+ * ms against 6.0-7.0 for F(2x2), 6.5-7.0 direct), but each such layer
+ * holds 37.7 MB of U against 16.8 for F(2x2): ResNet-18's plan at batch
+ * 8 peaked at 313 MB of RSS against ONNX Runtime's 264 (244 with the
+ * cap), and on a Zen 5 with 32 MB of L3 the layer's F(4x4) took 7.5 ms
+ * against 3.5 for F(2x2).
  *
  * F(4x4) rounds more: against a float64 reference (ReLU'd normal inputs,
  * He-scaled weights, 256 channels of 14x14 and 512 of 7x7 at batch 8),
