@@ -341,15 +341,16 @@ def dwconv(cnp.ndarray x, int a_zp, cnp.ndarray w, int64_t KH, int64_t KW, int64
     epilogue (bias int32 [C] or None, mult float64 [C]). path 0: the best
     kernel here: qconv.c's AVX-512 VBMI + VNNI one, or its vpmaddwd one (AVX-512
     VNNI CPUs without VBMI), for horizontal strides 1 and 2; else the scalar
-    one (qgemm.c); outputs at most 8 wide (under 16
-    where the three-row one does not apply) whose planes are small enough (VBMI + VNNI): the flat-pixel one; else outputs at most 8
-    wide with C a multiple of 16 and horizontal dilation 1: the
-    channel-blocked one (16 channels in the lanes); 1: the scalar one; 2:
-    the vpmaddwd one (where it applies); 4: the AVX2 one (which CPUs
-    without AVX-512 VNNI run); 5: the channel-blocked one (where it
-    applies); 6: the flat-pixel one (where it applies). Returns the kernel
-    used (1 scalar, 2 vpmaddwd, 3 VBMI, 4 AVX2, 5 channel-blocked, 6
-    flat-pixel); all give the same bits. device: whose int8 table runs it (default: the CPU)."""
+    one (qgemm.c); outputs at most 8 wide (under 16 where the three-row
+    one does not apply) whose planes are small enough (VBMI + VNNI): the
+    flat-pixel one; else outputs at most 8 wide with C a multiple of 16
+    and horizontal dilation 1: the channel-blocked one (16 channels in the
+    lanes); 1: the scalar one; 2: the vpmaddwd one (where it applies); 4:
+    the AVX2 one (which CPUs without AVX-512 VNNI run); 5: the
+    channel-blocked one (where it applies); 6: the flat-pixel one (where it
+    applies). Returns the kernel used (1 scalar, 2 vpmaddwd, 3 VBMI, 4
+    AVX2, 5 channel-blocked, 6 flat-pixel); all give the same bits.
+    device: whose int8 table runs it (default: the CPU)."""
     cdef const mt_quant_kernels *k = _table("conv2d", _device(device), "qint8")
     if x.dtype != np.uint8 or x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError("dwconv: x must be a C-contiguous uint8 [N, C, H, W] array")

@@ -282,8 +282,9 @@ def conv2d(x_q, x_scale, x_zp, weight, out_scale, out_zp=0, out_dtype="qint8", r
     AVX2 for dense convs, 5 (depthwise) 16 channels in the lanes (channel
     counts a multiple of 16), 6 (depthwise) 16 output pixels a vector
     across row ends (what path 0 runs where outputs are at most 8 wide and
-    the plane is small: MobileNetV2's 7 wide layers), each where the CPU has it, else the next best; every path
-    gives the same bits (kernels/cpu/qconv.c).
+    the plane is small: MobileNetV2's 7 wide layers), each where the CPU
+    has it, else the next best; every path gives the same bits
+    (kernels/cpu/qconv.c).
     """
     x = _array(x_q, "x_q")
     plan = _conv2d_plan(x.shape, x.dtype, x_scale, x_zp, weight, out_scale, out_zp, out_dtype,

@@ -260,6 +260,44 @@ void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
     __m512i v = _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
+
+/* A call's epilogue: its bounds broadcast once (put16i's and put16q's
+ * vectors) and which of the three stores its checks allow */
+typedef struct {
+    int out_u8;
+    int32_t out_zp, lo, hi;
+    int qf, iep;                /* put16q (put16q_ok and DQ), else put16i (put16i_ok), else put16 */
+    __m512i zpv, lov, hiv;
+    __m512 zpf, lof, hif;
+} qc_ep;
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+qc_ep qc_ep_make(int out_u8, int32_t out_zp, int32_t lo, int32_t hi, int qf, int iep)
+{
+    qc_ep e = {out_u8, out_zp, lo, hi, qf, iep,
+               _mm512_set1_epi32(out_zp), _mm512_set1_epi32(lo), _mm512_set1_epi32(hi),
+               _mm512_set1_ps((float)out_zp), _mm512_set1_ps((float)lo), _mm512_set1_ps((float)hi)};
+    return e;
+}
+
+/* the first n (1-16) outputs from at by e's store: corr as a double
+ * (put16) and as an int32 (put16i, put16q: where e->iep, the caller has
+ * checked that it fits), multf float(mult) in every lane (put16q) */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+void qc_ep_put(const qc_ep *e, void *out, int64_t at, int n, __m512i dot, double corr,
+               int32_t icorr, __m512 multf, double mult)
+{
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    if (e->qf)
+        put16q(out, at, m, dot, icorr, multf, mult, e->out_u8, e->lo, e->zpv, e->lov, e->hiv,
+               e->zpf, e->lof, e->hif);
+    else if (e->iep)
+        put16i(out, at, m, dot, icorr, mult, e->out_u8, e->lo, e->zpv, e->lov, e->hiv);
+    else
+        put16(out, at, n, dot, corr, mult, e->out_u8, e->out_zp, e->lo, e->hi);
+}
 #endif
 
 /* ---- dense / grouped ---------------------------------------------------- */
@@ -1010,24 +1048,14 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
     _tile_stored(1, acc[1], 64);
     _tile_stored(2, acc[2], 64);
     _tile_stored(3, acc[3], 64);
-    __m512i zpv = _mm512_set1_epi32(t->out_zp), lov = _mm512_set1_epi32(t->lo),
-            hiv = _mm512_set1_epi32(t->hi);
-    __m512 zpf = _mm512_set1_ps((float)t->out_zp), lof = _mm512_set1_ps((float)t->lo),
-           hif = _mm512_set1_ps((float)t->hi);
+    qc_ep e = qc_ep_make(t->out_u8, t->out_zp, t->lo, t->hi, t->qf, t->icorr != NULL);
     for (int b = 0; b < 1 + two; b++) {
         int64_t p0 = (pb + b) * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
-        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-        for (int r = 0; r < nrows; r++) {
-            __m512i d = _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16);
-            if (t->qf)
-                put16q(out[r], p0, m, d, t->icorr[r], _mm512_set1_ps(t->fmult[r]), mult[r],
-                       t->out_u8, t->lo, zpv, lov, hiv, zpf, lof, hif);
-            else if (t->icorr)
-                put16i(out[r], p0, m, d, t->icorr[r], mult[r], t->out_u8, t->lo, zpv, lov, hiv);
-            else
-                put16(out[r], p0, n, d, corr[r], mult[r], t->out_u8, t->out_zp, t->lo, t->hi);
-        }
+        for (int r = 0; r < nrows; r++)
+            qc_ep_put(&e, out[r], p0, n, _mm512_load_si512(acc[(r / 16) * 2 + b] + (r % 16) * 16),
+                      corr[r], t->icorr ? t->icorr[r] : 0,
+                      _mm512_set1_ps(t->qf ? t->fmult[r] : 0.0f), mult[r]);
     }
 }
 #endif
@@ -1592,10 +1620,7 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
     __m512i idx = _mm512_loadu_si512(ix);
     __m512i t0 = _mm512_set1_epi32(taps[0]), t1 = _mm512_set1_epi32(taps[1]),
             t2 = _mm512_set1_epi32(taps[2]);
-    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
-            hiv = _mm512_set1_epi32(hi);
-    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
-           hif = _mm512_set1_ps((float)hi);
+    qc_ep e = qc_ep_make(out_u8, out_zp, lo, hi, qf, iep);
     __m512i pad = _mm512_set1_epi8((char)a_zp);     /* a row of padding, gathered */
     __m512 multf = _mm512_set1_ps((float)mult);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1608,7 +1633,6 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
 #define QC_ROW(ih) ((ih) < 0 || (ih) >= H ? pad : _mm512_permutexvar_epi8(                  \
             idx, _mm512_mask_loadu_epi8(pad, cm, col + (ih) * W)))
         int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
-        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
         /* the gathered input rows oh SH - PH and oh SH - PH + 1 */
         __m512i r0 = QC_ROW(-PH), r1 = QC_ROW(1 - PH);
         for (int64_t oh = 0; oh < OH; oh++) {
@@ -1628,14 +1652,7 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
             } else {
                 r0 = r2;
             }
-            if (qf)
-                put16q(out, oh * OW + ow, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv,
-                       lov, hiv, zpf, lof, hif);
-            else if (iep)
-                put16i(out, oh * OW + ow, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov,
-                       hiv);
-            else
-                put16(out, oh * OW + ow, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+            qc_ep_put(&e, out, oh * OW + ow, n, acc, corr, iep ? (int32_t)corr : 0, multf, mult);
         }
 #undef QC_ROW
     }
@@ -1955,11 +1972,8 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
                           uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
                           int32_t lo, int32_t hi, void *out, int iep, int qdq)
 {
-    __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
-            hiv = _mm512_set1_epi32(hi);
-    __m512 zpf = _mm512_set1_ps((float)out_zp), lof = _mm512_set1_ps((float)lo),
-           hif = _mm512_set1_ps((float)hi);
-    int qf = iep && qdq && put16q_ok(mult, out_u8, out_zp, lo, hi);
+    qc_ep e = qc_ep_make(out_u8, out_zp, lo, hi, iep && qdq && put16q_ok(mult, out_u8, out_zp, lo, hi),
+                         iep);
     __m512 multf = _mm512_set1_ps((float)mult);
     /* byte 63 of the high load: the zero point the padding indices read */
     __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
@@ -1988,15 +2002,8 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
             acc = _mm512_dpbusd_epi32(acc, g, _mm512_set1_epi32(taps[c]));
         }
         int64_t at = v * 16;
-        int n = (int)(P - at < 16 ? P - at : 16);
-        __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-        if (qf)
-            put16q(out, at, m, acc, (int32_t)corr, multf, mult, out_u8, lo, zpv, lov, hiv, zpf,
-                   lof, hif);
-        else if (iep)
-            put16i(out, at, m, acc, (int32_t)corr, mult, out_u8, lo, zpv, lov, hiv);
-        else
-            put16(out, at, n, acc, corr, mult, out_u8, out_zp, lo, hi);
+        qc_ep_put(&e, out, at, (int)(P - at < 16 ? P - at : 16), acc, corr, iep ? (int32_t)corr : 0,
+                  multf, mult);
     }
 }
 #endif
