@@ -544,17 +544,29 @@ class _Interrupted:
 
 
 @contextlib.contextmanager
-def _deferred_sigint():
+def _deferred_sigint(in_process=False):
+    """Install the job's SIGINT (and SIGTERM) handler; yield its
+    :class:`_Interrupted`. ``in_process``: the files run in this process, so
+    the handler also raises KeyboardInterrupt at once (a long file stops
+    promptly), SIGTERM keeps its default, and the flag stays set for the
+    caller's next check: a KeyboardInterrupt that lands in a finalizer or a
+    ``__del__`` is printed ("Exception ignored in ...") and swallowed by
+    CPython, and the job would otherwise run on to exit 0."""
     stop = _Interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield stop                    # no handlers off the main thread: plain behaviour
         return
-    handler = lambda signum, frame: stop.flag.set()      # noqa: E731
+
+    def handler(signum, frame):
+        stop.flag.set()
+        if in_process:
+            raise KeyboardInterrupt
     # started with SIGINT ignored (nohup, a script's background job): keep it
     # so, as a one-process run does, whatever the number of workers. SIGTERM
     # (kill, a CI job's timeout) stops the pool as Ctrl-C does: by default it
     # ended this process alone, and its workers, blocked on their queue, lived on
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.getsignal(sig)
+           for sig in ((signal.SIGINT,) if in_process else (signal.SIGINT, signal.SIGTERM))}
     mine = [sig for sig, h in old.items()
             if h is not signal.SIG_IGN and (sig == signal.SIGINT or h is signal.SIG_DFL)]
     for sig in mine:
@@ -757,8 +769,10 @@ def _isolated_loop(task, todo, active, options, jobs, imports, fps, stop):
 
 def _local_results(task, files, options, jobs, imports, fps):
     if jobs <= 1 or len(files) <= 1:
-        for f in files:
-            yield f, _call(task, f, options, imports, fps)
+        with _deferred_sigint(in_process=True) as stop:
+            for f in files:
+                stop.check()        # a Ctrl-C a finalizer swallowed during the last file
+                yield f, _call(task, f, options, imports, fps)
     else:
         yield from _pool_results(task, files, options, min(jobs, len(files)), imports, fps)
 

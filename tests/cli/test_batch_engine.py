@@ -2,8 +2,10 @@
 import json
 import os
 import signal
+import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -289,3 +291,31 @@ def test_parallel_jobs_take_the_biggest_files_first(tmp_path, monkeypatch, jobs,
             assert len(r.fingerprints["input"]["sha256"]) == 64
         else:
             assert r.fingerprints == {}
+
+
+def _ctrl_c_in_a_finalizer(path, **options):
+    """A task during which Ctrl-C lands inside a weakref finalizer: CPython
+    prints it as "Exception ignored" and swallows the KeyboardInterrupt."""
+    class Held:
+        pass
+
+    def on_collect():
+        os.kill(os.getpid(), signal.SIGINT)     # delivered to this thread before kill returns
+        sum(range(10))                          # the handler runs here, inside the finalizer
+    obj = Held()
+    weakref.finalize(obj, on_collect)
+    del obj
+    return {"status": "ok", "reason": ""}
+
+
+def test_ctrl_c_swallowed_by_a_finalizer_still_stops_a_one_process_job(tmp_path, monkeypatch):
+    root = _files(tmp_path, [f"f{i}.tmod" for i in range(5)])
+    seen, swallowed = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(_ctrl_c_in_a_finalizer, [root], jobs=1, progress=False,
+                  callback=lambda rec, done, total: seen.append(rec.status))
+    # the first file finished (its task returned); the job stopped before the second
+    assert seen == ["ok"]
+    assert swallowed == [KeyboardInterrupt]             # it was indeed swallowed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # handler restored
