@@ -97,7 +97,8 @@ extensions = [
     # inference plans' executor (mgtrace.plan): replays recorded kernel calls
     ext("plan", ["mgtrace/_core/plan.pyx", f"{KERNELS}/plan.c"]),
     ext("qint8", ["mgtrace/_core/qint8.pyx", f"{KERNELS}/qtable.c", f"{KERNELS}/qgemm.c",
-                  f"{KERNELS}/qconv.c", f"{KERNELS}/qelemwise.c", f"{KERNELS}/qpool.c"]),
+                  f"{KERNELS}/qconv.c", f"{KERNELS}/qelemwise.c", f"{KERNELS}/qpool.c",
+                  f"{KERNELS}/qblock.c"]),
 ]
 CUDA_DIR = "mgtrace/_core/kernels/cuda"
 CUDA_EXT = "mgtrace._core._cuda"

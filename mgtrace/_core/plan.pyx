@@ -65,7 +65,7 @@ cdef extern from "kernels/cpu/plan.h" nogil:
     enum: MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN, MT_STEP_REDUCE, MT_STEP_GATHER
     enum: MT_STEP_QUANT, MT_Q_NKERNELS, MT_PLAN_Q_PTRS, MT_PLAN_Q_INTS, MT_PLAN_Q_FLOATS
     enum: MT_Q_GEMM, MT_Q_CONV, MT_Q_DWCONV, MT_Q_QUANTIZE, MT_Q_DEQUANTIZE, MT_Q_ADD
-    enum: MT_Q_MAXPOOL, MT_Q_AVGPOOL, MT_Q_FLIP, MT_Q_CONCAT
+    enum: MT_Q_MAXPOOL, MT_Q_AVGPOOL, MT_Q_FLIP, MT_Q_CONCAT, MT_Q_BLOCK
     enum: MT_NN_CONV2D_NCHWC, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC
     enum: MT_NN_TO_NCHWC, MT_NN_FROM_NCHWC, MT_NN_LAYER_NORM, MT_NN_ATTENTION, MT_NN_BIAS_ACT
     enum: MT_NN_CONV2D, MT_NN_CONV2D_PACKED, MT_NN_MAX_POOL2D, MT_NN_AVG_POOL2D
@@ -187,7 +187,7 @@ STEP_QUANT = MT_STEP_QUANT
 Q_CALLS = {"gemm": MT_Q_GEMM, "conv": MT_Q_CONV, "dwconv": MT_Q_DWCONV,
            "quantize": MT_Q_QUANTIZE, "dequantize": MT_Q_DEQUANTIZE, "add": MT_Q_ADD,
            "maxpool": MT_Q_MAXPOOL, "avgpool": MT_Q_AVGPOOL, "flip": MT_Q_FLIP,
-           "concat": MT_Q_CONCAT}
+           "concat": MT_Q_CONCAT, "block": MT_Q_BLOCK}
 # per nn kernel: (index of its output pointer, index of its workspace or -1)
 NN_ROLES = {MT_NN_CONV2D_NCHWC: (3, 4), MT_NN_PW_DW: (5, 6), MT_NN_PW_DW_PW: (7, 8),
             MT_NN_MAX_POOL_NCHWC: (1, -1), MT_NN_TO_NCHWC: (1, -1), MT_NN_FROM_NCHWC: (1, -1),

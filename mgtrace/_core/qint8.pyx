@@ -92,6 +92,20 @@ cdef extern from *:
     const mt_quant_kernels mt_cpu_quant_kernels
 
 
+cdef extern from *:
+    """
+    int64_t mt_qblock_set_band_bytes(int64_t n);            /* kernels/cpu/qblock.c */
+    """
+    int64_t mt_qblock_set_band_bytes(int64_t n) nogil
+
+
+def _set_block_band_bytes(int64_t n):
+    """Tests' hook: the most expanded bytes of one band of rows an int8
+    block step (mgtrace.plan's MT_Q_BLOCK) computes at once (0: the
+    default); returns the previous value."""
+    return mt_qblock_set_band_bytes(n)
+
+
 # the CPU backend's quant member: every call below goes through the table
 # of its data's device (backend.h), the CPU's for NumPy arrays
 cpu_backend().quant = &mt_cpu_quant_kernels

@@ -24,6 +24,21 @@
 #define MT_QUANT_KERNELS_H
 #include "mt_types.h"
 
+/* one conv of an int8 block (block_u8s8): its weights (a dense 1x1's
+ * wrows [Co + 31, lw] and wsum [Co], as conv_u8s8 takes them; a
+ * depthwise conv's taps [Co, KH * KW], lw and wsum unused), bias (or
+ * NULL), multipliers and epilogue */
+typedef struct {
+    const int8_t *w;
+    int64_t lw;
+    const int32_t *wsum;
+    const int32_t *bias;
+    const double *mult;
+    int64_t Co;
+    int32_t out_zp, lo, hi;
+    int out_u8, path;
+} mt_qblock_conv;
+
 typedef struct mt_quant_kernels {
     /* feature queries: 1 where the GEMM runs on u8 x s8 dot products
      * (AVX-512 VNNI), 1 where dense convs run on tiles (AMX-INT8) */
@@ -98,6 +113,16 @@ typedef struct mt_quant_kernels {
     /* out[i] = x[i] ^ 0x80: int8 integers as the uint8 bytes the kernels
      * take (with the zero point + 128) */
     void (*flip_s8)(const int8_t *x, int64_t n, uint8_t *out);
+    /* an inverted residual block (MobileNetV2's) in one call: x [NB, C, H,
+     * W] -> 1x1 conv ``expand`` (uint8 out) -> mid1 [NB, E, H, W] ->
+     * depthwise conv ``dw`` (uint8 out; geom: KH KW SH SW PH PW DH DW OH
+     * OW) -> mid2 [NB, E, OH, OW] -> 1x1 conv ``project`` -> out [NB, Co,
+     * OH, OW]; each conv's bits are those of its own call; 0 when out of
+     * memory */
+    int (*block_u8s8)(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                      int32_t a_zp, const mt_qblock_conv *expand, const mt_qblock_conv *dw,
+                      const int64_t *geom, const mt_qblock_conv *project, uint8_t *mid1,
+                      uint8_t *mid2, void *out);
 } mt_quant_kernels;
 
 #endif

@@ -199,6 +199,36 @@ static int run_gather(const mt_plan_gather *g, char *const *bases) {
 
 /* an int8 kernel call (mt_plan_quant); the argument layout is qint8.pyx's
  * record of the call */
+static mt_qblock_conv qblock_conv(char *const *p, const int64_t *i, int depthwise) {
+    mt_qblock_conv c = {(const int8_t *)p[0], 0, NULL, NULL, NULL, 0, 0, 0, 0, 1, 0};
+    if (depthwise) {            /* p: w bias mult; i: out_zp lo hi path */
+        c.bias = (const int32_t *)p[1];
+        c.mult = (const double *)p[2];
+        c.out_zp = (int32_t)i[0], c.lo = (int32_t)i[1], c.hi = (int32_t)i[2];
+        c.path = (int)i[3];
+        return c;
+    }
+    /* p: w wsum bias mult; i: lw Co out_zp lo hi out_u8 path */
+    c.wsum = (const int32_t *)p[1];
+    c.bias = (const int32_t *)p[2];
+    c.mult = (const double *)p[3];
+    c.lw = i[0], c.Co = i[1];
+    c.out_zp = (int32_t)i[2], c.lo = (int32_t)i[3], c.hi = (int32_t)i[4];
+    c.out_u8 = (int)i[5], c.path = (int)i[6];
+    return c;
+}
+
+static int run_qblock(const mt_quant_kernels *k, char *const *p, const int64_t *i) {
+    const int64_t e_ints[7] = {i[5], i[6], i[7], i[8], i[9], 1, i[10]};
+    mt_qblock_conv e = qblock_conv(p + 1, e_ints, 0);
+    mt_qblock_conv d = qblock_conv(p + 6, i + 21, 1);
+    mt_qblock_conv w = qblock_conv(p + 10, i + 25, 0);
+    d.Co = e.Co;
+    return k->block_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4], &e, &d,
+                         i + 11, &w, (uint8_t *)p[5], (uint8_t *)p[9], p[14])
+           ? 0 : MT_BK_ENOMEM;
+}
+
 static int run_quant(const mt_plan_quant *q, char *const *bases) {
     const mt_quant_kernels *k = q->k;
     const int64_t *i = q->i;
@@ -275,6 +305,11 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
     case MT_Q_FLIP:      /* x out; n */
         k->flip_s8((const int8_t *)p[0], i[0], (uint8_t *)p[1]);
         return 0;
+    case MT_Q_BLOCK:     /* x ew ewsum ebias emult mid1 dw dbias dmult mid2 pw pwsum pbias pmult
+                          * out; NB C H W a_zp; expand: lw Co out_zp lo hi path; depthwise:
+                          * KH KW SH SW PH PW DH DW OH OW out_zp lo hi path; project: lw Co
+                          * out_zp lo hi out_u8 path (_lower.py's fuse_int8_blocks) */
+        return run_qblock(k, p, i);
     default: return MT_BK_ENOKERNEL;
     }
 }

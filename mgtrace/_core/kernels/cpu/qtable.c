@@ -52,6 +52,10 @@ void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const floa
                    const float *zps, const int64_t *inner, int64_t outer, float os, float oz,
                    float lo, float hi, int ok, uint8_t *tables, void *out);
 
+int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                   const mt_qblock_conv *expand, const mt_qblock_conv *dw, const int64_t *geom,
+                   const mt_qblock_conv *project, uint8_t *mid1, uint8_t *mid2, void *out);
+
 /* a signed activation's bytes for the u8 x s8 kernels: q + 128 as uint8 */
 static void q_flip_s8(const int8_t *x, int64_t n, uint8_t *out) {
     for (int64_t i = 0; i < n; i++)
@@ -63,5 +67,5 @@ const mt_quant_kernels mt_cpu_quant_kernels = {
     mt_quantize_f32, mt_dequantize_f32,
     mt_qgemm_packed_size, mt_qgemm_pack_s8, mt_qgemm_u8s8, mt_qim2col_u8,
     mt_qconv_u8s8, mt_qdwconv_u8s8, mt_qdwconv_vec_u8s8,
-    mt_qadd_u8, mt_qmaxpool2d_u8, mt_qavgpool2d, mt_qconcat_u8, q_flip_s8,
+    mt_qadd_u8, mt_qmaxpool2d_u8, mt_qavgpool2d, mt_qconcat_u8, q_flip_s8, mt_qblock_u8s8,
 };

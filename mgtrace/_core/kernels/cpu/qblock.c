@@ -1,0 +1,249 @@
+/* Int8 inverted residual blocks in one call (issue 32): MobileNetV2's
+ * 1x1 expand, depthwise and 1x1 project convs, each MobileNetV2 block's
+ * three int8 layers, as one parallel region with one barrier per image.
+ *
+ * Run as three calls, each conv splits its work its own way over the team
+ * (the expand by pixel blocks, the depthwise by planes, the projection by
+ * pixels or channels), so each reads most of its input from the other
+ * core's cache, and the team meets three times. At MobileNetV2's sizes
+ * that cost more than the second thread saved: its 28x28 and smaller
+ * projections ran 1.2-1.5x slower on two threads than on one. Here, input
+ * planes of at most 28x28 go by channels:
+ *
+ *   phase 1: each thread takes a range of the E expanded channels (whole
+ *            multiples of 16, the AMX tile's half) and runs the expand and
+ *            the depthwise conv on it, so the depthwise planes it reads are
+ *            the ones it just wrote (the depthwise conv is per channel);
+ *   barrier: mid2 is whole;
+ *   phase 2: each thread takes a range of the projection's output channels
+ *            and runs it on the whole of mid2 (half of it from the other
+ *            core: the one exchange).
+ *
+ * Every thread then packs the whole input of both 1x1 convs, which the
+ * unfused layers split over pixels; on larger planes (MobileNetV2's
+ * 112x112 and 56x56 blocks lost 13-27% that way) each thread instead takes
+ * a share of the output rows, in bands: the input rows a band reads (its
+ * depthwise window, padding rows included) copied out, expanded, their
+ * padding rows set to the zero point, the depthwise conv unpadded in
+ * height, projected and copied to the output's rows. A band's expand
+ * recomputes the window's extra rows (2 of 28 a thread at 56x56).
+ *
+ * Each conv is conv_u8s8's or the depthwise kernels' own call on a channel
+ * range or a band, on one thread, so its bits are those of the unfused
+ * layer: the epilogue is per output channel, and an output depends only
+ * on its window, not on which other outputs the call computes.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "quant_kernels.h"
+
+int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                  const int8_t *wrows, int64_t lw, const int32_t *wsum, int64_t Co, int64_t G,
+                  int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
+                  int64_t DH, int64_t DW, int64_t OH, int64_t OW, const int32_t *bias,
+                  const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
+                  void *out, int path);
+void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                     int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                     int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                     int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                     int32_t lo, int32_t hi, int out_u8, void *out);
+int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
+                        int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
+                        int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
+                        int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
+                        int32_t lo, int32_t hi, int out_u8, void *out, int path);
+int mt_q_team(int64_t work);        /* qgemm.c */
+int mt_q_threads(void);
+void mt_q_set_threads(int n);
+
+#define QB_ALIGN 16         /* channels per share's unit: half an AMX tile, two VNNI ones */
+#define QB_DW_COST 8        /* a depthwise multiply-add in the grain's units (qconv.c's) */
+#define QB_CHANNEL_SPLIT_PIXELS (28 * 28)   /* larger input planes go by bands of rows */
+/* a band's expanded rows, at most (then whole rows); 1 MB: half a core's L2
+ * here, one band per thread for MobileNetV2's 112x112 and 56x56 blocks
+ * (256 KB bands, three a thread, lost 13% at 112x112). Tests make it small
+ * (mt_qblock_set_band_bytes) to run many bands. */
+static int64_t band_bytes = 1 << 20;
+
+int64_t mt_qblock_set_band_bytes(int64_t n)
+{
+    int64_t old = band_bytes;
+    band_bytes = n > 0 ? n : 1 << 20;
+    return old;
+}
+
+/* thread t's range [*a, *b) of n channels, in whole units of QB_ALIGN */
+static void share(int64_t n, int t, int nt, int64_t *a, int64_t *b)
+{
+    int64_t units = (n + QB_ALIGN - 1) / QB_ALIGN;
+    int64_t lo = units * t / nt * QB_ALIGN, hi = units * (t + 1) / nt * QB_ALIGN;
+    *a = lo < n ? lo : n;
+    *b = hi < n ? hi : n;
+}
+
+static const int32_t *at_or_null(const int32_t *p, int64_t i) { return p ? p + i : NULL; }
+
+/* channels [a, b) of a 1x1 conv of x [C, H, W] into out's planes a.. */
+static int pw_range(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                    const mt_qblock_conv *c, int64_t a, int64_t b, void *out)
+{
+    size_t isz = c->out_u8 == 2 ? 4 : 1;
+    return mt_qconv_u8s8(x, 1, C, H, W, a_zp, c->w + a * c->lw, c->lw, c->wsum + a, b - a, 1,
+                         1, 1, 1, 1, 0, 0, 1, 1, H, W, at_or_null(c->bias, a), c->mult + a,
+                         c->out_zp, c->lo, c->hi, c->out_u8, (char *)out + a * H * W * isz,
+                         c->path) != 0;
+}
+
+/* channels [a, b) of the depthwise conv, as plan.c's MT_Q_DWCONV step runs
+ * it: the vector kernel unless asked for the portable one, else the general */
+static void dw_range(const uint8_t *x, int64_t H, int64_t W, int32_t a_zp, const mt_qblock_conv *d,
+                     const int64_t *g, int64_t a, int64_t b, uint8_t *out)
+{
+    int64_t KH = g[0], KW = g[1], OH = g[8], OW = g[9];
+    const uint8_t *xa = x + a * H * W;
+    uint8_t *oa = out + a * OH * OW;
+    int done = 0;
+    if (d->path != 1)
+        done = mt_qdwconv_vec_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2],
+                                   g[3], g[4], g[5], g[6], g[7], OH, OW, at_or_null(d->bias, a),
+                                   d->mult + a, d->out_zp, d->lo, d->hi, 1, oa, d->path);
+    if (!done)
+        mt_qdwconv_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2], g[3], g[4],
+                        g[5], g[6], g[7], OH, OW, at_or_null(d->bias, a), d->mult + a,
+                        d->out_zp, d->lo, d->hi, 1, oa);
+}
+
+/* the calling thread's band buffers, kept for its next call */
+static __thread uint8_t *band_at;
+static __thread size_t band_cap;
+
+static uint8_t *band_buffer(size_t n)
+{
+    if (n > band_cap) {
+        free(band_at);
+        band_cap = 0;
+        if (posix_memalign((void **)&band_at, 64, n))
+            return band_at = NULL;
+        band_cap = n;
+    }
+    return band_at;
+}
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* output rows [o0, o1) of one image, all on this thread: the input rows
+ * they read (the depthwise conv's window, its zero padding included)
+ * copied to xb, expanded into m1 with the padding rows set to the zero
+ * point, the depthwise conv unpadded in height into m2, projected into ob
+ * and copied to the output's rows */
+static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
+                const mt_qblock_conv *p, int64_t o0, int64_t o1, uint8_t *buf, void *out)
+{
+    int64_t KH = g[0], SH = g[2], PH = g[4], DH = g[6], OH = g[8], OW = g[9];
+    int64_t E = e->Co, R = o1 - o0, i0 = o0 * SH - PH, rows = (R - 1) * SH + (KH - 1) * DH + 1;
+    size_t isz = p->out_u8 == 2 ? 4 : 1;
+    uint8_t *xb = buf, *m1 = xb + up64((size_t)(C * rows * W));
+    uint8_t *m2 = m1 + up64((size_t)(E * rows * W)), *ob = m2 + up64((size_t)(E * R * OW));
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t src = i0 + r < 0 ? 0 : i0 + r >= H ? H - 1 : i0 + r;    /* any real row */
+            memcpy(xb + (c * rows + r) * W, x + (c * H + src) * W, (size_t)W);
+        }
+    if (!pw_range(xb, C, rows, W, a_zp, e, 0, E, m1))
+        return 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (i0 + r < 0 || i0 + r >= H)
+            for (int64_t c = 0; c < E; c++)
+                memset(m1 + (c * rows + r) * W, (uint8_t)e->out_zp, (size_t)W);
+    int64_t gb[10] = {g[0], g[1], g[2], g[3], 0, g[5], g[6], g[7], R, OW};
+    dw_range(m1, rows, W, e->out_zp, d, gb, 0, E, m2);
+    if (!pw_range(m2, E, R, OW, d->out_zp, p, 0, p->Co, ob))
+        return 0;
+    for (int64_t c = 0; c < p->Co; c++)
+        memcpy((char *)out + (c * OH + o0) * OW * isz, ob + c * R * OW * isz, (size_t)(R * OW) * isz);
+    return 1;
+}
+
+/* each thread its share of every image's output rows, in bands whose
+ * expanded rows fit band_bytes */
+static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                    const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
+                    const mt_qblock_conv *p, void *out, int nt)
+{
+    int64_t KH = g[0], SH = g[2], DH = g[6], OH = g[8], OW = g[9], E = e->Co;
+    size_t isz = p->out_u8 == 2 ? 4 : 1;
+    int64_t R = (band_bytes / (E * W) - (KH - 1) * DH - 1) / SH + 1;
+    R = R < 1 ? 1 : R;
+    int failed = 0;
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), n_t = omp_get_num_threads();
+#else
+        int t = 0, n_t = 1;
+#endif
+        int64_t a = OH * t / n_t, b = OH * (t + 1) / n_t, Rt = R < b - a ? R : b - a;
+        int64_t rows = (Rt - 1) * SH + (KH - 1) * DH + 1;
+        uint8_t *buf = band_buffer(up64((size_t)(C * rows * W)) + up64((size_t)(E * rows * W)) +
+                                   up64((size_t)(E * Rt * OW)) + (size_t)(p->Co * Rt * OW) * isz);
+        failed = a < b && !buf;
+        for (int64_t n = 0; n < NB && !failed; n++)
+            for (int64_t o = a; o < b && !failed; o += Rt)
+                failed = !band(x + n * C * H * W, C, H, W, a_zp, e, d, g, p, o,
+                               o + Rt < b ? o + Rt : b, buf,
+                               (char *)out + n * p->Co * OH * OW * isz);
+    }
+    return !failed;
+}
+
+int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
+                   const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
+                   const mt_qblock_conv *p, uint8_t *mid1, uint8_t *mid2, void *out)
+{
+    int64_t E = e->Co, Co = p->Co, OH = g[8], OW = g[9];
+    size_t isz = p->out_u8 == 2 ? 4 : 1;
+    int64_t work = NB * (E * H * W * C + E * OH * OW * g[0] * g[1] * QB_DW_COST + Co * OH * OW * E);
+    int nt = mt_q_team(work), failed = 0, team = mt_q_threads();
+    mt_q_set_threads(1);        /* each conv below on its calling thread */
+    if (H * W > QB_CHANNEL_SPLIT_PIXELS) {
+        int ok = by_bands(x, NB, C, H, W, a_zp, e, d, g, p, out, nt);
+        mt_q_set_threads(team);
+        return ok;
+    }
+#pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), n_t = omp_get_num_threads();
+#else
+        int t = 0, n_t = 1;
+#endif
+        int64_t ea, eb, pa, pb;
+        share(E, t, n_t, &ea, &eb);
+        share(Co, t, n_t, &pa, &pb);
+        for (int64_t n = 0; n < NB; n++) {
+            uint8_t *m1 = mid1 + n * E * H * W, *m2 = mid2 + n * E * OH * OW;
+            if (ea < eb && !failed) {
+                failed |= !pw_range(x + n * C * H * W, C, H, W, a_zp, e, ea, eb, m1);
+                if (!failed)
+                    dw_range(m1, H, W, e->out_zp, d, g, ea, eb, m2);
+            }
+            /* mid2 whole before any projection reads it; the next image's
+             * phase 1 writes other planes of mid1 and mid2, so no second
+             * barrier */
+#pragma omp barrier
+            if (pa < pb && !failed)
+                failed |= !pw_range(m2, E, OH, OW, d->out_zp, p, pa, pb,
+                                    (char *)out + n * Co * OH * OW * isz);
+        }
+    }
+    mt_q_set_threads(team);
+    return !failed;
+}

@@ -1,0 +1,98 @@
+"""Int8 inverted residual blocks as one plan step.
+
+Three int8 steps in a row, a 1x1 conv writing uint8 (the expand), a
+depthwise conv reading just that and writing uint8, and a 1x1 conv reading
+just that (the projection, any output storage), become one MT_Q_BLOCK step
+(qblock.c): MobileNetV2's blocks. The step runs each conv's own kernel on
+ranges of channels or bands of rows, so its bits are the three steps';
+what changes is which thread computes what (the expand and depthwise conv
+of one channel, or of one band, on one core) and that the team meets once
+per image instead of three times.
+
+The two tensors between the convs stay in the plan's arena (the step's
+mid1 and mid2); a tensor another step reads, or a plan output, keeps its
+steps apart.
+"""
+
+__all__ = ["fuse_int8_blocks"]
+
+FUSE = True         # tests set it False to compare with the unfused steps
+
+
+def _conv_1x1(step):
+    """A quant step's conv ints when it is a dense 1x1 stride-1 unpadded conv."""
+    if step[0] != "quant" or step[1][0] != "conv":
+        return None
+    i = step[1][2]
+    NB, C, H, W, a_zp, lw, Co, G, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW = i[:18]
+    if G != 1 or (KH, KW, SH, SW, PH, PW, DH, DW) != (1, 1, 1, 1, 0, 0, 1, 1):
+        return None
+    return i
+
+
+def _dwconv(step):
+    if step[0] != "quant" or step[1][0] != "dwconv":
+        return None
+    return step[1][2]
+
+
+def _readers(steps):
+    """buffer -> the positions of the steps that reference it."""
+    seen = {}
+    for pos, step in enumerate(steps):
+        if step[0] in ("kernel", "gather", "quant"):
+            bufs = [r[0] for r in step[2] if r is not None]
+        else:
+            ps = step[1]
+            bufs = [s.buf for s in ps.leaves if hasattr(s, "buf")] + [b[1] for b in ps.out_bind]
+        for b in bufs:
+            seen.setdefault(b, set()).add(pos)
+    return seen
+
+
+def _match(steps, pos, readers, kept):
+    """The block step for steps pos..pos+2, else None."""
+    e, d, p = steps[pos:pos + 3]
+    ei, di, pi = _conv_1x1(e), _dwconv(d), _conv_1x1(p)
+    if ei is None or di is None or pi is None:
+        return None
+    NB, C, H, W, a_zp, elw, E = ei[:7]
+    e_zp, e_lo, e_hi, e_u8, e_path = ei[18:23]
+    dNB, dC, dH, dW, d_azp, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_u8, \
+        d_path = di
+    pNB, pC, pH, pW, p_azp, plw, Co = pi[:7]
+    p_zp, p_lo, p_hi, p_u8, p_path = pi[18:23]
+    mid1, mid2 = e[2][5], d[2][4]
+    if e_u8 != 1 or d_u8 != 1 or (dNB, dC, dH, dW, d_azp) != (NB, E, H, W, e_zp) or \
+            (pNB, pC, pH, pW, p_azp) != (NB, E, OH, OW, d_zp):
+        return None
+    if d[2][0] != mid1 or p[2][0] != mid2 or mid1[1] != 0 or mid2[1] != 0:
+        return None
+    if mid1[0] in kept or mid2[0] in kept or mid1[0] == mid2[0] or \
+            readers.get(mid1[0]) != {pos, pos + 1} or readers.get(mid2[0]) != {pos + 1, pos + 2}:
+        return None
+    ints = (NB, C, H, W, a_zp, elw, E, e_zp, e_lo, e_hi, e_path,
+            KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_path,
+            plw, Co, p_zp, p_lo, p_hi, p_u8, p_path)
+    refs = list(e[2][:6]) + list(d[2][1:5]) + list(p[2][1:6])
+    nt = max(e[1][1], d[1][1], p[1][1])
+    return ("quant", ("block", nt, ints, ()), refs, f"{e[3]} .. {p[3]}")
+
+
+def fuse_int8_blocks(steps, kept=()):
+    """``steps`` (the lowering's list) with each expand / depthwise /
+    project run of int8 steps made one block step; ``kept``: buffers that
+    must stay written (the plan's outputs)."""
+    if not FUSE:
+        return steps
+    readers = _readers(steps)
+    out, pos = [], 0
+    while pos < len(steps):
+        block = _match(steps, pos, readers, kept) if pos + 3 <= len(steps) else None
+        if block is None:
+            out.append(steps[pos])
+            pos += 1
+        else:
+            out.append(block)
+            pos += 3
+    return out

@@ -1,0 +1,127 @@
+"""Int8 inverted residual blocks as one plan step (mgtrace/plan/_qblock.py,
+kernels/cpu/qblock.c): an expand 1x1 conv, a depthwise conv and a project
+1x1 conv, int8 from one to the next, run as one MT_Q_BLOCK step. Its bits
+are the three steps' (and the module's), whichever way it splits the work:
+by expanded channels on small planes, by bands of rows on planes over 28x28
+(tests make the bands a few rows, so bands start and end inside the image
+and at its zero-padded edges)."""
+import numpy as np
+import pytest
+
+import mgtrace as mt
+import mgtrace.module as M
+import mgtrace.quantization as Q
+from mgtrace._core import qint8
+from mgtrace.plan import _qblock
+
+
+def rand(*shape, seed=0):
+    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+class Block(M.Module):
+    """MobileNetV2's inverted residual, MegEngine's way, between stubs."""
+
+    def __init__(self, c, hidden, cout, stride, kernel=3, also_mid=False):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.expand = M.ConvBnRelu2d(c, hidden, 1, bias=False)
+        self.dw = M.ConvBnRelu2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden,
+                                 bias=False)
+        self.project = M.ConvBn2d(hidden, cout, 1, bias=True)
+        self.also_mid = also_mid
+
+    def forward(self, x):
+        mid = self.expand(self.quant(x))
+        y = self.dequant(self.project(self.dw(mid)))
+        if self.also_mid:           # the expanded tensor read by another step too
+            return y, self.dequant(mid)
+        return y
+
+
+def _quantized(net, shape):
+    mt.random.seed(25)
+    net.train()
+    for s in (7, 8):                        # BatchNorm statistics of something
+        net(rand(*shape, seed=s))
+    net.eval()
+    qat = Q.quantize_qat(net, qconfig=Q.per_channel_quint8_qconfig)
+    Q.enable_observer(qat)
+    Q.disable_fake_quant(qat)
+    for s in (1, 2):
+        qat(rand(*shape, seed=s))
+    Q.disable_observer(qat)
+    Q.enable_fake_quant(qat)
+    return Q.quantize(qat)
+
+
+def _block_steps(plan, x):
+    return [w for k, w, _ in plan.profile(x) if w.endswith("int8 block")]
+
+
+@pytest.fixture
+def small_bands():
+    old = qint8._set_block_band_bytes(1)        # one output row a band
+    yield
+    qint8._set_block_band_bytes(old)
+
+
+GEOMETRIES = [  # (batch, C, hidden, C_out, H, W, stride, kernel)
+    (1, 8, 24, 8, 7, 7, 1, 3),          # channel split: fewer channels than a 16 share
+    (2, 8, 40, 16, 14, 9, 2, 3),        # 40: shares of 16 + 24 (uneven)
+    (1, 16, 48, 24, 30, 30, 1, 3),      # 900 pixels: bands of rows
+    (3, 8, 24, 8, 33, 31, 2, 3),        # odd sizes, stride 2, bands
+    (1, 8, 32, 16, 29, 29, 1, 5),       # a 5x5 depthwise conv (two padded rows a side)
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+@pytest.mark.parametrize("bands", ["default", "one_row"])
+def test_block_step_equals_the_module_and_the_unfused_steps_bitwise(geom, threads, bands,
+                                                                      request):
+    if bands == "one_row":
+        request.getfixturevalue("small_bands")
+    nb, c, hidden, cout, h, w, stride, kernel = geom
+    shape = (nb, c, h, w)
+    qm = _quantized(Block(c, hidden, cout, stride, kernel), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        x = rand(*shape, seed=3)
+        fused = mt.compile(qm, x)
+        _qblock.FUSE = False
+        try:
+            unfused = mt.compile(qm, x)
+        finally:
+            _qblock.FUSE = True
+        assert len(_block_steps(fused, x)) == 1
+        assert _block_steps(unfused, x) == []
+        for seed in (3, 4, 5):
+            x = rand(*shape, seed=seed)
+            want = qm(x).numpy()
+            got, ref = fused(x).numpy(), unfused(x).numpy()
+            assert got.tobytes() == want.tobytes(), (geom, seed)
+            assert ref.tobytes() == want.tobytes(), (geom, seed)
+    finally:
+        mt.set_num_threads(old)
+
+
+def test_a_block_whose_expanded_tensor_is_read_elsewhere_stays_three_steps():
+    shape = (1, 8, 9, 9)
+    qm = _quantized(Block(8, 24, 8, 1, also_mid=True), shape)
+    x = rand(*shape, seed=3)
+    plan = mt.compile(qm, x)
+    assert _block_steps(plan, x) == []
+    for got, want in zip(plan(x), qm(x)):
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+
+
+def test_mobilenet_v2_like_model_runs_its_blocks_as_block_steps():
+    # the plan tests' model: two blocks, the first with its shortcut add
+    from tests.plan.test_plan_quantized import _quantized as quantized_model
+    qm, shape = quantized_model("mobilenet_v2_like", True)
+    x = rand(*shape, seed=3)
+    plan = mt.compile(qm, x)
+    assert len(_block_steps(plan, x)) == 2
+    assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes()
