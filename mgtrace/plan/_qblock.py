@@ -2,7 +2,9 @@
 
 Three int8 steps in a row, a 1x1 conv writing uint8 (the expand), a
 depthwise conv reading just that and writing uint8, and a 1x1 conv reading
-just that (the projection, any output storage), become one MT_Q_BLOCK step
+just that (the projection, any output storage), and an int8 add of the
+projection's output where one follows (a residual block's shortcut),
+become one MT_Q_BLOCK step
 (qblock.c): MobileNetV2's blocks. The step runs each conv's own kernel on
 ranges of channels or bands of rows, so its bits are the three steps';
 what changes is which thread computes what (the expand and depthwise conv
@@ -51,7 +53,8 @@ def _readers(steps):
 
 
 def _match(steps, pos, readers, kept):
-    """The block step for steps pos..pos+2, else None."""
+    """``(block step, steps it replaces)`` for steps pos..pos+2 (and the
+    add after them at pos + 3, where it folds in), else None."""
     e, d, p = steps[pos:pos + 3]
     ei, di, pi = _conv_1x1(e), _dwconv(d), _conv_1x1(p)
     if ei is None or di is None or pi is None:
@@ -76,7 +79,38 @@ def _match(steps, pos, readers, kept):
             plw, Co, p_zp, p_lo, p_hi, p_u8, p_path)
     refs = list(e[2][:6]) + list(d[2][1:5]) + list(p[2][1:6])
     nt = max(e[1][1], d[1][1], p[1][1])
-    return ("quant", ("block", nt, ints, ()), refs, f"{e[3]} .. {p[3]}")
+    add = _add(steps, pos + 3, readers, kept, refs, NB * Co * OH * OW, p_u8)
+    if add is None:
+        return ("quant", ("block", nt, ints, ()), refs, f"{e[3]} .. {p[3]}"), 3
+    a = steps[pos + 3]
+    add_ints, floats, add_refs = add
+    return ("quant", ("block", max(nt, a[1][1]), ints + add_ints, floats), refs + add_refs,
+            f"{e[3]} .. {a[3]}"), 4
+
+
+def _add(steps, pos, readers, kept, refs, n, y_kind):
+    """``(ints, floats, refs)`` that fold the int8 add at ``pos`` into the
+    block whose refs are ``refs``, when it adds the block's output (read
+    by nothing else) and another int8 or uint8 tensor into a buffer of its
+    own; else None."""
+    if pos >= len(steps) or steps[pos][0] != "quant" or steps[pos][1][0] != "add":
+        return None
+    _, (_, _, ints, floats), (a, b, out), _ = steps[pos]
+    ak, bk, an, relu, ok, path = ints
+    y = refs[14]
+    if an != n or y_kind not in (0, 1) or (a == y) == (b == y) or ok not in (0, 1):
+        return None
+    y_first = a == y
+    other, other_kind = (b, bk) if y_first else (a, ak)
+    if other is None or other_kind not in (0, 1) or (ak if y_first else bk) != y_kind:
+        return None
+    if y[0] in kept or readers.get(y[0]) != {pos - 1, pos} or out is None or \
+            out[0] in {r[0] for r in refs if r is not None} | {other[0]}:
+        return None
+    a_s, a_z, b_s, b_z, o_s, o_z, lo, hi = floats
+    scales = (a_s, a_z, b_s, b_z) if y_first else (b_s, b_z, a_s, a_z)
+    return (int(y_first), y_kind, other_kind, ok, relu, path), scales + (o_s, o_z, lo, hi), \
+        [other, out]
 
 
 def fuse_int8_blocks(steps, kept=()):
@@ -88,11 +122,11 @@ def fuse_int8_blocks(steps, kept=()):
     readers = _readers(steps)
     out, pos = [], 0
     while pos < len(steps):
-        block = _match(steps, pos, readers, kept) if pos + 3 <= len(steps) else None
-        if block is None:
+        hit = _match(steps, pos, readers, kept) if pos + 3 <= len(steps) else None
+        if hit is None:
             out.append(steps[pos])
             pos += 1
         else:
-            out.append(block)
-            pos += 3
+            out.append(hit[0])
+            pos += hit[1]
     return out

@@ -125,3 +125,50 @@ def test_mobilenet_v2_like_model_runs_its_blocks_as_block_steps():
     plan = mt.compile(qm, x)
     assert len(_block_steps(plan, x)) == 2
     assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes()
+
+
+class ResidualBlock(M.Module):
+    """The block with MobileNetV2's shortcut: an int8 Elemwise add of its
+    input and its output (in either order; ``fuse_add_relu`` too)."""
+
+    def __init__(self, c, hidden, stride, mode, y_first):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.expand = M.ConvBnRelu2d(c, hidden, 1, bias=False)
+        self.dw = M.ConvBnRelu2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False)
+        self.project = M.ConvBn2d(hidden, c, 1, bias=False)
+        self.add = M.Elemwise(mode)
+        self.y_first = y_first
+
+    def forward(self, x):
+        x = self.quant(x)
+        y = self.project(self.dw(self.expand(x)))
+        return self.dequant(self.add(y, x) if self.y_first else self.add(x, y))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("size", [(1, 9, 7), (2, 31, 30)], ids=["channels", "bands"])
+@pytest.mark.parametrize("mode,y_first", [("add", False), ("add", True),
+                                          ("fuse_add_relu", False)])
+@pytest.mark.parametrize("bands", ["default", "one_row"])
+def test_the_shortcut_add_folds_into_the_block_step_bitwise(size, mode, y_first, threads, bands,
+                                                            request):
+    if bands == "one_row":
+        request.getfixturevalue("small_bands")
+    nb, h, w = size
+    shape = (nb, 8, h, w)
+    qm = _quantized(ResidualBlock(8, 40, 1, mode, y_first), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        x = rand(*shape, seed=3)
+        plan = mt.compile(qm, x)
+        steps = [w for k, w, _ in plan.profile(x) if k == "kernel"]
+        assert [w for w in steps if w.endswith("int8 block")] == \
+            ["expand: ConvBnRelu2d .. add: Elemwise: int8 block"], steps
+        assert not any(w.endswith("int8 add") for w in steps)
+        for seed in (3, 4):
+            x = rand(*shape, seed=seed)
+            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes()
+    finally:
+        mt.set_num_threads(old)

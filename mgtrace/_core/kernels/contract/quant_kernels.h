@@ -39,6 +39,16 @@ typedef struct {
     int out_u8, path;
 } mt_qblock_conv;
 
+/* a quantized add after an int8 block (block_u8s8), add_u8's arguments:
+ * the block's output is its first operand (y_first) or its second, other
+ * the other operand; all three int8 or uint8 (kinds 0, 1) */
+typedef struct {
+    const void *other;
+    void *out;
+    int y_first, y_kind, other_kind, out_kind, relu, path;
+    float y_scale, y_zp, other_scale, other_zp, out_scale, out_zp, lo, hi;
+} mt_qblock_add;
+
 typedef struct mt_quant_kernels {
     /* feature queries: 1 where the GEMM runs on u8 x s8 dot products
      * (AVX-512 VNNI), 1 where dense convs run on tiles (AMX-INT8) */
@@ -117,12 +127,13 @@ typedef struct mt_quant_kernels {
      * W] -> 1x1 conv ``expand`` (uint8 out) -> mid1 [NB, E, H, W] ->
      * depthwise conv ``dw`` (uint8 out; geom: KH KW SH SW PH PW DH DW OH
      * OW) -> mid2 [NB, E, OH, OW] -> 1x1 conv ``project`` -> out [NB, Co,
-     * OH, OW]; each conv's bits are those of its own call; 0 when out of
-     * memory */
+     * OH, OW], then, where ``add`` is not NULL, add_u8 of out and
+     * add->other into add->out; each op's bits are those of its own call;
+     * 0 when out of memory */
     int (*block_u8s8)(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const mt_qblock_conv *expand, const mt_qblock_conv *dw,
                       const int64_t *geom, const mt_qblock_conv *project, uint8_t *mid1,
-                      uint8_t *mid2, void *out);
+                      uint8_t *mid2, void *out, const mt_qblock_add *add);
 } mt_quant_kernels;
 
 #endif

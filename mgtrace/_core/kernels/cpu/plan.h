@@ -39,11 +39,11 @@ enum { MT_STEP_EW = 0, MT_STEP_GEMM = 1, MT_STEP_CALLBACK = 2, MT_STEP_NN = 3, M
  * arguments in mt_plan_quant, in the member's order (plan.c's run_quant) */
 enum { MT_Q_GEMM = 0, MT_Q_CONV, MT_Q_DWCONV, MT_Q_QUANTIZE, MT_Q_DEQUANTIZE, MT_Q_ADD,
        MT_Q_MAXPOOL, MT_Q_AVGPOOL, MT_Q_FLIP, MT_Q_CONCAT, MT_Q_BLOCK, MT_Q_NKERNELS };
-#define MT_PLAN_Q_PTRS 16
-/* concat's inputs in one step: the pointers less its 6 others (qint8.pyx
- * spoils the recording of a concat with more) */
-#define MT_PLAN_Q_CONCAT_INPUTS (MT_PLAN_Q_PTRS - 6)
-#define MT_PLAN_Q_INTS 32          /* MT_Q_BLOCK's */
+#define MT_PLAN_Q_PTRS 17          /* MT_Q_BLOCK's with its add */
+/* concat's inputs in one step (qint8.pyx spoils the recording of a concat
+ * with more) */
+#define MT_PLAN_Q_CONCAT_INPUTS 10
+#define MT_PLAN_Q_INTS 40          /* MT_Q_BLOCK's with its add */
 #define MT_PLAN_Q_FLOATS 8
 /* the nn table members a plan replays (MT_STEP_NN's ``which``) */
 enum { MT_NN_CONV2D_NCHWC = 0, MT_NN_PW_DW, MT_NN_PW_DW_PW, MT_NN_MAX_POOL_NCHWC, MT_NN_TO_NCHWC,

@@ -59,6 +59,9 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                         int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
                         int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
                         int32_t lo, int32_t hi, int out_u8, void *out, int path);
+int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
+               float bz, int64_t n, float os, float oz, float lo, float hi, int relu, void *out,
+               int ok, int path);
 int mt_q_team(int64_t work);        /* qgemm.c */
 int mt_q_threads(void);
 void mt_q_set_threads(int n);
@@ -99,6 +102,20 @@ static int pw_range(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a
                          1, 1, 1, 1, 0, 0, 1, 1, H, W, at_or_null(c->bias, a), c->mult + a,
                          c->out_zp, c->lo, c->hi, c->out_u8, (char *)out + a * H * W * isz,
                          c->path) != 0;
+}
+
+/* the block's add on n elements from the output's element i on, y there
+ * (one byte each: int8 or uint8) */
+static void add_range(const mt_qblock_add *a, const uint8_t *y, int64_t i, int64_t n)
+{
+    const uint8_t *o = (const uint8_t *)a->other + i;
+    const void *first = a->y_first ? (const void *)y : (const void *)o;
+    const void *second = a->y_first ? (const void *)o : (const void *)y;
+    int fk = a->y_first ? a->y_kind : a->other_kind, sk = a->y_first ? a->other_kind : a->y_kind;
+    float fs = a->y_first ? a->y_scale : a->other_scale, fz = a->y_first ? a->y_zp : a->other_zp;
+    float ss = a->y_first ? a->other_scale : a->y_scale, sz = a->y_first ? a->other_zp : a->y_zp;
+    mt_qadd_u8(first, fk, fs, fz, second, sk, ss, sz, n, a->out_scale, a->out_zp, a->lo, a->hi,
+               a->relu, (uint8_t *)a->out + i, a->out_kind, a->path);
 }
 
 /* channels [a, b) of the depthwise conv, as plan.c's MT_Q_DWCONV step runs
@@ -142,10 +159,12 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
  * they read (the depthwise conv's window, its zero padding included)
  * copied to xb, expanded into m1 with the padding rows set to the zero
  * point, the depthwise conv unpadded in height into m2, projected into ob
- * and copied to the output's rows */
+ * and copied to the output's rows (out: the image's; img: its first
+ * element in the whole output, where the add's operands start), then added */
 static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                 const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
-                const mt_qblock_conv *p, int64_t o0, int64_t o1, uint8_t *buf, void *out)
+                const mt_qblock_conv *p, int64_t o0, int64_t o1, uint8_t *buf, void *out,
+                const mt_qblock_add *add, int64_t img)
 {
     int64_t KH = g[0], SH = g[2], PH = g[4], DH = g[6], OH = g[8], OW = g[9];
     int64_t E = e->Co, R = o1 - o0, i0 = o0 * SH - PH, rows = (R - 1) * SH + (KH - 1) * DH + 1;
@@ -167,8 +186,12 @@ static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
     dw_range(m1, rows, W, e->out_zp, d, gb, 0, E, m2);
     if (!pw_range(m2, E, R, OW, d->out_zp, p, 0, p->Co, ob))
         return 0;
-    for (int64_t c = 0; c < p->Co; c++)
-        memcpy((char *)out + (c * OH + o0) * OW * isz, ob + c * R * OW * isz, (size_t)(R * OW) * isz);
+    for (int64_t c = 0; c < p->Co; c++) {
+        int64_t at = (c * OH + o0) * OW;
+        memcpy((char *)out + at * isz, ob + c * R * OW * isz, (size_t)(R * OW) * isz);
+        if (add)
+            add_range(add, (const uint8_t *)out + at, img + at, R * OW);
+    }
     return 1;
 }
 
@@ -176,7 +199,7 @@ static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
  * expanded rows fit band_bytes */
 static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                     const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
-                    const mt_qblock_conv *p, void *out, int nt)
+                    const mt_qblock_conv *p, void *out, const mt_qblock_add *add, int nt)
 {
     int64_t KH = g[0], SH = g[2], DH = g[6], OH = g[8], OW = g[9], E = e->Co;
     size_t isz = p->out_u8 == 2 ? 4 : 1;
@@ -199,14 +222,15 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
             for (int64_t o = a; o < b && !failed; o += Rt)
                 failed = !band(x + n * C * H * W, C, H, W, a_zp, e, d, g, p, o,
                                o + Rt < b ? o + Rt : b, buf,
-                               (char *)out + n * p->Co * OH * OW * isz);
+                               (char *)out + n * p->Co * OH * OW * isz, add, n * p->Co * OH * OW);
     }
     return !failed;
 }
 
 int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                    const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
-                   const mt_qblock_conv *p, uint8_t *mid1, uint8_t *mid2, void *out)
+                   const mt_qblock_conv *p, uint8_t *mid1, uint8_t *mid2, void *out,
+                   const mt_qblock_add *add)
 {
     int64_t E = e->Co, Co = p->Co, OH = g[8], OW = g[9];
     size_t isz = p->out_u8 == 2 ? 4 : 1;
@@ -214,7 +238,7 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
     int nt = mt_q_team(work), failed = 0, team = mt_q_threads();
     mt_q_set_threads(1);        /* each conv below on its calling thread */
     if (H * W > QB_CHANNEL_SPLIT_PIXELS) {
-        int ok = by_bands(x, NB, C, H, W, a_zp, e, d, g, p, out, nt);
+        int ok = by_bands(x, NB, C, H, W, a_zp, e, d, g, p, out, add, nt);
         mt_q_set_threads(team);
         return ok;
     }
@@ -239,9 +263,13 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
              * phase 1 writes other planes of mid1 and mid2, so no second
              * barrier */
 #pragma omp barrier
-            if (pa < pb && !failed)
+            if (pa < pb && !failed) {
                 failed |= !pw_range(m2, E, OH, OW, d->out_zp, p, pa, pb,
                                     (char *)out + n * Co * OH * OW * isz);
+                if (add && !failed)
+                    add_range(add, (const uint8_t *)out + (n * Co + pa) * OH * OW,
+                              (n * Co + pa) * OH * OW, (pb - pa) * OH * OW);
+            }
         }
     }
     mt_q_set_threads(team);

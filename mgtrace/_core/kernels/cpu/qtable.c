@@ -54,7 +54,8 @@ void mt_qconcat_u8(int n_in, const void *const *xs, const int *kinds, const floa
 
 int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                    const mt_qblock_conv *expand, const mt_qblock_conv *dw, const int64_t *geom,
-                   const mt_qblock_conv *project, uint8_t *mid1, uint8_t *mid2, void *out);
+                   const mt_qblock_conv *project, uint8_t *mid1, uint8_t *mid2, void *out,
+                   const mt_qblock_add *add);
 
 /* a signed activation's bytes for the u8 x s8 kernels: q + 128 as uint8 */
 static void q_flip_s8(const int8_t *x, int64_t n, uint8_t *out) {
