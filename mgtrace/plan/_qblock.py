@@ -1,15 +1,15 @@
 """Int8 inverted residual blocks as one plan step.
 
-Three int8 steps in a row, a 1x1 conv writing uint8 (the expand), a
-depthwise conv reading just that and writing uint8, and a 1x1 conv reading
-just that (the projection, any output storage), and an int8 add of the
+Int8 steps in a row, a 1x1 conv writing uint8 (the expand; optional), a
+depthwise conv reading just that and writing uint8, a 1x1 conv reading just
+that (the projection, any output storage), and an int8 add of the
 projection's output where one follows (a residual block's shortcut),
-become one MT_Q_BLOCK step
-(qblock.c): MobileNetV2's blocks. The step runs each conv's own kernel on
-ranges of channels or bands of rows, so its bits are the three steps';
-what changes is which thread computes what (the expand and depthwise conv
-of one channel, or of one band, on one core) and that the team meets once
-per image instead of three times.
+become one MT_Q_BLOCK step (qblock.c): MobileNetV2's blocks, and
+MobileNetV1's depthwise-pointwise pairs. The step runs each op's own kernel
+on ranges of channels or bands of rows, so its bits are the steps'; what
+changes is which thread computes what (the expand and depthwise conv of one
+channel, or of one band, on one core) and that the team meets once per
+image instead of once per op.
 
 The two tensors between the convs stay in the plan's arena (the step's
 mid1 and mid2); a tensor another step reads, or a plan output, keeps its
@@ -53,39 +53,71 @@ def _readers(steps):
 
 
 def _match(steps, pos, readers, kept):
-    """``(block step, steps it replaces)`` for steps pos..pos+2 (and the
-    add after them at pos + 3, where it folds in), else None."""
-    e, d, p = steps[pos:pos + 3]
-    ei, di, pi = _conv_1x1(e), _dwconv(d), _conv_1x1(p)
-    if ei is None or di is None or pi is None:
+    """``(block step, steps it replaces)`` for the steps from ``pos`` (an
+    expand, a depthwise and a project conv, or a depthwise and a project
+    conv, then the add where it folds in), else None."""
+    hit = _match3(steps, pos, readers, kept)
+    return hit if hit is not None else _match2(steps, pos, readers, kept)
+
+
+def _match3(steps, pos, readers, kept):
+    if pos + 3 > len(steps):
+        return None
+    e, d = steps[pos:pos + 2]
+    ei, di = _conv_1x1(e), _dwconv(d)
+    if ei is None or di is None:
         return None
     NB, C, H, W, a_zp, elw, E = ei[:7]
     e_zp, e_lo, e_hi, e_u8, e_path = ei[18:23]
-    dNB, dC, dH, dW, d_azp, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_u8, \
-        d_path = di
-    pNB, pC, pH, pW, p_azp, plw, Co = pi[:7]
+    mid1 = e[2][5]
+    if e_u8 != 1 or tuple(di[:5]) != (NB, E, H, W, e_zp) or d[2][0] != mid1 or mid1[1] != 0 or \
+            mid1[0] in kept or readers.get(mid1[0]) != {pos, pos + 1}:
+        return None
+    head = (NB, C, H, W, a_zp, elw, E, e_zp, e_lo, e_hi, e_path)
+    return _tail(steps, pos + 1, readers, kept, head, list(e[2][:6]), e[1][1], e[3])
+
+
+def _match2(steps, pos, readers, kept):
+    if pos + 2 > len(steps):
+        return None
+    d = steps[pos]
+    di = _dwconv(d)
+    if di is None:
+        return None
+    NB, C, H, W, a_zp = di[:5]
+    head = (NB, C, H, W, a_zp, 0, C, a_zp, 0, 0, 0)           # no expand
+    return _tail(steps, pos, readers, kept, head, [d[2][0]] + [None] * 5, 0, d[3])
+
+
+def _tail(steps, pos, readers, kept, head, refs, nt, where):
+    """The block step whose depthwise conv is step ``pos``, its input
+    (and the expand before it) given: ``head`` the step's first ints,
+    ``refs`` its first pointers, ``nt`` and ``where`` the first step's."""
+    first = pos - (refs[1] is not None)
+    d, p = steps[pos:pos + 2]
+    di, pi = _dwconv(d), _conv_1x1(p)
+    if pi is None:
+        return None
+    NB, E = head[0], head[6]
+    KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_u8, d_path = di[5:]
+    plw, Co = pi[5:7]
     p_zp, p_lo, p_hi, p_u8, p_path = pi[18:23]
-    mid1, mid2 = e[2][5], d[2][4]
-    if e_u8 != 1 or d_u8 != 1 or (dNB, dC, dH, dW, d_azp) != (NB, E, H, W, e_zp) or \
-            (pNB, pC, pH, pW, p_azp) != (NB, E, OH, OW, d_zp):
+    mid2 = d[2][4]
+    if d_u8 != 1 or tuple(pi[:5]) != (NB, E, OH, OW, d_zp) or p[2][0] != mid2 or \
+            mid2[1] != 0 or mid2[0] in kept or mid2[0] == refs[0][0] or \
+            readers.get(mid2[0]) != {pos, pos + 1}:
         return None
-    if d[2][0] != mid1 or p[2][0] != mid2 or mid1[1] != 0 or mid2[1] != 0:
-        return None
-    if mid1[0] in kept or mid2[0] in kept or mid1[0] == mid2[0] or \
-            readers.get(mid1[0]) != {pos, pos + 1} or readers.get(mid2[0]) != {pos + 1, pos + 2}:
-        return None
-    ints = (NB, C, H, W, a_zp, elw, E, e_zp, e_lo, e_hi, e_path,
-            KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_path,
-            plw, Co, p_zp, p_lo, p_hi, p_u8, p_path)
-    refs = list(e[2][:6]) + list(d[2][1:5]) + list(p[2][1:6])
-    nt = max(e[1][1], d[1][1], p[1][1])
-    add = _add(steps, pos + 3, readers, kept, refs, NB * Co * OH * OW, p_u8)
+    ints = head + (KH, KW, SH, SW, PH, PW, DH, DW, OH, OW, d_zp, d_lo, d_hi, d_path,
+                   plw, Co, p_zp, p_lo, p_hi, p_u8, p_path)
+    refs = refs + list(d[2][1:5]) + list(p[2][1:6])
+    nt = max(nt, d[1][1], p[1][1])
+    add = _add(steps, pos + 2, readers, kept, refs, NB * Co * OH * OW, p_u8)
     if add is None:
-        return ("quant", ("block", nt, ints, ()), refs, f"{e[3]} .. {p[3]}"), 3
-    a = steps[pos + 3]
+        return ("quant", ("block", nt, ints, ()), refs, f"{where} .. {p[3]}"), pos + 2 - first
+    a = steps[pos + 2]
     add_ints, floats, add_refs = add
     return ("quant", ("block", max(nt, a[1][1]), ints + add_ints, floats), refs + add_refs,
-            f"{e[3]} .. {a[3]}"), 4
+            f"{where} .. {a[3]}"), pos + 3 - first
 
 
 def _add(steps, pos, readers, kept, refs, n, y_kind):
@@ -122,7 +154,7 @@ def fuse_int8_blocks(steps, kept=()):
     readers = _readers(steps)
     out, pos = [], 0
     while pos < len(steps):
-        hit = _match(steps, pos, readers, kept) if pos + 3 <= len(steps) else None
+        hit = _match(steps, pos, readers, kept)
         if hit is None:
             out.append(steps[pos])
             pos += 1

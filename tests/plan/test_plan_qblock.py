@@ -107,12 +107,16 @@ def test_block_step_equals_the_module_and_the_unfused_steps_bitwise(geom, thread
         mt.set_num_threads(old)
 
 
-def test_a_block_whose_expanded_tensor_is_read_elsewhere_stays_three_steps():
+def test_a_block_whose_expanded_tensor_is_read_elsewhere_keeps_its_expand_apart():
+    # the expand's output is a second output: the expand stays a step of its
+    # own, and the depthwise and project convs make the block (reading it)
     shape = (1, 8, 9, 9)
     qm = _quantized(Block(8, 24, 8, 1, also_mid=True), shape)
     x = rand(*shape, seed=3)
     plan = mt.compile(qm, x)
-    assert _block_steps(plan, x) == []
+    steps = [w for k, w, _ in plan.profile(x) if k == "kernel"]
+    assert "expand: ConvBnRelu2d: int8 conv" in steps
+    assert _block_steps(plan, x) == ["dw: ConvBnRelu2d .. project: ConvBn2d: int8 block"]
     for got, want in zip(plan(x), qm(x)):
         assert got.numpy().tobytes() == want.numpy().tobytes()
 
@@ -170,5 +174,42 @@ def test_the_shortcut_add_folds_into_the_block_step_bitwise(size, mode, y_first,
         for seed in (3, 4):
             x = rand(*shape, seed=seed)
             assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes()
+    finally:
+        mt.set_num_threads(old)
+
+
+class DwPw(M.Module):
+    """MobileNetV1's depthwise-pointwise pair: a block with no expand."""
+
+    def __init__(self, c, cout, stride, kernel=3):
+        super().__init__()
+        self.quant, self.dequant = M.QuantStub(), M.DequantStub()
+        self.dw = M.ConvBnRelu2d(c, c, kernel, stride, kernel // 2, groups=c, bias=False)
+        self.pw = M.ConvBnRelu2d(c, cout, 1, bias=False)
+
+    def forward(self, x):
+        return self.dequant(self.pw(self.dw(self.quant(x))))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("geom", [(1, 24, 16, 9, 9, 1, 3), (2, 40, 24, 14, 13, 2, 3),
+                                  (1, 32, 16, 31, 30, 1, 3), (2, 17, 8, 33, 35, 2, 5)],
+                         ids=lambda g: "x".join(map(str, g)))
+@pytest.mark.parametrize("bands", ["default", "one_row"])
+def test_a_depthwise_pointwise_pair_is_a_block_step_bitwise(geom, threads, bands, request):
+    if bands == "one_row":
+        request.getfixturevalue("small_bands")
+    nb, c, cout, h, w, stride, kernel = geom
+    shape = (nb, c, h, w)
+    qm = _quantized(DwPw(c, cout, stride, kernel), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        x = rand(*shape, seed=3)
+        plan = mt.compile(qm, x)
+        assert _block_steps(plan, x) == ["dw: ConvBnRelu2d .. pw: ConvBnRelu2d: int8 block"]
+        for seed in (3, 4):
+            x = rand(*shape, seed=seed)
+            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
     finally:
         mt.set_num_threads(old)

@@ -127,7 +127,8 @@ typedef struct mt_quant_kernels {
      * W] -> 1x1 conv ``expand`` (uint8 out) -> mid1 [NB, E, H, W] ->
      * depthwise conv ``dw`` (uint8 out; geom: KH KW SH SW PH PW DH DW OH
      * OW) -> mid2 [NB, E, OH, OW] -> 1x1 conv ``project`` -> out [NB, Co,
-     * OH, OW], then, where ``add`` is not NULL, add_u8 of out and
+     * OH, OW] (``expand`` NULL: none, the depthwise conv reads x and
+     * mid1 is unused), then, where ``add`` is not NULL, add_u8 of out and
      * add->other into add->out; each op's bits are those of its own call;
      * 0 when out of memory */
     int (*block_u8s8)(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,

@@ -228,7 +228,8 @@ static int run_qblock(const mt_quant_kernels *k, char *const *p, const int64_t *
     mt_qblock_add add = {p[15], p[16], (int)i[32], (int)i[33], (int)i[34], (int)i[35], (int)i[36],
                          (int)i[37], (float)f[0], (float)f[1], (float)f[2], (float)f[3],
                          (float)f[4], (float)f[5], (float)f[6], (float)f[7]};
-    return k->block_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4], &e, &d,
+    return k->block_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4],
+                         p[1] ? &e : NULL, &d,
                          i + 11, &w, (uint8_t *)p[5], (uint8_t *)p[9], p[14],
                          p[16] ? &add : NULL)
            ? 0 : MT_BK_ENOMEM;
@@ -311,7 +312,8 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
         k->flip_s8((const int8_t *)p[0], i[0], (uint8_t *)p[1]);
         return 0;
     case MT_Q_BLOCK:     /* x ew ewsum ebias emult mid1 dw dbias dmult mid2 pw pwsum pbias pmult
-                          * out [other add_out]; NB C H W a_zp; expand: lw Co out_zp lo hi path;
+                          * out [other add_out] (no expand: its four NULL); NB C H W a_zp;
+                          * expand: lw Co out_zp lo hi path;
                           * depthwise: KH KW SH SW PH PW DH DW OH OW out_zp lo hi path; project:
                           * lw Co out_zp lo hi out_u8 path; [add: y_first y_kind other_kind
                           * out_kind relu path; y_scale y_zp other_scale other_zp out_scale

@@ -157,8 +157,8 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* output rows [o0, o1) of one image, all on this thread: the input rows
  * they read (the depthwise conv's window, its zero padding included)
- * copied to xb, expanded into m1 with the padding rows set to the zero
- * point, the depthwise conv unpadded in height into m2, projected into ob
+ * copied to xb, expanded into m1 (no expand: copied to m1) with the
+ * padding rows set to the zero point, the depthwise conv unpadded in height into m2, projected into ob
  * and copied to the output's rows (out: the image's; img: its first
  * element in the whole output, where the add's operands start), then added */
 static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
@@ -167,23 +167,26 @@ static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
                 const mt_qblock_add *add, int64_t img)
 {
     int64_t KH = g[0], SH = g[2], PH = g[4], DH = g[6], OH = g[8], OW = g[9];
-    int64_t E = e->Co, R = o1 - o0, i0 = o0 * SH - PH, rows = (R - 1) * SH + (KH - 1) * DH + 1;
+    int64_t E = e ? e->Co : C, R = o1 - o0, i0 = o0 * SH - PH;
+    int64_t rows = (R - 1) * SH + (KH - 1) * DH + 1;
+    int32_t zp1 = e ? e->out_zp : a_zp;         /* the depthwise conv's input zero point */
     size_t isz = p->out_u8 == 2 ? 4 : 1;
-    uint8_t *xb = buf, *m1 = xb + up64((size_t)(C * rows * W));
-    uint8_t *m2 = m1 + up64((size_t)(E * rows * W)), *ob = m2 + up64((size_t)(E * R * OW));
+    uint8_t *m1 = buf, *xb = e ? m1 + up64((size_t)(E * rows * W)) : m1;
+    uint8_t *m2 = xb + (e ? up64((size_t)(C * rows * W)) : up64((size_t)(E * rows * W)));
+    uint8_t *ob = m2 + up64((size_t)(E * R * OW));
     for (int64_t c = 0; c < C; c++)
         for (int64_t r = 0; r < rows; r++) {
             int64_t src = i0 + r < 0 ? 0 : i0 + r >= H ? H - 1 : i0 + r;    /* any real row */
             memcpy(xb + (c * rows + r) * W, x + (c * H + src) * W, (size_t)W);
         }
-    if (!pw_range(xb, C, rows, W, a_zp, e, 0, E, m1))
+    if (e && !pw_range(xb, C, rows, W, a_zp, e, 0, E, m1))
         return 0;
     for (int64_t r = 0; r < rows; r++)
         if (i0 + r < 0 || i0 + r >= H)
             for (int64_t c = 0; c < E; c++)
-                memset(m1 + (c * rows + r) * W, (uint8_t)e->out_zp, (size_t)W);
+                memset(m1 + (c * rows + r) * W, (uint8_t)zp1, (size_t)W);
     int64_t gb[10] = {g[0], g[1], g[2], g[3], 0, g[5], g[6], g[7], R, OW};
-    dw_range(m1, rows, W, e->out_zp, d, gb, 0, E, m2);
+    dw_range(m1, rows, W, zp1, d, gb, 0, E, m2);
     if (!pw_range(m2, E, R, OW, d->out_zp, p, 0, p->Co, ob))
         return 0;
     for (int64_t c = 0; c < p->Co; c++) {
@@ -201,7 +204,7 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
                     const mt_qblock_conv *e, const mt_qblock_conv *d, const int64_t *g,
                     const mt_qblock_conv *p, void *out, const mt_qblock_add *add, int nt)
 {
-    int64_t KH = g[0], SH = g[2], DH = g[6], OH = g[8], OW = g[9], E = e->Co;
+    int64_t KH = g[0], SH = g[2], DH = g[6], OH = g[8], OW = g[9], E = e ? e->Co : C;
     size_t isz = p->out_u8 == 2 ? 4 : 1;
     int64_t R = (band_bytes / (E * W) - (KH - 1) * DH - 1) / SH + 1;
     R = R < 1 ? 1 : R;
@@ -215,8 +218,9 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
 #endif
         int64_t a = OH * t / n_t, b = OH * (t + 1) / n_t, Rt = R < b - a ? R : b - a;
         int64_t rows = (Rt - 1) * SH + (KH - 1) * DH + 1;
-        uint8_t *buf = band_buffer(up64((size_t)(C * rows * W)) + up64((size_t)(E * rows * W)) +
-                                   up64((size_t)(E * Rt * OW)) + (size_t)(p->Co * Rt * OW) * isz);
+        uint8_t *buf = band_buffer((e ? up64((size_t)(C * rows * W)) : 0) +
+                                   up64((size_t)(E * rows * W)) + up64((size_t)(E * Rt * OW)) +
+                                   (size_t)(p->Co * Rt * OW) * isz);
         failed = a < b && !buf;
         for (int64_t n = 0; n < NB && !failed; n++)
             for (int64_t o = a; o < b && !failed; o += Rt)
@@ -232,9 +236,10 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
                    const mt_qblock_conv *p, uint8_t *mid1, uint8_t *mid2, void *out,
                    const mt_qblock_add *add)
 {
-    int64_t E = e->Co, Co = p->Co, OH = g[8], OW = g[9];
+    int64_t E = e ? e->Co : C, Co = p->Co, OH = g[8], OW = g[9];
     size_t isz = p->out_u8 == 2 ? 4 : 1;
-    int64_t work = NB * (E * H * W * C + E * OH * OW * g[0] * g[1] * QB_DW_COST + Co * OH * OW * E);
+    int64_t work = NB * ((e ? E * H * W * C : 0) + E * OH * OW * g[0] * g[1] * QB_DW_COST +
+                         Co * OH * OW * E);
     int nt = mt_q_team(work), failed = 0, team = mt_q_threads();
     mt_q_set_threads(1);        /* each conv below on its calling thread */
     if (H * W > QB_CHANNEL_SPLIT_PIXELS) {
@@ -253,9 +258,12 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
         share(E, t, n_t, &ea, &eb);
         share(Co, t, n_t, &pa, &pb);
         for (int64_t n = 0; n < NB; n++) {
+            const uint8_t *xn = x + n * C * H * W;
             uint8_t *m1 = mid1 + n * E * H * W, *m2 = mid2 + n * E * OH * OW;
-            if (ea < eb && !failed) {
-                failed |= !pw_range(x + n * C * H * W, C, H, W, a_zp, e, ea, eb, m1);
+            if (ea < eb && !failed && !e) {
+                dw_range(xn, H, W, a_zp, d, g, ea, eb, m2);
+            } else if (ea < eb && !failed) {
+                failed |= !pw_range(xn, C, H, W, a_zp, e, ea, eb, m1);
                 if (!failed)
                     dw_range(m1, H, W, e->out_zp, d, g, ea, eb, m2);
             }
