@@ -1,6 +1,6 @@
 /* Int8 (quantized) inference kernels on any device: the backend table
  * (backend.h's ``quant``). The CPU's are kernels/cpu/qgemm.c, qconv.c,
- * qpool.c and qelemwise.c (their table: cpu/qtable.c, installed by
+ * qpool.c, qelemwise.c and qblock.c (their table: cpu/qtable.c, installed by
  * mgtrace._core.qint8 at import); a device without int8 kernels (CUDA
  * today) leaves ``quant`` NULL, and every quantized op on it raises
  * "no kernel for op X on device D" (qint8.pyx).

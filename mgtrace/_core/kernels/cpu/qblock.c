@@ -43,25 +43,9 @@
 
 #include "quant_kernels.h"
 
-int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W, int32_t a_zp,
-                  const int8_t *wrows, int64_t lw, const int32_t *wsum, int64_t Co, int64_t G,
-                  int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
-                  int64_t DH, int64_t DW, int64_t OH, int64_t OW, const int32_t *bias,
-                  const double *mult, int32_t out_zp, int32_t lo, int32_t hi, int out_u8,
-                  void *out, int path);
-void mt_qdwconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
-                     int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
-                     int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
-                     int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
-                     int32_t lo, int32_t hi, int out_u8, void *out);
-int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
-                        int32_t a_zp, const int8_t *w, int64_t KH, int64_t KW, int64_t SH,
-                        int64_t SW, int64_t PH, int64_t PW, int64_t DH, int64_t DW, int64_t OH,
-                        int64_t OW, const int32_t *bias, const double *mult, int32_t out_zp,
-                        int32_t lo, int32_t hi, int out_u8, void *out, int path);
-int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
-               float bz, int64_t n, float os, float oz, float lo, float hi, int relu, void *out,
-               int ok, int path);
+/* the kernels, through the CPU's table (qtable.c), which declares them */
+extern const mt_quant_kernels mt_cpu_quant_kernels;
+#define K (&mt_cpu_quant_kernels)
 int mt_q_team(int64_t work);        /* qgemm.c */
 int mt_q_threads(void);
 void mt_q_set_threads(int n);
@@ -98,7 +82,7 @@ static int pw_range(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a
                     const mt_qblock_conv *c, int64_t a, int64_t b, void *out)
 {
     size_t isz = c->out_u8 == 2 ? 4 : 1;
-    return mt_qconv_u8s8(x, 1, C, H, W, a_zp, c->w + a * c->lw, c->lw, c->wsum + a, b - a, 1,
+    return K->conv_u8s8(x, 1, C, H, W, a_zp, c->w + a * c->lw, c->lw, c->wsum + a, b - a, 1,
                          1, 1, 1, 1, 0, 0, 1, 1, H, W, at_or_null(c->bias, a), c->mult + a,
                          c->out_zp, c->lo, c->hi, c->out_u8, (char *)out + a * H * W * isz,
                          c->path) != 0;
@@ -114,7 +98,7 @@ static void add_range(const mt_qblock_add *a, const uint8_t *y, int64_t i, int64
     int fk = a->y_first ? a->y_kind : a->other_kind, sk = a->y_first ? a->other_kind : a->y_kind;
     float fs = a->y_first ? a->y_scale : a->other_scale, fz = a->y_first ? a->y_zp : a->other_zp;
     float ss = a->y_first ? a->other_scale : a->y_scale, sz = a->y_first ? a->other_zp : a->y_zp;
-    mt_qadd_u8(first, fk, fs, fz, second, sk, ss, sz, n, a->out_scale, a->out_zp, a->lo, a->hi,
+    K->add_u8(first, fk, fs, fz, second, sk, ss, sz, n, a->out_scale, a->out_zp, a->lo, a->hi,
                a->relu, (uint8_t *)a->out + i, a->out_kind, a->path);
 }
 
@@ -128,11 +112,11 @@ static void dw_range(const uint8_t *x, int64_t H, int64_t W, int32_t a_zp, const
     uint8_t *oa = out + a * OH * OW;
     int done = 0;
     if (d->path != 1)
-        done = mt_qdwconv_vec_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2],
+        done = K->dwconv_vec_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2],
                                    g[3], g[4], g[5], g[6], g[7], OH, OW, at_or_null(d->bias, a),
                                    d->mult + a, d->out_zp, d->lo, d->hi, 1, oa, d->path);
     if (!done)
-        mt_qdwconv_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2], g[3], g[4],
+        K->dwconv_u8s8(xa, 1, b - a, H, W, a_zp, d->w + a * KH * KW, KH, KW, g[2], g[3], g[4],
                         g[5], g[6], g[7], OH, OW, at_or_null(d->bias, a), d->mult + a,
                         d->out_zp, d->lo, d->hi, 1, oa);
 }

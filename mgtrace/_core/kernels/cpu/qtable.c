@@ -1,5 +1,5 @@
 /* The CPU's int8 kernel table (contract/quant_kernels.h): qgemm.c, qconv.c,
- * qpool.c and qelemwise.c as mt_backend's ``quant`` member, which
+ * qpool.c, qelemwise.c and qblock.c as mt_backend's ``quant`` member, which
  * mgtrace._core.qint8 installs on mt_cpu_backend at import (the table
  * lives in that extension, beside its kernels). The kernels' definitions
  * stay in their files; their prototypes are declared here, once, in the
