@@ -13,6 +13,7 @@ import mgtrace.module as M
 import mgtrace.quantization as Q
 from mgtrace._core import qint8
 from mgtrace.plan import _qblock
+from tests.plan.test_plan_quantized import _quantized as quantized_model, quantize_net
 
 
 def rand(*shape, seed=0):
@@ -41,18 +42,7 @@ class Block(M.Module):
 
 def _quantized(net, shape):
     mt.random.seed(25)
-    net.train()
-    for s in (7, 8):                        # BatchNorm statistics of something
-        net(rand(*shape, seed=s))
-    net.eval()
-    qat = Q.quantize_qat(net, qconfig=Q.per_channel_quint8_qconfig)
-    Q.enable_observer(qat)
-    Q.disable_fake_quant(qat)
-    for s in (1, 2):
-        qat(rand(*shape, seed=s))
-    Q.disable_observer(qat)
-    Q.enable_fake_quant(qat)
-    return Q.quantize(qat)
+    return quantize_net(net, shape, Q.per_channel_quint8_qconfig)
 
 
 def _block_steps(plan, x):
@@ -123,7 +113,6 @@ def test_a_block_whose_expanded_tensor_is_read_elsewhere_keeps_its_expand_apart(
 
 def test_mobilenet_v2_like_model_runs_its_blocks_as_block_steps():
     # the plan tests' model: two blocks, the first with its shortcut add
-    from tests.plan.test_plan_quantized import _quantized as quantized_model
     qm, shape = quantized_model("mobilenet_v2_like", True)
     x = rand(*shape, seed=3)
     plan = mt.compile(qm, x)

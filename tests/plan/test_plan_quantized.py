@@ -123,21 +123,26 @@ QCONFIGS = {"quint8": Q.per_channel_quint8_qconfig, "qint8": Q.calibration_qconf
 def _quantized(name, traced, act="quint8"):
     cls, shape = MODELS[name]
     mt.random.seed(32)
-    net = cls()
+    return quantize_net(cls(), shape, QCONFIGS[act], traced), shape
+
+
+def quantize_net(net, shape, qconfig, traced=False):
+    """``net`` (float, with BatchNorms) through MegEngine's flow: BatchNorm
+    statistics of random batches, QAT modules, calibration, quantize."""
     net.train()
     for s in (7, 8):                       # BatchNorm statistics of something
         net(rand(*shape, seed=s))
     net.eval()
     if traced:
         net = trace_module(net, rand(*shape, seed=1))
-    qat = Q.quantize_qat(net, qconfig=QCONFIGS[act])
+    qat = Q.quantize_qat(net, qconfig=qconfig)
     Q.enable_observer(qat)
     Q.disable_fake_quant(qat)
     for s in (1, 2):
         qat(rand(*shape, seed=s))
     Q.disable_observer(qat)
     Q.enable_fake_quant(qat)
-    return Q.quantize(qat), shape
+    return Q.quantize(qat)
 
 
 @pytest.mark.parametrize("act", sorted(QCONFIGS))

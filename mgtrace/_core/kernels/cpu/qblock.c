@@ -66,6 +66,16 @@ int64_t mt_qblock_set_band_bytes(int64_t n)
     return old;
 }
 
+/* this thread's number in its team, and the team's size */
+static void place(int *t, int *n_t)
+{
+#ifdef _OPENMP
+    *t = omp_get_thread_num(), *n_t = omp_get_num_threads();
+#else
+    *t = 0, *n_t = 1;
+#endif
+}
+
 /* thread t's range [*a, *b) of n channels, in whole units of QB_ALIGN */
 static void share(int64_t n, int t, int nt, int64_t *a, int64_t *b)
 {
@@ -195,11 +205,8 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
     int failed = 0;
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), n_t = omp_get_num_threads();
-#else
-        int t = 0, n_t = 1;
-#endif
+        int t, n_t;
+        place(&t, &n_t);
         int64_t a = OH * t / n_t, b = OH * (t + 1) / n_t, Rt = R < b - a ? R : b - a;
         int64_t rows = (Rt - 1) * SH + (KH - 1) * DH + 1;
         uint8_t *buf = band_buffer((e ? up64((size_t)(C * rows * W)) : 0) +
@@ -233,11 +240,8 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
     }
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), n_t = omp_get_num_threads();
-#else
-        int t = 0, n_t = 1;
-#endif
+        int t, n_t;
+        place(&t, &n_t);
         int64_t ea, eb, pa, pb;
         share(E, t, n_t, &ea, &eb);
         share(Co, t, n_t, &pa, &pb);
