@@ -5,6 +5,8 @@ are the three steps' (and the module's), whichever way it splits the work:
 by expanded channels on small planes, by bands of rows on planes over 28x28
 (tests make the bands a few rows, so bands start and end inside the image
 and at its zero-padded edges)."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -23,18 +25,21 @@ def rand(*shape, seed=0):
 class Block(M.Module):
     """MobileNetV2's inverted residual, MegEngine's way, between stubs."""
 
-    def __init__(self, c, hidden, cout, stride, kernel=3, also_mid=False):
+    def __init__(self, c, hidden, cout, stride, kernel=3, also_mid=False, padding=None,
+                 dilation=1, relu_out=False, dequant=True):
         super().__init__()
         self.quant, self.dequant = M.QuantStub(), M.DequantStub()
         self.expand = M.ConvBnRelu2d(c, hidden, 1, bias=False)
-        self.dw = M.ConvBnRelu2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden,
-                                 bias=False)
-        self.project = M.ConvBn2d(hidden, cout, 1, bias=True)
-        self.also_mid = also_mid
+        padding = kernel // 2 if padding is None else padding
+        self.dw = M.ConvBnRelu2d(hidden, hidden, kernel, stride, padding, dilation,
+                                 groups=hidden, bias=False)
+        self.project = (M.ConvBnRelu2d if relu_out else M.ConvBn2d)(hidden, cout, 1, bias=True)
+        self.also_mid, self.out_float = also_mid, dequant
 
     def forward(self, x):
         mid = self.expand(self.quant(x))
-        y = self.dequant(self.project(self.dw(mid)))
+        y = self.project(self.dw(mid))
+        y = self.dequant(y) if self.out_float else y
         if self.also_mid:           # the expanded tensor read by another step too
             return y, self.dequant(mid)
         return y
@@ -95,6 +100,76 @@ def test_block_step_equals_the_module_and_the_unfused_steps_bitwise(geom, thread
             assert ref.tobytes() == want.tobytes(), (geom, seed)
     finally:
         mt.set_num_threads(old)
+
+
+# corners a fuzz drew (issue 32's fuzz, fuzz_qblock.py on branch qfuzz: 29k
+# blocks, none differed): kernels, strides and paddings unequal in height and
+# width, dilation, padding past kernel // 2 (edge rows of padding only), thin
+# planes on both sides of 28x28, hidden channels not a multiple of 16 and more
+# than 64 input channels (the expand on AMX where the CPU has it), the
+# projection with ReLU and a uint8 output (no DequantStub)
+EDGES = [   # (batch, C, hidden, C_out, H, W, stride, kernel, padding, dilation, relu, float)
+    (2, 5, 17, 3, 2, 70, (1, 3), (1, 5), (0, 2), 1, False, True),      # 140 pixels
+    (1, 5, 33, 7, 70, 12, (3, 1), (5, 1), (2, 0), 1, True, False),     # 840: bands
+    (1, 6, 40, 9, 29, 31, 2, 3, 3, 1, False, True),                    # padding 3 > 1
+    (3, 4, 24, 5, 23, 37, 1, 3, 2, 2, True, True),                     # dilation 2, bands
+    (1, 40, 96, 16, 12, 70, 3, 7, 0, 1, False, False),                 # 2 output rows, 3 threads
+    (1, 70, 200, 40, 28, 28, 1, 3, 1, 1, False, True),                 # 200: 16 * 12 + 8
+    (2, 3, 1, 2, 1, 1, 1, 7, 3, 1, True, True),                        # one pixel, hidden 1
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("geom", EDGES, ids=lambda g: "x".join(map(str, g[:6])))
+@pytest.mark.parametrize("bands", ["default", "one_row"])
+def test_block_step_at_edge_geometries_equals_the_module_bitwise(geom, threads, bands, request):
+    if bands == "one_row":
+        request.getfixturevalue("small_bands")
+    nb, c, hidden, cout, h, w, stride, kernel, padding, dilation, relu, out_float = geom
+    shape = (nb, c, h, w)
+    qm = _quantized(Block(c, hidden, cout, stride, kernel, padding=padding, dilation=dilation,
+                          relu_out=relu, dequant=out_float), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        x = rand(*shape, seed=3)
+        plan = mt.compile(qm, x)
+        assert len(_block_steps(plan, x)) == 1
+        for seed in (3, 4):
+            x = rand(*shape, seed=seed)
+            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
+    finally:
+        mt.set_num_threads(old)
+
+
+@pytest.mark.parametrize("hw", [14, 30], ids=["channels", "bands"])
+def test_two_threads_run_one_block_plan_concurrently(hw):
+    shape = (2, 16, hw, hw)
+    qm = _quantized(Block(16, 96, 16, 1), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(2)
+    try:
+        plan = mt.compile(qm, rand(*shape))
+        xs = [rand(*shape, seed=10 + k) for k in range(4)]
+        want = [qm(x).numpy().tobytes() for x in xs]
+        bad, errors = [], []
+
+        def worker(k):
+            try:
+                for _ in range(10):
+                    for i in range(k, len(xs), 2):
+                        if plan(xs[i]).numpy().tobytes() != want[i]:
+                            bad.append(i)
+            except BaseException as e:       # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        mt.set_num_threads(old)
+    assert not errors and not bad, (errors, bad)
 
 
 def test_a_block_whose_expanded_tensor_is_read_elsewhere_keeps_its_expand_apart():
