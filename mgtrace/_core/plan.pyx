@@ -115,8 +115,8 @@ cdef extern from "kernels/cpu/plan.h" nogil:
     ctypedef struct mt_plan_quant:
         int which, nt
         const void *k
-        mt_plan_ref p[16]
-        int64_t i[24]
+        mt_plan_ref p[17]          # plan.h's MT_PLAN_Q_PTRS, MT_PLAN_Q_INTS, MT_PLAN_Q_FLOATS
+        int64_t i[40]
         double f[8]
     ctypedef union mt_plan_u:
         mt_plan_ew ew

@@ -5,6 +5,7 @@ are the three steps' (and the module's), whichever way it splits the work:
 by expanded channels on small planes, by bands of rows on planes over 28x28
 (tests make the bands a few rows, so bands start and end inside the image
 and at its zero-padded edges)."""
+import os
 import threading
 
 import numpy as np
@@ -277,3 +278,33 @@ def test_a_depthwise_pointwise_pair_is_a_block_step_bitwise(geom, threads, bands
             assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
     finally:
         mt.set_num_threads(old)
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+def test_threads_that_ran_a_block_plan_free_its_bands_when_they_end():
+    # a team of one runs the bands on the calling thread, in a buffer kept
+    # for its next call (~1 MiB here): each short-lived thread kept one
+    shape = (1, 24, 56, 56)
+    qm = _quantized(Block(24, 144, 24, 1), shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(1)
+    try:
+        x = rand(*shape, seed=3)
+        plan = mt.compile(qm, x)
+        assert len(_block_steps(plan, x)) == 1
+        for _ in range(3):
+            plan(x)
+        before = _rss_mib()
+        for _ in range(100):
+            t = threading.Thread(target=plan, args=(x,))
+            t.start()
+            t.join()
+        grew = _rss_mib() - before
+    finally:
+        mt.set_num_threads(old)
+    assert grew < 30, f"{grew:.0f} MiB more after 100 threads"

@@ -33,6 +33,7 @@
  * layer: the epilogue is per output channel, and an output depends only
  * on its window, not on which other outputs the call computes.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,9 +132,19 @@ static void dw_range(const uint8_t *x, int64_t H, int64_t W, int32_t a_zp, const
                         d->out_zp, d->lo, d->hi, 1, oa);
 }
 
-/* the calling thread's band buffers, kept for its next call */
+/* the calling thread's band buffers, kept for its next call and freed when
+ * the thread ends (band_key's destructor): a team of one runs its bands on
+ * the thread that called the plan, and a process running plans from
+ * short-lived threads kept every one's (40x40 input, 96 hidden channels:
+ * 0.37 MiB a thread, RSS 54 -> 166 MiB over 300 threads; 61 now, 60 for
+ * the unfused steps) */
 static __thread uint8_t *band_at;
 static __thread size_t band_cap;
+static pthread_key_t band_key;
+static pthread_once_t band_once = PTHREAD_ONCE_INIT;
+static int band_key_ok;     /* 0 where no key was left: the buffers then stay */
+
+static void band_key_make(void) { band_key_ok = pthread_key_create(&band_key, free) == 0; }
 
 static uint8_t *band_buffer(size_t n)
 {
@@ -141,8 +152,12 @@ static uint8_t *band_buffer(size_t n)
         free(band_at);
         band_cap = 0;
         if (posix_memalign((void **)&band_at, 64, n))
-            return band_at = NULL;
-        band_cap = n;
+            band_at = NULL;
+        else
+            band_cap = n;
+        pthread_once(&band_once, band_key_make);
+        if (band_key_ok)
+            pthread_setspecific(band_key, band_at);
     }
     return band_at;
 }
