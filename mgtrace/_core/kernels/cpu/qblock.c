@@ -67,14 +67,19 @@ int64_t mt_qblock_set_band_bytes(int64_t n)
     return old;
 }
 
-/* this thread's number in its team, and the team's size */
-static void place(int *t, int *n_t)
+/* this thread's number in its team, and the team's size; the kernels it
+ * calls from now on run on it alone (mt_q_team's count, per thread), until
+ * it restores the count returned */
+static int place(int *t, int *n_t)
 {
 #ifdef _OPENMP
     *t = omp_get_thread_num(), *n_t = omp_get_num_threads();
 #else
     *t = 0, *n_t = 1;
 #endif
+    int had = mt_q_threads();
+    mt_q_set_threads(1);
+    return had;
 }
 
 /* thread t's range [*a, *b) of n channels, in whole units of QB_ALIGN */
@@ -220,8 +225,7 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
     int failed = 0;
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        int t, n_t;
-        place(&t, &n_t);
+        int t, n_t, had = place(&t, &n_t);
         int64_t a = OH * t / n_t, b = OH * (t + 1) / n_t, Rt = R < b - a ? R : b - a;
         int64_t rows = (Rt - 1) * SH + (KH - 1) * DH + 1;
         uint8_t *buf = band_buffer((e ? up64((size_t)(C * rows * W)) : 0) +
@@ -233,6 +237,7 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
                 failed = !band(x + n * C * H * W, C, H, W, a_zp, e, d, g, p, o,
                                o + Rt < b ? o + Rt : b, buf,
                                (char *)out + n * p->Co * OH * OW * isz, add, n * p->Co * OH * OW);
+        mt_q_set_threads(had);
     }
     return !failed;
 }
@@ -246,17 +251,12 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
     size_t isz = p->out_u8 == 2 ? 4 : 1;
     int64_t work = NB * ((e ? E * H * W * C : 0) + E * OH * OW * g[0] * g[1] * QB_DW_COST +
                          Co * OH * OW * E);
-    int nt = mt_q_team(work), failed = 0, team = mt_q_threads();
-    mt_q_set_threads(1);        /* each conv below on its calling thread */
-    if (H * W > QB_CHANNEL_SPLIT_PIXELS) {
-        int ok = by_bands(x, NB, C, H, W, a_zp, e, d, g, p, out, add, nt);
-        mt_q_set_threads(team);
-        return ok;
-    }
+    int nt = mt_q_team(work), failed = 0;
+    if (H * W > QB_CHANNEL_SPLIT_PIXELS)
+        return by_bands(x, NB, C, H, W, a_zp, e, d, g, p, out, add, nt);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
-        int t, n_t;
-        place(&t, &n_t);
+        int t, n_t, had = place(&t, &n_t);
         int64_t ea, eb, pa, pb;
         share(E, t, n_t, &ea, &eb);
         share(Co, t, n_t, &pa, &pb);
@@ -282,7 +282,7 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
                               (n * Co + pa) * OH * OW, (pb - pa) * OH * OW);
             }
         }
+        mt_q_set_threads(had);
     }
-    mt_q_set_threads(team);
     return !failed;
 }

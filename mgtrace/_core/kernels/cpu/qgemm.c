@@ -41,9 +41,12 @@
  * many of them far below that: a 7x7 depthwise layer is 0.4 M). The most
  * threads is mgtrace's count for the next kernel (mgtrace._core.qint8 sets
  * it before each call from dispatch's num_threads(): set_num_threads, and
- * fewer under load where adaptive threads are on), else OpenMP's default. */
+ * fewer under load where adaptive threads are on), else OpenMP's default.
+ * The count is the calling thread's own: qblock.c sets its team's threads
+ * to 1 for the convs each runs, which must not reach a plan that another
+ * thread runs meanwhile. */
 #define MT_Q_GRAIN (1 << 19)
-static int q_threads = 0;
+static __thread int q_threads = 0;
 
 void mt_q_set_threads(int n) { q_threads = n; }
 int mt_q_threads(void) { return q_threads; }
