@@ -16,7 +16,8 @@ import mgtrace.module as M
 import mgtrace.quantization as Q
 from mgtrace._core import qint8
 from mgtrace.plan import _qblock
-from tests.plan.test_plan_quantized import _quantized as quantized_model, quantize_net
+from tests.plan.test_plan_quantized import _quantized as quantized_model, quantize_net, \
+    run_concurrently
 
 
 def rand(*shape, seed=0):
@@ -153,24 +154,11 @@ def test_two_threads_run_one_block_plan_concurrently(hw):
         plan = mt.compile(qm, rand(*shape))
         xs = [rand(*shape, seed=10 + k) for k in range(4)]
         want = [qm(x).numpy().tobytes() for x in xs]
-        bad, errors = [], []
-
-        def worker(k):
-            try:
-                for _ in range(10):
-                    for i in range(k, len(xs), 2):
-                        if plan(xs[i]).numpy().tobytes() != want[i]:
-                            bad.append(i)
-            except BaseException as e:       # noqa: BLE001 - reported below
-                errors.append(e)
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = run_concurrently(plan, xs, rounds=10)
     finally:
         mt.set_num_threads(old)
-    assert not errors and not bad, (errors, bad)
+    for i, outs in got.items():
+        assert len(outs) == 10 and all(o.tobytes() == want[i] for o in outs), i
 
 
 def test_a_block_whose_expanded_tensor_is_read_elsewhere_keeps_its_expand_apart():

@@ -213,17 +213,15 @@ def test_a_quantized_output_keeps_its_dtype_and_qparams():
     assert same_bits(dequantize(got).numpy(), dequantize(want).numpy())
 
 
-@pytest.mark.parametrize("act", sorted(QCONFIGS))
-def test_two_threads_run_one_quantized_plan_concurrently(act):
-    qm, shape = _quantized("resnet18_like", False, act)
-    plan = mt.compile(qm, rand(*shape))
-    xs = [rand(*shape, seed=10 + k) for k in range(4)]
-    want = [qm(x).numpy() for x in xs]
+def run_concurrently(plan, xs, rounds=5):
+    """``{i: [plan(xs[i]) as NumPy, ...]}`` from two threads, each calling
+    the plan ``rounds`` times on every other input; raises what a thread
+    raised."""
     errors, got = [], {}
 
     def worker(k):
         try:
-            for _ in range(5):
+            for _ in range(rounds):
                 for i in range(k, len(xs), 2):
                     got.setdefault(i, []).append(plan(xs[i]).numpy())
         except BaseException as e:           # noqa: BLE001 - reported below
@@ -234,7 +232,16 @@ def test_two_threads_run_one_quantized_plan_concurrently(act):
     for t in threads:
         t.join()
     assert not errors, errors
-    for i, outs in got.items():
+    return got
+
+
+@pytest.mark.parametrize("act", sorted(QCONFIGS))
+def test_two_threads_run_one_quantized_plan_concurrently(act):
+    qm, shape = _quantized("resnet18_like", False, act)
+    plan = mt.compile(qm, rand(*shape))
+    xs = [rand(*shape, seed=10 + k) for k in range(4)]
+    want = [qm(x).numpy() for x in xs]
+    for i, outs in run_concurrently(plan, xs).items():
         assert len(outs) == 5 and all(same_bits(o, want[i]) for o in outs)
 
 
