@@ -73,7 +73,7 @@ def _match3(steps, pos, readers, kept):
     if e_u8 != 1 or tuple(di[:5]) != (NB, E, H, W, e_zp) or d[2][0] != mid1 or mid1[1] != 0 or \
             mid1[0] in kept or readers.get(mid1[0]) != {pos, pos + 1}:
         return None
-    head = (NB, C, H, W, a_zp, elw, E, e_zp, e_lo, e_hi, e_path)
+    head = (NB, C, H, W, a_zp, elw, E, e_zp, e_lo, e_hi, e_u8, e_path)
     return _tail(steps, pos + 1, readers, kept, head, list(e[2][:6]), e[1][1], e[3])
 
 
@@ -85,7 +85,7 @@ def _match2(steps, pos, readers, kept):
     if di is None:
         return None
     NB, C, H, W, a_zp = di[:5]
-    head = (NB, C, H, W, a_zp, 0, C, a_zp, 0, 0, 0)           # no expand
+    head = (NB, C, H, W, a_zp, 0, C, a_zp, 0, 0, 1, 0)        # no expand
     return _tail(steps, pos, readers, kept, head, [d[2][0]] + [None] * 5, 0, d[3])
 
 

@@ -197,8 +197,7 @@ static int run_gather(const mt_plan_gather *g, char *const *bases) {
     return 0;
 }
 
-/* an int8 kernel call (mt_plan_quant); the argument layout is qint8.pyx's
- * record of the call */
+/* a conv of an MT_Q_BLOCK step, from its pointers and integers */
 static mt_qblock_conv qblock_conv(char *const *p, const int64_t *i, int depthwise) {
     mt_qblock_conv c = {(const int8_t *)p[0], 0, NULL, NULL, NULL, 0, 0, 0, 0, 1, 0};
     if (depthwise) {            /* p: w bias mult; i: out_zp lo hi path */
@@ -220,21 +219,21 @@ static mt_qblock_conv qblock_conv(char *const *p, const int64_t *i, int depthwis
 
 static int run_qblock(const mt_quant_kernels *k, char *const *p, const int64_t *i,
                       const double *f) {
-    const int64_t e_ints[7] = {i[5], i[6], i[7], i[8], i[9], 1, i[10]};
-    mt_qblock_conv e = qblock_conv(p + 1, e_ints, 0);
-    mt_qblock_conv d = qblock_conv(p + 6, i + 21, 1);
-    mt_qblock_conv w = qblock_conv(p + 10, i + 25, 0);
+    mt_qblock_conv e = qblock_conv(p + 1, i + 5, 0);
+    mt_qblock_conv d = qblock_conv(p + 6, i + 22, 1);
+    mt_qblock_conv w = qblock_conv(p + 10, i + 26, 0);
     d.Co = e.Co;
-    mt_qblock_add add = {p[15], p[16], (int)i[32], (int)i[33], (int)i[34], (int)i[35], (int)i[36],
-                         (int)i[37], (float)f[0], (float)f[1], (float)f[2], (float)f[3],
+    mt_qblock_add add = {p[15], p[16], (int)i[33], (int)i[34], (int)i[35], (int)i[36], (int)i[37],
+                         (int)i[38], (float)f[0], (float)f[1], (float)f[2], (float)f[3],
                          (float)f[4], (float)f[5], (float)f[6], (float)f[7]};
     return k->block_u8s8((const uint8_t *)p[0], i[0], i[1], i[2], i[3], (int32_t)i[4],
-                         p[1] ? &e : NULL, &d,
-                         i + 11, &w, (uint8_t *)p[5], (uint8_t *)p[9], p[14],
-                         p[16] ? &add : NULL)
+                         p[1] ? &e : NULL, &d, i + 12, &w, (uint8_t *)p[5], (uint8_t *)p[9],
+                         p[14], p[16] ? &add : NULL)
            ? 0 : MT_BK_ENOMEM;
 }
 
+/* an int8 kernel call (mt_plan_quant); the argument layout is qint8.pyx's
+ * record of the call */
 static int run_quant(const mt_plan_quant *q, char *const *bases) {
     const mt_quant_kernels *k = q->k;
     const int64_t *i = q->i;
@@ -313,9 +312,9 @@ static int run_quant(const mt_plan_quant *q, char *const *bases) {
         return 0;
     case MT_Q_BLOCK:     /* x ew ewsum ebias emult mid1 dw dbias dmult mid2 pw pwsum pbias pmult
                           * out [other add_out] (no expand: its four NULL); NB C H W a_zp;
-                          * expand: lw Co out_zp lo hi path;
-                          * depthwise: KH KW SH SW PH PW DH DW OH OW out_zp lo hi path; project:
-                          * lw Co out_zp lo hi out_u8 path; [add: y_first y_kind other_kind
+                          * expand: lw Co out_zp lo hi out_u8 path; depthwise: KH KW SH SW
+                          * PH PW DH DW OH OW out_zp lo hi path; project: lw Co out_zp lo hi
+                          * out_u8 path; [add: y_first y_kind other_kind
                           * out_kind relu path; y_scale y_zp other_scale other_zp out_scale
                           * out_zp lo hi] (plan/_qblock.py) */
         return run_qblock(k, p, i, f);

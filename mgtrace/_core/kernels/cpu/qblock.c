@@ -43,16 +43,13 @@
 #endif
 
 #include "quant_kernels.h"
+#include "qteam.h"
 
 /* the kernels, through the CPU's table (qtable.c), which declares them */
 extern const mt_quant_kernels mt_cpu_quant_kernels;
 #define K (&mt_cpu_quant_kernels)
-int mt_q_team(int64_t work);        /* qgemm.c */
-int mt_q_threads(void);
-void mt_q_set_threads(int n);
 
 #define QB_ALIGN 16         /* channels per share's unit: half an AMX tile, two VNNI ones */
-#define QB_DW_COST 8        /* a depthwise multiply-add in the grain's units (qconv.c's) */
 #define QB_CHANNEL_SPLIT_PIXELS (28 * 28)   /* larger input planes go by bands of rows */
 /* a band's expanded rows, at most (then whole rows); 1 MB: half a core's L2
  * here, one band per thread for MobileNetV2's 112x112 and 56x56 blocks
@@ -249,7 +246,7 @@ int mt_qblock_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W
 {
     int64_t E = e ? e->Co : C, Co = p->Co, OH = g[8], OW = g[9];
     size_t isz = p->out_u8 == 2 ? 4 : 1;
-    int64_t work = NB * ((e ? E * H * W * C : 0) + E * OH * OW * g[0] * g[1] * QB_DW_COST +
+    int64_t work = NB * ((e ? E * H * W * C : 0) + E * OH * OW * g[0] * g[1] * MT_Q_DW_COST +
                          Co * OH * OW * E);
     int nt = mt_q_team(work), failed = 0;
     if (H * W > QB_CHANNEL_SPLIT_PIXELS)

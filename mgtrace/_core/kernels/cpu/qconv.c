@@ -52,6 +52,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "qteam.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
 #include <immintrin.h>
@@ -68,15 +69,9 @@
 #endif
 
 int mt_qgemm_has_vnni(void);    /* qgemm.c */
-int mt_q_team(int64_t work);    /* qgemm.c: threads for that many units of work */
 
 #define QC_P 16                 /* pixels per packed block (one zmm of int32) */
 #define QC_R 8                  /* output channels per tile (AMX aside) */
-/* a depthwise multiply-add against the grain's (mt_q_team): these kernels
- * run 8-20 G of them a second, the dense ones' tiles 100-300 G, so a dense
- * grain of depthwise work is about eight times as long (MobileNetV2's 14x14
- * and 7x7 depthwise layers, 0.4-1 M, ran on one thread for 65-105 us) */
-#define QC_DW_COST 8
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -2033,7 +2028,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         if (t) {
             int64_t planes = NB * C, KC = cdiv(KW, 4), P = OH * OW;
             size_t isz = out_u8 == 2 ? 4 : 1;
-            int nt = mt_q_team(planes * P * KH * KW * QC_DW_COST), qdq = has_dq();
+            int nt = mt_q_team(planes * P * KH * KW * MT_Q_DW_COST), qdq = has_dq();
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
             for (int64_t p = 0; p < planes; p++) {
                 int64_t c = p % C;
@@ -2063,7 +2058,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
         int64_t blocks = NB * (C / 16);
         size_t need = dw_block16_size(H, W, PH, PW, OH, OW);
         size_t isz = out_u8 == 2 ? 4 : 1;
-        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW * QC_DW_COST);
+        int failed = 0, nt = mt_q_team(NB * C * OH * OW * KH * KW * MT_Q_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1 && blocks > 1)
         {
             uint8_t *buf = mt_q_scratch(need);
@@ -2111,7 +2106,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int qdq = has_dq();         /* put16q where the CPU has AVX-512 DQ */
-    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * QC_DW_COST);
+    int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * MT_Q_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
         uint8_t *buf = mt_q_scratch((size_t)(HP * WP));     /* this thread's, kept */

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "qteam.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
 #include <immintrin.h>
@@ -93,10 +94,6 @@ static int has_avx512(void)
 }
 #endif
 
-int mt_q_team(int64_t work);                                             /* qgemm.c */
-void mt_q_share(int64_t n, int64_t c, int64_t nt, int64_t *at, int64_t *len);
-#define QE_ELEM_COST 16     /* an element's add in the grain's units (qgemm.c's Q_ELEM_COST) */
-
 /* out[i] = the quantized sum above of a[i] and b[i], i < n (int8 or uint8
  * each, by kind). Returns the path used: 1 portable, 2 AVX-512. */
 int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
@@ -110,7 +107,7 @@ int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk,
     (void)path;
     /* one equal share a thread (MobileNetV2's 56x56 add in 64 k chunks ran
      * 64 k on one thread and 11 k on the other) */
-    int64_t chunks = mt_q_team(n * QE_ELEM_COST);
+    int64_t chunks = mt_q_team(n * MT_Q_ELEM_COST);
 #pragma omp parallel for schedule(static) num_threads(chunks) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t at, len;

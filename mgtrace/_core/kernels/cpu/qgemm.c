@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "qteam.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
 #include <immintrin.h>
@@ -592,11 +593,6 @@ static int has_avx512f(void)
 }
 #endif
 
-/* an element's quantize or dequantize in the grain's units (a division,
- * a round and a store: vdivps alone takes some 16 cycles per 16 lanes);
- * qelemwise.c's adds take it too */
-#define Q_ELEM_COST 16
-
 /* [*at, *at + *len) of n elements: thread c of nt's equal share, whole vectors
  * (as many chunks as threads: MobileNetV2's 150,528-element input in 64 k
  * chunks ran two of three chunks on one thread) */
@@ -616,7 +612,7 @@ void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo,
     wide = path == 0 && kind != 2 && has_avx512f();
 #endif
     size_t isz = kind == 2 ? 4 : 1;
-    int64_t chunks = mt_q_team(n * Q_ELEM_COST);
+    int64_t chunks = mt_q_team(n * MT_Q_ELEM_COST);
 #pragma omp parallel for schedule(static) num_threads(chunks) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t at, len;
@@ -635,7 +631,7 @@ void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo,
 
 void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp, float *out)
 {
-    int64_t chunks = mt_q_team(n * Q_ELEM_COST);
+    int64_t chunks = mt_q_team(n * MT_Q_ELEM_COST);
 #pragma omp parallel for schedule(static) num_threads(chunks) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t at, len;

@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "qteam.h"
 
-int mt_q_team(int64_t work);    /* qgemm.c */
 uint8_t *mt_q_scratch(size_t n);     /* qconv.c: the calling thread's buffer, kept */
 
 /* Returns 1, or 0 when out of memory (out is then not written whole). */

@@ -6,10 +6,10 @@
  * table's member types. */
 #include "backend.h"
 #include "quant_kernels.h"
+#include "qteam.h"
 
 int mt_qgemm_has_vnni(void);
 int mt_qconv_has_amx(void);
-void mt_q_set_threads(int n);
 void mt_quantize_f32(const float *x, int64_t n, float scale, float zp, float lo, float hi,
                      int kind, void *out, int path);
 void mt_dequantize_f32(const void *q, int kind, int64_t n, float scale, float zp, float *out);
