@@ -231,6 +231,40 @@ def test_the_shortcut_add_folds_into_the_block_step_bitwise(size, mode, y_first,
         mt.set_num_threads(old)
 
 
+# planes of at most 28x28 whose projection has fewer output channels than
+# pixels project by pixels (each thread its 16-aligned share of every plane,
+# all channels, then the add on it); more channels than pixels, by channels.
+# Sizes with work enough for a team of two or three (mt_q_team: 2^19
+# multiply-adds a thread), shares that end inside a row and a last share of a
+# few pixels (13x13 = 169: 16 * 10 + 9)
+PROJECTIONS = [  # (batch, C, hidden, H, W, stride, residual)
+    (1, 32, 192, 28, 28, 1, True),      # MobileNetV2's features.5 (by pixels)
+    (2, 24, 144, 13, 13, 1, True),      # 169 pixels: shares end mid-row
+    (1, 40, 240, 14, 14, 2, False),     # 7x7 outputs, 40 < 49 channels: by pixels
+    (1, 96, 384, 7, 7, 1, True),        # 96 > 49 output channels: by channels
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("geom", PROJECTIONS, ids=lambda g: "x".join(map(str, g[:6])))
+def test_the_projection_split_by_pixels_or_channels_is_bitwise(geom, threads):
+    nb, c, hidden, h, w, stride, residual = geom
+    shape = (nb, c, h, w)
+    net = ResidualBlock(c, hidden, 1, "add", True) if residual else Block(c, hidden, c, stride)
+    qm = _quantized(net, shape)
+    old = mt.get_num_threads()
+    mt.set_num_threads(threads)
+    try:
+        x = rand(*shape, seed=3)
+        plan = mt.compile(qm, x)
+        assert len(_block_steps(plan, x)) == 1
+        for seed in (3, 4, 5):
+            x = rand(*shape, seed=seed)
+            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
+    finally:
+        mt.set_num_threads(old)
+
+
 class DwPw(M.Module):
     """MobileNetV1's depthwise-pointwise pair: a block with no expand."""
 

@@ -96,6 +96,25 @@ static int has_avx512(void)
 
 /* out[i] = the quantized sum above of a[i] and b[i], i < n (int8 or uint8
  * each, by kind). Returns the path used: 1 portable, 2 AVX-512. */
+/* share c of chunks of mt_qadd_u8's n elements */
+static void add_share(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
+                      float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
+                      void *out, int ok, int wide, int64_t c, int64_t chunks)
+{
+    int64_t at, len;
+    mt_q_share(n, c, chunks, &at, &len);
+    const char *pa = (const char *)a + at, *pb = (const char *)b + at;
+    char *po = (char *)out + at;
+#ifdef MT_QE_AVX512
+    if (wide) {
+        add_avx512(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
+        return;
+    }
+#endif
+    (void)wide;
+    add_portable(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
+}
+
 int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
                float bz, int64_t n, float os, float oz, float lo, float hi, int relu, void *out,
                int ok, int path)
@@ -108,20 +127,16 @@ int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk,
     /* one equal share a thread (MobileNetV2's 56x56 add in 64 k chunks ran
      * 64 k on one thread and 11 k on the other) */
     int64_t chunks = mt_q_team(n * MT_Q_ELEM_COST);
-#pragma omp parallel for schedule(static) num_threads(chunks) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t at, len;
-        mt_q_share(n, c, chunks, &at, &len);
-        const char *pa = (const char *)a + at, *pb = (const char *)b + at;
-        char *po = (char *)out + at;
-#ifdef MT_QE_AVX512
-        if (wide) {
-            add_avx512(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
-            continue;
-        }
-#endif
-        add_portable(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
+    if (chunks <= 1) {
+        /* no region: even one of a single thread costs ~0.5 us where the
+         * caller is itself on a team (libgomp builds a nested team), and
+         * the block step (qblock.c) adds row ranges a channel at a time */
+        add_share(a, ak, as, az, b, bk, bs, bz, n, os, oz, lo, hi, relu, out, ok, wide, 0, 1);
+        return wide ? 2 : 1;
     }
+#pragma omp parallel for schedule(static) num_threads(chunks)
+    for (int64_t c = 0; c < chunks; c++)
+        add_share(a, ak, as, az, b, bk, bs, bz, n, os, oz, lo, hi, relu, out, ok, wide, c, chunks);
     return wide ? 2 : 1;
 }
 
