@@ -288,6 +288,51 @@ void put16s(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
     _mm_mask_storeu_epi8((char *)out + at, m, _mm_xor_si128(b, flip));
 }
 
+/* put16s for two vectors of one channel's outputs, pixels at .. at + 15
+ * (mask m0) and at + 16 .. at + 31 (m1): one tie check for both (vrangeps
+ * takes the larger |u - rint(u)| of each lane pair, where two vpandd and
+ * two compares did), and one down conversion and store for the 32 bytes
+ * (vpackssdw and vpacksswb saturate int32 to int8 as vpmovsdb does, the
+ * 128-bit lanes' interleave undone by one vpermd), where two vpmovsdb
+ * took two uops each. A tie anywhere in either redoes both by put16i. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+void put32s(void *out, int64_t at, __mmask16 m0, __mmask16 m1, __m512i d0, __m512i d1,
+            int32_t corr, __m512 multf, double mult, int out_u8, int32_t lo, __m512i zpv,
+            __m512i lov, __m512i hiv, __m512 zps, __m256i flip)
+{
+    __m512i c = _mm512_set1_epi32(corr);
+    __m512 u0 = _mm512_fmadd_round_ps(
+        _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(d0, c), _MM_FROUND_TO_NEAREST_INT |
+                                 _MM_FROUND_NO_EXC),
+        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 u1 = _mm512_fmadd_round_ps(
+        _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(d1, c), _MM_FROUND_TO_NEAREST_INT |
+                                 _MM_FROUND_NO_EXC),
+        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* imm 0xB: the larger magnitude, sign cleared; a lane past m1 (the
+     * second vector's tail) can only add a needless redo */
+    __m512 r = _mm512_range_ps(
+        _mm512_reduce_ps(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_reduce_ps(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0xB);
+    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m0, r, _mm512_set1_ps(0.5f - 0x1p-11f),
+                                                 _CMP_GT_OQ) != 0, 0)) {
+        put16i(out, at, m0, d0, corr, mult, out_u8, lo, zpv, lov, hiv);
+        if (m1)
+            put16i(out, at + 16, m1, d1, corr, mult, out_u8, lo, zpv, lov, hiv);
+        return;
+    }
+    __m512i w = _mm512_packs_epi32(
+        _mm512_cvt_roundps_epi32(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_cvt_roundps_epi32(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* 128-bit lane k: dword 0 u0's pixels 4k..4k+3, dword 1 u1's */
+    __m512i b = _mm512_packs_epi16(w, w);
+    __m256i v = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), b));
+    _mm256_mask_storeu_epi8((char *)out + at, (__mmask32)m0 | ((__mmask32)m1 << 16),
+                            _mm256_xor_si256(v, flip));
+}
+
 /* 1 where put16s serves an int8 / uint8 output of bounds [lo, hi] */
 static inline int put16s_ok(int out_u8, int32_t lo, int32_t hi)
 {
@@ -939,10 +984,10 @@ static int has_avx2(void)
     do {                                                           \
         if (out_[r]) {                                             \
             __m512 f_ = _mm512_set1_ps(fm_[r]);                    \
-            put16q(out_[r], p0, m0, c##r##0, ic_[r], f_, mu_[r], ou8_, \
+            put16q(out_[r], p0, m0, c##r##0, 0, f_, mu_[r], ou8_, \
                    lo_, zpv, lov, hiv, zpf, lof, hif);             \
             if (B > 1)                                             \
-                put16q(out_[r], p0 + QC_P, m1, c##r##1, ic_[r], f_, mu_[r], \
+                put16q(out_[r], p0 + QC_P, m1, c##r##1, 0, f_, mu_[r], \
                        ou8_, lo_, zpv, lov, hiv, zpf, lof, hif);   \
         }                                                          \
     } while (0)
@@ -951,21 +996,22 @@ static int has_avx2(void)
     do {                                                           \
         if (out_[r]) {                                             \
             __m512 f_ = _mm512_set1_ps(fm_[r]);                    \
-            put16s(out_[r], p0, m0, c##r##0, ic_[r], f_, mu_[r], ou8_, \
-                   lo_, zpv, lov, hiv, zps, flip);                 \
             if (B > 1)                                             \
-                put16s(out_[r], p0 + QC_P, m1, c##r##1, ic_[r], f_, mu_[r], \
-                       ou8_, lo_, zpv, lov, hiv, zps, flip);       \
+                put32s(out_[r], p0, m0, m1, c##r##0, c##r##1, 0, f_, mu_[r], \
+                       ou8_, lo_, zpv, lov, hiv, zps, flip2);      \
+            else                                                   \
+                put16s(out_[r], p0, m0, c##r##0, 0, f_, mu_[r], ou8_, \
+                       lo_, zpv, lov, hiv, zps, flip);             \
         }                                                          \
     } while (0)
 
 #define QC_PUTI(r)                                                 \
     do {                                                           \
         if (out_[r]) {                                             \
-            put16i(out_[r], p0, m0, c##r##0, ic_[r], mu_[r], ou8_, \
+            put16i(out_[r], p0, m0, c##r##0, 0, mu_[r], ou8_, \
                    lo_, zpv, lov, hiv);                            \
             if (B > 1)                                             \
-                put16i(out_[r], p0 + QC_P, m1, c##r##1, ic_[r], mu_[r], \
+                put16i(out_[r], p0 + QC_P, m1, c##r##1, 0, mu_[r], \
                        ou8_, lo_, zpv, lov, hiv);                  \
         }                                                          \
     } while (0)
@@ -980,9 +1026,17 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
     const int8_t *w0 = t->w[0], *w1 = t->w[1], *w2 = t->w[2], *w3 = t->w[3];
     const int8_t *w4 = t->w[R > 4 ? 4 : 0], *w5 = t->w[R > 4 ? 5 : 0],
                  *w6 = t->w[R > 4 ? 6 : 0], *w7 = t->w[R > 4 ? 7 : 0];
-    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00,
-            c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00,
-            c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    /* where the int32 epilogues run (t->icorr), each row's accumulators
+     * start at -corr, so that the dots end as dot - corr (int32 arithmetic
+     * wraps: the sum is exact where put16i_ok holds) and the epilogue
+     * subtracts nothing: one operation fewer per vector */
+    const int32_t *ic = t->icorr;
+#define QC_INIT(r) (ic ? _mm512_set1_epi32(-ic[r]) : _mm512_setzero_si512())
+    __m512i c00 = QC_INIT(0), c01 = c00, c10 = QC_INIT(1), c11 = c10, c20 = QC_INIT(2),
+            c21 = c20, c30 = QC_INIT(3), c31 = c30, c40 = R > 4 ? QC_INIT(4) : c00, c41 = c40,
+            c50 = R > 4 ? QC_INIT(5) : c00, c51 = c50, c60 = R > 4 ? QC_INIT(6) : c00,
+            c61 = c60, c70 = R > 4 ? QC_INIT(7) : c00, c71 = c70;
+#undef QC_INIT
     for (int64_t kq = 0; kq < KQ; kq++) {
         __m512i a0 = _mm512_loadu_si512(x0 + kq * (QC_P * 4));
         __m512i a1 = B > 1 ? _mm512_loadu_si512(x1 + kq * (QC_P * 4)) : a0;
@@ -995,13 +1049,11 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
     const int ou8_ = t->out_u8;
     const int32_t ozp_ = t->out_zp, lo_ = t->lo, hi_ = t->hi;
     double cr_[8], mu_[8];
-    int32_t ic_[8];
     float fm_[8];
     for (int r = 0; r < R; r++) {
         out_[r] = t->out[r];
         cr_[r] = t->corr[r];
         mu_[r] = t->mult[r];
-        ic_[r] = t->icorr ? t->icorr[r] : 0;
         fm_[r] = t->qf ? t->fmult[r] : 0.0f;
     }
     int64_t p0 = pb * QC_P;
@@ -1015,6 +1067,7 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
         if (t->qf && put16s_ok(t->out_u8, t->lo, t->hi)) {
             __m512 zps = _mm512_set1_ps((float)(ozp_ - (ou8_ == 1 ? 128 : 0)));
             __m128i flip = _mm_set1_epi8(ou8_ == 1 ? (char)0x80 : 0);
+            __m256i flip2 = _mm256_set1_epi8(ou8_ == 1 ? (char)0x80 : 0);
             QC_ROWS(QC_PUTS);
             return;
         }
@@ -1124,6 +1177,18 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
     _tile_stored(2, acc[2], 64);
     _tile_stored(3, acc[3], 64);
     qc_ep e = qc_ep_make(t->out_u8, t->out_zp, t->lo, t->hi, t->qf, t->icorr != NULL);
+    if (two && e.qf && e.sat) {     /* both blocks of a channel at once: put32s */
+        int64_t p0 = pb * QC_P;
+        int n1 = (int)(t->P - p0 - QC_P < QC_P ? t->P - p0 - QC_P : QC_P);
+        __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n1) - 1);
+        __m256i flip = _mm256_set1_epi8(t->out_u8 == 1 ? (char)0x80 : 0);
+        for (int r = 0; r < nrows; r++)
+            put32s(out[r], p0, 0xFFFF, m1, _mm512_load_si512(acc[(r / 16) * 2] + (r % 16) * 16),
+                   _mm512_load_si512(acc[(r / 16) * 2 + 1] + (r % 16) * 16), t->icorr[r],
+                   _mm512_set1_ps(t->fmult[r]), mult[r], e.out_u8, e.lo, e.zpv, e.lov, e.hiv,
+                   e.zps, flip);
+        return;
+    }
     for (int b = 0; b < 1 + two; b++) {
         int64_t p0 = (pb + b) * QC_P;
         int n = (int)(t->P - p0 < QC_P ? t->P - p0 : QC_P);
@@ -1700,6 +1765,9 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
     qc_ep e = qc_ep_make(out_u8, out_zp, lo, hi, qf, iep);
     __m512i pad = _mm512_set1_epi8((char)a_zp);     /* a row of padding, gathered */
     __m512 multf = _mm512_set1_ps((float)mult);
+    /* where iep, the dots start at -corr (as tile_vnni's: the int32
+     * epilogues then subtract nothing); put16 subtracts corr in double */
+    __m512i acc0 = _mm512_set1_epi32(iep ? -(int32_t)corr : 0);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
         int64_t w0 = ow * SW - PW;      /* the window's first column */
         /* the window's bytes inside the plane's columns [0, W) */
@@ -1722,14 +1790,14 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
                 r2 = QC_ROW(ih + 2);
             }
             __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), r0, t0), r1, t1), r2, t2);
+                _mm512_dpbusd_epi32(acc0, r0, t0), r1, t1), r2, t2);
             if (SH == 1) {
                 r0 = r1;
                 r1 = r2;
             } else {
                 r0 = r2;
             }
-            qc_ep_put(&e, out, oh * OW + ow, n, acc, corr, iep ? (int32_t)corr : 0, multf, mult);
+            qc_ep_put(&e, out, oh * OW + ow, n, acc, corr, 0, multf, mult);
         }
 #undef QC_ROW
     }
