@@ -256,6 +256,18 @@ void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
     _mm512_mask_cvtepi32_storeu_epi8((char *)out + at, m, v);
 }
 
+/* put16q's u for put16s and its kin: (dot - corr) float(mult) + zps,
+ * rounded once */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+__m512 s_u(__m512i dot, int32_t corr, __m512 multf, __m512 zps)
+{
+    return _mm512_fmadd_round_ps(
+        _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(dot, _mm512_set1_epi32(corr)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 /* put16q where [lo, hi] is the whole output type (uint8 [0, 255], int8
  * [-128, 127]: every quantized layer without a ReLU6-like bound, ReLU's
  * included, whose lo is the zero point 0): the clamp is the down
@@ -273,10 +285,7 @@ void put16s(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
             double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
             __m512 zps, __m128i flip)
 {
-    __m512i a = _mm512_sub_epi32(dot, _mm512_set1_epi32(corr));
-    __m512 u = _mm512_fmadd_round_ps(
-        _mm512_cvt_roundepi32_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 u = s_u(dot, corr, multf, zps);
     __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f),
                                                  _CMP_GT_OQ) != 0, 0)) {
@@ -288,49 +297,76 @@ void put16s(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
     _mm_mask_storeu_epi8((char *)out + at, m, _mm_xor_si128(b, flip));
 }
 
+/* put16s for two vectors of outputs: their u (s_u), one tie check
+ * for both (vrangeps takes the larger |u - rint(u)| of each lane pair,
+ * where two vpandd and two compares did: 1 where a lane of mask m in
+ * either lies too near a tie), and one down conversion of the 32 (vpackssdw
+ * and vpacksswb saturate int32 to int8 as vpmovsdb does, the 128-bit
+ * lanes' interleave undone by one vpermd; two vpmovsdb took two uops
+ * each): bytes 0-15 u0's, 16-31 u1's, top bits flipped by flip */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+int s_ties2(__m512 u0, __m512 u1, __mmask16 m)
+{
+    /* imm 0xB: the larger magnitude, sign cleared */
+    __m512 r = _mm512_range_ps(
+        _mm512_reduce_ps(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_reduce_ps(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0xB);
+    return _mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f), _CMP_GT_OQ) != 0;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+__m256i s_pack2(__m512 u0, __m512 u1, __m256i flip)
+{
+    __m512i w = _mm512_packs_epi32(
+        _mm512_cvt_roundps_epi32(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_cvt_roundps_epi32(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* 128-bit lane k: dword 0 u0's outputs 4k..4k+3, dword 1 u1's */
+    __m512i b = _mm512_packs_epi16(w, w);
+    __m256i v = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), b));
+    return _mm256_xor_si256(v, flip);
+}
+
 /* put16s for two vectors of one channel's outputs, pixels at .. at + 15
- * (mask m0) and at + 16 .. at + 31 (m1): one tie check for both (vrangeps
- * takes the larger |u - rint(u)| of each lane pair, where two vpandd and
- * two compares did), and one down conversion and store for the 32 bytes
- * (vpackssdw and vpacksswb saturate int32 to int8 as vpmovsdb does, the
- * 128-bit lanes' interleave undone by one vpermd), where two vpmovsdb
- * took two uops each. A tie anywhere in either redoes both by put16i. */
+ * (mask m0) and at + 16 .. at + 31 (m1), one 32-byte store; a tie in
+ * either redoes both by put16i (a lane past m1 can only add a needless
+ * redo) */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 static inline __attribute__((always_inline))
 void put32s(void *out, int64_t at, __mmask16 m0, __mmask16 m1, __m512i d0, __m512i d1,
             int32_t corr, __m512 multf, double mult, int out_u8, int32_t lo, __m512i zpv,
             __m512i lov, __m512i hiv, __m512 zps, __m256i flip)
 {
-    __m512i c = _mm512_set1_epi32(corr);
-    __m512 u0 = _mm512_fmadd_round_ps(
-        _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(d0, c), _MM_FROUND_TO_NEAREST_INT |
-                                 _MM_FROUND_NO_EXC),
-        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 u1 = _mm512_fmadd_round_ps(
-        _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(d1, c), _MM_FROUND_TO_NEAREST_INT |
-                                 _MM_FROUND_NO_EXC),
-        multf, zps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* imm 0xB: the larger magnitude, sign cleared; a lane past m1 (the
-     * second vector's tail) can only add a needless redo */
-    __m512 r = _mm512_range_ps(
-        _mm512_reduce_ps(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-        _mm512_reduce_ps(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0xB);
-    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m0, r, _mm512_set1_ps(0.5f - 0x1p-11f),
-                                                 _CMP_GT_OQ) != 0, 0)) {
+    __m512 u0 = s_u(d0, corr, multf, zps), u1 = s_u(d1, corr, multf, zps);
+    if (__builtin_expect(s_ties2(u0, u1, m0), 0)) {
         put16i(out, at, m0, d0, corr, mult, out_u8, lo, zpv, lov, hiv);
         if (m1)
             put16i(out, at + 16, m1, d1, corr, mult, out_u8, lo, zpv, lov, hiv);
         return;
     }
-    __m512i w = _mm512_packs_epi32(
-        _mm512_cvt_roundps_epi32(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-        _mm512_cvt_roundps_epi32(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    /* 128-bit lane k: dword 0 u0's pixels 4k..4k+3, dword 1 u1's */
-    __m512i b = _mm512_packs_epi16(w, w);
-    __m256i v = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
-        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), b));
     _mm256_mask_storeu_epi8((char *)out + at, (__mmask32)m0 | ((__mmask32)m1 << 16),
-                            _mm256_xor_si256(v, flip));
+                            s_pack2(u0, u1, flip));
+}
+
+/* put16s for two vectors of n (<= 16) outputs each, at out0 and out1 (two
+ * rows of a depthwise plane) */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static inline __attribute__((always_inline))
+void put2x16s(void *out0, void *out1, __mmask16 m, __m512i d0, __m512i d1, __m512 multf,
+              double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
+              __m512 zps, __m256i flip)
+{
+    __m512 u0 = s_u(d0, 0, multf, zps), u1 = s_u(d1, 0, multf, zps);
+    if (__builtin_expect(s_ties2(u0, u1, m), 0)) {
+        put16i(out0, 0, m, d0, 0, mult, out_u8, lo, zpv, lov, hiv);
+        put16i(out1, 0, m, d1, 0, mult, out_u8, lo, zpv, lov, hiv);
+        return;
+    }
+    __m256i v = s_pack2(u0, u1, flip);
+    _mm_mask_storeu_epi8(out0, m, _mm256_castsi256_si128(v));
+    _mm_mask_storeu_epi8(out1, m, _mm256_extracti128_si256(v, 1));
 }
 
 /* 1 where put16s serves an int8 / uint8 output of bounds [lo, hi] */
@@ -1768,6 +1804,7 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
     /* where iep, the dots start at -corr (as tile_vnni's: the int32
      * epilogues then subtract nothing); put16 subtracts corr in double */
     __m512i acc0 = _mm512_set1_epi32(iep ? -(int32_t)corr : 0);
+    __m256i flip = _mm256_set1_epi8(out_u8 == 1 ? (char)0x80 : 0);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
         int64_t w0 = ow * SW - PW;      /* the window's first column */
         /* the window's bytes inside the plane's columns [0, W) */
@@ -1780,7 +1817,34 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
         int n = (int)(OW - ow < QC_P ? OW - ow : QC_P);
         /* the gathered input rows oh SH - PH and oh SH - PH + 1 */
         __m512i r0 = QC_ROW(-PH), r1 = QC_ROW(1 - PH);
-        for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t oh = 0;
+        /* two output rows a step where put2x16s stores them (the same
+         * bits as one at a time: its tie check redoes both by put16i) */
+        for (; e.qf && e.sat && oh + 1 < OH; oh += 2) {
+            int64_t ih = oh * SH - PH;
+            __m512i a0, a1;
+            if (SH == 1) {
+                __m512i r2 = QC_ROW(ih + 2), r3 = QC_ROW(ih + 3);
+                a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(acc0, r0, t0), r1, t1), r2, t2);
+                a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(acc0, r1, t0), r2, t1), r3, t2);
+                r0 = r2;
+                r1 = r3;
+            } else {
+                __m512i q1 = QC_ROW(ih + 1), q2 = QC_ROW(ih + 2), q3 = QC_ROW(ih + 3),
+                        q4 = QC_ROW(ih + 4);
+                a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(acc0, r0, t0), q1, t1), q2, t2);
+                a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(acc0, q2, t0), q3, t1), q4, t2);
+                r0 = q4;
+            }
+            __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+            put2x16s((char *)out + oh * OW + ow, (char *)out + (oh + 1) * OW + ow, m, a0, a1,
+                     multf, mult, out_u8, lo, e.zpv, e.lov, e.hiv, e.zps, flip);
+        }
+        for (; oh < OH; oh++) {
             int64_t ih = oh * SH - PH;
             __m512i r2;
             if (SH == 1) {
