@@ -1732,6 +1732,15 @@ static void dw_plane_avx512(const uint8_t *xp, int64_t WP, const int8_t *w, int6
         }
 }
 
+/* the vpermb indices of dw_plane_vbmi and dw_plane_vbmi3: lane t's four
+ * bytes t SW + q DW, q = 0..3 */
+static void dw_vbmi_ix(int64_t SW, int64_t DW, uint8_t ix[64])
+{
+    for (int t = 0; t < 16; t++)
+        for (int q = 0; q < 4; q++)
+            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
+}
+
 /* one plane with VNNI and VBMI: each int32 lane (output pixel t) gathers
  * its four input bytes t SW + q DW (q = 0..3) of a kernel row from one
  * 64-byte load by vpermb, and vpdpbusd adds their products with four taps
@@ -1746,13 +1755,11 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
                           int iep)
 {
     int64_t KC = cdiv(KW, 4);
-    uint8_t ix[64];
-    for (int t = 0; t < 16; t++)
-        for (int q = 0; q < 4; q++)
-            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
     /* put16i's constants where iep (the caller's put16i_ok for this channel) */
     __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
             hiv = _mm512_set1_epi32(hi);
+    uint8_t ix[64];
+    dw_vbmi_ix(SW, DW, ix);
     __m512i idx = _mm512_loadu_si512(ix);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1783,18 +1790,16 @@ static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, in
  * (the zero point merged in where it is padding, one mask per strip) and
  * rows above or below the plane the zero point, so no padded copy is
  * written (pad_plane_avx512 was 4% of MobileNetV2's int8 forward). The
- * epilogue put16q's where qf. taps: the three rows' 4 weights each. */
+ * epilogue put16q's where qf. taps: the three rows' 4 weights each; ix:
+ * dw_vbmi_ix(SW, DW), the caller's once for all its planes (built here per
+ * plane, its 64 byte stores were a tenth of a 14x14 plane's time). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, int64_t PW,
                            uint8_t a_zp, const int32_t *taps, int64_t SH, int64_t SW,
                            int64_t DW, int64_t OH, int64_t OW, double corr, double mult,
                            int out_u8, int32_t out_zp, int32_t lo, int32_t hi, void *out,
-                           int iep, int qf)
+                           int iep, int qf, const uint8_t *ix)
 {
-    uint8_t ix[64];
-    for (int t = 0; t < 16; t++)
-        for (int q = 0; q < 4; q++)
-            ix[t * 4 + q] = (uint8_t)(t * SW + q * DW);
     __m512i idx = _mm512_loadu_si512(ix);
     __m512i t0 = _mm512_set1_epi32(taps[0]), t1 = _mm512_set1_epi32(taps[1]),
             t2 = _mm512_set1_epi32(taps[2]);
@@ -2176,6 +2181,34 @@ static const dwf_table *dwf_get(const int64_t *g, int64_t OH, int64_t OW)
 
 /* one plane xs [H][W] (unpadded) by table t: taps [NC] int32 (4 weights
  * each, zeros past KW), outputs out [OH * OW]; qdq: the caller's has_dq() */
+/* the dot of dw_plane_flat's vector v (16 outputs from v * 16 on): its
+ * windows loaded (mode 1: one a vector, 2: one a chunk; mode 0's, the
+ * plane's, the caller's wl and wh), gathered and multiplied by the taps */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+static inline __attribute__((always_inline))
+__m512i dwf_dot(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t v,
+                __m512i wl, __m512i wh, __m512i top, __m512i acc)
+{
+    int64_t NC = t->NC, mode = t->mode;
+    if (mode == 1) {
+        const uint8_t *b = xs + t->base[v];
+        wl = _mm512_maskz_loadu_epi8(t->lm[2 * v], b);
+        wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * v + 1], b + 64), top);
+    }
+    const uint8_t *ix = t->idx + v * NC * 64;
+    for (int64_t c = 0; c < NC; c++) {
+        if (mode == 2) {
+            int64_t w = v * NC + c;
+            const uint8_t *b = xs + t->base[w];
+            wl = _mm512_maskz_loadu_epi8(t->lm[2 * w], b);
+            wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * w + 1], b + 64), top);
+        }
+        __m512i g = _mm512_permutex2var_epi8(wl, _mm512_load_si512(ix + c * 64), wh);
+        acc = _mm512_dpbusd_epi32(acc, g, _mm512_set1_epi32(taps[c]));
+    }
+    return acc;
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
 static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *taps, int64_t P,
                           uint8_t a_zp, double corr, double mult, int out_u8, int32_t out_zp,
@@ -2186,33 +2219,28 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
     __m512 multf = _mm512_set1_ps((float)mult);
     /* byte 63 of the high load: the zero point the padding indices read */
     __m512i top = _mm512_maskz_set1_epi8((__mmask64)1 << 63, (char)a_zp);
-    int64_t NC = t->NC, mode = t->mode;
     __m512i wl = _mm512_setzero_si512(), wh = wl;
-    if (mode == 0) {
+    if (t->mode == 0) {
         wl = _mm512_maskz_loadu_epi8(t->lm[0], xs);
         wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[1], xs + 64), top);
     }
-    for (int64_t v = 0; v < t->NV; v++) {
-        if (mode == 1) {
-            const uint8_t *b = xs + t->base[v];
-            wl = _mm512_maskz_loadu_epi8(t->lm[2 * v], b);
-            wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * v + 1], b + 64), top);
+    /* where iep, the dots start at -corr (as dw_plane_vbmi3's) */
+    __m512i acc0 = _mm512_set1_epi32(iep ? -(int32_t)corr : 0);
+    int64_t v = 0;
+    if (e.qf && e.sat) {            /* two vectors a step: put32s */
+        __m256i flip = _mm256_set1_epi8(out_u8 == 1 ? (char)0x80 : 0);
+        for (; v + 1 < t->NV; v += 2) {
+            int64_t at = v * 16, n1 = P - at - 16 < 16 ? P - at - 16 : 16;
+            put32s(out, at, 0xFFFF, (__mmask16)((1u << n1) - 1),
+                   dwf_dot(xs, t, taps, v, wl, wh, top, acc0),
+                   dwf_dot(xs, t, taps, v + 1, wl, wh, top, acc0), 0, multf, mult, out_u8, lo,
+                   e.zpv, e.lov, e.hiv, e.zps, flip);
         }
-        __m512i acc = _mm512_setzero_si512();
-        const uint8_t *ix = t->idx + v * NC * 64;
-        for (int64_t c = 0; c < NC; c++) {
-            if (mode == 2) {
-                int64_t w = v * NC + c;
-                const uint8_t *b = xs + t->base[w];
-                wl = _mm512_maskz_loadu_epi8(t->lm[2 * w], b);
-                wh = _mm512_or_si512(_mm512_maskz_loadu_epi8(t->lm[2 * w + 1], b + 64), top);
-            }
-            __m512i g = _mm512_permutex2var_epi8(wl, _mm512_load_si512(ix + c * 64), wh);
-            acc = _mm512_dpbusd_epi32(acc, g, _mm512_set1_epi32(taps[c]));
-        }
+    }
+    for (; v < t->NV; v++) {
         int64_t at = v * 16;
-        qc_ep_put(&e, out, at, (int)(P - at < 16 ? P - at : 16), acc, corr, iep ? (int32_t)corr : 0,
-                  multf, mult);
+        qc_ep_put(&e, out, at, (int)(P - at < 16 ? P - at : 16),
+                  dwf_dot(xs, t, taps, v, wl, wh, top, acc0), corr, 0, multf, mult);
     }
 }
 #endif
@@ -2320,6 +2348,8 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int qdq = has_dq();         /* put16q where the CPU has AVX-512 DQ */
+    uint8_t ix[64];             /* dw_plane_vbmi3's indices */
+    dw_vbmi_ix(SW, DW, ix);
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * MT_Q_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
     {
@@ -2356,7 +2386,8 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                 if (three) {    /* reads the plane itself: no padded copy */
                     dw_plane_vbmi3(xs, H, W, PH, PW, (uint8_t)a_zp, taps, SH, SW, DW, OH, OW,
                                    corr, mult[c], out_u8, out_zp, lo, hi, op, iep,
-                                   iep && qdq && put16q_ok(mult[c], out_u8, out_zp, lo, hi));
+                                   iep && qdq && put16q_ok(mult[c], out_u8, out_zp, lo, hi),
+                                   ix);
                     continue;
                 }
                 pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
