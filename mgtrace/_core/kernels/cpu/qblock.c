@@ -42,6 +42,7 @@
 #include <omp.h>
 #endif
 
+#include "mt_simd.h"
 #include "quant_kernels.h"
 #include "qteam.h"
 
@@ -239,11 +240,24 @@ static int by_bands(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t 
     return !failed;
 }
 
+/* bytes [a, a + n) of each of the rows rows of src (row stride ld) into
+ * dst, one after the other: an inline loop the compiler vectorizes, where a
+ * libc memcpy a row (a few hundred bytes) cost 12 ns a call, 4.7 us of a
+ * 14x14 block's 384 planes */
+MT_VCLONES static void gather_cols(uint8_t *restrict dst, const uint8_t *restrict src,
+                                   int64_t rows, int64_t ld, int64_t a, int64_t n)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++)
+            dst[r * n + i] = src[r * ld + a + i];
+}
+
 /* pixels [a, b) of the projection of mid2 ([E][P], one image) into out
  * ([Co][P]) and the add after it (img: the image's first element in the
  * whole output): those pixels of each of the E planes copied together into
  * buf ([E][b - a]), projected there as one row of b - a pixels into
- * buf's [Co][b - a] after them, and copied to out's planes, then added. */
+ * buf's [Co][b - a] after them, then copied to out's planes, or with an add
+ * added from there (out, which only the add reads, is left unwritten) */
 static int project_pixels(const uint8_t *m2, int64_t E, int64_t P, int32_t a_zp,
                           const mt_qblock_conv *p, int64_t a, int64_t b, uint8_t *buf,
                           void *out, const mt_qblock_add *add, int64_t img)
@@ -253,15 +267,15 @@ static int project_pixels(const uint8_t *m2, int64_t E, int64_t P, int32_t a_zp,
     if (n <= 0)
         return 1;
     uint8_t *ob = buf + up64((size_t)(E * n));
-    for (int64_t c = 0; c < E; c++)
-        memcpy(buf + c * n, m2 + c * P + a, (size_t)n);
+    gather_cols(buf, m2, E, P, a, n);
     if (!pw_range(buf, E, 1, n, a_zp, p, 0, p->Co, ob))
         return 0;
     for (int64_t c = 0; c < p->Co; c++) {
         int64_t at = c * P + a;
-        memcpy((char *)out + at * isz, ob + c * n * isz, (size_t)n * isz);
         if (add)
-            add_range(add, (const uint8_t *)out + at, img + at, n);
+            add_range(add, ob + c * n, img + at, n);
+        else
+            memcpy((char *)out + at * isz, ob + c * n * isz, (size_t)n * isz);
     }
     return 1;
 }
