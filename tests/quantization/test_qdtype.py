@@ -268,6 +268,37 @@ def test_the_c_kernels_match_numpy_bit_for_bit(name, scale, zp, path):
                                   (out.numpy().astype(F32) - F32(zp)) * F32(scale))
 
 
+@pytest.mark.parametrize("scale", [0.011, 0.1, 1 / 3, 3e-3, 7.0, 1e-38, 3e-39, 1e38],
+                         ids=lambda s: f"{s:g}")
+@pytest.mark.parametrize("name, zp", [("qint8", 0), ("quint8", 131), ("quint8", 0)])
+def test_quantize_by_the_reciprocal_rounds_as_the_quotient(name, zp, scale):
+    # the AVX-512 path multiplies by float(1 / scale) and takes the quotient
+    # only near .5 ties: inputs a float ulp or two either side of each tie,
+    # where the product and the quotient can differ, and scales whose
+    # reciprocal is subnormal, infinite or huge (the quotient everywhere)
+    from mgtrace._core import qint8 as K
+    meta = Q.QUANT_DTYPES[name]
+    s = F32(scale)
+    with np.errstate(over="ignore"):
+        ties = (np.arange(-300, 300, dtype=F32) + F32(0.5)) * s
+    near = np.concatenate([np.nextafter(ties, F32(np.inf) * k) for k in (1, -1)] +
+                          [np.nextafter(np.nextafter(ties, F32(np.inf) * k), F32(np.inf) * k)
+                           for k in (1, -1)])
+    rng = np.random.default_rng(9)
+    with np.errstate(over="ignore", invalid="ignore"):      # the huge scale's products
+        x = np.concatenate([ties, near, (rng.standard_normal(4001) * 200 * s).astype(F32),
+                            np.array([0, -0.0, np.inf, -np.inf, 3e38, -3e38], F32)])
+        want = _ref(x, s, zp, meta.qmin, meta.qmax, meta.np_dtype_str)
+    for path in (0, 1):
+        out = mt.tensor(np.zeros(x.size, meta.np_dtype_str))
+        K.quantize_into(mt.tensor(x), out, s, F32(zp), meta.qmin, meta.qmax, path)
+        np.testing.assert_array_equal(out.numpy(), want, err_msg=f"path {path}")
+        nan = mt.tensor(np.zeros(17, meta.np_dtype_str))      # NaN saturates to qmin
+        K.quantize_into(mt.tensor(np.full(17, np.nan, F32)), nan, s, F32(zp), meta.qmin,
+                        meta.qmax, path)
+        assert (nan.numpy() == meta.qmin).all()
+
+
 def test_the_c_kernels_refuse_bad_tensors():
     from mgtrace._core import qint8 as K
     x = mt.tensor(np.zeros((2, 3), F32))
