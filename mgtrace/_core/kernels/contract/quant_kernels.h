@@ -129,8 +129,9 @@ typedef struct mt_quant_kernels {
      * OW) -> mid2 [NB, E, OH, OW] -> 1x1 conv ``project`` -> out [NB, Co,
      * OH, OW] (``expand`` NULL: none, the depthwise conv reads x and
      * mid1 is unused), then, where ``add`` is not NULL, add_u8 of out and
-     * add->other into add->out; each op's bits are those of its own call;
-     * 0 when out of memory */
+     * add->other into add->out (out is then scratch: the projection may
+     * reach the add without it); each op's bits are those of its own
+     * call; 0 when out of memory */
     int (*block_u8s8)(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
                       int32_t a_zp, const mt_qblock_conv *expand, const mt_qblock_conv *dw,
                       const int64_t *geom, const mt_qblock_conv *project, uint8_t *mid1,

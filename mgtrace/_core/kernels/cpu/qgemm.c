@@ -572,7 +572,7 @@ static void quantize_portable(const float *x, int64_t n, float scale, float zp, 
  * itself is taken for a vector with a lane nearer (about one in 60 of
  * random values), and a quotient of 1000 or more in magnitude saturates
  * both ways (|zp| <= 255). vdivps alone took 16 cycles per 16 lanes:
- * MobileNetV2's input (150,528 values) 36 -> 15 us on one thread. NaN,
+ * MobileNetV2 input (150,528 values) 36 -> 30 us on one thread. NaN,
  * infinities and overflow give what the quotient gives (the clamp
  * after). */
 __attribute__((target("avx512f,avx512dq")))
