@@ -1570,8 +1570,10 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
      * meets once, at its end: on a loaded machine each meeting waits out
      * the time slice of a thread another process displaced (MobileNetV2's
      * 28x28 and smaller 1x1 layers took 0.25 ms at two threads for one
-     * meeting and 0.47 for two, at load 6) */
-    int early = !fused && NB * G == 1 && PB * KQ * QC_P * 4 < ((int64_t)1 << 19);
+     * meeting and 0.47 for two, at load 6). A team of one has no meeting to
+     * save: its region packs (inside the block step's team, the early
+     * region was a second nested team of one a call, ~0.5 us each) */
+    int early = nt > 1 && !fused && NB * G == 1 && PB * KQ * QC_P * 4 < ((int64_t)1 << 19);
     if (early) {
         /* a team of one: its worksharing loops are this thread's alone even
          * where the caller runs inside another parallel region */
