@@ -1182,13 +1182,42 @@ void mt_q_amx_begin(void) { _tile_loadconfig(&amx_cfg); }
 __attribute__((target("amx-tile,amx-int8")))
 void mt_q_amx_end(void) { _tile_release(); }
 
+/* the tiles for a depth of KQ (1-15) quads of k, under 64: the weights' A
+ * tiles 16 rows x 4 KQ bytes, the packed pixels' B tiles KQ rows x 64
+ * bytes (the VNNI kernel's packing, no zeros packed or multiplied), C as
+ * above. Built once, at file scope for the reason above. */
+static amx_config amx_small_cfg[16];
+
+__attribute__((constructor)) static void amx_small_init(void)
+{
+    for (int kq = 1; kq < 16; kq++) {
+        amx_config *c = &amx_small_cfg[kq];
+        c->palette = 1;
+        for (int t = 0; t < 8; t++) {
+            c->colsb[t] = t == 4 || t == 5 ? (uint16_t)(4 * kq) : 64;
+            c->rows[t] = t == 6 || t == 7 ? (uint8_t)kq : 16;
+        }
+    }
+}
+
+/* mt_q_amx_begin for tile steps of KQ quads of k (a multiple of 16, or
+ * under 16: one step of the whole depth) */
+__attribute__((target("amx-tile,amx-int8")))
+static void amx_begin_kq(int64_t KQ)
+{
+    if (KQ >= 16)
+        _tile_loadconfig(&amx_cfg);
+    else
+        _tile_loadconfig(&amx_small_cfg[KQ]);
+}
+
 /* 32 channels (weight rows w, row stride lw; rows past the array's
  * channels are zeros) x pixel blocks pb, pb + 1; t->w[0] unused */
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq")))
 static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, int nrows,
                      void *const *out, const double *corr, const double *mult)
 {
-    int64_t KQ = t->KQ;         /* a multiple of 16 here */
+    int64_t KQ = t->KQ;         /* a multiple of 16, or under 16 (amx_begin_kq) */
     const uint8_t *x0 = t->packed + (pb - t->pb0) * KQ * (QC_P * 4);
     int two = pb + 1 < t->PB;
     const uint8_t *x1 = two ? x0 + KQ * (QC_P * 4) : x0;
@@ -1487,12 +1516,14 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
     avx2 = !vnni && path != 1 && has_avx2();
 #endif
 #ifdef MT_QC_AMX
-    /* under 64 k a tile step is mostly zeros: VNNI is faster there (so too
-     * with tiles configured to the depth, K / 4 rows: 16 -> 96 channels at
-     * 112x112, 1 thread, 0.31 ms against VNNI's 0.29) */
-    amx = (path == 3 || (path == 0 && K >= 64)) && amx_ok();
+    /* under 64 k, one tile step of the whole depth (amx_begin_kq) where a
+     * group has 16 channels or more (a tile computes 32): 1 thread,
+     * MobileNetV2's 16 -> 96 at 112x112 266 -> 245 us, 24 -> 144 at 56x56
+     * 115 -> 93, its 3x3 stem (K 27) 164 -> 133 (tiles of 64 k, mostly
+     * zeros, were slower than VNNI there) */
+    amx = (path == 3 || (path == 0 && (K >= 64 || Cog >= 16))) && amx_ok();
 #endif
-    if (amx)                    /* whole 64-k steps: the packed rows padded with zeros */
+    if (amx && K > 64)          /* whole 64-k steps: the packed rows padded with zeros */
         KQ = cdiv(K, 64) * 16;
     int vbmi = path != 1 && path != 4 && pack_vbmi_ok();     /* the packing's kernel */
     int64_t HP = H + 2 * PH, WP = W + 2 * PW;
@@ -1599,7 +1630,7 @@ int mt_qconv_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int64_t W,
             failed = 1;
 #ifdef MT_QC_AMX
         if (amx)
-            mt_q_amx_begin();
+            amx_begin_kq(KQ);
 #endif
         qc_call cl = {wrows, lw, zero, corr, mult, icorr_ok ? icorr : NULL, out, isz, Co, Cog, P, PBT, KQ, out_u8, out_zp,
                       lo, hi, vnni, avx2, amx, qf, fmult};
