@@ -19,7 +19,11 @@ from libc.stdint cimport int64_t, int32_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free, realloc
 from libc.string cimport memcpy, memset
 
-from mgtrace._core.kernels cimport mt_storage, mt_backend, mt_ew_call, MT_MAX_NDIM
+from mgtrace._core.kernels cimport mt_storage, mt_backend, mt_ew_call, MT_MAX_NDIM, \
+    MT_EW_UNARY, MT_FLOAT32
+
+cdef extern from "kernels/contract/mt_ops.h" nogil:
+    enum: MT_U_relu6
 from mgtrace._core.tensor cimport Tensor, cpu_backend, empty
 from mgtrace._core.dtype cimport ITEMSIZE
 
@@ -180,6 +184,8 @@ cdef enum:
     BUF_DYNAMIC = 4   # the storage a Python step returned, bound during the run
 
 STEP_EW, STEP_GEMM, STEP_CALLBACK, STEP_NN = MT_STEP_EW, MT_STEP_GEMM, MT_STEP_CALLBACK, MT_STEP_NN
+# ew_info()'s codes for the ReLU6 fold (plan/_qact.py)
+EW_UNARY, U_RELU6, FLOAT32 = MT_EW_UNARY, MT_U_relu6, MT_FLOAT32
 STEP_REDUCE = MT_STEP_REDUCE
 STEP_GATHER = MT_STEP_GATHER
 STEP_QUANT = MT_STEP_QUANT
@@ -338,6 +344,18 @@ cdef class Captured:
                     hi += s
             out.append((lo, hi))
         return out
+
+    def ew_info(self):
+        """An elementwise call's (kind, op, dtype, nargs, shape, byte strides
+        per arg), None for the other kinds: what a plan pass needs to
+        recognise one (e.g. a float32 ReLU6 over a whole buffer)."""
+        cdef int a, d
+        if self.c.kind != MT_STEP_EW:
+            return None
+        shape = tuple(self.c.ew.shape[d] for d in range(self.c.ew.ndim))
+        strides = tuple(tuple(self.c.ew.strides[a][d] for d in range(self.c.ew.ndim))
+                        for a in range(self.c.ew.nargs))
+        return self.c.ew.kind, self.c.ew.op, self.c.ew.dtype, self.c.ew.nargs, shape, strides
 
     def describe(self):
         if self.c.kind == MT_STEP_GEMM:

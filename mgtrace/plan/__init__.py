@@ -68,6 +68,7 @@ from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place)
+from mgtrace.plan._qact import fold_float_relu6
 from mgtrace.plan._qblock import fuse_int8_blocks
 from mgtrace.plan._record import PlanError, quant_tag, record, retag
 from mgtrace.traced_module.pytree import tree_flatten
@@ -128,8 +129,8 @@ class _Program:
             else:
                 self.out_slots.append(v)
         self.example_out = out
-        low.steps = fuse_int8_blocks(low.steps, {s[0][0] for s in self.out_slots
-                                                 if isinstance(s, tuple)})
+        kept = {s[0][0] for s in self.out_slots if isinstance(s, tuple)}
+        low.steps = fold_float_relu6(fuse_int8_blocks(low.steps, kept), low.buffers, kept)
         self.pysteps = []
         for pos, step in enumerate(low.steps):
             if step[0] in ("kernel", "gather", "quant"):

@@ -444,3 +444,61 @@ def test_conv_reads_nothing_outside_the_input(case, after):
         np.testing.assert_array_equal(got, want, err_msg=f"path {path}")
     del gx
     keep.close()
+
+
+# a float32 output clamped at hi where hi > 0 (the plan folds a ReLU6 into the
+# layer so: lo 0, hi 6): every kernel path, dense, depthwise (the row, flat
+# and 16-channel kernels) and the GEMM, against NumPy's float32 ReLU6 of the
+# unclamped float32 output
+RELU6_CONVS = {  # name: (x shape, Co, KH, KW, groups, stride)
+    "dense_3x3": ((1, 20, 9, 23), 40, 3, 3, 1, 1),
+    "pointwise_k24": ((1, 24, 6, 30), 48, 1, 1, 1, 1),      # under 64 k (AMX's short tiles)
+    "depthwise_rows": ((1, 16, 9, 40), 16, 3, 3, 16, 1),
+    "depthwise_flat": ((1, 32, 7, 7), 32, 3, 3, 32, 1),
+    "depthwise_stride3": ((1, 16, 11, 11), 16, 3, 3, 16, 3),  # the scalar kernel
+}
+
+
+@pytest.mark.parametrize("path", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("name", sorted(RELU6_CONVS))
+def test_a_float_output_clamped_at_hi_is_relu6(name, path):
+    xs, co, kh, kw, g, s = RELU6_CONVS[name]
+    rng = np.random.default_rng(sorted(RELU6_CONVS).index(name))
+    x = rng.integers(0, 256, xs).astype(np.uint8)
+    w = rng.integers(-127, 128, (co, xs[1] // g, kh, kw)).astype(np.int8)
+    acc = ref_conv(x, 97, w, g, (s, s), (1, 1) if kh == 3 else (0, 0), (1, 1))
+    mult = rng.uniform(1e-4, 4e-4, co)      # outputs of both signs, many past 6
+    y = (acc * mult[None, :, None, None]).astype(np.float32)
+    want = np.minimum(np.maximum(y, np.float32(0)), np.float32(6))
+    assert (y > 6).any() and (y < 0).any() and ((y > 0) & (y < 6)).any()
+    for lo, hi, ref in ((0, 6, want), (-1, 0, y), (0, 0, np.maximum(y, np.float32(0)))):
+        o = np.empty(y.shape, np.float32)
+        if g > 1:
+            if path > 1 and path not in (5,):
+                continue                    # dwconv's paths: 0 best, 1 portable, 5 16 channels
+            qint8.dwconv(x, 97, w.reshape(co, kh * kw), kh, kw, s, s, 1, 1, 1, 1, None, mult,
+                         0, lo, hi, o, path)
+        else:
+            if path == 5:
+                continue
+            weight = int8.Int8Weight(w, np.ones(co, np.float32), None)
+            pad = 1 if kh == 3 else 0
+            qint8.conv(x, 97, weight.rows, weight.wsum, 1, kh, kw, s, s, pad, pad, 1, 1, None,
+                       mult, 0, lo, hi, o, path)
+        np.testing.assert_array_equal(o, ref, err_msg=f"lo {lo} hi {hi}")
+
+
+@pytest.mark.parametrize("path", [0, 1, 2])
+def test_a_float_gemm_output_clamped_at_hi_is_relu6(path):
+    rng = np.random.default_rng(3)
+    m, k, n = 37, 128, 45
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    mult = rng.uniform(1e-4, 4e-4, n)
+    packed, wsum = qint8.pack_weight(w)
+    acc = (a.astype(np.int64) - 90) @ w.astype(np.int64).T
+    y = (acc * mult[None, :]).astype(np.float32)
+    assert (y > 6).any() and (y < 0).any()
+    o = np.empty((m, n), np.float32)
+    qint8.gemm(a, 90, packed, wsum, None, mult, 0, 0, 6, o, n, 1, path)
+    np.testing.assert_array_equal(o, np.minimum(np.maximum(y, np.float32(0)), np.float32(6)))

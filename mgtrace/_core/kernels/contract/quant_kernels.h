@@ -9,7 +9,8 @@
  * accumulation of (a - a_zp) * w, then the epilogue
  *   y = clamp(rint(acc * mult[n]) + out_zp, lo, hi)   (double, half to even)
  * with ReLU folded into lo; out_u8 names the output storage: 0 int8, 1
- * uint8, 2 float32 (acc * mult[n] unrounded). Activations are uint8 (a
+ * uint8, 2 float32 (acc * mult[n] unrounded, then 0 at least where lo is
+ * 0 and hi at most where hi > 0: ReLU, ReLU6). Activations are uint8 (a
  * signed one is passed with its bytes xor 0x80 and a_zp + 128: the same
  * integers), weights int8. Storage kinds ("kind", "ak", "ok"): 0 int8,
  * 1 uint8, 2 int32. ``path`` picks an instruction set where a device has

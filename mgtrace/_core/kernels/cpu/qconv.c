@@ -34,7 +34,8 @@
  * The arithmetic is qgemm.c's store(), bit for bit:
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
  *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
- *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2)
+ *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2),
+ *         at most hi where hi > 0 (a ReLU6 the plan folded in)
  * where dot = sum x * w over the padded input (padding is a_zp, whose
  * terms the correction removes). The int8 / uint8 outputs take one float32
  * fma where that provably rounds alike (put16q), the double arithmetic for
@@ -83,6 +84,8 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
         double f = acc * mult;
         if (lo == 0 && f < 0)
             f = 0;
+        if (hi > 0 && f > hi)       /* ReLU6 folded in (plan/_qact.py) */
+            f = hi;
         ((float *)out)[at] = (float)f;
         return;
     }
@@ -131,14 +134,20 @@ static int has_dq(void)
 
 #ifdef MT_QC_VNNI
 /* the float32 outputs (out_u8 2) of put16 and put16i: acc * mult for 16
- * lanes as two halves of doubles, ReLU where lo is 0, masked store */
+ * lanes as two halves of doubles, ReLU where lo is 0, at most hi where hi
+ * is over 0 (a ReLU6 folded in), masked store */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
 static inline __attribute__((always_inline))
-void put16_f32(void *out, int64_t at, __mmask16 m, __m512d d0, __m512d d1, int32_t lo)
+void put16_f32(void *out, int64_t at, __mmask16 m, __m512d d0, __m512d d1, int32_t lo,
+               int32_t hi)
 {
     if (lo == 0) {
         d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
         d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+    }
+    if (hi > 0) {
+        d0 = _mm512_min_pd(d0, _mm512_set1_pd((double)hi));
+        d1 = _mm512_min_pd(d1, _mm512_set1_pd((double)hi));
     }
     __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
         _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
@@ -160,7 +169,7 @@ void put16(void *out, int64_t at, int n, __m512i dot, double corr, double mult, 
     __m512d d1 = _mm512_mul_pd(_mm512_sub_pd(
         _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(dot, 1)), c), k);
     if (out_u8 == 2) {
-        put16_f32(out, at, m, d0, d1, lo);
+        put16_f32(out, at, m, d0, d1, lo, hi);
         return;
     }
     /* clamp(rint(v) + zp, lo, hi) is rint(clamp(v, lo - zp, hi - zp)) + zp:
@@ -198,8 +207,8 @@ void put16i(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, doubl
     __m512d k = _mm512_set1_pd(mult);
     __m512d d0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), k);
     __m512d d1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), k);
-    if (out_u8 == 2) {
-        put16_f32(out, at, m, d0, d1, lo);
+    if (out_u8 == 2) {          /* hi: hiv's lanes */
+        put16_f32(out, at, m, d0, d1, lo, _mm_cvtsi128_si32(_mm512_castsi512_si128(hiv)));
         return;
     }
     /* rint by the sum with 1.5 2^52 (rounded to nearest even whatever
@@ -909,6 +918,10 @@ static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, do
         if (lo == 0) {
             d0 = _mm256_max_pd(d0, _mm256_setzero_pd());
             d1 = _mm256_max_pd(d1, _mm256_setzero_pd());
+        }
+        if (hi > 0) {
+            d0 = _mm256_min_pd(d0, _mm256_set1_pd((double)hi));
+            d1 = _mm256_min_pd(d1, _mm256_set1_pd((double)hi));
         }
         float f[8];
         _mm_storeu_ps(f, _mm256_cvtpd_ps(d0));
@@ -2025,6 +2038,10 @@ static void dw_block16(const uint8_t *x, int64_t H, int64_t W, int32_t a_zp, con
                 if (lo == 0) {
                     d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
                     d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
+                }
+                if (hi > 0) {
+                    d0 = _mm512_min_pd(d0, _mm512_set1_pd((double)hi));
+                    d1 = _mm512_min_pd(d1, _mm512_set1_pd((double)hi));
                 }
                 _mm256_storeu_ps((float *)t + p * 16, _mm512_cvtpd_ps(d0));
                 _mm256_storeu_ps((float *)t + p * 16 + 8, _mm512_cvtpd_ps(d1));

@@ -12,7 +12,8 @@
  * caller passes lo = max(qmin, out_zp)). The accumulation is exact while
  * K * 255 * 128 < 2**31 (K < 65793); callers check it. out_u8 2 writes
  * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
- * x_scale * w_scale), for a layer whose output stays float.
+ * x_scale * w_scale), at most hi where hi > 0 (a ReLU6 the plan folded
+ * in), for a layer whose output stays float.
  *
  * Three paths with one result, chosen at run time: AVX-512 VNNI
  * (vpdpbusd, u8 x s8 -> s32) where the CPU has it, else AVX2 (vpmaddwd on
@@ -112,6 +113,8 @@ static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
         double f = (double)acc * g->mult[n];
         if (g->lo == 0 && f < 0)    /* ReLU */
             f = 0;
+        if (g->hi > 0 && f > g->hi) /* ReLU6 folded in (plan/_qact.py) */
+            f = g->hi;
         ((float *)g->out)[at] = (float)f;
         return;
     }
@@ -203,6 +206,8 @@ static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
         if (g->out_u8 == 2) {
             if (g->lo == 0)
                 v = _mm512_max_pd(v, _mm512_setzero_pd());
+            if (g->hi > 0)
+                v = _mm512_min_pd(v, _mm512_set1_pd((double)g->hi));
             __m256 f = _mm512_cvtpd_ps(v);
             if (strided) {
                 float t[8];
