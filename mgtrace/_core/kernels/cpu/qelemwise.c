@@ -94,8 +94,6 @@ static int has_avx512(void)
 }
 #endif
 
-/* out[i] = the quantized sum above of a[i] and b[i], i < n (int8 or uint8
- * each, by kind). Returns the path used: 1 portable, 2 AVX-512. */
 /* share c of chunks of mt_qadd_u8's n elements */
 static void add_share(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
                       float bz, int64_t n, float os, float oz, float lo, float hi, int relu,
@@ -115,6 +113,8 @@ static void add_share(const void *a, int ak, float as, float az, const void *b, 
     add_portable(pa, ak, as, az, pb, bk, bs, bz, len, os, oz, lo, hi, relu, po, ok);
 }
 
+/* out[i] = the quantized sum above of a[i] and b[i], i < n (int8 or uint8
+ * each, by kind). Returns the path used: 1 portable, 2 AVX-512. */
 int mt_qadd_u8(const void *a, int ak, float as, float az, const void *b, int bk, float bs,
                float bz, int64_t n, float os, float oz, float lo, float hi, int relu, void *out,
                int ok, int path)
