@@ -131,15 +131,21 @@ def test_block_step_at_edge_geometries_equals_the_module_bitwise(geom, threads, 
     shape = (nb, c, h, w)
     qm = _quantized(Block(c, hidden, cout, stride, kernel, padding=padding, dilation=dilation,
                           relu_out=relu, dequant=out_float), shape)
+    _one_block_step_bitwise(qm, shape, threads, (3, 4))
+
+
+def _one_block_step_bitwise(qm, shape, threads, seeds):
+    """qm's plan at ``threads`` has one block step and the module's bits on
+    inputs of ``seeds``."""
     old = mt.get_num_threads()
     mt.set_num_threads(threads)
     try:
         x = rand(*shape, seed=3)
         plan = mt.compile(qm, x)
         assert len(_block_steps(plan, x)) == 1
-        for seed in (3, 4):
+        for seed in seeds:
             x = rand(*shape, seed=seed)
-            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
+            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (shape, seed)
     finally:
         mt.set_num_threads(old)
 
@@ -251,18 +257,7 @@ def test_the_projection_split_by_pixels_or_channels_is_bitwise(geom, threads):
     nb, c, hidden, h, w, stride, residual = geom
     shape = (nb, c, h, w)
     net = ResidualBlock(c, hidden, 1, "add", True) if residual else Block(c, hidden, c, stride)
-    qm = _quantized(net, shape)
-    old = mt.get_num_threads()
-    mt.set_num_threads(threads)
-    try:
-        x = rand(*shape, seed=3)
-        plan = mt.compile(qm, x)
-        assert len(_block_steps(plan, x)) == 1
-        for seed in (3, 4, 5):
-            x = rand(*shape, seed=seed)
-            assert plan(x).numpy().tobytes() == qm(x).numpy().tobytes(), (geom, seed)
-    finally:
-        mt.set_num_threads(old)
+    _one_block_step_bitwise(_quantized(net, shape), shape, threads, (3, 4, 5))
 
 
 class DwPw(M.Module):
