@@ -3,14 +3,12 @@
 An int8 conv, depthwise conv or GEMM step writing float32 (a layer whose
 output stays float: MobileNetV2's last 1x1 conv, then its ReLU6), followed
 by an elementwise float32 ReLU6 over exactly that output, which nothing
-else reads, becomes the int8 step alone with ``lo`` 0 and ``hi`` 6 writing
-the ReLU6's output: the kernels clamp a float32 output at ``hi`` where
-``hi`` > 0 (and at 0 where ``lo`` is 0). The clamp is applied to the
-epilogue's double before its one rounding to float32; 0 and 6 are exact
-and the rounding is monotone, so the result is the float32 ReLU6 of the
-rounded value: the two steps' bits. The ReLU6's own pass read the layer's
-output from both cores' caches, 19 us of the int8 MobileNetV2 plan at two
-threads.
+else reads, becomes the int8 step alone with ``hi`` 6 writing the ReLU6's
+output: where ``hi`` > 0 the kernels apply to the float32 they computed
+(after their own ReLU where ``lo`` is 0) the elementwise kernel's ReLU6,
+``x < 0 ? 0 : x > hi ? hi : x`` (a -0 kept), so the bits are the two
+steps'. The ReLU6's own pass read the layer's output from both cores'
+caches, 19 us of the int8 MobileNetV2 plan at two threads.
 """
 from mgtrace._core import plan as _cplan
 
@@ -86,7 +84,7 @@ def fold_float_relu6(steps, buffers, kept=()):
             if y is not None and ref[0] not in kept and readers.get(ref[0]) == {pos, pos + 1} \
                     and ref[1] == 0 and buffers[ref[0]].nbytes == 4 * n:
                 kind, nt, ints, floats = step[1]
-                ints = tuple(ints[:lo_at]) + (0, 6) + tuple(ints[lo_at + 2:])
+                ints = tuple(ints[:lo_at + 1]) + (6,) + tuple(ints[lo_at + 2:])
                 refs = list(step[2])
                 refs[_LAYOUT[kind][2]] = y
                 hit = ("quant", (kind, nt, ints, floats), refs, f"{step[3]} .. {steps[pos + 1][3]}")

@@ -446,10 +446,15 @@ def test_conv_reads_nothing_outside_the_input(case, after):
     keep.close()
 
 
-# a float32 output clamped at hi where hi > 0 (the plan folds a ReLU6 into the
-# layer so: lo 0, hi 6): every kernel path, dense, depthwise (the row, flat
-# and 16-channel kernels) and the GEMM, against NumPy's float32 ReLU6 of the
-# unclamped float32 output
+# a float32 output whose float gets the ReLU6 where hi > 0 (the plan folds a
+# ReLU6 into the layer so: hi 6, lo as the layer's): every kernel path,
+# dense, depthwise (the row, flat and 16-channel kernels) and the GEMM,
+# against the elementwise ReLU6's formula on the float32 output (bytes: a -0
+# stays -0)
+
+
+def _relu6(y):
+    return np.where(y < 0, np.float32(0), np.where(y > 6, np.float32(6), y)).astype(np.float32)
 RELU6_CONVS = {  # name: (x shape, Co, KH, KW, groups, stride)
     "dense_3x3": ((1, 20, 9, 23), 40, 3, 3, 1, 1),
     "pointwise_k24": ((1, 24, 6, 30), 48, 1, 1, 1, 1),      # under 64 k (AMX's short tiles)
@@ -468,10 +473,12 @@ def test_a_float_output_clamped_at_hi_is_relu6(name, path):
     w = rng.integers(-127, 128, (co, xs[1] // g, kh, kw)).astype(np.int8)
     acc = ref_conv(x, 97, w, g, (s, s), (1, 1) if kh == 3 else (0, 0), (1, 1))
     mult = rng.uniform(1e-4, 4e-4, co)      # outputs of both signs, many past 6
+    mult[:4] = 1e-49                        # negative products rounding to -0 in float32
     y = (acc * mult[None, :, None, None]).astype(np.float32)
-    want = np.minimum(np.maximum(y, np.float32(0)), np.float32(6))
+    relu = (np.maximum(acc, 0) * mult[None, :, None, None]).astype(np.float32)
     assert (y > 6).any() and (y < 0).any() and ((y > 0) & (y < 6)).any()
-    for lo, hi, ref in ((0, 6, want), (-1, 0, y), (0, 0, np.maximum(y, np.float32(0)))):
+    assert np.signbit(y[y == 0]).any()
+    for lo, hi, ref in ((-1, 6, _relu6(y)), (0, 6, _relu6(relu)), (-1, 0, y), (0, 0, relu)):
         o = np.empty(y.shape, np.float32)
         if g > 1:
             if path > 1 and path not in (5,):
@@ -485,7 +492,7 @@ def test_a_float_output_clamped_at_hi_is_relu6(name, path):
             pad = 1 if kh == 3 else 0
             qint8.conv(x, 97, weight.rows, weight.wsum, 1, kh, kw, s, s, pad, pad, 1, 1, None,
                        mult, 0, lo, hi, o, path)
-        np.testing.assert_array_equal(o, ref, err_msg=f"lo {lo} hi {hi}")
+        assert o.tobytes() == ref.tobytes(), f"lo {lo} hi {hi}"
 
 
 @pytest.mark.parametrize("path", [0, 1, 2])
@@ -495,10 +502,11 @@ def test_a_float_gemm_output_clamped_at_hi_is_relu6(path):
     a = rng.integers(0, 256, (m, k)).astype(np.uint8)
     w = rng.integers(-127, 128, (n, k)).astype(np.int8)
     mult = rng.uniform(1e-4, 4e-4, n)
+    mult[:3] = 1e-49
     packed, wsum = qint8.pack_weight(w)
     acc = (a.astype(np.int64) - 90) @ w.astype(np.int64).T
     y = (acc * mult[None, :]).astype(np.float32)
     assert (y > 6).any() and (y < 0).any()
     o = np.empty((m, n), np.float32)
-    qint8.gemm(a, 90, packed, wsum, None, mult, 0, 0, 6, o, n, 1, path)
-    np.testing.assert_array_equal(o, np.minimum(np.maximum(y, np.float32(0)), np.float32(6)))
+    qint8.gemm(a, 90, packed, wsum, None, mult, 0, -1, 6, o, n, 1, path)
+    assert o.tobytes() == _relu6(y).tobytes()

@@ -35,7 +35,8 @@
  *   acc = dot - (a_zp * wsum[c] - bias[c])              (exact in double)
  *   y   = clamp(rint(acc * mult[c]) + out_zp, lo, hi)   int8 / uint8
  *   y   = (float)(acc * mult[c]), 0 for ReLU (lo == 0)  float32 (out_u8 2),
- *         at most hi where hi > 0 (a ReLU6 the plan folded in)
+ *         then where hi > 0 the float's ReLU6 (at most hi; a ReLU6 the plan
+ *         folded in)
  * where dot = sum x * w over the padded input (padding is a_zp, whose
  * terms the correction removes). The int8 / uint8 outputs take one float32
  * fma where that provably rounds alike (put16q), the double arithmetic for
@@ -84,9 +85,10 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
         double f = acc * mult;
         if (lo == 0 && f < 0)
             f = 0;
-        if (hi > 0 && f > hi)       /* ReLU6 folded in (plan/_qact.py) */
-            f = hi;
-        ((float *)out)[at] = (float)f;
+        float y = (float)f;
+        if (hi > 0)                 /* a ReLU6 folded in (plan/_qact.py), on the float */
+            y = y < 0 ? 0 : y > hi ? (float)hi : y;
+        ((float *)out)[at] = y;
         return;
     }
     double v = rint(acc * mult) + (double)out_zp;
@@ -133,9 +135,20 @@ static int has_dq(void)
 }
 
 #ifdef MT_QC_VNNI
+/* the float32 ReLU6 with hi for 6 (a ReLU6 the plan folded in,
+ * plan/_qact.py), as the elementwise kernel computes it on the rounded
+ * float: x < 0 ? 0 : x > hi ? hi : x, -0 kept (vmaxps gives its second
+ * operand where both are zeros: 0 first) */
+__attribute__((target("avx512f")))
+static inline __attribute__((always_inline))
+__m512 relu6_ps(__m512 f, int32_t hi)
+{
+    return _mm512_min_ps(_mm512_max_ps(_mm512_setzero_ps(), f), _mm512_set1_ps((float)hi));
+}
+
 /* the float32 outputs (out_u8 2) of put16 and put16i: acc * mult for 16
- * lanes as two halves of doubles, ReLU where lo is 0, at most hi where hi
- * is over 0 (a ReLU6 folded in), masked store */
+ * lanes as two halves of doubles, ReLU where lo is 0, then where hi is over
+ * 0 relu6_ps of the float, masked store */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
 static inline __attribute__((always_inline))
 void put16_f32(void *out, int64_t at, __mmask16 m, __m512d d0, __m512d d1, int32_t lo,
@@ -145,13 +158,11 @@ void put16_f32(void *out, int64_t at, __mmask16 m, __m512d d0, __m512d d1, int32
         d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
         d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
     }
-    if (hi > 0) {
-        d0 = _mm512_min_pd(d0, _mm512_set1_pd((double)hi));
-        d1 = _mm512_min_pd(d1, _mm512_set1_pd((double)hi));
-    }
     __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
         _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
         _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+    if (hi > 0)
+        f = relu6_ps(f, hi);
     _mm512_mask_storeu_ps((float *)out + at, m, f);
 }
 
@@ -278,8 +289,8 @@ __m512 s_u(__m512i dot, int32_t corr, __m512 multf, __m512 zps)
 }
 
 /* put16q where [lo, hi] is the whole output type (uint8 [0, 255], int8
- * [-128, 127]: every quantized layer without a ReLU6-like bound, ReLU's
- * included, whose lo is the zero point 0): the clamp is the down
+ * [-128, 127]: a uint8 layer with or without a ReLU, whose lo is its zero
+ * point, 0 after a ReLU; an int8 one without): the clamp is the down
  * conversion's signed saturation (vpmovsdb), uint8 shifted by 128 into int8
  * in the fma (zps: zp - 128) and back by flipping each byte's top bit, so
  * no float min / max. The tie check sees the unclamped u: a lane past the
@@ -919,13 +930,11 @@ static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, do
             d0 = _mm256_max_pd(d0, _mm256_setzero_pd());
             d1 = _mm256_max_pd(d1, _mm256_setzero_pd());
         }
-        if (hi > 0) {
-            d0 = _mm256_min_pd(d0, _mm256_set1_pd((double)hi));
-            d1 = _mm256_min_pd(d1, _mm256_set1_pd((double)hi));
-        }
         float f[8];
         _mm_storeu_ps(f, _mm256_cvtpd_ps(d0));
         _mm_storeu_ps(f + 4, _mm256_cvtpd_ps(d1));
+        for (int i = 0; hi > 0 && i < 8; i++)       /* put1's ReLU6 */
+            f[i] = f[i] < 0 ? 0 : f[i] > hi ? (float)hi : f[i];
         memcpy((float *)out + at, f, (size_t)n * sizeof(float));
         return;
     }
@@ -2039,12 +2048,12 @@ static void dw_block16(const uint8_t *x, int64_t H, int64_t W, int32_t a_zp, con
                     d0 = _mm512_max_pd(d0, _mm512_setzero_pd());
                     d1 = _mm512_max_pd(d1, _mm512_setzero_pd());
                 }
-                if (hi > 0) {
-                    d0 = _mm512_min_pd(d0, _mm512_set1_pd((double)hi));
-                    d1 = _mm512_min_pd(d1, _mm512_set1_pd((double)hi));
-                }
-                _mm256_storeu_ps((float *)t + p * 16, _mm512_cvtpd_ps(d0));
-                _mm256_storeu_ps((float *)t + p * 16 + 8, _mm512_cvtpd_ps(d1));
+                __m512 f = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(d0))),
+                    _mm256_castps_pd(_mm512_cvtpd_ps(d1)), 1));
+                if (hi > 0)
+                    f = relu6_ps(f, hi);
+                _mm512_storeu_ps((float *)t + p * 16, f);
                 continue;
             }
             d0 = _mm512_min_pd(_mm512_max_pd(d0, l), h);   /* as put16 */

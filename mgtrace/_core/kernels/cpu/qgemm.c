@@ -12,8 +12,8 @@
  * caller passes lo = max(qmin, out_zp)). The accumulation is exact while
  * K * 255 * 128 < 2**31 (K < 65793); callers check it. out_u8 2 writes
  * float32 instead: (float)(acc * mult[n]), ReLU when lo is 0 (mult then
- * x_scale * w_scale), at most hi where hi > 0 (a ReLU6 the plan folded
- * in), for a layer whose output stays float.
+ * x_scale * w_scale), then where hi > 0 the float's ReLU6 (a ReLU6 the
+ * plan folded in), for a layer whose output stays float.
  *
  * Three paths with one result, chosen at run time: AVX-512 VNNI
  * (vpdpbusd, u8 x s8 -> s32) where the CPU has it, else AVX2 (vpmaddwd on
@@ -113,9 +113,10 @@ static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
         double f = (double)acc * g->mult[n];
         if (g->lo == 0 && f < 0)    /* ReLU */
             f = 0;
-        if (g->hi > 0 && f > g->hi) /* ReLU6 folded in (plan/_qact.py) */
-            f = g->hi;
-        ((float *)g->out)[at] = (float)f;
+        float y = (float)f;
+        if (g->hi > 0)              /* a ReLU6 folded in (plan/_qact.py), on the float */
+            y = y < 0 ? 0 : y > g->hi ? (float)g->hi : y;
+        ((float *)g->out)[at] = y;
         return;
     }
     double v = rint((double)acc * g->mult[n]) + (double)g->out_zp;
@@ -206,9 +207,10 @@ static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
         if (g->out_u8 == 2) {
             if (g->lo == 0)
                 v = _mm512_max_pd(v, _mm512_setzero_pd());
-            if (g->hi > 0)
-                v = _mm512_min_pd(v, _mm512_set1_pd((double)g->hi));
             __m256 f = _mm512_cvtpd_ps(v);
+            if (g->hi > 0)          /* store()'s ReLU6, -0 kept (vmaxps: 0 first) */
+                f = _mm256_min_ps(_mm256_max_ps(_mm256_setzero_ps(), f),
+                                  _mm256_set1_ps((float)g->hi));
             if (strided) {
                 float t[8];
                 _mm256_storeu_ps(t, f);
@@ -571,12 +573,12 @@ static void quantize_portable(const float *x, int64_t n, float scale, float zp, 
 #ifdef MT_Q_VNNI
 /* x / scale for 16 lanes, correctly rounded as vdivps gives it, by the
  * product with inv (float(1 / scale), normal and finite) where that rounds
- * to the same integer: the product lies within |x / scale| 2^-23 (1.5
- * ulp) of the quotient, under 2^-12 for quotients below 1000, so where it
- * is at least 2^-11 from every half-integer both round alike; the quotient
- * itself is taken for a vector with a lane nearer (about one in 60 of
- * random values), and a quotient of 1000 or more in magnitude saturates
- * both ways (|zp| <= 255). vdivps alone took 16 cycles per 16 lanes:
+ * to the same integer: the product lies within |x / scale| 2^-23 of the
+ * quotient, under 2^-12 for quotients below 1000, so where it is at least
+ * 2^-11 from every half-integer both round alike; the quotient itself is
+ * taken for a vector with a lane nearer (about one vector in 60 of random
+ * values), and a quotient of 1000 or more in magnitude saturates both ways
+ * (|zp| <= 255). vdivps alone took 16 cycles per 16 lanes:
  * MobileNetV2 input (150,528 values) 36 -> 30 us on one thread. NaN,
  * infinities and overflow give what the quotient gives (the clamp
  * after). */
