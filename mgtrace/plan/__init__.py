@@ -67,7 +67,7 @@ from mgtrace._core.dispatch import _pin_run_threads, get_num_threads as _num_thr
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
-                                 place)
+                                 place, step_buffers)
 from mgtrace.plan._qact import fold_float_relu6
 from mgtrace.plan._qblock import fuse_int8_blocks
 from mgtrace.plan._record import PlanError, quant_tag, record, retag
@@ -133,17 +133,8 @@ class _Program:
         low.steps = fold_float_relu6(fuse_int8_blocks(low.steps, kept), low.buffers, kept)
         self.pysteps = []
         for pos, step in enumerate(low.steps):
-            if step[0] in ("kernel", "gather", "quant"):
-                for r in step[2]:
-                    if r is not None:
-                        low._use(r[0], pos)
-            else:
-                ps = step[1]
-                for s in ps.leaves:
-                    if hasattr(s, "buf"):
-                        low._use(s.buf, pos)
-                for b in ps.out_bind:
-                    low._use(b[1], pos)
+            for b in step_buffers(step):
+                low._use(b, pos)
         self.arena_bytes = place(low.buffers)
         ex = _cplan.Executor(len(low.buffers), low.device if low.device is not None else 0)
         for i, b in enumerate(low.buffers):

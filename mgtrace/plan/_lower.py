@@ -550,6 +550,25 @@ def _caller(rec):
     return lambda *a, **k: module._call_impl(a, k)
 
 
+def step_buffers(step):
+    """The buffers a lowered step references: a kernel, gather or int8
+    step's refs, a Python step's leaves and the buffers it binds."""
+    if step[0] in ("kernel", "gather", "quant"):
+        return [r[0] for r in step[2] if r is not None]
+    ps = step[1]
+    return [s.buf for s in ps.leaves if hasattr(s, "buf")] + [b[1] for b in ps.out_bind]
+
+
+def readers(steps):
+    """buffer -> the positions of the steps that reference it (the plan
+    passes' test that a tensor is read by no other step)."""
+    seen = {}
+    for pos, step in enumerate(steps):
+        for b in step_buffers(step):
+            seen.setdefault(b, set()).add(pos)
+    return seen
+
+
 def place(buffers):
     """Arena offsets for the ARENA buffers (greedy by size, see the module
     docstring); sets each one's ``where`` and returns the arena's size."""

@@ -11,6 +11,7 @@ steps'. The ReLU6's own pass read the layer's output from both cores'
 caches, 19 us of the int8 MobileNetV2 plan at two threads.
 """
 from mgtrace._core import plan as _cplan
+from mgtrace.plan._lower import readers as step_readers
 
 __all__ = ["fold_float_relu6"]
 
@@ -62,18 +63,7 @@ def fold_float_relu6(steps, buffers, kept=()):
     an int8 step's float32 output folded into that step (see the module
     docstring); ``buffers``: the lowering's (their sizes), ``kept``: buffers
     that must stay written (the plan's outputs)."""
-    readers = {}
-    for pos, step in enumerate(steps):
-        if step[0] in ("kernel", "gather", "quant"):
-            for r in step[2]:
-                if r is not None:
-                    readers.setdefault(r[0], set()).add(pos)
-        else:
-            for s in step[1].leaves:
-                if hasattr(s, "buf"):
-                    readers.setdefault(s.buf, set()).add(pos)
-            for b in step[1].out_bind:
-                readers.setdefault(b[1], set()).add(pos)
+    readers = step_readers(steps)
     out, pos = [], 0
     while pos < len(steps):
         step, hit = steps[pos], None

@@ -16,6 +16,8 @@ mid1 and mid2); a tensor another step reads, or a plan output, keeps its
 steps apart.
 """
 
+from mgtrace.plan._lower import readers as step_readers
+
 __all__ = ["fuse_int8_blocks"]
 
 FUSE = True         # tests set it False to compare with the unfused steps
@@ -36,20 +38,6 @@ def _dwconv(step):
     if step[0] != "quant" or step[1][0] != "dwconv":
         return None
     return step[1][2]
-
-
-def _readers(steps):
-    """buffer -> the positions of the steps that reference it."""
-    seen = {}
-    for pos, step in enumerate(steps):
-        if step[0] in ("kernel", "gather", "quant"):
-            bufs = [r[0] for r in step[2] if r is not None]
-        else:
-            ps = step[1]
-            bufs = [s.buf for s in ps.leaves if hasattr(s, "buf")] + [b[1] for b in ps.out_bind]
-        for b in bufs:
-            seen.setdefault(b, set()).add(pos)
-    return seen
 
 
 def _match(steps, pos, readers, kept):
@@ -151,7 +139,7 @@ def fuse_int8_blocks(steps, kept=()):
     must stay written (the plan's outputs)."""
     if not FUSE:
         return steps
-    readers = _readers(steps)
+    readers = step_readers(steps)
     out, pos = [], 0
     while pos < len(steps):
         hit = _match(steps, pos, readers, kept)

@@ -54,6 +54,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "qround.h"
 #include "qteam.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
@@ -85,10 +86,7 @@ static inline void put1(void *out, int64_t at, int out_u8, double acc, double mu
         double f = acc * mult;
         if (lo == 0 && f < 0)
             f = 0;
-        float y = (float)f;
-        if (hi > 0)                 /* a ReLU6 folded in (plan/_qact.py), on the float */
-            y = y < 0 ? 0 : y > hi ? (float)hi : y;
-        ((float *)out)[at] = y;
+        ((float *)out)[at] = hi > 0 ? mt_q_relu6f((float)f, hi) : (float)f;
         return;
     }
     double v = rint(acc * mult) + (double)out_zp;
@@ -135,10 +133,8 @@ static int has_dq(void)
 }
 
 #ifdef MT_QC_VNNI
-/* the float32 ReLU6 with hi for 6 (a ReLU6 the plan folded in,
- * plan/_qact.py), as the elementwise kernel computes it on the rounded
- * float: x < 0 ? 0 : x > hi ? hi : x, -0 kept (vmaxps gives its second
- * operand where both are zeros: 0 first) */
+/* mt_q_relu6f on 16 lanes (-0 kept: vmaxps gives its second operand where
+ * both are zeros, so 0 first) */
 __attribute__((target("avx512f")))
 static inline __attribute__((always_inline))
 __m512 relu6_ps(__m512 f, int32_t hi)
@@ -267,7 +263,7 @@ void put16q(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m51
     u = _mm512_min_ps(_mm512_max_ps(u, lof), hif);
     /* u - rint(u), within 2^-11 of +-0.5: too near a tie to trust */
     __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f),
+    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(MT_Q_NEAR_TIE),
                                                  _CMP_GT_OQ) != 0, 0)) {
         put16i(out, at, m, dot, corr, mult, out_u8, lo, zpv, lov, hiv);
         return;
@@ -298,23 +294,24 @@ __m512 s_u(__m512i dot, int32_t corr, __m512 multf, __m512 zps)
  * The bound of put16q's proof holds: |zps| <= 128 (0 <= zp <= 255), and a
  * value past 1024 in magnitude saturates both ways (put16i_ok keeps |u|
  * under 2^31, where the conversion is exact). flip: 0x80 in every byte
- * for uint8, else 0, broadcast by the caller once. */
+ * for uint8, else 0, broadcast by the caller once (32 bytes: put32s's
+ * too). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 static inline __attribute__((always_inline))
 void put16s(void *out, int64_t at, __mmask16 m, __m512i dot, int32_t corr, __m512 multf,
             double mult, int out_u8, int32_t lo, __m512i zpv, __m512i lov, __m512i hiv,
-            __m512 zps, __m128i flip)
+            __m512 zps, __m256i flip)
 {
     __m512 u = s_u(dot, corr, multf, zps);
     __m512 r = _mm512_abs_ps(_mm512_reduce_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f),
+    if (__builtin_expect(_mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(MT_Q_NEAR_TIE),
                                                  _CMP_GT_OQ) != 0, 0)) {
         put16i(out, at, m, dot, corr, mult, out_u8, lo, zpv, lov, hiv);
         return;
     }
     __m128i b = _mm512_cvtsepi32_epi8(
         _mm512_cvt_roundps_epi32(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm_mask_storeu_epi8((char *)out + at, m, _mm_xor_si128(b, flip));
+    _mm_mask_storeu_epi8((char *)out + at, m, _mm_xor_si128(b, _mm256_castsi256_si128(flip)));
 }
 
 /* put16s for two vectors of outputs: their u (s_u), one tie check
@@ -332,7 +329,7 @@ int s_ties2(__m512 u0, __m512 u1, __mmask16 m)
     __m512 r = _mm512_range_ps(
         _mm512_reduce_ps(u0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
         _mm512_reduce_ps(u1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0xB);
-    return _mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(0.5f - 0x1p-11f), _CMP_GT_OQ) != 0;
+    return _mm512_mask_cmp_ps_mask(m, r, _mm512_set1_ps(MT_Q_NEAR_TIE), _CMP_GT_OQ) != 0;
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
@@ -404,7 +401,7 @@ typedef struct {
     int sat;                    /* put16s for put16q (put16s_ok) */
     __m512i zpv, lov, hiv;
     __m512 zpf, lof, hif, zps;
-    __m128i flip;
+    __m256i flip;               /* put16s's */
 } qc_ep;
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
@@ -415,7 +412,7 @@ qc_ep qc_ep_make(int out_u8, int32_t out_zp, int32_t lo, int32_t hi, int qf, int
                _mm512_set1_epi32(out_zp), _mm512_set1_epi32(lo), _mm512_set1_epi32(hi),
                _mm512_set1_ps((float)out_zp), _mm512_set1_ps((float)lo), _mm512_set1_ps((float)hi),
                _mm512_set1_ps((float)(out_zp - (out_u8 == 1 ? 128 : 0))),
-               _mm_set1_epi8(out_u8 == 1 ? (char)0x80 : 0)};
+               _mm256_set1_epi8(out_u8 == 1 ? (char)0x80 : 0)};
     return e;
 }
 
@@ -933,8 +930,8 @@ static void put8_avx2(void *out, int64_t at, int n, __m256i dot, double corr, do
         float f[8];
         _mm_storeu_ps(f, _mm256_cvtpd_ps(d0));
         _mm_storeu_ps(f + 4, _mm256_cvtpd_ps(d1));
-        for (int i = 0; hi > 0 && i < 8; i++)       /* put1's ReLU6 */
-            f[i] = f[i] < 0 ? 0 : f[i] > hi ? (float)hi : f[i];
+        for (int i = 0; hi > 0 && i < 8; i++)
+            f[i] = mt_q_relu6f(f[i], hi);
         memcpy((float *)out + at, f, (size_t)n * sizeof(float));
         return;
     }
@@ -1056,7 +1053,7 @@ static int has_avx2(void)
             __m512 f_ = _mm512_set1_ps(fm_[r]);                    \
             if (B > 1)                                             \
                 put32s(out_[r], p0, m0, m1, c##r##0, c##r##1, 0, f_, mu_[r], \
-                       ou8_, lo_, zpv, lov, hiv, zps, flip2);      \
+                       ou8_, lo_, zpv, lov, hiv, zps, flip);      \
             else                                                   \
                 put16s(out_[r], p0, m0, c##r##0, 0, f_, mu_[r], ou8_, \
                        lo_, zpv, lov, hiv, zps, flip);             \
@@ -1124,8 +1121,7 @@ void tile_vnni_rows(const qc_tile *t, int64_t pb, const int R, const int B)
                 hiv = _mm512_set1_epi32(t->hi);
         if (t->qf && put16s_ok(t->out_u8, t->lo, t->hi)) {
             __m512 zps = _mm512_set1_ps((float)(ozp_ - (ou8_ == 1 ? 128 : 0)));
-            __m128i flip = _mm_set1_epi8(ou8_ == 1 ? (char)0x80 : 0);
-            __m256i flip2 = _mm256_set1_epi8(ou8_ == 1 ? (char)0x80 : 0);
+            __m256i flip = _mm256_set1_epi8(ou8_ == 1 ? (char)0x80 : 0);
             QC_ROWS(QC_PUTS);
             return;
         }
@@ -1268,12 +1264,11 @@ static void tile_amx(const qc_tile *t, const int8_t *w, int64_t lw, int64_t pb, 
         int64_t p0 = pb * QC_P;
         int n1 = (int)(t->P - p0 - QC_P < QC_P ? t->P - p0 - QC_P : QC_P);
         __mmask16 m1 = n1 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n1) - 1);
-        __m256i flip = _mm256_set1_epi8(t->out_u8 == 1 ? (char)0x80 : 0);
         for (int r = 0; r < nrows; r++)
             put32s(out[r], p0, 0xFFFF, m1, _mm512_load_si512(acc[(r / 16) * 2] + (r % 16) * 16),
                    _mm512_load_si512(acc[(r / 16) * 2 + 1] + (r % 16) * 16), t->icorr[r],
                    _mm512_set1_ps(t->fmult[r]), mult[r], e.out_u8, e.lo, e.zpv, e.lov, e.hiv,
-                   e.zps, flip);
+                   e.zps, e.flip);
         return;
     }
     for (int b = 0; b < 1 + two; b++) {
@@ -1801,20 +1796,19 @@ static void dw_vbmi_ix(int64_t SW, int64_t DW, uint8_t ix[64])
  * 64-byte load by vpermb, and vpdpbusd adds their products with four taps
  * (zeros past KW): one permute and one dot per 4 taps, where the vpmaddwd
  * kernel spends a load, a multiply and an add per tap. For SW <= 2 and
- * 15 SW + 3 DW < 64; taps: [KH][ceil(KW / 4)] int32, 4 weights each. */
+ * 15 SW + 3 DW < 64; taps: [KH][ceil(KW / 4)] int32, 4 weights each; ix:
+ * dw_vbmi_ix(SW, DW), the caller's for all its planes. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 static void dw_plane_vbmi(const uint8_t *xp, int64_t WP, const int32_t *taps, int64_t KH,
                           int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
                           int64_t OH, int64_t OW, double corr, double mult, int out_u8,
                           int32_t out_zp, int32_t lo, int32_t hi, void *out,
-                          int iep)
+                          int iep, const uint8_t *ix)
 {
     int64_t KC = cdiv(KW, 4);
     /* put16i's constants where iep (the caller's put16i_ok for this channel) */
     __m512i zpv = _mm512_set1_epi32(out_zp), lov = _mm512_set1_epi32(lo),
             hiv = _mm512_set1_epi32(hi);
-    uint8_t ix[64];
-    dw_vbmi_ix(SW, DW, ix);
     __m512i idx = _mm512_loadu_si512(ix);
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow += QC_P) {
@@ -1864,7 +1858,6 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
     /* where iep, the dots start at -corr (as tile_vnni's: the int32
      * epilogues then subtract nothing); put16 subtracts corr in double */
     __m512i acc0 = _mm512_set1_epi32(iep ? -(int32_t)corr : 0);
-    __m256i flip = _mm256_set1_epi8(out_u8 == 1 ? (char)0x80 : 0);
     for (int64_t ow = 0; ow < OW; ow += QC_P) {
         int64_t w0 = ow * SW - PW;      /* the window's first column */
         /* the window's bytes inside the plane's columns [0, W) */
@@ -1902,7 +1895,7 @@ static void dw_plane_vbmi3(const uint8_t *xs, int64_t H, int64_t W, int64_t PH, 
             }
             __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
             put2x16s((char *)out + oh * OW + ow, (char *)out + (oh + 1) * OW + ow, m, a0, a1,
-                     multf, mult, out_u8, lo, e.zpv, e.lov, e.hiv, e.zps, flip);
+                     multf, mult, out_u8, lo, e.zpv, e.lov, e.hiv, e.zps, e.flip);
         }
         for (; oh < OH; oh++) {
             int64_t ih = oh * SH - PH;
@@ -2287,13 +2280,12 @@ static void dw_plane_flat(const uint8_t *xs, const dwf_table *t, const int32_t *
     __m512i acc0 = _mm512_set1_epi32(iep ? -(int32_t)corr : 0);
     int64_t v = 0;
     if (e.qf && e.sat) {            /* two vectors a step: put32s */
-        __m256i flip = _mm256_set1_epi8(out_u8 == 1 ? (char)0x80 : 0);
         for (; v + 1 < t->NV; v += 2) {
             int64_t at = v * 16, n1 = P - at - 16 < 16 ? P - at - 16 : 16;
             put32s(out, at, 0xFFFF, (__mmask16)((1u << n1) - 1),
                    dwf_dot(xs, t, taps, v, wl, wh, top, acc0),
                    dwf_dot(xs, t, taps, v + 1, wl, wh, top, acc0), 0, multf, mult, out_u8, lo,
-                   e.zpv, e.lov, e.hiv, e.zps, flip);
+                   e.zpv, e.lov, e.hiv, e.zps, e.flip);
         }
     }
     for (; v < t->NV; v++) {
@@ -2407,7 +2399,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
     int64_t planes = NB * C;
     size_t isz = out_u8 == 2 ? 4 : 1;
     int qdq = has_dq();         /* put16q where the CPU has AVX-512 DQ */
-    uint8_t ix[64];             /* dw_plane_vbmi3's indices */
+    uint8_t ix[64];             /* dw_plane_vbmi's and dw_plane_vbmi3's indices */
     dw_vbmi_ix(SW, DW, ix);
     int failed = 0, nt = mt_q_team(planes * OH * OW * KH * KW * MT_Q_DW_COST);
 #pragma omp parallel reduction(|:failed) num_threads(nt) if (nt > 1)
@@ -2451,7 +2443,7 @@ int mt_qdwconv_vec_u8s8(const uint8_t *x, int64_t NB, int64_t C, int64_t H, int6
                 }
                 pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);
                 dw_plane_vbmi(buf, WP, taps, KH, KW, SH, SW, DH, DW, OH, OW, corr, mult[c],
-                              out_u8, out_zp, lo, hi, op, iep);
+                              out_u8, out_zp, lo, hi, op, iep, ix);
                 continue;
             }
             pad_plane_avx512(buf, xs, H, W, PH, PW, HP, WP, (uint8_t)a_zp);

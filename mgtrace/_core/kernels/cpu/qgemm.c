@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "qround.h"
 #include "qteam.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MT_NO_CLONES)
@@ -113,10 +114,7 @@ static inline void store(const qgemm_args *g, int64_t m, int64_t n, int32_t dot)
         double f = (double)acc * g->mult[n];
         if (g->lo == 0 && f < 0)    /* ReLU */
             f = 0;
-        float y = (float)f;
-        if (g->hi > 0)              /* a ReLU6 folded in (plan/_qact.py), on the float */
-            y = y < 0 ? 0 : y > g->hi ? (float)g->hi : y;
-        ((float *)g->out)[at] = y;
+        ((float *)g->out)[at] = g->hi > 0 ? mt_q_relu6f((float)f, g->hi) : (float)f;
         return;
     }
     double v = rint((double)acc * g->mult[n]) + (double)g->out_zp;
@@ -208,7 +206,7 @@ static void store16(const qgemm_args *g, int64_t m, int64_t n0, __m512i dot)
             if (g->lo == 0)
                 v = _mm512_max_pd(v, _mm512_setzero_pd());
             __m256 f = _mm512_cvtpd_ps(v);
-            if (g->hi > 0)          /* store()'s ReLU6, -0 kept (vmaxps: 0 first) */
+            if (g->hi > 0)          /* mt_q_relu6f, -0 kept (vmaxps: 0 first) */
                 f = _mm256_min_ps(_mm256_max_ps(_mm256_setzero_ps(), f),
                                   _mm256_set1_ps((float)g->hi));
             if (strided) {
@@ -588,7 +586,7 @@ __m512 q_div(__m512 x, __m512 s, __m512 inv)
 {
     __m512 v = _mm512_mul_ps(x, inv);
     __m512 r = _mm512_abs_ps(_mm512_reduce_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (__builtin_expect(_mm512_cmp_ps_mask(r, _mm512_set1_ps(0.5f - 0x1p-11f), _CMP_GT_OQ) != 0,
+    if (__builtin_expect(_mm512_cmp_ps_mask(r, _mm512_set1_ps(MT_Q_NEAR_TIE), _CMP_GT_OQ) != 0,
                          0))
         return _mm512_div_ps(x, s);
     return v;
