@@ -216,6 +216,34 @@ def test_attention_kernel_matches_softmax_attention(rng, mask_shape):
     np.testing.assert_allclose(got.numpy(), _attention_ref(q, k, v, None, 0.5), rtol=1e-10)
 
 
+@pytest.mark.parametrize("sq,sk,d,dv", [(1, 1, 1, 1), (7, 15, 3, 15), (8, 16, 32, 16), (9, 17, 5, 17),
+                                         (17, 33, 32, 32), (3, 64, 64, 33), (10, 40, 7, 70)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_tiles_and_their_tails(rng, sq, sk, d, dv, masked):
+    """The kernel's register tiles (8 query rows by 32 keys or 32 output
+    columns) and each of their tails: query rows past a multiple of 8,
+    keys past 16 and 32, output columns past 16 and 32 and over two tiles,
+    head sizes from 1, with a padding mask whose keys the kernel leaves out,
+    on one and two threads, against the float64 NumPy reference."""
+    q = rng.standard_normal((2, 3, sq, d)).astype(np.float32)
+    k = rng.standard_normal((2, 3, sk, d)).astype(np.float32)
+    v = rng.standard_normal((2, 3, sk, dv)).astype(np.float32)
+    mask = None
+    if masked:
+        mask = np.zeros((2, 1, 1, sk), np.float32)
+        mask[1, :, :, sk // 2 + 1:] = np.finfo(np.float32).min     # image 1: its last keys padding
+    want = _attention_ref(q, k, v, mask, 0.7)
+    before = mt.get_num_threads()
+    try:
+        for threads in (1, 2):
+            mt.set_num_threads(threads)
+            got = F.attention(mt.tensor(q), mt.tensor(k), mt.tensor(v),
+                              None if mask is None else mt.tensor(mask), scale=0.7).numpy()
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    finally:
+        mt.set_num_threads(before)
+
+
 @pytest.mark.parametrize("half", ["q", "k", "v"])
 def test_attention_of_a_float16_operand_beside_float32_ones(rng, half):
     # they promote to float32, which took the fused kernel: the float16
