@@ -214,23 +214,33 @@ static void at_pack_v(const float *vp, int64_t vs, int64_t n, int64_t dv, float 
     }
 }
 
+/* acc[r][c] = sum_k a[r * lda + k] b[k * ldb + 16 c ...] over k < K, in k
+ * order (one FMA a term): R rows of a by C vectors of b's rows, the
+ * register tile of both products (a: q and b: k^T; a: the probabilities
+ * and b: the packed v) */
+static inline __attribute__((always_inline)) void at_tile(const float *a, int64_t lda, const float *b, int64_t ldb,
+                                                       int64_t K, at_v16 acc[AT_R][AT_C], const int R,
+                                                       const int C) {
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = (at_v16){0};
+    for (int64_t k = 0; k < K; k++) {
+        at_v16 bv[AT_C];
+        for (int c = 0; c < C; c++) bv[c] = *(const at_v16 *)(b + k * ldb + 16 * c);
+        #pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const float av = a[r * lda + k];
+            for (int c = 0; c < C; c++) acc[r][c] += av * bv[c];
+        }
+    }
+}
+
 /* scores of R query rows (q rows qs apart) by C * 16 keys of kt, times scale, into s (rows lds apart) */
 static inline __attribute__((always_inline)) void at_scores_tile(const float *q, int64_t qs, const float *kt,
                                                               int64_t ldk, int64_t d, float scale, float *s,
                                                               int64_t lds, const int R, const int C) {
     at_v16 acc[AT_R][AT_C];
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = (at_v16){0};
-    for (int64_t dd = 0; dd < d; dd++) {
-        at_v16 kv[AT_C];
-        for (int c = 0; c < C; c++) kv[c] = *(const at_v16 *)(kt + dd * ldk + 16 * c);
-        #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const float qv = q[r * qs + dd];
-            for (int c = 0; c < C; c++) acc[r][c] += qv * kv[c];
-        }
-    }
+    at_tile(q, qs, kt, ldk, d, acc, R, C);
     #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) *(at_v16 *)(s + r * lds + 16 * c) = acc[r][c] * scale;
@@ -243,18 +253,7 @@ static inline __attribute__((always_inline)) void at_pv_tile(const float *p, int
                                                           int64_t ldv, int64_t n, float *o, int64_t ldo,
                                                           int64_t cols, const int R, const int C) {
     at_v16 acc[AT_R][AT_C];
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = (at_v16){0};
-    for (int64_t j = 0; j < n; j++) {
-        at_v16 vv[AT_C];
-        for (int c = 0; c < C; c++) vv[c] = *(const at_v16 *)(vk + j * ldv + 16 * c);
-        #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const float pv = p[r * lds + j];
-            for (int c = 0; c < C; c++) acc[r][c] += pv * vv[c];
-        }
-    }
+    at_tile(p, lds, vk, ldv, n, acc, R, C);
     if (cols == 16 * C) {
         #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
