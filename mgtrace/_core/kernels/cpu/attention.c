@@ -27,12 +27,10 @@
 #include <omp.h>
 #endif
 
-MT_VMAP_LOOP(attn_exp_f32, mt_vexp(x))
-
 #define AT_R 8      /* query rows a block (and a register tile) */
 #define AT_C 2      /* 16-float vectors a tile row: 32 keys of scores, or 32 output columns */
 
-static int64_t at_pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+static int64_t at_pad16(int64_t n) { return 16 * mt_ceildiv(n, 16); }
 
 /* floats of a thread's buffers: AT_R rows of scores, k^T, the packed v */
 static int64_t at_thread_floats(const mt_attn_geom *g) {
@@ -57,9 +55,8 @@ int64_t mt_attention_workspace(const mt_attn_geom *g, int nthreads) {
  * zeros. So a row whose last entries are exact zeros after the exp sums
  * to the same double as the row cut before them (lanes gain only + 0.0):
  * what lets attention_kept_keys leave masked keys out.
- * MT_VCLONES (with the AVX-512 clone), as attn_exp_f32: a clone calls its
- * callee's clone of the same target, and the AVX2 one of the 16-lane exp is
- * several times slower. */
+ * MT_VCLONES (with the AVX-512 clone): the 16-lane exp inlined into the
+ * AVX2 clone is several times slower. */
 typedef double attn_v8d __attribute__((vector_size(64)));
 typedef float attn_v8f __attribute__((vector_size(32)));
 
@@ -75,21 +72,18 @@ MT_VINLINE attn_v8f at_max8(attn_v8f a, attn_v8f b) {
 
 MT_VCLONES void mt_attention_softmax_row(float *restrict row, const float *restrict mrow, int64_t ms3,
                                          int64_t n) {
-    /* pass 1: the mask added and the max (with the NaN poison) */
+    /* pass 1: the mask added, then the max (with the NaN poison) */
+    if (mrow) {
+        if (ms3 == 1) for (int64_t i = 0; i < n; i++) row[i] += mrow[i];
+        else for (int64_t i = 0; i < n; i++) row[i] += mrow[i * ms3];
+    }
     mt_vf mx = mt_vsplat(-INFINITY), poison = mt_vsplat(0.f);
     int64_t j = 0;
-    if (mrow && ms3 != 1) for (int64_t i = 0; i < n; i++) row[i] += mrow[i * ms3];
     for (; j + MT_VL <= n; j += MT_VL) {
         mt_vf x; memcpy(&x, row + j, sizeof x);
-        if (mrow && ms3 == 1) {
-            mt_vf mv; memcpy(&mv, mrow + j, sizeof mv);
-            x += mv;
-            memcpy(row + j, &x, sizeof x);
-        }
         mx = mt_vsel(x > mx, x, mx);
         poison += x * 0.0f;        /* NaN for a NaN (or an infinity: then the exact check below) */
     }
-    if (mrow && ms3 == 1) for (int64_t i = j; i < n; i++) row[i] += mrow[i];
     /* the lanes folded in halves (max is exact in any order; the poison
      * only has to stay NaN): log2(16) steps where a lane-by-lane chain cost
      * ~60 cycles a row, the row's critical path */
@@ -106,8 +100,8 @@ MT_VCLONES void mt_attention_softmax_row(float *restrict row, const float *restr
     /* pass 2: exp(x - m) stored and summed in double over 16 lanes, two
      * accumulators of 8: element 16k + l into lo's lane l, 16k + 8 + l into
      * hi's (two independent chains; one was 8 cycles of vaddpd latency a
-     * vector). A row cut before exact zeros sums to the same double as the
-     * whole row: each lane sees only the zeros less. */
+     * vector). The tail is one vector whose lanes past n are zeros after
+     * the exp. */
     attn_v8d lo = {0, 0, 0, 0, 0, 0, 0, 0}, hi = lo;
     for (j = 0; j + MT_VL <= n; j += MT_VL) {
         mt_vf x; memcpy(&x, row + j, sizeof x);
@@ -116,11 +110,12 @@ MT_VCLONES void mt_attention_softmax_row(float *restrict row, const float *restr
         lo += __builtin_convertvector(at_lo8(e), attn_v8d);
         hi += __builtin_convertvector(at_hi8(e), attn_v8d);
     }
-    if (j < n) {        /* the tail through a zero-padded vector */
-        for (int64_t i = j; i < n; i++) row[i] -= m;
-        attn_exp_f32(row + j, row + j, n - j);
-        mt_vf e = mt_vsplat(0.f);
-        memcpy(&e, row + j, (size_t)(n - j) * sizeof(float));
+    if (j < n) {
+        mt_vf x = mt_vsplat(0.f);
+        memcpy(&x, row + j, (size_t)(n - j) * sizeof(float));
+        mt_vf e = mt_vexp(x - m);
+        for (int64_t l = n - j; l < MT_VL; l++) e[l] = 0.f;
+        memcpy(row + j, &e, (size_t)(n - j) * sizeof(float));
         lo += __builtin_convertvector(at_lo8(e), attn_v8d);
         hi += __builtin_convertvector(at_hi8(e), attn_v8d);
     }

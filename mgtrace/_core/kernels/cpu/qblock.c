@@ -167,6 +167,23 @@ static uint8_t *band_buffer(size_t n)
 
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* Co planes of n pixels each, compact in ob ([Co][n], isz bytes an
+ * element), to pixels [first, first + n) of out's planes of P pixels; or,
+ * with an add, added from ob into those pixels (img: the image's first
+ * element in the whole output, where the add's operands start), out, which
+ * only the add reads, left unwritten */
+static void put_planes(const uint8_t *ob, int64_t Co, int64_t n, int64_t P, int64_t first, size_t isz,
+                       void *out, const mt_qblock_add *add, int64_t img)
+{
+    for (int64_t c = 0; c < Co; c++) {
+        int64_t at = c * P + first;
+        if (add)
+            add_range(add, ob + c * n, img + at, n);
+        else
+            memcpy((char *)out + at * isz, ob + c * n * isz, (size_t)n * isz);
+    }
+}
+
 /* output rows [o0, o1) of one image, all on this thread: the input rows
  * they read (the depthwise conv's window, its zero padding included)
  * copied to xb, expanded into m1 (no expand: copied to m1) with the
@@ -208,13 +225,7 @@ static int band(const uint8_t *x, int64_t C, int64_t H, int64_t W, int32_t a_zp,
     dw_range(m1, rows, W, zp1, d, gb, 0, E, m2);
     if (!pw_range(m2, E, R, OW, d->out_zp, p, 0, p->Co, ob))
         return 0;
-    for (int64_t c = 0; c < p->Co; c++) {
-        int64_t at = (c * OH + o0) * OW;
-        if (add)                /* out, which only the add reads, left unwritten */
-            add_range(add, ob + c * R * OW, img + at, R * OW);
-        else
-            memcpy((char *)out + at * isz, ob + c * R * OW * isz, (size_t)(R * OW) * isz);
-    }
+    put_planes(ob, p->Co, R * OW, OH * OW, o0 * OW, isz, out, add, img);
     return 1;
 }
 
@@ -278,13 +289,7 @@ static int project_pixels(const uint8_t *m2, int64_t E, int64_t P, int32_t a_zp,
     gather_cols(buf, m2, E, P, a, n);
     if (!pw_range(buf, E, 1, n, a_zp, p, 0, p->Co, ob))
         return 0;
-    for (int64_t c = 0; c < p->Co; c++) {
-        int64_t at = c * P + a;
-        if (add)
-            add_range(add, ob + c * n, img + at, n);
-        else
-            memcpy((char *)out + at * isz, ob + c * n * isz, (size_t)n * isz);
-    }
+    put_planes(ob, p->Co, n, P, a, isz, out, add, img);
     return 1;
 }
 
