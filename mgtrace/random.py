@@ -34,6 +34,7 @@ import numpy as _np
 
 from mgtrace._core import Tensor as _Tensor, tensor as _tensor
 from mgtrace._core import args as _A
+from mgtrace._core import trace_hooks as _hooks
 
 __all__ = ["RNG", "seed", "get_rng", "normal", "uniform", "randint", "permutation"]
 
@@ -107,6 +108,9 @@ class RNG:
     # ---- raw stream
     def _raw(self, n):
         """n 64-bit words (uint64 array) from the stream."""
+        hook = _hooks.current()
+        if hook is not None:        # a plan recording refuses draws (they would be frozen)
+            hook.on_random(self)
         return _np.asarray(self._bits.random_raw(n), dtype=_np.uint64).reshape(-1)
 
     def _unit(self, n):

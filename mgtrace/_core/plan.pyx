@@ -15,7 +15,7 @@ of one (the step array, the GEMM offset lists, the arenas) and runs it.
   back into Python, with the GIL, for the steps that are Python.
 """
 from cpython.ref cimport PyObject
-from libc.stdint cimport int64_t, int32_t, uintptr_t
+from libc.stdint cimport int64_t, int32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free, realloc
 from libc.string cimport memcpy, memset
 
@@ -437,6 +437,41 @@ def tensor_info(Tensor t):
     dtype code, device id, strides in elements) of a tensor."""
     return (<uintptr_t>t._data, <uintptr_t>t._st, <uintptr_t>t._st.ptr, t._st.nbytes, t._st.uid,
             t._dtype, t._device, tuple([t._strides[i] for i in range(t._ndim)]))
+
+
+cdef class VersionWatch:
+    """The storage versions (counts of the in-place writes mgtrace made) of
+    some tensors at one moment, to tell cheaply whether any was written
+    since: a plan's module parameters and buffers, read on every call
+    (a loop in C: 0.07-0.11 us for the optimized ResNet-18, MiniLM and
+    MobileNetV2)."""
+    cdef list tensors
+    cdef uint64_t *versions
+    cdef Py_ssize_t n
+
+    def __cinit__(self, tensors):
+        cdef Py_ssize_t i
+        self.tensors = [t for t in tensors]
+        for t in self.tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"VersionWatch takes Tensors, not {type(t).__name__}")
+        self.n = len(self.tensors)
+        self.versions = <uint64_t *>malloc(sizeof(uint64_t) * max(self.n, 1))
+        if self.versions == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            self.versions[i] = (<Tensor>self.tensors[i])._st.version
+
+    def __dealloc__(self):
+        free(self.versions)
+
+    def changed(self):
+        """Whether any tensor's storage was written since the watch was made."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if (<Tensor>self.tensors[i])._st.version != self.versions[i]:
+                return True
+        return False
 
 
 def next_uid():

@@ -103,6 +103,10 @@ class TraceHook:
     def on_frozen(self, t, what):
         """A value leaves the graph: ``what`` is ``"t.item()"``, ``"len(t)"``..."""
 
+    def on_random(self, rng):
+        """``rng`` (a :class:`mgtrace.random.RNG`) is about to draw: values
+        that differ on every call, made from no tensor."""
+
 
 class installed:
     """``with installed(hook, tracing=None):`` inside the block ``hook`` (a

@@ -23,7 +23,9 @@ the indices' values, which no recorded call can replay) becomes a gather
 step that reads the indices on each call; views cost nothing; everything else runs as a Python
 step that calls the same function on views of the plan's memory, so
 outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
-by a liveness-based memory plan; outputs are fresh tensors on every call.
+by a liveness-based memory plan; each output the forward computes is a new
+tensor on every call (an input or module tensor returned as an output is
+that tensor, as the module returns it).
 
 On each call a guard compares every input's dtype, device, shape and
 strides with the plan's; a call that differs gets its own plan (up to
@@ -53,17 +55,26 @@ eagerly, on every call at a count without one. Outputs under adaptive
 threads are the module's at the count of the program that ran
 (:meth:`Plan.step_threads`).
 
-A plan holds the module's tensors as they were compiled: change the module
-(load weights into new tensors, edit the graph), and compile it again.
+Weights: the plan watches the storage versions of the module's parameters
+and buffers (:class:`mgtrace._core.plan.VersionWatch`); an in-place write
+(``load_state_dict``, an optimizer step) drops every program, and the next
+call records afresh, so packed copies and live reads never mix old and new
+values. It holds the tensors it recorded: rebind them (new tensors), edit
+the graph, or load the module again, and compile it again.
+
+A call made while a hook is installed in its thread (a GradManager
+recording, a tracer) runs the module, so the hook sees its ops.
 """
 import gc
 import threading
+import warnings
 
 import numpy as np
 
 from mgtrace._core import plan as _cplan
 from mgtrace._core.dispatch import _pin_run_threads, get_num_threads as _num_threads, \
     run_threads as _run_threads
+from mgtrace._core import trace_hooks as _hooks
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
@@ -208,10 +219,15 @@ class Plan:
         if self.cache_size < 1:
             raise ValueError(f"compile: cache_size must be at least 1, got {cache_size}")
         self._programs = {}
+        self._refused = {}       # signature -> why it cannot be planned (later calls run the module)
         self._lock = threading.Lock()
         self.misses = 0          # calls run by the module itself (cache full, or not tensors)
         _check_module(module)
-        self._make(tuple(example_inputs), _run_threads())
+        try:
+            self._make(tuple(example_inputs), _run_threads())
+        except _Aliased as e:
+            raise PlanError(str(e)) from None
+        self._watch = _cplan.VersionWatch([t for *_, t in _module_tensors(module)])
 
     def _make(self, inputs, threads, replaces=None):
         """Record the program for ``inputs`` at ``threads`` and keep it if
@@ -226,7 +242,17 @@ class Plan:
                 raise NoKernelError(f"compile: plans run on the CPU only so far (inputs on "
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
-        prog = _Program(self.module, inputs, threads)
+        held = _module_tensors(self.module)
+        _check_aliasing(held, inputs)
+        try:
+            prog = _Program(self.module, inputs, threads)
+        finally:
+            rebound = _put_back(self.module, held)
+        if rebound:
+            raise PlanError(f"compile: the forward rebinds {', '.join(rebound)} (state kept "
+                            "from call to call, as `self.n = self.n + 1` does): a plan replays "
+                            "a computation without state; run the module itself (a module that "
+                            "only sets it up on its first call: call the module once first)")
         # the recording freed the forward's intermediates as it went (its
         # records hold TensorMeta); give the blocks the host allocator kept
         # for reuse back to the OS (the plan's intermediates live in its one
@@ -242,9 +268,48 @@ class Plan:
                 return have
             if replaces is not None:
                 self._programs.pop(replaces, None)
+            stale = self._stale_key(threads)
+            if len(self._programs) >= self.cache_size and stale is not None:
+                del self._programs[stale]
             if len(self._programs) < self.cache_size:
                 self._programs[sig, threads] = prog
         return prog
+
+    def _stale_key(self, threads):
+        """The key of a program recorded at a thread count that is neither
+        ``threads`` nor the configured one (the count changed since): the
+        one a full cache gives up first, else None."""
+        top = _num_threads()
+        return next((k for k in self._programs if k[1] != threads and k[1] != top), None)
+
+    def _try_make(self, inputs, sig, threads, replaces):
+        """_make, or None where these inputs cannot be planned: that call
+        and, when the refusal is the signature's, later calls with the same
+        signature run the module (warned once)."""
+        try:
+            return self._make(inputs, threads, replaces)
+        except _Aliased:
+            return None
+        except PlanError as e:
+            with self._lock:
+                if len(self._refused) >= 64:
+                    self._refused.clear()
+                self._refused[sig] = str(e)
+            warnings.warn(f"Plan: inputs of shapes {[tuple(t.shape) for t in inputs]} cannot "
+                          f"be planned, so calls with them run the module: {e}", RuntimeWarning,
+                          stacklevel=3)
+            return None
+
+    def _check_weights(self):
+        """Drops every program when a parameter or buffer of the module was
+        written in place since they were recorded (load_state_dict, an
+        optimizer step): packed weights and folded constants are copies, so
+        a program would mix old and new values."""
+        if self._watch.changed():
+            with self._lock:
+                self._programs.clear()
+                self._refused.clear()
+                self._watch = _cplan.VersionWatch([t for *_, t in _module_tensors(self.module)])
 
     @property
     def signatures(self):
@@ -334,15 +399,22 @@ class Plan:
         return best or []
 
     def __call__(self, *inputs):
+        if _hooks.active is not None and _hooks.owner == _hooks.get_ident():
+            # a GradManager recording (or a tracer): the module's own ops
+            # are what it must see (a plan's kernels would leave no gradient)
+            self.misses += 1
+            return self.module(*inputs)
+        self._check_weights()
         sig = _signature(inputs)
         threads = _run_threads()         # what the module's kernels would get now
         prog = self._programs.get((sig, threads))
-        if prog is None and sig is not None and _on_cpu(inputs):
+        if prog is None and sig is not None and sig not in self._refused and _on_cpu(inputs):
             replaces = None
             if threads < _num_threads():     # adaptive threads lowered it: one such program
                 prog, replaces = self._lowered(sig, threads)
-            if prog is None and (replaces is not None or len(self._programs) < self.cache_size):
-                prog = self._make(inputs, threads, replaces)
+            if prog is None and (replaces is not None or len(self._programs) < self.cache_size
+                                 or self._stale_key(threads) is not None):
+                prog = self._try_make(inputs, sig, threads, replaces)
         if prog is not None:
             out = prog(inputs)
             if out is not _RERUN:        # (else a kernel asked for the graph's own way)
@@ -360,6 +432,58 @@ _RERUN = object()
 
 def _on_cpu(inputs):
     return all(t.device.type == "cpu" for t in inputs)
+
+
+class _Aliased(PlanError):
+    """An input shares memory with one of the module's tensors."""
+
+
+def _module_tensors(module):
+    """(qualified name, table, key, tensor) of every Tensor a submodule of
+    ``module`` holds by name: its parameters, buffers and plain attributes
+    (``table`` the dict it is in)."""
+    out = []
+    for path, m in type(module).named_modules(module):
+        d = m.__dict__
+        for table in (d, d.get("_parameters", {}), d.get("_buffers", {})):
+            for k, v in list(table.items()):
+                if isinstance(v, Tensor):
+                    out.append((f"{path}.{k}" if path else k, table, k, v))
+    return out
+
+
+def _check_aliasing(held, inputs):
+    """Raise _Aliased where an input is, or views the memory of, a tensor
+    the module holds: the recording would see one buffer, and the plan read
+    the module's tensor through whatever memory a later input has."""
+    names = {}
+    for name, _, _, t in held:
+        names.setdefault(_cplan.tensor_info(t)[4], name)
+    for i, t in enumerate(inputs):
+        name = names.get(_cplan.tensor_info(t)[4]) if isinstance(t, Tensor) else None
+        if name is not None:
+            raise _Aliased(f"compile: input {i} shares memory with the module's {name} (it is "
+                           f"{name} or a view of it): pass a copy (t.copy())")
+
+
+def _put_back(module, held):
+    """Restores the tensors ``module``'s submodules held by name when
+    ``held`` (:func:`_module_tensors`) was taken; returns the names the
+    forward rebound or added."""
+    before = {(id(table), k): (name, table, k, v) for name, table, k, v in held}
+    changed = []
+    for name, table, k, v in _module_tensors(module):
+        old = before.pop((id(table), k), None)
+        if old is None:
+            del table[k]
+            changed.append(name)
+        elif old[3] is not v:
+            table[k] = old[3]
+            changed.append(name)
+    for name, table, k, v in before.values():  # removed by the forward
+        table[k] = v
+        changed.append(name)
+    return changed
 
 
 def _check_module(module):
@@ -401,8 +525,10 @@ def compile(module, *example_inputs, cache_size=4):
     Raises:
         PlanError (a ValueError): the module cannot be a plan; the message
             names the module path and call (training-mode BatchNorm or
-            Dropout, a write into a parameter, buffer or input, a
-            data-dependent value, watch or end points).
+            Dropout, a random draw, a write into a parameter, buffer or
+            input, a forward that rebinds a module tensor, a
+            data-dependent value, an example input that is or views a
+            module tensor, watch or end points).
         NoKernelError: inputs not on the CPU (plans on CUDA would replay as
             CUDA graphs; not built yet).
         TypeError: example inputs that are not Tensors.

@@ -8,10 +8,12 @@ where the inside used memory the recorder never saw (a kernel called
 outside the core's ops), replay the call as one Python step.
 
 What a plan cannot hold is refused here, naming where it happened:
-training-mode BatchNorm and Dropout, calls that write into their arguments
-(MegEngine's BatchNorm running statistics), and data-dependent values
-(``bool(t)``, ``t.item()``, ``t.numpy()``: the next call could branch
-elsewhere).
+training-mode BatchNorm and Dropout, random draws (:mod:`mgtrace.random`,
+which ``F.dropout`` uses: a plan would replay one draw), calls that write
+into their arguments (MegEngine's BatchNorm running statistics), and
+data-dependent values (``bool(t)``, ``t.item()``, ``t.numpy()``: the next
+call could branch elsewhere). Shape facts (``len(t)``, ``t.size``) are
+fixed by the input signature and pass.
 
 The int8 layers of a quantized model (:mod:`mgtrace.module.quantized`),
 and the pooling functionals called on a quantized tensor, are recorded whole, without their inside: they read their qparams and
@@ -342,8 +344,24 @@ class _Recorder(_hooks.TraceHook):
                         "another input could take another path; a plan replays one fixed path")
 
     def on_frozen(self, t, what):
+        # a shape fact is fixed by the input signature (the guard checks the
+        # inputs' shapes and strides, and a value-dependent shape is refused
+        # at its op): MultiHeadAttention's len(q), logsumexp's t.size
+        if what in _SHAPE_FACTS:
+            return
         raise PlanError(f"{self.where(what)}: the forward reads a tensor's value into Python "
                         "(a data-dependent value); a plan replays one fixed computation")
+
+    def on_random(self, rng):
+        calls = [r.name for r in self.stack[1:] if r.kind == "function"]
+        what = f"{calls[-1]} draws random numbers" if calls else "a random draw (mgtrace.random)"
+        raise PlanError(f"{self.where(what)}: a plan would replay the one draw made while "
+                        "compiling on every call; run the module itself, or pass the random "
+                        "tensor in as an input")
+
+
+# what Tensor's _frozen hands out that depends on the shape alone (tensor.pyx)
+_SHAPE_FACTS = frozenset({"t.size", "t.strides", "t.nbytes", "len(t)", "iterating over t"})
 
 
 def record(module, inputs, start_uid):

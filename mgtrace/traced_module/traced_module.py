@@ -860,6 +860,7 @@ def trace_module(mod, *args, **kwargs):
         raise TypeError(f"{type(mod).__name__} is a builtin module (a leaf): put it inside a "
                         "Module of your own (e.g. mgtrace.module.Sequential(m)) to trace it")
     root_name = type_name(mod)
+    args, kwargs = _distinct_inputs(mod, args, kwargs)
     canon = bind_arguments(signature_of(mod), args, kwargs, root_name)
     _refuse_arrays(canon, signature_of(mod))
     check = _checker.default_check_on() or _checker.expr_check_on()
@@ -889,6 +890,19 @@ def trace_module(mod, *args, **kwargs):
     finally:
         state.restore(rng=False)
     return root
+
+
+def _distinct_inputs(mod, args, kwargs):
+    """(args, kwargs) with each input that is one of ``mod``'s own tensors
+    (a parameter or buffer passed as an argument) replaced by a new view of
+    it: the tracer tells tensors apart by identity, and would read every use
+    of the module's tensor in forward as the input."""
+    own = {id(t) for _, t in mod.named_parameters()} | {id(t) for _, t in mod.named_buffers()}
+    leaves, tdef = tree_flatten((args, kwargs), lambda v: isinstance(v, Tensor))
+    if not any(isinstance(v, Tensor) and id(v) in own for v in leaves):
+        return args, kwargs
+    return tdef.unflatten([v.detach() if isinstance(v, Tensor) and id(v) in own else v
+                           for v in leaves])
 
 
 def _check_traced(root, eager_out, inputs, state, values):

@@ -88,15 +88,20 @@ def test_a_count_above_the_compile_time_one_records_a_program_at_it(threads):
     assert _counts(plan, x) == {2} and plan.misses == 0
 
 
-def test_a_full_cache_runs_the_module_at_the_new_count(threads):
+def test_a_full_cache_gives_a_stale_counts_program_up_for_the_new_count(threads):
+    """A full cache used to turn every call at the new count away (the
+    module ran, eagerly, for good); the program of a count no longer set
+    now makes room."""
     tm, x = _setup()
     threads(2)
     plan = mt.compile(tm, x, cache_size=1)
     threads(1)
-    _check(plan, tm, x)             # no room for a program at 1: the module ran
-    assert plan.misses == 1 and len(plan._programs) == 1
-    with pytest.raises(KeyError, match="1 thread"):
-        plan.step_threads(x)
+    _check(plan, tm, x)
+    assert plan.misses == 0 and [k[1] for k in plan._programs] == [1]
+    assert _counts(plan, x) == {1}
+    threads(2)                      # and back: the count-1 program is the stale one now
+    _check(plan, tm, x)
+    assert plan.misses == 0 and [k[1] for k in plan._programs] == [2]
 
 
 def test_a_pinned_count_is_the_calling_threads_only(threads):
