@@ -12,16 +12,7 @@ import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace.plan import Plan, PlanError
 from mgtrace.traced_module import optimize
-
-
-def same_bits(a, b):
-    """Equal as bytes (NaN payloads and -0.0 included), same dtype and shape."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def rand(*shape, seed=0):
-    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+from tests.plan._bits import same_bits, rand
 
 
 class Chain(M.Module):

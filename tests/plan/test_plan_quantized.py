@@ -20,15 +20,7 @@ import mgtrace.quantization as Q
 from mgtrace.quantization.qtensor import dequantize, is_quantized, qparams_of
 from mgtrace.quantization.qtensor import quantize as quantize_tensor
 from mgtrace.traced_module import trace_module
-
-
-def same_bits(a, b):
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def rand(*shape, seed=0):
-    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+from tests.plan._bits import same_bits, rand
 
 
 class BasicBlock(M.Module):

@@ -15,11 +15,7 @@ import mgtrace as mt
 import mgtrace.functional as F
 import mgtrace.module as M
 from mgtrace._core import dispatch
-
-
-def same_bits(a, b):
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+from tests.plan._bits import same_bits
 
 
 class Net(M.Module):

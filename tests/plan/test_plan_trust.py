@@ -15,15 +15,7 @@ import mgtrace.module as M
 from mgtrace.autodiff import GradManager
 from mgtrace.plan import PlanError
 from mgtrace.plan import _lower
-
-
-def same_bits(a, b):
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def rand(*shape, seed=0):
-    return mt.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+from tests.plan._bits import same_bits, rand
 
 
 class Table(M.Module):
