@@ -320,7 +320,15 @@ class Lowering:
                 if i == ws_i:        # a workspace: scratch the op allocated, nothing else
                     ref = self._scratch_ref(p, rec.allocs, scratch, True)
                 else:
-                    ref = self._known_ref(p, ext[i] if ext else None, ranges, i != out_i)
+                    ref = self._known_ref(p, ext[i] if ext else None, ranges, False)
+                    if ref is None and i != out_i:
+                        # a temporary an earlier call of this op wrote (conv2d's
+                        # float32 copy of a float16 input) before the packed
+                        # weights: the recording freed it, and a later conv's
+                        # packed weights may sit at its address now
+                        ref = self._scratch_ref(p, rec.allocs, scratch, False)
+                    if ref is None and i != out_i:
+                        ref = self._known_ref(p, None, (), True)
                     if ref is None:
                         ref = self._scratch_ref(p, rec.allocs, scratch, i == out_i)
                 if ref is None:
