@@ -24,8 +24,8 @@ step that reads the indices on each call; views cost nothing; everything else ru
 step that calls the same function on views of the plan's memory, so
 outputs are bitwise the graph's. Intermediates written by kernel steps share one arena placed
 by a liveness-based memory plan; each output the forward computes is a new
-tensor on every call (an input or module tensor returned as an output is
-that tensor, as the module returns it).
+tensor on every call (an input or module tensor returned as an output is a
+view of its memory, where the module returns the tensor itself).
 
 On each call a guard compares every input's dtype, device, shape and
 strides with the plan's; a call that differs gets its own plan (up to
@@ -81,7 +81,7 @@ from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering,
                                  place, step_buffers)
 from mgtrace.plan._qact import fold_float_relu6
 from mgtrace.plan._qblock import fuse_int8_blocks
-from mgtrace.plan._record import PlanError, quant_tag, record, retag
+from mgtrace.plan._record import PlanError, SharedMemoryError, quant_tag, record, retag
 from mgtrace.traced_module.pytree import tree_flatten
 
 __all__ = ["Plan", "PlanError", "compile"]
@@ -223,10 +223,7 @@ class Plan:
         self._lock = threading.Lock()
         self.misses = 0          # calls run by the module itself (cache full, or not tensors)
         _check_module(module)
-        try:
-            self._make(tuple(example_inputs), _run_threads())
-        except _Aliased as e:
-            raise PlanError(str(e)) from None
+        self._make(tuple(example_inputs), _run_threads())
         self._watch = _cplan.VersionWatch([t for *_, t in _module_tensors(module)])
 
     def _make(self, inputs, threads, replaces=None):
@@ -288,7 +285,7 @@ class Plan:
         signature run the module (warned once)."""
         try:
             return self._make(inputs, threads, replaces)
-        except _Aliased:
+        except SharedMemoryError:
             return None
         except PlanError as e:
             with self._lock:
@@ -434,10 +431,6 @@ def _on_cpu(inputs):
     return all(t.device.type == "cpu" for t in inputs)
 
 
-class _Aliased(PlanError):
-    """An input shares memory with one of the module's tensors."""
-
-
 def _module_tensors(module):
     """(qualified name, table, key, tensor) of every Tensor a submodule of
     ``module`` holds by name: its parameters, buffers and plain attributes
@@ -453,17 +446,19 @@ def _module_tensors(module):
 
 
 def _check_aliasing(held, inputs):
-    """Raise _Aliased where an input is, or views the memory of, a tensor
-    the module holds: the recording would see one buffer, and the plan read
-    the module's tensor through whatever memory a later input has."""
+    """Raise SharedMemoryError where an input is, or views the memory of, a
+    tensor the module holds: the recording would see one buffer, and the
+    plan read the module's tensor through whatever memory a later input
+    has."""
     names = {}
     for name, _, _, t in held:
         names.setdefault(_cplan.tensor_info(t)[4], name)
     for i, t in enumerate(inputs):
         name = names.get(_cplan.tensor_info(t)[4]) if isinstance(t, Tensor) else None
         if name is not None:
-            raise _Aliased(f"compile: input {i} shares memory with the module's {name} (it is "
-                           f"{name} or a view of it): pass a copy (t.copy())")
+            raise SharedMemoryError(f"compile: input {i} shares memory with the module's "
+                                    f"{name} (it is {name} or a view of it): pass a copy "
+                                    "(t.copy())")
 
 
 def _put_back(module, held):

@@ -30,7 +30,7 @@ from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError, TensorMeta, quant_tag
+from mgtrace.plan._record import PlanError, SharedMemoryError, TensorMeta, quant_tag
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -128,8 +128,8 @@ class Lowering:
         for i, t in enumerate(inputs):
             data, _, st_ptr, nbytes, uid, dtype, dev, _ = _cplan.tensor_info(t)
             if uid in self.by_uid:
-                raise ValueError("plan inputs share memory (the same tensor, or views of one, "
-                                 "passed twice): pass separate tensors")
+                raise SharedMemoryError("plan inputs share memory (the same tensor, or views "
+                                        "of one, passed twice): pass separate tensors")
             self._add(uid, Buffer(INPUT, nbytes, data, where=i), data, st_ptr)
             self.device = dev
 

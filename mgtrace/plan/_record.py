@@ -35,7 +35,7 @@ from mgtrace.errors import Error
 from mgtrace.functional._trace import mutated_arguments
 from mgtrace.traced_module.pytree import tree_flatten
 
-__all__ = ["PlanError", "Record", "TensorMeta", "record"]
+__all__ = ["PlanError", "Record", "SharedMemoryError", "TensorMeta", "record"]
 
 
 class PlanError(Error, ValueError):
@@ -43,6 +43,12 @@ class PlanError(Error, ValueError):
     path or function that prevents it and why (training-mode BatchNorm, a
     write into a buffer, a data-dependent value, watch or end points). Run
     the module itself instead, or change what the message names."""
+
+
+class SharedMemoryError(PlanError):
+    """The inputs of a recording share memory with each other or with the
+    module's tensors: a property of those tensors, not of their signature
+    (a plan called with them runs the module for that call)."""
 
 
 class TensorMeta:

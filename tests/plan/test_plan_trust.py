@@ -328,3 +328,25 @@ def test_a_convs_freed_temporary_is_not_read_as_later_packed_weights(strided):
         plan = mt.compile(net, x)
         wrong += not same_bits(plan(x).numpy(), net(x).numpy())
     assert wrong == 0
+
+
+class FcTimes(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = M.Linear(4, 4)
+
+    def forward(self, a, b):
+        return self.fc(a) * b
+
+
+def test_inputs_that_view_one_tensor_at_a_new_signature_run_the_module():
+    net = FcTimes().eval()
+    plan = mt.compile(net, rand(3, 4), rand(3, 4, seed=1))
+    a = mt.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert same_bits(plan(a, a).numpy(), net(a, a).numpy())    # the plan's signature: it runs
+    assert plan.misses == 0
+    for b in (a[::-1], a[:1]):          # new signatures whose recording would share memory
+        assert same_bits(plan(a, b).numpy(), net(a, b).numpy())
+    assert plan.misses == 2 and len(plan.signatures) == 1
+    with pytest.raises(PlanError, match="share memory"):
+        mt.compile(net, a, a[::-1])
