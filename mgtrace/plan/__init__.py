@@ -77,6 +77,7 @@ from mgtrace._core.dispatch import _pin_run_threads, get_num_threads as _num_thr
 from mgtrace._core import trace_hooks as _hooks
 from mgtrace._core.tensor import Tensor, empty_host_cache
 from mgtrace.errors import NoKernelError
+from mgtrace.module.snapshot import ModuleSnapshot
 from mgtrace.plan._lower import (ARENA, CONST, DYNAMIC, INPUT, OUTPUT, Lowering, PyStep, _Unknown,
                                  place, step_buffers)
 from mgtrace.plan._qact import fold_float_relu6
@@ -224,7 +225,7 @@ class Plan:
         self.misses = 0          # calls run by the module itself (cache full, or not tensors)
         _check_module(module)
         self._make(tuple(example_inputs), _run_threads())
-        self._watch = _cplan.VersionWatch([t for *_, t in _module_tensors(module)])
+        self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(module)])
 
     def _make(self, inputs, threads, replaces=None):
         """Record the program for ``inputs`` at ``threads`` and keep it if
@@ -239,17 +240,22 @@ class Plan:
                 raise NoKernelError(f"compile: plans run on the CPU only so far (inputs on "
                                     f"{[str(t.device) for t in inputs]}); run the module itself "
                                     "on that device")
-        held = _module_tensors(self.module)
-        _check_aliasing(held, inputs)
+        _check_aliasing(_module_tensors(self.module), inputs)
+        snapshot = ModuleSnapshot(self.module)
         try:
             prog = _Program(self.module, inputs, threads)
         finally:
-            rebound = _put_back(self.module, held)
+            rebound, other = snapshot.restore()
         if rebound:
-            raise PlanError(f"compile: the forward rebinds {', '.join(rebound)} (state kept "
-                            "from call to call, as `self.n = self.n + 1` does): a plan replays "
-                            "a computation without state; run the module itself (a module that "
-                            "only sets it up on its first call: call the module once first)")
+            raise PlanError(f"compile: the forward changes {', '.join(rebound)} (state kept "
+                            "from call to call, as `self.n = self.n + 1` or "
+                            "`self.hist.append(x)` do): a plan replays a computation without "
+                            "state; run the module itself (a module that only sets it up on its "
+                            "first call: call the module once first)")
+        if other:
+            warnings.warn(f"compile: the forward changes {', '.join(other)} on every call; a plan "
+                          "replays its kernels and does not (the module was put back as it was "
+                          "before compiling)", RuntimeWarning, stacklevel=3)
         # the recording freed the forward's intermediates as it went (its
         # records hold TensorMeta); give the blocks the host allocator kept
         # for reuse back to the OS (the plan's intermediates live in its one
@@ -292,6 +298,9 @@ class Plan:
                 if len(self._refused) >= 64:
                     self._refused.clear()
                 self._refused[sig] = str(e)
+                # (a refused write was undone by writing the old values back,
+                # which counts as a write: the programs stay valid)
+                self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(self.module)])
             warnings.warn(f"Plan: inputs of shapes {[tuple(t.shape) for t in inputs]} cannot "
                           f"be planned, so calls with them run the module: {e}", RuntimeWarning,
                           stacklevel=3)
@@ -304,9 +313,8 @@ class Plan:
         a program would mix old and new values."""
         if self._watch.changed():
             with self._lock:
-                self._programs.clear()
-                self._refused.clear()
-                self._watch = _cplan.VersionWatch([t for *_, t in _module_tensors(self.module)])
+                self._programs.clear()      # (refusals stay: they are the forward's, not the values')
+                self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(self.module)])
 
     @property
     def signatures(self):
@@ -419,6 +427,15 @@ class Plan:
         self.misses += 1
         return self.module(*inputs)
 
+    def __reduce__(self):
+        # (its programs hold C steps and addresses: pickling or deep-copying
+        # one reached a Tensor's or a Cython object's own refusal)
+        raise TypeError("a Plan does not pickle or copy: save its module (mgtrace.save), copy "
+                        "the module, and compile the copy")
+
+    def __deepcopy__(self, memo):
+        self.__reduce__()
+
     def __repr__(self):
         return (f"Plan({type(self.module).__name__}, {len(self._programs)} signature(s), "
                 f"cache_size={self.cache_size})")
@@ -432,17 +449,10 @@ def _on_cpu(inputs):
 
 
 def _module_tensors(module):
-    """(qualified name, table, key, tensor) of every Tensor a submodule of
-    ``module`` holds by name: its parameters, buffers and plain attributes
-    (``table`` the dict it is in)."""
-    out = []
-    for path, m in type(module).named_modules(module):
-        d = m.__dict__
-        for table in (d, d.get("_parameters", {}), d.get("_buffers", {})):
-            for k, v in list(table.items()):
-                if isinstance(v, Tensor):
-                    out.append((f"{path}.{k}" if path else k, table, k, v))
-    return out
+    """(qualified name, tensor) of the module's parameters and buffers
+    (tensors held in its list and dict attributes included)."""
+    return (list(type(module).named_parameters(module))
+            + list(type(module).named_buffers(module)))
 
 
 def _check_aliasing(held, inputs):
@@ -451,7 +461,7 @@ def _check_aliasing(held, inputs):
     plan read the module's tensor through whatever memory a later input
     has."""
     names = {}
-    for name, _, _, t in held:
+    for name, t in held:
         names.setdefault(_cplan.tensor_info(t)[4], name)
     for i, t in enumerate(inputs):
         name = names.get(_cplan.tensor_info(t)[4]) if isinstance(t, Tensor) else None
@@ -459,26 +469,6 @@ def _check_aliasing(held, inputs):
             raise SharedMemoryError(f"compile: input {i} shares memory with the module's "
                                     f"{name} (it is {name} or a view of it): pass a copy "
                                     "(t.copy())")
-
-
-def _put_back(module, held):
-    """Restores the tensors ``module``'s submodules held by name when
-    ``held`` (:func:`_module_tensors`) was taken; returns the names the
-    forward rebound or added."""
-    before = {(id(table), k): (name, table, k, v) for name, table, k, v in held}
-    changed = []
-    for name, table, k, v in _module_tensors(module):
-        old = before.pop((id(table), k), None)
-        if old is None:
-            del table[k]
-            changed.append(name)
-        elif old[3] is not v:
-            table[k] = old[3]
-            changed.append(name)
-    for name, table, k, v in before.values():  # removed by the forward
-        table[k] = v
-        changed.append(name)
-    return changed
 
 
 def _check_module(module):

@@ -194,6 +194,7 @@ class _Recorder(_hooks.TraceHook):
         self.packed = {}
         self.stack = [Record("module", None, (), {}, "")]
         self.path = []
+        self.written = []           # (tensor, value before the forward wrote it)
 
     def _hold_packed(self, captured):
         """After ``captured`` calls ran: hold the packed weights now in
@@ -253,6 +254,7 @@ class _Recorder(_hooks.TraceHook):
         rec = Record("apply", op, _strip(inputs, self.start_uid), {}, self.where(op.name))
         self._segment()
         self.stack[-1].children.append(rec)
+        self._save_before_write(op, inputs)
         _cplan.capture_begin()
         try:
             out = _dispatch.apply(op, *inputs)
@@ -263,6 +265,25 @@ class _Recorder(_hooks.TraceHook):
         self._hold_packed(rec.captured)
         rec.out = _strip(out, self.start_uid)
         return out
+
+    def _save_before_write(self, op, inputs):
+        """The value of what ``op`` is about to write, where that is an input
+        or a module's tensor (storage older than the recording): lowering
+        refuses the write, and :meth:`put_back` undoes it, so that a refused
+        compile leaves the module and the inputs as they were. (The copy's
+        kernel call is dropped by the capture_begin after it.)"""
+        target = op.params.get("out")
+        if target is None and op.name == "setitem" and inputs:
+            target = inputs[0]
+        if isinstance(target, Tensor) and _cplan.tensor_info(target)[4] < self.start_uid:
+            self.written.append((target, target.copy()))
+
+    def put_back(self):
+        """Undo the writes into inputs and module tensors (newest first)."""
+        while self.written:
+            target, value = self.written.pop()
+            with _hooks.installed(None):
+                target[...] = value
 
     def on_function(self, wrapper, fn, args, kwargs):
         name = getattr(fn, "__name__", str(fn))
@@ -388,6 +409,7 @@ def record(module, inputs, start_uid):
             rec._segment()
     finally:
         _cplan.capture_uninstall()
+        rec.put_back()              # every such write is refused (lowering's _check_write)
     top = rec.stack[0]
     top.out = out
     return top, out, list(rec.packed.values())

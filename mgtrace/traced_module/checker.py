@@ -22,6 +22,7 @@ import numpy as np
 from mgtrace import random as _random
 from mgtrace._core import Tensor
 from mgtrace._core.tensor import storage_spans
+from mgtrace.module.snapshot import ModuleSnapshot
 from mgtrace.traced_module.errors import TraceCheckError
 from mgtrace.traced_module.node import TensorNode, ValueNode
 from mgtrace.traced_module.pytree import LeafDef, _Root, tree_flatten, tree_map
@@ -64,8 +65,10 @@ def expr_check_on():
 # ----------------------------------------------------------- module state
 class ModuleState:
     """What a run of ``module`` may change, taken now, put back by
-    :meth:`restore`: every module's attributes and tables (the objects they
-    hold, so an attribute rebound in forward gets its old tensor back), the
+    :meth:`restore`: every module's attributes, tables and list/dict
+    contents (:class:`~mgtrace.module.snapshot.ModuleSnapshot`: the objects
+    they hold, so an attribute rebound in forward gets its old tensor back,
+    and a list appended to loses what was appended), the
     values of its buffers and other non-parameter tensors (in place), and
     the global random stream.
 
@@ -76,15 +79,12 @@ class ModuleState:
     and the value of each parameter it writes or views is taken then, once."""
 
     def __init__(self, module):
-        self.modules = []
+        self.snapshot = ModuleSnapshot(module)
         self.values = []
         self.params = {}          # id -> parameter not yet copied (copied on its first write)
         seen = set()
         for m in type(module).modules(module):
             d = m.__dict__
-            tables = {k: dict(v) for k, v in d.items()
-                      if k in ("_parameters", "_buffers", "_modules")}
-            self.modules.append((m, dict(d), tables))
             for t in d.get("_parameters", {}).values():
                 if isinstance(t, Tensor) and not getattr(t, "readonly", False):
                     self.params.setdefault(id(t), t)
@@ -112,13 +112,7 @@ class ModuleState:
 
     def restore(self, rng=True):
         """Put the modules back as they were (``rng``: the random stream too)."""
-        for m, d, tables in self.modules:
-            md = m.__dict__
-            md.clear()
-            md.update(d)
-            for k, v in tables.items():
-                md[k].clear()
-                md[k].update(v)
+        self.snapshot.restore()
         for t, saved in self.values:
             t[...] = saved
         if rng:

@@ -419,7 +419,9 @@ def optimize(tm, enabled_pass=None, *, flatten=False, verbose=False, return_repo
 
     Returns:
         A new TracedModule computing the same outputs (to float rounding:
-        folding reorders multiplications) that traces, edits, flattens,
+        folding reorders multiplications and additions, so an intermediate
+        that overflows or cancels in eager's order, ``x * 300 * 300`` in
+        float16, may not in the folded one) that traces, edits, flattens,
         saves and loads like any other. It takes the inputs ``tm`` takes
         and returns their dtypes: MegEngine's promotion, as eager (a
         float64 input to float32 weights computes in float64; a fused
