@@ -225,7 +225,7 @@ class Plan:
         self.misses = 0          # calls run by the module itself (cache full, or not tensors)
         _check_module(module)
         self._make(tuple(example_inputs), _run_threads())
-        self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(module)])
+        self._watch = _watch(module)
 
     def _make(self, inputs, threads, replaces=None):
         """Record the program for ``inputs`` at ``threads`` and keep it if
@@ -300,7 +300,7 @@ class Plan:
                 self._refused[sig] = str(e)
                 # (a refused write was undone by writing the old values back,
                 # which counts as a write: the programs stay valid)
-                self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(self.module)])
+                self._watch = _watch(self.module)
             warnings.warn(f"Plan: inputs of shapes {[tuple(t.shape) for t in inputs]} cannot "
                           f"be planned, so calls with them run the module: {e}", RuntimeWarning,
                           stacklevel=3)
@@ -314,7 +314,7 @@ class Plan:
         if self._watch.changed():
             with self._lock:
                 self._programs.clear()      # (refusals stay: they are the forward's, not the values')
-                self._watch = _cplan.VersionWatch([t for _, t in _module_tensors(self.module)])
+                self._watch = _watch(self.module)
 
     @property
     def signatures(self):
@@ -455,6 +455,11 @@ def _module_tensors(module):
             + list(type(module).named_buffers(module)))
 
 
+def _watch(module):
+    """The storage versions of the module's parameters and buffers now."""
+    return _cplan.VersionWatch([t for _, t in _module_tensors(module)])
+
+
 def _check_aliasing(held, inputs):
     """Raise SharedMemoryError where an input is, or views the memory of, a
     tensor the module holds: the recording would see one buffer, and the
@@ -511,9 +516,10 @@ def compile(module, *example_inputs, cache_size=4):
         PlanError (a ValueError): the module cannot be a plan; the message
             names the module path and call (training-mode BatchNorm or
             Dropout, a random draw, a write into a parameter, buffer or
-            input, a forward that rebinds a module tensor, a
-            data-dependent value, an example input that is or views a
-            module tensor, watch or end points).
+            input, a forward that rebinds, adds or appends module state,
+            a data-dependent value, an example input that is or views a
+            module tensor, watch or end points); the module is left as it
+            was before the call.
         NoKernelError: inputs not on the CPU (plans on CUDA would replay as
             CUDA graphs; not built yet).
         TypeError: example inputs that are not Tensors.
