@@ -15,17 +15,16 @@ input signature), and a table cleared and refilled under it raised
 "OrderedDict mutated during iteration".
 """
 from mgtrace._core import Tensor
+from mgtrace.module.module import _MAX_NESTING as _DEPTH, _TABLE_NAMES as _TABLES, Module
 
 __all__ = ["ModuleSnapshot"]
 
-_TABLES = ("_parameters", "_buffers", "_modules")
-_DEPTH = 8          # nested lists and dicts followed this deep
+_MISSING = object()
 
 
 def _holds_state(v, depth=0):
     """Whether a value is module state a plan or a trace must not lose: a
     tensor, a module, or a list, tuple or dict holding one."""
-    from mgtrace.module.module import Module
     if isinstance(v, (Tensor, Module)):
         return True
     if depth < _DEPTH and isinstance(v, (list, tuple)):
@@ -50,13 +49,17 @@ def _containers(v, out, depth=0):
         _containers(x, out, depth + 1)
 
 
+def _diff_keys(now, held):
+    """The keys added to, removed from or rebound in dict ``now`` against
+    the ``held`` copy of it (by identity)."""
+    return [k for k in now if k not in held] + [k for k in held if now.get(k, _MISSING) is not held[k]]
+
+
 def _changed_entries(held, obj):
     """The values added, removed or replaced between the held contents and
     the container now (by identity)."""
     if isinstance(obj, dict):
-        keys = set(held) | set(obj)
-        return [v for k in keys if held.get(k, None) is not obj.get(k, None)
-                for v in (held.get(k), obj.get(k))]
+        return [v for k in _diff_keys(obj, held) for v in (held.get(k), obj.get(k))]
     if len(held) == len(obj) and all(a is b for a, b in zip(held, obj)):
         return []
     now = {id(x) for x in obj}
@@ -105,7 +108,6 @@ class ModuleSnapshot:
             name = f"{path}.{k}" if path else k
             (state if any(_holds_state(v) for v in values) else other).add(name)
 
-        missing = object()
         for path, m, d, tables, contents in self.modules:
             md = m.__dict__
             for k, obj, held in contents:
@@ -118,7 +120,7 @@ class ModuleSnapshot:
                     obj.extend(held)
                 else:
                     obj.update(held)
-            for k in [k for k in md if k not in d] + [k for k in d if md.get(k, missing) is not d[k]]:
+            for k in _diff_keys(md, d):
                 if k in _TABLES:
                     continue
                 note(path, k, (d.get(k), md.get(k)), False)
@@ -127,8 +129,7 @@ class ModuleSnapshot:
                 now = md.get(t)
                 if not isinstance(now, dict):
                     continue
-                for k in [k for k in now if k not in old] + [k for k in old
-                                                             if now.get(k, missing) is not old[k]]:
+                for k in _diff_keys(now, old):
                     note(path, k, (old.get(k), now.get(k)), True)
                     _put(now, k, old.get(k), k not in old)
         return sorted(state), sorted(other)

@@ -30,7 +30,7 @@ from mgtrace._core import plan as _cplan
 from mgtrace._core.tensor import Tensor
 from mgtrace._core import op_table
 from mgtrace._core.dispatch import OpDef, apply
-from mgtrace.plan._record import PlanError, SharedMemoryError, TensorMeta, quant_tag
+from mgtrace.plan._record import PlanError, SharedMemoryError, TensorMeta, quant_tag, write_target
 from mgtrace.traced_module.pytree import tree_flatten
 
 ARENA, INPUT, CONST, OUTPUT, DYNAMIC = range(5)
@@ -236,9 +236,7 @@ class Lowering:
 
     def _check_write(self, rec):
         op = rec.target
-        target = op.params.get("out")
-        if target is None and op.name == "setitem" and rec.args:
-            target = rec.args[0]
+        target = write_target(op, rec.args)
         if not _is_tensor(target):
             return
         s = self.slot(target)
@@ -328,7 +326,7 @@ class Lowering:
                         # packed weights may sit at its address now
                         ref = self._scratch_ref(p, rec.allocs, scratch, False)
                     if ref is None and i != out_i:
-                        ref = self._known_ref(p, None, (), True)
+                        ref = self._packed_ref(p)
                     if ref is None:
                         ref = self._scratch_ref(p, rec.allocs, scratch, i == out_i)
                 if ref is None:
@@ -494,14 +492,19 @@ class Lowering:
                 if ext is None or (lo <= p + ext[0] and p + ext[1] < hi):
                     return (b, p - self.origin[b])
                 break
-        packed = _packed_weight(p, self.packed) if read_only else None
-        if packed is not None:       # conv2d's cached packed weights: held as a constant
-            data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
-            b = self.by_uid.get(uid)
-            if b is None:
-                b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=packed), st_ptr)
-            return (b, p - self.origin[b])
-        return None
+        return self._packed_ref(p) if read_only else None
+
+    def _packed_ref(self, p):
+        """A pointer into conv2d's cached packed weights the recording held:
+        a constant of the plan; else None."""
+        packed = _packed_weight(p, self.packed)
+        if packed is None:
+            return None
+        data, _, st_ptr, nbytes, uid, *_ = _cplan.tensor_info(packed)
+        b = self.by_uid.get(uid)
+        if b is None:
+            b = self._add(uid, Buffer(CONST, nbytes, st_ptr, const=packed), st_ptr)
+        return (b, p - self.origin[b])
 
     def _scratch_ref(self, p, allocs, scratch, written):
         """A pointer into memory the op allocated for itself (a kernel's

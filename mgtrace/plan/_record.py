@@ -35,7 +35,7 @@ from mgtrace.errors import Error
 from mgtrace.functional._trace import mutated_arguments
 from mgtrace.traced_module.pytree import tree_flatten
 
-__all__ = ["PlanError", "Record", "SharedMemoryError", "TensorMeta", "record"]
+__all__ = ["PlanError", "Record", "SharedMemoryError", "TensorMeta", "record", "write_target"]
 
 
 class PlanError(Error, ValueError):
@@ -69,6 +69,15 @@ class TensorMeta:
 
     def __repr__(self):
         return f"TensorMeta({self.shape}, {self.dtype})"
+
+
+def write_target(op, args):
+    """The tensor core op ``op`` writes into (its ``out``, or setitem's
+    first argument), else None."""
+    target = op.params.get("out")
+    if target is None and op.name == "setitem" and args:
+        target = args[0]
+    return target
 
 
 def quant_tag(t):
@@ -272,9 +281,7 @@ class _Recorder(_hooks.TraceHook):
         refuses the write, and :meth:`put_back` undoes it, so that a refused
         compile leaves the module and the inputs as they were. (The copy's
         kernel call is dropped by the capture_begin after it.)"""
-        target = op.params.get("out")
-        if target is None and op.name == "setitem" and inputs:
-            target = inputs[0]
+        target = write_target(op, inputs)
         if isinstance(target, Tensor) and _cplan.tensor_info(target)[4] < self.start_uid:
             self.written.append((target, target.copy()))
 
